@@ -1,0 +1,176 @@
+"""A throw-away single-node KRaft Kafka broker (combined broker + controller) on loopback.
+
+The broker is the official Apache Kafka server from Maven Central (``maven/kafka/pom.xml``, version
+pinned there), run with the machine's Java 17. Auto topic creation is off: callers create topics.
+"""
+
+from __future__ import annotations
+
+import base64
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import time
+import uuid
+from pathlib import Path
+
+from harvest_local import maven, prereqs
+from harvest_local.errors import ServiceError
+from harvest_local.workdir import free_port, tail, work_dir
+
+log = logging.getLogger(__name__)
+
+CONF_DIR = Path(__file__).resolve().parent / "conf"
+
+
+class EmbeddedKafka:
+    def __init__(self, root: Path | None = None, port: int | None = None, heap: str = "768m") -> None:
+        self.port = port or free_port()
+        self.controller_port = free_port()
+        self.root = root or work_dir() / f"kafka-{self.port}-{os.getpid()}"
+        self.data = self.root / "data"
+        self.heap = heap
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._java = prereqs.java()
+        self._classpath = os.pathsep.join(str(j) for j in maven.resolve("kafka"))
+
+    @property
+    def bootstrap(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    @property
+    def log_file(self) -> Path:
+        return self.root / "server.log"
+
+    def __repr__(self) -> str:
+        return f"EmbeddedKafka(bootstrap={self.bootstrap!r}, root={str(self.root)!r})"
+
+    def start(self, timeout: float = 90.0) -> EmbeddedKafka:
+        self.root.mkdir(parents=True, exist_ok=True)
+        props = self.root / "server.properties"
+        if not props.exists():
+            props.write_text(self._properties())
+            cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+            self._java_run("kafka.tools.StorageTool", "format", "-t", cluster_id, "-c", str(props))
+        with open(self.root / "stdout.log", "ab") as out:
+            self._proc = subprocess.Popen(
+                [*self._jvm(), "kafka.Kafka", str(props)],
+                stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=self.root,
+                start_new_session=True,  # a Ctrl-C in the terminal is ours to handle, not the broker's
+            )
+        self._wait_ready(timeout)
+        return self
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """Controlled shutdown, keeping the data (``start()`` brings it back on the same port)."""
+        proc, self._proc = self._proc, None
+        if proc is None or proc.poll() is not None:
+            return
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+    def kill(self) -> None:
+        """SIGKILL the broker (a crash, for fault tests); ``start()`` recovers."""
+        proc, self._proc = self._proc, None
+        if proc is not None and proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+    def destroy(self) -> None:
+        self.kill()
+        shutil.rmtree(self.root, ignore_errors=True)
+
+    def create_topic(self, name: str, partitions: int = 1, config: dict[str, str] | None = None,
+                     timeout: float = 30.0) -> None:
+        create_topic(self.bootstrap, name, partitions, config, timeout)
+
+    # -- internals -----------------------------------------------------------------------------
+
+    def _jvm(self) -> list[str]:
+        return [
+            self._java, f"-Xms256m", f"-Xmx{self.heap}", "-XX:+UseG1GC", "-XX:MaxGCPauseMillis=20",
+            "-Djava.awt.headless=true", f"-Dkafka.logs.dir={self.root}",
+            f"-Dlog4j2.configurationFile={CONF_DIR / 'log4j2.properties'}",
+            "-cp", self._classpath,
+        ]
+
+    def _java_run(self, main: str, *args: str) -> None:
+        proc = subprocess.run([*self._jvm(), main, *args], capture_output=True, text=True, cwd=self.root)
+        if proc.returncode != 0:
+            raise ServiceError("kafka", f"{main} {args[0]} failed: {(proc.stdout + proc.stderr).strip()[-800:]}")
+
+    def _properties(self) -> str:
+        lines = {
+            "process.roles": "broker,controller",
+            "node.id": "1",
+            "controller.quorum.voters": f"1@127.0.0.1:{self.controller_port}",
+            "listeners": f"PLAINTEXT://127.0.0.1:{self.port},CONTROLLER://127.0.0.1:{self.controller_port}",
+            "advertised.listeners": f"PLAINTEXT://127.0.0.1:{self.port}",
+            "controller.listener.names": "CONTROLLER",
+            "inter.broker.listener.name": "PLAINTEXT",
+            "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+            "log.dirs": str(self.data),
+            "auto.create.topics.enable": "false",
+            "num.partitions": "1",
+            "default.replication.factor": "1",
+            "min.insync.replicas": "1",
+            "offsets.topic.replication.factor": "1",
+            "offsets.topic.num.partitions": "8",
+            "transaction.state.log.replication.factor": "1",
+            "transaction.state.log.min.isr": "1",
+            "transaction.state.log.num.partitions": "4",
+            "share.coordinator.state.topic.replication.factor": "1",
+            "share.coordinator.state.topic.min.isr": "1",
+            "group.initial.rebalance.delay.ms": "0",
+            "num.network.threads": "2",
+            "num.io.threads": "4",
+            "log.retention.hours": "-1",
+            "message.max.bytes": "1048588",
+        }
+        return "".join(f"{k}={v}\n" for k, v in lines.items())
+
+    def _wait_ready(self, timeout: float) -> None:
+        from confluent_kafka.admin import AdminClient
+
+        deadline = time.monotonic() + timeout
+        admin = AdminClient({"bootstrap.servers": self.bootstrap, "log_level": 0})
+        last = ""
+        while time.monotonic() < deadline:
+            if self._proc is not None and self._proc.poll() is not None:
+                raise ServiceError("kafka", f"broker exited with code {self._proc.returncode}",
+                                   tail(self.log_file) or tail(self.root / "stdout.log"))
+            try:
+                meta = admin.list_topics(timeout=2)
+                if meta.brokers:
+                    return
+            except Exception as exc:  # KafkaException while the broker is starting
+                last = str(exc)
+            time.sleep(0.3)
+        self.kill()
+        raise ServiceError("kafka", f"not ready after {timeout:.0f}s ({last})",
+                           tail(self.log_file) or tail(self.root / "stdout.log"))
+
+
+def create_topic(bootstrap: str, name: str, partitions: int = 1, config: dict[str, str] | None = None,
+                 timeout: float = 30.0) -> None:
+    """Create a topic and wait until its partitions have leaders (auto-creation is off)."""
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    futures = admin.create_topics([NewTopic(name, partitions, 1, config=config or {})], request_timeout=timeout)
+    futures[name].result(timeout)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        topic = admin.list_topics(name, timeout=5).topics.get(name)
+        if topic and topic.error is None and len(topic.partitions) == partitions and all(
+            p.leader >= 0 for p in topic.partitions.values()
+        ):
+            return
+        time.sleep(0.1)
+    raise ServiceError("kafka", f"topic {name!r} has no leaders after {timeout:.0f}s")

@@ -1,0 +1,129 @@
+"""Pick and start the services a run needs: local launcher (default), named ones, or testcontainers.
+
+Selection, in order:
+1. ``HARVEST_PG_DSN`` / ``HARVEST_KAFKA_BOOTSTRAP``: use those existing services (each on its own);
+2. ``HARVEST_TEST_SERVICES=testcontainers`` and a Docker engine answers: testcontainers' Postgres
+   and Kafka modules;
+3. otherwise the local launcher (:class:`EmbeddedPostgres`, :class:`EmbeddedKafka`).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any
+
+from harvest_local.errors import PrerequisiteError
+from harvest_local.kafka import EmbeddedKafka
+from harvest_local.postgres import EmbeddedPostgres
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ServiceEndpoints:
+    pg_dsn: str
+    kafka_bootstrap: str
+
+    def __repr__(self) -> str:
+        return f"ServiceEndpoints(pg_dsn=<redacted>, kafka_bootstrap={self.kafka_bootstrap!r})"
+
+
+class LocalServices(AbstractContextManager["LocalServices"]):
+    """Postgres + Kafka for one run. ``postgres``/``kafka`` are set when this run owns them."""
+
+    def __init__(self) -> None:
+        self.postgres: EmbeddedPostgres | None = None
+        self.kafka: EmbeddedKafka | None = None
+        self.mode = "local"
+        self._containers: list[Any] = []
+        self._endpoints: ServiceEndpoints | None = None
+
+    @property
+    def endpoints(self) -> ServiceEndpoints:
+        if self._endpoints is None:
+            raise RuntimeError("LocalServices not started")
+        return self._endpoints
+
+    def start(self) -> LocalServices:
+        pg_dsn = os.environ.get("HARVEST_PG_DSN")
+        bootstrap = os.environ.get("HARVEST_KAFKA_BOOTSTRAP")
+        want_containers = os.environ.get("HARVEST_TEST_SERVICES", "local") == "testcontainers"
+        if want_containers and not (pg_dsn and bootstrap):
+            if _docker_engine_answers():
+                pg_dsn, bootstrap = self._start_containers(pg_dsn, bootstrap)
+                self.mode = "testcontainers"
+            else:
+                log.warning("HARVEST_TEST_SERVICES=testcontainers but no Docker engine answers; "
+                            "using the local launcher")
+        started = time.monotonic()
+        try:
+            if not pg_dsn:
+                self.postgres = EmbeddedPostgres().start()
+                pg_dsn = self.postgres.dsn
+            if not bootstrap:
+                self.kafka = EmbeddedKafka().start()
+                bootstrap = self.kafka.bootstrap
+        except BaseException:
+            self.stop()
+            raise
+        if self.mode == "local" and (os.environ.get("HARVEST_PG_DSN") or os.environ.get("HARVEST_KAFKA_BOOTSTRAP")):
+            self.mode = "existing" if not (self.postgres or self.kafka) else "mixed"
+        log.info("services up in %.1fs (mode=%s, kafka=%s)", time.monotonic() - started, self.mode, bootstrap)
+        self._endpoints = ServiceEndpoints(pg_dsn, bootstrap)
+        return self
+
+    def stop(self) -> None:
+        for service in (self.kafka, self.postgres):
+            if service is not None:
+                try:
+                    service.destroy()
+                except Exception:  # shutting down: report, keep going
+                    log.exception("stopping %r", service)
+        for container in self._containers:
+            try:
+                container.stop()
+            except Exception:
+                log.exception("stopping container %r", container)
+        self._containers.clear()
+
+    def __enter__(self) -> LocalServices:
+        return self.start()
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.stop()
+
+    def _start_containers(self, pg_dsn: str | None, bootstrap: str | None) -> tuple[str, str]:
+        try:
+            from testcontainers.kafka import KafkaContainer
+            from testcontainers.postgres import PostgresContainer
+        except ImportError as exc:
+            raise PrerequisiteError("the testcontainers package", "pip install -e '.[test]'") from exc
+        if not pg_dsn:
+            pg = PostgresContainer("postgres:16-alpine", driver=None)
+            pg.start()
+            self._containers.append(pg)
+            pg_dsn = (f"host={pg.get_container_host_ip()} port={pg.get_exposed_port(5432)} "
+                      f"user={pg.username} password={pg.password} dbname={pg.dbname}")
+        if not bootstrap:
+            kafka = KafkaContainer().with_kraft()
+            kafka.with_env("KAFKA_AUTO_CREATE_TOPICS_ENABLE", "false")
+            kafka.start()
+            self._containers.append(kafka)
+            bootstrap = kafka.get_bootstrap_server()
+        return pg_dsn, bootstrap
+
+
+def _docker_engine_answers() -> bool:
+    try:
+        import docker  # testcontainers depends on it
+
+        docker.from_env(timeout=3).ping()
+        return True
+    except Exception:
+        return False

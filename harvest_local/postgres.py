@@ -1,0 +1,155 @@
+"""A throw-away PostgreSQL server: ``initdb`` + ``pg_ctl`` on a free loopback port.
+
+initdb refuses to run as root, so under root the server runs as an unprivileged system user
+(``HARVEST_PG_USER``, default ``harvestpg``, created when missing). Password authentication is
+on (scram-sha-256 over TCP) so DSNs carry a real secret, as in production.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import pwd
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+from harvest_local import prereqs
+from harvest_local.errors import ServiceError
+from harvest_local.workdir import free_port, tail, work_dir
+
+log = logging.getLogger(__name__)
+
+SUPERUSER = "harvest"
+DEFAULT_DATABASE = "harvest"
+
+
+class EmbeddedPostgres:
+    def __init__(self, root: Path | None = None, port: int | None = None, password: str | None = None) -> None:
+        self.port = port or free_port()
+        self.root = root or work_dir() / f"postgres-{self.port}-{os.getpid()}"
+        self.data = self.root / "data"
+        self.log_file = self.root / "postgres.log"
+        self.password = password or os.urandom(12).hex()
+        self.database = DEFAULT_DATABASE
+        self._bindir = prereqs.postgres_bindir()
+        self._os_user = _server_user()
+
+    @property
+    def dsn(self) -> str:
+        return (
+            f"host=127.0.0.1 port={self.port} user={SUPERUSER} password={self.password} "
+            f"dbname={self.database} connect_timeout=5"
+        )
+
+    def __repr__(self) -> str:  # never show the password
+        return f"EmbeddedPostgres(port={self.port}, data={str(self.data)!r})"
+
+    def start(self, timeout: float = 60.0) -> EmbeddedPostgres:
+        if not (self.data / "PG_VERSION").exists():
+            self._initdb()
+        self._pg_ctl("start", "-w", "-t", str(int(timeout)), "-l", str(self.log_file),
+                     "-o", f"-p {self.port}")
+        self._wait_ready(timeout)
+        return self
+
+    def stop(self, mode: str = "fast") -> None:
+        """Stop the server, keeping its data (``start()`` brings it back on the same port)."""
+        if (self.data / "postmaster.pid").exists():
+            self._pg_ctl("stop", "-w", "-m", mode, check=False)
+
+    def kill(self) -> None:
+        """SIGKILL the postmaster (a crash, for fault tests); ``start()`` recovers."""
+        pid_file = self.data / "postmaster.pid"
+        if pid_file.exists():
+            pid = int(pid_file.read_text().split()[0])
+            try:
+                os.kill(pid, 9)
+            except ProcessLookupError:
+                pass
+
+    def destroy(self) -> None:
+        self.stop("immediate")
+        shutil.rmtree(self.root, ignore_errors=True)
+
+    # -- internals -----------------------------------------------------------------------------
+
+    def _initdb(self) -> None:
+        self.root.mkdir(parents=True, exist_ok=True)
+        pwfile = self.root / ".pw"
+        pwfile.write_text(self.password + "\n")
+        os.chmod(pwfile, 0o600)
+        if self._os_user:
+            uid, gid = self._os_user
+            for path in (self.root, pwfile):
+                os.chown(path, uid, gid)
+        proc = self._run(
+            [str(self._bindir / "initdb"), "-D", str(self.data), "-U", SUPERUSER, f"--pwfile={pwfile}",
+             "--auth-local=trust", "--auth-host=scram-sha-256", "-E", "UTF8", "--no-locale", "--no-sync"],
+        )
+        pwfile.unlink()
+        if proc.returncode != 0:
+            raise ServiceError("postgres", f"initdb failed: {proc.stderr.strip()[-800:]}")
+        with open(self.data / "postgresql.conf", "a") as conf:
+            conf.write(
+                "\n# harvest_local: loopback only, socket in the data dir, sized for tests\n"
+                "listen_addresses = '127.0.0.1'\n"
+                f"unix_socket_directories = '{self.data}'\n"
+                "max_connections = 200\n"
+                "shared_buffers = 128MB\n"
+                "fsync = on\n"
+                "synchronous_commit = on\n"
+                "max_wal_size = 1GB\n"
+                "log_min_messages = warning\n"
+                "log_line_prefix = '%m [%p] %u@%d '\n"
+            )
+
+    def _pg_ctl(self, *args: str, check: bool = True) -> None:
+        proc = self._run([str(self._bindir / "pg_ctl"), "-D", str(self.data), *args])
+        if check and proc.returncode != 0:
+            raise ServiceError("postgres", f"pg_ctl {args[0]} failed: {proc.stderr.strip()[-500:]}",
+                               tail(self.log_file))
+
+    def _run(self, cmd: list[str]) -> subprocess.CompletedProcess[str]:
+        kwargs: dict[str, object] = {}
+        if self._os_user:
+            kwargs.update(user=self._os_user[0], group=self._os_user[1], extra_groups=[])
+        return subprocess.run(cmd, capture_output=True, text=True, cwd=str(self.root), **kwargs)  # type: ignore[call-overload]
+
+    def _wait_ready(self, timeout: float) -> None:
+        import psycopg
+
+        deadline = time.monotonic() + timeout
+        last: Exception | None = None
+        while time.monotonic() < deadline:
+            try:
+                with psycopg.connect(self.dsn.replace(f"dbname={self.database}", "dbname=postgres")) as conn:
+                    conn.autocommit = True
+                    exists = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (self.database,)).fetchone()
+                    if not exists:
+                        conn.execute(f'CREATE DATABASE "{self.database}"')
+                return
+            except psycopg.OperationalError as exc:
+                last = exc
+                time.sleep(0.2)
+        raise ServiceError("postgres", f"not ready after {timeout:.0f}s ({last})", tail(self.log_file))
+
+
+def _server_user() -> tuple[int, int] | None:
+    """(uid, gid) to run the server as when we are root; None when we are not."""
+    if os.geteuid() != 0:
+        return None
+    name = os.environ.get("HARVEST_PG_USER", "harvestpg")
+    try:
+        entry = pwd.getpwnam(name)
+    except KeyError:
+        proc = subprocess.run(
+            ["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", name],
+            capture_output=True, text=True,
+        )
+        if proc.returncode != 0:
+            raise ServiceError("postgres", f"cannot create the unprivileged user {name!r} for the server "
+                                           f"(initdb refuses root): {proc.stderr.strip()}") from None
+        entry = pwd.getpwnam(name)
+    return entry.pw_uid, entry.pw_gid

@@ -1,0 +1,47 @@
+"""Exceptions raised by the sequencer package.
+
+Every error derives from :class:`SequencerError`, so callers can catch the
+whole family at once. Errors about bad *values* also derive from
+:class:`ValueError`, and errors about calling the API out of order derive from
+:class:`RuntimeError`, so generic handlers keep working.
+
+Invariants:
+
+* Every exception raised deliberately by this package is a ``SequencerError``.
+* An error caused by another exception chains it (``raise ... from exc``).
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "SequencerError",
+    "UUIDError",
+    "ReplayError",
+    "CheckpointError",
+    "SequencerStateError",
+]
+
+
+class SequencerError(Exception):
+    """Base class of every error raised by the sequencer package."""
+
+
+class UUIDError(SequencerError, ValueError):
+    """A message UUID, producer id, clock or flags value is malformed."""
+
+
+class ReplayError(SequencerError):
+    """A replay supplied to ``Sequencer.start_replay`` is wrong or failed.
+
+    Raised by ``Sequencer.step()`` when the replayed envelopes are not from the
+    journal and offset range named by ``Sequencer.replay_range()``, or when the
+    replay iterator itself raised (the original error is chained).
+    """
+
+
+class CheckpointError(SequencerError, ValueError):
+    """A checkpoint (encoded bytes or restored states) is corrupt or unsupported."""
+
+
+class SequencerStateError(SequencerError, RuntimeError):
+    """The Sequencer API was used out of order (a programming error)."""

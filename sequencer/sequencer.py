@@ -1,0 +1,497 @@
+"""Sequencer: turns read-uncommitted messages into read-committed sequences.
+
+A port of the semantics of Gazette's ``message.Sequencer``. Feed every message
+read from the journals, in read order, to :meth:`Sequencer.queue_uncommitted`.
+When it returns a committing outcome (``QueueOutcome.commits``), call
+:meth:`Sequencer.step` until it returns ``None``; each call returns the next
+committed message of the sequence (replayed part first, then the ring), and
+finally the committing ACK_TXN / OUTSIDE_TXN message itself. On
+``ACK_COMMIT_REPLAY`` first re-read :meth:`Sequencer.replay_range` and pass the
+envelopes to :meth:`Sequencer.start_replay`.
+
+Per (journal, producer) the Sequencer tracks a partial sequence: an exclusive
+minimum clock (the last ACK), an inclusive maximum clock, the ``begin`` offset
+of the open span and that span's entries in a fixed ring buffer (a linked list
+threaded through ``_next``). Sequences are dequeued in the order their
+committing messages are read, so one producer's open span never blocks another.
+
+Invariants (each backed by a test in ``tests/sequencer/``):
+
+1. ``queue_uncommitted`` raises :class:`SequencerStateError` while a committed
+   sequence remains to dequeue.
+2. Ignored, span and rollback outcomes advance ``offsets[journal]`` to the
+   message's ``end`` at once; committing outcomes advance it only when
+   ``step()`` returns ``None`` at the end of the sequence, so a checkpoint
+   taken earlier makes a restored reader read the committing message again.
+3. A message returned by ``step()`` counts as processed once ``step()`` is
+   called again; ``checkpoint()`` taken in between resumes exactly at it.
+4. Within a dequeued sequence clocks strictly increase, never exceed the
+   committing clock, and never repeat across sequences of one producer
+   (duplicates are dropped), except that zero-clock messages always commit.
+5. ``has_pending()`` is true iff a span was opened since the last
+   ``checkpoint()`` and is neither committed nor rolled back.
+6. ``checkpoint(h)`` with ``h > 0`` drops producers whose maximum clock is more
+   than ``h`` behind the largest last-ACK clock of their journal.
+7. ``step()`` raises :class:`ReplayError` when a replay serves a message from
+   another journal or outside ``replay_range()``, or its iterator raises.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Iterator, Mapping
+from types import MappingProxyType
+
+from .envelope import Envelope
+from .errors import CheckpointError, ReplayError, SequencerStateError
+from .outcome import QueueOutcome
+from .state import ProducerState
+
+__all__ = ["Sequencer", "DEFAULT_PRUNE_HORIZON_NS", "DEFAULT_RING_SIZE"]
+
+logger = logging.getLogger(__name__)
+
+#: Gazette consumers prune producers idle for 24 h (``messageSequencerPruneHorizon``).
+DEFAULT_PRUNE_HORIZON_NS = 24 * 3600 * 1_000_000_000
+DEFAULT_RING_SIZE = 8192
+
+_PRODUCER_MASK = (1 << 48) - 1
+# Distinct anomalies logged once per (reason, journal, producer); past this
+# many, further ones go to DEBUG so a misbehaving writer cannot grow memory.
+_MAX_LOGGED_ANOMALIES = 4096
+
+_OUTSIDE_ALREADY_ACKED = QueueOutcome.OUTSIDE_ALREADY_ACKED
+_OUTSIDE_COMMIT = QueueOutcome.OUTSIDE_COMMIT
+_CONTINUE_ALREADY_ACKED = QueueOutcome.CONTINUE_ALREADY_ACKED
+_CONTINUE_TXN_CLOCK_LARGER = QueueOutcome.CONTINUE_TXN_CLOCK_LARGER
+_CONTINUE_BEGIN_SPAN = QueueOutcome.CONTINUE_BEGIN_SPAN
+_CONTINUE_EXTEND_SPAN = QueueOutcome.CONTINUE_EXTEND_SPAN
+_ACK_ROLLBACK = QueueOutcome.ACK_ROLLBACK
+_ACK_EMPTY = QueueOutcome.ACK_EMPTY
+_ACK_COMMIT_RING = QueueOutcome.ACK_COMMIT_RING
+_ACK_COMMIT_REPLAY = QueueOutcome.ACK_COMMIT_REPLAY
+
+
+class _Partial:
+    """Partial, not yet acknowledged sequence of one (journal, producer).
+
+    Hashes by identity: the pending set holds these objects themselves.
+    """
+
+    __slots__ = ("journal", "producer", "min_clock", "max_clock", "begin", "ring_start", "ring_stop")
+
+    def __init__(self, journal: str, producer: int, min_clock: int, max_clock: int, begin: int) -> None:
+        self.journal = journal
+        self.producer = producer  # the 48-bit node as an int: cheaper to key and compare
+        self.min_clock = min_clock  # exclusive: clock of the last ACK (or processed message)
+        self.max_clock = max_clock  # inclusive: largest clock of the span (or the ACK's)
+        self.begin = begin  # offset of the first unprocessed span message, or -1
+        self.ring_start = -1  # ring index of the span's first entry still in the ring
+        self.ring_stop = -1  # ring index of the span's last entry
+
+    def __repr__(self) -> str:
+        return (
+            f"_Partial({self.journal!r}, {self.producer:012x}, min={self.min_clock}, "
+            f"max={self.max_clock}, begin={self.begin}, ring={self.ring_start}..{self.ring_stop})"
+        )
+
+
+def _clock(x: int) -> int:
+    """Clock of a UUID given as its 128-bit int (see identity.clock_of)."""
+    return (x >> 96) << 4 | ((x >> 80) & 0xFFFF) << 36 | ((x >> 64) & 0x0FFF) << 52 | (x >> 58) & 0xF
+
+
+class Sequencer:
+    """Sequences read-uncommitted messages into committed ones (see module doc)."""
+
+    __slots__ = (
+        "_offsets",
+        "_offsets_view",
+        "_partials",
+        "_pending",
+        "_emit",
+        "_dequeued",
+        "_dequeued_idx",
+        "_dequeued_clock",
+        "_replay_it",
+        "_ring",
+        "_next",
+        "_head",
+        "_size",
+        "_logged",
+    )
+
+    def __init__(
+        self,
+        offsets: Mapping[str, int] | None = None,
+        states: Iterable[ProducerState] | None = None,
+        ring_size: int = DEFAULT_RING_SIZE,
+    ) -> None:
+        # Gazette clamps a non-positive buffer to one entry: the committing
+        # message itself must always fit.
+        size = ring_size if ring_size > 0 else 1
+        self._offsets: dict[str, int] = dict(offsets) if offsets is not None else {}
+        self._offsets_view = MappingProxyType(self._offsets)
+        self._partials: dict[str, dict[int, _Partial]] = {}
+        self._pending: set[_Partial] = set()
+        self._emit: _Partial | None = None
+        self._dequeued: Envelope | None = None
+        self._dequeued_idx = -1
+        self._dequeued_clock = 0
+        self._replay_it: Iterator[Envelope] | None = None
+        self._ring: list[Envelope | None] = [None] * size
+        self._next: list[int] = [-1] * size
+        self._head = 0
+        self._size = size
+        self._logged: set[tuple[str, str, int]] = set()
+
+        for st in states or ():
+            if not isinstance(st, ProducerState):
+                raise CheckpointError(f"states must hold ProducerState values, got {st!r}")
+            if len(st.producer) != 6:
+                raise CheckpointError(
+                    f"ProducerState.producer must be 6 bytes, got {st.producer!r} "
+                    f"(journal {st.journal!r}); the checkpoint is corrupt"
+                )
+            if st.last_ack < 0 or st.begin < -1:
+                raise CheckpointError(
+                    f"ProducerState of journal {st.journal!r} has last_ack={st.last_ack}, "
+                    f"begin={st.begin}; expected last_ack >= 0 and begin >= -1"
+                )
+            pid = int.from_bytes(st.producer, "big")
+            # As in Gazette, a later state for the same producer replaces an earlier one.
+            self._partials.setdefault(st.journal, {})[pid] = _Partial(
+                st.journal, pid, st.last_ack, st.last_ack, st.begin
+            )
+
+    # -- queueing ---------------------------------------------------------
+
+    def queue_uncommitted(self, env: Envelope) -> QueueOutcome:
+        """Apply the next read-uncommitted message and return the decision."""
+        if self._emit is not None:
+            raise SequencerStateError(
+                "committed messages remain to dequeue: call step() until it returns None "
+                "before queue_uncommitted()"
+            )
+        ring = self._ring
+        head = self._head
+        if ring[head] is not None:
+            self._evict_at_head(head)
+
+        x = env.uuid.int
+        journal = env.journal
+        producer = x & _PRODUCER_MASK
+        clock = (x >> 96) << 4 | ((x >> 80) & 0xFFFF) << 36 | ((x >> 64) & 0x0FFF) << 52 | (x >> 58) & 0xF
+        flags = (x >> 48) & 0x3FF
+
+        jparts = self._partials.get(journal)
+        if jparts is None:
+            jparts = self._partials[journal] = {}
+        partial = jparts.get(producer)
+
+        if clock == 0:
+            # Unsequenced message (e.g. the nil UUID): commits at once through a
+            # throw-away partial, so its producer is never tracked.
+            partial = _Partial(journal, producer, 0, 0, -1)
+            flags = 0
+            clock = 1
+        elif partial is None:
+            partial = jparts[producer] = _Partial(journal, producer, clock - 1, clock - 1, -1)
+
+        if flags == 1:  # CONTINUE_TXN: the hot path.
+            if clock <= partial.min_clock:
+                self._offsets[journal] = env.end
+                return _CONTINUE_ALREADY_ACKED
+            if clock <= partial.max_clock:
+                self._offsets[journal] = env.end
+                return _CONTINUE_TXN_CLOCK_LARGER
+            if partial.begin == -1:
+                outcome = _CONTINUE_BEGIN_SPAN
+                partial.begin = env.begin
+                self._pending.add(partial)
+            else:
+                outcome = _CONTINUE_EXTEND_SPAN
+            # Append to the ring and to this producer's linked list.
+            ring[head] = env
+            self._next[head] = -1
+            if partial.ring_stop == -1:
+                partial.ring_start = head
+            else:
+                self._next[partial.ring_stop] = head
+            partial.ring_stop = head
+            head += 1
+            self._head = 0 if head == self._size else head
+            partial.max_clock = clock
+            self._offsets[journal] = env.end
+            return outcome
+
+        if flags == 2:  # ACK_TXN
+            min_clock = partial.min_clock
+            if clock < min_clock:
+                # An upstream producer recovered an older checkpoint: accept the
+                # earlier clock (at-least-once) rather than risk losing messages.
+                self._log_anomaly(
+                    "unexpected ACK_TXN which is less than last ACK (loss of exactly-once semantics)",
+                    env,
+                    partial,
+                    clock,
+                    flags,
+                )
+                outcome = _ACK_ROLLBACK
+            elif clock == min_clock:
+                outcome = _ACK_ROLLBACK
+            elif partial.begin == -1:
+                outcome = _ACK_EMPTY
+            elif partial.ring_start == -1:
+                outcome = _ACK_COMMIT_REPLAY  # no part of the span is in the ring
+            elif partial.begin != ring[partial.ring_start].begin:  # type: ignore[union-attr]
+                outcome = _ACK_COMMIT_REPLAY  # only a trailing part is in the ring
+            else:
+                outcome = _ACK_COMMIT_RING
+
+            if outcome is _ACK_ROLLBACK:
+                partial.min_clock = partial.max_clock = clock
+                partial.begin = partial.ring_start = partial.ring_stop = -1
+                self._pending.discard(partial)
+                self._offsets[journal] = env.end
+                return outcome
+        else:
+            if flags != 0:
+                self._log_anomaly("unexpected UUID flags (handled as OUTSIDE_TXN)", env, partial, clock, flags)
+            if clock <= partial.min_clock:
+                self._offsets[journal] = env.end
+                return _OUTSIDE_ALREADY_ACKED
+            if partial.begin != -1:
+                self._log_anomaly(
+                    "unexpected OUTSIDE_TXN with a preceding CONTINUE_TXN "
+                    "(mixed committed and uncommitted publishing to one journal?); "
+                    "the open span is rolled back",
+                    env,
+                    partial,
+                    clock,
+                    flags,
+                )
+            outcome = _OUTSIDE_COMMIT
+
+        # A committing outcome. Offsets are *not* advanced here: only once the
+        # sequence is fully stepped, so that a checkpoint taken before then
+        # makes a restored reader see this committing message again.
+        ring[head] = env
+        self._next[head] = -1
+        if partial.ring_stop == -1:
+            partial.ring_start = head
+        else:
+            self._next[partial.ring_stop] = head
+        partial.ring_stop = head
+        head += 1
+        self._head = 0 if head == self._size else head
+
+        if outcome is _ACK_EMPTY:
+            partial.begin = env.begin
+        elif outcome is _OUTSIDE_COMMIT:
+            # Any open span is clobbered (an effective rollback): the sequence
+            # is this one message.
+            partial.begin = env.begin
+            partial.ring_start = partial.ring_stop
+        # Commit through this clock; larger span clocks are rolled back.
+        partial.max_clock = clock
+        self._emit = partial
+        return outcome
+
+    def _evict_at_head(self, head: int) -> None:
+        """Drop the ring entry about to be overwritten, unlinking it from its span."""
+        old = self._ring[head]
+        assert old is not None
+        jparts = self._partials.get(old.journal)
+        if jparts is not None:
+            p = jparts.get(old.uuid.int & _PRODUCER_MASK)
+            # Usually no span references it: it was already committed or rolled back.
+            if p is not None and p.ring_start == head:
+                nxt = self._next[head]
+                if p.ring_start == p.ring_stop and nxt == -1:
+                    p.ring_start = p.ring_stop = -1
+                elif p.ring_start != p.ring_stop and nxt != -1:
+                    p.ring_start = nxt
+                else:  # pragma: no cover - would be a bug in the ring bookkeeping
+                    raise AssertionError("ring invariant violated: ring_start == ring_stop iff next[ring_start] == -1")
+        self._ring[head] = None
+        self._next[head] = -1
+
+    # -- dequeueing -------------------------------------------------------
+
+    def step(self) -> Envelope | None:
+        """Return the next committed message, or None when the sequence is done.
+
+        Calling ``step()`` marks the previously returned message as processed.
+        """
+        emit = self._emit
+        if emit is None:
+            return None
+        ring = self._ring
+        prev = self._dequeued
+        if prev is None:
+            if self._replay_it is None and emit.begin != ring[emit.ring_start].begin:  # type: ignore[union-attr]
+                raise SequencerStateError(
+                    "this sequence must be replayed: call replay_range() and start_replay() "
+                    "before step() (queue_uncommitted returned ACK_COMMIT_REPLAY)"
+                )
+        else:
+            # The previous message is processed: tighten the lower bound to it,
+            # and drop the ring's reference so its memory can be reclaimed.
+            emit.min_clock = self._dequeued_clock
+            if self._dequeued_idx != -1:
+                ring[self._dequeued_idx] = None
+
+        nxt = self._next
+        min_clock = emit.min_clock
+        max_clock = emit.max_clock
+        while emit.ring_start != -1:
+            it = self._replay_it
+            if it is None:
+                idx = emit.ring_start
+                env = ring[idx]
+                assert env is not None
+                emit.ring_start = nxt[idx]  # one past the returned entry
+            else:
+                env = self._next_replayed(it, emit)
+                if env is None:
+                    continue
+                idx = -1
+            self._dequeued = env
+            self._dequeued_idx = idx
+            x = env.uuid.int
+            clock = (x >> 96) << 4 | ((x >> 80) & 0xFFFF) << 36 | ((x >> 64) & 0x0FFF) << 52 | (x >> 58) & 0xF
+            self._dequeued_clock = clock
+            if clock != 0 and clock <= min_clock:
+                # A duplicate. Rare within the ring, common in replays, and
+                # possible across a restored checkpoint (which keeps only the
+                # last ACK, not the span's maximum clock).
+                continue
+            if clock > max_clock:
+                continue  # rolled back by a smaller ACK clock
+            emit.begin = env.begin
+            return env
+
+        # The committing message was the last one: only now is it read through.
+        last = self._dequeued
+        assert last is not None
+        self._offsets[emit.journal] = last.end
+        emit.max_clock = emit.min_clock
+        emit.begin = emit.ring_start = emit.ring_stop = -1
+        self._pending.discard(emit)
+        self._dequeued = None
+        self._dequeued_idx = -1
+        self._dequeued_clock = 0
+        self._emit = None
+        return None
+
+    def _next_replayed(self, it: Iterator[Envelope], emit: _Partial) -> Envelope | None:
+        """Next replayed message of the emitting producer, or None to re-check the loop."""
+        try:
+            env = next(it)
+        except StopIteration:
+            self._replay_it = None  # replay done: continue from the ring
+            return None
+        except Exception as exc:
+            raise ReplayError(f"replay reader: {exc}") from exc
+        ring_begin = self._ring[emit.ring_start].begin  # type: ignore[union-attr]
+        if env.journal != emit.journal:
+            raise ReplayError(
+                f"replay of wrong journal ({env.journal}; expected {emit.journal}); "
+                "serve exactly the journal and offsets of replay_range()"
+            )
+        if env.begin < emit.begin:
+            raise ReplayError(
+                f"replay has wrong Begin ({env.begin}; expected >= {emit.begin}); "
+                "serve exactly the journal and offsets of replay_range()"
+            )
+        if env.end > ring_begin:
+            raise ReplayError(
+                f"replay has wrong End ({env.end}; expected <= {ring_begin}); "
+                "serve exactly the journal and offsets of replay_range()"
+            )
+        if env.uuid.int & _PRODUCER_MASK != emit.producer:
+            return None  # other producers' messages are interleaved in the range
+        return env
+
+    def replay_range(self) -> tuple[str, int, int]:
+        """Journal and ``[begin, end)`` offsets to re-read for the current sequence."""
+        emit = self._emit
+        if emit is None:
+            raise SequencerStateError("replay_range(): no committed sequence to dequeue")
+        # The committing message is always in the ring, so ring_start is valid.
+        return emit.journal, emit.begin, self._ring[emit.ring_start].begin  # type: ignore[union-attr]
+
+    def start_replay(self, envelopes: Iterable[Envelope]) -> None:
+        """Supply the envelopes of ``replay_range()`` (all producers, in order)."""
+        if self._emit is None:
+            raise SequencerStateError("start_replay(): no committed sequence to dequeue")
+        self._replay_it = iter(envelopes)
+
+    # -- state ------------------------------------------------------------
+
+    def has_pending(self) -> bool:
+        """True if a span was opened since the last checkpoint and is still open.
+
+        Assuming live producers, it hints that more messages are coming.
+        """
+        return bool(self._pending)
+
+    @property
+    def offsets(self) -> Mapping[str, int]:
+        """Read-through offset per journal (a live, read-only view)."""
+        return self._offsets_view
+
+    def checkpoint(self, prune_horizon_ns: int = 0) -> tuple[dict[str, int], list[ProducerState]]:
+        """Snapshot offsets and producer states, pruning idle producers.
+
+        With ``prune_horizon_ns > 0``, a producer is dropped (here and from the
+        Sequencer) when its maximum clock is more than the horizon behind the
+        largest last-ACK clock within its journal. Also clears ``has_pending()``:
+        spans that did not complete by now should not hold up the next one.
+        """
+        states: list[ProducerState] = []
+        horizon = (prune_horizon_ns // 100) << 4 if prune_horizon_ns > 0 else 0
+        for journal, jparts in list(self._partials.items()):
+            if prune_horizon_ns > 0 and jparts:
+                # Gazette computes this in unsigned arithmetic, which wraps for
+                # horizons beyond the clock's age; signed is the intent.
+                bound = max(p.min_clock for p in jparts.values()) - horizon
+            else:
+                bound = 0
+            for pid, p in list(jparts.items()):
+                if p.max_clock >= bound:
+                    states.append(ProducerState(journal, pid.to_bytes(6, "big"), p.min_clock, p.begin))
+                else:
+                    del jparts[pid]
+            if not jparts:
+                del self._partials[journal]
+        self._pending.clear()
+        return dict(self._offsets), states
+
+    # -- diagnostics ------------------------------------------------------
+
+    def _log_anomaly(self, reason: str, env: Envelope, partial: _Partial, clock: int, flags: int) -> None:
+        key = (reason, env.journal, partial.producer)
+        if key in self._logged:
+            return
+        level = logging.WARNING
+        if len(self._logged) < _MAX_LOGGED_ANOMALIES:
+            self._logged.add(key)
+        else:
+            level = logging.DEBUG
+        logger.log(
+            level,
+            "%s: journal=%s begin=%d end=%d producer=%012x clock=%d flags=%#x "
+            "partial.min_clock=%d partial.max_clock=%d partial.begin=%d (logged once per producer)",
+            reason,
+            env.journal,
+            env.begin,
+            env.end,
+            partial.producer,
+            clock,
+            flags,
+            partial.min_clock,
+            partial.max_clock,
+            partial.begin,
+        )
