@@ -1,1 +1,18 @@
-"""spark_reader package."""
+"""Read-committed, effectively-once Spark DataFrames of topics written by ``harvest --uuid-sequencing``.
+
+``readCommitted(spark, topic, kafka_options)`` returns the committed records of a snapshot
+(batch); ``read_committed`` also returns the read's checkpoint, for incremental reads;
+``readCommittedStream`` is the streaming source. See DESIGN.md section 6.
+"""
+
+from spark_reader.batch import CommittedRead, read_committed, readCommitted
+from spark_reader.errors import MissingUUIDError, ReaderConfigError, SparkReaderError
+
+__all__ = [
+    "CommittedRead",
+    "MissingUUIDError",
+    "ReaderConfigError",
+    "SparkReaderError",
+    "readCommitted",
+    "read_committed",
+]

@@ -1,0 +1,195 @@
+"""``readCommitted``: a read-committed batch DataFrame of a topic written with UUID sequencing.
+
+Raw records come from Spark's own Kafka source over exactly the offsets of the read (see
+:mod:`spark_reader.offsets`); each (partition, producer) group is sequenced in parallel by
+:func:`spark_reader.sequencing.sequence_group`. The read's checkpoint (the same bytes
+``ReadCommittedIter.checkpoint()`` produces) covers everything up to ``ending``: pass it as
+``starting`` of the next read and the two reads return every committed row exactly once in total.
+
+Invariants:
+- rows whose committing ACK lies at or beyond ``ending`` are not in this read; they appear in the
+  next read started from this read's checkpoint;
+- the checkpoint's offsets are the read's ``ending`` for every partition; its producer states are
+  the groups' end states, plus the starting states of producers with no records in the read,
+  pruned by ``prune_horizon_ns`` as ``Sequencer.checkpoint`` prunes.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import pyarrow as pa
+
+from sequencer import DEFAULT_PRUNE_HORIZON_NS, ProducerState, encode_checkpoint
+from spark_reader import offsets as offsets_mod
+from spark_reader.errors import ReaderConfigError
+from spark_reader.policy import MissingUUIDPolicy, check_policy
+from spark_reader.schema import OUTPUT_COLUMNS, SEQUENCED
+from spark_reader.sequencing import GroupPlan, sequence_group
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+log = logging.getLogger(__name__)
+
+_STATE_FIELDS = ("_kind", "_state_last_ack", "_state_begin", "_state_max_clock")
+
+
+@dataclass
+class CommittedRead:
+    """A batch read: ``df`` (lazy) and, on demand, the checkpoint for the read's ``ending``."""
+
+    df: DataFrame
+    range: offsets_mod.ReadRange
+    prune_horizon_ns: int
+    _full: DataFrame = field(repr=False)
+    _checkpoint: bytes | None = field(default=None, repr=False)
+
+    @property
+    def ending(self) -> dict[int, int]:
+        return dict(self.range.end)
+
+    def checkpoint(self) -> bytes:
+        """Checkpoint bytes for ``ending`` (runs a Spark job the first time)."""
+        if self._checkpoint is None:
+            rows = self._full.where("_kind = 1").select(
+                "partition", "producer", "_state_last_ack", "_state_begin", "_state_max_clock").collect()
+            self._checkpoint = _assemble_checkpoint(self.range, rows, self.prune_horizon_ns)
+        return self._checkpoint
+
+
+def readCommitted(spark: SparkSession, topic: str, kafka_options: Mapping[str, str] | None = None, *,
+                  starting: bytes | None = None, ending: str | Mapping[int, int] = "latest",
+                  missing_uuid: str = "outside", include_acks: bool = False, ring_size: int = 8192,
+                  ) -> DataFrame:
+    """The committed records of ``topic`` from ``starting`` (a checkpoint) up to ``ending``."""
+    return read_committed(spark, topic, kafka_options, starting=starting, ending=ending,
+                          missing_uuid=missing_uuid, include_acks=include_acks, ring_size=ring_size).df
+
+
+def read_committed(spark: SparkSession, topic: str, kafka_options: Mapping[str, str] | None = None, *,
+                   starting: bytes | None = None, ending: str | Mapping[int, int] = "latest",
+                   missing_uuid: str = "outside", include_acks: bool = False, ring_size: int = 8192,
+                   prune_horizon_ns: int = DEFAULT_PRUNE_HORIZON_NS) -> CommittedRead:
+    """Like :func:`readCommitted`, returning the DataFrame with the read's checkpoint."""
+    from pyspark.sql import functions as F
+
+    options = dict(kafka_options or {})
+    _check_options(topic, options)
+    policy = check_policy(missing_uuid)
+    rng = offsets_mod.resolve(topic, options, starting, ending)
+    plan = GroupPlan(topic=topic, start=rng.start, states=rng.states, missing_uuid=policy,
+                     include_acks=include_acks, ring_size=ring_size)
+
+    raw = (spark.read.format("kafka").options(**options)
+           .option("assign", _assign_json(topic, rng.read_from))
+           .option("startingOffsets", _offsets_json(topic, rng.read_from))
+           .option("endingOffsets", _offsets_json(topic, rng.end))
+           .option("includeHeaders", "true")
+           .load())
+    uuid_header = F.element_at(F.filter("headers", lambda h: h["key"] == F.lit("uuid")), 1)["value"]
+    raw = raw.select("key", "value", "headers", "topic", "partition", "offset", "timestamp",
+                     uuid_header.alias("uuid"))
+    raw = raw.withColumn("producer", F.when(F.length("uuid") == 16, F.substring("uuid", 11, 6)))
+
+    def apply(table: pa.Table) -> pa.Table:
+        return _sequence_with_state(table, plan)
+
+    full = raw.groupBy("partition", "producer").applyInArrow(apply, schema=_full_schema())
+    hexed = F.lower(F.hex("uuid"))
+    df = full.where("_kind = 0").withColumn(
+        "uuid", F.when(F.col("uuid").isNotNull(), F.concat_ws(
+            "-", F.substring(hexed, 1, 8), F.substring(hexed, 9, 4), F.substring(hexed, 13, 4),
+            F.substring(hexed, 17, 4), F.substring(hexed, 21, 12)))
+    ).select(*OUTPUT_COLUMNS)
+    return CommittedRead(df=df, range=rng, prune_horizon_ns=prune_horizon_ns, _full=full)
+
+
+def _sequence_with_state(table: pa.Table, plan: GroupPlan) -> pa.Table:
+    rows, result = sequence_group(table, plan)
+    n = rows.num_rows
+    rows = rows.append_column("_kind", pa.array([0] * n, pa.int8()))
+    for name in _STATE_FIELDS[1:]:
+        rows = rows.append_column(name, pa.nulls(n, pa.int64()))
+    if result.state is None:
+        return rows
+    st = result.state
+    clocks = [c for c in result.clocks] + [st.last_ack]
+    state_row = {name: [None] for name in rows.column_names}
+    state_row.update(partition=[int(table.column("partition")[0].as_py())], producer=[st.producer],
+                     _kind=[1], _state_last_ack=[st.last_ack], _state_begin=[st.begin],
+                     _state_max_clock=[max(max(clocks), _max_clock(table))])
+    return pa.concat_tables([rows, pa.Table.from_pydict(state_row, schema=rows.schema)])
+
+
+def _max_clock(table: pa.Table) -> int:
+    from sequencer import UUIDError, clock_of, parse_uuid
+
+    best = 0
+    for raw in table.column("uuid").to_pylist():
+        if raw is not None:
+            try:
+                best = max(best, clock_of(parse_uuid(raw)))
+            except UUIDError:
+                pass
+    return best
+
+
+def _full_schema():  # type: ignore[no-untyped-def]
+    from pyspark.sql.types import ByteType, LongType, StructField, StructType
+
+    return StructType([*SEQUENCED.fields, StructField("_kind", ByteType()),
+                       *(StructField(n, LongType()) for n in _STATE_FIELDS[1:])])
+
+
+def _assemble_checkpoint(rng: offsets_mod.ReadRange, rows: list, horizon_ns: int) -> bytes:
+    states: dict[tuple[int, bytes], tuple[ProducerState, int]] = {
+        key: (st, st.last_ack) for key, st in rng.states.items()
+    }
+    for row in rows:
+        key = (int(row["partition"]), bytes(row["producer"]))
+        journal = f"{rng.topic}/{key[0]}"
+        states[key] = (ProducerState(journal, key[1], int(row["_state_last_ack"]), int(row["_state_begin"])),
+                       int(row["_state_max_clock"]))
+    kept: list[ProducerState] = []
+    if horizon_ns > 0:
+        horizon = (horizon_ns // 100) << 4
+        newest: dict[int, int] = {}
+        for (p, _), (st, _) in states.items():
+            newest[p] = max(newest.get(p, 0), st.last_ack)
+        for (p, _), (st, max_clock) in sorted(states.items()):
+            if max_clock >= newest[p] - horizon:
+                kept.append(st)
+    else:
+        kept = [st for _, (st, _) in sorted(states.items())]
+    offsets = {f"{rng.topic}/{p}": o for p, o in rng.end.items()}
+    offsets.update(rng.foreign_offsets)
+    return encode_checkpoint(offsets, kept + list(rng.foreign_states))
+
+
+def _check_options(topic: str, options: dict[str, str]) -> None:
+    if not topic or not isinstance(topic, str):
+        raise ReaderConfigError(f"topic={topic!r}: pass the name of one Kafka topic")
+    for owned in ("subscribe", "subscribePattern", "assign", "startingOffsets", "endingOffsets",
+                  "startingOffsetsByTimestamp", "endingOffsetsByTimestamp", "includeHeaders"):
+        if owned in options:
+            raise ReaderConfigError(
+                f"kafka_options[{owned!r}] is set by readCommitted itself; remove it (use topic=, "
+                "starting= (a checkpoint) and ending= instead)"
+            )
+    offsets_mod.client_config(options)  # validates kafka.bootstrap.servers
+
+
+def _assign_json(topic: str, partitions: Mapping[int, int]) -> str:
+    import json
+
+    return json.dumps({topic: sorted(partitions)})
+
+
+def _offsets_json(topic: str, offsets: Mapping[int, int]) -> str:
+    import json
+
+    return json.dumps({topic: {str(p): o for p, o in sorted(offsets.items())}})

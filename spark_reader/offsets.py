@@ -1,0 +1,114 @@
+"""Which offsets a read covers: partitions and watermarks from Kafka, starts from a checkpoint.
+
+Invariant: for every partition p of the topic, ``read_from[p] <= start[p] <= end[p]``, where
+``start`` is the checkpoint's read-through offset (or the low watermark when the checkpoint does
+not cover p) and ``read_from`` reaches back to the oldest open span of p, so that spans still open
+at the checkpoint can be replayed.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from sequencer import ProducerState, decode_checkpoint
+from spark_reader.errors import ReaderConfigError
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ReadRange:
+    topic: str
+    read_from: dict[int, int]
+    start: dict[int, int]
+    end: dict[int, int]
+    states: dict[tuple[int, bytes], ProducerState]
+    foreign_offsets: dict[str, int]  # checkpoint entries of other topics, carried through
+    foreign_states: list[ProducerState]
+
+
+def client_config(kafka_options: Mapping[str, str]) -> dict[str, str]:
+    """Spark's ``kafka.``-prefixed options as a confluent-kafka (librdkafka) config."""
+    conf = {k[len("kafka."):]: v for k, v in kafka_options.items() if k.startswith("kafka.")}
+    if "bootstrap.servers" not in conf:
+        raise ReaderConfigError(
+            "kafka_options has no 'kafka.bootstrap.servers'; pass e.g. "
+            "{'kafka.bootstrap.servers': 'broker:9092'} (Spark's Kafka source option names)"
+        )
+    # Options only the Java client understands are of no use to the offset lookup.
+    for java_only in ("security.protocol.class", "sasl.jaas.config"):
+        conf.pop(java_only, None)
+    return conf
+
+
+def resolve(topic: str, kafka_options: Mapping[str, str], starting: bytes | None,
+            ending: str | Mapping[int, int], timeout: float = 30.0) -> ReadRange:
+    from confluent_kafka import Consumer, TopicPartition
+
+    consumer = Consumer({**client_config(kafka_options), "group.id": "harvest-spark-reader-offsets",
+                         "enable.auto.commit": False})
+    try:
+        meta = consumer.list_topics(topic, timeout=timeout).topics.get(topic)
+        if meta is None or meta.error is not None or not meta.partitions:
+            raise ReaderConfigError(
+                f"topic {topic!r} does not exist or has no partitions ({meta.error if meta else 'unknown'}); "
+                "check the name and kafka.bootstrap.servers"
+            )
+        low: dict[int, int] = {}
+        high: dict[int, int] = {}
+        for p in sorted(meta.partitions):
+            lo, hi = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=timeout)
+            low[p], high[p] = lo, hi
+    finally:
+        consumer.close()
+
+    offsets: dict[str, int] = {}
+    states: list[ProducerState] = []
+    if starting is not None:
+        offsets, states = decode_checkpoint(starting)
+    prefix = f"{topic}/"
+    ours = {int(j[len(prefix):]): o for j, o in offsets.items() if _is_partition_journal(j, prefix)}
+    start = {p: max(ours.get(p, low[p]), low[p]) for p in low}
+    for p, offset in ours.items():
+        if p in low and offset < low[p]:
+            log.warning("checkpoint offset %d of %s/%d is below the log start %d: records %d..%d were "
+                        "deleted by retention before this reader saw them", offset, topic, p, low[p],
+                        offset, low[p] - 1)
+    by_key: dict[tuple[int, bytes], ProducerState] = {}
+    foreign_states: list[ProducerState] = []
+    for st in states:
+        if _is_partition_journal(st.journal, prefix):
+            by_key[(int(st.journal[len(prefix):]), st.producer)] = st
+        else:
+            foreign_states.append(st)
+    read_from = dict(start)
+    for (p, _), st in by_key.items():
+        if st.begin >= 0 and p in read_from:
+            read_from[p] = max(low[p], min(read_from[p], st.begin))
+
+    end = _ending(topic, ending, high)
+    for p in low:
+        if end[p] < start[p]:
+            raise ReaderConfigError(
+                f"ending offset {end[p]} of {topic}/{p} is before the starting offset {start[p]} "
+                "(from the checkpoint); pass a later ending or an older checkpoint"
+            )
+    foreign = {j: o for j, o in offsets.items() if not _is_partition_journal(j, prefix)}
+    return ReadRange(topic, read_from, start, end, by_key, foreign, foreign_states)
+
+
+def _ending(topic: str, ending: str | Mapping[int, int], high: dict[int, int]) -> dict[int, int]:
+    if ending == "latest":
+        return dict(high)
+    if isinstance(ending, Mapping):
+        unknown = set(ending) - set(high)
+        if unknown:
+            raise ReaderConfigError(f"ending names partitions {sorted(unknown)} that {topic!r} does not have")
+        return {p: min(int(ending.get(p, high[p])), high[p]) for p in high}
+    raise ReaderConfigError(f"ending={ending!r}: use 'latest' or a dict {{partition: offset}}")
+
+
+def _is_partition_journal(journal: str, prefix: str) -> bool:
+    return journal.startswith(prefix) and journal[len(prefix):].isdigit()

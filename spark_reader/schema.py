@@ -1,0 +1,41 @@
+"""The columns of a read-committed DataFrame.
+
+Spark's Kafka source columns (``key``, ``value``, ``headers``, ``topic``, ``partition``,
+``offset``, ``timestamp``), then the message identity (``uuid`` as text, ``producer`` as 6 bytes,
+``clock``), then ``ack_offset``: the offset of the message that committed the row (its ACK, or the
+row itself for OUTSIDE messages). Ordering by ``(partition, ack_offset, offset)`` gives exactly the
+order ReadCommittedIter delivers within a partition.
+"""
+
+from __future__ import annotations
+
+from pyspark.sql.types import (
+    ArrayType,
+    BinaryType,
+    IntegerType,
+    LongType,
+    StringType,
+    StructField,
+    StructType,
+    TimestampType,
+)
+
+HEADERS = ArrayType(StructType([StructField("key", StringType()), StructField("value", BinaryType())]))
+
+# What the sequencing step receives: the Kafka source's columns plus the raw uuid header.
+RAW = StructType([
+    StructField("key", BinaryType()),
+    StructField("value", BinaryType()),
+    StructField("headers", HEADERS),
+    StructField("topic", StringType()),
+    StructField("partition", IntegerType()),
+    StructField("offset", LongType()),
+    StructField("timestamp", TimestampType()),
+    StructField("uuid", BinaryType()),
+    StructField("producer", BinaryType()),
+])
+
+SEQUENCED = StructType([*RAW.fields, StructField("ack_offset", LongType()), StructField("clock", LongType())])
+
+OUTPUT_COLUMNS = ["key", "value", "headers", "topic", "partition", "offset", "timestamp",
+                  "uuid", "producer", "clock", "ack_offset"]

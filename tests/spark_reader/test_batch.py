@@ -1,0 +1,105 @@
+"""readCommitted (batch) on local Spark + embedded Kafka against the pure Sequencer's output."""
+
+from __future__ import annotations
+
+import pytest
+
+from sequenced_log import read_raw, reference_read, write_log
+from spark_reader import MissingUUIDError, ReaderConfigError, read_committed, readCommitted
+
+pytestmark = [pytest.mark.integration, pytest.mark.spark]
+
+
+def _rows(df) -> list[tuple[int, int, int]]:
+    return sorted(((r.partition, r.offset, r.ack_offset) for r in df.select("partition", "offset", "ack_offset").collect()),
+                  key=lambda t: (t[0], t[2], t[1]))
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_batch_equals_reference_sequencer(spark, kafka_bootstrap, topic_factory, seed) -> None:
+    topic = topic_factory(partitions=3)
+    write_log(kafka_bootstrap, topic, 3, seed=seed, steps=80)
+    expected = reference_read(read_raw(kafka_bootstrap, topic, 3), topic)
+    df = readCommitted(spark, topic, {"kafka.bootstrap.servers": kafka_bootstrap})
+    assert _rows(df) == expected
+    assert len(expected) > 20
+
+
+def test_small_ring_forces_replays_and_changes_nothing(spark, kafka_bootstrap, topic_factory) -> None:
+    topic = topic_factory(partitions=2)
+    write_log(kafka_bootstrap, topic, 2, seed=3, steps=60)
+    expected = reference_read(read_raw(kafka_bootstrap, topic, 2), topic)
+    df = readCommitted(spark, topic, {"kafka.bootstrap.servers": kafka_bootstrap}, ring_size=2)
+    assert _rows(df) == expected
+
+
+def test_incremental_reads_chained_by_checkpoints_are_exactly_once(spark, kafka_bootstrap, topic_factory) -> None:
+    topic = topic_factory(partitions=2)
+    write_log(kafka_bootstrap, topic, 2, seed=4, steps=90)
+    raw = read_raw(kafka_bootstrap, topic, 2)
+    expected = reference_read(raw, topic)
+    ends = {p: max(r.offset for r in raw if r.partition == p) + 1 for p in (0, 1)}
+    opts = {"kafka.bootstrap.servers": kafka_bootstrap}
+    got: list[tuple[int, int, int]] = []
+    checkpoint = None
+    for frac in (0.2, 0.45, 0.7, 1.0):  # cut points land inside open spans
+        ending = {p: int(e * frac) for p, e in ends.items()}
+        read = read_committed(spark, topic, opts, starting=checkpoint, ending=ending)
+        got.extend(_rows(read.df))
+        checkpoint = read.checkpoint()
+    assert sorted(got) == sorted(expected)
+    assert len(got) == len(set(got))
+
+
+def test_columns_and_identity(spark, kafka_bootstrap, topic_factory) -> None:
+    topic = topic_factory(partitions=1)
+    write_log(kafka_bootstrap, topic, 1, seed=5, steps=20, headerless=False)
+    df = readCommitted(spark, topic, {"kafka.bootstrap.servers": kafka_bootstrap})
+    assert df.columns == ["key", "value", "headers", "topic", "partition", "offset", "timestamp",
+                          "uuid", "producer", "clock", "ack_offset"]
+    import uuid as uuid_mod
+
+    from sequencer import clock_of, producer_of
+
+    for row in df.collect():
+        u = uuid_mod.UUID(row.uuid)
+        assert producer_of(u) == bytes(row.producer)
+        assert clock_of(u) == row.clock
+        assert row.ack_offset >= row.offset
+        assert [h.key for h in row.headers] == ["uuid"]
+
+
+@pytest.mark.parametrize("policy, expect_plain", [("outside", True), ("drop", False)])
+def test_missing_uuid_policy(spark, kafka_bootstrap, topic_factory, policy, expect_plain) -> None:
+    topic = topic_factory(partitions=1)
+    write_log(kafka_bootstrap, topic, 1, seed=6, steps=40)
+    df = readCommitted(spark, topic, {"kafka.bootstrap.servers": kafka_bootstrap}, missing_uuid=policy)
+    values = [bytes(r.value).decode() for r in df.select("value").collect()]
+    assert any(v.startswith("plain-") for v in values) is expect_plain
+    assert any(v.startswith("txn-") for v in values)
+
+
+def test_missing_uuid_raise(spark, kafka_bootstrap, topic_factory) -> None:
+    topic = topic_factory(partitions=1)
+    write_log(kafka_bootstrap, topic, 1, seed=6, steps=40)
+    df = readCommitted(spark, topic, {"kafka.bootstrap.servers": kafka_bootstrap}, missing_uuid="raise")
+    with pytest.raises(Exception, match="no valid 'uuid' header"):
+        df.collect()
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"kafka_options": {}}, "kafka.bootstrap.servers"),
+    ({"kafka_options": {"kafka.bootstrap.servers": "x:1", "subscribe": "t"}}, "subscribe"),
+    ({"missing_uuid": "ignore"}, "missing_uuid='ignore'"),
+    ({"ending": "earliest"}, "ending='earliest'"),
+])
+def test_bad_arguments(spark, kafka_bootstrap, topic_factory, kwargs, message) -> None:
+    topic = topic_factory(partitions=1)
+    args = {"kafka_options": {"kafka.bootstrap.servers": kafka_bootstrap}, **kwargs}
+    with pytest.raises(ReaderConfigError, match=message):
+        readCommitted(spark, topic, **args)
+
+
+def test_unknown_topic(spark, kafka_bootstrap) -> None:
+    with pytest.raises(ReaderConfigError, match="does not exist"):
+        readCommitted(spark, "no-such-topic-xyz", {"kafka.bootstrap.servers": kafka_bootstrap})
