@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["Clock", "TICK", "G1582_NS100", "clock_from_unix_ns"]
+__all__ = ["G1582_NS100", "TICK", "Clock", "clock_from_unix_ns"]
 
 #: Clock increment of one ``tick()``: 1 µs = 10 units of 100 ns, times 16.
 TICK = 160
@@ -55,8 +55,7 @@ class Clock:
     def update(self, unix_ns: int) -> None:
         """Move the clock up to ``unix_ns`` if that is ahead of it."""
         nxt = clock_from_unix_ns(unix_ns)
-        if nxt > self.value:
-            self.value = nxt
+        self.value = max(self.value, nxt)
 
     def as_unix_ns(self) -> int:
         """The wall time of this clock, in Unix nanoseconds (counter dropped)."""

@@ -14,11 +14,11 @@ Invariants:
 from __future__ import annotations
 
 __all__ = [
-    "SequencerError",
-    "UUIDError",
-    "ReplayError",
     "CheckpointError",
+    "ReplayError",
+    "SequencerError",
     "SequencerStateError",
+    "UUIDError",
 ]
 
 
@@ -35,7 +35,8 @@ class ReplayError(SequencerError):
 
     Raised by ``Sequencer.step()`` when the replayed envelopes are not from the
     journal and offset range named by ``Sequencer.replay_range()``, or when the
-    replay iterator itself raised (the original error is chained).
+    replay iterator itself raised (the original error is chained). The
+    Sequencer is left mid-sequence; recover by restoring the last checkpoint.
     """
 
 

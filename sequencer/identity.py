@@ -32,15 +32,15 @@ from enum import IntEnum
 from .errors import UUIDError
 
 __all__ = [
-    "Flags",
     "FLAGS_MASK",
     "NIL_UUID",
-    "new_producer_id",
+    "Flags",
     "build_uuid",
-    "producer_of",
     "clock_of",
     "flags_of",
+    "new_producer_id",
     "parse_uuid",
+    "producer_of",
 ]
 
 #: The 10 low bits of the clock sequence that carry flags.
@@ -80,18 +80,11 @@ def new_producer_id() -> bytes:
 def build_uuid(producer: bytes, clock: int, flags: int) -> uuid.UUID:
     """The v1 UUID of a message from ``producer`` at ``clock`` with ``flags``."""
     if not isinstance(producer, (bytes, bytearray, memoryview)) or len(producer) != 6:
-        raise UUIDError(
-            f"producer must be 6 bytes, got {producer!r}; use new_producer_id()"
-        )
+        raise UUIDError(f"producer must be 6 bytes, got {producer!r}; use new_producer_id()")
     if not isinstance(clock, int) or not 0 <= clock < _CLOCK_LIMIT:
-        raise UUIDError(
-            f"clock must be an int in [0, 2**64), got {clock!r}; use Clock.tick()"
-        )
+        raise UUIDError(f"clock must be an int in [0, 2**64), got {clock!r}; use Clock.tick()")
     if not isinstance(flags, int) or not 0 <= flags <= FLAGS_MASK:
-        raise UUIDError(
-            f"flags must be an int in [0, 0x3ff] (10 bits), got {flags!r}; "
-            "use a Flags value"
-        )
+        raise UUIDError(f"flags must be an int in [0, 0x3ff] (10 bits), got {flags!r}; use a Flags value")
     value = (
         ((clock >> 4) & 0xFFFFFFFF) << 96  # time_low
         | ((clock >> 36) & 0xFFFF) << 80  # time_mid
@@ -130,10 +123,7 @@ def parse_uuid(raw: bytes | bytearray | memoryview) -> uuid.UUID:
     RFC 4122 UUID. Raises :class:`UUIDError` naming the bad field otherwise.
     """
     if not isinstance(raw, (bytes, bytearray, memoryview)):
-        raise UUIDError(
-            f"uuid header must be bytes, got {type(raw).__name__}; "
-            "pass the raw 16-byte header value"
-        )
+        raise UUIDError(f"uuid header must be bytes, got {type(raw).__name__}; pass the raw 16-byte header value")
     if len(raw) != 16:
         raise UUIDError(
             f"uuid header must be exactly 16 bytes, got {len(raw)}; "

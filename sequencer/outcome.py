@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from enum import IntEnum
 
-__all__ = ["QueueOutcome", "COMMITTING_OUTCOMES"]
+__all__ = ["COMMITTING_OUTCOMES", "QueueOutcome"]
 
 
 class QueueOutcome(IntEnum):

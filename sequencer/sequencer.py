@@ -24,7 +24,9 @@ Invariants (each backed by a test in ``tests/sequencer/``):
    ``step()`` returns ``None`` at the end of the sequence, so a checkpoint
    taken earlier makes a restored reader read the committing message again.
 3. A message returned by ``step()`` counts as processed once ``step()`` is
-   called again; ``checkpoint()`` taken in between resumes exactly at it.
+   called again (Gazette's consumer likewise consumes, then steps);
+   ``checkpoint()`` taken in between resumes exactly at that message, so a
+   reader that checkpoints mid-sequence must call ``step()`` first.
 4. Within a dequeued sequence clocks strictly increase, never exceed the
    committing clock, and never repeat across sequences of one producer
    (duplicates are dropped), except that zero-clock messages always commit.
@@ -47,7 +49,7 @@ from .errors import CheckpointError, ReplayError, SequencerStateError
 from .outcome import QueueOutcome
 from .state import ProducerState
 
-__all__ = ["Sequencer", "DEFAULT_PRUNE_HORIZON_NS", "DEFAULT_RING_SIZE"]
+__all__ = ["DEFAULT_PRUNE_HORIZON_NS", "DEFAULT_RING_SIZE", "Sequencer"]
 
 logger = logging.getLogger(__name__)
 
@@ -78,7 +80,7 @@ class _Partial:
     Hashes by identity: the pending set holds these objects themselves.
     """
 
-    __slots__ = ("journal", "producer", "min_clock", "max_clock", "begin", "ring_start", "ring_stop")
+    __slots__ = ("begin", "journal", "max_clock", "min_clock", "producer", "ring_start", "ring_stop")
 
     def __init__(self, journal: str, producer: int, min_clock: int, max_clock: int, begin: int) -> None:
         self.journal = journal
@@ -96,29 +98,23 @@ class _Partial:
         )
 
 
-def _clock(x: int) -> int:
-    """Clock of a UUID given as its 128-bit int (see identity.clock_of)."""
-    return (x >> 96) << 4 | ((x >> 80) & 0xFFFF) << 36 | ((x >> 64) & 0x0FFF) << 52 | (x >> 58) & 0xF
-
-
 class Sequencer:
     """Sequences read-uncommitted messages into committed ones (see module doc)."""
 
     __slots__ = (
+        "_dequeued",
+        "_dequeued_clock",
+        "_emit",
+        "_head",
+        "_logged",
+        "_next",
         "_offsets",
         "_offsets_view",
         "_partials",
         "_pending",
-        "_emit",
-        "_dequeued",
-        "_dequeued_idx",
-        "_dequeued_clock",
         "_replay_it",
         "_ring",
-        "_next",
-        "_head",
         "_size",
-        "_logged",
     )
 
     def __init__(
@@ -136,7 +132,6 @@ class Sequencer:
         self._pending: set[_Partial] = set()
         self._emit: _Partial | None = None
         self._dequeued: Envelope | None = None
-        self._dequeued_idx = -1
         self._dequeued_clock = 0
         self._replay_it: Iterator[Envelope] | None = None
         self._ring: list[Envelope | None] = [None] * size
@@ -170,14 +165,15 @@ class Sequencer:
         """Apply the next read-uncommitted message and return the decision."""
         if self._emit is not None:
             raise SequencerStateError(
-                "committed messages remain to dequeue: call step() until it returns None "
-                "before queue_uncommitted()"
+                "committed messages remain to dequeue: call step() until it returns None before queue_uncommitted()"
             )
         ring = self._ring
         head = self._head
         if ring[head] is not None:
             self._evict_at_head(head)
 
+        # identity.clock_of/flags_of/producer_of, inlined: function calls per
+        # message are a large share of the hot path in CPython.
         x = env.uuid.int
         journal = env.journal
         producer = x & _PRODUCER_MASK
@@ -336,11 +332,8 @@ class Sequencer:
                     "before step() (queue_uncommitted returned ACK_COMMIT_REPLAY)"
                 )
         else:
-            # The previous message is processed: tighten the lower bound to it,
-            # and drop the ring's reference so its memory can be reclaimed.
+            # The previous message is processed: tighten the lower bound to it.
             emit.min_clock = self._dequeued_clock
-            if self._dequeued_idx != -1:
-                ring[self._dequeued_idx] = None
 
         nxt = self._next
         min_clock = emit.min_clock
@@ -352,13 +345,14 @@ class Sequencer:
                 env = ring[idx]
                 assert env is not None
                 emit.ring_start = nxt[idx]  # one past the returned entry
+                # Nothing reads a dequeued slot again (no queueing until the
+                # sequence ends), so drop the reference now to free memory early.
+                ring[idx] = None
             else:
                 env = self._next_replayed(it, emit)
                 if env is None:
                     continue
-                idx = -1
             self._dequeued = env
-            self._dequeued_idx = idx
             x = env.uuid.int
             clock = (x >> 96) << 4 | ((x >> 80) & 0xFFFF) << 36 | ((x >> 64) & 0x0FFF) << 52 | (x >> 58) & 0xF
             self._dequeued_clock = clock
@@ -380,7 +374,6 @@ class Sequencer:
         emit.begin = emit.ring_start = emit.ring_stop = -1
         self._pending.discard(emit)
         self._dequeued = None
-        self._dequeued_idx = -1
         self._dequeued_clock = 0
         self._emit = None
         return None
