@@ -1,12 +1,43 @@
-"""The ``harvest`` command line."""
+"""The ``harvest`` command line.
+
+    harvest -f harvest.yaml [flags]          run the relay (goharvest reaper compatible); same as `harvest run`
+    harvest init-db -f harvest.yaml [--value-type bytea]
+    harvest dead-letters list -f harvest.yaml [--limit N]
+    harvest dead-letters requeue -f harvest.yaml (ID ... | --all)
+
+Flags (``--data-source``, ``--bootstrap-servers``, ``--outbox-table``, ``--leader-topic``,
+``--leader-group-id``, ``--name``, ``--prometheus-port``, ``--log-level``) override the file; with
+no file, defaults apply. Environment: ``HARVEST_DATA_SOURCE`` can carry the DSN so the password
+stays out of ``ps``.
+
+Exit codes: 0 success / stopped by SIGINT or SIGTERM; 1 runtime failure (database, Kafka,
+election); 2 usage or configuration error.
+"""
 
 from __future__ import annotations
 
 import argparse
+import logging
+import os
+import signal
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 from producer import __version__
+from producer.config import FileConfig, from_mapping, load_yaml
+from producer.errors import ConfigError, HarvestError
+
+EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
+_COMMANDS = ("run", "init-db", "dead-letters")
+log = logging.getLogger("harvest")
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("-f", "--file", help="YAML config (goharvest reaper format: harvest: {...}, logging: {...})")
+    p.add_argument("--data-source", help="Postgres DSN (overrides harvest.dataSource; or env HARVEST_DATA_SOURCE)")
+    p.add_argument("--outbox-table", help="outbox table, optionally schema-qualified")
+    p.add_argument("--log-level", help="TRACE/DEBUG/INFO/WARNING/ERROR")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -14,16 +45,130 @@ def build_parser() -> argparse.ArgumentParser:
         prog="harvest",
         description="Transactional-outbox relay: moves outbox rows from Postgres to Kafka "
         "(goharvest's mark-purge/reset with NELI leader election).",
-    )
+        epilog="Exit codes: 0 ok or stopped by signal, 1 runtime failure, 2 usage/config error.")
     parser.add_argument("--version", action="version", version=f"harvest {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    run = sub.add_parser("run", help="run the relay (default when no command is given)")
+    _common(run)
+    run.add_argument("--bootstrap-servers", help="Kafka bootstrap servers (overrides baseKafkaConfig)")
+    run.add_argument("--leader-topic")
+    run.add_argument("--leader-group-id")
+    run.add_argument("--name", help="this relay's name (default host_pid_time)")
+    run.add_argument("--prometheus-port", type=int, help="serve Prometheus metrics on this port")
+    init = sub.add_parser("init-db", help="create the outbox, dead-letter table and NOTIFY trigger")
+    _common(init)
+    init.add_argument("--value-type", choices=("varchar", "bytea"), default="varchar",
+                      help="kafka_value column type (varchar = goharvest's)")
+    dl = sub.add_parser("dead-letters", help="inspect or requeue dead letters")
+    dl_sub = dl.add_subparsers(dest="dl_command", metavar="ACTION", required=True)
+    ls = dl_sub.add_parser("list", help="list dead letters")
+    _common(ls)
+    ls.add_argument("--limit", type=int, default=100)
+    rq = dl_sub.add_parser("requeue", help="move dead letters back into the outbox")
+    _common(rq)
+    rq.add_argument("ids", nargs="*", type=int, help="dead-letter ids")
+    rq.add_argument("--all", action="store_true", help="requeue every dead letter")
     return parser
 
 
+def _setup_logging(level: str) -> None:
+    level = level.upper()
+    py_level = {"TRACE": logging.DEBUG, "WARN": logging.WARNING}.get(level, getattr(logging, level, logging.INFO))
+    logging.basicConfig(level=py_level, stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+
+def _load(args: argparse.Namespace, extra: dict[str, Any] | None = None) -> FileConfig:
+    overrides: dict[str, Any] = {"data_source": args.data_source or os.environ.get("HARVEST_DATA_SOURCE"),
+                                 "outbox_table": args.outbox_table, **(extra or {})}
+    if args.file:
+        return load_yaml(args.file, overrides, args.log_level)
+    return from_mapping({}, overrides, args.log_level)
+
+
+def _run(args: argparse.Namespace) -> int:
+    from producer.harvest import Harvest
+
+    cfg = _load(args, {"bootstrap_servers": args.bootstrap_servers, "leader_topic": args.leader_topic,
+                       "leader_group_id": args.leader_group_id, "name": args.name,
+                       "prometheus_port": args.prometheus_port})
+    _setup_logging(cfg.log_level)
+    log.info("harvest %s starting: %r", __version__, cfg.harvest)
+    relay = Harvest(cfg.harvest)
+
+    def on_signal(signum: int, _frame: Any) -> None:
+        log.info("received %s: stopping (draining in-flight records)", signal.Signals(signum).name)
+        relay.stop()
+
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+    relay.start()
+    while not relay.wait(0.5):
+        pass
+    return EXIT_OK
+
+
+def _init_db(args: argparse.Namespace) -> int:
+    from producer.schema import init_db
+    from producer.db import connect
+
+    cfg = _load(args)
+    _setup_logging(cfg.log_level)
+    with connect(cfg.harvest.data_source) as conn:
+        names = init_db(conn, cfg.harvest.outbox_table, args.value_type)
+    print(f"outbox {names.display} ready (value type {args.value_type}; dead letters, NOTIFY channel "
+          f"{names.channel})")
+    return EXIT_OK
+
+
+def _dead_letters(args: argparse.Namespace) -> int:
+    from producer.db import connect
+    from producer.deadletters import list_dead_letters, requeue
+
+    cfg = _load(args)
+    _setup_logging(cfg.log_level)
+    table = cfg.harvest.outbox_table
+    with connect(cfg.harvest.data_source) as conn:
+        if args.dl_command == "list":
+            rows = list_dead_letters(conn, table, args.limit)
+            print(f"{'id':>10}  {'attempts':>8}  {'topic':<24} {'key':<20} error")
+            for r in rows:
+                print(f"{r.id:>10}  {r.attempts:>8}  {str(r.kafka_topic):<24} {str(r.kafka_key):<20} {r.error}")
+            print(f"{len(rows)} dead letter(s)")
+            return EXIT_OK
+        if not args.all and not args.ids:
+            raise ConfigError("dead-letters requeue: give dead-letter ids or --all")
+        if args.all and args.ids:
+            raise ConfigError("dead-letters requeue: give ids or --all, not both")
+        moved = requeue(conn, table, None if args.all else args.ids)
+        print(f"requeued {moved} dead letter(s)")
+        return EXIT_OK
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] not in _COMMANDS and argv[0] not in ("-h", "--help", "--version"):
+        argv = ["run", *argv]  # goharvest's reaper: `harvest -f harvest.yaml`
     parser = build_parser()
-    parser.parse_args(argv)
-    parser.print_help()
-    return 0
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return EXIT_OK
+    try:
+        if args.command == "run":
+            return _run(args)
+        if args.command == "init-db":
+            return _init_db(args)
+        return _dead_letters(args)
+    except ConfigError as exc:
+        print(f"harvest: configuration error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except HarvestError as exc:
+        cause = f" (caused by: {exc.__cause__})" if exc.__cause__ and str(exc.__cause__) not in str(exc) else ""
+        from producer.redact import redact_dsn
+
+        print(f"harvest: error: {redact_dsn(str(exc) + cause)}", file=sys.stderr)
+        return EXIT_FAILURE
 
 
 if __name__ == "__main__":

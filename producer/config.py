@@ -1,0 +1,354 @@
+"""Typed, validated relay configuration, and its YAML form (goharvest's reaper keys).
+
+- :class:`Limits` carries goharvest's limit names and defaults, plus a few of our own
+  (``maxDeliveryAttempts``, ``purgeBatchRecords``, ``purgeInterval``, ``idlePollInterval``).
+- :class:`HarvestConfig` is the whole relay config; both are frozen and validated at construction,
+  so an instance that exists is valid.
+- :func:`load_yaml` / :func:`from_mapping` parse the reaper's YAML (``harvest: {...}``,
+  ``logging: {level}``) strictly: an unknown key is an error that names it and lists the valid ones.
+
+Invariants:
+- every error is a :class:`~producer.errors.ConfigError` naming the field (YAML path), the value and a fix;
+- ``repr()``/``str()`` of a config never shows a secret (DSN password, SASL/SSL credentials);
+- the producer config always ends up with ``enable.idempotence=true`` and ``acks=all``: a user
+  value that contradicts them is rejected rather than silently overridden.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import socket
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from producer.errors import ConfigError
+from producer.redact import redact_dsn, redact_kafka_config
+
+DEFAULT_DATA_SOURCE = "host=localhost port=5432 user=postgres password= dbname=postgres sslmode=disable"
+DEFAULT_BOOTSTRAP = "localhost:9092"
+DEFAULT_PARTITIONER = "murmur2_random"  # Java client's default key placement
+DEFAULT_LINGER_MS = 1
+_KAFKA_NAME = re.compile(r"^[a-zA-Z0-9._\-]{1,249}$")
+_DURATION_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|ms|s|m|h)")
+_DURATION_UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
+LOG_LEVELS = ("TRACE", "DEBUG", "INFO", "WARNING", "WARN", "ERROR", "CRITICAL")
+
+
+def parse_duration(value: Any, field_name: str) -> float:
+    """Go-style duration (``"500ms"``, ``"1m30s"``, ``"0"``) -> seconds. Bare numbers are refused:
+    Go reads them as nanoseconds, people mean seconds; we make them say which."""
+    if isinstance(value, bool) or not isinstance(value, str):
+        raise ConfigError(f"{field_name}: {value!r} is not a duration; write it with a unit, "
+                          f"e.g. '500ms', '5s', '1m30s'")
+    text = value.strip()
+    if text == "0":
+        return 0.0
+    pos, total = 0, 0.0
+    for m in _DURATION_PART.finditer(text):
+        if m.start() != pos:
+            break
+        total += float(m.group(1)) * _DURATION_UNITS[m.group(2)]
+        pos = m.end()
+    if pos != len(text) or not text:
+        raise ConfigError(f"{field_name}: {value!r} is not a duration; use Go syntax with units "
+                          f"ns/us/ms/s/m/h, e.g. '500ms', '5s', '1m30s'")
+    return total
+
+
+def format_duration(seconds: float) -> str:
+    if seconds == 0:
+        return "0"
+    ms = seconds * 1000
+    return f"{ms:g}ms" if ms < 1000 else f"{seconds:g}s"
+
+
+def default_name() -> str:
+    host = re.sub(r"[^a-zA-Z0-9._\-]", "_", socket.gethostname() or "localhost")
+    import time
+
+    return f"{host}_{os.getpid()}_{int(time.time())}"
+
+
+# (yaml key, attribute, kind) — kind "d" = duration (seconds), "i" = int
+_LIMIT_FIELDS: tuple[tuple[str, str, str], ...] = (
+    ("ioErrorBackoff", "io_error_backoff", "d"),
+    ("pollDuration", "poll_duration", "d"),
+    ("minPollInterval", "min_poll_interval", "d"),
+    ("maxPollInterval", "max_poll_interval", "d"),
+    ("heartbeatTimeout", "heartbeat_timeout", "d"),
+    ("drainInterval", "drain_interval", "d"),
+    ("queueTimeout", "queue_timeout", "d"),
+    ("markBackoff", "mark_backoff", "d"),
+    ("maxInFlightRecords", "max_in_flight_records", "i"),
+    ("sendConcurrency", "send_concurrency", "i"),
+    ("sendBuffer", "send_buffer", "i"),
+    ("markQueryRecords", "mark_query_records", "i"),
+    ("minMetricsInterval", "min_metrics_interval", "d"),
+    # ours
+    ("maxDeliveryAttempts", "max_delivery_attempts", "i"),
+    ("purgeBatchRecords", "purge_batch_records", "i"),
+    ("purgeInterval", "purge_interval", "d"),
+    ("idlePollInterval", "idle_poll_interval", "d"),
+)
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Timing and sizing limits, in seconds / counts. Names follow goharvest's ``Limits``.
+
+    ``None`` for ``max_poll_interval`` / ``drain_interval`` means goharvest's derived default
+    (``heartbeat_timeout / 2`` and ``min(max_poll_interval, queue_timeout)``).
+    ``send_concurrency`` and ``send_buffer`` are accepted for goharvest compatibility; this relay
+    sends from one thread through one idempotent producer, so they have no effect.
+    """
+
+    io_error_backoff: float = 0.5
+    poll_duration: float = 0.001
+    min_poll_interval: float = 0.1
+    max_poll_interval: float | None = None
+    heartbeat_timeout: float = 5.0
+    drain_interval: float | None = None
+    queue_timeout: float = 30.0
+    mark_backoff: float = 0.01
+    max_in_flight_records: int = 1000
+    send_concurrency: int = 8
+    send_buffer: int = 10
+    mark_query_records: int = 100
+    min_metrics_interval: float = 5.0
+    max_delivery_attempts: int = 5
+    purge_batch_records: int = 500
+    purge_interval: float = 0.02
+    idle_poll_interval: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.max_poll_interval is None:
+            object.__setattr__(self, "max_poll_interval", self.heartbeat_timeout / 2)
+        if self.drain_interval is None:
+            object.__setattr__(self, "drain_interval", min(self.max_poll_interval, self.queue_timeout))  # type: ignore[type-var]
+        yaml_name = {attr: key for key, attr, _ in _LIMIT_FIELDS}
+
+        def need(attr: str, ok: bool, rule: str) -> None:
+            if not ok:
+                raise ConfigError(f"limits.{yaml_name[attr]}: {getattr(self, attr)!r} is invalid; it must be {rule}")
+
+        for key, attr, kind in _LIMIT_FIELDS:
+            value = getattr(self, attr)
+            if kind == "i" and (isinstance(value, bool) or not isinstance(value, int)):
+                raise ConfigError(f"limits.{key}: {value!r} is not an integer; write a whole number, e.g. 100")
+            if kind == "d" and (isinstance(value, bool) or not isinstance(value, (int, float))):
+                raise ConfigError(f"limits.{key}: {value!r} is not a duration in seconds")
+        for attr in ("io_error_backoff", "mark_backoff", "min_metrics_interval", "purge_interval"):
+            need(attr, getattr(self, attr) >= 0, ">= 0")
+        for attr in ("poll_duration", "min_poll_interval", "heartbeat_timeout", "drain_interval", "queue_timeout",
+                     "idle_poll_interval"):
+            need(attr, getattr(self, attr) >= 0.001, ">= 1ms")
+        need("max_poll_interval", self.max_poll_interval >= self.min_poll_interval,  # type: ignore[operator]
+             f">= limits.minPollInterval ({format_duration(self.min_poll_interval)})")
+        for attr in ("max_in_flight_records", "send_concurrency", "mark_query_records", "max_delivery_attempts",
+                     "purge_batch_records"):
+            need(attr, getattr(self, attr) >= 1, ">= 1")
+        need("send_buffer", self.send_buffer >= 0, ">= 0")
+
+    @classmethod
+    def from_mapping(cls, data: Mapping[str, Any] | None, path: str = "limits") -> Limits:
+        if data is None:
+            return cls()
+        if not isinstance(data, Mapping):
+            raise ConfigError(f"{path}: expected a mapping of limit names to values, got {type(data).__name__}")
+        by_key = {key: (attr, kind) for key, attr, kind in _LIMIT_FIELDS}
+        kwargs: dict[str, Any] = {}
+        for key, value in data.items():
+            if key not in by_key:
+                raise ConfigError(f"{path}.{key}: unknown key; valid keys are: {', '.join(sorted(by_key))}")
+            attr, kind = by_key[key]
+            if kind == "d":
+                kwargs[attr] = parse_duration(value, f"{path}.{key}")
+            else:
+                if isinstance(value, bool) or not isinstance(value, int):
+                    raise ConfigError(f"{path}.{key}: {value!r} is not an integer; write a whole number, e.g. 100")
+                kwargs[attr] = value
+        return cls(**kwargs)
+
+
+_TOP_KEYS = ("baseKafkaConfig", "producerKafkaConfig", "leaderTopic", "leaderGroupID", "dataSource", "outboxTable",
+             "limits", "name", "prometheusPort", "leaderTopicReplicationFactor")
+_FORCED_PRODUCER = {"enable.idempotence": True, "acks": "all"}
+
+
+def _kafka_map(value: Any, path: str) -> dict[str, Any]:
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise ConfigError(f"{path}: expected a mapping of Kafka client properties, got {type(value).__name__}")
+    out: dict[str, Any] = {}
+    for k, v in value.items():
+        if not isinstance(k, str) or not k:
+            raise ConfigError(f"{path}: property names must be non-empty strings, got {k!r}")
+        if isinstance(v, (dict, list)):
+            raise ConfigError(f"{path}.{k}: Kafka properties take scalar values, got {type(v).__name__}")
+        out[k] = v
+    return out
+
+
+@dataclass(frozen=True)
+class HarvestConfig:
+    """Everything the relay needs. Construct directly (embedded mode) or via :func:`load_yaml`."""
+
+    data_source: str = DEFAULT_DATA_SOURCE
+    outbox_table: str = "outbox"
+    base_kafka_config: Mapping[str, Any] = field(default_factory=dict)
+    producer_kafka_config: Mapping[str, Any] = field(default_factory=dict)
+    leader_topic: str = ""
+    leader_group_id: str = ""
+    name: str = ""
+    limits: Limits = field(default_factory=Limits)
+    prometheus_port: int | None = None
+    leader_topic_replication_factor: int = -1  # -1 = broker default
+
+    def __post_init__(self) -> None:
+        base = dict(_kafka_map(self.base_kafka_config, "baseKafkaConfig"))
+        base.setdefault("bootstrap.servers", DEFAULT_BOOTSTRAP)
+        object.__setattr__(self, "base_kafka_config", base)
+        prod = _kafka_map(self.producer_kafka_config, "producerKafkaConfig")
+        for key, forced in _FORCED_PRODUCER.items():
+            for where, conf in (("baseKafkaConfig", base), ("producerKafkaConfig", prod)):
+                if key in conf and str(conf[key]).lower() not in {str(forced).lower(), "-1" if key == "acks" else ""}:
+                    raise ConfigError(f"{where}.{key}: {conf[key]!r} is not allowed; the relay needs {key}={forced} "
+                                      f"for ordered, duplicate-free retries — remove the property")
+        object.__setattr__(self, "producer_kafka_config", prod)
+        if not isinstance(self.data_source, str) or not self.data_source.strip():
+            raise ConfigError("dataSource: must be a non-empty libpq connection string or URI, e.g. "
+                              "'host=localhost dbname=app user=relay' or 'postgresql://relay@localhost/app'")
+        if not isinstance(self.outbox_table, str) or not self.outbox_table.strip():
+            raise ConfigError("outboxTable: must be a table name, optionally schema-qualified ('app.outbox')")
+        from producer.schema import parse_table_name  # late: schema imports errors only
+
+        parse_table_name(self.outbox_table)  # raises ConfigError with the reason
+        name = self.name or default_name()
+        if "%" in name:
+            raise ConfigError(f"name: {name!r} must not contain '%' (it separates fields in heartbeats)")
+        object.__setattr__(self, "name", name)
+        group = self.leader_group_id or "harvest"
+        topic = self.leader_topic or f"{group}.neli"
+        for key, value in (("leaderGroupID", group), ("leaderTopic", topic)):
+            if not _KAFKA_NAME.match(value):
+                raise ConfigError(f"{key}: {value!r} is not a valid Kafka name; use 1-249 characters from "
+                                  f"[a-zA-Z0-9._-]")
+        object.__setattr__(self, "leader_group_id", group)
+        object.__setattr__(self, "leader_topic", topic)
+        if not isinstance(self.limits, Limits):
+            raise ConfigError("limits: expected a producer.config.Limits instance")
+        if self.prometheus_port is not None and (
+                isinstance(self.prometheus_port, bool) or not isinstance(self.prometheus_port, int)
+                or not 0 <= self.prometheus_port <= 65535):
+            raise ConfigError(f"prometheusPort: {self.prometheus_port!r} must be a TCP port 0-65535 (0 = any free "
+                              f"port), or omitted to disable the endpoint")
+
+    def producer_config(self) -> dict[str, Any]:
+        """Effective confluent-kafka producer properties: base, then producer overrides, then forced values."""
+        conf = dict(self.base_kafka_config)
+        conf.setdefault("partitioner", DEFAULT_PARTITIONER)
+        # One record in flight per key makes the relay round-trip bound, not batch bound: librdkafka's
+        # 5 ms default linger would cap a key at ~100 records/s. 1 ms measured best (bench/).
+        conf.setdefault("linger.ms", DEFAULT_LINGER_MS)
+        conf.update(self.producer_kafka_config)
+        conf.update(_FORCED_PRODUCER)
+        return conf
+
+    def replace(self, **changes: Any) -> HarvestConfig:
+        return dataclasses.replace(self, **changes)
+
+    def __repr__(self) -> str:
+        return (f"HarvestConfig(data_source={redact_dsn(self.data_source)!r}, outbox_table={self.outbox_table!r}, "
+                f"base_kafka_config={redact_kafka_config(self.base_kafka_config)!r}, "
+                f"producer_kafka_config={redact_kafka_config(self.producer_kafka_config)!r}, "
+                f"leader_topic={self.leader_topic!r}, leader_group_id={self.leader_group_id!r}, "
+                f"name={self.name!r}, limits={self.limits!r}, prometheus_port={self.prometheus_port!r})")
+
+    __str__ = __repr__
+
+    @classmethod
+    def from_mapping(cls, data: Mapping[str, Any] | None, path: str = "harvest",
+                     overrides: Mapping[str, Any] | None = None) -> HarvestConfig:
+        data = {} if data is None else data
+        if not isinstance(data, Mapping):
+            raise ConfigError(f"{path}: expected a mapping, got {type(data).__name__}")
+        for key in data:
+            if key not in _TOP_KEYS:
+                raise ConfigError(f"{path}.{key}: unknown key; valid keys are: {', '.join(sorted(_TOP_KEYS))}")
+        kwargs: dict[str, Any] = {}
+        for key, attr in (("dataSource", "data_source"), ("outboxTable", "outbox_table"),
+                          ("leaderTopic", "leader_topic"), ("leaderGroupID", "leader_group_id"), ("name", "name")):
+            if key in data and data[key] is not None:
+                if not isinstance(data[key], str):
+                    shown = "<redacted>" if key == "dataSource" else repr(data[key])
+                    raise ConfigError(f"{path}.{key}: {shown} must be a string")
+                kwargs[attr] = data[key]
+        for key, attr in (("prometheusPort", "prometheus_port"),
+                          ("leaderTopicReplicationFactor", "leader_topic_replication_factor")):
+            if data.get(key) is not None:
+                kwargs[attr] = data[key]
+        kwargs["base_kafka_config"] = _kafka_map(data.get("baseKafkaConfig"), f"{path}.baseKafkaConfig")
+        kwargs["producer_kafka_config"] = _kafka_map(data.get("producerKafkaConfig"), f"{path}.producerKafkaConfig")
+        kwargs["limits"] = Limits.from_mapping(data.get("limits"), f"{path}.limits")
+        for attr, value in (overrides or {}).items():
+            if value is None:
+                continue
+            if attr == "bootstrap_servers":
+                kwargs["base_kafka_config"] = {**kwargs["base_kafka_config"], "bootstrap.servers": value}
+            else:
+                kwargs[attr] = value
+        try:
+            return cls(**kwargs)
+        except ConfigError as exc:
+            msg = str(exc)
+            raise ConfigError(msg if msg.startswith(path) else f"{path}.{msg}") from None
+
+
+@dataclass(frozen=True)
+class FileConfig:
+    """A whole reaper YAML file: the relay config plus logging."""
+
+    harvest: HarvestConfig
+    log_level: str = "INFO"
+
+
+def from_mapping(data: Any, overrides: Mapping[str, Any] | None = None, log_level: str | None = None) -> FileConfig:
+    if data is None:
+        data = {}
+    if not isinstance(data, Mapping):
+        raise ConfigError(f"<root>: expected a mapping with keys 'harvest' and 'logging', got {type(data).__name__}")
+    for key in data:
+        if key not in ("harvest", "logging"):
+            raise ConfigError(f"{key}: unknown top-level key; valid keys are: harvest, logging")
+    logging_section = data.get("logging") or {}
+    if not isinstance(logging_section, Mapping):
+        raise ConfigError("logging: expected a mapping like {level: Info}")
+    for key in logging_section:
+        if key != "level":
+            raise ConfigError(f"logging.{key}: unknown key; valid keys are: level")
+    level = str(log_level or logging_section.get("level") or "INFO").upper()
+    if level not in LOG_LEVELS:
+        raise ConfigError(f"logging.level: {level!r} is not a level; use one of {', '.join(LOG_LEVELS)}")
+    return FileConfig(HarvestConfig.from_mapping(data.get("harvest"), overrides=overrides), level)
+
+
+def load_yaml(path: str | Path, overrides: Mapping[str, Any] | None = None,
+              log_level: str | None = None) -> FileConfig:
+    """Read a reaper YAML file. ``overrides`` (HarvestConfig attribute names, ``None`` = keep) win
+    over the file, as CLI flags do."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"cannot read config file {str(path)!r}: {exc.strerror or exc}") from exc
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
+    return from_mapping(data, overrides, log_level)

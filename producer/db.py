@@ -1,0 +1,191 @@
+"""The relay's database binding: mark, purge, reset, dead-letter, LISTEN, metrics queries.
+
+Statements (``$leader`` = this view's leader id):
+- mark: goharvest's query — one ``UPDATE … SET leader_id=$leader WHERE id IN (SELECT id … WHERE
+  leader_id IS NULL OR leader_id <> $leader ORDER BY id LIMIT n) RETURNING …``. No ``FOR UPDATE
+  SKIP LOCKED``: rows are only ever contended by a zombie leader, and stealing them is exactly what
+  salvaging a dead leader's rows means; blocking briefly on its row lock is harmless.
+- purge: ``DELETE … WHERE id = ANY($ids)`` — many ids per statement.
+- reset: ``UPDATE … SET leader_id = NULL WHERE id = ANY($ids)``.
+- dead-letter: one statement (a CTE) that deletes from the outbox and inserts into the dead-letter
+  table, so a row is never in both or neither.
+
+Invariants: every statement runs in autocommit mode (each is its own transaction, as in goharvest);
+failures are raised as :class:`~producer.errors.DatabaseError` chained to the psycopg error, with
+secrets scrubbed from the message.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Sequence
+from typing import Any
+
+import psycopg
+from psycopg import sql
+
+from producer.errors import DatabaseError
+from producer.redact import redact_dsn
+from producer.schema import OutboxNames, ValueType, inspect_outbox
+
+log = logging.getLogger(__name__)
+
+# A marked row as the relay uses it: (id, topic, key bytes, value bytes|None, header keys, header values).
+# A plain tuple: the hot path allocates nothing else per row.
+MarkedRow = tuple[int, "str | None", "bytes | None", "bytes | None", "list[str] | None", "list[str | None] | None"]
+
+
+def connect(dsn: str, **kwargs: Any) -> psycopg.Connection:
+    try:
+        return psycopg.connect(dsn, autocommit=True, **kwargs)
+    except psycopg.Error as exc:
+        raise DatabaseError(f"cannot connect to Postgres ({redact_dsn(dsn)}): {redact_dsn(str(exc)).strip()}") from exc
+
+
+class OutboxDatabase:
+    """One autocommit connection running the relay's statements against one outbox table."""
+
+    def __init__(self, dsn: str, names: OutboxNames) -> None:
+        self._dsn = dsn
+        self.names = names
+        self._conn: psycopg.Connection | None = None
+        self.value_type: ValueType = "varchar"
+        o, d = names.outbox, names.dead_letters
+        value = sql.SQL("kafka_value")
+        key = sql.SQL("convert_to(kafka_key, 'UTF8')")
+        self._value_expr = value
+        self._key_expr = key
+        self._mark_sql: sql.Composed | None = None
+        self._purge_sql = sql.SQL("DELETE FROM {} WHERE id = ANY(%s::bigint[])").format(o)
+        self._reset_sql = sql.SQL("UPDATE {} SET leader_id = NULL WHERE id = ANY(%s::bigint[])").format(o)
+        self._dlq_sql = sql.SQL("""
+            WITH bad(id, error, attempts) AS (SELECT * FROM unnest(%s::bigint[], %s::text[], %s::int[])),
+            moved AS (
+              DELETE FROM {o} AS o USING bad WHERE o.id = bad.id
+              RETURNING o.id, o.create_time, o.kafka_topic, o.kafka_key, o.kafka_value, o.kafka_header_keys,
+                        o.kafka_header_values, bad.error, bad.attempts)
+            INSERT INTO {d} (id, create_time, kafka_topic, kafka_key, kafka_value, kafka_header_keys,
+                             kafka_header_values, error, attempts)
+            SELECT * FROM moved
+            ON CONFLICT (id) DO UPDATE SET error = EXCLUDED.error, attempts = EXCLUDED.attempts,
+                                           dead_time = now()""").format(o=o, d=d)
+        self._stats_sql = sql.SQL("""
+            SELECT (SELECT count(*) FROM {o}),
+                   (SELECT extract(epoch FROM now() - create_time) FROM {o} ORDER BY id LIMIT 1),
+                   (SELECT count(*) FROM {d})""").format(o=o, d=d)
+
+    @property
+    def conn(self) -> psycopg.Connection:
+        if self._conn is None or self._conn.closed:
+            self._conn = connect(self._dsn)
+            self.value_type = inspect_outbox(self._conn, self.names)
+            value = sql.SQL("kafka_value") if self.value_type == "bytea" else sql.SQL("convert_to(kafka_value, 'UTF8')")
+            self._mark_sql = sql.SQL("""
+                UPDATE {o} SET leader_id = %s
+                WHERE id IN (SELECT id FROM {o} WHERE leader_id IS NULL OR leader_id <> %s ORDER BY id LIMIT %s)
+                RETURNING id, kafka_topic, convert_to(kafka_key, 'UTF8'), {v}, kafka_header_keys,
+                          kafka_header_values""").format(o=self.names.outbox, v=value)
+        return self._conn
+
+    def _run(self, what: str, query: sql.Composable, params: Sequence[Any]) -> psycopg.Cursor:
+        try:
+            return self.conn.execute(query, params, binary=True)
+        except psycopg.Error as exc:
+            self.close()  # a broken connection is replaced on next use
+            raise DatabaseError(f"{what} on {self.names.display!r} failed: {redact_dsn(str(exc)).strip()}") from exc
+
+    def mark(self, leader_id: uuid.UUID, limit: int) -> list[MarkedRow]:
+        """Mark up to ``limit`` unowned (or other-leader-owned) rows for ``leader_id``; sorted by id."""
+        conn = self.conn  # establishes the mark statement
+        assert self._mark_sql is not None and conn is not None
+        rows: list[MarkedRow] = self._run("mark", self._mark_sql, (leader_id, leader_id, limit)).fetchall()
+        rows.sort()  # RETURNING order is unspecified; ids are unique so tuples sort by id
+        return rows
+
+    @staticmethod
+    def _id_array(ids: Sequence[int]) -> str:
+        # A bigint[] literal: much cheaper to build than letting the driver dump a list element-wise.
+        return "{" + ",".join(map(str, ids)) + "}"
+
+    def purge(self, ids: Sequence[int]) -> int:
+        return self._run("purge", self._purge_sql, (self._id_array(ids),)).rowcount
+
+    def reset(self, ids: Sequence[int]) -> int:
+        return self._run("reset", self._reset_sql, (self._id_array(ids),)).rowcount
+
+    def dead_letter(self, items: Sequence[tuple[int, str, int]]) -> int:
+        """Move ``(id, error, attempts)`` rows to the dead-letter table, atomically."""
+        ids = [i for i, _, _ in items]
+        errors = [e for _, e, _ in items]
+        attempts = [a for _, _, a in items]
+        return self._run("dead-letter", self._dlq_sql, (ids, errors, attempts)).rowcount
+
+    def stats(self) -> tuple[int, float | None, int]:
+        """(backlog rows, age in seconds of the oldest row, dead letters)."""
+        row = self._run("metrics query", self._stats_sql, ()).fetchone()
+        assert row is not None
+        return int(row[0]), (float(row[1]) if row[1] is not None else None), int(row[2])
+
+    def close(self) -> None:
+        if self._conn is not None:
+            try:
+                self._conn.close()
+            except Exception:  # closing a broken connection: nothing to salvage
+                pass
+            self._conn = None
+
+
+class Listener:
+    """LISTEN on the outbox's channel; :meth:`wait` returns early when a stasher commits."""
+
+    def __init__(self, dsn: str, names: OutboxNames) -> None:
+        self._dsn = dsn
+        self._channel = names.channel
+        self._conn: psycopg.Connection | None = None
+
+    def _ensure(self) -> psycopg.Connection:
+        if self._conn is None or self._conn.closed:
+            self._conn = connect(self._dsn)
+            self._conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(self._channel)))
+        return self._conn
+
+    def wait(self, timeout: float) -> bool:
+        """Block up to ``timeout`` seconds for a notification; True if one (or more) arrived.
+        On a connection problem, sleeps the timeout and returns True (so the caller polls)."""
+        import time
+
+        try:
+            conn = self._ensure()
+            got = False
+            for _ in conn.notifies(timeout=timeout, stop_after=1):
+                got = True
+            if got:  # drain whatever else queued up, so one burst is one wake-up
+                for _ in conn.notifies(timeout=0):
+                    pass
+            return got
+        except (psycopg.Error, DatabaseError) as exc:
+            log.warning("LISTEN connection problem (falling back to polling): %s", redact_dsn(str(exc)).strip())
+            self.close()
+            time.sleep(timeout)
+            return True
+
+    def pending(self) -> bool:
+        """Non-blocking: has a notification arrived (consumed if so)?"""
+        try:
+            conn = self._ensure()
+            got = False
+            for _ in conn.notifies(timeout=0):
+                got = True
+            return got
+        except (psycopg.Error, DatabaseError):
+            self.close()
+            return True
+
+    def close(self) -> None:
+        if self._conn is not None:
+            try:
+                self._conn.close()
+            except Exception:
+                pass
+            self._conn = None

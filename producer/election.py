@@ -1,0 +1,241 @@
+"""Leader election: a narrow interface, and NELI (goneli's 'fast' variant) as its Kafka implementation.
+
+:class:`LeaderElection` is all the relay sees: ``start(listener)``, a cheap ``pulse()`` called from
+the relay loop as often as it likes, ``is_leader`` and ``close()``. Listener callbacks
+(``on_acquired`` / ``on_revoked`` / ``on_fenced``) run synchronously inside ``pulse()`` or
+``close()``, on the relay's thread, so the relay needs no locks. Another mechanism (e.g. a Postgres
+advisory lock) only has to implement this protocol.
+
+NELI as goneli does it:
+- a consumer in group ``leaderGroupID`` subscribes to ``leaderTopic``; whoever is assigned
+  partition 0 is the leader (the topic is created with one partition if missing);
+- every ``minPollInterval`` the leader produces a heartbeat to partition 0 and consumes what came
+  back; if nothing has come back for ``heartbeatTimeout`` it is *fenced* (it stops acting as
+  leader, as the broker may no longer see it) and resumes when heartbeats return;
+- ``session.timeout.ms`` = 3 × heartbeat timeout, so a dead leader's partition moves after that.
+
+Differences from goneli, on purpose: the ``cooperative-sticky`` assignor, so a standby joining
+does not make the leader give up and re-acquire partition 0; ``on_lost`` treated as revocation.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any, Protocol
+
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from producer.errors import ElectionError
+from producer.redact import redact_kafka_config
+
+log = logging.getLogger(__name__)
+
+
+class ElectionListener(Protocol):
+    def on_acquired(self) -> None: ...
+
+    def on_revoked(self) -> None: ...
+
+    def on_fenced(self) -> None: ...
+
+
+class LeaderElection(Protocol):
+    @property
+    def is_leader(self) -> bool: ...
+
+    def start(self, listener: ElectionListener) -> None: ...
+
+    def pulse(self) -> bool:
+        """Keep the membership alive; cheap when called more often than needed. Returns is_leader."""
+        ...
+
+    def close(self) -> None: ...
+
+
+class StaticElection:
+    """Always leader (single relay, tests). Not safe with more than one relay per outbox."""
+
+    def __init__(self) -> None:
+        self._leader = False
+        self._listener: ElectionListener | None = None
+
+    @property
+    def is_leader(self) -> bool:
+        return self._leader
+
+    def start(self, listener: ElectionListener) -> None:
+        self._listener = listener
+
+    def pulse(self) -> bool:
+        if not self._leader and self._listener is not None:
+            self._leader = True
+            self._listener.on_acquired()
+        return self._leader
+
+    def close(self) -> None:
+        if self._leader and self._listener is not None:
+            self._leader = False
+            self._listener.on_revoked()
+
+
+# Properties that only make sense for one client type; dropped from the other to keep librdkafka quiet.
+_PRODUCER_ONLY = ("partitioner", "linger.ms", "acks", "enable.idempotence", "compression.type", "batch.size",
+                  "delivery.timeout.ms", "message.timeout.ms", "queue.buffering.max.ms", "batch.num.messages")
+
+
+def ensure_topic(base: dict[str, Any], topic: str, partitions: int = 1, replication_factor: int = -1,
+                 timeout: float = 30.0) -> None:
+    """Create ``topic`` unless it exists (auto-creation is often off on real clusters)."""
+    admin = AdminClient({k: v for k, v in base.items() if k not in _PRODUCER_ONLY})
+    try:
+        md = admin.list_topics(timeout=timeout)
+    except KafkaException as exc:
+        raise ElectionError(f"cannot reach Kafka at {base.get('bootstrap.servers')!r} to look up leader topic "
+                            f"{topic!r}: {exc.args[0].str()}") from exc
+    if topic in md.topics and md.topics[topic].error is None:
+        return
+    futures = admin.create_topics([NewTopic(topic, partitions, replication_factor)], request_timeout=timeout)
+    try:
+        futures[topic].result(timeout)
+        log.info("created leader topic %r", topic)
+    except KafkaException as exc:
+        if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
+            raise ElectionError(f"cannot create leader topic {topic!r}: {exc.args[0].str()}; create it with one "
+                                f"partition or grant CREATE on the cluster") from exc
+
+
+class NeliElection:
+    """NELI over Kafka (see module docstring)."""
+
+    def __init__(self, base_kafka_config: dict[str, Any], leader_topic: str, leader_group_id: str, name: str,
+                 heartbeat_timeout: float = 5.0, min_poll_interval: float = 0.1, poll_duration: float = 0.001,
+                 replication_factor: int = -1) -> None:
+        self._base = {k: v for k, v in base_kafka_config.items() if k not in _PRODUCER_ONLY}
+        self.topic, self.group, self.name = leader_topic, leader_group_id, name
+        self._heartbeat_timeout = heartbeat_timeout
+        self._min_poll_interval = min_poll_interval
+        self._poll_duration = poll_duration
+        self._replication_factor = replication_factor
+        self._consumer: Consumer | None = None
+        self._producer: Producer | None = None
+        self._listener: ElectionListener | None = None
+        self._assigned = False
+        self._leader = False
+        self._last_received = 0.0
+        self._next_poll = 0.0
+        self._closed = False
+
+    @property
+    def is_leader(self) -> bool:
+        return self._leader
+
+    def start(self, listener: ElectionListener) -> None:
+        self._listener = listener
+        ensure_topic(self._base, self.topic, 1, self._replication_factor)
+        consumer_conf = {
+            **self._base,
+            "group.id": self.group,
+            "enable.auto.commit": False,
+            "auto.offset.reset": "latest",
+            "session.timeout.ms": int(self._heartbeat_timeout * 3000),
+            "partition.assignment.strategy": "cooperative-sticky",
+            "client.id": f"harvest-neli-{self.name}",
+        }
+        producer_conf = {
+            **self._base,
+            "delivery.timeout.ms": max(int(self._heartbeat_timeout * 1000), 1),
+            "linger.ms": 0,
+            "client.id": f"harvest-neli-{self.name}",
+        }
+        log.debug("NELI consumer config %s", redact_kafka_config(consumer_conf))
+        try:
+            self._consumer = Consumer(consumer_conf)
+            self._consumer.subscribe([self.topic], on_assign=self._on_assign, on_revoke=self._on_revoke,
+                                     on_lost=self._on_revoke)
+            self._producer = Producer(producer_conf)
+        except KafkaException as exc:
+            self.close()
+            raise ElectionError(f"cannot start leader election on {self.topic!r}: {exc.args[0].str()}") from exc
+
+    # -- rebalance callbacks (run inside consumer.consume / close, on the relay thread) --
+    def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        if any(p.partition == 0 and p.topic == self.topic for p in partitions):
+            log.info("%s: assigned partition 0 of %r: leader", self.name, self.topic)
+            self._assigned = True
+            self._leader = True
+            self._last_received = time.monotonic()
+            self._next_poll = 0.0  # heartbeat at once
+            if self._listener:
+                self._listener.on_acquired()
+
+    def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        if any(p.partition == 0 and p.topic == self.topic for p in partitions) and self._assigned:
+            log.info("%s: partition 0 of %r revoked: no longer leader", self.name, self.topic)
+            was_leader = self._leader
+            self._assigned = False
+            self._leader = False
+            if self._listener and was_leader:
+                self._listener.on_revoked()
+
+    def pulse(self) -> bool:
+        now = time.monotonic()
+        if now < self._next_poll or self._consumer is None or self._closed:
+            return self._leader
+        self._next_poll = now + self._min_poll_interval
+        received = False
+        try:
+            while True:
+                msgs = self._consumer.consume(num_messages=64, timeout=self._poll_duration)
+                if not msgs:
+                    break
+                for m in msgs:
+                    err = m.error()
+                    if err is None:
+                        received = True
+                    elif err.fatal():
+                        raise ElectionError(f"fatal Kafka error in leader election: {err.str()}")
+                    elif err.code() != KafkaError._PARTITION_EOF:
+                        log.warning("leader election consumer: %s", err.str())
+        except KafkaException as exc:
+            raise ElectionError(f"leader election poll failed: {exc.args[0].str()}") from exc
+        if self._assigned:
+            if received:
+                self._last_received = time.monotonic()
+                if not self._leader:
+                    log.info("%s: heartbeat received again: resuming leadership", self.name)
+                    self._leader = True
+                    if self._listener:
+                        self._listener.on_acquired()
+            elif self._leader and time.monotonic() - self._last_received > self._heartbeat_timeout:
+                log.warning("%s: no heartbeat for %.1fs: fenced", self.name, time.monotonic() - self._last_received)
+                self._leader = False
+                if self._listener:
+                    self._listener.on_fenced()
+            assert self._producer is not None
+            try:
+                self._producer.produce(self.topic, f"{time.time_ns()}%{self.name}".encode(), partition=0)
+            except (BufferError, KafkaException) as exc:
+                log.warning("heartbeat not sent: %s", exc)
+        if self._producer is not None:
+            self._producer.poll(0)
+        return self._leader
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        if self._consumer is not None:
+            try:
+                self._consumer.close()  # leaves the group: a standby is assigned partition 0 at once
+            except Exception as exc:  # closing: report and carry on
+                log.warning("closing leader election consumer: %s", exc)
+        if self._assigned or self._leader:
+            self._assigned = False
+            if self._leader:
+                self._leader = False
+                if self._listener:
+                    self._listener.on_revoked()
+        if self._producer is not None:
+            self._producer.flush(1.0)

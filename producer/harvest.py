@@ -1,0 +1,582 @@
+"""The relay: goharvest's mark-purge/reset (MP/R) algorithm driven by a leader election.
+
+One thread (the relay thread) runs the election pulses, producing and the delivery callbacks, so
+the per-record path takes no locks: confluent-kafka runs delivery callbacks inside ``poll()`` on
+the caller's thread. Database statements run on ONE worker thread (a single-thread executor, so
+they execute in submission order) while the relay thread keeps producing: the next mark is
+prefetched and purges are written behind. Barriers (refresh, relinquish, stop) wait for the
+worker to finish everything submitted before they change the leader id.
+
+While leader, with ``leader_id`` the current *view*:
+1. **mark**: when fewer than ``markQueryRecords`` records are queued, one UPDATE … RETURNING claims
+   the next rows (ordered by id) not already owned by this view; rows of a dead or deposed leader
+   are claimed too (salvage). Late-committing rows with lower ids are simply picked up by a later
+   mark — there is no offset to skip past them.
+2. **send**: records go out in id order, at most ``maxInFlightRecords`` unacknowledged and at most
+   ONE per key; a record whose key is busy waits in that key's FIFO and is sent from the delivery
+   callback of its predecessor. Hence per-key order = id order, even across retries.
+3. **purge**: delivered ids are buffered and deleted in batches (``purgeBatchRecords`` or every
+   ``purgeInterval``) — never one round trip per record.
+4. **reset + remark**: on a failed delivery (or a produce/mark error) the record is reset
+   (``leader_id=NULL``), sending stops, in-flight records drain, buffers are flushed, and a new
+   ``leader_id`` is taken (``LeaderRefreshed``), so the next mark re-claims every unpurged row,
+   the failed one first for its key.
+5. **dead letters**: a record that failed ``maxDeliveryAttempts`` times, or can never be sent (bad
+   row, record too large, invalid/unknown topic), is moved to the dead-letter table (one statement:
+   delete + insert) and its key moves on; other keys never wait for it.
+
+Invariants (tested in ``tests/producer``):
+- a row is deleted from the outbox only after Kafka acknowledged it (or it was dead-lettered);
+- for any key at most one record is unacknowledged, and records of a key are produced in id order;
+- losing leadership (revoke, fence, stop) stops sending, drains in-flight records (bounded by
+  ``maxPollInterval``), flushes purges, then reports the event;
+- the commit seam (``_on_delivery`` / ``_flush_db``) is where ``--uuid-sequencing``
+  replaces per-record purge with per-transaction commits.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import threading
+import time
+import uuid
+from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+from confluent_kafka import KafkaError, KafkaException, Message
+
+from producer.config import HarvestConfig
+from producer.db import Listener, MarkedRow, OutboxDatabase
+from producer.election import LeaderElection, NeliElection
+from producer.errors import DatabaseError, HarvestError
+from producer.events import (Event, EventHandler, LeaderAcquired, LeaderFenced, LeaderRefreshed, LeaderRevoked,
+                             MeterRead)
+from producer.kafka import KafkaProducer, ProducerFactory, confluent_producer, is_permanent
+from producer.metrics import Metrics, MeterStats, start_prometheus
+from producer.redact import redact_kafka_config
+from producer.schema import OutboxNames
+
+log = logging.getLogger(__name__)
+
+
+class State(enum.Enum):
+    CREATED = "created"
+    RUNNING = "running"
+    STOPPING = "stopping"
+    STOPPED = "stopped"
+
+
+def _bad_row_reason(row: MarkedRow) -> str | None:
+    _id, topic, key, _value, hkeys, hvals = row
+    if topic is None or topic == "":
+        return "kafka_topic is NULL or empty: the row has nowhere to go; fix kafka_topic and requeue"
+    if key is None:
+        return "kafka_key is NULL: goharvest's schema requires a key; set kafka_key and requeue"
+    if hkeys is None or hvals is None:
+        return "kafka_header_keys/kafka_header_values is NULL: use empty arrays '{}' for no headers"
+    if len(hkeys) != len(hvals):
+        return (f"header arrays differ in length: {len(hkeys)} key(s) {hkeys!r} but {len(hvals)} value(s); "
+                f"each header needs one key and one value")
+    if any(k is None for k in hkeys):
+        return "kafka_header_keys contains NULL: header names must not be NULL"
+    return None
+
+
+class Harvest:
+    """The relay. ``Harvest(config).start()``; ``stop()``; ``wait()`` (re-raises a fatal error).
+
+    ``producer_factory`` and ``election`` are seams for tests (fault injection) and for other
+    election mechanisms; by default a real confluent Producer and :class:`NeliElection` are used.
+    """
+
+    def __init__(self, config: HarvestConfig, event_handler: EventHandler | None = None, *,
+                 producer_factory: ProducerFactory | None = None, election: LeaderElection | None = None) -> None:
+        self.config = config
+        self.limits = config.limits
+        self._event_handler = event_handler
+        self._producer_factory = producer_factory or confluent_producer
+        self._election: LeaderElection = election or NeliElection(
+            dict(config.base_kafka_config), config.leader_topic, config.leader_group_id, config.name,
+            heartbeat_timeout=config.limits.heartbeat_timeout, min_poll_interval=config.limits.min_poll_interval,
+            poll_duration=config.limits.poll_duration,
+            replication_factor=config.leader_topic_replication_factor)
+        self.names = OutboxNames.parse(config.outbox_table)
+        self.metrics = Metrics()
+        self._state = State.CREATED
+        self._stop_requested = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+        self._db: OutboxDatabase | None = None
+        self._listener: Listener | None = None
+        self._producer: KafkaProducer | None = None
+        self._prometheus: Any = None
+        # leader state (relay thread only)
+        self._leader_id: uuid.UUID | None = None
+        self._ready: deque[MarkedRow] = deque()  # marked, not yet looked at, id order
+        self._waiting: dict[bytes, deque[MarkedRow]] = {}  # key -> records behind the in-flight one
+        self._waiting_count = 0
+        self._in_flight: dict[bytes, MarkedRow] = {}  # key -> the one unacknowledged record of that key
+        self._attempts: dict[int, int] = {}  # id -> failed attempts (this process)
+        self._purge_buf: list[int] = []
+        self._reset_buf: list[int] = []
+        self._dlq_buf: list[tuple[int, str, int]] = []
+        self._remark = False
+        self._producer_fatal = False
+        self._draining = False
+        self._next_flush = 0.0
+        self._exec: ThreadPoolExecutor | None = None
+        self._mark_future: Future[list[MarkedRow]] | None = None
+        self._mark_view: uuid.UUID | None = None
+        self._db_futures: list[Future[None]] = []
+        self._next_mark = 0.0
+        self._idle = False
+        self._next_metrics = 0.0
+
+    # ------------------------------------------------------------------ public API
+    @property
+    def state(self) -> State:
+        return self._state
+
+    @property
+    def is_leader(self) -> bool:
+        return self._leader_id is not None
+
+    @property
+    def leader_id(self) -> uuid.UUID | None:
+        return self._leader_id
+
+    @property
+    def in_flight_records(self) -> int:
+        return len(self._in_flight)
+
+    def in_flight_record_keys(self) -> list[str]:
+        return [k.decode("utf-8", "replace") for k in list(self._in_flight)]
+
+    @property
+    def prometheus_port(self) -> int | None:
+        """The port the Prometheus endpoint listens on (useful with ``prometheus_port=0``)."""
+        return None if self._prometheus is None else int(self._prometheus[0].server_port)
+
+    def stats(self) -> MeterStats | None:
+        """The latest MeterRead reading (None before the first)."""
+        return self.metrics.last
+
+    def start(self) -> Harvest:
+        if self._state is not State.CREATED:
+            raise HarvestError(f"cannot start a relay in state {self._state.value}")
+        try:
+            self._db = OutboxDatabase(self.config.data_source, self.names)
+            _ = self._db.conn  # fail fast: connection + schema check
+            self._exec = ThreadPoolExecutor(1, thread_name_prefix=f"harvest-db-{self.config.name}")
+            self._listener = Listener(self.config.data_source, self.names)
+            if self.config.prometheus_port is not None:
+                self._prometheus = start_prometheus(self.metrics, self.config.name, self.config.prometheus_port)
+            self._election.start(self)
+        except BaseException:
+            self._shutdown()  # release whatever was opened before the failure
+            self._state = State.STOPPED
+            raise
+        self._state = State.RUNNING
+        self._thread = threading.Thread(target=self._run, name=f"harvest-{self.config.name}", daemon=True)
+        self._thread.start()
+        log.info("relay %s started on %s (leader group %r, topic %r)", self.config.name, self.names.display,
+                 self.config.leader_group_id, self.config.leader_topic)
+        return self
+
+    def stop(self) -> None:
+        """Ask the relay to stop: it drains in-flight records, flushes purges, leaves the group."""
+        self._stop_requested.set()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Wait for the relay to stop; True if it did. Re-raises the error that killed it, if any."""
+        if self._thread is not None:
+            self._thread.join(timeout)
+            if self._thread.is_alive():
+                return False
+        if self._error is not None:
+            raise HarvestError(f"relay {self.config.name} failed: {self._error}") from self._error
+        return True
+
+    def __enter__(self) -> Harvest:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+        self.wait()
+
+    # ------------------------------------------------------------------ election listener
+    def on_acquired(self) -> None:
+        self._leader_id = uuid.uuid4()
+        self.metrics.is_leader = True
+        self._remark = False
+        self._next_mark = 0.0
+        log.info("%s: elected leader, leader id %s", self.config.name, self._leader_id)
+        self._emit(LeaderAcquired(self._leader_id))
+
+    def on_revoked(self) -> None:
+        if self._relinquish("revoked"):
+            self._emit(LeaderRevoked())
+
+    def on_fenced(self) -> None:
+        if self._relinquish("fenced"):
+            self._emit(LeaderFenced())
+
+    # ------------------------------------------------------------------ main loop
+    def _emit(self, event: Event) -> None:
+        if self._event_handler is None:
+            return
+        try:
+            self._event_handler(event)
+        except Exception:  # a handler bug must not kill the relay
+            log.exception("event handler failed on %r", event)
+
+    def _run(self) -> None:
+        try:
+            while not self._stop_requested.is_set():
+                try:
+                    if self._election.pulse() and self._leader_id is not None:
+                        self._leader_tick()
+                    else:
+                        self._stop_requested.wait(min(0.05, self.limits.min_poll_interval))
+                except DatabaseError as exc:
+                    log.warning("%s (retrying in %.3gs, remarking)", exc, self.limits.io_error_backoff)
+                    if self._leader_id is not None:
+                        self._remark = True
+                    self._stop_requested.wait(self.limits.io_error_backoff)
+                now = time.monotonic()
+                if now >= self._next_metrics:
+                    self._next_metrics = now + self.limits.min_metrics_interval
+                    self._read_meter()
+        except BaseException as exc:  # fatal: remember it for wait(), then shut down
+            log.exception("relay %s failed", self.config.name)
+            self._error = exc
+        finally:
+            self._state = State.STOPPING
+            self._shutdown()
+            self._state = State.STOPPED
+            log.info("relay %s stopped", self.config.name)
+
+    def _shutdown(self) -> None:
+        try:
+            if self._relinquish("stopping"):
+                self._emit(LeaderRevoked())
+        except Exception:
+            log.exception("draining on stop")
+        try:
+            self._election.close()  # leave the group: a standby takes over now, not after a session timeout
+        except Exception:
+            log.exception("closing leader election")
+        if self._producer is not None:
+            self._producer.flush(5.0)
+            self._producer = None
+        if self._exec is not None:
+            self._exec.shutdown(wait=True)
+        for closeable in (self._listener, self._db):
+            if closeable is not None:
+                closeable.close()
+        if self._prometheus is not None:
+            server, _thread = self._prometheus
+            server.shutdown()
+
+    def _read_meter(self) -> None:
+        m = self.metrics
+        m.in_flight = len(self._in_flight)
+        m.queued = len(self._ready) + self._waiting_count
+        if self._leader_id is not None and self._db is not None:
+            try:
+                assert self._exec is not None
+                m.backlog_rows, m.oldest_unsent_age, m.dead_letter_rows = self._exec.submit(self._db.stats).result()
+            except DatabaseError as exc:
+                log.warning("metrics query failed: %s", exc)
+        stats = m.snapshot()
+        log.debug("%s", stats)
+        self._emit(MeterRead(stats))
+
+    # ------------------------------------------------------------------ leader work
+    def _ensure_producer(self) -> KafkaProducer:
+        if self._producer is None:
+            conf = self.config.producer_config()
+            conf.setdefault("client.id", f"harvest-{self.config.name}")
+            log.debug("creating producer %s", redact_kafka_config(conf))
+            self._producer = self._producer_factory(conf, self._on_delivery)
+        return self._producer
+
+    def _leader_tick(self) -> None:
+        producer = self._ensure_producer()
+        if self._remark:
+            self._refresh()
+            return
+        if self._ready:
+            self._dispatch()
+        producer.poll(0)
+        now = time.monotonic()
+        if (self._purge_buf or self._dlq_buf or self._reset_buf) and (
+                now >= self._next_flush or len(self._purge_buf) >= self.limits.purge_batch_records):
+            self._flush_db()
+            self._next_flush = now + self.limits.purge_interval
+        if self._db_futures:
+            self._check_db()
+        if self._remark or self._leader_id is None:
+            return
+        mark = self._mark_future
+        if mark is not None:
+            if mark.done():
+                self._mark_future = None
+                rows = mark.result()  # DatabaseError -> main loop: back off, remark
+                if self._mark_view != self._leader_id:
+                    return  # marked for an abandoned view; the current view re-marks them
+                if rows:
+                    self._ready.extend(rows)
+                    self._idle = False
+                    self._dispatch()
+                    producer.poll(0)
+                    return
+                self._idle = True
+                self._next_mark = now + self.limits.mark_backoff
+        elif len(self._ready) + self._waiting_count < self.limits.mark_query_records and now >= self._next_mark:
+            self._submit_mark()
+            if not (self._in_flight or self._ready):
+                # nothing else to do: wait for the mark result right here
+                self._mark_future.result()  # type: ignore[union-attr]
+            return
+        if self._in_flight or self._ready or self._waiting_count or self._mark_future is not None:
+            # Busy: wait for acknowledgements (they arrive as callbacks inside poll).
+            producer.poll(0.001)
+            if self._idle and self._mark_future is None and self._listener is not None and self._listener.pending():
+                self._next_mark = 0.0  # a stasher committed: mark now rather than after markBackoff
+        elif self._purge_buf or self._dlq_buf or self._reset_buf:
+            self._flush_db()
+        else:
+            # Idle: sleep until a stasher commits (NOTIFY) or the fallback poll / next pulse is due.
+            assert self._listener is not None
+            if self._listener.wait(min(self.limits.idle_poll_interval, self.limits.min_poll_interval)):
+                self._next_mark = 0.0
+
+    def _submit_mark(self) -> None:
+        assert self._exec is not None and self._db is not None and self._leader_id is not None
+        self._mark_view = self._leader_id
+        self._mark_future = self._exec.submit(self._db.mark, self._leader_id, self.limits.mark_query_records)
+
+    def _dispatch(self) -> None:
+        """Send ready records in id order while in-flight room remains; park busy keys' records."""
+        ready, in_flight, waiting = self._ready, self._in_flight, self._waiting
+        limit = self.limits.max_in_flight_records
+        send = self._send
+        while ready and len(in_flight) < limit and not self._remark:
+            row = ready.popleft()
+            key = row[2]
+            if key in in_flight:
+                parked = waiting.get(key)  # type: ignore[arg-type]
+                if parked is None:
+                    waiting[key] = deque((row,))  # type: ignore[index]
+                else:
+                    parked.append(row)
+                self._waiting_count += 1
+            else:
+                send(row)
+
+    def _send(self, row: MarkedRow) -> bool:
+        """Produce one record whose key is free. True if it is now in flight (or the relay must
+        remark); False if it was dead-lettered on the spot (the key is still free)."""
+        _id, topic, key, value, hkeys, hvals = row
+        if hvals is None or hkeys is None or len(hkeys) != len(hvals) or topic is None or key is None:
+            reason = _bad_row_reason(row)
+            if reason is not None:
+                self._dead_letter(row, f"bad row: {reason}", 0)
+                return False
+        producer = self._producer
+        assert producer is not None
+        self._in_flight[key] = row  # type: ignore[index]
+        for _ in range(1000):
+            try:
+                if hkeys:
+                    producer.produce(topic, value, key, headers=list(zip(hkeys, hvals)))  # type: ignore[arg-type]
+                else:
+                    producer.produce(topic, value, key)  # type: ignore[arg-type]
+                return True
+            except BufferError:  # local queue full: serve callbacks, then retry
+                producer.poll(0.01)
+            except KafkaException as exc:
+                del self._in_flight[key]  # type: ignore[arg-type]
+                err: KafkaError = exc.args[0]
+                return self._failed(row, err, synchronous=True)
+            except (TypeError, ValueError) as exc:
+                del self._in_flight[key]  # type: ignore[arg-type]
+                self._dead_letter(row, f"cannot produce: {exc}", 1)
+                return False
+        del self._in_flight[key]  # type: ignore[arg-type]
+        self._remark = True
+        return True
+
+    def _on_delivery(self, err: KafkaError | None, msg: Message) -> None:
+        key = msg.key()
+        row = self._in_flight.pop(key, None)
+        if row is None:  # not ours any more (view abandoned after a drain timeout)
+            return
+        if err is None:
+            self._purge_buf.append(row[0])
+            self.metrics.delivered += 1
+            if self._attempts:
+                self._attempts.pop(row[0], None)
+            if key in self._waiting and not self._remark:
+                self._release(key)
+        elif not self._failed(row, err, synchronous=False):
+            self._release(key)
+
+    def _release(self, key: bytes) -> None:
+        """``key`` has nothing in flight: send its next parked record(s)."""
+        parked = self._waiting.get(key)
+        while parked and not self._remark:
+            row = parked.popleft()
+            self._waiting_count -= 1
+            if not parked:
+                del self._waiting[key]
+            if self._send(row):
+                return
+
+    def _failed(self, row: MarkedRow, err: KafkaError, synchronous: bool) -> bool:
+        """A produce/delivery failure. Returns False if the record was dead-lettered (key free),
+        True if the relay will reset + remark (key stays blocked until then)."""
+        self.metrics.delivery_failures += 1
+        attempts = self._attempts.get(row[0], 0) + 1
+        self._attempts[row[0]] = attempts
+        permanent = is_permanent(err, synchronous)
+        if permanent or attempts >= self.limits.max_delivery_attempts:
+            why = "cannot be sent" if permanent else f"failed {attempts} delivery attempts"
+            self._dead_letter(row, f"{why}: {err.name()}: {err.str()}", attempts)
+            return False
+        log.warning("%s failed for record %d (attempt %d/%d): %s; resetting and remarking",
+                    "produce" if synchronous else "delivery", row[0], attempts, self.limits.max_delivery_attempts,
+                    err.str())
+        if err.fatal():
+            self._producer_fatal = True
+        self._reset_buf.append(row[0])
+        self._remark = True
+        return True
+
+    def _dead_letter(self, row: MarkedRow, error: str, attempts: int) -> None:
+        log.error("record %d (topic %r) moved to dead letters: %s", row[0], row[1], error)
+        self._attempts.pop(row[0], None)
+        self._dlq_buf.append((row[0], error, attempts))
+        self.metrics.dead_lettered += 1
+
+    def _flush_db(self, wait: bool = False) -> None:
+        """Hand buffered dead letters, purges and resets to the DB worker (in that order, one job).
+        With ``wait``, block until every submitted job (and any pending mark) is done; raise the
+        first error."""
+        if self._dlq_buf or self._purge_buf or self._reset_buf:
+            db, exec_ = self._db, self._exec
+            assert db is not None and exec_ is not None
+            dlq, purge, reset = self._dlq_buf, self._purge_buf, self._reset_buf
+            self._dlq_buf, self._purge_buf, self._reset_buf = [], [], []
+            backoff = self.limits.io_error_backoff
+
+            def job() -> None:
+                for attempt in range(3):  # short retries: a blip must not cost a remark
+                    try:
+                        if dlq:
+                            db.dead_letter(dlq)
+                            dlq.clear()
+                        if purge:
+                            db.purge(purge)
+                            purge.clear()
+                        if reset:
+                            db.reset(reset)
+                        return
+                    except DatabaseError:
+                        if attempt == 2:
+                            raise
+                        time.sleep(backoff)
+
+            self._db_futures.append(exec_.submit(job))
+        if wait:
+            if self._mark_future is not None:
+                try:
+                    self._mark_future.result()
+                except DatabaseError:
+                    pass  # its rows stay marked for a view we are about to leave
+                self._mark_future = None
+            futures, self._db_futures = self._db_futures, []
+            errors = [f.exception() for f in futures]
+            for err in errors:
+                if err is not None:
+                    raise err
+
+    def _check_db(self) -> None:
+        """Surface errors of finished write-behind jobs (raised in the relay thread)."""
+        futures = self._db_futures
+        if not futures[0].done():
+            return
+        done = [f for f in futures if f.done()]
+        self._db_futures = [f for f in futures if not f.done()]
+        for f in done:
+            err = f.exception()
+            if err is not None:
+                raise err
+
+    def _drain(self, budget: float) -> None:
+        """Stop sending; wait up to ``budget`` seconds for in-flight acknowledgements."""
+        producer = self._producer
+        self._draining = True
+        try:
+            deadline = time.monotonic() + budget
+            while self._in_flight and producer is not None and time.monotonic() < deadline:
+                producer.poll(0.01)
+            if self._in_flight and producer is not None:
+                log.warning("%d record(s) still in flight after %.1fs; abandoning them (they will be re-marked)",
+                            len(self._in_flight), budget)
+                try:
+                    producer.purge(in_queue=True, in_flight=False)
+                    producer.poll(0)
+                except KafkaException:
+                    pass
+                self._in_flight.clear()
+                # The old producer may still report these later; a fresh one keeps views apart.
+                self._producer = None
+        finally:
+            self._draining = False
+
+    def _clear_queues(self) -> None:
+        self._ready.clear()
+        self._waiting.clear()
+        self._waiting_count = 0
+
+    def _refresh(self) -> None:
+        """Reset + forceRemark: drain, flush, new leader id. On a DB error the remark stays pending."""
+        self._clear_queues()
+        self._drain(self.limits.max_poll_interval)  # type: ignore[arg-type]
+        self._flush_db(wait=True)
+        if self._producer_fatal:
+            self._producer_fatal = False
+            if self._producer is not None:
+                self._producer.flush(1.0)
+            self._producer = None
+        self._leader_id = uuid.uuid4()
+        self._remark = False
+        self._next_mark = 0.0
+        self.metrics.remarks += 1
+        log.info("%s: refreshed leader id %s", self.config.name, self._leader_id)
+        self._emit(LeaderRefreshed(self._leader_id))
+
+    def _relinquish(self, why: str) -> bool:
+        """Drain and drop leader state; False if we were not leader."""
+        if self._leader_id is None:
+            return False
+        log.info("%s: giving up leadership (%s): draining %d in-flight record(s)", self.config.name, why,
+                 len(self._in_flight))
+        self._clear_queues()
+        self._remark = True  # no more sends
+        self._drain(self.limits.max_poll_interval)  # type: ignore[arg-type]
+        try:
+            self._flush_db(wait=True)
+        except DatabaseError as exc:
+            # The rows stay marked by a leader id nobody will use again: the next leader re-marks them.
+            log.warning("could not flush purges while giving up leadership (records will be re-sent): %s", exc)
+            self._purge_buf, self._dlq_buf, self._reset_buf = [], [], []
+        self._attempts.clear()
+        self._leader_id = None
+        self._remark = False
+        self.metrics.is_leader = False
+        return True

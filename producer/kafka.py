@@ -1,0 +1,137 @@
+"""A narrow seam around confluent-kafka's Producer, plus a fault injector for tests.
+
+The relay only needs ``produce``, ``poll``, ``flush``, ``purge`` and ``len``; it receives
+delivery reports through one callback given at construction (a global ``on_delivery``, so no
+closure is allocated per message). :class:`FaultInjectingProducer` wraps a *real* producer and
+makes ``produce()`` raise, or turns successful delivery reports into failures, at given rates —
+the real broker still receives (some of) those records, which is exactly the duplicate-producing
+situation at-least-once delivery must survive.
+
+Error classification (:func:`is_permanent`): errors that retrying can never fix (record too large,
+invalid or unknown topic, authorisation) send the record to the dead-letter table at once;
+everything else counts as a failed attempt.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from confluent_kafka import KafkaError, Message, Producer
+
+DeliveryCallback = Callable[["KafkaError | None", Message], None]
+
+PERMANENT_CODES = frozenset(
+    code for code in (
+        getattr(KafkaError, "MSG_SIZE_TOO_LARGE", None),
+        getattr(KafkaError, "_MSG_SIZE_TOO_LARGE", None),
+        getattr(KafkaError, "UNKNOWN_TOPIC_OR_PART", None),
+        getattr(KafkaError, "_UNKNOWN_TOPIC", None),
+        getattr(KafkaError, "TOPIC_EXCEPTION", None),
+        getattr(KafkaError, "TOPIC_AUTHORIZATION_FAILED", None),
+        getattr(KafkaError, "INVALID_RECORD", None),
+        getattr(KafkaError, "RECORD_LIST_TOO_LARGE", None),
+        getattr(KafkaError, "_INVALID_ARG", None),
+        getattr(KafkaError, "INVALID_TOPIC_EXCEPTION", None),
+    ) if code is not None
+)
+
+
+# Broker-side errors that reject a whole produce batch: an innocent record batched with an oversized
+# one sees the same error. Reported asynchronously they count as an ordinary failed attempt (the
+# culprit still reaches the dead letters after maxDeliveryAttempts; the innocents get through on a
+# retry, batched differently). Raised synchronously by produce() they concern that record alone.
+BATCH_SCOPED_CODES = frozenset(
+    code for code in (getattr(KafkaError, "MSG_SIZE_TOO_LARGE", None),
+                      getattr(KafkaError, "RECORD_LIST_TOO_LARGE", None),
+                      getattr(KafkaError, "INVALID_RECORD", None)) if code is not None
+)
+
+
+def is_permanent(err: KafkaError, synchronous: bool = True) -> bool:
+    """True if retrying this record can never succeed."""
+    code = err.code()
+    return code in PERMANENT_CODES and (synchronous or code not in BATCH_SCOPED_CODES)
+
+
+class KafkaProducer(Protocol):
+    def produce(self, topic: str, value: bytes | None = None, key: bytes | None = None, *args: Any,
+                **kwargs: Any) -> None: ...
+
+    def poll(self, timeout: float = ...) -> int: ...
+
+    def flush(self, timeout: float = ...) -> int: ...
+
+    def purge(self, in_queue: bool = ..., in_flight: bool = ..., blocking: bool = ...) -> None: ...
+
+    def __len__(self) -> int: ...
+
+
+ProducerFactory = Callable[[dict[str, Any], DeliveryCallback], KafkaProducer]
+
+
+def confluent_producer(config: dict[str, Any], on_delivery: DeliveryCallback) -> KafkaProducer:
+    """The real thing: confluent-kafka's Producer with a global delivery callback."""
+    return Producer({**config, "on_delivery": on_delivery})
+
+
+class FaultInjectingProducer:
+    """Delegates to a real Producer, failing ``produce()`` / delivery reports at the given rates."""
+
+    def __init__(self, real_factory: ProducerFactory, config: dict[str, Any], on_delivery: DeliveryCallback,
+                 produce_failure_rate: float, delivery_failure_rate: float, rng: random.Random,
+                 lock: threading.Lock, counters: dict[str, int]) -> None:
+        self._rng, self._lock, self.counters = rng, lock, counters
+        self._produce_rate, self._delivery_rate = produce_failure_rate, delivery_failure_rate
+        self._on_delivery = on_delivery
+        self._real = real_factory(config, self._deliver)
+
+    def _roll(self, rate: float) -> bool:
+        with self._lock:
+            return self._rng.random() < rate
+
+    def _deliver(self, err: KafkaError | None, msg: Message) -> None:
+        if err is None and self._roll(self._delivery_rate):
+            self.counters["delivery"] += 1
+            err = KafkaError(KafkaError._MSG_TIMED_OUT, "injected delivery failure", retriable=True)
+        self._on_delivery(err, msg)
+
+    def produce(self, topic: str, value: bytes | None = None, key: bytes | None = None, *args: Any,
+                **kwargs: Any) -> None:
+        if self._roll(self._produce_rate):
+            from confluent_kafka import KafkaException
+
+            self.counters["produce"] += 1
+            raise KafkaException(KafkaError(KafkaError._TRANSPORT, "injected produce failure", retriable=True))
+        self._real.produce(topic, value, key, *args, **kwargs)
+
+    def poll(self, timeout: float = 0) -> int:
+        return self._real.poll(timeout)
+
+    def flush(self, timeout: float = -1) -> int:
+        return self._real.flush(timeout)
+
+    def purge(self, in_queue: bool = True, in_flight: bool = True, blocking: bool = True) -> None:
+        self._real.purge(in_queue, in_flight, blocking)
+
+    def __len__(self) -> int:
+        return len(self._real)
+
+
+class FaultInjector:
+    """A :data:`ProducerFactory` for tests: ``Harvest(cfg, producer_factory=FaultInjector(0.05, 0.05))``."""
+
+    def __init__(self, produce_failure_rate: float = 0.0, delivery_failure_rate: float = 0.0, seed: int = 0,
+                 real_factory: ProducerFactory = confluent_producer) -> None:
+        self.produce_failure_rate = produce_failure_rate
+        self.delivery_failure_rate = delivery_failure_rate
+        self._rng = random.Random(seed)
+        self._lock = threading.Lock()
+        self._real_factory = real_factory
+        self.counters = {"produce": 0, "delivery": 0}
+
+    def __call__(self, config: dict[str, Any], on_delivery: DeliveryCallback) -> KafkaProducer:
+        return FaultInjectingProducer(self._real_factory, config, on_delivery, self.produce_failure_rate,
+                                      self.delivery_failure_rate, self._rng, self._lock, self.counters)

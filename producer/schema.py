@@ -1,0 +1,218 @@
+"""The outbox table (goharvest's schema, as is) and the objects the relay adds next to it.
+
+Objects, for an outbox table ``[schema.]name``:
+- ``name``: goharvest's outbox (``id BIGSERIAL PK, create_time, kafka_topic, kafka_key,
+  kafka_value, kafka_header_keys, kafka_header_values, leader_id``); ``kafka_value`` is
+  ``VARCHAR`` (goharvest) or ``BYTEA`` (binary payloads). Existing goharvest tables work unchanged.
+- ``name_dead_letters``: rows the relay gave up on, with the error and attempt count.
+- ``harvest_notify()`` + statement-level trigger ``name_notify``: ``pg_notify(channel)`` after each
+  INSERT statement. Notifications are delivered at commit (and dropped on rollback), so any writer,
+  including goharvest's Go stasher, wakes the relay without code changes.
+
+Invariants:
+- identifiers are always passed through :class:`psycopg.sql.Identifier`; a table name is split
+  into at most (schema, table) and never interpolated raw;
+- :func:`init_db` is idempotent (``IF NOT EXISTS`` / ``OR REPLACE``) and runs in one transaction.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from dataclasses import dataclass
+from typing import Literal
+
+import psycopg
+from psycopg import sql
+
+from producer.errors import ConfigError, SchemaError
+
+ValueType = Literal["varchar", "bytea"]
+_MAX_IDENT = 63  # NAMEDATALEN - 1
+
+
+def parse_table_name(name: str) -> tuple[str | None, str]:
+    """``"outbox"`` -> ``(None, "outbox")``; ``"app.outbox"`` -> ``("app", "outbox")``;
+    ``'"My Schema"."Out.box"'`` -> ``("My Schema", "Out.box")`` (double quotes allow dots/case)."""
+    parts: list[str] = []
+    text = name.strip()
+    i = 0
+    while i < len(text):
+        if text[i] == '"':
+            j = i + 1
+            buf = []
+            while True:
+                k = text.find('"', j)
+                if k < 0:
+                    raise ConfigError(f"outboxTable: {name!r} has an unterminated double quote")
+                buf.append(text[j:k])
+                if k + 1 < len(text) and text[k + 1] == '"':
+                    buf.append('"')
+                    j = k + 2
+                    continue
+                i = k + 1
+                break
+            parts.append("".join(buf))
+        else:
+            k = text.find(".", i)
+            k = len(text) if k < 0 else k
+            part = text[i:k]
+            if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_$]*", part):
+                raise ConfigError(f"outboxTable: {name!r}: {part!r} is not a plain identifier; quote it "
+                                  f"with double quotes, e.g. '\"{part}\"'")
+            parts.append(part.lower())  # Postgres folds unquoted names to lower case
+            i = k
+        if i < len(text):
+            if text[i] != ".":
+                raise ConfigError(f"outboxTable: {name!r}: expected '.' between schema and table")
+            i += 1
+            if i == len(text):
+                raise ConfigError(f"outboxTable: {name!r} ends with '.'")
+    if not parts or len(parts) > 2 or any(not p for p in parts):
+        raise ConfigError(f"outboxTable: {name!r} must be 'table' or 'schema.table'")
+    for part in parts:
+        if len(part.encode()) > _MAX_IDENT:
+            raise ConfigError(f"outboxTable: {part!r} is longer than Postgres' {_MAX_IDENT}-byte identifier limit")
+    return (parts[0], parts[1]) if len(parts) == 2 else (None, parts[0])
+
+
+def _derived(base: str, suffix: str) -> str:
+    """``base + suffix`` kept within 63 bytes (a hash keeps truncated names distinct)."""
+    name = base + suffix
+    if len(name.encode()) <= _MAX_IDENT:
+        return name
+    digest = hashlib.sha1(base.encode()).hexdigest()[:8]
+    return base.encode()[: _MAX_IDENT - len(suffix) - 9].decode(errors="ignore") + "_" + digest + suffix
+
+
+@dataclass(frozen=True)
+class OutboxNames:
+    """Quoted SQL fragments for the outbox and its companions."""
+
+    schema: str | None
+    table: str
+
+    @classmethod
+    def parse(cls, outbox_table: str) -> OutboxNames:
+        schema, table = parse_table_name(outbox_table)
+        return cls(schema, table)
+
+    def _ident(self, name: str) -> sql.Identifier:
+        return sql.Identifier(self.schema, name) if self.schema else sql.Identifier(name)
+
+    @property
+    def outbox(self) -> sql.Identifier:
+        return self._ident(self.table)
+
+    @property
+    def dead_letters(self) -> sql.Identifier:
+        return self._ident(_derived(self.table, "_dead_letters"))
+
+    @property
+    def notify_function(self) -> sql.Identifier:
+        return self._ident("harvest_notify")
+
+    @property
+    def notify_trigger(self) -> sql.Identifier:
+        return sql.Identifier(_derived(self.table, "_notify"))
+
+    @property
+    def id_index_name(self) -> sql.Identifier:
+        return sql.Identifier(_derived(self.table, "_leader_id_idx"))
+
+    @property
+    def channel(self) -> str:
+        """LISTEN/NOTIFY channel: ``harvest_<schema>_<table>``, hashed if too long."""
+        return _derived("harvest_" + (f"{self.schema}_" if self.schema else "") + self.table, "")
+
+    @property
+    def display(self) -> str:
+        return f"{self.schema}.{self.table}" if self.schema else self.table
+
+
+def outbox_ddl(names: OutboxNames, value_type: ValueType = "varchar") -> list[sql.Composable]:
+    """Statements that create the outbox, the dead-letter table and the notify trigger."""
+    if value_type not in ("varchar", "bytea"):
+        raise ConfigError(f"value type: {value_type!r} must be 'varchar' (goharvest) or 'bytea'")
+    vtype = sql.SQL("BYTEA" if value_type == "bytea" else "VARCHAR")
+    stmts: list[sql.Composable] = []
+    if names.schema:
+        stmts.append(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(names.schema)))
+    # goharvest's DDL (sh/init-outbox.sh) with the length limits dropped (they only get in the way)
+    # and create_time defaulted so writers may omit it.
+    stmts.append(sql.SQL("""
+        CREATE TABLE IF NOT EXISTS {outbox} (
+          id                  BIGSERIAL PRIMARY KEY,
+          create_time         TIMESTAMP WITH TIME ZONE NOT NULL DEFAULT now(),
+          kafka_topic         VARCHAR NOT NULL,
+          kafka_key           VARCHAR NOT NULL,
+          kafka_value         {vtype},
+          kafka_header_keys   TEXT[] NOT NULL,
+          kafka_header_values TEXT[] NOT NULL,
+          leader_id           UUID
+        )""").format(outbox=names.outbox, vtype=vtype))
+    # Dead letters keep the original id (unique) and nullable columns: a row that was bad because a
+    # column was NULL must still fit here.
+    stmts.append(sql.SQL("""
+        CREATE TABLE IF NOT EXISTS {dlq} (
+          id                  BIGINT PRIMARY KEY,
+          create_time         TIMESTAMP WITH TIME ZONE,
+          kafka_topic         VARCHAR,
+          kafka_key           VARCHAR,
+          kafka_value         {vtype},
+          kafka_header_keys   TEXT[],
+          kafka_header_values TEXT[],
+          error               TEXT NOT NULL,
+          attempts            INTEGER NOT NULL,
+          dead_time           TIMESTAMP WITH TIME ZONE NOT NULL DEFAULT now()
+        )""").format(dlq=names.dead_letters, vtype=vtype))
+    stmts.append(sql.SQL("""
+        CREATE OR REPLACE FUNCTION {fn}() RETURNS trigger LANGUAGE plpgsql AS $$
+        BEGIN
+          PERFORM pg_notify(TG_ARGV[0], '');
+          RETURN NULL;
+        END $$""").format(fn=names.notify_function))
+    stmts.append(sql.SQL("DROP TRIGGER IF EXISTS {trg} ON {outbox}").format(
+        trg=names.notify_trigger, outbox=names.outbox))
+    stmts.append(sql.SQL("CREATE TRIGGER {trg} AFTER INSERT ON {outbox} FOR EACH STATEMENT "
+                         "EXECUTE FUNCTION {fn}({channel})").format(
+        trg=names.notify_trigger, outbox=names.outbox, fn=names.notify_function,
+        channel=sql.Literal(names.channel)))
+    return stmts
+
+
+def init_db(conninfo_or_conn: str | psycopg.Connection, outbox_table: str = "outbox",
+            value_type: ValueType = "varchar") -> OutboxNames:
+    """Create (idempotently, in one transaction) everything the relay needs. Returns the names."""
+    names = OutboxNames.parse(outbox_table)
+    stmts = outbox_ddl(names, value_type)
+    if isinstance(conninfo_or_conn, psycopg.Connection):
+        with conninfo_or_conn.transaction():
+            for stmt in stmts:
+                conninfo_or_conn.execute(stmt)
+        return names
+    with psycopg.connect(conninfo_or_conn) as conn:
+        with conn.transaction():
+            for stmt in stmts:
+                conn.execute(stmt)
+    return names
+
+
+_EXPECTED = {"id", "create_time", "kafka_topic", "kafka_key", "kafka_value", "kafka_header_keys",
+             "kafka_header_values", "leader_id"}
+
+
+def inspect_outbox(conn: psycopg.Connection, names: OutboxNames) -> ValueType:
+    """Check the outbox has goharvest's columns; return the value column's type."""
+    row = conn.execute("SELECT to_regclass(%s)::oid", (names.outbox.as_string(conn),)).fetchone()
+    if row is None or row[0] is None:
+        raise SchemaError(f"outbox table {names.display!r} does not exist; create it with "
+                          f"`harvest init-db` (or producer.schema.init_db)")
+    cols = dict(conn.execute(
+        "SELECT attname, format_type(atttypid, atttypmod) FROM pg_attribute "
+        "WHERE attrelid = %s AND attnum > 0 AND NOT attisdropped", (row[0],)).fetchall())
+    missing = _EXPECTED - cols.keys()
+    if missing:
+        raise SchemaError(f"outbox table {names.display!r} lacks column(s) {', '.join(sorted(missing))}; "
+                          f"expected goharvest's schema ({', '.join(sorted(_EXPECTED))})")
+    return "bytea" if cols["kafka_value"] == "bytea" else "varchar"

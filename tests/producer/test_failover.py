@@ -1,0 +1,200 @@
+"""Several relays as real processes (the ``harvest`` CLI with a YAML file): one leader publishes;
+kill -9 of the leader and graceful stop both hand over; the outbox still drains in per-key order.
+Takeover times are measured and printed."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import psycopg
+import pytest
+from relaylib import assert_per_key_order, consume_all, wait_drained
+
+from producer.schema import init_db
+from producer.stasher import OutboxRecord, Stasher
+
+pytestmark = pytest.mark.integration
+
+
+def _yaml(path: Path, pg_dsn: str, bootstrap: str, table: str, group: str) -> Path:
+    path.write_text(f"""\
+harvest:
+  baseKafkaConfig:
+    bootstrap.servers: "{bootstrap}"
+  producerKafkaConfig:
+    linger.ms: 5
+  leaderGroupID: {group}
+  dataSource: "{pg_dsn}"
+  outboxTable: {table}
+  limits:
+    heartbeatTimeout: 2s
+    minPollInterval: 100ms
+    minMetricsInterval: 1s
+    idlePollInterval: 500ms
+logging:
+  level: Info
+""")
+    return path
+
+
+class Relay:
+    def __init__(self, cfg: Path, name: str, logdir: Path) -> None:
+        self.name = name
+        self.log = logdir / f"{name}.log"
+        self.proc = subprocess.Popen([sys.executable, "-m", "producer", "-f", str(cfg), "--name", name],
+                                     stdout=subprocess.DEVNULL, stderr=self.log.open("w"))
+
+    def text(self) -> str:
+        return self.log.read_text()
+
+    def elected(self) -> int:
+        return self.text().count("elected leader")
+
+
+def _wait_for(cond: Callable[[], bool], timeout: float) -> float:
+    start = time.monotonic()
+    while not cond():
+        if time.monotonic() - start > timeout:
+            raise AssertionError("timed out")
+        time.sleep(0.05)
+    return time.monotonic() - start
+
+
+def test_one_leader_kill9_and_graceful_handover(pg_dsn: str, kafka_bootstrap: str, pg_schema: str, tmp_path: Path,
+                                                topic_factory: Callable[..., str],
+                                                unique_name: Callable[[str], str]) -> None:
+    topic = topic_factory(partitions=2)
+    table = f"{pg_schema}.outbox"
+    init_db(pg_dsn, table)
+    cfg = _yaml(tmp_path / "harvest.yaml", pg_dsn, kafka_bootstrap, table, unique_name("g"))
+    relays = [Relay(cfg, f"relay{i}", tmp_path) for i in range(3)]
+    expected: dict[str, list[bytes | None]] = {}
+    stop_writing = threading.Event()
+
+    def writer() -> None:
+        st, seq = Stasher(table), 0
+        with psycopg.connect(pg_dsn) as conn:
+            while not stop_writing.is_set():
+                batch = [OutboxRecord(topic, f"k{(seq + i) % 20}", f"v{seq + i}") for i in range(10)]
+                with conn.transaction():
+                    st.stash_many(conn, batch)
+                for r in batch:
+                    expected.setdefault(r.key, []).append(r.value.encode())  # type: ignore[union-attr]
+                seq += 10
+                time.sleep(0.02)
+
+    w = threading.Thread(target=writer)
+    try:
+        _wait_for(lambda: sum(r.elected() for r in relays) >= 1, 60)
+        w.start()
+        time.sleep(3)  # standbys have joined by now; still exactly one leader
+        leaders = [r for r in relays if r.elected()]
+        assert len(leaders) == 1, [r.text()[-2000:] for r in relays]
+        first = leaders[0]
+
+        first.proc.send_signal(signal.SIGKILL)
+        first.proc.wait()
+        others = [r for r in relays if r is not first]
+        kill_takeover = _wait_for(lambda: any(r.elected() for r in others), 60)
+        second = next(r for r in others if r.elected())
+        print(f"\ntakeover after kill -9: {kill_takeover:.2f}s (session timeout 6s)")
+        assert kill_takeover < 20
+
+        time.sleep(1)
+        second.proc.send_signal(signal.SIGTERM)
+        third = next(r for r in others if r is not second)
+        graceful_takeover = _wait_for(lambda: third.elected() > 0, 30)
+        assert second.proc.wait(30) == 0
+        print(f"takeover after graceful stop: {graceful_takeover:.2f}s")
+        assert graceful_takeover < 6
+        assert "giving up leadership (stopping)" in second.text()
+
+        time.sleep(1)
+        stop_writing.set()
+        w.join()
+        wait_drained(pg_dsn, table, 60)
+        total = sum(len(v) for v in expected.values())
+        got = consume_all(kafka_bootstrap, topic, lambda g: len(g) >= total, 30)
+        print(f"{total} records stashed, {len(got)} delivered ({len(got) - total} duplicates from the kill)")
+        assert_per_key_order(got, expected, allow_dups=True)
+        assert third.elected() == 1 and sum(r.elected() for r in relays) == 3
+    finally:
+        stop_writing.set()
+        if w.is_alive():
+            w.join()
+        for r in relays:
+            if r.proc.poll() is None:
+                r.proc.send_signal(signal.SIGTERM)
+        for r in relays:
+            try:
+                r.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                r.proc.kill()
+
+
+def test_cli_init_db_and_dead_letters(pg_dsn: str, pg_schema: str, tmp_path: Path) -> None:
+    table = f"{pg_schema}.cli_outbox"
+    env = {**os.environ, "HARVEST_DATA_SOURCE": pg_dsn}
+    run = lambda *a: subprocess.run([sys.executable, "-m", "producer", *a], env=env, capture_output=True,  # noqa: E731
+                                    text=True, timeout=60)
+    r = run("init-db", "--outbox-table", table, "--value-type", "bytea")
+    assert r.returncode == 0, r.stderr
+    assert "ready (value type bytea" in r.stdout
+    password = next(p.split("=", 1)[1] for p in pg_dsn.split() if p.startswith("password="))
+    r = run("dead-letters", "list", "--outbox-table", table)
+    assert r.returncode == 0 and "0 dead letter(s)" in r.stdout
+    with psycopg.connect(pg_dsn) as conn:
+        names = init_db(conn, table, "bytea")
+        conn.execute(f'INSERT INTO {names.dead_letters.as_string(conn)} (id, kafka_topic, kafka_key, kafka_value, '
+                     "kafka_header_keys, kafka_header_values, error, attempts) VALUES "
+                     "(7, 't', 'k', 'v', '{}', '{}', 'boom', 5), (8, NULL, 'k', 'v', '{}', '{}', 'no topic', 0)")
+    r = run("dead-letters", "list", "--outbox-table", table)
+    assert "boom" in r.stdout and "2 dead letter(s)" in r.stdout
+    r = run("dead-letters", "requeue", "--outbox-table", table, "--all")
+    assert r.returncode == 1 and "nothing was moved" in r.stderr and password not in r.stderr
+    r = run("dead-letters", "requeue", "--outbox-table", table, "7")
+    assert r.returncode == 0 and "requeued 1" in r.stdout
+    r = run("dead-letters", "requeue", "--outbox-table", table)
+    assert r.returncode == 2 and "give dead-letter ids or --all" in r.stderr
+    bad = run("-f", str(tmp_path / "missing.yaml"))
+    assert bad.returncode == 2
+    r = run("run", "--outbox-table", table, "--data-source", "host=127.0.0.1 port=1 password=zz9secret")
+    assert r.returncode == 1 and "zz9secret" not in r.stderr and "cannot connect" in r.stderr
+
+
+def test_two_embedded_relays_only_the_leader_publishes(pg_dsn: str, kafka_bootstrap: str, pg_schema: str,
+                                                       topic_factory: Callable[..., str],
+                                                       unique_name: Callable[[str], str]) -> None:
+    from relaylib import relay_config
+
+    from producer.harvest import Harvest
+
+    topic = topic_factory(partitions=2)
+    table = f"{pg_schema}.outbox"
+    init_db(pg_dsn, table)
+    cfg = relay_config(pg_dsn, kafka_bootstrap, table, unique_name("g"))
+    a = Harvest(cfg.replace(name="a")).start()
+    b = Harvest(cfg.replace(name="b")).start()
+    try:
+        _wait_for(lambda: a.is_leader or b.is_leader, 30)
+        samples = []
+        with psycopg.connect(pg_dsn) as conn:
+            Stasher(table).stash_many(conn, [OutboxRecord(topic, f"k{i % 7}", f"v{i}") for i in range(2000)])
+        deadline = time.monotonic() + 30
+        while (a.metrics.delivered + b.metrics.delivered) < 2000 and time.monotonic() < deadline:
+            samples.append((a.is_leader, b.is_leader))
+            time.sleep(0.01)
+        assert not any(x and y for x, y in samples)
+        assert sorted([a.metrics.delivered, b.metrics.delivered]) == [0, 2000]
+    finally:
+        for r in (a, b):
+            r.stop()
+        for r in (a, b):
+            r.wait(30)

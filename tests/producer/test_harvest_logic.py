@@ -1,0 +1,130 @@
+"""Pure-logic tests of the relay's send path with a fake producer (no DB, no Kafka):
+one record in flight per key, id order per key, throttle, reset+remark on failure, dead letters."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from confluent_kafka import KafkaError
+
+from producer.config import HarvestConfig, Limits
+from producer.election import StaticElection
+from producer.harvest import Harvest
+
+
+class FakeMsg:
+    def __init__(self, key: bytes) -> None:
+        self._key = key
+
+    def key(self) -> bytes:
+        return self._key
+
+
+class FakeProducer:
+    def __init__(self, on_delivery: Any) -> None:
+        self.on_delivery = on_delivery
+        self.sent: list[tuple[str, bytes | None, bytes, Any]] = []
+
+    def produce(self, topic: str, value: bytes | None = None, key: bytes | None = None, **kw: Any) -> None:
+        self.sent.append((topic, value, key, kw.get("headers")))  # type: ignore[arg-type]
+
+    def poll(self, timeout: float = 0) -> int:
+        return 0
+
+    def flush(self, timeout: float = 0) -> int:
+        return 0
+
+    def purge(self, *a: Any, **k: Any) -> None:
+        pass
+
+    def __len__(self) -> int:
+        return 0
+
+
+def _relay(**limits: Any) -> tuple[Harvest, FakeProducer]:
+    box: dict[str, FakeProducer] = {}
+
+    def factory(conf: dict, cb: Any) -> FakeProducer:
+        box["p"] = FakeProducer(cb)
+        return box["p"]
+
+    h = Harvest(HarvestConfig(limits=Limits(**limits)), producer_factory=factory, election=StaticElection())
+    h._leader_id = uuid.uuid4()
+    h._ensure_producer()
+    return h, box["p"]
+
+
+def row(i: int, key: str, topic: str | None = "t", hk: list | None = None, hv: list | None = None) -> tuple:
+    return (i, topic, key.encode(), f"v{i}".encode(), [] if hk is None else hk, [] if hv is None else hv)
+
+
+def test_one_in_flight_per_key_and_id_order() -> None:
+    h, p = _relay()
+    h._ready.extend([row(1, "a"), row(2, "b"), row(3, "a"), row(4, "a"), row(5, "c")])
+    h._dispatch()
+    assert [s[1] for s in p.sent] == [b"v1", b"v2", b"v5"]
+    assert h.in_flight_records == 3 and sorted(h.in_flight_record_keys()) == ["a", "b", "c"]
+    p.on_delivery(None, FakeMsg(b"a"))  # v1 acked -> v3 goes out from the callback
+    assert p.sent[-1][1] == b"v3" and h._purge_buf == [1]
+    p.on_delivery(None, FakeMsg(b"a"))
+    assert p.sent[-1][1] == b"v4"
+    assert h._waiting == {} and h._waiting_count == 0
+
+
+def test_in_flight_throttle() -> None:
+    h, p = _relay(max_in_flight_records=2)
+    h._ready.extend([row(i, f"k{i}") for i in range(1, 6)])
+    h._dispatch()
+    assert len(p.sent) == 2 and len(h._ready) == 3
+
+
+def test_failure_resets_blocks_key_and_requests_remark() -> None:
+    h, p = _relay()
+    h._ready.extend([row(1, "a"), row(2, "a"), row(3, "b")])
+    h._dispatch()
+    p.on_delivery(KafkaError(KafkaError._MSG_TIMED_OUT, "timeout"), FakeMsg(b"a"))
+    assert h._remark and h._reset_buf == [1]
+    assert [s[1] for s in p.sent] == [b"v1", b"v3"]  # v2 not sent after v1 failed
+    p.on_delivery(None, FakeMsg(b"b"))  # other keys' acks still purge
+    assert h._purge_buf == [3]
+    h._ready.append(row(9, "z"))
+    h._dispatch()
+    assert len(p.sent) == 2  # nothing new is sent while a remark is pending
+
+
+def test_attempts_exhausted_or_permanent_error_dead_letters_and_key_moves_on() -> None:
+    h, p = _relay(max_delivery_attempts=2)
+    h._ready.extend([row(1, "a"), row(2, "a")])
+    h._dispatch()
+    h._attempts[1] = 1
+    p.on_delivery(KafkaError(KafkaError._MSG_TIMED_OUT, "timeout"), FakeMsg(b"a"))
+    assert not h._remark and [d[0] for d in h._dlq_buf] == [1] and h._dlq_buf[0][2] == 2
+    assert p.sent[-1][1] == b"v2"  # the key moved on
+    p.on_delivery(KafkaError(KafkaError.UNKNOWN_TOPIC_OR_PART, "no topic"), FakeMsg(b"a"))
+    assert [d[0] for d in h._dlq_buf] == [1, 2] and "UNKNOWN_TOPIC_OR_PART" in h._dlq_buf[1][1]
+
+
+def test_broker_side_size_error_is_an_attempt_not_an_instant_dead_letter() -> None:
+    # the broker rejects a whole batch: innocent records batched with an oversized one must retry
+    h, p = _relay(max_delivery_attempts=3)
+    h._ready.extend([row(1, "a"), row(2, "a")])
+    h._dispatch()
+    p.on_delivery(KafkaError(KafkaError.MSG_SIZE_TOO_LARGE, "too big"), FakeMsg(b"a"))
+    assert h._dlq_buf == [] and h._remark and h._reset_buf == [1]
+
+
+def test_bad_rows_dead_lettered_without_blocking() -> None:
+    h, p = _relay()
+    h._ready.extend([row(1, "a", hk=["x", "y"], hv=["1"]), row(2, "a"), row(3, "b", topic=None)])
+    h._dispatch()
+    assert [s[1] for s in p.sent] == [b"v2"]
+    errors = {i: e for i, e, _ in h._dlq_buf}
+    assert "header arrays differ in length" in errors[1] and "kafka_topic is NULL" in errors[3]
+
+
+def test_headers_passed_as_pairs() -> None:
+    h, p = _relay()
+    h._ready.append(row(1, "a", hk=["h", "h"], hv=["1", None]))
+    h._dispatch()
+    assert p.sent[0][3] == [("h", "1"), ("h", None)]

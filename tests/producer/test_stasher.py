@@ -1,0 +1,95 @@
+"""Schema + stasher against real Postgres: goharvest's table, COPY batches, tombstones, validation."""
+
+from __future__ import annotations
+
+import time
+
+import psycopg
+import pytest
+from psycopg import sql
+
+from producer.errors import RecordError, SchemaError
+from producer.schema import OutboxNames, init_db, inspect_outbox
+from producer.stasher import OutboxRecord, Stasher
+
+pytestmark = pytest.mark.integration
+
+
+def test_init_db_is_idempotent_and_has_goharvest_columns(pg_dsn: str, pg_schema: str) -> None:
+    table = f"{pg_schema}.outbox"
+    init_db(pg_dsn, table)
+    init_db(pg_dsn, table)
+    with psycopg.connect(pg_dsn) as conn:
+        assert inspect_outbox(conn, OutboxNames.parse(table)) == "varchar"
+        cols = conn.execute("SELECT column_name, data_type, is_nullable FROM information_schema.columns "
+                            "WHERE table_schema = %s AND table_name = 'outbox' ORDER BY ordinal_position",
+                            (pg_schema,)).fetchall()
+    assert [c[0] for c in cols] == ["id", "create_time", "kafka_topic", "kafka_key", "kafka_value",
+                                    "kafka_header_keys", "kafka_header_values", "leader_id"]
+    assert cols[0][1] == "bigint" and cols[7][1] == "uuid" and cols[5][1] == "ARRAY"
+
+
+def test_missing_table_is_a_clear_error(pg_dsn: str, pg_schema: str) -> None:
+    with psycopg.connect(pg_dsn) as conn, pytest.raises(SchemaError, match="does not exist; create it with"):
+        inspect_outbox(conn, OutboxNames.parse(f"{pg_schema}.nope"))
+
+
+def test_stash_round_trip_in_callers_transaction(pg_dsn: str, pg_schema: str) -> None:
+    table = f'"{pg_schema}"."Odd.Name"'
+    init_db(pg_dsn, table)
+    st = Stasher(table)
+    with psycopg.connect(pg_dsn) as conn:
+        with conn.transaction():
+            a = st.stash(conn, OutboxRecord("orders", "k1", "v1", [("h1", "x"), ("h1", "y")]))
+            b = st.stash(conn, OutboxRecord("orders", "k1", None, {"only": None}))  # tombstone
+        with pytest.raises(RuntimeError), conn.transaction():
+            st.stash(conn, OutboxRecord("orders", "rolled-back", "z"))
+            raise RuntimeError("business logic failed")
+        rows = conn.execute(sql.SQL("SELECT id, kafka_key, kafka_value, kafka_header_keys, kafka_header_values, "
+                                    "leader_id FROM {} ORDER BY id").format(st.names.outbox)).fetchall()
+    assert rows == [(a, "k1", "v1", ["h1", "h1"], ["x", "y"], None), (b, "k1", None, ["only"], [None], None)]
+
+
+def test_bytea_outbox(pg_dsn: str, pg_schema: str) -> None:
+    table = f"{pg_schema}.bin"
+    init_db(pg_dsn, table, "bytea")
+    st = Stasher(table, "bytea")
+    with psycopg.connect(pg_dsn) as conn:
+        st.stash_many(conn, [OutboxRecord("t", "k", b"\x00\xff"), OutboxRecord("t", "k", "text")])
+        values = [r[0] for r in conn.execute(sql.SQL("SELECT kafka_value FROM {} ORDER BY id").format(
+            st.names.outbox)).fetchall()]
+    assert values == [b"\x00\xff", b"text"]
+
+
+@pytest.mark.parametrize(("record", "needle"), [
+    (OutboxRecord("", "k", "v"), "topic: '' is not a valid Kafka topic name"),
+    (OutboxRecord(None, "k", "v"), "topic: None is not a valid Kafka topic name"),  # type: ignore[arg-type]
+    (OutboxRecord("t", None, "v"), "key: must be a string"),  # type: ignore[arg-type]
+    (OutboxRecord("t", "k", 5), "value: must be str, bytes or None"),  # type: ignore[arg-type]
+    (OutboxRecord("t", "k", b"\xff\xfe"), "is not UTF-8 but the outbox's kafka_value is VARCHAR"),
+    (OutboxRecord("t", "k", "v", [("a",)]), "is not a (key, value) pair"),  # type: ignore[list-item]
+    (OutboxRecord("t", "k", "v", [("a", 1)]), "headers['a']: value must be a string"),  # type: ignore[list-item]
+])
+def test_bad_records_rejected_before_the_database(record: OutboxRecord, needle: str) -> None:
+    with pytest.raises(RecordError) as info:
+        Stasher()._row(record)
+    assert needle in str(info.value)
+
+
+def test_stash_many_is_much_faster_than_single_inserts(pg_dsn: str, pg_schema: str) -> None:
+    table = f"{pg_schema}.speed"
+    init_db(pg_dsn, table)
+    st = Stasher(table)
+    records = [OutboxRecord("t", f"k{i % 50}", "x" * 100, [("h", str(i))]) for i in range(3000)]
+    with psycopg.connect(pg_dsn) as conn:
+        t0 = time.perf_counter()
+        with conn.transaction():
+            for r in records:
+                st.stash(conn, r)
+        single = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        with conn.transaction():
+            assert st.stash_many(conn, records) == 3000
+        batch = time.perf_counter() - t0
+    print(f"3000 rows: one INSERT each {single:.3f}s, stash_many (COPY) {batch:.3f}s, x{single / batch:.1f}")
+    assert batch * 4 < single
