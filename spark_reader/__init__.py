@@ -6,6 +6,7 @@
 """
 
 from spark_reader.batch import CommittedRead, read_committed, readCommitted
+from spark_reader.stream import readCommittedStream
 from spark_reader.errors import MissingUUIDError, ReaderConfigError, SparkReaderError
 
 __all__ = [
@@ -14,5 +15,6 @@ __all__ = [
     "ReaderConfigError",
     "SparkReaderError",
     "readCommitted",
+    "readCommittedStream",
     "read_committed",
 ]

@@ -75,7 +75,8 @@ def write_log(bootstrap: str, topic: str, partitions: int, seed: int = 1, steps:
                 if kind < 0.1:
                     continue  # never acknowledged: a stalled span
                 if kind < 0.2:  # rollback: the ACK re-sent at the last ACK's clock
-                    ack = build_uuid(pub.producer_id, last_ack.get((i, p), 0) or 1, Flags.ACK_TXN)
+                    first = min(clock_of(u) for q, u, _ in sent if q == p)
+                    ack = build_uuid(pub.producer_id, last_ack.get((i, p), first - 1), Flags.ACK_TXN)
                 elif kind < 0.3:  # partial: commit only the span's first half
                     clocks = sorted(clock_of(u) for q, u, _ in sent if q == p)
                     ack = build_uuid(pub.producer_id, clocks[(len(clocks) - 1) // 2], Flags.ACK_TXN)
