@@ -1,0 +1,162 @@
+"""``./dev bench``: run every benchmark, each in its own process with its own services, then
+write ``bench/results.json`` and the benchmark table of README.md (between the BENCH markers).
+
+Each benchmark prints one JSON object and compares against a baseline measured in the same run,
+so the ratios hold on noisy machines better than absolute rates do. Medians throughout.
+
+    python -m bench                 # all, full size
+    python -m bench --quick         # smaller workloads (a smoke run; the README is not touched)
+    python -m bench sequencer spark # some
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import re
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "bench" / "results.json"
+README = ROOT / "README.md"
+BEGIN, END = "<!-- BENCH:BEGIN -->", "<!-- BENCH:END -->"
+
+# name -> (script, full args, quick args)
+BENCHES: dict[str, tuple[str, list[str], list[str]]] = {
+    "sequencer": ("bench_sequencer.py", [], ["--repeat", "3", "--txns", "10"]),
+    "relay": ("bench_relay.py", [], ["--rows", "20000"]),
+    "consumer": ("bench_consumer.py", [], ["--records", "100000", "--runs", "1"]),
+    "spark": ("bench_spark.py", [], ["--records", "100000", "--repeat", "1"]),
+}
+
+
+def _get(d: Any, *path: str) -> Any:
+    for p in path:
+        if not isinstance(d, dict) or p not in d:
+            return None
+        d = d[p]
+    return d
+
+
+def _fmt(v: Any, unit: str = "") -> str:
+    if v is None:
+        return "n/a"
+    if isinstance(v, float) and v < 10:
+        return f"{v:.2f}{unit}"
+    if isinstance(v, (int, float)):
+        return f"{v:,.0f}{unit}"
+    return str(v)
+
+
+# name -> rows of (what, median, baseline / ratio, target)
+ROWS: dict[str, Callable[[dict[str, Any]], list[tuple[str, str, str, str]]]] = {
+    "sequencer": lambda r: [(
+        "Sequencer queue+step, 16 producers, txns of 100, ring 8192 (msg/s)",
+        _fmt(r.get("msgs_per_s_median")),
+        f"ratio to envelope-construction loop {_fmt(r.get('ratio_sequencer_to_baseline'))}",
+        "≥ 300,000 msg/s"), (
+        "Sequencer memory per tracked producer (bytes)",
+        _fmt(_get(r, "memory", "bytes_per_producer")), "", "")],
+    "relay": lambda r: [(
+        "Relay drain, at-least-once, 100k rows, 8 partitions (rows/s)",
+        _fmt(_get(r, "drain_rows_per_s", "median")),
+        f"ratio to raw confluent produce {_fmt(r.get('relay_to_baseline_ratio'))}",
+        "≥ 30,000 rows/s")] + ([(
+        "Relay drain, --uuid-sequencing (rows/s)",
+        _fmt(_get(r, "sequenced_drain_rows_per_s", "median")),
+        f"ratio to at-least-once {_fmt(r.get('sequenced_to_at_least_once_ratio'))}",
+        "≥ 30,000 rows/s, ratio ≥ 0.85")] if "sequenced_drain_rows_per_s" in r else []) + [(
+        "Relay idle-to-delivery latency at 500 rows/s, p50 / p99 (ms)",
+        f"{_fmt(_get(r, 'idle_to_delivery_latency', 'p50_ms'))} / {_fmt(_get(r, 'idle_to_delivery_latency', 'p99_ms'))}",
+        "", "")],
+    "consumer": lambda r: [(
+        f"ReadCommittedIter, {_fmt(r.get('records_committed'))} records, txns of {r.get('txn_size')} (msg/s)",
+        _fmt(r.get("committed_median_per_s")),
+        f"ratio to plain confluent consumer {_fmt(r.get('ratio'))}", "ratio ≥ 0.7")],
+    "spark": lambda r: [(
+        f"Spark readCommitted batch, {_fmt(r.get('records'))} records (rows/s)",
+        _fmt(r.get("readCommitted_median_rows_per_s")),
+        f"ratio to raw Spark Kafka read + count {_fmt(r.get('ratio_median'))}", "ratio ≥ 0.5")],
+}
+
+
+def run(name: str, quick: bool) -> dict[str, Any]:
+    script, full, small = BENCHES[name]
+    cmd = [sys.executable, str(ROOT / "bench" / script), *(small if quick else full)]
+    print(f"[bench] {name}: {' '.join(cmd[1:])}", file=sys.stderr, flush=True)
+    started = time.monotonic()
+    proc = subprocess.run(cmd, cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    if proc.returncode != 0:
+        raise SystemExit(f"[bench] {name} failed with exit code {proc.returncode}")
+    match = re.search(r"^\{.*\}\s*\Z", proc.stdout, re.S | re.M)
+    if not match:
+        raise SystemExit(f"[bench] {name} printed no JSON object at the end of its output")
+    result = json.loads(match.group(0))
+    print(f"[bench] {name}: done in {time.monotonic() - started:.0f}s", file=sys.stderr, flush=True)
+    return result
+
+
+def machine() -> dict[str, Any]:
+    mem = ""
+    try:
+        mem = next(line.split()[1] for line in open("/proc/meminfo") if line.startswith("MemTotal"))
+        mem = f"{int(mem) // 1024 // 1024} GiB"
+    except (OSError, StopIteration, ValueError):
+        pass
+    cpu = ""
+    try:
+        cpu = next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    return {"cpus": os.cpu_count(), "cpu_model": cpu, "memory": mem, "python": platform.python_version(),
+            "os": platform.platform(), "date": time.strftime("%Y-%m-%d")}
+
+
+def table(results: dict[str, dict[str, Any]], mach: dict[str, Any]) -> str:
+    lines = [
+        f"Measured {mach['date']} on {mach['cpus']} cores ({mach['cpu_model'] or 'unknown CPU'}), "
+        f"{mach['memory']}, Python {mach['python']}; embedded Postgres and Kafka on the same machine. "
+        "Medians of repeated runs; full figures in `bench/results.json`.",
+        "",
+        "| benchmark | median | compared with (same run) | target |",
+        "|---|---|---|---|",
+    ]
+    for name, result in results.items():
+        for row in ROWS[name](result):
+            lines.append("| " + " | ".join(row) + " |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.splitlines()[0])
+    parser.add_argument("names", nargs="*", choices=[*BENCHES, []], help="benchmarks to run (default: all)")
+    parser.add_argument("--quick", action="store_true", help="small workloads; does not update README/results")
+    args = parser.parse_args(argv)
+    names = args.names or list(BENCHES)
+    results = {name: run(name, args.quick) for name in names}
+    mach = machine()
+    md = table(results, mach)
+    print(md)
+    if args.quick:
+        return 0
+    previous = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
+    merged = {**previous.get("results", {}), **results}
+    RESULTS.write_text(json.dumps({"machine": mach, "results": merged}, indent=2) + "\n")
+    text = README.read_text()
+    if BEGIN in text and END in text:
+        head, rest = text.split(BEGIN, 1)
+        _, tail = rest.split(END, 1)
+        README.write_text(f"{head}{BEGIN}\n{table({k: merged[k] for k in BENCHES if k in merged}, mach)}\n{END}{tail}")
+        print(f"[bench] README.md and {RESULTS.relative_to(ROOT)} updated", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
