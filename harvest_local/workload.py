@@ -1,0 +1,133 @@
+"""Application writers with a verifiable ground truth, for the demo, the fault suite and benchmarks.
+
+Each writer runs application transactions: lock a business row ``accounts(key)``, bump its
+``version``, and stash one outbox message ``{"key": k, "version": v}`` for that key, in the same
+transaction. The row lock serializes writers of one key, as a real application serializes changes
+to one aggregate, so per key the committed versions are exactly 1..N in commit order. Some
+transactions roll back (their version bump and message vanish together); some are held open for a
+while (long-running), so rows commit out of id order.
+
+Invariant: ``accounts`` holds, per key, the number N of committed messages for that key, and the
+committed messages for that key carry versions 1..N; nothing else is ever committed.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+import threading
+import time
+from dataclasses import dataclass, field
+
+import psycopg
+from psycopg import sql
+
+from producer.stasher import OutboxRecord, Stasher
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class WriterStats:
+    committed: int = 0
+    rolled_back: int = 0
+    long_running: int = 0
+    commit_times: list[float] = field(default_factory=list)  # monotonic time of each committed row
+
+
+def create_accounts(dsn: str, schema: str, keys: int) -> None:
+    table = sql.Identifier(schema, "accounts")
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(schema)))
+        conn.execute(sql.SQL("CREATE TABLE IF NOT EXISTS {} (key text PRIMARY KEY, version bigint NOT NULL)").format(table))
+        conn.execute(sql.SQL("INSERT INTO {} SELECT 'key-' || g, 0 FROM generate_series(0, %s) g ON CONFLICT DO NOTHING")
+                     .format(table), (keys - 1,))
+
+
+def committed_versions(dsn: str, schema: str) -> dict[str, int]:
+    with psycopg.connect(dsn) as conn:
+        rows = conn.execute(sql.SQL("SELECT key, version FROM {}").format(sql.Identifier(schema, "accounts"))).fetchall()
+    return {k: int(v) for k, v in rows if v}
+
+
+class Writers:
+    """``threads`` concurrent writers, ``rows`` messages in all, then they stop."""
+
+    def __init__(self, dsn: str, schema: str, outbox_table: str, topic: str, keys: int, rows: int,
+                 threads: int = 4, rollback_rate: float = 0.1, long_txn_rate: float = 0.02,
+                 rate_per_s: float | None = None, seed: int = 1) -> None:
+        self.dsn, self.schema, self.topic, self.keys = dsn, schema, topic, keys
+        self.rows, self.threads = rows, threads
+        self.rollback_rate, self.long_txn_rate = rollback_rate, long_txn_rate
+        self.rate_per_s = rate_per_s
+        self.seed = seed
+        self.stasher = Stasher(outbox_table)
+        self.stats = WriterStats()
+        self._lock = threading.Lock()
+        self._issued = 0
+        self._workers: list[threading.Thread] = []
+        self._errors: list[BaseException] = []
+        self._started = 0.0
+
+    def start(self) -> Writers:
+        self._started = time.monotonic()
+        for i in range(self.threads):
+            t = threading.Thread(target=self._run, args=(random.Random(self.seed * 1000 + i),),
+                                 name=f"writer-{i}", daemon=True)
+            t.start()
+            self._workers.append(t)
+        return self
+
+    def join(self, timeout: float | None = None) -> WriterStats:
+        for t in self._workers:
+            t.join(timeout)
+        if self._errors:
+            raise RuntimeError(f"writer failed: {self._errors[0]!r}") from self._errors[0]
+        return self.stats
+
+    @property
+    def done(self) -> bool:
+        return all(not t.is_alive() for t in self._workers)
+
+    def _claim(self, n: int) -> int:
+        with self._lock:
+            n = min(n, self.rows - self._issued)
+            self._issued += max(n, 0)
+            return n
+
+    def _run(self, rng: random.Random) -> None:
+        accounts = sql.Identifier(self.schema, "accounts")
+        bump = sql.SQL("UPDATE {} SET version = version + 1 WHERE key = %s RETURNING version").format(accounts)
+        try:
+            with psycopg.connect(self.dsn) as conn:
+                while (n := self._claim(rng.randint(1, 5))) > 0:
+                    rollback = rng.random() < self.rollback_rate
+                    # Lock keys in sorted order: concurrent writers never deadlock.
+                    keys = sorted({f"key-{rng.randrange(self.keys)}" for _ in range(n)})
+                    records = []
+                    for key in keys:
+                        version = conn.execute(bump, (key,)).fetchone()[0]  # type: ignore[index]
+                        records.append(OutboxRecord(self.topic, key, json.dumps({"key": key, "version": version}),
+                                                    headers=(("writer", threading.current_thread().name),)))
+                    self.stasher.stash_many(conn, records)
+                    if not rollback and rng.random() < self.long_txn_rate:
+                        time.sleep(rng.uniform(0.2, 1.0))  # a long transaction: later ids commit first
+                        with self._lock:
+                            self.stats.long_running += 1
+                    if rollback:
+                        conn.rollback()
+                        with self._lock:
+                            self.stats.rolled_back += len(records)
+                            self._issued -= n  # rolled-back rows do not count towards `rows`
+                    else:
+                        conn.commit()
+                        now = time.monotonic()
+                        with self._lock:
+                            self.stats.committed += len(records)
+                            self.stats.commit_times.extend([now] * len(records))
+                            self._issued += len(records) - n
+                    if self.rate_per_s:
+                        time.sleep(self.threads * len(records) / self.rate_per_s)
+        except BaseException as exc:  # reported by join()
+            self._errors.append(exc)
