@@ -26,7 +26,7 @@ import pyarrow as pa
 from sequencer import DEFAULT_PRUNE_HORIZON_NS, ProducerState, encode_checkpoint
 from spark_reader import offsets as offsets_mod
 from spark_reader.errors import ReaderConfigError
-from spark_reader.policy import MissingUUIDPolicy, check_policy
+from spark_reader.policy import UUIDPolicyName, check_policy
 from spark_reader.schema import OUTPUT_COLUMNS, SEQUENCED
 from spark_reader.sequencing import GroupPlan, sequence_group
 
@@ -63,25 +63,25 @@ class CommittedRead:
 
 def readCommitted(spark: SparkSession, topic: str, kafka_options: Mapping[str, str] | None = None, *,
                   starting: bytes | None = None, ending: str | Mapping[int, int] = "latest",
-                  missing_uuid: str = "outside", include_acks: bool = False, ring_size: int = 8192,
+                  uuid_policy: str = "deliver", include_acks: bool = False, ring_size: int = 8192,
                   ) -> DataFrame:
     """The committed records of ``topic`` from ``starting`` (a checkpoint) up to ``ending``."""
     return read_committed(spark, topic, kafka_options, starting=starting, ending=ending,
-                          missing_uuid=missing_uuid, include_acks=include_acks, ring_size=ring_size).df
+                          uuid_policy=uuid_policy, include_acks=include_acks, ring_size=ring_size).df
 
 
 def read_committed(spark: SparkSession, topic: str, kafka_options: Mapping[str, str] | None = None, *,
                    starting: bytes | None = None, ending: str | Mapping[int, int] = "latest",
-                   missing_uuid: str = "outside", include_acks: bool = False, ring_size: int = 8192,
+                   uuid_policy: str = "deliver", include_acks: bool = False, ring_size: int = 8192,
                    prune_horizon_ns: int = DEFAULT_PRUNE_HORIZON_NS) -> CommittedRead:
     """Like :func:`readCommitted`, returning the DataFrame with the read's checkpoint."""
     from pyspark.sql import functions as F
 
     options = dict(kafka_options or {})
     _check_options(topic, options)
-    policy = check_policy(missing_uuid)
+    policy = check_policy(uuid_policy)
     rng = offsets_mod.resolve(topic, options, starting, ending)
-    plan = GroupPlan(topic=topic, start=rng.start, states=rng.states, missing_uuid=policy,
+    plan = GroupPlan(topic=topic, start=rng.start, states=rng.states, uuid_policy=policy,
                      include_acks=include_acks, ring_size=ring_size)
 
     raw = (spark.read.format("kafka").options(**options)

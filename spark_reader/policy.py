@@ -1,6 +1,6 @@
 """What to do with records that carry no valid ``uuid`` header (same policy as ReadCommittedIter).
 
-- ``"outside"`` (default): deliver the record at once, as if it were an OUTSIDE_TXN message with
+- ``"deliver"`` (default): deliver the record at once, as if it were an OUTSIDE_TXN message with
   the nil UUID: at-least-once, the same as a reader that knows nothing of sequencing. A warning is
   logged (once per partition and read).
 - ``"drop"``: skip it (logged at INFO).
@@ -14,14 +14,15 @@ from typing import Literal
 
 from spark_reader.errors import ReaderConfigError
 
-MissingUUIDPolicy = Literal["outside", "drop", "raise"]
-POLICIES: tuple[str, ...] = ("outside", "drop", "raise")
+UUIDPolicyName = Literal["deliver", "drop", "raise"]
+POLICIES: tuple[str, ...] = ("deliver", "drop", "raise")
 
 
-def check_policy(value: str) -> MissingUUIDPolicy:
+def check_policy(value: str) -> UUIDPolicyName:
+    value = getattr(value, "value", value)  # consumer.UUIDPolicy members work too
     if value not in POLICIES:
         raise ReaderConfigError(
-            f"missing_uuid={value!r} is not a policy; use one of {', '.join(POLICIES)} "
-            "(default 'outside': deliver such records at-least-once)"
+            f"uuid_policy={value!r} is not a policy; use one of {', '.join(POLICIES)} "
+            "(default 'deliver': deliver such records at-least-once)"
         )
     return value  # type: ignore[return-value]

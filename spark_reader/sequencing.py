@@ -28,7 +28,7 @@ import pyarrow as pa
 from sequencer import Envelope, Flags, ProducerState, QueueOutcome, Sequencer, UUIDError, parse_uuid
 from sequencer.identity import clock_of, flags_of
 from spark_reader.errors import MissingUUIDError
-from spark_reader.policy import MissingUUIDPolicy
+from spark_reader.policy import UUIDPolicyName
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +43,7 @@ class GroupPlan:
     topic: str
     start: Mapping[int, int]  # partition -> first offset to sequence (read-through offset)
     states: Mapping[tuple[int, bytes], ProducerState]  # (partition, producer) -> restored state
-    missing_uuid: MissingUUIDPolicy = "outside"
+    uuid_policy: UUIDPolicyName = "deliver"
     include_acks: bool = False
     ring_size: int = 8192
 
@@ -94,12 +94,16 @@ def _group_producer(parsed: list[uuid_mod.UUID | None]) -> bytes | None:
 def _unsequenced(offsets: list[int], first: int, plan: GroupPlan, journal: str) -> GroupResult:
     """Records with no valid uuid (or the nil UUID): the missing-uuid policy decides."""
     todo = list(range(first, len(offsets)))
-    if todo and plan.missing_uuid == "raise":
+    if todo and plan.uuid_policy == "raise":
         raise MissingUUIDError(
-            f"record {journal}@{offsets[todo[0]]} has no valid 'uuid' header and missing_uuid='raise'; "
-            "use missing_uuid='outside' to deliver such records at-least-once, or 'drop' to skip them"
+            f"record {journal}@{offsets[todo[0]]} has no valid 'uuid' header and uuid_policy='raise'; "
+            "use uuid_policy='deliver' to deliver such records at-least-once, or 'drop' to skip them"
         )
-    if plan.missing_uuid == "drop":
+    if todo:
+        log.warning("%s: %d records without a valid 'uuid' header from offset %d (uuid_policy=%r: %s)",
+                    journal, len(todo), offsets[todo[0]], plan.uuid_policy,
+                    "skipped" if plan.uuid_policy == "drop" else "delivered at-least-once")
+    if plan.uuid_policy == "drop":
         return GroupResult([], [], [], None)
     return GroupResult(todo, [offsets[i] for i in todo], [0] * len(todo), None)
 
@@ -117,9 +121,9 @@ def _sequenced(offsets: list[int], parsed: list[uuid_mod.UUID | None], first: in
         if u is None:
             # A malformed header amid a producer's records: it shares the producer's group only by
             # accident of bytes 10..15; treat it like any header-less record.
-            if plan.missing_uuid == "raise":
+            if plan.uuid_policy == "raise":
                 raise MissingUUIDError(f"record {journal}@{offsets[i]} has a malformed 'uuid' header")
-            if plan.missing_uuid == "outside":
+            if plan.uuid_policy == "deliver":
                 rows.append(i), acks.append(offsets[i]), clocks.append(0)
             continue
         off = offsets[i]

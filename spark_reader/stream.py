@@ -51,7 +51,7 @@ _COLUMNS = ["key", "value", "headers", "topic", "partition", "offset", "timestam
 
 
 def readCommittedStream(spark: SparkSession, topic: str, kafka_options: Mapping[str, str] | None = None, *,
-                        starting: bytes | None = None, missing_uuid: str = "outside",
+                        starting: bytes | None = None, uuid_policy: str = "deliver",
                         include_acks: bool = False, state_ttl_ms: int | None = None,
                         max_offsets_per_trigger: int | None = None) -> DataFrame:
     """A streaming DataFrame of the committed records of ``topic`` (columns as in readCommitted).
@@ -64,7 +64,7 @@ def readCommittedStream(spark: SparkSession, topic: str, kafka_options: Mapping[
 
     options = dict(kafka_options or {})
     _check_options(topic, options)
-    policy = check_policy(missing_uuid)
+    policy = check_policy(uuid_policy)
     start: dict[int, int] = {}
     initial: list[tuple[int, bytes, int, int]] = []
     reader = spark.readStream.format("kafka").options(**options).option("subscribe", topic)
@@ -178,7 +178,7 @@ class _CommittedProcessor(_stateful_base()):  # type: ignore[misc]
         if self.policy == "raise":
             raise MissingUUIDError(
                 f"record {journal}@{int(batch['offset'].iloc[0])} has no valid 'uuid' header and "
-                "missing_uuid='raise'; use 'outside' to deliver such records at-least-once, or 'drop'")
+                "uuid_policy='raise'; use 'deliver' to deliver such records at-least-once, or 'drop'")
         out = [_output(_span_row_from_input(r), partition, None, 0, int(r.offset), None)
                for r in batch.itertuples(index=False)]
         yield pd.DataFrame(out, columns=_COLUMNS)
@@ -186,7 +186,7 @@ class _CommittedProcessor(_stateful_base()):  # type: ignore[misc]
     def _malformed(self, journal: str, offset: int, r: dict[str, Any], out: list[dict[str, Any]]) -> None:
         if self.policy == "raise":
             raise MissingUUIDError(f"record {journal}@{offset} has a malformed 'uuid' header")
-        if self.policy == "outside":
+        if self.policy == "deliver":
             out.append(_output(r, int(journal.rsplit("/", 1)[1]), None, 0, offset, None))
 
     def close(self) -> None:

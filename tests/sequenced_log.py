@@ -111,7 +111,7 @@ def read_raw(bootstrap: str, topic: str, partitions: int) -> list[RawRecord]:
 
 
 def reference_read(records: list[RawRecord], topic: str, include_acks: bool = False,
-                   missing_uuid: str = "outside") -> list[tuple[int, int, int]]:
+                   uuid_policy: str = "deliver") -> list[tuple[int, int, int]]:
     """(partition, offset, ack_offset) of every committed record, in ReadCommittedIter order."""
     out: list[tuple[int, int, int]] = []
     for p in sorted({r.partition for r in records}):
@@ -123,7 +123,7 @@ def reference_read(records: list[RawRecord], topic: str, include_acks: bool = Fa
             except UUIDError:
                 u = None
             if u is None or u.int == 0:
-                if missing_uuid == "outside":
+                if uuid_policy == "deliver":
                     out.append((p, r.offset, r.offset))
                 continue
             outcome = seq.queue_uncommitted(Envelope(journal, r.offset, r.offset + 1, u, r))

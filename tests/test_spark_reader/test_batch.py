@@ -69,20 +69,20 @@ def test_columns_and_identity(spark, kafka_bootstrap, topic_factory) -> None:
         assert [h.key for h in row.headers] == ["uuid"]
 
 
-@pytest.mark.parametrize("policy, expect_plain", [("outside", True), ("drop", False)])
-def test_missing_uuid_policy(spark, kafka_bootstrap, topic_factory, policy, expect_plain) -> None:
+@pytest.mark.parametrize("policy, expect_plain", [("deliver", True), ("drop", False)])
+def test_uuid_policy_policy(spark, kafka_bootstrap, topic_factory, policy, expect_plain) -> None:
     topic = topic_factory(partitions=1)
     write_log(kafka_bootstrap, topic, 1, seed=6, steps=40)
-    df = readCommitted(spark, topic, {"kafka.bootstrap.servers": kafka_bootstrap}, missing_uuid=policy)
+    df = readCommitted(spark, topic, {"kafka.bootstrap.servers": kafka_bootstrap}, uuid_policy=policy)
     values = [bytes(r.value).decode() for r in df.select("value").collect()]
     assert any(v.startswith("plain-") for v in values) is expect_plain
     assert any(v.startswith("txn-") for v in values)
 
 
-def test_missing_uuid_raise(spark, kafka_bootstrap, topic_factory) -> None:
+def test_uuid_policy_raise(spark, kafka_bootstrap, topic_factory) -> None:
     topic = topic_factory(partitions=1)
     write_log(kafka_bootstrap, topic, 1, seed=6, steps=40)
-    df = readCommitted(spark, topic, {"kafka.bootstrap.servers": kafka_bootstrap}, missing_uuid="raise")
+    df = readCommitted(spark, topic, {"kafka.bootstrap.servers": kafka_bootstrap}, uuid_policy="raise")
     with pytest.raises(Exception, match="no valid 'uuid' header"):
         df.collect()
 
@@ -90,7 +90,7 @@ def test_missing_uuid_raise(spark, kafka_bootstrap, topic_factory) -> None:
 @pytest.mark.parametrize("kwargs, message", [
     ({"kafka_options": {}}, "kafka.bootstrap.servers"),
     ({"kafka_options": {"kafka.bootstrap.servers": "x:1", "subscribe": "t"}}, "subscribe"),
-    ({"missing_uuid": "ignore"}, "missing_uuid='ignore'"),
+    ({"uuid_policy": "ignore"}, "uuid_policy='ignore'"),
     ({"ending": "earliest"}, "ending='earliest'"),
 ])
 def test_bad_arguments(spark, kafka_bootstrap, topic_factory, kwargs, message) -> None:
