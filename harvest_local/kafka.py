@@ -53,7 +53,9 @@ class EmbeddedKafka:
         if not props.exists():
             props.write_text(self._properties())
             cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
-            self._java_run("kafka.tools.StorageTool", "format", "-t", cluster_id, "-c", str(props))
+            # "=" form: a base64 id may start with "-", which the tool would parse as an option.
+            self._java_run("kafka.tools.StorageTool", "format", f"--cluster-id={cluster_id}",
+                           f"--config={props}")
         with open(self.root / "stdout.log", "ab") as out:
             self._proc = subprocess.Popen(
                 [*self._jvm(), "kafka.Kafka", str(props)],

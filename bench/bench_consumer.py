@@ -1,0 +1,186 @@
+"""Benchmark: ReadCommittedIter vs a plain confluent-kafka consumer over the same records.
+
+Writes N sequenced records as the harvest relay does in ``--uuid-sequencing``
+mode (harvest transactions of ``--txn`` CONTINUE_TXN records spread over
+``--partitions`` partitions, then one ACK_TXN per touched partition), then,
+in the same run and alternating, reads them all ``--runs`` times:
+
+* raw: a plain confluent-kafka Consumer (assign, consume() batches), touching
+  key, value, headers and offset of every record, as an application would;
+* committed: ``ReadCommittedIter`` (ring ``--ring``), delivering the N
+  committed records (ACKs filtered out).
+
+Prints JSON: median records/s of both, the ratio (target >= 0.7), and memory:
+peak RSS and a tracemalloc peak of one extra (untimed) committed pass, which
+is bounded by the ring and the open spans, not by N.
+
+    .venv/bin/python bench/bench_consumer.py [--records 1000000]
+
+Services: harvest_local.LocalServices (``HARVEST_KAFKA_BOOTSTRAP`` /
+``HARVEST_PG_DSN`` point it at running ones).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import sys
+import time
+import tracemalloc
+import uuid
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition  # noqa: E402
+
+from consumer import ReadCommittedIter  # noqa: E402
+from harvest_local import LocalServices  # noqa: E402
+from harvest_local.kafka import create_topic  # noqa: E402
+from sequencer import Clock, Publisher, journal_name  # noqa: E402
+
+
+def write(bootstrap: str, topic: str, records: int, partitions: int, txn: int, value_size: int) -> int:
+    """Returns the total number of records written (CONTINUEs + ACKs)."""
+    prod = Producer({
+        "bootstrap.servers": bootstrap, "enable.idempotence": True, "acks": "all",
+        "linger.ms": 20, "batch.num.messages": 10000, "queue.buffering.max.messages": 500000,
+        "compression.type": "lz4",
+    })
+    clock = Clock()
+    clock.update(time.time_ns())
+    pub = Publisher(clock=clock)
+    value = b"x" * value_size
+    journals = [journal_name(topic, p) for p in range(partitions)]
+    total = 0
+    written = 0
+    while written < records:
+        n = min(txn, records - written)
+        clock.update(time.time_ns())
+        for i in range(n):
+            p = (written + i) % partitions
+            u = pub.publish_uncommitted(journals[p])
+            while True:
+                try:
+                    prod.produce(topic, value=value, key=b"k%d" % (written + i), partition=p, headers=[("uuid", u.bytes)])
+                    break
+                except BufferError:
+                    prod.poll(0.05)
+        written += n
+        total += n
+        for intent in pub.build_ack_intents():
+            p = int(intent.journal.rpartition("/")[2])
+            prod.produce(topic, value=b"", partition=p, headers=[("uuid", intent.uuid.bytes)])
+            total += 1
+        prod.poll(0)
+    assert prod.flush(120) == 0
+    return total
+
+
+def raw_pass(bootstrap: str, topic: str, partitions: int, total: int) -> tuple[float, float]:
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"bench-raw-{uuid.uuid4().hex}",
+                  "enable.auto.commit": False, "isolation.level": "read_uncommitted"})
+    c.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in range(partitions)])
+    seen = 0
+    t0 = time.perf_counter()
+    c0 = time.thread_time()
+    sink = 0
+    while seen < total:
+        for m in c.consume(2000, 1.0):
+            if m.error() is not None:
+                continue
+            k, v, h, o = m.key(), m.value(), m.headers(), m.offset()
+            sink += o
+            seen += 1
+    dt = time.perf_counter() - t0
+    cpu = time.thread_time() - c0
+    c.close()
+    return total / dt, total / cpu
+
+
+def committed_pass(bootstrap: str, topic: str, records: int, ring: int) -> tuple[float, float, dict[str, int]]:
+    it = ReadCommittedIter({"bootstrap.servers": bootstrap}, topics=[topic], ring_size=ring)
+    seen = 0
+    sink = 0
+    t0 = time.perf_counter()
+    c0 = time.thread_time()
+    while seen < records:
+        r = it.poll(5.0)
+        if r is None:
+            raise SystemExit(f"committed pass stalled at {seen}/{records}")
+        k, v, h, o = r.key, r.value, r.headers, r.offset
+        sink += o
+        seen += 1
+    dt = time.perf_counter() - t0
+    cpu = time.thread_time() - c0
+    stats = it.stats
+    it.close()
+    return records / dt, records / cpu, stats
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--records", type=int, default=1_000_000)
+    ap.add_argument("--partitions", type=int, default=8)
+    ap.add_argument("--txn", type=int, default=1000)
+    ap.add_argument("--ring", type=int, default=8192)
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--value-size", type=int, default=100)
+    args = ap.parse_args()
+
+    with LocalServices() as services:
+        bootstrap = services.endpoints.kafka_bootstrap
+        topic = f"bench_consumer_{uuid.uuid4().hex[:8]}"
+        create_topic(bootstrap, topic, args.partitions)
+        t0 = time.perf_counter()
+        total = write(bootstrap, topic, args.records, args.partitions, args.txn, args.value_size)
+        write_s = time.perf_counter() - t0
+        raw, committed, raw_cpu, committed_cpu, stats = [], [], [], [], {}
+        for _ in range(args.runs):
+            rate, cpu_rate = raw_pass(bootstrap, topic, args.partitions, total)
+            raw.append(rate)
+            raw_cpu.append(cpu_rate)
+            rate, cpu_rate, stats = committed_pass(bootstrap, topic, args.records, args.ring)
+            committed.append(rate)
+            committed_cpu.append(cpu_rate)
+        rss_before_trace_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        tracemalloc.start()
+        committed_pass(bootstrap, topic, args.records, args.ring)
+        _, peak = tracemalloc.get_traced_memory()
+        tracemalloc.stop()
+    raw_med = statistics.median(raw)
+    com_med = statistics.median(committed)
+    out = {
+        "benchmark": "consumer.ReadCommittedIter vs plain confluent-kafka Consumer",
+        "records_committed": args.records,
+        "records_in_log": total,
+        "partitions": args.partitions,
+        "txn_size": args.txn,
+        "ring_size": args.ring,
+        "value_size": args.value_size,
+        "write_seconds": round(write_s, 2),
+        "raw_records_per_s": [round(x) for x in raw],
+        "committed_records_per_s": [round(x) for x in committed],
+        "raw_median_per_s": round(raw_med),
+        "committed_median_per_s": round(com_med),
+        "ratio": round(com_med / raw_med, 3),
+        "target_ratio": 0.7,
+        # Records per CPU-second of the Python thread only (librdkafka's threads excluded):
+        # the reader's own cost, independent of how fast the broker serves fetches.
+        "raw_median_per_python_cpu_s": round(statistics.median(raw_cpu)),
+        "committed_median_per_python_cpu_s": round(statistics.median(committed_cpu)),
+        "cpu_ratio": round(statistics.median(committed_cpu) / statistics.median(raw_cpu), 3),
+        "replays": stats.get("replays"),
+        "peak_rss_mb": round(rss_before_trace_kb / 1024, 1),
+        "tracemalloc_peak_mb_committed_pass": round(peak / 2**20, 1),
+        "cpu_count": os.cpu_count(),
+    }
+    print(json.dumps(out, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,346 @@
+"""ReadCommittedIter: committed records only, in order, exactly once across checkpoints.
+
+The Kafka counterpart of Gazette's ``message.ReadCommittedIter``: records from
+a :class:`~consumer.uncommitted.ReadUncommittedIter` go through a
+``sequencer.Sequencer``; what it commits is yielded, ACK_TXN records filtered
+out unless ``include_acks=True``. When the Sequencer asks for a replay
+(``ACK_COMMIT_REPLAY``) the range is re-read with a separate consumer
+(:mod:`consumer.replay`) and iteration continues.
+
+Checkpoints (``checkpoint() -> bytes``, ``sequencer.encode_checkpoint``
+format) hold read-through offsets and producer states of the assigned
+partitions. A reader started with one reads each partition from its
+read-through offset, exactly as Gazette does (``startReadingMessages`` reads
+from ``ReadThrough``); spans still open at the checkpoint are completed by
+replaying from their ``begin``, so nothing delivered before the checkpoint is
+delivered again and nothing after it is skipped.
+
+Invariants (each backed by a test in ``tests/consumer/``):
+
+1. Output equals what a pure ``Sequencer`` with the same ring size yields for
+   the same records in the same order (``test_equivalence.py``).
+2. Every record returned by ``poll()``/iteration before ``checkpoint()`` is
+   covered by that checkpoint: a reader restored from it never returns it
+   again, and returns every later committed record (``test_checkpoint_resume.py``).
+3. ``checkpoint()`` covers exactly the currently assigned partitions; on a
+   rebalance, ``on_revoke`` is called *before* the revoked partitions' state
+   is dropped (so it may still save a checkpoint covering them; this holds
+   for the final revocation inside ``close()`` too), and newly
+   assigned partitions start from ``on_assign``'s checkpoint, else from the
+   last state this reader knew for them (constructor checkpoint or its own
+   earlier ownership), else from ``auto.offset.reset`` (``test_rebalance.py``).
+4. ``poll(timeout)`` returns ``None`` after at most about ``timeout`` seconds
+   without a committed record; it never busy-waits.
+5. A failed replay closes the iterator and raises ``ReplayFailedError``;
+   checkpoints taken before it remain valid (``test_read_uncommitted.py``).
+
+Not thread-safe: use one iterator from one thread (rebalance callbacks run on
+that thread, inside ``poll()`` and ``close()``).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Any
+
+from sequencer import (
+    DEFAULT_PRUNE_HORIZON_NS,
+    DEFAULT_RING_SIZE,
+    CheckpointError,
+    Envelope,
+    ProducerState,
+    QueueOutcome,
+    ReplayError,
+    Sequencer,
+    SequencerError,
+    decode_checkpoint,
+    encode_checkpoint,
+)
+
+from .errors import ConfigError, ConsumerClosedError, ReplayFailedError
+from .record import Record
+from .replay import ReplayReader
+from .uncommitted import ReadUncommittedIter, journal_of
+from .uuid_header import UUIDPolicy
+
+__all__ = ["ReadCommittedIter"]
+
+logger = logging.getLogger(__name__)
+
+_OUTSIDE_COMMIT = QueueOutcome.OUTSIDE_COMMIT
+_ACK_EMPTY = QueueOutcome.ACK_EMPTY
+_ACK_COMMIT_REPLAY = QueueOutcome.ACK_COMMIT_REPLAY
+
+#: on_assign(partitions) -> checkpoint bytes covering them, or None.
+OnAssign = Callable[[list[tuple[str, int]]], "bytes | None"]
+#: on_revoke(partitions): called before their state is dropped.
+OnRevoke = Callable[[list[tuple[str, int]]], None]
+
+
+def _decode(checkpoint: bytes | None, what: str) -> tuple[dict[str, int], list[ProducerState]]:
+    if checkpoint is None:
+        return {}, []
+    try:
+        return decode_checkpoint(checkpoint)
+    except CheckpointError as exc:
+        raise ConfigError(f"{what} is not a valid checkpoint: {exc}") from exc
+
+
+class ReadCommittedIter:
+    """Committed records of the given topics/partitions, in order (see module doc).
+
+    Parameters:
+        kafka_config: confluent-kafka config (``bootstrap.servers`` required;
+            with ``group.id`` the reader joins that group, else it assigns
+            partitions itself).
+        topics: topics to read (all partitions, or the group's share).
+        checkpoint: bytes from an earlier ``checkpoint()`` (or a store).
+        ring_size: Sequencer ring size (recent messages kept for commits).
+        partitions: explicit ``(topic, partition)`` pairs instead of ``topics``.
+        include_acks: also yield the ACK_TXN records that commit transactions.
+        uuid_policy: ``"deliver"`` (default), ``"drop"`` or ``"raise"`` for
+            records without a usable ``uuid`` header (see
+            :mod:`consumer.uuid_header`).
+        idle_timeout: iteration (``for r in it``) ends after this many seconds
+            without a committed record; ``None`` (default) blocks forever.
+        prune_horizon_ns: producers idle this long behind the newest commit of
+            their partition are dropped at ``checkpoint()`` (Gazette: 24 h).
+        on_assign / on_revoke: rebalance callbacks (see invariant 3).
+        replay_timeout: seconds a replay may go without progress.
+        batch_size: records per ``consume()`` call.
+    """
+
+    def __init__(
+        self,
+        kafka_config: Mapping[str, Any],
+        topics: Sequence[str] | None = None,
+        checkpoint: bytes | None = None,
+        ring_size: int = DEFAULT_RING_SIZE,
+        *,
+        partitions: Iterable[tuple[str, int]] | None = None,
+        include_acks: bool = False,
+        uuid_policy: UUIDPolicy | str = UUIDPolicy.DELIVER,
+        idle_timeout: float | None = None,
+        prune_horizon_ns: int = DEFAULT_PRUNE_HORIZON_NS,
+        on_assign: OnAssign | None = None,
+        on_revoke: OnRevoke | None = None,
+        replay_timeout: float = 60.0,
+        batch_size: int = 2000,
+    ) -> None:
+        if not isinstance(ring_size, int) or ring_size < 1:
+            raise ConfigError(f"ring_size must be an int >= 1, got {ring_size!r}")
+        if prune_horizon_ns < 0:
+            raise ConfigError(f"prune_horizon_ns must be >= 0, got {prune_horizon_ns!r}")
+        offsets, states = _decode(checkpoint, "checkpoint")
+        self._ring_size = ring_size
+        self._include_acks = include_acks
+        self._idle_timeout = idle_timeout
+        self._prune_ns = prune_horizon_ns
+        self._app_on_assign = on_assign
+        self._app_on_revoke = on_revoke
+        # State of journals not currently assigned: journal -> (offset or None, states).
+        self._stash: dict[str, tuple[int | None, list[ProducerState]]] = {}
+        self._stash_checkpoint(offsets, states)
+        self._seq = Sequencer({}, [], ring_size)
+        self._ahead: Envelope | None = None
+        self._buf: list[Envelope] = []
+        self._pos = 0
+        self._closed = False
+        self._closing = False
+        self.delivered = 0
+        self._reader = ReadUncommittedIter(
+            kafka_config,
+            topics,
+            partitions=partitions,
+            uuid_policy=uuid_policy,
+            batch_size=batch_size,
+            on_assign=self._on_assign,
+            on_revoke=self._on_revoke,
+        )
+        self._replayer = ReplayReader(self._reader._config, timeout=replay_timeout, batch_size=batch_size)
+
+    # -- rebalance ----------------------------------------------------------
+
+    def _stash_checkpoint(self, offsets: Mapping[str, int], states: Iterable[ProducerState]) -> None:
+        by_journal: dict[str, list[ProducerState]] = {}
+        for st in states:
+            by_journal.setdefault(st.journal, []).append(st)
+        for journal in set(offsets) | set(by_journal):
+            self._stash[journal] = (offsets.get(journal), by_journal.get(journal, []))
+
+    def _rebuild(self, drop: set[str], add: Mapping[str, tuple[int | None, list[ProducerState]]]) -> None:
+        """Replace the Sequencer by one without ``drop`` and with ``add`` (between sequences only).
+
+        The ring is not carried over: spans open in it are completed by replay.
+        """
+        assert self._ahead is None, "rebalance while a sequence is being dequeued"
+        offsets, states = self._seq.checkpoint(0)
+        gone = drop | set(add)
+        offsets = {j: o for j, o in offsets.items() if j not in gone}
+        keep = [s for s in states if s.journal not in gone]
+        for journal, (off, sts) in add.items():
+            if off is not None:
+                offsets[journal] = off
+            keep.extend(sts)
+        self._seq = Sequencer(offsets, keep, self._ring_size)
+
+    def _on_assign(self, tps: list[tuple[str, int]]) -> Mapping[str, int]:
+        journals = {journal_of(t, p) for t, p in tps}
+        if self._app_on_assign is not None:
+            got = self._app_on_assign(list(tps))
+            if got is not None:
+                offsets, states = _decode(got, "on_assign's return value")
+                self._stash_checkpoint(
+                    {j: o for j, o in offsets.items() if j in journals},
+                    [s for s in states if s.journal in journals],
+                )
+        current = set(self._seq.offsets)
+        add = {j: self._stash.pop(j, (None, [])) for j in journals if j not in current}
+        if add:
+            self._rebuild(set(), add)
+        return dict(self._seq.offsets)
+
+    def _on_revoke(self, tps: list[tuple[str, int]], lost: bool) -> None:
+        if self._app_on_revoke is not None:
+            self._app_on_revoke(list(tps))
+        if self._closing:
+            return  # leaving the group: the app saw its last chance to checkpoint
+        journals = {journal_of(t, p) for t, p in tps}
+        offsets, states = self._seq.checkpoint(0)
+        self._stash_checkpoint(
+            {j: o for j, o in offsets.items() if j in journals}, [s for s in states if s.journal in journals]
+        )
+        self._rebuild(journals, {})
+        # Envelopes buffered from the revoked partitions must not be sequenced.
+        if self._pos < len(self._buf):
+            self._buf = [e for e in self._buf[self._pos :] if e.journal not in journals]
+            self._pos = 0
+
+    # -- iteration ----------------------------------------------------------
+
+    def poll(self, timeout: float | None = None) -> Record | None:
+        """The next committed record, or None if none is committed within ``timeout`` s."""
+        include_acks = self._include_acks
+        deadline = None
+        fetched = False
+        while True:
+            env = self._ahead
+            if env is not None:
+                try:
+                    self._ahead = self._seq.step()  # marks env processed
+                except ReplayError as exc:
+                    self.close()
+                    raise ReplayFailedError(f"replay failed; the reader is closed: {exc}") from exc
+                if not include_acks and (env.uuid.int >> 48) & 0x3FF == 2:
+                    continue
+                self.delivered += 1
+                return env.message  # type: ignore[no-any-return]
+            buf = self._buf
+            pos = self._pos
+            seq = self._seq
+            queue = seq.queue_uncommitted
+            n = len(buf)
+            while pos < n:
+                env = buf[pos]
+                pos += 1
+                outcome = queue(env)
+                if outcome is _OUTSIDE_COMMIT or outcome >= _ACK_EMPTY:
+                    self._pos = pos
+                    if outcome is _ACK_COMMIT_REPLAY:
+                        journal, begin, end = seq.replay_range()
+                        seq.start_replay(self._replayer.read(journal, begin, end))
+                    try:
+                        self._ahead = seq.step()
+                    except ReplayError as exc:
+                        self.close()
+                        raise ReplayFailedError(f"replay failed; the reader is closed: {exc}") from exc
+                    break
+            else:
+                self._pos = pos
+                if self._closed:
+                    raise ConsumerClosedError("the reader is closed")
+                if timeout is None:
+                    wait = None
+                else:
+                    if deadline is None:
+                        deadline = time.monotonic() + timeout
+                    wait = deadline - time.monotonic()
+                    if wait <= 0:
+                        if fetched:
+                            return None  # timeout spent sequencing uncommitted records
+                        wait = 0.0  # poll(0): still take what is ready
+                fetched = True
+                batch = self._reader._next_batch(wait)
+                if not batch:
+                    return None
+                self._buf = batch
+                self._pos = 0
+
+    def __iter__(self) -> Iterator[Record]:
+        """Committed records until ``idle_timeout`` passes without one (forever when None)."""
+        while True:
+            rec = self.poll(self._idle_timeout)
+            if rec is None:
+                return
+            yield rec
+
+    # -- state --------------------------------------------------------------
+
+    def checkpoint(self) -> bytes:
+        """Read-through offsets and producer states of the assigned partitions.
+
+        Covers every record returned so far; pass it back (constructor or
+        ``on_assign``) to resume exactly after them. Store it atomically with
+        the effects of those records (e.g. :class:`consumer.PostgresCheckpointStore`).
+        """
+        if self._closed:
+            raise ConsumerClosedError("checkpoint() after close(): use the last checkpoint taken before")
+        try:
+            offsets, states = self._seq.checkpoint(self._prune_ns)
+            return encode_checkpoint(offsets, states)
+        except SequencerError as exc:  # pragma: no cover - would be a sequencer bug
+            raise ConfigError(f"cannot encode checkpoint: {exc}") from exc
+
+    def has_pending(self) -> bool:
+        """True if some producer has an open (uncommitted) span: more may follow."""
+        return self._seq.has_pending()
+
+    @property
+    def assignment(self) -> list[tuple[str, int]]:
+        return self._reader.assignment
+
+    @property
+    def stats(self) -> dict[str, int]:
+        return {
+            "delivered": self.delivered,
+            "replays": self._replayer.replays,
+            "replayed_records": self._replayer.replayed_records,
+        }
+
+    # -- lifecycle ----------------------------------------------------------
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def close(self) -> None:
+        """Close both Kafka consumers. Idempotent. Take the last checkpoint before."""
+        if self._closed:
+            return
+        self._closing = True  # on_revoke may still run (and checkpoint) while the group is left
+        try:
+            self._reader.close()
+        finally:
+            self._closed = True
+            self._replayer.close()
+
+    def __enter__(self) -> ReadCommittedIter:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"ReadCommittedIter({self._reader!r}, ring_size={self._ring_size}, delivered={self.delivered})"

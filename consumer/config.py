@@ -1,0 +1,152 @@
+"""Kafka client configuration for the readers: validation, defaults, redaction.
+
+The application passes one ordinary confluent-kafka/librdkafka config dict.
+From it this module derives the config of the main (read-uncommitted) consumer
+and of the replay consumer.
+
+Invariants (backed by ``tests/consumer/test_config_and_records.py``):
+
+* ``enable.auto.commit`` and ``enable.auto.offset.store`` are always false: the
+  checkpoint is the source of truth, Kafka's committed offsets are never used.
+  Asking for true is a :class:`ConfigError` naming the key.
+* ``isolation.level`` is always ``read_uncommitted`` (the Sequencer, not the
+  broker, decides what is committed); asking for ``read_committed`` is an error.
+* The user's ``auto.offset.reset`` picks the start of partitions that no
+  checkpoint covers; librdkafka itself runs with ``auto.offset.reset=error`` so
+  a checkpointed offset lost to retention raises instead of silently skipping.
+* Credential values (``sasl.password``, ``ssl.key.password``, anything with
+  password/secret/token/credential in its name, ...) never appear in logs,
+  reprs or error messages: :func:`redact` replaces them.
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+from collections.abc import Mapping
+from typing import Any
+
+from .errors import ConfigError
+
+__all__ = ["REDACTED", "redact", "is_secret_key", "ReaderConfig"]
+
+REDACTED = "<redacted>"
+_SECRET_KEY = re.compile(
+    r"password|secret|sasl\.jaas|oauthbearer\.config|ssl\.key\.pem|ssl_key|token|credential",
+    re.IGNORECASE,
+)
+
+# auto.offset.reset spellings librdkafka accepts, mapped to where we start.
+_RESET = {
+    "earliest": "earliest",
+    "smallest": "earliest",
+    "beginning": "earliest",
+    "latest": "latest",
+    "largest": "latest",
+    "end": "latest",
+    "error": "error",
+}
+
+# Keys that only make sense for the group member, not the (group-less) replay consumer.
+_GROUP_ONLY = (
+    "group.id",
+    "group.instance.id",
+    "group.protocol",
+    "group.remote.assignor",
+    "partition.assignment.strategy",
+    "session.timeout.ms",
+    "heartbeat.interval.ms",
+    "max.poll.interval.ms",
+    "on_commit",
+    "auto.commit.interval.ms",
+)
+
+
+def is_secret_key(key: str) -> bool:
+    return bool(_SECRET_KEY.search(key))
+
+
+def redact(config: Mapping[str, Any]) -> dict[str, Any]:
+    """A copy of ``config`` with credential values replaced by ``<redacted>``."""
+    return {k: (REDACTED if is_secret_key(str(k)) else v) for k, v in config.items()}
+
+
+def _truthy(key: str, value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in ("true", "1", "yes", "on"):
+        return True
+    if text in ("false", "0", "no", "off"):
+        return False
+    raise ConfigError(f"kafka config {key!r} must be true or false, got {value!r}")
+
+
+class ReaderConfig:
+    """Validated reader configuration (see module doc)."""
+
+    __slots__ = ("base", "start", "group_id")
+
+    def __init__(self, kafka_config: Mapping[str, Any]) -> None:
+        if not isinstance(kafka_config, Mapping):
+            raise ConfigError(f"kafka_config must be a dict of librdkafka properties, got {type(kafka_config).__name__}")
+        cfg: dict[str, Any] = {}
+        for key, value in kafka_config.items():
+            if not isinstance(key, str) or not key:
+                raise ConfigError(f"kafka config keys must be non-empty str, got {key!r}")
+            cfg[key] = value
+        if not cfg.get("bootstrap.servers") and not cfg.get("metadata.broker.list"):
+            raise ConfigError("kafka config 'bootstrap.servers' is required (e.g. 'broker1:9092,broker2:9092')")
+        for key in ("enable.auto.commit", "enable.auto.offset.store"):
+            if key in cfg and _truthy(key, cfg[key]):
+                raise ConfigError(
+                    f"kafka config {key!r} must be false: the reader's checkpoint is the source of truth "
+                    "and Kafka's committed offsets are never used"
+                )
+        iso = cfg.get("isolation.level")
+        if iso is not None and str(iso) != "read_uncommitted":
+            raise ConfigError(
+                f"kafka config 'isolation.level' must be 'read_uncommitted' (got {iso!r}): the Sequencer, "
+                "not the broker, decides what is committed"
+            )
+        reset = str(cfg.pop("auto.offset.reset", "earliest")).strip().lower()
+        if reset not in _RESET:
+            raise ConfigError(
+                f"kafka config 'auto.offset.reset' must be one of {sorted(_RESET)}, got {reset!r}"
+            )
+        self.start = _RESET[reset]
+        group = cfg.get("group.id")
+        self.group_id: str | None = str(group) if group else None
+        cfg.update(
+            {
+                "enable.auto.commit": False,
+                "enable.auto.offset.store": False,
+                "isolation.level": "read_uncommitted",
+                "auto.offset.reset": "error",
+                "enable.partition.eof": False,
+            }
+        )
+        self.base = cfg
+
+    def main_config(self) -> dict[str, Any]:
+        cfg = dict(self.base)
+        if self.group_id is None:
+            # librdkafka wants a group.id even for assign(); it is never joined
+            # (no subscribe) and nothing is ever committed to it.
+            cfg["group.id"] = f"harvest-assign-{uuid.uuid4().hex}"
+        return cfg
+
+    def replay_config(self) -> dict[str, Any]:
+        cfg = {k: v for k, v in self.base.items() if k not in _GROUP_ONLY and not callable(v)}
+        for key in ("error_cb", "logger", "stats_cb", "throttle_cb", "oauth_cb"):
+            if key in self.base:
+                cfg[key] = self.base[key]
+        cfg["group.id"] = f"harvest-replay-{uuid.uuid4().hex}"  # never joined
+        # Replays are short reads of existing data; a long fetch wait at the
+        # end of one range would delay the next range's first fetch by it.
+        cfg["fetch.wait.max.ms"] = 10
+        cfg["client.id"] = f"{self.base.get('client.id', 'harvest-consumer')}-replay"
+        return cfg
+
+    def __repr__(self) -> str:
+        return f"ReaderConfig({redact(self.base)!r}, start={self.start!r})"

@@ -1,0 +1,165 @@
+"""Record: one Kafka record as the readers deliver it, with its message identity.
+
+A :class:`Record` is an immutable, slotted view of a confluent-kafka
+``Message`` plus the parsed ``uuid`` header. Kafka fields are read from the
+underlying message on access (construction is on the hot path of every
+delivered record, so it stores two references and nothing else).
+
+Invariants (backed by ``tests/consumer/test_config_and_records.py``):
+
+* Records are read-only: setting or deleting any attribute raises
+  ``AttributeError``.
+* ``uuid`` is the validated v1 message UUID, or ``None`` when the record had no
+  usable ``uuid`` header (then ``producer`` is ``None``, ``clock`` is 0 and
+  ``flags`` is ``Flags.OUTSIDE_TXN``: the record was treated as an unsequenced,
+  at-least-once OUTSIDE message). The nil UUID is reported as ``None`` too.
+* ``journal`` is ``"topic/partition"``; ``offset`` is the Kafka offset (the
+  Sequencer's Begin; End is ``offset + 1``).
+* Equality and hashing are by ``(topic, partition, offset)``: a record's
+  identity is its position in the log.
+"""
+
+from __future__ import annotations
+
+import uuid as _uuid
+from typing import Any
+
+from sequencer import Flags
+
+__all__ = ["Record", "HEADER_NAME"]
+
+#: Name of the record header carrying the 16 raw UUID bytes.
+HEADER_NAME = "uuid"
+
+_new = object.__new__
+
+
+class Record:
+    """A Kafka record plus its Gazette message identity (see module doc)."""
+
+    __slots__ = ("_msg", "_uuid")
+
+    def __init__(self, message: Any, message_uuid: _uuid.UUID | None = None) -> None:
+        _set_msg(self, message)
+        _set_uuid(self, message_uuid)
+
+    @classmethod
+    def _make(cls, message: Any, message_uuid: _uuid.UUID | None) -> Record:
+        """Hot-path constructor (skips ``__init__``)."""
+        r = _new(cls)
+        _set_msg(r, message)
+        _set_uuid(r, message_uuid)
+        return r
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError(f"Record is read-only (cannot set {name!r})")
+
+    def __delattr__(self, name: str) -> None:
+        raise AttributeError(f"Record is read-only (cannot delete {name!r})")
+
+    # -- Kafka fields -------------------------------------------------------
+
+    @property
+    def topic(self) -> str:
+        return self._msg.topic()  # type: ignore[no-any-return]
+
+    @property
+    def partition(self) -> int:
+        return self._msg.partition()  # type: ignore[no-any-return]
+
+    @property
+    def offset(self) -> int:
+        return self._msg.offset()  # type: ignore[no-any-return]
+
+    @property
+    def key(self) -> bytes | None:
+        return self._msg.key()  # type: ignore[no-any-return]
+
+    @property
+    def value(self) -> bytes | None:
+        return self._msg.value()  # type: ignore[no-any-return]
+
+    @property
+    def headers(self) -> list[tuple[str, bytes | None]] | None:
+        """All record headers (the ``uuid`` header included), as confluent-kafka returns them."""
+        return self._msg.headers()  # type: ignore[no-any-return]
+
+    @property
+    def timestamp(self) -> int | None:
+        """Record timestamp in ms since the epoch, or None when the broker gave none."""
+        kind, ts = self._msg.timestamp()
+        return None if kind == 0 else ts
+
+    @property
+    def timestamp_type(self) -> int:
+        """confluent_kafka.TIMESTAMP_CREATE_TIME, TIMESTAMP_LOG_APPEND_TIME or TIMESTAMP_NOT_AVAILABLE."""
+        return self._msg.timestamp()[0]  # type: ignore[no-any-return]
+
+    @property
+    def journal(self) -> str:
+        return f"{self._msg.topic()}/{self._msg.partition()}"
+
+    # -- identity -----------------------------------------------------------
+
+    @property
+    def uuid(self) -> _uuid.UUID | None:
+        return self._uuid
+
+    @property
+    def producer(self) -> bytes | None:
+        u = self._uuid
+        return None if u is None else (u.int & 0xFFFFFFFFFFFF).to_bytes(6, "big")
+
+    @property
+    def clock(self) -> int:
+        u = self._uuid
+        if u is None:
+            return 0
+        x = u.int
+        return (x >> 96) << 4 | ((x >> 80) & 0xFFFF) << 36 | ((x >> 64) & 0x0FFF) << 52 | (x >> 58) & 0xF
+
+    @property
+    def flags(self) -> int:
+        """``Flags`` value of the UUID (an unknown value is returned as the raw int)."""
+        u = self._uuid
+        if u is None:
+            return Flags.OUTSIDE_TXN
+        f = (u.int >> 48) & 0x3FF
+        return Flags(f) if f <= 2 else f
+
+    @property
+    def is_ack(self) -> bool:
+        u = self._uuid
+        return u is not None and (u.int >> 48) & 0x3FF == 2
+
+    @property
+    def kafka_message(self) -> Any:
+        """The underlying ``confluent_kafka.Message``."""
+        return self._msg
+
+    # -- value semantics ----------------------------------------------------
+
+    def _position(self) -> tuple[str, int, int]:
+        m = self._msg
+        return (m.topic(), m.partition(), m.offset())
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Record):
+            return NotImplemented
+        return self._position() == other._position()
+
+    def __hash__(self) -> int:
+        return hash(self._position())
+
+    def __repr__(self) -> str:
+        u = self._uuid
+        ident = "unsequenced" if u is None else f"producer={self.producer.hex()} clock={self.clock} flags={self.flags!r}"  # type: ignore[union-attr]
+        return f"Record({self.topic}/{self.partition}@{self.offset} key={self.key!r} {ident})"
+
+    def __reduce__(self) -> Any:
+        raise TypeError("Record wraps a live confluent_kafka.Message and cannot be pickled; copy its fields")
+
+
+# Slot descriptors bypass the read-only __setattr__ (used only at construction).
+_set_msg = Record.__dict__["_msg"].__set__
+_set_uuid = Record.__dict__["_uuid"].__set__

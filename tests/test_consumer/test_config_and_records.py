@@ -1,0 +1,112 @@
+"""Config validation, secret redaction, errors and Record semantics (no services needed)."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from consumer import ConfigError, ConsumerError, ReadCommittedIter, ReadUncommittedIter, Record
+from consumer.config import REDACTED, ReaderConfig, redact
+from sequencer import Flags, build_uuid, new_producer_id
+
+BOOT = {"bootstrap.servers": "127.0.0.1:1"}
+
+
+@pytest.mark.parametrize(
+    ("extra", "match"),
+    [
+        ({"enable.auto.commit": True}, "'enable.auto.commit' must be false"),
+        ({"enable.auto.commit": "true"}, "'enable.auto.commit' must be false"),
+        ({"enable.auto.offset.store": True}, "'enable.auto.offset.store' must be false"),
+        ({"isolation.level": "read_committed"}, "'isolation.level' must be 'read_uncommitted'"),
+        ({"auto.offset.reset": "sometimes"}, "'auto.offset.reset' must be one of"),
+        ({"enable.auto.commit": "maybe"}, "'enable.auto.commit' must be true or false"),
+    ],
+)
+def test_config_errors_name_the_key(extra, match) -> None:
+    with pytest.raises(ConfigError, match=match):
+        ReaderConfig({**BOOT, **extra})
+
+
+def test_bootstrap_required_and_forced_settings() -> None:
+    with pytest.raises(ConfigError, match="bootstrap.servers"):
+        ReaderConfig({"group.id": "g"})
+    rc = ReaderConfig({**BOOT, "auto.offset.reset": "latest", "enable.auto.commit": False})
+    main = rc.main_config()
+    assert main["enable.auto.commit"] is False and main["isolation.level"] == "read_uncommitted"
+    assert main["auto.offset.reset"] == "error" and rc.start == "latest"
+    assert main["group.id"].startswith("harvest-assign-")  # never joined: assign() only
+    replay = rc.replay_config()
+    assert replay["group.id"].startswith("harvest-replay-") and replay["fetch.wait.max.ms"] == 10
+
+
+def test_unknown_property_is_config_error_without_secrets(caplog) -> None:
+    caplog.set_level(logging.DEBUG)
+    cfg = {**BOOT, "sasl.password": "hunter2", "ssl.key.password": "s3cret", "no.such.property": 1}
+    with pytest.raises(ConfigError, match="no.such.property") as info:
+        ReadCommittedIter(cfg, topics=["t"])
+    text = str(info.value) + repr(info.value.__cause__) + caplog.text
+    assert "hunter2" not in text and "s3cret" not in text
+    assert REDACTED in str(info.value)
+    assert isinstance(info.value, ConsumerError) and isinstance(info.value, ValueError)
+    assert info.value.__cause__ is not None
+    assert "hunter2" not in repr(ReaderConfig(cfg))
+    assert redact({"sasl.oauthbearer.client.secret": "x", "a": 1}) == {"sasl.oauthbearer.client.secret": REDACTED, "a": 1}
+
+
+def test_argument_errors() -> None:
+    with pytest.raises(ConfigError, match="topics="):
+        ReadUncommittedIter(BOOT)
+    with pytest.raises(ConfigError, match="not both"):
+        ReadUncommittedIter(BOOT, topics=["t"], partitions=[("t", 0)])
+    with pytest.raises(ConfigError, match="remove 'group.id'"):
+        ReadUncommittedIter({**BOOT, "group.id": "g"}, partitions=[("t", 0)])
+    with pytest.raises(ConfigError, match="uuid_policy"):
+        ReadUncommittedIter(BOOT, topics=["t"], uuid_policy="ignore")
+    with pytest.raises(ConfigError, match="ring_size"):
+        ReadCommittedIter(BOOT, topics=["t"], ring_size=0)
+
+
+class FakeMessage:
+    def __init__(self, offset: int = 7) -> None:
+        self._offset = offset
+
+    def topic(self) -> str:
+        return "orders"
+
+    def partition(self) -> int:
+        return 3
+
+    def offset(self) -> int:
+        return self._offset
+
+    def key(self) -> bytes:
+        return b"k"
+
+    def value(self) -> bytes:
+        return b"v"
+
+    def headers(self) -> list:
+        return [("uuid", b"x")]
+
+    def timestamp(self) -> tuple[int, int]:
+        return (1, 1234)
+
+
+def test_record_is_read_only_and_exposes_identity() -> None:
+    pid = new_producer_id()
+    u = build_uuid(pid, 16 * 1000, Flags.ACK_TXN)
+    r = Record(FakeMessage(), u)
+    assert (r.topic, r.partition, r.offset, r.key, r.value, r.timestamp, r.journal) == (
+        "orders", 3, 7, b"k", b"v", 1234, "orders/3")
+    assert (r.uuid, r.producer, r.clock, r.flags, r.is_ack) == (u, pid, 16000, Flags.ACK_TXN, True)
+    with pytest.raises(AttributeError):
+        r.value = b"x"  # type: ignore[misc]
+    with pytest.raises(AttributeError):
+        del r.key  # type: ignore[misc]
+    assert r == Record(FakeMessage(), None) and hash(r) == hash(Record(FakeMessage(), None))
+    assert r != Record(FakeMessage(8), u)
+    plain = Record(FakeMessage(), None)
+    assert (plain.uuid, plain.producer, plain.clock, plain.flags, plain.is_ack) == (None, None, 0, Flags.OUTSIDE_TXN, False)
+    assert "orders/3@7" in repr(r) and "unsequenced" in repr(plain)

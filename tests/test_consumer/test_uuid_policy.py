@@ -1,0 +1,99 @@
+"""Records without a usable ``uuid`` header: deliver (default, at-least-once,
+warned, rate-limited), drop, or raise; none of them crash the reader."""
+
+from __future__ import annotations
+
+import logging
+import uuid
+
+import pytest
+from cons_testlib import Rec, drain, kafka_config, produce
+
+from consumer import MissingUUIDError, ReadCommittedIter, UUIDPolicy
+from consumer.uuid_header import RateLimitedLog, parse_header_value
+from sequencer import Flags, build_uuid, new_producer_id, parse_uuid
+
+pytestmark = pytest.mark.integration
+
+BAD_HEADERS = {
+    "missing": None,
+    "short": b"\x01\x02\x03",
+    "text-form": str(uuid.uuid1()).encode(),
+    "version4": uuid.uuid4().bytes,
+    "nil": bytes(16),
+    "ncs-variant": bytes.fromhex("000000a0000010000000010203040506"),
+}
+
+
+@pytest.mark.parametrize("bad", sorted(BAD_HEADERS))
+def test_parse_matches_sequencer_parse_uuid(bad: str) -> None:
+    raw = BAD_HEADERS[bad]
+    assert parse_header_value(raw) is None
+    if raw is not None and len(raw) == 16 and raw != bytes(16):
+        with pytest.raises(ValueError):
+            parse_uuid(raw)
+    good = build_uuid(new_producer_id(), 12345 << 4, Flags.CONTINUE_TXN)
+    assert parse_header_value(good.bytes) == good == parse_uuid(good.bytes)
+    assert parse_header_value(bytearray(good.bytes)) is None or True  # never raises on any type
+    assert parse_header_value(None) is None and parse_header_value("x" * 16) is None
+
+
+@pytest.mark.parametrize("policy", ["deliver", "drop", "raise"])
+def test_unsequenced_records_policy(kafka_bootstrap: str, topic_factory, policy: str, caplog) -> None:
+    topic = topic_factory()
+    p = new_producer_id()
+    recs = [Rec(0, build_uuid(p, 160, Flags.OUTSIDE_TXN), b"ok-0")]
+    for name in sorted(BAD_HEADERS):
+        recs.append(Rec(0, BAD_HEADERS[name], name.encode()))
+    recs += [
+        Rec(0, build_uuid(p, 320, Flags.CONTINUE_TXN), b"ok-1"),
+        Rec(0, None, b"plain-inside-span"),  # an unsequenced record does not disturb the open span
+        Rec(0, build_uuid(p, 480, Flags.ACK_TXN), b"ack"),
+    ]
+    produce(kafka_bootstrap, topic, recs)
+    bad_values = [n.encode() for n in sorted(BAD_HEADERS)]
+    caplog.set_level(logging.WARNING, logger="consumer")
+    with ReadCommittedIter(kafka_config(kafka_bootstrap), topics=[topic], uuid_policy=policy) as it:
+        if policy == "raise":
+            got, errors = [], []
+            while True:
+                try:
+                    r = it.poll(1.0)
+                except MissingUUIDError as exc:
+                    errors.append(str(exc))
+                    continue
+                if r is None:
+                    break
+                got.append(r.value)
+            assert got == [b"ok-0", b"ok-1"]
+            assert len(errors) == len(BAD_HEADERS) + 1
+            assert any("no 'uuid' header" in e for e in errors)
+            assert any("exactly 16 bytes" in e for e in errors)
+            return
+        got_recs = drain(it, idle=1.0)
+    got = [r.value for r in got_recs]
+    if policy == "deliver":
+        assert got == [b"ok-0", *bad_values, b"plain-inside-span", b"ok-1"]
+        for r in got_recs[1:-2]:
+            assert r.uuid is None and r.producer is None and r.clock == 0 and r.flags == Flags.OUTSIDE_TXN
+    else:
+        assert got == [b"ok-0", b"ok-1"]
+    warnings = [r for r in caplog.records if r.levelno == logging.WARNING and r.name.startswith("consumer")]
+    # Rate-limited: one warning per partition per interval, not one per record.
+    assert 1 <= len(warnings) <= 2
+    assert "uuid" in warnings[0].getMessage()
+
+
+def test_rate_limited_log_counts_suppressed(caplog) -> None:
+    log = logging.getLogger("consumer.test")
+    rl = RateLimitedLog(log, interval=0.0)
+    caplog.set_level(logging.WARNING, logger="consumer.test")
+    rl.warning("k", "hello %s", "a")
+    rl.warning("k", "hello %s", "b")
+    assert [r.getMessage() for r in caplog.records] == ["hello a", "hello b"]
+    rl2 = RateLimitedLog(log, interval=3600)
+    caplog.clear()
+    for i in range(100):
+        rl2.warning("k", "x %d", i)
+    assert [r.getMessage() for r in caplog.records] == ["x 0"]
+    assert UUIDPolicy("drop") is UUIDPolicy.DROP
