@@ -15,7 +15,7 @@ from ``ReadThrough``); spans still open at the checkpoint are completed by
 replaying from their ``begin``, so nothing delivered before the checkpoint is
 delivered again and nothing after it is skipped.
 
-Invariants (each backed by a test in ``tests/consumer/``):
+Invariants (each backed by a test in ``tests/test_consumer/``):
 
 1. Output equals what a pure ``Sequencer`` with the same ring size yields for
    the same records in the same order (``test_equivalence.py``).

@@ -4,7 +4,7 @@ The application passes one ordinary confluent-kafka/librdkafka config dict.
 From it this module derives the config of the main (read-uncommitted) consumer
 and of the replay consumer.
 
-Invariants (backed by ``tests/consumer/test_config_and_records.py``):
+Invariants (backed by ``tests/test_consumer/test_config_and_records.py``):
 
 * ``enable.auto.commit`` and ``enable.auto.offset.store`` are always false: the
   checkpoint is the source of truth, Kafka's committed offsets are never used.

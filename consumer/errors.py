@@ -1,6 +1,6 @@
 """Exceptions raised by the consumer package.
 
-Invariants (backed by ``tests/consumer/test_config_and_records.py``):
+Invariants (backed by ``tests/test_consumer/test_config_and_records.py``):
 
 * Every exception raised deliberately by this package derives from
   :class:`ConsumerError`; bad arguments also derive from ``ValueError``.

@@ -20,7 +20,7 @@ checkpoint (optionally only some journals, e.g. from ``on_assign``).
 This is the only module of the package that imports psycopg (lazily, when a
 store is used). Identifiers are always composed with ``psycopg.sql.Identifier``.
 
-Invariants (backed by ``tests/consumer/test_pg_store.py`` and the kill -9 test):
+Invariants (backed by ``tests/test_consumer/test_pg_store.py`` and the kill -9 test):
 
 * ``save`` issues statements on the given connection and never commits, rolls
   back or opens its own connection: the caller's transaction decides.

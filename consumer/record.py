@@ -5,7 +5,7 @@ A :class:`Record` is an immutable, slotted view of a confluent-kafka
 underlying message on access (construction is on the hot path of every
 delivered record, so it stores two references and nothing else).
 
-Invariants (backed by ``tests/consumer/test_config_and_records.py``):
+Invariants (backed by ``tests/test_consumer/test_config_and_records.py``):
 
 * Records are read-only: setting or deleting any attribute raises
   ``AttributeError``.

@@ -7,7 +7,7 @@ Sequencer names with a separate, group-less, read-uncommitted consumer
 envelopes to ``Sequencer.start_replay``. The main consumer's position is not
 touched.
 
-Invariants (backed by ``tests/consumer/test_equivalence.py``):
+Invariants (backed by ``tests/test_consumer/test_equivalence.py``):
 
 * A replay yields envelopes of exactly the requested journal, in offset order,
   with ``begin <= offset < end``, and stops before ``end`` (offsets may have

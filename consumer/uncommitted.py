@@ -15,7 +15,7 @@ offset given for its journal in ``offsets`` or, when none is given, at the
 configured ``auto.offset.reset`` position; Kafka's committed offsets are never
 read or written.
 
-Invariants (backed by ``tests/consumer/test_read_uncommitted.py`` and the
+Invariants (backed by ``tests/test_consumer/test_read_uncommitted.py`` and the
 rebalance test):
 
 * Envelopes of one partition come in strictly increasing offset order, each

@@ -18,7 +18,7 @@ Dropped and raising records never reach the Sequencer, so they do not move
 checkpoint offsets: a reader resumed from a checkpoint taken before later
 records were delivered may meet them again (and drop or raise again).
 
-Invariants (backed by ``tests/consumer/test_uuid_policy.py``):
+Invariants (backed by ``tests/test_consumer/test_uuid_policy.py``):
 
 * :func:`parse_header_value` accepts exactly what ``sequencer.parse_uuid``
   accepts (16 bytes, nil or version 1 / RFC 4122 variant) and returns None

@@ -7,7 +7,7 @@ Layout (a msgpack map)::
      "offsets": {journal: read_through_offset, ...},
      "producers": [[journal, producer_id(6 bytes), last_ack, begin], ...]}
 
-Invariants (each backed by ``tests/sequencer/test_checkpoint.py``):
+Invariants (each backed by ``tests/test_sequencer/test_checkpoint.py``):
 
 * ``decode_checkpoint(encode_checkpoint(o, s)) == (o, s)`` for valid inputs,
   with states in the given order.

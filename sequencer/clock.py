@@ -4,7 +4,7 @@ A clock value counts 100 ns intervals since 1582-10-15 (the RFC 4122 epoch)
 in its upper 60 bits; the low 4 bits are a sequence counter. Values are
 compared as plain integers and give a total order over one producer's UUIDs.
 
-Invariants (each is exercised by ``tests/sequencer/test_clock.py``):
+Invariants (each is exercised by ``tests/test_sequencer/test_clock.py``):
 
 * ``tick()`` adds exactly 160 (one microsecond: 10 units of 100 ns, shifted
   left by the 4 counter bits) and returns the new value.

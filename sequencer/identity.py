@@ -8,7 +8,7 @@ Byte layout of a message UUID (RFC 4122 version 1, big-endian):
   10 bits of flags;
 * bytes 10-15: the 6-byte producer id (the v1 "node"), multicast bit set.
 
-Invariants (each is exercised by ``tests/sequencer/test_identity.py``):
+Invariants (each is exercised by ``tests/test_sequencer/test_identity.py``):
 
 * ``build_uuid`` then ``producer_of`` / ``clock_of`` / ``flags_of`` returns the
   inputs unchanged for every producer, every 64-bit clock and flags < 1024.

@@ -14,7 +14,7 @@ producer id and a :class:`Clock`; each published message gets the next tick.
   before it. Persist the intents *before* writing them, and re-write all of
   them after a fault: a re-sent ACK is harmless (readers roll back to it).
 
-Invariants (each backed by ``tests/sequencer/test_publisher.py``):
+Invariants (each backed by ``tests/test_sequencer/test_publisher.py``):
 
 * Clocks of one Publisher's UUIDs strictly increase in call order.
 * Every ACK clock exceeds the clocks of all messages it acknowledges.

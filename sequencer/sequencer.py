@@ -15,7 +15,7 @@ of the open span and that span's entries in a fixed ring buffer (a linked list
 threaded through ``_next``). Sequences are dequeued in the order their
 committing messages are read, so one producer's open span never blocks another.
 
-Invariants (each backed by a test in ``tests/sequencer/``):
+Invariants (each backed by a test in ``tests/test_sequencer/``):
 
 1. ``queue_uncommitted`` raises :class:`SequencerStateError` while a committed
    sequence remains to dequeue.
