@@ -108,7 +108,7 @@ class Writers:
                     records = []
                     for key in keys:
                         version = conn.execute(bump, (key,)).fetchone()[0]  # type: ignore[index]
-                        records.append(OutboxRecord(self.topic, key, json.dumps({"key": key, "version": version}),
+                        records.append(OutboxRecord(self.topic, key, json.dumps({"key": key, "version": version, "ts": time.time()}),
                                                     headers=(("writer", threading.current_thread().name),)))
                     self.stasher.stash_many(conn, records)
                     if not rollback and rng.random() < self.long_txn_rate:

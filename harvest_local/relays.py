@@ -1,0 +1,133 @@
+"""harvest relays as real processes (the ``harvest`` CLI with a YAML file), for the demo and fault runs.
+
+A :class:`RelayProcess` is one ``python -m producer -f <yaml> --name <name>``; its log goes to a
+file, which is also how leadership is observed (the relay logs ``elected leader`` on acquisition).
+The DSN travels in the YAML file (mode 0600), never on a command line, where ``ps`` would show it.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+
+def write_config(path: Path, *, dsn: str, bootstrap: str, outbox_table: str, group: str,
+                 uuid_sequencing: bool = True, heartbeat_timeout: str = "2s", extra_limits: dict[str, str] | None = None,
+                 leader_election: str | None = None) -> Path:
+    limits = {"heartbeatTimeout": heartbeat_timeout, "minPollInterval": "100ms", "minMetricsInterval": "1s",
+              "idlePollInterval": "500ms", **(extra_limits or {})}
+    lines = [
+        "harvest:",
+        "  baseKafkaConfig:",
+        f'    bootstrap.servers: "{bootstrap}"',
+        "  producerKafkaConfig:",
+        "    linger.ms: 5",
+        f"  leaderGroupID: {group}",
+        f"  leaderTopic: {group}-leader",
+        f'  dataSource: "{dsn}"',
+        f"  outboxTable: {outbox_table}",
+        f"  uuidSequencing: {'true' if uuid_sequencing else 'false'}",
+    ]
+    if leader_election:
+        lines.append(f"  leaderElection: {leader_election}")
+    lines.append("  limits:")
+    lines += [f"    {k}: {v}" for k, v in limits.items()]
+    lines += ["logging:", "  level: Info", ""]
+    path.write_text("\n".join(lines))
+    os.chmod(path, 0o600)
+    return path
+
+
+class RelayProcess:
+    def __init__(self, config: Path, name: str, logdir: Path, env: dict[str, str] | None = None) -> None:
+        self.config, self.name = config, name
+        self.log = logdir / f"{name}.log"
+        self.env = {**os.environ, **(env or {})}
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.paused = False
+
+    def start(self) -> RelayProcess:
+        with self.log.open("a") as log:
+            self.proc = subprocess.Popen([sys.executable, "-m", "producer", "-f", str(self.config), "--name", self.name],
+                                         stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=self.env)
+        return self
+
+    @property
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def text(self) -> str:
+        try:
+            return self.log.read_text(errors="replace")
+        except OSError:
+            return ""
+
+    def elections(self) -> int:
+        return self.text().count("elected leader")
+
+    def kill(self) -> None:
+        if self.alive:
+            assert self.proc is not None
+            if self.paused:
+                os.kill(self.proc.pid, signal.SIGCONT)
+            self.proc.kill()
+            self.proc.wait()
+
+    def pause(self) -> None:
+        if self.alive:
+            assert self.proc is not None
+            os.kill(self.proc.pid, signal.SIGSTOP)
+            self.paused = True
+
+    def resume(self) -> None:
+        if self.alive and self.paused:
+            assert self.proc is not None
+            os.kill(self.proc.pid, signal.SIGCONT)
+            self.paused = False
+
+    def stop(self, timeout: float = 20.0) -> int | None:
+        if not self.alive:
+            return self.proc.returncode if self.proc else None
+        assert self.proc is not None
+        self.resume()
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            return self.proc.wait()
+
+
+def current_leader(relays: list[RelayProcess]) -> RelayProcess | None:
+    """The live relay that most recently logged an election (logs are appended, so compare mtimes)."""
+    best: tuple[float, RelayProcess] | None = None
+    for relay in relays:
+        if relay.alive and not relay.paused and relay.elections() > 0:
+            stamp = _last_election_time(relay)
+            if best is None or stamp > best[0]:
+                best = (stamp, relay)
+    return best[1] if best else None
+
+
+def _last_election_time(relay: RelayProcess) -> float:
+    # Log lines start with an asctime; fall back to the file's mtime.
+    for line in reversed(relay.text().splitlines()):
+        if "elected leader" in line:
+            try:
+                return time.mktime(time.strptime(line[:19], "%Y-%m-%d %H:%M:%S"))
+            except ValueError:
+                break
+    return relay.log.stat().st_mtime
+
+
+def wait_for(cond, timeout: float, poll: float = 0.05) -> float:  # type: ignore[no-untyped-def]
+    start = time.monotonic()
+    while not cond():
+        if time.monotonic() - start > timeout:
+            raise TimeoutError(f"condition not met in {timeout:.0f}s")
+        time.sleep(poll)
+    return time.monotonic() - start
