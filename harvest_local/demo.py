@@ -135,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
             verdicts.append(_spark_verdict(ends.kafka_bootstrap, topic, truth))
             run.mark("Spark readCommitted batch done")
     latencies = sorted((a - w) * 1000 for _, _, w, a in applied if w)
-    plot = _plot(applied, run, out / "throughput.png")
+    plot = _plot(applied, run, out / "throughput.png", [t - run.started for t in stats.commit_times])
     _report(verdicts, raw_count, expected, stats, latencies, takeover, applied, plot)
     (out / "verdict.json").write_text(json.dumps([v.__dict__ for v in verdicts], indent=2))
     return 0 if all(v.ok for v in verdicts) else 1
@@ -167,7 +167,8 @@ def _spark_verdict(bootstrap: str, topic: str, truth: dict[str, int]) -> Verdict
     return verify("Spark readCommitted (batch)", truth, delivered)
 
 
-def _plot(applied: list[tuple[str, int, float | None, float]], run: Run, path: Path) -> Path | None:
+def _plot(applied: list[tuple[str, int, float | None, float]], run: Run, path: Path,
+          written: list[float]) -> Path | None:
     if not applied:
         return None
     import matplotlib
@@ -181,8 +182,16 @@ def _plot(applied: list[tuple[str, int, float | None, float]], run: Run, path: P
         buckets[int(a - t0)] = buckets.get(int(a - t0), 0) + 1
     xs = list(range(max(buckets) + 1))
     fig, ax = plt.subplots(figsize=(8, 3.2), dpi=110)
-    ax.plot(xs, [buckets.get(x, 0) for x in xs], color="#2b6cb0", linewidth=1.6, label="rows applied / s")
+    ax.plot(xs, [buckets.get(x, 0) for x in xs], color="#2b6cb0", linewidth=1.6, label="applied by the consumer")
     offset = t0 - (time.time() - (time.monotonic() - run.started))
+    wb: dict[int, int] = {}
+    for t in written:
+        if t - offset >= 0:
+            wb[int(t - offset)] = wb.get(int(t - offset), 0) + 1
+    if wb:
+        ax.plot(range(max(wb) + 1), [wb.get(x, 0) for x in range(max(wb) + 1)], color="#718096",
+                linewidth=1.0, linestyle=":", label="committed by writers")
+    ax.legend(loc="upper left", fontsize=8)
     for t, what in run.events:
         if what.startswith("kill -9"):
             ax.axvline(t - offset, color="#c53030", linestyle="--", linewidth=1)

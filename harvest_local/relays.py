@@ -43,8 +43,11 @@ def write_config(path: Path, *, dsn: str, bootstrap: str, outbox_table: str, gro
 
 
 class RelayProcess:
-    def __init__(self, config: Path, name: str, logdir: Path, env: dict[str, str] | None = None) -> None:
-        self.config, self.name = config, name
+    def __init__(self, config: Path, name: str, logdir: Path, env: dict[str, str] | None = None,
+                 faults: str | None = None) -> None:
+        """``faults``: e.g. ``"produce=0.02,delivery=0.02"`` runs the relay through
+        :mod:`harvest_local.relay_runner`, which injects them; otherwise the ``harvest`` CLI itself runs."""
+        self.config, self.name, self.faults = config, name, faults
         self.log = logdir / f"{name}.log"
         self.env = {**os.environ, **(env or {})}
         self.proc: subprocess.Popen[bytes] | None = None
@@ -52,8 +55,11 @@ class RelayProcess:
 
     def start(self) -> RelayProcess:
         with self.log.open("a") as log:
-            self.proc = subprocess.Popen([sys.executable, "-m", "producer", "-f", str(self.config), "--name", self.name],
-                                         stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=self.env)
+            module, env = "producer", dict(self.env)
+            if self.faults:
+                module, env["HARVEST_FAULTS"] = "harvest_local.relay_runner", self.faults
+            self.proc = subprocess.Popen([sys.executable, "-m", module, "-f", str(self.config), "--name", self.name],
+                                         stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
         return self
 
     @property

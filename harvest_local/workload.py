@@ -33,6 +33,7 @@ class WriterStats:
     committed: int = 0
     rolled_back: int = 0
     long_running: int = 0
+    interrupted: int = 0  # transactions cut off by a database restart (outcome read back from the DB)
     commit_times: list[float] = field(default_factory=list)  # monotonic time of each committed row
 
 
@@ -97,37 +98,62 @@ class Writers:
             return n
 
     def _run(self, rng: random.Random) -> None:
-        accounts = sql.Identifier(self.schema, "accounts")
-        bump = sql.SQL("UPDATE {} SET version = version + 1 WHERE key = %s RETURNING version").format(accounts)
         try:
-            with psycopg.connect(self.dsn) as conn:
-                while (n := self._claim(rng.randint(1, 5))) > 0:
-                    rollback = rng.random() < self.rollback_rate
-                    # Lock keys in sorted order: concurrent writers never deadlock.
-                    keys = sorted({f"key-{rng.randrange(self.keys)}" for _ in range(n)})
-                    records = []
-                    for key in keys:
-                        version = conn.execute(bump, (key,)).fetchone()[0]  # type: ignore[index]
-                        records.append(OutboxRecord(self.topic, key, json.dumps({"key": key, "version": version, "ts": time.time()}),
-                                                    headers=(("writer", threading.current_thread().name),)))
-                    self.stasher.stash_many(conn, records)
-                    if not rollback and rng.random() < self.long_txn_rate:
-                        time.sleep(rng.uniform(0.2, 1.0))  # a long transaction: later ids commit first
-                        with self._lock:
-                            self.stats.long_running += 1
-                    if rollback:
-                        conn.rollback()
-                        with self._lock:
-                            self.stats.rolled_back += len(records)
-                            self._issued -= n  # rolled-back rows do not count towards `rows`
-                    else:
-                        conn.commit()
-                        now = time.monotonic()
-                        with self._lock:
-                            self.stats.committed += len(records)
-                            self.stats.commit_times.extend([now] * len(records))
-                            self._issued += len(records) - n
-                    if self.rate_per_s:
-                        time.sleep(self.threads * len(records) / self.rate_per_s)
+            while self._issued < self.rows:
+                try:
+                    self._session(rng)
+                    return
+                except psycopg.OperationalError as exc:
+                    # The database went away (a restart in a fault run). The transaction in flight
+                    # may or may not have committed: the ground truth is read back from `accounts`.
+                    log.info("writer reconnecting after: %s", exc)
+                    with self._lock:
+                        self.stats.interrupted += 1
+                    time.sleep(0.5)
         except BaseException as exc:  # reported by join()
             self._errors.append(exc)
+
+    def _session(self, rng: random.Random) -> None:
+        accounts = sql.Identifier(self.schema, "accounts")
+        bump = sql.SQL("UPDATE {} SET version = version + 1 WHERE key = %s RETURNING version").format(accounts)
+        with psycopg.connect(self.dsn, connect_timeout=5) as conn:
+            while (n := self._claim(rng.randint(1, 5))) > 0:
+                try:
+                    committed = self._transaction(conn, rng, bump, n)
+                except BaseException:
+                    with self._lock:
+                        self._issued -= n
+                    raise
+                with self._lock:
+                    self._issued += committed - n
+
+    def _transaction(self, conn: psycopg.Connection, rng: random.Random, bump: sql.Composed, n: int) -> int:
+        """One application transaction; returns how many rows it committed."""
+        rollback = rng.random() < self.rollback_rate
+        # Lock keys in sorted order: concurrent writers never deadlock.
+        keys = sorted({f"key-{rng.randrange(self.keys)}" for _ in range(n)})
+        records = []
+        for key in keys:
+            version = conn.execute(bump, (key,)).fetchone()[0]  # type: ignore[index]
+            records.append(OutboxRecord(self.topic, key, json.dumps({"key": key, "version": version, "ts": time.time()}),
+                                        headers=(("writer", threading.current_thread().name),)))
+        self.stasher.stash_many(conn, records)
+        if not rollback and rng.random() < self.long_txn_rate:
+            time.sleep(rng.uniform(0.2, 1.0))  # a long transaction: later ids commit first
+            with self._lock:
+                self.stats.long_running += 1
+        if rollback:
+            conn.rollback()
+            with self._lock:
+                self.stats.rolled_back += len(records)
+            committed = 0
+        else:
+            conn.commit()
+            now = time.monotonic()
+            with self._lock:
+                self.stats.committed += len(records)
+                self.stats.commit_times.extend([now] * len(records))
+            committed = len(records)
+        if self.rate_per_s:
+            time.sleep(self.threads * max(len(records), 1) / self.rate_per_s)
+        return committed

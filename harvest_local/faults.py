@@ -1,0 +1,221 @@
+"""Randomized fault-injection runs of the whole pipeline, with a verdict from DB and topic.
+
+One run: application writers (rollbacks, long transactions) → 2-3 ``--uuid-sequencing`` relays →
+an exactly-once applier process (``ReadCommittedIter`` + checkpoint in Postgres), while a seeded
+schedule injects faults: kill -9 of the leader, SIGSTOP/SIGCONT of the leader past its heartbeat
+timeout (a zombie), a Kafka broker restart, a Postgres restart, produce/delivery errors inside the
+relays, and kills of the consumer. Afterwards :mod:`harvest_local.verify` checks, per key, that the
+applier's table and (optionally) a Spark ``readCommitted`` batch hold every committed version
+exactly once and in order, and nothing from rolled-back transactions.
+
+Used by ``tests/test_e2e/test_faults.py`` (a short version in CI) and ``scripts/soak.py``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import subprocess
+import sys
+import time
+import uuid
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from harvest_local.applier import applied_rows, create_tables
+from harvest_local.kafka import create_topic
+from harvest_local.launcher import LocalServices
+from harvest_local.relays import RelayProcess, current_leader, wait_for, write_config
+from harvest_local.verify import Verdict, verify
+from harvest_local.workload import Writers, committed_versions, create_accounts
+
+log = logging.getLogger(__name__)
+
+FAULT_KINDS = ("kill_leader", "pause_leader", "broker_restart", "postgres_restart", "consumer_kill")
+
+
+@dataclass(frozen=True)
+class FaultPlan:
+    seed: int
+    relays: int = 2
+    rows: int = 3000
+    keys: int = 50
+    partitions: int = 3
+    rate: float = 600.0
+    faults: tuple[str, ...] = ()
+    produce_error_rate: float = 0.0
+    delivery_error_rate: float = 0.0
+    spark: bool = False
+
+    @staticmethod
+    def random(seed: int, rows: int = 3000, allow_restarts: bool = True) -> FaultPlan:
+        rng = random.Random(seed)
+        kinds = [k for k in FAULT_KINDS if allow_restarts or not k.endswith("_restart")]
+        faults = tuple(rng.choice(kinds) for _ in range(rng.randint(1, 3)))
+        errors = rng.random() < 0.5
+        return FaultPlan(seed=seed, relays=rng.choice((2, 3)), rows=rows, keys=rng.choice((20, 50, 200)),
+                         partitions=rng.choice((1, 3, 4)), faults=faults,
+                         produce_error_rate=0.02 if errors else 0.0, delivery_error_rate=0.02 if errors else 0.0)
+
+
+@dataclass
+class RunResult:
+    plan: FaultPlan
+    verdicts: list[Verdict]
+    injected: Counter[str] = field(default_factory=Counter)
+    committed: int = 0
+    rolled_back: int = 0
+    seconds: float = 0.0
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return all(v.ok for v in self.verdicts)
+
+
+def run_plan(services: LocalServices, plan: FaultPlan, workdir: Path, spark=None) -> RunResult:  # type: ignore[no-untyped-def]
+    started = time.monotonic()
+    rng = random.Random(plan.seed)
+    ends = services.endpoints
+    tag = uuid.uuid4().hex[:6]
+    schema, topic = f"fault_{plan.seed}_{tag}", f"fault-{plan.seed}-{tag}"
+    outbox = f"{schema}.outbox"
+    workdir.mkdir(parents=True, exist_ok=True)
+    from producer.schema import init_db
+
+    create_accounts(ends.pg_dsn, schema, plan.keys)
+    init_db(ends.pg_dsn, outbox)
+    create_tables(ends.pg_dsn, schema)
+    create_topic(ends.kafka_bootstrap, topic, plan.partitions)
+    cfg = write_config(workdir / "harvest.yaml", dsn=ends.pg_dsn, bootstrap=ends.kafka_bootstrap,
+                       outbox_table=outbox, group=f"fault-{plan.seed}-{tag}")
+    faults = None
+    if plan.produce_error_rate or plan.delivery_error_rate:
+        faults = f"produce={plan.produce_error_rate},delivery={plan.delivery_error_rate},seed={plan.seed}"
+    relays = [RelayProcess(cfg, f"relay-{i}", workdir, faults=faults).start() for i in range(plan.relays)]
+    result = RunResult(plan, [])
+    if faults:
+        result.injected["produce_delivery_errors"] += 1
+    applier = _start_applier(ends.pg_dsn, ends.kafka_bootstrap, topic, schema, workdir)
+    try:
+        wait_for(lambda: current_leader(relays) is not None, 90)
+        writers = Writers(ends.pg_dsn, schema, outbox, topic, plan.keys, plan.rows, threads=3,
+                          rate_per_s=plan.rate, seed=plan.seed).start()
+        schedule = sorted(rng.uniform(0.15, 0.8) for _ in plan.faults)
+        for at, kind in zip(schedule, plan.faults):
+            wait_for(lambda: writers.stats.committed >= at * plan.rows or writers.done, 600, poll=0.1)
+            applier = _inject(kind, services, relays, applier, cfg, workdir, ends, topic, schema, result, faults)
+        writers.join()
+        result.committed, result.rolled_back = writers.stats.committed, writers.stats.rolled_back
+        truth = committed_versions(ends.pg_dsn, schema)
+        expected = sum(truth.values())
+        _wait_applied(ends.pg_dsn, schema, expected, timeout=120)
+        time.sleep(1.5)  # late duplicates, if any, get the chance to show
+        applied = applied_rows(ends.pg_dsn, schema)
+        result.verdicts.append(verify("ReadCommittedIter -> Postgres", truth, [(k, v) for k, v, _, _ in applied]))
+        if spark is not None:
+            result.verdicts.append(_spark_verdict(spark, ends.kafka_bootstrap, topic, truth))
+    finally:
+        for relay in relays:
+            relay.stop(10)
+        if applier.poll() is None:
+            applier.terminate()
+            applier.wait(10)
+    result.seconds = time.monotonic() - started
+    return result
+
+
+def _inject(kind: str, services: LocalServices, relays: list[RelayProcess], applier: subprocess.Popen[bytes],
+            cfg: Path, workdir: Path, ends, topic: str, schema: str, result: RunResult,  # type: ignore[no-untyped-def]
+            faults: str | None) -> subprocess.Popen[bytes]:
+    leader = current_leader(relays)
+    if kind == "kill_leader" and leader is not None:
+        leader.kill()
+        relays.append(RelayProcess(cfg, f"relay-{len(relays)}", workdir, faults=faults).start())
+        result.notes.append(f"killed {leader.name}")
+    elif kind == "pause_leader" and leader is not None:
+        leader.pause()
+        time.sleep(7.0)  # past the 2 s heartbeat timeout and the 6 s session timeout: a standby takes over
+        leader.resume()  # the zombie wakes up and must be fenced
+        result.notes.append(f"paused {leader.name} for 7s")
+    elif kind == "broker_restart" and services.kafka is not None:
+        services.kafka.stop()
+        time.sleep(1.0)
+        services.kafka.start()
+        result.notes.append("restarted Kafka")
+    elif kind == "postgres_restart" and services.postgres is not None:
+        services.postgres.stop("fast")
+        time.sleep(1.0)
+        services.postgres.start()
+        result.notes.append("restarted Postgres")
+    elif kind == "consumer_kill":
+        applier.kill()
+        applier.wait()
+        applier = _start_applier(ends.pg_dsn, ends.kafka_bootstrap, topic, schema, workdir)
+        result.notes.append("killed the consumer")
+    else:
+        result.notes.append(f"skipped {kind} (not applicable)")
+        return applier
+    result.injected[kind] += 1
+    return applier
+
+
+def _start_applier(dsn: str, bootstrap: str, topic: str, schema: str, workdir: Path) -> subprocess.Popen[bytes]:
+    with (workdir / "applier.log").open("a") as out:
+        return subprocess.Popen([sys.executable, "-m", "harvest_local.applier", "--bootstrap", bootstrap,
+                                 "--topic", topic, "--schema", schema],
+                                env={**os.environ, "HARVEST_DATA_SOURCE": dsn}, stdout=out, stderr=subprocess.STDOUT)
+
+
+def _wait_applied(dsn: str, schema: str, expected: int, timeout: float) -> None:
+    last, since = -1, time.monotonic()
+    while True:
+        try:
+            n = len(applied_rows(dsn, schema))
+        except Exception:  # the database may still be recovering
+            n = last
+        if n >= expected:
+            return
+        if n != last:
+            last, since = n, time.monotonic()
+        elif time.monotonic() - since > timeout:
+            log.warning("applier stalled at %d/%d rows", n, expected)
+            return
+        time.sleep(0.3)
+
+
+def _spark_verdict(spark, bootstrap: str, topic: str, truth: dict[str, int]) -> Verdict:  # type: ignore[no-untyped-def]
+    import json
+
+    from spark_reader import readCommitted
+
+    rows = readCommitted(spark, topic, {"kafka.bootstrap.servers": bootstrap}).select(
+        "partition", "offset", "ack_offset", "key", "value").collect()
+    rows.sort(key=lambda r: (r.partition, r.ack_offset, r.offset))
+    return verify("Spark readCommitted", truth, [(bytes(r.key).decode(), int(json.loads(bytes(r.value))["version"]))
+                                                 for r in rows])
+
+
+def summary(results: list[RunResult]) -> str:
+    injected: Counter[str] = Counter()
+    for r in results:
+        injected.update(r.injected)
+    violations = sum(v.lost + v.duplicates + v.order_violations + v.phantoms for r in results for v in r.verdicts)
+    lines = [
+        f"runs                 {len(results)} ({sum(r.ok for r in results)} clean)",
+        f"rows committed       {sum(r.committed for r in results)} (+{sum(r.rolled_back for r in results)} rolled back)",
+        "faults injected      " + (", ".join(f"{k}={v}" for k, v in sorted(injected.items())) or "none"),
+        f"reader verdicts      {sum(len(r.verdicts) for r in results)}",
+        f"violations           {violations} (lost + duplicates + order + phantoms)",
+        f"wall time            {sum(r.seconds for r in results):.0f}s",
+    ]
+    for r in results:
+        status = "OK  " if r.ok else "FAIL"
+        detail = "; ".join(f"{v.reader}: lost={v.lost} dup={v.duplicates} order={v.order_violations} "
+                           f"phantom={v.phantoms}" for v in r.verdicts if not v.ok)
+        lines.append(f"  {status} seed={r.plan.seed} relays={r.plan.relays} p={r.plan.partitions} "
+                     f"faults={','.join(r.plan.faults)} errors={r.plan.produce_error_rate} "
+                     f"rows={r.committed} {r.seconds:.0f}s {detail}")
+    return "\n".join(lines)

@@ -1,0 +1,64 @@
+"""A relay process for fault-injection runs: the real :class:`producer.Harvest`, configured from the
+same YAML as ``harvest -f``, with produce/delivery failures injected by
+:class:`producer.kafka.FaultInjector` around the real confluent producer.
+
+    HARVEST_FAULTS="produce=0.02,delivery=0.02,seed=7" python -m harvest_local.relay_runner -f harvest.yaml --name r1
+
+Without ``HARVEST_FAULTS`` it is equivalent to ``harvest -f harvest.yaml --name r1``. Test use only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import sys
+from typing import Any
+
+from producer.config import load_yaml
+from producer.harvest import Harvest
+from producer.kafka import FaultInjector
+
+log = logging.getLogger("harvest.relay_runner")
+
+
+def parse_faults(spec: str) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for part in filter(None, (p.strip() for p in spec.split(","))):
+        name, _, value = part.partition("=")
+        if name not in ("produce", "delivery", "seed"):
+            raise SystemExit(f"HARVEST_FAULTS: unknown fault {name!r}; use produce=, delivery=, seed=")
+        out[name] = float(value)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m harvest_local.relay_runner")
+    parser.add_argument("-f", "--file", required=True)
+    parser.add_argument("--name", required=True)
+    args = parser.parse_args(argv)
+    cfg = load_yaml(args.file, {"name": args.name}, None)
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    faults = parse_faults(os.environ.get("HARVEST_FAULTS", ""))
+    factory = None
+    if faults.get("produce") or faults.get("delivery"):
+        factory = FaultInjector(faults.get("produce", 0.0), faults.get("delivery", 0.0), int(faults.get("seed", 0)))
+        log.info("injecting faults: %s", faults)
+    relay = Harvest(cfg.harvest, producer_factory=factory) if factory else Harvest(cfg.harvest)
+
+    def on_signal(signum: int, _frame: Any) -> None:
+        relay.stop()
+
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+    relay.start()
+    while not relay.wait(0.5):
+        pass
+    if factory is not None:
+        log.info("faults injected: %s", factory.counters)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

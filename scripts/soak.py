@@ -1,0 +1,50 @@
+"""Soak: many randomized fault-injection runs of the whole pipeline (see harvest_local/faults.py).
+
+    .venv/bin/python scripts/soak.py --runs 30 [--rows 3000] [--seed 1] [--spark-every 5]
+
+Starts its own Postgres and Kafka (restarted by the runs themselves), prints a line per run and a
+summary table; exits 1 if any run found a violation. Logs of each run: .work/soak/<seed>/.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from harvest_local import LocalServices  # noqa: E402
+from harvest_local.faults import FaultPlan, run_plan, summary  # noqa: E402
+from harvest_local.workdir import work_dir  # noqa: E402
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=30)
+    parser.add_argument("--rows", type=int, default=3000)
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--spark-every", type=int, default=5, help="verify with Spark every N runs (0: never)")
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    results = []
+    spark = None
+    with LocalServices() as services:
+        for i in range(args.runs):
+            seed = args.seed + i
+            plan = FaultPlan.random(seed, rows=args.rows)
+            use_spark = args.spark_every and i % args.spark_every == 0
+            if use_spark and spark is None:
+                from harvest_local.spark import local_spark_session
+
+                spark = local_spark_session("harvest-soak")
+            result = run_plan(services, plan, work_dir() / "soak" / str(seed), spark=spark if use_spark else None)
+            results.append(result)
+            print(summary([result]).splitlines()[-1], flush=True)
+    print("\n" + summary(results))
+    return 0 if all(r.ok for r in results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
