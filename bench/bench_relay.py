@@ -7,6 +7,9 @@ HARVEST_KAFKA_BOOTSTRAP). Prints one JSON document:
 - drain: a backlog of ``rows`` outbox rows (100-byte values, ``keys`` keys) moved to a topic with
   ``partitions`` partitions by one relay (NELI leader election included), timed from leadership to
   the outbox being empty; rows/s per run and the median;
+- sequenced: the same drain with ``--uuid-sequencing`` (exactly-once commit protocol), measured in
+  the same run, interleaved with the at-least-once runs; rows/s and the sequenced / at-least-once
+  ratio (targets: >= 30,000 rows/s and ratio >= 0.85);
 - baseline: raw confluent-kafka produce of the same records (same producer settings), rows/s,
   and the relay/baseline ratio;
 - latency: rows stashed one per transaction at ``--rate`` rows/s; commit -> consumer receipt,
@@ -54,7 +57,10 @@ def _config(dsn: str, bootstrap: str, table: str, **limits: object) -> HarvestCo
                          limits=Limits(**{**LIMITS, **limits}))  # type: ignore[arg-type]
 
 
-def drain_once(dsn: str, bootstrap: str, rows: int, keys: int, partitions: int) -> float:
+SEQ_LIMITS = dict(txn_max_records=5000, txn_max_duration=0.05, producer_ring=4)
+
+
+def drain_once(dsn: str, bootstrap: str, rows: int, keys: int, partitions: int, sequenced: bool = False) -> float:
     schema = f"bench_{uuid.uuid4().hex[:8]}"
     table = f"{schema}.outbox"
     topic = f"bench-{uuid.uuid4().hex[:8]}"
@@ -62,7 +68,8 @@ def drain_once(dsn: str, bootstrap: str, rows: int, keys: int, partitions: int) 
     init_db(dsn, table)
     with psycopg.connect(dsn) as conn:
         Stasher(table).stash_many(conn, _records(topic, rows, keys))
-    relay = Harvest(_config(dsn, bootstrap, table)).start()
+    cfg = _config(dsn, bootstrap, table, **(SEQ_LIMITS if sequenced else {})).replace(uuid_sequencing=sequenced)
+    relay = Harvest(cfg).start()
     try:
         while not relay.is_leader:
             time.sleep(0.001)
@@ -182,17 +189,25 @@ def main() -> int:
         services = LocalServices().start()
         dsn, bootstrap = services.endpoints.pg_dsn, services.endpoints.kafka_bootstrap
     try:
-        drains = [drain_once(dsn, bootstrap, args.rows, args.keys, args.partitions) for _ in range(args.runs)]
+        drains, seqs = [], []
+        for _ in range(args.runs):  # interleaved, so both modes see the same machine state
+            drains.append(drain_once(dsn, bootstrap, args.rows, args.keys, args.partitions))
+            seqs.append(drain_once(dsn, bootstrap, args.rows, args.keys, args.partitions, sequenced=True))
         bases = [baseline_once(bootstrap, args.rows, args.keys, args.partitions) for _ in range(args.runs)]
         lat = latency(dsn, bootstrap, args.rate, args.latency_seconds, args.keys)
     finally:
         if services is not None:
             services.stop()
     relay_median, base_median = statistics.median(drains), statistics.median(bases)
+    seq_median = statistics.median(seqs)
     print(json.dumps({
         "setup": {"rows": args.rows, "keys": args.keys, "partitions": args.partitions, "value_bytes": 100,
                   "cpus": os.cpu_count(), "producer": PRODUCER_TUNING, "limits": LIMITS},
         "drain_rows_per_s": {"runs": [round(x) for x in drains], "median": round(relay_median)},
+        "sequenced_drain_rows_per_s": {"runs": [round(x) for x in seqs], "median": round(seq_median),
+                                       "limits": SEQ_LIMITS},
+        "sequenced_to_at_least_once_ratio": round(seq_median / relay_median, 3),
+        "sequenced_meets_targets": seq_median >= 30000 and seq_median / relay_median >= 0.85,
         "baseline_raw_produce_rows_per_s": {"runs": [round(x) for x in bases], "median": round(base_median)},
         "relay_to_baseline_ratio": round(relay_median / base_median, 3),
         "target_rows_per_s": 30000, "meets_target": relay_median >= 30000,

@@ -6,7 +6,8 @@
     harvest dead-letters requeue -f harvest.yaml (ID ... | --all)
 
 Flags (``--data-source``, ``--bootstrap-servers``, ``--outbox-table``, ``--leader-topic``,
-``--leader-group-id``, ``--name``, ``--prometheus-port``, ``--log-level``) override the file; with
+``--leader-group-id``, ``--name``, ``--prometheus-port``, ``--log-level``, ``--uuid-sequencing``) override
+the file; with
 no file, defaults apply. Environment: ``HARVEST_DATA_SOURCE`` can carry the DSN so the password
 stays out of ``ps``.
 
@@ -55,6 +56,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--leader-group-id")
     run.add_argument("--name", help="this relay's name (default host_pid_time)")
     run.add_argument("--prometheus-port", type=int, help="serve Prometheus metrics on this port")
+    run.add_argument("--uuid-sequencing", action="store_true", default=None,
+                     help="exactly-once mode (harvest.uuidSequencing): Gazette UUIDs, harvest transactions, "
+                     "fenced commits, ACK_TXN messages; readers sequence with the `sequencer` package")
     init = sub.add_parser("init-db", help="create the outbox, dead-letter table and NOTIFY trigger")
     _common(init)
     init.add_argument("--value-type", choices=("varchar", "bytea"), default="varchar",
@@ -91,7 +95,7 @@ def _run(args: argparse.Namespace) -> int:
 
     cfg = _load(args, {"bootstrap_servers": args.bootstrap_servers, "leader_topic": args.leader_topic,
                        "leader_group_id": args.leader_group_id, "name": args.name,
-                       "prometheus_port": args.prometheus_port})
+                       "prometheus_port": args.prometheus_port, "uuid_sequencing": args.uuid_sequencing})
     _setup_logging(cfg.log_level)
     log.info("harvest %s starting: %r", __version__, cfg.harvest)
     relay = Harvest(cfg.harvest)

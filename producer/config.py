@@ -95,6 +95,10 @@ _LIMIT_FIELDS: tuple[tuple[str, str, str], ...] = (
     ("purgeBatchRecords", "purge_batch_records", "i"),
     ("purgeInterval", "purge_interval", "d"),
     ("idlePollInterval", "idle_poll_interval", "d"),
+    # --uuid-sequencing (DESIGN.md section 5)
+    ("txnMaxRecords", "txn_max_records", "i"),
+    ("txnMaxDuration", "txn_max_duration", "d"),
+    ("producerRing", "producer_ring", "i"),
 )
 
 
@@ -125,6 +129,12 @@ class Limits:
     purge_batch_records: int = 500
     purge_interval: float = 0.02
     idle_poll_interval: float = 1.0
+    #: --uuid-sequencing: a harvest transaction closes at this many records ...
+    txn_max_records: int = 2000
+    #: ... or this long after its first record (or as soon as the backlog is drained).
+    txn_max_duration: float = 0.05
+    #: ProducerIDs per leader view: at most this many harvest transactions in flight (1 = stop-and-wait).
+    producer_ring: int = 4
 
     def __post_init__(self) -> None:
         if self.max_poll_interval is None:
@@ -150,8 +160,9 @@ class Limits:
             need(attr, getattr(self, attr) >= 0.001, ">= 1ms")
         need("max_poll_interval", self.max_poll_interval >= self.min_poll_interval,  # type: ignore[operator]
              f">= limits.minPollInterval ({format_duration(self.min_poll_interval)})")
+        need("txn_max_duration", self.txn_max_duration >= 0.0001, ">= 100us")
         for attr in ("max_in_flight_records", "send_concurrency", "mark_query_records", "max_delivery_attempts",
-                     "purge_batch_records"):
+                     "purge_batch_records", "txn_max_records", "producer_ring"):
             need(attr, getattr(self, attr) >= 1, ">= 1")
         need("send_buffer", self.send_buffer >= 0, ">= 0")
 
@@ -177,7 +188,7 @@ class Limits:
 
 
 _TOP_KEYS = ("baseKafkaConfig", "producerKafkaConfig", "leaderTopic", "leaderGroupID", "dataSource", "outboxTable",
-             "limits", "name", "prometheusPort", "leaderTopicReplicationFactor")
+             "limits", "name", "prometheusPort", "leaderTopicReplicationFactor", "uuidSequencing")
 _FORCED_PRODUCER = {"enable.idempotence": True, "acks": "all"}
 
 
@@ -210,6 +221,9 @@ class HarvestConfig:
     limits: Limits = field(default_factory=Limits)
     prometheus_port: int | None = None
     leader_topic_replication_factor: int = -1  # -1 = broker default
+    #: Exactly-once mode (DESIGN.md section 5): UUID-stamped CONTINUE_TXN records, harvest
+    #: transactions committed with a fenced DB transaction, then ACK_TXN messages.
+    uuid_sequencing: bool = False
 
     def __post_init__(self) -> None:
         base = dict(_kafka_map(self.base_kafka_config, "baseKafkaConfig"))
@@ -240,6 +254,8 @@ class HarvestConfig:
             if not _KAFKA_NAME.match(value):
                 raise ConfigError(f"{key}: {value!r} is not a valid Kafka name; use 1-249 characters from "
                                   f"[a-zA-Z0-9._-]")
+        if not isinstance(self.uuid_sequencing, bool):
+            raise ConfigError(f"uuidSequencing: {self.uuid_sequencing!r} must be true or false")
         object.__setattr__(self, "leader_group_id", group)
         object.__setattr__(self, "leader_topic", topic)
         if not isinstance(self.limits, Limits):
@@ -269,7 +285,8 @@ class HarvestConfig:
                 f"base_kafka_config={redact_kafka_config(self.base_kafka_config)!r}, "
                 f"producer_kafka_config={redact_kafka_config(self.producer_kafka_config)!r}, "
                 f"leader_topic={self.leader_topic!r}, leader_group_id={self.leader_group_id!r}, "
-                f"name={self.name!r}, limits={self.limits!r}, prometheus_port={self.prometheus_port!r})")
+                f"name={self.name!r}, limits={self.limits!r}, prometheus_port={self.prometheus_port!r}, "
+                f"uuid_sequencing={self.uuid_sequencing!r})")
 
     __str__ = __repr__
 
@@ -294,6 +311,8 @@ class HarvestConfig:
                           ("leaderTopicReplicationFactor", "leader_topic_replication_factor")):
             if data.get(key) is not None:
                 kwargs[attr] = data[key]
+        if data.get("uuidSequencing") is not None:
+            kwargs["uuid_sequencing"] = data["uuidSequencing"]
         kwargs["base_kafka_config"] = _kafka_map(data.get("baseKafkaConfig"), f"{path}.baseKafkaConfig")
         kwargs["producer_kafka_config"] = _kafka_map(data.get("producerKafkaConfig"), f"{path}.producerKafkaConfig")
         kwargs["limits"] = Limits.from_mapping(data.get("limits"), f"{path}.limits")

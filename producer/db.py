@@ -25,7 +25,7 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from producer.errors import DatabaseError
+from producer.errors import DatabaseError, FenceError, SchemaError
 from producer.redact import redact_dsn
 from producer.schema import OutboxNames, ValueType, inspect_outbox
 
@@ -70,6 +70,25 @@ class OutboxDatabase:
             SELECT * FROM moved
             ON CONFLICT (id) DO UPDATE SET error = EXCLUDED.error, attempts = EXCLUDED.attempts,
                                            dead_time = now()""").format(o=o, d=d)
+        self._commit_delete_sql = sql.SQL(
+            "DELETE FROM {} WHERE id = ANY(%s::bigint[]) AND leader_id = %s").format(o)
+        self._commit_dlq_sql = sql.SQL("""
+            WITH bad(id, error, attempts) AS (SELECT * FROM unnest(%s::bigint[], %s::text[], %s::int[])),
+            moved AS (
+              DELETE FROM {o} AS o USING bad WHERE o.id = bad.id AND o.leader_id = %s
+              RETURNING o.id, o.create_time, o.kafka_topic, o.kafka_key, o.kafka_value, o.kafka_header_keys,
+                        o.kafka_header_values, bad.error, bad.attempts)
+            INSERT INTO {d} (id, create_time, kafka_topic, kafka_key, kafka_value, kafka_header_keys,
+                             kafka_header_values, error, attempts)
+            SELECT * FROM moved
+            ON CONFLICT (id) DO UPDATE SET error = EXCLUDED.error, attempts = EXCLUDED.attempts,
+                                           dead_time = now()""").format(o=o, d=d)
+        self._intent_sql = sql.SQL("""
+            INSERT INTO {} (epoch, producer, clock, topic, kafka_partition)
+            SELECT %s, %s, %s, t, p FROM unnest(%s::text[], %s::int[]) AS j(t, p)
+            ON CONFLICT (producer, topic, kafka_partition)
+            DO UPDATE SET epoch = EXCLUDED.epoch, clock = EXCLUDED.clock, create_time = now()""").format(
+            names.ack_intents)
         self._stats_sql = sql.SQL("""
             SELECT (SELECT count(*) FROM {o}),
                    (SELECT extract(epoch FROM now() - create_time) FROM {o} ORDER BY id LIMIT 1),
@@ -120,6 +139,79 @@ class OutboxDatabase:
         errors = [e for _, e, _ in items]
         attempts = [a for _, _, a in items]
         return self._run("dead-letter", self._dlq_sql, (ids, errors, attempts)).rowcount
+
+    # ---------------------------------------------------------------- --uuid-sequencing (DESIGN.md section 5)
+    def start_view(self, leader_id: uuid.UUID, name: str) -> tuple[int, list[tuple[int, bytes, int, str, int]]]:
+        """One transaction: bump the fence epoch (taking its row lock), then read every persisted,
+        unconfirmed ACK intent ``(epoch, producer, clock, topic, partition)`` in commit order.
+
+        The intents are read by a statement *after* the UPDATE, so in READ COMMITTED it sees every
+        commit that held the fence row lock before us."""
+        n = self.names
+        try:
+            conn = self.conn
+            with conn.transaction():
+                row = conn.execute(sql.SQL(
+                    "UPDATE {} SET epoch = epoch + 1, leader_id = %s, leader_name = %s, updated_at = now() "
+                    "RETURNING epoch").format(n.state), (leader_id, name)).fetchone()
+                if row is None:
+                    raise SchemaError(f"fence row of {n.display!r} is missing; run `harvest init-db` "
+                                      f"(it is idempotent) to create it")
+                intents = conn.execute(sql.SQL(
+                    "SELECT epoch, producer, clock, topic, kafka_partition FROM {} "
+                    "ORDER BY epoch, clock, topic, kafka_partition").format(n.ack_intents)).fetchall()
+        except psycopg.errors.UndefinedTable as exc:
+            self.close()
+            raise SchemaError(f"--uuid-sequencing needs the fence and ACK-intent tables of {n.display!r}; run "
+                              f"`harvest init-db` (idempotent) to create them: {exc}".strip()) from exc
+        except psycopg.Error as exc:
+            self.close()
+            raise DatabaseError(f"starting a leader view on {n.display!r} failed: "
+                                f"{redact_dsn(str(exc)).strip()}") from exc
+        return int(row[0]), [(int(e), bytes(p), int(c), t, int(pt)) for e, p, c, t, pt in intents]
+
+    def commit_txn(self, epoch: int, leader_id: uuid.UUID, ids: Sequence[int], dead: Sequence[tuple[int, str, int]],
+                   producer: bytes, ack_clock: int, journals: Sequence[tuple[str, int]]) -> None:
+        """Commit one harvest transaction (one DB transaction): lock the fence row and check it still
+        holds ``epoch``; delete exactly ``ids`` (owned by ``leader_id``); move ``dead`` to the dead
+        letters; insert one ACK intent per journal. Raises :class:`FenceError` (rolled back) if the
+        fence moved or a row is no longer this view's."""
+        n = self.names
+        try:
+            conn = self.conn
+            with conn.transaction():
+                row = conn.execute(sql.SQL("SELECT epoch FROM {} FOR UPDATE").format(n.state)).fetchone()
+                if row is None or int(row[0]) != epoch:
+                    raise FenceError(f"commit refused by the fence of {n.display!r}: epoch is "
+                                     f"{None if row is None else row[0]}, this view's is {epoch}")
+                if ids:
+                    got = conn.execute(self._commit_delete_sql, (self._id_array(ids), leader_id),
+                                       binary=True).rowcount
+                    if got != len(ids):
+                        raise FenceError(f"commit refused on {n.display!r}: {len(ids) - got} of {len(ids)} row(s) "
+                                         f"are no longer owned by leader view {leader_id}")
+                if dead:
+                    got = conn.execute(self._commit_dlq_sql, ([i for i, _, _ in dead], [e for _, e, _ in dead],
+                                                              [a for _, _, a in dead], leader_id)).rowcount
+                    if got != len(dead):
+                        raise FenceError(f"dead-lettering refused on {n.display!r}: {len(dead) - got} row(s) are "
+                                         f"no longer owned by leader view {leader_id}")
+                if journals:
+                    conn.execute(self._intent_sql, (epoch, producer, ack_clock, [t for t, _ in journals],
+                                                    [p for _, p in journals]))
+        except FenceError:
+            raise
+        except psycopg.Error as exc:
+            self.close()
+            raise DatabaseError(f"commit on {n.display!r} failed: {redact_dsn(str(exc)).strip()}") from exc
+
+    def confirm_acks(self, items: Sequence[tuple[bytes, int]]) -> int:
+        """Delete the intents of ACKs known to be in the log (``(producer, clock)`` pairs)."""
+        if not items:
+            return 0
+        q = sql.SQL("DELETE FROM {} WHERE (producer, clock) IN "
+                    "(SELECT * FROM unnest(%s::bytea[], %s::bigint[]))").format(self.names.ack_intents)
+        return self._run("confirming ACK intents", q, ([p for p, _ in items], [c for _, c in items])).rowcount
 
     def stats(self) -> tuple[int, float | None, int]:
         """(backlog rows, age in seconds of the oldest row, dead letters)."""

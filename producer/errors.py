@@ -39,3 +39,9 @@ class ElectionError(HarvestError):
 
 class ProducerError(HarvestError):
     """The Kafka producer hit a fatal error (e.g. the idempotent producer was fenced)."""
+
+
+class FenceError(HarvestError):
+    """``--uuid-sequencing``: a harvest transaction's commit was refused because this leader view is
+    no longer current (another view bumped the fence epoch, or its rows were re-marked). The view is
+    abandoned; nothing of the refused transaction becomes visible to read-committed readers."""

@@ -38,11 +38,23 @@ class LeaderFenced:
 
 
 @dataclass(frozen=True)
+class ViewStarted:
+    """``--uuid-sequencing``: a leader view started. ``epoch`` is its fence epoch; ``recovered_acks``
+    the number of persisted ACK intents it re-published (and saw delivered) before anything else;
+    ``producers`` its ring of Gazette ProducerIDs (6 bytes each)."""
+
+    leader_id: uuid.UUID
+    epoch: int
+    recovered_acks: int
+    producers: tuple[bytes, ...]
+
+
+@dataclass(frozen=True)
 class MeterRead:
     """Periodic metrics (every ``limits.minMetricsInterval``)."""
 
     stats: MeterStats
 
 
-Event = LeaderAcquired | LeaderRefreshed | LeaderRevoked | LeaderFenced | MeterRead
+Event = LeaderAcquired | LeaderRefreshed | LeaderRevoked | LeaderFenced | ViewStarted | MeterRead
 EventHandler = Callable[[Event], None]

@@ -31,7 +31,8 @@ Invariants (tested in ``tests/producer``):
 - losing leadership (revoke, fence, stop) stops sending, drains in-flight records (bounded by
   ``maxPollInterval``), flushes purges, then reports the event;
 - the commit seam (``_on_delivery`` / ``_flush_db``) is where ``--uuid-sequencing``
-  replaces per-record purge with per-transaction commits.
+  replaces per-record purge with per-transaction commits: ``Harvest(config)`` with
+  ``config.uuid_sequencing`` returns a :class:`producer.sequencing.SequencedHarvest`.
 """
 
 from __future__ import annotations
@@ -90,6 +91,14 @@ class Harvest:
     ``producer_factory`` and ``election`` are seams for tests (fault injection) and for other
     election mechanisms; by default a real confluent Producer and :class:`NeliElection` are used.
     """
+
+    def __new__(cls, config: HarvestConfig, *args: Any, **kwargs: Any) -> Harvest:
+        # ``Harvest(config)`` with ``config.uuid_sequencing`` builds the exactly-once relay.
+        if cls is Harvest and getattr(config, "uuid_sequencing", False):
+            from producer.sequencing import SequencedHarvest
+
+            return super().__new__(SequencedHarvest)
+        return super().__new__(cls)
 
     def __init__(self, config: HarvestConfig, event_handler: EventHandler | None = None, *,
                  producer_factory: ProducerFactory | None = None, election: LeaderElection | None = None) -> None:
@@ -280,10 +289,13 @@ class Harvest:
             server, _thread = self._prometheus
             server.shutdown()
 
+    def _gauges(self) -> tuple[int, int]:
+        """(in-flight records, queued records) for the meter."""
+        return len(self._in_flight), len(self._ready) + self._waiting_count
+
     def _read_meter(self) -> None:
         m = self.metrics
-        m.in_flight = len(self._in_flight)
-        m.queued = len(self._ready) + self._waiting_count
+        m.in_flight, m.queued = self._gauges()
         if self._leader_id is not None and self._db is not None:
             try:
                 assert self._exec is not None

@@ -14,6 +14,7 @@ everything else counts as a failed attempt.
 
 from __future__ import annotations
 
+import functools
 import random
 import threading
 from collections.abc import Callable
@@ -98,8 +99,17 @@ class FaultInjectingProducer:
             err = KafkaError(KafkaError._MSG_TIMED_OUT, "injected delivery failure", retriable=True)
         self._on_delivery(err, msg)
 
+    def _deliver_to(self, callback: DeliveryCallback, err: KafkaError | None, msg: Message) -> None:
+        if err is None and self._roll(self._delivery_rate):
+            self.counters["delivery"] += 1
+            err = KafkaError(KafkaError._MSG_TIMED_OUT, "injected delivery failure", retriable=True)
+        callback(err, msg)
+
     def produce(self, topic: str, value: bytes | None = None, key: bytes | None = None, *args: Any,
                 **kwargs: Any) -> None:
+        cb = kwargs.get("on_delivery")
+        if cb is not None:  # a per-message callback (--uuid-sequencing) gets the same injected failures
+            kwargs["on_delivery"] = functools.partial(self._deliver_to, cb)
         if self._roll(self._produce_rate):
             from confluent_kafka import KafkaException
 

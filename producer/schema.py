@@ -5,6 +5,10 @@ Objects, for an outbox table ``[schema.]name``:
   kafka_value, kafka_header_keys, kafka_header_values, leader_id``); ``kafka_value`` is
   ``VARCHAR`` (goharvest) or ``BYTEA`` (binary payloads). Existing goharvest tables work unchanged.
 - ``name_dead_letters``: rows the relay gave up on, with the error and attempt count.
+- ``name_harvest_state``: one row (``epoch``, ``leader_id``, ``leader_name``, ``updated_at``) — the
+  fence of ``--uuid-sequencing``: every leader view increments ``epoch``; a commit checks it.
+- ``name_ack_intents``: persisted, not yet confirmed ACK_TXN intents of committed harvest
+  transactions (``epoch``, ``producer``, ``clock``, ``topic``, ``kafka_partition``).
 - ``harvest_notify()`` + statement-level trigger ``name_notify``: ``pg_notify(channel)`` after each
   INSERT statement. Notifications are delivered at commit (and dropped on rollback), so any writer,
   including goharvest's Go stasher, wakes the relay without code changes.
@@ -109,6 +113,14 @@ class OutboxNames:
         return self._ident(_derived(self.table, "_dead_letters"))
 
     @property
+    def state(self) -> sql.Identifier:
+        return self._ident(_derived(self.table, "_harvest_state"))
+
+    @property
+    def ack_intents(self) -> sql.Identifier:
+        return self._ident(_derived(self.table, "_ack_intents"))
+
+    @property
     def notify_function(self) -> sql.Identifier:
         return self._ident("harvest_notify")
 
@@ -166,6 +178,30 @@ def outbox_ddl(names: OutboxNames, value_type: ValueType = "varchar") -> list[sq
           attempts            INTEGER NOT NULL,
           dead_time           TIMESTAMP WITH TIME ZONE NOT NULL DEFAULT now()
         )""").format(dlq=names.dead_letters, vtype=vtype))
+    # --uuid-sequencing: the fence row and the persisted ACK intents (DESIGN.md section 5).
+    stmts.append(sql.SQL("""
+        CREATE TABLE IF NOT EXISTS {state} (
+          singleton   BOOLEAN PRIMARY KEY DEFAULT true CHECK (singleton),
+          epoch       BIGINT NOT NULL DEFAULT 0,
+          leader_id   UUID,
+          leader_name TEXT,
+          updated_at  TIMESTAMP WITH TIME ZONE NOT NULL DEFAULT now()
+        )""").format(state=names.state))
+    stmts.append(sql.SQL("INSERT INTO {state} (singleton) VALUES (true) ON CONFLICT DO NOTHING").format(
+        state=names.state))
+    # One row per (producer, partition): a commit replaces the producer's older intent there, so a
+    # recovery never re-sends an old ACK that would roll back the producer's newer, committed span.
+    # clock: a Gazette clock (60-bit timestamp << 4 | counter) fits a signed BIGINT until the year 5236.
+    stmts.append(sql.SQL("""
+        CREATE TABLE IF NOT EXISTS {acks} (
+          epoch           BIGINT NOT NULL,
+          producer        BYTEA NOT NULL,
+          clock           BIGINT NOT NULL,
+          topic           VARCHAR NOT NULL,
+          kafka_partition INTEGER NOT NULL,
+          create_time     TIMESTAMP WITH TIME ZONE NOT NULL DEFAULT now(),
+          PRIMARY KEY (producer, topic, kafka_partition)
+        )""").format(acks=names.ack_intents))
     stmts.append(sql.SQL("""
         CREATE OR REPLACE FUNCTION {fn}() RETURNS trigger LANGUAGE plpgsql AS $$
         BEGIN

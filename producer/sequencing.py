@@ -1,0 +1,729 @@
+"""``--uuid-sequencing``: the fenced, exactly-once commit protocol (DESIGN.md section 5).
+
+:class:`SequencedHarvest` replaces the at-least-once purge of :class:`~producer.harvest.Harvest`
+with harvest *transactions*; ``Harvest(config)`` returns one when ``config.uuid_sequencing`` is set.
+Everything runs on the relay thread except SQL, which runs on the relay's single DB worker thread
+(statements execute in submission order).
+
+Protocol, per leader *view* (a view starts on acquisition and after every failure):
+
+1. **View start**: a new ``leader_id`` and, in ONE DB transaction, ``UPDATE state SET epoch =
+   epoch + 1 … RETURNING epoch`` followed by reading every persisted, unconfirmed ACK intent.
+2. **Recovery first**: the recovered intents are published (in commit order: epoch, clock) and
+   their delivery awaited before the view publishes anything else; then they are deleted.
+3. **Harvest transactions**: marked rows are produced in id order as CONTINUE_TXN records (header
+   ``uuid`` = 16 raw bytes; key, value and headers untouched) through the one idempotent producer.
+   A transaction closes at ``txnMaxRecords`` records, ``txnMaxDuration`` after its first record, or
+   when the backlog is drained. One monotonic Clock per view: clocks rise in publish order; a
+   transaction's ACK clock is ticked when it closes, so ACK clocks rise in transaction order.
+4. **Commit** (when every record of transaction *k* is delivered, strictly in transaction order):
+   one DB transaction locks the fence row and checks the epoch, deletes exactly the transaction's
+   ids ``AND leader_id = $leader`` (row count must match), dead-letters its poison rows and inserts
+   its ACK intents (producer, ACK clock, one row per topic-partition touched). Then one ACK_TXN per
+   touched partition is produced, in transaction order. Once all of a transaction's ACKs are
+   delivered its intents are deleted (batched, lazily).
+5. **Producer ring**: ``producerRing`` (M) ProducerIDs per view; transaction *k* uses
+   ``ring[k mod M]`` and opens only once ACK *k-M* was enqueued (at most M transactions between
+   open and ACK-enqueued). M = 1 is stop-and-wait.
+6. **Failure** (a produce or delivery failure, a refused commit, a DB error) abandons the view:
+   in-flight deliveries are drained (bounded), commits already submitted finish and get their ACKs,
+   uncommitted transactions are dropped (their rows are re-marked by the next view and re-sent in id
+   order under new ProducerIDs) and each abandoned span gets a rollback ACK (clock = the producer's
+   last ACK in that partition, else the span's first clock - 1) in every partition it is known to
+   have touched. Then a new view starts (step 1). After a refused commit (another view exists: we are
+   probably a zombie) the relay waits ``heartbeatTimeout`` first, so leader election can catch up
+   instead of two processes bumping the epoch in turn.
+7. **Zombies** cannot commit: their epoch check fails once a newer view exists.
+8. **Per-key order** needs no per-key barrier: one idempotent producer keeps per-partition log order
+   = produce order = id order; a failure drops the failed transaction and every later one, never a
+   subset; committed transactions' ACKs are written in transaction order, and recovered ACKs are
+   delivered before any record of a newer view.
+
+Poison records: a record whose production fails synchronously with a permanent error (too large,
+unknown topic) or that is malformed is dead-lettered *inside* the current transaction's fenced
+commit (it never reached the log). A record whose delivery keeps failing abandons the view each time;
+after ``maxDeliveryAttempts`` such failures (counted per row id, in this process) or one permanent
+asynchronous error, the next view dead-letters it in its fenced commit instead of producing it again.
+
+Test hooks (for crash tests): ``HARVEST_TEST_CRASH_AT=point:n`` SIGKILLs the process and
+``HARVEST_TEST_PAUSE_AT=point:n`` SIGSTOPs it the n-th time it reaches ``point``, one of
+``after_publish_before_delivery`` (a transaction closed, all its records produced),
+``after_delivery_before_commit``, ``after_commit_before_ack`` and ``after_some_acks`` (the first ACK
+of a transaction touching >= 2 partitions was delivered, the others not produced).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import time
+import uuid
+from collections import deque
+from concurrent.futures import Future
+from typing import Any
+
+from confluent_kafka import KafkaError, KafkaException, Message
+
+from producer.db import MarkedRow
+from producer.errors import DatabaseError, FenceError, ProducerError
+from producer.events import LeaderRefreshed, ViewStarted
+from producer.harvest import Harvest, _bad_row_reason
+from producer.kafka import is_permanent
+from sequencer import TICK, Clock, Flags, clock_of, new_producer_id
+
+log = logging.getLogger(__name__)
+
+_CONTINUE = int(Flags.CONTINUE_TXN)
+_ACK = int(Flags.ACK_TXN)
+CRASH_POINTS = ("after_publish_before_delivery", "after_delivery_before_commit", "after_commit_before_ack",
+                "after_some_acks")
+
+
+def uuid_bytes(producer: int, clock: int, flags: int) -> bytes:
+    """``build_uuid(producer, clock, flags).bytes`` without validation (hot path; ``producer`` as int)."""
+    return (((clock >> 4) & 0xFFFFFFFF) << 96
+            | ((clock >> 36) & 0xFFFF) << 80
+            | (((clock >> 52) & 0x0FFF) | 0x1000) << 64
+            | (((clock & 0xF) << 10) | flags | 0x8000) << 48
+            | producer).to_bytes(16, "big")
+
+
+class _TestHook:
+    """``HARVEST_TEST_CRASH_AT`` / ``HARVEST_TEST_PAUSE_AT`` (see module doc). Inert when unset."""
+
+    def __init__(self) -> None:
+        self._points: dict[str, tuple[int, signal.Signals]] = {}
+        self._counts: dict[str, int] = {}
+        for var, sig in (("HARVEST_TEST_CRASH_AT", signal.SIGKILL), ("HARVEST_TEST_PAUSE_AT", signal.SIGSTOP)):
+            spec = os.environ.get(var)
+            if spec:
+                point, _, n = spec.partition(":")
+                if point not in CRASH_POINTS:
+                    raise ValueError(f"{var}={spec!r}: point must be one of {', '.join(CRASH_POINTS)}")
+                self._points[point] = (int(n or 1), sig)
+
+    def __bool__(self) -> bool:
+        return bool(self._points)
+
+    def hit(self, point: str, settle: float = 0.0) -> None:
+        if point not in self._points:
+            return
+        n = self._counts[point] = self._counts.get(point, 0) + 1
+        at, sig = self._points[point]
+        if n == at:
+            if settle:
+                time.sleep(settle)  # let librdkafka's threads write the records; serve no delivery reports
+            log.warning("test hook: %s at %s #%d", sig.name, point, n)
+            for h in logging.getLogger().handlers:
+                h.flush()
+            os.kill(os.getpid(), sig)
+
+
+class _View:
+    """One leader view: fence epoch, leader id, clock and producer ring."""
+
+    __slots__ = ("clock", "epoch", "failed", "k", "last_ack", "leader_id", "ring")
+
+    def __init__(self, leader_id: uuid.UUID, epoch: int, ring_size: int) -> None:
+        self.leader_id = leader_id
+        self.epoch = epoch
+        self.clock = Clock()
+        self.clock.update(time.time_ns())
+        self.ring = [new_producer_id() for _ in range(ring_size)]
+        self.k = 0  # transactions opened
+        self.failed = False  # set by the DB worker when a commit of this view failed
+        self.last_ack: dict[tuple[bytes, str, int], int] = {}  # (producer, topic, partition) -> ACK clock
+
+
+class _Txn:
+    """One harvest transaction."""
+
+    __slots__ = ("ack_clock", "ack_failed", "ack_pending", "closed", "commit", "dead", "failures", "first_clock",
+                 "ids", "journals", "k", "opened", "pending", "producer", "producer_int", "rows", "view")
+
+    def __init__(self, view: _View, k: int, producer: bytes, now: float) -> None:
+        self.view = view
+        self.k = k
+        self.producer = producer
+        self.producer_int = int.from_bytes(producer, "big")
+        self.opened = now
+        self.rows: list[MarkedRow] = []
+        self.ids: list[int] = []
+        self.dead: list[tuple[int, str, int]] = []
+        self.pending = 0  # produced, delivery report not yet seen
+        # touched (topic, partition) -> clock of the first record there (from delivery reports)
+        self.journals: dict[tuple[str, int], int] = {}
+        self.failures: list[tuple[KafkaError, Message | None]] = []
+        self.first_clock = 0
+        self.ack_clock = 0
+        self.closed = False
+        self.commit: Future[None] | None = None
+        self.ack_pending = 0
+        self.ack_failed = False
+
+    def on_delivery(self, err: KafkaError | None, msg: Message) -> None:
+        self.pending -= 1
+        if err is not None:
+            self.failures.append((err, msg))
+            if msg is None or msg.partition() is None or msg.partition() < 0:
+                return  # (a failed record with a known partition may be in the log anyway)
+        j = (msg.topic(), msg.partition())
+        if j not in self.journals:  # once per partition per transaction: reports arrive in log order
+            self.journals[j] = _header_clock(msg)
+
+    def on_ack(self, err: KafkaError | None, msg: Message) -> None:
+        self.ack_pending -= 1
+        if err is not None:
+            log.warning("ACK_TXN of harvest transaction %d to %s/%s failed: %s (its intent stays; the next "
+                        "view re-sends it)", self.k, msg.topic(), msg.partition(), err.str())
+            self.ack_failed = True
+
+
+def _header_clock(msg: Message) -> int:
+    for k, v in msg.headers() or ():
+        if k == "uuid":
+            return clock_of(uuid.UUID(bytes=v))
+    return 0
+
+
+class _Counter:
+    """Delivery counter for recovery and rollback ACKs."""
+
+    __slots__ = ("failed", "pending")
+
+    def __init__(self) -> None:
+        self.pending = 0
+        self.failed = 0
+
+    def on_delivery(self, err: KafkaError | None, msg: Message) -> None:
+        self.pending -= 1
+        if err is not None:
+            self.failed += 1
+            log.warning("ACK to %s/%s failed: %s", msg.topic(), msg.partition(), err.str())
+
+
+class SequencedHarvest(Harvest):
+    """The relay in ``--uuid-sequencing`` mode (see module doc). Built by ``Harvest(config)``."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._view: _View | None = None
+        self._txns: deque[_Txn] = deque()  # opened, ACKs not yet enqueued, in order
+        self._acking: deque[_Txn] = deque()  # ACKs enqueued, not yet all delivered, in order
+        self._confirm_buf: list[tuple[bytes, int]] = []
+        self._next_confirm = 0.0
+        self._poison: dict[int, tuple[str, int]] = {}  # id -> (reason, attempts): dead-letter when seen
+        self._view_backoff_until = 0.0
+        self._last_mark_short = True
+        self._hook = _TestHook()
+        self._refreshing = False
+        # An ACK of this view failed: produce nothing more in it (not even ACKs of later commits, which
+        # could overtake the missing one in a partition); recovery re-sends every intent in order.
+        self._ack_broken = False
+        self.views_started = 0
+
+    # ------------------------------------------------------------------ election listener
+    def on_acquired(self) -> None:
+        super().on_acquired()
+        self._view = None  # the first tick starts a view (epoch bump + recovery)
+
+    def _ensure_producer(self):  # type: ignore[no-untyped-def]
+        if self._producer is None:
+            conf = self.config.producer_config()
+            conf.setdefault("client.id", f"harvest-{self.config.name}")
+            # A failed ACK must not be overtaken by a later one in its partition (per-key order):
+            # librdkafka then raises a fatal error instead of leaving a gap; the view is abandoned and
+            # a fresh producer re-sends the intents in order.
+            conf.setdefault("enable.gapless.guarantee", True)
+            self._producer = self._producer_factory(conf, self._on_delivery)
+        return self._producer
+
+    # ------------------------------------------------------------------ main loop
+    def _leader_tick(self) -> None:
+        producer = self._ensure_producer()
+        if self._remark:  # a DB error surfaced by the main loop, or a failure: abandon the view
+            self._refresh()
+            return
+        if self._view is None:
+            now = time.monotonic()
+            if now < self._view_backoff_until:
+                self._stop_requested.wait(min(0.05, self._view_backoff_until - now))
+                return
+            self._start_view()
+            return
+        view = self._view
+        producer.poll(0)
+        now = time.monotonic()
+        self._advance(now)
+        if self._remark or self._leader_id is None:
+            return
+        # mark (prefetch, as in at-least-once mode)
+        mark = self._mark_future
+        if mark is not None and mark.done():
+            self._mark_future = None
+            rows = mark.result()  # DatabaseError -> main loop: back off, abandon the view
+            if self._mark_view == view.leader_id:
+                self._ready.extend(rows)
+                self._last_mark_short = len(rows) < self.limits.mark_query_records
+                self._idle = not rows
+                if not rows:
+                    self._next_mark = now + self.limits.mark_backoff
+        elif mark is None and len(self._ready) < self.limits.mark_query_records and now >= self._next_mark:
+            self._submit_mark()
+        if self._ready:
+            self._fill(now)
+        in_flight = self._in_flight_count()
+        if self._txns or self._acking or self._ready or self._mark_future is not None:
+            if not self._ready or in_flight >= self.limits.max_in_flight_records:
+                producer.poll(0.001)
+            if self._idle and self._mark_future is None and self._listener is not None and self._listener.pending():
+                self._next_mark = 0.0
+        elif self._confirm_buf:
+            self._flush_confirms()
+        else:
+            assert self._listener is not None
+            if self._listener.wait(min(self.limits.idle_poll_interval, self.limits.min_poll_interval)):
+                self._next_mark = 0.0
+
+    def _in_flight_count(self) -> int:
+        return sum(t.pending for t in self._txns)
+
+    def _advance(self, now: float) -> None:
+        """Close / commit / ACK / confirm whatever is ready, in transaction order."""
+        txns = self._txns
+        for t in txns:
+            if t.failures:
+                self._abandon(f"delivery failed in harvest transaction {t.k}: {t.failures[0][0].str()}", t)
+                return
+        if txns:
+            last = txns[-1]
+            if not last.closed and (now - last.opened >= self.limits.txn_max_duration
+                                    or (not self._ready and self._last_mark_short)):
+                self._close(last)
+        # submit commits in order
+        for t in txns:
+            if t.commit is None:
+                if not t.closed or t.pending:
+                    break
+                if self._hook:
+                    self._hook.hit("after_delivery_before_commit")
+                self._submit_commit(t)
+        # commit results, in order
+        while txns and txns[0].commit is not None and txns[0].commit.done():
+            t = txns[0]
+            err = t.commit.exception()  # type: ignore[union-attr]
+            if err is not None:
+                self._abandon(f"commit of harvest transaction {t.k} failed: {err}", None,
+                              fenced=isinstance(err, FenceError))
+                return
+            txns.popleft()
+            self.metrics.delivered += len(t.ids)
+            if self._hook:
+                self._hook.hit("after_commit_before_ack")
+            self._enqueue_acks(t)
+            if self._ack_broken:
+                self._abandon(f"producing ACK_TXN of harvest transaction {t.k} failed", None)
+                return
+        # ACK deliveries, in order
+        acking = self._acking
+        if any(t.ack_failed for t in acking):
+            self._ack_broken = True
+        while acking and acking[0].ack_pending == 0:
+            t = acking.popleft()
+            if t.ack_failed:
+                self._abandon(f"ACK_TXN delivery of harvest transaction {t.k} failed", None)
+                return
+            if t.journals:
+                self._confirm_buf.append((t.producer, t.ack_clock))
+        if self._confirm_buf and (len(self._confirm_buf) >= 64 or now >= self._next_confirm):
+            self._flush_confirms()
+        if self._db_futures:
+            self._check_db()
+
+    def _flush_confirms(self) -> None:
+        db, exec_ = self._db, self._exec
+        assert db is not None and exec_ is not None
+        items, self._confirm_buf = self._confirm_buf, []
+        self._next_confirm = time.monotonic() + max(self.limits.purge_interval, 0.2)
+        self._db_futures.append(exec_.submit(db.confirm_acks, items))
+
+    # ------------------------------------------------------------------ transactions
+    def _open(self, now: float) -> _Txn | None:
+        view = self._view
+        assert view is not None
+        if self._txns:
+            last = self._txns[-1]
+            if not last.closed:
+                return last
+        if len(self._txns) >= len(view.ring):
+            return None  # ring full: txn k must wait until ACK k-M is enqueued
+        k = view.k
+        view.k += 1
+        view.clock.update(time.time_ns())
+        t = _Txn(view, k, view.ring[k % len(view.ring)], now)
+        t.first_clock = view.clock.value + TICK
+        self._txns.append(t)
+        return t
+
+    def _close(self, t: _Txn) -> None:
+        assert self._view is not None
+        t.closed = True
+        t.ack_clock = self._view.clock.tick()
+        if self._hook and t.ids:
+            self._hook.hit("after_publish_before_delivery", settle=0.5)
+
+    def _fill(self, now: float) -> None:
+        """Produce ready rows in id order into the open transaction(s)."""
+        ready = self._ready
+        producer = self._producer
+        view = self._view
+        assert producer is not None and view is not None
+        limit = self.limits.max_in_flight_records
+        max_records = self.limits.txn_max_records
+        in_flight = self._in_flight_count()
+        clock = view.clock
+        poison = self._poison
+        while ready and in_flight < limit and not self._remark:
+            t = self._open(now)
+            if t is None:
+                return
+            cb = t.on_delivery
+            prod = t.producer_int
+            rows, ids = t.rows, t.ids
+            while ready and in_flight < limit:
+                row = ready[0]
+                rid, topic, key, value, hkeys, hvals = row
+                if poison and rid in poison:
+                    ready.popleft()
+                    reason, attempts = poison.pop(rid)
+                    self._dead_letter_in(t, row, reason, attempts)
+                    continue
+                if hvals is None or hkeys is None or len(hkeys) != len(hvals) or topic is None or key is None:
+                    reason = _bad_row_reason(row)
+                    if reason is not None:
+                        ready.popleft()
+                        self._dead_letter_in(t, row, f"bad row: {reason}", 0)
+                        continue
+                c = clock.value + TICK
+                headers = [("uuid", uuid_bytes(prod, c, _CONTINUE))]
+                if hkeys:
+                    headers.extend(zip(hkeys, hvals))  # type: ignore[arg-type]
+                try:
+                    producer.produce(topic, value, key, headers=headers, on_delivery=cb)  # type: ignore[arg-type]
+                except BufferError:
+                    producer.poll(0.005)
+                    in_flight = self._in_flight_count()
+                    continue
+                except KafkaException as exc:
+                    err: KafkaError = exc.args[0]
+                    ready.popleft()
+                    if is_permanent(err, True):
+                        self._dead_letter_in(t, row, f"cannot be sent: {err.name()}: {err.str()}", 1)
+                        continue
+                    self._count_failure(rid, err, False)
+                    self._abandon(f"produce failed for record {rid}: {err.str()}", None)
+                    return
+                except (TypeError, ValueError) as exc:
+                    ready.popleft()
+                    self._dead_letter_in(t, row, f"cannot produce: {exc}", 1)
+                    continue
+                ready.popleft()
+                clock.value = c
+                t.pending += 1
+                rows.append(row)
+                ids.append(rid)
+                in_flight += 1
+                if len(ids) >= max_records:
+                    self._close(t)
+                    break
+            if not t.closed and not ready and self._last_mark_short:
+                self._close(t)
+
+    def _dead_letter_in(self, t: _Txn, row: MarkedRow, error: str, attempts: int) -> None:
+        log.error("record %d (topic %r) will be moved to dead letters with harvest transaction %d: %s",
+                  row[0], row[1], t.k, error)
+        self._attempts.pop(row[0], None)
+        t.dead.append((row[0], error, attempts))
+        self.metrics.dead_lettered += 1
+
+    def _count_failure(self, rid: int, err: KafkaError, asynchronous: bool) -> None:
+        self.metrics.delivery_failures += 1
+        attempts = self._attempts.get(rid, 0) + 1
+        self._attempts[rid] = attempts
+        permanent = asynchronous and is_permanent(err, False)
+        if permanent or attempts >= self.limits.max_delivery_attempts:
+            why = "cannot be sent" if permanent else f"failed {attempts} delivery attempts"
+            self._poison[rid] = (f"{why}: {err.name()}: {err.str()}", attempts)
+        if err.fatal():
+            self._producer_fatal = True
+
+    def _submit_commit(self, t: _Txn) -> None:
+        db, exec_ = self._db, self._exec
+        assert db is not None and exec_ is not None
+        view = t.view
+        journals = sorted(t.journals)
+        ids, dead = t.ids, t.dead
+
+        def job() -> None:
+            if view.failed:
+                raise FenceError(f"harvest transaction {t.k} not committed: an earlier commit of its view failed")
+            try:
+                db.commit_txn(view.epoch, view.leader_id, ids, dead, t.producer, t.ack_clock, journals)
+            except BaseException:
+                view.failed = True
+                raise
+
+        t.commit = exec_.submit(job)
+
+    def _enqueue_acks(self, t: _Txn) -> None:
+        """Produce one ACK_TXN per partition the committed transaction touched, in a fixed order."""
+        producer = self._producer
+        assert producer is not None
+        view = t.view
+        journals = sorted(t.journals)
+        if not journals or self._ack_broken:
+            return
+        ack = uuid_bytes(t.producer_int, t.ack_clock, _ACK)
+        t.ack_pending = len(journals)
+        self._acking.append(t)
+        for i, (topic, part) in enumerate(journals):
+            if not self._produce_ack(topic, part, ack, t.on_ack):
+                t.ack_pending -= len(journals) - i - 1  # the rest are never produced
+                t.ack_failed = True
+                self._ack_broken = True
+                return
+            view.last_ack[(t.producer, topic, part)] = t.ack_clock
+            if i == 0 and len(journals) > 1 and self._hook:
+                producer.flush(10)
+                self._hook.hit("after_some_acks")
+
+    def _produce_ack(self, topic: str, partition: int, ack: bytes, cb: Any) -> bool:
+        """Produce one ACK_TXN; False (after reporting a failure to ``cb``) if it could not be."""
+        producer = self._producer
+        assert producer is not None
+        err: KafkaError | None = None
+        for _ in range(10000):
+            try:
+                # Empty (not null) key and value: compacted topics refuse null keys, and a null value
+                # would be a tombstone.
+                producer.produce(topic, b"", b"", partition=partition, headers=[("uuid", ack)], on_delivery=cb)
+                return True
+            except BufferError:
+                producer.poll(0.01)
+            except KafkaException as exc:
+                err = exc.args[0]
+                break
+        err = err or KafkaError(KafkaError._QUEUE_FULL, "local queue full")
+        # The DB holds the intent (if it is one): the next view re-sends it.
+        log.warning("producing ACK_TXN to %s/%s failed: %s", topic, partition, err.str())
+        cb(err, _FakeMsg(topic, partition))
+        return False
+
+    # ------------------------------------------------------------------ views
+    def _start_view(self) -> None:
+        """New leader id + fence epoch; recover and deliver persisted ACK intents; then go."""
+        db, exec_ = self._db, self._exec
+        assert db is not None and exec_ is not None
+        leader_id = uuid.uuid4()
+        epoch, intents = exec_.submit(db.start_view, leader_id, self.config.name).result()
+        if self._leader_id is None or self._stop_requested.is_set():
+            return  # lost leadership meanwhile (a standby's view is harmless: it fenced nobody we know)
+        counter = _Counter()
+        deadline = time.monotonic() + self.limits.queue_timeout
+        for _e, prod, clock, topic, part in intents:
+            counter.pending += 1
+            if not self._produce_ack(topic, part, uuid_bytes(int.from_bytes(prod, "big"), clock, _ACK),
+                                     counter.on_delivery):
+                break
+        producer = self._producer
+        assert producer is not None
+        while counter.pending > 0 and time.monotonic() < deadline:
+            producer.poll(0.01)
+        if counter.pending or counter.failed:
+            self._remark = True  # retry the view (and its recovery) after a backoff
+            self._view_backoff_until = time.monotonic() + self.limits.io_error_backoff
+            log.warning("view epoch %d: %d recovered ACK intent(s) not delivered; starting another view", epoch,
+                        counter.pending + counter.failed)
+            return
+        if intents:
+            exec_.submit(db.confirm_acks, [(p, c) for _e, p, c, _t, _p in intents]).result()
+        view = self._view = _View(leader_id, epoch, self.limits.producer_ring)
+        self._ack_broken = False
+        self._leader_id = leader_id
+        self._remark = False
+        self._next_mark = 0.0
+        self._last_mark_short = True
+        self.views_started += 1
+        log.info("%s: view epoch=%d leader_id=%s producers=%s recovered_acks=%d", self.config.name, epoch, leader_id,
+                 ",".join(p.hex() for p in view.ring), len(intents))
+        if self._refreshing:
+            self._refreshing = False
+            self._emit(LeaderRefreshed(leader_id))
+        self._emit(ViewStarted(leader_id, epoch, len(intents), tuple(view.ring)))
+
+    def _abandon(self, why: str, failed: _Txn | None, fenced: bool = False) -> None:
+        if self._remark:
+            return
+        log.warning("%s: abandoning leader view%s: %s", self.config.name,
+                    f" epoch={self._view.epoch}" if self._view else "", why)
+        if failed is not None:
+            for err, msg in failed.failures:
+                rid = self._find_row(failed, msg)
+                if rid is not None:
+                    self._count_failure(rid, err, True)
+        if fenced:
+            self._view_backoff_until = time.monotonic() + self.limits.heartbeat_timeout
+        self._remark = True
+
+    @staticmethod
+    def _find_row(t: _Txn, msg: Message | None) -> int | None:
+        if msg is None:
+            return None
+        key, value = msg.key(), msg.value()
+        for row in t.rows:
+            if row[2] == key and row[3] == value:
+                return row[0]
+        return None
+
+    def _wind_down(self, commit_delivered: bool) -> None:
+        """Stop producing; drain; finish (and with ``commit_delivered`` submit) commits in order;
+        ACK the committed; roll back the rest; deliver ACKs; confirm. Leaves no view."""
+        self._ready.clear()
+        view = self._view
+        producer = self._producer
+        exec_ = self._exec
+        budget = self.limits.max_poll_interval or 1.0
+        deadline = time.monotonic() + budget  # type: ignore[operator]
+        if view is not None and producer is not None:
+            if self._txns and not self._txns[-1].closed:
+                self._close(self._txns[-1])
+            while self._in_flight_count() and time.monotonic() < deadline:
+                producer.poll(0.01)
+            if commit_delivered and not view.failed:
+                for t in self._txns:
+                    if t.commit is None:
+                        if t.pending or t.failures:
+                            break
+                        self._submit_commit(t)
+            # barrier: every submitted DB job (commits in order, confirms, a pending mark)
+            if exec_ is not None:
+                try:
+                    exec_.submit(lambda: None).result()
+                except Exception:
+                    pass
+            if any(t.ack_failed for t in self._acking):
+                self._ack_broken = True
+            committed_ok = True
+            for t in list(self._txns):
+                ok = committed_ok and t.commit is not None and t.commit.exception() is None
+                if ok:
+                    self._txns.remove(t)
+                    self.metrics.delivered += len(t.ids)
+                    self._enqueue_acks(t)
+                    continue
+                committed_ok = False
+                if t.commit is not None and t.commit.exception() is not None:
+                    log.warning("harvest transaction %d not committed: %s", t.k, t.commit.exception())
+            # rollback ACKs for the abandoned spans we know of
+            counter = _Counter()
+            for t in self._txns if not self._ack_broken else ():
+                if not t.ids:
+                    continue
+                for (topic, part), first in sorted(t.journals.items()):
+                    # == the reader's last ACK of this producer in this partition: a clean rollback
+                    clock = view.last_ack.get((t.producer, topic, part), (first or t.first_clock) - 1)
+                    counter.pending += 1
+                    if not self._produce_ack(topic, part, uuid_bytes(t.producer_int, clock, _ACK),
+                                             counter.on_delivery):
+                        break
+            self._txns.clear()
+            end = time.monotonic() + budget  # type: ignore[operator]
+            while (self._acking and any(t.ack_pending for t in self._acking) or counter.pending) and \
+                    time.monotonic() < end:
+                producer.poll(0.01)
+            for t in self._acking:
+                if t.ack_pending == 0 and not t.ack_failed and t.journals:
+                    self._confirm_buf.append((t.producer, t.ack_clock))
+            self._acking.clear()
+            if self._in_flight_count() or len(producer) > 0:
+                log.warning("records/ACKs still queued after %.1fs; replacing the Kafka producer", budget)
+                try:
+                    producer.purge(in_queue=True, in_flight=False)
+                    producer.poll(0)
+                except KafkaException:
+                    pass
+                self._producer = None
+        self._txns.clear()
+        self._acking.clear()
+        if self._confirm_buf and self._db is not None and exec_ is not None:
+            items, self._confirm_buf = self._confirm_buf, []
+            try:
+                exec_.submit(self._db.confirm_acks, items).result()
+            except DatabaseError as exc:
+                log.warning("could not confirm ACK intents (the next view re-sends them): %s", exc)
+        if self._mark_future is not None:
+            try:
+                self._mark_future.result()
+            except DatabaseError:
+                pass
+            self._mark_future = None
+        for f in self._db_futures:
+            try:
+                f.result()
+            except Exception as exc:
+                log.warning("DB job failed during wind-down: %s", exc)
+        self._db_futures = []
+        self._view = None
+        if self._producer_fatal:
+            self._producer_fatal = False
+            if self._producer is not None:
+                self._producer.flush(1.0)
+            self._producer = None
+
+    def _refresh(self) -> None:
+        """Abandon the current view; the next tick starts a new one (after any backoff)."""
+        self._wind_down(commit_delivered=False)
+        self._remark = False
+        self.metrics.remarks += 1
+        self._refreshing = True
+
+    def _relinquish(self, why: str) -> bool:
+        if self._leader_id is None:
+            return False
+        log.info("%s: giving up leadership (%s): committing delivered harvest transactions", self.config.name, why)
+        try:
+            self._wind_down(commit_delivered=not self._remark)
+        except (DatabaseError, ProducerError, KafkaException) as exc:
+            log.warning("winding down the leader view failed (the next leader recovers): %s", exc)
+            self._view = None
+            self._txns.clear()
+            self._acking.clear()
+        self._attempts.clear()
+        self._poison.clear()
+        self._leader_id = None
+        self._remark = False
+        self.metrics.is_leader = False
+        return True
+
+    def _gauges(self) -> tuple[int, int]:
+        return self._in_flight_count(), len(self._ready)
+
+
+class _FakeMsg:
+    """Stands in for a Message in a synthesized delivery report."""
+
+    def __init__(self, topic: str, partition: int) -> None:
+        self._t, self._p = topic, partition
+
+    def topic(self) -> str:
+        return self._t
+
+    def partition(self) -> int:
+        return self._p
+
+    def key(self) -> None:
+        return None
+
+    def value(self) -> None:
+        return None
