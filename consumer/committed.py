@@ -69,8 +69,6 @@ __all__ = ["ReadCommittedIter"]
 
 logger = logging.getLogger(__name__)
 
-_OUTSIDE_COMMIT = QueueOutcome.OUTSIDE_COMMIT
-_ACK_EMPTY = QueueOutcome.ACK_EMPTY
 _ACK_COMMIT_REPLAY = QueueOutcome.ACK_COMMIT_REPLAY
 
 #: on_assign(partitions) -> checkpoint bytes covering them, or None.
@@ -144,8 +142,8 @@ class ReadCommittedIter:
         self._stash: dict[str, tuple[int | None, list[ProducerState]]] = {}
         self._stash_checkpoint(offsets, states)
         self._seq = Sequencer({}, [], ring_size)
-        self._ahead: Envelope | None = None
-        self._buf: list[Envelope] = []
+        self._ahead: Any = None  # next committed item: a Record, or an Envelope from a replay
+        self._buf: list[tuple[str, int, int, int, Record]] = []  # Sequencer.queue_batch entries
         self._pos = 0
         self._closed = False
         self._closing = False
@@ -212,42 +210,43 @@ class ReadCommittedIter:
         self._stash_checkpoint(
             {j: o for j, o in offsets.items() if j in journals}, [s for s in states if s.journal in journals]
         )
-        self._rebuild(journals, {})
-        # Envelopes buffered from the revoked partitions must not be sequenced.
+        assert self._ahead is None, "rebalance while a sequence is being dequeued"
+        self._seq.drop_journals(journals)
+        # Records buffered from the revoked partitions must not be sequenced.
         if self._pos < len(self._buf):
-            self._buf = [e for e in self._buf[self._pos :] if e.journal not in journals]
+            self._buf = [e for e in self._buf[self._pos :] if e[0] not in journals]
             self._pos = 0
 
     # -- iteration ----------------------------------------------------------
 
     def poll(self, timeout: float | None = None) -> Record | None:
         """The next committed record, or None if none is committed within ``timeout`` s."""
+        # Hot path, per record: step() the Sequencer (marking the record returned
+        # last processed) and return the one before. Records are queued a whole
+        # consumed batch per Sequencer.queue_batch() call, which stops at each
+        # committing record so the sequence is stepped exactly as with
+        # queue_uncommitted(): checkpoints see the same state either way.
         include_acks = self._include_acks
         deadline = None
         fetched = False
         while True:
-            env = self._ahead
-            if env is not None:
+            item = self._ahead
+            if item is not None:
                 try:
-                    self._ahead = self._seq.step()  # marks env processed
+                    self._ahead = self._seq.step()  # marks item processed
                 except ReplayError as exc:
                     self.close()
                     raise ReplayFailedError(f"replay failed; the reader is closed: {exc}") from exc
-                if not include_acks and (env.uuid.int >> 48) & 0x3FF == 2:
+                if type(item) is Envelope:  # served by a replay
+                    item = item.message
+                if not include_acks and (item._x >> 48) & 0x3FF == 2:
                     continue
                 self.delivered += 1
-                return env.message  # type: ignore[no-any-return]
-            buf = self._buf
-            pos = self._pos
-            seq = self._seq
-            queue = seq.queue_uncommitted
-            n = len(buf)
-            while pos < n:
-                env = buf[pos]
-                pos += 1
-                outcome = queue(env)
-                if outcome is _OUTSIDE_COMMIT or outcome >= _ACK_EMPTY:
-                    self._pos = pos
+                return item  # type: ignore[no-any-return]
+            if self._pos < len(self._buf):
+                seq = self._seq
+                self._pos, outcome = seq.queue_batch(self._buf, self._pos)
+                if outcome is not None:
                     if outcome is _ACK_COMMIT_REPLAY:
                         journal, begin, end = seq.replay_range()
                         seq.start_replay(self._replayer.read(journal, begin, end))
@@ -256,27 +255,25 @@ class ReadCommittedIter:
                     except ReplayError as exc:
                         self.close()
                         raise ReplayFailedError(f"replay failed; the reader is closed: {exc}") from exc
-                    break
+                continue
+            if self._closed:
+                raise ConsumerClosedError("the reader is closed")
+            if timeout is None:
+                wait = None
             else:
-                self._pos = pos
-                if self._closed:
-                    raise ConsumerClosedError("the reader is closed")
-                if timeout is None:
-                    wait = None
-                else:
-                    if deadline is None:
-                        deadline = time.monotonic() + timeout
-                    wait = deadline - time.monotonic()
-                    if wait <= 0:
-                        if fetched:
-                            return None  # timeout spent sequencing uncommitted records
-                        wait = 0.0  # poll(0): still take what is ready
-                fetched = True
-                batch = self._reader._next_batch(wait)
-                if not batch:
-                    return None
-                self._buf = batch
-                self._pos = 0
+                if deadline is None:
+                    deadline = time.monotonic() + timeout
+                wait = deadline - time.monotonic()
+                if wait <= 0:
+                    if fetched:
+                        return None  # timeout spent sequencing uncommitted records
+                    wait = 0.0  # poll(0): still take what is ready
+            fetched = True
+            batch = self._reader._next_batch(wait, entries=True)
+            if not batch:
+                return None
+            self._buf = batch
+            self._pos = 0
 
     def __iter__(self) -> Iterator[Record]:
         """Committed records until ``idle_timeout`` passes without one (forever when None)."""

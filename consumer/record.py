@@ -3,7 +3,8 @@
 A :class:`Record` is an immutable, slotted view of a confluent-kafka
 ``Message`` plus the parsed ``uuid`` header. Kafka fields are read from the
 underlying message on access (construction is on the hot path of every
-delivered record, so it stores two references and nothing else).
+delivered record, so it stores two references and nothing else: the UUID is
+kept as its 128-bit int, and the ``uuid.UUID`` object is built on access).
 
 Invariants (backed by ``tests/test_consumer/test_config_and_records.py``):
 
@@ -32,23 +33,28 @@ __all__ = ["Record", "HEADER_NAME"]
 HEADER_NAME = "uuid"
 
 _new = object.__new__
+_UUID = _uuid.UUID
+_set_uuid_int = _UUID.__dict__["int"].__set__
+_set_uuid_safe = _UUID.__dict__["is_safe"].__set__
+_SAFE_UNKNOWN = _uuid.SafeUUID.unknown
 
 
 class Record:
     """A Kafka record plus its Gazette message identity (see module doc)."""
 
-    __slots__ = ("_msg", "_uuid")
+    # _x: the UUID's 128-bit int, 0 for none (the nil UUID is "none" too).
+    __slots__ = ("_msg", "_x")
 
     def __init__(self, message: Any, message_uuid: _uuid.UUID | None = None) -> None:
         _set_msg(self, message)
-        _set_uuid(self, message_uuid)
+        _set_x(self, 0 if message_uuid is None else message_uuid.int)
 
     @classmethod
     def _make(cls, message: Any, message_uuid: _uuid.UUID | None) -> Record:
         """Hot-path constructor (skips ``__init__``)."""
         r = _new(cls)
         _set_msg(r, message)
-        _set_uuid(r, message_uuid)
+        _set_x(r, 0 if message_uuid is None else message_uuid.int)
         return r
 
     def __setattr__(self, name: str, value: Any) -> None:
@@ -103,34 +109,33 @@ class Record:
 
     @property
     def uuid(self) -> _uuid.UUID | None:
-        return self._uuid
+        x = self._x
+        if not x:
+            return None
+        u = _new(_UUID)
+        _set_uuid_int(u, x)
+        _set_uuid_safe(u, _SAFE_UNKNOWN)
+        return u
 
     @property
     def producer(self) -> bytes | None:
-        u = self._uuid
-        return None if u is None else (u.int & 0xFFFFFFFFFFFF).to_bytes(6, "big")
+        x = self._x
+        return None if not x else (x & 0xFFFFFFFFFFFF).to_bytes(6, "big")
 
     @property
     def clock(self) -> int:
-        u = self._uuid
-        if u is None:
-            return 0
-        x = u.int
+        x = self._x
         return (x >> 96) << 4 | ((x >> 80) & 0xFFFF) << 36 | ((x >> 64) & 0x0FFF) << 52 | (x >> 58) & 0xF
 
     @property
     def flags(self) -> int:
         """``Flags`` value of the UUID (an unknown value is returned as the raw int)."""
-        u = self._uuid
-        if u is None:
-            return Flags.OUTSIDE_TXN
-        f = (u.int >> 48) & 0x3FF
+        f = (self._x >> 48) & 0x3FF
         return Flags(f) if f <= 2 else f
 
     @property
     def is_ack(self) -> bool:
-        u = self._uuid
-        return u is not None and (u.int >> 48) & 0x3FF == 2
+        return (self._x >> 48) & 0x3FF == 2
 
     @property
     def kafka_message(self) -> Any:
@@ -152,8 +157,7 @@ class Record:
         return hash(self._position())
 
     def __repr__(self) -> str:
-        u = self._uuid
-        ident = "unsequenced" if u is None else f"producer={self.producer.hex()} clock={self.clock} flags={self.flags!r}"  # type: ignore[union-attr]
+        ident = "unsequenced" if not self._x else f"producer={self.producer.hex()} clock={self.clock} flags={self.flags!r}"  # type: ignore[union-attr]
         return f"Record({self.topic}/{self.partition}@{self.offset} key={self.key!r} {ident})"
 
     def __reduce__(self) -> Any:
@@ -162,4 +166,4 @@ class Record:
 
 # Slot descriptors bypass the read-only __setattr__ (used only at construction).
 _set_msg = Record.__dict__["_msg"].__set__
-_set_uuid = Record.__dict__["_uuid"].__set__
+_set_x = Record.__dict__["_x"].__set__

@@ -7,7 +7,10 @@ When it returns a committing outcome (``QueueOutcome.commits``), call
 committed message of the sequence (replayed part first, then the ring), and
 finally the committing ACK_TXN / OUTSIDE_TXN message itself. On
 ``ACK_COMMIT_REPLAY`` first re-read :meth:`Sequencer.replay_range` and pass the
-envelopes to :meth:`Sequencer.start_replay`.
+envelopes to :meth:`Sequencer.start_replay`. :meth:`Sequencer.queue_batch`
+queues a whole read batch in one call (exactly ``queue_uncommitted`` per entry,
+stopping at each commit); :meth:`Sequencer.drop_journals` forgets journals
+(e.g. revoked partitions).
 
 Per (journal, producer) the Sequencer tracks a partial sequence: an exclusive
 minimum clock (the last ACK), an inclusive maximum clock, the ``begin`` offset
@@ -41,8 +44,9 @@ Invariants (each backed by a test in ``tests/test_sequencer/``):
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from types import MappingProxyType
+from typing import Any
 
 from .envelope import Envelope
 from .errors import CheckpointError, ReplayError, SequencerStateError
@@ -105,6 +109,7 @@ class Sequencer:
         "_dequeued",
         "_dequeued_clock",
         "_emit",
+        "_emit_end",
         "_head",
         "_logged",
         "_next",
@@ -112,8 +117,11 @@ class Sequencer:
         "_offsets_view",
         "_partials",
         "_pending",
+        "_rbegin",
+        "_rclock",
         "_replay_it",
         "_ring",
+        "_rpart",
         "_size",
     )
 
@@ -131,11 +139,20 @@ class Sequencer:
         self._partials: dict[str, dict[int, _Partial]] = {}
         self._pending: set[_Partial] = set()
         self._emit: _Partial | None = None
-        self._dequeued: Envelope | None = None
+        self._dequeued: Any = None  # the item step() returned last
         self._dequeued_clock = 0
         self._replay_it: Iterator[Envelope] | None = None
-        self._ring: list[Envelope | None] = [None] * size
+        # The ring, as parallel lists indexed by slot: the queued item (what
+        # step() returns), its begin offset, its clock and its producer's
+        # partial (for eviction). Keeping begin/clock beside the item spares
+        # step() and the commit checks re-deriving them from the Envelope, and
+        # lets queue_batch() store items that are not Envelopes.
+        self._ring: list[Any] = [None] * size
+        self._rbegin: list[int] = [0] * size
+        self._rclock: list[int] = [0] * size
+        self._rpart: list[_Partial | None] = [None] * size
         self._next: list[int] = [-1] * size
+        self._emit_end = 0  # end offset of the committing message of _emit
         self._head = 0
         self._size = size
         self._logged: set[tuple[str, str, int]] = set()
@@ -167,6 +184,89 @@ class Sequencer:
             raise SequencerStateError(
                 "committed messages remain to dequeue: call step() until it returns None before queue_uncommitted()"
             )
+        return self._queue(env.journal, env.begin, env.end, env.uuid.int, env)
+
+    def queue_batch(
+        self, entries: Sequence[tuple[str, int, int, int, Any]], pos: int = 0
+    ) -> tuple[int, QueueOutcome | None]:
+        """Queue ``entries[pos:]`` in order, stopping after the first committing one.
+
+        Each entry is ``(journal, begin, end, uuid_int, item)``: an Envelope's
+        fields, with the UUID as its 128-bit int, and ``item`` the object that
+        ``step()`` returns for it (where ``queue_uncommitted`` returns the
+        Envelope itself). Returns ``(next_pos, outcome)``: ``outcome`` is the
+        committing outcome of ``entries[next_pos - 1]`` (then dequeue it exactly
+        as after ``queue_uncommitted``), or ``None`` when every entry was queued
+        without a commit (``next_pos == len(entries)``).
+
+        Equivalent to calling ``queue_uncommitted`` on each entry's Envelope
+        (``tests/test_sequencer/test_seq_batch.py`` checks it on random logs),
+        but one Python call per batch instead of per message: readers spend most
+        of their time here, and in CPython the per-message call and attribute
+        overhead dominate the actual work.
+        """
+        if self._emit is not None:
+            raise SequencerStateError(
+                "committed messages remain to dequeue: call step() until it returns None before queue_batch()"
+            )
+        ring, rbegin, rclock, rpart, nxt = self._ring, self._rbegin, self._rclock, self._rpart, self._next
+        partials = self._partials
+        offsets = self._offsets
+        pending = self._pending
+        size = self._size
+        queue = self._queue
+        head = self._head
+        jname: str | None = None
+        jparts: dict[int, _Partial] = {}
+        n = len(entries)
+        while pos < n:
+            journal, begin, end, x, item = entries[pos]
+            pos += 1
+            if ring[head] is not None:
+                self._evict_at_head(head)
+            # Fast path, the common case: a CONTINUE_TXN with a clock above both
+            # bounds of a known producer (CONTINUE_BEGIN_SPAN / _EXTEND_SPAN).
+            # It is _queue()'s CONTINUE branch for exactly these conditions;
+            # everything else goes through _queue() itself.
+            if (x >> 48) & 0x3FF == 1:
+                if journal is not jname:
+                    jname = journal
+                    jparts = partials.get(journal) or {}
+                partial = jparts.get(x & _PRODUCER_MASK)
+                if partial is not None:
+                    clock = (x >> 96) << 4 | ((x >> 80) & 0xFFFF) << 36 | ((x >> 64) & 0x0FFF) << 52 | (x >> 58) & 0xF
+                    if clock > partial.max_clock and clock > partial.min_clock:
+                        if partial.begin == -1:
+                            partial.begin = begin
+                            pending.add(partial)
+                        ring[head] = item
+                        rbegin[head] = begin
+                        rclock[head] = clock
+                        rpart[head] = partial
+                        nxt[head] = -1
+                        if partial.ring_stop == -1:
+                            partial.ring_start = head
+                        else:
+                            nxt[partial.ring_stop] = head
+                        partial.ring_stop = head
+                        head += 1
+                        if head == size:
+                            head = 0
+                        partial.max_clock = clock
+                        offsets[journal] = end
+                        continue
+            self._head = head
+            outcome = queue(journal, begin, end, x, item)
+            if jname == journal:
+                jname = None  # _queue() may have created the journal's partials
+            if self._emit is not None:
+                return pos, outcome
+            head = self._head
+        self._head = head
+        return pos, None
+
+    def _queue(self, journal: str, begin: int, end: int, x: int, item: Any) -> QueueOutcome:
+        """queue_uncommitted() on an Envelope's fields (``x`` is ``uuid.int``)."""
         ring = self._ring
         head = self._head
         if ring[head] is not None:
@@ -174,11 +274,10 @@ class Sequencer:
 
         # identity.clock_of/flags_of/producer_of, inlined: function calls per
         # message are a large share of the hot path in CPython.
-        x = env.uuid.int
-        journal = env.journal
         producer = x & _PRODUCER_MASK
         clock = (x >> 96) << 4 | ((x >> 80) & 0xFFFF) << 36 | ((x >> 64) & 0x0FFF) << 52 | (x >> 58) & 0xF
         flags = (x >> 48) & 0x3FF
+        raw_clock = clock  # what the ring keeps: 0 for an unsequenced message, which step() always returns
 
         jparts = self._partials.get(journal)
         if jparts is None:
@@ -196,19 +295,22 @@ class Sequencer:
 
         if flags == 1:  # CONTINUE_TXN: the hot path.
             if clock <= partial.min_clock:
-                self._offsets[journal] = env.end
+                self._offsets[journal] = end
                 return _CONTINUE_ALREADY_ACKED
             if clock <= partial.max_clock:
-                self._offsets[journal] = env.end
+                self._offsets[journal] = end
                 return _CONTINUE_TXN_CLOCK_LARGER
             if partial.begin == -1:
                 outcome = _CONTINUE_BEGIN_SPAN
-                partial.begin = env.begin
+                partial.begin = begin
                 self._pending.add(partial)
             else:
                 outcome = _CONTINUE_EXTEND_SPAN
             # Append to the ring and to this producer's linked list.
-            ring[head] = env
+            ring[head] = item
+            self._rbegin[head] = begin
+            self._rclock[head] = clock
+            self._rpart[head] = partial
             self._next[head] = -1
             if partial.ring_stop == -1:
                 partial.ring_start = head
@@ -218,7 +320,7 @@ class Sequencer:
             head += 1
             self._head = 0 if head == self._size else head
             partial.max_clock = clock
-            self._offsets[journal] = env.end
+            self._offsets[journal] = end
             return outcome
 
         if flags == 2:  # ACK_TXN
@@ -228,7 +330,9 @@ class Sequencer:
                 # earlier clock (at-least-once) rather than risk losing messages.
                 self._log_anomaly(
                     "unexpected ACK_TXN which is less than last ACK (loss of exactly-once semantics)",
-                    env,
+                    journal,
+                    begin,
+                    end,
                     partial,
                     clock,
                     flags,
@@ -240,7 +344,7 @@ class Sequencer:
                 outcome = _ACK_EMPTY
             elif partial.ring_start == -1:
                 outcome = _ACK_COMMIT_REPLAY  # no part of the span is in the ring
-            elif partial.begin != ring[partial.ring_start].begin:  # type: ignore[union-attr]
+            elif partial.begin != self._rbegin[partial.ring_start]:
                 outcome = _ACK_COMMIT_REPLAY  # only a trailing part is in the ring
             else:
                 outcome = _ACK_COMMIT_RING
@@ -249,20 +353,24 @@ class Sequencer:
                 partial.min_clock = partial.max_clock = clock
                 partial.begin = partial.ring_start = partial.ring_stop = -1
                 self._pending.discard(partial)
-                self._offsets[journal] = env.end
+                self._offsets[journal] = end
                 return outcome
         else:
             if flags != 0:
-                self._log_anomaly("unexpected UUID flags (handled as OUTSIDE_TXN)", env, partial, clock, flags)
+                self._log_anomaly(
+                    "unexpected UUID flags (handled as OUTSIDE_TXN)", journal, begin, end, partial, clock, flags
+                )
             if clock <= partial.min_clock:
-                self._offsets[journal] = env.end
+                self._offsets[journal] = end
                 return _OUTSIDE_ALREADY_ACKED
             if partial.begin != -1:
                 self._log_anomaly(
                     "unexpected OUTSIDE_TXN with a preceding CONTINUE_TXN "
                     "(mixed committed and uncommitted publishing to one journal?); "
                     "the open span is rolled back",
-                    env,
+                    journal,
+                    begin,
+                    end,
                     partial,
                     clock,
                     flags,
@@ -272,7 +380,10 @@ class Sequencer:
         # A committing outcome. Offsets are *not* advanced here: only once the
         # sequence is fully stepped, so that a checkpoint taken before then
         # makes a restored reader see this committing message again.
-        ring[head] = env
+        ring[head] = item
+        self._rbegin[head] = begin
+        self._rclock[head] = raw_clock
+        self._rpart[head] = partial
         self._next[head] = -1
         if partial.ring_stop == -1:
             partial.ring_start = head
@@ -283,50 +394,52 @@ class Sequencer:
         self._head = 0 if head == self._size else head
 
         if outcome is _ACK_EMPTY:
-            partial.begin = env.begin
+            partial.begin = begin
         elif outcome is _OUTSIDE_COMMIT:
             # Any open span is clobbered (an effective rollback): the sequence
             # is this one message.
-            partial.begin = env.begin
+            partial.begin = begin
             partial.ring_start = partial.ring_stop
         # Commit through this clock; larger span clocks are rolled back.
         partial.max_clock = clock
         self._emit = partial
+        self._emit_end = end
         return outcome
 
     def _evict_at_head(self, head: int) -> None:
         """Drop the ring entry about to be overwritten, unlinking it from its span."""
-        old = self._ring[head]
-        assert old is not None
-        jparts = self._partials.get(old.journal)
-        if jparts is not None:
-            p = jparts.get(old.uuid.int & _PRODUCER_MASK)
-            # Usually no span references it: it was already committed or rolled back.
-            if p is not None and p.ring_start == head:
-                nxt = self._next[head]
-                if p.ring_start == p.ring_stop and nxt == -1:
-                    p.ring_start = p.ring_stop = -1
-                elif p.ring_start != p.ring_stop and nxt != -1:
-                    p.ring_start = nxt
-                else:  # pragma: no cover - would be a bug in the ring bookkeeping
-                    raise AssertionError("ring invariant violated: ring_start == ring_stop iff next[ring_start] == -1")
+        # The entry's partial is kept beside it. If that partial is no longer
+        # tracked (pruned or dropped), it cannot be unlinked into live state,
+        # and a live partial of the same producer never starts at the ring's
+        # oldest slot: its entries are all newer.
+        p = self._rpart[head]
+        # Usually no span references it: it was already committed or rolled back.
+        if p is not None and p.ring_start == head:
+            nxt = self._next[head]
+            if p.ring_start == p.ring_stop and nxt == -1:
+                p.ring_start = p.ring_stop = -1
+            elif p.ring_start != p.ring_stop and nxt != -1:
+                p.ring_start = nxt
+            else:  # pragma: no cover - would be a bug in the ring bookkeeping
+                raise AssertionError("ring invariant violated: ring_start == ring_stop iff next[ring_start] == -1")
         self._ring[head] = None
+        self._rpart[head] = None
         self._next[head] = -1
 
     # -- dequeueing -------------------------------------------------------
 
-    def step(self) -> Envelope | None:
+    def step(self) -> Any:
         """Return the next committed message, or None when the sequence is done.
 
         Calling ``step()`` marks the previously returned message as processed.
+        It returns the Envelope given to ``queue_uncommitted`` (or served by a
+        replay), or the item of a ``queue_batch`` entry.
         """
         emit = self._emit
         if emit is None:
             return None
-        ring = self._ring
-        prev = self._dequeued
-        if prev is None:
-            if self._replay_it is None and emit.begin != ring[emit.ring_start].begin:  # type: ignore[union-attr]
+        if self._dequeued is None:
+            if self._replay_it is None and emit.begin != self._rbegin[emit.ring_start]:
                 raise SequencerStateError(
                     "this sequence must be replayed: call replay_range() and start_replay() "
                     "before step() (queue_uncommitted returned ACK_COMMIT_REPLAY)"
@@ -335,26 +448,29 @@ class Sequencer:
             # The previous message is processed: tighten the lower bound to it.
             emit.min_clock = self._dequeued_clock
 
-        nxt = self._next
         min_clock = emit.min_clock
         max_clock = emit.max_clock
         while emit.ring_start != -1:
             it = self._replay_it
             if it is None:
                 idx = emit.ring_start
-                env = ring[idx]
-                assert env is not None
-                emit.ring_start = nxt[idx]  # one past the returned entry
+                item = self._ring[idx]
+                clock = self._rclock[idx]
+                begin = self._rbegin[idx]
+                emit.ring_start = self._next[idx]  # one past the returned entry
                 # Nothing reads a dequeued slot again (no queueing until the
-                # sequence ends), so drop the reference now to free memory early.
-                ring[idx] = None
+                # sequence ends), so drop the references now to free memory early.
+                self._ring[idx] = None
+                self._rpart[idx] = None
             else:
                 env = self._next_replayed(it, emit)
                 if env is None:
                     continue
-            self._dequeued = env
-            x = env.uuid.int
-            clock = (x >> 96) << 4 | ((x >> 80) & 0xFFFF) << 36 | ((x >> 64) & 0x0FFF) << 52 | (x >> 58) & 0xF
+                item = env
+                begin = env.begin
+                x = env.uuid.int
+                clock = (x >> 96) << 4 | ((x >> 80) & 0xFFFF) << 36 | ((x >> 64) & 0x0FFF) << 52 | (x >> 58) & 0xF
+            self._dequeued = item
             self._dequeued_clock = clock
             if clock != 0 and clock <= min_clock:
                 # A duplicate. Rare within the ring, common in replays, and
@@ -363,13 +479,12 @@ class Sequencer:
                 continue
             if clock > max_clock:
                 continue  # rolled back by a smaller ACK clock
-            emit.begin = env.begin
-            return env
+            emit.begin = begin
+            return item
 
         # The committing message was the last one: only now is it read through.
-        last = self._dequeued
-        assert last is not None
-        self._offsets[emit.journal] = last.end
+        assert self._dequeued is not None
+        self._offsets[emit.journal] = self._emit_end
         emit.max_clock = emit.min_clock
         emit.begin = emit.ring_start = emit.ring_stop = -1
         self._pending.discard(emit)
@@ -387,7 +502,7 @@ class Sequencer:
             return None
         except Exception as exc:
             raise ReplayError(f"replay reader: {exc}") from exc
-        ring_begin = self._ring[emit.ring_start].begin  # type: ignore[union-attr]
+        ring_begin = self._rbegin[emit.ring_start]
         if env.journal != emit.journal:
             raise ReplayError(
                 f"replay of wrong journal ({env.journal}; expected {emit.journal}); "
@@ -413,7 +528,7 @@ class Sequencer:
         if emit is None:
             raise SequencerStateError("replay_range(): no committed sequence to dequeue")
         # The committing message is always in the ring, so ring_start is valid.
-        return emit.journal, emit.begin, self._ring[emit.ring_start].begin  # type: ignore[union-attr]
+        return emit.journal, emit.begin, self._rbegin[emit.ring_start]
 
     def start_replay(self, envelopes: Iterable[Envelope]) -> None:
         """Supply the envelopes of ``replay_range()`` (all producers, in order)."""
@@ -434,6 +549,26 @@ class Sequencer:
     def offsets(self) -> Mapping[str, int]:
         """Read-through offset per journal (a live, read-only view)."""
         return self._offsets_view
+
+    def drop_journals(self, journals: Iterable[str]) -> None:
+        """Forget the offsets and producer states of ``journals`` (e.g. revoked partitions).
+
+        Pure state removal, as if the Sequencer had been restored from a
+        checkpoint without them: a dropped journal's open spans no longer count
+        for ``has_pending()``, and its messages still in the ring are never
+        returned (their producers are no longer tracked, so nothing links to
+        them); they are evicted as the ring wraps. Journals not tracked are
+        ignored. Only between sequences: raises :class:`SequencerStateError`
+        while a committed sequence remains to dequeue.
+        """
+        if self._emit is not None:
+            raise SequencerStateError("drop_journals(): call step() until it returns None first")
+        for journal in journals:
+            self._offsets.pop(journal, None)
+            jparts = self._partials.pop(journal, None)
+            if jparts:
+                for p in jparts.values():
+                    self._pending.discard(p)
 
     def checkpoint(self, prune_horizon_ns: int = 0) -> tuple[dict[str, int], list[ProducerState]]:
         """Snapshot offsets and producer states, pruning idle producers.
@@ -464,8 +599,10 @@ class Sequencer:
 
     # -- diagnostics ------------------------------------------------------
 
-    def _log_anomaly(self, reason: str, env: Envelope, partial: _Partial, clock: int, flags: int) -> None:
-        key = (reason, env.journal, partial.producer)
+    def _log_anomaly(
+        self, reason: str, journal: str, begin: int, end: int, partial: _Partial, clock: int, flags: int
+    ) -> None:
+        key = (reason, journal, partial.producer)
         if key in self._logged:
             return
         level = logging.WARNING
@@ -478,9 +615,9 @@ class Sequencer:
             "%s: journal=%s begin=%d end=%d producer=%012x clock=%d flags=%#x "
             "partial.min_clock=%d partial.max_clock=%d partial.begin=%d (logged once per producer)",
             reason,
-            env.journal,
-            env.begin,
-            env.end,
+            journal,
+            begin,
+            end,
             partial.producer,
             clock,
             flags,
