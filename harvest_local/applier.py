@@ -23,7 +23,7 @@ import time
 import psycopg
 from psycopg import sql
 
-from consumer import PostgresCheckpointStore, ReadCommittedIter
+from consumer import CheckpointStoreError, PostgresCheckpointStore, ReadCommittedIter
 
 log = logging.getLogger("harvest.applier")
 
@@ -50,11 +50,27 @@ def applied_rows(dsn: str, schema: str) -> list[tuple[str, int, float | None, fl
 
 
 def run(dsn: str, bootstrap: str, topic: str, schema: str, idle_exit: float | None = None) -> int:
+    """Apply until idle for ``idle_exit`` seconds (forever when None). Survives database restarts:
+    on a lost connection it reconnects and resumes from the checkpoint stored with the effects, which
+    is exactly the crash-recovery path, so nothing is applied twice."""
+    applied = 0
+    while True:
+        try:
+            return applied + _session(dsn, bootstrap, topic, schema, idle_exit)
+        except (psycopg.OperationalError, CheckpointStoreError) as exc:
+            lost = exc if isinstance(exc, psycopg.OperationalError) else exc.__cause__
+            if not isinstance(lost, psycopg.OperationalError):
+                raise
+            log.warning("database connection lost (%s); resuming from the stored checkpoint", lost)
+            time.sleep(1.0)
+
+
+def _session(dsn: str, bootstrap: str, topic: str, schema: str, idle_exit: float | None) -> int:
     store = PostgresCheckpointStore("applier", schema=schema)
     insert = sql.SQL("INSERT INTO {} (key, version, partition, kafka_offset, written_at, applied_at) "
                      "VALUES (%s, %s, %s, %s, %s, %s)").format(sql.Identifier(schema, "applied"))
     applied = 0
-    with psycopg.connect(dsn) as conn:
+    with psycopg.connect(dsn, connect_timeout=5) as conn:
         checkpoint = store.load(conn)
         conn.commit()
         with ReadCommittedIter({"bootstrap.servers": bootstrap}, topics=[topic], checkpoint=checkpoint) as it:

@@ -222,6 +222,13 @@ class SequencedHarvest(Harvest):
         # could overtake the missing one in a partition); recovery re-sends every intent in order.
         self._ack_broken = False
         self.views_started = 0
+        # Adaptive transaction size (AIMD): a delivery failure abandons every transaction in flight,
+        # so under a steady error rate e, big transactions almost never commit (a transaction of n
+        # records commits with probability (1-e)^n). Halve on such an abandonment, grow by half on
+        # each commit, between 1 and limits.txnMaxRecords: the relay keeps making progress.
+        self.txn_limit = self.limits.txn_max_records
+        # Consecutive synchronous produce failures of the row at the head of the ready queue.
+        self._sync_failures = 0
 
     # ------------------------------------------------------------------ election listener
     def on_acquired(self) -> None:
@@ -319,6 +326,8 @@ class SequencedHarvest(Harvest):
                 return
             txns.popleft()
             self.metrics.delivered += len(t.ids)
+            if self.txn_limit < self.limits.txn_max_records:
+                self.txn_limit = min(self.limits.txn_max_records, self.txn_limit + max(1, self.txn_limit // 2))
             if self._hook:
                 self._hook.hit("after_commit_before_ack")
             self._enqueue_acks(t)
@@ -380,7 +389,7 @@ class SequencedHarvest(Harvest):
         view = self._view
         assert producer is not None and view is not None
         limit = self.limits.max_in_flight_records
-        max_records = self.limits.txn_max_records
+        max_records = self.txn_limit
         in_flight = self._in_flight_count()
         clock = view.clock
         poison = self._poison
@@ -417,10 +426,19 @@ class SequencedHarvest(Harvest):
                     continue
                 except KafkaException as exc:
                     err: KafkaError = exc.args[0]
-                    ready.popleft()
                     if is_permanent(err, True):
+                        ready.popleft()
+                        self._sync_failures = 0
                         self._dead_letter_in(t, row, f"cannot be sent: {err.name()}: {err.str()}", 1)
                         continue
+                    # A synchronous failure means the record was never enqueued: retrying it now,
+                    # before any later record, keeps the log in id order, so the view survives.
+                    self._sync_failures += 1
+                    if self._sync_failures < self.limits.max_delivery_attempts:
+                        producer.poll(min(0.001 * 2 ** self._sync_failures, 0.1))
+                        continue
+                    ready.popleft()
+                    self._sync_failures = 0
                     self._count_failure(rid, err, False)
                     self._abandon(f"produce failed for record {rid}: {err.str()}", None)
                     return
@@ -429,6 +447,7 @@ class SequencedHarvest(Harvest):
                     self._dead_letter_in(t, row, f"cannot produce: {exc}", 1)
                     continue
                 ready.popleft()
+                self._sync_failures = 0
                 clock.value = c
                 t.pending += 1
                 rows.append(row)
@@ -568,6 +587,7 @@ class SequencedHarvest(Harvest):
         log.warning("%s: abandoning leader view%s: %s", self.config.name,
                     f" epoch={self._view.epoch}" if self._view else "", why)
         if failed is not None:
+            self.txn_limit = max(1, self.txn_limit // 2)
             for err, msg in failed.failures:
                 rid = self._find_row(failed, msg)
                 if rid is not None:
