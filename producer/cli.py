@@ -6,10 +6,9 @@
     harvest dead-letters requeue -f harvest.yaml (ID ... | --all)
 
 Flags (``--data-source``, ``--bootstrap-servers``, ``--outbox-table``, ``--leader-topic``,
-``--leader-group-id``, ``--name``, ``--prometheus-port``, ``--log-level``, ``--uuid-sequencing``) override
-the file; with
-no file, defaults apply. Environment: ``HARVEST_DATA_SOURCE`` can carry the DSN so the password
-stays out of ``ps``.
+``--leader-group-id``, ``--leader-election``, ``--name``, ``--prometheus-port``, ``--log-level``,
+``--uuid-sequencing``) override the file; with no file, defaults apply. Environment:
+``HARVEST_DATA_SOURCE`` can carry the DSN so the password stays out of ``ps``.
 
 Exit codes: 0 success / stopped by SIGINT or SIGTERM; 1 runtime failure (database, Kafka,
 election); 2 usage or configuration error.
@@ -54,6 +53,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--bootstrap-servers", help="Kafka bootstrap servers (overrides baseKafkaConfig)")
     run.add_argument("--leader-topic")
     run.add_argument("--leader-group-id")
+    run.add_argument("--leader-election", choices=("neli", "postgres"),
+                     help="harvest.leaderElection: neli (Kafka group, default) or postgres (advisory lock in the "
+                     "outbox's database)")
     run.add_argument("--name", help="this relay's name (default host_pid_time)")
     run.add_argument("--prometheus-port", type=int, help="serve Prometheus metrics on this port")
     run.add_argument("--uuid-sequencing", action="store_true", default=None,
@@ -94,7 +96,8 @@ def _run(args: argparse.Namespace) -> int:
     from producer.harvest import Harvest
 
     cfg = _load(args, {"bootstrap_servers": args.bootstrap_servers, "leader_topic": args.leader_topic,
-                       "leader_group_id": args.leader_group_id, "name": args.name,
+                       "leader_group_id": args.leader_group_id, "leader_election": args.leader_election,
+                       "name": args.name,
                        "prometheus_port": args.prometheus_port, "uuid_sequencing": args.uuid_sequencing})
     _setup_logging(cfg.log_level)
     log.info("harvest %s starting: %r", __version__, cfg.harvest)

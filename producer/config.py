@@ -188,7 +188,9 @@ class Limits:
 
 
 _TOP_KEYS = ("baseKafkaConfig", "producerKafkaConfig", "leaderTopic", "leaderGroupID", "dataSource", "outboxTable",
-             "limits", "name", "prometheusPort", "leaderTopicReplicationFactor", "uuidSequencing")
+             "limits", "name", "prometheusPort", "leaderTopicReplicationFactor", "uuidSequencing", "leaderElection",
+             "leaderLockCheckInterval")
+LEADER_ELECTIONS = ("neli", "postgres")
 _FORCED_PRODUCER = {"enable.idempotence": True, "acks": "all"}
 
 
@@ -224,6 +226,12 @@ class HarvestConfig:
     #: Exactly-once mode (DESIGN.md section 5): UUID-stamped CONTINUE_TXN records, harvest
     #: transactions committed with a fenced DB transaction, then ACK_TXN messages.
     uuid_sequencing: bool = False
+    #: ``neli`` (goharvest's: Kafka consumer-group membership of ``leaderTopic``) or ``postgres`` (a
+    #: session advisory lock in the outbox's database; see :mod:`producer.election_postgres`).
+    leader_election: str = "neli"
+    #: ``postgres`` election: how often the holder verifies its lock and standbys try to take it; the
+    #: holder fences itself when it has not verified the lock for 2 x this.
+    leader_lock_check_interval: float = 1.0
 
     def __post_init__(self) -> None:
         base = dict(_kafka_map(self.base_kafka_config, "baseKafkaConfig"))
@@ -256,6 +264,14 @@ class HarvestConfig:
                                   f"[a-zA-Z0-9._-]")
         if not isinstance(self.uuid_sequencing, bool):
             raise ConfigError(f"uuidSequencing: {self.uuid_sequencing!r} must be true or false")
+        if self.leader_election not in LEADER_ELECTIONS:
+            raise ConfigError(f"leaderElection: {self.leader_election!r} is not a leader election; use one of "
+                              f"{', '.join(LEADER_ELECTIONS)} (default neli)")
+        if (isinstance(self.leader_lock_check_interval, bool)
+                or not isinstance(self.leader_lock_check_interval, (int, float))
+                or not 0.01 <= self.leader_lock_check_interval <= 3600):
+            raise ConfigError(f"leaderLockCheckInterval: {self.leader_lock_check_interval!r} must be a duration "
+                              f"between 10ms and 1h, e.g. '1s'")
         object.__setattr__(self, "leader_group_id", group)
         object.__setattr__(self, "leader_topic", topic)
         if not isinstance(self.limits, Limits):
@@ -286,7 +302,8 @@ class HarvestConfig:
                 f"producer_kafka_config={redact_kafka_config(self.producer_kafka_config)!r}, "
                 f"leader_topic={self.leader_topic!r}, leader_group_id={self.leader_group_id!r}, "
                 f"name={self.name!r}, limits={self.limits!r}, prometheus_port={self.prometheus_port!r}, "
-                f"uuid_sequencing={self.uuid_sequencing!r})")
+                f"uuid_sequencing={self.uuid_sequencing!r}, leader_election={self.leader_election!r}, "
+                f"leader_lock_check_interval={self.leader_lock_check_interval!r})")
 
     __str__ = __repr__
 
@@ -313,6 +330,11 @@ class HarvestConfig:
                 kwargs[attr] = data[key]
         if data.get("uuidSequencing") is not None:
             kwargs["uuid_sequencing"] = data["uuidSequencing"]
+        if data.get("leaderElection") is not None:
+            kwargs["leader_election"] = data["leaderElection"]
+        if data.get("leaderLockCheckInterval") is not None:
+            kwargs["leader_lock_check_interval"] = parse_duration(data["leaderLockCheckInterval"],
+                                                                  f"{path}.leaderLockCheckInterval")
         kwargs["base_kafka_config"] = _kafka_map(data.get("baseKafkaConfig"), f"{path}.baseKafkaConfig")
         kwargs["producer_kafka_config"] = _kafka_map(data.get("producerKafkaConfig"), f"{path}.producerKafkaConfig")
         kwargs["limits"] = Limits.from_mapping(data.get("limits"), f"{path}.limits")

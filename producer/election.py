@@ -3,8 +3,9 @@
 :class:`LeaderElection` is all the relay sees: ``start(listener)``, a cheap ``pulse()`` called from
 the relay loop as often as it likes, ``is_leader`` and ``close()``. Listener callbacks
 (``on_acquired`` / ``on_revoked`` / ``on_fenced``) run synchronously inside ``pulse()`` or
-``close()``, on the relay's thread, so the relay needs no locks. Another mechanism (e.g. a Postgres
-advisory lock) only has to implement this protocol.
+``close()``, on the relay's thread, so the relay needs no locks. Another mechanism only has to
+implement this protocol: :mod:`producer.election_postgres` does, with a Postgres advisory lock
+(``leaderElection: postgres``).
 
 NELI as goneli does it:
 - a consumer in group ``leaderGroupID`` subscribes to ``leaderTopic``; whoever is assigned

@@ -85,11 +85,24 @@ def _bad_row_reason(row: MarkedRow) -> str | None:
     return None
 
 
+def _make_election(config: HarvestConfig) -> LeaderElection:
+    if config.leader_election == "postgres":
+        from producer.election_postgres import PostgresElection
+
+        return PostgresElection(config.data_source, config.outbox_table, config.name,
+                                check_interval=config.leader_lock_check_interval)
+    return NeliElection(
+        dict(config.base_kafka_config), config.leader_topic, config.leader_group_id, config.name,
+        heartbeat_timeout=config.limits.heartbeat_timeout, min_poll_interval=config.limits.min_poll_interval,
+        poll_duration=config.limits.poll_duration, replication_factor=config.leader_topic_replication_factor)
+
+
 class Harvest:
     """The relay. ``Harvest(config).start()``; ``stop()``; ``wait()`` (re-raises a fatal error).
 
     ``producer_factory`` and ``election`` are seams for tests (fault injection) and for other
-    election mechanisms; by default a real confluent Producer and :class:`NeliElection` are used.
+    election mechanisms; by default a real confluent Producer and the election ``config.leader_election``
+    names (:class:`NeliElection`, or :class:`~producer.election_postgres.PostgresElection`) are used.
     """
 
     def __new__(cls, config: HarvestConfig, *args: Any, **kwargs: Any) -> Harvest:
@@ -106,11 +119,7 @@ class Harvest:
         self.limits = config.limits
         self._event_handler = event_handler
         self._producer_factory = producer_factory or confluent_producer
-        self._election: LeaderElection = election or NeliElection(
-            dict(config.base_kafka_config), config.leader_topic, config.leader_group_id, config.name,
-            heartbeat_timeout=config.limits.heartbeat_timeout, min_poll_interval=config.limits.min_poll_interval,
-            poll_duration=config.limits.poll_duration,
-            replication_factor=config.leader_topic_replication_factor)
+        self._election: LeaderElection = election or _make_election(config)
         self.names = OutboxNames.parse(config.outbox_table)
         self.metrics = Metrics()
         self._state = State.CREATED
@@ -190,8 +199,12 @@ class Harvest:
         self._state = State.RUNNING
         self._thread = threading.Thread(target=self._run, name=f"harvest-{self.config.name}", daemon=True)
         self._thread.start()
-        log.info("relay %s started on %s (leader group %r, topic %r)", self.config.name, self.names.display,
-                 self.config.leader_group_id, self.config.leader_topic)
+        if self.config.leader_election == "postgres":
+            log.info("relay %s started on %s (leader election: Postgres advisory lock)", self.config.name,
+                     self.names.display)
+        else:
+            log.info("relay %s started on %s (leader group %r, topic %r)", self.config.name, self.names.display,
+                     self.config.leader_group_id, self.config.leader_topic)
         return self
 
     def stop(self) -> None:

@@ -168,7 +168,8 @@ def wait_for(cond: Callable[[], bool], timeout: float, what: str = "condition") 
     return time.monotonic() - start
 
 
-def seq_yaml(path: Path, dsn: str, bootstrap: str, table: str, group: str, txn_records: int = 200) -> Path:
+def seq_yaml(path: Path, dsn: str, bootstrap: str, table: str, group: str, txn_records: int = 200,
+             leader_election: str = "neli") -> Path:
     path.write_text(f"""\
 harvest:
   baseKafkaConfig:
@@ -176,6 +177,8 @@ harvest:
   producerKafkaConfig:
     linger.ms: 5
   leaderGroupID: {group}
+  leaderElection: {leader_election}
+  leaderLockCheckInterval: 500ms
   dataSource: "{dsn}"
   outboxTable: {table}
   uuidSequencing: true

@@ -83,6 +83,10 @@ def test_defaults_match_goharvest() -> None:
     ({"harvest": {"baseKafkaConfig": ["x"]}}, "baseKafkaConfig: expected a mapping"),
     ({"harvest": {}, "extra": 1}, "extra: unknown top-level key"),
     ({"logging": {"level": "loud"}}, "logging.level: 'LOUD' is not a level"),
+    ({"harvest": {"leaderElection": "zookeeper"}},
+     "harvest.leaderElection: 'zookeeper' is not a leader election; use one of neli, postgres"),
+    ({"harvest": {"leaderLockCheckInterval": 1}}, "harvest.leaderLockCheckInterval: 1 is not a duration"),
+    ({"harvest": {"leaderLockCheckInterval": "0"}}, "leaderLockCheckInterval: 0.0 must be a duration between 10ms"),
 ])
 def test_bad_config_is_a_clear_error(data: dict, needle: str) -> None:
     with pytest.raises(ConfigError) as info:
@@ -123,3 +127,19 @@ def test_cli_flags_override_file_and_bad_config_exits_2(tmp_path: Path, capsys: 
     assert main(["-f", str(path)]) == 2
     err = capsys.readouterr().err
     assert "harvest.bogus: unknown key" in err and "topsecret1" not in err
+
+
+def test_leader_election_backend() -> None:
+    assert HarvestConfig().leader_election == "neli" and HarvestConfig().leader_lock_check_interval == 1.0
+    cfg = from_mapping({"harvest": {"leaderElection": "postgres", "leaderLockCheckInterval": "250ms"}}).harvest
+    assert (cfg.leader_election, cfg.leader_lock_check_interval) == ("postgres", 0.25)
+    assert "leader_election='postgres'" in repr(cfg)
+    from producer.election import NeliElection
+    from producer.election_postgres import PostgresElection
+    from producer.harvest import _make_election
+
+    pg = _make_election(cfg)
+    assert isinstance(pg, PostgresElection) and pg.check_interval == 0.25 and pg.lease == 0.5
+    assert isinstance(_make_election(HarvestConfig()), NeliElection)
+    flags = from_mapping({}, {"leader_election": "postgres"}).harvest
+    assert flags.leader_election == "postgres"

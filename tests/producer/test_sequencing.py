@@ -57,14 +57,16 @@ def _consume_headers(bootstrap: str, topic: str, partitions: int) -> list[tuple[
     return out
 
 
-def test_happy_path_concurrent_writers(pg_dsn: str, kafka_bootstrap: str, pg_schema: str,
+@pytest.mark.parametrize("election", ["neli", "postgres"])
+def test_happy_path_concurrent_writers(election: str, pg_dsn: str, kafka_bootstrap: str, pg_schema: str,
                                        topic_factory: Callable[..., str], unique_name: Callable[[str], str]) -> None:
     topic = topic_factory(partitions=4)
     table = f"{pg_schema}.outbox"
     init_db(pg_dsn, table)
     exp = Expected()
     events: list[object] = []
-    relay = Harvest(_cfg(pg_dsn, kafka_bootstrap, table, unique_name("g")), events.append)
+    cfg = _cfg(pg_dsn, kafka_bootstrap, table, unique_name("g")).replace(leader_election=election)
+    relay = Harvest(cfg, events.append)
     assert isinstance(relay, SequencedHarvest)
     relay.start()
     try:

@@ -4,7 +4,12 @@ Each crash test: relay A (with ``HARVEST_TEST_CRASH_AT=<point>:3``) kills itself
 named point of its third harvest transaction; relay B (same leader group) takes over after the
 session timeout and drains. The whole topic, sequenced read-uncommitted, must hold every committed
 row exactly once in per-key order; and B's recovered ACK intents must precede B's own records in
-every partition (recovery first)."""
+every partition (recovery first).
+
+Every test runs with both leader elections (``leaderElection: neli | postgres``). With ``postgres``
+B takes the lock as soon as A's process is gone; in the zombie test A's paused process keeps its
+session (and the lock), so the test ends that session (``pg_terminate_backend``) while A is paused:
+B leads while A still believes it does, and the fence epoch refuses A's commit when it resumes."""
 
 from __future__ import annotations
 
@@ -13,10 +18,12 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
+import psycopg
 import pytest
 from seqcheck import (Expected, SeqRelay, check_exactly_once, count_rows, read_intents, recovered_before_new_view,
                       seq_yaml, wait_for, write_traffic)
 
+from producer.election_postgres import lock_holder
 from producer.schema import init_db
 
 pytestmark = pytest.mark.integration
@@ -36,12 +43,14 @@ def _preload(pg_dsn: str, table: str, topic: str, exp: Expected, writers: int = 
 
 @pytest.mark.parametrize("point", ["after_publish_before_delivery", "after_delivery_before_commit",
                                    "after_commit_before_ack", "after_some_acks"])
-def test_crash_point(point: str, pg_dsn: str, kafka_bootstrap: str, pg_schema: str, tmp_path: Path,
+@pytest.mark.parametrize("election", ["neli", "postgres"])
+def test_crash_point(election: str, point: str, pg_dsn: str, kafka_bootstrap: str, pg_schema: str, tmp_path: Path,
                      topic_factory: Callable[..., str], unique_name: Callable[[str], str]) -> None:
     topic = topic_factory(partitions=PARTITIONS)
     table = f"{pg_schema}.outbox"
     init_db(pg_dsn, table)
-    cfg = seq_yaml(tmp_path / "harvest.yaml", pg_dsn, kafka_bootstrap, table, unique_name("g"))
+    cfg = seq_yaml(tmp_path / "harvest.yaml", pg_dsn, kafka_bootstrap, table, unique_name("g"),
+                   leader_election=election)
     exp = Expected()
     _preload(pg_dsn, table, topic, exp)
     a = SeqRelay(cfg, "a", tmp_path, crash_at=f"{point}:3")
@@ -72,13 +81,15 @@ def test_crash_point(point: str, pg_dsn: str, kafka_bootstrap: str, pg_schema: s
                 r.stop()
 
 
-def test_zombie_commit_refused_by_fence(pg_dsn: str, kafka_bootstrap: str, pg_schema: str, tmp_path: Path,
-                                        topic_factory: Callable[..., str],
+@pytest.mark.parametrize("election", ["neli", "postgres"])
+def test_zombie_commit_refused_by_fence(election: str, pg_dsn: str, kafka_bootstrap: str, pg_schema: str,
+                                        tmp_path: Path, topic_factory: Callable[..., str],
                                         unique_name: Callable[[str], str]) -> None:
     topic = topic_factory(partitions=PARTITIONS)
     table = f"{pg_schema}.outbox"
     init_db(pg_dsn, table)
-    cfg = seq_yaml(tmp_path / "harvest.yaml", pg_dsn, kafka_bootstrap, table, unique_name("g"))
+    cfg = seq_yaml(tmp_path / "harvest.yaml", pg_dsn, kafka_bootstrap, table, unique_name("g"),
+                   leader_election=election)
     exp = Expected()
     _preload(pg_dsn, table, topic, exp, seed=1)
     # A stops itself (SIGSTOP) with harvest transaction 3 delivered but not committed.
@@ -86,6 +97,13 @@ def test_zombie_commit_refused_by_fence(pg_dsn: str, kafka_bootstrap: str, pg_sc
     b: SeqRelay | None = None
     try:
         wait_for(lambda: "SIGSTOP at after_delivery_before_commit #3" in a.text(), 60, "A pauses")
+        if election == "postgres":
+            # A paused process keeps its session, hence the lock: end it (as a network partition seen
+            # by the server, or a DBA, would) while A is still paused — the window the fence covers.
+            with psycopg.connect(pg_dsn, autocommit=True) as conn:
+                pid = lock_holder(conn, table)
+                assert pid is not None
+                conn.execute("SELECT pg_terminate_backend(%s)", (pid,))
         b = SeqRelay(cfg, "b", tmp_path)
         wait_for(lambda: bool(b.views()), 60, "B takes over")  # past A's session timeout
         more = threading.Thread(target=write_traffic, args=(pg_dsn, table, topic, exp, 7, 20))

@@ -1,0 +1,406 @@
+"""Leader election through the outbox's own Postgres: a session-level advisory lock (FOLIO's
+"lock in the database" idea), behind the :class:`~producer.election.LeaderElection` protocol.
+
+Whoever holds ``pg_try_advisory_lock(key)`` on its dedicated election connection is the leader.
+``key`` is a 64-bit hash of ``"harvest.leader\\0<schema>.<table>"`` (the outbox's resolved, schema
+-qualified name), so every relay of one outbox contends for one lock, relays of different outboxes
+never do, and the key is very unlikely to meet another application's advisory locks (64 bits, a
+namespace prefix). Postgres releases it when the holder's session ends: graceful close, process
+death (the kernel closes the socket; on loopback or a reachable host the backend sees EOF at once),
+``pg_terminate_backend``, a server restart, or the server's TCP keepalives giving up on a
+partitioned client.
+
+**Why an advisory lock, not ``SELECT … FOR UPDATE`` on a lock row** (the FOLIO proposal's
+``internal_lock``). Both are released by Postgres when the session dies. But a row lock only lives
+as long as its *transaction*, so a relay that leads for days must keep one transaction open for
+days:
+
+- an open transaction that locked a row has an xid, and every xid still running holds back the
+  database-wide xmin horizon: VACUUM cannot remove *any* row deleted after it started, in any table
+  — first of all the outbox itself, which is a delete-heavy queue (``tests/producer/
+  test_election_postgres.py::test_for_update_lock_row_pins_vacuum`` shows the dead outbox rows
+  "dead but not yet removable" while the row lock is held, and removed while the advisory lock is);
+  held long enough it also ages ``datfrozenxid`` toward wraparound;
+- it is ``idle in transaction``, which ``idle_in_transaction_session_timeout`` (common in managed
+  Postgres and sane DBA defaults) kills — leadership would flap every timeout
+  (``test_for_update_lock_row_killed_by_idle_in_transaction_timeout``); monitoring that alerts on
+  long transactions fires forever; DDL on the lock table waits behind it;
+- it needs a lock table and row to exist (schema, migrations, grants).
+
+An advisory lock is held by the *session*, outside any transaction: the election connection runs in
+autocommit and is idle between checks, with no xid and no snapshot, so it pins nothing and is
+immune to ``idle_in_transaction_session_timeout``. Its caveats, documented rather than hidden: the
+election connection must be a real session (direct, or PgBouncer in *session* mode — a transaction-
+mode pooler would hand the locked server session to other clients; the per-check verification below
+compares the backend pid and fences if the session moved to another backend), and
+the advisory key space is shared by the database (hence the 64-bit namespaced key).
+
+**Detecting loss, fencing first.** A background thread owns the dedicated connection (libpq TCP
+keepalives, ``tcp_user_timeout``, ``connect_timeout``; session ``statement_timeout``; session
+``idle_session_timeout`` / ``idle_in_transaction_session_timeout`` switched off; server-side
+``tcp_keepalives_*`` / ``tcp_user_timeout`` set so the *server* gives up on a silent client only
+after more than one lease). Every ``check_interval`` the holder verifies, with one cheap query,
+that ``pg_locks`` shows the lock granted to its own backend pid (the pid it acquired with). Between
+checks the thread waits on the socket, so anything the server sends unasked — the FATAL of
+``pg_terminate_backend``, EOF of a restart — triggers a check at once. ``pulse()`` (relay thread,
+cheap: no I/O) reports leadership only while the last *successful* verification started less than
+``lease`` (default 2 × ``check_interval``) ago and the connection has not failed; otherwise it calls
+``on_fenced`` and the relay stops publishing. The thread may be stuck on a dead socket; the lease
+check does not depend on it returning.
+
+**The window, stated honestly.** No client can learn instantly that the server dropped its session,
+so there is a short interval in which the old holder may still publish while a standby already
+holds the lock:
+
+- the server ends the session itself (``pg_terminate_backend``, restart) while the network works:
+  the holder's socket becomes readable, the thread's check fails within milliseconds, and the relay
+  stops at its next ``pulse()``; a standby polls every ``check_interval``, so it usually acquires
+  after the holder fenced, but the bound is only "one check interval (+ the relay's pulse period)";
+- a network partition: the server keeps the session until its keepalives give up
+  (≥ ``lease`` + a few seconds, set per session), while the holder's checks stop succeeding and it
+  fences after ``lease`` — *before* the server can release the lock;
+- the holder is paused (SIGSTOP, a long GC/VM freeze): its kernel keeps the TCP connection alive, so
+  the server keeps the lock and **no standby can acquire** while it is paused; the paused holder
+  keeps leadership until it resumes (its lease has then expired: it fences at its first pulse, and
+  re-acquires — as a new leader view — if its session still holds the lock) or its connection dies.
+  A paused relay thread that resumes mid-tick can publish a few records before its next pulse, as
+  with NELI.
+
+So in at-least-once mode the worst case is a few duplicates (never a loss: rows are deleted only
+after delivery); in ``--uuid-sequencing`` mode every acquisition is a new view that bumps the DB
+fence epoch, so a stale holder's commit is refused and readers never see its records — the window
+is harmless there.
+
+Events are NELI's: ``on_acquired`` when the lock is won (and after a fence, when verification
+succeeds again on the same session: the relay starts a new view); ``on_fenced`` on any loss or lease
+expiry; ``on_revoked`` on :meth:`close`, which reports revocation (the relay drains) *before* it
+unlocks, then ``pg_notify``\\ s the standbys (they LISTEN on the election connection), so a graceful
+hand-over takes milliseconds, not a poll interval. Standbys otherwise poll ``pg_try_advisory_lock``
+every ``check_interval``: database load is one idle connection and one trivial query per check
+interval per relay.
+
+Connection settings the election sets on its own connection (overriding the DSN's, for this
+connection only): ``keepalives=1``, ``keepalives_idle=ceil(check_interval)``, ``keepalives_interval=1``,
+``keepalives_count=3``, ``tcp_user_timeout=lease``, ``connect_timeout=max(2, lease)`` s,
+``application_name=harvest-election:<name>`` (so ``pg_stat_activity`` shows who leads; see also
+:func:`lock_holder`). With a multi-host DSN, add ``target_session_attrs=read-write`` so that after a
+database failover the relays contend on the new primary (advisory locks are not replicated; the old
+primary's sessions are gone, so holders fence and standbys acquire there).
+
+Invariant: the DSN (which may carry a password) is never logged or put in an error unredacted.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import math
+import os
+import select
+import threading
+import time
+
+import psycopg
+from psycopg import sql
+
+from producer.election import ElectionListener
+from producer.errors import ElectionError
+from producer.redact import redact_dsn
+from producer.schema import OutboxNames
+
+log = logging.getLogger(__name__)
+
+_NAMESPACE = b"harvest.leader\0"
+
+_CHECK_SQL = ("SELECT pg_backend_pid(), EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' "
+              "AND database = (SELECT oid FROM pg_database WHERE datname = current_database()) "
+              "AND classid = %s::bigint::oid AND objid = %s::bigint::oid AND objsubid = 1 "
+              "AND pid = pg_backend_pid() AND granted)")
+
+
+def lock_key(qualified_table: str) -> int:
+    """The signed 64-bit advisory-lock key of an outbox (``schema.table``, as resolved)."""
+    digest = hashlib.sha256(_NAMESPACE + qualified_table.encode()).digest()
+    return int.from_bytes(digest[:8], "big", signed=True)
+
+
+def key_parts(key: int) -> tuple[int, int]:
+    """How ``pg_locks`` shows a bigint advisory key: ``(classid, objid)`` = high and low 32 bits."""
+    unsigned = key & 0xFFFFFFFFFFFFFFFF
+    return unsigned >> 32, unsigned & 0xFFFFFFFF
+
+
+def resolve_table(conn: psycopg.Connection, outbox_table: str) -> str:
+    """``schema.table`` of the outbox as this connection's search_path resolves it (so relays with an
+    unqualified ``outboxTable`` agree on the key); falls back to ``current_schema()``."""
+    names = OutboxNames.parse(outbox_table)
+    if names.schema is not None:
+        return f"{names.schema}.{names.table}"
+    row = conn.execute("SELECT n.nspname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
+                       "WHERE c.oid = to_regclass(%s)", (names.outbox.as_string(conn),)).fetchone()
+    if row is None:
+        row = conn.execute("SELECT current_schema()").fetchone()
+    return f"{row[0] if row else 'public'}.{names.table}"
+
+
+def lock_holder(conn: psycopg.Connection, outbox_table: str) -> int | None:
+    """Backend pid holding the leader lock of ``outbox_table`` (None if nobody leads). Its
+    ``pg_stat_activity.application_name`` is ``harvest-election:<relay name>``."""
+    classid, objid = key_parts(lock_key(resolve_table(conn, outbox_table)))
+    row = conn.execute("SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND classid = %s::bigint::oid "
+                       "AND objid = %s::bigint::oid AND objsubid = 1 AND granted "
+                       "AND database = (SELECT oid FROM pg_database WHERE datname = current_database())",
+                       (classid, objid)).fetchone()
+    return None if row is None else int(row[0])
+
+
+class PostgresElection:
+    """Leader election by a session-level advisory lock on a dedicated connection (module docstring).
+
+    ``check_interval``: how often the holder verifies the lock and standbys try to take it.
+    ``lease``: the holder fences when its last successful verification started longer ago than this
+    (default 2 × ``check_interval``). ``statement_timeout`` (default ``check_interval``, at least
+    100 ms) and ``connect_timeout`` (default ``max(2, lease)`` s; libpq's minimum is 2 s) bound the
+    election thread's calls.
+    """
+
+    def __init__(self, dsn: str, outbox_table: str, name: str, *, check_interval: float = 1.0,
+                 lease: float | None = None, statement_timeout: float | None = None,
+                 connect_timeout: float | None = None) -> None:
+        if check_interval <= 0:
+            raise ElectionError(f"leader lock check interval must be > 0, got {check_interval!r}")
+        self._dsn = dsn
+        self._outbox_table = outbox_table
+        OutboxNames.parse(outbox_table)  # validate early (ConfigError)
+        self.name = name
+        self.check_interval = check_interval
+        self.lease = lease if lease is not None else 2 * check_interval
+        if self.lease < check_interval:
+            raise ElectionError(f"leader lock lease ({self.lease}s) must be >= the check interval "
+                                f"({check_interval}s)")
+        self.statement_timeout = statement_timeout if statement_timeout is not None else max(0.1, check_interval)
+        self.connect_timeout = connect_timeout if connect_timeout is not None else max(2.0, self.lease)
+        self.key: int | None = None
+        self.channel = ""
+        self._listener: ElectionListener | None = None
+        self._leader = False
+        self._closed = False
+        self._stop = threading.Event()
+        self._wake_r, self._wake_w = -1, -1
+        self._thread: threading.Thread | None = None
+        # shared with the election thread (guarded by _mu)
+        self._mu = threading.Lock()
+        self._held = False
+        self._verified_at = 0.0  # monotonic start of the last successful verification while held
+        self._generation = 0  # +1 per acquisition of the lock (new session or re-lock)
+        # thread-only
+        self._conn: psycopg.Connection | None = None
+        self._pid: int | None = None
+        self._seen_generation = 0
+        self.backend_pid: int | None = None  # the election connection's backend (tests, diagnostics)
+
+    # ------------------------------------------------------------------ protocol
+    @property
+    def is_leader(self) -> bool:
+        return self._leader
+
+    def start(self, listener: ElectionListener) -> None:
+        self._listener = listener
+        try:
+            self._connect()  # fail fast on a bad DSN / unreachable database
+        except psycopg.Error as exc:
+            raise ElectionError(f"cannot start Postgres leader election ({redact_dsn(self._dsn)}): "
+                                f"{redact_dsn(str(exc)).strip()}") from exc
+        self._wake_r, self._wake_w = os.pipe()
+        self._thread = threading.Thread(target=self._loop, name=f"harvest-election-{self.name}", daemon=True)
+        self._thread.start()
+
+    def pulse(self) -> bool:
+        """No I/O: compares the election thread's last verification with the lease."""
+        if self._closed or self._listener is None:
+            return self._leader
+        now = time.monotonic()
+        with self._mu:
+            held, generation, verified_at = self._held, self._generation, self._verified_at
+        should = held and now - verified_at <= self.lease
+        if self._leader and (not should or generation != self._seen_generation):
+            self._leader = False
+            why = ("lock lost" if generation != self._seen_generation or not held else
+                   f"lock not verified for {now - verified_at:.2f}s (lease {self.lease:g}s)")
+            log.warning("%s: %s: fenced", self.name, why)
+            self._listener.on_fenced()
+        if not self._leader and should:
+            self._leader = True
+            self._seen_generation = generation
+            log.info("%s: holding the Postgres leader lock of %s (backend pid %s): leader", self.name,
+                     self._outbox_table, self.backend_pid)
+            self._listener.on_acquired()
+        return self._leader
+
+    def close(self) -> None:
+        """Report revocation (the relay drains) *before* releasing the lock; then unlock and notify."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._leader:
+            self._leader = False
+            if self._listener is not None:
+                self._listener.on_revoked()
+        self._stop.set()
+        if self._wake_w >= 0:
+            try:
+                os.write(self._wake_w, b"x")
+            except OSError:
+                pass
+        if self._thread is not None:
+            self._thread.join(self.connect_timeout + self.statement_timeout + 1.0)
+            if self._thread.is_alive():
+                log.warning("%s: election thread did not stop; the lock is released when the process exits",
+                            self.name)
+                return
+        else:
+            self._release()
+        for fd in (self._wake_r, self._wake_w):
+            if fd >= 0:
+                os.close(fd)
+        self._wake_r = self._wake_w = -1
+
+    # ------------------------------------------------------------------ election thread
+    def _connect(self) -> None:
+        lease_s = max(1, math.ceil(self.lease))
+        conn = psycopg.connect(
+            self._dsn, autocommit=True, connect_timeout=max(2, math.ceil(self.connect_timeout)),
+            application_name=f"harvest-election:{self.name}"[:63],
+            keepalives=1, keepalives_idle=max(1, math.ceil(self.check_interval)), keepalives_interval=1,
+            keepalives_count=3, tcp_user_timeout=int(self.lease * 1000))
+        try:
+            server_silence = lease_s + 1 + 3  # server keepalive idle + 3 probes 1 s apart: > lease
+            for stmt in (f"SET statement_timeout = {max(1, int(self.statement_timeout * 1000))}",
+                         "SET lock_timeout = 0", "SET idle_in_transaction_session_timeout = 0",
+                         f"SET tcp_keepalives_idle = {lease_s + 1}", "SET tcp_keepalives_interval = 1",
+                         "SET tcp_keepalives_count = 3"):
+                conn.execute(stmt)
+            for stmt in (f"SET tcp_user_timeout = {server_silence * 1000}",  # PostgreSQL 12+
+                         "SET idle_session_timeout = 0"):  # PostgreSQL 14+
+                try:
+                    conn.execute(stmt)
+                except psycopg.errors.UndefinedObject:
+                    pass
+            if self.key is None:
+                table = resolve_table(conn, self._outbox_table)
+                self.key = lock_key(table)
+                self.channel = f"harvest_leader_{self.key & 0xFFFFFFFFFFFFFFFF:016x}"
+                log.info("%s: Postgres leader election on %s (advisory lock key %d, check every %gs, lease %gs)",
+                         self.name, table, self.key, self.check_interval, self.lease)
+            conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(self.channel)))
+            row = conn.execute("SELECT pg_backend_pid()").fetchone()
+        except BaseException:
+            conn.close()
+            raise
+        self._conn, self._pid = conn, int(row[0]) if row else None
+        self.backend_pid = self._pid
+
+    def _drop(self, why: str) -> None:
+        with self._mu:
+            was_held = self._held
+            self._held = False
+        if was_held:
+            log.warning("%s: Postgres leader lock connection failed (%s): lock considered lost", self.name, why)
+        else:
+            log.info("%s: Postgres election connection failed (%s); reconnecting", self.name, why)
+        if self._conn is not None:
+            try:
+                self._conn.close()
+            except Exception:
+                pass
+        self._conn = None
+
+    def _step(self) -> None:
+        """One check: verify (holder) or try to acquire (standby). Errors drop the connection."""
+        if self._conn is None:
+            try:
+                self._connect()
+            except psycopg.Error as exc:
+                log.warning("%s: cannot connect for leader election (%s): %s", self.name, redact_dsn(self._dsn),
+                            redact_dsn(str(exc)).strip())
+                return
+        conn = self._conn
+        assert conn is not None and self.key is not None
+        started = time.monotonic()
+        try:
+            with self._mu:
+                held = self._held
+            if held:
+                classid, objid = key_parts(self.key)
+                row = conn.execute(_CHECK_SQL, (classid, objid)).fetchone()
+                ok = row is not None and bool(row[1]) and int(row[0]) == self._pid
+                if ok:
+                    with self._mu:
+                        self._verified_at = started
+                else:
+                    self._drop(f"backend pid {row[0] if row else '?'} does not hold the lock (pooler in "
+                               f"transaction mode?)")
+            else:
+                row = conn.execute("SELECT pg_try_advisory_lock(%s), pg_backend_pid()", (self.key,)).fetchone()
+                if row is not None and row[0]:
+                    if int(row[1]) != self._pid:
+                        self._drop("backend pid changed (pooler in transaction mode?)")
+                        return
+                    with self._mu:
+                        self._held = True
+                        self._verified_at = started
+                        self._generation += 1
+        except psycopg.Error as exc:
+            self._drop(redact_dsn(str(exc)).strip() or type(exc).__name__)
+
+    def _loop(self) -> None:
+        next_check = 0.0
+        while not self._stop.is_set():
+            now = time.monotonic()
+            if now >= next_check:
+                next_check = now + self.check_interval
+                try:
+                    self._step()
+                except Exception as exc:  # a bug must not leave a stale "held": drop, fence, retry
+                    log.exception("%s: leader election check failed", self.name)
+                    self._drop(f"unexpected {type(exc).__name__}")
+            timeout = max(0.0, next_check - time.monotonic())
+            fds = [self._wake_r]
+            conn = self._conn
+            if conn is not None and not conn.closed:
+                fds.append(conn.fileno())
+            try:
+                ready, _, _ = select.select(fds, [], [], timeout)
+            except (OSError, ValueError):
+                ready = []
+            if self._stop.is_set():
+                break
+            if conn is not None and ready and conn.fileno() in ready:
+                # Unasked input: a NOTIFY (a leader let go) or the server ending our session. Look now.
+                next_check = 0.0
+        self._release()
+
+    def _release(self) -> None:
+        conn = self._conn
+        self._conn = None
+        if conn is None:
+            return
+        with self._mu:
+            held = self._held
+            self._held = False
+        try:
+            if held and self.key is not None:
+                conn.execute("SELECT pg_advisory_unlock(%s), pg_notify(%s, %s)", (self.key, self.channel, self.name))
+                log.info("%s: released the Postgres leader lock", self.name)
+        except psycopg.Error as exc:
+            log.warning("%s: unlocking failed (the lock goes with the connection): %s", self.name,
+                        redact_dsn(str(exc)).strip())
+        finally:
+            try:
+                conn.close()
+            except Exception:
+                pass
+
+    def __repr__(self) -> str:
+        return (f"PostgresElection(dsn={redact_dsn(self._dsn)!r}, outbox_table={self._outbox_table!r}, "
+                f"name={self.name!r}, check_interval={self.check_interval!r}, lease={self.lease!r})")
