@@ -17,7 +17,7 @@ days:
 
 - an open transaction that locked a row has an xid, and every xid still running holds back the
   database-wide xmin horizon: VACUUM cannot remove *any* row deleted after it started, in any table
-  — first of all the outbox itself, which is a delete-heavy queue (``tests/producer/
+  — first of all the outbox itself, which is a delete-heavy queue (``tests/test_producer/
   test_election_postgres.py::test_for_update_lock_row_pins_vacuum`` shows the dead outbox rows
   "dead but not yet removable" while the row lock is held, and removed while the advisory lock is);
   held long enough it also ages ``datfrozenxid`` toward wraparound;

@@ -25,7 +25,7 @@ While leader, with ``leader_id`` the current *view*:
    row, record too large, invalid/unknown topic), is moved to the dead-letter table (one statement:
    delete + insert) and its key moves on; other keys never wait for it.
 
-Invariants (tested in ``tests/producer``):
+Invariants (tested in ``tests/test_producer``):
 - a row is deleted from the outbox only after Kafka acknowledged it (or it was dead-lettered);
 - for any key at most one record is unacknowledged, and records of a key are produced in id order;
 - losing leadership (revoke, fence, stop) stops sending, drains in-flight records (bounded by

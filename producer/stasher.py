@@ -1,7 +1,7 @@
 """Writing records into the outbox inside the caller's transaction.
 
 ``stash(conn, record)`` inserts one row; ``stash_many(conn, records)`` streams many through one
-``COPY`` (one round trip for the lot; see ``tests/producer/test_stasher.py`` for the measured
+``COPY`` (one round trip for the lot; see ``tests/test_producer/test_stasher.py`` for the measured
 speed-up over one INSERT each). Both run in whatever transaction ``conn`` is in, so the rows commit
 or roll back with the caller's business writes — the whole point of an outbox.
 
