@@ -61,6 +61,7 @@ import time
 import uuid
 from collections import deque
 from concurrent.futures import Future
+from functools import partial
 from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Message
@@ -70,7 +71,7 @@ from producer.errors import DatabaseError, FenceError, ProducerError
 from producer.events import LeaderRefreshed, ViewStarted
 from producer.harvest import Harvest, _bad_row_reason
 from producer.kafka import is_permanent
-from sequencer import TICK, Clock, Flags, clock_of, new_producer_id
+from sequencer import TICK, Clock, Flags, new_producer_id
 
 log = logging.getLogger(__name__)
 
@@ -162,7 +163,9 @@ class _Txn:
         self.ack_pending = 0
         self.ack_failed = False
 
-    def on_delivery(self, err: KafkaError | None, msg: Message) -> None:
+    def on_delivery(self, clock: int, err: KafkaError | None, msg: Message) -> None:
+        """Delivery report of the record stamped ``clock`` (bound per record with functools.partial:
+        librdkafka's delivery reports carry no headers, so the clock cannot be read back from them)."""
         self.pending -= 1
         if err is not None:
             self.failures.append((err, msg))
@@ -170,7 +173,9 @@ class _Txn:
                 return  # (a failed record with a known partition may be in the log anyway)
         j = (msg.topic(), msg.partition())
         if j not in self.journals:  # once per partition per transaction: reports arrive in log order
-            self.journals[j] = _header_clock(msg)
+            # The first clock of this producer in this partition: a rollback ACK at clock - 1 equals
+            # the reader's implicit last ACK, so it is a clean ACK_ROLLBACK.
+            self.journals[j] = clock
 
     def on_ack(self, err: KafkaError | None, msg: Message) -> None:
         self.ack_pending -= 1
@@ -178,13 +183,6 @@ class _Txn:
             log.warning("ACK_TXN of harvest transaction %d to %s/%s failed: %s (its intent stays; the next "
                         "view re-sends it)", self.k, msg.topic(), msg.partition(), err.str())
             self.ack_failed = True
-
-
-def _header_clock(msg: Message) -> int:
-    for k, v in msg.headers() or ():
-        if k == "uuid":
-            return clock_of(uuid.UUID(bytes=v))
-    return 0
 
 
 class _Counter:
@@ -419,7 +417,7 @@ class SequencedHarvest(Harvest):
                 if hkeys:
                     headers.extend(zip(hkeys, hvals))  # type: ignore[arg-type]
                 try:
-                    producer.produce(topic, value, key, headers=headers, on_delivery=cb)  # type: ignore[arg-type]
+                    producer.produce(topic, value, key, headers=headers, on_delivery=partial(cb, c))  # type: ignore[arg-type]
                 except BufferError:
                     producer.poll(0.005)
                     in_flight = self._in_flight_count()
@@ -652,7 +650,7 @@ class SequencedHarvest(Harvest):
                     continue
                 for (topic, part), first in sorted(t.journals.items()):
                     # == the reader's last ACK of this producer in this partition: a clean rollback
-                    clock = view.last_ack.get((t.producer, topic, part), (first or t.first_clock) - 1)
+                    clock = view.last_ack.get((t.producer, topic, part), first - 1)
                     counter.pending += 1
                     if not self._produce_ack(topic, part, uuid_bytes(t.producer_int, clock, _ACK),
                                              counter.on_delivery):

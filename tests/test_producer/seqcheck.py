@@ -3,6 +3,7 @@ processes, and the exactly-once checker (whole topic read-uncommitted -> ``seque
 
 from __future__ import annotations
 
+import logging
 import os
 import random
 import re
@@ -82,12 +83,29 @@ class CheckResult:
     acks: int
 
 
+class _Anomalies(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+
 def check_exactly_once(bootstrap: str, topic: str, partitions: int, exp: Expected) -> CheckResult:
     """Read the whole topic read-uncommitted, sequence it, and check: every committed outbox row exactly
     once, per-key order == commit order, nothing rolled back (app or harvest) visible, user data intact."""
     raw = read_raw(bootstrap, topic, partitions)
     at = {(r.partition, r.offset): r for r in raw}
-    committed = reference_read(raw, topic)
+    anomalies = _Anomalies()
+    seq_log = logging.getLogger("sequencer.sequencer")
+    seq_log.addHandler(anomalies)
+    try:
+        committed = reference_read(raw, topic)
+    finally:
+        seq_log.removeHandler(anomalies)
+    # A healthy relay never makes a reader log an anomaly (e.g. a rollback ACK below the last ACK).
+    assert not anomalies.messages, f"the reader logged sequencing anomalies: {anomalies.messages[:3]}"
     got: dict[str, list[bytes]] = {}
     for p, off, _ack in committed:
         r = at[(p, off)]
