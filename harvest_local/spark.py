@@ -18,6 +18,7 @@ from harvest_local.workdir import work_dir
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
+_LOG_CONF = Path(__file__).resolve().parent / "conf" / "spark-log4j2.properties"
 _VERSIONED = re.compile(r"^(?P<artifact>.+?)-\d[\w.\-]*\.jar$")
 
 
@@ -48,7 +49,8 @@ def local_spark_session(app_name: str = "harvest", cores: int = 2, extra_conf: d
         .config("spark.sql.shuffle.partitions", str(max(2, cores * 2)))
         .config("spark.local.dir", str(scratch / "local"))
         .config("spark.sql.warehouse.dir", str(scratch / "warehouse"))
-        .config("spark.driver.extraJavaOptions", f"-Dderby.system.home={scratch / 'derby'}")
+        .config("spark.driver.extraJavaOptions",
+                f"-Dderby.system.home={scratch / 'derby'} -Dlog4j2.configurationFile={_LOG_CONF}")
         .config("spark.sql.session.timeZone", "UTC")
     )
     for key, value in (extra_conf or {}).items():
