@@ -90,6 +90,8 @@ def main(argv: list[str] | None = None) -> int:
             run.mark(f"{leader.name} elected leader; the other relay stands by")
             writers = Writers(ends.pg_dsn, schema, outbox, topic, args.keys, args.rows, threads=args.writers,
                               rate_per_s=args.rate).start()
+            ticker = _Progress(run, writers, ends.pg_dsn, schema, outbox)
+            ticker.start()
             run.mark(f"{args.writers} writers started ({args.rows} rows, ~{args.rate:.0f} rows/s, 10% rolled back)")
             takeover = None
             if not args.no_kill:
@@ -123,6 +125,8 @@ def main(argv: list[str] | None = None) -> int:
             time.sleep(2.0)  # anything arriving late would be a duplicate: give it the chance to show
             run.mark(f"consumer applied {len(applied_rows(ends.pg_dsn, schema))} rows")
         finally:
+            if "ticker" in locals():
+                ticker.stop()
             for relay in relays:
                 relay.stop()
             applier.terminate()
@@ -139,6 +143,42 @@ def main(argv: list[str] | None = None) -> int:
     _report(verdicts, raw_count, expected, stats, latencies, takeover, applied, plot)
     (out / "verdict.json").write_text(json.dumps([v.__dict__ for v in verdicts], indent=2))
     return 0 if all(v.ok for v in verdicts) else 1
+
+
+class _Progress:
+    """A progress line every few seconds: written, waiting in the outbox, applied by the consumer."""
+
+    def __init__(self, run: Run, writers: Writers, dsn: str, schema: str, outbox: str, every: float = 3.0) -> None:
+        import threading
+
+        self.run, self.writers, self.dsn, self.schema, self.outbox, self.every = run, writers, dsn, schema, outbox, every
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="progress", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+
+    def _loop(self) -> None:
+        import psycopg
+        from psycopg import sql
+
+        schema, table = self.outbox.split(".")
+        while not self._stop.wait(self.every):
+            try:
+                with psycopg.connect(self.dsn, connect_timeout=3) as conn:
+                    backlog = conn.execute(sql.SQL("SELECT count(*) FROM {}").format(
+                        sql.Identifier(schema, table))).fetchone()[0]  # type: ignore[index]
+                    applied = conn.execute(sql.SQL("SELECT count(*) FROM {}").format(
+                        sql.Identifier(self.schema, "applied"))).fetchone()[0]  # type: ignore[index]
+            except Exception:  # progress is best effort
+                continue
+            log.info("[%6.1fs]   progress: %d committed by writers, %d waiting in the outbox, %d applied by "
+                     "the consumer", time.monotonic() - self.run.started, self.writers.stats.committed, backlog,
+                     applied)
 
 
 def _raw_count(bootstrap: str, topic: str) -> int:
