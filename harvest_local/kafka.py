@@ -96,7 +96,7 @@ class EmbeddedKafka:
 
     def _jvm(self) -> list[str]:
         return [
-            self._java, f"-Xms256m", f"-Xmx{self.heap}", "-XX:+UseG1GC", "-XX:MaxGCPauseMillis=20",
+            self._java, "-Xms256m", f"-Xmx{self.heap}", "-XX:+UseG1GC", "-XX:MaxGCPauseMillis=20",
             "-Djava.awt.headless=true", f"-Dkafka.logs.dir={self.root}",
             f"-Dlog4j2.configurationFile={CONF_DIR / 'log4j2.properties'}",
             "-cp", self._classpath,
