@@ -26,7 +26,7 @@ import pyarrow as pa
 from sequencer import DEFAULT_PRUNE_HORIZON_NS, ProducerState, encode_checkpoint
 from spark_reader import offsets as offsets_mod
 from spark_reader.errors import ReaderConfigError
-from spark_reader.policy import UUIDPolicyName, check_policy
+from spark_reader.policy import check_policy
 from spark_reader.schema import OUTPUT_COLUMNS, SEQUENCED
 from spark_reader.sequencing import GroupPlan, sequence_group
 
