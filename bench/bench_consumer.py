@@ -8,7 +8,8 @@ in the same run and alternating, reads them all ``--runs`` times:
 * raw: a plain confluent-kafka Consumer (assign, consume() batches), touching
   key, value, headers and offset of every record, as an application would;
 * committed: ``ReadCommittedIter`` (ring ``--ring``), delivering the N
-  committed records (ACKs filtered out).
+  committed records (ACKs filtered out), once with ``poll_batch(2000)``
+  ("batch", the headline ratio: like with like) and once per ``poll()``.
 
 Prints JSON: median records/s of both, the ratio (target >= 0.7), and memory:
 peak RSS and a tracemalloc peak of one extra (untimed) committed pass, which
@@ -101,19 +102,31 @@ def raw_pass(bootstrap: str, topic: str, partitions: int, total: int) -> tuple[f
     return total / dt, total / cpu
 
 
-def committed_pass(bootstrap: str, topic: str, records: int, ring: int) -> tuple[float, float, dict[str, int]]:
+def committed_pass(bootstrap: str, topic: str, records: int, ring: int, mode: str = "batch") -> tuple[float, float, dict[str, int]]:
+    """``mode``: "batch" reads with ``poll_batch(2000)`` (like the raw pass's consume(2000)),
+    "poll" one record per ``poll()``."""
     it = ReadCommittedIter({"bootstrap.servers": bootstrap}, topics=[topic], ring_size=ring)
     seen = 0
     sink = 0
     t0 = time.perf_counter()
     c0 = time.thread_time()
-    while seen < records:
-        r = it.poll(5.0)
-        if r is None:
-            raise SystemExit(f"committed pass stalled at {seen}/{records}")
-        k, v, h, o = r.key, r.value, r.headers, r.offset
-        sink += o
-        seen += 1
+    if mode == "batch":
+        while seen < records:
+            batch = it.poll_batch(2000, 5.0)
+            if not batch:
+                raise SystemExit(f"committed pass stalled at {seen}/{records}")
+            for r in batch:
+                k, v, h, o = r.key, r.value, r.headers, r.offset
+                sink += o
+            seen += len(batch)
+    else:
+        while seen < records:
+            r = it.poll(5.0)
+            if r is None:
+                raise SystemExit(f"committed pass stalled at {seen}/{records}")
+            k, v, h, o = r.key, r.value, r.headers, r.offset
+            sink += o
+            seen += 1
     dt = time.perf_counter() - t0
     cpu = time.thread_time() - c0
     stats = it.stats
@@ -138,21 +151,26 @@ def main() -> int:
         t0 = time.perf_counter()
         total = write(bootstrap, topic, args.records, args.partitions, args.txn, args.value_size)
         write_s = time.perf_counter() - t0
-        raw, committed, raw_cpu, committed_cpu, stats = [], [], [], [], {}
+        raw: list[float] = []
+        raw_cpu: list[float] = []
+        rates: dict[str, list[float]] = {"batch": [], "poll": []}
+        cpus: dict[str, list[float]] = {"batch": [], "poll": []}
+        stats: dict[str, dict[str, int]] = {}
         for _ in range(args.runs):
             rate, cpu_rate = raw_pass(bootstrap, topic, args.partitions, total)
             raw.append(rate)
             raw_cpu.append(cpu_rate)
-            rate, cpu_rate, stats = committed_pass(bootstrap, topic, args.records, args.ring)
-            committed.append(rate)
-            committed_cpu.append(cpu_rate)
+            for mode in ("batch", "poll"):
+                rate, cpu_rate, stats[mode] = committed_pass(bootstrap, topic, args.records, args.ring, mode)
+                rates[mode].append(rate)
+                cpus[mode].append(cpu_rate)
         rss_before_trace_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
         tracemalloc.start()
-        committed_pass(bootstrap, topic, args.records, args.ring)
+        committed_pass(bootstrap, topic, args.records, args.ring, "batch")
         _, peak = tracemalloc.get_traced_memory()
         tracemalloc.stop()
-    raw_med = statistics.median(raw)
-    com_med = statistics.median(committed)
+    med = statistics.median
+    raw_med = med(raw)
     out = {
         "benchmark": "consumer.ReadCommittedIter vs plain confluent-kafka Consumer",
         "records_committed": args.records,
@@ -163,17 +181,26 @@ def main() -> int:
         "value_size": args.value_size,
         "write_seconds": round(write_s, 2),
         "raw_records_per_s": [round(x) for x in raw],
-        "committed_records_per_s": [round(x) for x in committed],
+        # batch: poll_batch(2000), compared like with like with the raw pass's consume(2000);
+        # poll: one record per poll() call.
+        "committed_records_per_s": [round(x) for x in rates["batch"]],
+        "committed_poll_records_per_s": [round(x) for x in rates["poll"]],
         "raw_median_per_s": round(raw_med),
-        "committed_median_per_s": round(com_med),
-        "ratio": round(com_med / raw_med, 3),
+        "committed_median_per_s": round(med(rates["batch"])),
+        "committed_poll_median_per_s": round(med(rates["poll"])),
+        "ratio": round(med(rates["batch"]) / raw_med, 3),
+        "ratio_poll": round(med(rates["poll"]) / raw_med, 3),
         "target_ratio": 0.7,
         # Records per CPU-second of the Python thread only (librdkafka's threads excluded):
         # the reader's own cost, independent of how fast the broker serves fetches.
-        "raw_median_per_python_cpu_s": round(statistics.median(raw_cpu)),
-        "committed_median_per_python_cpu_s": round(statistics.median(committed_cpu)),
-        "cpu_ratio": round(statistics.median(committed_cpu) / statistics.median(raw_cpu), 3),
-        "replays": stats.get("replays"),
+        "raw_median_per_python_cpu_s": round(med(raw_cpu)),
+        "committed_median_per_python_cpu_s": round(med(cpus["batch"])),
+        "committed_poll_median_per_python_cpu_s": round(med(cpus["poll"])),
+        "cpu_ratio": round(med(cpus["batch"]) / med(raw_cpu), 3),
+        "cpu_ratio_poll": round(med(cpus["poll"]) / med(raw_cpu), 3),
+        "replays": stats["batch"].get("replays"),
+        "replayed_records": stats["batch"].get("replayed_records"),
+        "replay_ms": stats["batch"].get("replay_ms"),
         "peak_rss_mb": round(rss_before_trace_kb / 1024, 1),
         "tracemalloc_peak_mb_committed_pass": round(peak / 2**20, 1),
         "cpu_count": os.cpu_count(),

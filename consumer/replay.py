@@ -48,7 +48,7 @@ def split_journal(journal: str) -> tuple[str, int]:
 class ReplayReader:
     """Serves ``[begin, end)`` ranges of partitions (see module doc)."""
 
-    __slots__ = ("_config", "_consumer", "_timeout", "_batch_size", "replays", "replayed_records")
+    __slots__ = ("_config", "_consumer", "_timeout", "_batch_size", "replays", "replayed_records", "replay_seconds")
 
     def __init__(self, config: ReaderConfig, timeout: float = 60.0, batch_size: int = 2000) -> None:
         self._config = config
@@ -57,6 +57,7 @@ class ReplayReader:
         self._batch_size = batch_size
         self.replays = 0
         self.replayed_records = 0
+        self.replay_seconds = 0.0  # wall time spent inside replays (diagnostics)
 
     def read(self, journal: str, begin: int, end: int) -> Iterator[Envelope]:
         """Envelopes of ``journal`` with ``begin <= offset < end``, lazily."""
@@ -71,6 +72,7 @@ class ReplayReader:
             except KafkaException as exc:
                 raise ReplayFailedError(f"cannot create the replay consumer: {exc}") from exc
         consumer = self._consumer
+        t0 = time.monotonic()
         try:
             consumer.assign([TopicPartition(topic, partition, begin)])
         except KafkaException as exc:
@@ -101,6 +103,7 @@ class ReplayReader:
                     self.replayed_records += 1
                     yield make_envelope(journal, offset, NIL_UUID if u is None else u, Record._make(msg, u))
         finally:
+            self.replay_seconds += time.monotonic() - t0
             try:
                 consumer.unassign()
             except (KafkaException, RuntimeError):  # closed meanwhile: nothing to release

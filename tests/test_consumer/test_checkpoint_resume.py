@@ -103,3 +103,35 @@ def test_invalid_checkpoint_is_a_clear_error(kafka_bootstrap: str, topic_factory
     topic = topic_factory()
     with pytest.raises(ConfigError, match="not a valid checkpoint"):
         ReadCommittedIter(kafka_config(kafka_bootstrap), topics=[topic], checkpoint=b"\x00garbage")
+
+
+@pytest.mark.parametrize(("seed", "partitions", "ring_size"), [(13, 1, 4), (14, 2, 8192)])
+def test_random_restarts_with_poll_batch(kafka_bootstrap: str, topic_factory, seed, partitions, ring_size) -> None:
+    # Every record poll_batch() returned is covered by the next checkpoint(),
+    # whatever the batch size: batches end mid-sequence, at commits and in replays.
+    topic = topic_factory(partitions=partitions)
+    cfg = kafka_config(kafka_bootstrap)
+    recs = Gen(seed, partitions=partitions).records(500)
+    offsets = produce(kafka_bootstrap, topic, recs)
+    want = reference(topic, recs, offsets, ring_size)
+    rnd = random.Random(seed)
+    delivered: list[tuple[int, int, bytes]] = []
+    cp = None
+    restarts = 0
+    while True:
+        restarts += 1
+        assert restarts < 80
+        with ReadCommittedIter(cfg, topics=[topic], checkpoint=cp, ring_size=ring_size, include_acks=True) as it:
+            got = []
+            for _ in range(rnd.randint(1, 3)):
+                batch = it.poll_batch(rnd.randint(1, 40), 1.0)
+                got.extend(key(r) for r in batch)
+                if not batch:
+                    break
+            delivered.extend(got)
+            cp = it.checkpoint()
+        if not got:
+            break
+    assert restarts > 5
+    assert len(set(delivered)) == len(delivered), "a record was delivered twice across restarts"
+    assert per_partition(delivered) == per_partition(want)

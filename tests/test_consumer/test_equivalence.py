@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 from cons_testlib import Gen, Rec, drain, kafka_config, key, per_partition, produce, reference
 
-from consumer import ReadCommittedIter, ReadUncommittedIter
+from consumer import ConfigError, ReadCommittedIter, ReadUncommittedIter
 from sequencer import Flags, build_uuid, new_producer_id
 
 pytestmark = pytest.mark.integration
@@ -89,3 +89,40 @@ def test_matches_shared_reference_reader(kafka_bootstrap: str, topic_factory, ri
     with ReadCommittedIter(kafka_config(kafka_bootstrap), topics=[topic], ring_size=ring_size) as it:
         got = per_partition((r.partition, r.offset, b"") for r in drain(it, idle=1.0))
     assert got == want and sum(map(len, want.values())) > 10
+
+
+@pytest.mark.parametrize(("seed", "partitions", "ring_size"), [(5, 1, 3), (6, 3, 2), (7, 2, 8192)])
+def test_poll_batch_equals_poll(kafka_bootstrap: str, topic_factory, seed, partitions, ring_size) -> None:
+    # poll_batch (Sequencer.step_many inside) delivers exactly what poll() does,
+    # in the same order, with and without ACKs, tiny rings (replays) included.
+    import random
+
+    topic = topic_factory(partitions=partitions)
+    recs = Gen(seed, partitions=partitions).records(500)
+    produce(kafka_bootstrap, topic, recs)
+    rnd = random.Random(seed)
+    for include_acks in (True, False):
+        with ReadCommittedIter(
+            kafka_config(kafka_bootstrap), topics=[topic], ring_size=ring_size, include_acks=include_acks
+        ) as it:
+            want = [key(r) for r in drain(it, idle=1.0)]
+            want_replays = it.stats["replays"]
+        with ReadCommittedIter(
+            kafka_config(kafka_bootstrap), topics=[topic], ring_size=ring_size, include_acks=include_acks
+        ) as it:
+            got: list = []
+            while True:
+                batch = it.poll_batch(rnd.choice([1, 2, 3, 7, 50, 2000]), 1.0)
+                if not batch:
+                    break
+                got.extend(key(r) for r in batch)
+            assert it.stats["delivered"] == len(got)
+        if partitions == 1:
+            assert got == want
+        else:
+            assert per_partition(got) == per_partition(want)
+        if ring_size <= 3:
+            assert want_replays > 0
+    with ReadCommittedIter(kafka_config(kafka_bootstrap), topics=[topic]) as it:
+        with pytest.raises(ConfigError):
+            it.poll_batch(0)
