@@ -34,6 +34,7 @@ BENCHES: dict[str, tuple[str, list[str], list[str]]] = {
     "relay": ("bench_relay.py", [], ["--rows", "20000"]),
     "consumer": ("bench_consumer.py", [], ["--records", "100000", "--runs", "1"]),
     "spark": ("bench_spark.py", [], ["--records", "100000", "--repeat", "1"]),
+    "stasher": ("bench_stasher.py", [], ["--rows", "2000", "--repeat", "1"]),
 }
 
 
@@ -84,6 +85,11 @@ ROWS: dict[str, Callable[[dict[str, Any]], list[tuple[str, str, str, str]]]] = {
         f"Spark readCommitted batch, {_fmt(r.get('records'))} records (rows/s)",
         _fmt(r.get("readCommitted_median_rows_per_s")),
         f"ratio to raw Spark Kafka read + count {_fmt(r.get('ratio_median'))}", "ratio ≥ 0.5")],
+    "stasher": lambda r: [(
+        f"Stasher stash_many (COPY), {_fmt(r.get('rows_per_transaction'))} rows per transaction (rows/s)",
+        _fmt(r.get("stash_many_median_rows_per_s")),
+        f"{_fmt(r.get('speedup_median'))}x one INSERT per record "
+        f"({_fmt(r.get('single_median_rows_per_s'))} rows/s)", "much faster than one INSERT each")],
 }
 
 
