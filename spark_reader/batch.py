@@ -1,8 +1,11 @@
 """``readCommitted``: a read-committed batch DataFrame of a topic written with UUID sequencing.
 
 Raw records come from Spark's own Kafka source over exactly the offsets of the read (see
-:mod:`spark_reader.offsets`); each (partition, producer) group is sequenced in parallel by
-:func:`spark_reader.sequencing.sequence_group`. The read's checkpoint (the same bytes
+:mod:`spark_reader.offsets`). That source reads each topic-partition's range as one split, in
+offset order, so each Spark task sequences one journal (all its producers, Gazette's per-producer
+state machines) with :func:`spark_reader.sequencing.sequence_partition` via ``mapInArrow``: the
+partitions run in parallel and the payload is never shuffled. The options that would split a
+topic-partition across tasks (``minPartitions``, ``maxRecordsPerPartition``) are refused. The read's checkpoint (the same bytes
 ``ReadCommittedIter.checkpoint()`` produces) covers everything up to ``ending``: pass it as
 ``starting`` of the next read and the two reads return every committed row exactly once in total.
 
@@ -10,8 +13,8 @@ Invariants:
 - rows whose committing ACK lies at or beyond ``ending`` are not in this read; they appear in the
   next read started from this read's checkpoint;
 - the checkpoint's offsets are the read's ``ending`` for every partition; its producer states are
-  the groups' end states, plus the starting states of producers with no records in the read,
-  pruned by ``prune_horizon_ns`` as ``Sequencer.checkpoint`` prunes.
+  the end states of each journal the read covered (pruned by ``prune_horizon_ns`` by the
+  Sequencer itself), plus the starting states of journals with nothing to read.
 """
 
 from __future__ import annotations
@@ -22,13 +25,14 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import pyarrow as pa
+import pyarrow.compute  # noqa: F401  (pa.compute)
 
 from sequencer import DEFAULT_PRUNE_HORIZON_NS, ProducerState, encode_checkpoint
 from spark_reader import offsets as offsets_mod
 from spark_reader.errors import ReaderConfigError
 from spark_reader.policy import check_policy
 from spark_reader.schema import OUTPUT_COLUMNS, SEQUENCED
-from spark_reader.sequencing import GroupPlan, sequence_group
+from spark_reader.sequencing import GroupPlan, sequence_partition
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -36,6 +40,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 _STATE_FIELDS = ("_kind", "_state_last_ack", "_state_begin", "_state_max_clock")
+# _kind: 0 = a committed row, 1 = a producer state at the end of the read, 2 = "this partition was
+# read" (so its starting states, possibly all pruned, are not carried over).
 
 
 @dataclass
@@ -55,7 +61,7 @@ class CommittedRead:
     def checkpoint(self) -> bytes:
         """Checkpoint bytes for ``ending`` (runs a Spark job the first time)."""
         if self._checkpoint is None:
-            rows = self._full.where("_kind = 1").select(
+            rows = self._full.where("_kind > 0").select("_kind",
                 "partition", "producer", "_state_last_ack", "_state_begin", "_state_max_clock").collect()
             self._checkpoint = _assemble_checkpoint(self.range, rows, self.prune_horizon_ns)
         return self._checkpoint
@@ -95,10 +101,10 @@ def read_committed(spark: SparkSession, topic: str, kafka_options: Mapping[str, 
                      uuid_header.alias("uuid"))
     raw = raw.withColumn("producer", F.when(F.length("uuid") == 16, F.substring("uuid", 11, 6)))
 
-    def apply(table: pa.Table) -> pa.Table:
-        return _sequence_with_state(table, plan)
+    def apply(batches):  # type: ignore[no-untyped-def]
+        yield from _sequence_partitions(batches, plan, prune_horizon_ns)
 
-    full = raw.groupBy("partition", "producer").applyInArrow(apply, schema=_full_schema())
+    full = raw.mapInArrow(apply, schema=_full_schema())
     hexed = F.lower(F.hex("uuid"))
     df = full.where("_kind = 0").withColumn(
         "uuid", F.when(F.col("uuid").isNotNull(), F.concat_ws(
@@ -108,34 +114,32 @@ def read_committed(spark: SparkSession, topic: str, kafka_options: Mapping[str, 
     return CommittedRead(df=df, range=rng, prune_horizon_ns=prune_horizon_ns, _full=full)
 
 
-def _sequence_with_state(table: pa.Table, plan: GroupPlan) -> pa.Table:
-    rows, result = sequence_group(table, plan)
-    n = rows.num_rows
-    rows = rows.append_column("_kind", pa.array([0] * n, pa.int8()))
-    for name in _STATE_FIELDS[1:]:
-        rows = rows.append_column(name, pa.nulls(n, pa.int64()))
-    if result.state is None:
-        return rows
-    st = result.state
-    clocks = [c for c in result.clocks] + [st.last_ack]
-    state_row = {name: [None] for name in rows.column_names}
-    state_row.update(partition=[int(table.column("partition")[0].as_py())], producer=[st.producer],
-                     _kind=[1], _state_last_ack=[st.last_ack], _state_begin=[st.begin],
-                     _state_max_clock=[max(max(clocks), _max_clock(table))])
-    return pa.concat_tables([rows, pa.Table.from_pydict(state_row, schema=rows.schema)])
-
-
-def _max_clock(table: pa.Table) -> int:
-    from sequencer import UUIDError, clock_of, parse_uuid
-
-    best = 0
-    for raw in table.column("uuid").to_pylist():
-        if raw is not None:
-            try:
-                best = max(best, clock_of(parse_uuid(raw)))
-            except UUIDError:
-                pass
-    return best
+def _sequence_partitions(batches, plan: GroupPlan, prune_horizon_ns: int):  # type: ignore[no-untyped-def]
+    """One Spark task: its record batches (normally all of one topic-partition) -> committed rows,
+    then the journal's end states and a sentinel row."""
+    batches = list(batches)
+    if not batches:
+        return  # an empty range: the driver carries this journal's starting states over
+    table = pa.Table.from_batches(batches)
+    if table.num_rows == 0:
+        return
+    for partition in pa.compute.unique(table.column("partition")).to_pylist():
+        part = table.filter(pa.compute.equal(table.column("partition"), partition))
+        rows, result = sequence_partition(part, plan, prune_horizon_ns)
+        n = rows.num_rows
+        rows = rows.append_column("_kind", pa.array([0] * n, pa.int8()))
+        for name in _STATE_FIELDS[1:]:
+            rows = rows.append_column(name, pa.nulls(n, pa.int64()))
+        extra = {name: [] for name in rows.column_names}
+        for st in result.states:
+            for name in rows.column_names:
+                extra[name].append(None)
+            extra["partition"][-1], extra["producer"][-1], extra["_kind"][-1] = partition, st.producer, 1
+            extra["_state_last_ack"][-1], extra["_state_begin"][-1] = st.last_ack, st.begin
+        for name in rows.column_names:
+            extra[name].append(None)
+        extra["partition"][-1], extra["_kind"][-1] = partition, 2
+        yield from pa.concat_tables([rows, pa.Table.from_pydict(extra, schema=rows.schema)]).to_batches()
 
 
 def _full_schema():  # type: ignore[no-untyped-def]
@@ -146,25 +150,16 @@ def _full_schema():  # type: ignore[no-untyped-def]
 
 
 def _assemble_checkpoint(rng: offsets_mod.ReadRange, rows: list, horizon_ns: int) -> bytes:
-    states: dict[tuple[int, bytes], tuple[ProducerState, int]] = {
-        key: (st, st.last_ack) for key, st in rng.states.items()
+    read = {int(row["partition"]) for row in rows if row["_kind"] == 2}
+    states: dict[tuple[int, bytes], ProducerState] = {
+        key: st for key, st in rng.states.items() if key[0] not in read  # journals with nothing to read
     }
     for row in rows:
-        key = (int(row["partition"]), bytes(row["producer"]))
-        journal = f"{rng.topic}/{key[0]}"
-        states[key] = (ProducerState(journal, key[1], int(row["_state_last_ack"]), int(row["_state_begin"])),
-                       int(row["_state_max_clock"]))
-    kept: list[ProducerState] = []
-    if horizon_ns > 0:
-        horizon = (horizon_ns // 100) << 4
-        newest: dict[int, int] = {}
-        for (p, _), (st, _) in states.items():
-            newest[p] = max(newest.get(p, 0), st.last_ack)
-        for (p, _), (st, max_clock) in sorted(states.items()):
-            if max_clock >= newest[p] - horizon:
-                kept.append(st)
-    else:
-        kept = [st for _, (st, _) in sorted(states.items())]
+        if row["_kind"] == 1:
+            key = (int(row["partition"]), bytes(row["producer"]))
+            states[key] = ProducerState(f"{rng.topic}/{key[0]}", key[1], int(row["_state_last_ack"]),
+                                        int(row["_state_begin"]))
+    kept = [st for _, st in sorted(states.items())]
     offsets = {f"{rng.topic}/{p}": o for p, o in rng.end.items()}
     offsets.update(rng.foreign_offsets)
     return encode_checkpoint(offsets, kept + list(rng.foreign_states))
@@ -174,7 +169,8 @@ def _check_options(topic: str, options: dict[str, str]) -> None:
     if not topic or not isinstance(topic, str):
         raise ReaderConfigError(f"topic={topic!r}: pass the name of one Kafka topic")
     for owned in ("subscribe", "subscribePattern", "assign", "startingOffsets", "endingOffsets",
-                  "startingOffsetsByTimestamp", "endingOffsetsByTimestamp", "includeHeaders"):
+                  "startingOffsetsByTimestamp", "endingOffsetsByTimestamp", "includeHeaders",
+                  "minPartitions", "maxRecordsPerPartition"):
         if owned in options:
             raise ReaderConfigError(
                 f"kafka_options[{owned!r}] is set by readCommitted itself; remove it (use topic=, "

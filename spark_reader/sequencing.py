@@ -1,11 +1,12 @@
-"""Gazette sequencing of one (partition, producer) group of raw Kafka records, as Arrow tables.
+"""Gazette sequencing of raw Kafka records, as Arrow tables, inside Spark tasks.
 
-Spark hands each group to :func:`sequence_group` (``applyInArrow``). The group runs the real
-:class:`sequencer.Sequencer`, restored from the producer's checkpointed state, so the semantics are
-exactly those of ``ReadCommittedIter``: duplicates, partial ACKs, rollbacks, OUTSIDE messages.
-Producers are independent in Gazette's model (a sequence is one producer's span plus its
-committing message), so sequencing each producer apart gives the same committed messages; the
-global order is recovered by sorting on ``(partition, ack_offset, offset)``.
+:func:`sequence_partition` (the batch reader's path, ``mapInArrow``) takes every record a Spark
+task read of one topic-partition — Spark's Kafka source reads each topic-partition's offset range
+as one split, in offset order — and runs one :class:`sequencer.Sequencer` over it, restored from the
+journal's checkpointed producer states: exactly ``ReadCommittedIter``'s semantics (duplicates,
+partial ACKs, rollbacks, OUTSIDE messages, pruning), with no shuffle of the payload.
+Output rows carry ``ack_offset``: sorting on ``(partition, ack_offset, offset)`` gives
+``ReadCommittedIter``'s delivery order.
 
 Invariants:
 - a record is emitted at most once, only when its committing ACK (or itself, if OUTSIDE) lies in
@@ -49,15 +50,13 @@ class GroupPlan:
 
 
 @dataclass(frozen=True)
-class GroupResult:
-    rows: list[int]  # indices into the (offset-sorted) group table
-    ack_offsets: list[int]
-    clocks: list[int]
-    state: ProducerState | None  # the producer's state at the end of the read
+class PartitionResult:
+    states: list[ProducerState]  # the journal's producer states at the end of the read, pruned
 
 
-def sequence_group(table: pa.Table, plan: GroupPlan) -> tuple[pa.Table, GroupResult]:
-    """Committed rows of one group, with ``ack_offset`` and ``clock`` columns; plus its end state."""
+def sequence_partition(table: pa.Table, plan: GroupPlan, prune_horizon_ns: int) -> tuple[pa.Table, PartitionResult]:
+    """Committed rows of one topic-partition's records (all producers), with ``ack_offset`` and
+    ``clock``; plus the journal's producer states at the end, pruned by ``prune_horizon_ns``."""
     table = table.sort_by("offset")
     offsets: list[int] = table.column("offset").to_pylist()
     raw_uuids: list[bytes | None] = table.column("uuid").to_pylist()
@@ -65,86 +64,49 @@ def sequence_group(table: pa.Table, plan: GroupPlan) -> tuple[pa.Table, GroupRes
     journal = f"{plan.topic}/{partition}"
     start = plan.start.get(partition, 0)
     first = bisect.bisect_left(offsets, start)
-
     parsed: list[uuid_mod.UUID | None] = []
     for raw in raw_uuids:
         try:
-            parsed.append(parse_uuid(raw) if raw is not None else None)
+            u = parse_uuid(raw) if raw is not None else None
         except UUIDError:
-            parsed.append(None)
+            u = None
+        parsed.append(None if u is not None and u.int == 0 else u)
 
-    producer = _group_producer(parsed)
-    if producer is None:
-        result = _unsequenced(offsets, first, plan, journal)
-    else:
-        result = _sequenced(offsets, parsed, first, plan, journal, partition, producer)
-    out = table.take(pa.array(result.rows, pa.int64()))
-    out = out.append_column("ack_offset", pa.array(result.ack_offsets, pa.int64()))
-    out = out.append_column("clock", pa.array(result.clocks, pa.int64()))
-    return out, result
-
-
-def _group_producer(parsed: list[uuid_mod.UUID | None]) -> bytes | None:
-    for u in parsed:
-        if u is not None and u.int != 0:
-            return u.bytes[10:]
-    return None
-
-
-def _unsequenced(offsets: list[int], first: int, plan: GroupPlan, journal: str) -> GroupResult:
-    """Records with no valid uuid (or the nil UUID): the missing-uuid policy decides."""
-    todo = list(range(first, len(offsets)))
-    if todo and plan.uuid_policy == "raise":
-        raise MissingUUIDError(
-            f"record {journal}@{offsets[todo[0]]} has no valid 'uuid' header and uuid_policy='raise'; "
-            "use uuid_policy='deliver' to deliver such records at-least-once, or 'drop' to skip them"
-        )
-    if todo:
-        log.warning("%s: %d records without a valid 'uuid' header from offset %d (uuid_policy=%r: %s)",
-                    journal, len(todo), offsets[todo[0]], plan.uuid_policy,
-                    "skipped" if plan.uuid_policy == "drop" else "delivered at-least-once")
-    if plan.uuid_policy == "drop":
-        return GroupResult([], [], [], None)
-    return GroupResult(todo, [offsets[i] for i in todo], [0] * len(todo), None)
-
-
-def _sequenced(offsets: list[int], parsed: list[uuid_mod.UUID | None], first: int, plan: GroupPlan,
-               journal: str, partition: int, producer: bytes) -> GroupResult:
-    state = plan.states.get((partition, producer))
-    seq = Sequencer({journal: plan.start.get(partition, 0)}, [state] if state else [], plan.ring_size)
+    states = [st for (p, _), st in plan.states.items() if p == partition]
+    seq = Sequencer({journal: start}, states, plan.ring_size)
     rows: list[int] = []
     acks: list[int] = []
     clocks: list[int] = []
-    pending: list[int] = []
+    unsequenced = 0
     for i in range(first, len(offsets)):
         u = parsed[i]
-        if u is None:
-            # A malformed header amid a producer's records: it shares the producer's group only by
-            # accident of bytes 10..15; treat it like any header-less record.
-            if plan.uuid_policy == "raise":
-                raise MissingUUIDError(f"record {journal}@{offsets[i]} has a malformed 'uuid' header")
-            if plan.uuid_policy == "deliver":
-                rows.append(i), acks.append(offsets[i]), clocks.append(0)
-            continue
         off = offsets[i]
-        outcome = seq.queue_uncommitted(Envelope(journal, off, off + 1, u, i))
-        if outcome == _REPLAY:
+        if u is None:
+            if plan.uuid_policy == "raise":
+                raise MissingUUIDError(
+                    f"record {journal}@{off} has no valid 'uuid' header and uuid_policy='raise'; use "
+                    "uuid_policy='deliver' to deliver such records at-least-once, or 'drop' to skip them")
+            unsequenced += 1
+            if plan.uuid_policy == "deliver":
+                rows.append(i), acks.append(off), clocks.append(0)
+            continue
+        if seq.queue_uncommitted(Envelope(journal, off, off + 1, u, i)) == _REPLAY:
             _, begin, end = seq.replay_range()
             seq.start_replay(_replay(offsets, parsed, journal, begin, end))
-        while (env := seq.step()) is not None:
-            pending.append(env.message)
-        if pending:
-            ack_offset = offsets[pending[-1]]
-            for idx in pending:
-                uu = parsed[idx]
-                assert uu is not None
-                if not plan.include_acks and flags_of(uu) == _ACK:
-                    continue
-                rows.append(idx), acks.append(ack_offset), clocks.append(clock_of(uu))
-            pending.clear()
-    _, states = seq.checkpoint(0)
-    end_state = next((s for s in states if s.producer == producer), None)
-    return GroupResult(rows, acks, clocks, end_state)
+        sequence = seq.step_many(1 << 30)
+        if sequence:
+            ack_offset = sequence[-1].begin
+            for env in sequence:
+                if plan.include_acks or flags_of(env.uuid) != _ACK:
+                    rows.append(env.message), acks.append(ack_offset), clocks.append(clock_of(env.uuid))
+    if unsequenced:
+        log.warning("%s: %d records without a valid 'uuid' header (uuid_policy=%r: %s)", journal, unsequenced,
+                    plan.uuid_policy, "skipped" if plan.uuid_policy == "drop" else "delivered at-least-once")
+    _, end_states = seq.checkpoint(prune_horizon_ns)
+    out = table.take(pa.array(rows, pa.int64()))
+    out = out.append_column("ack_offset", pa.array(acks, pa.int64()))
+    out = out.append_column("clock", pa.array(clocks, pa.int64()))
+    return out, PartitionResult(end_states)
 
 
 def _replay(offsets: list[int], parsed: list[uuid_mod.UUID | None], journal: str, begin: int,
