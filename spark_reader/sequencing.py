@@ -26,8 +26,7 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 
-from sequencer import Envelope, Flags, ProducerState, QueueOutcome, Sequencer, UUIDError, parse_uuid
-from sequencer.identity import clock_of, flags_of
+from sequencer import Envelope, Flags, ProducerState, QueueOutcome, Sequencer
 from spark_reader.errors import MissingUUIDError
 from spark_reader.policy import UUIDPolicyName
 
@@ -64,56 +63,72 @@ def sequence_partition(table: pa.Table, plan: GroupPlan, prune_horizon_ns: int) 
     journal = f"{plan.topic}/{partition}"
     start = plan.start.get(partition, 0)
     first = bisect.bisect_left(offsets, start)
-    parsed: list[uuid_mod.UUID | None] = []
-    for raw in raw_uuids:
-        try:
-            u = parse_uuid(raw) if raw is not None else None
-        except UUIDError:
-            u = None
-        parsed.append(None if u is not None and u.int == 0 else u)
+    # UUIDs as 128-bit ints, 0 for unusable ones: the Sequencer's batch path reads nothing else, and
+    # building a uuid.UUID per record would cost more than the sequencing itself.
+    xs = [_uuid_int(raw) for raw in raw_uuids]
 
     states = [st for (p, _), st in plan.states.items() if p == partition]
     seq = Sequencer({journal: start}, states, plan.ring_size)
     rows: list[int] = []
     acks: list[int] = []
-    clocks: list[int] = []
+    entries: list[tuple[str, int, int, int, int]] = []
     unsequenced = 0
     for i in range(first, len(offsets)):
-        u = parsed[i]
-        off = offsets[i]
-        if u is None:
+        x = xs[i]
+        if x == 0:
+            off = offsets[i]
             if plan.uuid_policy == "raise":
                 raise MissingUUIDError(
                     f"record {journal}@{off} has no valid 'uuid' header and uuid_policy='raise'; use "
                     "uuid_policy='deliver' to deliver such records at-least-once, or 'drop' to skip them")
             unsequenced += 1
             if plan.uuid_policy == "deliver":
-                rows.append(i), acks.append(off), clocks.append(0)
+                rows.append(i), acks.append(off)
             continue
-        if seq.queue_uncommitted(Envelope(journal, off, off + 1, u, i)) == _REPLAY:
+        off = offsets[i]
+        entries.append((journal, off, off + 1, x, i))
+
+    pos, n = 0, len(entries)
+    include_acks = plan.include_acks
+    while pos < n:
+        pos, outcome = seq.queue_batch(entries, pos)
+        if outcome is None:
+            break
+        if outcome == _REPLAY:
             _, begin, end = seq.replay_range()
-            seq.start_replay(_replay(offsets, parsed, journal, begin, end))
-        sequence = seq.step_many(1 << 30)
-        if sequence:
-            ack_offset = sequence[-1].begin
-            for env in sequence:
-                if plan.include_acks or flags_of(env.uuid) != _ACK:
-                    rows.append(env.message), acks.append(ack_offset), clocks.append(clock_of(env.uuid))
+            seq.start_replay(_replay(offsets, xs, journal, begin, end))
+        sequence = [item.message if type(item) is Envelope else item for item in seq.step_many(1 << 62)]
+        ack_offset = offsets[sequence[-1]]
+        for idx in sequence:
+            if include_acks or (xs[idx] >> 48) & 0x3FF != _ACK:
+                rows.append(idx)
+                acks.append(ack_offset)
     if unsequenced:
         log.warning("%s: %d records without a valid 'uuid' header (uuid_policy=%r: %s)", journal, unsequenced,
                     plan.uuid_policy, "skipped" if plan.uuid_policy == "drop" else "delivered at-least-once")
     _, end_states = seq.checkpoint(prune_horizon_ns)
     out = table.take(pa.array(rows, pa.int64()))
     out = out.append_column("ack_offset", pa.array(acks, pa.int64()))
-    out = out.append_column("clock", pa.array(clocks, pa.int64()))
+    out = out.append_column("clock", pa.array([_clock(xs[i]) for i in rows], pa.int64()))
     return out, PartitionResult(end_states)
 
 
-def _replay(offsets: list[int], parsed: list[uuid_mod.UUID | None], journal: str, begin: int,
-            end: int) -> Iterator[Envelope]:
+def _uuid_int(raw: bytes | None) -> int:
+    """The header as a 128-bit int when it is a version-1 RFC 4122 UUID (what parse_uuid accepts,
+    the nil UUID aside), else 0."""
+    if raw is None or len(raw) != 16:
+        return 0
+    x = int.from_bytes(raw, "big")
+    return x if (x >> 76) & 0xF == 1 and (x >> 62) & 0x3 == 2 else 0
+
+
+def _clock(x: int) -> int:
+    return 0 if x == 0 else (x >> 96) << 4 | ((x >> 80) & 0xFFFF) << 36 | ((x >> 64) & 0x0FFF) << 52 | (x >> 58) & 0xF
+
+
+def _replay(offsets: list[int], xs: list[int], journal: str, begin: int, end: int) -> Iterator[Envelope]:
     lo = bisect.bisect_left(offsets, begin)
     hi = bisect.bisect_left(offsets, end)
     for i in range(lo, hi):
-        u = parsed[i]
-        if u is not None:
-            yield Envelope(journal, offsets[i], offsets[i] + 1, u, i)
+        if xs[i]:
+            yield Envelope(journal, offsets[i], offsets[i] + 1, uuid_mod.UUID(int=xs[i]), i)
