@@ -39,7 +39,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-_STATE_FIELDS = ("_kind", "_state_last_ack", "_state_begin", "_state_max_clock")
+_STATE_FIELDS = ("_kind", "_state_last_ack", "_state_begin")
 # _kind: 0 = a committed row, 1 = a producer state at the end of the read, 2 = "this partition was
 # read" (so its starting states, possibly all pruned, are not carried over).
 
@@ -61,8 +61,8 @@ class CommittedRead:
     def checkpoint(self) -> bytes:
         """Checkpoint bytes for ``ending`` (runs a Spark job the first time)."""
         if self._checkpoint is None:
-            rows = self._full.where("_kind > 0").select("_kind",
-                "partition", "producer", "_state_last_ack", "_state_begin", "_state_max_clock").collect()
+            rows = self._full.where("_kind > 0").select(
+                "_kind", "partition", "_state_producer", "_state_last_ack", "_state_begin").collect()
             self._checkpoint = _assemble_checkpoint(self.range, rows, self.prune_horizon_ns)
         return self._checkpoint
 
@@ -97,17 +97,19 @@ def read_committed(spark: SparkSession, topic: str, kafka_options: Mapping[str, 
            .option("includeHeaders", "true")
            .load())
     uuid_header = F.element_at(F.filter("headers", lambda h: h["key"] == F.lit("uuid")), 1)["value"]
-    raw = raw.select("key", "value", "headers", "topic", "partition", "offset", "timestamp",
-                     uuid_header.alias("uuid"))
-    raw = raw.withColumn("producer", F.when(F.length("uuid") == 16, F.substring("uuid", 11, 6)))
+    # Only what the output needs crosses into Python and back (mapInArrow is opaque to column
+    # pruning): topic is a constant and producer is part of uuid, both added back afterwards.
+    raw = raw.select("key", "value", "headers", "partition", "offset", "timestamp", uuid_header.alias("uuid"))
 
     def apply(batches):  # type: ignore[no-untyped-def]
         yield from _sequence_partitions(batches, plan, prune_horizon_ns)
 
     full = raw.mapInArrow(apply, schema=_full_schema())
     hexed = F.lower(F.hex("uuid"))
-    df = full.where("_kind = 0").withColumn(
-        "uuid", F.when(F.col("uuid").isNotNull(), F.concat_ws(
+    sequenced = F.col("clock") != 0
+    df = full.where("_kind = 0").withColumn("topic", F.lit(topic)).withColumn(
+        "producer", F.when(sequenced, F.substring("uuid", 11, 6))).withColumn(
+        "uuid", F.when(sequenced, F.concat_ws(
             "-", F.substring(hexed, 1, 8), F.substring(hexed, 9, 4), F.substring(hexed, 13, 4),
             F.substring(hexed, 17, 4), F.substring(hexed, 21, 12)))
     ).select(*OUTPUT_COLUMNS)
@@ -128,13 +130,14 @@ def _sequence_partitions(batches, plan: GroupPlan, prune_horizon_ns: int):  # ty
         rows, result = sequence_partition(part, plan, prune_horizon_ns)
         n = rows.num_rows
         rows = rows.append_column("_kind", pa.array([0] * n, pa.int8()))
+        rows = rows.append_column("_state_producer", pa.nulls(n, pa.binary()))
         for name in _STATE_FIELDS[1:]:
             rows = rows.append_column(name, pa.nulls(n, pa.int64()))
         extra = {name: [] for name in rows.column_names}
         for st in result.states:
             for name in rows.column_names:
                 extra[name].append(None)
-            extra["partition"][-1], extra["producer"][-1], extra["_kind"][-1] = partition, st.producer, 1
+            extra["partition"][-1], extra["_state_producer"][-1], extra["_kind"][-1] = partition, st.producer, 1
             extra["_state_last_ack"][-1], extra["_state_begin"][-1] = st.last_ack, st.begin
         for name in rows.column_names:
             extra[name].append(None)
@@ -143,9 +146,9 @@ def _sequence_partitions(batches, plan: GroupPlan, prune_horizon_ns: int):  # ty
 
 
 def _full_schema():  # type: ignore[no-untyped-def]
-    from pyspark.sql.types import ByteType, LongType, StructField, StructType
+    from pyspark.sql.types import BinaryType, ByteType, LongType, StructField, StructType
 
-    return StructType([*SEQUENCED.fields, StructField("_kind", ByteType()),
+    return StructType([*SEQUENCED.fields, StructField("_kind", ByteType()), StructField("_state_producer", BinaryType()),
                        *(StructField(n, LongType()) for n in _STATE_FIELDS[1:])])
 
 
@@ -156,7 +159,7 @@ def _assemble_checkpoint(rng: offsets_mod.ReadRange, rows: list, horizon_ns: int
     }
     for row in rows:
         if row["_kind"] == 1:
-            key = (int(row["partition"]), bytes(row["producer"]))
+            key = (int(row["partition"]), bytes(row["_state_producer"]))
             states[key] = ProducerState(f"{rng.topic}/{key[0]}", key[1], int(row["_state_last_ack"]),
                                         int(row["_state_begin"]))
     kept = [st for _, st in sorted(states.items())]

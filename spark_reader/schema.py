@@ -22,17 +22,16 @@ from pyspark.sql.types import (
 
 HEADERS = ArrayType(StructType([StructField("key", StringType()), StructField("value", BinaryType())]))
 
-# What the sequencing step receives: the Kafka source's columns plus the raw uuid header.
+# What the sequencing step receives: the Kafka source's columns the output needs, plus the raw
+# uuid header (topic and producer are added back after the step).
 RAW = StructType([
     StructField("key", BinaryType()),
     StructField("value", BinaryType()),
     StructField("headers", HEADERS),
-    StructField("topic", StringType()),
     StructField("partition", IntegerType()),
     StructField("offset", LongType()),
     StructField("timestamp", TimestampType()),
     StructField("uuid", BinaryType()),
-    StructField("producer", BinaryType()),
 ])
 
 SEQUENCED = StructType([*RAW.fields, StructField("ack_offset", LongType()), StructField("clock", LongType())])
