@@ -36,9 +36,22 @@ log = logging.getLogger(__name__)
 MarkedRow = tuple[int, "str | None", "bytes | None", "bytes | None", "list[str] | None", "list[str | None] | None"]
 
 
+# The relay's transactions are a few statements sent back to back; a session of ours that sits idle
+# inside one for this long belongs to a frozen process (SIGSTOP, VM pause) that may hold the fence
+# row lock. Postgres then ends that session, so the next leader's view start is not blocked for as
+# long as the zombie stays frozen; the zombie's commit is refused by the fence anyway.
+IDLE_IN_TRANSACTION_TIMEOUT = "10s"
+# A lock wait longer than this fails (and the caller retries after its I/O back-off) instead of
+# holding the relay thread, which also runs the leader-election heartbeats.
+LOCK_TIMEOUT = "2s"
+
+
 def connect(dsn: str, **kwargs: Any) -> psycopg.Connection:
     try:
-        return psycopg.connect(dsn, autocommit=True, **kwargs)
+        conn = psycopg.connect(dsn, autocommit=True, **kwargs)
+        conn.execute(f"SET idle_in_transaction_session_timeout = '{IDLE_IN_TRANSACTION_TIMEOUT}'")
+        conn.execute(f"SET lock_timeout = '{LOCK_TIMEOUT}'")
+        return conn
     except psycopg.Error as exc:
         raise DatabaseError(f"cannot connect to Postgres ({redact_dsn(dsn)}): {redact_dsn(str(exc)).strip()}") from exc
 

@@ -125,7 +125,8 @@ def test_random_restarts_with_poll_batch(kafka_bootstrap: str, topic_factory, se
             got = []
             # At most 2 x 12 records per life, so the ~300 committed records take many restarts.
             for _ in range(rnd.randint(1, 2)):
-                batch = it.poll_batch(rnd.randint(1, 12), 1.0)
+                # A generous timeout: a new consumer may need seconds to join; an empty batch means the end.
+                batch = it.poll_batch(rnd.randint(1, 12), 10.0)
                 got.extend(key(r) for r in batch)
                 if not batch:
                     break
