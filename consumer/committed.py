@@ -249,16 +249,11 @@ class ReadCommittedIter:
                 continue
             if self._closed:
                 raise ConsumerClosedError("the reader is closed")
-            if timeout is None:
-                wait = None
-            else:
-                if deadline is None:
-                    deadline = time.monotonic() + timeout
-                wait = deadline - time.monotonic()
-                if wait <= 0:
-                    if fetched:
-                        return None  # timeout spent sequencing uncommitted records
-                    wait = 0.0  # poll(0): still take what is ready
+            wait, deadline = _time_left(timeout, deadline)
+            if wait is not None and wait <= 0:
+                if fetched:
+                    return None  # timeout spent sequencing uncommitted records
+                wait = 0.0  # poll(0): still take what is ready
             fetched = True
             batch = self._reader._next_batch(wait, entries=True)
             if not batch:
@@ -329,16 +324,11 @@ class ReadCommittedIter:
                 break  # deliver what is committed rather than wait for more
             if self._closed:
                 raise ConsumerClosedError("the reader is closed")
-            if timeout is None:
-                wait = None
-            else:
-                if deadline is None:
-                    deadline = time.monotonic() + timeout
-                wait = deadline - time.monotonic()
-                if wait <= 0:
-                    if fetched:
-                        break
-                    wait = 0.0
+            wait, deadline = _time_left(timeout, deadline)
+            if wait is not None and wait <= 0:
+                if fetched:
+                    break
+                wait = 0.0
             fetched = True
             batch = self._reader._next_batch(wait, entries=True)
             if not batch:
@@ -431,3 +421,12 @@ class ReadCommittedIter:
 
     def __repr__(self) -> str:
         return f"ReadCommittedIter({self._reader!r}, ring_size={self._ring_size}, delivered={self.delivered})"
+
+
+def _time_left(timeout: float | None, deadline: float | None) -> tuple[float | None, float | None]:
+    """Seconds left of a call's ``timeout`` (None: wait forever), and its deadline, fixed on first use."""
+    if timeout is None:
+        return None, None
+    if deadline is None:
+        deadline = time.monotonic() + timeout
+    return deadline - time.monotonic(), deadline
