@@ -1,9 +1,13 @@
-"""Gazette-compatible exactly-once sequencing, in pure Python.
+"""Gazette-compatible exactly-once sequencing.
 
 Message identity (:mod:`.identity`, :mod:`.clock`), the read-committed
 :class:`Sequencer`, the UUID-stamping :class:`Publisher` and checkpoint
 encoding. See ``DESIGN.md`` sections 2 and 3. No Kafka, Postgres or Spark
 imports here: callers adapt their records to :class:`Envelope`.
+
+:class:`Sequencer` is the compiled one (``_native.pyx``) when it is built,
+else the pure-Python reference (:class:`PySequencer`); ``IMPLEMENTATION``
+says which (see :mod:`.native`).
 
 Typical reader loop::
 
@@ -37,8 +41,18 @@ from .identity import (
 )
 from .outcome import COMMITTING_OUTCOMES, QueueOutcome
 from .publisher import AckIntent, Publisher
-from .sequencer import DEFAULT_PRUNE_HORIZON_NS, DEFAULT_RING_SIZE, Sequencer
+from .native import load as _load_native
+from .sequencer import DEFAULT_PRUNE_HORIZON_NS, DEFAULT_RING_SIZE
+from .sequencer import Sequencer as PySequencer
 from .state import ProducerState
+
+_native = _load_native("sequencer._native")
+#: "native" (compiled) or "python" (the reference).
+IMPLEMENTATION = "python" if _native is None else "native"
+#: The Sequencer in use: the native one when built, else :class:`PySequencer`.
+Sequencer: type = PySequencer if _native is None else _native.Sequencer
+#: Columnar ``queue_batch`` entries (native only; None with the pure-Python implementation).
+EntryBatch = None if _native is None else _native.EntryBatch
 
 __all__ = [
     "CHECKPOINT_VERSION",
@@ -50,9 +64,12 @@ __all__ = [
     "AckIntent",
     "CheckpointError",
     "Clock",
+    "EntryBatch",
     "Envelope",
     "Flags",
+    "IMPLEMENTATION",
     "ProducerState",
+    "PySequencer",
     "Publisher",
     "QueueOutcome",
     "ReplayError",

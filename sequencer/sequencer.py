@@ -170,6 +170,11 @@ class Sequencer:
                     f"ProducerState of journal {st.journal!r} has last_ack={st.last_ack}, "
                     f"begin={st.begin}; expected last_ack >= 0 and begin >= -1"
                 )
+            if st.last_ack >= (1 << 64) or st.begin >= (1 << 63):
+                raise CheckpointError(
+                    f"ProducerState of journal {st.journal!r} has last_ack={st.last_ack}, "
+                    f"begin={st.begin}; clocks are 64-bit and offsets signed 64-bit: the checkpoint is corrupt"
+                )
             pid = int.from_bytes(st.producer, "big")
             # As in Gazette, a later state for the same producer replaces an earlier one.
             self._partials.setdefault(st.journal, {})[pid] = _Partial(

@@ -1,0 +1,46 @@
+"""Every sequencer test runs against both implementations: the compiled Sequencer and the
+pure-Python reference (``sequencer.native``). The name ``Sequencer`` is rebound in each test
+module (and in ``seq_testlib``) for the duration of the module's run per implementation.
+
+A missing native build fails the native runs (it would otherwise go untested), unless
+``HARVEST_PURE_PYTHON=1`` asks for the pure-Python implementation only."""
+
+from __future__ import annotations
+
+import importlib
+
+import pytest
+
+import sequencer
+from sequencer.native import pure_python_forced
+
+import seq_testlib
+
+
+def _native_class() -> type:
+    try:
+        return importlib.import_module("sequencer._native").Sequencer  # type: ignore[no-any-return]
+    except ImportError as exc:
+        pytest.fail(f"the native Sequencer is not built ({exc}); run ./dev setup (or pip install -e .) "
+                    "or set HARVEST_PURE_PYTHON=1 to test only the pure-Python one")
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    # A module may pin the implementations it runs under (test_seq_native compares them itself).
+    impls = getattr(metafunc.module, "IMPLEMENTATIONS", ["native", "python"])
+    metafunc.parametrize("sequencer_impl", impls, indirect=True, scope="module")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def sequencer_impl(request: pytest.FixtureRequest) -> str:
+    if request.param == "native" and pure_python_forced():
+        pytest.skip("HARVEST_PURE_PYTHON=1: the native Sequencer is not under test")
+    cls = _native_class() if request.param == "native" else sequencer.PySequencer
+    mp = pytest.MonkeyPatch()
+    for mod in (request.module, seq_testlib):
+        if hasattr(mod, "Sequencer"):
+            mp.setattr(mod, "Sequencer", cls)
+    try:
+        yield request.param
+    finally:
+        mp.undo()
