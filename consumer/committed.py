@@ -143,7 +143,7 @@ class ReadCommittedIter:
         self._stash_checkpoint(offsets, states)
         self._seq = Sequencer({}, [], ring_size)
         self._ahead: Any = None  # next committed item: a Record, or an Envelope from a replay
-        self._buf: list[tuple[str, int, int, int, Record]] = []  # Sequencer.queue_batch entries
+        self._buf: Any = []  # Sequencer.queue_batch entries: a list of tuples, or an EntryBatch
         self._pos = 0
         self._replaying = False  # the current sequence is (partly) served by a replay
         self._closed = False
@@ -215,7 +215,8 @@ class ReadCommittedIter:
         self._seq.drop_journals(journals)
         # Records buffered from the revoked partitions must not be sequenced.
         if self._pos < len(self._buf):
-            self._buf = [e for e in self._buf[self._pos :] if e[0] not in journals]
+            buf = self._buf  # a list of entries, or an EntryBatch: both index to entry tuples
+            self._buf = [buf[i] for i in range(self._pos, len(buf)) if buf[i][0] not in journals]
             self._pos = 0
 
     # -- iteration ----------------------------------------------------------
@@ -240,7 +241,7 @@ class ReadCommittedIter:
                     raise ReplayFailedError(f"replay failed; the reader is closed: {exc}") from exc
                 if type(item) is Envelope:  # served by a replay
                     item = item.message
-                if not include_acks and (item._x >> 48) & 0x3FF == 2:
+                if not include_acks and item.is_ack:
                     continue
                 self.delivered += 1
                 return item  # type: ignore[no-any-return]
@@ -289,7 +290,7 @@ class ReadCommittedIter:
                         self._ahead = seq.step()
                         if type(item) is Envelope:
                             item = item.message
-                        if include_acks or (item._x >> 48) & 0x3FF != 2:
+                        if include_acks or not item.is_ack:
                             out.append(item)
                         if self._ahead is None:
                             self._replaying = False
@@ -308,7 +309,7 @@ class ReadCommittedIter:
                         if got:
                             out += got
                         # Only a sequence's committing (last) record can be an ACK.
-                        if ended and not include_acks and (out[-1]._x >> 48) & 0x3FF == 2:
+                        if ended and not include_acks and out[-1].is_ack:
                             out.pop()
                 except ReplayError as exc:
                     self.close()

@@ -1,5 +1,10 @@
 """Record: one Kafka record as the readers deliver it, with its message identity.
 
+``Record`` is the compiled class (``consumer/_native.pyx``) when the native
+extensions are built, else :class:`PyRecord`, the pure-Python reference
+(``sequencer.native`` chooses); both behave the same, and
+:func:`make_record` builds whichever is in use.
+
 A :class:`Record` is an immutable, slotted view of a confluent-kafka
 ``Message`` plus the parsed ``uuid`` header. Kafka fields are read from the
 underlying message on access (construction is on the hot path of every
@@ -26,8 +31,9 @@ import uuid as _uuid
 from typing import Any
 
 from sequencer import Flags
+from sequencer.native import load as load_native
 
-__all__ = ["Record", "HEADER_NAME"]
+__all__ = ["HEADER_NAME", "PyRecord", "Record", "make_record"]
 
 #: Name of the record header carrying the 16 raw UUID bytes.
 HEADER_NAME = "uuid"
@@ -39,7 +45,7 @@ _set_uuid_safe = _UUID.__dict__["is_safe"].__set__
 _SAFE_UNKNOWN = _uuid.SafeUUID.unknown
 
 
-class Record:
+class PyRecord:
     """A Kafka record plus its Gazette message identity (see module doc)."""
 
     # _x: the UUID's 128-bit int, 0 for none (the nil UUID is "none" too).
@@ -50,7 +56,7 @@ class Record:
         _set_x(self, 0 if message_uuid is None else message_uuid.int)
 
     @classmethod
-    def _make(cls, message: Any, message_uuid: _uuid.UUID | None) -> Record:
+    def _make(cls, message: Any, message_uuid: _uuid.UUID | None) -> PyRecord:
         """Hot-path constructor (skips ``__init__``)."""
         r = _new(cls)
         _set_msg(r, message)
@@ -149,7 +155,7 @@ class Record:
         return (m.topic(), m.partition(), m.offset())
 
     def __eq__(self, other: object) -> bool:
-        if not isinstance(other, Record):
+        if not isinstance(other, PyRecord):
             return NotImplemented
         return self._position() == other._position()
 
@@ -165,5 +171,20 @@ class Record:
 
 
 # Slot descriptors bypass the read-only __setattr__ (used only at construction).
-_set_msg = Record.__dict__["_msg"].__set__
-_set_x = Record.__dict__["_x"].__set__
+_set_msg = PyRecord.__dict__["_msg"].__set__
+_set_x = PyRecord.__dict__["_x"].__set__
+
+
+def _make_py_record(message: Any, x: int) -> PyRecord:
+    """A PyRecord of ``message`` with the UUID ``x`` (its 128-bit int; 0 for none)."""
+    r = _new(PyRecord)
+    _set_msg(r, message)
+    _set_x(r, x)
+    return r
+
+
+_native = load_native("consumer._native")
+#: The Record class in use: the compiled one when built, else :class:`PyRecord`.
+Record: type = PyRecord if _native is None else _native.Record
+#: ``make_record(message, x)``: a ``Record`` with the UUID ``x`` (its 128-bit int; 0 for none).
+make_record = _make_py_record if _native is None else _native.make_record

@@ -32,7 +32,7 @@ from sequencer import NIL_UUID, Envelope
 
 from .config import ReaderConfig
 from .errors import ReplayFailedError
-from .record import Record
+from .record import make_record
 from .uncommitted import _consume_batch, make_envelope, message_uuid
 
 __all__ = ["ReplayReader"]
@@ -101,7 +101,7 @@ class ReplayReader:
                         return
                     u = message_uuid(msg)
                     self.replayed_records += 1
-                    yield make_envelope(journal, offset, NIL_UUID if u is None else u, Record._make(msg, u))
+                    yield make_envelope(journal, offset, NIL_UUID if u is None else u, make_record(msg, 0 if u is None else u.int))
         finally:
             self.replay_seconds += time.monotonic() - t0
             try:

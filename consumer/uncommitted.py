@@ -38,7 +38,7 @@ from typing import Any
 
 from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, Consumer, KafkaError, KafkaException, TopicPartition
 
-from sequencer import NIL_UUID, Envelope
+from sequencer import NIL_UUID, EntryBatch, Envelope
 
 from .config import ReaderConfig, redact
 from .errors import (
@@ -48,7 +48,8 @@ from .errors import (
     MissingUUIDError,
     OffsetLostError,
 )
-from .record import Record
+from .record import Record, make_record
+from .record import _native as _native_records
 from .uuid_header import RateLimitedLog, UUIDPolicy, describe_problem, parse_header_value
 
 __all__ = ["ReadUncommittedIter", "AssignHook", "RevokeHook", "journal_of", "make_envelope", "message_uuid"]
@@ -72,8 +73,8 @@ _UUID = uuid_mod.UUID
 _set_uuid_int = _UUID.__dict__["int"].__set__
 _set_uuid_safe = _UUID.__dict__["is_safe"].__set__
 _SAFE_UNKNOWN = uuid_mod.SafeUUID.unknown
-_set_record_msg = Record.__dict__["_msg"].__set__
-_set_record_x = Record.__dict__["_x"].__set__
+#: The compiled converter (consumer/_native.pyx), or None: _convert_entries_py then does its work.
+_native_convert = None if _native_records is None else _native_records.convert
 
 
 def _index_of(items: list[Any], item: Any) -> int:
@@ -375,8 +376,7 @@ class ReadUncommittedIter:
         journals = self._journals
         new = _new
         from_bytes = int.from_bytes
-        envelope, record, uuid_cls = Envelope, Record, _UUID
-        set_msg, set_rx = _set_record_msg, _set_record_x
+        envelope, uuid_cls = Envelope, _UUID
         nil = NIL_UUID
         for msg in raw:
             if msg.error() is not None:
@@ -400,9 +400,7 @@ class ReadUncommittedIter:
             if journal is None:
                 journal = journals[(topic, partition)] = journal_of(topic, partition)
             offset = msg.offset()
-            rec = new(record)
-            set_msg(rec, msg)
-            set_rx(rec, 0 if u is None else u.int)
+            rec = make_record(msg, 0 if u is None else u.int)
             if u is None:
                 if not self._unsequenced(msg, journal, offset, headers):
                     if self._pending_error is not None:
@@ -419,22 +417,56 @@ class ReadUncommittedIter:
             append(env)
         return out
 
-    def _convert_entries(self, raw: list[Any]) -> list[tuple[str, int, int, int, Record]]:
+    def _convert_entries(self, raw: list[Any]) -> Any:
         """_convert() for ReadCommittedIter: ``(journal, offset, offset + 1, uuid_int, record)``
         entries for ``Sequencer.queue_batch`` instead of Envelopes.
 
         The same records, journals, offsets, UUIDs and policy decisions as
         _convert() (``test_read_uncommitted.py`` compares them), without building
         a ``uuid.UUID`` and an Envelope per record: at some 10^5-10^6 records/s
-        those allocations were a large share of the reader's CPU.
+        those allocations were a large share of the reader's CPU. With the
+        native extensions the entries are an ``EntryBatch`` filled by compiled
+        code, which hands back only the records that need this module's
+        policy (Kafka errors, unusable ``uuid`` headers); else a list.
         """
+        convert = _native_convert
+        if convert is None:
+            return self._convert_entries_py(raw)
+        out = EntryBatch(len(raw))
+        journals = self._journals
+        n = len(raw)
+        pos = 0
+        while True:
+            pos = convert(raw, pos, journals, out)
+            if pos >= n:
+                return out
+            msg = raw[pos]
+            pos += 1
+            # What the compiled loop leaves to Python: exactly _convert_entries_py's steps.
+            if msg.error() is not None:
+                self._on_error(msg)
+                continue
+            headers = msg.headers()
+            u = message_uuid(msg)
+            topic, partition, offset = msg.topic(), msg.partition(), msg.offset()
+            journal = journals.get((topic, partition))
+            if journal is None:
+                journal = journals[(topic, partition)] = journal_of(topic, partition)
+            x = 0 if u is None else u.int
+            if not x and not self._unsequenced(msg, journal, offset, headers):
+                if self._pending_error is not None:
+                    self._pending_raw = raw[pos:]
+                    return out
+                continue
+            out.append(journal, offset, offset + 1, x, make_record(msg, x))
+
+    def _convert_entries_py(self, raw: list[Any]) -> list[tuple[str, int, int, int, Record]]:
+        """_convert_entries() in pure Python (the reference for consumer/_native.pyx's ``convert``)."""
         out: list[tuple[str, int, int, int, Record]] = []
         append = out.append
         journals = self._journals
-        new = _new
         from_bytes = int.from_bytes
-        record = Record
-        set_msg, set_rx = _set_record_msg, _set_record_x
+        make = make_record
         last_topic: Any = None
         last_partition = -1
         journal = ""
@@ -462,9 +494,7 @@ class ReadUncommittedIter:
                     journal = journals[(topic, partition)] = journal_of(topic, partition)
                 last_topic, last_partition = topic, partition
             offset = msg.offset()
-            rec = new(record)
-            set_msg(rec, msg)
-            set_rx(rec, x)
+            rec = make(msg, x)
             if not x and not self._unsequenced(msg, journal, offset, headers):
                 if self._pending_error is not None:
                     self._pending_raw = raw[_index_of(raw, msg) + 1 :]

@@ -11,7 +11,7 @@ from typing import Any
 
 from confluent_kafka import Producer
 
-from sequencer import NIL_UUID, Envelope, Flags, Sequencer, build_uuid, new_producer_id
+from sequencer import NIL_UUID, Envelope, Flags, PySequencer, build_uuid, new_producer_id
 
 # One record to write: partition, uuid header (None: no header; bytes: raw header value), value.
 @dataclass
@@ -65,7 +65,7 @@ def produce(bootstrap: str, topic: str, recs: Sequence[Rec]) -> dict[int, list[i
 def reference(topic: str, recs: Sequence[Rec], offsets: dict[int, list[int]], ring_size: int) -> list[tuple[int, int, bytes]]:
     """(partition, offset, value) of what a pure Sequencer commits for ``recs``
     read in list order (ACKs included)."""
-    seq = Sequencer(ring_size=ring_size)
+    seq = PySequencer(ring_size=ring_size)  # the pure-Python reference, whatever the reader runs
     envs: list[Envelope] = []
     next_idx: dict[int, int] = {}
     by_journal: dict[str, list[Envelope]] = {}

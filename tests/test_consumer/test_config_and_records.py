@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pickle
+
 import logging
 
 import pytest
@@ -94,7 +96,14 @@ class FakeMessage:
         return (1, 1234)
 
 
-def test_record_is_read_only_and_exposes_identity() -> None:
+def _record_classes() -> list:
+    import consumer.record as rec
+
+    return [rec.PyRecord] + ([] if rec._native is None else [rec._native.Record])
+
+
+@pytest.mark.parametrize("Record", _record_classes(), ids=lambda c: c.__module__)
+def test_record_is_read_only_and_exposes_identity(Record: type) -> None:
     pid = new_producer_id()
     u = build_uuid(pid, 16 * 1000, Flags.ACK_TXN)
     r = Record(FakeMessage(), u)
@@ -110,3 +119,6 @@ def test_record_is_read_only_and_exposes_identity() -> None:
     plain = Record(FakeMessage(), None)
     assert (plain.uuid, plain.producer, plain.clock, plain.flags, plain.is_ack) == (None, None, 0, Flags.OUTSIDE_TXN, False)
     assert "orders/3@7" in repr(r) and "unsequenced" in repr(plain)
+    assert r._x == u.int and plain._x == 0
+    with pytest.raises(TypeError, match="cannot be pickled"):
+        pickle.dumps(r)

@@ -1,4 +1,5 @@
-"""ReadCommittedIter on real topics gives exactly the pure Sequencer's output
+"""ReadCommittedIter on real topics (on the native fast paths and on the pure-Python ones)
+gives exactly the pure-Python reference Sequencer's output
 (Gazette's reader scenario; random relay-like traffic with duplicates, partial
 ACKs, rollbacks, OUTSIDE and unsequenced records; tiny rings forcing replays)."""
 
@@ -8,7 +9,9 @@ import pytest
 from cons_testlib import Gen, Rec, drain, kafka_config, key, per_partition, produce, reference
 
 from consumer import ConfigError, ReadCommittedIter, ReadUncommittedIter
+import sequencer
 from sequencer import Flags, build_uuid, new_producer_id
+from sequencer.native import pure_python_forced
 
 pytestmark = pytest.mark.integration
 
@@ -44,11 +47,28 @@ def test_gazette_reader_scenario(kafka_bootstrap: str, topic_factory) -> None:
         assert [e.uuid for e in envs] == [r.header for r in recs]
 
 
+@pytest.fixture(params=["native", "python"])
+def reader_impl(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Run the reader on the compiled fast paths, or on the pure-Python ones (converter + Sequencer)."""
+    import consumer.committed
+    import consumer.uncommitted
+
+    if request.param == "native":
+        if consumer.uncommitted._native_convert is None or sequencer.IMPLEMENTATION != "native":
+            if pure_python_forced():
+                pytest.skip("HARVEST_PURE_PYTHON=1")
+            pytest.fail("the native extensions are not built: run ./dev setup")
+    else:
+        monkeypatch.setattr(consumer.uncommitted, "_native_convert", None)
+        monkeypatch.setattr(consumer.committed, "Sequencer", sequencer.PySequencer)
+    return request.param
+
+
 @pytest.mark.parametrize(
     ("seed", "partitions", "ring_size", "count"),
     [(1, 1, 8192, 400), (2, 1, 3, 400), (3, 3, 2, 600), (4, 2, 16, 600)],
 )
-def test_same_output_as_pure_sequencer(kafka_bootstrap: str, topic_factory, seed, partitions, ring_size, count) -> None:
+def test_same_output_as_pure_sequencer(kafka_bootstrap: str, topic_factory, reader_impl, seed, partitions, ring_size, count) -> None:
     topic = topic_factory(partitions=partitions)
     gen = Gen(seed, partitions=partitions)
     recs = gen.records(count)
