@@ -18,6 +18,7 @@ Invariants (``tests/test_consumer/test_native.py``):
   hashed by position, not picklable.
 """
 
+cimport cython
 from libc.stdint cimport int64_t, uint64_t
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_CheckExact, PyBytes_GET_SIZE
 from cpython.list cimport PyList_GET_ITEM, PyList_GET_SIZE
@@ -44,8 +45,14 @@ cdef inline uint64_t _load_be64(const unsigned char* p) noexcept:
             | (<uint64_t>p[4] << 24) | (<uint64_t>p[5] << 16) | (<uint64_t>p[6] << 8) | <uint64_t>p[7])
 
 
+@cython.no_gc
 cdef class Record:
     """A Kafka record plus its Gazette message identity (see ``consumer.record``)."""
+
+    # Not tracked by the cyclic GC: a Record references only its confluent Message,
+    # which never references a Record, so it cannot be part of a cycle. Readers
+    # create one per Kafka record, and each tracked allocation brings the next
+    # young-generation collection closer (measured: ~0.2 us per record).
 
     cdef object _msg
     cdef uint64_t _hi  # the UUID's high and low halves; both 0 for none

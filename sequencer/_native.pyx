@@ -21,6 +21,7 @@ The ``_ring``, ``_next``, ``_head``... attributes the reference exposes as
 plain fields are read-only properties here (tests inspect them).
 """
 
+cimport cython
 from libc.stdint cimport int64_t, uint64_t
 from cpython.mem cimport PyMem_Free, PyMem_Malloc, PyMem_Realloc
 
@@ -70,8 +71,12 @@ cdef inline int _split(object x, uint64_t* hi, uint64_t* lo) except -1:
     return 0
 
 
+@cython.no_gc
 cdef class _Partial:
-    """Partial, not yet acknowledged sequence of one (journal, producer); hashes by identity."""
+    """Partial, not yet acknowledged sequence of one (journal, producer); hashes by identity.
+
+    Not tracked by the cyclic GC: it references only its journal name (a str).
+    """
 
     cdef readonly object journal
     cdef readonly uint64_t producer
@@ -297,34 +302,56 @@ cdef class Sequencer:
         uuid_int, item)`` tuples (any sequence of them) or an :class:`EntryBatch`.
         Returns ``(next_pos, outcome)``.
         """
-        cdef EntryBatch eb
+        cdef EntryBatch eb = None
         cdef Py_ssize_t n
         cdef uint64_t hi, lo
+        cdef int64_t begin, end
         cdef int outcome
         if self._emit_p is not None:
             raise SequencerStateError(
                 "committed messages remain to dequeue: call step() until it returns None before queue_batch()"
             )
-        if type(entries) is EntryBatch:
+        # The fast path leaves the read-through offset to this loop, which
+        # writes it once per run of fast-path entries of one journal
+        # (observably the same: offsets are read between calls). A run ends at
+        # a journal switch, or at an entry _queue() decides: it writes a newer
+        # offset itself, except for a committing one, which leaves the run's.
+        cdef object run_journal = None
+        cdef int64_t run_end = 0
+        cdef bint columnar = type(entries) is EntryBatch
+        if columnar:
             eb = <EntryBatch> entries
             n = eb._n
+        else:
+            n = len(entries)
+        try:
             while pos < n:
-                outcome = self._queue_fast(
-                    eb._journals[pos], eb._begins[pos], eb._ends[pos], eb._his[pos], eb._los[pos], eb._items[pos]
-                )
+                if columnar:
+                    journal = eb._journals[pos]
+                    begin = eb._begins[pos]
+                    end = eb._ends[pos]
+                    hi = eb._his[pos]
+                    lo = eb._los[pos]
+                    item = eb._items[pos]
+                else:
+                    journal, begin, end, x, item = entries[pos]
+                    _split(x, &hi, &lo)
+                if run_journal is not None and journal is not run_journal:
+                    self._offsets_d[run_journal] = run_end
+                    run_journal = None
+                outcome = self._queue_fast(journal, begin, end, hi, lo, item)
                 pos += 1
-                if outcome >= 0 and self._emit_p is not None:
+                if outcome == -1:
+                    run_journal = journal
+                    run_end = end
+                elif self._emit_p is not None:
                     return pos, _OUTCOMES[outcome]
+                else:
+                    run_journal = None  # _queue() wrote a newer offset
             return pos, None
-        n = len(entries)
-        while pos < n:
-            journal, begin, end, x, item = entries[pos]
-            _split(x, &hi, &lo)
-            outcome = self._queue_fast(journal, begin, end, hi, lo, item)
-            pos += 1
-            if outcome >= 0 and self._emit_p is not None:
-                return pos, _OUTCOMES[outcome]
-        return pos, None
+        finally:
+            if run_journal is not None:
+                self._offsets_d[run_journal] = run_end
 
     cdef int _queue_fast(self, object journal, int64_t begin, int64_t end, uint64_t hi, uint64_t lo, object item) except -2:
         """_queue(), with the common case inline: a CONTINUE_TXN above both bounds of a known producer.
@@ -362,8 +389,7 @@ cdef class Sequencer:
                         self._pending_s.add(partial)
                     self._link(head, item, begin, clock, partial)
                     partial.max_clock = clock
-                    self._offsets_d[journal] = end
-                    return -1
+                    return -1  # the caller writes offsets[journal] = end
         return self._queue(journal, begin, end, hi, lo, item)
 
     cdef inline void _link(self, Py_ssize_t head, object item, int64_t begin, uint64_t clock, _Partial partial):
