@@ -13,6 +13,9 @@ from harvest_local.launcher import LocalServices
 
 
 def check() -> None:
+    import sequencer
+
+    logging.getLogger(__name__).info("sequencer implementation: %s", sequencer.IMPLEMENTATION)
     prereqs.java()
     prereqs.postgres_bindir()
     maven.resolve("kafka")

@@ -33,6 +33,14 @@ _COMMANDS = ("run", "init-db", "dead-letters")
 log = logging.getLogger("harvest")
 
 
+
+def _version() -> str:
+    import sequencer
+    from consumer import record
+
+    readers = "native" if record._native is not None else "python"
+    return f"harvest {__version__} (sequencer: {sequencer.IMPLEMENTATION}, reader fast path: {readers})"
+
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("-f", "--file", help="YAML config (goharvest reaper format: harvest: {...}, logging: {...})")
     p.add_argument("--data-source", help="Postgres DSN (overrides harvest.dataSource; or env HARVEST_DATA_SOURCE)")
@@ -46,7 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Transactional-outbox relay: moves outbox rows from Postgres to Kafka "
         "(goharvest's mark-purge/reset with NELI leader election).",
         epilog="Exit codes: 0 ok or stopped by signal, 1 runtime failure, 2 usage/config error.")
-    parser.add_argument("--version", action="version", version=f"harvest {__version__}")
+    parser.add_argument("--version", action="version", version=_version())
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     run = sub.add_parser("run", help="run the relay (default when no command is given)")
     _common(run)
