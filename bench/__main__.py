@@ -78,9 +78,13 @@ ROWS: dict[str, Callable[[dict[str, Any]], list[tuple[str, str, str, str]]]] = {
         f"{_fmt(_get(r, 'idle_to_delivery_latency', 'p50_ms'))} / {_fmt(_get(r, 'idle_to_delivery_latency', 'p99_ms'))}",
         "", "")],
     "consumer": lambda r: [(
-        f"ReadCommittedIter, {_fmt(r.get('records_committed'))} records, txns of {r.get('txn_size')} (msg/s)",
+        f"ReadCommittedIter.poll_batch, {_fmt(r.get('records_committed'))} records, txns of {r.get('txn_size')} (msg/s)",
         _fmt(r.get("committed_median_per_s")),
-        f"ratio to plain confluent consumer {_fmt(r.get('ratio'))}", "ratio ≥ 0.7")],
+        f"ratio to plain confluent consumer {_fmt(r.get('ratio'))} "
+        f"(per Python CPU second: {_fmt(r.get('cpu_ratio'))})", "ratio ≥ 0.7"), (
+        "ReadCommittedIter, one poll() per record (msg/s)",
+        _fmt(r.get("committed_poll_median_per_s")),
+        f"ratio {_fmt(r.get('ratio_poll'))} (per Python CPU second: {_fmt(r.get('cpu_ratio_poll'))})", "")],
     "spark": lambda r: [(
         f"Spark readCommitted batch, {_fmt(r.get('records'))} records (rows/s)",
         _fmt(r.get("readCommitted_median_rows_per_s")),

@@ -62,7 +62,7 @@ from sequencer import (
 from .errors import ConfigError, ConsumerClosedError, ReplayFailedError
 from .record import Record
 from .replay import ReplayReader
-from .uncommitted import ReadUncommittedIter, journal_of
+from .uncommitted import DEFAULT_BATCH_SIZE, ReadUncommittedIter, journal_of
 from .uuid_header import UUIDPolicy
 
 __all__ = ["ReadCommittedIter"]
@@ -107,7 +107,7 @@ class ReadCommittedIter:
             their partition are dropped at ``checkpoint()`` (Gazette: 24 h).
         on_assign / on_revoke: rebalance callbacks (see invariant 3).
         replay_timeout: seconds a replay may go without progress.
-        batch_size: records per ``consume()`` call.
+        batch_size: records per ``consume()`` call (``DEFAULT_BATCH_SIZE``, 256: see there).
     """
 
     def __init__(
@@ -125,7 +125,7 @@ class ReadCommittedIter:
         on_assign: OnAssign | None = None,
         on_revoke: OnRevoke | None = None,
         replay_timeout: float = 60.0,
-        batch_size: int = 2000,
+        batch_size: int = DEFAULT_BATCH_SIZE,
     ) -> None:
         if not isinstance(ring_size, int) or ring_size < 1:
             raise ConfigError(f"ring_size must be an int >= 1, got {ring_size!r}")

@@ -52,7 +52,7 @@ from .record import Record, make_record
 from .record import _native as _native_records
 from .uuid_header import RateLimitedLog, UUIDPolicy, describe_problem, parse_header_value
 
-__all__ = ["ReadUncommittedIter", "AssignHook", "RevokeHook", "journal_of", "make_envelope", "message_uuid"]
+__all__ = ["DEFAULT_BATCH_SIZE", "ReadUncommittedIter", "AssignHook", "RevokeHook", "journal_of", "make_envelope", "message_uuid"]
 
 logger = logging.getLogger(__name__)
 
@@ -82,6 +82,11 @@ def _index_of(items: list[Any], item: Any) -> int:
         if x is item:
             return i
     raise ValueError("item not in list")  # pragma: no cover
+#: Records per consume() call. Small batches are faster here, not slower: every record is a few
+#: GC-tracked objects (confluent's Message, its header list and tuple), and the fewer of them are
+#: alive at once, the less the cyclic GC traverses (bench_consumer: 2000 -> 256 took the reader from
+#: ~0.55M to ~0.85M records per CPU-second, and a plain consumer likewise gains).
+DEFAULT_BATCH_SIZE = 256
 _MAX_WAIT = 1.0  # seconds per consume() call, so close() from a signal handler is noticed
 
 
@@ -144,7 +149,7 @@ class ReadUncommittedIter:
         partitions: Iterable[tuple[str, int]] | None = None,
         offsets: Mapping[str, int] | None = None,
         uuid_policy: UUIDPolicy | str = UUIDPolicy.DELIVER,
-        batch_size: int = 2000,
+        batch_size: int = DEFAULT_BATCH_SIZE,
         idle_timeout: float | None = None,
         on_assign: AssignHook | None = None,
         on_revoke: RevokeHook | None = None,
