@@ -173,6 +173,36 @@ cdef class EntryBatch:
         _split(x, &hi, &lo)
         self.push(journal, begin, end, hi, lo, item)
 
+    @staticmethod
+    def from_columns(journal, const int64_t[:] offsets, const uint64_t[:] his, const uint64_t[:] los, rows=None):
+        """Entries ``(journal, offsets[i], offsets[i] + 1, uuid_i, i)`` for each row ``i`` in ``rows``.
+
+        ``his``/``los`` are the UUIDs' high and low 64-bit halves (e.g. numpy
+        ``uint64`` views of Arrow's 16-byte column, byte-swapped from big-endian),
+        ``rows`` the row indices to include (an ``int64`` array; default: all).
+        The item of each entry is its row index, as Spark's reader wants it: no
+        128-bit int or tuple is made per row.
+        """
+        cdef Py_ssize_t n = offsets.shape[0], i, k, m
+        cdef const int64_t[:] sel
+        if his.shape[0] != n or los.shape[0] != n:
+            raise ValueError(f"columns differ in length: offsets {n}, his {his.shape[0]}, los {los.shape[0]}")
+        cdef EntryBatch eb
+        if rows is None:
+            eb = EntryBatch(n)
+            for i in range(n):
+                eb.push(journal, offsets[i], offsets[i] + 1, his[i], los[i], i)
+            return eb
+        sel = rows
+        m = sel.shape[0]
+        eb = EntryBatch(m)
+        for k in range(m):
+            i = sel[k]
+            if i < 0 or i >= n:
+                raise IndexError(f"row {i} out of range for {n} rows")
+            eb.push(journal, offsets[i], offsets[i] + 1, his[i], los[i], i)
+        return eb
+
     def __len__(self):
         return self._n
 

@@ -138,3 +138,22 @@ def test_offsets_beyond_int64_are_an_overflow_not_a_wrap() -> None:
         seq.queue_batch([("t/0", 1 << 63, (1 << 63) + 1, u.int, "x")])
     with pytest.raises(CheckpointError, match="64-bit"):
         native().Sequencer({"t/0": 1 << 63})
+
+
+def test_entry_batch_from_columns_matches_appended_entries() -> None:
+    import numpy as np
+
+    eb_cls = native().EntryBatch
+    us = [build_uuid(bytes([1, 0, 0, 0, 0, i]), 16 * (100 + i), Flags.CONTINUE_TXN if i % 3 else Flags.ACK_TXN)
+          for i in range(6)]
+    offsets = np.array([10, 11, 13, 20, 21, 22], dtype=np.int64)
+    his = np.array([u.int >> 64 for u in us], dtype=np.uint64)
+    los = np.array([u.int & (2**64 - 1) for u in us], dtype=np.uint64)
+    full = eb_cls.from_columns("t/2", offsets, his, los)
+    assert [full[i] for i in range(6)] == [("t/2", int(o), int(o) + 1, u.int, i) for i, (o, u) in enumerate(zip(offsets, us))]
+    some = eb_cls.from_columns("t/2", offsets, his, los, np.array([1, 4], dtype=np.int64))
+    assert [some[i] for i in range(2)] == [full[1], full[4]]
+    with pytest.raises(ValueError, match="differ in length"):
+        eb_cls.from_columns("t/2", offsets, his[:3], los)
+    with pytest.raises(IndexError):
+        eb_cls.from_columns("t/2", offsets, his, los, np.array([6], dtype=np.int64))
