@@ -24,6 +24,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute  # noqa: F401  (pa.compute)
 
@@ -32,7 +33,7 @@ from spark_reader import offsets as offsets_mod
 from spark_reader.errors import ReaderConfigError
 from spark_reader.policy import check_policy
 from spark_reader.schema import OUTPUT_COLUMNS, SEQUENCED
-from spark_reader.sequencing import GroupPlan, sequence_partition
+from spark_reader.sequencing import GroupPlan, header_values, sequence_partition
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -96,10 +97,11 @@ def read_committed(spark: SparkSession, topic: str, kafka_options: Mapping[str, 
            .option("endingOffsets", _offsets_json(topic, rng.end))
            .option("includeHeaders", "true")
            .load())
-    uuid_header = F.element_at(F.filter("headers", lambda h: h["key"] == F.lit("uuid")), 1)["value"]
     # Only what the output needs crosses into Python and back (mapInArrow is opaque to column
-    # pruning): topic is a constant and producer is part of uuid, both added back afterwards.
-    raw = raw.select("key", "value", "headers", "partition", "offset", "timestamp", uuid_header.alias("uuid"))
+    # pruning): topic is a constant and producer is part of uuid, both added back afterwards. The
+    # uuid header is picked out of the headers in Python (sequencing.header_values): Spark's
+    # element_at(filter(headers, ...)) before mapInArrow cost more than all of the Python side.
+    raw = raw.select("key", "value", "headers", "partition", "offset", "timestamp")
 
     def apply(batches):  # type: ignore[no-untyped-def]
         yield from _sequence_partitions(batches, plan, prune_horizon_ns)
@@ -125,11 +127,13 @@ def _sequence_partitions(batches, plan: GroupPlan, prune_horizon_ns: int):  # ty
     table = pa.Table.from_batches(batches)
     if table.num_rows == 0:
         return
-    for partition in pa.compute.unique(table.column("partition")).to_pylist():
-        part = table.filter(pa.compute.equal(table.column("partition"), partition))
+    table = table.append_column("uuid", header_values(table.column("headers"), "uuid"))
+    partitions = pa.compute.unique(table.column("partition")).to_pylist()
+    for partition in partitions:
+        part = table if len(partitions) == 1 else table.filter(pa.compute.equal(table.column("partition"), partition))
         rows, result = sequence_partition(part, plan, prune_horizon_ns)
         n = rows.num_rows
-        rows = rows.append_column("_kind", pa.array([0] * n, pa.int8()))
+        rows = rows.append_column("_kind", pa.array(np.zeros(n, np.int8)))
         rows = rows.append_column("_state_producer", pa.nulls(n, pa.binary()))
         for name in _STATE_FIELDS[1:]:
             rows = rows.append_column(name, pa.nulls(n, pa.int64()))

@@ -22,8 +22,9 @@ from pyspark.sql.types import (
 
 HEADERS = ArrayType(StructType([StructField("key", StringType()), StructField("value", BinaryType())]))
 
-# What the sequencing step receives: the Kafka source's columns the output needs, plus the raw
-# uuid header (topic and producer are added back after the step).
+# What the sequencing step works on: the Kafka source's columns the output needs (what Spark hands
+# to mapInArrow), plus the raw uuid header, which the step picks out of the headers itself (topic
+# and producer are added back after the step).
 RAW = StructType([
     StructField("key", BinaryType()),
     StructField("value", BinaryType()),
