@@ -62,3 +62,40 @@ def test_read_committed_iter_resumes_from_spark_checkpoint(spark, kafka_bootstra
     rest, _ = _iter_rows(kafka_bootstrap, topic, checkpoint=batch.checkpoint())
     assert sorted(first + rest) == sorted(everything)
     assert len(set(first) & set(rest)) == 0
+
+
+def test_uuid_header_among_other_headers(spark, kafka_bootstrap, topic_factory) -> None:
+    """The first header named 'uuid' is the one that counts, wherever it is, as for ReadCommittedIter;
+    records whose headers name no 'uuid' (only the application's) are delivered at-least-once."""
+    from confluent_kafka import Producer
+
+    from sequencer import Publisher
+
+    topic = topic_factory(partitions=1)
+    pub = Publisher()
+    producer = Producer({"bootstrap.servers": kafka_bootstrap, "enable.idempotence": True, "acks": "all"})
+    sent: list[tuple[str, list[tuple[str, bytes]]]] = [
+        ("app-headers-only", [("source", b"billing")]),
+        ("no-headers", []),
+        ("outside-after-another", [("source", b"x"), ("uuid", pub.publish_committed().bytes)]),
+        ("bad-uuid-first", [("uuid", b"not-a-uuid"), ("uuid", pub.publish_committed().bytes)]),
+        ("txn-1", [("trace", b"t1"), ("uuid", pub.publish_uncommitted(f"{topic}/0").bytes), ("source", b"y")]),
+        ("app-headers-only-2", [("a", b""), ("b", b"2")]),
+        ("txn-2", [("uuid", pub.publish_uncommitted(f"{topic}/0").bytes)]),
+    ]
+    (ack,) = pub.build_ack_intents()
+    sent.append(("ack", [("x", b"1"), ("uuid", ack.uuid.bytes)]))
+    for value, headers in sent:
+        producer.produce(topic, value=value.encode(), partition=0, headers=headers or None)
+    assert producer.flush(30) == 0
+
+    iter_rows, _ = _iter_rows(kafka_bootstrap, topic)
+    df = readCommitted(spark, topic, {"kafka.bootstrap.servers": kafka_bootstrap})
+    assert _spark_in_iter_order(df) == iter_rows
+    assert [v.decode() for _, _, v in iter_rows] == [
+        "app-headers-only", "no-headers", "outside-after-another", "bad-uuid-first", "app-headers-only-2",
+        "txn-1", "txn-2"]
+    by_value = {bytes(r.value).decode(): r for r in df.collect()}
+    assert by_value["app-headers-only"].uuid is None and by_value["bad-uuid-first"].clock == 0
+    assert by_value["outside-after-another"].clock > 0 and by_value["txn-1"].producer == pub.producer_id
+    assert [h.key for h in by_value["txn-1"].headers] == ["trace", "uuid", "source"]
