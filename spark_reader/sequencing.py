@@ -14,9 +14,10 @@ Invariants:
 - records below the checkpoint's read-through offset are never emitted: they are read only to
   serve replays of spans that were still open at the checkpoint;
 - key, value and headers never become Python objects: rows are selected with Arrow's filter/take;
-- per record, only what the Sequencer's interface needs becomes Python objects (the entry tuple
-  and its 128-bit int); header validation, flags, clocks and the output's selection and columns
-  are computed column-wise with numpy.
+- per record, only what the Sequencer's interface needs becomes Python objects (with the native
+  Sequencer, the row index; with the pure-Python one, the entry tuple and its 128-bit int); header
+  validation, flags, clocks and the output's selection and columns are computed column-wise with
+  numpy.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from sequencer import Envelope, Flags, ProducerState, QueueOutcome, Sequencer
+from sequencer import EntryBatch, Envelope, Flags, ProducerState, QueueOutcome, Sequencer
 from spark_reader.errors import MissingUUIDError
 from spark_reader.policy import UUIDPolicyName
 
@@ -91,12 +92,7 @@ def _sequence_partition(table: pa.Table, plan: GroupPlan, prune_horizon_ns: int)
         raise MissingUUIDError(
             f"record {journal}@{int(offsets[unsequenced[0]])} has no valid 'uuid' header and uuid_policy='raise'; "
             "use uuid_policy='deliver' to deliver such records at-least-once, or 'drop' to skip them")
-    # The Sequencer's entries: (journal, begin, end, uuid as a 128-bit int, row index).
-    idx = np.flatnonzero(valid[first:]) + first
-    begins = offsets[idx]
-    entries = list(zip(repeat(journal), begins.tolist(), (begins + 1).tolist(),
-                       uuid_ints(hi[idx], lo[idx]), idx.tolist()))
-    del begins
+    entries = _entries(journal, offsets, hi, lo, np.flatnonzero(valid[first:]) + first)
 
     states = [st for (p, _), st in plan.states.items() if p == partition]
     seq = Sequencer({journal: start}, states, plan.ring_size)
@@ -134,6 +130,17 @@ def _sequence_partition(table: pa.Table, plan: GroupPlan, prune_horizon_ns: int)
     out = out.append_column("ack_offset", pa.array(acks, pa.int64()))
     out = out.append_column("clock", pa.array(clocks(hi[rows], lo[rows]), pa.int64()))
     return out, PartitionResult(end_states)
+
+
+def _entries(journal: str, offsets: np.ndarray, hi: np.ndarray, lo: np.ndarray, rows: np.ndarray):  # type: ignore[no-untyped-def]
+    """The Sequencer's entries for ``rows``: ``(journal, offset, offset + 1, uuid as a 128-bit int,
+    row index)`` each. The native Sequencer takes them as an ``EntryBatch`` filled from the columns
+    (no tuple or 128-bit int per record); the pure-Python one as a list of tuples."""
+    if EntryBatch is not None:
+        return EntryBatch.from_columns(journal, offsets, hi, lo, rows)
+    begins = offsets[rows]
+    return list(zip(repeat(journal), begins.tolist(), (begins + 1).tolist(), uuid_ints(hi[rows], lo[rows]),
+                    rows.tolist()))
 
 
 def take_rows(table: pa.Table, rows: np.ndarray) -> pa.Table:

@@ -306,8 +306,9 @@ def _implementations() -> list[str]:
 
 @pytest.fixture(params=_implementations())
 def sequencer_class(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> type:
-    if request.param == "python":
+    if request.param == "python":  # the pure-Python Sequencer takes entries as tuples
         monkeypatch.setattr(sequencing, "Sequencer", sequencer.PySequencer)
+        monkeypatch.setattr(sequencing, "EntryBatch", None)
     return sequencing.Sequencer
 
 
