@@ -54,6 +54,17 @@ def drain(seq: Sequencer, outcome: QueueOutcome, log: list) -> list[int]:
     return out
 
 
+def apply_event(ev: str | None, got: Sequencer, ref: Sequencer) -> None:
+    """Apply a between-batches event to both Sequencers; their state must stay identical."""
+    if ev == "cp" or ev == "prune":
+        h = 0 if ev == "cp" else 3 * 16
+        assert got.checkpoint(h) == ref.checkpoint(h)
+    elif ev in ("drop0", "drop1"):
+        got.drop_journals([JOURNALS[int(ev[-1])]])
+        ref.drop_journals([JOURNALS[int(ev[-1])]])
+    assert snapshot(got) == snapshot(ref)
+
+
 cuts_st = st.lists(st.integers(1, 12), min_size=1, max_size=30)
 events_st = st.lists(st.tuples(st.integers(0, 80), st.sampled_from(["cp", "prune", "drop0", "drop1"])), max_size=5)
 
@@ -85,14 +96,7 @@ def test_queue_batch_equals_queue_uncommitted(actions, ring_size, cuts, events) 
             assert drain(bat, got_outcome, log) == drain(ref, want_outcome, log)
             assert snapshot(bat) == snapshot(ref)
         pos = want_stop
-        ev = events.get(pos)
-        if ev == "cp" or ev == "prune":
-            h = 0 if ev == "cp" else 3 * 16
-            assert bat.checkpoint(h) == ref.checkpoint(h)
-        elif ev in ("drop0", "drop1"):
-            bat.drop_journals([JOURNALS[int(ev[-1])]])
-            ref.drop_journals([JOURNALS[int(ev[-1])]])
-        assert snapshot(bat) == snapshot(ref)
+        apply_event(events.get(pos), bat, ref)
 
 
 def test_queue_batch_requires_drained_sequence() -> None:

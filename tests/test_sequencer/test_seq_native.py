@@ -17,8 +17,8 @@ import importlib
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_seq_batch import cuts_st, drain, events_st, snapshot
-from test_seq_properties import JOURNALS, actions_st, build_log
+from test_seq_batch import apply_event, cuts_st, drain, events_st, snapshot
+from test_seq_properties import actions_st, build_log
 
 import sequencer
 from sequencer import CheckpointError, Flags, ProducerState, PySequencer, QueueOutcome, build_uuid
@@ -91,14 +91,7 @@ def test_native_equals_reference(actions, ring_size, cuts, events, columnar, man
             assert got == want
             assert snapshot(nat) == snapshot(ref)
         pos = want_stop
-        ev = events.get(pos)
-        if ev == "cp" or ev == "prune":
-            h = 0 if ev == "cp" else 3 * 16
-            assert nat.checkpoint(h) == ref.checkpoint(h)
-        elif ev in ("drop0", "drop1"):
-            nat.drop_journals([JOURNALS[int(ev[-1])]])
-            ref.drop_journals([JOURNALS[int(ev[-1])]])
-        assert snapshot(nat) == snapshot(ref)
+        apply_event(events.get(pos), nat, ref)
     assert nat.checkpoint(0) == ref.checkpoint(0)
 
 
