@@ -33,7 +33,7 @@ from sequencer import Envelope, Flags, ProducerState, QueueOutcome, Sequencer, U
 from sequencer.identity import clock_of, flags_of
 from spark_reader import offsets as offsets_mod
 from spark_reader.batch import _check_options
-from spark_reader.errors import MissingUUIDError
+from spark_reader.errors import MissingUUIDError, ReaderConfigError
 from spark_reader.policy import check_policy
 
 if TYPE_CHECKING:
@@ -65,6 +65,7 @@ def readCommittedStream(spark: SparkSession, topic: str, kafka_options: Mapping[
     options = dict(kafka_options or {})
     _check_options(topic, options)
     policy = check_policy(uuid_policy)
+    _check_state_store(spark)
     start: dict[int, int] = {}
     initial: list[tuple[int, bytes, int, int]] = []
     reader = spark.readStream.format("kafka").options(**options).option("subscribe", topic)
@@ -78,7 +79,10 @@ def readCommittedStream(spark: SparkSession, topic: str, kafka_options: Mapping[
     if max_offsets_per_trigger:
         reader = reader.option("maxOffsetsPerTrigger", str(max_offsets_per_trigger))
     raw = reader.option("includeHeaders", "true").load()
-    uuid_header = F.element_at(F.filter("headers", lambda h: h["key"] == F.lit("uuid")), 1)["value"]
+    # try_element_at: a record whose headers name no 'uuid' has an empty filter result, and
+    # element_at fails the query on that under Spark's default ANSI mode; this is null instead,
+    # and the record follows uuid_policy.
+    uuid_header = F.try_element_at(F.filter("headers", lambda h: h["key"] == F.lit("uuid")), F.lit(1))["value"]
     raw = raw.select("key", "value", "headers", "topic", "partition", "offset", "timestamp",
                      uuid_header.alias("uuid"))
     raw = raw.withColumn("producer", F.when(F.length("uuid") == 16, F.substring("uuid", 11, 6)))
@@ -92,6 +96,20 @@ def readCommittedStream(spark: SparkSession, topic: str, kafka_options: Mapping[
         statefulProcessor=processor, outputStructType=_OUTPUT_DDL, outputMode="Append",
         timeMode="ProcessingTime" if state_ttl_ms else "None", initialState=init_grouped,
     )
+
+
+_ROCKSDB = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
+_STORE_CONF = "spark.sql.streaming.stateStore.providerClass"
+
+
+def _check_state_store(spark: Any) -> None:
+    """transformWithState runs on RocksDB state stores only: say so now, not when the query starts."""
+    provider = spark.conf.get(_STORE_CONF, None)
+    if provider is None or provider.rsplit(".", 1)[-1] != "RocksDBStateStoreProvider":
+        raise ReaderConfigError(
+            f"readCommittedStream keeps its state with transformWithStateInPandas, which needs the RocksDB "
+            f"state store, but {_STORE_CONF} is {provider!r}. Fix: spark.conf.set({_STORE_CONF!r}, {_ROCKSDB!r}) "
+            "(or --conf) before starting the query")
 
 
 def _stateful_base() -> type:
@@ -130,7 +148,8 @@ class _CommittedProcessor(_stateful_base()):  # type: ignore[misc]
         start = self.start.get(partition, -1)
         restored = self.state.get() if self.state.exists() else None
         states = [ProducerState(journal, producer, int(restored[0]), int(restored[1]))] if restored else []
-        seq = Sequencer({journal: 0}, states, ring_size=1 << 16)
+        # Every row this call queues fits in the ring (replays serve only the stored span rows).
+        seq = Sequencer({journal: 0}, states, ring_size=len(batch) + 1)
         stored = [_span_row_from_state(r) for r in self.span.get()] if self.span.exists() else []
         fresh = [_span_row_from_input(r) for r in batch.itertuples(index=False)]
         by_offset = {r["offset"]: r for r in stored}

@@ -55,3 +55,58 @@ def test_stream_stopped_and_restarted_while_written_to(spark, kafka_bootstrap, t
     got = sorted(((r.partition, r.offset, r.ack_offset) for r in rows), key=lambda t: (t[0], t[2], t[1]))
     assert progressed > 0  # the first run did process part of the stream before it was stopped
     assert got == expected
+
+
+def test_stream_delivers_records_without_uuid_header_under_ansi(spark, kafka_bootstrap, topic_factory,
+                                                                tmp_path) -> None:
+    """Records with only application headers (no 'uuid') and a 'uuid' header among others: the stream
+    delivers what ReadCommittedIter delivers (Spark 4's ANSI mode once failed the query on the former)."""
+    from confluent_kafka import Producer
+
+    from consumer import ReadCommittedIter
+    from sequencer import Publisher
+
+    assert spark.conf.get("spark.sql.ansi.enabled") == "true"
+    spark.conf.set("spark.sql.streaming.stateStore.providerClass",
+                   "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider")
+    topic = topic_factory(partitions=1)
+    pub = Publisher()
+    sent = [
+        (b"app-headers-only", [("source", b"billing")]),
+        (b"no-headers", None),
+        (b"txn-1", [("trace", b"t1"), ("uuid", pub.publish_uncommitted(f"{topic}/0").bytes)]),
+        (b"txn-2", [("uuid", pub.publish_uncommitted(f"{topic}/0").bytes)]),
+        (b"never-acked", [("uuid", Publisher().publish_uncommitted(f"{topic}/0").bytes)]),
+    ]
+    sent += [(b"", [("uuid", a.uuid.bytes)]) for a in pub.build_ack_intents()]
+    producer = Producer({"bootstrap.servers": kafka_bootstrap, "enable.idempotence": True, "acks": "all"})
+    for value, headers in sent:
+        producer.produce(topic, value=value, partition=0, headers=headers)
+    assert producer.flush(30) == 0
+
+    with ReadCommittedIter({"bootstrap.servers": kafka_bootstrap}, topics=[topic], idle_timeout=3.0) as it:
+        want = sorted((r.partition, r.offset, bytes(r.value or b"")) for r in it)
+    assert [v for _, _, v in want] == [b"app-headers-only", b"no-headers", b"txn-1", b"txn-2"]
+
+    query = _query(spark, topic, kafka_bootstrap, tmp_path / "out", tmp_path / "chk", {"availableNow": True})
+    query.awaitTermination(120)
+    assert query.exception() is None
+    got = sorted((r.partition, r.offset, bytes(r.value or b""))
+                 for r in spark.read.parquet(str(tmp_path / "out")).collect())
+    assert got == want
+
+
+def test_stream_without_rocksdb_state_store_is_a_clear_error(spark, kafka_bootstrap, topic_factory) -> None:
+    from spark_reader.errors import ReaderConfigError
+
+    conf = "spark.sql.streaming.stateStore.providerClass"
+    before = spark.conf.get(conf, None)
+    spark.conf.set(conf, "org.apache.spark.sql.execution.streaming.state.HDFSBackedStateStoreProvider")
+    try:
+        with pytest.raises(ReaderConfigError, match="RocksDB.*Fix: spark.conf.set"):
+            readCommittedStream(spark, topic_factory(partitions=1), {"kafka.bootstrap.servers": kafka_bootstrap})
+    finally:
+        if before is None:
+            spark.conf.unset(conf)
+        else:
+            spark.conf.set(conf, before)
