@@ -59,12 +59,16 @@ def _fmt(v: Any, unit: str = "") -> str:
 # name -> rows of (what, median, baseline / ratio, target)
 ROWS: dict[str, Callable[[dict[str, Any]], list[tuple[str, str, str, str]]]] = {
     "sequencer": lambda r: [(
-        "Sequencer queue+step, 16 producers, txns of 100, ring 8192 (msg/s)",
+        f"Sequencer queue+step ({r.get('sequencer_implementation', 'python')}), 16 producers, txns of 100, "
+        "ring 8192 (msg/s)",
         _fmt(r.get("msgs_per_s_median")),
-        f"ratio to envelope-construction loop {_fmt(r.get('ratio_sequencer_to_baseline'))}",
+        f"ratio to envelope-construction loop {_fmt(r.get('ratio_sequencer_to_baseline'))}; "
+        f"{_fmt(r.get('ratio_to_pure_python'))}x the pure-Python one ({_fmt(r.get('pure_python_msgs_per_s_median'))})",
         "≥ 300,000 msg/s"), (
         "Sequencer memory per tracked producer (bytes)",
-        _fmt(_get(r, "memory", "bytes_per_producer")), "", "")],
+        f"{_fmt(_get(r, 'memory', 'bytes_per_producer'))}"
+        + (f" (pure Python: {_fmt(_get(r, 'pure_python_memory', 'bytes_per_producer'))})"
+           if "pure_python_memory" in r else ""), "", "")],
     "relay": lambda r: [(
         "Relay drain, at-least-once, 100k rows, 8 partitions (rows/s)",
         _fmt(_get(r, "drain_rows_per_s", "median")),

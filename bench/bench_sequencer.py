@@ -34,7 +34,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from sequencer import (
     Envelope,
     Flags,
+    IMPLEMENTATION,
     ProducerState,
+    PySequencer,
     Sequencer,
     build_uuid,
     new_producer_id,
@@ -62,8 +64,8 @@ def build_workload(txns_per_producer: int) -> list[Envelope]:
     return envs
 
 
-def run_sequencer(envs: list[Envelope]) -> tuple[float, int]:
-    seq = Sequencer(ring_size=RING)
+def run_sequencer(envs: list[Envelope], cls: type = Sequencer) -> tuple[float, int]:
+    seq = cls(ring_size=RING)
     queue = seq.queue_uncommitted
     step = seq.step
     delivered = 0
@@ -91,13 +93,13 @@ def run_baseline(envs: list[Envelope]) -> float:
     return elapsed
 
 
-def memory_per_producer(n: int = 20_000) -> dict[str, float]:
+def memory_per_producer(n: int = 20_000, cls: type = Sequencer) -> dict[str, float]:
     ids = {new_producer_id() for _ in range(n)}
     states = [ProducerState(JOURNAL, p, 1 << 60, 12345) for p in ids]
     gc.collect()
     tracemalloc.start()
     before, _ = tracemalloc.get_traced_memory()
-    seq = Sequencer(states=states, ring_size=1)
+    seq = cls(states=states, ring_size=1)
     after, _ = tracemalloc.get_traced_memory()
     tracemalloc.stop()
     assert len(seq.checkpoint()[1]) == len(ids)
@@ -120,6 +122,8 @@ def main() -> None:
         seq_rates.append(len(envs) / elapsed)
         base_rates.append(len(envs) / run_baseline(envs))
 
+    # The pure-Python reference on the same workload (what runs without the native build).
+    pure_rates = [len(envs) / run_sequencer(envs, PySequencer)[0] for _ in range(max(1, args.repeat // 2))]
     seq_median = statistics.median(seq_rates)
     base_median = statistics.median(base_rates)
     print(
@@ -142,6 +146,10 @@ def main() -> None:
                 "target_msgs_per_s": TARGET,
                 "meets_target": seq_median >= TARGET,
                 "memory": memory_per_producer(),
+                "sequencer_implementation": IMPLEMENTATION,
+                "pure_python_msgs_per_s_median": round(statistics.median(pure_rates)),
+                "ratio_to_pure_python": round(seq_median / statistics.median(pure_rates), 2),
+                "pure_python_memory": memory_per_producer(cls=PySequencer),
                 # Other processes on the machine skew wall-clock rates; see the ratio.
                 "loadavg_1min": round(os.getloadavg()[0], 2),
             },
