@@ -13,7 +13,9 @@ Invariants:
   ``[start, end)`` of the read;
 - records below the checkpoint's read-through offset are never emitted: they are read only to
   serve replays of spans that were still open at the checkpoint;
-- key, value and headers never become Python objects: rows are selected with Arrow's filter/take;
+- rows leave in offset order (selected with Arrow's chunk-wise filter: a partition's table is never
+  concatenated, so its key/value bytes are not capped at 2 GiB);
+- key, value and headers never become Python objects;
 - per record, only what the Sequencer's interface needs becomes Python objects (with the native
   Sequencer, the row index; with the pure-Python one, the entry tuple and its 128-bit int); header
   validation, flags, clocks and the output's selection and columns are computed column-wise with
@@ -123,9 +125,14 @@ def _sequence_partition(table: pa.Table, plan: GroupPlan, prune_horizon_ns: int)
     if unsequenced.size:
         log.warning("%s: %d records without a valid 'uuid' header (uuid_policy=%r: %s)", journal, unsequenced.size,
                     plan.uuid_policy, "skipped" if plan.uuid_policy == "drop" else "delivered at-least-once")
-        if plan.uuid_policy == "deliver":  # at once, in log order, ahead of the sequenced rows
+        if plan.uuid_policy == "deliver":  # committed at once: their own ack_offset
             rows = np.concatenate([unsequenced, rows])
             acks = np.concatenate([offsets[unsequenced], acks])
+    # Rows leave in log order, not delivery order (a DataFrame has none; sort on (partition,
+    # ack_offset, offset) for ReadCommittedIter's): ascending rows are a chunk-wise filter, with no
+    # concatenation of the partition's table, whose 32-bit offsets would cap its bytes at 2 GiB.
+    order = np.argsort(rows, kind="stable")
+    rows, acks = rows[order], acks[order]
     out = take_rows(table, rows)
     out = out.append_column("ack_offset", pa.array(acks, pa.int64()))
     out = out.append_column("clock", pa.array(clocks(hi[rows], lo[rows]), pa.int64()))
