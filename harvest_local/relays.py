@@ -12,12 +12,18 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
+#: Environment variables of the relay's crash/pause test hooks (producer/sequencing.py): per process only.
+_TEST_HOOKS = ("HARVEST_TEST_CRASH_AT", "HARVEST_TEST_PAUSE_AT")
 
-def write_config(path: Path, *, dsn: str, bootstrap: str, outbox_table: str, group: str,
+
+def write_config(path: Path, *, dsn: str, bootstrap: str, outbox_table: str, group: str | None = None,
                  uuid_sequencing: bool = True, heartbeat_timeout: str = "2s", extra_limits: dict[str, str] | None = None,
-                 leader_election: str | None = None) -> Path:
+                 leader_election: str | None = None, leader_lock_check_interval: str | None = None) -> Path:
+    """A relay YAML with fast test/demo timings; ``extra_limits`` override or add ``limits`` keys.
+    ``group`` names the NELI group (and its leader topic); None leaves both to the defaults."""
     limits = {"heartbeatTimeout": heartbeat_timeout, "minPollInterval": "100ms", "minMetricsInterval": "1s",
               "idlePollInterval": "500ms", **(extra_limits or {})}
     lines = [
@@ -26,14 +32,18 @@ def write_config(path: Path, *, dsn: str, bootstrap: str, outbox_table: str, gro
         f'    bootstrap.servers: "{bootstrap}"',
         "  producerKafkaConfig:",
         "    linger.ms: 5",
-        f"  leaderGroupID: {group}",
-        f"  leaderTopic: {group}-leader",
+    ]
+    if group is not None:
+        lines += [f"  leaderGroupID: {group}", f"  leaderTopic: {group}-leader"]
+    lines += [
         f'  dataSource: "{dsn}"',
         f"  outboxTable: {outbox_table}",
         f"  uuidSequencing: {'true' if uuid_sequencing else 'false'}",
     ]
     if leader_election:
         lines.append(f"  leaderElection: {leader_election}")
+    if leader_lock_check_interval:
+        lines.append(f"  leaderLockCheckInterval: {leader_lock_check_interval}")
     lines.append("  limits:")
     lines += [f"    {k}: {v}" for k, v in limits.items()]
     lines += ["logging:", "  level: Info", ""]
@@ -49,7 +59,9 @@ class RelayProcess:
         :mod:`harvest_local.relay_runner`, which injects them; otherwise the ``harvest`` CLI itself runs."""
         self.config, self.name, self.faults = config, name, faults
         self.log = logdir / f"{name}.log"
-        self.env = {**os.environ, **(env or {})}
+        # The relay's crash/pause test hooks are set per process, never inherited.
+        inherited = {k: v for k, v in os.environ.items() if k not in _TEST_HOOKS}
+        self.env = {**inherited, **(env or {})}
         self.proc: subprocess.Popen[bytes] | None = None
         self.paused = False
 
@@ -73,7 +85,14 @@ class RelayProcess:
             return ""
 
     def elections(self) -> int:
+        """How many times this relay logged an election (acquisitions of leadership)."""
         return self.text().count("elected leader")
+
+    elected = elections
+
+    def fenced(self) -> int:
+        """How many times this relay's Postgres election fenced it."""
+        return self.text().count(": fenced")
 
     def kill(self) -> None:
         if self.alive:
@@ -96,10 +115,12 @@ class RelayProcess:
             self.paused = False
 
     def stop(self, timeout: float = 20.0) -> int | None:
+        """SIGTERM (after SIGCONT: it may have been stopped from outside), then SIGKILL after ``timeout``."""
         if not self.alive:
             return self.proc.returncode if self.proc else None
         assert self.proc is not None
-        self.resume()
+        self.proc.send_signal(signal.SIGCONT)
+        self.paused = False
         self.proc.send_signal(signal.SIGTERM)
         try:
             return self.proc.wait(timeout)
@@ -130,10 +151,11 @@ def _last_election_time(relay: RelayProcess) -> float:
     return relay.log.stat().st_mtime
 
 
-def wait_for(cond, timeout: float, poll: float = 0.05) -> float:  # type: ignore[no-untyped-def]
+def wait_for(cond: Callable[[], object], timeout: float, what: str = "condition", poll: float = 0.05) -> float:
+    """Seconds until ``cond()`` held; ``TimeoutError`` naming ``what`` after ``timeout`` seconds."""
     start = time.monotonic()
     while not cond():
         if time.monotonic() - start > timeout:
-            raise TimeoutError(f"condition not met in {timeout:.0f}s")
+            raise TimeoutError(f"timed out after {timeout:g}s waiting for {what}")
         time.sleep(poll)
     return time.monotonic() - start

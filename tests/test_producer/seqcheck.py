@@ -7,18 +7,17 @@ import logging
 import os
 import random
 import re
-import signal
-import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import psycopg
 from psycopg import sql
 
+from harvest_local.relays import RelayProcess, write_config
+from harvest_local.relays import wait_for  # noqa: F401  (re-exported for the sequencing tests)
 from producer.schema import OutboxNames
 from producer.stasher import OutboxRecord, Stasher
 from sequencer import Flags, clock_of, flags_of, parse_uuid, producer_of
@@ -177,65 +176,27 @@ def count_rows(dsn: str, table: str) -> int:
         return conn.execute(sql.SQL("SELECT count(*) FROM {}").format(names.outbox)).fetchone()[0]  # type: ignore
 
 
-def wait_for(cond: Callable[[], bool], timeout: float, what: str = "condition") -> float:
-    start = time.monotonic()
-    while not cond():
-        if time.monotonic() - start > timeout:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.05)
-    return time.monotonic() - start
-
-
 def seq_yaml(path: Path, dsn: str, bootstrap: str, table: str, group: str, txn_records: int = 200,
              leader_election: str = "neli") -> Path:
-    path.write_text(f"""\
-harvest:
-  baseKafkaConfig:
-    bootstrap.servers: "{bootstrap}"
-  producerKafkaConfig:
-    linger.ms: 5
-  leaderGroupID: {group}
-  leaderElection: {leader_election}
-  leaderLockCheckInterval: 500ms
-  dataSource: "{dsn}"
-  outboxTable: {table}
-  uuidSequencing: true
-  limits:
-    heartbeatTimeout: 2s
-    minPollInterval: 100ms
-    minMetricsInterval: 1s
-    idlePollInterval: 300ms
-    ioErrorBackoff: 100ms
-    markQueryRecords: 300
-    txnMaxRecords: {txn_records}
-    txnMaxDuration: 20ms
-    producerRing: 4
-logging:
-  level: Info
-""")
-    return path
+    """A sequencing relay's YAML with small transactions and fast failure handling."""
+    return write_config(path, dsn=dsn, bootstrap=bootstrap, outbox_table=table, group=group,
+                        leader_election=leader_election, leader_lock_check_interval="500ms",
+                        extra_limits={"idlePollInterval": "300ms", "ioErrorBackoff": "100ms",
+                                      "markQueryRecords": "300", "txnMaxRecords": str(txn_records),
+                                      "txnMaxDuration": "20ms", "producerRing": "4"})
 
 
 _VIEW = re.compile(r"view epoch=(\d+) leader_id=\S+ producers=(\S+) recovered_acks=(\d+)")
 
 
-class SeqRelay:
-    """A sequenced relay process (the ``harvest`` CLI), with an optional crash/pause test hook."""
+class SeqRelay(RelayProcess):
+    """A sequenced relay process (the ``harvest`` CLI), started at once, with an optional crash/pause test hook."""
 
     def __init__(self, cfg: Path, name: str, logdir: Path, crash_at: str | None = None,
                  pause_at: str | None = None) -> None:
-        self.name = name
-        self.log = logdir / f"{name}.log"
-        env = {k: v for k, v in os.environ.items() if not k.startswith("HARVEST_TEST_")}
-        if crash_at:
-            env["HARVEST_TEST_CRASH_AT"] = crash_at
-        if pause_at:
-            env["HARVEST_TEST_PAUSE_AT"] = pause_at
-        self.proc = subprocess.Popen([sys.executable, "-m", "producer", "-f", str(cfg), "--name", name],
-                                     stdout=subprocess.DEVNULL, stderr=self.log.open("w"), env=env)
-
-    def text(self) -> str:
-        return self.log.read_text()
+        hooks = {"HARVEST_TEST_CRASH_AT": crash_at, "HARVEST_TEST_PAUSE_AT": pause_at}
+        super().__init__(cfg, name, logdir, env={k: v for k, v in hooks.items() if v})
+        self.start()
 
     def views(self) -> list[tuple[int, list[bytes], int]]:
         return [(int(e), [bytes.fromhex(p) for p in ps.split(",")], int(n)) for e, ps, n in _VIEW.findall(self.text())]
@@ -244,11 +205,4 @@ class SeqRelay:
         return {p for _e, ps, _n in self.views() for p in ps}
 
     def stop(self, timeout: float = 30) -> int | None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGCONT)
-            self.proc.send_signal(signal.SIGTERM)
-        try:
-            return self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            return self.proc.wait()
+        return super().stop(timeout)

@@ -5,11 +5,8 @@ real relay processes (kill -9, SIGSTOP) with take-over times measured and printe
 
 from __future__ import annotations
 
-import os
 import re
 import signal
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -19,6 +16,7 @@ import psycopg
 import pytest
 from psycopg import sql
 
+from harvest_local.relays import RelayProcess, wait_for, write_config
 from producer.election_postgres import PostgresElection, lock_holder, lock_key
 
 pytestmark = pytest.mark.integration
@@ -288,67 +286,6 @@ def test_for_update_lock_row_killed_by_idle_in_transaction_timeout(pg_dsn: str, 
 
 
 # ---------------------------------------------------------------- real relay processes
-def _relay_yaml(path: Path, pg_dsn: str, bootstrap: str, table: str, check: float) -> Path:
-    path.write_text(f"""\
-harvest:
-  baseKafkaConfig:
-    bootstrap.servers: "{bootstrap}"
-  producerKafkaConfig:
-    linger.ms: 5
-  dataSource: "{pg_dsn}"
-  outboxTable: {table}
-  leaderElection: postgres
-  leaderLockCheckInterval: {int(check * 1000)}ms
-  limits:
-    heartbeatTimeout: 2s
-    minPollInterval: 100ms
-    minMetricsInterval: 1s
-    idlePollInterval: 500ms
-logging:
-  level: Info
-""")
-    os.chmod(path, 0o600)
-    return path
-
-
-class RelayProc:
-    """A relay process: the ``harvest`` CLI with ``leaderElection: postgres``."""
-
-    def __init__(self, cfg: Path, name: str, logdir: Path) -> None:
-        self.name = name
-        self.log = logdir / f"{name}.log"
-        self.proc = subprocess.Popen([sys.executable, "-m", "producer", "-f", str(cfg), "--name", name],
-                                     stdout=subprocess.DEVNULL, stderr=self.log.open("w"))
-
-    def text(self) -> str:
-        return self.log.read_text()
-
-    def elected(self) -> int:
-        return self.text().count("elected leader")
-
-    def fenced(self) -> int:
-        return self.text().count(": fenced")
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGCONT)
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-
-
-def _wait(cond: Callable[[], bool], timeout: float, what: str = "") -> float:
-    start = time.monotonic()
-    while not cond():
-        if time.monotonic() - start > timeout:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.01)
-    return time.monotonic() - start
-
-
 def _holder(pg_dsn: str, table: str) -> int | None:
     with psycopg.connect(pg_dsn, autocommit=True) as conn:
         return lock_holder(conn, table)
@@ -384,12 +321,14 @@ def test_relays_kill9_and_sigstop(pg_dsn: str, kafka_bootstrap: str, pg_schema: 
                 seq += 10
                 time.sleep(0.02)
 
-    cfg = _relay_yaml(tmp_path / "harvest.yaml", pg_dsn, kafka_bootstrap, table, check)
-    relays = {n: RelayProc(cfg, n, tmp_path) for n in ("a", "b", "c")}
+    cfg = write_config(tmp_path / "harvest.yaml", dsn=pg_dsn, bootstrap=kafka_bootstrap, outbox_table=table,
+                       uuid_sequencing=False, leader_election="postgres",
+                       leader_lock_check_interval=f"{int(check * 1000)}ms")
+    relays = {n: RelayProcess(cfg, n, tmp_path).start() for n in ("a", "b", "c")}
     w = threading.Thread(target=writer)
     times: dict[str, float] = {}
     try:
-        _wait(lambda: sum(r.elected() for r in relays.values()) >= 1, 60, "a first leader")
+        wait_for(lambda: sum(r.elected() for r in relays.values()) >= 1, 60, "a first leader", poll=0.01)
         w.start()
         time.sleep(2)
         leaders = [r for r in relays.values() if r.elected()]
@@ -400,7 +339,7 @@ def test_relays_kill9_and_sigstop(pg_dsn: str, kafka_bootstrap: str, pg_schema: 
         first.proc.send_signal(signal.SIGKILL)
         first.proc.wait()
         rest = [r for r in relays.values() if r is not first]
-        times["kill -9"] = _wait(lambda: any(r.elected() for r in rest), 30, "take-over after kill -9")
+        times["kill -9"] = wait_for(lambda: any(r.elected() for r in rest), 30, "take-over after kill -9", poll=0.01)
         second = next(r for r in rest if r.elected())
         third = next(r for r in rest if r is not second)
         assert sum(r.elected() for r in rest) == 1
@@ -417,10 +356,11 @@ def test_relays_kill9_and_sigstop(pg_dsn: str, kafka_bootstrap: str, pg_schema: 
         # ... until the paused holder's session is ended: terminate its backend
         with psycopg.connect(pg_dsn, autocommit=True) as conn:
             conn.execute("SELECT pg_terminate_backend(%s)", (held_by,))
-        times["SIGSTOP + pg_terminate_backend"] = _wait(lambda: third.elected() == 1, 30, "take-over from paused")
+        times["SIGSTOP + pg_terminate_backend"] = wait_for(lambda: third.elected() == 1, 30, "take-over from paused",
+                                                           poll=0.01)
         # the resumed holder fences itself at its first pulse and stays a standby
         second.proc.send_signal(signal.SIGCONT)
-        _wait(lambda: second.fenced() >= 1, 10, "resumed holder fenced")
+        wait_for(lambda: second.fenced() >= 1, 10, "resumed holder fenced", poll=0.01)
         time.sleep(3 * check)
         assert second.elected() == 1
 
@@ -429,7 +369,8 @@ def test_relays_kill9_and_sigstop(pg_dsn: str, kafka_bootstrap: str, pg_schema: 
         time.sleep(4 * check)
         assert second.elected() == 1
         third.proc.send_signal(signal.SIGKILL)
-        times["SIGSTOP + kill -9"] = _wait(lambda: second.elected() == 2, 30, "take-over from killed paused")
+        times["SIGSTOP + kill -9"] = wait_for(lambda: second.elected() == 2, 30, "take-over from killed paused",
+                                              poll=0.01)
         third.proc.wait()
 
         time.sleep(1)

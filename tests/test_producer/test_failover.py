@@ -17,54 +17,11 @@ import psycopg
 import pytest
 from relaylib import assert_per_key_order, consume_all, wait_drained
 
+from harvest_local.relays import RelayProcess, wait_for, write_config
 from producer.schema import init_db
 from producer.stasher import OutboxRecord, Stasher
 
 pytestmark = pytest.mark.integration
-
-
-def _yaml(path: Path, pg_dsn: str, bootstrap: str, table: str, group: str) -> Path:
-    path.write_text(f"""\
-harvest:
-  baseKafkaConfig:
-    bootstrap.servers: "{bootstrap}"
-  producerKafkaConfig:
-    linger.ms: 5
-  leaderGroupID: {group}
-  dataSource: "{pg_dsn}"
-  outboxTable: {table}
-  limits:
-    heartbeatTimeout: 2s
-    minPollInterval: 100ms
-    minMetricsInterval: 1s
-    idlePollInterval: 500ms
-logging:
-  level: Info
-""")
-    return path
-
-
-class Relay:
-    def __init__(self, cfg: Path, name: str, logdir: Path) -> None:
-        self.name = name
-        self.log = logdir / f"{name}.log"
-        self.proc = subprocess.Popen([sys.executable, "-m", "producer", "-f", str(cfg), "--name", name],
-                                     stdout=subprocess.DEVNULL, stderr=self.log.open("w"))
-
-    def text(self) -> str:
-        return self.log.read_text()
-
-    def elected(self) -> int:
-        return self.text().count("elected leader")
-
-
-def _wait_for(cond: Callable[[], bool], timeout: float) -> float:
-    start = time.monotonic()
-    while not cond():
-        if time.monotonic() - start > timeout:
-            raise AssertionError("timed out")
-        time.sleep(0.05)
-    return time.monotonic() - start
 
 
 def test_one_leader_kill9_and_graceful_handover(pg_dsn: str, kafka_bootstrap: str, pg_schema: str, tmp_path: Path,
@@ -73,8 +30,9 @@ def test_one_leader_kill9_and_graceful_handover(pg_dsn: str, kafka_bootstrap: st
     topic = topic_factory(partitions=2)
     table = f"{pg_schema}.outbox"
     init_db(pg_dsn, table)
-    cfg = _yaml(tmp_path / "harvest.yaml", pg_dsn, kafka_bootstrap, table, unique_name("g"))
-    relays = [Relay(cfg, f"relay{i}", tmp_path) for i in range(3)]
+    cfg = write_config(tmp_path / "harvest.yaml", dsn=pg_dsn, bootstrap=kafka_bootstrap, outbox_table=table,
+                       group=unique_name("g"), uuid_sequencing=False)
+    relays = [RelayProcess(cfg, f"relay{i}", tmp_path).start() for i in range(3)]
     expected: dict[str, list[bytes | None]] = {}
     stop_writing = threading.Event()
 
@@ -92,7 +50,7 @@ def test_one_leader_kill9_and_graceful_handover(pg_dsn: str, kafka_bootstrap: st
 
     w = threading.Thread(target=writer)
     try:
-        _wait_for(lambda: sum(r.elected() for r in relays) >= 1, 60)
+        wait_for(lambda: sum(r.elected() for r in relays) >= 1, 60)
         w.start()
         time.sleep(3)  # standbys have joined by now; still exactly one leader
         leaders = [r for r in relays if r.elected()]
@@ -102,7 +60,7 @@ def test_one_leader_kill9_and_graceful_handover(pg_dsn: str, kafka_bootstrap: st
         first.proc.send_signal(signal.SIGKILL)
         first.proc.wait()
         others = [r for r in relays if r is not first]
-        kill_takeover = _wait_for(lambda: any(r.elected() for r in others), 60)
+        kill_takeover = wait_for(lambda: any(r.elected() for r in others), 60)
         second = next(r for r in others if r.elected())
         print(f"\ntakeover after kill -9: {kill_takeover:.2f}s (session timeout 6s)")
         assert kill_takeover < 20
@@ -110,7 +68,7 @@ def test_one_leader_kill9_and_graceful_handover(pg_dsn: str, kafka_bootstrap: st
         time.sleep(1)
         second.proc.send_signal(signal.SIGTERM)
         third = next(r for r in others if r is not second)
-        graceful_takeover = _wait_for(lambda: third.elected() > 0, 30)
+        graceful_takeover = wait_for(lambda: third.elected() > 0, 30)
         assert second.proc.wait(30) == 0
         print(f"takeover after graceful stop: {graceful_takeover:.2f}s")
         assert graceful_takeover < 6
@@ -183,7 +141,7 @@ def test_two_embedded_relays_only_the_leader_publishes(pg_dsn: str, kafka_bootst
     a = Harvest(cfg.replace(name="a")).start()
     b = Harvest(cfg.replace(name="b")).start()
     try:
-        _wait_for(lambda: a.is_leader or b.is_leader, 30)
+        wait_for(lambda: a.is_leader or b.is_leader, 30)
         samples = []
         with psycopg.connect(pg_dsn) as conn:
             Stasher(table).stash_many(conn, [OutboxRecord(topic, f"k{i % 7}", f"v{i}") for i in range(2000)])
