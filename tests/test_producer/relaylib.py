@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -12,6 +13,7 @@ from confluent_kafka import Consumer, TopicPartition
 from psycopg import sql
 
 from producer.config import HarvestConfig, Limits
+from producer.stasher import OutboxRecord, Stasher
 
 # Short timings so failover tests finish quickly; 2 s heartbeat -> 6 s session timeout (broker minimum).
 FAST_LIMITS = dict(heartbeat_timeout=2.0, min_poll_interval=0.1, min_metrics_interval=0.5, queue_timeout=5.0,
@@ -87,3 +89,38 @@ def assert_per_key_order(got: list[Got], expected: dict[str, list[bytes | None]]
             else:
                 assert v in want[:pos], f"key {key}: {v!r} arrived out of order (at position {pos})"
         assert pos == len(want), f"key {key}: only {pos}/{len(want)} values arrived in order"
+
+
+class BackgroundWriter:
+    """Stashes transactions of 10 rows (keys k0..k19 in turn) into ``table`` every 20 ms until
+    stopped; ``expected`` holds each key's values in commit order (the per-key order to check)."""
+
+    def __init__(self, pg_dsn: str, table: str, topic: str) -> None:
+        self.pg_dsn, self.table, self.topic = pg_dsn, table, topic
+        self.expected: dict[str, list[bytes | None]] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="background-writer")
+
+    def _run(self) -> None:
+        st, seq = Stasher(self.table), 0
+        with psycopg.connect(self.pg_dsn) as conn:
+            while not self._stop.is_set():
+                batch = [OutboxRecord(self.topic, f"k{(seq + i) % 20}", f"v{seq + i}") for i in range(10)]
+                with conn.transaction():
+                    st.stash_many(conn, batch)
+                for r in batch:
+                    self.expected.setdefault(r.key, []).append(r.value.encode())  # type: ignore[union-attr]
+                seq += 10
+                time.sleep(0.02)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join()
+
+    @property
+    def total(self) -> int:
+        return sum(len(v) for v in self.expected.values())

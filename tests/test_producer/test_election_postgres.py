@@ -297,35 +297,19 @@ def test_relays_kill9_and_sigstop(pg_dsn: str, kafka_bootstrap: str, pg_schema: 
     interval. SIGSTOP of the leader: its connection stays open, so the lock stays held and the standby
     does NOT acquire (nobody publishes: the backlog grows); terminating the paused holder's backend
     (or kill -9 of the paused process) lets the standby acquire; the resumed holder fences itself."""
-    from relaylib import assert_per_key_order, consume_all, outbox_count, wait_drained
+    from relaylib import BackgroundWriter, assert_per_key_order, consume_all, outbox_count, wait_drained
 
     from producer.schema import init_db
-    from producer.stasher import OutboxRecord, Stasher
 
     check = 0.5
     topic = topic_factory(partitions=2)
     table = f"{pg_schema}.outbox"
     init_db(pg_dsn, table)
-    expected: dict[str, list[bytes | None]] = {}
-    stop_writing = threading.Event()
-
-    def writer() -> None:
-        st, seq = Stasher(table), 0
-        with psycopg.connect(pg_dsn) as conn:
-            while not stop_writing.is_set():
-                batch = [OutboxRecord(topic, f"k{(seq + i) % 20}", f"v{seq + i}") for i in range(10)]
-                with conn.transaction():
-                    st.stash_many(conn, batch)
-                for r in batch:
-                    expected.setdefault(r.key, []).append(r.value.encode())  # type: ignore[union-attr]
-                seq += 10
-                time.sleep(0.02)
-
     cfg = write_config(tmp_path / "harvest.yaml", dsn=pg_dsn, bootstrap=kafka_bootstrap, outbox_table=table,
                        uuid_sequencing=False, leader_election="postgres",
                        leader_lock_check_interval=f"{int(check * 1000)}ms")
     relays = {n: RelayProcess(cfg, n, tmp_path).start() for n in ("a", "b", "c")}
-    w = threading.Thread(target=writer)
+    w = BackgroundWriter(pg_dsn, table, topic)
     times: dict[str, float] = {}
     try:
         wait_for(lambda: sum(r.elected() for r in relays.values()) >= 1, 60, "a first leader", poll=0.01)
@@ -374,19 +358,16 @@ def test_relays_kill9_and_sigstop(pg_dsn: str, kafka_bootstrap: str, pg_schema: 
         third.proc.wait()
 
         time.sleep(1)
-        stop_writing.set()
-        w.join()
+        w.stop()
         wait_drained(pg_dsn, table, 60)
-        total = sum(len(v) for v in expected.values())
+        total = w.total
         got = consume_all(kafka_bootstrap, topic, lambda g: len(g) >= total, 30)
-        assert_per_key_order(got, expected, allow_dups=True)
+        assert_per_key_order(got, w.expected, allow_dups=True)
         print(f"\nrelay take-over (check interval {check}s): " + ", ".join(f"{k}: {v * 1000:.0f} ms"
                                                                     for k, v in times.items())
               + f"; {total} records, {len(got) - total} duplicates")
         assert times["kill -9"] < 2 * check + 1.5
     finally:
-        stop_writing.set()
-        if w.is_alive():
-            w.join()
+        w.stop()
         for r in relays.values():
             r.stop()

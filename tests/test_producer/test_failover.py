@@ -8,14 +8,13 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 import psycopg
 import pytest
-from relaylib import assert_per_key_order, consume_all, wait_drained
+from relaylib import BackgroundWriter, assert_per_key_order, consume_all, wait_drained
 
 from harvest_local.relays import RelayProcess, wait_for, write_config
 from producer.schema import init_db
@@ -33,22 +32,7 @@ def test_one_leader_kill9_and_graceful_handover(pg_dsn: str, kafka_bootstrap: st
     cfg = write_config(tmp_path / "harvest.yaml", dsn=pg_dsn, bootstrap=kafka_bootstrap, outbox_table=table,
                        group=unique_name("g"), uuid_sequencing=False)
     relays = [RelayProcess(cfg, f"relay{i}", tmp_path).start() for i in range(3)]
-    expected: dict[str, list[bytes | None]] = {}
-    stop_writing = threading.Event()
-
-    def writer() -> None:
-        st, seq = Stasher(table), 0
-        with psycopg.connect(pg_dsn) as conn:
-            while not stop_writing.is_set():
-                batch = [OutboxRecord(topic, f"k{(seq + i) % 20}", f"v{seq + i}") for i in range(10)]
-                with conn.transaction():
-                    st.stash_many(conn, batch)
-                for r in batch:
-                    expected.setdefault(r.key, []).append(r.value.encode())  # type: ignore[union-attr]
-                seq += 10
-                time.sleep(0.02)
-
-    w = threading.Thread(target=writer)
+    w = BackgroundWriter(pg_dsn, table, topic)
     try:
         wait_for(lambda: sum(r.elected() for r in relays) >= 1, 60)
         w.start()
@@ -75,18 +59,15 @@ def test_one_leader_kill9_and_graceful_handover(pg_dsn: str, kafka_bootstrap: st
         assert "giving up leadership (stopping)" in second.text()
 
         time.sleep(1)
-        stop_writing.set()
-        w.join()
+        w.stop()
         wait_drained(pg_dsn, table, 60)
-        total = sum(len(v) for v in expected.values())
+        total = w.total
         got = consume_all(kafka_bootstrap, topic, lambda g: len(g) >= total, 30)
         print(f"{total} records stashed, {len(got)} delivered ({len(got) - total} duplicates from the kill)")
-        assert_per_key_order(got, expected, allow_dups=True)
+        assert_per_key_order(got, w.expected, allow_dups=True)
         assert third.elected() == 1 and sum(r.elected() for r in relays) == 3
     finally:
-        stop_writing.set()
-        if w.is_alive():
-            w.join()
+        w.stop()
         for r in relays:
             if r.proc.poll() is None:
                 r.proc.send_signal(signal.SIGTERM)
