@@ -65,11 +65,6 @@ cdef class Record:
             self._hi = <uint64_t>(x >> 64)
             self._lo = <uint64_t>(x & 0xFFFFFFFFFFFFFFFF)
 
-    @staticmethod
-    def _make(message, message_uuid):
-        """Hot-path constructor (the pure Record's name for it)."""
-        return make_record(message, 0 if message_uuid is None else message_uuid.int)
-
     # -- Kafka fields -------------------------------------------------------
 
     @property

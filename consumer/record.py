@@ -55,14 +55,6 @@ class PyRecord:
         _set_msg(self, message)
         _set_x(self, 0 if message_uuid is None else message_uuid.int)
 
-    @classmethod
-    def _make(cls, message: Any, message_uuid: _uuid.UUID | None) -> PyRecord:
-        """Hot-path constructor (skips ``__init__``)."""
-        r = _new(cls)
-        _set_msg(r, message)
-        _set_x(r, 0 if message_uuid is None else message_uuid.int)
-        return r
-
     def __setattr__(self, name: str, value: Any) -> None:
         raise AttributeError(f"Record is read-only (cannot set {name!r})")
 

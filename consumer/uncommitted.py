@@ -124,7 +124,11 @@ def make_envelope(journal: str, offset: int, uuid: Any, message: Any) -> Envelop
 
 def message_uuid(msg: Any) -> Any:
     """The parsed UUID of a confluent Message, or None (missing, malformed or nil)."""
-    headers = msg.headers()
+    return uuid_in_headers(msg.headers())
+
+
+def uuid_in_headers(headers: Any) -> Any:
+    """The parsed UUID of the first ``uuid`` header in ``headers``, or None (missing, malformed or nil)."""
     if headers is not None:
         for k, v in headers:
             if k == "uuid":
@@ -374,7 +378,7 @@ class ReadUncommittedIter:
                 return []
 
     def _convert(self, raw: list[Any]) -> list[Envelope]:
-        # The hot path: everything is inlined (parse_header_value, Record._make,
+        # The hot path: everything is inlined (parse_header_value,
         # make_envelope); keep it equivalent to them.
         out: list[Envelope] = []
         append = out.append
@@ -452,7 +456,7 @@ class ReadUncommittedIter:
                 self._on_error(msg)
                 continue
             headers = msg.headers()
-            u = message_uuid(msg)
+            u = uuid_in_headers(headers)
             topic, partition, offset = msg.topic(), msg.partition(), msg.offset()
             journal = journals.get((topic, partition))
             if journal is None:
