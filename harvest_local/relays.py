@@ -88,8 +88,6 @@ class RelayProcess:
         """How many times this relay logged an election (acquisitions of leadership)."""
         return self.text().count("elected leader")
 
-    elected = elections
-
     def fenced(self) -> int:
         """How many times this relay's Postgres election fenced it."""
         return self.text().count(": fenced")

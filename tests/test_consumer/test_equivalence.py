@@ -6,12 +6,12 @@ ACKs, rollbacks, OUTSIDE and unsequenced records; tiny rings forcing replays).""
 from __future__ import annotations
 
 import pytest
+from native_impl import native_module
 from cons_testlib import Gen, Rec, drain, kafka_config, key, per_partition, produce, reference
 
 from consumer import ConfigError, ReadCommittedIter, ReadUncommittedIter
 import sequencer
 from sequencer import Flags, build_uuid, new_producer_id
-from sequencer.native import pure_python_forced
 
 pytestmark = pytest.mark.integration
 
@@ -54,10 +54,8 @@ def reader_impl(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch)
     import consumer.uncommitted
 
     if request.param == "native":
-        if consumer.uncommitted._native_convert is None or sequencer.IMPLEMENTATION != "native":
-            if pure_python_forced():
-                pytest.skip("HARVEST_PURE_PYTHON=1")
-            pytest.fail("the native extensions are not built: run ./dev setup")
+        native_module("sequencer._native"), native_module("consumer._native")
+        assert consumer.uncommitted._native_convert is not None and sequencer.IMPLEMENTATION == "native"
     else:
         monkeypatch.setattr(consumer.uncommitted, "_native_convert", None)
         monkeypatch.setattr(consumer.committed, "Sequencer", sequencer.PySequencer)

@@ -312,10 +312,10 @@ def test_relays_kill9_and_sigstop(pg_dsn: str, kafka_bootstrap: str, pg_schema: 
     w = BackgroundWriter(pg_dsn, table, topic)
     times: dict[str, float] = {}
     try:
-        wait_for(lambda: sum(r.elected() for r in relays.values()) >= 1, 60, "a first leader", poll=0.01)
+        wait_for(lambda: sum(r.elections() for r in relays.values()) >= 1, 60, "a first leader", poll=0.01)
         w.start()
         time.sleep(2)
-        leaders = [r for r in relays.values() if r.elected()]
+        leaders = [r for r in relays.values() if r.elections()]
         assert len(leaders) == 1, [r.text()[-2000:] for r in relays.values()]
         first = leaders[0]
 
@@ -323,10 +323,10 @@ def test_relays_kill9_and_sigstop(pg_dsn: str, kafka_bootstrap: str, pg_schema: 
         first.proc.send_signal(signal.SIGKILL)
         first.proc.wait()
         rest = [r for r in relays.values() if r is not first]
-        times["kill -9"] = wait_for(lambda: any(r.elected() for r in rest), 30, "take-over after kill -9", poll=0.01)
-        second = next(r for r in rest if r.elected())
+        times["kill -9"] = wait_for(lambda: any(r.elections() for r in rest), 30, "take-over after kill -9", poll=0.01)
+        second = next(r for r in rest if r.elections())
         third = next(r for r in rest if r is not second)
-        assert sum(r.elected() for r in rest) == 1
+        assert sum(r.elections() for r in rest) == 1
 
         # 2. SIGSTOP the leader: the lock stays held, nobody publishes
         time.sleep(1)
@@ -334,26 +334,26 @@ def test_relays_kill9_and_sigstop(pg_dsn: str, kafka_bootstrap: str, pg_schema: 
         held_by = _holder(pg_dsn, table)
         before = outbox_count(pg_dsn, table)
         time.sleep(6 * check)
-        assert third.elected() == 0, third.text()[-2000:]
+        assert third.elections() == 0, third.text()[-2000:]
         assert _holder(pg_dsn, table) == held_by
         assert outbox_count(pg_dsn, table) > before  # the writer goes on, nobody publishes
         # ... until the paused holder's session is ended: terminate its backend
         with psycopg.connect(pg_dsn, autocommit=True) as conn:
             conn.execute("SELECT pg_terminate_backend(%s)", (held_by,))
-        times["SIGSTOP + pg_terminate_backend"] = wait_for(lambda: third.elected() == 1, 30, "take-over from paused",
+        times["SIGSTOP + pg_terminate_backend"] = wait_for(lambda: third.elections() == 1, 30, "take-over from paused",
                                                            poll=0.01)
         # the resumed holder fences itself at its first pulse and stays a standby
         second.proc.send_signal(signal.SIGCONT)
         wait_for(lambda: second.fenced() >= 1, 10, "resumed holder fenced", poll=0.01)
         time.sleep(3 * check)
-        assert second.elected() == 1
+        assert second.elections() == 1
 
         # 3. SIGSTOP the new leader, then kill -9 the paused process
         third.proc.send_signal(signal.SIGSTOP)
         time.sleep(4 * check)
-        assert second.elected() == 1
+        assert second.elections() == 1
         third.proc.send_signal(signal.SIGKILL)
-        times["SIGSTOP + kill -9"] = wait_for(lambda: second.elected() == 2, 30, "take-over from killed paused",
+        times["SIGSTOP + kill -9"] = wait_for(lambda: second.elections() == 2, 30, "take-over from killed paused",
                                               poll=0.01)
         third.proc.wait()
 

@@ -34,25 +34,25 @@ def test_one_leader_kill9_and_graceful_handover(pg_dsn: str, kafka_bootstrap: st
     relays = [RelayProcess(cfg, f"relay{i}", tmp_path).start() for i in range(3)]
     w = BackgroundWriter(pg_dsn, table, topic)
     try:
-        wait_for(lambda: sum(r.elected() for r in relays) >= 1, 60)
+        wait_for(lambda: sum(r.elections() for r in relays) >= 1, 60)
         w.start()
         time.sleep(3)  # standbys have joined by now; still exactly one leader
-        leaders = [r for r in relays if r.elected()]
+        leaders = [r for r in relays if r.elections()]
         assert len(leaders) == 1, [r.text()[-2000:] for r in relays]
         first = leaders[0]
 
         first.proc.send_signal(signal.SIGKILL)
         first.proc.wait()
         others = [r for r in relays if r is not first]
-        kill_takeover = wait_for(lambda: any(r.elected() for r in others), 60)
-        second = next(r for r in others if r.elected())
+        kill_takeover = wait_for(lambda: any(r.elections() for r in others), 60)
+        second = next(r for r in others if r.elections())
         print(f"\ntakeover after kill -9: {kill_takeover:.2f}s (session timeout 6s)")
         assert kill_takeover < 20
 
         time.sleep(1)
         second.proc.send_signal(signal.SIGTERM)
         third = next(r for r in others if r is not second)
-        graceful_takeover = wait_for(lambda: third.elected() > 0, 30)
+        graceful_takeover = wait_for(lambda: third.elections() > 0, 30)
         assert second.proc.wait(30) == 0
         print(f"takeover after graceful stop: {graceful_takeover:.2f}s")
         assert graceful_takeover < 6
@@ -65,7 +65,7 @@ def test_one_leader_kill9_and_graceful_handover(pg_dsn: str, kafka_bootstrap: st
         got = consume_all(kafka_bootstrap, topic, lambda g: len(g) >= total, 30)
         print(f"{total} records stashed, {len(got)} delivered ({len(got) - total} duplicates from the kill)")
         assert_per_key_order(got, w.expected, allow_dups=True)
-        assert third.elected() == 1 and sum(r.elected() for r in relays) == 3
+        assert third.elections() == 1 and sum(r.elections() for r in relays) == 3
     finally:
         w.stop()
         for r in relays:

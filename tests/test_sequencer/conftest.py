@@ -7,22 +7,12 @@ A missing native build fails the native runs (it would otherwise go untested), u
 
 from __future__ import annotations
 
-import importlib
-
 import pytest
+from native_impl import native_module
 
 import sequencer
-from sequencer.native import pure_python_forced
 
 import seq_testlib
-
-
-def _native_class() -> type:
-    try:
-        return importlib.import_module("sequencer._native").Sequencer  # type: ignore[no-any-return]
-    except ImportError as exc:
-        pytest.fail(f"the native Sequencer is not built ({exc}); run ./dev setup (or pip install -e .) "
-                    "or set HARVEST_PURE_PYTHON=1 to test only the pure-Python one")
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
@@ -33,9 +23,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 
 @pytest.fixture(scope="module", autouse=True)
 def sequencer_impl(request: pytest.FixtureRequest) -> str:
-    if request.param == "native" and pure_python_forced():
-        pytest.skip("HARVEST_PURE_PYTHON=1: the native Sequencer is not under test")
-    cls = _native_class() if request.param == "native" else sequencer.PySequencer
+    cls = native_module("sequencer._native").Sequencer if request.param == "native" else sequencer.PySequencer
     mp = pytest.MonkeyPatch()
     for mod in (request.module, seq_testlib):
         if hasattr(mod, "Sequencer"):

@@ -54,6 +54,15 @@ def drain(seq: Sequencer, outcome: QueueOutcome, log: list) -> list[int]:
     return out
 
 
+def queue_until_commit(ref: Sequencer, log: list, pos: int, stop: int) -> tuple[int, QueueOutcome | None]:
+    """The reference, message by message, up to ``stop`` or the first commit: queue_batch's answer."""
+    for i in range(pos, stop):
+        outcome = ref.queue_uncommitted(log[i])
+        if outcome.commits:
+            return i + 1, outcome
+    return stop, None
+
+
 def apply_event(ev: str | None, got: Sequencer, ref: Sequencer) -> None:
     """Apply a between-batches event to both Sequencers; their state must stay identical."""
     if ev == "cp" or ev == "prune":
@@ -82,13 +91,7 @@ def test_queue_batch_equals_queue_uncommitted(actions, ring_size, cuts, events) 
     while pos < len(entries):
         stop = min(len(entries), pos + cuts[cut % len(cuts)])
         cut += 1
-        # The reference, message by message, up to the batch boundary or the first commit.
-        want_stop, want_outcome = stop, None
-        for i in range(pos, stop):
-            outcome = ref.queue_uncommitted(log[i])
-            if outcome.commits:
-                want_stop, want_outcome = i + 1, outcome
-                break
+        want_stop, want_outcome = queue_until_commit(ref, log, pos, stop)
         got_stop, got_outcome = bat.queue_batch(entries[:stop], pos)
         assert (got_stop, got_outcome) == (want_stop, want_outcome)
         assert snapshot(bat) == snapshot(ref)

@@ -12,12 +12,11 @@ limits, which fail with the reference's error types.
 
 from __future__ import annotations
 
-import importlib
-
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_seq_batch import apply_event, cuts_st, drain, events_st, snapshot
+from native_impl import native_module
+from test_seq_batch import apply_event, cuts_st, drain, events_st, queue_until_commit, snapshot
 from test_seq_properties import actions_st, build_log
 
 import sequencer
@@ -31,10 +30,7 @@ pytestmark = pytest.mark.skipif(pure_python_forced(), reason="HARVEST_PURE_PYTHO
 
 
 def native():  # type: ignore[no-untyped-def]
-    try:
-        return importlib.import_module("sequencer._native")
-    except ImportError as exc:  # pragma: no cover - the build is part of ./dev setup
-        pytest.fail(f"sequencer._native is not built ({exc}); run ./dev setup")
+    return native_module("sequencer._native")
 
 
 def test_the_package_exports_the_native_sequencer(sequencer_impl: str) -> None:
@@ -62,12 +58,7 @@ def test_native_equals_reference(actions, ring_size, cuts, events, columnar, man
     while pos < len(log):
         stop = min(len(log), pos + cuts[cut % len(cuts)])
         cut += 1
-        want_stop, want_outcome = stop, None
-        for i in range(pos, stop):
-            outcome = ref.queue_uncommitted(log[i])
-            if outcome.commits:
-                want_stop, want_outcome = i + 1, outcome
-                break
+        want_stop, want_outcome = queue_until_commit(ref, log, pos, stop)
         if columnar:
             sub = nat_mod.EntryBatch()
             for i in range(stop):
