@@ -102,6 +102,16 @@ _LIMIT_FIELDS: tuple[tuple[str, str, str], ...] = (
 )
 
 
+# Limits that adapt to the backlog when the config leaves them out (``None``); a value a user sets
+# is a cap. Measured on the relay benchmark (bench/bench_relay.py): beyond these the database's
+# mark+purge loop, not the relay, bounds the drain.
+_AUTO_FIELDS = frozenset({"mark_query_records", "max_in_flight_records", "txn_max_records"})
+MARK_FLOOR = 100  # goharvest's markQueryRecords: the first mark of an idle relay asks for this many
+AUTO_MARK_RECORDS = 5000
+AUTO_MAX_IN_FLIGHT = 10000
+AUTO_TXN_RECORDS = 5000
+
+
 @dataclass(frozen=True)
 class Limits:
     """Timing and sizing limits, in seconds / counts. Names follow goharvest's ``Limits``.
@@ -120,17 +130,22 @@ class Limits:
     drain_interval: float | None = None
     queue_timeout: float = 30.0
     mark_backoff: float = 0.01
-    max_in_flight_records: int = 1000
+    #: ``None`` (not in the config): adaptive, up to :data:`AUTO_MAX_IN_FLIGHT`; a number caps it.
+    max_in_flight_records: int | None = None
     send_concurrency: int = 8
     send_buffer: int = 10
-    mark_query_records: int = 100
+    #: ``None`` (not in the config): adaptive, from :data:`MARK_FLOOR` up to :data:`AUTO_MARK_RECORDS`
+    #: (doubling while marks come back full, halving while they come back mostly empty); a number
+    #: caps the adaptation (goharvest's meaning: no mark claims more rows than this).
+    mark_query_records: int | None = None
     min_metrics_interval: float = 5.0
     max_delivery_attempts: int = 5
     purge_batch_records: int = 500
     purge_interval: float = 0.02
     idle_poll_interval: float = 1.0
     #: --uuid-sequencing: a harvest transaction closes at this many records ...
-    txn_max_records: int = 2000
+    #: ``None``: :data:`AUTO_TXN_RECORDS` (``txnMaxDuration`` usually closes transactions first).
+    txn_max_records: int | None = None
     #: ... or this long after its first record (or as soon as the backlog is drained).
     txn_max_duration: float = 0.05
     #: ProducerIDs per leader view: at most this many harvest transactions in flight (1 = stop-and-wait).
@@ -149,6 +164,8 @@ class Limits:
 
         for key, attr, kind in _LIMIT_FIELDS:
             value = getattr(self, attr)
+            if value is None and attr in _AUTO_FIELDS:
+                continue
             if kind == "i" and (isinstance(value, bool) or not isinstance(value, int)):
                 raise ConfigError(f"limits.{key}: {value!r} is not an integer; write a whole number, e.g. 100")
             if kind == "d" and (isinstance(value, bool) or not isinstance(value, (int, float))):
@@ -163,8 +180,22 @@ class Limits:
         need("txn_max_duration", self.txn_max_duration >= 0.0001, ">= 100us")
         for attr in ("max_in_flight_records", "send_concurrency", "mark_query_records", "max_delivery_attempts",
                      "purge_batch_records", "txn_max_records", "producer_ring"):
-            need(attr, getattr(self, attr) >= 1, ">= 1")
+            value = getattr(self, attr)
+            need(attr, (value is None and attr in _AUTO_FIELDS) or value >= 1, ">= 1")
         need("send_buffer", self.send_buffer >= 0, ">= 0")
+
+    @property
+    def mark_ceiling(self) -> int:
+        """The most rows one mark claims: ``markQueryRecords``, or the adaptive ceiling when unset."""
+        return AUTO_MARK_RECORDS if self.mark_query_records is None else self.mark_query_records
+
+    @property
+    def in_flight_limit(self) -> int:
+        return AUTO_MAX_IN_FLIGHT if self.max_in_flight_records is None else self.max_in_flight_records
+
+    @property
+    def txn_ceiling(self) -> int:
+        return AUTO_TXN_RECORDS if self.txn_max_records is None else self.txn_max_records
 
     @classmethod
     def from_mapping(cls, data: Mapping[str, Any] | None, path: str = "limits") -> Limits:

@@ -83,6 +83,7 @@ class OutboxDatabase:
             SELECT * FROM moved
             ON CONFLICT (id) DO UPDATE SET error = EXCLUDED.error, attempts = EXCLUDED.attempts,
                                            dead_time = now()""").format(o=o, d=d)
+        self._fence_sql = sql.SQL("SELECT epoch FROM {} FOR UPDATE").format(names.state)
         self._commit_delete_sql = sql.SQL(
             "DELETE FROM {} WHERE id = ANY(%s::bigint[]) AND leader_id = %s").format(o)
         self._commit_dlq_sql = sql.SQL("""
@@ -192,26 +193,29 @@ class OutboxDatabase:
         n = self.names
         try:
             conn = self.conn
-            with conn.transaction():
-                row = conn.execute(sql.SQL("SELECT epoch FROM {} FOR UPDATE").format(n.state)).fetchone()
-                if row is None or int(row[0]) != epoch:
-                    raise FenceError(f"commit refused by the fence of {n.display!r}: epoch is "
-                                     f"{None if row is None else row[0]}, this view's is {epoch}")
-                if ids:
-                    got = conn.execute(self._commit_delete_sql, (self._id_array(ids), leader_id),
-                                       binary=True).rowcount
-                    if got != len(ids):
-                        raise FenceError(f"commit refused on {n.display!r}: {len(ids) - got} of {len(ids)} row(s) "
-                                         f"are no longer owned by leader view {leader_id}")
-                if dead:
-                    got = conn.execute(self._commit_dlq_sql, ([i for i, _, _ in dead], [e for _, e, _ in dead],
-                                                              [a for _, _, a in dead], leader_id)).rowcount
-                    if got != len(dead):
-                        raise FenceError(f"dead-lettering refused on {n.display!r}: {len(dead) - got} row(s) are "
-                                         f"no longer owned by leader view {leader_id}")
+            # Two round trips, not five: BEGIN and every statement go out together (pipeline mode);
+            # the results are checked before COMMIT, and a refusal rolls everything back. The fence
+            # row is locked first, so the deletes below run under it either way.
+            with conn.pipeline() as pipeline, conn.transaction():
+                fence = conn.execute(self._fence_sql)
+                deleted = conn.execute(self._commit_delete_sql, (self._id_array(ids), leader_id),
+                                       binary=True) if ids else None
+                moved = conn.execute(self._commit_dlq_sql, ([i for i, _, _ in dead], [e for _, e, _ in dead],
+                                                            [a for _, _, a in dead], leader_id)) if dead else None
                 if journals:
                     conn.execute(self._intent_sql, (epoch, producer, ack_clock, [t for t, _ in journals],
                                                     [p for _, p in journals]))
+                pipeline.sync()
+                row = fence.fetchone()
+                if row is None or int(row[0]) != epoch:
+                    raise FenceError(f"commit refused by the fence of {n.display!r}: epoch is "
+                                     f"{None if row is None else row[0]}, this view's is {epoch}")
+                if deleted is not None and deleted.rowcount != len(ids):
+                    raise FenceError(f"commit refused on {n.display!r}: {len(ids) - deleted.rowcount} of {len(ids)} "
+                                     f"row(s) are no longer owned by leader view {leader_id}")
+                if moved is not None and moved.rowcount != len(dead):
+                    raise FenceError(f"dead-lettering refused on {n.display!r}: {len(dead) - moved.rowcount} row(s) "
+                                     f"are no longer owned by leader view {leader_id}")
         except FenceError:
             raise
         except psycopg.Error as exc:

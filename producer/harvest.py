@@ -48,13 +48,14 @@ from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Message
 
-from producer.config import HarvestConfig
+from producer.config import MARK_FLOOR, HarvestConfig
 from producer.db import Listener, MarkedRow, OutboxDatabase
 from producer.election import LeaderElection, NeliElection
 from producer.errors import DatabaseError, HarvestError
 from producer.events import (Event, EventHandler, LeaderAcquired, LeaderFenced, LeaderRefreshed, LeaderRevoked,
                              MeterRead)
 from producer.kafka import KafkaProducer, ProducerFactory, confluent_producer, is_permanent
+from producer.marksize import MarkSize
 from producer.metrics import Metrics, MeterStats, start_prometheus
 from producer.redact import redact_kafka_config
 from producer.schema import OutboxNames
@@ -126,7 +127,8 @@ class Harvest:
         self._stop_requested = threading.Event()
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
-        self._db: OutboxDatabase | None = None
+        self._db: OutboxDatabase | None = None  # writes: purges, resets, dead letters, commits, views
+        self._mark_db: OutboxDatabase | None = None  # marks and metrics queries, on a connection of their own
         self._listener: Listener | None = None
         self._producer: KafkaProducer | None = None
         self._prometheus: Any = None
@@ -145,8 +147,13 @@ class Harvest:
         self._draining = False
         self._next_flush = 0.0
         self._exec: ThreadPoolExecutor | None = None
+        self._mark_exec: ThreadPoolExecutor | None = None
         self._mark_future: Future[list[MarkedRow]] | None = None
         self._mark_view: uuid.UUID | None = None
+        ceiling = self.limits.mark_ceiling
+        self.mark_size = MarkSize(min(MARK_FLOOR, ceiling), ceiling)
+        self._mark_asked = 0
+        self._stats_future: Future[tuple[int, float | None, int]] | None = None
         self._db_futures: list[Future[None]] = []
         self._next_mark = 0.0
         self._idle = False
@@ -187,7 +194,12 @@ class Harvest:
         try:
             self._db = OutboxDatabase(self.config.data_source, self.names)
             _ = self._db.conn  # fail fast: connection + schema check
+            # Two connections, two worker threads: the next mark runs while purges / commits of
+            # earlier rows run, so the database works on both at once (each worker keeps its own
+            # statements in submission order).
             self._exec = ThreadPoolExecutor(1, thread_name_prefix=f"harvest-db-{self.config.name}")
+            self._mark_db = OutboxDatabase(self.config.data_source, self.names)
+            self._mark_exec = ThreadPoolExecutor(1, thread_name_prefix=f"harvest-mark-{self.config.name}")
             self._listener = Listener(self.config.data_source, self.names)
             if self.config.prometheus_port is not None:
                 self._prometheus = start_prometheus(self.metrics, self.config.name, self.config.prometheus_port)
@@ -271,6 +283,8 @@ class Harvest:
                 if now >= self._next_metrics:
                     self._next_metrics = now + self.limits.min_metrics_interval
                     self._read_meter()
+                elif self._stats_future is not None and self._stats_future.done():
+                    self._meter_stats_arrived()
         except BaseException as exc:  # fatal: remember it for wait(), then shut down
             log.exception("relay %s failed", self.config.name)
             self._error = exc
@@ -293,9 +307,10 @@ class Harvest:
         if self._producer is not None:
             self._producer.flush(5.0)
             self._producer = None
-        if self._exec is not None:
-            self._exec.shutdown(wait=True)
-        for closeable in (self._listener, self._db):
+        for executor in (self._exec, self._mark_exec):
+            if executor is not None:
+                executor.shutdown(wait=True)
+        for closeable in (self._listener, self._db, self._mark_db):
             if closeable is not None:
                 closeable.close()
         if self._prometheus is not None:
@@ -307,14 +322,27 @@ class Harvest:
         return len(self._in_flight), len(self._ready) + self._waiting_count
 
     def _read_meter(self) -> None:
+        """Take a meter reading. The leader's backlog figures come from a query on the mark
+        connection; the reading is emitted when it returns, so the relay thread never waits on it."""
+        if self._stats_future is None and self._leader_id is not None and self._mark_db is not None:
+            assert self._mark_exec is not None
+            self._stats_future = self._mark_exec.submit(self._mark_db.stats)
+            return
+        self._emit_meter()
+
+    def _meter_stats_arrived(self) -> None:
+        future, self._stats_future = self._stats_future, None
+        assert future is not None
+        try:
+            m = self.metrics
+            m.backlog_rows, m.oldest_unsent_age, m.dead_letter_rows = future.result()
+        except DatabaseError as exc:
+            log.warning("metrics query failed: %s", exc)
+        self._emit_meter()
+
+    def _emit_meter(self) -> None:
         m = self.metrics
         m.in_flight, m.queued = self._gauges()
-        if self._leader_id is not None and self._db is not None:
-            try:
-                assert self._exec is not None
-                m.backlog_rows, m.oldest_unsent_age, m.dead_letter_rows = self._exec.submit(self._db.stats).result()
-            except DatabaseError as exc:
-                log.warning("metrics query failed: %s", exc)
         stats = m.snapshot()
         log.debug("%s", stats)
         self._emit(MeterRead(stats))
@@ -337,12 +365,14 @@ class Harvest:
             self._dispatch()
         producer.poll(0)
         now = time.monotonic()
-        if (self._purge_buf or self._dlq_buf or self._reset_buf) and (
+        if self._db_futures:
+            self._check_db()
+        # Write-behind with at most one write job at a time: while the database deletes one batch
+        # the next one grows, so the batch size follows the database's speed (group commit).
+        if (self._purge_buf or self._dlq_buf or self._reset_buf) and not self._db_futures and (
                 now >= self._next_flush or len(self._purge_buf) >= self.limits.purge_batch_records):
             self._flush_db()
             self._next_flush = now + self.limits.purge_interval
-        if self._db_futures:
-            self._check_db()
         if self._remark or self._leader_id is None:
             return
         mark = self._mark_future
@@ -350,6 +380,7 @@ class Harvest:
             if mark.done():
                 self._mark_future = None
                 rows = mark.result()  # DatabaseError -> main loop: back off, remark
+                self.mark_size.observe(self._mark_asked, len(rows))
                 if self._mark_view != self._leader_id:
                     return  # marked for an abandoned view; the current view re-marks them
                 if rows:
@@ -360,7 +391,7 @@ class Harvest:
                     return
                 self._idle = True
                 self._next_mark = now + self.limits.mark_backoff
-        elif len(self._ready) + self._waiting_count < self.limits.mark_query_records and now >= self._next_mark:
+        elif len(self._ready) + self._waiting_count < self.mark_size.value and now >= self._next_mark:
             self._submit_mark()
             if not (self._in_flight or self._ready):
                 # nothing else to do: wait for the mark result right here
@@ -380,14 +411,15 @@ class Harvest:
                 self._next_mark = 0.0
 
     def _submit_mark(self) -> None:
-        assert self._exec is not None and self._db is not None and self._leader_id is not None
+        assert self._mark_exec is not None and self._mark_db is not None and self._leader_id is not None
         self._mark_view = self._leader_id
-        self._mark_future = self._exec.submit(self._db.mark, self._leader_id, self.limits.mark_query_records)
+        self._mark_asked = self.mark_size.value
+        self._mark_future = self._mark_exec.submit(self._mark_db.mark, self._leader_id, self._mark_asked)
 
     def _dispatch(self) -> None:
         """Send ready records in id order while in-flight room remains; park busy keys' records."""
         ready, in_flight, waiting = self._ready, self._in_flight, self._waiting
-        limit = self.limits.max_in_flight_records
+        limit = self.limits.in_flight_limit
         send = self._send
         while ready and len(in_flight) < limit and not self._remark:
             row = ready.popleft()

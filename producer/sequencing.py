@@ -224,7 +224,7 @@ class SequencedHarvest(Harvest):
         # so under a steady error rate e, big transactions almost never commit (a transaction of n
         # records commits with probability (1-e)^n). Halve on such an abandonment, grow by half on
         # each commit, between 1 and limits.txnMaxRecords: the relay keeps making progress.
-        self.txn_limit = self.limits.txn_max_records
+        self.txn_limit = self.limits.txn_ceiling
         # Consecutive synchronous produce failures of the row at the head of the ready queue.
         self._sync_failures = 0
 
@@ -268,19 +268,20 @@ class SequencedHarvest(Harvest):
         if mark is not None and mark.done():
             self._mark_future = None
             rows = mark.result()  # DatabaseError -> main loop: back off, abandon the view
+            self.mark_size.observe(self._mark_asked, len(rows))
             if self._mark_view == view.leader_id:
                 self._ready.extend(rows)
-                self._last_mark_short = len(rows) < self.limits.mark_query_records
+                self._last_mark_short = len(rows) < self._mark_asked
                 self._idle = not rows
                 if not rows:
                     self._next_mark = now + self.limits.mark_backoff
-        elif mark is None and len(self._ready) < self.limits.mark_query_records and now >= self._next_mark:
+        elif mark is None and len(self._ready) < self.mark_size.value and now >= self._next_mark:
             self._submit_mark()
         if self._ready:
             self._fill(now)
         in_flight = self._in_flight_count()
         if self._txns or self._acking or self._ready or self._mark_future is not None:
-            if not self._ready or in_flight >= self.limits.max_in_flight_records:
+            if not self._ready or in_flight >= self.limits.in_flight_limit:
                 producer.poll(0.001)
             if self._idle and self._mark_future is None and self._listener is not None and self._listener.pending():
                 self._next_mark = 0.0
@@ -324,8 +325,8 @@ class SequencedHarvest(Harvest):
                 return
             txns.popleft()
             self.metrics.delivered += len(t.ids)
-            if self.txn_limit < self.limits.txn_max_records:
-                self.txn_limit = min(self.limits.txn_max_records, self.txn_limit + max(1, self.txn_limit // 2))
+            if self.txn_limit < self.limits.txn_ceiling:
+                self.txn_limit = min(self.limits.txn_ceiling, self.txn_limit + max(1, self.txn_limit // 2))
             if self._hook:
                 self._hook.hit("after_commit_before_ack")
             self._enqueue_acks(t)
@@ -386,7 +387,7 @@ class SequencedHarvest(Harvest):
         producer = self._producer
         view = self._view
         assert producer is not None and view is not None
-        limit = self.limits.max_in_flight_records
+        limit = self.limits.in_flight_limit
         max_records = self.txn_limit
         in_flight = self._in_flight_count()
         clock = view.clock

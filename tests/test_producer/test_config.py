@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 
 from producer.cli import main
-from producer.config import HarvestConfig, Limits, from_mapping, load_yaml, parse_duration
+from producer.config import (AUTO_MARK_RECORDS, AUTO_MAX_IN_FLIGHT, AUTO_TXN_RECORDS, HarvestConfig, Limits, from_mapping,
+                             load_yaml, parse_duration)
 from producer.errors import ConfigError
 from producer.redact import redact_dsn
 from producer.schema import parse_table_name
@@ -45,7 +46,9 @@ def test_goharvest_example_yaml_loads(tmp_path: Path) -> None:
     assert h.limits.min_poll_interval == 1.0 and h.limits.heartbeat_timeout == 5.0
     assert h.limits.max_poll_interval == 2.5  # goharvest: heartbeatTimeout / 2
     assert h.limits.drain_interval == 2.5  # min(maxPollInterval, queueTimeout)
-    assert h.limits.mark_query_records == 100 and h.limits.queue_timeout == 30.0  # goharvest defaults
+    assert h.limits.queue_timeout == 30.0  # goharvest default
+    # markQueryRecords left out: adaptive (starts at goharvest's 100, grows with the backlog)
+    assert h.limits.mark_query_records is None and h.limits.mark_ceiling == AUTO_MARK_RECORDS
     prod = h.producer_config()
     assert prod["enable.idempotence"] is True and prod["acks"] == "all"
     assert prod["partitioner"] == "murmur2_random" and prod["compression.type"] == "lz4"
@@ -55,9 +58,14 @@ def test_defaults_match_goharvest() -> None:
     lim = Limits()
     assert (lim.io_error_backoff, lim.poll_duration, lim.min_poll_interval, lim.heartbeat_timeout) == (0.5, 0.001,
                                                                                                       0.1, 5.0)
-    assert (lim.queue_timeout, lim.mark_backoff, lim.max_in_flight_records, lim.send_concurrency) == (30.0, 0.01,
-                                                                                                      1000, 8)
-    assert (lim.send_buffer, lim.mark_query_records, lim.min_metrics_interval) == (10, 100, 5.0)
+    assert (lim.queue_timeout, lim.mark_backoff, lim.send_concurrency) == (30.0, 0.01, 8)
+    assert (lim.send_buffer, lim.min_metrics_interval) == (10, 5.0)
+    # goharvest's fixed sizes become adaptive when left out; a value that is set is the cap
+    assert (lim.mark_query_records, lim.max_in_flight_records, lim.txn_max_records) == (None, None, None)
+    assert (lim.mark_ceiling, lim.in_flight_limit, lim.txn_ceiling) == (AUTO_MARK_RECORDS, AUTO_MAX_IN_FLIGHT,
+                                                                         AUTO_TXN_RECORDS)
+    set_ = Limits(mark_query_records=100, max_in_flight_records=1000, txn_max_records=50)
+    assert (set_.mark_ceiling, set_.in_flight_limit, set_.txn_ceiling) == (100, 1000, 50)
     cfg = HarvestConfig()
     assert cfg.outbox_table == "outbox" and cfg.base_kafka_config["bootstrap.servers"] == "localhost:9092"
 

@@ -1,0 +1,40 @@
+"""How many rows the relay's next mark claims: sized by the backlog, not fixed.
+
+goharvest marks a fixed ``markQueryRecords`` (100) rows per query, so a relay draining a backlog
+pays one database round trip (and one prefetch wait) per 100 rows, and the drain runs at a fraction
+of what the database can mark and purge. :class:`MarkSize` starts small and follows the backlog:
+
+- a mark that comes back full means more rows are waiting: the next one asks for twice as many;
+- a mark that comes back less than a quarter full means the backlog is gone: halve;
+- anything in between keeps the size.
+
+Invariants (tests/test_producer/test_marksize.py):
+- ``floor <= value <= ceiling`` always; ``ceiling`` is the user's ``markQueryRecords`` when set, so a
+  value a user configures is never exceeded;
+- a run of full marks reaches the ceiling in ``log2(ceiling / floor)`` steps; a run of empty marks
+  returns to the floor in as many.
+"""
+
+from __future__ import annotations
+
+
+class MarkSize:
+    __slots__ = ("ceiling", "floor", "value")
+
+    def __init__(self, floor: int, ceiling: int) -> None:
+        if not 1 <= floor <= ceiling:
+            raise ValueError(f"mark size bounds must satisfy 1 <= floor <= ceiling, got {floor}, {ceiling}")
+        self.floor = floor
+        self.ceiling = ceiling
+        self.value = floor
+
+    def observe(self, asked: int, got: int) -> int:
+        """A mark that asked for ``asked`` rows returned ``got``: adapt, and return the new size."""
+        if got >= asked:
+            self.value = min(self.ceiling, max(self.value, asked) * 2)
+        elif got * 4 < asked:
+            self.value = max(self.floor, self.value // 2)
+        return self.value
+
+    def __repr__(self) -> str:
+        return f"MarkSize({self.value} in [{self.floor}, {self.ceiling}])"
