@@ -31,7 +31,7 @@ BEGIN, END = "<!-- BENCH:BEGIN -->", "<!-- BENCH:END -->"
 # name -> (script, full args, quick args)
 BENCHES: dict[str, tuple[str, list[str], list[str]]] = {
     "sequencer": ("bench_sequencer.py", [], ["--repeat", "3", "--txns", "10"]),
-    "relay": ("bench_relay.py", [], ["--rows", "20000"]),
+    "relay": ("bench_relay.py", [], ["--rows", "20000", "--big-rows", "0", "--runs", "1", "--latency-seconds", "3"]),
     "consumer": ("bench_consumer.py", [], ["--records", "100000", "--runs", "1"]),
     "spark": ("bench_spark.py", [], ["--records", "100000", "--repeat", "1"]),
     "stasher": ("bench_stasher.py", [], ["--rows", "2000", "--repeat", "1"]),
@@ -56,6 +56,39 @@ def _fmt(v: Any, unit: str = "") -> str:
     return str(v)
 
 
+def _relay_rows(r: dict[str, Any]) -> list[tuple[str, str, str, str]]:
+    out: list[tuple[str, str, str, str]] = []
+    for size, b in (r.get("backlogs") or {}).items():
+        rows = f"{int(size) // 1000}k" if int(size) < 1_000_000 else f"{int(size) / 1e6:g}M"
+        out.append((f"Database limit: mark+purge loop, {rows} backlog (rows/s)",
+                    _fmt(_get(b, "db_limit_rows_per_s", "median")), "one connection, 5,000 rows per statement", ""))
+        for mode, label in (("at_least_once", "at-least-once"), ("sequenced", "--uuid-sequencing")):
+            for setting in ("defaults", "tuned"):
+                d = b.get(f"{mode}/{setting}") or {}
+                extra = ""
+                if mode == "sequenced":
+                    extra = f"; {_fmt(b.get(f'sequenced_to_at_least_once/{setting}'))} of at-least-once"
+                out.append((
+                    f"Relay drain, {label}, {'default limits' if setting == 'defaults' else 'tuned'}, {rows} (rows/s)",
+                    _fmt(d.get("rows_per_s")),
+                    f"{_fmt(d.get('ratio_to_db_limit'))} of the database limit{extra}; "
+                    f"{_fmt(d.get('cpu_s_per_100k_rows'))} CPU s per 100k rows; {_fmt(d.get('peak_rss_mb'))} MB RSS",
+                    ("≥ 0.75 of the database limit" + (", ≥ 0.9 of at-least-once" if mode == "sequenced" else ""))
+                    if setting == "defaults" else ""))
+    go = r.get("goharvest") or {}
+    if "defaults" in go:
+        out.append(("goharvest (Go), default / tuned limits, same backlog (rows/s)",
+                    f"{_fmt(_get(go, 'defaults', 'rows_per_s'))} / {_fmt(_get(go, 'tuned', 'rows_per_s'))}",
+                    f"harvest at-least-once is {_fmt(go.get('harvest_at_least_once_to_goharvest/defaults'))}x / "
+                    f"{_fmt(go.get('harvest_at_least_once_to_goharvest/tuned'))}x goharvest", ""))
+    elif go:
+        out.append(("goharvest (Go)", "n/a", str(go.get("skipped", "")), ""))
+    for mode, lat in (r.get("idle_to_delivery_latency") or {}).items():
+        out.append((f"Relay idle-to-delivery latency at 500 rows/s, {mode.replace('_', '-')}, p50 / p99 (ms)",
+                    f"{_fmt(lat.get('p50_ms'))} / {_fmt(lat.get('p99_ms'))}", "default limits", "≤ 5 / ≤ 20"))
+    return out
+
+
 # name -> rows of (what, median, baseline / ratio, target)
 ROWS: dict[str, Callable[[dict[str, Any]], list[tuple[str, str, str, str]]]] = {
     "sequencer": lambda r: [(
@@ -69,18 +102,7 @@ ROWS: dict[str, Callable[[dict[str, Any]], list[tuple[str, str, str, str]]]] = {
         f"{_fmt(_get(r, 'memory', 'bytes_per_producer'))}"
         + (f" (pure Python: {_fmt(_get(r, 'pure_python_memory', 'bytes_per_producer'))})"
            if "pure_python_memory" in r else ""), "", "")],
-    "relay": lambda r: [(
-        "Relay drain, at-least-once, 100k rows, 8 partitions (rows/s)",
-        _fmt(_get(r, "drain_rows_per_s", "median")),
-        f"ratio to raw confluent produce {_fmt(r.get('relay_to_baseline_ratio'))}",
-        "≥ 30,000 rows/s")] + ([(
-        "Relay drain, --uuid-sequencing (rows/s)",
-        _fmt(_get(r, "sequenced_drain_rows_per_s", "median")),
-        f"ratio to at-least-once {_fmt(r.get('sequenced_to_at_least_once_ratio'))}",
-        "≥ 30,000 rows/s, ratio ≥ 0.85")] if "sequenced_drain_rows_per_s" in r else []) + [(
-        "Relay idle-to-delivery latency at 500 rows/s, p50 / p99 (ms)",
-        f"{_fmt(_get(r, 'idle_to_delivery_latency', 'p50_ms'))} / {_fmt(_get(r, 'idle_to_delivery_latency', 'p99_ms'))}",
-        "", "")],
+    "relay": lambda r: _relay_rows(r),
     "consumer": lambda r: [(
         f"ReadCommittedIter.poll_batch, {_fmt(r.get('records_committed'))} records, txns of {r.get('txn_size')} (msg/s)",
         _fmt(r.get("committed_median_per_s")),

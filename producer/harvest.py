@@ -43,7 +43,7 @@ import threading
 import time
 import uuid
 from collections import deque
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Message
@@ -327,6 +327,10 @@ class Harvest:
         if self._stats_future is None and self._leader_id is not None and self._mark_db is not None:
             assert self._mark_exec is not None
             self._stats_future = self._mark_exec.submit(self._mark_db.stats)
+            if any(self._gauges()):
+                return  # busy: emitted by the main loop when the query returns
+            if wait([self._stats_future], timeout=self.limits.queue_timeout).done:  # idle: nothing waits on us
+                self._meter_stats_arrived()
             return
         self._emit_meter()
 
