@@ -56,6 +56,7 @@ from producer.events import (Event, EventHandler, LeaderAcquired, LeaderFenced, 
                              MeterRead)
 from producer.kafka import KafkaProducer, ProducerFactory, confluent_producer, is_permanent
 from producer.marksize import MarkSize
+from producer.preflight import TopicGuard, header_bytes, too_large
 from producer.metrics import Metrics, MeterStats, start_prometheus
 from producer.redact import redact_kafka_config
 from producer.schema import OutboxNames
@@ -115,12 +116,16 @@ class Harvest:
         return super().__new__(cls)
 
     def __init__(self, config: HarvestConfig, event_handler: EventHandler | None = None, *,
-                 producer_factory: ProducerFactory | None = None, election: LeaderElection | None = None) -> None:
+                 producer_factory: ProducerFactory | None = None, election: LeaderElection | None = None,
+                 topic_guard: TopicGuard | None = None) -> None:
         self.config = config
         self.limits = config.limits
         self._event_handler = event_handler
         self._producer_factory = producer_factory or confluent_producer
         self._election: LeaderElection = election or _make_election(config)
+        # Rows no broker will take are dead-lettered before they are produced (producer/preflight.py).
+        self._guard = topic_guard or TopicGuard(config.base_kafka_config, config.producer_config(),
+                                                extra_overhead=self._own_header_bytes())
         self.names = OutboxNames.parse(config.outbox_table)
         self.metrics = Metrics()
         self._state = State.CREATED
@@ -158,6 +163,10 @@ class Harvest:
         self._next_mark = 0.0
         self._idle = False
         self._next_metrics = 0.0
+
+    def _own_header_bytes(self) -> int:
+        """Bytes of headers the relay adds to every record (none in at-least-once mode)."""
+        return 0
 
     # ------------------------------------------------------------------ public API
     @property
@@ -310,6 +319,7 @@ class Harvest:
         for executor in (self._exec, self._mark_exec):
             if executor is not None:
                 executor.shutdown(wait=True)
+        self._guard.close()
         for closeable in (self._listener, self._db, self._mark_db):
             if closeable is not None:
                 closeable.close()
@@ -365,6 +375,7 @@ class Harvest:
         if self._remark:
             self._refresh()
             return
+        self._guard.expire(time.monotonic())
         if self._ready:
             self._dispatch()
         producer.poll(0)
@@ -395,7 +406,7 @@ class Harvest:
                     return
                 self._idle = True
                 self._next_mark = now + self.limits.mark_backoff
-        elif len(self._ready) + self._waiting_count < self.mark_size.value and now >= self._next_mark:
+        elif len(self._ready) + self._waiting_count < 2 * self.mark_size.value and now >= self._next_mark:
             self._submit_mark()
             if not (self._in_flight or self._ready):
                 # nothing else to do: wait for the mark result right here
@@ -442,11 +453,22 @@ class Harvest:
         """Produce one record whose key is free. True if it is now in flight (or the relay must
         remark); False if it was dead-lettered on the spot (the key is still free)."""
         _id, topic, key, value, hkeys, hvals = row
-        if hvals is None or hkeys is None or len(hkeys) != len(hvals) or topic is None or key is None:
+        if hvals is None or hkeys is None or len(hkeys) != len(hvals) or topic is None or key is None or (
+                        hkeys and None in hkeys):
             reason = _bad_row_reason(row)
             if reason is not None:
                 self._dead_letter(row, f"bad row: {reason}", 0)
                 return False
+        verdict = self._guard.verdicts.get(topic)  # type: ignore[arg-type]
+        if verdict is None:
+            verdict = self._guard.verdict(topic)  # type: ignore[arg-type]
+        if verdict.__class__ is str:
+            self._dead_letter(row, f"cannot be sent: {verdict}", 0)
+            return False
+        size = len(key) + (len(value) if value is not None else 0)  # type: ignore[arg-type]
+        if size > verdict or (hkeys and size + header_bytes(hkeys, hvals) > verdict):  # type: ignore[operator,arg-type]
+            self._dead_letter(row, f"cannot be sent: {too_large(verdict, key, value, hkeys, hvals)}", 0)  # type: ignore[arg-type]
+            return False
         producer = self._producer
         assert producer is not None
         self._in_flight[key] = row  # type: ignore[index]

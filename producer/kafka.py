@@ -8,8 +8,10 @@ the real broker still receives (some of) those records, which is exactly the dup
 situation at-least-once delivery must survive.
 
 Error classification (:func:`is_permanent`): errors that retrying can never fix (record too large,
-invalid or unknown topic, authorisation) send the record to the dead-letter table at once;
-everything else counts as a failed attempt.
+invalid topic, authorisation) send the record to the dead-letter table at once; everything else
+counts as a failed attempt. An unknown topic is not permanent here: :mod:`producer.preflight` has
+already refused rows of topics the broker says do not exist, so librdkafka's "unknown topic" for a
+row that got past it is stale metadata of a topic just created (it counts as an attempt).
 """
 
 from __future__ import annotations
@@ -28,8 +30,6 @@ PERMANENT_CODES = frozenset(
     code for code in (
         getattr(KafkaError, "MSG_SIZE_TOO_LARGE", None),
         getattr(KafkaError, "_MSG_SIZE_TOO_LARGE", None),
-        getattr(KafkaError, "UNKNOWN_TOPIC_OR_PART", None),
-        getattr(KafkaError, "_UNKNOWN_TOPIC", None),
         getattr(KafkaError, "TOPIC_EXCEPTION", None),
         getattr(KafkaError, "TOPIC_AUTHORIZATION_FAILED", None),
         getattr(KafkaError, "INVALID_RECORD", None),

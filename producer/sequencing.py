@@ -71,6 +71,7 @@ from producer.errors import DatabaseError, FenceError, ProducerError
 from producer.events import LeaderRefreshed, ViewStarted
 from producer.harvest import Harvest, _bad_row_reason
 from producer.kafka import is_permanent
+from producer.preflight import header_bytes, too_large
 from sequencer import TICK, Clock, Flags, new_producer_id
 
 log = logging.getLogger(__name__)
@@ -228,6 +229,9 @@ class SequencedHarvest(Harvest):
         # Consecutive synchronous produce failures of the row at the head of the ready queue.
         self._sync_failures = 0
 
+    def _own_header_bytes(self) -> int:
+        return len("uuid") + 16 + 10  # the UUID header every record carries
+
     # ------------------------------------------------------------------ election listener
     def on_acquired(self) -> None:
         super().on_acquired()
@@ -260,6 +264,7 @@ class SequencedHarvest(Harvest):
         view = self._view
         producer.poll(0)
         now = time.monotonic()
+        self._guard.expire(now)
         self._advance(now)
         if self._remark or self._leader_id is None:
             return
@@ -275,7 +280,7 @@ class SequencedHarvest(Harvest):
                 self._idle = not rows
                 if not rows:
                     self._next_mark = now + self.limits.mark_backoff
-        elif mark is None and len(self._ready) < self.mark_size.value and now >= self._next_mark:
+        elif mark is None and len(self._ready) < 2 * self.mark_size.value and now >= self._next_mark:
             self._submit_mark()
         if self._ready:
             self._fill(now)
@@ -392,6 +397,7 @@ class SequencedHarvest(Harvest):
         in_flight = self._in_flight_count()
         clock = view.clock
         poison = self._poison
+        verdicts = self._guard.verdicts
         while ready and in_flight < limit and not self._remark:
             t = self._open(now)
             if t is None:
@@ -407,12 +413,26 @@ class SequencedHarvest(Harvest):
                     reason, attempts = poison.pop(rid)
                     self._dead_letter_in(t, row, reason, attempts)
                     continue
-                if hvals is None or hkeys is None or len(hkeys) != len(hvals) or topic is None or key is None:
+                if hvals is None or hkeys is None or len(hkeys) != len(hvals) or topic is None or key is None or (
+                        hkeys and None in hkeys):
                     reason = _bad_row_reason(row)
                     if reason is not None:
                         ready.popleft()
                         self._dead_letter_in(t, row, f"bad row: {reason}", 0)
                         continue
+                verdict = verdicts.get(topic)  # type: ignore[arg-type]
+                if verdict is None:
+                    verdict = self._guard.verdict(topic)  # type: ignore[arg-type]
+                if verdict.__class__ is str:
+                    ready.popleft()
+                    self._dead_letter_in(t, row, f"cannot be sent: {verdict}", 0)
+                    continue
+                size = len(key) + (len(value) if value is not None else 0)  # type: ignore[arg-type]
+                if size > verdict or (hkeys and size + header_bytes(hkeys, hvals) > verdict):  # type: ignore[operator,arg-type]
+                    ready.popleft()
+                    self._dead_letter_in(t, row, f"cannot be sent: {too_large(verdict, key, value, hkeys, hvals)}",  # type: ignore[arg-type]
+                                         0)
+                    continue
                 c = clock.value + TICK
                 headers = [("uuid", uuid_bytes(prod, c, _CONTINUE))]
                 if hkeys:

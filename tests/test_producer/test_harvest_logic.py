@@ -7,10 +7,12 @@ import uuid
 from typing import Any
 
 from confluent_kafka import KafkaError
+from fake_admin import FakeAdmin
 
 from producer.config import HarvestConfig, Limits
 from producer.election import StaticElection
 from producer.harvest import Harvest
+from producer.preflight import TopicGuard
 
 
 class FakeMsg:
@@ -49,7 +51,9 @@ def _relay(**limits: Any) -> tuple[Harvest, FakeProducer]:
         box["p"] = FakeProducer(cb)
         return box["p"]
 
-    h = Harvest(HarvestConfig(limits=Limits(**limits)), producer_factory=factory, election=StaticElection())
+    cfg = HarvestConfig(limits=Limits(**limits))
+    guard = TopicGuard({}, cfg.producer_config(), admin_factory=lambda conf: FakeAdmin())
+    h = Harvest(cfg, producer_factory=factory, election=StaticElection(), topic_guard=guard)
     h._leader_id = uuid.uuid4()
     h._ensure_producer()
     return h, box["p"]
@@ -101,8 +105,32 @@ def test_attempts_exhausted_or_permanent_error_dead_letters_and_key_moves_on() -
     p.on_delivery(KafkaError(KafkaError._MSG_TIMED_OUT, "timeout"), FakeMsg(b"a"))
     assert not h._remark and [d[0] for d in h._dlq_buf] == [1] and h._dlq_buf[0][2] == 2
     assert p.sent[-1][1] == b"v2"  # the key moved on
+    p.on_delivery(KafkaError(KafkaError.TOPIC_AUTHORIZATION_FAILED, "denied"), FakeMsg(b"a"))
+    assert [d[0] for d in h._dlq_buf] == [1, 2] and "TOPIC_AUTHORIZATION_FAILED" in h._dlq_buf[1][1]
+
+
+def test_unknown_topic_from_the_producer_is_an_attempt() -> None:
+    # The preflight already refused topics the broker says are missing: librdkafka's "unknown
+    # topic" after it is stale metadata of a topic just created, so it counts as one attempt.
+    h, p = _relay(max_delivery_attempts=3)
+    h._ready.extend([row(1, "a")])
+    h._dispatch()
     p.on_delivery(KafkaError(KafkaError.UNKNOWN_TOPIC_OR_PART, "no topic"), FakeMsg(b"a"))
-    assert [d[0] for d in h._dlq_buf] == [1, 2] and "UNKNOWN_TOPIC_OR_PART" in h._dlq_buf[1][1]
+    assert h._dlq_buf == [] and h._remark and h._reset_buf == [1]
+
+
+def test_rows_no_broker_takes_are_dead_lettered_before_producing() -> None:
+    h, p = _relay()
+    h._guard._admin_factory = lambda conf: FakeAdmin({"t": 1_048_588, "small": 500})  # type: ignore[attr-defined]
+    h._ready.extend([row(1, "a", topic="missing"), row(2, "a"), row(3, "b", topic="__consumer_offsets"),
+                     (4, "small", b"c", b"x" * 600, [], []), (5, "small", b"c", b"x" * 10, [], []),
+                     row(6, "d", topic="bad name")])
+    h._dispatch()
+    assert [(s[0], s[1]) for s in p.sent] == [("t", b"v2"), ("small", b"x" * 10)]
+    errors = {i: e for i, e, _ in h._dlq_buf}
+    assert set(errors) == {1, 3, 4, 6}
+    assert "'missing' does not exist" in errors[1] and "internal topics" in errors[3]
+    assert "record of 601 bytes" in errors[4] and "not a legal Kafka topic name" in errors[6]
 
 
 def test_broker_side_size_error_is_an_attempt_not_an_instant_dead_letter() -> None:
@@ -116,11 +144,13 @@ def test_broker_side_size_error_is_an_attempt_not_an_instant_dead_letter() -> No
 
 def test_bad_rows_dead_lettered_without_blocking() -> None:
     h, p = _relay()
-    h._ready.extend([row(1, "a", hk=["x", "y"], hv=["1"]), row(2, "a"), row(3, "b", topic=None)])
+    h._ready.extend([row(1, "a", hk=["x", "y"], hv=["1"]), row(2, "a"), row(3, "b", topic=None),
+                     row(4, "c", hk=["x", None], hv=["1", "2"])])
     h._dispatch()
     assert [s[1] for s in p.sent] == [b"v2"]
     errors = {i: e for i, e, _ in h._dlq_buf}
     assert "header arrays differ in length" in errors[1] and "kafka_topic is NULL" in errors[3]
+    assert "kafka_header_keys contains NULL" in errors[4]  # never published as a header named "None"
 
 
 def test_headers_passed_as_pairs() -> None:

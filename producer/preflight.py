@@ -1,0 +1,158 @@
+"""Before a row is produced: will any broker take it? Rows no broker will take are refused here.
+
+Some rows can never be delivered: a topic that does not exist (auto-creation is off on most
+production clusters), an internal topic (``__consumer_offsets``), an illegal topic name, a record
+larger than its topic's ``max.message.bytes``. Produced anyway, they cost far more than a dead
+letter: librdkafka holds a record for a missing topic up to ``topic.metadata.propagation.max.ms``
+(30 s) while every row behind it waits, a broker-side size rejection fails the whole batch its
+innocent neighbours travel in, and with ``--uuid-sequencing`` (idempotence with
+``enable.gapless.guarantee``) a permanent rejection is a *fatal* producer error.
+
+:class:`TopicGuard` asks the broker once per topic (Admin API: describe the topic and its
+``max.message.bytes``) and caches the answer as a *verdict*: either the payload budget in bytes (the
+most key + value + header bytes a record of that topic may carry) or the reason the topic takes no
+records. The relay checks each row against the cached verdict (a dict lookup and a length sum).
+
+Invariants (tests/test_producer/test_preflight.py, tests/test_producer/test_poison.py):
+- a verdict that refuses a topic names the topic, what is wrong and the fix;
+- a lookup that fails (broker down, timeout, no permission to describe) never refuses a row: the
+  row is produced and the producer's own errors apply — the guard only ever removes certain losers;
+- a refused (missing) topic is asked about again after ``missing_ttl`` seconds, a good one after
+  ``ttl``: creating a topic and requeueing its dead letters works within seconds;
+- with compression configured the size check is skipped (the compressed size is unknown up front).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from confluent_kafka import KafkaError, KafkaException
+
+log = logging.getLogger(__name__)
+
+_LEGAL_TOPIC = re.compile(r"^[a-zA-Z0-9._\-]{1,249}$")
+# Kafka's own topics: refused by name too (they may not exist yet, e.g. before the first group).
+INTERNAL_TOPICS = frozenset({"__consumer_offsets", "__transaction_state", "__share_group_state",
+                             "__cluster_metadata", "__remote_log_metadata"})
+# A record batch holding one record, uncompressed: 61 bytes of batch header plus at most 36 of
+# record framing (length, attributes, timestamp and offset deltas, key/value lengths, header count).
+RECORD_OVERHEAD = 97
+HEADER_OVERHEAD = 10  # two length varints per header
+DEFAULT_PRODUCER_MAX_BYTES = 1_000_000  # librdkafka's message.max.bytes
+
+
+def header_bytes(hkeys: list[str], hvals: list[Any]) -> int:
+    """Bytes the headers add to a record (key and value lengths plus their framing)."""
+    return sum(len(k.encode()) + (len(v) if v is not None else 0) + HEADER_OVERHEAD for k, v in zip(hkeys, hvals))
+
+
+def _admin(config: dict[str, Any]) -> Any:
+    from confluent_kafka.admin import AdminClient
+
+    return AdminClient(config)
+
+
+class TopicGuard:
+    """Cached per-topic verdicts (see module doc). Not thread-safe: the relay thread owns it."""
+
+    def __init__(self, admin_config: Mapping[str, Any], producer_config: Mapping[str, Any], *,
+                 extra_overhead: int = 0, ttl: float = 60.0, missing_ttl: float = 2.0, timeout: float = 5.0,
+                 admin_factory: Callable[[dict[str, Any]], Any] = _admin) -> None:
+        self._admin_config = {k: v for k, v in admin_config.items()}
+        self._admin_factory = admin_factory
+        self._admin: Any = None
+        self._producer_max = int(producer_config.get("message.max.bytes", DEFAULT_PRODUCER_MAX_BYTES))
+        compression = str(producer_config.get("compression.type", producer_config.get("compression.codec", "none")))
+        self._check_size = compression.lower() in ("none", "")
+        # the relay's own header (the UUID with --uuid-sequencing) travels in every record
+        self._overhead = RECORD_OVERHEAD + extra_overhead
+        self.ttl, self.missing_ttl, self.timeout = ttl, missing_ttl, timeout
+        self.verdicts: dict[str, int | str] = {}  # the relay reads this directly (hot path)
+        self._expires: dict[str, float] = {}
+        self._next_expiry = float("inf")
+
+    def verdict(self, topic: str) -> int | str:
+        """The cached verdict for ``topic``, asking the broker on a miss."""
+        got = self.verdicts.get(topic)
+        if got is not None:
+            return got
+        got, ttl = self._lookup(topic)
+        self.verdicts[topic] = got
+        expires = time.monotonic() + ttl
+        self._expires[topic] = expires
+        self._next_expiry = min(self._next_expiry, expires)
+        return got
+
+    def expire(self, now: float) -> None:
+        """Forget verdicts past their time-to-live (cheap when none is due)."""
+        if now < self._next_expiry:
+            return
+        for topic in [t for t, at in self._expires.items() if at <= now]:
+            del self._expires[topic]
+            self.verdicts.pop(topic, None)
+        self._next_expiry = min(self._expires.values(), default=float("inf"))
+
+    def close(self) -> None:
+        self._admin = None
+
+    # ------------------------------------------------------------------ the broker's answers
+    def _budget(self, max_bytes: int) -> int:
+        return max(0, max_bytes - self._overhead) if self._check_size else 1 << 62
+
+    @staticmethod
+    def _internal(topic: str) -> str:
+        return f"topic {topic!r} is one of Kafka's internal topics, which take no application records; fix " \
+               f"kafka_topic and requeue"
+
+    def _lookup(self, topic: str) -> tuple[int | str, float]:
+        if not isinstance(topic, str) or not _LEGAL_TOPIC.match(topic) or topic in (".", ".."):
+            return (f"kafka_topic {topic!r} is not a legal Kafka topic name (1-249 of a-z A-Z 0-9 . _ -); "
+                    f"fix kafka_topic and requeue", self.ttl)
+        if topic in INTERNAL_TOPICS:
+            return self._internal(topic), self.ttl
+        try:
+            from confluent_kafka import TopicCollection
+            from confluent_kafka.admin import ConfigResource, ResourceType
+
+            if self._admin is None:
+                self._admin = self._admin_factory(self._admin_config)
+            try:
+                desc = self._admin.describe_topics(TopicCollection([topic]),
+                                                   request_timeout=self.timeout)[topic].result(self.timeout)
+            except KafkaException as exc:
+                err: KafkaError = exc.args[0]
+                if err.code() in (KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_TOPIC):
+                    return (f"topic {topic!r} does not exist (and the broker does not create topics on first "
+                            f"use); create it, then `harvest dead-letters requeue`", self.missing_ttl)
+                if err.code() == KafkaError.TOPIC_AUTHORIZATION_FAILED:
+                    return (f"not authorised to describe or write topic {topic!r}; grant the relay's principal "
+                            f"WRITE and DESCRIBE on it, then requeue", self.missing_ttl)
+                raise
+            if desc.is_internal:
+                return self._internal(topic), self.ttl
+            if not self._check_size:
+                return self._budget(self._producer_max), self.ttl
+            resource = ConfigResource(ResourceType.TOPIC, topic)
+            entries = self._admin.describe_configs([resource], request_timeout=self.timeout)[resource].result(
+                self.timeout)
+            entry = entries.get("max.message.bytes")
+            topic_max = int(entry.value) if entry is not None and entry.value is not None else self._producer_max
+            return self._budget(min(topic_max, self._producer_max)), self.ttl
+        except Exception as exc:  # no answer is not a "no": produce, and let the producer's errors decide
+            log.warning("could not look up topic %r before producing (%s); producing without the check",
+                        topic, exc)
+            return self._budget(self._producer_max), self.missing_ttl
+
+
+def too_large(budget: int, key: bytes, value: bytes | None, hkeys: list[str], hvals: list[Any]) -> str | None:
+    """The reason a record does not fit ``budget`` (a verdict's payload budget), or None."""
+    size = len(key) + (len(value) if value is not None else 0) + (header_bytes(hkeys, hvals) if hkeys else 0)
+    if size <= budget:
+        return None
+    return (f"record of {size} bytes (key + value + headers) exceeds what its topic accepts ({budget} bytes "
+            f"after framing: the smaller of the topic's max.message.bytes and the producer's message.max.bytes); "
+            f"shrink the value or raise max.message.bytes, then requeue")
