@@ -38,7 +38,7 @@ class EmbeddedPostgres:
         self._user = pgdirs.server_user()
         self._instance: pgdirs.Instance | None = None
         if root is None:
-            pgdirs.sweep(self._stop_leftover)
+            pgdirs.sweep(stop_leftover)
             self._instance = pgdirs.claim(f"{pgdirs.PREFIX}{self.port}-{os.getpid()}", self._user)
             root = self._instance.path
         self.root = root
@@ -130,18 +130,11 @@ class EmbeddedPostgres:
             raise ServiceError("postgres", f"pg_ctl {args[0]} (as user {self.os_user!r}, data folder {self.data}) "
                                            f"failed: {proc.stderr.strip()[-500:]}", tail(self.log_file))
 
-    def _run(self, cmd: list[str], cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    def _run(self, cmd: list[str]) -> subprocess.CompletedProcess[str]:
         kwargs: dict[str, object] = {}
         if self._user:
             kwargs.update(user=self._user.uid, group=self._user.gid, extra_groups=[])
-        return subprocess.run(cmd, capture_output=True, text=True, cwd=str(cwd or self.root), **kwargs)  # type: ignore[call-overload]
-
-    def _stop_leftover(self, folder: Path) -> None:
-        """Stop the server a killed run left running in ``folder`` (for :func:`pgdirs.sweep`)."""
-        proc = self._run([str(self._bindir / "pg_ctl"), "-D", str(folder / "data"), "stop", "-w", "-t", "30",
-                          "-m", "immediate"], cwd=folder)
-        if proc.returncode == 0:
-            log.info("stopped the Postgres server a killed run left running in %s", folder)
+        return subprocess.run(cmd, capture_output=True, text=True, cwd=str(self.root), **kwargs)  # type: ignore[call-overload]
 
     def _unreachable_fix(self) -> str:
         if self._instance is None:
@@ -166,6 +159,20 @@ class EmbeddedPostgres:
                 last = exc
                 time.sleep(0.2)
         raise ServiceError("postgres", f"not ready after {timeout:.0f}s ({last})", tail(self.log_file))
+
+
+def stop_leftover(folder: Path) -> None:
+    """Stop the server a killed run may have left running in the instance folder ``folder`` (the
+    ``stop_server`` of :func:`pgdirs.sweep`): an immediate shutdown, as the user it runs as."""
+    kwargs: dict[str, object] = {}
+    user = pgdirs.server_user()
+    if user:
+        kwargs.update(user=user.uid, group=user.gid, extra_groups=[])
+    cmd = [str(prereqs.postgres_bindir() / "pg_ctl"), "-D", str(folder / "data"), "stop", "-w", "-t", "30",
+           "-m", "immediate"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=str(folder), **kwargs)  # type: ignore[call-overload]
+    if proc.returncode == 0:
+        log.info("stopped the Postgres server a killed run left running in %s", folder)
 
 
 def _current_user() -> str:
