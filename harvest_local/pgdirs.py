@@ -95,7 +95,7 @@ def server_user() -> ServerUser | None:
 
 def run_dir() -> Path:
     """Where, under root, the server user's instance folders live (``$HARVEST_PG_RUN_DIR``)."""
-    return Path(os.environ.get("HARVEST_PG_RUN_DIR") or DEFAULT_RUN_DIR)
+    return Path(os.environ.get("HARVEST_PG_RUN_DIR") or DEFAULT_RUN_DIR).absolute()
 
 
 def checkout_key(work: Path) -> str:
@@ -138,17 +138,18 @@ def claim(name: str, user: ServerUser | None) -> Instance:
     """Create and lock the instance folder ``name`` (see the module docstring for where)."""
     work = work_dir()
     for _ in range(_CLAIM_ATTEMPTS):
-        parent = work if user is None else _checkout_dir(work)
-        lock_path = parent / (name + _LOCK_SUFFIX)
         try:
+            parent = work if user is None else _checkout_dir(work)
+            lock_path = parent / (name + _LOCK_SUFFIX)
             fd = _try_lock(lock_path, create=True)
         except FileNotFoundError:  # a sweeper removed the (then empty) per-checkout folder: again
             continue
         if fd is not None:
             break
     else:
-        raise ServiceError("postgres", f"could not lock {parent / (name + _LOCK_SUFFIX)} after "
-                                       f"{_CLAIM_ATTEMPTS} attempts (another process holds it)")
+        raise ServiceError("postgres", f"could not claim the folder {name!r} for the server in "
+                                       f"{_CLAIM_ATTEMPTS} attempts (its lock is held by another process, or "
+                                       "its parent keeps disappearing). Fix: retry")
     try:
         os.ftruncate(fd, 0)
         os.write(fd, f"pid {os.getpid()}\nwork dir {work.resolve()}\n".encode())
