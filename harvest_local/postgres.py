@@ -86,6 +86,11 @@ class EmbeddedPostgres:
             shutil.rmtree(self.root, ignore_errors=True)
 
     @property
+    def link(self) -> Path | None:
+        """Under root, the work dir's symlink to :attr:`root` (which lives outside the checkout)."""
+        return self._instance.link if self._instance else None
+
+    @property
     def os_user(self) -> str:
         """The OS user the server runs as."""
         return self._user.name if self._user else _current_user()

@@ -34,7 +34,7 @@ def main() -> int:
     with LocalServices() as services:
         pg = services.postgres
         assert pg is not None and services.kafka is not None, "the embedded services must be ours"
-        link = pg._instance.link if pg._instance else None
+        link = pg.link
         result.update(pg_root=str(pg.root), pg_user=pg.os_user, pg_root_uid=pg.root.stat().st_uid,
                       pg_link=str(link) if link else None,
                       pg_link_target=os.readlink(link) if link else None,

@@ -102,7 +102,7 @@ def test_a_killed_runs_server_and_folder_are_swept_and_live_ones_kept(pg_dsn: st
               "from harvest_local.postgres import EmbeddedPostgres\n"
               "pg = EmbeddedPostgres().start()\n"
               "pid = (pg.data / 'postmaster.pid').read_text().split()[0]\n"
-              "link = pg._instance.link if pg._instance else None\n"
+              "link = pg.link\n"
               "print(pg.root, pid, link, flush=True)\n"
               "time.sleep(300)\n")
     child = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
