@@ -244,7 +244,7 @@ def _make_root_only(path: Path) -> None:
         except FileExistsError:
             pass
     if not _is_root_only(path):
-        st = os.lstat(path)
+        st = os.lstat(path)  # FileNotFoundError when a sweep raced us: claim() tries again
         raise ServiceError(
             "postgres",
             f"{path} holds the embedded server's folders, so it must be a folder owned and writable by "
@@ -254,7 +254,10 @@ def _make_root_only(path: Path) -> None:
 
 
 def _is_root_only(path: Path) -> bool:
-    st = os.lstat(path)
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:  # swept by a concurrent run between our listing and now
+        return False
     return stat.S_ISDIR(st.st_mode) and st.st_uid == 0 and not st.st_mode & 0o022
 
 
