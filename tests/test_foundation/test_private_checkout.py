@@ -181,3 +181,26 @@ def test_run_dir_others_can_write_is_refused(private_dir: Path, monkeypatch: pyt
     with pytest.raises(ServiceError, match=r"must be a folder owned and writable by root only, but it is a "
                                            r"folder owned by root, mode 0777\. Fix: remove it"):
         EmbeddedPostgres()
+
+
+def test_concurrent_claims_releases_and_sweeps_of_one_checkout(tmp_path: Path) -> None:
+    """Runs of one checkout starting and ending while others sweep: no claim fails, and no live
+    folder is swept (releases remove the per-checkout folder when empty, under others' claims)."""
+    script = ("import os, sys\n"
+              "from harvest_local import pgdirs\n"
+              "from harvest_local.postgres import stop_leftover\n"
+              "user = pgdirs.server_user()\n"
+              "for i in range(40):\n"
+              "    inst = pgdirs.claim(f'postgres-{i}-{os.getpid()}', user)\n"
+              "    pgdirs.sweep(stop_leftover)\n"
+              "    assert inst.path.is_dir(), f'live folder {inst.path} was swept'\n"
+              "    inst.release()\n"
+              "print('ok', flush=True)\n")
+    env = {**os.environ, "HARVEST_WORK_DIR": str(tmp_path / ".work")}
+    workers = [subprocess.Popen([sys.executable, "-c", script], env=env, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True) for _ in range(3)]
+    outcomes = [w.communicate(timeout=120) for w in workers]
+    assert all(w.returncode == 0 and out.strip() == "ok" for w, (out, _) in zip(workers, outcomes)), outcomes
+    assert not list((tmp_path / ".work").glob("postgres-*"))
+    if IS_ROOT:
+        assert not (pgdirs.run_dir() / pgdirs.checkout_key(tmp_path / ".work")).exists()
