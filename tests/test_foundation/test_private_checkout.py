@@ -24,10 +24,10 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from harvest_local import pgdirs
+from harvest_local import maven, pgdirs
 from harvest_local.errors import ServiceError
 from harvest_local.postgres import EmbeddedPostgres, stop_leftover
-from harvest_local.workdir import project_root, work_dir
+from harvest_local.workdir import project_root
 
 pytestmark = pytest.mark.integration
 
@@ -68,7 +68,7 @@ def test_clone_in_private_folder_runs_services_and_a_round_trip(private_dir: Pat
     clone = _clone_head(private_dir / "x")
     # Reuse what is installed: this interpreter's packages and the Kafka jars already resolved
     # (same pom, so the clone's resolver accepts them), instead of pip and Maven again.
-    shutil.copytree(work_dir() / "maven" / "kafka", clone / ".work" / "maven" / "kafka")
+    shutil.copytree(maven.resolve("kafka")[0].parent, clone / ".work" / "maven" / "kafka")
     env = {k: v for k, v in os.environ.items() if k not in _FOREIGN}
     # The clone has no compiled extensions (they are build output): its pure-Python readers run.
     env.update(PYTHONPATH=str(clone), HARVEST_PURE_PYTHON="1")
