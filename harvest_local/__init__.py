@@ -8,7 +8,9 @@ its Kafka source from Maven Central (``maven/spark/pom.xml``).
 Invariants:
 - every service listens on 127.0.0.1 only, on a port found free at start;
 - every file a service writes lives under the work folder (``.work/`` in a checkout, or
-  ``$HARVEST_WORK_DIR``), and its log goes to a file there, never to our stdout;
+  ``$HARVEST_WORK_DIR``), and its log goes to a file there, never to our stdout; except, under
+  root, Postgres's folder: its unprivileged server user may not reach the checkout, so the folder
+  lives in a root-only run dir (:mod:`harvest_local.pgdirs`), linked from the work folder;
 - a service that fails to become ready within its timeout is stopped and raises
   :class:`ServiceError` with the tail of its log.
 """

@@ -1,7 +1,9 @@
 """A throw-away PostgreSQL server: ``initdb`` + ``pg_ctl`` on a free loopback port.
 
 initdb refuses to run as root, so under root the server runs as an unprivileged system user
-(``HARVEST_PG_USER``, default ``harvestpg``, created when missing). Password authentication is
+(``HARVEST_PG_USER``, default ``harvestpg``, created when missing), and its folder (data, socket,
+log) lives where that user can reach it, outside the checkout: :mod:`harvest_local.pgdirs` says
+where, and sweeps the folders (and servers) of runs that were killed. Password authentication is
 on (scram-sha-256 over TCP) so DSNs carry a real secret, as in production.
 """
 
@@ -15,9 +17,9 @@ import subprocess
 import time
 from pathlib import Path
 
-from harvest_local import prereqs
+from harvest_local import pgdirs, prereqs
 from harvest_local.errors import ServiceError
-from harvest_local.workdir import free_port, tail, work_dir
+from harvest_local.workdir import free_port, tail
 
 log = logging.getLogger(__name__)
 
@@ -27,14 +29,21 @@ DEFAULT_DATABASE = "harvest"
 
 class EmbeddedPostgres:
     def __init__(self, root: Path | None = None, port: int | None = None, password: str | None = None) -> None:
+        """``root``: the server's folder; by default one claimed (and locked) by :func:`pgdirs.claim`
+        after sweeping those of dead runs. A given ``root`` is used as is and never swept."""
         self.port = port or free_port()
-        self.root = root or work_dir() / f"postgres-{self.port}-{os.getpid()}"
-        self.data = self.root / "data"
-        self.log_file = self.root / "postgres.log"
         self.password = password or os.urandom(12).hex()
         self.database = DEFAULT_DATABASE
         self._bindir = prereqs.postgres_bindir()
-        self._os_user = _server_user()
+        self._user = pgdirs.server_user()
+        self._instance: pgdirs.Instance | None = None
+        if root is None:
+            pgdirs.sweep(stop_leftover)
+            self._instance = pgdirs.claim(f"{pgdirs.PREFIX}{self.port}-{os.getpid()}", self._user)
+            root = self._instance.path
+        self.root = root
+        self.data = self.root / "data"
+        self.log_file = self.root / "postgres.log"
 
     @property
     def dsn(self) -> str:
@@ -71,26 +80,41 @@ class EmbeddedPostgres:
 
     def destroy(self) -> None:
         self.stop("immediate")
-        shutil.rmtree(self.root, ignore_errors=True)
+        if self._instance is not None:
+            self._instance.release()
+        else:
+            shutil.rmtree(self.root, ignore_errors=True)
+
+    @property
+    def link(self) -> Path | None:
+        """Under root, the work dir's symlink to :attr:`root` (which lives outside the checkout)."""
+        return self._instance.link if self._instance else None
+
+    @property
+    def os_user(self) -> str:
+        """The OS user the server runs as."""
+        return self._user.name if self._user else _current_user()
 
     # -- internals -----------------------------------------------------------------------------
 
     def _initdb(self) -> None:
         self.root.mkdir(parents=True, exist_ok=True)
+        if self._user:
+            os.chown(self.root, self._user.uid, self._user.gid)
+            pgdirs.check_reachable(self.root, self._user, self._unreachable_fix())
         pwfile = self.root / ".pw"
         pwfile.write_text(self.password + "\n")
         os.chmod(pwfile, 0o600)
-        if self._os_user:
-            uid, gid = self._os_user
-            for path in (self.root, pwfile):
-                os.chown(path, uid, gid)
+        if self._user:
+            os.chown(pwfile, self._user.uid, self._user.gid)
         proc = self._run(
             [str(self._bindir / "initdb"), "-D", str(self.data), "-U", SUPERUSER, f"--pwfile={pwfile}",
              "--auth-local=trust", "--auth-host=scram-sha-256", "-E", "UTF8", "--no-locale", "--no-sync"],
         )
         pwfile.unlink()
         if proc.returncode != 0:
-            raise ServiceError("postgres", f"initdb failed: {proc.stderr.strip()[-800:]}")
+            raise ServiceError("postgres", f"initdb (as user {self.os_user!r}, data folder {self.data}) failed: "
+                                           f"{proc.stderr.strip()[-800:]}")
         with open(self.data / "postgresql.conf", "a") as conf:
             conf.write(
                 "\n# harvest_local: loopback only, socket in the data dir, sized for tests\n"
@@ -108,14 +132,20 @@ class EmbeddedPostgres:
     def _pg_ctl(self, *args: str, check: bool = True) -> None:
         proc = self._run([str(self._bindir / "pg_ctl"), "-D", str(self.data), *args])
         if check and proc.returncode != 0:
-            raise ServiceError("postgres", f"pg_ctl {args[0]} failed: {proc.stderr.strip()[-500:]}",
-                               tail(self.log_file))
+            raise ServiceError("postgres", f"pg_ctl {args[0]} (as user {self.os_user!r}, data folder {self.data}) "
+                                           f"failed: {proc.stderr.strip()[-500:]}", tail(self.log_file))
 
     def _run(self, cmd: list[str]) -> subprocess.CompletedProcess[str]:
         kwargs: dict[str, object] = {}
-        if self._os_user:
-            kwargs.update(user=self._os_user[0], group=self._os_user[1], extra_groups=[])
+        if self._user:
+            kwargs.update(user=self._user.uid, group=self._user.gid, extra_groups=[])
         return subprocess.run(cmd, capture_output=True, text=True, cwd=str(self.root), **kwargs)  # type: ignore[call-overload]
+
+    def _unreachable_fix(self) -> str:
+        if self._instance is None:
+            return f"pass a root folder that {self.os_user!r} can write, or run as a non-root user"
+        return (f"set HARVEST_PG_RUN_DIR to a folder {self.os_user!r} can reach (default {pgdirs.DEFAULT_RUN_DIR}), "
+                "or run as a non-root user, or point the project at an existing server with HARVEST_PG_DSN")
 
     def _wait_ready(self, timeout: float) -> None:
         import psycopg
@@ -136,20 +166,22 @@ class EmbeddedPostgres:
         raise ServiceError("postgres", f"not ready after {timeout:.0f}s ({last})", tail(self.log_file))
 
 
-def _server_user() -> tuple[int, int] | None:
-    """(uid, gid) to run the server as when we are root; None when we are not."""
-    if os.geteuid() != 0:
-        return None
-    name = os.environ.get("HARVEST_PG_USER", "harvestpg")
+def stop_leftover(folder: Path) -> None:
+    """Stop the server a killed run may have left running in the instance folder ``folder`` (the
+    ``stop_server`` of :func:`pgdirs.sweep`): an immediate shutdown, as the user it runs as."""
+    kwargs: dict[str, object] = {}
+    user = pgdirs.server_user()
+    if user:
+        kwargs.update(user=user.uid, group=user.gid, extra_groups=[])
+    cmd = [str(prereqs.postgres_bindir() / "pg_ctl"), "-D", str(folder / "data"), "stop", "-w", "-t", "30",
+           "-m", "immediate"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=str(folder), **kwargs)  # type: ignore[call-overload]
+    if proc.returncode == 0:
+        log.info("stopped the Postgres server a killed run left running in %s", folder)
+
+
+def _current_user() -> str:
     try:
-        entry = pwd.getpwnam(name)
+        return pwd.getpwuid(os.geteuid()).pw_name
     except KeyError:
-        proc = subprocess.run(
-            ["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", name],
-            capture_output=True, text=True,
-        )
-        if proc.returncode != 0:
-            raise ServiceError("postgres", f"cannot create the unprivileged user {name!r} for the server "
-                                           f"(initdb refuses root): {proc.stderr.strip()}") from None
-        entry = pwd.getpwnam(name)
-    return entry.pw_uid, entry.pw_gid
+        return str(os.geteuid())
