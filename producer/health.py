@@ -146,9 +146,10 @@ class Health:
 
     def ready(self) -> Verdict:
         body = self._base()
-        problem = self._loop_problem(body)
-        if problem is None and body["state"] != "running":
-            problem = body["state"]  # "stopping": draining, a standby must take over
+        if body["state"] != "running":  # not started, or stopping: draining, a standby must take over
+            problem: str | None = "not started" if body["state"] == "created" else body["state"]
+        else:
+            problem = self._loop_problem(body)
         db_error = self._probe.check() if problem is None else None
         body["database"] = "ok" if problem is None and db_error is None else (db_error or "not checked")
         problem = problem or db_error
