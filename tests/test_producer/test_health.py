@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import json
 import re
+import signal
+import subprocess
+import sys
 import threading
 import time
 import urllib.error
@@ -19,6 +22,7 @@ from psycopg import sql
 from psycopg.conninfo import make_conninfo
 from relaylib import relay_config
 
+from harvest_local.relays import write_config
 from producer.events import MeterRead
 from producer.harvest import Harvest
 from producer.schema import init_db
@@ -166,3 +170,39 @@ def test_readyz_fails_while_the_database_refuses_the_relay(pg_dsn: str, kafka_bo
         with psycopg.connect(pg_dsn, autocommit=True) as admin:
             admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = %s", (role,))
             admin.execute(sql.SQL("DROP ROLE IF EXISTS {}").format(sql.Identifier(role)))
+
+
+def test_cli_relay_process_serves_health_on_the_flagged_address(pg_dsn: str, kafka_bootstrap: str, pg_schema: str,
+                                                                unique_name: Callable[[str], str],
+                                                                tmp_path: Path) -> None:
+    """The ``harvest`` CLI as a real process: ``--prometheus-port 0 --prometheus-bind-address 127.0.0.1``."""
+    table = f"{pg_schema}.outbox"
+    init_db(pg_dsn, table)
+    cfg = write_config(tmp_path / "relay.yaml", dsn=pg_dsn, bootstrap=kafka_bootstrap, outbox_table=table,
+                       group=unique_name("g"), leader_election="postgres", leader_lock_check_interval="200ms")
+    log = tmp_path / "relay.log"
+    with log.open("w") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "producer", "-f", str(cfg), "--name", "cli-relay",
+                                 "--prometheus-port", "0", "--prometheus-bind-address", "127.0.0.1"],
+                                stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    try:
+        port = int(wait_for("the endpoint's log line", lambda: re.search(
+            r"metrics on http://127\.0\.0\.1:(\d+)/metrics \(\+ /healthz, /readyz\)", log.read_text()), 60).group(1))
+
+        def readyz() -> tuple[int, Any]:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=5) as resp:
+                    return resp.status, json.loads(resp.read())
+            except urllib.error.HTTPError as exc:
+                return exc.code, json.loads(exc.read())
+
+        status, body = wait_for("the CLI relay to lead", lambda: (r := readyz())[0] == 200 and
+                                r[1]["role"] == "leader" and r, 60)
+        assert body["relay"] == "cli-relay" and body["database"] == "ok"
+        assert pg_dsn.split("password=")[1].split()[0] not in log.read_text()  # the DSN stays out of the log
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
