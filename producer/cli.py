@@ -6,7 +6,8 @@
     harvest dead-letters requeue -f harvest.yaml (ID ... | --all)
 
 Flags (``--data-source``, ``--bootstrap-servers``, ``--outbox-table``, ``--leader-topic``,
-``--leader-group-id``, ``--leader-election``, ``--name``, ``--prometheus-port``, ``--prometheus-bind-address``, ``--log-level``,
+``--leader-group-id``, ``--leader-election``, ``--name``, ``--prometheus-port``,
+``--prometheus-bind-address``, ``--log-level``,
 ``--uuid-sequencing``) override the file; with no file, defaults apply. Environment:
 ``HARVEST_DATA_SOURCE`` can carry the DSN so the password stays out of ``ps``.
 
@@ -109,7 +110,8 @@ def _run(args: argparse.Namespace) -> int:
                        "leader_group_id": args.leader_group_id, "leader_election": args.leader_election,
                        "name": args.name,
                        "prometheus_port": args.prometheus_port,
-                       "prometheus_bind_address": args.prometheus_bind_address, "uuid_sequencing": args.uuid_sequencing})
+                       "prometheus_bind_address": args.prometheus_bind_address,
+                       "uuid_sequencing": args.uuid_sequencing})
     _setup_logging(cfg.log_level)
     log.info("harvest %s starting: %r", __version__, cfg.harvest)
     relay = Harvest(cfg.harvest)

@@ -83,8 +83,8 @@ def test_session_and_core_connection_commit_delivered_rollback_never(
         # ORM Session, rolled back by an exception inside session.begin().
         with pytest.raises(RuntimeError), Session(engine) as session, session.begin():
             session.add(Order(id=2, item="pen"))
-            stash_many(session, [OutboxRecord(topic, "orm-rollback-1", "x"), OutboxRecord(topic, "orm-rollback-2", "y")],
-                       table)
+            stash_many(session, [OutboxRecord(topic, "orm-rollback-1", "x"),
+                                 OutboxRecord(topic, "orm-rollback-2", "y")], table)
             raise RuntimeError("payment declined")
         # ORM Session, explicit rollback() after a flush.
         with Session(engine) as session:

@@ -90,7 +90,8 @@ def test_async_bad_record_fails_before_the_database(pg_dsn: str, pg_schema: str)
         async with await psycopg.AsyncConnection.connect(pg_dsn) as conn:
             errors = []
             for call in (lambda: st.stash(conn, OutboxRecord("bad topic!", "k", "v")),
-                         lambda: st.stash_many(conn, [OutboxRecord("t", "k", "fine"), OutboxRecord("t", "k", 5)]),  # type: ignore[arg-type]
+                         lambda: st.stash_many(conn, [OutboxRecord("t", "k", "fine"),
+                                                      OutboxRecord("t", "k", 5)]),  # type: ignore[arg-type]
                          lambda: astash(conn, OutboxRecord("t", None, "v"), table)):  # type: ignore[arg-type]
                 with pytest.raises(RecordError) as info:
                     await call()
