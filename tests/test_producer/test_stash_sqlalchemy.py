@@ -100,12 +100,21 @@ def test_session_and_core_connection_commit_delivered_rollback_never(
         with engine.connect() as conn:
             st.stash(conn, OutboxRecord(topic, "core-rollback", "b"))
             conn.rollback()
+        # A SAVEPOINT (begin_nested) rolled back takes its stash with it; the outer commit keeps the rest.
+        with Session(engine) as session:
+            nested = session.begin_nested()
+            st.stash(session, OutboxRecord(topic, "orm-savepoint-rollback", "s"))
+            nested.rollback()
+            st.stash(session, OutboxRecord(topic, "orm-after-savepoint", "t"))
+            session.commit()
         with Session(engine) as session:  # last: stashed after every rolled-back record
             st.stash(session, OutboxRecord(topic, "orm-last", "c"))
             session.commit()
 
-        _delivered_exactly(kafka_bootstrap, topic, {"orm-commit", "core-commit-1", "core-commit-2", "orm-last"},
-                           {"orm-rollback-1", "orm-rollback-2", "orm-explicit-rollback", "core-rollback"})
+        _delivered_exactly(kafka_bootstrap, topic,
+                           {"orm-commit", "core-commit-1", "core-commit-2", "orm-after-savepoint", "orm-last"},
+                           {"orm-rollback-1", "orm-rollback-2", "orm-explicit-rollback", "core-rollback",
+                            "orm-savepoint-rollback"})
         wait_drained(pg_dsn, table)
         with Session(engine) as session:
             assert session.scalars(select(Order.id).order_by(Order.id)).all() == [1, 4]

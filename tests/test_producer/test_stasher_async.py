@@ -106,3 +106,20 @@ def test_async_bad_record_fails_before_the_database(pg_dsn: str, pg_schema: str)
     assert errors[2].startswith("key: must be a string")
     with psycopg.connect(pg_dsn) as conn:
         assert _rows(conn, st.names) == []
+
+
+@pytest.mark.parametrize("record", [OutboxRecord("", "k", "v"), OutboxRecord("t", "k", b"\xff"),
+                                    OutboxRecord("t", "k", "v", [("a", 1)]), "not a record"])  # type: ignore[list-item]
+def test_sync_and_async_raise_the_same_error(pg_dsn: str, pg_schema: str, record: OutboxRecord) -> None:
+    table = f"{pg_schema}.outbox"
+    init_db(pg_dsn, table)
+    with psycopg.connect(pg_dsn) as conn, pytest.raises(RecordError) as sync_info:
+        Stasher(table).stash_many(conn, [record])
+
+    async def run() -> str:
+        async with await psycopg.AsyncConnection.connect(pg_dsn) as conn:
+            with pytest.raises(RecordError) as info:
+                await AsyncStasher(table).stash(conn, record)
+            return str(info.value)
+
+    assert asyncio.run(run()) == str(sync_info.value)
