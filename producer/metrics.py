@@ -7,6 +7,8 @@ Invariants:
   GIL for monotone counters and single-writer gauges;
 - :attr:`Metrics.read_at` is set by each snapshot, which the relay loop takes at least every
   ``minMetricsInterval``: it doubles as the loop's liveness timestamp (no extra work in the loop);
+- the outbox gauges (backlog, oldest unsent age, dead-letter rows) are NaN unless this relay leads:
+  only the leader measures them, so nothing stale outlives a hand-over;
 - the endpoint runs on its own daemon threads and only reads; ``server.shutdown()`` also closes its
   socket and the health probe's connection.
 """
@@ -100,9 +102,14 @@ class _Collector:
         yield counter("harvest_delivery_failures", "Failed produce/delivery attempts", m.delivery_failures)
         yield gauge("harvest_in_flight_records", "Records sent, awaiting acknowledgement", m.in_flight)
         yield gauge("harvest_queued_records", "Records marked, not yet sent", m.queued)
-        yield gauge("harvest_backlog_rows", "Rows in the outbox table", m.backlog_rows)
-        yield gauge("harvest_oldest_unsent_age_seconds", "Age of the oldest outbox row", m.oldest_unsent_age)
-        yield gauge("harvest_dead_letter_rows", "Rows in the dead-letter table", m.dead_letter_rows)
+        # Only the leader queries these; a relay that lost leadership would otherwise keep exporting
+        # its last (stale) reading, and max() over the relays would alert on it forever.
+        lead = m.is_leader
+        yield gauge("harvest_backlog_rows", "Rows in the outbox table (leader only)", m.backlog_rows if lead else None)
+        yield gauge("harvest_oldest_unsent_age_seconds", "Age of the oldest outbox row (leader only)",
+                    m.oldest_unsent_age if lead else None)
+        yield gauge("harvest_dead_letter_rows", "Rows in the dead-letter table (leader only)",
+                    m.dead_letter_rows if lead else None)
         yield gauge("harvest_is_leader", "1 if this relay is the leader", 1.0 if m.is_leader else 0.0)
 
 

@@ -80,6 +80,11 @@ def test_leader_and_standby_are_live_and_ready_next_to_metrics(pg_dsn: str, kafk
         assert (status, body["role"], body["leader_id"]) == (200, "standby", None)
         status, text = get(a, "/metrics")
         assert status == 200 and f'harvest_is_leader{{relay="{a.config.name}"}} 1.0' in text
+        wait_for("the leader's first backlog reading",
+                 lambda: re.search(rf'harvest_backlog_rows{{relay="{a.config.name}"}} 0\.0', get(a, "/metrics")[1]))
+        standby_text = get(b, "/metrics")[1]
+        for gauge in ("harvest_backlog_rows", "harvest_oldest_unsent_age_seconds", "harvest_dead_letter_rows"):
+            assert f'{gauge}{{relay="{b.config.name}"}} NaN' in standby_text  # only the leader measures the outbox
         status, not_found = get(a, "/nope")
         assert status == 404 and "/healthz" in not_found
 
