@@ -18,7 +18,8 @@ Invariants:
   (or Core connection) has, and an ORM flush order never matters (one transaction);
 - what is written, and its validation, is :class:`producer.outbox_rows.StashPlan`'s, as for the
   plain psycopg stashers;
-- any other driver (psycopg2, asyncpg, pg8000) is refused with :class:`~producer.errors.ConfigError`
+- any other driver (psycopg2, asyncpg, pg8000), or a sync stash on an asyncio engine (``run_sync``), is
+  refused with :class:`~producer.errors.ConfigError`
   naming the driver and the fix, before anything is written.
 """
 
@@ -66,6 +67,10 @@ def driver_connection(session: Session | Connection) -> psycopg.Connection:
         raise ConfigError(f"session: expected a sqlalchemy.orm.Session or sqlalchemy.engine.Connection, got "
                           f"{type(session).__name__} (for AsyncSession use astash / astash_many)")
     driver = conn.connection.driver_connection
+    if isinstance(driver, psycopg.AsyncConnection):  # e.g. called inside AsyncSession.run_sync
+        raise ConfigError("session: it runs on an asyncio engine (psycopg.AsyncConnection underneath), where a "
+                          "synchronous stash cannot await; call `await astash(async_session, record)` (or "
+                          "astash_many) instead of stash inside run_sync")
     if not isinstance(driver, psycopg.Connection):
         raise _wrong_driver(driver, conn.dialect)
     return driver

@@ -184,3 +184,20 @@ def test_other_drivers_are_refused_by_name(tmp_path) -> None:  # type: ignore[no
     with pytest.raises(ConfigError, match="expected a sqlalchemy AsyncSession or AsyncConnection"):
         asyncio.run(astash(Session(engine), OutboxRecord("t", "k", "v")))  # type: ignore[arg-type]
     engine.dispose()
+
+
+def test_sync_stash_inside_run_sync_points_to_astash(pg_dsn: str, pg_schema: str) -> None:
+    table = f"{pg_schema}.outbox"
+    init_db(pg_dsn, table)
+
+    async def run() -> str:
+        engine = create_async_engine(_url(pg_dsn))
+        try:
+            async with AsyncSession(engine) as session:
+                with pytest.raises(ConfigError) as info:
+                    await session.run_sync(lambda s: stash(s, OutboxRecord("t", "k", "v"), table))
+                return str(info.value)
+        finally:
+            await engine.dispose()
+
+    assert "runs on an asyncio engine" in asyncio.run(run()) and _outbox_keys(pg_dsn, table) == []
