@@ -29,6 +29,7 @@ from sequencer._native cimport EntryBatch
 
 import uuid as _uuid_mod
 
+from consumer.trace_context import TRACEPARENT, TRACESTATE, header_text
 from sequencer import Flags
 
 __all__ = ["Record", "convert", "make_record"]
@@ -91,6 +92,16 @@ cdef class Record:
     def headers(self):
         """All record headers (the ``uuid`` header included), as confluent-kafka returns them."""
         return self._msg.headers()
+
+    @property
+    def traceparent(self):
+        """The W3C ``traceparent`` header the stasher recorded (None without one)."""
+        return header_text(self._msg.headers(), TRACEPARENT)
+
+    @property
+    def tracestate(self):
+        """The W3C ``tracestate`` header, if the stashing span had one."""
+        return header_text(self._msg.headers(), TRACESTATE)
 
     @property
     def timestamp(self):

@@ -23,6 +23,8 @@ Invariants (backed by ``tests/test_consumer/test_config_and_records.py``):
   Sequencer's Begin; End is ``offset + 1``).
 * Equality and hashing are by ``(topic, partition, offset)``: a record's
   identity is its position in the log.
+* ``traceparent`` / ``tracestate`` are the W3C trace-context headers the stasher
+  recorded (``consumer.trace_context``), ``None`` when absent or not UTF-8.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from __future__ import annotations
 import uuid as _uuid
 from typing import Any
 
+from consumer.trace_context import TRACEPARENT, TRACESTATE, header_text
 from sequencer import Flags
 from sequencer.native import load as load_native
 
@@ -87,6 +90,16 @@ class PyRecord:
     def headers(self) -> list[tuple[str, bytes | None]] | None:
         """All record headers (the ``uuid`` header included), as confluent-kafka returns them."""
         return self._msg.headers()  # type: ignore[no-any-return]
+
+    @property
+    def traceparent(self) -> str | None:
+        """The W3C ``traceparent`` header the stasher recorded (None without one); see ``consumer.trace_context``."""
+        return header_text(self._msg.headers(), TRACEPARENT)
+
+    @property
+    def tracestate(self) -> str | None:
+        """The W3C ``tracestate`` header, if the stashing span had one."""
+        return header_text(self._msg.headers(), TRACESTATE)
 
     @property
     def timestamp(self) -> int | None:

@@ -6,6 +6,8 @@ Embedded use::
     init_db(dsn, "app.outbox")
     with psycopg.connect(dsn) as conn:          # in the application's transaction
         Stasher("app.outbox").stash(conn, OutboxRecord("orders", "order-1", '{"total": 3}'))
+    # asyncio: await producer.AsyncStasher("app.outbox").stash(async_conn, record)
+    # SQLAlchemy sessions: producer.sqlalchemy.SessionStasher (needs harvest[sqlalchemy])
     relay = Harvest(HarvestConfig(data_source=dsn, outbox_table="app.outbox",
                                   base_kafka_config={"bootstrap.servers": "kafka:9092"})).start()
     ...
@@ -27,9 +29,11 @@ from producer.events import (LeaderAcquired, LeaderFenced, LeaderRefreshed, Lead
 from producer.harvest import Harvest  # noqa: E402
 from producer.schema import init_db  # noqa: E402
 from producer.stasher import OutboxRecord, Stasher, stash, stash_many  # noqa: E402
+from producer.stasher_async import AsyncStasher  # noqa: E402
 
 __all__ = [
-    "ConfigError", "DatabaseError", "ElectionError", "Harvest", "HarvestConfig", "HarvestError", "LeaderAcquired",
+    "AsyncStasher", "ConfigError", "DatabaseError", "ElectionError", "Harvest", "HarvestConfig", "HarvestError",
+    "LeaderAcquired",
     "LeaderFenced", "LeaderRefreshed", "LeaderRevoked", "Limits", "MeterRead", "OutboxRecord", "ProducerError",
     "RecordError", "SchemaError", "Stasher", "__version__", "init_db", "load_yaml", "stash", "stash_many",
 ]

@@ -6,7 +6,8 @@
     harvest dead-letters requeue -f harvest.yaml (ID ... | --all)
 
 Flags (``--data-source``, ``--bootstrap-servers``, ``--outbox-table``, ``--leader-topic``,
-``--leader-group-id``, ``--leader-election``, ``--name``, ``--prometheus-port``, ``--log-level``,
+``--leader-group-id``, ``--leader-election``, ``--name``, ``--prometheus-port``,
+``--prometheus-bind-address``, ``--log-level``,
 ``--uuid-sequencing``) override the file; with no file, defaults apply. Environment:
 ``HARVEST_DATA_SOURCE`` can carry the DSN so the password stays out of ``ps``.
 
@@ -65,7 +66,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help="harvest.leaderElection: neli (Kafka group, default) or postgres (advisory lock in the "
                      "outbox's database)")
     run.add_argument("--name", help="this relay's name (default host_pid_time)")
-    run.add_argument("--prometheus-port", type=int, help="serve Prometheus metrics on this port")
+    run.add_argument("--prometheus-port", type=int, help="serve /metrics, /healthz and /readyz on this port")
+    run.add_argument("--prometheus-bind-address", help="address those endpoints listen on "
+                     "(harvest.prometheusBindAddress, default 0.0.0.0)")
     run.add_argument("--uuid-sequencing", action="store_true", default=None,
                      help="exactly-once mode (harvest.uuidSequencing): Gazette UUIDs, harvest transactions, "
                      "fenced commits, ACK_TXN messages; readers sequence with the `sequencer` package")
@@ -106,7 +109,9 @@ def _run(args: argparse.Namespace) -> int:
     cfg = _load(args, {"bootstrap_servers": args.bootstrap_servers, "leader_topic": args.leader_topic,
                        "leader_group_id": args.leader_group_id, "leader_election": args.leader_election,
                        "name": args.name,
-                       "prometheus_port": args.prometheus_port, "uuid_sequencing": args.uuid_sequencing})
+                       "prometheus_port": args.prometheus_port,
+                       "prometheus_bind_address": args.prometheus_bind_address,
+                       "uuid_sequencing": args.uuid_sequencing})
     _setup_logging(cfg.log_level)
     log.info("harvest %s starting: %r", __version__, cfg.harvest)
     relay = Harvest(cfg.harvest)

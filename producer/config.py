@@ -99,6 +99,8 @@ _LIMIT_FIELDS: tuple[tuple[str, str, str], ...] = (
     ("txnMaxRecords", "txn_max_records", "i"),
     ("txnMaxDuration", "txn_max_duration", "d"),
     ("producerRing", "producer_ring", "i"),
+    # operations (producer/health.py)
+    ("livenessTimeout", "liveness_timeout", "d"),
 )
 
 
@@ -150,8 +152,16 @@ class Limits:
     txn_max_duration: float = 0.05
     #: ProducerIDs per leader view: at most this many harvest transactions in flight (1 = stop-and-wait).
     producer_ring: int = 4
+    #: ``/healthz`` fails when the relay loop has not completed a metrics reading (one per
+    #: ``minMetricsInterval``) for this long. ``None``: max(15s, 3 x minMetricsInterval + heartbeatTimeout).
+    liveness_timeout: float | None = None
 
     def __post_init__(self) -> None:
+        if self.liveness_timeout is None and all(
+                isinstance(v, (int, float)) and not isinstance(v, bool)
+                for v in (self.min_metrics_interval, self.heartbeat_timeout)):
+            object.__setattr__(self, "liveness_timeout",
+                               max(15.0, 3 * self.min_metrics_interval + self.heartbeat_timeout))
         if self.max_poll_interval is None:
             object.__setattr__(self, "max_poll_interval", self.heartbeat_timeout / 2)
         if self.drain_interval is None:
@@ -178,6 +188,9 @@ class Limits:
         need("max_poll_interval", self.max_poll_interval >= self.min_poll_interval,  # type: ignore[operator]
              f">= limits.minPollInterval ({format_duration(self.min_poll_interval)})")
         need("txn_max_duration", self.txn_max_duration >= 0.0001, ">= 100us")
+        # A metrics reading happens at most every minMetricsInterval: a shorter timeout would flap.
+        need("liveness_timeout", self.liveness_timeout > self.min_metrics_interval,  # type: ignore[operator]
+             f"> limits.minMetricsInterval ({format_duration(self.min_metrics_interval)}), e.g. 3x it")
         for attr in ("max_in_flight_records", "send_concurrency", "mark_query_records", "max_delivery_attempts",
                      "purge_batch_records", "txn_max_records", "producer_ring"):
             value = getattr(self, attr)
@@ -220,9 +233,37 @@ class Limits:
 
 _TOP_KEYS = ("baseKafkaConfig", "producerKafkaConfig", "leaderTopic", "leaderGroupID", "dataSource", "outboxTable",
              "limits", "name", "prometheusPort", "leaderTopicReplicationFactor", "uuidSequencing", "leaderElection",
-             "leaderLockCheckInterval")
+             "leaderLockCheckInterval", "prometheusBindAddress")
 LEADER_ELECTIONS = ("neli", "postgres")
 _FORCED_PRODUCER = {"enable.idempotence": True, "acks": "all"}
+#: Where /metrics, /healthz and /readyz listen unless told otherwise: every IPv4 interface, so a
+#: Prometheus server or a kubelet on another host can reach them (bind 127.0.0.1 to keep them local).
+DEFAULT_BIND_ADDRESS = "0.0.0.0"
+_HOSTNAME = re.compile(r"^(?=.{1,253}$)[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
+                       r"(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*$")
+
+
+def check_bind_address(value: Any, field_name: str = "prometheusBindAddress") -> str:
+    """An IPv4/IPv6 literal or a host name to bind the HTTP endpoint to (no port, no brackets)."""
+    import ipaddress
+
+    fix = "e.g. '0.0.0.0' (all IPv4 interfaces), '127.0.0.1' (this host only), '::' or a host name"
+    if not isinstance(value, str) or not value.strip():
+        raise ConfigError(f"{field_name}: {value!r} is not an address to listen on; {fix}")
+    text = value.strip()
+    if text.startswith("[") and text.endswith("]"):
+        raise ConfigError(f"{field_name}: {value!r}: write the IPv6 address without brackets, e.g. '::1'")
+    try:
+        ipaddress.ip_address(text)
+        return text
+    except ValueError:
+        pass
+    if text.count(":") == 1:
+        raise ConfigError(f"{field_name}: {value!r} contains a port; put the port in prometheusPort and "
+                          f"only the address here, {fix}")
+    if not _HOSTNAME.match(text) or text.replace(".", "").isdigit():
+        raise ConfigError(f"{field_name}: {value!r} is neither an IP address nor a host name; {fix}")
+    return text
 
 
 def _kafka_map(value: Any, path: str) -> dict[str, Any]:
@@ -253,6 +294,8 @@ class HarvestConfig:
     name: str = ""
     limits: Limits = field(default_factory=Limits)
     prometheus_port: int | None = None
+    #: Address the /metrics, /healthz and /readyz endpoint binds to (with ``prometheus_port``).
+    prometheus_bind_address: str = DEFAULT_BIND_ADDRESS
     leader_topic_replication_factor: int = -1  # -1 = broker default
     #: Exactly-once mode (DESIGN.md section 5): UUID-stamped CONTINUE_TXN records, harvest
     #: transactions committed with a fenced DB transaction, then ACK_TXN messages.
@@ -312,6 +355,7 @@ class HarvestConfig:
                 or not 0 <= self.prometheus_port <= 65535):
             raise ConfigError(f"prometheusPort: {self.prometheus_port!r} must be a TCP port 0-65535 (0 = any free "
                               f"port), or omitted to disable the endpoint")
+        object.__setattr__(self, "prometheus_bind_address", check_bind_address(self.prometheus_bind_address))
 
     def producer_config(self) -> dict[str, Any]:
         """Effective confluent-kafka producer properties: base, then producer overrides, then forced values."""
@@ -333,6 +377,7 @@ class HarvestConfig:
                 f"producer_kafka_config={redact_kafka_config(self.producer_kafka_config)!r}, "
                 f"leader_topic={self.leader_topic!r}, leader_group_id={self.leader_group_id!r}, "
                 f"name={self.name!r}, limits={self.limits!r}, prometheus_port={self.prometheus_port!r}, "
+                f"prometheus_bind_address={self.prometheus_bind_address!r}, "
                 f"uuid_sequencing={self.uuid_sequencing!r}, leader_election={self.leader_election!r}, "
                 f"leader_lock_check_interval={self.leader_lock_check_interval!r})")
 
@@ -349,7 +394,8 @@ class HarvestConfig:
                 raise ConfigError(f"{path}.{key}: unknown key; valid keys are: {', '.join(sorted(_TOP_KEYS))}")
         kwargs: dict[str, Any] = {}
         for key, attr in (("dataSource", "data_source"), ("outboxTable", "outbox_table"),
-                          ("leaderTopic", "leader_topic"), ("leaderGroupID", "leader_group_id"), ("name", "name")):
+                          ("leaderTopic", "leader_topic"), ("leaderGroupID", "leader_group_id"), ("name", "name"),
+                          ("prometheusBindAddress", "prometheus_bind_address")):
             if key in data and data[key] is not None:
                 if not isinstance(data[key], str):
                     shown = "<redacted>" if key == "dataSource" else repr(data[key])

@@ -171,7 +171,7 @@ class Harvest:
     # ------------------------------------------------------------------ public API
     @property
     def state(self) -> State:
-        return self._state
+        return State.STOPPING if self._state is State.RUNNING and self._stop_requested.is_set() else self._state
 
     @property
     def is_leader(self) -> bool:
@@ -211,7 +211,8 @@ class Harvest:
             self._mark_exec = ThreadPoolExecutor(1, thread_name_prefix=f"harvest-mark-{self.config.name}")
             self._listener = Listener(self.config.data_source, self.names)
             if self.config.prometheus_port is not None:
-                self._prometheus = start_prometheus(self.metrics, self.config.name, self.config.prometheus_port)
+                self._prometheus = start_prometheus(self.metrics, self.config.name, self.config.prometheus_port,
+                                                    self.config.prometheus_bind_address, relay=self)
             self._election.start(self)
         except BaseException:
             self._shutdown()  # release whatever was opened before the failure

@@ -1,15 +1,28 @@
-"""Relay metrics: counters kept on the relay thread, snapshots for MeterRead, Prometheus exposition.
+"""Relay metrics: counters kept on the relay thread, snapshots for MeterRead, and the HTTP
+endpoint serving ``/metrics`` (Prometheus), ``/healthz`` and ``/readyz`` (:mod:`producer.health`).
 
-Invariant: the hot path only increments plain ints on :class:`Metrics` (no locks, no Prometheus
-calls per record); :meth:`Metrics.snapshot` and the Prometheus collector read them, which is safe
-under the GIL for monotone counters and single-writer gauges.
+Invariants:
+- the hot path only increments plain ints on :class:`Metrics` (no locks, no Prometheus calls per
+  record); :meth:`Metrics.snapshot` and the Prometheus collector read them, which is safe under the
+  GIL for monotone counters and single-writer gauges;
+- :attr:`Metrics.read_at` is set by each snapshot, which the relay loop takes at least every
+  ``minMetricsInterval``: it doubles as the loop's liveness timestamp (no extra work in the loop);
+- the outbox gauges (backlog, oldest unsent age, dead-letter rows) are NaN unless this relay leads:
+  only the leader measures them, so nothing stale outlives a hand-over;
+- the endpoint runs on its own daemon threads and only reads; ``server.shutdown()`` also closes its
+  socket and the health probe's connection.
 """
 
 from __future__ import annotations
 
+import json
 import logging
+import socket
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
+from socketserver import ThreadingMixIn
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 from dataclasses import dataclass
 from typing import Any
 
@@ -46,6 +59,8 @@ class Metrics:
         self.oldest_unsent_age: float | None = None
         self.dead_letter_rows: int | None = None
         self.is_leader = False
+        #: time.monotonic() of the latest snapshot (None before the first): the loop's liveness.
+        self.read_at: float | None = None
         self._last_time = time.monotonic()
         self._last_delivered = 0
         self.last: MeterStats | None = None
@@ -58,6 +73,7 @@ class Metrics:
                            self.backlog_rows, self.oldest_unsent_age, self.dead_letter_rows, self.is_leader)
         self._last_time, self._last_delivered = now, self.delivered
         self.last = stats
+        self.read_at = now
         return stats
 
 
@@ -86,18 +102,81 @@ class _Collector:
         yield counter("harvest_delivery_failures", "Failed produce/delivery attempts", m.delivery_failures)
         yield gauge("harvest_in_flight_records", "Records sent, awaiting acknowledgement", m.in_flight)
         yield gauge("harvest_queued_records", "Records marked, not yet sent", m.queued)
-        yield gauge("harvest_backlog_rows", "Rows in the outbox table", m.backlog_rows)
-        yield gauge("harvest_oldest_unsent_age_seconds", "Age of the oldest outbox row", m.oldest_unsent_age)
-        yield gauge("harvest_dead_letter_rows", "Rows in the dead-letter table", m.dead_letter_rows)
+        # Only the leader queries these; a relay that lost leadership would otherwise keep exporting
+        # its last (stale) reading, and max() over the relays would alert on it forever.
+        lead = m.is_leader
+        yield gauge("harvest_backlog_rows", "Rows in the outbox table (leader only)", m.backlog_rows if lead else None)
+        yield gauge("harvest_oldest_unsent_age_seconds", "Age of the oldest outbox row (leader only)",
+                    m.oldest_unsent_age if lead else None)
+        yield gauge("harvest_dead_letter_rows", "Rows in the dead-letter table (leader only)",
+                    m.dead_letter_rows if lead else None)
         yield gauge("harvest_is_leader", "1 if this relay is the leader", 1.0 if m.is_leader else 0.0)
 
 
-def start_prometheus(metrics: Metrics, name: str, port: int, addr: str = "0.0.0.0") -> Any:
-    """Serve ``/metrics`` on ``port`` from a private registry; returns (server, thread)."""
-    from prometheus_client import CollectorRegistry, start_http_server
+class _Server(ThreadingMixIn, WSGIServer):
+    daemon_threads = True
+    allow_reuse_address = True
+
+    def shutdown(self) -> None:
+        super().shutdown()
+        self.server_close()
+        for hook in getattr(self, "on_close", ()):
+            hook()
+
+
+class _Server6(_Server):
+    address_family = socket.AF_INET6
+
+
+class _QuietHandler(WSGIRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the stdlib's name
+        log.debug("http: " + format, *args)
+
+
+WsgiApp = Callable[[dict[str, Any], Callable[..., Any]], Iterable[bytes]]
+
+
+def _json_app(evaluate: Callable[[], Any]) -> WsgiApp:
+    def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+        verdict = evaluate()
+        body = json.dumps(verdict.body, sort_keys=True).encode()
+        status = "200 OK" if verdict.ok else "503 Service Unavailable"
+        start_response(status, [("Content-Type", "application/json"), ("Content-Length", str(len(body))),
+                                ("Cache-Control", "no-store")])
+        return [b"" if environ.get("REQUEST_METHOD") == "HEAD" else body]
+    return app
+
+
+def start_prometheus(metrics: Metrics, name: str, port: int, addr: str = "0.0.0.0", relay: Any = None) -> Any:
+    """Serve ``/metrics`` (from a private registry) on ``addr:port``, plus ``/healthz`` and
+    ``/readyz`` when ``relay`` (a :class:`producer.health.RelayView`) is given; returns (server, thread)."""
+    from prometheus_client import CollectorRegistry, make_wsgi_app
 
     registry = CollectorRegistry(auto_describe=False)
     registry.register(_Collector(metrics, name))  # type: ignore[arg-type]
-    server, thread = start_http_server(port, addr=addr, registry=registry)
-    log.info("Prometheus metrics on http://%s:%d/metrics", addr, server.server_port)
+    routes: dict[str, WsgiApp] = {"/metrics": make_wsgi_app(registry)}
+    health = None
+    if relay is not None:
+        from producer.health import Health
+
+        health = Health(relay)
+        routes["/healthz"] = _json_app(health.live)
+        routes["/readyz"] = _json_app(health.ready)
+
+    def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+        route = routes.get(environ.get("PATH_INFO") or "/")
+        if route is None:
+            body = ("not found; try " + ", ".join(sorted(routes)) + "\n").encode()
+            start_response("404 Not Found", [("Content-Type", "text/plain"), ("Content-Length", str(len(body)))])
+            return [body]
+        return route(environ, start_response)
+
+    # An IPv6 literal (or a name resolving only to IPv6) needs an AF_INET6 socket.
+    family = socket.getaddrinfo(addr, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0][0]
+    server = make_server(addr, port, app, _Server6 if family == socket.AF_INET6 else _Server, _QuietHandler)
+    server.on_close = [health.close] if health is not None else []  # type: ignore[attr-defined]
+    thread = threading.Thread(target=server.serve_forever, name=f"harvest-http-{name}", daemon=True)
+    thread.start()
+    log.info("metrics on http://%s:%d/metrics%s", addr, server.server_port,
+             " (+ /healthz, /readyz)" if health is not None else "")
     return server, thread

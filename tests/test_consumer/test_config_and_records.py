@@ -122,3 +122,30 @@ def test_record_is_read_only_and_exposes_identity(Record: type) -> None:
     assert r._x == u.int and plain._x == 0
     with pytest.raises(TypeError, match="cannot be pickled"):
         pickle.dumps(r)
+
+
+class HeaderMessage(FakeMessage):
+    def __init__(self, headers: list | None) -> None:
+        super().__init__()
+        self._headers = headers
+
+    def headers(self) -> list | None:
+        return self._headers
+
+
+_TP = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+
+
+@pytest.mark.parametrize("Record", _record_classes(), ids=lambda c: c.__module__)
+@pytest.mark.parametrize(("headers", "parent", "state"), [
+    (None, None, None),
+    ([("uuid", b"x")], None, None),
+    ([("uuid", b"x"), ("traceparent", _TP.encode()), ("tracestate", b"a=1,b=2")], _TP, "a=1,b=2"),
+    ([("traceparent", _TP.encode()), ("traceparent", b"00-second")], _TP, None),  # the first one wins
+    ([("traceparent", None), ("tracestate", b"\xff\xfe")], None, None),  # null / not UTF-8: no context
+    ([("Traceparent", _TP.encode())], None, None),  # header names are exact (lower case, W3C)
+])
+def test_record_exposes_w3c_trace_context(Record: type, headers: list | None, parent: str | None,
+                                          state: str | None) -> None:
+    r = Record(HeaderMessage(headers), None)
+    assert (r.traceparent, r.tracestate) == (parent, state)

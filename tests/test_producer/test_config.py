@@ -95,6 +95,16 @@ def test_defaults_match_goharvest() -> None:
      "harvest.leaderElection: 'zookeeper' is not a leader election; use one of neli, postgres"),
     ({"harvest": {"leaderLockCheckInterval": 1}}, "harvest.leaderLockCheckInterval: 1 is not a duration"),
     ({"harvest": {"leaderLockCheckInterval": "0"}}, "leaderLockCheckInterval: 0.0 must be a duration between 10ms"),
+    ({"harvest": {"prometheusBindAddress": ""}}, "harvest.prometheusBindAddress: '' is not an address to listen on"),
+    ({"harvest": {"prometheusBindAddress": 127}}, "harvest.prometheusBindAddress: 127 must be a string"),
+    ({"harvest": {"prometheusBindAddress": "0.0.0.0:9090"}},
+     "prometheusBindAddress: '0.0.0.0:9090' contains a port; put the port in prometheusPort"),
+    ({"harvest": {"prometheusBindAddress": "[::1]"}}, "write the IPv6 address without brackets"),
+    ({"harvest": {"prometheusBindAddress": "256.1.1.1"}}, "'256.1.1.1' is neither an IP address nor a host name"),
+    ({"harvest": {"prometheusBindAddress": "my host"}}, "'my host' is neither an IP address nor a host name"),
+    ({"harvest": {"limits": {"livenessTimeout": "1s"}}},
+     "limits.livenessTimeout: 1.0 is invalid; it must be > limits.minMetricsInterval (5s)"),
+    ({"harvest": {"limits": {"livenessTimeout": 30}}}, "limits.livenessTimeout: 30 is not a duration"),
 ])
 def test_bad_config_is_a_clear_error(data: dict, needle: str) -> None:
     with pytest.raises(ConfigError) as info:
@@ -135,6 +145,22 @@ def test_cli_flags_override_file_and_bad_config_exits_2(tmp_path: Path, capsys: 
     assert main(["-f", str(path)]) == 2
     err = capsys.readouterr().err
     assert "harvest.bogus: unknown key" in err and "topsecret1" not in err
+
+
+@pytest.mark.parametrize(("address", "kept"), [("0.0.0.0", "0.0.0.0"), ("127.0.0.1", "127.0.0.1"), ("::", "::"),
+                                               ("::1", "::1"), (" localhost ", "localhost"),
+                                               ("metrics.internal.example", "metrics.internal.example")])
+def test_prometheus_bind_address(address: str, kept: str) -> None:
+    assert HarvestConfig().prometheus_bind_address == "0.0.0.0"  # reachable by a scraper on another host
+    cfg = from_mapping({"harvest": {"prometheusBindAddress": address, "prometheusPort": 0}}).harvest
+    assert cfg.prometheus_bind_address == kept and f"prometheus_bind_address={kept!r}" in repr(cfg)
+
+
+def test_liveness_timeout_default_follows_the_metrics_period() -> None:
+    assert Limits().liveness_timeout == 20.0  # 3 x 5s + 5s heartbeat
+    assert Limits(min_metrics_interval=0.5, heartbeat_timeout=2.0).liveness_timeout == 15.0  # floor
+    assert Limits(min_metrics_interval=30.0).liveness_timeout == 95.0
+    assert Limits(min_metrics_interval=0.2, liveness_timeout=1.0).liveness_timeout == 1.0
 
 
 def test_leader_election_backend() -> None:

@@ -71,7 +71,7 @@ def test_bytea_outbox(pg_dsn: str, pg_schema: str) -> None:
 ])
 def test_bad_records_rejected_before_the_database(record: OutboxRecord, needle: str) -> None:
     with pytest.raises(RecordError) as info:
-        Stasher()._row(record)
+        Stasher().plan.row(record)
     assert needle in str(info.value)
 
 
