@@ -27,7 +27,7 @@ from __future__ import annotations
 import logging
 import re
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException
@@ -45,7 +45,7 @@ HEADER_OVERHEAD = 10  # two length varints per header
 DEFAULT_PRODUCER_MAX_BYTES = 1_000_000  # librdkafka's message.max.bytes
 
 
-def header_bytes(hkeys: list[str], hvals: list[Any]) -> int:
+def header_bytes(hkeys: Sequence[str], hvals: Sequence[Any]) -> int:
     """Bytes the headers add to a record (key and value lengths plus their framing)."""
     return sum(len(k.encode()) + (len(v) if v is not None else 0) + HEADER_OVERHEAD for k, v in zip(hkeys, hvals))
 
@@ -148,7 +148,7 @@ class TopicGuard:
             return self._budget(self._producer_max), self.missing_ttl
 
 
-def too_large(budget: int, key: bytes, value: bytes | None, hkeys: list[str], hvals: list[Any]) -> str | None:
+def too_large(budget: int, key: bytes, value: bytes | None, hkeys: Sequence[str], hvals: Sequence[Any]) -> str | None:
     """The reason a record does not fit ``budget`` (a verdict's payload budget), or None."""
     size = len(key) + (len(value) if value is not None else 0) + (header_bytes(hkeys, hvals) if hkeys else 0)
     if size <= budget:

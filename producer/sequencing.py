@@ -61,7 +61,6 @@ import time
 import uuid
 from collections import deque
 from concurrent.futures import Future
-from functools import partial
 from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Message
@@ -142,7 +141,7 @@ class _Txn:
     """One harvest transaction."""
 
     __slots__ = ("ack_clock", "ack_failed", "ack_pending", "closed", "commit", "dead", "failures", "first_clock",
-                 "ids", "journals", "k", "opened", "pending", "producer", "producer_int", "rows", "view")
+                 "firsts", "ids", "journals", "k", "opened", "pending", "producer", "producer_int", "rows", "view")
 
     def __init__(self, view: _View, k: int, producer: bytes, now: float) -> None:
         self.view = view
@@ -156,6 +155,8 @@ class _Txn:
         self.pending = 0  # produced, delivery report not yet seen
         # touched (topic, partition) -> clock of the first record there (from delivery reports)
         self.journals: dict[tuple[str, int], int] = {}
+        # key -> clock of the transaction's first record of that key (see on_delivery)
+        self.firsts: dict[bytes, int] = {}
         self.failures: list[tuple[KafkaError, Message | None]] = []
         self.first_clock = 0
         self.ack_clock = 0
@@ -164,9 +165,10 @@ class _Txn:
         self.ack_pending = 0
         self.ack_failed = False
 
-    def on_delivery(self, clock: int, err: KafkaError | None, msg: Message) -> None:
-        """Delivery report of the record stamped ``clock`` (bound per record with functools.partial:
-        librdkafka's delivery reports carry no headers, so the clock cannot be read back from them)."""
+    def on_delivery(self, err: KafkaError | None, msg: Message) -> None:
+        """Delivery report of one of the transaction's records (one callback object per
+        transaction: librdkafka's delivery reports carry no headers, so the record's clock is found
+        through its key)."""
         self.pending -= 1
         if err is not None:
             self.failures.append((err, msg))
@@ -175,8 +177,10 @@ class _Txn:
         j = (msg.topic(), msg.partition())
         if j not in self.journals:  # once per partition per transaction: reports arrive in log order
             # The first clock of this producer in this partition: a rollback ACK at clock - 1 equals
-            # the reader's implicit last ACK, so it is a clean ACK_ROLLBACK.
-            self.journals[j] = clock
+            # the reader's implicit last ACK, so it is a clean ACK_ROLLBACK. The first record reported
+            # in a partition was the first produced there, and so its key's first in the
+            # transaction (an earlier record of that key would be in the same partition, before it).
+            self.journals[j] = self.firsts.get(msg.key(), self.first_clock)  # type: ignore[arg-type]
 
     def on_ack(self, err: KafkaError | None, msg: Message) -> None:
         self.ack_pending -= 1
@@ -402,9 +406,9 @@ class SequencedHarvest(Harvest):
             t = self._open(now)
             if t is None:
                 return
-            cb = t.on_delivery
+            cb = t.on_delivery  # one bound method for all the transaction's records
             prod = t.producer_int
-            rows, ids = t.rows, t.ids
+            rows, ids, firsts = t.rows, t.ids, t.firsts
             while ready and in_flight < limit:
                 row = ready[0]
                 rid, topic, key, value, hkeys, hvals = row
@@ -438,7 +442,7 @@ class SequencedHarvest(Harvest):
                 if hkeys:
                     headers.extend(zip(hkeys, hvals))  # type: ignore[arg-type]
                 try:
-                    producer.produce(topic, value, key, headers=headers, on_delivery=partial(cb, c))  # type: ignore[arg-type]
+                    producer.produce(topic, value, key, headers=headers, on_delivery=cb)  # type: ignore[arg-type]
                 except BufferError:
                     producer.poll(0.005)
                     in_flight = self._in_flight_count()
@@ -468,6 +472,8 @@ class SequencedHarvest(Harvest):
                 ready.popleft()
                 self._sync_failures = 0
                 clock.value = c
+                if key not in firsts:
+                    firsts[key] = c  # type: ignore[index]
                 t.pending += 1
                 rows.append(row)
                 ids.append(rid)
