@@ -61,7 +61,9 @@ def _relay_rows(r: dict[str, Any]) -> list[tuple[str, str, str, str]]:
     for size, b in (r.get("backlogs") or {}).items():
         rows = f"{int(size) // 1000}k" if int(size) < 1_000_000 else f"{int(size) / 1e6:g}M"
         out.append((f"Database limit: mark+purge loop, {rows} backlog (rows/s)",
-                    _fmt(_get(b, "db_limit_rows_per_s", "median")), "one connection, 5,000 rows per statement", ""))
+                    _fmt(_get(b, "db_limit_rows_per_s", "median")),
+                    "the relay's statements, one connection, 5,000 rows per statement; with goharvest's mark "
+                    f"statement: {_fmt(_get(b, 'db_loop_goharvest_statement_rows_per_s', 'median'))}", ""))
         for mode, label in (("at_least_once", "at-least-once"), ("sequenced", "--uuid-sequencing")):
             for setting in ("defaults", "tuned"):
                 d = b.get(f"{mode}/{setting}") or {}

@@ -5,10 +5,12 @@ idle-to-delivery latency, and goharvest side by side.
 
 Uses the project's own Postgres + Kafka (harvest_local.LocalServices; or HARVEST_PG_DSN /
 HARVEST_KAFKA_BOOTSTRAP). Prints one JSON document:
-- db_limit: the database's own mark+purge loop on the same table shape (goharvest's mark UPDATE …
-  RETURNING of ``batch`` rows, then one DELETE … = ANY(ids), one connection, nothing else): the
-  physical limit of any relay on this database. Measured per backlog size, interleaved with the
-  relay runs; ``batch`` is the most rows the relay's adaptive mark reaches (5,000);
+- db_limit: the database's own mark+purge loop on the same table shape (the relay's own mark
+  UPDATE … RETURNING of ``batch`` rows, then one DELETE … = ANY(ids), one connection, nothing
+  else): the physical limit of any relay using these statements on this database. Measured per
+  backlog size, interleaved with the relay runs; ``batch`` is the most rows the relay's adaptive
+  mark reaches (5,000). The same loop with goharvest's mark statement (``id IN (SELECT id …)``,
+  which the relay replaced by a TID scan) is reported beside it;
 - drains: a backlog (100-byte values, ``keys`` keys, ``partitions`` partitions) moved by one relay
   (NELI election included), timed from leadership to the outbox being empty; for both modes
   (at-least-once, ``--uuid-sequencing``), with the **defaults a new user gets** (a config with only
@@ -128,16 +130,30 @@ def drain_once(dsn: str, bootstrap: str, rows: int, keys: int, partitions: int, 
             "peak_mark_size": peak_mark, "remarks": relay.metrics.remarks}
 
 
-def db_limit_once(dsn: str, bootstrap: str, rows: int, keys: int, partitions: int, batch: int) -> float:
-    """The database's own loop: the relay's mark statement, then one multi-id DELETE, repeated."""
+# goharvest's own mark statement (the relay addresses the marked rows by ctid instead).
+GOHARVEST_MARK = """
+    UPDATE {o} SET leader_id = %s
+    WHERE id IN (SELECT id FROM {o} WHERE leader_id IS NULL OR leader_id <> %s ORDER BY id LIMIT %s)
+    RETURNING id, kafka_topic, convert_to(kafka_key, 'UTF8'), convert_to(kafka_value, 'UTF8'), kafka_header_keys,
+              kafka_header_values"""
+
+
+def db_limit_once(dsn: str, bootstrap: str, rows: int, keys: int, partitions: int, batch: int,
+                  statement: str = "relay") -> float:
+    """The database's own loop: a mark statement (the relay's, or goharvest's), then one multi-id
+    DELETE, repeated on one connection until the outbox is empty."""
     with _Backlog(dsn, bootstrap, rows, keys, partitions) as b:
         db = OutboxDatabase(dsn, OutboxNames.parse(b.table))
         leader = uuid.uuid4()
+        goharvest = sql.SQL(GOHARVEST_MARK).format(o=sql.Identifier(b.schema, "outbox"))
         try:
-            _ = db.conn
+            conn = db.conn
             t0, done = time.perf_counter(), 0
             while True:
-                marked = db.mark(leader, batch)
+                if statement == "relay":
+                    marked = db.mark(leader, batch)
+                else:
+                    marked = conn.execute(goharvest, (leader, leader, batch), binary=True).fetchall()
                 if not marked:
                     break
                 db.purge([r[0] for r in marked])
@@ -240,21 +256,28 @@ def main() -> int:
     try:
         for rows, runs in sizes:
             limit_runs: list[float] = []
+            goharvest_runs: list[float] = []
             drains: dict[str, list[dict[str, Any]]] = {f"{m}/{s}": [] for m in modes for s in settings}
             for _ in range(runs):  # interleaved, so every figure sees the same machine state
                 limit_runs.append(db_limit_once(dsn, bootstrap, rows, args.keys, args.partitions, AUTO_MARK_RECORDS))
+                goharvest_runs.append(db_limit_once(dsn, bootstrap, rows, args.keys, args.partitions,
+                                                    AUTO_MARK_RECORDS, statement="goharvest"))
                 for m, sequenced in modes.items():
                     for sname, limits in settings.items():
                         print(f"[bench relay] {rows} rows, {m}, {sname}", file=sys.stderr, flush=True)
                         drains[f"{m}/{sname}"].append(
                             drain_once(dsn, bootstrap, rows, args.keys, args.partitions, sequenced, limits))
             limit = statistics.median(limit_runs)
-            entry: dict[str, Any] = {"db_limit_rows_per_s": {"runs": [round(x) for x in limit_runs],
-                                                             "median": round(limit)}}
+            go_limit = statistics.median(goharvest_runs)
+            entry: dict[str, Any] = {
+                "db_limit_rows_per_s": {"runs": [round(x) for x in limit_runs], "median": round(limit)},
+                "db_loop_goharvest_statement_rows_per_s": {"runs": [round(x) for x in goharvest_runs],
+                                                           "median": round(go_limit)}}
             for name, rs in drains.items():
                 med = _median(rs, "rows_per_s")
                 entry[name] = {"rows_per_s": round(med), "runs": [round(r["rows_per_s"]) for r in rs],
                                "ratio_to_db_limit": round(med / limit, 3),
+                               "ratio_to_goharvest_statement_loop": round(med / go_limit, 3),
                                "cpu_s_per_100k_rows": round(_median(rs, "cpu_s_per_100k"), 3),
                                "peak_rss_mb": round(max(r["peak_rss_mb"] for r in rs)),
                                "peak_mark_size": max(r["peak_mark_size"] for r in rs),
