@@ -1,0 +1,104 @@
+"""The demo (``./dev demo``), small, on the suite's services, and its backlog phase's building block.
+
+- ``stash_backlog`` continues every key's versions in one transaction, so backlog rows fall under
+  the same ground truth (``accounts``) as the live writers' rows;
+- the demo's whole job (live writers, kill -9 of the leader, backlog phase, both readers) ends with
+  every row, backlog included, delivered exactly once and in per-key order by both readers, and the
+  per-phase table reports the backlog's drain rate.
+"""
+
+from __future__ import annotations
+
+import json
+
+import psycopg
+import pytest
+from psycopg import sql
+
+from harvest_local.demo import DemoOptions, phase_table, run_demo
+from harvest_local.workload import committed_versions, create_accounts, stash_backlog
+from producer.schema import init_db
+
+pytestmark = pytest.mark.integration
+
+
+def test_stash_backlog_continues_each_keys_versions(pg_dsn: str, pg_schema: str) -> None:
+    outbox = f"{pg_schema}.outbox"
+    create_accounts(pg_dsn, pg_schema, 7)
+    init_db(pg_dsn, outbox)
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:  # as if live writers had committed these
+        conn.execute(sql.SQL("UPDATE {} SET version = 3 WHERE key IN ('key-1', 'key-4')").format(
+            sql.Identifier(pg_schema, "accounts")))
+
+    backlog = stash_backlog(pg_dsn, pg_schema, outbox, "topic-a", keys=7, rows=100)
+
+    assert backlog.rows == 100
+    # 100 rows over 7 keys: 14 each, the first two keys in sorted order one more.
+    share = {"key-0": 15, "key-1": 15, "key-2": 14, "key-3": 14, "key-4": 14, "key-5": 14, "key-6": 14}
+    truth = committed_versions(pg_dsn, pg_schema)
+    assert truth == {k: n + (3 if k in ("key-1", "key-4") else 0) for k, n in share.items()}
+    with psycopg.connect(pg_dsn) as conn:
+        rows = conn.execute(sql.SQL("SELECT kafka_topic, kafka_key, kafka_value, kafka_header_keys, "
+                                    "kafka_header_values FROM {} ORDER BY id").format(
+            sql.Identifier(pg_schema, "outbox"))).fetchall()
+    assert len(rows) == 100
+    by_key: dict[str, list[int]] = {}
+    for topic, key, value, hkeys, hvalues in rows:
+        body = json.loads(value)
+        assert (topic, body["key"], body["ts"], hkeys, hvalues) == ("topic-a", key, None, ["phase"], ["backlog"])
+        by_key.setdefault(key, []).append(body["version"])
+    for key, versions in by_key.items():  # id order is commit order: versions ascend from the last live one
+        first = 4 if key in ("key-1", "key-4") else 1
+        assert versions == list(range(first, truth[key] + 1)), key
+    # Keys interleave round-robin (many aggregates), not one key's block after another's.
+    assert [r[1] for r in rows[:7]] == sorted(share)
+
+
+def test_stash_backlog_rejects_bad_input(pg_dsn: str, pg_schema: str) -> None:
+    outbox = f"{pg_schema}.outbox"
+    create_accounts(pg_dsn, pg_schema, 3)
+    init_db(pg_dsn, outbox)
+    with pytest.raises(ValueError, match="rows=0"):
+        stash_backlog(pg_dsn, pg_schema, outbox, "t", keys=3, rows=0)
+    with pytest.raises(ValueError, match="'key-3' is not in"):
+        stash_backlog(pg_dsn, pg_schema, outbox, "t", keys=4, rows=10)
+    assert committed_versions(pg_dsn, pg_schema) == {}  # the failed transaction left nothing behind
+
+
+def test_demo_options_name_the_bad_field() -> None:
+    with pytest.raises(ValueError, match="backlog: -1"):
+        DemoOptions(backlog=-1)
+    with pytest.raises(ValueError, match="keys: 0"):
+        DemoOptions(keys=0)
+
+
+@pytest.mark.slow
+@pytest.mark.spark
+def test_demo_backlog_phase_is_verified_by_both_readers(services, spark, pg_schema: str, tmp_path) -> None:
+    opts = DemoOptions(rows=600, keys=30, partitions=3, writers=3, rate=600.0, backlog=20_000, schema=pg_schema)
+
+    result = run_demo(services.endpoints, opts, tmp_path, spark=spark)
+
+    backlog = result.backlog
+    assert backlog is not None and backlog.rows == 20_000
+    assert result.takeover is not None, "the leader was not killed"
+    assert result.expected == result.stats.committed + 20_000
+    assert [v.reader for v in result.verdicts] == ["ReadCommittedIter -> Postgres", "Spark readCommitted (batch)"]
+    for verdict in result.verdicts:
+        assert verdict.ok, f"{verdict} (logs in {tmp_path})"
+        assert verdict.delivered == verdict.expected == result.expected
+    # The backlog rows themselves reached the consumer's table, once each, after the live rows of their key.
+    backlog_rows = [(k, v) for k, v, written, _ in result.applied if written is None]
+    assert len(backlog_rows) == len(set(backlog_rows)) == 20_000
+    live_max: dict[str, int] = {}
+    for k, v, written, _ in result.applied:
+        if written is not None:
+            live_max[k] = max(live_max.get(k, 0), v)
+    assert all(v > live_max.get(k, 0) for k, v in backlog_rows)
+    # Both drain rates are measured and shown in the per-phase table.
+    assert backlog.relay_rate is not None and backlog.relay_rate > 0
+    assert backlog.consumer_rate is not None and backlog.consumer_rate > 0
+    assert backlog.samples[-1][1] == 0
+    table = phase_table(result)
+    assert "backlog: drained by the relay" in table and f"{backlog.relay_rate:,.0f}" in table
+    assert "backlog: applied by the consumer" in table and f"{backlog.consumer_rate:,.0f}" in table
