@@ -215,6 +215,8 @@ def run_goharvest(pg_dsn: str, kafka_bootstrap: str, table: str, rows: int, limi
                           env={**os.environ, "HARVEST_DATA_SOURCE": lib_pq_dsn(pg_dsn)})
     if proc.returncode != 0:
         raise GoharvestBenchError(f"goharvest-bench exited with {proc.returncode}:\n{proc.stderr.strip()[-3000:]}")
+    for line in proc.stderr.strip().splitlines()[-10:]:  # goharvest's warnings (re-marks, slow close)
+        log.info("goharvest: %s", line)
     lines = proc.stdout.strip().splitlines()
     if not lines:
         raise GoharvestBenchError(f"goharvest-bench printed no result; its stderr:\n{proc.stderr.strip()[-3000:]}")
