@@ -60,7 +60,7 @@ class Run:
 class DemoOptions:
     """What one demo run does; validated at construction."""
 
-    rows: int = 20_000  # committed messages from the live writers
+    rows: int = 10_000  # committed messages from the live writers
     keys: int = 200
     partitions: int = 4
     writers: int = 4
@@ -118,7 +118,8 @@ class DemoResult:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="./dev demo", description=__doc__.splitlines()[0])
-    parser.add_argument("--rows", type=int, default=20_000, help="committed messages to write (default 20000)")
+    parser.add_argument("--rows", type=int, default=10_000,
+                        help="committed messages from the live writers (default 10000)")
     parser.add_argument("--keys", type=int, default=200, help="distinct keys (default 200)")
     parser.add_argument("--partitions", type=int, default=4, help="topic partitions (default 4)")
     parser.add_argument("--writers", type=int, default=4, help="concurrent writer threads (default 4)")

@@ -57,14 +57,22 @@ class Backlog:
     committed_mono: float  # time.monotonic() at the same moment
 
 
-def stash_backlog(dsn: str, schema: str, outbox_table: str, topic: str, keys: int, rows: int) -> Backlog:
+def stash_backlog(dsn: str, schema: str, outbox_table: str, topic: str, keys: int, rows: int,
+                  analyze: bool = True) -> Backlog:
     """Commit ``rows`` messages over the keys ``key-0 .. key-{keys-1}`` in one transaction.
 
     Each key's version is bumped by its share of the rows (under the row lock, in the writers' key
     order, so running writers cannot deadlock with it) and its messages carry the next versions in
     ascending order; keys are interleaved round-robin, as many independent aggregates would be.
     Backlog messages have ``"ts": null`` (they are not stamped when written: their wait in the
-    backlog is the point, not a latency) and the header ``phase: backlog``."""
+    backlog is the point, not a latency) and the header ``phase: backlog``.
+
+    ``analyze``: ``ANALYZE`` the outbox in the same transaction, before the commit, as Postgres
+    advises after a bulk load. Without it the planner may still hold the statistics of a nearly
+    empty outbox (autoanalyze ran during a quiet spell) and plan the relay's mark query
+    (``UPDATE … WHERE id IN (SELECT … LIMIT n)``) as a nested loop that re-runs the subquery per
+    outbox row: quadratic, minutes for a 100k-row backlog. Before the commit, so that the relay's
+    first mark already plans with the new row count."""
     if rows < 1 or keys < 1:
         raise ValueError(f"stash_backlog: rows={rows!r} and keys={keys!r} must both be at least 1")
     names = sorted(f"key-{i}" for i in range(keys))
@@ -83,7 +91,10 @@ def stash_backlog(dsn: str, schema: str, outbox_table: str, topic: str, keys: in
         records = [OutboxRecord(topic, key, json.dumps({"key": key, "version": first[key] + j, "ts": None}),
                                 headers=(("phase", "backlog"),))
                    for j in range(max(share.values())) for key in names if j < share[key]]
-        Stasher(outbox_table).stash_many(conn, records)
+        stasher = Stasher(outbox_table)
+        stasher.stash_many(conn, records)
+        if analyze:
+            conn.execute(sql.SQL("ANALYZE {}").format(stasher.names.outbox))
         conn.commit()
         return Backlog(len(records), time.time(), time.monotonic())
 

@@ -52,6 +52,11 @@ def test_stash_backlog_continues_each_keys_versions(pg_dsn: str, pg_schema: str)
         assert versions == list(range(first, truth[key] + 1)), key
     # Keys interleave round-robin (many aggregates), not one key's block after another's.
     assert [r[1] for r in rows[:7]] == sorted(share)
+    # Analyzed in the same transaction: the planner knows the backlog is there (see stash_backlog).
+    with psycopg.connect(pg_dsn) as conn:
+        reltuples = conn.execute("SELECT reltuples FROM pg_class WHERE oid = %s::regclass",
+                                 (f"{pg_schema}.outbox",)).fetchone()[0]  # type: ignore[index]
+    assert reltuples == 100
 
 
 def test_stash_backlog_rejects_bad_input(pg_dsn: str, pg_schema: str) -> None:
@@ -100,5 +105,6 @@ def test_demo_backlog_phase_is_verified_by_both_readers(services, spark, pg_sche
     assert backlog.consumer_rate is not None and backlog.consumer_rate > 0
     assert backlog.samples[-1][1] == 0
     table = phase_table(result)
+    print("\n" + table)
     assert "backlog: drained by the relay" in table and f"{backlog.relay_rate:,.0f}" in table
     assert "backlog: applied by the consumer" in table and f"{backlog.consumer_rate:,.0f}" in table
