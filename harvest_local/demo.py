@@ -386,12 +386,24 @@ def _plot(result: DemoResult, path: Path) -> Path | None:
         ax.plot(range(max(wb) + 1), [wb.get(x, 0) for x in range(max(wb) + 1)], color="#718096",
                 linewidth=1.0, linestyle=":", label="committed by live writers")
     b = result.backlog
-    if b is not None and len(b.samples) > 1:
+    log_scale = b is not None and len(b.samples) > 1
+    if log_scale:
+        assert b is not None
+        # Rows left in the outbox at each whole second (the last sample at or before it), differenced:
+        # the relay's drain per second, on the same 1-second grid as the other lines.
         pts = [(b.committed_at, b.rows)] + b.samples
-        xs_r = [t1 - t0 for (t1, _), (_, _) in zip(pts[1:], pts)]
-        ys_r = [max(n0 - n1, 0) / (t1 - t0_) if t1 > t0_ else 0.0 for (t0_, n0), (t1, n1) in zip(pts, pts[1:])]
-        ax.step(xs_r, ys_r, where="pre", color="#dd6b20", linewidth=1.4, label="backlog drained by the relay")
+
+        def left(t: float) -> int:
+            return min((n for ts, n in pts if ts <= t), default=b.rows)
+
+        first, last = int(b.committed_at - t0), int(pts[-1][0] - t0) + 1
+        xs_r = list(range(first, last + 1))
+        ys_r = [max(left(t0 + x) - left(t0 + x + 1), 0) for x in xs_r]
+        ax.plot(xs_r, [y or float("nan") for y in ys_r], color="#dd6b20", linewidth=1.6, marker="o",
+                markersize=3, label="backlog drained by the relay")
         ax.set_yscale("log")
+        for line in ax.get_lines()[:-1]:  # on a log scale a zero is a gap, not a plunge to the axis
+            line.set_ydata([y if y else float("nan") for y in line.get_ydata()])
     ax.legend(loc="upper left", fontsize=8)
     top = ax.get_ylim()[1]
     for t, what in run.events:
@@ -400,10 +412,10 @@ def _plot(result: DemoResult, path: Path) -> Path | None:
         if label:
             ax.axvline(t - offset, color="#c53030" if label == "leader killed" else "#dd6b20", linestyle="--",
                        linewidth=1)
-            ax.annotate(label, (t - offset, top * 0.5 if ax.get_yscale() == "log" else top * 0.9),
+            ax.annotate(label, (t - offset, top * 0.5 if log_scale else top * 0.9),
                         color="#c53030" if label == "leader killed" else "#dd6b20", fontsize=8)
     ax.set_xlabel("seconds")
-    ax.set_ylabel("rows/s" + (" (log scale)" if ax.get_yscale() == "log" else ""))
+    ax.set_ylabel("rows/s" + (" (log scale)" if log_scale else ""))
     ax.set_title("harvest demo: exactly-once delivery to the consumer's table")
     ax.grid(alpha=0.3)
     fig.tight_layout()

@@ -10,18 +10,45 @@
 from __future__ import annotations
 
 import json
+import time
 
 import psycopg
 import pytest
 from psycopg import sql
 
-from harvest_local.demo import DemoOptions, phase_table, run_demo
-from harvest_local.workload import committed_versions, create_accounts, stash_backlog
+from harvest_local.demo import BacklogPhase, DemoOptions, DemoResult, Run, _plot, phase_table, run_demo
+from harvest_local.workload import WriterStats, committed_versions, create_accounts, stash_backlog
 from producer.schema import init_db
 
-pytestmark = pytest.mark.integration
+def _result(backlog: BacklogPhase | None) -> DemoResult:
+    """A synthetic run: 3,000 live rows at 300 rows/s, then (optionally) the backlog."""
+    now, mono = time.time(), time.monotonic()
+    stats = WriterStats(committed=3000, commit_times=[mono + i / 300 for i in range(3000)])
+    applied: list[tuple[str, int, float | None, float]] = [
+        (f"key-{i % 7}", i // 7 + 1, now + i / 300, now + i / 300 + 0.05) for i in range(3000)]
+    if backlog is not None:
+        applied += [(f"key-{i % 7}", 1000 + i, None, backlog.committed_at + 0.5 + i / 12_500)
+                    for i in range(backlog.rows)]
+    return DemoResult(Run(), [], 3000 + (backlog.rows if backlog else 0), 0, stats, 10.0, None, applied, backlog)
 
 
+def test_phase_table_reports_each_phase_rate_and_the_plot_draws(tmp_path) -> None:
+    committed = time.time() + 12
+    samples = [(committed + 0.1 * j, max(50_000 - 3000 * j, 0)) for j in range(1, 18)]
+    result = _result(BacklogPhase(50_000, committed, relay_seconds=2.0, consumer_seconds=4.0, samples=samples))
+    lines = phase_table(result).splitlines()
+    assert lines[0].split() == ["phase", "rows", "seconds", "rows/s"]
+    assert lines[2].split()[-3:] == ["3000", "10.0", "300"]
+    assert lines[4].split()[-3:] == ["50000", "2.0", "25,000"]
+    assert lines[5].split()[-3:] == ["50000", "4.0", "12,500"]
+    assert _plot(result, tmp_path / "with-backlog.png") == tmp_path / "with-backlog.png"
+    assert (tmp_path / "with-backlog.png").stat().st_size > 10_000
+    # Without a backlog: no backlog rows in the table, and the plot still draws.
+    assert "backlog" not in phase_table(_result(None))
+    assert _plot(_result(None), tmp_path / "live.png") == tmp_path / "live.png"
+
+
+@pytest.mark.integration
 def test_stash_backlog_continues_each_keys_versions(pg_dsn: str, pg_schema: str) -> None:
     outbox = f"{pg_schema}.outbox"
     create_accounts(pg_dsn, pg_schema, 7)
@@ -59,6 +86,7 @@ def test_stash_backlog_continues_each_keys_versions(pg_dsn: str, pg_schema: str)
     assert reltuples == 100
 
 
+@pytest.mark.integration
 def test_stash_backlog_rejects_bad_input(pg_dsn: str, pg_schema: str) -> None:
     outbox = f"{pg_schema}.outbox"
     create_accounts(pg_dsn, pg_schema, 3)
@@ -77,6 +105,7 @@ def test_demo_options_name_the_bad_field() -> None:
         DemoOptions(keys=0)
 
 
+@pytest.mark.integration
 @pytest.mark.slow
 @pytest.mark.spark
 def test_demo_backlog_phase_is_verified_by_both_readers(services, spark, pg_schema: str, tmp_path) -> None:
