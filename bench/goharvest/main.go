@@ -41,15 +41,14 @@ import (
 )
 
 type result struct {
-	Rows             int64              `json:"rows"`
-	Seconds          float64            `json:"seconds"`
-	RowsPerS         float64            `json:"rows_per_s"`
-	ElectionSeconds  float64            `json:"election_seconds"`
-	Limits           map[string]int     `json:"limits"`
-	LimitsAreDefault bool               `json:"limits_are_default"`
-	Goharvest        string             `json:"goharvest"`
-	LeaderTopic      string             `json:"leader_topic"`
-	Extra            map[string]float64 `json:"extra,omitempty"`
+	Rows             int64          `json:"rows"`
+	Seconds          float64        `json:"seconds"`
+	RowsPerS         float64        `json:"rows_per_s"`
+	ElectionSeconds  float64        `json:"election_seconds"`
+	Limits           map[string]int `json:"limits"`
+	LimitsAreDefault bool           `json:"limits_are_default"`
+	Goharvest        string         `json:"goharvest"`
+	LeaderTopic      string         `json:"leader_topic"`
 }
 
 // A plain or schema-qualified Postgres identifier. goharvest splices the table name into its SQL
