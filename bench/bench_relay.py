@@ -295,7 +295,13 @@ def main() -> int:
             go: dict[str, Any] = {}
             for sname, limits in (("defaults", None), ("tuned", {"markQueryRecords": 5000,
                                                                    "maxInFlightRecords": 5000})):
-                res = run_goharvest(dsn, bootstrap, args.rows, args.keys, args.partitions, limits)
+                schema = f"gh_{uuid.uuid4().hex[:8]}"
+                try:
+                    res = run_goharvest(dsn, bootstrap, f"{schema}.outbox", args.rows, limits, keys=args.keys,
+                                        partitions=args.partitions)
+                finally:
+                    with psycopg.connect(dsn, autocommit=True) as conn:
+                        conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema)))
                 if res is None:
                     go = {"skipped": "no Go toolchain"}
                     break

@@ -6,9 +6,17 @@
    leader is killed with SIGKILL and the standby takes over.
 3. A ``ReadCommittedIter`` consumer process applies the committed messages to a Postgres table,
    its checkpoint saved in the same transaction (exactly-once effects).
-4. A Spark ``readCommitted`` batch over the topic.
-5. A verdict per reader (lost, duplicates, per-key order violations, phantoms from rolled-back
-   transactions), throughput, latency and a PNG plot of throughput over time.
+4. The backlog phase: once the writers are done, one transaction commits ``--backlog`` rows (100k by
+   default; ``Stasher.stash_many``, as a batch import would) while the relays run, so the verdict
+   shows the relay's own drain rate rather than the live writers' pace (a few hundred rows/s).
+   Backlog rows continue each key's versions and are verified like every other row.
+5. A Spark ``readCommitted`` batch over the topic.
+6. A verdict per reader (lost, duplicates, per-key order violations, phantoms from rolled-back
+   transactions), throughput per phase, latency and a PNG plot of throughput over time.
+
+The relays run with the relay benchmark's limits (:data:`RELAY_LIMITS`). :func:`run_demo` is the
+whole job on given services (the test suite runs it small); :func:`main` adds the services and the
+printed report.
 """
 
 from __future__ import annotations
@@ -24,14 +32,15 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from harvest_local.applier import applied_rows, create_tables
 from harvest_local.kafka import create_topic
-from harvest_local.launcher import LocalServices
+from harvest_local.launcher import LocalServices, ServiceEndpoints
 from harvest_local.relays import RelayProcess, current_leader, wait_for, write_config
 from harvest_local.verify import Verdict, render, verify
 from harvest_local.workdir import work_dir
-from harvest_local.workload import Writers, committed_versions, create_accounts
+from harvest_local.workload import WriterStats, Writers, committed_versions, create_accounts, stash_backlog
 
 log = logging.getLogger("harvest.demo")
 
@@ -47,102 +56,240 @@ class Run:
         log.info("[%6.1fs] %s", t, what)
 
 
+@dataclass(frozen=True)
+class DemoOptions:
+    """What one demo run does; validated at construction."""
+
+    rows: int = 10_000  # committed messages from the live writers
+    keys: int = 200
+    partitions: int = 4
+    writers: int = 4
+    rate: float = 1500.0  # target live write rate, rows/s
+    backlog: int = 100_000  # rows committed at once after the live phase (0: no backlog phase)
+    spark: bool = True
+    kill: bool = True
+    schema: str = "demo"
+
+    def __post_init__(self) -> None:
+        for name in ("rows", "keys", "partitions", "writers"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"demo option {name}: {getattr(self, name)!r} must be at least 1")
+        if self.backlog < 0:
+            raise ValueError(f"demo option backlog: {self.backlog!r} must be >= 0 (0 skips the backlog phase)")
+        if not self.rate > 0:
+            raise ValueError(f"demo option rate: {self.rate!r} must be > 0 rows/s")
+
+
+@dataclass
+class BacklogPhase:
+    """The backlog phase's figures: commit -> outbox empty (relay), commit -> last row applied (consumer)."""
+
+    rows: int
+    committed_at: float  # wall clock
+    relay_seconds: float | None = None  # None: the outbox never emptied
+    consumer_seconds: float | None = None
+    samples: list[tuple[float, int]] = field(default_factory=list)  # (wall clock, rows left in the outbox)
+
+    @property
+    def relay_rate(self) -> float | None:
+        return self.rows / self.relay_seconds if self.relay_seconds else None
+
+    @property
+    def consumer_rate(self) -> float | None:
+        return self.rows / self.consumer_seconds if self.consumer_seconds else None
+
+
+@dataclass
+class DemoResult:
+    run: Run
+    verdicts: list[Verdict]
+    expected: int
+    raw_count: int
+    stats: WriterStats
+    writers_seconds: float
+    takeover: float | None
+    applied: list[tuple[str, int, float | None, float]]
+    backlog: BacklogPhase | None
+
+    @property
+    def ok(self) -> bool:
+        return bool(self.verdicts) and all(v.ok for v in self.verdicts)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="./dev demo", description=__doc__.splitlines()[0])
-    parser.add_argument("--rows", type=int, default=20_000, help="committed messages to write (default 20000)")
+    parser.add_argument("--rows", type=int, default=10_000,
+                        help="committed messages from the live writers (default 10000)")
     parser.add_argument("--keys", type=int, default=200, help="distinct keys (default 200)")
     parser.add_argument("--partitions", type=int, default=4, help="topic partitions (default 4)")
     parser.add_argument("--writers", type=int, default=4, help="concurrent writer threads (default 4)")
     parser.add_argument("--rate", type=float, default=1500.0, help="target write rate, rows/s (default 1500)")
+    parser.add_argument("--backlog", type=int, default=100_000,
+                        help="rows committed at once after the writers, to show the relay's drain rate "
+                             "(default 100000; 0 skips the backlog phase)")
     parser.add_argument("--no-spark", action="store_true", help="skip the Spark read")
     parser.add_argument("--no-kill", action="store_true", help="do not kill the leader mid-way")
     parser.add_argument("--out", type=Path, default=None, help="folder for logs and the plot (default .work/demo-*)")
     args = parser.parse_args(argv)
+    try:
+        opts = DemoOptions(rows=args.rows, keys=args.keys, partitions=args.partitions, writers=args.writers,
+                           rate=args.rate, backlog=args.backlog, spark=not args.no_spark, kill=not args.no_kill)
+    except ValueError as exc:
+        parser.error(str(exc))
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)-7s %(message)s", datefmt="%H:%M:%S")
     for noisy in ("py4j", "harvest_local.maven", "harvest_local.launcher"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     out = args.out or work_dir() / f"demo-{time.strftime('%Y%m%d-%H%M%S')}"
     out.mkdir(parents=True, exist_ok=True)
     run = Run()
-
     with LocalServices() as services:
-        ends = services.endpoints
         run.mark(f"services up: Postgres + Kafka on loopback (logs in {out})")
-        schema, topic = "demo", f"demo-accounts-{uuid.uuid4().hex[:6]}"
-        outbox = f"{schema}.outbox"
-        from producer.schema import init_db
+        result = run_demo(services.endpoints, opts, out, run)
+    latencies = sorted((a - w) * 1000 for _, _, w, a in result.applied if w)
+    plot = _plot(result, out / "throughput.png")
+    _report(result, latencies, plot)
+    (out / "verdict.json").write_text(json.dumps([v.__dict__ for v in result.verdicts], indent=2))
+    if result.backlog is not None:
+        b = result.backlog
+        (out / "backlog.json").write_text(json.dumps(
+            {"rows": b.rows, "relay_seconds": b.relay_seconds, "relay_rows_per_s": b.relay_rate,
+             "consumer_seconds": b.consumer_seconds, "consumer_rows_per_s": b.consumer_rate}, indent=2))
+    return 0 if result.ok else 1
 
-        create_accounts(ends.pg_dsn, schema, args.keys)
-        init_db(ends.pg_dsn, outbox)
-        create_tables(ends.pg_dsn, schema)
-        create_topic(ends.kafka_bootstrap, topic, args.partitions)
-        cfg = write_config(out / "harvest.yaml", dsn=ends.pg_dsn, bootstrap=ends.kafka_bootstrap,
-                           outbox_table=outbox, group=f"demo-{uuid.uuid4().hex[:6]}")
-        relays = [RelayProcess(cfg, f"relay-{i}", out).start() for i in range(2)]
-        applier = subprocess.Popen(
-            [sys.executable, "-m", "harvest_local.applier", "--bootstrap", ends.kafka_bootstrap, "--topic", topic,
-             "--schema", schema], env={**os.environ, "HARVEST_DATA_SOURCE": ends.pg_dsn},
-            stdout=(out / "applier.log").open("w"), stderr=subprocess.STDOUT)
-        try:
-            wait_for(lambda: current_leader(relays) is not None, 60)
+
+#: The relays' limits in the demo: those of the relay benchmark (bench/bench_relay.py), so that the
+#: backlog phase shows the drain rate the README's benchmark table reports.
+RELAY_LIMITS = {"markQueryRecords": "5000", "maxInFlightRecords": "5000", "purgeBatchRecords": "2000",
+                "txnMaxRecords": "5000"}
+
+
+def run_demo(ends: ServiceEndpoints, opts: DemoOptions, out: Path, run: Run | None = None,
+             spark: Any = None) -> DemoResult:
+    """Everything but the services and the printed report, on ``ends``. ``spark``: a SparkSession to
+    use (and leave running); None starts a local one for the read and stops it afterwards."""
+    run = run or Run()
+    schema, topic = opts.schema, f"demo-accounts-{uuid.uuid4().hex[:6]}"
+    outbox = f"{schema}.outbox"
+    from producer.schema import init_db
+
+    create_accounts(ends.pg_dsn, schema, opts.keys)
+    init_db(ends.pg_dsn, outbox)
+    create_tables(ends.pg_dsn, schema)
+    create_topic(ends.kafka_bootstrap, topic, opts.partitions)
+    cfg = write_config(out / "harvest.yaml", dsn=ends.pg_dsn, bootstrap=ends.kafka_bootstrap,
+                       outbox_table=outbox, group=f"demo-{uuid.uuid4().hex[:6]}", extra_limits=RELAY_LIMITS)
+    relays = [RelayProcess(cfg, f"relay-{i}", out).start() for i in range(2)]
+    applier = subprocess.Popen(
+        [sys.executable, "-m", "harvest_local.applier", "--bootstrap", ends.kafka_bootstrap, "--topic", topic,
+         "--schema", schema], env={**os.environ, "HARVEST_DATA_SOURCE": ends.pg_dsn},
+        stdout=(out / "applier.log").open("w"), stderr=subprocess.STDOUT)
+    backlog: BacklogPhase | None = None
+    takeover = None
+    try:
+        wait_for(lambda: current_leader(relays) is not None, 60, "a relay to be elected leader")
+        leader = current_leader(relays)
+        assert leader is not None
+        run.mark(f"{leader.name} elected leader; the other relay stands by")
+        writers = Writers(ends.pg_dsn, schema, outbox, topic, opts.keys, opts.rows, threads=opts.writers,
+                          rate_per_s=opts.rate).start()
+        writers_started = time.monotonic()
+        ticker = _Progress(run, writers, ends.pg_dsn, schema, outbox)
+        ticker.start()
+        run.mark(f"live phase: {opts.writers} writers started ({opts.rows} rows, ~{opts.rate:.0f} rows/s, "
+                 f"10% rolled back)")
+        if opts.kill:
+            wait_for(lambda: writers.stats.committed >= opts.rows * 0.4, 600, "40% of the live rows", poll=0.2)
             leader = current_leader(relays)
             assert leader is not None
-            run.mark(f"{leader.name} elected leader; the other relay stands by")
-            writers = Writers(ends.pg_dsn, schema, outbox, topic, args.keys, args.rows, threads=args.writers,
-                              rate_per_s=args.rate).start()
-            ticker = _Progress(run, writers, ends.pg_dsn, schema, outbox)
-            ticker.start()
-            run.mark(f"{args.writers} writers started ({args.rows} rows, ~{args.rate:.0f} rows/s, 10% rolled back)")
-            takeover = None
-            if not args.no_kill:
-                wait_for(lambda: writers.stats.committed >= args.rows * 0.4, 600, poll=0.2)
-                leader = current_leader(relays)
-                assert leader is not None
-                before = {r.name: r.elections() for r in relays}
-                leader.kill()
-                killed_at = time.monotonic()
-                run.mark(f"kill -9 {leader.name} (the leader) after {writers.stats.committed} committed rows")
-                wait_for(lambda: any(r.elections() > before[r.name] for r in relays if r.alive), 120)
-                takeover = time.monotonic() - killed_at
-                run.mark(f"standby took over after {takeover:.1f}s")
-            writers.join()
-            stats = writers.stats
-            run.mark(f"writers done: {stats.committed} committed, {stats.rolled_back} rolled back, "
-                     f"{stats.long_running} long-running transactions")
-            truth = committed_versions(ends.pg_dsn, schema)
-            expected = sum(truth.values())
-            last_progress = (time.monotonic(), -1)
-            while True:
-                n = len(applied_rows(ends.pg_dsn, schema))
-                if n >= expected:
-                    break
-                if n != last_progress[1]:
-                    last_progress = (time.monotonic(), n)
-                elif time.monotonic() - last_progress[0] > 60:
-                    run.mark(f"consumer stalled at {n}/{expected} rows")
-                    break
-                time.sleep(0.5)
-            time.sleep(2.0)  # anything arriving late would be a duplicate: give it the chance to show
-            run.mark(f"consumer applied {len(applied_rows(ends.pg_dsn, schema))} rows")
-        finally:
-            if "ticker" in locals():
-                ticker.stop()
-            for relay in relays:
-                relay.stop()
-            applier.terminate()
-            applier.wait(20)
+            before = {r.name: r.elections() for r in relays}
+            leader.kill()
+            killed_at = time.monotonic()
+            run.mark(f"kill -9 {leader.name} (the leader) after {writers.stats.committed} committed rows")
+            wait_for(lambda: any(r.elections() > before[r.name] for r in relays if r.alive), 120,
+                     "the standby to take over")
+            takeover = time.monotonic() - killed_at
+            run.mark(f"standby took over after {takeover:.1f}s")
+        writers.join()
+        writers_seconds = time.monotonic() - writers_started
+        stats = writers.stats
+        run.mark(f"writers done: {stats.committed} committed, {stats.rolled_back} rolled back, "
+                 f"{stats.long_running} long-running transactions")
+        if opts.backlog:
+            backlog = _backlog_phase(run, ends.pg_dsn, schema, outbox, topic, opts)
+        truth = committed_versions(ends.pg_dsn, schema)
+        expected = sum(truth.values())
+        _await_consumer(run, ends.pg_dsn, schema, expected)
+        time.sleep(2.0)  # anything arriving late would be a duplicate: give it the chance to show
+    finally:
+        if "ticker" in locals():
+            ticker.stop()
+        for relay in relays:
+            relay.stop()
+        applier.terminate()
+        applier.wait(20)
 
-        applied = applied_rows(ends.pg_dsn, schema)
-        verdicts = [verify("ReadCommittedIter -> Postgres", truth, [(k, v) for k, v, _, _ in applied])]
-        raw_count = _raw_count(ends.kafka_bootstrap, topic)
-        if not args.no_spark:
-            verdicts.append(_spark_verdict(ends.kafka_bootstrap, topic, truth))
-            run.mark("Spark readCommitted batch done")
-    latencies = sorted((a - w) * 1000 for _, _, w, a in applied if w)
-    plot = _plot(applied, run, out / "throughput.png", [t - run.started for t in stats.commit_times])
-    _report(verdicts, raw_count, expected, stats, latencies, takeover, applied, plot)
-    (out / "verdict.json").write_text(json.dumps([v.__dict__ for v in verdicts], indent=2))
-    return 0 if all(v.ok for v in verdicts) else 1
+    applied = applied_rows(ends.pg_dsn, schema)
+    run.mark(f"consumer applied {len(applied)} rows")
+    if backlog is not None:
+        backlog_applied = [a for _, _, w, a in applied if w is None]
+        if len(backlog_applied) >= backlog.rows:
+            backlog.consumer_seconds = max(backlog_applied) - backlog.committed_at
+            run.mark(f"backlog applied by the consumer in {backlog.consumer_seconds:.1f}s "
+                     f"({backlog.consumer_rate:,.0f} rows/s)")
+    verdicts = [verify("ReadCommittedIter -> Postgres", truth, [(k, v) for k, v, _, _ in applied])]
+    raw_count = _raw_count(ends.kafka_bootstrap, topic)
+    if opts.spark:
+        verdicts.append(_spark_verdict(ends.kafka_bootstrap, topic, truth, spark))
+        run.mark("Spark readCommitted batch done")
+    return DemoResult(run, verdicts, expected, raw_count, stats, writers_seconds, takeover, applied, backlog)
+
+
+def _backlog_phase(run: Run, dsn: str, schema: str, outbox: str, topic: str, opts: DemoOptions,
+                   timeout: float = 600.0) -> BacklogPhase:
+    """Commit ``opts.backlog`` rows in one transaction while the relays run; time the relay's drain
+    by sampling how many rows are left in the outbox (the relay deletes a row once it is committed
+    to Kafka)."""
+    import psycopg
+    from psycopg import sql
+
+    run.mark(f"backlog phase: committing {opts.backlog} rows in one transaction (Stasher.stash_many)")
+    b = stash_backlog(dsn, schema, outbox, topic, opts.keys, opts.backlog)
+    phase = BacklogPhase(b.rows, b.committed_at)
+    run.mark(f"backlog committed ({b.rows} rows); the leader drains it")
+    count = sql.SQL("SELECT count(*) FROM {}").format(sql.Identifier(*outbox.split(".")))
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        while True:
+            left = conn.execute(count).fetchone()[0]  # type: ignore[index]
+            now = time.time()
+            phase.samples.append((now, left))
+            if left == 0:
+                phase.relay_seconds = now - b.committed_at
+                break
+            if now - b.committed_at > timeout:
+                run.mark(f"backlog: {left} rows still in the outbox after {timeout:.0f}s")
+                return phase
+            time.sleep(0.1)
+    run.mark(f"relay drained the backlog in {phase.relay_seconds:.1f}s ({phase.relay_rate:,.0f} rows/s)")
+    return phase
+
+
+def _await_consumer(run: Run, dsn: str, schema: str, expected: int, stall: float = 60.0) -> None:
+    import psycopg
+    from psycopg import sql
+
+    count = sql.SQL("SELECT count(*) FROM {}").format(sql.Identifier(schema, "applied"))
+    last_progress = (time.monotonic(), -1)
+    while True:
+        with psycopg.connect(dsn) as conn:
+            n = conn.execute(count).fetchone()[0]  # type: ignore[index]
+        if n >= expected:
+            return
+        if n != last_progress[1]:
+            last_progress = (time.monotonic(), n)
+        elif time.monotonic() - last_progress[0] > stall:
+            run.mark(f"consumer stalled at {n}/{expected} rows")
+            return
+        time.sleep(0.5)
 
 
 class _Progress:
@@ -192,23 +339,30 @@ def _raw_count(bootstrap: str, topic: str) -> int:
         c.close()
 
 
-def _spark_verdict(bootstrap: str, topic: str, truth: dict[str, int]) -> Verdict:
-    from harvest_local.spark import local_spark_session
+def _spark_verdict(bootstrap: str, topic: str, truth: dict[str, int], spark: Any = None) -> Verdict:
     from spark_reader import readCommitted
 
-    spark = local_spark_session("harvest-demo")
+    own = spark is None
+    if own:
+        from harvest_local.spark import local_spark_session
+
+        spark = local_spark_session("harvest-demo")
     try:
         rows = readCommitted(spark, topic, {"kafka.bootstrap.servers": bootstrap}).select(
             "partition", "offset", "ack_offset", "key", "value").collect()
     finally:
-        spark.stop()
+        if own:
+            spark.stop()
     rows.sort(key=lambda r: (r.partition, r.ack_offset, r.offset))
     delivered = [(bytes(r.key).decode(), int(json.loads(bytes(r.value))["version"])) for r in rows]
     return verify("Spark readCommitted (batch)", truth, delivered)
 
 
-def _plot(applied: list[tuple[str, int, float | None, float]], run: Run, path: Path,
-          written: list[float]) -> Path | None:
+def _plot(result: DemoResult, path: Path) -> Path | None:
+    """Rows/s over time: applied by the consumer, committed by the live writers and, in the backlog
+    phase, drained from the outbox by the relay. A log scale when there is a backlog: the live phase
+    runs at the writers' pace, the backlog at the relay's, orders of magnitude apart."""
+    applied, run = result.applied, result.run
     if not applied:
         return None
     import matplotlib
@@ -221,23 +375,47 @@ def _plot(applied: list[tuple[str, int, float | None, float]], run: Run, path: P
     for _, _, _, a in applied:
         buckets[int(a - t0)] = buckets.get(int(a - t0), 0) + 1
     xs = list(range(max(buckets) + 1))
-    fig, ax = plt.subplots(figsize=(8, 3.2), dpi=110)
+    fig, ax = plt.subplots(figsize=(8, 3.6), dpi=110)
     ax.plot(xs, [buckets.get(x, 0) for x in xs], color="#2b6cb0", linewidth=1.6, label="applied by the consumer")
-    offset = t0 - (time.time() - (time.monotonic() - run.started))
+    offset = t0 - (time.time() - (time.monotonic() - run.started))  # run-relative seconds -> plot x
     wb: dict[int, int] = {}
-    for t in written:
+    for t in (t - run.started for t in result.stats.commit_times):
         if t - offset >= 0:
             wb[int(t - offset)] = wb.get(int(t - offset), 0) + 1
     if wb:
         ax.plot(range(max(wb) + 1), [wb.get(x, 0) for x in range(max(wb) + 1)], color="#718096",
-                linewidth=1.0, linestyle=":", label="committed by writers")
+                linewidth=1.0, linestyle=":", label="committed by live writers")
+    b = result.backlog
+    log_scale = b is not None and len(b.samples) > 1
+    if log_scale:
+        assert b is not None
+        # Rows left in the outbox at each whole second (the last sample at or before it), differenced:
+        # the relay's drain per second, on the same 1-second grid as the other lines.
+        pts = [(b.committed_at, b.rows)] + b.samples
+
+        def left(t: float) -> int:
+            return min((n for ts, n in pts if ts <= t), default=b.rows)
+
+        first, last = int(b.committed_at - t0), int(pts[-1][0] - t0) + 1
+        xs_r = list(range(first, last + 1))
+        ys_r = [max(left(t0 + x) - left(t0 + x + 1), 0) for x in xs_r]
+        ax.plot(xs_r, [y or float("nan") for y in ys_r], color="#dd6b20", linewidth=1.6, marker="o",
+                markersize=3, label="backlog drained by the relay")
+        ax.set_yscale("log")
+        for line in ax.get_lines()[:-1]:  # on a log scale a zero is a gap, not a plunge to the axis
+            line.set_ydata([y if y else float("nan") for y in line.get_ydata()])
     ax.legend(loc="upper left", fontsize=8)
+    top = ax.get_ylim()[1]
     for t, what in run.events:
-        if what.startswith("kill -9"):
-            ax.axvline(t - offset, color="#c53030", linestyle="--", linewidth=1)
-            ax.annotate("leader killed", (t - offset, ax.get_ylim()[1] * 0.9), color="#c53030", fontsize=8)
+        label = "leader killed" if what.startswith("kill -9") else "backlog committed" if what.startswith(
+            "backlog committed") else None
+        if label:
+            ax.axvline(t - offset, color="#c53030" if label == "leader killed" else "#dd6b20", linestyle="--",
+                       linewidth=1)
+            ax.annotate(label, (t - offset, top * 0.5 if log_scale else top * 0.9),
+                        color="#c53030" if label == "leader killed" else "#dd6b20", fontsize=8)
     ax.set_xlabel("seconds")
-    ax.set_ylabel("rows/s")
+    ax.set_ylabel("rows/s" + (" (log scale)" if log_scale else ""))
     ax.set_title("harvest demo: exactly-once delivery to the consumer's table")
     ax.grid(alpha=0.3)
     fig.tight_layout()
@@ -246,31 +424,56 @@ def _plot(applied: list[tuple[str, int, float | None, float]], run: Run, path: P
     return path
 
 
-def _report(verdicts: list[Verdict], raw_count: int, expected: int, stats, latencies: list[float],  # type: ignore[no-untyped-def]
-            takeover: float | None, applied: list, plot: Path | None) -> None:
-    span = (applied[-1][3] - applied[0][3]) if len(applied) > 1 else 0.0
+def _rate(rows: int, seconds: float | None) -> str:
+    return f"{rows / seconds:,.0f}" if seconds else "n/a"
 
+
+def phase_table(result: DemoResult) -> str:
+    """Throughput per phase: the live phase runs at the writers' pace, the backlog at the relay's."""
+    live = [(w, a) for _, _, w, a in result.applied if w is not None]
+    live_span = (live[-1][1] - live[0][1]) if len(live) > 1 else None
+    rows = [("phase", "rows", "seconds", "rows/s"),
+            ("live: committed by the writers", str(result.stats.committed), f"{result.writers_seconds:.1f}",
+             _rate(result.stats.committed, result.writers_seconds)),
+            ("live: applied by the consumer", str(len(live)), f"{live_span:.1f}" if live_span else "n/a",
+             _rate(len(live), live_span))]
+    b = result.backlog
+    if b is not None:
+        rows += [("backlog: drained by the relay", str(b.rows),
+                  f"{b.relay_seconds:.1f}" if b.relay_seconds else "n/a", _rate(b.rows, b.relay_seconds)),
+                 ("backlog: applied by the consumer", str(b.rows),
+                  f"{b.consumer_seconds:.1f}" if b.consumer_seconds else "n/a", _rate(b.rows, b.consumer_seconds))]
+    widths = [max(len(r[i]) for r in rows) for i in range(4)]
+    lines = ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))) for r in rows]
+    lines.insert(1, "-" * len(lines[0]))
+    return "\n".join(lines)
+
+
+def _report(result: DemoResult, latencies: list[float], plot: Path | None) -> None:
     def pct(p: float) -> str:
         return f"{latencies[min(len(latencies) - 1, int(p * len(latencies)))]:.0f} ms" if latencies else "n/a"
 
     print("\nharvest demo: verdict\n")
-    print(render(verdicts))
+    print(render(result.verdicts))
     print()
+    print(phase_table(result))
+    print()
+    backlog = result.backlog.rows if result.backlog else 0
     facts = [
-        ("rows committed by writers", f"{expected}"),
-        ("rows rolled back (must never appear)", f"{stats.rolled_back}"),
-        ("records in the topic (incl. ACKs, re-sends)", f"{raw_count}"),
-        ("leader take-over after kill -9", f"{takeover:.1f} s" if takeover is not None else "not killed"),
-        ("consumer throughput (mean)", f"{len(applied) / span:.0f} rows/s" if span else "n/a"),
-        ("write -> applied latency p50 / p99", f"{pct(0.5)} / {pct(0.99)}"),
+        ("rows committed", f"{result.expected} ({result.expected - backlog} by live writers, {backlog} in the backlog)"),
+        ("rows rolled back (must never appear)", f"{result.stats.rolled_back}"),
+        ("records in the topic (incl. ACKs, re-sends)", f"{result.raw_count}"),
+        ("leader take-over after kill -9", f"{result.takeover:.1f} s" if result.takeover is not None else "not killed"),
+        ("live write -> applied latency p50 / p99", f"{pct(0.5)} / {pct(0.99)}"),
         ("throughput plot", str(plot) if plot else "n/a"),
     ]
     width = max(len(a) for a, _ in facts)
     for a, b in facts:
         print(f"{a:<{width}}  {b}")
-    ok = all(v.ok for v in verdicts)
+    if result.backlog is not None:
+        print("\nThe live phase runs at the writers' pace; the backlog phase shows what the relay itself sustains.")
     print("\n" + ("OK: every committed row delivered exactly once, in per-key order, to every reader"
-                  if ok else "FAILED: see the verdict table above"))
+                  if result.ok else "FAILED: see the verdict table above"))
     if latencies:
         log.debug("latency median %.1f ms", statistics.median(latencies))
 

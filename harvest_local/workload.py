@@ -7,6 +7,10 @@ to one aggregate, so per key the committed versions are exactly 1..N in commit o
 transactions roll back (their version bump and message vanish together); some are held open for a
 while (long-running), so rows commit out of id order.
 
+A backlog (:func:`stash_backlog`) is the same thing in bulk: one transaction bumps every key's
+version by its share of the rows and stashes the messages with ``Stasher.stash_many`` (COPY), as a
+batch import or a relay outage would leave them; the relay then drains it as fast as it can.
+
 Invariant: ``accounts`` holds, per key, the number N of committed messages for that key, and the
 committed messages for that key carry versions 1..N; nothing else is ever committed.
 """
@@ -44,6 +48,55 @@ def create_accounts(dsn: str, schema: str, keys: int) -> None:
         conn.execute(sql.SQL("CREATE TABLE IF NOT EXISTS {} (key text PRIMARY KEY, version bigint NOT NULL)").format(table))
         conn.execute(sql.SQL("INSERT INTO {} SELECT 'key-' || g, 0 FROM generate_series(0, %s) g ON CONFLICT DO NOTHING")
                      .format(table), (keys - 1,))
+
+
+@dataclass(frozen=True)
+class Backlog:
+    rows: int
+    committed_at: float  # time.time() right after the commit
+    committed_mono: float  # time.monotonic() at the same moment
+
+
+def stash_backlog(dsn: str, schema: str, outbox_table: str, topic: str, keys: int, rows: int,
+                  analyze: bool = True) -> Backlog:
+    """Commit ``rows`` messages over the keys ``key-0 .. key-{keys-1}`` in one transaction.
+
+    Each key's version is bumped by its share of the rows (under the row lock, in the writers' key
+    order, so running writers cannot deadlock with it) and its messages carry the next versions in
+    ascending order; keys are interleaved round-robin, as many independent aggregates would be.
+    Backlog messages have ``"ts": null`` (they are not stamped when written: their wait in the
+    backlog is the point, not a latency) and the header ``phase: backlog``.
+
+    ``analyze``: ``ANALYZE`` the outbox in the same transaction, before the commit, as Postgres
+    advises after a bulk load. Without it the planner may still hold the statistics of a nearly
+    empty outbox (autoanalyze ran during a quiet spell) and plan the relay's mark query
+    (``UPDATE … WHERE id IN (SELECT … LIMIT n)``) as a nested loop that re-runs the subquery per
+    outbox row: quadratic, minutes for a 100k-row backlog. Before the commit, so that the relay's
+    first mark already plans with the new row count."""
+    if rows < 1 or keys < 1:
+        raise ValueError(f"stash_backlog: rows={rows!r} and keys={keys!r} must both be at least 1")
+    names = sorted(f"key-{i}" for i in range(keys))
+    share = {k: rows // keys + (1 if i < rows % keys else 0) for i, k in enumerate(names)}
+    bump = sql.SQL("UPDATE {} SET version = version + %s WHERE key = %s RETURNING version").format(
+        sql.Identifier(schema, "accounts"))
+    with psycopg.connect(dsn) as conn:
+        first: dict[str, int] = {}
+        for key in names:
+            if share[key]:
+                row = conn.execute(bump, (share[key], key)).fetchone()
+                if row is None:
+                    raise ValueError(f"stash_backlog: {key!r} is not in {schema}.accounts; create_accounts() "
+                                     f"with at least {keys} keys first")
+                first[key] = int(row[0]) - share[key] + 1
+        records = [OutboxRecord(topic, key, json.dumps({"key": key, "version": first[key] + j, "ts": None}),
+                                headers=(("phase", "backlog"),))
+                   for j in range(max(share.values())) for key in names if j < share[key]]
+        stasher = Stasher(outbox_table)
+        stasher.stash_many(conn, records)
+        if analyze:
+            conn.execute(sql.SQL("ANALYZE {}").format(stasher.names.outbox))
+        conn.commit()
+        return Backlog(len(records), time.time(), time.monotonic())
 
 
 def committed_versions(dsn: str, schema: str) -> dict[str, int]:

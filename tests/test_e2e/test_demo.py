@@ -1,0 +1,139 @@
+"""The demo (``./dev demo``), small, on the suite's services, and its backlog phase's building block.
+
+- ``stash_backlog`` continues every key's versions in one transaction, so backlog rows fall under
+  the same ground truth (``accounts``) as the live writers' rows;
+- the demo's whole job (live writers, kill -9 of the leader, backlog phase, both readers) ends with
+  every row, backlog included, delivered exactly once and in per-key order by both readers, and the
+  per-phase table reports the backlog's drain rate.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+import psycopg
+import pytest
+from psycopg import sql
+
+from harvest_local.demo import BacklogPhase, DemoOptions, DemoResult, Run, _plot, phase_table, run_demo
+from harvest_local.workload import WriterStats, committed_versions, create_accounts, stash_backlog
+from producer.schema import init_db
+
+def _result(backlog: BacklogPhase | None) -> DemoResult:
+    """A synthetic run: 3,000 live rows at 300 rows/s, then (optionally) the backlog."""
+    now, mono = time.time(), time.monotonic()
+    stats = WriterStats(committed=3000, commit_times=[mono + i / 300 for i in range(3000)])
+    applied: list[tuple[str, int, float | None, float]] = [
+        (f"key-{i % 7}", i // 7 + 1, now + i / 300, now + i / 300 + 0.05) for i in range(3000)]
+    if backlog is not None:
+        applied += [(f"key-{i % 7}", 1000 + i, None, backlog.committed_at + 0.5 + i / 12_500)
+                    for i in range(backlog.rows)]
+    return DemoResult(Run(), [], 3000 + (backlog.rows if backlog else 0), 0, stats, 10.0, None, applied, backlog)
+
+
+def test_phase_table_reports_each_phase_rate_and_the_plot_draws(tmp_path) -> None:
+    committed = time.time() + 12
+    samples = [(committed + 0.1 * j, max(50_000 - 3000 * j, 0)) for j in range(1, 18)]
+    result = _result(BacklogPhase(50_000, committed, relay_seconds=2.0, consumer_seconds=4.0, samples=samples))
+    lines = phase_table(result).splitlines()
+    assert lines[0].split() == ["phase", "rows", "seconds", "rows/s"]
+    assert lines[2].split()[-3:] == ["3000", "10.0", "300"]
+    assert lines[4].split()[-3:] == ["50000", "2.0", "25,000"]
+    assert lines[5].split()[-3:] == ["50000", "4.0", "12,500"]
+    assert _plot(result, tmp_path / "with-backlog.png") == tmp_path / "with-backlog.png"
+    assert (tmp_path / "with-backlog.png").stat().st_size > 10_000
+    # Without a backlog: no backlog rows in the table, and the plot still draws.
+    assert "backlog" not in phase_table(_result(None))
+    assert _plot(_result(None), tmp_path / "live.png") == tmp_path / "live.png"
+
+
+@pytest.mark.integration
+def test_stash_backlog_continues_each_keys_versions(pg_dsn: str, pg_schema: str) -> None:
+    outbox = f"{pg_schema}.outbox"
+    create_accounts(pg_dsn, pg_schema, 7)
+    init_db(pg_dsn, outbox)
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:  # as if live writers had committed these
+        conn.execute(sql.SQL("UPDATE {} SET version = 3 WHERE key IN ('key-1', 'key-4')").format(
+            sql.Identifier(pg_schema, "accounts")))
+
+    backlog = stash_backlog(pg_dsn, pg_schema, outbox, "topic-a", keys=7, rows=100)
+
+    assert backlog.rows == 100
+    # 100 rows over 7 keys: 14 each, the first two keys in sorted order one more.
+    share = {"key-0": 15, "key-1": 15, "key-2": 14, "key-3": 14, "key-4": 14, "key-5": 14, "key-6": 14}
+    truth = committed_versions(pg_dsn, pg_schema)
+    assert truth == {k: n + (3 if k in ("key-1", "key-4") else 0) for k, n in share.items()}
+    with psycopg.connect(pg_dsn) as conn:
+        rows = conn.execute(sql.SQL("SELECT kafka_topic, kafka_key, kafka_value, kafka_header_keys, "
+                                    "kafka_header_values FROM {} ORDER BY id").format(
+            sql.Identifier(pg_schema, "outbox"))).fetchall()
+    assert len(rows) == 100
+    by_key: dict[str, list[int]] = {}
+    for topic, key, value, hkeys, hvalues in rows:
+        body = json.loads(value)
+        assert (topic, body["key"], body["ts"], hkeys, hvalues) == ("topic-a", key, None, ["phase"], ["backlog"])
+        by_key.setdefault(key, []).append(body["version"])
+    for key, versions in by_key.items():  # id order is commit order: versions ascend from the last live one
+        first = 4 if key in ("key-1", "key-4") else 1
+        assert versions == list(range(first, truth[key] + 1)), key
+    # Keys interleave round-robin (many aggregates), not one key's block after another's.
+    assert [r[1] for r in rows[:7]] == sorted(share)
+    # Analyzed in the same transaction: the planner knows the backlog is there (see stash_backlog).
+    with psycopg.connect(pg_dsn) as conn:
+        reltuples = conn.execute("SELECT reltuples FROM pg_class WHERE oid = %s::regclass",
+                                 (f"{pg_schema}.outbox",)).fetchone()[0]  # type: ignore[index]
+    assert reltuples == 100
+
+
+@pytest.mark.integration
+def test_stash_backlog_rejects_bad_input(pg_dsn: str, pg_schema: str) -> None:
+    outbox = f"{pg_schema}.outbox"
+    create_accounts(pg_dsn, pg_schema, 3)
+    init_db(pg_dsn, outbox)
+    with pytest.raises(ValueError, match="rows=0"):
+        stash_backlog(pg_dsn, pg_schema, outbox, "t", keys=3, rows=0)
+    with pytest.raises(ValueError, match="'key-3' is not in"):
+        stash_backlog(pg_dsn, pg_schema, outbox, "t", keys=4, rows=10)
+    assert committed_versions(pg_dsn, pg_schema) == {}  # the failed transaction left nothing behind
+
+
+def test_demo_options_name_the_bad_field() -> None:
+    with pytest.raises(ValueError, match="backlog: -1"):
+        DemoOptions(backlog=-1)
+    with pytest.raises(ValueError, match="keys: 0"):
+        DemoOptions(keys=0)
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+@pytest.mark.spark
+def test_demo_backlog_phase_is_verified_by_both_readers(services, spark, pg_schema: str, tmp_path) -> None:
+    opts = DemoOptions(rows=600, keys=30, partitions=3, writers=3, rate=600.0, backlog=20_000, schema=pg_schema)
+
+    result = run_demo(services.endpoints, opts, tmp_path, spark=spark)
+
+    backlog = result.backlog
+    assert backlog is not None and backlog.rows == 20_000
+    assert result.takeover is not None, "the leader was not killed"
+    assert result.expected == result.stats.committed + 20_000
+    assert [v.reader for v in result.verdicts] == ["ReadCommittedIter -> Postgres", "Spark readCommitted (batch)"]
+    for verdict in result.verdicts:
+        assert verdict.ok, f"{verdict} (logs in {tmp_path})"
+        assert verdict.delivered == verdict.expected == result.expected
+    # The backlog rows themselves reached the consumer's table, once each, after the live rows of their key.
+    backlog_rows = [(k, v) for k, v, written, _ in result.applied if written is None]
+    assert len(backlog_rows) == len(set(backlog_rows)) == 20_000
+    live_max: dict[str, int] = {}
+    for k, v, written, _ in result.applied:
+        if written is not None:
+            live_max[k] = max(live_max.get(k, 0), v)
+    assert all(v > live_max.get(k, 0) for k, v in backlog_rows)
+    # Both drain rates are measured and shown in the per-phase table.
+    assert backlog.relay_rate is not None and backlog.relay_rate > 0
+    assert backlog.consumer_rate is not None and backlog.consumer_rate > 0
+    assert backlog.samples[-1][1] == 0
+    table = phase_table(result)
+    print("\n" + table)
+    assert "backlog: drained by the relay" in table and f"{backlog.relay_rate:,.0f}" in table
+    assert "backlog: applied by the consumer" in table and f"{backlog.consumer_rate:,.0f}" in table
