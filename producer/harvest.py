@@ -449,6 +449,8 @@ class Harvest:
                 self._waiting_count += 1
             else:
                 send(row)
+                if not len(in_flight) & 127:
+                    time.sleep(0)
 
     def _send(self, row: MarkedRow) -> bool:
         """Produce one record whose key is free. True if it is now in flight (or the relay must

@@ -74,6 +74,7 @@ from producer.preflight import header_bytes, too_large
 from sequencer import TICK, Clock, Flags, new_producer_id
 
 log = logging.getLogger(__name__)
+_yield = time.sleep
 
 _CONTINUE = int(Flags.CONTINUE_TXN)
 _ACK = int(Flags.ACK_TXN)
@@ -478,6 +479,8 @@ class SequencedHarvest(Harvest):
                 rows.append(row)
                 ids.append(rid)
                 in_flight += 1
+                if not in_flight & 127:
+                    _yield(0)
                 if len(ids) >= max_records:
                     self._close(t)
                     break
