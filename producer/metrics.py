@@ -13,6 +13,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from producer.errors import ConfigError
+
 log = logging.getLogger(__name__)
 
 
@@ -98,6 +100,10 @@ def start_prometheus(metrics: Metrics, name: str, port: int, addr: str = "0.0.0.
 
     registry = CollectorRegistry(auto_describe=False)
     registry.register(_Collector(metrics, name))  # type: ignore[arg-type]
-    server, thread = start_http_server(port, addr=addr, registry=registry)
+    try:
+        server, thread = start_http_server(port, addr=addr, registry=registry)
+    except OSError as exc:
+        raise ConfigError(f"prometheusPort: cannot listen on {addr}:{port} ({exc.strerror or exc}); pick a free "
+                          f"port, 0 for any free one, or omit prometheusPort to disable the endpoint") from exc
     log.info("Prometheus metrics on http://%s:%d/metrics", addr, server.server_port)
     return server, thread
