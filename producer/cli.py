@@ -22,7 +22,7 @@ import os
 import signal
 import sys
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 from producer import __version__
 from producer.config import FileConfig, from_mapping, load_yaml
@@ -50,8 +50,16 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--log-level", help="TRACE/DEBUG/INFO/WARNING/ERROR")
 
 
+class _Parser(argparse.ArgumentParser):
+    """Usage errors as one line naming the argument and the fix, exit 2 (argparse's own prints the whole
+    usage block first). Subcommand parsers are of this class too (``add_subparsers`` uses ``type(self)``)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_USAGE, f"{self.prog}: usage error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="harvest",
         description="Transactional-outbox relay: moves outbox rows from Postgres to Kafka "
         "(goharvest's mark-purge/reset with NELI leader election).",
@@ -126,6 +134,7 @@ def _load(args: argparse.Namespace, extra: dict[str, Any] | None = None) -> File
     cfg = load_yaml(args.file, overrides, args.log_level) if args.file else from_mapping({}, overrides,
                                                                                          args.log_level)
     args.loaded_config = cfg  # main() redacts error messages with its secrets
+    cfg.harvest.check_kafka_properties()  # a file is valid or not whatever the command reads of it
     return cfg
 
 
@@ -136,7 +145,6 @@ def _run(args: argparse.Namespace) -> int:
                        "leader_group_id": args.leader_group_id, "leader_election": args.leader_election,
                        "name": args.name,
                        "prometheus_port": args.prometheus_port, "uuid_sequencing": args.uuid_sequencing})
-    cfg.harvest.check_kafka_properties()
     _setup_logging(cfg.log_level)
     log.info("harvest %s starting: %r", __version__, cfg.harvest)
     relay = Harvest(cfg.harvest)

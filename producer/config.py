@@ -371,8 +371,11 @@ class HarvestConfig:
         from confluent_kafka import Consumer, KafkaException, Producer
 
         quiet = {"bootstrap.servers": "", "log_level": 0}
+        # In this order, so that an error is blamed on the section that holds the property: the producer
+        # of base properties alone passing means the producer section's broke it (names may be aliases).
         checks: tuple[tuple[str, Any, dict[str, Any]], ...] = (
             ("baseKafkaConfig", Consumer, {**self.base_kafka_config, "group.id": "harvest-config-check", **quiet}),
+            ("baseKafkaConfig", Producer, {**self.replace(producer_kafka_config={}).producer_config(), **quiet}),
             ("producerKafkaConfig", Producer, {**self.producer_config(), **quiet}),
         )
         for where, client, conf in checks:
@@ -382,9 +385,6 @@ class HarvestConfig:
                     made.close()
             except (KafkaException, ValueError, TypeError) as exc:
                 err = exc.args[0].str() if exc.args and hasattr(exc.args[0], "str") else str(exc)
-                quoted = re.findall(r'"([^"]+)"', err)
-                if where == "producerKafkaConfig" and not any(q in self.producer_kafka_config for q in quoted):
-                    where = "baseKafkaConfig"  # the producer sees base + producer properties
                 secrets = tuple(str(v) for conf_map in (self.base_kafka_config, self.producer_kafka_config)
                                 for k, v in conf_map.items() if is_secret_kafka_key(k))
                 shown = redact_error(err, None, secrets)

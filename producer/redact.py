@@ -25,7 +25,7 @@ REDACTED = "<redacted>"
 
 # Kafka property names whose values are credentials. Matched case-insensitively as substrings, so
 # ``sasl.password``, ``ssl.key.password``, ``sasl.oauthbearer.client.secret`` and friends are caught.
-_SECRET_KAFKA_KEY = re.compile(r"passw|pwd|secret|sasl\.jaas|oauthbearer\.config|ssl\.key\.pem|ssl_key|token|"
+_SECRET_KAFKA_KEY = re.compile(r"pas+w|pwd|secret|sasl\.jaas|oauthbearer\.config|ssl\.key\.pem|ssl_key|token|"
                                r"credential", re.IGNORECASE)
 
 # libpq parameters whose values are not secret (PostgreSQL 17's list, minus password, sslpassword
@@ -44,7 +44,7 @@ _URI_PREFIX = re.compile(r"^\s*postgres(?:ql)?://", re.IGNORECASE)
 
 # Last line of defence in free-form text: key=value pairs whose key looks like a password (quoted
 # with escapes, or unquoted with backslash escapes), and URI user:password@ parts.
-_KV_SECRET = re.compile(r"(\b[\w.]*(?:passw|pwd|secret|token)[\w.]*\s*=\s*)"
+_KV_SECRET = re.compile(r"(\b[\w.]*(?:pas+w|pwd|secret|token)[\w.]*\s*=\s*)"
                         r"('(?:[^'\\]|\\.)*'?|(?:\\.|[^\s\\&,;)\"'])*)", re.IGNORECASE)
 _URI_USERINFO = re.compile(r"(://[^:/@\s]*:)([^\s]*)(@)")
 
