@@ -17,6 +17,7 @@ Invariants:
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import re
 import socket
@@ -66,6 +67,8 @@ def parse_duration(value: Any, field_name: str) -> float:
 def format_duration(seconds: float) -> str:
     if seconds == 0:
         return "0"
+    if not math.isfinite(seconds) or seconds < 0:
+        return repr(seconds)
     if seconds < 1:
         return f"{seconds * 1000:g}ms"
     if seconds < 60:
@@ -172,9 +175,13 @@ class Limits:
             object.__setattr__(self, "drain_interval", min(self.max_poll_interval, self.queue_timeout))  # type: ignore[type-var]
         yaml_name = {attr: key for key, attr, _ in _LIMIT_FIELDS}
 
+        kinds = {attr: kind for _, attr, kind in _LIMIT_FIELDS}
+
         def need(attr: str, ok: bool, rule: str) -> None:
             if not ok:
-                raise ConfigError(f"limits.{yaml_name[attr]}: {getattr(self, attr)!r} is invalid; it must be {rule}")
+                value = getattr(self, attr)
+                shown = format_duration(value) if kinds[attr] == "d" else repr(value)
+                raise ConfigError(f"limits.{yaml_name[attr]}: {shown} is invalid; it must be {rule}")
 
         for key, attr, kind in _LIMIT_FIELDS:
             value = getattr(self, attr)

@@ -69,7 +69,7 @@ BAD_FILES = {
     "huge-duration": ((VALID_HEAD + "  limits:\n" + _limits(queueTimeout="9" * 400 + "h")).encode(),
                       ["limits.queueTimeout: inf is invalid; it must be at most 24h"]),
     "io-backoff-zero": ((VALID_HEAD + "  limits:\n" + _limits(ioErrorBackoff="0s")).encode(),
-                        ["limits.ioErrorBackoff: 0.0 is invalid; it must be >= 10ms"]),
+                        ["limits.ioErrorBackoff: 0 is invalid; it must be >= 10ms"]),
     "huge-mark-query": ((VALID_HEAD + "  limits:\n" + _limits(markQueryRecords="10000000000")).encode(),
                         ["limits.markQueryRecords: 10000000000 is invalid; it must be at most 1,000,000"]),
     "huge-producer-ring": ((VALID_HEAD + "  limits:\n" + _limits(producerRing="100000")).encode(),
