@@ -93,6 +93,10 @@ def build_parser() -> argparse.ArgumentParser:
     _common(rq)
     rq.add_argument("ids", nargs="*", type=_bounded_int("id", 1, 2**63 - 1), help="dead-letter ids")
     rq.add_argument("--all", action="store_true", help="requeue every dead letter")
+    rq.add_argument("--bootstrap-servers", help="Kafka bootstrap servers (overrides baseKafkaConfig) for the check "
+                    "that the rows' topics exist")
+    rq.add_argument("--skip-topic-check", action="store_true",
+                    help="requeue without checking that the rows' topics exist in Kafka")
     return parser
 
 
@@ -176,9 +180,9 @@ def _init_db(args: argparse.Namespace) -> int:
 
 def _dead_letters(args: argparse.Namespace) -> int:
     from producer.db import connect
-    from producer.deadletters import list_dead_letters, requeue
+    from producer.deadletters import list_dead_letters, missing_topics, requeue, topics_of
 
-    cfg = _load(args)
+    cfg = _load(args, {"bootstrap_servers": getattr(args, "bootstrap_servers", None)})
     _setup_logging(cfg.log_level)
     table = cfg.harvest.outbox_table
     with connect(cfg.harvest.data_source) as conn:
@@ -194,7 +198,16 @@ def _dead_letters(args: argparse.Namespace) -> int:
             raise ConfigError("dead-letters requeue: give dead-letter ids or --all")
         if args.all and args.ids:
             raise ConfigError("dead-letters requeue: give ids or --all, not both")
-        moved = requeue(conn, table, None if args.all else args.ids)
+        ids = None if args.all else args.ids
+        if not args.skip_topic_check:
+            missing = missing_topics(cfg.harvest.base_kafka_config, topics_of(conn, table, ids))
+            if missing:
+                print(f"harvest: nothing requeued: topic(s) {', '.join(map(repr, map(printable, missing)))} do not "
+                      f"exist in Kafka at {cfg.harvest.base_kafka_config.get('bootstrap.servers')!r}, so those rows "
+                      f"would be dead-lettered again; create the topic(s) first (auto-creation is usually off), "
+                      f"then requeue", file=sys.stderr)
+                return EXIT_FAILURE
+        moved = requeue(conn, table, ids)
         print(f"requeued {moved} dead letter(s)")
         return EXIT_OK
 

@@ -137,3 +137,39 @@ def test_dead_letters_list_escapes_control_characters(pg_dsn: str, pg_schema: st
     assert r"k\x1b[2J\x1b]0;pwned\x07" in out and r"boom\r\n\x1b[31mred\x9b1m\u202etxet" in out
     assert r"t\x1bopic" in out and "1 dead letter(s)" in out
     assert len(out.strip().splitlines()) == 3  # header, the row, the count: the row's \n did not split it
+
+
+@pytest.mark.integration
+def test_requeue_refuses_rows_of_a_missing_topic(pg_dsn: str, pg_schema: str, kafka_bootstrap: str,
+                                                 unique_name) -> None:
+    """Requeueing rows whose topic does not exist only dead-letters them again: nothing moves until the
+    topic exists (or --skip-topic-check)."""
+    from harvest_local.kafka import create_topic
+
+    table = f"{pg_schema}.outbox"
+    init_db(pg_dsn, table)
+    names = OutboxNames.parse(table)
+    missing = unique_name("missing")
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        conn.execute(sql.SQL("INSERT INTO {} (id, create_time, kafka_topic, kafka_key, kafka_value, error, attempts) "
+                             "VALUES (1, now(), %s, 'k', 'v', 'UNKNOWN_TOPIC_OR_PART', 1)").format(names.dead_letters),
+                     (missing,))
+
+    def counts() -> tuple[int, int]:
+        with psycopg.connect(pg_dsn) as conn:
+            dl = conn.execute(sql.SQL("SELECT count(*) FROM {}").format(names.dead_letters)).fetchone()
+            ob = conn.execute(sql.SQL("SELECT count(*) FROM {}").format(names.outbox)).fetchone()
+            return int(dl[0]), int(ob[0])  # type: ignore[index]
+
+    env = {"HARVEST_DATA_SOURCE": pg_dsn}
+    args = ["dead-letters", "requeue", "--all", "--outbox-table", table, "--bootstrap-servers", kafka_bootstrap]
+    proc = harvest(*args, env=env)
+    assert proc.returncode == 1 and f"topic(s) '{missing}' do not exist in Kafka" in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr and counts() == (1, 0)
+    create_topic(kafka_bootstrap, missing)
+    proc = harvest(*args, env=env)
+    assert proc.returncode == 0 and "requeued 1 dead letter(s)" in proc.stdout, proc.stderr
+    assert counts() == (0, 1)
+    unreachable = harvest("dead-letters", "requeue", "1", "--outbox-table", table, "--bootstrap-servers",
+                          "127.0.0.1:1", env=env)
+    assert unreachable.returncode == 0 and "requeued 0" in unreachable.stdout  # no row: no topic to check
