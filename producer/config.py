@@ -9,6 +9,10 @@
 
 Invariants:
 - every error is a :class:`~producer.errors.ConfigError` naming the field (YAML path), the value and a fix;
+- every limit is bounded by what Kafka, Postgres and Python's timed waits accept (durations <= 24h,
+  ``ioErrorBackoff`` >= 10ms, NELI's ``heartbeatTimeout`` 2s-10m, row counts <= 1,000,000,
+  ``producerRing`` <= 256; see the README's config reference for why); ``dataSource`` is parsed by libpq;
+  :meth:`HarvestConfig.check_kafka_properties` has librdkafka judge the Kafka properties;
 - ``repr()``/``str()`` of a config never shows a secret (DSN password, SASL/SSL credentials);
 - the producer config always ends up with ``enable.idempotence=true`` and ``acks=all``: a user
   value that contradicts them is rejected rather than silently overridden.
@@ -299,7 +303,7 @@ class HarvestConfig:
                               "'host=localhost dbname=app user=relay' or 'postgresql://relay@localhost/app'")
         try:  # libpq's own parser (no connection): a typo such as passwd= is an error now, not at connect
             conninfo_to_dict(self.data_source)
-        except psycopg.Error as exc:
+        except psycopg.Error as exc:  # not chained: libpq's message quotes fragments of the DSN
             raise ConfigError(f"dataSource: {redact_error(str(exc), self.data_source).strip()} in "
                               f"{redact_dsn(self.data_source)!r}; write a libpq connection string of key=value "
                               f"pairs ('host=db dbname=app user=relay'; single-quote a value holding spaces or "
@@ -503,6 +507,7 @@ def load_yaml(path: str | Path, overrides: Mapping[str, Any] | None = None,
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
+        # Not chained: PyYAML's message quotes the offending line, which a logged traceback would show.
         raise ConfigError(f"{path}: not valid YAML: {yaml_problem(exc)}") from None
     if data is None:
         raise ConfigError(f"{path}: the file is empty; it needs a 'harvest:' section with at least dataSource "
