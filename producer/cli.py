@@ -245,7 +245,7 @@ def _redacted(text: str, args: argparse.Namespace) -> str:
     if cfg is not None:
         secrets = tuple(str(v) for conf in (cfg.harvest.base_kafka_config, cfg.harvest.producer_kafka_config)
                         for k, v in conf.items() if is_secret_kafka_key(k))
-    return redact_error(" ".join(text.split()), dsn, secrets)
+    return " ".join(redact_error(text, dsn, secrets).split())  # one line
 
 
 if __name__ == "__main__":
