@@ -53,7 +53,8 @@ def connect(dsn: str, **kwargs: Any) -> psycopg.Connection:
         conn.execute(f"SET lock_timeout = '{LOCK_TIMEOUT}'")
         return conn
     except psycopg.Error as exc:
-        raise DatabaseError(f"cannot connect to Postgres ({redact_dsn(dsn)}): {redact_error(str(exc), dsn).strip()}") from exc
+        raise DatabaseError(f"cannot connect to Postgres ({redact_dsn(dsn)}): "
+                            f"{redact_error(str(exc), dsn).strip()}") from exc
 
 
 class OutboxDatabase:
@@ -125,7 +126,8 @@ class OutboxDatabase:
             return self.conn.execute(query, params, binary=True)
         except psycopg.Error as exc:
             self.close()  # a broken connection is replaced on next use
-            raise DatabaseError(f"{what} on {self.names.display!r} failed: {redact_error(str(exc), self._dsn).strip()}") from exc
+            raise DatabaseError(f"{what} on {self.names.display!r} failed: "
+                                f"{redact_error(str(exc), self._dsn).strip()}") from exc
 
     def mark(self, leader_id: uuid.UUID, limit: int) -> list[MarkedRow]:
         """Mark up to ``limit`` unowned (or other-leader-owned) rows for ``leader_id``; sorted by id."""
@@ -270,7 +272,8 @@ class Listener:
                     pass
             return got
         except (psycopg.Error, DatabaseError) as exc:
-            log.warning("LISTEN connection problem (falling back to polling): %s", redact_error(str(exc), self._dsn).strip())
+            log.warning("LISTEN connection problem (falling back to polling): %s",
+                        redact_error(str(exc), self._dsn).strip())
             self.close()
             time.sleep(timeout)
             return True
