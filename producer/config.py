@@ -389,6 +389,12 @@ class HarvestConfig:
             ("baseKafkaConfig", Producer, {**self.replace(producer_kafka_config={}).producer_config(), **quiet}),
             ("producerKafkaConfig", Producer, {**self.producer_config(), **quiet}),
         )
+        if self.leader_election == "neli":  # the election consumer adds settings derived from the limits
+            from producer.election import neli_consumer_config
+
+            checks += (("baseKafkaConfig", Consumer, {**neli_consumer_config(
+                dict(self.base_kafka_config), self.leader_group_id, self.name, self.limits.heartbeat_timeout),
+                **quiet}),)
         for where, client, conf in checks:
             try:
                 made = client(conf)

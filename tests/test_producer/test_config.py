@@ -194,3 +194,20 @@ def test_kafka_properties_are_judged_by_librdkafka() -> None:
         with pytest.raises(ConfigError) as info:
             cfg.check_kafka_properties()
         assert needle in str(info.value) and "kafkasecret" not in str(info.value)
+
+
+@pytest.mark.parametrize("heartbeat", ["2s", "5s", "100s", "101s", "10m"])
+def test_neli_consumer_accepts_every_heartbeat_timeout_the_config_accepts(heartbeat: str) -> None:
+    """session.timeout.ms = 3 x heartbeatTimeout, and librdkafka refuses a session longer than
+    max.poll.interval.ms (default 5 min): the election raises that along (heartbeatTimeout > 100s)."""
+    from confluent_kafka import Consumer
+
+    from producer.election import neli_consumer_config
+
+    cfg = from_mapping({"harvest": {"limits": {"heartbeatTimeout": heartbeat}}}).harvest
+    conf = neli_consumer_config(dict(cfg.base_kafka_config), cfg.leader_group_id, cfg.name,
+                                cfg.limits.heartbeat_timeout)
+    assert conf["session.timeout.ms"] == round(cfg.limits.heartbeat_timeout * 3000)
+    assert conf["max.poll.interval.ms"] >= conf["session.timeout.ms"]
+    Consumer({**conf, "bootstrap.servers": "", "log_level": 0}).close()
+    cfg.check_kafka_properties()
