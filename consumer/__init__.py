@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from .committed import ReadCommittedIter
 from .errors import (
+    CheckpointMismatchError,
     CheckpointStoreError,
     ConfigError,
     ConsumerClosedError,
@@ -46,6 +47,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "CheckpointStoreError",
+    "CheckpointMismatchError",
     "ConfigError",
     "ConsumerClosedError",
     "ConsumerError",

@@ -12,8 +12,8 @@ UUID policy), so policies, warnings and errors stay in one place.
 Invariants (``tests/test_consumer/test_native.py``):
 
 * ``convert`` accepts exactly what ``uuid_header.parse_header_value`` accepts
-  (16 bytes, version 1, RFC 4122 variant; the nil UUID is not version 1) and
-  produces the same entries as the pure converter.
+  (16 bytes, version 1, RFC 4122 variant, multicast ProducerID, flags 0-2; the
+  nil UUID is not version 1) and produces the same entries as the pure converter.
 * ``Record`` behaves as ``PyRecord``: same properties, read-only, equal and
   hashed by position, not picklable.
 """
@@ -231,8 +231,11 @@ def convert(list raw, Py_ssize_t pos, dict journals, EntryBatch out):
                         p = <const unsigned char*> PyBytes_AS_STRING(v)
                         hi = _load_be64(p)
                         lo = _load_be64(p + 8)
-                        # Version 1 (bits 76..79 of the 128-bit int), RFC 4122 variant (bits 62..63).
-                        found = ((hi >> 12) & 0xF) == 1 and ((lo >> 62) & 0x3) == 2
+                        # uuid_header.is_relay_uuid_int: version 1 (bits 76..79 of the 128-bit int),
+                        # RFC 4122 variant (bits 62..63), multicast ProducerID (bit 40), flags 0-2
+                        # (bits 48..57).
+                        found = (((hi >> 12) & 0xF) == 1 and ((lo >> 62) & 0x3) == 2 and ((lo >> 40) & 1) == 1
+                                 and ((lo >> 48) & 0x3FF) <= 2)
                     break
         if not found:
             return i

@@ -29,6 +29,12 @@ Invariants (each backed by a test in ``tests/test_consumer/``):
    assigned partitions start from ``on_assign``'s checkpoint, else from the
    last state this reader knew for them (constructor checkpoint or its own
    earlier ownership), else from ``auto.offset.reset`` (``test_rebalance.py``).
+   A checkpoint (constructor or ``on_assign``) that is not this reader's -- it
+   covers none of the partitions it reads, or partitions its topic does not
+   have -- raises :class:`~consumer.errors.CheckpointMismatchError`; entries
+   for partitions it does not read are logged as ignored, and read partitions
+   it has no offset for as starting from ``auto.offset.reset``
+   (``test_checkpoint_resume.py``).
 4. ``poll(timeout)`` returns ``None`` after at most about ``timeout`` seconds
    without a committed record; it never busy-waits.
 5. A failed replay closes the iterator and raises ``ReplayFailedError``;
@@ -55,11 +61,12 @@ from sequencer import (
     ReplayError,
     Sequencer,
     SequencerError,
+    check_checkpoint_scope,
     decode_checkpoint,
     encode_checkpoint,
 )
 
-from .errors import ConfigError, ConsumerClosedError, ReplayFailedError
+from .errors import CheckpointMismatchError, ConfigError, ConsumerClosedError, ReplayFailedError
 from .record import Record
 from .replay import ReplayReader
 from .uncommitted import DEFAULT_BATCH_SIZE, ReadUncommittedIter, journal_of
@@ -132,6 +139,17 @@ class ReadCommittedIter:
         if prune_horizon_ns < 0:
             raise ConfigError(f"prune_horizon_ns must be >= 0, got {prune_horizon_ns!r}")
         offsets, states = _decode(checkpoint, "checkpoint")
+        if partitions is not None:
+            partitions = list(partitions)
+        subscribed = [topics] if isinstance(topics, str) else list(topics or ())
+        self._subscribed = subscribed
+        # The constructor checkpoint must be this reader's (check_checkpoint_scope): in a group now
+        # (by topic), else at the first assignment, when the partitions are known.
+        self._unchecked: tuple[dict[str, int], list[ProducerState]] | None = (offsets, states)
+        if partitions is None and kafka_config.get("group.id") is not None:
+            self._check_scope(offsets, states, {t: None for t in subscribed}, False, "checkpoint")
+            self._unchecked = None
+        self._all_partitions = partitions is None
         self._ring_size = ring_size
         self._include_acks = include_acks
         self._idle_timeout = idle_timeout
@@ -185,12 +203,36 @@ class ReadCommittedIter:
             keep.extend(sts)
         self._seq = Sequencer(offsets, keep, self._ring_size)
 
+    def _check_scope(self, offsets: Mapping[str, int], states: list[ProducerState],
+                     reads: Mapping[str, set[int] | None], complete: bool, what: str) -> None:
+        """Refuse a checkpoint of another reader; log what of it is ignored or not covered."""
+        try:
+            ignored, uncovered = check_checkpoint_scope(offsets, states, reads, complete)
+        except CheckpointError as exc:
+            raise CheckpointMismatchError(f"{what}: {exc}") from exc
+        if ignored:
+            logger.warning("%s: ignoring its entries for %s: this reader does not read them (it reads %s), and "
+                           "its checkpoint() will not include them", what, ", ".join(ignored[:20]),
+                           ", ".join(sorted(reads)))
+        if uncovered:
+            logger.warning("%s covers no offset for %s: they start from auto.offset.reset (a new partition, or "
+                           "the checkpoint of another reader?)", what, ", ".join(uncovered[:20]))
+
     def _on_assign(self, tps: list[tuple[str, int]]) -> Mapping[str, int]:
         journals = {journal_of(t, p) for t, p in tps}
+        if self._unchecked is not None:  # the first assignment of a reader without a group
+            reads: dict[str, set[int] | None] = {}
+            for t, p in tps:
+                reads.setdefault(t, set()).add(p)  # type: ignore[union-attr]
+            offsets, states = self._unchecked
+            self._unchecked = None
+            self._check_scope(offsets, states, reads, self._all_partitions, "checkpoint")
         if self._app_on_assign is not None:
             got = self._app_on_assign(list(tps))
             if got is not None:
                 offsets, states = _decode(got, "on_assign's return value")
+                self._check_scope(offsets, states, {t: None for t in self._subscribed}, False,
+                                  "on_assign's checkpoint")
                 self._stash_checkpoint(
                     {j: o for j, o in offsets.items() if j in journals},
                     [s for s in states if s.journal in journals],

@@ -32,7 +32,7 @@ __all__ = ["REDACTED", "redact", "is_secret_key", "ReaderConfig"]
 
 REDACTED = "<redacted>"
 _SECRET_KEY = re.compile(
-    r"password|secret|sasl\.jaas|oauthbearer\.config|ssl\.key\.pem|ssl_key|token|credential",
+    r"pas+w|pwd|secret|sasl\.jaas|oauthbearer\.config|ssl\.key\.pem|ssl_key|token|credential",
     re.IGNORECASE,
 )
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 __all__ = [
     "ConsumerError",
     "ConfigError",
+    "CheckpointMismatchError",
     "ConsumerClosedError",
     "KafkaReadError",
     "OffsetLostError",
@@ -28,6 +29,12 @@ class ConsumerError(Exception):
 
 class ConfigError(ConsumerError, ValueError):
     """A Kafka client property or constructor argument is invalid (the message names it)."""
+
+
+class CheckpointMismatchError(ConfigError):
+    """The checkpoint given to the reader is another reader's: it covers none of the partitions this
+    reader reads (another topic or partition), or partitions the topic does not have. Starting anyway
+    would read every partition from ``auto.offset.reset``: re-delivering or skipping records."""
 
 
 class ConsumerClosedError(ConsumerError, RuntimeError):

@@ -50,7 +50,15 @@ from .errors import (
 )
 from .record import Record, make_record
 from .record import _native as _native_records
-from .uuid_header import RateLimitedLog, UUIDPolicy, describe_problem, parse_header_value
+from .uuid_header import (
+    MAX_RELAY_FLAGS as _MAX_FLAGS,
+    RELAY_UUID_BITS as _RELAY_BITS,
+    RELAY_UUID_MASK as _RELAY_MASK,
+    RateLimitedLog,
+    UUIDPolicy,
+    describe_problem,
+    parse_header_value,
+)
 
 __all__ = ["DEFAULT_BATCH_SIZE", "ReadUncommittedIter", "AssignHook", "RevokeHook", "journal_of", "make_envelope", "message_uuid"]
 
@@ -398,7 +406,7 @@ class ReadUncommittedIter:
                     if k == "uuid":
                         if type(v) is bytes and len(v) == 16:
                             x = from_bytes(v, "big")
-                            if (x >> 76) & 0xF == 1 and (x >> 62) & 0x3 == 2:
+                            if x & _RELAY_MASK == _RELAY_BITS and (x >> 48) & 0x3FF <= _MAX_FLAGS:
                                 u = new(uuid_cls)
                                 _set_uuid_int(u, x)
                                 _set_uuid_safe(u, _SAFE_UNKNOWN)
@@ -490,8 +498,9 @@ class ReadUncommittedIter:
                     if k == "uuid":
                         if type(v) is bytes and len(v) == 16:
                             x = from_bytes(v, "big")
-                            # Version 1, RFC 4122 variant (parse_header_value); else unusable.
-                            if (x >> 76) & 0xF != 1 or (x >> 62) & 0x3 != 2:
+                            # parse_header_value's rule (version 1, RFC 4122 variant, multicast
+                            # ProducerID, flags 0-2); else unusable.
+                            if x & _RELAY_MASK != _RELAY_BITS or (x >> 48) & 0x3FF > _MAX_FLAGS:
                                 x = 0
                         break
             topic = msg.topic()

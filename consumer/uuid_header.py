@@ -1,8 +1,25 @@
 """The ``uuid`` record header: parsing, and the policy for records without one.
 
 Sequenced records carry a Gazette v1 UUID as 16 raw bytes in a header named
-``uuid`` (DESIGN.md section 2). What happens to a record whose header is
-missing or malformed (wrong length, not RFC 4122 version 1) is the reader's
+``uuid`` (DESIGN.md section 2).
+
+The contract: a ``uuid`` header is the message's identity only when it *can*
+come from a harvest relay (or Gazette's Go code, which lays UUIDs out the same
+way): 16 bytes, RFC 4122 variant, version 1, a ProducerID (the v1 "node",
+bytes 10-15) with the multicast bit set (``b[10] & 1``: harvest and Gazette
+draw random ids and set it; a real MAC address, what ``uuid.uuid1()`` puts
+there, has it clear), and flags (the low 10 bits of bytes 8-9) of 0, 1 or 2
+(``OUTSIDE_TXN``, ``CONTINUE_TXN``, ``ACK_TXN``; the other values are
+reserved). Any other header value -- an application's own ``uuid`` header
+holding a ``uuid1()``, a version 4 UUID, text -- is *not* an identity: were it
+read as one, its arbitrary clock and flags could commit or roll back another
+message (read as an ACK) or have the record dropped as a duplicate. A foreign
+UUID that passes all of these checks by chance (a ``uuid1()`` from a host
+without a MAC address gets a random multicast node, and 3 of 1024 clock
+sequences give flags 0-2) is indistinguishable from a relay's: applications
+must not put their own ids in a header named ``uuid``.
+
+What happens to a record whose header is missing or unusable is the reader's
 :class:`UUIDPolicy`:
 
 * ``DELIVER`` (default): the record is sequenced as an unsequenced OUTSIDE
@@ -21,8 +38,13 @@ records were delivered may meet them again (and drop or raise again).
 Invariants (backed by ``tests/test_consumer/test_uuid_policy.py``):
 
 * :func:`parse_header_value` accepts exactly what ``sequencer.parse_uuid``
-  accepts (16 bytes, nil or version 1 / RFC 4122 variant) and returns None
-  otherwise; it never raises.
+  accepts (16 bytes, version 1 / RFC 4122 variant) that also has a multicast
+  ProducerID and flags 0-2 (:func:`is_relay_uuid_int`), and returns None
+  otherwise; it never raises. The compiled converter (``consumer/_native.pyx``),
+  the pure converters in ``consumer/uncommitted.py`` and Spark's column-wise
+  ``spark_reader.sequencing.uuid_words`` apply the same rule
+  (``tests/test_consumer/test_native.py`` compares the first two over a table,
+  ``tests/test_spark_reader/test_sequencing_columns.py`` the third).
 * The nil UUID in a header counts as "unsequenced", like a missing header.
 * Nothing in this module raises on any header content.
 * Warnings are rate-limited: at most one per ``interval`` seconds per logger
@@ -39,7 +61,15 @@ from typing import Any
 
 from sequencer import NIL_UUID, parse_uuid
 
-__all__ = ["UUIDPolicy", "parse_header_value", "describe_problem", "RateLimitedLog"]
+__all__ = ["UUIDPolicy", "parse_header_value", "is_relay_uuid_int", "describe_problem", "RateLimitedLog",
+           "RELAY_UUID_MASK", "RELAY_UUID_BITS", "MAX_RELAY_FLAGS"]
+
+#: Bits of the UUID's 128-bit int that a relay's UUID fixes: the version nibble (76-79), the
+#: variant (62-63) and the ProducerID's multicast bit (40); ``x & RELAY_UUID_MASK == RELAY_UUID_BITS``.
+RELAY_UUID_MASK = (0xF << 76) | (0x3 << 62) | (1 << 40)
+RELAY_UUID_BITS = (0x1 << 76) | (0x2 << 62) | (1 << 40)
+#: Flags (bits 48-57) above this are reserved: no relay writes them.
+MAX_RELAY_FLAGS = 2
 
 _new = object.__new__
 _UUID = _uuid.UUID
@@ -62,13 +92,17 @@ def parse_header_value(raw: Any) -> _uuid.UUID | None:
     if type(raw) is not bytes or len(raw) != 16:
         return None
     x = _from_bytes(raw, "big")
-    # version nibble 1 and RFC 4122 variant bits 10
-    if (x >> 76) & 0xF != 1 or (x >> 62) & 0x3 != 2:
+    if x & RELAY_UUID_MASK != RELAY_UUID_BITS or (x >> 48) & 0x3FF > MAX_RELAY_FLAGS:
         return None
     u = _new(_UUID)
     _set_int(u, x)
     _set_safe(u, _SAFE_UNKNOWN)
     return u
+
+
+def is_relay_uuid_int(x: int) -> bool:
+    """True if the 128-bit int ``x`` is a UUID a harvest relay (or Gazette) can have written (module doc)."""
+    return x & RELAY_UUID_MASK == RELAY_UUID_BITS and (x >> 48) & 0x3FF <= MAX_RELAY_FLAGS
 
 
 def describe_problem(headers: list[tuple[str, Any]] | None) -> str:
@@ -89,6 +123,13 @@ def describe_problem(headers: list[tuple[str, Any]] | None) -> str:
         return f"malformed 'uuid' header: {exc}"
     if u == NIL_UUID:
         return "'uuid' header is the nil UUID (unsequenced)"
+    if not (u.int >> 40) & 1:
+        return ("'uuid' header is a version 1 UUID whose node is not a harvest ProducerID (multicast bit clear: "
+                "a MAC address, e.g. from uuid.uuid1()); not read as a message identity")
+    flags = (u.int >> 48) & 0x3FF
+    if flags > MAX_RELAY_FLAGS:
+        return (f"'uuid' header has reserved flags {flags:#x} (a relay writes 0, 1 or 2); not read as a "
+                f"message identity")
     return "'uuid' header is valid"  # pragma: no cover - callers only ask on failure
 
 

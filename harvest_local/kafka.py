@@ -23,6 +23,8 @@ from harvest_local.workdir import free_port, tail, work_dir
 log = logging.getLogger(__name__)
 
 CONF_DIR = Path(__file__).resolve().parent / "conf"
+#: Files the broker and its tools create: owner only.
+UMASK = 0o077
 
 
 class EmbeddedKafka:
@@ -48,18 +50,23 @@ class EmbeddedKafka:
         return f"EmbeddedKafka(bootstrap={self.bootstrap!r}, root={str(self.root)!r})"
 
     def start(self, timeout: float = 90.0) -> EmbeddedKafka:
-        self.root.mkdir(parents=True, exist_ok=True)
+        # The broker's data (every message of every test topic) and logs are this user's only: the
+        # directory is 0700 and the JVM and its tools run with umask 077, so the files they create
+        # are 0600 / 0700 (Kafka's own defaults follow the umask, usually 022: world-readable).
+        self.root.mkdir(mode=0o700, parents=True, exist_ok=True)
+        self.root.chmod(0o700)  # also when an earlier run created it with another mode
         props = self.root / "server.properties"
         if not props.exists():
+            props.touch(mode=0o600)
             props.write_text(self._properties())
             cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
             # "=" form: a base64 id may start with "-", which the tool would parse as an option.
             self._java_run("kafka.tools.StorageTool", "format", f"--cluster-id={cluster_id}",
                            f"--config={props}")
-        with open(self.root / "stdout.log", "ab") as out:
+        with open(os.open(self.root / "stdout.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600), "ab") as out:
             self._proc = subprocess.Popen(
                 [*self._jvm(), "kafka.Kafka", str(props)],
-                stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=self.root,
+                stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=self.root, umask=UMASK,
                 start_new_session=True,  # a Ctrl-C in the terminal is ours to handle, not the broker's
             )
         self._wait_ready(timeout)
@@ -103,7 +110,8 @@ class EmbeddedKafka:
         ]
 
     def _java_run(self, main: str, *args: str) -> None:
-        proc = subprocess.run([*self._jvm(), main, *args], capture_output=True, text=True, cwd=self.root)
+        proc = subprocess.run([*self._jvm(), main, *args], capture_output=True, text=True, cwd=self.root,
+                              umask=UMASK)
         if proc.returncode != 0:
             raise ServiceError("kafka", f"{main} {args[0]} failed: {(proc.stdout + proc.stderr).strip()[-800:]}")
 

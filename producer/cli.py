@@ -22,14 +22,16 @@ import logging
 import os
 import signal
 import sys
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, NoReturn
 
 from producer import __version__
 from producer.config import FileConfig, from_mapping, load_yaml
 from producer.errors import ConfigError, HarvestError
+from producer.redact import is_secret_kafka_key, redact_error
 
 EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
+MAX_LIST_LIMIT = 1_000_000
 _COMMANDS = ("run", "init-db", "dead-letters")
 log = logging.getLogger("harvest")
 
@@ -49,8 +51,16 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--log-level", help="TRACE/DEBUG/INFO/WARNING/ERROR")
 
 
+class _Parser(argparse.ArgumentParser):
+    """Usage errors as one line naming the argument and the fix, exit 2 (argparse's own prints the whole
+    usage block first). Subcommand parsers are of this class too (``add_subparsers`` uses ``type(self)``)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_USAGE, f"{self.prog}: usage error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="harvest",
         description="Transactional-outbox relay: moves outbox rows from Postgres to Kafka "
         "(goharvest's mark-purge/reset with NELI leader election).",
@@ -80,12 +90,42 @@ def build_parser() -> argparse.ArgumentParser:
     dl_sub = dl.add_subparsers(dest="dl_command", metavar="ACTION", required=True)
     ls = dl_sub.add_parser("list", help="list dead letters")
     _common(ls)
-    ls.add_argument("--limit", type=int, default=100)
+    ls.add_argument("--limit", type=_bounded_int("--limit", 1, MAX_LIST_LIMIT), default=100,
+                    help=f"at most this many rows, 1-{MAX_LIST_LIMIT:,} (default 100)")
     rq = dl_sub.add_parser("requeue", help="move dead letters back into the outbox")
     _common(rq)
-    rq.add_argument("ids", nargs="*", type=int, help="dead-letter ids")
+    rq.add_argument("ids", nargs="*", type=_bounded_int("id", 1, 2**63 - 1), help="dead-letter ids")
     rq.add_argument("--all", action="store_true", help="requeue every dead letter")
+    rq.add_argument("--bootstrap-servers", help="Kafka bootstrap servers (overrides baseKafkaConfig) for the check "
+                    "that the rows' topics exist")
+    rq.add_argument("--skip-topic-check", action="store_true",
+                    help="requeue without checking that the rows' topics exist in Kafka")
     return parser
+
+
+def _bounded_int(what: str, low: int, high: int) -> Callable[[str], int]:
+    """An argparse type: an int in [low, high], else a usage error naming the argument and the range."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"{value} is out of range; give {low}-{high:,}")
+        return value
+
+    parse.__name__ = what  # argparse names the type in some messages
+    return parse
+
+
+def printable(text: object) -> str:
+    """``text`` with control and other non-printable characters escaped (``\\x1b``, ``\\n``): row data
+    comes from applications and must not drive the operator's terminal."""
+    s = str(text)
+    if s.isprintable():
+        return s
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in s)
 
 
 def _setup_logging(level: str) -> None:
@@ -98,9 +138,11 @@ def _setup_logging(level: str) -> None:
 def _load(args: argparse.Namespace, extra: dict[str, Any] | None = None) -> FileConfig:
     overrides: dict[str, Any] = {"data_source": args.data_source or os.environ.get("HARVEST_DATA_SOURCE"),
                                  "outbox_table": args.outbox_table, **(extra or {})}
-    if args.file:
-        return load_yaml(args.file, overrides, args.log_level)
-    return from_mapping({}, overrides, args.log_level)
+    cfg = load_yaml(args.file, overrides, args.log_level) if args.file else from_mapping({}, overrides,
+                                                                                         args.log_level)
+    args.loaded_config = cfg  # main() redacts error messages with its secrets
+    cfg.harvest.check_kafka_properties()  # a file is valid or not whatever the command reads of it
+    return cfg
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -143,9 +185,9 @@ def _init_db(args: argparse.Namespace) -> int:
 
 def _dead_letters(args: argparse.Namespace) -> int:
     from producer.db import connect
-    from producer.deadletters import list_dead_letters, requeue
+    from producer.deadletters import list_dead_letters, missing_topics, requeue, topics_of
 
-    cfg = _load(args)
+    cfg = _load(args, {"bootstrap_servers": getattr(args, "bootstrap_servers", None)})
     _setup_logging(cfg.log_level)
     table = cfg.harvest.outbox_table
     with connect(cfg.harvest.data_source) as conn:
@@ -153,14 +195,24 @@ def _dead_letters(args: argparse.Namespace) -> int:
             rows = list_dead_letters(conn, table, args.limit)
             print(f"{'id':>10}  {'attempts':>8}  {'topic':<24} {'key':<20} error")
             for r in rows:
-                print(f"{r.id:>10}  {r.attempts:>8}  {str(r.kafka_topic):<24} {str(r.kafka_key):<20} {r.error}")
+                print(f"{r.id:>10}  {r.attempts:>8}  {printable(r.kafka_topic):<24} {printable(r.kafka_key):<20} "
+                      f"{printable(r.error)}")
             print(f"{len(rows)} dead letter(s)")
             return EXIT_OK
         if not args.all and not args.ids:
             raise ConfigError("dead-letters requeue: give dead-letter ids or --all")
         if args.all and args.ids:
             raise ConfigError("dead-letters requeue: give ids or --all, not both")
-        moved = requeue(conn, table, None if args.all else args.ids)
+        ids = None if args.all else args.ids
+        if not args.skip_topic_check:
+            missing = missing_topics(cfg.harvest.base_kafka_config, topics_of(conn, table, ids))
+            if missing:
+                print(f"harvest: nothing requeued: topic(s) {', '.join(map(repr, map(printable, missing)))} do not "
+                      f"exist in Kafka at {cfg.harvest.base_kafka_config.get('bootstrap.servers')!r}, so those rows "
+                      f"would be dead-lettered again; create the topic(s) first (auto-creation is usually off), "
+                      f"then requeue", file=sys.stderr)
+                return EXIT_FAILURE
+        moved = requeue(conn, table, ids)
         print(f"requeued {moved} dead letter(s)")
         return EXIT_OK
 
@@ -181,14 +233,24 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _init_db(args)
         return _dead_letters(args)
     except ConfigError as exc:
-        print(f"harvest: configuration error: {exc}", file=sys.stderr)
+        print(f"harvest: configuration error: {_redacted(str(exc), args)}", file=sys.stderr)
         return EXIT_USAGE
     except HarvestError as exc:
-        cause = f" (caused by: {exc.__cause__})" if exc.__cause__ and str(exc.__cause__) not in str(exc) else ""
-        from producer.redact import redact_dsn
-
-        print(f"harvest: error: {redact_dsn(str(exc) + cause)}", file=sys.stderr)
+        cause = str(exc.__cause__ or "").strip()
+        cause = f" (caused by: {cause})" if cause and cause not in str(exc) else ""
+        print(f"harvest: error: {_redacted(str(exc) + cause, args)}", file=sys.stderr)
         return EXIT_FAILURE
+
+
+def _redacted(text: str, args: argparse.Namespace) -> str:
+    """``text`` without the DSN's or the Kafka config's secrets (whatever of them is known by now)."""
+    cfg: FileConfig | None = getattr(args, "loaded_config", None)
+    dsn = cfg.harvest.data_source if cfg else (args.data_source or os.environ.get("HARVEST_DATA_SOURCE"))
+    secrets: tuple[str, ...] = ()
+    if cfg is not None:
+        secrets = tuple(str(v) for conf in (cfg.harvest.base_kafka_config, cfg.harvest.producer_kafka_config)
+                        for k, v in conf.items() if is_secret_kafka_key(k))
+    return " ".join(redact_error(text, dsn, secrets).split())  # one line
 
 
 if __name__ == "__main__":

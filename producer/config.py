@@ -9,6 +9,10 @@
 
 Invariants:
 - every error is a :class:`~producer.errors.ConfigError` naming the field (YAML path), the value and a fix;
+- every limit is bounded by what Kafka, Postgres and Python's timed waits accept (durations <= 24h,
+  ``ioErrorBackoff`` >= 10ms, NELI's ``heartbeatTimeout`` 2s-10m, row counts <= 1,000,000,
+  ``producerRing`` <= 256; see the README's config reference for why); ``dataSource`` is parsed by libpq;
+  :meth:`HarvestConfig.check_kafka_properties` has librdkafka judge the Kafka properties;
 - ``repr()``/``str()`` of a config never shows a secret (DSN password, SASL/SSL credentials);
 - the producer config always ends up with ``enable.idempotence=true`` and ``acks=all``: a user
   value that contradicts them is rejected rather than silently overridden.
@@ -17,6 +21,7 @@ Invariants:
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import re
 import socket
@@ -25,10 +30,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import yaml
+from psycopg.conninfo import conninfo_to_dict
 
 from producer.errors import ConfigError
-from producer.redact import redact_dsn, redact_kafka_config
+from producer.redact import is_secret_kafka_key, redact_dsn, redact_error, redact_kafka_config
 
 DEFAULT_DATA_SOURCE = "host=localhost port=5432 user=postgres password= dbname=postgres sslmode=disable"
 DEFAULT_BOOTSTRAP = "localhost:9092"
@@ -64,8 +71,13 @@ def parse_duration(value: Any, field_name: str) -> float:
 def format_duration(seconds: float) -> str:
     if seconds == 0:
         return "0"
-    ms = seconds * 1000
-    return f"{ms:g}ms" if ms < 1000 else f"{seconds:g}s"
+    if not math.isfinite(seconds) or seconds < 0:
+        return repr(seconds)
+    if seconds < 1:
+        return f"{seconds * 1000:g}ms"
+    if seconds < 60:
+        return f"{seconds:g}s"
+    return f"{seconds / 60:g}m" if seconds < 3600 else f"{seconds / 3600:g}h"
 
 
 def default_name() -> str:
@@ -74,6 +86,30 @@ def default_name() -> str:
 
     return f"{host}_{os.getpid()}_{int(time.time())}"
 
+
+#: Every duration limit is at most this: timed waits in Python overflow near 2**63 ns and Kafka's
+#: millisecond settings are 32-bit (24.8 days); no relay timing is meaningful beyond a day.
+MAX_DURATION = 24 * 3600.0
+#: ioErrorBackoff floor: the pause after a failed database/Kafka operation before the next try.
+MIN_IO_ERROR_BACKOFF = 0.01
+INT32_MAX = 2**31 - 1
+#: NELI maps heartbeatTimeout to the consumer group's session.timeout.ms = 3 x heartbeatTimeout;
+#: brokers accept only sessions within group.min.session.timeout.ms (default 6 s) and
+#: group.max.session.timeout.ms (default 30 min).
+NELI_MIN_HEARTBEAT_TIMEOUT = 2.0
+NELI_MAX_HEARTBEAT_TIMEOUT = 600.0
+_ROWS_CAP = 1_000_000
+_INT_CAPS = {"mark_query_records": _ROWS_CAP, "purge_batch_records": _ROWS_CAP, "txn_max_records": _ROWS_CAP,
+             "max_in_flight_records": _ROWS_CAP, "producer_ring": 256}
+_INT_CAP_WHY = {
+    "mark_query_records": "one mark's rows are returned by one UPDATE ... RETURNING and held in memory at once",
+    "purge_batch_records": "one purge sends its ids as one Postgres array parameter",
+    "txn_max_records": "one harvest transaction's ids are deleted with one Postgres array parameter and held "
+                       "in memory until its commit",
+    "max_in_flight_records": "in-flight records are held in memory until delivered",
+    "producer_ring": "every ProducerID of every view is state that readers keep per partition until pruned; "
+                     "pipelining gains nothing beyond a few transactions in flight",
+}
 
 # (yaml key, attribute, kind) — kind "d" = duration (seconds), "i" = int
 _LIMIT_FIELDS: tuple[tuple[str, str, str], ...] = (
@@ -168,9 +204,13 @@ class Limits:
             object.__setattr__(self, "drain_interval", min(self.max_poll_interval, self.queue_timeout))  # type: ignore[type-var]
         yaml_name = {attr: key for key, attr, _ in _LIMIT_FIELDS}
 
+        kinds = {attr: kind for _, attr, kind in _LIMIT_FIELDS}
+
         def need(attr: str, ok: bool, rule: str) -> None:
             if not ok:
-                raise ConfigError(f"limits.{yaml_name[attr]}: {getattr(self, attr)!r} is invalid; it must be {rule}")
+                value = getattr(self, attr)
+                shown = format_duration(value) if kinds[attr] == "d" else repr(value)
+                raise ConfigError(f"limits.{yaml_name[attr]}: {shown} is invalid; it must be {rule}")
 
         for key, attr, kind in _LIMIT_FIELDS:
             value = getattr(self, attr)
@@ -180,7 +220,23 @@ class Limits:
                 raise ConfigError(f"limits.{key}: {value!r} is not an integer; write a whole number, e.g. 100")
             if kind == "d" and (isinstance(value, bool) or not isinstance(value, (int, float))):
                 raise ConfigError(f"limits.{key}: {value!r} is not a duration in seconds")
-        for attr in ("io_error_backoff", "mark_backoff", "min_metrics_interval", "purge_interval"):
+        # Derived limits (maxPollInterval, drainInterval) last: their error should name what they derive from.
+        for key, attr, kind in sorted(_LIMIT_FIELDS, key=lambda f: f[1] in ("max_poll_interval", "drain_interval")):
+            value = getattr(self, attr)
+            if value is None and attr in _AUTO_FIELDS:
+                continue
+            if kind == "d":
+                need(attr, value <= MAX_DURATION, f"at most {format_duration(MAX_DURATION)} (Python's timed waits and "
+                     f"Kafka's 32-bit millisecond settings overflow beyond; nothing in the relay needs more)")
+            else:
+                cap = _INT_CAPS.get(attr, INT32_MAX)
+                need(attr, value <= cap, f"at most {cap:,} ({_INT_CAP_WHY.get(attr, 'a 32-bit integer')})")
+        # A zero back-off turns a database or Kafka outage into a busy loop (measured: 88 % CPU and
+        # ~5,000 log lines/s during a Postgres outage with ioErrorBackoff: 0s).
+        need("io_error_backoff", self.io_error_backoff >= MIN_IO_ERROR_BACKOFF,
+             f">= {format_duration(MIN_IO_ERROR_BACKOFF)} (a smaller back-off spins on the CPU and floods the log "
+             f"while the database or Kafka is down)")
+        for attr in ("mark_backoff", "min_metrics_interval", "purge_interval"):
             need(attr, getattr(self, attr) >= 0, ">= 0")
         for attr in ("poll_duration", "min_poll_interval", "heartbeat_timeout", "drain_interval", "queue_timeout",
                      "idle_poll_interval"):
@@ -321,6 +377,14 @@ class HarvestConfig:
         if not isinstance(self.data_source, str) or not self.data_source.strip():
             raise ConfigError("dataSource: must be a non-empty libpq connection string or URI, e.g. "
                               "'host=localhost dbname=app user=relay' or 'postgresql://relay@localhost/app'")
+        try:  # libpq's own parser (no connection): a typo such as passwd= is an error now, not at connect
+            conninfo_to_dict(self.data_source)
+        except psycopg.Error as exc:  # not chained: libpq's message quotes fragments of the DSN
+            raise ConfigError(f"dataSource: {redact_error(str(exc), self.data_source).strip()} in "
+                              f"{redact_dsn(self.data_source)!r}; write a libpq connection string of key=value "
+                              f"pairs ('host=db dbname=app user=relay'; single-quote a value holding spaces or "
+                              f"quotes, backslash-escape quotes in it) or a URI "
+                              f"('postgresql://relay@db/app')") from None
         if not isinstance(self.outbox_table, str) or not self.outbox_table.strip():
             raise ConfigError("outboxTable: must be a table name, optionally schema-qualified ('app.outbox')")
         from producer.schema import parse_table_name  # late: schema imports errors only
@@ -350,6 +414,26 @@ class HarvestConfig:
         object.__setattr__(self, "leader_topic", topic)
         if not isinstance(self.limits, Limits):
             raise ConfigError("limits: expected a producer.config.Limits instance")
+        if self.leader_election == "neli":
+            hb = self.limits.heartbeat_timeout
+            if hb < NELI_MIN_HEARTBEAT_TIMEOUT:
+                raise ConfigError(
+                    f"limits.heartbeatTimeout: {format_duration(hb)} is too short for leaderElection neli: the "
+                    f"election's consumer-group session timeout is 3 x heartbeatTimeout "
+                    f"({format_duration(3 * hb)}) and brokers refuse sessions shorter than "
+                    f"group.min.session.timeout.ms (default 6s), so the relay would never lead; use "
+                    f"{format_duration(NELI_MIN_HEARTBEAT_TIMEOUT)} or more")
+            if hb > NELI_MAX_HEARTBEAT_TIMEOUT:
+                raise ConfigError(
+                    f"limits.heartbeatTimeout: {format_duration(hb)} is too long for leaderElection neli: the "
+                    f"election's consumer-group session timeout is 3 x heartbeatTimeout "
+                    f"({format_duration(3 * hb)}) and brokers refuse sessions longer than "
+                    f"group.max.session.timeout.ms (default 30m); use at most "
+                    f"{format_duration(NELI_MAX_HEARTBEAT_TIMEOUT)}")
+        rf = self.leader_topic_replication_factor
+        if isinstance(rf, bool) or not isinstance(rf, int) or not (rf == -1 or 1 <= rf <= 32767):
+            raise ConfigError(f"leaderTopicReplicationFactor: {rf!r} must be -1 (the broker's default) or a "
+                              f"replica count 1-32767")
         if self.prometheus_port is not None and (
                 isinstance(self.prometheus_port, bool) or not isinstance(self.prometheus_port, int)
                 or not 0 <= self.prometheus_port <= 65535):
@@ -367,6 +451,40 @@ class HarvestConfig:
         conf.update(self.producer_kafka_config)
         conf.update(_FORCED_PRODUCER)
         return conf
+
+    def check_kafka_properties(self) -> None:
+        """Let librdkafka judge the Kafka properties now, so a misspelt name or a bad value is a
+        :class:`ConfigError` naming the section before anything starts (instead of an error at the first
+        leadership). Builds a producer and a consumer with no bootstrap servers: they connect nowhere."""
+        from confluent_kafka import Consumer, KafkaException, Producer
+
+        quiet = {"bootstrap.servers": "", "log_level": 0}
+        # In this order, so that an error is blamed on the section that holds the property: the producer
+        # of base properties alone passing means the producer section's broke it (names may be aliases).
+        checks: tuple[tuple[str, Any, dict[str, Any]], ...] = (
+            ("baseKafkaConfig", Consumer, {**self.base_kafka_config, "group.id": "harvest-config-check", **quiet}),
+            ("baseKafkaConfig", Producer, {**self.replace(producer_kafka_config={}).producer_config(), **quiet}),
+            ("producerKafkaConfig", Producer, {**self.producer_config(), **quiet}),
+        )
+        if self.leader_election == "neli":  # the election consumer adds settings derived from the limits
+            from producer.election import neli_consumer_config
+
+            checks += (("baseKafkaConfig", Consumer, {**neli_consumer_config(
+                dict(self.base_kafka_config), self.leader_group_id, self.name, self.limits.heartbeat_timeout),
+                **quiet}),)
+        for where, client, conf in checks:
+            try:
+                made = client(conf)
+                if isinstance(made, Consumer):
+                    made.close()
+            except (KafkaException, ValueError, TypeError) as exc:
+                err = exc.args[0].str() if exc.args and hasattr(exc.args[0], "str") else str(exc)
+                secrets = tuple(str(v) for conf_map in (self.base_kafka_config, self.producer_kafka_config)
+                                for k, v in conf_map.items() if is_secret_kafka_key(k))
+                shown = redact_error(err, None, secrets)
+                raise ConfigError(f"{where}: {shown}; check the property name and value against librdkafka's "
+                                  f"CONFIGURATION.md (https://github.com/confluentinc/librdkafka/blob/master/"
+                                  f"CONFIGURATION.md)") from None
 
     def replace(self, **changes: Any) -> HarvestConfig:
         return dataclasses.replace(self, **changes)
@@ -462,11 +580,37 @@ def load_yaml(path: str | Path, overrides: Mapping[str, Any] | None = None,
     """Read a reaper YAML file. ``overrides`` (HarvestConfig attribute names, ``None`` = keep) win
     over the file, as CLI flags do."""
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        raw = Path(path).read_bytes()
     except OSError as exc:
         raise ConfigError(f"cannot read config file {str(path)!r}: {exc.strerror or exc}") from exc
     try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = raw.count(b"\n", 0, exc.start) + 1
+        raise ConfigError(f"{path}: not UTF-8 text (byte 0x{raw[exc.start]:02x} on line {line}); save the file as "
+                          f"UTF-8") from None
+    try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
+        # Not chained: PyYAML's message quotes the offending line, which a logged traceback would show.
+        raise ConfigError(f"{path}: not valid YAML: {yaml_problem(exc)}") from None
+    if data is None:
+        raise ConfigError(f"{path}: the file is empty; it needs a 'harvest:' section with at least dataSource "
+                          f"(see the README's config reference)")
+    if isinstance(data, Mapping) and data.get("harvest") is None:
+        raise ConfigError(f"{path}: no 'harvest:' section (or it is empty); add one with at least dataSource")
     return from_mapping(data, overrides, log_level)
+
+
+def yaml_problem(exc: yaml.YAMLError) -> str:
+    """A YAML error without the source snippet PyYAML quotes (the offending line may be the one holding
+    dataSource's password): position, problem and context only."""
+    if isinstance(exc, yaml.MarkedYAMLError):
+        mark = exc.problem_mark or exc.context_mark
+        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
+        problem = exc.problem or "syntax error"
+        context = f" ({exc.context})" if exc.context else ""
+        return f"{where}{problem}{context}"
+    if isinstance(exc, yaml.reader.ReaderError):
+        return f"character #x{exc.character:04x} at position {exc.position} is not allowed in YAML"
+    return type(exc).__name__

@@ -28,7 +28,7 @@ from psycopg import sql
 from psycopg.types.array import ArrayBinaryLoader
 
 from producer.errors import DatabaseError, FenceError, SchemaError
-from producer.redact import redact_dsn
+from producer.redact import redact_dsn, redact_error
 from producer.schema import OutboxNames, ValueType, inspect_outbox
 
 log = logging.getLogger(__name__)
@@ -74,7 +74,8 @@ def connect(dsn: str, **kwargs: Any) -> psycopg.Connection:
         conn.execute(f"SET lock_timeout = '{LOCK_TIMEOUT}'")
         return conn
     except psycopg.Error as exc:
-        raise DatabaseError(f"cannot connect to Postgres ({redact_dsn(dsn)}): {redact_dsn(str(exc)).strip()}") from exc
+        raise DatabaseError(f"cannot connect to Postgres ({redact_dsn(dsn)}): "
+                            f"{redact_error(str(exc), dsn).strip()}") from exc
 
 
 class OutboxDatabase:
@@ -153,7 +154,8 @@ class OutboxDatabase:
             return self.conn.execute(query, params, binary=True)
         except psycopg.Error as exc:
             self.close()  # a broken connection is replaced on next use
-            raise DatabaseError(f"{what} on {self.names.display!r} failed: {redact_dsn(str(exc)).strip()}") from exc
+            raise DatabaseError(f"{what} on {self.names.display!r} failed: "
+                                f"{redact_error(str(exc), self._dsn).strip()}") from exc
 
     def mark(self, leader_id: uuid.UUID, limit: int) -> list[MarkedRow]:
         """Mark up to ``limit`` unowned (or other-leader-owned) rows for ``leader_id``; sorted by id."""
@@ -208,7 +210,7 @@ class OutboxDatabase:
         except psycopg.Error as exc:
             self.close()
             raise DatabaseError(f"starting a leader view on {n.display!r} failed: "
-                                f"{redact_dsn(str(exc)).strip()}") from exc
+                                f"{redact_error(str(exc), self._dsn).strip()}") from exc
         return int(row[0]), [(int(e), bytes(p), int(c), t, int(pt)) for e, p, c, t, pt in intents]
 
     def commit_txn(self, epoch: int, leader_id: uuid.UUID, ids: Sequence[int], dead: Sequence[tuple[int, str, int]],
@@ -247,7 +249,7 @@ class OutboxDatabase:
             raise
         except psycopg.Error as exc:
             self.close()
-            raise DatabaseError(f"commit on {n.display!r} failed: {redact_dsn(str(exc)).strip()}") from exc
+            raise DatabaseError(f"commit on {n.display!r} failed: {redact_error(str(exc), self._dsn).strip()}") from exc
 
     def confirm_acks(self, items: Sequence[tuple[bytes, int]]) -> int:
         """Delete the intents of ACKs known to be in the log (``(producer, clock)`` pairs)."""
@@ -301,7 +303,8 @@ class Listener:
                     pass
             return got
         except (psycopg.Error, DatabaseError) as exc:
-            log.warning("LISTEN connection problem (falling back to polling): %s", redact_dsn(str(exc)).strip())
+            log.warning("LISTEN connection problem (falling back to polling): %s",
+                        redact_error(str(exc), self._dsn).strip())
             self.close()
             time.sleep(timeout)
             return True

@@ -5,19 +5,28 @@ outbox), so a row is never lost or doubled. Requeued rows get NEW ids: they go t
 outbox, i.e. after any record of the same key that was stashed meanwhile — an operator decision,
 made explicit here. A row that is still bad (e.g. NULL topic) fails the outbox's NOT NULL checks
 and the whole requeue is rolled back with a :class:`~producer.errors.DatabaseError` saying why.
+
+The CLI checks the rows' topics against Kafka first (:func:`missing_topics`) and moves nothing when a
+topic does not exist: those rows would only be dead-lettered again.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
 import psycopg
 from psycopg import sql
 
-from producer.errors import DatabaseError
+from producer.election import _PRODUCER_ONLY
+from producer.errors import DatabaseError, HarvestError
 from producer.schema import OutboxNames
+
+
+class KafkaCheckError(HarvestError):
+    """``dead-letters requeue`` could not check the rows' topics against Kafka."""
 
 
 @dataclass(frozen=True)
@@ -39,6 +48,36 @@ def list_dead_letters(conn: psycopg.Connection, outbox_table: str, limit: int = 
         return [DeadLetter(*row) for row in conn.execute(q, (limit,)).fetchall()]
     except psycopg.Error as exc:
         raise DatabaseError(f"listing dead letters of {names.display!r} failed: {exc}".strip()) from exc
+
+
+def topics_of(conn: psycopg.Connection, outbox_table: str, ids: Sequence[int] | None) -> set[str | None]:
+    """The distinct topics of dead letters ``ids`` (all when ``None``)."""
+    names = OutboxNames.parse(outbox_table)
+    where = sql.SQL("") if ids is None else sql.SQL("WHERE id = ANY(%(ids)s)")
+    q = sql.SQL("SELECT DISTINCT kafka_topic FROM {} {}").format(names.dead_letters, where)
+    try:
+        return {row[0] for row in conn.execute(q, {"ids": list(ids) if ids is not None else None}).fetchall()}
+    except psycopg.Error as exc:
+        raise DatabaseError(f"reading dead letters of {names.display!r} failed: {str(exc).strip()}") from exc
+
+
+def missing_topics(kafka_config: Mapping[str, Any], topics: set[str | None], timeout: float = 15.0) -> list[str]:
+    """Which of ``topics`` the Kafka cluster does not have (``None``, a row without a topic, is skipped:
+    the outbox refuses it anyway). Requeueing rows of a missing topic only dead-letters them again."""
+    from confluent_kafka import KafkaException
+    from confluent_kafka.admin import AdminClient
+
+    wanted = sorted(t for t in topics if t is not None)
+    if not wanted:
+        return []
+    admin = AdminClient({**{k: v for k, v in kafka_config.items() if k not in _PRODUCER_ONLY}, "log_level": 0})
+    try:
+        known = admin.list_topics(timeout=timeout).topics
+    except KafkaException as exc:
+        raise KafkaCheckError(f"cannot reach Kafka at {kafka_config.get('bootstrap.servers')!r} to check that the "
+                              f"dead letters' topics exist ({exc.args[0].str()}); retry, or pass --skip-topic-check "
+                              f"to requeue without the check") from exc
+    return [t for t in wanted if t not in known or known[t].error is not None]
 
 
 def requeue(conn: psycopg.Connection, outbox_table: str, ids: Sequence[int] | None) -> int:

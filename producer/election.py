@@ -13,7 +13,9 @@ NELI as goneli does it:
 - every ``minPollInterval`` the leader produces a heartbeat to partition 0 and consumes what came
   back; if nothing has come back for ``heartbeatTimeout`` it is *fenced* (it stops acting as
   leader, as the broker may no longer see it) and resumes when heartbeats return;
-- ``session.timeout.ms`` = 3 × heartbeat timeout, so a dead leader's partition moves after that.
+- ``session.timeout.ms`` = 3 × heartbeat timeout, so a dead leader's partition moves after that
+  (:func:`neli_consumer_config`; the config bounds heartbeatTimeout to 2s-10m so the session stays
+  within the brokers' default ``group.min/max.session.timeout.ms`` of 6 s / 30 min).
 
 Differences from goneli, on purpose: the ``cooperative-sticky`` assignor, so a standby joining
 does not make the leader give up and re-acquire partition 0; ``on_lost`` treated as revocation.
@@ -107,6 +109,28 @@ def ensure_topic(base: dict[str, Any], topic: str, partitions: int = 1, replicat
                                 f"partition or grant CREATE on the cluster") from exc
 
 
+#: librdkafka's default max.poll.interval.ms; it must be >= session.timeout.ms.
+_DEFAULT_MAX_POLL_INTERVAL_MS = 300_000
+
+
+def neli_consumer_config(base: dict[str, Any], group: str, name: str, heartbeat_timeout: float) -> dict[str, Any]:
+    """The election consumer's properties: ``session.timeout.ms`` = 3 x heartbeatTimeout (the config
+    keeps it within the brokers' default 6 s .. 30 min), and ``max.poll.interval.ms`` raised to at least
+    that, which librdkafka requires (the election polls every ``minPollInterval``, far more often)."""
+    session_ms = int(heartbeat_timeout * 3000)
+    max_poll_ms = max(int(base.get("max.poll.interval.ms", _DEFAULT_MAX_POLL_INTERVAL_MS)), session_ms)
+    return {
+        **{k: v for k, v in base.items() if k not in _PRODUCER_ONLY},
+        "group.id": group,
+        "enable.auto.commit": False,
+        "auto.offset.reset": "latest",
+        "session.timeout.ms": session_ms,
+        "max.poll.interval.ms": max_poll_ms,
+        "partition.assignment.strategy": "cooperative-sticky",
+        "client.id": f"harvest-neli-{name}",
+    }
+
+
 class NeliElection:
     """NELI over Kafka (see module docstring)."""
 
@@ -135,15 +159,7 @@ class NeliElection:
     def start(self, listener: ElectionListener) -> None:
         self._listener = listener
         ensure_topic(self._base, self.topic, 1, self._replication_factor)
-        consumer_conf = {
-            **self._base,
-            "group.id": self.group,
-            "enable.auto.commit": False,
-            "auto.offset.reset": "latest",
-            "session.timeout.ms": int(self._heartbeat_timeout * 3000),
-            "partition.assignment.strategy": "cooperative-sticky",
-            "client.id": f"harvest-neli-{self.name}",
-        }
+        consumer_conf = neli_consumer_config(self._base, self.group, self.name, self._heartbeat_timeout)
         producer_conf = {
             **self._base,
             "delivery.timeout.ms": max(int(self._heartbeat_timeout * 1000), 1),

@@ -105,7 +105,7 @@ from psycopg import sql
 
 from producer.election import ElectionListener
 from producer.errors import ElectionError
-from producer.redact import redact_dsn
+from producer.redact import redact_dsn, redact_error
 from producer.schema import OutboxNames
 
 log = logging.getLogger(__name__)
@@ -210,7 +210,7 @@ class PostgresElection:
             self._connect()  # fail fast on a bad DSN / unreachable database
         except psycopg.Error as exc:
             raise ElectionError(f"cannot start Postgres leader election ({redact_dsn(self._dsn)}): "
-                                f"{redact_dsn(str(exc)).strip()}") from exc
+                                f"{redact_error(str(exc), self._dsn).strip()}") from exc
         self._wake_r, self._wake_w = os.pipe()
         self._thread = threading.Thread(target=self._loop, name=f"harvest-election-{self.name}", daemon=True)
         self._thread.start()
@@ -322,7 +322,7 @@ class PostgresElection:
                 self._connect()
             except psycopg.Error as exc:
                 log.warning("%s: cannot connect for leader election (%s): %s", self.name, redact_dsn(self._dsn),
-                            redact_dsn(str(exc)).strip())
+                            redact_error(str(exc), self._dsn).strip())
                 return
         conn = self._conn
         assert conn is not None and self.key is not None
@@ -351,7 +351,7 @@ class PostgresElection:
                         self._verified_at = started
                         self._generation += 1
         except psycopg.Error as exc:
-            self._drop(redact_dsn(str(exc)).strip() or type(exc).__name__)
+            self._drop(redact_error(str(exc), self._dsn).strip() or type(exc).__name__)
 
     def _loop(self) -> None:
         next_check = 0.0
@@ -394,7 +394,7 @@ class PostgresElection:
                 log.info("%s: released the Postgres leader lock", self.name)
         except psycopg.Error as exc:
             log.warning("%s: unlocking failed (the lock goes with the connection): %s", self.name,
-                        redact_dsn(str(exc)).strip())
+                        redact_error(str(exc), self._dsn).strip())
         finally:
             try:
                 conn.close()

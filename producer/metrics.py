@@ -21,10 +21,12 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
-from socketserver import ThreadingMixIn
-from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 from dataclasses import dataclass
+from socketserver import ThreadingMixIn
 from typing import Any
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
+
+from producer.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -172,8 +174,14 @@ def start_prometheus(metrics: Metrics, name: str, port: int, addr: str = "0.0.0.
         return route(environ, start_response)
 
     # An IPv6 literal (or a name resolving only to IPv6) needs an AF_INET6 socket.
-    family = socket.getaddrinfo(addr, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0][0]
-    server = make_server(addr, port, app, _Server6 if family == socket.AF_INET6 else _Server, _QuietHandler)
+    try:
+        family = socket.getaddrinfo(addr, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0][0]
+        server = make_server(addr, port, app, _Server6 if family == socket.AF_INET6 else _Server, _QuietHandler)
+    except OSError as exc:
+        if health is not None:
+            health.close()
+        raise ConfigError(f"prometheusPort: cannot listen on {addr}:{port} ({exc.strerror or exc}); pick a free "
+                          f"port, 0 for any free one, or omit prometheusPort to disable the endpoint") from exc
     server.on_close = [health.close] if health is not None else []  # type: ignore[attr-defined]
     thread = threading.Thread(target=server.serve_forever, name=f"harvest-http-{name}", daemon=True)
     thread.start()

@@ -19,11 +19,12 @@ Typical reader loop::
         process(committed)
 """
 
-from .checkpoint import CHECKPOINT_VERSION, decode_checkpoint, encode_checkpoint
+from .checkpoint import CHECKPOINT_VERSION, check_checkpoint_scope, decode_checkpoint, encode_checkpoint
 from .clock import TICK, Clock
 from .envelope import Envelope, journal_name
 from .errors import (
     CheckpointError,
+    CheckpointMismatchError,
     ReplayError,
     SequencerError,
     SequencerStateError,
@@ -63,6 +64,7 @@ __all__ = [
     "TICK",
     "AckIntent",
     "CheckpointError",
+    "CheckpointMismatchError",
     "Clock",
     "EntryBatch",
     "Envelope",
@@ -78,6 +80,7 @@ __all__ = [
     "SequencerStateError",
     "UUIDError",
     "build_uuid",
+    "check_checkpoint_scope",
     "clock_of",
     "decode_checkpoint",
     "encode_checkpoint",

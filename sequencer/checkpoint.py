@@ -17,19 +17,29 @@ Invariants (each backed by ``tests/test_sequencer/test_checkpoint.py``):
   unsupported version, a missing or mistyped field, a producer id that is not
   6 bytes, ``last_ack < 0`` or ``>= 2**64``, ``begin < -1``, negative offsets,
   or a (journal, producer) listed twice.
+
+A checkpoint names its journals (``topic/partition``), so a reader can tell one
+that is not its own (:func:`check_checkpoint_scope`, used by
+``consumer.ReadCommittedIter`` and ``spark_reader``): a non-empty checkpoint
+that covers none of the partitions the reader reads, or a partition its topic
+does not have, is refused with :class:`CheckpointMismatchError` -- accepting it
+would start every partition from ``auto.offset.reset`` (re-delivering or
+skipping records) without a word. Its other journals are reported back so the
+reader can say exactly what it ignores.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from typing import Any
 
 import msgpack
 
-from .errors import CheckpointError
+from .errors import CheckpointError, CheckpointMismatchError
 from .state import ProducerState
 
-__all__ = ["CHECKPOINT_MAGIC", "CHECKPOINT_VERSION", "decode_checkpoint", "encode_checkpoint"]
+__all__ = ["CHECKPOINT_MAGIC", "CHECKPOINT_VERSION", "check_checkpoint_scope", "decode_checkpoint",
+           "encode_checkpoint"]
 
 CHECKPOINT_MAGIC = "harvest.sequencer.checkpoint"
 CHECKPOINT_VERSION = 1
@@ -132,3 +142,58 @@ def decode_checkpoint(data: bytes) -> tuple[dict[str, int], list[ProducerState]]
         return item[0], item[1], item[2], item[3]
 
     return _check_offsets(offsets), _check_states(producers, fields)
+
+
+def _listed(journals: list[str], limit: int = 8) -> str:
+    shown = ", ".join(journals[:limit])
+    return shown + (f" and {len(journals) - limit} more" if len(journals) > limit else "")
+
+
+def check_checkpoint_scope(
+    offsets: Mapping[str, int],
+    states: Iterable[ProducerState],
+    reads: Mapping[str, Collection[int] | None],
+    complete: bool,
+) -> tuple[list[str], list[str]]:
+    """Check that a decoded checkpoint belongs to a reader of ``reads`` (see the module doc).
+
+    ``reads`` maps each topic the reader reads to the partitions it reads, or ``None`` when any
+    partition of it may come (a consumer group assigns them); ``complete`` says the partition sets
+    are all the topic's partitions (so a checkpoint journal outside them names a partition that does
+    not exist). Returns ``(ignored, uncovered)``: the checkpoint's journals this reader does not read,
+    and the partitions it reads that the checkpoint has no offset for (they start from the reader's
+    default position). An empty checkpoint is anyone's. Raises :class:`CheckpointMismatchError`.
+    """
+    journals = sorted(set(offsets) | {st.journal for st in states})
+    if not journals:
+        return [], []
+    ours: list[str] = []
+    ignored: list[str] = []
+    missing: list[str] = []
+    for journal in journals:
+        topic, _, part = journal.rpartition("/")
+        if topic in reads and part.isdigit():
+            parts = reads[topic]
+            if parts is None or int(part) in parts:
+                ours.append(journal)
+                continue
+            if complete:
+                missing.append(journal)
+                continue
+        ignored.append(journal)
+    read_desc = "; ".join(
+        f"topic {t!r}" + ("" if p is None else f" partition(s) {', '.join(map(str, sorted(p)))}")
+        for t, p in sorted(reads.items()))
+    if missing:
+        raise CheckpointMismatchError(
+            f"the checkpoint covers {_listed(missing)}, which this reader's topic does not have (it reads "
+            f"{read_desc}): it was taken on another topic of the same name, or the topic was re-created; "
+            "pass a checkpoint of this topic, or none to start from the reader's default position")
+    if not ours:
+        raise CheckpointMismatchError(
+            f"the checkpoint covers {_listed(journals)}, none of which this reader reads (it reads {read_desc}): "
+            "it was taken by a reader of other topics or partitions; pass that reader's own checkpoint, or none "
+            "to start from the reader's default position")
+    uncovered = [f"{t}/{p}" for t, parts in sorted(reads.items()) if parts is not None
+                 for p in sorted(parts) if f"{t}/{p}" not in offsets]
+    return ignored, uncovered

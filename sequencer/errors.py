@@ -15,6 +15,7 @@ from __future__ import annotations
 
 __all__ = [
     "CheckpointError",
+    "CheckpointMismatchError",
     "ReplayError",
     "SequencerError",
     "SequencerStateError",
@@ -42,6 +43,11 @@ class ReplayError(SequencerError):
 
 class CheckpointError(SequencerError, ValueError):
     """A checkpoint (encoded bytes or restored states) is corrupt or unsupported."""
+
+
+class CheckpointMismatchError(CheckpointError):
+    """A valid checkpoint that belongs to another reader: it covers none of the partitions this
+    reader reads (another topic, other partitions), or partitions its topic does not have."""
 
 
 class SequencerStateError(SequencerError, RuntimeError):

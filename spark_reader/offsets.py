@@ -1,5 +1,10 @@
 """Which offsets a read covers: partitions and watermarks from Kafka, starts from a checkpoint.
 
+A starting checkpoint must be this topic's: one that covers none of its partitions, or partitions
+it does not have, raises :class:`ReaderConfigError` (``sequencer.check_checkpoint_scope``); entries
+of other topics are carried through to the read's checkpoint, and partitions it does not cover are
+named in a warning and read from the log start.
+
 Invariant: for every partition p of the topic, ``read_from[p] <= start[p] <= end[p]``, where
 ``start`` is the checkpoint's read-through offset (or the low watermark when the checkpoint does
 not cover p) and ``read_from`` reaches back to the oldest open span of p, so that spans still open
@@ -12,7 +17,7 @@ import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from sequencer import ProducerState, decode_checkpoint
+from sequencer import CheckpointMismatchError, ProducerState, check_checkpoint_scope, decode_checkpoint
 from spark_reader.errors import ReaderConfigError
 
 log = logging.getLogger(__name__)
@@ -68,6 +73,13 @@ def resolve(topic: str, kafka_options: Mapping[str, str], starting: bytes | None
     states: list[ProducerState] = []
     if starting is not None:
         offsets, states = decode_checkpoint(starting)
+        try:
+            _, uncovered = check_checkpoint_scope(offsets, states, {topic: set(low)}, complete=True)
+        except CheckpointMismatchError as exc:
+            raise ReaderConfigError(f"starting: {exc}") from exc
+        if uncovered:
+            log.warning("starting checkpoint covers no offset for %s: read from the log start (a new partition, "
+                        "or the checkpoint of another reader?)", ", ".join(uncovered[:20]))
     prefix = f"{topic}/"
     ours = {int(j[len(prefix):]): o for j, o in offsets.items() if _is_partition_journal(j, prefix)}
     start = {p: max(ours.get(p, low[p]), low[p]) for p in low}

@@ -191,8 +191,9 @@ def header_values(headers: pa.Array | pa.ChunkedArray, key: str) -> pa.ChunkedAr
 
 def uuid_words(column: pa.Array | pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """``(valid, hi, lo)`` of a binary column of ``uuid`` header values: ``valid`` marks the values
-    that are version-1 RFC 4122 UUIDs (what ``parse_uuid`` accepts, the nil UUID aside: 16 bytes,
-    version nibble 1, variant bits 0b10); ``hi``/``lo`` are their big-endian 64-bit halves (uint64),
+    a relay can have written (``consumer.uuid_header.parse_header_value``'s rule: 16 bytes, version
+    nibble 1, variant bits 0b10, multicast ProducerID, flags 0-2); ``hi``/``lo`` are their big-endian
+    64-bit halves (uint64),
     0 where not valid. The 128-bit int of row ``i`` is ``hi[i] << 64 | lo[i]``."""
     arr = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
     n = len(arr)
@@ -214,7 +215,9 @@ def uuid_words(column: pa.Array | pa.ChunkedArray) -> tuple[np.ndarray, np.ndarr
         sel = np.flatnonzero(sixteen)
         words = data[starts[sel].astype(np.int64)[:, None] + _BYTE_LANES].view(">u8")
         hi[sel], lo[sel] = words[:, 0], words[:, 1]
-    valid = sixteen & ((hi >> np.uint64(12)) & np.uint64(0xF) == 1) & (lo >> np.uint64(62) == 2)
+    u = np.uint64
+    valid = (sixteen & ((hi >> u(12)) & u(0xF) == 1) & (lo >> u(62) == 2) & ((lo >> u(40)) & u(1) == 1)
+             & ((lo >> u(48)) & u(0x3FF) <= _ACK))  # ACK_TXN (2) is the highest flag a relay writes
     hi[~valid] = 0
     lo[~valid] = 0
     return valid, hi, lo

@@ -23,6 +23,7 @@ Invariants:
 from __future__ import annotations
 
 import json
+import uuid as uuid_mod
 from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -162,7 +163,7 @@ class _CommittedProcessor(_stateful_base()):  # type: ignore[misc]
             if off < start:
                 continue  # before the starting checkpoint: kept only to replay open spans
             try:
-                u = parse_uuid(r["uuid"])
+                u = _relay_uuid(r["uuid"])
             except UUIDError:
                 self._malformed(journal, off, r, out)
                 continue
@@ -212,11 +213,21 @@ class _CommittedProcessor(_stateful_base()):  # type: ignore[misc]
         pass
 
 
+def _relay_uuid(raw: Any) -> uuid_mod.UUID:
+    """``parse_uuid``, refusing what no relay writes: the readers' rule (``consumer.uuid_header``,
+    ``spark_reader.sequencing.uuid_words``): a ProducerID with the multicast bit, flags 0-2."""
+    u = parse_uuid(raw)
+    if not (u.int >> 40) & 1 or (u.int >> 48) & 0x3FF > int(Flags.ACK_TXN):
+        raise UUIDError(f"uuid {u} is not a harvest relay's (its node lacks the multicast bit, or its flags "
+                        f"are reserved)")
+    return u
+
+
 def _replay(rows: list[dict[str, Any]], journal: str, begin: int, end: int) -> Iterator[Envelope]:
     for r in rows:
         if begin <= r["offset"] < end:
             try:
-                u = parse_uuid(r["uuid"])
+                u = _relay_uuid(r["uuid"])
             except UUIDError:
                 continue
             yield Envelope(journal, r["offset"], r["offset"] + 1, u, r)

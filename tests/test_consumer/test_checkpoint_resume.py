@@ -5,13 +5,14 @@ read-through offset and replays open spans)."""
 
 from __future__ import annotations
 
+import logging
 import random
 
 import pytest
 from cons_testlib import Gen, Rec, drain, kafka_config, key, per_partition, produce, reference
 
-from consumer import ConfigError, ReadCommittedIter
-from sequencer import Flags, build_uuid, decode_checkpoint, new_producer_id
+from consumer import CheckpointMismatchError, ConfigError, ReadCommittedIter
+from sequencer import Flags, build_uuid, decode_checkpoint, encode_checkpoint, new_producer_id
 
 pytestmark = pytest.mark.integration
 
@@ -137,3 +138,73 @@ def test_random_restarts_with_poll_batch(kafka_bootstrap: str, topic_factory, se
     assert restarts > 5
     assert len(set(delivered)) == len(delivered), "a record was delivered twice across restarts"
     assert per_partition(delivered) == per_partition(want)
+
+
+def _checkpoint_of(kafka_bootstrap: str, topic: str, partitions: int) -> bytes:
+    """A real checkpoint of a reader of partitions 0..partitions-1 of ``topic``, each with one
+    committed record read."""
+    a = new_producer_id()
+    produce(kafka_bootstrap, topic, [Rec(p, build_uuid(a, 160 * (p + 1), Flags.OUTSIDE_TXN), b"x%d" % p)
+                                     for p in range(partitions)])
+    with ReadCommittedIter(kafka_config(kafka_bootstrap), partitions=[(topic, p) for p in range(partitions)]) as it:
+        assert len(drain(it, expect=partitions, idle=5.0)) == partitions
+        cp = it.checkpoint()
+    assert set(decode_checkpoint(cp)[0]) == {f"{topic}/{p}" for p in range(partitions)}
+    return cp
+
+
+@pytest.mark.parametrize(("reader", "needle"), [
+    # another topic entirely: every partition would silently start from auto.offset.reset
+    ({"topics": ["<other>"]}, "none of which this reader reads (it reads topic '<other>' partition(s) 0, 1, 2)"),
+    ({"partitions": [("<other>", 0)]}, "none of which this reader reads (it reads topic '<other>' partition(s) 0)"),
+    ({"topics": ["<other>"], "group": True}, "none of which this reader reads (it reads topic '<other>')"),
+    # the same topic, a partition the checkpoint does not cover
+    ({"partitions": [("<topic>", 2)]}, "none of which this reader reads (it reads topic '<topic>' partition(s) 2)"),
+])
+def test_checkpoint_of_another_reader_is_refused(kafka_bootstrap: str, topic_factory, unique_name,
+                                                 reader: dict, needle: str) -> None:
+    topic, other = topic_factory(partitions=3), topic_factory(partitions=3)
+    cp = _checkpoint_of(kafka_bootstrap, topic, 2)  # covers topic/0 and topic/1
+    names = {"<topic>": topic, "<other>": other}
+    extra = {"group.id": unique_name("g")} if reader.get("group") else {}
+    kwargs = {k: ([names[t] for t in v] if k == "topics" else [(names[t], p) for t, p in v])
+              for k, v in reader.items() if k != "group"}
+    with pytest.raises(CheckpointMismatchError) as info:
+        ReadCommittedIter(kafka_config(kafka_bootstrap, **extra), checkpoint=cp, **kwargs)
+    message = str(info.value)
+    for placeholder, name in names.items():
+        needle = needle.replace(placeholder, name)
+    assert needle in message and f"covers {topic}/0, {topic}/1" in message
+    assert isinstance(info.value, ConfigError)
+
+
+def test_checkpoint_naming_partitions_the_topic_lacks_is_refused(kafka_bootstrap: str, topic_factory) -> None:
+    big, small = topic_factory(partitions=3), topic_factory(partitions=2)
+    offsets, states = decode_checkpoint(_checkpoint_of(kafka_bootstrap, big, 3))
+    # The same name, fewer partitions (a re-created topic): rename the journals onto `small`.
+    moved = {j.replace(big, small): o for j, o in offsets.items()}
+    with pytest.raises(CheckpointMismatchError, match=f"covers {small}/2, which this reader's topic does not have"):
+        ReadCommittedIter(kafka_config(kafka_bootstrap), topics=[small], checkpoint=encode_checkpoint(moved, []))
+
+
+def test_checkpoint_entries_not_read_are_named_when_ignored(kafka_bootstrap: str, topic_factory, caplog) -> None:
+    topic = topic_factory(partitions=2)
+    cp = _checkpoint_of(kafka_bootstrap, topic, 2)
+    produce(kafka_bootstrap, topic, [Rec(0, build_uuid(new_producer_id(), 160, Flags.OUTSIDE_TXN), b"after")])
+    caplog.set_level(logging.WARNING, logger="consumer")
+    with ReadCommittedIter(kafka_config(kafka_bootstrap), partitions=[(topic, 0)], checkpoint=cp) as it:
+        assert [r.value for r in drain(it, expect=1, idle=5.0)] == [b"after"]  # resumed from the checkpoint
+        assert set(decode_checkpoint(it.checkpoint())[0]) == {f"{topic}/0"}
+    ignored = [r.getMessage() for r in caplog.records if "ignoring its entries" in r.getMessage()]
+    assert len(ignored) == 1 and f"{topic}/1" in ignored[0] and f"{topic}/0" not in ignored[0].split("(")[0]
+
+
+def test_partitions_a_checkpoint_does_not_cover_are_named(kafka_bootstrap: str, topic_factory, caplog) -> None:
+    topic = topic_factory(partitions=2)
+    offsets, states = decode_checkpoint(_checkpoint_of(kafka_bootstrap, topic, 2))
+    cp = encode_checkpoint({f"{topic}/0": offsets[f"{topic}/0"]}, [])
+    caplog.set_level(logging.WARNING, logger="consumer")
+    with ReadCommittedIter(kafka_config(kafka_bootstrap), topics=[topic], checkpoint=cp) as it:
+        assert [r.value for r in drain(it, expect=1, idle=5.0)] == [b"x1"]  # topic/1 from earliest
+    assert any(f"covers no offset for {topic}/1: they start from auto.offset.reset" in r.getMessage()
+               for r in caplog.records)

@@ -10,6 +10,7 @@ errors, under every policy, compares the two paths record by record.
 from __future__ import annotations
 
 import logging
+import uuid
 from typing import Any
 
 import pytest
@@ -27,6 +28,11 @@ V1 = build_uuid(PID, 16 * 5000 + 3, Flags.CONTINUE_TXN).bytes
 ACK = build_uuid(PID, 16 * 5001, Flags.ACK_TXN).bytes
 WRONG_VERSION = bytes([V1[0], V1[1], V1[2], V1[3], V1[4], V1[5], (V1[6] & 0x0F) | 0x40, *V1[7:]])
 WRONG_VARIANT = bytes([*V1[:8], (V1[8] & 0x3F) | 0xC0, *V1[9:]])
+# What an application's uuid.uuid1() looks like: a MAC address as node (multicast bit clear).
+MAC_UUID1 = uuid.uuid1(node=0x0242AC110002, clock_seq=2).bytes
+UNICAST_PRODUCER = build_uuid(bytes([PID[0] & 0xFE, *PID[1:]]), 16 * 5002, Flags.ACK_TXN).bytes
+RESERVED_FLAGS = build_uuid(PID, 16 * 5003, 3).bytes
+ALL_FLAGS = build_uuid(PID, 16 * 5004, 0x3FF).bytes
 
 
 class FakeError:
@@ -71,6 +77,10 @@ HEADER_CASES = {
     "nil": [("uuid", bytes(16))],
     "wrong-version": [("uuid", WRONG_VERSION)],
     "wrong-variant": [("uuid", WRONG_VARIANT)],
+    "mac-uuid1": [("uuid", MAC_UUID1)],
+    "unicast-producer": [("uuid", UNICAST_PRODUCER)],
+    "reserved-flags": [("uuid", RESERVED_FLAGS)],
+    "all-flags": [("uuid", ALL_FLAGS)],
     "15-bytes": [("uuid", V1[:15])],
     "17-bytes": [("uuid", V1 + b"\x00")],
     "no-value": [("uuid", None)],

@@ -10,7 +10,7 @@ import pytest
 from cons_testlib import Rec, drain, kafka_config, produce
 
 from consumer import MissingUUIDError, ReadCommittedIter, UUIDPolicy
-from consumer.uuid_header import RateLimitedLog, parse_header_value
+from consumer.uuid_header import RateLimitedLog, describe_problem, parse_header_value
 from sequencer import Flags, build_uuid, new_producer_id, parse_uuid
 
 pytestmark = pytest.mark.integration
@@ -23,13 +23,26 @@ BAD_HEADERS = {
     "nil": bytes(16),
     "ncs-variant": bytes.fromhex("000000a0000010000000010203040506"),
 }
+# Well-formed version-1 UUIDs no relay writes (sequencer.parse_uuid accepts them): an application's
+# uuid.uuid1() (a MAC address as node: multicast bit clear), here with the clock sequences that make
+# them look like an ACK (flags 2: would vanish as an ACK) and a CONTINUE (flags 1: would wait forever
+# for an ACK); and a multicast ProducerID with reserved flags.
+FOREIGN_HEADERS = {
+    "uuid1-mac-ack-flags": uuid.uuid1(node=0x0242AC110002, clock_seq=2).bytes,
+    "uuid1-mac-continue-flags": uuid.uuid1(node=0x0242AC110003, clock_seq=1).bytes,
+    "reserved-flags": build_uuid(bytes.fromhex("0102030405ff"), 160, 3).bytes,
+}
+BAD_HEADERS.update(FOREIGN_HEADERS)
 
 
 @pytest.mark.parametrize("bad", sorted(BAD_HEADERS))
 def test_parse_matches_sequencer_parse_uuid(bad: str) -> None:
     raw = BAD_HEADERS[bad]
     assert parse_header_value(raw) is None
-    if raw is not None and len(raw) == 16 and raw != bytes(16):
+    if bad in FOREIGN_HEADERS:
+        assert parse_uuid(raw).bytes == raw  # well formed: refused only because no relay writes it
+        assert "not read as a message identity" in describe_problem([("uuid", raw)])
+    elif raw is not None and len(raw) == 16 and raw != bytes(16):
         with pytest.raises(ValueError):
             parse_uuid(raw)
     good = build_uuid(new_producer_id(), 12345 << 4, Flags.CONTINUE_TXN)
@@ -69,6 +82,7 @@ def test_unsequenced_records_policy(kafka_bootstrap: str, topic_factory, policy:
             assert len(errors) == len(BAD_HEADERS) + 1
             assert any("no 'uuid' header" in e for e in errors)
             assert any("exactly 16 bytes" in e for e in errors)
+            assert any("multicast bit clear" in e for e in errors) and any("reserved flags 0x3" in e for e in errors)
             return
         got_recs = drain(it, idle=1.0)
     got = [r.value for r in got_recs]

@@ -79,3 +79,29 @@ def test_spark_reads_topic_through_kafka_source(spark, kafka_bootstrap: str, top
     assert sorted(int(r.v) for r in rows) == list(range(50))
     assert {r.partition for r in rows} <= {0, 1}
     assert all(r.headers[0].key == "n" and r.headers[0].value.decode() == r.v for r in rows)
+
+
+def test_embedded_kafka_files_are_private(services, kafka_bootstrap: str, topic_factory) -> None:
+    """The broker's data and logs hold every test message: owner-only (0700 directories, no group or
+    other bits on any file), also for what the broker creates after start (a topic's segment files)."""
+    import os
+    import stat
+
+    if services.kafka is None:
+        pytest.skip("Kafka is not the embedded one (HARVEST_KAFKA_BOOTSTRAP or testcontainers)")
+    topic = topic_factory()
+    producer = Producer({"bootstrap.servers": kafka_bootstrap})
+    producer.produce(topic, b"private")
+    assert producer.flush(30) == 0
+    root = services.kafka.root
+    assert stat.S_IMODE(root.stat().st_mode) == 0o700
+    seen, exposed = 0, []
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in dirnames + filenames:
+            path = os.path.join(dirpath, name)
+            mode = stat.S_IMODE(os.lstat(path).st_mode)
+            seen += 1
+            if mode & 0o077:
+                exposed.append(f"{path} {oct(mode)}")
+    assert any(topic in d for d in os.listdir(services.kafka.data)), "the topic's directory was not found"
+    assert seen > 10 and not exposed, exposed

@@ -78,7 +78,7 @@ def test_defaults_match_goharvest() -> None:
     ({"harvest": {"limits": {"maxInFlightRecords": 0}}}, "limits.maxInFlightRecords: 0 is invalid; it must be >= 1"),
     ({"harvest": {"limits": {"maxInFlightRecords": "many"}}}, "maxInFlightRecords: 'many' is not an integer"),
     ({"harvest": {"limits": {"minPollInterval": "1s", "maxPollInterval": "500ms"}}},
-     "maxPollInterval: 0.5 is invalid; it must be >= limits.minPollInterval (1s)"),
+     "maxPollInterval: 500ms is invalid; it must be >= limits.minPollInterval (1s)"),
     ({"harvest": {"leaderTopic": "bad topic!"}}, "leaderTopic: 'bad topic!' is not a valid Kafka name"),
     ({"harvest": {"outboxTable": "a.b.c"}}, "must be 'table' or 'schema.table'"),
     ({"harvest": {"outboxTable": "out box"}}, "is not a plain identifier; quote it"),
@@ -177,3 +177,71 @@ def test_leader_election_backend() -> None:
     assert isinstance(_make_election(HarvestConfig()), NeliElection)
     flags = from_mapping({}, {"leader_election": "postgres"}).harvest
     assert flags.leader_election == "postgres"
+
+
+@pytest.mark.parametrize(("harvest", "needle"), [
+    # NELI: session.timeout.ms = 3 x heartbeatTimeout must be within the broker's 6 s .. 30 min
+    ({"limits": {"heartbeatTimeout": "1999ms"}}, "limits.heartbeatTimeout: 1.999s is too short for leaderElection neli"),
+    ({"limits": {"heartbeatTimeout": "10m1s"}}, "limits.heartbeatTimeout: 10.0167m is too long"),
+    ({"limits": {"heartbeatTimeout": "1431657766ms"}}, "limits.heartbeatTimeout: 397.683h is invalid; it must be at most 24h"),
+    ({"limits": {"heartbeatTimeout": "25h"}, "leaderElection": "postgres"}, "it must be at most 24h"),
+    ({"limits": {"queueTimeout": "24h1s"}}, "limits.queueTimeout: 24.0003h is invalid; it must be at most 24h"),
+    ({"limits": {"ioErrorBackoff": "0s"}}, "limits.ioErrorBackoff: 0 is invalid; it must be >= 10ms"),
+    ({"limits": {"ioErrorBackoff": "9ms"}}, "limits.ioErrorBackoff: 9ms is invalid; it must be >= 10ms"),
+    ({"limits": {"markQueryRecords": 1_000_001}}, "markQueryRecords: 1000001 is invalid; it must be at most 1,000,000"),
+    ({"limits": {"purgeBatchRecords": 10**12}}, "purgeBatchRecords: 1000000000000 is invalid; it must be at most"),
+    ({"limits": {"txnMaxRecords": 2**40}}, "txnMaxRecords: 1099511627776 is invalid"),
+    ({"limits": {"maxInFlightRecords": 2**31}}, "maxInFlightRecords: 2147483648 is invalid"),
+    ({"limits": {"producerRing": 257}}, "producerRing: 257 is invalid; it must be at most 256"),
+    ({"limits": {"maxDeliveryAttempts": 2**31}}, "maxDeliveryAttempts: 2147483648 is invalid; it must be at most "
+                                                  "2,147,483,647 (a 32-bit integer)"),
+    ({"leaderTopicReplicationFactor": 0}, "leaderTopicReplicationFactor: 0 must be -1"),
+    ({"leaderTopicReplicationFactor": 40000}, "leaderTopicReplicationFactor: 40000 must be -1"),
+])
+def test_limits_are_bounded_by_what_kafka_and_postgres_accept(harvest: dict, needle: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        from_mapping({"harvest": harvest})
+    assert needle in str(info.value)
+
+
+@pytest.mark.parametrize(("harvest", "check"), [
+    ({"limits": {"heartbeatTimeout": "2s"}}, lambda h: h.limits.heartbeat_timeout == 2.0),  # 6 s session: the minimum
+    ({"limits": {"heartbeatTimeout": "10m"}}, lambda h: h.limits.heartbeat_timeout == 600.0),  # 30 min: the maximum
+    ({"limits": {"heartbeatTimeout": "500ms"}, "leaderElection": "postgres"},  # no Kafka group: no NELI bound
+     lambda h: h.limits.heartbeat_timeout == 0.5),
+    ({"limits": {"ioErrorBackoff": "10ms", "queueTimeout": "24h"}}, lambda h: h.limits.io_error_backoff == 0.01),
+    ({"limits": {"markQueryRecords": 1_000_000, "producerRing": 256}}, lambda h: h.limits.producer_ring == 256),
+    ({"leaderTopicReplicationFactor": 3}, lambda h: h.leader_topic_replication_factor == 3),
+])
+def test_limits_at_their_bounds_are_accepted(harvest: dict, check) -> None:
+    assert check(from_mapping({"harvest": harvest}).harvest)
+
+
+def test_kafka_properties_are_judged_by_librdkafka() -> None:
+    HarvestConfig(producer_kafka_config={"linger.ms": 5, "compression.type": "lz4"}).check_kafka_properties()
+    for cfg, needle in [
+        (HarvestConfig(producer_kafka_config={"lingr.ms": 5}), 'producerKafkaConfig: No such configuration property: "lingr.ms"'),
+        (HarvestConfig(base_kafka_config={"bootstrap.servers": "k:1", "security.protocol": "tcp"}),
+         'baseKafkaConfig: Invalid value "tcp" for configuration property "security.protocol"'),
+        (HarvestConfig(base_kafka_config={"sasl.pasword": "kafkasecret"}), 'baseKafkaConfig: No such configuration'),
+    ]:
+        with pytest.raises(ConfigError) as info:
+            cfg.check_kafka_properties()
+        assert needle in str(info.value) and "kafkasecret" not in str(info.value)
+
+
+@pytest.mark.parametrize("heartbeat", ["2s", "5s", "100s", "101s", "10m"])
+def test_neli_consumer_accepts_every_heartbeat_timeout_the_config_accepts(heartbeat: str) -> None:
+    """session.timeout.ms = 3 x heartbeatTimeout, and librdkafka refuses a session longer than
+    max.poll.interval.ms (default 5 min): the election raises that along (heartbeatTimeout > 100s)."""
+    from confluent_kafka import Consumer
+
+    from producer.election import neli_consumer_config
+
+    cfg = from_mapping({"harvest": {"limits": {"heartbeatTimeout": heartbeat}}}).harvest
+    conf = neli_consumer_config(dict(cfg.base_kafka_config), cfg.leader_group_id, cfg.name,
+                                cfg.limits.heartbeat_timeout)
+    assert conf["session.timeout.ms"] == round(cfg.limits.heartbeat_timeout * 3000)
+    assert conf["max.poll.interval.ms"] >= conf["session.timeout.ms"]
+    Consumer({**conf, "bootstrap.servers": "", "log_level": 0}).close()
+    cfg.check_kafka_properties()

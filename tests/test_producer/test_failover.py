@@ -96,9 +96,10 @@ def test_cli_init_db_and_dead_letters(pg_dsn: str, pg_schema: str, tmp_path: Pat
                      "(7, 't', 'k', 'v', '{}', '{}', 'boom', 5), (8, NULL, 'k', 'v', '{}', '{}', 'no topic', 0)")
     r = run("dead-letters", "list", "--outbox-table", table)
     assert "boom" in r.stdout and "2 dead letter(s)" in r.stdout
-    r = run("dead-letters", "requeue", "--outbox-table", table, "--all")
+    # Topic 't' does not exist in Kafka (none runs here): these exercise the database side only.
+    r = run("dead-letters", "requeue", "--outbox-table", table, "--all", "--skip-topic-check")
     assert r.returncode == 1 and "nothing was moved" in r.stderr and password not in r.stderr
-    r = run("dead-letters", "requeue", "--outbox-table", table, "7")
+    r = run("dead-letters", "requeue", "--outbox-table", table, "7", "--skip-topic-check")
     assert r.returncode == 0 and "requeued 1" in r.stdout
     r = run("dead-letters", "requeue", "--outbox-table", table)
     assert r.returncode == 2 and "give dead-letter ids or --all" in r.stderr

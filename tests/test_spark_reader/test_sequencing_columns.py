@@ -19,6 +19,7 @@ import pyarrow as pa
 import pytest
 
 import sequencer
+from consumer.uuid_header import parse_header_value
 from sequencer import Envelope, Flags, Publisher, QueueOutcome, build_uuid, clock_of
 from spark_reader import sequencing
 from spark_reader.errors import MissingUUIDError
@@ -26,16 +27,18 @@ from spark_reader.sequencing import (GroupPlan, clocks, header_values, sequence_
                                      uuid_words)
 
 HEADERS = pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())]))
-V1 = uuid_mod.UUID("a0b1c2d3-e4f5-11ee-8123-0123456789ab")  # a version-1 RFC 4122 UUID
+# A version-1 RFC 4122 UUID a relay can write: multicast node (0x01...), flags 1 (CONTINUE_TXN).
+V1 = uuid_mod.UUID("a0b1c2d3-e4f5-11ee-8001-0123456789ab")
+# uuid.uuid1() as an application makes it: the host's MAC as node (multicast bit clear), flags 1.
+MAC_UUID1 = uuid_mod.uuid1(node=0x0242AC110002, clock_seq=1)
 
 
 # -- per-record rules (what the module computed row by row before) --------------------------
 
 def _uuid_int(raw: bytes | None) -> int:
-    if raw is None or len(raw) != 16:
-        return 0
-    x = int.from_bytes(raw, "big")
-    return x if (x >> 76) & 0xF == 1 and (x >> 62) & 0x3 == 2 else 0
+    """The per-record rule the readers apply (consumer.uuid_header): the int, 0 when unusable."""
+    u = parse_header_value(raw)
+    return 0 if u is None else u.int
 
 
 def _clock(x: int) -> int:
@@ -113,6 +116,10 @@ EDGE_VALUES: list[bytes | None] = [
     _with_variant(uuid_mod.UUID(int=V1.int | (0xFFF << 64)), 2),  # the largest time_hi
     build_uuid(bytes([1, 2, 3, 4, 5, 7]), 12345, Flags.ACK_TXN).bytes,
     build_uuid(bytes([1, 2, 3, 4, 5, 7]), 1, Flags.OUTSIDE_TXN).bytes,
+    MAC_UUID1.bytes,  # not a relay's: the node is a MAC address
+    build_uuid(bytes([0, 2, 3, 4, 5, 7]), 12345, Flags.ACK_TXN).bytes,  # ProducerID without the multicast bit
+    build_uuid(bytes([1, 2, 3, 4, 5, 7]), 12345, 3).bytes,  # reserved flags
+    build_uuid(bytes([1, 2, 3, 4, 5, 7]), 12345, 0x3FF).bytes,
     "uuid-as-text".encode(),
 ]
 
@@ -148,7 +155,7 @@ def test_uuid_words_equal_the_per_record_rule_on_edge_cases(binary_type) -> None
 
 
 def test_uuid_words_fast_path_on_valid_uuids_at_an_offset() -> None:
-    values = [uuid_mod.uuid1().bytes for _ in range(100)]
+    values = [build_uuid(sequencer.new_producer_id(), 16 * (i + 1), Flags.CONTINUE_TXN).bytes for i in range(100)]
     arr = pa.array([b"x" * 3] + values, pa.binary()).slice(1)  # data starts at byte 3: unaligned words
     _check_words(values, arr)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import threading
 import time
+import uuid as uuid_mod
 
 import pytest
 
@@ -77,6 +78,10 @@ def test_stream_delivers_records_without_uuid_header_under_ansi(spark, kafka_boo
         (b"txn-1", [("trace", b"t1"), ("uuid", pub.publish_uncommitted(f"{topic}/0").bytes)]),
         (b"txn-2", [("uuid", pub.publish_uncommitted(f"{topic}/0").bytes)]),
         (b"never-acked", [("uuid", Publisher().publish_uncommitted(f"{topic}/0").bytes)]),
+        # An application's own uuid1() ids (a MAC address as node) that look like an ACK and like a
+        # CONTINUE: not identities (consumer.uuid_header), so delivered at-least-once like no header.
+        (b"app-uuid1-ack-flags", [("uuid", uuid_mod.uuid1(node=0x0242AC110002, clock_seq=2).bytes)]),
+        (b"app-uuid1-continue-flags", [("uuid", uuid_mod.uuid1(node=0x0242AC110002, clock_seq=1).bytes)]),
     ]
     sent += [(b"", [("uuid", a.uuid.bytes)]) for a in pub.build_ack_intents()]
     producer = Producer({"bootstrap.servers": kafka_bootstrap, "enable.idempotence": True, "acks": "all"})
@@ -86,7 +91,8 @@ def test_stream_delivers_records_without_uuid_header_under_ansi(spark, kafka_boo
 
     with ReadCommittedIter({"bootstrap.servers": kafka_bootstrap}, topics=[topic], idle_timeout=3.0) as it:
         want = sorted((r.partition, r.offset, bytes(r.value or b"")) for r in it)
-    assert [v for _, _, v in want] == [b"app-headers-only", b"no-headers", b"txn-1", b"txn-2"]
+    assert [v for _, _, v in want] == [b"app-headers-only", b"no-headers", b"txn-1", b"txn-2",
+                                       b"app-uuid1-ack-flags", b"app-uuid1-continue-flags"]
 
     query = _query(spark, topic, kafka_bootstrap, tmp_path / "out", tmp_path / "chk", {"availableNow": True})
     query.awaitTermination(120)

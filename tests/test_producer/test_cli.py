@@ -1,0 +1,175 @@
+"""The ``harvest`` command as a subprocess: bad input is one clear line on stderr and exit code 2
+(configuration or usage), never a traceback, never a secret; row data cannot drive the terminal."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import psycopg
+import pytest
+from psycopg import sql
+
+from producer.schema import OutboxNames, init_db
+
+SECRET = "hunter2secret"
+
+
+def harvest(*args: str, env: dict[str, str] | None = None, timeout: float = 60.0) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "producer", *args], capture_output=True, text=True,
+                          timeout=timeout, env={**os.environ, **(env or {})}, stdin=subprocess.DEVNULL)
+
+
+def assert_one_line_exit_2(proc: subprocess.CompletedProcess[str], *needles: str) -> str:
+    err = proc.stderr.strip()
+    assert proc.returncode == 2, (proc.returncode, proc.stderr)
+    assert "Traceback" not in err and len(err.splitlines()) == 1, err
+    assert SECRET not in proc.stderr + proc.stdout
+    for needle in needles:
+        assert needle in err, err
+    return err
+
+
+def _limits(**limits: str) -> str:
+    return "".join(f"    {k}: {v}\n" for k, v in limits.items())
+
+
+VALID_HEAD = f"harvest:\n  dataSource: host=127.0.0.1 port=1 user=relay password={SECRET}\n"
+
+# (file bytes, needles in the one-line error)
+BAD_FILES = {
+    "empty": (b"", ["h.yaml: the file is empty", "harvest:"]),
+    "comments-only": (b"# nothing here\n", ["the file is empty"]),
+    "logging-only": (b"logging:\n  level: Info\n", ["no 'harvest:' section"]),
+    "yaml-syntax": (f'harvest:\n  dataSource: "host=x password={SECRET}\n'.encode(),
+                    ["not valid YAML: line 3, column 1: found unexpected end of stream"]),
+    "yaml-tab": (f"harvest:\n  dataSource: host=x password={SECRET}\n\toutboxTable: o\n".encode(),
+                 ["not valid YAML: line 3"]),
+    "non-utf8": (b"harvest:\n  dataSource: host=x password=\xff\xfe\n", ["not UTF-8 text (byte 0xff on line 2)"]),
+    "passwd-typo": (f"harvest:\n  dataSource: host=127.0.0.1 passwd={SECRET}\n".encode(),
+                    ['harvest.dataSource: invalid connection option "passwd"']),
+    "password-unquoted-space": (f"harvest:\n  dataSource: host=127.0.0.1 password=a {SECRET}\n".encode(),
+                                ['harvest.dataSource: missing "=" after']),
+    "unknown-kafka-property": ((VALID_HEAD + "  producerKafkaConfig:\n    lingr.ms: 1\n").encode(),
+                               ['producerKafkaConfig: No such configuration property: "lingr.ms"']),
+    "unknown-base-kafka-property": ((VALID_HEAD + f"  baseKafkaConfig:\n    sasl.pasword: {SECRET}\n").encode(),
+                                    ['baseKafkaConfig: No such configuration property: "sasl.pasword"']),
+    "bad-kafka-value": ((VALID_HEAD + "  producerKafkaConfig:\n    compression.type: zip\n").encode(),
+                        ['producerKafkaConfig: Invalid value "zip" for configuration property "compression.codec"']),
+    "heartbeat-overflow": ((VALID_HEAD + "  limits:\n" + _limits(heartbeatTimeout="1431657766ms")).encode(),
+                           ["limits.heartbeatTimeout", "at most 24h"]),
+    "heartbeat-above-session-max": ((VALID_HEAD + "  limits:\n" + _limits(heartbeatTimeout="11m")).encode(),
+                                    ["limits.heartbeatTimeout: 11m is too long", "group.max.session.timeout.ms"]),
+    "heartbeat-below-session-min": ((VALID_HEAD + "  limits:\n" + _limits(heartbeatTimeout="1500ms")).encode(),
+                                    ["limits.heartbeatTimeout: 1.5s is too short", "group.min.session.timeout.ms",
+                                     "use 2s or more"]),
+    "huge-duration": ((VALID_HEAD + "  limits:\n" + _limits(queueTimeout="9" * 400 + "h")).encode(),
+                      ["limits.queueTimeout: inf is invalid; it must be at most 24h"]),
+    "io-backoff-zero": ((VALID_HEAD + "  limits:\n" + _limits(ioErrorBackoff="0s")).encode(),
+                        ["limits.ioErrorBackoff: 0 is invalid; it must be >= 10ms"]),
+    "huge-mark-query": ((VALID_HEAD + "  limits:\n" + _limits(markQueryRecords="10000000000")).encode(),
+                        ["limits.markQueryRecords: 10000000000 is invalid; it must be at most 1,000,000"]),
+    "huge-producer-ring": ((VALID_HEAD + "  limits:\n" + _limits(producerRing="100000")).encode(),
+                           ["limits.producerRing: 100000 is invalid; it must be at most 256"]),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_FILES))
+def test_bad_config_file_is_one_line_and_exit_2(tmp_path: Path, case: str) -> None:
+    content, needles = BAD_FILES[case]
+    path = tmp_path / "h.yaml"
+    path.write_bytes(content)
+    for command in (["-f", str(path)], ["init-db", "-f", str(path)], ["dead-letters", "list", "-f", str(path)]):
+        err = assert_one_line_exit_2(harvest(*command), *needles)
+        assert err.startswith("harvest: configuration error: ")
+
+
+@pytest.mark.parametrize(("args", "needle"), [
+    (["dead-letters", "list", "--limit", "-1"], "argument --limit: -1 is out of range; give 1-1,000,000"),
+    (["dead-letters", "list", "--limit", "0"], "argument --limit: 0 is out of range"),
+    (["dead-letters", "list", "--limit", "10000000000000000000000"], "is out of range"),
+    (["dead-letters", "list", "--limit", "many"], "argument --limit: 'many' is not a whole number"),
+    (["dead-letters", "requeue", "99999999999999999999"], "argument ids: 99999999999999999999 is out of range"),
+    (["dead-letters", "requeue", "-5"], "usage error"),
+    (["--prometheus-port", "http"], "argument --prometheus-port"),
+    (["--no-such-flag"], "unrecognized arguments: --no-such-flag"),
+])
+def test_bad_arguments_are_one_line_and_exit_2(args: list[str], needle: str) -> None:
+    err = assert_one_line_exit_2(harvest(*args), needle)
+    assert "usage error" in err and "--help" in err
+
+
+@pytest.mark.integration
+def test_prometheus_port_in_use_is_a_configuration_error(tmp_path: Path, pg_dsn: str, pg_schema: str) -> None:
+    table = f"{pg_schema}.outbox"
+    init_db(pg_dsn, table)
+    with socket.socket() as busy:
+        busy.bind(("0.0.0.0", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        path = tmp_path / "h.yaml"
+        path.write_text(f"harvest:\n  outboxTable: {table}\n  baseKafkaConfig:\n    bootstrap.servers: 127.0.0.1:1\n")
+        proc = harvest("-f", str(path), "--prometheus-port", str(port), "--log-level", "ERROR", env={"HARVEST_DATA_SOURCE": pg_dsn})
+    err = assert_one_line_exit_2(proc, f"prometheusPort: cannot listen on 0.0.0.0:{port}", "pick a free port")
+    password = psycopg.conninfo.conninfo_to_dict(pg_dsn).get("password")
+    assert not password or str(password) not in proc.stdout + proc.stderr, "the DSN's password was printed"
+    assert err.startswith("harvest: configuration error: ")
+
+
+@pytest.mark.integration
+def test_dead_letters_list_escapes_control_characters(pg_dsn: str, pg_schema: str) -> None:
+    table = f"{pg_schema}.outbox"
+    init_db(pg_dsn, table)
+    names = OutboxNames.parse(table)
+    evil_key = "k\x1b[2J\x1b]0;pwned\x07"
+    evil_error = "boom\r\n\x1b[31mred\x9b1m\u202etxet"
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        conn.execute(sql.SQL("INSERT INTO {} (id, create_time, kafka_topic, kafka_key, kafka_value, error, attempts, "
+                             "dead_time) VALUES (7, now(), %s, %s, 'v', %s, 3, now())").format(names.dead_letters),
+                     ("t\x1bopic", evil_key, evil_error))
+    proc = harvest("dead-letters", "list", "--outbox-table", table, env={"HARVEST_DATA_SOURCE": pg_dsn})
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    assert not any(ch in out for ch in "\x1b\x07\r\x9b\u202e"), repr(out)
+    assert r"k\x1b[2J\x1b]0;pwned\x07" in out and r"boom\r\n\x1b[31mred\x9b1m\u202etxet" in out
+    assert r"t\x1bopic" in out and "1 dead letter(s)" in out
+    assert len(out.strip().splitlines()) == 3  # header, the row, the count: the row's \n did not split it
+
+
+@pytest.mark.integration
+def test_requeue_refuses_rows_of_a_missing_topic(pg_dsn: str, pg_schema: str, kafka_bootstrap: str,
+                                                 unique_name) -> None:
+    """Requeueing rows whose topic does not exist only dead-letters them again: nothing moves until the
+    topic exists (or --skip-topic-check)."""
+    from harvest_local.kafka import create_topic
+
+    table = f"{pg_schema}.outbox"
+    init_db(pg_dsn, table)
+    names = OutboxNames.parse(table)
+    missing = unique_name("missing")
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        conn.execute(sql.SQL("INSERT INTO {} (id, create_time, kafka_topic, kafka_key, kafka_value, error, attempts) "
+                             "VALUES (1, now(), %s, 'k', 'v', 'UNKNOWN_TOPIC_OR_PART', 1)").format(names.dead_letters),
+                     (missing,))
+
+    def counts() -> tuple[int, int]:
+        with psycopg.connect(pg_dsn) as conn:
+            dl = conn.execute(sql.SQL("SELECT count(*) FROM {}").format(names.dead_letters)).fetchone()
+            ob = conn.execute(sql.SQL("SELECT count(*) FROM {}").format(names.outbox)).fetchone()
+            return int(dl[0]), int(ob[0])  # type: ignore[index]
+
+    env = {"HARVEST_DATA_SOURCE": pg_dsn}
+    args = ["dead-letters", "requeue", "--all", "--outbox-table", table, "--bootstrap-servers", kafka_bootstrap]
+    proc = harvest(*args, env=env)
+    assert proc.returncode == 1 and f"topic(s) '{missing}' do not exist in Kafka" in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr and counts() == (1, 0)
+    create_topic(kafka_bootstrap, missing)
+    proc = harvest(*args, env=env)
+    assert proc.returncode == 0 and "requeued 1 dead letter(s)" in proc.stdout, proc.stderr
+    assert counts() == (0, 1)
+    unreachable = harvest("dead-letters", "requeue", "1", "--outbox-table", table, "--bootstrap-servers",
+                          "127.0.0.1:1", env=env)
+    assert unreachable.returncode == 0 and "requeued 0" in unreachable.stdout  # no row: no topic to check

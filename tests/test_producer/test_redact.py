@@ -1,0 +1,114 @@
+"""Secrets never printed: DSNs in both libpq forms, however malformed, the errors libpq makes of them,
+YAML errors, Kafka credentials (pure logic, plus libpq's own parser via psycopg; no services)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import psycopg
+import pytest
+from psycopg.conninfo import conninfo_to_dict
+
+from producer.config import HarvestConfig, load_yaml
+from producer.errors import ConfigError
+from producer.redact import REDACTED, redact_dsn, redact_error, redact_kafka_config
+
+# (DSN, the secret(s) that must not survive, what must survive)
+DSNS = [
+    ("host=h password=s3cr3t dbname=d", ["s3cr3t"], "host=h password=<redacted> dbname=d"),
+    ("host=h passwd=hunter22 dbname=d", ["hunter22"], "host=h passwd=<redacted> dbname=d"),  # a typo'd key
+    ("host=h pasword=hunter22", ["hunter22"], "host=h pasword=<redacted>"),
+    (r"host=h password=a\ bcdef dbname=d", ["bcdef", "a\\ b"], "host=h password=<redacted> dbname=d"),
+    (r"host=h password='it\'s a secret' dbname=d", ["secret", "it\\'s"], "dbname=d"),
+    ("host=h password='two words' dbname=d", ["two", "words"], "dbname=d"),
+    ("host=h password = spaced dbname=d", ["spaced"], "dbname=d"),
+    ("host=h password=first second dbname=d", ["first", "second"], "host=h password=<redacted>"),  # unquoted space
+    ("host=h password='unterminated dbname=d", ["unterminated"], "host=h password=<redacted>"),
+    ("host=h PASSWORD=Upper1", ["Upper1"], "host=h"),
+    ("host=h sslpassword=keypass2 user=relay", ["keypass2"], "user=relay"),
+    ("host=h password=", [], "host=h password="),
+    ("postgresql://u:pw123@h/db?sslmode=require", ["pw123"], "postgresql://u:<redacted>@h/db?sslmode=require"),
+    ("postgresql://u:p@ss/w?rd@h:5432/db", ["p@ss", "w?rd", "ss/w"], "@h:5432/db"),  # unencoded @ / ? in it
+    ("postgresql://u@h/db?password=qpw1&sslmode=require", ["qpw1"], "password=<redacted>&sslmode=require"),
+    ("postgres://u@h/db?sslpassword=keypw&application_name=x", ["keypw"], "application_name=x"),
+    ("postgresql://u@h/db?passwrd=typo1", ["typo1"], "passwrd=<redacted>"),
+    ("POSTGRESQL://u:Caps99@h/db", ["Caps99"], "@h/db"),
+    ("postgresql://u:pw%20x@h/db", ["pw%20x"], "@h/db"),
+]
+
+
+@pytest.mark.parametrize(("dsn", "secrets", "kept"), DSNS, ids=[d[0][:40] for d in DSNS])
+def test_redact_dsn(dsn: str, secrets: list[str], kept: str) -> None:
+    out = redact_dsn(dsn)
+    for secret in secrets:
+        assert secret not in out
+    assert kept in out
+    if secrets:
+        assert REDACTED in out
+
+
+@pytest.mark.parametrize(("dsn", "secrets", "kept"), DSNS, ids=[d[0][:40] for d in DSNS])
+def test_config_never_shows_the_secret_whether_libpq_accepts_the_dsn_or_not(dsn: str, secrets: list[str],
+                                                                          kept: str) -> None:
+    """libpq judges the DSN at config time; its error (it quotes what it cannot parse) and the
+    config's repr are both free of the secret."""
+    try:
+        conninfo_to_dict(dsn)
+    except psycopg.Error:
+        with pytest.raises(ConfigError) as info:
+            HarvestConfig(data_source=dsn)
+        text = str(info.value)
+        assert text.startswith("dataSource: ")
+    else:
+        text = repr(HarvestConfig(data_source=dsn))
+    for secret in secrets:
+        assert secret not in text
+
+
+@pytest.mark.parametrize(("dsn", "secret", "needle"), [
+    ("host=h password=first second dbname=d", "second", 'missing "=" after'),
+    ("host=h passwd=hunter22", "hunter22", 'invalid connection option "passwd"'),
+    ("host=h password='opensesame", "opensesame", "unterminated quoted string"),
+    ("postgresql://u@h/db?password=a b", "a b", "unexpected spaces"),
+])
+def test_bad_dsn_is_a_config_error_without_the_secret(dsn: str, secret: str, needle: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        HarvestConfig(data_source=dsn)
+    text = str(info.value)
+    assert text.startswith("dataSource: ") and needle in text and secret not in text
+    assert "libpq connection string" in text
+
+
+def test_free_text_is_scrubbed_without_a_dsn() -> None:
+    text = "failed for host=h password=s3cret9 and postgresql://u:pw777@h/db and sasl.password=kafkapw1"
+    out = redact_error(text)
+    assert "s3cret9" not in out and "pw777" not in out and "kafkapw1" not in out and "host=h" in out
+    assert redact_error('FATAL: password authentication failed for user "relay"') == \
+        'FATAL: password authentication failed for user "relay"'
+
+
+def test_kafka_credentials_are_redacted() -> None:
+    conf = {"bootstrap.servers": "k:9092", "sasl.username": "relay", "sasl.password": "p1",
+            "sasl.jaas.config": "org.apache... password=\"p2\"", "ssl.key.password": "p3",
+            "sasl.oauthbearer.client.secret": "p4", "ssl.keystore.password": "p5", "sasl.pasword": "p6"}
+    out = redact_kafka_config(conf)
+    assert out["bootstrap.servers"] == "k:9092" and out["sasl.username"] == "relay"
+    assert all(out[k] == REDACTED for k in conf if k not in ("bootstrap.servers", "sasl.username"))
+
+
+@pytest.mark.parametrize("text", [
+    'harvest:\n  dataSource: "host=x password=hunter22\n  outboxTable: o\n',  # unterminated quote
+    "harvest:\n  dataSource: host=x password=hunter22\n   bad: indent\n",
+    "harvest:\n  dataSource: host=x password=hunter22\n\tleaderTopic: t\n",  # a tab
+    "harvest:\n  dataSource: [host=x password=hunter22\n",
+    "harvest:\n  dataSource: host=x password=hunter22 \x07\n",  # a control character
+    "harvest: {dataSource: host=x password=hunter22, outboxTable: o\n",
+])
+def test_yaml_errors_do_not_quote_the_file(tmp_path: Path, text: str) -> None:
+    path = tmp_path / "h.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as info:
+        load_yaml(path)
+    message = str(info.value)
+    assert "hunter22" not in message and "not valid YAML" in message and "line" in message or "position" in message
+    assert "\n" not in message
