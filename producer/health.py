@@ -14,7 +14,7 @@ Invariants:
 - evaluating health never touches the relay's own connections or thread: it reads what the loop
   already publishes (``metrics.read_at``, ``state``, ``is_leader``), so a probe can neither slow
   nor break the relay;
-- a response body never contains a secret (database errors pass through ``redact_dsn``);
+- a response body never contains a secret (database errors pass through ``redact_error``);
 - the JSON bodies have a fixed shape: ``status``, ``relay``, ``state``, ``role``, ``leader_id``,
   ``loop_age_seconds``, plus ``database`` on ``/readyz`` and ``reason`` when not live / not ready.
 """
@@ -31,7 +31,7 @@ from typing import Any, Protocol
 import psycopg
 
 from producer.metrics import Metrics
-from producer.redact import redact_dsn
+from producer.redact import redact_error
 
 log = logging.getLogger(__name__)
 
@@ -97,7 +97,7 @@ class DatabaseProbe:
             return None
         except psycopg.Error as exc:
             self.close()
-            return f"database unreachable: {redact_dsn(str(exc)).strip() or type(exc).__name__}"
+            return f"database unreachable: {redact_error(str(exc), self._dsn).strip() or type(exc).__name__}"
 
     def close(self) -> None:
         conn, self._conn = self._conn, None

@@ -103,7 +103,7 @@ def test_defaults_match_goharvest() -> None:
     ({"harvest": {"prometheusBindAddress": "256.1.1.1"}}, "'256.1.1.1' is neither an IP address nor a host name"),
     ({"harvest": {"prometheusBindAddress": "my host"}}, "'my host' is neither an IP address nor a host name"),
     ({"harvest": {"limits": {"livenessTimeout": "1s"}}},
-     "limits.livenessTimeout: 1.0 is invalid; it must be > limits.minMetricsInterval (5s)"),
+     "limits.livenessTimeout: 1s is invalid; it must be > limits.minMetricsInterval (5s)"),
     ({"harvest": {"limits": {"livenessTimeout": 30}}}, "limits.livenessTimeout: 30 is not a duration"),
 ])
 def test_bad_config_is_a_clear_error(data: dict, needle: str) -> None:
