@@ -2,21 +2,27 @@
 
 One thread (the relay thread) runs the election pulses, producing and the delivery callbacks, so
 the per-record path takes no locks: confluent-kafka runs delivery callbacks inside ``poll()`` on
-the caller's thread. Database statements run on ONE worker thread (a single-thread executor, so
-they execute in submission order) while the relay thread keeps producing: the next mark is
-prefetched and purges are written behind. Barriers (refresh, relinquish, stop) wait for the
-worker to finish everything submitted before they change the leader id.
+the caller's thread. Database statements run on TWO worker threads, each a single-thread executor
+with its own connection (so each executes in submission order): marks (and the meter's backlog
+query) on one, purges, resets, dead letters and commits on the other. The relay thread keeps
+producing while the next mark is prefetched and the purges of delivered rows are written behind,
+and the database works on a mark and a purge at once. Barriers (refresh, relinquish, stop) wait for
+both workers to finish everything submitted before they change the leader id.
 
 While leader, with ``leader_id`` the current *view*:
-1. **mark**: when fewer than ``markQueryRecords`` records are queued, one UPDATE … RETURNING claims
-   the next rows (ordered by id) not already owned by this view; rows of a dead or deposed leader
-   are claimed too (salvage). Late-committing rows with lower ids are simply picked up by a later
-   mark — there is no offset to skip past them.
+1. **mark**: when fewer than twice the mark size are queued, one UPDATE … RETURNING claims the next
+   rows (ordered by id) not already owned by this view; rows of a dead or deposed leader are claimed
+   too (salvage). Late-committing rows with lower ids are simply picked up by a later mark — there
+   is no offset to skip past them. The mark size adapts to the backlog
+   (:class:`~producer.marksize.MarkSize`: from goharvest's 100 up to ``markQueryRecords``).
+   Rows no broker will take (missing, internal or illegal topic, too large for the topic) are
+   dead-lettered before producing (:mod:`producer.preflight`).
 2. **send**: records go out in id order, at most ``maxInFlightRecords`` unacknowledged and at most
    ONE per key; a record whose key is busy waits in that key's FIFO and is sent from the delivery
    callback of its predecessor. Hence per-key order = id order, even across retries.
 3. **purge**: delivered ids are buffered and deleted in batches (``purgeBatchRecords`` or every
-   ``purgeInterval``) — never one round trip per record.
+   ``purgeInterval``, one write job at a time, so a batch grows while the database is busy) —
+   never one round trip per record.
 4. **reset + remark**: on a failed delivery (or a produce/mark error) the record is reset
    (``leader_id=NULL``), sending stops, in-flight records drain, buffers are flushed, and a new
    ``leader_id`` is taken (``LeaderRefreshed``), so the next mark re-claims every unpurged row,
