@@ -62,17 +62,20 @@ def ack_offsets(records: int) -> dict[int, list[int]]:
     return acks
 
 
-def open_spans(acks: dict[int, list[int]], end: dict[int, int]) -> int:
-    """Producers with an open span once every partition p is read up to ``end[p]`` (exclusive):
-    partitions whose last read record is not an ACK (one writer: one open producer at most)."""
-    opened = 0
+def open_spans(acks: dict[int, list[int]], end: dict[int, int]) -> tuple[int, int]:
+    """``(producers with an open span, records in open spans)`` once every partition p is read up to
+    ``end[p]`` (exclusive): a partition whose last read record is not an ACK has one open span (one
+    writer), from the record after its last ACK on."""
+    opened = records = 0
     for p, e in end.items():
         if e <= 0:
             continue
         i = bisect_right(acks[p], e - 1)  # ACKs at offsets < e
         last_ack = acks[p][i - 1] if i else -1
-        opened += last_ack != e - 1
-    return opened
+        if last_ack != e - 1:
+            opened += 1
+            records += e - 1 - last_ack
+    return opened, records
 
 
 def run_query(spark: Any, sdf: Any, chk: str, max_offsets: int) -> tuple[int, float, list[dict[str, Any]]]:
@@ -91,28 +94,43 @@ def run_query(spark: Any, sdf: Any, chk: str, max_offsets: int) -> tuple[int, fl
     return sum(counts), elapsed, [json.loads(p.json) for p in query.recentProgress]
 
 
-def state_per_open_producer(progress: list[dict[str, Any]], acks: dict[int, list[int]]) -> dict[str, Any]:
+def state_per_open_producer(spark: Any, chk: str, progress: list[dict[str, Any]],
+                            acks: dict[int, list[int]]) -> dict[str, Any]:
+    """The state readCommittedStream committed after each micro-batch, read back with Spark's state
+    data source (``format("statestore")``): the bytes of the stored span and producer states,
+    over the producers whose spans are open at the micro-batch's end offsets."""
+    from pyspark.sql import functions as F
+
     samples = []
     for p in progress:
-        ops = p.get("stateOperators") or []
         end = (p.get("sources") or [{}])[0].get("endOffset")
-        if not ops or not end or not p.get("numInputRows"):
+        if not p.get("numInputRows") or not end:
             continue
-        end_offsets = {int(k): int(v) for k, v in json.loads(end if isinstance(end, str) else json.dumps(end))[TOPIC].items()}
-        opened = open_spans(acks, end_offsets)
-        rows = sum(int(op.get("numRowsTotal", 0)) for op in ops)
-        sst = sum(int((op.get("customMetrics") or {}).get("rocksdbSstFileSize", 0)) for op in ops)
-        mem = sum(int(op.get("memoryUsedBytes", 0)) for op in ops)
-        samples.append({"batch": p["batchId"], "open_producers": opened, "state_rows": rows,
-                        "rocksdb_sst_bytes": sst, "memory_used_bytes": mem})
+        end = json.loads(end) if isinstance(end, str) else end
+        opened, open_records = open_spans(acks, {int(k): int(v) for k, v in end[TOPIC].items()})
+        sizes = {}
+        for var, column in (("span", "list_element.blob"), ("producers", "value.producers")):
+            df = (spark.read.format("statestore").option("path", chk).option("stateVarName", var)
+                  .option("batchId", p["batchId"]).load())
+            sizes[var] = df.agg(F.count(F.lit(1)).alias("n"), F.coalesce(F.sum(F.length(column)), F.lit(0)).alias("b")).first()
+        ops = p.get("stateOperators") or [{}]
+        samples.append({"batch": p["batchId"], "open_producers": opened, "open_span_records": open_records,
+                        "span_chunks": sizes["span"]["n"], "span_bytes": int(sizes["span"]["b"]),
+                        "producer_state_bytes": int(sizes["producers"]["b"]),
+                        "rocksdb_sst_bytes": int((ops[0].get("customMetrics") or {}).get("rocksdbSstFileSize", 0))})
     with_open = [s for s in samples if s["open_producers"]]
-    return {
-        "micro_batches": samples,
-        "state_rows_per_open_producer_median": (
-            round(statistics.median(s["state_rows"] / s["open_producers"] for s in with_open), 1) if with_open else None),
-        "sst_bytes_per_open_producer_median": (
-            round(statistics.median(s["rocksdb_sst_bytes"] / s["open_producers"] for s in with_open)) if with_open else None),
-    }
+    per_open = [(s["span_bytes"] + s["producer_state_bytes"]) / s["open_producers"] for s in with_open]
+    return {"micro_batches": samples,
+            "state_bytes_per_open_producer_median": round(statistics.median(per_open)) if per_open else None,
+            "open_span_records_per_open_producer_median": (
+                statistics.median(s["open_span_records"] / s["open_producers"] for s in with_open) if with_open else None)}
+
+
+def _durations(progress: list[dict[str, Any]]) -> dict[str, Any]:
+    """Median per micro-batch of each phase Spark reports (ms), and the number of micro-batches."""
+    batches = [p["durationMs"] for p in progress if p.get("numInputRows")]
+    phases = sorted({k for b in batches for k in b})
+    return {"micro_batches": len(batches), **{k: statistics.median(b.get(k, 0) for b in batches) for k in phases}}
 
 
 def main() -> int:
@@ -133,7 +151,9 @@ def main() -> int:
         write_s = time.perf_counter() - t
         acks = ack_offsets(written)
         in_topic = written + sum(len(a) for a in acks.values())
-        max_offsets = max(1, in_topic // args.batches)
+        # Not a multiple of a partition's transaction length (TXN / PARTITIONS + 1 offsets): micro-batches
+        # end inside open spans, so state is carried between them.
+        max_offsets = max(1, in_topic // args.batches) + PARTITIONS * (TXN // PARTITIONS // 2)
         spark = local_spark_session("bench-spark-stream", extra_conf={
             "spark.sql.streaming.stateStore.providerClass": _ROCKSDB})
         opts = {"kafka.bootstrap.servers": bootstrap}
@@ -142,14 +162,16 @@ def main() -> int:
             raw_sdf = (spark.readStream.format("kafka").options(**opts).option("subscribe", TOPIC)
                        .option("startingOffsets", "earliest").option("includeHeaders", "true")
                        .option("maxOffsetsPerTrigger", str(max_offsets)).load())
-            raw, raw_s, _ = run_query(spark, raw_sdf, str(scratch / f"raw-{i}"), max_offsets)
+            raw, raw_s, raw_progress = run_query(spark, raw_sdf, str(scratch / f"raw-{i}"), max_offsets)
             assert raw == in_topic, (raw, in_topic)
             raw_rates.append(raw / raw_s)
             sdf = readCommittedStream(spark, TOPIC, opts, max_offsets_per_trigger=max_offsets)
             committed, rc_s, progress = run_query(spark, sdf, str(scratch / f"rc-{i}"), max_offsets)
             assert committed == written, (committed, written)
             rc_rates.append(committed / rc_s)
-            state = state_per_open_producer(progress, acks)
+            if i == args.repeat - 1:
+                state = state_per_open_producer(spark, str(scratch / f"rc-{i}"), progress, acks)
+            durations = {"raw": _durations(raw_progress), "readCommittedStream": _durations(progress)}
         spark.stop()
     raw_med, rc_med = statistics.median(raw_rates), statistics.median(rc_rates)
     print(json.dumps({
@@ -163,6 +185,7 @@ def main() -> int:
         "raw_median_rows_per_s": round(raw_med), "readCommittedStream_median_rows_per_s": round(rc_med),
         "ratio_median": round(rc_med / raw_med, 3), "target_ratio": 0.5,
         "state": state,
+        "last_run_batch_durations_ms": durations,
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "spark_master": "local[2]"},
     }, indent=2))
     return 0
