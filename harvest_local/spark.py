@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from harvest_local import maven, prereqs
+from harvest_local.errors import ServiceError
 from harvest_local.workdir import work_dir
 
 if TYPE_CHECKING:
@@ -63,7 +64,26 @@ def cluster_spark_session(app_name: str = "harvest-cluster", executors: int = 2,
         "spark.executorEnv.SPARK_LOCAL_IP": "127.0.0.1",
         **(extra_conf or {}),
     }
-    return _session(f"local-cluster[{executors},{cores},{memory_mb}]", app_name, max(2, executors * cores * 2), conf)
+    session = _session(f"local-cluster[{executors},{cores},{memory_mb}]", app_name, max(2, executors * cores * 2),
+                       conf)
+    _await_executors(session, executors, timeout_s=180.0)
+    return session
+
+
+def _await_executors(session: SparkSession, executors: int, timeout_s: float) -> None:
+    """Executors register after the context starts; until they have, jobs run on fewer of them."""
+    import time
+
+    status = session.sparkContext._jsc.sc().getExecutorMemoryStatus  # block managers: the driver's + executors'
+    deadline = time.monotonic() + timeout_s
+    while (registered := status().size() - 1) < executors:
+        if time.monotonic() > deadline:
+            session.stop()
+            raise ServiceError(
+                "spark local-cluster", f"{registered} of {executors} executors registered within {timeout_s:.0f}s; "
+                f"see the executor logs under {work_dir() / 'spark' / 'worker'} (too little memory for "
+                f"{executors} executor JVMs?)")
+        time.sleep(0.5)
 
 
 def _session(master: str, app_name: str, shuffle_partitions: int, extra_conf: dict[str, str] | None) -> SparkSession:

@@ -33,9 +33,7 @@ def test_small_ring_forces_replays_and_changes_nothing(spark, kafka_bootstrap, t
     assert _rows(df) == expected
 
 
-def test_incremental_reads_chained_by_checkpoints_are_exactly_once(spark_any, kafka_bootstrap, topic_factory) -> None:
-    """On local[2] and on local-cluster (tasks and their Python workers in two executor JVMs)."""
-    spark = spark_any
+def test_incremental_reads_chained_by_checkpoints_are_exactly_once(spark, kafka_bootstrap, topic_factory) -> None:
     topic = topic_factory(partitions=2)
     write_log(kafka_bootstrap, topic, 2, seed=4, steps=90)
     raw = read_raw(kafka_bootstrap, topic, 2)
