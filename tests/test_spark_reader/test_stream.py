@@ -76,14 +76,14 @@ def test_stream_restarted_from_its_checkpoint_is_exactly_once(spark_any, kafka_b
     topic = topic_factory(partitions=3)
     out_dir, chk_dir = tmp_path / "out", tmp_path / "chk"
     write_log(kafka_bootstrap, topic, 3, seed=40, steps=40)
-    first = _query(spark, topic, kafka_bootstrap, out_dir, chk_dir, {"availableNow": True}, max_offsets=100,
+    first = _query(spark, topic, kafka_bootstrap, out_dir, chk_dir, {"availableNow": True}, max_offsets=60,
                    ring_size=4)
     first.awaitTermination(300)
     assert first.exception() is None, first.exception()
     batches = sum(1 for p in first.recentProgress if p["numInputRows"])
     partial = _parquet_rows(spark, out_dir)
     write_log(kafka_bootstrap, topic, 3, seed=41, steps=25)
-    second = _query(spark, topic, kafka_bootstrap, out_dir, chk_dir, {"availableNow": True}, max_offsets=100,
+    second = _query(spark, topic, kafka_bootstrap, out_dir, chk_dir, {"availableNow": True}, max_offsets=60,
                     ring_size=4)
     second.awaitTermination(300)
     assert second.exception() is None, second.exception()
