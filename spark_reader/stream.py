@@ -7,8 +7,8 @@ carried between micro-batches in Spark's state store by ``transformWithStateInPa
 the partition alone. Three steps, per micro-batch:
 
 1. ``mapInArrow`` (narrow: one task per Kafka split, i.e. per topic-partition) packs the split's
-   records into a few Arrow IPC blobs of up to ``_BLOB_ROWS`` rows: rows ``(partition, first
-   offset, blob)``.
+   records into a few Arrow IPC blobs of up to ``_BLOB_ROWS`` records and about ``_BLOB_BYTES``:
+   rows ``(partition, first offset, blob)``.
 2. ``groupBy("partition").transformWithStateInPandas`` gets a partition's blobs (a handful of rows:
    PySpark's worker handles the stateful operator's input and output row by row, in Python, so a
    row per record would cost more than all the sequencing), prepends the stored rows of the
@@ -64,6 +64,7 @@ _INITIAL_DDL = "partition INT, producers BINARY"
 # input and output costs nothing, small enough that a blob stays far below Arrow's 2 GiB per
 # binary column of a batch even with large records.
 _BLOB_ROWS = 65536
+_BLOB_BYTES = 32 << 20
 _RAW_COLUMNS = ["key", "value", "headers", "partition", "offset", "timestamp"]
 
 _ROCKSDB = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
@@ -173,8 +174,14 @@ def _pack_table(table: pa.Table) -> Iterator[pa.RecordBatch]:
 
 
 def _chunks(table: pa.Table) -> Iterator[pa.Table]:
-    for i in range(0, table.num_rows, _BLOB_ROWS):
-        yield table.slice(i, _BLOB_ROWS)
+    """Slices of at most _BLOB_ROWS rows and about _BLOB_BYTES bytes (a Spark binary value, and an
+    Arrow batch of them, must stay below 2 GiB; Kafka records are up to a few MiB each)."""
+    n = table.num_rows
+    if n == 0:
+        return
+    step = max(1, min(_BLOB_ROWS, _BLOB_BYTES // max(1, table.nbytes // n)))
+    for i in range(0, n, step):
+        yield table.slice(i, step)
 
 
 def _ipc(table: pa.Table) -> bytes:
