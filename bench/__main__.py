@@ -34,6 +34,7 @@ BENCHES: dict[str, tuple[str, list[str], list[str]]] = {
     "relay": ("bench_relay.py", [], ["--rows", "20000", "--big-rows", "0", "--runs", "1", "--latency-seconds", "3"]),
     "consumer": ("bench_consumer.py", [], ["--records", "100000", "--runs", "1"]),
     "spark": ("bench_spark.py", [], ["--records", "100000", "--repeat", "1"]),
+    "spark_stream": ("bench_spark_stream.py", [], ["--records", "100000", "--repeat", "1"]),
     "stasher": ("bench_stasher.py", [], ["--rows", "2000", "--repeat", "1"]),
 }
 
@@ -117,6 +118,14 @@ ROWS: dict[str, Callable[[dict[str, Any]], list[tuple[str, str, str, str]]]] = {
         f"Spark readCommitted batch, {_fmt(r.get('records'))} records (rows/s)",
         _fmt(r.get("readCommitted_median_rows_per_s")),
         f"ratio to raw Spark Kafka read + count {_fmt(r.get('ratio_median'))}", "ratio ≥ 0.5")],
+    "spark_stream": lambda r: [(
+        f"Spark readCommittedStream, availableNow, {_fmt(r.get('records'))} records in "
+        f"{_fmt(_get(r, 'last_run_batch_durations_ms', 'readCommittedStream', 'micro_batches'))} micro-batches (rows/s)",
+        _fmt(r.get("readCommittedStream_median_rows_per_s")),
+        f"ratio to Spark's raw Kafka stream, same sink {_fmt(r.get('ratio_median'))}", "ratio ≥ 0.5"), (
+        "readCommittedStream state per open producer (bytes)",
+        _fmt(_get(r, "state", "state_bytes_per_open_producer_median")),
+        f"open spans of {_fmt(_get(r, 'state', 'open_span_records_per_open_producer_median'))} records", "")],
     "stasher": lambda r: [(
         f"Stasher stash_many (COPY), {_fmt(r.get('rows_per_transaction'))} rows per transaction (rows/s)",
         _fmt(r.get("stash_many_median_rows_per_s")),

@@ -82,8 +82,6 @@ def read_committed(spark: SparkSession, topic: str, kafka_options: Mapping[str, 
                    uuid_policy: str = "deliver", include_acks: bool = False, ring_size: int = 8192,
                    prune_horizon_ns: int = DEFAULT_PRUNE_HORIZON_NS) -> CommittedRead:
     """Like :func:`readCommitted`, returning the DataFrame with the read's checkpoint."""
-    from pyspark.sql import functions as F
-
     options = dict(kafka_options or {})
     _check_options(topic, options)
     policy = check_policy(uuid_policy)
@@ -107,15 +105,24 @@ def read_committed(spark: SparkSession, topic: str, kafka_options: Mapping[str, 
         yield from _sequence_partitions(batches, plan, prune_horizon_ns)
 
     full = raw.mapInArrow(apply, schema=_full_schema())
+    df = finish_columns(full.where("_kind = 0"), topic)
+    return CommittedRead(df=df, range=rng, prune_horizon_ns=prune_horizon_ns, _full=full)
+
+
+def finish_columns(sequenced_rows: DataFrame, topic: str) -> DataFrame:
+    """Rows of the sequencing step (:data:`spark_reader.schema.SEQUENCED`: raw ``uuid`` bytes, no
+    topic) -> the reader's output columns: ``topic`` and ``producer`` added back, ``uuid`` as text
+    (both null for records delivered without a valid uuid, whose clock is 0)."""
+    from pyspark.sql import functions as F
+
     hexed = F.lower(F.hex("uuid"))
     sequenced = F.col("clock") != 0
-    df = full.where("_kind = 0").withColumn("topic", F.lit(topic)).withColumn(
+    return sequenced_rows.withColumn("topic", F.lit(topic)).withColumn(
         "producer", F.when(sequenced, F.substring("uuid", 11, 6))).withColumn(
         "uuid", F.when(sequenced, F.concat_ws(
             "-", F.substring(hexed, 1, 8), F.substring(hexed, 9, 4), F.substring(hexed, 13, 4),
             F.substring(hexed, 17, 4), F.substring(hexed, 21, 12)))
     ).select(*OUTPUT_COLUMNS)
-    return CommittedRead(df=df, range=rng, prune_horizon_ns=prune_horizon_ns, _full=full)
 
 
 def _sequence_partitions(batches, plan: GroupPlan, prune_horizon_ns: int):  # type: ignore[no-untyped-def]

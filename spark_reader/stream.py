@@ -1,106 +1,127 @@
 """``readCommittedStream``: the read-committed streaming source.
 
-Spark's Kafka source streams the raw records; ``transformWithStateInPandas`` keyed by
-(partition, producer) keeps, in Spark's state store, each producer's Gazette state (last ACK clock,
-open-span begin) and the rows of its open span. Each micro-batch restores a
-:class:`sequencer.Sequencer` from that state, replays the stored span rows when an ACK commits
-them, and emits committed rows. With Spark's checkpointing (source offsets and state store commit
-together) and an idempotent sink (file sink, Delta, ``foreachBatch`` with upserts), each committed
-record is written exactly once.
+Spark's Kafka source streams the raw records; each micro-batch of one topic-partition is sequenced
+by :func:`spark_reader.sequencing.sequence_partition`, the batch reader's column-wise step (one
+:class:`sequencer.Sequencer` holding every producer of the partition), with the partition's state
+carried between micro-batches in Spark's state store by ``transformWithStateInPandas`` keyed by
+the partition alone. Three steps, per micro-batch:
+
+1. ``mapInArrow`` (narrow: one task per Kafka split, i.e. per topic-partition) packs the split's
+   records into a few Arrow IPC blobs of up to ``_BLOB_ROWS`` records and about ``_BLOB_BYTES``:
+   rows ``(partition, first offset, blob)``.
+2. ``groupBy("partition").transformWithStateInPandas`` gets a partition's blobs (a handful of rows:
+   PySpark's worker handles the stateful operator's input and output row by row, in Python, so a
+   row per record would cost more than all the sequencing), prepends the stored rows of the
+   partition's open spans, sequences, keeps in state the producer states and the rows from the
+   oldest open span's ``begin`` on, and emits the committed rows, packed again.
+3. ``mapInArrow`` (narrow) unpacks them into the output columns of ``readCommitted``.
+
+The shuffle between 1 and 2 moves the blobs: a few large binary values per partition and
+micro-batch, not a row per record.
+
+With Spark's checkpointing (source offsets and state store commit together) and an idempotent
+sink (file sink, Delta, ``foreachBatch`` with upserts), each committed record is written exactly
+once, across stops and restarts.
 
 Invariants:
 - a row is emitted once, in the micro-batch where its committing ACK (or itself, if OUTSIDE)
   arrives; rolled-back and duplicate rows never are;
-- the span list holds exactly this producer's rows from its open span's ``begin`` on, so state
-  size is bounded by the open spans;
-- the span list is cleared when the span commits or rolls back; what stays per producer id is two
-  longs. With ``state_ttl_ms`` set, producer state idle that long (processing time) expires, like
-  ``ReadCommittedIter``'s pruning horizon. TTL needs Spark's processing-time mode, in which Spark
-  keeps running empty micro-batches: an ``availableNow`` query then never finishes unless
-  ``spark.sql.streaming.noDataMicroBatches.enabled`` is false. Hence no TTL by default.
+- the stored span of a partition holds exactly its records from the oldest open span's ``begin``
+  on (none when no span is open), so state size is bounded by the open spans; what stays per
+  producer id is its two longs, until the Sequencer prunes it (``prune_horizon_ns``, Gazette's
+  clock-based horizon, as ``ReadCommittedIter``: no processing-time mode needed);
+- records before the starting checkpoint's read-through offset are read only to replay the spans
+  that were open at the checkpoint; they are never emitted.
 """
 
 from __future__ import annotations
 
 import json
-import uuid as uuid_mod
 from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 import msgpack
-import pandas as pd
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute  # noqa: F401  (pa.compute)
 
-from sequencer import Envelope, Flags, ProducerState, QueueOutcome, Sequencer, UUIDError, parse_uuid
-from sequencer.identity import clock_of, flags_of
+from sequencer import DEFAULT_PRUNE_HORIZON_NS, ProducerState
 from spark_reader import offsets as offsets_mod
-from spark_reader.batch import _check_options
-from spark_reader.errors import MissingUUIDError, ReaderConfigError
+from spark_reader.batch import _check_options, finish_columns
+from spark_reader.errors import ReaderConfigError
 from spark_reader.policy import check_policy
+from spark_reader.sequencing import GroupPlan, header_values, sequence_partition
 
 if TYPE_CHECKING:
+    import pandas as pd
     from pyspark.sql import DataFrame, SparkSession
 
+_PACKED_DDL = "partition INT, first LONG, blob BINARY"
+_STATE_DDL = "producers BINARY"  # msgpack [[producer, last_ack, begin], ...]
+_SPAN_DDL = "first LONG, blob BINARY"  # the stored span, as Arrow IPC chunks
+_INITIAL_DDL = "partition INT, producers BINARY"
+# Rows per blob: large enough that PySpark's row-at-a-time handling of the stateful operator's
+# input and output costs nothing, small enough that a blob stays far below Arrow's 2 GiB per
+# binary column of a batch even with large records.
+_BLOB_ROWS = 65536
+_BLOB_BYTES = 32 << 20
+_RAW_COLUMNS = ["key", "value", "headers", "partition", "offset", "timestamp"]
 
-_STATE_SCHEMA = "last_ack LONG, begin LONG"
-_SPAN_SCHEMA = ("offset LONG, uuid BINARY, key BINARY, value BINARY, headers BINARY, "
-                "topic STRING, timestamp TIMESTAMP")
-_OUTPUT_DDL = ("key BINARY, value BINARY, headers ARRAY<STRUCT<key: STRING, value: BINARY>>, "
-               "topic STRING, partition INT, offset LONG, timestamp TIMESTAMP, uuid STRING, "
-               "producer BINARY, clock LONG, ack_offset LONG")
-_COLUMNS = ["key", "value", "headers", "topic", "partition", "offset", "timestamp", "uuid",
-            "producer", "clock", "ack_offset"]
+_ROCKSDB = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
+_STORE_CONF = "spark.sql.streaming.stateStore.providerClass"
 
 
 def readCommittedStream(spark: SparkSession, topic: str, kafka_options: Mapping[str, str] | None = None, *,
                         starting: bytes | None = None, uuid_policy: str = "deliver",
-                        include_acks: bool = False, state_ttl_ms: int | None = None,
-                        max_offsets_per_trigger: int | None = None) -> DataFrame:
+                        include_acks: bool = False, max_offsets_per_trigger: int | None = None,
+                        ring_size: int = 8192, prune_horizon_ns: int = DEFAULT_PRUNE_HORIZON_NS) -> DataFrame:
     """A streaming DataFrame of the committed records of ``topic`` (columns as in readCommitted).
 
     ``starting``: a checkpoint (from ReadCommittedIter or a batch read) to start from; without
     it the stream starts at the earliest offsets. Once the query has its own Spark checkpoint,
-    Spark's checkpoint wins, as for any Kafka stream.
+    Spark's checkpoint wins, as for any Kafka stream. ``prune_horizon_ns``: a producer id whose
+    newest clock is this far behind its partition's newest ACK is forgotten (0: never).
     """
-    from pyspark.sql import functions as F
-
     options = dict(kafka_options or {})
     _check_options(topic, options)
     policy = check_policy(uuid_policy)
     _check_state_store(spark)
+    if max_offsets_per_trigger is not None and (not isinstance(max_offsets_per_trigger, int)
+                                                or max_offsets_per_trigger <= 0):
+        raise ReaderConfigError(f"max_offsets_per_trigger={max_offsets_per_trigger!r}: pass a positive int "
+                                "(records per micro-batch over all partitions) or None (no limit)")
+    if not isinstance(ring_size, int) or ring_size < 1:
+        raise ReaderConfigError(f"ring_size={ring_size!r}: pass a positive int (default 8192)")
+    if not isinstance(prune_horizon_ns, int) or prune_horizon_ns < 0:
+        raise ReaderConfigError(f"prune_horizon_ns={prune_horizon_ns!r}: pass an int >= 0 (0: never prune)")
     start: dict[int, int] = {}
-    initial: list[tuple[int, bytes, int, int]] = []
+    initial: list[tuple[int, bytes]] = []
     reader = spark.readStream.format("kafka").options(**options).option("subscribe", topic)
     if starting is not None:
         rng = offsets_mod.resolve(topic, options, starting, "latest")
         start = rng.start
         reader = reader.option("startingOffsets", json.dumps({topic: {str(p): o for p, o in rng.read_from.items()}}))
-        initial = [(p, prod, st.last_ack, st.begin) for (p, prod), st in rng.states.items()]
+        by_partition: dict[int, list[ProducerState]] = {}
+        for (p, _), st in sorted(rng.states.items()):
+            by_partition.setdefault(p, []).append(st)
+        initial = [(p, _pack_states(sts)) for p, sts in by_partition.items()]
     else:
         reader = reader.option("startingOffsets", "earliest")
     if max_offsets_per_trigger:
         reader = reader.option("maxOffsetsPerTrigger", str(max_offsets_per_trigger))
-    raw = reader.option("includeHeaders", "true").load()
-    # try_element_at: a record whose headers name no 'uuid' has an empty filter result, and
-    # element_at fails the query on that under Spark's default ANSI mode; this is null instead,
-    # and the record follows uuid_policy.
-    uuid_header = F.try_element_at(F.filter("headers", lambda h: h["key"] == F.lit("uuid")), F.lit(1))["value"]
-    raw = raw.select("key", "value", "headers", "topic", "partition", "offset", "timestamp",
-                     uuid_header.alias("uuid"))
-    raw = raw.withColumn("producer", F.when(F.length("uuid") == 16, F.substring("uuid", 11, 6)))
-    processor = _CommittedProcessor(topic, start, policy, include_acks, state_ttl_ms)
-    grouped = raw.groupBy("partition", "producer")
+    raw = reader.option("includeHeaders", "true").load().select(*_RAW_COLUMNS)
+
+    packed = raw.mapInArrow(_pack_splits, schema=_PACKED_DDL)
+    plan = GroupPlan(topic=topic, start=start, states={}, uuid_policy=policy, include_acks=include_acks,
+                     ring_size=ring_size)
+    processor = _PartitionProcessor(plan, prune_horizon_ns)
     init_grouped = None
     if initial:
-        init_df = spark.createDataFrame(initial, "partition INT, producer BINARY, last_ack LONG, begin LONG")
-        init_grouped = init_df.groupBy("partition", "producer")
-    return grouped.transformWithStateInPandas(
-        statefulProcessor=processor, outputStructType=_OUTPUT_DDL, outputMode="Append",
-        timeMode="ProcessingTime" if state_ttl_ms else "None", initialState=init_grouped,
-    )
-
-
-_ROCKSDB = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
-_STORE_CONF = "spark.sql.streaming.stateStore.providerClass"
+        init_grouped = spark.createDataFrame(initial, _INITIAL_DDL).groupBy("partition")
+    committed = packed.groupBy("partition").transformWithStateInPandas(
+        statefulProcessor=processor, outputStructType=_PACKED_DDL, outputMode="Append", timeMode="None",
+        initialState=init_grouped)
+    return finish_columns(committed.mapInArrow(_unpack, schema=_sequenced_schema()), topic)
 
 
 def _check_state_store(spark: Any) -> None:
@@ -113,148 +134,152 @@ def _check_state_store(spark: Any) -> None:
             "(or --conf) before starting the query")
 
 
+def _sequenced_schema():  # type: ignore[no-untyped-def]
+    from spark_reader.schema import SEQUENCED
+
+    return SEQUENCED
+
+
+# -- step 1: pack each Kafka split ------------------------------------------------------------
+
+def _pack_splits(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """One task's record batches (one topic-partition's offsets of this micro-batch, in order) ->
+    rows ``(partition, first offset, Arrow IPC blob of up to _BLOB_ROWS records)``."""
+    pending: list[pa.RecordBatch] = []
+    rows = 0
+    for batch in batches:
+        if batch.num_rows == 0:
+            continue
+        pending.append(batch)
+        rows += batch.num_rows
+        if rows >= _BLOB_ROWS:
+            yield from _pack_table(pa.Table.from_batches(pending))
+            pending, rows = [], 0
+    if pending:
+        yield from _pack_table(pa.Table.from_batches(pending))
+
+
+def _pack_table(table: pa.Table) -> Iterator[pa.RecordBatch]:
+    partitions = pa.compute.unique(table.column("partition")).to_pylist()
+    for partition in partitions:
+        part = table if len(partitions) == 1 else table.filter(pa.compute.equal(table.column("partition"), partition))
+        part = part.drop_columns(["partition"])
+        firsts, blobs = [], []
+        for chunk in _chunks(part):
+            firsts.append(chunk.column("offset")[0].as_py())
+            blobs.append(_ipc(chunk))
+        yield pa.RecordBatch.from_pydict({"partition": pa.array([partition] * len(blobs), pa.int32()),
+                                          "first": pa.array(firsts, pa.int64()),
+                                          "blob": pa.array(blobs, pa.binary())})
+
+
+def _chunks(table: pa.Table) -> Iterator[pa.Table]:
+    """Slices of at most _BLOB_ROWS rows and about _BLOB_BYTES bytes (a Spark binary value, and an
+    Arrow batch of them, must stay below 2 GiB; Kafka records are up to a few MiB each)."""
+    n = table.num_rows
+    if n == 0:
+        return
+    step = max(1, min(_BLOB_ROWS, _BLOB_BYTES // max(1, table.nbytes // n)))
+    for i in range(0, n, step):
+        yield table.slice(i, step)
+
+
+def _ipc(table: pa.Table) -> bytes:
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table)
+    return sink.getvalue().to_pybytes()
+
+
+def _from_ipc(blob: bytes) -> pa.Table:
+    return pa.ipc.open_stream(pa.py_buffer(blob)).read_all()
+
+
+# -- step 2: sequence a partition, state in the state store ------------------------------------
+
 def _stateful_base() -> type:
     from pyspark.sql.streaming.stateful_processor import StatefulProcessor
 
     return StatefulProcessor
 
 
-class _CommittedProcessor(_stateful_base()):  # type: ignore[misc]
-    def __init__(self, topic: str, start: dict[int, int], policy: str, include_acks: bool,
-                 ttl_ms: int | None) -> None:
-        self.topic = topic
-        self.start = start
-        self.policy = policy
-        self.include_acks = include_acks
-        self.ttl_ms = ttl_ms
+class _PartitionProcessor(_stateful_base()):  # type: ignore[misc]
+    """State per topic-partition: ``producers`` (every producer's Gazette state, msgpack) and
+    ``span`` (the partition's records from the oldest open span's ``begin`` on, Arrow IPC)."""
+
+    def __init__(self, plan: GroupPlan, prune_horizon_ns: int) -> None:
+        self.plan = plan
+        self.prune_horizon_ns = prune_horizon_ns
 
     def init(self, handle: Any) -> None:
-        self.handle = handle
-        self.state = handle.getValueState("producer", _STATE_SCHEMA, self.ttl_ms or None)
-        self.span = handle.getListState("span", _SPAN_SCHEMA, self.ttl_ms or None)
+        self.producers = handle.getValueState("producers", _STATE_DDL)
+        self.span = handle.getListState("span", _SPAN_DDL)
 
     def handleInitialState(self, key: Any, initialState: pd.DataFrame, timerValues: Any) -> None:
-        row = initialState.iloc[-1]
-        self.state.update((int(row["last_ack"]), int(row["begin"])))
+        self.producers.update((bytes(initialState["producers"].iloc[-1]),))
 
     def handleInputRows(self, key: Any, rows: Iterator[pd.DataFrame], timerValues: Any) -> Iterator[pd.DataFrame]:
-        batch = pd.concat(list(rows), ignore_index=True).sort_values("offset", kind="stable")
+        import pandas as pd
+
         partition = int(key[0])
-        producer = key[1]
-        journal = f"{self.topic}/{partition}"
-        if producer is None:
-            yield from self._unsequenced(batch, journal, partition)
+        plan = self.plan
+        journal = f"{plan.topic}/{partition}"
+        fresh = sorted(((int(f), bytes(b)) for frame in rows for f, b in zip(frame["first"], frame["blob"])))
+        tables = [_from_ipc(b) for _, b in fresh]
+        first_new = fresh[0][0]
+        stored = [_from_ipc(bytes(r[1])) for r in sorted(self.span.get(), key=lambda r: r[0])] \
+            if self.span.exists() else []
+        # Rows of the stored span lie before this micro-batch's; a replayed micro-batch (after a
+        # failure) starts from the state committed with the batch before it, so they never overlap.
+        table = pa.concat_tables([*stored, *tables]) if len(stored) + len(tables) > 1 else tables[0]
+        offsets = table.column("offset").to_numpy()
+        if len(offsets) > 1 and not bool((offsets[1:] > offsets[:-1]).all()):
+            table = table.sort_by("offset")  # Spark's Kafka source reads a split in offset order: rare
+        states = _unpack_states(journal, bytes(self.producers.get()[0])) if self.producers.exists() else []
+        start = max(plan.start.get(partition, 0), first_new)
+        step = GroupPlan(topic=plan.topic, start={partition: start},
+                         states={(partition, st.producer): st for st in states},
+                         uuid_policy=plan.uuid_policy, include_acks=plan.include_acks, ring_size=plan.ring_size)
+        with_uuid = table.append_column("uuid", header_values(table.column("headers"), "uuid"))
+        with_uuid = with_uuid.append_column("partition", pa.array([partition] * table.num_rows, pa.int32()))
+        out, result = sequence_partition(with_uuid, step, self.prune_horizon_ns)
+
+        self.producers.update((_pack_states(result.states),))
+        self._keep_span(table, result.states)
+        if out.num_rows:
+            out = out.select(_sequenced_schema().fieldNames())
+            firsts, blobs = [], []
+            for chunk in _chunks(out):
+                firsts.append(chunk.column("offset")[0].as_py())
+                blobs.append(_ipc(chunk))
+            yield pd.DataFrame({"partition": [partition] * len(blobs), "first": firsts, "blob": blobs})
+
+    def _keep_span(self, table: pa.Table, states: list[ProducerState]) -> None:
+        begins = [st.begin for st in states if st.begin >= 0]
+        self.span.clear()
+        if not begins:
             return
-        producer = bytes(producer)
-        start = self.start.get(partition, -1)
-        restored = self.state.get() if self.state.exists() else None
-        states = [ProducerState(journal, producer, int(restored[0]), int(restored[1]))] if restored else []
-        # Every row this call queues fits in the ring (replays serve only the stored span rows).
-        seq = Sequencer({journal: 0}, states, ring_size=len(batch) + 1)
-        stored = [_span_row_from_state(r) for r in self.span.get()] if self.span.exists() else []
-        fresh = [_span_row_from_input(r) for r in batch.itertuples(index=False)]
-        by_offset = {r["offset"]: r for r in stored}
-        by_offset.update((r["offset"], r) for r in fresh)
-        replayable = sorted(by_offset.values(), key=lambda r: r["offset"])
-
-        out: list[dict[str, Any]] = []
-        for r in fresh:
-            off = r["offset"]
-            if off < start:
-                continue  # before the starting checkpoint: kept only to replay open spans
-            try:
-                u = _relay_uuid(r["uuid"])
-            except UUIDError:
-                self._malformed(journal, off, r, out)
-                continue
-            outcome = seq.queue_uncommitted(Envelope(journal, off, off + 1, u, r))
-            if outcome == QueueOutcome.ACK_COMMIT_REPLAY:
-                _, begin, end = seq.replay_range()
-                seq.start_replay(_replay(replayable, journal, begin, end))
-            sequence = []
-            while (env := seq.step()) is not None:
-                sequence.append(env)
-            if sequence:
-                ack_offset = sequence[-1].begin
-                for env in sequence:
-                    if self.include_acks or flags_of(env.uuid) != Flags.ACK_TXN:
-                        out.append(_output(env.message, partition, producer, clock_of(env.uuid), ack_offset, env.uuid))
-        _, end_states = seq.checkpoint(0)
-        end_state = next((s for s in end_states if s.producer == producer), None)
-        if end_state is not None:
-            self.state.update((end_state.last_ack, end_state.begin))
-            keep = [r for r in replayable if end_state.begin >= 0 and r["offset"] >= end_state.begin]
-            self.span.clear()
-            if keep:
-                self.span.put([_span_state_row(r) for r in keep])
-        if out:
-            yield pd.DataFrame(out, columns=_COLUMNS)
-
-    def _unsequenced(self, batch: pd.DataFrame, journal: str, partition: int) -> Iterator[pd.DataFrame]:
-        start = self.start.get(partition, -1)
-        batch = batch[batch["offset"] >= start]
-        if batch.empty or self.policy == "drop":
-            return
-        if self.policy == "raise":
-            raise MissingUUIDError(
-                f"record {journal}@{int(batch['offset'].iloc[0])} has no valid 'uuid' header and "
-                "uuid_policy='raise'; use 'deliver' to deliver such records at-least-once, or 'drop'")
-        out = [_output(_span_row_from_input(r), partition, None, 0, int(r.offset), None)
-               for r in batch.itertuples(index=False)]
-        yield pd.DataFrame(out, columns=_COLUMNS)
-
-    def _malformed(self, journal: str, offset: int, r: dict[str, Any], out: list[dict[str, Any]]) -> None:
-        if self.policy == "raise":
-            raise MissingUUIDError(f"record {journal}@{offset} has a malformed 'uuid' header")
-        if self.policy == "deliver":
-            out.append(_output(r, int(journal.rsplit("/", 1)[1]), None, 0, offset, None))
+        offsets = table.column("offset").to_numpy()
+        keep = table.slice(int(np.searchsorted(offsets, min(begins), side="left")))
+        if keep.num_rows:
+            self.span.put([(chunk.column("offset")[0].as_py(), _ipc(chunk)) for chunk in _chunks(keep)])
 
     def close(self) -> None:
         pass
 
 
-def _relay_uuid(raw: Any) -> uuid_mod.UUID:
-    """``parse_uuid``, refusing what no relay writes: the readers' rule (``consumer.uuid_header``,
-    ``spark_reader.sequencing.uuid_words``): a ProducerID with the multicast bit, flags 0-2."""
-    u = parse_uuid(raw)
-    if not (u.int >> 40) & 1 or (u.int >> 48) & 0x3FF > int(Flags.ACK_TXN):
-        raise UUIDError(f"uuid {u} is not a harvest relay's (its node lacks the multicast bit, or its flags "
-                        f"are reserved)")
-    return u
+def _pack_states(states: list[ProducerState]) -> bytes:
+    return msgpack.packb([[st.producer, st.last_ack, st.begin] for st in states])
 
 
-def _replay(rows: list[dict[str, Any]], journal: str, begin: int, end: int) -> Iterator[Envelope]:
-    for r in rows:
-        if begin <= r["offset"] < end:
-            try:
-                u = _relay_uuid(r["uuid"])
-            except UUIDError:
-                continue
-            yield Envelope(journal, r["offset"], r["offset"] + 1, u, r)
+def _unpack_states(journal: str, blob: bytes) -> list[ProducerState]:
+    return [ProducerState(journal, bytes(p), int(last_ack), int(begin)) for p, last_ack, begin in msgpack.unpackb(blob)]
 
 
-def _span_row_from_input(r: Any) -> dict[str, Any]:
-    headers = r.headers
-    pairs = [] if headers is None else [(h["key"], h["value"]) for h in headers]
-    return {"offset": int(r.offset), "uuid": r.uuid, "key": r.key, "value": r.value, "headers": pairs,
-            "topic": r.topic, "timestamp": r.timestamp}
+# -- step 3: unpack the committed rows ---------------------------------------------------------
 
+def _unpack(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    for batch in batches:
+        for blob in batch.column("blob").to_pylist():
+            yield from _from_ipc(blob).to_batches()
 
-def _span_row_from_state(r: Any) -> dict[str, Any]:
-    return {"offset": int(r[0]), "uuid": r[1], "key": r[2], "value": r[3],
-            "headers": [tuple(h) for h in msgpack.unpackb(r[4])], "topic": r[5], "timestamp": r[6]}
-
-
-def _span_state_row(r: dict[str, Any]) -> tuple[Any, ...]:
-    # Field order of _SPAN_SCHEMA.
-    return (r["offset"], r["uuid"], r["key"], r["value"], msgpack.packb([list(h) for h in r["headers"]]),
-            r["topic"], pd.Timestamp(r["timestamp"]).to_pydatetime())
-
-
-def _output(r: dict[str, Any], partition: int, producer: bytes | None, clock: int, ack_offset: int,
-            u: Any) -> dict[str, Any]:
-    return {"key": r["key"], "value": r["value"],
-            "headers": [{"key": k, "value": v} for k, v in r["headers"]],
-            "topic": r["topic"], "partition": partition, "offset": r["offset"], "timestamp": r["timestamp"],
-            "uuid": str(u) if u is not None and u.int != 0 else None, "producer": producer,
-            "clock": clock, "ack_offset": ack_offset}

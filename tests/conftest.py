@@ -4,7 +4,11 @@
   ``HARVEST_PG_DSN`` / ``HARVEST_KAFKA_BOOTSTRAP`` name existing ones;
   ``HARVEST_TEST_SERVICES=testcontainers`` uses Docker when an engine answers). Started lazily, so a
   run of pure-logic tests starts nothing.
-- ``spark`` (session): a local SparkSession with Spark's Kafka source.
+- ``spark``: a ``local[2]`` SparkSession with Spark's Kafka source; ``spark_cluster``: a
+  ``local-cluster[2,1,1024]`` one (two executor JVMs besides the driver); ``spark_any``: each of
+  the two, for the handful of reader tests that run on both. pyspark allows one SparkContext per
+  process, so the sessions take turns (each started once per switch): tests marked ``cluster``
+  run after all others, so a run switches once.
 - Isolation: ``topic_factory`` makes uniquely named topics; ``pg_schema`` a fresh schema per test
   (dropped afterwards); ``unique_name`` a short unique identifier.
 """
@@ -45,13 +49,55 @@ def kafka_bootstrap(services: LocalServices) -> str:
     return services.endpoints.kafka_bootstrap
 
 
-@pytest.fixture(scope="session")
-def spark() -> Iterator[SparkSession]:
-    from harvest_local.spark import local_spark_session
+class _SparkSessions:
+    """The process's one SparkContext: a ``local`` or a ``cluster`` session, switched on demand."""
 
-    session = local_spark_session("harvest-tests")
-    yield session
-    session.stop()
+    def __init__(self) -> None:
+        self.kind: str | None = None
+        self.session: SparkSession | None = None
+
+    def get(self, kind: str) -> SparkSession:
+        if self.kind != kind:
+            from harvest_local.spark import cluster_spark_session, local_spark_session
+
+            self.stop()
+            self.session = (local_spark_session("harvest-tests") if kind == "local"
+                            else cluster_spark_session("harvest-tests-cluster"))
+            self.kind = kind
+        assert self.session is not None
+        return self.session
+
+    def stop(self) -> None:
+        if self.session is not None:
+            self.session.stop()
+        self.kind, self.session = None, None
+
+
+@pytest.fixture(scope="session")
+def _spark_sessions() -> Iterator[_SparkSessions]:
+    sessions = _SparkSessions()
+    yield sessions
+    sessions.stop()
+
+
+@pytest.fixture
+def spark(_spark_sessions: _SparkSessions) -> SparkSession:
+    return _spark_sessions.get("local")
+
+
+@pytest.fixture
+def spark_cluster(_spark_sessions: _SparkSessions) -> SparkSession:
+    return _spark_sessions.get("cluster")
+
+
+@pytest.fixture(params=["local", pytest.param("cluster", marks=pytest.mark.cluster)])
+def spark_any(request: pytest.FixtureRequest, _spark_sessions: _SparkSessions) -> SparkSession:
+    return _spark_sessions.get(request.param)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests marked ``cluster`` last (stable otherwise): one switch of the SparkContext per run."""
+    items.sort(key=lambda item: item.get_closest_marker("cluster") is not None)
 
 
 @pytest.fixture

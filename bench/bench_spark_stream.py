@@ -1,0 +1,195 @@
+"""Benchmark: streaming ``readCommittedStream`` versus Spark's raw Kafka stream, same sink, same run.
+
+Workload: bench_spark's (N records, default 1,000,000, in transactions of 1,000 CONTINUE_TXN
+records over 8 partitions from a ring of 4 producer ids, each followed by an ACK_TXN to every
+partition it touched). Each query runs with ``trigger(availableNow=True)`` from the earliest
+offsets, ``maxOffsetsPerTrigger`` = N / 10 (so about ten micro-batches, each ending inside open
+transactions: state is carried between micro-batches), into a ``foreachBatch`` sink that counts
+the micro-batch's rows. Every query has a fresh checkpoint. The raw stream and readCommittedStream
+alternate; rows/s are rows / wall time from start to termination. The ratio readCommittedStream /
+raw is the figure to watch (target >= 0.5).
+
+State: after every micro-batch of readCommittedStream, the state operator's progress
+(``numRowsTotal`` and the RocksDB store's SST bytes) is divided by the producers whose spans are
+open at the micro-batch's end offsets (known from the write: per partition, the offset of every
+ACK): the state kept per open producer.
+
+Usage: python bench/bench_spark_stream.py [--records 1000000] [--repeat 3]. Prints JSON. Not a test.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from bisect import bisect_right
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench_spark import PARTITIONS, RING, TXN, write  # noqa: E402
+
+from harvest_local import LocalServices  # noqa: E402
+from harvest_local.kafka import create_topic  # noqa: E402
+from harvest_local.spark import local_spark_session  # noqa: E402
+
+TOPIC = "bench-spark"  # bench_spark.write writes this topic
+_ROCKSDB = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
+
+
+def ack_offsets(records: int) -> dict[int, list[int]]:
+    """Per partition, the offsets of the ACKs bench_spark.write appends: each transaction writes
+    its records round-robin over the partitions, then one ACK to each partition it touched."""
+    next_offset = dict.fromkeys(range(PARTITIONS), 0)
+    acks: dict[int, list[int]] = {p: [] for p in range(PARTITIONS)}
+    written = 0
+    while written < records:
+        n = min(TXN, records - written)
+        touched = sorted({(written + i) % PARTITIONS for i in range(n)})
+        for i in range(n):
+            next_offset[(written + i) % PARTITIONS] += 1
+        for p in touched:
+            acks[p].append(next_offset[p])
+            next_offset[p] += 1
+        written += n
+    return acks
+
+
+def open_spans(acks: dict[int, list[int]], end: dict[int, int]) -> tuple[int, int]:
+    """``(producers with an open span, records in open spans)`` once every partition p is read up to
+    ``end[p]`` (exclusive): a partition whose last read record is not an ACK has one open span (one
+    writer), from the record after its last ACK on."""
+    opened = records = 0
+    for p, e in end.items():
+        if e <= 0:
+            continue
+        i = bisect_right(acks[p], e - 1)  # ACKs at offsets < e
+        last_ack = acks[p][i - 1] if i else -1
+        if last_ack != e - 1:
+            opened += 1
+            records += e - 1 - last_ack
+    return opened, records
+
+
+def run_query(spark: Any, sdf: Any, chk: str, max_offsets: int) -> tuple[int, float, list[dict[str, Any]]]:
+    counts: list[int] = []
+
+    def sink(df: Any, _batch_id: int) -> None:
+        counts.append(df.count())
+
+    t = time.perf_counter()
+    query = (sdf.writeStream.foreachBatch(sink).option("checkpointLocation", chk)
+             .trigger(availableNow=True).start())
+    query.awaitTermination()
+    elapsed = time.perf_counter() - t
+    if query.exception() is not None:
+        raise RuntimeError(f"query failed: {query.exception()}")
+    return sum(counts), elapsed, [json.loads(p.json) for p in query.recentProgress]
+
+
+def state_per_open_producer(spark: Any, chk: str, progress: list[dict[str, Any]],
+                            acks: dict[int, list[int]]) -> dict[str, Any]:
+    """The state readCommittedStream committed after each micro-batch, read back with Spark's state
+    data source (``format("statestore")``): the bytes of the stored span and producer states,
+    over the producers whose spans are open at the micro-batch's end offsets."""
+    from pyspark.sql import functions as F
+
+    samples = []
+    for p in progress:
+        end = (p.get("sources") or [{}])[0].get("endOffset")
+        if not p.get("numInputRows") or not end:
+            continue
+        end = json.loads(end) if isinstance(end, str) else end
+        opened, open_records = open_spans(acks, {int(k): int(v) for k, v in end[TOPIC].items()})
+        sizes = {}
+        for var, column in (("span", "list_element.blob"), ("producers", "value.producers")):
+            df = (spark.read.format("statestore").option("path", chk).option("stateVarName", var)
+                  .option("batchId", p["batchId"]).load())
+            sizes[var] = df.agg(F.count(F.lit(1)).alias("n"), F.coalesce(F.sum(F.length(column)), F.lit(0)).alias("b")).first()
+        ops = p.get("stateOperators") or [{}]
+        samples.append({"batch": p["batchId"], "open_producers": opened, "open_span_records": open_records,
+                        "span_chunks": sizes["span"]["n"], "span_bytes": int(sizes["span"]["b"]),
+                        "producer_state_bytes": int(sizes["producers"]["b"]),
+                        "rocksdb_sst_bytes": int((ops[0].get("customMetrics") or {}).get("rocksdbSstFileSize", 0))})
+    with_open = [s for s in samples if s["open_producers"]]
+    per_open = [(s["span_bytes"] + s["producer_state_bytes"]) / s["open_producers"] for s in with_open]
+    return {"micro_batches": samples,
+            "state_bytes_per_open_producer_median": round(statistics.median(per_open)) if per_open else None,
+            "open_span_records_per_open_producer_median": (
+                statistics.median(s["open_span_records"] / s["open_producers"] for s in with_open) if with_open else None)}
+
+
+def _durations(progress: list[dict[str, Any]]) -> dict[str, Any]:
+    """Median per micro-batch of each phase Spark reports (ms), and the number of micro-batches."""
+    batches = [p["durationMs"] for p in progress if p.get("numInputRows")]
+    phases = sorted({k for b in batches for k in b})
+    return {"micro_batches": len(batches), **{k: statistics.median(b.get(k, 0) for b in batches) for k in phases}}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--records", type=int, default=1_000_000)
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--batches", type=int, default=10, help="micro-batches per query (maxOffsetsPerTrigger)")
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.WARNING)
+    from spark_reader import readCommittedStream
+
+    scratch = Path(tempfile.mkdtemp(prefix="bench-spark-stream-"))
+    with LocalServices() as services:
+        bootstrap = services.endpoints.kafka_bootstrap
+        create_topic(bootstrap, TOPIC, PARTITIONS)
+        t = time.perf_counter()
+        written = write(bootstrap, args.records)
+        write_s = time.perf_counter() - t
+        acks = ack_offsets(written)
+        in_topic = written + sum(len(a) for a in acks.values())
+        # Not a multiple of a partition's transaction length (TXN / PARTITIONS + 1 offsets): micro-batches
+        # end inside open spans, so state is carried between them.
+        max_offsets = max(1, in_topic // args.batches) + PARTITIONS * (TXN // PARTITIONS // 2)
+        spark = local_spark_session("bench-spark-stream", extra_conf={
+            "spark.sql.streaming.stateStore.providerClass": _ROCKSDB})
+        opts = {"kafka.bootstrap.servers": bootstrap}
+        raw_rates, rc_rates, state = [], [], {}
+        for i in range(args.repeat):
+            raw_sdf = (spark.readStream.format("kafka").options(**opts).option("subscribe", TOPIC)
+                       .option("startingOffsets", "earliest").option("includeHeaders", "true")
+                       .option("maxOffsetsPerTrigger", str(max_offsets)).load())
+            raw, raw_s, raw_progress = run_query(spark, raw_sdf, str(scratch / f"raw-{i}"), max_offsets)
+            assert raw == in_topic, (raw, in_topic)
+            raw_rates.append(raw / raw_s)
+            sdf = readCommittedStream(spark, TOPIC, opts, max_offsets_per_trigger=max_offsets)
+            committed, rc_s, progress = run_query(spark, sdf, str(scratch / f"rc-{i}"), max_offsets)
+            assert committed == written, (committed, written)
+            rc_rates.append(committed / rc_s)
+            if i == args.repeat - 1:
+                state = state_per_open_producer(spark, str(scratch / f"rc-{i}"), progress, acks)
+            durations = {"raw": _durations(raw_progress), "readCommittedStream": _durations(progress)}
+        spark.stop()
+    raw_med, rc_med = statistics.median(raw_rates), statistics.median(rc_rates)
+    print(json.dumps({
+        "benchmark": "spark_readCommittedStream_vs_raw_stream",
+        "records": written, "raw_records_in_topic": in_topic, "repeat": args.repeat,
+        "txn_size": TXN, "partitions": PARTITIONS, "producers": RING,
+        "max_offsets_per_trigger": max_offsets, "trigger": "availableNow", "sink": "foreachBatch count",
+        "write_records_per_s": round(written / write_s),
+        "raw_stream_rows_per_s": [round(r) for r in raw_rates],
+        "readCommittedStream_rows_per_s": [round(r) for r in rc_rates],
+        "raw_median_rows_per_s": round(raw_med), "readCommittedStream_median_rows_per_s": round(rc_med),
+        "ratio_median": round(rc_med / raw_med, 3), "target_ratio": 0.5,
+        "state": state,
+        "last_run_batch_durations_ms": durations,
+        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "spark_master": "local[2]"},
+    }, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
