@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import enum
 import logging
+import re
 import threading
 import time
 import uuid
@@ -60,7 +61,8 @@ from producer.election import LeaderElection, NeliElection
 from producer.errors import DatabaseError, HarvestError
 from producer.events import (Event, EventHandler, LeaderAcquired, LeaderFenced, LeaderRefreshed, LeaderRevoked,
                              MeterRead)
-from producer.kafka import KafkaProducer, ProducerFactory, confluent_producer, is_permanent
+from producer.kafka import (FatalErrorGuard, KafkaProducer, ProducerFactory, confluent_producer, is_permanent,
+                            is_size_refusal)
 from producer.marksize import MarkSize
 from producer.preflight import TopicGuard, header_bytes, too_large
 from producer.metrics import Metrics, MeterStats, start_prometheus
@@ -91,6 +93,15 @@ def _bad_row_reason(row: MarkedRow) -> str | None:
     if any(k is None for k in hkeys):
         return "kafka_header_keys contains NULL: header names must not be NULL"
     return None
+
+
+# librdkafka's text for a batch the broker refused as too large, and how its fatal errors name the batch.
+_SIZE_REFUSED = "Message size too large"
+_BATCH_TOPIC = re.compile(r"ProduceRequest for (\S+) \[")
+
+
+def _topics_in(error_text: str) -> list[str]:
+    return _BATCH_TOPIC.findall(error_text)
 
 
 def _make_election(config: HarvestConfig) -> LeaderElection:
@@ -373,12 +384,30 @@ class Harvest:
         if self._producer is None:
             conf = self.config.producer_config()
             conf.setdefault("client.id", f"harvest-{self.config.name}")
+            conf.setdefault("error_cb", self._on_producer_error)
             log.debug("creating producer %s", redact_kafka_config(conf))
-            self._producer = self._producer_factory(conf, self._on_delivery)
+            self._producer = FatalErrorGuard(self._producer_factory(conf, self._on_delivery), self._on_producer_error)
         return self._producer
+
+    def _on_producer_error(self, err: KafkaError) -> None:
+        """librdkafka's global errors (served inside ``poll()``). A fatal one (with
+        ``--uuid-sequencing``, a gap-less guarantee the broker broke by refusing a batch) makes the
+        producer unusable: the relay leaves the view and builds a new producer, instead of letting
+        ``poll()`` raise and the relay die on one row, again after every restart."""
+        if not err.fatal():
+            log.debug("Kafka producer: %s", err.str())  # librdkafka logs these itself
+            return
+        log.error("the Kafka producer hit a fatal error (%s: %s); replacing it and re-marking", err.name(),
+                  err.str())
+        self._producer_fatal = True
+        if _SIZE_REFUSED in err.str():
+            for topic in _topics_in(err.str()):
+                self._guard.check_sizes(topic)
 
     def _leader_tick(self) -> None:
         producer = self._ensure_producer()
+        if self._producer_fatal:
+            self._remark = True  # the refresh replaces the producer
         if self._remark:
             self._refresh()
             return
@@ -534,6 +563,8 @@ class Harvest:
         self.metrics.delivery_failures += 1
         attempts = self._attempts.get(row[0], 0) + 1
         self._attempts[row[0]] = attempts
+        if is_size_refusal(err) and row[1]:
+            self._guard.check_sizes(row[1])  # the next attempt refuses the oversized row alone
         permanent = is_permanent(err, synchronous)
         if permanent or attempts >= self.limits.max_delivery_attempts:
             why = "cannot be sent" if permanent else f"failed {attempts} delivery attempts"

@@ -22,7 +22,7 @@ import threading
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from confluent_kafka import KafkaError, Message, Producer
+from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
 DeliveryCallback = Callable[["KafkaError | None", Message], None]
 
@@ -51,6 +51,11 @@ BATCH_SCOPED_CODES = frozenset(
 )
 
 
+def is_size_refusal(err: KafkaError) -> bool:
+    """The broker refused a record batch as too large (which record is to blame is not said)."""
+    return err.code() in BATCH_SCOPED_CODES or "Message size too large" in err.str()
+
+
 def is_permanent(err: KafkaError, synchronous: bool = True) -> bool:
     """True if retrying this record can never succeed."""
     code = err.code()
@@ -76,6 +81,43 @@ ProducerFactory = Callable[[dict[str, Any], DeliveryCallback], KafkaProducer]
 def confluent_producer(config: dict[str, Any], on_delivery: DeliveryCallback) -> KafkaProducer:
     """The real thing: confluent-kafka's Producer with a global delivery callback."""
     return Producer({**config, "on_delivery": on_delivery})
+
+
+class FatalErrorGuard:
+    """Delegates to a producer; a *fatal* error that ``poll()`` or ``flush()`` raises is handed to
+    ``on_fatal`` instead (the relay then replaces the producer). confluent-kafka raises fatal errors
+    from ``poll()`` — with ``enable.gapless.guarantee``, a batch the broker refused is one — and an
+    exception out of the relay thread would stop the relay. ``produce`` is the wrapped producer's
+    own bound method: the per-record path pays nothing."""
+
+    def __init__(self, producer: KafkaProducer, on_fatal: Callable[[KafkaError], None]) -> None:
+        self._real = producer
+        self._on_fatal = on_fatal
+        self.produce = producer.produce
+        self.purge = producer.purge
+
+    def _fatal(self, exc: KafkaException) -> None:
+        err = exc.args[0] if exc.args else None
+        if not isinstance(err, KafkaError) or not err.fatal():
+            raise exc
+        self._on_fatal(err)
+
+    def poll(self, timeout: float = 0) -> int:
+        try:
+            return self._real.poll(timeout)
+        except KafkaException as exc:
+            self._fatal(exc)
+            return 0
+
+    def flush(self, timeout: float = -1) -> int:
+        try:
+            return self._real.flush(timeout)
+        except KafkaException as exc:
+            self._fatal(exc)
+            return len(self._real)
+
+    def __len__(self) -> int:
+        return len(self._real)
 
 
 class FaultInjectingProducer:

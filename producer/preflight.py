@@ -19,7 +19,10 @@ Invariants (tests/test_producer/test_preflight.py, tests/test_producer/test_pois
   row is produced and the producer's own errors apply — the guard only ever removes certain losers;
 - a refused (missing) topic is asked about again after ``missing_ttl`` seconds, a good one after
   ``ttl``: creating a topic and requeueing its dead letters works within seconds;
-- with compression configured the size check is skipped (the compressed size is unknown up front).
+- with compression configured the size check is skipped (the compressed size is unknown up front)
+  until the broker refuses a batch of a topic as too large: from then on that topic's records are
+  checked at their uncompressed size (:meth:`TopicGuard.check_sizes`), so the record that no
+  compression saves is refused alone and its batch-mates go through.
 """
 
 from __future__ import annotations
@@ -74,6 +77,7 @@ class TopicGuard:
         self.verdicts: dict[str, int | str] = {}  # the relay reads this directly (hot path)
         self._expires: dict[str, float] = {}
         self._next_expiry = float("inf")
+        self._sized: set[str] = set()  # topics whose records are checked uncompressed (see check_sizes)
 
     def verdict(self, topic: str) -> int | str:
         """The cached verdict for ``topic``, asking the broker on a miss."""
@@ -96,12 +100,23 @@ class TopicGuard:
             self.verdicts.pop(topic, None)
         self._next_expiry = min(self._expires.values(), default=float("inf"))
 
+    def check_sizes(self, topic: str) -> None:
+        """The broker refused a batch of ``topic`` as too large: check its records' uncompressed size
+        from now on (forgets the cached verdict, so the next row asks the broker again)."""
+        if topic in self._sized or self._check_size:
+            return
+        log.warning("the broker refused a batch of topic %r as too large; checking that topic's records "
+                    "at their uncompressed size from now on", topic)
+        self._sized.add(topic)
+        self.verdicts.pop(topic, None)
+        self._expires.pop(topic, None)
+
     def close(self) -> None:
         self._admin = None
 
     # ------------------------------------------------------------------ the broker's answers
-    def _budget(self, max_bytes: int) -> int:
-        return max(0, max_bytes - self._overhead) if self._check_size else 1 << 62
+    def _budget(self, max_bytes: int, topic: str) -> int:
+        return max(0, max_bytes - self._overhead) if self._check_size or topic in self._sized else 1 << 62
 
     @staticmethod
     def _internal(topic: str) -> str:
@@ -134,18 +149,18 @@ class TopicGuard:
                 raise
             if desc.is_internal:
                 return self._internal(topic), self.ttl
-            if not self._check_size:
-                return self._budget(self._producer_max), self.ttl
+            if not (self._check_size or topic in self._sized):
+                return self._budget(self._producer_max, topic), self.ttl
             resource = ConfigResource(ResourceType.TOPIC, topic)
             entries = self._admin.describe_configs([resource], request_timeout=self.timeout)[resource].result(
                 self.timeout)
             entry = entries.get("max.message.bytes")
             topic_max = int(entry.value) if entry is not None and entry.value is not None else self._producer_max
-            return self._budget(min(topic_max, self._producer_max)), self.ttl
+            return self._budget(min(topic_max, self._producer_max), topic), self.ttl
         except Exception as exc:  # no answer is not a "no": produce, and let the producer's errors decide
             log.warning("could not look up topic %r before producing (%s); producing without the check",
                         topic, exc)
-            return self._budget(self._producer_max), self.missing_ttl
+            return self._budget(self._producer_max, topic), self.missing_ttl
 
 
 def too_large(budget: int, key: bytes, value: bytes | None, hkeys: Sequence[str], hvals: Sequence[Any]) -> str | None:

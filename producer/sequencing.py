@@ -69,7 +69,7 @@ from producer.db import MarkedRow
 from producer.errors import DatabaseError, FenceError, ProducerError
 from producer.events import LeaderRefreshed, ViewStarted
 from producer.harvest import Harvest, _bad_row_reason
-from producer.kafka import is_permanent
+from producer.kafka import FatalErrorGuard, is_permanent, is_size_refusal
 from producer.preflight import header_bytes, too_large
 from sequencer import TICK, Clock, Flags, new_producer_id
 
@@ -250,12 +250,15 @@ class SequencedHarvest(Harvest):
             # librdkafka then raises a fatal error instead of leaving a gap; the view is abandoned and
             # a fresh producer re-sends the intents in order.
             conf.setdefault("enable.gapless.guarantee", True)
-            self._producer = self._producer_factory(conf, self._on_delivery)
+            conf.setdefault("error_cb", self._on_producer_error)
+            self._producer = FatalErrorGuard(self._producer_factory(conf, self._on_delivery), self._on_producer_error)
         return self._producer
 
     # ------------------------------------------------------------------ main loop
     def _leader_tick(self) -> None:
         producer = self._ensure_producer()
+        if self._producer_fatal and self._view is not None:
+            self._abandon("the Kafka producer hit a fatal error", self._failed_txn())
         if self._remark:  # a DB error surfaced by the main loop, or a failure: abandon the view
             self._refresh()
             return
@@ -617,12 +620,18 @@ class SequencedHarvest(Harvest):
         if failed is not None:
             self.txn_limit = max(1, self.txn_limit // 2)
             for err, msg in failed.failures:
+                if msg is not None and is_size_refusal(err) and msg.topic():
+                    self._guard.check_sizes(msg.topic())  # the next view refuses the oversized row alone
                 rid = self._find_row(failed, msg)
                 if rid is not None:
                     self._count_failure(rid, err, True)
         if fenced:
             self._view_backoff_until = time.monotonic() + self.limits.heartbeat_timeout
         self._remark = True
+
+    def _failed_txn(self) -> _Txn | None:
+        """The oldest transaction with a failed delivery, if any."""
+        return next((t for t in self._txns if t.failures), None)
 
     @staticmethod
     def _find_row(t: _Txn, msg: Message | None) -> int | None:

@@ -106,3 +106,54 @@ def test_poison_rows_are_parked_in_seconds_and_the_rest_flows(sequenced: bool, p
         relay.stop()
         relay.wait(30)
     print(f"{'sequenced' if sequenced else 'at-least-once'}: 200 good rows + 6 poison drained in {took:.2f}s")
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("sequenced", [False, True], ids=["at-least-once", "uuid-sequencing"])
+def test_a_record_only_the_broker_refuses_never_stops_the_relay(sequenced: bool, pg_dsn: str, kafka_bootstrap: str,
+                                                                pg_schema: str, topic_factory: Callable[..., str],
+                                                                unique_name: Callable[[str], str]) -> None:
+    """With compression on, the preflight cannot size records up front, so a record larger than its
+    topic's max.message.bytes reaches the broker, which refuses its whole batch. With
+    ``--uuid-sequencing`` that is a *fatal* producer error (gap-less guarantee): it used to stop the
+    relay, and again after every restart. Now the relay replaces the producer, checks that topic's
+    records at their uncompressed size from then on, dead-letters the culprit alone and delivers its
+    batch-mates (exactly once with --uuid-sequencing): at most one abandoned view, no dead innocents."""
+    import os
+
+    topic = topic_factory(partitions=2, config={"max.message.bytes": "20000"})
+    table = f"{pg_schema}.outbox"
+    init_db(pg_dsn, table)
+    st = Stasher(table)
+    exp = Expected()
+    recs = [OutboxRecord(topic, f"k{i % 7}", f"g{i}") for i in range(100)]
+    for r in recs:
+        exp.by_key.setdefault(r.key, []).append(r.value.encode())  # type: ignore[union-attr]
+        exp.headers[r.value.encode()] = []  # type: ignore[union-attr]
+    with psycopg.connect(pg_dsn) as conn:
+        st.stash_many(conn, recs[:50])
+        big = st.stash(conn, OutboxRecord(topic, "kbig", os.urandom(15_000).hex()))  # 30 kB, lz4 cannot save it
+        st.stash_many(conn, recs[50:])
+    cfg = relay_config(pg_dsn, kafka_bootstrap, table, unique_name("g")).replace(
+        uuid_sequencing=sequenced, producer_kafka_config={"linger.ms": 5, "compression.type": "lz4"})
+    relay = Harvest(cfg).start()
+    try:
+        wait_drained(pg_dsn, table, 60)
+        assert relay.state.value == "running", "the relay stopped"
+        if sequenced:
+            assert relay.views_started <= 2  # type: ignore[attr-defined]
+        with psycopg.connect(pg_dsn) as conn:
+            dead = {d.id: d for d in list_dead_letters(conn, table)}
+        assert set(dead) == {big} and "exceeds what its topic accepts" in dead[big].error
+    finally:
+        relay.stop()
+        relay.wait(30)
+    if sequenced:
+        check_exactly_once(kafka_bootstrap, topic, 2, exp)
+    else:
+        got = consume_all(kafka_bootstrap, topic, lambda g: len({x.value for x in g}) >= 100, 30)
+        by_key: dict[str, list[bytes]] = {}
+        for g in got:
+            if g.value not in by_key.get(g.key, []):
+                by_key.setdefault(g.key, []).append(g.value)  # type: ignore[arg-type]
+        assert by_key == exp.by_key  # at-least-once: every row, per-key order (duplicates aside)

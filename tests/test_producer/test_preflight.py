@@ -86,3 +86,41 @@ def test_real_broker_verdicts(kafka_bootstrap: str, topic_factory: Callable[...,
     assert g.verdict(plain) == 1_000_000 - RECORD_OVERHEAD  # the producer's message.max.bytes is smaller
     assert "does not exist" in str(g.verdict(plain + "-missing"))
     assert "internal" in str(g.verdict("__consumer_offsets"))
+
+
+def test_check_sizes_turns_the_size_check_on_for_one_compressed_topic() -> None:
+    g = _guard(FakeAdmin({"t": 1000, "u": 1000}), producer={"compression.type": "lz4"})
+    assert g.verdict("t") > 10**9 and g.verdict("u") > 10**9  # compressed: not checked up front
+    g.check_sizes("t")  # the broker refused a batch of t as too large
+    assert g.verdict("t") == 1000 - RECORD_OVERHEAD and g.verdict("u") > 10**9
+
+
+def test_fatal_errors_from_poll_are_handed_over_not_raised() -> None:
+    from confluent_kafka import KafkaError, KafkaException
+
+    from producer.kafka import FatalErrorGuard
+
+    class Raising:
+        def __init__(self, err: KafkaError) -> None:
+            self.err = err
+
+        def produce(self, *a: object, **k: object) -> None: ...
+
+        def purge(self, *a: object, **k: object) -> None: ...
+
+        def poll(self, timeout: float = 0) -> int:
+            raise KafkaException(self.err)
+
+        def flush(self, timeout: float = 0) -> int:
+            raise KafkaException(self.err)
+
+        def __len__(self) -> int:
+            return 3
+
+    seen: list[KafkaError] = []
+    fatal = KafkaError(KafkaError._GAPLESS_GUARANTEE, "gap", fatal=True)
+    guarded = FatalErrorGuard(Raising(fatal), seen.append)  # type: ignore[arg-type]
+    assert guarded.poll(0) == 0 and guarded.flush(0) == 3 and seen == [fatal, fatal]
+    other = FatalErrorGuard(Raising(KafkaError(KafkaError._TRANSPORT, "down")), seen.append)  # type: ignore[arg-type]
+    with pytest.raises(KafkaException):
+        other.poll(0)  # anything not fatal is not ours to swallow
