@@ -100,6 +100,14 @@ class TopicGuard:
             self.verdicts.pop(topic, None)
         self._next_expiry = min(self._expires.values(), default=float("inf"))
 
+    def connect(self) -> None:
+        """Create the admin client now (it connects in the background), so the first lookup is quick."""
+        if self._admin is None:
+            try:
+                self._admin = self._admin_factory(self._admin_config)
+            except Exception as exc:  # the first lookup tries again and, failing, lets the row through
+                log.warning("could not create the Kafka admin client for the preflight: %s", exc)
+
     def check_sizes(self, topic: str) -> None:
         """The broker refused a batch of ``topic`` as too large: check its records' uncompressed size
         from now on (forgets the cached verdict, so the next row asks the broker again)."""
