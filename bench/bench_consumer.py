@@ -41,10 +41,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition  # noqa: E402
 
-from consumer import ReadCommittedIter  # noqa: E402
-from harvest_local import LocalServices  # noqa: E402
-from harvest_local.kafka import create_topic  # noqa: E402
-from sequencer import Clock, Publisher, journal_name  # noqa: E402
+from harvest_outbox.consumer import ReadCommittedIter  # noqa: E402
+from harvest_outbox.harvest_local import LocalServices  # noqa: E402
+from harvest_outbox.harvest_local.kafka import create_topic  # noqa: E402
+from harvest_outbox.sequencer import Clock, Publisher, journal_name  # noqa: E402
 
 
 def write(bootstrap: str, topic: str, records: int, partitions: int, txn: int, value_size: int) -> int:

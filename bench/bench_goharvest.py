@@ -78,7 +78,7 @@ def _go(go: str, *args: str, what: str, timeout: float = 900.0) -> str:
 def build(go: str, out_dir: Path | None = None) -> Path:
     """Compile ``bench/goharvest`` (once per source/toolchain change) and return the binary's path."""
     if out_dir is None:
-        from harvest_local.workdir import work_dir
+        from harvest_outbox.harvest_local.workdir import work_dir
 
         out_dir = work_dir() / "goharvest"
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -149,7 +149,7 @@ def fill_backlog(pg_dsn: str, table: str, topic: str, rows: int, keys: int = KEY
     ``bench_relay.drain_once`` writes its backlog (same keys, same 100-byte values)."""
     # Imported here, not at the top: bench_relay imports this module.
     from bench.bench_relay import fill_backlog as fill
-    from producer.schema import init_db
+    from harvest_outbox.producer.schema import init_db
 
     init_db(pg_dsn, table)
     fill(pg_dsn, table, topic, rows, keys)
@@ -198,7 +198,7 @@ def run_goharvest(pg_dsn: str, kafka_bootstrap: str, table: str, rows: int, limi
         raise GoharvestBenchError(f"rows: {rows!r} must be at least 1")
     binary = build(go)
 
-    from harvest_local.kafka import create_topic
+    from harvest_outbox.harvest_local.kafka import create_topic
 
     topic = f"goharvest-bench-{uuid.uuid4().hex[:8]}"
     create_topic(kafka_bootstrap, topic, partitions)
@@ -243,7 +243,7 @@ def main(argv: list[str] | None = None) -> int:
                          "(bench_relay's); repeatable; default: both")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    for noisy in ("harvest_local.maven", "harvest_local.launcher"):
+    for noisy in ("harvest_outbox.harvest_local.maven", "harvest_outbox.harvest_local.launcher"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     go = go_toolchain()
     if go is None:
@@ -255,7 +255,7 @@ def main(argv: list[str] | None = None) -> int:
     services = None
     dsn, bootstrap = os.environ.get("HARVEST_PG_DSN"), os.environ.get("HARVEST_KAFKA_BOOTSTRAP")
     if not (dsn and bootstrap):
-        from harvest_local import LocalServices
+        from harvest_outbox.harvest_local import LocalServices
 
         services = LocalServices().start()
         dsn, bootstrap = services.endpoints.pg_dsn, services.endpoints.kafka_bootstrap

@@ -43,12 +43,12 @@ import psycopg  # noqa: E402
 from confluent_kafka import Consumer, TopicPartition  # noqa: E402
 from psycopg import sql  # noqa: E402
 
-from harvest_local.kafka import create_topic  # noqa: E402
-from producer.config import AUTO_MARK_RECORDS, HarvestConfig, Limits  # noqa: E402
-from producer.db import OutboxDatabase  # noqa: E402
-from producer.harvest import Harvest  # noqa: E402
-from producer.schema import OutboxNames, init_db  # noqa: E402
-from producer.stasher import OutboxRecord, Stasher  # noqa: E402
+from harvest_outbox.harvest_local.kafka import create_topic  # noqa: E402
+from harvest_outbox.producer.config import AUTO_MARK_RECORDS, HarvestConfig, Limits  # noqa: E402
+from harvest_outbox.producer.db import OutboxDatabase  # noqa: E402
+from harvest_outbox.producer.harvest import Harvest  # noqa: E402
+from harvest_outbox.producer.schema import OutboxNames, init_db  # noqa: E402
+from harvest_outbox.producer.stasher import OutboxRecord, Stasher  # noqa: E402
 
 # What a new user writes: connection settings and heartbeatTimeout, nothing else.
 DEFAULT_LIMITS: dict[str, Any] = dict(heartbeat_timeout=5.0)
@@ -242,7 +242,7 @@ def main() -> int:
     services = None
     dsn, bootstrap = os.environ.get("HARVEST_PG_DSN"), os.environ.get("HARVEST_KAFKA_BOOTSTRAP")
     if not (dsn and bootstrap):
-        from harvest_local import LocalServices
+        from harvest_outbox.harvest_local import LocalServices
 
         services = LocalServices().start()
         dsn, bootstrap = services.endpoints.pg_dsn, services.endpoints.kafka_bootstrap

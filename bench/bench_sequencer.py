@@ -31,7 +31,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from sequencer import (
+from harvest_outbox.sequencer import (
     Envelope,
     Flags,
     IMPLEMENTATION,

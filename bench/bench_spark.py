@@ -24,10 +24,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from confluent_kafka import Producer  # noqa: E402
 
-from harvest_local import LocalServices  # noqa: E402
-from harvest_local.kafka import create_topic  # noqa: E402
-from harvest_local.spark import local_spark_session  # noqa: E402
-from sequencer import Clock, Publisher  # noqa: E402
+from harvest_outbox.harvest_local import LocalServices  # noqa: E402
+from harvest_outbox.harvest_local.kafka import create_topic  # noqa: E402
+from harvest_outbox.harvest_local.spark import local_spark_session  # noqa: E402
+from harvest_outbox.sequencer import Clock, Publisher  # noqa: E402
 
 TOPIC = "bench-spark"
 PARTITIONS = 8
@@ -70,7 +70,7 @@ def main() -> int:
     parser.add_argument("--repeat", type=int, default=3)
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
-    from spark_reader import readCommitted
+    from harvest_outbox.spark_reader import readCommitted
 
     with LocalServices() as services:
         bootstrap = services.endpoints.kafka_bootstrap

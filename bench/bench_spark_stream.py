@@ -36,9 +36,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench_spark import PARTITIONS, RING, TXN, write  # noqa: E402
 
-from harvest_local import LocalServices  # noqa: E402
-from harvest_local.kafka import create_topic  # noqa: E402
-from harvest_local.spark import local_spark_session  # noqa: E402
+from harvest_outbox.harvest_local import LocalServices  # noqa: E402
+from harvest_outbox.harvest_local.kafka import create_topic  # noqa: E402
+from harvest_outbox.harvest_local.spark import local_spark_session  # noqa: E402
 
 TOPIC = "bench-spark"  # bench_spark.write writes this topic
 _ROCKSDB = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
@@ -140,7 +140,7 @@ def main() -> int:
     parser.add_argument("--batches", type=int, default=10, help="micro-batches per query (maxOffsetsPerTrigger)")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
-    from spark_reader import readCommittedStream
+    from harvest_outbox.spark_reader import readCommittedStream
 
     scratch = Path(tempfile.mkdtemp(prefix="bench-spark-stream-"))
     with LocalServices() as services:

@@ -16,8 +16,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import psycopg  # noqa: E402
 
-from harvest_local import LocalServices  # noqa: E402
-from producer import OutboxRecord, Stasher, init_db  # noqa: E402
+from harvest_outbox.harvest_local import LocalServices  # noqa: E402
+from harvest_outbox.producer import OutboxRecord, Stasher, init_db  # noqa: E402
 
 
 def main() -> int:

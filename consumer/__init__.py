@@ -12,7 +12,7 @@
 
 Example::
 
-    from consumer import ReadCommittedIter
+    from harvest_outbox.consumer import ReadCommittedIter
     with ReadCommittedIter({"bootstrap.servers": "localhost:9092"}, topics=["orders"],
                            checkpoint=saved) as it:
         for rec in it:

@@ -25,12 +25,12 @@ from cpython.list cimport PyList_GET_ITEM, PyList_GET_SIZE
 from cpython.tuple cimport PyTuple_GET_ITEM, PyTuple_GET_SIZE
 from cpython.unicode cimport PyUnicode_Check, PyUnicode_CompareWithASCIIString
 
-from sequencer._native cimport EntryBatch
+from harvest_outbox.sequencer._native cimport EntryBatch
 
 import uuid as _uuid_mod
 
-from consumer.trace_context import TRACEPARENT, TRACESTATE, header_text
-from sequencer import Flags
+from harvest_outbox.consumer.trace_context import TRACEPARENT, TRACESTATE, header_text
+from harvest_outbox.sequencer import Flags
 
 __all__ = ["Record", "convert", "make_record"]
 

@@ -51,7 +51,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
-from sequencer import (
+from harvest_outbox.sequencer import (
     DEFAULT_PRUNE_HORIZON_NS,
     DEFAULT_RING_SIZE,
     CheckpointError,

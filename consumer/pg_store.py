@@ -34,7 +34,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from sequencer import CheckpointError, ProducerState, decode_checkpoint, encode_checkpoint
+from harvest_outbox.sequencer import CheckpointError, ProducerState, decode_checkpoint, encode_checkpoint
 
 from .errors import CheckpointStoreError, ConfigError
 

@@ -32,9 +32,9 @@ from __future__ import annotations
 import uuid as _uuid
 from typing import Any
 
-from consumer.trace_context import TRACEPARENT, TRACESTATE, header_text
-from sequencer import Flags
-from sequencer.native import load as load_native
+from harvest_outbox.consumer.trace_context import TRACEPARENT, TRACESTATE, header_text
+from harvest_outbox.sequencer import Flags
+from harvest_outbox.sequencer.native import load as load_native
 
 __all__ = ["HEADER_NAME", "PyRecord", "Record", "make_record"]
 
@@ -188,7 +188,7 @@ def _make_py_record(message: Any, x: int) -> PyRecord:
     return r
 
 
-_native = load_native("consumer._native")
+_native = load_native("harvest_outbox.consumer._native")
 #: The Record class in use: the compiled one when built, else :class:`PyRecord`.
 Record: type = PyRecord if _native is None else _native.Record
 #: ``make_record(message, x)``: a ``Record`` with the UUID ``x`` (its 128-bit int; 0 for none).

@@ -28,7 +28,7 @@ from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
-from sequencer import NIL_UUID, Envelope
+from harvest_outbox.sequencer import NIL_UUID, Envelope
 
 from .config import ReaderConfig
 from .errors import ReplayFailedError

@@ -38,7 +38,7 @@ from typing import Any
 
 from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, Consumer, KafkaError, KafkaException, TopicPartition
 
-from sequencer import NIL_UUID, EntryBatch, Envelope
+from harvest_outbox.sequencer import NIL_UUID, EntryBatch, Envelope
 
 from .config import ReaderConfig, redact
 from .errors import (

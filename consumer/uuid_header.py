@@ -59,7 +59,7 @@ import time
 import uuid as _uuid
 from typing import Any
 
-from sequencer import NIL_UUID, parse_uuid
+from harvest_outbox.sequencer import NIL_UUID, parse_uuid
 
 __all__ = ["UUIDPolicy", "parse_header_value", "is_relay_uuid_int", "describe_problem", "RateLimitedLog",
            "RELAY_UUID_MASK", "RELAY_UUID_BITS", "MAX_RELAY_FLAGS"]

@@ -15,11 +15,11 @@ Invariants:
   :class:`ServiceError` with the tail of its log.
 """
 
-from harvest_local.errors import HarvestLocalError, PrerequisiteError, ServiceError
-from harvest_local.kafka import EmbeddedKafka
-from harvest_local.launcher import LocalServices, ServiceEndpoints
-from harvest_local.postgres import EmbeddedPostgres
-from harvest_local.workdir import work_dir
+from harvest_outbox.harvest_local.errors import HarvestLocalError, PrerequisiteError, ServiceError
+from harvest_outbox.harvest_local.kafka import EmbeddedKafka
+from harvest_outbox.harvest_local.launcher import LocalServices, ServiceEndpoints
+from harvest_outbox.harvest_local.postgres import EmbeddedPostgres
+from harvest_outbox.harvest_local.workdir import work_dir
 
 __all__ = [
     "EmbeddedKafka",

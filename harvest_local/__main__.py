@@ -1,4 +1,4 @@
-"""``python -m harvest_local check|up``: verify prerequisites, or run the services by hand."""
+"""``python -m harvest_outbox.harvest_local check|up``: verify prerequisites, or run the services by hand."""
 
 from __future__ import annotations
 
@@ -7,13 +7,13 @@ import logging
 import signal
 import sys
 
-from harvest_local import maven, prereqs
-from harvest_local.errors import HarvestLocalError
-from harvest_local.launcher import LocalServices
+from harvest_outbox.harvest_local import maven, prereqs
+from harvest_outbox.harvest_local.errors import HarvestLocalError
+from harvest_outbox.harvest_local.launcher import LocalServices
 
 
 def check() -> None:
-    import sequencer
+    from harvest_outbox import sequencer
 
     logging.getLogger(__name__).info("sequencer implementation: %s", sequencer.IMPLEMENTATION)
     prereqs.java()
@@ -31,7 +31,7 @@ def up() -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m harvest_local", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m harvest_outbox.harvest_local", description=__doc__)
     parser.add_argument("command", choices=["check", "up"])
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")

@@ -6,7 +6,7 @@ is saved with :class:`consumer.PostgresCheckpointStore` in the same transaction;
 checkpoint is loaded, so a restart (after kill -9 or anything else) applies every committed record
 exactly once.
 
-    HARVEST_DATA_SOURCE=<dsn> python -m harvest_local.applier --bootstrap HOST:PORT --topic T --schema S
+    HARVEST_DATA_SOURCE=<dsn> python -m harvest_outbox.harvest_local.applier --bootstrap HOST:PORT --topic T --schema S
 
 The DSN comes from the environment, not the command line (``ps`` shows command lines).
 """
@@ -23,7 +23,7 @@ import time
 import psycopg
 from psycopg import sql
 
-from consumer import CheckpointStoreError, PostgresCheckpointStore, ReadCommittedIter
+from harvest_outbox.consumer import CheckpointStoreError, PostgresCheckpointStore, ReadCommittedIter
 
 log = logging.getLogger("harvest.applier")
 
@@ -99,7 +99,7 @@ def _session(dsn: str, bootstrap: str, topic: str, schema: str, idle_exit: float
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m harvest_local.applier", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m harvest_outbox.harvest_local.applier", description=__doc__.splitlines()[0])
     parser.add_argument("--bootstrap", required=True)
     parser.add_argument("--topic", required=True)
     parser.add_argument("--schema", required=True)

@@ -34,13 +34,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from harvest_local.applier import applied_rows, create_tables
-from harvest_local.kafka import create_topic
-from harvest_local.launcher import LocalServices, ServiceEndpoints
-from harvest_local.relays import RelayProcess, current_leader, wait_for, write_config
-from harvest_local.verify import Verdict, render, verify
-from harvest_local.workdir import work_dir
-from harvest_local.workload import WriterStats, Writers, committed_versions, create_accounts, stash_backlog
+from harvest_outbox.harvest_local.applier import applied_rows, create_tables
+from harvest_outbox.harvest_local.kafka import create_topic
+from harvest_outbox.harvest_local.launcher import LocalServices, ServiceEndpoints
+from harvest_outbox.harvest_local.relays import RelayProcess, current_leader, wait_for, write_config
+from harvest_outbox.harvest_local.verify import Verdict, render, verify
+from harvest_outbox.harvest_local.workdir import work_dir
+from harvest_outbox.harvest_local.workload import WriterStats, Writers, committed_versions, create_accounts, stash_backlog
 
 log = logging.getLogger("harvest.demo")
 
@@ -137,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         parser.error(str(exc))
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)-7s %(message)s", datefmt="%H:%M:%S")
-    for noisy in ("py4j", "harvest_local.maven", "harvest_local.launcher"):
+    for noisy in ("py4j", "harvest_outbox.harvest_local.maven", "harvest_outbox.harvest_local.launcher"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     out = args.out or work_dir() / f"demo-{time.strftime('%Y%m%d-%H%M%S')}"
     out.mkdir(parents=True, exist_ok=True)
@@ -170,7 +170,7 @@ def run_demo(ends: ServiceEndpoints, opts: DemoOptions, out: Path, run: Run | No
     run = run or Run()
     schema, topic = opts.schema, f"demo-accounts-{uuid.uuid4().hex[:6]}"
     outbox = f"{schema}.outbox"
-    from producer.schema import init_db
+    from harvest_outbox.producer.schema import init_db
 
     create_accounts(ends.pg_dsn, schema, opts.keys)
     init_db(ends.pg_dsn, outbox)
@@ -180,7 +180,7 @@ def run_demo(ends: ServiceEndpoints, opts: DemoOptions, out: Path, run: Run | No
                        outbox_table=outbox, group=f"demo-{uuid.uuid4().hex[:6]}", extra_limits=RELAY_LIMITS)
     relays = [RelayProcess(cfg, f"relay-{i}", out).start() for i in range(2)]
     applier = subprocess.Popen(
-        [sys.executable, "-m", "harvest_local.applier", "--bootstrap", ends.kafka_bootstrap, "--topic", topic,
+        [sys.executable, "-m", "harvest_outbox.harvest_local.applier", "--bootstrap", ends.kafka_bootstrap, "--topic", topic,
          "--schema", schema], env={**os.environ, "HARVEST_DATA_SOURCE": ends.pg_dsn},
         stdout=(out / "applier.log").open("w"), stderr=subprocess.STDOUT)
     backlog: BacklogPhase | None = None
@@ -340,11 +340,11 @@ def _raw_count(bootstrap: str, topic: str) -> int:
 
 
 def _spark_verdict(bootstrap: str, topic: str, truth: dict[str, int], spark: Any = None) -> Verdict:
-    from spark_reader import readCommitted
+    from harvest_outbox.spark_reader import readCommitted
 
     own = spark is None
     if own:
-        from harvest_local.spark import local_spark_session
+        from harvest_outbox.harvest_local.spark import local_spark_session
 
         spark = local_spark_session("harvest-demo")
     try:

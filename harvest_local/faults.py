@@ -24,12 +24,12 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from harvest_local.applier import applied_rows, create_tables
-from harvest_local.kafka import create_topic
-from harvest_local.launcher import LocalServices
-from harvest_local.relays import RelayProcess, current_leader, wait_for, write_config
-from harvest_local.verify import Verdict, verify
-from harvest_local.workload import Writers, committed_versions, create_accounts
+from harvest_outbox.harvest_local.applier import applied_rows, create_tables
+from harvest_outbox.harvest_local.kafka import create_topic
+from harvest_outbox.harvest_local.launcher import LocalServices
+from harvest_outbox.harvest_local.relays import RelayProcess, current_leader, wait_for, write_config
+from harvest_outbox.harvest_local.verify import Verdict, verify
+from harvest_outbox.harvest_local.workload import Writers, committed_versions, create_accounts
 
 log = logging.getLogger(__name__)
 
@@ -83,7 +83,7 @@ def run_plan(services: LocalServices, plan: FaultPlan, workdir: Path, spark=None
     schema, topic = f"fault_{plan.seed}_{tag}", f"fault-{plan.seed}-{tag}"
     outbox = f"{schema}.outbox"
     workdir.mkdir(parents=True, exist_ok=True)
-    from producer.schema import init_db
+    from harvest_outbox.producer.schema import init_db
 
     create_accounts(ends.pg_dsn, schema, plan.keys)
     init_db(ends.pg_dsn, outbox)
@@ -164,7 +164,7 @@ def _inject(kind: str, services: LocalServices, relays: list[RelayProcess], appl
 
 def _start_applier(dsn: str, bootstrap: str, topic: str, schema: str, workdir: Path) -> subprocess.Popen[bytes]:
     with (workdir / "applier.log").open("a") as out:
-        return subprocess.Popen([sys.executable, "-m", "harvest_local.applier", "--bootstrap", bootstrap,
+        return subprocess.Popen([sys.executable, "-m", "harvest_outbox.harvest_local.applier", "--bootstrap", bootstrap,
                                  "--topic", topic, "--schema", schema],
                                 env={**os.environ, "HARVEST_DATA_SOURCE": dsn}, stdout=out, stderr=subprocess.STDOUT)
 
@@ -189,7 +189,7 @@ def _wait_applied(dsn: str, schema: str, expected: int, timeout: float) -> None:
 def _spark_verdict(spark, bootstrap: str, topic: str, truth: dict[str, int]) -> Verdict:  # type: ignore[no-untyped-def]
     import json
 
-    from spark_reader import readCommitted
+    from harvest_outbox.spark_reader import readCommitted
 
     rows = readCommitted(spark, topic, {"kafka.bootstrap.servers": bootstrap}).select(
         "partition", "offset", "ack_offset", "key", "value").collect()

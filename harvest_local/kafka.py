@@ -16,9 +16,9 @@ import time
 import uuid
 from pathlib import Path
 
-from harvest_local import maven, prereqs
-from harvest_local.errors import ServiceError
-from harvest_local.workdir import free_port, tail, work_dir
+from harvest_outbox.harvest_local import maven, prereqs
+from harvest_outbox.harvest_local.errors import ServiceError
+from harvest_outbox.harvest_local.workdir import free_port, tail, work_dir
 
 log = logging.getLogger(__name__)
 

@@ -17,9 +17,9 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
 
-from harvest_local.errors import PrerequisiteError
-from harvest_local.kafka import EmbeddedKafka
-from harvest_local.postgres import EmbeddedPostgres
+from harvest_outbox.harvest_local.errors import PrerequisiteError
+from harvest_outbox.harvest_local.kafka import EmbeddedKafka
+from harvest_outbox.harvest_local.postgres import EmbeddedPostgres
 
 log = logging.getLogger(__name__)
 

@@ -13,9 +13,9 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from harvest_local import prereqs
-from harvest_local.errors import PrerequisiteError
-from harvest_local.workdir import work_dir
+from harvest_outbox.harvest_local import prereqs
+from harvest_outbox.harvest_local.errors import PrerequisiteError
+from harvest_outbox.harvest_local.workdir import work_dir
 
 log = logging.getLogger(__name__)
 

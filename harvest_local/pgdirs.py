@@ -42,8 +42,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from harvest_local.errors import ServiceError
-from harvest_local.workdir import work_dir
+from harvest_outbox.harvest_local.errors import ServiceError
+from harvest_outbox.harvest_local.workdir import work_dir
 
 log = logging.getLogger(__name__)
 

@@ -17,9 +17,9 @@ import subprocess
 import time
 from pathlib import Path
 
-from harvest_local import pgdirs, prereqs
-from harvest_local.errors import ServiceError
-from harvest_local.workdir import free_port, tail
+from harvest_outbox.harvest_local import pgdirs, prereqs
+from harvest_outbox.harvest_local.errors import ServiceError
+from harvest_outbox.harvest_local.workdir import free_port, tail
 
 log = logging.getLogger(__name__)
 

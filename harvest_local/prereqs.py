@@ -10,7 +10,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from harvest_local.errors import PrerequisiteError
+from harvest_outbox.harvest_local.errors import PrerequisiteError
 
 log = logging.getLogger(__name__)
 

@@ -2,7 +2,7 @@
 same YAML as ``harvest -f``, with produce/delivery failures injected by
 :class:`producer.kafka.FaultInjector` around the real confluent producer.
 
-    HARVEST_FAULTS="produce=0.02,delivery=0.02,seed=7" python -m harvest_local.relay_runner -f harvest.yaml --name r1
+    HARVEST_FAULTS="produce=0.02,delivery=0.02,seed=7" python -m harvest_outbox.harvest_local.relay_runner -f harvest.yaml --name r1
 
 Without ``HARVEST_FAULTS`` it is equivalent to ``harvest -f harvest.yaml --name r1``. Test use only.
 """
@@ -16,9 +16,9 @@ import signal
 import sys
 from typing import Any
 
-from producer.config import load_yaml
-from producer.harvest import Harvest
-from producer.kafka import FaultInjector
+from harvest_outbox.producer.config import load_yaml
+from harvest_outbox.producer.harvest import Harvest
+from harvest_outbox.producer.kafka import FaultInjector
 
 log = logging.getLogger("harvest.relay_runner")
 
@@ -34,7 +34,7 @@ def parse_faults(spec: str) -> dict[str, float]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m harvest_local.relay_runner")
+    parser = argparse.ArgumentParser(prog="python -m harvest_outbox.harvest_local.relay_runner")
     parser.add_argument("-f", "--file", required=True)
     parser.add_argument("--name", required=True)
     args = parser.parse_args(argv)

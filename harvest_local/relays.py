@@ -1,6 +1,6 @@
 """harvest relays as real processes (the ``harvest`` CLI with a YAML file), for the demo and fault runs.
 
-A :class:`RelayProcess` is one ``python -m producer -f <yaml> --name <name>``; its log goes to a
+A :class:`RelayProcess` is one ``python -m harvest_outbox.producer -f <yaml> --name <name>``; its log goes to a
 file, which is also how leadership is observed (the relay logs ``elected leader`` on acquisition).
 The DSN travels in the YAML file (mode 0600), never on a command line, where ``ps`` would show it.
 """
@@ -69,7 +69,7 @@ class RelayProcess:
         with self.log.open("a") as log:
             module, env = "producer", dict(self.env)
             if self.faults:
-                module, env["HARVEST_FAULTS"] = "harvest_local.relay_runner", self.faults
+                module, env["HARVEST_FAULTS"] = "harvest_outbox.harvest_local.relay_runner", self.faults
             self.proc = subprocess.Popen([sys.executable, "-m", module, "-f", str(self.config), "--name", self.name],
                                          stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
         return self

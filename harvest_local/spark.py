@@ -27,9 +27,9 @@ import re
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from harvest_local import maven, prereqs
-from harvest_local.errors import ServiceError
-from harvest_local.workdir import work_dir
+from harvest_outbox.harvest_local import maven, prereqs
+from harvest_outbox.harvest_local.errors import ServiceError
+from harvest_outbox.harvest_local.workdir import work_dir
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession

@@ -1,7 +1,7 @@
-"""``python -m producer ...`` is the ``harvest`` command."""
+"""``python -m harvest_outbox.producer ...`` is the ``harvest`` command."""
 
 import sys
 
-from producer.cli import main
+from harvest_outbox.producer.cli import main
 
 sys.exit(main())

@@ -25,10 +25,10 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
-from producer import __version__
-from producer.config import FileConfig, from_mapping, load_yaml
-from producer.errors import ConfigError, HarvestError
-from producer.redact import is_secret_kafka_key, redact_error
+from harvest_outbox.producer import __version__
+from harvest_outbox.producer.config import FileConfig, from_mapping, load_yaml
+from harvest_outbox.producer.errors import ConfigError, HarvestError
+from harvest_outbox.producer.redact import is_secret_kafka_key, redact_error
 
 EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
 MAX_LIST_LIMIT = 1_000_000
@@ -38,8 +38,8 @@ log = logging.getLogger("harvest")
 
 
 def _version() -> str:
-    import sequencer
-    from consumer import record
+    from harvest_outbox import sequencer
+    from harvest_outbox.consumer import record
 
     readers = "native" if record._native is not None else "python"
     return f"harvest {__version__} (sequencer: {sequencer.IMPLEMENTATION}, reader fast path: {readers})"
@@ -146,7 +146,7 @@ def _load(args: argparse.Namespace, extra: dict[str, Any] | None = None) -> File
 
 
 def _run(args: argparse.Namespace) -> int:
-    from producer.harvest import Harvest
+    from harvest_outbox.producer.harvest import Harvest
 
     cfg = _load(args, {"bootstrap_servers": args.bootstrap_servers, "leader_topic": args.leader_topic,
                        "leader_group_id": args.leader_group_id, "leader_election": args.leader_election,
@@ -171,8 +171,8 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _init_db(args: argparse.Namespace) -> int:
-    from producer.schema import init_db
-    from producer.db import connect
+    from harvest_outbox.producer.schema import init_db
+    from harvest_outbox.producer.db import connect
 
     cfg = _load(args)
     _setup_logging(cfg.log_level)
@@ -184,8 +184,8 @@ def _init_db(args: argparse.Namespace) -> int:
 
 
 def _dead_letters(args: argparse.Namespace) -> int:
-    from producer.db import connect
-    from producer.deadletters import list_dead_letters, missing_topics, requeue, topics_of
+    from harvest_outbox.producer.db import connect
+    from harvest_outbox.producer.deadletters import list_dead_letters, missing_topics, requeue, topics_of
 
     cfg = _load(args, {"bootstrap_servers": getattr(args, "bootstrap_servers", None)})
     _setup_logging(cfg.log_level)

@@ -34,8 +34,8 @@ import psycopg
 import yaml
 from psycopg.conninfo import conninfo_to_dict
 
-from producer.errors import ConfigError
-from producer.redact import is_secret_kafka_key, redact_dsn, redact_error, redact_kafka_config
+from harvest_outbox.producer.errors import ConfigError
+from harvest_outbox.producer.redact import is_secret_kafka_key, redact_dsn, redact_error, redact_kafka_config
 
 DEFAULT_DATA_SOURCE = "host=localhost port=5432 user=postgres password= dbname=postgres sslmode=disable"
 DEFAULT_BOOTSTRAP = "localhost:9092"
@@ -387,7 +387,7 @@ class HarvestConfig:
                               f"('postgresql://relay@db/app')") from None
         if not isinstance(self.outbox_table, str) or not self.outbox_table.strip():
             raise ConfigError("outboxTable: must be a table name, optionally schema-qualified ('app.outbox')")
-        from producer.schema import parse_table_name  # late: schema imports errors only
+        from harvest_outbox.producer.schema import parse_table_name  # late: schema imports errors only
 
         parse_table_name(self.outbox_table)  # raises ConfigError with the reason
         name = self.name or default_name()
@@ -467,7 +467,7 @@ class HarvestConfig:
             ("producerKafkaConfig", Producer, {**self.producer_config(), **quiet}),
         )
         if self.leader_election == "neli":  # the election consumer adds settings derived from the limits
-            from producer.election import neli_consumer_config
+            from harvest_outbox.producer.election import neli_consumer_config
 
             checks += (("baseKafkaConfig", Consumer, {**neli_consumer_config(
                 dict(self.base_kafka_config), self.leader_group_id, self.name, self.limits.heartbeat_timeout),

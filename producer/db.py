@@ -27,9 +27,9 @@ import psycopg
 from psycopg import sql
 from psycopg.types.array import ArrayBinaryLoader
 
-from producer.errors import DatabaseError, FenceError, SchemaError
-from producer.redact import redact_dsn, redact_error
-from producer.schema import OutboxNames, ValueType, inspect_outbox
+from harvest_outbox.producer.errors import DatabaseError, FenceError, SchemaError
+from harvest_outbox.producer.redact import redact_dsn, redact_error
+from harvest_outbox.producer.schema import OutboxNames, ValueType, inspect_outbox
 
 log = logging.getLogger(__name__)
 

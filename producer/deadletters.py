@@ -20,9 +20,9 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from producer.election import _PRODUCER_ONLY
-from producer.errors import DatabaseError, HarvestError
-from producer.schema import OutboxNames
+from harvest_outbox.producer.election import _PRODUCER_ONLY
+from harvest_outbox.producer.errors import DatabaseError, HarvestError
+from harvest_outbox.producer.schema import OutboxNames
 
 
 class KafkaCheckError(HarvestError):

@@ -30,8 +30,8 @@ from typing import Any, Protocol
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from producer.errors import ElectionError
-from producer.redact import redact_kafka_config
+from harvest_outbox.producer.errors import ElectionError
+from harvest_outbox.producer.redact import redact_kafka_config
 
 log = logging.getLogger(__name__)
 

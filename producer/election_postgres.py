@@ -103,10 +103,10 @@ import time
 import psycopg
 from psycopg import sql
 
-from producer.election import ElectionListener
-from producer.errors import ElectionError
-from producer.redact import redact_dsn, redact_error
-from producer.schema import OutboxNames
+from harvest_outbox.producer.election import ElectionListener
+from harvest_outbox.producer.errors import ElectionError
+from harvest_outbox.producer.redact import redact_dsn, redact_error
+from harvest_outbox.producer.schema import OutboxNames
 
 log = logging.getLogger(__name__)
 

@@ -10,7 +10,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from producer.metrics import MeterStats
+from harvest_outbox.producer.metrics import MeterStats
 
 
 @dataclass(frozen=True)

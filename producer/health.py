@@ -30,8 +30,8 @@ from typing import Any, Protocol
 
 import psycopg
 
-from producer.metrics import Metrics
-from producer.redact import redact_error
+from harvest_outbox.producer.metrics import Metrics
+from harvest_outbox.producer.redact import redact_error
 
 log = logging.getLogger(__name__)
 

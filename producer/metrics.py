@@ -26,7 +26,7 @@ from socketserver import ThreadingMixIn
 from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
-from producer.errors import ConfigError
+from harvest_outbox.producer.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -159,7 +159,7 @@ def start_prometheus(metrics: Metrics, name: str, port: int, addr: str = "0.0.0.
     routes: dict[str, WsgiApp] = {"/metrics": make_wsgi_app(registry)}
     health = None
     if relay is not None:
-        from producer.health import Health
+        from harvest_outbox.producer.health import Health
 
         health = Health(relay)
         routes["/healthz"] = _json_app(health.live)

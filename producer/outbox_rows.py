@@ -25,9 +25,9 @@ from typing import Union
 
 from psycopg import sql
 
-from producer.errors import ConfigError, RecordError
-from producer.schema import OutboxNames, ValueType
-from producer.tracing import TRACEPARENT, current_trace_headers
+from harvest_outbox.producer.errors import ConfigError, RecordError
+from harvest_outbox.producer.schema import OutboxNames, ValueType
+from harvest_outbox.producer.tracing import TRACEPARENT, current_trace_headers
 
 Headers = Union[Sequence[tuple[str, "str | None"]], Mapping[str, "str | None"]]
 #: One outbox row as both statements take it: topic, key, value, header keys, header values.

@@ -29,7 +29,7 @@ from typing import Literal
 import psycopg
 from psycopg import sql
 
-from producer.errors import ConfigError, SchemaError
+from harvest_outbox.producer.errors import ConfigError, SchemaError
 
 ValueType = Literal["varchar", "bytea"]
 _MAX_IDENT = 63  # NAMEDATALEN - 1

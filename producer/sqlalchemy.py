@@ -1,6 +1,6 @@
 """Stashing inside a SQLAlchemy 2.x ``Session`` / ``AsyncSession`` (ORM or Core) on Postgres.
 
-Needs the optional extra ``harvest[sqlalchemy]`` and SQLAlchemy's psycopg (v3) driver
+Needs the optional extra ``harvest-outbox[sqlalchemy]`` and SQLAlchemy's psycopg (v3) driver
 (``postgresql+psycopg://`` URLs, sync or async engines). Importing :mod:`producer` never imports
 SQLAlchemy; only importing this module does.
 
@@ -34,18 +34,18 @@ try:
     from sqlalchemy.engine import Connection
     from sqlalchemy.orm import Session
 except ImportError as exc:  # exercised in a subprocess by the tests
-    raise ImportError("producer.sqlalchemy needs SQLAlchemy 2.x: pip install 'harvest[sqlalchemy]'") from exc
+    raise ImportError("producer.sqlalchemy needs SQLAlchemy 2.x: pip install 'harvest-outbox[sqlalchemy]'") from exc
 
 if TYPE_CHECKING:  # asyncio support needs greenlet: imported only by the async functions
     from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 
 import psycopg
 
-from producer.errors import ConfigError
-from producer.outbox_rows import OutboxRecord
-from producer.schema import ValueType
-from producer.stasher import Stasher
-from producer.stasher_async import AsyncStasher
+from harvest_outbox.producer.errors import ConfigError
+from harvest_outbox.producer.outbox_rows import OutboxRecord
+from harvest_outbox.producer.schema import ValueType
+from harvest_outbox.producer.stasher import Stasher
+from harvest_outbox.producer.stasher_async import AsyncStasher
 
 __all__ = ["SessionStasher", "astash", "astash_many", "stash", "stash_many"]
 
@@ -81,7 +81,7 @@ async def async_driver_connection(session: AsyncSession | AsyncConnection) -> ps
     try:
         from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
     except ImportError as exc:
-        raise ImportError("SQLAlchemy's asyncio support needs greenlet: pip install 'harvest[sqlalchemy]' "
+        raise ImportError("SQLAlchemy's asyncio support needs greenlet: pip install 'harvest-outbox[sqlalchemy]' "
                           "(which installs SQLAlchemy[asyncio])") from exc
     if isinstance(session, AsyncSession):
         conn = await session.connection()  # begins the session's transaction if none is open

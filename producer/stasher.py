@@ -22,8 +22,8 @@ from collections.abc import Iterable
 
 import psycopg
 
-from producer.outbox_rows import Headers, OutboxRecord, StashPlan
-from producer.schema import ValueType
+from harvest_outbox.producer.outbox_rows import Headers, OutboxRecord, StashPlan
+from harvest_outbox.producer.schema import ValueType
 
 __all__ = ["Headers", "OutboxRecord", "Stasher", "stash", "stash_many"]
 

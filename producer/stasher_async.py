@@ -16,8 +16,8 @@ from collections.abc import Iterable
 
 import psycopg
 
-from producer.outbox_rows import OutboxRecord, StashPlan
-from producer.schema import ValueType
+from harvest_outbox.producer.outbox_rows import OutboxRecord, StashPlan
+from harvest_outbox.producer.schema import ValueType
 
 __all__ = ["AsyncStasher", "stash", "stash_many"]
 

@@ -1,4 +1,4 @@
-"""W3C trace context on outbox records, when OpenTelemetry is installed (``harvest[otel]``).
+"""W3C trace context on outbox records, when OpenTelemetry is installed (``harvest-outbox[otel]``).
 
 :func:`current_trace_headers` returns the active span's ``traceparent`` (and ``tracestate`` when
 the span has one) as record headers, so a trace spans app -> outbox -> Kafka -> reader: the relay

@@ -15,9 +15,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from harvest_local import LocalServices  # noqa: E402
-from harvest_local.faults import FaultPlan, run_plan, summary  # noqa: E402
-from harvest_local.workdir import work_dir  # noqa: E402
+from harvest_outbox.harvest_local import LocalServices  # noqa: E402
+from harvest_outbox.harvest_local.faults import FaultPlan, run_plan, summary  # noqa: E402
+from harvest_outbox.harvest_local.workdir import work_dir  # noqa: E402
 
 
 def main() -> int:
@@ -36,7 +36,7 @@ def main() -> int:
             plan = FaultPlan.random(seed, rows=args.rows)
             use_spark = args.spark_every and i % args.spark_every == 0
             if use_spark and spark is None:
-                from harvest_local.spark import local_spark_session
+                from harvest_outbox.harvest_local.spark import local_spark_session
 
                 spark = local_spark_session("harvest-soak")
             result = run_plan(services, plan, work_dir() / "soak" / str(seed), spark=spark if use_spark else None)

@@ -47,7 +47,7 @@ from .sequencer import DEFAULT_PRUNE_HORIZON_NS, DEFAULT_RING_SIZE
 from .sequencer import Sequencer as PySequencer
 from .state import ProducerState
 
-_native = _load_native("sequencer._native")
+_native = _load_native("harvest_outbox.sequencer._native")
 #: "native" (compiled) or "python" (the reference).
 IMPLEMENTATION = "python" if _native is None else "native"
 #: The Sequencer in use: the native one when built, else :class:`PySequencer`.

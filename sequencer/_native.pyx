@@ -36,7 +36,7 @@ from .state import ProducerState
 __all__ = ["EntryBatch", "Sequencer"]
 
 # The reference's logger: anomaly warnings look the same whichever implementation runs.
-logger = logging.getLogger("sequencer.sequencer")
+logger = logging.getLogger("harvest_outbox.sequencer.sequencer")
 
 DEF_RING_SIZE = 8192
 cdef uint64_t _PRODUCER_MASK = (1 << 48) - 1

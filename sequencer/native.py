@@ -30,7 +30,7 @@ def pure_python_forced() -> bool:
 
 
 def load(name: str) -> ModuleType | None:
-    """The native module ``name`` (e.g. ``"sequencer._native"``), or None to use pure Python."""
+    """The native module ``name`` (e.g. ``"harvest_outbox.sequencer._native"``), or None to use pure Python."""
     if pure_python_forced():
         return None
     try:

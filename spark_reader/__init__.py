@@ -5,9 +5,9 @@
 ``readCommittedStream`` is the streaming source. See DESIGN.md section 6.
 """
 
-from spark_reader.batch import CommittedRead, read_committed, readCommitted
-from spark_reader.stream import readCommittedStream
-from spark_reader.errors import MissingUUIDError, ReaderConfigError, SparkReaderError
+from harvest_outbox.spark_reader.batch import CommittedRead, read_committed, readCommitted
+from harvest_outbox.spark_reader.stream import readCommittedStream
+from harvest_outbox.spark_reader.errors import MissingUUIDError, ReaderConfigError, SparkReaderError
 
 __all__ = [
     "CommittedRead",

@@ -28,12 +28,12 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute  # noqa: F401  (pa.compute)
 
-from sequencer import DEFAULT_PRUNE_HORIZON_NS, ProducerState, encode_checkpoint
-from spark_reader import offsets as offsets_mod
-from spark_reader.errors import ReaderConfigError
-from spark_reader.policy import check_policy
-from spark_reader.schema import OUTPUT_COLUMNS, SEQUENCED
-from spark_reader.sequencing import GroupPlan, header_values, sequence_partition
+from harvest_outbox.sequencer import DEFAULT_PRUNE_HORIZON_NS, ProducerState, encode_checkpoint
+from harvest_outbox.spark_reader import offsets as offsets_mod
+from harvest_outbox.spark_reader.errors import ReaderConfigError
+from harvest_outbox.spark_reader.policy import check_policy
+from harvest_outbox.spark_reader.schema import OUTPUT_COLUMNS, SEQUENCED
+from harvest_outbox.spark_reader.sequencing import GroupPlan, header_values, sequence_partition
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession

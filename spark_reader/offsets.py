@@ -17,8 +17,8 @@ import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from sequencer import CheckpointMismatchError, ProducerState, check_checkpoint_scope, decode_checkpoint
-from spark_reader.errors import ReaderConfigError
+from harvest_outbox.sequencer import CheckpointMismatchError, ProducerState, check_checkpoint_scope, decode_checkpoint
+from harvest_outbox.spark_reader.errors import ReaderConfigError
 
 log = logging.getLogger(__name__)
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from spark_reader.errors import ReaderConfigError
+from harvest_outbox.spark_reader.errors import ReaderConfigError
 
 UUIDPolicyName = Literal["deliver", "drop", "raise"]
 POLICIES: tuple[str, ...] = ("deliver", "drop", "raise")

@@ -35,9 +35,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from sequencer import EntryBatch, Envelope, Flags, ProducerState, QueueOutcome, Sequencer
-from spark_reader.errors import MissingUUIDError
-from spark_reader.policy import UUIDPolicyName
+from harvest_outbox.sequencer import EntryBatch, Envelope, Flags, ProducerState, QueueOutcome, Sequencer
+from harvest_outbox.spark_reader.errors import MissingUUIDError
+from harvest_outbox.spark_reader.policy import UUIDPolicyName
 
 log = logging.getLogger(__name__)
 

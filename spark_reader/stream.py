@@ -45,12 +45,12 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute  # noqa: F401  (pa.compute)
 
-from sequencer import DEFAULT_PRUNE_HORIZON_NS, ProducerState
-from spark_reader import offsets as offsets_mod
-from spark_reader.batch import _check_options, finish_columns
-from spark_reader.errors import ReaderConfigError
-from spark_reader.policy import check_policy
-from spark_reader.sequencing import GroupPlan, header_values, sequence_partition
+from harvest_outbox.sequencer import DEFAULT_PRUNE_HORIZON_NS, ProducerState
+from harvest_outbox.spark_reader import offsets as offsets_mod
+from harvest_outbox.spark_reader.batch import _check_options, finish_columns
+from harvest_outbox.spark_reader.errors import ReaderConfigError
+from harvest_outbox.spark_reader.policy import check_policy
+from harvest_outbox.spark_reader.sequencing import GroupPlan, header_values, sequence_partition
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -135,7 +135,7 @@ def _check_state_store(spark: Any) -> None:
 
 
 def _sequenced_schema():  # type: ignore[no-untyped-def]
-    from spark_reader.schema import SEQUENCED
+    from harvest_outbox.spark_reader.schema import SEQUENCED
 
     return SEQUENCED
 

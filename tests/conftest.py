@@ -25,7 +25,7 @@ import pytest
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-    from harvest_local import LocalServices
+    from harvest_outbox.harvest_local import LocalServices
 
 # librdkafka's connection-closed chatter is noise in test logs.
 logging.getLogger("py4j").setLevel(logging.WARNING)
@@ -33,7 +33,7 @@ logging.getLogger("py4j").setLevel(logging.WARNING)
 
 @pytest.fixture(scope="session")
 def services() -> Iterator[LocalServices]:
-    from harvest_local import LocalServices
+    from harvest_outbox.harvest_local import LocalServices
 
     with LocalServices() as running:
         yield running
@@ -58,7 +58,7 @@ class _SparkSessions:
 
     def get(self, kind: str) -> SparkSession:
         if self.kind != kind:
-            from harvest_local.spark import cluster_spark_session, local_spark_session
+            from harvest_outbox.harvest_local.spark import cluster_spark_session, local_spark_session
 
             self.stop()
             self.session = (local_spark_session("harvest-tests") if kind == "local"
@@ -114,7 +114,7 @@ def unique_name(request: pytest.FixtureRequest) -> Callable[[str], str]:
 @pytest.fixture
 def topic_factory(kafka_bootstrap: str, unique_name: Callable[[str], str]) -> Callable[..., str]:
     """``topic_factory(partitions=1, prefix="t", config=None)`` creates a fresh topic, returns its name."""
-    from harvest_local.kafka import create_topic
+    from harvest_outbox.harvest_local.kafka import create_topic
 
     def make(partitions: int = 1, prefix: str = "t", config: dict[str, str] | None = None) -> str:
         name = unique_name(prefix)

@@ -9,11 +9,11 @@ from types import ModuleType
 
 import pytest
 
-from sequencer.native import pure_python_forced
+from harvest_outbox.sequencer.native import pure_python_forced
 
 
 def native_module(name: str) -> ModuleType:
-    """The compiled module ``name`` (e.g. ``"sequencer._native"``)."""
+    """The compiled module ``name`` (e.g. ``"harvest_outbox.sequencer._native"``)."""
     if pure_python_forced():
         pytest.skip(f"HARVEST_PURE_PYTHON=1: {name} is not under test")
     try:

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 
 from confluent_kafka import Consumer, Producer, TopicPartition
 
-from sequencer import (Envelope, Flags, Publisher, QueueOutcome, Sequencer, UUIDError, build_uuid,
-                       clock_of, flags_of, parse_uuid)
+from harvest_outbox.sequencer import (Envelope, Flags, Publisher, QueueOutcome, Sequencer, UUIDError, build_uuid,
+                                      clock_of, flags_of, parse_uuid)
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ from typing import Any
 
 from confluent_kafka import Producer
 
-from sequencer import NIL_UUID, Envelope, Flags, PySequencer, build_uuid, new_producer_id
+from harvest_outbox.sequencer import NIL_UUID, Envelope, Flags, PySequencer, build_uuid, new_producer_id
 
 # One record to write: partition, uuid header (None: no header; bytes: raw header value), value.
 @dataclass

@@ -13,7 +13,7 @@ import sys
 import psycopg
 from psycopg import sql
 
-from consumer import PostgresCheckpointStore, ReadCommittedIter
+from harvest_outbox.consumer import PostgresCheckpointStore, ReadCommittedIter
 
 
 def main() -> int:

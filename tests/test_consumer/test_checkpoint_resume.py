@@ -11,8 +11,8 @@ import random
 import pytest
 from cons_testlib import Gen, Rec, drain, kafka_config, key, per_partition, produce, reference
 
-from consumer import CheckpointMismatchError, ConfigError, ReadCommittedIter
-from sequencer import Flags, build_uuid, decode_checkpoint, encode_checkpoint, new_producer_id
+from harvest_outbox.consumer import CheckpointMismatchError, ConfigError, ReadCommittedIter
+from harvest_outbox.sequencer import Flags, build_uuid, decode_checkpoint, encode_checkpoint, new_producer_id
 
 pytestmark = pytest.mark.integration
 
@@ -191,7 +191,7 @@ def test_checkpoint_entries_not_read_are_named_when_ignored(kafka_bootstrap: str
     topic = topic_factory(partitions=2)
     cp = _checkpoint_of(kafka_bootstrap, topic, 2)
     produce(kafka_bootstrap, topic, [Rec(0, build_uuid(new_producer_id(), 160, Flags.OUTSIDE_TXN), b"after")])
-    caplog.set_level(logging.WARNING, logger="consumer")
+    caplog.set_level(logging.WARNING, logger="harvest_outbox.consumer")
     with ReadCommittedIter(kafka_config(kafka_bootstrap), partitions=[(topic, 0)], checkpoint=cp) as it:
         assert [r.value for r in drain(it, expect=1, idle=5.0)] == [b"after"]  # resumed from the checkpoint
         assert set(decode_checkpoint(it.checkpoint())[0]) == {f"{topic}/0"}
@@ -203,7 +203,7 @@ def test_partitions_a_checkpoint_does_not_cover_are_named(kafka_bootstrap: str, 
     topic = topic_factory(partitions=2)
     offsets, states = decode_checkpoint(_checkpoint_of(kafka_bootstrap, topic, 2))
     cp = encode_checkpoint({f"{topic}/0": offsets[f"{topic}/0"]}, [])
-    caplog.set_level(logging.WARNING, logger="consumer")
+    caplog.set_level(logging.WARNING, logger="harvest_outbox.consumer")
     with ReadCommittedIter(kafka_config(kafka_bootstrap), topics=[topic], checkpoint=cp) as it:
         assert [r.value for r in drain(it, expect=1, idle=5.0)] == [b"x1"]  # topic/1 from earliest
     assert any(f"covers no offset for {topic}/1: they start from auto.offset.reset" in r.getMessage()

@@ -8,9 +8,9 @@ import logging
 
 import pytest
 
-from consumer import ConfigError, ConsumerError, ReadCommittedIter, ReadUncommittedIter, Record
-from consumer.config import REDACTED, ReaderConfig, redact
-from sequencer import Flags, build_uuid, new_producer_id
+from harvest_outbox.consumer import ConfigError, ConsumerError, ReadCommittedIter, ReadUncommittedIter, Record
+from harvest_outbox.consumer.config import REDACTED, ReaderConfig, redact
+from harvest_outbox.sequencer import Flags, build_uuid, new_producer_id
 
 BOOT = {"bootstrap.servers": "127.0.0.1:1"}
 
@@ -97,7 +97,7 @@ class FakeMessage:
 
 
 def _record_classes() -> list:
-    import consumer.record as rec
+    import harvest_outbox.consumer.record as rec
 
     return [rec.PyRecord] + ([] if rec._native is None else [rec._native.Record])
 

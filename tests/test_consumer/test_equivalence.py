@@ -9,9 +9,9 @@ import pytest
 from native_impl import native_module
 from cons_testlib import Gen, Rec, drain, kafka_config, key, per_partition, produce, reference
 
-from consumer import ConfigError, ReadCommittedIter, ReadUncommittedIter
-import sequencer
-from sequencer import Flags, build_uuid, new_producer_id
+from harvest_outbox.consumer import ConfigError, ReadCommittedIter, ReadUncommittedIter
+from harvest_outbox import sequencer
+from harvest_outbox.sequencer import Flags, build_uuid, new_producer_id
 
 pytestmark = pytest.mark.integration
 
@@ -50,11 +50,13 @@ def test_gazette_reader_scenario(kafka_bootstrap: str, topic_factory) -> None:
 @pytest.fixture(params=["native", "python"])
 def reader_impl(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
     """Run the reader on the compiled fast paths, or on the pure-Python ones (converter + Sequencer)."""
-    import consumer.committed
-    import consumer.uncommitted
+    import harvest_outbox.consumer.committed
+    from harvest_outbox import consumer
+    import harvest_outbox.consumer.uncommitted
+    from harvest_outbox import consumer
 
     if request.param == "native":
-        native_module("sequencer._native"), native_module("consumer._native")
+        native_module("harvest_outbox.sequencer._native"), native_module("harvest_outbox.consumer._native")
         assert consumer.uncommitted._native_convert is not None and sequencer.IMPLEMENTATION == "native"
     else:
         monkeypatch.setattr(consumer.uncommitted, "_native_convert", None)

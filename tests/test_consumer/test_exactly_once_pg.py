@@ -17,8 +17,8 @@ import pytest
 from cons_testlib import Gen, produce, reference
 from psycopg import sql
 
-from consumer import CheckpointStoreError, PostgresCheckpointStore
-from sequencer import Flags, ProducerState, decode_checkpoint, encode_checkpoint
+from harvest_outbox.consumer import CheckpointStoreError, PostgresCheckpointStore
+from harvest_outbox.sequencer import Flags, ProducerState, decode_checkpoint, encode_checkpoint
 
 pytestmark = pytest.mark.integration
 

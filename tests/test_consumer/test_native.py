@@ -15,11 +15,11 @@ from typing import Any
 
 import pytest
 
-import consumer.uncommitted as unc
-from consumer.errors import MissingUUIDError
-from consumer.uuid_header import RateLimitedLog, UUIDPolicy
-from sequencer import Flags, build_uuid, new_producer_id
-from sequencer.native import pure_python_forced
+import harvest_outbox.consumer.uncommitted as unc
+from harvest_outbox.consumer.errors import MissingUUIDError
+from harvest_outbox.consumer.uuid_header import RateLimitedLog, UUIDPolicy
+from harvest_outbox.sequencer import Flags, build_uuid, new_producer_id
+from harvest_outbox.sequencer.native import pure_python_forced
 
 pytestmark = pytest.mark.skipif(pure_python_forced(), reason="HARVEST_PURE_PYTHON=1: no native converter under test")
 
@@ -135,7 +135,7 @@ def test_native_convert_equals_reference(policy: UUIDPolicy, case: str) -> None:
 
 
 def test_native_convert_yields_an_entry_batch_of_native_records() -> None:
-    import consumer._native as nat
+    import harvest_outbox.consumer._native as nat
 
     r = bare_reader(UUIDPolicy.DELIVER)
     out = r._convert_entries(log_of(["continue", "ack"]))

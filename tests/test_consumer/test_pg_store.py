@@ -11,8 +11,8 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from consumer import CheckpointStoreError, ConfigError, PostgresCheckpointStore
-from sequencer import ProducerState, decode_checkpoint, encode_checkpoint
+from harvest_outbox.consumer import CheckpointStoreError, ConfigError, PostgresCheckpointStore
+from harvest_outbox.sequencer import ProducerState, decode_checkpoint, encode_checkpoint
 
 pytestmark = pytest.mark.integration
 

@@ -10,8 +10,8 @@ import time
 import pytest
 from cons_testlib import Gen, kafka_config, key, per_partition, produce, reference
 
-from consumer import ReadCommittedIter
-from sequencer import decode_checkpoint, encode_checkpoint
+from harvest_outbox.consumer import ReadCommittedIter
+from harvest_outbox.sequencer import decode_checkpoint, encode_checkpoint
 
 pytestmark = pytest.mark.integration
 

@@ -9,9 +9,9 @@ import uuid
 import pytest
 from cons_testlib import Rec, drain, kafka_config, produce
 
-from consumer import MissingUUIDError, ReadCommittedIter, UUIDPolicy
-from consumer.uuid_header import RateLimitedLog, describe_problem, parse_header_value
-from sequencer import Flags, build_uuid, new_producer_id, parse_uuid
+from harvest_outbox.consumer import MissingUUIDError, ReadCommittedIter, UUIDPolicy
+from harvest_outbox.consumer.uuid_header import RateLimitedLog, describe_problem, parse_header_value
+from harvest_outbox.sequencer import Flags, build_uuid, new_producer_id, parse_uuid
 
 pytestmark = pytest.mark.integration
 
@@ -65,7 +65,7 @@ def test_unsequenced_records_policy(kafka_bootstrap: str, topic_factory, policy:
     ]
     produce(kafka_bootstrap, topic, recs)
     bad_values = [n.encode() for n in sorted(BAD_HEADERS)]
-    caplog.set_level(logging.WARNING, logger="consumer")
+    caplog.set_level(logging.WARNING, logger="harvest_outbox.consumer")
     with ReadCommittedIter(kafka_config(kafka_bootstrap), topics=[topic], uuid_policy=policy) as it:
         if policy == "raise":
             got, errors = [], []
@@ -92,16 +92,16 @@ def test_unsequenced_records_policy(kafka_bootstrap: str, topic_factory, policy:
             assert r.uuid is None and r.producer is None and r.clock == 0 and r.flags == Flags.OUTSIDE_TXN
     else:
         assert got == [b"ok-0", b"ok-1"]
-    warnings = [r for r in caplog.records if r.levelno == logging.WARNING and r.name.startswith("consumer")]
+    warnings = [r for r in caplog.records if r.levelno == logging.WARNING and r.name.startswith("harvest_outbox.consumer")]
     # Rate-limited: one warning per partition per interval, not one per record.
     assert 1 <= len(warnings) <= 2
     assert "uuid" in warnings[0].getMessage()
 
 
 def test_rate_limited_log_counts_suppressed(caplog) -> None:
-    log = logging.getLogger("consumer.test")
+    log = logging.getLogger("harvest_outbox.consumer.test")
     rl = RateLimitedLog(log, interval=0.0)
-    caplog.set_level(logging.WARNING, logger="consumer.test")
+    caplog.set_level(logging.WARNING, logger="harvest_outbox.consumer.test")
     rl.warning("k", "hello %s", "a")
     rl.warning("k", "hello %s", "b")
     assert [r.getMessage() for r in caplog.records] == ["hello a", "hello b"]

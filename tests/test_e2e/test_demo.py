@@ -16,9 +16,9 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from harvest_local.demo import BacklogPhase, DemoOptions, DemoResult, Run, _plot, phase_table, run_demo
-from harvest_local.workload import WriterStats, committed_versions, create_accounts, stash_backlog
-from producer.schema import init_db
+from harvest_outbox.harvest_local.demo import BacklogPhase, DemoOptions, DemoResult, Run, _plot, phase_table, run_demo
+from harvest_outbox.harvest_local.workload import WriterStats, committed_versions, create_accounts, stash_backlog
+from harvest_outbox.producer.schema import init_db
 
 def _result(backlog: BacklogPhase | None) -> DemoResult:
     """A synthetic run: 3,000 live rows at 300 rows/s, then (optionally) the backlog."""

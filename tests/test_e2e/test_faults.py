@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from harvest_local.faults import FaultPlan, run_plan, summary
+from harvest_outbox.harvest_local.faults import FaultPlan, run_plan, summary
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

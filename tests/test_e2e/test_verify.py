@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from harvest_local.verify import verify
+from harvest_outbox.harvest_local.verify import verify
 
 TRUTH = {"a": 3, "b": 2}
 

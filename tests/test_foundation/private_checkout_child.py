@@ -17,13 +17,13 @@ from pathlib import Path
 
 import psycopg
 
-import harvest_local
-from consumer import ReadCommittedIter
-from harvest_local import LocalServices
-from harvest_local.kafka import create_topic
-from harvest_local.relays import RelayProcess, current_leader, wait_for, write_config
-from producer.schema import init_db
-from producer.stasher import OutboxRecord, Stasher
+from harvest_outbox import harvest_local
+from harvest_outbox.consumer import ReadCommittedIter
+from harvest_outbox.harvest_local import LocalServices
+from harvest_outbox.harvest_local.kafka import create_topic
+from harvest_outbox.harvest_local.relays import RelayProcess, current_leader, wait_for, write_config
+from harvest_outbox.producer.schema import init_db
+from harvest_outbox.producer.stasher import OutboxRecord, Stasher
 
 ROWS = 20
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from harvest_local import PrerequisiteError, prereqs
+from harvest_outbox.harvest_local import PrerequisiteError, prereqs
 
 
 @pytest.mark.parametrize("check, missing, fix", [

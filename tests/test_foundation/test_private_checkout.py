@@ -24,10 +24,10 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from harvest_local import maven, pgdirs
-from harvest_local.errors import ServiceError
-from harvest_local.postgres import EmbeddedPostgres, stop_leftover
-from harvest_local.workdir import project_root
+from harvest_outbox.harvest_local import maven, pgdirs
+from harvest_outbox.harvest_local.errors import ServiceError
+from harvest_outbox.harvest_local.postgres import EmbeddedPostgres, stop_leftover
+from harvest_outbox.harvest_local.workdir import project_root
 
 pytestmark = pytest.mark.integration
 

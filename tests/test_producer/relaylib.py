@@ -12,8 +12,8 @@ import psycopg
 from confluent_kafka import Consumer, TopicPartition
 from psycopg import sql
 
-from producer.config import HarvestConfig, Limits
-from producer.stasher import OutboxRecord, Stasher
+from harvest_outbox.producer.config import HarvestConfig, Limits
+from harvest_outbox.producer.stasher import OutboxRecord, Stasher
 
 # Short timings so failover tests finish quickly; 2 s heartbeat -> 6 s session timeout (broker minimum).
 FAST_LIMITS = dict(heartbeat_timeout=2.0, min_poll_interval=0.1, min_metrics_interval=0.5, queue_timeout=5.0,

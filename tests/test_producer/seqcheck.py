@@ -16,11 +16,11 @@ from pathlib import Path
 import psycopg
 from psycopg import sql
 
-from harvest_local.relays import RelayProcess, write_config
-from harvest_local.relays import wait_for  # noqa: F401  (re-exported for the sequencing tests)
-from producer.schema import OutboxNames
-from producer.stasher import OutboxRecord, Stasher
-from sequencer import Flags, clock_of, flags_of, parse_uuid, producer_of
+from harvest_outbox.harvest_local.relays import RelayProcess, write_config
+from harvest_outbox.harvest_local.relays import wait_for  # noqa: F401  (re-exported for the sequencing tests)
+from harvest_outbox.producer.schema import OutboxNames
+from harvest_outbox.producer.stasher import OutboxRecord, Stasher
+from harvest_outbox.sequencer import Flags, clock_of, flags_of, parse_uuid, producer_of
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from sequenced_log import RawRecord, read_raw, reference_read  # noqa: E402
@@ -97,7 +97,7 @@ def check_exactly_once(bootstrap: str, topic: str, partitions: int, exp: Expecte
     raw = read_raw(bootstrap, topic, partitions)
     at = {(r.partition, r.offset): r for r in raw}
     anomalies = _Anomalies()
-    seq_log = logging.getLogger("sequencer.sequencer")
+    seq_log = logging.getLogger("harvest_outbox.sequencer.sequencer")
     seq_log.addHandler(anomalies)
     try:
         committed = reference_read(raw, topic)

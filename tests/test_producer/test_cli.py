@@ -13,13 +13,13 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from producer.schema import OutboxNames, init_db
+from harvest_outbox.producer.schema import OutboxNames, init_db
 
 SECRET = "hunter2secret"
 
 
 def harvest(*args: str, env: dict[str, str] | None = None, timeout: float = 60.0) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "producer", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "harvest_outbox.producer", *args], capture_output=True, text=True,
                           timeout=timeout, env={**os.environ, **(env or {})}, stdin=subprocess.DEVNULL)
 
 
@@ -144,7 +144,7 @@ def test_requeue_refuses_rows_of_a_missing_topic(pg_dsn: str, pg_schema: str, ka
                                                  unique_name) -> None:
     """Requeueing rows whose topic does not exist only dead-letters them again: nothing moves until the
     topic exists (or --skip-topic-check)."""
-    from harvest_local.kafka import create_topic
+    from harvest_outbox.harvest_local.kafka import create_topic
 
     table = f"{pg_schema}.outbox"
     init_db(pg_dsn, table)

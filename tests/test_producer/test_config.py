@@ -6,12 +6,12 @@ from pathlib import Path
 
 import pytest
 
-from producer.cli import main
-from producer.config import (AUTO_MARK_RECORDS, AUTO_MAX_IN_FLIGHT, AUTO_TXN_RECORDS, HarvestConfig, Limits, from_mapping,
-                             load_yaml, parse_duration)
-from producer.errors import ConfigError
-from producer.redact import redact_dsn
-from producer.schema import parse_table_name
+from harvest_outbox.producer.cli import main
+from harvest_outbox.producer.config import (AUTO_MARK_RECORDS, AUTO_MAX_IN_FLIGHT, AUTO_TXN_RECORDS, HarvestConfig, Limits, from_mapping,
+                                            load_yaml, parse_duration)
+from harvest_outbox.producer.errors import ConfigError
+from harvest_outbox.producer.redact import redact_dsn
+from harvest_outbox.producer.schema import parse_table_name
 
 GOHARVEST_EXAMPLE = """\
 harvest:
@@ -168,9 +168,9 @@ def test_leader_election_backend() -> None:
     cfg = from_mapping({"harvest": {"leaderElection": "postgres", "leaderLockCheckInterval": "250ms"}}).harvest
     assert (cfg.leader_election, cfg.leader_lock_check_interval) == ("postgres", 0.25)
     assert "leader_election='postgres'" in repr(cfg)
-    from producer.election import NeliElection
-    from producer.election_postgres import PostgresElection
-    from producer.harvest import _make_election
+    from harvest_outbox.producer.election import NeliElection
+    from harvest_outbox.producer.election_postgres import PostgresElection
+    from harvest_outbox.producer.harvest import _make_election
 
     pg = _make_election(cfg)
     assert isinstance(pg, PostgresElection) and pg.check_interval == 0.25 and pg.lease == 0.5
@@ -236,7 +236,7 @@ def test_neli_consumer_accepts_every_heartbeat_timeout_the_config_accepts(heartb
     max.poll.interval.ms (default 5 min): the election raises that along (heartbeatTimeout > 100s)."""
     from confluent_kafka import Consumer
 
-    from producer.election import neli_consumer_config
+    from harvest_outbox.producer.election import neli_consumer_config
 
     cfg = from_mapping({"harvest": {"limits": {"heartbeatTimeout": heartbeat}}}).harvest
     conf = neli_consumer_config(dict(cfg.base_kafka_config), cfg.leader_group_id, cfg.name,

@@ -16,8 +16,8 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from harvest_local.relays import RelayProcess, wait_for, write_config
-from producer.election_postgres import PostgresElection, lock_holder, lock_key
+from harvest_outbox.harvest_local.relays import RelayProcess, wait_for, write_config
+from harvest_outbox.producer.election_postgres import PostgresElection, lock_holder, lock_key
 
 pytestmark = pytest.mark.integration
 
@@ -299,7 +299,7 @@ def test_relays_kill9_and_sigstop(pg_dsn: str, kafka_bootstrap: str, pg_schema: 
     (or kill -9 of the paused process) lets the standby acquire; the resumed holder fences itself."""
     from relaylib import BackgroundWriter, assert_per_key_order, consume_all, outbox_count, wait_drained
 
-    from producer.schema import init_db
+    from harvest_outbox.producer.schema import init_db
 
     check = 0.5
     topic = topic_factory(partitions=2)

@@ -16,9 +16,9 @@ import psycopg
 import pytest
 from relaylib import BackgroundWriter, assert_per_key_order, consume_all, wait_drained
 
-from harvest_local.relays import RelayProcess, wait_for, write_config
-from producer.schema import init_db
-from producer.stasher import OutboxRecord, Stasher
+from harvest_outbox.harvest_local.relays import RelayProcess, wait_for, write_config
+from harvest_outbox.producer.schema import init_db
+from harvest_outbox.producer.stasher import OutboxRecord, Stasher
 
 pytestmark = pytest.mark.integration
 
@@ -81,7 +81,7 @@ def test_one_leader_kill9_and_graceful_handover(pg_dsn: str, kafka_bootstrap: st
 def test_cli_init_db_and_dead_letters(pg_dsn: str, pg_schema: str, tmp_path: Path) -> None:
     table = f"{pg_schema}.cli_outbox"
     env = {**os.environ, "HARVEST_DATA_SOURCE": pg_dsn}
-    run = lambda *a: subprocess.run([sys.executable, "-m", "producer", *a], env=env, capture_output=True,  # noqa: E731
+    run = lambda *a: subprocess.run([sys.executable, "-m", "harvest_outbox.producer", *a], env=env, capture_output=True,  # noqa: E731
                                     text=True, timeout=60)
     r = run("init-db", "--outbox-table", table, "--value-type", "bytea")
     assert r.returncode == 0, r.stderr
@@ -114,7 +114,7 @@ def test_two_embedded_relays_only_the_leader_publishes(pg_dsn: str, kafka_bootst
                                                        unique_name: Callable[[str], str]) -> None:
     from relaylib import relay_config
 
-    from producer.harvest import Harvest
+    from harvest_outbox.producer.harvest import Harvest
 
     topic = topic_factory(partitions=2)
     table = f"{pg_schema}.outbox"

@@ -9,10 +9,10 @@ from typing import Any
 from confluent_kafka import KafkaError
 from fake_admin import FakeAdmin
 
-from producer.config import HarvestConfig, Limits
-from producer.election import StaticElection
-from producer.harvest import Harvest
-from producer.preflight import TopicGuard
+from harvest_outbox.producer.config import HarvestConfig, Limits
+from harvest_outbox.producer.election import StaticElection
+from harvest_outbox.producer.harvest import Harvest
+from harvest_outbox.producer.preflight import TopicGuard
 
 
 class FakeMsg:

@@ -22,10 +22,10 @@ from psycopg import sql
 from psycopg.conninfo import make_conninfo
 from relaylib import relay_config
 
-from harvest_local.relays import write_config
-from producer.events import MeterRead
-from producer.harvest import Harvest
-from producer.schema import init_db
+from harvest_outbox.harvest_local.relays import write_config
+from harvest_outbox.producer.events import MeterRead
+from harvest_outbox.producer.harvest import Harvest
+from harvest_outbox.producer.schema import init_db
 
 pytestmark = pytest.mark.integration
 README = Path(__file__).resolve().parents[2] / "README.md"
@@ -187,7 +187,7 @@ def test_cli_relay_process_serves_health_on_the_flagged_address(pg_dsn: str, kaf
                        group=unique_name("g"), leader_election="postgres", leader_lock_check_interval="200ms")
     log = tmp_path / "relay.log"
     with log.open("w") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "producer", "-f", str(cfg), "--name", "cli-relay",
+        proc = subprocess.Popen([sys.executable, "-m", "harvest_outbox.producer", "-f", str(cfg), "--name", "cli-relay",
                                  "--prometheus-port", "0", "--prometheus-bind-address", "127.0.0.1"],
                                 stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
     try:

@@ -9,10 +9,10 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from producer.config import HarvestConfig, Limits
-from producer.harvest import State
-from producer.health import DatabaseProbe, Health
-from producer.metrics import Metrics
+from harvest_outbox.producer.config import HarvestConfig, Limits
+from harvest_outbox.producer.harvest import State
+from harvest_outbox.producer.health import DatabaseProbe, Health
+from harvest_outbox.producer.metrics import Metrics
 
 
 class CountingProbe(DatabaseProbe):
@@ -82,7 +82,7 @@ def test_real_probe_against_a_closed_port_is_secret_free() -> None:
 
 @pytest.mark.parametrize("bad", [0, -1.0])
 def test_liveness_timeout_must_be_positive(bad: float) -> None:
-    from producer.errors import ConfigError
+    from harvest_outbox.producer.errors import ConfigError
 
     with pytest.raises(ConfigError, match="limits.livenessTimeout"):
         Limits(liveness_timeout=bad)

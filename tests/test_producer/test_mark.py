@@ -8,9 +8,9 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from producer.db import OutboxDatabase
-from producer.schema import init_db
-from producer.stasher import OutboxRecord, Stasher
+from harvest_outbox.producer.db import OutboxDatabase
+from harvest_outbox.producer.schema import init_db
+from harvest_outbox.producer.stasher import OutboxRecord, Stasher
 
 
 @pytest.mark.integration

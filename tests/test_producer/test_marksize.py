@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from producer.marksize import MarkSize
+from harvest_outbox.producer.marksize import MarkSize
 
 
 def test_full_marks_double_up_to_the_ceiling_in_log2_steps() -> None:
@@ -51,7 +51,7 @@ def test_bad_bounds_are_refused(floor: int, ceiling: int) -> None:
 
 
 def test_a_configured_ceiling_below_the_floor_is_the_size() -> None:
-    from producer.config import MARK_FLOOR, Limits
+    from harvest_outbox.producer.config import MARK_FLOOR, Limits
 
     lim = Limits(mark_query_records=10)
     size = MarkSize(min(MARK_FLOOR, lim.mark_ceiling), lim.mark_ceiling)

@@ -27,21 +27,27 @@ def _run(blocked: set[str], body: str) -> subprocess.CompletedProcess[str]:
 
 def test_producer_imports_without_sqlalchemy_and_names_the_extra() -> None:
     out = _run({"sqlalchemy"}, """
-        import producer, producer.stasher, producer.stasher_async, producer.health
+        from harvest_outbox import producer
+        import harvest_outbox.producer.stasher
+        import harvest_outbox.producer.stasher_async
+        import harvest_outbox.producer.health
         assert "sqlalchemy" not in sys.modules
         try:
-            import producer.sqlalchemy
+            import harvest_outbox.producer.sqlalchemy
+            from harvest_outbox import producer
         except ImportError as exc:
             print("ERR", exc)
     """)
     assert out.returncode == 0, out.stderr
-    assert "ERR producer.sqlalchemy needs SQLAlchemy 2.x: pip install 'harvest[sqlalchemy]'" in out.stdout
+    assert "ERR producer.sqlalchemy needs SQLAlchemy 2.x: pip install 'harvest-outbox[sqlalchemy]'" in out.stdout
 
 
 def test_producer_does_not_import_optional_packages_eagerly() -> None:
     out = _run(set(), """
-        import producer, producer.stasher, consumer
-        from producer.stasher import Stasher, OutboxRecord
+        from harvest_outbox import producer
+        import harvest_outbox.producer.stasher
+        from harvest_outbox import consumer
+        from harvest_outbox.producer.stasher import Stasher, OutboxRecord
         Stasher().plan.row(OutboxRecord("t", "k", "v"))  # no span: nothing recorded
         print(sorted(m for m in ("sqlalchemy", "greenlet") if m in sys.modules))
     """)
@@ -51,9 +57,9 @@ def test_producer_does_not_import_optional_packages_eagerly() -> None:
 
 def test_without_opentelemetry_no_trace_header_and_no_error() -> None:
     out = _run({"opentelemetry"}, """
-        from producer import tracing
-        from producer.stasher import OutboxRecord, Stasher
-        from producer.stasher_async import AsyncStasher
+        from harvest_outbox.producer import tracing
+        from harvest_outbox.producer.stasher import OutboxRecord, Stasher
+        from harvest_outbox.producer.stasher_async import AsyncStasher
         assert tracing.available() is False and tracing.current_trace_headers() == []
         row = Stasher().plan.row(OutboxRecord("t", "k", "v", [("a", "b")]))
         rows = AsyncStasher().plan.rows([OutboxRecord("t", "k", "v")])

@@ -21,11 +21,11 @@ from psycopg import sql
 from relaylib import consume_all, relay_config, wait_drained
 from seqcheck import Expected, check_exactly_once
 
-from harvest_local.kafka import create_topic
-from producer.deadletters import list_dead_letters, requeue
-from producer.harvest import Harvest
-from producer.schema import init_db
-from producer.stasher import OutboxRecord, Stasher
+from harvest_outbox.harvest_local.kafka import create_topic
+from harvest_outbox.producer.deadletters import list_dead_letters, requeue
+from harvest_outbox.producer.harvest import Harvest
+from harvest_outbox.producer.schema import init_db
+from harvest_outbox.producer.stasher import OutboxRecord, Stasher
 
 
 @pytest.mark.integration

@@ -8,7 +8,7 @@ from collections.abc import Callable
 import pytest
 from fake_admin import FakeAdmin
 
-from producer.preflight import RECORD_OVERHEAD, TopicGuard, header_bytes, too_large
+from harvest_outbox.producer.preflight import RECORD_OVERHEAD, TopicGuard, header_bytes, too_large
 
 
 def _guard(admin: FakeAdmin, **kw: object) -> TopicGuard:
@@ -98,7 +98,7 @@ def test_check_sizes_turns_the_size_check_on_for_one_compressed_topic() -> None:
 def test_fatal_errors_from_poll_are_handed_over_not_raised() -> None:
     from confluent_kafka import KafkaError, KafkaException
 
-    from producer.kafka import FatalErrorGuard
+    from harvest_outbox.producer.kafka import FatalErrorGuard
 
     class Raising:
         def __init__(self, err: KafkaError) -> None:

@@ -9,9 +9,9 @@ import psycopg
 import pytest
 from psycopg.conninfo import conninfo_to_dict
 
-from producer.config import HarvestConfig, load_yaml
-from producer.errors import ConfigError
-from producer.redact import REDACTED, redact_dsn, redact_error, redact_kafka_config
+from harvest_outbox.producer.config import HarvestConfig, load_yaml
+from harvest_outbox.producer.errors import ConfigError
+from harvest_outbox.producer.redact import REDACTED, redact_dsn, redact_error, redact_kafka_config
 
 # (DSN, the secret(s) that must not survive, what must survive)
 DSNS = [

@@ -14,13 +14,13 @@ from confluent_kafka import Producer
 from relaylib import relay_config
 from seqcheck import Expected, check_exactly_once, count_rows, read_intents, wait_for, write_traffic
 
-from producer.events import LeaderRefreshed, ViewStarted
-from producer.harvest import Harvest
-from producer.kafka import FaultInjector
-from producer.schema import init_db
-from producer.sequencing import SequencedHarvest
-from producer.stasher import OutboxRecord, Stasher
-from sequencer import Publisher
+from harvest_outbox.producer.events import LeaderRefreshed, ViewStarted
+from harvest_outbox.producer.harvest import Harvest
+from harvest_outbox.producer.kafka import FaultInjector
+from harvest_outbox.producer.schema import init_db
+from harvest_outbox.producer.sequencing import SequencedHarvest
+from harvest_outbox.producer.stasher import OutboxRecord, Stasher
+from harvest_outbox.sequencer import Publisher
 
 pytestmark = pytest.mark.integration
 

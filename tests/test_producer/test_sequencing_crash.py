@@ -23,8 +23,8 @@ import pytest
 from seqcheck import (Expected, SeqRelay, check_exactly_once, count_rows, read_intents, recovered_before_new_view,
                       seq_yaml, wait_for, write_traffic)
 
-from producer.election_postgres import lock_holder
-from producer.schema import init_db
+from harvest_outbox.producer.election_postgres import lock_holder
+from harvest_outbox.producer.schema import init_db
 
 pytestmark = pytest.mark.integration
 

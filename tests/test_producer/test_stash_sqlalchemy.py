@@ -16,11 +16,11 @@ from sqlalchemy.engine import URL
 from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
-from producer.errors import ConfigError
-from producer.harvest import Harvest
-from producer.schema import init_db
-from producer.sqlalchemy import SessionStasher, astash, stash, stash_many
-from producer.stasher import OutboxRecord
+from harvest_outbox.producer.errors import ConfigError
+from harvest_outbox.producer.harvest import Harvest
+from harvest_outbox.producer.schema import init_db
+from harvest_outbox.producer.sqlalchemy import SessionStasher, astash, stash, stash_many
+from harvest_outbox.producer.stasher import OutboxRecord
 
 pytestmark = pytest.mark.integration
 

@@ -7,9 +7,9 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from producer.errors import RecordError, SchemaError
-from producer.schema import OutboxNames, init_db, inspect_outbox
-from producer.stasher import OutboxRecord, Stasher
+from harvest_outbox.producer.errors import RecordError, SchemaError
+from harvest_outbox.producer.schema import OutboxNames, init_db, inspect_outbox
+from harvest_outbox.producer.stasher import OutboxRecord, Stasher
 
 pytestmark = pytest.mark.integration
 

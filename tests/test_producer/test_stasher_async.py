@@ -8,11 +8,11 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from producer.errors import RecordError
-from producer.schema import OutboxNames, init_db
-from producer.stasher import OutboxRecord, Stasher
-from producer.stasher_async import AsyncStasher
-from producer.stasher_async import stash as astash
+from harvest_outbox.producer.errors import RecordError
+from harvest_outbox.producer.schema import OutboxNames, init_db
+from harvest_outbox.producer.stasher import OutboxRecord, Stasher
+from harvest_outbox.producer.stasher_async import AsyncStasher
+from harvest_outbox.producer.stasher_async import stash as astash
 
 pytestmark = pytest.mark.integration
 

@@ -14,12 +14,12 @@ from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags, Trace
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 from relaylib import relay_config, wait_drained
 
-from consumer import ReadCommittedIter
-from consumer.record import PyRecord
-from producer.harvest import Harvest
-from producer.schema import init_db
-from producer.stasher import OutboxRecord, Stasher
-from producer.stasher_async import AsyncStasher
+from harvest_outbox.consumer import ReadCommittedIter
+from harvest_outbox.consumer.record import PyRecord
+from harvest_outbox.producer.harvest import Harvest
+from harvest_outbox.producer.schema import init_db
+from harvest_outbox.producer.stasher import OutboxRecord, Stasher
+from harvest_outbox.producer.stasher_async import AsyncStasher
 
 pytestmark = pytest.mark.integration
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 from native_impl import native_module
 
-import sequencer
+from harvest_outbox import sequencer
 
 import seq_testlib
 
@@ -23,7 +23,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 
 @pytest.fixture(scope="module", autouse=True)
 def sequencer_impl(request: pytest.FixtureRequest) -> str:
-    cls = native_module("sequencer._native").Sequencer if request.param == "native" else sequencer.PySequencer
+    cls = native_module("harvest_outbox.sequencer._native").Sequencer if request.param == "native" else sequencer.PySequencer
     mp = pytest.MonkeyPatch()
     for mod in (request.module, seq_testlib):
         if hasattr(mod, "Sequencer"):

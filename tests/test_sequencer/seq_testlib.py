@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-from sequencer import Envelope, QueueOutcome, Sequencer, build_uuid, clock_of, producer_of
+from harvest_outbox.sequencer import Envelope, QueueOutcome, Sequencer, build_uuid, clock_of, producer_of
 
 JOURNAL = "test/journal"
 

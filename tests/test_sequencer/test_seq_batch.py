@@ -20,8 +20,8 @@ from hypothesis import strategies as st
 from seq_testlib import Gen
 from test_seq_properties import JOURNALS, actions_st, build_log
 
-from sequencer import Flags, QueueOutcome, Sequencer, build_uuid
-from sequencer.errors import SequencerStateError
+from harvest_outbox.sequencer import Flags, QueueOutcome, Sequencer, build_uuid
+from harvest_outbox.sequencer.errors import SequencerStateError
 
 
 def snapshot(seq: Sequencer) -> tuple:

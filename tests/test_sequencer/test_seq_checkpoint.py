@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sequencer import (
+from harvest_outbox.sequencer import (
     CHECKPOINT_VERSION,
     CheckpointError,
     ProducerState,
@@ -15,7 +15,7 @@ from sequencer import (
     decode_checkpoint,
     encode_checkpoint,
 )
-from sequencer.checkpoint import CHECKPOINT_MAGIC
+from harvest_outbox.sequencer.checkpoint import CHECKPOINT_MAGIC
 
 P = bytes([1, 2, 3, 4, 5, 6])
 

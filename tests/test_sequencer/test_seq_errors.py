@@ -9,7 +9,7 @@ import uuid
 import pytest
 from seq_testlib import Gen
 
-from sequencer import (
+from harvest_outbox.sequencer import (
     CheckpointError,
     Envelope,
     Flags,
@@ -149,7 +149,7 @@ def test_publisher_rejects_bad_journal(journal) -> None:  # type: ignore[no-unty
 def test_unknown_flags_logged_once_per_producer(caplog: pytest.LogCaptureFixture) -> None:
     seq, gen = Sequencer(), Gen()
     other = new_producer_id()
-    with caplog.at_level("WARNING", logger="sequencer.sequencer"):
+    with caplog.at_level("WARNING", logger="harvest_outbox.sequencer.sequencer"):
         for clock in (160, 320, 480):
             assert seq.queue_uncommitted(gen(P, clock, 0x3FF)) == QueueOutcome.OUTSIDE_COMMIT
             while seq.step() is not None:
@@ -165,7 +165,7 @@ def test_ack_below_last_ack_is_logged(caplog: pytest.LogCaptureFixture) -> None:
     seq.queue_uncommitted(gen(P, 320, Flags.ACK_TXN))
     while seq.step() is not None:
         pass
-    with caplog.at_level("WARNING", logger="sequencer.sequencer"):
+    with caplog.at_level("WARNING", logger="harvest_outbox.sequencer.sequencer"):
         assert seq.queue_uncommitted(gen(P, 160, Flags.ACK_TXN)) == QueueOutcome.ACK_ROLLBACK
     assert any("loss of exactly-once" in r.getMessage() for r in caplog.records)
 

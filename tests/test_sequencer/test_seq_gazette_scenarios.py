@@ -19,7 +19,7 @@ from seq_testlib import (
     queue,
 )
 
-from sequencer import (
+from harvest_outbox.sequencer import (
     NIL_UUID,
     Flags,
     ProducerState,

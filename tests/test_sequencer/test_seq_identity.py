@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sequencer import (
+from harvest_outbox.sequencer import (
     NIL_UUID,
     TICK,
     Clock,
@@ -21,7 +21,7 @@ from sequencer import (
     parse_uuid,
     producer_of,
 )
-from sequencer.clock import G1582_NS100
+from harvest_outbox.sequencer.clock import G1582_NS100
 
 # (producer hex, clock, flags, UUID hex). Produced by running Gazette's own
 # message/uuid.go (gazette/core at e54beb5c6e6452a94fe0c0bbe21a1695fa9fddd6)

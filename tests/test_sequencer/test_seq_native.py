@@ -19,9 +19,9 @@ from native_impl import native_module
 from test_seq_batch import apply_event, cuts_st, drain, events_st, queue_until_commit, snapshot
 from test_seq_properties import actions_st, build_log
 
-import sequencer
-from sequencer import CheckpointError, Flags, ProducerState, PySequencer, QueueOutcome, build_uuid
-from sequencer.native import pure_python_forced
+from harvest_outbox import sequencer
+from harvest_outbox.sequencer import CheckpointError, Flags, ProducerState, PySequencer, QueueOutcome, build_uuid
+from harvest_outbox.sequencer.native import pure_python_forced
 
 #: Run once (conftest.py): these tests name both implementations themselves.
 IMPLEMENTATIONS = ["native"]
@@ -30,7 +30,7 @@ pytestmark = pytest.mark.skipif(pure_python_forced(), reason="HARVEST_PURE_PYTHO
 
 
 def native():  # type: ignore[no-untyped-def]
-    return native_module("sequencer._native")
+    return native_module("harvest_outbox.sequencer._native")
 
 
 def test_the_package_exports_the_native_sequencer(sequencer_impl: str) -> None:

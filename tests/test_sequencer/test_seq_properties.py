@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sequencer import (
+from harvest_outbox.sequencer import (
     NIL_UUID,
     Envelope,
     Flags,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 
-from sequencer import (
+from harvest_outbox.sequencer import (
     AckIntent,
     Clock,
     Envelope,

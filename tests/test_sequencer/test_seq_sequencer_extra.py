@@ -8,7 +8,7 @@ import dataclasses
 import pytest
 from seq_testlib import JOURNAL, Gen, expect_deque, partials, queue
 
-from sequencer import (
+from harvest_outbox.sequencer import (
     COMMITTING_OUTCOMES,
     DEFAULT_PRUNE_HORIZON_NS,
     Clock,

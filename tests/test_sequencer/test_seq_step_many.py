@@ -20,7 +20,7 @@ from seq_testlib import Gen
 from test_seq_batch import snapshot
 from test_seq_properties import actions_st, build_log
 
-from sequencer import Flags, QueueOutcome, Sequencer
+from harvest_outbox.sequencer import Flags, QueueOutcome, Sequencer
 
 
 def full_snapshot(seq: Sequencer) -> tuple:

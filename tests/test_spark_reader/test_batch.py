@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from sequenced_log import read_raw, reference_read, write_log
-from spark_reader import MissingUUIDError, ReaderConfigError, read_committed, readCommitted
+from harvest_outbox.spark_reader import MissingUUIDError, ReaderConfigError, read_committed, readCommitted
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 
@@ -59,7 +59,7 @@ def test_columns_and_identity(spark, kafka_bootstrap, topic_factory) -> None:
                           "uuid", "producer", "clock", "ack_offset"]
     import uuid as uuid_mod
 
-    from sequencer import clock_of, producer_of
+    from harvest_outbox.sequencer import clock_of, producer_of
 
     for row in df.collect():
         u = uuid_mod.UUID(row.uuid)

@@ -13,9 +13,9 @@ import logging
 
 import pytest
 
-from sequencer import ProducerState, encode_checkpoint, new_producer_id
-from spark_reader import ReaderConfigError, read_committed
-from spark_reader.offsets import resolve
+from harvest_outbox.sequencer import ProducerState, encode_checkpoint, new_producer_id
+from harvest_outbox.spark_reader import ReaderConfigError, read_committed
+from harvest_outbox.spark_reader.offsets import resolve
 
 pytestmark = pytest.mark.integration
 
@@ -50,7 +50,7 @@ def test_foreign_entries_are_carried_and_uncovered_partitions_named(kafka_bootst
                                                                     caplog) -> None:
     topic, other = topic_factory(partitions=2), topic_factory()
     cp = encode_checkpoint({f"{topic}/0": 0, f"{other}/0": 7}, [])
-    caplog.set_level(logging.WARNING, logger="spark_reader")
+    caplog.set_level(logging.WARNING, logger="harvest_outbox.spark_reader")
     rng = resolve(topic, _opts(kafka_bootstrap), cp, "latest")
     assert rng.foreign_offsets == {f"{other}/0": 7} and rng.start == {0: 0, 1: 0}
     assert any(f"covers no offset for {topic}/1: read from the log start" in r.getMessage() for r in caplog.records)

@@ -15,7 +15,7 @@ def test_tasks_run_in_two_executor_processes(spark_cluster) -> None:
         # Defined here, so pickled by value: executors cannot import this test module.
         import re
 
-        import spark_reader  # the project is importable by executors' Python workers
+        from harvest_outbox import spark_reader  # the project is importable by executors' Python workers
 
         match = re.search(r"executorId=(\w+)", os.environ.get("SPARK_LOG_URL_STDERR", ""))
         return [(match.group(1) if match else "?", os.getpid(), len(spark_reader.__all__))]

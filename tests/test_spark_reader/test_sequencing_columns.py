@@ -18,13 +18,13 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-import sequencer
-from consumer.uuid_header import parse_header_value
-from sequencer import Envelope, Flags, Publisher, QueueOutcome, build_uuid, clock_of
-from spark_reader import sequencing
-from spark_reader.errors import MissingUUIDError
-from spark_reader.sequencing import (GroupPlan, clocks, header_values, sequence_partition, take_rows, uuid_ints,
-                                     uuid_words)
+from harvest_outbox import sequencer
+from harvest_outbox.consumer.uuid_header import parse_header_value
+from harvest_outbox.sequencer import Envelope, Flags, Publisher, QueueOutcome, build_uuid, clock_of
+from harvest_outbox.spark_reader import sequencing
+from harvest_outbox.spark_reader.errors import MissingUUIDError
+from harvest_outbox.spark_reader.sequencing import (GroupPlan, clocks, header_values, sequence_partition, take_rows, uuid_ints,
+                                                    uuid_words)
 
 HEADERS = pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())]))
 # A version-1 RFC 4122 UUID a relay can write: multicast node (0x01...), flags 1 (CONTINUE_TXN).

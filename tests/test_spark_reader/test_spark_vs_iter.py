@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from consumer import ReadCommittedIter
+from harvest_outbox.consumer import ReadCommittedIter
 from sequenced_log import write_log
-from spark_reader import read_committed, readCommitted
+from harvest_outbox.spark_reader import read_committed, readCommitted
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 
@@ -71,7 +71,7 @@ def test_uuid_header_among_other_headers(spark, kafka_bootstrap, topic_factory) 
     records whose headers name no 'uuid' (only the application's) are delivered at-least-once."""
     from confluent_kafka import Producer
 
-    from sequencer import Publisher
+    from harvest_outbox.sequencer import Publisher
 
     topic = topic_factory(partitions=1)
     pub = Publisher()

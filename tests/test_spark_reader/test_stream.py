@@ -12,7 +12,7 @@ import uuid as uuid_mod
 import pytest
 
 from sequenced_log import read_raw, reference_read, write_log
-from spark_reader import readCommittedStream
+from harvest_outbox.spark_reader import readCommittedStream
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 
@@ -99,7 +99,7 @@ def test_stream_starts_from_read_committed_iter_checkpoint(spark_any, kafka_boot
                                                            tmp_path) -> None:
     """ReadCommittedIter reads part of the topic (its checkpoint cuts open spans); the stream started
     from that checkpoint delivers the rest, and nothing twice."""
-    from consumer import ReadCommittedIter
+    from harvest_outbox.consumer import ReadCommittedIter
 
     spark = spark_any
     spark.conf.set("spark.sql.streaming.stateStore.providerClass", _ROCKSDB)
@@ -128,8 +128,8 @@ def test_stream_delivers_records_without_uuid_header_under_ansi(spark, kafka_boo
     delivers what ReadCommittedIter delivers (Spark 4's ANSI mode once failed the query on the former)."""
     from confluent_kafka import Producer
 
-    from consumer import ReadCommittedIter
-    from sequencer import Publisher
+    from harvest_outbox.consumer import ReadCommittedIter
+    from harvest_outbox.sequencer import Publisher
 
     assert spark.conf.get("spark.sql.ansi.enabled") == "true"
     spark.conf.set("spark.sql.streaming.stateStore.providerClass",
@@ -167,7 +167,7 @@ def test_stream_delivers_records_without_uuid_header_under_ansi(spark, kafka_boo
 
 
 def test_stream_without_rocksdb_state_store_is_a_clear_error(spark, kafka_bootstrap, topic_factory) -> None:
-    from spark_reader.errors import ReaderConfigError
+    from harvest_outbox.spark_reader.errors import ReaderConfigError
 
     conf = "spark.sql.streaming.stateStore.providerClass"
     before = spark.conf.get(conf, None)

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from sequencer import ProducerState
-from spark_reader import stream
+from harvest_outbox.sequencer import ProducerState
+from harvest_outbox.spark_reader import stream
 
 
 def _records(partitions: list[int], value_size: int) -> pa.Table:
