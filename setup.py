@@ -1,23 +1,39 @@
 """Builds the optional native (Cython) fast paths; everything else is in pyproject.toml.
 
-``sequencer._native`` (the Sequencer) and ``consumer._native`` (Kafka record
-conversion and ``Record``) are compiled when Cython and a C compiler are
+``harvest_outbox.sequencer._native`` (the Sequencer) and ``harvest_outbox.consumer._native``
+(Kafka record conversion and ``Record``) are compiled when Cython and a C compiler are
 available. When they are not, or ``HARVEST_PURE_PYTHON=1`` is set at build
 time, the install still succeeds and harvest runs the pure-Python modules,
 which are the reference implementation: same semantics, about 2-3x slower
-readers. ``python -m harvest_local check`` and ``harvest --version`` say which
-one is in use.
+readers. ``python -m harvest_outbox.harvest_local check`` and ``harvest --version`` say
+which one is in use.
+
+The repository keeps its packages as top-level folders (``sequencer/``, ``consumer/``...) and
+pyproject.toml's ``package-dir`` installs them as ``harvest_outbox.<folder>``. Cython resolves a
+``cimport harvest_outbox.sequencer._native`` through folders on its include path, so the build
+stages the declaration files (``.pxd``) under that dotted layout in ``build/cython-include``; the
+extension modules are named explicitly, so each compiles under its installed, dotted name.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import sys
+from pathlib import Path
 
-from setuptools import setup
+from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
 
-MODULES = ["sequencer/_native.pyx", "consumer/_native.pyx"]
+TOP = "harvest_outbox"
+#: Installed module name -> its source in the repository's layout.
+MODULES = {
+    f"{TOP}.sequencer._native": "sequencer/_native.pyx",
+    f"{TOP}.consumer._native": "consumer/_native.pyx",
+}
+#: Declaration files other modules cimport, by installed module name.
+PXDS = {f"{TOP}.sequencer._native": "sequencer/_native.pxd"}
+INCLUDE = Path("build") / "cython-include"
 DIRECTIVES = {
     "language_level": 3,
     "boundscheck": False,
@@ -48,6 +64,20 @@ class OptionalBuildExt(build_ext):
             _warn(f"native extension {ext.name} not built ({exc})")
 
 
+def _stage_pxds() -> str:
+    """The .pxd files under their installed, dotted layout (``harvest_outbox/sequencer/_native.pxd``),
+    with ``__init__.pxd`` markers so Cython treats the folders as packages; returns the folder."""
+    shutil.rmtree(INCLUDE, ignore_errors=True)
+    for module, source in PXDS.items():
+        parts = module.split(".")
+        folder = INCLUDE.joinpath(*parts[:-1])
+        folder.mkdir(parents=True, exist_ok=True)
+        for depth in range(1, len(parts)):
+            INCLUDE.joinpath(*parts[:depth], "__init__.pxd").touch()
+        shutil.copyfile(source, folder / f"{parts[-1]}.pxd")
+    return str(INCLUDE)
+
+
 def extensions() -> list:
     if os.environ.get("HARVEST_PURE_PYTHON", "") not in ("", "0"):
         return []
@@ -56,7 +86,8 @@ def extensions() -> list:
     except ImportError:
         _warn("Cython is not installed")
         return []
-    return cythonize(MODULES, compiler_directives=DIRECTIVES, include_path=["."], quiet=True)
+    exts = [Extension(name, [source]) for name, source in MODULES.items()]
+    return cythonize(exts, compiler_directives=DIRECTIVES, include_path=[_stage_pxds()], quiet=True)
 
 
 setup(ext_modules=extensions(), cmdclass={"build_ext": OptionalBuildExt})

@@ -67,7 +67,7 @@ class RelayProcess:
 
     def start(self) -> RelayProcess:
         with self.log.open("a") as log:
-            module, env = "producer", dict(self.env)
+            module, env = "harvest_outbox.producer", dict(self.env)
             if self.faults:
                 module, env["HARVEST_FAULTS"] = "harvest_outbox.harvest_local.relay_runner", self.faults
             self.proc = subprocess.Popen([sys.executable, "-m", module, "-f", str(self.config), "--name", self.name],

@@ -34,7 +34,7 @@ try:
     from sqlalchemy.engine import Connection
     from sqlalchemy.orm import Session
 except ImportError as exc:  # exercised in a subprocess by the tests
-    raise ImportError("producer.sqlalchemy needs SQLAlchemy 2.x: pip install 'harvest-outbox[sqlalchemy]'") from exc
+    raise ImportError("harvest_outbox.producer.sqlalchemy needs SQLAlchemy 2.x: pip install 'harvest-outbox[sqlalchemy]'") from exc
 
 if TYPE_CHECKING:  # asyncio support needs greenlet: imported only by the async functions
     from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
@@ -53,7 +53,7 @@ __all__ = ["SessionStasher", "astash", "astash_many", "stash", "stash_many"]
 def _wrong_driver(driver_connection: Any, dialect: Any) -> ConfigError:
     name = f"{getattr(dialect, 'name', '?')}+{getattr(dialect, 'driver', '?')}"
     return ConfigError(f"session: its connection uses the {name!r} driver ({type(driver_connection).__name__}); "
-                       f"producer.sqlalchemy needs SQLAlchemy's psycopg (v3) driver: create the engine with a "
+                       f"harvest_outbox.producer.sqlalchemy needs SQLAlchemy's psycopg (v3) driver: create the engine with a "
                        f"'postgresql+psycopg://' URL")
 
 

@@ -39,7 +39,7 @@ def test_producer_imports_without_sqlalchemy_and_names_the_extra() -> None:
             print("ERR", exc)
     """)
     assert out.returncode == 0, out.stderr
-    assert "ERR producer.sqlalchemy needs SQLAlchemy 2.x: pip install 'harvest-outbox[sqlalchemy]'" in out.stdout
+    assert "ERR harvest_outbox.producer.sqlalchemy needs SQLAlchemy 2.x: pip install 'harvest-outbox[sqlalchemy]'" in out.stdout
 
 
 def test_producer_does_not_import_optional_packages_eagerly() -> None:
