@@ -1,8 +1,8 @@
 """Run from a fresh clone by test_private_checkout.py: embedded services + stash -> relay -> read.
 
 Prints one JSON line (``RESULT {...}``) describing where things ran and what was read. It imports
-the clone's packages (``PYTHONPATH`` is the clone) with the tests' interpreter, so nothing is
-installed again.
+the clone's packages (``PYTHONPATH`` is a folder whose ``harvest_outbox/`` links to the clone's
+folders) with the tests' interpreter, so nothing is installed again.
 """
 
 from __future__ import annotations

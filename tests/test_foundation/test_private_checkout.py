@@ -56,6 +56,19 @@ def _clone_head(dest: Path) -> Path:
     return dest
 
 
+def _import_root(checkout: Path) -> Path:
+    """A folder that makes ``import harvest_outbox.<package>`` load ``checkout``'s folders, as the
+    editable install's package-dir mapping does for this checkout: ``harvest_outbox/`` with links to
+    the checkout's ``harvest_outbox/__init__.py`` and its package folders. On ``PYTHONPATH`` it comes
+    before the editable install's finder (which setuptools appends to ``sys.meta_path``)."""
+    package = checkout / "build" / "import-root" / "harvest_outbox"
+    package.mkdir(parents=True)
+    (package / "__init__.py").symlink_to(checkout / "harvest_outbox" / "__init__.py")
+    for sub in ("producer", "consumer", "sequencer", "spark_reader", "harvest_local"):
+        (package / sub).symlink_to(checkout / sub, target_is_directory=True)
+    return package.parent
+
+
 def _pid_alive(pid: int) -> bool:
     try:
         state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
@@ -71,7 +84,7 @@ def test_clone_in_private_folder_runs_services_and_a_round_trip(private_dir: Pat
     shutil.copytree(maven.resolve("kafka")[0].parent, clone / ".work" / "maven" / "kafka")
     env = {k: v for k, v in os.environ.items() if k not in _FOREIGN}
     # The clone has no compiled extensions (they are build output): its pure-Python readers run.
-    env.update(PYTHONPATH=str(clone), HARVEST_PURE_PYTHON="1")
+    env.update(PYTHONPATH=str(_import_root(clone)), HARVEST_PURE_PYTHON="1")
     proc = subprocess.run([sys.executable, str(clone / "tests" / "test_foundation" / "private_checkout_child.py")],
                           cwd=clone, env=env, capture_output=True, text=True, timeout=240)
     lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
