@@ -95,6 +95,7 @@ _LIMIT_FIELDS: tuple[tuple[str, str, str], ...] = (
     ("purgeBatchRecords", "purge_batch_records", "i"),
     ("purgeInterval", "purge_interval", "d"),
     ("idlePollInterval", "idle_poll_interval", "d"),
+    ("rowTimeout", "row_timeout", "d"),
     # --uuid-sequencing (DESIGN.md section 5)
     ("txnMaxRecords", "txn_max_records", "i"),
     ("txnMaxDuration", "txn_max_duration", "d"),
@@ -143,6 +144,12 @@ class Limits:
     purge_batch_records: int = 500
     purge_interval: float = 0.02
     idle_poll_interval: float = 1.0
+    #: The longest one record may wait for its delivery report: the producer's ``message.timeout.ms``
+    #: (``delivery.timeout.ms``) derives from it, so it bounds how long one row holds up others. A
+    #: record that waits it out while other records are delivered counts as a failed attempt (in
+    #: ``--uuid-sequencing`` mode, where a waiting record holds up every key, it is dead-lettered at
+    #: once); one that waits it out while nothing is delivered (broker or network outage) does not count.
+    row_timeout: float = 30.0
     #: --uuid-sequencing: a harvest transaction closes at this many records ...
     #: ``None``: :data:`AUTO_TXN_RECORDS` (``txnMaxDuration`` usually closes transactions first).
     txn_max_records: int | None = None
@@ -175,6 +182,7 @@ class Limits:
         for attr in ("poll_duration", "min_poll_interval", "heartbeat_timeout", "drain_interval", "queue_timeout",
                      "idle_poll_interval"):
             need(attr, getattr(self, attr) >= 0.001, ">= 1ms")
+        need("row_timeout", 1.0 <= self.row_timeout <= 3600.0, "between 1s and 1h (librdkafka's message timeout)")
         need("max_poll_interval", self.max_poll_interval >= self.min_poll_interval,  # type: ignore[operator]
              f">= limits.minPollInterval ({format_duration(self.min_poll_interval)})")
         need("txn_max_duration", self.txn_max_duration >= 0.0001, ">= 100us")
@@ -223,6 +231,7 @@ _TOP_KEYS = ("baseKafkaConfig", "producerKafkaConfig", "leaderTopic", "leaderGro
              "leaderLockCheckInterval")
 LEADER_ELECTIONS = ("neli", "postgres")
 _FORCED_PRODUCER = {"enable.idempotence": True, "acks": "all"}
+_DELIVERY_TIMEOUT_KEYS = ("message.timeout.ms", "delivery.timeout.ms")  # librdkafka aliases
 
 
 def _kafka_map(value: Any, path: str) -> dict[str, Any]:
@@ -275,6 +284,22 @@ class HarvestConfig:
                     raise ConfigError(f"{where}.{key}: {conf[key]!r} is not allowed; the relay needs {key}={forced} "
                                       f"for ordered, duplicate-free retries — remove the property")
         object.__setattr__(self, "producer_kafka_config", prod)
+        if isinstance(self.limits, Limits):
+            # The delivery timeout derives from limits.rowTimeout; a longer one would let a row hold
+            # others up longer than the documented bound.
+            bound = int(self.limits.row_timeout * 1000)
+            for where, conf in (("baseKafkaConfig", base), ("producerKafkaConfig", prod)):
+                for key in _DELIVERY_TIMEOUT_KEYS:
+                    if key in conf:
+                        try:
+                            ms = int(conf[key])
+                        except (TypeError, ValueError):
+                            raise ConfigError(f"{where}.{key}: {conf[key]!r} is not a whole number of "
+                                              f"milliseconds") from None
+                        if ms <= 0 or ms > bound:
+                            raise ConfigError(f"{where}.{key}: {ms} exceeds limits.rowTimeout ({bound} ms) or is "
+                                              f"infinite; the producer's delivery timeout derives from "
+                                              f"limits.rowTimeout — set that instead and remove {key}")
         if not isinstance(self.data_source, str) or not self.data_source.strip():
             raise ConfigError("dataSource: must be a non-empty libpq connection string or URI, e.g. "
                               "'host=localhost dbname=app user=relay' or 'postgresql://relay@localhost/app'")
@@ -322,6 +347,11 @@ class HarvestConfig:
         conf.setdefault("linger.ms", DEFAULT_LINGER_MS)
         conf.update(self.producer_kafka_config)
         conf.update(_FORCED_PRODUCER)
+        if not any(k in conf for k in _DELIVERY_TIMEOUT_KEYS):
+            conf["message.timeout.ms"] = int(self.limits.row_timeout * 1000)
+        # librdkafka holds a record of a topic it has no metadata for up to this long (30 s by
+        # default); the preflight refuses missing topics earlier, but keep it inside the bound too.
+        conf.setdefault("topic.metadata.propagation.max.ms", min(30000, int(self.limits.row_timeout * 1000)))
         return conf
 
     def replace(self, **changes: Any) -> HarvestConfig:

@@ -8,7 +8,11 @@ Statements (``$leader`` = this view's leader id):
 - purge: ``DELETE … WHERE id = ANY($ids)`` — many ids per statement.
 - reset: ``UPDATE … SET leader_id = NULL WHERE id = ANY($ids)``.
 - dead-letter: one statement (a CTE) that deletes from the outbox and inserts into the dead-letter
-  table, so a row is never in both or neither.
+  table, so a row is never in both or neither (and forgets the row's delivery-attempt count).
+- attempts: the mark returns each row's persisted failed-attempt count (a LEFT JOIN on the
+  delivery-attempts table, in the same statement: no extra round trip); failed attempts are
+  upserted (``GREATEST`` of the stored and the new count) with the write-behind jobs, and deleted
+  when the row is purged, committed or dead-lettered.
 
 Invariants: every statement runs in autocommit mode (each is its own transaction, as in goharvest);
 failures are raised as :class:`~producer.errors.DatabaseError` chained to the psycopg error, with
@@ -27,13 +31,15 @@ from psycopg import sql
 
 from producer.errors import DatabaseError, FenceError, SchemaError
 from producer.redact import redact_dsn
-from producer.schema import OutboxNames, ValueType, inspect_outbox
+from producer.schema import OutboxNames, ValueType, inspect_outbox, require_attempts_table
 
 log = logging.getLogger(__name__)
 
 # A marked row as the relay uses it: (id, topic, key bytes, value bytes|None, header keys, header values).
 # A plain tuple: the hot path allocates nothing else per row.
 MarkedRow = tuple[int, "str | None", "bytes | None", "bytes | None", "list[str] | None", "list[str | None] | None"]
+# Persisted failed delivery attempts of marked rows: id -> (attempts, last error).
+MarkedAttempts = dict[int, tuple[int, "str | None"]]
 
 
 # The relay's transactions are a few statements sent back to back; a session of ours that sits idle
@@ -64,7 +70,7 @@ class OutboxDatabase:
         self.names = names
         self._conn: psycopg.Connection | None = None
         self.value_type: ValueType = "varchar"
-        o, d = names.outbox, names.dead_letters
+        o, d, a = names.outbox, names.dead_letters, names.delivery_attempts
         value = sql.SQL("kafka_value")
         key = sql.SQL("convert_to(kafka_key, 'UTF8')")
         self._value_expr = value
@@ -74,6 +80,7 @@ class OutboxDatabase:
         self._reset_sql = sql.SQL("UPDATE {} SET leader_id = NULL WHERE id = ANY(%s::bigint[])").format(o)
         self._dlq_sql = sql.SQL("""
             WITH bad(id, error, attempts) AS (SELECT * FROM unnest(%s::bigint[], %s::text[], %s::int[])),
+            forgotten AS (DELETE FROM {a} AS a USING bad WHERE a.id = bad.id),
             moved AS (
               DELETE FROM {o} AS o USING bad WHERE o.id = bad.id
               RETURNING o.id, o.create_time, o.kafka_topic, o.kafka_key, o.kafka_value, o.kafka_header_keys,
@@ -82,12 +89,13 @@ class OutboxDatabase:
                              kafka_header_values, error, attempts)
             SELECT * FROM moved
             ON CONFLICT (id) DO UPDATE SET error = EXCLUDED.error, attempts = EXCLUDED.attempts,
-                                           dead_time = now()""").format(o=o, d=d)
+                                           dead_time = now()""").format(o=o, d=d, a=a)
         self._fence_sql = sql.SQL("SELECT epoch FROM {} FOR UPDATE").format(names.state)
         self._commit_delete_sql = sql.SQL(
             "DELETE FROM {} WHERE id = ANY(%s::bigint[]) AND leader_id = %s").format(o)
         self._commit_dlq_sql = sql.SQL("""
             WITH bad(id, error, attempts) AS (SELECT * FROM unnest(%s::bigint[], %s::text[], %s::int[])),
+            forgotten AS (DELETE FROM {a} AS a USING bad WHERE a.id = bad.id),
             moved AS (
               DELETE FROM {o} AS o USING bad WHERE o.id = bad.id AND o.leader_id = %s
               RETURNING o.id, o.create_time, o.kafka_topic, o.kafka_key, o.kafka_value, o.kafka_header_keys,
@@ -96,7 +104,13 @@ class OutboxDatabase:
                              kafka_header_values, error, attempts)
             SELECT * FROM moved
             ON CONFLICT (id) DO UPDATE SET error = EXCLUDED.error, attempts = EXCLUDED.attempts,
-                                           dead_time = now()""").format(o=o, d=d)
+                                           dead_time = now()""").format(o=o, d=d, a=a)
+        self._attempts_sql = sql.SQL("""
+            INSERT INTO {a} AS a (id, attempts, last_error)
+            SELECT * FROM unnest(%s::bigint[], %s::int[], %s::text[])
+            ON CONFLICT (id) DO UPDATE SET attempts = GREATEST(a.attempts, EXCLUDED.attempts),
+                                           last_error = EXCLUDED.last_error, updated_at = now()""").format(a=a)
+        self._forget_sql = sql.SQL("DELETE FROM {} WHERE id = ANY(%s::bigint[])").format(a)
         self._intent_sql = sql.SQL("""
             INSERT INTO {} (epoch, producer, clock, topic, kafka_partition)
             SELECT %s, %s, %s, t, p FROM unnest(%s::text[], %s::int[]) AS j(t, p)
@@ -113,12 +127,16 @@ class OutboxDatabase:
         if self._conn is None or self._conn.closed:
             self._conn = connect(self._dsn)
             self.value_type = inspect_outbox(self._conn, self.names)
+            require_attempts_table(self._conn, self.names)
             value = sql.SQL("kafka_value") if self.value_type == "bytea" else sql.SQL("convert_to(kafka_value, 'UTF8')")
             self._mark_sql = sql.SQL("""
-                UPDATE {o} SET leader_id = %s
-                WHERE id IN (SELECT id FROM {o} WHERE leader_id IS NULL OR leader_id <> %s ORDER BY id LIMIT %s)
-                RETURNING id, kafka_topic, convert_to(kafka_key, 'UTF8'), {v}, kafka_header_keys,
-                          kafka_header_values""").format(o=self.names.outbox, v=value)
+                WITH m AS (
+                  UPDATE {o} SET leader_id = %s
+                  WHERE id IN (SELECT id FROM {o} WHERE leader_id IS NULL OR leader_id <> %s ORDER BY id LIMIT %s)
+                  RETURNING id, kafka_topic, convert_to(kafka_key, 'UTF8') AS k, {v} AS v, kafka_header_keys,
+                            kafka_header_values)
+                SELECT m.*, a.attempts, a.last_error FROM m LEFT JOIN {a} AS a ON a.id = m.id""").format(
+                o=self.names.outbox, v=value, a=self.names.delivery_attempts)
         return self._conn
 
     def _run(self, what: str, query: sql.Composable, params: Sequence[Any]) -> psycopg.Cursor:
@@ -130,11 +148,26 @@ class OutboxDatabase:
 
     def mark(self, leader_id: uuid.UUID, limit: int) -> list[MarkedRow]:
         """Mark up to ``limit`` unowned (or other-leader-owned) rows for ``leader_id``; sorted by id."""
+        return self.mark_with_attempts(leader_id, limit)[0]
+
+    def mark_with_attempts(self, leader_id: uuid.UUID, limit: int) -> tuple[list[MarkedRow], MarkedAttempts]:
+        """:meth:`mark`, plus the persisted failed-attempt counts of the marked rows that have one."""
         conn = self.conn  # establishes the mark statement
         assert self._mark_sql is not None and conn is not None
-        rows: list[MarkedRow] = self._run("mark", self._mark_sql, (leader_id, leader_id, limit)).fetchall()
+        raw = self._run("mark", self._mark_sql, (leader_id, leader_id, limit)).fetchall()
+        attempts: MarkedAttempts = {r[0]: (r[6], r[7]) for r in raw if r[6] is not None}
+        rows: list[MarkedRow] = [r[:6] for r in raw]
         rows.sort()  # RETURNING order is unspecified; ids are unique so tuples sort by id
-        return rows
+        return rows, attempts
+
+    def record_attempts(self, items: Sequence[tuple[int, int, str]]) -> int:
+        """Persist failed delivery attempts ``(id, attempts so far, error)`` (a count never decreases)."""
+        return self._run("recording delivery attempts", self._attempts_sql,
+                         ([i for i, _, _ in items], [n for _, n, _ in items], [e for _, _, e in items])).rowcount
+
+    def forget_attempts(self, ids: Sequence[int]) -> int:
+        """Delete the attempt counts of rows that were delivered (or are gone)."""
+        return self._run("forgetting delivery attempts", self._forget_sql, (self._id_array(ids),)).rowcount
 
     @staticmethod
     def _id_array(ids: Sequence[int]) -> str:
@@ -185,10 +218,12 @@ class OutboxDatabase:
         return int(row[0]), [(int(e), bytes(p), int(c), t, int(pt)) for e, p, c, t, pt in intents]
 
     def commit_txn(self, epoch: int, leader_id: uuid.UUID, ids: Sequence[int], dead: Sequence[tuple[int, str, int]],
-                   producer: bytes, ack_clock: int, journals: Sequence[tuple[str, int]]) -> None:
+                   producer: bytes, ack_clock: int, journals: Sequence[tuple[str, int]],
+                   forget: Sequence[int] = ()) -> None:
         """Commit one harvest transaction (one DB transaction): lock the fence row and check it still
         holds ``epoch``; delete exactly ``ids`` (owned by ``leader_id``); move ``dead`` to the dead
-        letters; insert one ACK intent per journal. Raises :class:`FenceError` (rolled back) if the
+        letters; insert one ACK intent per journal; delete the attempt counts of ``forget`` (committed
+        rows that had failed before). Raises :class:`FenceError` (rolled back) if the
         fence moved or a row is no longer this view's."""
         n = self.names
         try:
@@ -202,6 +237,8 @@ class OutboxDatabase:
                                        binary=True) if ids else None
                 moved = conn.execute(self._commit_dlq_sql, ([i for i, _, _ in dead], [e for _, e, _ in dead],
                                                             [a for _, _, a in dead], leader_id)) if dead else None
+                if forget:
+                    conn.execute(self._forget_sql, (self._id_array(forget),))
                 if journals:
                     conn.execute(self._intent_sql, (epoch, producer, ack_clock, [t for t, _ in journals],
                                                     [p for _, p in journals]))

@@ -24,6 +24,14 @@ While leader, with ``leader_id`` the current *view*:
 5. **dead letters**: a record that failed ``maxDeliveryAttempts`` times, or can never be sent (bad
    row, record too large, invalid/unknown topic), is moved to the dead-letter table (one statement:
    delete + insert) and its key moves on; other keys never wait for it.
+6. **outage or poison**: a record that waited out its delivery timeout (``limits.rowTimeout``,
+   which ``message.timeout.ms`` derives from) counts as a failed attempt only if other records were
+   delivered meanwhile; if nothing was (broker or network outage) it is reset and re-sent without
+   counting, so an outage never fills the dead-letter table.
+7. **attempt counts are persisted**: every failed attempt is written to the delivery-attempts
+   table with the write-behind job that also resets the row, i.e. before the row can be sent again;
+   the mark returns each row's stored count. So relay restarts, crashes and leader changes do not
+   reset the count: a row that keeps failing reaches the dead letters whichever process tries it.
 
 Invariants (tested in ``tests/test_producer``):
 - a row is deleted from the outbox only after Kafka acknowledged it (or it was dead-lettered);
@@ -49,7 +57,7 @@ from typing import Any
 from confluent_kafka import KafkaError, KafkaException, Message
 
 from producer.config import MARK_FLOOR, HarvestConfig
-from producer.db import Listener, MarkedRow, OutboxDatabase
+from producer.db import Listener, MarkedAttempts, MarkedRow, OutboxDatabase
 from producer.election import LeaderElection, NeliElection
 from producer.errors import DatabaseError, HarvestError
 from producer.events import (Event, EventHandler, LeaderAcquired, LeaderFenced, LeaderRefreshed, LeaderRevoked,
@@ -143,7 +151,9 @@ class Harvest:
         self._waiting: dict[bytes, deque[MarkedRow]] = {}  # key -> records behind the in-flight one
         self._waiting_count = 0
         self._in_flight: dict[bytes, MarkedRow] = {}  # key -> the one unacknowledged record of that key
-        self._attempts: dict[int, int] = {}  # id -> failed attempts (this process)
+        self._attempts: dict[int, int] = {}  # id -> failed attempts (persisted ones included, from the mark)
+        self._attempt_buf: list[tuple[int, int, str]] = []  # (id, attempts, error) to persist
+        self._forget_buf: list[int] = []  # delivered ids that had a persisted attempt count
         self._purge_buf: list[int] = []
         self._reset_buf: list[int] = []
         self._dlq_buf: list[tuple[int, str, int]] = []
@@ -153,7 +163,7 @@ class Harvest:
         self._next_flush = 0.0
         self._exec: ThreadPoolExecutor | None = None
         self._mark_exec: ThreadPoolExecutor | None = None
-        self._mark_future: Future[list[MarkedRow]] | None = None
+        self._mark_future: Future[tuple[list[MarkedRow], MarkedAttempts]] | None = None
         self._mark_view: uuid.UUID | None = None
         ceiling = self.limits.mark_ceiling
         self.mark_size = MarkSize(min(MARK_FLOOR, ceiling), ceiling)
@@ -163,6 +173,9 @@ class Harvest:
         self._next_mark = 0.0
         self._idle = False
         self._next_metrics = 0.0
+        # (monotonic time, metrics.delivered) samples, ~4 per second over the last rowTimeout: did
+        # anything get delivered while a failed record was waiting (poison) or not (outage)?
+        self._delivered_samples: deque[tuple[float, int]] = deque()
 
     def _own_header_bytes(self) -> int:
         """Bytes of headers the relay adds to every record (none in at-least-once mode)."""
@@ -289,6 +302,11 @@ class Harvest:
                         self._remark = True
                     self._stop_requested.wait(self.limits.io_error_backoff)
                 now = time.monotonic()
+                samples = self._delivered_samples
+                if not samples or now - samples[-1][0] >= 0.25:
+                    samples.append((now, self.metrics.delivered))
+                    while now - samples[0][0] > self.limits.row_timeout + 1.0:
+                        samples.popleft()
                 if now >= self._next_metrics:
                     self._next_metrics = now + self.limits.min_metrics_interval
                     self._read_meter()
@@ -384,7 +402,7 @@ class Harvest:
             self._check_db()
         # Write-behind with at most one write job at a time: while the database deletes one batch
         # the next one grows, so the batch size follows the database's speed (group commit).
-        if (self._purge_buf or self._dlq_buf or self._reset_buf) and not self._db_futures and (
+        if (self._purge_buf or self._dlq_buf or self._reset_buf or self._attempt_buf) and not self._db_futures and (
                 now >= self._next_flush or len(self._purge_buf) >= self.limits.purge_batch_records):
             self._flush_db()
             self._next_flush = now + self.limits.purge_interval
@@ -394,10 +412,12 @@ class Harvest:
         if mark is not None:
             if mark.done():
                 self._mark_future = None
-                rows = mark.result()  # DatabaseError -> main loop: back off, remark
+                rows, persisted = mark.result()  # DatabaseError -> main loop: back off, remark
                 self.mark_size.observe(self._mark_asked, len(rows))
                 if self._mark_view != self._leader_id:
                     return  # marked for an abandoned view; the current view re-marks them
+                if persisted:
+                    rows = self._take_attempts(rows, persisted)
                 if rows:
                     self._ready.extend(rows)
                     self._idle = False
@@ -417,7 +437,7 @@ class Harvest:
             producer.poll(0.001)
             if self._idle and self._mark_future is None and self._listener is not None and self._listener.pending():
                 self._next_mark = 0.0  # a stasher committed: mark now rather than after markBackoff
-        elif self._purge_buf or self._dlq_buf or self._reset_buf:
+        elif self._purge_buf or self._dlq_buf or self._reset_buf or self._attempt_buf or self._forget_buf:
             self._flush_db()
         else:
             # Idle: sleep until a stasher commits (NOTIFY) or the fallback poll / next pulse is due.
@@ -429,7 +449,29 @@ class Harvest:
         assert self._mark_exec is not None and self._mark_db is not None and self._leader_id is not None
         self._mark_view = self._leader_id
         self._mark_asked = self.mark_size.value
-        self._mark_future = self._mark_exec.submit(self._mark_db.mark, self._leader_id, self._mark_asked)
+        self._mark_future = self._mark_exec.submit(self._mark_db.mark_with_attempts, self._leader_id, self._mark_asked)
+
+    def _take_attempts(self, rows: list[MarkedRow], persisted: MarkedAttempts) -> list[MarkedRow]:
+        """Adopt the stored attempt counts of freshly marked rows; dead-letter (and drop from
+        ``rows``) those that already used up ``maxDeliveryAttempts`` — e.g. in processes that crashed."""
+        limit = self.limits.max_delivery_attempts
+        attempts = self._attempts
+        spent: set[int] = set()
+        for rid, (n, error) in persisted.items():
+            attempts[rid] = max(attempts.get(rid, 0), n)
+            if attempts[rid] >= limit:
+                spent.add(rid)
+        if not spent:
+            return rows
+        kept = []
+        for row in rows:
+            if row[0] in spent:
+                n, error = persisted[row[0]]
+                self._dead_letter(row, f"failed {attempts[row[0]]} delivery attempts (counted across relay "
+                                       f"restarts); last error: {error}", attempts[row[0]])
+            else:
+                kept.append(row)
+        return kept
 
     def _dispatch(self) -> None:
         """Send ready records in id order while in-flight room remains; park busy keys' records."""
@@ -501,12 +543,26 @@ class Harvest:
         if err is None:
             self._purge_buf.append(row[0])
             self.metrics.delivered += 1
-            if self._attempts:
-                self._attempts.pop(row[0], None)
+            if self._attempts and self._attempts.pop(row[0], None) is not None:
+                self._forget_buf.append(row[0])
             if key in self._waiting and not self._remark:
                 self._release(key)
-        elif not self._failed(row, err, synchronous=False):
+        elif not self._failed(row, err, synchronous=False, latency=msg.latency()):
             self._release(key)
+
+    def _waited_out(self, latency: float | None) -> bool:
+        """Did a failed record wait (about) its whole delivery timeout?"""
+        return latency is not None and latency >= 0.8 * self.limits.row_timeout
+
+    def _delivered_during(self, seconds: float) -> bool:
+        """Were records delivered during the last ``seconds`` (a failed record's wait)?"""
+        start = time.monotonic() - seconds
+        before = None
+        for t, n in self._delivered_samples:
+            if t > start:
+                break
+            before = n
+        return before is not None and self.metrics.delivered > before
 
     def _release(self, key: bytes) -> None:
         """``key`` has nothing in flight: send its next parked record(s)."""
@@ -519,10 +575,20 @@ class Harvest:
             if self._send(row):
                 return
 
-    def _failed(self, row: MarkedRow, err: KafkaError, synchronous: bool) -> bool:
+    def _failed(self, row: MarkedRow, err: KafkaError, synchronous: bool, latency: float | None = None) -> bool:
         """A produce/delivery failure. Returns False if the record was dead-lettered (key free),
         True if the relay will reset + remark (key stays blocked until then)."""
         self.metrics.delivery_failures += 1
+        if not synchronous and self._waited_out(latency) and not self._delivered_during(latency):  # type: ignore[arg-type]
+            # Nothing was delivered while this record waited: an outage, not this row's fault.
+            log.warning("delivery of record %d timed out after %.1fs while no record was delivered (broker or "
+                        "network outage?): %s; re-sending it later, not counted as an attempt", row[0], latency,
+                        err.str())
+            if err.fatal():
+                self._producer_fatal = True
+            self._reset_buf.append(row[0])
+            self._remark = True
+            return True
         attempts = self._attempts.get(row[0], 0) + 1
         self._attempts[row[0]] = attempts
         permanent = is_permanent(err, synchronous)
@@ -535,6 +601,7 @@ class Harvest:
                     err.str())
         if err.fatal():
             self._producer_fatal = True
+        self._attempt_buf.append((row[0], attempts, f"{err.name()}: {err.str()}"))
         self._reset_buf.append(row[0])
         self._remark = True
         return True
@@ -546,14 +613,17 @@ class Harvest:
         self.metrics.dead_lettered += 1
 
     def _flush_db(self, wait: bool = False) -> None:
-        """Hand buffered dead letters, purges and resets to the DB worker (in that order, one job).
-        With ``wait``, block until every submitted job (and any pending mark) is done; raise the
-        first error."""
-        if self._dlq_buf or self._purge_buf or self._reset_buf:
+        """Hand buffered dead letters, purges, attempt counts and resets to the DB worker (in that
+        order, one job: a failed attempt is stored before its row is reset, i.e. before it can be
+        re-sent). With ``wait``, block until every submitted job (and any pending mark) is done;
+        raise the first error."""
+        if self._dlq_buf or self._purge_buf or self._reset_buf or self._attempt_buf or self._forget_buf:
             db, exec_ = self._db, self._exec
             assert db is not None and exec_ is not None
             dlq, purge, reset = self._dlq_buf, self._purge_buf, self._reset_buf
+            tried, forget = self._attempt_buf, self._forget_buf
             self._dlq_buf, self._purge_buf, self._reset_buf = [], [], []
+            self._attempt_buf, self._forget_buf = [], []
             backoff = self.limits.io_error_backoff
 
             def job() -> None:
@@ -565,6 +635,12 @@ class Harvest:
                         if purge:
                             db.purge(purge)
                             purge.clear()
+                        if forget:
+                            db.forget_attempts(forget)
+                            forget.clear()
+                        if tried:
+                            db.record_attempts(tried)
+                            tried.clear()
                         if reset:
                             db.reset(reset)
                         return
@@ -658,6 +734,7 @@ class Harvest:
             # The rows stay marked by a leader id nobody will use again: the next leader re-marks them.
             log.warning("could not flush purges while giving up leadership (records will be re-sent): %s", exc)
             self._purge_buf, self._dlq_buf, self._reset_buf = [], [], []
+            self._attempt_buf, self._forget_buf = [], []
         self._attempts.clear()
         self._leader_id = None
         self._remark = False

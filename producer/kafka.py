@@ -17,7 +17,9 @@ row that got past it is stale metadata of a topic just created (it counts as an 
 from __future__ import annotations
 
 import functools
+import os
 import random
+import signal
 import threading
 from collections.abc import Callable
 from typing import Any, Protocol
@@ -79,13 +81,16 @@ def confluent_producer(config: dict[str, Any], on_delivery: DeliveryCallback) ->
 
 
 class FaultInjectingProducer:
-    """Delegates to a real Producer, failing ``produce()`` / delivery reports at the given rates."""
+    """Delegates to a real Producer, failing ``produce()`` / delivery reports at the given rates, and
+    every delivery report of records whose key is in ``fail_keys`` (a row that can never be delivered)."""
 
     def __init__(self, real_factory: ProducerFactory, config: dict[str, Any], on_delivery: DeliveryCallback,
                  produce_failure_rate: float, delivery_failure_rate: float, rng: random.Random,
-                 lock: threading.Lock, counters: dict[str, int]) -> None:
+                 lock: threading.Lock, counters: dict[str, int], fail_keys: frozenset[bytes] = frozenset(),
+                 kill_at_produce: int = 0) -> None:
         self._rng, self._lock, self.counters = rng, lock, counters
         self._produce_rate, self._delivery_rate = produce_failure_rate, delivery_failure_rate
+        self._fail_keys, self._kill_at = fail_keys, kill_at_produce
         self._on_delivery = on_delivery
         self._real = real_factory(config, self._deliver)
 
@@ -93,23 +98,28 @@ class FaultInjectingProducer:
         with self._lock:
             return self._rng.random() < rate
 
-    def _deliver(self, err: KafkaError | None, msg: Message) -> None:
-        if err is None and self._roll(self._delivery_rate):
+    def _inject(self, err: KafkaError | None, msg: Message) -> KafkaError | None:
+        if err is None and (self._roll(self._delivery_rate) or (self._fail_keys and msg.key() in self._fail_keys)):
             self.counters["delivery"] += 1
             err = KafkaError(KafkaError._MSG_TIMED_OUT, "injected delivery failure", retriable=True)
-        self._on_delivery(err, msg)
+        return err
+
+    def _deliver(self, err: KafkaError | None, msg: Message) -> None:
+        self._on_delivery(self._inject(err, msg), msg)
 
     def _deliver_to(self, callback: DeliveryCallback, err: KafkaError | None, msg: Message) -> None:
-        if err is None and self._roll(self._delivery_rate):
-            self.counters["delivery"] += 1
-            err = KafkaError(KafkaError._MSG_TIMED_OUT, "injected delivery failure", retriable=True)
-        callback(err, msg)
+        callback(self._inject(err, msg), msg)
 
     def produce(self, topic: str, value: bytes | None = None, key: bytes | None = None, *args: Any,
                 **kwargs: Any) -> None:
         cb = kwargs.get("on_delivery")
         if cb is not None:  # a per-message callback (--uuid-sequencing) gets the same injected failures
             kwargs["on_delivery"] = functools.partial(self._deliver_to, cb)
+        if self._kill_at and key in self._fail_keys:
+            with self._lock:
+                self.counters["fail_key_produces"] = self.counters.get("fail_key_produces", 0) + 1
+                if self.counters["fail_key_produces"] >= self._kill_at:  # a crash loop on this row
+                    os.kill(os.getpid(), signal.SIGKILL)
         if self._roll(self._produce_rate):
             from confluent_kafka import KafkaException
 
@@ -134,9 +144,14 @@ class FaultInjector:
     """A :data:`ProducerFactory` for tests: ``Harvest(cfg, producer_factory=FaultInjector(0.05, 0.05))``."""
 
     def __init__(self, produce_failure_rate: float = 0.0, delivery_failure_rate: float = 0.0, seed: int = 0,
-                 real_factory: ProducerFactory = confluent_producer) -> None:
+                 real_factory: ProducerFactory = confluent_producer, fail_keys: frozenset[bytes] = frozenset(),
+                 kill_at_produce: int = 0) -> None:
+        """``fail_keys``: every delivery of a record with one of these keys fails. ``kill_at_produce``:
+        SIGKILL this process when it produces a ``fail_keys`` record for the n-th time (a row that
+        crashes the relay: tests of the persisted attempt counts)."""
         self.produce_failure_rate = produce_failure_rate
         self.delivery_failure_rate = delivery_failure_rate
+        self.fail_keys, self.kill_at_produce = fail_keys, kill_at_produce
         self._rng = random.Random(seed)
         self._lock = threading.Lock()
         self._real_factory = real_factory
@@ -144,4 +159,5 @@ class FaultInjector:
 
     def __call__(self, config: dict[str, Any], on_delivery: DeliveryCallback) -> KafkaProducer:
         return FaultInjectingProducer(self._real_factory, config, on_delivery, self.produce_failure_rate,
-                                      self.delivery_failure_rate, self._rng, self._lock, self.counters)
+                                      self.delivery_failure_rate, self._rng, self._lock, self.counters,
+                                      self.fail_keys, self.kill_at_produce)

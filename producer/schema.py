@@ -9,6 +9,10 @@ Objects, for an outbox table ``[schema.]name``:
   fence of ``--uuid-sequencing``: every leader view increments ``epoch``; a commit checks it.
 - ``name_ack_intents``: persisted, not yet confirmed ACK_TXN intents of committed harvest
   transactions (``epoch``, ``producer``, ``clock``, ``topic``, ``kafka_partition``).
+- ``name_delivery_attempts``: failed delivery attempts per outbox row id (``attempts``,
+  ``last_error``, ``updated_at``), so ``maxDeliveryAttempts`` counts across relay restarts and
+  leader changes. Rows exist only for ids that failed at least once; they are deleted when the row
+  is delivered, committed or dead-lettered.
 - ``harvest_notify()`` + statement-level trigger ``name_notify``: ``pg_notify(channel)`` after each
   INSERT statement. Notifications are delivered at commit (and dropped on rollback), so any writer,
   including goharvest's Go stasher, wakes the relay without code changes.
@@ -121,6 +125,10 @@ class OutboxNames:
         return self._ident(_derived(self.table, "_ack_intents"))
 
     @property
+    def delivery_attempts(self) -> sql.Identifier:
+        return self._ident(_derived(self.table, "_delivery_attempts"))
+
+    @property
     def notify_function(self) -> sql.Identifier:
         return self._ident("harvest_notify")
 
@@ -202,6 +210,15 @@ def outbox_ddl(names: OutboxNames, value_type: ValueType = "varchar") -> list[sq
           create_time     TIMESTAMP WITH TIME ZONE NOT NULL DEFAULT now(),
           PRIMARY KEY (producer, topic, kafka_partition)
         )""").format(acks=names.ack_intents))
+    # Failed delivery attempts per outbox id (no foreign key: the outbox row is deleted first by
+    # goharvest-style purges, and a dangling count is harmless, deleted with the next dead letter).
+    stmts.append(sql.SQL("""
+        CREATE TABLE IF NOT EXISTS {attempts} (
+          id          BIGINT PRIMARY KEY,
+          attempts    INTEGER NOT NULL,
+          last_error  TEXT,
+          updated_at  TIMESTAMP WITH TIME ZONE NOT NULL DEFAULT now()
+        )""").format(attempts=names.delivery_attempts))
     stmts.append(sql.SQL("""
         CREATE OR REPLACE FUNCTION {fn}() RETURNS trigger LANGUAGE plpgsql AS $$
         BEGIN
@@ -252,3 +269,14 @@ def inspect_outbox(conn: psycopg.Connection, names: OutboxNames) -> ValueType:
         raise SchemaError(f"outbox table {names.display!r} lacks column(s) {', '.join(sorted(missing))}; "
                           f"expected goharvest's schema ({', '.join(sorted(_EXPECTED))})")
     return "bytea" if cols["kafka_value"] == "bytea" else "varchar"
+
+
+def require_attempts_table(conn: psycopg.Connection, names: OutboxNames) -> None:
+    """The relay refuses to run without the delivery-attempts table rather than silently counting
+    attempts in memory only (a crash loop on a row would then never park it)."""
+    row = conn.execute("SELECT to_regclass(%s)::oid", (names.delivery_attempts.as_string(conn),)).fetchone()
+    if row is None or row[0] is None:
+        raise SchemaError(f"table {names.delivery_attempts.as_string(conn)} (delivery-attempt counts, which make "
+                          f"maxDeliveryAttempts survive relay restarts) does not exist: the outbox {names.display!r} "
+                          f"was initialised by an older harvest. Fix: run `harvest init-db` again (idempotent; it only "
+                          f"adds what is missing)")

@@ -42,8 +42,11 @@ Protocol, per leader *view* (a view starts on acquisition and after every failur
 Poison records: a record whose production fails synchronously with a permanent error (too large,
 unknown topic) or that is malformed is dead-lettered *inside* the current transaction's fenced
 commit (it never reached the log). A record whose delivery keeps failing abandons the view each time;
-after ``maxDeliveryAttempts`` such failures (counted per row id, in this process) or one permanent
-asynchronous error, the next view dead-letters it in its fenced commit instead of producing it again.
+after ``maxDeliveryAttempts`` such failures or one permanent asynchronous error, the next view
+dead-letters it in its fenced commit instead of producing it again. Failed attempts are counted per
+row id in the delivery-attempts table: written while the failed view winds down (before the row can
+be produced again), read back by the mark, deleted by the commit that delivers or dead-letters the
+row — so the count survives crashes and leader changes.
 
 Test hooks (for crash tests): ``HARVEST_TEST_CRASH_AT=point:n`` SIGKILLs the process and
 ``HARVEST_TEST_PAUSE_AT=point:n`` SIGSTOPs it the n-th time it reaches ``point``, one of
@@ -272,8 +275,10 @@ class SequencedHarvest(Harvest):
         mark = self._mark_future
         if mark is not None and mark.done():
             self._mark_future = None
-            rows = mark.result()  # DatabaseError -> main loop: back off, abandon the view
+            rows, persisted = mark.result()  # DatabaseError -> main loop: back off, abandon the view
             self.mark_size.observe(self._mark_asked, len(rows))
+            if persisted and self._mark_view == view.leader_id:
+                self._take_persisted(persisted)
             if self._mark_view == view.leader_id:
                 self._ready.extend(rows)
                 self._last_mark_short = len(rows) < self._mark_asked
@@ -485,6 +490,16 @@ class SequencedHarvest(Harvest):
         t.dead.append((row[0], error, attempts))
         self.metrics.dead_lettered += 1
 
+    def _take_persisted(self, persisted: dict[int, tuple[int, str | None]]) -> None:
+        """Adopt the stored attempt counts of freshly marked rows; rows that used them up (in this
+        or in crashed processes) are dead-lettered by the transaction that meets them."""
+        limit = self.limits.max_delivery_attempts
+        for rid, (n, error) in persisted.items():
+            n = self._attempts[rid] = max(self._attempts.get(rid, 0), n)
+            if n >= limit and rid not in self._poison:
+                self._poison[rid] = (f"failed {n} delivery attempts (counted across relay restarts); "
+                                     f"last error: {error}", n)
+
     def _count_failure(self, rid: int, err: KafkaError, asynchronous: bool) -> None:
         self.metrics.delivery_failures += 1
         attempts = self._attempts.get(rid, 0) + 1
@@ -493,6 +508,7 @@ class SequencedHarvest(Harvest):
         if permanent or attempts >= self.limits.max_delivery_attempts:
             why = "cannot be sent" if permanent else f"failed {attempts} delivery attempts"
             self._poison[rid] = (f"{why}: {err.name()}: {err.str()}", attempts)
+        self._attempt_buf.append((rid, attempts, f"{err.name()}: {err.str()}"))
         if err.fatal():
             self._producer_fatal = True
 
@@ -502,12 +518,16 @@ class SequencedHarvest(Harvest):
         view = t.view
         journals = sorted(t.journals)
         ids, dead = t.ids, t.dead
+        forget: list[int] = []
+        if self._attempts:  # rows that failed before: their stored counts go with the commit
+            attempts = self._attempts
+            forget = [i for i in ids if attempts.pop(i, None) is not None]
 
         def job() -> None:
             if view.failed:
                 raise FenceError(f"harvest transaction {t.k} not committed: an earlier commit of its view failed")
             try:
-                db.commit_txn(view.epoch, view.leader_id, ids, dead, t.producer, t.ack_clock, journals)
+                db.commit_txn(view.epoch, view.leader_id, ids, dead, t.producer, t.ack_clock, journals, forget)
             except BaseException:
                 view.failed = True
                 raise
@@ -607,10 +627,35 @@ class SequencedHarvest(Harvest):
                     f" epoch={self._view.epoch}" if self._view else "", why)
         if failed is not None:
             self.txn_limit = max(1, self.txn_limit // 2)
+            # Records of this view delivered meanwhile: the broker was serving (so a record that
+            # waited out rowTimeout is poison), or not (an outage: nothing is counted).
+            served = sum(len(t.ids) - t.pending - len(t.failures) for t in self._txns) > 0
             for err, msg in failed.failures:
                 rid = self._find_row(failed, msg)
-                if rid is not None:
-                    self._count_failure(rid, err, True)
+                if rid is None:
+                    continue
+                latency = msg.latency() if msg is not None else None
+                if self._waited_out(latency):
+                    if not served:
+                        log.warning("delivery of record %d timed out after %.1fs while no record was delivered "
+                                    "(broker or network outage?): %s; not counted as an attempt", rid, latency,
+                                    err.str())
+                        if err.fatal():
+                            self._producer_fatal = True
+                        continue
+                    # It held up every key for rowTimeout while the broker took other records:
+                    # park it now rather than stall everything again (the bound of limits.rowTimeout).
+                    self.metrics.delivery_failures += 1
+                    attempts = self._attempts.get(rid, 0) + 1
+                    self._attempts[rid] = attempts
+                    self._poison[rid] = (f"held up other rows for limits.rowTimeout "
+                                         f"({self.limits.row_timeout:g}s) while they were delivered: "
+                                         f"{err.name()}: {err.str()}", attempts)
+                    self._attempt_buf.append((rid, attempts, f"{err.name()}: {err.str()}"))
+                    if err.fatal():
+                        self._producer_fatal = True
+                    continue
+                self._count_failure(rid, err, True)
         if fenced:
             self._view_backoff_until = time.monotonic() + self.limits.heartbeat_timeout
         self._remark = True
@@ -695,6 +740,14 @@ class SequencedHarvest(Harvest):
                 self._producer = None
         self._txns.clear()
         self._acking.clear()
+        if self._attempt_buf and self._db is not None and exec_ is not None:
+            # Stored before the next view can produce these rows again: a crash from here on still
+            # counts the attempt.
+            tried, self._attempt_buf = self._attempt_buf, []
+            try:
+                exec_.submit(self._db.record_attempts, tried).result()
+            except DatabaseError as exc:
+                log.warning("could not store %d failed delivery attempt(s) (kept in memory): %s", len(tried), exc)
         if self._confirm_buf and self._db is not None and exec_ is not None:
             items, self._confirm_buf = self._confirm_buf, []
             try:
