@@ -212,6 +212,10 @@ class NetFault:
     def stop(self) -> None:
         self._stopped.set()
         self.flowing.set()
+        try:  # wakes the accept() thread: closing alone would leave the port bound until it returned
+            self._listen.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
         try:
             self._listen.close()
         except OSError:

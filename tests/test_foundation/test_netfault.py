@@ -90,3 +90,11 @@ def test_pass_latency_blackhole_reset(echo: int) -> None:
         assert _roundtrip(c4, b"healed") == b"healed"
         for s in (c, c2, c4):
             s.close()
+
+
+def test_stop_frees_the_port_at_once(echo: int) -> None:
+    proxy = NetFault(("127.0.0.1", echo)).start()
+    port = proxy.port
+    socket.create_connection(("127.0.0.1", port), timeout=5).close()
+    proxy.stop()
+    NetFault(("127.0.0.1", echo), port=port).start().stop()  # the same port binds again
