@@ -90,7 +90,9 @@ class OutboxDatabase:
             SELECT * FROM moved
             ON CONFLICT (id) DO UPDATE SET error = EXCLUDED.error, attempts = EXCLUDED.attempts,
                                            dead_time = now()""").format(o=o, d=d, a=a)
-        self._fence_sql = sql.SQL("SELECT epoch FROM {} FOR UPDATE").format(names.state)
+        # Locks the fence row (as SELECT … FOR UPDATE would) and raises the clock floor of later views.
+        self._fence_sql = sql.SQL("UPDATE {} SET last_clock = GREATEST(last_clock, %s) RETURNING epoch").format(
+            names.state)
         self._commit_delete_sql = sql.SQL(
             "DELETE FROM {} WHERE id = ANY(%s::bigint[]) AND leader_id = %s").format(o)
         self._commit_dlq_sql = sql.SQL("""
@@ -189,8 +191,15 @@ class OutboxDatabase:
 
     # ---------------------------------------------------------------- --uuid-sequencing (DESIGN.md section 5)
     def start_view(self, leader_id: uuid.UUID, name: str) -> tuple[int, list[tuple[int, bytes, int, str, int]]]:
+        """:meth:`start_view_with_floor` without the clock floor."""
+        epoch, intents, _floor = self.start_view_with_floor(leader_id, name)
+        return epoch, intents
+
+    def start_view_with_floor(self, leader_id: uuid.UUID,
+                              name: str) -> tuple[int, list[tuple[int, bytes, int, str, int]], int]:
         """One transaction: bump the fence epoch (taking its row lock), then read every persisted,
         unconfirmed ACK intent ``(epoch, producer, clock, topic, partition)`` in commit order.
+        Also returns the clock floor: the largest ACK clock any view committed (``last_clock``).
 
         The intents are read by a statement *after* the UPDATE, so in READ COMMITTED it sees every
         commit that held the fence row lock before us."""
@@ -200,7 +209,7 @@ class OutboxDatabase:
             with conn.transaction():
                 row = conn.execute(sql.SQL(
                     "UPDATE {} SET epoch = epoch + 1, leader_id = %s, leader_name = %s, updated_at = now() "
-                    "RETURNING epoch").format(n.state), (leader_id, name)).fetchone()
+                    "RETURNING epoch, last_clock").format(n.state), (leader_id, name)).fetchone()
                 if row is None:
                     raise SchemaError(f"fence row of {n.display!r} is missing; run `harvest init-db` "
                                       f"(it is idempotent) to create it")
@@ -215,7 +224,8 @@ class OutboxDatabase:
             self.close()
             raise DatabaseError(f"starting a leader view on {n.display!r} failed: "
                                 f"{redact_dsn(str(exc)).strip()}") from exc
-        return int(row[0]), [(int(e), bytes(p), int(c), t, int(pt)) for e, p, c, t, pt in intents]
+        floor = max([int(row[1])] + [int(c) for _e, _p, c, _t, _pt in intents])
+        return int(row[0]), [(int(e), bytes(p), int(c), t, int(pt)) for e, p, c, t, pt in intents], floor
 
     def commit_txn(self, epoch: int, leader_id: uuid.UUID, ids: Sequence[int], dead: Sequence[tuple[int, str, int]],
                    producer: bytes, ack_clock: int, journals: Sequence[tuple[str, int]],
@@ -232,7 +242,7 @@ class OutboxDatabase:
             # the results are checked before COMMIT, and a refusal rolls everything back. The fence
             # row is locked first, so the deletes below run under it either way.
             with conn.pipeline() as pipeline, conn.transaction():
-                fence = conn.execute(self._fence_sql)
+                fence = conn.execute(self._fence_sql, (ack_clock,))
                 deleted = conn.execute(self._commit_delete_sql, (self._id_array(ids), leader_id),
                                        binary=True) if ids else None
                 moved = conn.execute(self._commit_dlq_sql, ([i for i, _, _ in dead], [e for _, e, _ in dead],

@@ -15,7 +15,10 @@ Protocol, per leader *view* (a view starts on acquisition and after every failur
    ``uuid`` = 16 raw bytes; key, value and headers untouched) through the one idempotent producer.
    A transaction closes at ``txnMaxRecords`` records, ``txnMaxDuration`` after its first record, or
    when the backlog is drained. One monotonic Clock per view: clocks rise in publish order; a
-   transaction's ACK clock is ticked when it closes, so ACK clocks rise in transaction order.
+   transaction's ACK clock is ticked when it closes, so ACK clocks rise in transaction order. A view's
+   Clock starts at the state row's ``last_clock`` (raised to each committed ACK clock by the fenced
+   commit) or the wall clock, whichever is later: clocks rise across views and leaders even when a
+   leader's wall clock is behind or steps back.
 4. **Commit** (when every record of transaction *k* is delivered, strictly in transaction order):
    one DB transaction locks the fence row and checks the epoch, deletes exactly the transaction's
    ids ``AND leader_id = $leader`` (row count must match), dead-letters its poison rows and inserts
@@ -76,6 +79,7 @@ from producer.harvest import Harvest, _bad_row_reason
 from producer.kafka import is_permanent
 from producer.preflight import header_bytes, too_large
 from sequencer import TICK, Clock, Flags, new_producer_id
+from sequencer.clock import clock_from_unix_ns
 
 log = logging.getLogger(__name__)
 
@@ -130,11 +134,14 @@ class _View:
 
     __slots__ = ("clock", "epoch", "failed", "k", "last_ack", "leader_id", "ring")
 
-    def __init__(self, leader_id: uuid.UUID, epoch: int, ring_size: int) -> None:
+    def __init__(self, leader_id: uuid.UUID, epoch: int, ring_size: int, now_ns: int, floor: int = 0) -> None:
         self.leader_id = leader_id
         self.epoch = epoch
-        self.clock = Clock()
-        self.clock.update(time.time_ns())
+        # Never below the largest ACK clock committed by any earlier view (the state row's
+        # last_clock): a leader whose wall clock is behind (stepped back, or a standby with a slow
+        # clock) still stamps clocks above everything readers have seen committed.
+        self.clock = Clock(floor)
+        self.clock.update(now_ns)
         self.ring = [new_producer_id() for _ in range(ring_size)]
         self.k = 0  # transactions opened
         self.failed = False  # set by the DB worker when a commit of this view failed
@@ -224,6 +231,8 @@ class SequencedHarvest(Harvest):
         # could overtake the missing one in a partition); recovery re-sends every intent in order.
         self._ack_broken = False
         self.views_started = 0
+        #: The wall clock UUID clocks follow (Unix ns). A seam: tests step it back.
+        self.wall_clock_ns = time.time_ns
         # Adaptive transaction size (AIMD): a delivery failure abandons every transaction in flight,
         # so under a steady error rate e, big transactions almost never commit (a transaction of n
         # records commits with probability (1-e)^n). Halve on such an abandonment, grow by half on
@@ -378,7 +387,7 @@ class SequencedHarvest(Harvest):
             return None  # ring full: txn k must wait until ACK k-M is enqueued
         k = view.k
         view.k += 1
-        view.clock.update(time.time_ns())
+        view.clock.update(self.wall_clock_ns())
         t = _Txn(view, k, view.ring[k % len(view.ring)], now)
         t.first_clock = view.clock.value + TICK
         self._txns.append(t)
@@ -584,7 +593,7 @@ class SequencedHarvest(Harvest):
         db, exec_ = self._db, self._exec
         assert db is not None and exec_ is not None
         leader_id = uuid.uuid4()
-        epoch, intents = exec_.submit(db.start_view, leader_id, self.config.name).result()
+        epoch, intents, floor = exec_.submit(db.start_view_with_floor, leader_id, self.config.name).result()
         if self._leader_id is None or self._stop_requested.is_set():
             return  # lost leadership meanwhile (a standby's view is harmless: it fenced nobody we know)
         counter = _Counter()
@@ -606,7 +615,12 @@ class SequencedHarvest(Harvest):
             return
         if intents:
             exec_.submit(db.confirm_acks, [(p, c) for _e, p, c, _t, _p in intents]).result()
-        view = self._view = _View(leader_id, epoch, self.limits.producer_ring)
+        now_ns = self.wall_clock_ns()
+        if clock_from_unix_ns(now_ns) < floor:
+            log.warning("%s: the wall clock is %.3fs behind the last committed ACK clock; this view's UUID clocks "
+                        "continue from that clock instead (clocks never go back across views)", self.config.name,
+                        (Clock(floor).as_unix_ns() - now_ns) / 1e9)
+        view = self._view = _View(leader_id, epoch, self.limits.producer_ring, now_ns, floor)
         self._ack_broken = False
         self._leader_id = leader_id
         self._remark = False

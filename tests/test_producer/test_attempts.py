@@ -111,6 +111,11 @@ def test_outbox_initialised_by_an_older_harvest_needs_init_db_again(pg_dsn: str,
     with pytest.raises(SchemaError, match=r"delivery_attempts.*run `harvest init-db` again"):
         Harvest(cfg).start()
     init_db(pg_dsn, table)  # idempotent: adds only what is missing
+    with psycopg.connect(pg_dsn) as conn:  # a state table from before the UUID clock floor
+        conn.execute(sql.SQL("ALTER TABLE {} DROP COLUMN last_clock").format(names.state))
+    with pytest.raises(SchemaError, match=r"lacks column last_clock.*run `harvest init-db` again"):
+        Harvest(cfg).start()
+    init_db(pg_dsn, table)
     relay = Harvest(cfg).start()
     relay.stop()
     try:
