@@ -228,7 +228,10 @@ class Limits:
 
 _TOP_KEYS = ("baseKafkaConfig", "producerKafkaConfig", "leaderTopic", "leaderGroupID", "dataSource", "outboxTable",
              "limits", "name", "prometheusPort", "leaderTopicReplicationFactor", "uuidSequencing", "leaderElection",
-             "leaderLockCheckInterval")
+             "leaderLockCheckInterval", "missingTopicPolicy")
+#: What the relay does with a row whose topic does not exist: park it in the dead letters at once,
+#: or hold that topic's rows (marked, in memory) until the topic exists while other topics flow.
+MISSING_TOPIC_POLICIES = ("deadLetter", "hold")
 LEADER_ELECTIONS = ("neli", "postgres")
 _FORCED_PRODUCER = {"enable.idempotence": True, "acks": "all"}
 _DELIVERY_TIMEOUT_KEYS = ("message.timeout.ms", "delivery.timeout.ms")  # librdkafka aliases
@@ -272,6 +275,8 @@ class HarvestConfig:
     #: ``postgres`` election: how often the holder verifies its lock and standbys try to take it; the
     #: holder fences itself when it has not verified the lock for 2 x this.
     leader_lock_check_interval: float = 1.0
+    #: ``deadLetter`` (default) or ``hold`` (see :data:`MISSING_TOPIC_POLICIES`).
+    missing_topic_policy: str = "deadLetter"
 
     def __post_init__(self) -> None:
         base = dict(_kafka_map(self.base_kafka_config, "baseKafkaConfig"))
@@ -320,6 +325,9 @@ class HarvestConfig:
                                   f"[a-zA-Z0-9._-]")
         if not isinstance(self.uuid_sequencing, bool):
             raise ConfigError(f"uuidSequencing: {self.uuid_sequencing!r} must be true or false")
+        if self.missing_topic_policy not in MISSING_TOPIC_POLICIES:
+            raise ConfigError(f"missingTopicPolicy: {self.missing_topic_policy!r} is not a policy; use deadLetter "
+                              f"(park the row at once) or hold (keep that topic's rows until it exists)")
         if self.leader_election not in LEADER_ELECTIONS:
             raise ConfigError(f"leaderElection: {self.leader_election!r} is not a leader election; use one of "
                               f"{', '.join(LEADER_ELECTIONS)} (default neli)")
@@ -364,7 +372,8 @@ class HarvestConfig:
                 f"leader_topic={self.leader_topic!r}, leader_group_id={self.leader_group_id!r}, "
                 f"name={self.name!r}, limits={self.limits!r}, prometheus_port={self.prometheus_port!r}, "
                 f"uuid_sequencing={self.uuid_sequencing!r}, leader_election={self.leader_election!r}, "
-                f"leader_lock_check_interval={self.leader_lock_check_interval!r})")
+                f"leader_lock_check_interval={self.leader_lock_check_interval!r}, "
+                f"missing_topic_policy={self.missing_topic_policy!r})")
 
     __str__ = __repr__
 
@@ -393,6 +402,8 @@ class HarvestConfig:
             kwargs["uuid_sequencing"] = data["uuidSequencing"]
         if data.get("leaderElection") is not None:
             kwargs["leader_election"] = data["leaderElection"]
+        if data.get("missingTopicPolicy") is not None:
+            kwargs["missing_topic_policy"] = data["missingTopicPolicy"]
         if data.get("leaderLockCheckInterval") is not None:
             kwargs["leader_lock_check_interval"] = parse_duration(data["leaderLockCheckInterval"],
                                                                   f"{path}.leaderLockCheckInterval")

@@ -157,6 +157,12 @@ class Harvest:
         self._purge_buf: list[int] = []
         self._reset_buf: list[int] = []
         self._dlq_buf: list[tuple[int, str, int]] = []
+        # missingTopicPolicy: hold — rows of missing topics, by topic, in id order (marked by this
+        # view; dropped with it and re-marked by the next one)
+        self._hold_missing = config.missing_topic_policy == "hold"
+        self._held: dict[str, deque[MarkedRow]] = {}
+        self._held_count = 0
+        self._next_hold_check = 0.0
         self._remark = False
         self._producer_fatal = False
         self._draining = False
@@ -347,7 +353,7 @@ class Harvest:
 
     def _gauges(self) -> tuple[int, int]:
         """(in-flight records, queued records) for the meter."""
-        return len(self._in_flight), len(self._ready) + self._waiting_count
+        return len(self._in_flight), len(self._ready) + self._waiting_count + self._held_count
 
     def _read_meter(self) -> None:
         """Take a meter reading. The leader's backlog figures come from a query on the mark
@@ -394,6 +400,8 @@ class Harvest:
             self._refresh()
             return
         self._guard.expire(time.monotonic())
+        if self._held:
+            self._release_held(time.monotonic())
         if self._ready:
             self._dispatch()
         producer.poll(0)
@@ -501,10 +509,16 @@ class Harvest:
             if reason is not None:
                 self._dead_letter(row, f"bad row: {reason}", 0)
                 return False
+        if self._held and topic in self._held:
+            self._hold(row)  # behind the same topic's held rows
+            return False
         verdict = self._guard.verdicts.get(topic)  # type: ignore[arg-type]
         if verdict is None:
             verdict = self._guard.verdict(topic)  # type: ignore[arg-type]
         if verdict.__class__ is str:
+            if self._hold_missing and topic in self._guard.missing:
+                self._hold(row)
+                return False
             self._dead_letter(row, f"cannot be sent: {verdict}", 0)
             return False
         size = len(key) + (len(value) if value is not None else 0)  # type: ignore[arg-type]
@@ -606,6 +620,33 @@ class Harvest:
         self._remark = True
         return True
 
+    def _hold(self, row: MarkedRow) -> None:
+        """missingTopicPolicy hold: keep ``row`` (its topic does not exist) until the topic does."""
+        topic: str = row[1]  # type: ignore[assignment]
+        held = self._held.get(topic)
+        if held is None:
+            log.warning("topic %r does not exist: holding its rows until it does (missingTopicPolicy: hold); "
+                        "rows of other topics flow", topic)
+            held = self._held[topic] = deque()
+        held.append(row)
+        self._held_count += 1
+
+    def _release_held(self, now: float) -> None:
+        """Every ``missing_ttl``: topics that exist now get their held rows back, ahead of the
+        ready queue (they are older than anything of their topic queued after them)."""
+        if now < self._next_hold_check:
+            return
+        self._next_hold_check = now + self._guard.missing_ttl
+        for topic in list(self._held):
+            verdict = self._guard.verdict(topic)
+            if topic in self._guard.missing:
+                continue
+            rows = self._held.pop(topic)
+            self._held_count -= len(rows)
+            log.info("topic %r exists now (%s): releasing %d held row(s)", topic,
+                     "ok" if verdict.__class__ is not str else verdict, len(rows))
+            self._ready.extendleft(reversed(rows))
+
     def _dead_letter(self, row: MarkedRow, error: str, attempts: int) -> None:
         log.error("record %d (topic %r) moved to dead letters: %s", row[0], row[1], error)
         self._attempts.pop(row[0], None)
@@ -698,6 +739,8 @@ class Harvest:
             self._draining = False
 
     def _clear_queues(self) -> None:
+        self._held.clear()  # still marked by the old view: the next view re-marks them
+        self._held_count = 0
         self._ready.clear()
         self._waiting.clear()
         self._waiting_count = 0

@@ -296,6 +296,8 @@ class SequencedHarvest(Harvest):
                     self._next_mark = now + self.limits.mark_backoff
         elif mark is None and len(self._ready) < 2 * self.mark_size.value and now >= self._next_mark:
             self._submit_mark()
+        if self._held:
+            self._release_held(now)
         if self._ready:
             self._fill(now)
         in_flight = self._in_flight_count()
@@ -434,11 +436,18 @@ class SequencedHarvest(Harvest):
                         ready.popleft()
                         self._dead_letter_in(t, row, f"bad row: {reason}", 0)
                         continue
+                if self._held and topic in self._held:
+                    ready.popleft()
+                    self._hold(row)
+                    continue
                 verdict = verdicts.get(topic)  # type: ignore[arg-type]
                 if verdict is None:
                     verdict = self._guard.verdict(topic)  # type: ignore[arg-type]
                 if verdict.__class__ is str:
                     ready.popleft()
+                    if self._hold_missing and topic in self._guard.missing:
+                        self._hold(row)
+                        continue
                     self._dead_letter_in(t, row, f"cannot be sent: {verdict}", 0)
                     continue
                 size = len(key) + (len(value) if value is not None else 0)  # type: ignore[arg-type]
@@ -688,6 +697,8 @@ class SequencedHarvest(Harvest):
         """Stop producing; drain; finish (and with ``commit_delivered`` submit) commits in order;
         ACK the committed; roll back the rest; deliver ACKs; confirm. Leaves no view."""
         self._ready.clear()
+        self._held.clear()  # re-marked by the next view
+        self._held_count = 0
         view = self._view
         producer = self._producer
         exec_ = self._exec
@@ -813,7 +824,7 @@ class SequencedHarvest(Harvest):
         return True
 
     def _gauges(self) -> tuple[int, int]:
-        return self._in_flight_count(), len(self._ready)
+        return self._in_flight_count(), len(self._ready) + self._held_count
 
 
 class _FakeMsg:
