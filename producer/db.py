@@ -28,6 +28,7 @@ from typing import Any
 
 import psycopg
 from psycopg import sql
+from psycopg.conninfo import conninfo_to_dict
 
 from producer.errors import DatabaseError, FenceError, SchemaError
 from producer.redact import redact_dsn
@@ -50,10 +51,20 @@ IDLE_IN_TRANSACTION_TIMEOUT = "10s"
 # A lock wait longer than this fails (and the caller retries after its I/O back-off) instead of
 # holding the relay thread, which also runs the leader-election heartbeats.
 LOCK_TIMEOUT = "2s"
+# A network path to Postgres that silently drops packets (a partition, a NAT entry gone) would
+# leave a relay statement waiting for TCP's own give-up, ~15 minutes. These libpq settings (unless
+# the DSN sets them) make the kernel fail such a connection after ~20 s of unacknowledged data or
+# silence, so the relay's ordinary error path (back off, reconnect, remark) takes over.
+TCP_DEFAULTS = {"keepalives": "1", "keepalives_idle": "10", "keepalives_interval": "3", "keepalives_count": "3",
+                "tcp_user_timeout": "20000"}
 
 
 def connect(dsn: str, **kwargs: Any) -> psycopg.Connection:
     try:
+        given = conninfo_to_dict(dsn)
+        host = str(given.get("host", ""))
+        if not host.startswith("/"):  # TCP only (not a Unix socket)
+            kwargs = {**{k: v for k, v in TCP_DEFAULTS.items() if k not in given}, **kwargs}
         conn = psycopg.connect(dsn, autocommit=True, **kwargs)
         conn.execute(f"SET idle_in_transaction_session_timeout = '{IDLE_IN_TRANSACTION_TIMEOUT}'")
         conn.execute(f"SET lock_timeout = '{LOCK_TIMEOUT}'")
