@@ -23,7 +23,9 @@ kafka_latency       relay <-> Kafka, as above
 
 Measured: **recovery** = seconds from the heal until every row committed before the heal has left
 the outbox (delivered, or committed in ``--uuid-sequencing`` mode), i.e. the backlog the fault
-built up is gone. Verified (:mod:`harvest_local.verify`, ground truth = the versions the writers
+built up is gone — including a probe row (to a topic of its own) committed right at the heal, so
+faults during which the writers could not commit either (Postgres down) still measure how long the
+relay takes to move again. Verified (:mod:`harvest_local.verify`, ground truth = the versions the writers
 committed): in ``--uuid-sequencing`` mode a ``ReadCommittedIter`` read of the topic holds every
 committed version exactly once, in per-key order, nothing rolled back; in at-least-once mode the raw
 topic holds every committed version, first arrivals in per-key order (duplicates are counted, they
@@ -130,6 +132,7 @@ def run_outage(services: LocalServices, outage: Outage, workdir: Path) -> Outage
     create_accounts(ends.pg_dsn, schema, outage.keys)
     init_db(ends.pg_dsn, outbox)
     create_topic(ends.kafka_bootstrap, topic, outage.partitions)
+    create_topic(ends.kafka_bootstrap, f"{topic}-probe", 1)
     pg_params = conninfo_to_dict(ends.pg_dsn)
     pg_proxy = NetFault((str(pg_params.get("host", "127.0.0.1")), int(pg_params.get("port", 5432))),
                         name="pg-proxy").start()
@@ -152,7 +155,7 @@ def run_outage(services: LocalServices, outage: Outage, workdir: Path) -> Outage
                  poll=0.1)
         _apply(outage, services, pg_proxy, kafka_proxy, result)
         healed = time.monotonic()
-        max_id = _max_id(ends.pg_dsn, names)
+        max_id = _probe(ends.pg_dsn, outbox, f"{topic}-probe")
         result.recovery = _recovery(ends.pg_dsn, names, max_id, healed, timeout=180)
         writers.join()
         result.committed, result.rolled_back = writers.stats.committed, writers.stats.rolled_back
@@ -219,10 +222,20 @@ def _apply(outage: Outage, services: LocalServices, pg_proxy: NetFault, kafka_pr
             proxy.heal()
 
 
-def _max_id(dsn: str, names: object) -> int:
-    with psycopg.connect(dsn, connect_timeout=5) as conn:
-        row = conn.execute(sql.SQL("SELECT coalesce(max(id), 0) FROM {}").format(names.outbox)).fetchone()  # type: ignore[attr-defined]
-    return int(row[0])  # type: ignore[index]
+def _probe(dsn: str, outbox: str, topic: str) -> int:
+    """Commit one probe row (the database may still be coming up); its id is above every row
+    committed before it."""
+    from producer.stasher import OutboxRecord, Stasher
+
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            with psycopg.connect(dsn, connect_timeout=5) as conn:
+                return Stasher(outbox).stash(conn, OutboxRecord(topic, "probe", "probe"))
+        except psycopg.OperationalError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)
 
 
 def _backlog(dsn: str, names: object, max_id: int | None) -> int:
