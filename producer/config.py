@@ -146,9 +146,9 @@ class Limits:
     idle_poll_interval: float = 1.0
     #: The longest one record may wait for its delivery report: the producer's ``message.timeout.ms``
     #: (``delivery.timeout.ms``) derives from it, so it bounds how long one row holds up others. A
-    #: record that waits it out while other records are delivered counts as a failed attempt (in
-    #: ``--uuid-sequencing`` mode, where a waiting record holds up every key, it is dead-lettered at
-    #: once); one that waits it out while nothing is delivered (broker or network outage) does not count.
+    #: record that waits it out while the broker acknowledges other records counts as a failed attempt
+    #: (in ``--uuid-sequencing`` mode, where a waiting record holds up every key, it is dead-lettered
+    #: at once); one that waits it out while the broker acknowledges nothing (an outage) does not count.
     row_timeout: float = 30.0
     #: --uuid-sequencing: a harvest transaction closes at this many records ...
     #: ``None``: :data:`AUTO_TXN_RECORDS` (``txnMaxDuration`` usually closes transactions first).

@@ -310,7 +310,7 @@ class Harvest:
                 now = time.monotonic()
                 samples = self._delivered_samples
                 if not samples or now - samples[-1][0] >= 0.25:
-                    samples.append((now, self.metrics.delivered))
+                    samples.append((now, self._delivered_count()))
                     while now - samples[0][0] > self.limits.row_timeout + 1.0:
                         samples.popleft()
                 if now >= self._next_metrics:
@@ -568,15 +568,21 @@ class Harvest:
         """Did a failed record wait (about) its whole delivery timeout?"""
         return latency is not None and latency >= 0.8 * self.limits.row_timeout
 
-    def _delivered_during(self, seconds: float) -> bool:
-        """Were records delivered during the last ``seconds`` (a failed record's wait)?"""
-        start = time.monotonic() - seconds
+    def _delivered_count(self) -> int:
+        """Records acknowledged so far (sampled to tell poison from outage)."""
+        return self.metrics.delivered
+
+    def _served_meanwhile(self, latency: float) -> bool:
+        """Did the broker acknowledge other records during the second half of a failed record's
+        ``latency`` wait? (Only the second half: a broker that froze shortly after the record was
+        sent has delivered records early in the wait, yet it is an outage, not poison.)"""
+        start = time.monotonic() - latency / 2
         before = None
         for t, n in self._delivered_samples:
             if t > start:
                 break
             before = n
-        return before is not None and self.metrics.delivered > before
+        return before is not None and self._delivered_count() > before
 
     def _release(self, key: bytes) -> None:
         """``key`` has nothing in flight: send its next parked record(s)."""
@@ -593,7 +599,7 @@ class Harvest:
         """A produce/delivery failure. Returns False if the record was dead-lettered (key free),
         True if the relay will reset + remark (key stays blocked until then)."""
         self.metrics.delivery_failures += 1
-        if not synchronous and self._waited_out(latency) and not self._delivered_during(latency):  # type: ignore[arg-type]
+        if not synchronous and self._waited_out(latency) and not self._served_meanwhile(latency):  # type: ignore[arg-type]
             # Nothing was delivered while this record waited: an outage, not this row's fault.
             log.warning("delivery of record %d timed out after %.1fs while no record was delivered (broker or "
                         "network outage?): %s; re-sending it later, not counted as an attempt", row[0], latency,

@@ -132,7 +132,7 @@ class _TestHook:
 class _View:
     """One leader view: fence epoch, leader id, clock and producer ring."""
 
-    __slots__ = ("clock", "epoch", "failed", "k", "last_ack", "leader_id", "ring")
+    __slots__ = ("clock", "epoch", "failed", "k", "last_ack", "leader_id", "max_ok", "ring")
 
     def __init__(self, leader_id: uuid.UUID, epoch: int, ring_size: int, now_ns: int, floor: int = 0) -> None:
         self.leader_id = leader_id
@@ -144,6 +144,9 @@ class _View:
         self.clock.update(now_ns)
         self.ring = [new_producer_id() for _ in range(ring_size)]
         self.k = 0  # transactions opened
+        # Largest clock of an acknowledged record of this view: a failed record with a smaller clock
+        # waited while the broker acknowledged records sent after it (poison, not an outage).
+        self.max_ok = 0
         self.failed = False  # set by the DB worker when a commit of this view failed
         self.last_ack: dict[tuple[bytes, str, int], int] = {}  # (producer, topic, partition) -> ACK clock
 
@@ -166,7 +169,7 @@ class _Txn:
         self.pending = 0  # produced, delivery report not yet seen
         # touched (topic, partition) -> clock of the first record there (from delivery reports)
         self.journals: dict[tuple[str, int], int] = {}
-        self.failures: list[tuple[KafkaError, Message | None]] = []
+        self.failures: list[tuple[KafkaError, Message | None, int]] = []  # (error, message, its clock)
         self.first_clock = 0
         self.ack_clock = 0
         self.closed = False
@@ -178,8 +181,11 @@ class _Txn:
         """Delivery report of the record stamped ``clock`` (bound per record with functools.partial:
         librdkafka's delivery reports carry no headers, so the clock cannot be read back from them)."""
         self.pending -= 1
-        if err is not None:
-            self.failures.append((err, msg))
+        if err is None:
+            if clock > self.view.max_ok:
+                self.view.max_ok = clock
+        else:
+            self.failures.append((err, msg, clock))
             if msg is None or msg.partition() is None or msg.partition() < 0:
                 return  # (a failed record with a known partition may be in the log anyway)
         j = (msg.topic(), msg.partition())
@@ -650,16 +656,16 @@ class SequencedHarvest(Harvest):
                     f" epoch={self._view.epoch}" if self._view else "", why)
         if failed is not None:
             self.txn_limit = max(1, self.txn_limit // 2)
-            # Records of this view delivered meanwhile: the broker was serving (so a record that
-            # waited out rowTimeout is poison), or not (an outage: nothing is counted).
-            served = sum(len(t.ids) - t.pending - len(t.failures) for t in self._txns) > 0
-            for err, msg in failed.failures:
+            for err, msg, clock in failed.failures:
                 rid = self._find_row(failed, msg)
                 if rid is None:
                     continue
                 latency = msg.latency() if msg is not None else None
                 if self._waited_out(latency):
-                    if not served:
+                    # Records sent after it were acknowledged: the broker was serving (so it is
+                    # poison), or not (an outage: nothing is counted). In this mode deliveries stop
+                    # once the producer ring is full, so "acknowledged later" rather than "lately".
+                    if not (self._view is not None and self._view.max_ok > clock):
                         log.warning("delivery of record %d timed out after %.1fs while no record was delivered "
                                     "(broker or network outage?): %s; not counted as an attempt", rid, latency,
                                     err.str())

@@ -179,7 +179,7 @@ def test_timeout_during_an_outage_is_not_an_attempt_but_with_others_delivered_it
     h2._delivered_samples.append((time.monotonic() - 5.0, 0))
     h2._ready.extend([row(1, "a"), row(2, "b")])
     h2._dispatch()
-    p2.on_delivery(None, FakeMsg(b"b"))  # another record was delivered meanwhile
+    p2.on_delivery(None, FakeMsg(b"b"))  # another record was delivered meanwhile (late in the wait)
     p2.on_delivery(KafkaError(KafkaError._MSG_TIMED_OUT, "timeout"), FakeMsg(b"a", latency=2.0))
     assert [d[0] for d in h2._dlq_buf] == [1]
 
@@ -211,3 +211,16 @@ def test_failed_attempts_are_stored_before_the_row_is_reset_and_forgotten_on_del
     h4._dispatch()
     p4.on_delivery(None, FakeMsg(b"a"))
     assert h4._forget_buf == [1] and h4._purge_buf == [1]
+
+
+def test_deliveries_only_early_in_the_wait_are_an_outage() -> None:
+    # The broker froze shortly after the record was sent: others were delivered early in the wait,
+    # none in its second half — an outage, not poison (nothing counted).
+    h, p = _relay(max_delivery_attempts=1, row_timeout=2.0)
+    now = time.monotonic()
+    h._delivered_samples.extend([(now - 5.0, 0), (now - 1.8, 0), (now - 1.5, 7)])  # 7 delivered, early
+    h.metrics.delivered = 7
+    h._ready.extend([row(1, "a")])
+    h._dispatch()
+    p.on_delivery(KafkaError(KafkaError._MSG_TIMED_OUT, "timeout"), FakeMsg(b"a", latency=2.0))
+    assert h._dlq_buf == [] and h._attempt_buf == [] and h._reset_buf == [1]
