@@ -75,6 +75,9 @@ class Outage:
     partitions: int = 3
     rate: float = 120.0  # rows/s the writers aim at (all threads together)
     seed: int = 1
+    #: the relays' ``limits.rowTimeout`` (None: the default, 30 s). Shorter than the fault, records
+    #: time out during it: none may be dead-lettered for it (an outage is not poison).
+    row_timeout: str | None = None
 
     @property
     def mode(self) -> str:
@@ -94,13 +97,14 @@ class OutageResult:
     rolled_back: int = 0
     recovery: float | None = None  # seconds from heal to the pre-heal backlog gone
     relays_alive: bool = False
+    dead_letters: int = 0
     seconds: float = 0.0
     notes: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
         v = self.verdict
-        if v is None or not self.relays_alive or self.recovery is None:
+        if v is None or not self.relays_alive or self.recovery is None or self.dead_letters:
             return False
         if self.outage.sequenced:
             return v.ok
@@ -143,7 +147,8 @@ def run_outage(services: LocalServices, outage: Outage, workdir: Path) -> Outage
                                name="kafka-proxy").start()
         bootstrap = services.kafka.proxied_bootstrap
     cfg = write_config(workdir / "harvest.yaml", dsn=_via(ends.pg_dsn, pg_proxy.port), bootstrap=bootstrap,
-                       outbox_table=outbox, group=f"outage-{tag}", uuid_sequencing=outage.sequenced)
+                       outbox_table=outbox, group=f"outage-{tag}", uuid_sequencing=outage.sequenced,
+                       extra_limits={"rowTimeout": outage.row_timeout} if outage.row_timeout else None)
     relays = [RelayProcess(cfg, f"relay-{i}", workdir).start() for i in range(outage.relays)]
     result = OutageResult(outage)
     names = OutboxNames.parse(outbox)
@@ -164,6 +169,11 @@ def run_outage(services: LocalServices, outage: Outage, workdir: Path) -> Outage
         delivered = (_read_committed(ends.kafka_bootstrap, topic) if outage.sequenced
                      else _read_raw(ends.kafka_bootstrap, topic, outage.partitions))
         result.verdict = verify("ReadCommittedIter" if outage.sequenced else "raw topic", truth, delivered)
+        with psycopg.connect(ends.pg_dsn, connect_timeout=5) as conn:
+            result.dead_letters = int(conn.execute(sql.SQL("SELECT count(*) FROM {}").format(
+                names.dead_letters)).fetchone()[0])  # type: ignore[index]
+        if result.dead_letters:
+            result.notes.append(f"{result.dead_letters} row(s) dead-lettered")
         result.relays_alive = all(r.alive for r in relays)
         if not result.relays_alive:
             result.notes.append("relay(s) exited: " + ", ".join(r.name for r in relays if not r.alive))

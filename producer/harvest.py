@@ -71,6 +71,10 @@ from producer.schema import OutboxNames
 
 log = logging.getLogger(__name__)
 
+# Delivery reports of records the relay itself purged from the producer's queue.
+_PURGED = frozenset(c for c in (getattr(KafkaError, "_PURGE_QUEUE", None), getattr(KafkaError, "_PURGE_INFLIGHT", None))
+                    if c is not None)
+
 
 class State(enum.Enum):
     CREATED = "created"
@@ -561,6 +565,8 @@ class Harvest:
                 self._forget_buf.append(row[0])
             if key in self._waiting and not self._remark:
                 self._release(key)
+        elif self._draining and err.code() in _PURGED:
+            return  # we gave up on it (drain timed out): the next view re-marks it; not an attempt
         elif not self._failed(row, err, synchronous=False, latency=msg.latency()):
             self._release(key)
 

@@ -224,3 +224,12 @@ def test_deliveries_only_early_in_the_wait_are_an_outage() -> None:
     h._dispatch()
     p.on_delivery(KafkaError(KafkaError._MSG_TIMED_OUT, "timeout"), FakeMsg(b"a", latency=2.0))
     assert h._dlq_buf == [] and h._attempt_buf == [] and h._reset_buf == [1]
+
+
+def test_records_the_relay_purges_while_draining_are_not_attempts() -> None:
+    h, p = _relay(max_delivery_attempts=1)
+    h._ready.extend([row(1, "a")])
+    h._dispatch()
+    h._draining = True  # _drain gave up and purged the producer's queue
+    p.on_delivery(KafkaError(KafkaError._PURGE_QUEUE, "purged"), FakeMsg(b"a"))
+    assert h._dlq_buf == [] and h._attempts == {} and h._attempt_buf == [] and h._in_flight == {}
