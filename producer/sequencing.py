@@ -778,6 +778,7 @@ class SequencedHarvest(Harvest):
             try:
                 exec_.submit(self._db.record_attempts, tried).result()
             except DatabaseError as exc:
+                self._attempt_buf = tried + self._attempt_buf  # stored by the next wind-down
                 log.warning("could not store %d failed delivery attempt(s) (kept in memory): %s", len(tried), exc)
         if self._confirm_buf and self._db is not None and exec_ is not None:
             items, self._confirm_buf = self._confirm_buf, []
