@@ -2,6 +2,14 @@
 
 The broker is the official Apache Kafka server from Maven Central (``maven/kafka/pom.xml``, version
 pinned there), run with the machine's Java 17. Auto topic creation is off: callers create topics.
+
+Besides its plain listener (:attr:`EmbeddedKafka.bootstrap`) the broker has a second one,
+``PROXIED``, that advertises :attr:`EmbeddedKafka.proxied_bootstrap` — an address nobody listens on
+until a test puts a :class:`harvest_local.netfault.NetFault` there (``NetFault(("127.0.0.1",
+kafka.proxied_listener_port), port=kafka.proxy_port)``). A client bootstrapped through the proxy
+is told, in every metadata response, to reach the broker through the proxy again, so all its
+traffic crosses it (a proxy in front of the plain listener would be bypassed after the first
+metadata response).
 """
 
 from __future__ import annotations
@@ -31,6 +39,8 @@ class EmbeddedKafka:
     def __init__(self, root: Path | None = None, port: int | None = None, heap: str = "768m") -> None:
         self.port = port or free_port()
         self.controller_port = free_port()
+        self.proxied_listener_port = free_port()  # the broker's PROXIED listener
+        self.proxy_port = free_port()  # what PROXIED advertises: where a test's proxy listens
         self.root = root or work_dir() / f"kafka-{self.port}-{os.getpid()}"
         self.data = self.root / "data"
         self.heap = heap
@@ -41,6 +51,20 @@ class EmbeddedKafka:
     @property
     def bootstrap(self) -> str:
         return f"127.0.0.1:{self.port}"
+
+    @property
+    def proxied_bootstrap(self) -> str:
+        """Bootstrap through the test proxy (only reachable while one runs on :attr:`proxy_port`)."""
+        return f"127.0.0.1:{self.proxy_port}"
+
+    def pause(self) -> None:
+        """SIGSTOP the broker (a frozen broker, for fault tests); :meth:`resume` continues it."""
+        if self._proc is not None and self._proc.poll() is None:
+            self._proc.send_signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        if self._proc is not None and self._proc.poll() is None:
+            self._proc.send_signal(signal.SIGCONT)
 
     @property
     def log_file(self) -> Path:
@@ -120,11 +144,12 @@ class EmbeddedKafka:
             "process.roles": "broker,controller",
             "node.id": "1",
             "controller.quorum.voters": f"1@127.0.0.1:{self.controller_port}",
-            "listeners": f"PLAINTEXT://127.0.0.1:{self.port},CONTROLLER://127.0.0.1:{self.controller_port}",
-            "advertised.listeners": f"PLAINTEXT://127.0.0.1:{self.port}",
+            "listeners": f"PLAINTEXT://127.0.0.1:{self.port},PROXIED://127.0.0.1:{self.proxied_listener_port},"
+                         f"CONTROLLER://127.0.0.1:{self.controller_port}",
+            "advertised.listeners": f"PLAINTEXT://127.0.0.1:{self.port},PROXIED://127.0.0.1:{self.proxy_port}",
             "controller.listener.names": "CONTROLLER",
             "inter.broker.listener.name": "PLAINTEXT",
-            "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+            "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,PROXIED:PLAINTEXT,CONTROLLER:PLAINTEXT",
             "log.dirs": str(self.data),
             "auto.create.topics.enable": "false",
             "num.partitions": "1",

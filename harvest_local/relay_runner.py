@@ -2,7 +2,8 @@
 same YAML as ``harvest -f``, with produce/delivery failures injected by
 :class:`producer.kafka.FaultInjector` around the real confluent producer.
 
-    HARVEST_FAULTS="produce=0.02,delivery=0.02,seed=7" python -m harvest_outbox.harvest_local.relay_runner -f harvest.yaml --name r1
+    HARVEST_FAULTS="produce=0.02,delivery=0.02,seed=7" python -m harvest_local.relay_runner -f harvest.yaml --name r1
+    HARVEST_FAULTS="failkey=poison,killat=2" ...   # every delivery of key 'poison' fails; SIGKILL at its 2nd produce
 
 Without ``HARVEST_FAULTS`` it is equivalent to ``harvest -f harvest.yaml --name r1``. Test use only.
 """
@@ -23,13 +24,13 @@ from harvest_outbox.producer.kafka import FaultInjector
 log = logging.getLogger("harvest.relay_runner")
 
 
-def parse_faults(spec: str) -> dict[str, float]:
-    out: dict[str, float] = {}
+def parse_faults(spec: str) -> dict[str, float | str]:
+    out: dict[str, float | str] = {}
     for part in filter(None, (p.strip() for p in spec.split(","))):
         name, _, value = part.partition("=")
-        if name not in ("produce", "delivery", "seed"):
-            raise SystemExit(f"HARVEST_FAULTS: unknown fault {name!r}; use produce=, delivery=, seed=")
-        out[name] = float(value)
+        if name not in ("produce", "delivery", "seed", "failkey", "killat"):
+            raise SystemExit(f"HARVEST_FAULTS: unknown fault {name!r}; use produce=, delivery=, seed=, failkey=, killat=")
+        out[name] = value if name == "failkey" else float(value)
     return out
 
 
@@ -42,8 +43,12 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     faults = parse_faults(os.environ.get("HARVEST_FAULTS", ""))
     factory = None
-    if faults.get("produce") or faults.get("delivery"):
-        factory = FaultInjector(faults.get("produce", 0.0), faults.get("delivery", 0.0), int(faults.get("seed", 0)))
+    if faults.get("produce") or faults.get("delivery") or faults.get("failkey"):
+        fail_key = faults.get("failkey")
+        factory = FaultInjector(float(faults.get("produce", 0.0)), float(faults.get("delivery", 0.0)),
+                                int(faults.get("seed", 0)),
+                                fail_keys=frozenset({str(fail_key).encode()}) if fail_key else frozenset(),
+                                kill_at_produce=int(faults.get("killat", 0)))
         log.info("injecting faults: %s", faults)
     relay = Harvest(cfg.harvest, producer_factory=factory) if factory else Harvest(cfg.harvest)
 

@@ -131,6 +131,7 @@ _LIMIT_FIELDS: tuple[tuple[str, str, str], ...] = (
     ("purgeBatchRecords", "purge_batch_records", "i"),
     ("purgeInterval", "purge_interval", "d"),
     ("idlePollInterval", "idle_poll_interval", "d"),
+    ("rowTimeout", "row_timeout", "d"),
     # --uuid-sequencing (DESIGN.md section 5)
     ("txnMaxRecords", "txn_max_records", "i"),
     ("txnMaxDuration", "txn_max_duration", "d"),
@@ -181,6 +182,12 @@ class Limits:
     purge_batch_records: int = 500
     purge_interval: float = 0.02
     idle_poll_interval: float = 1.0
+    #: The longest one record may wait for its delivery report: the producer's ``message.timeout.ms``
+    #: (``delivery.timeout.ms``) derives from it, so it bounds how long one row holds up others. A
+    #: record that waits it out while the broker acknowledges other records counts as a failed attempt
+    #: (in ``--uuid-sequencing`` mode, where a waiting record holds up every key, it is dead-lettered
+    #: at once); one that waits it out while the broker acknowledges nothing (an outage) does not count.
+    row_timeout: float = 30.0
     #: --uuid-sequencing: a harvest transaction closes at this many records ...
     #: ``None``: :data:`AUTO_TXN_RECORDS` (``txnMaxDuration`` usually closes transactions first).
     txn_max_records: int | None = None
@@ -241,6 +248,7 @@ class Limits:
         for attr in ("poll_duration", "min_poll_interval", "heartbeat_timeout", "drain_interval", "queue_timeout",
                      "idle_poll_interval"):
             need(attr, getattr(self, attr) >= 0.001, ">= 1ms")
+        need("row_timeout", 1.0 <= self.row_timeout <= 3600.0, "between 1s and 1h (librdkafka's message timeout)")
         need("max_poll_interval", self.max_poll_interval >= self.min_poll_interval,  # type: ignore[operator]
              f">= limits.minPollInterval ({format_duration(self.min_poll_interval)})")
         need("txn_max_duration", self.txn_max_duration >= 0.0001, ">= 100us")
@@ -289,9 +297,13 @@ class Limits:
 
 _TOP_KEYS = ("baseKafkaConfig", "producerKafkaConfig", "leaderTopic", "leaderGroupID", "dataSource", "outboxTable",
              "limits", "name", "prometheusPort", "leaderTopicReplicationFactor", "uuidSequencing", "leaderElection",
-             "leaderLockCheckInterval", "prometheusBindAddress")
+             "leaderLockCheckInterval", "prometheusBindAddress", "missingTopicPolicy")
+#: What the relay does with a row whose topic does not exist: park it in the dead letters at once,
+#: or hold that topic's rows (marked, in memory) until the topic exists while other topics flow.
+MISSING_TOPIC_POLICIES = ("deadLetter", "hold")
 LEADER_ELECTIONS = ("neli", "postgres")
 _FORCED_PRODUCER = {"enable.idempotence": True, "acks": "all"}
+_DELIVERY_TIMEOUT_KEYS = ("message.timeout.ms", "delivery.timeout.ms")  # librdkafka aliases
 #: Where /metrics, /healthz and /readyz listen unless told otherwise: every IPv4 interface, so a
 #: Prometheus server or a kubelet on another host can reach them (bind 127.0.0.1 to keep them local).
 DEFAULT_BIND_ADDRESS = "0.0.0.0"
@@ -362,6 +374,8 @@ class HarvestConfig:
     #: ``postgres`` election: how often the holder verifies its lock and standbys try to take it; the
     #: holder fences itself when it has not verified the lock for 2 x this.
     leader_lock_check_interval: float = 1.0
+    #: ``deadLetter`` (default) or ``hold`` (see :data:`MISSING_TOPIC_POLICIES`).
+    missing_topic_policy: str = "deadLetter"
 
     def __post_init__(self) -> None:
         base = dict(_kafka_map(self.base_kafka_config, "baseKafkaConfig"))
@@ -374,6 +388,22 @@ class HarvestConfig:
                     raise ConfigError(f"{where}.{key}: {conf[key]!r} is not allowed; the relay needs {key}={forced} "
                                       f"for ordered, duplicate-free retries — remove the property")
         object.__setattr__(self, "producer_kafka_config", prod)
+        if isinstance(self.limits, Limits):
+            # The delivery timeout derives from limits.rowTimeout; a longer one would let a row hold
+            # others up longer than the documented bound.
+            bound = int(self.limits.row_timeout * 1000)
+            for where, conf in (("baseKafkaConfig", base), ("producerKafkaConfig", prod)):
+                for key in _DELIVERY_TIMEOUT_KEYS:
+                    if key in conf:
+                        try:
+                            ms = int(conf[key])
+                        except (TypeError, ValueError):
+                            raise ConfigError(f"{where}.{key}: {conf[key]!r} is not a whole number of "
+                                              f"milliseconds") from None
+                        if ms <= 0 or ms > bound:
+                            raise ConfigError(f"{where}.{key}: {ms} exceeds limits.rowTimeout ({bound} ms) or is "
+                                              f"infinite; the producer's delivery timeout derives from "
+                                              f"limits.rowTimeout — set that instead and remove {key}")
         if not isinstance(self.data_source, str) or not self.data_source.strip():
             raise ConfigError("dataSource: must be a non-empty libpq connection string or URI, e.g. "
                               "'host=localhost dbname=app user=relay' or 'postgresql://relay@localhost/app'")
@@ -402,6 +432,9 @@ class HarvestConfig:
                                   f"[a-zA-Z0-9._-]")
         if not isinstance(self.uuid_sequencing, bool):
             raise ConfigError(f"uuidSequencing: {self.uuid_sequencing!r} must be true or false")
+        if self.missing_topic_policy not in MISSING_TOPIC_POLICIES:
+            raise ConfigError(f"missingTopicPolicy: {self.missing_topic_policy!r} is not a policy; use deadLetter "
+                              f"(park the row at once) or hold (keep that topic's rows until it exists)")
         if self.leader_election not in LEADER_ELECTIONS:
             raise ConfigError(f"leaderElection: {self.leader_election!r} is not a leader election; use one of "
                               f"{', '.join(LEADER_ELECTIONS)} (default neli)")
@@ -450,6 +483,11 @@ class HarvestConfig:
         conf.setdefault("linger.ms", DEFAULT_LINGER_MS)
         conf.update(self.producer_kafka_config)
         conf.update(_FORCED_PRODUCER)
+        if not any(k in conf for k in _DELIVERY_TIMEOUT_KEYS):
+            conf["message.timeout.ms"] = int(self.limits.row_timeout * 1000)
+        # librdkafka holds a record of a topic it has no metadata for up to this long (30 s by
+        # default); the preflight refuses missing topics earlier, but keep it inside the bound too.
+        conf.setdefault("topic.metadata.propagation.max.ms", min(30000, int(self.limits.row_timeout * 1000)))
         return conf
 
     def check_kafka_properties(self) -> None:
@@ -497,7 +535,8 @@ class HarvestConfig:
                 f"name={self.name!r}, limits={self.limits!r}, prometheus_port={self.prometheus_port!r}, "
                 f"prometheus_bind_address={self.prometheus_bind_address!r}, "
                 f"uuid_sequencing={self.uuid_sequencing!r}, leader_election={self.leader_election!r}, "
-                f"leader_lock_check_interval={self.leader_lock_check_interval!r})")
+                f"leader_lock_check_interval={self.leader_lock_check_interval!r}, "
+                f"missing_topic_policy={self.missing_topic_policy!r})")
 
     __str__ = __repr__
 
@@ -527,6 +566,8 @@ class HarvestConfig:
             kwargs["uuid_sequencing"] = data["uuidSequencing"]
         if data.get("leaderElection") is not None:
             kwargs["leader_election"] = data["leaderElection"]
+        if data.get("missingTopicPolicy") is not None:
+            kwargs["missing_topic_policy"] = data["missingTopicPolicy"]
         if data.get("leaderLockCheckInterval") is not None:
             kwargs["leader_lock_check_interval"] = parse_duration(data["leaderLockCheckInterval"],
                                                                   f"{path}.leaderLockCheckInterval")

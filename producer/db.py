@@ -9,7 +9,11 @@ Statements (``$leader`` = this view's leader id):
 - purge: ``DELETE … WHERE id = ANY($ids)`` — many ids per statement.
 - reset: ``UPDATE … SET leader_id = NULL WHERE id = ANY($ids)``.
 - dead-letter: one statement (a CTE) that deletes from the outbox and inserts into the dead-letter
-  table, so a row is never in both or neither.
+  table, so a row is never in both or neither (and forgets the row's delivery-attempt count).
+- attempts: the mark returns each row's persisted failed-attempt count (a LEFT JOIN on the
+  delivery-attempts table, in the same statement: no extra round trip); failed attempts are
+  upserted (``GREATEST`` of the stored and the new count) with the write-behind jobs, and deleted
+  when the row is purged, committed or dead-lettered.
 
 Invariants: every statement runs in autocommit mode (each is its own transaction, as in goharvest);
 failures are raised as :class:`~producer.errors.DatabaseError` chained to the psycopg error, with
@@ -25,11 +29,12 @@ from typing import Any
 
 import psycopg
 from psycopg import sql
+from psycopg.conninfo import conninfo_to_dict
 from psycopg.types.array import ArrayBinaryLoader
 
-from harvest_outbox.producer.errors import DatabaseError, FenceError, SchemaError
-from harvest_outbox.producer.redact import redact_dsn, redact_error
-from harvest_outbox.producer.schema import OutboxNames, ValueType, inspect_outbox
+from producer.errors import DatabaseError, FenceError, SchemaError
+from producer.redact import redact_dsn, redact_error
+from producer.schema import OutboxNames, ValueType, inspect_outbox, require_attempts_table
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +43,8 @@ log = logging.getLogger(__name__)
 # row, and the garbage collector does not track it.
 MarkedRow = tuple[int, "str | None", "bytes | None", "bytes | None", "tuple[str, ...] | None",
                   "tuple[str | None, ...] | None"]
+# Persisted failed delivery attempts of marked rows: id -> (attempts, last error).
+MarkedAttempts = dict[int, tuple[int, "str | None"]]
 
 
 # The relay's transactions are a few statements sent back to back; a session of ours that sits idle
@@ -48,6 +55,12 @@ IDLE_IN_TRANSACTION_TIMEOUT = "10s"
 # A lock wait longer than this fails (and the caller retries after its I/O back-off) instead of
 # holding the relay thread, which also runs the leader-election heartbeats.
 LOCK_TIMEOUT = "2s"
+# A network path to Postgres that silently drops packets (a partition, a NAT entry gone) would
+# leave a relay statement waiting for TCP's own give-up, ~15 minutes. These libpq settings (unless
+# the DSN sets them) make the kernel fail such a connection after ~20 s of unacknowledged data or
+# silence, so the relay's ordinary error path (back off, reconnect, remark) takes over.
+TCP_DEFAULTS = {"keepalives": "1", "keepalives_idle": "10", "keepalives_interval": "3", "keepalives_count": "3",
+                "tcp_user_timeout": "20000"}
 
 
 _TEXT_ARRAY_OID = 1009
@@ -69,6 +82,10 @@ class _HeaderArrayLoader(ArrayBinaryLoader):
 
 def connect(dsn: str, **kwargs: Any) -> psycopg.Connection:
     try:
+        given = conninfo_to_dict(dsn)
+        host = str(given.get("host", ""))
+        if not host.startswith("/"):  # TCP only (not a Unix socket)
+            kwargs = {**{k: v for k, v in TCP_DEFAULTS.items() if k not in given}, **kwargs}
         conn = psycopg.connect(dsn, autocommit=True, **kwargs)
         conn.execute(f"SET idle_in_transaction_session_timeout = '{IDLE_IN_TRANSACTION_TIMEOUT}'")
         conn.execute(f"SET lock_timeout = '{LOCK_TIMEOUT}'")
@@ -86,7 +103,7 @@ class OutboxDatabase:
         self.names = names
         self._conn: psycopg.Connection | None = None
         self.value_type: ValueType = "varchar"
-        o, d = names.outbox, names.dead_letters
+        o, d, a = names.outbox, names.dead_letters, names.delivery_attempts
         value = sql.SQL("kafka_value")
         key = sql.SQL("convert_to(kafka_key, 'UTF8')")
         self._value_expr = value
@@ -96,6 +113,7 @@ class OutboxDatabase:
         self._reset_sql = sql.SQL("UPDATE {} SET leader_id = NULL WHERE id = ANY(%s::bigint[])").format(o)
         self._dlq_sql = sql.SQL("""
             WITH bad(id, error, attempts) AS (SELECT * FROM unnest(%s::bigint[], %s::text[], %s::int[])),
+            forgotten AS (DELETE FROM {a} AS a USING bad WHERE a.id = bad.id),
             moved AS (
               DELETE FROM {o} AS o USING bad WHERE o.id = bad.id
               RETURNING o.id, o.create_time, o.kafka_topic, o.kafka_key, o.kafka_value, o.kafka_header_keys,
@@ -104,12 +122,15 @@ class OutboxDatabase:
                              kafka_header_values, error, attempts)
             SELECT * FROM moved
             ON CONFLICT (id) DO UPDATE SET error = EXCLUDED.error, attempts = EXCLUDED.attempts,
-                                           dead_time = now()""").format(o=o, d=d)
-        self._fence_sql = sql.SQL("SELECT epoch FROM {} FOR UPDATE").format(names.state)
+                                           dead_time = now()""").format(o=o, d=d, a=a)
+        # Locks the fence row (as SELECT … FOR UPDATE would) and raises the clock floor of later views.
+        self._fence_sql = sql.SQL("UPDATE {} SET last_clock = GREATEST(last_clock, %s) RETURNING epoch").format(
+            names.state)
         self._commit_delete_sql = sql.SQL(
             "DELETE FROM {} WHERE id = ANY(%s::bigint[]) AND leader_id = %s").format(o)
         self._commit_dlq_sql = sql.SQL("""
             WITH bad(id, error, attempts) AS (SELECT * FROM unnest(%s::bigint[], %s::text[], %s::int[])),
+            forgotten AS (DELETE FROM {a} AS a USING bad WHERE a.id = bad.id),
             moved AS (
               DELETE FROM {o} AS o USING bad WHERE o.id = bad.id AND o.leader_id = %s
               RETURNING o.id, o.create_time, o.kafka_topic, o.kafka_key, o.kafka_value, o.kafka_header_keys,
@@ -118,7 +139,13 @@ class OutboxDatabase:
                              kafka_header_values, error, attempts)
             SELECT * FROM moved
             ON CONFLICT (id) DO UPDATE SET error = EXCLUDED.error, attempts = EXCLUDED.attempts,
-                                           dead_time = now()""").format(o=o, d=d)
+                                           dead_time = now()""").format(o=o, d=d, a=a)
+        self._attempts_sql = sql.SQL("""
+            INSERT INTO {a} AS a (id, attempts, last_error)
+            SELECT * FROM unnest(%s::bigint[], %s::int[], %s::text[])
+            ON CONFLICT (id) DO UPDATE SET attempts = GREATEST(a.attempts, EXCLUDED.attempts),
+                                           last_error = EXCLUDED.last_error, updated_at = now()""").format(a=a)
+        self._forget_sql = sql.SQL("DELETE FROM {} WHERE id = ANY(%s::bigint[])").format(a)
         self._intent_sql = sql.SQL("""
             INSERT INTO {} (epoch, producer, clock, topic, kafka_partition)
             SELECT %s, %s, %s, t, p FROM unnest(%s::text[], %s::int[]) AS j(t, p)
@@ -136,17 +163,21 @@ class OutboxDatabase:
             self._conn = connect(self._dsn)
             self._conn.adapters.register_loader(_TEXT_ARRAY_OID, _HeaderArrayLoader)
             self.value_type = inspect_outbox(self._conn, self.names)
+            require_attempts_table(self._conn, self.names)
             value = sql.SQL("kafka_value") if self.value_type == "bytea" else sql.SQL("convert_to(kafka_value, 'UTF8')")
             # goharvest's mark, with the rows addressed by ctid (a TID scan) instead of a second
             # primary-key probe per row (``id IN (SELECT id …)``): half the database work per marked
             # row (bench/bench_relay.py measures both). A row updated by someone else between the
             # subquery and the UPDATE has moved to a new ctid and is simply left for the next mark.
             self._mark_sql = sql.SQL("""
-                UPDATE {o} SET leader_id = %s
-                WHERE ctid = ANY(ARRAY(SELECT ctid FROM {o} WHERE leader_id IS NULL OR leader_id <> %s
-                                       ORDER BY id LIMIT %s))
-                RETURNING id, kafka_topic, convert_to(kafka_key, 'UTF8'), {v}, kafka_header_keys::text[],
-                          kafka_header_values::text[]""").format(o=self.names.outbox, v=value)
+                WITH m AS (
+                  UPDATE {o} SET leader_id = %s
+                  WHERE ctid = ANY(ARRAY(SELECT ctid FROM {o} WHERE leader_id IS NULL OR leader_id <> %s
+                                         ORDER BY id LIMIT %s))
+                  RETURNING id, kafka_topic, convert_to(kafka_key, 'UTF8') AS k, {v} AS v,
+                            kafka_header_keys::text[] AS hk, kafka_header_values::text[] AS hv)
+                SELECT m.*, a.attempts, a.last_error FROM m LEFT JOIN {a} AS a ON a.id = m.id""").format(
+                o=self.names.outbox, v=value, a=self.names.delivery_attempts)
         return self._conn
 
     def _run(self, what: str, query: sql.Composable, params: Sequence[Any]) -> psycopg.Cursor:
@@ -159,11 +190,26 @@ class OutboxDatabase:
 
     def mark(self, leader_id: uuid.UUID, limit: int) -> list[MarkedRow]:
         """Mark up to ``limit`` unowned (or other-leader-owned) rows for ``leader_id``; sorted by id."""
+        return self.mark_with_attempts(leader_id, limit)[0]
+
+    def mark_with_attempts(self, leader_id: uuid.UUID, limit: int) -> tuple[list[MarkedRow], MarkedAttempts]:
+        """:meth:`mark`, plus the persisted failed-attempt counts of the marked rows that have one."""
         conn = self.conn  # establishes the mark statement
         assert self._mark_sql is not None and conn is not None
-        rows: list[MarkedRow] = self._run("mark", self._mark_sql, (leader_id, leader_id, limit)).fetchall()
+        raw = self._run("mark", self._mark_sql, (leader_id, leader_id, limit)).fetchall()
+        attempts: MarkedAttempts = {r[0]: (r[6], r[7]) for r in raw if r[6] is not None}
+        rows: list[MarkedRow] = [r[:6] for r in raw]
         rows.sort()  # RETURNING order is unspecified; ids are unique so tuples sort by id
-        return rows
+        return rows, attempts
+
+    def record_attempts(self, items: Sequence[tuple[int, int, str]]) -> int:
+        """Persist failed delivery attempts ``(id, attempts so far, error)`` (a count never decreases)."""
+        return self._run("recording delivery attempts", self._attempts_sql,
+                         ([i for i, _, _ in items], [n for _, n, _ in items], [e for _, _, e in items])).rowcount
+
+    def forget_attempts(self, ids: Sequence[int]) -> int:
+        """Delete the attempt counts of rows that were delivered (or are gone)."""
+        return self._run("forgetting delivery attempts", self._forget_sql, (self._id_array(ids),)).rowcount
 
     @staticmethod
     def _id_array(ids: Sequence[int]) -> str:
@@ -185,8 +231,15 @@ class OutboxDatabase:
 
     # ---------------------------------------------------------------- --uuid-sequencing (DESIGN.md section 5)
     def start_view(self, leader_id: uuid.UUID, name: str) -> tuple[int, list[tuple[int, bytes, int, str, int]]]:
+        """:meth:`start_view_with_floor` without the clock floor."""
+        epoch, intents, _floor = self.start_view_with_floor(leader_id, name)
+        return epoch, intents
+
+    def start_view_with_floor(self, leader_id: uuid.UUID,
+                              name: str) -> tuple[int, list[tuple[int, bytes, int, str, int]], int]:
         """One transaction: bump the fence epoch (taking its row lock), then read every persisted,
         unconfirmed ACK intent ``(epoch, producer, clock, topic, partition)`` in commit order.
+        Also returns the clock floor: the largest ACK clock any view committed (``last_clock``).
 
         The intents are read by a statement *after* the UPDATE, so in READ COMMITTED it sees every
         commit that held the fence row lock before us."""
@@ -196,7 +249,7 @@ class OutboxDatabase:
             with conn.transaction():
                 row = conn.execute(sql.SQL(
                     "UPDATE {} SET epoch = epoch + 1, leader_id = %s, leader_name = %s, updated_at = now() "
-                    "RETURNING epoch").format(n.state), (leader_id, name)).fetchone()
+                    "RETURNING epoch, last_clock").format(n.state), (leader_id, name)).fetchone()
                 if row is None:
                     raise SchemaError(f"fence row of {n.display!r} is missing; run `harvest init-db` "
                                       f"(it is idempotent) to create it")
@@ -211,13 +264,16 @@ class OutboxDatabase:
             self.close()
             raise DatabaseError(f"starting a leader view on {n.display!r} failed: "
                                 f"{redact_error(str(exc), self._dsn).strip()}") from exc
-        return int(row[0]), [(int(e), bytes(p), int(c), t, int(pt)) for e, p, c, t, pt in intents]
+        floor = max([int(row[1])] + [int(c) for _e, _p, c, _t, _pt in intents])
+        return int(row[0]), [(int(e), bytes(p), int(c), t, int(pt)) for e, p, c, t, pt in intents], floor
 
     def commit_txn(self, epoch: int, leader_id: uuid.UUID, ids: Sequence[int], dead: Sequence[tuple[int, str, int]],
-                   producer: bytes, ack_clock: int, journals: Sequence[tuple[str, int]]) -> None:
+                   producer: bytes, ack_clock: int, journals: Sequence[tuple[str, int]],
+                   forget: Sequence[int] = ()) -> None:
         """Commit one harvest transaction (one DB transaction): lock the fence row and check it still
         holds ``epoch``; delete exactly ``ids`` (owned by ``leader_id``); move ``dead`` to the dead
-        letters; insert one ACK intent per journal. Raises :class:`FenceError` (rolled back) if the
+        letters; insert one ACK intent per journal; delete the attempt counts of ``forget`` (committed
+        rows that had failed before). Raises :class:`FenceError` (rolled back) if the
         fence moved or a row is no longer this view's."""
         n = self.names
         try:
@@ -226,11 +282,13 @@ class OutboxDatabase:
             # the results are checked before COMMIT, and a refusal rolls everything back. The fence
             # row is locked first, so the deletes below run under it either way.
             with conn.pipeline() as pipeline, conn.transaction():
-                fence = conn.execute(self._fence_sql)
+                fence = conn.execute(self._fence_sql, (ack_clock,))
                 deleted = conn.execute(self._commit_delete_sql, (self._id_array(ids), leader_id),
                                        binary=True) if ids else None
                 moved = conn.execute(self._commit_dlq_sql, ([i for i, _, _ in dead], [e for _, e, _ in dead],
                                                             [a for _, _, a in dead], leader_id)) if dead else None
+                if forget:
+                    conn.execute(self._forget_sql, (self._id_array(forget),))
                 if journals:
                     conn.execute(self._intent_sql, (epoch, producer, ack_clock, [t for t, _ in journals],
                                                     [p for _, p in journals]))

@@ -30,6 +30,14 @@ While leader, with ``leader_id`` the current *view*:
 5. **dead letters**: a record that failed ``maxDeliveryAttempts`` times, or can never be sent (bad
    row, record too large, invalid/unknown topic), is moved to the dead-letter table (one statement:
    delete + insert) and its key moves on; other keys never wait for it.
+6. **outage or poison**: a record that waited out its delivery timeout (``limits.rowTimeout``,
+   which ``message.timeout.ms`` derives from) counts as a failed attempt only if other records were
+   delivered meanwhile; if nothing was (broker or network outage) it is reset and re-sent without
+   counting, so an outage never fills the dead-letter table.
+7. **attempt counts are persisted**: every failed attempt is written to the delivery-attempts
+   table with the write-behind job that also resets the row, i.e. before the row can be sent again;
+   the mark returns each row's stored count. So relay restarts, crashes and leader changes do not
+   reset the count: a row that keeps failing reaches the dead letters whichever process tries it.
 
 Invariants (tested in ``tests/test_producer``):
 - a row is deleted from the outbox only after Kafka acknowledged it (or it was dead-lettered);
@@ -55,21 +63,25 @@ from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Message
 
-from harvest_outbox.producer.config import MARK_FLOOR, HarvestConfig
-from harvest_outbox.producer.db import Listener, MarkedRow, OutboxDatabase
-from harvest_outbox.producer.election import LeaderElection, NeliElection
-from harvest_outbox.producer.errors import DatabaseError, HarvestError
-from harvest_outbox.producer.events import (Event, EventHandler, LeaderAcquired, LeaderFenced, LeaderRefreshed, LeaderRevoked,
-                                            MeterRead)
-from harvest_outbox.producer.kafka import (FatalErrorGuard, KafkaProducer, ProducerFactory, confluent_producer, is_permanent,
-                                           is_size_refusal)
-from harvest_outbox.producer.marksize import MarkSize
-from harvest_outbox.producer.preflight import TopicGuard, header_bytes, too_large
-from harvest_outbox.producer.metrics import Metrics, MeterStats, start_prometheus
-from harvest_outbox.producer.redact import redact_kafka_config
-from harvest_outbox.producer.schema import OutboxNames
+from producer.config import MARK_FLOOR, HarvestConfig
+from producer.db import Listener, MarkedAttempts, MarkedRow, OutboxDatabase
+from producer.election import LeaderElection, NeliElection
+from producer.errors import DatabaseError, HarvestError
+from producer.events import (Event, EventHandler, LeaderAcquired, LeaderFenced, LeaderRefreshed, LeaderRevoked,
+                             MeterRead)
+from producer.kafka import (FatalErrorGuard, KafkaProducer, ProducerFactory, confluent_producer, is_permanent,
+                            is_size_refusal)
+from producer.marksize import MarkSize
+from producer.preflight import TopicGuard, header_bytes, too_large
+from producer.metrics import Metrics, MeterStats, start_prometheus
+from producer.redact import redact_kafka_config
+from producer.schema import OutboxNames
 
 log = logging.getLogger(__name__)
+
+# Delivery reports of records the relay itself purged from the producer's queue.
+_PURGED = frozenset(c for c in (getattr(KafkaError, "_PURGE_QUEUE", None), getattr(KafkaError, "_PURGE_INFLIGHT", None))
+                    if c is not None)
 
 
 class State(enum.Enum):
@@ -160,17 +172,25 @@ class Harvest:
         self._waiting: dict[bytes, deque[MarkedRow]] = {}  # key -> records behind the in-flight one
         self._waiting_count = 0
         self._in_flight: dict[bytes, MarkedRow] = {}  # key -> the one unacknowledged record of that key
-        self._attempts: dict[int, int] = {}  # id -> failed attempts (this process)
+        self._attempts: dict[int, int] = {}  # id -> failed attempts (persisted ones included, from the mark)
+        self._attempt_buf: list[tuple[int, int, str]] = []  # (id, attempts, error) to persist
+        self._forget_buf: list[int] = []  # delivered ids that had a persisted attempt count
         self._purge_buf: list[int] = []
         self._reset_buf: list[int] = []
         self._dlq_buf: list[tuple[int, str, int]] = []
+        # missingTopicPolicy: hold — rows of missing topics, by topic, in id order (marked by this
+        # view; dropped with it and re-marked by the next one)
+        self._hold_missing = config.missing_topic_policy == "hold"
+        self._held: dict[str, deque[MarkedRow]] = {}
+        self._held_count = 0
+        self._next_hold_check = 0.0
         self._remark = False
         self._producer_fatal = False
         self._draining = False
         self._next_flush = 0.0
         self._exec: ThreadPoolExecutor | None = None
         self._mark_exec: ThreadPoolExecutor | None = None
-        self._mark_future: Future[list[MarkedRow]] | None = None
+        self._mark_future: Future[tuple[list[MarkedRow], MarkedAttempts]] | None = None
         self._mark_view: uuid.UUID | None = None
         ceiling = self.limits.mark_ceiling
         self.mark_size = MarkSize(min(MARK_FLOOR, ceiling), ceiling)
@@ -180,6 +200,9 @@ class Harvest:
         self._next_mark = 0.0
         self._idle = False
         self._next_metrics = 0.0
+        # (monotonic time, metrics.delivered) samples, ~4 per second over the last rowTimeout: did
+        # anything get delivered while a failed record was waiting (poison) or not (outage)?
+        self._delivered_samples: deque[tuple[float, int]] = deque()
 
     def _own_header_bytes(self) -> int:
         """Bytes of headers the relay adds to every record (none in at-least-once mode)."""
@@ -312,6 +335,11 @@ class Harvest:
                         self._remark = True
                     self._stop_requested.wait(self.limits.io_error_backoff)
                 now = time.monotonic()
+                samples = self._delivered_samples
+                if not samples or now - samples[-1][0] >= 0.25:
+                    samples.append((now, self._delivered_count()))
+                    while now - samples[0][0] > self.limits.row_timeout + 1.0:
+                        samples.popleft()
                 if now >= self._next_metrics:
                     self._next_metrics = now + self.limits.min_metrics_interval
                     self._read_meter()
@@ -352,7 +380,7 @@ class Harvest:
 
     def _gauges(self) -> tuple[int, int]:
         """(in-flight records, queued records) for the meter."""
-        return len(self._in_flight), len(self._ready) + self._waiting_count
+        return len(self._in_flight), len(self._ready) + self._waiting_count + self._held_count
 
     def _read_meter(self) -> None:
         """Take a meter reading. The leader's backlog figures come from a query on the mark
@@ -417,6 +445,8 @@ class Harvest:
             self._refresh()
             return
         self._guard.expire(time.monotonic())
+        if self._held:
+            self._release_held(time.monotonic())
         if self._ready:
             self._dispatch()
         producer.poll(0)
@@ -425,7 +455,7 @@ class Harvest:
             self._check_db()
         # Write-behind with at most one write job at a time: while the database deletes one batch
         # the next one grows, so the batch size follows the database's speed (group commit).
-        if (self._purge_buf or self._dlq_buf or self._reset_buf) and not self._db_futures and (
+        if (self._purge_buf or self._dlq_buf or self._reset_buf or self._attempt_buf) and not self._db_futures and (
                 now >= self._next_flush or len(self._purge_buf) >= self.limits.purge_batch_records):
             self._flush_db()
             self._next_flush = now + self.limits.purge_interval
@@ -435,10 +465,12 @@ class Harvest:
         if mark is not None:
             if mark.done():
                 self._mark_future = None
-                rows = mark.result()  # DatabaseError -> main loop: back off, remark
+                rows, persisted = mark.result()  # DatabaseError -> main loop: back off, remark
                 self.mark_size.observe(self._mark_asked, len(rows))
                 if self._mark_view != self._leader_id:
                     return  # marked for an abandoned view; the current view re-marks them
+                if persisted:
+                    rows = self._take_attempts(rows, persisted)
                 if rows:
                     self._ready.extend(rows)
                     self._idle = False
@@ -458,7 +490,7 @@ class Harvest:
             producer.poll(0.001)
             if self._idle and self._mark_future is None and self._listener is not None and self._listener.pending():
                 self._next_mark = 0.0  # a stasher committed: mark now rather than after markBackoff
-        elif self._purge_buf or self._dlq_buf or self._reset_buf:
+        elif self._purge_buf or self._dlq_buf or self._reset_buf or self._attempt_buf or self._forget_buf:
             self._flush_db()
         else:
             # Idle: sleep until a stasher commits (NOTIFY) or the fallback poll / next pulse is due.
@@ -470,7 +502,29 @@ class Harvest:
         assert self._mark_exec is not None and self._mark_db is not None and self._leader_id is not None
         self._mark_view = self._leader_id
         self._mark_asked = self.mark_size.value
-        self._mark_future = self._mark_exec.submit(self._mark_db.mark, self._leader_id, self._mark_asked)
+        self._mark_future = self._mark_exec.submit(self._mark_db.mark_with_attempts, self._leader_id, self._mark_asked)
+
+    def _take_attempts(self, rows: list[MarkedRow], persisted: MarkedAttempts) -> list[MarkedRow]:
+        """Adopt the stored attempt counts of freshly marked rows; dead-letter (and drop from
+        ``rows``) those that already used up ``maxDeliveryAttempts`` — e.g. in processes that crashed."""
+        limit = self.limits.max_delivery_attempts
+        attempts = self._attempts
+        spent: set[int] = set()
+        for rid, (n, error) in persisted.items():
+            attempts[rid] = max(attempts.get(rid, 0), n)
+            if attempts[rid] >= limit:
+                spent.add(rid)
+        if not spent:
+            return rows
+        kept = []
+        for row in rows:
+            if row[0] in spent:
+                n, error = persisted[row[0]]
+                self._dead_letter(row, f"failed {attempts[row[0]]} delivery attempts (counted across relay "
+                                       f"restarts); last error: {error}", attempts[row[0]])
+            else:
+                kept.append(row)
+        return kept
 
     def _dispatch(self) -> None:
         """Send ready records in id order while in-flight room remains; park busy keys' records."""
@@ -502,10 +556,16 @@ class Harvest:
             if reason is not None:
                 self._dead_letter(row, f"bad row: {reason}", 0)
                 return False
+        if self._held and topic in self._held:
+            self._hold(row)  # behind the same topic's held rows
+            return False
         verdict = self._guard.verdicts.get(topic)  # type: ignore[arg-type]
         if verdict is None:
             verdict = self._guard.verdict(topic)  # type: ignore[arg-type]
         if verdict.__class__ is str:
+            if self._hold_missing and topic in self._guard.missing:
+                self._hold(row)
+                return False
             self._dead_letter(row, f"cannot be sent: {verdict}", 0)
             return False
         size = len(key) + (len(value) if value is not None else 0)  # type: ignore[arg-type]
@@ -544,12 +604,34 @@ class Harvest:
         if err is None:
             self._purge_buf.append(row[0])
             self.metrics.delivered += 1
-            if self._attempts:
-                self._attempts.pop(row[0], None)
+            if self._attempts and self._attempts.pop(row[0], None) is not None:
+                self._forget_buf.append(row[0])
             if key in self._waiting and not self._remark:
                 self._release(key)
-        elif not self._failed(row, err, synchronous=False):
+        elif self._draining and err.code() in _PURGED:
+            return  # we gave up on it (drain timed out): the next view re-marks it; not an attempt
+        elif not self._failed(row, err, synchronous=False, latency=msg.latency()):
             self._release(key)
+
+    def _waited_out(self, latency: float | None) -> bool:
+        """Did a failed record wait (about) its whole delivery timeout?"""
+        return latency is not None and latency >= 0.8 * self.limits.row_timeout
+
+    def _delivered_count(self) -> int:
+        """Records acknowledged so far (sampled to tell poison from outage)."""
+        return self.metrics.delivered
+
+    def _served_meanwhile(self, latency: float) -> bool:
+        """Did the broker acknowledge other records during the second half of a failed record's
+        ``latency`` wait? (Only the second half: a broker that froze shortly after the record was
+        sent has delivered records early in the wait, yet it is an outage, not poison.)"""
+        start = time.monotonic() - latency / 2
+        before = None
+        for t, n in self._delivered_samples:
+            if t > start:
+                break
+            before = n
+        return before is not None and self._delivered_count() > before
 
     def _release(self, key: bytes) -> None:
         """``key`` has nothing in flight: send its next parked record(s)."""
@@ -562,10 +644,20 @@ class Harvest:
             if self._send(row):
                 return
 
-    def _failed(self, row: MarkedRow, err: KafkaError, synchronous: bool) -> bool:
+    def _failed(self, row: MarkedRow, err: KafkaError, synchronous: bool, latency: float | None = None) -> bool:
         """A produce/delivery failure. Returns False if the record was dead-lettered (key free),
         True if the relay will reset + remark (key stays blocked until then)."""
         self.metrics.delivery_failures += 1
+        if not synchronous and self._waited_out(latency) and not self._served_meanwhile(latency):  # type: ignore[arg-type]
+            # Nothing was delivered while this record waited: an outage, not this row's fault.
+            log.warning("delivery of record %d timed out after %.1fs while no record was delivered (broker or "
+                        "network outage?): %s; re-sending it later, not counted as an attempt", row[0], latency,
+                        err.str())
+            if err.fatal():
+                self._producer_fatal = True
+            self._reset_buf.append(row[0])
+            self._remark = True
+            return True
         attempts = self._attempts.get(row[0], 0) + 1
         self._attempts[row[0]] = attempts
         if is_size_refusal(err) and row[1]:
@@ -580,9 +672,37 @@ class Harvest:
                     err.str())
         if err.fatal():
             self._producer_fatal = True
+        self._attempt_buf.append((row[0], attempts, f"{err.name()}: {err.str()}"))
         self._reset_buf.append(row[0])
         self._remark = True
         return True
+
+    def _hold(self, row: MarkedRow) -> None:
+        """missingTopicPolicy hold: keep ``row`` (its topic does not exist) until the topic does."""
+        topic: str = row[1]  # type: ignore[assignment]
+        held = self._held.get(topic)
+        if held is None:
+            log.warning("topic %r does not exist: holding its rows until it does (missingTopicPolicy: hold); "
+                        "rows of other topics flow", topic)
+            held = self._held[topic] = deque()
+        held.append(row)
+        self._held_count += 1
+
+    def _release_held(self, now: float) -> None:
+        """Every ``missing_ttl``: topics that exist now get their held rows back, ahead of the
+        ready queue (they are older than anything of their topic queued after them)."""
+        if now < self._next_hold_check:
+            return
+        self._next_hold_check = now + self._guard.missing_ttl
+        for topic in list(self._held):
+            verdict = self._guard.verdict(topic)
+            if topic in self._guard.missing:
+                continue
+            rows = self._held.pop(topic)
+            self._held_count -= len(rows)
+            log.info("topic %r exists now (%s): releasing %d held row(s)", topic,
+                     "ok" if verdict.__class__ is not str else verdict, len(rows))
+            self._ready.extendleft(reversed(rows))
 
     def _dead_letter(self, row: MarkedRow, error: str, attempts: int) -> None:
         log.error("record %d (topic %r) moved to dead letters: %s", row[0], row[1], error)
@@ -591,14 +711,17 @@ class Harvest:
         self.metrics.dead_lettered += 1
 
     def _flush_db(self, wait: bool = False) -> None:
-        """Hand buffered dead letters, purges and resets to the DB worker (in that order, one job).
-        With ``wait``, block until every submitted job (and any pending mark) is done; raise the
-        first error."""
-        if self._dlq_buf or self._purge_buf or self._reset_buf:
+        """Hand buffered dead letters, purges, attempt counts and resets to the DB worker (in that
+        order, one job: a failed attempt is stored before its row is reset, i.e. before it can be
+        re-sent). With ``wait``, block until every submitted job (and any pending mark) is done;
+        raise the first error."""
+        if self._dlq_buf or self._purge_buf or self._reset_buf or self._attempt_buf or self._forget_buf:
             db, exec_ = self._db, self._exec
             assert db is not None and exec_ is not None
             dlq, purge, reset = self._dlq_buf, self._purge_buf, self._reset_buf
+            tried, forget = self._attempt_buf, self._forget_buf
             self._dlq_buf, self._purge_buf, self._reset_buf = [], [], []
+            self._attempt_buf, self._forget_buf = [], []
             backoff = self.limits.io_error_backoff
 
             def job() -> None:
@@ -610,6 +733,12 @@ class Harvest:
                         if purge:
                             db.purge(purge)
                             purge.clear()
+                        if forget:
+                            db.forget_attempts(forget)
+                            forget.clear()
+                        if tried:
+                            db.record_attempts(tried)
+                            tried.clear()
                         if reset:
                             db.reset(reset)
                         return
@@ -667,6 +796,8 @@ class Harvest:
             self._draining = False
 
     def _clear_queues(self) -> None:
+        self._held.clear()  # still marked by the old view: the next view re-marks them
+        self._held_count = 0
         self._ready.clear()
         self._waiting.clear()
         self._waiting_count = 0
@@ -703,6 +834,7 @@ class Harvest:
             # The rows stay marked by a leader id nobody will use again: the next leader re-marks them.
             log.warning("could not flush purges while giving up leadership (records will be re-sent): %s", exc)
             self._purge_buf, self._dlq_buf, self._reset_buf = [], [], []
+            self._attempt_buf, self._forget_buf = [], []
         self._attempts.clear()
         self._leader_id = None
         self._remark = False

@@ -75,6 +75,8 @@ class TopicGuard:
         self._overhead = RECORD_OVERHEAD + extra_overhead
         self.ttl, self.missing_ttl, self.timeout = ttl, missing_ttl, timeout
         self.verdicts: dict[str, int | str] = {}  # the relay reads this directly (hot path)
+        self.missing: set[str] = set()  # topics whose verdict is "does not exist" (for the hold policy)
+        self._was_missing = False
         self._expires: dict[str, float] = {}
         self._next_expiry = float("inf")
         self._sized: set[str] = set()  # topics whose records are checked uncompressed (see check_sizes)
@@ -84,7 +86,12 @@ class TopicGuard:
         got = self.verdicts.get(topic)
         if got is not None:
             return got
+        self._was_missing = False
         got, ttl = self._lookup(topic)
+        if self._was_missing:
+            self.missing.add(topic)
+        else:
+            self.missing.discard(topic)
         self.verdicts[topic] = got
         expires = time.monotonic() + ttl
         self._expires[topic] = expires
@@ -149,6 +156,7 @@ class TopicGuard:
             except KafkaException as exc:
                 err: KafkaError = exc.args[0]
                 if err.code() in (KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_TOPIC):
+                    self._was_missing = True
                     return (f"topic {topic!r} does not exist (and the broker does not create topics on first "
                             f"use); create it, then `harvest dead-letters requeue`", self.missing_ttl)
                 if err.code() == KafkaError.TOPIC_AUTHORIZATION_FAILED:

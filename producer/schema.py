@@ -5,10 +5,16 @@ Objects, for an outbox table ``[schema.]name``:
   kafka_value, kafka_header_keys, kafka_header_values, leader_id``); ``kafka_value`` is
   ``VARCHAR`` (goharvest) or ``BYTEA`` (binary payloads). Existing goharvest tables work unchanged.
 - ``name_dead_letters``: rows the relay gave up on, with the error and attempt count.
-- ``name_harvest_state``: one row (``epoch``, ``leader_id``, ``leader_name``, ``updated_at``) — the
-  fence of ``--uuid-sequencing``: every leader view increments ``epoch``; a commit checks it.
+- ``name_harvest_state``: one row (``epoch``, ``leader_id``, ``leader_name``, ``updated_at``,
+  ``last_clock``) — the fence of ``--uuid-sequencing``: every leader view increments ``epoch``; a
+  commit checks it and raises ``last_clock`` to its ACK clock, the floor of every later view's
+  UUID clock (so clocks rise across views even when a leader's wall clock steps back).
 - ``name_ack_intents``: persisted, not yet confirmed ACK_TXN intents of committed harvest
   transactions (``epoch``, ``producer``, ``clock``, ``topic``, ``kafka_partition``).
+- ``name_delivery_attempts``: failed delivery attempts per outbox row id (``attempts``,
+  ``last_error``, ``updated_at``), so ``maxDeliveryAttempts`` counts across relay restarts and
+  leader changes. Rows exist only for ids that failed at least once; they are deleted when the row
+  is delivered, committed or dead-lettered.
 - ``harvest_notify()`` + statement-level trigger ``name_notify``: ``pg_notify(channel)`` after each
   INSERT statement. Notifications are delivered at commit (and dropped on rollback), so any writer,
   including goharvest's Go stasher, wakes the relay without code changes.
@@ -121,6 +127,10 @@ class OutboxNames:
         return self._ident(_derived(self.table, "_ack_intents"))
 
     @property
+    def delivery_attempts(self) -> sql.Identifier:
+        return self._ident(_derived(self.table, "_delivery_attempts"))
+
+    @property
     def notify_function(self) -> sql.Identifier:
         return self._ident("harvest_notify")
 
@@ -189,6 +199,9 @@ def outbox_ddl(names: OutboxNames, value_type: ValueType = "varchar") -> list[sq
         )""").format(state=names.state))
     stmts.append(sql.SQL("INSERT INTO {state} (singleton) VALUES (true) ON CONFLICT DO NOTHING").format(
         state=names.state))
+    # Added after the first release: ALTER … IF NOT EXISTS upgrades older state tables in place.
+    stmts.append(sql.SQL("ALTER TABLE {state} ADD COLUMN IF NOT EXISTS last_clock BIGINT NOT NULL DEFAULT 0").format(
+        state=names.state))
     # One row per (producer, partition): a commit replaces the producer's older intent there, so a
     # recovery never re-sends an old ACK that would roll back the producer's newer, committed span.
     # clock: a Gazette clock (60-bit timestamp << 4 | counter) fits a signed BIGINT until the year 5236.
@@ -202,6 +215,15 @@ def outbox_ddl(names: OutboxNames, value_type: ValueType = "varchar") -> list[sq
           create_time     TIMESTAMP WITH TIME ZONE NOT NULL DEFAULT now(),
           PRIMARY KEY (producer, topic, kafka_partition)
         )""").format(acks=names.ack_intents))
+    # Failed delivery attempts per outbox id (no foreign key: the outbox row is deleted first by
+    # goharvest-style purges, and a dangling count is harmless, deleted with the next dead letter).
+    stmts.append(sql.SQL("""
+        CREATE TABLE IF NOT EXISTS {attempts} (
+          id          BIGINT PRIMARY KEY,
+          attempts    INTEGER NOT NULL,
+          last_error  TEXT,
+          updated_at  TIMESTAMP WITH TIME ZONE NOT NULL DEFAULT now()
+        )""").format(attempts=names.delivery_attempts))
     stmts.append(sql.SQL("""
         CREATE OR REPLACE FUNCTION {fn}() RETURNS trigger LANGUAGE plpgsql AS $$
         BEGIN
@@ -252,3 +274,21 @@ def inspect_outbox(conn: psycopg.Connection, names: OutboxNames) -> ValueType:
         raise SchemaError(f"outbox table {names.display!r} lacks column(s) {', '.join(sorted(missing))}; "
                           f"expected goharvest's schema ({', '.join(sorted(_EXPECTED))})")
     return "bytea" if cols["kafka_value"] == "bytea" else "varchar"
+
+
+def require_attempts_table(conn: psycopg.Connection, names: OutboxNames) -> None:
+    """The relay refuses to run without the delivery-attempts table rather than silently counting
+    attempts in memory only (a crash loop on a row would then never park it), and without the
+    state row's ``last_clock`` (the UUID clock floor of ``--uuid-sequencing``)."""
+    row = conn.execute("SELECT to_regclass(%s)::oid", (names.delivery_attempts.as_string(conn),)).fetchone()
+    if row is None or row[0] is None:
+        raise SchemaError(f"table {names.delivery_attempts.as_string(conn)} (delivery-attempt counts, which make "
+                          f"maxDeliveryAttempts survive relay restarts) does not exist: the outbox {names.display!r} "
+                          f"was initialised by an older harvest. Fix: run `harvest init-db` again (idempotent; it only "
+                          f"adds what is missing)")
+    row = conn.execute("SELECT 1 FROM pg_attribute WHERE attrelid = to_regclass(%s) AND attname = 'last_clock' "
+                       "AND NOT attisdropped", (names.state.as_string(conn),)).fetchone()
+    if row is None:
+        raise SchemaError(f"{names.state.as_string(conn)} lacks column last_clock (the UUID clock floor that keeps "
+                          f"--uuid-sequencing clocks rising across leaders): the outbox {names.display!r} was "
+                          f"initialised by an older harvest. Fix: run `harvest init-db` again (idempotent)")

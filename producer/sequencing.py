@@ -15,7 +15,10 @@ Protocol, per leader *view* (a view starts on acquisition and after every failur
    ``uuid`` = 16 raw bytes; key, value and headers untouched) through the one idempotent producer.
    A transaction closes at ``txnMaxRecords`` records, ``txnMaxDuration`` after its first record, or
    when the backlog is drained. One monotonic Clock per view: clocks rise in publish order; a
-   transaction's ACK clock is ticked when it closes, so ACK clocks rise in transaction order.
+   transaction's ACK clock is ticked when it closes, so ACK clocks rise in transaction order. A view's
+   Clock starts at the state row's ``last_clock`` (raised to each committed ACK clock by the fenced
+   commit) or the wall clock, whichever is later: clocks rise across views and leaders even when a
+   leader's wall clock is behind or steps back.
 4. **Commit** (when every record of transaction *k* is delivered, strictly in transaction order):
    one DB transaction locks the fence row and checks the epoch, deletes exactly the transaction's
    ids ``AND leader_id = $leader`` (row count must match), dead-letters its poison rows and inserts
@@ -42,8 +45,11 @@ Protocol, per leader *view* (a view starts on acquisition and after every failur
 Poison records: a record whose production fails synchronously with a permanent error (too large,
 unknown topic) or that is malformed is dead-lettered *inside* the current transaction's fenced
 commit (it never reached the log). A record whose delivery keeps failing abandons the view each time;
-after ``maxDeliveryAttempts`` such failures (counted per row id, in this process) or one permanent
-asynchronous error, the next view dead-letters it in its fenced commit instead of producing it again.
+after ``maxDeliveryAttempts`` such failures or one permanent asynchronous error, the next view
+dead-letters it in its fenced commit instead of producing it again. Failed attempts are counted per
+row id in the delivery-attempts table: written while the failed view winds down (before the row can
+be produced again), read back by the mark, deleted by the commit that delivers or dead-letters the
+row — so the count survives crashes and leader changes.
 
 Test hooks (for crash tests): ``HARVEST_TEST_CRASH_AT=point:n`` SIGKILLs the process and
 ``HARVEST_TEST_PAUSE_AT=point:n`` SIGSTOPs it the n-th time it reaches ``point``, one of
@@ -61,17 +67,19 @@ import time
 import uuid
 from collections import deque
 from concurrent.futures import Future
+from functools import partial
 from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Message
 
-from harvest_outbox.producer.db import MarkedRow
-from harvest_outbox.producer.errors import DatabaseError, FenceError, ProducerError
-from harvest_outbox.producer.events import LeaderRefreshed, ViewStarted
-from harvest_outbox.producer.harvest import Harvest, _bad_row_reason
-from harvest_outbox.producer.kafka import FatalErrorGuard, is_permanent, is_size_refusal
-from harvest_outbox.producer.preflight import header_bytes, too_large
-from harvest_outbox.sequencer import TICK, Clock, Flags, new_producer_id
+from producer.db import MarkedRow
+from producer.errors import DatabaseError, FenceError, ProducerError
+from producer.events import LeaderRefreshed, ViewStarted
+from producer.harvest import Harvest, _bad_row_reason
+from producer.kafka import FatalErrorGuard, is_permanent, is_size_refusal
+from producer.preflight import header_bytes, too_large
+from sequencer import TICK, Clock, Flags, new_producer_id
+from sequencer.clock import clock_from_unix_ns
 
 log = logging.getLogger(__name__)
 _yield = time.sleep
@@ -125,15 +133,21 @@ class _TestHook:
 class _View:
     """One leader view: fence epoch, leader id, clock and producer ring."""
 
-    __slots__ = ("clock", "epoch", "failed", "k", "last_ack", "leader_id", "ring")
+    __slots__ = ("clock", "epoch", "failed", "k", "last_ack", "leader_id", "max_ok", "ring")
 
-    def __init__(self, leader_id: uuid.UUID, epoch: int, ring_size: int) -> None:
+    def __init__(self, leader_id: uuid.UUID, epoch: int, ring_size: int, now_ns: int, floor: int = 0) -> None:
         self.leader_id = leader_id
         self.epoch = epoch
-        self.clock = Clock()
-        self.clock.update(time.time_ns())
+        # Never below the largest ACK clock committed by any earlier view (the state row's
+        # last_clock): a leader whose wall clock is behind (stepped back, or a standby with a slow
+        # clock) still stamps clocks above everything readers have seen committed.
+        self.clock = Clock(floor)
+        self.clock.update(now_ns)
         self.ring = [new_producer_id() for _ in range(ring_size)]
         self.k = 0  # transactions opened
+        # Largest clock of an acknowledged record of this view: a failed record with a smaller clock
+        # waited while the broker acknowledged records sent after it (poison, not an outage).
+        self.max_ok = 0
         self.failed = False  # set by the DB worker when a commit of this view failed
         self.last_ack: dict[tuple[bytes, str, int], int] = {}  # (producer, topic, partition) -> ACK clock
 
@@ -142,7 +156,7 @@ class _Txn:
     """One harvest transaction."""
 
     __slots__ = ("ack_clock", "ack_failed", "ack_pending", "closed", "commit", "dead", "failures", "first_clock",
-                 "firsts", "ids", "journals", "k", "opened", "pending", "producer", "producer_int", "rows", "view")
+                 "ids", "journals", "k", "opened", "pending", "producer", "producer_int", "rows", "view")
 
     def __init__(self, view: _View, k: int, producer: bytes, now: float) -> None:
         self.view = view
@@ -156,9 +170,7 @@ class _Txn:
         self.pending = 0  # produced, delivery report not yet seen
         # touched (topic, partition) -> clock of the first record there (from delivery reports)
         self.journals: dict[tuple[str, int], int] = {}
-        # key -> clock of the transaction's first record of that key (see on_delivery)
-        self.firsts: dict[bytes, int] = {}
-        self.failures: list[tuple[KafkaError, Message | None]] = []
+        self.failures: list[tuple[KafkaError, Message | None, int]] = []  # (error, message, its clock)
         self.first_clock = 0
         self.ack_clock = 0
         self.closed = False
@@ -166,22 +178,23 @@ class _Txn:
         self.ack_pending = 0
         self.ack_failed = False
 
-    def on_delivery(self, err: KafkaError | None, msg: Message) -> None:
-        """Delivery report of one of the transaction's records (one callback object per
-        transaction: librdkafka's delivery reports carry no headers, so the record's clock is found
-        through its key)."""
+    def on_delivery(self, clock: int, err: KafkaError | None, msg: Message) -> None:
+        """Delivery report of the record stamped ``clock`` (bound per record with functools.partial:
+        librdkafka's delivery reports carry no headers, so the clock cannot be read back from them;
+        the poison-or-outage rule needs every record's clock)."""
         self.pending -= 1
-        if err is not None:
-            self.failures.append((err, msg))
+        if err is None:
+            if clock > self.view.max_ok:
+                self.view.max_ok = clock
+        else:
+            self.failures.append((err, msg, clock))
             if msg is None or msg.partition() is None or msg.partition() < 0:
                 return  # (a failed record with a known partition may be in the log anyway)
         j = (msg.topic(), msg.partition())
         if j not in self.journals:  # once per partition per transaction: reports arrive in log order
             # The first clock of this producer in this partition: a rollback ACK at clock - 1 equals
-            # the reader's implicit last ACK, so it is a clean ACK_ROLLBACK. The first record reported
-            # in a partition was the first produced there, and so its key's first in the
-            # transaction (an earlier record of that key would be in the same partition, before it).
-            self.journals[j] = self.firsts.get(msg.key(), self.first_clock)  # type: ignore[arg-type]
+            # the reader's implicit last ACK, so it is a clean ACK_ROLLBACK.
+            self.journals[j] = clock
 
     def on_ack(self, err: KafkaError | None, msg: Message) -> None:
         self.ack_pending -= 1
@@ -226,6 +239,8 @@ class SequencedHarvest(Harvest):
         # could overtake the missing one in a partition); recovery re-sends every intent in order.
         self._ack_broken = False
         self.views_started = 0
+        #: The wall clock UUID clocks follow (Unix ns). A seam: tests step it back.
+        self.wall_clock_ns = time.time_ns
         # Adaptive transaction size (AIMD): a delivery failure abandons every transaction in flight,
         # so under a steady error rate e, big transactions almost never commit (a transaction of n
         # records commits with probability (1-e)^n). Halve on such an abandonment, grow by half on
@@ -280,8 +295,10 @@ class SequencedHarvest(Harvest):
         mark = self._mark_future
         if mark is not None and mark.done():
             self._mark_future = None
-            rows = mark.result()  # DatabaseError -> main loop: back off, abandon the view
+            rows, persisted = mark.result()  # DatabaseError -> main loop: back off, abandon the view
             self.mark_size.observe(self._mark_asked, len(rows))
+            if persisted and self._mark_view == view.leader_id:
+                self._take_persisted(persisted)
             if self._mark_view == view.leader_id:
                 self._ready.extend(rows)
                 self._last_mark_short = len(rows) < self._mark_asked
@@ -290,6 +307,8 @@ class SequencedHarvest(Harvest):
                     self._next_mark = now + self.limits.mark_backoff
         elif mark is None and len(self._ready) < 2 * self.mark_size.value and now >= self._next_mark:
             self._submit_mark()
+        if self._held:
+            self._release_held(now)
         if self._ready:
             self._fill(now)
         in_flight = self._in_flight_count()
@@ -381,7 +400,7 @@ class SequencedHarvest(Harvest):
             return None  # ring full: txn k must wait until ACK k-M is enqueued
         k = view.k
         view.k += 1
-        view.clock.update(time.time_ns())
+        view.clock.update(self.wall_clock_ns())
         t = _Txn(view, k, view.ring[k % len(view.ring)], now)
         t.first_clock = view.clock.value + TICK
         self._txns.append(t)
@@ -410,9 +429,9 @@ class SequencedHarvest(Harvest):
             t = self._open(now)
             if t is None:
                 return
-            cb = t.on_delivery  # one bound method for all the transaction's records
+            cb = t.on_delivery
             prod = t.producer_int
-            rows, ids, firsts = t.rows, t.ids, t.firsts
+            rows, ids = t.rows, t.ids
             while ready and in_flight < limit:
                 row = ready[0]
                 rid, topic, key, value, hkeys, hvals = row
@@ -428,11 +447,18 @@ class SequencedHarvest(Harvest):
                         ready.popleft()
                         self._dead_letter_in(t, row, f"bad row: {reason}", 0)
                         continue
+                if self._held and topic in self._held:
+                    ready.popleft()
+                    self._hold(row)
+                    continue
                 verdict = verdicts.get(topic)  # type: ignore[arg-type]
                 if verdict is None:
                     verdict = self._guard.verdict(topic)  # type: ignore[arg-type]
                 if verdict.__class__ is str:
                     ready.popleft()
+                    if self._hold_missing and topic in self._guard.missing:
+                        self._hold(row)
+                        continue
                     self._dead_letter_in(t, row, f"cannot be sent: {verdict}", 0)
                     continue
                 size = len(key) + (len(value) if value is not None else 0)  # type: ignore[arg-type]
@@ -446,7 +472,7 @@ class SequencedHarvest(Harvest):
                 if hkeys:
                     headers.extend(zip(hkeys, hvals))  # type: ignore[arg-type]
                 try:
-                    producer.produce(topic, value, key, headers=headers, on_delivery=cb)  # type: ignore[arg-type]
+                    producer.produce(topic, value, key, headers=headers, on_delivery=partial(cb, c))  # type: ignore[arg-type]
                 except BufferError:
                     producer.poll(0.005)
                     in_flight = self._in_flight_count()
@@ -476,8 +502,6 @@ class SequencedHarvest(Harvest):
                 ready.popleft()
                 self._sync_failures = 0
                 clock.value = c
-                if key not in firsts:
-                    firsts[key] = c  # type: ignore[index]
                 t.pending += 1
                 rows.append(row)
                 ids.append(rid)
@@ -497,6 +521,16 @@ class SequencedHarvest(Harvest):
         t.dead.append((row[0], error, attempts))
         self.metrics.dead_lettered += 1
 
+    def _take_persisted(self, persisted: dict[int, tuple[int, str | None]]) -> None:
+        """Adopt the stored attempt counts of freshly marked rows; rows that used them up (in this
+        or in crashed processes) are dead-lettered by the transaction that meets them."""
+        limit = self.limits.max_delivery_attempts
+        for rid, (n, error) in persisted.items():
+            n = self._attempts[rid] = max(self._attempts.get(rid, 0), n)
+            if n >= limit and rid not in self._poison:
+                self._poison[rid] = (f"failed {n} delivery attempts (counted across relay restarts); "
+                                     f"last error: {error}", n)
+
     def _count_failure(self, rid: int, err: KafkaError, asynchronous: bool) -> None:
         self.metrics.delivery_failures += 1
         attempts = self._attempts.get(rid, 0) + 1
@@ -505,6 +539,7 @@ class SequencedHarvest(Harvest):
         if permanent or attempts >= self.limits.max_delivery_attempts:
             why = "cannot be sent" if permanent else f"failed {attempts} delivery attempts"
             self._poison[rid] = (f"{why}: {err.name()}: {err.str()}", attempts)
+        self._attempt_buf.append((rid, attempts, f"{err.name()}: {err.str()}"))
         if err.fatal():
             self._producer_fatal = True
 
@@ -514,12 +549,16 @@ class SequencedHarvest(Harvest):
         view = t.view
         journals = sorted(t.journals)
         ids, dead = t.ids, t.dead
+        forget: list[int] = []
+        if self._attempts:  # rows that failed before: their stored counts go with the commit
+            attempts = self._attempts
+            forget = [i for i in ids if attempts.pop(i, None) is not None]
 
         def job() -> None:
             if view.failed:
                 raise FenceError(f"harvest transaction {t.k} not committed: an earlier commit of its view failed")
             try:
-                db.commit_txn(view.epoch, view.leader_id, ids, dead, t.producer, t.ack_clock, journals)
+                db.commit_txn(view.epoch, view.leader_id, ids, dead, t.producer, t.ack_clock, journals, forget)
             except BaseException:
                 view.failed = True
                 raise
@@ -576,7 +615,7 @@ class SequencedHarvest(Harvest):
         db, exec_ = self._db, self._exec
         assert db is not None and exec_ is not None
         leader_id = uuid.uuid4()
-        epoch, intents = exec_.submit(db.start_view, leader_id, self.config.name).result()
+        epoch, intents, floor = exec_.submit(db.start_view_with_floor, leader_id, self.config.name).result()
         if self._leader_id is None or self._stop_requested.is_set():
             return  # lost leadership meanwhile (a standby's view is harmless: it fenced nobody we know)
         counter = _Counter()
@@ -598,7 +637,12 @@ class SequencedHarvest(Harvest):
             return
         if intents:
             exec_.submit(db.confirm_acks, [(p, c) for _e, p, c, _t, _p in intents]).result()
-        view = self._view = _View(leader_id, epoch, self.limits.producer_ring)
+        now_ns = self.wall_clock_ns()
+        if clock_from_unix_ns(now_ns) < floor:
+            log.warning("%s: the wall clock is %.3fs behind the last committed ACK clock; this view's UUID clocks "
+                        "continue from that clock instead (clocks never go back across views)", self.config.name,
+                        (Clock(floor).as_unix_ns() - now_ns) / 1e9)
+        view = self._view = _View(leader_id, epoch, self.limits.producer_ring, now_ns, floor)
         self._ack_broken = False
         self._leader_id = leader_id
         self._remark = False
@@ -619,12 +663,37 @@ class SequencedHarvest(Harvest):
                     f" epoch={self._view.epoch}" if self._view else "", why)
         if failed is not None:
             self.txn_limit = max(1, self.txn_limit // 2)
-            for err, msg in failed.failures:
+            for err, msg, clock in failed.failures:
                 if msg is not None and is_size_refusal(err) and msg.topic():
                     self._guard.check_sizes(msg.topic())  # the next view refuses the oversized row alone
                 rid = self._find_row(failed, msg)
-                if rid is not None:
-                    self._count_failure(rid, err, True)
+                if rid is None:
+                    continue
+                latency = msg.latency() if msg is not None else None
+                if self._waited_out(latency):
+                    # Records sent after it were acknowledged: the broker was serving (so it is
+                    # poison), or not (an outage: nothing is counted). In this mode deliveries stop
+                    # once the producer ring is full, so "acknowledged later" rather than "lately".
+                    if not (self._view is not None and self._view.max_ok > clock):
+                        log.warning("delivery of record %d timed out after %.1fs while no record was delivered "
+                                    "(broker or network outage?): %s; not counted as an attempt", rid, latency,
+                                    err.str())
+                        if err.fatal():
+                            self._producer_fatal = True
+                        continue
+                    # It held up every key for rowTimeout while the broker took other records:
+                    # park it now rather than stall everything again (the bound of limits.rowTimeout).
+                    self.metrics.delivery_failures += 1
+                    attempts = self._attempts.get(rid, 0) + 1
+                    self._attempts[rid] = attempts
+                    self._poison[rid] = (f"held up other rows for limits.rowTimeout "
+                                         f"({self.limits.row_timeout:g}s) while they were delivered: "
+                                         f"{err.name()}: {err.str()}", attempts)
+                    self._attempt_buf.append((rid, attempts, f"{err.name()}: {err.str()}"))
+                    if err.fatal():
+                        self._producer_fatal = True
+                    continue
+                self._count_failure(rid, err, True)
         if fenced:
             self._view_backoff_until = time.monotonic() + self.limits.heartbeat_timeout
         self._remark = True
@@ -647,6 +716,8 @@ class SequencedHarvest(Harvest):
         """Stop producing; drain; finish (and with ``commit_delivered`` submit) commits in order;
         ACK the committed; roll back the rest; deliver ACKs; confirm. Leaves no view."""
         self._ready.clear()
+        self._held.clear()  # re-marked by the next view
+        self._held_count = 0
         view = self._view
         producer = self._producer
         exec_ = self._exec
@@ -713,6 +784,15 @@ class SequencedHarvest(Harvest):
                 self._producer = None
         self._txns.clear()
         self._acking.clear()
+        if self._attempt_buf and self._db is not None and exec_ is not None:
+            # Stored before the next view can produce these rows again: a crash from here on still
+            # counts the attempt.
+            tried, self._attempt_buf = self._attempt_buf, []
+            try:
+                exec_.submit(self._db.record_attempts, tried).result()
+            except DatabaseError as exc:
+                self._attempt_buf = tried + self._attempt_buf  # stored by the next wind-down
+                log.warning("could not store %d failed delivery attempt(s) (kept in memory): %s", len(tried), exc)
         if self._confirm_buf and self._db is not None and exec_ is not None:
             items, self._confirm_buf = self._confirm_buf, []
             try:
@@ -764,7 +844,7 @@ class SequencedHarvest(Harvest):
         return True
 
     def _gauges(self) -> tuple[int, int]:
-        return self._in_flight_count(), len(self._ready)
+        return self._in_flight_count(), len(self._ready) + self._held_count
 
 
 class _FakeMsg:

@@ -245,3 +245,23 @@ def test_neli_consumer_accepts_every_heartbeat_timeout_the_config_accepts(heartb
     assert conf["max.poll.interval.ms"] >= conf["session.timeout.ms"]
     Consumer({**conf, "bootstrap.servers": "", "log_level": 0}).close()
     cfg.check_kafka_properties()
+
+
+def test_row_timeout_sets_the_delivery_timeout_and_caps_user_values() -> None:
+    cfg = HarvestConfig(limits=Limits(row_timeout=12.0))
+    assert cfg.producer_config()["message.timeout.ms"] == 12000
+    assert cfg.producer_config()["topic.metadata.propagation.max.ms"] == 12000
+    assert HarvestConfig().producer_config()["message.timeout.ms"] == 30000  # default rowTimeout 30s
+    assert HarvestConfig(producer_kafka_config={"delivery.timeout.ms": 5000}).producer_config()[
+        "delivery.timeout.ms"] == 5000  # shorter is fine
+    with pytest.raises(ConfigError, match=r"producerKafkaConfig\.message\.timeout\.ms: 300000 exceeds limits\.rowTimeout"):
+        HarvestConfig(producer_kafka_config={"message.timeout.ms": 300000})
+    with pytest.raises(ConfigError, match=r"limits\.rowTimeout"):
+        Limits(row_timeout=0.5)
+
+
+def test_missing_topic_policy() -> None:
+    assert HarvestConfig().missing_topic_policy == "deadLetter"
+    assert HarvestConfig.from_mapping({"missingTopicPolicy": "hold"}).missing_topic_policy == "hold"
+    with pytest.raises(ConfigError, match=r"missingTopicPolicy: 'park' is not a policy"):
+        HarvestConfig.from_mapping({"missingTopicPolicy": "park"})

@@ -3,6 +3,7 @@ one record in flight per key, id order per key, throttle, reset+remark on failur
 
 from __future__ import annotations
 
+import time
 import uuid
 from typing import Any
 
@@ -16,11 +17,15 @@ from harvest_outbox.producer.preflight import TopicGuard
 
 
 class FakeMsg:
-    def __init__(self, key: bytes) -> None:
-        self._key = key
+    def __init__(self, key: bytes, latency: float | None = 0.01) -> None:
+        self._key, self._latency = key, latency
 
     def key(self) -> bytes:
         return self._key
+
+    def latency(self) -> float | None:
+        """Seconds from produce() to this report (confluent-kafka's Message.latency)."""
+        return self._latency
 
 
 class FakeProducer:
@@ -158,3 +163,73 @@ def test_headers_passed_as_pairs() -> None:
     h._ready.append(row(1, "a", hk=["h", "h"], hv=["1", None]))
     h._dispatch()
     assert p.sent[0][3] == [("h", "1"), ("h", None)]
+
+
+def test_timeout_during_an_outage_is_not_an_attempt_but_with_others_delivered_it_is() -> None:
+    # limits.rowTimeout: a record that waited out its delivery timeout while NOTHING was delivered
+    # is an outage (reset + re-send, not counted: an outage must not fill the dead letters); while
+    # other records were delivered, it is this row's failed attempt.
+    h, p = _relay(max_delivery_attempts=1, row_timeout=2.0)
+    h._delivered_samples.append((time.monotonic() - 5.0, 0))
+    h._ready.extend([row(1, "a"), row(2, "b")])
+    h._dispatch()
+    p.on_delivery(KafkaError(KafkaError._MSG_TIMED_OUT, "timeout"), FakeMsg(b"a", latency=2.0))
+    assert h._dlq_buf == [] and h._attempts == {} and h._attempt_buf == [] and h._reset_buf == [1] and h._remark
+    h2, p2 = _relay(max_delivery_attempts=1, row_timeout=2.0)
+    h2._delivered_samples.append((time.monotonic() - 5.0, 0))
+    h2._ready.extend([row(1, "a"), row(2, "b")])
+    h2._dispatch()
+    p2.on_delivery(None, FakeMsg(b"b"))  # another record was delivered meanwhile (late in the wait)
+    p2.on_delivery(KafkaError(KafkaError._MSG_TIMED_OUT, "timeout"), FakeMsg(b"a", latency=2.0))
+    assert [d[0] for d in h2._dlq_buf] == [1]
+
+
+def test_failed_attempts_are_stored_before_the_row_is_reset_and_forgotten_on_delivery() -> None:
+    h, p = _relay(max_delivery_attempts=5)
+    h._ready.extend([row(1, "a")])
+    h._dispatch()
+    p.on_delivery(KafkaError(KafkaError._MSG_TIMED_OUT, "timeout"), FakeMsg(b"a"))
+    assert h._attempt_buf == [(1, 1, "_MSG_TIMED_OUT: timeout")] and h._reset_buf == [1]
+    # a later mark (another process) hands back the stored count: 4 stored + this failure = 5 -> parked
+    h2, p2 = _relay(max_delivery_attempts=5)
+    kept = h2._take_attempts([row(1, "a"), row(2, "b")], {1: (4, "x")})
+    assert [r[0] for r in kept] == [1, 2] and h2._attempts == {1: 4}
+    h2._ready.extend(kept)
+    h2._dispatch()
+    p2.on_delivery(None, FakeMsg(b"b"))
+    p2.on_delivery(KafkaError(KafkaError._MSG_TIMED_OUT, "timeout"), FakeMsg(b"a"))
+    assert [(d[0], d[2]) for d in h2._dlq_buf] == [(1, 5)]
+    # a stored count already at the limit parks the row at mark time, without producing it
+    h3, p3 = _relay(max_delivery_attempts=5)
+    kept = h3._take_attempts([row(1, "a"), row(2, "b")], {1: (5, "boom")})
+    assert [r[0] for r in kept] == [2] and [(d[0], d[2]) for d in h3._dlq_buf] == [(1, 5)]
+    assert "counted across relay restarts" in h3._dlq_buf[0][1] and "boom" in h3._dlq_buf[0][1]
+    # delivered rows with a stored count are forgotten (batched with the purge)
+    h4, p4 = _relay()
+    h4._take_attempts([row(1, "a")], {1: (2, "x")})
+    h4._ready.extend([row(1, "a")])
+    h4._dispatch()
+    p4.on_delivery(None, FakeMsg(b"a"))
+    assert h4._forget_buf == [1] and h4._purge_buf == [1]
+
+
+def test_deliveries_only_early_in_the_wait_are_an_outage() -> None:
+    # The broker froze shortly after the record was sent: others were delivered early in the wait,
+    # none in its second half — an outage, not poison (nothing counted).
+    h, p = _relay(max_delivery_attempts=1, row_timeout=2.0)
+    now = time.monotonic()
+    h._delivered_samples.extend([(now - 5.0, 0), (now - 1.8, 0), (now - 1.5, 7)])  # 7 delivered, early
+    h.metrics.delivered = 7
+    h._ready.extend([row(1, "a")])
+    h._dispatch()
+    p.on_delivery(KafkaError(KafkaError._MSG_TIMED_OUT, "timeout"), FakeMsg(b"a", latency=2.0))
+    assert h._dlq_buf == [] and h._attempt_buf == [] and h._reset_buf == [1]
+
+
+def test_records_the_relay_purges_while_draining_are_not_attempts() -> None:
+    h, p = _relay(max_delivery_attempts=1)
+    h._ready.extend([row(1, "a")])
+    h._dispatch()
+    h._draining = True  # _drain gave up and purged the producer's queue
+    p.on_delivery(KafkaError(KafkaError._PURGE_QUEUE, "purged"), FakeMsg(b"a"))
+    assert h._dlq_buf == [] and h._attempts == {} and h._attempt_buf == [] and h._in_flight == {}

@@ -157,3 +157,65 @@ def test_a_record_only_the_broker_refuses_never_stops_the_relay(sequenced: bool,
             if g.value not in by_key.get(g.key, []):
                 by_key.setdefault(g.key, []).append(g.value)  # type: ignore[arg-type]
         assert by_key == exp.by_key  # at-least-once: every row, per-key order (duplicates aside)
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("sequenced", [False, True], ids=["at-least-once", "uuid-sequencing"])
+def test_hold_policy_keeps_a_missing_topics_rows_while_the_others_flow(
+        sequenced: bool, pg_dsn: str, kafka_bootstrap: str, pg_schema: str, topic_factory: Callable[..., str],
+        unique_name: Callable[[str], str]) -> None:
+    # missingTopicPolicy: hold — rows of a topic that does not exist wait (in id order) until it is
+    # created; nothing is dead-lettered, no view is abandoned, every other topic's rows flow.
+    topic = topic_factory(partitions=2)
+    missing = unique_name("later")
+    table = f"{pg_schema}.outbox"
+    init_db(pg_dsn, table)
+    st = Stasher(table)
+    exp, exp_missing = Expected(), Expected()
+
+    def stash(t: str, e: Expected, values: list[str], key: str | None = None) -> None:
+        recs = [OutboxRecord(t, key or f"k{i % 3}", v) for i, v in enumerate(values)]
+        with psycopg.connect(pg_dsn) as conn:
+            st.stash_many(conn, recs)
+        for r in recs:
+            e.by_key.setdefault(r.key, []).append(r.value.encode())  # type: ignore[union-attr]
+            e.headers[r.value.encode()] = []  # type: ignore[union-attr]
+
+    stash(topic, exp, [f"a{i}" for i in range(50)])
+    stash(missing, exp_missing, ["m0", "m1", "m2"], key="mk")
+    stash(topic, exp, [f"b{i}" for i in range(50)])
+    cfg = relay_config(pg_dsn, kafka_bootstrap, table, unique_name("g")).replace(
+        uuid_sequencing=sequenced, missing_topic_policy="hold")
+    relay = Harvest(cfg).start()
+    try:
+        deadline = time.monotonic() + 30
+        while outbox_rows(pg_dsn, table) != 3 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert outbox_rows(pg_dsn, table) == 3, "the other topic's rows did not flow past the held ones"
+        stash(topic, exp, [f"c{i}" for i in range(20)])  # still flowing while the topic is missing
+        stash(missing, exp_missing, ["m3"], key="mk")
+        deadline = time.monotonic() + 30
+        while outbox_rows(pg_dsn, table) != 4 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert outbox_rows(pg_dsn, table) == 4
+        with psycopg.connect(pg_dsn) as conn:
+            assert list_dead_letters(conn, table) == []
+        create_topic(kafka_bootstrap, missing, 1)
+        wait_drained(pg_dsn, table, 30)
+        assert relay.state.value == "running"
+        if sequenced:
+            assert relay.views_started == 1, "holding abandoned a view"  # type: ignore[attr-defined]
+            check_exactly_once(kafka_bootstrap, topic, 2, exp)
+            check_exactly_once(kafka_bootstrap, missing, 1, exp_missing)
+        else:
+            got = consume_all(kafka_bootstrap, missing, lambda g: len(g) >= 4, 20)
+            assert [g.value for g in got] == [b"m0", b"m1", b"m2", b"m3"]
+    finally:
+        relay.stop()
+        relay.wait(30)
+
+
+def outbox_rows(dsn: str, table: str) -> int:
+    from relaylib import outbox_count
+
+    return outbox_count(dsn, table)

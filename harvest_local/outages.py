@@ -1,0 +1,316 @@
+"""The outage matrix: one fault against a relay group while writers commit, verified end to end.
+
+One run (:func:`run_outage`): 2 relay processes (same leader group, NELI election) in one mode
+(``--uuid-sequencing`` or at-least-once) relay an outbox that 3 application writers fill (10% of
+their transactions roll back, a few run long); the relays reach Postgres and Kafka through a
+:class:`~harvest_local.netfault.NetFault` proxy each (Kafka through the broker's ``PROXIED``
+listener, so metadata keeps them on the proxy), the writers and the checker go direct. A quarter
+into the writing, one fault is applied for ``duration`` seconds, then healed:
+
+==================  =============================================================================
+broker_pause        SIGSTOP the broker, SIGCONT after ``duration``
+broker_kill         SIGKILL the broker, start it again on the same data dir (it is down while it
+                    starts: ~5-15 s)
+pg_restart          ``pg_ctl stop -m fast`` then start (every session is ended)
+pg_down             Postgres stopped for ``duration``
+pg_blackhole        relay <-> Postgres: connections stay open, nothing gets through, for ``duration``
+pg_reset            relay <-> Postgres: every connection reset (RST), new ones too, for 1 s
+pg_latency          relay <-> Postgres: +200 ms each way for ``duration``
+kafka_blackhole     relay <-> Kafka, as above
+kafka_reset         relay <-> Kafka, as above
+kafka_latency       relay <-> Kafka, as above
+==================  =============================================================================
+
+Measured: **recovery** = seconds from the heal until every row committed before the heal has left
+the outbox (delivered, or committed in ``--uuid-sequencing`` mode), i.e. the backlog the fault
+built up is gone — including a probe row (to a topic of its own) committed right at the heal, so
+faults during which the writers could not commit either (Postgres down) still measure how long the
+relay takes to move again. Verified (:mod:`harvest_local.verify`, ground truth = the versions the writers
+committed): in ``--uuid-sequencing`` mode a ``ReadCommittedIter`` read of the topic holds every
+committed version exactly once, in per-key order, nothing rolled back; in at-least-once mode the raw
+topic holds every committed version, first arrivals in per-key order (duplicates are counted, they
+are allowed there). Both relays must still be running afterwards (the faults all heal: no manual
+action).
+
+Used by ``tests/test_e2e/test_outages.py`` (short durations in CI) and ``scripts/outages.py``
+(the README's table, 60 s faults).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import psycopg
+from confluent_kafka import Consumer, TopicPartition
+from psycopg import sql
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+from harvest_local.kafka import create_topic
+from harvest_local.launcher import LocalServices
+from harvest_local.netfault import NetFault
+from harvest_local.relays import RelayProcess, current_leader, wait_for, write_config
+from harvest_local.verify import Verdict, verify
+from harvest_local.workload import Writers, committed_versions, create_accounts
+
+log = logging.getLogger(__name__)
+
+FAULTS = ("broker_pause", "broker_kill", "pg_restart", "pg_down", "pg_blackhole", "pg_reset", "pg_latency",
+          "kafka_blackhole", "kafka_reset", "kafka_latency")
+LATENCY_MS = 200
+RESET_SECONDS = 1.0
+
+
+@dataclass(frozen=True)
+class Outage:
+    fault: str
+    sequenced: bool
+    duration: float = 12.0
+    relays: int = 2
+    keys: int = 30
+    partitions: int = 3
+    rate: float = 120.0  # rows/s the writers aim at (all threads together)
+    seed: int = 1
+    #: the relays' ``limits.rowTimeout`` (None: the default, 30 s). Shorter than the fault, records
+    #: time out during it: none may be dead-lettered for it (an outage is not poison).
+    row_timeout: str | None = None
+
+    @property
+    def mode(self) -> str:
+        return "uuid-sequencing" if self.sequenced else "at-least-once"
+
+    @property
+    def rows(self) -> int:
+        # writing spans the fault: ~5 s before it, ~8 s after it
+        return int(self.rate * (self.duration + 13))
+
+
+@dataclass
+class OutageResult:
+    outage: Outage
+    verdict: Verdict | None = None
+    committed: int = 0
+    rolled_back: int = 0
+    recovery: float | None = None  # seconds from heal to the pre-heal backlog gone
+    relays_alive: bool = False
+    dead_letters: int = 0
+    seconds: float = 0.0
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        v = self.verdict
+        if v is None or not self.relays_alive or self.recovery is None or self.dead_letters:
+            return False
+        if self.outage.sequenced:
+            return v.ok
+        return v.lost == v.order_violations == v.phantoms == 0
+
+
+def _via(dsn: str, port: int) -> str:
+    params = conninfo_to_dict(dsn)
+    params.update(host="127.0.0.1", port=str(port))
+    return make_conninfo(**params)  # type: ignore[arg-type]
+
+
+def run_outage(services: LocalServices, outage: Outage, workdir: Path) -> OutageResult:
+    if outage.fault not in FAULTS:
+        raise ValueError(f"fault {outage.fault!r}: use one of {', '.join(FAULTS)}")
+    needs_kafka = outage.fault.startswith(("broker_", "kafka_"))
+    needs_pg = outage.fault.startswith("pg_")
+    if (needs_kafka and services.kafka is None) or (needs_pg and services.postgres is None):
+        raise RuntimeError(f"{outage.fault} needs the locally launched services (not HARVEST_PG_DSN / "
+                           f"HARVEST_KAFKA_BOOTSTRAP / testcontainers)")
+    started = time.monotonic()
+    ends = services.endpoints
+    tag = uuid.uuid4().hex[:6]
+    schema, topic = f"outage_{outage.fault}_{tag}", f"outage-{outage.fault}-{tag}"
+    outbox = f"{schema}.outbox"
+    workdir.mkdir(parents=True, exist_ok=True)
+    from producer.schema import OutboxNames, init_db
+
+    create_accounts(ends.pg_dsn, schema, outage.keys)
+    init_db(ends.pg_dsn, outbox)
+    create_topic(ends.kafka_bootstrap, topic, outage.partitions)
+    create_topic(ends.kafka_bootstrap, f"{topic}-probe", 1)
+    pg_params = conninfo_to_dict(ends.pg_dsn)
+    pg_proxy = NetFault((str(pg_params.get("host", "127.0.0.1")), int(pg_params.get("port", 5432))),
+                        name="pg-proxy").start()
+    kafka_proxy: NetFault | None = None
+    bootstrap = ends.kafka_bootstrap
+    if services.kafka is not None:
+        kafka_proxy = NetFault(("127.0.0.1", services.kafka.proxied_listener_port), port=services.kafka.proxy_port,
+                               name="kafka-proxy").start()
+        bootstrap = services.kafka.proxied_bootstrap
+    cfg = write_config(workdir / "harvest.yaml", dsn=_via(ends.pg_dsn, pg_proxy.port), bootstrap=bootstrap,
+                       outbox_table=outbox, group=f"outage-{tag}", uuid_sequencing=outage.sequenced,
+                       extra_limits={"rowTimeout": outage.row_timeout} if outage.row_timeout else None)
+    relays = [RelayProcess(cfg, f"relay-{i}", workdir).start() for i in range(outage.relays)]
+    result = OutageResult(outage)
+    names = OutboxNames.parse(outbox)
+    try:
+        wait_for(lambda: current_leader(relays) is not None, 90, "a leader")
+        writers = Writers(ends.pg_dsn, schema, outbox, topic, outage.keys, outage.rows, threads=3,
+                          rate_per_s=outage.rate, seed=outage.seed).start()
+        wait_for(lambda: writers.stats.committed >= outage.rate * 4 or writers.done, 120, "writers warmed up",
+                 poll=0.1)
+        _apply(outage, services, pg_proxy, kafka_proxy, result)
+        healed = time.monotonic()
+        max_id = _probe(ends.pg_dsn, outbox, f"{topic}-probe")
+        result.recovery = _recovery(ends.pg_dsn, names, max_id, healed, timeout=180)
+        writers.join()
+        result.committed, result.rolled_back = writers.stats.committed, writers.stats.rolled_back
+        wait_for(lambda: _backlog(ends.pg_dsn, names, None) == 0, 180, "the outbox drains", poll=0.2)
+        truth = committed_versions(ends.pg_dsn, schema)
+        delivered = (_read_committed(ends.kafka_bootstrap, topic) if outage.sequenced
+                     else _read_raw(ends.kafka_bootstrap, topic, outage.partitions))
+        result.verdict = verify("ReadCommittedIter" if outage.sequenced else "raw topic", truth, delivered)
+        with psycopg.connect(ends.pg_dsn, connect_timeout=5) as conn:
+            result.dead_letters = int(conn.execute(sql.SQL("SELECT count(*) FROM {}").format(
+                names.dead_letters)).fetchone()[0])  # type: ignore[index]
+        if result.dead_letters:
+            result.notes.append(f"{result.dead_letters} row(s) dead-lettered")
+        result.relays_alive = all(r.alive for r in relays)
+        if not result.relays_alive:
+            result.notes.append("relay(s) exited: " + ", ".join(r.name for r in relays if not r.alive))
+    finally:
+        for relay in relays:
+            relay.stop(15)
+        pg_proxy.stop()
+        if kafka_proxy is not None:
+            kafka_proxy.stop()
+        result.seconds = time.monotonic() - started
+    return result
+
+
+def _apply(outage: Outage, services: LocalServices, pg_proxy: NetFault, kafka_proxy: NetFault | None,
+           result: OutageResult) -> None:
+    fault, d = outage.fault, outage.duration
+    kafka, pg = services.kafka, services.postgres
+    log.info("outage %s (%s) for %.0fs", fault, outage.mode, d)
+    if fault == "broker_pause":
+        assert kafka is not None
+        kafka.pause()
+        try:
+            time.sleep(d)
+        finally:
+            kafka.resume()
+    elif fault == "broker_kill":
+        assert kafka is not None
+        kafka.kill()
+        t = time.monotonic()
+        kafka.start()
+        result.notes.append(f"broker down {time.monotonic() - t:.1f}s")
+    elif fault == "pg_restart":
+        assert pg is not None
+        pg.stop("fast")
+        pg.start()
+    elif fault == "pg_down":
+        assert pg is not None
+        pg.stop("fast")
+        try:
+            time.sleep(d)
+        finally:
+            pg.start()
+    else:
+        proxy = pg_proxy if fault.startswith("pg_") else kafka_proxy
+        assert proxy is not None
+        kind = fault.split("_", 1)[1]
+        if kind == "blackhole":
+            proxy.blackhole()
+        elif kind == "reset":
+            proxy.reset()
+        else:
+            proxy.latency(LATENCY_MS)
+        try:
+            time.sleep(RESET_SECONDS if kind == "reset" else d)
+        finally:
+            proxy.heal()
+
+
+def _probe(dsn: str, outbox: str, topic: str) -> int:
+    """Commit one probe row (the database may still be coming up); its id is above every row
+    committed before it."""
+    from producer.stasher import OutboxRecord, Stasher
+
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            with psycopg.connect(dsn, connect_timeout=5) as conn:
+                return Stasher(outbox).stash(conn, OutboxRecord(topic, "probe", "probe"))
+        except psycopg.OperationalError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)
+
+
+def _backlog(dsn: str, names: object, max_id: int | None) -> int:
+    q = sql.SQL("SELECT count(*) FROM {}").format(names.outbox)  # type: ignore[attr-defined]
+    if max_id is not None:
+        q = sql.SQL("{} WHERE id <= %s").format(q)
+    with psycopg.connect(dsn, connect_timeout=5) as conn:
+        return int(conn.execute(q, (max_id,) if max_id is not None else ()).fetchone()[0])  # type: ignore[index]
+
+
+def _recovery(dsn: str, names: object, max_id: int, healed: float, timeout: float) -> float | None:
+    while time.monotonic() - healed < timeout:
+        try:
+            if _backlog(dsn, names, max_id) == 0:
+                return time.monotonic() - healed
+        except psycopg.Error:
+            pass
+        time.sleep(0.1)
+    return None
+
+
+def _read_committed(bootstrap: str, topic: str) -> list[tuple[str, int]]:
+    from consumer import ReadCommittedIter
+
+    out: list[tuple[str, int]] = []
+    with ReadCommittedIter({"bootstrap.servers": bootstrap}, topics=[topic], idle_timeout=8.0) as it:
+        for rec in it:
+            out.append((rec.key.decode(), int(json.loads(rec.value)["version"])))
+    return out
+
+
+def _read_raw(bootstrap: str, topic: str, partitions: int) -> list[tuple[str, int]]:
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"outage-check-{uuid.uuid4()}",
+                  "enable.auto.commit": False})
+    out: list[tuple[str, int]] = []
+    try:
+        for p in range(partitions):
+            lo, hi = c.get_watermark_offsets(TopicPartition(topic, p), timeout=10)
+            if hi <= lo:
+                continue
+            c.assign([TopicPartition(topic, p, lo)])
+            last = lo - 1
+            deadline = time.monotonic() + 60
+            while last < hi - 1 and time.monotonic() < deadline:
+                msg = c.poll(1.0)
+                if msg is None or msg.error():
+                    continue
+                last = msg.offset()
+                out.append((msg.key().decode(), int(json.loads(msg.value())["version"])))
+    finally:
+        c.close()
+    return out
+
+
+def table(results: list[OutageResult]) -> str:
+    """A Markdown table: fault x mode -> lost / duplicated / reordered, recovery time."""
+    lines = ["| fault | mode | duration | rows | lost | duplicated | reordered | recovery | relays |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for r in results:
+        v = r.verdict
+        o = r.outage
+        dur = ("1s" if o.fault.endswith("_reset") else "restart" if o.fault in ("broker_kill", "pg_restart")
+               else f"{o.duration:g}s")
+        lines.append(f"| {o.fault} | {o.mode} | {dur} | {r.committed} | {v.lost if v else '?'} | "
+                     f"{v.duplicates if v else '?'} | {v.order_violations if v else '?'} | "
+                     f"{f'{r.recovery:.1f}s' if r.recovery is not None else 'none'} | "
+                     f"{'running' if r.relays_alive else 'EXITED'} |")
+    return "\n".join(lines)
