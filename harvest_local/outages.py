@@ -50,12 +50,12 @@ from confluent_kafka import Consumer, TopicPartition
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from harvest_local.kafka import create_topic
-from harvest_local.launcher import LocalServices
-from harvest_local.netfault import NetFault
-from harvest_local.relays import RelayProcess, current_leader, wait_for, write_config
-from harvest_local.verify import Verdict, verify
-from harvest_local.workload import Writers, committed_versions, create_accounts
+from harvest_outbox.harvest_local.kafka import create_topic
+from harvest_outbox.harvest_local.launcher import LocalServices
+from harvest_outbox.harvest_local.netfault import NetFault
+from harvest_outbox.harvest_local.relays import RelayProcess, current_leader, wait_for, write_config
+from harvest_outbox.harvest_local.verify import Verdict, verify
+from harvest_outbox.harvest_local.workload import Writers, committed_versions, create_accounts
 
 log = logging.getLogger(__name__)
 
@@ -131,7 +131,7 @@ def run_outage(services: LocalServices, outage: Outage, workdir: Path) -> Outage
     schema, topic = f"outage_{outage.fault}_{tag}", f"outage-{outage.fault}-{tag}"
     outbox = f"{schema}.outbox"
     workdir.mkdir(parents=True, exist_ok=True)
-    from producer.schema import OutboxNames, init_db
+    from harvest_outbox.producer.schema import OutboxNames, init_db
 
     create_accounts(ends.pg_dsn, schema, outage.keys)
     init_db(ends.pg_dsn, outbox)
@@ -235,7 +235,7 @@ def _apply(outage: Outage, services: LocalServices, pg_proxy: NetFault, kafka_pr
 def _probe(dsn: str, outbox: str, topic: str) -> int:
     """Commit one probe row (the database may still be coming up); its id is above every row
     committed before it."""
-    from producer.stasher import OutboxRecord, Stasher
+    from harvest_outbox.producer.stasher import OutboxRecord, Stasher
 
     deadline = time.monotonic() + 60
     while True:
@@ -268,7 +268,7 @@ def _recovery(dsn: str, names: object, max_id: int, healed: float, timeout: floa
 
 
 def _read_committed(bootstrap: str, topic: str) -> list[tuple[str, int]]:
-    from consumer import ReadCommittedIter
+    from harvest_outbox.consumer import ReadCommittedIter
 
     out: list[tuple[str, int]] = []
     with ReadCommittedIter({"bootstrap.servers": bootstrap}, topics=[topic], idle_timeout=8.0) as it:

@@ -2,7 +2,7 @@
 same YAML as ``harvest -f``, with produce/delivery failures injected by
 :class:`producer.kafka.FaultInjector` around the real confluent producer.
 
-    HARVEST_FAULTS="produce=0.02,delivery=0.02,seed=7" python -m harvest_local.relay_runner -f harvest.yaml --name r1
+    HARVEST_FAULTS="produce=0.02,delivery=0.02,seed=7" python -m harvest_outbox.harvest_local.relay_runner -f harvest.yaml --name r1
     HARVEST_FAULTS="failkey=poison,killat=2" ...   # every delivery of key 'poison' fails; SIGKILL at its 2nd produce
 
 Without ``HARVEST_FAULTS`` it is equivalent to ``harvest -f harvest.yaml --name r1``. Test use only.

@@ -32,9 +32,9 @@ from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict
 from psycopg.types.array import ArrayBinaryLoader
 
-from producer.errors import DatabaseError, FenceError, SchemaError
-from producer.redact import redact_dsn, redact_error
-from producer.schema import OutboxNames, ValueType, inspect_outbox, require_attempts_table
+from harvest_outbox.producer.errors import DatabaseError, FenceError, SchemaError
+from harvest_outbox.producer.redact import redact_dsn, redact_error
+from harvest_outbox.producer.schema import OutboxNames, ValueType, inspect_outbox, require_attempts_table
 
 log = logging.getLogger(__name__)
 

@@ -63,19 +63,19 @@ from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Message
 
-from producer.config import MARK_FLOOR, HarvestConfig
-from producer.db import Listener, MarkedAttempts, MarkedRow, OutboxDatabase
-from producer.election import LeaderElection, NeliElection
-from producer.errors import DatabaseError, HarvestError
-from producer.events import (Event, EventHandler, LeaderAcquired, LeaderFenced, LeaderRefreshed, LeaderRevoked,
-                             MeterRead)
-from producer.kafka import (FatalErrorGuard, KafkaProducer, ProducerFactory, confluent_producer, is_permanent,
-                            is_size_refusal)
-from producer.marksize import MarkSize
-from producer.preflight import TopicGuard, header_bytes, too_large
-from producer.metrics import Metrics, MeterStats, start_prometheus
-from producer.redact import redact_kafka_config
-from producer.schema import OutboxNames
+from harvest_outbox.producer.config import MARK_FLOOR, HarvestConfig
+from harvest_outbox.producer.db import Listener, MarkedAttempts, MarkedRow, OutboxDatabase
+from harvest_outbox.producer.election import LeaderElection, NeliElection
+from harvest_outbox.producer.errors import DatabaseError, HarvestError
+from harvest_outbox.producer.events import (Event, EventHandler, LeaderAcquired, LeaderFenced, LeaderRefreshed, LeaderRevoked,
+                                            MeterRead)
+from harvest_outbox.producer.kafka import (FatalErrorGuard, KafkaProducer, ProducerFactory, confluent_producer, is_permanent,
+                                           is_size_refusal)
+from harvest_outbox.producer.marksize import MarkSize
+from harvest_outbox.producer.preflight import TopicGuard, header_bytes, too_large
+from harvest_outbox.producer.metrics import Metrics, MeterStats, start_prometheus
+from harvest_outbox.producer.redact import redact_kafka_config
+from harvest_outbox.producer.schema import OutboxNames
 
 log = logging.getLogger(__name__)
 

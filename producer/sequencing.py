@@ -72,14 +72,14 @@ from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Message
 
-from producer.db import MarkedRow
-from producer.errors import DatabaseError, FenceError, ProducerError
-from producer.events import LeaderRefreshed, ViewStarted
-from producer.harvest import Harvest, _bad_row_reason
-from producer.kafka import FatalErrorGuard, is_permanent, is_size_refusal
-from producer.preflight import header_bytes, too_large
-from sequencer import TICK, Clock, Flags, new_producer_id
-from sequencer.clock import clock_from_unix_ns
+from harvest_outbox.producer.db import MarkedRow
+from harvest_outbox.producer.errors import DatabaseError, FenceError, ProducerError
+from harvest_outbox.producer.events import LeaderRefreshed, ViewStarted
+from harvest_outbox.producer.harvest import Harvest, _bad_row_reason
+from harvest_outbox.producer.kafka import FatalErrorGuard, is_permanent, is_size_refusal
+from harvest_outbox.producer.preflight import header_bytes, too_large
+from harvest_outbox.sequencer import TICK, Clock, Flags, new_producer_id
+from harvest_outbox.sequencer.clock import clock_from_unix_ns
 
 log = logging.getLogger(__name__)
 _yield = time.sleep

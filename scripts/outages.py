@@ -17,9 +17,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from harvest_local import LocalServices  # noqa: E402
-from harvest_local.outages import FAULTS, Outage, run_outage, table  # noqa: E402
-from harvest_local.workdir import work_dir  # noqa: E402
+from harvest_outbox.harvest_local import LocalServices  # noqa: E402
+from harvest_outbox.harvest_local.outages import FAULTS, Outage, run_outage, table  # noqa: E402
+from harvest_outbox.harvest_local.workdir import work_dir  # noqa: E402
 
 
 def main() -> int:

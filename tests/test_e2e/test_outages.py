@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from harvest_local.outages import FAULTS, Outage, run_outage, table
+from harvest_outbox.harvest_local.outages import FAULTS, Outage, run_outage, table
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from harvest_local.netfault import NetFault
+from harvest_outbox.harvest_local.netfault import NetFault
 
 
 @pytest.fixture

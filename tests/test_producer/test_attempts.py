@@ -24,11 +24,11 @@ from psycopg import sql
 from relaylib import assert_per_key_order, consume_all, relay_config
 from seqcheck import Expected, check_exactly_once, count_rows
 
-from harvest_local.relays import RelayProcess, wait_for, write_config
-from producer.errors import HarvestError, SchemaError
-from producer.harvest import Harvest
-from producer.schema import OutboxNames, init_db
-from producer.stasher import OutboxRecord, Stasher
+from harvest_outbox.harvest_local.relays import RelayProcess, wait_for, write_config
+from harvest_outbox.producer.errors import HarvestError, SchemaError
+from harvest_outbox.producer.harvest import Harvest
+from harvest_outbox.producer.schema import OutboxNames, init_db
+from harvest_outbox.producer.stasher import OutboxRecord, Stasher
 
 pytestmark = pytest.mark.integration
 

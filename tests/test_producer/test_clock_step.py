@@ -22,10 +22,10 @@ from psycopg import sql
 from relaylib import relay_config
 from seqcheck import Expected, check_exactly_once, count_rows, wait_for
 
-from producer.harvest import Harvest
-from producer.schema import OutboxNames, init_db
-from producer.stasher import OutboxRecord, Stasher
-from sequencer import Flags, clock_of, flags_of, parse_uuid, producer_of
+from harvest_outbox.producer.harvest import Harvest
+from harvest_outbox.producer.schema import OutboxNames, init_db
+from harvest_outbox.producer.stasher import OutboxRecord, Stasher
+from harvest_outbox.sequencer import Flags, clock_of, flags_of, parse_uuid, producer_of
 
 pytestmark = pytest.mark.integration
 
