@@ -34,7 +34,9 @@ from psycopg.types.array import ArrayBinaryLoader
 
 from harvest_outbox.producer.errors import DatabaseError, FenceError, SchemaError
 from harvest_outbox.producer.redact import redact_dsn, redact_error
-from harvest_outbox.producer.schema import OutboxNames, ValueType, inspect_outbox, require_attempts_table
+from harvest_outbox.producer.schema import (OutboxNames, ValueType, inspect_outbox, require_attempts_table,
+                                            require_shards)
+from harvest_outbox.producer.shards import Shard, shard_expression
 
 log = logging.getLogger(__name__)
 
@@ -96,11 +98,25 @@ def connect(dsn: str, **kwargs: Any) -> psycopg.Connection:
 
 
 class OutboxDatabase:
-    """One autocommit connection running the relay's statements against one outbox table."""
+    """One autocommit connection running the relay's statements against one outbox table, or against
+    one shard of it (``shard``: marks, metrics and the fence row are the shard's; purges, resets and
+    dead letters address ids, which belong to one shard anyway)."""
 
-    def __init__(self, dsn: str, names: OutboxNames) -> None:
+    def __init__(self, dsn: str, names: OutboxNames, shard: Shard | None = None) -> None:
         self._dsn = dsn
         self.names = names
+        self.shard = shard
+        # The mark, the metrics and the fence row of a shard; empty / the singleton fence unsharded.
+        if shard is None:
+            in_shard: sql.Composable = sql.SQL("")
+            self._fence_row: sql.Composable = sql.SQL("")
+            self._state_table = names.state
+        else:
+            in_shard = sql.SQL("{} = {} AND ").format(shard_expression(shard.count), sql.Literal(shard.index))
+            self._fence_row = sql.SQL(" WHERE shard_count = {} AND shard = {}").format(
+                sql.Literal(shard.count), sql.Literal(shard.index))
+            self._state_table = names.shard_state
+        self._in_shard = in_shard
         self._conn: psycopg.Connection | None = None
         self.value_type: ValueType = "varchar"
         o, d, a = names.outbox, names.dead_letters, names.delivery_attempts
@@ -124,8 +140,8 @@ class OutboxDatabase:
             ON CONFLICT (id) DO UPDATE SET error = EXCLUDED.error, attempts = EXCLUDED.attempts,
                                            dead_time = now()""").format(o=o, d=d, a=a)
         # Locks the fence row (as SELECT … FOR UPDATE would) and raises the clock floor of later views.
-        self._fence_sql = sql.SQL("UPDATE {} SET last_clock = GREATEST(last_clock, %s) RETURNING epoch").format(
-            names.state)
+        self._fence_sql = sql.SQL("UPDATE {} SET last_clock = GREATEST(last_clock, %s){} RETURNING epoch").format(
+            self._state_table, self._fence_row)
         self._commit_delete_sql = sql.SQL(
             "DELETE FROM {} WHERE id = ANY(%s::bigint[]) AND leader_id = %s").format(o)
         self._commit_dlq_sql = sql.SQL("""
@@ -146,16 +162,33 @@ class OutboxDatabase:
             ON CONFLICT (id) DO UPDATE SET attempts = GREATEST(a.attempts, EXCLUDED.attempts),
                                            last_error = EXCLUDED.last_error, updated_at = now()""").format(a=a)
         self._forget_sql = sql.SQL("DELETE FROM {} WHERE id = ANY(%s::bigint[])").format(a)
-        self._intent_sql = sql.SQL("""
-            INSERT INTO {} (epoch, producer, clock, topic, kafka_partition)
-            SELECT %s, %s, %s, t, p FROM unnest(%s::text[], %s::int[]) AS j(t, p)
-            ON CONFLICT (producer, topic, kafka_partition)
-            DO UPDATE SET epoch = EXCLUDED.epoch, clock = EXCLUDED.clock, create_time = now()""").format(
-            names.ack_intents)
+        if shard is None:
+            self._intent_sql = sql.SQL("""
+                INSERT INTO {} (epoch, producer, clock, topic, kafka_partition)
+                SELECT %s, %s, %s, t, p FROM unnest(%s::text[], %s::int[]) AS j(t, p)
+                ON CONFLICT (producer, topic, kafka_partition)
+                DO UPDATE SET epoch = EXCLUDED.epoch, clock = EXCLUDED.clock, create_time = now()""").format(
+                names.ack_intents)
+            # Unsharded: every intent, including any left by an earlier sharding (its relays are gone).
+            self._intents_of_view: sql.Composable = sql.SQL("")
+        else:
+            self._intent_sql = sql.SQL("""
+                INSERT INTO {} (epoch, producer, clock, topic, kafka_partition, shard_count, shard)
+                SELECT %s, %s, %s, t, p, {n}, {k} FROM unnest(%s::text[], %s::int[]) AS j(t, p)
+                ON CONFLICT (producer, topic, kafka_partition)
+                DO UPDATE SET epoch = EXCLUDED.epoch, clock = EXCLUDED.clock, create_time = now()""").format(
+                names.ack_intents, n=sql.Literal(shard.count), k=sql.Literal(shard.index))
+            # This shard's intents; shard 0 also takes over those of another shard count (left by the
+            # relays of an earlier sharding, drained and stopped before the change; README).
+            other = sql.SQL(" OR shard_count <> {}").format(sql.Literal(shard.count)) if shard.index == 0 else sql.SQL("")
+            self._intents_of_view = sql.SQL(" WHERE (shard_count = {n} AND shard = {k}){other}").format(
+                n=sql.Literal(shard.count), k=sql.Literal(shard.index), other=other)
+        where = sql.SQL(" WHERE {} = {}").format(shard_expression(shard.count), sql.Literal(shard.index)) \
+            if shard is not None else sql.SQL("")
         self._stats_sql = sql.SQL("""
-            SELECT (SELECT count(*) FROM {o}),
-                   (SELECT extract(epoch FROM now() - create_time) FROM {o} ORDER BY id LIMIT 1),
-                   (SELECT count(*) FROM {d})""").format(o=o, d=d)
+            SELECT (SELECT count(*) FROM {o}{w}),
+                   (SELECT extract(epoch FROM now() - create_time) FROM {o}{w} ORDER BY id LIMIT 1),
+                   (SELECT count(*) FROM {d})""").format(o=o, d=d, w=where)
 
     @property
     def conn(self) -> psycopg.Connection:
@@ -164,6 +197,8 @@ class OutboxDatabase:
             self._conn.adapters.register_loader(_TEXT_ARRAY_OID, _HeaderArrayLoader)
             self.value_type = inspect_outbox(self._conn, self.names)
             require_attempts_table(self._conn, self.names)
+            if self.shard is not None:
+                require_shards(self._conn, self.names, self.shard.count)
             value = sql.SQL("kafka_value") if self.value_type == "bytea" else sql.SQL("convert_to(kafka_value, 'UTF8')")
             # goharvest's mark, with the rows addressed by ctid (a TID scan) instead of a second
             # primary-key probe per row (``id IN (SELECT id …)``): half the database work per marked
@@ -172,12 +207,12 @@ class OutboxDatabase:
             self._mark_sql = sql.SQL("""
                 WITH m AS (
                   UPDATE {o} SET leader_id = %s
-                  WHERE ctid = ANY(ARRAY(SELECT ctid FROM {o} WHERE leader_id IS NULL OR leader_id <> %s
+                  WHERE ctid = ANY(ARRAY(SELECT ctid FROM {o} WHERE {in_shard}(leader_id IS NULL OR leader_id <> %s)
                                          ORDER BY id LIMIT %s))
                   RETURNING id, kafka_topic, convert_to(kafka_key, 'UTF8') AS k, {v} AS v,
                             kafka_header_keys::text[] AS hk, kafka_header_values::text[] AS hv)
                 SELECT m.*, a.attempts, a.last_error FROM m LEFT JOIN {a} AS a ON a.id = m.id""").format(
-                o=self.names.outbox, v=value, a=self.names.delivery_attempts)
+                o=self.names.outbox, v=value, a=self.names.delivery_attempts, in_shard=self._in_shard)
         return self._conn
 
     def _run(self, what: str, query: sql.Composable, params: Sequence[Any]) -> psycopg.Cursor:
@@ -248,14 +283,16 @@ class OutboxDatabase:
             conn = self.conn
             with conn.transaction():
                 row = conn.execute(sql.SQL(
-                    "UPDATE {} SET epoch = epoch + 1, leader_id = %s, leader_name = %s, updated_at = now() "
-                    "RETURNING epoch, last_clock").format(n.state), (leader_id, name)).fetchone()
+                    "UPDATE {} SET epoch = epoch + 1, leader_id = %s, leader_name = %s, updated_at = now(){} "
+                    "RETURNING epoch, last_clock").format(self._state_table, self._fence_row),
+                    (leader_id, name)).fetchone()
                 if row is None:
-                    raise SchemaError(f"fence row of {n.display!r} is missing; run `harvest init-db` "
+                    raise SchemaError(f"fence row of {n.display!r}{self._shard_text} is missing; run `harvest init-db` "
                                       f"(it is idempotent) to create it")
                 intents = conn.execute(sql.SQL(
-                    "SELECT epoch, producer, clock, topic, kafka_partition FROM {} "
-                    "ORDER BY epoch, clock, topic, kafka_partition").format(n.ack_intents)).fetchall()
+                    "SELECT epoch, producer, clock, topic, kafka_partition FROM {}{} "
+                    "ORDER BY epoch, clock, topic, kafka_partition").format(n.ack_intents,
+                                                                             self._intents_of_view)).fetchall()
         except psycopg.errors.UndefinedTable as exc:
             self.close()
             raise SchemaError(f"--uuid-sequencing needs the fence and ACK-intent tables of {n.display!r}; run "
@@ -266,6 +303,10 @@ class OutboxDatabase:
                                 f"{redact_error(str(exc), self._dsn).strip()}") from exc
         floor = max([int(row[1])] + [int(c) for _e, _p, c, _t, _pt in intents])
         return int(row[0]), [(int(e), bytes(p), int(c), t, int(pt)) for e, p, c, t, pt in intents], floor
+
+    @property
+    def _shard_text(self) -> str:
+        return "" if self.shard is None else f" (shard {self.shard.label})"
 
     def commit_txn(self, epoch: int, leader_id: uuid.UUID, ids: Sequence[int], dead: Sequence[tuple[int, str, int]],
                    producer: bytes, ack_clock: int, journals: Sequence[tuple[str, int]],

@@ -154,6 +154,36 @@ def lock_holder(conn: psycopg.Connection, outbox_table: str) -> int | None:
     return None if row is None else int(row[0])
 
 
+def election_connection(dsn: str, name: str, check_interval: float, lease: float, connect_timeout: float,
+                        statement_timeout: float) -> psycopg.Connection:
+    """An election connection with the settings of the module docstring (keepalives on both ends,
+    timeouts, no idle timeouts): the holder of an advisory lock learns of a dead session within
+    ``lease``, and the server keeps a silent holder's session a little longer than that."""
+    lease_s = max(1, math.ceil(lease))
+    conn = psycopg.connect(
+        dsn, autocommit=True, connect_timeout=max(2, math.ceil(connect_timeout)),
+        application_name=f"harvest-election:{name}"[:63],
+        keepalives=1, keepalives_idle=max(1, math.ceil(check_interval)), keepalives_interval=1,
+        keepalives_count=3, tcp_user_timeout=int(lease * 1000))
+    try:
+        server_silence = lease_s + 1 + 3  # server keepalive idle + 3 probes 1 s apart: > lease
+        for stmt in (f"SET statement_timeout = {max(1, int(statement_timeout * 1000))}",
+                     "SET lock_timeout = 0", "SET idle_in_transaction_session_timeout = 0",
+                     f"SET tcp_keepalives_idle = {lease_s + 1}", "SET tcp_keepalives_interval = 1",
+                     "SET tcp_keepalives_count = 3"):
+            conn.execute(stmt)
+        for stmt in (f"SET tcp_user_timeout = {server_silence * 1000}",  # PostgreSQL 12+
+                     "SET idle_session_timeout = 0"):  # PostgreSQL 14+
+            try:
+                conn.execute(stmt)
+            except psycopg.errors.UndefinedObject:
+                pass
+    except BaseException:
+        conn.close()
+        raise
+    return conn
+
+
 class PostgresElection:
     """Leader election by a session-level advisory lock on a dedicated connection (module docstring).
 
@@ -267,25 +297,9 @@ class PostgresElection:
 
     # ------------------------------------------------------------------ election thread
     def _connect(self) -> None:
-        lease_s = max(1, math.ceil(self.lease))
-        conn = psycopg.connect(
-            self._dsn, autocommit=True, connect_timeout=max(2, math.ceil(self.connect_timeout)),
-            application_name=f"harvest-election:{self.name}"[:63],
-            keepalives=1, keepalives_idle=max(1, math.ceil(self.check_interval)), keepalives_interval=1,
-            keepalives_count=3, tcp_user_timeout=int(self.lease * 1000))
+        conn = election_connection(self._dsn, self.name, self.check_interval, self.lease, self.connect_timeout,
+                                   self.statement_timeout)
         try:
-            server_silence = lease_s + 1 + 3  # server keepalive idle + 3 probes 1 s apart: > lease
-            for stmt in (f"SET statement_timeout = {max(1, int(self.statement_timeout * 1000))}",
-                         "SET lock_timeout = 0", "SET idle_in_transaction_session_timeout = 0",
-                         f"SET tcp_keepalives_idle = {lease_s + 1}", "SET tcp_keepalives_interval = 1",
-                         "SET tcp_keepalives_count = 3"):
-                conn.execute(stmt)
-            for stmt in (f"SET tcp_user_timeout = {server_silence * 1000}",  # PostgreSQL 12+
-                         "SET idle_session_timeout = 0"):  # PostgreSQL 14+
-                try:
-                    conn.execute(stmt)
-                except psycopg.errors.UndefinedObject:
-                    pass
             if self.key is None:
                 table = resolve_table(conn, self._outbox_table)
                 self.key = lock_key(table)

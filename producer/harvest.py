@@ -76,6 +76,7 @@ from harvest_outbox.producer.preflight import TopicGuard, header_bytes, too_larg
 from harvest_outbox.producer.metrics import Metrics, MeterStats, start_prometheus
 from harvest_outbox.producer.redact import redact_kafka_config
 from harvest_outbox.producer.schema import OutboxNames
+from harvest_outbox.producer.shards import Shard
 
 log = logging.getLogger(__name__)
 
@@ -146,8 +147,11 @@ class Harvest:
 
     def __init__(self, config: HarvestConfig, event_handler: EventHandler | None = None, *,
                  producer_factory: ProducerFactory | None = None, election: LeaderElection | None = None,
-                 topic_guard: TopicGuard | None = None) -> None:
+                 topic_guard: TopicGuard | None = None, shard: Shard | None = None) -> None:
         self.config = config
+        #: The shard this relay loop serves (``shards: S``; :mod:`producer.sharded` runs one loop per
+        #: shard it leads), or None for the whole outbox.
+        self.shard = shard
         self.limits = config.limits
         self._event_handler = event_handler
         self._producer_factory = producer_factory or confluent_producer
@@ -241,13 +245,13 @@ class Harvest:
         if self._state is not State.CREATED:
             raise HarvestError(f"cannot start a relay in state {self._state.value}")
         try:
-            self._db = OutboxDatabase(self.config.data_source, self.names)
+            self._db = OutboxDatabase(self.config.data_source, self.names, self.shard)
             _ = self._db.conn  # fail fast: connection + schema check
             # Two connections, two worker threads: the next mark runs while purges / commits of
             # earlier rows run, so the database works on both at once (each worker keeps its own
             # statements in submission order).
             self._exec = ThreadPoolExecutor(1, thread_name_prefix=f"harvest-db-{self.config.name}")
-            self._mark_db = OutboxDatabase(self.config.data_source, self.names)
+            self._mark_db = OutboxDatabase(self.config.data_source, self.names, self.shard)
             self._mark_exec = ThreadPoolExecutor(1, thread_name_prefix=f"harvest-mark-{self.config.name}")
             self._listener = Listener(self.config.data_source, self.names)
             if self.config.prometheus_port is not None:

@@ -1,0 +1,256 @@
+"""Leadership per shard (``shards: S``): which of the outbox's shards this relay process leads.
+
+A :class:`ShardElection` decides, for the whole process, which shards it leads; the sharded relay
+(:mod:`producer.sharded`) runs one relay loop per led shard, and hands each loop a :class:`ShardSeat`:
+the ordinary one-leader :class:`~producer.election.LeaderElection` protocol, granted and withdrawn by
+the shard election. So a shard's relay loop is exactly the unsharded relay (mark, send, purge or
+fenced commit), confined to its shard's rows.
+
+Two mechanisms, as for the unsharded relay:
+
+- :class:`NeliShardElection` (``leaderElection: neli``): the leader topic has S partitions; a relay
+  leads the shards whose partitions the consumer group assigns it. The ``cooperative-sticky``
+  assignor spreads them evenly (at most ``ceil(S / relays)`` each) and moves only what must move
+  when a relay joins or leaves. Each led partition gets NELI's heartbeat; a shard whose heartbeats
+  stop coming back for ``heartbeatTimeout`` is fenced alone.
+- :class:`~producer.shard_election_postgres.PostgresShardElection` (``leaderElection: postgres``):
+  one advisory lock per shard, plus one membership lock per relay, on one connection per relay.
+
+Listener contract (both): ``on_shard_acquired(k)`` and ``on_shard_lost(k, why)`` run synchronously
+on the thread calling :meth:`ShardElection.pulse` (or ``close``); ``on_shard_lost`` returns only
+after shard k's relay loop stopped publishing, and only then is the shard released to other relays
+(NELI: the rebalance callback returns; Postgres: the lock is unlocked). A lost shard of a fenced relay
+is not released by it, but the other relays may already lead it: as for the unsharded relay, the
+``--uuid-sequencing`` fence (per shard) refuses the zombie's commit.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from typing import Any, Protocol
+
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient
+
+from harvest_outbox.producer.election import _PRODUCER_ONLY, ElectionListener, ensure_topic, neli_consumer_config
+from harvest_outbox.producer.errors import ElectionError
+from harvest_outbox.producer.redact import redact_kafka_config
+
+log = logging.getLogger(__name__)
+
+
+class ShardListener(Protocol):
+    def on_shard_acquired(self, index: int) -> None: ...
+
+    def on_shard_lost(self, index: int, why: str) -> None: ...
+
+
+class ShardElection(Protocol):
+    @property
+    def led(self) -> frozenset[int]: ...
+
+    def start(self, listener: ShardListener) -> None: ...
+
+    def pulse(self) -> None:
+        """Keep the membership alive and report changes; cheap when called more often than needed."""
+        ...
+
+    def close(self) -> None:
+        """Report every led shard lost ("stopping"), then leave (its shards move to the other relays)."""
+        ...
+
+
+def fair_share(shards: int, relays: int) -> int:
+    """The most shards one of ``relays`` live relays leads once stable."""
+    return math.ceil(shards / max(1, relays))
+
+
+class ShardSeat:
+    """The :class:`~producer.election.LeaderElection` one shard's relay loop sees. ``grant()`` and
+    ``withdraw()`` come from the sharded relay's thread; the loop's own ``pulse()`` turns them into
+    ``on_acquired`` / ``on_fenced`` on the loop's thread (a plain flag: reads and writes of a bool
+    are atomic under the GIL, and a late read only delays the loop by one pulse)."""
+
+    def __init__(self, index: int) -> None:
+        self.index = index
+        self._granted = False
+        self._leader = False
+        self._listener: ElectionListener | None = None
+
+    @property
+    def is_leader(self) -> bool:
+        return self._leader
+
+    def grant(self) -> None:
+        self._granted = True
+
+    def withdraw(self) -> None:
+        self._granted = False
+
+    def start(self, listener: ElectionListener) -> None:
+        self._listener = listener
+
+    def pulse(self) -> bool:
+        if self._listener is None:
+            return False
+        if self._granted and not self._leader:
+            self._leader = True
+            self._listener.on_acquired()
+        elif not self._granted and self._leader:
+            self._leader = False
+            self._listener.on_fenced()
+        return self._leader
+
+    def close(self) -> None:
+        if self._leader and self._listener is not None:
+            self._leader = False
+            self._listener.on_revoked()
+
+
+class NeliShardElection:
+    """NELI with one leader-topic partition per shard (module docstring)."""
+
+    def __init__(self, base_kafka_config: dict[str, Any], leader_topic: str, leader_group_id: str, name: str,
+                 shards: int, heartbeat_timeout: float = 5.0, min_poll_interval: float = 0.1,
+                 poll_duration: float = 0.001, replication_factor: int = -1) -> None:
+        self._base = {k: v for k, v in base_kafka_config.items() if k not in _PRODUCER_ONLY}
+        self.topic, self.group, self.name, self.shards = leader_topic, leader_group_id, name, shards
+        self._heartbeat_timeout = heartbeat_timeout
+        self._min_poll_interval = min_poll_interval
+        self._poll_duration = poll_duration
+        self._replication_factor = replication_factor
+        self._consumer: Consumer | None = None
+        self._producer: Producer | None = None
+        self._listener: ShardListener | None = None
+        self._assigned: set[int] = set()
+        self._leading: set[int] = set()
+        self._last_received: dict[int, float] = {}
+        self._next_poll = 0.0
+        self._closed = False
+
+    @property
+    def led(self) -> frozenset[int]:
+        return frozenset(self._leading)
+
+    def start(self, listener: ShardListener) -> None:
+        self._listener = listener
+        ensure_topic(self._base, self.topic, self.shards, self._replication_factor)
+        self._check_partitions()
+        consumer_conf = neli_consumer_config(self._base, self.group, self.name, self._heartbeat_timeout)
+        producer_conf = {**self._base, "delivery.timeout.ms": max(int(self._heartbeat_timeout * 1000), 1),
+                         "linger.ms": 0, "client.id": f"harvest-neli-{self.name}"}
+        log.debug("NELI shard consumer config %s", redact_kafka_config(consumer_conf))
+        try:
+            self._consumer = Consumer(consumer_conf)
+            self._consumer.subscribe([self.topic], on_assign=self._on_assign, on_revoke=self._on_revoke,
+                                     on_lost=self._on_revoke)
+            self._producer = Producer(producer_conf)
+        except KafkaException as exc:
+            self.close()
+            raise ElectionError(f"cannot start shard leader election on {self.topic!r}: {exc.args[0].str()}") from exc
+
+    def _check_partitions(self) -> None:
+        admin = AdminClient(self._base)
+        try:
+            md = admin.list_topics(self.topic, timeout=30)
+        except KafkaException as exc:
+            raise ElectionError(f"cannot look up leader topic {self.topic!r}: {exc.args[0].str()}") from exc
+        found = len(md.topics[self.topic].partitions) if self.topic in md.topics else 0
+        if found != self.shards:
+            raise ElectionError(
+                f"leaderTopic {self.topic!r} has {found} partition(s) but shards: {self.shards} needs one per shard: "
+                f"relays with another shard count may be using it. Fix: give this sharding a leader topic of its own "
+                f"(leaderTopic), or, when no relay uses {self.topic!r}, delete it so it is created with "
+                f"{self.shards} partitions")
+
+    # -- rebalance callbacks (inside consumer.consume / close, on the pulsing thread) --
+    def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        now = time.monotonic()
+        for p in sorted(p.partition for p in partitions if p.topic == self.topic):
+            if p in self._assigned:
+                continue
+            self._assigned.add(p)
+            self._last_received[p] = now
+            self._next_poll = 0.0  # heartbeat at once
+            self._acquire(p)
+
+    def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        for p in sorted(p.partition for p in partitions if p.topic == self.topic):
+            if p not in self._assigned:
+                continue
+            self._assigned.discard(p)
+            self._lose(p, "revoked")
+
+    def _acquire(self, index: int) -> None:
+        if index in self._leading or index >= self.shards:
+            return
+        self._leading.add(index)
+        log.info("%s: leads shard %d/%d (partition %d of %r)", self.name, index, self.shards, index, self.topic)
+        if self._listener is not None:
+            self._listener.on_shard_acquired(index)
+
+    def _lose(self, index: int, why: str) -> None:
+        if index not in self._leading:
+            return
+        self._leading.discard(index)
+        log.info("%s: no longer leads shard %d/%d (%s)", self.name, index, self.shards, why)
+        if self._listener is not None:
+            self._listener.on_shard_lost(index, why)
+
+    def pulse(self) -> None:
+        now = time.monotonic()
+        if now < self._next_poll or self._consumer is None or self._closed:
+            return
+        self._next_poll = now + self._min_poll_interval
+        received: set[int] = set()
+        try:
+            while True:
+                msgs = self._consumer.consume(num_messages=256, timeout=self._poll_duration)
+                if not msgs:
+                    break
+                for m in msgs:
+                    err = m.error()
+                    if err is None:
+                        received.add(m.partition())
+                    elif err.fatal():
+                        raise ElectionError(f"fatal Kafka error in shard leader election: {err.str()}")
+                    elif err.code() != KafkaError._PARTITION_EOF:
+                        log.warning("shard leader election consumer: %s", err.str())
+        except KafkaException as exc:
+            raise ElectionError(f"shard leader election poll failed: {exc.args[0].str()}") from exc
+        now = time.monotonic()
+        for p in sorted(self._assigned):
+            if p in received:
+                self._last_received[p] = now
+                if p not in self._leading:
+                    log.info("%s: heartbeat of shard %d received again: resuming", self.name, p)
+                    self._acquire(p)
+            elif p in self._leading and now - self._last_received.get(p, now) > self._heartbeat_timeout:
+                log.warning("%s: no heartbeat on shard %d for %.1fs: fenced", self.name, p,
+                            now - self._last_received.get(p, now))
+                self._lose(p, "fenced")
+        assert self._producer is not None
+        for p in sorted(self._assigned):
+            try:
+                self._producer.produce(self.topic, f"{time.time_ns()}%{self.name}".encode(), partition=p)
+            except (BufferError, KafkaException) as exc:
+                log.warning("shard %d heartbeat not sent: %s", p, exc)
+        self._producer.poll(0)
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        # Drain every shard before leaving the group: the partitions move only after this returns.
+        for p in sorted(self._leading):
+            self._lose(p, "stopping")
+        if self._consumer is not None:
+            try:
+                self._consumer.close()
+            except Exception as exc:  # closing: report and carry on
+                log.warning("closing shard leader election consumer: %s", exc)
+        self._assigned.clear()
+        if self._producer is not None:
+            self._producer.flush(1.0)

@@ -1,0 +1,247 @@
+"""Sharded relays (``shards: S``), in one process: the shard hash (Python == SQL), config and schema
+errors, the per-shard mark, and relays sharing one outbox in both election modes — balance, graceful
+hand-over, exactly-once over the whole topic with ``--uuid-sequencing``. Process-level faults
+(kill -9, SIGSTOP) are in ``test_sharded_failover.py``."""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import psycopg
+import pytest
+from psycopg import sql
+from relaylib import assert_per_key_order, consume_all, relay_config, wait_drained
+
+from harvest_outbox.harvest_local.relays import wait_for
+from harvest_outbox.producer.config import HarvestConfig, from_mapping
+from harvest_outbox.producer.db import OutboxDatabase
+from harvest_outbox.producer.errors import ConfigError, ElectionError, SchemaError
+from harvest_outbox.producer.schema import OutboxNames, init_db
+from harvest_outbox.producer.shard_election import ShardSeat, fair_share
+from harvest_outbox.producer.sharded import ShardedHarvest, relay_for
+from harvest_outbox.producer.shards import Shard, shard_expression, shard_of
+from harvest_outbox.producer.stasher import OutboxRecord, Stasher
+
+S = 8
+
+
+# ---------------------------------------------------------------------------------------------- pure logic
+@pytest.mark.parametrize("shards, relays, share", [(8, 1, 8), (8, 2, 4), (8, 3, 3), (8, 8, 1), (8, 9, 1), (1, 3, 1),
+                                                    (8, 0, 8)])
+def test_fair_share(shards: int, relays: int, share: int) -> None:
+    assert fair_share(shards, relays) == share
+
+
+@pytest.mark.parametrize("value", [0, -1, 257, "8", 2.0, True])
+def test_shards_config_errors_name_the_field(value: object) -> None:
+    with pytest.raises(ConfigError, match=r"harvest\.shards: .* must be a whole number of shards 1-256"):
+        from_mapping({"harvest": {"shards": value}})
+
+
+def test_shards_config_defaults_and_leader_topic() -> None:
+    assert HarvestConfig().shards == 1
+    assert HarvestConfig().leader_topic == "harvest.neli"
+    sharded = from_mapping({"harvest": {"shards": 8, "leaderGroupID": "orders"}}).harvest
+    assert sharded.shards == 8
+    assert sharded.leader_topic == "orders.neli.shards8"  # never the unsharded relays' one-partition topic
+    assert "shards=8" in repr(sharded)
+    assert isinstance(relay_for(sharded.replace(leader_election="postgres")), ShardedHarvest)
+
+
+@pytest.mark.parametrize("index, count", [(-1, 8), (8, 8), (0, 1), (0, 0), (0, 300)])
+def test_shard_bounds(index: int, count: int) -> None:
+    with pytest.raises(ConfigError):
+        Shard(index, count)
+
+
+def test_seat_turns_grants_into_leadership_on_the_loop_thread() -> None:
+    events: list[str] = []
+
+    class L:
+        def on_acquired(self) -> None: events.append("acquired")
+        def on_revoked(self) -> None: events.append("revoked")
+        def on_fenced(self) -> None: events.append("fenced")
+
+    seat = ShardSeat(3)
+    seat.start(L())
+    assert not seat.pulse() and events == []
+    seat.grant()
+    assert seat.pulse() and seat.pulse() and events == ["acquired"]
+    seat.withdraw()
+    assert not seat.pulse() and events == ["acquired", "fenced"]
+    seat.grant()
+    seat.pulse()
+    seat.close()
+    assert events == ["acquired", "fenced", "acquired", "revoked"]
+
+
+# ---------------------------------------------------------------------------------------------- database
+@pytest.mark.integration
+def test_shard_hash_is_the_same_in_python_and_sql(pg_dsn: str) -> None:
+    rnd = random.Random(7)
+    keys = [f"k{i}" for i in range(300)] + ["", "é", "日本語キー", "a" * 500, "order-42", " spaced key "]
+    keys += ["".join(chr(rnd.randrange(32, 0x3000)) for _ in range(rnd.randrange(1, 20))) for _ in range(200)]
+    with psycopg.connect(pg_dsn) as conn:
+        for count in (2, 3, 8, 13, 256):
+            expr = shard_expression(count)
+            rows = conn.execute(sql.SQL("SELECT k, {} FROM unnest(%s::text[]) AS t(k)").format(
+                sql.SQL(expr.as_string(conn).replace("kafka_key", "k"))), (keys,)).fetchall()
+            assert {k: int(s) for k, s in rows} == {k: shard_of(k, count) for k in keys}, count
+    counts = [0] * S
+    for k in keys[:300]:
+        counts[shard_of(k, S)] += 1
+    assert min(counts) > 300 / S / 2  # spread, not lumped
+
+
+@pytest.mark.integration
+def test_sharded_relay_refuses_an_outbox_not_initialised_for_its_shards(pg_dsn: str, pg_schema: str,
+                                                                         kafka_bootstrap: str) -> None:
+    table = f"{pg_schema}.outbox"
+    init_db(pg_dsn, table)  # shards: 1 only
+    cfg = relay_config(pg_dsn, kafka_bootstrap, table, "g").replace(shards=S, leader_election="postgres")
+    with pytest.raises(SchemaError, match=r"not initialised for shards: 8 .* Fix: run `harvest init-db` with shards: 8"):
+        ShardedHarvest(cfg).start()
+    init_db(pg_dsn, table, shards=4)  # another count does not do either
+    with pytest.raises(SchemaError, match="shards: 8"):
+        ShardedHarvest(cfg).start()
+
+
+@pytest.mark.integration
+def test_shard_mark_takes_only_its_rows_in_id_order_from_the_index(pg_dsn: str, pg_schema: str) -> None:
+    table = f"{pg_schema}.outbox"
+    init_db(pg_dsn, table, shards=S)
+    keys = [f"key-{i}" for i in range(64)]
+    with psycopg.connect(pg_dsn) as conn:
+        Stasher(table).stash_many(conn, [OutboxRecord("t", keys[i % 64], f"v{i}") for i in range(2000)])
+        conn.commit()
+        conn.execute("ANALYZE " + OutboxNames.parse(table).outbox.as_string(conn))
+    import uuid
+
+    seen: list[int] = []
+    for k in range(S):
+        db = OutboxDatabase(pg_dsn, OutboxNames.parse(table), Shard(k, S))
+        try:
+            rows = db.mark(uuid.uuid4(), 5000)
+            assert rows == sorted(rows)
+            assert all(shard_of(r[2], S) == k for r in rows)  # type: ignore[arg-type]
+            seen += [r[0] for r in rows]
+            plan = "\n".join(r[0] for r in db.conn.execute(sql.SQL(
+                "EXPLAIN SELECT ctid FROM {o} WHERE {e} = 1 AND (leader_id IS NULL OR leader_id <> gen_random_uuid()) "
+                "ORDER BY id LIMIT 100").format(o=OutboxNames.parse(table).outbox, e=shard_expression(S))).fetchall())
+            assert OutboxNames.parse(table).shard_index_name(S) in plan, plan
+        finally:
+            db.close()
+    assert sorted(seen) == list(range(min(seen), min(seen) + 2000))  # every row in exactly one shard
+
+
+def _stash(dsn: str, table: str, topic: str, n: int, keys: int, start: int = 0) -> dict[str, list[bytes | None]]:
+    expected: dict[str, list[bytes | None]] = {}
+    records = []
+    for i in range(start, start + n):
+        key = f"key-{i % keys}"
+        records.append(OutboxRecord(topic, key, f"v{i}"))
+        expected.setdefault(key, []).append(f"v{i}".encode())
+    with psycopg.connect(dsn) as conn:
+        Stasher(table).stash_many(conn, records)
+    return expected
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("election", ["postgres", "neli"])
+def test_three_relays_spread_the_shards_and_hand_over_gracefully(
+        election: str, pg_dsn: str, kafka_bootstrap: str, pg_schema: str, topic_factory: Callable[..., str],
+        unique_name: Callable[[str], str]) -> None:
+    topic = topic_factory(partitions=4)
+    table = f"{pg_schema}.outbox"
+    init_db(pg_dsn, table, shards=S)
+    base = relay_config(pg_dsn, kafka_bootstrap, table, unique_name("g")).replace(
+        shards=S, leader_election=election, leader_lock_check_interval=0.2)
+    expected = _stash(pg_dsn, table, topic, 3000, 200)
+    relays = [ShardedHarvest(base.replace(name=f"r{i}")).start() for i in range(3)]
+    try:
+        def led() -> list[frozenset[int]]:
+            return [r.led_shards for r in relays]
+
+        def balanced() -> bool:
+            sets = led()
+            return (sum(map(len, sets)) == S and len(frozenset().union(*sets)) == S
+                    and all(1 <= len(s) <= fair_share(S, 3) + 1 for s in sets))
+
+        wait_for(balanced, 60, f"{S} shards spread over 3 relays")
+        wait_drained(pg_dsn, table, 60)
+        # graceful stop of one relay: only its shards move, to the two others
+        before = led()
+        relays[0].stop()
+        relays[0].wait(60)
+        wait_for(lambda: len(relays[1].led_shards | relays[2].led_shards) == S, 60, "hand-over of the stopped relay's shards")
+        assert before[1] <= relays[1].led_shards and before[2] <= relays[2].led_shards, (before, led())
+        assert all(len(r.led_shards) <= fair_share(S, 2) + 1 for r in relays[1:])
+        more = _stash(pg_dsn, table, topic, 2000, 200, start=3000)
+        for k, vs in more.items():
+            expected.setdefault(k, []).extend(vs)
+        wait_drained(pg_dsn, table, 60)
+        total = sum(map(len, expected.values()))
+        got = consume_all(kafka_bootstrap, topic, lambda g: len(g) >= total, 60)
+        assert_per_key_order(got, expected, allow_dups=True)
+        delivered = sum(r.metrics.delivered for r in relays)
+        assert delivered >= total
+    finally:
+        for r in relays:
+            r.stop()
+        for r in relays:
+            r.wait(60)
+
+
+@pytest.mark.integration
+def test_postgres_shard_election_refuses_relays_of_another_shard_count(pg_dsn: str, kafka_bootstrap: str,
+                                                                       pg_schema: str) -> None:
+    table = f"{pg_schema}.outbox"
+    init_db(pg_dsn, table, shards=S)
+    init_db(pg_dsn, table, shards=4)
+    cfg = relay_config(pg_dsn, kafka_bootstrap, table, "g").replace(shards=S, leader_election="postgres")
+    with ShardedHarvest(cfg.replace(name="eight")):
+        with pytest.raises(ElectionError, match=r"another shard count .*1 relay\(s\) with shards: 8.*this one has shards: 4"
+                                               r".*drain-then-change"):
+            ShardedHarvest(cfg.replace(name="four", shards=4)).start()
+
+
+@pytest.mark.integration
+def test_neli_shard_election_refuses_a_leader_topic_with_other_partitions(
+        pg_dsn: str, kafka_bootstrap: str, pg_schema: str, topic_factory: Callable[..., str]) -> None:
+    table = f"{pg_schema}.outbox"
+    init_db(pg_dsn, table, shards=S)
+    leader_topic = topic_factory(partitions=1)  # e.g. the unsharded relays' topic
+    cfg = relay_config(pg_dsn, kafka_bootstrap, table, "g").replace(shards=S, leader_topic=leader_topic)
+    with pytest.raises(ElectionError, match=rf"leaderTopic '{leader_topic}' has 1 partition\(s\) but shards: 8 needs one "
+                                            r"per shard"):
+        ShardedHarvest(cfg).start()
+
+
+@pytest.mark.integration
+def test_shards_command_shows_leaders_and_backlog(pg_dsn: str, kafka_bootstrap: str, pg_schema: str, tmp_path: Path,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    from harvest_outbox.harvest_local.relays import write_config
+    from harvest_outbox.producer.cli import main
+
+    table = f"{pg_schema}.outbox"
+    cfg_path = write_config(tmp_path / "h.yaml", dsn=pg_dsn, bootstrap=kafka_bootstrap, outbox_table=table,
+                            uuid_sequencing=False, leader_election="postgres", shards=4)
+    assert main(["init-db", "-f", str(cfg_path)]) == 0
+    assert "4 shards" in capsys.readouterr().out
+    _stash(pg_dsn, table, "no-such-topic-for-this-test", 100, 10)
+    assert main(["shards", "-f", str(cfg_path)]) == 0
+    out = capsys.readouterr().out
+    assert "4 shards, 0 led by 0 relay(s), 100 rows waiting" in out, out
+    cfg = from_mapping({"harvest": {"dataSource": pg_dsn, "outboxTable": table, "shards": 4,
+                                    "leaderElection": "postgres", "missingTopicPolicy": "hold",
+                                    "baseKafkaConfig": {"bootstrap.servers": kafka_bootstrap}}}).harvest
+    with ShardedHarvest(cfg.replace(name="lister")) as relay:
+        wait_for(lambda: len(relay.led_shards) == 4, 30, "all shards led")
+        time.sleep(0.2)
+        assert main(["shards", "-f", str(cfg_path)]) == 0
+        out = capsys.readouterr().out
+        assert "4 shards, 4 led by 1 relay(s), 100 rows waiting" in out, out
+        assert out.count("lister") == 4
