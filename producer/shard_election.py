@@ -128,6 +128,7 @@ class NeliShardElection:
         self._leading: set[int] = set()
         self._last_received: dict[int, float] = {}
         self._next_poll = 0.0
+        self._last_pulse = 0.0
         self._closed = False
 
     @property
@@ -204,6 +205,12 @@ class NeliShardElection:
         if now < self._next_poll or self._consumer is None or self._closed:
             return
         self._next_poll = now + self._min_poll_interval
+        # This thread itself was held up (a shard draining in on_shard_lost): no heartbeat could be
+        # sent meanwhile, so the gap says nothing about the broker; do not count it against any shard.
+        stall = now - self._last_pulse - self._min_poll_interval if self._last_pulse else 0.0
+        if stall > self._heartbeat_timeout / 4:
+            for p in self._last_received:
+                self._last_received[p] += stall
         received: set[int] = set()
         try:
             while True:
@@ -238,6 +245,7 @@ class NeliShardElection:
             except (BufferError, KafkaException) as exc:
                 log.warning("shard %d heartbeat not sent: %s", p, exc)
         self._producer.poll(0)
+        self._last_pulse = time.monotonic()
 
     def close(self) -> None:
         if self._closed:
@@ -252,5 +260,7 @@ class NeliShardElection:
             except Exception as exc:  # closing: report and carry on
                 log.warning("closing shard leader election consumer: %s", exc)
         self._assigned.clear()
+        self._consumer = None
         if self._producer is not None:
             self._producer.flush(1.0)
+            self._producer = None

@@ -30,11 +30,12 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from harvest_outbox.producer.config import HarvestConfig
 from harvest_outbox.producer.db import OutboxDatabase
-from harvest_outbox.producer.errors import HarvestError
+from harvest_outbox.producer.errors import ConfigError, HarvestError, SchemaError
 from harvest_outbox.producer.events import EventHandler
 from harvest_outbox.producer.harvest import Harvest, State
 from harvest_outbox.producer.kafka import ProducerFactory
@@ -84,8 +85,13 @@ class ShardedHarvest:
         self._election = election or _make_shard_election(config)
         self.metrics = Metrics()
         self._retired = dict.fromkeys(_COUNTERS, 0)  # counts of loops that stopped
-        self._relays: dict[int, Harvest] = {}
+        self._relays: dict[int, Harvest] = {}  # running loops of led shards
         self._seats: dict[int, ShardSeat] = {}
+        # Led shards whose loop is starting (its connections and producer open on a starter thread,
+        # so the election keeps pulsing meanwhile), or waiting to retry a failed start.
+        self._starting: dict[int, tuple[Harvest, ShardSeat, Future[Any]]] = {}
+        self._retry_at: dict[int, float] = {}
+        self._starter = ThreadPoolExecutor(4, thread_name_prefix=f"harvest-shard-start-{config.name}")
         self._state = State.CREATED
         self._stop_requested = threading.Event()
         self._thread: threading.Thread | None = None
@@ -168,16 +174,44 @@ class ShardedHarvest:
 
     # ------------------------------------------------------------------ shard listener
     def on_shard_acquired(self, index: int) -> None:
-        shard = Shard(index, self.config.shards)
         seat = ShardSeat(index)
         relay = Harvest(self.config.replace(name=f"{self.config.name}.s{index}", prometheus_port=None),
-                        self._event_handler, producer_factory=self._producer_factory, election=seat, shard=shard)
-        relay.start()
-        seat.grant()
-        self._seats[index], self._relays[index] = seat, relay
-        self.acquisitions += 1
+                        self._event_handler, producer_factory=self._producer_factory, election=seat,
+                        shard=Shard(index, self.config.shards))
+        self._retry_at.pop(index, None)
+        self._starting[index] = (relay, seat, self._starter.submit(relay.start))
+
+    def _started(self) -> None:
+        """Grant the shards whose loop has started; schedule a retry for a transient start failure
+        (the shard stays led, as the unsharded relay keeps leading through database errors)."""
+        now = time.monotonic()
+        for index, (relay, seat, future) in list(self._starting.items()):
+            if not future.done():
+                continue
+            del self._starting[index]
+            exc = future.exception()
+            if exc is None:
+                seat.grant()
+                self._seats[index], self._relays[index] = seat, relay
+                self.acquisitions += 1
+            elif isinstance(exc, (ConfigError, SchemaError)):
+                raise HarvestError(f"shard {index}/{self.config.shards} cannot start: {exc}") from exc
+            else:
+                log.warning("%s: shard %d's relay loop did not start (%s); retrying in %.3gs", self.config.name, index,
+                            exc, self.limits.io_error_backoff)
+                self._retry_at[index] = now + self.limits.io_error_backoff
+        for index, at in list(self._retry_at.items()):
+            if now >= at:
+                self.on_shard_acquired(index)
 
     def on_shard_lost(self, index: int, why: str) -> None:
+        self._retry_at.pop(index, None)
+        starting = self._starting.pop(index, None)
+        if starting is not None:  # let its start finish, then stop it like a running loop
+            relay, seat, future = starting
+            if future.exception() is not None:
+                return
+            self._relays[index], self._seats[index] = relay, seat
         relay, seat = self._relays.pop(index, None), self._seats.pop(index, None)
         if relay is None or seat is None:
             return
@@ -200,6 +234,7 @@ class ShardedHarvest:
         try:
             while not self._stop_requested.is_set():
                 self._election.pulse()
+                self._started()
                 for index, relay in list(self._relays.items()):
                     if relay.state is State.STOPPED:  # died on its own: a fatal error
                         try:
@@ -223,6 +258,9 @@ class ShardedHarvest:
                 log.exception("closing the shard election")
             for index in list(self._relays):  # loops the election did not report (it failed)
                 self.on_shard_lost(index, "stopping")
+            for index in list(self._starting):
+                self.on_shard_lost(index, "stopping")
+            self._starter.shutdown(wait=True)
             self._aggregate()
             self._close_endpoint()
             self._state = State.STOPPED
