@@ -336,7 +336,7 @@ class OutboxDatabase:
                 pipeline.sync()
                 row = fence.fetchone()
                 if row is None or int(row[0]) != epoch:
-                    raise FenceError(f"commit refused by the fence of {n.display!r}: epoch is "
+                    raise FenceError(f"commit refused by the fence of {n.display!r}{self._shard_text}: epoch is "
                                      f"{None if row is None else row[0]}, this view's is {epoch}")
                 if deleted is not None and deleted.rowcount != len(ids):
                     raise FenceError(f"commit refused on {n.display!r}: {len(ids) - deleted.rowcount} of {len(ids)} "

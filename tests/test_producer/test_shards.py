@@ -248,3 +248,56 @@ def test_shards_command_shows_leaders_and_backlog(pg_dsn: str, kafka_bootstrap: 
         out = capsys.readouterr().out
         assert "4 shards, 4 led by 1 relay(s), 100 rows waiting" in out, out
         assert out.count("lister") == 4
+
+
+@pytest.mark.integration
+def test_fence_epochs_and_ack_intents_are_per_shard(pg_dsn: str, pg_schema: str) -> None:
+    """DESIGN.md section 5 per shard: a shard's new view fences only that shard's older view, and a
+    view recovers only its own shard's ACK intents (shard 0 also those an earlier sharding left)."""
+    import uuid
+
+    from harvest_outbox.producer.errors import FenceError
+
+    table = f"{pg_schema}.outbox"
+    init_db(pg_dsn, table, shards=S)
+    names = OutboxNames.parse(table)
+    keys = {k: next(f"key-{i}" for i in range(10_000) if shard_of(f"key-{i}", S) == k) for k in range(S)}
+    with psycopg.connect(pg_dsn) as conn:
+        Stasher(table).stash_many(conn, [OutboxRecord("t", keys[k], f"v{k}-{j}") for k in (0, 1, 2) for j in range(3)])
+    dbs = {k: OutboxDatabase(pg_dsn, names, Shard(k, S)) for k in (0, 1, 2)}
+    try:
+        views: dict[int, tuple[uuid.UUID, int]] = {}
+        for k, db in dbs.items():
+            leader = uuid.uuid4()
+            epoch, intents = db.start_view(leader, f"relay-{k}")
+            assert intents == []
+            views[k] = (leader, epoch)
+        rows = {k: dbs[k].mark(views[k][0], 100) for k in dbs}
+        assert {k: len(r) for k, r in rows.items()} == {0: 3, 1: 3, 2: 3}
+        # shard 1: a new view (another relay took the shard over) fences the old one ...
+        zombie_leader, zombie_epoch = views[1]
+        dbs[1].start_view(uuid.uuid4(), "relay-x")
+        with pytest.raises(FenceError, match=r"commit refused by the fence of .* \(shard 1/8\): epoch is 2, this view's is 1"):
+            dbs[1].commit_txn(zombie_epoch, zombie_leader, [r[0] for r in rows[1]], [], b"P1", 11, [("t", 0)])
+        # ... while shard 2's view, untouched, commits, and writes an intent of shard 2
+        leader2, epoch2 = views[2]
+        dbs[2].commit_txn(epoch2, leader2, [r[0] for r in rows[2]], [], b"P2", 22, [("t", 0), ("t", 1)])
+        with psycopg.connect(pg_dsn) as conn:
+            conn.execute(sql.SQL("INSERT INTO {} (epoch, producer, clock, topic, kafka_partition, shard_count, shard) "
+                                 "VALUES (1, 'OLD', 5, 't', 0, 4, 3)").format(names.ack_intents))
+        # a new view of shard 2 recovers shard 2's intents only; shard 0 also the earlier sharding's
+        _, intents2 = dbs[2].start_view(uuid.uuid4(), "relay-y")
+        assert sorted((p, c, pt) for _e, p, c, _t, pt in intents2) == [(b"P2", 22, 0), (b"P2", 22, 1)]
+        _, intents0 = dbs[0].start_view(uuid.uuid4(), "relay-z")
+        assert [(p, c) for _e, p, c, _t, _pt in intents0] == [(b"OLD", 5)]
+        _, intents1 = dbs[1].start_view(uuid.uuid4(), "relay-w")
+        assert intents1 == []
+        with psycopg.connect(pg_dsn) as conn:
+            epochs = dict(conn.execute(sql.SQL("SELECT shard, epoch FROM {} WHERE shard_count = %s").format(
+                names.shard_state), (S,)).fetchall())
+            remaining = conn.execute(sql.SQL("SELECT count(*) FROM {}").format(names.outbox)).fetchone()[0]
+        assert epochs[0] == 2 and epochs[1] == 3 and epochs[2] == 2 and epochs[3] == 0
+        assert remaining == 6  # shard 2's three rows committed; shard 1's zombie commit rolled back
+    finally:
+        for db in dbs.values():
+            db.close()
