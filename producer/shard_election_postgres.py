@@ -24,7 +24,6 @@ leads; shards whose locks are still held when verification succeeds again are le
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
 import random
@@ -35,27 +34,19 @@ import time
 import psycopg
 from psycopg import sql
 
-from harvest_outbox.producer.election_postgres import election_connection, key_parts, lock_key, resolve_table
+from harvest_outbox.producer.election_postgres import (MEMBERS_SQL, election_connection, key_parts, lock_key,
+                                                       members_namespace, resolve_table)
 from harvest_outbox.producer.errors import ElectionError
 from harvest_outbox.producer.redact import redact_dsn, redact_error
 from harvest_outbox.producer.shard_election import ShardListener, fair_share
 
 log = logging.getLogger(__name__)
 
-_DB = "database = (SELECT oid FROM pg_database WHERE datname = current_database())"
-# The live relays of each shard count on this outbox (shared membership locks).
-_MEMBERS_SQL = (f"SELECT objid::bigint, count(*) FROM pg_locks WHERE locktype = 'advisory' AND {_DB} "
-                f"AND classid = %s::bigint::oid AND objsubid = 2 AND granted GROUP BY objid")
 # Holders of bigint-keyed advisory locks (the shard locks are among them).
+_DB = "database = (SELECT oid FROM pg_database WHERE datname = current_database())"
 _HOLDERS_SQL = (f"SELECT classid::bigint, objid::bigint, pid, pid = pg_backend_pid() FROM pg_locks "
                 f"WHERE locktype = 'advisory' AND {_DB} AND objsubid = 1 AND granted "
                 f"AND (classid::bigint, objid::bigint) IN (SELECT * FROM unnest(%s::bigint[], %s::bigint[]))")
-
-
-def members_namespace(qualified_table: str) -> int:
-    """The first key of the membership lock (31 bits, so it reads the same as int4 and as oid)."""
-    return int.from_bytes(hashlib.sha256(b"harvest.shards\0" + qualified_table.encode()).digest()[:4],
-                          "big") & 0x7FFFFFFF
 
 
 def shard_lock_key(qualified_table: str, count: int, index: int) -> int:
@@ -185,8 +176,15 @@ class PostgresShardElection:
                 log.info("%s: Postgres shard election on %s (%d shards, check every %gs, lease %gs)", self.name,
                          self.table, self.shards, self.check_interval, self.lease)
             conn.execute("SELECT pg_advisory_lock_shared(%s::int, %s::int)", (self.namespace, self.shards))
-            others = [(int(s), int(n)) for s, n in conn.execute(_MEMBERS_SQL, (self.namespace,)).fetchall()
+            others = [(int(s), int(n)) for s, n in conn.execute(MEMBERS_SQL, (self.namespace,)).fetchall()
                       if int(s) != self.shards]
+            unsharded = conn.execute(_HOLDERS_SQL, ([key_parts(lock_key(self.table))[0]],
+                                                    [key_parts(lock_key(self.table))[1]])).fetchone()
+            if unsharded is not None:
+                raise ElectionError(
+                    f"an unsharded relay (shards: 1, backend pid {unsharded[2]}) leads {self.table}; this one has "
+                    f"shards: {self.shards}. Changing shards on a live outbox is drain-then-change: stop every relay, "
+                    f"change shards, run `harvest init-db`, start the relays (README, Sharded relays)")
             if others:
                 raise ElectionError(
                     f"relays with another shard count run on {self.table}: "
@@ -242,7 +240,7 @@ class PostgresShardElection:
                 log.info("%s: let shard %d/%d go", self.name, k, self.shards)
             if unlock:
                 conn.execute("SELECT pg_notify(%s, %s)", (self.channel, self.name))
-            members = sum(int(n) for s, n in conn.execute(_MEMBERS_SQL, (self.namespace,)).fetchall()
+            members = sum(int(n) for s, n in conn.execute(MEMBERS_SQL, (self.namespace,)).fetchall()
                           if int(s) == self.shards)
             parts = [key_parts(key) for key in self._keys]
             holders = conn.execute(_HOLDERS_SQL, ([c for c, _ in parts], [o for _, o in parts])).fetchall()

@@ -301,3 +301,20 @@ def test_fence_epochs_and_ack_intents_are_per_shard(pg_dsn: str, pg_schema: str)
     finally:
         for db in dbs.values():
             db.close()
+
+
+@pytest.mark.integration
+def test_postgres_elections_refuse_mixing_sharded_and_unsharded_relays(pg_dsn: str, kafka_bootstrap: str,
+                                                                       pg_schema: str) -> None:
+    from harvest_outbox.producer.harvest import Harvest
+
+    table = f"{pg_schema}.outbox"
+    init_db(pg_dsn, table, shards=S)
+    cfg = relay_config(pg_dsn, kafka_bootstrap, table, "g").replace(leader_election="postgres")
+    with ShardedHarvest(cfg.replace(name="sharded", shards=S)):
+        with pytest.raises(ElectionError, match=r"sharded relays run on .* \(1 with shards: 8\); this one has shards: 1"):
+            Harvest(cfg.replace(name="plain")).start()
+    with Harvest(cfg.replace(name="plain")) as plain:
+        wait_for(lambda: plain.is_leader, 30, "the unsharded relay leads")
+        with pytest.raises(ElectionError, match=r"an unsharded relay \(shards: 1, backend pid \d+\) leads .*shards: 8"):
+            ShardedHarvest(cfg.replace(name="sharded", shards=S)).start()
