@@ -60,6 +60,8 @@ class Metrics:
         self.backlog_rows: int | None = None
         self.oldest_unsent_age: float | None = None
         self.dead_letter_rows: int | None = None
+        #: ``shards: S``: the led shards' (rows, oldest unsent age), from the same query.
+        self.shard_backlog: dict[int, tuple[int, float | None]] = {}
         self.is_leader = False
         #: time.monotonic() of the latest snapshot (None before the first): the loop's liveness.
         self.read_at: float | None = None
@@ -81,7 +83,7 @@ class Metrics:
 
 class _Collector:
     def __init__(self, metrics: Metrics, name: str,
-                 shards: Callable[[], Mapping[int, Metrics]] | None = None) -> None:
+                 shards: Callable[[], Mapping[int, tuple[int | None, float | None]]] | None = None) -> None:
         self._m, self._name, self._shards = metrics, name, shards
 
     def collect(self) -> Iterator[Any]:
@@ -117,28 +119,23 @@ class _Collector:
         if self._shards is not None:
             yield from self._per_shard(self._shards())
 
-    def _per_shard(self, shards: Mapping[int, Metrics]) -> Iterator[Any]:
+    def _per_shard(self, shards: Mapping[int, tuple[int | None, float | None]]) -> Iterator[Any]:
         """Series of the shards this relay leads (``shards: S``), labelled ``relay`` and ``shard``;
         a shard another relay leads is exported by that relay."""
-        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+        from prometheus_client.core import GaugeMetricFamily
 
         labels = ["relay", "shard"]
         families = (
-            (GaugeMetricFamily, "harvest_shard_is_leader", "1 for each shard this relay leads", lambda m: 1.0),
-            (CounterMetricFamily, "harvest_shard_delivered_records", "Records of the shard delivered by its current "
-             "relay loop", lambda m: m.delivered),
-            (GaugeMetricFamily, "harvest_shard_backlog_rows", "Rows of the shard in the outbox", lambda m: m.backlog_rows),
-            (GaugeMetricFamily, "harvest_shard_oldest_unsent_age_seconds", "Age of the shard's oldest outbox row",
-             lambda m: m.oldest_unsent_age),
-            (GaugeMetricFamily, "harvest_shard_in_flight_records", "Records of the shard awaiting acknowledgement",
-             lambda m: m.in_flight),
+            ("harvest_shard_is_leader", "1 for each shard this relay leads", lambda v: 1.0),
+            ("harvest_shard_backlog_rows", "Rows of the shard in the outbox", lambda v: v[0]),
+            ("harvest_shard_oldest_unsent_age_seconds", "Age of the shard's oldest outbox row", lambda v: v[1]),
         )
-        for family, name, doc, value in families:
-            f = family(name, doc, labels=labels)
-            for index, m in sorted(shards.items()):
-                v = value(m)
-                f.add_metric([self._name, str(index)], float("nan") if v is None else float(v))
-            yield f
+        for name, doc, value in families:
+            g = GaugeMetricFamily(name, doc, labels=labels)
+            for index, v in sorted(shards.items()):
+                x = value(v)
+                g.add_metric([self._name, str(index)], float("nan") if x is None else float(x))
+            yield g
 
 
 class _Server(ThreadingMixIn, WSGIServer):
@@ -176,7 +173,7 @@ def _json_app(evaluate: Callable[[], Any]) -> WsgiApp:
 
 
 def start_prometheus(metrics: Metrics, name: str, port: int, addr: str = "0.0.0.0", relay: Any = None,
-                     shards: Callable[[], Mapping[int, Metrics]] | None = None) -> Any:
+                     shards: Callable[[], Mapping[int, tuple[int | None, float | None]]] | None = None) -> Any:
     """Serve ``/metrics`` (from a private registry) on ``addr:port``, plus ``/healthz`` and
     ``/readyz`` when ``relay`` (a :class:`producer.health.RelayView`) is given; returns (server, thread).
     ``shards``: the led shards' metrics of a sharded relay, exported per shard as well."""

@@ -18,8 +18,8 @@ Objects, for an outbox table ``[schema.]name``:
 - with ``shards: S`` (S > 1): an expression index ``name_shard<S>_idx`` on ``(shard, id)``
   (:func:`producer.shards.shard_expression`) and ``name_harvest_shards``, the fence row of each shard
   (``shard_count``, ``shard``, then the columns of ``name_harvest_state``); ACK intents carry
-  ``shard_count`` and ``shard`` (1 and 0 for the unsharded relay), so a shard's view recovers only
-  its own shard's intents.
+  ``shard_count`` and ``shards``, the shards of the view that wrote them (1 and ``{0}`` for the
+  unsharded relay), so a view recovers only intents of views that led one of its shards.
 - ``harvest_notify()`` + statement-level trigger ``name_notify``: ``pg_notify(channel)`` after each
   INSERT statement. Notifications are delivered at commit (and dropped on rollback), so any writer,
   including goharvest's Go stasher, wakes the relay without code changes.
@@ -236,12 +236,12 @@ def outbox_ddl(names: OutboxNames, value_type: ValueType = "varchar") -> list[sq
           last_error  TEXT,
           updated_at  TIMESTAMP WITH TIME ZONE NOT NULL DEFAULT now()
         )""").format(attempts=names.delivery_attempts))
-    # Sharded relays (shards: S): a view of shard k recovers only shard k's intents. Another shard's
-    # intent re-sent while its own view is live would be an old ACK that rolls back that producer's
-    # newer, still open span in every reader.
+    # Sharded relays (shards: S): a view recovers only intents of views that led one of its shards
+    # (those can no longer commit). An intent of a view still live on other shards, re-sent, would be
+    # an old ACK that rolls back that producer's newer, still open span in every reader.
     stmts.append(sql.SQL("ALTER TABLE {acks} ADD COLUMN IF NOT EXISTS shard_count INTEGER NOT NULL DEFAULT 1").format(
         acks=names.ack_intents))
-    stmts.append(sql.SQL("ALTER TABLE {acks} ADD COLUMN IF NOT EXISTS shard INTEGER NOT NULL DEFAULT 0").format(
+    stmts.append(sql.SQL("ALTER TABLE {acks} ADD COLUMN IF NOT EXISTS shards INTEGER[] NOT NULL DEFAULT '{{0}}'").format(
         acks=names.ack_intents))
     stmts.append(sql.SQL("""
         CREATE OR REPLACE FUNCTION {fn}() RETURNS trigger LANGUAGE plpgsql AS $$

@@ -1,10 +1,10 @@
 """Leadership per shard (``shards: S``): which of the outbox's shards this relay process leads.
 
 A :class:`ShardElection` decides, for the whole process, which shards it leads; the sharded relay
-(:mod:`producer.sharded`) runs one relay loop per led shard, and hands each loop a :class:`ShardSeat`:
-the ordinary one-leader :class:`~producer.election.LeaderElection` protocol, granted and withdrawn by
-the shard election. So a shard's relay loop is exactly the unsharded relay (mark, send, purge or
-fenced commit), confined to its shard's rows.
+(:mod:`producer.sharded`) runs one relay loop over the led shards, and hands it a
+:class:`ShardSetSeat`: the ordinary one-leader :class:`~producer.election.LeaderElection` protocol,
+where every change of the led set is a new leader view. So the loop is exactly the unsharded relay
+(mark, send, purge or fenced commit), confined to the led shards' rows.
 
 Two mechanisms, as for the unsharded relay:
 
@@ -18,7 +18,7 @@ Two mechanisms, as for the unsharded relay:
 
 Listener contract (both): ``on_shard_acquired(k)`` and ``on_shard_lost(k, why)`` run synchronously
 on the thread calling :meth:`ShardElection.pulse` (or ``close``); ``on_shard_lost`` returns only
-after shard k's relay loop stopped publishing, and only then is the shard released to other relays
+after the relay loop stopped publishing shard k's rows, and only then is the shard released to other relays
 (NELI: the rebalance callback returns; Postgres: the lock is unlocked). A lost shard of a fenced relay
 is not released by it, but the other relays may already lead it: as for the unsharded relay, the
 ``--uuid-sequencing`` fence (per shard) refuses the zombie's commit.
@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import logging
 import math
+import threading
 import time
 from typing import Any, Protocol
 
@@ -67,46 +68,61 @@ def fair_share(shards: int, relays: int) -> int:
     return math.ceil(shards / max(1, relays))
 
 
-class ShardSeat:
-    """The :class:`~producer.election.LeaderElection` one shard's relay loop sees. ``grant()`` and
-    ``withdraw()`` come from the sharded relay's thread; the loop's own ``pulse()`` turns them into
-    ``on_acquired`` / ``on_fenced`` on the loop's thread (a plain flag: reads and writes of a bool
-    are atomic under the GIL, and a late read only delays the loop by one pulse)."""
+class ShardSetSeat:
+    """The :class:`~producer.election.LeaderElection` the sharded relay's one relay loop sees: the
+    loop leads while the process leads at least one shard. :meth:`offer` (election side) changes the
+    set; the loop's own ``pulse()`` turns a change into a new view: ``on_revoked`` (the loop drains
+    and flushes everything of the old set), then the new set is applied, then ``on_acquired``.
+    :meth:`wait_released` lets the election side wait until a shard is out of the applied set,
+    i.e. drained, before it lets the shard go."""
 
-    def __init__(self, index: int) -> None:
-        self.index = index
-        self._granted = False
+    def __init__(self, count: int) -> None:
+        self.count = count
+        self._offered: frozenset[int] = frozenset()
+        self.applied: frozenset[int] = frozenset()  # the shards of the loop's current view
         self._leader = False
+        self._closed = False
+        self._cv = threading.Condition()
         self._listener: ElectionListener | None = None
 
     @property
     def is_leader(self) -> bool:
         return self._leader
 
-    def grant(self) -> None:
-        self._granted = True
-
-    def withdraw(self) -> None:
-        self._granted = False
+    def offer(self, shards: frozenset[int]) -> None:
+        with self._cv:
+            self._offered = frozenset(shards)
 
     def start(self, listener: ElectionListener) -> None:
         self._listener = listener
 
     def pulse(self) -> bool:
-        if self._listener is None:
-            return False
-        if self._granted and not self._leader:
+        offered = self._offered
+        if self._listener is None or offered == self.applied:
+            return self._leader
+        if self._leader:
+            self._leader = False
+            self._listener.on_revoked()
+        with self._cv:
+            self.applied = offered
+            self._cv.notify_all()
+        if offered:
             self._leader = True
             self._listener.on_acquired()
-        elif not self._granted and self._leader:
-            self._leader = False
-            self._listener.on_fenced()
         return self._leader
+
+    def wait_released(self, index: int, timeout: float) -> bool:
+        with self._cv:
+            return self._cv.wait_for(lambda: index not in self.applied or self._closed, timeout)
 
     def close(self) -> None:
         if self._leader and self._listener is not None:
             self._leader = False
             self._listener.on_revoked()
+        with self._cv:
+            self.applied = frozenset()
+            self._closed = True
+            self._cv.notify_all()
 
 
 class NeliShardElection:
@@ -128,7 +144,7 @@ class NeliShardElection:
         self._leading: set[int] = set()
         self._last_received: dict[int, float] = {}
         self._next_poll = 0.0
-        self._last_pulse = 0.0
+        self._busy = 0.0  # seconds spent in listener callbacks since the last heartbeat check
         self._closed = False
 
     @property
@@ -190,7 +206,9 @@ class NeliShardElection:
         self._leading.add(index)
         log.info("%s: leads shard %d/%d (partition %d of %r)", self.name, index, self.shards, index, self.topic)
         if self._listener is not None:
+            started = time.monotonic()
             self._listener.on_shard_acquired(index)
+            self._busy += time.monotonic() - started
 
     def _lose(self, index: int, why: str) -> None:
         if index not in self._leading:
@@ -198,19 +216,22 @@ class NeliShardElection:
         self._leading.discard(index)
         log.info("%s: no longer leads shard %d/%d (%s)", self.name, index, self.shards, why)
         if self._listener is not None:
+            started = time.monotonic()
             self._listener.on_shard_lost(index, why)
+            self._busy += time.monotonic() - started
 
     def pulse(self) -> None:
         now = time.monotonic()
         if now < self._next_poll or self._consumer is None or self._closed:
             return
         self._next_poll = now + self._min_poll_interval
-        # This thread itself was held up (a shard draining in on_shard_lost): no heartbeat could be
-        # sent meanwhile, so the gap says nothing about the broker; do not count it against any shard.
-        stall = now - self._last_pulse - self._min_poll_interval if self._last_pulse else 0.0
-        if stall > self._heartbeat_timeout / 4:
+        # Time this thread spent in our own callbacks (the relay loop draining a lost shard) sent no
+        # heartbeat, so it says nothing about the broker: it does not count against any shard. A
+        # paused process gets no such allowance: resumed, it fences at once.
+        busy, self._busy = self._busy, 0.0
+        if busy:
             for p in self._last_received:
-                self._last_received[p] += stall
+                self._last_received[p] += busy
         received: set[int] = set()
         try:
             while True:
@@ -245,7 +266,6 @@ class NeliShardElection:
             except (BufferError, KafkaException) as exc:
                 log.warning("shard %d heartbeat not sent: %s", p, exc)
         self._producer.poll(0)
-        self._last_pulse = time.monotonic()
 
     def close(self) -> None:
         if self._closed:

@@ -3,50 +3,47 @@
 Rows are split into S shards by a hash of ``kafka_key`` (:mod:`producer.shards`), so each key
 lives in one shard. A :class:`ShardedHarvest` process takes part in a per-shard leader election
 (:mod:`producer.shard_election`: NELI with an S-partition leader topic, or one Postgres advisory lock
-per shard) and runs, for every shard it leads, one ordinary relay loop
-(:class:`~producer.harvest.Harvest`, or the ``--uuid-sequencing`` relay) confined to that shard's
-rows: its marks, metrics and (exactly-once mode) fence row are the shard's own. Everything the
-unsharded relay guarantees holds per shard, because each shard *is* an unsharded relay over a
-subset of keys: per-key order (a key never changes shard), deletion only after delivery, and in
-exactly-once mode a fence epoch, producer id and ACK intents per shard view — a zombie's commit is
-refused by its shard's fence.
+per shard) and runs ONE ordinary relay loop (:class:`~producer.harvest.Harvest`, or the
+``--uuid-sequencing`` relay) over the shards it leads: its marks read only those shards' rows, its
+metrics are theirs, and in exactly-once mode its view fences exactly their fence rows. Every change
+of the led set is a new leader view: the loop drains and flushes (or commits) everything of the old
+set, then marks anew. Everything the unsharded relay guarantees therefore holds per shard: per-key
+order (a key never changes shard), deletion only after delivery, and in exactly-once mode a fence
+per shard — a view's commit is refused as soon as any of its shards has a newer view — with ACK
+intents recovered by whichever view next leads one of their shards.
 
-Why one relay loop per led shard rather than one loop over all of them: a loop per shard is the
-unit that moves between relays, and it is exactly the unsharded loop already proven under faults;
-each has its own connections and producer, so a relay leading k shards publishes k streams in
-parallel (the database and the broker batch them), and a lost shard drains alone while the others
-keep publishing. A loop starts when its shard is acquired (its producer and connections then take
-~0.1-1 s to open), and a relay leads at most ``ceil(S / relays)`` shards once stable.
+Why one loop over the led shards rather than a loop per shard: a loop per shard means a Kafka
+producer, three connections and a thread per shard, and the one-in-flight-per-key pipelines of
+several loops in one process each send smaller batches to the broker; measured with 8 shards in one
+process, that cost 3x the CPU per row and a fraction of one loop's rate (README, Sharded relays).
+One loop per process costs what the unsharded relay costs, whatever S is; a rebalance costs one
+drain of that relay's in-flight records (milliseconds), and the process's producer and connections
+stay open across rebalances (a standby with no shards is ready the moment it is given one).
 
-Invariants (``tests/test_producer/test_sharded*.py``):
-- a shard's relay loop runs only while this process leads the shard; the shard is released (NELI:
-  the rebalance callback returns; Postgres: unlocked) only after its loop stopped publishing;
-- a fatal error of any shard's loop stops the whole relay (``wait()`` re-raises it), as unsharded;
-- counters survive loops: a stopped loop's delivered/dead-lettered counts stay in the totals.
+Invariants (``tests/test_producer/test_shards.py``, ``test_sharded_failover.py``):
+- the loop publishes rows of a shard only while this process leads it; ``on_shard_lost`` returns
+  (NELI: the rebalance callback returns; Postgres: the lock is unlocked) only after the loop's view
+  without that shard started, i.e. after its records were drained;
+- a fatal error of the loop stops the whole relay (``wait()`` re-raises it), as unsharded.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-import time
-from concurrent.futures import Future, ThreadPoolExecutor
+import uuid
 from typing import Any
 
 from harvest_outbox.producer.config import HarvestConfig
-from harvest_outbox.producer.db import OutboxDatabase
-from harvest_outbox.producer.errors import ConfigError, HarvestError, SchemaError
+from harvest_outbox.producer.errors import HarvestError
 from harvest_outbox.producer.events import EventHandler
 from harvest_outbox.producer.harvest import Harvest, State
 from harvest_outbox.producer.kafka import ProducerFactory
 from harvest_outbox.producer.metrics import Metrics, start_prometheus
 from harvest_outbox.producer.schema import OutboxNames
-from harvest_outbox.producer.shard_election import NeliShardElection, ShardElection, ShardSeat
-from harvest_outbox.producer.shards import Shard
+from harvest_outbox.producer.shard_election import NeliShardElection, ShardElection, ShardSetSeat
 
 log = logging.getLogger(__name__)
-
-_COUNTERS = ("delivered", "dead_lettered", "remarks", "delivery_failures")
 
 
 def _make_shard_election(config: HarvestConfig) -> ShardElection:
@@ -70,8 +67,8 @@ def relay_for(config: HarvestConfig, event_handler: EventHandler | None = None, 
 
 class ShardedHarvest:
     """``ShardedHarvest(config).start()``; ``stop()``; ``wait()`` (re-raises a fatal error). The same
-    lifecycle and metrics as :class:`~producer.harvest.Harvest`; :attr:`led_shards` and
-    :attr:`shard_relays` show which shards it leads."""
+    lifecycle and metrics as :class:`~producer.harvest.Harvest`; :attr:`led_shards` shows which
+    shards its relay loop serves."""
 
     def __init__(self, config: HarvestConfig, event_handler: EventHandler | None = None, *,
                  producer_factory: ProducerFactory | None = None, election: ShardElection | None = None) -> None:
@@ -80,25 +77,18 @@ class ShardedHarvest:
         self.config = config
         self.limits = config.limits
         self.names = OutboxNames.parse(config.outbox_table)
-        self._event_handler = event_handler
-        self._producer_factory = producer_factory
         self._election = election or _make_shard_election(config)
-        self.metrics = Metrics()
-        self._retired = dict.fromkeys(_COUNTERS, 0)  # counts of loops that stopped
-        self._relays: dict[int, Harvest] = {}  # running loops of led shards
-        self._seats: dict[int, ShardSeat] = {}
-        # Led shards whose loop is starting (its connections and producer open on a starter thread,
-        # so the election keeps pulsing meanwhile), or waiting to retry a failed start.
-        self._starting: dict[int, tuple[Harvest, ShardSeat, Future[Any]]] = {}
-        self._retry_at: dict[int, float] = {}
-        self._starter = ThreadPoolExecutor(4, thread_name_prefix=f"harvest-shard-start-{config.name}")
+        self._seat = ShardSetSeat(config.shards)
+        #: The relay loop (its ``metrics`` are this relay's).
+        self.relay = Harvest(config.replace(prometheus_port=None), event_handler, producer_factory=producer_factory,
+                             shards=self._seat)
+        self.metrics: Metrics = self.relay.metrics
+        self._led: frozenset[int] = frozenset()  # what the election says (the loop follows)
         self._state = State.CREATED
         self._stop_requested = threading.Event()
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
         self._prometheus: Any = None
-        self._next_metrics = 0.0
-        self.acquisitions = 0  # shard loops started (tests, bench)
 
     # ------------------------------------------------------------------ public API
     @property
@@ -107,20 +97,17 @@ class ShardedHarvest:
 
     @property
     def is_leader(self) -> bool:
-        """True while this relay leads at least one shard."""
-        return bool(self._relays)
+        """True while the relay loop serves at least one shard."""
+        return self.relay.is_leader
 
     @property
-    def leader_id(self) -> None:
-        return None  # one per shard view: see shard_relays
+    def leader_id(self) -> uuid.UUID | None:
+        return self.relay.leader_id
 
     @property
     def led_shards(self) -> frozenset[int]:
-        return frozenset(self._relays)
-
-    @property
-    def shard_relays(self) -> dict[int, Harvest]:
-        return dict(self._relays)
+        """The shards of the relay loop's current view."""
+        return self._seat.applied if self.relay.is_leader else frozenset()
 
     @property
     def prometheus_port(self) -> int | None:
@@ -130,18 +117,18 @@ class ShardedHarvest:
         if self._state is not State.CREATED:
             raise HarvestError(f"cannot start a relay in state {self._state.value}")
         try:
-            # Fail fast on what every shard loop would fail on: connection, schema, shard index.
-            probe = OutboxDatabase(self.config.data_source, self.names, Shard(0, self.config.shards))
-            try:
-                _ = probe.conn
-            finally:
-                probe.close()
+            self.relay.start()  # fails fast: connection, schema, shard index, Kafka
             if self.config.prometheus_port is not None:
                 self._prometheus = start_prometheus(self.metrics, self.config.name, self.config.prometheus_port,
                                                     self.config.prometheus_bind_address, relay=self,
                                                     shards=self._shard_metrics)
             self._election.start(self)
         except BaseException:
+            self.relay.stop()
+            try:
+                self.relay.wait(30)
+            except HarvestError:
+                pass
             self._close_endpoint()
             self._state = State.STOPPED
             raise
@@ -153,7 +140,7 @@ class ShardedHarvest:
         return self
 
     def stop(self) -> None:
-        """Stop: every shard loop drains, then the shards are released to the other relays."""
+        """Stop: the relay loop drains, then the shards are released to the other relays."""
         self._stop_requested.set()
 
     def wait(self, timeout: float | None = None) -> bool:
@@ -174,115 +161,51 @@ class ShardedHarvest:
 
     # ------------------------------------------------------------------ shard listener
     def on_shard_acquired(self, index: int) -> None:
-        seat = ShardSeat(index)
-        relay = Harvest(self.config.replace(name=f"{self.config.name}.s{index}", prometheus_port=None),
-                        self._event_handler, producer_factory=self._producer_factory, election=seat,
-                        shard=Shard(index, self.config.shards))
-        self._retry_at.pop(index, None)
-        self._starting[index] = (relay, seat, self._starter.submit(relay.start))
-
-    def _started(self) -> None:
-        """Grant the shards whose loop has started; schedule a retry for a transient start failure
-        (the shard stays led, as the unsharded relay keeps leading through database errors)."""
-        now = time.monotonic()
-        for index, (relay, seat, future) in list(self._starting.items()):
-            if not future.done():
-                continue
-            del self._starting[index]
-            exc = future.exception()
-            if exc is None:
-                seat.grant()
-                self._seats[index], self._relays[index] = seat, relay
-                self.acquisitions += 1
-            elif isinstance(exc, (ConfigError, SchemaError)):
-                raise HarvestError(f"shard {index}/{self.config.shards} cannot start: {exc}") from exc
-            else:
-                log.warning("%s: shard %d's relay loop did not start (%s); retrying in %.3gs", self.config.name, index,
-                            exc, self.limits.io_error_backoff)
-                self._retry_at[index] = now + self.limits.io_error_backoff
-        for index, at in list(self._retry_at.items()):
-            if now >= at:
-                self.on_shard_acquired(index)
+        self._led = self._led | {index}
+        self._seat.offer(self._led)
 
     def on_shard_lost(self, index: int, why: str) -> None:
-        self._retry_at.pop(index, None)
-        starting = self._starting.pop(index, None)
-        if starting is not None:  # let its start finish, then stop it like a running loop
-            relay, seat, future = starting
-            if future.exception() is not None:
-                return
-            self._relays[index], self._seats[index] = relay, seat
-        relay, seat = self._relays.pop(index, None), self._seats.pop(index, None)
-        if relay is None or seat is None:
-            return
-        seat.withdraw()  # the loop stops sending at its next pulse
-        relay.stop()
+        """Returns once the relay loop's view no longer includes the shard (its records drained)."""
+        self._led = self._led - {index}
+        self._seat.offer(self._led)
         bound = (self.limits.max_poll_interval or self.limits.row_timeout) + self.limits.queue_timeout
-        try:
-            if not relay.wait(bound):
-                log.error("%s: shard %d's relay loop did not stop within %.0fs; releasing the shard anyway", self.config.name,
-                          index, bound)
-        except HarvestError as exc:
-            log.error("%s: shard %d's relay loop had failed: %s", self.config.name, index, exc)
-            if self._error is None:
-                self._error = exc.__cause__ or exc
-        for name in _COUNTERS:
-            self._retired[name] += getattr(relay.metrics, name)
+        if self.relay.state is not State.RUNNING:
+            return  # the loop is gone (stopping or failed): it publishes nothing more
+        if not self._seat.wait_released(index, bound):
+            log.error("%s: the relay loop did not let shard %d go within %.0fs; releasing it anyway", self.config.name,
+                      index, bound)
 
     # ------------------------------------------------------------------ supervisor loop
     def _run(self) -> None:
         try:
             while not self._stop_requested.is_set():
                 self._election.pulse()
-                self._started()
-                for index, relay in list(self._relays.items()):
-                    if relay.state is State.STOPPED:  # died on its own: a fatal error
-                        try:
-                            relay.wait(0)
-                        except HarvestError as exc:
-                            raise HarvestError(f"shard {index}/{self.config.shards}: {exc}") from exc.__cause__
-                self._aggregate()  # a handful of shards: cheap, and callers see current totals
-                now = time.monotonic()
-                if now >= self._next_metrics:
-                    self._next_metrics = now + self.limits.min_metrics_interval
-                    self.metrics.snapshot()
+                if self.relay.state is State.STOPPED:  # the loop died on its own: a fatal error
+                    self.relay.wait(0)
+                    raise HarvestError("relay loop stopped")
                 self._stop_requested.wait(min(0.02, self.limits.min_poll_interval))
         except BaseException as exc:
             log.exception("relay %s failed", self.config.name)
-            self._error = exc
+            self._error = exc.__cause__ if isinstance(exc, HarvestError) and exc.__cause__ else exc
         finally:
             self._state = State.STOPPING
             try:
-                self._election.close()  # drains and stops every shard loop, then leaves
+                self._election.close()  # the loop drains every shard, then the shards are released
             except Exception:
                 log.exception("closing the shard election")
-            for index in list(self._relays):  # loops the election did not report (it failed)
-                self.on_shard_lost(index, "stopping")
-            for index in list(self._starting):
-                self.on_shard_lost(index, "stopping")
-            self._starter.shutdown(wait=True)
-            self._aggregate()
+            self.relay.stop()
+            try:
+                self.relay.wait(self.limits.queue_timeout + 30)
+            except HarvestError as exc:
+                if self._error is None:
+                    self._error = exc.__cause__ or exc
             self._close_endpoint()
             self._state = State.STOPPED
             log.info("relay %s stopped", self.config.name)
 
-    def _aggregate(self) -> None:
-        relays = list(self._relays.values())
-        m = self.metrics
-        for name in _COUNTERS:
-            setattr(m, name, self._retired[name] + sum(getattr(r.metrics, name) for r in relays))
-        m.in_flight = sum(r.metrics.in_flight for r in relays)
-        m.queued = sum(r.metrics.queued for r in relays)
-        m.is_leader = bool(relays)
-        backlogs = [r.metrics.backlog_rows for r in relays if r.metrics.backlog_rows is not None]
-        m.backlog_rows = sum(backlogs) if backlogs else None
-        ages = [r.metrics.oldest_unsent_age for r in relays if r.metrics.oldest_unsent_age is not None]
-        m.oldest_unsent_age = max(ages) if ages else None
-        dead = [r.metrics.dead_letter_rows for r in relays if r.metrics.dead_letter_rows is not None]
-        m.dead_letter_rows = max(dead) if dead else None
-
-    def _shard_metrics(self) -> dict[int, Metrics]:
-        return {index: relay.metrics for index, relay in list(self._relays.items())}
+    def _shard_metrics(self) -> dict[int, Any]:
+        backlog = dict(self.metrics.shard_backlog)
+        return {k: backlog.get(k, (None, None)) for k in sorted(self.led_shards)}
 
     def _close_endpoint(self) -> None:
         if self._prometheus is not None:
@@ -291,4 +214,4 @@ class ShardedHarvest:
             self._prometheus = None
 
     def __repr__(self) -> str:
-        return f"ShardedHarvest(name={self.config.name!r}, shards={self.config.shards}, led={sorted(self._relays)})"
+        return f"ShardedHarvest(name={self.config.name!r}, shards={self.config.shards}, led={sorted(self.led_shards)})"

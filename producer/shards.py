@@ -13,14 +13,12 @@ that index instead of filtering the whole outbox.
 Invariants (``tests/test_producer/test_shards.py``):
 - :func:`shard_of` (Python) and :func:`shard_expression` (SQL) agree on every key;
 - ``S = 1`` means no sharding: one shard, today's tables, locks and leader topic; nothing to migrate;
-- a :class:`Shard` is only ever built with ``0 <= index < count`` and ``2 <= count <= MAX_SHARDS``.
+- a shard count is ``1 <= S <= MAX_SHARDS`` (:func:`check_shard_count`, at config time).
 """
 
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
-
 from psycopg import sql
 
 from harvest_outbox.producer.errors import ConfigError
@@ -35,25 +33,6 @@ def check_shard_count(value: object, field_name: str = "shards") -> int:
         raise ConfigError(f"{field_name}: {value!r} must be a whole number of shards 1-{MAX_SHARDS} (1, the "
                           f"default, is one active relay for the whole outbox)")
     return value
-
-
-@dataclass(frozen=True, order=True)
-class Shard:
-    """Shard ``index`` of ``count``."""
-
-    index: int
-    count: int
-
-    def __post_init__(self) -> None:
-        check_shard_count(self.count)
-        if self.count < 2:
-            raise ConfigError("a Shard needs count >= 2; shards: 1 is the unsharded relay")
-        if isinstance(self.index, bool) or not isinstance(self.index, int) or not 0 <= self.index < self.count:
-            raise ConfigError(f"shard index {self.index!r} must be in 0..{self.count - 1}")
-
-    @property
-    def label(self) -> str:
-        return f"{self.index}/{self.count}"
 
 
 def key_hash(key: bytes | str) -> int:

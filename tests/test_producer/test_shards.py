@@ -20,9 +20,9 @@ from harvest_outbox.producer.config import HarvestConfig, from_mapping
 from harvest_outbox.producer.db import OutboxDatabase
 from harvest_outbox.producer.errors import ConfigError, ElectionError, SchemaError
 from harvest_outbox.producer.schema import OutboxNames, init_db
-from harvest_outbox.producer.shard_election import ShardSeat, fair_share
+from harvest_outbox.producer.shard_election import ShardSetSeat, fair_share
 from harvest_outbox.producer.sharded import ShardedHarvest, relay_for
-from harvest_outbox.producer.shards import Shard, shard_expression, shard_of
+from harvest_outbox.producer.shards import shard_expression, shard_of
 from harvest_outbox.producer.stasher import OutboxRecord, Stasher
 
 S = 8
@@ -51,31 +51,34 @@ def test_shards_config_defaults_and_leader_topic() -> None:
     assert isinstance(relay_for(sharded.replace(leader_election="postgres")), ShardedHarvest)
 
 
-@pytest.mark.parametrize("index, count", [(-1, 8), (8, 8), (0, 1), (0, 0), (0, 300)])
-def test_shard_bounds(index: int, count: int) -> None:
-    with pytest.raises(ConfigError):
-        Shard(index, count)
-
-
-def test_seat_turns_grants_into_leadership_on_the_loop_thread() -> None:
-    events: list[str] = []
+def test_seat_makes_every_change_of_the_led_set_a_new_view() -> None:
+    """Scenario: the loop's view follows the offered set on the loop's own pulse: a change revokes
+    the old view (the loop drains it) before the new set is applied and acquired."""
+    events: list[tuple[str, frozenset[int]]] = []
+    seat = ShardSetSeat(8)
 
     class L:
-        def on_acquired(self) -> None: events.append("acquired")
-        def on_revoked(self) -> None: events.append("revoked")
-        def on_fenced(self) -> None: events.append("fenced")
+        def on_acquired(self) -> None: events.append(("acquired", seat.applied))
+        def on_revoked(self) -> None: events.append(("revoked", seat.applied))
+        def on_fenced(self) -> None: events.append(("fenced", seat.applied))
 
-    seat = ShardSeat(3)
     seat.start(L())
     assert not seat.pulse() and events == []
-    seat.grant()
-    assert seat.pulse() and seat.pulse() and events == ["acquired"]
-    seat.withdraw()
-    assert not seat.pulse() and events == ["acquired", "fenced"]
-    seat.grant()
+    seat.offer(frozenset({1, 5}))
+    assert not seat.wait_released(1, 0.01) or 1 not in seat.applied
+    assert seat.pulse() and seat.pulse() and events == [("acquired", frozenset({1, 5}))]
+    seat.offer(frozenset({5}))
+    assert not seat.wait_released(1, 0.01)  # still in the loop's view until its next pulse
+    assert seat.pulse()
+    assert seat.wait_released(1, 0.01)
+    assert events[1:] == [("revoked", frozenset({1, 5})), ("acquired", frozenset({5}))]
+    seat.offer(frozenset())
+    assert not seat.pulse() and events[3:] == [("revoked", frozenset({5}))]
+    seat.offer(frozenset({2}))
     seat.pulse()
     seat.close()
-    assert events == ["acquired", "fenced", "acquired", "revoked"]
+    assert events[4:] == [("acquired", frozenset({2})), ("revoked", frozenset({2}))]
+    assert seat.wait_released(2, 0) and not seat.is_leader
 
 
 # ---------------------------------------------------------------------------------------------- database
@@ -122,19 +125,37 @@ def test_shard_mark_takes_only_its_rows_in_id_order_from_the_index(pg_dsn: str, 
 
     seen: list[int] = []
     for k in range(S):
-        db = OutboxDatabase(pg_dsn, OutboxNames.parse(table), Shard(k, S))
+        db = OutboxDatabase(pg_dsn, OutboxNames.parse(table), S)
+        db.set_shards(frozenset({k}))
         try:
             rows = db.mark(uuid.uuid4(), 5000)
             assert rows == sorted(rows)
             assert all(shard_of(r[2], S) == k for r in rows)  # type: ignore[arg-type]
             seen += [r[0] for r in rows]
-            plan = "\n".join(r[0] for r in db.conn.execute(sql.SQL(
-                "EXPLAIN SELECT ctid FROM {o} WHERE {e} = 1 AND (leader_id IS NULL OR leader_id <> gen_random_uuid()) "
-                "ORDER BY id LIMIT 100").format(o=OutboxNames.parse(table).outbox, e=shard_expression(S))).fetchall())
+            plan = "\n".join(r[0] for r in db.conn.execute(sql.SQL("EXPLAIN ") + db._mark_sql,  # type: ignore[operator]
+                                                         {"leader": uuid.uuid4(), "n": 100}).fetchall())
             assert OutboxNames.parse(table).shard_index_name(S) in plan, plan
         finally:
             db.close()
     assert sorted(seen) == list(range(min(seen), min(seen) + 2000))  # every row in exactly one shard
+    db = OutboxDatabase(pg_dsn, OutboxNames.parse(table), S)
+    db.set_shards(frozenset({1, 3}))
+    try:
+        import uuid as _uuid
+
+        with psycopg.connect(pg_dsn) as conn:  # a new view re-marks rows of other views: all of 1 and 3
+            want = [i for i, k in conn.execute(sql.SQL("SELECT id, kafka_key FROM {} ORDER BY id").format(
+                OutboxNames.parse(table).outbox)).fetchall() if shard_of(k, S) in (1, 3)]
+        assert [r[0] for r in db.mark(_uuid.uuid4(), 5000)] == want
+        plan = "\n".join(r[0] for r in db.conn.execute(sql.SQL("EXPLAIN ") + db._mark_sql,  # type: ignore[operator]
+                                                     {"leader": _uuid.uuid4(), "n": 100}).fetchall())
+        assert "Merge Append" in plan and plan.count(OutboxNames.parse(table).shard_index_name(S)) == 2, plan
+        assert db.stats()[0] == len(want) and sum(c for c, _ in db.shard_stats.values()) == len(want)
+        assert sorted(db.shard_stats) == [1, 3]
+        with pytest.raises(ValueError, match="outside 0..7"):
+            db.set_shards(frozenset({8}))
+    finally:
+        db.close()
 
 
 def _stash(dsn: str, table: str, topic: str, n: int, keys: int, start: int = 0) -> dict[str, list[bytes | None]]:
@@ -252,8 +273,10 @@ def test_shards_command_shows_leaders_and_backlog(pg_dsn: str, kafka_bootstrap: 
 
 @pytest.mark.integration
 def test_fence_epochs_and_ack_intents_are_per_shard(pg_dsn: str, pg_schema: str) -> None:
-    """DESIGN.md section 5 per shard: a shard's new view fences only that shard's older view, and a
-    view recovers only its own shard's ACK intents (shard 0 also those an earlier sharding left)."""
+    """DESIGN.md section 5 per shard. Scenario: relay A's view leads shards {0, 1}, C's {2}. A commits;
+    shard 1 moves to B, whose view fences A (one of A's shards has a newer epoch) but not C; B
+    recovers A's intent (A can no longer commit), C's stays C's; a later view of shard 0 also takes
+    over intents an earlier sharding left."""
     import uuid
 
     from harvest_outbox.producer.errors import FenceError
@@ -264,42 +287,51 @@ def test_fence_epochs_and_ack_intents_are_per_shard(pg_dsn: str, pg_schema: str)
     keys = {k: next(f"key-{i}" for i in range(10_000) if shard_of(f"key-{i}", S) == k) for k in range(S)}
     with psycopg.connect(pg_dsn) as conn:
         Stasher(table).stash_many(conn, [OutboxRecord("t", keys[k], f"v{k}-{j}") for k in (0, 1, 2) for j in range(3)])
-    dbs = {k: OutboxDatabase(pg_dsn, names, Shard(k, S)) for k in (0, 1, 2)}
+
+    def view(shards: set[int]) -> tuple[OutboxDatabase, uuid.UUID, int, list[tuple[int, bytes, int, str, int]]]:
+        db = OutboxDatabase(pg_dsn, names, S)
+        db.set_shards(frozenset(shards))
+        leader = uuid.uuid4()
+        epoch, intents = db.start_view(leader, f"relay-{sorted(shards)}")
+        return db, leader, epoch, intents
+
+    opened: list[OutboxDatabase] = []
     try:
-        views: dict[int, tuple[uuid.UUID, int]] = {}
-        for k, db in dbs.items():
-            leader = uuid.uuid4()
-            epoch, intents = db.start_view(leader, f"relay-{k}")
-            assert intents == []
-            views[k] = (leader, epoch)
-        rows = {k: dbs[k].mark(views[k][0], 100) for k in dbs}
-        assert {k: len(r) for k, r in rows.items()} == {0: 3, 1: 3, 2: 3}
-        # shard 1: a new view (another relay took the shard over) fences the old one ...
-        zombie_leader, zombie_epoch = views[1]
-        dbs[1].start_view(uuid.uuid4(), "relay-x")
-        with pytest.raises(FenceError, match=r"commit refused by the fence of .* \(shard 1/8\): epoch is 2, this view's is 1"):
-            dbs[1].commit_txn(zombie_epoch, zombie_leader, [r[0] for r in rows[1]], [], b"P1", 11, [("t", 0)])
-        # ... while shard 2's view, untouched, commits, and writes an intent of shard 2
-        leader2, epoch2 = views[2]
-        dbs[2].commit_txn(epoch2, leader2, [r[0] for r in rows[2]], [], b"P2", 22, [("t", 0), ("t", 1)])
+        a, a_leader, a_epoch, a_intents = view({0, 1})
+        c, c_leader, c_epoch, _ = view({2})
+        opened += [a, c]
+        assert a_intents == [] and a_epoch == 1 and c_epoch == 1
+        a_rows, c_rows = a.mark(a_leader, 100), c.mark(c_leader, 100)
+        assert sorted(shard_of(r[2], S) for r in a_rows) == [0, 0, 0, 1, 1, 1]  # type: ignore[arg-type]
+        shard0 = [r[0] for r in a_rows if shard_of(r[2], S) == 0]  # type: ignore[arg-type]
+        a.commit_txn(a_epoch, a_leader, shard0, [], b"PA", 10, [("t", 0)])
+        # shard 1 moves to B: A's next commit is refused, whatever shard its rows are in
+        b, _b_leader, b_epoch, b_intents = view({1})
+        opened.append(b)
+        assert b_epoch == 2
+        assert [(p, c_) for _e, p, c_, _t, _pt in b_intents] == [(b"PA", 10)]  # A's: A can no longer commit
+        with pytest.raises(FenceError, match=r"commit refused by the fence of .* \(shards 0,1 of 8\): epoch is \[1, 2\], "
+                                             r"this view's is 1"):
+            a.commit_txn(a_epoch, a_leader, [r[0] for r in a_rows if r[0] not in shard0], [], b"PA", 11, [("t", 0)])
+        # C, untouched, commits and writes an intent of its view's shards
+        c.commit_txn(c_epoch, c_leader, [r[0] for r in c_rows], [], b"PC", 22, [("t", 0), ("t", 1)])
         with psycopg.connect(pg_dsn) as conn:
-            conn.execute(sql.SQL("INSERT INTO {} (epoch, producer, clock, topic, kafka_partition, shard_count, shard) "
-                                 "VALUES (1, 'OLD', 5, 't', 0, 4, 3)").format(names.ack_intents))
-        # a new view of shard 2 recovers shard 2's intents only; shard 0 also the earlier sharding's
-        _, intents2 = dbs[2].start_view(uuid.uuid4(), "relay-y")
-        assert sorted((p, c, pt) for _e, p, c, _t, pt in intents2) == [(b"P2", 22, 0), (b"P2", 22, 1)]
-        _, intents0 = dbs[0].start_view(uuid.uuid4(), "relay-z")
-        assert [(p, c) for _e, p, c, _t, _pt in intents0] == [(b"OLD", 5)]
-        _, intents1 = dbs[1].start_view(uuid.uuid4(), "relay-w")
-        assert intents1 == []
+            conn.execute(sql.SQL("INSERT INTO {} (epoch, producer, clock, topic, kafka_partition, shard_count, shards) "
+                                 "VALUES (1, 'OLD', 5, 't', 0, 4, '{{3}}')").format(names.ack_intents))
+        d, _, d_epoch, d_intents = view({2, 3})
+        opened.append(d)
+        assert d_epoch == 2 and sorted((p, c_, pt) for _e, p, c_, _t, pt in d_intents) == [(b"PC", 22, 0), (b"PC", 22, 1)]
+        e, _, e_epoch, e_intents = view({0})
+        opened.append(e)
+        assert e_epoch == 2 and sorted(p for _e, p, _c, _t, _pt in e_intents) == [b"OLD", b"PA"]
         with psycopg.connect(pg_dsn) as conn:
             epochs = dict(conn.execute(sql.SQL("SELECT shard, epoch FROM {} WHERE shard_count = %s").format(
                 names.shard_state), (S,)).fetchall())
             remaining = conn.execute(sql.SQL("SELECT count(*) FROM {}").format(names.outbox)).fetchone()[0]
-        assert epochs[0] == 2 and epochs[1] == 3 and epochs[2] == 2 and epochs[3] == 0
-        assert remaining == 6  # shard 2's three rows committed; shard 1's zombie commit rolled back
+        assert epochs == {0: 2, 1: 2, 2: 2, 3: 2, 4: 0, 5: 0, 6: 0, 7: 0}
+        assert remaining == 3  # shard 0's and shard 2's rows committed; A's shard-1 commit rolled back
     finally:
-        for db in dbs.values():
+        for db in opened:
             db.close()
 
 
