@@ -41,7 +41,10 @@ from psycopg import sql  # noqa: E402
 
 from harvest_outbox.harvest_local.kafka import create_topic  # noqa: E402
 from harvest_outbox.harvest_local.relays import RelayProcess, wait_for  # noqa: E402
+from harvest_outbox.producer.config import load_yaml  # noqa: E402
+from harvest_outbox.producer.errors import ElectionError  # noqa: E402
 from harvest_outbox.producer.schema import OutboxNames, init_db  # noqa: E402
+from harvest_outbox.producer.shard_status import neli_leaders, postgres_leaders  # noqa: E402
 from harvest_outbox.producer.stasher import OutboxRecord, Stasher  # noqa: E402
 
 SHARDS = 8
@@ -76,10 +79,24 @@ def _yaml(path: Path, dsn: str, bootstrap: str, table: str, group: str, shards: 
     return path
 
 
-def _led(relay: RelayProcess) -> int:
-    """Shards the relay leads now, from its log."""
-    text = relay.text()
-    return text.count(": leads shard") - text.count(": no longer leads shard")
+def _leaders(cfg: Path) -> dict[int, str]:
+    """Who leads which shard, from the election itself (as ``harvest shards`` shows it)."""
+    config = load_yaml(cfg).harvest
+    if config.leader_election == "postgres":
+        with psycopg.connect(config.data_source) as conn:
+            return postgres_leaders(conn, config.outbox_table, config.shards)
+    return neli_leaders(config)
+
+
+def _spread(cfg: Path, relays: int, shards: int) -> bool:
+    by: dict[str, int] = {}
+    try:
+        leaders = _leaders(cfg)
+    except ElectionError:  # the group is rebalancing: not spread yet
+        return False
+    for name in leaders.values():
+        by[name] = by.get(name, 0) + 1
+    return len(by) == relays and sum(by.values()) == shards and max(by.values()) <= -(-shards // relays) + 1
 
 
 def drain_once(dsn: str, bootstrap: str, workdir: Path, rows: int, keys: int, partitions: int, relays: int,
@@ -106,11 +123,8 @@ def drain_once(dsn: str, bootstrap: str, workdir: Path, rows: int, keys: int, pa
             port = _free_port()
             cfg = _yaml(workdir / f"{schema}-{i}.yaml", dsn, bootstrap, table, group, shards, port, election)
             procs.append((RelayProcess(cfg, f"r{i}", workdir).start(), port))
-        if shards > 1:
-            # every shard led, spread (at most ceil(S / relays) + 1 each)
-            fair = -(-shards // relays) + 1
-            wait_for(lambda: sum(_led(p) for p, _ in procs) == shards and all(1 <= _led(p) <= fair for p, _ in procs),
-                     120, "shards spread", poll=0.1)
+        if shards > 1:  # every shard led, spread: at most ceil(S / relays) + 1 each
+            wait_for(lambda: _spread(cfg, relays, shards), 120, "shards spread", poll=0.2)
         else:
             wait_for(lambda: any(p.elections() for p, _ in procs), 120, "a leader", poll=0.1)
         time.sleep(1.0)

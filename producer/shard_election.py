@@ -16,9 +16,10 @@ Two mechanisms, as for the unsharded relay:
 - :class:`~producer.shard_election_postgres.PostgresShardElection` (``leaderElection: postgres``):
   one advisory lock per shard, plus one membership lock per relay, on one connection per relay.
 
-Listener contract (both): ``on_shard_acquired(k)`` and ``on_shard_lost(k, why)`` run synchronously
-on the thread calling :meth:`ShardElection.pulse` (or ``close``); ``on_shard_lost`` returns only
-after the relay loop stopped publishing shard k's rows, and only then is the shard released to other relays
+Listener contract (both): ``on_shards_acquired(ks)`` and ``on_shards_lost(ks, why)`` run synchronously
+on the thread calling :meth:`ShardElection.pulse` (or ``close``), with every shard one event moves
+(one rebalance, one check); ``on_shards_lost`` returns only after the relay loop stopped publishing
+those shards' rows, and only then is the shard released to other relays
 (NELI: the rebalance callback returns; Postgres: the lock is unlocked). A lost shard of a fenced relay
 is not released by it, but the other relays may already lead it: as for the unsharded relay, the
 ``--uuid-sequencing`` fence (per shard) refuses the zombie's commit.
@@ -43,9 +44,9 @@ log = logging.getLogger(__name__)
 
 
 class ShardListener(Protocol):
-    def on_shard_acquired(self, index: int) -> None: ...
+    def on_shards_acquired(self, indices: frozenset[int]) -> None: ...
 
-    def on_shard_lost(self, index: int, why: str) -> None: ...
+    def on_shards_lost(self, indices: frozenset[int], why: str) -> None: ...
 
 
 class ShardElection(Protocol):
@@ -111,9 +112,9 @@ class ShardSetSeat:
             self._listener.on_acquired()
         return self._leader
 
-    def wait_released(self, index: int, timeout: float) -> bool:
+    def wait_released(self, indices: frozenset[int], timeout: float) -> bool:
         with self._cv:
-            return self._cv.wait_for(lambda: index not in self.applied or self._closed, timeout)
+            return self._cv.wait_for(lambda: not (indices & self.applied) or self._closed, timeout)
 
     def close(self) -> None:
         if self._leader and self._listener is not None:
@@ -185,39 +186,41 @@ class NeliShardElection:
     # -- rebalance callbacks (inside consumer.consume / close, on the pulsing thread) --
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         now = time.monotonic()
-        for p in sorted(p.partition for p in partitions if p.topic == self.topic):
-            if p in self._assigned:
-                continue
+        new = {p.partition for p in partitions if p.topic == self.topic} - self._assigned
+        for p in new:
             self._assigned.add(p)
             self._last_received[p] = now
+        if new:
             self._next_poll = 0.0  # heartbeat at once
-            self._acquire(p)
+            self._acquire(new)
 
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
-        for p in sorted(p.partition for p in partitions if p.topic == self.topic):
-            if p not in self._assigned:
-                continue
-            self._assigned.discard(p)
-            self._lose(p, "revoked")
+        gone = {p.partition for p in partitions if p.topic == self.topic} & self._assigned
+        self._assigned -= gone
+        self._lose(gone, "revoked")
 
-    def _acquire(self, index: int) -> None:
-        if index in self._leading or index >= self.shards:
+    def _acquire(self, indices: set[int]) -> None:
+        new = frozenset(k for k in indices if k not in self._leading and k < self.shards)
+        if not new:
             return
-        self._leading.add(index)
-        log.info("%s: leads shard %d/%d (partition %d of %r)", self.name, index, self.shards, index, self.topic)
+        self._leading |= new
+        log.info("%s: leads shard(s) %s of %d (partitions of %r)", self.name, ",".join(map(str, sorted(new))),
+                 self.shards, self.topic)
         if self._listener is not None:
             started = time.monotonic()
-            self._listener.on_shard_acquired(index)
+            self._listener.on_shards_acquired(new)
             self._busy += time.monotonic() - started
 
-    def _lose(self, index: int, why: str) -> None:
-        if index not in self._leading:
+    def _lose(self, indices: set[int], why: str) -> None:
+        gone = frozenset(indices) & self._leading
+        if not gone:
             return
-        self._leading.discard(index)
-        log.info("%s: no longer leads shard %d/%d (%s)", self.name, index, self.shards, why)
+        self._leading -= gone
+        log.info("%s: no longer leads shard(s) %s of %d (%s)", self.name, ",".join(map(str, sorted(gone))),
+                 self.shards, why)
         if self._listener is not None:
             started = time.monotonic()
-            self._listener.on_shard_lost(index, why)
+            self._listener.on_shards_lost(gone, why)
             self._busy += time.monotonic() - started
 
     def pulse(self) -> None:
@@ -249,16 +252,22 @@ class NeliShardElection:
         except KafkaException as exc:
             raise ElectionError(f"shard leader election poll failed: {exc.args[0].str()}") from exc
         now = time.monotonic()
+        resumed, fenced = set(), set()
         for p in sorted(self._assigned):
             if p in received:
                 self._last_received[p] = now
                 if p not in self._leading:
-                    log.info("%s: heartbeat of shard %d received again: resuming", self.name, p)
-                    self._acquire(p)
+                    resumed.add(p)
             elif p in self._leading and now - self._last_received.get(p, now) > self._heartbeat_timeout:
-                log.warning("%s: no heartbeat on shard %d for %.1fs: fenced", self.name, p,
-                            now - self._last_received.get(p, now))
-                self._lose(p, "fenced")
+                fenced.add(p)
+        if fenced:
+            log.warning("%s: no heartbeat on shard(s) %s for more than %gs: fenced", self.name,
+                        ",".join(map(str, sorted(fenced))), self._heartbeat_timeout)
+            self._lose(fenced, "fenced")
+        if resumed:
+            log.info("%s: heartbeats of shard(s) %s received again: resuming", self.name,
+                     ",".join(map(str, sorted(resumed))))
+            self._acquire(resumed)
         assert self._producer is not None
         for p in sorted(self._assigned):
             try:
@@ -272,8 +281,7 @@ class NeliShardElection:
             return
         self._closed = True
         # Drain every shard before leaving the group: the partitions move only after this returns.
-        for p in sorted(self._leading):
-            self._lose(p, "stopping")
+        self._lose(set(self._leading), "stopping")
         if self._consumer is not None:
             try:
                 self._consumer.close()

@@ -110,19 +110,20 @@ class PostgresShardElection:
         with self._mu:
             held, surplus, verified_at = dict(self._held), set(self._surplus), self._verified_at
         fresh = now - verified_at <= self.lease
-        for k in sorted(self._leading):
-            if not fresh or held.get(k) != self._seen.get(k):
-                why = "lock lost" if fresh else f"lock not verified for {now - verified_at:.2f}s (lease {self.lease:g}s)"
-                self._lose(k, f"fenced: {why}")
-        for k in sorted(surplus & self._leading):
-            self._lose(k, "rebalanced")
+        lost = {k for k in self._leading if not fresh or held.get(k) != self._seen.get(k)}
+        if lost:
+            why = "lock lost" if fresh else f"lock not verified for {now - verified_at:.2f}s (lease {self.lease:g}s)"
+            self._lose(lost, f"fenced: {why}")
+        self._lose(surplus & self._leading, "rebalanced")
         if fresh:
-            for k, generation in sorted(held.items()):
-                if k not in self._leading and k not in surplus:
-                    self._seen[k] = generation
-                    self._leading.add(k)
-                    log.info("%s: leads shard %d/%d (Postgres lock)", self.name, k, self.shards)
-                    self._listener.on_shard_acquired(k)
+            new = {k for k in held if k not in self._leading and k not in surplus}
+            if new:
+                for k in new:
+                    self._seen[k] = held[k]
+                self._leading |= new
+                log.info("%s: leads shard(s) %s of %d (Postgres locks)", self.name, ",".join(map(str, sorted(new))),
+                         self.shards)
+                self._listener.on_shards_acquired(frozenset(new))
         # Shards the thread wants gone and pulse no longer leads are drained: unlock them.
         done = {k for k in surplus if k not in self._leading}
         if done:
@@ -130,17 +131,20 @@ class PostgresShardElection:
                 self._unlock |= done
             self._wake()
 
-    def _lose(self, k: int, why: str) -> None:
-        self._leading.discard(k)
-        log.info("%s: no longer leads shard %d/%d (%s)", self.name, k, self.shards, why)
+    def _lose(self, indices: set[int], why: str) -> None:
+        gone = frozenset(indices) & self._leading
+        if not gone:
+            return
+        self._leading -= gone
+        log.info("%s: no longer leads shard(s) %s of %d (%s)", self.name, ",".join(map(str, sorted(gone))), self.shards,
+                 why)
         assert self._listener is not None
-        self._listener.on_shard_lost(k, why)
+        self._listener.on_shards_lost(gone, why)
 
     def close(self) -> None:
         if self._closed:
             return
-        for k in sorted(self._leading):
-            self._lose(k, "stopping")
+        self._lose(set(self._leading), "stopping")
         self._closed = True
         self._stop.set()
         self._wake()

@@ -21,7 +21,7 @@ drain of that relay's in-flight records (milliseconds), and the process's produc
 stay open across rebalances (a standby with no shards is ready the moment it is given one).
 
 Invariants (``tests/test_producer/test_shards.py``, ``test_sharded_failover.py``):
-- the loop publishes rows of a shard only while this process leads it; ``on_shard_lost`` returns
+- the loop publishes rows of a shard only while this process leads it; ``on_shards_lost`` returns
   (NELI: the rebalance callback returns; Postgres: the lock is unlocked) only after the loop's view
   without that shard started, i.e. after its records were drained;
 - a fatal error of the loop stops the whole relay (``wait()`` re-raises it), as unsharded.
@@ -160,20 +160,20 @@ class ShardedHarvest:
         self.wait()
 
     # ------------------------------------------------------------------ shard listener
-    def on_shard_acquired(self, index: int) -> None:
-        self._led = self._led | {index}
+    def on_shards_acquired(self, indices: frozenset[int]) -> None:
+        self._led = self._led | indices
         self._seat.offer(self._led)
 
-    def on_shard_lost(self, index: int, why: str) -> None:
-        """Returns once the relay loop's view no longer includes the shard (its records drained)."""
-        self._led = self._led - {index}
+    def on_shards_lost(self, indices: frozenset[int], why: str) -> None:
+        """Returns once the relay loop's view no longer includes the shards (their records drained)."""
+        self._led = self._led - indices
         self._seat.offer(self._led)
         bound = (self.limits.max_poll_interval or self.limits.row_timeout) + self.limits.queue_timeout
         if self.relay.state is not State.RUNNING:
             return  # the loop is gone (stopping or failed): it publishes nothing more
-        if not self._seat.wait_released(index, bound):
-            log.error("%s: the relay loop did not let shard %d go within %.0fs; releasing it anyway", self.config.name,
-                      index, bound)
+        if not self._seat.wait_released(indices, bound):
+            log.error("%s: the relay loop did not let shard(s) %s go within %.0fs; releasing them anyway",
+                      self.config.name, sorted(indices), bound)
 
     # ------------------------------------------------------------------ supervisor loop
     def _run(self) -> None:

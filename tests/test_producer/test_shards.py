@@ -65,12 +65,12 @@ def test_seat_makes_every_change_of_the_led_set_a_new_view() -> None:
     seat.start(L())
     assert not seat.pulse() and events == []
     seat.offer(frozenset({1, 5}))
-    assert not seat.wait_released(1, 0.01) or 1 not in seat.applied
+    assert not seat.wait_released(frozenset({1}), 0.01) or 1 not in seat.applied
     assert seat.pulse() and seat.pulse() and events == [("acquired", frozenset({1, 5}))]
     seat.offer(frozenset({5}))
-    assert not seat.wait_released(1, 0.01)  # still in the loop's view until its next pulse
+    assert not seat.wait_released(frozenset({1}), 0.01)  # still in the loop's view until its next pulse
     assert seat.pulse()
-    assert seat.wait_released(1, 0.01)
+    assert seat.wait_released(frozenset({1}), 0.01)
     assert events[1:] == [("revoked", frozenset({1, 5})), ("acquired", frozenset({5}))]
     seat.offer(frozenset())
     assert not seat.pulse() and events[3:] == [("revoked", frozenset({5}))]
@@ -78,7 +78,7 @@ def test_seat_makes_every_change_of_the_led_set_a_new_view() -> None:
     seat.pulse()
     seat.close()
     assert events[4:] == [("acquired", frozenset({2})), ("revoked", frozenset({2}))]
-    assert seat.wait_released(2, 0) and not seat.is_leader
+    assert seat.wait_released(frozenset({2}), 0) and not seat.is_leader
 
 
 # ---------------------------------------------------------------------------------------------- database
