@@ -6,6 +6,7 @@ hand-over, exactly-once over the whole topic with ``--uuid-sequencing``. Process
 from __future__ import annotations
 
 import random
+import re
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -350,3 +351,35 @@ def test_postgres_elections_refuse_mixing_sharded_and_unsharded_relays(pg_dsn: s
         wait_for(lambda: plain.is_leader, 30, "the unsharded relay leads")
         with pytest.raises(ElectionError, match=r"an unsharded relay \(shards: 1, backend pid \d+\) leads .*shards: 8"):
             ShardedHarvest(cfg.replace(name="sharded", shards=S)).start()
+
+
+@pytest.mark.integration
+def test_sharded_relay_exports_per_shard_metrics_and_health(pg_dsn: str, kafka_bootstrap: str, pg_schema: str) -> None:
+    import json
+    import urllib.request
+
+    table = f"{pg_schema}.outbox"
+    init_db(pg_dsn, table, shards=4)
+    _stash(pg_dsn, table, "no-such-topic-metrics", 200, 50)  # held (missingTopicPolicy hold): a steady backlog
+    cfg = relay_config(pg_dsn, kafka_bootstrap, table, "g", min_metrics_interval=0.2).replace(
+        shards=4, leader_election="postgres", prometheus_port=0, missing_topic_policy="hold", name="metered")
+    with ShardedHarvest(cfg) as relay:
+        wait_for(lambda: relay.led_shards == frozenset(range(4)), 30, "all shards led")
+        base = f"http://127.0.0.1:{relay.prometheus_port}"
+
+        def scrape() -> str:
+            return urllib.request.urlopen(f"{base}/metrics", timeout=5).read().decode()
+
+        def backlog() -> dict[int, float]:
+            return {int(k): float(v) for k, v in re.findall(
+                r'^harvest_shard_backlog_rows\{relay="metered",shard="(\d)"\} (\S+)$', scrape(), re.M)}
+
+        wait_for(lambda: len(backlog()) == 4 and all(v == v for v in backlog().values()), 30, "per-shard readings")
+        text = scrape()
+        by_shard = backlog()
+        assert sorted(by_shard) == [0, 1, 2, 3] and sum(by_shard.values()) == 200, by_shard
+        assert all(v > 0 for v in by_shard.values())
+        assert text.count('harvest_shard_is_leader{relay="metered"') == 4
+        assert re.search(r'^harvest_backlog_rows\{relay="metered"\} 200\.0$', text, re.M), text
+        ready = json.loads(urllib.request.urlopen(f"{base}/readyz", timeout=5).read())
+        assert ready["status"] == "ready" and ready["role"] == "leader"
