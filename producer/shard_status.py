@@ -58,11 +58,18 @@ def neli_leaders(config: HarvestConfig, timeout: float = 10.0) -> dict[int, str]
 
     from harvest_outbox.producer.election import _PRODUCER_ONLY
 
+    import time
+
     admin = AdminClient({k: v for k, v in config.base_kafka_config.items() if k not in _PRODUCER_ONLY})
-    try:
-        group: Any = admin.describe_consumer_groups([config.leader_group_id])[config.leader_group_id].result(timeout)
-    except KafkaException as exc:
-        raise ElectionError(f"cannot describe leader group {config.leader_group_id!r}: {exc.args[0].str()}") from exc
+    for attempt in range(3):  # a group in the middle of a rebalance may not describe at once
+        try:
+            group: Any = admin.describe_consumer_groups([config.leader_group_id])[config.leader_group_id].result(timeout)
+            break
+        except KafkaException as exc:
+            if attempt == 2:
+                raise ElectionError(f"cannot describe leader group {config.leader_group_id!r} (rebalancing? try again): "
+                                    f"{exc.args[0].str() or exc.args[0].name()}") from exc
+            time.sleep(0.5)
     out: dict[int, str] = {}
     for member in group.members:
         name = str(member.client_id).removeprefix("harvest-neli-")
