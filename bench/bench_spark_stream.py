@@ -7,7 +7,10 @@ offsets, ``maxOffsetsPerTrigger`` = N / 10 (so about ten micro-batches, each end
 transactions: state is carried between micro-batches), into a ``foreachBatch`` sink that counts
 the micro-batch's rows. Every query has a fresh checkpoint. The raw stream and readCommittedStream
 alternate; rows/s are rows / wall time from start to termination. The ratio readCommittedStream /
-raw is the figure to watch (target >= 0.5).
+raw is the figure to watch (target >= 0.5). A third query per repeat, Spark's raw stream through a
+``mapInArrow`` that passes the batches through untouched (same columns as readCommittedStream
+reads), is the ceiling of any reader whose Python step sees every record: one Arrow round trip
+of the payload, which readCommittedStream also makes (out to Python to pack, back when unpacked).
 
 Spark settings, as the README tells users: the RocksDB state store provider (required), changelog
 checkpointing (``readCommittedStream`` turns it on itself when unset) and
@@ -149,6 +152,10 @@ def _durations(progress: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
+def _passthrough(batches: Any) -> Any:
+    yield from batches
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--records", type=int, default=1_000_000)
@@ -175,7 +182,7 @@ def main() -> int:
             "spark.sql.streaming.stateStore.providerClass": _ROCKSDB,
             "spark.sql.shuffle.partitions": str(min(PARTITIONS, cores))})
         opts = {"kafka.bootstrap.servers": bootstrap}
-        raw_rates, rc_rates, state = [], [], {}
+        raw_rates, rc_rates, pass_rates, state = [], [], [], {}
         for i in range(args.repeat):
             raw_sdf = (spark.readStream.format("kafka").options(**opts).option("subscribe", TOPIC)
                        .option("startingOffsets", "earliest").option("includeHeaders", "true")
@@ -183,6 +190,12 @@ def main() -> int:
             raw, raw_s, raw_progress = run_query(spark, raw_sdf, str(scratch / f"raw-{i}"), max_offsets)
             assert raw == in_topic, (raw, in_topic)
             raw_rates.append(raw / raw_s)
+            raw_cols = raw_sdf.select("key", "value", "headers", "partition", "offset", "timestamp")
+            passed, pass_s, pass_progress = run_query(
+                spark, raw_cols.mapInArrow(_passthrough, schema=raw_cols.schema), str(scratch / f"pass-{i}"),
+                max_offsets)
+            assert passed == in_topic, (passed, in_topic)
+            pass_rates.append(passed / pass_s)
             sdf = readCommittedStream(spark, TOPIC, opts, max_offsets_per_trigger=max_offsets)
             committed, rc_s, progress = run_query(spark, sdf, str(scratch / f"rc-{i}"), max_offsets)
             assert committed == written, (committed, written)
@@ -193,7 +206,8 @@ def main() -> int:
                     "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled")}
             if i == args.repeat - 1:
                 state = state_per_open_producer(spark, str(scratch / f"rc-{i}"), progress, acks)
-            durations = {"raw": _durations(raw_progress), "readCommittedStream": _durations(progress)}
+            durations = {"raw": _durations(raw_progress), "mapInArrow_passthrough": _durations(pass_progress),
+                         "readCommittedStream": _durations(progress)}
         spark.stop()
     raw_med, rc_med = statistics.median(raw_rates), statistics.median(rc_rates)
     print(json.dumps({
@@ -207,6 +221,8 @@ def main() -> int:
         "readCommittedStream_rows_per_s": [round(r) for r in rc_rates],
         "raw_median_rows_per_s": round(raw_med), "readCommittedStream_median_rows_per_s": round(rc_med),
         "ratio_median": round(rc_med / raw_med, 3), "target_ratio": 0.5,
+        "mapInArrow_passthrough_rows_per_s": [round(r) for r in pass_rates],
+        "passthrough_ratio_median": round(statistics.median(pass_rates) / raw_med, 3),
         "state": state,
         "last_run_batch_durations_ms": durations,
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "spark_master": "local[2]"},
