@@ -199,7 +199,8 @@ def test_stream_state_store_settings(spark, kafka_bootstrap, topic_factory, capl
         with caplog.at_level("INFO", logger="harvest_outbox.spark_reader.stream"):
             readCommittedStream(spark, topic, opts)
         assert spark.conf.get(changelog, None) == "true"
-        assert not [r for r in caplog.records if r.levelname == "WARNING"], caplog.text
+        assert not [r for r in caplog.records if r.name == "harvest_outbox.spark_reader.stream"
+                    and r.levelname == "WARNING"], caplog.text
 
         caplog.clear()
         spark.conf.set(changelog, "false")
