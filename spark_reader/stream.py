@@ -19,9 +19,10 @@ the partition alone. Three steps, per micro-batch:
 The shuffle between 1 and 2 moves the blobs: a few large binary values per partition and
 micro-batch, not a row per record.
 
-What a micro-batch costs beyond the raw stream's work is mostly fixed per state store (one per
-shuffle partition of the stateful step, ``spark.sql.shuffle.partitions`` when the query first
-started): loading it and committing it. A RocksDB commit without changelog checkpointing flushes
+Beyond the raw stream's work, a micro-batch costs one Arrow round trip of the payload (out in 1,
+back in 3) and, per state store (one per shuffle partition of the stateful step,
+``spark.sql.shuffle.partitions`` when the query first started), a load and a commit, which were
+the largest fixed part before changelog checkpointing. A RocksDB commit without changelog checkpointing flushes
 a snapshot and copies its files into the checkpoint every micro-batch; with it (Spark's
 ``...rocksdb.changelogCheckpointing.enabled``), a commit writes one small changelog file and
 snapshots are made in the background. ``readCommittedStream`` turns changelog checkpointing on
