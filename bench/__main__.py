@@ -145,7 +145,9 @@ ROWS: dict[str, Callable[[dict[str, Any]], list[tuple[str, str, str, str]]]] = {
         f"Spark readCommittedStream, availableNow, {_fmt(r.get('records'))} records in "
         f"{_fmt(_get(r, 'last_run_batch_durations_ms', 'readCommittedStream', 'micro_batches'))} micro-batches (rows/s)",
         _fmt(r.get("readCommittedStream_median_rows_per_s")),
-        f"ratio to Spark's raw Kafka stream, same sink {_fmt(r.get('ratio_median'))}", "ratio ≥ 0.5"), (
+        f"ratio to Spark's raw Kafka stream, same sink {_fmt(r.get('ratio_median'))}"
+        + (f" (raw stream through a pass-through mapInArrow: {_fmt(r.get('passthrough_ratio_median'))})"
+           if r.get("passthrough_ratio_median") is not None else ""), "ratio ≥ 0.5"), (
         "readCommittedStream state per open producer (bytes)",
         _fmt(_get(r, "state", "state_bytes_per_open_producer_median")),
         f"open spans of {_fmt(_get(r, 'state', 'open_span_records_per_open_producer_median'))} records", "")],

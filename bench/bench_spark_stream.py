@@ -7,7 +7,16 @@ offsets, ``maxOffsetsPerTrigger`` = N / 10 (so about ten micro-batches, each end
 transactions: state is carried between micro-batches), into a ``foreachBatch`` sink that counts
 the micro-batch's rows. Every query has a fresh checkpoint. The raw stream and readCommittedStream
 alternate; rows/s are rows / wall time from start to termination. The ratio readCommittedStream /
-raw is the figure to watch (target >= 0.5).
+raw is the figure to watch (target >= 0.5). A third query per repeat, Spark's raw stream through a
+``mapInArrow`` that passes the batches through untouched (same columns as readCommittedStream
+reads), is the ceiling of any reader whose Python step sees every record: one Arrow round trip
+of the payload, which readCommittedStream also makes (out to Python to pack, back when unpacked).
+
+Spark settings, as the README tells users: the RocksDB state store provider (required), changelog
+checkpointing (``readCommittedStream`` turns it on itself when unset) and
+``spark.sql.shuffle.partitions`` = min(topic partitions, cores) = 2 on ``local[2]``: the stateful
+step runs one state store per shuffle partition, each loaded and committed every micro-batch.
+The raw stream has no shuffle, so the setting does not touch it.
 
 State: after every micro-batch of readCommittedStream, the state operator's progress
 (``numRowsTotal`` and the RocksDB store's SST bytes) is divided by the producers whose spans are
@@ -127,10 +136,24 @@ def state_per_open_producer(spark: Any, chk: str, progress: list[dict[str, Any]]
 
 
 def _durations(progress: list[dict[str, Any]]) -> dict[str, Any]:
-    """Median per micro-batch of each phase Spark reports (ms), and the number of micro-batches."""
-    batches = [p["durationMs"] for p in progress if p.get("numInputRows")]
+    """Median per micro-batch of each phase Spark reports (ms), and the number of micro-batches;
+    for a stateful query also the state operator's time in its stores' commits and in processing
+    input (summed over its state stores), and their number."""
+    with_rows = [p for p in progress if p.get("numInputRows")]
+    batches = [p["durationMs"] for p in with_rows]
     phases = sorted({k for b in batches for k in b})
-    return {"micro_batches": len(batches), **{k: statistics.median(b.get(k, 0) for b in batches) for k in phases}}
+    out: dict[str, Any] = {"micro_batches": len(batches),
+                           **{k: statistics.median(b.get(k, 0) for b in batches) for k in phases}}
+    ops = [(p.get("stateOperators") or [None])[0] for p in with_rows]
+    if all(ops) and ops:
+        for key, name in (("commitTimeMs", "state_commit"), ("allUpdatesTimeMs", "state_updates"),
+                          ("numStateStoreInstances", "state_stores")):
+            out[name] = statistics.median(op.get(key, 0) for op in ops)
+    return out
+
+
+def _passthrough(batches: Any) -> Any:
+    yield from batches
 
 
 def main() -> int:
@@ -154,10 +177,12 @@ def main() -> int:
         # Not a multiple of a partition's transaction length (TXN / PARTITIONS + 1 offsets): micro-batches
         # end inside open spans, so state is carried between them.
         max_offsets = max(1, in_topic // args.batches) + PARTITIONS * (TXN // PARTITIONS // 2)
-        spark = local_spark_session("bench-spark-stream", extra_conf={
-            "spark.sql.streaming.stateStore.providerClass": _ROCKSDB})
+        cores = 2  # local_spark_session's local[2]
+        spark = local_spark_session("bench-spark-stream", cores=cores, extra_conf={
+            "spark.sql.streaming.stateStore.providerClass": _ROCKSDB,
+            "spark.sql.shuffle.partitions": str(min(PARTITIONS, cores))})
         opts = {"kafka.bootstrap.servers": bootstrap}
-        raw_rates, rc_rates, state = [], [], {}
+        raw_rates, rc_rates, pass_rates, state = [], [], [], {}
         for i in range(args.repeat):
             raw_sdf = (spark.readStream.format("kafka").options(**opts).option("subscribe", TOPIC)
                        .option("startingOffsets", "earliest").option("includeHeaders", "true")
@@ -165,13 +190,24 @@ def main() -> int:
             raw, raw_s, raw_progress = run_query(spark, raw_sdf, str(scratch / f"raw-{i}"), max_offsets)
             assert raw == in_topic, (raw, in_topic)
             raw_rates.append(raw / raw_s)
+            raw_cols = raw_sdf.select("key", "value", "headers", "partition", "offset", "timestamp")
+            passed, pass_s, pass_progress = run_query(
+                spark, raw_cols.mapInArrow(_passthrough, schema=raw_cols.schema), str(scratch / f"pass-{i}"),
+                max_offsets)
+            assert passed == in_topic, (passed, in_topic)
+            pass_rates.append(passed / pass_s)
             sdf = readCommittedStream(spark, TOPIC, opts, max_offsets_per_trigger=max_offsets)
             committed, rc_s, progress = run_query(spark, sdf, str(scratch / f"rc-{i}"), max_offsets)
             assert committed == written, (committed, written)
             rc_rates.append(committed / rc_s)
+            if i == 0:
+                spark_conf = {k: spark.conf.get(k, None) for k in (
+                    "spark.sql.shuffle.partitions", "spark.sql.streaming.stateStore.providerClass",
+                    "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled")}
             if i == args.repeat - 1:
                 state = state_per_open_producer(spark, str(scratch / f"rc-{i}"), progress, acks)
-            durations = {"raw": _durations(raw_progress), "readCommittedStream": _durations(progress)}
+            durations = {"raw": _durations(raw_progress), "mapInArrow_passthrough": _durations(pass_progress),
+                         "readCommittedStream": _durations(progress)}
         spark.stop()
     raw_med, rc_med = statistics.median(raw_rates), statistics.median(rc_rates)
     print(json.dumps({
@@ -179,11 +215,14 @@ def main() -> int:
         "records": written, "raw_records_in_topic": in_topic, "repeat": args.repeat,
         "txn_size": TXN, "partitions": PARTITIONS, "producers": RING,
         "max_offsets_per_trigger": max_offsets, "trigger": "availableNow", "sink": "foreachBatch count",
+        "spark_conf": {k: spark_conf[k] for k in sorted(spark_conf)},
         "write_records_per_s": round(written / write_s),
         "raw_stream_rows_per_s": [round(r) for r in raw_rates],
         "readCommittedStream_rows_per_s": [round(r) for r in rc_rates],
         "raw_median_rows_per_s": round(raw_med), "readCommittedStream_median_rows_per_s": round(rc_med),
         "ratio_median": round(rc_med / raw_med, 3), "target_ratio": 0.5,
+        "mapInArrow_passthrough_rows_per_s": [round(r) for r in pass_rates],
+        "passthrough_ratio_median": round(statistics.median(pass_rates) / raw_med, 3),
         "state": state,
         "last_run_batch_durations_ms": durations,
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "spark_master": "local[2]"},

@@ -180,3 +180,40 @@ def test_stream_without_rocksdb_state_store_is_a_clear_error(spark, kafka_bootst
             spark.conf.unset(conf)
         else:
             spark.conf.set(conf, before)
+
+
+def test_stream_state_store_settings(spark, kafka_bootstrap, topic_factory, caplog) -> None:
+    """Changelog checkpointing is turned on when the session left it unset, an explicit choice is
+    kept (with a warning for 'false'), and more shuffle partitions than cores draw a warning naming
+    the setting and its fix."""
+    changelog = "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled"
+    shuffle = "spark.sql.shuffle.partitions"
+    saved = {k: spark.conf.get(k, None) for k in (changelog, shuffle, "spark.sql.streaming.stateStore.providerClass")}
+    topic = topic_factory(partitions=1)
+    opts = {"kafka.bootstrap.servers": kafka_bootstrap}
+    try:
+        spark.conf.set("spark.sql.streaming.stateStore.providerClass", _ROCKSDB)
+        cores = spark.sparkContext.defaultParallelism
+        spark.conf.unset(changelog)
+        spark.conf.set(shuffle, str(cores))
+        with caplog.at_level("INFO", logger="harvest_outbox.spark_reader.stream"):
+            readCommittedStream(spark, topic, opts)
+        assert spark.conf.get(changelog, None) == "true"
+        assert not [r for r in caplog.records if r.name == "harvest_outbox.spark_reader.stream"
+                    and r.levelname == "WARNING"], caplog.text
+
+        caplog.clear()
+        spark.conf.set(changelog, "false")
+        spark.conf.set(shuffle, str(cores + 1))
+        with caplog.at_level("WARNING", logger="harvest_outbox.spark_reader.stream"):
+            readCommittedStream(spark, topic, opts)
+        assert spark.conf.get(changelog, None) == "false"  # the session's explicit choice stays
+        warned = caplog.text
+        assert f"{changelog}=false" in warned and "Fix: spark.conf.set" in warned
+        assert f"{shuffle}={cores + 1}" in warned and "min(topic partitions, executor cores)" in warned
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                spark.conf.unset(k)
+            else:
+                spark.conf.set(k, v)
