@@ -305,7 +305,10 @@ class SequencedHarvest(Harvest):
                 self._idle = not rows
                 if not rows:
                     self._next_mark = now + self.limits.mark_backoff
-        elif mark is None and len(self._ready) < 2 * self.mark_size.value and now >= self._next_mark:
+            mark = None
+        # Not ``elif``: after a full mark the next one is asked for at once, so the database marks the
+        # next batch while this thread produces the one that just arrived (not after it).
+        if mark is None and len(self._ready) < 2 * self.mark_size.value and now >= self._next_mark:
             self._submit_mark()
         if self._held:
             self._release_held(now)
