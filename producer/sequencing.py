@@ -67,7 +67,7 @@ import struct
 import time
 import uuid
 from collections import deque
-from concurrent.futures import Future
+from concurrent.futures import Future, wait
 from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Message
@@ -346,6 +346,11 @@ class SequencedHarvest(Harvest):
         # next batch while this thread produces the one that just arrived (not after it).
         if mark is None and len(self._ready) < 2 * self.mark_size.value and now >= self._next_mark:
             self._submit_mark()
+            if not (self._txns or self._acking or self._ready or self._held):
+                # Nothing else to do (e.g. woken by a stasher's NOTIFY): wait for the mark here, not in
+                # 1 ms polls, so its rows go out the moment it returns (idle-to-delivery latency).
+                wait((self._mark_future,), timeout=self.limits.min_poll_interval)  # type: ignore[arg-type]
+                return
         if self._held:
             self._release_held(now)
         if self._ready:
