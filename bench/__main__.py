@@ -36,6 +36,7 @@ BENCHES: dict[str, tuple[str, list[str], list[str]]] = {
     "spark": ("bench_spark.py", [], ["--records", "100000", "--repeat", "1"]),
     "spark_stream": ("bench_spark_stream.py", [], ["--records", "100000", "--repeat", "1"]),
     "stasher": ("bench_stasher.py", [], ["--rows", "2000", "--repeat", "1"]),
+    "shards": ("bench_shards.py", [], ["--rows", "50000", "--relays", "1,2"]),
 }
 
 
@@ -92,6 +93,27 @@ def _relay_rows(r: dict[str, Any]) -> list[tuple[str, str, str, str]]:
     return out
 
 
+def _shard_rows(r: dict[str, Any]) -> list[tuple[str, str, str, str]]:
+    out: list[tuple[str, str, str, str]] = []
+    rows = f"{r.get('rows', 0) / 1e6:g}M" if r.get("rows", 0) >= 1_000_000 else f"{r.get('rows', 0) // 1000}k"
+    base = r.get("unsharded/1") or {}
+    out.append((f"One unsharded relay process, {rows} backlog (rows/s)", _fmt(base.get("rows_per_s")),
+                f"{_fmt(base.get('ratio_to_db_limit'))} of the database limit "
+                f"({_fmt(r.get('db_limit_rows_per_s'))}); {_fmt(base.get('cpu_s_per_100k_rows_all_relays'))} CPU s "
+                "per 100k rows", ""))
+    for name, d in r.items():
+        if not name.startswith("shards") or not isinstance(d, dict):
+            continue
+        n = name.split("/")[1]
+        shares = " / ".join(f"{x:.2f}" for x in d.get("shares", []))
+        cpu = " / ".join(f"{x:.2f}" for x in d.get("cpu_s_per_100k_rows_per_relay", []))
+        out.append((f"Sharded (S = {r.get('shards')}), {n} relay process(es), {rows} backlog (rows/s)",
+                    _fmt(d.get("rows_per_s")),
+                    f"{_fmt(d.get('ratio_to_unsharded'))} of one unsharded relay; shares {shares}; CPU s per 100k "
+                    f"rows per relay {cpu}", "rows spread evenly, CPU per row flat"))
+    return out
+
+
 # name -> rows of (what, median, baseline / ratio, target)
 ROWS: dict[str, Callable[[dict[str, Any]], list[tuple[str, str, str, str]]]] = {
     "sequencer": lambda r: [(
@@ -106,6 +128,7 @@ ROWS: dict[str, Callable[[dict[str, Any]], list[tuple[str, str, str, str]]]] = {
         + (f" (pure Python: {_fmt(_get(r, 'pure_python_memory', 'bytes_per_producer'))})"
            if "pure_python_memory" in r else ""), "", "")],
     "relay": lambda r: _relay_rows(r),
+    "shards": lambda r: _shard_rows(r),
     "consumer": lambda r: [(
         f"ReadCommittedIter.poll_batch, {_fmt(r.get('records_committed'))} records, txns of {r.get('txn_size')} (msg/s)",
         _fmt(r.get("committed_median_per_s")),

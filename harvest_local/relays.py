@@ -21,7 +21,8 @@ _TEST_HOOKS = ("HARVEST_TEST_CRASH_AT", "HARVEST_TEST_PAUSE_AT")
 
 def write_config(path: Path, *, dsn: str, bootstrap: str, outbox_table: str, group: str | None = None,
                  uuid_sequencing: bool = True, heartbeat_timeout: str = "2s", extra_limits: dict[str, str] | None = None,
-                 leader_election: str | None = None, leader_lock_check_interval: str | None = None) -> Path:
+                 leader_election: str | None = None, leader_lock_check_interval: str | None = None,
+                 shards: int | None = None) -> Path:
     """A relay YAML with fast test/demo timings; ``extra_limits`` override or add ``limits`` keys.
     ``group`` names the NELI group (and its leader topic); None leaves both to the defaults."""
     limits = {"heartbeatTimeout": heartbeat_timeout, "minPollInterval": "100ms", "minMetricsInterval": "1s",
@@ -44,6 +45,8 @@ def write_config(path: Path, *, dsn: str, bootstrap: str, outbox_table: str, gro
         lines.append(f"  leaderElection: {leader_election}")
     if leader_lock_check_interval:
         lines.append(f"  leaderLockCheckInterval: {leader_lock_check_interval}")
+    if shards is not None:
+        lines.append(f"  shards: {shards}")
     lines.append("  limits:")
     lines += [f"    {k}: {v}" for k, v in limits.items()]
     lines += ["logging:", "  level: Info", ""]

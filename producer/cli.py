@@ -32,7 +32,7 @@ from harvest_outbox.producer.redact import is_secret_kafka_key, redact_error
 
 EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
 MAX_LIST_LIMIT = 1_000_000
-_COMMANDS = ("run", "init-db", "dead-letters")
+_COMMANDS = ("run", "init-db", "shards", "dead-letters")
 log = logging.getLogger("harvest")
 
 
@@ -82,10 +82,14 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--uuid-sequencing", action="store_true", default=None,
                      help="exactly-once mode (harvest.uuidSequencing): Gazette UUIDs, harvest transactions, "
                      "fenced commits, ACK_TXN messages; readers sequence with the `sequencer` package")
-    init = sub.add_parser("init-db", help="create the outbox, dead-letter table and NOTIFY trigger")
+    init = sub.add_parser("init-db", help="create the outbox, dead-letter table and NOTIFY trigger (and, with "
+                          "shards: S in the config, the shard index and fence rows)")
     _common(init)
     init.add_argument("--value-type", choices=("varchar", "bytea"), default="varchar",
                       help="kafka_value column type (varchar = goharvest's)")
+    sh = sub.add_parser("shards", help="show who leads which shard and each shard's backlog (shards: S > 1)")
+    _common(sh)
+    sh.add_argument("--bootstrap-servers", help="Kafka bootstrap servers (overrides baseKafkaConfig; NELI election)")
     dl = sub.add_parser("dead-letters", help="inspect or requeue dead letters")
     dl_sub = dl.add_subparsers(dest="dl_command", metavar="ACTION", required=True)
     ls = dl_sub.add_parser("list", help="list dead letters")
@@ -146,7 +150,7 @@ def _load(args: argparse.Namespace, extra: dict[str, Any] | None = None) -> File
 
 
 def _run(args: argparse.Namespace) -> int:
-    from harvest_outbox.producer.harvest import Harvest
+    from harvest_outbox.producer.sharded import relay_for
 
     cfg = _load(args, {"bootstrap_servers": args.bootstrap_servers, "leader_topic": args.leader_topic,
                        "leader_group_id": args.leader_group_id, "leader_election": args.leader_election,
@@ -156,7 +160,7 @@ def _run(args: argparse.Namespace) -> int:
                        "uuid_sequencing": args.uuid_sequencing})
     _setup_logging(cfg.log_level)
     log.info("harvest %s starting: %r", __version__, cfg.harvest)
-    relay = Harvest(cfg.harvest)
+    relay = relay_for(cfg.harvest)
 
     def on_signal(signum: int, _frame: Any) -> None:
         log.info("received %s: stopping (draining in-flight records)", signal.Signals(signum).name)
@@ -177,9 +181,19 @@ def _init_db(args: argparse.Namespace) -> int:
     cfg = _load(args)
     _setup_logging(cfg.log_level)
     with connect(cfg.harvest.data_source) as conn:
-        names = init_db(conn, cfg.harvest.outbox_table, args.value_type)
+        names = init_db(conn, cfg.harvest.outbox_table, args.value_type, cfg.harvest.shards)
+    sharded = f"; {cfg.harvest.shards} shards" if cfg.harvest.shards > 1 else ""
     print(f"outbox {names.display} ready (value type {args.value_type}; dead letters, NOTIFY channel "
-          f"{names.channel})")
+          f"{names.channel}{sharded})")
+    return EXIT_OK
+
+
+def _shards(args: argparse.Namespace) -> int:
+    from harvest_outbox.producer.shard_status import format_status, shard_status
+
+    cfg = _load(args, {"bootstrap_servers": args.bootstrap_servers})
+    _setup_logging(cfg.log_level)
+    print(format_status(shard_status(cfg.harvest)))
     return EXIT_OK
 
 
@@ -231,6 +245,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _run(args)
         if args.command == "init-db":
             return _init_db(args)
+        if args.command == "shards":
+            return _shards(args)
         return _dead_letters(args)
     except ConfigError as exc:
         print(f"harvest: configuration error: {_redacted(str(exc), args)}", file=sys.stderr)

@@ -297,7 +297,7 @@ class Limits:
 
 _TOP_KEYS = ("baseKafkaConfig", "producerKafkaConfig", "leaderTopic", "leaderGroupID", "dataSource", "outboxTable",
              "limits", "name", "prometheusPort", "leaderTopicReplicationFactor", "uuidSequencing", "leaderElection",
-             "leaderLockCheckInterval", "prometheusBindAddress", "missingTopicPolicy")
+             "leaderLockCheckInterval", "prometheusBindAddress", "missingTopicPolicy", "shards")
 #: What the relay does with a row whose topic does not exist: park it in the dead letters at once,
 #: or hold that topic's rows (marked, in memory) until the topic exists while other topics flow.
 MISSING_TOPIC_POLICIES = ("deadLetter", "hold")
@@ -376,6 +376,10 @@ class HarvestConfig:
     leader_lock_check_interval: float = 1.0
     #: ``deadLetter`` (default) or ``hold`` (see :data:`MISSING_TOPIC_POLICIES`).
     missing_topic_policy: str = "deadLetter"
+    #: Scale out (``shards: S``): rows are split into S shards by a hash of ``kafka_key`` and each
+    #: shard has its own leader, so up to S relays publish one outbox at once (README, Sharded
+    #: relays). 1 (default): one active relay for the whole outbox, as goharvest.
+    shards: int = 1
 
     def __post_init__(self) -> None:
         base = dict(_kafka_map(self.base_kafka_config, "baseKafkaConfig"))
@@ -424,8 +428,13 @@ class HarvestConfig:
         if "%" in name:
             raise ConfigError(f"name: {name!r} must not contain '%' (it separates fields in heartbeats)")
         object.__setattr__(self, "name", name)
+        from harvest_outbox.producer.shards import check_shard_count
+
+        check_shard_count(self.shards)
         group = self.leader_group_id or "harvest"
-        topic = self.leader_topic or f"{group}.neli"
+        # A sharded relay's leader topic has one partition per shard: by default a topic of its own,
+        # so it never meets the one-partition topic of unsharded relays (or of another shard count).
+        topic = self.leader_topic or (f"{group}.neli" if self.shards == 1 else f"{group}.neli.shards{self.shards}")
         for key, value in (("leaderGroupID", group), ("leaderTopic", topic)):
             if not _KAFKA_NAME.match(value):
                 raise ConfigError(f"{key}: {value!r} is not a valid Kafka name; use 1-249 characters from "
@@ -536,7 +545,7 @@ class HarvestConfig:
                 f"prometheus_bind_address={self.prometheus_bind_address!r}, "
                 f"uuid_sequencing={self.uuid_sequencing!r}, leader_election={self.leader_election!r}, "
                 f"leader_lock_check_interval={self.leader_lock_check_interval!r}, "
-                f"missing_topic_policy={self.missing_topic_policy!r})")
+                f"missing_topic_policy={self.missing_topic_policy!r}, shards={self.shards!r})")
 
     __str__ = __repr__
 
@@ -566,6 +575,8 @@ class HarvestConfig:
             kwargs["uuid_sequencing"] = data["uuidSequencing"]
         if data.get("leaderElection") is not None:
             kwargs["leader_election"] = data["leaderElection"]
+        if data.get("shards") is not None:
+            kwargs["shards"] = data["shards"]
         if data.get("missingTopicPolicy") is not None:
             kwargs["missing_topic_policy"] = data["missingTopicPolicy"]
         if data.get("leaderLockCheckInterval") is not None:

@@ -34,7 +34,9 @@ from psycopg.types.array import ArrayBinaryLoader
 
 from harvest_outbox.producer.errors import DatabaseError, FenceError, SchemaError
 from harvest_outbox.producer.redact import redact_dsn, redact_error
-from harvest_outbox.producer.schema import OutboxNames, ValueType, inspect_outbox, require_attempts_table
+from harvest_outbox.producer.schema import (OutboxNames, ValueType, inspect_outbox, require_attempts_table,
+                                            require_shards)
+from harvest_outbox.producer.shards import shard_expression
 
 log = logging.getLogger(__name__)
 
@@ -96,19 +98,24 @@ def connect(dsn: str, **kwargs: Any) -> psycopg.Connection:
 
 
 class OutboxDatabase:
-    """One autocommit connection running the relay's statements against one outbox table."""
+    """One autocommit connection running the relay's statements against one outbox table, or against
+    a set of its shards (``shard_count`` > 1, :meth:`set_shards`): marks, metrics and the fence rows
+    are then the led shards'; purges, resets and dead letters address ids, which belong to one shard
+    anyway. The set changes only between leader views, when no statement of the old view runs."""
 
-    def __init__(self, dsn: str, names: OutboxNames) -> None:
+    def __init__(self, dsn: str, names: OutboxNames, shard_count: int | None = None) -> None:
         self._dsn = dsn
         self.names = names
+        self.shard_count = shard_count if shard_count and shard_count > 1 else None
+        self.shards: frozenset[int] = frozenset()
+        self.shard_stats: dict[int, tuple[int, float | None]] = {}  # the last stats(): shard -> (rows, oldest age)
+        self._mark_sql: sql.Composed | None = None
+        self._value_sql: sql.Composable = sql.SQL("kafka_value")
+        self._state_table = names.state if self.shard_count is None else names.shard_state
+        self._set_shard_sql()
         self._conn: psycopg.Connection | None = None
         self.value_type: ValueType = "varchar"
         o, d, a = names.outbox, names.dead_letters, names.delivery_attempts
-        value = sql.SQL("kafka_value")
-        key = sql.SQL("convert_to(kafka_key, 'UTF8')")
-        self._value_expr = value
-        self._key_expr = key
-        self._mark_sql: sql.Composed | None = None
         self._purge_sql = sql.SQL("DELETE FROM {} WHERE id = ANY(%s::bigint[])").format(o)
         self._reset_sql = sql.SQL("UPDATE {} SET leader_id = NULL WHERE id = ANY(%s::bigint[])").format(o)
         self._dlq_sql = sql.SQL("""
@@ -123,9 +130,6 @@ class OutboxDatabase:
             SELECT * FROM moved
             ON CONFLICT (id) DO UPDATE SET error = EXCLUDED.error, attempts = EXCLUDED.attempts,
                                            dead_time = now()""").format(o=o, d=d, a=a)
-        # Locks the fence row (as SELECT … FOR UPDATE would) and raises the clock floor of later views.
-        self._fence_sql = sql.SQL("UPDATE {} SET last_clock = GREATEST(last_clock, %s) RETURNING epoch").format(
-            names.state)
         self._commit_delete_sql = sql.SQL(
             "DELETE FROM {} WHERE id = ANY(%s::bigint[]) AND leader_id = %s").format(o)
         self._commit_dlq_sql = sql.SQL("""
@@ -146,16 +150,66 @@ class OutboxDatabase:
             ON CONFLICT (id) DO UPDATE SET attempts = GREATEST(a.attempts, EXCLUDED.attempts),
                                            last_error = EXCLUDED.last_error, updated_at = now()""").format(a=a)
         self._forget_sql = sql.SQL("DELETE FROM {} WHERE id = ANY(%s::bigint[])").format(a)
+        self._stats_dead_sql = sql.SQL("SELECT count(*) FROM {}").format(d)
+
+    def set_shards(self, shards: frozenset[int]) -> None:
+        """Lead these shards from now on (sharded relays, between views)."""
+        if self.shard_count is None:
+            raise ValueError("set_shards on an unsharded outbox database")
+        if any(not 0 <= k < self.shard_count for k in shards):
+            raise ValueError(f"shards {sorted(shards)} outside 0..{self.shard_count - 1}")
+        self.shards = frozenset(shards)
+        self._set_shard_sql()
+        if self._conn is not None and not self._conn.closed:
+            self._build_mark_sql()
+
+    def _set_shard_sql(self) -> None:
+        """The statements that depend on the led shards (fixed SQL text per view: the shard indexes
+        are small integers, written as an array literal)."""
+        n = self.names
+        o = n.outbox
         self._intent_sql = sql.SQL("""
-            INSERT INTO {} (epoch, producer, clock, topic, kafka_partition)
-            SELECT %s, %s, %s, t, p FROM unnest(%s::text[], %s::int[]) AS j(t, p)
+            INSERT INTO {} (epoch, producer, clock, topic, kafka_partition, shard_count, shards)
+            SELECT %s, %s, %s, t, p, {n}, {ks} FROM unnest(%s::text[], %s::int[]) AS j(t, p)
             ON CONFLICT (producer, topic, kafka_partition)
             DO UPDATE SET epoch = EXCLUDED.epoch, clock = EXCLUDED.clock, create_time = now()""").format(
-            names.ack_intents)
+            n.ack_intents, n=sql.Literal(self.shard_count or 1), ks=self._shard_array())
+        if self.shard_count is None:
+            self._fence_rows: sql.Composable = sql.SQL("")
+            # Unsharded: every intent, including any left by an earlier sharding (its relays are gone).
+            self._intents_of_view: sql.Composable = sql.SQL("")
+            stats_where: sql.Composable = sql.SQL("")
+        else:
+            expr, arr = shard_expression(self.shard_count), self._shard_array()
+            self._fence_rows = sql.SQL(" WHERE shard_count = {} AND shard = ANY({})").format(
+                sql.Literal(self.shard_count), arr)
+            # Intents of views that led any of these shards: those views can no longer commit (their
+            # fence includes a shard whose epoch this view bumped). Shard 0's leader also takes over
+            # intents of another shard count (left by an earlier sharding, drained and stopped
+            # before the change; README).
+            other = sql.SQL(" OR shard_count <> {}").format(sql.Literal(self.shard_count)) \
+                if 0 in self.shards else sql.SQL("")
+            self._intents_of_view = sql.SQL(" WHERE (shard_count = {} AND shards && {}){}").format(
+                sql.Literal(self.shard_count), arr, other)
+            stats_where = sql.SQL(" WHERE {} = ANY({})").format(expr, arr)
         self._stats_sql = sql.SQL("""
-            SELECT (SELECT count(*) FROM {o}),
-                   (SELECT extract(epoch FROM now() - create_time) FROM {o} ORDER BY id LIMIT 1),
-                   (SELECT count(*) FROM {d})""").format(o=o, d=d)
+            SELECT {e}, count(*), extract(epoch FROM now() - min(create_time)) FROM {o}{w} GROUP BY 1""").format(
+            e=shard_expression(self.shard_count) if self.shard_count else sql.SQL("0"), o=o, w=stats_where)
+        # Locks the fence row(s) (as SELECT … FOR UPDATE would; in shard order, so two commits never
+        # deadlock) and raises the clock floor of later views.
+        self._fence_sql = sql.SQL("UPDATE {} SET last_clock = GREATEST(last_clock, %s){} RETURNING epoch").format(
+            self._state_table, self._fence_rows)
+
+    def _shard_array(self) -> sql.Composable:
+        ks = sorted(self.shards) if self.shard_count is not None else [0]
+        return sql.SQL("'{" + ",".join(str(int(k)) for k in ks) + "}'::int[]")
+
+    @property
+    def shard_text(self) -> str:
+        """`` (shards 0,3 of 8)`` for messages; empty unsharded."""
+        if self.shard_count is None:
+            return ""
+        return f" (shards {','.join(map(str, sorted(self.shards))) or 'none'} of {self.shard_count})"
 
     @property
     def conn(self) -> psycopg.Connection:
@@ -164,23 +218,42 @@ class OutboxDatabase:
             self._conn.adapters.register_loader(_TEXT_ARRAY_OID, _HeaderArrayLoader)
             self.value_type = inspect_outbox(self._conn, self.names)
             require_attempts_table(self._conn, self.names)
-            value = sql.SQL("kafka_value") if self.value_type == "bytea" else sql.SQL("convert_to(kafka_value, 'UTF8')")
-            # goharvest's mark, with the rows addressed by ctid (a TID scan) instead of a second
-            # primary-key probe per row (``id IN (SELECT id …)``): half the database work per marked
-            # row (bench/bench_relay.py measures both). A row updated by someone else between the
-            # subquery and the UPDATE has moved to a new ctid and is simply left for the next mark.
-            self._mark_sql = sql.SQL("""
-                WITH m AS (
-                  UPDATE {o} SET leader_id = %s
-                  WHERE ctid = ANY(ARRAY(SELECT ctid FROM {o} WHERE leader_id IS NULL OR leader_id <> %s
-                                         ORDER BY id LIMIT %s))
-                  RETURNING id, kafka_topic, convert_to(kafka_key, 'UTF8') AS k, {v} AS v,
-                            kafka_header_keys::text[] AS hk, kafka_header_values::text[] AS hv)
-                SELECT m.*, a.attempts, a.last_error FROM m LEFT JOIN {a} AS a ON a.id = m.id""").format(
-                o=self.names.outbox, v=value, a=self.names.delivery_attempts)
+            if self.shard_count is not None:
+                require_shards(self._conn, self.names, self.shard_count)
+            self._value_sql = sql.SQL("kafka_value") if self.value_type == "bytea" else \
+                sql.SQL("convert_to(kafka_value, 'UTF8')")
+            self._build_mark_sql()
         return self._conn
 
-    def _run(self, what: str, query: sql.Composable, params: Sequence[Any]) -> psycopg.Cursor:
+    def _build_mark_sql(self) -> None:
+        # goharvest's mark, with the rows addressed by ctid (a TID scan) instead of a second
+        # primary-key probe per row (``id IN (SELECT id …)``): half the database work per marked
+        # row (bench/bench_relay.py measures both). A row updated by someone else between the
+        # subquery and the UPDATE has moved to a new ctid and is simply left for the next mark.
+        # Sharded, the subquery reads the led shards' rows from the (shard, id) index.
+        o = self.names.outbox
+        if self.shard_count is None:
+            claim: sql.Composable = sql.SQL(
+                "SELECT ctid FROM {o} WHERE leader_id IS NULL OR leader_id <> %(leader)s ORDER BY id LIMIT %(n)s").format(o=o)
+        else:
+            # One index range per led shard, merged in id order (a Merge Append of the (shard, id)
+            # index scans): a relay leading several shards never reads other shards' rows.
+            expr = shard_expression(self.shard_count)
+            branches = [sql.SQL("(SELECT ctid, id FROM {o} WHERE {e} = {k} AND (leader_id IS NULL OR leader_id <> "
+                                "%(leader)s) ORDER BY id LIMIT %(n)s)").format(o=o, e=expr, k=sql.Literal(k))
+                        for k in sorted(self.shards)] or [sql.SQL("(SELECT ctid, id FROM {o} WHERE false)").format(o=o)]
+            claim = sql.SQL("SELECT ctid FROM ({}) AS led ORDER BY id LIMIT %(n)s").format(
+                sql.SQL(" UNION ALL ").join(branches))
+        self._mark_sql = sql.SQL("""
+            WITH m AS (
+              UPDATE {o} SET leader_id = %(leader)s
+              WHERE ctid = ANY(ARRAY({claim}))
+              RETURNING id, kafka_topic, convert_to(kafka_key, 'UTF8') AS k, {v} AS v,
+                        kafka_header_keys::text[] AS hk, kafka_header_values::text[] AS hv)
+            SELECT m.*, a.attempts, a.last_error FROM m LEFT JOIN {a} AS a ON a.id = m.id""").format(
+            o=o, claim=claim, v=self._value_sql, a=self.names.delivery_attempts)
+
+    def _run(self, what: str, query: sql.Composable, params: Sequence[Any] | dict[str, Any]) -> psycopg.Cursor:
         try:
             return self.conn.execute(query, params, binary=True)
         except psycopg.Error as exc:
@@ -196,7 +269,7 @@ class OutboxDatabase:
         """:meth:`mark`, plus the persisted failed-attempt counts of the marked rows that have one."""
         conn = self.conn  # establishes the mark statement
         assert self._mark_sql is not None and conn is not None
-        raw = self._run("mark", self._mark_sql, (leader_id, leader_id, limit)).fetchall()
+        raw = self._run("mark", self._mark_sql, {"leader": leader_id, "n": limit}).fetchall()
         attempts: MarkedAttempts = {r[0]: (r[6], r[7]) for r in raw if r[6] is not None}
         rows: list[MarkedRow] = [r[:6] for r in raw]
         rows.sort()  # RETURNING order is unspecified; ids are unique so tuples sort by id
@@ -247,15 +320,19 @@ class OutboxDatabase:
         try:
             conn = self.conn
             with conn.transaction():
-                row = conn.execute(sql.SQL(
-                    "UPDATE {} SET epoch = epoch + 1, leader_id = %s, leader_name = %s, updated_at = now() "
-                    "RETURNING epoch, last_clock").format(n.state), (leader_id, name)).fetchone()
+                if self.shard_count is None:
+                    row = conn.execute(sql.SQL(
+                        "UPDATE {} SET epoch = epoch + 1, leader_id = %s, leader_name = %s, updated_at = now() "
+                        "RETURNING epoch, last_clock").format(self._state_table), (leader_id, name)).fetchone()
+                else:
+                    row = self._bump_shard_epochs(conn, leader_id, name)
                 if row is None:
-                    raise SchemaError(f"fence row of {n.display!r} is missing; run `harvest init-db` "
+                    raise SchemaError(f"fence row of {n.display!r}{self.shard_text} is missing; run `harvest init-db` "
                                       f"(it is idempotent) to create it")
                 intents = conn.execute(sql.SQL(
-                    "SELECT epoch, producer, clock, topic, kafka_partition FROM {} "
-                    "ORDER BY epoch, clock, topic, kafka_partition").format(n.ack_intents)).fetchall()
+                    "SELECT epoch, producer, clock, topic, kafka_partition FROM {}{} "
+                    "ORDER BY epoch, clock, topic, kafka_partition").format(n.ack_intents,
+                                                                             self._intents_of_view)).fetchall()
         except psycopg.errors.UndefinedTable as exc:
             self.close()
             raise SchemaError(f"--uuid-sequencing needs the fence and ACK-intent tables of {n.display!r}; run "
@@ -266,6 +343,19 @@ class OutboxDatabase:
                                 f"{redact_error(str(exc), self._dsn).strip()}") from exc
         floor = max([int(row[1])] + [int(c) for _e, _p, c, _t, _pt in intents])
         return int(row[0]), [(int(e), bytes(p), int(c), t, int(pt)) for e, p, c, t, pt in intents], floor
+
+    def _bump_shard_epochs(self, conn: psycopg.Connection, leader_id: uuid.UUID, name: str) -> tuple[int, int] | None:
+        """A view of several shards: lock their fence rows (in shard order), then give every one the
+        same new epoch, above each one's current epoch, so the view's commits check one number, and a
+        new view of any of its shards fences the whole view. Returns (epoch, largest last_clock)."""
+        rows = conn.execute(sql.SQL("SELECT shard, epoch, last_clock FROM {}{} ORDER BY shard FOR UPDATE").format(
+            self._state_table, self._fence_rows)).fetchall()
+        if len(rows) != len(self.shards):
+            return None
+        epoch = max(int(e) for _s, e, _c in rows) + 1
+        conn.execute(sql.SQL("UPDATE {} SET epoch = %s, leader_id = %s, leader_name = %s, updated_at = now(){}").format(
+            self._state_table, self._fence_rows), (epoch, leader_id, name))
+        return epoch, max(int(c) for _s, _e, c in rows)
 
     def commit_txn(self, epoch: int, leader_id: uuid.UUID, ids: Sequence[int], dead: Sequence[tuple[int, str, int]],
                    producer: bytes, ack_clock: int, journals: Sequence[tuple[str, int]],
@@ -293,10 +383,11 @@ class OutboxDatabase:
                     conn.execute(self._intent_sql, (epoch, producer, ack_clock, [t for t, _ in journals],
                                                     [p for _, p in journals]))
                 pipeline.sync()
-                row = fence.fetchone()
-                if row is None or int(row[0]) != epoch:
-                    raise FenceError(f"commit refused by the fence of {n.display!r}: epoch is "
-                                     f"{None if row is None else row[0]}, this view's is {epoch}")
+                epochs = [int(r[0]) for r in fence.fetchall()]
+                if not epochs or any(e != epoch for e in epochs) or len(epochs) != max(1, len(self.shards)):
+                    shown = epochs[0] if len(set(epochs)) == 1 else (sorted(set(epochs)) or None)
+                    raise FenceError(f"commit refused by the fence of {n.display!r}{self.shard_text}: epoch is "
+                                     f"{shown}, this view's is {epoch}")
                 if deleted is not None and deleted.rowcount != len(ids):
                     raise FenceError(f"commit refused on {n.display!r}: {len(ids) - deleted.rowcount} of {len(ids)} "
                                      f"row(s) are no longer owned by leader view {leader_id}")
@@ -319,9 +410,13 @@ class OutboxDatabase:
 
     def stats(self) -> tuple[int, float | None, int]:
         """(backlog rows, age in seconds of the oldest row, dead letters)."""
-        row = self._run("metrics query", self._stats_sql, ()).fetchone()
-        assert row is not None
-        return int(row[0]), (float(row[1]) if row[1] is not None else None), int(row[2])
+        per_shard = {int(k): (int(c), None if age is None else float(age))
+                     for k, c, age in self._run("metrics query", self._stats_sql, ()).fetchall()}
+        dead = self._run("metrics query", self._stats_dead_sql, ()).fetchone()
+        self.shard_stats = {k: per_shard.get(k, (0, None)) for k in sorted(self.shards)}
+        ages = [age for _c, age in per_shard.values() if age is not None]
+        return (sum(c for c, _age in per_shard.values()), max(ages) if ages else None,
+                int(dead[0]) if dead is not None else 0)
 
     def close(self) -> None:
         if self._conn is not None:

@@ -118,6 +118,22 @@ _CHECK_SQL = ("SELECT pg_backend_pid(), EXISTS (SELECT 1 FROM pg_locks WHERE loc
               "AND pid = pg_backend_pid() AND granted)")
 
 
+_DB = "database = (SELECT oid FROM pg_database WHERE datname = current_database())"
+# Sharded relays (producer/shard_election_postgres.py): the live relays of each shard count on this outbox (shared membership locks).
+MEMBERS_SQL = (f"SELECT objid::bigint, count(*) FROM pg_locks WHERE locktype = 'advisory' AND {_DB} "
+                f"AND classid = %s::bigint::oid AND objsubid = 2 AND granted GROUP BY objid")
+
+def members_namespace(qualified_table: str) -> int:
+    """The first key of the membership lock (31 bits, so it reads the same as int4 and as oid)."""
+    return int.from_bytes(hashlib.sha256(b"harvest.shards\0" + qualified_table.encode()).digest()[:4],
+                          "big") & 0x7FFFFFFF
+
+
+def sharded_members(conn: psycopg.Connection, qualified_table: str) -> list[tuple[int, int]]:
+    """``(shard count, live relays)`` of the sharded relays on this outbox."""
+    return [(int(s), int(n)) for s, n in conn.execute(MEMBERS_SQL, (members_namespace(qualified_table),)).fetchall()]
+
+
 def lock_key(qualified_table: str) -> int:
     """The signed 64-bit advisory-lock key of an outbox (``schema.table``, as resolved)."""
     digest = hashlib.sha256(_NAMESPACE + qualified_table.encode()).digest()
@@ -152,6 +168,36 @@ def lock_holder(conn: psycopg.Connection, outbox_table: str) -> int | None:
                        "AND database = (SELECT oid FROM pg_database WHERE datname = current_database())",
                        (classid, objid)).fetchone()
     return None if row is None else int(row[0])
+
+
+def election_connection(dsn: str, name: str, check_interval: float, lease: float, connect_timeout: float,
+                        statement_timeout: float) -> psycopg.Connection:
+    """An election connection with the settings of the module docstring (keepalives on both ends,
+    timeouts, no idle timeouts): the holder of an advisory lock learns of a dead session within
+    ``lease``, and the server keeps a silent holder's session a little longer than that."""
+    lease_s = max(1, math.ceil(lease))
+    conn = psycopg.connect(
+        dsn, autocommit=True, connect_timeout=max(2, math.ceil(connect_timeout)),
+        application_name=f"harvest-election:{name}"[:63],
+        keepalives=1, keepalives_idle=max(1, math.ceil(check_interval)), keepalives_interval=1,
+        keepalives_count=3, tcp_user_timeout=int(lease * 1000))
+    try:
+        server_silence = lease_s + 1 + 3  # server keepalive idle + 3 probes 1 s apart: > lease
+        for stmt in (f"SET statement_timeout = {max(1, int(statement_timeout * 1000))}",
+                     "SET lock_timeout = 0", "SET idle_in_transaction_session_timeout = 0",
+                     f"SET tcp_keepalives_idle = {lease_s + 1}", "SET tcp_keepalives_interval = 1",
+                     "SET tcp_keepalives_count = 3"):
+            conn.execute(stmt)
+        for stmt in (f"SET tcp_user_timeout = {server_silence * 1000}",  # PostgreSQL 12+
+                     "SET idle_session_timeout = 0"):  # PostgreSQL 14+
+            try:
+                conn.execute(stmt)
+            except psycopg.errors.UndefinedObject:
+                pass
+    except BaseException:
+        conn.close()
+        raise
+    return conn
 
 
 class PostgresElection:
@@ -267,31 +313,16 @@ class PostgresElection:
 
     # ------------------------------------------------------------------ election thread
     def _connect(self) -> None:
-        lease_s = max(1, math.ceil(self.lease))
-        conn = psycopg.connect(
-            self._dsn, autocommit=True, connect_timeout=max(2, math.ceil(self.connect_timeout)),
-            application_name=f"harvest-election:{self.name}"[:63],
-            keepalives=1, keepalives_idle=max(1, math.ceil(self.check_interval)), keepalives_interval=1,
-            keepalives_count=3, tcp_user_timeout=int(self.lease * 1000))
+        conn = election_connection(self._dsn, self.name, self.check_interval, self.lease, self.connect_timeout,
+                                   self.statement_timeout)
         try:
-            server_silence = lease_s + 1 + 3  # server keepalive idle + 3 probes 1 s apart: > lease
-            for stmt in (f"SET statement_timeout = {max(1, int(self.statement_timeout * 1000))}",
-                         "SET lock_timeout = 0", "SET idle_in_transaction_session_timeout = 0",
-                         f"SET tcp_keepalives_idle = {lease_s + 1}", "SET tcp_keepalives_interval = 1",
-                         "SET tcp_keepalives_count = 3"):
-                conn.execute(stmt)
-            for stmt in (f"SET tcp_user_timeout = {server_silence * 1000}",  # PostgreSQL 12+
-                         "SET idle_session_timeout = 0"):  # PostgreSQL 14+
-                try:
-                    conn.execute(stmt)
-                except psycopg.errors.UndefinedObject:
-                    pass
             if self.key is None:
                 table = resolve_table(conn, self._outbox_table)
                 self.key = lock_key(table)
                 self.channel = f"harvest_leader_{self.key & 0xFFFFFFFFFFFFFFFF:016x}"
                 log.info("%s: Postgres leader election on %s (advisory lock key %d, check every %gs, lease %gs)",
                          self.name, table, self.key, self.check_interval, self.lease)
+                self._refuse_sharded_relays(conn, table)
             conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(self.channel)))
             row = conn.execute("SELECT pg_backend_pid()").fetchone()
         except BaseException:
@@ -299,6 +330,16 @@ class PostgresElection:
             raise
         self._conn, self._pid = conn, int(row[0]) if row else None
         self.backend_pid = self._pid
+
+    def _refuse_sharded_relays(self, conn: psycopg.Connection, table: str) -> None:
+        """Sharded relays (``shards: S``) of this outbox hold membership locks; an unsharded relay
+        leading next to them would publish their shards' rows too."""
+        members = sharded_members(conn, table)
+        if members:
+            raise ElectionError(
+                f"sharded relays run on {table} ({', '.join(f'{n} with shards: {s}' for s, n in members)}); this "
+                f"one has shards: 1. Changing shards on a live outbox is drain-then-change: stop every relay, change "
+                f"shards, run `harvest init-db`, start the relays (README, Sharded relays)")
 
     def _drop(self, why: str) -> None:
         with self._mu:

@@ -76,6 +76,7 @@ from harvest_outbox.producer.preflight import TopicGuard, header_bytes, too_larg
 from harvest_outbox.producer.metrics import Metrics, MeterStats, start_prometheus
 from harvest_outbox.producer.redact import redact_kafka_config
 from harvest_outbox.producer.schema import OutboxNames
+from harvest_outbox.producer.shard_election import ShardSetSeat
 
 log = logging.getLogger(__name__)
 
@@ -146,8 +147,13 @@ class Harvest:
 
     def __init__(self, config: HarvestConfig, event_handler: EventHandler | None = None, *,
                  producer_factory: ProducerFactory | None = None, election: LeaderElection | None = None,
-                 topic_guard: TopicGuard | None = None) -> None:
+                 topic_guard: TopicGuard | None = None, shards: ShardSetSeat | None = None) -> None:
         self.config = config
+        #: ``shards: S`` (:mod:`producer.sharded`): the seat that is both this loop's election and the
+        #: set of shards its views serve; None for the whole outbox.
+        self._shards = shards
+        if shards is not None:
+            election = shards
         self.limits = config.limits
         self._event_handler = event_handler
         self._producer_factory = producer_factory or confluent_producer
@@ -241,13 +247,14 @@ class Harvest:
         if self._state is not State.CREATED:
             raise HarvestError(f"cannot start a relay in state {self._state.value}")
         try:
-            self._db = OutboxDatabase(self.config.data_source, self.names)
+            shard_count = self._shards.count if self._shards is not None else None
+            self._db = OutboxDatabase(self.config.data_source, self.names, shard_count)
             _ = self._db.conn  # fail fast: connection + schema check
             # Two connections, two worker threads: the next mark runs while purges / commits of
             # earlier rows run, so the database works on both at once (each worker keeps its own
             # statements in submission order).
             self._exec = ThreadPoolExecutor(1, thread_name_prefix=f"harvest-db-{self.config.name}")
-            self._mark_db = OutboxDatabase(self.config.data_source, self.names)
+            self._mark_db = OutboxDatabase(self.config.data_source, self.names, shard_count)
             self._mark_exec = ThreadPoolExecutor(1, thread_name_prefix=f"harvest-mark-{self.config.name}")
             self._listener = Listener(self.config.data_source, self.names)
             if self.config.prometheus_port is not None:
@@ -297,6 +304,15 @@ class Harvest:
 
     # ------------------------------------------------------------------ election listener
     def on_acquired(self) -> None:
+        if self._shards is not None:
+            # A new view of the led shards: no statement of the previous view runs any more (it was
+            # relinquished), so both connections switch to the new set here.
+            for db in (self._db, self._mark_db):
+                if db is not None:
+                    db.set_shards(self._shards.applied)
+            self.metrics.shard_backlog = {}
+            log.info("%s: leads shards %s of %d", self.config.name, ",".join(map(str, sorted(self._shards.applied))),
+                     self._shards.count)
         self._leader_id = uuid.uuid4()
         self.metrics.is_leader = True
         self._remark = False
@@ -401,6 +417,8 @@ class Harvest:
         try:
             m = self.metrics
             m.backlog_rows, m.oldest_unsent_age, m.dead_letter_rows = future.result()
+            if self._shards is not None and self._mark_db is not None:
+                m.shard_backlog = dict(self._mark_db.shard_stats)
         except DatabaseError as exc:
             log.warning("metrics query failed: %s", exc)
         self._emit_meter()

@@ -20,7 +20,7 @@ import logging
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from socketserver import ThreadingMixIn
 from typing import Any
@@ -60,6 +60,8 @@ class Metrics:
         self.backlog_rows: int | None = None
         self.oldest_unsent_age: float | None = None
         self.dead_letter_rows: int | None = None
+        #: ``shards: S``: the led shards' (rows, oldest unsent age), from the same query.
+        self.shard_backlog: dict[int, tuple[int, float | None]] = {}
         self.is_leader = False
         #: time.monotonic() of the latest snapshot (None before the first): the loop's liveness.
         self.read_at: float | None = None
@@ -80,8 +82,9 @@ class Metrics:
 
 
 class _Collector:
-    def __init__(self, metrics: Metrics, name: str) -> None:
-        self._m, self._name = metrics, name
+    def __init__(self, metrics: Metrics, name: str,
+                 shards: Callable[[], Mapping[int, tuple[int | None, float | None]]] | None = None) -> None:
+        self._m, self._name, self._shards = metrics, name, shards
 
     def collect(self) -> Iterator[Any]:
         from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -113,6 +116,26 @@ class _Collector:
         yield gauge("harvest_dead_letter_rows", "Rows in the dead-letter table (leader only)",
                     m.dead_letter_rows if lead else None)
         yield gauge("harvest_is_leader", "1 if this relay is the leader", 1.0 if m.is_leader else 0.0)
+        if self._shards is not None:
+            yield from self._per_shard(self._shards())
+
+    def _per_shard(self, shards: Mapping[int, tuple[int | None, float | None]]) -> Iterator[Any]:
+        """Series of the shards this relay leads (``shards: S``), labelled ``relay`` and ``shard``;
+        a shard another relay leads is exported by that relay."""
+        from prometheus_client.core import GaugeMetricFamily
+
+        labels = ["relay", "shard"]
+        families = (
+            ("harvest_shard_is_leader", "1 for each shard this relay leads", lambda v: 1.0),
+            ("harvest_shard_backlog_rows", "Rows of the shard in the outbox", lambda v: v[0]),
+            ("harvest_shard_oldest_unsent_age_seconds", "Age of the shard's oldest outbox row", lambda v: v[1]),
+        )
+        for name, doc, value in families:
+            g = GaugeMetricFamily(name, doc, labels=labels)
+            for index, v in sorted(shards.items()):
+                x = value(v)
+                g.add_metric([self._name, str(index)], float("nan") if x is None else float(x))
+            yield g
 
 
 class _Server(ThreadingMixIn, WSGIServer):
@@ -149,13 +172,15 @@ def _json_app(evaluate: Callable[[], Any]) -> WsgiApp:
     return app
 
 
-def start_prometheus(metrics: Metrics, name: str, port: int, addr: str = "0.0.0.0", relay: Any = None) -> Any:
+def start_prometheus(metrics: Metrics, name: str, port: int, addr: str = "0.0.0.0", relay: Any = None,
+                     shards: Callable[[], Mapping[int, tuple[int | None, float | None]]] | None = None) -> Any:
     """Serve ``/metrics`` (from a private registry) on ``addr:port``, plus ``/healthz`` and
-    ``/readyz`` when ``relay`` (a :class:`producer.health.RelayView`) is given; returns (server, thread)."""
+    ``/readyz`` when ``relay`` (a :class:`producer.health.RelayView`) is given; returns (server, thread).
+    ``shards``: the led shards' metrics of a sharded relay, exported per shard as well."""
     from prometheus_client import CollectorRegistry, make_wsgi_app
 
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(_Collector(metrics, name))  # type: ignore[arg-type]
+    registry.register(_Collector(metrics, name, shards))  # type: ignore[arg-type]
     routes: dict[str, WsgiApp] = {"/metrics": make_wsgi_app(registry)}
     health = None
     if relay is not None:

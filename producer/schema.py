@@ -15,6 +15,11 @@ Objects, for an outbox table ``[schema.]name``:
   ``last_error``, ``updated_at``), so ``maxDeliveryAttempts`` counts across relay restarts and
   leader changes. Rows exist only for ids that failed at least once; they are deleted when the row
   is delivered, committed or dead-lettered.
+- with ``shards: S`` (S > 1): an expression index ``name_shard<S>_idx`` on ``(shard, id)``
+  (:func:`producer.shards.shard_expression`) and ``name_harvest_shards``, the fence row of each shard
+  (``shard_count``, ``shard``, then the columns of ``name_harvest_state``); ACK intents carry
+  ``shard_count`` and ``shards``, the shards of the view that wrote them (1 and ``{0}`` for the
+  unsharded relay), so a view recovers only intents of views that led one of its shards.
 - ``harvest_notify()`` + statement-level trigger ``name_notify``: ``pg_notify(channel)`` after each
   INSERT statement. Notifications are delivered at commit (and dropped on rollback), so any writer,
   including goharvest's Go stasher, wakes the relay without code changes.
@@ -131,6 +136,13 @@ class OutboxNames:
         return self._ident(_derived(self.table, "_delivery_attempts"))
 
     @property
+    def shard_state(self) -> sql.Identifier:
+        return self._ident(_derived(self.table, "_harvest_shards"))
+
+    def shard_index_name(self, count: int) -> str:
+        return _derived(self.table, f"_shard{count}_idx")
+
+    @property
     def notify_function(self) -> sql.Identifier:
         return self._ident("harvest_notify")
 
@@ -224,6 +236,13 @@ def outbox_ddl(names: OutboxNames, value_type: ValueType = "varchar") -> list[sq
           last_error  TEXT,
           updated_at  TIMESTAMP WITH TIME ZONE NOT NULL DEFAULT now()
         )""").format(attempts=names.delivery_attempts))
+    # Sharded relays (shards: S): a view recovers only intents of views that led one of its shards
+    # (those can no longer commit). An intent of a view still live on other shards, re-sent, would be
+    # an old ACK that rolls back that producer's newer, still open span in every reader.
+    stmts.append(sql.SQL("ALTER TABLE {acks} ADD COLUMN IF NOT EXISTS shard_count INTEGER NOT NULL DEFAULT 1").format(
+        acks=names.ack_intents))
+    stmts.append(sql.SQL("ALTER TABLE {acks} ADD COLUMN IF NOT EXISTS shards INTEGER[] NOT NULL DEFAULT '{{0}}'").format(
+        acks=names.ack_intents))
     stmts.append(sql.SQL("""
         CREATE OR REPLACE FUNCTION {fn}() RETURNS trigger LANGUAGE plpgsql AS $$
         BEGIN
@@ -239,11 +258,40 @@ def outbox_ddl(names: OutboxNames, value_type: ValueType = "varchar") -> list[sq
     return stmts
 
 
+def shard_ddl(names: OutboxNames, count: int) -> list[sql.Composable]:
+    """What ``shards: count`` needs: the per-shard mark index and the shards' fence rows."""
+    from harvest_outbox.producer.shards import check_shard_count, shard_expression
+
+    check_shard_count(count)
+    if count == 1:
+        return []
+    expr = shard_expression(count)
+    return [
+        sql.SQL("CREATE INDEX IF NOT EXISTS {idx} ON {outbox} ({expr}, id)").format(
+            idx=sql.Identifier(names.shard_index_name(count)), outbox=names.outbox, expr=expr),
+        sql.SQL("""
+            CREATE TABLE IF NOT EXISTS {st} (
+              shard_count INTEGER NOT NULL,
+              shard       INTEGER NOT NULL,
+              epoch       BIGINT NOT NULL DEFAULT 0,
+              leader_id   UUID,
+              leader_name TEXT,
+              updated_at  TIMESTAMP WITH TIME ZONE NOT NULL DEFAULT now(),
+              last_clock  BIGINT NOT NULL DEFAULT 0,
+              PRIMARY KEY (shard_count, shard)
+            )""").format(st=names.shard_state),
+        sql.SQL("INSERT INTO {st} (shard_count, shard) SELECT {n}, s FROM generate_series(0, {last}) AS s "
+                "ON CONFLICT DO NOTHING").format(st=names.shard_state, n=sql.Literal(count),
+                                                 last=sql.Literal(count - 1)),
+    ]
+
+
 def init_db(conninfo_or_conn: str | psycopg.Connection, outbox_table: str = "outbox",
-            value_type: ValueType = "varchar") -> OutboxNames:
-    """Create (idempotently, in one transaction) everything the relay needs. Returns the names."""
+            value_type: ValueType = "varchar", shards: int = 1) -> OutboxNames:
+    """Create (idempotently, in one transaction) everything the relay needs. Returns the names.
+    ``shards`` > 1 also creates what sharded relays need (:func:`shard_ddl`)."""
     names = OutboxNames.parse(outbox_table)
-    stmts = outbox_ddl(names, value_type)
+    stmts = outbox_ddl(names, value_type) + shard_ddl(names, shards)
     if isinstance(conninfo_or_conn, psycopg.Connection):
         with conninfo_or_conn.transaction():
             for stmt in stmts:
@@ -292,3 +340,21 @@ def require_attempts_table(conn: psycopg.Connection, names: OutboxNames) -> None
         raise SchemaError(f"{names.state.as_string(conn)} lacks column last_clock (the UUID clock floor that keeps "
                           f"--uuid-sequencing clocks rising across leaders): the outbox {names.display!r} was "
                           f"initialised by an older harvest. Fix: run `harvest init-db` again (idempotent)")
+
+
+def require_shards(conn: psycopg.Connection, names: OutboxNames, count: int) -> None:
+    """A sharded relay refuses to run without its shard index (every mark would scan the outbox) and
+    the shards' fence rows."""
+    row = conn.execute("SELECT to_regclass(%s)::oid", (sql.Identifier(*(
+        [names.schema] if names.schema else []), names.shard_index_name(count)).as_string(conn),)).fetchone()
+    have_rows = None
+    if row is not None and row[0] is not None:
+        try:
+            have_rows = conn.execute(sql.SQL("SELECT count(*) FROM {} WHERE shard_count = %s").format(
+                names.shard_state), (count,)).fetchone()
+        except psycopg.errors.UndefinedTable:
+            have_rows = None
+    if row is None or row[0] is None or have_rows is None or int(have_rows[0]) != count:
+        raise SchemaError(f"the outbox {names.display!r} is not initialised for shards: {count} (the shard index "
+                          f"{names.shard_index_name(count)} and the shards' fence rows are missing). Fix: run "
+                          f"`harvest init-db` with shards: {count} in the config (idempotent)")

@@ -177,10 +177,10 @@ def count_rows(dsn: str, table: str) -> int:
 
 
 def seq_yaml(path: Path, dsn: str, bootstrap: str, table: str, group: str, txn_records: int = 200,
-             leader_election: str = "neli") -> Path:
+             leader_election: str = "neli", shards: int | None = None) -> Path:
     """A sequencing relay's YAML with small transactions and fast failure handling."""
     return write_config(path, dsn=dsn, bootstrap=bootstrap, outbox_table=table, group=group,
-                        leader_election=leader_election, leader_lock_check_interval="500ms",
+                        leader_election=leader_election, leader_lock_check_interval="500ms", shards=shards,
                         extra_limits={"idlePollInterval": "300ms", "ioErrorBackoff": "100ms",
                                       "markQueryRecords": "300", "txnMaxRecords": str(txn_records),
                                       "txnMaxDuration": "20ms", "producerRing": "4"})

@@ -1,0 +1,54 @@
+"""Shards: how one outbox is split between relays (``shards: S``).
+
+A row belongs to shard ``h(kafka_key) mod S``, where ``h`` is the first 32 bits of the MD5 of the key
+(its UTF-8 bytes), read as an unsigned big-endian integer. MD5 because Postgres and Python compute it
+identically on every version and platform (unlike ``hashtext``, whose values Postgres does not
+promise to keep); the hash is not a security boundary. Every row of a key is in one shard, so
+per-key order needs nothing beyond what one relay loop already guarantees.
+
+The database computes the shard with :func:`shard_expression`; ``harvest init-db`` with ``shards: S``
+creates an expression index on ``(shard, id)``, so a shard's mark reads its rows in id order from
+that index instead of filtering the whole outbox.
+
+Invariants (``tests/test_producer/test_shards.py``):
+- :func:`shard_of` (Python) and :func:`shard_expression` (SQL) agree on every key;
+- ``S = 1`` means no sharding: one shard, today's tables, locks and leader topic; nothing to migrate;
+- a shard count is ``1 <= S <= MAX_SHARDS`` (:func:`check_shard_count`, at config time).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from psycopg import sql
+
+from harvest_outbox.producer.errors import ConfigError
+
+#: More shards than this buys nothing on any machine a relay runs on (each shard a relay leads is a
+#: relay loop with its own connections and producer) and multiplies leader-topic partitions and locks.
+MAX_SHARDS = 256
+
+
+def check_shard_count(value: object, field_name: str = "shards") -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_SHARDS:
+        raise ConfigError(f"{field_name}: {value!r} must be a whole number of shards 1-{MAX_SHARDS} (1, the "
+                          f"default, is one active relay for the whole outbox)")
+    return value
+
+
+def key_hash(key: bytes | str) -> int:
+    """The 32-bit shard hash of a Kafka key (``str`` keys are hashed as UTF-8)."""
+    data = key.encode() if isinstance(key, str) else key
+    return int.from_bytes(hashlib.md5(data, usedforsecurity=False).digest()[:4], "big")
+
+
+def shard_of(key: bytes | str, count: int) -> int:
+    return key_hash(key) % count
+
+
+def shard_expression(count: int) -> sql.Composable:
+    """SQL computing a row's shard; written exactly like this in the index and in the mark, so the
+    planner matches them. ``'x' || 8 hex digits`` cast to ``bit(32)`` reads them as a bit string;
+    the ``bigint`` cast of a ``bit(32)`` is unsigned."""
+    check_shard_count(count)
+    # mod(), not %: the expression goes into statements with psycopg placeholders.
+    return sql.SQL("mod(('x' || substr(md5(kafka_key), 1, 8))::bit(32)::bigint, {})").format(sql.Literal(count))
