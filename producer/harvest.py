@@ -492,6 +492,10 @@ class Harvest:
                 if rows:
                     self._ready.extend(rows)
                     self._idle = False
+                    if len(rows) >= self._mark_asked and len(self._ready) + self._waiting_count < 2 * self.mark_size.value:
+                        # A full mark: more rows wait. Ask for them now, so the database marks the next
+                        # batch while this thread produces this one (not after: that serialised them).
+                        self._submit_mark()
                     self._dispatch()
                     producer.poll(0)
                     return

@@ -1,0 +1,131 @@
+"""Pure-logic tests of the relay's throughput changes (issue 13), no DB, no Kafka:
+- a full mark asks for the next one before its rows are produced (mark and produce overlap);
+- ``--uuid-sequencing``'s per-record UUID header (``continue_uuid``) is the reference encoding;
+- pooled delivery callbacks (``_Slot``) deliver each report to its record's transaction and clock,
+  and return to the pool for reuse."""
+
+from __future__ import annotations
+
+import uuid
+from concurrent.futures import Future
+from typing import Any
+
+from fake_admin import FakeAdmin
+
+from harvest_outbox.producer.config import HarvestConfig, Limits
+from harvest_outbox.producer.election import StaticElection
+from harvest_outbox.producer.harvest import Harvest
+from harvest_outbox.producer.preflight import TopicGuard
+from harvest_outbox.producer.sequencing import _Slot, continue_uuid, uuid_bytes
+from harvest_outbox.sequencer import Flags, build_uuid, clock_of, flags_of, new_producer_id, parse_uuid, producer_of
+
+
+class FakeProducer:
+    def __init__(self, on_delivery: Any) -> None:
+        self.on_delivery = on_delivery
+        self.sent: list[tuple[str, bytes | None, bytes | None]] = []
+
+    def produce(self, topic: str, value: bytes | None = None, key: bytes | None = None, **kw: Any) -> None:
+        self.sent.append((topic, value, key))
+
+    def poll(self, timeout: float = 0) -> int:
+        return 0
+
+    def flush(self, timeout: float = 0) -> int:
+        return 0
+
+    def purge(self, *a: Any, **k: Any) -> None:
+        pass
+
+    def __len__(self) -> int:
+        return 0
+
+
+def row(i: int, key: str) -> tuple:
+    return (i, "t", key.encode(), f"v{i}".encode(), (), ())
+
+
+def _relay() -> tuple[Harvest, FakeProducer, list[int]]:
+    """A leader relay with a fake producer; returns it, the producer, and the number of records
+    produced at each moment a mark was asked for."""
+    box: dict[str, FakeProducer] = {}
+
+    def factory(conf: dict, cb: Any) -> FakeProducer:
+        box["p"] = FakeProducer(cb)
+        return box["p"]
+
+    cfg = HarvestConfig(limits=Limits())
+    guard = TopicGuard({}, cfg.producer_config(), admin_factory=lambda conf: FakeAdmin())
+    h = Harvest(cfg, producer_factory=factory, election=StaticElection(), topic_guard=guard)
+    h._leader_id = uuid.uuid4()
+    h._ensure_producer()
+    asked_at: list[int] = []
+
+    def submit_mark() -> None:
+        asked_at.append(len(box["p"].sent))
+        h._mark_future = Future()  # pending: the relay waits for it no further in this tick
+
+    h._submit_mark = submit_mark  # type: ignore[method-assign]
+    return h, box["p"], asked_at
+
+
+def _mark_returns(h: Harvest, rows: list[tuple], asked: int) -> None:
+    done: Future = Future()
+    done.set_result((rows, {}))
+    h._mark_future, h._mark_asked, h._mark_view = done, asked, h._leader_id
+
+
+def test_a_full_mark_asks_for_the_next_before_producing_its_rows() -> None:
+    h, p, asked_at = _relay()
+    h.mark_size.value = 4
+    _mark_returns(h, [row(i, f"k{i}") for i in range(1, 5)], asked=4)
+    h._leader_tick()
+    assert len(p.sent) == 4
+    assert asked_at == [0], "the next mark must be asked for before the full mark's rows are produced"
+
+
+def test_a_short_mark_does_not_ask_again_at_once() -> None:
+    h, p, asked_at = _relay()
+    h.mark_size.value = 4
+    _mark_returns(h, [row(1, "a"), row(2, "b")], asked=4)
+    h._leader_tick()
+    assert len(p.sent) == 2
+    assert asked_at == []  # the backlog is drained: the ordinary prefetch decides, on a later tick
+
+
+def test_continue_uuid_is_the_reference_encoding() -> None:
+    clocks = [0, 1, 15, 16, 160, (1 << 36) - 1, 1 << 36, (1 << 52) + 7, (1 << 60) - 1,
+              0x1EE5A1C0FFEE123 * 16 + 9, (0xFFFFFFFF << 4) | 3]
+    for _ in range(3):
+        producer = new_producer_id()
+        for clock in clocks:
+            got = continue_uuid(producer, clock)
+            assert got == uuid_bytes(int.from_bytes(producer, "big"), clock, int(Flags.CONTINUE_TXN))
+            assert got == build_uuid(producer, clock, int(Flags.CONTINUE_TXN)).bytes
+            u = parse_uuid(got)
+            assert (producer_of(u), clock_of(u), flags_of(u)) == (producer, clock, int(Flags.CONTINUE_TXN))
+
+
+class _Txn:
+    def __init__(self) -> None:
+        self.reports: list[tuple[int, Any, Any]] = []
+
+    def on_delivery(self, clock: int, err: Any, msg: Any) -> None:
+        self.reports.append((clock, err, msg))
+
+
+def test_delivery_slots_report_their_clock_and_return_to_the_pool() -> None:
+    pool: list[_Slot] = []
+    t1, t2 = _Txn(), _Txn()
+    a, b = _Slot(pool), _Slot(pool)
+    a.txn, a.clock = t1, 100  # type: ignore[assignment]
+    b.txn, b.clock = t2, 200  # type: ignore[assignment]
+    b(None, "m2")  # reports arrive in any order across partitions
+    assert pool == [b] and t2.reports == [(200, None, "m2")] and b.txn is None
+    a("err", "m1")
+    assert pool == [b, a] and t1.reports == [(100, "err", "m1")]
+    reused = pool.pop()
+    assert reused is a
+    reused.txn, reused.clock = t2, 300  # type: ignore[assignment]
+    reused(None, "m3")
+    assert t2.reports[-1] == (300, None, "m3") and t1.reports == [(100, "err", "m1")]
