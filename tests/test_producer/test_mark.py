@@ -51,27 +51,28 @@ def test_an_idle_relays_marks_never_run_on_a_generic_plan(pg_dsn: str, pg_schema
     # (2,600 rows/s instead of ~50,000). The relay's connections plan every statement anew.
     table = f"{pg_schema}.outbox"
     names = init_db(pg_dsn, table, shards=shards)
-    db = OutboxDatabase(pg_dsn, names, shards)
+    def generic_plans(db: OutboxDatabase) -> list[tuple[int, int]]:
+        return db.conn.execute("SELECT generic_plans, custom_plans FROM pg_prepared_statements "
+                               "WHERE statement LIKE '%%UPDATE%%leader_id%%RETURNING%%'").fetchall()
+
+    dbs = [OutboxDatabase(pg_dsn, names, shards) for _ in range(2)]
     if shards > 1:
-        db.set_shards(frozenset(range(shards)))
+        for d in dbs:
+            d.set_shards(frozenset(range(shards)))
+    db, hazard = dbs
     try:
+        hazard.conn.execute("SET plan_cache_mode = auto")  # Postgres' default: what the relay's setting prevents
         leader = uuid.uuid4()
         for _ in range(12):  # idle: empty marks, past psycopg's prepare threshold and Postgres' 5 custom plans
-            assert db.mark(leader, 100) == []
+            assert db.mark(leader, 100) == [] and hazard.mark(leader, 100) == []
+        assert any(generic > 0 for generic, _custom in generic_plans(hazard))
         with psycopg.connect(pg_dsn, autocommit=True) as conn:
             with conn.transaction():
                 Stasher(table).stash_many(conn, [OutboxRecord("t", f"k{i % 100}", "x") for i in range(2000)])
         assert len(db.mark(leader, 1000)) == 1000
-        plans = db.conn.execute("SELECT generic_plans, custom_plans FROM pg_prepared_statements "
-                                "WHERE statement LIKE '%%UPDATE%%leader_id%%RETURNING%%'").fetchall()
+        plans = generic_plans(db)
         assert plans and all(generic == 0 for generic, _custom in plans), plans
         assert sum(custom for _generic, custom in plans) >= 5  # runs after psycopg prepared it
-        # what the setting prevents: the same statement on plan_cache_mode auto goes generic
-        db.conn.execute("SET plan_cache_mode = auto")
-        for _ in range(8):
-            db.mark(uuid.uuid4(), 1)
-        plans = db.conn.execute("SELECT generic_plans FROM pg_prepared_statements "
-                                "WHERE statement LIKE '%%UPDATE%%leader_id%%RETURNING%%'").fetchall()
-        assert any(generic > 0 for (generic,) in plans), plans
     finally:
-        db.close()
+        for d in dbs:
+            d.close()
