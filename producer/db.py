@@ -216,14 +216,6 @@ class OutboxDatabase:
         if self._conn is None or self._conn.closed:
             self._conn = connect(self._dsn)
             self._conn.adapters.register_loader(_TEXT_ARRAY_OID, _HeaderArrayLoader)
-            # psycopg prepares a statement after its 5th run, and Postgres may then keep a generic
-            # plan made while the outbox was empty (an idle relay marks an empty table many times):
-            # when a burst of rows arrives, that plan sorts the whole outbox on every mark (measured:
-            # 2,600 rows/s instead of ~50,000). A custom plan per statement costs well under a ms.
-            try:
-                self._conn.execute("SET plan_cache_mode = force_custom_plan")  # PostgreSQL 12+
-            except psycopg.errors.UndefinedObject:
-                pass
             self.value_type = inspect_outbox(self._conn, self.names)
             require_attempts_table(self._conn, self.names)
             if self.shard_count is not None:
@@ -261,9 +253,10 @@ class OutboxDatabase:
             SELECT m.*, a.attempts, a.last_error FROM m LEFT JOIN {a} AS a ON a.id = m.id""").format(
             o=o, claim=claim, v=self._value_sql, a=self.names.delivery_attempts)
 
-    def _run(self, what: str, query: sql.Composable, params: Sequence[Any] | dict[str, Any]) -> psycopg.Cursor:
+    def _run(self, what: str, query: sql.Composable, params: Sequence[Any] | dict[str, Any],
+             prepare: bool | None = None) -> psycopg.Cursor:
         try:
-            return self.conn.execute(query, params, binary=True)
+            return self.conn.execute(query, params, binary=True, prepare=prepare)
         except psycopg.Error as exc:
             self.close()  # a broken connection is replaced on next use
             raise DatabaseError(f"{what} on {self.names.display!r} failed: "
@@ -277,7 +270,11 @@ class OutboxDatabase:
         """:meth:`mark`, plus the persisted failed-attempt counts of the marked rows that have one."""
         conn = self.conn  # establishes the mark statement
         assert self._mark_sql is not None and conn is not None
-        raw = self._run("mark", self._mark_sql, {"leader": leader_id, "n": limit}).fetchall()
+        # Never prepared: psycopg prepares a statement after its 5th run, and Postgres may then keep a
+        # generic plan made while the outbox was empty (an idle relay marks an empty table over and
+        # over), which sorts the whole outbox on every mark once a burst of rows arrives (measured:
+        # 2,600 rows/s instead of ~60,000). Planning the mark anew each time costs well under a ms.
+        raw = self._run("mark", self._mark_sql, {"leader": leader_id, "n": limit}, prepare=False).fetchall()
         attempts: MarkedAttempts = {r[0]: (r[6], r[7]) for r in raw if r[6] is not None}
         rows: list[MarkedRow] = [r[:6] for r in raw]
         rows.sort()  # RETURNING order is unspecified; ids are unique so tuples sort by id
