@@ -807,10 +807,19 @@ class SequencedHarvest(Harvest):
                 committed_ok = False
                 if t.commit is not None and t.commit.exception() is not None:
                     log.warning("harvest transaction %d not committed: %s", t.k, t.commit.exception())
-            # rollback ACKs for the abandoned spans we know of
+            # Rollback ACKs for the abandoned spans we know of -- except for producers with a
+            # transaction whose commit outcome is unknown: a commit that failed with anything but a
+            # FenceError (which rolled back) may have committed on the server, e.g. the connection
+            # died between COMMIT and its reply. Its intent is then persisted and the next view
+            # re-sends its ACK; a rollback ACK at the producer's older clock would first have made
+            # every reader discard that span, losing its rows. Readers keep an un-ACKed span
+            # pending (as after a crash) until the next view's recovery ACKs it or it is pruned.
+            unknown = {t.producer for t in self._txns
+                       if t.commit is not None and t.commit.done() and t.commit.exception() is not None
+                       and not isinstance(t.commit.exception(), FenceError)}
             counter = _Counter()
             for t in self._txns if not self._ack_broken else ():
-                if not t.ids:
+                if not t.ids or t.producer in unknown:
                     continue
                 for (topic, part), first in sorted(t.journals.items()):
                     # == the reader's last ACK of this producer in this partition: a clean rollback
