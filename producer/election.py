@@ -131,6 +131,23 @@ def neli_consumer_config(base: dict[str, Any], group: str, name: str, heartbeat_
     }
 
 
+def neli_clients(base: dict[str, Any], topic: str, group: str, name: str, heartbeat_timeout: float,
+                 on_assign: Any, on_revoke: Any) -> tuple[Consumer, Producer]:
+    """A NELI election's consumer (subscribed to ``topic``; ``on_lost`` counts as a revocation) and its
+    heartbeat producer (heartbeats older than ``heartbeat_timeout`` are worthless). Raises KafkaException."""
+    consumer_conf = neli_consumer_config(base, group, name, heartbeat_timeout)
+    producer_conf = {**base, "delivery.timeout.ms": max(int(heartbeat_timeout * 1000), 1), "linger.ms": 0,
+                     "client.id": f"harvest-neli-{name}"}
+    log.debug("NELI consumer config %s", redact_kafka_config(consumer_conf))
+    consumer = Consumer(consumer_conf)
+    try:
+        consumer.subscribe([topic], on_assign=on_assign, on_revoke=on_revoke, on_lost=on_revoke)
+        return consumer, Producer(producer_conf)
+    except BaseException:
+        consumer.close()
+        raise
+
+
 class NeliElection:
     """NELI over Kafka (see module docstring)."""
 
@@ -159,19 +176,9 @@ class NeliElection:
     def start(self, listener: ElectionListener) -> None:
         self._listener = listener
         ensure_topic(self._base, self.topic, 1, self._replication_factor)
-        consumer_conf = neli_consumer_config(self._base, self.group, self.name, self._heartbeat_timeout)
-        producer_conf = {
-            **self._base,
-            "delivery.timeout.ms": max(int(self._heartbeat_timeout * 1000), 1),
-            "linger.ms": 0,
-            "client.id": f"harvest-neli-{self.name}",
-        }
-        log.debug("NELI consumer config %s", redact_kafka_config(consumer_conf))
         try:
-            self._consumer = Consumer(consumer_conf)
-            self._consumer.subscribe([self.topic], on_assign=self._on_assign, on_revoke=self._on_revoke,
-                                     on_lost=self._on_revoke)
-            self._producer = Producer(producer_conf)
+            self._consumer, self._producer = neli_clients(self._base, self.topic, self.group, self.name,
+                                                          self._heartbeat_timeout, self._on_assign, self._on_revoke)
         except KafkaException as exc:
             self.close()
             raise ElectionError(f"cannot start leader election on {self.topic!r}: {exc.args[0].str()}") from exc

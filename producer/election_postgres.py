@@ -170,6 +170,15 @@ def lock_holder(conn: psycopg.Connection, outbox_table: str) -> int | None:
     return None if row is None else int(row[0])
 
 
+def close_quietly(conn: psycopg.Connection | None) -> None:
+    """Close an election connection that may already be broken (nothing to salvage from it)."""
+    if conn is not None:
+        try:
+            conn.close()
+        except Exception:
+            pass
+
+
 def election_connection(dsn: str, name: str, check_interval: float, lease: float, connect_timeout: float,
                         statement_timeout: float) -> psycopg.Connection:
     """An election connection with the settings of the module docstring (keepalives on both ends,
@@ -349,11 +358,7 @@ class PostgresElection:
             log.warning("%s: Postgres leader lock connection failed (%s): lock considered lost", self.name, why)
         else:
             log.info("%s: Postgres election connection failed (%s); reconnecting", self.name, why)
-        if self._conn is not None:
-            try:
-                self._conn.close()
-            except Exception:
-                pass
+        close_quietly(self._conn)
         self._conn = None
 
     def _step(self) -> None:
@@ -437,10 +442,7 @@ class PostgresElection:
             log.warning("%s: unlocking failed (the lock goes with the connection): %s", self.name,
                         redact_error(str(exc), self._dsn).strip())
         finally:
-            try:
-                conn.close()
-            except Exception:
-                pass
+            close_quietly(conn)
 
     def __repr__(self) -> str:
         return (f"PostgresElection(dsn={redact_dsn(self._dsn)!r}, outbox_table={self._outbox_table!r}, "

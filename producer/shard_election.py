@@ -36,9 +36,8 @@ from typing import Any, Protocol
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
-from harvest_outbox.producer.election import _PRODUCER_ONLY, ElectionListener, ensure_topic, neli_consumer_config
+from harvest_outbox.producer.election import _PRODUCER_ONLY, ElectionListener, ensure_topic, neli_clients
 from harvest_outbox.producer.errors import ElectionError
-from harvest_outbox.producer.redact import redact_kafka_config
 
 log = logging.getLogger(__name__)
 
@@ -156,15 +155,9 @@ class NeliShardElection:
         self._listener = listener
         ensure_topic(self._base, self.topic, self.shards, self._replication_factor)
         self._check_partitions()
-        consumer_conf = neli_consumer_config(self._base, self.group, self.name, self._heartbeat_timeout)
-        producer_conf = {**self._base, "delivery.timeout.ms": max(int(self._heartbeat_timeout * 1000), 1),
-                         "linger.ms": 0, "client.id": f"harvest-neli-{self.name}"}
-        log.debug("NELI shard consumer config %s", redact_kafka_config(consumer_conf))
         try:
-            self._consumer = Consumer(consumer_conf)
-            self._consumer.subscribe([self.topic], on_assign=self._on_assign, on_revoke=self._on_revoke,
-                                     on_lost=self._on_revoke)
-            self._producer = Producer(producer_conf)
+            self._consumer, self._producer = neli_clients(self._base, self.topic, self.group, self.name,
+                                                          self._heartbeat_timeout, self._on_assign, self._on_revoke)
         except KafkaException as exc:
             self.close()
             raise ElectionError(f"cannot start shard leader election on {self.topic!r}: {exc.args[0].str()}") from exc

@@ -34,8 +34,8 @@ import time
 import psycopg
 from psycopg import sql
 
-from harvest_outbox.producer.election_postgres import (MEMBERS_SQL, election_connection, key_parts, lock_key,
-                                                       members_namespace, resolve_table)
+from harvest_outbox.producer.election_postgres import (MEMBERS_SQL, close_quietly, election_connection, key_parts,
+                                                       lock_key, members_namespace, resolve_table)
 from harvest_outbox.producer.errors import ElectionError
 from harvest_outbox.producer.redact import redact_dsn, redact_error
 from harvest_outbox.producer.shard_election import ShardListener, fair_share
@@ -214,11 +214,7 @@ class PostgresShardElection:
                         had)
         else:
             log.info("%s: shard election connection failed (%s); reconnecting", self.name, why)
-        if self._conn is not None:
-            try:
-                self._conn.close()
-            except Exception:
-                pass
+        close_quietly(self._conn)
         self._conn = None
 
     def _step(self) -> None:
@@ -334,10 +330,7 @@ class PostgresShardElection:
             log.warning("%s: unlocking failed (the locks go with the connection): %s", self.name,
                         redact_error(str(exc), self._dsn).strip())
         finally:
-            try:
-                conn.close()
-            except Exception:
-                pass
+            close_quietly(conn)
 
     def __repr__(self) -> str:
         return (f"PostgresShardElection(dsn={redact_dsn(self._dsn)!r}, outbox_table={self._outbox_table!r}, "

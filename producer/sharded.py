@@ -83,7 +83,6 @@ class ShardedHarvest:
         self.relay = Harvest(config.replace(prometheus_port=None), event_handler, producer_factory=producer_factory,
                              shards=self._seat)
         self.metrics: Metrics = self.relay.metrics
-        self._led: frozenset[int] = frozenset()  # what the election says (the loop follows)
         self._state = State.CREATED
         self._stop_requested = threading.Event()
         self._thread: threading.Thread | None = None
@@ -160,14 +159,13 @@ class ShardedHarvest:
         self.wait()
 
     # ------------------------------------------------------------------ shard listener
+    # The election updates its led set before it calls these; the loop's view follows that set.
     def on_shards_acquired(self, indices: frozenset[int]) -> None:
-        self._led = self._led | indices
-        self._seat.offer(self._led)
+        self._seat.offer(self._election.led)
 
     def on_shards_lost(self, indices: frozenset[int], why: str) -> None:
         """Returns once the relay loop's view no longer includes the shards (their records drained)."""
-        self._led = self._led - indices
-        self._seat.offer(self._led)
+        self._seat.offer(self._election.led)
         bound = (self.limits.max_poll_interval or self.limits.row_timeout) + self.limits.queue_timeout
         if self.relay.state is not State.RUNNING:
             return  # the loop is gone (stopping or failed): it publishes nothing more
