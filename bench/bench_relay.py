@@ -18,6 +18,15 @@ HARVEST_KAFKA_BOOTSTRAP). Prints one JSON document:
   5000), for a 100k and a 1M backlog: rows/s (median), ratio to the db_limit, relay CPU seconds per
   100k rows (process CPU: the relay's Python thread, its DB workers and librdkafka's threads) and
   peak RSS;
+- kafka_limit: the Kafka side's own limit under the relay's rules, no database: the same records,
+  already in memory, produced by one confluent-kafka producer with the relay's producer settings
+  (idempotent, acks=all, linger.ms 1, the Java client's key placement) and goharvest's ordering rule
+  (at most one record in flight per key), to the same broker. Relay figures are reported against it
+  too: a relay cannot beat the slower of the two loops, and on a small machine both share its cores;
+- warm-up: before anything is timed, one backlog of each mode is drained and discarded. A freshly
+  started embedded broker runs its first seconds of produce traffic in the JVM's interpreter (the
+  first 100k-row drain of a session measured 30-50 % slower than the next ones), which no
+  long-running broker does; without the warm-up the first run of the first figure pays for it;
 - goharvest: goharvest itself (Go) on the same backlog, when a Go toolchain is present;
 - latency: rows stashed one per transaction at ``--rate`` rows/s, default limits; commit ->
   consumer receipt, p50/p99 in ms (the relay idles on LISTEN/NOTIFY between rows).
@@ -138,6 +147,40 @@ GOHARVEST_MARK = """
               kafka_header_values"""
 
 
+def kafka_limit_once(bootstrap: str, rows: int, keys: int, partitions: int) -> float:
+    """The Kafka side's own loop (see the module doc): rows / seconds from the first produce to the
+    last acknowledgement. The producer connects (and gets its producer id) before the clock starts,
+    as the relay's does before it is elected."""
+    from confluent_kafka import Producer
+
+    topic = f"bench-{uuid.uuid4().hex[:8]}"
+    create_topic(bootstrap, topic, partitions)
+    conf = HarvestConfig(data_source="postgresql://unused", outbox_table="unused",
+                         base_kafka_config={"bootstrap.servers": bootstrap}).producer_config()
+    producer = Producer(conf)
+    producer.list_topics(timeout=10)
+    records = [(r.key.encode(), r.value.encode()) for r in _records(topic, 0, rows, keys)]
+    in_flight: set[bytes] = set()
+    delivered = [0]
+
+    def acked(err: Any, msg: Any) -> None:
+        assert err is None, err
+        delivered[0] += 1
+        in_flight.discard(msg.key())
+
+    t0, sent = time.perf_counter(), 0
+    while delivered[0] < rows:
+        while sent < rows and records[sent][0] not in in_flight:
+            key, value = records[sent]
+            in_flight.add(key)
+            producer.produce(topic, value, key, on_delivery=acked)
+            sent += 1
+        producer.poll(0.001)
+    elapsed = time.perf_counter() - t0
+    producer.flush(10)
+    return rows / elapsed
+
+
 def db_limit_once(dsn: str, bootstrap: str, rows: int, keys: int, partitions: int, batch: int,
                   statement: str = "relay") -> float:
     """The database's own loop: a mark statement (the relay's, or goharvest's), then one multi-id
@@ -254,14 +297,20 @@ def main() -> int:
                   "defaults": DEFAULT_LIMITS, "tuned": TUNED_LIMITS, "db_limit_batch": AUTO_MARK_RECORDS},
         "backlogs": {}}
     try:
+        print("[bench relay] warm-up (untimed)", file=sys.stderr, flush=True)
+        for sequenced in modes.values():
+            drain_once(dsn, bootstrap, min(args.rows, 100_000), args.keys, args.partitions, sequenced, DEFAULT_LIMITS)
+        kafka_limit_once(bootstrap, min(args.rows, 100_000), args.keys, args.partitions)
         for rows, runs in sizes:
             limit_runs: list[float] = []
+            kafka_runs: list[float] = []
             goharvest_runs: list[float] = []
             drains: dict[str, list[dict[str, Any]]] = {f"{m}/{s}": [] for m in modes for s in settings}
             for _ in range(runs):  # interleaved, so every figure sees the same machine state
                 limit_runs.append(db_limit_once(dsn, bootstrap, rows, args.keys, args.partitions, AUTO_MARK_RECORDS))
                 goharvest_runs.append(db_limit_once(dsn, bootstrap, rows, args.keys, args.partitions,
                                                     AUTO_MARK_RECORDS, statement="goharvest"))
+                kafka_runs.append(kafka_limit_once(bootstrap, rows, args.keys, args.partitions))
                 for m, sequenced in modes.items():
                     for sname, limits in settings.items():
                         print(f"[bench relay] {rows} rows, {m}, {sname}", file=sys.stderr, flush=True)
@@ -269,15 +318,18 @@ def main() -> int:
                             drain_once(dsn, bootstrap, rows, args.keys, args.partitions, sequenced, limits))
             limit = statistics.median(limit_runs)
             go_limit = statistics.median(goharvest_runs)
+            kafka_limit = statistics.median(kafka_runs)
             entry: dict[str, Any] = {
                 "db_limit_rows_per_s": {"runs": [round(x) for x in limit_runs], "median": round(limit)},
                 "db_loop_goharvest_statement_rows_per_s": {"runs": [round(x) for x in goharvest_runs],
-                                                           "median": round(go_limit)}}
+                                                           "median": round(go_limit)},
+                "kafka_limit_rows_per_s": {"runs": [round(x) for x in kafka_runs], "median": round(kafka_limit)}}
             for name, rs in drains.items():
                 med = _median(rs, "rows_per_s")
                 entry[name] = {"rows_per_s": round(med), "runs": [round(r["rows_per_s"]) for r in rs],
                                "ratio_to_db_limit": round(med / limit, 3),
                                "ratio_to_goharvest_statement_loop": round(med / go_limit, 3),
+                               "ratio_to_kafka_limit": round(med / kafka_limit, 3),
                                "cpu_s_per_100k_rows": round(_median(rs, "cpu_s_per_100k"), 3),
                                "peak_rss_mb": round(max(r["peak_rss_mb"] for r in rs)),
                                "peak_mark_size": max(r["peak_mark_size"] for r in rs),
