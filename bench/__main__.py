@@ -66,6 +66,9 @@ def _relay_rows(r: dict[str, Any]) -> list[tuple[str, str, str, str]]:
                     _fmt(_get(b, "db_limit_rows_per_s", "median")),
                     "the relay's statements, one connection, 5,000 rows per statement; with goharvest's mark "
                     f"statement: {_fmt(_get(b, 'db_loop_goharvest_statement_rows_per_s', 'median'))}", ""))
+        if b.get("kafka_limit_rows_per_s"):
+            out.append((f"Kafka limit: produce loop, {rows} records (rows/s)", _fmt(_get(b, "kafka_limit_rows_per_s", "median")),
+                        "the relay's producer settings, one record in flight per key, records in memory, no database", ""))
         for mode, label in (("at_least_once", "at-least-once"), ("sequenced", "--uuid-sequencing")):
             for setting in ("defaults", "tuned"):
                 d = b.get(f"{mode}/{setting}") or {}
@@ -76,7 +79,8 @@ def _relay_rows(r: dict[str, Any]) -> list[tuple[str, str, str, str]]:
                     f"Relay drain, {label}, {'default limits' if setting == 'defaults' else 'tuned'}, {rows} (rows/s)",
                     _fmt(d.get("rows_per_s")),
                     f"{_fmt(d.get('ratio_to_db_limit'))} of the database limit{extra}; "
-                    f"{_fmt(d.get('cpu_s_per_100k_rows'))} CPU s per 100k rows; {_fmt(d.get('peak_rss_mb'))} MB RSS",
+                    + (f"{_fmt(d.get('ratio_to_kafka_limit'))} of the Kafka limit; " if "ratio_to_kafka_limit" in d else "")
+                    + f"{_fmt(d.get('cpu_s_per_100k_rows'))} CPU s per 100k rows; {_fmt(d.get('peak_rss_mb'))} MB RSS",
                     ("≥ 0.75 of the database limit" + (", ≥ 0.9 of at-least-once" if mode == "sequenced" else ""))
                     if setting == "defaults" else ""))
     go = r.get("goharvest") or {}
