@@ -1,0 +1,157 @@
+"""Probe (not a test, not in ``./dev bench``): how fast a PySpark streaming data source
+(``DataSourceStreamReader``) that reads each Kafka partition with confluent-kafka inside the
+executor streams, against Spark's own Kafka stream, same sink (``foreachBatch`` count),
+``availableNow``, about ten micro-batches, on bench_spark's topic. No sequencing and no state: the
+ceiling of a ``readCommittedStream`` built as such a source (README, limitations).
+
+    .venv/bin/python bench/probe_spark_source.py [--records 1000000] [--repeat 3]
+
+Prints one JSON line per repeat (both rates and their ratio); the first repeat includes the JVM's
+warm-up.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from bench_spark import PARTITIONS, write  # noqa: E402
+from bench_spark_stream import TOPIC, run_query  # noqa: E402
+from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition  # noqa: E402
+
+from harvest_outbox.harvest_local import LocalServices  # noqa: E402
+from harvest_outbox.harvest_local.kafka import create_topic  # noqa: E402
+from harvest_outbox.harvest_local.spark import local_spark_session  # noqa: E402
+
+SCHEMA = ("key binary, value binary, headers array<struct<key:string,value:binary>>, partition int, "
+          "offset long, timestamp timestamp")
+_GROUP = "harvest-probe"  # never joined: partitions are assigned, offsets never committed
+
+
+class KafkaRange(InputPartition):
+    def __init__(self, topic: str, bootstrap: str, partition: int, start: int, end: int) -> None:
+        self.topic, self.bootstrap, self.partition, self.start, self.end = topic, bootstrap, partition, start, end
+
+
+class ProbeReader(DataSourceStreamReader):
+    def __init__(self, options: dict[str, str]) -> None:
+        self.topic, self.bootstrap = options["topic"], options["bootstrap"]
+        self.max_rows = int(options.get("maxOffsetsPerTrigger", 0))
+
+    def _watermarks(self) -> dict[str, tuple[int, int]]:
+        from confluent_kafka import Consumer, TopicPartition
+
+        consumer = Consumer({"bootstrap.servers": self.bootstrap, "group.id": _GROUP, "enable.auto.commit": False})
+        try:
+            parts = consumer.list_topics(self.topic, timeout=10).topics[self.topic].partitions
+            return {str(p): consumer.get_watermark_offsets(TopicPartition(self.topic, p), timeout=10) for p in parts}
+        finally:
+            consumer.close()
+
+    def initialOffset(self) -> dict[str, int]:
+        return {p: low for p, (low, _) in self._watermarks().items()}
+
+    def latestOffset(self, start: dict[str, int], limit: Any) -> dict[str, int]:
+        from pyspark.sql.streaming.datasource import ReadMaxRows
+
+        high = {p: h for p, (_, h) in self._watermarks().items()}
+        if isinstance(limit, ReadMaxRows):
+            per_partition = max(1, limit.maxRows // len(high))
+            return {p: min(h, start.get(p, 0) + per_partition) for p, h in high.items()}
+        return high
+
+    def getDefaultReadLimit(self) -> Any:
+        from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
+
+        return ReadMaxRows(self.max_rows) if self.max_rows else ReadAllAvailable()
+
+    def partitions(self, start: dict[str, int], end: dict[str, int]) -> list[KafkaRange]:
+        return [KafkaRange(self.topic, self.bootstrap, int(p), start.get(p, 0), e)
+                for p, e in end.items() if e > start.get(p, 0)]
+
+    def read(self, part: KafkaRange) -> Iterator[Any]:
+        import pyarrow as pa
+        from confluent_kafka import Consumer, TopicPartition
+
+        consumer = Consumer({"bootstrap.servers": part.bootstrap, "group.id": _GROUP, "enable.auto.commit": False,
+                             "fetch.max.bytes": 64 << 20, "max.partition.fetch.bytes": 16 << 20})
+        consumer.assign([TopicPartition(part.topic, part.partition, part.start)])
+        headers_type = pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())]))
+        position = part.start
+        try:
+            while position < part.end:
+                keys, values, headers, offsets, stamps = [], [], [], [], []
+                for msg in consumer.consume(min(50_000, part.end - position), 5.0):
+                    if msg.error():
+                        continue
+                    offset = msg.offset()
+                    if offset >= part.end:
+                        break
+                    keys.append(msg.key())
+                    values.append(msg.value())
+                    headers.append(msg.headers())
+                    offsets.append(offset)
+                    stamps.append(msg.timestamp()[1])
+                if not offsets:
+                    continue
+                position = offsets[-1] + 1
+                yield pa.RecordBatch.from_arrays(
+                    [pa.array(keys, pa.binary()), pa.array(values, pa.binary()), pa.array(headers, headers_type),
+                     pa.array([part.partition] * len(offsets), pa.int32()), pa.array(offsets, pa.int64()),
+                     pa.array(stamps, pa.timestamp("ms")).cast(pa.timestamp("us", tz="UTC"))],
+                    names=["key", "value", "headers", "partition", "offset", "timestamp"])
+        finally:
+            consumer.close()
+
+
+class ProbeSource(DataSource):
+    @classmethod
+    def name(cls) -> str:
+        return "harvest_probe"
+
+    def schema(self) -> str:
+        return SCHEMA
+
+    def streamReader(self, schema: Any) -> ProbeReader:
+        return ProbeReader(self.options)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--records", type=int, default=1_000_000)
+    parser.add_argument("--repeat", type=int, default=3)
+    args = parser.parse_args()
+    with LocalServices() as services:
+        bootstrap = services.endpoints.kafka_bootstrap
+        create_topic(bootstrap, TOPIC, PARTITIONS)
+        write(bootstrap, args.records)
+        spark = local_spark_session("probe-spark-source", cores=2)
+        spark.dataSource.register(ProbeSource)
+        scratch = Path(tempfile.mkdtemp(prefix="probe-spark-source-"))
+        per_trigger = args.records // 10 + 500
+        for i in range(args.repeat):
+            raw = (spark.readStream.format("kafka").option("kafka.bootstrap.servers", bootstrap)
+                   .option("subscribe", TOPIC).option("startingOffsets", "earliest").option("includeHeaders", "true")
+                   .option("maxOffsetsPerTrigger", str(per_trigger)).load())
+            raw_n, raw_s, _ = run_query(spark, raw, str(scratch / f"raw-{i}"), per_trigger)
+            source = (spark.readStream.format("harvest_probe").option("topic", TOPIC).option("bootstrap", bootstrap)
+                      .option("maxOffsetsPerTrigger", str(per_trigger)).load())
+            src_n, src_s, _ = run_query(spark, source, str(scratch / f"source-{i}"), per_trigger)
+            assert raw_n == src_n, (raw_n, src_n)
+            print(json.dumps({"records": raw_n, "raw_stream_rows_per_s": round(raw_n / raw_s),
+                              "python_source_rows_per_s": round(src_n / src_s),
+                              "ratio": round(raw_s / src_s, 2)}), flush=True)
+        spark.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
