@@ -7,13 +7,14 @@
 
 from harvest_outbox.spark_reader.batch import CommittedRead, read_committed, readCommitted
 from harvest_outbox.spark_reader.stream import readCommittedStream
-from harvest_outbox.spark_reader.errors import MissingUUIDError, ReaderConfigError, SparkReaderError
+from harvest_outbox.spark_reader.errors import MissingUUIDError, ReaderConfigError, SparkReaderError, StreamStateError
 
 __all__ = [
     "CommittedRead",
     "MissingUUIDError",
     "ReaderConfigError",
     "SparkReaderError",
+    "StreamStateError",
     "readCommitted",
     "readCommittedStream",
     "read_committed",

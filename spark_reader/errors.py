@@ -13,3 +13,7 @@ class ReaderConfigError(SparkReaderError, ValueError):
 
 class MissingUUIDError(SparkReaderError):
     """A record has no valid ``uuid`` header and the policy is ``"raise"``."""
+
+
+class StreamStateError(SparkReaderError):
+    """``readCommittedStream(state_location=...)`` cannot find sequencing state it stored earlier."""

@@ -47,8 +47,10 @@ Invariants:
 
 from __future__ import annotations
 
+import base64
 import json
 import logging
+import os
 from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -90,19 +92,30 @@ log = logging.getLogger(__name__)
 def readCommittedStream(spark: SparkSession, topic: str, kafka_options: Mapping[str, str] | None = None, *,
                         starting: bytes | None = None, uuid_policy: str = "deliver",
                         include_acks: bool = False, max_offsets_per_trigger: int | None = None,
-                        ring_size: int = 8192, prune_horizon_ns: int = DEFAULT_PRUNE_HORIZON_NS) -> DataFrame:
+                        ring_size: int = 8192, prune_horizon_ns: int = DEFAULT_PRUNE_HORIZON_NS,
+                        state_location: str | None = None) -> DataFrame:
     """A streaming DataFrame of the committed records of ``topic`` (columns as in readCommitted).
 
     ``starting``: a checkpoint (from ReadCommittedIter or a batch read) to start from; without
     it the stream starts at the earliest offsets. Once the query has its own Spark checkpoint,
     Spark's checkpoint wins, as for any Kafka stream. ``prune_horizon_ns``: a producer id whose
     newest clock is this far behind its partition's newest ACK is forgotten (0: never).
+
+    ``state_location``: a folder (path or URI every executor and the driver can reach, e.g. next
+    to the query's checkpoint) for the sequencing state between micro-batches. With it the stream
+    is read by harvest's own data source (:mod:`spark_reader.stream_source`: Kafka read in the
+    executors, no shuffle, no state store, several times faster); without it, by Spark's Kafka
+    source and ``transformWithStateInPandas`` with the state in Spark's state store (RocksDB).
     """
     options = dict(kafka_options or {})
     _check_options(topic, options)
     policy = check_policy(uuid_policy)
-    _check_state_store(spark)
-    _tune_state_store(spark)
+    if state_location is not None and (not isinstance(state_location, str) or not state_location.strip()):
+        raise ReaderConfigError(f"state_location={state_location!r}: pass a folder path or URI (file://, hdfs://, "
+                                "s3://, gs://) every executor and the driver can reach, or None")
+    if state_location is None:
+        _check_state_store(spark)
+        _tune_state_store(spark)
     if max_offsets_per_trigger is not None and (not isinstance(max_offsets_per_trigger, int)
                                                 or max_offsets_per_trigger <= 0):
         raise ReaderConfigError(f"max_offsets_per_trigger={max_offsets_per_trigger!r}: pass a positive int "
@@ -111,6 +124,16 @@ def readCommittedStream(spark: SparkSession, topic: str, kafka_options: Mapping[
         raise ReaderConfigError(f"ring_size={ring_size!r}: pass a positive int (default 8192)")
     if not isinstance(prune_horizon_ns, int) or prune_horizon_ns < 0:
         raise ReaderConfigError(f"prune_horizon_ns={prune_horizon_ns!r}: pass an int >= 0 (0: never prune)")
+    if state_location is not None:
+        from harvest_outbox.spark_reader.stream_source import SourceSettings, committed_stream
+
+        if "://" not in state_location:  # executors run in other working folders: an absolute path
+            state_location = os.path.abspath(state_location)
+        settings = SourceSettings(topic=topic, kafka=options, state_location=state_location, uuid_policy=policy,
+                                  include_acks=include_acks, ring_size=ring_size, prune_horizon_ns=prune_horizon_ns,
+                                  max_offsets_per_trigger=max_offsets_per_trigger,
+                                  starting=base64.b64encode(starting).decode() if starting is not None else None)
+        return finish_columns(committed_stream(spark, settings), topic)
     start: dict[int, int] = {}
     initial: list[tuple[int, bytes]] = []
     reader = spark.readStream.format("kafka").options(**options).option("subscribe", topic)

@@ -1,0 +1,106 @@
+"""Where :mod:`spark_reader.stream_source` keeps the Sequencer state between micro-batches.
+
+A PySpark data source has no state store, and its offsets are planned on the driver before the
+executors have read the records, so the state cannot travel in the offsets. Each task that
+sequences a partition's offsets ``[start, end)`` stores the partition's producer states at
+``end``; the next micro-batch's task for that partition loads them back at its ``start``. Files
+live under ``<location>/<run>/<partition>/<offset>``: ``run`` is fixed when a query first starts
+(it travels in the query's offsets, so a restarted query finds its own files and a new query with
+a fresh checkpoint never reads an old query's), and ``location`` is any filesystem pyarrow opens
+by URI (a local path, ``file://``, ``hdfs://``, ``s3://``, ``gs://``) that every executor and the
+driver can reach.
+
+Invariants:
+- the states stored at ``(run, partition, offset)`` are a function of the run's starting
+  checkpoint and the log before ``offset`` only, so a task that is retried, speculated or replayed
+  after a failure writes the same bytes again: a file is written to a temporary name and moved
+  into place, and overwriting it is harmless;
+- a file is deleted only below an offset the query has committed for its partition (no later
+  micro-batch can start before it).
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from dataclasses import dataclass
+
+import msgpack
+
+from harvest_outbox.sequencer import ProducerState
+from harvest_outbox.spark_reader.errors import ReaderConfigError, StreamStateError
+
+_WIDTH = 20  # offsets zero-padded, so names sort in offset order
+
+
+def _filesystem(location: str):  # type: ignore[no-untyped-def]
+    from pyarrow import fs
+
+    if "://" not in location:
+        location = os.path.abspath(location)
+        os.makedirs(location, exist_ok=True)
+        return fs.LocalFileSystem(), location
+    try:
+        return fs.FileSystem.from_uri(location)
+    except Exception as exc:  # noqa: BLE001  (pyarrow raises several types for an unusable URI)
+        raise ReaderConfigError(f"state_location={location!r} cannot be opened: {exc}. Fix: pass a path or a "
+                                "URI pyarrow can open (file://, hdfs://, s3://, gs://) that every executor "
+                                "and the driver can reach") from exc
+
+
+@dataclass(frozen=True)
+class StreamStateFiles:
+    """The state files of one query run (``run``) under ``location``."""
+
+    location: str
+    run: str
+
+    @staticmethod
+    def new_run() -> str:
+        return uuid.uuid4().hex
+
+    def _root(self):  # type: ignore[no-untyped-def]
+        fs, base = _filesystem(self.location)
+        return fs, f"{base.rstrip('/')}/{self.run}"
+
+    def put(self, partition: int, offset: int, states: list[ProducerState]) -> None:
+        fs, root = self._root()
+        folder = f"{root}/{partition}"
+        fs.create_dir(folder, recursive=True)
+        final = f"{folder}/{offset:0{_WIDTH}d}"
+        temporary = f"{folder}/.{offset:0{_WIDTH}d}.{uuid.uuid4().hex}"
+        with fs.open_output_stream(temporary) as out:
+            out.write(msgpack.packb([[st.producer, st.last_ack, st.begin] for st in states]))
+        fs.move(temporary, final)
+
+    def get(self, topic: str, partition: int, offset: int) -> list[ProducerState]:
+        from pyarrow import fs as pafs
+
+        fs, root = self._root()
+        path = f"{root}/{partition}/{offset:0{_WIDTH}d}"
+        if fs.get_file_info(path).type != pafs.FileType.File:
+            raise StreamStateError(
+                f"no sequencing state for {topic}/{partition} at offset {offset} in {self.location!r} (run "
+                f"{self.run}): the state location lost files this query wrote (deleted, or not reachable from "
+                "this executor). The rows committed from this offset on cannot be told apart from duplicates "
+                "without it. Fix: restore the folder, or start a new query (fresh checkpoint) with starting= a "
+                "checkpoint taken where the output ends")
+        with fs.open_input_stream(path) as f:
+            data = f.read()
+        journal = f"{topic}/{partition}"
+        return [ProducerState(journal, bytes(p), int(last_ack), int(begin))
+                for p, last_ack, begin in msgpack.unpackb(data)]
+
+    def prune(self, partition: int, below: int) -> int:
+        """Delete the partition's files for offsets below ``below``; returns how many."""
+        from pyarrow import fs as pafs
+
+        fs, root = self._root()
+        selector = pafs.FileSelector(f"{root}/{partition}", allow_not_found=True)
+        removed = 0
+        for info in fs.get_file_info(selector):
+            name = info.base_name
+            if info.type == pafs.FileType.File and name.isdigit() and int(name) < below:
+                fs.delete_file(info.path)
+                removed += 1
+        return removed
