@@ -11,6 +11,9 @@ raw is the figure to watch (target >= 0.5). A third query per repeat, Spark's ra
 ``mapInArrow`` that passes the batches through untouched (same columns as readCommittedStream
 reads), is the ceiling of any reader whose Python step sees every record: one Arrow round trip
 of the payload, which readCommittedStream also makes (out to Python to pack, back when unpacked).
+A fourth, ``readCommittedStream(state_location=...)``, is harvest's own streaming data source
+(Kafka read in the executors, no Spark Kafka source, shuffle or state store; its state files are
+counted after the run).
 
 Spark settings, as the README tells users: the RocksDB state store provider (required), changelog
 checkpointing (``readCommittedStream`` turns it on itself when unset) and
@@ -152,6 +155,13 @@ def _durations(progress: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
+def _state_files(folder: Path) -> dict[str, int]:
+    """What readCommittedStream(state_location=...) left behind: files and bytes (one file per
+    partition is kept: the states at the last committed offset)."""
+    files = [f for f in folder.rglob("*") if f.is_file()]
+    return {"files": len(files), "bytes": sum(f.stat().st_size for f in files)}
+
+
 def _passthrough(batches: Any) -> Any:
     yield from batches
 
@@ -182,7 +192,7 @@ def main() -> int:
             "spark.sql.streaming.stateStore.providerClass": _ROCKSDB,
             "spark.sql.shuffle.partitions": str(min(PARTITIONS, cores))})
         opts = {"kafka.bootstrap.servers": bootstrap}
-        raw_rates, rc_rates, pass_rates, state = [], [], [], {}
+        raw_rates, rc_rates, pass_rates, src_rates, state = [], [], [], [], {}
         for i in range(args.repeat):
             raw_sdf = (spark.readStream.format("kafka").options(**opts).option("subscribe", TOPIC)
                        .option("startingOffsets", "earliest").option("includeHeaders", "true")
@@ -200,6 +210,12 @@ def main() -> int:
             committed, rc_s, progress = run_query(spark, sdf, str(scratch / f"rc-{i}"), max_offsets)
             assert committed == written, (committed, written)
             rc_rates.append(committed / rc_s)
+            src_sdf = readCommittedStream(spark, TOPIC, opts, max_offsets_per_trigger=max_offsets,
+                                          state_location=str(scratch / f"src-state-{i}"))
+            from_source, src_s, src_progress = run_query(spark, src_sdf, str(scratch / f"src-{i}"), max_offsets)
+            assert from_source == written, (from_source, written)
+            src_rates.append(from_source / src_s)
+            src_state = _state_files(scratch / f"src-state-{i}")
             if i == 0:
                 spark_conf = {k: spark.conf.get(k, None) for k in (
                     "spark.sql.shuffle.partitions", "spark.sql.streaming.stateStore.providerClass",
@@ -207,7 +223,8 @@ def main() -> int:
             if i == args.repeat - 1:
                 state = state_per_open_producer(spark, str(scratch / f"rc-{i}"), progress, acks)
             durations = {"raw": _durations(raw_progress), "mapInArrow_passthrough": _durations(pass_progress),
-                         "readCommittedStream": _durations(progress)}
+                         "readCommittedStream": _durations(progress),
+                         "readCommittedStream_state_location": _durations(src_progress)}
         spark.stop()
     raw_med, rc_med = statistics.median(raw_rates), statistics.median(rc_rates)
     print(json.dumps({
@@ -221,6 +238,10 @@ def main() -> int:
         "readCommittedStream_rows_per_s": [round(r) for r in rc_rates],
         "raw_median_rows_per_s": round(raw_med), "readCommittedStream_median_rows_per_s": round(rc_med),
         "ratio_median": round(rc_med / raw_med, 3), "target_ratio": 0.5,
+        "state_location_rows_per_s": [round(r) for r in src_rates],
+        "state_location_median_rows_per_s": round(statistics.median(src_rates)),
+        "state_location_ratio_median": round(statistics.median(src_rates) / raw_med, 3),
+        "state_location_files_after_last_run": src_state,
         "mapInArrow_passthrough_rows_per_s": [round(r) for r in pass_rates],
         "passthrough_ratio_median": round(statistics.median(pass_rates) / raw_med, 3),
         "state": state,

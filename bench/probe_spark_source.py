@@ -26,6 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_spark import PARTITIONS, write  # noqa: E402
 from bench_spark_stream import TOPIC, run_query  # noqa: E402
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition  # noqa: E402
+from pyspark.sql.streaming.datasource import SupportsTriggerAvailableNow  # noqa: E402
 
 from harvest_outbox.harvest_local import LocalServices  # noqa: E402
 from harvest_outbox.harvest_local.kafka import create_topic  # noqa: E402
@@ -41,10 +42,14 @@ class KafkaRange(InputPartition):
         self.topic, self.bootstrap, self.partition, self.start, self.end = topic, bootstrap, partition, start, end
 
 
-class ProbeReader(DataSourceStreamReader):
+class ProbeReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def __init__(self, options: dict[str, str]) -> None:
         self.topic, self.bootstrap = options["topic"], options["bootstrap"]
         self.max_rows = int(options.get("maxOffsetsPerTrigger", 0))
+        self.target: dict[str, int] | None = None
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        self.target = {p: h for p, (_, h) in self._watermarks().items()}
 
     def _watermarks(self) -> dict[str, tuple[int, int]]:
         from confluent_kafka import Consumer, TopicPartition
@@ -62,9 +67,9 @@ class ProbeReader(DataSourceStreamReader):
     def latestOffset(self, start: dict[str, int], limit: Any) -> dict[str, int]:
         from pyspark.sql.streaming.datasource import ReadMaxRows
 
-        high = {p: h for p, (_, h) in self._watermarks().items()}
+        high = self.target or {p: h for p, (_, h) in self._watermarks().items()}
         if isinstance(limit, ReadMaxRows):
-            per_partition = max(1, limit.maxRows // len(high))
+            per_partition = max(1, limit.max_rows // len(high))
             return {p: min(h, start.get(p, 0) + per_partition) for p, h in high.items()}
         return high
 
@@ -144,9 +149,10 @@ def main() -> int:
             raw_n, raw_s, _ = run_query(spark, raw, str(scratch / f"raw-{i}"), per_trigger)
             source = (spark.readStream.format("harvest_probe").option("topic", TOPIC).option("bootstrap", bootstrap)
                       .option("maxOffsetsPerTrigger", str(per_trigger)).load())
-            src_n, src_s, _ = run_query(spark, source, str(scratch / f"source-{i}"), per_trigger)
+            src_n, src_s, src_progress = run_query(spark, source, str(scratch / f"source-{i}"), per_trigger)
             assert raw_n == src_n, (raw_n, src_n)
-            print(json.dumps({"records": raw_n, "raw_stream_rows_per_s": round(raw_n / raw_s),
+            print(json.dumps({"records": raw_n, "micro_batches": sum(1 for p in src_progress if p["numInputRows"]),
+                              "raw_stream_rows_per_s": round(raw_n / raw_s),
                               "python_source_rows_per_s": round(src_n / src_s),
                               "ratio": round(raw_s / src_s, 2)}), flush=True)
         spark.stop()

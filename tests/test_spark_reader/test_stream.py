@@ -1,7 +1,9 @@
 """readCommittedStream on local Spark + embedded Kafka: exactly once into a file sink across restarts,
 while the topic is being written to; started from a ReadCommittedIter checkpoint. The tests taking
 ``spark_any`` run on local[2] and on local-cluster (two executor JVMs: the state stores and the
-Python workers live outside the driver's process)."""
+Python workers live outside the driver's process). The tests taking ``state`` run both ways of
+keeping the sequencing state: Spark's state store (Spark's Kafka source and
+transformWithStateInPandas) and ``state_location`` (harvest's own data source, state files)."""
 
 from __future__ import annotations
 
@@ -20,15 +22,24 @@ pytestmark = [pytest.mark.integration, pytest.mark.spark]
 _ROCKSDB = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
 
 
-def _query(spark, topic, bootstrap, out_dir, chk_dir, trigger, max_offsets=None, starting=None, ring_size=8192):
+@pytest.fixture(params=["state_store", "state_location"])
+def state(request: pytest.FixtureRequest, tmp_path) -> str | None:
+    """``state_location`` for readCommittedStream: None (Spark's state store) or a folder."""
+    return None if request.param == "state_store" else str(tmp_path / "stream-state")
+
+
+def _query(spark, topic, bootstrap, out_dir, chk_dir, trigger, max_offsets=None, starting=None, ring_size=8192,
+           state_location=None):
     sdf = readCommittedStream(spark, topic, {"kafka.bootstrap.servers": bootstrap},
-                              max_offsets_per_trigger=max_offsets, starting=starting, ring_size=ring_size)
+                              max_offsets_per_trigger=max_offsets, starting=starting, ring_size=ring_size,
+                              state_location=state_location)
     writer = (sdf.writeStream.format("parquet").option("path", str(out_dir))
               .option("checkpointLocation", str(chk_dir)))
     return writer.trigger(**trigger).start()
 
 
-def test_stream_stopped_and_restarted_while_written_to(spark, kafka_bootstrap, topic_factory, tmp_path) -> None:
+def test_stream_stopped_and_restarted_while_written_to(spark, kafka_bootstrap, topic_factory, tmp_path,
+                                                       state) -> None:
     spark.conf.set("spark.sql.streaming.stateStore.providerClass",
                    "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider")
     topic = topic_factory(partitions=2)
@@ -43,7 +54,7 @@ def test_stream_stopped_and_restarted_while_written_to(spark, kafka_bootstrap, t
     writer = threading.Thread(target=keep_writing)
     writer.start()
     query = _query(spark, topic, kafka_bootstrap, out_dir, chk_dir, {"processingTime": "500 milliseconds"},
-                   max_offsets=30)
+                   max_offsets=30, state_location=state)
     deadline = time.monotonic() + 90
     while time.monotonic() < deadline and sum(p["numInputRows"] for p in query.recentProgress) == 0:
         time.sleep(0.5)
@@ -52,7 +63,7 @@ def test_stream_stopped_and_restarted_while_written_to(spark, kafka_bootstrap, t
     # the interruption as the query's exception; that batch is not committed and is redone on restart.
     query.stop()
     writer.join()
-    query = _query(spark, topic, kafka_bootstrap, out_dir, chk_dir, {"availableNow": True})
+    query = _query(spark, topic, kafka_bootstrap, out_dir, chk_dir, {"availableNow": True}, state_location=state)
     query.awaitTermination(300)
     assert query.exception() is None, query.exception()
 
@@ -69,7 +80,7 @@ def _parquet_rows(spark, out_dir):
 
 
 def test_stream_restarted_from_its_checkpoint_is_exactly_once(spark_any, kafka_bootstrap, topic_factory,
-                                                              tmp_path) -> None:
+                                                              tmp_path, state) -> None:
     """Small micro-batches (spans open across them, a ring of 4 forces replays of stored span rows),
     then more records and a restart from the query's checkpoint: every committed row once."""
     spark = spark_any
@@ -78,14 +89,14 @@ def test_stream_restarted_from_its_checkpoint_is_exactly_once(spark_any, kafka_b
     out_dir, chk_dir = tmp_path / "out", tmp_path / "chk"
     write_log(kafka_bootstrap, topic, 3, seed=40, steps=40)
     first = _query(spark, topic, kafka_bootstrap, out_dir, chk_dir, {"availableNow": True}, max_offsets=60,
-                   ring_size=4)
+                   ring_size=4, state_location=state)
     first.awaitTermination(300)
     assert first.exception() is None, first.exception()
     batches = sum(1 for p in first.recentProgress if p["numInputRows"])
     partial = _parquet_rows(spark, out_dir)
     write_log(kafka_bootstrap, topic, 3, seed=41, steps=25)
     second = _query(spark, topic, kafka_bootstrap, out_dir, chk_dir, {"availableNow": True}, max_offsets=60,
-                    ring_size=4)
+                    ring_size=4, state_location=state)
     second.awaitTermination(300)
     assert second.exception() is None, second.exception()
 
@@ -96,7 +107,7 @@ def test_stream_restarted_from_its_checkpoint_is_exactly_once(spark_any, kafka_b
 
 
 def test_stream_starts_from_read_committed_iter_checkpoint(spark_any, kafka_bootstrap, topic_factory,
-                                                           tmp_path) -> None:
+                                                           tmp_path, state) -> None:
     """ReadCommittedIter reads part of the topic (its checkpoint cuts open spans); the stream started
     from that checkpoint delivers the rest, and nothing twice."""
     from harvest_outbox.consumer import ReadCommittedIter
@@ -114,7 +125,7 @@ def test_stream_starts_from_read_committed_iter_checkpoint(spark_any, kafka_boot
                 break
         checkpoint = it.checkpoint()
     query = _query(spark, topic, kafka_bootstrap, tmp_path / "out", tmp_path / "chk", {"availableNow": True},
-                   max_offsets=50, starting=checkpoint)
+                   max_offsets=50, starting=checkpoint, state_location=state)
     query.awaitTermination(300)
     assert query.exception() is None, query.exception()
     rest = [(p, o) for p, o, _ in _parquet_rows(spark, tmp_path / "out")]
@@ -123,7 +134,7 @@ def test_stream_starts_from_read_committed_iter_checkpoint(spark_any, kafka_boot
 
 
 def test_stream_delivers_records_without_uuid_header_under_ansi(spark, kafka_bootstrap, topic_factory,
-                                                                tmp_path) -> None:
+                                                                tmp_path, state) -> None:
     """Records with only application headers (no 'uuid') and a 'uuid' header among others: the stream
     delivers what ReadCommittedIter delivers (Spark 4's ANSI mode once failed the query on the former)."""
     from confluent_kafka import Producer
@@ -158,7 +169,8 @@ def test_stream_delivers_records_without_uuid_header_under_ansi(spark, kafka_boo
     assert [v for _, _, v in want] == [b"app-headers-only", b"no-headers", b"txn-1", b"txn-2",
                                        b"app-uuid1-ack-flags", b"app-uuid1-continue-flags"]
 
-    query = _query(spark, topic, kafka_bootstrap, tmp_path / "out", tmp_path / "chk", {"availableNow": True})
+    query = _query(spark, topic, kafka_bootstrap, tmp_path / "out", tmp_path / "chk", {"availableNow": True},
+                   state_location=state)
     query.awaitTermination(120)
     assert query.exception() is None
     got = sorted((r.partition, r.offset, bytes(r.value or b""))

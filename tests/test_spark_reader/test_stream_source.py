@@ -1,0 +1,114 @@
+"""readCommittedStream(state_location=...): the state files (stream_state's invariants), the
+argument's errors, bounded micro-batches, pruning, and a clear failure when state files are lost.
+Exactly-once across restarts and checkpoint interchange run in test_stream.py for both ways of
+keeping state."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+
+from sequenced_log import write_log
+from harvest_outbox.sequencer import ProducerState
+from harvest_outbox.spark_reader import ReaderConfigError, StreamStateError, readCommittedStream
+from harvest_outbox.spark_reader.stream_state import StreamStateFiles
+
+
+def _states(topic: str, partition: int) -> list[ProducerState]:
+    journal = f"{topic}/{partition}"
+    return [ProducerState(journal, b"\x01\x02\x03\x04\x05\x07", 123456789, -1),
+            ProducerState(journal, b"\xaa\xbb\xcc\xdd\xee\xff", 987654321, 42)]
+
+
+@pytest.mark.parametrize("uri", [False, True], ids=["path", "file-uri"])
+def test_state_files_round_trip_overwrite_and_prune(tmp_path, uri: bool) -> None:
+    location = f"file://{tmp_path}" if uri else str(tmp_path)
+    files = StreamStateFiles(location, StreamStateFiles.new_run())
+    for offset in (0, 10, 25):
+        files.put(3, offset, _states("t", 3))
+    files.put(3, 25, _states("t", 3))  # a retried task writes the same states again: harmless
+    assert files.get("t", 3, 25) == _states("t", 3)
+    assert files.prune(3, 25) == 2  # only below the committed offset
+    assert files.get("t", 3, 25) == _states("t", 3)
+    with pytest.raises(StreamStateError, match=r"no sequencing state for t/3 at offset 10 .*Fix:"):
+        files.get("t", 3, 10)
+    assert not [p for p in tmp_path.rglob(".*")]  # no temporary file left behind
+    other = StreamStateFiles(location, StreamStateFiles.new_run())  # another query's run: its own files
+    with pytest.raises(StreamStateError):
+        other.get("t", 3, 25)
+
+
+def test_state_location_that_cannot_be_opened_names_the_fix(tmp_path) -> None:
+    with pytest.raises(ReaderConfigError, match=r"state_location='nosuch://x/y' cannot be opened.*Fix:"):
+        StreamStateFiles("nosuch://x/y", "run").put(0, 0, [])
+
+
+@pytest.mark.integration
+@pytest.mark.spark
+@pytest.mark.parametrize("bad", ["", "   ", 5], ids=["empty", "blank", "int"])
+def test_bad_state_location_argument(spark, kafka_bootstrap, topic_factory, bad) -> None:
+    with pytest.raises(ReaderConfigError, match="state_location="):
+        readCommittedStream(spark, topic_factory(partitions=1), {"kafka.bootstrap.servers": kafka_bootstrap},
+                            state_location=bad)
+
+
+@pytest.mark.integration
+@pytest.mark.spark
+def test_state_location_needs_no_rocksdb_state_store(spark, kafka_bootstrap, topic_factory, tmp_path) -> None:
+    conf = "spark.sql.streaming.stateStore.providerClass"
+    before = spark.conf.get(conf, None)
+    spark.conf.set(conf, "org.apache.spark.sql.execution.streaming.state.HDFSBackedStateStoreProvider")
+    try:
+        sdf = readCommittedStream(spark, topic_factory(partitions=1), {"kafka.bootstrap.servers": kafka_bootstrap},
+                                  state_location=str(tmp_path / "state"))
+        assert sdf.isStreaming
+    finally:
+        if before is None:
+            spark.conf.unset(conf)
+        else:
+            spark.conf.set(conf, before)
+
+
+def _run(spark, topic, bootstrap, tmp_path, max_offsets):  # type: ignore[no-untyped-def]
+    sdf = readCommittedStream(spark, topic, {"kafka.bootstrap.servers": bootstrap}, max_offsets_per_trigger=max_offsets,
+                              state_location=str(tmp_path / "state"))
+    query = (sdf.writeStream.format("parquet").option("path", str(tmp_path / "out"))
+             .option("checkpointLocation", str(tmp_path / "chk")).trigger(availableNow=True).start())
+    try:
+        query.awaitTermination(300)
+    except Exception:  # noqa: BLE001  (a failed query raises here; the tests read query.exception())
+        pass
+    return query
+
+
+@pytest.mark.integration
+@pytest.mark.spark
+def test_micro_batches_are_bounded_and_old_state_files_pruned(spark, kafka_bootstrap, topic_factory,
+                                                              tmp_path) -> None:
+    topic = topic_factory(partitions=3)
+    write_log(kafka_bootstrap, topic, 3, seed=50, steps=40)
+    query = _run(spark, topic, kafka_bootstrap, tmp_path, 60)
+    assert query.exception() is None, query.exception()
+    sizes = [p["numInputRows"] for p in query.recentProgress if p["numInputRows"]]
+    assert len(sizes) >= 3 and max(sizes) <= 60, sizes
+    folders = [d for d in (tmp_path / "state").glob("*/*") if d.is_dir()]
+    assert sorted(d.name for d in folders) == ["0", "1", "2"]  # one run, one folder per partition
+    for folder in folders:  # the states at the last committed offset, and at the last batch's end
+        assert 1 <= len(list(folder.iterdir())) <= 2, sorted(f.name for f in folder.iterdir())
+
+
+@pytest.mark.integration
+@pytest.mark.spark
+def test_lost_state_files_fail_the_query_clearly(spark, kafka_bootstrap, topic_factory, tmp_path) -> None:
+    """Without its state files a restarted query cannot tell committed rows from duplicates: it
+    fails and says what is missing, instead of delivering rows twice or losing them."""
+    topic = topic_factory(partitions=2)
+    write_log(kafka_bootstrap, topic, 2, seed=51, steps=20)
+    first = _run(spark, topic, kafka_bootstrap, tmp_path, 40)
+    assert first.exception() is None, first.exception()
+    write_log(kafka_bootstrap, topic, 2, seed=52, steps=10)
+    shutil.rmtree(tmp_path / "state")
+    second = _run(spark, topic, kafka_bootstrap, tmp_path, 40)
+    assert second.exception() is not None
+    assert "no sequencing state for" in str(second.exception()) and "Fix:" in str(second.exception())
