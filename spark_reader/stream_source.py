@@ -60,7 +60,9 @@ _TIMESTAMP = pa.timestamp("us", tz="UTC")
 
 @dataclass(frozen=True)
 class SourceSettings:
-    """What the driver and every task need (a data source gets string options: one JSON value)."""
+    """What the driver and every task need. A data source gets string options: the ``kafka.*``
+    ones pass as they are (Spark redacts options whose names look secret, such as
+    ``kafka.sasl.password``, in plans and the UI), the rest as one JSON value."""
 
     topic: str
     kafka: dict[str, str]  # Spark-style ``kafka.*`` options
@@ -72,18 +74,28 @@ class SourceSettings:
     max_offsets_per_trigger: int | None
     starting: str | None  # base64 of a checkpoint
 
-    def option(self) -> str:
-        return json.dumps(asdict(self))
+    def options(self) -> dict[str, str]:
+        rest = {k: v for k, v in asdict(self).items() if k != "kafka"}
+        return {**self.kafka, _SETTINGS: json.dumps(rest)}
 
     @staticmethod
     def parse(options: Mapping[str, str]) -> SourceSettings:
-        return SourceSettings(**json.loads(options["settings"]))
+        kafka = {k: v for k, v in options.items() if k.lower().startswith("kafka.")}
+        # Spark hands a data source its options with case-insensitive keys (lower-cased): librdkafka's
+        # property names are lower case, so only the prefix needs care.
+        return SourceSettings(kafka=kafka, **json.loads(options[_SETTINGS]))
+
+    def __repr__(self) -> str:  # never the Kafka options: they may hold SASL / SSL secrets
+        return f"SourceSettings(topic={self.topic!r}, state_location={self.state_location!r})"
+
+
+_SETTINGS = "harvest.settings"
 
 
 def committed_stream(spark: SparkSession, settings: SourceSettings) -> DataFrame:
     """The raw sequenced rows (:data:`spark_reader.schema.SEQUENCED`) as a streaming DataFrame."""
     spark.dataSource.register(CommittedStreamSource)
-    return spark.readStream.format(NAME).option("settings", settings.option()).load()
+    return spark.readStream.format(NAME).options(**settings.options()).load()
 
 
 class CommittedStreamSource(DataSource):

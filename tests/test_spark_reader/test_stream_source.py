@@ -112,3 +112,21 @@ def test_lost_state_files_fail_the_query_clearly(spark, kafka_bootstrap, topic_f
     second = _run(spark, topic, kafka_bootstrap, tmp_path, 40)
     assert second.exception() is not None
     assert "no sequencing state for" in str(second.exception()) and "Fix:" in str(second.exception())
+
+
+@pytest.mark.integration
+@pytest.mark.spark
+def test_kafka_secrets_stay_out_of_the_plan(spark, tmp_path) -> None:
+    """The Kafka options reach the data source under their own names, so Spark redacts the secret
+    ones in plans (``explain``, the UI) as it does for its own Kafka source."""
+    from harvest_outbox.spark_reader.stream_source import SourceSettings
+
+    sdf = readCommittedStream(spark, "t", {"kafka.bootstrap.servers": "localhost:1", "kafka.sasl.password": "hunter2"},
+                              state_location=str(tmp_path / "state"))
+    plan = sdf._jdf.queryExecution().toString()
+    assert "kafka.sasl.password=" in plan and "hunter2" not in plan
+    settings = SourceSettings.parse({"kafka.sasl.password": "hunter2", "harvest.settings": '{"topic": "t", '
+                                     '"state_location": "/x", "uuid_policy": "deliver", "include_acks": false, '
+                                     '"ring_size": 8, "prune_horizon_ns": 0, "max_offsets_per_trigger": null, '
+                                     '"starting": null}'})
+    assert settings.kafka == {"kafka.sasl.password": "hunter2"} and "hunter2" not in repr(settings)
