@@ -145,14 +145,22 @@ ROWS: dict[str, Callable[[dict[str, Any]], list[tuple[str, str, str, str]]]] = {
         f"Spark readCommitted batch, {_fmt(r.get('records'))} records (rows/s)",
         _fmt(r.get("readCommitted_median_rows_per_s")),
         f"ratio to raw Spark Kafka read + count {_fmt(r.get('ratio_median'))}", "ratio ≥ 0.5")],
-    "spark_stream": lambda r: [(
-        f"Spark readCommittedStream, availableNow, {_fmt(r.get('records'))} records in "
+    "spark_stream": lambda r: ([(
+        f"Spark readCommittedStream(state_location=...), availableNow, {_fmt(r.get('records'))} records in "
+        f"{_fmt(_get(r, 'last_run_batch_durations_ms', 'readCommittedStream_state_location', 'micro_batches'))} "
+        "micro-batches (rows/s)",
+        _fmt(r.get("state_location_median_rows_per_s")),
+        f"ratio to Spark's raw Kafka stream, same sink {_fmt(r.get('state_location_ratio_median'))}; state files "
+        f"left: {_fmt(_get(r, 'state_location_files_after_last_run', 'files'))} "
+        f"({_fmt(_get(r, 'state_location_files_after_last_run', 'bytes'))} bytes)", "ratio ≥ 0.5")]
+        if r.get("state_location_median_rows_per_s") else []) + [(
+        f"Spark readCommittedStream (state store), availableNow, {_fmt(r.get('records'))} records in "
         f"{_fmt(_get(r, 'last_run_batch_durations_ms', 'readCommittedStream', 'micro_batches'))} micro-batches (rows/s)",
         _fmt(r.get("readCommittedStream_median_rows_per_s")),
         f"ratio to Spark's raw Kafka stream, same sink {_fmt(r.get('ratio_median'))}"
         + (f" (raw stream through a pass-through mapInArrow: {_fmt(r.get('passthrough_ratio_median'))})"
-           if r.get("passthrough_ratio_median") is not None else ""), "ratio ≥ 0.5"), (
-        "readCommittedStream state per open producer (bytes)",
+           if r.get("passthrough_ratio_median") is not None else ""), ""), (
+        "readCommittedStream (state store) state per open producer (bytes)",
         _fmt(_get(r, "state", "state_bytes_per_open_producer_median")),
         f"open spans of {_fmt(_get(r, 'state', 'open_span_records_per_open_producer_median'))} records", "")],
     "stasher": lambda r: [(

@@ -1,5 +1,9 @@
 """``readCommittedStream``: the read-committed streaming source.
 
+With ``state_location=`` the stream is harvest's own data source (:mod:`spark_reader.stream_source`:
+Kafka read in the executors, the state in files next to the checkpoint, no shuffle). Without it,
+what follows: Spark's Kafka source and Spark's state store.
+
 Spark's Kafka source streams the raw records; each micro-batch of one topic-partition is sequenced
 by :func:`spark_reader.sequencing.sequence_partition`, the batch reader's column-wise step (one
 :class:`sequencer.Sequencer` holding every producer of the partition), with the partition's state
