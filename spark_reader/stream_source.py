@@ -144,6 +144,7 @@ class CommittedStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
         return ReadMaxRows(n) if n else ReadAllAvailable()
 
     def latestOffset(self, start: dict[str, Any], limit: Any) -> dict[str, Any]:
+        _check_offsets(start)
         marks = _watermarks(self.settings)
         known = {int(p): o for p, o in start["offsets"].items()}
         high = {p: (self.target.get(p, lo) if self.target is not None else h) for p, (lo, h) in marks.items()}
@@ -162,6 +163,8 @@ class CommittedStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
         return {"run": start["run"], "offsets": offsets}
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> list[KafkaSplit]:
+        _check_offsets(start)
+        _check_offsets(end)
         before, initial = start["offsets"], start.get("initial", {})
         splits = []
         for p, stop in end["offsets"].items():
@@ -203,6 +206,19 @@ class CommittedStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
         out, result = sequence_partition(table, plan, s.prune_horizon_ns)
         files.put(p, split.end, result.states)
         yield from out.select(SEQUENCED.fieldNames()).to_batches()
+
+
+def _check_offsets(offsets: Any) -> None:
+    """Offsets from the query's checkpoint must be this source's: a query started without
+    ``state_location`` logged Spark's Kafka source offsets (``{topic: {partition: offset}}``)."""
+    if not (isinstance(offsets, dict) and isinstance(offsets.get("run"), str)
+            and isinstance(offsets.get("offsets"), dict)):
+        raise SparkReaderError(
+            f"the query's checkpoint holds offsets this source did not write ({str(offsets)[:200]}): it was "
+            "started by readCommittedStream without state_location (Spark's Kafka source), and a checkpoint "
+            "cannot change its source. Fix: keep state_location=None for this checkpoint, or start a new query "
+            "(new checkpointLocation) with state_location= and starting= a checkpoint of where the old one "
+            "ended (e.g. read_committed's)")
 
 
 def pack_states(states: list[ProducerState]) -> str:

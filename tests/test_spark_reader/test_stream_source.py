@@ -130,3 +130,24 @@ def test_kafka_secrets_stay_out_of_the_plan(spark, tmp_path) -> None:
                                      '"ring_size": 8, "prune_horizon_ns": 0, "max_offsets_per_trigger": null, '
                                      '"starting": null}'})
     assert settings.kafka == {"kafka.sasl.password": "hunter2"} and "hunter2" not in repr(settings)
+
+
+@pytest.mark.integration
+@pytest.mark.spark
+def test_checkpoint_of_the_state_store_way_is_refused_clearly(spark, kafka_bootstrap, topic_factory,
+                                                             tmp_path) -> None:
+    """A query's checkpoint cannot switch sources: started without state_location (Spark's Kafka
+    source's offsets), restarted with it, the query fails naming the fix."""
+    spark.conf.set("spark.sql.streaming.stateStore.providerClass",
+                   "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider")
+    topic = topic_factory(partitions=1)
+    write_log(kafka_bootstrap, topic, 1, seed=53, steps=10)
+    opts = {"kafka.bootstrap.servers": kafka_bootstrap}
+    first = (readCommittedStream(spark, topic, opts).writeStream.format("parquet").option("path", str(tmp_path / "out"))
+             .option("checkpointLocation", str(tmp_path / "chk")).trigger(availableNow=True).start())
+    first.awaitTermination(300)
+    assert first.exception() is None, first.exception()
+    write_log(kafka_bootstrap, topic, 1, seed=54, steps=5)
+    second = _run(spark, topic, kafka_bootstrap, tmp_path, None)
+    assert second.exception() is not None
+    assert "cannot change its source" in str(second.exception()), second.exception()
