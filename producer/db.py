@@ -467,6 +467,16 @@ class Listener:
             time.sleep(timeout)
             return True
 
+    def fileno(self) -> int | None:
+        """The LISTEN connection's socket (readable when a notification arrives), None if it is down."""
+        conn = self._conn
+        if conn is None or conn.closed:
+            return None
+        try:
+            return conn.fileno()
+        except psycopg.Error:
+            return None
+
     def pending(self) -> bool:
         """Non-blocking: has a notification arrived (consumed if so)?"""
         try:

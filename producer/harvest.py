@@ -77,6 +77,7 @@ from harvest_outbox.producer.metrics import Metrics, MeterStats, start_prometheu
 from harvest_outbox.producer.redact import redact_kafka_config
 from harvest_outbox.producer.schema import OutboxNames
 from harvest_outbox.producer.shard_election import ShardSetSeat
+from harvest_outbox.producer.waker import Waker
 
 log = logging.getLogger(__name__)
 
@@ -203,6 +204,8 @@ class Harvest:
         self._mark_asked = 0
         self._stats_future: Future[tuple[int, float | None, int]] | None = None
         self._db_futures: list[Future[None]] = []
+        # finished marks and write jobs wake a relay thread that waits outside librdkafka's poll
+        self._waker = Waker()
         self._next_mark = 0.0
         self._idle = False
         self._next_metrics = 0.0
@@ -387,7 +390,7 @@ class Harvest:
             if executor is not None:
                 executor.shutdown(wait=True)
         self._guard.close()
-        for closeable in (self._listener, self._db, self._mark_db):
+        for closeable in (self._listener, self._db, self._mark_db, self._waker):
             if closeable is not None:
                 closeable.close()
         if self._prometheus is not None:
@@ -524,7 +527,8 @@ class Harvest:
         assert self._mark_exec is not None and self._mark_db is not None and self._leader_id is not None
         self._mark_view = self._leader_id
         self._mark_asked = self.mark_size.value
-        self._mark_future = self._mark_exec.submit(self._mark_db.mark_with_attempts, self._leader_id, self._mark_asked)
+        self._mark_future = self._waker.watch(
+            self._mark_exec.submit(self._mark_db.mark_with_attempts, self._leader_id, self._mark_asked))
 
     def _take_attempts(self, rows: list[MarkedRow], persisted: MarkedAttempts) -> list[MarkedRow]:
         """Adopt the stored attempt counts of freshly marked rows; dead-letter (and drop from
@@ -769,7 +773,7 @@ class Harvest:
                             raise
                         time.sleep(backoff)
 
-            self._db_futures.append(exec_.submit(job))
+            self._db_futures.append(self._waker.watch(exec_.submit(job)))
         if wait:
             if self._mark_future is not None:
                 try:

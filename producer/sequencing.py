@@ -358,7 +358,13 @@ class SequencedHarvest(Harvest):
         in_flight = self._in_flight_count()
         if self._txns or self._acking or self._ready or self._mark_future is not None:
             if not self._ready or in_flight >= self.limits.in_flight_limit:
-                producer.poll(0.001)
+                if len(producer):
+                    producer.poll(0.001)
+                else:
+                    # Nothing in librdkafka's hands: what ends this wait is a finished mark or commit, or
+                    # a stasher's NOTIFY (idle-to-delivery latency), none of which ends a poll early.
+                    self._waker.wait(0.001, self._listener.fileno() if self._listener is not None else None)
+                    producer.poll(0)
             if self._idle and self._mark_future is None and self._listener is not None and self._listener.pending():
                 self._next_mark = 0.0
         elif self._confirm_buf:
@@ -430,7 +436,7 @@ class SequencedHarvest(Harvest):
         assert db is not None and exec_ is not None
         items, self._confirm_buf = self._confirm_buf, []
         self._next_confirm = time.monotonic() + max(self.limits.purge_interval, 0.2)
-        self._db_futures.append(exec_.submit(db.confirm_acks, items))
+        self._db_futures.append(self._waker.watch(exec_.submit(db.confirm_acks, items)))
 
     # ------------------------------------------------------------------ transactions
     def _open(self, now: float) -> _Txn | None:
@@ -617,7 +623,7 @@ class SequencedHarvest(Harvest):
                 view.failed = True
                 raise
 
-        t.commit = exec_.submit(job)
+        t.commit = self._waker.watch(exec_.submit(job))
 
     def _enqueue_acks(self, t: _Txn) -> None:
         """Produce one ACK_TXN per partition the committed transaction touched, in a fixed order."""
