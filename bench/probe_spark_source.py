@@ -1,8 +1,8 @@
-"""Probe (not a test, not in ``./dev bench``): how fast a PySpark streaming data source
-(``DataSourceStreamReader``) that reads each Kafka partition with confluent-kafka inside the
-executor streams, against Spark's own Kafka stream, same sink (``foreachBatch`` count),
-``availableNow``, about ten micro-batches, on bench_spark's topic. No sequencing and no state: the
-ceiling of a ``readCommittedStream`` built as such a source (README, limitations).
+"""Probe (not a test, not in ``./dev bench``): how fast ``readCommittedStream(state_location=...)``'s
+data source streams without its sequencing: each Kafka partition read with confluent-kafka
+inside the executor (``stream_source._read_range``, the reader's own code) and handed to Spark as
+Arrow, against Spark's own Kafka stream, same sink (``foreachBatch`` count), ``availableNow``,
+about ten micro-batches, on bench_spark's topic: the ceiling of that design (README, benchmarks).
 
     .venv/bin/python bench/probe_spark_source.py [--records 1000000] [--repeat 3]
 
@@ -83,38 +83,13 @@ class ProbeReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 for p, e in end.items() if e > start.get(p, 0)]
 
     def read(self, part: KafkaRange) -> Iterator[Any]:
-        import pyarrow as pa
-        from confluent_kafka import Consumer, TopicPartition
+        # readCommittedStream(state_location=...)'s own Kafka read, without the sequencing
+        from harvest_outbox.spark_reader.stream_source import SourceSettings, _read_range
 
-        consumer = Consumer({"bootstrap.servers": part.bootstrap, "group.id": _GROUP, "enable.auto.commit": False,
-                             "fetch.max.bytes": 64 << 20, "max.partition.fetch.bytes": 16 << 20})
-        consumer.assign([TopicPartition(part.topic, part.partition, part.start)])
-        headers_type = pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())]))
-        position = part.start
-        try:
-            while position < part.end:
-                keys, values, headers, offsets, stamps = [], [], [], [], []
-                for msg in consumer.consume(min(50_000, part.end - position), 5.0):
-                    if msg.error():
-                        continue
-                    offset = msg.offset()
-                    if offset >= part.end:
-                        break
-                    keys.append(msg.key())
-                    values.append(msg.value())
-                    headers.append(msg.headers())
-                    offsets.append(offset)
-                    stamps.append(msg.timestamp()[1])
-                if not offsets:
-                    continue
-                position = offsets[-1] + 1
-                yield pa.RecordBatch.from_arrays(
-                    [pa.array(keys, pa.binary()), pa.array(values, pa.binary()), pa.array(headers, headers_type),
-                     pa.array([part.partition] * len(offsets), pa.int32()), pa.array(offsets, pa.int64()),
-                     pa.array(stamps, pa.timestamp("ms")).cast(pa.timestamp("us", tz="UTC"))],
-                    names=["key", "value", "headers", "partition", "offset", "timestamp"])
-        finally:
-            consumer.close()
+        settings = SourceSettings(topic=part.topic, kafka={"kafka.bootstrap.servers": part.bootstrap},
+                                  state_location="", uuid_policy="deliver", include_acks=False, ring_size=1,
+                                  prune_horizon_ns=0, max_offsets_per_trigger=None, starting=None)
+        yield from _read_range(settings, part.partition, part.start, part.end).to_batches()
 
 
 class ProbeSource(DataSource):
