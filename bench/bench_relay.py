@@ -240,6 +240,7 @@ def latency(dsn: str, bootstrap: str, rate: float, seconds: float, keys: int,
                         # stamped just before COMMIT (stamping after could race the consumer)
                         sent[value.encode()] = time.perf_counter()
 
+        cpu0 = _thread_cpu_s(_relay_threads(relay))  # worker threads start on first use: absent ones used 0
         w = threading.Thread(target=write)
         w.start()
         deadline = time.perf_counter() + seconds + 30
@@ -253,6 +254,7 @@ def latency(dsn: str, bootstrap: str, rate: float, seconds: float, keys: int,
                 if t is not None:
                     lat.append(now - t)
         w.join()
+        cpu = sum(used - cpu0.get(tid, 0.0) for tid, used in _thread_cpu_s(_relay_threads(relay)).items())
     finally:
         c.close()
         relay.stop()
@@ -262,7 +264,29 @@ def latency(dsn: str, bootstrap: str, rate: float, seconds: float, keys: int,
     lat.sort()
     q = statistics.quantiles(lat, n=100) if len(lat) > 1 else [float("nan")] * 99
     return {"rate_rows_per_s": rate, "rows": n, "received": len(lat), "p50_ms": round(q[49] * 1000, 2),
-            "p99_ms": round(q[98] * 1000, 2), "max_ms": round(lat[-1] * 1000, 2) if lat else None}
+            "p99_ms": round(q[98] * 1000, 2), "max_ms": round(lat[-1] * 1000, 2) if lat else None,
+            # share of one core used by the relay's own threads (relay loop, mark and write workers)
+            "relay_python_cpu_share": round(cpu / seconds, 3)}
+
+
+def _thread_cpu_s(native_ids: list[int]) -> dict[int, float]:
+    """CPU seconds (user + system) each of the given threads of this process has used."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    used: dict[int, float] = {}
+    for tid in native_ids:
+        try:
+            with open(f"/proc/self/task/{tid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except FileNotFoundError:
+            continue
+        used[tid] = (int(fields[11]) + int(fields[12])) / ticks  # utime, stime (fields 14 and 15 of stat)
+    return used
+
+
+def _relay_threads(relay: Harvest) -> list[int]:
+    """The relay's own Python threads (relay loop, mark and write workers; not librdkafka's)."""
+    threads = [relay._thread, *relay._exec._threads, *relay._mark_exec._threads]  # type: ignore[union-attr]
+    return [t.native_id for t in threads if t is not None and t.native_id is not None]
 
 
 def _median(runs: list[dict[str, Any]], key: str) -> float:

@@ -83,6 +83,7 @@ class EmbeddedKafka:
         if not props.exists():
             props.touch(mode=0o600)
             props.write_text(self._properties())
+        if not (self.data / "meta.properties").exists():  # not formatted yet (or a format failed)
             cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
             # "=" form: a base64 id may start with "-", which the tool would parse as an option.
             self._java_run("kafka.tools.StorageTool", "format", f"--cluster-id={cluster_id}",
@@ -137,7 +138,11 @@ class EmbeddedKafka:
         proc = subprocess.run([*self._jvm(), main, *args], capture_output=True, text=True, cwd=self.root,
                               umask=UMASK)
         if proc.returncode != 0:
-            raise ServiceError("kafka", f"{main} {args[0]} failed: {(proc.stdout + proc.stderr).strip()[-800:]}")
+            # A JVM failure is a stack trace: its first lines name the exception and its message, the
+            # last ones are frames nobody needs.
+            output = (proc.stderr + proc.stdout).strip()
+            head = "\n".join(line for line in output.splitlines() if not line.lstrip().startswith("at "))
+            raise ServiceError("kafka", f"{main} {args[0]} failed (exit {proc.returncode}): {head[:1500]}")
 
     def _properties(self) -> str:
         lines = {

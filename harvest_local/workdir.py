@@ -25,11 +25,21 @@ def work_dir() -> Path:
     return path
 
 
+_HANDED_OUT: set[int] = set()
+
+
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    """A TCP port on 127.0.0.1 that nothing listens on right now and that this process has not
+    handed out before: a service asks for several (Kafka: client, controller, proxied listeners)
+    before it binds any, and the kernel may offer a just-closed ephemeral port again."""
+    for _ in range(100):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = int(sock.getsockname()[1])
+        if port not in _HANDED_OUT:
+            _HANDED_OUT.add(port)
+            return port
+    raise OSError("no free TCP port on 127.0.0.1 that this process has not handed out already")
 
 
 def tail(path: Path, lines: int = 40) -> str:

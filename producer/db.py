@@ -25,7 +25,7 @@ from __future__ import annotations
 import logging
 import uuid
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import psycopg
 from psycopg import sql
@@ -95,6 +95,17 @@ def connect(dsn: str, **kwargs: Any) -> psycopg.Connection:
     except psycopg.Error as exc:
         raise DatabaseError(f"cannot connect to Postgres ({redact_dsn(dsn)}): "
                             f"{redact_error(str(exc), dsn).strip()}") from exc
+
+
+class TxnCommit(NamedTuple):
+    """What the fenced commit of one harvest transaction writes (:meth:`OutboxDatabase.commit_txns`)."""
+
+    ids: Sequence[int]  # rows it delivered: deleted
+    dead: Sequence[tuple[int, str, int]]  # (id, error, attempts): moved to the dead letters
+    producer: bytes
+    ack_clock: int
+    journals: Sequence[tuple[str, int]]  # (topic, partition) it touched: one ACK intent each
+    forget: Sequence[int] = ()  # delivered rows with a stored attempt count: the count goes
 
 
 class OutboxDatabase:
@@ -365,28 +376,40 @@ class OutboxDatabase:
     def commit_txn(self, epoch: int, leader_id: uuid.UUID, ids: Sequence[int], dead: Sequence[tuple[int, str, int]],
                    producer: bytes, ack_clock: int, journals: Sequence[tuple[str, int]],
                    forget: Sequence[int] = ()) -> None:
-        """Commit one harvest transaction (one DB transaction): lock the fence row and check it still
-        holds ``epoch``; delete exactly ``ids`` (owned by ``leader_id``); move ``dead`` to the dead
-        letters; insert one ACK intent per journal; delete the attempt counts of ``forget`` (committed
-        rows that had failed before). Raises :class:`FenceError` (rolled back) if the
-        fence moved or a row is no longer this view's."""
+        """Commit one harvest transaction: :meth:`commit_txns` of one."""
+        self.commit_txns(epoch, leader_id, [TxnCommit(ids, dead, producer, ack_clock, journals, forget)])
+
+    def commit_txns(self, epoch: int, leader_id: uuid.UUID, txns: Sequence[TxnCommit]) -> None:
+        """Commit consecutive harvest transactions of one view in ONE DB transaction: lock the fence
+        row and check it still holds ``epoch``; delete exactly their ids (owned by ``leader_id``);
+        move their dead rows to the dead letters; insert one ACK intent per journal of each; delete the
+        attempt counts of their ``forget`` ids (committed rows that had failed before). Raises
+        :class:`FenceError` (rolled back) if the fence moved or a row is no longer this view's.
+
+        Committing transactions k..k+j together is committing each in turn with nothing in between:
+        their ACKs are still produced in transaction order, after this returns. Their producers
+        differ (the ring opens k+M only after ACK k is enqueued), so no intent row is written twice."""
         n = self.names
+        ids = [i for t in txns for i in t.ids]
+        dead = [d for t in txns for d in t.dead]
+        forget = [i for t in txns for i in t.forget]
         try:
             conn = self.conn
             # Two round trips, not five: BEGIN and every statement go out together (pipeline mode);
             # the results are checked before COMMIT, and a refusal rolls everything back. The fence
             # row is locked first, so the deletes below run under it either way.
             with conn.pipeline() as pipeline, conn.transaction():
-                fence = conn.execute(self._fence_sql, (ack_clock,))
+                fence = conn.execute(self._fence_sql, (max(t.ack_clock for t in txns),))
                 deleted = conn.execute(self._commit_delete_sql, (self._id_array(ids), leader_id),
                                        binary=True) if ids else None
                 moved = conn.execute(self._commit_dlq_sql, ([i for i, _, _ in dead], [e for _, e, _ in dead],
                                                             [a for _, _, a in dead], leader_id)) if dead else None
                 if forget:
                     conn.execute(self._forget_sql, (self._id_array(forget),))
-                if journals:
-                    conn.execute(self._intent_sql, (epoch, producer, ack_clock, [t for t, _ in journals],
-                                                    [p for _, p in journals]))
+                for t in txns:
+                    if t.journals:
+                        conn.execute(self._intent_sql, (epoch, t.producer, t.ack_clock, [j for j, _ in t.journals],
+                                                        [p for _, p in t.journals]))
                 pipeline.sync()
                 epochs = [int(r[0]) for r in fence.fetchall()]
                 if not epochs or any(e != epoch for e in epochs) or len(epochs) != max(1, len(self.shards)):

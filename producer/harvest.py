@@ -86,6 +86,12 @@ _PURGED = frozenset(c for c in (getattr(KafkaError, "_PURGE_QUEUE", None), getat
                     if c is not None)
 
 
+# At most this many records in librdkafka's hands: rows trickle in, and the relay waits in slices of
+# _TRICKLE_SLICE seconds on its waker instead of in 1 ms polls (see Harvest._await_progress).
+_TRICKLE_RECORDS = 64
+_TRICKLE_SLICE = 0.0002
+
+
 class State(enum.Enum):
     CREATED = "created"
     RUNNING = "running"
@@ -511,8 +517,8 @@ class Harvest:
                 self._mark_future.result()  # type: ignore[union-attr]
             return
         if self._in_flight or self._ready or self._waiting_count or self._mark_future is not None:
-            # Busy: wait for acknowledgements (they arrive as callbacks inside poll).
-            producer.poll(0.001)
+            # Busy: wait for acknowledgements (they arrive as callbacks inside poll), a mark, a NOTIFY.
+            self._await_progress(producer)
             if self._idle and self._mark_future is None and self._listener is not None and self._listener.pending():
                 self._next_mark = 0.0  # a stasher committed: mark now rather than after markBackoff
         elif self._purge_buf or self._dlq_buf or self._reset_buf or self._attempt_buf or self._forget_buf:
@@ -522,6 +528,27 @@ class Harvest:
             assert self._listener is not None
             if self._listener.wait(min(self.limits.idle_poll_interval, self.limits.min_poll_interval)):
                 self._next_mark = 0.0
+
+    def _await_progress(self, producer: KafkaProducer) -> None:
+        """Wait (about a millisecond at most) for what moves a busy relay on: a delivery report, a
+        finished mark or write job, a stasher's NOTIFY.
+
+        Only a delivery report ends ``producer.poll(timeout)`` early, and only the waker's select ends
+        on the others. Streaming a backlog, librdkafka always holds many records and reports arrive
+        back to back: poll. Trickling (few records held), the next row's NOTIFY or mark usually
+        finishes first, and waiting it out inside a 1 ms poll is most of a row's idle-to-delivery
+        latency: select on the waker in short slices, and serve reports between them."""
+        held = len(producer)
+        if held > _TRICKLE_RECORDS:
+            producer.poll(0.001)
+            return
+        # The LISTEN socket only while a NOTIFY would be acted on (idle, no mark in flight): otherwise
+        # nothing reads it, it stays readable, and every wait would return at once (a busy loop).
+        fd = None
+        if self._idle and self._mark_future is None and self._listener is not None:
+            fd = self._listener.fileno()
+        self._waker.wait(0.001 if held == 0 else _TRICKLE_SLICE, fd)
+        producer.poll(0)
 
     def _submit_mark(self) -> None:
         assert self._mark_exec is not None and self._mark_db is not None and self._leader_id is not None

@@ -39,7 +39,7 @@ def test_commit_that_succeeded_but_reported_a_lost_connection_loses_nothing(
     for writer in range(3):
         write_traffic(pg_dsn, table, topic, exp, writer, 40, keys=8, rollback_rate=0.1)
     commits = {"n": 0, "lost_replies": 0}
-    real_commit = OutboxDatabase.commit_txn
+    real_commit = OutboxDatabase.commit_txns
 
     def commit_then_lose_the_reply(self: OutboxDatabase, *args: Any, **kwargs: Any) -> None:
         real_commit(self, *args, **kwargs)  # committed on the server
@@ -49,7 +49,7 @@ def test_commit_that_succeeded_but_reported_a_lost_connection_loses_nothing(
             self.close()
             raise DatabaseError(f"commit on {table!r} failed: server closed the connection unexpectedly")
 
-    monkeypatch.setattr(OutboxDatabase, "commit_txn", commit_then_lose_the_reply)
+    monkeypatch.setattr(OutboxDatabase, "commit_txns", commit_then_lose_the_reply)
     cfg = relay_config(pg_dsn, kafka_bootstrap, table, unique_name("g"), txn_max_records=40,
                        txn_max_duration=0.02, mark_query_records=60).replace(uuid_sequencing=True,
                                                                              leader_election="postgres")
