@@ -93,7 +93,9 @@ def _relay_rows(r: dict[str, Any]) -> list[tuple[str, str, str, str]]:
         out.append(("goharvest (Go)", "n/a", str(go.get("skipped", "")), ""))
     for mode, lat in (r.get("idle_to_delivery_latency") or {}).items():
         out.append((f"Relay idle-to-delivery latency at 500 rows/s, {mode.replace('_', '-')}, p50 / p99 (ms)",
-                    f"{_fmt(lat.get('p50_ms'))} / {_fmt(lat.get('p99_ms'))}", "default limits", "≤ 5 / ≤ 20"))
+                    f"{_fmt(lat.get('p50_ms'))} / {_fmt(lat.get('p99_ms'))}",
+                    "default limits" + (f"; relay threads use {lat['relay_python_cpu_share']:.2f} of a core"
+                                        if lat.get("relay_python_cpu_share") is not None else ""), "≤ 5 / ≤ 20"))
     return out
 
 

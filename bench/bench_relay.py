@@ -29,7 +29,11 @@ HARVEST_KAFKA_BOOTSTRAP). Prints one JSON document:
   long-running broker does; without the warm-up the first run of the first figure pays for it;
 - goharvest: goharvest itself (Go) on the same backlog, when a Go toolchain is present;
 - latency: rows stashed one per transaction at ``--rate`` rows/s, default limits; commit ->
-  consumer receipt, p50/p99 in ms (the relay idles on LISTEN/NOTIFY between rows).
+  consumer receipt, p50/p99 in ms (the relay idles on LISTEN/NOTIFY between rows), and the share of
+  one core the relay's own threads used meanwhile. The phase starts with a ``CHECKPOINT``: the drains
+  before it leave gigabytes of WAL and dirty pages, and a checkpoint that Postgres starts on its own
+  in the middle of the phase stalls every commit for ~100 ms (seen as p99s of 100+ ms that no
+  idle relay's database has).
 """
 
 from __future__ import annotations
@@ -388,6 +392,11 @@ def main() -> int:
                     go[f"harvest_at_least_once_to_goharvest/{sname}"] = round(
                         ours[f"at_least_once/{sname}"]["rows_per_s"] / go[sname]["rows_per_s"], 3)
             report["goharvest"] = go
+        try:
+            with psycopg.connect(dsn, autocommit=True) as conn:
+                conn.execute("CHECKPOINT")
+        except psycopg.Error as exc:  # needs superuser or pg_checkpoint: measure without it
+            print(f"[bench relay] no CHECKPOINT before the latency phase: {exc}".strip(), file=sys.stderr)
         report["idle_to_delivery_latency"] = {
             "at_least_once": latency(dsn, bootstrap, args.rate, args.latency_seconds, args.keys),
             "sequenced": latency(dsn, bootstrap, args.rate, args.latency_seconds, args.keys, sequenced=True)}
