@@ -224,6 +224,7 @@ def latency(dsn: str, bootstrap: str, rate: float, seconds: float, keys: int,
     c.assign([TopicPartition(topic, p, 0) for p in range(8)])
     sent: dict[bytes, float] = {}
     lat: list[float] = []
+    at: list[float] = []  # when each row in ``lat`` was committed
     n = int(rate * seconds)
     try:
         while not relay.is_leader:
@@ -257,6 +258,7 @@ def latency(dsn: str, bootstrap: str, rate: float, seconds: float, keys: int,
                 t = sent.get(m.value())
                 if t is not None:
                     lat.append(now - t)
+                    at.append(t)
         w.join()
         cpu = sum(used - cpu0.get(tid, 0.0) for tid, used in _thread_cpu_s(_relay_threads(relay)).items())
     finally:
@@ -265,10 +267,13 @@ def latency(dsn: str, bootstrap: str, rate: float, seconds: float, keys: int,
         relay.wait(60)
         with psycopg.connect(dsn, autocommit=True) as conn:
             conn.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(schema)))
+    worst = max(range(len(lat)), key=lat.__getitem__) if lat else None
+    worst_at = round(at[worst] - min(at), 2) if worst is not None else None
     lat.sort()
     q = statistics.quantiles(lat, n=100) if len(lat) > 1 else [float("nan")] * 99
     return {"rate_rows_per_s": rate, "rows": n, "received": len(lat), "p50_ms": round(q[49] * 1000, 2),
             "p99_ms": round(q[98] * 1000, 2), "max_ms": round(lat[-1] * 1000, 2) if lat else None,
+            "max_at_s": worst_at,  # seconds into the phase
             # share of one core used by the relay's own threads (relay loop, mark and write workers)
             "relay_python_cpu_share": round(cpu / seconds, 3)}
 

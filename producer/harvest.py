@@ -496,11 +496,17 @@ class Harvest:
                 self.mark_size.observe(self._mark_asked, len(rows))
                 if self._mark_view != self._leader_id:
                     return  # marked for an abandoned view; the current view re-marks them
+                short = len(rows) < self._mark_asked
                 if persisted:
                     rows = self._take_attempts(rows, persisted)
                 if rows:
                     self._ready.extend(rows)
-                    self._idle = False
+                    # A short mark took the whole backlog: like an empty one, the next waits for a
+                    # stasher's NOTIFY (or markBackoff), not runs at once to come back empty (that
+                    # doubled the marks of a trickle: two per row at 500 rows/s).
+                    self._idle = short
+                    if short:
+                        self._next_mark = now + self.limits.mark_backoff
                     if len(rows) >= self._mark_asked and len(self._ready) + self._waiting_count < 2 * self.mark_size.value:
                         # A full mark: more rows wait. Ask for them now, so the database marks the next
                         # batch while this thread produces this one (not after: that serialised them).

@@ -339,9 +339,8 @@ class SequencedHarvest(Harvest):
                 self._take_persisted(persisted)
             if self._mark_view == view.leader_id:
                 self._ready.extend(rows)
-                self._last_mark_short = len(rows) < self._mark_asked
-                self._idle = not rows
-                if not rows:
+                self._last_mark_short = self._idle = len(rows) < self._mark_asked
+                if self._idle:  # the backlog is taken: the next mark waits for a NOTIFY or markBackoff
                     self._next_mark = now + self.limits.mark_backoff
             mark = None
         # Not ``elif``: after a full mark the next one is asked for at once, so the database marks the

@@ -93,6 +93,42 @@ def test_a_short_mark_does_not_ask_again_at_once() -> None:
     assert asked_at == []  # the backlog is drained: the ordinary prefetch decides, on a later tick
 
 
+class _Listener:
+    def __init__(self) -> None:
+        self.notified = False
+
+    def pending(self) -> bool:
+        got, self.notified = self.notified, False
+        return got
+
+    def fileno(self) -> None:
+        return None
+
+    def wait(self, timeout: float) -> bool:
+        return self.pending()
+
+
+def test_after_a_short_mark_the_next_waits_for_a_notify_or_the_backoff() -> None:
+    """A trickle's mark comes back short: marking again at once would come back empty (two marks per
+    row); the next mark follows the stasher's NOTIFY, or markBackoff when none comes."""
+    h, p, asked_at = _relay()
+    listener = _Listener()
+    h._listener = listener  # type: ignore[assignment]
+    h.mark_size.value = 4
+    _mark_returns(h, [row(1, "a")], asked=4)
+    for _ in range(3):
+        h._leader_tick()
+    assert len(p.sent) == 1 and asked_at == []
+    listener.notified = True
+    h._leader_tick()  # sees the NOTIFY
+    h._leader_tick()  # marks
+    assert asked_at == [1]
+    h._mark_future = None
+    h._next_mark = 0.0  # markBackoff passed without a NOTIFY: the relay marks anyway
+    h._leader_tick()
+    assert asked_at == [1, 1]
+
+
 def test_continue_uuid_is_the_reference_encoding() -> None:
     clocks = [0, 1, 15, 16, 160, (1 << 36) - 1, 1 << 36, (1 << 52) + 7, (1 << 60) - 1,
               0x1EE5A1C0FFEE123 * 16 + 9, (0xFFFFFFFF << 4) | 3]
