@@ -35,6 +35,13 @@ def _drain(relay: Harvest, pg_dsn: str, table: str, timeout: float = 60) -> None
     wait_for(lambda: not read_intents(pg_dsn, table), timeout, "ACK intents confirmed")
 
 
+def _all_exactly_once(bootstrap: str, topic: str, partitions: int, exp: Expected):  # type: ignore[no-untyped-def]
+    """The topic holds every committed row exactly once, in per-key order, and nothing else."""
+    res = check_exactly_once(bootstrap, topic, partitions, exp)
+    assert res.committed == exp.total and res.continues == exp.total
+    return res
+
+
 def _consume_headers(bootstrap: str, topic: str, partitions: int) -> list[tuple[bytes, bytes, list]]:
     from confluent_kafka import Consumer, TopicPartition
 
@@ -80,8 +87,7 @@ def test_happy_path_concurrent_writers(election: str, pg_dsn: str, kafka_bootstr
     finally:
         relay.stop()
         relay.wait(30)
-    res = check_exactly_once(kafka_bootstrap, topic, 4, exp)
-    assert res.committed == exp.total and res.continues == exp.total
+    res = _all_exactly_once(kafka_bootstrap, topic, 4, exp)
     assert res.acks > 0
     views = [e for e in events if isinstance(e, ViewStarted)]
     assert len(views) == 1 and views[0].epoch >= 1 and not any(isinstance(e, LeaderRefreshed) for e in events)
@@ -215,8 +221,7 @@ def test_trickle_through_a_full_ring_waits_and_commits_in_groups(
     finally:
         relay.stop()
         relay.wait(30)
-    res = check_exactly_once(kafka_bootstrap, topic, 4, exp)
-    assert res.committed == exp.total and res.continues == exp.total
+    _all_exactly_once(kafka_bootstrap, topic, 4, exp)
     assert max(batches) >= 2, batches  # delivered transactions waited for the running commit, then went together
     assert ring_full_ticks["n"] > 0  # the scenario happened...
     assert ring_full_ticks["waited"] >= 0.8 * ring_full_ticks["n"], ring_full_ticks  # ...and the relay waited in it
