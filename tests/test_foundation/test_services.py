@@ -105,3 +105,33 @@ def test_embedded_kafka_files_are_private(services, kafka_bootstrap: str, topic_
                 exposed.append(f"{path} {oct(mode)}")
     assert any(topic in d for d in os.listdir(services.kafka.data)), "the topic's directory was not found"
     assert seen > 10 and not exposed, exposed
+
+
+def test_free_ports_are_never_handed_out_twice() -> None:
+    """A service takes several ports before it binds any (Kafka: client, controller, proxied): the
+    kernel may offer a just-closed ephemeral port again, so free_port() remembers what it gave."""
+    import socket
+
+    from harvest_outbox.harvest_local.workdir import free_port
+
+    ports = [free_port() for _ in range(300)]
+    assert len(set(ports)) == len(ports)
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", ports[-1]))  # and nothing listens on them
+
+
+def test_a_failing_kafka_tool_reports_its_exception_not_its_stack_frames(tmp_path) -> None:
+    """The broker's storage format step failing (here: two listeners on one port) names the
+    exception and its message; the stack frames under it are left out."""
+    from harvest_outbox.harvest_local.errors import ServiceError
+    from harvest_outbox.harvest_local.kafka import EmbeddedKafka
+
+    kafka = EmbeddedKafka(root=tmp_path / "kafka")
+    kafka.controller_port = kafka.port  # a broken configuration: the tool refuses it
+    with pytest.raises(ServiceError) as err:
+        kafka.start(timeout=60)
+    text = str(err.value)
+    assert "StorageTool format failed" in text and "Exception" in text, text
+    assert "port" in text.lower(), text
+    assert "\tat " not in text and "\n at " not in text, text
+    assert not (kafka.data / "meta.properties").exists()  # not formatted: the next start formats again
