@@ -294,7 +294,7 @@ def _thread_cpu_s(native_ids: list[int]) -> dict[int, float]:
 
 def _relay_threads(relay: Harvest) -> list[int]:
     """The relay's own Python threads (relay loop, mark and write workers; not librdkafka's)."""
-    threads = [relay._thread, *relay._exec._threads, *relay._mark_exec._threads]  # type: ignore[union-attr]
+    threads = [relay._thread, *relay.core.exec._threads, *relay.core.mark_exec._threads]  # type: ignore[union-attr]
     return [t.native_id for t in threads if t is not None and t.native_id is not None]
 
 

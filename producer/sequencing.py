@@ -1,9 +1,9 @@
 """``--uuid-sequencing``: the fenced, exactly-once commit protocol (DESIGN.md section 5).
 
-:class:`SequencedHarvest` replaces the at-least-once purge of :class:`~producer.harvest.Harvest`
-with harvest *transactions*; ``Harvest(config)`` returns one when ``config.uuid_sequencing`` is set.
-Everything runs on the relay thread except SQL, which runs on the relay's single DB worker thread
-(statements execute in submission order).
+:class:`SequencedMode` is the relay's delivery strategy when ``config.uuid_sequencing`` is set: where
+:class:`~producer.at_least_once.AtLeastOnceMode` purges each delivered row, it commits harvest
+*transactions*. Everything runs on the relay thread except SQL, which runs on the relay's DB worker
+threads (:class:`~producer.relay_core.RelayCore`: statements execute in submission order on each).
 
 Protocol, per leader *view* (a view starts on acquisition and after every failure):
 
@@ -77,9 +77,9 @@ from confluent_kafka import KafkaError, KafkaException, Message
 from harvest_outbox.producer.db import MarkedRow, TxnCommit
 from harvest_outbox.producer.errors import DatabaseError, FenceError, ProducerError
 from harvest_outbox.producer.events import LeaderRefreshed, ViewStarted
-from harvest_outbox.producer.harvest import Harvest, _bad_row_reason
-from harvest_outbox.producer.kafka import FatalErrorGuard, is_permanent, is_size_refusal
+from harvest_outbox.producer.kafka import KafkaProducer, is_permanent, is_size_refusal
 from harvest_outbox.producer.preflight import header_bytes, too_large
+from harvest_outbox.producer.relay_core import RelayCore, bad_row_reason
 from harvest_outbox.sequencer import TICK, Clock, Flags, new_producer_id
 from harvest_outbox.sequencer.clock import clock_from_unix_ns
 
@@ -257,11 +257,25 @@ class _Counter:
             log.warning("ACK to %s/%s failed: %s", msg.topic(), msg.partition(), err.str())
 
 
-class SequencedHarvest(Harvest):
-    """The relay in ``--uuid-sequencing`` mode (see module doc). Built by ``Harvest(config)``."""
+class SequencedMode:
+    """The relay's ``--uuid-sequencing`` mode (see module doc): a
+    :class:`~producer.relay_core.RelayMode` over a :class:`~producer.relay_core.RelayCore`."""
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
+    #: Bytes of headers the relay adds to every record: the ``uuid`` header.
+    HEADER_BYTES = len("uuid") + 16 + 10
+    #: A failed ACK must not be overtaken by a later one in its partition (per-key order): librdkafka
+    #: then raises a fatal error instead of leaving a gap; the view is abandoned and a fresh producer
+    #: re-sends the intents in order.
+    PRODUCER_SETTINGS: dict[str, Any] = {"enable.gapless.guarantee": True}
+
+    def __init__(self, core: RelayCore) -> None:
+        self.core = core
+        self.config = core.config
+        self.limits = core.limits
+        self.metrics = core.metrics
+        self._ready = core.ready  # the same deque for the relay's life (cleared, never replaced)
+        self._held = core.held
+        self._guard = core.guard
         self._view: _View | None = None
         self._slots: list[_Slot] = []  # free delivery-callback slots (see _Slot)
         self._txns: deque[_Txn] = deque()  # opened, ACKs not yet enqueued, in order
@@ -287,38 +301,35 @@ class SequencedHarvest(Harvest):
         # Consecutive synchronous produce failures of the row at the head of the ready queue.
         self._sync_failures = 0
 
-    def _own_header_bytes(self) -> int:
-        return len("uuid") + 16 + 10  # the UUID header every record carries
+    # ------------------------------------------------------------------ RelayMode
+    def ensure_producer(self) -> KafkaProducer:
+        producer = self.core.producer
+        if producer is None:
+            producer = self.core.new_producer(self.PRODUCER_SETTINGS, _unexpected_report)
+        return producer
 
-    # ------------------------------------------------------------------ election listener
     def on_acquired(self) -> None:
-        super().on_acquired()
         self._view = None  # the first tick starts a view (epoch bump + recovery)
 
-    def _ensure_producer(self):  # type: ignore[no-untyped-def]
-        if self._producer is None:
-            conf = self.config.producer_config()
-            conf.setdefault("client.id", f"harvest-{self.config.name}")
-            # A failed ACK must not be overtaken by a later one in its partition (per-key order):
-            # librdkafka then raises a fatal error instead of leaving a gap; the view is abandoned and
-            # a fresh producer re-sends the intents in order.
-            conf.setdefault("enable.gapless.guarantee", True)
-            conf.setdefault("error_cb", self._on_producer_error)
-            self._producer = FatalErrorGuard(self._producer_factory(conf, self._on_delivery), self._on_producer_error)
-        return self._producer
+    def gauges(self) -> tuple[int, int]:
+        return self._in_flight_count(), len(self._ready) + self.core.held_count
+
+    def in_flight_keys(self) -> list[bytes]:
+        return []  # records are tracked per transaction, not per key
 
     # ------------------------------------------------------------------ main loop
-    def _leader_tick(self) -> None:
-        producer = self._ensure_producer()
-        if self._producer_fatal and self._view is not None:
+    def tick(self) -> None:
+        core = self.core
+        producer = self.ensure_producer()
+        if core.producer_fatal and self._view is not None:
             self._abandon("the Kafka producer hit a fatal error", self._failed_txn())
-        if self._remark:  # a DB error surfaced by the main loop, or a failure: abandon the view
+        if core.remark:  # a DB error surfaced by the main loop, or a failure: abandon the view
             self._refresh()
             return
         if self._view is None:
             now = time.monotonic()
             if now < self._view_backoff_until:
-                self._stop_requested.wait(min(0.05, self._view_backoff_until - now))
+                core.stop_requested.wait(min(0.05, self._view_backoff_until - now))
                 return
             self._start_view()
             return
@@ -327,49 +338,46 @@ class SequencedHarvest(Harvest):
         now = time.monotonic()
         self._guard.expire(now)
         self._advance(now)
-        if self._remark or self._leader_id is None:
+        if core.remark or core.leader_id is None:
             return
         # mark (prefetch, as in at-least-once mode)
-        mark = self._mark_future
+        mark = core.mark_future
         if mark is not None and mark.done():
-            self._mark_future = None
+            core.mark_future = None
             rows, persisted = mark.result()  # DatabaseError -> main loop: back off, abandon the view
-            self.mark_size.observe(self._mark_asked, len(rows))
-            if persisted and self._mark_view == view.leader_id:
+            core.mark_size.observe(core.mark_asked, len(rows))
+            if persisted and core.mark_view == view.leader_id:
                 self._take_persisted(persisted)
-            if self._mark_view == view.leader_id:
+            if core.mark_view == view.leader_id:
                 self._ready.extend(rows)
-                self._last_mark_short = self._idle = len(rows) < self._mark_asked
-                if self._idle:  # the backlog is taken: the next mark waits for a NOTIFY or markBackoff
-                    self._next_mark = now + self.limits.mark_backoff
+                self._last_mark_short = core.idle = len(rows) < core.mark_asked
+                if core.idle:  # the backlog is taken: the next mark waits for a NOTIFY or markBackoff
+                    core.next_mark = now + self.limits.mark_backoff
             mark = None
         # Not ``elif``: after a full mark the next one is asked for at once, so the database marks the
         # next batch while this thread produces the one that just arrived (not after it).
-        if mark is None and len(self._ready) < 2 * self.mark_size.value and now >= self._next_mark:
-            self._submit_mark()
+        if mark is None and len(self._ready) < 2 * core.mark_size.value and now >= core.next_mark:
+            core.submit_mark()
             if not (self._txns or self._acking or self._ready or self._held):
                 # Nothing else to do (e.g. woken by a stasher's NOTIFY): wait for the mark here, not in
                 # 1 ms polls, so its rows go out the moment it returns (idle-to-delivery latency).
-                wait((self._mark_future,), timeout=self.limits.min_poll_interval)  # type: ignore[arg-type]
+                wait((core.mark_future,), timeout=self.limits.min_poll_interval)  # type: ignore[arg-type]
                 return
         if self._held:
-            self._release_held(now)
+            core.release_held(now)
         if self._ready:
             self._fill(now)
         in_flight = self._in_flight_count()
-        if self._txns or self._acking or self._ready or self._mark_future is not None:
+        if self._txns or self._acking or self._ready or core.mark_future is not None:
             if not self._ready or in_flight >= self.limits.in_flight_limit or self._ring_full():
                 # Nothing can be produced now: wait (a busy loop here took a core at 500 rows/s
                 # whenever ready rows waited for a ring slot).
-                self._await_progress(producer)
-            if self._idle and self._mark_future is None and self._listener is not None and self._listener.pending():
-                self._next_mark = 0.0
+                core.await_progress(producer)
+            core.notified_while_idle()
         elif self._confirm_buf:
             self._flush_confirms()
         else:
-            assert self._listener is not None
-            if self._listener.wait(min(self.limits.idle_poll_interval, self.limits.min_poll_interval)):
-                self._next_mark = 0.0
+            core.wait_idle()
 
     def _ring_full(self) -> bool:
         """No transaction can take records: the last one is closed and ``producerRing`` are open."""
@@ -437,15 +445,15 @@ class SequencedHarvest(Harvest):
                 self._confirm_buf.append((t.producer, t.ack_clock))
         if self._confirm_buf and (len(self._confirm_buf) >= 64 or now >= self._next_confirm):
             self._flush_confirms()
-        if self._db_futures:
-            self._check_db()
+        if self.core.db_futures:
+            self.core.check_db()
 
     def _flush_confirms(self) -> None:
-        db, exec_ = self._db, self._exec
+        db, exec_ = self.core.db, self.core.exec
         assert db is not None and exec_ is not None
         items, self._confirm_buf = self._confirm_buf, []
         self._next_confirm = time.monotonic() + max(self.limits.purge_interval, 0.2)
-        self._db_futures.append(self._waker.watch(exec_.submit(db.confirm_acks, items)))
+        self.core.db_futures.append(self.core.waker.watch(exec_.submit(db.confirm_acks, items)))
 
     # ------------------------------------------------------------------ transactions
     def _open(self, now: float) -> _Txn | None:
@@ -475,7 +483,7 @@ class SequencedHarvest(Harvest):
     def _fill(self, now: float) -> None:
         """Produce ready rows in id order into the open transaction(s)."""
         ready = self._ready
-        producer = self._producer
+        producer = self.core.producer
         view = self._view
         assert producer is not None and view is not None
         limit = self.limits.in_flight_limit
@@ -484,7 +492,7 @@ class SequencedHarvest(Harvest):
         clock = view.clock
         poison = self._poison
         verdicts = self._guard.verdicts
-        while ready and in_flight < limit and not self._remark:
+        while ready and in_flight < limit and not self.core.remark:
             t = self._open(now)
             if t is None:
                 return
@@ -501,22 +509,22 @@ class SequencedHarvest(Harvest):
                     continue
                 if hvals is None or hkeys is None or len(hkeys) != len(hvals) or topic is None or key is None or (
                         hkeys and None in hkeys):
-                    reason = _bad_row_reason(row)
+                    reason = bad_row_reason(row)
                     if reason is not None:
                         ready.popleft()
                         self._dead_letter_in(t, row, f"bad row: {reason}", 0)
                         continue
                 if self._held and topic in self._held:
                     ready.popleft()
-                    self._hold(row)
+                    self.core.hold(row)
                     continue
                 verdict = verdicts.get(topic)  # type: ignore[arg-type]
                 if verdict is None:
                     verdict = self._guard.verdict(topic)  # type: ignore[arg-type]
                 if verdict.__class__ is str:
                     ready.popleft()
-                    if self._hold_missing and topic in self._guard.missing:
-                        self._hold(row)
+                    if self.core.hold_missing and topic in self._guard.missing:
+                        self.core.hold(row)
                         continue
                     self._dead_letter_in(t, row, f"cannot be sent: {verdict}", 0)
                     continue
@@ -586,7 +594,7 @@ class SequencedHarvest(Harvest):
     def _dead_letter_in(self, t: _Txn, row: MarkedRow, error: str, attempts: int) -> None:
         log.error("record %d (topic %r) will be moved to dead letters with harvest transaction %d: %s",
                   row[0], row[1], t.k, error)
-        self._attempts.pop(row[0], None)
+        self.core.attempts.pop(row[0], None)
         t.dead.append((row[0], error, attempts))
         self.metrics.dead_lettered += 1
 
@@ -595,29 +603,29 @@ class SequencedHarvest(Harvest):
         or in crashed processes) are dead-lettered by the transaction that meets them."""
         limit = self.limits.max_delivery_attempts
         for rid, (n, error) in persisted.items():
-            n = self._attempts[rid] = max(self._attempts.get(rid, 0), n)
+            n = self.core.attempts[rid] = max(self.core.attempts.get(rid, 0), n)
             if n >= limit and rid not in self._poison:
                 self._poison[rid] = (f"failed {n} delivery attempts (counted across relay restarts); "
                                      f"last error: {error}", n)
 
     def _count_failure(self, rid: int, err: KafkaError, asynchronous: bool) -> None:
         self.metrics.delivery_failures += 1
-        attempts = self._attempts.get(rid, 0) + 1
-        self._attempts[rid] = attempts
+        attempts = self.core.attempts.get(rid, 0) + 1
+        self.core.attempts[rid] = attempts
         permanent = asynchronous and is_permanent(err, False)
         if permanent or attempts >= self.limits.max_delivery_attempts:
             why = "cannot be sent" if permanent else f"failed {attempts} delivery attempts"
             self._poison[rid] = (f"{why}: {err.name()}: {err.str()}", attempts)
-        self._attempt_buf.append((rid, attempts, f"{err.name()}: {err.str()}"))
+        self.core.attempt_buf.append((rid, attempts, f"{err.name()}: {err.str()}"))
         if err.fatal():
-            self._producer_fatal = True
+            self.core.producer_fatal = True
 
     def _submit_commits(self, batch: list[_Txn]) -> None:
         """One fenced commit job for consecutive delivered transactions (see ``_advance``)."""
-        db, exec_ = self._db, self._exec
+        db, exec_ = self.core.db, self.core.exec
         assert db is not None and exec_ is not None and batch
         view = batch[0].view
-        attempts = self._attempts
+        attempts = self.core.attempts
         parts = []
         for t in batch:
             forget: list[int] = []
@@ -636,13 +644,13 @@ class SequencedHarvest(Harvest):
                 view.failed = True
                 raise
 
-        future = self._waker.watch(exec_.submit(job))
+        future = self.core.waker.watch(exec_.submit(job))
         for t in batch:
             t.commit = future
 
     def _enqueue_acks(self, t: _Txn) -> None:
         """Produce one ACK_TXN per partition the committed transaction touched, in a fixed order."""
-        producer = self._producer
+        producer = self.core.producer
         assert producer is not None
         view = t.view
         journals = sorted(t.journals)
@@ -664,7 +672,7 @@ class SequencedHarvest(Harvest):
 
     def _produce_ack(self, topic: str, partition: int, ack: bytes, cb: Any) -> bool:
         """Produce one ACK_TXN; False (after reporting a failure to ``cb``) if it could not be."""
-        producer = self._producer
+        producer = self.core.producer
         assert producer is not None
         err: KafkaError | None = None
         for _ in range(10000):
@@ -687,11 +695,11 @@ class SequencedHarvest(Harvest):
     # ------------------------------------------------------------------ views
     def _start_view(self) -> None:
         """New leader id + fence epoch; recover and deliver persisted ACK intents; then go."""
-        db, exec_ = self._db, self._exec
+        db, exec_ = self.core.db, self.core.exec
         assert db is not None and exec_ is not None
         leader_id = uuid.uuid4()
         epoch, intents, floor = exec_.submit(db.start_view_with_floor, leader_id, self.config.name).result()
-        if self._leader_id is None or self._stop_requested.is_set():
+        if self.core.leader_id is None or self.core.stop_requested.is_set():
             return  # lost leadership meanwhile (a standby's view is harmless: it fenced nobody we know)
         counter = _Counter()
         deadline = time.monotonic() + self.limits.queue_timeout
@@ -700,12 +708,12 @@ class SequencedHarvest(Harvest):
             if not self._produce_ack(topic, part, uuid_bytes(int.from_bytes(prod, "big"), clock, _ACK),
                                      counter.on_delivery):
                 break
-        producer = self._producer
+        producer = self.core.producer
         assert producer is not None
         while counter.pending > 0 and time.monotonic() < deadline:
             producer.poll(0.01)
         if counter.pending or counter.failed:
-            self._remark = True  # retry the view (and its recovery) after a backoff
+            self.core.remark = True  # retry the view (and its recovery) after a backoff
             self._view_backoff_until = time.monotonic() + self.limits.io_error_backoff
             log.warning("view epoch %d: %d recovered ACK intent(s) not delivered; starting another view", epoch,
                         counter.pending + counter.failed)
@@ -719,20 +727,20 @@ class SequencedHarvest(Harvest):
                         (Clock(floor).as_unix_ns() - now_ns) / 1e9)
         view = self._view = _View(leader_id, epoch, self.limits.producer_ring, now_ns, floor)
         self._ack_broken = False
-        self._leader_id = leader_id
-        self._remark = False
-        self._next_mark = 0.0
+        self.core.leader_id = leader_id
+        self.core.remark = False
+        self.core.next_mark = 0.0
         self._last_mark_short = True
         self.views_started += 1
         log.info("%s: view epoch=%d leader_id=%s producers=%s recovered_acks=%d", self.config.name, epoch, leader_id,
                  ",".join(p.hex() for p in view.ring), len(intents))
         if self._refreshing:
             self._refreshing = False
-            self._emit(LeaderRefreshed(leader_id))
-        self._emit(ViewStarted(leader_id, epoch, len(intents), tuple(view.ring)))
+            self.core.emit(LeaderRefreshed(leader_id))
+        self.core.emit(ViewStarted(leader_id, epoch, len(intents), tuple(view.ring)))
 
     def _abandon(self, why: str, failed: _Txn | None, fenced: bool = False) -> None:
-        if self._remark:
+        if self.core.remark:
             return
         log.warning("%s: abandoning leader view%s: %s", self.config.name,
                     f" epoch={self._view.epoch}" if self._view else "", why)
@@ -745,7 +753,7 @@ class SequencedHarvest(Harvest):
                 if rid is None:
                     continue
                 latency = msg.latency() if msg is not None else None
-                if self._waited_out(latency):
+                if self.core.waited_out(latency):
                     # Records sent after it were acknowledged: the broker was serving (so it is
                     # poison), or not (an outage: nothing is counted). In this mode deliveries stop
                     # once the producer ring is full, so "acknowledged later" rather than "lately".
@@ -754,24 +762,24 @@ class SequencedHarvest(Harvest):
                                     "(broker or network outage?): %s; not counted as an attempt", rid, latency,
                                     err.str())
                         if err.fatal():
-                            self._producer_fatal = True
+                            self.core.producer_fatal = True
                         continue
                     # It held up every key for rowTimeout while the broker took other records:
                     # park it now rather than stall everything again (the bound of limits.rowTimeout).
                     self.metrics.delivery_failures += 1
-                    attempts = self._attempts.get(rid, 0) + 1
-                    self._attempts[rid] = attempts
+                    attempts = self.core.attempts.get(rid, 0) + 1
+                    self.core.attempts[rid] = attempts
                     self._poison[rid] = (f"held up other rows for limits.rowTimeout "
                                          f"({self.limits.row_timeout:g}s) while they were delivered: "
                                          f"{err.name()}: {err.str()}", attempts)
-                    self._attempt_buf.append((rid, attempts, f"{err.name()}: {err.str()}"))
+                    self.core.attempt_buf.append((rid, attempts, f"{err.name()}: {err.str()}"))
                     if err.fatal():
-                        self._producer_fatal = True
+                        self.core.producer_fatal = True
                     continue
                 self._count_failure(rid, err, True)
         if fenced:
             self._view_backoff_until = time.monotonic() + self.limits.heartbeat_timeout
-        self._remark = True
+        self.core.remark = True
 
     def _failed_txn(self) -> _Txn | None:
         """The oldest transaction with a failed delivery, if any."""
@@ -790,12 +798,10 @@ class SequencedHarvest(Harvest):
     def _wind_down(self, commit_delivered: bool) -> None:
         """Stop producing; drain; finish (and with ``commit_delivered`` submit) commits in order;
         ACK the committed; roll back the rest; deliver ACKs; confirm. Leaves no view."""
-        self._ready.clear()
-        self._held.clear()  # re-marked by the next view
-        self._held_count = 0
+        self.core.clear_queues()  # re-marked by the next view
         view = self._view
-        producer = self._producer
-        exec_ = self._exec
+        producer = self.core.producer
+        exec_ = self.core.exec
         budget = self.limits.max_poll_interval or 1.0
         deadline = time.monotonic() + budget  # type: ignore[operator]
         if view is not None and producer is not None:
@@ -868,70 +874,58 @@ class SequencedHarvest(Harvest):
                     producer.poll(0)
                 except KafkaException:
                     pass
-                self._producer = None
+                self.core.producer = None
         self._txns.clear()
         self._acking.clear()
-        if self._attempt_buf and self._db is not None and exec_ is not None:
+        if self.core.attempt_buf and self.core.db is not None and exec_ is not None:
             # Stored before the next view can produce these rows again: a crash from here on still
             # counts the attempt.
-            tried, self._attempt_buf = self._attempt_buf, []
+            tried, self.core.attempt_buf = self.core.attempt_buf, []
             try:
-                exec_.submit(self._db.record_attempts, tried).result()
+                exec_.submit(self.core.db.record_attempts, tried).result()
             except DatabaseError as exc:
-                self._attempt_buf = tried + self._attempt_buf  # stored by the next wind-down
+                self.core.attempt_buf = tried + self.core.attempt_buf  # stored by the next wind-down
                 log.warning("could not store %d failed delivery attempt(s) (kept in memory): %s", len(tried), exc)
-        if self._confirm_buf and self._db is not None and exec_ is not None:
+        if self._confirm_buf and self.core.db is not None and exec_ is not None:
             items, self._confirm_buf = self._confirm_buf, []
             try:
-                exec_.submit(self._db.confirm_acks, items).result()
+                exec_.submit(self.core.db.confirm_acks, items).result()
             except DatabaseError as exc:
                 log.warning("could not confirm ACK intents (the next view re-sends them): %s", exc)
-        if self._mark_future is not None:
-            try:
-                self._mark_future.result()
-            except DatabaseError:
-                pass
-            self._mark_future = None
-        for f in self._db_futures:
+        self.core.await_mark()
+        for f in self.core.db_futures:
             try:
                 f.result()
             except Exception as exc:
                 log.warning("DB job failed during wind-down: %s", exc)
-        self._db_futures = []
+        self.core.db_futures = []
         self._view = None
-        if self._producer_fatal:
-            self._producer_fatal = False
-            if self._producer is not None:
-                self._producer.flush(1.0)
-            self._producer = None
+        self.core.drop_fatal_producer()
 
     def _refresh(self) -> None:
         """Abandon the current view; the next tick starts a new one (after any backoff)."""
         self._wind_down(commit_delivered=False)
-        self._remark = False
+        self.core.remark = False
         self.metrics.remarks += 1
         self._refreshing = True
 
-    def _relinquish(self, why: str) -> bool:
-        if self._leader_id is None:
-            return False
+    def relinquish(self, why: str) -> None:
         log.info("%s: giving up leadership (%s): committing delivered harvest transactions", self.config.name, why)
         try:
-            self._wind_down(commit_delivered=not self._remark)
+            self._wind_down(commit_delivered=not self.core.remark)
         except (DatabaseError, ProducerError, KafkaException) as exc:
             log.warning("winding down the leader view failed (the next leader recovers): %s", exc)
             self._view = None
             self._txns.clear()
             self._acking.clear()
-        self._attempts.clear()
+        self.core.attempts.clear()
         self._poison.clear()
-        self._leader_id = None
-        self._remark = False
-        self.metrics.is_leader = False
-        return True
 
-    def _gauges(self) -> tuple[int, int]:
-        return self._in_flight_count(), len(self._ready) + self._held_count
+
+def _unexpected_report(err: KafkaError | None, msg: Message) -> None:
+    """The producer's default delivery callback: every record and ACK this mode produces names its own."""
+    log.warning("delivery report for a record produced without a callback (%s/%s): %s", msg.topic(),
+                msg.partition(), err.str() if err is not None else "delivered")
 
 
 class _FakeMsg:

@@ -44,7 +44,7 @@ def _stash(dsn: str, table: str, topic: str, exp: Expected, start: int, n: int) 
 def _run_view(cfg, dsn: str, table: str, clock: Callable[[], int] | None) -> None:  # type: ignore[no-untyped-def]
     relay = Harvest(cfg)
     if clock is not None:
-        relay.wall_clock_ns = clock  # type: ignore[attr-defined]
+        relay.mode.wall_clock_ns = clock  # type: ignore[attr-defined]
     relay.start()
     try:
         wait_for(lambda: count_rows(dsn, table) == 0, 60, "drained")

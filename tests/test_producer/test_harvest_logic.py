@@ -10,6 +10,7 @@ from typing import Any
 from confluent_kafka import KafkaError
 from fake_admin import FakeAdmin
 
+from harvest_outbox.producer.at_least_once import AtLeastOnceMode
 from harvest_outbox.producer.config import HarvestConfig, Limits
 from harvest_outbox.producer.election import StaticElection
 from harvest_outbox.producer.harvest import Harvest
@@ -49,7 +50,8 @@ class FakeProducer:
         return 0
 
 
-def _relay(**limits: Any) -> tuple[Harvest, FakeProducer]:
+def _harvest(**limits: Any) -> tuple[Harvest, FakeProducer]:
+    """A leader relay in at-least-once mode with a fake producer."""
     box: dict[str, FakeProducer] = {}
 
     def factory(conf: dict, cb: Any) -> FakeProducer:
@@ -59,9 +61,16 @@ def _relay(**limits: Any) -> tuple[Harvest, FakeProducer]:
     cfg = HarvestConfig(limits=Limits(**limits))
     guard = TopicGuard({}, cfg.producer_config(), admin_factory=lambda conf: FakeAdmin())
     h = Harvest(cfg, producer_factory=factory, election=StaticElection(), topic_guard=guard)
-    h._leader_id = uuid.uuid4()
-    h._ensure_producer()
+    h.core.leader_id = uuid.uuid4()
+    h.mode.ensure_producer()
     return h, box["p"]
+
+
+def _relay(**limits: Any) -> tuple[AtLeastOnceMode, FakeProducer]:
+    """The mode of a leader relay (:func:`_harvest`): what these tests step through."""
+    h, p = _harvest(**limits)
+    assert isinstance(h.mode, AtLeastOnceMode)
+    return h.mode, p
 
 
 def row(i: int, key: str, topic: str | None = "t", hk: list | None = None, hv: list | None = None) -> tuple:
@@ -69,11 +78,13 @@ def row(i: int, key: str, topic: str | None = "t", hk: list | None = None, hv: l
 
 
 def test_one_in_flight_per_key_and_id_order() -> None:
-    h, p = _relay()
+    relay, p = _harvest()
+    h = relay.mode
+    assert isinstance(h, AtLeastOnceMode)
     h._ready.extend([row(1, "a"), row(2, "b"), row(3, "a"), row(4, "a"), row(5, "c")])
     h._dispatch()
     assert [s[1] for s in p.sent] == [b"v1", b"v2", b"v5"]
-    assert h.in_flight_records == 3 and sorted(h.in_flight_record_keys()) == ["a", "b", "c"]
+    assert relay.in_flight_records == 3 and sorted(relay.in_flight_record_keys()) == ["a", "b", "c"]
     p.on_delivery(None, FakeMsg(b"a"))  # v1 acked -> v3 goes out from the callback
     assert p.sent[-1][1] == b"v3" and h._purge_buf == [1]
     p.on_delivery(None, FakeMsg(b"a"))
@@ -93,7 +104,7 @@ def test_failure_resets_blocks_key_and_requests_remark() -> None:
     h._ready.extend([row(1, "a"), row(2, "a"), row(3, "b")])
     h._dispatch()
     p.on_delivery(KafkaError(KafkaError._MSG_TIMED_OUT, "timeout"), FakeMsg(b"a"))
-    assert h._remark and h._reset_buf == [1]
+    assert h.core.remark and h._reset_buf == [1]
     assert [s[1] for s in p.sent] == [b"v1", b"v3"]  # v2 not sent after v1 failed
     p.on_delivery(None, FakeMsg(b"b"))  # other keys' acks still purge
     assert h._purge_buf == [3]
@@ -106,9 +117,9 @@ def test_attempts_exhausted_or_permanent_error_dead_letters_and_key_moves_on() -
     h, p = _relay(max_delivery_attempts=2)
     h._ready.extend([row(1, "a"), row(2, "a")])
     h._dispatch()
-    h._attempts[1] = 1
+    h.core.attempts[1] = 1
     p.on_delivery(KafkaError(KafkaError._MSG_TIMED_OUT, "timeout"), FakeMsg(b"a"))
-    assert not h._remark and [d[0] for d in h._dlq_buf] == [1] and h._dlq_buf[0][2] == 2
+    assert not h.core.remark and [d[0] for d in h._dlq_buf] == [1] and h._dlq_buf[0][2] == 2
     assert p.sent[-1][1] == b"v2"  # the key moved on
     p.on_delivery(KafkaError(KafkaError.TOPIC_AUTHORIZATION_FAILED, "denied"), FakeMsg(b"a"))
     assert [d[0] for d in h._dlq_buf] == [1, 2] and "TOPIC_AUTHORIZATION_FAILED" in h._dlq_buf[1][1]
@@ -121,7 +132,7 @@ def test_unknown_topic_from_the_producer_is_an_attempt() -> None:
     h._ready.extend([row(1, "a")])
     h._dispatch()
     p.on_delivery(KafkaError(KafkaError.UNKNOWN_TOPIC_OR_PART, "no topic"), FakeMsg(b"a"))
-    assert h._dlq_buf == [] and h._remark and h._reset_buf == [1]
+    assert h._dlq_buf == [] and h.core.remark and h._reset_buf == [1]
 
 
 def test_rows_no_broker_takes_are_dead_lettered_before_producing() -> None:
@@ -144,7 +155,7 @@ def test_broker_side_size_error_is_an_attempt_not_an_instant_dead_letter() -> No
     h._ready.extend([row(1, "a"), row(2, "a")])
     h._dispatch()
     p.on_delivery(KafkaError(KafkaError.MSG_SIZE_TOO_LARGE, "too big"), FakeMsg(b"a"))
-    assert h._dlq_buf == [] and h._remark and h._reset_buf == [1]
+    assert h._dlq_buf == [] and h.core.remark and h._reset_buf == [1]
 
 
 def test_bad_rows_dead_lettered_without_blocking() -> None:
@@ -170,13 +181,13 @@ def test_timeout_during_an_outage_is_not_an_attempt_but_with_others_delivered_it
     # is an outage (reset + re-send, not counted: an outage must not fill the dead letters); while
     # other records were delivered, it is this row's failed attempt.
     h, p = _relay(max_delivery_attempts=1, row_timeout=2.0)
-    h._delivered_samples.append((time.monotonic() - 5.0, 0))
+    h.core.delivered_samples.append((time.monotonic() - 5.0, 0))
     h._ready.extend([row(1, "a"), row(2, "b")])
     h._dispatch()
     p.on_delivery(KafkaError(KafkaError._MSG_TIMED_OUT, "timeout"), FakeMsg(b"a", latency=2.0))
-    assert h._dlq_buf == [] and h._attempts == {} and h._attempt_buf == [] and h._reset_buf == [1] and h._remark
+    assert h._dlq_buf == [] and h.core.attempts == {} and h.core.attempt_buf == [] and h._reset_buf == [1] and h.core.remark
     h2, p2 = _relay(max_delivery_attempts=1, row_timeout=2.0)
-    h2._delivered_samples.append((time.monotonic() - 5.0, 0))
+    h2.core.delivered_samples.append((time.monotonic() - 5.0, 0))
     h2._ready.extend([row(1, "a"), row(2, "b")])
     h2._dispatch()
     p2.on_delivery(None, FakeMsg(b"b"))  # another record was delivered meanwhile (late in the wait)
@@ -189,11 +200,11 @@ def test_failed_attempts_are_stored_before_the_row_is_reset_and_forgotten_on_del
     h._ready.extend([row(1, "a")])
     h._dispatch()
     p.on_delivery(KafkaError(KafkaError._MSG_TIMED_OUT, "timeout"), FakeMsg(b"a"))
-    assert h._attempt_buf == [(1, 1, "_MSG_TIMED_OUT: timeout")] and h._reset_buf == [1]
+    assert h.core.attempt_buf == [(1, 1, "_MSG_TIMED_OUT: timeout")] and h._reset_buf == [1]
     # a later mark (another process) hands back the stored count: 4 stored + this failure = 5 -> parked
     h2, p2 = _relay(max_delivery_attempts=5)
     kept = h2._take_attempts([row(1, "a"), row(2, "b")], {1: (4, "x")})
-    assert [r[0] for r in kept] == [1, 2] and h2._attempts == {1: 4}
+    assert [r[0] for r in kept] == [1, 2] and h2.core.attempts == {1: 4}
     h2._ready.extend(kept)
     h2._dispatch()
     p2.on_delivery(None, FakeMsg(b"b"))
@@ -218,12 +229,12 @@ def test_deliveries_only_early_in_the_wait_are_an_outage() -> None:
     # none in its second half — an outage, not poison (nothing counted).
     h, p = _relay(max_delivery_attempts=1, row_timeout=2.0)
     now = time.monotonic()
-    h._delivered_samples.extend([(now - 5.0, 0), (now - 1.8, 0), (now - 1.5, 7)])  # 7 delivered, early
+    h.core.delivered_samples.extend([(now - 5.0, 0), (now - 1.8, 0), (now - 1.5, 7)])  # 7 delivered, early
     h.metrics.delivered = 7
     h._ready.extend([row(1, "a")])
     h._dispatch()
     p.on_delivery(KafkaError(KafkaError._MSG_TIMED_OUT, "timeout"), FakeMsg(b"a", latency=2.0))
-    assert h._dlq_buf == [] and h._attempt_buf == [] and h._reset_buf == [1]
+    assert h._dlq_buf == [] and h.core.attempt_buf == [] and h._reset_buf == [1]
 
 
 def test_records_the_relay_purges_while_draining_are_not_attempts() -> None:
@@ -232,4 +243,4 @@ def test_records_the_relay_purges_while_draining_are_not_attempts() -> None:
     h._dispatch()
     h._draining = True  # _drain gave up and purged the producer's queue
     p.on_delivery(KafkaError(KafkaError._PURGE_QUEUE, "purged"), FakeMsg(b"a"))
-    assert h._dlq_buf == [] and h._attempts == {} and h._attempt_buf == [] and h._in_flight == {}
+    assert h._dlq_buf == [] and h.core.attempts == {} and h.core.attempt_buf == [] and h._in_flight == {}

@@ -69,7 +69,7 @@ def test_poison_rows_are_parked_in_seconds_and_the_rest_flows(sequenced: bool, p
         took = wait_drained(pg_dsn, table, 60)
         assert relay.state.value == "running", "the relay stopped"
         if sequenced:
-            assert relay.views_started == 1, "a poison row abandoned a leader view"  # type: ignore[attr-defined]
+            assert relay.mode.views_started == 1, "a poison row abandoned a leader view"  # type: ignore[attr-defined]
         assert relay.metrics.delivery_failures == 0
         with psycopg.connect(pg_dsn) as conn:
             dead = {d.id: d.error for d in list_dead_letters(conn, table)}
@@ -141,7 +141,7 @@ def test_a_record_only_the_broker_refuses_never_stops_the_relay(sequenced: bool,
         wait_drained(pg_dsn, table, 60)
         assert relay.state.value == "running", "the relay stopped"
         if sequenced:
-            assert relay.views_started <= 2  # type: ignore[attr-defined]
+            assert relay.mode.views_started <= 2  # type: ignore[attr-defined]
         with psycopg.connect(pg_dsn) as conn:
             dead = {d.id: d for d in list_dead_letters(conn, table)}
         assert set(dead) == {big} and "exceeds what its topic accepts" in dead[big].error
@@ -204,7 +204,7 @@ def test_hold_policy_keeps_a_missing_topics_rows_while_the_others_flow(
         wait_drained(pg_dsn, table, 30)
         assert relay.state.value == "running"
         if sequenced:
-            assert relay.views_started == 1, "holding abandoned a view"  # type: ignore[attr-defined]
+            assert relay.mode.views_started == 1, "holding abandoned a view"  # type: ignore[attr-defined]
             check_exactly_once(kafka_bootstrap, topic, 2, exp)
             check_exactly_once(kafka_bootstrap, missing, 1, exp_missing)
         else:

@@ -12,6 +12,7 @@ from typing import Any
 
 from fake_admin import FakeAdmin
 
+from harvest_outbox.producer.at_least_once import AtLeastOnceMode
 from harvest_outbox.producer.config import HarvestConfig, Limits
 from harvest_outbox.producer.election import StaticElection
 from harvest_outbox.producer.harvest import Harvest
@@ -45,7 +46,7 @@ def row(i: int, key: str) -> tuple:
     return (i, "t", key.encode(), f"v{i}".encode(), (), ())
 
 
-def _relay() -> tuple[Harvest, FakeProducer, list[int]]:
+def _relay() -> tuple[AtLeastOnceMode, FakeProducer, list[int]]:
     """A leader relay with a fake producer; returns it, the producer, and the number of records
     produced at each moment a mark was asked for."""
     box: dict[str, FakeProducer] = {}
@@ -56,39 +57,41 @@ def _relay() -> tuple[Harvest, FakeProducer, list[int]]:
 
     cfg = HarvestConfig(limits=Limits())
     guard = TopicGuard({}, cfg.producer_config(), admin_factory=lambda conf: FakeAdmin())
-    h = Harvest(cfg, producer_factory=factory, election=StaticElection(), topic_guard=guard)
-    h._leader_id = uuid.uuid4()
-    h._ensure_producer()
+    relay = Harvest(cfg, producer_factory=factory, election=StaticElection(), topic_guard=guard)
+    core = relay.core
+    core.leader_id = uuid.uuid4()
+    relay.mode.ensure_producer()
     asked_at: list[int] = []
 
     def submit_mark() -> None:
         asked_at.append(len(box["p"].sent))
-        h._mark_future = Future()  # pending: the relay waits for it no further in this tick
+        core.mark_future = Future()  # pending: the relay waits for it no further in this tick
 
-    h._submit_mark = submit_mark  # type: ignore[method-assign]
-    return h, box["p"], asked_at
+    core.submit_mark = submit_mark  # type: ignore[method-assign]
+    assert isinstance(relay.mode, AtLeastOnceMode)
+    return relay.mode, box["p"], asked_at
 
 
-def _mark_returns(h: Harvest, rows: list[tuple], asked: int) -> None:
+def _mark_returns(h: AtLeastOnceMode, rows: list[tuple], asked: int) -> None:
     done: Future = Future()
     done.set_result((rows, {}))
-    h._mark_future, h._mark_asked, h._mark_view = done, asked, h._leader_id
+    h.core.mark_future, h.core.mark_asked, h.core.mark_view = done, asked, h.core.leader_id
 
 
 def test_a_full_mark_asks_for_the_next_before_producing_its_rows() -> None:
     h, p, asked_at = _relay()
-    h.mark_size.value = 4
+    h.core.mark_size.value = 4
     _mark_returns(h, [row(i, f"k{i}") for i in range(1, 5)], asked=4)
-    h._leader_tick()
+    h.tick()
     assert len(p.sent) == 4
     assert asked_at == [0], "the next mark must be asked for before the full mark's rows are produced"
 
 
 def test_a_short_mark_does_not_ask_again_at_once() -> None:
     h, p, asked_at = _relay()
-    h.mark_size.value = 4
+    h.core.mark_size.value = 4
     _mark_returns(h, [row(1, "a"), row(2, "b")], asked=4)
-    h._leader_tick()
+    h.tick()
     assert len(p.sent) == 2
     assert asked_at == []  # the backlog is drained: the ordinary prefetch decides, on a later tick
 
@@ -113,19 +116,19 @@ def test_after_a_short_mark_the_next_waits_for_a_notify_or_the_backoff() -> None
     row); the next mark follows the stasher's NOTIFY, or markBackoff when none comes."""
     h, p, asked_at = _relay()
     listener = _Listener()
-    h._listener = listener  # type: ignore[assignment]
-    h.mark_size.value = 4
+    h.core.listener = listener  # type: ignore[assignment]
+    h.core.mark_size.value = 4
     _mark_returns(h, [row(1, "a")], asked=4)
     for _ in range(3):
-        h._leader_tick()
+        h.tick()
     assert len(p.sent) == 1 and asked_at == []
     listener.notified = True
-    h._leader_tick()  # sees the NOTIFY
-    h._leader_tick()  # marks
+    h.tick()  # sees the NOTIFY
+    h.tick()  # marks
     assert asked_at == [1]
-    h._mark_future = None
-    h._next_mark = 0.0  # markBackoff passed without a NOTIFY: the relay marks anyway
-    h._leader_tick()
+    h.core.mark_future = None
+    h.core.next_mark = 0.0  # markBackoff passed without a NOTIFY: the relay marks anyway
+    h.tick()
     assert asked_at == [1, 1]
 
 

@@ -18,7 +18,7 @@ from harvest_outbox.producer.events import LeaderRefreshed, ViewStarted
 from harvest_outbox.producer.harvest import Harvest
 from harvest_outbox.producer.kafka import FaultInjector
 from harvest_outbox.producer.schema import init_db
-from harvest_outbox.producer.sequencing import SequencedHarvest
+from harvest_outbox.producer.sequencing import SequencedMode
 from harvest_outbox.producer.stasher import OutboxRecord, Stasher
 from harvest_outbox.sequencer import Publisher
 
@@ -74,7 +74,7 @@ def test_happy_path_concurrent_writers(election: str, pg_dsn: str, kafka_bootstr
     events: list[object] = []
     cfg = _cfg(pg_dsn, kafka_bootstrap, table, unique_name("g")).replace(leader_election=election)
     relay = Harvest(cfg, events.append)
-    assert isinstance(relay, SequencedHarvest)
+    assert isinstance(relay.mode, SequencedMode)
     relay.start()
     try:
         writers = [threading.Thread(target=write_traffic, args=(pg_dsn, table, topic, exp, w, 40),
@@ -198,13 +198,14 @@ def test_trickle_through_a_full_ring_waits_and_commits_in_groups(
     monkeypatch.setattr(OutboxDatabase, "commit_txns", slow_commit)
     cfg = _cfg(pg_dsn, kafka_bootstrap, table, unique_name("g"), producer_ring=2, txn_max_duration=0.001)
     relay = Harvest(cfg)
-    assert isinstance(relay, SequencedHarvest)
+    assert isinstance(relay.mode, SequencedMode)
     ring_full_ticks = {"n": 0, "waited": 0}
-    tick, await_progress = relay._leader_tick, relay._await_progress
+    mode = relay.mode
+    tick, await_progress = mode.tick, relay.core.await_progress
     state = {"in_full_tick": False}
 
     def counting_tick() -> None:
-        state["in_full_tick"] = relay._view is not None and bool(relay._ready) and relay._ring_full()
+        state["in_full_tick"] = mode._view is not None and bool(mode._ready) and mode._ring_full()
         ring_full_ticks["n"] += state["in_full_tick"]
         tick()
 
@@ -212,8 +213,8 @@ def test_trickle_through_a_full_ring_waits_and_commits_in_groups(
         ring_full_ticks["waited"] += state["in_full_tick"]
         await_progress(producer)  # type: ignore[arg-type]
 
-    relay._leader_tick = counting_tick  # type: ignore[method-assign]
-    relay._await_progress = counting_wait  # type: ignore[method-assign]
+    mode.tick = counting_tick  # type: ignore[method-assign]
+    relay.core.await_progress = counting_wait  # type: ignore[method-assign]
     relay.start()
     try:
         write_traffic(pg_dsn, table, topic, exp, 0, 150, pause=0.004)

@@ -59,6 +59,6 @@ def test_commit_that_succeeded_but_reported_a_lost_connection_loses_nothing(
     finally:
         relay.stop()
         relay.wait(60)
-    assert commits["lost_replies"] == 1 and relay.views_started >= 2  # the view was abandoned and recovered
+    assert commits["lost_replies"] == 1 and relay.mode.views_started >= 2  # the view was abandoned and recovered
     res = check_exactly_once(kafka_bootstrap, topic, PARTITIONS, exp)
     print(f"\ncommit reply lost at commit {lost_reply_at}: {exp.total} rows exactly once, {res.acks} ACKs")

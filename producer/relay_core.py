@@ -1,0 +1,345 @@
+"""What both delivery modes of the relay share while leading: connections, the producer, the marks.
+
+:class:`~producer.harvest.Harvest` is the relay process (lifecycle, election, main loop, meter); the
+way it delivers is a :class:`RelayMode` strategy: :class:`~producer.at_least_once.AtLeastOnceMode`
+(goharvest's per-record purge) or :class:`~producer.sequencing.SequencedMode` (``--uuid-sequencing``:
+fenced harvest transactions). Both work on one :class:`RelayCore`, which owns what neither mode
+decides alone:
+
+- two database connections, each with a single-thread executor (statements run in submission
+  order on each): marks and the meter's backlog query on one, purges / resets / dead letters /
+  commits on the other, so the database works on a mark and a write at once;
+- the LISTEN connection a stasher's NOTIFY arrives on, and the :class:`~producer.waker.Waker` that
+  finished jobs ring;
+- the Kafka producer (replaced after a fatal error or an abandoned drain) and the preflight
+  :class:`~producer.preflight.TopicGuard`;
+- the current view (``leader_id``) and whether the mode must re-mark (``remark``);
+- the mark prefetch (one mark in flight, sized by :class:`~producer.marksize.MarkSize`), the queue
+  of marked rows not yet looked at (``ready``, id order) and rows held for missing topics;
+- the failed-attempt counts per row id, and the samples that tell poison from an outage.
+
+Invariants (tested in ``tests/test_producer``):
+- at most one mark is in flight, and its rows are used only by the view that asked for it
+  (``mark_view``); rows marked for an abandoned view are re-marked by the next one;
+- held rows keep id order per topic and go back to the head of ``ready`` when their topic exists;
+- ``await_progress`` never busy-waits: it returns on a delivery report, a finished job, a NOTIFY
+  it would act on, or after about a millisecond;
+- nothing here imports a mode: modes depend on the core, the core on neither.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import threading
+import uuid
+from collections import deque
+from collections.abc import Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any, Protocol
+
+from confluent_kafka import KafkaError
+
+from harvest_outbox.producer.config import MARK_FLOOR, HarvestConfig
+from harvest_outbox.producer.db import Listener, MarkedAttempts, MarkedRow, OutboxDatabase
+from harvest_outbox.producer.errors import DatabaseError
+from harvest_outbox.producer.kafka import DeliveryCallback, FatalErrorGuard, KafkaProducer, ProducerFactory
+from harvest_outbox.producer.marksize import MarkSize
+from harvest_outbox.producer.metrics import Metrics
+from harvest_outbox.producer.preflight import TopicGuard
+from harvest_outbox.producer.redact import redact_kafka_config
+from harvest_outbox.producer.schema import OutboxNames
+from harvest_outbox.producer.shard_election import ShardSetSeat
+from harvest_outbox.producer.waker import Waker
+
+log = logging.getLogger(__name__)
+
+# At most this many records in librdkafka's hands: rows trickle in, and the relay waits in slices of
+# _TRICKLE_SLICE seconds on its waker instead of in 1 ms polls (see RelayCore.await_progress).
+_TRICKLE_RECORDS = 64
+_TRICKLE_SLICE = 0.0002
+
+# librdkafka's text for a batch the broker refused as too large, and how its fatal errors name the batch.
+_SIZE_REFUSED = "Message size too large"
+_BATCH_TOPIC = re.compile(r"ProduceRequest for (\S+) \[")
+
+
+class RelayMode(Protocol):
+    """How a leading relay delivers: a strategy over a :class:`RelayCore`.
+
+    The relay thread calls every method; none of them blocks longer than a drain or a wind-down."""
+
+    def ensure_producer(self) -> KafkaProducer:
+        """The core's producer, created with this mode's settings when there is none."""
+        ...
+
+    def on_acquired(self) -> None:
+        """A new view was just taken (``core.leader_id`` is set); reset per-view state."""
+        ...
+
+    def tick(self) -> None:
+        """One step of leader work: mark, produce, purge / commit, or wait briefly for progress."""
+        ...
+
+    def relinquish(self, why: str) -> None:
+        """Leadership ends: stop sending, drain, finish what may be finished, drop leader state."""
+        ...
+
+    def gauges(self) -> tuple[int, int]:
+        """(records in flight, records queued) for the meter."""
+        ...
+
+    def in_flight_keys(self) -> list[bytes]:
+        """Keys of the records in flight (at-least-once mode; empty where records are not tracked by key)."""
+        ...
+
+
+def bad_row_reason(row: MarkedRow) -> str | None:
+    """Why an outbox row can never be produced (None if it can)."""
+    _id, topic, key, _value, hkeys, hvals = row
+    if topic is None or topic == "":
+        return "kafka_topic is NULL or empty: the row has nowhere to go; fix kafka_topic and requeue"
+    if key is None:
+        return "kafka_key is NULL: goharvest's schema requires a key; set kafka_key and requeue"
+    if hkeys is None or hvals is None:
+        return "kafka_header_keys/kafka_header_values is NULL: use empty arrays '{}' for no headers"
+    if len(hkeys) != len(hvals):
+        return (f"header arrays differ in length: {len(hkeys)} key(s) {hkeys!r} but {len(hvals)} value(s); "
+                f"each header needs one key and one value")
+    if any(k is None for k in hkeys):
+        return "kafka_header_keys contains NULL: header names must not be NULL"
+    return None
+
+
+class RelayCore:
+    """The shared state of a relay (see module doc). Built by :class:`~producer.harvest.Harvest`;
+    a mode reads and writes its attributes from the relay thread only, except where noted."""
+
+    def __init__(self, config: HarvestConfig, emit: Any, *, producer_factory: ProducerFactory, guard: TopicGuard,
+                 shards: ShardSetSeat | None, stop_requested: threading.Event) -> None:
+        self.config = config
+        self.limits = config.limits
+        self.names = OutboxNames.parse(config.outbox_table)
+        self.metrics = Metrics()
+        #: ``emit(event)``: hands an event to the user's handler (a handler's error is logged, not raised).
+        self.emit = emit
+        self.stop_requested = stop_requested
+        #: ``shards: S``: the seat whose led shards the views serve; None for the whole outbox.
+        self.shards = shards
+        self.producer_factory = producer_factory
+        self.guard = guard
+        # connections and their workers (open() .. close())
+        self.db: OutboxDatabase | None = None  # writes: purges, resets, dead letters, commits, views
+        self.exec: ThreadPoolExecutor | None = None
+        self.mark_db: OutboxDatabase | None = None  # marks and metrics queries
+        self.mark_exec: ThreadPoolExecutor | None = None
+        self.listener: Listener | None = None
+        # finished marks and write jobs wake a relay thread that waits outside librdkafka's poll
+        self.waker = Waker()
+        self.db_futures: list[Future[Any]] = []  # write-behind jobs not yet checked
+        self.producer: KafkaProducer | None = None
+        #: librdkafka reported a fatal error: the mode leaves its view and drops the producer.
+        self.producer_fatal = False
+        # the view
+        self.leader_id: uuid.UUID | None = None
+        #: Leave the current view and re-mark (set by a failure, a DB error, a fatal producer error).
+        self.remark = False
+        # marked rows
+        self.ready: deque[MarkedRow] = deque()  # marked, not yet looked at, id order
+        # missingTopicPolicy: hold -- rows of missing topics, by topic, in id order (marked by this
+        # view; dropped with it and re-marked by the next one)
+        self.hold_missing = config.missing_topic_policy == "hold"
+        self.held: dict[str, deque[MarkedRow]] = {}
+        self.held_count = 0
+        self._next_hold_check = 0.0
+        # the mark prefetch
+        self.mark_future: Future[tuple[list[MarkedRow], MarkedAttempts]] | None = None
+        self.mark_view: uuid.UUID | None = None
+        self.mark_asked = 0
+        ceiling = self.limits.mark_ceiling
+        self.mark_size = MarkSize(min(MARK_FLOOR, ceiling), ceiling)
+        self.next_mark = 0.0
+        #: The last mark took the whole backlog: the next one waits for a NOTIFY or markBackoff.
+        self.idle = False
+        # failed attempts
+        self.attempts: dict[int, int] = {}  # id -> failed attempts (persisted ones included, from the mark)
+        self.attempt_buf: list[tuple[int, int, str]] = []  # (id, attempts, error) to persist
+        # (monotonic time, metrics.delivered) samples, ~4 per second over the last rowTimeout: did
+        # anything get delivered while a failed record was waiting (poison) or not (outage)?
+        self.delivered_samples: deque[tuple[float, int]] = deque()
+
+    # ------------------------------------------------------------------ resources
+    def open(self) -> None:
+        """Connect (fail fast: connection and schema check) and start the two DB workers."""
+        shard_count = self.shards.count if self.shards is not None else None
+        self.db = OutboxDatabase(self.config.data_source, self.names, shard_count)
+        _ = self.db.conn
+        self.exec = ThreadPoolExecutor(1, thread_name_prefix=f"harvest-db-{self.config.name}")
+        self.mark_db = OutboxDatabase(self.config.data_source, self.names, shard_count)
+        self.mark_exec = ThreadPoolExecutor(1, thread_name_prefix=f"harvest-mark-{self.config.name}")
+        self.listener = Listener(self.config.data_source, self.names)
+
+    def close(self) -> None:
+        """Flush and drop the producer, stop the workers, close every connection."""
+        if self.producer is not None:
+            self.producer.flush(5.0)
+            self.producer = None
+        for executor in (self.exec, self.mark_exec):
+            if executor is not None:
+                executor.shutdown(wait=True)
+        self.guard.close()
+        for closeable in (self.listener, self.db, self.mark_db, self.waker):
+            if closeable is not None:
+                closeable.close()
+
+    def use_shards(self, applied: frozenset[int]) -> None:
+        """A new view of the led shards: both connections mark / purge within ``applied`` from now on."""
+        for db in (self.db, self.mark_db):
+            if db is not None:
+                db.set_shards(applied)
+        self.metrics.shard_backlog = {}
+
+    # ------------------------------------------------------------------ the producer
+    def new_producer(self, settings: Mapping[str, Any], on_delivery: DeliveryCallback) -> KafkaProducer:
+        """Create the producer: the config's settings, then the mode's ``settings`` where the user set none."""
+        conf = self.config.producer_config()
+        conf.setdefault("client.id", f"harvest-{self.config.name}")
+        for name, value in settings.items():
+            conf.setdefault(name, value)
+        conf.setdefault("error_cb", self.on_producer_error)
+        log.debug("creating producer %s", redact_kafka_config(conf))
+        self.producer = FatalErrorGuard(self.producer_factory(conf, on_delivery), self.on_producer_error)
+        return self.producer
+
+    def on_producer_error(self, err: KafkaError) -> None:
+        """librdkafka's global errors (served inside ``poll()``). A fatal one (with
+        ``--uuid-sequencing``, a gap-less guarantee the broker broke by refusing a batch) makes the
+        producer unusable: the mode leaves the view and builds a new producer, instead of letting
+        ``poll()`` raise and the relay die on one row, again after every restart."""
+        if not err.fatal():
+            log.debug("Kafka producer: %s", err.str())  # librdkafka logs these itself
+            return
+        log.error("the Kafka producer hit a fatal error (%s: %s); replacing it and re-marking", err.name(),
+                  err.str())
+        self.producer_fatal = True
+        if _SIZE_REFUSED in err.str():
+            for topic in _BATCH_TOPIC.findall(err.str()):
+                self.guard.check_sizes(topic)
+
+    def drop_fatal_producer(self) -> None:
+        """After a fatal producer error, once the view is left: flush briefly and drop the producer."""
+        if self.producer_fatal:
+            self.producer_fatal = False
+            if self.producer is not None:
+                self.producer.flush(1.0)
+            self.producer = None
+
+    # ------------------------------------------------------------------ marks
+    def submit_mark(self) -> None:
+        """Ask the mark worker for the next ``mark_size`` rows of the current view."""
+        assert self.mark_exec is not None and self.mark_db is not None and self.leader_id is not None
+        self.mark_view = self.leader_id
+        self.mark_asked = self.mark_size.value
+        self.mark_future = self.waker.watch(
+            self.mark_exec.submit(self.mark_db.mark_with_attempts, self.leader_id, self.mark_asked))
+
+    def await_mark(self) -> None:
+        """Wait out a pending mark (its rows stay marked for a view about to be left)."""
+        if self.mark_future is not None:
+            try:
+                self.mark_future.result()
+            except DatabaseError:
+                pass
+            self.mark_future = None
+
+    def await_progress(self, producer: KafkaProducer) -> None:
+        """Wait (about a millisecond at most) for what moves a busy relay on: a delivery report, a
+        finished mark or write job, a stasher's NOTIFY.
+
+        Only a delivery report ends ``producer.poll(timeout)`` early, and only the waker's select ends
+        on the others. Streaming a backlog, librdkafka always holds many records and reports arrive
+        back to back: poll. Trickling (few records held), the next row's NOTIFY or mark usually
+        finishes first, and waiting it out inside a 1 ms poll is most of a row's idle-to-delivery
+        latency: select on the waker in short slices, and serve reports between them."""
+        held = len(producer)
+        if held > _TRICKLE_RECORDS:
+            producer.poll(0.001)
+            return
+        # The LISTEN socket only while a NOTIFY would be acted on (idle, no mark in flight): otherwise
+        # nothing reads it, it stays readable, and every wait would return at once (a busy loop).
+        fd = None
+        if self.idle and self.mark_future is None and self.listener is not None:
+            fd = self.listener.fileno()
+        self.waker.wait(0.001 if held == 0 else _TRICKLE_SLICE, fd)
+        producer.poll(0)
+
+    def notified_while_idle(self) -> None:
+        """A stasher committed while the relay waited out ``markBackoff``: mark now."""
+        if self.idle and self.mark_future is None and self.listener is not None and self.listener.pending():
+            self.next_mark = 0.0
+
+    def wait_idle(self) -> None:
+        """Nothing to do: sleep until a stasher commits (NOTIFY) or the fallback poll / next pulse is due."""
+        assert self.listener is not None
+        if self.listener.wait(min(self.limits.idle_poll_interval, self.limits.min_poll_interval)):
+            self.next_mark = 0.0
+
+    # ------------------------------------------------------------------ held rows (missingTopicPolicy: hold)
+    def hold(self, row: MarkedRow) -> None:
+        """Keep ``row`` (its topic does not exist) until the topic does."""
+        topic: str = row[1]  # type: ignore[assignment]
+        held = self.held.get(topic)
+        if held is None:
+            log.warning("topic %r does not exist: holding its rows until it does (missingTopicPolicy: hold); "
+                        "rows of other topics flow", topic)
+            held = self.held[topic] = deque()
+        held.append(row)
+        self.held_count += 1
+
+    def release_held(self, now: float) -> None:
+        """Every ``missing_ttl``: topics that exist now get their held rows back, ahead of the
+        ready queue (they are older than anything of their topic queued after them)."""
+        if now < self._next_hold_check:
+            return
+        self._next_hold_check = now + self.guard.missing_ttl
+        for topic in list(self.held):
+            verdict = self.guard.verdict(topic)
+            if topic in self.guard.missing:
+                continue
+            rows = self.held.pop(topic)
+            self.held_count -= len(rows)
+            log.info("topic %r exists now (%s): releasing %d held row(s)", topic,
+                     "ok" if verdict.__class__ is not str else verdict, len(rows))
+            self.ready.extendleft(reversed(rows))
+
+    def clear_queues(self) -> None:
+        """Forget marked rows not yet sent (still marked by the old view: the next view re-marks them)."""
+        self.held.clear()
+        self.held_count = 0
+        self.ready.clear()
+
+    # ------------------------------------------------------------------ write-behind jobs
+    def check_db(self) -> None:
+        """Surface errors of finished write-behind jobs (raised in the relay thread)."""
+        futures = self.db_futures
+        if not futures or not futures[0].done():
+            return
+        done = [f for f in futures if f.done()]
+        self.db_futures = [f for f in futures if not f.done()]
+        for f in done:
+            err = f.exception()
+            if err is not None:
+                raise err
+
+    # ------------------------------------------------------------------ poison or outage
+    def sample_deliveries(self, now: float) -> None:
+        """Keep ~4 samples a second of ``metrics.delivered`` over the last ``rowTimeout`` (+1 s)."""
+        samples = self.delivered_samples
+        if not samples or now - samples[-1][0] >= 0.25:
+            samples.append((now, self.metrics.delivered))
+            while now - samples[0][0] > self.limits.row_timeout + 1.0:
+                samples.popleft()
+
+    def waited_out(self, latency: float | None) -> bool:
+        """Did a failed record wait (about) its whole delivery timeout?"""
+        return latency is not None and latency >= 0.8 * self.limits.row_timeout
