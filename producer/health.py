@@ -30,7 +30,6 @@ from typing import Any, Protocol
 
 import psycopg
 
-from harvest_outbox.producer.metrics import Metrics
 from harvest_outbox.producer.redact import redact_error
 
 log = logging.getLogger(__name__)
@@ -40,6 +39,13 @@ log = logging.getLogger(__name__)
 PROBE_TTL = 1.0
 #: Seconds the probe may take to connect / run ``SELECT 1`` before the database counts as unreachable.
 PROBE_TIMEOUT = 2.0
+
+
+class LoopReadings(Protocol):
+    """What health reads of the relay's metrics (:class:`producer.metrics.Metrics`): when the loop
+    last took a reading (``time.monotonic()``, None before the first)."""
+
+    read_at: float | None
 
 
 class RelayView(Protocol):
@@ -54,7 +60,7 @@ class RelayView(Protocol):
     @property
     def leader_id(self) -> uuid.UUID | None: ...
 
-    metrics: Metrics
+    metrics: LoopReadings
     config: Any  # producer.config.HarvestConfig
 
 

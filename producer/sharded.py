@@ -3,8 +3,8 @@
 Rows are split into S shards by a hash of ``kafka_key`` (:mod:`producer.shards`), so each key
 lives in one shard. A :class:`ShardedHarvest` process takes part in a per-shard leader election
 (:mod:`producer.shard_election`: NELI with an S-partition leader topic, or one Postgres advisory lock
-per shard) and runs ONE ordinary relay loop (:class:`~producer.harvest.Harvest`, or the
-``--uuid-sequencing`` relay) over the shards it leads: its marks read only those shards' rows, its
+per shard) and runs ONE ordinary relay loop (:class:`~producer.harvest.Harvest`, in either delivery
+mode) over the shards it leads: its marks read only those shards' rows, its
 metrics are theirs, and in exactly-once mode its view fences exactly their fence rows. Every change
 of the led set is a new leader view: the loop drains and flushes (or commits) everything of the old
 set, then marks anew. Everything the unsharded relay guarantees therefore holds per shard: per-key

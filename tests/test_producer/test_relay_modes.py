@@ -1,0 +1,170 @@
+"""The relay's structure (producer/harvest.py, relay_core.py, at_least_once.py, sequencing.py), no
+DB, no Kafka:
+- exactly one mode per relay, chosen by the config at construction;
+- no import cycle among the producer package's modules, and only the relay process imports a mode;
+- rows of a mark asked for by an abandoned view are never produced by the current one;
+- held rows (missingTopicPolicy: hold) go back to the head of the ready queue in id order."""
+
+from __future__ import annotations
+
+import ast
+import time
+import uuid
+from concurrent.futures import Future
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fake_admin import FakeAdmin
+
+from harvest_outbox.producer.at_least_once import AtLeastOnceMode
+from harvest_outbox.producer.config import HarvestConfig, Limits
+from harvest_outbox.producer.election import StaticElection
+from harvest_outbox.producer.harvest import Harvest
+from harvest_outbox.producer.preflight import TopicGuard
+from harvest_outbox.producer.sequencing import SequencedMode
+
+PRODUCER = Path(__file__).resolve().parents[2] / "producer"
+MODES = {"at_least_once", "sequencing"}
+
+
+class FakeProducer:
+    def __init__(self, conf: dict[str, Any], on_delivery: Any) -> None:
+        self.conf = conf
+        self.sent: list[tuple[str, bytes | None, bytes | None]] = []
+
+    def produce(self, topic: str, value: bytes | None = None, key: bytes | None = None, **kw: Any) -> None:
+        self.sent.append((topic, value, key))
+
+    def poll(self, timeout: float = 0) -> int:
+        return 0
+
+    def flush(self, timeout: float = 0) -> int:
+        return 0
+
+    def purge(self, *a: Any, **k: Any) -> None:
+        pass
+
+    def __len__(self) -> int:
+        return 0
+
+
+def _relay(admin: FakeAdmin | None = None, **config: Any) -> tuple[Harvest, list[FakeProducer]]:
+    made: list[FakeProducer] = []
+
+    def factory(conf: dict[str, Any], cb: Any) -> FakeProducer:
+        made.append(FakeProducer(conf, cb))
+        return made[-1]
+
+    cfg = HarvestConfig(limits=Limits(), **config)
+    guard = TopicGuard({}, cfg.producer_config(), missing_ttl=0.0,
+                       admin_factory=lambda conf: admin if admin is not None else FakeAdmin())
+    return Harvest(cfg, producer_factory=factory, election=StaticElection(), topic_guard=guard), made
+
+
+@pytest.mark.parametrize("uuid_sequencing, mode, header_bytes, gapless", [
+    (False, AtLeastOnceMode, 0, None),
+    (True, SequencedMode, 30, True),
+])
+def test_the_config_chooses_one_mode(uuid_sequencing: bool, mode: type, header_bytes: int,
+                                     gapless: bool | None) -> None:
+    relay, made = _relay(uuid_sequencing=uuid_sequencing)
+    assert type(relay) is Harvest and type(relay.mode) is mode
+    assert relay.mode.core is relay.core  # type: ignore[attr-defined]
+    assert mode.HEADER_BYTES == header_bytes
+    relay.mode.ensure_producer()
+    relay.mode.ensure_producer()
+    assert len(made) == 1, "one producer until the mode drops it"
+    assert made[0].conf.get("enable.gapless.guarantee") == gapless
+    assert ("uuid-sequencing" if uuid_sequencing else "at-least-once") in repr(relay)
+
+
+def test_a_users_producer_setting_wins_over_the_modes() -> None:
+    relay, made = _relay(uuid_sequencing=True, producer_kafka_config={"enable.gapless.guarantee": False})
+    relay.mode.ensure_producer()
+    assert made[0].conf["enable.gapless.guarantee"] is False
+
+
+def _producer_imports() -> dict[str, set[str]]:
+    """module -> the producer modules it imports (at any depth of its code: lazy imports count)."""
+    modules = {p.stem for p in PRODUCER.glob("*.py")}
+    graph: dict[str, set[str]] = {}
+    for path in PRODUCER.glob("*.py"):
+        deps: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module:
+                parts = node.module.split(".")
+                if parts[:2] == ["harvest_outbox", "producer"]:
+                    if len(parts) == 3:
+                        deps.add(parts[2])
+                    else:
+                        deps.update(a.name for a in node.names if a.name in modules)
+            elif isinstance(node, ast.Import):
+                deps.update(a.name.split(".")[2] for a in node.names if a.name.startswith("harvest_outbox.producer."))
+        graph[path.stem] = deps - {path.stem}
+    return graph
+
+
+def test_no_import_cycles_and_only_the_relay_process_imports_a_mode() -> None:
+    graph = _producer_imports()
+    assert {"harvest", "relay_core"} | MODES <= set(graph)
+
+    def reachable(start: str) -> set[str]:
+        seen: set[str] = set()
+        todo = [start]
+        while todo:
+            for dep in graph.get(todo.pop(), ()):
+                if dep not in seen:
+                    seen.add(dep)
+                    todo.append(dep)
+        return seen
+
+    cyclic = sorted(m for m in graph if m != "__init__" and m in reachable(m))
+    assert cyclic == [], f"modules on an import cycle: {cyclic}"
+    importers = sorted(m for m, deps in graph.items() if deps & MODES and m not in ("__init__",))
+    assert importers == ["harvest"], importers
+    assert not graph["relay_core"] & (MODES | {"harvest"})
+
+
+def _mark(relay: Harvest, rows: list[tuple], view: uuid.UUID) -> None:
+    done: Future = Future()
+    done.set_result((rows, {}))
+    core = relay.core
+    core.mark_future, core.mark_asked, core.mark_view = done, 100, view
+
+
+def row(i: int, key: str, topic: str = "t") -> tuple:
+    return (i, topic, key.encode(), f"v{i}".encode(), [], [])
+
+
+def test_a_mark_for_an_abandoned_view_is_not_produced() -> None:
+    relay, made = _relay()
+    core = relay.core
+    relay.on_acquired()
+    relay.mode.ensure_producer()
+    old_view = core.leader_id
+    core.leader_id = uuid.uuid4()  # the view was refreshed while the mark ran
+    _mark(relay, [row(1, "a"), row(2, "b")], old_view)  # type: ignore[arg-type]
+    relay.mode.tick()
+    assert made[0].sent == [] and not core.ready, "rows marked for an abandoned view were produced"
+    _mark(relay, [row(1, "a"), row(2, "b")], core.leader_id)
+    relay.mode.tick()
+    assert [s[1] for s in made[0].sent] == [b"v1", b"v2"]
+
+
+def test_held_rows_return_to_the_head_of_the_ready_queue_in_id_order() -> None:
+    admin = FakeAdmin({"t": 1_048_588})
+    relay, _made = _relay(admin, missing_topic_policy="hold")
+    core = relay.core
+    for topic in ("later", "never"):
+        assert isinstance(core.guard.verdict(topic), str) and topic in core.guard.missing
+    for i in (3, 5, 8):
+        core.hold(row(i, f"k{i}", topic="later"))
+    core.hold(row(4, "x", topic="never"))
+    core.ready.extend([row(9, "z", topic="later")])
+    assert core.held_count == 4
+    admin.topics["later"] = 1_048_588  # created meanwhile
+    core.guard.verdicts.pop("later")  # its "missing" verdict expired
+    core.release_held(time.monotonic())
+    assert [r[0] for r in core.ready] == [3, 5, 8, 9]
+    assert list(core.held) == ["never"] and core.held_count == 1
