@@ -9,6 +9,7 @@ from typing import Any
 
 from confluent_kafka import KafkaError
 from fake_admin import FakeAdmin
+from fake_producer import FakeProducer
 
 from harvest_outbox.producer.at_least_once import AtLeastOnceMode
 from harvest_outbox.producer.config import HarvestConfig, Limits
@@ -27,27 +28,6 @@ class FakeMsg:
     def latency(self) -> float | None:
         """Seconds from produce() to this report (confluent-kafka's Message.latency)."""
         return self._latency
-
-
-class FakeProducer:
-    def __init__(self, on_delivery: Any) -> None:
-        self.on_delivery = on_delivery
-        self.sent: list[tuple[str, bytes | None, bytes, Any]] = []
-
-    def produce(self, topic: str, value: bytes | None = None, key: bytes | None = None, **kw: Any) -> None:
-        self.sent.append((topic, value, key, kw.get("headers")))  # type: ignore[arg-type]
-
-    def poll(self, timeout: float = 0) -> int:
-        return 0
-
-    def flush(self, timeout: float = 0) -> int:
-        return 0
-
-    def purge(self, *a: Any, **k: Any) -> None:
-        pass
-
-    def __len__(self) -> int:
-        return 0
 
 
 def _harvest(**limits: Any) -> tuple[Harvest, FakeProducer]:

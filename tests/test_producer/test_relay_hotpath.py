@@ -11,6 +11,7 @@ from concurrent.futures import Future
 from typing import Any
 
 from fake_admin import FakeAdmin
+from fake_producer import FakeProducer
 
 from harvest_outbox.producer.at_least_once import AtLeastOnceMode
 from harvest_outbox.producer.config import HarvestConfig, Limits
@@ -19,27 +20,6 @@ from harvest_outbox.producer.harvest import Harvest
 from harvest_outbox.producer.preflight import TopicGuard
 from harvest_outbox.producer.sequencing import _Slot, continue_uuid, uuid_bytes
 from harvest_outbox.sequencer import Flags, build_uuid, clock_of, flags_of, new_producer_id, parse_uuid, producer_of
-
-
-class FakeProducer:
-    def __init__(self, on_delivery: Any) -> None:
-        self.on_delivery = on_delivery
-        self.sent: list[tuple[str, bytes | None, bytes | None]] = []
-
-    def produce(self, topic: str, value: bytes | None = None, key: bytes | None = None, **kw: Any) -> None:
-        self.sent.append((topic, value, key))
-
-    def poll(self, timeout: float = 0) -> int:
-        return 0
-
-    def flush(self, timeout: float = 0) -> int:
-        return 0
-
-    def purge(self, *a: Any, **k: Any) -> None:
-        pass
-
-    def __len__(self) -> int:
-        return 0
 
 
 def row(i: int, key: str) -> tuple:

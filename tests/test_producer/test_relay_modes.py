@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 from fake_admin import FakeAdmin
+from fake_producer import FakeProducer
 
 from harvest_outbox.producer.at_least_once import AtLeastOnceMode
 from harvest_outbox.producer.config import HarvestConfig, Limits
@@ -28,32 +29,11 @@ PRODUCER = Path(__file__).resolve().parents[2] / "producer"
 MODES = {"at_least_once", "sequencing"}
 
 
-class FakeProducer:
-    def __init__(self, conf: dict[str, Any], on_delivery: Any) -> None:
-        self.conf = conf
-        self.sent: list[tuple[str, bytes | None, bytes | None]] = []
-
-    def produce(self, topic: str, value: bytes | None = None, key: bytes | None = None, **kw: Any) -> None:
-        self.sent.append((topic, value, key))
-
-    def poll(self, timeout: float = 0) -> int:
-        return 0
-
-    def flush(self, timeout: float = 0) -> int:
-        return 0
-
-    def purge(self, *a: Any, **k: Any) -> None:
-        pass
-
-    def __len__(self) -> int:
-        return 0
-
-
 def _relay(admin: FakeAdmin | None = None, **config: Any) -> tuple[Harvest, list[FakeProducer]]:
     made: list[FakeProducer] = []
 
     def factory(conf: dict[str, Any], cb: Any) -> FakeProducer:
-        made.append(FakeProducer(conf, cb))
+        made.append(FakeProducer(cb, conf))
         return made[-1]
 
     cfg = HarvestConfig(limits=Limits(), **config)
