@@ -130,7 +130,7 @@ def drain_once(dsn: str, bootstrap: str, rows: int, keys: int, partitions: int, 
             t0, c0 = time.perf_counter(), time.process_time()
             while relay.metrics.delivered < rows:
                 time.sleep(0.005)
-                peak_rss, peak_mark = max(peak_rss, _rss_mb()), max(peak_mark, relay.mark_size.value)
+                peak_rss, peak_mark = max(peak_rss, _rss_mb()), max(peak_mark, relay.core.mark_size.value)
             with psycopg.connect(dsn, autocommit=True) as conn:  # purges are written behind delivery
                 count = sql.SQL("SELECT count(*) FROM {}").format(sql.Identifier(b.schema, "outbox"))
                 while conn.execute(count).fetchone()[0]:  # type: ignore[index]
