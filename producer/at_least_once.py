@@ -385,21 +385,17 @@ class AtLeastOnceMode:
             core.attempt_buf, self._forget_buf = [], []
             backoff = self.limits.io_error_backoff
 
+            # In this order; a step that succeeded empties its buffer, so a retry does not repeat it.
+            steps: tuple[tuple[list[Any], Any], ...] = (
+                (dlq, db.dead_letter), (purge, db.purge), (forget, db.forget_attempts), (tried, db.record_attempts))
+
             def job() -> None:
                 for attempt in range(3):  # short retries: a blip must not cost a remark
                     try:
-                        if dlq:
-                            db.dead_letter(dlq)
-                            dlq.clear()
-                        if purge:
-                            db.purge(purge)
-                            purge.clear()
-                        if forget:
-                            db.forget_attempts(forget)
-                            forget.clear()
-                        if tried:
-                            db.record_attempts(tried)
-                            tried.clear()
+                        for buf, write in steps:
+                            if buf:
+                                write(buf)
+                                buf.clear()
                         if reset:
                             db.reset(reset)
                         return
