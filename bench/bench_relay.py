@@ -281,15 +281,14 @@ def latency(dsn: str, bootstrap: str, rate: float, seconds: float, keys: int, se
     try:
         while not relay.is_leader:
             time.sleep(0.01)
-        cpu: dict[str, float] = {}
+        window: list[tuple[float, dict[int, float]]] = []  # (start, relay threads' CPU then)
 
         def write() -> None:
             st = Stasher(table)
             with psycopg.connect(dsn) as conn:
                 def one(i: int) -> None:
                     if i == int(rate * warmup):  # the measured window starts: relay CPU from here
-                        cpu["t0"] = time.perf_counter()
-                        cpu["before"] = _thread_cpu_s(_relay_threads(relay))  # type: ignore[assignment]
+                        window.append((time.perf_counter(), _thread_cpu_s(_relay_threads(relay))))
                     value = f"{i:010d}"
                     with conn.transaction():
                         st.stash(conn, OutboxRecord(topic, f"key-{i % keys}", value))
@@ -302,9 +301,9 @@ def latency(dsn: str, bootstrap: str, rate: float, seconds: float, keys: int, se
         w.start()
         rows = _receive(topic, bootstrap, sent, n, time.perf_counter() + warmup + seconds + 30)
         w.join()
-        before: dict[int, float] = cpu.get("before", {})  # type: ignore[assignment]
+        start, before = window[0] if window else (time.perf_counter(), {})
         used = sum(u - before.get(tid, 0.0) for tid, u in _thread_cpu_s(_relay_threads(relay)).items())
-        elapsed = time.perf_counter() - cpu.get("t0", time.perf_counter())
+        elapsed = time.perf_counter() - start
     finally:
         relay.stop()
         relay.wait(60)

@@ -46,7 +46,6 @@ import logging
 import time
 import uuid
 from collections import deque
-from concurrent.futures import wait as wait_futures
 from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Message
@@ -92,10 +91,7 @@ class AtLeastOnceMode:
 
     # ------------------------------------------------------------------ RelayMode
     def ensure_producer(self) -> KafkaProducer:
-        producer = self.core.producer
-        if producer is None:
-            producer = self.core.new_producer(self.PRODUCER_SETTINGS, self._on_delivery)
-        return producer
+        return self.core.ensure_producer(self.PRODUCER_SETTINGS, self._on_delivery)
 
     def on_acquired(self) -> None:
         pass
@@ -187,7 +183,6 @@ class AtLeastOnceMode:
             log.warning("could not flush purges while giving up leadership (records will be re-sent): %s", exc)
             self._purge_buf, self._dlq_buf, self._reset_buf = [], [], []
             self.core.attempt_buf, self._forget_buf = [], []
-        self.core.attempts.clear()
 
     # ------------------------------------------------------------------ marks
     def _take_attempts(self, rows: list[MarkedRow], persisted: MarkedAttempts) -> list[MarkedRow]:
@@ -408,9 +403,8 @@ class AtLeastOnceMode:
         if wait:
             core.await_mark()
             futures, core.db_futures = core.db_futures, []
-            wait_futures(futures)
             for f in futures:
-                err = f.exception()
+                err = f.exception()  # waits for it
                 if err is not None:
                     raise err
 

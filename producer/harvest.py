@@ -220,6 +220,7 @@ class Harvest:
         if core.leader_id is None:
             return False
         self.mode.relinquish(why)
+        core.attempts.clear()  # the next leader reads the stored counts back with its marks
         core.leader_id = None
         core.remark = False
         self.metrics.is_leader = False

@@ -200,8 +200,11 @@ class RelayCore:
         self.metrics.shard_backlog = {}
 
     # ------------------------------------------------------------------ the producer
-    def new_producer(self, settings: Mapping[str, Any], on_delivery: DeliveryCallback) -> KafkaProducer:
-        """Create the producer: the config's settings, then the mode's ``settings`` where the user set none."""
+    def ensure_producer(self, settings: Mapping[str, Any], on_delivery: DeliveryCallback) -> KafkaProducer:
+        """The producer; created when there is none (after a fatal error or an abandoned drain):
+        the config's settings, then the mode's ``settings`` where the user set none."""
+        if self.producer is not None:
+            return self.producer
         conf = self.config.producer_config()
         conf.setdefault("client.id", f"harvest-{self.config.name}")
         for name, value in settings.items():

@@ -303,10 +303,7 @@ class SequencedMode:
 
     # ------------------------------------------------------------------ RelayMode
     def ensure_producer(self) -> KafkaProducer:
-        producer = self.core.producer
-        if producer is None:
-            producer = self.core.new_producer(self.PRODUCER_SETTINGS, _unexpected_report)
-        return producer
+        return self.core.ensure_producer(self.PRODUCER_SETTINGS, _unexpected_report)
 
     def on_acquired(self) -> None:
         self._view = None  # the first tick starts a view (epoch bump + recovery)
@@ -918,7 +915,6 @@ class SequencedMode:
             self._view = None
             self._txns.clear()
             self._acking.clear()
-        self.core.attempts.clear()
         self._poison.clear()
 
 
