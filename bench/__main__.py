@@ -83,6 +83,13 @@ def _relay_rows(r: dict[str, Any]) -> list[tuple[str, str, str, str]]:
                     + f"{_fmt(d.get('cpu_s_per_100k_rows'))} CPU s per 100k rows; {_fmt(d.get('peak_rss_mb'))} MB RSS",
                     ("≥ 0.75 of the database limit" + (", ≥ 0.9 of at-least-once" if mode == "sequenced" else ""))
                     if setting == "defaults" else ""))
+        fresh = b.get("at_least_once/defaults/new_topic")
+        if fresh:
+            out.append((f"Relay drain, at-least-once, default limits, {rows}, into a topic created just before (rows/s)",
+                        _fmt(fresh.get("rows_per_s")),
+                        f"{_fmt(fresh.get('ratio_to_db_limit'))} of the database limit; "
+                        f"{_fmt(fresh.get('ratio_to_long_lived_topic'))} of the same drain into a long-lived topic "
+                        "(the broker's start-up of new partitions)", ""))
     go = r.get("goharvest") or {}
     if "defaults" in go:
         out.append(("goharvest (Go), default / tuned limits, same backlog (rows/s)",

@@ -103,15 +103,22 @@ def _rss_mb() -> float:
     return 0.0
 
 
-class _Backlog:
-    """A fresh schema + outbox + topic filled with ``rows`` rows; dropped on exit."""
+def new_topic(bootstrap: str, partitions: int) -> str:
+    topic = f"bench-{uuid.uuid4().hex[:8]}"
+    create_topic(bootstrap, topic, partitions)
+    return topic
 
-    def __init__(self, dsn: str, bootstrap: str, rows: int, keys: int, partitions: int) -> None:
+
+class _Backlog:
+    """A fresh schema + outbox filled with ``rows`` rows for ``topic`` (a new topic when None); the
+    schema is dropped on exit."""
+
+    def __init__(self, dsn: str, bootstrap: str, rows: int, keys: int, partitions: int,
+                 topic: str | None = None) -> None:
         self.dsn, self.rows = dsn, rows
         self.schema = f"bench_{uuid.uuid4().hex[:8]}"
         self.table = f"{self.schema}.outbox"
-        self.topic = f"bench-{uuid.uuid4().hex[:8]}"
-        create_topic(bootstrap, self.topic, partitions)
+        self.topic = topic or new_topic(bootstrap, partitions)
         init_db(dsn, self.table)
         fill_backlog(dsn, self.table, self.topic, rows, keys)
         with psycopg.connect(dsn, autocommit=True) as conn:
@@ -126,8 +133,8 @@ class _Backlog:
 
 
 def drain_once(dsn: str, bootstrap: str, rows: int, keys: int, partitions: int, sequenced: bool,
-               limits: dict[str, Any]) -> dict[str, Any]:
-    with _Backlog(dsn, bootstrap, rows, keys, partitions) as b:
+               limits: dict[str, Any], topic: str | None = None) -> dict[str, Any]:
+    with _Backlog(dsn, bootstrap, rows, keys, partitions, topic) as b:
         relay = Harvest(_config(dsn, bootstrap, b.table, limits, sequenced)).start()
         peak_rss, peak_mark = _rss_mb(), 0
         try:
@@ -157,14 +164,12 @@ GOHARVEST_MARK = """
               kafka_header_values"""
 
 
-def kafka_limit_once(bootstrap: str, rows: int, keys: int, partitions: int) -> float:
+def kafka_limit_once(bootstrap: str, rows: int, keys: int, partitions: int, topic: str) -> float:
     """The Kafka side's own loop (see the module doc): rows / seconds from the first produce to the
     last acknowledgement. The producer connects (and gets its producer id) before the clock starts,
     as the relay's does before it is elected."""
     from confluent_kafka import Producer
 
-    topic = f"bench-{uuid.uuid4().hex[:8]}"
-    create_topic(bootstrap, topic, partitions)
     conf = HarvestConfig(data_source="postgresql://unused", outbox_table="unused",
                          base_kafka_config={"bootstrap.servers": bootstrap}).producer_config()
     producer = Producer(conf)
@@ -191,11 +196,11 @@ def kafka_limit_once(bootstrap: str, rows: int, keys: int, partitions: int) -> f
     return rows / elapsed
 
 
-def db_limit_once(dsn: str, bootstrap: str, rows: int, keys: int, partitions: int, batch: int,
+def db_limit_once(dsn: str, bootstrap: str, rows: int, keys: int, partitions: int, batch: int, topic: str,
                   statement: str = "relay") -> float:
     """The database's own loop: a mark statement (the relay's, or goharvest's), then one multi-id
     DELETE, repeated on one connection until the outbox is empty."""
-    with _Backlog(dsn, bootstrap, rows, keys, partitions) as b:
+    with _Backlog(dsn, bootstrap, rows, keys, partitions, topic) as b:
         db = OutboxDatabase(dsn, OutboxNames.parse(b.table))
         leader = uuid.uuid4()
         goharvest = sql.SQL(GOHARVEST_MARK).format(o=sql.Identifier(b.schema, "outbox"))
@@ -403,25 +408,37 @@ def main() -> int:
                   "defaults": DEFAULT_LIMITS, "tuned": TUNED_LIMITS, "db_limit_batch": AUTO_MARK_RECORDS},
         "backlogs": {}}
     try:
+        # One long-lived topic for every drain and Kafka loop, as an outbox's topics are. A drain into
+        # a topic created moments before pays the broker's start-up of new partitions (measured on
+        # its own below), which no relay of a running system meets.
+        topic = new_topic(bootstrap, args.partitions)
         print("[bench relay] warm-up (untimed)", file=sys.stderr, flush=True)
         for sequenced in modes.values():
-            drain_once(dsn, bootstrap, min(args.rows, 100_000), args.keys, args.partitions, sequenced, DEFAULT_LIMITS)
-        kafka_limit_once(bootstrap, min(args.rows, 100_000), args.keys, args.partitions)
+            drain_once(dsn, bootstrap, min(args.rows, 100_000), args.keys, args.partitions, sequenced, DEFAULT_LIMITS,
+                       topic)
+        kafka_limit_once(bootstrap, min(args.rows, 100_000), args.keys, args.partitions, topic)
         for rows, runs in sizes:
             limit_runs: list[float] = []
             kafka_runs: list[float] = []
             goharvest_runs: list[float] = []
+            new_topic_runs: list[dict[str, Any]] = []
             drains: dict[str, list[dict[str, Any]]] = {f"{m}/{s}": [] for m in modes for s in settings}
             for _ in range(runs):  # interleaved, so every figure sees the same machine state
-                limit_runs.append(db_limit_once(dsn, bootstrap, rows, args.keys, args.partitions, AUTO_MARK_RECORDS))
+                limit_runs.append(db_limit_once(dsn, bootstrap, rows, args.keys, args.partitions, AUTO_MARK_RECORDS,
+                                                topic))
                 goharvest_runs.append(db_limit_once(dsn, bootstrap, rows, args.keys, args.partitions,
-                                                    AUTO_MARK_RECORDS, statement="goharvest"))
-                kafka_runs.append(kafka_limit_once(bootstrap, rows, args.keys, args.partitions))
+                                                    AUTO_MARK_RECORDS, topic, statement="goharvest"))
+                kafka_runs.append(kafka_limit_once(bootstrap, rows, args.keys, args.partitions, topic))
                 for m, sequenced in modes.items():
                     for sname, limits in settings.items():
                         print(f"[bench relay] {rows} rows, {m}, {sname}", file=sys.stderr, flush=True)
                         drains[f"{m}/{sname}"].append(
-                            drain_once(dsn, bootstrap, rows, args.keys, args.partitions, sequenced, limits))
+                            drain_once(dsn, bootstrap, rows, args.keys, args.partitions, sequenced, limits, topic))
+                if rows == args.rows:
+                    print(f"[bench relay] {rows} rows, at_least_once, defaults, new topic", file=sys.stderr,
+                          flush=True)
+                    new_topic_runs.append(drain_once(dsn, bootstrap, rows, args.keys, args.partitions, False,
+                                                     DEFAULT_LIMITS))
             limit = statistics.median(limit_runs)
             go_limit = statistics.median(goharvest_runs)
             kafka_limit = statistics.median(kafka_runs)
@@ -440,6 +457,12 @@ def main() -> int:
                                "peak_rss_mb": round(max(r["peak_rss_mb"] for r in rs)),
                                "peak_mark_size": max(r["peak_mark_size"] for r in rs),
                                "remarks": sum(r["remarks"] for r in rs)}
+            if new_topic_runs:
+                med = _median(new_topic_runs, "rows_per_s")
+                entry["at_least_once/defaults/new_topic"] = {
+                    "rows_per_s": round(med), "runs": [round(r["rows_per_s"]) for r in new_topic_runs],
+                    "ratio_to_db_limit": round(med / limit, 3),
+                    "ratio_to_long_lived_topic": round(med / entry["at_least_once/defaults"]["rows_per_s"], 3)}
             for sname in settings:
                 entry[f"sequenced_to_at_least_once/{sname}"] = round(
                     entry[f"sequenced/{sname}"]["rows_per_s"] / entry[f"at_least_once/{sname}"]["rows_per_s"], 3)

@@ -173,3 +173,17 @@ def test_requeue_refuses_rows_of_a_missing_topic(pg_dsn: str, pg_schema: str, ka
     unreachable = harvest("dead-letters", "requeue", "1", "--outbox-table", table, "--bootstrap-servers",
                           "127.0.0.1:1", env=env)
     assert unreachable.returncode == 0 and "requeued 0" in unreachable.stdout  # no row: no topic to check
+
+
+@pytest.mark.integration
+def test_init_db_names_a_packed_outbox_it_did_not_create(tmp_path: Path, pg_dsn: str, pg_schema: str) -> None:
+    path = tmp_path / "h.yaml"
+    path.write_text(f"harvest:\n  outboxTable: {pg_schema}.outbox\n")
+    env = {"HARVEST_DATA_SOURCE": pg_dsn}
+    first = harvest("init-db", "-f", str(path), env=env)
+    assert first.returncode == 0 and "ready" in first.stdout and "fillfactor" not in first.stdout, first
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:  # as goharvest's own DDL leaves it
+        conn.execute(sql.SQL("ALTER TABLE {} RESET (fillfactor)").format(sql.Identifier(pg_schema, "outbox")))
+    again = harvest("init-db", "-f", str(path), env=env)
+    assert again.returncode == 0, again
+    assert "has fillfactor 100" in again.stdout and "SET (fillfactor = 50)" in again.stdout, again.stdout
