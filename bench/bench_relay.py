@@ -6,8 +6,9 @@ idle-to-delivery latency, and goharvest side by side.
 Uses the project's own Postgres + Kafka (harvest_local.LocalServices; or HARVEST_PG_DSN /
 HARVEST_KAFKA_BOOTSTRAP). Prints one JSON document:
 - db_limit: the database's own mark+purge loop on the same table shape (the relay's own mark
-  UPDATE … RETURNING of ``batch`` rows, then one DELETE … = ANY(ids), one connection, nothing
-  else): the physical limit of any relay using these statements on this database. Measured per
+  UPDATE … RETURNING of ``batch`` rows, resuming above the last full mark as the relay's does,
+  then one DELETE … = ANY(ids), one connection, nothing else): the physical limit of any relay
+  using these statements on this database. Measured per
   backlog size, interleaved with the relay runs; ``batch`` is the most rows the relay's adaptive
   mark reaches (5,000). The same loop with goharvest's mark statement (``id IN (SELECT id …)``,
   which the relay replaced by a TID scan) is reported beside it;
@@ -66,6 +67,7 @@ from harvest_outbox.harvest_local.kafka import create_topic  # noqa: E402
 from harvest_outbox.producer.config import AUTO_MARK_RECORDS, HarvestConfig, Limits  # noqa: E402
 from harvest_outbox.producer.db import OutboxDatabase  # noqa: E402
 from harvest_outbox.producer.harvest import Harvest  # noqa: E402
+from harvest_outbox.producer.relay_core import MARK_RESCAN_INTERVAL  # noqa: E402
 from harvest_outbox.producer.schema import OutboxNames, init_db  # noqa: E402
 from harvest_outbox.producer.stasher import OutboxRecord, Stasher  # noqa: E402
 
@@ -207,9 +209,20 @@ def db_limit_once(dsn: str, bootstrap: str, rows: int, keys: int, partitions: in
         try:
             conn = db.conn
             t0, done = time.perf_counter(), 0
+            after: int | None = None  # the relay's resume point (producer/relay_core.py), same rules
+            rescan_at = 0.0
             while True:
                 if statement == "relay":
-                    marked = db.mark(leader, batch)
+                    now = time.monotonic()
+                    bound = after if now < rescan_at else None
+                    marked = db.mark(leader, batch, bound)
+                    if len(marked) >= batch:
+                        rescan_at = now + MARK_RESCAN_INTERVAL if bound is None else rescan_at
+                        after = marked[-1][0]
+                    else:
+                        after = None
+                        if not marked and bound is not None:
+                            continue
                 else:
                     marked = conn.execute(goharvest, (leader, leader, batch), binary=True).fetchall()
                 if not marked:
