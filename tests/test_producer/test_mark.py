@@ -135,3 +135,25 @@ def test_a_packed_outbox_is_named_at_relay_start_with_the_fix(pg_dsn: str, pg_sc
     hint = [r.getMessage() for r in caplog.records if "fillfactor" in r.getMessage()]
     assert len(hint) == 1 and "has fillfactor 100" in hint[0], hint
     assert f"ALTER TABLE {table} SET (fillfactor = 50)" in hint[0]
+
+
+@pytest.mark.integration
+def test_a_mark_resumes_above_an_id_and_leaves_lower_rows_to_a_mark_from_the_start(pg_dsn: str,
+                                                                                 pg_schema: str) -> None:
+    names = init_db(pg_dsn, f"{pg_schema}.outbox")
+    with psycopg.connect(pg_dsn, autocommit=True) as conn, conn.transaction():
+        Stasher(names.display).stash_many(conn, [OutboxRecord("t", f"k{i % 10}", f"v{i}") for i in range(300)])
+    db = OutboxDatabase(pg_dsn, names)
+    try:
+        view = uuid.uuid4()
+        first = [r[0] for r in db.mark(view, 100)]
+        second = [r[0] for r in db.mark(view, 100, after=first[-1])]
+        assert second == list(range(first[-1] + 1, first[-1] + 101))
+        late = first[49]  # as if committed late: unowned, below the resume point
+        db.reset([late])
+        third = [r[0] for r in db.mark(view, 100, after=second[-1])]
+        assert late not in third and len(third) == 100 and min(third) > second[-1]
+        assert db.mark(view, 100, after=third[-1]) == []
+        assert [r[0] for r in db.mark(view, 100)] == [late]  # goharvest's mark finds it
+    finally:
+        db.close()

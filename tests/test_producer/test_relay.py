@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import threading
 import time
@@ -17,6 +18,7 @@ from harvest_outbox.producer.deadletters import list_dead_letters, requeue
 from harvest_outbox.producer.events import LeaderAcquired, LeaderRefreshed, MeterRead
 from harvest_outbox.producer.harvest import Harvest
 from harvest_outbox.producer.kafka import FaultInjector
+from harvest_outbox.producer.relay_core import MARK_RESCAN_INTERVAL
 from harvest_outbox.producer.schema import init_db
 from harvest_outbox.producer.stasher import OutboxRecord, Stasher
 
@@ -279,3 +281,49 @@ def test_missing_heartbeats_fence_the_leader_and_returning_ones_restore_it(
         relay.wait(30)
     kinds = [type(e).__name__ for e in events if not isinstance(e, MeterRead)]
     assert kinds[:3] == ["LeaderAcquired", "LeaderFenced", "LeaderAcquired"], kinds
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("uuid_sequencing", [False, True], ids=["at-least-once", "sequenced"])
+def test_a_row_committed_late_below_a_draining_backlog_waits_at_most_the_rescan_interval(
+        pg_dsn: str, kafka_bootstrap: str, pg_schema: str, topic_factory: Callable[..., str],
+        unique_name: Callable[[str], str], uuid_sequencing: bool) -> None:
+    # While a backlog drains, each mark resumes above the last one's highest id; a row a long
+    # transaction inserted before the backlog (lower id) and commits mid-drain sits below that point.
+    # goharvest's mark from the start runs at least every MARK_RESCAN_INTERVAL and picks it up while
+    # the backlog is still draining, not after it.
+    topic = topic_factory(partitions=4)
+    table = f"{pg_schema}.outbox"
+    init_db(pg_dsn, table)
+    st = Stasher(table)
+    late = psycopg.connect(pg_dsn)
+    late_id = st.stash(late, OutboxRecord(topic, "late-key", "late-value"))
+    with psycopg.connect(pg_dsn) as conn:
+        st.stash_many(conn, [OutboxRecord(topic, f"k{i % 100}", f"v{i}") for i in range(200_000)])
+    config = dataclasses.replace(relay_config(pg_dsn, kafka_bootstrap, table, unique_name("g")),
+                                 uuid_sequencing=uuid_sequencing)
+    find = sql.SQL("SELECT 1 FROM {} WHERE id = %s").format(sql.Identifier(pg_schema, "outbox"))
+    relay = Harvest(config).start()
+    try:
+        deadline = time.monotonic() + 60
+        while relay.metrics.delivered < 20_000:  # well past the late row's id: marks resume above it
+            assert time.monotonic() < deadline, f"only {relay.metrics.delivered} delivered in 60 s"
+            time.sleep(0.01)
+        late.commit()
+        late.close()
+        committed = time.monotonic()
+        with psycopg.connect(pg_dsn, autocommit=True) as conn:
+            while conn.execute(find, (late_id,)).fetchone() is not None:
+                assert time.monotonic() < deadline, "the late row was never sent"
+                time.sleep(0.01)
+            took = time.monotonic() - committed
+            left = conn.execute(sql.SQL("SELECT count(*) FROM {}").format(
+                sql.Identifier(pg_schema, "outbox"))).fetchone()[0]  # type: ignore[index]
+        wait_drained(pg_dsn, table, 60)
+    finally:
+        relay.stop()
+        relay.wait(30)
+    assert left > 0, f"the late row waited for the whole backlog ({took:.2f} s)"
+    assert took < MARK_RESCAN_INTERVAL + 3.0, took  # the rescan, then the rows queued before it
+    got = consume_all(kafka_bootstrap, topic, lambda g: len(g) >= 200_001, 60)
+    assert sum(1 for g in got if g.key == "late-key") == 1

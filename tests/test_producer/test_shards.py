@@ -114,6 +114,29 @@ def test_sharded_relay_refuses_an_outbox_not_initialised_for_its_shards(pg_dsn: 
 
 
 @pytest.mark.integration
+def test_a_shard_mark_reads_its_index_range_on_a_large_outbox(pg_dsn: str, pg_schema: str) -> None:
+    # With half-empty outbox pages and Postgres' default random_page_cost, a 5,000-row mark of one
+    # shard of a 100k-row outbox was planned as a primary-key scan hashing every row's key.
+    table = f"{pg_schema}.outbox"
+    names = init_db(pg_dsn, table, shards=S)
+    with psycopg.connect(pg_dsn) as conn:
+        Stasher(table).stash_many(conn, [OutboxRecord("t", f"key-{i % 1000}", "v" * 100) for i in range(100_000)])
+        conn.commit()
+        conn.execute(sql.SQL("ANALYZE {}").format(names.outbox))
+    import uuid
+
+    db = OutboxDatabase(pg_dsn, names, S)
+    db.set_shards(frozenset({3}))
+    try:
+        _ = db.conn
+        plan = "\n".join(r[0] for r in db.conn.execute(sql.SQL("EXPLAIN ") + db._mark_sql,  # type: ignore[operator]
+                                                     {"leader": uuid.uuid4(), "n": 5000, "after": 0}).fetchall())
+    finally:
+        db.close()
+    assert names.shard_index_name(S) in plan and "outbox_pkey" not in plan, plan
+
+
+@pytest.mark.integration
 def test_shard_mark_takes_only_its_rows_in_id_order_from_the_index(pg_dsn: str, pg_schema: str) -> None:
     table = f"{pg_schema}.outbox"
     init_db(pg_dsn, table, shards=S)
@@ -134,7 +157,7 @@ def test_shard_mark_takes_only_its_rows_in_id_order_from_the_index(pg_dsn: str, 
             assert all(shard_of(r[2], S) == k for r in rows)  # type: ignore[arg-type]
             seen += [r[0] for r in rows]
             plan = "\n".join(r[0] for r in db.conn.execute(sql.SQL("EXPLAIN ") + db._mark_sql,  # type: ignore[operator]
-                                                         {"leader": uuid.uuid4(), "n": 100}).fetchall())
+                                                         {"leader": uuid.uuid4(), "n": 100, "after": 0}).fetchall())
             assert OutboxNames.parse(table).shard_index_name(S) in plan, plan
         finally:
             db.close()
@@ -149,7 +172,7 @@ def test_shard_mark_takes_only_its_rows_in_id_order_from_the_index(pg_dsn: str, 
                 OutboxNames.parse(table).outbox)).fetchall() if shard_of(k, S) in (1, 3)]
         assert [r[0] for r in db.mark(_uuid.uuid4(), 5000)] == want
         plan = "\n".join(r[0] for r in db.conn.execute(sql.SQL("EXPLAIN ") + db._mark_sql,  # type: ignore[operator]
-                                                     {"leader": _uuid.uuid4(), "n": 100}).fetchall())
+                                                     {"leader": _uuid.uuid4(), "n": 100, "after": 0}).fetchall())
         assert "Merge Append" in plan and plan.count(OutboxNames.parse(table).shard_index_name(S)) == 2, plan
         assert db.stats()[0] == len(want) and sum(c for c, _ in db.shard_stats.values()) == len(want)
         assert sorted(db.shard_stats) == [1, 3]
