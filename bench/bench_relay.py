@@ -198,7 +198,7 @@ def kafka_limit_once(bootstrap: str, rows: int, keys: int, partitions: int, topi
     return rows / elapsed
 
 
-def db_limit_once(dsn: str, bootstrap: str, rows: int, keys: int, partitions: int, batch: int, topic: str,
+def db_limit_once(dsn: str, bootstrap: str, rows: int, keys: int, partitions: int, batch: int, topic: str | None = None,
                   statement: str = "relay") -> float:
     """The database's own loop: a mark statement (the relay's, or goharvest's), then one multi-id
     DELETE, repeated on one connection until the outbox is empty."""
