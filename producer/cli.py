@@ -190,7 +190,7 @@ def _init_db(args: argparse.Namespace) -> int:
     if fillfactor > OUTBOX_FILLFACTOR:  # an outbox that existed before (init-db never alters a user's table)
         print(f"note: the outbox has fillfactor {fillfactor}; `ALTER TABLE {table} SET (fillfactor = "
               f"{OUTBOX_FILLFACTOR})` makes the relay's marks in-page updates and its drains faster (README, "
-              f"Performance)")
+              f"Writing to the outbox)")
     return EXIT_OK
 
 

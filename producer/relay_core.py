@@ -192,7 +192,7 @@ class RelayCore:
         if fillfactor > OUTBOX_FILLFACTOR:
             log.info("outbox %s has fillfactor %d: every mark moves its rows to new pages and indexes them again. "
                      "`ALTER TABLE %s SET (fillfactor = %d)` makes marks in-page (HOT) updates: the database's "
-                     "mark+purge loop ran ~1.4x as fast in bench/bench_relay.py (README, Performance). "
+                     "mark+purge loop ran ~1.4x as fast in bench/bench_relay.py (README, Writing to the outbox). "
                      "`harvest init-db` creates new outboxes so", self.names.display, fillfactor,
                      self.names.outbox.as_string(self.db.conn), OUTBOX_FILLFACTOR)
         self.exec = ThreadPoolExecutor(1, thread_name_prefix=f"harvest-db-{self.config.name}")
