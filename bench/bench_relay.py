@@ -24,10 +24,12 @@ HARVEST_KAFKA_BOOTSTRAP). Prints one JSON document:
   (idempotent, acks=all, linger.ms 1, the Java client's key placement) and goharvest's ordering rule
   (at most one record in flight per key), to the same broker. Relay figures are reported against it
   too: a relay cannot beat the slower of the two loops, and on a small machine both share its cores;
-- warm-up: before anything is timed, one backlog of each mode is drained and discarded. A freshly
-  started embedded broker runs its first seconds of produce traffic in the JVM's interpreter (the
-  first 100k-row drain of a session measured 30-50 % slower than the next ones), which no
-  long-running broker does; without the warm-up the first run of the first figure pays for it;
+- warm-up: before anything is timed, ``WARMUP_DRAINS`` backlogs of each mode are drained and
+  discarded. A freshly started embedded broker runs its first ~500k records in the JVM's
+  interpreter, which no long-running broker does: back-to-back 100k drains of one relay on fresh
+  services took 1.43, 0.99, 0.82, 0.80 and 0.72 s (2026-11-24), and with one warm-up drain per
+  mode the 100k figures came out 0.66 / 0.64 of the database loop where a run on warmed services
+  gave 0.77 / 0.71;
 - goharvest: goharvest itself (Go) on the same backlog, when a Go toolchain is present;
 - latency: rows stashed one per transaction at ``--rate`` rows/s, default limits; commit ->
   consumer receipt, p50/p99 in ms (the relay idles on LISTEN/NOTIFY between rows), and the share of
@@ -76,6 +78,7 @@ DEFAULT_LIMITS: dict[str, Any] = dict(heartbeat_timeout=5.0)
 TUNED_LIMITS: dict[str, Any] = dict(heartbeat_timeout=5.0, mark_query_records=5000, max_in_flight_records=5000)
 TARGET_RATIO = 0.75  # of the database's own mark+purge loop, defaults, both modes
 TARGET_SEQ_RATIO = 0.9  # sequenced / at-least-once
+WARMUP_DRAINS = 3  # per mode: 600k records through a freshly started broker before the clock runs
 
 
 def _records(topic: str, start: int, stop: int, keys: int) -> list[OutboxRecord]:
@@ -426,9 +429,10 @@ def main() -> int:
         # its own below), which no relay of a running system meets.
         topic = new_topic(bootstrap, args.partitions)
         print("[bench relay] warm-up (untimed)", file=sys.stderr, flush=True)
-        for sequenced in modes.values():
-            drain_once(dsn, bootstrap, min(args.rows, 100_000), args.keys, args.partitions, sequenced, DEFAULT_LIMITS,
-                       topic)
+        for _ in range(WARMUP_DRAINS):
+            for sequenced in modes.values():
+                drain_once(dsn, bootstrap, min(args.rows, 100_000), args.keys, args.partitions, sequenced,
+                           DEFAULT_LIMITS, topic)
         kafka_limit_once(bootstrap, min(args.rows, 100_000), args.keys, args.partitions, topic)
         for rows, runs in sizes:
             limit_runs: list[float] = []
