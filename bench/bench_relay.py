@@ -1,7 +1,7 @@
 """Relay benchmark (not a test): backlog drain throughput against the database's own limit,
 idle-to-delivery latency, and goharvest side by side.
 
-    .venv/bin/python bench/bench_relay.py [--rows 100000] [--big-rows 1000000] [--runs 3] [--big-runs 1]
+    .venv/bin/python bench/bench_relay.py [--rows 100000] [--big-rows 1000000] [--runs 3] [--big-runs 3]
 
 Uses the project's own Postgres + Kafka (harvest_local.LocalServices; or HARVEST_PG_DSN /
 HARVEST_KAFKA_BOOTSTRAP). Prints one JSON document:
@@ -401,7 +401,7 @@ def main() -> int:
     ap.add_argument("--keys", type=int, default=1000)
     ap.add_argument("--partitions", type=int, default=8)
     ap.add_argument("--runs", type=int, default=3)
-    ap.add_argument("--big-runs", type=int, default=1)
+    ap.add_argument("--big-runs", type=int, default=3)
     ap.add_argument("--rate", type=float, default=500.0)
     ap.add_argument("--latency-seconds", type=float, default=10.0, help="the measured window of the latency phase")
     ap.add_argument("--latency-warmup", type=float, default=2.0,
