@@ -69,7 +69,7 @@ from harvest_outbox.harvest_local.kafka import create_topic  # noqa: E402
 from harvest_outbox.producer.config import AUTO_MARK_RECORDS, HarvestConfig, Limits  # noqa: E402
 from harvest_outbox.producer.db import OutboxDatabase  # noqa: E402
 from harvest_outbox.producer.harvest import Harvest  # noqa: E402
-from harvest_outbox.producer.relay_core import MARK_RESCAN_INTERVAL  # noqa: E402
+from harvest_outbox.producer.markresume import MarkResume  # noqa: E402
 from harvest_outbox.producer.schema import OutboxNames, init_db  # noqa: E402
 from harvest_outbox.producer.stasher import OutboxRecord, Stasher  # noqa: E402
 
@@ -212,20 +212,15 @@ def db_limit_once(dsn: str, bootstrap: str, rows: int, keys: int, partitions: in
         try:
             conn = db.conn
             t0, done = time.perf_counter(), 0
-            after: int | None = None  # the relay's resume point (producer/relay_core.py), same rules
-            rescan_at = 0.0
+            resume = MarkResume()  # where the relay's next mark starts, same rules
             while True:
                 if statement == "relay":
                     now = time.monotonic()
-                    bound = after if now < rescan_at else None
+                    bound = resume.bound(leader, now)
                     marked = db.mark(leader, batch, bound)
-                    if len(marked) >= batch:
-                        rescan_at = now + MARK_RESCAN_INTERVAL if bound is None else rescan_at
-                        after = marked[-1][0]
-                    else:
-                        after = None
-                        if not marked and bound is not None:
-                            continue
+                    resume.returned(leader, bound, batch, len(marked), marked[-1][0] if marked else None, now)
+                    if not marked and bound is not None:
+                        continue
                 else:
                     marked = conn.execute(goharvest, (leader, leader, batch), binary=True).fetchall()
                 if not marked:

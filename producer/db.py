@@ -6,7 +6,7 @@ Statements (``$leader`` = this view's leader id):
   ``ctid``; see :attr:`OutboxDatabase.conn`). No ``FOR UPDATE
   SKIP LOCKED``: rows are only ever contended by a zombie leader, and stealing them is exactly what
   salvaging a dead leader's rows means; blocking briefly on its row lock is harmless. With ``id >
-  $after`` the scan starts above a given id (the relay's resume point, see ``producer/relay_core.py``)
+  $after`` the scan starts above a given id (the relay's resume point, ``producer/markresume.py``)
   instead of walking past every row the view already owns and every purged row's index entry
   (unsharded; a sharded mark reads each led shard from its own index range).
 - purge: ``DELETE … WHERE id = ANY($ids)`` — many ids per statement.

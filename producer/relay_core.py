@@ -16,20 +16,13 @@ decides alone:
 - the current view (``leader_id``) and whether the mode must re-mark (``remark``);
 - the mark prefetch (one mark in flight, sized by :class:`~producer.marksize.MarkSize`), the queue
   of marked rows not yet looked at (``ready``, id order) and rows held for missing topics;
-- the mark's resume point: after a full mark the next one starts above its highest id, instead
-  of walking the primary key past every row the view owns (up to three marks' worth while
-  draining) and every purged row's index entry. That made each 5,000-row mark ~4 ms more work
-  for the database, on the relay's critical path. goharvest's mark (from the start of the outbox)
-  runs whenever a mark comes back short (the backlog is taken), for a new view, and at least every
-  :data:`MARK_RESCAN_INTERVAL` while a backlog drains, so a row committed late with an id below the
-  resume point (a long transaction's) waits at most that long;
+- where the next mark starts (:class:`~producer.markresume.MarkResume`: above the last full
+  mark while a backlog drains);
 - the failed-attempt counts per row id, and the samples that tell poison from an outage.
 
 Invariants (tested in ``tests/test_producer``):
 - at most one mark is in flight, and its rows are used only by the view that asked for it
   (``mark_view``); rows marked for an abandoned view are re-marked by the next one;
-- a mark resumes above an id only after a full mark of the same view, and never longer than
-  :data:`MARK_RESCAN_INTERVAL` after a mark from the start;
 - held rows keep id order per topic and go back to the head of ``ready`` when their topic exists;
 - ``await_progress`` never busy-waits: it returns on a delivery report, a finished job, a NOTIFY
   it would act on, or after about a millisecond;
@@ -53,6 +46,7 @@ from harvest_outbox.producer.config import MARK_FLOOR, HarvestConfig
 from harvest_outbox.producer.db import Listener, MarkedAttempts, MarkedRow, OutboxDatabase
 from harvest_outbox.producer.errors import DatabaseError
 from harvest_outbox.producer.kafka import DeliveryCallback, FatalErrorGuard, KafkaProducer, ProducerFactory
+from harvest_outbox.producer.markresume import MarkResume
 from harvest_outbox.producer.marksize import MarkSize
 from harvest_outbox.producer.metrics import Metrics
 from harvest_outbox.producer.preflight import TopicGuard
@@ -62,9 +56,6 @@ from harvest_outbox.producer.shard_election import ShardSetSeat
 from harvest_outbox.producer.waker import Waker
 
 log = logging.getLogger(__name__)
-
-#: Seconds between marks from the start of the outbox while a backlog drains (see module doc).
-MARK_RESCAN_INTERVAL = 1.0
 
 # At most this many records in librdkafka's hands: rows trickle in, and the relay waits in slices of
 # _TRICKLE_SLICE seconds on its waker instead of in 1 ms polls (see RelayCore.await_progress).
@@ -169,8 +160,7 @@ class RelayCore:
         self.mark_view: uuid.UUID | None = None
         self.mark_asked = 0
         self.mark_after: int | None = None  # the in-flight mark's lower bound (None: from the start)
-        self._resume: tuple[uuid.UUID, int] | None = None  # (view, highest id of its last full mark)
-        self._rescan_at = 0.0
+        self.resume = MarkResume()
         ceiling = self.limits.mark_ceiling
         self.mark_size = MarkSize(min(MARK_FLOOR, ceiling), ceiling)
         self.next_mark = 0.0
@@ -264,21 +254,15 @@ class RelayCore:
         assert self.mark_exec is not None and self.mark_db is not None and self.leader_id is not None
         self.mark_view = self.leader_id
         self.mark_asked = self.mark_size.value
-        resume = self._resume
-        self.mark_after = resume[1] if resume is not None and resume[0] == self.leader_id and \
-            now < self._rescan_at else None
+        self.mark_after = self.resume.bound(self.leader_id, now)
         self.mark_future = self.waker.watch(self.mark_exec.submit(
             self.mark_db.mark_with_attempts, self.leader_id, self.mark_asked, self.mark_after))
 
     def mark_returned(self, rows: list[MarkedRow], now: float) -> None:
         """The in-flight mark returned ``rows`` (id order): size the next one and set where it starts."""
         self.mark_size.observe(self.mark_asked, len(rows))
-        if len(rows) >= self.mark_asked and self.mark_view is not None:  # full: more rows wait above
-            if self.mark_after is None:
-                self._rescan_at = now + MARK_RESCAN_INTERVAL
-            self._resume = (self.mark_view, rows[-1][0])
-        else:
-            self._resume = None
+        self.resume.returned(self.mark_view, self.mark_after, self.mark_asked, len(rows),
+                             rows[-1][0] if rows else None, now)
 
     def await_mark(self) -> None:
         """Wait out a pending mark (its rows stay marked for a view about to be left)."""

@@ -18,7 +18,7 @@ from harvest_outbox.producer.deadletters import list_dead_letters, requeue
 from harvest_outbox.producer.events import LeaderAcquired, LeaderRefreshed, MeterRead
 from harvest_outbox.producer.harvest import Harvest
 from harvest_outbox.producer.kafka import FaultInjector
-from harvest_outbox.producer.relay_core import MARK_RESCAN_INTERVAL
+from harvest_outbox.producer.markresume import MARK_RESCAN_INTERVAL
 from harvest_outbox.producer.schema import init_db
 from harvest_outbox.producer.stasher import OutboxRecord, Stasher
 
