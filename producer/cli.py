@@ -175,22 +175,19 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _init_db(args: argparse.Namespace) -> int:
-    from harvest_outbox.producer.schema import OUTBOX_FILLFACTOR, init_db, outbox_fillfactor
+    from harvest_outbox.producer.schema import init_db, packed_outbox_fix
     from harvest_outbox.producer.db import connect
 
     cfg = _load(args)
     _setup_logging(cfg.log_level)
     with connect(cfg.harvest.data_source) as conn:
         names = init_db(conn, cfg.harvest.outbox_table, args.value_type, cfg.harvest.shards)
-        fillfactor = outbox_fillfactor(conn, names)
-        table = names.outbox.as_string(conn)
+        fix = packed_outbox_fix(conn, names)
     sharded = f"; {cfg.harvest.shards} shards" if cfg.harvest.shards > 1 else ""
     print(f"outbox {names.display} ready (value type {args.value_type}; dead letters, NOTIFY channel "
           f"{names.channel}{sharded})")
-    if fillfactor > OUTBOX_FILLFACTOR:  # an outbox that existed before (init-db never alters a user's table)
-        print(f"note: the outbox has fillfactor {fillfactor}; `ALTER TABLE {table} SET (fillfactor = "
-              f"{OUTBOX_FILLFACTOR})` makes the relay's marks in-page updates and its drains faster (README, "
-              f"Writing to the outbox)")
+    if fix is not None:  # an outbox that existed before (init-db never alters a user's table)
+        print(f"note: {fix}")
     return EXIT_OK
 
 

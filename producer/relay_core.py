@@ -51,7 +51,7 @@ from harvest_outbox.producer.marksize import MarkSize
 from harvest_outbox.producer.metrics import Metrics
 from harvest_outbox.producer.preflight import TopicGuard
 from harvest_outbox.producer.redact import redact_kafka_config
-from harvest_outbox.producer.schema import OUTBOX_FILLFACTOR, OutboxNames, outbox_fillfactor
+from harvest_outbox.producer.schema import OutboxNames, packed_outbox_fix
 from harvest_outbox.producer.shard_election import ShardSetSeat
 from harvest_outbox.producer.waker import Waker
 
@@ -178,13 +178,9 @@ class RelayCore:
         """Connect (fail fast: connection and schema check) and start the two DB workers."""
         shard_count = self.shards.count if self.shards is not None else None
         self.db = OutboxDatabase(self.config.data_source, self.names, shard_count)
-        fillfactor = outbox_fillfactor(self.db.conn, self.names)
-        if fillfactor > OUTBOX_FILLFACTOR:
-            log.info("outbox %s has fillfactor %d: every mark moves its rows to new pages and indexes them again. "
-                     "`ALTER TABLE %s SET (fillfactor = %d)` makes marks in-page (HOT) updates: the database's "
-                     "mark+purge loop ran ~1.4x as fast in bench/bench_relay.py (README, Writing to the outbox). "
-                     "`harvest init-db` creates new outboxes so", self.names.display, fillfactor,
-                     self.names.outbox.as_string(self.db.conn), OUTBOX_FILLFACTOR)
+        fix = packed_outbox_fix(self.db.conn, self.names)
+        if fix is not None:
+            log.info("%s; `harvest init-db` creates new outboxes so", fix)
         self.exec = ThreadPoolExecutor(1, thread_name_prefix=f"harvest-db-{self.config.name}")
         self.mark_db = OutboxDatabase(self.config.data_source, self.names, shard_count)
         self.mark_exec = ThreadPoolExecutor(1, thread_name_prefix=f"harvest-mark-{self.config.name}")

@@ -183,6 +183,18 @@ def outbox_fillfactor(conn: psycopg.Connection, names: OutboxNames) -> int:
     return 100
 
 
+def packed_outbox_fix(conn: psycopg.Connection, names: OutboxNames) -> str | None:
+    """What to tell the owner of an outbox packed tighter than :data:`OUTBOX_FILLFACTOR` (None if
+    it is not): the cost and the statement that fixes it."""
+    fillfactor = outbox_fillfactor(conn, names)
+    if fillfactor <= OUTBOX_FILLFACTOR:
+        return None
+    return (f"outbox {names.display} has fillfactor {fillfactor}: every mark moves its rows to new pages and "
+            f"indexes them again. `ALTER TABLE {names.outbox.as_string(conn)} SET (fillfactor = {OUTBOX_FILLFACTOR})` "
+            f"makes marks in-page (HOT) updates on pages written from then on: the database's mark+purge loop ran "
+            f"~1.4x as fast (README, Writing to the outbox)")
+
+
 def outbox_ddl(names: OutboxNames, value_type: ValueType = "varchar") -> list[sql.Composable]:
     """Statements that create the outbox, the dead-letter table and the notify trigger."""
     if value_type not in ("varchar", "bytea"):
