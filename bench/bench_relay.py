@@ -6,9 +6,8 @@ idle-to-delivery latency, and goharvest side by side.
 Uses the project's own Postgres + Kafka (harvest_local.LocalServices; or HARVEST_PG_DSN /
 HARVEST_KAFKA_BOOTSTRAP). Prints one JSON document:
 - db_limit: the database's own mark+purge loop on the same table shape (the relay's own mark
-  UPDATE … RETURNING of ``batch`` rows, resuming above the last full mark as the relay's does,
-  then one DELETE … = ANY(ids), one connection, nothing else): the physical limit of any relay
-  using these statements on this database. Measured per
+  UPDATE … RETURNING of ``batch`` rows, then one DELETE … = ANY(ids), one connection, nothing
+  else): the physical limit of any relay using these statements on this database. Measured per
   backlog size, interleaved with the relay runs; ``batch`` is the most rows the relay's adaptive
   mark reaches (5,000). The same loop with goharvest's mark statement (``id IN (SELECT id …)``,
   which the relay replaced by a TID scan) is reported beside it;
@@ -69,7 +68,6 @@ from harvest_outbox.harvest_local.kafka import create_topic  # noqa: E402
 from harvest_outbox.producer.config import AUTO_MARK_RECORDS, HarvestConfig, Limits  # noqa: E402
 from harvest_outbox.producer.db import OutboxDatabase  # noqa: E402
 from harvest_outbox.producer.harvest import Harvest  # noqa: E402
-from harvest_outbox.producer.markresume import MarkResume  # noqa: E402
 from harvest_outbox.producer.schema import OutboxNames, init_db  # noqa: E402
 from harvest_outbox.producer.stasher import OutboxRecord, Stasher  # noqa: E402
 
@@ -212,15 +210,9 @@ def db_limit_once(dsn: str, bootstrap: str, rows: int, keys: int, partitions: in
         try:
             conn = db.conn
             t0, done = time.perf_counter(), 0
-            resume = MarkResume()  # where the relay's next mark starts, same rules
             while True:
                 if statement == "relay":
-                    now = time.monotonic()
-                    bound = resume.bound(leader, now)
-                    marked = db.mark(leader, batch, bound)
-                    resume.returned(leader, bound, batch, len(marked), marked[-1][0] if marked else None, now)
-                    if not marked and bound is not None:
-                        continue
+                    marked = db.mark(leader, batch)
                 else:
                     marked = conn.execute(goharvest, (leader, leader, batch), binary=True).fetchall()
                 if not marked:

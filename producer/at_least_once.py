@@ -132,7 +132,7 @@ class AtLeastOnceMode:
             if mark.done():
                 core.mark_future = None
                 rows, persisted = mark.result()  # DatabaseError -> main loop: back off, remark
-                core.mark_returned(rows, now)
+                core.mark_size.observe(core.mark_asked, len(rows))
                 if core.mark_view != core.leader_id:
                     return  # marked for an abandoned view; the current view re-marks them
                 short = len(rows) < core.mark_asked
@@ -149,14 +149,14 @@ class AtLeastOnceMode:
                     if len(rows) >= core.mark_asked and len(self._ready) + self._waiting_count < 2 * core.mark_size.value:
                         # A full mark: more rows wait. Ask for them now, so the database marks the next
                         # batch while this thread produces this one (not after: that serialised them).
-                        core.submit_mark(now)
+                        core.submit_mark()
                     self._dispatch()
                     producer.poll(0)
                     return
                 core.idle = True
                 core.next_mark = now + self.limits.mark_backoff
         elif len(self._ready) + self._waiting_count < 2 * core.mark_size.value and now >= core.next_mark:
-            core.submit_mark(now)
+            core.submit_mark()
             if not (self._in_flight or self._ready):
                 # nothing else to do: wait for the mark result right here
                 core.mark_future.result()  # type: ignore[union-attr]

@@ -5,10 +5,9 @@ Statements (``$leader`` = this view's leader id):
   leader_id IS NULL OR leader_id <> $leader ORDER BY id LIMIT n) RETURNING …`` (rows addressed by
   ``ctid``; see :attr:`OutboxDatabase.conn`). No ``FOR UPDATE
   SKIP LOCKED``: rows are only ever contended by a zombie leader, and stealing them is exactly what
-  salvaging a dead leader's rows means; blocking briefly on its row lock is harmless. With ``id >
-  $after`` the scan starts above a given id (the relay's resume point, ``producer/markresume.py``)
-  instead of walking past every row the view already owns and every purged row's index entry
-  (unsharded; a sharded mark reads each led shard from its own index range).
+  salvaging a dead leader's rows means; blocking briefly on its row lock is harmless. Every mark
+  scans from the start of the outbox: a row committed late (a long transaction's, lower id) goes out
+  in the next mark, before any later row of its key (tests/test_producer/test_relay.py).
 - purge: ``DELETE … WHERE id = ANY($ids)`` — many ids per statement.
 - reset: ``UPDATE … SET leader_id = NULL WHERE id = ANY($ids)``.
 - dead-letter: one statement (a CTE) that deletes from the outbox and inserts into the dead-letter
@@ -69,7 +68,6 @@ TCP_DEFAULTS = {"keepalives": "1", "keepalives_idle": "10", "keepalives_interval
 
 
 _TEXT_ARRAY_OID = 1009
-_NO_ID = -(2**63)  # below every bigint id: a mark from the start of the outbox
 _NO_HEADERS: tuple[()] = ()
 
 
@@ -256,15 +254,11 @@ class OutboxDatabase:
         o = self.names.outbox
         if self.shard_count is None:
             claim: sql.Composable = sql.SQL(
-                "SELECT ctid FROM {o} WHERE id > %(after)s AND (leader_id IS NULL OR leader_id <> %(leader)s) "
-                "ORDER BY id LIMIT %(n)s").format(o=o)
+                "SELECT ctid FROM {o} WHERE leader_id IS NULL OR leader_id <> %(leader)s ORDER BY id LIMIT %(n)s").format(o=o)
         else:
             # One index range per led shard, merged in id order (a Merge Append of the (shard, id)
             # index scans): a relay leading several shards never reads other shards' rows.
             expr = shard_expression(self.shard_count)
-            # No resume bound here (``after`` is ignored): with ``id > $after`` beside the shard
-            # condition the planner preferred the primary key and filtered other shards' rows out
-            # (tests/test_producer/test_shards.py).
             branches = [sql.SQL("(SELECT ctid, id FROM {o} WHERE {e} = {k} AND (leader_id IS NULL OR leader_id <> "
                                 "%(leader)s) ORDER BY id LIMIT %(n)s)").format(o=o, e=expr, k=sql.Literal(k))
                         for k in sorted(self.shards)] or [sql.SQL("(SELECT ctid, id FROM {o} WHERE false)").format(o=o)]
@@ -288,13 +282,11 @@ class OutboxDatabase:
             raise DatabaseError(f"{what} on {self.names.display!r} failed: "
                                 f"{redact_error(str(exc), self._dsn).strip()}") from exc
 
-    def mark(self, leader_id: uuid.UUID, limit: int, after: int | None = None) -> list[MarkedRow]:
-        """Mark up to ``limit`` unowned (or other-leader-owned) rows for ``leader_id``, the lowest ids
-        first (above ``after`` when given); sorted by id."""
-        return self.mark_with_attempts(leader_id, limit, after)[0]
+    def mark(self, leader_id: uuid.UUID, limit: int) -> list[MarkedRow]:
+        """Mark up to ``limit`` unowned (or other-leader-owned) rows for ``leader_id``; sorted by id."""
+        return self.mark_with_attempts(leader_id, limit)[0]
 
-    def mark_with_attempts(self, leader_id: uuid.UUID, limit: int,
-                           after: int | None = None) -> tuple[list[MarkedRow], MarkedAttempts]:
+    def mark_with_attempts(self, leader_id: uuid.UUID, limit: int) -> tuple[list[MarkedRow], MarkedAttempts]:
         """:meth:`mark`, plus the persisted failed-attempt counts of the marked rows that have one."""
         conn = self.conn  # establishes the mark statement
         assert self._mark_sql is not None and conn is not None
@@ -302,8 +294,7 @@ class OutboxDatabase:
         # generic plan made while the outbox was empty (an idle relay marks an empty table over and
         # over), which sorts the whole outbox on every mark once a burst of rows arrives (measured:
         # 2,600 rows/s instead of ~60,000). Planning the mark anew each time costs well under a ms.
-        raw = self._run("mark", self._mark_sql, {"leader": leader_id, "n": limit,
-                                                  "after": _NO_ID if after is None else after}, prepare=False).fetchall()
+        raw = self._run("mark", self._mark_sql, {"leader": leader_id, "n": limit}, prepare=False).fetchall()
         attempts: MarkedAttempts = {r[0]: (r[6], r[7]) for r in raw if r[6] is not None}
         rows: list[MarkedRow] = [r[:6] for r in raw]
         rows.sort()  # RETURNING order is unspecified; ids are unique so tuples sort by id

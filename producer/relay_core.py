@@ -16,8 +16,6 @@ decides alone:
 - the current view (``leader_id``) and whether the mode must re-mark (``remark``);
 - the mark prefetch (one mark in flight, sized by :class:`~producer.marksize.MarkSize`), the queue
   of marked rows not yet looked at (``ready``, id order) and rows held for missing topics;
-- where the next mark starts (:class:`~producer.markresume.MarkResume`: above the last full
-  mark while a backlog drains);
 - the failed-attempt counts per row id, and the samples that tell poison from an outage.
 
 Invariants (tested in ``tests/test_producer``):
@@ -46,7 +44,6 @@ from harvest_outbox.producer.config import MARK_FLOOR, HarvestConfig
 from harvest_outbox.producer.db import Listener, MarkedAttempts, MarkedRow, OutboxDatabase
 from harvest_outbox.producer.errors import DatabaseError
 from harvest_outbox.producer.kafka import DeliveryCallback, FatalErrorGuard, KafkaProducer, ProducerFactory
-from harvest_outbox.producer.markresume import MarkResume
 from harvest_outbox.producer.marksize import MarkSize
 from harvest_outbox.producer.metrics import Metrics
 from harvest_outbox.producer.preflight import TopicGuard
@@ -159,8 +156,6 @@ class RelayCore:
         self.mark_future: Future[tuple[list[MarkedRow], MarkedAttempts]] | None = None
         self.mark_view: uuid.UUID | None = None
         self.mark_asked = 0
-        self.mark_after: int | None = None  # the in-flight mark's lower bound (None: from the start)
-        self.resume = MarkResume()
         ceiling = self.limits.mark_ceiling
         self.mark_size = MarkSize(min(MARK_FLOOR, ceiling), ceiling)
         self.next_mark = 0.0
@@ -245,20 +240,13 @@ class RelayCore:
             self.producer = None
 
     # ------------------------------------------------------------------ marks
-    def submit_mark(self, now: float) -> None:
+    def submit_mark(self) -> None:
         """Ask the mark worker for the next ``mark_size`` rows of the current view."""
         assert self.mark_exec is not None and self.mark_db is not None and self.leader_id is not None
         self.mark_view = self.leader_id
         self.mark_asked = self.mark_size.value
-        self.mark_after = self.resume.bound(self.leader_id, now)
-        self.mark_future = self.waker.watch(self.mark_exec.submit(
-            self.mark_db.mark_with_attempts, self.leader_id, self.mark_asked, self.mark_after))
-
-    def mark_returned(self, rows: list[MarkedRow], now: float) -> None:
-        """The in-flight mark returned ``rows`` (id order): size the next one and set where it starts."""
-        self.mark_size.observe(self.mark_asked, len(rows))
-        self.resume.returned(self.mark_view, self.mark_after, self.mark_asked, len(rows),
-                             rows[-1][0] if rows else None, now)
+        self.mark_future = self.waker.watch(
+            self.mark_exec.submit(self.mark_db.mark_with_attempts, self.leader_id, self.mark_asked))
 
     def await_mark(self) -> None:
         """Wait out a pending mark (its rows stay marked for a view about to be left)."""

@@ -342,7 +342,7 @@ class SequencedMode:
         if mark is not None and mark.done():
             core.mark_future = None
             rows, persisted = mark.result()  # DatabaseError -> main loop: back off, abandon the view
-            core.mark_returned(rows, now)
+            core.mark_size.observe(core.mark_asked, len(rows))
             if persisted and core.mark_view == view.leader_id:
                 self._take_persisted(persisted)
             if core.mark_view == view.leader_id:
@@ -354,7 +354,7 @@ class SequencedMode:
         # Not ``elif``: after a full mark the next one is asked for at once, so the database marks the
         # next batch while this thread produces the one that just arrived (not after it).
         if mark is None and len(self._ready) < 2 * core.mark_size.value and now >= core.next_mark:
-            core.submit_mark(now)
+            core.submit_mark()
             if not (self._txns or self._acking or self._ready or self._held):
                 # Nothing else to do (e.g. woken by a stasher's NOTIFY): wait for the mark here, not in
                 # 1 ms polls, so its rows go out the moment it returns (idle-to-delivery latency).

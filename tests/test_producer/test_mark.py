@@ -74,8 +74,7 @@ def test_an_idle_relays_marks_never_run_on_a_generic_plan(pg_dsn: str, pg_schema
         for _ in range(12):  # idle: empty marks, past psycopg's prepare threshold and Postgres' 5 custom plans
             assert db.mark(leader, 100) == []
             # what the relay avoids: the same statement, prepared as psycopg does by default
-            assert hazard._run("mark", hazard._mark_sql,  # type: ignore[arg-type]
-                               {"leader": leader, "n": 100, "after": -(2**63)}).fetchall() == []
+            assert hazard._run("mark", hazard._mark_sql, {"leader": leader, "n": 100}).fetchall() == []  # type: ignore[arg-type]
         assert any(generic > 0 for generic, _custom in generic_plans(hazard))
         with psycopg.connect(pg_dsn, autocommit=True) as conn:
             with conn.transaction():
@@ -136,24 +135,3 @@ def test_a_packed_outbox_is_named_at_relay_start_with_the_fix(pg_dsn: str, pg_sc
     assert len(hint) == 1 and "has fillfactor 100" in hint[0], hint
     assert f"ALTER TABLE {table} SET (fillfactor = 50)" in hint[0]
 
-
-@pytest.mark.integration
-def test_a_mark_resumes_above_an_id_and_leaves_lower_rows_to_a_mark_from_the_start(pg_dsn: str,
-                                                                                 pg_schema: str) -> None:
-    names = init_db(pg_dsn, f"{pg_schema}.outbox")
-    with psycopg.connect(pg_dsn, autocommit=True) as conn, conn.transaction():
-        Stasher(names.display).stash_many(conn, [OutboxRecord("t", f"k{i % 10}", f"v{i}") for i in range(300)])
-    db = OutboxDatabase(pg_dsn, names)
-    try:
-        view = uuid.uuid4()
-        first = [r[0] for r in db.mark(view, 100)]
-        second = [r[0] for r in db.mark(view, 100, after=first[-1])]
-        assert second == list(range(first[-1] + 1, first[-1] + 101))
-        late = first[49]  # as if committed late: unowned, below the resume point
-        db.reset([late])
-        third = [r[0] for r in db.mark(view, 100, after=second[-1])]
-        assert late not in third and len(third) == 100 and min(third) > second[-1]
-        assert db.mark(view, 100, after=third[-1]) == []
-        assert [r[0] for r in db.mark(view, 100)] == [late]  # goharvest's mark finds it
-    finally:
-        db.close()

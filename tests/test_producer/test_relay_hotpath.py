@@ -43,7 +43,7 @@ def _relay() -> tuple[AtLeastOnceMode, FakeProducer, list[int]]:
     relay.mode.ensure_producer()
     asked_at: list[int] = []
 
-    def submit_mark(now: float) -> None:
+    def submit_mark() -> None:
         asked_at.append(len(box["p"].sent))
         core.mark_future = Future()  # pending: the relay waits for it no further in this tick
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import ast
 import time
-import types
 import uuid
 from concurrent.futures import Future
 from pathlib import Path
@@ -150,44 +149,3 @@ def test_held_rows_return_to_the_head_of_the_ready_queue_in_id_order() -> None:
     assert [r[0] for r in core.ready] == [3, 5, 8, 9]
     assert list(core.held) == ["never"] and core.held_count == 1
 
-
-class _MarkCalls:
-    """The mark worker, recording what each mark asked for (view, rows, resume point)."""
-
-    def __init__(self) -> None:
-        self.calls: list[tuple[uuid.UUID, int, int | None]] = []
-
-    def submit(self, _fn: Any, view: uuid.UUID, n: int, after: int | None) -> Future:
-        self.calls.append((view, n, after))
-        return Future()
-
-
-def test_marks_resume_above_the_last_full_mark_and_rescan_from_the_start() -> None:
-    relay, _ = _relay()
-    core = relay.core
-    worker = _MarkCalls()
-    core.mark_exec, core.mark_db = worker, types.SimpleNamespace(mark_with_attempts=None)  # type: ignore[assignment]
-    a, b = uuid.uuid4(), uuid.uuid4()
-    core.leader_id = a
-
-    def mark(now: float, short: int | None = None) -> int | None:
-        """Submit a mark at ``now``; it returns as many rows as it asked for (or ``short`` rows), with
-        ids above its bound; return the bound."""
-        core.submit_mark(now)
-        _view, asked, after = worker.calls[-1]
-        first = (after or 0) + 1
-        core.mark_returned([row(i, "k") for i in range(first, first + (asked if short is None else short))], now)
-        return after
-
-    assert mark(0.0) is None  # a new view marks from the start (100 rows: ids 1..100)
-    assert mark(0.1) == 100  # after a full mark: above its highest id (200 rows)
-    assert mark(0.2) == 300
-    assert mark(1.0) is None  # MARK_RESCAN_INTERVAL after the last mark from the start: rescan (ids 1..800)
-    assert mark(1.5) == 800
-    assert mark(1.6, short=10) == 2400  # short: the backlog is taken...
-    assert mark(1.7, short=0) is None  # ...so the next mark looks at the whole outbox again
-    assert mark(1.8) is None and mark(1.9) is not None
-    core.leader_id = b  # a new view never resumes where another left off
-    assert mark(2.0) is None
-    core.leader_id = a  # nor does an old one come back to its resume point
-    assert mark(2.1) is None
