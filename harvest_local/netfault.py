@@ -4,6 +4,7 @@
     proxy.blackhole()   # connections stay open, nothing gets through (held, as TCP retransmits would)
     proxy.reset()       # every connection is closed with a RST; new ones are reset as they arrive
     proxy.latency(200)  # +200 ms each way, order kept
+    proxy.stall_client_after(1000)  # the client's next 1000 bytes get through, then its bytes wait
     proxy.heal()        # back to pass-through (held bytes go through, as after a healed partition)
 
 Modes (one at a time, switched at any moment, affecting open and new connections):
@@ -16,7 +17,10 @@ Modes (one at a time, switched at any moment, affecting open and new connections
   back, so a connection that survives the outage is intact;
 - ``reset``: every open connection is aborted with a TCP RST (``SO_LINGER`` 0) on both sides, and
   new connections are reset as soon as they are accepted, until the mode changes;
-- ``latency``: each chunk is delivered ``ms`` milliseconds after it was read, in order.
+- ``latency``: each chunk is delivered ``ms`` milliseconds after it was read, in order;
+- ``stall_client``: the server's bytes flow, but of the client's only the next ``n`` bytes (over
+  all connections) reach the server; the rest wait for :meth:`heal`. This is what the server sees
+  of a client frozen (SIGSTOP, a VM pause) half way through writing a request.
 
 Invariants: bytes are never reordered, duplicated or altered; in ``pass`` mode the proxy adds no
 delay beyond a thread hand-off. Each connection uses four daemon threads (a reader and a writer
@@ -34,7 +38,7 @@ import time
 
 log = logging.getLogger(__name__)
 
-MODES = ("pass", "blackhole", "reset", "latency")
+MODES = ("pass", "blackhole", "reset", "latency", "stall_client")
 _CHUNK = 65536
 
 
@@ -62,7 +66,8 @@ class _Link:
         for src, dst, name in ((client, upstream, "up"), (upstream, client, "down")):
             q: queue.Queue[tuple[float, bytes] | None] = queue.Queue()
             threading.Thread(target=self._read, args=(src, q), name=f"netfault-{name}-r", daemon=True).start()
-            threading.Thread(target=self._write, args=(dst, q), name=f"netfault-{name}-w", daemon=True).start()
+            threading.Thread(target=self._write, args=(dst, q, name == "up"), name=f"netfault-{name}-w",
+                             daemon=True).start()
 
     def _read(self, src: socket.socket, q: queue.Queue[tuple[float, bytes] | None]) -> None:
         try:
@@ -75,7 +80,7 @@ class _Link:
             pass
         q.put(None)
 
-    def _write(self, dst: socket.socket, q: queue.Queue[tuple[float, bytes] | None]) -> None:
+    def _write(self, dst: socket.socket, q: queue.Queue[tuple[float, bytes] | None], from_client: bool) -> None:
         try:
             while True:
                 item = q.get()
@@ -88,6 +93,8 @@ class _Link:
                 if wait > 0:
                     time.sleep(wait)
                 self.proxy.flowing.wait()
+                if from_client:
+                    data = self.proxy.pass_client_bytes(data, dst)
                 if self.closed.is_set():
                     return
                 dst.sendall(data)
@@ -125,6 +132,8 @@ class NetFault:
         self.port = self._listen.getsockname()[1]
         self.mode = "pass"
         self.delay = 0.0
+        self._client_budget: int | None = None  # stall_client: client bytes still let through
+        self._budget_cv = threading.Condition()
         self.flowing = threading.Event()
         self.flowing.set()
         self._links: set[_Link] = set()
@@ -176,12 +185,30 @@ class NetFault:
         with self._lock:
             self._links.discard(link)
 
+    def pass_client_bytes(self, data: bytes, dst: socket.socket) -> bytes:
+        """In ``stall_client`` mode: send what the budget allows of ``data`` to ``dst``, wait for the
+        mode to end, and return the rest (to be sent then); otherwise ``data`` unchanged."""
+        with self._budget_cv:
+            if self._client_budget is None:
+                return data
+            now, data = data[:self._client_budget], data[self._client_budget:]
+            self._client_budget -= len(now)
+        if now:
+            dst.sendall(now)
+        with self._budget_cv:
+            while data and self._client_budget is not None and not self._stopped.is_set():
+                self._budget_cv.wait(0.1)
+        return data
+
     # ---------------------------------------------------------------- control
-    def _set(self, mode: str, delay: float = 0.0) -> None:
+    def _set(self, mode: str, delay: float = 0.0, budget: int | None = None) -> None:
         assert mode in MODES, mode
         log.info("%s (%s -> %s:%d): %s%s", self.name, self.address, *self.target, mode,
                  f" {delay * 1000:.0f}ms" if delay else "")
         self.mode, self.delay = mode, delay
+        with self._budget_cv:
+            self._client_budget = budget
+            self._budget_cv.notify_all()
         if mode == "blackhole":
             self.flowing.clear()
             return
@@ -208,6 +235,10 @@ class NetFault:
 
     def latency(self, ms: float) -> None:
         self._set("latency", ms / 1000.0)
+
+    def stall_client_after(self, nbytes: int) -> None:
+        """Let the clients' next ``nbytes`` through, then hold their bytes until :meth:`heal`."""
+        self._set("stall_client", budget=nbytes)
 
     def stop(self) -> None:
         self._stopped.set()

@@ -402,40 +402,53 @@ class OutboxDatabase:
         ids = [i for t in txns for i in t.ids]
         dead = [d for t in txns for d in t.dead]
         forget = [i for t in txns for i in t.forget]
+        statements: list[tuple[sql.Composable, Sequence[Any]]] = [(self._fence_sql, (max(t.ack_clock for t in txns),))]
+        if ids:
+            statements.append((self._commit_delete_sql, (self._id_array(ids), leader_id)))
+        if dead:
+            statements.append((self._commit_dlq_sql, ([i for i, _, _ in dead], [e for _, e, _ in dead],
+                                                      [a for _, _, a in dead], leader_id)))
+        if forget:
+            statements.append((self._forget_sql, (self._id_array(forget),)))
+        statements += [(self._intent_sql, (epoch, t.producer, t.ack_clock, [j for j, _ in t.journals],
+                                           [p for _, p in t.journals])) for t in txns if t.journals]
         try:
             conn = self.conn
-            # Two round trips, not five: BEGIN and every statement go out together (pipeline mode);
-            # the results are checked before COMMIT, and a refusal rolls everything back. The fence
-            # row is locked first, so the deletes below run under it either way.
-            with conn.pipeline() as pipeline, conn.transaction():
-                fence = conn.execute(self._fence_sql, (max(t.ack_clock for t in txns),))
-                deleted = conn.execute(self._commit_delete_sql, (self._id_array(ids), leader_id),
-                                       binary=True) if ids else None
-                moved = conn.execute(self._commit_dlq_sql, ([i for i, _, _ in dead], [e for _, e, _ in dead],
-                                                            [a for _, _, a in dead], leader_id)) if dead else None
-                if forget:
-                    conn.execute(self._forget_sql, (self._id_array(forget),))
-                for t in txns:
-                    if t.journals:
-                        conn.execute(self._intent_sql, (epoch, t.producer, t.ack_clock, [j for j, _ in t.journals],
-                                                        [p for _, p in t.journals]))
-                pipeline.sync()
-                epochs = [int(r[0]) for r in fence.fetchall()]
-                if not epochs or any(e != epoch for e in epochs) or len(epochs) != max(1, len(self.shards)):
-                    shown = epochs[0] if len(set(epochs)) == 1 else (sorted(set(epochs)) or None)
-                    raise FenceError(f"commit refused by the fence of {n.display!r}{self.shard_text}: epoch is "
-                                     f"{shown}, this view's is {epoch}")
-                if deleted is not None and deleted.rowcount != len(ids):
-                    raise FenceError(f"commit refused on {n.display!r}: {len(ids) - deleted.rowcount} of {len(ids)} "
-                                     f"row(s) are no longer owned by leader view {leader_id}")
-                if moved is not None and moved.rowcount != len(dead):
-                    raise FenceError(f"dead-lettering refused on {n.display!r}: {len(dead) - moved.rowcount} row(s) "
-                                     f"are no longer owned by leader view {leader_id}")
-        except FenceError:
-            raise
+            # Two round trips: the whole transaction up to COMMIT as ONE simple-protocol message, then
+            # COMMIT (or ROLLBACK) once its results are checked. One message, because Postgres runs a
+            # statement as soon as it has read it: a relay frozen (SIGSTOP, a VM pause) half way
+            # through sending a pipeline would leave its session running, holding the fence row lock
+            # taken by the first statement, with no timeout covering it (idle_in_transaction_session_
+            # timeout only starts once a request is complete), so no other relay could start a view
+            # until the zombie woke up. Postgres reads a whole message before running any of it, and
+            # once this one has run the session waits "idle in transaction", which the timeout ends.
+            # The parameters are written into the text client-side (psycopg's quoting): the ids are a
+            # bigint[] literal either way, and the statements are cheap to plan.
+            literal = psycopg.ClientCursor(conn)
+            request = ";\n".join(["BEGIN"] + [literal.mogrify(q, params) for q, params in statements])
+            cur = conn.execute(request, prepare=False)
+            cur.nextset()  # BEGIN's
+            epochs = [int(r[0]) for r in cur.fetchall()]
+            counts = []
+            while cur.nextset():
+                counts.append(cur.rowcount)
+            refusal = None
+            if not epochs or any(e != epoch for e in epochs) or len(epochs) != max(1, len(self.shards)):
+                shown = epochs[0] if len(set(epochs)) == 1 else (sorted(set(epochs)) or None)
+                refusal = (f"commit refused by the fence of {n.display!r}{self.shard_text}: epoch is {shown}, this "
+                           f"view's is {epoch}")
+            elif ids and counts[0] != len(ids):
+                refusal = (f"commit refused on {n.display!r}: {len(ids) - counts[0]} of {len(ids)} row(s) are no "
+                           f"longer owned by leader view {leader_id}")
+            elif dead and counts[1 if ids else 0] != len(dead):
+                refusal = (f"dead-lettering refused on {n.display!r}: {len(dead) - counts[1 if ids else 0]} row(s) "
+                           f"are no longer owned by leader view {leader_id}")
+            conn.execute("ROLLBACK" if refusal else "COMMIT")
         except psycopg.Error as exc:
             self.close()
             raise DatabaseError(f"commit on {n.display!r} failed: {redact_error(str(exc), self._dsn).strip()}") from exc
+        if refusal:
+            raise FenceError(refusal)
 
     def confirm_acks(self, items: Sequence[tuple[bytes, int]]) -> int:
         """Delete the intents of ACKs known to be in the log (``(producer, clock)`` pairs)."""

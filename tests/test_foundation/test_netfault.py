@@ -98,3 +98,23 @@ def test_stop_frees_the_port_at_once(echo: int) -> None:
     socket.create_connection(("127.0.0.1", port), timeout=5).close()
     proxy.stop()
     NetFault(("127.0.0.1", echo), port=port).start().stop()  # the same port binds again
+
+
+def test_stall_client_lets_a_prefix_through_then_holds_the_rest(echo: int) -> None:
+    with NetFault(("127.0.0.1", echo)) as proxy:
+        c = socket.create_connection(("127.0.0.1", proxy.port), timeout=5)
+        assert _roundtrip(c, b"before") == b"before"
+        proxy.stall_client_after(4)
+        c.sendall(b"abcdefgh")
+        assert c.recv(10) == b"abcd"  # the prefix reached the server (echoed back: that way flows)
+        c.settimeout(0.5)
+        with pytest.raises(socket.timeout):
+            c.recv(10)
+        proxy.heal()  # the rest follows, in order
+        c.settimeout(5)
+        got = b""
+        while len(got) < 4:
+            got += c.recv(10)
+        assert got == b"efgh"
+        assert _roundtrip(c, b"after") == b"after"
+        c.close()
