@@ -127,15 +127,14 @@ class AtLeastOnceMode:
             self._next_flush = now + self.limits.purge_interval
         if core.remark or core.leader_id is None:
             return
-        mark = core.mark_future
-        if mark is not None:
-            if mark.done():
-                core.mark_future = None
-                rows, persisted = mark.result()  # DatabaseError -> main loop: back off, remark
-                core.mark_size.observe(core.mark_asked, len(rows))
-                if core.mark_view != core.leader_id:
+        if core.marks:
+            mark = core.take_mark()
+            if mark is not None:
+                rows, persisted = mark.future.result()  # DatabaseError -> main loop: back off, remark
+                core.mark_size.observe(mark.asked, len(rows))
+                if mark.view != core.leader_id:
                     return  # marked for an abandoned view; the current view re-marks them
-                short = len(rows) < core.mark_asked
+                short = len(rows) < mark.asked
                 if persisted:
                     rows = self._take_attempts(rows, persisted)
                 if rows:
@@ -146,10 +145,10 @@ class AtLeastOnceMode:
                     core.idle = short
                     if short:
                         core.next_mark = now + self.limits.mark_backoff
-                    if len(rows) >= core.mark_asked and len(self._ready) + self._waiting_count < 2 * core.mark_size.value:
+                    else:
                         # A full mark: more rows wait. Ask for them now, so the database marks the next
-                        # batch while this thread produces this one (not after: that serialised them).
-                        core.submit_mark()
+                        # batches while this thread produces this one (not after: that serialised them).
+                        core.mark_ahead(len(self._ready) + self._waiting_count)
                     self._dispatch()
                     producer.poll(0)
                     return
@@ -159,9 +158,9 @@ class AtLeastOnceMode:
             core.submit_mark()
             if not (self._in_flight or self._ready):
                 # nothing else to do: wait for the mark result right here
-                core.mark_future.result()  # type: ignore[union-attr]
+                core.marks[0].future.result()
             return
-        if self._in_flight or self._ready or self._waiting_count or core.mark_future is not None:
+        if self._in_flight or self._ready or self._waiting_count or core.marks:
             # Busy: wait for acknowledgements (they arrive as callbacks inside poll), a mark, a NOTIFY.
             core.await_progress(producer)
             core.notified_while_idle()

@@ -338,34 +338,34 @@ class SequencedMode:
         if core.remark or core.leader_id is None:
             return
         # mark (prefetch, as in at-least-once mode)
-        mark = core.mark_future
-        if mark is not None and mark.done():
-            core.mark_future = None
-            rows, persisted = mark.result()  # DatabaseError -> main loop: back off, abandon the view
-            core.mark_size.observe(core.mark_asked, len(rows))
-            if persisted and core.mark_view == view.leader_id:
+        mark = core.take_mark()
+        if mark is not None:
+            rows, persisted = mark.future.result()  # DatabaseError -> main loop: back off, abandon the view
+            core.mark_size.observe(mark.asked, len(rows))
+            if persisted and mark.view == view.leader_id:
                 self._take_persisted(persisted)
-            if core.mark_view == view.leader_id:
+            if mark.view == view.leader_id:
                 self._ready.extend(rows)
-                self._last_mark_short = core.idle = len(rows) < core.mark_asked
+                self._last_mark_short = core.idle = len(rows) < mark.asked
                 if core.idle:  # the backlog is taken: the next mark waits for a NOTIFY or markBackoff
                     core.next_mark = now + self.limits.mark_backoff
-            mark = None
-        # Not ``elif``: after a full mark the next one is asked for at once, so the database marks the
-        # next batch while this thread produces the one that just arrived (not after it).
-        if mark is None and len(self._ready) < 2 * core.mark_size.value and now >= core.next_mark:
+                else:
+                    # A full mark: more rows wait. The database marks the next batches while this
+                    # thread produces the one that just arrived (not after it).
+                    core.mark_ahead(len(self._ready))
+        if not core.marks and len(self._ready) < 2 * core.mark_size.value and now >= core.next_mark:
             core.submit_mark()
             if not (self._txns or self._acking or self._ready or self._held):
                 # Nothing else to do (e.g. woken by a stasher's NOTIFY): wait for the mark here, not in
                 # 1 ms polls, so its rows go out the moment it returns (idle-to-delivery latency).
-                wait((core.mark_future,), timeout=self.limits.min_poll_interval)  # type: ignore[arg-type]
+                wait((core.marks[0].future,), timeout=self.limits.min_poll_interval)
                 return
         if self._held:
             core.release_held(now)
         if self._ready:
             self._fill(now)
         in_flight = self._in_flight_count()
-        if self._txns or self._acking or self._ready or core.mark_future is not None:
+        if self._txns or self._acking or self._ready or core.marks:
             if not self._ready or in_flight >= self.limits.in_flight_limit or self._ring_full():
                 # Nothing can be produced now: wait (a busy loop here took a core at 500 rows/s
                 # whenever ready rows waited for a ring slot).

@@ -1,13 +1,17 @@
 """Pure-logic tests of the relay's throughput changes (issue 13), no DB, no Kafka:
-- a full mark asks for the next one before its rows are produced (mark and produce overlap);
+- a full mark asks for the next ones (``MARKS_AHEAD``) before its rows are produced (mark and
+  produce overlap, and the mark connection never waits for the relay thread); queued marks are
+  taken in the order they were asked for;
 - ``--uuid-sequencing``'s per-record UUID header (``continue_uuid``) is the reference encoding;
 - pooled delivery callbacks (``_Slot``) deliver each report to its record's transaction and clock,
   and return to the pool for reuse."""
 
 from __future__ import annotations
 
+import threading
+import time
 import uuid
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from fake_admin import FakeAdmin
@@ -18,6 +22,8 @@ from harvest_outbox.producer.config import HarvestConfig, Limits
 from harvest_outbox.producer.election import StaticElection
 from harvest_outbox.producer.harvest import Harvest
 from harvest_outbox.producer.preflight import TopicGuard
+from harvest_outbox.producer.marksize import MarkSize
+from harvest_outbox.producer.relay_core import MARKS_AHEAD, PendingMark
 from harvest_outbox.producer.sequencing import _Slot, continue_uuid, uuid_bytes
 from harvest_outbox.sequencer import Flags, build_uuid, clock_of, flags_of, new_producer_id, parse_uuid, producer_of
 
@@ -45,7 +51,7 @@ def _relay() -> tuple[AtLeastOnceMode, FakeProducer, list[int]]:
 
     def submit_mark() -> None:
         asked_at.append(len(box["p"].sent))
-        core.mark_future = Future()  # pending: the relay waits for it no further in this tick
+        core.marks.append(PendingMark(Future(), core.leader_id, core.mark_size.value))  # pending: not waited for
 
     core.submit_mark = submit_mark  # type: ignore[method-assign]
     assert isinstance(relay.mode, AtLeastOnceMode)
@@ -55,7 +61,7 @@ def _relay() -> tuple[AtLeastOnceMode, FakeProducer, list[int]]:
 def _mark_returns(h: AtLeastOnceMode, rows: list[tuple], asked: int) -> None:
     done: Future = Future()
     done.set_result((rows, {}))
-    h.core.mark_future, h.core.mark_asked, h.core.mark_view = done, asked, h.core.leader_id
+    h.core.marks.append(PendingMark(done, h.core.leader_id, asked))  # type: ignore[arg-type]
 
 
 def test_a_full_mark_asks_for_the_next_before_producing_its_rows() -> None:
@@ -64,7 +70,52 @@ def test_a_full_mark_asks_for_the_next_before_producing_its_rows() -> None:
     _mark_returns(h, [row(i, f"k{i}") for i in range(1, 5)], asked=4)
     h.tick()
     assert len(p.sent) == 4
-    assert asked_at == [0], "the next mark must be asked for before the full mark's rows are produced"
+    assert asked_at == [0] * MARKS_AHEAD, "the next marks must be asked for before the full mark's rows are produced"
+
+
+def test_queued_marks_run_back_to_back_and_are_taken_in_order() -> None:
+    """Scenario: the relay thread asks for a mark and, when it comes back full, queues two more on the
+    mark connection's worker; they run one after the other (the second starts as the first ends, not
+    when the relay thread next looks) and their rows are produced in the order they were marked."""
+    h, p, _asked_at = _relay()
+    core = h.core
+    del core.submit_mark  # the real one, on a real single-thread worker
+    gate = threading.Event()
+    started: list[int] = []
+    next_id = [1]
+
+    class _MarkDb:
+        def mark_with_attempts(self, leader: uuid.UUID, limit: int) -> tuple[list[tuple], dict]:
+            started.append(len(started))
+            if len(started) == 2:
+                gate.wait(10)  # the second mark is slow: the third waits behind it, queued
+            first, next_id[0] = next_id[0], next_id[0] + limit
+            return [row(i, f"k{i}") for i in range(first, first + limit)], {}
+
+    core.mark_db = _MarkDb()  # type: ignore[assignment]
+    core.mark_exec = ThreadPoolExecutor(1)
+    try:
+        core.mark_size = MarkSize(4, 4)
+        core.submit_mark()
+        core.marks[0].future.result(10)
+        h.tick()  # takes mark 1 (full): queues marks 2 and 3, produces mark 1's rows
+        assert [m.asked for m in core.marks] == [4] * MARKS_AHEAD and len(p.sent) == 4
+        deadline = time.monotonic() + 10
+        while len(started) < 2 and time.monotonic() < deadline:
+            time.sleep(0.001)
+        time.sleep(0.05)
+        assert started == [0, 1]  # mark 2 runs; mark 3 waits behind it on the same worker
+        gate.set()
+        for m in list(core.marks):
+            m.future.result(10)
+        assert started == [0, 1, 2]
+        for _ in range(10):
+            h.tick()
+        sent_ids = [int(value[1:]) for _topic, value, _key, _headers in p.sent]
+        assert sent_ids[:12] == list(range(1, 13))
+    finally:
+        gate.set()
+        core.mark_exec.shutdown(wait=True)
 
 
 def test_a_short_mark_does_not_ask_again_at_once() -> None:
@@ -106,7 +157,7 @@ def test_after_a_short_mark_the_next_waits_for_a_notify_or_the_backoff() -> None
     h.tick()  # sees the NOTIFY
     h.tick()  # marks
     assert asked_at == [1]
-    h.core.mark_future = None
+    h.core.marks.clear()
     h.core.next_mark = 0.0  # markBackoff passed without a NOTIFY: the relay marks anyway
     h.tick()
     assert asked_at == [1, 1]

@@ -23,6 +23,7 @@ from harvest_outbox.producer.config import HarvestConfig, Limits
 from harvest_outbox.producer.election import StaticElection
 from harvest_outbox.producer.harvest import Harvest
 from harvest_outbox.producer.preflight import TopicGuard
+from harvest_outbox.producer.relay_core import PendingMark
 from harvest_outbox.producer.sequencing import SequencedMode
 
 PRODUCER = Path(__file__).resolve().parents[2] / "producer"
@@ -110,7 +111,7 @@ def _mark(relay: Harvest, rows: list[tuple], view: uuid.UUID) -> None:
     done: Future = Future()
     done.set_result((rows, {}))
     core = relay.core
-    core.mark_future, core.mark_asked, core.mark_view = done, 100, view
+    core.marks.append(PendingMark(done, view, 100))
 
 
 def row(i: int, key: str, topic: str = "t") -> tuple:
