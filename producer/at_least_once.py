@@ -55,7 +55,7 @@ from harvest_outbox.producer.errors import DatabaseError
 from harvest_outbox.producer.events import LeaderRefreshed
 from harvest_outbox.producer.kafka import KafkaProducer, is_permanent, is_size_refusal
 from harvest_outbox.producer.preflight import header_bytes, too_large
-from harvest_outbox.producer.relay_core import RelayCore, bad_row_reason
+from harvest_outbox.producer.relay_core import RelayCore
 
 log = logging.getLogger(__name__)
 
@@ -231,13 +231,10 @@ class AtLeastOnceMode:
     def _send(self, row: MarkedRow) -> bool:
         """Produce one record whose key is free. True if it is now in flight (or the relay must
         remark); False if it was dead-lettered on the spot (the key is still free)."""
-        _id, topic, key, value, hkeys, hvals = row
-        if hvals is None or hkeys is None or len(hkeys) != len(hvals) or topic is None or key is None or (
-                        hkeys and None in hkeys):
-            reason = bad_row_reason(row)
-            if reason is not None:
-                self._dead_letter(row, f"bad row: {reason}", 0)
-                return False
+        _id, topic, key, value, hkeys, hvals, bad, _attempts, _error = row
+        if bad is not None:
+            self._dead_letter(row, f"bad row: {bad}", 0)
+            return False
         if self._held and topic in self._held:
             self.core.hold(row)  # behind the same topic's held rows
             return False

@@ -42,11 +42,14 @@ from harvest_outbox.producer.shards import shard_expression
 
 log = logging.getLogger(__name__)
 
-# A marked row as the relay uses it: (id, topic, key bytes, value bytes|None, header keys, header values).
-# A plain tuple of atomic values (header arrays are tuples): the hot path allocates nothing else per
-# row, and the garbage collector does not track it.
-MarkedRow = tuple[int, "str | None", "bytes | None", "bytes | None", "tuple[str, ...] | None",
-                  "tuple[str | None, ...] | None"]
+# A marked row, exactly as the mark statement returns it: (id, topic, key bytes, value bytes|None,
+# header keys, header values, bad, persisted attempts, last error). Header arrays are tuples, or None
+# when the row has no headers (empty arrays come back as NULL: no loader call per row). ``bad`` is
+# None, or why the row can never be produced (decided by the statement, see _BAD_ROW). A plain tuple
+# of atomic values in id order, used as it comes from the driver: the mark allocates nothing else
+# per row, and the garbage collector does not track it.
+MarkedRow = tuple[int, "str | None", "bytes | None", "bytes | None", "tuple[str | None, ...] | None",
+                  "tuple[str | None, ...] | None", "str | None", "int | None", "str | None"]
 # Persisted failed delivery attempts of marked rows: id -> (attempts, last error).
 MarkedAttempts = dict[int, tuple[int, "str | None"]]
 
@@ -66,6 +69,25 @@ LOCK_TIMEOUT = "2s"
 TCP_DEFAULTS = {"keepalives": "1", "keepalives_idle": "10", "keepalives_interval": "3", "keepalives_count": "3",
                 "tcp_user_timeout": "20000"}
 
+
+# Why a marked row can never be produced, decided in the mark statement (NULL for a good row): the
+# relay thread then checks one value per row instead of five. Its texts are the dead letters' errors.
+# Multi-dimensional arrays are refused before array_position, which would raise on them.
+_BAD_ROW = """CASE
+  WHEN kafka_topic IS NULL OR kafka_topic = '' THEN
+    'kafka_topic is NULL or empty: the row has nowhere to go; fix kafka_topic and requeue'
+  WHEN kafka_key IS NULL THEN 'kafka_key is NULL: goharvest''s schema requires a key; set kafka_key and requeue'
+  WHEN kafka_header_keys IS NULL OR kafka_header_values IS NULL THEN
+    'kafka_header_keys/kafka_header_values is NULL: use empty arrays ''{}'' for no headers'
+  WHEN array_ndims(kafka_header_keys) > 1 OR array_ndims(kafka_header_values) > 1 THEN
+    'header arrays are multi-dimensional: ' || kafka_header_keys::text || ' / ' || kafka_header_values::text
+    || '; use one-dimensional text arrays'
+  WHEN cardinality(kafka_header_keys) <> cardinality(kafka_header_values) THEN
+    'header arrays differ in length: ' || cardinality(kafka_header_keys) || ' key(s) ' || kafka_header_keys::text
+    || ' but ' || cardinality(kafka_header_values) || ' value(s); each header needs one key and one value'
+  WHEN array_position(kafka_header_keys, NULL) IS NOT NULL THEN
+    'kafka_header_keys contains NULL: header names must not be NULL'
+END"""
 
 _TEXT_ARRAY_OID = 1009
 _NO_HEADERS: tuple[()] = ()
@@ -264,14 +286,18 @@ class OutboxDatabase:
                         for k in sorted(self.shards)] or [sql.SQL("(SELECT ctid, id FROM {o} WHERE false)").format(o=o)]
             claim = sql.SQL("SELECT ctid FROM ({}) AS led ORDER BY id LIMIT %(n)s").format(
                 sql.SQL(" UNION ALL ").join(branches))
+        # Sorted by Postgres, and each row in its final shape (MarkedRow): the relay's thread, which
+        # holds the GIL while it turns the result into Python objects, does no per-row work after
+        # the driver (slicing and sorting 5,000 rows in Python cost ~3 ms a mark, on the critical path).
         self._mark_sql = sql.SQL("""
             WITH m AS (
               UPDATE {o} SET leader_id = %(leader)s
               WHERE ctid = ANY(ARRAY({claim}))
               RETURNING id, kafka_topic, convert_to(kafka_key, 'UTF8') AS k, {v} AS v,
-                        kafka_header_keys::text[] AS hk, kafka_header_values::text[] AS hv)
-            SELECT m.*, a.attempts, a.last_error FROM m LEFT JOIN {a} AS a ON a.id = m.id""").format(
-            o=o, claim=claim, v=self._value_sql, a=self.names.delivery_attempts)
+                        NULLIF(kafka_header_keys::text[], '{{}}') AS hk,
+                        NULLIF(kafka_header_values::text[], '{{}}') AS hv, {bad} AS bad)
+            SELECT m.*, a.attempts, a.last_error FROM m LEFT JOIN {a} AS a ON a.id = m.id ORDER BY m.id""").format(
+            o=o, claim=claim, v=self._value_sql, a=self.names.delivery_attempts, bad=sql.SQL(_BAD_ROW))
 
     def _run(self, what: str, query: sql.Composable, params: Sequence[Any] | dict[str, Any],
              prepare: bool | None = None) -> psycopg.Cursor:
@@ -294,10 +320,9 @@ class OutboxDatabase:
         # generic plan made while the outbox was empty (an idle relay marks an empty table over and
         # over), which sorts the whole outbox on every mark once a burst of rows arrives (measured:
         # 2,600 rows/s instead of ~60,000). Planning the mark anew each time costs well under a ms.
-        raw = self._run("mark", self._mark_sql, {"leader": leader_id, "n": limit}, prepare=False).fetchall()
-        attempts: MarkedAttempts = {r[0]: (r[6], r[7]) for r in raw if r[6] is not None}
-        rows: list[MarkedRow] = [r[:6] for r in raw]
-        rows.sort()  # RETURNING order is unspecified; ids are unique so tuples sort by id
+        rows: list[MarkedRow] = self._run("mark", self._mark_sql, {"leader": leader_id, "n": limit},
+                                          prepare=False).fetchall()
+        attempts: MarkedAttempts = {r[0]: (r[7], r[8]) for r in rows if r[7] is not None}
         return rows, attempts
 
     def record_attempts(self, items: Sequence[tuple[int, int, str]]) -> int:

@@ -111,23 +111,6 @@ class RelayMode(Protocol):
         ...
 
 
-def bad_row_reason(row: MarkedRow) -> str | None:
-    """Why an outbox row can never be produced (None if it can)."""
-    _id, topic, key, _value, hkeys, hvals = row
-    if topic is None or topic == "":
-        return "kafka_topic is NULL or empty: the row has nowhere to go; fix kafka_topic and requeue"
-    if key is None:
-        return "kafka_key is NULL: goharvest's schema requires a key; set kafka_key and requeue"
-    if hkeys is None or hvals is None:
-        return "kafka_header_keys/kafka_header_values is NULL: use empty arrays '{}' for no headers"
-    if len(hkeys) != len(hvals):
-        return (f"header arrays differ in length: {len(hkeys)} key(s) {hkeys!r} but {len(hvals)} value(s); "
-                f"each header needs one key and one value")
-    if any(k is None for k in hkeys):
-        return "kafka_header_keys contains NULL: header names must not be NULL"
-    return None
-
-
 class RelayCore:
     """The shared state of a relay (see module doc). Built by :class:`~producer.harvest.Harvest`;
     a mode reads and writes its attributes from the relay thread only, except where noted."""

@@ -79,7 +79,7 @@ from harvest_outbox.producer.errors import DatabaseError, FenceError, ProducerEr
 from harvest_outbox.producer.events import LeaderRefreshed, ViewStarted
 from harvest_outbox.producer.kafka import KafkaProducer, is_permanent, is_size_refusal
 from harvest_outbox.producer.preflight import header_bytes, too_large
-from harvest_outbox.producer.relay_core import RelayCore, bad_row_reason
+from harvest_outbox.producer.relay_core import RelayCore
 from harvest_outbox.sequencer import TICK, Clock, Flags, new_producer_id
 from harvest_outbox.sequencer.clock import clock_from_unix_ns
 
@@ -498,19 +498,16 @@ class SequencedMode:
             slots = self._slots
             while ready and in_flight < limit:
                 row = ready[0]
-                rid, topic, key, value, hkeys, hvals = row
+                rid, topic, key, value, hkeys, hvals, bad, _attempts, _error = row
                 if poison and rid in poison:
                     ready.popleft()
                     reason, attempts = poison.pop(rid)
                     self._dead_letter_in(t, row, reason, attempts)
                     continue
-                if hvals is None or hkeys is None or len(hkeys) != len(hvals) or topic is None or key is None or (
-                        hkeys and None in hkeys):
-                    reason = bad_row_reason(row)
-                    if reason is not None:
-                        ready.popleft()
-                        self._dead_letter_in(t, row, f"bad row: {reason}", 0)
-                        continue
+                if bad is not None:
+                    ready.popleft()
+                    self._dead_letter_in(t, row, f"bad row: {bad}", 0)
+                    continue
                 if self._held and topic in self._held:
                     ready.popleft()
                     self.core.hold(row)

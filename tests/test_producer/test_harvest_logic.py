@@ -53,8 +53,10 @@ def _relay(**limits: Any) -> tuple[AtLeastOnceMode, FakeProducer]:
     return h.mode, p
 
 
-def row(i: int, key: str, topic: str | None = "t", hk: list | None = None, hv: list | None = None) -> tuple:
-    return (i, topic, key.encode(), f"v{i}".encode(), [] if hk is None else hk, [] if hv is None else hv)
+def row(i: int, key: str, topic: str | None = "t", hk: tuple | None = None, hv: tuple | None = None,
+        bad: str | None = None) -> tuple:
+    """A MarkedRow as the mark statement returns it (no headers: None, None)."""
+    return (i, topic, key.encode(), f"v{i}".encode(), hk, hv, bad, None, None)
 
 
 def test_one_in_flight_per_key_and_id_order() -> None:
@@ -119,7 +121,8 @@ def test_rows_no_broker_takes_are_dead_lettered_before_producing() -> None:
     h, p = _relay()
     h._guard._admin_factory = lambda conf: FakeAdmin({"t": 1_048_588, "small": 500})  # type: ignore[attr-defined]
     h._ready.extend([row(1, "a", topic="missing"), row(2, "a"), row(3, "b", topic="__consumer_offsets"),
-                     (4, "small", b"c", b"x" * 600, [], []), (5, "small", b"c", b"x" * 10, [], []),
+                     (4, "small", b"c", b"x" * 600, None, None, None, None, None),
+                     (5, "small", b"c", b"x" * 10, None, None, None, None, None),
                      row(6, "d", topic="bad name")])
     h._dispatch()
     assert [(s[0], s[1]) for s in p.sent] == [("t", b"v2"), ("small", b"x" * 10)]
@@ -140,18 +143,20 @@ def test_broker_side_size_error_is_an_attempt_not_an_instant_dead_letter() -> No
 
 def test_bad_rows_dead_lettered_without_blocking() -> None:
     h, p = _relay()
-    h._ready.extend([row(1, "a", hk=["x", "y"], hv=["1"]), row(2, "a"), row(3, "b", topic=None),
-                     row(4, "c", hk=["x", None], hv=["1", "2"])])
+    # The reasons come from the mark statement (tests/test_producer/test_mark.py checks them on Postgres).
+    h._ready.extend([row(1, "a", hk=("x", "y"), hv=("1",), bad="header arrays differ in length: 2 key(s)"),
+                     row(2, "a"), row(3, "b", topic=None, bad="kafka_topic is NULL or empty"),
+                     row(4, "c", hk=("x", None), hv=("1", "2"), bad="kafka_header_keys contains NULL")])
     h._dispatch()
     assert [s[1] for s in p.sent] == [b"v2"]
     errors = {i: e for i, e, _ in h._dlq_buf}
-    assert "header arrays differ in length" in errors[1] and "kafka_topic is NULL" in errors[3]
-    assert "kafka_header_keys contains NULL" in errors[4]  # never published as a header named "None"
+    assert errors == {1: "bad row: header arrays differ in length: 2 key(s)", 3: "bad row: kafka_topic is NULL or empty",
+                      4: "bad row: kafka_header_keys contains NULL"}  # never published as a header named "None"
 
 
 def test_headers_passed_as_pairs() -> None:
     h, p = _relay()
-    h._ready.append(row(1, "a", hk=["h", "h"], hv=["1", None]))
+    h._ready.append(row(1, "a", hk=("h", "h"), hv=("1", None)))
     h._dispatch()
     assert p.sent[0][3] == [("h", "1"), ("h", None)]
 

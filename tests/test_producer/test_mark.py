@@ -43,7 +43,7 @@ def test_mark_stays_fast_on_statistics_of_an_empty_outbox(pg_dsn: str, pg_schema
         leader = uuid.uuid4()
         rows = db.mark(leader, 5000)
         assert len(rows) == 5000 and [r[0] for r in rows] == sorted(r[0] for r in rows)
-        assert rows[0][3] == b"v0" and rows[0][4] == () and rows[0][5] == ()  # header arrays as tuples
+        assert rows[0][:9] == (rows[0][0], "t", b"k0", b"v0", None, None, None, None, None)  # no headers: None
         again = db.mark(leader, 5000)  # rows this view owns are not marked twice
         assert len(again) == 5000 and {r[0] for r in again}.isdisjoint(r[0] for r in rows)
     finally:
@@ -84,6 +84,55 @@ def test_an_idle_relays_marks_never_run_on_a_generic_plan(pg_dsn: str, pg_schema
     finally:
         for d in dbs:
             d.close()
+
+
+# (topic, key, header keys, header values) of a row as another writer than the stasher could insert
+# it, and the start of the reason the mark gives (None: a good row).
+_ROWS = [
+    pytest.param("t", "k", [], [], None, id="good-no-headers"),
+    pytest.param("t", "k", ["h", "h"], ["1", None], None, id="good-repeated-header-null-value"),
+    pytest.param(None, "k", [], [], "kafka_topic is NULL or empty", id="null-topic"),
+    pytest.param("", "k", [], [], "kafka_topic is NULL or empty", id="empty-topic"),
+    pytest.param("t", None, [], [], "kafka_key is NULL", id="null-key"),
+    pytest.param("t", "k", None, [], "kafka_header_keys/kafka_header_values is NULL", id="null-header-keys"),
+    pytest.param("t", "k", [], None, "kafka_header_keys/kafka_header_values is NULL", id="null-header-values"),
+    pytest.param("t", "k", ["a", "b"], ["1"], "header arrays differ in length: 2 key(s) {a,b} but 1 value(s)",
+                 id="mismatched"),
+    pytest.param("t", "k", [], ["1"], "header arrays differ in length: 0 key(s) {} but 1 value(s)",
+                 id="values-without-keys"),
+    pytest.param("t", "k", ["a", None], ["1", "2"], "kafka_header_keys contains NULL", id="null-header-name"),
+    pytest.param("t", "k", [["a"], ["b"]], [["1"], ["2"]], "header arrays are multi-dimensional",
+                 id="two-dimensional"),
+]
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize(("topic", "key", "hkeys", "hvals", "reason"), _ROWS)
+def test_the_mark_names_what_makes_a_row_unsendable(pg_dsn: str, pg_schema: str, topic: str | None, key: str | None,
+                                                   hkeys: list | None, hvals: list | None, reason: str | None) -> None:
+    """Bad rows are found by the mark statement itself (one CASE per row, on the database), and a bad
+    row never fails the mark: the rows around it are marked as usual."""
+    names = init_db(pg_dsn, f"{pg_schema}.outbox")
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        conn.execute(sql.SQL("ALTER TABLE {} ALTER COLUMN kafka_topic DROP NOT NULL, ALTER COLUMN kafka_key DROP NOT NULL, "
+                             "ALTER COLUMN kafka_header_keys DROP NOT NULL, ALTER COLUMN kafka_header_values DROP NOT NULL"
+                             ).format(names.outbox))
+        ins = sql.SQL("INSERT INTO {} (kafka_topic, kafka_key, kafka_value, kafka_header_keys, kafka_header_values) "
+                      "VALUES (%s, %s, 'v', %s, %s)").format(names.outbox)
+        conn.execute(ins, ("t", "before", [], []))
+        conn.execute(ins, (topic, key, hkeys, hvals))
+        conn.execute(ins, ("t", "after", ["h"], ["1"]))
+    db = OutboxDatabase(pg_dsn, names)
+    try:
+        before, row, after = db.mark(uuid.uuid4(), 10)
+    finally:
+        db.close()
+    assert before[6] is None and after[4:7] == (("h",), ("1",), None)
+    if reason is None:
+        assert row[6] is None
+        assert (row[4], row[5]) == ((None, None) if not hkeys else (tuple(hkeys), tuple(hvals)))  # type: ignore[arg-type]
+    else:
+        assert row[6] is not None and row[6].startswith(reason), row[6]
 
 
 def _hot_share_of_one_mark(pg_dsn: str, names: OutboxNames, rows: int) -> float:

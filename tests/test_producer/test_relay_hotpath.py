@@ -29,7 +29,7 @@ from harvest_outbox.sequencer import Flags, build_uuid, clock_of, flags_of, new_
 
 
 def row(i: int, key: str) -> tuple:
-    return (i, "t", key.encode(), f"v{i}".encode(), (), ())
+    return (i, "t", key.encode(), f"v{i}".encode(), None, None, None, None, None)
 
 
 def _relay() -> tuple[AtLeastOnceMode, FakeProducer, list[int]]:
