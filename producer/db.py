@@ -151,8 +151,13 @@ class OutboxDatabase:
         self._conn: psycopg.Connection | None = None
         self.value_type: ValueType = "varchar"
         o, d, a = names.outbox, names.dead_letters, names.delivery_attempts
-        self._purge_sql = sql.SQL("DELETE FROM {} WHERE id = ANY(%s::bigint[])").format(o)
-        self._reset_sql = sql.SQL("UPDATE {} SET leader_id = NULL WHERE id = ANY(%s::bigint[])").format(o)
+        # The id arrays are read through a scalar subquery (an InitPlan): as a constant, or as a
+        # parameter of a custom plan, Postgres estimated the selectivity of each of its thousands of
+        # elements while planning (~0.8 ms for 5,000 ids, as long as a quarter of the DELETE itself);
+        # through the subquery it plans an index scan of a runtime array at once.
+        ids = sql.SQL("ANY(CAST((SELECT %s::bigint[]) AS bigint[]))")
+        self._purge_sql = sql.SQL("DELETE FROM {} WHERE id = {ids}").format(o, ids=ids)
+        self._reset_sql = sql.SQL("UPDATE {} SET leader_id = NULL WHERE id = {ids}").format(o, ids=ids)
         self._dlq_sql = sql.SQL("""
             WITH bad(id, error, attempts) AS (SELECT * FROM unnest(%s::bigint[], %s::text[], %s::int[])),
             forgotten AS (DELETE FROM {a} AS a USING bad WHERE a.id = bad.id),
@@ -166,7 +171,7 @@ class OutboxDatabase:
             ON CONFLICT (id) DO UPDATE SET error = EXCLUDED.error, attempts = EXCLUDED.attempts,
                                            dead_time = now()""").format(o=o, d=d, a=a)
         self._commit_delete_sql = sql.SQL(
-            "DELETE FROM {} WHERE id = ANY(%s::bigint[]) AND leader_id = %s").format(o)
+            "DELETE FROM {} WHERE id = {ids} AND leader_id = %s").format(o, ids=ids)
         self._commit_dlq_sql = sql.SQL("""
             WITH bad(id, error, attempts) AS (SELECT * FROM unnest(%s::bigint[], %s::text[], %s::int[])),
             forgotten AS (DELETE FROM {a} AS a USING bad WHERE a.id = bad.id),
@@ -184,7 +189,7 @@ class OutboxDatabase:
             SELECT * FROM unnest(%s::bigint[], %s::int[], %s::text[])
             ON CONFLICT (id) DO UPDATE SET attempts = GREATEST(a.attempts, EXCLUDED.attempts),
                                            last_error = EXCLUDED.last_error, updated_at = now()""").format(a=a)
-        self._forget_sql = sql.SQL("DELETE FROM {} WHERE id = ANY(%s::bigint[])").format(a)
+        self._forget_sql = sql.SQL("DELETE FROM {} WHERE id = {ids}").format(a, ids=ids)
         self._stats_dead_sql = sql.SQL("SELECT count(*) FROM {}").format(d)
 
     def set_shards(self, shards: frozenset[int]) -> None:
