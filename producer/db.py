@@ -149,6 +149,7 @@ class OutboxDatabase:
         self._state_table = names.state if self.shard_count is None else names.shard_state
         self._set_shard_sql()
         self._conn: psycopg.Connection | None = None
+        self._prepare_mark = False
         self.value_type: ValueType = "varchar"
         o, d, a = names.outbox, names.dead_letters, names.delivery_attempts
         # The id arrays are read through a scalar subquery (an InitPlan): as a constant, or as a
@@ -260,7 +261,11 @@ class OutboxDatabase:
             # once but planned for every run with its own parameters: a generic plan, which Postgres
             # would otherwise settle on after 5 runs, made while the outbox was empty sorted the
             # whole outbox on every mark once a burst arrived (2,600 rows/s instead of ~60,000).
-            self._conn.execute("SET plan_cache_mode = force_custom_plan")
+            try:
+                self._conn.execute("SET plan_cache_mode = force_custom_plan")
+                self._prepare_mark = True
+            except psycopg.errors.UndefinedObject:  # PostgreSQL < 12: the mark stays unprepared
+                self._prepare_mark = False
             self.value_type = inspect_outbox(self._conn, self.names)
             require_attempts_table(self._conn, self.names)
             if self.shard_count is not None:
@@ -327,9 +332,10 @@ class OutboxDatabase:
         conn = self.conn  # establishes the mark statement
         assert self._mark_sql is not None and conn is not None
         # Prepared (parsed once: a trickle's one-row mark took ~0.6 ms unprepared, ~0.5 prepared) but
-        # planned anew on every run (plan_cache_mode, see conn): never a generic plan.
+        # planned anew on every run (plan_cache_mode, see conn): never a generic plan. Where Postgres
+        # cannot force that, never prepared (psycopg would prepare it after its 5th run).
         rows: list[MarkedRow] = self._run("mark", self._mark_sql, {"leader": leader_id, "n": limit},
-                                          prepare=True).fetchall()
+                                          prepare=self._prepare_mark).fetchall()
         attempts: MarkedAttempts = {r[0]: (r[7], r[8]) for r in rows if r[7] is not None}
         return rows, attempts
 
