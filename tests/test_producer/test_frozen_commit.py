@@ -19,7 +19,8 @@ from __future__ import annotations
 import threading
 import time
 import uuid
-from typing import Any
+from collections.abc import Iterator
+from typing import Any, NamedTuple
 
 import psycopg
 import pytest
@@ -53,22 +54,51 @@ def _locked(pg_dsn: str, names: OutboxNames, ids: list[int]) -> list[str]:
     return held
 
 
-def _proxied(pg_dsn: str) -> tuple[NetFault, str]:
-    params = conninfo_to_dict(pg_dsn)
-    proxy = NetFault((str(params.get("host", "127.0.0.1")), int(params.get("port", 5432))), name="pg").start()
-    return proxy, make_conninfo(pg_dsn, host="127.0.0.1", port=str(proxy.port))
+class _View(NamedTuple):
+    names: OutboxNames
+    proxy: NetFault
+    db: OutboxDatabase  # connected through the proxy
+    leader: uuid.UUID
+    epoch: int
+    ids: list[int]  # marked by this view, not committed
 
 
-def _marked_view(dsn: str, pg_dsn: str, table: str) -> tuple[OutboxDatabase, uuid.UUID, int, list[int]]:
-    init_db(pg_dsn, table)
+@pytest.fixture
+def view(pg_dsn: str, pg_schema: str) -> Iterator[_View]:
+    """A view of a fresh outbox (``ROWS`` rows, all marked) whose connection runs through a proxy."""
+    table = f"{pg_schema}.outbox"
+    names = init_db(pg_dsn, table)
     with psycopg.connect(pg_dsn) as conn:
         Stasher(table).stash_many(conn, [OutboxRecord("t", f"k{i % 100}", "v") for i in range(ROWS)])
-    db = OutboxDatabase(dsn, OutboxNames.parse(table))
-    leader = uuid.uuid4()
-    epoch, _intents = db.start_view(leader, "zombie")
-    ids = [r[0] for r in db.mark(leader, ROWS)]
-    assert len(ids) == ROWS
-    return db, leader, epoch, ids
+    params = conninfo_to_dict(pg_dsn)
+    proxy = NetFault((str(params.get("host", "127.0.0.1")), int(params.get("port", 5432))), name="pg").start()
+    db = OutboxDatabase(make_conninfo(pg_dsn, host="127.0.0.1", port=str(proxy.port)), names)
+    try:
+        leader = uuid.uuid4()
+        epoch, _intents = db.start_view(leader, "zombie")
+        ids = [r[0] for r in db.mark(leader, ROWS)]
+        assert len(ids) == ROWS
+        yield _View(names, proxy, db, leader, epoch, ids)
+    finally:
+        db.close()
+        proxy.stop()
+
+
+def _commit_in_background(db: OutboxDatabase, epoch: int, leader: uuid.UUID,
+                          ids: list[int]) -> tuple[threading.Thread, list[BaseException | None]]:
+    """Commit ``ids`` as one harvest transaction on a thread; the list gets None or the error."""
+    done: list[BaseException | None] = []
+
+    def commit() -> None:
+        try:
+            db.commit_txns(epoch, leader, [TxnCommit(ids, [], b"P1", 7, [("t", 0)])])
+            done.append(None)
+        except BaseException as exc:  # noqa: BLE001 - reported to the test
+            done.append(exc)
+
+    t = threading.Thread(target=commit, daemon=True)
+    t.start()
+    return t, done
 
 
 def _remaining(pg_dsn: str, names: OutboxNames) -> int:
@@ -77,84 +107,42 @@ def _remaining(pg_dsn: str, names: OutboxNames) -> int:
     return int(row[0]) if row else -1
 
 
-def test_a_commit_frozen_half_sent_holds_no_lock(pg_dsn: str, pg_schema: str) -> None:
-    table = f"{pg_schema}.outbox"
-    names = OutboxNames.parse(table)
-    proxy, dsn = _proxied(pg_dsn)
-    db: OutboxDatabase | None = None
-    try:
-        db, leader, epoch, ids = _marked_view(dsn, pg_dsn, table)
-        proxy.stall_client_after(8_000)  # the commit's first 8 kB reach Postgres, then the relay "freezes"
-        done: list[BaseException | None] = []
-
-        def commit() -> None:
-            assert db is not None
-            try:
-                db.commit_txns(epoch, leader, [TxnCommit(ids, [], b"P1", 7, [("t", 0)])])
-                done.append(None)
-            except BaseException as exc:  # noqa: BLE001 - reported by the test thread
-                done.append(exc)
-
-        t = threading.Thread(target=commit, daemon=True)
-        t.start()
-        time.sleep(1.0)
-        assert not done, "the commit should be stuck behind the frozen bytes"
-        assert _locked(pg_dsn, names, ids) == []  # a new leader's view could start and mark right now
-        proxy.heal()  # the zombie wakes: its commit goes through whole (its epoch is still current here)
-        t.join(30)
-        assert done == [None]
-        assert _remaining(pg_dsn, names) == 0
-    finally:
-        if db is not None:
-            db.close()
-        proxy.stop()
+def test_a_commit_frozen_half_sent_holds_no_lock(pg_dsn: str, view: _View) -> None:
+    view.proxy.stall_client_after(8_000)  # the commit's first 8 kB reach Postgres, then the relay "freezes"
+    t, done = _commit_in_background(view.db, view.epoch, view.leader, view.ids)
+    time.sleep(1.0)
+    assert not done, "the commit should be stuck behind the frozen bytes"
+    assert _locked(pg_dsn, view.names, view.ids) == []  # a new leader's view could start and mark right now
+    view.proxy.heal()  # the zombie wakes: its commit goes through whole (its epoch is still current here)
+    t.join(30)
+    assert done == [None]
+    assert _remaining(pg_dsn, view.names) == 0
 
 
-def test_a_commit_frozen_before_its_commit_is_ended_by_the_server(pg_dsn: str, pg_schema: str,
+def test_a_commit_frozen_before_its_commit_is_ended_by_the_server(pg_dsn: str, view: _View,
                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     """Frozen after the request ran (fence row and rows locked) but before COMMIT: the session is
     idle in transaction, which Postgres ends after ``IDLE_IN_TRANSACTION_TIMEOUT``; nothing commits."""
-    table = f"{pg_schema}.outbox"
-    names = OutboxNames.parse(table)
-    proxy, dsn = _proxied(pg_dsn)
-    db: OutboxDatabase | None = None
-    try:
-        db, leader, epoch, ids = _marked_view(dsn, pg_dsn, table)
-        conn = db.conn
-        real_execute = conn.execute
+    conn = view.db.conn
+    real_execute = conn.execute
+    frozen = threading.Event()
 
-        def freeze_before_commit(query: Any, *args: Any, **kwargs: Any) -> Any:
-            if query == "COMMIT":
-                proxy.stall_client_after(0)
-                frozen.set()
-            return real_execute(query, *args, **kwargs)
+    def freeze_before_commit(query: Any, *args: Any, **kwargs: Any) -> Any:
+        if query == "COMMIT":
+            view.proxy.stall_client_after(0)
+            frozen.set()
+        return real_execute(query, *args, **kwargs)
 
-        frozen = threading.Event()
-        monkeypatch.setattr(conn, "execute", freeze_before_commit)
-        done: list[BaseException | None] = []
-
-        def commit() -> None:
-            assert db is not None
-            try:
-                db.commit_txns(epoch, leader, [TxnCommit(ids, [], b"P1", 7, [("t", 0)])])
-                done.append(None)
-            except BaseException as exc:  # noqa: BLE001 - reported by the test thread
-                done.append(exc)
-
-        t = threading.Thread(target=commit, daemon=True)
-        t.start()
-        assert frozen.wait(30)
-        assert _locked(pg_dsn, names, ids[:10]) == ["fence row", "outbox rows"]
-        timeout = float(IDLE_IN_TRANSACTION_TIMEOUT.rstrip("s"))
-        started = time.monotonic()
-        while _locked(pg_dsn, names, ids[:10]):
-            assert time.monotonic() - started < timeout + 10, "the frozen session still holds its locks"
-            time.sleep(0.2)
-        proxy.heal()  # the zombie wakes: its COMMIT meets a closed session
-        t.join(30)
-        assert len(done) == 1 and isinstance(done[0], DatabaseError), done
-        assert _remaining(pg_dsn, names) == ROWS  # rolled back: every row is still there for the next view
-    finally:
-        if db is not None:
-            db.close()
-        proxy.stop()
+    monkeypatch.setattr(conn, "execute", freeze_before_commit)
+    t, done = _commit_in_background(view.db, view.epoch, view.leader, view.ids)
+    assert frozen.wait(30)
+    assert _locked(pg_dsn, view.names, view.ids[:10]) == ["fence row", "outbox rows"]
+    timeout = float(IDLE_IN_TRANSACTION_TIMEOUT.rstrip("s"))
+    started = time.monotonic()
+    while _locked(pg_dsn, view.names, view.ids[:10]):
+        assert time.monotonic() - started < timeout + 10, "the frozen session still holds its locks"
+        time.sleep(0.2)
+    view.proxy.heal()  # the zombie wakes: its COMMIT meets a closed session
+    t.join(30)
+    assert len(done) == 1 and isinstance(done[0], DatabaseError), done
+    assert _remaining(pg_dsn, view.names) == ROWS  # rolled back: every row is still there for the next view
