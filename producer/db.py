@@ -90,19 +90,17 @@ _BAD_ROW = """CASE
 END"""
 
 _TEXT_ARRAY_OID = 1009
-_NO_HEADERS: tuple[()] = ()
 
 
 class _HeaderArrayLoader(ArrayBinaryLoader):
-    """``text[]`` as a tuple (the empty array as the shared empty tuple), not a list.
+    """``text[]`` as a tuple, not a list (the mark returns empty header arrays as NULL, so this runs
+    only for rows that have headers).
 
     A marked row is then a tuple of atomic values, which Python's cyclic garbage collector stops
     tracking: the relay holds tens of thousands of marked rows in its queues during a drain, and as
     tracked objects they made every full collection walk all of them."""
 
     def load(self, data: Any) -> tuple[Any, ...]:
-        if len(data) == 12:  # ndim = 0: an empty array
-            return _NO_HEADERS
         return tuple(super().load(data))
 
 
