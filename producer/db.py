@@ -136,8 +136,12 @@ class OutboxDatabase:
     are then the led shards'; purges, resets and dead letters address ids, which belong to one shard
     anyway. The set changes only between leader views, when no statement of the old view runs."""
 
-    def __init__(self, dsn: str, names: OutboxNames, shard_count: int | None = None) -> None:
+    def __init__(self, dsn: str, names: OutboxNames, shard_count: int | None = None, *,
+                 async_commit: bool = False) -> None:
         self._dsn = dsn
+        #: Commit without waiting for the WAL flush (``synchronous_commit = off``): only for a connection
+        #: whose writes need not survive a database crash on their own (see RelayCore.open).
+        self.async_commit = async_commit
         self.names = names
         self.shard_count = shard_count if shard_count and shard_count > 1 else None
         self.shards: frozenset[int] = frozenset()
@@ -264,6 +268,8 @@ class OutboxDatabase:
                 self._prepare_mark = True
             except psycopg.errors.UndefinedObject:  # PostgreSQL < 12: the mark stays unprepared
                 self._prepare_mark = False
+            if self.async_commit:
+                self._conn.execute("SET synchronous_commit = off")
             self.value_type = inspect_outbox(self._conn, self.names)
             require_attempts_table(self._conn, self.names)
             if self.shard_count is not None:

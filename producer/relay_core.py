@@ -175,7 +175,12 @@ class RelayCore:
         if fix is not None:
             log.info("%s; `harvest init-db` creates new outboxes so", fix)
         self.exec = ThreadPoolExecutor(1, thread_name_prefix=f"harvest-db-{self.config.name}")
-        self.mark_db = OutboxDatabase(self.config.data_source, self.names, shard_count)
+        # The mark commits without waiting for its WAL flush (~0.3 ms of every trickled row's latency,
+        # more while fenced commits flush): a mark lost in a database crash only un-claims rows, as
+        # if the leader had crashed before purging them, and the purge or fenced commit that
+        # consumes a mark is synchronous, so flushing it flushes the mark too (WAL is flushed in
+        # order). The mark connection writes nothing else (its other queries are metrics reads).
+        self.mark_db = OutboxDatabase(self.config.data_source, self.names, shard_count, async_commit=True)
         self.mark_exec = ThreadPoolExecutor(1, thread_name_prefix=f"harvest-mark-{self.config.name}")
         self.listener = Listener(self.config.data_source, self.names)
 

@@ -14,11 +14,15 @@ Protocol, per leader *view* (a view starts on acquisition and after every failur
 3. **Harvest transactions**: marked rows are produced in id order as CONTINUE_TXN records (header
    ``uuid`` = 16 raw bytes; key, value and headers untouched) through the one idempotent producer.
    A transaction closes at ``txnMaxRecords`` records, ``txnMaxDuration`` after its first record, or
-   when the backlog is drained. One monotonic Clock per view: clocks rise in publish order; a
-   transaction's ACK clock is ticked when it closes, so ACK clocks rise in transaction order. A view's
-   Clock starts at the state row's ``last_clock`` (raised to each committed ACK clock by the fenced
-   commit) or the wall clock, whichever is later: clocks rise across views and leaders even when a
-   leader's wall clock is behind or steps back.
+   once the backlog is taken and a first delivery report of it has arrived: rows marked while its
+   first records are on their way join it (its commit could not start before that report anyway),
+   so a trickle makes a transaction, a fenced commit and an ACK per delivery round trip, not per
+   row (``_reported``). One monotonic
+   Clock per view: clocks rise in publish order; a transaction's ACK clock is ticked when it
+   closes, so ACK clocks rise in transaction order. A view's Clock starts at the state row's
+   ``last_clock`` (raised to each committed ACK clock by the fenced commit) or the wall clock,
+   whichever is later: clocks rise across views and leaders even when a leader's wall clock is
+   behind or steps back.
 4. **Commit** (when every record of transaction *k* is delivered, strictly in transaction order):
    one DB transaction locks the fence row and checks the epoch, deletes exactly the transaction's
    ids ``AND leader_id = $leader`` (row count must match), dead-letters its poison rows and inserts
@@ -101,6 +105,15 @@ def continue_uuid(producer: bytes, clock: int, _pack: Any = _UUID_HEAD) -> bytes
     6-byte ProducerID (a quarter less work than the 128-bit integer arithmetic)."""
     return _pack((clock >> 4) & 0xFFFFFFFF, (clock >> 36) & 0xFFFF, ((clock >> 52) & 0x0FFF) | 0x1000,
                  ((clock & 0xF) << 10) | _CONTINUE | 0x8000) + producer
+
+
+def _reported(t: _Txn) -> bool:
+    """A delivery report of one of ``t``'s records has arrived (or it has none): once the backlog is
+    taken, the transaction closes then. Rows marked while its first records were on their way have
+    joined it (its commit could not start before that report anyway), and rows marked later go to the
+    next one: at a trickle, a transaction per delivery round trip instead of one per row, and no
+    record waits more than about one round trip longer for its commit."""
+    return t.pending < len(t.ids) or not t.pending
 
 
 def uuid_bytes(producer: int, clock: int, flags: int) -> bytes:
@@ -394,7 +407,7 @@ class SequencedMode:
         if txns:
             last = txns[-1]
             if not last.closed and (now - last.opened >= self.limits.txn_max_duration
-                                    or (not self._ready and self._last_mark_short)):
+                                    or (not self._ready and self._last_mark_short and _reported(last))):
                 self._close(last)
         # Submit commits in order, one job at a time: transactions delivered while a commit runs wait
         # for it and then commit together (group commit). One job per transaction queued them behind
@@ -474,7 +487,7 @@ class SequencedMode:
         assert self._view is not None
         t.closed = True
         t.ack_clock = self._view.clock.tick()
-        if self._hook and t.ids:
+        if self._hook and t.pending:
             self._hook.hit("after_publish_before_delivery", settle=0.5)
 
     def _fill(self, now: float) -> None:
@@ -583,7 +596,12 @@ class SequencedMode:
                     self._close(t)
                     break
             if not t.closed and not ready and self._last_mark_short:
-                self._close(t)
+                if _reported(t):
+                    self._close(t)
+                elif self._hook:
+                    # The backlog is taken: the transaction closes at its first delivery report
+                    # (_advance), with the rows marked meanwhile.
+                    self._hook.hit("after_publish_before_delivery", settle=0.5)
 
     def _dead_letter_in(self, t: _Txn, row: MarkedRow, error: str, attempts: int) -> None:
         log.error("record %d (topic %r) will be moved to dead letters with harvest transaction %d: %s",

@@ -228,3 +228,44 @@ def test_trickle_through_a_full_ring_waits_and_commits_in_groups(
     assert ring_full_ticks["waited"] >= 0.8 * ring_full_ticks["n"], ring_full_ticks  # ...and the relay waited in it
     print(f"\n{exp.total} rows in {len(batches)} commits (largest {max(batches)} transactions); "
           f"ring-full ticks {ring_full_ticks}")
+
+
+def test_a_trickle_makes_a_transaction_per_delivery_round_trip_not_per_row(
+        pg_dsn: str, kafka_bootstrap: str, pg_schema: str, topic_factory: Callable[..., str],
+        unique_name: Callable[[str], str]) -> None:
+    """Once the backlog is taken, the open transaction closes at its first delivery report: rows
+    marked while its first records are on their way join it, later rows go to the next. Deliveries
+    take >= 25 ms here (``linger.ms``) and a row arrives every ~4 ms, so transactions hold several
+    rows each, yet none stays open until its age limit (1 s here) while rows keep coming; no
+    transaction closes before a report of it unless a limit closed it; every row exactly once."""
+    topic = topic_factory(partitions=4)
+    table = f"{pg_schema}.outbox"
+    init_db(pg_dsn, table)
+    exp = Expected()
+    cfg = _cfg(pg_dsn, kafka_bootstrap, table, unique_name("g"), txn_max_duration=1.0)
+    cfg = cfg.replace(producer_kafka_config={**cfg.producer_kafka_config, "linger.ms": 25})
+    relay = Harvest(cfg)
+    mode = relay.mode
+    assert isinstance(mode, SequencedMode)
+    closes: list[tuple[int, float, int, int]] = []  # (records in flight, age, records, size limit)
+    close = mode._close
+
+    def recording_close(t) -> None:  # type: ignore[no-untyped-def]
+        closes.append((t.pending, time.monotonic() - t.opened, len(t.ids), mode.txn_limit))
+        close(t)
+
+    mode._close = recording_close  # type: ignore[method-assign]
+    relay.start()
+    try:
+        write_traffic(pg_dsn, table, topic, exp, 0, 150, max_batch=1, rollback_rate=0.0, pause=0.004)
+        _drain(relay, pg_dsn, table)
+    finally:
+        relay.stop()
+        relay.wait(30)
+    _all_exactly_once(kafka_bootstrap, topic, 4, exp)
+    rows_per_txn = [n for _, _, n, _ in closes if n]
+    assert sum(rows_per_txn) == exp.total
+    assert len(rows_per_txn) <= exp.total / 2, rows_per_txn  # a transaction per round trip, not per row
+    assert all(age < 0.5 for _, age, _, _ in closes), closes
+    assert all(pending < n or not pending for pending, _, n, _ in closes), closes
+    print(f"\n{exp.total} rows in {len(rows_per_txn)} transactions (largest {max(rows_per_txn)})")
