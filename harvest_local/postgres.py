@@ -13,6 +13,7 @@ import logging
 import os
 import pwd
 import shutil
+import signal
 import subprocess
 import time
 from pathlib import Path
@@ -68,15 +69,27 @@ class EmbeddedPostgres:
         if (self.data / "postmaster.pid").exists():
             self._pg_ctl("stop", "-w", "-m", mode, check=False)
 
-    def kill(self) -> None:
-        """SIGKILL the postmaster (a crash, for fault tests); ``start()`` recovers."""
+    def kill(self, timeout: float = 10.0) -> None:
+        """Crash the server (fault tests): SIGKILL the postmaster and every process it started, so
+        nothing is flushed on the way down (asynchronous commits not yet written are lost, as in a
+        power cut of the database host); ``start()`` recovers from the WAL."""
         pid_file = self.data / "postmaster.pid"
-        if pid_file.exists():
-            pid = int(pid_file.read_text().split()[0])
+        if not pid_file.exists():
+            return
+        pid = int(pid_file.read_text().split()[0])
+        try:
+            os.kill(pid, signal.SIGSTOP)  # no new backends while its children are collected
+        except ProcessLookupError:
+            return
+        victims = [*_children(pid), pid]
+        for victim in victims:
             try:
-                os.kill(pid, 9)
+                os.kill(victim, signal.SIGKILL)
             except ProcessLookupError:
                 pass
+        deadline = time.monotonic() + timeout
+        while any(Path(f"/proc/{v}").exists() for v in victims) and time.monotonic() < deadline:
+            time.sleep(0.02)
 
     def destroy(self) -> None:
         self.stop("immediate")
@@ -185,3 +198,18 @@ def _current_user() -> str:
         return pwd.getpwuid(os.geteuid()).pw_name
     except KeyError:
         return str(os.geteuid())
+
+
+def _children(pid: int) -> list[int]:
+    """The live processes whose parent is ``pid`` (from /proc)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        if int(stat.rsplit(")", 1)[1].split()[1]) == pid:  # field 4: ppid
+            found.append(int(entry.name))
+    return found

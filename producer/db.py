@@ -17,7 +17,9 @@ Statements (``$leader`` = this view's leader id):
   upserted (``GREATEST`` of the stored and the new count) with the write-behind jobs, and deleted
   when the row is purged, committed or dead-lettered.
 
-Invariants: every statement runs in autocommit mode (each is its own transaction, as in goharvest);
+Invariants: every statement runs in autocommit mode (each is its own transaction, as in goharvest),
+committed synchronously except on a connection built with ``async_commit`` (the relay's mark
+connection: see ``RelayCore.open``, tests/test_producer/test_async_mark.py);
 failures are raised as :class:`~producer.errors.DatabaseError` chained to the psycopg error, with
 secrets scrubbed from the message.
 """

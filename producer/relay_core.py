@@ -27,6 +27,9 @@ Invariants (tested in ``tests/test_producer``):
 - held rows keep id order per topic and go back to the head of ``ready`` when their topic exists;
 - ``await_progress`` never busy-waits: it returns on a delivery report, a finished job, a NOTIFY
   it would act on, or after about a millisecond;
+- only the mark connection commits asynchronously (a mark lost in a database crash only un-claims
+  its rows; test_async_mark.py crashes Postgres to show it); every write that must last commits
+  synchronously on the write connection;
 - nothing here imports a mode: modes depend on the core, the core on neither.
 """
 
