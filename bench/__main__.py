@@ -65,7 +65,8 @@ def _relay_rows(r: dict[str, Any]) -> list[tuple[str, str, str, str]]:
         out.append((f"Database limit: mark+purge loop, {rows} backlog (rows/s)",
                     _fmt(_get(b, "db_limit_rows_per_s", "median")),
                     "the relay's statements, one connection, 5,000 rows per statement; with goharvest's mark "
-                    f"statement: {_fmt(_get(b, 'db_loop_goharvest_statement_rows_per_s', 'median'))}", ""))
+                    f"statement: {_fmt(_get(b, 'db_loop_goharvest_statement_rows_per_s', 'median'))}; with the "
+                    f"relay's asynchronous mark: {_fmt(_get(b, 'db_loop_async_mark_rows_per_s', 'median'))}", ""))
         if b.get("kafka_limit_rows_per_s"):
             out.append((f"Kafka limit: produce loop, {rows} records (rows/s)", _fmt(_get(b, "kafka_limit_rows_per_s", "median")),
                         "the relay's producer settings, one record in flight per key, records in memory, no database", ""))
@@ -109,6 +110,12 @@ def _relay_rows(r: dict[str, Any]) -> list[tuple[str, str, str, str]]:
                         "the relay's producer settings, a new topic, the same consumer; no database" + warm, ""))
             continue
         base = (f"; Kafka alone {_fmt(kafka.get('p50_ms'))} / {_fmt(kafka.get('p99_ms'))}" if kafka else "")
+        if mode == "sequenced_read_committed":
+            out.append(("Relay idle-to-read-committed latency at 500 rows/s, sequenced, through ReadCommittedIter, "
+                        "p50 / p99 (ms)", f"{_fmt(lat.get('p50_ms'))} / {_fmt(lat.get('p99_ms'))}",
+                        "default limits; a record is yielded once its transaction's ACK is read (adds the fenced "
+                        "commit and the ACK record to the delivery path)" + warm, ""))
+            continue
         out.append((f"Relay idle-to-delivery latency at 500 rows/s, {mode.replace('_', '-')}, p50 / p99 (ms)",
                     f"{_fmt(lat.get('p50_ms'))} / {_fmt(lat.get('p99_ms'))}",
                     "default limits" + (f"; relay threads use {lat['relay_python_cpu_share']:.2f} of a core"
