@@ -17,12 +17,11 @@ Protocol, per leader *view* (a view starts on acquisition and after every failur
    once the backlog is taken and a first delivery report of it has arrived: rows marked while its
    first records are on their way join it (its commit could not start before that report anyway),
    so a trickle makes a transaction, a fenced commit and an ACK per delivery round trip, not per
-   row (``_reported``). One monotonic
-   Clock per view: clocks rise in publish order; a transaction's ACK clock is ticked when it
-   closes, so ACK clocks rise in transaction order. A view's Clock starts at the state row's
-   ``last_clock`` (raised to each committed ACK clock by the fenced commit) or the wall clock,
-   whichever is later: clocks rise across views and leaders even when a leader's wall clock is
-   behind or steps back.
+   row (``_reported``). One monotonic Clock per view: clocks rise in publish order; a
+   transaction's ACK clock is ticked when it closes, so ACK clocks rise in transaction order. A
+   view's Clock starts at the state row's ``last_clock`` (raised to each committed ACK clock by the
+   fenced commit) or the wall clock, whichever is later: clocks rise across views and leaders even
+   when a leader's wall clock is behind or steps back.
 4. **Commit** (when every record of transaction *k* is delivered, strictly in transaction order):
    one DB transaction locks the fence row and checks the epoch, deletes exactly the transaction's
    ids ``AND leader_id = $leader`` (row count must match), dead-letters its poison rows and inserts
