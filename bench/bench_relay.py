@@ -33,8 +33,9 @@ HARVEST_KAFKA_BOOTSTRAP). Prints one JSON document:
   gave 0.77 / 0.71;
 - goharvest: goharvest itself (Go) on the same backlog, when a Go toolchain is present;
 - latency: rows stashed one per transaction at ``--rate`` rows/s, default limits; commit ->
-  consumer receipt, p50/p99 in ms (sequenced also through a ``ReadCommittedIter``, which yields a
-  record once its transaction's ACK is read: no target, it adds the fenced commit and the ACK) (the relay idles on LISTEN/NOTIFY between rows), and the share of
+  consumer receipt, p50/p99 in ms (the relay idles on LISTEN/NOTIFY between rows; sequenced also
+  through a ``ReadCommittedIter``, which yields a record once its transaction's ACK is read: no
+  target, that path adds the fenced commit and the ACK), and the share of
   one core the relay's own threads used meanwhile. Each mode gets a new topic and a new relay; the
   first ``--latency-warmup`` seconds after the first row are reported on their own and the figures
   are of the ``--latency-seconds`` after them. Kafka alone (a producer with the relay's settings, a
@@ -230,7 +231,8 @@ def db_limit_once(dsn: str, bootstrap: str, rows: int, keys: int, partitions: in
             elapsed = time.perf_counter() - t0
         finally:
             db.close()
-            mark_db.close()
+            if mark_db is not db:
+                mark_db.close()
     assert done == rows, (done, rows)
     return rows / elapsed
 
@@ -265,43 +267,38 @@ def _trickle(write_one: Any, rate: float, n: int) -> None:
         write_one(i)
 
 
-def _receive(topic: str, bootstrap: str, sent: dict[bytes, float], n: int, deadline: float) -> list[tuple[float, float]]:
-    """(sent, received) perf_counter pairs of the values in ``sent``, read by a plain consumer."""
-    c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"lat-{uuid.uuid4()}", "enable.auto.commit": False})
-    c.assign([TopicPartition(topic, p, 0) for p in range(8)])
+def _receive(topic: str, bootstrap: str, sent: dict[bytes, float], n: int, deadline: float,
+             read_committed: bool = False) -> list[tuple[float, float]]:
+    """(sent, received) perf_counter pairs of the values in ``sent``, read by a plain consumer, or
+    with ``read_committed`` by a ``ReadCommittedIter`` (a record counts once its ACK is read)."""
+    if read_committed:
+        from harvest_outbox.consumer import ReadCommittedIter
+
+        reader: Any = ReadCommittedIter({"bootstrap.servers": bootstrap}, topics=[topic])
+
+        def next_value() -> bytes | None:
+            r = reader.poll(0.05)
+            return r.value if r is not None else None
+    else:
+        reader = Consumer({"bootstrap.servers": bootstrap, "group.id": f"lat-{uuid.uuid4()}",
+                           "enable.auto.commit": False})
+        reader.assign([TopicPartition(topic, p, 0) for p in range(8)])
+
+        def next_value() -> bytes | None:
+            m = reader.poll(0.05)  # poll, not consume(n): consume waits for n messages or the timeout
+            return m.value() if m is not None and not m.error() else None
     out: list[tuple[float, float]] = []
     try:
         while len(out) < n and time.perf_counter() < deadline:
-            m = c.poll(0.05)  # poll, not consume(n): consume waits for n messages or the timeout
-            if m is None or m.error():
+            value = next_value()
+            if value is None:
                 continue
             now = time.perf_counter()
-            t = sent.get(m.value())
+            t = sent.get(value)
             if t is not None:
                 out.append((t, now))
     finally:
-        c.close()
-    return out
-
-
-def _receive_committed(topic: str, bootstrap: str, sent: dict[bytes, float], n: int,
-                       deadline: float) -> list[tuple[float, float]]:
-    """As :func:`_receive`, through a ``ReadCommittedIter``: a record counts once its ACK is read."""
-    from harvest_outbox.consumer import ReadCommittedIter
-
-    it = ReadCommittedIter({"bootstrap.servers": bootstrap}, topics=[topic])
-    out: list[tuple[float, float]] = []
-    try:
-        while len(out) < n and time.perf_counter() < deadline:
-            r = it.poll(0.05)
-            if r is None:
-                continue
-            now = time.perf_counter()
-            t = sent.get(r.value) if r.value is not None else None
-            if t is not None:
-                out.append((t, now))
-    finally:
-        it.close()
+        reader.close()
     return out
 
 
@@ -338,8 +335,7 @@ def latency(dsn: str, bootstrap: str, rate: float, seconds: float, keys: int, se
 
         w = threading.Thread(target=write)
         w.start()
-        receive = _receive_committed if read_committed else _receive
-        rows = receive(topic, bootstrap, sent, n, time.perf_counter() + warmup + seconds + 30)
+        rows = _receive(topic, bootstrap, sent, n, time.perf_counter() + warmup + seconds + 30, read_committed)
         w.join()
         start, before = window[0] if window else (time.perf_counter(), {})
         used = sum(u - before.get(tid, 0.0) for tid, u in _thread_cpu_s(_relay_threads(relay)).items())
