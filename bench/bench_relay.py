@@ -25,12 +25,18 @@ HARVEST_KAFKA_BOOTSTRAP). Prints one JSON document:
   (idempotent, acks=all, linger.ms 1, the Java client's key placement) and goharvest's ordering rule
   (at most one record in flight per key), to the same broker. Relay figures are reported against it
   too: a relay cannot beat the slower of the two loops, and on a small machine both share its cores;
-- warm-up: before anything is timed, ``WARMUP_DRAINS`` backlogs of each mode are drained and
-  discarded. A freshly started embedded broker runs its first ~500k records in the JVM's
-  interpreter, which no long-running broker does: back-to-back 100k drains of one relay on fresh
-  services took 1.43, 0.99, 0.82, 0.80 and 0.72 s (2026-11-24), and with one warm-up drain per
-  mode the 100k figures came out 0.66 / 0.64 of the database loop where a run on warmed services
-  gave 0.77 / 0.71;
+- warm-up: before anything is timed, rounds of a default-limits drain of each mode and two Kafka
+  loops are run and discarded until the Kafka loop has settled (``warm_up``: at least
+  ``WARMUP_ROUNDS``, ~1.2M records). A freshly started embedded broker runs its first ~million
+  records in the JVM's interpreter, which no long-running broker does: after three warm-up drains
+  per mode, six Kafka loops in a row on fresh services gave 207k, 226k, 237k, 274k, 321k and
+  311k rows/s, and later ones 350-410k (2026-11-25); with that shorter warm-up the first timed
+  round came out ~25 % slower for every relay;
+- a ``CHECKPOINT`` before every backlog is written: each 100k run writes ~40 MB (the database loop)
+  to ~80 MB (a relay) of WAL, and a checkpoint that Postgres starts on its own during one timed
+  run but not another made single database-loop runs vary from 176k to 238k rows/s in one series;
+  with the checkpoint first, six rounds gave 235-240k (one 197k) and the relays' spread halved.
+  Each run then writes to pages already written since the checkpoint (no full-page images);
 - goharvest: goharvest itself (Go) on the same backlog, when a Go toolchain is present;
 - latency: rows stashed one per transaction at ``--rate`` rows/s, default limits; commit ->
   consumer receipt, p50/p99 in ms (the relay idles on LISTEN/NOTIFY between rows; sequenced also
@@ -80,7 +86,9 @@ DEFAULT_LIMITS: dict[str, Any] = dict(heartbeat_timeout=5.0)
 TUNED_LIMITS: dict[str, Any] = dict(heartbeat_timeout=5.0, mark_query_records=5000, max_in_flight_records=5000)
 TARGET_RATIO = 0.75  # of the database's own mark+purge loop, defaults, both modes
 TARGET_SEQ_RATIO = 0.9  # sequenced / at-least-once
-WARMUP_DRAINS = 3  # per mode: 600k records through a freshly started broker before the clock runs
+WARMUP_ROUNDS = 4  # at least: a drain of each mode and two Kafka loops each (~1.2M records)
+WARMUP_MAX_ROUNDS = 10
+WARMUP_PLATEAU = 0.9  # warmed once the last round's Kafka loops reach this share of the best one so far
 
 
 def _records(topic: str, start: int, stop: int, keys: int) -> list[OutboxRecord]:
@@ -116,6 +124,22 @@ def new_topic(bootstrap: str, partitions: int) -> str:
     return topic
 
 
+_NO_CHECKPOINT: list[str] = []
+
+
+def checkpoint(dsn: str) -> None:
+    """``CHECKPOINT`` now, so that none starts during the timed run that follows (see the module doc).
+    Without the privilege (superuser or pg_checkpoint) the runs go on without it, said once."""
+    if _NO_CHECKPOINT:
+        return
+    try:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute("CHECKPOINT")
+    except psycopg.Error as exc:
+        _NO_CHECKPOINT.append(str(exc).strip())
+        print(f"[bench relay] runs without a CHECKPOINT before each backlog: {_NO_CHECKPOINT[0]}", file=sys.stderr)
+
+
 class _Backlog:
     """A fresh schema + outbox filled with ``rows`` rows for ``topic`` (a new topic when None); the
     schema is dropped on exit."""
@@ -126,6 +150,7 @@ class _Backlog:
         self.schema = f"bench_{uuid.uuid4().hex[:8]}"
         self.table = f"{self.schema}.outbox"
         self.topic = topic or new_topic(bootstrap, partitions)
+        checkpoint(dsn)
         init_db(dsn, self.table)
         fill_backlog(dsn, self.table, self.topic, rows, keys)
         with psycopg.connect(dsn, autocommit=True) as conn:
@@ -405,6 +430,23 @@ def _relay_threads(relay: Harvest) -> list[int]:
     return [t.native_id for t in threads if t is not None and t.native_id is not None]
 
 
+def warm_up(dsn: str, bootstrap: str, rows: int, keys: int, partitions: int, topic: str) -> dict[str, Any]:
+    """Untimed rounds (a default-limits drain of each mode, then two Kafka loops) until the broker's
+    JIT has settled: at least :data:`WARMUP_ROUNDS`, then until a round's Kafka loops reach
+    :data:`WARMUP_PLATEAU` of the best one so far (at most :data:`WARMUP_MAX_ROUNDS`). Returns the
+    Kafka loop's figures per round, for the report."""
+    kafka: list[int] = []
+    for n in range(1, WARMUP_MAX_ROUNDS + 1):
+        print(f"[bench relay] warm-up round {n} (untimed)", file=sys.stderr, flush=True)
+        for sequenced in (False, True):
+            drain_once(dsn, bootstrap, rows, keys, partitions, sequenced, DEFAULT_LIMITS, topic)
+        last = [round(kafka_limit_once(bootstrap, rows, keys, partitions, topic)) for _ in range(2)]
+        kafka += last
+        if n >= WARMUP_ROUNDS and min(last) >= WARMUP_PLATEAU * max(kafka):
+            break
+    return {"rounds": n, "kafka_limit_rows_per_s": kafka}
+
+
 def _median(runs: list[dict[str, Any]], key: str) -> float:
     return statistics.median(r[key] for r in runs)
 
@@ -415,7 +457,7 @@ def main() -> int:
     ap.add_argument("--big-rows", type=int, default=1_000_000, help="the large backlog (0: skip it)")
     ap.add_argument("--keys", type=int, default=1000)
     ap.add_argument("--partitions", type=int, default=8)
-    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--runs", type=int, default=5, help="runs of the small backlog (a drain lasts under a second)")
     ap.add_argument("--big-runs", type=int, default=3)
     ap.add_argument("--rate", type=float, default=500.0)
     ap.add_argument("--latency-seconds", type=float, default=10.0, help="the measured window of the latency phase")
@@ -443,12 +485,8 @@ def main() -> int:
         # a topic created moments before pays the broker's start-up of new partitions (measured on
         # its own below), which no relay of a running system meets.
         topic = new_topic(bootstrap, args.partitions)
-        print("[bench relay] warm-up (untimed)", file=sys.stderr, flush=True)
-        for _ in range(WARMUP_DRAINS):
-            for sequenced in modes.values():
-                drain_once(dsn, bootstrap, min(args.rows, 100_000), args.keys, args.partitions, sequenced,
-                           DEFAULT_LIMITS, topic)
-        kafka_limit_once(bootstrap, min(args.rows, 100_000), args.keys, args.partitions, topic)
+        report["setup"]["warmup"] = warm_up(dsn, bootstrap, min(args.rows, 100_000), args.keys, args.partitions,
+                                            topic)
         for rows, runs in sizes:
             limit_runs: list[float] = []
             kafka_runs: list[float] = []
@@ -532,11 +570,7 @@ def main() -> int:
                     go[f"harvest_at_least_once_to_goharvest/{sname}"] = round(
                         ours[f"at_least_once/{sname}"]["rows_per_s"] / go[sname]["rows_per_s"], 3)
             report["goharvest"] = go
-        try:
-            with psycopg.connect(dsn, autocommit=True) as conn:
-                conn.execute("CHECKPOINT")
-        except psycopg.Error as exc:  # needs superuser or pg_checkpoint: measure without it
-            print(f"[bench relay] no CHECKPOINT before the latency phase: {exc}".strip(), file=sys.stderr)
+        checkpoint(dsn)
         warm = args.latency_warmup
         report["idle_to_delivery_latency"] = {
             "kafka": kafka_latency(bootstrap, args.rate, args.latency_seconds, args.keys, warm),
