@@ -434,7 +434,7 @@ def warm_up(dsn: str, bootstrap: str, rows: int, keys: int, partitions: int, top
     """Untimed rounds (a default-limits drain of each mode, then two Kafka loops) until the broker's
     JIT has settled: at least :data:`WARMUP_ROUNDS`, then until a round's Kafka loops reach
     :data:`WARMUP_PLATEAU` of the best one so far (at most :data:`WARMUP_MAX_ROUNDS`). Returns the
-    Kafka loop's figures per round, for the report."""
+    number of rounds and every Kafka loop's rows/s (two per round), for the report."""
     kafka: list[int] = []
     for n in range(1, WARMUP_MAX_ROUNDS + 1):
         print(f"[bench relay] warm-up round {n} (untimed)", file=sys.stderr, flush=True)
