@@ -169,6 +169,10 @@ def drain_once(dsn: str, bootstrap: str, rows: int, keys: int, partitions: int, 
     with _Backlog(dsn, bootstrap, rows, keys, partitions, topic) as b:
         relay = Harvest(_config(dsn, bootstrap, b.table, limits, sequenced)).start()
         peak_rss, peak_mark = _rss_mb(), 0
+        # Purges are written behind delivery: the run ends when the outbox is empty. The connection
+        # that looks is opened before the clock starts (opening it took ~3 ms of a ~0.6 s run).
+        watch = psycopg.connect(dsn, autocommit=True)
+        count = sql.SQL("SELECT count(*) FROM {}").format(sql.Identifier(b.schema, "outbox"))
         try:
             while not relay.is_leader:
                 time.sleep(0.001)
@@ -176,12 +180,11 @@ def drain_once(dsn: str, bootstrap: str, rows: int, keys: int, partitions: int, 
             while relay.metrics.delivered < rows:
                 time.sleep(0.005)
                 peak_rss, peak_mark = max(peak_rss, _rss_mb()), max(peak_mark, relay.core.mark_size.value)
-            with psycopg.connect(dsn, autocommit=True) as conn:  # purges are written behind delivery
-                count = sql.SQL("SELECT count(*) FROM {}").format(sql.Identifier(b.schema, "outbox"))
-                while conn.execute(count).fetchone()[0]:  # type: ignore[index]
-                    time.sleep(0.005)
+            while watch.execute(count).fetchone()[0]:  # type: ignore[index]
+                time.sleep(0.001)
             elapsed, cpu = time.perf_counter() - t0, time.process_time() - c0
         finally:
+            watch.close()
             relay.stop()
             relay.wait(60)
     return {"rows_per_s": rows / elapsed, "cpu_s_per_100k": cpu / rows * 100_000, "peak_rss_mb": peak_rss,

@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import logging
 import uuid
+from collections.abc import Callable
 
 import psycopg
 import pytest
 from fake_admin import FakeAdmin
 from fake_producer import FakeProducer
 from psycopg import sql
+from psycopg.conninfo import make_conninfo
 
 from harvest_outbox.producer.config import HarvestConfig
 from harvest_outbox.producer.db import OutboxDatabase
@@ -135,6 +137,43 @@ def test_the_mark_names_what_makes_a_row_unsendable(pg_dsn: str, pg_schema: str,
         assert (row[4], row[5]) == ((None, None) if not hkeys else (tuple(hkeys), tuple(hvals)))  # type: ignore[arg-type]
     else:
         assert row[6] is not None and row[6].startswith(reason), row[6]
+
+
+
+_TEXT = [("ascii", "t", "k", "v"), ("latin-1 letters", "tópico", "clé", "valeur é"),
+         ("beyond latin-1", "topic", "日本語キー", "€ 42")]
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("encoding", ["UTF8", "LATIN1"])
+def test_the_mark_returns_key_and_value_as_their_utf8_bytes(pg_dsn: str, unique_name: Callable[[str], str],
+                                                            encoding: str) -> None:
+    """Key and value leave the database as bytes (no convert_to() per row): the UTF-8 of the text,
+    whatever the database's encoding and whatever client encoding the DSN asks for, as goharvest's
+    schema means them. Topic and header names stay text."""
+    rows = [r for r in _TEXT if encoding == "UTF8" or r[0] != "beyond latin-1"]
+    dbname = unique_name("enc").lower()
+    with psycopg.connect(pg_dsn, autocommit=True) as admin:
+        admin.execute(sql.SQL("CREATE DATABASE {} ENCODING {} TEMPLATE template0 LC_COLLATE 'C' LC_CTYPE 'C'").format(
+            sql.Identifier(dbname), sql.Literal(encoding)))
+    dsn = make_conninfo(pg_dsn, dbname=dbname, client_encoding="LATIN1" if encoding == "UTF8" else "UTF8")
+    try:
+        names = init_db(dsn, "outbox")
+        with psycopg.connect(dsn, autocommit=True, client_encoding="UTF8") as conn:
+            ins = sql.SQL("INSERT INTO {} (kafka_topic, kafka_key, kafka_value, kafka_header_keys, kafka_header_values) "
+                          "VALUES (%s, %s, %s, %s, %s)").format(names.outbox)
+            for _name, topic, key, value in rows:
+                conn.execute(ins, (topic, key, value, [f"h-{key}"], [value]))
+        db = OutboxDatabase(dsn, names)
+        try:
+            marked = db.mark(uuid.uuid4(), 10)
+        finally:
+            db.close()
+        assert [(r[1], r[2], r[3], r[4], r[5], r[6]) for r in marked] == [
+            (topic, key.encode(), value.encode(), (f"h-{key}",), (value,), None) for _n, topic, key, value in rows]
+    finally:
+        with psycopg.connect(pg_dsn, autocommit=True) as admin:
+            admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(dbname)))
 
 
 def _hot_share_of_one_mark(pg_dsn: str, names: OutboxNames, rows: int) -> float:
