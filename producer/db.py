@@ -10,6 +10,8 @@ Statements (``$leader`` = this view's leader id):
   in the next mark, before any later row of its key (tests/test_producer/test_relay.py).
 - purge: ``DELETE … WHERE id = ANY($ids)`` — many ids per statement.
 - reset: ``UPDATE … SET leader_id = NULL WHERE id = ANY($ids)``.
+- fenced commit (``--uuid-sequencing``): its transactions' rows ``AND leader_id = $leader``, named as
+  an id range minus its few holes (:func:`id_range`) or, failing that, as ``id = ANY($ids)``.
 - dead-letter: one statement (a CTE) that deletes from the outbox and inserts into the dead-letter
   table, so a row is never in both or neither (and forgets the row's delivery-attempt count).
 - attempts: the mark returns each row's persisted failed-attempt count (a LEFT JOIN on the
@@ -114,6 +116,34 @@ class _HeaderArrayLoader(ArrayBinaryLoader):
         return tuple(super().load(data))
 
 
+#: The most ids a fenced commit excludes from its range (:func:`id_range`); more, and it names its ids.
+MAX_RANGE_HOLES = 64
+
+
+def id_range(ids: Sequence[int]) -> tuple[int, int, list[int]] | None:
+    """``(lo, hi, holes)`` such that the integers of ``[lo, hi]`` other than ``holes`` are exactly
+    ``ids``; None if ``ids`` is empty, repeats an id, or leaves more than :data:`MAX_RANGE_HOLES` holes.
+
+    A harvest transaction's rows are consecutive marked rows: in a drain, one run of ids; holes are
+    the ids of rows that are not its own (another view's, rows it dead-letters, a late commit marked
+    later). Postgres deletes such a range with one index range scan, against one index descent per
+    id for ``id = ANY($ids)`` (5,000 rows: ~2.5 against ~5 ms), and the relay builds no array of
+    thousands of ids (~1.5 ms of Python per 5,000). ``DELETE … WHERE id BETWEEN lo AND hi AND id <>
+    ALL(holes)`` then names the same rows as ``id = ANY(ids)``: the commit's row count check keeps
+    its meaning."""
+    if not ids:
+        return None
+    lo, hi = min(ids), max(ids)
+    spare = hi - lo + 1 - len(ids)
+    if spare > MAX_RANGE_HOLES:
+        return None
+    present = set(ids)
+    if len(present) != len(ids):
+        return None  # a repeated id: leave it to the count check of id = ANY(ids)
+    holes = [i for i in range(lo, hi + 1) if i not in present] if spare else []
+    return lo, hi, holes
+
+
 def connect(dsn: str, **kwargs: Any) -> psycopg.Connection:
     try:
         given = conninfo_to_dict(dsn)
@@ -188,6 +218,8 @@ class OutboxDatabase:
                                            dead_time = now()""").format(o=o, d=d, a=a)
         self._commit_delete_sql = sql.SQL(
             "DELETE FROM {} WHERE id = {ids} AND leader_id = %s").format(o, ids=ids)
+        self._commit_delete_range_sql = sql.SQL(
+            "DELETE FROM {} WHERE id BETWEEN %s AND %s AND id <> ALL(%s::bigint[]) AND leader_id = %s").format(o)
         self._commit_dlq_sql = sql.SQL("""
             WITH bad(id, error, attempts) AS (SELECT * FROM unnest(%s::bigint[], %s::text[], %s::int[])),
             forgotten AS (DELETE FROM {a} AS a USING bad WHERE a.id = bad.id),
@@ -467,7 +499,12 @@ class OutboxDatabase:
         forget = [i for t in txns for i in t.forget]
         statements: list[tuple[sql.Composable, Sequence[Any]]] = [(self._fence_sql, (max(t.ack_clock for t in txns),))]
         if ids:
-            statements.append((self._commit_delete_sql, (self._id_array(ids), leader_id)))
+            span = id_range(ids)
+            if span is None:
+                statements.append((self._commit_delete_sql, (self._id_array(ids), leader_id)))
+            else:
+                lo, hi, holes = span
+                statements.append((self._commit_delete_range_sql, (lo, hi, self._id_array(holes), leader_id)))
         if dead:
             statements.append((self._commit_dlq_sql, ([i for i, _, _ in dead], [e for _, e, _ in dead],
                                                       [a for _, _, a in dead], leader_id)))
