@@ -66,7 +66,9 @@ def _relay_rows(r: dict[str, Any]) -> list[tuple[str, str, str, str]]:
                     _fmt(_get(b, "db_limit_rows_per_s", "median")),
                     "the relay's statements, one connection, 5,000 rows per statement; with goharvest's mark "
                     f"statement: {_fmt(_get(b, 'db_loop_goharvest_statement_rows_per_s', 'median'))}; with the "
-                    f"relay's asynchronous mark: {_fmt(_get(b, 'db_loop_async_mark_rows_per_s', 'median'))}", ""))
+                    f"relay's asynchronous mark: {_fmt(_get(b, 'db_loop_async_mark_rows_per_s', 'median'))}; with "
+                    f"the sequenced commit's range delete: {_fmt(_get(b, 'db_loop_range_delete_rows_per_s', 'median'))}",
+                    ""))
         if b.get("kafka_limit_rows_per_s"):
             out.append((f"Kafka limit: produce loop, {rows} records (rows/s)", _fmt(_get(b, "kafka_limit_rows_per_s", "median")),
                         "the relay's producer settings, one record in flight per key, records in memory, no database", ""))

@@ -12,7 +12,9 @@ HARVEST_KAFKA_BOOTSTRAP). Prints one JSON document:
   mark reaches (5,000). The same loop with goharvest's mark statement (``id IN (SELECT id …)``,
   which the relay replaced by a TID scan) is reported beside it, and so is the loop with the mark
   committing asynchronously on a second connection, as the relay's does (``db_loop_async_mark``:
-  the limit of the relay's exact statements; the purge stays synchronous);
+  the limit of the relay's exact statements; the purge stays synchronous), and the loop deleting
+  each mark's rows as the sequenced relay's fenced commit names them, an id range minus its holes
+  (``db_loop_range_delete``: at-least-once purges in delivery order, whose batches are no range);
 - drains: a backlog (100-byte values, ``keys`` keys, ``partitions`` partitions) moved by one relay
   (NELI election included), timed from leadership to the outbox being empty; for both modes
   (at-least-once, ``--uuid-sequencing``), with the **defaults a new user gets** (a config with only
@@ -76,7 +78,7 @@ from psycopg import sql  # noqa: E402
 
 from harvest_outbox.harvest_local.kafka import create_topic  # noqa: E402
 from harvest_outbox.producer.config import AUTO_MARK_RECORDS, HarvestConfig, Limits  # noqa: E402
-from harvest_outbox.producer.db import OutboxDatabase  # noqa: E402
+from harvest_outbox.producer.db import OutboxDatabase, id_range  # noqa: E402
 from harvest_outbox.producer.harvest import Harvest  # noqa: E402
 from harvest_outbox.producer.schema import OutboxNames, init_db  # noqa: E402
 from harvest_outbox.producer.stasher import OutboxRecord, Stasher  # noqa: E402
@@ -236,13 +238,16 @@ def db_limit_once(dsn: str, bootstrap: str, rows: int, keys: int, partitions: in
     """The database's own loop: a mark statement (the relay's, or goharvest's), then one multi-id
     DELETE, repeated on one connection until the outbox is empty. ``statement="relay_async_mark"``:
     the relay's mark on a second connection committing asynchronously, as the relay's does (the
-    DELETE stays synchronous on the first)."""
+    DELETE stays synchronous on the first); ``statement="relay_range_delete"``: the relay's mark,
+    then the rows deleted as the sequenced commit names them (an id range minus its holes)."""
     with _Backlog(dsn, bootstrap, rows, keys, partitions, topic) as b:
         names = OutboxNames.parse(b.table)
         db = OutboxDatabase(dsn, names)
         mark_db = OutboxDatabase(dsn, names, async_commit=True) if statement == "relay_async_mark" else db
         leader = uuid.uuid4()
         goharvest = sql.SQL(GOHARVEST_MARK).format(o=sql.Identifier(b.schema, "outbox"))
+        range_delete = sql.SQL("DELETE FROM {} WHERE id BETWEEN %s AND %s AND id <> ALL(%s::bigint[])").format(
+            sql.Identifier(b.schema, "outbox"))
         try:
             conn = db.conn
             mark_db.conn  # connected before the clock starts
@@ -254,7 +259,11 @@ def db_limit_once(dsn: str, bootstrap: str, rows: int, keys: int, partitions: in
                     marked = mark_db.mark(leader, batch)
                 if not marked:
                     break
-                db.purge([r[0] for r in marked])
+                span = id_range([r[0] for r in marked]) if statement == "relay_range_delete" else None
+                if span is not None:
+                    conn.execute(range_delete, (span[0], span[1], span[2]))
+                else:
+                    db.purge([r[0] for r in marked])
                 done += len(marked)
             elapsed = time.perf_counter() - t0
         finally:
@@ -495,6 +504,7 @@ def main() -> int:
             kafka_runs: list[float] = []
             goharvest_runs: list[float] = []
             async_mark_runs: list[float] = []
+            range_delete_runs: list[float] = []
             new_topic_runs: list[dict[str, Any]] = []
             drains: dict[str, list[dict[str, Any]]] = {f"{m}/{s}": [] for m in modes for s in settings}
             for _ in range(runs):  # interleaved, so every figure sees the same machine state
@@ -504,6 +514,8 @@ def main() -> int:
                                                     AUTO_MARK_RECORDS, topic, statement="goharvest"))
                 async_mark_runs.append(db_limit_once(dsn, bootstrap, rows, args.keys, args.partitions,
                                                      AUTO_MARK_RECORDS, topic, statement="relay_async_mark"))
+                range_delete_runs.append(db_limit_once(dsn, bootstrap, rows, args.keys, args.partitions,
+                                                       AUTO_MARK_RECORDS, topic, statement="relay_range_delete"))
                 kafka_runs.append(kafka_limit_once(bootstrap, rows, args.keys, args.partitions, topic))
                 for m, sequenced in modes.items():
                     for sname, limits in settings.items():
@@ -519,12 +531,15 @@ def main() -> int:
             go_limit = statistics.median(goharvest_runs)
             kafka_limit = statistics.median(kafka_runs)
             async_limit = statistics.median(async_mark_runs)
+            range_limit = statistics.median(range_delete_runs)
             entry: dict[str, Any] = {
                 "db_limit_rows_per_s": {"runs": [round(x) for x in limit_runs], "median": round(limit)},
                 "db_loop_goharvest_statement_rows_per_s": {"runs": [round(x) for x in goharvest_runs],
                                                            "median": round(go_limit)},
                 "db_loop_async_mark_rows_per_s": {"runs": [round(x) for x in async_mark_runs],
                                                   "median": round(async_limit)},
+                "db_loop_range_delete_rows_per_s": {"runs": [round(x) for x in range_delete_runs],
+                                                    "median": round(range_limit)},
                 "kafka_limit_rows_per_s": {"runs": [round(x) for x in kafka_runs], "median": round(kafka_limit)}}
             for name, rs in drains.items():
                 med = _median(rs, "rows_per_s")
@@ -532,6 +547,7 @@ def main() -> int:
                                "ratio_to_db_limit": round(med / limit, 3),
                                "ratio_to_goharvest_statement_loop": round(med / go_limit, 3),
                                "ratio_to_db_loop_async_mark": round(med / async_limit, 3),
+                               "ratio_to_db_loop_range_delete": round(med / range_limit, 3),
                                "ratio_to_kafka_limit": round(med / kafka_limit, 3),
                                "cpu_s_per_100k_rows": round(_median(rs, "cpu_s_per_100k"), 3),
                                "peak_rss_mb": round(max(r["peak_rss_mb"] for r in rs)),
