@@ -65,6 +65,18 @@ def is_permanent(err: KafkaError, synchronous: bool = True) -> bool:
     return code in PERMANENT_CODES and (synchronous or code not in BATCH_SCOPED_CODES)
 
 
+#: confluent-kafka's ``produce()`` parameters in order. The sequenced hot path passes them by position:
+#: keyword arguments are matched by name on every call, ~0.25 µs of a record's ~0.8 µs ``produce()``.
+PRODUCE_ARGS = ("topic", "value", "key", "partition", "callback", "on_delivery", "timestamp", "headers")
+#: ``partition`` for "the partitioner decides" (librdkafka's RD_KAFKA_PARTITION_UA, the default).
+ANY_PARTITION = -1
+
+
+def produce_args(args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
+    """The arguments after ``topic, value, key`` of a ``produce()`` call, by name, however given."""
+    return {**dict(zip(PRODUCE_ARGS[3:], args)), **kwargs}
+
+
 class KafkaProducer(Protocol):
     def produce(self, topic: str, value: bytes | None = None, key: bytes | None = None, *args: Any,
                 **kwargs: Any) -> None: ...
@@ -159,7 +171,9 @@ class FaultInjectingProducer:
 
     def produce(self, topic: str, value: bytes | None = None, key: bytes | None = None, *args: Any,
                 **kwargs: Any) -> None:
-        cb = kwargs.get("on_delivery")
+        kwargs = produce_args(args, kwargs)
+        args = ()
+        cb = kwargs.pop("callback", None) or kwargs.get("on_delivery")
         if cb is not None:  # a per-message callback (--uuid-sequencing) gets the same injected failures
             kwargs["on_delivery"] = functools.partial(self._deliver_to, cb)
         if self._kill_at and key in self._fail_keys:

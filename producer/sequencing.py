@@ -80,7 +80,7 @@ from confluent_kafka import KafkaError, KafkaException, Message
 from harvest_outbox.producer.db import MarkedRow, TxnCommit
 from harvest_outbox.producer.errors import DatabaseError, FenceError, ProducerError
 from harvest_outbox.producer.events import LeaderRefreshed, ViewStarted
-from harvest_outbox.producer.kafka import KafkaProducer, is_permanent, is_size_refusal
+from harvest_outbox.producer.kafka import ANY_PARTITION, KafkaProducer, is_permanent, is_size_refusal
 from harvest_outbox.producer.preflight import header_bytes, too_large
 from harvest_outbox.producer.relay_core import RelayCore
 from harvest_outbox.sequencer import TICK, Clock, Flags, new_producer_id
@@ -547,7 +547,8 @@ class SequencedMode:
                 slot = slots.pop() if slots else _Slot(slots)
                 slot.txn, slot.clock = t, c
                 try:
-                    producer.produce(topic, value, key, headers=headers, on_delivery=slot)  # type: ignore[arg-type]
+                    # By position (PRODUCE_ARGS): partition, callback, on_delivery, timestamp, headers.
+                    producer.produce(topic, value, key, ANY_PARTITION, slot, None, 0, headers)  # type: ignore[arg-type]
                 except BufferError:
                     slot.txn = None
                     slots.append(slot)  # not enqueued: no report will return it

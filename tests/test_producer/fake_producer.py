@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from harvest_outbox.producer.kafka import produce_args
+
 
 class FakeProducer:
     """Keeps ``sent`` as (topic, value, key, headers); ``on_delivery`` is the callback the relay gave."""
@@ -13,8 +15,9 @@ class FakeProducer:
         self.conf = conf or {}
         self.sent: list[tuple[str, bytes | None, bytes | None, Any]] = []
 
-    def produce(self, topic: str, value: bytes | None = None, key: bytes | None = None, **kw: Any) -> None:
-        self.sent.append((topic, value, key, kw.get("headers")))
+    def produce(self, topic: str, value: bytes | None = None, key: bytes | None = None, *args: Any,
+                **kw: Any) -> None:
+        self.sent.append((topic, value, key, produce_args(args, kw).get("headers")))
 
     def poll(self, timeout: float = 0) -> int:
         return 0

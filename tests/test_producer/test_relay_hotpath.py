@@ -4,7 +4,9 @@
   taken in the order they were asked for;
 - ``--uuid-sequencing``'s per-record UUID header (``continue_uuid``) is the reference encoding;
 - pooled delivery callbacks (``_Slot``) deliver each report to its record's transaction and clock,
-  and return to the pool for reuse."""
+  and return to the pool for reuse;
+- the sequenced ``produce()`` passes its arguments by position (``PRODUCE_ARGS``): confluent-kafka
+  takes them in that order, and the test doubles read them the same way."""
 
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ from harvest_outbox.producer.at_least_once import AtLeastOnceMode
 from harvest_outbox.producer.config import HarvestConfig, Limits
 from harvest_outbox.producer.election import StaticElection
 from harvest_outbox.producer.harvest import Harvest
+from harvest_outbox.producer.kafka import ANY_PARTITION, PRODUCE_ARGS, produce_args
 from harvest_outbox.producer.preflight import TopicGuard
 from harvest_outbox.producer.marksize import MarkSize
 from harvest_outbox.producer.relay_core import MARKS_AHEAD, PendingMark
@@ -174,6 +177,29 @@ def test_continue_uuid_is_the_reference_encoding() -> None:
             assert got == build_uuid(producer, clock, int(Flags.CONTINUE_TXN)).bytes
             u = parse_uuid(got)
             assert (producer_of(u), clock_of(u), flags_of(u)) == (producer, clock, int(Flags.CONTINUE_TXN))
+
+
+
+def test_confluent_kafka_takes_produce_arguments_in_the_order_the_hot_path_passes_them() -> None:
+    """A real confluent-kafka Producer (no broker: the record times out locally): given by position
+    as the sequenced relay gives them, the record keeps its topic, key and value, the partitioner
+    places it, and the per-record callback gets its report."""
+    from confluent_kafka import KafkaError, Producer
+
+    assert PRODUCE_ARGS[:3] == ("topic", "value", "key")
+    reports: list[tuple[Any, Any]] = []
+    producer = Producer({"bootstrap.servers": "127.0.0.1:1", "message.timeout.ms": 200, "socket.timeout.ms": 100,
+                         "log_level": 0})
+    producer.produce("t", b"v", b"k", ANY_PARTITION, lambda err, msg: reports.append((err, msg)), None, 0,
+                     [("uuid", b"\x01" * 16)])
+    deadline = time.monotonic() + 10
+    while not reports and time.monotonic() < deadline:
+        producer.poll(0.05)
+    assert len(reports) == 1
+    err, msg = reports[0]
+    assert err.code() == KafkaError._MSG_TIMED_OUT and (msg.topic(), msg.key(), msg.value()) == ("t", b"k", b"v")
+    assert produce_args((ANY_PARTITION, "cb", None, 0, ["h"]), {}) == {
+        "partition": ANY_PARTITION, "callback": "cb", "on_delivery": None, "timestamp": 0, "headers": ["h"]}
 
 
 class _Txn:
