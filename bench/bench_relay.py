@@ -259,11 +259,12 @@ def db_limit_once(dsn: str, bootstrap: str, rows: int, keys: int, partitions: in
                     marked = mark_db.mark(leader, batch)
                 if not marked:
                     break
-                span = id_range([r[0] for r in marked]) if statement == "relay_range_delete" else None
+                ids = [r[0] for r in marked]
+                span = id_range(ids) if statement == "relay_range_delete" else None
                 if span is not None:
-                    conn.execute(range_delete, (span[0], span[1], span[2]))
+                    conn.execute(range_delete, span)
                 else:
-                    db.purge([r[0] for r in marked])
+                    db.purge(ids)
                 done += len(marked)
             elapsed = time.perf_counter() - t0
         finally:

@@ -171,8 +171,7 @@ class FaultInjectingProducer:
 
     def produce(self, topic: str, value: bytes | None = None, key: bytes | None = None, *args: Any,
                 **kwargs: Any) -> None:
-        kwargs = produce_args(args, kwargs)
-        args = ()
+        kwargs = produce_args(args, kwargs)  # by name from here on
         cb = kwargs.pop("callback", None) or kwargs.get("on_delivery")
         if cb is not None:  # a per-message callback (--uuid-sequencing) gets the same injected failures
             kwargs["on_delivery"] = functools.partial(self._deliver_to, cb)
@@ -193,7 +192,7 @@ class FaultInjectingProducer:
             self._stalled.append((time.monotonic(), _StalledMsg(topic, key, value),
                                   kwargs.get("on_delivery") or self._deliver))
             return
-        self._real.produce(topic, value, key, *args, **kwargs)
+        self._real.produce(topic, value, key, **kwargs)
 
     def _expire_stalled(self) -> int:
         now = time.monotonic()
