@@ -174,7 +174,7 @@ class Limits:
     send_concurrency: int = 8
     send_buffer: int = 10
     #: ``None`` (not in the config): adaptive, from :data:`MARK_FLOOR` up to :data:`AUTO_MARK_RECORDS`
-    #: (doubling while marks come back full, halving while they come back mostly empty); a number
+    #: (the ceiling once a mark comes back full, halving while they come back mostly empty); a number
     #: caps the adaptation (goharvest's meaning: no mark claims more rows than this).
     mark_query_records: int | None = None
     min_metrics_interval: float = 5.0

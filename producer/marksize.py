@@ -4,15 +4,22 @@ goharvest marks a fixed ``markQueryRecords`` (100) rows per query, so a relay dr
 pays one database round trip (and one prefetch wait) per 100 rows, and the drain runs at a fraction
 of what the database can mark and purge. :class:`MarkSize` starts small and follows the backlog:
 
-- a mark that comes back full means more rows are waiting: the next one asks for twice as many;
+- a mark that comes back full means a backlog of unknown size: the next one asks for the ceiling
+  (a mark that then finds fewer rows costs what a small one does: the scan stops where the rows do);
 - a mark that comes back less than a quarter full means the backlog is gone: halve;
 - anything in between keeps the size.
+
+Why jump, not double: a relay starting on a backlog pipelines its marks (the next runs while this
+one's rows are produced), so the drain rate is the big marks' rate, and every ramp step is a mark
+that mostly waits. Doubling from 100 to 5,000 took seven marks and ~40 ms before the relay ran at
+speed; one small mark, then the ceiling, takes one (bench/bench_relay.py: +2-3 % on a 100k drain).
+The first mark of an idle relay stays small, so a trickle's row is not held behind a big mark.
 
 Invariants (tests/test_producer/test_marksize.py):
 - ``floor <= value <= ceiling`` always; ``ceiling`` is the user's ``markQueryRecords`` when set, so a
   value a user configures is never exceeded;
-- a run of full marks reaches the ceiling in ``log2(ceiling / floor)`` steps; a run of empty marks
-  returns to the floor in as many.
+- one full mark reaches the ceiling; a run of empty marks returns to the floor in
+  ``log2(ceiling / floor)`` steps.
 """
 
 from __future__ import annotations
@@ -31,7 +38,7 @@ class MarkSize:
     def observe(self, asked: int, got: int) -> int:
         """A mark that asked for ``asked`` rows returned ``got``: adapt, and return the new size."""
         if got >= asked:
-            self.value = min(self.ceiling, max(self.value, asked) * 2)
+            self.value = self.ceiling
         elif got * 4 < asked:
             self.value = max(self.floor, self.value // 2)
         return self.value

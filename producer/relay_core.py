@@ -184,6 +184,7 @@ class RelayCore:
         # consumes a mark is synchronous, so flushing it flushes the mark too (WAL is flushed in
         # order). The mark connection writes nothing else (its other queries are metrics reads).
         self.mark_db = OutboxDatabase(self.config.data_source, self.names, shard_count, async_commit=True)
+        self.mark_db.prepare_mark()  # connected and parsed while a standby: an election's first mark is quick
         self.mark_exec = ThreadPoolExecutor(1, thread_name_prefix=f"harvest-mark-{self.config.name}")
         self.listener = Listener(self.config.data_source, self.names)
 

@@ -225,3 +225,27 @@ def test_a_packed_outbox_is_named_at_relay_start_with_the_fix(pg_dsn: str, pg_sc
     assert len(hint) == 1 and "has fillfactor 100" in hint[0], hint
     assert f"ALTER TABLE {table} SET (fillfactor = 50)" in hint[0]
 
+
+
+@pytest.mark.integration
+def test_a_standby_has_its_mark_prepared_and_claims_nothing(pg_dsn: str, pg_schema: str) -> None:
+    # A cold backend's first mark loads the outbox's catalog entries and parses the statement (~12 ms
+    # of an election's first mark): a relay does that while still a standby, without claiming a row.
+    names = init_db(pg_dsn, f"{pg_schema}.outbox")
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        Stasher(names.display).stash_many(conn, [OutboxRecord("t", f"k{i}", "v") for i in range(5)])
+    cfg = HarvestConfig(data_source=pg_dsn, outbox_table=names.display,
+                        base_kafka_config={"bootstrap.servers": "127.0.0.1:1"})
+    guard = TopicGuard({}, cfg.producer_config(), admin_factory=lambda conf: FakeAdmin())
+    relay = Harvest(cfg, producer_factory=lambda conf, cb: FakeProducer(cb, conf), election=StaticElection(),
+                    topic_guard=guard)
+    relay.core.open()
+    try:
+        assert relay.core.mark_db is not None
+        prepared = relay.core.mark_db.conn.execute("SELECT statement FROM pg_prepared_statements").fetchall()
+        assert len(prepared) == 1 and "UPDATE" in prepared[0][0] and "RETURNING" in prepared[0][0], prepared
+        with psycopg.connect(pg_dsn) as conn:
+            owned = conn.execute(sql.SQL("SELECT count(*) FROM {} WHERE leader_id IS NOT NULL").format(names.outbox))
+            assert owned.fetchone() == (0,)
+    finally:
+        relay.core.close()

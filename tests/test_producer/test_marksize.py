@@ -9,15 +9,18 @@ import pytest
 from harvest_outbox.producer.marksize import MarkSize
 
 
-def test_full_marks_double_up_to_the_ceiling_in_log2_steps() -> None:
+def test_one_full_mark_reaches_the_ceiling() -> None:
     size = MarkSize(100, 5000)
-    steps = 0
-    while size.value < size.ceiling:
-        size.observe(size.value, size.value)
-        steps += 1
-    assert size.value == 5000 and steps == math.ceil(math.log2(5000 / 100))
-    size.observe(5000, 5000)
-    assert size.value == 5000  # never beyond the ceiling (the user's markQueryRecords)
+    assert size.observe(100, 100) == 5000
+    assert size.observe(5000, 5000) == 5000  # never beyond the ceiling (the user's markQueryRecords)
+
+
+def test_a_scenario_backlog_then_trickle_then_burst() -> None:
+    size = MarkSize(100, 5000)
+    seen = [size.observe(size.value, got) for got in (100, 5000, 5000, 3000, 40, 10, 0, 0, 0, 0, 0, 0, 100)]
+    # backlog: ceiling at once; its end (3000 of 5000) keeps the size; the trickle halves it back to
+    # the floor in log2 steps; a burst fills a small mark: the ceiling again
+    assert seen == [5000, 5000, 5000, 5000, 2500, 1250, 625, 312, 156, 100, 100, 100, 5000]
 
 
 def test_empty_marks_halve_back_to_the_floor() -> None:
@@ -30,18 +33,18 @@ def test_empty_marks_halve_back_to_the_floor() -> None:
     assert size.observe(100, 0) == 100
 
 
-@pytest.mark.parametrize(("got", "expected"), [(1000, 2000), (999, 1000), (250, 1000), (249, 500), (0, 500)])
+@pytest.mark.parametrize(("got", "expected"), [(1000, 5000), (999, 1000), (250, 1000), (249, 500), (0, 500)])
 def test_partly_full_marks(got: int, expected: int) -> None:
     size = MarkSize(100, 5000)
     size.value = 1000
     assert size.observe(1000, got) == expected
 
 
-def test_a_stale_ask_grows_from_the_larger_of_ask_and_value() -> None:
-    # A mark asked for 200 while the size has meanwhile grown to 800 (a prefetch): full -> 1600.
+def test_a_stale_full_ask_still_means_a_backlog() -> None:
+    # A mark asked for 200 while the size has meanwhile moved (a prefetch): full -> the ceiling.
     size = MarkSize(100, 5000)
     size.value = 800
-    assert size.observe(200, 200) == 1600
+    assert size.observe(200, 200) == 5000
 
 
 @pytest.mark.parametrize(("floor", "ceiling"), [(0, 10), (10, 5), (-1, 1)])
