@@ -78,6 +78,8 @@ class AtLeastOnceMode:
         self.metrics = core.metrics
         self._ready = core.ready  # the same deque for the relay's life (cleared, never replaced)
         self._guard = core.guard
+        self._verdicts = core.guard.verdicts  # the same dict for the guard's life (read per record)
+        self._attempts = core.attempts  # the same dict for the relay's life (cleared, never replaced)
         self._held = core.held
         self._waiting: dict[bytes, deque[MarkedRow]] = {}  # key -> records behind the in-flight one
         self._waiting_count = 0
@@ -238,12 +240,11 @@ class AtLeastOnceMode:
         if self._held and topic in self._held:
             self.core.hold(row)  # behind the same topic's held rows
             return False
-        guard = self._guard
-        verdict = guard.verdicts.get(topic)  # type: ignore[arg-type]
+        verdict = self._verdicts.get(topic)  # type: ignore[arg-type]
         if verdict is None:
-            verdict = guard.verdict(topic)  # type: ignore[arg-type]
+            verdict = self._guard.verdict(topic)  # type: ignore[arg-type]
         if verdict.__class__ is str:
-            if self.core.hold_missing and topic in guard.missing:
+            if self.core.hold_missing and topic in self._guard.missing:
                 self.core.hold(row)
                 return False
             self._dead_letter(row, f"cannot be sent: {verdict}", 0)
@@ -255,19 +256,41 @@ class AtLeastOnceMode:
         producer = self.core.producer
         assert producer is not None
         self._in_flight[key] = row  # type: ignore[index]
+        # One produce() per delivery report, so this is the relay's hottest line: no retry loop is set
+        # up unless the local queue is full.
+        try:
+            if hkeys:
+                producer.produce(topic, value, key, headers=list(zip(hkeys, hvals)))  # type: ignore[arg-type]
+            else:
+                producer.produce(topic, value, key)  # type: ignore[arg-type]
+            return True
+        except BufferError:
+            return self._send_when_room(row, producer)
+        except KafkaException as exc:
+            del self._in_flight[key]  # type: ignore[arg-type]
+            return self._failed(row, exc.args[0], synchronous=True)
+        except (TypeError, ValueError) as exc:
+            del self._in_flight[key]  # type: ignore[arg-type]
+            self._dead_letter(row, f"cannot produce: {exc}", 1)
+            return False
+
+    def _send_when_room(self, row: MarkedRow, producer: KafkaProducer) -> bool:
+        """:meth:`_send` found librdkafka's queue full: serve callbacks and retry, for ~10 s at most,
+        then give up the view (remark). ``row`` is already in flight under its key."""
+        _id, topic, key, value, hkeys, hvals, *_rest = row
         for _ in range(1000):
+            producer.poll(0.01)
             try:
                 if hkeys:
                     producer.produce(topic, value, key, headers=list(zip(hkeys, hvals)))  # type: ignore[arg-type]
                 else:
                     producer.produce(topic, value, key)  # type: ignore[arg-type]
                 return True
-            except BufferError:  # local queue full: serve callbacks, then retry
-                producer.poll(0.01)
+            except BufferError:
+                continue
             except KafkaException as exc:
                 del self._in_flight[key]  # type: ignore[arg-type]
-                err: KafkaError = exc.args[0]
-                return self._failed(row, err, synchronous=True)
+                return self._failed(row, exc.args[0], synchronous=True)
             except (TypeError, ValueError) as exc:
                 del self._in_flight[key]  # type: ignore[arg-type]
                 self._dead_letter(row, f"cannot produce: {exc}", 1)
@@ -284,15 +307,15 @@ class AtLeastOnceMode:
         if err is None:
             self._purge_buf.append(row[0])
             self.metrics.delivered += 1
-            attempts = self.core.attempts
-            if attempts and attempts.pop(row[0], None) is not None:
+            if self._attempts and self._attempts.pop(row[0], None) is not None:
                 self._forget_buf.append(row[0])
-            if key in self._waiting and not self.core.remark:
-                self._release(key)
+            parked = self._waiting.get(key)  # type: ignore[arg-type]
+            if parked is not None and not self.core.remark:
+                self._release(key, parked)  # type: ignore[arg-type]
         elif self._draining and err.code() in _PURGED:
             return  # we gave up on it (drain timed out): the next view re-marks it; not an attempt
         elif not self._failed(row, err, synchronous=False, latency=msg.latency()):
-            self._release(key)
+            self._release(key)  # type: ignore[arg-type]
 
     def _served_meanwhile(self, latency: float) -> bool:
         """Did the broker acknowledge other records during the second half of a failed record's
@@ -306,9 +329,11 @@ class AtLeastOnceMode:
             before = n
         return before is not None and self.metrics.delivered > before
 
-    def _release(self, key: bytes) -> None:
-        """``key`` has nothing in flight: send its next parked record(s)."""
-        parked = self._waiting.get(key)
+    def _release(self, key: bytes, parked: deque[MarkedRow] | None = None) -> None:
+        """``key`` has nothing in flight: send its next parked record(s) (``parked``: its queue, if
+        the caller has looked it up already)."""
+        if parked is None:
+            parked = self._waiting.get(key)
         while parked and not self.core.remark:
             row = parked.popleft()
             self._waiting_count -= 1

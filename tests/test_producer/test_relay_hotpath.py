@@ -6,7 +6,9 @@
 - pooled delivery callbacks (``_Slot``) deliver each report to its record's transaction and clock,
   and return to the pool for reuse;
 - the sequenced ``produce()`` passes its arguments by position (``PRODUCE_ARGS``): confluent-kafka
-  takes them in that order, and the test doubles read them the same way."""
+  takes them in that order, and the test doubles read them the same way;
+- at-least-once ``_send`` sets up its retry only when librdkafka's queue is full: it waits that out
+  in order, or gives up the view after ~10 s."""
 
 from __future__ import annotations
 
@@ -225,3 +227,60 @@ def test_delivery_slots_report_their_clock_and_return_to_the_pool() -> None:
     reused.txn, reused.clock = t2, 300  # type: ignore[assignment]
     reused(None, "m3")
     assert t2.reports[-1] == (300, None, "m3") and t1.reports == [(100, "err", "m1")]
+
+
+class _FullQueueProducer(FakeProducer):
+    """Refuses ``full`` produce() calls with BufferError (librdkafka's local queue is full), counting
+    the polls the relay makes meanwhile; ``full=None``: always full."""
+
+    def __init__(self, on_delivery: Any, full: int | None) -> None:
+        super().__init__(on_delivery)
+        self.full, self.polls = full, 0
+
+    def produce(self, *args: Any, **kw: Any) -> None:
+        if self.full is None or self.full > 0:
+            if self.full is not None:
+                self.full -= 1
+            raise BufferError("Local: Queue full")
+        super().produce(*args, **kw)
+
+    def poll(self, timeout: float = 0) -> int:
+        self.polls += 1
+        return 0
+
+
+def _at_least_once_on(producer_of: Any) -> tuple[AtLeastOnceMode, Any]:
+    box: dict[str, Any] = {}
+
+    def factory(conf: dict, cb: Any) -> Any:
+        box["p"] = producer_of(cb)
+        return box["p"]
+
+    cfg = HarvestConfig(limits=Limits())
+    guard = TopicGuard({}, cfg.producer_config(), admin_factory=lambda conf: FakeAdmin())
+    relay = Harvest(cfg, producer_factory=factory, election=StaticElection(), topic_guard=guard)
+    relay.core.leader_id = uuid.uuid4()
+    relay.mode.ensure_producer()
+    assert isinstance(relay.mode, AtLeastOnceMode)
+    return relay.mode, box["p"]
+
+
+def test_at_least_once_waits_out_a_full_queue_then_sends_in_order() -> None:
+    # Three refusals: the relay serves callbacks between tries and the record goes out once there is
+    # room, still first; the key stays busy throughout, so its next record waits behind it.
+    mode, producer = _at_least_once_on(lambda cb: _FullQueueProducer(cb, full=3))
+    mode.core.ready.extend([row(1, "a"), row(2, "a"), row(3, "b")])
+    mode._dispatch()
+    assert [(s[1], s[2]) for s in producer.sent] == [(b"v1", b"a"), (b"v3", b"b")]
+    assert producer.polls == 3 and not mode.core.remark
+    assert sorted(mode.in_flight_keys()) == [b"a", b"b"] and mode.gauges() == (2, 1)
+
+
+def test_at_least_once_gives_up_the_view_when_the_queue_stays_full() -> None:
+    # ~10 s of a full queue (1,000 polls of 10 ms): the record is not in flight, and the relay
+    # remarks (the row stays in the outbox, marked by a view about to be left).
+    mode, producer = _at_least_once_on(lambda cb: _FullQueueProducer(cb, full=None))
+    mode.core.ready.extend([row(1, "a"), row(2, "b")])
+    mode._dispatch()
+    assert producer.sent == [] and producer.polls == 1000
+    assert mode.core.remark and mode.in_flight_keys() == []
