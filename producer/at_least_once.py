@@ -311,7 +311,13 @@ class AtLeastOnceMode:
                 self._forget_buf.append(row[0])
             parked = self._waiting.get(key)  # type: ignore[arg-type]
             if parked is not None and not self.core.remark:
-                self._release(key, parked)  # type: ignore[arg-type]
+                # _release inlined for its usual case (one report, one send): this runs per record
+                nxt = parked.popleft()
+                self._waiting_count -= 1
+                if not parked:
+                    del self._waiting[key]  # type: ignore[arg-type]
+                if not self._send(nxt):  # dead-lettered on the spot: the key is still free
+                    self._release(key)  # type: ignore[arg-type]
         elif self._draining and err.code() in _PURGED:
             return  # we gave up on it (drain timed out): the next view re-marks it; not an attempt
         elif not self._failed(row, err, synchronous=False, latency=msg.latency()):
@@ -329,11 +335,9 @@ class AtLeastOnceMode:
             before = n
         return before is not None and self.metrics.delivered > before
 
-    def _release(self, key: bytes, parked: deque[MarkedRow] | None = None) -> None:
-        """``key`` has nothing in flight: send its next parked record(s) (``parked``: its queue, if
-        the caller has looked it up already)."""
-        if parked is None:
-            parked = self._waiting.get(key)
+    def _release(self, key: bytes) -> None:
+        """``key`` has nothing in flight: send its next parked record(s)."""
+        parked = self._waiting.get(key)
         while parked and not self.core.remark:
             row = parked.popleft()
             self._waiting_count -= 1

@@ -284,3 +284,29 @@ def test_at_least_once_gives_up_the_view_when_the_queue_stays_full() -> None:
     mode._dispatch()
     assert producer.sent == [] and producer.polls == 1000
     assert mode.core.remark and mode.in_flight_keys() == []
+
+
+class _Report:
+    """The delivery report of a record of ``key`` (what the at-least-once callback reads)."""
+
+    def __init__(self, key: bytes) -> None:
+        self._key = key
+
+    def key(self) -> bytes:
+        return self._key
+
+
+def test_at_least_once_a_report_sends_the_keys_next_record_skipping_one_dead_lettered_on_the_spot() -> None:
+    mode, producer = _at_least_once_on(lambda cb: FakeProducer(cb))
+    bad = (2, "t", b"a", b"v2", None, None, "kafka_topic is NULL", None, None)
+    mode.core.ready.extend([row(1, "a"), bad, row(3, "a"), row(4, "a")])
+    mode._dispatch()
+    assert [s[1] for s in producer.sent] == [b"v1"] and mode.gauges() == (1, 3)
+    mode._on_delivery(None, _Report(b"a"))  # type: ignore[arg-type]
+    # row 2 is dead-lettered without going out; row 3 is next in flight; row 4 still waits
+    assert [s[1] for s in producer.sent] == [b"v1", b"v3"] and mode.gauges() == (1, 1)
+    assert [d[0] for d in mode._dlq_buf] == [2] and mode._purge_buf == [1]
+    mode._on_delivery(None, _Report(b"a"))  # type: ignore[arg-type]
+    mode._on_delivery(None, _Report(b"a"))  # type: ignore[arg-type]
+    assert [s[1] for s in producer.sent] == [b"v1", b"v3", b"v4"] and mode.gauges() == (0, 0)
+    assert mode._purge_buf == [1, 3, 4] and mode.metrics.delivered == 3
