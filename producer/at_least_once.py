@@ -266,38 +266,35 @@ class AtLeastOnceMode:
             return True
         except BufferError:
             return self._send_when_room(row, producer)
-        except KafkaException as exc:
-            del self._in_flight[key]  # type: ignore[arg-type]
-            return self._failed(row, exc.args[0], synchronous=True)
-        except (TypeError, ValueError) as exc:
-            del self._in_flight[key]  # type: ignore[arg-type]
-            self._dead_letter(row, f"cannot produce: {exc}", 1)
-            return False
+        except (KafkaException, TypeError, ValueError) as exc:
+            return self._refused(row, exc)
 
     def _send_when_room(self, row: MarkedRow, producer: KafkaProducer) -> bool:
         """:meth:`_send` found librdkafka's queue full: serve callbacks and retry, for ~10 s at most,
         then give up the view (remark). ``row`` is already in flight under its key."""
         _id, topic, key, value, hkeys, hvals, *_rest = row
+        headers = list(zip(hkeys, hvals)) if hkeys else None  # type: ignore[arg-type]
         for _ in range(1000):
             producer.poll(0.01)
             try:
-                if hkeys:
-                    producer.produce(topic, value, key, headers=list(zip(hkeys, hvals)))  # type: ignore[arg-type]
-                else:
-                    producer.produce(topic, value, key)  # type: ignore[arg-type]
+                producer.produce(topic, value, key, headers=headers)  # type: ignore[arg-type]
                 return True
             except BufferError:
                 continue
-            except KafkaException as exc:
-                del self._in_flight[key]  # type: ignore[arg-type]
-                return self._failed(row, exc.args[0], synchronous=True)
-            except (TypeError, ValueError) as exc:
-                del self._in_flight[key]  # type: ignore[arg-type]
-                self._dead_letter(row, f"cannot produce: {exc}", 1)
-                return False
+            except (KafkaException, TypeError, ValueError) as exc:
+                return self._refused(row, exc)
         del self._in_flight[key]  # type: ignore[arg-type]
         self.core.remark = True
         return True
+
+    def _refused(self, row: MarkedRow, exc: Exception) -> bool:
+        """``produce()`` refused ``row`` (no record was enqueued): it is no longer in flight. A Kafka
+        error is a failed attempt; bad arguments (a value of the wrong type) can never be sent."""
+        del self._in_flight[row[2]]  # type: ignore[arg-type]
+        if isinstance(exc, KafkaException):
+            return self._failed(row, exc.args[0], synchronous=True)
+        self._dead_letter(row, f"cannot produce: {exc}", 1)
+        return False
 
     def _on_delivery(self, err: KafkaError | None, msg: Message) -> None:
         key = msg.key()

@@ -37,30 +37,37 @@ def row(i: int, key: str) -> tuple:
     return (i, "t", key.encode(), f"v{i}".encode(), None, None, None, None, None)
 
 
-def _relay() -> tuple[AtLeastOnceMode, FakeProducer, list[int]]:
-    """A leader relay with a fake producer; returns it, the producer, and the number of records
-    produced at each moment a mark was asked for."""
-    box: dict[str, FakeProducer] = {}
+def _at_least_once_on(producer_of: Any) -> tuple[AtLeastOnceMode, Any]:
+    """A leader at-least-once relay on the producer ``producer_of(on_delivery)`` makes; returns the
+    mode and that producer."""
+    box: dict[str, Any] = {}
 
-    def factory(conf: dict, cb: Any) -> FakeProducer:
-        box["p"] = FakeProducer(cb)
+    def factory(conf: dict, cb: Any) -> Any:
+        box["p"] = producer_of(cb)
         return box["p"]
 
     cfg = HarvestConfig(limits=Limits())
     guard = TopicGuard({}, cfg.producer_config(), admin_factory=lambda conf: FakeAdmin())
     relay = Harvest(cfg, producer_factory=factory, election=StaticElection(), topic_guard=guard)
-    core = relay.core
-    core.leader_id = uuid.uuid4()
+    relay.core.leader_id = uuid.uuid4()
     relay.mode.ensure_producer()
+    assert isinstance(relay.mode, AtLeastOnceMode)
+    return relay.mode, box["p"]
+
+
+def _relay() -> tuple[AtLeastOnceMode, FakeProducer, list[int]]:
+    """A leader relay with a fake producer; returns it, the producer, and the number of records
+    produced at each moment a mark was asked for."""
+    mode, producer = _at_least_once_on(lambda cb: FakeProducer(cb))
+    core = mode.core
     asked_at: list[int] = []
 
     def submit_mark() -> None:
-        asked_at.append(len(box["p"].sent))
+        asked_at.append(len(producer.sent))
         core.marks.append(PendingMark(Future(), core.leader_id, core.mark_size.value))  # pending: not waited for
 
     core.submit_mark = submit_mark  # type: ignore[method-assign]
-    assert isinstance(relay.mode, AtLeastOnceMode)
-    return relay.mode, box["p"], asked_at
+    return mode, producer, asked_at
 
 
 def _mark_returns(h: AtLeastOnceMode, rows: list[tuple], asked: int) -> None:
@@ -247,22 +254,6 @@ class _FullQueueProducer(FakeProducer):
     def poll(self, timeout: float = 0) -> int:
         self.polls += 1
         return 0
-
-
-def _at_least_once_on(producer_of: Any) -> tuple[AtLeastOnceMode, Any]:
-    box: dict[str, Any] = {}
-
-    def factory(conf: dict, cb: Any) -> Any:
-        box["p"] = producer_of(cb)
-        return box["p"]
-
-    cfg = HarvestConfig(limits=Limits())
-    guard = TopicGuard({}, cfg.producer_config(), admin_factory=lambda conf: FakeAdmin())
-    relay = Harvest(cfg, producer_factory=factory, election=StaticElection(), topic_guard=guard)
-    relay.core.leader_id = uuid.uuid4()
-    relay.mode.ensure_producer()
-    assert isinstance(relay.mode, AtLeastOnceMode)
-    return relay.mode, box["p"]
 
 
 def test_at_least_once_waits_out_a_full_queue_then_sends_in_order() -> None:
