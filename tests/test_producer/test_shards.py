@@ -220,7 +220,14 @@ def test_one_two_three_relays_spread_the_shards_and_hand_over_gracefully(
             relays.append(ShardedHarvest(base.replace(name=f"r{i}")).start())
             wait_for(balanced, 60, f"{S} shards spread over {len(relays)} relay(s)")
         wait_drained(pg_dsn, table, 60)
-        # graceful stop of one relay: only its shards move, to the two others
+
+        def settled() -> bool:  # balanced() allows one shard over while a relay still sheds its surplus
+            sets = led()
+            return sum(map(len, sets)) == S and all(len(s) <= fair_share(S, len(relays)) for s in sets)
+
+        # graceful stop of one relay, from a settled spread: only its shards move, to the two others
+        # (a snapshot taken while a relay still let a surplus shard go saw that shard move too)
+        wait_for(settled, 60, f"{S} shards settled at most {fair_share(S, len(relays))} per relay")
         before = led()
         relays[0].stop()
         relays[0].wait(60)
