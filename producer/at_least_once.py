@@ -307,7 +307,7 @@ class AtLeastOnceMode:
             if self._attempts and self._attempts.pop(row[0], None) is not None:
                 self._forget_buf.append(row[0])
             parked = self._waiting.get(key)  # type: ignore[arg-type]
-            if parked is not None and not self.core.remark:
+            if parked and not self.core.remark:  # (an empty queue is never kept; this reads it safely anyway)
                 # _release inlined for its usual case (one report, one send): this runs per record
                 nxt = parked.popleft()
                 self._waiting_count -= 1
