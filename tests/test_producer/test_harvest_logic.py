@@ -4,46 +4,20 @@ one record in flight per key, id order per key, throttle, reset+remark on failur
 from __future__ import annotations
 
 import time
-import uuid
 from typing import Any
 
 from confluent_kafka import KafkaError
 from fake_admin import FakeAdmin
 from fake_producer import FakeProducer
+from fake_relay import FakeMsg, leader_relay
 
 from harvest_outbox.producer.at_least_once import AtLeastOnceMode
-from harvest_outbox.producer.config import HarvestConfig, Limits
-from harvest_outbox.producer.election import StaticElection
 from harvest_outbox.producer.harvest import Harvest
-from harvest_outbox.producer.preflight import TopicGuard
-
-
-class FakeMsg:
-    def __init__(self, key: bytes, latency: float | None = 0.01) -> None:
-        self._key, self._latency = key, latency
-
-    def key(self) -> bytes:
-        return self._key
-
-    def latency(self) -> float | None:
-        """Seconds from produce() to this report (confluent-kafka's Message.latency)."""
-        return self._latency
 
 
 def _harvest(**limits: Any) -> tuple[Harvest, FakeProducer]:
     """A leader relay in at-least-once mode with a fake producer."""
-    box: dict[str, FakeProducer] = {}
-
-    def factory(conf: dict, cb: Any) -> FakeProducer:
-        box["p"] = FakeProducer(cb)
-        return box["p"]
-
-    cfg = HarvestConfig(limits=Limits(**limits))
-    guard = TopicGuard({}, cfg.producer_config(), admin_factory=lambda conf: FakeAdmin())
-    h = Harvest(cfg, producer_factory=factory, election=StaticElection(), topic_guard=guard)
-    h.core.leader_id = uuid.uuid4()
-    h.mode.ensure_producer()
-    return h, box["p"]
+    return leader_relay(**limits)
 
 
 def _relay(**limits: Any) -> tuple[AtLeastOnceMode, FakeProducer]:

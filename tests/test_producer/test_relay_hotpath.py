@@ -18,15 +18,11 @@ import uuid
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
-from fake_admin import FakeAdmin
 from fake_producer import FakeProducer
+from fake_relay import FakeMsg, leader_relay
 
 from harvest_outbox.producer.at_least_once import AtLeastOnceMode
-from harvest_outbox.producer.config import HarvestConfig, Limits
-from harvest_outbox.producer.election import StaticElection
-from harvest_outbox.producer.harvest import Harvest
 from harvest_outbox.producer.kafka import ANY_PARTITION, PRODUCE_ARGS, produce_args
-from harvest_outbox.producer.preflight import TopicGuard
 from harvest_outbox.producer.marksize import MarkSize
 from harvest_outbox.producer.relay_core import MARKS_AHEAD, PendingMark
 from harvest_outbox.producer.sequencing import _Slot, continue_uuid, uuid_bytes
@@ -38,21 +34,10 @@ def row(i: int, key: str) -> tuple:
 
 
 def _at_least_once_on(producer_of: Any) -> tuple[AtLeastOnceMode, Any]:
-    """A leader at-least-once relay on the producer ``producer_of(on_delivery)`` makes; returns the
-    mode and that producer."""
-    box: dict[str, Any] = {}
-
-    def factory(conf: dict, cb: Any) -> Any:
-        box["p"] = producer_of(cb)
-        return box["p"]
-
-    cfg = HarvestConfig(limits=Limits())
-    guard = TopicGuard({}, cfg.producer_config(), admin_factory=lambda conf: FakeAdmin())
-    relay = Harvest(cfg, producer_factory=factory, election=StaticElection(), topic_guard=guard)
-    relay.core.leader_id = uuid.uuid4()
-    relay.mode.ensure_producer()
+    """The at-least-once mode of a leader relay (:func:`fake_relay.leader_relay`) and its producer."""
+    relay, producer = leader_relay(producer_of)
     assert isinstance(relay.mode, AtLeastOnceMode)
-    return relay.mode, box["p"]
+    return relay.mode, producer
 
 
 def _relay() -> tuple[AtLeastOnceMode, FakeProducer, list[int]]:
@@ -277,27 +262,17 @@ def test_at_least_once_gives_up_the_view_when_the_queue_stays_full() -> None:
     assert mode.core.remark and mode.in_flight_keys() == []
 
 
-class _Report:
-    """The delivery report of a record of ``key`` (what the at-least-once callback reads)."""
-
-    def __init__(self, key: bytes) -> None:
-        self._key = key
-
-    def key(self) -> bytes:
-        return self._key
-
-
 def test_at_least_once_a_report_sends_the_keys_next_record_skipping_one_dead_lettered_on_the_spot() -> None:
     mode, producer = _at_least_once_on(lambda cb: FakeProducer(cb))
     bad = (2, "t", b"a", b"v2", None, None, "kafka_topic is NULL", None, None)
     mode.core.ready.extend([row(1, "a"), bad, row(3, "a"), row(4, "a")])
     mode._dispatch()
     assert [s[1] for s in producer.sent] == [b"v1"] and mode.gauges() == (1, 3)
-    mode._on_delivery(None, _Report(b"a"))  # type: ignore[arg-type]
+    mode._on_delivery(None, FakeMsg(b"a"))  # type: ignore[arg-type]
     # row 2 is dead-lettered without going out; row 3 is next in flight; row 4 still waits
     assert [s[1] for s in producer.sent] == [b"v1", b"v3"] and mode.gauges() == (1, 1)
     assert [d[0] for d in mode._dlq_buf] == [2] and mode._purge_buf == [1]
-    mode._on_delivery(None, _Report(b"a"))  # type: ignore[arg-type]
-    mode._on_delivery(None, _Report(b"a"))  # type: ignore[arg-type]
+    mode._on_delivery(None, FakeMsg(b"a"))  # type: ignore[arg-type]
+    mode._on_delivery(None, FakeMsg(b"a"))  # type: ignore[arg-type]
     assert [s[1] for s in producer.sent] == [b"v1", b"v3", b"v4"] and mode.gauges() == (0, 0)
     assert mode._purge_buf == [1, 3, 4] and mode.metrics.delivered == 3

@@ -1,0 +1,46 @@
+"""A leader relay on fake Kafka clients, for pure-logic tests of the relay's send path (no DB, no
+broker), and the delivery report's message those tests hand to its callback."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any, Callable
+
+from fake_admin import FakeAdmin
+from fake_producer import FakeProducer
+
+from harvest_outbox.producer.config import HarvestConfig, Limits
+from harvest_outbox.producer.election import StaticElection
+from harvest_outbox.producer.harvest import Harvest
+from harvest_outbox.producer.preflight import TopicGuard
+
+
+class FakeMsg:
+    """A delivery report's message (as confluent-kafka's Message): its key and latency."""
+
+    def __init__(self, key: bytes, latency: float | None = 0.01) -> None:
+        self._key, self._latency = key, latency
+
+    def key(self) -> bytes:
+        return self._key
+
+    def latency(self) -> float | None:
+        """Seconds from produce() to this report (confluent-kafka's Message.latency)."""
+        return self._latency
+
+
+def leader_relay(producer_of: Callable[[Any], Any] = FakeProducer, **limits: Any) -> tuple[Harvest, Any]:
+    """A relay that leads (a view id set, its producer made) in at-least-once mode, on the producer
+    ``producer_of(on_delivery)`` makes; returns the relay and that producer."""
+    box: dict[str, Any] = {}
+
+    def factory(conf: dict, cb: Any) -> Any:
+        box["p"] = producer_of(cb)
+        return box["p"]
+
+    cfg = HarvestConfig(limits=Limits(**limits))
+    guard = TopicGuard({}, cfg.producer_config(), admin_factory=lambda conf: FakeAdmin())
+    h = Harvest(cfg, producer_factory=factory, election=StaticElection(), topic_guard=guard)
+    h.core.leader_id = uuid.uuid4()
+    h.mode.ensure_producer()
+    return h, box["p"]
