@@ -252,6 +252,7 @@ class PostgresElection:
         self._conn: psycopg.Connection | None = None
         self._pid: int | None = None
         self._seen_generation = 0
+        self._notified = False  # a NOTIFY was read off the election connection since the last check began
         self.backend_pid: int | None = None  # the election connection's backend (tests, diagnostics)
 
     # ------------------------------------------------------------------ protocol
@@ -332,6 +333,7 @@ class PostgresElection:
                 log.info("%s: Postgres leader election on %s (advisory lock key %d, check every %gs, lease %gs)",
                          self.name, table, self.key, self.check_interval, self.lease)
                 self._refuse_sharded_relays(conn, table)
+            conn.add_notify_handler(self._on_notify)
             conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(self.channel)))
             row = conn.execute("SELECT pg_backend_pid()").fetchone()
         except BaseException:
@@ -349,6 +351,12 @@ class PostgresElection:
                 f"sharded relays run on {table} ({', '.join(f'{n} with shards: {s}' for s, n in members)}); this "
                 f"one has shards: 1. Changing shards on a live outbox is drain-then-change: stop every relay, change "
                 f"shards, run `harvest init-db`, start the relays (README, Sharded relays)")
+
+    def _on_notify(self, _notify: psycopg.Notify) -> None:
+        # Runs inside whichever call read the notification: often one of our own queries, when a
+        # leader let go while a check was in flight. libpq has then taken the bytes off the socket,
+        # so select() will not see them; this flag is the only trace of the hand-over.
+        self._notified = True
 
     def _drop(self, why: str) -> None:
         with self._mu:
@@ -405,11 +413,19 @@ class PostgresElection:
             now = time.monotonic()
             if now >= next_check:
                 next_check = now + self.check_interval
+                self._notified = False
                 try:
                     self._step()
                 except Exception as exc:  # a bug must not leave a stale "held": drop, fence, retry
                     log.exception("%s: leader election check failed", self.name)
                     self._drop(f"unexpected {type(exc).__name__}")
+                with self._mu:
+                    held = self._held
+                if self._notified and not held:
+                    # A standby's check read a NOTIFY with its reply: the lock may have been let go
+                    # after the check was answered. Look again now (one extra query per hand-over
+                    # when it was the very notification that woke us) instead of after check_interval.
+                    next_check = 0.0
             timeout = max(0.0, next_check - time.monotonic())
             fds = [self._wake_r]
             conn = self._conn

@@ -117,6 +117,38 @@ def test_one_leader_and_graceful_handover(pg_dsn: str, pg_schema: str) -> None:
             e.close()
 
 
+def test_a_notify_read_with_a_check_reply_still_wakes_the_standby(pg_dsn: str, pg_schema: str) -> None:
+    """The hand-over race CI met: the leader lets go while a standby's check is in flight, so libpq
+    reads the NOTIFY together with the check's reply and the socket never turns readable for it. The
+    standby must look again at once, not after its check interval (60 s here)."""
+    table = f"{pg_schema}.outbox"
+    standby, rec = PostgresElection(pg_dsn, table, "standby", check_interval=60.0), Rec()
+    with psycopg.connect(pg_dsn, autocommit=True) as holder:
+        key = lock_key(table)
+        assert holder.execute("SELECT pg_try_advisory_lock(%s)", (key,)).fetchone() == (True,)
+        real_step, steps = standby._step, []
+
+        def check_in_flight_when_the_leader_lets_go() -> None:
+            steps.append(time.monotonic())
+            if len(steps) == 1:
+                holder.execute("SELECT pg_notify(%s, 'leader')", (standby.channel,))
+                time.sleep(0.2)  # the NOTIFY waits in the standby's socket when its check goes out
+                real_step()  # refused (still held); the reply comes with the NOTIFY behind it
+                assert not standby._held
+                holder.execute("SELECT pg_advisory_unlock(%s)", (key,))
+            else:
+                real_step()
+
+        standby._step = check_in_flight_when_the_leader_lets_go  # type: ignore[method-assign]
+        standby.start(rec)
+        try:
+            took = _pump([standby], lambda: standby.is_leader, 5)
+            assert rec.names() == ["acquired"] and len(steps) == 2, (rec.names(), steps)
+            print(f"\nNOTIFY read with a check's reply: standby acquired {took * 1000:.0f} ms after start")
+        finally:
+            standby.close()
+
+
 def test_terminate_backend_fences_holder_then_standby_acquires(pg_dsn: str, pg_schema: str) -> None:
     table = f"{pg_schema}.outbox"
     check = 0.5
