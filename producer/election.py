@@ -31,6 +31,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, Topi
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from harvest_outbox.producer.errors import ElectionError
+from harvest_outbox.producer.kafka import LIBRDKAFKA_LOG
 from harvest_outbox.producer.redact import redact_kafka_config
 
 log = logging.getLogger(__name__)
@@ -135,8 +136,8 @@ def neli_clients(base: dict[str, Any], topic: str, group: str, name: str, heartb
                  on_assign: Any, on_revoke: Any) -> tuple[Consumer, Producer]:
     """A NELI election's consumer (subscribed to ``topic``; ``on_lost`` counts as a revocation) and its
     heartbeat producer (heartbeats older than ``heartbeat_timeout`` are worthless). Raises KafkaException."""
-    consumer_conf = neli_consumer_config(base, group, name, heartbeat_timeout)
-    producer_conf = {**base, "delivery.timeout.ms": max(int(heartbeat_timeout * 1000), 1), "linger.ms": 0,
+    consumer_conf = {"logger": LIBRDKAFKA_LOG, **neli_consumer_config(base, group, name, heartbeat_timeout)}
+    producer_conf = {"logger": LIBRDKAFKA_LOG, **base, "delivery.timeout.ms": max(int(heartbeat_timeout * 1000), 1), "linger.ms": 0,
                      "client.id": f"harvest-neli-{name}"}
     log.debug("NELI consumer config %s", redact_kafka_config(consumer_conf))
     consumer = Consumer(consumer_conf)

@@ -17,6 +17,7 @@ row that got past it is stale metadata of a topic just created (it counts as an 
 from __future__ import annotations
 
 import functools
+import logging
 import os
 import random
 import signal
@@ -28,6 +29,29 @@ from typing import Any, Protocol
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
 DeliveryCallback = Callable[["KafkaError | None", Message], None]
+
+#: librdkafka's own log lines of harvest's clients (broker connections lost, config warnings) go
+#: through :mod:`logging` instead of raw lines on stderr, so the CLI's format, level and handlers
+#: apply. confluent-kafka serves them inside ``poll()``/``flush()``, which every such client calls.
+LIBRDKAFKA_LOG = logging.getLogger("harvest_outbox.librdkafka")
+
+
+class _ChosenSettingWarnings(logging.Filter):
+    """librdkafka warns on every producer that ``enable.gapless.guarantee`` is experimental. With
+    ``--uuid-sequencing`` harvest sets it on purpose (a gap must fail the producer, not the order:
+    DESIGN.md §5), so at each relay start and producer replacement the warning told users nothing
+    they could act on. It is kept, at DEBUG."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        args = record.args
+        if (record.levelno >= logging.WARNING and isinstance(args, tuple) and len(args) == 3
+                and args[0] == "CONFWARN" and "enable.gapless.guarantee is experimental" in str(args[2])):
+            record.levelno, record.levelname = logging.DEBUG, "DEBUG"
+            return LIBRDKAFKA_LOG.isEnabledFor(logging.DEBUG)
+        return True
+
+
+LIBRDKAFKA_LOG.addFilter(_ChosenSettingWarnings())
 
 PERMANENT_CODES = frozenset(
     code for code in (

@@ -49,7 +49,7 @@ from confluent_kafka import KafkaError
 from harvest_outbox.producer.config import MARK_FLOOR, HarvestConfig
 from harvest_outbox.producer.db import Listener, MarkedAttempts, MarkedRow, OutboxDatabase
 from harvest_outbox.producer.errors import DatabaseError
-from harvest_outbox.producer.kafka import DeliveryCallback, FatalErrorGuard, KafkaProducer, ProducerFactory
+from harvest_outbox.producer.kafka import LIBRDKAFKA_LOG, DeliveryCallback, FatalErrorGuard, KafkaProducer, ProducerFactory
 from harvest_outbox.producer.marksize import MarkSize
 from harvest_outbox.producer.metrics import Metrics
 from harvest_outbox.producer.preflight import TopicGuard
@@ -219,6 +219,7 @@ class RelayCore:
         for name, value in settings.items():
             conf.setdefault(name, value)
         conf.setdefault("error_cb", self.on_producer_error)
+        conf.setdefault("logger", LIBRDKAFKA_LOG)
         log.debug("creating producer %s", redact_kafka_config(conf))
         self.producer = FatalErrorGuard(self.producer_factory(conf, on_delivery), self.on_producer_error)
         return self.producer

@@ -8,6 +8,7 @@ DB, no Kafka:
 from __future__ import annotations
 
 import ast
+import logging
 import time
 import uuid
 from concurrent.futures import Future
@@ -22,6 +23,7 @@ from harvest_outbox.producer.at_least_once import AtLeastOnceMode
 from harvest_outbox.producer.config import HarvestConfig, Limits
 from harvest_outbox.producer.election import StaticElection
 from harvest_outbox.producer.harvest import Harvest
+from harvest_outbox.producer.kafka import LIBRDKAFKA_LOG
 from harvest_outbox.producer.preflight import TopicGuard
 from harvest_outbox.producer.relay_core import PendingMark
 from harvest_outbox.producer.sequencing import SequencedMode
@@ -64,6 +66,31 @@ def test_a_users_producer_setting_wins_over_the_modes() -> None:
     relay, made = _relay(uuid_sequencing=True, producer_kafka_config={"enable.gapless.guarantee": False})
     relay.mode.ensure_producer()
     assert made[0].conf["enable.gapless.guarantee"] is False
+
+
+def test_librdkafka_logs_go_through_logging_and_the_chosen_gapless_warning_is_debug(
+        capfd: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture) -> None:
+    """The relay's real confluent-kafka producer logs through ``harvest_outbox.librdkafka``, not raw
+    lines on stderr; librdkafka's "experimental" warning for the gap-less setting the sequenced mode
+    chose is kept at DEBUG, while a warning about a user's setting stays a warning."""
+    cfg = HarvestConfig(limits=Limits(), uuid_sequencing=True,
+                        base_kafka_config={"bootstrap.servers": "127.0.0.1:1"},
+                        producer_kafka_config={"auto.offset.reset": "earliest"})  # a consumer property: CONFWARN
+    guard = TopicGuard({}, cfg.producer_config(), admin_factory=lambda conf: FakeAdmin())
+    relay = Harvest(cfg, election=StaticElection(), topic_guard=guard)  # the real producer factory
+    caplog.set_level(logging.DEBUG, logger=LIBRDKAFKA_LOG.name)
+    producer = relay.mode.ensure_producer()
+    try:
+        deadline = time.monotonic() + 5
+        while len([r for r in caplog.records if r.name == LIBRDKAFKA_LOG.name and "CONFWARN" in r.getMessage()]) < 2:
+            assert time.monotonic() < deadline, [r.getMessage() for r in caplog.records]
+            producer.poll(0.05)  # confluent-kafka serves its log lines inside poll()
+    finally:
+        relay.core.close()
+    confwarn = {("gapless" if "enable.gapless.guarantee" in r.getMessage() else "user"): r.levelname
+                for r in caplog.records if r.name == LIBRDKAFKA_LOG.name and "CONFWARN" in r.getMessage()}
+    assert confwarn == {"gapless": "DEBUG", "user": "WARNING"}
+    assert "CONFWARN" not in capfd.readouterr().err
 
 
 def _producer_imports() -> dict[str, set[str]]:
