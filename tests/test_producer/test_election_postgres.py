@@ -203,7 +203,9 @@ def test_lease_expiry_fences_when_checks_stall(pg_dsn: str, pg_schema: str) -> N
         e._step = lambda: unblock.wait(10)  # type: ignore[method-assign]
         _pump([e, standby], lambda: not e.is_leader, 5)
         fenced_after = rec.last("fenced") - e._verified_at  # since the last successful verification began
-        assert e.lease < fenced_after <= e.lease + 0.05, fenced_after
+        # at the first pulse after the lease (the stuck call would hold it 10 s); the slack is for a
+        # starved test thread on a loaded 2-core machine, not for the election
+        assert e.lease < fenced_after <= e.lease + 0.25, fenced_after
         # the server still sees a live session holding the lock: the standby cannot acquire
         time.sleep(0.6)
         assert not standby.pulse() and srec.names() == []
