@@ -85,6 +85,7 @@ class PostgresShardElection:
         self.members = 0
         self._conn: psycopg.Connection | None = None
         self._pid: int | None = None
+        self._notified = False  # another session NOTIFYed the channel since the last check began
         self._seen: dict[int, int] = {}  # shard -> generation pulse last acquired (pulse thread only)
 
     @property
@@ -195,13 +196,21 @@ class PostgresShardElection:
                     f"{', '.join(f'{n} relay(s) with shards: {s}' for s, n in others)}; this one has shards: "
                     f"{self.shards}. Changing shards on a live outbox is drain-then-change: stop every relay, change "
                     f"shards, run `harvest init-db`, start the relays (README, Sharded relays)")
+            row = conn.execute("SELECT pg_backend_pid()").fetchone()
+            pid = int(row[0]) if row else None
+            conn.add_notify_handler(lambda notify: self._on_notify(notify, pid))
             conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(self.channel)))
             conn.execute("SELECT pg_notify(%s, %s)", (self.channel, self.name))  # others re-spread now
-            row = conn.execute("SELECT pg_backend_pid()").fetchone()
         except BaseException:
             conn.close()
             raise
-        self._conn, self._pid = conn, int(row[0]) if row else None
+        self._conn, self._pid = conn, pid
+
+    def _on_notify(self, notify: psycopg.Notify, own_pid: int | None) -> None:
+        # Another relay joined, left or let a shard go. Often read inside one of our own queries, so
+        # the socket never turns readable for it (election_postgres has the same handler, and why).
+        if notify.pid != own_pid:
+            self._notified = True
 
     def _drop(self, why: str) -> None:
         with self._mu:
@@ -286,11 +295,14 @@ class PostgresShardElection:
                 pending_unlock = bool(self._unlock)
             if now >= next_check or pending_unlock:
                 next_check = now + self.check_interval
+                self._notified = False
                 try:
                     self._step()
                 except Exception as exc:  # a bug must not leave stale locks believed held: drop, retry
                     log.exception("%s: shard election check failed", self.name)
                     self._drop(f"unexpected {type(exc).__name__}")
+                if self._notified:  # the spread changed while this check ran: look again now
+                    next_check = 0.0
             timeout = max(0.0, next_check - time.monotonic())
             fds = [self._wake_r]
             conn = self._conn
@@ -308,12 +320,7 @@ class PostgresShardElection:
                 except OSError:
                     pass
             if conn is not None and ready and conn.fileno() in ready:
-                try:
-                    for _ in conn.notifies(timeout=0):
-                        pass
-                except psycopg.Error:
-                    pass
-                next_check = 0.0  # a relay joined, left or let a shard go: look now
+                next_check = 0.0  # a relay joined, left or let a shard go (the check reads it): look now
         self._release_all()
 
     def _release_all(self) -> None:

@@ -22,6 +22,7 @@ from harvest_outbox.producer.db import OutboxDatabase
 from harvest_outbox.producer.errors import ConfigError, ElectionError, SchemaError
 from harvest_outbox.producer.schema import OutboxNames, init_db
 from harvest_outbox.producer.shard_election import ShardSetSeat, fair_share
+from harvest_outbox.producer.shard_election_postgres import PostgresShardElection
 from harvest_outbox.producer.sharded import ShardedHarvest, relay_for
 from harvest_outbox.producer.shards import shard_expression, shard_of
 from harvest_outbox.producer.stasher import OutboxRecord, Stasher
@@ -261,6 +262,60 @@ def test_postgres_shard_election_refuses_relays_of_another_shard_count(pg_dsn: s
         with pytest.raises(ElectionError, match=r"another shard count .*1 relay\(s\) with shards: 8.*this one has shards: 4"
                                                r".*drain-then-change"):
             ShardedHarvest(cfg.replace(name="four", shards=4)).start()
+
+
+class _Shards:
+    """A ShardListener that keeps the led set."""
+
+    def __init__(self) -> None:
+        self.led: set[int] = set()
+
+    def on_shards_acquired(self, indices: frozenset[int]) -> None:
+        self.led |= indices
+
+    def on_shards_lost(self, indices: frozenset[int], why: str) -> None:
+        self.led -= indices
+
+
+@pytest.mark.integration
+def test_a_notify_read_with_a_check_reply_still_respreads_the_shards(pg_dsn: str, pg_schema: str) -> None:
+    """A relay joins while the leading relay's check is in flight: libpq reads the NOTIFY with that
+    check's reply, so the socket never turns readable for it. The leader must look again at once and
+    let the joiner's share go, not after its check interval (60 s here)."""
+    table = f"{pg_schema}.outbox"
+    init_db(pg_dsn, table, shards=2)
+    election, shards = PostgresShardElection(pg_dsn, table, "a", 2, check_interval=60.0), _Shards()
+    with psycopg.connect(pg_dsn, autocommit=True) as joiner:
+        real_step, steps = election._step, []
+
+        def check_in_flight_when_a_relay_joins() -> None:
+            steps.append(time.monotonic())
+            if len(steps) != 2:
+                real_step()
+                return
+            joiner.execute("SELECT pg_notify(%s, 'b')", (election.channel,))
+            time.sleep(0.2)  # the NOTIFY waits in the socket when the check goes out
+            real_step()  # counts one member and keeps both shards; the NOTIFY comes behind its reply
+            assert election.members == 1
+            joiner.execute("SELECT pg_advisory_lock_shared(%s::int, 2)", (election.namespace,))
+
+        election._step = check_in_flight_when_a_relay_joins  # type: ignore[method-assign]
+        election.start(shards)
+        try:
+            deadline = time.monotonic() + 5
+            while shards.led != {0, 1}:
+                assert time.monotonic() < deadline, shards.led
+                election.pulse()
+                time.sleep(0.01)
+            joiner.execute("SELECT pg_notify(%s, 'poke')", (election.channel,))  # the second check: raced
+            deadline = time.monotonic() + 5
+            while len(shards.led) != 1:
+                assert time.monotonic() < deadline, (shards.led, election.members, len(steps))
+                election.pulse()
+                time.sleep(0.01)
+            assert election.members == 2
+        finally:
+            election.close()
 
 
 @pytest.mark.integration
