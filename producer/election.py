@@ -137,8 +137,8 @@ def neli_clients(base: dict[str, Any], topic: str, group: str, name: str, heartb
     """A NELI election's consumer (subscribed to ``topic``; ``on_lost`` counts as a revocation) and its
     heartbeat producer (heartbeats older than ``heartbeat_timeout`` are worthless). Raises KafkaException."""
     consumer_conf = {"logger": LIBRDKAFKA_LOG, **neli_consumer_config(base, group, name, heartbeat_timeout)}
-    producer_conf = {"logger": LIBRDKAFKA_LOG, **base, "delivery.timeout.ms": max(int(heartbeat_timeout * 1000), 1), "linger.ms": 0,
-                     "client.id": f"harvest-neli-{name}"}
+    producer_conf = {"logger": LIBRDKAFKA_LOG, **base, "delivery.timeout.ms": max(int(heartbeat_timeout * 1000), 1),
+                     "linger.ms": 0, "client.id": f"harvest-neli-{name}"}
     log.debug("NELI consumer config %s", redact_kafka_config(consumer_conf))
     consumer = Consumer(consumer_conf)
     try:

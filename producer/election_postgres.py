@@ -75,11 +75,11 @@ Events are NELI's: ``on_acquired`` when the lock is won (and after a fence, when
 succeeds again on the same session: the relay starts a new view); ``on_fenced`` on any loss or lease
 expiry; ``on_revoked`` on :meth:`close`, which reports revocation (the relay drains) *before* it
 unlocks, then ``pg_notify``\\ s the standbys (they LISTEN on the election connection), so a graceful
-hand-over takes milliseconds, not a poll interval. The NOTIFY can reach a standby while one of its own
-checks is in flight; libpq then reads it with the check's reply, off the socket the thread waits on,
-so a notify handler records it and the standby checks again at once. Standbys otherwise poll ``pg_try_advisory_lock``
-every ``check_interval``: database load is one idle connection and one trivial query per check
-interval per relay.
+hand-over takes milliseconds, not a poll interval. The NOTIFY can reach a standby while one of its
+own checks is in flight; libpq then reads it with the check's reply, off the socket the thread waits
+on, so a notify handler records it and the standby checks again at once. Standbys otherwise poll
+``pg_try_advisory_lock`` every ``check_interval``: database load is one idle connection and one
+trivial query per check interval per relay.
 
 Connection settings the election sets on its own connection (overriding the DSN's, for this
 connection only): ``keepalives=1``, ``keepalives_idle=ceil(check_interval)``, ``keepalives_interval=1``,

@@ -49,7 +49,8 @@ from confluent_kafka import KafkaError
 from harvest_outbox.producer.config import MARK_FLOOR, HarvestConfig
 from harvest_outbox.producer.db import Listener, MarkedAttempts, MarkedRow, OutboxDatabase
 from harvest_outbox.producer.errors import DatabaseError
-from harvest_outbox.producer.kafka import LIBRDKAFKA_LOG, DeliveryCallback, FatalErrorGuard, KafkaProducer, ProducerFactory
+from harvest_outbox.producer.kafka import (LIBRDKAFKA_LOG, DeliveryCallback, FatalErrorGuard, KafkaProducer,
+                                           ProducerFactory)
 from harvest_outbox.producer.marksize import MarkSize
 from harvest_outbox.producer.metrics import Metrics
 from harvest_outbox.producer.preflight import TopicGuard
