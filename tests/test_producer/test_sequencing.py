@@ -196,7 +196,10 @@ def test_trickle_through_a_full_ring_waits_and_commits_in_groups(
         real_commit(self, epoch, leader_id, txns)  # type: ignore[arg-type]
 
     monkeypatch.setattr(OutboxDatabase, "commit_txns", slow_commit)
-    cfg = _cfg(pg_dsn, kafka_bootstrap, table, unique_name("g"), producer_ring=2, txn_max_duration=0.001)
+    # Three slots: a committing transaction keeps its slot until its commit returns, so with two
+    # only one other transaction could be delivered while a commit runs, and a group commit then
+    # needed two deliveries to land between two looks of the relay (CI once saw none in 150 rows).
+    cfg = _cfg(pg_dsn, kafka_bootstrap, table, unique_name("g"), producer_ring=3, txn_max_duration=0.001)
     relay = Harvest(cfg)
     assert isinstance(relay.mode, SequencedMode)
     ring_full_ticks = {"n": 0, "waited": 0}
