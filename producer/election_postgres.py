@@ -101,6 +101,7 @@ import os
 import select
 import threading
 import time
+from collections.abc import Callable
 
 import psycopg
 from psycopg import sql
@@ -179,6 +180,18 @@ def close_quietly(conn: psycopg.Connection | None) -> None:
             conn.close()
         except Exception:
             pass
+
+
+def listen_for_others(conn: psycopg.Connection, channel: str, on_other: Callable[[], None]) -> int | None:
+    """LISTEN on ``channel``; ``on_other()`` runs for every NOTIFY another session sends there. Returns
+    the connection's backend pid. A notify handler, not select() alone: a NOTIFY that arrives while
+    one of our own queries is in flight is read by libpq with that query's reply, and the socket never
+    turns readable for it."""
+    row = conn.execute("SELECT pg_backend_pid()").fetchone()
+    pid = int(row[0]) if row else None
+    conn.add_notify_handler(lambda notify: on_other() if notify.pid != pid else None)
+    conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel)))
+    return pid
 
 
 def election_connection(dsn: str, name: str, check_interval: float, lease: float, connect_timeout: float,
@@ -335,13 +348,11 @@ class PostgresElection:
                 log.info("%s: Postgres leader election on %s (advisory lock key %d, check every %gs, lease %gs)",
                          self.name, table, self.key, self.check_interval, self.lease)
                 self._refuse_sharded_relays(conn, table)
-            conn.add_notify_handler(self._on_notify)
-            conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(self.channel)))
-            row = conn.execute("SELECT pg_backend_pid()").fetchone()
+            pid = listen_for_others(conn, self.channel, self._on_notify)
         except BaseException:
             conn.close()
             raise
-        self._conn, self._pid = conn, int(row[0]) if row else None
+        self._conn, self._pid = conn, pid
         self.backend_pid = self._pid
 
     def _refuse_sharded_relays(self, conn: psycopg.Connection, table: str) -> None:
@@ -354,10 +365,9 @@ class PostgresElection:
                 f"one has shards: 1. Changing shards on a live outbox is drain-then-change: stop every relay, change "
                 f"shards, run `harvest init-db`, start the relays (README, Sharded relays)")
 
-    def _on_notify(self, _notify: psycopg.Notify) -> None:
-        # Runs inside whichever call read the notification: often one of our own queries, when a
-        # leader let go while a check was in flight. libpq has then taken the bytes off the socket,
-        # so select() will not see them; this flag is the only trace of the hand-over.
+    def _on_notify(self) -> None:
+        # Often inside one of our own checks (a leader let go while it was in flight): this flag is
+        # then the only trace of the hand-over (listen_for_others).
         self._notified = True
 
     def _drop(self, why: str) -> None:

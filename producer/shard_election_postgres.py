@@ -32,10 +32,9 @@ import threading
 import time
 
 import psycopg
-from psycopg import sql
 
 from harvest_outbox.producer.election_postgres import (MEMBERS_SQL, close_quietly, election_connection, key_parts,
-                                                       lock_key, members_namespace, resolve_table)
+                                                       listen_for_others, lock_key, members_namespace, resolve_table)
 from harvest_outbox.producer.errors import ElectionError
 from harvest_outbox.producer.redact import redact_dsn, redact_error
 from harvest_outbox.producer.shard_election import ShardListener, fair_share
@@ -196,21 +195,17 @@ class PostgresShardElection:
                     f"{', '.join(f'{n} relay(s) with shards: {s}' for s, n in others)}; this one has shards: "
                     f"{self.shards}. Changing shards on a live outbox is drain-then-change: stop every relay, change "
                     f"shards, run `harvest init-db`, start the relays (README, Sharded relays)")
-            row = conn.execute("SELECT pg_backend_pid()").fetchone()
-            pid = int(row[0]) if row else None
-            conn.add_notify_handler(lambda notify: self._on_notify(notify, pid))
-            conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(self.channel)))
+            pid = listen_for_others(conn, self.channel, self._on_notify)
             conn.execute("SELECT pg_notify(%s, %s)", (self.channel, self.name))  # others re-spread now
         except BaseException:
             conn.close()
             raise
         self._conn, self._pid = conn, pid
 
-    def _on_notify(self, notify: psycopg.Notify, own_pid: int | None) -> None:
-        # Another relay joined, left or let a shard go. Often read inside one of our own queries, so
-        # the socket never turns readable for it (election_postgres has the same handler, and why).
-        if notify.pid != own_pid:
-            self._notified = True
+    def _on_notify(self) -> None:
+        # Another relay joined, left or let a shard go; often read inside one of our own checks, whose
+        # socket then never turns readable for it (listen_for_others).
+        self._notified = True
 
     def _drop(self, why: str) -> None:
         with self._mu:
