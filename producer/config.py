@@ -427,6 +427,9 @@ class HarvestConfig:
         name = self.name or default_name()
         if "%" in name:
             raise ConfigError(f"name: {name!r} must not contain '%' (it separates fields in heartbeats)")
+        if not name.isprintable():  # it starts every log line: a newline or ESC would forge or recolour lines
+            raise ConfigError(f"name: {name!r} contains control or other non-printable characters; use a printable "
+                              f"name such as 'relay-1' (letters, digits, '.', '_', '-')")
         object.__setattr__(self, "name", name)
         from harvest_outbox.producer.shards import check_shard_count
 
