@@ -11,7 +11,10 @@ under the pool proxy; for asyncio, ``await session.connection()`` then
 ``await conn.get_raw_connection()`` and its ``.driver_connection`` (a ``psycopg.AsyncConnection``).
 So ``session.commit()`` publishes them (the NOTIFY trigger fires at that commit) and
 ``session.rollback()`` — or an exception in ``with session.begin():`` — discards them with the
-business writes.
+business writes. A Core ``Connection`` / ``AsyncConnection`` with no transaction open (the stash is
+its first statement, or the first after a commit) gets one begun by the stash, as
+``session.connection()`` does: writing through the driver alone would leave SQLAlchemy unaware of
+the transaction, so ``conn.commit()`` would do nothing and the pool's reset would roll the rows back.
 
 Invariants:
 - no second connection and no commit of our own: the stash joins whatever transaction the session
@@ -34,7 +37,8 @@ try:
     from sqlalchemy.engine import Connection
     from sqlalchemy.orm import Session
 except ImportError as exc:  # exercised in a subprocess by the tests
-    raise ImportError("harvest_outbox.producer.sqlalchemy needs SQLAlchemy 2.x: pip install 'harvest-outbox[sqlalchemy]'") from exc
+    raise ImportError("harvest_outbox.producer.sqlalchemy needs SQLAlchemy 2.x: "
+                      "pip install 'harvest-outbox[sqlalchemy]'") from exc
 
 if TYPE_CHECKING:  # asyncio support needs greenlet: imported only by the async functions
     from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
@@ -53,8 +57,8 @@ __all__ = ["SessionStasher", "astash", "astash_many", "stash", "stash_many"]
 def _wrong_driver(driver_connection: Any, dialect: Any) -> ConfigError:
     name = f"{getattr(dialect, 'name', '?')}+{getattr(dialect, 'driver', '?')}"
     return ConfigError(f"session: its connection uses the {name!r} driver ({type(driver_connection).__name__}); "
-                       f"harvest_outbox.producer.sqlalchemy needs SQLAlchemy's psycopg (v3) driver: create the engine with a "
-                       f"'postgresql+psycopg://' URL")
+                       f"harvest_outbox.producer.sqlalchemy needs SQLAlchemy's psycopg (v3) driver: create the "
+                       f"engine with a 'postgresql+psycopg://' URL")
 
 
 def driver_connection(session: Session | Connection) -> psycopg.Connection:
@@ -73,6 +77,8 @@ def driver_connection(session: Session | Connection) -> psycopg.Connection:
                           "astash_many) instead of stash inside run_sync")
     if not isinstance(driver, psycopg.Connection):
         raise _wrong_driver(driver, conn.dialect)
+    if not conn.in_transaction():
+        conn.begin()  # so conn.commit() / rollback() end the transaction the rows are written in
     return driver
 
 
@@ -94,6 +100,8 @@ async def async_driver_connection(session: AsyncSession | AsyncConnection) -> ps
     driver = raw.driver_connection
     if not isinstance(driver, psycopg.AsyncConnection):
         raise _wrong_driver(driver, conn.dialect)
+    if not conn.in_transaction():
+        await conn.begin()  # as in driver_connection: conn.commit() must commit the stashed rows
     return driver
 
 

@@ -4,7 +4,8 @@ by a real relay to Kafka: what commits with the session is delivered, what rolls
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+import contextlib
+from collections.abc import Awaitable, Callable
 
 import psycopg
 import pytest
@@ -13,13 +14,14 @@ from psycopg.conninfo import conninfo_to_dict
 from relaylib import consume_all, relay_config, wait_drained
 from sqlalchemy import MetaData, String, create_engine, func, insert, select, text
 from sqlalchemy.engine import URL
-from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
+from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession, create_async_engine
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
 from harvest_outbox.producer.errors import ConfigError
 from harvest_outbox.producer.harvest import Harvest
 from harvest_outbox.producer.schema import init_db
-from harvest_outbox.producer.sqlalchemy import SessionStasher, astash, stash, stash_many
+from harvest_outbox.producer.sqlalchemy import SessionStasher, astash, astash_many, stash, stash_many
 from harvest_outbox.producer.stasher import OutboxRecord
 
 pytestmark = pytest.mark.integration
@@ -172,6 +174,140 @@ def test_async_session_and_connection_commit_delivered_rollback_never(
     finally:
         relay.stop()
         relay.wait(60)
+
+
+class _Abort(Exception):
+    """Raised inside a ``begin()`` block to roll it back."""
+
+
+# Each way an application opens a transaction, with the stash as the FIRST statement on the connection
+# it checked out of the pool: ``put`` stashes, then the transaction commits (``commit``) or rolls back.
+Put = Callable[[Connection | Session], object]
+
+
+def _core(engine: Engine, put: Put, commit: bool) -> None:
+    with engine.connect() as conn:
+        put(conn)
+        conn.commit() if commit else conn.rollback()
+
+
+def _core_after_commit(engine: Engine, put: Put, commit: bool) -> None:
+    with engine.connect() as conn:  # commit-as-you-go: the stash is the first statement after a commit
+        conn.execute(text("SELECT 1"))
+        conn.commit()
+        put(conn)
+        conn.commit() if commit else conn.rollback()
+
+
+def _core_begin(engine: Engine, put: Put, commit: bool) -> None:
+    with contextlib.suppress(_Abort), engine.begin() as conn:
+        put(conn)
+        if not commit:
+            raise _Abort
+
+
+def _orm(engine: Engine, put: Put, commit: bool) -> None:
+    with Session(engine) as session:
+        put(session)
+        session.commit() if commit else session.rollback()
+
+
+def _orm_begin(engine: Engine, put: Put, commit: bool) -> None:
+    with contextlib.suppress(_Abort), Session(engine) as session, session.begin():
+        put(session)
+        if not commit:
+            raise _Abort
+
+
+@pytest.mark.parametrize("scenario", [_core, _core_after_commit, _core_begin, _orm, _orm_begin],
+                         ids=lambda f: f.__name__.strip("_"))
+def test_stash_first_on_a_pooled_connection_commits_and_rolls_back_with_it(
+        pg_dsn: str, pg_schema: str, scenario: Callable[[Engine, Put, bool], None]) -> None:
+    table = f"{pg_schema}.outbox"
+    init_db(pg_dsn, table)
+    st = SessionStasher(table)
+    engine = create_engine(_url(pg_dsn), pool_size=1, max_overflow=0)
+    with engine.connect():
+        pass  # the pool now holds one connection, reset on return: the one every scenario checks out
+    committed: list[str] = []
+    try:
+        for end in ("commit", "rollback"):
+            one, many = f"{end}-stash", f"{end}-stash_many"
+            scenario(engine, lambda c, k=one: st.stash(c, OutboxRecord("t", k, "v")), end == "commit")
+            scenario(engine, lambda c, k=many: stash_many(c, [OutboxRecord("t", k, "v")], table), end == "commit")
+            if end == "commit":
+                committed += [one, many]
+        assert _outbox_keys(pg_dsn, table) == committed
+    finally:
+        engine.dispose()
+
+
+AsyncPut = Callable[[AsyncConnection | AsyncSession], Awaitable[object]]
+
+
+async def _acore(engine: AsyncEngine, put: AsyncPut, commit: bool) -> None:
+    async with engine.connect() as conn:
+        await put(conn)
+        await (conn.commit() if commit else conn.rollback())
+
+
+async def _acore_after_commit(engine: AsyncEngine, put: AsyncPut, commit: bool) -> None:
+    async with engine.connect() as conn:
+        await conn.execute(text("SELECT 1"))
+        await conn.commit()
+        await put(conn)
+        await (conn.commit() if commit else conn.rollback())
+
+
+async def _acore_begin(engine: AsyncEngine, put: AsyncPut, commit: bool) -> None:
+    with contextlib.suppress(_Abort):
+        async with engine.begin() as conn:
+            await put(conn)
+            if not commit:
+                raise _Abort
+
+
+async def _aorm(engine: AsyncEngine, put: AsyncPut, commit: bool) -> None:
+    async with AsyncSession(engine) as session:
+        await put(session)
+        await (session.commit() if commit else session.rollback())
+
+
+async def _aorm_begin(engine: AsyncEngine, put: AsyncPut, commit: bool) -> None:
+    with contextlib.suppress(_Abort):
+        async with AsyncSession(engine) as session, session.begin():
+            await put(session)
+            if not commit:
+                raise _Abort
+
+
+@pytest.mark.parametrize("scenario", [_acore, _acore_after_commit, _acore_begin, _aorm, _aorm_begin],
+                         ids=lambda f: f.__name__.strip("_"))
+def test_astash_first_on_a_pooled_connection_commits_and_rolls_back_with_it(
+        pg_dsn: str, pg_schema: str, scenario: Callable[[AsyncEngine, AsyncPut, bool], Awaitable[None]]) -> None:
+    table = f"{pg_schema}.outbox"
+    init_db(pg_dsn, table)
+    st = SessionStasher(table)
+
+    async def run() -> list[str]:
+        engine = create_async_engine(_url(pg_dsn), pool_size=1, max_overflow=0)
+        async with engine.connect():
+            pass
+        committed: list[str] = []
+        try:
+            for end in ("commit", "rollback"):
+                one, many = f"{end}-astash", f"{end}-astash_many"
+                await scenario(engine, lambda c, k=one: st.astash(c, OutboxRecord("t", k, "v")), end == "commit")
+                await scenario(engine, lambda c, k=many: astash_many(c, [OutboxRecord("t", k, "v")], table),
+                               end == "commit")
+                if end == "commit":
+                    committed += [one, many]
+        finally:
+            await engine.dispose()
+        return committed
+
+    committed = asyncio.run(run())
+    assert _outbox_keys(pg_dsn, table) == committed
 
 
 def test_other_drivers_are_refused_by_name(tmp_path) -> None:  # type: ignore[no-untyped-def]
