@@ -5,7 +5,12 @@ same YAML as ``harvest -f``, with produce/delivery failures injected by
     HARVEST_FAULTS="produce=0.02,delivery=0.02,seed=7" python -m harvest_outbox.harvest_local.relay_runner -f harvest.yaml --name r1
     HARVEST_FAULTS="failkey=poison,killat=2" ...   # every delivery of key 'poison' fails; SIGKILL at its 2nd produce
 
-Without ``HARVEST_FAULTS`` it is equivalent to ``harvest -f harvest.yaml --name r1``. Test use only.
+    HARVEST_TEST_CRASH_AT=after_commit_before_ack:3 python -m ...   # SIGKILL at that point of the 3rd transaction
+    HARVEST_TEST_PAUSE_AT=after_delivery_before_commit:3 python -m ...   # SIGSTOP there (a zombie)
+
+The crash/pause hooks (``--uuid-sequencing``, :func:`producer.sequencing.install_crash_points`) exist
+only here: the ``harvest`` command ignores those variables. Without any of them this runner is
+equivalent to ``harvest -f harvest.yaml --name r1``. Test use only.
 """
 
 from __future__ import annotations
@@ -17,9 +22,12 @@ import signal
 import sys
 from typing import Any
 
+from harvest_outbox.harvest_local.relays import TEST_HOOKS
 from harvest_outbox.producer.config import load_yaml
 from harvest_outbox.producer.harvest import Harvest
+from harvest_outbox.producer.errors import ConfigError
 from harvest_outbox.producer.kafka import FaultInjector
+from harvest_outbox.producer.sequencing import install_crash_points
 
 log = logging.getLogger("harvest.relay_runner")
 
@@ -39,6 +47,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("-f", "--file", required=True)
     parser.add_argument("--name", required=True)
     args = parser.parse_args(argv)
+    try:
+        crash_at, pause_at = (os.environ.get(var) for var in TEST_HOOKS)
+        install_crash_points(crash_at, pause_at, names=TEST_HOOKS)
+    except ConfigError as exc:
+        print(f"relay_runner: {exc}", file=sys.stderr)
+        return 2
     cfg = load_yaml(args.file, {"name": args.name}, None)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     faults = parse_faults(os.environ.get("HARVEST_FAULTS", ""))

@@ -15,8 +15,9 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-#: Environment variables of the relay's crash/pause test hooks (producer/sequencing.py): per process only.
-_TEST_HOOKS = ("HARVEST_TEST_CRASH_AT", "HARVEST_TEST_PAUSE_AT")
+#: Environment variables of the crash/pause test hooks, in :func:`producer.sequencing.install_crash_points`'s
+#: order (crash, pause): only :mod:`harvest_local.relay_runner` honours them, and only per process.
+TEST_HOOKS = ("HARVEST_TEST_CRASH_AT", "HARVEST_TEST_PAUSE_AT")
 
 
 def write_config(path: Path, *, dsn: str, bootstrap: str, outbox_table: str, group: str | None = None,
@@ -59,11 +60,12 @@ class RelayProcess:
     def __init__(self, config: Path, name: str, logdir: Path, env: dict[str, str] | None = None,
                  faults: str | None = None) -> None:
         """``faults``: e.g. ``"produce=0.02,delivery=0.02"`` runs the relay through
-        :mod:`harvest_local.relay_runner`, which injects them; otherwise the ``harvest`` CLI itself runs."""
+        :mod:`harvest_local.relay_runner`, which injects them, as do the crash/pause hooks' variables in
+        ``env`` (only that runner honours them); otherwise the ``harvest`` CLI itself runs."""
         self.config, self.name, self.faults = config, name, faults
         self.log = logdir / f"{name}.log"
         # The relay's crash/pause test hooks are set per process, never inherited.
-        inherited = {k: v for k, v in os.environ.items() if k not in _TEST_HOOKS}
+        inherited = {k: v for k, v in os.environ.items() if k not in TEST_HOOKS}
         self.env = {**inherited, **(env or {})}
         self.proc: subprocess.Popen[bytes] | None = None
         self.paused = False
@@ -71,8 +73,8 @@ class RelayProcess:
     def start(self) -> RelayProcess:
         with self.log.open("a") as log:
             module, env = "harvest_outbox.producer", dict(self.env)
-            if self.faults:
-                module, env["HARVEST_FAULTS"] = "harvest_outbox.harvest_local.relay_runner", self.faults
+            if self.faults or any(k in env for k in TEST_HOOKS):
+                module, env["HARVEST_FAULTS"] = "harvest_outbox.harvest_local.relay_runner", self.faults or ""
             self.proc = subprocess.Popen([sys.executable, "-m", module, "-f", str(self.config), "--name", self.name],
                                          stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
         return self

@@ -56,11 +56,13 @@ row id in the delivery-attempts table: written while the failed view winds down 
 be produced again), read back by the mark, deleted by the commit that delivers or dead-letters the
 row — so the count survives crashes and leader changes.
 
-Test hooks (for crash tests): ``HARVEST_TEST_CRASH_AT=point:n`` SIGKILLs the process and
-``HARVEST_TEST_PAUSE_AT=point:n`` SIGSTOPs it the n-th time it reaches ``point``, one of
+Test hooks (for crash tests): :func:`install_crash_points` makes the process SIGKILL (``crash_at``)
+or SIGSTOP (``pause_at``) itself the n-th time it reaches ``point``, given as ``point:n``, one of
 ``after_publish_before_delivery`` (a transaction closed, all its records produced),
 ``after_delivery_before_commit``, ``after_commit_before_ack`` and ``after_some_acks`` (the first ACK
-of a transaction touching >= 2 partitions was delivered, the others not produced).
+of a transaction touching >= 2 partitions was delivered, the others not produced). Only the test-only
+relay runner (:mod:`harvest_local.relay_runner`, from ``HARVEST_TEST_CRASH_AT`` / ``HARVEST_TEST_PAUSE_AT``)
+calls it: the ``harvest`` command never does, so those variables mean nothing to a production relay.
 """
 
 from __future__ import annotations
@@ -78,7 +80,7 @@ from typing import Any
 from confluent_kafka import KafkaError, KafkaException, Message
 
 from harvest_outbox.producer.db import MarkedRow, TxnCommit
-from harvest_outbox.producer.errors import DatabaseError, FenceError, ProducerError
+from harvest_outbox.producer.errors import ConfigError, DatabaseError, FenceError, ProducerError
 from harvest_outbox.producer.events import LeaderRefreshed, ViewStarted
 from harvest_outbox.producer.kafka import ANY_PARTITION, KafkaProducer, is_permanent, is_size_refusal
 from harvest_outbox.producer.preflight import header_bytes, too_large
@@ -124,19 +126,18 @@ def uuid_bytes(producer: int, clock: int, flags: int) -> bytes:
             | producer).to_bytes(16, "big")
 
 
-class _TestHook:
-    """``HARVEST_TEST_CRASH_AT`` / ``HARVEST_TEST_PAUSE_AT`` (see module doc). Inert when unset."""
+class CrashPoints:
+    """The crash/pause test hooks of the relays this process builds (see module doc). Empty (and
+    falsy) unless :func:`install_crash_points` was called."""
 
-    def __init__(self) -> None:
+    def __init__(self, crash_at: str | None = None, pause_at: str | None = None,
+                 names: tuple[str, str] = ("crash_at", "pause_at")) -> None:
         self._points: dict[str, tuple[int, signal.Signals]] = {}
         self._counts: dict[str, int] = {}
-        for var, sig in (("HARVEST_TEST_CRASH_AT", signal.SIGKILL), ("HARVEST_TEST_PAUSE_AT", signal.SIGSTOP)):
-            spec = os.environ.get(var)
+        for what, spec, sig in zip(names, (crash_at, pause_at), (signal.SIGKILL, signal.SIGSTOP)):
             if spec:
-                point, _, n = spec.partition(":")
-                if point not in CRASH_POINTS:
-                    raise ValueError(f"{var}={spec!r}: point must be one of {', '.join(CRASH_POINTS)}")
-                self._points[point] = (int(n or 1), sig)
+                point, n = _parse_point(what, spec)
+                self._points[point] = (n, sig)
 
     def __bool__(self) -> bool:
         return bool(self._points)
@@ -153,6 +154,32 @@ class _TestHook:
             for h in logging.getLogger().handlers:
                 h.flush()
             os.kill(os.getpid(), sig)
+
+
+def _parse_point(what: str, spec: str) -> tuple[str, int]:
+    point, _, n = spec.partition(":")
+    fix = f"give point:n with point one of {', '.join(CRASH_POINTS)} and n >= 1 (default 1)"
+    if point not in CRASH_POINTS:
+        raise ConfigError(f"{what}={spec!r}: {point!r} is not a crash point; {fix}")
+    try:
+        count = int(n or 1)
+    except ValueError:
+        raise ConfigError(f"{what}={spec!r}: {n!r} is not a whole number; {fix}") from None
+    if count < 1:
+        raise ConfigError(f"{what}={spec!r}: the count must be 1 or more; {fix}")
+    return point, count
+
+
+#: What :class:`SequencedMode` instances built from now on use; nothing unless a test installed hooks.
+_crash_points = CrashPoints()
+
+
+def install_crash_points(crash_at: str | None = None, pause_at: str | None = None,
+                         names: tuple[str, str] = ("crash_at", "pause_at")) -> None:
+    """Test use only: relays built after this call SIGKILL / SIGSTOP themselves at the given points
+    (``point:n``, see module doc). ConfigError names a bad value by its entry in ``names``."""
+    global _crash_points
+    _crash_points = CrashPoints(crash_at, pause_at, names)
 
 
 class _View:
@@ -297,7 +324,7 @@ class SequencedMode:
         self._poison: dict[int, tuple[str, int]] = {}  # id -> (reason, attempts): dead-letter when seen
         self._view_backoff_until = 0.0
         self._last_mark_short = True
-        self._hook = _TestHook()
+        self._hook = _crash_points
         self._refreshing = False
         # An ACK of this view failed: produce nothing more in it (not even ACKs of later commits, which
         # could overtake the missing one in a partition); recovery re-sends every intent in order.
