@@ -42,7 +42,7 @@ from psycopg.types.array import ArrayBinaryLoader
 from harvest_outbox.producer.errors import DatabaseError, FenceError, SchemaError
 from harvest_outbox.producer.redact import redact_dsn, redact_error
 from harvest_outbox.producer.schema import (OutboxNames, ValueType, inspect_outbox, require_attempts_table,
-                                            require_shards)
+                                            require_shards, require_utf8_readable)
 from harvest_outbox.producer.shards import shard_expression
 
 log = logging.getLogger(__name__)
@@ -145,6 +145,8 @@ def id_range(ids: Sequence[int]) -> tuple[int, int, list[int]] | None:
 
 
 def connect(dsn: str, **kwargs: Any) -> psycopg.Connection:
+    """The connection every command and relay statement on the outbox uses (autocommit, UTF-8, the
+    timeouts above). Refuses a database the relay cannot read (:func:`require_utf8_readable`)."""
     try:
         given = conninfo_to_dict(dsn)
         host = str(given.get("host", ""))
@@ -153,12 +155,21 @@ def connect(dsn: str, **kwargs: Any) -> psycopg.Connection:
         # UTF-8 whatever the DSN or the database's encoding say: the mark loads text columns as the
         # bytes the server sends (Kafka keys and values are the UTF-8 of the outbox's text).
         conn = psycopg.connect(dsn, autocommit=True, **{**kwargs, "client_encoding": "UTF8"})
+    except psycopg.Error as exc:
+        raise DatabaseError(f"cannot connect to Postgres ({redact_dsn(dsn)}): "
+                            f"{redact_error(str(exc), dsn).strip()}") from exc
+    try:
+        require_utf8_readable(conn)
         conn.execute(f"SET idle_in_transaction_session_timeout = '{IDLE_IN_TRANSACTION_TIMEOUT}'")
         conn.execute(f"SET lock_timeout = '{LOCK_TIMEOUT}'")
         return conn
     except psycopg.Error as exc:
+        conn.close()
         raise DatabaseError(f"cannot connect to Postgres ({redact_dsn(dsn)}): "
                             f"{redact_error(str(exc), dsn).strip()}") from exc
+    except BaseException:
+        conn.close()
+        raise
 
 
 class TxnCommit(NamedTuple):

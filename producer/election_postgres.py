@@ -200,8 +200,10 @@ def election_connection(dsn: str, name: str, check_interval: float, lease: float
     timeouts, no idle timeouts): the holder of an advisory lock learns of a dead session within
     ``lease``, and the server keeps a silent holder's session a little longer than that."""
     lease_s = max(1, math.ceil(lease))
+    # client_encoding as db.connect's: the outbox's schema name (hence the lock keys) is read as the
+    # same text as `harvest shards` reads it, and as text, not bytes, even in a SQL_ASCII database.
     conn = psycopg.connect(
-        dsn, autocommit=True, connect_timeout=max(2, math.ceil(connect_timeout)),
+        dsn, autocommit=True, connect_timeout=max(2, math.ceil(connect_timeout)), client_encoding="UTF8",
         application_name=f"harvest-election:{name}"[:63],
         keepalives=1, keepalives_idle=max(1, math.ceil(check_interval)), keepalives_interval=1,
         keepalives_count=3, tcp_user_timeout=int(lease * 1000))

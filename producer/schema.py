@@ -41,6 +41,8 @@ import psycopg
 from psycopg import sql
 
 from harvest_outbox.producer.errors import ConfigError, SchemaError
+from harvest_outbox.producer.table_mapping import (DEBEZIUM_PAYLOAD_TYPES, DEBEZIUM_TEXT_TYPES, GOHARVEST,
+                                                   DebeziumMapping, TableMapping)
 
 ValueType = Literal["varchar", "bytea"]
 _MAX_IDENT = 63  # NAMEDATALEN - 1
@@ -106,11 +108,13 @@ class OutboxNames:
 
     schema: str | None
     table: str
+    #: Which columns make a record (goharvest's table, or Debezium's outbox: producer.table_mapping).
+    mapping: TableMapping = GOHARVEST
 
     @classmethod
-    def parse(cls, outbox_table: str) -> OutboxNames:
+    def parse(cls, outbox_table: str, mapping: TableMapping = GOHARVEST) -> OutboxNames:
         schema, table = parse_table_name(outbox_table)
-        return cls(schema, table)
+        return cls(schema, table, mapping)
 
     def _ident(self, name: str) -> sql.Identifier:
         return sql.Identifier(self.schema, name) if self.schema else sql.Identifier(name)
@@ -320,15 +324,18 @@ def shard_ddl(names: OutboxNames, count: int) -> list[sql.Composable]:
 def init_db(conninfo_or_conn: str | psycopg.Connection, outbox_table: str = "outbox",
             value_type: ValueType = "varchar", shards: int = 1) -> OutboxNames:
     """Create (idempotently, in one transaction) everything the relay needs. Returns the names.
-    ``shards`` > 1 also creates what sharded relays need (:func:`shard_ddl`)."""
+    ``shards`` > 1 also creates what sharded relays need (:func:`shard_ddl`). Refuses a SQL_ASCII
+    database (:func:`require_utf8_readable`)."""
     names = OutboxNames.parse(outbox_table)
     stmts = outbox_ddl(names, value_type) + shard_ddl(names, shards)
     if isinstance(conninfo_or_conn, psycopg.Connection):
+        require_utf8_readable(conninfo_or_conn)
         with conninfo_or_conn.transaction():
             for stmt in stmts:
                 conninfo_or_conn.execute(stmt)
         return names
     with psycopg.connect(conninfo_or_conn) as conn:
+        require_utf8_readable(conn)
         with conn.transaction():
             for stmt in stmts:
                 conn.execute(stmt)
@@ -353,6 +360,22 @@ def inspect_outbox(conn: psycopg.Connection, names: OutboxNames) -> ValueType:
         raise SchemaError(f"outbox table {names.display!r} lacks column(s) {', '.join(sorted(missing))}; "
                           f"expected goharvest's schema ({', '.join(sorted(_EXPECTED))})")
     return "bytea" if cols["kafka_value"] == "bytea" else "varchar"
+
+
+def require_utf8_readable(conn: psycopg.Connection) -> None:
+    """Refuse a SQL_ASCII database. The relay reads as UTF-8, and Postgres checks SQL_ASCII text
+    (stored unchecked) against UTF-8 on the way out: one row holding a byte that is not UTF-8 fails
+    the whole statement, so every mark would fail and no row would go out, not even earlier ones.
+    Other server encodings convert to UTF-8 cleanly. The server reports its encoding when the
+    connection starts: no query."""
+    encoding = conn.info.parameter_status("server_encoding")
+    if encoding == "SQL_ASCII":
+        raise SchemaError(
+            f"database {conn.info.dbname!r} has encoding SQL_ASCII: Postgres stores its text unchecked, and one "
+            f"byte that is not UTF-8 in an outbox row (topic, key, value or a header) would fail every mark, so no "
+            f"row would be delivered. Fix: keep the outbox in a UTF8 database (CREATE DATABASE ... ENCODING 'UTF8' "
+            f"TEMPLATE template0, then move the tables there with pg_dump/pg_restore); other encodings (LATIN1, ...) "
+            f"work as they are")
 
 
 def require_attempts_table(conn: psycopg.Connection, names: OutboxNames) -> None:
