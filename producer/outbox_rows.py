@@ -38,15 +38,18 @@ _COLUMNS = sql.SQL("kafka_topic, kafka_key, kafka_value, kafka_header_keys, kafk
 
 @dataclass(frozen=True)
 class OutboxRecord:
-    """What an application stashes: topic, key, value (``None`` = tombstone) and headers."""
+    """What an application stashes: topic, key, value (``None`` = tombstone) and headers
+    (``None`` = no headers, as the default ``()``)."""
 
     topic: str
     key: str
     value: str | bytes | None = None
-    headers: Headers = field(default_factory=tuple)
+    headers: Headers | None = field(default_factory=tuple)
 
 
-def header_arrays(headers: Headers) -> tuple[list[str], list[str | None]]:
+def header_arrays(headers: Headers | None) -> tuple[list[str], list[str | None]]:
+    if headers is None:
+        return [], []
     pairs = headers.items() if isinstance(headers, Mapping) else headers
     keys: list[str] = []
     values: list[str | None] = []

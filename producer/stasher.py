@@ -12,6 +12,10 @@ shared by every stasher):
   naming the field), so a bad record fails the caller's transaction, not the relay;
 - ``value=None`` is stored as SQL NULL and published as a tombstone;
 - headers are ordered ``(key, value)`` pairs, stored as goharvest's two parallel TEXT[] columns;
+  ``headers=None`` means no headers (two empty arrays, as ``()``);
+- a connection of the wrong kind (an asyncio one here, a synchronous one for the asyncio stasher,
+  anything not psycopg) is refused with :class:`~producer.errors.ConfigError` naming it and the
+  stasher to use, before anything runs on it;
 - the relay is woken by the outbox's statement-level NOTIFY trigger (see :mod:`producer.schema`),
   which Postgres delivers at commit only — nothing to do here, and nothing if the tx rolls back.
 """
@@ -22,10 +26,36 @@ from collections.abc import Iterable
 
 import psycopg
 
+from harvest_outbox.producer.errors import ConfigError
 from harvest_outbox.producer.outbox_rows import Headers, OutboxRecord, StashPlan
 from harvest_outbox.producer.schema import ValueType
 
-__all__ = ["Headers", "OutboxRecord", "Stasher", "stash", "stash_many"]
+__all__ = ["Headers", "OutboxRecord", "Stasher", "require_connection", "stash", "stash_many"]
+
+_SYNC = (psycopg.Connection, psycopg.Cursor)
+_ASYNC = (psycopg.AsyncConnection, psycopg.AsyncCursor)
+
+
+def require_connection(conn: object, *, asynchronous: bool) -> None:
+    """Refuse ``conn`` unless it is the psycopg kind the (a)synchronous stasher runs on.
+
+    Checked before anything runs: a synchronous stash on an asyncio connection only builds coroutines
+    nobody awaits, and an asyncio stash on a synchronous one would write the row, then fail to await."""
+    want, other = (_ASYNC, _SYNC) if asynchronous else (_SYNC, _ASYNC)
+    if isinstance(conn, want):
+        return
+    got = type(conn).__name__
+    if isinstance(conn, other):
+        got += " (synchronous)" if asynchronous else " (asyncio)"
+        fix = (f"use harvest_outbox.producer.{'stasher.Stasher' if asynchronous else 'stasher_async.AsyncStasher'}"
+               f" for it")
+    elif type(conn).__module__.split(".")[0] == "sqlalchemy":
+        fix = "for SQLAlchemy sessions and connections use harvest_outbox.producer.sqlalchemy.SessionStasher"
+    else:
+        fix = "pass the psycopg connection (or cursor) whose transaction the rows belong to"
+    who, need = (("AsyncStasher", "psycopg.AsyncConnection or AsyncCursor") if asynchronous
+                 else ("the synchronous Stasher", "psycopg.Connection or Cursor"))
+    raise ConfigError(f"conn: {who} needs a {need}, got {got}; {fix}")
 
 
 class Stasher:
@@ -43,6 +73,7 @@ class Stasher:
 
     def stash(self, conn: psycopg.Connection | psycopg.Cursor, record: OutboxRecord) -> int:
         """Insert one record in ``conn``'s current transaction; return its outbox id."""
+        require_connection(conn, asynchronous=False)
         row = self.plan.row(record)
         got = conn.execute(self.plan.insert, row).fetchone()
         assert got is not None
@@ -51,6 +82,7 @@ class Stasher:
     def stash_many(self, conn: psycopg.Connection | psycopg.Cursor, records: Iterable[OutboxRecord]) -> int:
         """Insert many records with one COPY in ``conn``'s current transaction; return the count.
         Ids follow the iteration order."""
+        require_connection(conn, asynchronous=False)
         rows = self.plan.rows(records)  # validate all before writing any
         if not rows:
             return 0

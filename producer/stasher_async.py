@@ -7,7 +7,10 @@ current transaction, so the rows commit or roll back with the caller's writes.
 Invariant: this module only awaits. What is written, its validation and its errors are
 :class:`producer.outbox_rows.StashPlan`'s, shared with the synchronous stasher, so both write the
 same rows, wake the relay with the same NOTIFY (the table's trigger, at commit) and raise the same
-:class:`~producer.errors.RecordError` before touching the database.
+:class:`~producer.errors.RecordError` before touching the database. A synchronous psycopg connection
+(or anything else not an ``AsyncConnection`` / ``AsyncCursor``) is refused with
+:class:`~producer.errors.ConfigError` before anything runs on it
+(:func:`producer.stasher.require_connection`).
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import psycopg
 
 from harvest_outbox.producer.outbox_rows import OutboxRecord, StashPlan
 from harvest_outbox.producer.schema import ValueType
+from harvest_outbox.producer.stasher import require_connection
 
 __all__ = ["AsyncStasher", "stash", "stash_many"]
 
@@ -33,6 +37,7 @@ class AsyncStasher:
 
     async def stash(self, conn: psycopg.AsyncConnection | psycopg.AsyncCursor, record: OutboxRecord) -> int:
         """Insert one record in ``conn``'s current transaction; return its outbox id."""
+        require_connection(conn, asynchronous=True)
         row = self.plan.row(record)
         cur = await conn.execute(self.plan.insert, row)
         got = await cur.fetchone()
@@ -43,6 +48,7 @@ class AsyncStasher:
                          records: Iterable[OutboxRecord]) -> int:
         """Insert many records with one COPY in ``conn``'s current transaction; return the count.
         Ids follow the iteration order; nothing is written if any record is invalid."""
+        require_connection(conn, asynchronous=True)
         rows = self.plan.rows(records)
         if not rows:
             return 0

@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Awaitable, Callable
 
 import psycopg
 import pytest
 from psycopg import sql
 
-from harvest_outbox.producer.errors import RecordError, SchemaError
+from harvest_outbox.producer.errors import ConfigError, RecordError, SchemaError
 from harvest_outbox.producer.schema import OutboxNames, init_db, inspect_outbox
-from harvest_outbox.producer.stasher import OutboxRecord, Stasher
+from harvest_outbox.producer.stasher import OutboxRecord, Stasher, stash
+from harvest_outbox.producer.stasher_async import AsyncStasher
+from harvest_outbox.producer.stasher_async import stash_many as astash_many
 
 pytestmark = pytest.mark.integration
 
@@ -93,3 +97,79 @@ def test_stash_many_writes_the_same_rows_as_stash(pg_dsn: str, pg_schema: str) -
                 "FROM {} ORDER BY id")
         rows = [conn.execute(sql.SQL(cols).format(sql.Identifier(pg_schema, t))).fetchall() for t in ("one", "many")]
     assert rows[0] == rows[1] and len(rows[0]) == 500
+
+
+_REC = OutboxRecord("t", "k", "v")
+
+
+async def _sync_call(call: Callable[[object], object], conn: object) -> object:
+    return call(conn)
+
+
+# (stasher call, what it is given, what the error must say). The sync stasher given an asyncio connection
+# used to build coroutines nobody awaited (AttributeError); the async one given a sync connection wrote
+# the row, then failed on `await` (TypeError) with the row left in the caller's transaction.
+_BAD_CONNECTIONS: list[tuple[str, Callable[[object], Awaitable[object]], str, str]] = [
+    ("Stasher.stash", lambda c: _sync_call(lambda x: Stasher().stash(x, _REC), c), "async",  # type: ignore[arg-type]
+     "conn: the synchronous Stasher needs a psycopg.Connection or Cursor, got AsyncConnection (asyncio); "
+     "use harvest_outbox.producer.stasher_async.AsyncStasher"),
+    ("Stasher.stash_many", lambda c: _sync_call(lambda x: Stasher().stash_many(x, [_REC]), c),  # type: ignore[arg-type]
+     "async cursor", "got AsyncCursor (asyncio); use harvest_outbox.producer.stasher_async.AsyncStasher"),
+    ("stasher.stash", lambda c: _sync_call(lambda x: stash(x, _REC), c), "async",  # type: ignore[arg-type]
+     "got AsyncConnection (asyncio)"),
+    ("AsyncStasher.stash", lambda c: AsyncStasher().stash(c, _REC), "sync",  # type: ignore[arg-type]
+     "conn: AsyncStasher needs a psycopg.AsyncConnection or AsyncCursor, got Connection (synchronous); "
+     "use harvest_outbox.producer.stasher.Stasher"),
+    ("AsyncStasher.stash_many", lambda c: AsyncStasher().stash_many(c, [_REC]), "sync cursor",  # type: ignore[arg-type]
+     "got Cursor (synchronous); use harvest_outbox.producer.stasher.Stasher"),
+    ("stasher_async.stash_many", lambda c: astash_many(c, [_REC]), "sync",  # type: ignore[arg-type]
+     "got Connection (synchronous)"),
+    ("Stasher.stash", lambda c: _sync_call(lambda x: Stasher().stash(x, _REC), c), "none",  # type: ignore[arg-type]
+     "conn: the synchronous Stasher needs a psycopg.Connection or Cursor, got NoneType; pass the psycopg "
+     "connection"),
+    ("AsyncStasher.stash", lambda c: AsyncStasher().stash(c, _REC), "none",  # type: ignore[arg-type]
+     "conn: AsyncStasher needs a psycopg.AsyncConnection or AsyncCursor, got NoneType"),
+]
+
+
+@pytest.mark.parametrize(("call", "given", "needle"), [row[1:] for row in _BAD_CONNECTIONS],
+                         ids=[f"{row[0]}-{row[2]}" for row in _BAD_CONNECTIONS])
+def test_a_connection_of_the_wrong_kind_is_refused_before_anything_runs(
+        pg_dsn: str, call: Callable[[object], Awaitable[object]], given: str, needle: str) -> None:
+    async def run() -> tuple[str, list[psycopg.pq.TransactionStatus]]:
+        sync = psycopg.connect(pg_dsn)
+        aconn = await psycopg.AsyncConnection.connect(pg_dsn)
+        try:
+            conn = {"sync": sync, "sync cursor": sync.cursor(), "async": aconn, "async cursor": aconn.cursor(),
+                    "none": None}[given]
+            with pytest.raises(ConfigError) as info:
+                await call(conn)
+            return str(info.value), [sync.info.transaction_status, aconn.info.transaction_status]
+        finally:
+            sync.close()
+            await aconn.close()
+
+    message, status = asyncio.run(run())
+    assert needle in message
+    assert status == [psycopg.pq.TransactionStatus.IDLE] * 2  # nothing reached the server
+
+
+def test_headers_none_means_no_headers(pg_dsn: str, pg_schema: str) -> None:
+    table = f"{pg_schema}.outbox"
+    init_db(pg_dsn, table)
+    st = Stasher(table)
+    none = OutboxRecord("t", "k", "v", None)
+
+    async def astash(conn_dsn: str) -> None:
+        async with await psycopg.AsyncConnection.connect(conn_dsn) as aconn:
+            await AsyncStasher(table).stash(aconn, none)
+            await AsyncStasher(table).stash_many(aconn, [none])
+
+    with psycopg.connect(pg_dsn) as conn:
+        st.stash(conn, none)
+        st.stash_many(conn, [none])
+    asyncio.run(astash(pg_dsn))
+    with psycopg.connect(pg_dsn) as conn:
+        rows = conn.execute(sql.SQL("SELECT kafka_header_keys, kafka_header_values FROM {}").format(
+            st.names.outbox)).fetchall()
+    assert rows == [([], [])] * 4  # empty arrays, not NULL (which the relay would refuse as a poison row)
