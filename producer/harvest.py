@@ -39,6 +39,7 @@ from harvest_outbox.producer.election import LeaderElection, NeliElection
 from harvest_outbox.producer.errors import DatabaseError, HarvestError
 from harvest_outbox.producer.events import Event, EventHandler, LeaderAcquired, LeaderFenced, LeaderRevoked, MeterRead
 from harvest_outbox.producer.kafka import ProducerFactory, confluent_producer
+from harvest_outbox.producer.layout import LayoutGuard
 from harvest_outbox.producer.metrics import MeterStats, start_prometheus
 from harvest_outbox.producer.preflight import TopicGuard
 from harvest_outbox.producer.relay_core import RelayCore, RelayMode
@@ -97,6 +98,8 @@ class Harvest:
         self.core = RelayCore(config, self._emit, producer_factory=producer_factory or confluent_producer,
                               guard=guard, shards=shards, stop_requested=self._stop_requested)
         self.mode: RelayMode = mode_type(self.core)
+        #: Keeps relays of another shards / leaderElection off this outbox while this one runs.
+        self.layout = LayoutGuard(config)
         self.names = self.core.names
         self.metrics = self.core.metrics
         self._state = State.CREATED
@@ -140,6 +143,7 @@ class Harvest:
             raise HarvestError(f"cannot start a relay in state {self._state.value}")
         try:
             self.core.open()  # fail fast: connection + schema check
+            self.layout.start()  # before this relay can lead: refused while relays of another layout run
             if self.config.prometheus_port is not None:
                 self._prometheus = start_prometheus(self.metrics, self.config.name, self.config.prometheus_port,
                                                     self.config.prometheus_bind_address, relay=self)
@@ -239,6 +243,8 @@ class Harvest:
         core, mode = self.core, self.mode
         try:
             while not self._stop_requested.is_set():
+                if self.layout.failure is not None:  # another layout took the outbox while our session was gone
+                    raise self.layout.failure
                 try:
                     if self._election.pulse() and core.leader_id is not None:
                         mode.tick()
@@ -275,7 +281,10 @@ class Harvest:
             self._election.close()  # leave the group: a standby takes over now, not after a session timeout
         except Exception:
             log.exception("closing leader election")
-        self.core.close()
+        try:
+            self.core.close()
+        finally:
+            self.layout.close()  # last: this relay publishes nothing more
         if self._prometheus is not None:
             server, _thread = self._prometheus
             server.shutdown()

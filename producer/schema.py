@@ -20,6 +20,9 @@ Objects, for an outbox table ``[schema.]name``:
   (``shard_count``, ``shard``, then the columns of ``name_harvest_state``); ACK intents carry
   ``shard_count`` and ``shards``, the shards of the view that wrote them (1 and ``{0}`` for the
   unsharded relay), so a view recovers only intents of views that led one of its shards.
+- ``name_harvest_layout``: one row, the layout of the relays running on the outbox (``shards``,
+  ``leader_election``, ``leader_group_id``, ``leader_topic``, ``updated_by``, ``updated_at``;
+  :mod:`producer.layout`); empty until the first relay starts.
 - ``harvest_notify()`` + statement-level trigger ``name_notify``: ``pg_notify(channel)`` after each
   INSERT statement. Notifications are delivered at commit (and dropped on rollback), so any writer,
   including goharvest's Go stasher, wakes the relay without code changes.
@@ -138,6 +141,10 @@ class OutboxNames:
     @property
     def delivery_attempts(self) -> sql.Identifier:
         return self._ident(_derived(self.table, "_delivery_attempts"))
+
+    @property
+    def layout(self) -> sql.Identifier:
+        return self._ident(_derived(self.table, "_harvest_layout"))
 
     @property
     def shard_state(self) -> sql.Identifier:
@@ -278,6 +285,19 @@ def outbox_ddl(names: OutboxNames, value_type: ValueType = "varchar") -> list[sq
         acks=names.ack_intents))
     stmts.append(sql.SQL("ALTER TABLE {acks} ADD COLUMN IF NOT EXISTS shards INTEGER[] NOT NULL DEFAULT '{{0}}'").format(
         acks=names.ack_intents))
+    # The layout of the relays running on the outbox (producer/layout.py): empty until the first starts.
+    stmts.append(sql.SQL("""
+        CREATE TABLE IF NOT EXISTS {layout} (
+          singleton       BOOLEAN PRIMARY KEY DEFAULT true CHECK (singleton),
+          shards          INTEGER,
+          leader_election TEXT,
+          leader_group_id TEXT,
+          leader_topic    TEXT,
+          updated_by      TEXT,
+          updated_at      TIMESTAMP WITH TIME ZONE NOT NULL DEFAULT now()
+        )""").format(layout=names.layout))
+    stmts.append(sql.SQL("INSERT INTO {layout} (singleton) VALUES (true) ON CONFLICT DO NOTHING").format(
+        layout=names.layout))
     stmts.append(sql.SQL("""
         CREATE OR REPLACE FUNCTION {fn}() RETURNS trigger LANGUAGE plpgsql AS $$
         BEGIN

@@ -259,9 +259,10 @@ def test_postgres_shard_election_refuses_relays_of_another_shard_count(pg_dsn: s
     init_db(pg_dsn, table, shards=4)
     cfg = relay_config(pg_dsn, kafka_bootstrap, table, "g").replace(shards=S, leader_election="postgres")
     with ShardedHarvest(cfg.replace(name="eight")):
+        # A relay is refused by its layout first (test_layout.py); the election refuses on its own too.
         with pytest.raises(ElectionError, match=r"another shard count .*1 relay\(s\) with shards: 8.*this one has shards: 4"
                                                r".*drain-then-change"):
-            ShardedHarvest(cfg.replace(name="four", shards=4)).start()
+            PostgresShardElection(pg_dsn, table, "four", 4).start(_Shards())
 
 
 class _Shards:
@@ -424,18 +425,20 @@ def test_fence_epochs_and_ack_intents_are_per_shard(pg_dsn: str, pg_schema: str)
 @pytest.mark.integration
 def test_postgres_elections_refuse_mixing_sharded_and_unsharded_relays(pg_dsn: str, kafka_bootstrap: str,
                                                                        pg_schema: str) -> None:
+    from harvest_outbox.producer.election_postgres import PostgresElection
     from harvest_outbox.producer.harvest import Harvest
 
     table = f"{pg_schema}.outbox"
     init_db(pg_dsn, table, shards=S)
     cfg = relay_config(pg_dsn, kafka_bootstrap, table, "g").replace(leader_election="postgres")
+    # Relays are refused by their layout first (test_layout.py); the elections refuse on their own too.
     with ShardedHarvest(cfg.replace(name="sharded", shards=S)):
         with pytest.raises(ElectionError, match=r"sharded relays run on .* \(1 with shards: 8\); this one has shards: 1"):
-            Harvest(cfg.replace(name="plain")).start()
+            PostgresElection(pg_dsn, table, "plain").start(Harvest(cfg.replace(name="plain")))
     with Harvest(cfg.replace(name="plain")) as plain:
         wait_for(lambda: plain.is_leader, 30, "the unsharded relay leads")
         with pytest.raises(ElectionError, match=r"an unsharded relay \(shards: 1, backend pid \d+\) leads .*shards: 8"):
-            ShardedHarvest(cfg.replace(name="sharded", shards=S)).start()
+            PostgresShardElection(pg_dsn, table, "sharded", S).start(_Shards())
 
 
 @pytest.mark.integration
