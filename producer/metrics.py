@@ -9,24 +9,23 @@ Invariants:
   ``minMetricsInterval``: it doubles as the loop's liveness timestamp (no extra work in the loop);
 - the outbox gauges (backlog, oldest unsent age, dead-letter rows) are NaN unless this relay leads:
   only the leader measures them, so nothing stale outlives a hand-over;
-- the endpoint runs on its own daemon threads and only reads; ``server.shutdown()`` also closes its
-  socket and the health probe's connection.
+- the endpoint runs on its own daemon threads, a fixed few whatever its clients do
+  (:mod:`producer.http_server`), and only reads: GET and HEAD, ``405`` for any other method;
+  ``server.shutdown()`` also closes its socket and the health probe's connection.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import socket
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from socketserver import ThreadingMixIn
 from typing import Any
-from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from harvest_outbox.producer.errors import ConfigError
+from harvest_outbox.producer.http_server import BoundedWSGIServer, WsgiApp
 
 log = logging.getLogger(__name__)
 
@@ -138,29 +137,6 @@ class _Collector:
             yield g
 
 
-class _Server(ThreadingMixIn, WSGIServer):
-    daemon_threads = True
-    allow_reuse_address = True
-
-    def shutdown(self) -> None:
-        super().shutdown()
-        self.server_close()
-        for hook in getattr(self, "on_close", ()):
-            hook()
-
-
-class _Server6(_Server):
-    address_family = socket.AF_INET6
-
-
-class _QuietHandler(WSGIRequestHandler):
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the stdlib's name
-        log.debug("http: " + format, *args)
-
-
-WsgiApp = Callable[[dict[str, Any], Callable[..., Any]], Iterable[bytes]]
-
-
 def _json_app(evaluate: Callable[[], Any]) -> WsgiApp:
     def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
         verdict = evaluate()
@@ -168,8 +144,15 @@ def _json_app(evaluate: Callable[[], Any]) -> WsgiApp:
         status = "200 OK" if verdict.ok else "503 Service Unavailable"
         start_response(status, [("Content-Type", "application/json"), ("Content-Length", str(len(body))),
                                 ("Cache-Control", "no-store")])
-        return [b"" if environ.get("REQUEST_METHOD") == "HEAD" else body]
+        return [body]
     return app
+
+
+def _plain(start_response: Callable[..., Any], status: str, text: str,
+           headers: list[tuple[str, str]] | None = None) -> Iterable[bytes]:
+    body = (text + "\n").encode()
+    start_response(status, [("Content-Type", "text/plain"), ("Content-Length", str(len(body))), *(headers or [])])
+    return [body]
 
 
 def start_prometheus(metrics: Metrics, name: str, port: int, addr: str = "0.0.0.0", relay: Any = None,
@@ -191,23 +174,30 @@ def start_prometheus(metrics: Metrics, name: str, port: int, addr: str = "0.0.0.
         routes["/readyz"] = _json_app(health.ready)
 
     def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+        method = environ.get("REQUEST_METHOD", "GET")
+        if method not in ("GET", "HEAD"):  # read-only endpoints: nothing answers a write or a TRACE
+            return _plain(start_response, "405 Method Not Allowed", f"{method[:32]} not allowed; use GET or HEAD",
+                          [("Allow", "GET, HEAD")])
         route = routes.get(environ.get("PATH_INFO") or "/")
         if route is None:
-            body = ("not found; try " + ", ".join(sorted(routes)) + "\n").encode()
-            start_response("404 Not Found", [("Content-Type", "text/plain"), ("Content-Length", str(len(body)))])
-            return [body]
+            return _plain(start_response, "404 Not Found", "not found; try " + ", ".join(sorted(routes)))
+        if method == "HEAD":  # a GET without its body (prometheus_client's app refuses HEAD itself)
+            body = route({**environ, "REQUEST_METHOD": "GET"}, start_response)
+            for _chunk in body:
+                pass
+            getattr(body, "close", lambda: None)()
+            return [b""]
         return route(environ, start_response)
 
-    # An IPv6 literal (or a name resolving only to IPv6) needs an AF_INET6 socket.
     try:
-        family = socket.getaddrinfo(addr, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0][0]
-        server = make_server(addr, port, app, _Server6 if family == socket.AF_INET6 else _Server, _QuietHandler)
+        server = BoundedWSGIServer(addr, port, app, name)
     except OSError as exc:
         if health is not None:
             health.close()
         raise ConfigError(f"prometheusPort: cannot listen on {addr}:{port} ({exc.strerror or exc}); pick a free "
                           f"port, 0 for any free one, or omit prometheusPort to disable the endpoint") from exc
-    server.on_close = [health.close] if health is not None else []  # type: ignore[attr-defined]
+    if health is not None:
+        server.on_close.append(health.close)
     thread = threading.Thread(target=server.serve_forever, name=f"harvest-http-{name}", daemon=True)
     thread.start()
     log.info("metrics on http://%s:%d/metrics%s", addr, server.server_port,
