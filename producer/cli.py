@@ -175,17 +175,26 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _init_db(args: argparse.Namespace) -> int:
-    from harvest_outbox.producer.schema import init_db, packed_outbox_fix
+    from harvest_outbox.producer.schema import init_db, packed_outbox_fix, unrelayed_rows
     from harvest_outbox.producer.db import connect
 
     cfg = _load(args)
     _setup_logging(cfg.log_level)
     with connect(cfg.harvest.data_source) as conn:
-        names = init_db(conn, cfg.harvest.outbox_table, args.value_type, cfg.harvest.shards)
+        names = init_db(conn, cfg.harvest.outbox_table, args.value_type, cfg.harvest.shards,
+                        cfg.harvest.table_mapping)
         fix = packed_outbox_fix(conn, names)
+        earlier = unrelayed_rows(conn, names)
     sharded = f"; {cfg.harvest.shards} shards" if cfg.harvest.shards > 1 else ""
-    print(f"outbox {names.display} ready (value type {args.value_type}; dead letters, NOTIFY channel "
-          f"{names.channel}{sharded})")
+    if names.mapping.kind == "goharvest":
+        print(f"outbox {names.display} ready (value type {args.value_type}; dead letters, NOTIFY channel "
+              f"{names.channel}{sharded})")
+    else:
+        print(f"outbox {names.display} ready as a {names.mapping.kind} outbox (relay columns added with defaults; "
+              f"dead letters, NOTIFY channel {names.channel}{sharded})")
+    if earlier:
+        print(f"note: {earlier} row(s) were written before the relay's columns existed; harvest leaves them to the "
+              f"relay that had the table until now (docs/debezium.md, Migrating)")
     if fix is not None:  # an outbox that existed before (init-db never alters a user's table)
         print(f"note: {fix}")
     return EXIT_OK

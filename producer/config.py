@@ -34,7 +34,9 @@ import psycopg
 import yaml
 from psycopg.conninfo import conninfo_to_dict
 
-from harvest_outbox.producer.errors import ConfigError
+from harvest_outbox.producer.config_yaml import load_document, yaml_problem
+from harvest_outbox.producer.errors import SHOWN_CHARS, ConfigError, shown
+from harvest_outbox.producer.table_mapping import GOHARVEST, TableMapping, table_mapping
 from harvest_outbox.producer.redact import is_secret_kafka_key, redact_dsn, redact_error, redact_kafka_config
 
 DEFAULT_DATA_SOURCE = "host=localhost port=5432 user=postgres password= dbname=postgres sslmode=disable"
@@ -47,11 +49,16 @@ _DURATION_UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m
 LOG_LEVELS = ("TRACE", "DEBUG", "INFO", "WARNING", "WARN", "ERROR", "CRITICAL")
 
 
+def _key(key: Any) -> str:
+    """A mapping key as an error message's path shows it: plain when a short string, else :func:`shown`."""
+    return key if isinstance(key, str) and len(key) <= SHOWN_CHARS and key.isprintable() else shown(key)
+
+
 def parse_duration(value: Any, field_name: str) -> float:
     """Go-style duration (``"500ms"``, ``"1m30s"``, ``"0"``) -> seconds. Bare numbers are refused:
     Go reads them as nanoseconds, people mean seconds; we make them say which."""
     if isinstance(value, bool) or not isinstance(value, str):
-        raise ConfigError(f"{field_name}: {value!r} is not a duration; write it with a unit, "
+        raise ConfigError(f"{field_name}: {shown(value)} is not a duration; write it with a unit, "
                           f"e.g. '500ms', '5s', '1m30s'")
     text = value.strip()
     if text == "0":
@@ -63,7 +70,7 @@ def parse_duration(value: Any, field_name: str) -> float:
         total += float(m.group(1)) * _DURATION_UNITS[m.group(2)]
         pos = m.end()
     if pos != len(text) or not text:
-        raise ConfigError(f"{field_name}: {value!r} is not a duration; use Go syntax with units "
+        raise ConfigError(f"{field_name}: {shown(value)} is not a duration; use Go syntax with units "
                           f"ns/us/ms/s/m/h, e.g. '500ms', '5s', '1m30s'")
     return total
 
@@ -216,17 +223,17 @@ class Limits:
         def need(attr: str, ok: bool, rule: str) -> None:
             if not ok:
                 value = getattr(self, attr)
-                shown = format_duration(value) if kinds[attr] == "d" else repr(value)
-                raise ConfigError(f"limits.{yaml_name[attr]}: {shown} is invalid; it must be {rule}")
+                text = format_duration(value) if kinds[attr] == "d" else shown(value)
+                raise ConfigError(f"limits.{yaml_name[attr]}: {text} is invalid; it must be {rule}")
 
         for key, attr, kind in _LIMIT_FIELDS:
             value = getattr(self, attr)
             if value is None and attr in _AUTO_FIELDS:
                 continue
             if kind == "i" and (isinstance(value, bool) or not isinstance(value, int)):
-                raise ConfigError(f"limits.{key}: {value!r} is not an integer; write a whole number, e.g. 100")
+                raise ConfigError(f"limits.{key}: {shown(value)} is not an integer; write a whole number, e.g. 100")
             if kind == "d" and (isinstance(value, bool) or not isinstance(value, (int, float))):
-                raise ConfigError(f"limits.{key}: {value!r} is not a duration in seconds")
+                raise ConfigError(f"limits.{key}: {shown(value)} is not a duration in seconds")
         # Derived limits (maxPollInterval, drainInterval) last: their error should name what they derive from.
         for key, attr, kind in sorted(_LIMIT_FIELDS, key=lambda f: f[1] in ("max_poll_interval", "drain_interval")):
             value = getattr(self, attr)
@@ -284,20 +291,21 @@ class Limits:
         kwargs: dict[str, Any] = {}
         for key, value in data.items():
             if key not in by_key:
-                raise ConfigError(f"{path}.{key}: unknown key; valid keys are: {', '.join(sorted(by_key))}")
+                raise ConfigError(f"{path}.{_key(key)}: unknown key; valid keys are: {', '.join(sorted(by_key))}")
             attr, kind = by_key[key]
             if kind == "d":
                 kwargs[attr] = parse_duration(value, f"{path}.{key}")
             else:
                 if isinstance(value, bool) or not isinstance(value, int):
-                    raise ConfigError(f"{path}.{key}: {value!r} is not an integer; write a whole number, e.g. 100")
+                    raise ConfigError(f"{path}.{key}: {shown(value)} is not an integer; write a whole number, e.g. 100")
                 kwargs[attr] = value
         return cls(**kwargs)
 
 
 _TOP_KEYS = ("baseKafkaConfig", "producerKafkaConfig", "leaderTopic", "leaderGroupID", "dataSource", "outboxTable",
              "limits", "name", "prometheusPort", "leaderTopicReplicationFactor", "uuidSequencing", "leaderElection",
-             "leaderLockCheckInterval", "prometheusBindAddress", "missingTopicPolicy", "shards")
+             "leaderLockCheckInterval", "prometheusBindAddress", "missingTopicPolicy", "shards", "tableMapping",
+             "eventRouter")
 #: What the relay does with a row whose topic does not exist: park it in the dead letters at once,
 #: or hold that topic's rows (marked, in memory) until the topic exists while other topics flow.
 MISSING_TOPIC_POLICIES = ("deadLetter", "hold")
@@ -317,20 +325,20 @@ def check_bind_address(value: Any, field_name: str = "prometheusBindAddress") ->
 
     fix = "e.g. '0.0.0.0' (all IPv4 interfaces), '127.0.0.1' (this host only), '::' or a host name"
     if not isinstance(value, str) or not value.strip():
-        raise ConfigError(f"{field_name}: {value!r} is not an address to listen on; {fix}")
+        raise ConfigError(f"{field_name}: {shown(value)} is not an address to listen on; {fix}")
     text = value.strip()
     if text.startswith("[") and text.endswith("]"):
-        raise ConfigError(f"{field_name}: {value!r}: write the IPv6 address without brackets, e.g. '::1'")
+        raise ConfigError(f"{field_name}: {shown(value)}: write the IPv6 address without brackets, e.g. '::1'")
     try:
         ipaddress.ip_address(text)
         return text
     except ValueError:
         pass
     if text.count(":") == 1:
-        raise ConfigError(f"{field_name}: {value!r} contains a port; put the port in prometheusPort and "
+        raise ConfigError(f"{field_name}: {shown(value)} contains a port; put the port in prometheusPort and "
                           f"only the address here, {fix}")
     if not _HOSTNAME.match(text) or text.replace(".", "").isdigit():
-        raise ConfigError(f"{field_name}: {value!r} is neither an IP address nor a host name; {fix}")
+        raise ConfigError(f"{field_name}: {shown(value)} is neither an IP address nor a host name; {fix}")
     return text
 
 
@@ -342,7 +350,7 @@ def _kafka_map(value: Any, path: str) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for k, v in value.items():
         if not isinstance(k, str) or not k:
-            raise ConfigError(f"{path}: property names must be non-empty strings, got {k!r}")
+            raise ConfigError(f"{path}: property names must be non-empty strings, got {shown(k)}")
         if isinstance(v, (dict, list)):
             raise ConfigError(f"{path}.{k}: Kafka properties take scalar values, got {type(v).__name__}")
         out[k] = v
@@ -380,6 +388,10 @@ class HarvestConfig:
     #: shard has its own leader, so up to S relays publish one outbox at once (README, Sharded
     #: relays). 1 (default): one active relay for the whole outbox, as goharvest.
     shards: int = 1
+    #: Which columns of ``outboxTable`` make a record: goharvest's table (default) or Debezium's outbox
+    #: routed as its event router does (YAML ``tableMapping: debezium`` + ``eventRouter: {...}`` with
+    #: the router's option names; :mod:`producer.table_mapping`, docs/debezium.md).
+    table_mapping: TableMapping = GOHARVEST
 
     def __post_init__(self) -> None:
         base = dict(_kafka_map(self.base_kafka_config, "baseKafkaConfig"))
@@ -389,8 +401,8 @@ class HarvestConfig:
         for key, forced in _FORCED_PRODUCER.items():
             for where, conf in (("baseKafkaConfig", base), ("producerKafkaConfig", prod)):
                 if key in conf and str(conf[key]).lower() not in {str(forced).lower(), "-1" if key == "acks" else ""}:
-                    raise ConfigError(f"{where}.{key}: {conf[key]!r} is not allowed; the relay needs {key}={forced} "
-                                      f"for ordered, duplicate-free retries — remove the property")
+                    raise ConfigError(f"{where}.{key}: {shown(conf[key])} is not allowed; the relay needs "
+                                      f"{key}={forced} for ordered, duplicate-free retries — remove the property")
         object.__setattr__(self, "producer_kafka_config", prod)
         if isinstance(self.limits, Limits):
             # The delivery timeout derives from limits.rowTimeout; a longer one would let a row hold
@@ -402,7 +414,7 @@ class HarvestConfig:
                         try:
                             ms = int(conf[key])
                         except (TypeError, ValueError):
-                            raise ConfigError(f"{where}.{key}: {conf[key]!r} is not a whole number of "
+                            raise ConfigError(f"{where}.{key}: {shown(conf[key])} is not a whole number of "
                                               f"milliseconds") from None
                         if ms <= 0 or ms > bound:
                             raise ConfigError(f"{where}.{key}: {ms} exceeds limits.rowTimeout ({bound} ms) or is "
@@ -434,26 +446,29 @@ class HarvestConfig:
         from harvest_outbox.producer.shards import check_shard_count
 
         check_shard_count(self.shards)
+        if not isinstance(self.table_mapping, TableMapping):
+            raise ConfigError(f"tableMapping: {shown(self.table_mapping)} is not a table mapping; build one with "
+                              f"producer.table_mapping.table_mapping('goharvest' | 'debezium', router_options)")
         group = self.leader_group_id or "harvest"
         # A sharded relay's leader topic has one partition per shard: by default a topic of its own,
         # so it never meets the one-partition topic of unsharded relays (or of another shard count).
         topic = self.leader_topic or (f"{group}.neli" if self.shards == 1 else f"{group}.neli.shards{self.shards}")
         for key, value in (("leaderGroupID", group), ("leaderTopic", topic)):
             if not _KAFKA_NAME.match(value):
-                raise ConfigError(f"{key}: {value!r} is not a valid Kafka name; use 1-249 characters from "
+                raise ConfigError(f"{key}: {shown(value)} is not a valid Kafka name; use 1-249 characters from "
                                   f"[a-zA-Z0-9._-]")
         if not isinstance(self.uuid_sequencing, bool):
-            raise ConfigError(f"uuidSequencing: {self.uuid_sequencing!r} must be true or false")
+            raise ConfigError(f"uuidSequencing: {shown(self.uuid_sequencing)} must be true or false")
         if self.missing_topic_policy not in MISSING_TOPIC_POLICIES:
-            raise ConfigError(f"missingTopicPolicy: {self.missing_topic_policy!r} is not a policy; use deadLetter "
+            raise ConfigError(f"missingTopicPolicy: {shown(self.missing_topic_policy)} is not a policy; use deadLetter "
                               f"(park the row at once) or hold (keep that topic's rows until it exists)")
         if self.leader_election not in LEADER_ELECTIONS:
-            raise ConfigError(f"leaderElection: {self.leader_election!r} is not a leader election; use one of "
+            raise ConfigError(f"leaderElection: {shown(self.leader_election)} is not a leader election; use one of "
                               f"{', '.join(LEADER_ELECTIONS)} (default neli)")
         if (isinstance(self.leader_lock_check_interval, bool)
                 or not isinstance(self.leader_lock_check_interval, (int, float))
                 or not 0.01 <= self.leader_lock_check_interval <= 3600):
-            raise ConfigError(f"leaderLockCheckInterval: {self.leader_lock_check_interval!r} must be a duration "
+            raise ConfigError(f"leaderLockCheckInterval: {shown(self.leader_lock_check_interval)} must be a duration "
                               f"between 10ms and 1h, e.g. '1s'")
         object.__setattr__(self, "leader_group_id", group)
         object.__setattr__(self, "leader_topic", topic)
@@ -477,12 +492,12 @@ class HarvestConfig:
                     f"{format_duration(NELI_MAX_HEARTBEAT_TIMEOUT)}")
         rf = self.leader_topic_replication_factor
         if isinstance(rf, bool) or not isinstance(rf, int) or not (rf == -1 or 1 <= rf <= 32767):
-            raise ConfigError(f"leaderTopicReplicationFactor: {rf!r} must be -1 (the broker's default) or a "
+            raise ConfigError(f"leaderTopicReplicationFactor: {shown(rf)} must be -1 (the broker's default) or a "
                               f"replica count 1-32767")
         if self.prometheus_port is not None and (
                 isinstance(self.prometheus_port, bool) or not isinstance(self.prometheus_port, int)
                 or not 0 <= self.prometheus_port <= 65535):
-            raise ConfigError(f"prometheusPort: {self.prometheus_port!r} must be a TCP port 0-65535 (0 = any free "
+            raise ConfigError(f"prometheusPort: {shown(self.prometheus_port)} must be a TCP port 0-65535 (0 = any free "
                               f"port), or omitted to disable the endpoint")
         object.__setattr__(self, "prometheus_bind_address", check_bind_address(self.prometheus_bind_address))
 
@@ -531,8 +546,8 @@ class HarvestConfig:
                 err = exc.args[0].str() if exc.args and hasattr(exc.args[0], "str") else str(exc)
                 secrets = tuple(str(v) for conf_map in (self.base_kafka_config, self.producer_kafka_config)
                                 for k, v in conf_map.items() if is_secret_kafka_key(k))
-                shown = redact_error(err, None, secrets)
-                raise ConfigError(f"{where}: {shown}; check the property name and value against librdkafka's "
+                text = redact_error(err, None, secrets)
+                raise ConfigError(f"{where}: {text}; check the property name and value against librdkafka's "
                                   f"CONFIGURATION.md (https://github.com/confluentinc/librdkafka/blob/master/"
                                   f"CONFIGURATION.md)") from None
 
@@ -548,7 +563,8 @@ class HarvestConfig:
                 f"prometheus_bind_address={self.prometheus_bind_address!r}, "
                 f"uuid_sequencing={self.uuid_sequencing!r}, leader_election={self.leader_election!r}, "
                 f"leader_lock_check_interval={self.leader_lock_check_interval!r}, "
-                f"missing_topic_policy={self.missing_topic_policy!r}, shards={self.shards!r})")
+                f"missing_topic_policy={self.missing_topic_policy!r}, shards={self.shards!r}, "
+                f"table_mapping={self.table_mapping!r})")
 
     __str__ = __repr__
 
@@ -560,15 +576,15 @@ class HarvestConfig:
             raise ConfigError(f"{path}: expected a mapping, got {type(data).__name__}")
         for key in data:
             if key not in _TOP_KEYS:
-                raise ConfigError(f"{path}.{key}: unknown key; valid keys are: {', '.join(sorted(_TOP_KEYS))}")
+                raise ConfigError(f"{path}.{_key(key)}: unknown key; valid keys are: {', '.join(sorted(_TOP_KEYS))}")
         kwargs: dict[str, Any] = {}
         for key, attr in (("dataSource", "data_source"), ("outboxTable", "outbox_table"),
                           ("leaderTopic", "leader_topic"), ("leaderGroupID", "leader_group_id"), ("name", "name"),
                           ("prometheusBindAddress", "prometheus_bind_address")):
             if key in data and data[key] is not None:
                 if not isinstance(data[key], str):
-                    shown = "<redacted>" if key == "dataSource" else repr(data[key])
-                    raise ConfigError(f"{path}.{key}: {shown} must be a string")
+                    text = "<redacted>" if key == "dataSource" else shown(data[key])
+                    raise ConfigError(f"{path}.{key}: {text} must be a string")
                 kwargs[attr] = data[key]
         for key, attr in (("prometheusPort", "prometheus_port"),
                           ("leaderTopicReplicationFactor", "leader_topic_replication_factor")):
@@ -580,6 +596,8 @@ class HarvestConfig:
             kwargs["leader_election"] = data["leaderElection"]
         if data.get("shards") is not None:
             kwargs["shards"] = data["shards"]
+        if data.get("tableMapping") is not None or data.get("eventRouter") is not None:
+            kwargs["table_mapping"] = table_mapping(data.get("tableMapping"), data.get("eventRouter"), path)
         if data.get("missingTopicPolicy") is not None:
             kwargs["missing_topic_policy"] = data["missingTopicPolicy"]
         if data.get("leaderLockCheckInterval") is not None:
@@ -617,16 +635,16 @@ def from_mapping(data: Any, overrides: Mapping[str, Any] | None = None, log_leve
         raise ConfigError(f"<root>: expected a mapping with keys 'harvest' and 'logging', got {type(data).__name__}")
     for key in data:
         if key not in ("harvest", "logging"):
-            raise ConfigError(f"{key}: unknown top-level key; valid keys are: harvest, logging")
+            raise ConfigError(f"{_key(key)}: unknown top-level key; valid keys are: harvest, logging")
     logging_section = data.get("logging") or {}
     if not isinstance(logging_section, Mapping):
         raise ConfigError("logging: expected a mapping like {level: Info}")
     for key in logging_section:
         if key != "level":
-            raise ConfigError(f"logging.{key}: unknown key; valid keys are: level")
+            raise ConfigError(f"logging.{_key(key)}: unknown key; valid keys are: level")
     level = str(log_level or logging_section.get("level") or "INFO").upper()
     if level not in LOG_LEVELS:
-        raise ConfigError(f"logging.level: {level!r} is not a level; use one of {', '.join(LOG_LEVELS)}")
+        raise ConfigError(f"logging.level: {shown(level)} is not a level; use one of {', '.join(LOG_LEVELS)}")
     return FileConfig(HarvestConfig.from_mapping(data.get("harvest"), overrides=overrides), level)
 
 
@@ -645,10 +663,12 @@ def load_yaml(path: str | Path, overrides: Mapping[str, Any] | None = None,
         raise ConfigError(f"{path}: not UTF-8 text (byte 0x{raw[exc.start]:02x} on line {line}); save the file as "
                           f"UTF-8") from None
     try:
-        data = yaml.safe_load(text)
+        data = load_document(text)
     except yaml.YAMLError as exc:
         # Not chained: PyYAML's message quotes the offending line, which a logged traceback would show.
         raise ConfigError(f"{path}: not valid YAML: {yaml_problem(exc)}") from None
+    except ValueError as exc:  # Python refuses to build the value (an integer of over 4,300 digits)
+        raise ConfigError(f"{path}: a value cannot be read: {shown(str(exc))}") from None
     if data is None:
         raise ConfigError(f"{path}: the file is empty; it needs a 'harvest:' section with at least dataSource "
                           f"(see the README's config reference)")
@@ -656,16 +676,3 @@ def load_yaml(path: str | Path, overrides: Mapping[str, Any] | None = None,
         raise ConfigError(f"{path}: no 'harvest:' section (or it is empty); add one with at least dataSource")
     return from_mapping(data, overrides, log_level)
 
-
-def yaml_problem(exc: yaml.YAMLError) -> str:
-    """A YAML error without the source snippet PyYAML quotes (the offending line may be the one holding
-    dataSource's password): position, problem and context only."""
-    if isinstance(exc, yaml.MarkedYAMLError):
-        mark = exc.problem_mark or exc.context_mark
-        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
-        problem = exc.problem or "syntax error"
-        context = f" ({exc.context})" if exc.context else ""
-        return f"{where}{problem}{context}"
-    if isinstance(exc, yaml.reader.ReaderError):
-        return f"character #x{exc.character:04x} at position {exc.position} is not allowed in YAML"
-    return type(exc).__name__

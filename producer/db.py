@@ -77,18 +77,11 @@ TCP_DEFAULTS = {"keepalives": "1", "keepalives_idle": "10", "keepalives_interval
 
 # Why a marked row can never be produced, decided in the mark statement (NULL for a good row): the
 # relay thread then checks one value per row instead of five. Its texts are the dead letters' errors.
-# Two steps, so a row without headers (nearly every row) costs no array function: _ROW_BAD, in the
-# UPDATE's RETURNING, tests only NULLs and the topic; _HEADER_BAD runs on the returned rows and only
+# Two steps, so a row without headers (nearly every row) costs no array function: the table mapping's
+# RecordSql.bad, in the UPDATE's RETURNING, tests only NULLs and the topic; _HEADER_BAD runs on the returned rows and only
 # for a row with a header array that is not empty (``hk``/``hv``: the arrays, NULL when empty). Each
 # array function detoasts (copies) its array: five of them on every row were 8 % of a 5,000-row mark.
 # Multi-dimensional arrays are refused before array_position, which would raise on them.
-_ROW_BAD = """CASE
-  WHEN kafka_topic IS NULL OR kafka_topic = '' THEN
-    'kafka_topic is NULL or empty: the row has nowhere to go; fix kafka_topic and requeue'
-  WHEN kafka_key IS NULL THEN 'kafka_key is NULL: goharvest''s schema requires a key; set kafka_key and requeue'
-  WHEN kafka_header_keys IS NULL OR kafka_header_values IS NULL THEN
-    'kafka_header_keys/kafka_header_values is NULL: use empty arrays ''{}'' for no headers'
-END"""
 _HEADER_BAD = """CASE
   WHEN m.bad IS NOT NULL OR (m.hk IS NULL AND m.hv IS NULL) THEN m.bad
   WHEN array_ndims(m.hk) > 1 OR array_ndims(m.hv) > 1 THEN
@@ -200,7 +193,6 @@ class OutboxDatabase:
         self.shards: frozenset[int] = frozenset()
         self.shard_stats: dict[int, tuple[int, float | None]] = {}  # the last stats(): shard -> (rows, oldest age)
         self._mark_sql: sql.Composed | None = None
-        self._value_sql: sql.Composable = sql.SQL("kafka_value")
         self._state_table = names.state if self.shard_count is None else names.shard_state
         self._set_shard_sql()
         self._conn: psycopg.Connection | None = None
@@ -208,41 +200,22 @@ class OutboxDatabase:
         self._mark_cursor: psycopg.Cursor | None = None
         self.value_type: ValueType = "varchar"
         o, d, a = names.outbox, names.dead_letters, names.delivery_attempts
+        m = names.mapping
+        oid, leader = m.id(), m.leader()
         # The id arrays are read through a scalar subquery (an InitPlan): as a constant, or as a
         # parameter of a custom plan, Postgres estimated the selectivity of each of its thousands of
         # elements while planning (~0.8 ms for 5,000 ids, as long as a quarter of the DELETE itself);
         # through the subquery it plans an index scan of a runtime array at once.
         ids = sql.SQL("ANY(CAST((SELECT %s::bigint[]) AS bigint[]))")
-        self._purge_sql = sql.SQL("DELETE FROM {} WHERE id = {ids}").format(o, ids=ids)
-        self._reset_sql = sql.SQL("UPDATE {} SET leader_id = NULL WHERE id = {ids}").format(o, ids=ids)
-        self._dlq_sql = sql.SQL("""
-            WITH bad(id, error, attempts) AS (SELECT * FROM unnest(%s::bigint[], %s::text[], %s::int[])),
-            forgotten AS (DELETE FROM {a} AS a USING bad WHERE a.id = bad.id),
-            moved AS (
-              DELETE FROM {o} AS o USING bad WHERE o.id = bad.id
-              RETURNING o.id, o.create_time, o.kafka_topic, o.kafka_key, o.kafka_value, o.kafka_header_keys,
-                        o.kafka_header_values, bad.error, bad.attempts)
-            INSERT INTO {d} (id, create_time, kafka_topic, kafka_key, kafka_value, kafka_header_keys,
-                             kafka_header_values, error, attempts)
-            SELECT * FROM moved
-            ON CONFLICT (id) DO UPDATE SET error = EXCLUDED.error, attempts = EXCLUDED.attempts,
-                                           dead_time = now()""").format(o=o, d=d, a=a)
+        self._purge_sql = sql.SQL("DELETE FROM {} WHERE {} = {ids}").format(o, oid, ids=ids)
+        self._reset_sql = sql.SQL("UPDATE {} SET {} = NULL WHERE {} = {ids}").format(o, leader, oid, ids=ids)
+        self._dlq_sql = self._dead_letter_sql(sql.SQL(""))
         self._commit_delete_sql = sql.SQL(
-            "DELETE FROM {} WHERE id = {ids} AND leader_id = %s").format(o, ids=ids)
+            "DELETE FROM {} WHERE {} = {ids} AND {} = %s").format(o, oid, leader, ids=ids)
         self._commit_delete_range_sql = sql.SQL(
-            "DELETE FROM {} WHERE id BETWEEN %s AND %s AND id <> ALL(%s::bigint[]) AND leader_id = %s").format(o)
-        self._commit_dlq_sql = sql.SQL("""
-            WITH bad(id, error, attempts) AS (SELECT * FROM unnest(%s::bigint[], %s::text[], %s::int[])),
-            forgotten AS (DELETE FROM {a} AS a USING bad WHERE a.id = bad.id),
-            moved AS (
-              DELETE FROM {o} AS o USING bad WHERE o.id = bad.id AND o.leader_id = %s
-              RETURNING o.id, o.create_time, o.kafka_topic, o.kafka_key, o.kafka_value, o.kafka_header_keys,
-                        o.kafka_header_values, bad.error, bad.attempts)
-            INSERT INTO {d} (id, create_time, kafka_topic, kafka_key, kafka_value, kafka_header_keys,
-                             kafka_header_values, error, attempts)
-            SELECT * FROM moved
-            ON CONFLICT (id) DO UPDATE SET error = EXCLUDED.error, attempts = EXCLUDED.attempts,
-                                           dead_time = now()""").format(o=o, d=d, a=a)
+            "DELETE FROM {} WHERE {id} BETWEEN %s AND %s AND {id} <> ALL(%s::bigint[]) AND {} = %s").format(
+            o, leader, id=oid)
+        self._commit_dlq_sql = self._dead_letter_sql(sql.SQL(" AND {} = %s").format(m.leader("o")))
         self._attempts_sql = sql.SQL("""
             INSERT INTO {a} AS a (id, attempts, last_error)
             SELECT * FROM unnest(%s::bigint[], %s::int[], %s::text[])
@@ -250,6 +223,32 @@ class OutboxDatabase:
                                            last_error = EXCLUDED.last_error, updated_at = now()""").format(a=a)
         self._forget_sql = sql.SQL("DELETE FROM {} WHERE id = {ids}").format(a, ids=ids)
         self._stats_dead_sql = sql.SQL("SELECT count(*) FROM {}").format(d)
+
+    def _dead_letter_sql(self, owned: sql.Composable) -> sql.Composed:
+        """Move rows ``(id, error, attempts)`` to the dead letters in one statement (a CTE), so a row is
+        never in both tables or neither; forgets their attempt counts. ``owned``: an extra condition on
+        the outbox row (the fenced commit's ``AND leader = %s``). The dead letter holds the record as
+        the table mapping makes it, and, for a mapped table, the row itself (``source_row``)."""
+        n, m = self.names, self.names.mapping
+        rec = m.record("o", self.value_type)
+        source = m.source_row("o")
+        cols = sql.SQL("id, create_time, kafka_topic, kafka_key, kafka_value, kafka_header_keys, kafka_header_values, "
+                       "error, attempts{}").format(sql.SQL(", source_row") if source is not None else sql.SQL(""))
+        return sql.SQL("""
+            WITH bad(id, error, attempts) AS (SELECT * FROM unnest(%s::bigint[], %s::text[], %s::int[])),
+            forgotten AS (DELETE FROM {a} AS a USING bad WHERE a.id = bad.id),
+            moved AS (
+              DELETE FROM {o} AS o USING bad WHERE {oid} = bad.id{owned}
+              RETURNING {oid}, {created}, {topic}, {key}, {value}, {hk}, {hv}, bad.error, bad.attempts{source})
+            INSERT INTO {d} ({cols})
+            SELECT * FROM moved
+            ON CONFLICT (id) DO UPDATE SET error = EXCLUDED.error, attempts = EXCLUDED.attempts,
+                                           dead_time = now()""").format(
+            a=n.delivery_attempts, o=n.outbox, d=n.dead_letters, oid=m.id("o"), owned=owned, created=m.created("o"),
+            topic=rec.topic, key=rec.key, value=rec.value,
+            hk=sql.SQL("coalesce({}, '{{}}')").format(rec.header_keys),
+            hv=sql.SQL("coalesce({}, '{{}}')").format(rec.header_values),
+            source=sql.SQL(", {}").format(source) if source is not None else sql.SQL(""), cols=cols)
 
     def set_shards(self, shards: frozenset[int]) -> None:
         """Lead these shards from now on (sharded relays, between views)."""
@@ -277,9 +276,9 @@ class OutboxDatabase:
             self._fence_rows: sql.Composable = sql.SQL("")
             # Unsharded: every intent, including any left by an earlier sharding (its relays are gone).
             self._intents_of_view: sql.Composable = sql.SQL("")
-            stats_where: sql.Composable = sql.SQL("")
+            stats_where: sql.Composable = n.mapping.claimable()
         else:
-            expr, arr = shard_expression(self.shard_count), self._shard_array()
+            expr, arr = shard_expression(self.shard_count, n.mapping.shard_key()), self._shard_array()
             self._fence_rows = sql.SQL(" WHERE shard_count = {} AND shard = ANY({})").format(
                 sql.Literal(self.shard_count), arr)
             # Intents of views that led any of these shards: those views can no longer commit (their
@@ -290,10 +289,11 @@ class OutboxDatabase:
                 if 0 in self.shards else sql.SQL("")
             self._intents_of_view = sql.SQL(" WHERE (shard_count = {} AND shards && {}){}").format(
                 sql.Literal(self.shard_count), arr, other)
-            stats_where = sql.SQL(" WHERE {} = ANY({})").format(expr, arr)
+            stats_where = sql.SQL(" WHERE {} = ANY({}){}").format(expr, arr, n.mapping.claimable("AND"))
         self._stats_sql = sql.SQL("""
-            SELECT {e}, count(*), extract(epoch FROM now() - min(create_time)) FROM {o}{w} GROUP BY 1""").format(
-            e=shard_expression(self.shard_count) if self.shard_count else sql.SQL("0"), o=o, w=stats_where)
+            SELECT {e}, count(*), extract(epoch FROM now() - min({c})) FROM {o}{w} GROUP BY 1""").format(
+            e=shard_expression(self.shard_count, n.mapping.shard_key()) if self.shard_count else sql.SQL("0"),
+            c=n.mapping.created(), o=o, w=stats_where)
         # Locks the fence row(s) (as SELECT … FOR UPDATE would; in shard order, so two commits never
         # deadlock) and raises the clock floor of later views.
         self._fence_sql = sql.SQL("UPDATE {} SET last_clock = GREATEST(last_clock, %s){} RETURNING epoch").format(
@@ -340,7 +340,8 @@ class OutboxDatabase:
             # Key and value come back as varchar and are loaded as the bytes the server sent (UTF-8,
             # the connection's client encoding): no convert_to() call per column and row on the
             # database (4 % of a 5,000-row mark) and the same bytes. Only on the mark's own cursor.
-            self._value_sql = sql.SQL("kafka_value") if self.value_type == "bytea" else sql.SQL("kafka_value::varchar")
+            self._dlq_sql = self._dead_letter_sql(sql.SQL(""))  # the value's expression depends on its type
+            self._commit_dlq_sql = self._dead_letter_sql(sql.SQL(" AND {} = %s").format(self.names.mapping.leader("o")))
             self._mark_cursor = self._conn.cursor()
             self._mark_cursor.adapters.register_loader(
                 "varchar", self._conn.adapters.get_loader(psycopg.postgres.types["bytea"].oid, Format.BINARY))
@@ -353,33 +354,36 @@ class OutboxDatabase:
         # row (bench/bench_relay.py measures both). A row updated by someone else between the
         # subquery and the UPDATE has moved to a new ctid and is simply left for the next mark.
         # Sharded, the subquery reads the led shards' rows from the (shard, id) index.
-        o = self.names.outbox
+        o, m = self.names.outbox, self.names.mapping
+        oid, leader, mine = m.id(), m.leader(), m.claimable("AND")
         if self.shard_count is None:
             claim: sql.Composable = sql.SQL(
-                "SELECT ctid FROM {o} WHERE leader_id IS NULL OR leader_id <> %(leader)s ORDER BY id LIMIT %(n)s").format(o=o)
+                "SELECT ctid FROM {o} WHERE ({l} IS NULL OR {l} <> %(leader)s){mine} ORDER BY {id} LIMIT %(n)s").format(
+                o=o, l=leader, id=oid, mine=mine)
         else:
             # One index range per led shard, merged in id order (a Merge Append of the (shard, id)
             # index scans): a relay leading several shards never reads other shards' rows.
-            expr = shard_expression(self.shard_count)
-            branches = [sql.SQL("(SELECT ctid, id FROM {o} WHERE {e} = {k} AND (leader_id IS NULL OR leader_id <> "
-                                "%(leader)s) ORDER BY id LIMIT %(n)s)").format(o=o, e=expr, k=sql.Literal(k))
-                        for k in sorted(self.shards)] or [sql.SQL("(SELECT ctid, id FROM {o} WHERE false)").format(o=o)]
+            expr = shard_expression(self.shard_count, m.shard_key())
+            branches = [sql.SQL("(SELECT ctid, {id} AS id FROM {o} WHERE {e} = {k} AND ({l} IS NULL OR {l} <> "
+                                "%(leader)s){mine} ORDER BY {id} LIMIT %(n)s)").format(
+                o=o, e=expr, k=sql.Literal(k), l=leader, id=oid, mine=mine)
+                        for k in sorted(self.shards)] or [sql.SQL("(SELECT ctid, {id} AS id FROM {o} WHERE false)").format(
+                            o=o, id=oid)]
             claim = sql.SQL("SELECT ctid FROM ({}) AS led ORDER BY id LIMIT %(n)s").format(
                 sql.SQL(" UNION ALL ").join(branches))
         # Sorted by Postgres, and each row in its final shape (MarkedRow): the relay's thread, which
         # holds the GIL while it turns the result into Python objects, does no per-row work after
         # the driver (slicing and sorting 5,000 rows in Python cost ~3 ms a mark, on the critical path).
+        rec = m.record("o", self.value_type)
         self._mark_sql = sql.SQL("""
             WITH m AS (
-              UPDATE {o} SET leader_id = %(leader)s
+              UPDATE {o} AS o SET {l} = %(leader)s
               WHERE ctid = ANY(ARRAY({claim}))
-              RETURNING id, kafka_topic::text AS t, kafka_key::varchar AS k, {v} AS v,
-                        NULLIF(kafka_header_keys::text[], '{{}}') AS hk,
-                        NULLIF(kafka_header_values::text[], '{{}}') AS hv, {row_bad} AS bad)
+              RETURNING {oid} AS id, {t} AS t, {k} AS k, {v} AS v, {hk} AS hk, {hv} AS hv, {row_bad} AS bad)
             SELECT m.id, m.t, m.k, m.v, m.hk, m.hv, {header_bad}, a.attempts, a.last_error::text
             FROM m LEFT JOIN {a} AS a ON a.id = m.id ORDER BY m.id""").format(
-            o=o, claim=claim, v=self._value_sql, a=self.names.delivery_attempts, row_bad=sql.SQL(_ROW_BAD),
-            header_bad=sql.SQL(_HEADER_BAD))
+            o=o, l=leader, claim=claim, oid=m.id("o"), t=rec.topic, k=rec.key, v=rec.value, hk=rec.header_keys,
+            hv=rec.header_values, a=self.names.delivery_attempts, row_bad=rec.bad, header_bad=sql.SQL(_HEADER_BAD))
 
     def _run(self, what: str, query: sql.Composable, params: Sequence[Any] | dict[str, Any],
              prepare: bool | None = None, cursor: psycopg.Cursor | None = None) -> psycopg.Cursor:

@@ -123,7 +123,7 @@ class RelayCore:
                  shards: ShardSetSeat | None, stop_requested: threading.Event) -> None:
         self.config = config
         self.limits = config.limits
-        self.names = OutboxNames.parse(config.outbox_table)
+        self.names = OutboxNames.parse(config.outbox_table, config.table_mapping)
         self.metrics = Metrics()
         #: ``emit(event)``: hands an event to the user's handler (a handler's error is logged, not raised).
         self.emit = emit

@@ -15,7 +15,7 @@ Objects, for an outbox table ``[schema.]name``:
   ``last_error``, ``updated_at``), so ``maxDeliveryAttempts`` counts across relay restarts and
   leader changes. Rows exist only for ids that failed at least once; they are deleted when the row
   is delivered, committed or dead-lettered.
-- with ``shards: S`` (S > 1): an expression index ``name_shard<S>_idx`` on ``(shard, id)``
+- with ``shards: S`` (S > 1): an expression index ``name_shard<S>_v2_idx`` on ``(shard, id)``
   (:func:`producer.shards.shard_expression`) and ``name_harvest_shards``, the fence row of each shard
   (``shard_count``, ``shard``, then the columns of ``name_harvest_state``); ACK intents carry
   ``shard_count`` and ``shards``, the shards of the view that wrote them (1 and ``{0}`` for the
@@ -151,7 +151,18 @@ class OutboxNames:
         return self._ident(_derived(self.table, "_harvest_shards"))
 
     def shard_index_name(self, count: int) -> str:
+        # _v2: the expression maps a NULL key to a shard (producer/shards.py); an index is used only for
+        # its own expression, so a new expression needs a name `init-db` has not created yet.
+        return _derived(self.table, f"_shard{count}_v2_idx")
+
+    def old_shard_index_name(self, count: int) -> str:
+        """The index an older harvest built, on the expression that left NULL-key rows in no shard."""
         return _derived(self.table, f"_shard{count}_idx")
+
+    @property
+    def debezium_sequence(self) -> sql.Identifier:
+        """The sequence of a Debezium outbox's ordering column (``harvest_seq``)."""
+        return self._ident(_derived(self.table, "_harvest_seq"))
 
     @property
     def notify_function(self) -> sql.Identifier:
@@ -181,6 +192,15 @@ class OutboxNames:
 #: another page and index it again. Measured (bench/bench_relay.py's database loop, 100k rows):
 #: 530 ms at 50 against 750 ms at 100; 60 and 70 gain little, 40 nothing more; stashing is as fast.
 OUTBOX_FILLFACTOR = 50
+
+
+def unrelayed_rows(conn: psycopg.Connection, names: OutboxNames) -> int:
+    """Rows of a mapped outbox the relay does not own (written before ``init-db`` added its columns)."""
+    cond = names.mapping.relayed()
+    if cond is None:
+        return 0
+    row = conn.execute(sql.SQL("SELECT count(*) FROM {} WHERE NOT ({})").format(names.outbox, cond)).fetchone()
+    return int(row[0]) if row else 0
 
 
 def outbox_fillfactor(conn: psycopg.Connection, names: OutboxNames) -> int:
@@ -214,6 +234,9 @@ def outbox_ddl(names: OutboxNames, value_type: ValueType = "varchar") -> list[sq
     stmts: list[sql.Composable] = []
     if names.schema:
         stmts.append(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(names.schema)))
+    if isinstance(names.mapping, DebeziumMapping):
+        stmts += debezium_outbox_ddl(names, names.mapping, value_type)
+        return stmts + _companion_ddl(names, vtype)
     # goharvest's DDL (sh/init-outbox.sh) with the length limits dropped (they only get in the way),
     # create_time defaulted so writers may omit it, and pages left half empty (OUTBOX_FILLFACTOR).
     stmts.append(sql.SQL("""
@@ -227,6 +250,53 @@ def outbox_ddl(names: OutboxNames, value_type: ValueType = "varchar") -> list[sq
           kafka_header_values TEXT[] NOT NULL,
           leader_id           UUID
         ) WITH (fillfactor = {ff})""").format(outbox=names.outbox, vtype=vtype, ff=sql.Literal(OUTBOX_FILLFACTOR)))
+    return stmts + _companion_ddl(names, vtype)
+
+
+def debezium_outbox_ddl(names: OutboxNames, mapping: DebeziumMapping, value_type: ValueType) -> list[sql.Composable]:
+    """A Debezium outbox: the table in Debezium's convention if it does not exist yet (an existing one
+    is kept as it is), then the relay's bookkeeping columns, each with a default, so the writers'
+    INSERTs stay as they are. Rows written before ``init-db`` have no ``harvest_seq`` and are never
+    relayed: they belong to the tool that relayed the table until then (docs/debezium.md)."""
+    r = mapping.router
+    payload = sql.SQL("BYTEA" if value_type == "bytea" else "JSONB")
+    cols = [sql.SQL("{} UUID PRIMARY KEY").format(sql.Identifier(r.field_event_id))]
+    seen = {r.field_event_id, r.field_event_payload}
+    for col in (r.route_by_field, r.field_event_key, "type"):
+        if col not in seen:
+            seen.add(col)
+            cols.append(sql.SQL("{} VARCHAR(255) NOT NULL").format(sql.Identifier(col)))
+    cols.append(sql.SQL("{} {}").format(sql.Identifier(r.field_event_payload), payload))
+    seq = names.debezium_sequence
+    return [
+        sql.SQL("CREATE TABLE IF NOT EXISTS {} ({}) WITH (fillfactor = {})").format(
+            names.outbox, sql.SQL(", ").join(cols), sql.Literal(OUTBOX_FILLFACTOR)),
+        sql.SQL("CREATE SEQUENCE IF NOT EXISTS {}").format(seq),
+        sql.SQL("ALTER TABLE {} ADD COLUMN IF NOT EXISTS {} BIGINT").format(names.outbox, mapping.id()),
+        sql.SQL("ALTER TABLE {} ALTER COLUMN {} SET DEFAULT nextval({})").format(
+            names.outbox, mapping.id(), sql.Literal(_regclass_text(names))),
+        sql.SQL("ALTER SEQUENCE {} OWNED BY {}.{}").format(seq, names.outbox, mapping.id()),
+        sql.SQL("ALTER TABLE {} ADD COLUMN IF NOT EXISTS {} UUID").format(names.outbox, mapping.leader()),
+        sql.SQL("ALTER TABLE {} ADD COLUMN IF NOT EXISTS {} TIMESTAMP WITH TIME ZONE NOT NULL DEFAULT now()").format(
+            names.outbox, mapping.created()),
+        sql.SQL("CREATE UNIQUE INDEX IF NOT EXISTS {} ON {} ({})").format(
+            sql.Identifier(_derived(names.table, "_harvest_seq_idx")), names.outbox, mapping.id()),
+        # Half-empty pages make the mark's update HOT (OUTBOX_FILLFACTOR); applies to pages filled from now on.
+        sql.SQL("ALTER TABLE {} SET (fillfactor = {})").format(names.outbox, sql.Literal(OUTBOX_FILLFACTOR)),
+    ]
+
+
+def _regclass_text(names: OutboxNames) -> str:
+    """The sequence's name as nextval() reads it (a quoted, schema-qualified identifier)."""
+    seq = _derived(names.table, "_harvest_seq")
+    quoted = '"' + seq.replace('"', '""') + '"'
+    return ('"' + names.schema.replace('"', '""') + '".' + quoted) if names.schema else quoted
+
+
+def _companion_ddl(names: OutboxNames, vtype: sql.Composable) -> list[sql.Composable]:
+    """The dead-letter table, the fence and ACK-intent tables, the attempt counts and the NOTIFY
+    trigger, for any table mapping."""
+    stmts: list[sql.Composable] = []
     # Dead letters keep the original id (unique) and nullable columns: a row that was bad because a
     # column was NULL must still fit here.
     stmts.append(sql.SQL("""
@@ -242,6 +312,9 @@ def outbox_ddl(names: OutboxNames, value_type: ValueType = "varchar") -> list[sq
           attempts            INTEGER NOT NULL,
           dead_time           TIMESTAMP WITH TIME ZONE NOT NULL DEFAULT now()
         )""").format(dlq=names.dead_letters, vtype=vtype))
+    if names.mapping.source_row("o") is not None:
+        # The row as it was (a mapped table's columns are not the record's): a requeue restores it.
+        stmts.append(sql.SQL("ALTER TABLE {} ADD COLUMN IF NOT EXISTS source_row JSONB").format(names.dead_letters))
     # --uuid-sequencing: the fence row and the persisted ACK intents (DESIGN.md section 5).
     stmts.append(sql.SQL("""
         CREATE TABLE IF NOT EXISTS {state} (
@@ -320,10 +393,12 @@ def shard_ddl(names: OutboxNames, count: int) -> list[sql.Composable]:
     check_shard_count(count)
     if count == 1:
         return []
-    expr = shard_expression(count)
+    expr = shard_expression(count, names.mapping.shard_key())
     return [
-        sql.SQL("CREATE INDEX IF NOT EXISTS {idx} ON {outbox} ({expr}, id)").format(
-            idx=sql.Identifier(names.shard_index_name(count)), outbox=names.outbox, expr=expr),
+        sql.SQL("CREATE INDEX IF NOT EXISTS {idx} ON {outbox} ({expr}, {id})").format(
+            idx=sql.Identifier(names.shard_index_name(count)), outbox=names.outbox, expr=expr, id=names.mapping.id()),
+        # An older harvest's index (on the old expression) is no relay's any more: one MD5 per insert for nothing.
+        sql.SQL("DROP INDEX IF EXISTS {}").format(names._ident(names.old_shard_index_name(count))),
         sql.SQL("""
             CREATE TABLE IF NOT EXISTS {st} (
               shard_count INTEGER NOT NULL,
@@ -342,23 +417,31 @@ def shard_ddl(names: OutboxNames, count: int) -> list[sql.Composable]:
 
 
 def init_db(conninfo_or_conn: str | psycopg.Connection, outbox_table: str = "outbox",
-            value_type: ValueType = "varchar", shards: int = 1) -> OutboxNames:
+            value_type: ValueType = "varchar", shards: int = 1, mapping: TableMapping = GOHARVEST) -> OutboxNames:
     """Create (idempotently, in one transaction) everything the relay needs. Returns the names.
     ``shards`` > 1 also creates what sharded relays need (:func:`shard_ddl`). Refuses a SQL_ASCII
-    database (:func:`require_utf8_readable`)."""
-    names = OutboxNames.parse(outbox_table)
-    stmts = outbox_ddl(names, value_type) + shard_ddl(names, shards)
+    database (:func:`require_utf8_readable`). With a Debezium ``mapping`` an existing table is kept
+    and only gains the relay's columns (its payload column's type then decides ``value_type``)."""
+    names = OutboxNames.parse(outbox_table, mapping)
+
+    def run(conn: psycopg.Connection) -> None:
+        require_utf8_readable(conn)
+        vtype = value_type
+        if isinstance(mapping, DebeziumMapping):
+            cols = _column_types(conn, names)
+            if cols is not None:
+                vtype = "bytea" if cols.get(mapping.router.field_event_payload) == "bytea" else "varchar"
+        with conn.transaction():
+            for stmt in outbox_ddl(names, vtype) + shard_ddl(names, shards):
+                conn.execute(stmt)
+        if isinstance(mapping, DebeziumMapping):
+            inspect_outbox(conn, names)  # the router's columns exist, with types rendered as Debezium does
+
     if isinstance(conninfo_or_conn, psycopg.Connection):
-        require_utf8_readable(conninfo_or_conn)
-        with conninfo_or_conn.transaction():
-            for stmt in stmts:
-                conninfo_or_conn.execute(stmt)
+        run(conninfo_or_conn)
         return names
     with psycopg.connect(conninfo_or_conn) as conn:
-        require_utf8_readable(conn)
-        with conn.transaction():
-            for stmt in stmts:
-                conn.execute(stmt)
+        run(conn)
     return names
 
 
@@ -366,20 +449,52 @@ _EXPECTED = {"id", "create_time", "kafka_topic", "kafka_key", "kafka_value", "ka
              "kafka_header_values", "leader_id"}
 
 
-def inspect_outbox(conn: psycopg.Connection, names: OutboxNames) -> ValueType:
-    """Check the outbox has goharvest's columns; return the value column's type."""
+def _column_types(conn: psycopg.Connection, names: OutboxNames) -> dict[str, str] | None:
+    """The outbox's columns and their types (``format_type`` without modifiers), None if no table."""
     row = conn.execute("SELECT to_regclass(%s)::oid", (names.outbox.as_string(conn),)).fetchone()
     if row is None or row[0] is None:
+        return None
+    return dict(conn.execute(
+        "SELECT attname, format_type(atttypid, NULL) FROM pg_attribute "
+        "WHERE attrelid = %s AND attnum > 0 AND NOT attisdropped", (row[0],)).fetchall())
+
+
+def inspect_outbox(conn: psycopg.Connection, names: OutboxNames) -> ValueType:
+    """Check the outbox has the columns its table mapping reads; return the value column's type."""
+    cols = _column_types(conn, names)
+    if cols is None:
         raise SchemaError(f"outbox table {names.display!r} does not exist; create it with "
                           f"`harvest init-db` (or producer.schema.init_db)")
-    cols = dict(conn.execute(
-        "SELECT attname, format_type(atttypid, atttypmod) FROM pg_attribute "
-        "WHERE attrelid = %s AND attnum > 0 AND NOT attisdropped", (row[0],)).fetchall())
+    if isinstance(names.mapping, DebeziumMapping):
+        return _inspect_debezium(names, names.mapping, cols)
     missing = _EXPECTED - cols.keys()
     if missing:
         raise SchemaError(f"outbox table {names.display!r} lacks column(s) {', '.join(sorted(missing))}; "
                           f"expected goharvest's schema ({', '.join(sorted(_EXPECTED))})")
     return "bytea" if cols["kafka_value"] == "bytea" else "varchar"
+
+
+def _inspect_debezium(names: OutboxNames, mapping: DebeziumMapping, cols: dict[str, str]) -> ValueType:
+    r = mapping.router
+    options = {r.field_event_id: "table.field.event.id", r.field_event_key: "table.field.event.key",
+               r.field_event_payload: "table.field.event.payload", r.route_by_field: "route.by.field"}
+    for a in r.additional:
+        options.setdefault(a.column, "table.fields.additional.placement")
+    for col, option in options.items():
+        if col not in cols:
+            raise SchemaError(f"outbox table {names.display!r} has no column {col!r}, which the event router reads "
+                              f"({option}); set eventRouter.{option} to the column's name")
+        allowed = DEBEZIUM_PAYLOAD_TYPES if option == "table.field.event.payload" else DEBEZIUM_TEXT_TYPES
+        if cols[col] not in allowed:
+            raise SchemaError(f"outbox table {names.display!r}: column {col!r} ({option}) has type {cols[col]}, whose "
+                              f"Debezium rendering harvest does not reproduce byte for byte; supported: "
+                              f"{', '.join(sorted(allowed))}")
+    missing = {mapping.id_column, mapping.leader_column, mapping.created_column} - cols.keys()
+    if missing:
+        raise SchemaError(f"outbox table {names.display!r} lacks the relay's column(s) {', '.join(sorted(missing))}; "
+                          f"run `harvest init-db` with tableMapping: debezium (idempotent; it adds them with "
+                          f"defaults, so the writers' INSERTs do not change)")
+    return "bytea" if cols[r.field_event_payload] == "bytea" else "varchar"
 
 
 def require_utf8_readable(conn: psycopg.Connection) -> None:
@@ -419,8 +534,16 @@ def require_attempts_table(conn: psycopg.Connection, names: OutboxNames) -> None
 def require_shards(conn: psycopg.Connection, names: OutboxNames, count: int) -> None:
     """A sharded relay refuses to run without its shard index (every mark would scan the outbox) and
     the shards' fence rows."""
-    row = conn.execute("SELECT to_regclass(%s)::oid", (sql.Identifier(*(
-        [names.schema] if names.schema else []), names.shard_index_name(count)).as_string(conn),)).fetchone()
+    row = conn.execute("SELECT to_regclass(%s)::oid", (names._ident(names.shard_index_name(count)).as_string(conn),
+                                                       )).fetchone()
+    if row is None or row[0] is None:
+        old = names.old_shard_index_name(count)
+        if conn.execute("SELECT to_regclass(%s)", (names._ident(old).as_string(conn),)).fetchone() != (None,):
+            raise SchemaError(f"the shard index {old} of the outbox {names.display!r} was built by an older harvest, "
+                              f"on an expression that leaves rows with a NULL kafka_key in no shard (never sent, never "
+                              f"dead-lettered). Fix: run `harvest init-db` with shards: {count} in the config "
+                              f"(idempotent): it builds {names.shard_index_name(count)} and drops {old}; every other "
+                              f"row keeps its shard")
     have_rows = None
     if row is not None and row[0] is not None:
         try:

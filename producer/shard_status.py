@@ -29,8 +29,10 @@ class ShardStatus:
 
 
 def backlog_by_shard(conn: psycopg.Connection, names: OutboxNames, count: int) -> dict[int, tuple[int, float | None]]:
-    rows = conn.execute(sql.SQL("SELECT {e}, count(*), extract(epoch FROM now() - min(create_time)) FROM {o} "
-                                "GROUP BY 1").format(e=shard_expression(count), o=names.outbox)).fetchall()
+    m = names.mapping
+    rows = conn.execute(sql.SQL("SELECT {e}, count(*), extract(epoch FROM now() - min({c})) FROM {o}{w} "
+                                "GROUP BY 1").format(e=shard_expression(count, m.shard_key()), c=m.created(),
+                                                     o=names.outbox, w=m.claimable())).fetchall()
     return {int(s): (int(n), None if age is None else float(age)) for s, n, age in rows}
 
 
@@ -85,7 +87,7 @@ def shard_status(config: HarvestConfig) -> list[ShardStatus]:
                           "`harvest shards` describes sharded outboxes (shards: 2 or more)")
     from harvest_outbox.producer.db import connect
 
-    names = OutboxNames.parse(config.outbox_table)
+    names = OutboxNames.parse(config.outbox_table, config.table_mapping)
     with connect(config.data_source) as conn:
         backlog = backlog_by_shard(conn, names, config.shards)
         leaders = (postgres_leaders(conn, config.outbox_table, config.shards) if config.leader_election == "postgres"

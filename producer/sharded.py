@@ -76,7 +76,7 @@ class ShardedHarvest:
             raise HarvestError(f"ShardedHarvest needs shards >= 2, got {config.shards}; use Harvest")
         self.config = config
         self.limits = config.limits
-        self.names = OutboxNames.parse(config.outbox_table)
+        self.names = OutboxNames.parse(config.outbox_table, config.table_mapping)
         self._election = election or _make_shard_election(config)
         self._seat = ShardSetSeat(config.shards)
         #: The relay loop (its ``metrics`` are this relay's).

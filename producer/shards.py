@@ -4,14 +4,17 @@ A row belongs to shard ``h(kafka_key) mod S``, where ``h`` is the first 32 bits 
 (its UTF-8 bytes), read as an unsigned big-endian integer. MD5 because Postgres and Python compute it
 identically on every version and platform (unlike ``hashtext``, whose values Postgres does not
 promise to keep); the hash is not a security boundary. Every row of a key is in one shard, so
-per-key order needs nothing beyond what one relay loop already guarantees.
+per-key order needs nothing beyond what one relay loop already guarantees. A NULL key (an outbox
+without goharvest's NOT NULL) hashes as the empty key: the row is in a shard, whose leader marks it
+and dead-letters it like any malformed row, and every other key keeps the shard it always had.
 
 The database computes the shard with :func:`shard_expression`; ``harvest init-db`` with ``shards: S``
 creates an expression index on ``(shard, id)``, so a shard's mark reads its rows in id order from
 that index instead of filtering the whole outbox.
 
 Invariants (``tests/test_producer/test_shards.py``):
-- :func:`shard_of` (Python) and :func:`shard_expression` (SQL) agree on every key;
+- :func:`shard_of` (Python) and :func:`shard_expression` (SQL) agree on every key, None/NULL too;
+- every row is in exactly one shard (the expression is never NULL);
 - ``S = 1`` means no sharding: one shard, today's tables, locks and leader topic; nothing to migrate;
 - a shard count is ``1 <= S <= MAX_SHARDS`` (:func:`check_shard_count`, at config time).
 """
@@ -35,20 +38,24 @@ def check_shard_count(value: object, field_name: str = "shards") -> int:
     return value
 
 
-def key_hash(key: bytes | str) -> int:
-    """The 32-bit shard hash of a Kafka key (``str`` keys are hashed as UTF-8)."""
-    data = key.encode() if isinstance(key, str) else key
+def key_hash(key: bytes | str | None) -> int:
+    """The 32-bit shard hash of a Kafka key (``str`` keys are hashed as UTF-8, None as the empty key)."""
+    data = key.encode() if isinstance(key, str) else (key or b"")
     return int.from_bytes(hashlib.md5(data, usedforsecurity=False).digest()[:4], "big")
 
 
-def shard_of(key: bytes | str, count: int) -> int:
+def shard_of(key: bytes | str | None, count: int) -> int:
     return key_hash(key) % count
 
 
-def shard_expression(count: int) -> sql.Composable:
+def shard_expression(count: int, key: sql.Composable = sql.SQL("kafka_key")) -> sql.Composable:
     """SQL computing a row's shard; written exactly like this in the index and in the mark, so the
     planner matches them. ``'x' || 8 hex digits`` cast to ``bit(32)`` reads them as a bit string;
-    the ``bigint`` cast of a ``bit(32)`` is unsigned."""
+    the ``bigint`` cast of a ``bit(32)`` is unsigned. ``key``: the row's Kafka key as text (the table
+    mapping's :meth:`~producer.table_mapping.TableMapping.shard_key`). A new expression needs a new
+    index name (``OutboxNames.shard_index_name``): deployed indexes are on the old one."""
     check_shard_count(count)
-    # mod(), not %: the expression goes into statements with psycopg placeholders.
-    return sql.SQL("mod(('x' || substr(md5(kafka_key), 1, 8))::bit(32)::bigint, {})").format(sql.Literal(count))
+    # mod(), not %: the expression goes into statements with psycopg placeholders. coalesce(): md5(NULL)
+    # is NULL, and a row whose shard is NULL is in no shard's mark.
+    return sql.SQL("mod(('x' || substr(md5(coalesce({}, '')), 1, 8))::bit(32)::bigint, {})").format(
+        key, sql.Literal(count))

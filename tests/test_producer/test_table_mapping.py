@@ -1,0 +1,292 @@
+"""Table mappings (producer/table_mapping.py): the router's options, and a relay draining a Debezium outbox.
+
+The byte-for-byte comparison with Debezium itself is tests/test_e2e/test_debezium_parity.py; here the
+expected records are written down from the router's rules (EventRouterDelegate: topic from
+route.by.field through route.topic.regex/replacement, key from table.field.event.key, value the
+payload's text, an ``id`` header, additional columns as headers).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg import sql
+from relaylib import consume_all, relay_config
+from seqcheck import Expected, check_exactly_once
+
+from harvest_outbox.harvest_local.kafka import create_topic
+from harvest_outbox.producer.config import HarvestConfig, from_mapping
+from harvest_outbox.producer.deadletters import list_dead_letters
+from harvest_outbox.producer.errors import ConfigError, SchemaError
+from harvest_outbox.producer.harvest import Harvest
+from harvest_outbox.producer.schema import OutboxNames, init_db, inspect_outbox
+from harvest_outbox.producer.table_mapping import GOHARVEST, DebeziumMapping, EventRouter, table_mapping
+
+# ---------------------------------------------------------------------------------------- options
+
+
+def test_router_defaults_are_debeziums() -> None:
+    r = EventRouter.from_options({})
+    assert (r.field_event_id, r.field_event_key, r.field_event_payload, r.route_by_field) == (
+        "id", "aggregateid", "payload", "aggregatetype")
+    assert r.route_topic_replacement == "outbox.event.${routedByValue}"
+    assert not r.tombstone_on_empty_payload and r.additional == ()
+
+
+def test_a_connectors_settings_copy_as_they_are() -> None:
+    r = EventRouter.from_options({
+        "transforms.outbox.type": "io.debezium.transforms.outbox.EventRouter",
+        "transforms.outbox.route.by.field": "kind",
+        "transforms.outbox.table.fields.additional.placement": "type:header:eventType,tenant:header",
+        "transforms.outbox.route.tombstone.on.empty.payload": "true",
+    })
+    assert r.route_by_field == "kind" and r.tombstone_on_empty_payload
+    assert [(a.column, a.alias) for a in r.additional] == [("type", "eventType"), ("tenant", "tenant")]
+
+
+@pytest.mark.parametrize("options, says", [
+    ({"route.by.feild": "x"}, "eventRouter.route.by.feild: unknown option"),
+    ({"table.field.event.timestamp": "ts"}, "not supported by harvest"),
+    ({"table.expand.json.payload": True}, "table.expand.json.payload: true is not supported"),
+    ({"table.fields.additional.placement": "type:envelope"}, "placement 'envelope' is not supported"),
+    ({"table.fields.additional.placement": "p:partition"}, "placement 'partition' is not supported"),
+    ({"table.fields.additional.placement": "type:nowhere"}, "unknown placement"),
+    ({"table.fields.additional.placement": "type"}, "must be column:placement"),
+    ({"table.fields.additional.placement": "type:header:id"}, "second 'id' header"),
+    ({"route.tombstone.on.empty.payload": "yes"}, "must be true or false"),
+    ({"route.by.field": "a-b"}, "is not a column name"),
+    ({"route.topic.replacement": "x.${nope}"}, "names group 'nope'"),
+    ({"route.topic.replacement": "x.$"}, "'$' must name a group"),
+    ({"route.topic.regex": "(?=x).*"}, "is not supported"),
+    ({"route.topic.regex": "(unclosed"}, "not a valid regular expression"),
+    ({"type": "io.debezium.transforms.ExtractNewRecordState"}, "is not Debezium's outbox event router"),
+    ({"table.op.invalid.behavior": "fatal"}, "only 'warn' is supported"),
+    ("route.by.field", "expected a mapping"),
+])
+def test_bad_router_options_are_named(options: Any, says: str) -> None:
+    with pytest.raises(ConfigError, match="eventRouter") as err:
+        EventRouter.from_options(options)
+    assert says in str(err.value)
+
+
+@pytest.mark.parametrize("data, says", [
+    ({"tableMapping": "debzium"}, "tableMapping: 'debzium' is not a table mapping"),
+    ({"eventRouter": {"route.by.field": "x"}}, "only applies to tableMapping: debezium"),
+    ({"tableMapping": "debezium", "eventRouter": {"nope": 1}}, "harvest.eventRouter.nope: unknown option"),
+])
+def test_config_keys(data: dict[str, Any], says: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        from_mapping({"harvest": data})
+    assert says in str(err.value)
+
+
+def test_config_builds_the_mapping() -> None:
+    cfg = from_mapping({"harvest": {"tableMapping": "debezium", "eventRouter": {"route.by.field": "kind"}}}).harvest
+    assert isinstance(cfg.table_mapping, DebeziumMapping) and cfg.table_mapping.router.route_by_field == "kind"
+    assert HarvestConfig().table_mapping is GOHARVEST
+    assert "route_by_field='kind'" in repr(cfg)
+
+
+def _topic_sql(options: dict[str, Any]) -> str:
+    m = table_mapping("debezium", options)
+    assert isinstance(m, DebeziumMapping)
+    return m.topic("o").as_string(None)
+
+
+def test_default_routing_is_a_concatenation_not_a_regex() -> None:
+    assert _topic_sql({}) == "('outbox.event.' || \"o\".\"aggregatetype\"::text || '')"
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("regex, replacement, routed, topic", [
+    ("(?<routedByValue>.*)", "outbox.event.${routedByValue}", "Order", "outbox.event.Order"),
+    ("(?<routedByValue>.*)", "${routedByValue}.events", "Order", "Order.events"),
+    ("(?<svc>[a-z]+)\\.(?<kind>.*)", "${kind}-$1", "orders.Created", "Created-orders"),
+    ("(?<svc>[a-z]+)\\.(?<kind>.*)", "${kind}-$1", "NoDot", "NoDot"),  # no whole match: the value as is
+    ("(.*)", "cost\\$.$1", "x", "cost$.x"),
+])
+def test_routing_matches_kafkas_regex_router(regex: str, replacement: str, routed: str, topic: str,
+                                             pg_dsn: str) -> None:
+    """RegexRouter: the regex must match the whole value; then the replacement's groups fill in."""
+    m = table_mapping("debezium", {"route.topic.regex": regex, "route.topic.replacement": replacement})
+    assert isinstance(m, DebeziumMapping)
+    with psycopg.connect(pg_dsn) as conn:
+        got = conn.execute(sql.SQL("SELECT {} FROM (SELECT %s::text AS aggregatetype) AS o").format(m.topic("o")),
+                           (routed,)).fetchone()
+    assert got is not None and got[0] == topic
+
+
+# ---------------------------------------------------------------------------------------- the relay
+
+_CREATE = """
+    CREATE TABLE {t} (
+      id            UUID PRIMARY KEY,
+      aggregatetype VARCHAR(255),
+      aggregateid   VARCHAR(255),
+      type          VARCHAR(255) NOT NULL,
+      payload       {payload},
+      tenant        TEXT,
+      version       INTEGER
+    )"""
+
+
+def _insert(conn: psycopg.Connection, table: sql.Composable, rows: list[tuple[Any, ...]]) -> None:
+    with conn.cursor() as cur:
+        cur.executemany(sql.SQL("INSERT INTO {} (id, aggregatetype, aggregateid, type, payload, tenant, version) "
+                                "VALUES (%s, %s, %s, %s, %s, %s, %s)").format(table), rows)
+
+
+def _headers_by_value(bootstrap: str, topic: str, partitions: int = 2) -> dict[bytes, list[tuple[str, bytes | None]]]:
+    """Every record's headers by its value, the whole topic read (to the high watermarks)."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"h-{uuid.uuid4()}", "enable.auto.commit": False})
+    ends = {p: c.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] for p in range(partitions)}
+    c.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
+    out: dict[bytes, list[tuple[str, bytes | None]]] = {}
+    at = {p: 0 for p in range(partitions)}
+    deadline = time.monotonic() + 30
+    try:
+        while any(at[p] < ends[p] for p in at) and time.monotonic() < deadline:
+            for m in c.consume(1000, 0.2):
+                if m.error():
+                    continue
+                at[m.partition()] = m.offset() + 1
+                if m.value() is not None:
+                    out[m.value()] = list(m.headers() or [])
+    finally:
+        c.close()
+    return out
+
+
+def _relayed_left(pg_dsn: str, names: OutboxNames) -> int:
+    with psycopg.connect(pg_dsn) as conn:
+        row = conn.execute(sql.SQL("SELECT count(*) FROM {} WHERE harvest_seq IS NOT NULL").format(
+            names.outbox)).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def _wait(pg_dsn: str, names: OutboxNames, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while _relayed_left(pg_dsn, names):
+        assert time.monotonic() < deadline, f"{_relayed_left(pg_dsn, names)} row(s) not relayed in {timeout}s"
+        time.sleep(0.1)
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("sequenced", [False, True], ids=["at-least-once", "uuid-sequencing"])
+def test_relay_drains_a_debezium_outbox_as_the_router_would(sequenced: bool, pg_dsn: str, kafka_bootstrap: str,
+                                                            pg_schema: str, unique_name: Callable[[str], str]) -> None:
+    prefix = unique_name("ev")
+    options = {"route.topic.replacement": prefix + ".${routedByValue}",
+               "table.fields.additional.placement": "type:header:eventType,tenant:header,version:header:v"}
+    mapping = table_mapping("debezium", options)
+    table = f"{pg_schema}.outbox_event"
+    names = OutboxNames.parse(table, mapping)
+    for agg in ("Order", "Customer"):
+        create_topic(kafka_bootstrap, f"{prefix}.{agg}", 2)
+    before = uuid.uuid4()
+    with psycopg.connect(pg_dsn) as conn:
+        conn.execute(sql.SQL(_CREATE).format(t=names.outbox, payload=sql.SQL("JSONB")))
+        # A row relayed by Debezium before the switch: init-db leaves it to Debezium.
+        _insert(conn, names.outbox, [(before, "Order", "o-0", "Old", '{"old": true}', None, None)])
+    init_db(pg_dsn, table, mapping=mapping)
+    with pytest.raises(SchemaError, match="has no column 'nope'"):
+        with psycopg.connect(pg_dsn) as conn:
+            inspect_outbox(conn, OutboxNames.parse(table, table_mapping("debezium", {"route.by.field": "nope"})))
+
+    rows: list[tuple[Any, ...]] = []
+    want: list[tuple[str, str, bytes | None, list[tuple[str, bytes | None]]]] = []
+    for i in range(60):
+        agg = ("Order", "Customer")[i % 2]
+        eid = uuid.uuid4()
+        payload = json.dumps({"n": i, "agg": agg, "items": [1, 2.5, "x"], "nested": {"b": None}})
+        tenant = None if i % 5 == 0 else f"t{i % 3}"
+        rows.append((eid, agg, f"{agg[0]}-{i % 4}", f"{agg}Created", payload, tenant, i))
+    poison = (uuid.uuid4(), None, "o-9", "Lost", '{"where": null}', None, None)
+    with psycopg.connect(pg_dsn) as conn:
+        _insert(conn, names.outbox, rows[:30] + [poison] + rows[30:])
+        # jsonb as Postgres prints it: what the router emits with a StringConverter.
+        printed = dict(conn.execute(sql.SQL("SELECT id, payload::text FROM {}").format(names.outbox)).fetchall())
+    for eid, agg, key, typ, _payload, tenant, version in rows:
+        headers = [("id", str(eid).encode()), ("eventType", typ.encode()),
+                   ("tenant", None if tenant is None else tenant.encode()), ("v", str(version).encode())]
+        want.append((f"{prefix}.{agg}", key, printed[eid].encode(), headers))
+
+    cfg = relay_config(pg_dsn, kafka_bootstrap, table, unique_name("g")).replace(
+        uuid_sequencing=sequenced, table_mapping=mapping)
+    relay = Harvest(cfg).start()
+    try:
+        _wait(pg_dsn, names)
+    finally:
+        relay.stop()
+    with psycopg.connect(pg_dsn) as conn:
+        dead = list_dead_letters(conn, table)
+        left = conn.execute(sql.SQL("SELECT id FROM {}").format(names.outbox)).fetchall()
+        source = conn.execute(sql.SQL("SELECT source_row FROM {}").format(names.dead_letters)).fetchall()
+    assert [d.error for d in dead] == ["bad row: aggregatetype (route.by.field) is NULL or empty: the row has nowhere "
+                                       "to go; fix aggregatetype and requeue"]
+    assert source[0][0]["id"] == str(poison[0]) and source[0][0]["type"] == "Lost"
+    assert left == [(before,)], "the row written before init-db is Debezium's: harvest leaves it"
+
+    for agg in ("Order", "Customer"):
+        topic = f"{prefix}.{agg}"
+        expected = [w for w in want if w[0] == topic]
+        if sequenced:
+            exp = Expected()
+            for _t, key, value, _h in expected:
+                assert value is not None
+                exp.by_key.setdefault(key, []).append(value)
+            result = check_exactly_once(kafka_bootstrap, topic, 2, exp)
+            assert result.committed == len(expected)
+            headers = _headers_by_value(kafka_bootstrap, topic)
+            for _t, _key, value, hs in expected:
+                assert [h for h in headers[value] if h[0] != "uuid"] == hs
+        else:
+            got_plain = consume_all(kafka_bootstrap, topic, lambda g, n=len(expected): len(g) >= n)
+            by_value = {g.value: g for g in got_plain}
+            assert len(got_plain) == len(expected)
+            for _t, key, value, hs in expected:
+                g = by_value[value]
+                assert g.key == key
+                assert g.headers == hs
+
+
+@pytest.mark.integration
+def test_sharded_relays_split_a_debezium_outbox_by_aggregateid(pg_dsn: str, kafka_bootstrap: str, pg_schema: str,
+                                                               unique_name: Callable[[str], str]) -> None:
+    prefix = unique_name("ev")
+    mapping = table_mapping("debezium", {"route.topic.replacement": prefix + ".${routedByValue}"})
+    table = f"{pg_schema}.outbox_event"
+    names = OutboxNames.parse(table, mapping)
+    create_topic(kafka_bootstrap, f"{prefix}.Order", 2)
+    init_db(pg_dsn, table, shards=2, mapping=mapping)  # creates the table in Debezium's convention
+    with psycopg.connect(pg_dsn) as conn:
+        with conn.cursor() as cur:
+            cur.executemany(sql.SQL("INSERT INTO {} (id, aggregatetype, aggregateid, type, payload) "
+                                    "VALUES (%s, 'Order', %s, 'Created', %s)").format(names.outbox),
+                            [(uuid.uuid4(), f"k{i % 9}", json.dumps({"i": i})) for i in range(200)])
+    cfg = relay_config(pg_dsn, kafka_bootstrap, table, unique_name("g")).replace(
+        table_mapping=mapping, shards=2, leader_election="postgres", leader_lock_check_interval=0.2)
+    from harvest_outbox.producer.sharded import ShardedHarvest
+
+    relays = [ShardedHarvest(cfg.replace(name=f"r{i}")).start() for i in range(2)]
+    try:
+        _wait(pg_dsn, names)
+    finally:
+        for r in relays:
+            r.stop()
+    got = consume_all(kafka_bootstrap, f"{prefix}.Order", lambda g: len(g) >= 200)
+    assert len(got) == 200
+    per_key: dict[str, list[int]] = {}
+    for g in sorted(got, key=lambda g: (g.partition, g.offset)):
+        assert g.value is not None
+        per_key.setdefault(g.key, []).append(json.loads(g.value)["i"])
+    assert all(v == sorted(v) for v in per_key.values()), "per-key order"
