@@ -10,6 +10,28 @@ Invariant: no message built here contains a secret; callers pass values through
 
 from __future__ import annotations
 
+import reprlib
+
+#: The most characters of a user's value an error message shows (:func:`shown`).
+SHOWN_CHARS = 80
+# A few levels and items of a container: a YAML value made of aliases can expand to billions of
+# items, and its full repr() exhausts memory before the message is ever printed.
+_CONTAINERS = reprlib.Repr()
+_CONTAINERS.maxlevel, _CONTAINERS.maxdict = 3, 4
+_CONTAINERS.maxlist = _CONTAINERS.maxtuple = _CONTAINERS.maxset = _CONTAINERS.maxfrozenset = 4
+_CONTAINERS.maxstring = _CONTAINERS.maxother = _CONTAINERS.maxlong = SHOWN_CHARS
+
+
+def shown(value: object, limit: int = SHOWN_CHARS) -> str:
+    """``repr(value)`` as an error message shows a user's value: at most ``limit`` characters, then
+    ``…(N more chars)`` (N counts the rendering, which for a container is already abridged). Every
+    message that renders a value from a config file or an argument goes through here."""
+    plain = value is None or isinstance(value, (str, bytes, int, float))
+    text = repr(value) if plain else _CONTAINERS.repr(value)
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}…({len(text) - limit} more chars)"
+
 
 class HarvestError(Exception):
     """Base class of every error the producer raises on purpose."""

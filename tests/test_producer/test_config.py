@@ -265,3 +265,92 @@ def test_missing_topic_policy() -> None:
     assert HarvestConfig.from_mapping({"missingTopicPolicy": "hold"}).missing_topic_policy == "hold"
     with pytest.raises(ConfigError, match=r"missingTopicPolicy: 'park' is not a policy"):
         HarvestConfig.from_mapping({"missingTopicPolicy": "park"})
+
+
+def _billion_laughs(levels: int = 9) -> str:
+    """Nine nested aliases of nine: ~10^9 values once expanded, a few hundred bytes of YAML."""
+    names = "abcdefghijklmnop"[:levels]
+    nodes = ['&a ["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol"]']
+    nodes += [f"&{n} [{', '.join([f'*{p}'] * 9)}]" for p, n in zip(names, names[1:])]
+    return f"harvest:\n  dataSource: host=db\n  limits:\n    heartbeatTimeout: [{', '.join(nodes)}]\n"
+
+
+@pytest.mark.parametrize("text", [
+    _billion_laughs(),
+    # the bomb defined in one place, the mistyped value elsewhere refers to it
+    "harvest:\n  producerKafkaConfig: {x: " + _billion_laughs().split("heartbeatTimeout: ")[1].strip()
+    + "}\n  limits: {heartbeatTimeout: *i}\n",
+    # deep rather than wide: 2 aliases per level, 20 levels
+    "harvest:\n  limits:\n    heartbeatTimeout: [&a0 [x, x], "
+    + ", ".join(f"&a{i} [*a{i - 1}, *a{i - 1}]" for i in range(1, 21)) + "]\n",
+], ids=["billion-laughs", "alias-elsewhere", "deep"])
+def test_alias_bomb_is_refused_fast_with_small_memory(tmp_path: Path, text: str) -> None:
+    import time
+    import tracemalloc
+
+    path = tmp_path / "bomb.yaml"
+    path.write_text(text)
+    tracemalloc.start()
+    started = time.monotonic()
+    try:
+        with pytest.raises(ConfigError) as info:
+            load_yaml(path)
+        elapsed = time.monotonic() - started
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert elapsed < 1.0 and peak < 20 * 2**20, (elapsed, peak)
+    message = str(info.value)
+    assert "not valid YAML: line " in message and "expand to more than 10,000 values" in message, message
+    assert len(message) < 400
+
+
+def test_aliases_that_share_a_block_still_work(tmp_path: Path) -> None:
+    path = tmp_path / "h.yaml"
+    path.write_text("harvest:\n  baseKafkaConfig: &kafka\n    bootstrap.servers: k:9092\n    client.id: relay\n"
+                    "  producerKafkaConfig:\n    <<: *kafka\n    client.id: relay-producer\n"
+                    "  limits:\n    heartbeatTimeout: &beat 5s\n    livenessTimeout: 30s\n"
+                    "    queueTimeout: *beat\n")
+    h = load_yaml(path).harvest
+    assert h.producer_kafka_config["client.id"] == "relay-producer"  # a merged key may be overridden
+    assert h.limits.queue_timeout == 5.0
+
+
+@pytest.mark.parametrize(("text", "needle"), [
+    ("harvest:\n  dataSource: host=a\n  outboxTable: o\n  dataSource: host=b\n",
+     "line 4, column 3: duplicate key 'dataSource' (first on line 2); keep one of them"),
+    ("harvest:\n  limits:\n    heartbeatTimeout: 5s\n    heartbeatTimeout: 6s\n",
+     "line 4, column 5: duplicate key 'heartbeatTimeout' (first on line 3)"),
+    ("harvest:\n  dataSource: host=a\nlogging: {level: Info}\nharvest:\n  dataSource: host=b\n",
+     "line 4, column 1: duplicate key 'harvest' (first on line 1)"),
+    ("harvest: {baseKafkaConfig: {linger.ms: 1, linger.ms: 2}}\n",
+     "line 1, column 43: duplicate key 'linger.ms' (first on line 1)"),
+], ids=["harvest-key", "limit", "section", "flow-mapping"])
+def test_duplicate_keys_are_refused_with_their_lines(tmp_path: Path, text: str, needle: str) -> None:
+    path = tmp_path / "h.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as info:
+        load_yaml(path)
+    assert needle in str(info.value)
+
+
+@pytest.mark.parametrize(("harvest", "needle"), [
+    ({"leaderElection": "n" * 5000}, "leaderElection: 'nnnnn"),
+    ({"limits": {"heartbeatTimeout": list(range(10**6))}}, "limits.heartbeatTimeout: [0, 1, 2, 3, ...]"),
+    ({"limits": {"maxInFlightRecords": "9" * 1000}}, "limits.maxInFlightRecords: '99999"),
+    ({"x" * 500: 1}, "harvest.'xxxxx"),
+], ids=["long-string", "long-list", "long-int-string", "long-key"])
+def test_error_messages_show_at_most_80_characters_of_a_value(harvest: dict, needle: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        from_mapping({"harvest": harvest})
+    message = str(info.value)
+    assert needle in message and len(message) < 400, message
+    if "[0, 1" not in needle:
+        assert "more chars)" in message
+
+
+def test_a_value_python_will_not_build_is_a_config_error(tmp_path: Path) -> None:
+    path = tmp_path / "h.yaml"
+    path.write_text("harvest:\n  prometheusPort: " + "9" * 5000 + "\n")
+    with pytest.raises(ConfigError, match="a value cannot be read: .*more chars"):
+        load_yaml(path)

@@ -1,0 +1,123 @@
+"""Reading the config file's YAML: PyYAML's safe loader, made strict.
+
+- A mapping that repeats a key is refused (PyYAML keeps the last one silently), naming the key and
+  both lines: two ``dataSource:`` lines mean one of them is a mistake nobody sees.
+- Aliases may share blocks (``<<: *base``), but the document they expand to is bounded by
+  :data:`MAX_EXPANDED_NODES`: nine nested aliases of nine ("billion laughs") expand to ~10^9
+  items, and rendering one in an error message took 48 s and 2.4 GB before failing. An alias to a
+  node that contains it is refused too. Both are counted while the file is composed, before any
+  Python object is built.
+- Errors carry a line and a column, never the offending line (it may hold dataSource's password).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import yaml
+from yaml.composer import ComposerError
+from yaml.constructor import ConstructorError
+from yaml.events import AliasEvent
+from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
+
+from harvest_outbox.producer.errors import shown
+
+#: A config file is a few dozen nodes; anything near this many is not a config.
+MAX_EXPANDED_NODES = 10_000
+_MERGE_TAG = "tag:yaml.org,2002:merge"
+
+
+class StrictLoader(yaml.SafeLoader):
+    """:class:`yaml.SafeLoader` that refuses duplicate keys, alias bombs and recursive aliases."""
+
+    def __init__(self, stream: str) -> None:
+        super().__init__(stream)
+        self._expanded = 0
+        self._sizes: dict[int, int] = {}  # id(node) -> its expanded node count (nodes are kept alive)
+        self._open: set[str] = set()  # anchors of the nodes being composed
+
+    def compose_node(self, parent: Node | None, index: Any) -> Node:
+        event = self.peek_event()
+        if isinstance(event, AliasEvent):
+            if event.anchor in self._open:
+                raise ComposerError(None, None, f"alias *{event.anchor} refers to a node that contains it "
+                                    f"(a recursive structure); write the value out", event.start_mark)
+            node = super().compose_node(parent, index)
+            self._count(self._size(node), event)
+            return node
+        anchor = getattr(event, "anchor", None)
+        if anchor is not None:
+            self._open.add(anchor)
+        try:
+            node = super().compose_node(parent, index)
+        finally:
+            self._open.discard(anchor)  # type: ignore[arg-type]
+        self._count(1, event)
+        return node
+
+    def _count(self, nodes: int, event: Any) -> None:
+        self._expanded += nodes
+        if self._expanded > MAX_EXPANDED_NODES:
+            what = f"alias *{event.anchor}" if isinstance(event, AliasEvent) else "this node"
+            raise ComposerError(None, None, f"{what} makes the document expand to more than "
+                                f"{MAX_EXPANDED_NODES:,} values (an alias bomb?); a config file needs a few dozen: "
+                                f"write the values out instead of nesting aliases", event.start_mark)
+
+    def _size(self, node: Node) -> int:
+        """Nodes ``node`` stands for with every alias in it expanded (memoised: shared nodes are
+        counted once per use without walking them again)."""
+        known = self._sizes.get(id(node))
+        if known is not None:
+            return known
+        if isinstance(node, SequenceNode):
+            size = 1 + sum(self._size(item) for item in node.value)
+        elif isinstance(node, MappingNode):
+            size = 1 + sum(self._size(k) + self._size(v) for k, v in node.value)
+        else:
+            size = 1
+        self._sizes[id(node)] = size
+        return size
+
+    def construct_mapping(self, node: MappingNode, deep: bool = False) -> dict[Any, Any]:
+        if isinstance(node, MappingNode):
+            first_line: dict[Any, int] = {}
+            for key_node, _ in node.value:
+                if not isinstance(key_node, ScalarNode) or key_node.tag == _MERGE_TAG:
+                    continue  # merged keys may be overridden; that is what merging is for
+                key = self.construct_object(key_node)
+                try:
+                    seen = first_line.get(key)
+                    first_line[key] = key_node.start_mark.line + 1
+                except TypeError:
+                    continue  # unhashable: the base class says so
+                if seen is not None:
+                    raise ConstructorError(
+                        None, None, f"duplicate key {shown(key)} (first on line {seen}); keep one of them",
+                        key_node.start_mark)
+        return super().construct_mapping(node, deep)
+
+
+def load_document(text: str) -> Any:
+    """The YAML document ``text`` as Python values (see the module doc for what is refused).
+
+    Raises :class:`yaml.YAMLError` for a document that is not valid or is refused, and ValueError for
+    a value Python will not build (an integer of more than 4,300 digits)."""
+    loader = StrictLoader(text)
+    try:
+        return loader.get_single_data()
+    finally:
+        loader.dispose()
+
+
+def yaml_problem(exc: yaml.YAMLError) -> str:
+    """A YAML error without the source snippet PyYAML quotes (the offending line may be the one holding
+    dataSource's password): position, problem and context only."""
+    if isinstance(exc, yaml.MarkedYAMLError):
+        mark = exc.problem_mark or exc.context_mark
+        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
+        problem = exc.problem or "syntax error"
+        context = f" ({exc.context})" if exc.context else ""
+        return f"{where}{problem}{context}"
+    if isinstance(exc, yaml.reader.ReaderError):
+        return f"character #x{exc.character:04x} at position {exc.position} is not allowed in YAML"
+    return type(exc).__name__
