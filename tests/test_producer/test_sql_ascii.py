@@ -43,8 +43,8 @@ def sql_ascii_dsn(pg_dsn: str, unique_name: Callable[[str], str]) -> Iterator[tu
         with psycopg.connect(dsn, autocommit=True) as conn:
             for stmt in outbox_ddl(names) + shard_ddl(names, 2):
                 conn.execute(stmt)
-            ins = sql.SQL("INSERT INTO {} (kafka_topic, kafka_key, kafka_value, kafka_header_keys, kafka_header_values) "
-                          "VALUES ('t', {}, 'v', '{{}}', '{{}}')").format
+            ins = sql.SQL("INSERT INTO {} (kafka_topic, kafka_key, kafka_value, kafka_header_keys, "
+                          "kafka_header_values) VALUES ('t', {}, 'v', '{{}}', '{{}}')").format
             for i in range(10):
                 conn.execute(ins(names.outbox, sql.Literal(f"k{i}")))
             conn.execute(ins(names.outbox, sql.SQL(r"E'bad\377key'")))
