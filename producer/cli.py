@@ -238,7 +238,7 @@ def _dead_letters(args: argparse.Namespace) -> int:
                       f"would be dead-lettered again; create the topic(s) first (auto-creation is usually off), "
                       f"then requeue", file=sys.stderr)
                 return EXIT_FAILURE
-        moved = requeue(conn, table, ids)
+        moved = requeue(conn, table, ids, cfg.harvest.table_mapping)
         print(f"requeued {moved} dead letter(s)")
         return EXIT_OK
 

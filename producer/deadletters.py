@@ -23,6 +23,7 @@ from psycopg import sql
 from harvest_outbox.producer.election import _PRODUCER_ONLY
 from harvest_outbox.producer.errors import DatabaseError, HarvestError
 from harvest_outbox.producer.schema import OutboxNames
+from harvest_outbox.producer.table_mapping import GOHARVEST, TableMapping
 
 
 class KafkaCheckError(HarvestError):
@@ -80,11 +81,39 @@ def missing_topics(kafka_config: Mapping[str, Any], topics: set[str | None], tim
     return [t for t in wanted if t not in known or known[t].error is not None]
 
 
-def requeue(conn: psycopg.Connection, outbox_table: str, ids: Sequence[int] | None) -> int:
-    """Move dead letters ``ids`` (all when ``None``) back to the outbox; returns how many moved."""
-    names = OutboxNames.parse(outbox_table)
+def requeue(conn: psycopg.Connection, outbox_table: str, ids: Sequence[int] | None,
+            mapping: TableMapping = GOHARVEST) -> int:
+    """Move dead letters ``ids`` (all when ``None``) back to the outbox; returns how many moved. A
+    mapped table's rows are restored from ``source_row`` (the row as the writer wrote it), less the
+    relay's own columns, which take their defaults: the row goes to the end of the outbox, as a
+    requeued goharvest row gets a new id."""
+    names = OutboxNames.parse(outbox_table, mapping)
     where = sql.SQL("") if ids is None else sql.SQL("WHERE id = ANY(%(ids)s)")
-    q = sql.SQL("""
+    if mapping.source_row("o") is not None:
+        own = {mapping.id_column, mapping.leader_column, mapping.created_column}
+        cols = [c for (c,) in conn.execute(
+            "SELECT attname FROM pg_attribute WHERE attrelid = to_regclass(%s) AND attnum > 0 AND NOT attisdropped "
+            "ORDER BY attnum", (names.outbox.as_string(conn),)).fetchall() if c not in own]
+        listed = sql.SQL(", ").join(sql.Identifier(c) for c in cols)
+        q = sql.SQL("""
+            WITH moved AS (DELETE FROM {d} {where} RETURNING id, source_row)
+            INSERT INTO {o} ({cols})
+            SELECT {picked} FROM moved, jsonb_populate_record(NULL::{o}, moved.source_row) AS r
+            ORDER BY moved.id""").format(
+            d=names.dead_letters, o=names.outbox, where=where, cols=listed,
+            picked=sql.SQL(", ").join(sql.Identifier("r", c) for c in cols))
+    else:
+        q = _requeue_goharvest(names, where)
+    try:
+        with conn.transaction():
+            return conn.execute(q, {"ids": list(ids) if ids is not None else None}).rowcount
+    except psycopg.Error as exc:
+        raise DatabaseError(f"requeue into {names.display!r} failed (nothing was moved): "
+                            f"{str(exc).strip()}; fix the dead-letter row(s) first") from exc
+
+
+def _requeue_goharvest(names: OutboxNames, where: sql.Composable) -> sql.Composed:
+    return sql.SQL("""
         WITH moved AS (DELETE FROM {d} {where}
                        RETURNING id, create_time, kafka_topic, kafka_key, kafka_value, kafka_header_keys,
                                  kafka_header_values)
@@ -92,9 +121,3 @@ def requeue(conn: psycopg.Connection, outbox_table: str, ids: Sequence[int] | No
         SELECT coalesce(create_time, now()), kafka_topic, kafka_key, kafka_value,
                coalesce(kafka_header_keys, '{{}}'), coalesce(kafka_header_values, '{{}}')
         FROM moved ORDER BY id""").format(d=names.dead_letters, o=names.outbox, where=where)
-    try:
-        with conn.transaction():
-            return conn.execute(q, {"ids": list(ids) if ids is not None else None}).rowcount
-    except psycopg.Error as exc:
-        raise DatabaseError(f"requeue into {names.display!r} failed (nothing was moved): "
-                            f"{str(exc).strip()}; fix the dead-letter row(s) first") from exc

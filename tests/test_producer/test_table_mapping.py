@@ -22,7 +22,7 @@ from seqcheck import Expected, check_exactly_once
 
 from harvest_outbox.harvest_local.kafka import create_topic
 from harvest_outbox.producer.config import HarvestConfig, from_mapping
-from harvest_outbox.producer.deadletters import list_dead_letters
+from harvest_outbox.producer.deadletters import list_dead_letters, requeue
 from harvest_outbox.producer.errors import ConfigError, SchemaError
 from harvest_outbox.producer.harvest import Harvest
 from harvest_outbox.producer.schema import OutboxNames, init_db, inspect_outbox
@@ -235,6 +235,11 @@ def test_relay_drains_a_debezium_outbox_as_the_router_would(sequenced: bool, pg_
                                        "to go; fix aggregatetype and requeue"]
     assert source[0][0]["id"] == str(poison[0]) and source[0][0]["type"] == "Lost"
     assert left == [(before,)], "the row written before init-db is Debezium's: harvest leaves it"
+    with psycopg.connect(pg_dsn) as conn:  # a requeue restores the row as the writer wrote it
+        assert requeue(conn, table, None, mapping) == 1
+        back = conn.execute(sql.SQL("SELECT id, aggregateid, type, payload, harvest_seq IS NOT NULL, harvest_leader "
+                                    "FROM {} WHERE id = %s").format(names.outbox), (poison[0],)).fetchone()
+    assert back == (poison[0], "o-9", "Lost", {"where": None}, True, None)
 
     for agg in ("Order", "Customer"):
         topic = f"{prefix}.{agg}"
