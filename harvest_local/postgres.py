@@ -29,10 +29,14 @@ DEFAULT_DATABASE = "harvest"
 
 
 class EmbeddedPostgres:
-    def __init__(self, root: Path | None = None, port: int | None = None, password: str | None = None) -> None:
+    def __init__(self, root: Path | None = None, port: int | None = None, password: str | None = None,
+                 logical_replication: bool = False) -> None:
         """``root``: the server's folder; by default one claimed (and locked) by :func:`pgdirs.claim`
-        after sweeping those of dead runs. A given ``root`` is used as is and never swept."""
+        after sweeping those of dead runs. A given ``root`` is used as is and never swept.
+        ``logical_replication``: ``wal_level = logical`` (Debezium's pgoutput slots); off by default
+        because it adds to the WAL every row writes, which the relay benchmarks measure."""
         self.port = port or free_port()
+        self.logical_replication = logical_replication
         self.password = password or os.urandom(12).hex()
         self.database = DEFAULT_DATABASE
         self._bindir = prereqs.postgres_bindir()
@@ -141,6 +145,9 @@ class EmbeddedPostgres:
                 "log_min_messages = warning\n"
                 "log_line_prefix = '%m [%p] %u@%d '\n"
             )
+            if self.logical_replication:
+                # One slot and one WAL sender per Debezium connector; a test may run several at once.
+                conf.write("wal_level = logical\nmax_replication_slots = 20\nmax_wal_senders = 20\n")
 
     def _pg_ctl(self, *args: str, check: bool = True) -> None:
         proc = self._run([str(self._bindir / "pg_ctl"), "-D", str(self.data), *args])

@@ -3,7 +3,8 @@
 - ``services`` (session): Postgres + Kafka from :mod:`harvest_local` (the local launcher by default;
   ``HARVEST_PG_DSN`` / ``HARVEST_KAFKA_BOOTSTRAP`` name existing ones;
   ``HARVEST_TEST_SERVICES=testcontainers`` uses Docker when an engine answers). Started lazily, so a
-  run of pure-logic tests starts nothing.
+  run of pure-logic tests starts nothing. ``logical_pg_dsn`` (session): a second Postgres with
+  ``wal_level = logical``, for the tests that run Debezium.
 - ``spark``: a ``local[2]`` SparkSession with Spark's Kafka source; ``spark_cluster``: a
   ``local-cluster[2,1,1024]`` one (two executor JVMs besides the driver); ``spark_any``: each of
   the two, for the handful of reader tests that run on both. pyspark allows one SparkContext per
@@ -47,6 +48,29 @@ def pg_dsn(services: LocalServices) -> str:
 @pytest.fixture(scope="session")
 def kafka_bootstrap(services: LocalServices) -> str:
     return services.endpoints.kafka_bootstrap
+
+
+@pytest.fixture(scope="session")
+def logical_pg_dsn() -> Iterator[str]:
+    """A Postgres with ``wal_level = logical`` (Debezium's replication slots), started only for the
+    tests that ask; ``HARVEST_PG_DSN`` is used instead when that server already runs with it."""
+    import os
+
+    import psycopg
+
+    from harvest_outbox.harvest_local import EmbeddedPostgres
+
+    existing = os.environ.get("HARVEST_PG_DSN")
+    if existing:
+        with psycopg.connect(existing) as conn:
+            if conn.execute("SHOW wal_level").fetchone() == ("logical",):
+                yield existing
+                return
+    server = EmbeddedPostgres(logical_replication=True).start()
+    try:
+        yield server.dsn
+    finally:
+        server.destroy()
 
 
 class _SparkSessions:
