@@ -214,3 +214,23 @@ def create_topic(bootstrap: str, name: str, partitions: int = 1, config: dict[st
             return
         time.sleep(0.1)
     raise ServiceError("kafka", f"topic {name!r} has no leaders after {timeout:.0f}s")
+
+
+def count_records(bootstrap: str, topics: list[str], timeout: float = 10.0) -> int:
+    """Records the ``topics`` hold now (high minus low watermark, summed); a topic that does not
+    exist yet holds none (a Connect worker creates its topics on the first record)."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"harvest-count-{uuid.uuid4()}"})
+    try:
+        total = 0
+        for topic in topics:
+            meta = consumer.list_topics(topic, timeout=timeout).topics.get(topic)
+            if meta is None or meta.error is not None:
+                continue
+            for partition in meta.partitions:
+                low, high = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=timeout)
+                total += high - low
+        return total
+    finally:
+        consumer.close()
