@@ -11,8 +11,9 @@ Flags (``--data-source``, ``--bootstrap-servers``, ``--outbox-table``, ``--leade
 ``--uuid-sequencing``) override the file; with no file, defaults apply. Environment:
 ``HARVEST_DATA_SOURCE`` can carry the DSN so the password stays out of ``ps``.
 
-Exit codes: 0 success / stopped by SIGINT or SIGTERM; 1 runtime failure (database, Kafka,
-election); 2 usage or configuration error.
+Exit codes: 0 success / stopped by SIGTERM, SIGINT or SIGHUP; 1 runtime failure (database, Kafka,
+election); 2 usage or configuration error; 3 a second stop signal ended the relay without waiting
+for its drain (:mod:`producer.signals`).
 """
 
 from __future__ import annotations
@@ -20,17 +21,21 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import signal
 import sys
 from collections.abc import Callable, Sequence
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
+# Only light modules here: main() installs the stop-signal handlers before the relay's dependencies
+# load (the config pulls in psycopg), see producer/signals.py.
 from harvest_outbox.producer import __version__
-from harvest_outbox.producer.config import FileConfig, from_mapping, load_yaml
 from harvest_outbox.producer.errors import ConfigError, HarvestError
 from harvest_outbox.producer.redact import is_secret_kafka_key, redact_error
+from harvest_outbox.producer.signals import StopSignals
 
-EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
+if TYPE_CHECKING:
+    from harvest_outbox.producer.config import FileConfig
+
+EXIT_OK, EXIT_FAILURE, EXIT_USAGE, EXIT_FORCED = 0, 1, 2, 3
 MAX_LIST_LIMIT = 1_000_000
 _COMMANDS = ("run", "init-db", "shards", "dead-letters")
 log = logging.getLogger("harvest")
@@ -64,7 +69,8 @@ def build_parser() -> argparse.ArgumentParser:
         prog="harvest",
         description="Transactional-outbox relay: moves outbox rows from Postgres to Kafka "
         "(goharvest's mark-purge/reset with NELI leader election).",
-        epilog="Exit codes: 0 ok or stopped by signal, 1 runtime failure, 2 usage/config error.")
+        epilog="Exit codes: 0 ok or stopped by SIGTERM/SIGINT/SIGHUP, 1 runtime failure, 2 usage/config error, "
+        "3 a second stop signal ended the drain.")
     parser.add_argument("--version", action="version", version=_version())
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     run = sub.add_parser("run", help="run the relay (default when no command is given)")
@@ -140,6 +146,8 @@ def _setup_logging(level: str) -> None:
 
 
 def _load(args: argparse.Namespace, extra: dict[str, Any] | None = None) -> FileConfig:
+    from harvest_outbox.producer.config import from_mapping, load_yaml
+
     overrides: dict[str, Any] = {"data_source": args.data_source or os.environ.get("HARVEST_DATA_SOURCE"),
                                  "outbox_table": args.outbox_table, **(extra or {})}
     cfg = load_yaml(args.file, overrides, args.log_level) if args.file else from_mapping({}, overrides,
@@ -149,7 +157,7 @@ def _load(args: argparse.Namespace, extra: dict[str, Any] | None = None) -> File
     return cfg
 
 
-def _run(args: argparse.Namespace) -> int:
+def _run(args: argparse.Namespace, signals: StopSignals) -> int:
     from harvest_outbox.producer.sharded import relay_for
 
     cfg = _load(args, {"bootstrap_servers": args.bootstrap_servers, "leader_topic": args.leader_topic,
@@ -160,15 +168,12 @@ def _run(args: argparse.Namespace) -> int:
                        "uuid_sequencing": args.uuid_sequencing})
     _setup_logging(cfg.log_level)
     log.info("harvest %s starting: %r", __version__, cfg.harvest)
+    if signals.requested.is_set():
+        log.info("stopped before the relay started")
+        return EXIT_OK
     relay = relay_for(cfg.harvest)
-
-    def on_signal(signum: int, _frame: Any) -> None:
-        log.info("received %s: stopping (draining in-flight records)", signal.Signals(signum).name)
-        relay.stop()
-
-    signal.signal(signal.SIGINT, on_signal)
-    signal.signal(signal.SIGTERM, on_signal)
-    relay.start()
+    signals.attach(relay)
+    relay.start()  # returns early, with the relay stopped, when a stop signal arrives meanwhile
     while not relay.wait(0.5):
         pass
     return EXIT_OK
@@ -211,7 +216,7 @@ def _shards(args: argparse.Namespace) -> int:
 
 def _dead_letters(args: argparse.Namespace) -> int:
     from harvest_outbox.producer.db import connect
-    from harvest_outbox.producer.deadletters import list_dead_letters, missing_topics, requeue, topics_of
+    from harvest_outbox.producer.deadletters import list_dead_letters, requeue_what_can_be
 
     cfg = _load(args, {"bootstrap_servers": getattr(args, "bootstrap_servers", None)})
     _setup_logging(cfg.log_level)
@@ -230,31 +235,36 @@ def _dead_letters(args: argparse.Namespace) -> int:
         if args.all and args.ids:
             raise ConfigError("dead-letters requeue: give ids or --all, not both")
         ids = None if args.all else args.ids
-        if not args.skip_topic_check:
-            missing = missing_topics(cfg.harvest.base_kafka_config, topics_of(conn, table, ids))
-            if missing:
-                print(f"harvest: nothing requeued: topic(s) {', '.join(map(repr, map(printable, missing)))} do not "
-                      f"exist in Kafka at {cfg.harvest.base_kafka_config.get('bootstrap.servers')!r}, so those rows "
-                      f"would be dead-lettered again; create the topic(s) first (auto-creation is usually off), "
-                      f"then requeue", file=sys.stderr)
-                return EXIT_FAILURE
-        moved = requeue(conn, table, ids, cfg.harvest.table_mapping)
-        print(f"requeued {moved} dead letter(s)")
-        return EXIT_OK
+        kafka = None if args.skip_topic_check else cfg.harvest.base_kafka_config
+        result = requeue_what_can_be(conn, table, ids, kafka, cfg.harvest.table_mapping)
+        print(f"requeued {result.moved} dead letter(s)")
+        if not result.held:
+            return EXIT_OK
+        print(f"harvest: {result.left} dead letter(s) not requeued (they would only be dead-lettered again):",
+              file=sys.stderr)
+        for group in result.held:
+            print(f"  {printable(group)}", file=sys.stderr)
+        return EXIT_FAILURE
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    signals = StopSignals(forced_exit=EXIT_FORCED).install()  # first: `harvest run` may be stopped at once
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] not in _COMMANDS and argv[0] not in ("-h", "--help", "--version"):
         argv = ["run", *argv]  # goharvest's reaper: `harvest -f harvest.yaml`
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    try:
+        args = build_parser().parse_args(argv)
+        if args.command != "run":
+            signals.release()  # the other commands are short: a signal ends them as it would any process
+    except SystemExit:
+        signals.release()
+        raise
     if args.command is None:
-        parser.print_help()
+        build_parser().print_help()
         return EXIT_OK
     try:
         if args.command == "run":
-            return _run(args)
+            return _run(args, signals)
         if args.command == "init-db":
             return _init_db(args)
         if args.command == "shards":

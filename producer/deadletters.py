@@ -3,11 +3,13 @@
 Requeue moves rows back in one statement (delete from the dead-letter table + insert into the
 outbox), so a row is never lost or doubled. Requeued rows get NEW ids: they go to the back of the
 outbox, i.e. after any record of the same key that was stashed meanwhile — an operator decision,
-made explicit here. A row that is still bad (e.g. NULL topic) fails the outbox's NOT NULL checks
-and the whole requeue is rolled back with a :class:`~producer.errors.DatabaseError` saying why.
+made explicit here. A row that is still bad in a way the outbox refuses (e.g. NULL key) fails its
+NOT NULL checks and the whole :func:`requeue` is rolled back with a
+:class:`~producer.errors.DatabaseError` saying why.
 
-The CLI checks the rows' topics against Kafka first (:func:`missing_topics`) and moves nothing when a
-topic does not exist: those rows would only be dead-lettered again.
+The CLI requeues through :func:`requeue_what_can_be`: rows that would only be dead-lettered again
+(no topic, no key, a topic name Kafka refuses, a topic missing in Kafka) stay where they are and are
+reported by topic and reason; every other row of the selection moves.
 """
 
 from __future__ import annotations
@@ -21,7 +23,8 @@ import psycopg
 from psycopg import sql
 
 from harvest_outbox.producer.election import _PRODUCER_ONLY
-from harvest_outbox.producer.errors import DatabaseError, HarvestError
+from harvest_outbox.producer.errors import DatabaseError, HarvestError, shown
+from harvest_outbox.producer.preflight import topic_name_problem
 from harvest_outbox.producer.schema import OutboxNames
 from harvest_outbox.producer.table_mapping import GOHARVEST, TableMapping
 
@@ -82,13 +85,19 @@ def missing_topics(kafka_config: Mapping[str, Any], topics: set[str | None], tim
 
 
 def requeue(conn: psycopg.Connection, outbox_table: str, ids: Sequence[int] | None,
-            mapping: TableMapping = GOHARVEST) -> int:
+            mapping: TableMapping = GOHARVEST, topics: Sequence[str] | None = None) -> int:
     """Move dead letters ``ids`` (all when ``None``) back to the outbox; returns how many moved. A
     mapped table's rows are restored from ``source_row`` (the row as the writer wrote it), less the
     relay's own columns, which take their defaults: the row goes to the end of the outbox, as a
-    requeued goharvest row gets a new id."""
+    requeued goharvest row gets a new id. With ``topics``, only rows of those topics move (and, of a
+    goharvest outbox, only rows with a key: its kafka_key is NOT NULL)."""
     names = OutboxNames.parse(outbox_table, mapping)
-    where = sql.SQL("") if ids is None else sql.SQL("WHERE id = ANY(%(ids)s)")
+    conds = [] if ids is None else [sql.SQL("id = ANY(%(ids)s)")]
+    if topics is not None:
+        conds.append(sql.SQL("kafka_topic = ANY(%(topics)s)"))
+        if mapping.source_row("o") is None:
+            conds.append(sql.SQL("kafka_key IS NOT NULL"))
+    where = sql.SQL("WHERE ") + sql.SQL(" AND ").join(conds) if conds else sql.SQL("")
     if mapping.source_row("o") is not None:
         own = {mapping.id_column, mapping.leader_column, mapping.created_column}
         cols = [c for (c,) in conn.execute(
@@ -106,7 +115,8 @@ def requeue(conn: psycopg.Connection, outbox_table: str, ids: Sequence[int] | No
         q = _requeue_goharvest(names, where)
     try:
         with conn.transaction():
-            return conn.execute(q, {"ids": list(ids) if ids is not None else None}).rowcount
+            return conn.execute(q, {"ids": list(ids) if ids is not None else None,
+                                    "topics": list(topics) if topics is not None else None}).rowcount
     except psycopg.Error as exc:
         raise DatabaseError(f"requeue into {names.display!r} failed (nothing was moved): "
                             f"{str(exc).strip()}; fix the dead-letter row(s) first") from exc
@@ -121,3 +131,78 @@ def _requeue_goharvest(names: OutboxNames, where: sql.Composable) -> sql.Compose
         SELECT coalesce(create_time, now()), kafka_topic, kafka_key, kafka_value,
                coalesce(kafka_header_keys, '{{}}'), coalesce(kafka_header_values, '{{}}')
         FROM moved ORDER BY id""").format(d=names.dead_letters, o=names.outbox, where=where)
+
+
+#: Ids a held-back group names; the rest are counted.
+HELD_IDS_SHOWN = 10
+
+
+@dataclass(frozen=True)
+class HeldBack:
+    """Dead letters of one topic a requeue left in place, and why."""
+
+    kafka_topic: str | None
+    why: str
+    count: int
+    ids: tuple[int, ...]  # the first HELD_IDS_SHOWN
+
+    def __str__(self) -> str:
+        more = f" and {self.count - len(self.ids)} more" if self.count > len(self.ids) else ""
+        label = "id" if self.count == 1 else "ids"
+        return f"{label} {', '.join(map(str, self.ids))}{more} (topic {shown(self.kafka_topic)}): {self.why}"
+
+
+@dataclass(frozen=True)
+class RequeueResult:
+    moved: int
+    held: tuple[HeldBack, ...]
+
+    @property
+    def left(self) -> int:
+        return sum(h.count for h in self.held)
+
+
+def requeue_what_can_be(conn: psycopg.Connection, outbox_table: str, ids: Sequence[int] | None,
+                        kafka_config: Mapping[str, Any] | None, mapping: TableMapping = GOHARVEST) -> RequeueResult:
+    """Requeue the dead letters ``ids`` (all when ``None``) that the relay can deliver, leave the others.
+
+    Left in place: rows without a topic or a key, rows whose topic name Kafka refuses (illegal,
+    internal) and, unless ``kafka_config`` is None (no topic check), rows whose topic the cluster
+    does not have: requeued, each would only be dead-lettered again."""
+    topics = topics_of(conn, outbox_table, ids)
+    why: dict[str | None, str] = {None: "kafka_topic is NULL; set the row's topic, then requeue"}
+    for topic in topics:
+        problem = None if topic is None else topic_name_problem(topic)
+        if problem is not None:
+            why[topic] = problem
+    legal = {t for t in topics if t is not None and t not in why}
+    if kafka_config is not None:
+        where = shown(kafka_config.get("bootstrap.servers"))
+        for topic in missing_topics(kafka_config, legal):
+            why[topic] = (f"topic {shown(topic)} does not exist in Kafka at {where}; create it (auto-creation is "
+                          f"usually off), then requeue")
+    moved = requeue(conn, outbox_table, ids, mapping, sorted(t for t in legal if t not in why))
+    return RequeueResult(moved, tuple(_held_back(conn, outbox_table, ids, why)))
+
+
+def _held_back(conn: psycopg.Connection, outbox_table: str, ids: Sequence[int] | None,
+               why: Mapping[str | None, str]) -> list[HeldBack]:
+    """The selection's rows still in the dead letters after a requeue, by topic and reason."""
+    names = OutboxNames.parse(outbox_table)
+    where = sql.SQL("") if ids is None else sql.SQL("WHERE id = ANY(%(ids)s)")
+    q = sql.SQL("SELECT kafka_topic, kafka_key IS NULL, count(*), (array_agg(id ORDER BY id))[1:%(shown)s] "
+                "FROM {} {} GROUP BY 1, 2 ORDER BY min(id)").format(names.dead_letters, where)
+    try:
+        rows = conn.execute(q, {"ids": list(ids) if ids is not None else None, "shown": HELD_IDS_SHOWN}).fetchall()
+    except psycopg.Error as exc:
+        raise DatabaseError(f"reading dead letters of {names.display!r} failed: {str(exc).strip()}") from exc
+    held = []
+    for topic, no_key, count, first_ids in rows:
+        if topic in why:
+            reason = why[topic] + ("; its kafka_key is NULL too: set one" if no_key else "")
+        elif no_key:
+            reason = "kafka_key is NULL; set the row's key, then requeue"
+        else:  # a topic the requeue moved: these rows arrived while it ran
+            reason = "dead-lettered while the requeue ran; requeue again"
+        held.append(HeldBack(topic, reason, int(count), tuple(first_ids)))
+    return held

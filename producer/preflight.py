@@ -35,6 +35,8 @@ from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException
 
+from harvest_outbox.producer.errors import shown
+
 log = logging.getLogger(__name__)
 
 _LEGAL_TOPIC = re.compile(r"^[a-zA-Z0-9._\-]{1,249}$")
@@ -51,6 +53,21 @@ DEFAULT_PRODUCER_MAX_BYTES = 1_000_000  # librdkafka's message.max.bytes
 def header_bytes(hkeys: Sequence[str], hvals: Sequence[Any]) -> int:
     """Bytes the headers add to a record (key and value lengths plus their framing)."""
     return sum(len(k.encode()) + (len(v) if v is not None else 0) + HEADER_OVERHEAD for k, v in zip(hkeys, hvals))
+
+
+def topic_name_problem(topic: Any) -> str | None:
+    """Why no broker will ever take records of ``topic`` by its name alone (illegal, internal), or None."""
+    if not isinstance(topic, str) or not _LEGAL_TOPIC.match(topic) or topic in (".", ".."):
+        return (f"kafka_topic {shown(topic)} is not a legal Kafka topic name (1-249 of a-z A-Z 0-9 . _ -, not "
+                f"'.' or '..'); fix kafka_topic and requeue")
+    if topic in INTERNAL_TOPICS:
+        return _internal(topic)
+    return None
+
+
+def _internal(topic: str) -> str:
+    return f"topic {topic!r} is one of Kafka's internal topics, which take no application records; fix " \
+           f"kafka_topic and requeue"
 
 
 def _admin(config: dict[str, Any]) -> Any:
@@ -133,17 +150,10 @@ class TopicGuard:
     def _budget(self, max_bytes: int, topic: str) -> int:
         return max(0, max_bytes - self._overhead) if self._check_size or topic in self._sized else 1 << 62
 
-    @staticmethod
-    def _internal(topic: str) -> str:
-        return f"topic {topic!r} is one of Kafka's internal topics, which take no application records; fix " \
-               f"kafka_topic and requeue"
-
     def _lookup(self, topic: str) -> tuple[int | str, float]:
-        if not isinstance(topic, str) or not _LEGAL_TOPIC.match(topic) or topic in (".", ".."):
-            return (f"kafka_topic {topic!r} is not a legal Kafka topic name (1-249 of a-z A-Z 0-9 . _ -); "
-                    f"fix kafka_topic and requeue", self.ttl)
-        if topic in INTERNAL_TOPICS:
-            return self._internal(topic), self.ttl
+        by_name = topic_name_problem(topic)
+        if by_name is not None:
+            return by_name, self.ttl
         try:
             from confluent_kafka import TopicCollection
             from confluent_kafka.admin import ConfigResource, ResourceType
@@ -164,7 +174,7 @@ class TopicGuard:
                             f"WRITE and DESCRIBE on it, then requeue", self.missing_ttl)
                 raise
             if desc.is_internal:
-                return self._internal(topic), self.ttl
+                return _internal(topic), self.ttl
             if not (self._check_size or topic in self._sized):
                 return self._budget(self._producer_max, topic), self.ttl
             resource = ConfigResource(ResourceType.TOPIC, topic)

@@ -164,7 +164,8 @@ def test_requeue_refuses_rows_of_a_missing_topic(pg_dsn: str, pg_schema: str, ka
     env = {"HARVEST_DATA_SOURCE": pg_dsn}
     args = ["dead-letters", "requeue", "--all", "--outbox-table", table, "--bootstrap-servers", kafka_bootstrap]
     proc = harvest(*args, env=env)
-    assert proc.returncode == 1 and f"topic(s) '{missing}' do not exist in Kafka" in proc.stderr, proc.stderr
+    assert proc.returncode == 1 and f"id 1 (topic '{missing}'): topic '{missing}' does not exist in Kafka" \
+        in proc.stderr, proc.stderr
     assert "Traceback" not in proc.stderr and counts() == (1, 0)
     create_topic(kafka_bootstrap, missing)
     proc = harvest(*args, env=env)
@@ -173,6 +174,53 @@ def test_requeue_refuses_rows_of_a_missing_topic(pg_dsn: str, pg_schema: str, ka
     unreachable = harvest("dead-letters", "requeue", "1", "--outbox-table", table, "--bootstrap-servers",
                           "127.0.0.1:1", env=env)
     assert unreachable.returncode == 0 and "requeued 0" in unreachable.stdout  # no row: no topic to check
+
+
+@pytest.mark.integration
+def test_requeue_all_moves_what_it_can_and_reports_the_rest(pg_dsn: str, pg_schema: str, kafka_bootstrap: str,
+                                                            topic_factory, unique_name) -> None:
+    """One row of an illegal topic name must not hold the others back, and the advice never asks to
+    create a topic Kafka cannot have."""
+    from harvest_outbox.harvest_local.kafka import create_topic
+
+    table = f"{pg_schema}.outbox"
+    init_db(pg_dsn, table)
+    names = OutboxNames.parse(table)
+    good, missing = topic_factory(partitions=1), unique_name("missing")
+    rows = [(1, good, "k"), (2, "", "k"), (3, missing, "k"), (4, None, "k"), (5, good, None), (6, "bad topic!", "k"),
+            (7, "__consumer_offsets", "k"), (8, good, "k2")] + [(100 + i, "", "k") for i in range(12)]
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        for row in rows:
+            conn.execute(sql.SQL("INSERT INTO {} (id, create_time, kafka_topic, kafka_key, kafka_value, error, "
+                                 "attempts) VALUES (%s, now(), %s, %s, 'v', 'e', 1)").format(names.dead_letters), row)
+
+    def left() -> list[int]:
+        with psycopg.connect(pg_dsn) as conn:
+            return [r[0] for r in conn.execute(sql.SQL("SELECT id FROM {} ORDER BY id").format(names.dead_letters))]
+
+    env = {"HARVEST_DATA_SOURCE": pg_dsn}
+    args = ["dead-letters", "requeue", "--all", "--outbox-table", table, "--bootstrap-servers", kafka_bootstrap]
+    proc = harvest(*args, env=env)
+    err = proc.stderr
+    assert proc.returncode == 1 and "requeued 2 dead letter(s)" in proc.stdout, (proc.stdout, err)
+    assert "Traceback" not in err and "18 dead letter(s) not requeued" in err, err
+    assert left() == [2, 3, 4, 5, 6, 7] + [100 + i for i in range(12)]
+    assert ("ids 2, 100, 101, 102, 103, 104, 105, 106, 107, 108 and 3 more (topic ''): kafka_topic '' is not a legal "
+            "Kafka topic name") in err, err
+    assert f"id 3 (topic '{missing}'): topic '{missing}' does not exist in Kafka at" in err
+    assert "id 4 (topic None): kafka_topic is NULL; set the row's topic" in err
+    assert f"id 5 (topic '{good}'): kafka_key is NULL; set the row's key" in err
+    assert "id 6 (topic 'bad topic!'): kafka_topic 'bad topic!' is not a legal Kafka topic name" in err
+    assert "id 7 (topic '__consumer_offsets'): topic '__consumer_offsets' is one of Kafka's internal topics" in err
+    for line in err.splitlines():
+        assert "create it" not in line or missing in line, line  # only an existing-name topic is to be created
+    create_topic(kafka_bootstrap, missing)
+    again = harvest(*args, env=env)
+    assert again.returncode == 1 and "requeued 1 dead letter(s)" in again.stdout, again
+    assert left() == [2, 4, 5, 6, 7] + [100 + i for i in range(12)]
+    chosen = harvest("dead-letters", "requeue", "5", "6", "--outbox-table", table, "--skip-topic-check", env=env)
+    assert chosen.returncode == 1 and "requeued 0 dead letter(s)" in chosen.stdout
+    assert "2 dead letter(s) not requeued" in chosen.stderr and "id 5 (topic" in chosen.stderr
 
 
 @pytest.mark.integration
