@@ -54,7 +54,6 @@ from __future__ import annotations
 import base64
 import json
 import logging
-import os
 from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -69,6 +68,7 @@ from harvest_outbox.spark_reader.batch import _check_options, finish_columns
 from harvest_outbox.spark_reader.errors import ReaderConfigError
 from harvest_outbox.spark_reader.policy import check_policy
 from harvest_outbox.spark_reader.sequencing import GroupPlan, header_values, sequence_partition
+from harvest_outbox.spark_reader.stream_state import check_state_location
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -114,9 +114,8 @@ def readCommittedStream(spark: SparkSession, topic: str, kafka_options: Mapping[
     options = dict(kafka_options or {})
     _check_options(topic, options)
     policy = check_policy(uuid_policy)
-    if state_location is not None and (not isinstance(state_location, str) or not state_location.strip()):
-        raise ReaderConfigError(f"state_location={state_location!r}: pass a folder path or URI (file://, hdfs://, "
-                                "s3://, gs://) every executor and the driver can reach, or None")
+    if state_location is not None:
+        state_location = check_state_location(state_location)
     if state_location is None:
         _check_state_store(spark)
         _tune_state_store(spark)
@@ -133,8 +132,6 @@ def readCommittedStream(spark: SparkSession, topic: str, kafka_options: Mapping[
     if state_location is not None:
         from harvest_outbox.spark_reader.stream_source import SourceSettings, committed_stream
 
-        if "://" not in state_location:  # executors run in other working folders: an absolute path
-            state_location = os.path.abspath(state_location)
         settings = SourceSettings(topic=topic, kafka=options, state_location=state_location, uuid_policy=policy,
                                   include_acks=include_acks, ring_size=ring_size, prune_horizon_ns=prune_horizon_ns,
                                   max_offsets_per_trigger=max_offsets_per_trigger,

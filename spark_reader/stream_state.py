@@ -24,6 +24,7 @@ from __future__ import annotations
 import os
 import uuid
 from dataclasses import dataclass
+from typing import Any
 
 import msgpack
 
@@ -31,6 +32,47 @@ from harvest_outbox.sequencer import ProducerState
 from harvest_outbox.spark_reader.errors import ReaderConfigError, StreamStateError
 
 _WIDTH = 20  # offsets zero-padded, so names sort in offset order
+#: URI schemes pyarrow's ``FileSystem.from_uri`` opens: the state files are written through pyarrow,
+#: not through Spark's Hadoop filesystems (so ``s3a://`` is not one of them).
+SCHEMES = ("file", "hdfs", "viewfs", "s3", "gs", "gcs", "abfs", "abfss")
+_FIX = ("Fix: pass a folder (existing, or one that can be created) every executor and the driver can reach: "
+        f"a path or a URI of {', '.join(s + '://' for s in SCHEMES)}")
+
+
+def check_state_location(value: Any) -> str:
+    """``state_location`` as the stream will use it (a local path made absolute), checked when the stream
+    is defined rather than in its first micro-batch: a local path must be a folder or creatable (not a
+    file, not under a file, not a device such as /dev/null, writable), a URI must have a scheme pyarrow
+    opens. Raises :class:`ReaderConfigError` naming the value, what is wrong and the fix."""
+    if not isinstance(value, str) or not value.strip():
+        raise ReaderConfigError(f"state_location={value!r}: not a folder path or URI. {_FIX}, or None")
+    scheme, sep, rest = value.partition("://")
+    if sep and scheme.lower() not in SCHEMES:
+        hint = " (Hadoop's name for S3: write s3:// here)" if scheme.lower() in ("s3a", "s3n") else ""
+        raise ReaderConfigError(f"state_location={value!r}: the scheme {scheme!r}{hint} is not one the state "
+                                f"files can be written to. {_FIX}")
+    if sep and scheme.lower() != "file":
+        return value
+    path = os.path.abspath(rest if sep else value)
+    problem = _local_folder_problem(path)
+    if problem is not None:
+        raise ReaderConfigError(f"state_location={value!r}: {problem}. {_FIX}")
+    return value if sep else path
+
+
+def _local_folder_problem(path: str) -> str | None:
+    """Why the local folder ``path`` cannot hold the state files, or None."""
+    existing = path
+    while not os.path.lexists(existing):
+        existing = os.path.dirname(existing)
+    if not os.path.isdir(existing):
+        kind = "a file" if os.path.isfile(existing) else "not a folder (a device, socket or broken link)"
+        if existing == path:
+            return f"{path!r} is {kind}"
+        return f"{path!r} cannot be created: {existing!r} is {kind}"
+    if not os.access(existing, os.W_OK | os.X_OK):
+        return f"{existing!r} is not writable by this user, so the state files cannot be written"
+    return None
 
 
 def _filesystem(location: str):  # type: ignore[no-untyped-def]
@@ -38,7 +80,10 @@ def _filesystem(location: str):  # type: ignore[no-untyped-def]
 
     if "://" not in location:
         location = os.path.abspath(location)
-        os.makedirs(location, exist_ok=True)
+        try:
+            os.makedirs(location, exist_ok=True)
+        except OSError as exc:  # changed since the stream was defined (check_state_location)
+            raise ReaderConfigError(f"state_location={location!r} cannot be used: {exc.strerror}. {_FIX}") from exc
         return fs.LocalFileSystem(), location
     try:
         return fs.FileSystem.from_uri(location)

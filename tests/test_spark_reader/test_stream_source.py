@@ -12,7 +12,7 @@ import pytest
 from sequenced_log import write_log
 from harvest_outbox.sequencer import ProducerState
 from harvest_outbox.spark_reader import ReaderConfigError, StreamStateError, readCommittedStream
-from harvest_outbox.spark_reader.stream_state import StreamStateFiles
+from harvest_outbox.spark_reader.stream_state import StreamStateFiles, check_state_location
 
 
 def _states(topic: str, partition: int) -> list[ProducerState]:
@@ -44,9 +44,43 @@ def test_state_location_that_cannot_be_opened_names_the_fix(tmp_path) -> None:
         StreamStateFiles("nosuch://x/y", "run").put(0, 0, [])
 
 
+def _state_location_cases(tmp_path):  # type: ignore[no-untyped-def]
+    a_file = tmp_path / "a-file"
+    a_file.write_text("x")
+    return {
+        "empty": ("", r"state_location='': not a folder path or URI"),
+        "int": (5, r"state_location=5: not a folder path or URI"),
+        "a-file": (str(a_file), rf"state_location='{a_file}': '{a_file}' is a file\. Fix: pass a folder"),
+        "dev-null": ("/dev/null", r"'/dev/null' is not a folder \(a device"),
+        "under-a-file": (str(a_file / "state"), rf"'{a_file / 'state'}' cannot be created: '{a_file}' is a file"),
+        "file-uri-to-a-file": (f"file://{a_file}", rf"state_location='file://{a_file}': '{a_file}' is a file"),
+        "unknown-scheme": ("nosuch://x/y", r"the scheme 'nosuch' is not one the state files can be written to\. "
+                                           r"Fix: .*file://, hdfs://, viewfs://, s3://, gs://, gcs://, abfs://"),
+        "hadoop-s3a": ("s3a://bucket/state", r"the scheme 's3a' \(Hadoop's name for S3: write s3:// here\)"),
+    }
+
+
+@pytest.mark.parametrize("case", ["empty", "int", "a-file", "dev-null", "under-a-file", "file-uri-to-a-file",
+                                  "unknown-scheme", "hadoop-s3a"])
+def test_state_location_is_checked_where_it_is_given(tmp_path, case: str) -> None:
+    value, match = _state_location_cases(tmp_path)[case]
+    with pytest.raises(ReaderConfigError, match=match):
+        check_state_location(value)
+
+
+def test_usable_state_locations_are_accepted(tmp_path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert check_state_location(str(tmp_path)) == str(tmp_path)
+    assert check_state_location("new/deeper/state") == str(tmp_path / "new/deeper/state")  # absolute, not created
+    assert not (tmp_path / "new").exists()
+    for uri in (f"file://{tmp_path}/state", "s3://bucket/state", "gs://bucket/state", "hdfs://nn:8020/state",
+                "abfss://c@account.dfs.core.windows.net/state"):
+        assert check_state_location(uri) == uri
+
+
 @pytest.mark.integration
 @pytest.mark.spark
-@pytest.mark.parametrize("bad", ["", "   ", 5], ids=["empty", "blank", "int"])
+@pytest.mark.parametrize("bad", ["", "   ", 5, "/dev/null"], ids=["empty", "blank", "int", "dev-null"])
 def test_bad_state_location_argument(spark, kafka_bootstrap, topic_factory, bad) -> None:
     with pytest.raises(ReaderConfigError, match="state_location="):
         readCommittedStream(spark, topic_factory(partitions=1), {"kafka.bootstrap.servers": kafka_bootstrap},
