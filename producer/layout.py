@@ -107,9 +107,14 @@ def namespace(qualified_table: str) -> int:
 
 
 def recorded_layout(conn: psycopg.Connection, names: OutboxNames, *, for_update: bool = False) -> Layout | None:
-    """The layout of the outbox's relays as last recorded (None before the first relay started)."""
+    """The layout of the outbox's relays as last recorded (None before the first relay started).
+    ``for_update`` (in a transaction): lock the record's row, created if someone deleted it, so that
+    admissions are serial."""
     lock = sql.SQL(" FOR UPDATE" if for_update else "")
     try:
+        if for_update:
+            conn.execute(sql.SQL("INSERT INTO {} (singleton) VALUES (true) ON CONFLICT DO NOTHING").format(
+                names.layout))
         row = conn.execute(sql.SQL("SELECT shards, leader_election, leader_group_id, leader_topic FROM {} "
                                    "WHERE singleton{}").format(names.layout, lock)).fetchone()
     except psycopg.errors.UndefinedTable as exc:

@@ -233,6 +233,8 @@ def test_an_outbox_initialised_by_an_older_harvest_needs_init_db_for_the_layout(
     with pytest.raises(SchemaError, match=r"_harvest_layout.*does not exist.*run `harvest init-db` again"):
         Harvest(cfg).start()
     init_db(pg_dsn, table)  # idempotent: adds only what is missing
+    with psycopg.connect(pg_dsn) as conn:  # a record row deleted by hand: admission recreates it
+        conn.execute(sql.SQL("DELETE FROM {}").format(names.layout))
     relay = Harvest(cfg).start()
     relay.stop()
     relay.wait(30)
