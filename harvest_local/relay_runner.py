@@ -18,16 +18,16 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import signal
 import sys
-from typing import Any
 
 from harvest_outbox.harvest_local.relays import TEST_HOOKS
+from harvest_outbox.producer.cli import EXIT_FORCED
 from harvest_outbox.producer.config import load_yaml
-from harvest_outbox.producer.harvest import Harvest
 from harvest_outbox.producer.errors import ConfigError
+from harvest_outbox.producer.harvest import Harvest
 from harvest_outbox.producer.kafka import FaultInjector
 from harvest_outbox.producer.sequencing import install_crash_points
+from harvest_outbox.producer.signals import StopSignals
 
 log = logging.getLogger("harvest.relay_runner")
 
@@ -47,6 +47,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("-f", "--file", required=True)
     parser.add_argument("--name", required=True)
     args = parser.parse_args(argv)
+    signals = StopSignals(forced_exit=EXIT_FORCED).install()  # as the harvest command answers them
     try:
         crash_at, pause_at = (os.environ.get(var) for var in TEST_HOOKS)
         install_crash_points(crash_at, pause_at, names=TEST_HOOKS)
@@ -65,12 +66,7 @@ def main(argv: list[str] | None = None) -> int:
                                 kill_at_produce=int(faults.get("killat", 0)))
         log.info("injecting faults: %s", faults)
     relay = Harvest(cfg.harvest, producer_factory=factory) if factory else Harvest(cfg.harvest)
-
-    def on_signal(signum: int, _frame: Any) -> None:
-        relay.stop()
-
-    signal.signal(signal.SIGINT, on_signal)
-    signal.signal(signal.SIGTERM, on_signal)
+    signals.attach(relay)
     relay.start()
     while not relay.wait(0.5):
         pass

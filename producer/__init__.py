@@ -14,22 +14,60 @@ Embedded use::
     relay.stop(); relay.wait()
 """
 
-from importlib.metadata import PackageNotFoundError, version
+from __future__ import annotations
 
-try:
-    __version__ = version("harvest-outbox")
-except PackageNotFoundError:  # running from a checkout without installing
-    __version__ = "0.0.0+unknown"
+import importlib
+from typing import TYPE_CHECKING, Any
 
-from harvest_outbox.producer.config import HarvestConfig, Limits, load_yaml  # noqa: E402
-from harvest_outbox.producer.errors import (ConfigError, DatabaseError, ElectionError, HarvestError, ProducerError,  # noqa: E402
-                                            RecordError, SchemaError)
-from harvest_outbox.producer.events import (LeaderAcquired, LeaderFenced, LeaderRefreshed, LeaderRevoked,  # noqa: E402
-                                            MeterRead)
-from harvest_outbox.producer.harvest import Harvest  # noqa: E402
-from harvest_outbox.producer.schema import init_db  # noqa: E402
-from harvest_outbox.producer.stasher import OutboxRecord, Stasher, stash, stash_many  # noqa: E402
-from harvest_outbox.producer.stasher_async import AsyncStasher  # noqa: E402
+# The names below (and __version__) load on first use (PEP 562), not with the package: the `harvest`
+# command installs its stop-signal handlers before the relay's dependencies (psycopg, confluent-kafka)
+# take their ~0.2-0.4 s to import, so a SIGTERM right after start is a graceful stop, not a kill.
+_EXPORTS = {
+    "config": ("HarvestConfig", "Limits", "load_yaml"),
+    "errors": ("ConfigError", "DatabaseError", "ElectionError", "HarvestError", "ProducerError", "RecordError",
+               "SchemaError"),
+    "events": ("LeaderAcquired", "LeaderFenced", "LeaderRefreshed", "LeaderRevoked", "MeterRead"),
+    "harvest": ("Harvest",),
+    "schema": ("init_db",),
+    "stasher": ("OutboxRecord", "Stasher", "stash", "stash_many"),
+    "stasher_async": ("AsyncStasher",),
+}
+_MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in names}
+
+if TYPE_CHECKING:
+    from harvest_outbox.producer.config import HarvestConfig, Limits, load_yaml
+    from harvest_outbox.producer.errors import (ConfigError, DatabaseError, ElectionError, HarvestError, ProducerError,
+                                                RecordError, SchemaError)
+    from harvest_outbox.producer.events import LeaderAcquired, LeaderFenced, LeaderRefreshed, LeaderRevoked, MeterRead
+    from harvest_outbox.producer.harvest import Harvest
+    from harvest_outbox.producer.schema import init_db
+    from harvest_outbox.producer.stasher import OutboxRecord, Stasher, stash, stash_many
+    from harvest_outbox.producer.stasher_async import AsyncStasher
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("harvest-outbox")
+    except PackageNotFoundError:  # running from a checkout without installing
+        return "0.0.0+unknown"
+
+
+def __getattr__(name: str) -> Any:
+    if name == "__version__":  # reading the installed metadata costs ~10-20 ms: only when asked
+        globals()[name] = value = _version()
+        return value
+    module = _MODULE_OF.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_MODULE_OF, "__version__"})
 
 __all__ = [
     "AsyncStasher", "ConfigError", "DatabaseError", "ElectionError", "Harvest", "HarvestConfig", "HarvestError",

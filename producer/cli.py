@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 # Only light modules here: main() installs the stop-signal handlers before the relay's dependencies
 # load (the config pulls in psycopg), see producer/signals.py.
-from harvest_outbox.producer import __version__
+from harvest_outbox import producer
 from harvest_outbox.producer.errors import ConfigError, HarvestError
 from harvest_outbox.producer.redact import is_secret_kafka_key, redact_error
 from harvest_outbox.producer.signals import StopSignals
@@ -47,7 +47,7 @@ def _version() -> str:
     from harvest_outbox.consumer import record
 
     readers = "native" if record._native is not None else "python"
-    return f"harvest {__version__} (sequencer: {sequencer.IMPLEMENTATION}, reader fast path: {readers})"
+    return f"harvest {producer.__version__} (sequencer: {sequencer.IMPLEMENTATION}, reader fast path: {readers})"
 
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("-f", "--file", help="YAML config (goharvest reaper format: harvest: {...}, logging: {...})")
@@ -167,7 +167,7 @@ def _run(args: argparse.Namespace, signals: StopSignals) -> int:
                        "prometheus_bind_address": args.prometheus_bind_address,
                        "uuid_sequencing": args.uuid_sequencing})
     _setup_logging(cfg.log_level)
-    log.info("harvest %s starting: %r", __version__, cfg.harvest)
+    log.info("harvest %s starting: %r", producer.__version__, cfg.harvest)
     if signals.requested.is_set():
         log.info("stopped before the relay started")
         return EXIT_OK

@@ -24,6 +24,7 @@ does not make the leader give up and re-acquire partition 0; ``on_lost`` treated
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from typing import Any, Protocol
 
@@ -89,17 +90,32 @@ _PRODUCER_ONLY = ("partitioner", "linger.ms", "acks", "enable.idempotence", "com
                   "delivery.timeout.ms", "message.timeout.ms", "queue.buffering.max.ms", "batch.num.messages")
 
 
+#: Seconds of each metadata request while a relay that may be stopped looks up its leader topic: a
+#: stop request is seen between two, so a relay whose Kafka does not answer still stops promptly.
+_LOOKUP_SLICE = 0.25
+_NO_ANSWER_YET = (KafkaError._TRANSPORT, KafkaError._TIMED_OUT)
+
+
 def ensure_topic(base: dict[str, Any], topic: str, partitions: int = 1, replication_factor: int = -1,
-                 timeout: float = 30.0) -> None:
-    """Create ``topic`` unless it exists (auto-creation is often off on real clusters)."""
-    admin = AdminClient({k: v for k, v in base.items() if k not in _PRODUCER_ONLY})
-    try:
-        md = admin.list_topics(timeout=timeout)
-    except KafkaException as exc:
-        raise ElectionError(f"cannot reach Kafka at {base.get('bootstrap.servers')!r} to look up leader topic "
-                            f"{topic!r}: {exc.args[0].str()}") from exc
+                 timeout: float = 30.0, stop: threading.Event | None = None) -> bool:
+    """Create ``topic`` unless it exists (auto-creation is often off on real clusters). False when
+    ``stop`` was set before Kafka answered: nothing was looked up or created."""
+    admin = AdminClient({"logger": LIBRDKAFKA_LOG, **{k: v for k, v in base.items() if k not in _PRODUCER_ONLY}})
+    deadline = time.monotonic() + timeout
+    while True:
+        if stop is not None and stop.is_set():
+            return False
+        left = deadline - time.monotonic()
+        try:
+            md = admin.list_topics(timeout=max(0.001, left if stop is None else min(left, _LOOKUP_SLICE)))
+            break
+        except KafkaException as exc:
+            if exc.args[0].code() in _NO_ANSWER_YET and time.monotonic() < deadline:
+                continue  # the slice ended without an answer (librdkafka waits out the timeout)
+            raise ElectionError(f"cannot reach Kafka at {base.get('bootstrap.servers')!r} to look up leader topic "
+                                f"{topic!r}: {exc.args[0].str()}") from exc
     if topic in md.topics and md.topics[topic].error is None:
-        return
+        return True
     futures = admin.create_topics([NewTopic(topic, partitions, replication_factor)], request_timeout=timeout)
     try:
         futures[topic].result(timeout)
@@ -108,6 +124,7 @@ def ensure_topic(base: dict[str, Any], topic: str, partitions: int = 1, replicat
         if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
             raise ElectionError(f"cannot create leader topic {topic!r}: {exc.args[0].str()}; create it with one "
                                 f"partition or grant CREATE on the cluster") from exc
+    return True
 
 
 #: librdkafka's default max.poll.interval.ms; it must be >= session.timeout.ms.
@@ -154,9 +171,11 @@ class NeliElection:
 
     def __init__(self, base_kafka_config: dict[str, Any], leader_topic: str, leader_group_id: str, name: str,
                  heartbeat_timeout: float = 5.0, min_poll_interval: float = 0.1, poll_duration: float = 0.001,
-                 replication_factor: int = -1) -> None:
+                 replication_factor: int = -1, stop: threading.Event | None = None) -> None:
+        """``stop``: the relay's stop request; ``start()`` gives up waiting for Kafka once it is set."""
         self._base = {k: v for k, v in base_kafka_config.items() if k not in _PRODUCER_ONLY}
         self.topic, self.group, self.name = leader_topic, leader_group_id, name
+        self._stop = stop
         self._heartbeat_timeout = heartbeat_timeout
         self._min_poll_interval = min_poll_interval
         self._poll_duration = poll_duration
@@ -176,7 +195,8 @@ class NeliElection:
 
     def start(self, listener: ElectionListener) -> None:
         self._listener = listener
-        ensure_topic(self._base, self.topic, 1, self._replication_factor)
+        if not ensure_topic(self._base, self.topic, 1, self._replication_factor, stop=self._stop):
+            return  # stopped while Kafka did not answer: no clients, nothing to leave
         try:
             self._consumer, self._producer = neli_clients(self._base, self.topic, self.group, self.name,
                                                           self._heartbeat_timeout, self._on_assign, self._on_revoke)

@@ -56,7 +56,7 @@ class State(enum.Enum):
     STOPPED = "stopped"
 
 
-def _make_election(config: HarvestConfig) -> LeaderElection:
+def _make_election(config: HarvestConfig, stop: threading.Event) -> LeaderElection:
     if config.leader_election == "postgres":
         from harvest_outbox.producer.election_postgres import PostgresElection
 
@@ -65,7 +65,8 @@ def _make_election(config: HarvestConfig) -> LeaderElection:
     return NeliElection(
         dict(config.base_kafka_config), config.leader_topic, config.leader_group_id, config.name,
         heartbeat_timeout=config.limits.heartbeat_timeout, min_poll_interval=config.limits.min_poll_interval,
-        poll_duration=config.limits.poll_duration, replication_factor=config.leader_topic_replication_factor)
+        poll_duration=config.limits.poll_duration, replication_factor=config.leader_topic_replication_factor,
+        stop=stop)
 
 
 class Harvest:
@@ -88,13 +89,13 @@ class Harvest:
         self._shards = shards
         if shards is not None:
             election = shards
-        self._election: LeaderElection = election or _make_election(config)
+        self._stop_requested = threading.Event()
+        self._election: LeaderElection = election or _make_election(config, self._stop_requested)
         mode_type: type[AtLeastOnceMode] | type[SequencedMode] = (
             SequencedMode if config.uuid_sequencing else AtLeastOnceMode)
         # Rows no broker will take are dead-lettered before they are produced (producer/preflight.py).
         guard = topic_guard or TopicGuard(config.base_kafka_config, config.producer_config(),
                                           extra_overhead=mode_type.HEADER_BYTES)
-        self._stop_requested = threading.Event()
         self.core = RelayCore(config, self._emit, producer_factory=producer_factory or confluent_producer,
                               guard=guard, shards=shards, stop_requested=self._stop_requested)
         self.mode: RelayMode = mode_type(self.core)
@@ -139,6 +140,8 @@ class Harvest:
         return self.metrics.last
 
     def start(self) -> Harvest:
+        """Connect and join the election; the relay loop runs on its own thread. A ``stop()`` meanwhile
+        (from a signal handler, on this thread) ends a wait for Kafka: the relay returns stopped."""
         if self._state is not State.CREATED:
             raise HarvestError(f"cannot start a relay in state {self._state.value}")
         try:
@@ -157,6 +160,11 @@ class Harvest:
             self._shutdown()  # release whatever was opened before the failure
             self._state = State.STOPPED
             raise
+        if self._stop_requested.is_set():  # stopped while starting (a signal while Kafka did not answer)
+            self._shutdown()
+            self._state = State.STOPPED
+            log.info("relay %s stopped while starting", self.config.name)
+            return self
         self._state = State.RUNNING
         self._thread = threading.Thread(target=self._run, name=f"harvest-{self.config.name}", daemon=True)
         self._thread.start()

@@ -130,9 +130,11 @@ class NeliShardElection:
 
     def __init__(self, base_kafka_config: dict[str, Any], leader_topic: str, leader_group_id: str, name: str,
                  shards: int, heartbeat_timeout: float = 5.0, min_poll_interval: float = 0.1,
-                 poll_duration: float = 0.001, replication_factor: int = -1) -> None:
+                 poll_duration: float = 0.001, replication_factor: int = -1,
+                 stop: threading.Event | None = None) -> None:
         self._base = {k: v for k, v in base_kafka_config.items() if k not in _PRODUCER_ONLY}
         self.topic, self.group, self.name, self.shards = leader_topic, leader_group_id, name, shards
+        self._stop = stop  # the relay's stop request: start() gives up waiting for Kafka once it is set
         self._heartbeat_timeout = heartbeat_timeout
         self._min_poll_interval = min_poll_interval
         self._poll_duration = poll_duration
@@ -153,7 +155,8 @@ class NeliShardElection:
 
     def start(self, listener: ShardListener) -> None:
         self._listener = listener
-        ensure_topic(self._base, self.topic, self.shards, self._replication_factor)
+        if not ensure_topic(self._base, self.topic, self.shards, self._replication_factor, stop=self._stop):
+            return  # stopped while Kafka did not answer: no clients, nothing to leave
         self._check_partitions()
         try:
             self._consumer, self._producer = neli_clients(self._base, self.topic, self.group, self.name,

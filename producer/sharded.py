@@ -46,7 +46,7 @@ from harvest_outbox.producer.shard_election import NeliShardElection, ShardElect
 log = logging.getLogger(__name__)
 
 
-def _make_shard_election(config: HarvestConfig) -> ShardElection:
+def _make_shard_election(config: HarvestConfig, stop: threading.Event) -> ShardElection:
     if config.leader_election == "postgres":
         from harvest_outbox.producer.shard_election_postgres import PostgresShardElection
 
@@ -55,7 +55,8 @@ def _make_shard_election(config: HarvestConfig) -> ShardElection:
     return NeliShardElection(
         dict(config.base_kafka_config), config.leader_topic, config.leader_group_id, config.name, config.shards,
         heartbeat_timeout=config.limits.heartbeat_timeout, min_poll_interval=config.limits.min_poll_interval,
-        poll_duration=config.limits.poll_duration, replication_factor=config.leader_topic_replication_factor)
+        poll_duration=config.limits.poll_duration, replication_factor=config.leader_topic_replication_factor,
+        stop=stop)
 
 
 def relay_for(config: HarvestConfig, event_handler: EventHandler | None = None, **kwargs: Any) -> Harvest | ShardedHarvest:
@@ -77,14 +78,14 @@ class ShardedHarvest:
         self.config = config
         self.limits = config.limits
         self.names = OutboxNames.parse(config.outbox_table, config.table_mapping)
-        self._election = election or _make_shard_election(config)
+        self._stop_requested = threading.Event()
+        self._election = election or _make_shard_election(config, self._stop_requested)
         self._seat = ShardSetSeat(config.shards)
         #: The relay loop (its ``metrics`` are this relay's).
         self.relay = Harvest(config.replace(prometheus_port=None), event_handler, producer_factory=producer_factory,
                              shards=self._seat)
         self.metrics: Metrics = self.relay.metrics
         self._state = State.CREATED
-        self._stop_requested = threading.Event()
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
         self._prometheus: Any = None
@@ -123,20 +124,27 @@ class ShardedHarvest:
                                                     shards=self._shard_metrics)
             self._election.start(self)
         except BaseException:
-            self.relay.stop()
-            try:
-                self.relay.wait(30)
-            except HarvestError:
-                pass
-            self._close_endpoint()
-            self._state = State.STOPPED
+            self._abandon_start()
             raise
+        if self._stop_requested.is_set():  # stopped while starting (a signal while Kafka did not answer)
+            self._abandon_start()
+            log.info("relay %s stopped while starting", self.config.name)
+            return self
         self._state = State.RUNNING
         self._thread = threading.Thread(target=self._run, name=f"harvest-shards-{self.config.name}", daemon=True)
         self._thread.start()
         log.info("relay %s started on %s with %d shards (leader election: %s)", self.config.name,
                  self.names.display, self.config.shards, self.config.leader_election)
         return self
+
+    def _abandon_start(self) -> None:
+        self.relay.stop()
+        try:
+            self.relay.wait(30)
+        except HarvestError:
+            pass
+        self._close_endpoint()
+        self._state = State.STOPPED
 
     def stop(self) -> None:
         """Stop: the relay loop drains, then the shards are released to the other relays."""
