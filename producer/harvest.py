@@ -56,7 +56,7 @@ class State(enum.Enum):
     STOPPED = "stopped"
 
 
-def _make_election(config: HarvestConfig, stop: threading.Event) -> LeaderElection:
+def _make_election(config: HarvestConfig, stop: threading.Event | None = None) -> LeaderElection:
     if config.leader_election == "postgres":
         from harvest_outbox.producer.election_postgres import PostgresElection
 

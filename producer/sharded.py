@@ -46,7 +46,7 @@ from harvest_outbox.producer.shard_election import NeliShardElection, ShardElect
 log = logging.getLogger(__name__)
 
 
-def _make_shard_election(config: HarvestConfig, stop: threading.Event) -> ShardElection:
+def _make_shard_election(config: HarvestConfig, stop: threading.Event | None = None) -> ShardElection:
     if config.leader_election == "postgres":
         from harvest_outbox.producer.shard_election_postgres import PostgresShardElection
 
