@@ -80,6 +80,22 @@ def test_a_signal_stops_a_relay_whose_kafka_does_not_answer(sig: signal.Signals,
     assert "Traceback" not in log.read_text()
 
 
+def test_a_signal_stops_a_sharded_relay_whose_kafka_does_not_answer(pg_dsn: str, pg_schema: str, tmp_path: Path,
+                                                                    unique_name: Callable[[str], str]) -> None:
+    """``shards: 4`` with NELI: the per-shard leader topic is looked up by the shard election."""
+    table = f"{pg_schema}.outbox"
+    init_db(pg_dsn, table, shards=4)
+    cfg = write_config(tmp_path / "relay.yaml", dsn=pg_dsn, bootstrap=_closed_port(), outbox_table=table,
+                       group=unique_name("g"), shards=4)
+    log = tmp_path / "relay.log"
+    proc = _start(cfg, log)
+    time.sleep(2.0)
+    assert proc.poll() is None, log.read_text()
+    proc.send_signal(signal.SIGTERM)
+    assert _ended(proc, log, PROMPT) == 0, log.read_text()[-3000:]
+    assert "stopped while starting" in log.read_text()
+
+
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP], ids=lambda v: v.name)
 def test_a_signal_stops_a_running_relay(sig: signal.Signals, pg_dsn: str, kafka_bootstrap: str, pg_schema: str,
                                         tmp_path: Path, unique_name: Callable[[str], str]) -> None:
