@@ -182,7 +182,16 @@ class DebeziumOutbox:
                                            f"{exc.problem})", exc.log_tail) from exc
         self.connectors[connector.name] = connector
         if wait:
-            self.wait_streaming(connector.name, timeout)
+            try:
+                self.wait_streaming(connector.name, timeout)
+            except ServiceError:
+                # A connector that never streamed holds nothing worth keeping: don't let it fail
+                # every later wait, nor pin WAL with its slot.
+                try:
+                    self.remove(connector.name)
+                except Exception:  # the original error is the one to report
+                    log.warning("removing the failed connector %r", connector.name, exc_info=True)
+                raise
 
     def remove(self, name: str, drop_replication: bool = True) -> None:
         """Delete connector ``name`` from the worker; with ``drop_replication``, its slot and publication too."""
@@ -198,14 +207,9 @@ class DebeziumOutbox:
         state = "not reported yet"
         while time.monotonic() < deadline:
             self._check_alive()
-            status = self._rest("GET", f"/connectors/{name}/status", missing_ok=True)
+            status = self._status(name)
             if status:
                 tasks = status.get("tasks") or []
-                failed = [t for t in [status["connector"], *tasks] if t.get("state") == "FAILED"]
-                if failed:
-                    trace = str(failed[0].get("trace", "")).splitlines()
-                    raise ServiceError("debezium", f"connector {name!r} failed: {' | '.join(trace[:3])}",
-                                       tail(self.log_file))
                 state = f"connector {status['connector']['state']}, tasks {[t.get('state') for t in tasks]}"
                 if tasks and all(t.get("state") == "RUNNING" for t in tasks) and self._slot_active(connector):
                     return
@@ -220,6 +224,8 @@ class DebeziumOutbox:
         held = 0
         while time.monotonic() < deadline:
             self._check_alive()
+            for name in self.connectors:  # a task that died on a row publishes nothing more
+                self._status(name)
             held = count_records(self.kafka_bootstrap, names)
             if held >= count:
                 return held
@@ -268,6 +274,20 @@ class DebeziumOutbox:
         self.destroy()
 
     # -- internals -----------------------------------------------------------------------------
+
+    def _status(self, name: str) -> dict[str, Any] | None:
+        """Connector ``name``'s status from the worker (None before it reports one); raises when
+        the connector or a task failed, with the exception and its causes from the trace."""
+        status = self._rest("GET", f"/connectors/{name}/status", missing_ok=True)
+        if not status:
+            return None
+        for part in [status["connector"], *(status.get("tasks") or [])]:
+            if part.get("state") == "FAILED":
+                trace = str(part.get("trace", "")).splitlines()
+                causes = [line.strip() for line in trace if line and not line.startswith(("\t", " "))]
+                raise ServiceError("debezium", f"connector {name!r} failed: {' | '.join(causes[:4])}",
+                                   tail(self.log_file))
+        return dict(status)
 
     def _forget_connectors(self) -> None:
         # A standalone worker keeps no connector configs: a restarted one is given them again and
@@ -335,7 +355,7 @@ class DebeziumOutbox:
         except OSError:
             return 0
 
-    def _errors_since(self, offset: int, limit: int = 2) -> str:
+    def _errors_since(self, offset: int, limit: int = 1) -> str:
         """The ERROR lines the log gained after ``offset``, each with the exception line under it."""
         try:
             with open(self.log_file, "rb") as f:

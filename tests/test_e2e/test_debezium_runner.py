@@ -299,6 +299,25 @@ def test_a_failing_connector_is_reported_with_its_cause_and_no_password(
     assert wrong.name not in debezium.connectors
 
 
+def test_a_connector_failing_on_a_row_is_reported_while_waiting_for_records(
+        debezium: DebeziumOutbox, logical_pg_dsn: str, outbox_table: str) -> None:
+    """A router option naming no column passes validation and fails the task on the first row: the
+    wait says so at once, instead of running out its timeout with "0 of 1 records"."""
+    table = outbox_table.replace(".outbox", ".outbox_badroute")
+    with psycopg.connect(logical_pg_dsn, autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE TABLE {} (LIKE {})").format(sql.Identifier(*table.split(".")),
+                                                                 sql.Identifier(*outbox_table.split("."))))
+    broken = OutboxConnector(f"badroute_{TAG}", table, {"route.by.field": "nosuchcolumn",
+                                                        "route.topic.replacement": "dbz-badroute.${routedByValue}"})
+    debezium.add(broken)
+    insert(logical_pg_dsn, table, ROWS[:1])
+    started = time.monotonic()
+    with pytest.raises(ServiceError, match=rf"connector 'badroute_{TAG}' failed: .*nosuchcolumn"):
+        debezium.wait_for_records([f"dbz-badroute.{ORDER}"], 1, timeout=30)
+    assert time.monotonic() - started < 20
+    debezium.remove(broken.name)
+
+
 def test_a_restarted_worker_resumes_from_its_slots(debezium: DebeziumOutbox, emitted: dict[str, list[Got]],
                                                    logical_pg_dsn: str, outbox_table: str) -> None:
     """kill() crashes the JVM; rows committed while it is down are published once it is back."""
