@@ -218,8 +218,12 @@ def create_topic(bootstrap: str, name: str, partitions: int = 1, config: dict[st
 
 def count_records(bootstrap: str, topics: list[str], timeout: float = 10.0) -> int:
     """Records the ``topics`` hold now (high minus low watermark, summed); a topic that does not
-    exist yet holds none (a Connect worker creates its topics on the first record)."""
-    from confluent_kafka import Consumer, TopicPartition
+    exist yet holds none (a Connect worker creates its topics on the first record), nor does a
+    partition whose leader is still being elected (the moments after creation)."""
+    from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
+
+    not_ready = {KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE,
+                 KafkaError.UNKNOWN_TOPIC_OR_PART}
 
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"harvest-count-{uuid.uuid4()}"})
     try:
@@ -229,7 +233,12 @@ def count_records(bootstrap: str, topics: list[str], timeout: float = 10.0) -> i
             if meta is None or meta.error is not None:
                 continue
             for partition in meta.partitions:
-                low, high = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=timeout)
+                try:
+                    low, high = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=timeout)
+                except KafkaException as exc:
+                    if exc.args[0].code() not in not_ready:
+                        raise
+                    continue
                 total += high - low
         return total
     finally:
