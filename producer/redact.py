@@ -21,12 +21,19 @@ import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from harvest_outbox.producer.librdkafka_properties import LIBRDKAFKA_PROPERTIES
+
 REDACTED = "<redacted>"
 
-# Kafka property names whose values are credentials. Matched case-insensitively as substrings, so
-# ``sasl.password``, ``ssl.key.password``, ``sasl.oauthbearer.client.secret`` and friends are caught.
-_SECRET_KAFKA_KEY = re.compile(r"pas+w|pwd|secret|sasl\.jaas|oauthbearer\.config|ssl\.key\.pem|ssl_key|token|"
-                               r"credential", re.IGNORECASE)
+# The one definition of "this name holds a credential" (Kafka properties, and key=value pairs in free
+# text), matched case-insensitively as a substring. Derived from librdkafka's property table: every
+# password, secret, key, pem, passphrase, extensions (SASL/OAUTHBEARER ones carry tokens), token and
+# credentials property; ``pas+w|pwd`` also catch a misspelt password. Over-redacting a path
+# (``ssl.key.location``) or a public CA (``ssl.ca.pem``) is the safe failure.
+SECRET_NAME = re.compile(r"pas+w|pwd|passphrase|secret|key|pem|extensions|token|credential|jaas|"
+                         r"oauthbearer\.config", re.IGNORECASE)
+#: librdkafka's credential properties, as :func:`is_secret_kafka_key` finds them in its table.
+SECRET_KAFKA_PROPERTIES = frozenset(p for p in LIBRDKAFKA_PROPERTIES if SECRET_NAME.search(p))
 
 # libpq parameters whose values are not secret (PostgreSQL 17's list, minus password, sslpassword
 # and the OAuth client secret). Anything else is redacted: an unknown key is most likely a typo of
@@ -44,13 +51,15 @@ _URI_PREFIX = re.compile(r"^\s*postgres(?:ql)?://", re.IGNORECASE)
 
 # Last line of defence in free-form text: key=value pairs whose key looks like a password (quoted
 # with escapes, or unquoted with backslash escapes), and URI user:password@ parts.
-_KV_SECRET = re.compile(r"(\b[\w.]*(?:pas+w|pwd|secret|token)[\w.]*\s*=\s*)"
+_KV_SECRET = re.compile(rf"(\b[\w.]*(?:{SECRET_NAME.pattern})[\w.]*\s*=\s*)"
                         r"('(?:[^'\\]|\\.)*'?|(?:\\.|[^\s\\&,;)\"'])*)", re.IGNORECASE)
 _URI_USERINFO = re.compile(r"(://[^:/@\s]*:)([^\s]*)(@)")
 
 
 def is_secret_kafka_key(key: str) -> bool:
-    return bool(_SECRET_KAFKA_KEY.search(key))
+    """True for every property of :data:`SECRET_KAFKA_PROPERTIES`, and for a misspelt or unlisted name
+    that reads like one (``sasl.pasword``)."""
+    return bool(SECRET_NAME.search(key))
 
 
 def _conninfo_secret_spans(dsn: str) -> list[tuple[int, int]]:

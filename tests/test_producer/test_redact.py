@@ -3,15 +3,23 @@ YAML errors, Kafka credentials (pure logic, plus libpq's own parser via psycopg;
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
+import re
+import subprocess
+import sys
 from pathlib import Path
 
+import confluent_kafka
 import psycopg
 import pytest
 from psycopg.conninfo import conninfo_to_dict
 
 from harvest_outbox.producer.config import HarvestConfig, load_yaml
 from harvest_outbox.producer.errors import ConfigError
-from harvest_outbox.producer.redact import REDACTED, redact_dsn, redact_error, redact_kafka_config
+from harvest_outbox.producer.librdkafka_properties import LIBRDKAFKA_PROPERTIES
+from harvest_outbox.producer.redact import (REDACTED, SECRET_KAFKA_PROPERTIES, redact_dsn, redact_error,
+                                           redact_kafka_config)
 
 # (DSN, the secret(s) that must not survive, what must survive)
 DSNS = [
@@ -112,3 +120,72 @@ def test_yaml_errors_do_not_quote_the_file(tmp_path: Path, text: str) -> None:
     message = str(info.value)
     assert "hunter22" not in message and "not valid YAML" in message and "line" in message or "position" in message
     assert "\n" not in message
+
+
+# What a credential property's name says, per librdkafka's CONFIGURATION.md (written out here, not
+# imported: the test is the specification the package's one pattern must meet).
+CREDENTIAL_NAME = re.compile(r"password|secret|key|pem|extensions|passphrase|token|credentials|jaas|"
+                             r"oauthbearer\.config", re.IGNORECASE)
+# Issue #38 item 5: printed in clear at start before.
+MISSED_BEFORE = ("sasl.oauthbearer.assertion.private.key.passphrase", "sasl.oauthbearer.assertion.private.key.pem",
+                 "sasl.oauthbearer.extensions")
+NOT_SECRET = ("bootstrap.servers", "sasl.username", "client.id", "security.protocol", "sasl.mechanism",
+              "ssl.endpoint.identification.algorithm", "linger.ms")
+
+
+def _installed_librdkafka_properties(tmp_path: Path) -> set[str]:
+    """Property names of the librdkafka confluent-kafka loaded, from its own table (the one CONFIGURATION.md
+    is printed from): ``rd_kafka_conf_properties_show(FILE *)``, into a file (~100 kB: more than a pipe holds)."""
+    libs = Path(confluent_kafka.__file__).resolve().parent.parent / "confluent_kafka.libs"
+    found = sorted(libs.glob("librdkafka*.so*")) if libs.is_dir() else []
+    lib = ctypes.CDLL(str(found[0]) if found else ctypes.util.find_library("rdkafka"))
+    libc = ctypes.CDLL(None)
+    libc.fopen.restype = ctypes.c_void_p
+    out = tmp_path / "properties.md"
+    fp = libc.fopen(str(out).encode(), b"w")
+    assert fp
+    lib.rd_kafka_conf_properties_show(ctypes.c_void_p(fp))
+    libc.fclose(ctypes.c_void_p(fp))
+    return {m.group(1) for m in re.finditer(r"^([a-z][\w.]*)\s+\|", out.read_text(), re.MULTILINE)}
+
+
+def test_the_shipped_property_list_holds_every_property_of_the_installed_librdkafka(tmp_path: Path) -> None:
+    installed = _installed_librdkafka_properties(tmp_path)
+    assert len(installed) > 150 and "sasl.password" in installed
+    missing = installed - LIBRDKAFKA_PROPERTIES
+    assert not missing, f"add to producer/librdkafka_properties.py: {sorted(missing)}"
+
+
+def _credential_properties() -> list[str]:
+    names = sorted(p for p in LIBRDKAFKA_PROPERTIES if CREDENTIAL_NAME.search(p))
+    assert set(MISSED_BEFORE) <= set(names) and len(names) >= 20
+    assert set(names) <= SECRET_KAFKA_PROPERTIES
+    return names
+
+
+def test_every_credential_property_of_librdkafka_is_redacted_in_the_config_repr() -> None:
+    names = _credential_properties()
+    conf = {name: f"value{i}-of-{name}" for i, name in enumerate(names)} | {k: f"shown-{k}" for k in NOT_SECRET}
+    for text in (repr(HarvestConfig(base_kafka_config=conf)), repr(HarvestConfig(producer_kafka_config=conf))):
+        leaked = [name for name in names if f"value{names.index(name)}-of-" in text]
+        assert not leaked
+        assert all(f"shown-{k}" in text for k in NOT_SECRET)
+    assert all(redact_kafka_config(conf)[name] == REDACTED for name in names)
+
+
+def test_the_start_up_log_and_the_error_show_no_kafka_credential(tmp_path: Path) -> None:
+    """``harvest run`` logs its config at start; the three properties of the issue were printed in clear."""
+    secrets = {"sasl.oauthbearer.extensions": "tenant=SecretTenant7", "sasl.password": "SaslSecret7",
+               "sasl.oauthbearer.assertion.private.key.passphrase": "Passphrase7",
+               "sasl.oauthbearer.assertion.private.key.pem": "PemSecret7", "sasl.oauthbearer.client.secret": "Client7"}
+    lines = "".join(f"    {k}: {v}\n" for k, v in secrets.items())
+    path = tmp_path / "h.yaml"
+    path.write_text(f"harvest:\n  baseKafkaConfig:\n    bootstrap.servers: 127.0.0.1:1\n{lines}"
+                    f"  dataSource: host=127.0.0.1 port=1 user=relay connect_timeout=2\n  leaderElection: postgres\n"
+                    f"logging:\n  level: Info\n")
+    proc = subprocess.run([sys.executable, "-m", "harvest_outbox.producer", "run", "-f", str(path)],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1 and "starting: HarvestConfig(" in proc.stderr, proc.stderr
+    assert "sasl.oauthbearer.extensions': '<redacted>'" in proc.stderr
+    for value in secrets.values():
+        assert value not in proc.stderr + proc.stdout
