@@ -53,7 +53,7 @@ from confluent_kafka import KafkaError, KafkaException, Message
 from harvest_outbox.producer.db import MarkedAttempts, MarkedRow
 from harvest_outbox.producer.errors import DatabaseError
 from harvest_outbox.producer.events import LeaderRefreshed
-from harvest_outbox.producer.kafka import KafkaProducer, is_permanent, is_size_refusal
+from harvest_outbox.producer.kafka import ANY_PARTITION, KafkaProducer, is_permanent, is_size_refusal
 from harvest_outbox.producer.preflight import header_bytes, too_large
 from harvest_outbox.producer.relay_core import RelayCore
 
@@ -233,7 +233,7 @@ class AtLeastOnceMode:
     def _send(self, row: MarkedRow) -> bool:
         """Produce one record whose key is free. True if it is now in flight (or the relay must
         remark); False if it was dead-lettered on the spot (the key is still free)."""
-        _id, topic, key, value, hkeys, hvals, bad, _attempts, _error = row
+        _id, topic, key, value, hkeys, hvals, bad, _attempts, _error, partition = row
         if bad is not None:
             self._dead_letter(row, f"bad row: {bad}", 0)
             return False
@@ -259,7 +259,10 @@ class AtLeastOnceMode:
         # One produce() per delivery report, so this is the relay's hottest line: no retry loop is set
         # up unless the local queue is full.
         try:
-            if hkeys:
+            if partition is not None:  # a mapped table's partition column (producer.table_mapping)
+                producer.produce(topic, value, key, partition,  # type: ignore[arg-type]
+                                 headers=list(zip(hkeys, hvals)) if hkeys else None)  # type: ignore[arg-type]
+            elif hkeys:
                 producer.produce(topic, value, key, headers=list(zip(hkeys, hvals)))  # type: ignore[arg-type]
             else:
                 producer.produce(topic, value, key)  # type: ignore[arg-type]
@@ -272,12 +275,13 @@ class AtLeastOnceMode:
     def _send_when_room(self, row: MarkedRow, producer: KafkaProducer) -> bool:
         """:meth:`_send` found librdkafka's queue full: serve callbacks and retry, for ~10 s at most,
         then give up the view (remark). ``row`` is already in flight under its key."""
-        _id, topic, key, value, hkeys, hvals, *_rest = row
+        _id, topic, key, value, hkeys, hvals, *_rest, partition = row
         headers = list(zip(hkeys, hvals)) if hkeys else None  # type: ignore[arg-type]
+        where = ANY_PARTITION if partition is None else partition
         for _ in range(1000):
             producer.poll(0.01)
             try:
-                producer.produce(topic, value, key, headers=headers)  # type: ignore[arg-type]
+                producer.produce(topic, value, key, where, headers=headers)  # type: ignore[arg-type]
                 return True
             except BufferError:
                 continue

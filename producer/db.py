@@ -48,13 +48,15 @@ from harvest_outbox.producer.shards import shard_expression
 log = logging.getLogger(__name__)
 
 # A marked row, exactly as the mark statement returns it: (id, topic, key bytes, value bytes|None,
-# header keys, header values, bad, persisted attempts, last error). Header arrays are tuples, or None
-# when the row has no headers (empty arrays come back as NULL: no loader call per row). ``bad`` is
-# None, or why the row can never be produced (decided by the statement, see _ROW_BAD). A plain tuple
+# header keys, header values, bad, persisted attempts, last error, partition). Header arrays are
+# tuples, or None when the row has no headers (empty arrays come back as NULL: no loader call per
+# row). ``bad`` is None, or why the row can never be produced (decided by the statement: the table
+# mapping's RecordSql.bad, then _HEADER_BAD). ``partition`` is None (the producer's partitioner, by
+# key) unless the table mapping places a column there (producer.table_mapping). A plain tuple
 # of atomic values in id order, used as it comes from the driver: the mark allocates nothing else
 # per row, and the garbage collector does not track it.
 MarkedRow = tuple[int, "str | None", "bytes | None", "bytes | None", "tuple[str | None, ...] | None",
-                  "tuple[str | None, ...] | None", "str | None", "int | None", "str | None"]
+                  "tuple[str | None, ...] | None", "str | None", "int | None", "str | None", "int | None"]
 # Persisted failed delivery attempts of marked rows: id -> (attempts, last error).
 MarkedAttempts = dict[int, tuple[int, "str | None"]]
 
@@ -379,11 +381,13 @@ class OutboxDatabase:
             WITH m AS (
               UPDATE {o} AS o SET {l} = %(leader)s
               WHERE ctid = ANY(ARRAY({claim}))
-              RETURNING {oid} AS id, {t} AS t, {k} AS k, {v} AS v, {hk} AS hk, {hv} AS hv, {row_bad} AS bad)
-            SELECT m.id, m.t, m.k, m.v, m.hk, m.hv, {header_bad}, a.attempts, a.last_error::text
+              RETURNING {oid} AS id, {t} AS t, {k} AS k, {v} AS v, {hk} AS hk, {hv} AS hv, {row_bad} AS bad,
+                        {p} AS p)
+            SELECT m.id, m.t, m.k, m.v, m.hk, m.hv, {header_bad}, a.attempts, a.last_error::text, m.p
             FROM m LEFT JOIN {a} AS a ON a.id = m.id ORDER BY m.id""").format(
             o=o, l=leader, claim=claim, oid=m.id("o"), t=rec.topic, k=rec.key, v=rec.value, hk=rec.header_keys,
-            hv=rec.header_values, a=self.names.delivery_attempts, row_bad=rec.bad, header_bad=sql.SQL(_HEADER_BAD))
+            hv=rec.header_values, a=self.names.delivery_attempts, row_bad=rec.bad, header_bad=sql.SQL(_HEADER_BAD),
+            p=rec.partition)
 
     def _run(self, what: str, query: sql.Composable, params: Sequence[Any] | dict[str, Any],
              prepare: bool | None = None, cursor: psycopg.Cursor | None = None) -> psycopg.Cursor:

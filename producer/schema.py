@@ -480,11 +480,14 @@ def _inspect_debezium(names: OutboxNames, mapping: DebeziumMapping, cols: dict[s
                r.field_event_payload: "table.field.event.payload", r.route_by_field: "route.by.field"}
     for a in r.additional:
         options.setdefault(a.column, "table.fields.additional.placement")
+    partition = {a.column for a in r.additional if a.placement == "partition"}
     for col, option in options.items():
         if col not in cols:
             raise SchemaError(f"outbox table {names.display!r} has no column {col!r}, which the event router reads "
                               f"({option}); set eventRouter.{option} to the column's name")
         allowed = DEBEZIUM_PAYLOAD_TYPES if option == "table.field.event.payload" else DEBEZIUM_TEXT_TYPES
+        if col in partition:
+            allowed = frozenset({"integer"})  # the router reads the partition as an INT32
         if cols[col] not in allowed:
             raise SchemaError(f"outbox table {names.display!r}: column {col!r} ({option}) has type {cols[col]}, whose "
                               f"Debezium rendering harvest does not reproduce byte for byte; supported: "

@@ -537,7 +537,7 @@ class SequencedMode:
             slots = self._slots
             while ready and in_flight < limit:
                 row = ready[0]
-                rid, topic, key, value, hkeys, hvals, bad, _attempts, _error = row
+                rid, topic, key, value, hkeys, hvals, bad, _attempts, _error, partition = row
                 if poison and rid in poison:
                     ready.popleft()
                     reason, attempts = poison.pop(rid)
@@ -575,7 +575,8 @@ class SequencedMode:
                 slot.txn, slot.clock = t, c
                 try:
                     # By position (PRODUCE_ARGS): partition, callback, on_delivery, timestamp, headers.
-                    producer.produce(topic, value, key, ANY_PARTITION, slot, None, 0, headers)  # type: ignore[arg-type]
+                    producer.produce(topic, value, key, ANY_PARTITION if partition is None else partition, slot,  # type: ignore[arg-type]
+                                     None, 0, headers)
                 except BufferError:
                     slot.txn = None
                     slots.append(slot)  # not enqueued: no report will return it

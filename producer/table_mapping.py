@@ -82,10 +82,12 @@ _JAVA_NAMED_GROUP = re.compile(r"\(\?<([A-Za-z][A-Za-z0-9]*)>")
 
 @dataclass(frozen=True)
 class AdditionalField:
-    """One entry of ``table.fields.additional.placement``: ``column:header[:alias]``."""
+    """One entry of ``table.fields.additional.placement``: ``column:header[:alias]`` or
+    ``column:partition`` (the record's partition: an ``integer`` column, as the router reads an INT32)."""
 
     column: str
     alias: str
+    placement: str = "header"
 
 
 @dataclass(frozen=True)
@@ -194,12 +196,15 @@ def _additional(spec: str, where: str) -> tuple[AdditionalField, ...]:
                 raise ConfigError(f"{where}: {entry!r} would add a second 'id' header (the router always sets 'id' "
                                   f"to the event id); choose another alias")
             out.append(AdditionalField(column, alias))
-        elif placement in ("envelope", "partition"):
-            raise ConfigError(f"{where}: {entry!r}: placement {placement!r} is not supported by harvest "
-                              f"({'the envelope is a Connect Struct, serialised by a Connect converter' if placement == 'envelope' else 'records are partitioned by key'}); "
-                              f"use header placement")
+        elif placement == "partition":
+            if any(a.placement == "partition" for a in out):
+                raise ConfigError(f"{where}: {entry!r}: a second partition placement; a record has one partition")
+            out.append(AdditionalField(column, column, "partition"))
+        elif placement == "envelope":
+            raise ConfigError(f"{where}: {entry!r}: placement 'envelope' is not supported by harvest (the envelope "
+                              f"is a Connect Struct, whose bytes a Connect converter makes); use header or partition")
         else:
-            raise ConfigError(f"{where}: {entry!r}: unknown placement {parts[1]!r}; use header")
+            raise ConfigError(f"{where}: {entry!r}: unknown placement {parts[1]!r}; use header or partition")
     return tuple(out)
 
 
@@ -279,6 +284,7 @@ class RecordSql:
     header_keys: sql.Composable  # text[], NULL when the row has no headers
     header_values: sql.Composable
     bad: sql.Composable  # NULL, or why the row can never be produced (a dead letter's error)
+    partition: sql.Composable = field(default_factory=lambda: sql.SQL("NULL::int"))  # NULL: by key
 
 
 class TableMapping:
@@ -425,8 +431,10 @@ class DebeziumMapping(TableMapping):
                 # (which drops every character up to U+0020).
                 value = sql.SQL("CASE WHEN {p}::text ~ '^[\\x01-\\x20]*$' THEN NULL ELSE {p}::text::varchar END").format(
                     p=payload)
-        names = ["id"] + [a.alias for a in r.additional]
-        cols = [r.field_event_id] + [a.column for a in r.additional]
+        headers = [a for a in r.additional if a.placement == "header"]
+        names = ["id"] + [a.alias for a in headers]
+        cols = [r.field_event_id] + [a.column for a in headers]
+        partition = next((a.column for a in r.additional if a.placement == "partition"), None)
         topic = self.topic(alias)
         key = _col(alias, r.field_event_key)
         bad = sql.SQL("""CASE
@@ -451,7 +459,8 @@ END""").format(
             header_keys=sql.SQL("{}::text[]").format(sql.Literal("{" + ",".join(_array_item(n) for n in names) + "}")),
             header_values=sql.SQL("ARRAY[{}]::text[]").format(
                 sql.SQL(", ").join(sql.SQL("{}::text").format(_col(alias, c)) for c in cols)),
-            bad=bad)
+            bad=bad,
+            partition=sql.SQL("NULL::int") if partition is None else sql.SQL("{}::int").format(_col(alias, partition)))
 
     def required_columns(self) -> set[str]:
         return set(self.router.columns())

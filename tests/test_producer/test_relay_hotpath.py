@@ -30,7 +30,7 @@ from harvest_outbox.sequencer import Flags, build_uuid, clock_of, flags_of, new_
 
 
 def row(i: int, key: str) -> tuple:
-    return (i, "t", key.encode(), f"v{i}".encode(), None, None, None, None, None)
+    return (i, "t", key.encode(), f"v{i}".encode(), None, None, None, None, None, None)
 
 
 def _at_least_once_on(producer_of: Any) -> tuple[AtLeastOnceMode, Any]:
@@ -264,7 +264,7 @@ def test_at_least_once_gives_up_the_view_when_the_queue_stays_full() -> None:
 
 def test_at_least_once_a_report_sends_the_keys_next_record_skipping_one_dead_lettered_on_the_spot() -> None:
     mode, producer = _at_least_once_on(lambda cb: FakeProducer(cb))
-    bad = (2, "t", b"a", b"v2", None, None, "kafka_topic is NULL", None, None)
+    bad = (2, "t", b"a", b"v2", None, None, "kafka_topic is NULL", None, None, None)
     mode.core.ready.extend([row(1, "a"), bad, row(3, "a"), row(4, "a")])
     mode._dispatch()
     assert [s[1] for s in producer.sent] == [b"v1"] and mode.gauges() == (1, 3)

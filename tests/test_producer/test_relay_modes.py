@@ -142,7 +142,7 @@ def _mark(relay: Harvest, rows: list[tuple], view: uuid.UUID) -> None:
 
 
 def row(i: int, key: str, topic: str = "t") -> tuple:
-    return (i, topic, key.encode(), f"v{i}".encode(), None, None, None, None, None)
+    return (i, topic, key.encode(), f"v{i}".encode(), None, None, None, None, None, None)
 
 
 def test_a_mark_for_an_abandoned_view_is_not_produced() -> None:

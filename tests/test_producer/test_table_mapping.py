@@ -55,7 +55,7 @@ def test_a_connectors_settings_copy_as_they_are() -> None:
     ({"table.field.event.timestamp": "ts"}, "not supported by harvest"),
     ({"table.expand.json.payload": True}, "table.expand.json.payload: true is not supported"),
     ({"table.fields.additional.placement": "type:envelope"}, "placement 'envelope' is not supported"),
-    ({"table.fields.additional.placement": "p:partition"}, "placement 'partition' is not supported"),
+    ({"table.fields.additional.placement": "p:partition,q:partition"}, "a second partition placement"),
     ({"table.fields.additional.placement": "type:nowhere"}, "unknown placement"),
     ({"table.fields.additional.placement": "type"}, "must be column:placement"),
     ({"table.fields.additional.placement": "type:header:id"}, "second 'id' header"),
@@ -132,14 +132,15 @@ _CREATE = """
       type          VARCHAR(255) NOT NULL,
       payload       {payload},
       tenant        TEXT,
-      version       INTEGER
+      version       INTEGER,
+      part          INTEGER
     )"""
 
 
 def _insert(conn: psycopg.Connection, table: sql.Composable, rows: list[tuple[Any, ...]]) -> None:
     with conn.cursor() as cur:
-        cur.executemany(sql.SQL("INSERT INTO {} (id, aggregatetype, aggregateid, type, payload, tenant, version) "
-                                "VALUES (%s, %s, %s, %s, %s, %s, %s)").format(table), rows)
+        cur.executemany(sql.SQL("INSERT INTO {} (id, aggregatetype, aggregateid, type, payload, tenant, version, part) "
+                                "VALUES (%s, %s, %s, %s, %s, %s, %s, %s)").format(table), rows)
 
 
 def _headers_by_value(bootstrap: str, topic: str, partitions: int = 2) -> dict[bytes, list[tuple[str, bytes | None]]]:
@@ -186,7 +187,8 @@ def test_relay_drains_a_debezium_outbox_as_the_router_would(sequenced: bool, pg_
                                                             pg_schema: str, unique_name: Callable[[str], str]) -> None:
     prefix = unique_name("ev")
     options = {"route.topic.replacement": prefix + ".${routedByValue}",
-               "table.fields.additional.placement": "type:header:eventType,tenant:header,version:header:v"}
+               "table.fields.additional.placement": "type:header:eventType,tenant:header,version:header:v,"
+                                                    "part:partition"}
     mapping = table_mapping("debezium", options)
     table = f"{pg_schema}.outbox_event"
     names = OutboxNames.parse(table, mapping)
@@ -196,7 +198,7 @@ def test_relay_drains_a_debezium_outbox_as_the_router_would(sequenced: bool, pg_
     with psycopg.connect(pg_dsn) as conn:
         conn.execute(sql.SQL(_CREATE).format(t=names.outbox, payload=sql.SQL("JSONB")))
         # A row relayed by Debezium before the switch: init-db leaves it to Debezium.
-        _insert(conn, names.outbox, [(before, "Order", "o-0", "Old", '{"old": true}', None, None)])
+        _insert(conn, names.outbox, [(before, "Order", "o-0", "Old", '{"old": true}', None, None, None)])
     init_db(pg_dsn, table, mapping=mapping)
     with pytest.raises(SchemaError, match="has no column 'nope'"):
         with psycopg.connect(pg_dsn) as conn:
@@ -204,18 +206,20 @@ def test_relay_drains_a_debezium_outbox_as_the_router_would(sequenced: bool, pg_
 
     rows: list[tuple[Any, ...]] = []
     want: list[tuple[str, str, bytes | None, list[tuple[str, bytes | None]]]] = []
+    partition: dict[bytes, int] = {}
     for i in range(60):
         agg = ("Order", "Customer")[i % 2]
         eid = uuid.uuid4()
         payload = json.dumps({"n": i, "agg": agg, "items": [1, 2.5, "x"], "nested": {"b": None}})
         tenant = None if i % 5 == 0 else f"t{i % 3}"
-        rows.append((eid, agg, f"{agg[0]}-{i % 4}", f"{agg}Created", payload, tenant, i))
-    poison = (uuid.uuid4(), None, "o-9", "Lost", '{"where": null}', None, None)
+        rows.append((eid, agg, f"{agg[0]}-{i % 4}", f"{agg}Created", payload, tenant, i, (i // 2) % 2))
+    poison = (uuid.uuid4(), None, "o-9", "Lost", '{"where": null}', None, None, None)
     with psycopg.connect(pg_dsn) as conn:
         _insert(conn, names.outbox, rows[:30] + [poison] + rows[30:])
         # jsonb as Postgres prints it: what the router emits with a StringConverter.
         printed = dict(conn.execute(sql.SQL("SELECT id, payload::text FROM {}").format(names.outbox)).fetchall())
-    for eid, agg, key, typ, _payload, tenant, version in rows:
+    for eid, agg, key, typ, _payload, tenant, version, part in rows:
+        partition[printed[eid].encode()] = part
         headers = [("id", str(eid).encode()), ("eventType", typ.encode()),
                    ("tenant", None if tenant is None else tenant.encode()), ("v", str(version).encode())]
         want.append((f"{prefix}.{agg}", key, printed[eid].encode(), headers))
@@ -262,6 +266,7 @@ def test_relay_drains_a_debezium_outbox_as_the_router_would(sequenced: bool, pg_
                 g = by_value[value]
                 assert g.key == key
                 assert g.headers == hs
+                assert g.partition == partition[value], "part:partition places the record"
 
 
 @pytest.mark.integration
