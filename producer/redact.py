@@ -6,13 +6,15 @@ Invariants (``tests/test_producer/test_redact.py``):
   ``sasl.password`` or ``ssl.key.password``) goes through these helpers before it is formatted;
 - :func:`redact_dsn` shows a DSN's values only for libpq parameters known to be harmless
   (``host``, ``dbname``, ``user``, ``sslmode``, ...): a password, an ``sslpassword`` and any key it
-  does not know — a misspelling such as ``passwd=`` included — is redacted. It never relies on the
-  DSN being well formed: from the first thing it cannot parse (a word without ``=``, an unterminated
-  quote) to the end, the text is redacted;
+  does not know — a misspelling such as ``passwd=`` included — is redacted. libpq's own parser is the
+  oracle: a DSN it parses is shown as libpq reads it (a password's tail that libpq takes for the host,
+  as in ``u:Pw@Secret@h``, is redacted; a ``dbname`` holding a connection string, which libpq expands,
+  is redacted the same way). A DSN it cannot parse is redacted from the first thing that does not
+  parse (a word without ``=``, an unterminated quote) to the end;
 - :func:`redact_error` cleans a free-form message (a psycopg error, our own) given the DSN it is
-  about: the DSN's secret material is removed wherever it appears, including the fragments libpq
-  quotes in its parse errors (``missing "=" after "b"``), and ``password=…`` / ``user:pw@`` patterns
-  are scrubbed as a last line of defence.
+  about: every secret value libpq's parser finds in the DSN is removed wherever it appears, as are the
+  fragments libpq quotes in its parse errors (``missing "=" after "b"``), and ``password=…`` /
+  ``user:pw@`` patterns are scrubbed as a last line of defence.
 """
 
 from __future__ import annotations
@@ -100,19 +102,25 @@ def _conninfo_secret_spans(dsn: str) -> list[tuple[int, int]]:
             spans.append((value_start, i))
 
 
-def _uri_secret_spans(dsn: str, prefix_end: int) -> list[tuple[int, int]]:
-    spans: list[tuple[int, int]] = []
+def _uri_secret_spans(dsn: str, prefix_end: int, misparsed: bool) -> list[tuple[int, int]]:
+    """Secret spans of a URI as libpq reads it (the userinfo ends at the first '@' before any '/') and,
+    when libpq could not parse it (``misparsed``), also as its author may have meant it (up to the last
+    '@': a password holding an unencoded '@', '/' or '?'). Over-redacting a host is the safe failure."""
     rest = dsn[prefix_end:]
-    # The userinfo ends at the last '@': a password may hold '/', '?' or '@' unencoded (libpq then
-    # misparses it, and quotes the pieces in its errors). Over-redacting a host is the safe failure.
-    at = rest.rfind("@")
-    query_from = prefix_end
-    if at >= 0:
-        colon = rest.find(":", 0, at)
+    first = next((i for i, c in enumerate(rest) if c in "@/"), -1)
+    ats = {a for a in (first if first >= 0 and rest[first] == "@" else -1, rest.rfind("@") if misparsed else -1)
+           if a >= 0} or {-1}
+    spans: list[tuple[int, int]] = []
+    for at in sorted(ats):
+        colon = rest.find(":", 0, at) if at >= 0 else -1
         if colon >= 0:
             spans.append((prefix_end + colon + 1, prefix_end + at))
-        query_from = prefix_end + at + 1
-    q = dsn.find("?", query_from)
+        spans += _query_secret_spans(dsn, dsn.find("?", prefix_end + at + 1))
+    return spans
+
+
+def _query_secret_spans(dsn: str, q: int) -> list[tuple[int, int]]:
+    spans: list[tuple[int, int]] = []
     if q < 0:
         return spans
     pos = q + 1
@@ -133,17 +141,104 @@ def _percent_decoded(text: str) -> str:
     return unquote(text)
 
 
-def _secret_spans(dsn: str) -> list[tuple[int, int]]:
+def _secret_spans(dsn: str, misparsed: bool) -> list[tuple[int, int]]:
+    """The secret spans of ``dsn``'s text, sorted and merged."""
     m = _URI_PREFIX.match(dsn)
-    return _uri_secret_spans(dsn, m.end()) if m else _conninfo_secret_spans(dsn)
+    merged: list[tuple[int, int]] = []
+    for start, end in sorted(_uri_secret_spans(dsn, m.end(), misparsed) if m else _conninfo_secret_spans(dsn)):
+        if merged and start <= merged[-1][1]:
+            merged[-1] = (merged[-1][0], max(end, merged[-1][1]))
+        else:
+            merged.append((start, end))
+    return merged
+
+
+def _libpq_parse(dsn: str) -> dict[str, str] | None:
+    """``dsn`` as libpq itself reads it (PQconninfoParse, both forms), or None if it does not parse."""
+    import psycopg
+    from psycopg.conninfo import conninfo_to_dict
+
+    try:
+        return {k: str(v) for k, v in conninfo_to_dict(dsn).items()}
+    except psycopg.Error:
+        return None
+
+
+def _is_conninfo(value: str) -> bool:
+    """A dbname holding a connection string or URI: libpq expands it into parameters of its own."""
+    return "=" in value or bool(_URI_PREFIX.match(value))
+
+
+def _misplaced(key: str, value: str) -> bool:
+    """A harmless key whose value holds what must be a password's tail: libpq ends a URI's userinfo at
+    the first '@' (or '/'), so ``u:Pw@Secret@h`` gives host ``Secret@h``, ``u:p/ss@h/db`` port ``p`` and
+    dbname ``ss@h/db``. A user name may hold an '@' (percent-encoded in a URI)."""
+    return ("@" in value and key != "user") or (key == "port" and not re.fullmatch(r"[\d,]*", value))
+
+
+def _shown(key: str, value: str) -> str:
+    if key == "dbname" and _is_conninfo(value):
+        return redact_dsn(value)
+    return REDACTED if key not in _SAFE_DSN_KEYS or _misplaced(key, value) else value
+
+
+def _in_input_order(dsn: str, keys: Iterable[str]) -> list[str]:
+    def position(key: str) -> int:
+        m = re.search(rf"(?:^|[\s?&]){re.escape(key)}\s*=", dsn)
+        return m.start() if m else len(dsn)
+
+    return sorted(keys, key=position)
+
+
+def _conninfo_quoted(value: str) -> str:
+    if value == REDACTED or (value and not re.search(r"[\s'\\]", value)):
+        return value
+    return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def _uri_quoted(value: str) -> str:
+    from urllib.parse import quote
+
+    return quote(value, safe="<>,/:")
+
+
+def _render_uri(dsn: str, prefix: str, shown: dict[str, str]) -> str:
+    """``shown`` (libpq's parameters, redacted) as a URI like ``dsn``: the password stays where it was."""
+    from urllib.parse import quote
+
+    rest = dsn[len(prefix):]
+    userinfo = re.match(r"[^@/]*@", rest)
+    authority = ""
+    if "user" in shown or (userinfo and ":" in userinfo.group(0) and "password" in shown):
+        authority = quote(shown.pop("user", ""), safe="<>")
+        if userinfo and ":" in userinfo.group(0) and "password" in shown:
+            authority += ":" + shown.pop("password")
+        authority += "@"
+    host, port = shown.get("host"), shown.get("port", "")
+    if host is not None and host != REDACTED and not host.startswith("/") and "," not in host + port:
+        authority += (f"[{host}]" if ":" in host else host) + (f":{port}" if port else "")
+        shown.pop("host"), shown.pop("port", None)
+    path = "/" + quote(shown.pop("dbname"), safe="<>") if "dbname" in shown else ""
+    query = "&".join(f"{k}={_uri_quoted(shown[k])}" for k in _in_input_order(dsn, shown))
+    return f"{prefix.strip()}{authority}{path}" + (f"?{query}" if query else "")
 
 
 def redact_dsn(dsn: str) -> str:
-    """``dsn`` (key=value or URI form) with every value that may be secret replaced by ``<redacted>``."""
+    """``dsn`` (key=value or URI form) with every value that may be secret replaced by ``<redacted>``.
+    A DSN libpq parses is rebuilt from libpq's own reading of it (so what is shown is what libpq uses,
+    whatever the quoting); one it does not parse is shown with its secret spans and everything from
+    the first thing it cannot parse redacted."""
     if not isinstance(dsn, str):
         return REDACTED
+    params = _libpq_parse(dsn)
+    if params is not None:
+        shown = {k: _shown(k, v) for k, v in params.items()}
+        uri = _URI_PREFIX.match(dsn)
+        if uri:
+            return _render_uri(dsn, uri.group(0), shown)
+        return " ".join(f"{k}={_conninfo_quoted(shown[k])}" for k in _in_input_order(dsn, shown))
     out, last = [], 0
-    for start, end in _secret_spans(dsn):
+    for start, end in _secret_spans(dsn, misparsed=True):
         out.append(dsn[last:start])
         out.append(REDACTED)
         last = end
@@ -151,13 +246,28 @@ def redact_dsn(dsn: str) -> str:
     return "".join(out)
 
 
+def _parsed_secrets(params: Mapping[str, str]) -> set[str]:
+    """The secret values among libpq's ``params``, and the pieces of misplaced ones (see :func:`_misplaced`)."""
+    pieces: set[str] = set()
+    for key, value in params.items():
+        if key == "dbname" and _is_conninfo(value):
+            pieces.update(dsn_secrets(value))
+        elif key not in _SAFE_DSN_KEYS:
+            pieces.update((value, *value.split()))
+        elif _misplaced(key, value):
+            pieces.update((value, *value.split("@")[:-1]))
+    return pieces
+
+
 def dsn_secrets(dsn: str) -> tuple[str, ...]:
-    """The secret pieces of ``dsn`` as they appear in it, and as libpq would quote them back
+    """The secret pieces of ``dsn``: the values libpq's parser gives its secret keys, and, for text libpq
+    may misparse, the pieces of its secret spans as they appear in it and as libpq would quote them back
     (unquoted, unescaped, whitespace-separated words of a misparsed rest): for :func:`redact_error`."""
     if not isinstance(dsn, str):
         return ()
-    pieces: set[str] = set()
-    for start, end in _secret_spans(dsn):
+    params = _libpq_parse(dsn)
+    pieces = _parsed_secrets(params or {})
+    for start, end in _secret_spans(dsn, misparsed=params is None):
         raw = dsn[start:end]
         pieces.add(raw)
         if raw.startswith("'"):

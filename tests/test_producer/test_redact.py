@@ -36,12 +36,30 @@ DSNS = [
     ("host=h sslpassword=keypass2 user=relay", ["keypass2"], "user=relay"),
     ("host=h password=", [], "host=h password="),
     ("postgresql://u:pw123@h/db?sslmode=require", ["pw123"], "postgresql://u:<redacted>@h/db?sslmode=require"),
-    ("postgresql://u:p@ss/w?rd@h:5432/db", ["p@ss", "w?rd", "ss/w"], "@h:5432/db"),  # unencoded @ / ? in it
+    ("postgresql://u:p@ss/w?rd@h:5432/db", ["p@ss", "w?rd", "ss/w"], "postgresql://u:"),  # libpq cannot parse it
     ("postgresql://u@h/db?password=qpw1&sslmode=require", ["qpw1"], "password=<redacted>&sslmode=require"),
     ("postgres://u@h/db?sslpassword=keypw&application_name=x", ["keypw"], "application_name=x"),
     ("postgresql://u@h/db?passwrd=typo1", ["typo1"], "passwrd=<redacted>"),
     ("POSTGRESQL://u:Caps99@h/db", ["Caps99"], "@h/db"),
     ("postgresql://u:pw%20x@h/db", ["pw%20x"], "@h/db"),
+    # issue #38 item 4: libpq ends the userinfo at the first '@', so the password's tail lands in the host
+    ("postgresql://u:Pw@Secret9@127.0.0.1:1/db", ["Secret9"], "postgresql://u:<redacted>@"),
+    ("postgresql://u@h:1/db?password=Pw@Secret9", ["Secret9", "Pw@"], "postgresql://u@h:1/db?password=<redacted>"),
+    ("postgresql://u:pa:ss99@h/db", ["pa:ss", "ss99"], "postgresql://u:<redacted>@h/db"),
+    ("postgresql://u:p/ass99@h/db", ["ass99"], "postgresql://u:"),  # libpq: host u, port p, dbname ass99@h/db
+    ("postgresql://u:p?ass99@h/db", ["ass99"], "postgresql://u:<redacted>@h/db"),
+    ("postgresql://u:pw%40Sec%3Aret@h/db", ["Sec", "pw%40", "pw@"], "postgresql://u:<redacted>@h/db"),
+    ("postgresql://u:p%zzSecret9@h/db", ["Secret9"], "postgresql://u:<redacted>@h/db"),  # bad %: libpq refuses it
+    ("postgresql://h1:1,h2:2/db?user=u&password=multi9", ["multi9"], "host=h1,h2&port=1,2"),
+    # a dbname holding a connection string or URI (libpq expands it): its password is redacted
+    ("host=h dbname='user=u password=Inner9' sslmode=disable", ["Inner9"], "dbname='user=u password=<redacted>'"),
+    ("host=h dbname=postgresql://u:Inner9@h/db", ["Inner9"], "dbname=postgresql://u:<redacted>@h/db"),
+    ("postgresql://h/postgresql%3A%2F%2Fu%3AInner9%40h%2Fdb", ["Inner9"], "postgresql://h/"),
+    ("host=h dbname='host=x dbname=''y'' password=Inner9'", ["Inner9"], "host=h"),
+    ("host=h password='Pas5 Wor6\\9' dbname=d", ["Pas5", "Wor6"], "host=h password=<redacted> dbname=d"),
+    ("host=h port=1 passfile=/tmp/pgpass sslpassword='key pass9' service=svc", ["pass9"],
+     "host=h port=1 passfile=/tmp/pgpass sslpassword=<redacted> service=svc"),
+    ("host=h password= dbname=x", ["dbname=x"], "host=h password=<redacted>"),  # libpq: the password is dbname=x
 ]
 
 
