@@ -32,7 +32,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, Topi
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from harvest_outbox.producer.errors import ElectionError
-from harvest_outbox.producer.kafka import LIBRDKAFKA_LOG
+from harvest_outbox.producer.kafka import logged, logged_admin, serve_logs
 from harvest_outbox.producer.redact import redact_kafka_config
 
 log = logging.getLogger(__name__)
@@ -100,7 +100,15 @@ def ensure_topic(base: dict[str, Any], topic: str, partitions: int = 1, replicat
                  timeout: float = 30.0, stop: threading.Event | None = None) -> bool:
     """Create ``topic`` unless it exists (auto-creation is often off on real clusters). False when
     ``stop`` was set before Kafka answered: nothing was looked up or created."""
-    admin = AdminClient({"logger": LIBRDKAFKA_LOG, **{k: v for k, v in base.items() if k not in _PRODUCER_ONLY}})
+    admin = logged_admin({k: v for k, v in base.items() if k not in _PRODUCER_ONLY})
+    try:
+        return _ensure_topic(admin, base, topic, partitions, replication_factor, timeout, stop)
+    finally:
+        serve_logs(admin)  # its last lines, before the client goes
+
+
+def _ensure_topic(admin: AdminClient, base: dict[str, Any], topic: str, partitions: int, replication_factor: int,
+                  timeout: float, stop: threading.Event | None) -> bool:
     deadline = time.monotonic() + timeout
     while True:
         if stop is not None and stop.is_set():
@@ -153,9 +161,9 @@ def neli_clients(base: dict[str, Any], topic: str, group: str, name: str, heartb
                  on_assign: Any, on_revoke: Any) -> tuple[Consumer, Producer]:
     """A NELI election's consumer (subscribed to ``topic``; ``on_lost`` counts as a revocation) and its
     heartbeat producer (heartbeats older than ``heartbeat_timeout`` are worthless). Raises KafkaException."""
-    consumer_conf = {"logger": LIBRDKAFKA_LOG, **neli_consumer_config(base, group, name, heartbeat_timeout)}
-    producer_conf = {"logger": LIBRDKAFKA_LOG, **base, "delivery.timeout.ms": max(int(heartbeat_timeout * 1000), 1),
-                     "linger.ms": 0, "client.id": f"harvest-neli-{name}"}
+    consumer_conf = logged(neli_consumer_config(base, group, name, heartbeat_timeout))
+    producer_conf = logged({**base, "delivery.timeout.ms": max(int(heartbeat_timeout * 1000), 1), "linger.ms": 0,
+                            "client.id": f"harvest-neli-{name}"})
     log.debug("NELI consumer config %s", redact_kafka_config(consumer_conf))
     consumer = Consumer(consumer_conf)
     try:

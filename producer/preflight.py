@@ -71,9 +71,9 @@ def _internal(topic: str) -> str:
 
 
 def _admin(config: dict[str, Any]) -> Any:
-    from confluent_kafka.admin import AdminClient
+    from harvest_outbox.producer.kafka import logged_admin  # its librdkafka lines through logging
 
-    return AdminClient(config)
+    return logged_admin(config)
 
 
 class TopicGuard:

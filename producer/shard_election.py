@@ -34,10 +34,10 @@ import time
 from typing import Any, Protocol
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
-from confluent_kafka.admin import AdminClient
 
 from harvest_outbox.producer.election import _PRODUCER_ONLY, ElectionListener, ensure_topic, neli_clients
 from harvest_outbox.producer.errors import ElectionError
+from harvest_outbox.producer.kafka import logged_admin, serve_logs
 
 log = logging.getLogger(__name__)
 
@@ -166,11 +166,13 @@ class NeliShardElection:
             raise ElectionError(f"cannot start shard leader election on {self.topic!r}: {exc.args[0].str()}") from exc
 
     def _check_partitions(self) -> None:
-        admin = AdminClient(self._base)
+        admin = logged_admin(self._base)
         try:
             md = admin.list_topics(self.topic, timeout=30)
         except KafkaException as exc:
             raise ElectionError(f"cannot look up leader topic {self.topic!r}: {exc.args[0].str()}") from exc
+        finally:
+            serve_logs(admin)  # its librdkafka lines, through logging
         found = len(md.topics[self.topic].partitions) if self.topic in md.topics else 0
         if found != self.shards:
             raise ElectionError(

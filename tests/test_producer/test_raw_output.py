@@ -8,7 +8,11 @@
 from __future__ import annotations
 
 import logging
+import os
+import signal
 import socket
+import subprocess
+import sys
 import time
 
 import pytest
@@ -48,3 +52,41 @@ def test_default_name_is_printable_whatever_the_host_name(monkeypatch: pytest.Mo
     name = default_name()
     assert name.isprintable() and "\x1b" not in name
     assert HarvestConfig().name.isprintable()
+
+
+def test_the_leader_topic_lookup_logs_through_logging_once_per_repeated_failure(
+        capfd: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture) -> None:
+    """Against a closed port librdkafka retries the connection ~20 times a second, each a ``FAIL`` line."""
+    from harvest_outbox.producer.election import ensure_topic
+    from harvest_outbox.producer.kafka import LIBRDKAFKA_LOG
+
+    caplog.set_level(logging.INFO, logger=LIBRDKAFKA_LOG.name)
+    started = time.monotonic()
+    with pytest.raises(ElectionError, match="cannot reach Kafka"):
+        ensure_topic({"bootstrap.servers": "127.0.0.1:1"}, "harvest.neli", timeout=3.0)
+    assert time.monotonic() - started < 10
+    err = capfd.readouterr().err
+    assert "%3|" not in err and "|FAIL|" not in err, err[:500]
+    fails = [r for r in caplog.records if r.name == LIBRDKAFKA_LOG.name and "FAIL" in r.getMessage()]
+    assert 1 <= len(fails) <= 2, [r.getMessage() for r in fails]
+    assert "Connection refused" in fails[0].getMessage()
+
+
+def test_a_relay_started_against_a_closed_kafka_port_prints_no_raw_librdkafka_line(pg_dsn: str, pg_schema: str) -> None:
+    """``harvest run`` (NELI) on a real Postgres, Kafka down: librdkafka's lines of the start-up lookup come
+    out in the log format, a repeated one once, and none as a raw ``%3|`` line."""
+    table = f"{pg_schema}.outbox"
+    env = {**os.environ, "HARVEST_DATA_SOURCE": pg_dsn}
+    subprocess.run([sys.executable, "-m", "harvest_outbox.producer", "init-db", "--outbox-table", table], env=env,
+                   check=True, capture_output=True, timeout=120)
+    proc = subprocess.Popen([sys.executable, "-m", "harvest_outbox.producer", "run", "--outbox-table", table,
+                             "--bootstrap-servers", "127.0.0.1:1", "--log-level", "INFO"], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        time.sleep(6)  # start-up and ~5 s of the leader-topic lookup against the closed port
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    assert "%3|" not in err and "|FAIL|" not in err, err[:2000]
+    fails = [line for line in err.splitlines() if "harvest_outbox.librdkafka" in line and "FAIL" in line]
+    assert 1 <= len(fails) <= 2, err[:2000]
