@@ -14,27 +14,26 @@ Invariants (backed by ``tests/test_consumer/test_config_and_records.py``):
 * The user's ``auto.offset.reset`` picks the start of partitions that no
   checkpoint covers; librdkafka itself runs with ``auto.offset.reset=error`` so
   a checkpointed offset lost to retention raises instead of silently skipping.
-* Credential values (``sasl.password``, ``ssl.key.password``, anything with
-  password/secret/token/credential in its name, ...) never appear in logs,
-  reprs or error messages: :func:`redact` replaces them.
+* Credential values (``sasl.password``, ``ssl.key.password``, every librdkafka
+  property named password/secret/key/pem/passphrase/extensions/token/credentials,
+  misspellings such as ``sasl.pasword``) never appear in logs, reprs or error
+  messages: :func:`redact` replaces them (``producer.redact`` decides which).
 """
 
 from __future__ import annotations
 
-import re
 import uuid
 from collections.abc import Mapping
 from typing import Any
+
+# One owner of "which Kafka property holds a credential" (issue #32): the producer's redactor.
+from harvest_outbox.producer.redact import REDACTED
+from harvest_outbox.producer.redact import is_secret_kafka_key as is_secret_key
 
 from .errors import ConfigError
 
 __all__ = ["REDACTED", "redact", "is_secret_key", "ReaderConfig"]
 
-REDACTED = "<redacted>"
-_SECRET_KEY = re.compile(
-    r"pas+w|pwd|secret|sasl\.jaas|oauthbearer\.config|ssl\.key\.pem|ssl_key|token|credential",
-    re.IGNORECASE,
-)
 
 # auto.offset.reset spellings librdkafka accepts, mapped to where we start.
 _RESET = {
@@ -60,10 +59,6 @@ _GROUP_ONLY = (
     "on_commit",
     "auto.commit.interval.ms",
 )
-
-
-def is_secret_key(key: str) -> bool:
-    return bool(_SECRET_KEY.search(key))
 
 
 def redact(config: Mapping[str, Any]) -> dict[str, Any]:

@@ -207,3 +207,18 @@ def test_the_start_up_log_and_the_error_show_no_kafka_credential(tmp_path: Path)
     assert "sasl.oauthbearer.extensions': '<redacted>'" in proc.stderr
     for value in secrets.values():
         assert value not in proc.stderr + proc.stdout
+
+
+def test_the_credential_rule_has_one_owner_and_the_readers_use_it() -> None:
+    """Issue #32: one definition of which Kafka property is a credential, in producer/redact.py."""
+    from harvest_outbox.consumer.config import is_secret_key
+    from harvest_outbox.consumer.config import redact as reader_redact
+    from harvest_outbox.producer.redact import is_secret_kafka_key
+
+    assert is_secret_key is is_secret_kafka_key
+    assert all(v == REDACTED for v in reader_redact({k: "x" for k in MISSED_BEFORE}).values())
+    root = Path(__file__).resolve().parents[2]
+    folders = ("producer", "consumer", "spark_reader", "sequencer", "harvest_local")
+    owners = [str(p.relative_to(root)) for folder in folders for p in (root / folder).rglob("*.py")
+              if "pas+w" in p.read_text(encoding="utf-8")]
+    assert owners == ["producer/redact.py"]
