@@ -66,6 +66,7 @@ from harvest_outbox.sequencer import (
     encode_checkpoint,
 )
 
+from .config import ReaderConfig, check_batch_size, check_idle_timeout
 from .errors import CheckpointMismatchError, ConfigError, ConsumerClosedError, ReplayFailedError
 from .record import Record
 from .replay import ReplayReader
@@ -134,10 +135,13 @@ class ReadCommittedIter:
         replay_timeout: float = 60.0,
         batch_size: int = DEFAULT_BATCH_SIZE,
     ) -> None:
+        group_id = ReaderConfig(kafka_config).group_id  # a bad config fails here, before anything uses it
         if not isinstance(ring_size, int) or ring_size < 1:
             raise ConfigError(f"ring_size must be an int >= 1, got {ring_size!r}")
-        if prune_horizon_ns < 0:
-            raise ConfigError(f"prune_horizon_ns must be >= 0, got {prune_horizon_ns!r}")
+        if isinstance(prune_horizon_ns, bool) or not isinstance(prune_horizon_ns, int) or prune_horizon_ns < 0:
+            raise ConfigError(f"prune_horizon_ns must be an int >= 0 (0: never prune), got {prune_horizon_ns!r}")
+        idle_timeout = check_idle_timeout(idle_timeout)
+        batch_size = check_batch_size(batch_size)
         offsets, states = _decode(checkpoint, "checkpoint")
         if partitions is not None:
             partitions = list(partitions)
@@ -146,7 +150,7 @@ class ReadCommittedIter:
         # The constructor checkpoint must be this reader's (check_checkpoint_scope): in a group now
         # (by topic), else at the first assignment, when the partitions are known.
         self._unchecked: tuple[dict[str, int], list[ProducerState]] | None = (offsets, states)
-        if partitions is None and kafka_config.get("group.id") is not None:
+        if partitions is None and group_id is not None:
             self._check_scope(offsets, states, {t: None for t in subscribed}, False, "checkpoint")
             self._unchecked = None
         self._all_partitions = partitions is None

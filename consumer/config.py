@@ -32,7 +32,11 @@ from harvest_outbox.producer.redact import is_secret_kafka_key as is_secret_key
 
 from .errors import ConfigError
 
-__all__ = ["REDACTED", "redact", "is_secret_key", "ReaderConfig"]
+__all__ = ["REDACTED", "redact", "is_secret_key", "ReaderConfig", "check_idle_timeout", "check_batch_size",
+           "MAX_BATCH_SIZE"]
+
+#: confluent-kafka's ``Consumer.consume()`` takes at most this many messages per call.
+MAX_BATCH_SIZE = 1_000_000
 
 
 # auto.offset.reset spellings librdkafka accepts, mapped to where we start.
@@ -77,6 +81,37 @@ def _truthy(key: str, value: Any) -> bool:
     raise ConfigError(f"kafka config {key!r} must be true or false, got {value!r}")
 
 
+def check_idle_timeout(value: Any) -> float | None:
+    """``idle_timeout``: ``None`` (block forever) or a finite number of seconds >= 0."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < float("inf"):
+        raise ConfigError(f"idle_timeout must be None (wait forever) or a number of seconds >= 0, e.g. 5 or 0.5; "
+                          f"got {value!r}")
+    return float(value)
+
+
+def check_batch_size(value: Any) -> int:
+    """``batch_size``: records per ``consume()`` call, 1..:data:`MAX_BATCH_SIZE`."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_BATCH_SIZE:
+        raise ConfigError(f"batch_size must be an int 1-{MAX_BATCH_SIZE:,} (records per consume() call; "
+                          f"confluent-kafka takes at most {MAX_BATCH_SIZE:,}), got {value!r}")
+    return value
+
+
+def _check_bootstrap(cfg: Mapping[str, Any]) -> None:
+    """``bootstrap.servers`` (or its alias) present, a non-empty string: librdkafka reads a number such as
+    12345 as an IPv4 address and connects to it."""
+    given = [key for key in ("bootstrap.servers", "metadata.broker.list")
+             if cfg.get(key) is not None and not (isinstance(cfg[key], str) and not cfg[key].strip())]
+    if not given:
+        raise ConfigError("kafka config 'bootstrap.servers' is required (e.g. 'broker1:9092,broker2:9092')")
+    for key in given:
+        if not isinstance(cfg[key], str):
+            raise ConfigError(f"kafka config {key!r} must be a string of host:port pairs, e.g. "
+                              f"'broker1:9092,broker2:9092'; got {cfg[key]!r} ({type(cfg[key]).__name__}): quote it")
+
+
 class ReaderConfig:
     """Validated reader configuration (see module doc)."""
 
@@ -90,8 +125,7 @@ class ReaderConfig:
             if not isinstance(key, str) or not key:
                 raise ConfigError(f"kafka config keys must be non-empty str, got {key!r}")
             cfg[key] = value
-        if not cfg.get("bootstrap.servers") and not cfg.get("metadata.broker.list"):
-            raise ConfigError("kafka config 'bootstrap.servers' is required (e.g. 'broker1:9092,broker2:9092')")
+        _check_bootstrap(cfg)
         for key in ("enable.auto.commit", "enable.auto.offset.store"):
             if key in cfg and _truthy(key, cfg[key]):
                 raise ConfigError(

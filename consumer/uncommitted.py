@@ -40,7 +40,7 @@ from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, Consumer, KafkaError, 
 
 from harvest_outbox.sequencer import NIL_UUID, EntryBatch, Envelope
 
-from .config import ReaderConfig, redact
+from .config import ReaderConfig, check_batch_size, check_idle_timeout, redact
 from .errors import (
     ConfigError,
     ConsumerClosedError,
@@ -171,10 +171,8 @@ class ReadUncommittedIter:
             self._policy = UUIDPolicy(uuid_policy)
         except ValueError as exc:
             raise ConfigError(f"uuid_policy must be one of {[p.value for p in UUIDPolicy]}, got {uuid_policy!r}") from exc
-        if not isinstance(batch_size, int) or batch_size < 1:
-            raise ConfigError(f"batch_size must be an int >= 1, got {batch_size!r}")
-        if idle_timeout is not None and idle_timeout < 0:
-            raise ConfigError(f"idle_timeout must be None or >= 0, got {idle_timeout!r}")
+        batch_size = check_batch_size(batch_size)
+        idle_timeout = check_idle_timeout(idle_timeout)
         if topics is not None and isinstance(topics, str):
             topics = [topics]
         explicit = list(partitions) if partitions is not None else None

@@ -37,10 +37,16 @@ class ReadRange:
 def client_config(kafka_options: Mapping[str, str]) -> dict[str, str]:
     """Spark's ``kafka.``-prefixed options as a confluent-kafka (librdkafka) config."""
     conf = {k[len("kafka."):]: v for k, v in kafka_options.items() if k.startswith("kafka.")}
-    if "bootstrap.servers" not in conf:
+    servers = conf.get("bootstrap.servers")
+    if servers is None or (isinstance(servers, str) and not servers.strip()):
         raise ReaderConfigError(
             "kafka_options has no 'kafka.bootstrap.servers'; pass e.g. "
             "{'kafka.bootstrap.servers': 'broker:9092'} (Spark's Kafka source option names)"
+        )
+    if not isinstance(servers, str):  # librdkafka would read a number such as 12345 as an IPv4 address
+        raise ReaderConfigError(
+            f"kafka_options['kafka.bootstrap.servers'] must be a string of host:port pairs, e.g. "
+            f"'broker1:9092,broker2:9092'; got {servers!r} ({type(servers).__name__}): quote it"
         )
     # Options only the Java client understands are of no use to the offset lookup.
     for java_only in ("security.protocol.class", "sasl.jaas.config"):

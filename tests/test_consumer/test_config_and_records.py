@@ -70,6 +70,45 @@ def test_argument_errors() -> None:
         ReadCommittedIter(BOOT, topics=["t"], ring_size=0)
 
 
+_READERS = {"committed": ReadCommittedIter, "uncommitted": ReadUncommittedIter}
+
+
+@pytest.mark.parametrize("reader", sorted(_READERS))
+@pytest.mark.parametrize(("config", "kwargs", "match"), [
+    (BOOT, {"idle_timeout": "x"}, r"idle_timeout must be None \(wait forever\) or a number of seconds >= 0, e\.g\. 5 "
+                                  r"or 0\.5; got 'x'"),
+    (BOOT, {"idle_timeout": -1}, r"idle_timeout must be None .*; got -1"),
+    (BOOT, {"idle_timeout": float("nan")}, r"idle_timeout must be None .*; got nan"),
+    (BOOT, {"idle_timeout": float("inf")}, r"idle_timeout must be None \(wait forever\).*; got inf"),
+    (BOOT, {"idle_timeout": True}, r"idle_timeout must be None .*; got True"),
+    (BOOT, {"batch_size": 10**9}, r"batch_size must be an int 1-1,000,000 \(records per consume\(\) call; "
+                                  r"confluent-kafka takes at most 1,000,000\), got 1000000000"),
+    (BOOT, {"batch_size": 0}, r"batch_size must be an int 1-1,000,000 .*got 0"),
+    (BOOT, {"batch_size": "256"}, r"batch_size must be an int .*got '256'"),
+    (["bootstrap.servers", "k:9092"], {}, r"kafka_config must be a dict of librdkafka properties, got list"),
+    ("bootstrap.servers=k:9092", {}, r"kafka_config must be a dict of librdkafka properties, got str"),
+    (None, {}, r"kafka_config must be a dict of librdkafka properties, got NoneType"),
+    ({"bootstrap.servers": 12345}, {}, r"kafka config 'bootstrap.servers' must be a string of host:port pairs, "
+                                       r"e\.g\. 'broker1:9092,broker2:9092'; got 12345 \(int\): quote it"),
+    ({"metadata.broker.list": 9092}, {}, r"'metadata.broker.list' must be a string .*got 9092 \(int\)"),
+    ({"bootstrap.servers": ""}, {}, r"kafka config 'bootstrap.servers' is required"),
+    ({"bootstrap.servers": "  "}, {}, r"kafka config 'bootstrap.servers' is required"),
+], ids=["idle-x", "idle-negative", "idle-nan", "idle-inf", "idle-bool", "batch-huge", "batch-zero", "batch-str",
+        "config-list", "config-str", "config-none", "bootstrap-int", "broker-list-int", "bootstrap-empty",
+        "bootstrap-blank"])
+def test_reader_arguments_are_checked_with_the_fix(reader: str, config, kwargs: dict, match: str) -> None:
+    with pytest.raises(ConfigError, match=match):
+        _READERS[reader](config, topics=["t"], **kwargs)
+
+
+def test_reader_argument_checks_accept_their_bounds() -> None:
+    from harvest_outbox.consumer.config import MAX_BATCH_SIZE, check_batch_size, check_idle_timeout
+
+    assert [check_idle_timeout(v) for v in (None, 0, 2, 0.5)] == [None, 0.0, 2.0, 0.5]
+    assert check_batch_size(1) == 1 and check_batch_size(MAX_BATCH_SIZE) == MAX_BATCH_SIZE
+    assert ReaderConfig({"metadata.broker.list": "k:9092"}).base["metadata.broker.list"] == "k:9092"
+
+
 class FakeMessage:
     def __init__(self, offset: int = 7) -> None:
         self._offset = offset

@@ -89,6 +89,10 @@ def test_uuid_policy_raise(spark, kafka_bootstrap, topic_factory) -> None:
 
 @pytest.mark.parametrize("kwargs, message", [
     ({"kafka_options": {}}, "kafka.bootstrap.servers"),
+    ({"kafka_options": {"kafka.bootstrap.servers": " "}}, "kafka_options has no 'kafka.bootstrap.servers'"),
+    # librdkafka reads 12345 as an IPv4 address (0.0.48.57) and connects to it
+    ({"kafka_options": {"kafka.bootstrap.servers": 12345}},
+     r"kafka_options\['kafka.bootstrap.servers'\] must be a string of host:port pairs.*got 12345 \(int\): quote it"),
     ({"kafka_options": {"kafka.bootstrap.servers": "x:1", "subscribe": "t"}}, "subscribe"),
     ({"uuid_policy": "ignore"}, "uuid_policy='ignore'"),
     ({"ending": "earliest"}, "ending='earliest'"),
