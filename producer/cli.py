@@ -145,15 +145,22 @@ def _setup_logging(level: str) -> None:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
 
-def _load(args: argparse.Namespace, extra: dict[str, Any] | None = None) -> FileConfig:
+def _load(args: argparse.Namespace, extra: dict[str, Any] | None = None, kafka: bool = True) -> FileConfig:
+    """The config (flags over file), checked, with logging set up and the config's notes logged (those
+    about the Kafka connection only when ``kafka``: the command talks to Kafka)."""
     from harvest_outbox.producer.config import from_mapping, load_yaml
 
     overrides: dict[str, Any] = {"data_source": args.data_source or os.environ.get("HARVEST_DATA_SOURCE"),
                                  "outbox_table": args.outbox_table, **(extra or {})}
-    cfg = load_yaml(args.file, overrides, args.log_level) if args.file else from_mapping({}, overrides,
-                                                                                         args.log_level)
+    sources = {"data_source": "--data-source" if args.data_source else "HARVEST_DATA_SOURCE"}
+    cfg = (load_yaml(args.file, overrides, args.log_level, sources) if args.file
+           else from_mapping({}, overrides, args.log_level, sources))
     args.loaded_config = cfg  # main() redacts error messages with its secrets
     cfg.harvest.check_kafka_properties()  # a file is valid or not whatever the command reads of it
+    _setup_logging(cfg.log_level)
+    for note in cfg.notes:
+        if kafka or not note.kafka:
+            log.log(note.level, "%s", note.message)
     return cfg
 
 
@@ -166,7 +173,6 @@ def _run(args: argparse.Namespace, signals: StopSignals) -> int:
                        "prometheus_port": args.prometheus_port,
                        "prometheus_bind_address": args.prometheus_bind_address,
                        "uuid_sequencing": args.uuid_sequencing})
-    _setup_logging(cfg.log_level)
     log.info("harvest %s starting: %r", producer.__version__, cfg.harvest)
     if signals.requested.is_set():
         log.info("stopped before the relay started")
@@ -183,8 +189,7 @@ def _init_db(args: argparse.Namespace) -> int:
     from harvest_outbox.producer.schema import init_db, packed_outbox_fix, unrelayed_rows
     from harvest_outbox.producer.db import connect
 
-    cfg = _load(args)
-    _setup_logging(cfg.log_level)
+    cfg = _load(args, kafka=False)
     with connect(cfg.harvest.data_source) as conn:
         names = init_db(conn, cfg.harvest.outbox_table, args.value_type, cfg.harvest.shards,
                         cfg.harvest.table_mapping)
@@ -209,7 +214,6 @@ def _shards(args: argparse.Namespace) -> int:
     from harvest_outbox.producer.shard_status import format_status, shard_status
 
     cfg = _load(args, {"bootstrap_servers": args.bootstrap_servers})
-    _setup_logging(cfg.log_level)
     print(format_status(shard_status(cfg.harvest)))
     return EXIT_OK
 
@@ -218,8 +222,8 @@ def _dead_letters(args: argparse.Namespace) -> int:
     from harvest_outbox.producer.db import connect
     from harvest_outbox.producer.deadletters import list_dead_letters, requeue_what_can_be
 
-    cfg = _load(args, {"bootstrap_servers": getattr(args, "bootstrap_servers", None)})
-    _setup_logging(cfg.log_level)
+    asks_kafka = args.dl_command == "requeue" and not args.skip_topic_check
+    cfg = _load(args, {"bootstrap_servers": getattr(args, "bootstrap_servers", None)}, kafka=asks_kafka)
     table = cfg.harvest.outbox_table
     with connect(cfg.harvest.data_source) as conn:
         if args.dl_command == "list":

@@ -21,6 +21,7 @@ Invariants:
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 import os
 import re
@@ -28,7 +29,7 @@ import socket
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import psycopg
 import yaml
@@ -357,6 +358,24 @@ def _kafka_map(value: Any, path: str) -> dict[str, Any]:
     return out
 
 
+_BOOTSTRAP_KEYS = ("bootstrap.servers", "metadata.broker.list")  # librdkafka aliases
+
+
+def _check_bootstrap(base: Mapping[str, Any]) -> None:
+    for key in _BOOTSTRAP_KEYS:
+        if key not in base:
+            continue
+        value = base[key]
+        if value is None or (isinstance(value, str) and not value.strip()):
+            raise ConfigError(f"baseKafkaConfig.{key}: {shown(value)} is empty; list the brokers, e.g. "
+                              f"'kafka1:9092,kafka2:9092' (or leave the key out for goharvest's default "
+                              f"{DEFAULT_BOOTSTRAP})")
+        if not isinstance(value, str):
+            raise ConfigError(f"baseKafkaConfig.{key}: {shown(value)} is not a string (librdkafka would read "
+                              f"{shown(value)} as an IPv4 address and connect to it); quote it, e.g. "
+                              f"'kafka1:9092,kafka2:9092'")
+
+
 @dataclass(frozen=True)
 class HarvestConfig:
     """Everything the relay needs. Construct directly (embedded mode) or via :func:`load_yaml`."""
@@ -395,7 +414,9 @@ class HarvestConfig:
 
     def __post_init__(self) -> None:
         base = dict(_kafka_map(self.base_kafka_config, "baseKafkaConfig"))
-        base.setdefault("bootstrap.servers", DEFAULT_BOOTSTRAP)
+        if not any(key in base for key in _BOOTSTRAP_KEYS):  # goharvest's default (FileConfig.notes says so)
+            base["bootstrap.servers"] = DEFAULT_BOOTSTRAP
+        _check_bootstrap(base)
         object.__setattr__(self, "base_kafka_config", base)
         prod = _kafka_map(self.producer_kafka_config, "producerKafkaConfig")
         for key, forced in _FORCED_PRODUCER.items():
@@ -626,9 +647,40 @@ class FileConfig:
 
     harvest: HarvestConfig
     log_level: str = "INFO"
+    #: To log once logging is set up: defaults and overrides a user would not see otherwise
+    #: (:func:`startup_notes`).
+    notes: tuple[StartupNote, ...] = ()
 
 
-def from_mapping(data: Any, overrides: Mapping[str, Any] | None = None, log_level: str | None = None) -> FileConfig:
+class StartupNote(NamedTuple):
+    level: int  # logging level
+    message: str
+    kafka: bool  # about the Kafka connection: only worth saying to a command that connects to Kafka
+
+
+def startup_notes(harvest: Mapping[str, Any], overrides: Mapping[str, Any],
+                  sources: Mapping[str, str]) -> tuple[StartupNote, ...]:
+    """What the relay would otherwise do silently: connect to goharvest's default Kafka, or use a
+    ``dataSource`` from elsewhere (``sources`` names where an override came from) over the file's.
+    DSNs are shown redacted."""
+    notes: list[StartupNote] = []
+    base = harvest.get("baseKafkaConfig") or {}
+    if not any(key in base for key in _BOOTSTRAP_KEYS) and overrides.get("bootstrap_servers") is None:
+        notes.append(StartupNote(logging.WARNING, f"baseKafkaConfig sets no bootstrap.servers: connecting to "
+                                 f"{DEFAULT_BOOTSTRAP} (goharvest's default); set "
+                                 f"harvest.baseKafkaConfig.bootstrap.servers or --bootstrap-servers", True))
+    dsn, in_file = overrides.get("data_source"), harvest.get("dataSource")
+    if dsn is not None and isinstance(in_file, str) and dsn != in_file:
+        notes.append(StartupNote(logging.INFO, f"dataSource: {sources.get('data_source', 'an override')} "
+                                 f"({redact_dsn(dsn)!r}) is used; it overrides the file's harvest.dataSource "
+                                 f"({redact_dsn(in_file)!r})", False))
+    return tuple(notes)
+
+
+def from_mapping(data: Any, overrides: Mapping[str, Any] | None = None, log_level: str | None = None,
+                 sources: Mapping[str, str] | None = None) -> FileConfig:
+    """``overrides``: HarvestConfig attribute names -> values that win over the file (``None`` = keep);
+    ``sources``: where each came from (``--data-source``, ``HARVEST_DATA_SOURCE``), for the notes."""
     if data is None:
         data = {}
     if not isinstance(data, Mapping):
@@ -645,13 +697,15 @@ def from_mapping(data: Any, overrides: Mapping[str, Any] | None = None, log_leve
     level = str(log_level or logging_section.get("level") or "INFO").upper()
     if level not in LOG_LEVELS:
         raise ConfigError(f"logging.level: {shown(level)} is not a level; use one of {', '.join(LOG_LEVELS)}")
-    return FileConfig(HarvestConfig.from_mapping(data.get("harvest"), overrides=overrides), level)
+    cfg = HarvestConfig.from_mapping(data.get("harvest"), overrides=overrides)
+    harvest = data.get("harvest") or {}  # a mapping: HarvestConfig.from_mapping said so
+    return FileConfig(cfg, level, startup_notes(harvest, overrides or {}, sources or {}))
 
 
 def load_yaml(path: str | Path, overrides: Mapping[str, Any] | None = None,
-              log_level: str | None = None) -> FileConfig:
+              log_level: str | None = None, sources: Mapping[str, str] | None = None) -> FileConfig:
     """Read a reaper YAML file. ``overrides`` (HarvestConfig attribute names, ``None`` = keep) win
-    over the file, as CLI flags do."""
+    over the file, as CLI flags do (``sources``: see :func:`from_mapping`)."""
     try:
         raw = Path(path).read_bytes()
     except OSError as exc:
@@ -674,5 +728,5 @@ def load_yaml(path: str | Path, overrides: Mapping[str, Any] | None = None,
                           f"(see the README's config reference)")
     if isinstance(data, Mapping) and data.get("harvest") is None:
         raise ConfigError(f"{path}: no 'harvest:' section (or it is empty); add one with at least dataSource")
-    return from_mapping(data, overrides, log_level)
+    return from_mapping(data, overrides, log_level, sources)
 

@@ -224,6 +224,31 @@ def test_requeue_all_moves_what_it_can_and_reports_the_rest(pg_dsn: str, pg_sche
 
 
 @pytest.mark.integration
+def test_the_log_says_which_data_source_won_and_when_kafka_is_goharvests_default(tmp_path: Path, pg_dsn: str,
+                                                                                 pg_schema: str) -> None:
+    table = f"{pg_schema}.outbox"
+    init_db(pg_dsn, table)
+    path = tmp_path / "h.yaml"
+    path.write_text(f"harvest:\n  dataSource: host=127.0.0.1 port=1 user=filer password={SECRET}\n"
+                    f"  outboxTable: {table}\nlogging:\n  level: Info\n")
+    env = {"HARVEST_DATA_SOURCE": pg_dsn}
+    env_password = str(psycopg.conninfo.conninfo_to_dict(pg_dsn).get("password") or "no-password-in-dsn")
+    listed = harvest("dead-letters", "list", "-f", str(path), env=env)
+    assert listed.returncode == 0, listed.stderr
+    assert "INFO harvest: dataSource: HARVEST_DATA_SOURCE (" in listed.stderr, listed.stderr
+    assert "is used; it overrides the file's harvest.dataSource ('host=127.0.0.1 port=1 user=filer " \
+           "password=<redacted>')" in listed.stderr, listed.stderr
+    assert SECRET not in listed.stderr + listed.stdout and env_password not in listed.stderr + listed.stdout
+    assert "bootstrap.servers" not in listed.stderr  # listing dead letters never talks to Kafka
+    requeued = harvest("dead-letters", "requeue", "--all", "-f", str(path), env=env)
+    assert requeued.returncode == 0 and "requeued 0 dead letter(s)" in requeued.stdout, requeued.stderr
+    assert ("WARNING harvest: baseKafkaConfig sets no bootstrap.servers: connecting to localhost:9092 (goharvest's "
+            "default); set harvest.baseKafkaConfig.bootstrap.servers or --bootstrap-servers") in requeued.stderr
+    flag = harvest("dead-letters", "list", "-f", str(path), "--data-source", pg_dsn)
+    assert flag.returncode == 0 and "dataSource: --data-source (" in flag.stderr, flag.stderr
+
+
+@pytest.mark.integration
 def test_init_db_names_a_packed_outbox_it_did_not_create(tmp_path: Path, pg_dsn: str, pg_schema: str) -> None:
     path = tmp_path / "h.yaml"
     path.write_text(f"harvest:\n  outboxTable: {pg_schema}.outbox\n")

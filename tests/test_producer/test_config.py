@@ -354,3 +354,48 @@ def test_a_value_python_will_not_build_is_a_config_error(tmp_path: Path) -> None
     path.write_text("harvest:\n  prometheusPort: " + "9" * 5000 + "\n")
     with pytest.raises(ConfigError, match="a value cannot be read: .*more chars"):
         load_yaml(path)
+
+
+@pytest.mark.parametrize(("base", "needle"), [
+    ({"bootstrap.servers": 12345}, "harvest.baseKafkaConfig.bootstrap.servers: 12345 is not a string (librdkafka "
+                                   "would read 12345 as an IPv4 address and connect to it); quote it"),
+    ({"bootstrap.servers": ["k1:9092"]}, "harvest.baseKafkaConfig.bootstrap.servers: Kafka properties take scalar"),
+    ({"bootstrap.servers": ""}, "harvest.baseKafkaConfig.bootstrap.servers: '' is empty; list the brokers"),
+    ({"bootstrap.servers": None}, "harvest.baseKafkaConfig.bootstrap.servers: None is empty; list the brokers"),
+    ({"metadata.broker.list": 9092}, "harvest.baseKafkaConfig.metadata.broker.list: 9092 is not a string"),
+], ids=["int", "list", "empty", "null", "alias-int"])
+def test_bootstrap_servers_must_be_a_non_empty_string(base: dict, needle: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        from_mapping({"harvest": {"baseKafkaConfig": base}})
+    assert needle in str(info.value)
+
+
+def test_bootstrap_default_is_goharvests_and_said_at_start() -> None:
+    import logging
+
+    cfg = from_mapping({"harvest": {}})
+    assert cfg.harvest.base_kafka_config["bootstrap.servers"] == "localhost:9092"  # goharvest's SetDefaults
+    assert cfg.notes == ((logging.WARNING, "baseKafkaConfig sets no bootstrap.servers: connecting to "
+                                           "localhost:9092 (goharvest's default); set "
+                                           "harvest.baseKafkaConfig.bootstrap.servers or --bootstrap-servers", True),)
+    assert not from_mapping({"harvest": {"baseKafkaConfig": {"bootstrap.servers": "k:9092"}}}).notes
+    assert not from_mapping({"harvest": {}}, {"bootstrap_servers": "k:9092"}).notes
+    alias = from_mapping({"harvest": {"baseKafkaConfig": {"metadata.broker.list": "k:9092"}}})
+    assert "bootstrap.servers" not in alias.harvest.base_kafka_config and not alias.notes
+
+
+def test_data_source_override_is_said_without_secrets() -> None:
+    import logging
+
+    data = {"harvest": {"dataSource": "host=filedb user=relay password=filepw1", "baseKafkaConfig": {
+        "bootstrap.servers": "k:9092"}}}
+    cfg = from_mapping(data, {"data_source": "host=envdb user=relay password=envpw2"},
+                       sources={"data_source": "HARVEST_DATA_SOURCE"})
+    assert cfg.harvest.data_source == "host=envdb user=relay password=envpw2"
+    assert cfg.notes == ((logging.INFO, "dataSource: HARVEST_DATA_SOURCE ('host=envdb user=relay "
+                                        "password=<redacted>') is used; it overrides the file's harvest.dataSource "
+                                        "('host=filedb user=relay password=<redacted>')", False),)
+    same = from_mapping(data, {"data_source": data["harvest"]["dataSource"]}, sources={"data_source": "x"})
+    assert not same.notes  # nothing was overridden
+    flag = from_mapping(data, {"data_source": "host=flagdb"})
+    assert flag.notes[0][1].startswith("dataSource: an override ('host=flagdb') is used")
