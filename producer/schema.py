@@ -43,7 +43,7 @@ from typing import Literal
 import psycopg
 from psycopg import sql
 
-from harvest_outbox.producer.errors import ConfigError, SchemaError
+from harvest_outbox.producer.errors import ConfigError, SchemaError, shown
 from harvest_outbox.producer.table_mapping import (DEBEZIUM_PAYLOAD_TYPES, DEBEZIUM_TEXT_TYPES, GOHARVEST,
                                                    DebeziumMapping, TableMapping)
 
@@ -64,7 +64,7 @@ def parse_table_name(name: str) -> tuple[str | None, str]:
             while True:
                 k = text.find('"', j)
                 if k < 0:
-                    raise ConfigError(f"outboxTable: {name!r} has an unterminated double quote")
+                    raise ConfigError(f"outboxTable: {shown(name)} has an unterminated double quote")
                 buf.append(text[j:k])
                 if k + 1 < len(text) and text[k + 1] == '"':
                     buf.append('"')
@@ -78,21 +78,21 @@ def parse_table_name(name: str) -> tuple[str | None, str]:
             k = len(text) if k < 0 else k
             part = text[i:k]
             if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_$]*", part):
-                raise ConfigError(f"outboxTable: {name!r}: {part!r} is not a plain identifier; quote it "
-                                  f"with double quotes, e.g. '\"{part}\"'")
+                raise ConfigError(f"outboxTable: {shown(name)}: {shown(part)} is not a plain identifier; quote it "
+                                  f"with double quotes, e.g. {shown(chr(34) + part + chr(34))}")
             parts.append(part.lower())  # Postgres folds unquoted names to lower case
             i = k
         if i < len(text):
             if text[i] != ".":
-                raise ConfigError(f"outboxTable: {name!r}: expected '.' between schema and table")
+                raise ConfigError(f"outboxTable: {shown(name)}: expected '.' between schema and table")
             i += 1
             if i == len(text):
-                raise ConfigError(f"outboxTable: {name!r} ends with '.'")
+                raise ConfigError(f"outboxTable: {shown(name)} ends with '.'")
     if not parts or len(parts) > 2 or any(not p for p in parts):
-        raise ConfigError(f"outboxTable: {name!r} must be 'table' or 'schema.table'")
+        raise ConfigError(f"outboxTable: {shown(name)} must be 'table' or 'schema.table'")
     for part in parts:
         if len(part.encode()) > _MAX_IDENT:
-            raise ConfigError(f"outboxTable: {part!r} is longer than Postgres' {_MAX_IDENT}-byte identifier limit")
+            raise ConfigError(f"outboxTable: {shown(part)} is longer than Postgres' {_MAX_IDENT}-byte identifier limit")
     return (parts[0], parts[1]) if len(parts) == 2 else (None, parts[0])
 
 

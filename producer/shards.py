@@ -24,7 +24,7 @@ from __future__ import annotations
 import hashlib
 from psycopg import sql
 
-from harvest_outbox.producer.errors import ConfigError
+from harvest_outbox.producer.errors import ConfigError, shown
 
 #: More shards than this buys nothing on any machine a relay runs on (each shard a relay leads is a
 #: relay loop with its own connections and producer) and multiplies leader-topic partitions and locks.
@@ -33,7 +33,7 @@ MAX_SHARDS = 256
 
 def check_shard_count(value: object, field_name: str = "shards") -> int:
     if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_SHARDS:
-        raise ConfigError(f"{field_name}: {value!r} must be a whole number of shards 1-{MAX_SHARDS} (1, the "
+        raise ConfigError(f"{field_name}: {shown(value)} must be a whole number of shards 1-{MAX_SHARDS} (1, the "
                           f"default, is one active relay for the whole outbox)")
     return value
 

@@ -339,7 +339,9 @@ def test_duplicate_keys_are_refused_with_their_lines(tmp_path: Path, text: str, 
     ({"limits": {"heartbeatTimeout": list(range(10**6))}}, "limits.heartbeatTimeout: [0, 1, 2, 3, ...]"),
     ({"limits": {"maxInFlightRecords": "9" * 1000}}, "limits.maxInFlightRecords: '99999"),
     ({"x" * 500: 1}, "harvest.'xxxxx"),
-], ids=["long-string", "long-list", "long-int-string", "long-key"])
+    ({"outboxTable": "a b" * 1000}, "outboxTable: 'a ba b"),
+    ({"shards": "8" * 1000}, "shards: '8888"),
+], ids=["long-string", "long-list", "long-int-string", "long-key", "long-table", "long-shards"])
 def test_error_messages_show_at_most_80_characters_of_a_value(harvest: dict, needle: str) -> None:
     with pytest.raises(ConfigError) as info:
         from_mapping({"harvest": harvest})
