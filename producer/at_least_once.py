@@ -81,6 +81,7 @@ class AtLeastOnceMode:
         self._verdicts = core.guard.verdicts  # the same dict for the guard's life (read per record)
         self._attempts = core.attempts  # the same dict for the relay's life (cleared, never replaced)
         self._held = core.held
+        self._event_id = core.event_id  # eventIdHeader: (name, value prefix) or None
         self._waiting: dict[bytes, deque[MarkedRow]] = {}  # key -> records behind the in-flight one
         self._waiting_count = 0
         self._in_flight: dict[bytes, MarkedRow] = {}  # key -> the one unacknowledged record of that key
@@ -259,9 +260,10 @@ class AtLeastOnceMode:
         # One produce() per delivery report, so this is the relay's hottest line: no retry loop is set
         # up unless the local queue is full.
         try:
-            if partition is not None:  # a mapped table's partition column (producer.table_mapping)
-                producer.produce(topic, value, key, partition,  # type: ignore[arg-type]
-                                 headers=list(zip(hkeys, hvals)) if hkeys else None)  # type: ignore[arg-type]
+            if partition is not None or self._event_id is not None:
+                # a mapped table's partition column (producer.table_mapping), or eventIdHeader
+                producer.produce(topic, value, key, ANY_PARTITION if partition is None else partition,
+                                 headers=self._headers(_id, hkeys, hvals))  # type: ignore[arg-type]
             elif hkeys:
                 producer.produce(topic, value, key, headers=list(zip(hkeys, hvals)))  # type: ignore[arg-type]
             else:
@@ -272,11 +274,19 @@ class AtLeastOnceMode:
         except (KafkaException, TypeError, ValueError) as exc:
             return self._refused(row, exc)
 
+    def _headers(self, row_id: int, hkeys: Any, hvals: Any) -> list[tuple[str, Any]] | None:
+        """The record's headers: the row's, after the event id header when eventIdHeader is set."""
+        headers = list(zip(hkeys, hvals)) if hkeys else None
+        if self._event_id is None:
+            return headers
+        name, prefix = self._event_id
+        return [(name, prefix + b"%d" % row_id), *(headers or ())]
+
     def _send_when_room(self, row: MarkedRow, producer: KafkaProducer) -> bool:
         """:meth:`_send` found librdkafka's queue full: serve callbacks and retry, for ~10 s at most,
         then give up the view (remark). ``row`` is already in flight under its key."""
         _id, topic, key, value, hkeys, hvals, *_rest, partition = row
-        headers = list(zip(hkeys, hvals)) if hkeys else None  # type: ignore[arg-type]
+        headers = self._headers(_id, hkeys, hvals)
         where = ANY_PARTITION if partition is None else partition
         for _ in range(1000):
             producer.poll(0.01)

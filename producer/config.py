@@ -306,7 +306,7 @@ class Limits:
 _TOP_KEYS = ("baseKafkaConfig", "producerKafkaConfig", "leaderTopic", "leaderGroupID", "dataSource", "outboxTable",
              "limits", "name", "prometheusPort", "leaderTopicReplicationFactor", "uuidSequencing", "leaderElection",
              "leaderLockCheckInterval", "prometheusBindAddress", "missingTopicPolicy", "shards", "tableMapping",
-             "eventRouter")
+             "eventRouter", "eventIdHeader")
 #: What the relay does with a row whose topic does not exist: park it in the dead letters at once,
 #: or hold that topic's rows (marked, in memory) until the topic exists while other topics flow.
 MISSING_TOPIC_POLICIES = ("deadLetter", "hold")
@@ -411,6 +411,10 @@ class HarvestConfig:
     #: routed as its event router does (YAML ``tableMapping: debezium`` + ``eventRouter: {...}`` with
     #: the router's option names; :mod:`producer.table_mapping`, docs/debezium.md).
     table_mapping: TableMapping = GOHARVEST
+    #: A goharvest table's records get this header with a stable event id, ``<outboxTable>/<row id>``
+    #: (the same on every re-send, so at-least-once consumers can dedupe); empty (default): records
+    #: exactly as goharvest's. A Debezium table's records always carry the router's ``id`` header.
+    event_id_header: str = ""
 
     def __post_init__(self) -> None:
         base = dict(_kafka_map(self.base_kafka_config, "baseKafkaConfig"))
@@ -470,6 +474,17 @@ class HarvestConfig:
         if not isinstance(self.table_mapping, TableMapping):
             raise ConfigError(f"tableMapping: {shown(self.table_mapping)} is not a table mapping; build one with "
                               f"producer.table_mapping.table_mapping('goharvest' | 'debezium', router_options)")
+        if not isinstance(self.event_id_header, str) or (self.event_id_header and (
+                not self.event_id_header.isprintable() or len(self.event_id_header) > 64)):
+            raise ConfigError(f"eventIdHeader: {shown(self.event_id_header)} must be a header name of 1-64 printable "
+                              f"characters, e.g. 'harvest.event.id' (or empty: no event id header)")
+        if self.event_id_header in ("uuid", "traceparent", "tracestate"):
+            raise ConfigError(f"eventIdHeader: {self.event_id_header!r} is a header harvest or its readers use; "
+                              f"choose another name, e.g. 'harvest.event.id'")
+        if self.event_id_header and self.table_mapping.kind != "goharvest":
+            raise ConfigError(f"eventIdHeader: {self.event_id_header!r} applies to goharvest tables; a "
+                              f"{self.table_mapping.kind} table's records carry the event router's 'id' header; "
+                              f"remove eventIdHeader")
         group = self.leader_group_id or "harvest"
         # A sharded relay's leader topic has one partition per shard: by default a topic of its own,
         # so it never meets the one-partition topic of unsharded relays (or of another shard count).
@@ -585,7 +600,7 @@ class HarvestConfig:
                 f"uuid_sequencing={self.uuid_sequencing!r}, leader_election={self.leader_election!r}, "
                 f"leader_lock_check_interval={self.leader_lock_check_interval!r}, "
                 f"missing_topic_policy={self.missing_topic_policy!r}, shards={self.shards!r}, "
-                f"table_mapping={self.table_mapping!r})")
+                f"table_mapping={self.table_mapping!r}, event_id_header={self.event_id_header!r})")
 
     __str__ = __repr__
 
@@ -617,6 +632,8 @@ class HarvestConfig:
             kwargs["leader_election"] = data["leaderElection"]
         if data.get("shards") is not None:
             kwargs["shards"] = data["shards"]
+        if data.get("eventIdHeader") is not None:
+            kwargs["event_id_header"] = data["eventIdHeader"]
         if data.get("tableMapping") is not None or data.get("eventRouter") is not None:
             kwargs["table_mapping"] = table_mapping(data.get("tableMapping"), data.get("eventRouter"), path)
         if data.get("missingTopicPolicy") is not None:

@@ -42,7 +42,7 @@ from harvest_outbox.producer.kafka import ProducerFactory, confluent_producer
 from harvest_outbox.producer.layout import LayoutGuard
 from harvest_outbox.producer.metrics import MeterStats, start_prometheus
 from harvest_outbox.producer.preflight import TopicGuard
-from harvest_outbox.producer.relay_core import RelayCore, RelayMode
+from harvest_outbox.producer.relay_core import RelayCore, RelayMode, event_id_bytes
 from harvest_outbox.producer.sequencing import SequencedMode
 from harvest_outbox.producer.shard_election import ShardSetSeat
 
@@ -95,7 +95,7 @@ class Harvest:
             SequencedMode if config.uuid_sequencing else AtLeastOnceMode)
         # Rows no broker will take are dead-lettered before they are produced (producer/preflight.py).
         guard = topic_guard or TopicGuard(config.base_kafka_config, config.producer_config(),
-                                          extra_overhead=mode_type.HEADER_BYTES)
+                                          extra_overhead=mode_type.HEADER_BYTES + event_id_bytes(config))
         self.core = RelayCore(config, self._emit, producer_factory=producer_factory or confluent_producer,
                               guard=guard, shards=shards, stop_requested=self._stop_requested)
         self.mode: RelayMode = mode_type(self.core)

@@ -115,6 +115,13 @@ class RelayMode(Protocol):
         ...
 
 
+def event_id_bytes(config: HarvestConfig) -> int:
+    """Bytes the ``eventIdHeader`` header adds to a record at most (name, ``<outbox>/``, a 19-digit id)."""
+    if not config.event_id_header:
+        return 0
+    return len(config.event_id_header.encode()) + len(OutboxNames.parse(config.outbox_table).display.encode()) + 20
+
+
 class RelayCore:
     """The shared state of a relay (see module doc). Built by :class:`~producer.harvest.Harvest`;
     a mode reads and writes its attributes from the relay thread only, except where noted."""
@@ -124,6 +131,9 @@ class RelayCore:
         self.config = config
         self.limits = config.limits
         self.names = OutboxNames.parse(config.outbox_table, config.table_mapping)
+        #: ``eventIdHeader``: (header name, value prefix); a record's value is the prefix + its row id.
+        self.event_id: tuple[str, bytes] | None = (
+            (config.event_id_header, f"{self.names.display}/".encode()) if config.event_id_header else None)
         self.metrics = Metrics()
         #: ``emit(event)``: hands an event to the user's handler (a handler's error is logged, not raised).
         self.emit = emit

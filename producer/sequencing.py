@@ -528,6 +528,7 @@ class SequencedMode:
         clock = view.clock
         poison = self._poison
         verdicts = self._guard.verdicts
+        event_id = self.core.event_id  # eventIdHeader: (name, value prefix) or None
         while ready and in_flight < limit and not self.core.remark:
             t = self._open(now)
             if t is None:
@@ -569,6 +570,8 @@ class SequencedMode:
                     continue
                 c = clock.value + TICK
                 headers = [("uuid", continue_uuid(prod, c))]
+                if event_id is not None:
+                    headers.append((event_id[0], event_id[1] + b"%d" % rid))
                 if hkeys:
                     headers.extend(zip(hkeys, hvals))  # type: ignore[arg-type]
                 slot = slots.pop() if slots else _Slot(slots)

@@ -33,7 +33,7 @@ from typing import Any
 
 from psycopg import sql
 
-from harvest_outbox.producer.errors import ConfigError
+from harvest_outbox.producer.errors import ConfigError, shown
 
 #: The ordering column ``harvest init-db`` adds to a Debezium outbox (its ``id`` is a UUID, which has
 #: no order): a bigint from a sequence, so rows go out in insertion order, like goharvest's ``id``.
@@ -119,7 +119,7 @@ class EventRouter:
             where = f"{path}.{raw_key}"
             if key == "type":
                 if value != _EVENT_ROUTER_CLASS:
-                    raise ConfigError(f"{where}: {value!r} is not Debezium's outbox event router; harvest mirrors "
+                    raise ConfigError(f"{where}: {shown(value)} is not Debezium's outbox event router; harvest mirrors "
                                       f"{_EVENT_ROUTER_CLASS} only")
                 continue
             if key in _UNSUPPORTED:
@@ -130,7 +130,7 @@ class EventRouter:
             if key in _BOOLEAN:
                 value = _boolean(value, where)
             elif not isinstance(value, str):
-                raise ConfigError(f"{where}: {value!r} must be a string")
+                raise ConfigError(f"{where}: {shown(value)} must be a string")
             if key in _FIXED and value != _DEFAULTS[key]:
                 raise ConfigError(f"{where}: only {_DEFAULTS[key]!r} is supported (harvest never sees updates or "
                                   f"deletes of outbox rows as events); remove the option")
@@ -171,12 +171,12 @@ def _boolean(value: Any, where: str) -> bool:
         return value
     if isinstance(value, str) and value.strip().lower() in ("true", "false"):
         return value.strip().lower() == "true"
-    raise ConfigError(f"{where}: {value!r} must be true or false")
+    raise ConfigError(f"{where}: {shown(value)} must be true or false")
 
 
 def _column(name: Any, where: str) -> str:
     if not isinstance(name, str) or not _COLUMN.match(name):
-        raise ConfigError(f"{where}: {name!r} is not a column name (letters, digits, '_'; harvest reads unquoted, "
+        raise ConfigError(f"{where}: {shown(name)} is not a column name (letters, digits, '_'; harvest reads unquoted, "
                           f"lower-case column names as the router's Connect fields name them)")
     return name
 
@@ -188,23 +188,23 @@ def _additional(spec: str, where: str) -> tuple[AdditionalField, ...]:
             continue
         parts = [p.strip() for p in entry.split(":")]
         if len(parts) not in (2, 3):
-            raise ConfigError(f"{where}: {entry!r} must be column:placement[:alias], e.g. type:header:eventType")
+            raise ConfigError(f"{where}: {shown(entry)} must be column:placement[:alias], e.g. type:header:eventType")
         column, placement = _column(parts[0], where), parts[1].lower()
         alias = parts[2] if len(parts) == 3 and parts[2] else column
         if placement == "header":
             if alias == "id":
-                raise ConfigError(f"{where}: {entry!r} would add a second 'id' header (the router always sets 'id' "
+                raise ConfigError(f"{where}: {shown(entry)} would add a second 'id' header (the router always sets 'id' "
                                   f"to the event id); choose another alias")
             out.append(AdditionalField(column, alias))
         elif placement == "partition":
             if any(a.placement == "partition" for a in out):
-                raise ConfigError(f"{where}: {entry!r}: a second partition placement; a record has one partition")
+                raise ConfigError(f"{where}: {shown(entry)}: a second partition placement; a record has one partition")
             out.append(AdditionalField(column, column, "partition"))
         elif placement == "envelope":
-            raise ConfigError(f"{where}: {entry!r}: placement 'envelope' is not supported by harvest (the envelope "
+            raise ConfigError(f"{where}: {shown(entry)}: placement 'envelope' is not supported by harvest (the envelope "
                               f"is a Connect Struct, whose bytes a Connect converter makes); use header or partition")
         else:
-            raise ConfigError(f"{where}: {entry!r}: unknown placement {parts[1]!r}; use header or partition")
+            raise ConfigError(f"{where}: {shown(entry)}: unknown placement {parts[1]!r}; use header or partition")
     return tuple(out)
 
 
@@ -233,7 +233,7 @@ def _pg_regex(regex: str, replacement: str, where: str) -> tuple[str, str]:
                 continue
             if regex.startswith("(?", i):
                 if not regex.startswith("(?:", i):
-                    raise ConfigError(f"{where}: {regex!r}: the group {regex[i:i + 4]!r}… is not supported (harvest "
+                    raise ConfigError(f"{where}: {shown(regex)}: the group {regex[i:i + 4]!r}… is not supported (harvest "
                                       f"evaluates the routing regex in Postgres: plain, non-capturing and named "
                                       f"groups)")
             else:
@@ -243,7 +243,7 @@ def _pg_regex(regex: str, replacement: str, where: str) -> tuple[str, str]:
     try:
         re.compile(pattern)
     except re.error as exc:
-        raise ConfigError(f"{where}: {regex!r} is not a valid regular expression: {exc}") from None
+        raise ConfigError(f"{where}: {shown(regex)} is not a valid regular expression: {exc}") from None
     out = ""
     i = 0
     while i < len(replacement):
@@ -257,8 +257,8 @@ def _pg_regex(regex: str, replacement: str, where: str) -> tuple[str, str]:
             m = re.match(r"\$\{([A-Za-z][A-Za-z0-9]*)\}", replacement[i:])
             if m:
                 if m.group(1) not in numbered:
-                    raise ConfigError(f"{where}: route.topic.replacement {replacement!r} names group "
-                                      f"{m.group(1)!r}, which route.topic.regex {regex!r} does not define")
+                    raise ConfigError(f"{where}: route.topic.replacement {shown(replacement)} names group "
+                                      f"{m.group(1)!r}, which route.topic.regex {shown(regex)} does not define")
                 out += f"\\{numbered[m.group(1)]}"
                 i += m.end()
                 continue
@@ -267,7 +267,7 @@ def _pg_regex(regex: str, replacement: str, where: str) -> tuple[str, str]:
                 out += f"\\{m.group(1)}"
                 i += m.end()
                 continue
-            raise ConfigError(f"{where}: route.topic.replacement {replacement!r}: '$' must name a group "
+            raise ConfigError(f"{where}: route.topic.replacement {shown(replacement)}: '$' must name a group "
                               f"(${{name}} or $1); write \\$ for a dollar sign")
         out += "\\\\" if c == "\\" else c
         i += 1
@@ -486,5 +486,5 @@ def table_mapping(kind: Any, router_options: Mapping[str, Any] | None = None, pa
         return GOHARVEST
     if kind == "debezium":
         return DebeziumMapping(EventRouter.from_options(router_options, f"{where}eventRouter"))
-    raise ConfigError(f"{where}tableMapping: {kind!r} is not a table mapping; use one of "
+    raise ConfigError(f"{where}tableMapping: {shown(kind)} is not a table mapping; use one of "
                       f"{', '.join(TABLE_MAPPINGS)} (default goharvest)")

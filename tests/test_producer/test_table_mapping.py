@@ -300,3 +300,96 @@ def test_sharded_relays_split_a_debezium_outbox_by_aggregateid(pg_dsn: str, kafk
         assert g.value is not None
         per_key.setdefault(g.key, []).append(json.loads(g.value)["i"])
     assert all(v == sorted(v) for v in per_key.values()), "per-key order"
+
+
+# ---------------------------------------------------------------------------------------- event ids
+
+
+@pytest.mark.parametrize("value, says", [
+    ("uuid", "a header harvest or its readers use"),
+    ("a\nb", "printable"),
+    ("x" * 65, "1-64 printable"),
+    (7, "must be a header name"),
+])
+def test_event_id_header_names_are_checked(value: Any, says: str) -> None:
+    with pytest.raises(ConfigError, match="eventIdHeader") as err:
+        HarvestConfig(event_id_header=value)
+    assert says in str(err.value)
+
+
+def test_a_debezium_table_has_the_routers_id_header_already() -> None:
+    with pytest.raises(ConfigError, match="carry the event router's 'id' header"):
+        from_mapping({"harvest": {"tableMapping": "debezium", "eventIdHeader": "harvest.event.id"}})
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("sequenced", [False, True], ids=["at-least-once", "uuid-sequencing"])
+def test_a_goharvest_record_carries_its_event_id_on_every_send(sequenced: bool, pg_dsn: str, kafka_bootstrap: str,
+                                                               pg_schema: str, topic_factory: Callable[..., str],
+                                                               unique_name: Callable[[str], str]) -> None:
+    """``eventIdHeader``: ``<outbox>/<row id>`` on every record, first (after ``uuid`` when sequenced),
+    the row's own headers after it; re-sends (injected delivery failures, at-least-once) carry the same
+    id, so deduping by it leaves each row once."""
+    from harvest_outbox.producer.kafka import FaultInjector
+    from harvest_outbox.producer.stasher import OutboxRecord, Stasher
+
+    topic = topic_factory(partitions=2)
+    table = f"{pg_schema}.outbox"
+    init_db(pg_dsn, table)
+    with psycopg.connect(pg_dsn) as conn:
+        Stasher(table).stash_many(conn, [OutboxRecord(topic, f"k{i % 9}", f"v{i}", [("i", str(i))] if i % 2 else [])
+                                         for i in range(600)])
+        ids = {v.encode(): i for i, v in conn.execute(sql.SQL("SELECT id, kafka_value FROM {}").format(
+            sql.Identifier(pg_schema, "outbox"))).fetchall()}
+    cfg = relay_config(pg_dsn, kafka_bootstrap, table, unique_name("g"), max_delivery_attempts=1000).replace(
+        uuid_sequencing=sequenced, event_id_header="harvest.event.id")
+    faults = None if sequenced else FaultInjector(delivery_failure_rate=0.03, seed=3)
+    relay = Harvest(cfg, producer_factory=faults).start() if faults else Harvest(cfg).start()
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            with psycopg.connect(pg_dsn) as conn:
+                left = conn.execute(sql.SQL("SELECT count(*) FROM {}").format(
+                    sql.Identifier(pg_schema, "outbox"))).fetchone()
+            if left == (0,):
+                break
+            assert time.monotonic() < deadline, "not drained"
+            time.sleep(0.1)
+    finally:
+        relay.stop()
+    headers = _all_records(kafka_bootstrap, topic)
+    assert {v for v, _h in headers} == set(ids)
+    seen: dict[bytes, set[bytes | None]] = {}
+    for value, hs in headers:
+        own = [h for h in hs if h[0] != "uuid"]
+        assert own[0] == ("harvest.event.id", f"{table}/{ids[value]}".encode())
+        i = int(value[1:])
+        assert own[1:] == ([("i", str(i).encode())] if i % 2 else [])
+        seen.setdefault(value, set()).add(own[0][1])
+    assert all(len(v) == 1 for v in seen.values()), "a re-send carried another event id"
+    if faults is not None:
+        assert faults.counters["delivery"] > 0
+        assert len(headers) > len(ids), "the injected failures re-sent rows"
+
+
+def _all_records(bootstrap: str, topic: str, partitions: int = 2) -> list[tuple[bytes, list[tuple[str, bytes]]]]:
+    from confluent_kafka import Consumer, TopicPartition
+
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"e-{uuid.uuid4()}", "enable.auto.commit": False})
+    tps = [TopicPartition(topic, p, 0) for p in range(partitions)]
+    ends = {tp.partition: c.get_watermark_offsets(tp, timeout=10)[1] for tp in tps}
+    c.assign(tps)
+    at = {p: 0 for p in ends}
+    out: list[tuple[bytes, list[tuple[str, bytes]]]] = []
+    deadline = time.monotonic() + 30
+    try:
+        while any(at[p] < ends[p] for p in at) and time.monotonic() < deadline:
+            for m in c.consume(1000, 0.2):
+                if m.error():
+                    continue
+                at[m.partition()] = m.offset() + 1
+                if m.value():  # an ACK record's value is empty
+                    out.append((m.value(), list(m.headers() or [])))
+    finally:
+        c.close()
+    return out
