@@ -1,4 +1,4 @@
-"""Read-committed, effectively-once Kafka consumption (DESIGN.md section 6).
+"""Read-committed, effectively-once Kafka consumption (docs/design.md §6).
 
 * :class:`ReadUncommittedIter`: every record of the assigned partitions, as
   ``sequencer.Envelope`` (journal ``topic/partition``, Begin = offset,

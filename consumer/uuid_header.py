@@ -1,7 +1,7 @@
 """The ``uuid`` record header: parsing, and the policy for records without one.
 
 Sequenced records carry a Gazette v1 UUID as 16 raw bytes in a header named
-``uuid`` (DESIGN.md section 2).
+``uuid`` (docs/design.md §2).
 
 The contract: a ``uuid`` header is the message's identity only when it *can*
 come from a harvest relay (or Gazette's Go code, which lays UUIDs out the same

@@ -140,7 +140,7 @@ _LIMIT_FIELDS: tuple[tuple[str, str, str], ...] = (
     ("purgeInterval", "purge_interval", "d"),
     ("idlePollInterval", "idle_poll_interval", "d"),
     ("rowTimeout", "row_timeout", "d"),
-    # --uuid-sequencing (DESIGN.md section 5)
+    # --uuid-sequencing (docs/design.md §5)
     ("txnMaxRecords", "txn_max_records", "i"),
     ("txnMaxDuration", "txn_max_duration", "d"),
     ("producerRing", "producer_ring", "i"),
@@ -392,7 +392,7 @@ class HarvestConfig:
     #: Address the /metrics, /healthz and /readyz endpoint binds to (with ``prometheus_port``).
     prometheus_bind_address: str = DEFAULT_BIND_ADDRESS
     leader_topic_replication_factor: int = -1  # -1 = broker default
-    #: Exactly-once mode (DESIGN.md section 5): UUID-stamped CONTINUE_TXN records, harvest
+    #: Exactly-once mode (docs/design.md §5): UUID-stamped CONTINUE_TXN records, harvest
     #: transactions committed with a fenced DB transaction, then ACK_TXN messages.
     uuid_sequencing: bool = False
     #: ``neli`` (goharvest's: Kafka consumer-group membership of ``leaderTopic``) or ``postgres`` (a

@@ -448,7 +448,7 @@ class OutboxDatabase:
         attempts = [a for _, _, a in items]
         return self._run("dead-letter", self._dlq_sql, (ids, errors, attempts)).rowcount
 
-    # ---------------------------------------------------------------- --uuid-sequencing (DESIGN.md section 5)
+    # ---------------------------------------------------------------- --uuid-sequencing (docs/design.md §5)
     def start_view(self, leader_id: uuid.UUID, name: str) -> tuple[int, list[tuple[int, bytes, int, str, int]]]:
         """:meth:`start_view_with_floor` without the clock floor."""
         epoch, intents, _floor = self.start_view_with_floor(leader_id, name)

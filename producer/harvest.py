@@ -8,7 +8,7 @@ relay thread's main loop and the meter. What it does while leading is its *mode*
 - :class:`~producer.at_least_once.AtLeastOnceMode` (the default): goharvest's mark-purge/reset
   algorithm, each delivered row purged;
 - :class:`~producer.sequencing.SequencedMode` (``--uuid-sequencing``, ``config.uuid_sequencing``):
-  harvest transactions committed through the fenced protocol of DESIGN.md section 5.
+  harvest transactions committed through the fenced protocol of docs/design.md §5.
 
 One thread (the relay thread) runs the election pulses, producing and the delivery callbacks, so
 the per-record path takes no locks: confluent-kafka runs delivery callbacks inside ``poll()`` on

@@ -42,7 +42,7 @@ LIBRDKAFKA_LOG = logging.getLogger("harvest_outbox.librdkafka")
 class _ChosenSettingWarnings(logging.Filter):
     """librdkafka warns on every producer that ``enable.gapless.guarantee`` is experimental. With
     ``--uuid-sequencing`` harvest sets it on purpose (a gap must fail the producer, not the order:
-    DESIGN.md §5), so at each relay start and producer replacement the warning told users nothing
+    docs/design.md §5), so at each relay start and producer replacement the warning told users nothing
     they could act on. It is kept, at DEBUG."""
 
     def filter(self, record: logging.LogRecord) -> bool:

@@ -315,7 +315,7 @@ def _companion_ddl(names: OutboxNames, vtype: sql.Composable) -> list[sql.Compos
     if names.mapping.source_row("o") is not None:
         # The row as it was (a mapped table's columns are not the record's): a requeue restores it.
         stmts.append(sql.SQL("ALTER TABLE {} ADD COLUMN IF NOT EXISTS source_row JSONB").format(names.dead_letters))
-    # --uuid-sequencing: the fence row and the persisted ACK intents (DESIGN.md section 5).
+    # --uuid-sequencing: the fence row and the persisted ACK intents (docs/design.md §5).
     stmts.append(sql.SQL("""
         CREATE TABLE IF NOT EXISTS {state} (
           singleton   BOOLEAN PRIMARY KEY DEFAULT true CHECK (singleton),

@@ -1,4 +1,4 @@
-"""``--uuid-sequencing``: the fenced, exactly-once commit protocol (DESIGN.md section 5).
+"""``--uuid-sequencing``: the fenced, exactly-once commit protocol (docs/design.md §5).
 
 :class:`SequencedMode` is the relay's delivery strategy when ``config.uuid_sequencing`` is set: where
 :class:`~producer.at_least_once.AtLeastOnceMode` purges each delivered row, it commits harvest

@@ -2,7 +2,7 @@
 
 Message identity (:mod:`.identity`, :mod:`.clock`), the read-committed
 :class:`Sequencer`, the UUID-stamping :class:`Publisher` and checkpoint
-encoding. See ``DESIGN.md`` sections 2 and 3. No Kafka, Postgres or Spark
+encoding. See docs/design.md §2 and §3. No Kafka, Postgres or Spark
 imports here: callers adapt their records to :class:`Envelope`.
 
 :class:`Sequencer` is the compiled one (``_native.pyx``) when it is built,

@@ -2,7 +2,7 @@
 
 ``readCommitted(spark, topic, kafka_options)`` returns the committed records of a snapshot
 (batch); ``read_committed`` also returns the read's checkpoint, for incremental reads;
-``readCommittedStream`` is the streaming source. See DESIGN.md section 6.
+``readCommittedStream`` is the streaming source. See docs/design.md §6.
 """
 
 from harvest_outbox.spark_reader.batch import CommittedRead, read_committed, readCommitted

@@ -360,7 +360,7 @@ def test_shards_command_shows_leaders_and_backlog(pg_dsn: str, kafka_bootstrap: 
 
 @pytest.mark.integration
 def test_fence_epochs_and_ack_intents_are_per_shard(pg_dsn: str, pg_schema: str) -> None:
-    """DESIGN.md section 5 per shard. Scenario: relay A's view leads shards {0, 1}, C's {2}. A commits;
+    """docs/design.md §5 per shard. Scenario: relay A's view leads shards {0, 1}, C's {2}. A commits;
     shard 1 moves to B, whose view fences A (one of A's shards has a newer epoch) but not C; B
     recovers A's intent (A can no longer commit), C's stays C's; a later view of shard 0 also takes
     over intents an earlier sharding left."""
