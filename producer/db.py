@@ -369,8 +369,8 @@ class OutboxDatabase:
             branches = [sql.SQL("(SELECT ctid, {id} AS id FROM {o} WHERE {e} = {k} AND ({l} IS NULL OR {l} <> "
                                 "%(leader)s){mine} ORDER BY {id} LIMIT %(n)s)").format(
                 o=o, e=expr, k=sql.Literal(k), l=leader, id=oid, mine=mine)
-                        for k in sorted(self.shards)] or [sql.SQL("(SELECT ctid, {id} AS id FROM {o} WHERE false)").format(
-                            o=o, id=oid)]
+                        for k in sorted(self.shards)] or [
+                sql.SQL("(SELECT ctid, {id} AS id FROM {o} WHERE false)").format(o=o, id=oid)]
             claim = sql.SQL("SELECT ctid FROM ({}) AS led ORDER BY id LIMIT %(n)s").format(
                 sql.SQL(" UNION ALL ").join(branches))
         # Sorted by Postgres, and each row in its final shape (MarkedRow): the relay's thread, which

@@ -578,8 +578,8 @@ class SequencedMode:
                 slot.txn, slot.clock = t, c
                 try:
                     # By position (PRODUCE_ARGS): partition, callback, on_delivery, timestamp, headers.
-                    producer.produce(topic, value, key, ANY_PARTITION if partition is None else partition, slot,  # type: ignore[arg-type]
-                                     None, 0, headers)
+                    where = ANY_PARTITION if partition is None else partition
+                    producer.produce(topic, value, key, where, slot, None, 0, headers)  # type: ignore[arg-type]
                 except BufferError:
                     slot.txn = None
                     slots.append(slot)  # not enqueued: no report will return it

@@ -193,7 +193,8 @@ def _additional(spec: str, where: str) -> tuple[AdditionalField, ...]:
         alias = parts[2] if len(parts) == 3 and parts[2] else column
         if placement == "header":
             if alias == "id":
-                raise ConfigError(f"{where}: {shown(entry)} would add a second 'id' header (the router always sets 'id' "
+                raise ConfigError(f"{where}: {shown(entry)} would add a second 'id' header (the router always sets "
+                                  f"'id' "
                                   f"to the event id); choose another alias")
             out.append(AdditionalField(column, alias))
         elif placement == "partition":
@@ -201,7 +202,8 @@ def _additional(spec: str, where: str) -> tuple[AdditionalField, ...]:
                 raise ConfigError(f"{where}: {shown(entry)}: a second partition placement; a record has one partition")
             out.append(AdditionalField(column, column, "partition"))
         elif placement == "envelope":
-            raise ConfigError(f"{where}: {shown(entry)}: placement 'envelope' is not supported by harvest (the envelope "
+            raise ConfigError(f"{where}: {shown(entry)}: placement 'envelope' is not supported by harvest (the "
+                              f"envelope "
                               f"is a Connect Struct, whose bytes a Connect converter makes); use header or partition")
         else:
             raise ConfigError(f"{where}: {shown(entry)}: unknown placement {parts[1]!r}; use header or partition")
@@ -233,7 +235,8 @@ def _pg_regex(regex: str, replacement: str, where: str) -> tuple[str, str]:
                 continue
             if regex.startswith("(?", i):
                 if not regex.startswith("(?:", i):
-                    raise ConfigError(f"{where}: {shown(regex)}: the group {regex[i:i + 4]!r}… is not supported (harvest "
+                    raise ConfigError(f"{where}: {shown(regex)}: the group {regex[i:i + 4]!r}… is not supported "
+                                      f"(harvest "
                                       f"evaluates the routing regex in Postgres: plain, non-capturing and named "
                                       f"groups)")
             else:
@@ -429,8 +432,8 @@ class DebeziumMapping(TableMapping):
             if r.tombstone_on_empty_payload:
                 # The router sends a tombstone for a payload whose text is empty after Java's trim()
                 # (which drops every character up to U+0020).
-                value = sql.SQL("CASE WHEN {p}::text ~ '^[\\x01-\\x20]*$' THEN NULL ELSE {p}::text::varchar END").format(
-                    p=payload)
+                value = sql.SQL(
+                    "CASE WHEN {p}::text ~ '^[\\x01-\\x20]*$' THEN NULL ELSE {p}::text::varchar END").format(p=payload)
         headers = [a for a in r.additional if a.placement == "header"]
         names = ["id"] + [a.alias for a in headers]
         cols = [r.field_event_id] + [a.column for a in headers]

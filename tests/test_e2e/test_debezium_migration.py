@@ -89,7 +89,8 @@ def _wait(what: str, check: Callable[[], bool], timeout: float = 60.0) -> None:
 
 
 def _ids(bootstrap: str, topic: str, partitions: int) -> list[str]:
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"mig-{uuid.uuid4()}", "enable.auto.commit": False})
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"mig-{uuid.uuid4()}",
+                         "enable.auto.commit": False})
     try:
         tps = [TopicPartition(topic, p, 0) for p in range(partitions)]
         ends = {tp.partition: consumer.get_watermark_offsets(tp, timeout=10)[1] for tp in tps}
