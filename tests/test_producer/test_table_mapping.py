@@ -393,3 +393,48 @@ def _all_records(bootstrap: str, topic: str, partitions: int = 2) -> list[tuple[
     finally:
         c.close()
     return out
+
+
+@pytest.mark.integration
+def test_backlog_gauges_and_the_topic_preflight_work_on_a_debezium_outbox(pg_dsn: str, kafka_bootstrap: str,
+                                                                          pg_schema: str,
+                                                                          unique_name: Callable[[str], str]) -> None:
+    """The metrics query counts only the relay's rows (not rows older than init-db), sharded or not;
+    a row routed to a topic that does not exist is dead-lettered by the preflight, the rest flow."""
+    from harvest_outbox.producer.db import OutboxDatabase
+
+    prefix = unique_name("ev")
+    mapping = table_mapping("debezium", {"route.topic.replacement": prefix + ".${routedByValue}"})
+    table = f"{pg_schema}.outbox_event"
+    names = OutboxNames.parse(table, mapping)
+    create_topic(kafka_bootstrap, f"{prefix}.Order", 1)
+    with psycopg.connect(pg_dsn) as conn:
+        conn.execute(sql.SQL(_CREATE).format(t=names.outbox, payload=sql.SQL("JSONB")))
+        _insert(conn, names.outbox, [(uuid.uuid4(), "Order", "o-old", "Old", "{}", None, None, None)])
+    init_db(pg_dsn, table, shards=2, mapping=mapping)
+    with psycopg.connect(pg_dsn) as conn:
+        _insert(conn, names.outbox, [(uuid.uuid4(), "Order", f"o-{i}", "New", "{}", None, None, None)
+                                     for i in range(20)]
+                + [(uuid.uuid4(), "Nowhere", "o-x", "Lost", "{}", None, None, None)])
+    for shards in (None, 2):
+        db = OutboxDatabase(pg_dsn, names, shards)
+        if shards:
+            db.set_shards(frozenset({0, 1}))
+        try:
+            rows, age, dead = db.stats()
+            assert (rows, dead) == (21, 0) and age is not None
+        finally:
+            db.close()
+    cfg = relay_config(pg_dsn, kafka_bootstrap, table, unique_name("g")).replace(table_mapping=mapping, shards=2,
+                                                                                leader_election="postgres")
+    from harvest_outbox.producer.sharded import ShardedHarvest
+
+    relay = ShardedHarvest(cfg).start()
+    try:
+        _wait(pg_dsn, names)
+    finally:
+        relay.stop()
+    with psycopg.connect(pg_dsn) as conn:
+        dead_letters = list_dead_letters(conn, table)
+    assert len(dead_letters) == 1 and f"topic '{prefix}.Nowhere' does not exist" in dead_letters[0].error
+    assert len(consume_all(kafka_bootstrap, f"{prefix}.Order", lambda g: len(g) >= 20)) == 20
