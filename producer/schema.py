@@ -23,6 +23,8 @@ Objects, for an outbox table ``[schema.]name``:
 - ``name_harvest_layout``: one row, the layout of the relays running on the outbox (``shards``,
   ``leader_election``, ``leader_group_id``, ``leader_topic``, ``updated_by``, ``updated_at``;
   :mod:`producer.layout`); empty until the first relay starts.
+- storage parameters of a queue table on the outbox: ``fillfactor`` (:data:`OUTBOX_FILLFACTOR`) and
+  autovacuum (:data:`OUTBOX_AUTOVACUUM`), each only where the table has no value of its own.
 - ``harvest_notify()`` + statement-level trigger ``name_notify``: ``pg_notify(channel)`` after each
   INSERT statement. Notifications are delivered at commit (and dropped on rollback), so any writer,
   including goharvest's Go stasher, wakes the relay without code changes.
@@ -160,6 +162,11 @@ class OutboxNames:
         return _derived(self.table, f"_shard{count}_idx")
 
     @property
+    def debezium_seq_index(self) -> str:
+        """The unique index of a Debezium outbox's ordering column (the mark reads it in order)."""
+        return _derived(self.table, "_harvest_seq_idx")
+
+    @property
     def debezium_sequence(self) -> sql.Identifier:
         """The sequence of a Debezium outbox's ordering column (``harvest_seq``)."""
         return self._ident(_derived(self.table, "_harvest_seq"))
@@ -203,15 +210,51 @@ def unrelayed_rows(conn: psycopg.Connection, names: OutboxNames) -> int:
     return int(row[0]) if row else 0
 
 
+#: Autovacuum settings for a queue table, which ``init-db`` gives the outbox where it has none of its
+#: own (a value set with ``ALTER TABLE … SET (…)`` is kept; README, Queue-table hygiene). Every outbox
+#: row is inserted, updated once and deleted within seconds: two dead row versions per delivered row,
+#: in a table that is empty most of the time and holds a backlog now and then.
+OUTBOX_AUTOVACUUM: dict[str, str] = {
+    # Vacuum after a count of dead rows, not after 20 % of the table (Postgres' default): 20 % of a table
+    # that just held a backlog is millions of rows, left to bloat the heap and the primary key whose head
+    # every mark reads. A vacuum of the near-empty table takes milliseconds, and autovacuum visits a table
+    # at most once per autovacuum_naptime (1 min) whatever the count.
+    "autovacuum_vacuum_scale_factor": "0",
+    "autovacuum_vacuum_threshold": "1000",
+    # The same for statistics: the outbox's size swings between empty and a backlog within minutes, and
+    # the mark's plan (the shard index or the primary key, producer/db.py) follows the statistics.
+    "autovacuum_analyze_scale_factor": "0",
+    "autovacuum_analyze_threshold": "1000",
+}
+
+
+def table_reloptions(conn: psycopg.Connection, table: sql.Identifier) -> dict[str, str]:
+    """The storage parameters set on ``table`` (``pg_class.reloptions``; empty when none, or no table)."""
+    row = conn.execute("SELECT reloptions FROM pg_class WHERE oid = to_regclass(%s)",
+                       (table.as_string(conn),)).fetchone()
+    return dict(option.partition("=")[::2] for option in (row[0] if row is not None and row[0] else []))
+
+
 def outbox_fillfactor(conn: psycopg.Connection, names: OutboxNames) -> int:
     """The outbox's fillfactor (Postgres' default, 100, when none is set)."""
-    row = conn.execute("SELECT reloptions FROM pg_class WHERE oid = to_regclass(%s)",
-                       (names.outbox.as_string(conn),)).fetchone()
-    for option in (row[0] if row is not None and row[0] else []):
-        name, _, value = option.partition("=")
-        if name == "fillfactor":
-            return int(value)
-    return 100
+    return int(table_reloptions(conn, names.outbox).get("fillfactor", 100))
+
+
+def missing_storage(conn: psycopg.Connection, names: OutboxNames) -> dict[str, str]:
+    """The queue-table settings the outbox lacks, which ``init-db`` sets: :data:`OUTBOX_AUTOVACUUM`,
+    and for a Debezium table (which ``init-db`` alters anyway) :data:`OUTBOX_FILLFACTOR`. A goharvest
+    table's fillfactor is its owner's call (a backlog takes twice the disk): :func:`packed_outbox_fix`."""
+    wanted = dict(OUTBOX_AUTOVACUUM)
+    if isinstance(names.mapping, DebeziumMapping):
+        wanted["fillfactor"] = str(OUTBOX_FILLFACTOR)
+    have = table_reloptions(conn, names.outbox)
+    return {name: value for name, value in wanted.items() if name not in have}
+
+
+def storage_sql(names: OutboxNames, options: dict[str, str]) -> sql.Composed:
+    """``ALTER TABLE outbox SET (…)`` for ``options`` (names and values from this module's constants)."""
+    return sql.SQL("ALTER TABLE {} SET ({})").format(names.outbox, sql.SQL(", ").join(
+        sql.SQL("{} = {}").format(sql.Identifier(name), sql.Literal(value)) for name, value in options.items()))
 
 
 def packed_outbox_fix(conn: psycopg.Connection, names: OutboxNames) -> str | None:
@@ -280,9 +323,8 @@ def debezium_outbox_ddl(names: OutboxNames, mapping: DebeziumMapping, value_type
         sql.SQL("ALTER TABLE {} ADD COLUMN IF NOT EXISTS {} TIMESTAMP WITH TIME ZONE NOT NULL DEFAULT now()").format(
             names.outbox, mapping.created()),
         sql.SQL("CREATE UNIQUE INDEX IF NOT EXISTS {} ON {} ({})").format(
-            sql.Identifier(_derived(names.table, "_harvest_seq_idx")), names.outbox, mapping.id()),
-        # Half-empty pages make the mark's update HOT (OUTBOX_FILLFACTOR); applies to pages filled from now on.
-        sql.SQL("ALTER TABLE {} SET (fillfactor = {})").format(names.outbox, sql.Literal(OUTBOX_FILLFACTOR)),
+            sql.Identifier(names.debezium_seq_index), names.outbox, mapping.id()),
+        # The half-empty pages (OUTBOX_FILLFACTOR) unless the owner chose a fillfactor: init_db, missing_storage.
     ]
 
 
@@ -434,6 +476,9 @@ def init_db(conninfo_or_conn: str | psycopg.Connection, outbox_table: str = "out
         with conn.transaction():
             for stmt in outbox_ddl(names, vtype) + shard_ddl(names, shards):
                 conn.execute(stmt)
+            missing = missing_storage(conn, names)  # only what the table lacks: an owner's value is kept
+            if missing:
+                conn.execute(storage_sql(names, missing))
         if isinstance(mapping, DebeziumMapping):
             inspect_outbox(conn, names)  # the router's columns exist, with types rendered as Debezium does
 
