@@ -37,6 +37,8 @@ BENCHES: dict[str, tuple[str, list[str], list[str]]] = {
     "spark_stream": ("bench_spark_stream.py", [], ["--records", "100000", "--repeat", "1"]),
     "stasher": ("bench_stasher.py", [], ["--rows", "2000", "--repeat", "1"]),
     "shards": ("bench_shards.py", [], ["--rows", "50000", "--relays", "1,2"]),
+    "debezium": ("bench_debezium.py", [], ["--rows", "50000", "--runs", "1", "--warmup-rows", "10000",
+                                          "--fault-rows", "20000", "--latency-seconds", "3", "--latency-warmup", "1"]),
 }
 
 
@@ -147,6 +149,74 @@ def _shard_rows(r: dict[str, Any]) -> list[tuple[str, str, str, str]]:
     return out
 
 
+def _mb(v: Any) -> Any:
+    return v / 1e6 if isinstance(v, (int, float)) else None
+
+
+def _debezium_rows(r: dict[str, Any]) -> list[tuple[str, str, str, str]]:
+    n = _get(r, "setup", "rows") or 0
+    size = f"{n / 1e6:g}M" if n >= 1_000_000 else f"{n // 1000}k"
+    modes = ("at_least_once", "sequenced", "debezium")
+    burst = {m: _get(r, m, "burst") or {} for m in modes}
+    dd = _get(r, "debezium", "burst_insert_delete") or {}
+    ratio = {m: _get(r, "harvest_to_debezium", m) or {} for m in modes[:2]}
+    lat = {m: _get(r, m, "trickle") or {} for m in modes}
+    fault = {m: _get(r, m, "fault") or {} for m in modes}
+
+    def wal(b: dict[str, Any]) -> Any:
+        parts = [b.get("wal_write_bytes_per_100k"), b.get("wal_relay_bytes_per_100k"),
+                 _get(b, "vacuum_after", "wal_bytes_per_100k")]
+        return sum(parts) / 1e6 if all(isinstance(p, (int, float)) for p in parts) else None
+
+    def both(key: str) -> str:
+        return f"{_fmt(ratio['at_least_once'].get(key))}x / {_fmt(ratio['sequenced'].get(key))}x"
+
+    def dl(d: dict[str, Any]) -> str:
+        return f"{_fmt(d.get('duplicates'))} / {_fmt(d.get('losses'))}"
+
+    who = "harvest at-least-once / sequenced / Debezium"
+    slot = _get(r, "debezium", "burst", "slot", "after_offset_flush") or {}
+    return [
+        (f"Debezium side by side: {size}-row burst, commit -> last record in Kafka, {who} (rows/s)",
+         " / ".join(_fmt(burst[m].get("rows_per_s")) for m in modes),
+         f"harvest {both('rows_per_s')} Debezium; Debezium with the insert-then-delete pattern: "
+         f"{_fmt(dd.get('rows_per_s'))}", "≥ Debezium"),
+        (f"Debezium side by side: trickle at 500 rows/s, commit -> plain consumer, p50 / p99, {who} (ms)",
+         "; ".join(f"{_fmt(lat[m].get('p50_ms'))} / {_fmt(lat[m].get('p99_ms'))}" for m in modes),
+         f"p50 {both('trickle_p50')}, p99 {both('trickle_p99')} Debezium's (its default poll.interval.ms, "
+         "500: the connector waits that long for events)", "below Debezium's"),
+        ("Debezium side by side: WAL per 100k rows, writing + relaying + the VACUUM after, harvest at-least-once / "
+         "sequenced / Debezium keeping rows / Debezium insert-then-delete (MB)",
+         " / ".join(_fmt(wal(b)) for b in (*burst.values(), dd)),
+         f"harvest {both('wal_total_to_keep_rows')} Debezium keeping rows, "
+         f"{both('wal_total_to_insert_delete')} insert-then-delete; writing alone "
+         f"{_fmt(_mb(burst['at_least_once'].get('wal_write_bytes_per_100k')))} (harvest's columns and index) vs "
+         f"{_fmt(_mb(burst['debezium'].get('wal_write_bytes_per_100k')))}; relaying: harvest's mark and delete "
+         f"{_fmt(_mb(burst['at_least_once'].get('wal_relay_bytes_per_100k')))}, Debezium "
+         f"{_fmt(_mb(burst['debezium'].get('wal_relay_bytes_per_100k')))}", ""),
+        (f"Debezium side by side: Postgres CPU s per 100k rows while relaying, {who}",
+         " / ".join(_fmt(burst[m].get("postgres_cpu_s_per_100k")) for m in modes),
+         f"harvest {both('postgres_cpu')} Debezium (its walsender decodes; harvest marks and deletes); with the "
+         f"VACUUM after, {both('postgres_cpu_with_vacuum_to_insert_delete')} Debezium insert-then-delete; the "
+         f"relay itself: harvest {_fmt(burst['at_least_once'].get('relay_cpu_s_per_100k'))}, Connect's JVM "
+         f"{_fmt(burst['debezium'].get('relay_cpu_s_per_100k'))} CPU s", ""),
+        ("Debezium side by side: the table after a burst, harvest at-least-once / Debezium keeping rows / "
+         "Debezium insert-then-delete (MB, dead tuples)",
+         " / ".join(f"{_fmt(_mb(_get(b, 'table_after', 'total_bytes')))}, "
+                    f"{_fmt(_get(b, 'table_after', 'dead_tuples'))}"
+                    for b in (burst["at_least_once"], burst["debezium"], dd)),
+         f"Debezium's slot after its last record and an offset flush: lag {_fmt(_mb(slot.get('lag_bytes')))} MB, "
+         f"WAL retained {_fmt(_mb(slot.get('retained_wal_bytes')))} MB; harvest has no slot", ""),
+        (f"Debezium side by side: kill -9 mid-burst ({_fmt(_get(r, 'setup', 'fault_rows'))} rows), duplicates / "
+         f"losses by a plain consumer, {who}",
+         "; ".join(dl(fault[m].get("plain_consumer") or {}) for m in modes),
+         f"sequenced through ReadCommittedIter: {dl(fault['sequenced'].get('read_committed') or {})}; harvest's "
+         f"standby led after {_fmt(fault['at_least_once'].get('takeover_s'))} / "
+         f"{_fmt(fault['sequenced'].get('takeover_s'))} s, Debezium's worker restarted in "
+         f"{_fmt(fault['debezium'].get('restart_s'))} s", "losses 0; ReadCommittedIter 0 / 0"),
+    ]
+
+
 # name -> rows of (what, median, baseline / ratio, target)
 ROWS: dict[str, Callable[[dict[str, Any]], list[tuple[str, str, str, str]]]] = {
     "sequencer": lambda r: [(
@@ -162,6 +232,7 @@ ROWS: dict[str, Callable[[dict[str, Any]], list[tuple[str, str, str, str]]]] = {
            if "pure_python_memory" in r else ""), "", "")],
     "relay": lambda r: _relay_rows(r),
     "shards": lambda r: _shard_rows(r),
+    "debezium": lambda r: _debezium_rows(r),
     "consumer": lambda r: [(
         f"ReadCommittedIter.poll_batch, {_fmt(r.get('records_committed'))} records, txns of {r.get('txn_size')} (msg/s)",
         _fmt(r.get("committed_median_per_s")),
