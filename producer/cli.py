@@ -8,8 +8,10 @@
 Flags (``--data-source``, ``--bootstrap-servers``, ``--outbox-table``, ``--leader-topic``,
 ``--leader-group-id``, ``--leader-election``, ``--name``, ``--prometheus-port``,
 ``--prometheus-bind-address``, ``--log-level``,
-``--uuid-sequencing``) override the file; with no file, defaults apply. Environment:
-``HARVEST_DATA_SOURCE`` can carry the DSN so the password stays out of ``ps``.
+``--uuid-sequencing``) override the file and the environment; with no file, defaults apply. Environment:
+``HARVEST_<KEY>`` for every key of ``harvest:`` (``HARVEST_DATA_SOURCE`` carries the DSN so the password
+stays out of ``ps``) and ``HARVEST_LOG_LEVEL`` override the file; the file's values may use ``${VAR}``,
+``${VAR:-default}`` and ``${file:/run/secrets/dsn}`` (:mod:`producer.config_env`).
 
 Exit codes: 0 success / stopped by SIGTERM, SIGINT or SIGHUP; 1 runtime failure (database, Kafka,
 election); 2 usage or configuration error; 3 a second stop signal ended the relay without waiting
@@ -150,11 +152,11 @@ def _load(args: argparse.Namespace, extra: dict[str, Any] | None = None, kafka: 
     about the Kafka connection only when ``kafka``: the command talks to Kafka)."""
     from harvest_outbox.producer.config import from_mapping, load_yaml
 
-    overrides: dict[str, Any] = {"data_source": args.data_source or os.environ.get("HARVEST_DATA_SOURCE"),
-                                 "outbox_table": args.outbox_table, **(extra or {})}
-    sources = {"data_source": "--data-source" if args.data_source else "HARVEST_DATA_SOURCE"}
-    cfg = (load_yaml(args.file, overrides, args.log_level, sources) if args.file
-           else from_mapping({}, overrides, args.log_level, sources))
+    # HARVEST_<KEY> variables (HARVEST_DATA_SOURCE among them) are the config's: flags win over them.
+    overrides: dict[str, Any] = {"data_source": args.data_source, "outbox_table": args.outbox_table, **(extra or {})}
+    sources = {"data_source": "--data-source"}
+    cfg = (load_yaml(args.file, overrides, args.log_level, sources, os.environ) if args.file
+           else from_mapping({}, overrides, args.log_level, sources, os.environ))
     args.loaded_config = cfg  # main() redacts error messages with its secrets
     cfg.harvest.check_kafka_properties()  # a file is valid or not whatever the command reads of it
     _setup_logging(cfg.log_level)

@@ -6,6 +6,8 @@
   so an instance that exists is valid.
 - :func:`load_yaml` / :func:`from_mapping` parse the reaper's YAML (``harvest: {...}``,
   ``logging: {level}``) strictly: an unknown key is an error that names it and lists the valid ones.
+  Precedence: a CLI flag (``overrides``) > a ``HARVEST_<KEY>`` variable > the file's value (with its
+  ``${…}`` references resolved) > the default (:mod:`producer.config_env`).
 
 Invariants:
 - every error is a :class:`~producer.errors.ConfigError` naming the field (YAML path), the value and a fix;
@@ -35,6 +37,8 @@ import psycopg
 import yaml
 from psycopg.conninfo import conninfo_to_dict
 
+from harvest_outbox.producer.config_env import (MAPPING, SCALAR, TEXT, Interpolation, Origins, apply_variables,
+                                                attribute_name, literal_paths)
 from harvest_outbox.producer.config_yaml import load_document, yaml_problem
 from harvest_outbox.producer.errors import SHOWN_CHARS, ConfigError, shown
 from harvest_outbox.producer.table_mapping import GOHARVEST, TableMapping, table_mapping
@@ -306,11 +310,17 @@ class Limits:
 _TOP_KEYS = ("baseKafkaConfig", "producerKafkaConfig", "leaderTopic", "leaderGroupID", "dataSource", "outboxTable",
              "limits", "name", "prometheusPort", "leaderTopicReplicationFactor", "uuidSequencing", "leaderElection",
              "leaderLockCheckInterval", "prometheusBindAddress", "missingTopicPolicy", "shards", "tableMapping",
-             "eventRouter", "eventIdHeader")
+             "eventRouter", "eventIdHeader", "deadLetterRetention")
+#: How a ``HARVEST_<KEY>`` variable's text is read for each key (producer/config_env.py).
+_ENV_KINDS = {**dict.fromkeys(_TOP_KEYS, TEXT),
+              **dict.fromkeys(("prometheusPort", "leaderTopicReplicationFactor", "uuidSequencing", "shards"), SCALAR),
+              **dict.fromkeys(("baseKafkaConfig", "producerKafkaConfig", "limits", "eventRouter"), MAPPING)}
 #: What the relay does with a row whose topic does not exist: park it in the dead letters at once,
 #: or hold that topic's rows (marked, in memory) until the topic exists while other topics flow.
 MISSING_TOPIC_POLICIES = ("deadLetter", "hold")
 LEADER_ELECTIONS = ("neli", "postgres")
+#: ``deadLetterRetention`` bounds, in seconds.
+MIN_RETENTION, MAX_RETENTION = 60.0, 87600 * 3600.0
 _FORCED_PRODUCER = {"enable.idempotence": True, "acks": "all"}
 _DELIVERY_TIMEOUT_KEYS = ("message.timeout.ms", "delivery.timeout.ms")  # librdkafka aliases
 #: Where /metrics, /healthz and /readyz listen unless told otherwise: every IPv4 interface, so a
@@ -415,6 +425,9 @@ class HarvestConfig:
     #: (the same on every re-send, so at-least-once consumers can dedupe); empty (default): records
     #: exactly as goharvest's. A Debezium table's records always carry the router's ``id`` header.
     event_id_header: str = ""
+    #: ``deadLetterRetention``: the leader deletes dead letters older than this many seconds (by
+    #: ``dead_time``), a batch at a time (README, Queue-table hygiene). ``None`` (default): kept until requeued.
+    dead_letter_retention: float | None = None
 
     def __post_init__(self) -> None:
         base = dict(_kafka_map(self.base_kafka_config, "baseKafkaConfig"))
@@ -485,6 +498,15 @@ class HarvestConfig:
             raise ConfigError(f"eventIdHeader: {self.event_id_header!r} applies to goharvest tables; a "
                               f"{self.table_mapping.kind} table's records carry the event router's 'id' header; "
                               f"remove eventIdHeader")
+        retention = self.dead_letter_retention
+        if retention is not None and (isinstance(retention, bool) or not isinstance(retention, (int, float))
+                                      or not MIN_RETENTION <= retention <= MAX_RETENTION):
+            number = isinstance(retention, (int, float)) and not isinstance(retention, bool)
+            text = format_duration(retention) if number else shown(retention)
+            raise ConfigError(f"deadLetterRetention: {text} must be a duration from {format_duration(MIN_RETENTION)} "
+                              f"(a shorter one deletes dead letters before anyone can look at them) to "
+                              f"{format_duration(MAX_RETENTION)} (10 years), e.g. '168h' for a week; leave it out "
+                              f"(or write 'keep') to keep dead letters until they are requeued")
         group = self.leader_group_id or "harvest"
         # A sharded relay's leader topic has one partition per shard: by default a topic of its own,
         # so it never meets the one-partition topic of unsharded relays (or of another shard count).
@@ -600,7 +622,8 @@ class HarvestConfig:
                 f"uuid_sequencing={self.uuid_sequencing!r}, leader_election={self.leader_election!r}, "
                 f"leader_lock_check_interval={self.leader_lock_check_interval!r}, "
                 f"missing_topic_policy={self.missing_topic_policy!r}, shards={self.shards!r}, "
-                f"table_mapping={self.table_mapping!r}, event_id_header={self.event_id_header!r})")
+                f"table_mapping={self.table_mapping!r}, event_id_header={self.event_id_header!r}, "
+                f"dead_letter_retention={self.dead_letter_retention!r})")
 
     __str__ = __repr__
 
@@ -638,6 +661,8 @@ class HarvestConfig:
             kwargs["table_mapping"] = table_mapping(data.get("tableMapping"), data.get("eventRouter"), path)
         if data.get("missingTopicPolicy") is not None:
             kwargs["missing_topic_policy"] = data["missingTopicPolicy"]
+        if data.get("deadLetterRetention") not in (None, "keep"):
+            kwargs["dead_letter_retention"] = parse_duration(data["deadLetterRetention"], f"{path}.deadLetterRetention")
         if data.get("leaderLockCheckInterval") is not None:
             kwargs["leader_lock_check_interval"] = parse_duration(data["leaderLockCheckInterval"],
                                                                   f"{path}.leaderLockCheckInterval")
@@ -676,28 +701,42 @@ class StartupNote(NamedTuple):
 
 
 def startup_notes(harvest: Mapping[str, Any], overrides: Mapping[str, Any],
-                  sources: Mapping[str, str]) -> tuple[StartupNote, ...]:
+                  sources: Mapping[str, str], in_file: Mapping[str, Any] | None = None) -> tuple[StartupNote, ...]:
     """What the relay would otherwise do silently: connect to goharvest's default Kafka, or use a
-    ``dataSource`` from elsewhere (``sources`` names where an override came from) over the file's.
-    DSNs are shown redacted."""
+    ``dataSource`` from elsewhere (``sources`` names where an override came from) over the file's
+    (``in_file``: the file's section, when ``harvest`` has variables applied). DSNs are shown redacted."""
     notes: list[StartupNote] = []
     base = harvest.get("baseKafkaConfig") or {}
     if not any(key in base for key in _BOOTSTRAP_KEYS) and overrides.get("bootstrap_servers") is None:
         notes.append(StartupNote(logging.WARNING, f"baseKafkaConfig sets no bootstrap.servers: connecting to "
                                  f"{DEFAULT_BOOTSTRAP} (goharvest's default); set "
                                  f"harvest.baseKafkaConfig.bootstrap.servers or --bootstrap-servers", True))
-    dsn, in_file = overrides.get("data_source"), harvest.get("dataSource")
-    if dsn is not None and isinstance(in_file, str) and dsn != in_file:
+    dsn, file_dsn = overrides.get("data_source"), (harvest if in_file is None else in_file).get("dataSource")
+    if dsn is not None and isinstance(file_dsn, str) and dsn != file_dsn:
         notes.append(StartupNote(logging.INFO, f"dataSource: {sources.get('data_source', 'an override')} "
                                  f"({redact_dsn(dsn)!r}) is used; it overrides the file's harvest.dataSource "
-                                 f"({redact_dsn(in_file)!r})", False))
+                                 f"({redact_dsn(file_dsn)!r})", False))
     return tuple(notes)
 
 
 def from_mapping(data: Any, overrides: Mapping[str, Any] | None = None, log_level: str | None = None,
-                 sources: Mapping[str, str] | None = None) -> FileConfig:
-    """``overrides``: HarvestConfig attribute names -> values that win over the file (``None`` = keep);
-    ``sources``: where each came from (``--data-source``, ``HARVEST_DATA_SOURCE``), for the notes."""
+                 sources: Mapping[str, str] | None = None, env: Mapping[str, str] | None = None) -> FileConfig:
+    """``overrides``: HarvestConfig attribute names -> values that win over everything (``None`` = keep);
+    ``sources``: where each came from (``--data-source``), for the notes; ``env`` (default
+    ``os.environ``): its ``HARVEST_<KEY>`` variables win over ``data`` (which is taken as it is: ``${…}``
+    references are the YAML file's, see :func:`load_yaml`)."""
+    return _from_document(data, overrides or {}, log_level, sources or {}, os.environ if env is None else env,
+                          Origins())
+
+
+def _flagged(overrides: Mapping[str, Any], log_level: str | None) -> set[str]:
+    """Config paths a flag (an override) sets."""
+    paths = {f"harvest.{key}" for key in _TOP_KEYS if overrides.get(attribute_name(key)) is not None}
+    return paths | ({"logging.level"} if log_level else set())
+
+
+def _from_document(data: Any, overrides: Mapping[str, Any], log_level: str | None, sources: Mapping[str, str],
+                   env: Mapping[str, str], origins: Origins) -> FileConfig:
     if data is None:
         data = {}
     if not isinstance(data, Mapping):
@@ -711,18 +750,31 @@ def from_mapping(data: Any, overrides: Mapping[str, Any] | None = None, log_leve
     for key in logging_section:
         if key != "level":
             raise ConfigError(f"logging.{_key(key)}: unknown key; valid keys are: level")
-    level = str(log_level or logging_section.get("level") or "INFO").upper()
-    if level not in LOG_LEVELS:
-        raise ConfigError(f"logging.level: {shown(level)} is not a level; use one of {', '.join(LOG_LEVELS)}")
-    cfg = HarvestConfig.from_mapping(data.get("harvest"), overrides=overrides)
-    harvest = data.get("harvest") or {}  # a mapping: HarvestConfig.from_mapping said so
-    return FileConfig(cfg, level, startup_notes(harvest, overrides or {}, sources or {}))
+    harvest, file_level = apply_variables(data.get("harvest"), logging_section.get("level"), env, _ENV_KINDS,
+                                          origins)
+    level = str(log_level or file_level or "INFO").upper()
+    try:
+        if level not in LOG_LEVELS:
+            raise ConfigError(f"logging.level: {shown(level)} is not a level; use one of {', '.join(LOG_LEVELS)}")
+        cfg = HarvestConfig.from_mapping(harvest, overrides=overrides)
+    except ConfigError as exc:  # not chained: the first message may hold a value read from a secret file
+        raise ConfigError(origins.explain(str(exc))) from None
+    levels = {"info": logging.INFO, "warning": logging.WARNING}
+    notes = tuple(StartupNote(levels[lvl], msg, False) for lvl, msg in origins.notes(_flagged(overrides, log_level)))
+    sources = dict(sources)
+    if overrides.get("data_source") is None and "harvest.dataSource" in origins.variables:  # said as a flag's
+        overrides = {**overrides, "data_source": harvest["dataSource"]}
+        sources["data_source"] = origins.variables["harvest.dataSource"]
+    return FileConfig(cfg, level, notes + startup_notes(harvest, overrides, sources, data.get("harvest") or {}))
 
 
-def load_yaml(path: str | Path, overrides: Mapping[str, Any] | None = None,
-              log_level: str | None = None, sources: Mapping[str, str] | None = None) -> FileConfig:
-    """Read a reaper YAML file. ``overrides`` (HarvestConfig attribute names, ``None`` = keep) win
-    over the file, as CLI flags do (``sources``: see :func:`from_mapping`)."""
+def load_yaml(path: str | Path, overrides: Mapping[str, Any] | None = None, log_level: str | None = None,
+              sources: Mapping[str, str] | None = None, env: Mapping[str, str] | None = None) -> FileConfig:
+    """Read a reaper YAML file, its ``${…}`` references resolved from ``env`` (default ``os.environ``) and
+    files. ``overrides`` (HarvestConfig attribute names, ``None`` = keep) win over everything, as CLI flags
+    do; then ``HARVEST_<KEY>`` variables (``sources``: see :func:`from_mapping`)."""
+    env = os.environ if env is None else env
+    overrides = overrides or {}
     try:
         raw = Path(path).read_bytes()
     except OSError as exc:
@@ -733,8 +785,12 @@ def load_yaml(path: str | Path, overrides: Mapping[str, Any] | None = None,
         line = raw.count(b"\n", 0, exc.start) + 1
         raise ConfigError(f"{path}: not UTF-8 text (byte 0x{raw[exc.start]:02x} on line {line}); save the file as "
                           f"UTF-8") from None
+    origins = Origins()
+    literal = literal_paths(env, _ENV_KINDS, _flagged(overrides, log_level))
     try:
-        data = load_document(text)
+        data = load_document(text, Interpolation(env, Path(path).parent, origins, literal))
+    except ConfigError:
+        raise
     except yaml.YAMLError as exc:
         # Not chained: PyYAML's message quotes the offending line, which a logged traceback would show.
         raise ConfigError(f"{path}: not valid YAML: {yaml_problem(exc)}") from None
@@ -745,5 +801,5 @@ def load_yaml(path: str | Path, overrides: Mapping[str, Any] | None = None,
                           f"(see the README's config reference)")
     if isinstance(data, Mapping) and data.get("harvest") is None:
         raise ConfigError(f"{path}: no 'harvest:' section (or it is empty); add one with at least dataSource")
-    return from_mapping(data, overrides, log_level, sources)
+    return _from_document(data, overrides, log_level, sources or {}, env, origins)
 

@@ -8,10 +8,14 @@
   node that contains it is refused too. Both are counted while the file is composed, before any
   Python object is built.
 - Errors carry a line and a column, never the offending line (it may hold dataSource's password).
+- A ``rewrite`` hook (the ``${…}`` references of :mod:`producer.config_env`) sees scalar values only,
+  never mapping keys, once per occurrence; a rewritten plain (unquoted, untagged) scalar is typed as YAML
+  would type the new text written there (``shards: ${SHARDS}`` -> an int), a quoted one stays a string.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import yaml
@@ -21,6 +25,11 @@ from yaml.events import AliasEvent
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
 from harvest_outbox.producer.errors import shown
+
+#: Where a scalar is in the document: the mapping keys (their text) and sequence indexes from the root.
+YamlPath = tuple[Any, ...]
+#: A value's new text, or None to keep it.
+Rewrite = Callable[[YamlPath, str], "str | None"]
 
 #: A config file is a few dozen nodes; anything near this many is not a config.
 MAX_EXPANDED_NODES = 10_000
@@ -35,6 +44,7 @@ class StrictLoader(yaml.SafeLoader):
         self._expanded = 0
         self._sizes: dict[int, int] = {}  # id(node) -> its expanded node count (nodes are kept alive)
         self._open: set[str] = set()  # anchors of the nodes being composed
+        self._plain: set[int] = set()  # id() of plain untagged scalars: typed by the resolver from their text
 
     def compose_node(self, parent: Node | None, index: Any) -> Node:
         event = self.peek_event()
@@ -54,6 +64,47 @@ class StrictLoader(yaml.SafeLoader):
             self._open.discard(anchor)  # type: ignore[arg-type]
         self._count(1, event)
         return node
+
+    def compose_scalar_node(self, anchor: str | None) -> ScalarNode:
+        implicit = self.peek_event().implicit[0]
+        node = super().compose_scalar_node(anchor)
+        if implicit:
+            self._plain.add(id(node))
+        return node
+
+    def rewrite_scalars(self, root: Node, rewrite: Rewrite) -> None:
+        """Replace every scalar value ``rewrite`` changes by a new node (keys stay: a node used as a key and,
+        through an alias, as a value is not shared after). Each container is walked once, however many
+        aliases refer to it: the walk is bounded by the composed nodes."""
+        walked: set[int] = set()
+        stack: list[tuple[YamlPath, Node]] = [((), root)]
+        while stack:
+            path, node = stack.pop()
+            if id(node) in walked or isinstance(node, ScalarNode):
+                continue
+            walked.add(id(node))
+            if isinstance(node, SequenceNode):
+                for i, item in enumerate(node.value):
+                    node.value[i] = self._rewritten(path + (i,), item, rewrite, stack)
+            elif isinstance(node, MappingNode):
+                for i, (key, value) in enumerate(node.value):
+                    name = key.value if isinstance(key, ScalarNode) else "?"
+                    node.value[i] = (key, self._rewritten(path + (name,), value, rewrite, stack))
+
+    def _rewritten(self, path: YamlPath, node: Node, rewrite: Rewrite,
+                   stack: list[tuple[YamlPath, Node]]) -> Node:
+        if not isinstance(node, ScalarNode):
+            stack.append((path, node))
+            return node
+        text = rewrite(path, node.value)
+        if text is None or text == node.value:
+            return node
+        plain = id(node) in self._plain
+        tag = self.resolve(ScalarNode, text, (True, False)) if plain else node.tag
+        new = ScalarNode(tag, text, node.start_mark, node.end_mark, node.style)
+        if plain:
+            self._plain.add(id(new))
+        return new
 
     def _count(self, nodes: int, event: Any) -> None:
         self._expanded += nodes
@@ -97,14 +148,31 @@ class StrictLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep)
 
 
-def load_document(text: str) -> Any:
-    """The YAML document ``text`` as Python values (see the module doc for what is refused).
+def load_document(text: str, rewrite: Rewrite | None = None) -> Any:
+    """The YAML document ``text`` as Python values (see the module doc for what is refused), its scalar
+    values passed through ``rewrite`` first.
 
     Raises :class:`yaml.YAMLError` for a document that is not valid or is refused, and ValueError for
-    a value Python will not build (an integer of more than 4,300 digits)."""
+    a value Python will not build (an integer of more than 4,300 digits); whatever ``rewrite`` raises."""
     loader = StrictLoader(text)
     try:
-        return loader.get_single_data()
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        if rewrite is not None:
+            loader.rewrite_scalars(node, rewrite)
+        return loader.construct_document(node)
+    finally:
+        loader.dispose()
+
+
+def plain_scalar(text: str) -> Any:
+    """``text`` typed as YAML types a plain scalar (``4`` -> 4, ``true`` -> True, ``''`` -> None, else
+    the text): resolved, never parsed, so ``#`` or ``: `` in it mean nothing. ValueError for a number
+    Python will not build."""
+    loader = StrictLoader("")
+    try:
+        return loader.construct_object(ScalarNode(loader.resolve(ScalarNode, text, (True, False)), text))
     finally:
         loader.dispose()
 
