@@ -257,7 +257,8 @@ def _mapping(name: str, key: str, text: str) -> Mapping[str, Any]:
     try:
         value = load_document(text)
     except yaml.YAMLError as exc:  # not chained: PyYAML quotes the text, which may hold a SASL password
-        raise ConfigError(f"{name}: not valid YAML: {yaml_problem(exc)}; write a flow mapping, e.g. {example}") from None
+        raise ConfigError(f"{name}: not valid YAML: {yaml_problem(exc)}; write a flow mapping, "
+                          f"e.g. {example}") from None
     except ValueError:
         raise ConfigError(f"{name}: a value cannot be read (a number too large?); e.g. {example}") from None
     if not isinstance(value, Mapping):

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import logging
 import re
+import os
 import subprocess
 import sys
-import os
 from pathlib import Path
 from typing import Any
 
@@ -144,7 +144,8 @@ ERRORS: dict[str, tuple[str, dict[str, str], dict[str, bytes | str], list[str]]]
                             ["harvest.shards: 'four' must be a whole number of shards",
                              "(harvest.shards is set by ${SHARDS})"]),
     "HARVEST_ bad number": ("", {"HARVEST_SHARDS": "four"}, {},
-                            ["harvest.shards: 'four' must be a whole number", "(harvest.shards is set by HARVEST_SHARDS)"]),
+                            ["harvest.shards: 'four' must be a whole number",
+                             "(harvest.shards is set by HARVEST_SHARDS)"]),
     "HARVEST_ bad port": ("", {"HARVEST_PROMETHEUS_PORT": "99999"}, {},
                           ["harvest.prometheusPort: 99999 must be a TCP port",
                            "(harvest.prometheusPort is set by HARVEST_PROMETHEUS_PORT)"]),
@@ -292,8 +293,8 @@ def test_the_notes_name_keys_and_sources_never_values(tmp_path: Path) -> None:
     cfg = load(tmp_path, text, env, overrides={"leader_topic": "flag-topic"})
     assert cfg.notes[0] == (logging.INFO, "configuration from the environment (values not shown): harvest.leaderTopic "
                             "from HARVEST_LEADER_TOPIC (a command-line flag wins); harvest.outboxTable from "
-                            "HARVEST_OUTBOX_TABLE; harvest.dataSource from ${file:pw}; harvest.name from ${NAME:-…} (default); "
-                            "harvest.shards from ${S}", False)
+                            "HARVEST_OUTBOX_TABLE; harvest.dataSource from ${file:pw}; harvest.name from "
+                            "${NAME:-…} (default); harvest.shards from ${S}", False)
     assert cfg.notes[1].level == logging.WARNING and len(cfg.notes) == 2
     assert cfg.notes[1].message.startswith("HARVEST_SHRADS is set but is no harvest setting, so it is ignored; did "
                                            "you mean HARVEST_SHARDS? the settings are HARVEST_BASE_KAFKA_CONFIG, ")
