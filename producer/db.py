@@ -29,6 +29,7 @@ secrets scrubbed from the message.
 from __future__ import annotations
 
 import logging
+import time
 import uuid
 from collections.abc import Sequence
 from typing import Any, NamedTuple
@@ -48,15 +49,18 @@ from harvest_outbox.producer.shards import shard_expression
 log = logging.getLogger(__name__)
 
 # A marked row, exactly as the mark statement returns it: (id, topic, key bytes, value bytes|None,
-# header keys, header values, bad, persisted attempts, last error, partition). Header arrays are
+# header keys, header values, bad, persisted attempts, last error, partition, created). Header arrays are
 # tuples, or None when the row has no headers (empty arrays come back as NULL: no loader call per
 # row). ``bad`` is None, or why the row can never be produced (decided by the statement: the table
 # mapping's RecordSql.bad, then _HEADER_BAD). ``partition`` is None (the producer's partitioner, by
-# key) unless the table mapping places a column there (producer.table_mapping). A plain tuple
-# of atomic values in id order, used as it comes from the driver: the mark allocates nothing else
-# per row, and the garbage collector does not track it.
+# key) unless the table mapping places a column there (producer.table_mapping). ``created`` is the
+# row's create time on this process's time.monotonic() clock (ROW_CREATED; producer.histograms). A plain
+# tuple of atomic values in id order, used as it comes from the driver: the mark allocates nothing
+# else per row, and the garbage collector does not track it.
 MarkedRow = tuple[int, "str | None", "bytes | None", "bytes | None", "tuple[str | None, ...] | None",
-                  "tuple[str | None, ...] | None", "str | None", "int | None", "str | None", "int | None"]
+                  "tuple[str | None, ...] | None", "str | None", "int | None", "str | None", "int | None", float]
+#: Where a MarkedRow holds its create time (time.monotonic() seconds): the dwell histogram's start.
+ROW_CREATED = 10
 # Persisted failed delivery attempts of marked rows: id -> (attempts, last error).
 MarkedAttempts = dict[int, tuple[int, "str | None"]]
 
@@ -225,6 +229,9 @@ class OutboxDatabase:
                                            last_error = EXCLUDED.last_error, updated_at = now()""").format(a=a)
         self._forget_sql = sql.SQL("DELETE FROM {} WHERE id = {ids}").format(a, ids=ids)
         self._stats_dead_sql = sql.SQL("SELECT count(*) FROM {}").format(d)
+        # deadLetterRetention: one batch of expired dead letters (found by the dead_time index init-db makes).
+        self._expire_sql = sql.SQL("DELETE FROM {d} WHERE id = ANY(ARRAY(SELECT id FROM {d} "
+                                   "WHERE dead_time < now() - make_interval(secs => %s) LIMIT %s))").format(d=d)
 
     def _dead_letter_sql(self, owned: sql.Composable) -> sql.Composed:
         """Move rows ``(id, error, attempts)`` to the dead letters in one statement (a CTE), so a row is
@@ -376,18 +383,23 @@ class OutboxDatabase:
         # Sorted by Postgres, and each row in its final shape (MarkedRow): the relay's thread, which
         # holds the GIL while it turns the result into Python objects, does no per-row work after
         # the driver (slicing and sorting 5,000 rows in Python cost ~3 ms a mark, on the critical path).
+        # The create time comes back on the relay's time.monotonic() clock: %(t0)s (the relay's reading
+        # just before sending the mark) minus the row's age at the statement's start on the database's
+        # own clock, so neither host's wall clock (nor their skew) enters a dwell. A row without one
+        # (NULL) counts from its mark. One float per row, no per-row work in Python.
         rec = m.record("o", self.value_type)
         self._mark_sql = sql.SQL("""
             WITH m AS (
               UPDATE {o} AS o SET {l} = %(leader)s
               WHERE ctid = ANY(ARRAY({claim}))
               RETURNING {oid} AS id, {t} AS t, {k} AS k, {v} AS v, {hk} AS hk, {hv} AS hv, {row_bad} AS bad,
-                        {p} AS p)
-            SELECT m.id, m.t, m.k, m.v, m.hk, m.hv, {header_bad}, a.attempts, a.last_error::text, m.p
+                        {p} AS p, {c} AS c)
+            SELECT m.id, m.t, m.k, m.v, m.hk, m.hv, {header_bad}, a.attempts, a.last_error::text, m.p,
+                   %(t0)s::float8 - coalesce(date_part('epoch', statement_timestamp() - m.c), 0)
             FROM m LEFT JOIN {a} AS a ON a.id = m.id ORDER BY m.id""").format(
             o=o, l=leader, claim=claim, oid=m.id("o"), t=rec.topic, k=rec.key, v=rec.value, hk=rec.header_keys,
             hv=rec.header_values, a=self.names.delivery_attempts, row_bad=rec.bad, header_bad=sql.SQL(_HEADER_BAD),
-            p=rec.partition)
+            p=rec.partition, c=m.created("o"))
 
     def _run(self, what: str, query: sql.Composable, params: Sequence[Any] | dict[str, Any],
              prepare: bool | None = None, cursor: psycopg.Cursor | None = None) -> psycopg.Cursor:
@@ -416,8 +428,9 @@ class OutboxDatabase:
         # Prepared (parsed once: a trickle's one-row mark took ~0.6 ms unprepared, ~0.5 prepared) but
         # planned anew on every run (plan_cache_mode, see conn): never a generic plan. Where Postgres
         # cannot force that, never prepared (psycopg would prepare it after its 5th run).
-        rows: list[MarkedRow] = self._run("mark", self._mark_sql, {"leader": leader_id, "n": limit},
-                                          prepare=self._prepare_mark, cursor=self._mark_cursor).fetchall()
+        params = {"leader": leader_id, "n": limit, "t0": time.monotonic()}  # t0: see _build_mark_sql
+        rows: list[MarkedRow] = self._run("mark", self._mark_sql, params, prepare=self._prepare_mark,
+                                          cursor=self._mark_cursor).fetchall()
         attempts: MarkedAttempts = {r[0]: (r[7], r[8]) for r in rows if r[7] is not None}
         return rows, attempts
 
@@ -447,6 +460,10 @@ class OutboxDatabase:
         errors = [e for _, e, _ in items]
         attempts = [a for _, _, a in items]
         return self._run("dead-letter", self._dlq_sql, (ids, errors, attempts)).rowcount
+
+    def expire_dead_letters(self, retention: float, limit: int) -> int:
+        """Delete up to ``limit`` dead letters parked more than ``retention`` seconds ago; how many were."""
+        return self._run("deleting expired dead letters", self._expire_sql, (float(retention), limit)).rowcount
 
     # ---------------------------------------------------------------- --uuid-sequencing (docs/design.md §5)
     def start_view(self, leader_id: uuid.UUID, name: str) -> tuple[int, list[tuple[int, bytes, int, str, int]]]:

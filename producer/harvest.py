@@ -34,7 +34,7 @@ from concurrent.futures import Future, wait
 from typing import Any
 
 from harvest_outbox.producer.at_least_once import AtLeastOnceMode
-from harvest_outbox.producer.config import HarvestConfig
+from harvest_outbox.producer.config import HarvestConfig, format_duration
 from harvest_outbox.producer.election import LeaderElection, NeliElection
 from harvest_outbox.producer.errors import DatabaseError, HarvestError
 from harvest_outbox.producer.events import Event, EventHandler, LeaderAcquired, LeaderFenced, LeaderRevoked, MeterRead
@@ -47,6 +47,12 @@ from harvest_outbox.producer.sequencing import SequencedMode
 from harvest_outbox.producer.shard_election import ShardSetSeat
 
 log = logging.getLogger(__name__)
+
+#: deadLetterRetention: the leader deletes expired dead letters at most this many at a time (one short
+#: statement between the purges on the write connection) ...
+RETENTION_BATCH = 1000
+#: ... once per this many seconds, and the next batch at once while batches come back full.
+RETENTION_INTERVAL = 60.0
 
 
 class State(enum.Enum):
@@ -109,6 +115,8 @@ class Harvest:
         self._prometheus: Any = None
         self._stats_future: Future[tuple[int, float | None, int]] | None = None
         self._next_metrics = 0.0
+        self._retention_future: Future[int] | None = None
+        self._next_retention = 0.0
 
     # ------------------------------------------------------------------ public API
     @property
@@ -270,6 +278,8 @@ class Harvest:
                     self._read_meter()
                 elif self._stats_future is not None and self._stats_future.done():
                     self._meter_stats_arrived()
+                if self.config.dead_letter_retention is not None:
+                    self._expire_dead_letters(now, self.config.dead_letter_retention)
         except BaseException as exc:  # fatal: remember it for wait(), then shut down
             log.exception("relay %s failed", self.config.name)
             self._error = exc
@@ -296,6 +306,33 @@ class Harvest:
         if self._prometheus is not None:
             server, _thread = self._prometheus
             server.shutdown()
+
+    # ------------------------------------------------------------------ deadLetterRetention
+    def _expire_dead_letters(self, now: float, retention: float) -> None:
+        """The leader (sharded: shard 0's; the dead letters are the whole outbox's) deletes dead letters
+        parked more than ``retention`` seconds ago, one batch at a time on the write connection; the relay
+        thread never waits on it. A failure is logged and tried again after ``RETENTION_INTERVAL``."""
+        future, core = self._retention_future, self.core
+        if future is not None:
+            if not future.done():
+                return
+            self._retention_future = None
+            try:
+                deleted = future.result()
+            except DatabaseError as exc:
+                log.warning("%s (deadLetterRetention; next try in %s)", exc, format_duration(RETENTION_INTERVAL))
+                return
+            if deleted:
+                log.info("%s: deleted %d dead letter(s) parked more than %s ago (deadLetterRetention)",
+                         self.config.name, deleted, format_duration(retention))
+            if deleted >= RETENTION_BATCH:
+                self._next_retention = now  # more are due
+            return
+        leads = core.leader_id is not None and (self._shards is None or 0 in self._shards.applied)
+        if now < self._next_retention or not leads or core.exec is None or core.db is None:
+            return
+        self._next_retention = now + RETENTION_INTERVAL
+        self._retention_future = core.exec.submit(core.db.expire_dead_letters, retention, RETENTION_BATCH)
 
     # ------------------------------------------------------------------ meter
     def _read_meter(self) -> None:

@@ -180,6 +180,10 @@ class OutboxNames:
         return sql.Identifier(_derived(self.table, "_notify"))
 
     @property
+    def dead_time_index_name(self) -> str:
+        return _derived(self.table, "_dead_letters_time_idx")
+
+    @property
     def id_index_name(self) -> sql.Identifier:
         return sql.Identifier(_derived(self.table, "_leader_id_idx"))
 
@@ -354,6 +358,9 @@ def _companion_ddl(names: OutboxNames, vtype: sql.Composable) -> list[sql.Compos
           attempts            INTEGER NOT NULL,
           dead_time           TIMESTAMP WITH TIME ZONE NOT NULL DEFAULT now()
         )""").format(dlq=names.dead_letters, vtype=vtype))
+    # deadLetterRetention finds expired dead letters by dead_time (without an index: a scan of the table per run).
+    stmts.append(sql.SQL("CREATE INDEX IF NOT EXISTS {} ON {} (dead_time)").format(
+        sql.Identifier(names.dead_time_index_name), names.dead_letters))
     if names.mapping.source_row("o") is not None:
         # The row as it was (a mapped table's columns are not the record's): a requeue restores it.
         stmts.append(sql.SQL("ALTER TABLE {} ADD COLUMN IF NOT EXISTS source_row JSONB").format(names.dead_letters))

@@ -3,11 +3,22 @@
 
 from __future__ import annotations
 
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
 import psycopg
 import pytest
 from psycopg import sql
+from relaylib import relay_config
 
+from harvest_outbox.producer.config import from_mapping
+from harvest_outbox.producer.errors import ConfigError
+from harvest_outbox.producer.events import LeaderAcquired, MeterRead
+from harvest_outbox.producer.harvest import RETENTION_BATCH, Harvest
 from harvest_outbox.producer.schema import OUTBOX_AUTOVACUUM, OutboxNames, init_db, table_reloptions
+from harvest_outbox.producer.sharded import relay_for
 from harvest_outbox.producer.table_mapping import table_mapping
 
 # goharvest's own DDL (sh/init-outbox.sh): no storage parameters.
@@ -64,3 +75,87 @@ def test_init_db_sets_on_an_existing_outbox_only_the_settings_it_lacks(
     init_db(pg_dsn, names.display, mapping=names.mapping)
     options = _reloptions(pg_dsn, names)
     assert options == {**OUTBOX_AUTOVACUUM, "autovacuum_vacuum_threshold": "5000", "fillfactor": "70"}, options
+
+
+# ---------------------------------------------------------------------------------------- deadLetterRetention
+
+
+@pytest.mark.parametrize("value, seconds", [("168h", 7 * 86400.0), ("1m", 60.0), ("keep", None), (None, None)])
+def test_dead_letter_retention_is_a_duration_or_keep(value: Any, seconds: float | None) -> None:
+    assert from_mapping({"harvest": {"deadLetterRetention": value}}).harvest.dead_letter_retention == seconds
+
+
+@pytest.mark.parametrize("value, says", [
+    ("0", "harvest.deadLetterRetention: 0 must be a duration from 1m (a shorter one deletes dead letters before"),
+    ("30s", "harvest.deadLetterRetention: 30s must be a duration from 1m"),
+    ("87601h", "harvest.deadLetterRetention: 87601h must be a duration from 1m (a shorter one deletes dead letters "
+               "before anyone can look at them) to 87600h (10 years), e.g. '168h' for a week; leave it out (or write "
+               "'keep') to keep dead letters until they are requeued"),
+    ("7d", "harvest.deadLetterRetention: '7d' is not a duration; use Go syntax with units ns/us/ms/s/m/h"),
+    (7, "harvest.deadLetterRetention: 7 is not a duration; write it with a unit"),
+    (True, "harvest.deadLetterRetention: True is not a duration"),
+    ("9" * 400 + "h", "harvest.deadLetterRetention: inf must be a duration from 1m"),
+])
+def test_bad_dead_letter_retention_is_named_with_the_fix(value: Any, says: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        from_mapping({"harvest": {"deadLetterRetention": value}})
+    assert says in str(err.value), str(err.value)
+
+
+def _park(pg_dsn: str, names: OutboxNames, first_id: int, count: int, age: str) -> None:
+    """``count`` dead letters parked ``age`` ago."""
+    with psycopg.connect(pg_dsn) as conn:
+        conn.execute(sql.SQL("INSERT INTO {} (id, kafka_topic, kafka_key, error, attempts, dead_time) "
+                             "SELECT i, 't', 'k' || i, 'poison', 5, now() - %s::interval "
+                             "FROM generate_series(%s::bigint, %s::bigint) AS i").format(names.dead_letters),
+                     (age, first_id, first_id + count - 1))
+
+
+def _dead_letter_ids(pg_dsn: str, names: OutboxNames) -> list[int]:
+    with psycopg.connect(pg_dsn) as conn:
+        return [r[0] for r in conn.execute(sql.SQL("SELECT id FROM {} ORDER BY id").format(names.dead_letters))]
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("shards", [1, 2])  # sharded: the leader of shard 0 (here one relay leads both)
+def test_the_leader_deletes_dead_letters_older_than_the_retention_in_batches(
+        pg_dsn: str, kafka_bootstrap: str, pg_schema: str, unique_name: Callable[[str], str],
+        caplog: pytest.LogCaptureFixture, shards: int) -> None:
+    names = init_db(pg_dsn, f"{pg_schema}.outbox", shards=shards)
+    old = 2 * RETENTION_BATCH + 500
+    _park(pg_dsn, names, 1, old, "2 hours")  # expired: older than the hour below
+    _park(pg_dsn, names, 100_000, 10, "50 minutes")  # not yet
+    cfg = relay_config(pg_dsn, kafka_bootstrap, names.display, unique_name("g")).replace(
+        leader_election="postgres", dead_letter_retention=3600.0, shards=shards)
+    with caplog.at_level(logging.INFO, logger="harvest_outbox.producer.harvest"):
+        with relay_for(cfg):
+            deadline = time.monotonic() + 60
+            while len(_dead_letter_ids(pg_dsn, names)) > 10 and time.monotonic() < deadline:
+                time.sleep(0.2)
+    assert _dead_letter_ids(pg_dsn, names) == list(range(100_000, 100_010))
+    said = [r.getMessage() for r in caplog.records if "deadLetterRetention" in r.getMessage()]
+    counts = [int(m.split("deleted ")[1].split()[0]) for m in said]
+    assert sum(counts) == old and max(counts) == RETENTION_BATCH, said  # in batches, each logged with its count
+    assert "dead letter(s) parked more than 1h ago (deadLetterRetention)" in said[0], said
+
+
+@pytest.mark.integration
+def test_without_a_retention_dead_letters_are_kept(pg_dsn: str, kafka_bootstrap: str, pg_schema: str,
+                                                   unique_name: Callable[[str], str]) -> None:
+    names = init_db(pg_dsn, f"{pg_schema}.outbox")
+    _park(pg_dsn, names, 1, 20, "3000 days")
+    cfg = relay_config(pg_dsn, kafka_bootstrap, names.display, unique_name("g")).replace(leader_election="postgres")
+    assert cfg.dead_letter_retention is None
+    events: list[object] = []
+
+    def readings_while_leading() -> int:
+        led = [i for i, e in enumerate(events) if isinstance(e, LeaderAcquired)]
+        return sum(isinstance(e, MeterRead) for e in events[led[0]:]) if led else 0
+
+    with Harvest(cfg, events.append):
+        deadline = time.monotonic() + 30
+        # A retention runs at once on leading: three meter readings later, it would have run.
+        while readings_while_leading() < 3 and time.monotonic() < deadline:
+            time.sleep(0.1)
+    assert readings_while_leading() >= 3, events
+    assert _dead_letter_ids(pg_dsn, names) == list(range(1, 21))
