@@ -86,6 +86,7 @@ class AtLeastOnceMode:
         self._waiting_count = 0
         self._in_flight: dict[bytes, MarkedRow] = {}  # key -> the one unacknowledged record of that key
         self._forget_buf: list[int] = []  # delivered ids that had a persisted attempt count
+        self._acked: list[MarkedRow] = []  # delivered since the last _observe_acked (the dwell histogram)
         self._purge_buf: list[int] = []
         self._reset_buf: list[int] = []
         self._dlq_buf: list[tuple[int, str, int]] = []
@@ -110,6 +111,8 @@ class AtLeastOnceMode:
         producer = self.ensure_producer()
         if core.producer_fatal:
             core.remark = True  # the refresh replaces the producer
+        if self._acked:
+            self._observe_acked()
         if core.remark:
             self._refresh()
             return
@@ -120,6 +123,8 @@ class AtLeastOnceMode:
             self._dispatch()
         producer.poll(0)
         now = time.monotonic()
+        if self._acked:
+            self._observe_acked(now)
         if core.db_futures:
             core.check_db()
         # Write-behind with at most one write job at a time: while the database deletes one batch
@@ -234,7 +239,7 @@ class AtLeastOnceMode:
     def _send(self, row: MarkedRow) -> bool:
         """Produce one record whose key is free. True if it is now in flight (or the relay must
         remark); False if it was dead-lettered on the spot (the key is still free)."""
-        _id, topic, key, value, hkeys, hvals, bad, _attempts, _error, partition = row
+        _id, topic, key, value, hkeys, hvals, bad, _attempts, _error, partition, _created = row
         if bad is not None:
             self._dead_letter(row, f"bad row: {bad}", 0)
             return False
@@ -285,11 +290,13 @@ class AtLeastOnceMode:
     def _send_when_room(self, row: MarkedRow, producer: KafkaProducer) -> bool:
         """:meth:`_send` found librdkafka's queue full: serve callbacks and retry, for ~10 s at most,
         then give up the view (remark). ``row`` is already in flight under its key."""
-        _id, topic, key, value, hkeys, hvals, *_rest, partition = row
+        _id, topic, key, value, hkeys, hvals, *_rest, partition, _created = row
         headers = self._headers(_id, hkeys, hvals)
         where = ANY_PARTITION if partition is None else partition
         for _ in range(1000):
             producer.poll(0.01)
+            if self._acked:
+                self._observe_acked()
             try:
                 producer.produce(topic, value, key, where, headers=headers)  # type: ignore[arg-type]
                 return True
@@ -317,6 +324,7 @@ class AtLeastOnceMode:
             return
         if err is None:
             self._purge_buf.append(row[0])
+            self._acked.append(row)
             self.metrics.delivered += 1
             if self._attempts and self._attempts.pop(row[0], None) is not None:
                 self._forget_buf.append(row[0])
@@ -333,6 +341,12 @@ class AtLeastOnceMode:
             return  # we gave up on it (drain timed out): the next view re-marks it; not an attempt
         elif not self._failed(row, err, synchronous=False, latency=msg.latency()):
             self._release(key)  # type: ignore[arg-type]
+
+    def _observe_acked(self, now: float | None = None) -> None:
+        """Count the dwell of the records acknowledged since the last call (right after the polls that
+        served their reports: one histogram update per batch, not per record)."""
+        self.metrics.observe_dwell(self._acked, time.monotonic() if now is None else now)
+        self._acked.clear()
 
     def _served_meanwhile(self, latency: float) -> bool:
         """Did the broker acknowledge other records during the second half of a failed record's
@@ -453,6 +467,8 @@ class AtLeastOnceMode:
             deadline = time.monotonic() + budget
             while self._in_flight and producer is not None and time.monotonic() < deadline:
                 producer.poll(0.01)
+                if self._acked:
+                    self._observe_acked()
             if self._in_flight and producer is not None:
                 log.warning("%d record(s) still in flight after %.1fs; abandoning them (they will be re-marked)",
                             len(self._in_flight), budget)

@@ -4,7 +4,8 @@ endpoint serving ``/metrics`` (Prometheus), ``/healthz`` and ``/readyz`` (:mod:`
 Invariants:
 - the hot path only increments plain ints on :class:`Metrics` (no locks, no Prometheus calls per
   record); :meth:`Metrics.snapshot` and the Prometheus collector read them, which is safe under the
-  GIL for monotone counters and single-writer gauges;
+  GIL for monotone counters and single-writer gauges; the SLO histograms (dwell per topic, rows per
+  harvest transaction: :mod:`producer.histograms`) are counted a batch of rows at a time;
 - :attr:`Metrics.read_at` is set by each snapshot, which the relay loop takes at least every
   ``minMetricsInterval``: it doubles as the loop's liveness timestamp (no extra work in the loop);
 - the outbox gauges (backlog, oldest unsent age, dead-letter rows) are NaN unless this relay leads:
@@ -20,11 +21,14 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from harvest_outbox.producer.db import MarkedRow
 from harvest_outbox.producer.errors import ConfigError
+from harvest_outbox.producer.histograms import (TRANSACTION_ROWS_BUCKETS, DwellHistograms, cumulative, new_cells,
+                                                observe)
 from harvest_outbox.producer.http_server import BoundedWSGIServer, WsgiApp
 
 log = logging.getLogger(__name__)
@@ -62,6 +66,8 @@ class Metrics:
         #: ``shards: S``: the led shards' (rows, oldest unsent age), from the same query.
         self.shard_backlog: dict[int, tuple[int, float | None]] = {}
         self.is_leader = False
+        self.dwell = DwellHistograms()
+        self.transaction_rows = new_cells(TRANSACTION_ROWS_BUCKETS)
         #: time.monotonic() of the latest snapshot (None before the first): the loop's liveness.
         self.read_at: float | None = None
         self._last_time = time.monotonic()
@@ -78,6 +84,15 @@ class Metrics:
         self.last = stats
         self.read_at = now
         return stats
+
+    def observe_dwell(self, rows: Sequence[MarkedRow], now: float) -> None:
+        """``rows`` reached their readers at ``now`` (``time.monotonic()``): Kafka acknowledged them
+        (at-least-once) or their transaction's ACK_TXN (``--uuid-sequencing``)."""
+        self.dwell.observe(rows, now)
+
+    def observe_transaction(self, rows: int) -> None:
+        """A harvest transaction of ``rows`` records committed (``--uuid-sequencing``)."""
+        observe(self.transaction_rows, TRANSACTION_ROWS_BUCKETS, rows)
 
 
 class _Collector:
@@ -115,8 +130,30 @@ class _Collector:
         yield gauge("harvest_dead_letter_rows", "Rows in the dead-letter table (leader only)",
                     m.dead_letter_rows if lead else None)
         yield gauge("harvest_is_leader", "1 if this relay is the leader", 1.0 if m.is_leader else 0.0)
+        yield from self._histograms()
         if self._shards is not None:
             yield from self._per_shard(self._shards())
+
+    def _histograms(self) -> Iterator[Any]:
+        """The SLO histograms (README, Health, readiness and alerts): dwell per topic, rows per transaction."""
+        from prometheus_client.core import HistogramMetricFamily
+        from prometheus_client.utils import floatToGoString
+
+        def family(name: str, doc: str, labels: list[str], series: Iterable[tuple[list[str], list[float]]],
+                   bounds: Sequence[float]) -> Any:
+            h = HistogramMetricFamily(name, doc, labels=labels)
+            for values, cells in series:
+                buckets, total, _count = cumulative(cells, bounds)
+                h.add_metric(values, [(floatToGoString(le), n) for le, n in buckets], total)
+            return h
+
+        dwell = self._m.dwell
+        topics = sorted(list(dwell.by_topic.items()))  # list(): one C call, safe while a topic is added
+        yield family("harvest_dwell_seconds", "Seconds from a row's commit (create_time) to Kafka's acknowledgement "
+                     "(at-least-once) or its transaction's ACK_TXN (--uuid-sequencing)", ["relay", "topic"],
+                     (([self._name, topic], cells) for topic, cells in topics), dwell.bounds)
+        yield family("harvest_transaction_rows", "Records per committed harvest transaction (--uuid-sequencing)",
+                     ["relay"], [([self._name], self._m.transaction_rows)], TRANSACTION_ROWS_BUCKETS)
 
     def _per_shard(self, shards: Mapping[int, tuple[int | None, float | None]]) -> Iterator[Any]:
         """Series of the shards this relay leads (``shards: S``), labelled ``relay`` and ``shard``;

@@ -30,7 +30,7 @@ def _relay(**limits: Any) -> tuple[AtLeastOnceMode, FakeProducer]:
 def row(i: int, key: str, topic: str | None = "t", hk: tuple | None = None, hv: tuple | None = None,
         bad: str | None = None) -> tuple:
     """A MarkedRow as the mark statement returns it (no headers: None, None)."""
-    return (i, topic, key.encode(), f"v{i}".encode(), hk, hv, bad, None, None, None)
+    return (i, topic, key.encode(), f"v{i}".encode(), hk, hv, bad, None, None, None, 0.0)
 
 
 def test_one_in_flight_per_key_and_id_order() -> None:
@@ -95,8 +95,8 @@ def test_rows_no_broker_takes_are_dead_lettered_before_producing() -> None:
     h, p = _relay()
     h._guard._admin_factory = lambda conf: FakeAdmin({"t": 1_048_588, "small": 500})  # type: ignore[attr-defined]
     h._ready.extend([row(1, "a", topic="missing"), row(2, "a"), row(3, "b", topic="__consumer_offsets"),
-                     (4, "small", b"c", b"x" * 600, None, None, None, None, None, None),
-                     (5, "small", b"c", b"x" * 10, None, None, None, None, None, None),
+                     (4, "small", b"c", b"x" * 600, None, None, None, None, None, None, 0.0),
+                     (5, "small", b"c", b"x" * 10, None, None, None, None, None, None, 0.0),
                      row(6, "d", topic="bad name")])
     h._dispatch()
     assert [(s[0], s[1]) for s in p.sent] == [("t", b"v2"), ("small", b"x" * 10)]

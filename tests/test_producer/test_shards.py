@@ -131,7 +131,7 @@ def test_a_shard_mark_reads_its_index_range_on_a_large_outbox(pg_dsn: str, pg_sc
     try:
         _ = db.conn
         plan = "\n".join(r[0] for r in db.conn.execute(sql.SQL("EXPLAIN ") + db._mark_sql,  # type: ignore[operator]
-                                                     {"leader": uuid.uuid4(), "n": 5000}).fetchall())
+                                                     {"leader": uuid.uuid4(), "n": 5000, "t0": 0.0}).fetchall())
     finally:
         db.close()
     assert names.shard_index_name(S) in plan and "outbox_pkey" not in plan, plan
@@ -158,7 +158,7 @@ def test_shard_mark_takes_only_its_rows_in_id_order_from_the_index(pg_dsn: str, 
             assert all(shard_of(r[2], S) == k for r in rows)  # type: ignore[arg-type]
             seen += [r[0] for r in rows]
             plan = "\n".join(r[0] for r in db.conn.execute(sql.SQL("EXPLAIN ") + db._mark_sql,  # type: ignore[operator]
-                                                         {"leader": uuid.uuid4(), "n": 100}).fetchall())
+                                                         {"leader": uuid.uuid4(), "n": 100, "t0": 0.0}).fetchall())
             assert OutboxNames.parse(table).shard_index_name(S) in plan, plan
         finally:
             db.close()
@@ -173,7 +173,7 @@ def test_shard_mark_takes_only_its_rows_in_id_order_from_the_index(pg_dsn: str, 
                 OutboxNames.parse(table).outbox)).fetchall() if shard_of(k, S) in (1, 3)]
         assert [r[0] for r in db.mark(_uuid.uuid4(), 5000)] == want
         plan = "\n".join(r[0] for r in db.conn.execute(sql.SQL("EXPLAIN ") + db._mark_sql,  # type: ignore[operator]
-                                                     {"leader": _uuid.uuid4(), "n": 100}).fetchall())
+                                                     {"leader": _uuid.uuid4(), "n": 100, "t0": 0.0}).fetchall())
         assert "Merge Append" in plan and plan.count(OutboxNames.parse(table).shard_index_name(S)) == 2, plan
         assert db.stats()[0] == len(want) and sum(c for c, _ in db.shard_stats.values()) == len(want)
         assert sorted(db.shard_stats) == [1, 3]
