@@ -3,7 +3,7 @@
   produce overlap, and the mark connection never waits for the relay thread); queued marks are
   taken in the order they were asked for;
 - ``--uuid-sequencing``'s per-record UUID header (``continue_uuid``) is the reference encoding;
-- pooled delivery callbacks (``_Slot``) deliver each report to its record's transaction and clock,
+- pooled delivery callbacks (``Slot``) deliver each report to its record's transaction and clock,
   and return to the pool for reuse;
 - the sequenced ``produce()`` passes its arguments by position (``PRODUCE_ARGS``): confluent-kafka
   takes them in that order, and the test doubles read them the same way;
@@ -25,12 +25,13 @@ from harvest_outbox.producer.at_least_once import AtLeastOnceMode
 from harvest_outbox.producer.kafka import ANY_PARTITION, PRODUCE_ARGS, produce_args
 from harvest_outbox.producer.marksize import MarkSize
 from harvest_outbox.producer.relay_core import MARKS_AHEAD, PendingMark
-from harvest_outbox.producer.sequencing import _Slot, continue_uuid, uuid_bytes
+from harvest_outbox.producer.seq_txn import Slot
+from harvest_outbox.producer.seq_view import continue_uuid, uuid_bytes
 from harvest_outbox.sequencer import Flags, build_uuid, clock_of, flags_of, new_producer_id, parse_uuid, producer_of
 
 
 def row(i: int, key: str) -> tuple:
-    return (i, "t", key.encode(), f"v{i}".encode(), None, None, None, None, None, None)
+    return (i, "t", key.encode(), f"v{i}".encode(), None, None, None, None, None, None, 0.0)
 
 
 def _at_least_once_on(producer_of: Any) -> tuple[AtLeastOnceMode, Any]:
@@ -205,9 +206,9 @@ class _Txn:
 
 
 def test_delivery_slots_report_their_clock_and_return_to_the_pool() -> None:
-    pool: list[_Slot] = []
+    pool: list[Slot] = []
     t1, t2 = _Txn(), _Txn()
-    a, b = _Slot(pool), _Slot(pool)
+    a, b = Slot(pool), Slot(pool)
     a.txn, a.clock = t1, 100  # type: ignore[assignment]
     b.txn, b.clock = t2, 200  # type: ignore[assignment]
     b(None, "m2")  # reports arrive in any order across partitions
@@ -264,7 +265,7 @@ def test_at_least_once_gives_up_the_view_when_the_queue_stays_full() -> None:
 
 def test_at_least_once_a_report_sends_the_keys_next_record_skipping_one_dead_lettered_on_the_spot() -> None:
     mode, producer = _at_least_once_on(lambda cb: FakeProducer(cb))
-    bad = (2, "t", b"a", b"v2", None, None, "kafka_topic is NULL", None, None, None)
+    bad = (2, "t", b"a", b"v2", None, None, "kafka_topic is NULL", None, None, None, 0.0)
     mode.core.ready.extend([row(1, "a"), bad, row(3, "a"), row(4, "a")])
     mode._dispatch()
     assert [s[1] for s in producer.sent] == [b"v1"] and mode.gauges() == (1, 3)

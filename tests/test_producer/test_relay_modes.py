@@ -2,6 +2,7 @@
 DB, no Kafka:
 - exactly one mode per relay, chosen by the config at construction;
 - no import cycle among the producer package's modules, and only the relay process imports a mode;
+  the parts of the sequenced mode (seq_*.py, crash_points.py) only the mode and each other;
 - rows of a mark asked for by an abandoned view are never produced by the current one;
 - held rows (missingTopicPolicy: hold) go back to the head of the ready queue in id order."""
 
@@ -132,6 +133,10 @@ def test_no_import_cycles_and_only_the_relay_process_imports_a_mode() -> None:
     importers = sorted(m for m, deps in graph.items() if deps & MODES and m not in ("__init__",))
     assert importers == ["harvest"], importers
     assert not graph["relay_core"] & (MODES | {"harvest"})
+    parts = {m for m in graph if m.startswith("seq_")} | {"crash_points"}
+    assert {"seq_view", "seq_txn", "seq_commit", "seq_acks", "seq_store"} <= parts
+    outside = sorted(m for m, deps in graph.items() if deps & parts and m not in parts | {"sequencing"})
+    assert outside == [], f"modules importing a part of the sequenced mode: {outside}"
 
 
 def _mark(relay: Harvest, rows: list[tuple], view: uuid.UUID) -> None:
@@ -142,7 +147,7 @@ def _mark(relay: Harvest, rows: list[tuple], view: uuid.UUID) -> None:
 
 
 def row(i: int, key: str, topic: str = "t") -> tuple:
-    return (i, topic, key.encode(), f"v{i}".encode(), None, None, None, None, None, None)
+    return (i, topic, key.encode(), f"v{i}".encode(), None, None, None, None, None, None, 0.0)
 
 
 def test_a_mark_for_an_abandoned_view_is_not_produced() -> None:
