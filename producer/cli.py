@@ -2,6 +2,7 @@
 
     harvest -f harvest.yaml [flags]          run the relay (goharvest reaper compatible); same as `harvest run`
     harvest init-db -f harvest.yaml [--value-type bytea]
+    harvest check -f harvest.yaml            the outbox's queue-table hygiene: OK / WARN / FAIL with fixes
     harvest dead-letters list -f harvest.yaml [--limit N]
     harvest dead-letters requeue -f harvest.yaml (ID ... | --all)
 
@@ -39,7 +40,7 @@ if TYPE_CHECKING:
 
 EXIT_OK, EXIT_FAILURE, EXIT_USAGE, EXIT_FORCED = 0, 1, 2, 3
 MAX_LIST_LIMIT = 1_000_000
-_COMMANDS = ("run", "init-db", "shards", "dead-letters")
+_COMMANDS = ("run", "init-db", "check", "shards", "dead-letters")
 log = logging.getLogger("harvest")
 
 
@@ -95,6 +96,10 @@ def build_parser() -> argparse.ArgumentParser:
     _common(init)
     init.add_argument("--value-type", choices=("varchar", "bytea"), default="varchar",
                       help="kafka_value column type (varchar = goharvest's)")
+    chk = sub.add_parser("check", help="report the outbox's fillfactor, autovacuum, indexes, NOTIFY trigger, "
+                         "companion tables, backlog and dead rows, each OK / WARN / FAIL with the fix "
+                         "(exit 1 on a FAIL)")
+    _common(chk)
     sh = sub.add_parser("shards", help="show who leads which shard and each shard's backlog (shards: S > 1)")
     _common(sh)
     sh.add_argument("--bootstrap-servers", help="Kafka bootstrap servers (overrides baseKafkaConfig; NELI election)")
@@ -212,6 +217,20 @@ def _init_db(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _check(args: argparse.Namespace) -> int:
+    from harvest_outbox.producer.check import check_outbox, exit_code
+    from harvest_outbox.producer.db import connect
+
+    cfg = _load(args, kafka=False)
+    with connect(cfg.harvest.data_source) as conn:
+        findings = check_outbox(conn, cfg.harvest)
+    for finding in findings:
+        print(printable(finding.line()))
+    levels = [f.level for f in findings]
+    print(f"{levels.count('OK')} OK, {levels.count('WARN')} WARN, {levels.count('FAIL')} FAIL")
+    return exit_code(findings)
+
+
 def _shards(args: argparse.Namespace) -> int:
     from harvest_outbox.producer.shard_status import format_status, shard_status
 
@@ -273,6 +292,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _run(args, signals)
         if args.command == "init-db":
             return _init_db(args)
+        if args.command == "check":
+            return _check(args)
         if args.command == "shards":
             return _shards(args)
         return _dead_letters(args)

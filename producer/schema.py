@@ -177,7 +177,15 @@ class OutboxNames:
 
     @property
     def notify_trigger(self) -> sql.Identifier:
-        return sql.Identifier(_derived(self.table, "_notify"))
+        return sql.Identifier(self.notify_trigger_name)
+
+    @property
+    def notify_trigger_name(self) -> str:
+        return _derived(self.table, "_notify")
+
+    def qualified(self, name: str) -> sql.Identifier:
+        """``name`` (an index, a table) in the outbox's schema."""
+        return self._ident(name)
 
     @property
     def dead_time_index_name(self) -> str:
@@ -256,9 +264,10 @@ def missing_storage(conn: psycopg.Connection, names: OutboxNames) -> dict[str, s
 
 
 def storage_sql(names: OutboxNames, options: dict[str, str]) -> sql.Composed:
-    """``ALTER TABLE outbox SET (…)`` for ``options`` (names and values from this module's constants)."""
+    """``ALTER TABLE outbox SET (…)`` for ``options``: names and numbers of this module's constants, so
+    written as they are (``harvest check`` prints the statement as a fix)."""
     return sql.SQL("ALTER TABLE {} SET ({})").format(names.outbox, sql.SQL(", ").join(
-        sql.SQL("{} = {}").format(sql.Identifier(name), sql.Literal(value)) for name, value in options.items()))
+        sql.SQL(f"{name} = {float(value):g}") for name, value in options.items()))
 
 
 def packed_outbox_fix(conn: psycopg.Connection, names: OutboxNames) -> str | None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import time
+from pathlib import Path
 from collections.abc import Callable
 from typing import Any
 
@@ -12,8 +13,10 @@ import psycopg
 import pytest
 from psycopg import sql
 from relaylib import relay_config
+from test_cli import harvest
 
-from harvest_outbox.producer.config import from_mapping
+from harvest_outbox.producer.check import DEAD_ROWS_WARNING, Finding, check_outbox, vacuum_finding
+from harvest_outbox.producer.config import HarvestConfig, from_mapping
 from harvest_outbox.producer.errors import ConfigError
 from harvest_outbox.producer.events import LeaderAcquired, MeterRead
 from harvest_outbox.producer.harvest import RETENTION_BATCH, Harvest
@@ -159,3 +162,109 @@ def test_without_a_retention_dead_letters_are_kept(pg_dsn: str, kafka_bootstrap:
             time.sleep(0.1)
     assert readings_while_leading() >= 3, events
     assert _dead_letter_ids(pg_dsn, names) == list(range(1, 21))
+
+
+# ---------------------------------------------------------------------------------------- harvest check
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("kind, shards", [("goharvest", 1), ("goharvest", 4), ("debezium", 1)])
+def test_check_finds_nothing_to_fix_after_init_db(tmp_path: Path, pg_dsn: str, pg_schema: str, kind: str,
+                                                  shards: int) -> None:
+    path = tmp_path / "h.yaml"
+    path.write_text(f"harvest:\n  outboxTable: {pg_schema}.outbox\n  tableMapping: {kind}\n  shards: {shards}\n"
+                    f"  deadLetterRetention: 168h\n")
+    env = {"HARVEST_DATA_SOURCE": pg_dsn}
+    assert harvest("init-db", "-f", str(path), env=env).returncode == 0
+    checked = harvest("check", "-f", str(path), env=env)
+    assert checked.returncode == 0, checked
+    lines = checked.stdout.splitlines()
+    assert all(line.startswith("OK ") for line in lines[:-1]) and lines[-1].endswith(" OK, 0 WARN, 0 FAIL"), lines
+    said = "\n".join(lines)
+    for needle in ("table: ", "fillfactor: 50", "autovacuum: autovacuum_vacuum_scale_factor = 0,", "trigger: ",
+                   "backlog: 0 row(s) to relay", "dead letters: 0; deleted 168h after parking", "vacuum: "):
+        assert needle in said, said
+    assert (f"_shard{shards}_v2_idx (shards: {shards})" in said) == (shards > 1), said
+
+
+# (what breaks the outbox, config shards, the finding: level, subject, in its message, in its fix)
+_DAMAGE: dict[str, tuple[str, int, tuple[str, str, str, str]]] = {
+    "packed": ("ALTER TABLE {o} RESET (fillfactor)", 1,
+               ("WARN", "fillfactor", "has fillfactor 100", "SET (fillfactor = 50)")),
+    "autovacuum-missing": ("ALTER TABLE {o} RESET (autovacuum_vacuum_threshold, autovacuum_analyze_scale_factor)", 1,
+                           ("WARN", "autovacuum", "lacks the queue-table setting(s) autovacuum_vacuum_threshold, "
+                            "autovacuum_analyze_scale_factor", "SET (autovacuum_vacuum_threshold = 1000, "
+                            "autovacuum_analyze_scale_factor = 0)`")),
+    "autovacuum-off": ("ALTER TABLE {o} SET (autovacuum_enabled = false)", 1,
+                       ("WARN", "autovacuum", "dead rows are never removed", "RESET (autovacuum_enabled)")),
+    "trigger-dropped": ("DROP TRIGGER {trg} ON {o}", 1,
+                        ("WARN", "trigger", "no NOTIFY trigger", "run `harvest init-db`")),
+    "trigger-disabled": ("ALTER TABLE {o} DISABLE TRIGGER {trg}", 1,
+                         ("WARN", "trigger", "is disabled: the relay learns of new rows only by polling",
+                          "ENABLE TRIGGER")),
+    "trigger-replica-only": ("ALTER TABLE {o} ENABLE REPLICA TRIGGER {trg}", 1,
+                             ("WARN", "trigger", "fires only in replica sessions", "ENABLE TRIGGER")),
+    "trigger-other-channel": ("DROP TRIGGER {trg} ON {o}; CREATE TRIGGER {trg} AFTER INSERT ON {o} FOR EACH STATEMENT "
+                              "EXECUTE FUNCTION {s}.harvest_notify('harvest_old_name')", 1,
+                              ("WARN", "trigger", "notifies 'harvest_old_name' through harvest_notify(), not the "
+                               "relay's channel", "it recreates the trigger")),
+    "primary-key-dropped": ("ALTER TABLE {o} DROP CONSTRAINT outbox_pkey", 1,
+                            ("FAIL", "index", "starts with id: every mark sorts the whole outbox",
+                             "ADD PRIMARY KEY (id)")),
+    "attempts-dropped": ("DROP TABLE {a}", 1, ("FAIL", "tables", "missing: ", "run `harvest init-db`")),
+    "shard-index-dropped": ("DROP INDEX {s}.outbox_shard2_v2_idx", 2,
+                            ("FAIL", "index", "is not initialised for shards: 2",
+                             "run `harvest init-db` with shards: 2")),
+    "old-shard-index": ("CREATE INDEX outbox_shard2_idx ON {o} (id)", 2,
+                        ("WARN", "index", "outbox_shard2_idx is built by an older harvest", "DROP INDEX")),
+    "other-shard-count": ("CREATE INDEX outbox_shard4_v2_idx ON {o} (id)", 2,
+                          ("WARN", "index", "serves relays of shards: 4, not this config's shards: 2",
+                           "once no relay runs with shards: 4")),
+}
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("case", sorted(_DAMAGE))
+def test_check_names_what_is_wrong_and_the_fix(pg_dsn: str, pg_schema: str, case: str) -> None:
+    statement, shards, (level, subject, message, fix) = _DAMAGE[case]
+    names = init_db(pg_dsn, f"{pg_schema}.outbox", shards=shards)
+    config = HarvestConfig(data_source=pg_dsn, outbox_table=names.display, shards=shards)
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        conn.execute(sql.SQL(statement).format(o=names.outbox, trg=names.notify_trigger, a=names.delivery_attempts,
+                                               s=sql.Identifier(pg_schema)))
+        found = check_outbox(conn, config)
+    flagged = [f for f in found if f.level != "OK"]
+    assert len(flagged) == 1, [f.line() for f in found]
+    assert (flagged[0].level, flagged[0].subject) == (level, subject), flagged[0].line()
+    assert message in flagged[0].message and fix in flagged[0].line(), flagged[0].line()  # some messages hold the fix
+    if "init-db" in fix:  # the fix fixes it
+        init_db(pg_dsn, names.display, shards=shards)
+        with psycopg.connect(pg_dsn) as conn:
+            assert [f.line() for f in check_outbox(conn, config) if f.level != "OK"] == []
+
+
+@pytest.mark.integration
+def test_check_fails_with_exit_1_on_an_outbox_that_does_not_exist(tmp_path: Path, pg_dsn: str, pg_schema: str) -> None:
+    path = tmp_path / "h.yaml"
+    path.write_text(f"harvest:\n  outboxTable: {pg_schema}.outbox\n")
+    checked = harvest("check", "-f", str(path), env={"HARVEST_DATA_SOURCE": pg_dsn})
+    assert checked.returncode == 1, checked
+    assert checked.stdout.splitlines()[0].startswith(f"FAIL table: outbox table '{pg_schema}.outbox' does not exist; "
+                                                     f"create it with `harvest init-db`"), checked.stdout
+    assert checked.stdout.splitlines()[-1] == "0 OK, 0 WARN, 1 FAIL"
+
+
+@pytest.mark.parametrize("live, dead, age, level", [
+    (0, 0, None, "OK"),
+    (10, DEAD_ROWS_WARNING - 1, 30.0, "OK"),
+    (DEAD_ROWS_WARNING * 2, DEAD_ROWS_WARNING, 30.0, "OK"),  # a backlog being drained: dead rows are expected
+    (5, DEAD_ROWS_WARNING, 3600.0, "WARN"),
+    (0, DEAD_ROWS_WARNING * 10, None, "WARN"),
+])
+def test_dead_rows_warn_when_they_pile_up(live: int, dead: int, age: float | None, level: str) -> None:
+    found = vacuum_finding("app.outbox", live, dead, age)
+    assert found.level == level, found.line()
+    assert f"{dead} dead / {live} live rows" in found.message
+    if level == "WARN":
+        assert "pg_replication_slots" in found.fix and "VACUUM (VERBOSE) app.outbox" in found.fix
+    assert isinstance(found, Finding)
