@@ -212,7 +212,7 @@ def _init_db(args: argparse.Namespace) -> int:
     if earlier:
         print(f"note: {earlier} row(s) were written before the relay's columns existed; harvest leaves them to the "
               f"relay that had the table until now (docs/debezium.md, Migrating)")
-    if fix is not None:  # an outbox that existed before (init-db never alters a user's table)
+    if fix is not None:  # an outbox that existed before (init-db never changes a goharvest table's fillfactor)
         print(f"note: {fix}")
     return EXIT_OK
 
