@@ -152,7 +152,8 @@ def _trigger(conn: psycopg.Connection, names: OutboxNames) -> Finding:
                        f"ALTER TABLE {names.outbox.as_string(conn)} ENABLE TRIGGER {trigger}")
     if function != "harvest_notify" or channel != names.channel:
         return Finding("WARN", "trigger", f"{trigger} notifies {channel!r} through {function}(), not the relay's "
-                       f"channel {names.channel!r} (a renamed table?): {slow}", _INIT_DB + " (it recreates the trigger)")
+                       f"channel {names.channel!r} (a renamed table?): {slow}",
+                       _INIT_DB + " (it recreates the trigger)")
     return Finding("OK", "trigger", f"{trigger} notifies {names.channel!r} after each INSERT statement")
 
 
