@@ -200,9 +200,9 @@ def _debezium_rows(r: dict[str, Any]) -> list[tuple[str, str, str, str]]:
          f"VACUUM after, {both('postgres_cpu_with_vacuum_to_insert_delete')} Debezium insert-then-delete; the "
          f"relay itself: harvest {_fmt(burst['at_least_once'].get('relay_cpu_s_per_100k'))}, Connect's JVM "
          f"{_fmt(burst['debezium'].get('relay_cpu_s_per_100k'))} CPU s", ""),
-        ("Debezium side by side: the table after a burst, harvest at-least-once / Debezium keeping rows / "
-         "Debezium insert-then-delete (MB, dead tuples)",
-         " / ".join(f"{_fmt(_mb(_get(b, 'table_after', 'total_bytes')))}, "
+        ("Debezium side by side: the table's growth per 100k rows of a burst (MB) and its dead tuples after, harvest "
+         "at-least-once / Debezium keeping rows / Debezium insert-then-delete",
+         " / ".join(f"{_fmt(_mb(b.get('table_growth_bytes_per_100k')))}, "
                     f"{_fmt(_get(b, 'table_after', 'dead_tuples'))}"
                     for b in (burst["at_least_once"], burst["debezium"], dd)),
          f"Debezium's slot after its last record and an offset flush: lag {_fmt(_mb(slot.get('lag_bytes')))} MB, "

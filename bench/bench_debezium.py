@@ -25,7 +25,7 @@ every record read back is checked against what was written. Measured, per contes
   the relay's own CPU (harvest's process; Connect's JVM) and the broker's, WAL bytes
   (``pg_current_wal_insert_lsn()`` deltas: ``pg_current_wal_lsn()``, the write position, lags the
   relay's asynchronous commits), all per 100k rows; the writing phase's WAL on its own. After it: the
-  table's size and live / dead tuples (``pgstattuple``), and for Debezium the slot's lag
+  table's size, its growth over the burst and live / dead tuples (``pgstattuple``), and for Debezium the slot's lag
   (``pg_current_wal_lsn() - confirmed_flush_lsn``) and retained WAL (``- restart_lsn``), at the last
   record and after an offset flush. Autovacuum is off on the bench's tables: each burst is followed
   by a ``VACUUM``, measured on its own (seconds, WAL, Postgres CPU: the dead tuples' deferred cost,
@@ -497,6 +497,11 @@ def table_stats(dsn: str, table: str) -> dict[str, Any]:
     return {"total_bytes": int(size), "heap_bytes": int(len_), "live_tuples": int(live), "dead_tuples": int(dead)}
 
 
+def table_bytes(conn: psycopg.Connection, table: str) -> int:
+    row = conn.execute("SELECT pg_total_relation_size(%s::regclass)", (table,)).fetchone()
+    return int(row[0])  # type: ignore[index]
+
+
 def _per_100k(value: float | None, rows: int) -> float | None:
     return None if value is None else round(value / rows * 100_000, 4)
 
@@ -517,6 +522,7 @@ def burst(svc: Services, c: Contestant, rows: int, keys: int, kind: str = "Burst
     topic, tag = c.topic(kind), new_tag()
     checkpoint(svc.dsn)
     base = c.delivered(topic)
+    size0 = table_bytes(svc.mon, c.table)
     cpu0: dict[str, float | None] = {}
 
     def sample() -> None:
@@ -550,6 +556,8 @@ def burst(svc: Services, c: Contestant, rows: int, keys: int, kind: str = "Burst
         a, b = cpu0.get(what), cpu1.get(what)
         out[f"{what}_cpu_s_per_100k"] = _per_100k(b - a, rows) if a is not None and b is not None else None
     out["table_after"] = table_stats(svc.dsn, c.table)
+    # The tables outlive the bursts (a kept row stays, a VACUUMed page is reused): growth is per burst.
+    out["table_growth_bytes_per_100k"] = _per_100k(out["table_after"]["total_bytes"] - size0, rows)
     if isinstance(c, DebeziumContestant):
         time.sleep(2.5)  # Connect flushes offsets (and Debezium confirms the slot) every second here
         out["slot"] = {"at_last_record": slot_at_last, "after_offset_flush": c.slot()}
@@ -702,7 +710,10 @@ def _medians(runs: list[Any]) -> Any:
     if isinstance(last, dict):
         return {key: _medians([r[key] for r in runs if isinstance(r, dict) and key in r]) for key in last}
     numbers = [r for r in runs if isinstance(r, (int, float))]
-    return statistics.median(numbers) if isinstance(last, (int, float)) and numbers else last
+    if not (isinstance(last, (int, float)) and numbers):
+        return last
+    median = statistics.median(numbers)
+    return round(median) if all(isinstance(n, int) for n in numbers) else median
 
 
 def _median_burst(runs: list[dict[str, Any]]) -> dict[str, Any]:
