@@ -97,10 +97,14 @@ def test_cli_init_db_and_dead_letters(pg_dsn: str, pg_schema: str, tmp_path: Pat
     r = run("dead-letters", "list", "--outbox-table", table)
     assert "boom" in r.stdout and "2 dead letter(s)" in r.stdout
     # Topic 't' does not exist in Kafka (none runs here): these exercise the database side only.
+    # --all requeues what can be (7) and reports the rest (8 has no topic), exit 1 (#38 item 12).
     r = run("dead-letters", "requeue", "--outbox-table", table, "--all", "--skip-topic-check")
-    assert r.returncode == 1 and "nothing was moved" in r.stderr and password not in r.stderr
-    r = run("dead-letters", "requeue", "--outbox-table", table, "7", "--skip-topic-check")
-    assert r.returncode == 0 and "requeued 1" in r.stdout
+    assert r.returncode == 1 and "id 8 (topic None): kafka_topic is NULL" in r.stderr and password not in r.stderr
+    assert "requeued 1" in r.stdout, r.stdout
+    r = run("dead-letters", "requeue", "--outbox-table", table, "8", "--skip-topic-check")
+    assert r.returncode == 1 and "1 dead letter(s) not requeued" in r.stderr
+    with psycopg.connect(pg_dsn) as conn:
+        assert conn.execute(f"SELECT count(*) FROM {names.outbox.as_string(conn)}").fetchone() == (1,)
     r = run("dead-letters", "requeue", "--outbox-table", table)
     assert r.returncode == 2 and "give dead-letter ids or --all" in r.stderr
     bad = run("-f", str(tmp_path / "missing.yaml"))
