@@ -38,6 +38,7 @@ import re
 import shutil
 import stat
 import subprocess
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -51,7 +52,10 @@ DEFAULT_RUN_DIR = Path("/var/tmp/harvest-postgres")
 DEFAULT_SERVER_USER = "harvestpg"
 PREFIX = "postgres-"
 _LOCK_SUFFIX = ".lock"
-_CLAIM_ATTEMPTS = 5
+# Each failed attempt lost a race with another run of the checkout releasing (removing) the then
+# empty per-checkout folder between our mkdir and our lock: under load (CI with several runs of one
+# checkout claiming and releasing back to back) five in a row happened; each retry backs off a little.
+_CLAIM_ATTEMPTS = 50
 
 
 @dataclass(frozen=True)
@@ -137,12 +141,13 @@ class Instance:
 def claim(name: str, user: ServerUser | None) -> Instance:
     """Create and lock the instance folder ``name`` (see the module docstring for where)."""
     work = work_dir()
-    for _ in range(_CLAIM_ATTEMPTS):
+    for attempt in range(_CLAIM_ATTEMPTS):
         try:
             parent = work if user is None else _checkout_dir(work)
             lock_path = parent / (name + _LOCK_SUFFIX)
             fd = _try_lock(lock_path, create=True)
         except FileNotFoundError:  # a sweeper removed the (then empty) per-checkout folder: again
+            time.sleep(0.001 * (1 + attempt))
             continue
         if fd is not None:
             break
