@@ -176,8 +176,10 @@ def _debezium_rows(r: dict[str, Any]) -> list[tuple[str, str, str, str]]:
 
     who = "harvest at-least-once / sequenced / Debezium"
     slot = _get(r, "debezium", "burst", "slot", "after_offset_flush") or {}
+    mach = r.get("machine") or {}  # the run may be newer than the table's header, on another machine
+    on = f" (on {mach.get('cpus')} cores, {mach.get('cpu_model') or 'unknown CPU'})" if mach else ""
     return [
-        (f"Debezium side by side: {size}-row burst, commit -> last record in Kafka, {who} (rows/s)",
+        (f"Debezium side by side{on}: {size}-row burst, commit -> last record in Kafka, {who} (rows/s)",
          " / ".join(_fmt(burst[m].get("rows_per_s")) for m in modes),
          f"harvest {both('rows_per_s')} Debezium; Debezium with the insert-then-delete pattern: "
          f"{_fmt(dd.get('rows_per_s'))}", "≥ Debezium"),
