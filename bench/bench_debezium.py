@@ -62,7 +62,7 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -75,7 +75,7 @@ from psycopg import sql  # noqa: E402
 
 from bench.bench_relay import _latency_figures, _trickle, checkpoint  # noqa: E402
 from harvest_outbox.harvest_local.debezium import DebeziumOutbox, OutboxConnector  # noqa: E402
-from harvest_outbox.harvest_local.kafka import create_topic  # noqa: E402
+from harvest_outbox.harvest_local.kafka import create_topic, read_to_end  # noqa: E402
 from harvest_outbox.harvest_local.relays import RelayProcess, current_leader, wait_for  # noqa: E402
 from harvest_outbox.producer.config import HarvestConfig, Limits  # noqa: E402
 from harvest_outbox.producer.harvest import Harvest, State  # noqa: E402
@@ -182,28 +182,11 @@ def _id_header(headers: list[tuple[str, bytes | None]] | None) -> bytes | None:
 def read_ids(bootstrap: str, topic: str) -> list[bytes]:
     """Every ``id`` header of the topic up to its high watermarks, by a plain consumer (harvest's ACK
     records carry none)."""
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"bdz-read-{uuid.uuid4()}",
-                         "enable.auto.commit": False})
     try:
-        parts = [TopicPartition(topic, p, 0) for p in range(PARTITIONS)]
-        ends = {tp.partition: consumer.get_watermark_offsets(tp, timeout=10)[1] for tp in parts}
-        consumer.assign(parts)
-        at = {p: 0 for p in ends}
-        out: list[bytes] = []
-        deadline = time.monotonic() + 300
-        while any(at[p] < ends[p] for p in ends):
-            if time.monotonic() > deadline:
-                raise DebeziumBenchError(f"reading {topic}: stuck at {at} of {ends}")
-            for msg in consumer.consume(5000, 0.5):
-                if msg.error() is not None:
-                    continue
-                at[msg.partition()] = msg.offset() + 1
-                eid = _id_header(msg.headers())
-                if eid is not None:
-                    out.append(eid)
-        return out
-    finally:
-        consumer.close()
+        records = read_to_end(bootstrap, [topic], timeout=300)
+    except TimeoutError as exc:
+        raise DebeziumBenchError(str(exc)) from exc
+    return [eid for r in records if (eid := _id_header(r.headers)) is not None]
 
 
 def read_committed_ids(bootstrap: str, topic: str) -> list[bytes]:

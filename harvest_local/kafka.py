@@ -22,6 +22,7 @@ import signal
 import subprocess
 import time
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 
 from harvest_outbox.harvest_local import maven, prereqs
@@ -241,5 +242,47 @@ def count_records(bootstrap: str, topics: list[str], timeout: float = 10.0) -> i
                     continue
                 total += high - low
         return total
+    finally:
+        consumer.close()
+
+
+@dataclass(frozen=True)
+class ReadRecord:
+    """A record as :func:`read_to_end` returns it."""
+
+    topic: str
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes | None
+    headers: list[tuple[str, bytes | None]]
+
+
+def read_to_end(bootstrap: str, topics: list[str], timeout: float = 60.0) -> list[ReadRecord]:
+    """Every record of ``topics`` (all partitions, read-uncommitted) up to the high watermarks taken
+    when it starts, in partition then offset order. Raises TimeoutError if the end is not reached in
+    ``timeout`` seconds (a short read must not pass for a whole one)."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"harvest-read-{uuid.uuid4()}",
+                         "enable.auto.commit": False})
+    try:
+        meta = consumer.list_topics(timeout=10).topics
+        parts = [TopicPartition(t, p, 0) for t in topics for p in meta[t].partitions]
+        ends = {(tp.topic, tp.partition): consumer.get_watermark_offsets(tp, timeout=10)[1] for tp in parts}
+        consumer.assign(parts)
+        at = {k: 0 for k in ends}
+        out: list[ReadRecord] = []
+        deadline = time.monotonic() + timeout
+        while any(at[k] < ends[k] for k in ends):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"reading {topics}: at {at} of {ends} after {timeout:.0f}s")
+            for msg in consumer.consume(1000, 0.5):
+                if msg.error() is not None:
+                    continue
+                at[(msg.topic(), msg.partition())] = msg.offset() + 1
+                out.append(ReadRecord(msg.topic(), msg.partition(), msg.offset(), msg.key(), msg.value(),
+                                      list(msg.headers() or [])))
+        return sorted(out, key=lambda r: (r.topic, r.partition, r.offset))
     finally:
         consumer.close()

@@ -19,11 +19,10 @@ from collections.abc import Callable
 
 import psycopg
 import pytest
-from confluent_kafka import Consumer, TopicPartition
 from psycopg import sql
 
 from harvest_outbox.harvest_local.debezium import DebeziumOutbox, OutboxConnector
-from harvest_outbox.harvest_local.kafka import create_topic
+from harvest_outbox.harvest_local.kafka import create_topic, read_to_end
 from harvest_outbox.producer.config import HarvestConfig, Limits
 from harvest_outbox.producer.harvest import Harvest
 from harvest_outbox.producer.schema import OutboxNames, init_db
@@ -88,26 +87,10 @@ def _wait(what: str, check: Callable[[], bool], timeout: float = 60.0) -> None:
         time.sleep(0.2)
 
 
-def _ids(bootstrap: str, topic: str, partitions: int) -> list[str]:
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"mig-{uuid.uuid4()}",
-                         "enable.auto.commit": False})
-    try:
-        tps = [TopicPartition(topic, p, 0) for p in range(partitions)]
-        ends = {tp.partition: consumer.get_watermark_offsets(tp, timeout=10)[1] for tp in tps}
-        consumer.assign(tps)
-        at = {p: 0 for p in ends}
-        out: list[str] = []
-        deadline = time.monotonic() + 60
-        while any(at[p] < ends[p] for p in ends) and time.monotonic() < deadline:
-            for msg in consumer.consume(1000, 0.5):
-                if msg.error() is None:
-                    at[msg.partition()] = msg.offset() + 1
-                    eid = dict(msg.headers() or []).get("id")
-                    if eid is not None:
-                        out.append(eid.decode())
-        return out
-    finally:
-        consumer.close()
+def _ids(bootstrap: str, topic: str) -> list[str]:
+    """The ``id`` header of every record of ``topic``."""
+    return [eid.decode() for r in read_to_end(bootstrap, [topic])
+            if (eid := dict(r.headers).get("id")) is not None]
 
 
 def test_switching_from_debezium_to_harvest_and_back_loses_no_event(logical_pg_dsn: str, kafka_bootstrap: str,
@@ -177,9 +160,9 @@ def test_switching_from_debezium_to_harvest_and_back_loses_no_event(logical_pg_d
         committed = set(writer.committed)
         # (A slot confirms no LSN past its last change without heartbeats: wait for the records.)
         try:
-            _wait("Debezium to publish the last events", lambda: committed <= set(_ids(kafka_bootstrap, topic, 2)), 60)
+            _wait("Debezium to publish the last events", lambda: committed <= set(_ids(kafka_bootstrap, topic)), 60)
         except AssertionError:
-            seen = set(_ids(kafka_bootstrap, topic, 2))
+            seen = set(_ids(kafka_bootstrap, topic))
             lost = [i for i, e in enumerate(writer.committed) if e not in seen]
             raise AssertionError(f"lost events at positions {lost[:10]}… ({len(lost)}); phases: harvest started "
                                  f"~{marks['harvest']}, connector gone {marks['gone']}, second connector "
@@ -190,7 +173,7 @@ def test_switching_from_debezium_to_harvest_and_back_loses_no_event(logical_pg_d
         if relay is not None:
             relay.stop()
         worker.destroy()
-    got = _ids(kafka_bootstrap, topic, 2)
+    got = _ids(kafka_bootstrap, topic)
     assert len(committed) > 300
     assert not set(got) & set(writer.rolled_back), "a rolled-back event was published"
     assert set(got) - committed == set(), "an event nobody committed"

@@ -21,11 +21,10 @@ from typing import Any
 
 import psycopg
 import pytest
-from confluent_kafka import Consumer, TopicPartition
 from psycopg import sql
 
 from harvest_outbox.harvest_local.debezium import BYTE_ARRAY_CONVERTER, DebeziumOutbox, OutboxConnector
-from harvest_outbox.harvest_local.kafka import create_topic
+from harvest_outbox.harvest_local.kafka import create_topic, read_to_end
 from harvest_outbox.producer.config import HarvestConfig, Limits
 from harvest_outbox.producer.harvest import Harvest
 from harvest_outbox.producer.schema import init_db
@@ -166,29 +165,9 @@ def published(logical_pg_dsn: str, kafka_bootstrap: str) -> Iterator[dict[str, d
 
 
 def _read(bootstrap: str, topics: list[str]) -> list[Rec]:
-    """The topics' records up to their high watermarks (harvest's ACK records, value b'' and no
-    id header, are dropped)."""
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"parity-{uuid.uuid4()}",
-                         "enable.auto.commit": False})
-    try:
-        meta = consumer.list_topics(timeout=10).topics
-        parts = [TopicPartition(t, p, 0) for t in topics for p in meta[t].partitions]
-        ends = {(tp.topic, tp.partition): consumer.get_watermark_offsets(tp, timeout=10)[1] for tp in parts}
-        consumer.assign(parts)
-        at = {k: 0 for k in ends}
-        out: list[Rec] = []
-        deadline = time.monotonic() + 60
-        while any(at[k] < ends[k] for k in ends) and time.monotonic() < deadline:
-            for msg in consumer.consume(1000, 0.5):
-                if msg.error() is not None:
-                    continue
-                at[(msg.topic(), msg.partition())] = msg.offset() + 1
-                headers = list(msg.headers() or [])
-                if any(h == "id" for h, _ in headers):
-                    out.append(Rec(msg.topic(), msg.partition(), msg.key(), msg.value(), headers))
-        return out
-    finally:
-        consumer.close()
+    """The topics' records (harvest's ACK records, value b'' and no id header, are dropped)."""
+    return [Rec(r.topic, r.partition, r.key, r.value, r.headers) for r in read_to_end(bootstrap, topics)
+            if any(h == "id" for h, _ in r.headers)]
 
 
 def _router_headers(rec: Rec) -> list[tuple[str, bytes | None]]:

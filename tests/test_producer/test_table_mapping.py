@@ -20,7 +20,7 @@ from psycopg import sql
 from relaylib import consume_all, relay_config
 from seqcheck import Expected, check_exactly_once
 
-from harvest_outbox.harvest_local.kafka import create_topic
+from harvest_outbox.harvest_local.kafka import create_topic, read_to_end
 from harvest_outbox.producer.config import HarvestConfig, from_mapping
 from harvest_outbox.producer.deadletters import list_dead_letters, requeue
 from harvest_outbox.producer.errors import ConfigError, SchemaError
@@ -143,27 +143,9 @@ def _insert(conn: psycopg.Connection, table: sql.Composable, rows: list[tuple[An
                                 "VALUES (%s, %s, %s, %s, %s, %s, %s, %s)").format(table), rows)
 
 
-def _headers_by_value(bootstrap: str, topic: str, partitions: int = 2) -> dict[bytes, list[tuple[str, bytes | None]]]:
-    """Every record's headers by its value, the whole topic read (to the high watermarks)."""
-    from confluent_kafka import Consumer, TopicPartition
-
-    c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"h-{uuid.uuid4()}", "enable.auto.commit": False})
-    ends = {p: c.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] for p in range(partitions)}
-    c.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
-    out: dict[bytes, list[tuple[str, bytes | None]]] = {}
-    at = {p: 0 for p in range(partitions)}
-    deadline = time.monotonic() + 30
-    try:
-        while any(at[p] < ends[p] for p in at) and time.monotonic() < deadline:
-            for m in c.consume(1000, 0.2):
-                if m.error():
-                    continue
-                at[m.partition()] = m.offset() + 1
-                if m.value() is not None:
-                    out[m.value()] = list(m.headers() or [])
-    finally:
-        c.close()
-    return out
+def _headers_by_value(bootstrap: str, topic: str) -> dict[bytes, list[tuple[str, bytes | None]]]:
+    """Every record's headers by its value, the whole topic read."""
+    return {r.value: r.headers for r in read_to_end(bootstrap, [topic]) if r.value is not None}
 
 
 def _relayed_left(pg_dsn: str, names: OutboxNames) -> int:
@@ -372,69 +354,6 @@ def test_a_goharvest_record_carries_its_event_id_on_every_send(sequenced: bool, 
         assert len(headers) > len(ids), "the injected failures re-sent rows"
 
 
-def _all_records(bootstrap: str, topic: str, partitions: int = 2) -> list[tuple[bytes, list[tuple[str, bytes]]]]:
-    from confluent_kafka import Consumer, TopicPartition
-
-    c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"e-{uuid.uuid4()}", "enable.auto.commit": False})
-    tps = [TopicPartition(topic, p, 0) for p in range(partitions)]
-    ends = {tp.partition: c.get_watermark_offsets(tp, timeout=10)[1] for tp in tps}
-    c.assign(tps)
-    at = {p: 0 for p in ends}
-    out: list[tuple[bytes, list[tuple[str, bytes]]]] = []
-    deadline = time.monotonic() + 30
-    try:
-        while any(at[p] < ends[p] for p in at) and time.monotonic() < deadline:
-            for m in c.consume(1000, 0.2):
-                if m.error():
-                    continue
-                at[m.partition()] = m.offset() + 1
-                if m.value():  # an ACK record's value is empty
-                    out.append((m.value(), list(m.headers() or [])))
-    finally:
-        c.close()
-    return out
-
-
-@pytest.mark.integration
-def test_backlog_gauges_and_the_topic_preflight_work_on_a_debezium_outbox(pg_dsn: str, kafka_bootstrap: str,
-                                                                          pg_schema: str,
-                                                                          unique_name: Callable[[str], str]) -> None:
-    """The metrics query counts only the relay's rows (not rows older than init-db), sharded or not;
-    a row routed to a topic that does not exist is dead-lettered by the preflight, the rest flow."""
-    from harvest_outbox.producer.db import OutboxDatabase
-
-    prefix = unique_name("ev")
-    mapping = table_mapping("debezium", {"route.topic.replacement": prefix + ".${routedByValue}"})
-    table = f"{pg_schema}.outbox_event"
-    names = OutboxNames.parse(table, mapping)
-    create_topic(kafka_bootstrap, f"{prefix}.Order", 1)
-    with psycopg.connect(pg_dsn) as conn:
-        conn.execute(sql.SQL(_CREATE).format(t=names.outbox, payload=sql.SQL("JSONB")))
-        _insert(conn, names.outbox, [(uuid.uuid4(), "Order", "o-old", "Old", "{}", None, None, None)])
-    init_db(pg_dsn, table, shards=2, mapping=mapping)
-    with psycopg.connect(pg_dsn) as conn:
-        _insert(conn, names.outbox, [(uuid.uuid4(), "Order", f"o-{i}", "New", "{}", None, None, None)
-                                     for i in range(20)]
-                + [(uuid.uuid4(), "Nowhere", "o-x", "Lost", "{}", None, None, None)])
-    for shards in (None, 2):
-        db = OutboxDatabase(pg_dsn, names, shards)
-        if shards:
-            db.set_shards(frozenset({0, 1}))
-        try:
-            rows, age, dead = db.stats()
-            assert (rows, dead) == (21, 0) and age is not None
-        finally:
-            db.close()
-    cfg = relay_config(pg_dsn, kafka_bootstrap, table, unique_name("g")).replace(table_mapping=mapping, shards=2,
-                                                                                leader_election="postgres")
-    from harvest_outbox.producer.sharded import ShardedHarvest
-
-    relay = ShardedHarvest(cfg).start()
-    try:
-        _wait(pg_dsn, names)
-    finally:
-        relay.stop()
-    with psycopg.connect(pg_dsn) as conn:
-        dead_letters = list_dead_letters(conn, table)
-    assert len(dead_letters) == 1 and f"topic '{prefix}.Nowhere' does not exist" in dead_letters[0].error
-    assert len(consume_all(kafka_bootstrap, f"{prefix}.Order", lambda g: len(g) >= 20)) == 20
+def _all_records(bootstrap: str, topic: str) -> list[tuple[bytes, list[tuple[str, bytes | None]]]]:
+    """(value, headers) of every record but ACKs (whose value is empty)."""
+    return [(r.value, r.headers) for r in read_to_end(bootstrap, [topic]) if r.value]
