@@ -62,6 +62,7 @@ import tempfile
 import threading
 import time
 import uuid
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -317,7 +318,7 @@ class Services:
 
 # -- contestants -------------------------------------------------------------------------------
 
-class Contestant:
+class Contestant(ABC):
     """One relay of one outbox table, routing phase ``kind``'s rows into ``<prefix>.<kind>``."""
 
     name = ""
@@ -341,20 +342,21 @@ class Contestant:
         for kind in KINDS:
             create_topic(self.svc.bootstrap, self.topic(kind), PARTITIONS)
 
+    @abstractmethod
     def start(self) -> None:
         """Start relaying; return once idle and ready (harvest leading, Debezium streaming)."""
-        raise NotImplementedError
 
+    @abstractmethod
     def delivered(self, topic: str) -> int:
         """Records of this contestant in ``topic`` so far, as it counts them."""
-        raise NotImplementedError
 
     def done(self) -> bool:
         """Its work for the rows delivered so far is finished."""
         return True
 
+    @abstractmethod
     def cpu_s(self) -> float | None:
-        raise NotImplementedError
+        """CPU seconds its relay process(es) used so far (None: not measurable)."""
 
     def check(self) -> None:
         """Raise if the relay died."""

@@ -27,6 +27,7 @@ Invariants (tests/test_producer/test_table_mapping.py):
 from __future__ import annotations
 
 import re
+from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -290,7 +291,7 @@ class RecordSql:
     partition: sql.Composable = field(default_factory=lambda: sql.SQL("NULL::int"))  # NULL: by key
 
 
-class TableMapping:
+class TableMapping(ABC):
     """How the relay reads one kind of outbox table (see the module docstring)."""
 
     kind: str = ""
@@ -307,9 +308,9 @@ class TableMapping:
     def created(self, alias: str | None = None) -> sql.Identifier:
         return _col(alias, self.created_column)
 
+    @abstractmethod
     def shard_key(self, alias: str | None = None) -> sql.Composable:
         """The text a row's shard is hashed from (its Kafka key)."""
-        raise NotImplementedError
 
     def relayed(self, alias: str | None = None) -> sql.Composable | None:
         """The condition of the rows the relay owns (None: every row)."""
@@ -320,11 +321,9 @@ class TableMapping:
         cond = self.relayed(alias)
         return sql.SQL("") if cond is None else sql.SQL(" {} {}").format(sql.SQL(joiner), cond)
 
+    @abstractmethod
     def record(self, alias: str, value_type: str) -> RecordSql:
-        raise NotImplementedError
-
-    def required_columns(self) -> set[str]:
-        raise NotImplementedError
+        """The SQL of a row's record, over the statement's alias ``alias`` for the outbox."""
 
     def source_row(self, alias: str) -> sql.Composable | None:
         """The row as JSON, kept with its dead letter so a requeue can restore it (None: the dead
@@ -372,10 +371,6 @@ class GoharvestMapping(TableMapping):
             header_keys=sql.SQL("NULLIF({}::text[], '{{}}')").format(c("kafka_header_keys")),
             header_values=sql.SQL("NULLIF({}::text[], '{{}}')").format(c("kafka_header_values")),
             bad=sql.SQL(_GOHARVEST_BAD).format(o=o))
-
-    def required_columns(self) -> set[str]:
-        return {"id", "create_time", "kafka_topic", "kafka_key", "kafka_value", "kafka_header_keys",
-                "kafka_header_values", "leader_id"}
 
 
 GOHARVEST = GoharvestMapping()
@@ -464,9 +459,6 @@ END""").format(
                 sql.SQL(", ").join(sql.SQL("{}::text").format(_col(alias, c)) for c in cols)),
             bad=bad,
             partition=sql.SQL("NULL::int") if partition is None else sql.SQL("{}::int").format(_col(alias, partition)))
-
-    def required_columns(self) -> set[str]:
-        return set(self.router.columns())
 
     def source_row(self, alias: str) -> sql.Composable | None:
         return sql.SQL("to_jsonb({})").format(sql.Identifier(alias))

@@ -92,6 +92,7 @@ from harvest_outbox.harvest_local.debezium import (
     OutboxConnector,
 )
 from harvest_outbox.harvest_local.errors import HarvestLocalError, ServiceError
+from harvest_outbox.harvest_local.kafka import ReadRecord
 
 pytestmark = pytest.mark.integration
 
@@ -181,16 +182,6 @@ CASES = (
 CONTEXT = "__debezium.context."
 
 
-@dataclass(frozen=True)
-class Got:
-    topic: str
-    partition: int
-    offset: int
-    key: bytes | None
-    value: bytes | None
-    headers: list[tuple[str, bytes | None]]
-
-
 @pytest.fixture(scope="module")
 def outbox_table(logical_pg_dsn: str) -> Iterator[str]:
     schema = f"dbz_{TAG}"
@@ -222,7 +213,7 @@ def debezium(logical_pg_dsn: str, kafka_bootstrap: str, outbox_table: str) -> It
 
 
 @pytest.fixture(scope="module")
-def emitted(debezium: DebeziumOutbox, logical_pg_dsn: str, outbox_table: str) -> dict[str, list[Got]]:
+def emitted(debezium: DebeziumOutbox, logical_pg_dsn: str, outbox_table: str) -> dict[str, list[ReadRecord]]:
     """Every case's records of the three rows, by case name, in row order."""
     insert(logical_pg_dsn, outbox_table, ROWS)
     topics = sorted({case.topic(row.aggregatetype) for case in CASES for row in ROWS})
@@ -245,19 +236,19 @@ def insert(dsn: str, table: str, rows: tuple[Row, ...]) -> None:
                  payload.encode() if payload is not None else None, row.tenant, row.seq, row.shard))
 
 
-def consume(bootstrap: str, topics: list[str], done: Callable[[list[Got]], bool], timeout: float = 60.0) -> list[Got]:
+def consume(bootstrap: str, topics: list[str], done: Callable[[list[ReadRecord]], bool], timeout: float = 60.0) -> list[ReadRecord]:
     """Read ``topics`` from the start until ``done(records)`` holds or ``timeout`` passes."""
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"dbz-check-{uuid.uuid4()}",
                          "enable.auto.commit": False})
     try:
         meta = consumer.list_topics(timeout=10).topics
         consumer.assign([TopicPartition(t, p, 0) for t in topics if t in meta for p in meta[t].partitions])
-        out: list[Got] = []
+        out: list[ReadRecord] = []
         deadline = time.monotonic() + timeout
         while not done(out) and time.monotonic() < deadline:
             for msg in consumer.consume(100, 0.5):
                 if msg.error() is None:
-                    out.append(Got(msg.topic(), msg.partition(), msg.offset(), msg.key(), msg.value(),
+                    out.append(ReadRecord(msg.topic(), msg.partition(), msg.offset(), msg.key(), msg.value(),
                                    list(msg.headers() or [])))
         return out
     finally:
@@ -265,7 +256,7 @@ def consume(bootstrap: str, topics: list[str], done: Callable[[list[Got]], bool]
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
-def test_what_debezium_publishes(case: Case, emitted: dict[str, list[Got]]) -> None:
+def test_what_debezium_publishes(case: Case, emitted: dict[str, list[ReadRecord]]) -> None:
     got = emitted[case.name]
     assert [(g.topic, g.key) for g in got] == [(case.topic(r.aggregatetype), r.aggregateid.encode()) for r in ROWS]
     assert [g.value for g in got] == list(case.values)
@@ -318,7 +309,7 @@ def test_a_connector_failing_on_a_row_is_reported_while_waiting_for_records(
     debezium.remove(broken.name)
 
 
-def test_a_restarted_worker_resumes_from_its_slots(debezium: DebeziumOutbox, emitted: dict[str, list[Got]],
+def test_a_restarted_worker_resumes_from_its_slots(debezium: DebeziumOutbox, emitted: dict[str, list[ReadRecord]],
                                                    logical_pg_dsn: str, outbox_table: str) -> None:
     """kill() crashes the JVM; rows committed while it is down are published once it is back."""
     default = CASES[0]

@@ -82,7 +82,9 @@ class CheckResult:
     acks: int
 
 
-class _Anomalies(logging.Handler):
+class Anomalies(logging.Handler):
+    """Collects the reader's WARNING lines (sequencing anomalies)."""
+
     def __init__(self) -> None:
         super().__init__(logging.WARNING)
         self.messages: list[str] = []
@@ -96,7 +98,7 @@ def check_exactly_once(bootstrap: str, topic: str, partitions: int, exp: Expecte
     once, per-key order == commit order, nothing rolled back (app or harvest) visible, user data intact."""
     raw = read_raw(bootstrap, topic, partitions)
     at = {(r.partition, r.offset): r for r in raw}
-    anomalies = _Anomalies()
+    anomalies = Anomalies()
     seq_log = logging.getLogger("harvest_outbox.sequencer.sequencer")
     seq_log.addHandler(anomalies)
     try:

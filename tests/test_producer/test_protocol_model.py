@@ -35,6 +35,7 @@ from confluent_kafka import KafkaError, KafkaException
 from model_db import Crash, ModelDB, ModelStore
 from model_kafka import ModelProducer, Record, Topic
 from model_relay import Clock, Relay
+from seqcheck import Anomalies
 
 from harvest_outbox.producer.config import Limits
 from harvest_outbox.producer.seq_store import SequencedStore
@@ -218,16 +219,7 @@ class World:
 
 
 # ---------------------------------------------------------------------------- the checks
-class _Anomalies(logging.Handler):
-    def __init__(self) -> None:
-        super().__init__(logging.WARNING)
-        self.messages: list[str] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.messages.append(record.getMessage())
-
-
-ANOMALIES = _Anomalies()
+ANOMALIES = Anomalies()
 
 
 def committed_records(topic: Topic) -> list[Record]:
