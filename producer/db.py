@@ -215,13 +215,15 @@ class OutboxDatabase:
         ids = sql.SQL("ANY(CAST((SELECT %s::bigint[]) AS bigint[]))")
         self._purge_sql = sql.SQL("DELETE FROM {} WHERE {} = {ids}").format(o, oid, ids=ids)
         self._reset_sql = sql.SQL("UPDATE {} SET {} = NULL WHERE {} = {ids}").format(o, leader, oid, ids=ids)
-        self._dlq_sql = self._dead_letter_sql(sql.SQL(""))
+        # Dead letters (built by ``conn``: the value's expression depends on the column's type, which
+        # the connection reads; a dead-letter statement is a connection's first one at times).
+        self._dlq_sql: sql.Composed | None = None
         self._commit_delete_sql = sql.SQL(
             "DELETE FROM {} WHERE {} = {ids} AND {} = %s").format(o, oid, leader, ids=ids)
         self._commit_delete_range_sql = sql.SQL(
             "DELETE FROM {} WHERE {id} BETWEEN %s AND %s AND {id} <> ALL(%s::bigint[]) AND {} = %s").format(
             o, leader, id=oid)
-        self._commit_dlq_sql = self._dead_letter_sql(sql.SQL(" AND {} = %s").format(m.leader("o")))
+        self._commit_dlq_sql: sql.Composed | None = None
         self._attempts_sql = sql.SQL("""
             INSERT INTO {a} AS a (id, attempts, last_error)
             SELECT * FROM unnest(%s::bigint[], %s::int[], %s::text[])
@@ -349,8 +351,9 @@ class OutboxDatabase:
             # Key and value come back as varchar and are loaded as the bytes the server sent (UTF-8,
             # the connection's client encoding): no convert_to() call per column and row on the
             # database (4 % of a 5,000-row mark) and the same bytes. Only on the mark's own cursor.
-            self._dlq_sql = self._dead_letter_sql(sql.SQL(""))  # the value's expression depends on its type
-            self._commit_dlq_sql = self._dead_letter_sql(sql.SQL(" AND {} = %s").format(self.names.mapping.leader("o")))
+            self._dlq_sql = self._dead_letter_sql(sql.SQL(""))
+            self._commit_dlq_sql = self._dead_letter_sql(sql.SQL(" AND {} = %s").format(
+                self.names.mapping.leader("o")))
             self._mark_cursor = self._conn.cursor()
             self._mark_cursor.adapters.register_loader(
                 "varchar", self._conn.adapters.get_loader(psycopg.postgres.types["bytea"].oid, Format.BINARY))
@@ -459,6 +462,8 @@ class OutboxDatabase:
         ids = [i for i, _, _ in items]
         errors = [e for _, e, _ in items]
         attempts = [a for _, _, a in items]
+        self.conn  # noqa: B018 -- connects, which builds the statement for the value column's type
+        assert self._dlq_sql is not None
         return self._run("dead-letter", self._dlq_sql, (ids, errors, attempts)).rowcount
 
     def expire_dead_letters(self, retention: float, limit: int) -> int:
@@ -540,6 +545,9 @@ class OutboxDatabase:
         ids = [i for t in txns for i in t.ids]
         dead = [d for t in txns for d in t.dead]
         forget = [i for t in txns for i in t.forget]
+        if dead:
+            self.conn  # noqa: B018 -- connects, which builds the dead-letter statement for the value's type
+            assert self._commit_dlq_sql is not None
         statements: list[tuple[sql.Composable, Sequence[Any]]] = [(self._fence_sql, (max(t.ack_clock for t in txns),))]
         if ids:
             span = id_range(ids)

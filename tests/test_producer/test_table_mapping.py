@@ -357,3 +357,30 @@ def test_a_goharvest_record_carries_its_event_id_on_every_send(sequenced: bool, 
 def _all_records(bootstrap: str, topic: str) -> list[tuple[bytes, list[tuple[str, bytes | None]]]]:
     """(value, headers) of every record but ACKs (whose value is empty)."""
     return [(r.value, r.headers) for r in read_to_end(bootstrap, [topic]) if r.value]
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("value_type", ["varchar", "bytea"])
+def test_a_dead_letter_as_a_connections_first_statement_keeps_the_value(value_type: str, pg_dsn: str,
+                                                                         pg_schema: str) -> None:
+    """The dead-letter statements read the value column as its type, which the connection learns
+    when it opens: a dead letter that is a fresh connection's first statement (the relay's write
+    connection's can be) must already use it."""
+    from harvest_outbox.producer.db import OutboxDatabase
+
+    table = f"{pg_schema}.outbox"
+    names = init_db(pg_dsn, table, value_type)  # type: ignore[arg-type]
+    value: Any = b"\x00\xffraw" if value_type == "bytea" else "text"
+    with psycopg.connect(pg_dsn) as conn:
+        row = conn.execute(sql.SQL("INSERT INTO {} (kafka_topic, kafka_key, kafka_value, kafka_header_keys, "
+                                   "kafka_header_values) VALUES ('t', 'k', %s, '{{}}', '{{}}') RETURNING id").format(
+            names.outbox), (value,)).fetchone()
+    assert row is not None
+    db = OutboxDatabase(pg_dsn, names)
+    try:
+        assert db.dead_letter([(row[0], "boom", 1)]) == 1
+    finally:
+        db.close()
+    with psycopg.connect(pg_dsn) as conn:
+        kept = conn.execute(sql.SQL("SELECT kafka_value FROM {}").format(names.dead_letters)).fetchone()
+    assert kept == (value,)
