@@ -152,11 +152,6 @@ class EventRouter:
                                           f"{path}.table.fields.additional.placement"),
                    tombstone_on_empty_payload=values["route.tombstone.on.empty.payload"])
 
-    def columns(self) -> list[str]:
-        """Every outbox column the router reads."""
-        cols = [self.field_event_id, self.field_event_key, self.field_event_payload, self.route_by_field]
-        return cols + [a.column for a in self.additional if a.column not in cols]
-
 
 def _strip_transform_prefix(key: str) -> str:
     # "transforms.outbox.route.by.field" (a connector's setting) -> "route.by.field"
