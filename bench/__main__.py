@@ -31,14 +31,34 @@ BEGIN, END = "<!-- BENCH:BEGIN -->", "<!-- BENCH:END -->"
 # name -> (script, full args, quick args)
 BENCHES: dict[str, tuple[str, list[str], list[str]]] = {
     "sequencer": ("bench_sequencer.py", [], ["--repeat", "3", "--txns", "10"]),
-    "relay": ("bench_relay.py", [], ["--rows", "20000", "--big-rows", "0", "--runs", "1", "--latency-seconds", "3", "--latency-warmup", "1"]),
+    "relay": (
+        "bench_relay.py",
+        [],
+        ["--rows", "20000", "--big-rows", "0", "--runs", "1", "--latency-seconds", "3", "--latency-warmup", "1"],
+    ),
     "consumer": ("bench_consumer.py", [], ["--records", "100000", "--runs", "1"]),
     "spark": ("bench_spark.py", [], ["--records", "100000", "--repeat", "1"]),
     "spark_stream": ("bench_spark_stream.py", [], ["--records", "100000", "--repeat", "1"]),
     "stasher": ("bench_stasher.py", [], ["--rows", "2000", "--repeat", "1"]),
     "shards": ("bench_shards.py", [], ["--rows", "50000", "--relays", "1,2"]),
-    "debezium": ("bench_debezium.py", [], ["--rows", "50000", "--runs", "1", "--warmup-rows", "10000",
-                                          "--fault-rows", "20000", "--latency-seconds", "3", "--latency-warmup", "1"]),
+    "debezium": (
+        "bench_debezium.py",
+        [],
+        [
+            "--rows",
+            "50000",
+            "--runs",
+            "1",
+            "--warmup-rows",
+            "10000",
+            "--fault-rows",
+            "20000",
+            "--latency-seconds",
+            "3",
+            "--latency-warmup",
+            "1",
+        ],
+    ),
 }
 
 
@@ -64,67 +84,120 @@ def _relay_rows(r: dict[str, Any]) -> list[tuple[str, str, str, str]]:
     out: list[tuple[str, str, str, str]] = []
     for size, b in (r.get("backlogs") or {}).items():
         rows = f"{int(size) // 1000}k" if int(size) < 1_000_000 else f"{int(size) / 1e6:g}M"
-        out.append((f"Database limit: mark+purge loop, {rows} backlog (rows/s)",
-                    _fmt(_get(b, "db_limit_rows_per_s", "median")),
-                    "the relay's statements, one connection, 5,000 rows per statement; with goharvest's mark "
-                    f"statement: {_fmt(_get(b, 'db_loop_goharvest_statement_rows_per_s', 'median'))}; with the "
-                    f"relay's asynchronous mark: {_fmt(_get(b, 'db_loop_async_mark_rows_per_s', 'median'))}; with "
-                    f"the sequenced commit's range delete: {_fmt(_get(b, 'db_loop_range_delete_rows_per_s', 'median'))}",
-                    ""))
+        out.append(
+            (
+                f"Database limit: mark+purge loop, {rows} backlog (rows/s)",
+                _fmt(_get(b, "db_limit_rows_per_s", "median")),
+                "the relay's statements, one connection, 5,000 rows per statement; with goharvest's mark "
+                f"statement: {_fmt(_get(b, 'db_loop_goharvest_statement_rows_per_s', 'median'))}; with the "
+                f"relay's asynchronous mark: {_fmt(_get(b, 'db_loop_async_mark_rows_per_s', 'median'))}; with "
+                f"the sequenced commit's range delete: {_fmt(_get(b, 'db_loop_range_delete_rows_per_s', 'median'))}",
+                "",
+            )
+        )
         if b.get("kafka_limit_rows_per_s"):
-            out.append((f"Kafka limit: produce loop, {rows} records (rows/s)", _fmt(_get(b, "kafka_limit_rows_per_s", "median")),
-                        "the relay's producer settings, one record in flight per key, records in memory, no database", ""))
+            out.append(
+                (
+                    f"Kafka limit: produce loop, {rows} records (rows/s)",
+                    _fmt(_get(b, "kafka_limit_rows_per_s", "median")),
+                    "the relay's producer settings, one record in flight per key, records in memory, no database",
+                    "",
+                )
+            )
         for mode, label in (("at_least_once", "at-least-once"), ("sequenced", "--uuid-sequencing")):
             for setting in ("defaults", "tuned"):
                 d = b.get(f"{mode}/{setting}") or {}
                 extra = ""
                 if mode == "sequenced":
                     extra = f"; {_fmt(b.get(f'sequenced_to_at_least_once/{setting}'))} of at-least-once"
-                out.append((
-                    f"Relay drain, {label}, {'default limits' if setting == 'defaults' else 'tuned'}, {rows} (rows/s)",
-                    _fmt(d.get("rows_per_s")),
-                    f"{_fmt(d.get('ratio_to_db_limit'))} of the database limit{extra}; "
-                    + (f"{_fmt(d.get('ratio_to_kafka_limit'))} of the Kafka limit; " if "ratio_to_kafka_limit" in d else "")
-                    + f"{_fmt(d.get('cpu_s_per_100k_rows'))} CPU s per 100k rows; {_fmt(d.get('peak_rss_mb'))} MB RSS",
-                    ("≥ 0.75 of the database limit" + (", ≥ 0.9 of at-least-once" if mode == "sequenced" else ""))
-                    if setting == "defaults" else ""))
+                out.append(
+                    (
+                        f"Relay drain, {label}, {'default limits' if setting == 'defaults' else 'tuned'}, {rows} (rows/s)",
+                        _fmt(d.get("rows_per_s")),
+                        f"{_fmt(d.get('ratio_to_db_limit'))} of the database limit{extra}; "
+                        + (
+                            f"{_fmt(d.get('ratio_to_kafka_limit'))} of the Kafka limit; "
+                            if "ratio_to_kafka_limit" in d
+                            else ""
+                        )
+                        + f"{_fmt(d.get('cpu_s_per_100k_rows'))} CPU s per 100k rows; {_fmt(d.get('peak_rss_mb'))} MB RSS",
+                        ("≥ 0.75 of the database limit" + (", ≥ 0.9 of at-least-once" if mode == "sequenced" else ""))
+                        if setting == "defaults"
+                        else "",
+                    )
+                )
         fresh = b.get("at_least_once/defaults/new_topic")
         if fresh:
-            out.append((f"Relay drain, at-least-once, default limits, {rows}, into a topic created just before (rows/s)",
-                        _fmt(fresh.get("rows_per_s")),
-                        f"{_fmt(fresh.get('ratio_to_db_limit'))} of the database limit; "
-                        f"{_fmt(fresh.get('ratio_to_long_lived_topic'))} of the same drain into a long-lived topic "
-                        "(the broker's start-up of new partitions)", ""))
+            out.append(
+                (
+                    f"Relay drain, at-least-once, default limits, {rows}, into a topic created just before (rows/s)",
+                    _fmt(fresh.get("rows_per_s")),
+                    f"{_fmt(fresh.get('ratio_to_db_limit'))} of the database limit; "
+                    f"{_fmt(fresh.get('ratio_to_long_lived_topic'))} of the same drain into a long-lived topic "
+                    "(the broker's start-up of new partitions)",
+                    "",
+                )
+            )
     go = r.get("goharvest") or {}
     if "defaults" in go:
-        out.append(("goharvest (Go), default / tuned limits, same backlog (rows/s)",
-                    f"{_fmt(_get(go, 'defaults', 'rows_per_s'))} / {_fmt(_get(go, 'tuned', 'rows_per_s'))}",
-                    f"harvest at-least-once is {_fmt(go.get('harvest_at_least_once_to_goharvest/defaults'))}x / "
-                    f"{_fmt(go.get('harvest_at_least_once_to_goharvest/tuned'))}x goharvest", ""))
+        out.append(
+            (
+                "goharvest (Go), default / tuned limits, same backlog (rows/s)",
+                f"{_fmt(_get(go, 'defaults', 'rows_per_s'))} / {_fmt(_get(go, 'tuned', 'rows_per_s'))}",
+                f"harvest at-least-once is {_fmt(go.get('harvest_at_least_once_to_goharvest/defaults'))}x / "
+                f"{_fmt(go.get('harvest_at_least_once_to_goharvest/tuned'))}x goharvest",
+                "",
+            )
+        )
     elif go:
         out.append(("goharvest (Go)", "n/a", str(go.get("skipped", "")), ""))
     lats = r.get("idle_to_delivery_latency") or {}
     kafka = lats.get("kafka") or {}
     for mode, lat in lats.items():
-        warm = (f"; first {_fmt(lat.get('warmup_seconds'))} s after the topic's creation: p99 "
-                f"{_fmt(lat.get('warmup_p99_ms'))}, max {_fmt(lat.get('warmup_max_ms'))}" if "warmup_p99_ms" in lat else "")
+        warm = (
+            f"; first {_fmt(lat.get('warmup_seconds'))} s after the topic's creation: p99 "
+            f"{_fmt(lat.get('warmup_p99_ms'))}, max {_fmt(lat.get('warmup_max_ms'))}"
+            if "warmup_p99_ms" in lat
+            else ""
+        )
         if mode == "kafka":
-            out.append(("Kafka alone: produce -> receipt at 500 rows/s, p50 / p99 (ms)",
-                        f"{_fmt(lat.get('p50_ms'))} / {_fmt(lat.get('p99_ms'))}",
-                        "the relay's producer settings, a new topic, the same consumer; no database" + warm, ""))
-            continue
-        base = (f"; Kafka alone {_fmt(kafka.get('p50_ms'))} / {_fmt(kafka.get('p99_ms'))}" if kafka else "")
-        if mode == "sequenced_read_committed":
-            out.append(("Relay idle-to-read-committed latency at 500 rows/s, sequenced, through ReadCommittedIter, "
-                        "p50 / p99 (ms)", f"{_fmt(lat.get('p50_ms'))} / {_fmt(lat.get('p99_ms'))}",
-                        "default limits; a record is yielded once its transaction's ACK is read (adds the fenced "
-                        "commit and the ACK record to the delivery path)" + warm, ""))
-            continue
-        out.append((f"Relay idle-to-delivery latency at 500 rows/s, {mode.replace('_', '-')}, p50 / p99 (ms)",
+            out.append(
+                (
+                    "Kafka alone: produce -> receipt at 500 rows/s, p50 / p99 (ms)",
                     f"{_fmt(lat.get('p50_ms'))} / {_fmt(lat.get('p99_ms'))}",
-                    "default limits" + (f"; relay threads use {lat['relay_python_cpu_share']:.2f} of a core"
-                                        if lat.get("relay_python_cpu_share") is not None else "") + base + warm,
-                    "≤ 5 / ≤ 20"))
+                    "the relay's producer settings, a new topic, the same consumer; no database" + warm,
+                    "",
+                )
+            )
+            continue
+        base = f"; Kafka alone {_fmt(kafka.get('p50_ms'))} / {_fmt(kafka.get('p99_ms'))}" if kafka else ""
+        if mode == "sequenced_read_committed":
+            out.append(
+                (
+                    "Relay idle-to-read-committed latency at 500 rows/s, sequenced, through ReadCommittedIter, "
+                    "p50 / p99 (ms)",
+                    f"{_fmt(lat.get('p50_ms'))} / {_fmt(lat.get('p99_ms'))}",
+                    "default limits; a record is yielded once its transaction's ACK is read (adds the fenced "
+                    "commit and the ACK record to the delivery path)" + warm,
+                    "",
+                )
+            )
+            continue
+        out.append(
+            (
+                f"Relay idle-to-delivery latency at 500 rows/s, {mode.replace('_', '-')}, p50 / p99 (ms)",
+                f"{_fmt(lat.get('p50_ms'))} / {_fmt(lat.get('p99_ms'))}",
+                "default limits"
+                + (
+                    f"; relay threads use {lat['relay_python_cpu_share']:.2f} of a core"
+                    if lat.get("relay_python_cpu_share") is not None
+                    else ""
+                )
+                + base
+                + warm,
+                "≤ 5 / ≤ 20",
+            )
+        )
     return out
 
 
@@ -132,20 +205,31 @@ def _shard_rows(r: dict[str, Any]) -> list[tuple[str, str, str, str]]:
     out: list[tuple[str, str, str, str]] = []
     rows = f"{r.get('rows', 0) / 1e6:g}M" if r.get("rows", 0) >= 1_000_000 else f"{r.get('rows', 0) // 1000}k"
     base = r.get("unsharded/1") or {}
-    out.append((f"One unsharded relay process, {rows} backlog (rows/s)", _fmt(base.get("rows_per_s")),
-                f"{_fmt(base.get('ratio_to_db_limit'))} of the database limit "
-                f"({_fmt(r.get('db_limit_rows_per_s'))}); {_fmt(base.get('cpu_s_per_100k_rows_all_relays'))} CPU s "
-                "per 100k rows", ""))
+    out.append(
+        (
+            f"One unsharded relay process, {rows} backlog (rows/s)",
+            _fmt(base.get("rows_per_s")),
+            f"{_fmt(base.get('ratio_to_db_limit'))} of the database limit "
+            f"({_fmt(r.get('db_limit_rows_per_s'))}); {_fmt(base.get('cpu_s_per_100k_rows_all_relays'))} CPU s "
+            "per 100k rows",
+            "",
+        )
+    )
     for name, d in r.items():
         if not name.startswith("shards") or not isinstance(d, dict):
             continue
         n = name.split("/")[1]
         shares = " / ".join(f"{x:.2f}" for x in d.get("shares", []))
         cpu = " / ".join(f"{x:.2f}" for x in d.get("cpu_s_per_100k_rows_per_relay", []))
-        out.append((f"Sharded (S = {r.get('shards')}), {n} relay process(es), {rows} backlog (rows/s)",
-                    _fmt(d.get("rows_per_s")),
-                    f"{_fmt(d.get('ratio_to_unsharded'))} of one unsharded relay; shares {shares}; CPU s per 100k "
-                    f"rows per relay {cpu}", "rows spread evenly, CPU per row flat"))
+        out.append(
+            (
+                f"Sharded (S = {r.get('shards')}), {n} relay process(es), {rows} backlog (rows/s)",
+                _fmt(d.get("rows_per_s")),
+                f"{_fmt(d.get('ratio_to_unsharded'))} of one unsharded relay; shares {shares}; CPU s per 100k "
+                f"rows per relay {cpu}",
+                "rows spread evenly, CPU per row flat",
+            )
+        )
     return out
 
 
@@ -164,8 +248,11 @@ def _debezium_rows(r: dict[str, Any]) -> list[tuple[str, str, str, str]]:
     fault = {m: _get(r, m, "fault") or {} for m in modes}
 
     def wal(b: dict[str, Any]) -> Any:
-        parts = [b.get("wal_write_bytes_per_100k"), b.get("wal_relay_bytes_per_100k"),
-                 _get(b, "vacuum_after", "wal_bytes_per_100k")]
+        parts = [
+            b.get("wal_write_bytes_per_100k"),
+            b.get("wal_relay_bytes_per_100k"),
+            _get(b, "vacuum_after", "wal_bytes_per_100k"),
+        ]
         return sum(parts) / 1e6 if all(isinstance(p, (int, float)) for p in parts) else None
 
     def both(key: str) -> str:
@@ -179,97 +266,161 @@ def _debezium_rows(r: dict[str, Any]) -> list[tuple[str, str, str, str]]:
     mach = r.get("machine") or {}  # the run may be newer than the table's header, on another machine
     on = f" (on {mach.get('cpus')} cores, {mach.get('cpu_model') or 'unknown CPU'})" if mach else ""
     return [
-        (f"Debezium side by side{on}: {size}-row burst, commit -> last record in Kafka, {who} (rows/s)",
-         " / ".join(_fmt(burst[m].get("rows_per_s")) for m in modes),
-         f"harvest {both('rows_per_s')} Debezium; Debezium with the insert-then-delete pattern: "
-         f"{_fmt(dd.get('rows_per_s'))}", "≥ Debezium"),
-        (f"Debezium side by side: trickle at 500 rows/s, commit -> plain consumer, p50 / p99, {who} (ms)",
-         "; ".join(f"{_fmt(lat[m].get('p50_ms'))} / {_fmt(lat[m].get('p99_ms'))}" for m in modes),
-         f"p50 {both('trickle_p50')}, p99 {both('trickle_p99')} Debezium's (its default poll.interval.ms, "
-         "500: the connector waits that long for events)", "below Debezium's"),
-        ("Debezium side by side: WAL per 100k rows, writing + relaying + the VACUUM after, harvest at-least-once / "
-         "sequenced / Debezium keeping rows / Debezium insert-then-delete (MB)",
-         " / ".join(_fmt(wal(b)) for b in (*burst.values(), dd)),
-         f"harvest {both('wal_total_to_keep_rows')} Debezium keeping rows, "
-         f"{both('wal_total_to_insert_delete')} insert-then-delete; writing alone "
-         f"{_fmt(_mb(burst['at_least_once'].get('wal_write_bytes_per_100k')))} (harvest's columns and index) vs "
-         f"{_fmt(_mb(burst['debezium'].get('wal_write_bytes_per_100k')))}; relaying: harvest's mark and delete "
-         f"{_fmt(_mb(burst['at_least_once'].get('wal_relay_bytes_per_100k')))}, Debezium "
-         f"{_fmt(_mb(burst['debezium'].get('wal_relay_bytes_per_100k')))}", ""),
-        (f"Debezium side by side: Postgres CPU s per 100k rows while relaying, {who}",
-         " / ".join(_fmt(burst[m].get("postgres_cpu_s_per_100k")) for m in modes),
-         f"harvest {both('postgres_cpu')} Debezium (its walsender decodes; harvest marks and deletes); with the "
-         f"VACUUM after, {both('postgres_cpu_with_vacuum_to_insert_delete')} Debezium insert-then-delete; the "
-         f"relay itself: harvest {_fmt(burst['at_least_once'].get('relay_cpu_s_per_100k'))}, Connect's JVM "
-         f"{_fmt(burst['debezium'].get('relay_cpu_s_per_100k'))} CPU s", ""),
-        ("Debezium side by side: the table's growth per 100k rows of a burst (MB) and its dead tuples after, harvest "
-         "at-least-once / Debezium keeping rows / Debezium insert-then-delete",
-         " / ".join(f"{_fmt(_mb(b.get('table_growth_bytes_per_100k')))}, "
-                    f"{_fmt(_get(b, 'table_after', 'dead_tuples'))}"
-                    for b in (burst["at_least_once"], burst["debezium"], dd)),
-         f"Debezium's slot after its last record and an offset flush: lag {_fmt(_mb(slot.get('lag_bytes')))} MB, "
-         f"WAL retained {_fmt(_mb(slot.get('retained_wal_bytes')))} MB; harvest has no slot", ""),
-        (f"Debezium side by side: kill -9 mid-burst ({_fmt(_get(r, 'setup', 'fault_rows'))} rows), duplicates / "
-         f"losses by a plain consumer, {who}",
-         "; ".join(dl(fault[m].get("plain_consumer") or {}) for m in modes),
-         f"sequenced through ReadCommittedIter: {dl(fault['sequenced'].get('read_committed') or {})}; harvest's "
-         f"standby led after {_fmt(fault['at_least_once'].get('takeover_s'))} / "
-         f"{_fmt(fault['sequenced'].get('takeover_s'))} s, Debezium's worker restarted in "
-         f"{_fmt(fault['debezium'].get('restart_s'))} s", "losses 0; ReadCommittedIter 0 / 0"),
+        (
+            f"Debezium side by side{on}: {size}-row burst, commit -> last record in Kafka, {who} (rows/s)",
+            " / ".join(_fmt(burst[m].get("rows_per_s")) for m in modes),
+            f"harvest {both('rows_per_s')} Debezium; Debezium with the insert-then-delete pattern: "
+            f"{_fmt(dd.get('rows_per_s'))}",
+            "≥ Debezium",
+        ),
+        (
+            f"Debezium side by side: trickle at 500 rows/s, commit -> plain consumer, p50 / p99, {who} (ms)",
+            "; ".join(f"{_fmt(lat[m].get('p50_ms'))} / {_fmt(lat[m].get('p99_ms'))}" for m in modes),
+            f"p50 {both('trickle_p50')}, p99 {both('trickle_p99')} Debezium's (its default poll.interval.ms, "
+            "500: the connector waits that long for events)",
+            "below Debezium's",
+        ),
+        (
+            "Debezium side by side: WAL per 100k rows, writing + relaying + the VACUUM after, harvest at-least-once / "
+            "sequenced / Debezium keeping rows / Debezium insert-then-delete (MB)",
+            " / ".join(_fmt(wal(b)) for b in (*burst.values(), dd)),
+            f"harvest {both('wal_total_to_keep_rows')} Debezium keeping rows, "
+            f"{both('wal_total_to_insert_delete')} insert-then-delete; writing alone "
+            f"{_fmt(_mb(burst['at_least_once'].get('wal_write_bytes_per_100k')))} (harvest's columns and index) vs "
+            f"{_fmt(_mb(burst['debezium'].get('wal_write_bytes_per_100k')))}; relaying: harvest's mark and delete "
+            f"{_fmt(_mb(burst['at_least_once'].get('wal_relay_bytes_per_100k')))}, Debezium "
+            f"{_fmt(_mb(burst['debezium'].get('wal_relay_bytes_per_100k')))}",
+            "",
+        ),
+        (
+            f"Debezium side by side: Postgres CPU s per 100k rows while relaying, {who}",
+            " / ".join(_fmt(burst[m].get("postgres_cpu_s_per_100k")) for m in modes),
+            f"harvest {both('postgres_cpu')} Debezium (its walsender decodes; harvest marks and deletes); with the "
+            f"VACUUM after, {both('postgres_cpu_with_vacuum_to_insert_delete')} Debezium insert-then-delete; the "
+            f"relay itself: harvest {_fmt(burst['at_least_once'].get('relay_cpu_s_per_100k'))}, Connect's JVM "
+            f"{_fmt(burst['debezium'].get('relay_cpu_s_per_100k'))} CPU s",
+            "",
+        ),
+        (
+            "Debezium side by side: the table's growth per 100k rows of a burst (MB) and its dead tuples after, harvest "
+            "at-least-once / Debezium keeping rows / Debezium insert-then-delete",
+            " / ".join(
+                f"{_fmt(_mb(b.get('table_growth_bytes_per_100k')))}, {_fmt(_get(b, 'table_after', 'dead_tuples'))}"
+                for b in (burst["at_least_once"], burst["debezium"], dd)
+            ),
+            f"Debezium's slot after its last record and an offset flush: lag {_fmt(_mb(slot.get('lag_bytes')))} MB, "
+            f"WAL retained {_fmt(_mb(slot.get('retained_wal_bytes')))} MB; harvest has no slot",
+            "",
+        ),
+        (
+            f"Debezium side by side: kill -9 mid-burst ({_fmt(_get(r, 'setup', 'fault_rows'))} rows), duplicates / "
+            f"losses by a plain consumer, {who}",
+            "; ".join(dl(fault[m].get("plain_consumer") or {}) for m in modes),
+            f"sequenced through ReadCommittedIter: {dl(fault['sequenced'].get('read_committed') or {})}; harvest's "
+            f"standby led after {_fmt(fault['at_least_once'].get('takeover_s'))} / "
+            f"{_fmt(fault['sequenced'].get('takeover_s'))} s, Debezium's worker restarted in "
+            f"{_fmt(fault['debezium'].get('restart_s'))} s",
+            "losses 0; ReadCommittedIter 0 / 0",
+        ),
     ]
 
 
 # name -> rows of (what, median, baseline / ratio, target)
 ROWS: dict[str, Callable[[dict[str, Any]], list[tuple[str, str, str, str]]]] = {
-    "sequencer": lambda r: [(
-        f"Sequencer queue+step ({r.get('sequencer_implementation', 'python')}), 16 producers, txns of 100, "
-        "ring 8192 (msg/s)",
-        _fmt(r.get("msgs_per_s_median")),
-        f"ratio to envelope-construction loop {_fmt(r.get('ratio_sequencer_to_baseline'))}; "
-        f"{_fmt(r.get('ratio_to_pure_python'))}x the pure-Python one ({_fmt(r.get('pure_python_msgs_per_s_median'))})",
-        "≥ 300,000 msg/s"), (
-        "Sequencer memory per tracked producer (bytes)",
-        f"{_fmt(_get(r, 'memory', 'bytes_per_producer'))}"
-        + (f" (pure Python: {_fmt(_get(r, 'pure_python_memory', 'bytes_per_producer'))})"
-           if "pure_python_memory" in r else ""), "", "")],
+    "sequencer": lambda r: [
+        (
+            f"Sequencer queue+step ({r.get('sequencer_implementation', 'python')}), 16 producers, txns of 100, "
+            "ring 8192 (msg/s)",
+            _fmt(r.get("msgs_per_s_median")),
+            f"ratio to envelope-construction loop {_fmt(r.get('ratio_sequencer_to_baseline'))}; "
+            f"{_fmt(r.get('ratio_to_pure_python'))}x the pure-Python one ({_fmt(r.get('pure_python_msgs_per_s_median'))})",
+            "≥ 300,000 msg/s",
+        ),
+        (
+            "Sequencer memory per tracked producer (bytes)",
+            f"{_fmt(_get(r, 'memory', 'bytes_per_producer'))}"
+            + (
+                f" (pure Python: {_fmt(_get(r, 'pure_python_memory', 'bytes_per_producer'))})"
+                if "pure_python_memory" in r
+                else ""
+            ),
+            "",
+            "",
+        ),
+    ],
     "relay": lambda r: _relay_rows(r),
     "shards": lambda r: _shard_rows(r),
     "debezium": lambda r: _debezium_rows(r),
-    "consumer": lambda r: [(
-        f"ReadCommittedIter.poll_batch, {_fmt(r.get('records_committed'))} records, txns of {r.get('txn_size')} (msg/s)",
-        _fmt(r.get("committed_median_per_s")),
-        f"ratio to plain confluent consumer {_fmt(r.get('ratio'))} "
-        f"(per Python CPU second: {_fmt(r.get('cpu_ratio'))})", "ratio ≥ 0.7"), (
-        "ReadCommittedIter, one poll() per record (msg/s)",
-        _fmt(r.get("committed_poll_median_per_s")),
-        f"ratio {_fmt(r.get('ratio_poll'))} (per Python CPU second: {_fmt(r.get('cpu_ratio_poll'))})", "")],
-    "spark": lambda r: [(
-        f"Spark readCommitted batch, {_fmt(r.get('records'))} records (rows/s)",
-        _fmt(r.get("readCommitted_median_rows_per_s")),
-        f"ratio to raw Spark Kafka read + count {_fmt(r.get('ratio_median'))}", "ratio ≥ 0.5")],
-    "spark_stream": lambda r: ([(
-        f"Spark readCommittedStream(state_location=...), availableNow, {_fmt(r.get('records'))} records in "
-        f"{_fmt(_get(r, 'last_run_batch_durations_ms', 'readCommittedStream_state_location', 'micro_batches'))} "
-        "micro-batches (rows/s)",
-        _fmt(r.get("state_location_median_rows_per_s")),
-        f"ratio to Spark's raw Kafka stream, same sink {_fmt(r.get('state_location_ratio_median'))}; state files "
-        f"left: {_fmt(_get(r, 'state_location_files_after_last_run', 'files'))} "
-        f"({_fmt(_get(r, 'state_location_files_after_last_run', 'bytes'))} bytes)", "ratio ≥ 0.5")]
-        if r.get("state_location_median_rows_per_s") else []) + [(
-        f"Spark readCommittedStream (state store), availableNow, {_fmt(r.get('records'))} records in "
-        f"{_fmt(_get(r, 'last_run_batch_durations_ms', 'readCommittedStream', 'micro_batches'))} micro-batches (rows/s)",
-        _fmt(r.get("readCommittedStream_median_rows_per_s")),
-        f"ratio to Spark's raw Kafka stream, same sink {_fmt(r.get('ratio_median'))}"
-        + (f" (raw stream through a pass-through mapInArrow: {_fmt(r.get('passthrough_ratio_median'))})"
-           if r.get("passthrough_ratio_median") is not None else ""), ""), (
-        "readCommittedStream (state store) state per open producer (bytes)",
-        _fmt(_get(r, "state", "state_bytes_per_open_producer_median")),
-        f"open spans of {_fmt(_get(r, 'state', 'open_span_records_per_open_producer_median'))} records", "")],
-    "stasher": lambda r: [(
-        f"Stasher stash_many (COPY), {_fmt(r.get('rows_per_transaction'))} rows per transaction (rows/s)",
-        _fmt(r.get("stash_many_median_rows_per_s")),
-        f"{_fmt(r.get('speedup_median'))}x one INSERT per record "
-        f"({_fmt(r.get('single_median_rows_per_s'))} rows/s)", "much faster than one INSERT each")],
+    "consumer": lambda r: [
+        (
+            f"ReadCommittedIter.poll_batch, {_fmt(r.get('records_committed'))} records, txns of {r.get('txn_size')} (msg/s)",
+            _fmt(r.get("committed_median_per_s")),
+            f"ratio to plain confluent consumer {_fmt(r.get('ratio'))} "
+            f"(per Python CPU second: {_fmt(r.get('cpu_ratio'))})",
+            "ratio ≥ 0.7",
+        ),
+        (
+            "ReadCommittedIter, one poll() per record (msg/s)",
+            _fmt(r.get("committed_poll_median_per_s")),
+            f"ratio {_fmt(r.get('ratio_poll'))} (per Python CPU second: {_fmt(r.get('cpu_ratio_poll'))})",
+            "",
+        ),
+    ],
+    "spark": lambda r: [
+        (
+            f"Spark readCommitted batch, {_fmt(r.get('records'))} records (rows/s)",
+            _fmt(r.get("readCommitted_median_rows_per_s")),
+            f"ratio to raw Spark Kafka read + count {_fmt(r.get('ratio_median'))}",
+            "ratio ≥ 0.5",
+        )
+    ],
+    "spark_stream": lambda r: (
+        (
+            [
+                (
+                    f"Spark readCommittedStream(state_location=...), availableNow, {_fmt(r.get('records'))} records in "
+                    f"{_fmt(_get(r, 'last_run_batch_durations_ms', 'readCommittedStream_state_location', 'micro_batches'))} "
+                    "micro-batches (rows/s)",
+                    _fmt(r.get("state_location_median_rows_per_s")),
+                    f"ratio to Spark's raw Kafka stream, same sink {_fmt(r.get('state_location_ratio_median'))}; state files "
+                    f"left: {_fmt(_get(r, 'state_location_files_after_last_run', 'files'))} "
+                    f"({_fmt(_get(r, 'state_location_files_after_last_run', 'bytes'))} bytes)",
+                    "ratio ≥ 0.5",
+                )
+            ]
+            if r.get("state_location_median_rows_per_s")
+            else []
+        )
+        + [
+            (
+                f"Spark readCommittedStream (state store), availableNow, {_fmt(r.get('records'))} records in "
+                f"{_fmt(_get(r, 'last_run_batch_durations_ms', 'readCommittedStream', 'micro_batches'))} micro-batches (rows/s)",
+                _fmt(r.get("readCommittedStream_median_rows_per_s")),
+                f"ratio to Spark's raw Kafka stream, same sink {_fmt(r.get('ratio_median'))}"
+                + (
+                    f" (raw stream through a pass-through mapInArrow: {_fmt(r.get('passthrough_ratio_median'))})"
+                    if r.get("passthrough_ratio_median") is not None
+                    else ""
+                ),
+                "",
+            ),
+            (
+                "readCommittedStream (state store) state per open producer (bytes)",
+                _fmt(_get(r, "state", "state_bytes_per_open_producer_median")),
+                f"open spans of {_fmt(_get(r, 'state', 'open_span_records_per_open_producer_median'))} records",
+                "",
+            ),
+        ]
+    ),
+    "stasher": lambda r: [
+        (
+            f"Stasher stash_many (COPY), {_fmt(r.get('rows_per_transaction'))} rows per transaction (rows/s)",
+            _fmt(r.get("stash_many_median_rows_per_s")),
+            f"{_fmt(r.get('speedup_median'))}x one INSERT per record "
+            f"({_fmt(r.get('single_median_rows_per_s'))} rows/s)",
+            "much faster than one INSERT each",
+        )
+    ],
 }
 
 
@@ -301,8 +452,14 @@ def machine() -> dict[str, Any]:
         cpu = next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name"))
     except (OSError, StopIteration):
         pass
-    return {"cpus": os.cpu_count(), "cpu_model": cpu, "memory": mem, "python": platform.python_version(),
-            "os": platform.platform(), "date": time.strftime("%Y-%m-%d")}
+    return {
+        "cpus": os.cpu_count(),
+        "cpu_model": cpu,
+        "memory": mem,
+        "python": platform.python_version(),
+        "os": platform.platform(),
+        "date": time.strftime("%Y-%m-%d"),
+    }
 
 
 def table(results: dict[str, dict[str, Any]], mach: dict[str, Any]) -> str:

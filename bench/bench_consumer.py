@@ -39,21 +39,27 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition  # noqa: E402
+from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
 
-from harvest_outbox.consumer import ReadCommittedIter  # noqa: E402
-from harvest_outbox.harvest_local import LocalServices  # noqa: E402
-from harvest_outbox.harvest_local.kafka import create_topic  # noqa: E402
-from harvest_outbox.sequencer import Clock, Publisher, journal_name  # noqa: E402
+from harvest_outbox.consumer import ReadCommittedIter
+from harvest_outbox.harvest_local import LocalServices
+from harvest_outbox.harvest_local.kafka import create_topic
+from harvest_outbox.sequencer import Clock, Publisher, journal_name
 
 
 def write(bootstrap: str, topic: str, records: int, partitions: int, txn: int, value_size: int) -> int:
     """Returns the total number of records written (CONTINUEs + ACKs)."""
-    prod = Producer({
-        "bootstrap.servers": bootstrap, "enable.idempotence": True, "acks": "all",
-        "linger.ms": 20, "batch.num.messages": 10000, "queue.buffering.max.messages": 500000,
-        "compression.type": "lz4",
-    })
+    prod = Producer(
+        {
+            "bootstrap.servers": bootstrap,
+            "enable.idempotence": True,
+            "acks": "all",
+            "linger.ms": 20,
+            "batch.num.messages": 10000,
+            "queue.buffering.max.messages": 500000,
+            "compression.type": "lz4",
+        }
+    )
     clock = Clock()
     clock.update(time.time_ns())
     pub = Publisher(clock=clock)
@@ -69,7 +75,9 @@ def write(bootstrap: str, topic: str, records: int, partitions: int, txn: int, v
             u = pub.publish_uncommitted(journals[p])
             while True:
                 try:
-                    prod.produce(topic, value=value, key=b"k%d" % (written + i), partition=p, headers=[("uuid", u.bytes)])
+                    prod.produce(
+                        topic, value=value, key=b"k%d" % (written + i), partition=p, headers=[("uuid", u.bytes)]
+                    )
                     break
                 except BufferError:
                     prod.poll(0.05)
@@ -85,10 +93,17 @@ def write(bootstrap: str, topic: str, records: int, partitions: int, txn: int, v
 
 
 def raw_pass(bootstrap: str, topic: str, partitions: int, total: int, batch: int) -> tuple[float, float]:
-    c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"bench-raw-{uuid.uuid4().hex}",
-                  "enable.auto.commit": False, "isolation.level": "read_uncommitted",
-                  # as the reader's consumer: no per-record offset store in consume()
-                  "enable.auto.offset.store": False, "enable.partition.eof": False})
+    c = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"bench-raw-{uuid.uuid4().hex}",
+            "enable.auto.commit": False,
+            "isolation.level": "read_uncommitted",
+            # as the reader's consumer: no per-record offset store in consume()
+            "enable.auto.offset.store": False,
+            "enable.partition.eof": False,
+        }
+    )
     # Connect and fetch metadata before the clock starts, as ReadCommittedIter's constructor does.
     c.list_topics(topic, timeout=30)
     c.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in range(partitions)])
@@ -115,8 +130,9 @@ def raw_pass(bootstrap: str, topic: str, partitions: int, total: int, batch: int
     return total / dt, total / cpu
 
 
-def committed_pass(bootstrap: str, topic: str, records: int, ring: int, mode: str = "batch",
-                   batch: int = 256) -> tuple[float, float, dict[str, int]]:
+def committed_pass(
+    bootstrap: str, topic: str, records: int, ring: int, mode: str = "batch", batch: int = 256
+) -> tuple[float, float, dict[str, int]]:
     """``mode``: "batch" reads with ``poll_batch(2000)`` (the reader consumes ``batch`` at a time),
     "poll" one record per ``poll()``."""
     it = ReadCommittedIter({"bootstrap.servers": bootstrap}, topics=[topic], ring_size=ring, batch_size=batch)
@@ -156,8 +172,12 @@ def main() -> int:
     ap.add_argument("--ring", type=int, default=8192)
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--value-size", type=int, default=100)
-    ap.add_argument("--batch", type=int, default=256,
-                    help="records per consume() call, for both readers (the reader's default batch_size)")
+    ap.add_argument(
+        "--batch",
+        type=int,
+        default=256,
+        help="records per consume() call, for both readers (the reader's default batch_size)",
+    )
     args = ap.parse_args()
 
     with LocalServices() as services:
@@ -177,7 +197,9 @@ def main() -> int:
             raw.append(rate)
             raw_cpu.append(cpu_rate)
             for mode in ("batch", "poll"):
-                rate, cpu_rate, stats[mode] = committed_pass(bootstrap, topic, args.records, args.ring, mode, args.batch)
+                rate, cpu_rate, stats[mode] = committed_pass(
+                    bootstrap, topic, args.records, args.ring, mode, args.batch
+                )
                 rates[mode].append(rate)
                 cpus[mode].append(cpu_rate)
         rss_before_trace_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss

@@ -70,18 +70,18 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import psycopg  # noqa: E402
-from confluent_kafka import Consumer, TopicPartition  # noqa: E402
-from psycopg import sql  # noqa: E402
+import psycopg
+from confluent_kafka import Consumer, TopicPartition
+from psycopg import sql
 
-from bench.bench_relay import _latency_figures, _trickle, checkpoint  # noqa: E402
-from harvest_outbox.harvest_local.debezium import DebeziumOutbox, OutboxConnector  # noqa: E402
-from harvest_outbox.harvest_local.kafka import create_topic, read_to_end  # noqa: E402
-from harvest_outbox.harvest_local.relays import RelayProcess, current_leader, wait_for  # noqa: E402
-from harvest_outbox.producer.config import HarvestConfig, Limits  # noqa: E402
-from harvest_outbox.producer.harvest import Harvest, State  # noqa: E402
-from harvest_outbox.producer.schema import init_db  # noqa: E402
-from harvest_outbox.producer.table_mapping import table_mapping  # noqa: E402
+from bench.bench_relay import _latency_figures, _trickle, checkpoint
+from harvest_outbox.harvest_local.debezium import DebeziumOutbox, OutboxConnector
+from harvest_outbox.harvest_local.kafka import create_topic, read_to_end
+from harvest_outbox.harvest_local.relays import RelayProcess, current_leader, wait_for
+from harvest_outbox.producer.config import HarvestConfig, Limits
+from harvest_outbox.producer.harvest import Harvest, State
+from harvest_outbox.producer.schema import init_db
+from harvest_outbox.producer.table_mapping import table_mapping
 
 PARTITIONS = 8
 KINDS = ("Warm", "Burst", "BurstDel", "Trickle", "Fault")  # one aggregate type, so one topic, per phase
@@ -89,8 +89,10 @@ COPY_CHUNK = 50_000
 FAULT_AT = 0.4  # of the fault burst in Kafka when the kill comes
 HEARTBEAT_TIMEOUT = 5.0  # what a new user writes (bench_relay.DEFAULT_LIMITS)
 _CLK = os.sysconf("SC_CLK_TCK")
-OUTBOX_DDL = ("CREATE TABLE {} (id uuid PRIMARY KEY, aggregatetype varchar(255) NOT NULL, "
-              "aggregateid varchar(255) NOT NULL, type varchar(255) NOT NULL, payload jsonb)")
+OUTBOX_DDL = (
+    "CREATE TABLE {} (id uuid PRIMARY KEY, aggregatetype varchar(255) NOT NULL, "
+    "aggregateid varchar(255) NOT NULL, type varchar(255) NOT NULL, payload jsonb)"
+)
 
 
 class DebeziumBenchError(RuntimeError):
@@ -98,6 +100,7 @@ class DebeziumBenchError(RuntimeError):
 
 
 # -- rows and their ids ------------------------------------------------------------------------
+
 
 def event_id(tag: str, i: int) -> str:
     """Row ``i``'s event id: a UUID whose first group scatters the rows over the primary key's index
@@ -114,8 +117,10 @@ def row_of(eid: bytes, tag: bytes) -> int | None:
 
 def payload(i: int) -> str:
     """~100 bytes of JSON."""
-    return (f'{{"order": {i}, "customer": "c-{i % 5000:05d}", "amount": {i % 100_000 / 100:.2f}, '
-            f'"currency": "EUR", "lines": {1 + i % 9}, "channel": "web"}}')
+    return (
+        f'{{"order": {i}, "customer": "c-{i % 5000:05d}", "amount": {i % 100_000 / 100:.2f}, '
+        f'"currency": "EUR", "lines": {1 + i % 9}, "channel": "web"}}'
+    )
 
 
 def tally(ids: Iterable[bytes], tag: str, rows: int) -> dict[str, int]:
@@ -150,8 +155,16 @@ def insert_lsn(conn: psycopg.Connection) -> int:
     return int(conn.execute("SELECT pg_current_wal_insert_lsn() - '0/0'::pg_lsn").fetchone()[0])  # type: ignore[index]
 
 
-def write_burst(dsn: str, table: str, aggregate: str, tag: str, rows: int, keys: int,
-                before_commit: Callable[[], None] = lambda: None, delete: bool = False) -> Written:
+def write_burst(
+    dsn: str,
+    table: str,
+    aggregate: str,
+    tag: str,
+    rows: int,
+    keys: int,
+    before_commit: Callable[[], None] = lambda: None,
+    delete: bool = False,
+) -> Written:
     """``rows`` rows in one transaction (COPY in chunks); ``delete``: deleted again in it, the
     pattern of Debezium users who keep no rows. ``before_commit`` runs just before the COMMIT."""
     target = sql.Identifier(*table.split("."))
@@ -160,8 +173,12 @@ def write_burst(dsn: str, table: str, aggregate: str, tag: str, rows: int, keys:
         lsn0, t0 = insert_lsn(mon), time.perf_counter()
         with conn.cursor().copy(copy) as cp:
             for start in range(0, rows, COPY_CHUNK):
-                cp.write("".join(f"{event_id(tag, i)}\t{aggregate}\tagg-{i % keys}\tOrderPlaced\t{payload(i)}\n"
-                                 for i in range(start, min(rows, start + COPY_CHUNK))))
+                cp.write(
+                    "".join(
+                        f"{event_id(tag, i)}\t{aggregate}\tagg-{i % keys}\tOrderPlaced\t{payload(i)}\n"
+                        for i in range(start, min(rows, start + COPY_CHUNK))
+                    )
+                )
         if delete:
             conn.execute(sql.SQL("DELETE FROM {} WHERE aggregatetype = %s").format(target), (aggregate,))
         before_commit()
@@ -172,6 +189,7 @@ def write_burst(dsn: str, table: str, aggregate: str, tag: str, rows: int, keys:
 
 
 # -- reading back ------------------------------------------------------------------------------
+
 
 def _id_header(headers: list[tuple[str, bytes | None]] | None) -> bytes | None:
     for name, value in headers or ():
@@ -219,6 +237,7 @@ class Watermarks:
 
 # -- CPU from /proc ----------------------------------------------------------------------------
 
+
 def _stat(pid: int) -> list[str] | None:
     try:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
@@ -261,6 +280,7 @@ def pid_with_arg(arg: str) -> int | None:
 
 # -- services ----------------------------------------------------------------------------------
 
+
 class Services:
     """One Postgres with ``wal_level = logical`` and one Kafka broker for the whole run."""
 
@@ -275,9 +295,11 @@ class Services:
                 with psycopg.connect(dsn) as conn:
                     level = conn.execute("SHOW wal_level").fetchone()[0]  # type: ignore[index]
                 if level != "logical":
-                    raise DebeziumBenchError(f"HARVEST_PG_DSN: wal_level is {level!r}, Debezium needs 'logical': set "
-                                             "wal_level = logical and restart that server, or unset HARVEST_PG_DSN "
-                                             "and the bench starts its own")
+                    raise DebeziumBenchError(
+                        f"HARVEST_PG_DSN: wal_level is {level!r}, Debezium needs 'logical': set "
+                        "wal_level = logical and restart that server, or unset HARVEST_PG_DSN "
+                        "and the bench starts its own"
+                    )
             else:
                 self.postgres = EmbeddedPostgres(logical_replication=True).start()
                 dsn = self.postgres.dsn
@@ -300,8 +322,10 @@ class Services:
                 folder = conn.execute("SHOW data_directory").fetchone()[0]  # type: ignore[index]
             pid = int((Path(folder) / "postmaster.pid").read_text().split()[0])
         except (psycopg.Error, OSError, ValueError, IndexError) as exc:
-            print(f"[bench debezium] Postgres CPU not measured (its postmaster.pid is not readable here: {exc})",
-                  file=sys.stderr)
+            print(
+                f"[bench debezium] Postgres CPU not measured (its postmaster.pid is not readable here: {exc})",
+                file=sys.stderr,
+            )
             return None
         return pid if _stat(pid) else None
 
@@ -317,6 +341,7 @@ class Services:
 
 
 # -- contestants -------------------------------------------------------------------------------
+
 
 class Contestant(ABC):
     """One relay of one outbox table, routing phase ``kind``'s rows into ``<prefix>.<kind>``."""
@@ -378,11 +403,16 @@ class HarvestContestant(Contestant):
         init_db(self.svc.dsn, self.table, mapping=self.mapping)  # the relay's columns, as in a migration
 
     def start(self) -> None:
-        cfg = HarvestConfig(data_source=self.svc.dsn, outbox_table=self.table,
-                            base_kafka_config={"bootstrap.servers": self.svc.bootstrap},
-                            leader_group_id=f"bdz-{uuid.uuid4().hex[:8]}", name=f"bench-{self.name}",
-                            limits=Limits(heartbeat_timeout=HEARTBEAT_TIMEOUT), uuid_sequencing=self.sequenced,
-                            table_mapping=self.mapping)
+        cfg = HarvestConfig(
+            data_source=self.svc.dsn,
+            outbox_table=self.table,
+            base_kafka_config={"bootstrap.servers": self.svc.bootstrap},
+            leader_group_id=f"bdz-{uuid.uuid4().hex[:8]}",
+            name=f"bench-{self.name}",
+            limits=Limits(heartbeat_timeout=HEARTBEAT_TIMEOUT),
+            uuid_sequencing=self.sequenced,
+            table_mapping=self.mapping,
+        )
         self.relay = Harvest(cfg).start()
         wait_for(lambda: self.relay is not None and self.relay.is_leader, 120, f"{self.name} to lead")
 
@@ -410,11 +440,23 @@ class HarvestContestant(Contestant):
 
     def yaml(self, path: Path, group: str) -> Path:
         """The relay processes' config for the fault run: what a user writes, nothing tuned."""
-        lines = ["harvest:", "  baseKafkaConfig:", f'    bootstrap.servers: "{self.svc.bootstrap}"',
-                 f'  dataSource: "{self.svc.dsn}"', f"  outboxTable: {self.table}", f"  leaderGroupID: {group}",
-                 f"  uuidSequencing: {'true' if self.sequenced else 'false'}", "  tableMapping: debezium",
-                 "  eventRouter:", f"    route.topic.replacement: \"{self.router['route.topic.replacement']}\"",
-                 "  limits:", f"    heartbeatTimeout: {HEARTBEAT_TIMEOUT:g}s", "logging:", "  level: Info", ""]
+        lines = [
+            "harvest:",
+            "  baseKafkaConfig:",
+            f'    bootstrap.servers: "{self.svc.bootstrap}"',
+            f'  dataSource: "{self.svc.dsn}"',
+            f"  outboxTable: {self.table}",
+            f"  leaderGroupID: {group}",
+            f"  uuidSequencing: {'true' if self.sequenced else 'false'}",
+            "  tableMapping: debezium",
+            "  eventRouter:",
+            f'    route.topic.replacement: "{self.router["route.topic.replacement"]}"',
+            "  limits:",
+            f"    heartbeatTimeout: {HEARTBEAT_TIMEOUT:g}s",
+            "logging:",
+            "  level: Info",
+            "",
+        ]
         path.write_text("\n".join(lines))
         os.chmod(path, 0o600)  # it holds the DSN
         return path
@@ -466,7 +508,8 @@ class DebeziumContestant(Contestant):
         row = self.svc.mon.execute(
             "SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), confirmed_flush_lsn), "
             "pg_wal_lsn_diff(pg_current_wal_lsn(), restart_lsn) FROM pg_replication_slots WHERE slot_name = %s",
-            (self.connector.slot_name,)).fetchone()
+            (self.connector.slot_name,),
+        ).fetchone()
         if row is None:
             return {"lag_bytes": None, "retained_wal_bytes": None}
         return {"lag_bytes": int(row[0]), "retained_wal_bytes": int(row[1])}
@@ -474,11 +517,14 @@ class DebeziumContestant(Contestant):
 
 # -- phases ------------------------------------------------------------------------------------
 
+
 def table_stats(dsn: str, table: str) -> dict[str, Any]:
     with psycopg.connect(dsn, autocommit=True) as conn:
         size, len_, live, dead = conn.execute(
             "SELECT pg_total_relation_size(%s::regclass), table_len, tuple_count, dead_tuple_count "
-            "FROM pgstattuple(%s::regclass)", (table, table)).fetchone()  # type: ignore[misc]
+            "FROM pgstattuple(%s::regclass)",
+            (table, table),
+        ).fetchone()  # type: ignore[misc]
     return {"total_bytes": int(size), "heap_bytes": int(len_), "live_tuples": int(live), "dead_tuples": int(dead)}
 
 
@@ -496,13 +542,16 @@ def vacuum(svc: Services, table: str, rows: int) -> dict[str, Any]:
     cpu0, lsn0, t0 = svc.cpu()["postgres"], insert_lsn(svc.mon), time.perf_counter()
     svc.mon.execute(sql.SQL("VACUUM {}").format(sql.Identifier(*table.split("."))))
     elapsed, lsn1, cpu1 = time.perf_counter() - t0, insert_lsn(svc.mon), svc.cpu()["postgres"]
-    return {"s": round(elapsed, 3), "wal_bytes_per_100k": _per_100k(lsn1 - lsn0, rows),
-            "postgres_cpu_s_per_100k": _per_100k(cpu1 - cpu0, rows) if cpu0 is not None and cpu1 is not None
-            else None}
+    return {
+        "s": round(elapsed, 3),
+        "wal_bytes_per_100k": _per_100k(lsn1 - lsn0, rows),
+        "postgres_cpu_s_per_100k": _per_100k(cpu1 - cpu0, rows) if cpu0 is not None and cpu1 is not None else None,
+    }
 
 
-def burst(svc: Services, c: Contestant, rows: int, keys: int, kind: str = "Burst",
-          delete: bool = False) -> dict[str, Any]:
+def burst(
+    svc: Services, c: Contestant, rows: int, keys: int, kind: str = "Burst", delete: bool = False
+) -> dict[str, Any]:
     """One burst (module doc): drain rate, the relaying phase's costs, the table after; read back."""
     topic, tag = c.topic(kind), new_tag()
     checkpoint(svc.dsn)
@@ -518,8 +567,10 @@ def burst(svc: Services, c: Contestant, rows: int, keys: int, kind: str = "Burst
     while c.delivered(topic) - base < rows:
         c.check()
         if time.monotonic() > deadline:
-            raise DebeziumBenchError(f"{c.name}: {c.delivered(topic) - base} of {rows} records in Kafka after "
-                                     f"{time.perf_counter() - written.committed:.0f}s")
+            raise DebeziumBenchError(
+                f"{c.name}: {c.delivered(topic) - base} of {rows} records in Kafka after "
+                f"{time.perf_counter() - written.committed:.0f}s"
+            )
         time.sleep(c.poll_interval)
     drained = time.perf_counter()
     slot_at_last = c.slot() if isinstance(c, DebeziumContestant) else None
@@ -533,10 +584,14 @@ def burst(svc: Services, c: Contestant, rows: int, keys: int, kind: str = "Burst
     lsn2 = insert_lsn(svc.mon)
     drain_s = drained - written.committed
     out: dict[str, Any] = {
-        "rows": rows, "write_s": round(written.write_s, 2), "drain_s": round(drain_s, 3),
-        "rows_per_s": round(rows / drain_s), "work_done_s": round(finished - written.committed, 3),
+        "rows": rows,
+        "write_s": round(written.write_s, 2),
+        "drain_s": round(drain_s, 3),
+        "rows_per_s": round(rows / drain_s),
+        "work_done_s": round(finished - written.committed, 3),
         "wal_write_bytes_per_100k": _per_100k(written.lsn_after - written.lsn_before, rows),
-        "wal_relay_bytes_per_100k": _per_100k(lsn2 - written.lsn_after, rows)}
+        "wal_relay_bytes_per_100k": _per_100k(lsn2 - written.lsn_after, rows),
+    }
     for what in ("postgres", "relay", "broker"):
         a, b = cpu0.get(what), cpu1.get(what)
         out[f"{what}_cpu_s_per_100k"] = _per_100k(b - a, rows) if a is not None and b is not None else None
@@ -561,17 +616,20 @@ def trickle(svc: Services, c: Contestant, rate: float, seconds: float, warmup: f
     checkpoint(svc.dsn)
     n = int(rate * (warmup + seconds))
     sent: dict[bytes, float] = {}
-    reader = Consumer({"bootstrap.servers": svc.bootstrap, "group.id": f"bdz-lat-{uuid.uuid4()}",
-                       "enable.auto.commit": False})
+    reader = Consumer(
+        {"bootstrap.servers": svc.bootstrap, "group.id": f"bdz-lat-{uuid.uuid4()}", "enable.auto.commit": False}
+    )
     reader.assign([TopicPartition(topic, p, 0) for p in range(PARTITIONS)])
     reader.poll(1.0)  # connected and fetching before the first row
-    insert = sql.SQL("INSERT INTO {} (id, aggregatetype, aggregateid, type, payload) "
-                     "VALUES (%s, 'Trickle', %s, 'OrderPlaced', %s)").format(sql.Identifier(*c.table.split(".")))
+    insert = sql.SQL(
+        "INSERT INTO {} (id, aggregatetype, aggregateid, type, payload) VALUES (%s, 'Trickle', %s, 'OrderPlaced', %s)"
+    ).format(sql.Identifier(*c.table.split(".")))
     errors: list[BaseException] = []
 
     def write() -> None:
         try:
             with psycopg.connect(svc.dsn) as conn:
+
                 def one(i: int) -> None:
                     eid = event_id(tag, i)
                     conn.execute(insert, (eid, f"agg-{i % 1000}", payload(i)))
@@ -604,13 +662,17 @@ def trickle(svc: Services, c: Contestant, rate: float, seconds: float, warmup: f
         raise DebeziumBenchError(f"{c.name}: {len(pairs)} of {n} trickled rows received within 60 s of the last")
     figures = _latency_figures(pairs, warmup, rate, seconds)
     figures["received"] = len(pairs)
-    print(f"[bench debezium] {c.name} trickle: p50 {figures['p50_ms']} ms, p99 {figures['p99_ms']} ms",
-          file=sys.stderr, flush=True)
+    print(
+        f"[bench debezium] {c.name} trickle: p50 {figures['p50_ms']} ms, p99 {figures['p99_ms']} ms",
+        file=sys.stderr,
+        flush=True,
+    )
     return figures
 
 
-def _until(cond: Callable[[], bool], timeout: float, what: str, check: Callable[[], None] = lambda: None,
-           poll: float = 0.01) -> float:
+def _until(
+    cond: Callable[[], bool], timeout: float, what: str, check: Callable[[], None] = lambda: None, poll: float = 0.01
+) -> float:
     """Seconds until ``cond()``; ``check()`` between looks; DebeziumBenchError after ``timeout``."""
     start = time.monotonic()
     while not cond():
@@ -645,10 +707,14 @@ def harvest_fault(svc: Services, c: HarvestContestant, rows: int, keys: int, wor
         marks.close()
         for relay in relays:
             relay.stop(60)
-    out: dict[str, Any] = {"rows": rows, "killed_at_records": in_kafka, "takeover_s": round(takeover, 2),
-                           "kill_to_done_s": round(finished - killed, 2),
-                           "commit_to_done_s": round(finished - written.committed, 2),
-                           "plain_consumer": tally(read_ids(svc.bootstrap, topic), tag, rows)}
+    out: dict[str, Any] = {
+        "rows": rows,
+        "killed_at_records": in_kafka,
+        "takeover_s": round(takeover, 2),
+        "kill_to_done_s": round(finished - killed, 2),
+        "commit_to_done_s": round(finished - written.committed, 2),
+        "plain_consumer": tally(read_ids(svc.bootstrap, topic), tag, rows),
+    }
     if c.sequenced:
         out["read_committed"] = tally(read_committed_ids(svc.bootstrap, topic), tag, rows)
     print(f"[bench debezium] {c.name} fault: {out}", file=sys.stderr, flush=True)
@@ -662,8 +728,9 @@ def debezium_fault(svc: Services, c: DebeziumContestant, rows: int, keys: int) -
     try:
         time.sleep(1.0)
         written = write_burst(svc.dsn, c.table, "Fault", tag, rows, keys)
-        _until(lambda: marks.total() >= FAULT_AT * rows, 300, f"{c.name}: {FAULT_AT:.0%} of the burst in Kafka",
-               c.check)
+        _until(
+            lambda: marks.total() >= FAULT_AT * rows, 300, f"{c.name}: {FAULT_AT:.0%} of the burst in Kafka", c.check
+        )
         in_kafka = marks.total()
         c.kill()
         killed = time.perf_counter()
@@ -679,15 +746,20 @@ def debezium_fault(svc: Services, c: DebeziumContestant, rows: int, keys: int) -
         finished = time.perf_counter()
     finally:
         marks.close()
-    out = {"rows": rows, "killed_at_records": in_kafka, "restart_s": round(restarted, 2),
-           "kill_to_done_s": round(finished - killed - 3.0, 2),
-           "commit_to_done_s": round(finished - written.committed - 3.0, 2),
-           "plain_consumer": tally(read_ids(svc.bootstrap, topic), tag, rows)}
+    out = {
+        "rows": rows,
+        "killed_at_records": in_kafka,
+        "restart_s": round(restarted, 2),
+        "kill_to_done_s": round(finished - killed - 3.0, 2),
+        "commit_to_done_s": round(finished - written.committed - 3.0, 2),
+        "plain_consumer": tally(read_ids(svc.bootstrap, topic), tag, rows),
+    }
     print(f"[bench debezium] {c.name} fault: {out}", file=sys.stderr, flush=True)
     return out
 
 
 # -- the run -----------------------------------------------------------------------------------
+
 
 def _medians(runs: list[Any]) -> Any:
     """Medians of the numbers of repeated bursts' figures, key by key (nested too)."""
@@ -736,8 +808,9 @@ def _ratio(a: float | None, b: float | None) -> float | None:
 
 def wal_total(b: dict[str, Any]) -> float:
     """WAL bytes per 100k rows of a burst: writing + relaying + the VACUUM after."""
-    return float(b["wal_write_bytes_per_100k"] + b["wal_relay_bytes_per_100k"]
-                 + b["vacuum_after"]["wal_bytes_per_100k"])
+    return float(
+        b["wal_write_bytes_per_100k"] + b["wal_relay_bytes_per_100k"] + b["vacuum_after"]["wal_bytes_per_100k"]
+    )
 
 
 def pg_cpu_total(b: dict[str, Any]) -> float | None:
@@ -762,15 +835,18 @@ def summary(report: dict[str, Any]) -> dict[str, Any]:
             "wal_total_to_insert_delete": _ratio(wal, wal_total(dd)),
             "postgres_cpu": _ratio(hb["postgres_cpu_s_per_100k"], db["postgres_cpu_s_per_100k"]),
             "postgres_cpu_with_vacuum_to_insert_delete": _ratio(pg_cpu_total(hb), pg_cpu_total(dd)),
-            "relay_cpu": _ratio(hb["relay_cpu_s_per_100k"], db["relay_cpu_s_per_100k"])}
+            "relay_cpu": _ratio(hb["relay_cpu_s_per_100k"], db["relay_cpu_s_per_100k"]),
+        }
     return out
 
 
 def violations(report: dict[str, Any]) -> list[str]:
     rc = report.get("sequenced", {}).get("fault", {}).get("read_committed") or {}
     if rc and (rc["duplicates"] or rc["losses"]):
-        return [f"sequenced relay, leader killed: ReadCommittedIter saw {rc['duplicates']} duplicate(s) and "
-                f"{rc['losses']} loss(es); must be 0 / 0"]
+        return [
+            f"sequenced relay, leader killed: ReadCommittedIter saw {rc['duplicates']} duplicate(s) and "
+            f"{rc['losses']} loss(es); must be 0 / 0"
+        ]
     return []
 
 
@@ -792,14 +868,26 @@ def main() -> int:
     tag = uuid.uuid4().hex[:6]
     schema = f"bdz_{tag}"
     svc = Services()
-    report: dict[str, Any] = {"setup": {
-        "rows": args.rows, "runs": args.runs, "warmup_rows": args.warmup_rows, "fault_rows": args.fault_rows,
-        "keys": args.keys, "partitions": PARTITIONS, "payload_bytes": len(payload(123_456)), "cpus": os.cpu_count(),
-        "harvest_limits": {"heartbeatTimeout": f"{HEARTBEAT_TIMEOUT:g}s"},
-        "debezium": "3.6.1, defaults (poll.interval.ms 500, max.batch.size 2048); Connect offset.flush.interval.ms "
-                    "1000 (its default: 60000)"}}
-    contestants: list[Contestant] = [HarvestContestant(svc, schema, tag, False),
-                                     HarvestContestant(svc, schema, tag, True), DebeziumContestant(svc, schema, tag)]
+    report: dict[str, Any] = {
+        "setup": {
+            "rows": args.rows,
+            "runs": args.runs,
+            "warmup_rows": args.warmup_rows,
+            "fault_rows": args.fault_rows,
+            "keys": args.keys,
+            "partitions": PARTITIONS,
+            "payload_bytes": len(payload(123_456)),
+            "cpus": os.cpu_count(),
+            "harvest_limits": {"heartbeatTimeout": f"{HEARTBEAT_TIMEOUT:g}s"},
+            "debezium": "3.6.1, defaults (poll.interval.ms 500, max.batch.size 2048); Connect offset.flush.interval.ms "
+            "1000 (its default: 60000)",
+        }
+    }
+    contestants: list[Contestant] = [
+        HarvestContestant(svc, schema, tag, False),
+        HarvestContestant(svc, schema, tag, True),
+        DebeziumContestant(svc, schema, tag),
+    ]
     try:
         with psycopg.connect(svc.dsn, autocommit=True) as conn:
             conn.execute("CREATE EXTENSION IF NOT EXISTS pgstattuple")

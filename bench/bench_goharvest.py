@@ -40,8 +40,11 @@ GO_DIR = Path(__file__).resolve().parent / "goharvest"
 CKG_MODULE = "gopkg.in/confluentinc/confluent-kafka-go.v1"
 CKG_VERSION = "v1.8.2"
 #: goharvest limit (YAML name) -> the Go main's flag. Anything not given runs at goharvest's default.
-LIMIT_FLAGS = {"markQueryRecords": "-mark-query-records", "maxInFlightRecords": "-max-in-flight-records",
-               "sendConcurrency": "-send-concurrency"}
+LIMIT_FLAGS = {
+    "markQueryRecords": "-mark-query-records",
+    "maxInFlightRecords": "-max-in-flight-records",
+    "sendConcurrency": "-send-concurrency",
+}
 #: The limits harvest's relay benchmark runs with (bench_relay.LIMITS), in goharvest's names.
 TUNED = {"markQueryRecords": 5000, "maxInFlightRecords": 5000}
 KEYS, PARTITIONS = 1000, 8
@@ -67,11 +70,14 @@ def _sources_digest(go: str) -> str:
 
 
 def _go(go: str, *args: str, what: str, timeout: float = 900.0) -> str:
-    proc = subprocess.run([go, *args], cwd=GO_DIR, capture_output=True, text=True, timeout=timeout,
-                          env={**os.environ, "CGO_ENABLED": "1"})
+    proc = subprocess.run(
+        [go, *args], cwd=GO_DIR, capture_output=True, text=True, timeout=timeout, env={**os.environ, "CGO_ENABLED": "1"}
+    )
     if proc.returncode != 0:
-        raise GoharvestBenchError(f"{what} failed (go {' '.join(args)}):\n{proc.stderr.strip()[-3000:]}\n"
-                                  f"fix: the Go module proxy must be reachable and gcc installed (cgo)")
+        raise GoharvestBenchError(
+            f"{what} failed (go {' '.join(args)}):\n{proc.stderr.strip()[-3000:]}\n"
+            f"fix: the Go module proxy must be reachable and gcc installed (cgo)"
+        )
     return proc.stdout
 
 
@@ -91,14 +97,25 @@ def build(go: str, out_dir: Path | None = None) -> Path:
     # confluent-kafka-go v1.8.2 lacks the kafka/librdkafka package goharvest blank-imports (renamed
     # librdkafka_vendor in v1.6). Build against an unmodified copy of the module plus that one empty
     # package; the module cache itself is read-only and `go build -overlay` may not add files there.
-    info = json.loads(_go(go, "mod", "download", "-json", f"{CKG_MODULE}@{CKG_VERSION}",
-                          what=f"downloading {CKG_MODULE}@{CKG_VERSION}"))
+    info = json.loads(
+        _go(
+            go,
+            "mod",
+            "download",
+            "-json",
+            f"{CKG_MODULE}@{CKG_VERSION}",
+            what=f"downloading {CKG_MODULE}@{CKG_VERSION}",
+        )
+    )
     ckg = out_dir / f"confluent-kafka-go.v1@{CKG_VERSION}"
     if ckg.exists():
         shutil.rmtree(ckg)
     # Other platforms' static librdkafka archives (30 MB) are never linked here.
-    shutil.copytree(info["Dir"], ckg, ignore=shutil.ignore_patterns(
-        "librdkafka_darwin.a", "librdkafka_musl_linux.a", "librdkafka_windows.a"))
+    shutil.copytree(
+        info["Dir"],
+        ckg,
+        ignore=shutil.ignore_patterns("librdkafka_darwin.a", "librdkafka_musl_linux.a", "librdkafka_windows.a"),
+    )
     for path in [ckg, *ckg.rglob("*")]:
         path.chmod(path.stat().st_mode | 0o200)
     (ckg / "go.mod").write_text(f"module {CKG_MODULE}\n")
@@ -106,7 +123,8 @@ def build(go: str, out_dir: Path | None = None) -> Path:
     stub.mkdir(exist_ok=True)
     (stub / "librdkafka.go").write_text(
         "// Package librdkafka stands in for the package goharvest blank-imports; added by bench_goharvest.py.\n"
-        "package librdkafka\n")
+        "package librdkafka\n"
+    )
     modfile = out_dir / "go.mod"
     modfile.write_text((GO_DIR / "go.mod").read_text() + f"\nreplace {CKG_MODULE} {CKG_VERSION} => {ckg}\n")
     shutil.copyfile(GO_DIR / "go.sum", out_dir / "go.sum")  # -modfile X.mod reads X.sum
@@ -135,11 +153,13 @@ def _limit_args(limits: dict[str, int] | None) -> list[str]:
     args: list[str] = []
     for name, value in (limits or {}).items():
         if name not in LIMIT_FLAGS:
-            raise GoharvestBenchError(f"limits: {name!r} is not a goharvest limit this benchmark sets; "
-                                      f"use one of {', '.join(LIMIT_FLAGS)}")
+            raise GoharvestBenchError(
+                f"limits: {name!r} is not a goharvest limit this benchmark sets; use one of {', '.join(LIMIT_FLAGS)}"
+            )
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise GoharvestBenchError(f"limits.{name}: {value!r} must be a positive integer "
-                                      f"(leave it out for goharvest's default)")
+            raise GoharvestBenchError(
+                f"limits.{name}: {value!r} must be a positive integer (leave it out for goharvest's default)"
+            )
         args += [LIMIT_FLAGS[name], str(value)]
     return args
 
@@ -159,8 +179,14 @@ def topic_contents(bootstrap: str, topic: str, timeout: float = 60.0) -> tuple[i
     """(records in ``topic``, the distinct 10-digit row numbers their values start with)."""
     from confluent_kafka import Consumer, TopicPartition
 
-    c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"gh-verify-{uuid.uuid4().hex[:8]}",
-                  "enable.auto.commit": False, "enable.partition.eof": False})
+    c = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"gh-verify-{uuid.uuid4().hex[:8]}",
+            "enable.auto.commit": False,
+            "enable.partition.eof": False,
+        }
+    )
     try:
         parts = sorted(c.list_topics(topic, timeout=10).topics[topic].partitions)
         ends = {p: c.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] for p in parts}
@@ -180,8 +206,17 @@ def topic_contents(bootstrap: str, topic: str, timeout: float = 60.0) -> tuple[i
         c.close()
 
 
-def run_goharvest(pg_dsn: str, kafka_bootstrap: str, table: str, rows: int, limits: dict[str, int] | None = None,
-                  *, keys: int = KEYS, partitions: int = PARTITIONS, timeout: float = 600.0) -> dict[str, Any] | None:
+def run_goharvest(
+    pg_dsn: str,
+    kafka_bootstrap: str,
+    table: str,
+    rows: int,
+    limits: dict[str, int] | None = None,
+    *,
+    keys: int = KEYS,
+    partitions: int = PARTITIONS,
+    timeout: float = 600.0,
+) -> dict[str, Any] | None:
     """Drain a fresh backlog of ``rows`` rows from ``table`` with goharvest; None without Go.
 
     ``table`` (``schema.table``) is created goharvest-compatible if missing and must be empty;
@@ -204,11 +239,26 @@ def run_goharvest(pg_dsn: str, kafka_bootstrap: str, table: str, rows: int, limi
     create_topic(kafka_bootstrap, topic, partitions)
     fill_backlog(pg_dsn, table, topic, rows, keys)
     group = f"goharvest-bench-{uuid.uuid4().hex[:8]}"
-    cmd = [str(binary), "-bootstrap", kafka_bootstrap, "-table", table, "-leader-group", group,
-           "-timeout", f"{int(timeout)}s", *limit_args]
+    cmd = [
+        str(binary),
+        "-bootstrap",
+        kafka_bootstrap,
+        "-table",
+        table,
+        "-leader-group",
+        group,
+        "-timeout",
+        f"{int(timeout)}s",
+        *limit_args,
+    ]
     log.info("goharvest draining %d rows (limits: %s)", rows, limits or "goharvest's defaults")
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout + 60,
-                          env={**os.environ, "HARVEST_DATA_SOURCE": lib_pq_dsn(pg_dsn)})
+    proc = subprocess.run(
+        cmd,
+        capture_output=True,
+        text=True,
+        timeout=timeout + 60,
+        env={**os.environ, "HARVEST_DATA_SOURCE": lib_pq_dsn(pg_dsn)},
+    )
     if proc.returncode != 0:
         raise GoharvestBenchError(f"goharvest-bench exited with {proc.returncode}:\n{proc.stderr.strip()[-3000:]}")
     for line in proc.stderr.strip().splitlines()[-10:]:  # goharvest's warnings (re-marks, slow close)
@@ -218,29 +268,42 @@ def run_goharvest(pg_dsn: str, kafka_bootstrap: str, table: str, rows: int, limi
         raise GoharvestBenchError(f"goharvest-bench printed no result; its stderr:\n{proc.stderr.strip()[-3000:]}")
     result: dict[str, Any] = json.loads(lines[-1])
     if result["rows"] != rows:
-        raise GoharvestBenchError(f"table: {table!r} held {result['rows']} rows when goharvest started, "
-                                  f"expected the {rows} of this run; fix: pass an empty (or new) table")
+        raise GoharvestBenchError(
+            f"table: {table!r} held {result['rows']} rows when goharvest started, "
+            f"expected the {rows} of this run; fix: pass an empty (or new) table"
+        )
     records, distinct = topic_contents(kafka_bootstrap, topic)
     expected = {f"{i:010d}".encode() for i in range(rows)}
     missing = len(expected - distinct)
     if missing:
-        raise GoharvestBenchError(f"goharvest emptied the outbox but {missing} of {rows} rows are not in "
-                                  f"topic {topic!r}")
-    result["kafka"] = {"topic": topic, "records": records, "distinct_rows": len(distinct & expected),
-                       "duplicates": records - len(distinct & expected)}
+        raise GoharvestBenchError(
+            f"goharvest emptied the outbox but {missing} of {rows} rows are not in topic {topic!r}"
+        )
+    result["kafka"] = {
+        "topic": topic,
+        "records": records,
+        "distinct_rows": len(distinct & expected),
+        "duplicates": records - len(distinct & expected),
+    }
     return result
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m bench.bench_goharvest",
-                                 description=__doc__.splitlines()[0] if __doc__ else None,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        prog="python -m bench.bench_goharvest",
+        description=__doc__.splitlines()[0] if __doc__ else None,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     ap.add_argument("--rows", type=int, default=100_000)
     ap.add_argument("--keys", type=int, default=KEYS)
     ap.add_argument("--partitions", type=int, default=PARTITIONS)
-    ap.add_argument("--variant", action="append", choices=("default", "tuned"),
-                    help="goharvest's default limits, or markQueryRecords=maxInFlightRecords=5000 "
-                         "(bench_relay's); repeatable; default: both")
+    ap.add_argument(
+        "--variant",
+        action="append",
+        choices=("default", "tuned"),
+        help="goharvest's default limits, or markQueryRecords=maxInFlightRecords=5000 "
+        "(bench_relay's); repeatable; default: both",
+    )
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     for noisy in ("harvest_outbox.harvest_local.maven", "harvest_outbox.harvest_local.launcher"):
@@ -262,15 +325,28 @@ def main(argv: list[str] | None = None) -> int:
     import psycopg
     from psycopg import sql
 
-    out: dict[str, Any] = {"setup": {"rows": args.rows, "keys": args.keys, "partitions": args.partitions,
-                                     "value_bytes": 100, "cpus": os.cpu_count()}}
+    out: dict[str, Any] = {
+        "setup": {
+            "rows": args.rows,
+            "keys": args.keys,
+            "partitions": args.partitions,
+            "value_bytes": 100,
+            "cpus": os.cpu_count(),
+        }
+    }
     try:
         for variant in variants:
             schema = f"gh_{uuid.uuid4().hex[:8]}"
             try:
-                out[variant] = run_goharvest(dsn, bootstrap, f"{schema}.outbox", args.rows,
-                                             TUNED if variant == "tuned" else None,
-                                             keys=args.keys, partitions=args.partitions)
+                out[variant] = run_goharvest(
+                    dsn,
+                    bootstrap,
+                    f"{schema}.outbox",
+                    args.rows,
+                    TUNED if variant == "tuned" else None,
+                    keys=args.keys,
+                    partitions=args.partitions,
+                )
             finally:
                 with psycopg.connect(dsn, autocommit=True) as conn:
                     conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema)))

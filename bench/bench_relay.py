@@ -72,16 +72,16 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import psycopg  # noqa: E402
-from confluent_kafka import Consumer, TopicPartition  # noqa: E402
-from psycopg import sql  # noqa: E402
+import psycopg
+from confluent_kafka import Consumer, TopicPartition
+from psycopg import sql
 
-from harvest_outbox.harvest_local.kafka import create_topic  # noqa: E402
-from harvest_outbox.producer.config import AUTO_MARK_RECORDS, HarvestConfig, Limits  # noqa: E402
-from harvest_outbox.producer.db import OutboxDatabase, id_range  # noqa: E402
-from harvest_outbox.producer.harvest import Harvest  # noqa: E402
-from harvest_outbox.producer.schema import OutboxNames, init_db  # noqa: E402
-from harvest_outbox.producer.stasher import OutboxRecord, Stasher  # noqa: E402
+from harvest_outbox.harvest_local.kafka import create_topic
+from harvest_outbox.producer.config import AUTO_MARK_RECORDS, HarvestConfig, Limits
+from harvest_outbox.producer.db import OutboxDatabase, id_range
+from harvest_outbox.producer.harvest import Harvest
+from harvest_outbox.producer.schema import OutboxNames, init_db
+from harvest_outbox.producer.stasher import OutboxRecord, Stasher
 
 # What a new user writes: connection settings and heartbeatTimeout, nothing else.
 DEFAULT_LIMITS: dict[str, Any] = dict(heartbeat_timeout=5.0)
@@ -107,9 +107,14 @@ def fill_backlog(dsn: str, table: str, topic: str, rows: int, keys: int) -> None
 
 
 def _config(dsn: str, bootstrap: str, table: str, limits: dict[str, Any], sequenced: bool) -> HarvestConfig:
-    return HarvestConfig(data_source=dsn, outbox_table=table, base_kafka_config={"bootstrap.servers": bootstrap},
-                         leader_group_id=f"bench-{uuid.uuid4().hex[:8]}", limits=Limits(**limits),
-                         uuid_sequencing=sequenced)
+    return HarvestConfig(
+        data_source=dsn,
+        outbox_table=table,
+        base_kafka_config={"bootstrap.servers": bootstrap},
+        leader_group_id=f"bench-{uuid.uuid4().hex[:8]}",
+        limits=Limits(**limits),
+        uuid_sequencing=sequenced,
+    )
 
 
 def _rss_mb() -> float:
@@ -146,8 +151,9 @@ class _Backlog:
     """A fresh schema + outbox filled with ``rows`` rows for ``topic`` (a new topic when None); the
     schema is dropped on exit."""
 
-    def __init__(self, dsn: str, bootstrap: str, rows: int, keys: int, partitions: int,
-                 topic: str | None = None) -> None:
+    def __init__(
+        self, dsn: str, bootstrap: str, rows: int, keys: int, partitions: int, topic: str | None = None
+    ) -> None:
         self.dsn, self.rows = dsn, rows
         self.schema = f"bench_{uuid.uuid4().hex[:8]}"
         self.table = f"{self.schema}.outbox"
@@ -166,8 +172,16 @@ class _Backlog:
             conn.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(self.schema)))
 
 
-def drain_once(dsn: str, bootstrap: str, rows: int, keys: int, partitions: int, sequenced: bool,
-               limits: dict[str, Any], topic: str | None = None) -> dict[str, Any]:
+def drain_once(
+    dsn: str,
+    bootstrap: str,
+    rows: int,
+    keys: int,
+    partitions: int,
+    sequenced: bool,
+    limits: dict[str, Any],
+    topic: str | None = None,
+) -> dict[str, Any]:
     with _Backlog(dsn, bootstrap, rows, keys, partitions, topic) as b:
         relay = Harvest(_config(dsn, bootstrap, b.table, limits, sequenced)).start()
         peak_rss, peak_mark = _rss_mb(), 0
@@ -189,8 +203,13 @@ def drain_once(dsn: str, bootstrap: str, rows: int, keys: int, partitions: int, 
             watch.close()
             relay.stop()
             relay.wait(60)
-    return {"rows_per_s": rows / elapsed, "cpu_s_per_100k": cpu / rows * 100_000, "peak_rss_mb": peak_rss,
-            "peak_mark_size": peak_mark, "remarks": relay.metrics.remarks}
+    return {
+        "rows_per_s": rows / elapsed,
+        "cpu_s_per_100k": cpu / rows * 100_000,
+        "peak_rss_mb": peak_rss,
+        "peak_mark_size": peak_mark,
+        "remarks": relay.metrics.remarks,
+    }
 
 
 # goharvest's own mark statement (the relay addresses the marked rows by ctid instead).
@@ -207,8 +226,9 @@ def kafka_limit_once(bootstrap: str, rows: int, keys: int, partitions: int, topi
     as the relay's does before it is elected."""
     from confluent_kafka import Producer
 
-    conf = HarvestConfig(data_source="postgresql://unused", outbox_table="unused",
-                         base_kafka_config={"bootstrap.servers": bootstrap}).producer_config()
+    conf = HarvestConfig(
+        data_source="postgresql://unused", outbox_table="unused", base_kafka_config={"bootstrap.servers": bootstrap}
+    ).producer_config()
     producer = Producer(conf)
     producer.list_topics(timeout=10)
     records = [(r.key.encode(), r.value.encode()) for r in _records(topic, 0, rows, keys)]
@@ -233,8 +253,16 @@ def kafka_limit_once(bootstrap: str, rows: int, keys: int, partitions: int, topi
     return rows / elapsed
 
 
-def db_limit_once(dsn: str, bootstrap: str, rows: int, keys: int, partitions: int, batch: int, topic: str | None = None,
-                  statement: str = "relay") -> float:
+def db_limit_once(
+    dsn: str,
+    bootstrap: str,
+    rows: int,
+    keys: int,
+    partitions: int,
+    batch: int,
+    topic: str | None = None,
+    statement: str = "relay",
+) -> float:
     """The database's own loop: a mark statement (the relay's, or goharvest's), then one multi-id
     DELETE, repeated on one connection until the outbox is empty. ``statement="relay_async_mark"``:
     the relay's mark on a second connection committing asynchronously, as the relay's does (the
@@ -247,7 +275,8 @@ def db_limit_once(dsn: str, bootstrap: str, rows: int, keys: int, partitions: in
         leader = uuid.uuid4()
         goharvest = sql.SQL(GOHARVEST_MARK).format(o=sql.Identifier(b.schema, "outbox"))
         range_delete = sql.SQL("DELETE FROM {} WHERE id BETWEEN %s AND %s AND id <> ALL(%s::bigint[])").format(
-            sql.Identifier(b.schema, "outbox"))
+            sql.Identifier(b.schema, "outbox")
+        )
         try:
             conn = db.conn
             mark_db.conn  # connected before the clock starts
@@ -288,11 +317,18 @@ def _latency_figures(rows: list[tuple[float, float]], warmup: float, rate: float
     def pct(xs: list[float], q: int) -> float | None:
         return round(statistics.quantiles(xs, n=100)[q - 1] * 1000, 2) if len(xs) > 1 else None
 
-    return {"rate_rows_per_s": rate, "rows": len(steady), "seconds": seconds, "p50_ms": pct(steady, 50),
-            "p99_ms": pct(steady, 99), "max_ms": round(steady[-1] * 1000, 2) if steady else None,
-            "warmup_seconds": warmup, "warmup_p99_ms": pct(start, 99),
-            "warmup_max_ms": round(start[-1] * 1000, 2) if start else None,
-            "worst_at_s": round(worst[0] - t0, 2)}
+    return {
+        "rate_rows_per_s": rate,
+        "rows": len(steady),
+        "seconds": seconds,
+        "p50_ms": pct(steady, 50),
+        "p99_ms": pct(steady, 99),
+        "max_ms": round(steady[-1] * 1000, 2) if steady else None,
+        "warmup_seconds": warmup,
+        "warmup_p99_ms": pct(start, 99),
+        "warmup_max_ms": round(start[-1] * 1000, 2) if start else None,
+        "worst_at_s": round(worst[0] - t0, 2),
+    }
 
 
 def _trickle(write_one: Any, rate: float, n: int) -> None:
@@ -305,8 +341,9 @@ def _trickle(write_one: Any, rate: float, n: int) -> None:
         write_one(i)
 
 
-def _receive(topic: str, bootstrap: str, sent: dict[bytes, float], n: int, deadline: float,
-             read_committed: bool = False) -> list[tuple[float, float]]:
+def _receive(
+    topic: str, bootstrap: str, sent: dict[bytes, float], n: int, deadline: float, read_committed: bool = False
+) -> list[tuple[float, float]]:
     """(sent, received) perf_counter pairs of the values in ``sent``, read by a plain consumer, or
     with ``read_committed`` by a ``ReadCommittedIter`` (a record counts once its ACK is read)."""
     if read_committed:
@@ -318,13 +355,15 @@ def _receive(topic: str, bootstrap: str, sent: dict[bytes, float], n: int, deadl
             r = reader.poll(0.05)
             return r.value if r is not None else None
     else:
-        reader = Consumer({"bootstrap.servers": bootstrap, "group.id": f"lat-{uuid.uuid4()}",
-                           "enable.auto.commit": False})
+        reader = Consumer(
+            {"bootstrap.servers": bootstrap, "group.id": f"lat-{uuid.uuid4()}", "enable.auto.commit": False}
+        )
         reader.assign([TopicPartition(topic, p, 0) for p in range(8)])
 
         def next_value() -> bytes | None:
             m = reader.poll(0.05)  # poll, not consume(n): consume waits for n messages or the timeout
             return m.value() if m is not None and not m.error() else None
+
     out: list[tuple[float, float]] = []
     try:
         while len(out) < n and time.perf_counter() < deadline:
@@ -340,8 +379,16 @@ def _receive(topic: str, bootstrap: str, sent: dict[bytes, float], n: int, deadl
     return out
 
 
-def latency(dsn: str, bootstrap: str, rate: float, seconds: float, keys: int, sequenced: bool = False,
-            warmup: float = 2.0, read_committed: bool = False) -> dict[str, Any]:
+def latency(
+    dsn: str,
+    bootstrap: str,
+    rate: float,
+    seconds: float,
+    keys: int,
+    sequenced: bool = False,
+    warmup: float = 2.0,
+    read_committed: bool = False,
+) -> dict[str, Any]:
     """Commit -> consumer receipt of rows stashed one per transaction at ``rate`` (module doc);
     ``read_committed``: receipt by a ``ReadCommittedIter`` (sequenced only: after the ACK)."""
     schema = f"lat_{uuid.uuid4().hex[:8]}"
@@ -360,6 +407,7 @@ def latency(dsn: str, bootstrap: str, rate: float, seconds: float, keys: int, se
         def write() -> None:
             st = Stasher(table)
             with psycopg.connect(dsn) as conn:
+
                 def one(i: int) -> None:
                     if i == int(rate * warmup):  # the measured window starts: relay CPU from here
                         window.append((time.perf_counter(), _thread_cpu_s(_relay_threads(relay))))
@@ -397,8 +445,9 @@ def kafka_latency(bootstrap: str, rate: float, seconds: float, keys: int, warmup
 
     topic = f"lat-{uuid.uuid4().hex[:8]}"
     create_topic(bootstrap, topic, 8)
-    conf = HarvestConfig(data_source="postgresql://unused", outbox_table="unused",
-                         base_kafka_config={"bootstrap.servers": bootstrap}).producer_config()
+    conf = HarvestConfig(
+        data_source="postgresql://unused", outbox_table="unused", base_kafka_config={"bootstrap.servers": bootstrap}
+    ).producer_config()
     producer = Producer(conf)
     producer.list_topics(timeout=10)  # connected before the clock starts, as a standby relay's producer is
     sent: dict[bytes, float] = {}
@@ -474,8 +523,12 @@ def main() -> int:
     ap.add_argument("--big-runs", type=int, default=3)
     ap.add_argument("--rate", type=float, default=500.0)
     ap.add_argument("--latency-seconds", type=float, default=10.0, help="the measured window of the latency phase")
-    ap.add_argument("--latency-warmup", type=float, default=2.0,
-                    help="seconds of the latency phase before the measured window (reported on their own)")
+    ap.add_argument(
+        "--latency-warmup",
+        type=float,
+        default=2.0,
+        help="seconds of the latency phase before the measured window (reported on their own)",
+    )
     ap.add_argument("--no-goharvest", action="store_true", help="skip goharvest even when Go is present")
     args = ap.parse_args()
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
@@ -490,16 +543,23 @@ def main() -> int:
     settings = {"defaults": DEFAULT_LIMITS, "tuned": TUNED_LIMITS}
     sizes = [(args.rows, args.runs)] + ([(args.big_rows, args.big_runs)] if args.big_rows else [])
     report: dict[str, Any] = {
-        "setup": {"keys": args.keys, "partitions": args.partitions, "value_bytes": 100, "cpus": os.cpu_count(),
-                  "defaults": DEFAULT_LIMITS, "tuned": TUNED_LIMITS, "db_limit_batch": AUTO_MARK_RECORDS},
-        "backlogs": {}}
+        "setup": {
+            "keys": args.keys,
+            "partitions": args.partitions,
+            "value_bytes": 100,
+            "cpus": os.cpu_count(),
+            "defaults": DEFAULT_LIMITS,
+            "tuned": TUNED_LIMITS,
+            "db_limit_batch": AUTO_MARK_RECORDS,
+        },
+        "backlogs": {},
+    }
     try:
         # One long-lived topic for every drain and Kafka loop, as an outbox's topics are. A drain into
         # a topic created moments before pays the broker's start-up of new partitions (measured on
         # its own below), which no relay of a running system meets.
         topic = new_topic(bootstrap, args.partitions)
-        report["setup"]["warmup"] = warm_up(dsn, bootstrap, min(args.rows, 100_000), args.keys, args.partitions,
-                                            topic)
+        report["setup"]["warmup"] = warm_up(dsn, bootstrap, min(args.rows, 100_000), args.keys, args.partitions, topic)
         for rows, runs in sizes:
             limit_runs: list[float] = []
             kafka_runs: list[float] = []
@@ -509,25 +569,57 @@ def main() -> int:
             new_topic_runs: list[dict[str, Any]] = []
             drains: dict[str, list[dict[str, Any]]] = {f"{m}/{s}": [] for m in modes for s in settings}
             for _ in range(runs):  # interleaved, so every figure sees the same machine state
-                limit_runs.append(db_limit_once(dsn, bootstrap, rows, args.keys, args.partitions, AUTO_MARK_RECORDS,
-                                                topic))
-                goharvest_runs.append(db_limit_once(dsn, bootstrap, rows, args.keys, args.partitions,
-                                                    AUTO_MARK_RECORDS, topic, statement="goharvest"))
-                async_mark_runs.append(db_limit_once(dsn, bootstrap, rows, args.keys, args.partitions,
-                                                     AUTO_MARK_RECORDS, topic, statement="relay_async_mark"))
-                range_delete_runs.append(db_limit_once(dsn, bootstrap, rows, args.keys, args.partitions,
-                                                       AUTO_MARK_RECORDS, topic, statement="relay_range_delete"))
+                limit_runs.append(
+                    db_limit_once(dsn, bootstrap, rows, args.keys, args.partitions, AUTO_MARK_RECORDS, topic)
+                )
+                goharvest_runs.append(
+                    db_limit_once(
+                        dsn,
+                        bootstrap,
+                        rows,
+                        args.keys,
+                        args.partitions,
+                        AUTO_MARK_RECORDS,
+                        topic,
+                        statement="goharvest",
+                    )
+                )
+                async_mark_runs.append(
+                    db_limit_once(
+                        dsn,
+                        bootstrap,
+                        rows,
+                        args.keys,
+                        args.partitions,
+                        AUTO_MARK_RECORDS,
+                        topic,
+                        statement="relay_async_mark",
+                    )
+                )
+                range_delete_runs.append(
+                    db_limit_once(
+                        dsn,
+                        bootstrap,
+                        rows,
+                        args.keys,
+                        args.partitions,
+                        AUTO_MARK_RECORDS,
+                        topic,
+                        statement="relay_range_delete",
+                    )
+                )
                 kafka_runs.append(kafka_limit_once(bootstrap, rows, args.keys, args.partitions, topic))
                 for m, sequenced in modes.items():
                     for sname, limits in settings.items():
                         print(f"[bench relay] {rows} rows, {m}, {sname}", file=sys.stderr, flush=True)
                         drains[f"{m}/{sname}"].append(
-                            drain_once(dsn, bootstrap, rows, args.keys, args.partitions, sequenced, limits, topic))
+                            drain_once(dsn, bootstrap, rows, args.keys, args.partitions, sequenced, limits, topic)
+                        )
                 if rows == args.rows:
-                    print(f"[bench relay] {rows} rows, at_least_once, defaults, new topic", file=sys.stderr,
-                          flush=True)
-                    new_topic_runs.append(drain_once(dsn, bootstrap, rows, args.keys, args.partitions, False,
-                                                     DEFAULT_LIMITS))
+                    print(f"[bench relay] {rows} rows, at_least_once, defaults, new topic", file=sys.stderr, flush=True)
+                    new_topic_runs.append(
+                        drain_once(dsn, bootstrap, rows, args.keys, args.partitions, False, DEFAULT_LIMITS)
+                    )
             limit = statistics.median(limit_runs)
             go_limit = statistics.median(goharvest_runs)
             kafka_limit = statistics.median(kafka_runs)
@@ -535,48 +627,71 @@ def main() -> int:
             range_limit = statistics.median(range_delete_runs)
             entry: dict[str, Any] = {
                 "db_limit_rows_per_s": {"runs": [round(x) for x in limit_runs], "median": round(limit)},
-                "db_loop_goharvest_statement_rows_per_s": {"runs": [round(x) for x in goharvest_runs],
-                                                           "median": round(go_limit)},
-                "db_loop_async_mark_rows_per_s": {"runs": [round(x) for x in async_mark_runs],
-                                                  "median": round(async_limit)},
-                "db_loop_range_delete_rows_per_s": {"runs": [round(x) for x in range_delete_runs],
-                                                    "median": round(range_limit)},
-                "kafka_limit_rows_per_s": {"runs": [round(x) for x in kafka_runs], "median": round(kafka_limit)}}
+                "db_loop_goharvest_statement_rows_per_s": {
+                    "runs": [round(x) for x in goharvest_runs],
+                    "median": round(go_limit),
+                },
+                "db_loop_async_mark_rows_per_s": {
+                    "runs": [round(x) for x in async_mark_runs],
+                    "median": round(async_limit),
+                },
+                "db_loop_range_delete_rows_per_s": {
+                    "runs": [round(x) for x in range_delete_runs],
+                    "median": round(range_limit),
+                },
+                "kafka_limit_rows_per_s": {"runs": [round(x) for x in kafka_runs], "median": round(kafka_limit)},
+            }
             for name, rs in drains.items():
                 med = _median(rs, "rows_per_s")
-                entry[name] = {"rows_per_s": round(med), "runs": [round(r["rows_per_s"]) for r in rs],
-                               "ratio_to_db_limit": round(med / limit, 3),
-                               "ratio_to_goharvest_statement_loop": round(med / go_limit, 3),
-                               "ratio_to_db_loop_async_mark": round(med / async_limit, 3),
-                               "ratio_to_db_loop_range_delete": round(med / range_limit, 3),
-                               "ratio_to_kafka_limit": round(med / kafka_limit, 3),
-                               "cpu_s_per_100k_rows": round(_median(rs, "cpu_s_per_100k"), 3),
-                               "peak_rss_mb": round(max(r["peak_rss_mb"] for r in rs)),
-                               "peak_mark_size": max(r["peak_mark_size"] for r in rs),
-                               "remarks": sum(r["remarks"] for r in rs)}
+                entry[name] = {
+                    "rows_per_s": round(med),
+                    "runs": [round(r["rows_per_s"]) for r in rs],
+                    "ratio_to_db_limit": round(med / limit, 3),
+                    "ratio_to_goharvest_statement_loop": round(med / go_limit, 3),
+                    "ratio_to_db_loop_async_mark": round(med / async_limit, 3),
+                    "ratio_to_db_loop_range_delete": round(med / range_limit, 3),
+                    "ratio_to_kafka_limit": round(med / kafka_limit, 3),
+                    "cpu_s_per_100k_rows": round(_median(rs, "cpu_s_per_100k"), 3),
+                    "peak_rss_mb": round(max(r["peak_rss_mb"] for r in rs)),
+                    "peak_mark_size": max(r["peak_mark_size"] for r in rs),
+                    "remarks": sum(r["remarks"] for r in rs),
+                }
             if new_topic_runs:
                 med = _median(new_topic_runs, "rows_per_s")
                 entry["at_least_once/defaults/new_topic"] = {
-                    "rows_per_s": round(med), "runs": [round(r["rows_per_s"]) for r in new_topic_runs],
+                    "rows_per_s": round(med),
+                    "runs": [round(r["rows_per_s"]) for r in new_topic_runs],
                     "ratio_to_db_limit": round(med / limit, 3),
-                    "ratio_to_long_lived_topic": round(med / entry["at_least_once/defaults"]["rows_per_s"], 3)}
+                    "ratio_to_long_lived_topic": round(med / entry["at_least_once/defaults"]["rows_per_s"], 3),
+                }
             for sname in settings:
                 entry[f"sequenced_to_at_least_once/{sname}"] = round(
-                    entry[f"sequenced/{sname}"]["rows_per_s"] / entry[f"at_least_once/{sname}"]["rows_per_s"], 3)
-            entry["meets_targets"] = all(
-                entry[f"{m}/defaults"]["ratio_to_db_limit"] >= TARGET_RATIO for m in modes) and \
-                entry["sequenced_to_at_least_once/defaults"] >= TARGET_SEQ_RATIO
+                    entry[f"sequenced/{sname}"]["rows_per_s"] / entry[f"at_least_once/{sname}"]["rows_per_s"], 3
+                )
+            entry["meets_targets"] = (
+                all(entry[f"{m}/defaults"]["ratio_to_db_limit"] >= TARGET_RATIO for m in modes)
+                and entry["sequenced_to_at_least_once/defaults"] >= TARGET_SEQ_RATIO
+            )
             report["backlogs"][str(rows)] = entry
         if not args.no_goharvest:
             from bench.bench_goharvest import run_goharvest
 
             go: dict[str, Any] = {}
-            for sname, limits in (("defaults", None), ("tuned", {"markQueryRecords": 5000,
-                                                                   "maxInFlightRecords": 5000})):
+            for sname, limits in (
+                ("defaults", None),
+                ("tuned", {"markQueryRecords": 5000, "maxInFlightRecords": 5000}),
+            ):
                 schema = f"gh_{uuid.uuid4().hex[:8]}"
                 try:
-                    res = run_goharvest(dsn, bootstrap, f"{schema}.outbox", args.rows, limits, keys=args.keys,
-                                        partitions=args.partitions)
+                    res = run_goharvest(
+                        dsn,
+                        bootstrap,
+                        f"{schema}.outbox",
+                        args.rows,
+                        limits,
+                        keys=args.keys,
+                        partitions=args.partitions,
+                    )
                 finally:
                     with psycopg.connect(dsn, autocommit=True) as conn:
                         conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema)))
@@ -588,24 +703,38 @@ def main() -> int:
                 ours = report["backlogs"][str(args.rows)]
                 for sname in ("defaults", "tuned"):
                     go[f"harvest_at_least_once_to_goharvest/{sname}"] = round(
-                        ours[f"at_least_once/{sname}"]["rows_per_s"] / go[sname]["rows_per_s"], 3)
+                        ours[f"at_least_once/{sname}"]["rows_per_s"] / go[sname]["rows_per_s"], 3
+                    )
             report["goharvest"] = go
         checkpoint(dsn)
         warm = args.latency_warmup
         report["idle_to_delivery_latency"] = {
             "kafka": kafka_latency(bootstrap, args.rate, args.latency_seconds, args.keys, warm),
             "at_least_once": latency(dsn, bootstrap, args.rate, args.latency_seconds, args.keys, warmup=warm),
-            "sequenced": latency(dsn, bootstrap, args.rate, args.latency_seconds, args.keys, sequenced=True,
-                                 warmup=warm),
+            "sequenced": latency(
+                dsn, bootstrap, args.rate, args.latency_seconds, args.keys, sequenced=True, warmup=warm
+            ),
             # what a sequenced pipeline's application sees: a record counts once its ACK is read
-            "sequenced_read_committed": latency(dsn, bootstrap, args.rate, args.latency_seconds, args.keys,
-                                                sequenced=True, warmup=warm, read_committed=True)}
+            "sequenced_read_committed": latency(
+                dsn,
+                bootstrap,
+                args.rate,
+                args.latency_seconds,
+                args.keys,
+                sequenced=True,
+                warmup=warm,
+                read_committed=True,
+            ),
+        }
     finally:
         if services is not None:
             services.stop()
     lat = report["idle_to_delivery_latency"]
-    report["latency_meets_targets"] = all((v.get("p50_ms") or 1e9) <= 5 and (v.get("p99_ms") or 1e9) <= 20
-                                          for k, v in lat.items() if k in ("at_least_once", "sequenced"))
+    report["latency_meets_targets"] = all(
+        (v.get("p50_ms") or 1e9) <= 5 and (v.get("p99_ms") or 1e9) <= 20
+        for k, v in lat.items()
+        if k in ("at_least_once", "sequenced")
+    )
     print(json.dumps(report, indent=2))
     return 0
 

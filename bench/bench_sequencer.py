@@ -32,9 +32,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from harvest_outbox.sequencer import (
+    IMPLEMENTATION,
     Envelope,
     Flags,
-    IMPLEMENTATION,
     ProducerState,
     PySequencer,
     Sequencer,

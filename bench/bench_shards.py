@@ -36,16 +36,16 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import psycopg  # noqa: E402
-from psycopg import sql  # noqa: E402
+import psycopg
+from psycopg import sql
 
-from harvest_outbox.harvest_local.kafka import create_topic  # noqa: E402
-from harvest_outbox.harvest_local.relays import RelayProcess, wait_for  # noqa: E402
-from harvest_outbox.producer.config import load_yaml  # noqa: E402
-from harvest_outbox.producer.errors import ElectionError  # noqa: E402
-from harvest_outbox.producer.schema import OutboxNames, init_db  # noqa: E402
-from harvest_outbox.producer.shard_status import neli_leaders, postgres_leaders  # noqa: E402
-from harvest_outbox.producer.stasher import OutboxRecord, Stasher  # noqa: E402
+from harvest_outbox.harvest_local.kafka import create_topic
+from harvest_outbox.harvest_local.relays import RelayProcess, wait_for
+from harvest_outbox.producer.config import load_yaml
+from harvest_outbox.producer.errors import ElectionError
+from harvest_outbox.producer.schema import OutboxNames, init_db
+from harvest_outbox.producer.shard_status import neli_leaders, postgres_leaders
+from harvest_outbox.producer.stasher import OutboxRecord, Stasher
 
 SHARDS = 8
 _CLK = os.sysconf("SC_CLK_TCK")
@@ -68,12 +68,24 @@ def _delivered(port: int) -> int:
     return int(float(m.group(1))) if m else 0
 
 
-def _yaml(path: Path, dsn: str, bootstrap: str, table: str, group: str, shards: int, port: int,
-          election: str) -> Path:
-    lines = ["harvest:", "  baseKafkaConfig:", f'    bootstrap.servers: "{bootstrap}"', f'  dataSource: "{dsn}"',
-             f"  outboxTable: {table}", f"  leaderGroupID: {group}", f"  shards: {shards}",
-             f"  leaderElection: {election}", f"  prometheusPort: {port}", "  prometheusBindAddress: 127.0.0.1",
-             "  limits:", "    heartbeatTimeout: 5s", "logging:", "  level: Info", ""]
+def _yaml(path: Path, dsn: str, bootstrap: str, table: str, group: str, shards: int, port: int, election: str) -> Path:
+    lines = [
+        "harvest:",
+        "  baseKafkaConfig:",
+        f'    bootstrap.servers: "{bootstrap}"',
+        f'  dataSource: "{dsn}"',
+        f"  outboxTable: {table}",
+        f"  leaderGroupID: {group}",
+        f"  shards: {shards}",
+        f"  leaderElection: {election}",
+        f"  prometheusPort: {port}",
+        "  prometheusBindAddress: 127.0.0.1",
+        "  limits:",
+        "    heartbeatTimeout: 5s",
+        "logging:",
+        "  level: Info",
+        "",
+    ]
     path.write_text("\n".join(lines))
     os.chmod(path, 0o600)
     return path
@@ -99,8 +111,17 @@ def _spread(cfg: Path, relays: int, shards: int) -> bool:
     return len(by) == relays and sum(by.values()) == shards and max(by.values()) <= -(-shards // relays) + 1
 
 
-def drain_once(dsn: str, bootstrap: str, workdir: Path, rows: int, keys: int, partitions: int, relays: int,
-               shards: int, election: str) -> dict[str, Any]:
+def drain_once(
+    dsn: str,
+    bootstrap: str,
+    workdir: Path,
+    rows: int,
+    keys: int,
+    partitions: int,
+    relays: int,
+    shards: int,
+    election: str,
+) -> dict[str, Any]:
     schema = f"sh_{uuid.uuid4().hex[:8]}"
     table = f"{schema}.outbox"
     topic = f"bench-shards-{uuid.uuid4().hex[:8]}"
@@ -114,8 +135,9 @@ def drain_once(dsn: str, bootstrap: str, workdir: Path, rows: int, keys: int, pa
     stasher = Stasher(f"{schema}.staging")
     with psycopg.connect(dsn) as conn:
         for start in range(0, rows, 100_000):
-            stasher.stash_many(conn, [OutboxRecord(topic, f"key-{i % keys}", value)
-                                      for i in range(start, min(rows, start + 100_000))])
+            stasher.stash_many(
+                conn, [OutboxRecord(topic, f"key-{i % keys}", value) for i in range(start, min(rows, start + 100_000))]
+            )
     group = f"bench-{uuid.uuid4().hex[:8]}"
     procs: list[tuple[RelayProcess, int]] = []
     try:
@@ -145,10 +167,13 @@ def drain_once(dsn: str, bootstrap: str, workdir: Path, rows: int, keys: int, pa
             p.stop(60)
         with psycopg.connect(dsn, autocommit=True) as conn:
             conn.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(schema)))
-    return {"rows_per_s": rows / elapsed, "delivered": delivered,
-            "shares": [round(d / max(1, sum(delivered)), 3) for d in delivered],
-            "cpu_s_per_100k_rows": [round(c / max(1, d) * 100_000, 3) for c, d in zip(cpu, delivered)],
-            "cpu_s_per_100k_rows_all": round(sum(cpu) / rows * 100_000, 3)}
+    return {
+        "rows_per_s": rows / elapsed,
+        "delivered": delivered,
+        "shares": [round(d / max(1, sum(delivered)), 3) for d in delivered],
+        "cpu_s_per_100k_rows": [round(c / max(1, d) * 100_000, 3) for c, d in zip(cpu, delivered)],
+        "cpu_s_per_100k_rows_all": round(sum(cpu) / rows * 100_000, 3),
+    }
 
 
 def main() -> int:
@@ -173,9 +198,18 @@ def main() -> int:
     from bench.bench_relay import db_limit_once
 
     counts = [int(x) for x in args.relays.split(",")]
-    report: dict[str, Any] = {"benchmark": "sharded_relays", "rows": args.rows, "shards": SHARDS, "keys": args.keys,
-                              "partitions": args.partitions, "election": args.election, "cpus": os.cpu_count(),
-                              "limits": "defaults", "mode": "at-least-once", "runs": args.runs}
+    report: dict[str, Any] = {
+        "benchmark": "sharded_relays",
+        "rows": args.rows,
+        "shards": SHARDS,
+        "keys": args.keys,
+        "partitions": args.partitions,
+        "election": args.election,
+        "cpus": os.cpu_count(),
+        "limits": "defaults",
+        "mode": "at-least-once",
+        "runs": args.runs,
+    }
     try:
         with tempfile.TemporaryDirectory(prefix="bench-shards-") as tmp:
             work = Path(tmp)
@@ -184,22 +218,30 @@ def main() -> int:
             for _ in range(args.runs):  # interleaved: every figure sees the same machine state
                 limit.append(db_limit_once(dsn, bootstrap, args.rows, args.keys, args.partitions, 5000))
                 print("[bench shards] unsharded, 1 relay", file=sys.stderr, flush=True)
-                runs["unsharded/1"].append(drain_once(dsn, bootstrap, work, args.rows, args.keys, args.partitions, 1, 1,
-                                                      args.election))
+                runs["unsharded/1"].append(
+                    drain_once(dsn, bootstrap, work, args.rows, args.keys, args.partitions, 1, 1, args.election)
+                )
                 for n in counts:
                     print(f"[bench shards] shards: {SHARDS}, {n} relay(s)", file=sys.stderr, flush=True)
-                    runs[f"shards{SHARDS}/{n}"].append(drain_once(dsn, bootstrap, work, args.rows, args.keys,
-                                                                 args.partitions, n, SHARDS, args.election))
+                    runs[f"shards{SHARDS}/{n}"].append(
+                        drain_once(
+                            dsn, bootstrap, work, args.rows, args.keys, args.partitions, n, SHARDS, args.election
+                        )
+                    )
         base = statistics.median(r["rows_per_s"] for r in runs["unsharded/1"])
         report["db_limit_rows_per_s"] = round(statistics.median(limit))
         for name, rs in runs.items():
             med = statistics.median(r["rows_per_s"] for r in rs)
             last = rs[-1]
-            report[name] = {"rows_per_s": round(med), "runs": [round(r["rows_per_s"]) for r in rs],
-                            "ratio_to_unsharded": round(med / base, 3),
-                            "ratio_to_db_limit": round(med / report["db_limit_rows_per_s"], 3),
-                            "shares": last["shares"], "cpu_s_per_100k_rows_per_relay": last["cpu_s_per_100k_rows"],
-                            "cpu_s_per_100k_rows_all_relays": statistics.median(r["cpu_s_per_100k_rows_all"] for r in rs)}
+            report[name] = {
+                "rows_per_s": round(med),
+                "runs": [round(r["rows_per_s"]) for r in rs],
+                "ratio_to_unsharded": round(med / base, 3),
+                "ratio_to_db_limit": round(med / report["db_limit_rows_per_s"], 3),
+                "shares": last["shares"],
+                "cpu_s_per_100k_rows_per_relay": last["cpu_s_per_100k_rows"],
+                "cpu_s_per_100k_rows_all_relays": statistics.median(r["cpu_s_per_100k_rows_all"] for r in rs),
+            }
     finally:
         if services is not None:
             services.stop()

@@ -22,12 +22,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from confluent_kafka import Producer  # noqa: E402
+from confluent_kafka import Producer
 
-from harvest_outbox.harvest_local import LocalServices  # noqa: E402
-from harvest_outbox.harvest_local.kafka import create_topic  # noqa: E402
-from harvest_outbox.harvest_local.spark import local_spark_session  # noqa: E402
-from harvest_outbox.sequencer import Clock, Publisher  # noqa: E402
+from harvest_outbox.harvest_local import LocalServices
+from harvest_outbox.harvest_local.kafka import create_topic
+from harvest_outbox.harvest_local.spark import local_spark_session
+from harvest_outbox.sequencer import Clock, Publisher
 
 TOPIC = "bench-spark"
 PARTITIONS = 8
@@ -36,9 +36,17 @@ RING = 4
 
 
 def write(bootstrap: str, records: int) -> int:
-    producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "acks": "all",
-                         "linger.ms": 20, "batch.size": 1 << 20, "queue.buffering.max.messages": 1_000_000,
-                         "compression.type": "lz4"})
+    producer = Producer(
+        {
+            "bootstrap.servers": bootstrap,
+            "enable.idempotence": True,
+            "acks": "all",
+            "linger.ms": 20,
+            "batch.size": 1 << 20,
+            "queue.buffering.max.messages": 1_000_000,
+            "compression.type": "lz4",
+        }
+    )
     clock = Clock()
     clock.update(time.time_ns())
     ring = [Publisher(clock=clock) for _ in range(RING)]
@@ -50,14 +58,19 @@ def write(bootstrap: str, records: int) -> int:
         for i in range(min(TXN, records - written)):
             p = (written + i) % PARTITIONS
             u = pub.publish_uncommitted(f"{TOPIC}/{p}")
-            producer.produce(TOPIC, key=f"key-{(written + i) % 1000}".encode(), value=value, partition=p,
-                             headers=[("uuid", u.bytes)])
+            producer.produce(
+                TOPIC, key=f"key-{(written + i) % 1000}".encode(), value=value, partition=p, headers=[("uuid", u.bytes)]
+            )
             if i % 10_000 == 0:
                 producer.poll(0)
         written += min(TXN, records - written)
         for intent in pub.build_ack_intents():
-            producer.produce(TOPIC, value=None, partition=int(intent.journal.rsplit("/", 1)[1]),
-                             headers=[("uuid", intent.uuid.bytes)])
+            producer.produce(
+                TOPIC,
+                value=None,
+                partition=int(intent.journal.rsplit("/", 1)[1]),
+                headers=[("uuid", intent.uuid.bytes)],
+            )
         txn += 1
         producer.poll(0)
     assert producer.flush(120) == 0
@@ -83,8 +96,14 @@ def main() -> int:
         raw_rates, rc_rates = [], []
         for _ in range(args.repeat):
             t = time.perf_counter()
-            raw = (spark.read.format("kafka").options(**opts).option("subscribe", TOPIC)
-                   .option("includeHeaders", "true").load().count())
+            raw = (
+                spark.read.format("kafka")
+                .options(**opts)
+                .option("subscribe", TOPIC)
+                .option("includeHeaders", "true")
+                .load()
+                .count()
+            )
             raw_rates.append(raw / (time.perf_counter() - t))
             t = time.perf_counter()
             committed = readCommitted(spark, TOPIC, opts).count()
@@ -92,17 +111,29 @@ def main() -> int:
             assert committed == written, (committed, written)
         spark.stop()
     raw_med, rc_med = statistics.median(raw_rates), statistics.median(rc_rates)
-    print(json.dumps({
-        "benchmark": "spark_readCommitted_vs_raw",
-        "records": written, "raw_records_in_topic": raw, "repeat": args.repeat,
-        "write_records_per_s": round(written / write_s),
-        "raw_read_count_rows_per_s": [round(r) for r in raw_rates],
-        "readCommitted_rows_per_s": [round(r) for r in rc_rates],
-        "raw_median_rows_per_s": round(raw_med), "readCommitted_median_rows_per_s": round(rc_med),
-        "ratio_median": round(rc_med / raw_med, 3), "target_ratio": 0.5,
-        "machine": {"cpus": __import__("os").cpu_count(), "python": platform.python_version(),
-                    "spark_master": "local[2]"},
-    }, indent=2))
+    print(
+        json.dumps(
+            {
+                "benchmark": "spark_readCommitted_vs_raw",
+                "records": written,
+                "raw_records_in_topic": raw,
+                "repeat": args.repeat,
+                "write_records_per_s": round(written / write_s),
+                "raw_read_count_rows_per_s": [round(r) for r in raw_rates],
+                "readCommitted_rows_per_s": [round(r) for r in rc_rates],
+                "raw_median_rows_per_s": round(raw_med),
+                "readCommitted_median_rows_per_s": round(rc_med),
+                "ratio_median": round(rc_med / raw_med, 3),
+                "target_ratio": 0.5,
+                "machine": {
+                    "cpus": __import__("os").cpu_count(),
+                    "python": platform.python_version(),
+                    "spark_master": "local[2]",
+                },
+            },
+            indent=2,
+        )
+    )
     return 0
 
 

@@ -46,11 +46,11 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench_spark import PARTITIONS, RING, TXN, write  # noqa: E402
+from bench_spark import PARTITIONS, RING, TXN, write
 
-from harvest_outbox.harvest_local import LocalServices  # noqa: E402
-from harvest_outbox.harvest_local.kafka import create_topic  # noqa: E402
-from harvest_outbox.harvest_local.spark import local_spark_session  # noqa: E402
+from harvest_outbox.harvest_local import LocalServices
+from harvest_outbox.harvest_local.kafka import create_topic
+from harvest_outbox.harvest_local.spark import local_spark_session
 
 TOPIC = "bench-spark"  # bench_spark.write writes this topic
 _ROCKSDB = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
@@ -97,8 +97,7 @@ def run_query(spark: Any, sdf: Any, chk: str, max_offsets: int) -> tuple[int, fl
         counts.append(df.count())
 
     t = time.perf_counter()
-    query = (sdf.writeStream.foreachBatch(sink).option("checkpointLocation", chk)
-             .trigger(availableNow=True).start())
+    query = sdf.writeStream.foreachBatch(sink).option("checkpointLocation", chk).trigger(availableNow=True).start()
     query.awaitTermination()
     elapsed = time.perf_counter() - t
     if query.exception() is not None:
@@ -106,8 +105,9 @@ def run_query(spark: Any, sdf: Any, chk: str, max_offsets: int) -> tuple[int, fl
     return sum(counts), elapsed, [json.loads(p.json) for p in query.recentProgress]
 
 
-def state_per_open_producer(spark: Any, chk: str, progress: list[dict[str, Any]],
-                            acks: dict[int, list[int]]) -> dict[str, Any]:
+def state_per_open_producer(
+    spark: Any, chk: str, progress: list[dict[str, Any]], acks: dict[int, list[int]]
+) -> dict[str, Any]:
     """The state readCommittedStream committed after each micro-batch, read back with Spark's state
     data source (``format("statestore")``): the bytes of the stored span and producer states,
     over the producers whose spans are open at the micro-batch's end offsets."""
@@ -122,20 +122,37 @@ def state_per_open_producer(spark: Any, chk: str, progress: list[dict[str, Any]]
         opened, open_records = open_spans(acks, {int(k): int(v) for k, v in end[TOPIC].items()})
         sizes = {}
         for var, column in (("span", "list_element.blob"), ("producers", "value.producers")):
-            df = (spark.read.format("statestore").option("path", chk).option("stateVarName", var)
-                  .option("batchId", p["batchId"]).load())
-            sizes[var] = df.agg(F.count(F.lit(1)).alias("n"), F.coalesce(F.sum(F.length(column)), F.lit(0)).alias("b")).first()
+            df = (
+                spark.read.format("statestore")
+                .option("path", chk)
+                .option("stateVarName", var)
+                .option("batchId", p["batchId"])
+                .load()
+            )
+            sizes[var] = df.agg(
+                F.count(F.lit(1)).alias("n"), F.coalesce(F.sum(F.length(column)), F.lit(0)).alias("b")
+            ).first()
         ops = p.get("stateOperators") or [{}]
-        samples.append({"batch": p["batchId"], "open_producers": opened, "open_span_records": open_records,
-                        "span_chunks": sizes["span"]["n"], "span_bytes": int(sizes["span"]["b"]),
-                        "producer_state_bytes": int(sizes["producers"]["b"]),
-                        "rocksdb_sst_bytes": int((ops[0].get("customMetrics") or {}).get("rocksdbSstFileSize", 0))})
+        samples.append(
+            {
+                "batch": p["batchId"],
+                "open_producers": opened,
+                "open_span_records": open_records,
+                "span_chunks": sizes["span"]["n"],
+                "span_bytes": int(sizes["span"]["b"]),
+                "producer_state_bytes": int(sizes["producers"]["b"]),
+                "rocksdb_sst_bytes": int((ops[0].get("customMetrics") or {}).get("rocksdbSstFileSize", 0)),
+            }
+        )
     with_open = [s for s in samples if s["open_producers"]]
     per_open = [(s["span_bytes"] + s["producer_state_bytes"]) / s["open_producers"] for s in with_open]
-    return {"micro_batches": samples,
-            "state_bytes_per_open_producer_median": round(statistics.median(per_open)) if per_open else None,
-            "open_span_records_per_open_producer_median": (
-                statistics.median(s["open_span_records"] / s["open_producers"] for s in with_open) if with_open else None)}
+    return {
+        "micro_batches": samples,
+        "state_bytes_per_open_producer_median": round(statistics.median(per_open)) if per_open else None,
+        "open_span_records_per_open_producer_median": (
+            statistics.median(s["open_span_records"] / s["open_producers"] for s in with_open) if with_open else None
+        ),
+    }
 
 
 def _durations(progress: list[dict[str, Any]]) -> dict[str, Any]:
@@ -145,12 +162,17 @@ def _durations(progress: list[dict[str, Any]]) -> dict[str, Any]:
     with_rows = [p for p in progress if p.get("numInputRows")]
     batches = [p["durationMs"] for p in with_rows]
     phases = sorted({k for b in batches for k in b})
-    out: dict[str, Any] = {"micro_batches": len(batches),
-                           **{k: statistics.median(b.get(k, 0) for b in batches) for k in phases}}
+    out: dict[str, Any] = {
+        "micro_batches": len(batches),
+        **{k: statistics.median(b.get(k, 0) for b in batches) for k in phases},
+    }
     ops = [(p.get("stateOperators") or [None])[0] for p in with_rows]
     if all(ops) and ops:
-        for key, name in (("commitTimeMs", "state_commit"), ("allUpdatesTimeMs", "state_updates"),
-                          ("numStateStoreInstances", "state_stores")):
+        for key, name in (
+            ("commitTimeMs", "state_commit"),
+            ("allUpdatesTimeMs", "state_updates"),
+            ("numStateStoreInstances", "state_stores"),
+        ):
             out[name] = statistics.median(op.get(key, 0) for op in ops)
     return out
 
@@ -188,66 +210,102 @@ def main() -> int:
         # end inside open spans, so state is carried between them.
         max_offsets = max(1, in_topic // args.batches) + PARTITIONS * (TXN // PARTITIONS // 2)
         cores = 2  # local_spark_session's local[2]
-        spark = local_spark_session("bench-spark-stream", cores=cores, extra_conf={
-            "spark.sql.streaming.stateStore.providerClass": _ROCKSDB,
-            "spark.sql.shuffle.partitions": str(min(PARTITIONS, cores))})
+        spark = local_spark_session(
+            "bench-spark-stream",
+            cores=cores,
+            extra_conf={
+                "spark.sql.streaming.stateStore.providerClass": _ROCKSDB,
+                "spark.sql.shuffle.partitions": str(min(PARTITIONS, cores)),
+            },
+        )
         opts = {"kafka.bootstrap.servers": bootstrap}
         raw_rates, rc_rates, pass_rates, src_rates, state = [], [], [], [], {}
         for i in range(args.repeat):
-            raw_sdf = (spark.readStream.format("kafka").options(**opts).option("subscribe", TOPIC)
-                       .option("startingOffsets", "earliest").option("includeHeaders", "true")
-                       .option("maxOffsetsPerTrigger", str(max_offsets)).load())
+            raw_sdf = (
+                spark.readStream.format("kafka")
+                .options(**opts)
+                .option("subscribe", TOPIC)
+                .option("startingOffsets", "earliest")
+                .option("includeHeaders", "true")
+                .option("maxOffsetsPerTrigger", str(max_offsets))
+                .load()
+            )
             raw, raw_s, raw_progress = run_query(spark, raw_sdf, str(scratch / f"raw-{i}"), max_offsets)
             assert raw == in_topic, (raw, in_topic)
             raw_rates.append(raw / raw_s)
             raw_cols = raw_sdf.select("key", "value", "headers", "partition", "offset", "timestamp")
             passed, pass_s, pass_progress = run_query(
-                spark, raw_cols.mapInArrow(_passthrough, schema=raw_cols.schema), str(scratch / f"pass-{i}"),
-                max_offsets)
+                spark,
+                raw_cols.mapInArrow(_passthrough, schema=raw_cols.schema),
+                str(scratch / f"pass-{i}"),
+                max_offsets,
+            )
             assert passed == in_topic, (passed, in_topic)
             pass_rates.append(passed / pass_s)
             sdf = readCommittedStream(spark, TOPIC, opts, max_offsets_per_trigger=max_offsets)
             committed, rc_s, progress = run_query(spark, sdf, str(scratch / f"rc-{i}"), max_offsets)
             assert committed == written, (committed, written)
             rc_rates.append(committed / rc_s)
-            src_sdf = readCommittedStream(spark, TOPIC, opts, max_offsets_per_trigger=max_offsets,
-                                          state_location=str(scratch / f"src-state-{i}"))
+            src_sdf = readCommittedStream(
+                spark, TOPIC, opts, max_offsets_per_trigger=max_offsets, state_location=str(scratch / f"src-state-{i}")
+            )
             from_source, src_s, src_progress = run_query(spark, src_sdf, str(scratch / f"src-{i}"), max_offsets)
             assert from_source == written, (from_source, written)
             src_rates.append(from_source / src_s)
             src_state = _state_files(scratch / f"src-state-{i}")
             if i == 0:
-                spark_conf = {k: spark.conf.get(k, None) for k in (
-                    "spark.sql.shuffle.partitions", "spark.sql.streaming.stateStore.providerClass",
-                    "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled")}
+                spark_conf = {
+                    k: spark.conf.get(k, None)
+                    for k in (
+                        "spark.sql.shuffle.partitions",
+                        "spark.sql.streaming.stateStore.providerClass",
+                        "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled",
+                    )
+                }
             if i == args.repeat - 1:
                 state = state_per_open_producer(spark, str(scratch / f"rc-{i}"), progress, acks)
-            durations = {"raw": _durations(raw_progress), "mapInArrow_passthrough": _durations(pass_progress),
-                         "readCommittedStream": _durations(progress),
-                         "readCommittedStream_state_location": _durations(src_progress)}
+            durations = {
+                "raw": _durations(raw_progress),
+                "mapInArrow_passthrough": _durations(pass_progress),
+                "readCommittedStream": _durations(progress),
+                "readCommittedStream_state_location": _durations(src_progress),
+            }
         spark.stop()
     raw_med, rc_med = statistics.median(raw_rates), statistics.median(rc_rates)
-    print(json.dumps({
-        "benchmark": "spark_readCommittedStream_vs_raw_stream",
-        "records": written, "raw_records_in_topic": in_topic, "repeat": args.repeat,
-        "txn_size": TXN, "partitions": PARTITIONS, "producers": RING,
-        "max_offsets_per_trigger": max_offsets, "trigger": "availableNow", "sink": "foreachBatch count",
-        "spark_conf": {k: spark_conf[k] for k in sorted(spark_conf)},
-        "write_records_per_s": round(written / write_s),
-        "raw_stream_rows_per_s": [round(r) for r in raw_rates],
-        "readCommittedStream_rows_per_s": [round(r) for r in rc_rates],
-        "raw_median_rows_per_s": round(raw_med), "readCommittedStream_median_rows_per_s": round(rc_med),
-        "ratio_median": round(rc_med / raw_med, 3), "target_ratio": 0.5,
-        "state_location_rows_per_s": [round(r) for r in src_rates],
-        "state_location_median_rows_per_s": round(statistics.median(src_rates)),
-        "state_location_ratio_median": round(statistics.median(src_rates) / raw_med, 3),
-        "state_location_files_after_last_run": src_state,
-        "mapInArrow_passthrough_rows_per_s": [round(r) for r in pass_rates],
-        "passthrough_ratio_median": round(statistics.median(pass_rates) / raw_med, 3),
-        "state": state,
-        "last_run_batch_durations_ms": durations,
-        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "spark_master": "local[2]"},
-    }, indent=2))
+    print(
+        json.dumps(
+            {
+                "benchmark": "spark_readCommittedStream_vs_raw_stream",
+                "records": written,
+                "raw_records_in_topic": in_topic,
+                "repeat": args.repeat,
+                "txn_size": TXN,
+                "partitions": PARTITIONS,
+                "producers": RING,
+                "max_offsets_per_trigger": max_offsets,
+                "trigger": "availableNow",
+                "sink": "foreachBatch count",
+                "spark_conf": {k: spark_conf[k] for k in sorted(spark_conf)},
+                "write_records_per_s": round(written / write_s),
+                "raw_stream_rows_per_s": [round(r) for r in raw_rates],
+                "readCommittedStream_rows_per_s": [round(r) for r in rc_rates],
+                "raw_median_rows_per_s": round(raw_med),
+                "readCommittedStream_median_rows_per_s": round(rc_med),
+                "ratio_median": round(rc_med / raw_med, 3),
+                "target_ratio": 0.5,
+                "state_location_rows_per_s": [round(r) for r in src_rates],
+                "state_location_median_rows_per_s": round(statistics.median(src_rates)),
+                "state_location_ratio_median": round(statistics.median(src_rates) / raw_med, 3),
+                "state_location_files_after_last_run": src_state,
+                "mapInArrow_passthrough_rows_per_s": [round(r) for r in pass_rates],
+                "passthrough_ratio_median": round(statistics.median(pass_rates) / raw_med, 3),
+                "state": state,
+                "last_run_batch_durations_ms": durations,
+                "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "spark_master": "local[2]"},
+            },
+            indent=2,
+        )
+    )
     return 0
 
 

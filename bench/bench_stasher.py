@@ -14,10 +14,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import psycopg  # noqa: E402
+import psycopg
 
-from harvest_outbox.harvest_local import LocalServices  # noqa: E402
-from harvest_outbox.producer import OutboxRecord, Stasher, init_db  # noqa: E402
+from harvest_outbox.harvest_local import LocalServices
+from harvest_outbox.producer import OutboxRecord, Stasher, init_db
 
 
 def main() -> int:
@@ -42,15 +42,20 @@ def main() -> int:
                 with conn.transaction():
                     stasher.stash_many(conn, records)
                 batch.append(args.rows / (time.perf_counter() - t))
-    print(json.dumps({
-        "benchmark": "stasher stash_many (COPY) vs one INSERT per record",
-        "rows_per_transaction": args.rows,
-        "single_insert_rows_per_s": [round(x) for x in single],
-        "stash_many_rows_per_s": [round(x) for x in batch],
-        "single_median_rows_per_s": round(statistics.median(single)),
-        "stash_many_median_rows_per_s": round(statistics.median(batch)),
-        "speedup_median": round(statistics.median(batch) / statistics.median(single), 1),
-    }, indent=2))
+    print(
+        json.dumps(
+            {
+                "benchmark": "stasher stash_many (COPY) vs one INSERT per record",
+                "rows_per_transaction": args.rows,
+                "single_insert_rows_per_s": [round(x) for x in single],
+                "stash_many_rows_per_s": [round(x) for x in batch],
+                "single_median_rows_per_s": round(statistics.median(single)),
+                "stash_many_median_rows_per_s": round(statistics.median(batch)),
+                "speedup_median": round(statistics.median(batch) / statistics.median(single), 1),
+            },
+            indent=2,
+        )
+    )
     return 0
 
 

@@ -23,17 +23,19 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_spark import PARTITIONS, write  # noqa: E402
-from bench_spark_stream import TOPIC, run_query  # noqa: E402
-from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition  # noqa: E402
-from pyspark.sql.streaming.datasource import SupportsTriggerAvailableNow  # noqa: E402
+from bench_spark import PARTITIONS, write
+from bench_spark_stream import TOPIC, run_query
+from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
+from pyspark.sql.streaming.datasource import SupportsTriggerAvailableNow
 
-from harvest_outbox.harvest_local import LocalServices  # noqa: E402
-from harvest_outbox.harvest_local.kafka import create_topic  # noqa: E402
-from harvest_outbox.harvest_local.spark import local_spark_session  # noqa: E402
+from harvest_outbox.harvest_local import LocalServices
+from harvest_outbox.harvest_local.kafka import create_topic
+from harvest_outbox.harvest_local.spark import local_spark_session
 
-SCHEMA = ("key binary, value binary, headers array<struct<key:string,value:binary>>, partition int, "
-          "offset long, timestamp timestamp")
+SCHEMA = (
+    "key binary, value binary, headers array<struct<key:string,value:binary>>, partition int, "
+    "offset long, timestamp timestamp"
+)
 _GROUP = "harvest-probe"  # never joined: partitions are assigned, offsets never committed
 
 
@@ -79,16 +81,27 @@ class ProbeReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return ReadMaxRows(self.max_rows) if self.max_rows else ReadAllAvailable()
 
     def partitions(self, start: dict[str, int], end: dict[str, int]) -> list[KafkaRange]:
-        return [KafkaRange(self.topic, self.bootstrap, int(p), start.get(p, 0), e)
-                for p, e in end.items() if e > start.get(p, 0)]
+        return [
+            KafkaRange(self.topic, self.bootstrap, int(p), start.get(p, 0), e)
+            for p, e in end.items()
+            if e > start.get(p, 0)
+        ]
 
     def read(self, part: KafkaRange) -> Iterator[Any]:
         # readCommittedStream(state_location=...)'s own Kafka read, without the sequencing
         from harvest_outbox.spark_reader.stream_source import SourceSettings, _read_range
 
-        settings = SourceSettings(topic=part.topic, kafka={"kafka.bootstrap.servers": part.bootstrap},
-                                  state_location="", uuid_policy="deliver", include_acks=False, ring_size=1,
-                                  prune_horizon_ns=0, max_offsets_per_trigger=None, starting=None)
+        settings = SourceSettings(
+            topic=part.topic,
+            kafka={"kafka.bootstrap.servers": part.bootstrap},
+            state_location="",
+            uuid_policy="deliver",
+            include_acks=False,
+            ring_size=1,
+            prune_horizon_ns=0,
+            max_offsets_per_trigger=None,
+            starting=None,
+        )
         yield from _read_range(settings, part.partition, part.start, part.end).to_batches()
 
 
@@ -118,18 +131,37 @@ def main() -> int:
         scratch = Path(tempfile.mkdtemp(prefix="probe-spark-source-"))
         per_trigger = args.records // 10 + 500
         for i in range(args.repeat):
-            raw = (spark.readStream.format("kafka").option("kafka.bootstrap.servers", bootstrap)
-                   .option("subscribe", TOPIC).option("startingOffsets", "earliest").option("includeHeaders", "true")
-                   .option("maxOffsetsPerTrigger", str(per_trigger)).load())
+            raw = (
+                spark.readStream.format("kafka")
+                .option("kafka.bootstrap.servers", bootstrap)
+                .option("subscribe", TOPIC)
+                .option("startingOffsets", "earliest")
+                .option("includeHeaders", "true")
+                .option("maxOffsetsPerTrigger", str(per_trigger))
+                .load()
+            )
             raw_n, raw_s, _ = run_query(spark, raw, str(scratch / f"raw-{i}"), per_trigger)
-            source = (spark.readStream.format("harvest_probe").option("topic", TOPIC).option("bootstrap", bootstrap)
-                      .option("maxOffsetsPerTrigger", str(per_trigger)).load())
+            source = (
+                spark.readStream.format("harvest_probe")
+                .option("topic", TOPIC)
+                .option("bootstrap", bootstrap)
+                .option("maxOffsetsPerTrigger", str(per_trigger))
+                .load()
+            )
             src_n, src_s, src_progress = run_query(spark, source, str(scratch / f"source-{i}"), per_trigger)
             assert raw_n == src_n, (raw_n, src_n)
-            print(json.dumps({"records": raw_n, "micro_batches": sum(1 for p in src_progress if p["numInputRows"]),
-                              "raw_stream_rows_per_s": round(raw_n / raw_s),
-                              "python_source_rows_per_s": round(src_n / src_s),
-                              "ratio": round(raw_s / src_s, 2)}), flush=True)
+            print(
+                json.dumps(
+                    {
+                        "records": raw_n,
+                        "micro_batches": sum(1 for p in src_progress if p["numInputRows"]),
+                        "raw_stream_rows_per_s": round(raw_n / raw_s),
+                        "python_source_rows_per_s": round(src_n / src_s),
+                        "ratio": round(raw_s / src_s, 2),
+                    }
+                ),
+                flush=True,
+            )
         spark.stop()
     return 0
 

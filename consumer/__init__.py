@@ -46,12 +46,12 @@ if TYPE_CHECKING:
     from .pg_store import PostgresCheckpointStore
 
 __all__ = [
-    "CheckpointStoreError",
+    "HEADER_NAME",
     "CheckpointMismatchError",
+    "CheckpointStoreError",
     "ConfigError",
     "ConsumerClosedError",
     "ConsumerError",
-    "HEADER_NAME",
     "KafkaReadError",
     "MissingUUIDError",
     "OffsetLostError",

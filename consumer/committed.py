@@ -207,20 +207,34 @@ class ReadCommittedIter:
             keep.extend(sts)
         self._seq = Sequencer(offsets, keep, self._ring_size)
 
-    def _check_scope(self, offsets: Mapping[str, int], states: list[ProducerState],
-                     reads: Mapping[str, set[int] | None], complete: bool, what: str) -> None:
+    def _check_scope(
+        self,
+        offsets: Mapping[str, int],
+        states: list[ProducerState],
+        reads: Mapping[str, set[int] | None],
+        complete: bool,
+        what: str,
+    ) -> None:
         """Refuse a checkpoint of another reader; log what of it is ignored or not covered."""
         try:
             ignored, uncovered = check_checkpoint_scope(offsets, states, reads, complete)
         except CheckpointError as exc:
             raise CheckpointMismatchError(f"{what}: {exc}") from exc
         if ignored:
-            logger.warning("%s: ignoring its entries for %s: this reader does not read them (it reads %s), and "
-                           "its checkpoint() will not include them", what, ", ".join(ignored[:20]),
-                           ", ".join(sorted(reads)))
+            logger.warning(
+                "%s: ignoring its entries for %s: this reader does not read them (it reads %s), and "
+                "its checkpoint() will not include them",
+                what,
+                ", ".join(ignored[:20]),
+                ", ".join(sorted(reads)),
+            )
         if uncovered:
-            logger.warning("%s covers no offset for %s: they start from auto.offset.reset (a new partition, or "
-                           "the checkpoint of another reader?)", what, ", ".join(uncovered[:20]))
+            logger.warning(
+                "%s covers no offset for %s: they start from auto.offset.reset (a new partition, or "
+                "the checkpoint of another reader?)",
+                what,
+                ", ".join(uncovered[:20]),
+            )
 
     def _on_assign(self, tps: list[tuple[str, int]]) -> Mapping[str, int]:
         journals = {journal_of(t, p) for t, p in tps}
@@ -235,8 +249,7 @@ class ReadCommittedIter:
             got = self._app_on_assign(list(tps))
             if got is not None:
                 offsets, states = _decode(got, "on_assign's return value")
-                self._check_scope(offsets, states, {t: None for t in self._subscribed}, False,
-                                  "on_assign's checkpoint")
+                self._check_scope(offsets, states, {t: None for t in self._subscribed}, False, "on_assign's checkpoint")
                 self._stash_checkpoint(
                     {j: o for j, o in offsets.items() if j in journals},
                     [s for s in states if s.journal in journals],

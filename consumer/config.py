@@ -32,8 +32,15 @@ from harvest_outbox.producer.redact import is_secret_kafka_key as is_secret_key
 
 from .errors import ConfigError
 
-__all__ = ["REDACTED", "redact", "is_secret_key", "ReaderConfig", "check_idle_timeout", "check_batch_size",
-           "MAX_BATCH_SIZE"]
+__all__ = [
+    "MAX_BATCH_SIZE",
+    "REDACTED",
+    "ReaderConfig",
+    "check_batch_size",
+    "check_idle_timeout",
+    "is_secret_key",
+    "redact",
+]
 
 #: confluent-kafka's ``Consumer.consume()`` takes at most this many messages per call.
 MAX_BATCH_SIZE = 1_000_000
@@ -86,40 +93,50 @@ def check_idle_timeout(value: Any) -> float | None:
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < float("inf"):
-        raise ConfigError(f"idle_timeout must be None (wait forever) or a number of seconds >= 0, e.g. 5 or 0.5; "
-                          f"got {value!r}")
+        raise ConfigError(
+            f"idle_timeout must be None (wait forever) or a number of seconds >= 0, e.g. 5 or 0.5; got {value!r}"
+        )
     return float(value)
 
 
 def check_batch_size(value: Any) -> int:
     """``batch_size``: records per ``consume()`` call, 1..:data:`MAX_BATCH_SIZE`."""
     if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_BATCH_SIZE:
-        raise ConfigError(f"batch_size must be an int 1-{MAX_BATCH_SIZE:,} (records per consume() call; "
-                          f"confluent-kafka takes at most {MAX_BATCH_SIZE:,}), got {value!r}")
+        raise ConfigError(
+            f"batch_size must be an int 1-{MAX_BATCH_SIZE:,} (records per consume() call; "
+            f"confluent-kafka takes at most {MAX_BATCH_SIZE:,}), got {value!r}"
+        )
     return value
 
 
 def _check_bootstrap(cfg: Mapping[str, Any]) -> None:
     """``bootstrap.servers`` (or its alias) present, a non-empty string: librdkafka reads a number such as
     12345 as an IPv4 address and connects to it."""
-    given = [key for key in ("bootstrap.servers", "metadata.broker.list")
-             if cfg.get(key) is not None and not (isinstance(cfg[key], str) and not cfg[key].strip())]
+    given = [
+        key
+        for key in ("bootstrap.servers", "metadata.broker.list")
+        if cfg.get(key) is not None and not (isinstance(cfg[key], str) and not cfg[key].strip())
+    ]
     if not given:
         raise ConfigError("kafka config 'bootstrap.servers' is required (e.g. 'broker1:9092,broker2:9092')")
     for key in given:
         if not isinstance(cfg[key], str):
-            raise ConfigError(f"kafka config {key!r} must be a string of host:port pairs, e.g. "
-                              f"'broker1:9092,broker2:9092'; got {cfg[key]!r} ({type(cfg[key]).__name__}): quote it")
+            raise ConfigError(
+                f"kafka config {key!r} must be a string of host:port pairs, e.g. "
+                f"'broker1:9092,broker2:9092'; got {cfg[key]!r} ({type(cfg[key]).__name__}): quote it"
+            )
 
 
 class ReaderConfig:
     """Validated reader configuration (see module doc)."""
 
-    __slots__ = ("base", "start", "group_id")
+    __slots__ = ("base", "group_id", "start")
 
     def __init__(self, kafka_config: Mapping[str, Any]) -> None:
         if not isinstance(kafka_config, Mapping):
-            raise ConfigError(f"kafka_config must be a dict of librdkafka properties, got {type(kafka_config).__name__}")
+            raise ConfigError(
+                f"kafka_config must be a dict of librdkafka properties, got {type(kafka_config).__name__}"
+            )
         cfg: dict[str, Any] = {}
         for key, value in kafka_config.items():
             if not isinstance(key, str) or not key:
@@ -140,9 +157,7 @@ class ReaderConfig:
             )
         reset = str(cfg.pop("auto.offset.reset", "earliest")).strip().lower()
         if reset not in _RESET:
-            raise ConfigError(
-                f"kafka config 'auto.offset.reset' must be one of {sorted(_RESET)}, got {reset!r}"
-            )
+            raise ConfigError(f"kafka config 'auto.offset.reset' must be one of {sorted(_RESET)}, got {reset!r}")
         self.start = _RESET[reset]
         group = cfg.get("group.id")
         self.group_id: str | None = str(group) if group else None

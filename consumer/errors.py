@@ -11,15 +11,15 @@ Invariants (backed by ``tests/test_consumer/test_config_and_records.py``):
 from __future__ import annotations
 
 __all__ = [
-    "ConsumerError",
-    "ConfigError",
     "CheckpointMismatchError",
+    "CheckpointStoreError",
+    "ConfigError",
     "ConsumerClosedError",
+    "ConsumerError",
     "KafkaReadError",
+    "MissingUUIDError",
     "OffsetLostError",
     "ReplayFailedError",
-    "MissingUUIDError",
-    "CheckpointStoreError",
 ]
 
 

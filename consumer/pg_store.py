@@ -38,7 +38,7 @@ from harvest_outbox.sequencer import CheckpointError, ProducerState, decode_chec
 
 from .errors import CheckpointStoreError, ConfigError
 
-__all__ = ["PostgresCheckpointStore", "DEFAULT_TABLE"]
+__all__ = ["DEFAULT_TABLE", "PostgresCheckpointStore"]
 
 DEFAULT_TABLE = "harvest_consumer_checkpoints"
 
@@ -46,13 +46,15 @@ DEFAULT_TABLE = "harvest_consumer_checkpoints"
 class PostgresCheckpointStore:
     """Checkpoints of the reader named ``name`` in ``schema.table`` (see module doc)."""
 
-    __slots__ = ("name", "_table", "_sql")
+    __slots__ = ("_sql", "_table", "name")
 
     def __init__(self, name: str, table: str = DEFAULT_TABLE, schema: str | None = None) -> None:
         try:
             from psycopg import sql
         except ImportError as exc:  # pragma: no cover - psycopg is a project dependency
-            raise CheckpointStoreError("PostgresCheckpointStore needs psycopg 3 (pip install 'psycopg[binary]')") from exc
+            raise CheckpointStoreError(
+                "PostgresCheckpointStore needs psycopg 3 (pip install 'psycopg[binary]')"
+            ) from exc
         if not isinstance(name, str) or not name:
             raise ConfigError(f"checkpoint store name must be a non-empty str, got {name!r}")
         if not isinstance(table, str) or not table:
@@ -116,7 +118,9 @@ class PostgresCheckpointStore:
             try:
                 o, s = decode_checkpoint(bytes(blob))
             except CheckpointError as exc:
-                raise CheckpointStoreError(f"stored checkpoint of {self.name!r} journal {journal!r} is corrupt: {exc}") from exc
+                raise CheckpointStoreError(
+                    f"stored checkpoint of {self.name!r} journal {journal!r} is corrupt: {exc}"
+                ) from exc
             offsets.update(o)
             states.extend(s)
         return encode_checkpoint(offsets, states)

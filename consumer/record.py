@@ -168,7 +168,9 @@ class PyRecord:
         return hash(self._position())
 
     def __repr__(self) -> str:
-        ident = "unsequenced" if not self._x else f"producer={self.producer.hex()} clock={self.clock} flags={self.flags!r}"  # type: ignore[union-attr]
+        ident = (
+            "unsequenced" if not self._x else f"producer={self.producer.hex()} clock={self.clock} flags={self.flags!r}"
+        )  # type: ignore[union-attr]
         return f"Record({self.topic}/{self.partition}@{self.offset} key={self.key!r} {ident})"
 
     def __reduce__(self) -> Any:

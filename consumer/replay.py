@@ -48,7 +48,7 @@ def split_journal(journal: str) -> tuple[str, int]:
 class ReplayReader:
     """Serves ``[begin, end)`` ranges of partitions (see module doc)."""
 
-    __slots__ = ("_config", "_consumer", "_timeout", "_batch_size", "replays", "replayed_records", "replay_seconds")
+    __slots__ = ("_batch_size", "_config", "_consumer", "_timeout", "replay_seconds", "replayed_records", "replays")
 
     def __init__(self, config: ReaderConfig, timeout: float = 60.0, batch_size: int = 2000) -> None:
         self._config = config
@@ -101,7 +101,9 @@ class ReplayReader:
                         return
                     u = message_uuid(msg)
                     self.replayed_records += 1
-                    yield make_envelope(journal, offset, NIL_UUID if u is None else u, make_record(msg, 0 if u is None else u.int))
+                    yield make_envelope(
+                        journal, offset, NIL_UUID if u is None else u, make_record(msg, 0 if u is None else u.int)
+                    )
         finally:
             self.replay_seconds += time.monotonic() - t0
             try:

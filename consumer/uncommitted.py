@@ -52,15 +52,29 @@ from .record import Record, make_record
 from .record import _native as _native_records
 from .uuid_header import (
     MAX_RELAY_FLAGS as _MAX_FLAGS,
+)
+from .uuid_header import (
     RELAY_UUID_BITS as _RELAY_BITS,
+)
+from .uuid_header import (
     RELAY_UUID_MASK as _RELAY_MASK,
+)
+from .uuid_header import (
     RateLimitedLog,
     UUIDPolicy,
     describe_problem,
     parse_header_value,
 )
 
-__all__ = ["DEFAULT_BATCH_SIZE", "ReadUncommittedIter", "AssignHook", "RevokeHook", "journal_of", "make_envelope", "message_uuid"]
+__all__ = [
+    "DEFAULT_BATCH_SIZE",
+    "AssignHook",
+    "ReadUncommittedIter",
+    "RevokeHook",
+    "journal_of",
+    "make_envelope",
+    "message_uuid",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -90,6 +104,8 @@ def _index_of(items: list[Any], item: Any) -> int:
         if x is item:
             return i
     raise ValueError("item not in list")  # pragma: no cover
+
+
 #: Records per consume() call. Small batches are faster here, not slower: every record is a few
 #: GC-tracked objects (confluent's Message, its header list and tuple), and the fewer of them are
 #: alive at once, the less the cyclic GC traverses (bench_consumer: 2000 -> 256 took the reader from
@@ -170,7 +186,9 @@ class ReadUncommittedIter:
         try:
             self._policy = UUIDPolicy(uuid_policy)
         except ValueError as exc:
-            raise ConfigError(f"uuid_policy must be one of {[p.value for p in UUIDPolicy]}, got {uuid_policy!r}") from exc
+            raise ConfigError(
+                f"uuid_policy must be one of {[p.value for p in UUIDPolicy]}, got {uuid_policy!r}"
+            ) from exc
         batch_size = check_batch_size(batch_size)
         idle_timeout = check_idle_timeout(idle_timeout)
         if topics is not None and isinstance(topics, str):
@@ -202,7 +220,9 @@ class ReadUncommittedIter:
         self._pending_error: BaseException | None = None
         self._closed = False
         strategy = str(kafka_config.get("partition.assignment.strategy", "")).lower()
-        self._cooperative = "cooperative" in strategy or str(kafka_config.get("group.protocol", "")).lower() == "consumer"
+        self._cooperative = (
+            "cooperative" in strategy or str(kafka_config.get("group.protocol", "")).lower() == "consumer"
+        )
 
         try:
             self._consumer = Consumer(self._config.main_config())
@@ -546,7 +566,9 @@ class ReadUncommittedIter:
         if code == KafkaError.UNKNOWN_TOPIC_OR_PART or code == KafkaError.TOPIC_AUTHORIZATION_FAILED:
             self._warn.warning(f"err:{where}:{code}", "%s: %s (will keep trying)", where, err.str())
             return
-        self._warn.warning(f"err:{where}:{code}", "%s: Kafka error %s (retriable=%s)", where, err.str(), err.retriable())
+        self._warn.warning(
+            f"err:{where}:{code}", "%s: Kafka error %s (retriable=%s)", where, err.str(), err.retriable()
+        )
 
     # -- lifecycle ----------------------------------------------------------
 

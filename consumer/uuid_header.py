@@ -61,8 +61,16 @@ from typing import Any
 
 from harvest_outbox.sequencer import NIL_UUID, parse_uuid
 
-__all__ = ["UUIDPolicy", "parse_header_value", "is_relay_uuid_int", "describe_problem", "RateLimitedLog",
-           "RELAY_UUID_MASK", "RELAY_UUID_BITS", "MAX_RELAY_FLAGS"]
+__all__ = [
+    "MAX_RELAY_FLAGS",
+    "RELAY_UUID_BITS",
+    "RELAY_UUID_MASK",
+    "RateLimitedLog",
+    "UUIDPolicy",
+    "describe_problem",
+    "is_relay_uuid_int",
+    "parse_header_value",
+]
 
 #: Bits of the UUID's 128-bit int that a relay's UUID fixes: the version nibble (76-79), the
 #: variant (62-63) and the ProducerID's multicast bit (40); ``x & RELAY_UUID_MASK == RELAY_UUID_BITS``.
@@ -124,19 +132,20 @@ def describe_problem(headers: list[tuple[str, Any]] | None) -> str:
     if u == NIL_UUID:
         return "'uuid' header is the nil UUID (unsequenced)"
     if not (u.int >> 40) & 1:
-        return ("'uuid' header is a version 1 UUID whose node is not a harvest ProducerID (multicast bit clear: "
-                "a MAC address, e.g. from uuid.uuid1()); not read as a message identity")
+        return (
+            "'uuid' header is a version 1 UUID whose node is not a harvest ProducerID (multicast bit clear: "
+            "a MAC address, e.g. from uuid.uuid1()); not read as a message identity"
+        )
     flags = (u.int >> 48) & 0x3FF
     if flags > MAX_RELAY_FLAGS:
-        return (f"'uuid' header has reserved flags {flags:#x} (a relay writes 0, 1 or 2); not read as a "
-                f"message identity")
+        return f"'uuid' header has reserved flags {flags:#x} (a relay writes 0, 1 or 2); not read as a message identity"
     return "'uuid' header is valid"  # pragma: no cover - callers only ask on failure
 
 
 class RateLimitedLog:
     """Logs a warning at most once per ``interval`` seconds per key."""
 
-    __slots__ = ("_logger", "_interval", "_last", "_suppressed")
+    __slots__ = ("_interval", "_last", "_logger", "_suppressed")
 
     def __init__(self, logger: logging.Logger, interval: float = 10.0) -> None:
         self._logger = logger

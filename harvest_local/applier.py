@@ -34,10 +34,13 @@ BATCH_SECONDS = 0.2
 def create_tables(dsn: str, schema: str) -> None:
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(schema)))
-        conn.execute(sql.SQL(
-            "CREATE TABLE IF NOT EXISTS {} (seq bigserial PRIMARY KEY, key text NOT NULL, version bigint NOT NULL, "
-            "partition int NOT NULL, kafka_offset bigint NOT NULL, written_at double precision, "
-            "applied_at double precision NOT NULL)").format(sql.Identifier(schema, "applied")))
+        conn.execute(
+            sql.SQL(
+                "CREATE TABLE IF NOT EXISTS {} (seq bigserial PRIMARY KEY, key text NOT NULL, version bigint NOT NULL, "
+                "partition int NOT NULL, kafka_offset bigint NOT NULL, written_at double precision, "
+                "applied_at double precision NOT NULL)"
+            ).format(sql.Identifier(schema, "applied"))
+        )
         with conn.transaction():
             PostgresCheckpointStore("applier", schema=schema).create_table(conn)
 
@@ -45,8 +48,11 @@ def create_tables(dsn: str, schema: str) -> None:
 def applied_rows(dsn: str, schema: str) -> list[tuple[str, int, float | None, float]]:
     """(key, version, written_at, applied_at) in the order they were applied."""
     with psycopg.connect(dsn) as conn:
-        return conn.execute(sql.SQL("SELECT key, version, written_at, applied_at FROM {} ORDER BY seq")
-                            .format(sql.Identifier(schema, "applied"))).fetchall()
+        return conn.execute(
+            sql.SQL("SELECT key, version, written_at, applied_at FROM {} ORDER BY seq").format(
+                sql.Identifier(schema, "applied")
+            )
+        ).fetchall()
 
 
 def run(dsn: str, bootstrap: str, topic: str, schema: str, idle_exit: float | None = None) -> int:
@@ -67,8 +73,9 @@ def run(dsn: str, bootstrap: str, topic: str, schema: str, idle_exit: float | No
 
 def _session(dsn: str, bootstrap: str, topic: str, schema: str, idle_exit: float | None) -> int:
     store = PostgresCheckpointStore("applier", schema=schema)
-    insert = sql.SQL("INSERT INTO {} (key, version, partition, kafka_offset, written_at, applied_at) "
-                     "VALUES (%s, %s, %s, %s, %s, %s)").format(sql.Identifier(schema, "applied"))
+    insert = sql.SQL(
+        "INSERT INTO {} (key, version, partition, kafka_offset, written_at, applied_at) VALUES (%s, %s, %s, %s, %s, %s)"
+    ).format(sql.Identifier(schema, "applied"))
     applied = 0
     with psycopg.connect(dsn, connect_timeout=5) as conn:
         checkpoint = store.load(conn)
@@ -81,8 +88,16 @@ def _session(dsn: str, bootstrap: str, topic: str, schema: str, idle_exit: float
                 rec = it.poll(0.1)
                 if rec is not None:
                     body = json.loads(rec.value) if rec.value else {}
-                    batch.append((rec.key.decode() if rec.key else "", int(body.get("version", -1)), rec.partition,
-                                  rec.offset, body.get("ts"), time.time()))
+                    batch.append(
+                        (
+                            rec.key.decode() if rec.key else "",
+                            int(body.get("version", -1)),
+                            rec.partition,
+                            rec.offset,
+                            body.get("ts"),
+                            time.time(),
+                        )
+                    )
                     idle_since = time.monotonic()
                 if batch and (len(batch) >= BATCH or time.monotonic() >= deadline):
                     with conn.cursor() as cur:
@@ -99,7 +114,9 @@ def _session(dsn: str, bootstrap: str, topic: str, schema: str, idle_exit: float
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m harvest_outbox.harvest_local.applier", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m harvest_outbox.harvest_local.applier", description=__doc__.splitlines()[0]
+    )
     parser.add_argument("--bootstrap", required=True)
     parser.add_argument("--topic", required=True)
     parser.add_argument("--schema", required=True)

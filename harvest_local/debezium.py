@@ -68,8 +68,10 @@ class OutboxConnector:
 
     def __post_init__(self) -> None:
         if not re.fullmatch(r"[A-Za-z0-9_.-]+", self.name):
-            raise HarvestLocalError(f"OutboxConnector name {self.name!r}: use letters, digits, '_', '.', '-' "
-                                    "(it is a URL path segment and the default slot name)")
+            raise HarvestLocalError(
+                f"OutboxConnector name {self.name!r}: use letters, digits, '_', '.', '-' "
+                "(it is a URL path segment and the default slot name)"
+            )
         if self.table.count(".") != 1:
             raise HarvestLocalError(f"OutboxConnector table {self.table!r}: give it as 'schema.table'")
         slug = re.sub(r"[^a-z0-9_]", "_", self.name.lower())
@@ -84,8 +86,10 @@ class OutboxConnector:
         params = conninfo_to_dict(pg_dsn)
         host = str(params.get("host") or params.get("hostaddr") or "")
         if not host or host.startswith("/"):
-            raise HarvestLocalError(f"Debezium connects over TCP: the DSN's host is {host or 'unset'!r}; "
-                                    "give host=<name or address> (and port=) in the DSN")
+            raise HarvestLocalError(
+                f"Debezium connects over TCP: the DSN's host is {host or 'unset'!r}; "
+                "give host=<name or address> (and port=) in the DSN"
+            )
         config = {
             "connector.class": "io.debezium.connector.postgresql.PostgresConnector",
             "tasks.max": "1",
@@ -120,8 +124,14 @@ class DebeziumOutbox:
     (fault benchmarks); the slots stay either way, so a restarted worker resumes from them.
     """
 
-    def __init__(self, pg_dsn: str, kafka_bootstrap: str, connectors: Iterable[OutboxConnector] = (),
-                 root: Path | None = None, heap: str = "512m") -> None:
+    def __init__(
+        self,
+        pg_dsn: str,
+        kafka_bootstrap: str,
+        connectors: Iterable[OutboxConnector] = (),
+        root: Path | None = None,
+        heap: str = "512m",
+    ) -> None:
         self.pg_dsn = pg_dsn
         self.kafka_bootstrap = kafka_bootstrap
         self.rest_port = free_port()
@@ -134,8 +144,9 @@ class DebeziumOutbox:
         self._classpath = os.pathsep.join(str(jar) for jar in maven.resolve("debezium"))
 
     def __repr__(self) -> str:  # the DSN carries a password
-        return (f"DebeziumOutbox(rest_port={self.rest_port}, root={str(self.root)!r}, "
-                f"connectors={list(self.connectors)})")
+        return (
+            f"DebeziumOutbox(rest_port={self.rest_port}, root={str(self.root)!r}, connectors={list(self.connectors)})"
+        )
 
     @property
     def log_file(self) -> Path:
@@ -147,11 +158,24 @@ class DebeziumOutbox:
         props.write_text("".join(f"{key}={value}\n" for key, value in self._worker_properties().items()))
         with open(os.open(self.root / "stdout.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600), "ab") as out:
             self._proc = subprocess.Popen(
-                [self._java, "-Xms128m", f"-Xmx{self.heap}", "-XX:+UseG1GC", "-Djava.awt.headless=true",
-                 f"-Dconnect.logs.dir={self.root}",
-                 f"-Dlog4j2.configurationFile={CONF_DIR / 'connect-log4j2.properties'}",
-                 "-cp", self._classpath, "org.apache.kafka.connect.cli.ConnectStandalone", str(props)],
-                stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=self.root, umask=UMASK,
+                [
+                    self._java,
+                    "-Xms128m",
+                    f"-Xmx{self.heap}",
+                    "-XX:+UseG1GC",
+                    "-Djava.awt.headless=true",
+                    f"-Dconnect.logs.dir={self.root}",
+                    f"-Dlog4j2.configurationFile={CONF_DIR / 'connect-log4j2.properties'}",
+                    "-cp",
+                    self._classpath,
+                    "org.apache.kafka.connect.cli.ConnectStandalone",
+                    str(props),
+                ],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                cwd=self.root,
+                umask=UMASK,
                 start_new_session=True,  # a Ctrl-C in the terminal is ours to handle, not the worker's
             )
         try:
@@ -178,8 +202,11 @@ class DebeziumOutbox:
             # Connect's answer may be an internal error (4.3.0 fails with an NPE on some of Debezium's
             # validation results); the connector's own ERROR lines say what is wrong.
             cause = self._errors_since(log_offset) or "no ERROR line in the log"
-            raise ServiceError("debezium", f"connector {connector.name!r} failed: {cause} (Connect's answer: "
-                                           f"{exc.problem})", exc.log_tail) from exc
+            raise ServiceError(
+                "debezium",
+                f"connector {connector.name!r} failed: {cause} (Connect's answer: {exc.problem})",
+                exc.log_tail,
+            ) from exc
         self.connectors[connector.name] = connector
         if wait:
             try:
@@ -214,8 +241,11 @@ class DebeziumOutbox:
                 if tasks and all(t.get("state") == "RUNNING" for t in tasks) and self._slot_active(connector):
                     return
             time.sleep(0.25)
-        raise ServiceError("debezium", f"connector {name!r} not streaming after {timeout:.0f}s ({state}; slot "
-                                       f"{connector.slot_name!r})", tail(self.log_file))
+        raise ServiceError(
+            "debezium",
+            f"connector {name!r} not streaming after {timeout:.0f}s ({state}; slot {connector.slot_name!r})",
+            tail(self.log_file),
+        )
 
     def wait_for_records(self, topics: Iterable[str], count: int, timeout: float = 60.0) -> int:
         """Until ``topics`` hold at least ``count`` records in all; returns how many they hold."""
@@ -230,8 +260,9 @@ class DebeziumOutbox:
             if held >= count:
                 return held
             time.sleep(0.25)
-        raise ServiceError("debezium", f"{held} of {count} records in {names} after {timeout:.0f}s",
-                           tail(self.log_file))
+        raise ServiceError(
+            "debezium", f"{held} of {count} records in {names} after {timeout:.0f}s", tail(self.log_file)
+        )
 
     def stop(self, timeout: float = 60.0) -> None:
         """Graceful shutdown: Connect stops the tasks, flushes their records and commits offsets. A
@@ -246,8 +277,11 @@ class DebeziumOutbox:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
-            raise ServiceError("debezium", f"worker did not stop within {timeout:.0f}s; killed, so records "
-                                           "it had not flushed may be missing", tail(self.log_file)) from None
+            raise ServiceError(
+                "debezium",
+                f"worker did not stop within {timeout:.0f}s; killed, so records it had not flushed may be missing",
+                tail(self.log_file),
+            ) from None
         if code not in _CLEAN_EXITS:
             raise ServiceError("debezium", f"worker exited with {code} while stopping", tail(self.log_file))
 
@@ -285,8 +319,9 @@ class DebeziumOutbox:
             if part.get("state") == "FAILED":
                 trace = str(part.get("trace", "")).splitlines()
                 causes = [line.strip() for line in trace if line and not line.startswith(("\t", " "))]
-                raise ServiceError("debezium", f"connector {name!r} failed: {' | '.join(causes[:4])}",
-                                   tail(self.log_file))
+                raise ServiceError(
+                    "debezium", f"connector {name!r} failed: {' | '.join(causes[:4])}", tail(self.log_file)
+                )
         return dict(status)
 
     def _forget_connectors(self) -> None:
@@ -307,11 +342,14 @@ class DebeziumOutbox:
             "plugin.discovery": "only_scan",  # everything is on the classpath: no plugin.path
         }
 
-    def _rest(self, method: str, path: str, body: Mapping[str, Any] | None = None,
-              missing_ok: bool = False) -> Any:
+    def _rest(self, method: str, path: str, body: Mapping[str, Any] | None = None, missing_ok: bool = False) -> Any:
         data = json.dumps(body).encode() if body is not None else None
-        request = urllib.request.Request(f"http://127.0.0.1:{self.rest_port}{path}", data=data, method=method,
-                                         headers={"Content-Type": "application/json"})
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{self.rest_port}{path}",
+            data=data,
+            method=method,
+            headers={"Content-Type": "application/json"},
+        )
         try:
             with urllib.request.urlopen(request, timeout=30) as response:
                 text = response.read()
@@ -377,8 +415,9 @@ class DebeziumOutbox:
         import psycopg
 
         with psycopg.connect(self.pg_dsn, autocommit=True) as conn:
-            row = conn.execute("SELECT active FROM pg_replication_slots WHERE slot_name = %s",
-                               (connector.slot_name,)).fetchone()
+            row = conn.execute(
+                "SELECT active FROM pg_replication_slots WHERE slot_name = %s", (connector.slot_name,)
+            ).fetchone()
         return bool(row and row[0])
 
 
@@ -399,7 +438,10 @@ def drop_slot_and_publication(pg_dsn: str, slot_name: str, publication_name: str
                 conn.execute("SELECT pg_drop_replication_slot(%s)", (slot_name,))
                 break
             if time.monotonic() > deadline:
-                raise ServiceError("debezium", f"replication slot {slot_name!r} still in use after {timeout:.0f}s; "
-                                               "stop the worker reading it, then drop it")
+                raise ServiceError(
+                    "debezium",
+                    f"replication slot {slot_name!r} still in use after {timeout:.0f}s; "
+                    "stop the worker reading it, then drop it",
+                )
             time.sleep(0.2)
         conn.execute(sql.SQL("DROP PUBLICATION IF EXISTS {}").format(sql.Identifier(publication_name)))

@@ -40,7 +40,13 @@ from harvest_outbox.harvest_local.launcher import LocalServices, ServiceEndpoint
 from harvest_outbox.harvest_local.relays import RelayProcess, current_leader, wait_for, write_config
 from harvest_outbox.harvest_local.verify import Verdict, render, verify
 from harvest_outbox.harvest_local.workdir import work_dir
-from harvest_outbox.harvest_local.workload import WriterStats, Writers, committed_versions, create_accounts, stash_backlog
+from harvest_outbox.harvest_local.workload import (
+    Writers,
+    WriterStats,
+    committed_versions,
+    create_accounts,
+    stash_backlog,
+)
 
 log = logging.getLogger("harvest.demo")
 
@@ -118,22 +124,35 @@ class DemoResult:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="./dev demo", description=__doc__.splitlines()[0])
-    parser.add_argument("--rows", type=int, default=10_000,
-                        help="committed messages from the live writers (default 10000)")
+    parser.add_argument(
+        "--rows", type=int, default=10_000, help="committed messages from the live writers (default 10000)"
+    )
     parser.add_argument("--keys", type=int, default=200, help="distinct keys (default 200)")
     parser.add_argument("--partitions", type=int, default=4, help="topic partitions (default 4)")
     parser.add_argument("--writers", type=int, default=4, help="concurrent writer threads (default 4)")
     parser.add_argument("--rate", type=float, default=1500.0, help="target write rate, rows/s (default 1500)")
-    parser.add_argument("--backlog", type=int, default=100_000,
-                        help="rows committed at once after the writers, to show the relay's drain rate "
-                             "(default 100000; 0 skips the backlog phase)")
+    parser.add_argument(
+        "--backlog",
+        type=int,
+        default=100_000,
+        help="rows committed at once after the writers, to show the relay's drain rate "
+        "(default 100000; 0 skips the backlog phase)",
+    )
     parser.add_argument("--no-spark", action="store_true", help="skip the Spark read")
     parser.add_argument("--no-kill", action="store_true", help="do not kill the leader mid-way")
     parser.add_argument("--out", type=Path, default=None, help="folder for logs and the plot (default .work/demo-*)")
     args = parser.parse_args(argv)
     try:
-        opts = DemoOptions(rows=args.rows, keys=args.keys, partitions=args.partitions, writers=args.writers,
-                           rate=args.rate, backlog=args.backlog, spark=not args.no_spark, kill=not args.no_kill)
+        opts = DemoOptions(
+            rows=args.rows,
+            keys=args.keys,
+            partitions=args.partitions,
+            writers=args.writers,
+            rate=args.rate,
+            backlog=args.backlog,
+            spark=not args.no_spark,
+            kill=not args.no_kill,
+        )
     except ValueError as exc:
         parser.error(str(exc))
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)-7s %(message)s", datefmt="%H:%M:%S")
@@ -151,9 +170,18 @@ def main(argv: list[str] | None = None) -> int:
     (out / "verdict.json").write_text(json.dumps([v.__dict__ for v in result.verdicts], indent=2))
     if result.backlog is not None:
         b = result.backlog
-        (out / "backlog.json").write_text(json.dumps(
-            {"rows": b.rows, "relay_seconds": b.relay_seconds, "relay_rows_per_s": b.relay_rate,
-             "consumer_seconds": b.consumer_seconds, "consumer_rows_per_s": b.consumer_rate}, indent=2))
+        (out / "backlog.json").write_text(
+            json.dumps(
+                {
+                    "rows": b.rows,
+                    "relay_seconds": b.relay_seconds,
+                    "relay_rows_per_s": b.relay_rate,
+                    "consumer_seconds": b.consumer_seconds,
+                    "consumer_rows_per_s": b.consumer_rate,
+                },
+                indent=2,
+            )
+        )
     return 0 if result.ok else 1
 
 
@@ -163,8 +191,9 @@ def main(argv: list[str] | None = None) -> int:
 RELAY_LIMITS: dict[str, str] = {}
 
 
-def run_demo(ends: ServiceEndpoints, opts: DemoOptions, out: Path, run: Run | None = None,
-             spark: Any = None) -> DemoResult:
+def run_demo(
+    ends: ServiceEndpoints, opts: DemoOptions, out: Path, run: Run | None = None, spark: Any = None
+) -> DemoResult:
     """Everything but the services and the printed report, on ``ends``. ``spark``: a SparkSession to
     use (and leave running); None starts a local one for the read and stops it afterwards."""
     run = run or Run()
@@ -176,13 +205,31 @@ def run_demo(ends: ServiceEndpoints, opts: DemoOptions, out: Path, run: Run | No
     init_db(ends.pg_dsn, outbox)
     create_tables(ends.pg_dsn, schema)
     create_topic(ends.kafka_bootstrap, topic, opts.partitions)
-    cfg = write_config(out / "harvest.yaml", dsn=ends.pg_dsn, bootstrap=ends.kafka_bootstrap,
-                       outbox_table=outbox, group=f"demo-{uuid.uuid4().hex[:6]}", extra_limits=RELAY_LIMITS)
+    cfg = write_config(
+        out / "harvest.yaml",
+        dsn=ends.pg_dsn,
+        bootstrap=ends.kafka_bootstrap,
+        outbox_table=outbox,
+        group=f"demo-{uuid.uuid4().hex[:6]}",
+        extra_limits=RELAY_LIMITS,
+    )
     relays = [RelayProcess(cfg, f"relay-{i}", out).start() for i in range(2)]
     applier = subprocess.Popen(
-        [sys.executable, "-m", "harvest_outbox.harvest_local.applier", "--bootstrap", ends.kafka_bootstrap, "--topic", topic,
-         "--schema", schema], env={**os.environ, "HARVEST_DATA_SOURCE": ends.pg_dsn},
-        stdout=(out / "applier.log").open("w"), stderr=subprocess.STDOUT)
+        [
+            sys.executable,
+            "-m",
+            "harvest_outbox.harvest_local.applier",
+            "--bootstrap",
+            ends.kafka_bootstrap,
+            "--topic",
+            topic,
+            "--schema",
+            schema,
+        ],
+        env={**os.environ, "HARVEST_DATA_SOURCE": ends.pg_dsn},
+        stdout=(out / "applier.log").open("w"),
+        stderr=subprocess.STDOUT,
+    )
     backlog: BacklogPhase | None = None
     takeover = None
     try:
@@ -190,13 +237,15 @@ def run_demo(ends: ServiceEndpoints, opts: DemoOptions, out: Path, run: Run | No
         leader = current_leader(relays)
         assert leader is not None
         run.mark(f"{leader.name} elected leader; the other relay stands by")
-        writers = Writers(ends.pg_dsn, schema, outbox, topic, opts.keys, opts.rows, threads=opts.writers,
-                          rate_per_s=opts.rate).start()
+        writers = Writers(
+            ends.pg_dsn, schema, outbox, topic, opts.keys, opts.rows, threads=opts.writers, rate_per_s=opts.rate
+        ).start()
         writers_started = time.monotonic()
         ticker = _Progress(run, writers, ends.pg_dsn, schema, outbox)
         ticker.start()
-        run.mark(f"live phase: {opts.writers} writers started ({opts.rows} rows, ~{opts.rate:.0f} rows/s, "
-                 f"10% rolled back)")
+        run.mark(
+            f"live phase: {opts.writers} writers started ({opts.rows} rows, ~{opts.rate:.0f} rows/s, 10% rolled back)"
+        )
         if opts.kill:
             wait_for(lambda: writers.stats.committed >= opts.rows * 0.4, 600, "40% of the live rows", poll=0.2)
             leader = current_leader(relays)
@@ -205,15 +254,18 @@ def run_demo(ends: ServiceEndpoints, opts: DemoOptions, out: Path, run: Run | No
             leader.kill()
             killed_at = time.monotonic()
             run.mark(f"kill -9 {leader.name} (the leader) after {writers.stats.committed} committed rows")
-            wait_for(lambda: any(r.elections() > before[r.name] for r in relays if r.alive), 120,
-                     "the standby to take over")
+            wait_for(
+                lambda: any(r.elections() > before[r.name] for r in relays if r.alive), 120, "the standby to take over"
+            )
             takeover = time.monotonic() - killed_at
             run.mark(f"standby took over after {takeover:.1f}s")
         writers.join()
         writers_seconds = time.monotonic() - writers_started
         stats = writers.stats
-        run.mark(f"writers done: {stats.committed} committed, {stats.rolled_back} rolled back, "
-                 f"{stats.long_running} long-running transactions")
+        run.mark(
+            f"writers done: {stats.committed} committed, {stats.rolled_back} rolled back, "
+            f"{stats.long_running} long-running transactions"
+        )
         if opts.backlog:
             backlog = _backlog_phase(run, ends.pg_dsn, schema, outbox, topic, opts)
         truth = committed_versions(ends.pg_dsn, schema)
@@ -234,8 +286,10 @@ def run_demo(ends: ServiceEndpoints, opts: DemoOptions, out: Path, run: Run | No
         backlog_applied = [a for _, _, w, a in applied if w is None]
         if len(backlog_applied) >= backlog.rows:
             backlog.consumer_seconds = max(backlog_applied) - backlog.committed_at
-            run.mark(f"backlog applied by the consumer in {backlog.consumer_seconds:.1f}s "
-                     f"({backlog.consumer_rate:,.0f} rows/s)")
+            run.mark(
+                f"backlog applied by the consumer in {backlog.consumer_seconds:.1f}s "
+                f"({backlog.consumer_rate:,.0f} rows/s)"
+            )
     verdicts = [verify("ReadCommittedIter -> Postgres", truth, [(k, v) for k, v, _, _ in applied])]
     raw_count = _raw_count(ends.kafka_bootstrap, topic)
     if opts.spark:
@@ -244,8 +298,9 @@ def run_demo(ends: ServiceEndpoints, opts: DemoOptions, out: Path, run: Run | No
     return DemoResult(run, verdicts, expected, raw_count, stats, writers_seconds, takeover, applied, backlog)
 
 
-def _backlog_phase(run: Run, dsn: str, schema: str, outbox: str, topic: str, opts: DemoOptions,
-                   timeout: float = 600.0) -> BacklogPhase:
+def _backlog_phase(
+    run: Run, dsn: str, schema: str, outbox: str, topic: str, opts: DemoOptions, timeout: float = 600.0
+) -> BacklogPhase:
     """Commit ``opts.backlog`` rows in one transaction while the relays run; time the relay's drain
     by sampling how many rows are left in the outbox (the relay deletes a row once it is committed
     to Kafka)."""
@@ -298,7 +353,14 @@ class _Progress:
     def __init__(self, run: Run, writers: Writers, dsn: str, schema: str, outbox: str, every: float = 3.0) -> None:
         import threading
 
-        self.run, self.writers, self.dsn, self.schema, self.outbox, self.every = run, writers, dsn, schema, outbox, every
+        self.run, self.writers, self.dsn, self.schema, self.outbox, self.every = (
+            run,
+            writers,
+            dsn,
+            schema,
+            outbox,
+            every,
+        )
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="progress", daemon=True)
 
@@ -317,15 +379,21 @@ class _Progress:
         while not self._stop.wait(self.every):
             try:
                 with psycopg.connect(self.dsn, connect_timeout=3) as conn:
-                    backlog = conn.execute(sql.SQL("SELECT count(*) FROM {}").format(
-                        sql.Identifier(schema, table))).fetchone()[0]  # type: ignore[index]
-                    applied = conn.execute(sql.SQL("SELECT count(*) FROM {}").format(
-                        sql.Identifier(self.schema, "applied"))).fetchone()[0]  # type: ignore[index]
+                    backlog = conn.execute(
+                        sql.SQL("SELECT count(*) FROM {}").format(sql.Identifier(schema, table))
+                    ).fetchone()[0]  # type: ignore[index]
+                    applied = conn.execute(
+                        sql.SQL("SELECT count(*) FROM {}").format(sql.Identifier(self.schema, "applied"))
+                    ).fetchone()[0]  # type: ignore[index]
             except Exception:  # progress is best effort
                 continue
-            log.info("[%6.1fs]   progress: %d committed by writers, %d waiting in the outbox, %d applied by "
-                     "the consumer", time.monotonic() - self.run.started, self.writers.stats.committed, backlog,
-                     applied)
+            log.info(
+                "[%6.1fs]   progress: %d committed by writers, %d waiting in the outbox, %d applied by the consumer",
+                time.monotonic() - self.run.started,
+                self.writers.stats.committed,
+                backlog,
+                applied,
+            )
 
 
 def _raw_count(bootstrap: str, topic: str) -> int:
@@ -348,8 +416,11 @@ def _spark_verdict(bootstrap: str, topic: str, truth: dict[str, int], spark: Any
 
         spark = local_spark_session("harvest-demo")
     try:
-        rows = readCommitted(spark, topic, {"kafka.bootstrap.servers": bootstrap}).select(
-            "partition", "offset", "ack_offset", "key", "value").collect()
+        rows = (
+            readCommitted(spark, topic, {"kafka.bootstrap.servers": bootstrap})
+            .select("partition", "offset", "ack_offset", "key", "value")
+            .collect()
+        )
     finally:
         if own:
             spark.stop()
@@ -383,8 +454,14 @@ def _plot(result: DemoResult, path: Path) -> Path | None:
         if t - offset >= 0:
             wb[int(t - offset)] = wb.get(int(t - offset), 0) + 1
     if wb:
-        ax.plot(range(max(wb) + 1), [wb.get(x, 0) for x in range(max(wb) + 1)], color="#718096",
-                linewidth=1.0, linestyle=":", label="committed by live writers")
+        ax.plot(
+            range(max(wb) + 1),
+            [wb.get(x, 0) for x in range(max(wb) + 1)],
+            color="#718096",
+            linewidth=1.0,
+            linestyle=":",
+            label="committed by live writers",
+        )
     b = result.backlog
     log_scale = b is not None and len(b.samples) > 1
     if log_scale:
@@ -399,21 +476,38 @@ def _plot(result: DemoResult, path: Path) -> Path | None:
         first, last = int(b.committed_at - t0), int(pts[-1][0] - t0) + 1
         xs_r = list(range(first, last + 1))
         ys_r = [max(left(t0 + x) - left(t0 + x + 1), 0) for x in xs_r]
-        ax.plot(xs_r, [y or float("nan") for y in ys_r], color="#dd6b20", linewidth=1.6, marker="o",
-                markersize=3, label="backlog drained by the relay")
+        ax.plot(
+            xs_r,
+            [y or float("nan") for y in ys_r],
+            color="#dd6b20",
+            linewidth=1.6,
+            marker="o",
+            markersize=3,
+            label="backlog drained by the relay",
+        )
         ax.set_yscale("log")
         for line in ax.get_lines()[:-1]:  # on a log scale a zero is a gap, not a plunge to the axis
             line.set_ydata([y if y else float("nan") for y in line.get_ydata()])
     ax.legend(loc="upper left", fontsize=8)
     top = ax.get_ylim()[1]
     for t, what in run.events:
-        label = "leader killed" if what.startswith("kill -9") else "backlog committed" if what.startswith(
-            "backlog committed") else None
+        label = (
+            "leader killed"
+            if what.startswith("kill -9")
+            else "backlog committed"
+            if what.startswith("backlog committed")
+            else None
+        )
         if label:
-            ax.axvline(t - offset, color="#c53030" if label == "leader killed" else "#dd6b20", linestyle="--",
-                       linewidth=1)
-            ax.annotate(label, (t - offset, top * 0.5 if log_scale else top * 0.9),
-                        color="#c53030" if label == "leader killed" else "#dd6b20", fontsize=8)
+            ax.axvline(
+                t - offset, color="#c53030" if label == "leader killed" else "#dd6b20", linestyle="--", linewidth=1
+            )
+            ax.annotate(
+                label,
+                (t - offset, top * 0.5 if log_scale else top * 0.9),
+                color="#c53030" if label == "leader killed" else "#dd6b20",
+                fontsize=8,
+            )
     ax.set_xlabel("seconds")
     ax.set_ylabel("rows/s" + (" (log scale)" if log_scale else ""))
     ax.set_title("harvest demo: exactly-once delivery to the consumer's table")
@@ -432,17 +526,37 @@ def phase_table(result: DemoResult) -> str:
     """Throughput per phase: the live phase runs at the writers' pace, the backlog at the relay's."""
     live = [(w, a) for _, _, w, a in result.applied if w is not None]
     live_span = (live[-1][1] - live[0][1]) if len(live) > 1 else None
-    rows = [("phase", "rows", "seconds", "rows/s"),
-            ("live: committed by the writers", str(result.stats.committed), f"{result.writers_seconds:.1f}",
-             _rate(result.stats.committed, result.writers_seconds)),
-            ("live: applied by the consumer", str(len(live)), f"{live_span:.1f}" if live_span else "n/a",
-             _rate(len(live), live_span))]
+    rows = [
+        ("phase", "rows", "seconds", "rows/s"),
+        (
+            "live: committed by the writers",
+            str(result.stats.committed),
+            f"{result.writers_seconds:.1f}",
+            _rate(result.stats.committed, result.writers_seconds),
+        ),
+        (
+            "live: applied by the consumer",
+            str(len(live)),
+            f"{live_span:.1f}" if live_span else "n/a",
+            _rate(len(live), live_span),
+        ),
+    ]
     b = result.backlog
     if b is not None:
-        rows += [("backlog: drained by the relay", str(b.rows),
-                  f"{b.relay_seconds:.1f}" if b.relay_seconds else "n/a", _rate(b.rows, b.relay_seconds)),
-                 ("backlog: applied by the consumer", str(b.rows),
-                  f"{b.consumer_seconds:.1f}" if b.consumer_seconds else "n/a", _rate(b.rows, b.consumer_seconds))]
+        rows += [
+            (
+                "backlog: drained by the relay",
+                str(b.rows),
+                f"{b.relay_seconds:.1f}" if b.relay_seconds else "n/a",
+                _rate(b.rows, b.relay_seconds),
+            ),
+            (
+                "backlog: applied by the consumer",
+                str(b.rows),
+                f"{b.consumer_seconds:.1f}" if b.consumer_seconds else "n/a",
+                _rate(b.rows, b.consumer_seconds),
+            ),
+        ]
     widths = [max(len(r[i]) for r in rows) for i in range(4)]
     lines = ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))) for r in rows]
     lines.insert(1, "-" * len(lines[0]))
@@ -460,7 +574,10 @@ def _report(result: DemoResult, latencies: list[float], plot: Path | None) -> No
     print()
     backlog = result.backlog.rows if result.backlog else 0
     facts = [
-        ("rows committed", f"{result.expected} ({result.expected - backlog} by live writers, {backlog} in the backlog)"),
+        (
+            "rows committed",
+            f"{result.expected} ({result.expected - backlog} by live writers, {backlog} in the backlog)",
+        ),
         ("rows rolled back (must never appear)", f"{result.stats.rolled_back}"),
         ("records in the topic (incl. ACKs, re-sends)", f"{result.raw_count}"),
         ("leader take-over after kill -9", f"{result.takeover:.1f} s" if result.takeover is not None else "not killed"),
@@ -472,8 +589,14 @@ def _report(result: DemoResult, latencies: list[float], plot: Path | None) -> No
         print(f"{a:<{width}}  {b}")
     if result.backlog is not None:
         print("\nThe live phase runs at the writers' pace; the backlog phase shows what the relay itself sustains.")
-    print("\n" + ("OK: every committed row delivered exactly once, in per-key order, to every reader"
-                  if result.ok else "FAILED: see the verdict table above"))
+    print(
+        "\n"
+        + (
+            "OK: every committed row delivered exactly once, in per-key order, to every reader"
+            if result.ok
+            else "FAILED: see the verdict table above"
+        )
+    )
     if latencies:
         log.debug("latency median %.1f ms", statistics.median(latencies))
 

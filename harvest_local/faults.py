@@ -55,9 +55,16 @@ class FaultPlan:
         kinds = [k for k in FAULT_KINDS if allow_restarts or not k.endswith("_restart")]
         faults = tuple(rng.choice(kinds) for _ in range(rng.randint(1, 3)))
         errors = rng.random() < 0.5
-        return FaultPlan(seed=seed, relays=rng.choice((2, 3)), rows=rows, keys=rng.choice((20, 50, 200)),
-                         partitions=rng.choice((1, 3, 4)), faults=faults,
-                         produce_error_rate=0.02 if errors else 0.0, delivery_error_rate=0.02 if errors else 0.0)
+        return FaultPlan(
+            seed=seed,
+            relays=rng.choice((2, 3)),
+            rows=rows,
+            keys=rng.choice((20, 50, 200)),
+            partitions=rng.choice((1, 3, 4)),
+            faults=faults,
+            produce_error_rate=0.02 if errors else 0.0,
+            delivery_error_rate=0.02 if errors else 0.0,
+        )
 
 
 @dataclass
@@ -89,8 +96,13 @@ def run_plan(services: LocalServices, plan: FaultPlan, workdir: Path, spark=None
     init_db(ends.pg_dsn, outbox)
     create_tables(ends.pg_dsn, schema)
     create_topic(ends.kafka_bootstrap, topic, plan.partitions)
-    cfg = write_config(workdir / "harvest.yaml", dsn=ends.pg_dsn, bootstrap=ends.kafka_bootstrap,
-                       outbox_table=outbox, group=f"fault-{plan.seed}-{tag}")
+    cfg = write_config(
+        workdir / "harvest.yaml",
+        dsn=ends.pg_dsn,
+        bootstrap=ends.kafka_bootstrap,
+        outbox_table=outbox,
+        group=f"fault-{plan.seed}-{tag}",
+    )
     faults = None
     if plan.produce_error_rate or plan.delivery_error_rate:
         faults = f"produce={plan.produce_error_rate},delivery={plan.delivery_error_rate},seed={plan.seed}"
@@ -101,8 +113,9 @@ def run_plan(services: LocalServices, plan: FaultPlan, workdir: Path, spark=None
     applier = _start_applier(ends.pg_dsn, ends.kafka_bootstrap, topic, schema, workdir)
     try:
         wait_for(lambda: current_leader(relays) is not None, 90)
-        writers = Writers(ends.pg_dsn, schema, outbox, topic, plan.keys, plan.rows, threads=3,
-                          rate_per_s=plan.rate, seed=plan.seed).start()
+        writers = Writers(
+            ends.pg_dsn, schema, outbox, topic, plan.keys, plan.rows, threads=3, rate_per_s=plan.rate, seed=plan.seed
+        ).start()
         schedule = sorted(rng.uniform(0.15, 0.8) for _ in plan.faults)
         for at, kind in zip(schedule, plan.faults):
             wait_for(lambda: writers.stats.committed >= at * plan.rows or writers.done, 600, poll=0.1)
@@ -127,9 +140,19 @@ def run_plan(services: LocalServices, plan: FaultPlan, workdir: Path, spark=None
     return result
 
 
-def _inject(kind: str, services: LocalServices, relays: list[RelayProcess], applier: subprocess.Popen[bytes],
-            cfg: Path, workdir: Path, ends, topic: str, schema: str, result: RunResult,  # type: ignore[no-untyped-def]
-            faults: str | None) -> subprocess.Popen[bytes]:
+def _inject(
+    kind: str,
+    services: LocalServices,
+    relays: list[RelayProcess],
+    applier: subprocess.Popen[bytes],
+    cfg: Path,
+    workdir: Path,
+    ends,
+    topic: str,
+    schema: str,
+    result: RunResult,  # type: ignore[no-untyped-def]
+    faults: str | None,
+) -> subprocess.Popen[bytes]:
     leader = current_leader(relays)
     if kind == "kill_leader" and leader is not None:
         leader.kill()
@@ -164,9 +187,22 @@ def _inject(kind: str, services: LocalServices, relays: list[RelayProcess], appl
 
 def _start_applier(dsn: str, bootstrap: str, topic: str, schema: str, workdir: Path) -> subprocess.Popen[bytes]:
     with (workdir / "applier.log").open("a") as out:
-        return subprocess.Popen([sys.executable, "-m", "harvest_outbox.harvest_local.applier", "--bootstrap", bootstrap,
-                                 "--topic", topic, "--schema", schema],
-                                env={**os.environ, "HARVEST_DATA_SOURCE": dsn}, stdout=out, stderr=subprocess.STDOUT)
+        return subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "harvest_outbox.harvest_local.applier",
+                "--bootstrap",
+                bootstrap,
+                "--topic",
+                topic,
+                "--schema",
+                schema,
+            ],
+            env={**os.environ, "HARVEST_DATA_SOURCE": dsn},
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
 
 
 def _wait_applied(dsn: str, schema: str, expected: int, timeout: float) -> None:
@@ -191,11 +227,17 @@ def _spark_verdict(spark, bootstrap: str, topic: str, truth: dict[str, int]) -> 
 
     from harvest_outbox.spark_reader import readCommitted
 
-    rows = readCommitted(spark, topic, {"kafka.bootstrap.servers": bootstrap}).select(
-        "partition", "offset", "ack_offset", "key", "value").collect()
+    rows = (
+        readCommitted(spark, topic, {"kafka.bootstrap.servers": bootstrap})
+        .select("partition", "offset", "ack_offset", "key", "value")
+        .collect()
+    )
     rows.sort(key=lambda r: (r.partition, r.ack_offset, r.offset))
-    return verify("Spark readCommitted", truth, [(bytes(r.key).decode(), int(json.loads(bytes(r.value))["version"]))
-                                                 for r in rows])
+    return verify(
+        "Spark readCommitted",
+        truth,
+        [(bytes(r.key).decode(), int(json.loads(bytes(r.value))["version"])) for r in rows],
+    )
 
 
 def summary(results: list[RunResult]) -> str:
@@ -213,9 +255,14 @@ def summary(results: list[RunResult]) -> str:
     ]
     for r in results:
         status = "OK  " if r.ok else "FAIL"
-        detail = "; ".join(f"{v.reader}: lost={v.lost} dup={v.duplicates} order={v.order_violations} "
-                           f"phantom={v.phantoms}" for v in r.verdicts if not v.ok)
-        lines.append(f"  {status} seed={r.plan.seed} relays={r.plan.relays} p={r.plan.partitions} "
-                     f"faults={','.join(r.plan.faults)} errors={r.plan.produce_error_rate} "
-                     f"rows={r.committed} {r.seconds:.0f}s {detail}")
+        detail = "; ".join(
+            f"{v.reader}: lost={v.lost} dup={v.duplicates} order={v.order_violations} phantom={v.phantoms}"
+            for v in r.verdicts
+            if not v.ok
+        )
+        lines.append(
+            f"  {status} seed={r.plan.seed} relays={r.plan.relays} p={r.plan.partitions} "
+            f"faults={','.join(r.plan.faults)} errors={r.plan.produce_error_rate} "
+            f"rows={r.committed} {r.seconds:.0f}s {detail}"
+        )
     return "\n".join(lines)

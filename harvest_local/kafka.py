@@ -87,12 +87,15 @@ class EmbeddedKafka:
         if not (self.data / "meta.properties").exists():  # not formatted yet (or a format failed)
             cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
             # "=" form: a base64 id may start with "-", which the tool would parse as an option.
-            self._java_run("kafka.tools.StorageTool", "format", f"--cluster-id={cluster_id}",
-                           f"--config={props}")
+            self._java_run("kafka.tools.StorageTool", "format", f"--cluster-id={cluster_id}", f"--config={props}")
         with open(os.open(self.root / "stdout.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600), "ab") as out:
             self._proc = subprocess.Popen(
                 [*self._jvm(), "kafka.Kafka", str(props)],
-                stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=self.root, umask=UMASK,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                cwd=self.root,
+                umask=UMASK,
                 start_new_session=True,  # a Ctrl-C in the terminal is ours to handle, not the broker's
             )
         self._wait_ready(timeout)
@@ -121,23 +124,29 @@ class EmbeddedKafka:
         self.kill()
         shutil.rmtree(self.root, ignore_errors=True)
 
-    def create_topic(self, name: str, partitions: int = 1, config: dict[str, str] | None = None,
-                     timeout: float = 30.0) -> None:
+    def create_topic(
+        self, name: str, partitions: int = 1, config: dict[str, str] | None = None, timeout: float = 30.0
+    ) -> None:
         create_topic(self.bootstrap, name, partitions, config, timeout)
 
     # -- internals -----------------------------------------------------------------------------
 
     def _jvm(self) -> list[str]:
         return [
-            self._java, "-Xms256m", f"-Xmx{self.heap}", "-XX:+UseG1GC", "-XX:MaxGCPauseMillis=20",
-            "-Djava.awt.headless=true", f"-Dkafka.logs.dir={self.root}",
+            self._java,
+            "-Xms256m",
+            f"-Xmx{self.heap}",
+            "-XX:+UseG1GC",
+            "-XX:MaxGCPauseMillis=20",
+            "-Djava.awt.headless=true",
+            f"-Dkafka.logs.dir={self.root}",
             f"-Dlog4j2.configurationFile={CONF_DIR / 'log4j2.properties'}",
-            "-cp", self._classpath,
+            "-cp",
+            self._classpath,
         ]
 
     def _java_run(self, main: str, *args: str) -> None:
-        proc = subprocess.run([*self._jvm(), main, *args], capture_output=True, text=True, cwd=self.root,
-                              umask=UMASK)
+        proc = subprocess.run([*self._jvm(), main, *args], capture_output=True, text=True, cwd=self.root, umask=UMASK)
         if proc.returncode != 0:
             # A JVM failure is a stack trace: its first lines name the exception and its message, the
             # last ones are frames nobody needs.
@@ -151,7 +160,7 @@ class EmbeddedKafka:
             "node.id": "1",
             "controller.quorum.voters": f"1@127.0.0.1:{self.controller_port}",
             "listeners": f"PLAINTEXT://127.0.0.1:{self.port},PROXIED://127.0.0.1:{self.proxied_listener_port},"
-                         f"CONTROLLER://127.0.0.1:{self.controller_port}",
+            f"CONTROLLER://127.0.0.1:{self.controller_port}",
             "advertised.listeners": f"PLAINTEXT://127.0.0.1:{self.port},PROXIED://127.0.0.1:{self.proxy_port}",
             "controller.listener.names": "CONTROLLER",
             "inter.broker.listener.name": "PLAINTEXT",
@@ -184,8 +193,11 @@ class EmbeddedKafka:
         last = ""
         while time.monotonic() < deadline:
             if self._proc is not None and self._proc.poll() is not None:
-                raise ServiceError("kafka", f"broker exited with code {self._proc.returncode}",
-                                   tail(self.log_file) or tail(self.root / "stdout.log"))
+                raise ServiceError(
+                    "kafka",
+                    f"broker exited with code {self._proc.returncode}",
+                    tail(self.log_file) or tail(self.root / "stdout.log"),
+                )
             try:
                 meta = admin.list_topics(timeout=2)
                 if meta.brokers:
@@ -194,12 +206,14 @@ class EmbeddedKafka:
                 last = str(exc)
             time.sleep(0.3)
         self.kill()
-        raise ServiceError("kafka", f"not ready after {timeout:.0f}s ({last})",
-                           tail(self.log_file) or tail(self.root / "stdout.log"))
+        raise ServiceError(
+            "kafka", f"not ready after {timeout:.0f}s ({last})", tail(self.log_file) or tail(self.root / "stdout.log")
+        )
 
 
-def create_topic(bootstrap: str, name: str, partitions: int = 1, config: dict[str, str] | None = None,
-                 timeout: float = 30.0) -> None:
+def create_topic(
+    bootstrap: str, name: str, partitions: int = 1, config: dict[str, str] | None = None, timeout: float = 30.0
+) -> None:
     """Create a topic and wait until its partitions have leaders (auto-creation is off)."""
     from confluent_kafka.admin import AdminClient, NewTopic
 
@@ -209,8 +223,11 @@ def create_topic(bootstrap: str, name: str, partitions: int = 1, config: dict[st
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         topic = admin.list_topics(name, timeout=5).topics.get(name)
-        if topic and topic.error is None and len(topic.partitions) == partitions and all(
-            p.leader >= 0 for p in topic.partitions.values()
+        if (
+            topic
+            and topic.error is None
+            and len(topic.partitions) == partitions
+            and all(p.leader >= 0 for p in topic.partitions.values())
         ):
             return
         time.sleep(0.1)
@@ -223,8 +240,7 @@ def count_records(bootstrap: str, topics: list[str], timeout: float = 10.0) -> i
     partition whose leader is still being elected (the moments after creation)."""
     from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
-    not_ready = {KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE,
-                 KafkaError.UNKNOWN_TOPIC_OR_PART}
+    not_ready = {KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE, KafkaError.UNKNOWN_TOPIC_OR_PART}
 
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"harvest-count-{uuid.uuid4()}"})
     try:
@@ -264,8 +280,9 @@ def read_to_end(bootstrap: str, topics: list[str], timeout: float = 60.0) -> lis
     ``timeout`` seconds (a short read must not pass for a whole one)."""
     from confluent_kafka import Consumer, TopicPartition
 
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"harvest-read-{uuid.uuid4()}",
-                         "enable.auto.commit": False})
+    consumer = Consumer(
+        {"bootstrap.servers": bootstrap, "group.id": f"harvest-read-{uuid.uuid4()}", "enable.auto.commit": False}
+    )
     try:
         meta = consumer.list_topics(timeout=10).topics
         parts = [TopicPartition(t, p, 0) for t in topics for p in meta[t].partitions]
@@ -281,8 +298,11 @@ def read_to_end(bootstrap: str, topics: list[str], timeout: float = 60.0) -> lis
                 if msg.error() is not None:
                     continue
                 at[(msg.topic(), msg.partition())] = msg.offset() + 1
-                out.append(ReadRecord(msg.topic(), msg.partition(), msg.offset(), msg.key(), msg.value(),
-                                      list(msg.headers() or [])))
+                out.append(
+                    ReadRecord(
+                        msg.topic(), msg.partition(), msg.offset(), msg.key(), msg.value(), list(msg.headers() or [])
+                    )
+                )
         return sorted(out, key=lambda r: (r.topic, r.partition, r.offset))
     finally:
         consumer.close()

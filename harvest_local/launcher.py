@@ -58,8 +58,9 @@ class LocalServices(AbstractContextManager["LocalServices"]):
                 pg_dsn, bootstrap = self._start_containers(pg_dsn, bootstrap)
                 self.mode = "testcontainers"
             else:
-                log.warning("HARVEST_TEST_SERVICES=testcontainers but no Docker engine answers; "
-                            "using the local launcher")
+                log.warning(
+                    "HARVEST_TEST_SERVICES=testcontainers but no Docker engine answers; using the local launcher"
+                )
         started = time.monotonic()
         try:
             if not pg_dsn:
@@ -94,8 +95,9 @@ class LocalServices(AbstractContextManager["LocalServices"]):
     def __enter__(self) -> LocalServices:
         return self.start()
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
         self.stop()
 
     def _start_containers(self, pg_dsn: str | None, bootstrap: str | None) -> tuple[str, str]:
@@ -108,8 +110,10 @@ class LocalServices(AbstractContextManager["LocalServices"]):
             pg = PostgresContainer("postgres:16-alpine", driver=None)
             pg.start()
             self._containers.append(pg)
-            pg_dsn = (f"host={pg.get_container_host_ip()} port={pg.get_exposed_port(5432)} "
-                      f"user={pg.username} password={pg.password} dbname={pg.dbname}")
+            pg_dsn = (
+                f"host={pg.get_container_host_ip()} port={pg.get_exposed_port(5432)} "
+                f"user={pg.username} password={pg.password} dbname={pg.dbname}"
+            )
         if not bootstrap:
             kafka = KafkaContainer().with_kraft()
             kafka.with_env("KAFKA_AUTO_CREATE_TOPICS_ENABLE", "false")

@@ -43,8 +43,16 @@ def _copy_dependencies(name: str, pom: Path, settings: Path, dest: Path) -> None
     shutil.rmtree(staging, ignore_errors=True)
     log.info("resolving %s jars from Maven Central (first run only)", name)
     cmd = [
-        mvn, "-B", "-q", "-gs", str(settings), "-f", str(pom),
-        "dependency:copy-dependencies", "-DincludeScope=runtime", f"-DoutputDirectory={staging}",
+        mvn,
+        "-B",
+        "-q",
+        "-gs",
+        str(settings),
+        "-f",
+        str(pom),
+        "dependency:copy-dependencies",
+        "-DincludeScope=runtime",
+        f"-DoutputDirectory={staging}",
     ]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
@@ -54,8 +62,7 @@ def _copy_dependencies(name: str, pom: Path, settings: Path, dest: Path) -> None
             f"the {name} jars from Maven Central (`mvn dependency:copy-dependencies` failed: "
             + (" | ".join(errors) or output[-500:])
             + ")",
-            "check network access to Maven Central (repo.maven.apache.org) or configure a mirror in "
-            "~/.m2/settings.xml",
+            "check network access to Maven Central (repo.maven.apache.org) or configure a mirror in ~/.m2/settings.xml",
         )
     shutil.rmtree(dest, ignore_errors=True)
     staging.rename(dest)

@@ -66,8 +66,9 @@ class _Link:
         for src, dst, name in ((client, upstream, "up"), (upstream, client, "down")):
             q: queue.Queue[tuple[float, bytes] | None] = queue.Queue()
             threading.Thread(target=self._read, args=(src, q), name=f"netfault-{name}-r", daemon=True).start()
-            threading.Thread(target=self._write, args=(dst, q, name == "up"), name=f"netfault-{name}-w",
-                             daemon=True).start()
+            threading.Thread(
+                target=self._write, args=(dst, q, name == "up"), name=f"netfault-{name}-w", daemon=True
+            ).start()
 
     def _read(self, src: socket.socket, q: queue.Queue[tuple[float, bytes] | None]) -> None:
         try:
@@ -191,7 +192,7 @@ class NetFault:
         with self._budget_cv:
             if self._client_budget is None:
                 return data
-            now, data = data[:self._client_budget], data[self._client_budget:]
+            now, data = data[: self._client_budget], data[self._client_budget :]
             self._client_budget -= len(now)
         if now:
             dst.sendall(now)
@@ -203,8 +204,14 @@ class NetFault:
     # ---------------------------------------------------------------- control
     def _set(self, mode: str, delay: float = 0.0, budget: int | None = None) -> None:
         assert mode in MODES, mode
-        log.info("%s (%s -> %s:%d): %s%s", self.name, self.address, *self.target, mode,
-                 f" {delay * 1000:.0f}ms" if delay else "")
+        log.info(
+            "%s (%s -> %s:%d): %s%s",
+            self.name,
+            self.address,
+            *self.target,
+            mode,
+            f" {delay * 1000:.0f}ms" if delay else "",
+        )
         self.mode, self.delay = mode, delay
         with self._budget_cv:
             self._client_budget = budget

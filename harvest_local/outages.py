@@ -59,8 +59,18 @@ from harvest_outbox.harvest_local.workload import Writers, committed_versions, c
 
 log = logging.getLogger(__name__)
 
-FAULTS = ("broker_pause", "broker_kill", "pg_restart", "pg_down", "pg_blackhole", "pg_reset", "pg_latency",
-          "kafka_blackhole", "kafka_reset", "kafka_latency")
+FAULTS = (
+    "broker_pause",
+    "broker_kill",
+    "pg_restart",
+    "pg_down",
+    "pg_blackhole",
+    "pg_reset",
+    "pg_latency",
+    "kafka_blackhole",
+    "kafka_reset",
+    "kafka_latency",
+)
 LATENCY_MS = 200
 RESET_SECONDS = 1.0
 
@@ -123,8 +133,10 @@ def run_outage(services: LocalServices, outage: Outage, workdir: Path) -> Outage
     needs_kafka = outage.fault.startswith(("broker_", "kafka_"))
     needs_pg = outage.fault.startswith("pg_")
     if (needs_kafka and services.kafka is None) or (needs_pg and services.postgres is None):
-        raise RuntimeError(f"{outage.fault} needs the locally launched services (not HARVEST_PG_DSN / "
-                           f"HARVEST_KAFKA_BOOTSTRAP / testcontainers)")
+        raise RuntimeError(
+            f"{outage.fault} needs the locally launched services (not HARVEST_PG_DSN / "
+            f"HARVEST_KAFKA_BOOTSTRAP / testcontainers)"
+        )
     started = time.monotonic()
     ends = services.endpoints
     tag = uuid.uuid4().hex[:6]
@@ -138,26 +150,42 @@ def run_outage(services: LocalServices, outage: Outage, workdir: Path) -> Outage
     create_topic(ends.kafka_bootstrap, topic, outage.partitions)
     create_topic(ends.kafka_bootstrap, f"{topic}-probe", 1)
     pg_params = conninfo_to_dict(ends.pg_dsn)
-    pg_proxy = NetFault((str(pg_params.get("host", "127.0.0.1")), int(pg_params.get("port", 5432))),
-                        name="pg-proxy").start()
+    pg_proxy = NetFault(
+        (str(pg_params.get("host", "127.0.0.1")), int(pg_params.get("port", 5432))), name="pg-proxy"
+    ).start()
     kafka_proxy: NetFault | None = None
     bootstrap = ends.kafka_bootstrap
     if services.kafka is not None:
-        kafka_proxy = NetFault(("127.0.0.1", services.kafka.proxied_listener_port), port=services.kafka.proxy_port,
-                               name="kafka-proxy").start()
+        kafka_proxy = NetFault(
+            ("127.0.0.1", services.kafka.proxied_listener_port), port=services.kafka.proxy_port, name="kafka-proxy"
+        ).start()
         bootstrap = services.kafka.proxied_bootstrap
-    cfg = write_config(workdir / "harvest.yaml", dsn=_via(ends.pg_dsn, pg_proxy.port), bootstrap=bootstrap,
-                       outbox_table=outbox, group=f"outage-{tag}", uuid_sequencing=outage.sequenced,
-                       extra_limits={"rowTimeout": outage.row_timeout} if outage.row_timeout else None)
+    cfg = write_config(
+        workdir / "harvest.yaml",
+        dsn=_via(ends.pg_dsn, pg_proxy.port),
+        bootstrap=bootstrap,
+        outbox_table=outbox,
+        group=f"outage-{tag}",
+        uuid_sequencing=outage.sequenced,
+        extra_limits={"rowTimeout": outage.row_timeout} if outage.row_timeout else None,
+    )
     relays = [RelayProcess(cfg, f"relay-{i}", workdir).start() for i in range(outage.relays)]
     result = OutageResult(outage)
     names = OutboxNames.parse(outbox)
     try:
         wait_for(lambda: current_leader(relays) is not None, 90, "a leader")
-        writers = Writers(ends.pg_dsn, schema, outbox, topic, outage.keys, outage.rows, threads=3,
-                          rate_per_s=outage.rate, seed=outage.seed).start()
-        wait_for(lambda: writers.stats.committed >= outage.rate * 4 or writers.done, 120, "writers warmed up",
-                 poll=0.1)
+        writers = Writers(
+            ends.pg_dsn,
+            schema,
+            outbox,
+            topic,
+            outage.keys,
+            outage.rows,
+            threads=3,
+            rate_per_s=outage.rate,
+            seed=outage.seed,
+        ).start()
+        wait_for(lambda: writers.stats.committed >= outage.rate * 4 or writers.done, 120, "writers warmed up", poll=0.1)
         _apply(outage, services, pg_proxy, kafka_proxy, result)
         healed = time.monotonic()
         max_id = _probe(ends.pg_dsn, outbox, f"{topic}-probe")
@@ -166,12 +194,16 @@ def run_outage(services: LocalServices, outage: Outage, workdir: Path) -> Outage
         result.committed, result.rolled_back = writers.stats.committed, writers.stats.rolled_back
         wait_for(lambda: _backlog(ends.pg_dsn, names, None) == 0, 180, "the outbox drains", poll=0.2)
         truth = committed_versions(ends.pg_dsn, schema)
-        delivered = (_read_committed(ends.kafka_bootstrap, topic) if outage.sequenced
-                     else _read_raw(ends.kafka_bootstrap, topic, outage.partitions))
+        delivered = (
+            _read_committed(ends.kafka_bootstrap, topic)
+            if outage.sequenced
+            else _read_raw(ends.kafka_bootstrap, topic, outage.partitions)
+        )
         result.verdict = verify("ReadCommittedIter" if outage.sequenced else "raw topic", truth, delivered)
         with psycopg.connect(ends.pg_dsn, connect_timeout=5) as conn:
-            result.dead_letters = int(conn.execute(sql.SQL("SELECT count(*) FROM {}").format(
-                names.dead_letters)).fetchone()[0])  # type: ignore[index]
+            result.dead_letters = int(
+                conn.execute(sql.SQL("SELECT count(*) FROM {}").format(names.dead_letters)).fetchone()[0]
+            )  # type: ignore[index]
         if result.dead_letters:
             result.notes.append(f"{result.dead_letters} row(s) dead-lettered")
         result.relays_alive = all(r.alive for r in relays)
@@ -187,8 +219,9 @@ def run_outage(services: LocalServices, outage: Outage, workdir: Path) -> Outage
     return result
 
 
-def _apply(outage: Outage, services: LocalServices, pg_proxy: NetFault, kafka_proxy: NetFault | None,
-           result: OutageResult) -> None:
+def _apply(
+    outage: Outage, services: LocalServices, pg_proxy: NetFault, kafka_proxy: NetFault | None, result: OutageResult
+) -> None:
     fault, d = outage.fault, outage.duration
     kafka, pg = services.kafka, services.postgres
     log.info("outage %s (%s) for %.0fs", fault, outage.mode, d)
@@ -278,8 +311,9 @@ def _read_committed(bootstrap: str, topic: str) -> list[tuple[str, int]]:
 
 
 def _read_raw(bootstrap: str, topic: str, partitions: int) -> list[tuple[str, int]]:
-    c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"outage-check-{uuid.uuid4()}",
-                  "enable.auto.commit": False})
+    c = Consumer(
+        {"bootstrap.servers": bootstrap, "group.id": f"outage-check-{uuid.uuid4()}", "enable.auto.commit": False}
+    )
     out: list[tuple[str, int]] = []
     try:
         for p in range(partitions):
@@ -302,15 +336,24 @@ def _read_raw(bootstrap: str, topic: str, partitions: int) -> list[tuple[str, in
 
 def table(results: list[OutageResult]) -> str:
     """A Markdown table: fault x mode -> lost / duplicated / reordered, recovery time."""
-    lines = ["| fault | mode | duration | rows | lost | duplicated | reordered | recovery | relays |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| fault | mode | duration | rows | lost | duplicated | reordered | recovery | relays |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in results:
         v = r.verdict
         o = r.outage
-        dur = ("1s" if o.fault.endswith("_reset") else "restart" if o.fault in ("broker_kill", "pg_restart")
-               else f"{o.duration:g}s")
-        lines.append(f"| {o.fault} | {o.mode} | {dur} | {r.committed} | {v.lost if v else '?'} | "
-                     f"{v.duplicates if v else '?'} | {v.order_violations if v else '?'} | "
-                     f"{f'{r.recovery:.1f}s' if r.recovery is not None else 'none'} | "
-                     f"{'running' if r.relays_alive else 'EXITED'} |")
+        dur = (
+            "1s"
+            if o.fault.endswith("_reset")
+            else "restart"
+            if o.fault in ("broker_kill", "pg_restart")
+            else f"{o.duration:g}s"
+        )
+        lines.append(
+            f"| {o.fault} | {o.mode} | {dur} | {r.committed} | {v.lost if v else '?'} | "
+            f"{v.duplicates if v else '?'} | {v.order_violations if v else '?'} | "
+            f"{f'{r.recovery:.1f}s' if r.recovery is not None else 'none'} | "
+            f"{'running' if r.relays_alive else 'EXITED'} |"
+        )
     return "\n".join(lines)

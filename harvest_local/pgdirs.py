@@ -78,7 +78,8 @@ def server_user() -> ServerUser | None:
     except KeyError:
         proc = subprocess.run(
             ["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", name],
-            capture_output=True, text=True,
+            capture_output=True,
+            text=True,
         )
         if proc.returncode != 0:
             raise ServiceError(
@@ -152,9 +153,12 @@ def claim(name: str, user: ServerUser | None) -> Instance:
         if fd is not None:
             break
     else:
-        raise ServiceError("postgres", f"could not claim the folder {name!r} for the server in "
-                                       f"{_CLAIM_ATTEMPTS} attempts (its lock is held by another process, or "
-                                       "its parent keeps disappearing). Fix: retry")
+        raise ServiceError(
+            "postgres",
+            f"could not claim the folder {name!r} for the server in "
+            f"{_CLAIM_ATTEMPTS} attempts (its lock is held by another process, or "
+            "its parent keeps disappearing). Fix: retry",
+        )
     try:
         os.ftruncate(fd, 0)
         os.write(fd, f"pid {os.getpid()}\nwork dir {work.resolve()}\n".encode())
@@ -211,8 +215,13 @@ def check_reachable(path: Path, user: ServerUser, fix: str) -> None:
     """Prove ``user`` can write ``path`` (by asking the OS as that user); else a ServiceError naming
     the folder, the user, the folder in the way, and ``fix``."""
     probe = shutil.which("test") or "/usr/bin/test"
-    proc = subprocess.run([probe, "-w", str(path), "-a", "-x", str(path)], capture_output=True,
-                          user=user.uid, group=user.gid, extra_groups=[])
+    proc = subprocess.run(
+        [probe, "-w", str(path), "-a", "-x", str(path)],
+        capture_output=True,
+        user=user.uid,
+        group=user.gid,
+        extra_groups=[],
+    )
     if proc.returncode == 0:
         return
     blocker = _first_blocker(path, user)

@@ -29,8 +29,13 @@ DEFAULT_DATABASE = "harvest"
 
 
 class EmbeddedPostgres:
-    def __init__(self, root: Path | None = None, port: int | None = None, password: str | None = None,
-                 logical_replication: bool = False) -> None:
+    def __init__(
+        self,
+        root: Path | None = None,
+        port: int | None = None,
+        password: str | None = None,
+        logical_replication: bool = False,
+    ) -> None:
         """``root``: the server's folder; by default one claimed (and locked) by :func:`pgdirs.claim`
         after sweeping those of dead runs. A given ``root`` is used as is and never swept.
         ``logical_replication``: ``wal_level = logical`` (Debezium's pgoutput slots); off by default
@@ -63,8 +68,7 @@ class EmbeddedPostgres:
     def start(self, timeout: float = 60.0) -> EmbeddedPostgres:
         if not (self.data / "PG_VERSION").exists():
             self._initdb()
-        self._pg_ctl("start", "-w", "-t", str(int(timeout)), "-l", str(self.log_file),
-                     "-o", f"-p {self.port}")
+        self._pg_ctl("start", "-w", "-t", str(int(timeout)), "-l", str(self.log_file), "-o", f"-p {self.port}")
         self._wait_ready(timeout)
         return self
 
@@ -125,13 +129,27 @@ class EmbeddedPostgres:
         if self._user:
             os.chown(pwfile, self._user.uid, self._user.gid)
         proc = self._run(
-            [str(self._bindir / "initdb"), "-D", str(self.data), "-U", SUPERUSER, f"--pwfile={pwfile}",
-             "--auth-local=trust", "--auth-host=scram-sha-256", "-E", "UTF8", "--no-locale", "--no-sync"],
+            [
+                str(self._bindir / "initdb"),
+                "-D",
+                str(self.data),
+                "-U",
+                SUPERUSER,
+                f"--pwfile={pwfile}",
+                "--auth-local=trust",
+                "--auth-host=scram-sha-256",
+                "-E",
+                "UTF8",
+                "--no-locale",
+                "--no-sync",
+            ],
         )
         pwfile.unlink()
         if proc.returncode != 0:
-            raise ServiceError("postgres", f"initdb (as user {self.os_user!r}, data folder {self.data}) failed: "
-                                           f"{proc.stderr.strip()[-800:]}")
+            raise ServiceError(
+                "postgres",
+                f"initdb (as user {self.os_user!r}, data folder {self.data}) failed: {proc.stderr.strip()[-800:]}",
+            )
         with open(self.data / "postgresql.conf", "a") as conf:
             conf.write(
                 "\n# harvest_local: loopback only, socket in the data dir, sized for tests\n"
@@ -152,8 +170,12 @@ class EmbeddedPostgres:
     def _pg_ctl(self, *args: str, check: bool = True) -> None:
         proc = self._run([str(self._bindir / "pg_ctl"), "-D", str(self.data), *args])
         if check and proc.returncode != 0:
-            raise ServiceError("postgres", f"pg_ctl {args[0]} (as user {self.os_user!r}, data folder {self.data}) "
-                                           f"failed: {proc.stderr.strip()[-500:]}", tail(self.log_file))
+            raise ServiceError(
+                "postgres",
+                f"pg_ctl {args[0]} (as user {self.os_user!r}, data folder {self.data}) "
+                f"failed: {proc.stderr.strip()[-500:]}",
+                tail(self.log_file),
+            )
 
     def _run(self, cmd: list[str]) -> subprocess.CompletedProcess[str]:
         kwargs: dict[str, object] = {}
@@ -164,8 +186,10 @@ class EmbeddedPostgres:
     def _unreachable_fix(self) -> str:
         if self._instance is None:
             return f"pass a root folder that {self.os_user!r} can write, or run as a non-root user"
-        return (f"set HARVEST_PG_RUN_DIR to a folder {self.os_user!r} can reach (default {pgdirs.DEFAULT_RUN_DIR}), "
-                "or run as a non-root user, or point the project at an existing server with HARVEST_PG_DSN")
+        return (
+            f"set HARVEST_PG_RUN_DIR to a folder {self.os_user!r} can reach (default {pgdirs.DEFAULT_RUN_DIR}), "
+            "or run as a non-root user, or point the project at an existing server with HARVEST_PG_DSN"
+        )
 
     def _wait_ready(self, timeout: float) -> None:
         import psycopg
@@ -193,8 +217,17 @@ def stop_leftover(folder: Path) -> None:
     user = pgdirs.server_user()
     if user:
         kwargs.update(user=user.uid, group=user.gid, extra_groups=[])
-    cmd = [str(prereqs.postgres_bindir() / "pg_ctl"), "-D", str(folder / "data"), "stop", "-w", "-t", "30",
-           "-m", "immediate"]
+    cmd = [
+        str(prereqs.postgres_bindir() / "pg_ctl"),
+        "-D",
+        str(folder / "data"),
+        "stop",
+        "-w",
+        "-t",
+        "30",
+        "-m",
+        "immediate",
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True, cwd=str(folder), **kwargs)  # type: ignore[call-overload]
     if proc.returncode == 0:
         log.info("stopped the Postgres server a killed run left running in %s", folder)

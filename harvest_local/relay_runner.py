@@ -23,10 +23,10 @@ import sys
 from harvest_outbox.harvest_local.relays import TEST_HOOKS
 from harvest_outbox.producer.cli import EXIT_FORCED
 from harvest_outbox.producer.config import load_yaml
+from harvest_outbox.producer.crash_points import install_crash_points
 from harvest_outbox.producer.errors import ConfigError
 from harvest_outbox.producer.harvest import Harvest
 from harvest_outbox.producer.kafka import FaultInjector
-from harvest_outbox.producer.crash_points import install_crash_points
 from harvest_outbox.producer.signals import StopSignals
 
 log = logging.getLogger("harvest.relay_runner")
@@ -37,7 +37,9 @@ def parse_faults(spec: str) -> dict[str, float | str]:
     for part in filter(None, (p.strip() for p in spec.split(","))):
         name, _, value = part.partition("=")
         if name not in ("produce", "delivery", "seed", "failkey", "killat"):
-            raise SystemExit(f"HARVEST_FAULTS: unknown fault {name!r}; use produce=, delivery=, seed=, failkey=, killat=")
+            raise SystemExit(
+                f"HARVEST_FAULTS: unknown fault {name!r}; use produce=, delivery=, seed=, failkey=, killat="
+            )
         out[name] = value if name == "failkey" else float(value)
     return out
 
@@ -60,10 +62,13 @@ def main(argv: list[str] | None = None) -> int:
     factory = None
     if faults.get("produce") or faults.get("delivery") or faults.get("failkey"):
         fail_key = faults.get("failkey")
-        factory = FaultInjector(float(faults.get("produce", 0.0)), float(faults.get("delivery", 0.0)),
-                                int(faults.get("seed", 0)),
-                                fail_keys=frozenset({str(fail_key).encode()}) if fail_key else frozenset(),
-                                kill_at_produce=int(faults.get("killat", 0)))
+        factory = FaultInjector(
+            float(faults.get("produce", 0.0)),
+            float(faults.get("delivery", 0.0)),
+            int(faults.get("seed", 0)),
+            fail_keys=frozenset({str(fail_key).encode()}) if fail_key else frozenset(),
+            kill_at_produce=int(faults.get("killat", 0)),
+        )
         log.info("injecting faults: %s", faults)
     relay = Harvest(cfg.harvest, producer_factory=factory) if factory else Harvest(cfg.harvest)
     signals.attach(relay)

@@ -20,14 +20,29 @@ from pathlib import Path
 TEST_HOOKS = ("HARVEST_TEST_CRASH_AT", "HARVEST_TEST_PAUSE_AT")
 
 
-def write_config(path: Path, *, dsn: str, bootstrap: str, outbox_table: str, group: str | None = None,
-                 uuid_sequencing: bool = True, heartbeat_timeout: str = "2s", extra_limits: dict[str, str] | None = None,
-                 leader_election: str | None = None, leader_lock_check_interval: str | None = None,
-                 shards: int | None = None) -> Path:
+def write_config(
+    path: Path,
+    *,
+    dsn: str,
+    bootstrap: str,
+    outbox_table: str,
+    group: str | None = None,
+    uuid_sequencing: bool = True,
+    heartbeat_timeout: str = "2s",
+    extra_limits: dict[str, str] | None = None,
+    leader_election: str | None = None,
+    leader_lock_check_interval: str | None = None,
+    shards: int | None = None,
+) -> Path:
     """A relay YAML with fast test/demo timings; ``extra_limits`` override or add ``limits`` keys.
     ``group`` names the NELI group (and its leader topic); None leaves both to the defaults."""
-    limits = {"heartbeatTimeout": heartbeat_timeout, "minPollInterval": "100ms", "minMetricsInterval": "1s",
-              "idlePollInterval": "500ms", **(extra_limits or {})}
+    limits = {
+        "heartbeatTimeout": heartbeat_timeout,
+        "minPollInterval": "100ms",
+        "minMetricsInterval": "1s",
+        "idlePollInterval": "500ms",
+        **(extra_limits or {}),
+    }
     lines = [
         "harvest:",
         "  baseKafkaConfig:",
@@ -57,8 +72,9 @@ def write_config(path: Path, *, dsn: str, bootstrap: str, outbox_table: str, gro
 
 
 class RelayProcess:
-    def __init__(self, config: Path, name: str, logdir: Path, env: dict[str, str] | None = None,
-                 faults: str | None = None) -> None:
+    def __init__(
+        self, config: Path, name: str, logdir: Path, env: dict[str, str] | None = None, faults: str | None = None
+    ) -> None:
         """``faults``: e.g. ``"produce=0.02,delivery=0.02"`` runs the relay through
         :mod:`harvest_local.relay_runner`, which injects them, as do the crash/pause hooks' variables in
         ``env`` (only that runner honours them); otherwise the ``harvest`` CLI itself runs."""
@@ -75,8 +91,13 @@ class RelayProcess:
             module, env = "harvest_outbox.producer", dict(self.env)
             if self.faults or any(k in env for k in TEST_HOOKS):
                 module, env["HARVEST_FAULTS"] = "harvest_outbox.harvest_local.relay_runner", self.faults or ""
-            self.proc = subprocess.Popen([sys.executable, "-m", module, "-f", str(self.config), "--name", self.name],
-                                         stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", module, "-f", str(self.config), "--name", self.name],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=env,
+            )
         return self
 
     @property

@@ -45,13 +45,20 @@ def connector_jars() -> list[Path]:
     return [jar for jar in maven.resolve("spark") if _artifact(jar.name) not in shipped]
 
 
-def local_spark_session(app_name: str = "harvest", cores: int = 2, extra_conf: dict[str, str] | None = None) -> SparkSession:
+def local_spark_session(
+    app_name: str = "harvest", cores: int = 2, extra_conf: dict[str, str] | None = None
+) -> SparkSession:
     """``local[cores]``: one JVM."""
     return _session(f"local[{cores}]", app_name, max(2, cores * 2), extra_conf)
 
 
-def cluster_spark_session(app_name: str = "harvest-cluster", executors: int = 2, cores: int = 1,
-                          memory_mb: int = 1024, extra_conf: dict[str, str] | None = None) -> SparkSession:
+def cluster_spark_session(
+    app_name: str = "harvest-cluster",
+    executors: int = 2,
+    cores: int = 1,
+    memory_mb: int = 1024,
+    extra_conf: dict[str, str] | None = None,
+) -> SparkSession:
     """``local-cluster[executors, cores, memory_mb]``: ``executors`` executor JVMs of ``cores`` cores
     and ``memory_mb`` MiB each, besides the driver's (see the module's docstring)."""
     for name, value in (("executors", executors), ("cores", cores), ("memory_mb", memory_mb)):
@@ -64,8 +71,7 @@ def cluster_spark_session(app_name: str = "harvest-cluster", executors: int = 2,
         "spark.executorEnv.SPARK_LOCAL_IP": "127.0.0.1",
         **(extra_conf or {}),
     }
-    session = _session(f"local-cluster[{executors},{cores},{memory_mb}]", app_name, max(2, executors * cores * 2),
-                       conf)
+    session = _session(f"local-cluster[{executors},{cores},{memory_mb}]", app_name, max(2, executors * cores * 2), conf)
     _await_executors(session, executors, timeout_s=180.0)
     return session
 
@@ -80,9 +86,11 @@ def _await_executors(session: SparkSession, executors: int, timeout_s: float) ->
         if time.monotonic() > deadline:
             session.stop()
             raise ServiceError(
-                "spark local-cluster", f"{registered} of {executors} executors registered within {timeout_s:.0f}s; "
+                "spark local-cluster",
+                f"{registered} of {executors} executors registered within {timeout_s:.0f}s; "
                 f"see the executor logs under {work_dir() / 'spark' / 'worker'} (too little memory for "
-                f"{executors} executor JVMs?)")
+                f"{executors} executor JVMs?)",
+            )
         time.sleep(0.5)
 
 
@@ -113,8 +121,10 @@ def _session(master: str, app_name: str, shuffle_partitions: int, extra_conf: di
         .config("spark.sql.shuffle.partitions", str(shuffle_partitions))
         .config("spark.local.dir", str(scratch / "local"))
         .config("spark.sql.warehouse.dir", str(scratch / "warehouse"))
-        .config("spark.driver.extraJavaOptions",
-                f"-Dderby.system.home={scratch / 'derby'} -Dlog4j2.configurationFile={_LOG_CONF}")
+        .config(
+            "spark.driver.extraJavaOptions",
+            f"-Dderby.system.home={scratch / 'derby'} -Dlog4j2.configurationFile={_LOG_CONF}",
+        )
         .config("spark.sql.session.timeZone", "UTC")
     )
     for key, value in (extra_conf or {}).items():

@@ -59,8 +59,19 @@ def verify(reader: str, truth: dict[str, int], delivered: Iterable[tuple[str, in
 
 def render(verdicts: list[Verdict]) -> str:
     head = ("reader", "expected", "delivered", "lost", "dups", "order", "phantoms", "verdict")
-    rows = [head] + [(v.reader, str(v.expected), str(v.delivered), str(v.lost), str(v.duplicates),
-                      str(v.order_violations), str(v.phantoms), "OK" if v.ok else "FAIL") for v in verdicts]
+    rows = [head] + [
+        (
+            v.reader,
+            str(v.expected),
+            str(v.delivered),
+            str(v.lost),
+            str(v.duplicates),
+            str(v.order_violations),
+            str(v.phantoms),
+            "OK" if v.ok else "FAIL",
+        )
+        for v in verdicts
+    ]
     widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
     lines = ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))) for r in rows]
     lines.insert(1, "-" * len(lines[0]))

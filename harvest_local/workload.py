@@ -45,9 +45,15 @@ def create_accounts(dsn: str, schema: str, keys: int) -> None:
     table = sql.Identifier(schema, "accounts")
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(schema)))
-        conn.execute(sql.SQL("CREATE TABLE IF NOT EXISTS {} (key text PRIMARY KEY, version bigint NOT NULL)").format(table))
-        conn.execute(sql.SQL("INSERT INTO {} SELECT 'key-' || g, 0 FROM generate_series(0, %s) g ON CONFLICT DO NOTHING")
-                     .format(table), (keys - 1,))
+        conn.execute(
+            sql.SQL("CREATE TABLE IF NOT EXISTS {} (key text PRIMARY KEY, version bigint NOT NULL)").format(table)
+        )
+        conn.execute(
+            sql.SQL("INSERT INTO {} SELECT 'key-' || g, 0 FROM generate_series(0, %s) g ON CONFLICT DO NOTHING").format(
+                table
+            ),
+            (keys - 1,),
+        )
 
 
 @dataclass(frozen=True)
@@ -57,8 +63,9 @@ class Backlog:
     committed_mono: float  # time.monotonic() at the same moment
 
 
-def stash_backlog(dsn: str, schema: str, outbox_table: str, topic: str, keys: int, rows: int,
-                  analyze: bool = True) -> Backlog:
+def stash_backlog(
+    dsn: str, schema: str, outbox_table: str, topic: str, keys: int, rows: int, analyze: bool = True
+) -> Backlog:
     """Commit ``rows`` messages over the keys ``key-0 .. key-{keys-1}`` in one transaction.
 
     Each key's version is bumped by its share of the rows (under the row lock, in the writers' key
@@ -78,19 +85,30 @@ def stash_backlog(dsn: str, schema: str, outbox_table: str, topic: str, keys: in
     names = sorted(f"key-{i}" for i in range(keys))
     share = {k: rows // keys + (1 if i < rows % keys else 0) for i, k in enumerate(names)}
     bump = sql.SQL("UPDATE {} SET version = version + %s WHERE key = %s RETURNING version").format(
-        sql.Identifier(schema, "accounts"))
+        sql.Identifier(schema, "accounts")
+    )
     with psycopg.connect(dsn) as conn:
         first: dict[str, int] = {}
         for key in names:
             if share[key]:
                 row = conn.execute(bump, (share[key], key)).fetchone()
                 if row is None:
-                    raise ValueError(f"stash_backlog: {key!r} is not in {schema}.accounts; create_accounts() "
-                                     f"with at least {keys} keys first")
+                    raise ValueError(
+                        f"stash_backlog: {key!r} is not in {schema}.accounts; create_accounts() "
+                        f"with at least {keys} keys first"
+                    )
                 first[key] = int(row[0]) - share[key] + 1
-        records = [OutboxRecord(topic, key, json.dumps({"key": key, "version": first[key] + j, "ts": None}),
-                                headers=(("phase", "backlog"),))
-                   for j in range(max(share.values())) for key in names if j < share[key]]
+        records = [
+            OutboxRecord(
+                topic,
+                key,
+                json.dumps({"key": key, "version": first[key] + j, "ts": None}),
+                headers=(("phase", "backlog"),),
+            )
+            for j in range(max(share.values()))
+            for key in names
+            if j < share[key]
+        ]
         stasher = Stasher(outbox_table)
         stasher.stash_many(conn, records)
         if analyze:
@@ -101,16 +119,29 @@ def stash_backlog(dsn: str, schema: str, outbox_table: str, topic: str, keys: in
 
 def committed_versions(dsn: str, schema: str) -> dict[str, int]:
     with psycopg.connect(dsn) as conn:
-        rows = conn.execute(sql.SQL("SELECT key, version FROM {}").format(sql.Identifier(schema, "accounts"))).fetchall()
+        rows = conn.execute(
+            sql.SQL("SELECT key, version FROM {}").format(sql.Identifier(schema, "accounts"))
+        ).fetchall()
     return {k: int(v) for k, v in rows if v}
 
 
 class Writers:
     """``threads`` concurrent writers, ``rows`` messages in all, then they stop."""
 
-    def __init__(self, dsn: str, schema: str, outbox_table: str, topic: str, keys: int, rows: int,
-                 threads: int = 4, rollback_rate: float = 0.1, long_txn_rate: float = 0.02,
-                 rate_per_s: float | None = None, seed: int = 1) -> None:
+    def __init__(
+        self,
+        dsn: str,
+        schema: str,
+        outbox_table: str,
+        topic: str,
+        keys: int,
+        rows: int,
+        threads: int = 4,
+        rollback_rate: float = 0.1,
+        long_txn_rate: float = 0.02,
+        rate_per_s: float | None = None,
+        seed: int = 1,
+    ) -> None:
         self.dsn, self.schema, self.topic, self.keys = dsn, schema, topic, keys
         self.rows, self.threads = rows, threads
         self.rollback_rate, self.long_txn_rate = rollback_rate, long_txn_rate
@@ -127,8 +158,9 @@ class Writers:
     def start(self) -> Writers:
         self._started = time.monotonic()
         for i in range(self.threads):
-            t = threading.Thread(target=self._run, args=(random.Random(self.seed * 1000 + i),),
-                                 name=f"writer-{i}", daemon=True)
+            t = threading.Thread(
+                target=self._run, args=(random.Random(self.seed * 1000 + i),), name=f"writer-{i}", daemon=True
+            )
             t.start()
             self._workers.append(t)
         return self
@@ -188,8 +220,14 @@ class Writers:
         records = []
         for key in keys:
             version = conn.execute(bump, (key,)).fetchone()[0]  # type: ignore[index]
-            records.append(OutboxRecord(self.topic, key, json.dumps({"key": key, "version": version, "ts": time.time()}),
-                                        headers=(("writer", threading.current_thread().name),)))
+            records.append(
+                OutboxRecord(
+                    self.topic,
+                    key,
+                    json.dumps({"key": key, "version": version, "ts": time.time()}),
+                    headers=(("writer", threading.current_thread().name),),
+                )
+            )
         self.stasher.stash_many(conn, records)
         if not rollback and rng.random() < self.long_txn_rate:
             time.sleep(rng.uniform(0.2, 1.0))  # a long transaction: later ids commit first

@@ -24,8 +24,15 @@ from typing import TYPE_CHECKING, Any
 # take their ~0.2-0.4 s to import, so a SIGTERM right after start is a graceful stop, not a kill.
 _EXPORTS = {
     "config": ("HarvestConfig", "Limits", "load_yaml"),
-    "errors": ("ConfigError", "DatabaseError", "ElectionError", "HarvestError", "ProducerError", "RecordError",
-               "SchemaError"),
+    "errors": (
+        "ConfigError",
+        "DatabaseError",
+        "ElectionError",
+        "HarvestError",
+        "ProducerError",
+        "RecordError",
+        "SchemaError",
+    ),
     "events": ("LeaderAcquired", "LeaderFenced", "LeaderRefreshed", "LeaderRevoked", "MeterRead"),
     "harvest": ("Harvest",),
     "schema": ("init_db",),
@@ -36,8 +43,15 @@ _MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in nam
 
 if TYPE_CHECKING:
     from harvest_outbox.producer.config import HarvestConfig, Limits, load_yaml
-    from harvest_outbox.producer.errors import (ConfigError, DatabaseError, ElectionError, HarvestError, ProducerError,
-                                                RecordError, SchemaError)
+    from harvest_outbox.producer.errors import (
+        ConfigError,
+        DatabaseError,
+        ElectionError,
+        HarvestError,
+        ProducerError,
+        RecordError,
+        SchemaError,
+    )
     from harvest_outbox.producer.events import LeaderAcquired, LeaderFenced, LeaderRefreshed, LeaderRevoked, MeterRead
     from harvest_outbox.producer.harvest import Harvest
     from harvest_outbox.producer.schema import init_db
@@ -69,9 +83,29 @@ def __getattr__(name: str) -> Any:
 def __dir__() -> list[str]:
     return sorted({*globals(), *_MODULE_OF, "__version__"})
 
+
 __all__ = [
-    "AsyncStasher", "ConfigError", "DatabaseError", "ElectionError", "Harvest", "HarvestConfig", "HarvestError",
+    "AsyncStasher",
+    "ConfigError",
+    "DatabaseError",
+    "ElectionError",
+    "Harvest",
+    "HarvestConfig",
+    "HarvestError",
     "LeaderAcquired",
-    "LeaderFenced", "LeaderRefreshed", "LeaderRevoked", "Limits", "MeterRead", "OutboxRecord", "ProducerError",
-    "RecordError", "SchemaError", "Stasher", "__version__", "init_db", "load_yaml", "stash", "stash_many",
+    "LeaderFenced",
+    "LeaderRefreshed",
+    "LeaderRevoked",
+    "Limits",
+    "MeterRead",
+    "OutboxRecord",
+    "ProducerError",
+    "RecordError",
+    "SchemaError",
+    "Stasher",
+    "__version__",
+    "init_db",
+    "load_yaml",
+    "stash",
+    "stash_many",
 ]

@@ -60,8 +60,11 @@ from harvest_outbox.producer.relay_core import RelayCore
 log = logging.getLogger(__name__)
 
 # Delivery reports of records the relay itself purged from the producer's queue.
-_PURGED = frozenset(c for c in (getattr(KafkaError, "_PURGE_QUEUE", None), getattr(KafkaError, "_PURGE_INFLIGHT", None))
-                    if c is not None)
+_PURGED = frozenset(
+    c
+    for c in (getattr(KafkaError, "_PURGE_QUEUE", None), getattr(KafkaError, "_PURGE_INFLIGHT", None))
+    if c is not None
+)
 
 
 class AtLeastOnceMode:
@@ -129,8 +132,11 @@ class AtLeastOnceMode:
             core.check_db()
         # Write-behind with at most one write job at a time: while the database deletes one batch
         # the next one grows, so the batch size follows the database's speed (group commit).
-        if self._has_writes() and not core.db_futures and (
-                now >= self._next_flush or len(self._purge_buf) >= self.limits.purge_batch_records):
+        if (
+            self._has_writes()
+            and not core.db_futures
+            and (now >= self._next_flush or len(self._purge_buf) >= self.limits.purge_batch_records)
+        ):
             self._flush_db()
             self._next_flush = now + self.limits.purge_interval
         if core.remark or core.leader_id is None:
@@ -178,8 +184,12 @@ class AtLeastOnceMode:
             core.wait_idle()
 
     def relinquish(self, why: str) -> None:
-        log.info("%s: giving up leadership (%s): draining %d in-flight record(s)", self.core.config.name, why,
-                 len(self._in_flight))
+        log.info(
+            "%s: giving up leadership (%s): draining %d in-flight record(s)",
+            self.core.config.name,
+            why,
+            len(self._in_flight),
+        )
         self._clear_queues()
         self.core.remark = True  # no more sends
         self._drain(self.limits.max_poll_interval)  # type: ignore[arg-type]
@@ -208,8 +218,11 @@ class AtLeastOnceMode:
         for row in rows:
             if row[0] in spent:
                 _n, error = persisted[row[0]]
-                self._dead_letter(row, f"failed {attempts[row[0]]} delivery attempts (counted across relay "
-                                       f"restarts); last error: {error}", attempts[row[0]])
+                self._dead_letter(
+                    row,
+                    f"failed {attempts[row[0]]} delivery attempts (counted across relay restarts); last error: {error}",
+                    attempts[row[0]],
+                )
             else:
                 kept.append(row)
         return kept
@@ -267,8 +280,13 @@ class AtLeastOnceMode:
         try:
             if partition is not None or self._event_id is not None:
                 # a mapped table's partition column (producer.table_mapping), or eventIdHeader
-                producer.produce(topic, value, key, ANY_PARTITION if partition is None else partition,
-                                 headers=self._headers(_id, hkeys, hvals))  # type: ignore[arg-type]
+                producer.produce(
+                    topic,
+                    value,
+                    key,
+                    ANY_PARTITION if partition is None else partition,
+                    headers=self._headers(_id, hkeys, hvals),
+                )  # type: ignore[arg-type]
             elif hkeys:
                 producer.produce(topic, value, key, headers=list(zip(hkeys, hvals)))  # type: ignore[arg-type]
             else:
@@ -378,9 +396,13 @@ class AtLeastOnceMode:
         self.metrics.delivery_failures += 1
         if not synchronous and core.waited_out(latency) and not self._served_meanwhile(latency):  # type: ignore[arg-type]
             # Nothing was delivered while this record waited: an outage, not this row's fault.
-            log.warning("delivery of record %d timed out after %.1fs while no record was delivered (broker or "
-                        "network outage?): %s; re-sending it later, not counted as an attempt", row[0], latency,
-                        err.str())
+            log.warning(
+                "delivery of record %d timed out after %.1fs while no record was delivered (broker or "
+                "network outage?): %s; re-sending it later, not counted as an attempt",
+                row[0],
+                latency,
+                err.str(),
+            )
             if err.fatal():
                 core.producer_fatal = True
             self._reset_buf.append(row[0])
@@ -395,9 +417,14 @@ class AtLeastOnceMode:
             why = "cannot be sent" if permanent else f"failed {attempts} delivery attempts"
             self._dead_letter(row, f"{why}: {err.name()}: {err.str()}", attempts)
             return False
-        log.warning("%s failed for record %d (attempt %d/%d): %s; resetting and remarking",
-                    "produce" if synchronous else "delivery", row[0], attempts, self.limits.max_delivery_attempts,
-                    err.str())
+        log.warning(
+            "%s failed for record %d (attempt %d/%d): %s; resetting and remarking",
+            "produce" if synchronous else "delivery",
+            row[0],
+            attempts,
+            self.limits.max_delivery_attempts,
+            err.str(),
+        )
         if err.fatal():
             core.producer_fatal = True
         core.attempt_buf.append((row[0], attempts, f"{err.name()}: {err.str()}"))
@@ -432,7 +459,11 @@ class AtLeastOnceMode:
 
             # In this order; a step that succeeded empties its buffer, so a retry does not repeat it.
             steps: tuple[tuple[list[Any], Any], ...] = (
-                (dlq, db.dead_letter), (purge, db.purge), (forget, db.forget_attempts), (tried, db.record_attempts))
+                (dlq, db.dead_letter),
+                (purge, db.purge),
+                (forget, db.forget_attempts),
+                (tried, db.record_attempts),
+            )
 
             def job() -> None:
                 for attempt in range(3):  # short retries: a blip must not cost a remark
@@ -470,8 +501,11 @@ class AtLeastOnceMode:
                 if self._acked:
                     self._observe_acked()
             if self._in_flight and producer is not None:
-                log.warning("%d record(s) still in flight after %.1fs; abandoning them (they will be re-marked)",
-                            len(self._in_flight), budget)
+                log.warning(
+                    "%d record(s) still in flight after %.1fs; abandoning them (they will be re-marked)",
+                    len(self._in_flight),
+                    budget,
+                )
                 try:
                     producer.purge(in_queue=True, in_flight=False)
                     producer.poll(0)

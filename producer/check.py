@@ -19,9 +19,17 @@ from psycopg import sql
 
 from harvest_outbox.producer.config import HarvestConfig, format_duration
 from harvest_outbox.producer.errors import SchemaError
-from harvest_outbox.producer.schema import (OUTBOX_AUTOVACUUM, OutboxNames, inspect_outbox, missing_storage,
-                                            packed_outbox_fix, require_attempts_table, require_shards, storage_sql,
-                                            table_reloptions)
+from harvest_outbox.producer.schema import (
+    OUTBOX_AUTOVACUUM,
+    OutboxNames,
+    inspect_outbox,
+    missing_storage,
+    packed_outbox_fix,
+    require_attempts_table,
+    require_shards,
+    storage_sql,
+    table_reloptions,
+)
 from harvest_outbox.producer.table_mapping import DebeziumMapping
 
 Level = Literal["OK", "WARN", "FAIL"]
@@ -69,21 +77,43 @@ def check_outbox(conn: psycopg.Connection, config: HarvestConfig) -> list[Findin
 def _storage(conn: psycopg.Connection, names: OutboxNames) -> list[Finding]:
     table, options = names.outbox.as_string(conn), table_reloptions(conn, names.outbox)
     packed = packed_outbox_fix(conn, names)
-    found = [Finding("WARN", "fillfactor", packed) if packed is not None else
-             Finding("OK", "fillfactor", f"{options.get('fillfactor', '100')} (a mark updates its rows in their page)")]
+    found = [
+        Finding("WARN", "fillfactor", packed)
+        if packed is not None
+        else Finding("OK", "fillfactor", f"{options.get('fillfactor', '100')} (a mark updates its rows in their page)")
+    ]
     if options.get("autovacuum_enabled", "true").lower() in ("false", "off", "no", "0"):
-        found.append(Finding("WARN", "autovacuum", f"off for {names.display} (autovacuum_enabled = "
-                             f"{options['autovacuum_enabled']}): its dead rows are never removed, and every mark "
-                             f"steps over more of them", f"ALTER TABLE {table} RESET (autovacuum_enabled)"))
+        found.append(
+            Finding(
+                "WARN",
+                "autovacuum",
+                f"off for {names.display} (autovacuum_enabled = "
+                f"{options['autovacuum_enabled']}): its dead rows are never removed, and every mark "
+                f"steps over more of them",
+                f"ALTER TABLE {table} RESET (autovacuum_enabled)",
+            )
+        )
     if conn.execute("SHOW autovacuum").fetchone() == ("off",):
-        found.append(Finding("WARN", "autovacuum", "the server's autovacuum is off: no table is vacuumed unless "
-                             "someone runs VACUUM", "set autovacuum = on in postgresql.conf and reload"))
+        found.append(
+            Finding(
+                "WARN",
+                "autovacuum",
+                "the server's autovacuum is off: no table is vacuumed unless someone runs VACUUM",
+                "set autovacuum = on in postgresql.conf and reload",
+            )
+        )
     missing = {k: v for k, v in missing_storage(conn, names).items() if k in OUTBOX_AUTOVACUUM}
     if missing:
-        found.append(Finding("WARN", "autovacuum", f"{names.display} lacks the queue-table setting(s) "
-                             f"{', '.join(missing)} (vacuum and analyze after 1,000 changed rows, not a share of the "
-                             f"table: README, Queue-table hygiene)", f"{_INIT_DB}, or "
-                             f"`{storage_sql(names, missing).as_string(conn)}`"))
+        found.append(
+            Finding(
+                "WARN",
+                "autovacuum",
+                f"{names.display} lacks the queue-table setting(s) "
+                f"{', '.join(missing)} (vacuum and analyze after 1,000 changed rows, not a share of the "
+                f"table: README, Queue-table hygiene)",
+                f"{_INIT_DB}, or `{storage_sql(names, missing).as_string(conn)}`",
+            )
+        )
     else:
         found.append(Finding("OK", "autovacuum", ", ".join(f"{k} = {options[k]}" for k in OUTBOX_AUTOVACUUM)))
     return found
@@ -93,7 +123,9 @@ def _index_list(conn: psycopg.Connection, table: sql.Identifier) -> list[_Index]
     rows = conn.execute(
         "SELECT c.relname, i.indisvalid, a.attname FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid "
         "LEFT JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = i.indkey[0] "
-        "WHERE i.indrelid = to_regclass(%s) ORDER BY c.relname", (table.as_string(conn),)).fetchall()
+        "WHERE i.indrelid = to_regclass(%s) ORDER BY c.relname",
+        (table.as_string(conn),),
+    ).fetchall()
     return [_Index(name, bool(valid), column) for name, valid, column in rows]
 
 
@@ -103,18 +135,34 @@ def _indexes(conn: psycopg.Connection, names: OutboxNames, shards: int) -> list[
     found = []
     for ix in indexes:
         if not ix.valid:  # a CREATE INDEX CONCURRENTLY that failed: never read, yet every insert updates it
-            found.append(Finding("WARN", "index", f"{ix.name} is invalid (a failed CREATE INDEX CONCURRENTLY?): "
-                                 f"no query reads it, every insert still updates it",
-                                 f"REINDEX INDEX {names.qualified(ix.name).as_string(conn)}"))
+            found.append(
+                Finding(
+                    "WARN",
+                    "index",
+                    f"{ix.name} is invalid (a failed CREATE INDEX CONCURRENTLY?): "
+                    f"no query reads it, every insert still updates it",
+                    f"REINDEX INDEX {names.qualified(ix.name).as_string(conn)}",
+                )
+            )
     id_column = names.mapping.id_column
     on_id = [ix.name for ix in indexes if ix.valid and ix.first_column == id_column]
     if on_id:
         found.append(Finding("OK", "index", f"{on_id[0]} on {id_column} (the mark reads rows in its order)"))
     else:
-        fix = (_INIT_DB + f" (it builds {names.debezium_seq_index})" if isinstance(names.mapping, DebeziumMapping)
-               else f"ALTER TABLE {table} ADD PRIMARY KEY ({id_column})")
-        found.append(Finding("FAIL", "index", f"no valid index of {names.display} starts with {id_column}: every "
-                             f"mark sorts the whole outbox and every purge scans it", fix))
+        fix = (
+            _INIT_DB + f" (it builds {names.debezium_seq_index})"
+            if isinstance(names.mapping, DebeziumMapping)
+            else f"ALTER TABLE {table} ADD PRIMARY KEY ({id_column})"
+        )
+        found.append(
+            Finding(
+                "FAIL",
+                "index",
+                f"no valid index of {names.display} starts with {id_column}: every "
+                f"mark sorts the whole outbox and every purge scans it",
+                fix,
+            )
+        )
     wanted = names.shard_index_name(shards) if shards > 1 else None
     if wanted is not None:
         try:
@@ -125,22 +173,35 @@ def _indexes(conn: psycopg.Connection, names: OutboxNames, shards: int) -> list[
     for ix in indexes:
         m = _SHARD_INDEX.search(ix.name)
         count = int(m.group(1)) if m else 0
-        if ix.name == wanted or not m or ix.name not in (names.shard_index_name(count),
-                                                         names.old_shard_index_name(count)):
+        if (
+            ix.name == wanted
+            or not m
+            or ix.name not in (names.shard_index_name(count), names.old_shard_index_name(count))
+        ):
             continue
-        why = (f"built by an older harvest for shards: {count}" if m.group(2) is None
-               else f"serves relays of shards: {count}, not this config's shards: {shards}")
-        found.append(Finding("WARN", "index", f"{ix.name} is {why}: no relay of this config reads it, every insert "
-                             f"updates it", f"DROP INDEX {names.qualified(ix.name).as_string(conn)} once no relay runs "
-                             f"with shards: {count}"))
+        why = (
+            f"built by an older harvest for shards: {count}"
+            if m.group(2) is None
+            else f"serves relays of shards: {count}, not this config's shards: {shards}"
+        )
+        found.append(
+            Finding(
+                "WARN",
+                "index",
+                f"{ix.name} is {why}: no relay of this config reads it, every insert updates it",
+                f"DROP INDEX {names.qualified(ix.name).as_string(conn)} once no relay runs with shards: {count}",
+            )
+        )
     return found
 
 
 def _trigger(conn: psycopg.Connection, names: OutboxNames) -> Finding:
     trigger = names.notify_trigger.as_string(conn)
-    row = conn.execute("SELECT t.tgenabled, t.tgargs, p.proname FROM pg_trigger t JOIN pg_proc p ON p.oid = t.tgfoid "
-                       "WHERE t.tgrelid = to_regclass(%s) AND t.tgname = %s",
-                       (names.outbox.as_string(conn), names.notify_trigger_name)).fetchone()
+    row = conn.execute(
+        "SELECT t.tgenabled, t.tgargs, p.proname FROM pg_trigger t JOIN pg_proc p ON p.oid = t.tgfoid "
+        "WHERE t.tgrelid = to_regclass(%s) AND t.tgname = %s",
+        (names.outbox.as_string(conn), names.notify_trigger_name),
+    ).fetchone()
     slow = "the relay learns of new rows only by polling (limits.idlePollInterval, 1s by default)"
     if row is None:
         return Finding("WARN", "trigger", f"no NOTIFY trigger {trigger} on {names.display}: {slow}", _INIT_DB)
@@ -148,12 +209,20 @@ def _trigger(conn: psycopg.Connection, names: OutboxNames) -> Finding:
     channel = bytes(args).split(b"\0")[0].decode(errors="replace")
     if enabled in ("D", "R"):
         state = "fires only in replica sessions" if enabled == "R" else "is disabled"
-        return Finding("WARN", "trigger", f"{trigger} {state}: {slow}",
-                       f"ALTER TABLE {names.outbox.as_string(conn)} ENABLE TRIGGER {trigger}")
+        return Finding(
+            "WARN",
+            "trigger",
+            f"{trigger} {state}: {slow}",
+            f"ALTER TABLE {names.outbox.as_string(conn)} ENABLE TRIGGER {trigger}",
+        )
     if function != "harvest_notify" or channel != names.channel:
-        return Finding("WARN", "trigger", f"{trigger} notifies {channel!r} through {function}(), not the relay's "
-                       f"channel {names.channel!r} (a renamed table?): {slow}",
-                       _INIT_DB + " (it recreates the trigger)")
+        return Finding(
+            "WARN",
+            "trigger",
+            f"{trigger} notifies {channel!r} through {function}(), not the relay's "
+            f"channel {names.channel!r} (a renamed table?): {slow}",
+            _INIT_DB + " (it recreates the trigger)",
+        )
     return Finding("OK", "trigger", f"{trigger} notifies {names.channel!r} after each INSERT statement")
 
 
@@ -165,17 +234,31 @@ def _companions(conn: psycopg.Connection, names: OutboxNames, config: HarvestCon
     tables = [names.dead_letters, names.delivery_attempts, names.state, names.ack_intents, names.layout]
     missing = [t.as_string(conn) for t in tables if not _exists(conn, t)]
     if missing:
-        return [Finding("FAIL", "tables", f"missing: {', '.join(missing)} (the relay refuses to start or cannot "
-                        f"park a dead letter without them)", _INIT_DB)]
+        return [
+            Finding(
+                "FAIL",
+                "tables",
+                f"missing: {', '.join(missing)} (the relay refuses to start or cannot park a dead letter without them)",
+                _INIT_DB,
+            )
+        ]
     try:
         require_attempts_table(conn, names)  # also the state row's last_clock
     except SchemaError as exc:
         return [Finding("FAIL", "tables", str(exc))]
     found = [Finding("OK", "tables", ", ".join(t.as_string(conn) for t in tables))]
     if config.dead_letter_retention is not None and names.dead_time_index_name not in {
-            ix.name for ix in _index_list(conn, names.dead_letters)}:
-        found.append(Finding("WARN", "tables", f"{names.dead_letters.as_string(conn)} has no index on dead_time: "
-                             f"deadLetterRetention reads the whole table to find expired dead letters", _INIT_DB))
+        ix.name for ix in _index_list(conn, names.dead_letters)
+    }:
+        found.append(
+            Finding(
+                "WARN",
+                "tables",
+                f"{names.dead_letters.as_string(conn)} has no index on dead_time: "
+                f"deadLetterRetention reads the whole table to find expired dead letters",
+                _INIT_DB,
+            )
+        )
     return found
 
 
@@ -184,33 +267,49 @@ def vacuum_finding(table: str, live: int, dead: int, last_vacuum_age: float | No
     when = "never vacuumed" if last_vacuum_age is None else f"last vacuumed {format_duration(last_vacuum_age)} ago"
     text = f"{dead} dead / {live} live rows, {when}"
     if dead >= DEAD_ROWS_WARNING and dead > live:
-        return Finding("WARN", "vacuum", f"{text}: vacuum is not keeping up, or cannot remove them",
-                       f"look for what holds back the xmin horizon (a long-open transaction in pg_stat_activity, "
-                       f"a replication slot's xmin in pg_replication_slots); `VACUUM (VERBOSE) {table}` says how "
-                       f"many dead rows it could not remove yet")
+        return Finding(
+            "WARN",
+            "vacuum",
+            f"{text}: vacuum is not keeping up, or cannot remove them",
+            f"look for what holds back the xmin horizon (a long-open transaction in pg_stat_activity, "
+            f"a replication slot's xmin in pg_replication_slots); `VACUUM (VERBOSE) {table}` says how "
+            f"many dead rows it could not remove yet",
+        )
     return Finding("OK", "vacuum", text)
 
 
 def _activity(conn: psycopg.Connection, names: OutboxNames, config: HarvestConfig) -> list[Finding]:
     m = names.mapping
-    row = conn.execute(sql.SQL("SELECT count(*), extract(epoch FROM now() - min({c})) FROM {o}{w}").format(
-        c=m.created(), o=names.outbox, w=m.claimable())).fetchone()
+    row = conn.execute(
+        sql.SQL("SELECT count(*), extract(epoch FROM now() - min({c})) FROM {o}{w}").format(
+            c=m.created(), o=names.outbox, w=m.claimable()
+        )
+    ).fetchone()
     rows, oldest = (int(row[0]), row[1]) if row else (0, None)
     age = "" if oldest is None else f", the oldest {format_duration(max(0.0, float(oldest)))} old"
     found = [Finding("OK", "backlog", f"{rows} row(s) to relay{age}")]
-    row = conn.execute(sql.SQL("SELECT count(*), extract(epoch FROM now() - min(dead_time)) FROM {}").format(
-        names.dead_letters)).fetchone()
+    row = conn.execute(
+        sql.SQL("SELECT count(*), extract(epoch FROM now() - min(dead_time)) FROM {}").format(names.dead_letters)
+    ).fetchone()
     dead, oldest = (int(row[0]), row[1]) if row else (0, None)
-    kept = ("kept until requeued (deadLetterRetention: keep)" if config.dead_letter_retention is None
-            else f"deleted {format_duration(config.dead_letter_retention)} after parking (deadLetterRetention)")
+    kept = (
+        "kept until requeued (deadLetterRetention: keep)"
+        if config.dead_letter_retention is None
+        else f"deleted {format_duration(config.dead_letter_retention)} after parking (deadLetterRetention)"
+    )
     age = "" if oldest is None else f", the oldest parked {format_duration(max(0.0, float(oldest)))} ago"
     found.append(Finding("OK", "dead letters", f"{dead}{age}; {kept}"))
-    row = conn.execute("SELECT n_live_tup, n_dead_tup, extract(epoch FROM now() - greatest(last_vacuum, "
-                       "last_autovacuum)) FROM pg_stat_user_tables WHERE relid = to_regclass(%s)",
-                       (names.outbox.as_string(conn),)).fetchone()
+    row = conn.execute(
+        "SELECT n_live_tup, n_dead_tup, extract(epoch FROM now() - greatest(last_vacuum, "
+        "last_autovacuum)) FROM pg_stat_user_tables WHERE relid = to_regclass(%s)",
+        (names.outbox.as_string(conn),),
+    ).fetchone()
     if row is not None:
-        found.append(vacuum_finding(names.outbox.as_string(conn), int(row[0]), int(row[1]),
-                                    None if row[2] is None else float(row[2])))
+        found.append(
+            vacuum_finding(
+                names.outbox.as_string(conn), int(row[0]), int(row[1]), None if row[2] is None else float(row[2])
+            )
+        )
     return found
 
 

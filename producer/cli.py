@@ -44,13 +44,13 @@ _COMMANDS = ("run", "init-db", "check", "shards", "dead-letters")
 log = logging.getLogger("harvest")
 
 
-
 def _version() -> str:
     from harvest_outbox import sequencer
     from harvest_outbox.consumer import record
 
     readers = "native" if record._native is not None else "python"
     return f"harvest {producer.__version__} (sequencer: {sequencer.IMPLEMENTATION}, reader fast path: {readers})"
+
 
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("-f", "--file", help="YAML config (goharvest reaper format: harvest: {...}, logging: {...})")
@@ -73,7 +73,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="Transactional-outbox relay: moves outbox rows from Postgres to Kafka "
         "(goharvest's mark-purge/reset with NELI leader election).",
         epilog="Exit codes: 0 ok or stopped by SIGTERM/SIGINT/SIGHUP, 1 runtime failure, 2 usage/config error, "
-        "3 a second stop signal ended the drain.")
+        "3 a second stop signal ended the drain.",
+    )
     parser.add_argument("--version", action="version", version=_version())
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     run = sub.add_parser("run", help="run the relay (default when no command is given)")
@@ -81,24 +82,42 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--bootstrap-servers", help="Kafka bootstrap servers (overrides baseKafkaConfig)")
     run.add_argument("--leader-topic")
     run.add_argument("--leader-group-id")
-    run.add_argument("--leader-election", choices=("neli", "postgres"),
-                     help="harvest.leaderElection: neli (Kafka group, default) or postgres (advisory lock in the "
-                     "outbox's database)")
+    run.add_argument(
+        "--leader-election",
+        choices=("neli", "postgres"),
+        help="harvest.leaderElection: neli (Kafka group, default) or postgres (advisory lock in the outbox's database)",
+    )
     run.add_argument("--name", help="this relay's name (default host_pid_time)")
     run.add_argument("--prometheus-port", type=int, help="serve /metrics, /healthz and /readyz on this port")
-    run.add_argument("--prometheus-bind-address", help="address those endpoints listen on "
-                     "(harvest.prometheusBindAddress, default 0.0.0.0)")
-    run.add_argument("--uuid-sequencing", action="store_true", default=None,
-                     help="exactly-once mode (harvest.uuidSequencing): Gazette UUIDs, harvest transactions, "
-                     "fenced commits, ACK_TXN messages; readers sequence with the `sequencer` package")
-    init = sub.add_parser("init-db", help="create the outbox, dead-letter table and NOTIFY trigger (and, with "
-                          "shards: S in the config, the shard index and fence rows)")
+    run.add_argument(
+        "--prometheus-bind-address",
+        help="address those endpoints listen on (harvest.prometheusBindAddress, default 0.0.0.0)",
+    )
+    run.add_argument(
+        "--uuid-sequencing",
+        action="store_true",
+        default=None,
+        help="exactly-once mode (harvest.uuidSequencing): Gazette UUIDs, harvest transactions, "
+        "fenced commits, ACK_TXN messages; readers sequence with the `sequencer` package",
+    )
+    init = sub.add_parser(
+        "init-db",
+        help="create the outbox, dead-letter table and NOTIFY trigger (and, with "
+        "shards: S in the config, the shard index and fence rows)",
+    )
     _common(init)
-    init.add_argument("--value-type", choices=("varchar", "bytea"), default="varchar",
-                      help="kafka_value column type (varchar = goharvest's)")
-    chk = sub.add_parser("check", help="report the outbox's fillfactor, autovacuum, indexes, NOTIFY trigger, "
-                         "companion tables, backlog and dead rows, each OK / WARN / FAIL with the fix "
-                         "(exit 1 on a FAIL)")
+    init.add_argument(
+        "--value-type",
+        choices=("varchar", "bytea"),
+        default="varchar",
+        help="kafka_value column type (varchar = goharvest's)",
+    )
+    chk = sub.add_parser(
+        "check",
+        help="report the outbox's fillfactor, autovacuum, indexes, NOTIFY trigger, "
+        "companion tables, backlog and dead rows, each OK / WARN / FAIL with the fix "
+        "(exit 1 on a FAIL)",
+    )
     _common(chk)
     sh = sub.add_parser("shards", help="show who leads which shard and each shard's backlog (shards: S > 1)")
     _common(sh)
@@ -107,16 +126,23 @@ def build_parser() -> argparse.ArgumentParser:
     dl_sub = dl.add_subparsers(dest="dl_command", metavar="ACTION", required=True)
     ls = dl_sub.add_parser("list", help="list dead letters")
     _common(ls)
-    ls.add_argument("--limit", type=_bounded_int("--limit", 1, MAX_LIST_LIMIT), default=100,
-                    help=f"at most this many rows, 1-{MAX_LIST_LIMIT:,} (default 100)")
+    ls.add_argument(
+        "--limit",
+        type=_bounded_int("--limit", 1, MAX_LIST_LIMIT),
+        default=100,
+        help=f"at most this many rows, 1-{MAX_LIST_LIMIT:,} (default 100)",
+    )
     rq = dl_sub.add_parser("requeue", help="move dead letters back into the outbox")
     _common(rq)
     rq.add_argument("ids", nargs="*", type=_bounded_int("id", 1, 2**63 - 1), help="dead-letter ids")
     rq.add_argument("--all", action="store_true", help="requeue every dead letter")
-    rq.add_argument("--bootstrap-servers", help="Kafka bootstrap servers (overrides baseKafkaConfig) for the check "
-                    "that the rows' topics exist")
-    rq.add_argument("--skip-topic-check", action="store_true",
-                    help="requeue without checking that the rows' topics exist in Kafka")
+    rq.add_argument(
+        "--bootstrap-servers",
+        help="Kafka bootstrap servers (overrides baseKafkaConfig) for the check that the rows' topics exist",
+    )
+    rq.add_argument(
+        "--skip-topic-check", action="store_true", help="requeue without checking that the rows' topics exist in Kafka"
+    )
     return parser
 
 
@@ -148,8 +174,7 @@ def printable(text: object) -> str:
 def _setup_logging(level: str) -> None:
     level = level.upper()
     py_level = {"TRACE": logging.DEBUG, "WARN": logging.WARNING}.get(level, getattr(logging, level, logging.INFO))
-    logging.basicConfig(level=py_level, stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(level=py_level, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
 
 def _load(args: argparse.Namespace, extra: dict[str, Any] | None = None, kafka: bool = True) -> FileConfig:
@@ -160,8 +185,11 @@ def _load(args: argparse.Namespace, extra: dict[str, Any] | None = None, kafka: 
     # HARVEST_<KEY> variables (HARVEST_DATA_SOURCE among them) are the config's: flags win over them.
     overrides: dict[str, Any] = {"data_source": args.data_source, "outbox_table": args.outbox_table, **(extra or {})}
     sources = {"data_source": "--data-source"}
-    cfg = (load_yaml(args.file, overrides, args.log_level, sources, os.environ) if args.file
-           else from_mapping({}, overrides, args.log_level, sources, os.environ))
+    cfg = (
+        load_yaml(args.file, overrides, args.log_level, sources, os.environ)
+        if args.file
+        else from_mapping({}, overrides, args.log_level, sources, os.environ)
+    )
     args.loaded_config = cfg  # main() redacts error messages with its secrets
     cfg.harvest.check_kafka_properties()  # a file is valid or not whatever the command reads of it
     _setup_logging(cfg.log_level)
@@ -174,12 +202,19 @@ def _load(args: argparse.Namespace, extra: dict[str, Any] | None = None, kafka: 
 def _run(args: argparse.Namespace, signals: StopSignals) -> int:
     from harvest_outbox.producer.sharded import relay_for
 
-    cfg = _load(args, {"bootstrap_servers": args.bootstrap_servers, "leader_topic": args.leader_topic,
-                       "leader_group_id": args.leader_group_id, "leader_election": args.leader_election,
-                       "name": args.name,
-                       "prometheus_port": args.prometheus_port,
-                       "prometheus_bind_address": args.prometheus_bind_address,
-                       "uuid_sequencing": args.uuid_sequencing})
+    cfg = _load(
+        args,
+        {
+            "bootstrap_servers": args.bootstrap_servers,
+            "leader_topic": args.leader_topic,
+            "leader_group_id": args.leader_group_id,
+            "leader_election": args.leader_election,
+            "name": args.name,
+            "prometheus_port": args.prometheus_port,
+            "prometheus_bind_address": args.prometheus_bind_address,
+            "uuid_sequencing": args.uuid_sequencing,
+        },
+    )
     log.info("harvest %s starting: %r", producer.__version__, cfg.harvest)
     if signals.requested.is_set():
         log.info("stopped before the relay started")
@@ -193,25 +228,30 @@ def _run(args: argparse.Namespace, signals: StopSignals) -> int:
 
 
 def _init_db(args: argparse.Namespace) -> int:
-    from harvest_outbox.producer.schema import init_db, packed_outbox_fix, unrelayed_rows
     from harvest_outbox.producer.db import connect
+    from harvest_outbox.producer.schema import init_db, packed_outbox_fix, unrelayed_rows
 
     cfg = _load(args, kafka=False)
     with connect(cfg.harvest.data_source) as conn:
-        names = init_db(conn, cfg.harvest.outbox_table, args.value_type, cfg.harvest.shards,
-                        cfg.harvest.table_mapping)
+        names = init_db(conn, cfg.harvest.outbox_table, args.value_type, cfg.harvest.shards, cfg.harvest.table_mapping)
         fix = packed_outbox_fix(conn, names)
         earlier = unrelayed_rows(conn, names)
     sharded = f"; {cfg.harvest.shards} shards" if cfg.harvest.shards > 1 else ""
     if names.mapping.kind == "goharvest":
-        print(f"outbox {names.display} ready (value type {args.value_type}; dead letters, NOTIFY channel "
-              f"{names.channel}{sharded})")
+        print(
+            f"outbox {names.display} ready (value type {args.value_type}; dead letters, NOTIFY channel "
+            f"{names.channel}{sharded})"
+        )
     else:
-        print(f"outbox {names.display} ready as a {names.mapping.kind} outbox (relay columns added with defaults; "
-              f"dead letters, NOTIFY channel {names.channel}{sharded})")
+        print(
+            f"outbox {names.display} ready as a {names.mapping.kind} outbox (relay columns added with defaults; "
+            f"dead letters, NOTIFY channel {names.channel}{sharded})"
+        )
     if earlier:
-        print(f"note: {earlier} row(s) were written before the relay's columns existed; harvest leaves them to the "
-              f"relay that had the table until now (docs/debezium.md, Migrating)")
+        print(
+            f"note: {earlier} row(s) were written before the relay's columns existed; harvest leaves them to the "
+            f"relay that had the table until now (docs/debezium.md, Migrating)"
+        )
     if fix is not None:  # an outbox that existed before (init-db never changes a goharvest table's fillfactor)
         print(f"note: {fix}")
     return EXIT_OK
@@ -251,8 +291,10 @@ def _dead_letters(args: argparse.Namespace) -> int:
             rows = list_dead_letters(conn, table, args.limit)
             print(f"{'id':>10}  {'attempts':>8}  {'topic':<24} {'key':<20} error")
             for r in rows:
-                print(f"{r.id:>10}  {r.attempts:>8}  {printable(r.kafka_topic):<24} {printable(r.kafka_key):<20} "
-                      f"{printable(r.error)}")
+                print(
+                    f"{r.id:>10}  {r.attempts:>8}  {printable(r.kafka_topic):<24} {printable(r.kafka_key):<20} "
+                    f"{printable(r.error)}"
+                )
             print(f"{len(rows)} dead letter(s)")
             return EXIT_OK
         if not args.all and not args.ids:
@@ -265,8 +307,10 @@ def _dead_letters(args: argparse.Namespace) -> int:
         print(f"requeued {result.moved} dead letter(s)")
         if not result.held:
             return EXIT_OK
-        print(f"harvest: {result.left} dead letter(s) not requeued (they would only be dead-lettered again):",
-              file=sys.stderr)
+        print(
+            f"harvest: {result.left} dead letter(s) not requeued (they would only be dead-lettered again):",
+            file=sys.stderr,
+        )
         for group in result.held:
             print(f"  {printable(group)}", file=sys.stderr)
         return EXIT_FAILURE
@@ -313,8 +357,12 @@ def _redacted(text: str, args: argparse.Namespace) -> str:
     dsn = cfg.harvest.data_source if cfg else (args.data_source or os.environ.get("HARVEST_DATA_SOURCE"))
     secrets: tuple[str, ...] = ()
     if cfg is not None:
-        secrets = tuple(str(v) for conf in (cfg.harvest.base_kafka_config, cfg.harvest.producer_kafka_config)
-                        for k, v in conf.items() if is_secret_kafka_key(k))
+        secrets = tuple(
+            str(v)
+            for conf in (cfg.harvest.base_kafka_config, cfg.harvest.producer_kafka_config)
+            for k, v in conf.items()
+            if is_secret_kafka_key(k)
+        )
     return " ".join(redact_error(text, dsn, secrets).split())  # one line
 
 

@@ -37,12 +37,20 @@ import psycopg
 import yaml
 from psycopg.conninfo import conninfo_to_dict
 
-from harvest_outbox.producer.config_env import (MAPPING, SCALAR, TEXT, Interpolation, Origins, apply_variables,
-                                                attribute_name, literal_paths)
+from harvest_outbox.producer.config_env import (
+    MAPPING,
+    SCALAR,
+    TEXT,
+    Interpolation,
+    Origins,
+    apply_variables,
+    attribute_name,
+    literal_paths,
+)
 from harvest_outbox.producer.config_yaml import load_document, yaml_problem
 from harvest_outbox.producer.errors import SHOWN_CHARS, ConfigError, shown
-from harvest_outbox.producer.table_mapping import GOHARVEST, TableMapping, table_mapping
 from harvest_outbox.producer.redact import is_secret_kafka_key, redact_dsn, redact_error, redact_kafka_config
+from harvest_outbox.producer.table_mapping import GOHARVEST, TableMapping, table_mapping
 
 DEFAULT_DATA_SOURCE = "host=localhost port=5432 user=postgres password= dbname=postgres sslmode=disable"
 DEFAULT_BOOTSTRAP = "localhost:9092"
@@ -63,8 +71,9 @@ def parse_duration(value: Any, field_name: str) -> float:
     """Go-style duration (``"500ms"``, ``"1m30s"``, ``"0"``) -> seconds. Bare numbers are refused:
     Go reads them as nanoseconds, people mean seconds; we make them say which."""
     if isinstance(value, bool) or not isinstance(value, str):
-        raise ConfigError(f"{field_name}: {shown(value)} is not a duration; write it with a unit, "
-                          f"e.g. '500ms', '5s', '1m30s'")
+        raise ConfigError(
+            f"{field_name}: {shown(value)} is not a duration; write it with a unit, e.g. '500ms', '5s', '1m30s'"
+        )
     text = value.strip()
     if text == "0":
         return 0.0
@@ -75,8 +84,10 @@ def parse_duration(value: Any, field_name: str) -> float:
         total += float(m.group(1)) * _DURATION_UNITS[m.group(2)]
         pos = m.end()
     if pos != len(text) or not text:
-        raise ConfigError(f"{field_name}: {shown(value)} is not a duration; use Go syntax with units "
-                          f"ns/us/ms/s/m/h, e.g. '500ms', '5s', '1m30s'")
+        raise ConfigError(
+            f"{field_name}: {shown(value)} is not a duration; use Go syntax with units "
+            f"ns/us/ms/s/m/h, e.g. '500ms', '5s', '1m30s'"
+        )
     return total
 
 
@@ -111,16 +122,21 @@ INT32_MAX = 2**31 - 1
 NELI_MIN_HEARTBEAT_TIMEOUT = 2.0
 NELI_MAX_HEARTBEAT_TIMEOUT = 600.0
 _ROWS_CAP = 1_000_000
-_INT_CAPS = {"mark_query_records": _ROWS_CAP, "purge_batch_records": _ROWS_CAP, "txn_max_records": _ROWS_CAP,
-             "max_in_flight_records": _ROWS_CAP, "producer_ring": 256}
+_INT_CAPS = {
+    "mark_query_records": _ROWS_CAP,
+    "purge_batch_records": _ROWS_CAP,
+    "txn_max_records": _ROWS_CAP,
+    "max_in_flight_records": _ROWS_CAP,
+    "producer_ring": 256,
+}
 _INT_CAP_WHY = {
     "mark_query_records": "one mark's rows are returned by one UPDATE ... RETURNING and held in memory at once",
     "purge_batch_records": "one purge sends its ids as one Postgres array parameter",
     "txn_max_records": "one harvest transaction's ids are deleted with one Postgres array parameter and held "
-                       "in memory until its commit",
+    "in memory until its commit",
     "max_in_flight_records": "in-flight records are held in memory until delivered",
     "producer_ring": "every ProducerID of every view is state that readers keep per partition until pruned; "
-                     "pipelining gains nothing beyond a few transactions in flight",
+    "pipelining gains nothing beyond a few transactions in flight",
 }
 
 # (yaml key, attribute, kind) — kind "d" = duration (seconds), "i" = int
@@ -213,10 +229,12 @@ class Limits:
 
     def __post_init__(self) -> None:
         if self.liveness_timeout is None and all(
-                isinstance(v, (int, float)) and not isinstance(v, bool)
-                for v in (self.min_metrics_interval, self.heartbeat_timeout)):
-            object.__setattr__(self, "liveness_timeout",
-                               max(15.0, 3 * self.min_metrics_interval + self.heartbeat_timeout))
+            isinstance(v, (int, float)) and not isinstance(v, bool)
+            for v in (self.min_metrics_interval, self.heartbeat_timeout)
+        ):
+            object.__setattr__(
+                self, "liveness_timeout", max(15.0, 3 * self.min_metrics_interval + self.heartbeat_timeout)
+            )
         if self.max_poll_interval is None:
             object.__setattr__(self, "max_poll_interval", self.heartbeat_timeout / 2)
         if self.drain_interval is None:
@@ -245,30 +263,56 @@ class Limits:
             if value is None and attr in _AUTO_FIELDS:
                 continue
             if kind == "d":
-                need(attr, value <= MAX_DURATION, f"at most {format_duration(MAX_DURATION)} (Python's timed waits and "
-                     f"Kafka's 32-bit millisecond settings overflow beyond; nothing in the relay needs more)")
+                need(
+                    attr,
+                    value <= MAX_DURATION,
+                    f"at most {format_duration(MAX_DURATION)} (Python's timed waits and "
+                    f"Kafka's 32-bit millisecond settings overflow beyond; nothing in the relay needs more)",
+                )
             else:
                 cap = _INT_CAPS.get(attr, INT32_MAX)
                 need(attr, value <= cap, f"at most {cap:,} ({_INT_CAP_WHY.get(attr, 'a 32-bit integer')})")
         # A zero back-off turns a database or Kafka outage into a busy loop (measured: 88 % CPU and
         # ~5,000 log lines/s during a Postgres outage with ioErrorBackoff: 0s).
-        need("io_error_backoff", self.io_error_backoff >= MIN_IO_ERROR_BACKOFF,
-             f">= {format_duration(MIN_IO_ERROR_BACKOFF)} (a smaller back-off spins on the CPU and floods the log "
-             f"while the database or Kafka is down)")
+        need(
+            "io_error_backoff",
+            self.io_error_backoff >= MIN_IO_ERROR_BACKOFF,
+            f">= {format_duration(MIN_IO_ERROR_BACKOFF)} (a smaller back-off spins on the CPU and floods the log "
+            f"while the database or Kafka is down)",
+        )
         for attr in ("mark_backoff", "min_metrics_interval", "purge_interval"):
             need(attr, getattr(self, attr) >= 0, ">= 0")
-        for attr in ("poll_duration", "min_poll_interval", "heartbeat_timeout", "drain_interval", "queue_timeout",
-                     "idle_poll_interval"):
+        for attr in (
+            "poll_duration",
+            "min_poll_interval",
+            "heartbeat_timeout",
+            "drain_interval",
+            "queue_timeout",
+            "idle_poll_interval",
+        ):
             need(attr, getattr(self, attr) >= 0.001, ">= 1ms")
         need("row_timeout", 1.0 <= self.row_timeout <= 3600.0, "between 1s and 1h (librdkafka's message timeout)")
-        need("max_poll_interval", self.max_poll_interval >= self.min_poll_interval,  # type: ignore[operator]
-             f">= limits.minPollInterval ({format_duration(self.min_poll_interval)})")
+        need(
+            "max_poll_interval",
+            self.max_poll_interval >= self.min_poll_interval,  # type: ignore[operator]
+            f">= limits.minPollInterval ({format_duration(self.min_poll_interval)})",
+        )
         need("txn_max_duration", self.txn_max_duration >= 0.0001, ">= 100us")
         # A metrics reading happens at most every minMetricsInterval: a shorter timeout would flap.
-        need("liveness_timeout", self.liveness_timeout > self.min_metrics_interval,  # type: ignore[operator]
-             f"> limits.minMetricsInterval ({format_duration(self.min_metrics_interval)}), e.g. 3x it")
-        for attr in ("max_in_flight_records", "send_concurrency", "mark_query_records", "max_delivery_attempts",
-                     "purge_batch_records", "txn_max_records", "producer_ring"):
+        need(
+            "liveness_timeout",
+            self.liveness_timeout > self.min_metrics_interval,  # type: ignore[operator]
+            f"> limits.minMetricsInterval ({format_duration(self.min_metrics_interval)}), e.g. 3x it",
+        )
+        for attr in (
+            "max_in_flight_records",
+            "send_concurrency",
+            "mark_query_records",
+            "max_delivery_attempts",
+            "purge_batch_records",
+            "txn_max_records",
+            "producer_ring",
+        ):
             value = getattr(self, attr)
             need(attr, (value is None and attr in _AUTO_FIELDS) or value >= 1, ">= 1")
         need("send_buffer", self.send_buffer >= 0, ">= 0")
@@ -307,14 +351,34 @@ class Limits:
         return cls(**kwargs)
 
 
-_TOP_KEYS = ("baseKafkaConfig", "producerKafkaConfig", "leaderTopic", "leaderGroupID", "dataSource", "outboxTable",
-             "limits", "name", "prometheusPort", "leaderTopicReplicationFactor", "uuidSequencing", "leaderElection",
-             "leaderLockCheckInterval", "prometheusBindAddress", "missingTopicPolicy", "shards", "tableMapping",
-             "eventRouter", "eventIdHeader", "deadLetterRetention")
+_TOP_KEYS = (
+    "baseKafkaConfig",
+    "producerKafkaConfig",
+    "leaderTopic",
+    "leaderGroupID",
+    "dataSource",
+    "outboxTable",
+    "limits",
+    "name",
+    "prometheusPort",
+    "leaderTopicReplicationFactor",
+    "uuidSequencing",
+    "leaderElection",
+    "leaderLockCheckInterval",
+    "prometheusBindAddress",
+    "missingTopicPolicy",
+    "shards",
+    "tableMapping",
+    "eventRouter",
+    "eventIdHeader",
+    "deadLetterRetention",
+)
 #: How a ``HARVEST_<KEY>`` variable's text is read for each key (producer/config_env.py).
-_ENV_KINDS = {**dict.fromkeys(_TOP_KEYS, TEXT),
-              **dict.fromkeys(("prometheusPort", "leaderTopicReplicationFactor", "uuidSequencing", "shards"), SCALAR),
-              **dict.fromkeys(("baseKafkaConfig", "producerKafkaConfig", "limits", "eventRouter"), MAPPING)}
+_ENV_KINDS = {
+    **dict.fromkeys(_TOP_KEYS, TEXT),
+    **dict.fromkeys(("prometheusPort", "leaderTopicReplicationFactor", "uuidSequencing", "shards"), SCALAR),
+    **dict.fromkeys(("baseKafkaConfig", "producerKafkaConfig", "limits", "eventRouter"), MAPPING),
+}
 #: What the relay does with a row whose topic does not exist: park it in the dead letters at once,
 #: or hold that topic's rows (marked, in memory) until the topic exists while other topics flow.
 MISSING_TOPIC_POLICIES = ("deadLetter", "hold")
@@ -326,8 +390,10 @@ _DELIVERY_TIMEOUT_KEYS = ("message.timeout.ms", "delivery.timeout.ms")  # librdk
 #: Where /metrics, /healthz and /readyz listen unless told otherwise: every IPv4 interface, so a
 #: Prometheus server or a kubelet on another host can reach them (bind 127.0.0.1 to keep them local).
 DEFAULT_BIND_ADDRESS = "0.0.0.0"
-_HOSTNAME = re.compile(r"^(?=.{1,253}$)[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
-                       r"(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*$")
+_HOSTNAME = re.compile(
+    r"^(?=.{1,253}$)[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
+    r"(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*$"
+)
 
 
 def check_bind_address(value: Any, field_name: str = "prometheusBindAddress") -> str:
@@ -346,8 +412,10 @@ def check_bind_address(value: Any, field_name: str = "prometheusBindAddress") ->
     except ValueError:
         pass
     if text.count(":") == 1:
-        raise ConfigError(f"{field_name}: {shown(value)} contains a port; put the port in prometheusPort and "
-                          f"only the address here, {fix}")
+        raise ConfigError(
+            f"{field_name}: {shown(value)} contains a port; put the port in prometheusPort and "
+            f"only the address here, {fix}"
+        )
     if not _HOSTNAME.match(text) or text.replace(".", "").isdigit():
         raise ConfigError(f"{field_name}: {shown(value)} is neither an IP address nor a host name; {fix}")
     return text
@@ -377,13 +445,17 @@ def _check_bootstrap(base: Mapping[str, Any]) -> None:
             continue
         value = base[key]
         if value is None or (isinstance(value, str) and not value.strip()):
-            raise ConfigError(f"baseKafkaConfig.{key}: {shown(value)} is empty; list the brokers, e.g. "
-                              f"'kafka1:9092,kafka2:9092' (or leave the key out for goharvest's default "
-                              f"{DEFAULT_BOOTSTRAP})")
+            raise ConfigError(
+                f"baseKafkaConfig.{key}: {shown(value)} is empty; list the brokers, e.g. "
+                f"'kafka1:9092,kafka2:9092' (or leave the key out for goharvest's default "
+                f"{DEFAULT_BOOTSTRAP})"
+            )
         if not isinstance(value, str):
-            raise ConfigError(f"baseKafkaConfig.{key}: {shown(value)} is not a string (librdkafka would read "
-                              f"{shown(value)} as an IPv4 address and connect to it); quote it, e.g. "
-                              f"'kafka1:9092,kafka2:9092'")
+            raise ConfigError(
+                f"baseKafkaConfig.{key}: {shown(value)} is not a string (librdkafka would read "
+                f"{shown(value)} as an IPv4 address and connect to it); quote it, e.g. "
+                f"'kafka1:9092,kafka2:9092'"
+            )
 
 
 @dataclass(frozen=True)
@@ -439,8 +511,10 @@ class HarvestConfig:
         for key, forced in _FORCED_PRODUCER.items():
             for where, conf in (("baseKafkaConfig", base), ("producerKafkaConfig", prod)):
                 if key in conf and str(conf[key]).lower() not in {str(forced).lower(), "-1" if key == "acks" else ""}:
-                    raise ConfigError(f"{where}.{key}: {shown(conf[key])} is not allowed; the relay needs "
-                                      f"{key}={forced} for ordered, duplicate-free retries — remove the property")
+                    raise ConfigError(
+                        f"{where}.{key}: {shown(conf[key])} is not allowed; the relay needs "
+                        f"{key}={forced} for ordered, duplicate-free retries — remove the property"
+                    )
         object.__setattr__(self, "producer_kafka_config", prod)
         if isinstance(self.limits, Limits):
             # The delivery timeout derives from limits.rowTimeout; a longer one would let a row hold
@@ -452,23 +526,30 @@ class HarvestConfig:
                         try:
                             ms = int(conf[key])
                         except (TypeError, ValueError):
-                            raise ConfigError(f"{where}.{key}: {shown(conf[key])} is not a whole number of "
-                                              f"milliseconds") from None
+                            raise ConfigError(
+                                f"{where}.{key}: {shown(conf[key])} is not a whole number of milliseconds"
+                            ) from None
                         if ms <= 0 or ms > bound:
-                            raise ConfigError(f"{where}.{key}: {ms} exceeds limits.rowTimeout ({bound} ms) or is "
-                                              f"infinite; the producer's delivery timeout derives from "
-                                              f"limits.rowTimeout — set that instead and remove {key}")
+                            raise ConfigError(
+                                f"{where}.{key}: {ms} exceeds limits.rowTimeout ({bound} ms) or is "
+                                f"infinite; the producer's delivery timeout derives from "
+                                f"limits.rowTimeout — set that instead and remove {key}"
+                            )
         if not isinstance(self.data_source, str) or not self.data_source.strip():
-            raise ConfigError("dataSource: must be a non-empty libpq connection string or URI, e.g. "
-                              "'host=localhost dbname=app user=relay' or 'postgresql://relay@localhost/app'")
+            raise ConfigError(
+                "dataSource: must be a non-empty libpq connection string or URI, e.g. "
+                "'host=localhost dbname=app user=relay' or 'postgresql://relay@localhost/app'"
+            )
         try:  # libpq's own parser (no connection): a typo such as passwd= is an error now, not at connect
             conninfo_to_dict(self.data_source)
         except psycopg.Error as exc:  # not chained: libpq's message quotes fragments of the DSN
-            raise ConfigError(f"dataSource: {redact_error(str(exc), self.data_source).strip()} in "
-                              f"{redact_dsn(self.data_source)!r}; write a libpq connection string of key=value "
-                              f"pairs ('host=db dbname=app user=relay'; single-quote a value holding spaces or "
-                              f"quotes, backslash-escape quotes in it) or a URI "
-                              f"('postgresql://relay@db/app')") from None
+            raise ConfigError(
+                f"dataSource: {redact_error(str(exc), self.data_source).strip()} in "
+                f"{redact_dsn(self.data_source)!r}; write a libpq connection string of key=value "
+                f"pairs ('host=db dbname=app user=relay'; single-quote a value holding spaces or "
+                f"quotes, backslash-escape quotes in it) or a URI "
+                f"('postgresql://relay@db/app')"
+            ) from None
         if not isinstance(self.outbox_table, str) or not self.outbox_table.strip():
             raise ConfigError("outboxTable: must be a table name, optionally schema-qualified ('app.outbox')")
         from harvest_outbox.producer.schema import parse_table_name  # late: schema imports errors only
@@ -478,56 +559,81 @@ class HarvestConfig:
         if "%" in name:
             raise ConfigError(f"name: {name!r} must not contain '%' (it separates fields in heartbeats)")
         if not name.isprintable():  # it starts every log line: a newline or ESC would forge or recolour lines
-            raise ConfigError(f"name: {name!r} contains control or other non-printable characters; use a printable "
-                              f"name such as 'relay-1' (letters, digits, '.', '_', '-')")
+            raise ConfigError(
+                f"name: {name!r} contains control or other non-printable characters; use a printable "
+                f"name such as 'relay-1' (letters, digits, '.', '_', '-')"
+            )
         object.__setattr__(self, "name", name)
         from harvest_outbox.producer.shards import check_shard_count
 
         check_shard_count(self.shards)
         if not isinstance(self.table_mapping, TableMapping):
-            raise ConfigError(f"tableMapping: {shown(self.table_mapping)} is not a table mapping; build one with "
-                              f"producer.table_mapping.table_mapping('goharvest' | 'debezium', router_options)")
-        if not isinstance(self.event_id_header, str) or (self.event_id_header and (
-                not self.event_id_header.isprintable() or len(self.event_id_header) > 64)):
-            raise ConfigError(f"eventIdHeader: {shown(self.event_id_header)} must be a header name of 1-64 printable "
-                              f"characters, e.g. 'harvest.event.id' (or empty: no event id header)")
+            raise ConfigError(
+                f"tableMapping: {shown(self.table_mapping)} is not a table mapping; build one with "
+                f"producer.table_mapping.table_mapping('goharvest' | 'debezium', router_options)"
+            )
+        if not isinstance(self.event_id_header, str) or (
+            self.event_id_header and (not self.event_id_header.isprintable() or len(self.event_id_header) > 64)
+        ):
+            raise ConfigError(
+                f"eventIdHeader: {shown(self.event_id_header)} must be a header name of 1-64 printable "
+                f"characters, e.g. 'harvest.event.id' (or empty: no event id header)"
+            )
         if self.event_id_header in ("uuid", "traceparent", "tracestate"):
-            raise ConfigError(f"eventIdHeader: {self.event_id_header!r} is a header harvest or its readers use; "
-                              f"choose another name, e.g. 'harvest.event.id'")
+            raise ConfigError(
+                f"eventIdHeader: {self.event_id_header!r} is a header harvest or its readers use; "
+                f"choose another name, e.g. 'harvest.event.id'"
+            )
         if self.event_id_header and self.table_mapping.kind != "goharvest":
-            raise ConfigError(f"eventIdHeader: {self.event_id_header!r} applies to goharvest tables; a "
-                              f"{self.table_mapping.kind} table's records carry the event router's 'id' header; "
-                              f"remove eventIdHeader")
+            raise ConfigError(
+                f"eventIdHeader: {self.event_id_header!r} applies to goharvest tables; a "
+                f"{self.table_mapping.kind} table's records carry the event router's 'id' header; "
+                f"remove eventIdHeader"
+            )
         retention = self.dead_letter_retention
-        if retention is not None and (isinstance(retention, bool) or not isinstance(retention, (int, float))
-                                      or not MIN_RETENTION <= retention <= MAX_RETENTION):
+        if retention is not None and (
+            isinstance(retention, bool)
+            or not isinstance(retention, (int, float))
+            or not MIN_RETENTION <= retention <= MAX_RETENTION
+        ):
             number = isinstance(retention, (int, float)) and not isinstance(retention, bool)
             text = format_duration(retention) if number else shown(retention)
-            raise ConfigError(f"deadLetterRetention: {text} must be a duration from {format_duration(MIN_RETENTION)} "
-                              f"(a shorter one deletes dead letters before anyone can look at them) to "
-                              f"{format_duration(MAX_RETENTION)} (10 years), e.g. '168h' for a week; leave it out "
-                              f"(or write 'keep') to keep dead letters until they are requeued")
+            raise ConfigError(
+                f"deadLetterRetention: {text} must be a duration from {format_duration(MIN_RETENTION)} "
+                f"(a shorter one deletes dead letters before anyone can look at them) to "
+                f"{format_duration(MAX_RETENTION)} (10 years), e.g. '168h' for a week; leave it out "
+                f"(or write 'keep') to keep dead letters until they are requeued"
+            )
         group = self.leader_group_id or "harvest"
         # A sharded relay's leader topic has one partition per shard: by default a topic of its own,
         # so it never meets the one-partition topic of unsharded relays (or of another shard count).
         topic = self.leader_topic or (f"{group}.neli" if self.shards == 1 else f"{group}.neli.shards{self.shards}")
         for key, value in (("leaderGroupID", group), ("leaderTopic", topic)):
             if not _KAFKA_NAME.match(value):
-                raise ConfigError(f"{key}: {shown(value)} is not a valid Kafka name; use 1-249 characters from "
-                                  f"[a-zA-Z0-9._-]")
+                raise ConfigError(
+                    f"{key}: {shown(value)} is not a valid Kafka name; use 1-249 characters from [a-zA-Z0-9._-]"
+                )
         if not isinstance(self.uuid_sequencing, bool):
             raise ConfigError(f"uuidSequencing: {shown(self.uuid_sequencing)} must be true or false")
         if self.missing_topic_policy not in MISSING_TOPIC_POLICIES:
-            raise ConfigError(f"missingTopicPolicy: {shown(self.missing_topic_policy)} is not a policy; use deadLetter "
-                              f"(park the row at once) or hold (keep that topic's rows until it exists)")
+            raise ConfigError(
+                f"missingTopicPolicy: {shown(self.missing_topic_policy)} is not a policy; use deadLetter "
+                f"(park the row at once) or hold (keep that topic's rows until it exists)"
+            )
         if self.leader_election not in LEADER_ELECTIONS:
-            raise ConfigError(f"leaderElection: {shown(self.leader_election)} is not a leader election; use one of "
-                              f"{', '.join(LEADER_ELECTIONS)} (default neli)")
-        if (isinstance(self.leader_lock_check_interval, bool)
-                or not isinstance(self.leader_lock_check_interval, (int, float))
-                or not 0.01 <= self.leader_lock_check_interval <= 3600):
-            raise ConfigError(f"leaderLockCheckInterval: {shown(self.leader_lock_check_interval)} must be a duration "
-                              f"between 10ms and 1h, e.g. '1s'")
+            raise ConfigError(
+                f"leaderElection: {shown(self.leader_election)} is not a leader election; use one of "
+                f"{', '.join(LEADER_ELECTIONS)} (default neli)"
+            )
+        if (
+            isinstance(self.leader_lock_check_interval, bool)
+            or not isinstance(self.leader_lock_check_interval, (int, float))
+            or not 0.01 <= self.leader_lock_check_interval <= 3600
+        ):
+            raise ConfigError(
+                f"leaderLockCheckInterval: {shown(self.leader_lock_check_interval)} must be a duration "
+                f"between 10ms and 1h, e.g. '1s'"
+            )
         object.__setattr__(self, "leader_group_id", group)
         object.__setattr__(self, "leader_topic", topic)
         if not isinstance(self.limits, Limits):
@@ -540,23 +646,31 @@ class HarvestConfig:
                     f"election's consumer-group session timeout is 3 x heartbeatTimeout "
                     f"({format_duration(3 * hb)}) and brokers refuse sessions shorter than "
                     f"group.min.session.timeout.ms (default 6s), so the relay would never lead; use "
-                    f"{format_duration(NELI_MIN_HEARTBEAT_TIMEOUT)} or more")
+                    f"{format_duration(NELI_MIN_HEARTBEAT_TIMEOUT)} or more"
+                )
             if hb > NELI_MAX_HEARTBEAT_TIMEOUT:
                 raise ConfigError(
                     f"limits.heartbeatTimeout: {format_duration(hb)} is too long for leaderElection neli: the "
                     f"election's consumer-group session timeout is 3 x heartbeatTimeout "
                     f"({format_duration(3 * hb)}) and brokers refuse sessions longer than "
                     f"group.max.session.timeout.ms (default 30m); use at most "
-                    f"{format_duration(NELI_MAX_HEARTBEAT_TIMEOUT)}")
+                    f"{format_duration(NELI_MAX_HEARTBEAT_TIMEOUT)}"
+                )
         rf = self.leader_topic_replication_factor
         if isinstance(rf, bool) or not isinstance(rf, int) or not (rf == -1 or 1 <= rf <= 32767):
-            raise ConfigError(f"leaderTopicReplicationFactor: {shown(rf)} must be -1 (the broker's default) or a "
-                              f"replica count 1-32767")
+            raise ConfigError(
+                f"leaderTopicReplicationFactor: {shown(rf)} must be -1 (the broker's default) or a "
+                f"replica count 1-32767"
+            )
         if self.prometheus_port is not None and (
-                isinstance(self.prometheus_port, bool) or not isinstance(self.prometheus_port, int)
-                or not 0 <= self.prometheus_port <= 65535):
-            raise ConfigError(f"prometheusPort: {shown(self.prometheus_port)} must be a TCP port 0-65535 (0 = any free "
-                              f"port), or omitted to disable the endpoint")
+            isinstance(self.prometheus_port, bool)
+            or not isinstance(self.prometheus_port, int)
+            or not 0 <= self.prometheus_port <= 65535
+        ):
+            raise ConfigError(
+                f"prometheusPort: {shown(self.prometheus_port)} must be a TCP port 0-65535 (0 = any free "
+                f"port), or omitted to disable the endpoint"
+            )
         object.__setattr__(self, "prometheus_bind_address", check_bind_address(self.prometheus_bind_address))
 
     def producer_config(self) -> dict[str, Any]:
@@ -592,9 +706,18 @@ class HarvestConfig:
         if self.leader_election == "neli":  # the election consumer adds settings derived from the limits
             from harvest_outbox.producer.election import neli_consumer_config
 
-            checks += (("baseKafkaConfig", Consumer, {**neli_consumer_config(
-                dict(self.base_kafka_config), self.leader_group_id, self.name, self.limits.heartbeat_timeout),
-                **quiet}),)
+            checks += (
+                (
+                    "baseKafkaConfig",
+                    Consumer,
+                    {
+                        **neli_consumer_config(
+                            dict(self.base_kafka_config), self.leader_group_id, self.name, self.limits.heartbeat_timeout
+                        ),
+                        **quiet,
+                    },
+                ),
+            )
         for where, client, conf in checks:
             try:
                 made = client(conf)
@@ -602,34 +725,43 @@ class HarvestConfig:
                     made.close()
             except (KafkaException, ValueError, TypeError) as exc:
                 err = exc.args[0].str() if exc.args and hasattr(exc.args[0], "str") else str(exc)
-                secrets = tuple(str(v) for conf_map in (self.base_kafka_config, self.producer_kafka_config)
-                                for k, v in conf_map.items() if is_secret_kafka_key(k))
+                secrets = tuple(
+                    str(v)
+                    for conf_map in (self.base_kafka_config, self.producer_kafka_config)
+                    for k, v in conf_map.items()
+                    if is_secret_kafka_key(k)
+                )
                 text = redact_error(err, None, secrets)
-                raise ConfigError(f"{where}: {text}; check the property name and value against librdkafka's "
-                                  f"CONFIGURATION.md (https://github.com/confluentinc/librdkafka/blob/master/"
-                                  f"CONFIGURATION.md)") from None
+                raise ConfigError(
+                    f"{where}: {text}; check the property name and value against librdkafka's "
+                    f"CONFIGURATION.md (https://github.com/confluentinc/librdkafka/blob/master/"
+                    f"CONFIGURATION.md)"
+                ) from None
 
     def replace(self, **changes: Any) -> HarvestConfig:
         return dataclasses.replace(self, **changes)
 
     def __repr__(self) -> str:
-        return (f"HarvestConfig(data_source={redact_dsn(self.data_source)!r}, outbox_table={self.outbox_table!r}, "
-                f"base_kafka_config={redact_kafka_config(self.base_kafka_config)!r}, "
-                f"producer_kafka_config={redact_kafka_config(self.producer_kafka_config)!r}, "
-                f"leader_topic={self.leader_topic!r}, leader_group_id={self.leader_group_id!r}, "
-                f"name={self.name!r}, limits={self.limits!r}, prometheus_port={self.prometheus_port!r}, "
-                f"prometheus_bind_address={self.prometheus_bind_address!r}, "
-                f"uuid_sequencing={self.uuid_sequencing!r}, leader_election={self.leader_election!r}, "
-                f"leader_lock_check_interval={self.leader_lock_check_interval!r}, "
-                f"missing_topic_policy={self.missing_topic_policy!r}, shards={self.shards!r}, "
-                f"table_mapping={self.table_mapping!r}, event_id_header={self.event_id_header!r}, "
-                f"dead_letter_retention={self.dead_letter_retention!r})")
+        return (
+            f"HarvestConfig(data_source={redact_dsn(self.data_source)!r}, outbox_table={self.outbox_table!r}, "
+            f"base_kafka_config={redact_kafka_config(self.base_kafka_config)!r}, "
+            f"producer_kafka_config={redact_kafka_config(self.producer_kafka_config)!r}, "
+            f"leader_topic={self.leader_topic!r}, leader_group_id={self.leader_group_id!r}, "
+            f"name={self.name!r}, limits={self.limits!r}, prometheus_port={self.prometheus_port!r}, "
+            f"prometheus_bind_address={self.prometheus_bind_address!r}, "
+            f"uuid_sequencing={self.uuid_sequencing!r}, leader_election={self.leader_election!r}, "
+            f"leader_lock_check_interval={self.leader_lock_check_interval!r}, "
+            f"missing_topic_policy={self.missing_topic_policy!r}, shards={self.shards!r}, "
+            f"table_mapping={self.table_mapping!r}, event_id_header={self.event_id_header!r}, "
+            f"dead_letter_retention={self.dead_letter_retention!r})"
+        )
 
     __str__ = __repr__
 
     @classmethod
-    def from_mapping(cls, data: Mapping[str, Any] | None, path: str = "harvest",
-                     overrides: Mapping[str, Any] | None = None) -> HarvestConfig:
+    def from_mapping(
+        cls, data: Mapping[str, Any] | None, path: str = "harvest", overrides: Mapping[str, Any] | None = None
+    ) -> HarvestConfig:
         data = {} if data is None else data
         if not isinstance(data, Mapping):
             raise ConfigError(f"{path}: expected a mapping, got {type(data).__name__}")
@@ -637,16 +769,23 @@ class HarvestConfig:
             if key not in _TOP_KEYS:
                 raise ConfigError(f"{path}.{_key(key)}: unknown key; valid keys are: {', '.join(sorted(_TOP_KEYS))}")
         kwargs: dict[str, Any] = {}
-        for key, attr in (("dataSource", "data_source"), ("outboxTable", "outbox_table"),
-                          ("leaderTopic", "leader_topic"), ("leaderGroupID", "leader_group_id"), ("name", "name"),
-                          ("prometheusBindAddress", "prometheus_bind_address")):
+        for key, attr in (
+            ("dataSource", "data_source"),
+            ("outboxTable", "outbox_table"),
+            ("leaderTopic", "leader_topic"),
+            ("leaderGroupID", "leader_group_id"),
+            ("name", "name"),
+            ("prometheusBindAddress", "prometheus_bind_address"),
+        ):
             if key in data and data[key] is not None:
                 if not isinstance(data[key], str):
                     text = "<redacted>" if key == "dataSource" else shown(data[key])
                     raise ConfigError(f"{path}.{key}: {text} must be a string")
                 kwargs[attr] = data[key]
-        for key, attr in (("prometheusPort", "prometheus_port"),
-                          ("leaderTopicReplicationFactor", "leader_topic_replication_factor")):
+        for key, attr in (
+            ("prometheusPort", "prometheus_port"),
+            ("leaderTopicReplicationFactor", "leader_topic_replication_factor"),
+        ):
             if data.get(key) is not None:
                 kwargs[attr] = data[key]
         if data.get("uuidSequencing") is not None:
@@ -664,8 +803,9 @@ class HarvestConfig:
         if data.get("deadLetterRetention") not in (None, "keep"):
             kwargs["dead_letter_retention"] = parse_duration(data["deadLetterRetention"], f"{path}.deadLetterRetention")
         if data.get("leaderLockCheckInterval") is not None:
-            kwargs["leader_lock_check_interval"] = parse_duration(data["leaderLockCheckInterval"],
-                                                                  f"{path}.leaderLockCheckInterval")
+            kwargs["leader_lock_check_interval"] = parse_duration(
+                data["leaderLockCheckInterval"], f"{path}.leaderLockCheckInterval"
+            )
         kwargs["base_kafka_config"] = _kafka_map(data.get("baseKafkaConfig"), f"{path}.baseKafkaConfig")
         kwargs["producer_kafka_config"] = _kafka_map(data.get("producerKafkaConfig"), f"{path}.producerKafkaConfig")
         kwargs["limits"] = Limits.from_mapping(data.get("limits"), f"{path}.limits")
@@ -700,33 +840,55 @@ class StartupNote(NamedTuple):
     kafka: bool  # about the Kafka connection: only worth saying to a command that connects to Kafka
 
 
-def startup_notes(harvest: Mapping[str, Any], overrides: Mapping[str, Any],
-                  sources: Mapping[str, str], in_file: Mapping[str, Any] | None = None) -> tuple[StartupNote, ...]:
+def startup_notes(
+    harvest: Mapping[str, Any],
+    overrides: Mapping[str, Any],
+    sources: Mapping[str, str],
+    in_file: Mapping[str, Any] | None = None,
+) -> tuple[StartupNote, ...]:
     """What the relay would otherwise do silently: connect to goharvest's default Kafka, or use a
     ``dataSource`` from elsewhere (``sources`` names where an override came from) over the file's
     (``in_file``: the file's section, when ``harvest`` has variables applied). DSNs are shown redacted."""
     notes: list[StartupNote] = []
     base = harvest.get("baseKafkaConfig") or {}
     if not any(key in base for key in _BOOTSTRAP_KEYS) and overrides.get("bootstrap_servers") is None:
-        notes.append(StartupNote(logging.WARNING, f"baseKafkaConfig sets no bootstrap.servers: connecting to "
-                                 f"{DEFAULT_BOOTSTRAP} (goharvest's default); set "
-                                 f"harvest.baseKafkaConfig.bootstrap.servers or --bootstrap-servers", True))
+        notes.append(
+            StartupNote(
+                logging.WARNING,
+                f"baseKafkaConfig sets no bootstrap.servers: connecting to "
+                f"{DEFAULT_BOOTSTRAP} (goharvest's default); set "
+                f"harvest.baseKafkaConfig.bootstrap.servers or --bootstrap-servers",
+                True,
+            )
+        )
     dsn, file_dsn = overrides.get("data_source"), (harvest if in_file is None else in_file).get("dataSource")
     if dsn is not None and isinstance(file_dsn, str) and dsn != file_dsn:
-        notes.append(StartupNote(logging.INFO, f"dataSource: {sources.get('data_source', 'an override')} "
-                                 f"({redact_dsn(dsn)!r}) is used; it overrides the file's harvest.dataSource "
-                                 f"({redact_dsn(file_dsn)!r})", False))
+        notes.append(
+            StartupNote(
+                logging.INFO,
+                f"dataSource: {sources.get('data_source', 'an override')} "
+                f"({redact_dsn(dsn)!r}) is used; it overrides the file's harvest.dataSource "
+                f"({redact_dsn(file_dsn)!r})",
+                False,
+            )
+        )
     return tuple(notes)
 
 
-def from_mapping(data: Any, overrides: Mapping[str, Any] | None = None, log_level: str | None = None,
-                 sources: Mapping[str, str] | None = None, env: Mapping[str, str] | None = None) -> FileConfig:
+def from_mapping(
+    data: Any,
+    overrides: Mapping[str, Any] | None = None,
+    log_level: str | None = None,
+    sources: Mapping[str, str] | None = None,
+    env: Mapping[str, str] | None = None,
+) -> FileConfig:
     """``overrides``: HarvestConfig attribute names -> values that win over everything (``None`` = keep);
     ``sources``: where each came from (``--data-source``), for the notes; ``env`` (default
     ``os.environ``): its ``HARVEST_<KEY>`` variables win over ``data`` (which is taken as it is: ``${…}``
     references are the YAML file's, see :func:`load_yaml`)."""
-    return _from_document(data, overrides or {}, log_level, sources or {}, os.environ if env is None else env,
-                          Origins())
+    return _from_document(
+        data, overrides or {}, log_level, sources or {}, os.environ if env is None else env, Origins()
+    )
 
 
 def _flagged(overrides: Mapping[str, Any], log_level: str | None) -> set[str]:
@@ -735,8 +897,14 @@ def _flagged(overrides: Mapping[str, Any], log_level: str | None) -> set[str]:
     return paths | ({"logging.level"} if log_level else set())
 
 
-def _from_document(data: Any, overrides: Mapping[str, Any], log_level: str | None, sources: Mapping[str, str],
-                   env: Mapping[str, str], origins: Origins) -> FileConfig:
+def _from_document(
+    data: Any,
+    overrides: Mapping[str, Any],
+    log_level: str | None,
+    sources: Mapping[str, str],
+    env: Mapping[str, str],
+    origins: Origins,
+) -> FileConfig:
     if data is None:
         data = {}
     if not isinstance(data, Mapping):
@@ -750,8 +918,7 @@ def _from_document(data: Any, overrides: Mapping[str, Any], log_level: str | Non
     for key in logging_section:
         if key != "level":
             raise ConfigError(f"logging.{_key(key)}: unknown key; valid keys are: level")
-    harvest, file_level = apply_variables(data.get("harvest"), logging_section.get("level"), env, _ENV_KINDS,
-                                          origins)
+    harvest, file_level = apply_variables(data.get("harvest"), logging_section.get("level"), env, _ENV_KINDS, origins)
     level = str(log_level or file_level or "INFO").upper()
     try:
         if level not in LOG_LEVELS:
@@ -768,8 +935,13 @@ def _from_document(data: Any, overrides: Mapping[str, Any], log_level: str | Non
     return FileConfig(cfg, level, notes + startup_notes(harvest, overrides, sources, data.get("harvest") or {}))
 
 
-def load_yaml(path: str | Path, overrides: Mapping[str, Any] | None = None, log_level: str | None = None,
-              sources: Mapping[str, str] | None = None, env: Mapping[str, str] | None = None) -> FileConfig:
+def load_yaml(
+    path: str | Path,
+    overrides: Mapping[str, Any] | None = None,
+    log_level: str | None = None,
+    sources: Mapping[str, str] | None = None,
+    env: Mapping[str, str] | None = None,
+) -> FileConfig:
     """Read a reaper YAML file, its ``${…}`` references resolved from ``env`` (default ``os.environ``) and
     files. ``overrides`` (HarvestConfig attribute names, ``None`` = keep) win over everything, as CLI flags
     do; then ``HARVEST_<KEY>`` variables (``sources``: see :func:`from_mapping`)."""
@@ -783,8 +955,9 @@ def load_yaml(path: str | Path, overrides: Mapping[str, Any] | None = None, log_
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         line = raw.count(b"\n", 0, exc.start) + 1
-        raise ConfigError(f"{path}: not UTF-8 text (byte 0x{raw[exc.start]:02x} on line {line}); save the file as "
-                          f"UTF-8") from None
+        raise ConfigError(
+            f"{path}: not UTF-8 text (byte 0x{raw[exc.start]:02x} on line {line}); save the file as UTF-8"
+        ) from None
     origins = Origins()
     literal = literal_paths(env, _ENV_KINDS, _flagged(overrides, log_level))
     try:
@@ -797,9 +970,10 @@ def load_yaml(path: str | Path, overrides: Mapping[str, Any] | None = None, log_
     except ValueError as exc:  # Python refuses to build the value (an integer of over 4,300 digits)
         raise ConfigError(f"{path}: a value cannot be read: {shown(str(exc))}") from None
     if data is None:
-        raise ConfigError(f"{path}: the file is empty; it needs a 'harvest:' section with at least dataSource "
-                          f"(see the README's config reference)")
+        raise ConfigError(
+            f"{path}: the file is empty; it needs a 'harvest:' section with at least dataSource "
+            f"(see the README's config reference)"
+        )
     if isinstance(data, Mapping) and data.get("harvest") is None:
         raise ConfigError(f"{path}: no 'harvest:' section (or it is empty); add one with at least dataSource")
     return _from_document(data, overrides, log_level, sources or {}, env, origins)
-

@@ -49,19 +49,33 @@ LOG_LEVEL_VARIABLE = "HARVEST_LOG_LEVEL"
 MAX_FILE_BYTES = 64 * 1024
 #: The project's own development and test variables (README, *Pointing the tests at other services*;
 #: harvest_local, ./dev): set beside a relay, they are no misspelt setting. ``HARVEST_TEST_*`` too.
-DEV_VARIABLES = frozenset({
-    "HARVEST_PG_DSN", "HARVEST_KAFKA_BOOTSTRAP", "HARVEST_WORK_DIR", "HARVEST_PG_USER", "HARVEST_PG_RUN_DIR",
-    "HARVEST_PG_BINDIR", "HARVEST_PURE_PYTHON", "HARVEST_PYTHON", "HARVEST_FAULTS", "HARVEST_OUTAGES_FULL",
-    "HARVEST_OUTAGE_SECONDS"})
+DEV_VARIABLES = frozenset(
+    {
+        "HARVEST_PG_DSN",
+        "HARVEST_KAFKA_BOOTSTRAP",
+        "HARVEST_WORK_DIR",
+        "HARVEST_PG_USER",
+        "HARVEST_PG_RUN_DIR",
+        "HARVEST_PG_BINDIR",
+        "HARVEST_PURE_PYTHON",
+        "HARVEST_PYTHON",
+        "HARVEST_FAULTS",
+        "HARVEST_OUTAGES_FULL",
+        "HARVEST_OUTAGE_SECONDS",
+    }
+)
 DEV_PREFIX = "HARVEST_TEST_"
 #: Kinds of ``harvest:`` keys for their variables (see the module doc); a key not listed is text.
 SCALAR, MAPPING, TEXT = "scalar", "mapping", "text"
 _ROUTER_REPLACEMENT: YamlPath = ("harvest", "eventRouter", "route.topic.replacement")
 _REFERENCE = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?")
 _HOW = "write ${NAME}, ${NAME:-default} or ${file:/path}, and $$ for a literal '$'"
-_MAPPING_EXAMPLES = {"baseKafkaConfig": "'{bootstrap.servers: kafka:9092}'",
-                     "producerKafkaConfig": "'{linger.ms: 5}'", "limits": "'{queueTimeout: 30s}'",
-                     "eventRouter": "'{route.by.field: aggregatetype}'"}
+_MAPPING_EXAMPLES = {
+    "baseKafkaConfig": "'{bootstrap.servers: kafka:9092}'",
+    "producerKafkaConfig": "'{linger.ms: 5}'",
+    "limits": "'{queueTimeout: 30s}'",
+    "eventRouter": "'{route.by.field: aggregatetype}'",
+}
 
 
 def upper_snake(key: str) -> str:
@@ -100,7 +114,7 @@ class Origins:
         text = redact_error(message, None, self.secrets)
         sources = {**{p: ", ".join(refs) for p, refs in self.references.items()}, **self.variables}
         for path in sorted(sources, key=len, reverse=True):
-            if text.startswith(path) and text[len(path):len(path) + 1] in (":", ".", " "):
+            if text.startswith(path) and text[len(path) : len(path) + 1] in (":", ".", " "):
                 return f"{text} ({path} is set by {sources[path]})"
         return text
 
@@ -109,16 +123,22 @@ class Origins:
         command-line flag sets, over their variables."""
         flagged = set(flagged)
         out: list[tuple[str, str]] = []
-        used = [f"{p} from {v}" + (" (a command-line flag wins)" if p in flagged else "")
-                for p, v in self.variables.items()]
+        used = [
+            f"{p} from {v}" + (" (a command-line flag wins)" if p in flagged else "") for p, v in self.variables.items()
+        ]
         used += [f"{p} from {', '.join(refs)}" for p, refs in self.references.items()]
         if used:
             out.append(("info", f"configuration from the environment (values not shown): {'; '.join(used)}"))
         for name in self.unknown:
             near = difflib.get_close_matches(name, self.settings, n=1)
             hint = f"did you mean {near[0]}? " if near else ""
-            out.append(("warning", f"{name} is set but is no harvest setting, so it is ignored; {hint}the settings "
-                        f"are {', '.join(self.settings)} (README: Configuration from the environment)"))
+            out.append(
+                (
+                    "warning",
+                    f"{name} is set but is no harvest setting, so it is ignored; {hint}the settings "
+                    f"are {', '.join(self.settings)} (README: Configuration from the environment)",
+                )
+            )
         return out
 
 
@@ -135,17 +155,22 @@ def literal_paths(env: Mapping[str, str], kinds: Mapping[str, str], flagged: Ite
 class Interpolation:
     """The ``rewrite`` hook of :func:`producer.config_yaml.load_document` resolving ``${…}`` references."""
 
-    def __init__(self, env: Mapping[str, str], base_dir: Path, origins: Origins,
-                 literal: frozenset[YamlPath] = frozenset({_ROUTER_REPLACEMENT})) -> None:
+    def __init__(
+        self,
+        env: Mapping[str, str],
+        base_dir: Path,
+        origins: Origins,
+        literal: frozenset[YamlPath] = frozenset({_ROUTER_REPLACEMENT}),
+    ) -> None:
         self.env, self.base_dir, self.origins, self.literal = env, base_dir, origins, literal
 
     def __call__(self, path: YamlPath, text: str) -> str | None:
-        if "$" not in text or any(path[:len(p)] == p for p in self.literal):
+        if "$" not in text or any(path[: len(p)] == p for p in self.literal):
             return None
         where, out, i = dotted(path), [], 0
         while (j := text.find("$", i)) >= 0:
             out.append(text[i:j])
-            after = text[j + 1:j + 2]
+            after = text[j + 1 : j + 2]
             if after != "{":
                 out.append("$")
                 i = j + (2 if after == "$" else 1)
@@ -153,7 +178,7 @@ class Interpolation:
             end = text.find("}", j + 2)
             if end < 0:  # the value is not shown: it may be a password that holds '${'
                 raise ConfigError(f"{where}: the '${{' at character {j + 1} has no closing '}}'; {_HOW}")
-            out.append(self._resolve(path, where, text[j + 2:end], j + 1))
+            out.append(self._resolve(path, where, text[j + 2 : end], j + 1))
             i = end + 1
         out.append(text[i:])
         return "".join(out)
@@ -188,43 +213,62 @@ class Interpolation:
         try:
             info = path.stat()
             if not stat.S_ISREG(info.st_mode):  # a FIFO or a device would block or never end
-                raise ConfigError(f"{where}: {ref}: {shown(str(path))} is not a regular file; point it at the "
-                                  f"secret's file")
+                raise ConfigError(
+                    f"{where}: {ref}: {shown(str(path))} is not a regular file; point it at the secret's file"
+                )
             if info.st_size > MAX_FILE_BYTES:
-                raise ConfigError(f"{where}: {ref}: {shown(str(path))} holds {info.st_size:,} bytes, more than a "
-                                  f"secret file may ({MAX_FILE_BYTES:,}); point it at the secret's file")
+                raise ConfigError(
+                    f"{where}: {ref}: {shown(str(path))} holds {info.st_size:,} bytes, more than a "
+                    f"secret file may ({MAX_FILE_BYTES:,}); point it at the secret's file"
+                )
             with path.open("rb") as f:
                 raw = f.read(MAX_FILE_BYTES + 1)
         except OSError as exc:
-            raise ConfigError(f"{where}: {ref}: cannot read {shown(str(path))} ({exc.strerror or type(exc).__name__}); "
-                              f"create the file, make it readable to harvest, or correct the path") from exc
+            raise ConfigError(
+                f"{where}: {ref}: cannot read {shown(str(path))} ({exc.strerror or type(exc).__name__}); "
+                f"create the file, make it readable to harvest, or correct the path"
+            ) from exc
         if len(raw) > MAX_FILE_BYTES:  # it grew since stat()
-            raise ConfigError(f"{where}: {ref}: {shown(str(path))} holds more than {MAX_FILE_BYTES:,} bytes, more "
-                              f"than a secret file may; point it at the secret's file")
+            raise ConfigError(
+                f"{where}: {ref}: {shown(str(path))} holds more than {MAX_FILE_BYTES:,} bytes, more "
+                f"than a secret file may; point it at the secret's file"
+            )
         try:
             text = raw.decode("utf-8")
         except UnicodeDecodeError as exc:
-            raise ConfigError(f"{where}: {ref}: {shown(str(path))} is not UTF-8 text (byte {exc.start}); save it "
-                              f"as UTF-8") from None  # not chained: the exception quotes the content's bytes
+            raise ConfigError(
+                f"{where}: {ref}: {shown(str(path))} is not UTF-8 text (byte {exc.start}); save it as UTF-8"
+            ) from None  # not chained: the exception quotes the content's bytes
         return text[:-2] if text.endswith("\r\n") else text[:-1] if text.endswith("\n") else text
 
 
 def _secret_place(path: YamlPath) -> bool:
     if path[:2] == ("harvest", "dataSource"):
         return True
-    return (len(path) == 3 and path[:2] in (("harvest", "baseKafkaConfig"), ("harvest", "producerKafkaConfig"))
-            and is_secret_kafka_key(str(path[2])))
+    return (
+        len(path) == 3
+        and path[:2] in (("harvest", "baseKafkaConfig"), ("harvest", "producerKafkaConfig"))
+        and is_secret_kafka_key(str(path[2]))
+    )
 
 
-def apply_variables(section: Any, level: Any, env: Mapping[str, str], kinds: Mapping[str, str],
-                    origins: Origins) -> tuple[Any, Any]:
+def apply_variables(
+    section: Any, level: Any, env: Mapping[str, str], kinds: Mapping[str, str], origins: Origins
+) -> tuple[Any, Any]:
     """``(harvest section, logging level)`` with the ``HARVEST_`` variables of ``env`` applied over the
     file's (``kinds``: every ``harvest:`` key -> :data:`SCALAR`, :data:`MAPPING` or :data:`TEXT`). A section
     that is not a mapping is returned as it is, for the config's own error."""
     names = {variable_name(key): key for key in kinds}
     origins.settings = tuple(sorted([*names, LOG_LEVEL_VARIABLE]))
-    origins.unknown = sorted(v for v in env if v.startswith(PREFIX) and v not in names and v != LOG_LEVEL_VARIABLE
-                             and v not in DEV_VARIABLES and not v.startswith(DEV_PREFIX))
+    origins.unknown = sorted(
+        v
+        for v in env
+        if v.startswith(PREFIX)
+        and v not in names
+        and v != LOG_LEVEL_VARIABLE
+        and v not in DEV_VARIABLES
+        and not v.startswith(DEV_PREFIX)
+    )
     if env.get(LOG_LEVEL_VARIABLE):
         level = env[LOG_LEVEL_VARIABLE]
         origins.variables["logging.level"] = LOG_LEVEL_VARIABLE
@@ -257,11 +301,13 @@ def _mapping(name: str, key: str, text: str) -> Mapping[str, Any]:
     try:
         value = load_document(text)
     except yaml.YAMLError as exc:  # not chained: PyYAML quotes the text, which may hold a SASL password
-        raise ConfigError(f"{name}: not valid YAML: {yaml_problem(exc)}; write a flow mapping, "
-                          f"e.g. {example}") from None
+        raise ConfigError(
+            f"{name}: not valid YAML: {yaml_problem(exc)}; write a flow mapping, e.g. {example}"
+        ) from None
     except ValueError:
         raise ConfigError(f"{name}: a value cannot be read (a number too large?); e.g. {example}") from None
     if not isinstance(value, Mapping):
-        raise ConfigError(f"{name}: expected a YAML flow mapping of harvest.{key}'s keys, got "
-                          f"{type(value).__name__}; e.g. {example}")
+        raise ConfigError(
+            f"{name}: expected a YAML flow mapping of harvest.{key}'s keys, got {type(value).__name__}; e.g. {example}"
+        )
     return value

@@ -50,8 +50,13 @@ class StrictLoader(yaml.SafeLoader):
         event = self.peek_event()
         if isinstance(event, AliasEvent):
             if event.anchor in self._open:
-                raise ComposerError(None, None, f"alias *{event.anchor} refers to a node that contains it "
-                                    f"(a recursive structure); write the value out", event.start_mark)
+                raise ComposerError(
+                    None,
+                    None,
+                    f"alias *{event.anchor} refers to a node that contains it "
+                    f"(a recursive structure); write the value out",
+                    event.start_mark,
+                )
             node = super().compose_node(parent, index)
             self._count(self._size(node), event)
             return node
@@ -91,8 +96,7 @@ class StrictLoader(yaml.SafeLoader):
                     name = key.value if isinstance(key, ScalarNode) else "?"
                     node.value[i] = (key, self._rewritten(path + (name,), value, rewrite, stack))
 
-    def _rewritten(self, path: YamlPath, node: Node, rewrite: Rewrite,
-                   stack: list[tuple[YamlPath, Node]]) -> Node:
+    def _rewritten(self, path: YamlPath, node: Node, rewrite: Rewrite, stack: list[tuple[YamlPath, Node]]) -> Node:
         if not isinstance(node, ScalarNode):
             stack.append((path, node))
             return node
@@ -110,9 +114,14 @@ class StrictLoader(yaml.SafeLoader):
         self._expanded += nodes
         if self._expanded > MAX_EXPANDED_NODES:
             what = f"alias *{event.anchor}" if isinstance(event, AliasEvent) else "this node"
-            raise ComposerError(None, None, f"{what} makes the document expand to more than "
-                                f"{MAX_EXPANDED_NODES:,} values (an alias bomb?); a config file needs a few dozen: "
-                                f"write the values out instead of nesting aliases", event.start_mark)
+            raise ComposerError(
+                None,
+                None,
+                f"{what} makes the document expand to more than "
+                f"{MAX_EXPANDED_NODES:,} values (an alias bomb?); a config file needs a few dozen: "
+                f"write the values out instead of nesting aliases",
+                event.start_mark,
+            )
 
     def _size(self, node: Node) -> int:
         """Nodes ``node`` stands for with every alias in it expanded (memoised: shared nodes are
@@ -143,8 +152,11 @@ class StrictLoader(yaml.SafeLoader):
                     continue  # unhashable: the base class says so
                 if seen is not None:
                     raise ConstructorError(
-                        None, None, f"duplicate key {shown(key)} (first on line {seen}); keep one of them",
-                        key_node.start_mark)
+                        None,
+                        None,
+                        f"duplicate key {shown(key)} (first on line {seen}); keep one of them",
+                        key_node.start_mark,
+                    )
         return super().construct_mapping(node, deep)
 
 

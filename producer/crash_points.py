@@ -23,16 +23,24 @@ from harvest_outbox.producer.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
-CRASH_POINTS = ("after_publish_before_delivery", "after_delivery_before_commit", "after_commit_before_ack",
-                "after_some_acks")
+CRASH_POINTS = (
+    "after_publish_before_delivery",
+    "after_delivery_before_commit",
+    "after_commit_before_ack",
+    "after_some_acks",
+)
 
 
 class CrashPoints:
     """The crash/pause test hooks of the relays this process builds (see module doc). Empty (and
     falsy) unless :func:`install_crash_points` was called."""
 
-    def __init__(self, crash_at: str | None = None, pause_at: str | None = None,
-                 names: tuple[str, str] = ("crash_at", "pause_at")) -> None:
+    def __init__(
+        self,
+        crash_at: str | None = None,
+        pause_at: str | None = None,
+        names: tuple[str, str] = ("crash_at", "pause_at"),
+    ) -> None:
         self._points: dict[str, tuple[int, signal.Signals]] = {}
         self._counts: dict[str, int] = {}
         for what, spec, sig in zip(names, (crash_at, pause_at), (signal.SIGKILL, signal.SIGSTOP)):
@@ -76,8 +84,9 @@ def _parse_point(what: str, spec: str) -> tuple[str, int]:
 _installed = CrashPoints()
 
 
-def install_crash_points(crash_at: str | None = None, pause_at: str | None = None,
-                         names: tuple[str, str] = ("crash_at", "pause_at")) -> None:
+def install_crash_points(
+    crash_at: str | None = None, pause_at: str | None = None, names: tuple[str, str] = ("crash_at", "pause_at")
+) -> None:
     """Test use only: relays built after this call SIGKILL / SIGSTOP themselves at the given points
     (``point:n``, see module doc). ConfigError names a bad value by its entry in ``names``."""
     global _installed

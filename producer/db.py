@@ -42,8 +42,14 @@ from psycopg.types.array import ArrayBinaryLoader
 
 from harvest_outbox.producer.errors import DatabaseError, FenceError, SchemaError
 from harvest_outbox.producer.redact import redact_dsn, redact_error
-from harvest_outbox.producer.schema import (OutboxNames, ValueType, inspect_outbox, require_attempts_table,
-                                            require_shards, require_utf8_readable)
+from harvest_outbox.producer.schema import (
+    OutboxNames,
+    ValueType,
+    inspect_outbox,
+    require_attempts_table,
+    require_shards,
+    require_utf8_readable,
+)
 from harvest_outbox.producer.shards import shard_expression
 
 log = logging.getLogger(__name__)
@@ -57,8 +63,19 @@ log = logging.getLogger(__name__)
 # row's create time on this process's time.monotonic() clock (ROW_CREATED; producer.histograms). A plain
 # tuple of atomic values in id order, used as it comes from the driver: the mark allocates nothing
 # else per row, and the garbage collector does not track it.
-MarkedRow = tuple[int, "str | None", "bytes | None", "bytes | None", "tuple[str | None, ...] | None",
-                  "tuple[str | None, ...] | None", "str | None", "int | None", "str | None", "int | None", float]
+MarkedRow = tuple[
+    int,
+    "str | None",
+    "bytes | None",
+    "bytes | None",
+    "tuple[str | None, ...] | None",
+    "tuple[str | None, ...] | None",
+    "str | None",
+    "int | None",
+    "str | None",
+    "int | None",
+    float,
+]
 #: Where a MarkedRow holds its create time (time.monotonic() seconds): the dwell histogram's start.
 ROW_CREATED = 10
 # Persisted failed delivery attempts of marked rows: id -> (attempts, last error).
@@ -77,8 +94,13 @@ LOCK_TIMEOUT = "2s"
 # leave a relay statement waiting for TCP's own give-up, ~15 minutes. These libpq settings (unless
 # the DSN sets them) make the kernel fail such a connection after ~20 s of unacknowledged data or
 # silence, so the relay's ordinary error path (back off, reconnect, remark) takes over.
-TCP_DEFAULTS = {"keepalives": "1", "keepalives_idle": "10", "keepalives_interval": "3", "keepalives_count": "3",
-                "tcp_user_timeout": "20000"}
+TCP_DEFAULTS = {
+    "keepalives": "1",
+    "keepalives_idle": "10",
+    "keepalives_interval": "3",
+    "keepalives_count": "3",
+    "tcp_user_timeout": "20000",
+}
 
 
 # Why a marked row can never be produced, decided in the mark statement (NULL for a good row): the
@@ -155,8 +177,9 @@ def connect(dsn: str, **kwargs: Any) -> psycopg.Connection:
         # bytes the server sends (Kafka keys and values are the UTF-8 of the outbox's text).
         conn = psycopg.connect(dsn, autocommit=True, **{**kwargs, "client_encoding": "UTF8"})
     except psycopg.Error as exc:
-        raise DatabaseError(f"cannot connect to Postgres ({redact_dsn(dsn)}): "
-                            f"{redact_error(str(exc), dsn).strip()}") from exc
+        raise DatabaseError(
+            f"cannot connect to Postgres ({redact_dsn(dsn)}): {redact_error(str(exc), dsn).strip()}"
+        ) from exc
     try:
         require_utf8_readable(conn)
         conn.execute(f"SET idle_in_transaction_session_timeout = '{IDLE_IN_TRANSACTION_TIMEOUT}'")
@@ -164,8 +187,9 @@ def connect(dsn: str, **kwargs: Any) -> psycopg.Connection:
         return conn
     except psycopg.Error as exc:
         conn.close()
-        raise DatabaseError(f"cannot connect to Postgres ({redact_dsn(dsn)}): "
-                            f"{redact_error(str(exc), dsn).strip()}") from exc
+        raise DatabaseError(
+            f"cannot connect to Postgres ({redact_dsn(dsn)}): {redact_error(str(exc), dsn).strip()}"
+        ) from exc
     except BaseException:
         conn.close()
         raise
@@ -188,8 +212,9 @@ class OutboxDatabase:
     are then the led shards'; purges, resets and dead letters address ids, which belong to one shard
     anyway. The set changes only between leader views, when no statement of the old view runs."""
 
-    def __init__(self, dsn: str, names: OutboxNames, shard_count: int | None = None, *,
-                 async_commit: bool = False) -> None:
+    def __init__(
+        self, dsn: str, names: OutboxNames, shard_count: int | None = None, *, async_commit: bool = False
+    ) -> None:
         self._dsn = dsn
         #: Commit without waiting for the WAL flush (``synchronous_commit = off``): only for a connection
         #: whose writes need not survive a database crash on their own (see RelayCore.open).
@@ -218,11 +243,10 @@ class OutboxDatabase:
         # Dead letters (built by ``conn``: the value's expression depends on the column's type, which
         # the connection reads; a dead-letter statement is a connection's first one at times).
         self._dlq_sql: sql.Composed | None = None
-        self._commit_delete_sql = sql.SQL(
-            "DELETE FROM {} WHERE {} = {ids} AND {} = %s").format(o, oid, leader, ids=ids)
+        self._commit_delete_sql = sql.SQL("DELETE FROM {} WHERE {} = {ids} AND {} = %s").format(o, oid, leader, ids=ids)
         self._commit_delete_range_sql = sql.SQL(
-            "DELETE FROM {} WHERE {id} BETWEEN %s AND %s AND {id} <> ALL(%s::bigint[]) AND {} = %s").format(
-            o, leader, id=oid)
+            "DELETE FROM {} WHERE {id} BETWEEN %s AND %s AND {id} <> ALL(%s::bigint[]) AND {} = %s"
+        ).format(o, leader, id=oid)
         self._commit_dlq_sql: sql.Composed | None = None
         self._attempts_sql = sql.SQL("""
             INSERT INTO {a} AS a (id, attempts, last_error)
@@ -232,8 +256,10 @@ class OutboxDatabase:
         self._forget_sql = sql.SQL("DELETE FROM {} WHERE id = {ids}").format(a, ids=ids)
         self._stats_dead_sql = sql.SQL("SELECT count(*) FROM {}").format(d)
         # deadLetterRetention: one batch of expired dead letters (found by the dead_time index init-db makes).
-        self._expire_sql = sql.SQL("DELETE FROM {d} WHERE id = ANY(ARRAY(SELECT id FROM {d} "
-                                   "WHERE dead_time < now() - make_interval(secs => %s) LIMIT %s))").format(d=d)
+        self._expire_sql = sql.SQL(
+            "DELETE FROM {d} WHERE id = ANY(ARRAY(SELECT id FROM {d} "
+            "WHERE dead_time < now() - make_interval(secs => %s) LIMIT %s))"
+        ).format(d=d)
 
     def _dead_letter_sql(self, owned: sql.Composable) -> sql.Composed:
         """Move rows ``(id, error, attempts)`` to the dead letters in one statement (a CTE), so a row is
@@ -243,8 +269,10 @@ class OutboxDatabase:
         n, m = self.names, self.names.mapping
         rec = m.record("o", self.value_type)
         source = m.source_row("o")
-        cols = sql.SQL("id, create_time, kafka_topic, kafka_key, kafka_value, kafka_header_keys, kafka_header_values, "
-                       "error, attempts{}").format(sql.SQL(", source_row") if source is not None else sql.SQL(""))
+        cols = sql.SQL(
+            "id, create_time, kafka_topic, kafka_key, kafka_value, kafka_header_keys, kafka_header_values, "
+            "error, attempts{}"
+        ).format(sql.SQL(", source_row") if source is not None else sql.SQL(""))
         return sql.SQL("""
             WITH bad(id, error, attempts) AS (SELECT * FROM unnest(%s::bigint[], %s::text[], %s::int[])),
             forgotten AS (DELETE FROM {a} AS a USING bad WHERE a.id = bad.id),
@@ -255,11 +283,20 @@ class OutboxDatabase:
             SELECT * FROM moved
             ON CONFLICT (id) DO UPDATE SET error = EXCLUDED.error, attempts = EXCLUDED.attempts,
                                            dead_time = now()""").format(
-            a=n.delivery_attempts, o=n.outbox, d=n.dead_letters, oid=m.id("o"), owned=owned, created=m.created("o"),
-            topic=rec.topic, key=rec.key, value=rec.value,
+            a=n.delivery_attempts,
+            o=n.outbox,
+            d=n.dead_letters,
+            oid=m.id("o"),
+            owned=owned,
+            created=m.created("o"),
+            topic=rec.topic,
+            key=rec.key,
+            value=rec.value,
             hk=sql.SQL("coalesce({}, '{{}}')").format(rec.header_keys),
             hv=sql.SQL("coalesce({}, '{{}}')").format(rec.header_values),
-            source=sql.SQL(", {}").format(source) if source is not None else sql.SQL(""), cols=cols)
+            source=sql.SQL(", {}").format(source) if source is not None else sql.SQL(""),
+            cols=cols,
+        )
 
     def set_shards(self, shards: frozenset[int]) -> None:
         """Lead these shards from now on (sharded relays, between views)."""
@@ -282,7 +319,8 @@ class OutboxDatabase:
             SELECT %s, %s, %s, t, p, {n}, {ks} FROM unnest(%s::text[], %s::int[]) AS j(t, p)
             ON CONFLICT (producer, topic, kafka_partition)
             DO UPDATE SET epoch = EXCLUDED.epoch, clock = EXCLUDED.clock, create_time = now()""").format(
-            n.ack_intents, n=sql.Literal(self.shard_count or 1), ks=self._shard_array())
+            n.ack_intents, n=sql.Literal(self.shard_count or 1), ks=self._shard_array()
+        )
         if self.shard_count is None:
             self._fence_rows: sql.Composable = sql.SQL("")
             # Unsharded: every intent, including any left by an earlier sharding (its relays are gone).
@@ -291,24 +329,33 @@ class OutboxDatabase:
         else:
             expr, arr = shard_expression(self.shard_count, n.mapping.shard_key()), self._shard_array()
             self._fence_rows = sql.SQL(" WHERE shard_count = {} AND shard = ANY({})").format(
-                sql.Literal(self.shard_count), arr)
+                sql.Literal(self.shard_count), arr
+            )
             # Intents of views that led any of these shards: those views can no longer commit (their
             # fence includes a shard whose epoch this view bumped). Shard 0's leader also takes over
             # intents of another shard count (left by an earlier sharding, drained and stopped
             # before the change; README).
-            other = sql.SQL(" OR shard_count <> {}").format(sql.Literal(self.shard_count)) \
-                if 0 in self.shards else sql.SQL("")
+            other = (
+                sql.SQL(" OR shard_count <> {}").format(sql.Literal(self.shard_count))
+                if 0 in self.shards
+                else sql.SQL("")
+            )
             self._intents_of_view = sql.SQL(" WHERE (shard_count = {} AND shards && {}){}").format(
-                sql.Literal(self.shard_count), arr, other)
+                sql.Literal(self.shard_count), arr, other
+            )
             stats_where = sql.SQL(" WHERE {} = ANY({}){}").format(expr, arr, n.mapping.claimable("AND"))
         self._stats_sql = sql.SQL("""
             SELECT {e}, count(*), extract(epoch FROM now() - min({c})) FROM {o}{w} GROUP BY 1""").format(
             e=shard_expression(self.shard_count, n.mapping.shard_key()) if self.shard_count else sql.SQL("0"),
-            c=n.mapping.created(), o=o, w=stats_where)
+            c=n.mapping.created(),
+            o=o,
+            w=stats_where,
+        )
         # Locks the fence row(s) (as SELECT … FOR UPDATE would; in shard order, so two commits never
         # deadlock) and raises the clock floor of later views.
         self._fence_sql = sql.SQL("UPDATE {} SET last_clock = GREATEST(last_clock, %s){} RETURNING epoch").format(
-            self._state_table, self._fence_rows)
+            self._state_table, self._fence_rows
+        )
 
     def _shard_array(self) -> sql.Composable:
         ks = sorted(self.shards) if self.shard_count is not None else [0]
@@ -352,11 +399,11 @@ class OutboxDatabase:
             # the connection's client encoding): no convert_to() call per column and row on the
             # database (4 % of a 5,000-row mark) and the same bytes. Only on the mark's own cursor.
             self._dlq_sql = self._dead_letter_sql(sql.SQL(""))
-            self._commit_dlq_sql = self._dead_letter_sql(sql.SQL(" AND {} = %s").format(
-                self.names.mapping.leader("o")))
+            self._commit_dlq_sql = self._dead_letter_sql(sql.SQL(" AND {} = %s").format(self.names.mapping.leader("o")))
             self._mark_cursor = self._conn.cursor()
             self._mark_cursor.adapters.register_loader(
-                "varchar", self._conn.adapters.get_loader(psycopg.postgres.types["bytea"].oid, Format.BINARY))
+                "varchar", self._conn.adapters.get_loader(psycopg.postgres.types["bytea"].oid, Format.BINARY)
+            )
             self._build_mark_sql()
         return self._conn
 
@@ -370,19 +417,22 @@ class OutboxDatabase:
         oid, leader, mine = m.id(), m.leader(), m.claimable("AND")
         if self.shard_count is None:
             claim: sql.Composable = sql.SQL(
-                "SELECT ctid FROM {o} WHERE ({l} IS NULL OR {l} <> %(leader)s){mine} ORDER BY {id} LIMIT %(n)s").format(
-                o=o, l=leader, id=oid, mine=mine)
+                "SELECT ctid FROM {o} WHERE ({l} IS NULL OR {l} <> %(leader)s){mine} ORDER BY {id} LIMIT %(n)s"
+            ).format(o=o, l=leader, id=oid, mine=mine)
         else:
             # One index range per led shard, merged in id order (a Merge Append of the (shard, id)
             # index scans): a relay leading several shards never reads other shards' rows.
             expr = shard_expression(self.shard_count, m.shard_key())
-            branches = [sql.SQL("(SELECT ctid, {id} AS id FROM {o} WHERE {e} = {k} AND ({l} IS NULL OR {l} <> "
-                                "%(leader)s){mine} ORDER BY {id} LIMIT %(n)s)").format(
-                o=o, e=expr, k=sql.Literal(k), l=leader, id=oid, mine=mine)
-                        for k in sorted(self.shards)] or [
-                sql.SQL("(SELECT ctid, {id} AS id FROM {o} WHERE false)").format(o=o, id=oid)]
+            branches = [
+                sql.SQL(
+                    "(SELECT ctid, {id} AS id FROM {o} WHERE {e} = {k} AND ({l} IS NULL OR {l} <> "
+                    "%(leader)s){mine} ORDER BY {id} LIMIT %(n)s)"
+                ).format(o=o, e=expr, k=sql.Literal(k), l=leader, id=oid, mine=mine)
+                for k in sorted(self.shards)
+            ] or [sql.SQL("(SELECT ctid, {id} AS id FROM {o} WHERE false)").format(o=o, id=oid)]
             claim = sql.SQL("SELECT ctid FROM ({}) AS led ORDER BY id LIMIT %(n)s").format(
-                sql.SQL(" UNION ALL ").join(branches))
+                sql.SQL(" UNION ALL ").join(branches)
+            )
         # Sorted by Postgres, and each row in its final shape (MarkedRow): the relay's thread, which
         # holds the GIL while it turns the result into Python objects, does no per-row work after
         # the driver (slicing and sorting 5,000 rows in Python cost ~3 ms a mark, on the critical path).
@@ -400,18 +450,37 @@ class OutboxDatabase:
             SELECT m.id, m.t, m.k, m.v, m.hk, m.hv, {header_bad}, a.attempts, a.last_error::text, m.p,
                    %(t0)s::float8 - coalesce(date_part('epoch', statement_timestamp() - m.c), 0)
             FROM m LEFT JOIN {a} AS a ON a.id = m.id ORDER BY m.id""").format(
-            o=o, l=leader, claim=claim, oid=m.id("o"), t=rec.topic, k=rec.key, v=rec.value, hk=rec.header_keys,
-            hv=rec.header_values, a=self.names.delivery_attempts, row_bad=rec.bad, header_bad=sql.SQL(_HEADER_BAD),
-            p=rec.partition, c=m.created("o"))
+            o=o,
+            l=leader,
+            claim=claim,
+            oid=m.id("o"),
+            t=rec.topic,
+            k=rec.key,
+            v=rec.value,
+            hk=rec.header_keys,
+            hv=rec.header_values,
+            a=self.names.delivery_attempts,
+            row_bad=rec.bad,
+            header_bad=sql.SQL(_HEADER_BAD),
+            p=rec.partition,
+            c=m.created("o"),
+        )
 
-    def _run(self, what: str, query: sql.Composable, params: Sequence[Any] | dict[str, Any],
-             prepare: bool | None = None, cursor: psycopg.Cursor | None = None) -> psycopg.Cursor:
+    def _run(
+        self,
+        what: str,
+        query: sql.Composable,
+        params: Sequence[Any] | dict[str, Any],
+        prepare: bool | None = None,
+        cursor: psycopg.Cursor | None = None,
+    ) -> psycopg.Cursor:
         try:
             return (cursor or self.conn).execute(query, params, binary=True, prepare=prepare)
         except psycopg.Error as exc:
             self.close()  # a broken connection is replaced on next use
-            raise DatabaseError(f"{what} on {self.names.display!r} failed: "
-                                f"{redact_error(str(exc), self._dsn).strip()}") from exc
+            raise DatabaseError(
+                f"{what} on {self.names.display!r} failed: {redact_error(str(exc), self._dsn).strip()}"
+            ) from exc
 
     def prepare_mark(self) -> None:
         """Connect and run the mark once for no rows, so the first real mark is quick: a fresh
@@ -432,15 +501,19 @@ class OutboxDatabase:
         # planned anew on every run (plan_cache_mode, see conn): never a generic plan. Where Postgres
         # cannot force that, never prepared (psycopg would prepare it after its 5th run).
         params = {"leader": leader_id, "n": limit, "t0": time.monotonic()}  # t0: see _build_mark_sql
-        rows: list[MarkedRow] = self._run("mark", self._mark_sql, params, prepare=self._prepare_mark,
-                                          cursor=self._mark_cursor).fetchall()
+        rows: list[MarkedRow] = self._run(
+            "mark", self._mark_sql, params, prepare=self._prepare_mark, cursor=self._mark_cursor
+        ).fetchall()
         attempts: MarkedAttempts = {r[0]: (r[7], r[8]) for r in rows if r[7] is not None}
         return rows, attempts
 
     def record_attempts(self, items: Sequence[tuple[int, int, str]]) -> int:
         """Persist failed delivery attempts ``(id, attempts so far, error)`` (a count never decreases)."""
-        return self._run("recording delivery attempts", self._attempts_sql,
-                         ([i for i, _, _ in items], [n for _, n, _ in items], [e for _, _, e in items])).rowcount
+        return self._run(
+            "recording delivery attempts",
+            self._attempts_sql,
+            ([i for i, _, _ in items], [n for _, n, _ in items], [e for _, _, e in items]),
+        ).rowcount
 
     def forget_attempts(self, ids: Sequence[int]) -> int:
         """Delete the attempt counts of rows that were delivered (or are gone)."""
@@ -476,8 +549,9 @@ class OutboxDatabase:
         epoch, intents, _floor = self.start_view_with_floor(leader_id, name)
         return epoch, intents
 
-    def start_view_with_floor(self, leader_id: uuid.UUID,
-                              name: str) -> tuple[int, list[tuple[int, bytes, int, str, int]], int]:
+    def start_view_with_floor(
+        self, leader_id: uuid.UUID, name: str
+    ) -> tuple[int, list[tuple[int, bytes, int, str, int]], int]:
         """One transaction: bump the fence epoch (taking its row lock), then read every persisted,
         unconfirmed ACK intent ``(epoch, producer, clock, topic, partition)`` in commit order.
         Also returns the clock floor: the largest ACK clock any view committed (``last_clock``).
@@ -489,26 +563,37 @@ class OutboxDatabase:
             conn = self.conn
             with conn.transaction():
                 if self.shard_count is None:
-                    row = conn.execute(sql.SQL(
-                        "UPDATE {} SET epoch = epoch + 1, leader_id = %s, leader_name = %s, updated_at = now() "
-                        "RETURNING epoch, last_clock").format(self._state_table), (leader_id, name)).fetchone()
+                    row = conn.execute(
+                        sql.SQL(
+                            "UPDATE {} SET epoch = epoch + 1, leader_id = %s, leader_name = %s, updated_at = now() "
+                            "RETURNING epoch, last_clock"
+                        ).format(self._state_table),
+                        (leader_id, name),
+                    ).fetchone()
                 else:
                     row = self._bump_shard_epochs(conn, leader_id, name)
                 if row is None:
-                    raise SchemaError(f"fence row of {n.display!r}{self.shard_text} is missing; run `harvest init-db` "
-                                      f"(it is idempotent) to create it")
-                intents = conn.execute(sql.SQL(
-                    "SELECT epoch, producer, clock, topic, kafka_partition FROM {}{} "
-                    "ORDER BY epoch, clock, topic, kafka_partition").format(n.ack_intents,
-                                                                             self._intents_of_view)).fetchall()
+                    raise SchemaError(
+                        f"fence row of {n.display!r}{self.shard_text} is missing; run `harvest init-db` "
+                        f"(it is idempotent) to create it"
+                    )
+                intents = conn.execute(
+                    sql.SQL(
+                        "SELECT epoch, producer, clock, topic, kafka_partition FROM {}{} "
+                        "ORDER BY epoch, clock, topic, kafka_partition"
+                    ).format(n.ack_intents, self._intents_of_view)
+                ).fetchall()
         except psycopg.errors.UndefinedTable as exc:
             self.close()
-            raise SchemaError(f"--uuid-sequencing needs the fence and ACK-intent tables of {n.display!r}; run "
-                              f"`harvest init-db` (idempotent) to create them: {exc}".strip()) from exc
+            raise SchemaError(
+                f"--uuid-sequencing needs the fence and ACK-intent tables of {n.display!r}; run "
+                f"`harvest init-db` (idempotent) to create them: {exc}".strip()
+            ) from exc
         except psycopg.Error as exc:
             self.close()
-            raise DatabaseError(f"starting a leader view on {n.display!r} failed: "
-                                f"{redact_error(str(exc), self._dsn).strip()}") from exc
+            raise DatabaseError(
+                f"starting a leader view on {n.display!r} failed: {redact_error(str(exc), self._dsn).strip()}"
+            ) from exc
         floor = max([int(row[1])] + [int(c) for _e, _p, c, _t, _pt in intents])
         return int(row[0]), [(int(e), bytes(p), int(c), t, int(pt)) for e, p, c, t, pt in intents], floor
 
@@ -516,18 +601,33 @@ class OutboxDatabase:
         """A view of several shards: lock their fence rows (in shard order), then give every one the
         same new epoch, above each one's current epoch, so the view's commits check one number, and a
         new view of any of its shards fences the whole view. Returns (epoch, largest last_clock)."""
-        rows = conn.execute(sql.SQL("SELECT shard, epoch, last_clock FROM {}{} ORDER BY shard FOR UPDATE").format(
-            self._state_table, self._fence_rows)).fetchall()
+        rows = conn.execute(
+            sql.SQL("SELECT shard, epoch, last_clock FROM {}{} ORDER BY shard FOR UPDATE").format(
+                self._state_table, self._fence_rows
+            )
+        ).fetchall()
         if len(rows) != len(self.shards):
             return None
         epoch = max(int(e) for _s, e, _c in rows) + 1
-        conn.execute(sql.SQL("UPDATE {} SET epoch = %s, leader_id = %s, leader_name = %s, updated_at = now(){}").format(
-            self._state_table, self._fence_rows), (epoch, leader_id, name))
+        conn.execute(
+            sql.SQL("UPDATE {} SET epoch = %s, leader_id = %s, leader_name = %s, updated_at = now(){}").format(
+                self._state_table, self._fence_rows
+            ),
+            (epoch, leader_id, name),
+        )
         return epoch, max(int(c) for _s, _e, c in rows)
 
-    def commit_txn(self, epoch: int, leader_id: uuid.UUID, ids: Sequence[int], dead: Sequence[tuple[int, str, int]],
-                   producer: bytes, ack_clock: int, journals: Sequence[tuple[str, int]],
-                   forget: Sequence[int] = ()) -> None:
+    def commit_txn(
+        self,
+        epoch: int,
+        leader_id: uuid.UUID,
+        ids: Sequence[int],
+        dead: Sequence[tuple[int, str, int]],
+        producer: bytes,
+        ack_clock: int,
+        journals: Sequence[tuple[str, int]],
+        forget: Sequence[int] = (),
+    ) -> None:
         """Commit one harvest transaction: :meth:`commit_txns` of one."""
         self.commit_txns(epoch, leader_id, [TxnCommit(ids, dead, producer, ack_clock, journals, forget)])
 
@@ -557,12 +657,19 @@ class OutboxDatabase:
                 lo, hi, holes = span
                 statements.append((self._commit_delete_range_sql, (lo, hi, self._id_array(holes), leader_id)))
         if dead:
-            statements.append((self._commit_dlq_sql, ([i for i, _, _ in dead], [e for _, e, _ in dead],
-                                                      [a for _, _, a in dead], leader_id)))
+            statements.append(
+                (
+                    self._commit_dlq_sql,
+                    ([i for i, _, _ in dead], [e for _, e, _ in dead], [a for _, _, a in dead], leader_id),
+                )
+            )
         if forget:
             statements.append((self._forget_sql, (self._id_array(forget),)))
-        statements += [(self._intent_sql, (epoch, t.producer, t.ack_clock, [j for j, _ in t.journals],
-                                           [p for _, p in t.journals])) for t in txns if t.journals]
+        statements += [
+            (self._intent_sql, (epoch, t.producer, t.ack_clock, [j for j, _ in t.journals], [p for _, p in t.journals]))
+            for t in txns
+            if t.journals
+        ]
         try:
             conn = self.conn
             # Two round trips: the whole transaction up to COMMIT as ONE simple-protocol message, then
@@ -586,14 +693,20 @@ class OutboxDatabase:
             refusal = None
             if not epochs or any(e != epoch for e in epochs) or len(epochs) != max(1, len(self.shards)):
                 shown = epochs[0] if len(set(epochs)) == 1 else (sorted(set(epochs)) or None)
-                refusal = (f"commit refused by the fence of {n.display!r}{self.shard_text}: epoch is {shown}, this "
-                           f"view's is {epoch}")
+                refusal = (
+                    f"commit refused by the fence of {n.display!r}{self.shard_text}: epoch is {shown}, this "
+                    f"view's is {epoch}"
+                )
             elif ids and counts[0] != len(ids):
-                refusal = (f"commit refused on {n.display!r}: {len(ids) - counts[0]} of {len(ids)} row(s) are no "
-                           f"longer owned by leader view {leader_id}")
+                refusal = (
+                    f"commit refused on {n.display!r}: {len(ids) - counts[0]} of {len(ids)} row(s) are no "
+                    f"longer owned by leader view {leader_id}"
+                )
             elif dead and counts[1 if ids else 0] != len(dead):
-                refusal = (f"dead-lettering refused on {n.display!r}: {len(dead) - counts[1 if ids else 0]} row(s) "
-                           f"are no longer owned by leader view {leader_id}")
+                refusal = (
+                    f"dead-lettering refused on {n.display!r}: {len(dead) - counts[1 if ids else 0]} row(s) "
+                    f"are no longer owned by leader view {leader_id}"
+                )
             conn.execute("ROLLBACK" if refusal else "COMMIT")
         except psycopg.Error as exc:
             self.close()
@@ -605,19 +718,25 @@ class OutboxDatabase:
         """Delete the intents of ACKs known to be in the log (``(producer, clock)`` pairs)."""
         if not items:
             return 0
-        q = sql.SQL("DELETE FROM {} WHERE (producer, clock) IN "
-                    "(SELECT * FROM unnest(%s::bytea[], %s::bigint[]))").format(self.names.ack_intents)
+        q = sql.SQL(
+            "DELETE FROM {} WHERE (producer, clock) IN (SELECT * FROM unnest(%s::bytea[], %s::bigint[]))"
+        ).format(self.names.ack_intents)
         return self._run("confirming ACK intents", q, ([p for p, _ in items], [c for _, c in items])).rowcount
 
     def stats(self) -> tuple[int, float | None, int]:
         """(backlog rows, age in seconds of the oldest row, dead letters)."""
-        per_shard = {int(k): (int(c), None if age is None else float(age))
-                     for k, c, age in self._run("metrics query", self._stats_sql, ()).fetchall()}
+        per_shard = {
+            int(k): (int(c), None if age is None else float(age))
+            for k, c, age in self._run("metrics query", self._stats_sql, ()).fetchall()
+        }
         dead = self._run("metrics query", self._stats_dead_sql, ()).fetchone()
         self.shard_stats = {k: per_shard.get(k, (0, None)) for k in sorted(self.shards)}
         ages = [age for _c, age in per_shard.values() if age is not None]
-        return (sum(c for c, _age in per_shard.values()), max(ages) if ages else None,
-                int(dead[0]) if dead is not None else 0)
+        return (
+            sum(c for c, _age in per_shard.values()),
+            max(ages) if ages else None,
+            int(dead[0]) if dead is not None else 0,
+        )
 
     def close(self) -> None:
         if self._conn is not None:
@@ -657,8 +776,9 @@ class Listener:
                     pass
             return got
         except (psycopg.Error, DatabaseError) as exc:
-            log.warning("LISTEN connection problem (falling back to polling): %s",
-                        redact_error(str(exc), self._dsn).strip())
+            log.warning(
+                "LISTEN connection problem (falling back to polling): %s", redact_error(str(exc), self._dsn).strip()
+            )
             self.close()
             time.sleep(timeout)
             return True

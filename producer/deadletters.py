@@ -46,8 +46,9 @@ class DeadLetter:
 
 def list_dead_letters(conn: psycopg.Connection, outbox_table: str, limit: int = 100) -> list[DeadLetter]:
     names = OutboxNames.parse(outbox_table)
-    q = sql.SQL("SELECT id, create_time, kafka_topic, kafka_key, error, attempts, dead_time FROM {} "
-                "ORDER BY id LIMIT %s").format(names.dead_letters)
+    q = sql.SQL(
+        "SELECT id, create_time, kafka_topic, kafka_key, error, attempts, dead_time FROM {} ORDER BY id LIMIT %s"
+    ).format(names.dead_letters)
     try:
         return [DeadLetter(*row) for row in conn.execute(q, (limit,)).fetchall()]
     except psycopg.Error as exc:
@@ -78,14 +79,21 @@ def missing_topics(kafka_config: Mapping[str, Any], topics: set[str | None], tim
     try:
         known = admin.list_topics(timeout=timeout).topics
     except KafkaException as exc:
-        raise KafkaCheckError(f"cannot reach Kafka at {kafka_config.get('bootstrap.servers')!r} to check that the "
-                              f"dead letters' topics exist ({exc.args[0].str()}); retry, or pass --skip-topic-check "
-                              f"to requeue without the check") from exc
+        raise KafkaCheckError(
+            f"cannot reach Kafka at {kafka_config.get('bootstrap.servers')!r} to check that the "
+            f"dead letters' topics exist ({exc.args[0].str()}); retry, or pass --skip-topic-check "
+            f"to requeue without the check"
+        ) from exc
     return [t for t in wanted if t not in known or known[t].error is not None]
 
 
-def requeue(conn: psycopg.Connection, outbox_table: str, ids: Sequence[int] | None,
-            mapping: TableMapping = GOHARVEST, topics: Sequence[str] | None = None) -> int:
+def requeue(
+    conn: psycopg.Connection,
+    outbox_table: str,
+    ids: Sequence[int] | None,
+    mapping: TableMapping = GOHARVEST,
+    topics: Sequence[str] | None = None,
+) -> int:
     """Move dead letters ``ids`` (all when ``None``) back to the outbox; returns how many moved. A
     mapped table's rows are restored from ``source_row`` (the row as the writer wrote it), less the
     relay's own columns, which take their defaults: the row goes to the end of the outbox, as a
@@ -100,26 +108,40 @@ def requeue(conn: psycopg.Connection, outbox_table: str, ids: Sequence[int] | No
     where = sql.SQL("WHERE ") + sql.SQL(" AND ").join(conds) if conds else sql.SQL("")
     if mapping.source_row("o") is not None:
         own = {mapping.id_column, mapping.leader_column, mapping.created_column}
-        cols = [c for (c,) in conn.execute(
-            "SELECT attname FROM pg_attribute WHERE attrelid = to_regclass(%s) AND attnum > 0 AND NOT attisdropped "
-            "ORDER BY attnum", (names.outbox.as_string(conn),)).fetchall() if c not in own]
+        cols = [
+            c
+            for (c,) in conn.execute(
+                "SELECT attname FROM pg_attribute WHERE attrelid = to_regclass(%s) AND attnum > 0 AND NOT attisdropped "
+                "ORDER BY attnum",
+                (names.outbox.as_string(conn),),
+            ).fetchall()
+            if c not in own
+        ]
         listed = sql.SQL(", ").join(sql.Identifier(c) for c in cols)
         q = sql.SQL("""
             WITH moved AS (DELETE FROM {d} {where} RETURNING id, source_row)
             INSERT INTO {o} ({cols})
             SELECT {picked} FROM moved, jsonb_populate_record(NULL::{o}, moved.source_row) AS r
             ORDER BY moved.id""").format(
-            d=names.dead_letters, o=names.outbox, where=where, cols=listed,
-            picked=sql.SQL(", ").join(sql.Identifier("r", c) for c in cols))
+            d=names.dead_letters,
+            o=names.outbox,
+            where=where,
+            cols=listed,
+            picked=sql.SQL(", ").join(sql.Identifier("r", c) for c in cols),
+        )
     else:
         q = _requeue_goharvest(names, where)
     try:
         with conn.transaction():
-            return conn.execute(q, {"ids": list(ids) if ids is not None else None,
-                                    "topics": list(topics) if topics is not None else None}).rowcount
+            return conn.execute(
+                q,
+                {"ids": list(ids) if ids is not None else None, "topics": list(topics) if topics is not None else None},
+            ).rowcount
     except psycopg.Error as exc:
-        raise DatabaseError(f"requeue into {names.display!r} failed (nothing was moved): "
-                            f"{str(exc).strip()}; fix the dead-letter row(s) first") from exc
+        raise DatabaseError(
+            f"requeue into {names.display!r} failed (nothing was moved): "
+            f"{str(exc).strip()}; fix the dead-letter row(s) first"
+        ) from exc
 
 
 def _requeue_goharvest(names: OutboxNames, where: sql.Composable) -> sql.Composed:
@@ -162,8 +184,13 @@ class RequeueResult:
         return sum(h.count for h in self.held)
 
 
-def requeue_what_can_be(conn: psycopg.Connection, outbox_table: str, ids: Sequence[int] | None,
-                        kafka_config: Mapping[str, Any] | None, mapping: TableMapping = GOHARVEST) -> RequeueResult:
+def requeue_what_can_be(
+    conn: psycopg.Connection,
+    outbox_table: str,
+    ids: Sequence[int] | None,
+    kafka_config: Mapping[str, Any] | None,
+    mapping: TableMapping = GOHARVEST,
+) -> RequeueResult:
     """Requeue the dead letters ``ids`` (all when ``None``) that the relay can deliver, leave the others.
 
     Left in place: rows without a topic or a key, rows whose topic name Kafka refuses (illegal,
@@ -179,19 +206,24 @@ def requeue_what_can_be(conn: psycopg.Connection, outbox_table: str, ids: Sequen
     if kafka_config is not None:
         where = shown(kafka_config.get("bootstrap.servers"))
         for topic in missing_topics(kafka_config, legal):
-            why[topic] = (f"topic {shown(topic)} does not exist in Kafka at {where}; create it (auto-creation is "
-                          f"usually off), then requeue")
+            why[topic] = (
+                f"topic {shown(topic)} does not exist in Kafka at {where}; create it (auto-creation is "
+                f"usually off), then requeue"
+            )
     moved = requeue(conn, outbox_table, ids, mapping, sorted(t for t in legal if t not in why))
     return RequeueResult(moved, tuple(_held_back(conn, outbox_table, ids, why)))
 
 
-def _held_back(conn: psycopg.Connection, outbox_table: str, ids: Sequence[int] | None,
-               why: Mapping[str | None, str]) -> list[HeldBack]:
+def _held_back(
+    conn: psycopg.Connection, outbox_table: str, ids: Sequence[int] | None, why: Mapping[str | None, str]
+) -> list[HeldBack]:
     """The selection's rows still in the dead letters after a requeue, by topic and reason."""
     names = OutboxNames.parse(outbox_table)
     where = sql.SQL("") if ids is None else sql.SQL("WHERE id = ANY(%(ids)s)")
-    q = sql.SQL("SELECT kafka_topic, kafka_key IS NULL, count(*), (array_agg(id ORDER BY id))[1:%(shown)s] "
-                "FROM {} {} GROUP BY 1, 2 ORDER BY min(id)").format(names.dead_letters, where)
+    q = sql.SQL(
+        "SELECT kafka_topic, kafka_key IS NULL, count(*), (array_agg(id ORDER BY id))[1:%(shown)s] "
+        "FROM {} {} GROUP BY 1, 2 ORDER BY min(id)"
+    ).format(names.dead_letters, where)
     try:
         rows = conn.execute(q, {"ids": list(ids) if ids is not None else None, "shown": HELD_IDS_SHOWN}).fetchall()
     except psycopg.Error as exc:

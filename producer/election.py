@@ -86,8 +86,18 @@ class StaticElection:
 
 
 # Properties that only make sense for one client type; dropped from the other to keep librdkafka quiet.
-_PRODUCER_ONLY = ("partitioner", "linger.ms", "acks", "enable.idempotence", "compression.type", "batch.size",
-                  "delivery.timeout.ms", "message.timeout.ms", "queue.buffering.max.ms", "batch.num.messages")
+_PRODUCER_ONLY = (
+    "partitioner",
+    "linger.ms",
+    "acks",
+    "enable.idempotence",
+    "compression.type",
+    "batch.size",
+    "delivery.timeout.ms",
+    "message.timeout.ms",
+    "queue.buffering.max.ms",
+    "batch.num.messages",
+)
 
 
 #: Seconds of each metadata request while a relay that may be stopped looks up its leader topic: a
@@ -96,8 +106,14 @@ _LOOKUP_SLICE = 0.25
 _NO_ANSWER_YET = (KafkaError._TRANSPORT, KafkaError._TIMED_OUT)
 
 
-def ensure_topic(base: dict[str, Any], topic: str, partitions: int = 1, replication_factor: int = -1,
-                 timeout: float = 30.0, stop: threading.Event | None = None) -> bool:
+def ensure_topic(
+    base: dict[str, Any],
+    topic: str,
+    partitions: int = 1,
+    replication_factor: int = -1,
+    timeout: float = 30.0,
+    stop: threading.Event | None = None,
+) -> bool:
     """Create ``topic`` unless it exists (auto-creation is often off on real clusters). False when
     ``stop`` was set before Kafka answered: nothing was looked up or created."""
     admin = logged_admin({k: v for k, v in base.items() if k not in _PRODUCER_ONLY})
@@ -107,8 +123,15 @@ def ensure_topic(base: dict[str, Any], topic: str, partitions: int = 1, replicat
         serve_logs(admin)  # its last lines, before the client goes
 
 
-def _ensure_topic(admin: AdminClient, base: dict[str, Any], topic: str, partitions: int, replication_factor: int,
-                  timeout: float, stop: threading.Event | None) -> bool:
+def _ensure_topic(
+    admin: AdminClient,
+    base: dict[str, Any],
+    topic: str,
+    partitions: int,
+    replication_factor: int,
+    timeout: float,
+    stop: threading.Event | None,
+) -> bool:
     deadline = time.monotonic() + timeout
     while True:
         if stop is not None and stop.is_set():
@@ -120,8 +143,10 @@ def _ensure_topic(admin: AdminClient, base: dict[str, Any], topic: str, partitio
         except KafkaException as exc:
             if exc.args[0].code() in _NO_ANSWER_YET and time.monotonic() < deadline:
                 continue  # the slice ended without an answer (librdkafka waits out the timeout)
-            raise ElectionError(f"cannot reach Kafka at {base.get('bootstrap.servers')!r} to look up leader topic "
-                                f"{topic!r}: {exc.args[0].str()}") from exc
+            raise ElectionError(
+                f"cannot reach Kafka at {base.get('bootstrap.servers')!r} to look up leader topic "
+                f"{topic!r}: {exc.args[0].str()}"
+            ) from exc
     if topic in md.topics and md.topics[topic].error is None:
         return True
     futures = admin.create_topics([NewTopic(topic, partitions, replication_factor)], request_timeout=timeout)
@@ -130,8 +155,10 @@ def _ensure_topic(admin: AdminClient, base: dict[str, Any], topic: str, partitio
         log.info("created leader topic %r", topic)
     except KafkaException as exc:
         if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
-            raise ElectionError(f"cannot create leader topic {topic!r}: {exc.args[0].str()}; create it with one "
-                                f"partition or grant CREATE on the cluster") from exc
+            raise ElectionError(
+                f"cannot create leader topic {topic!r}: {exc.args[0].str()}; create it with one "
+                f"partition or grant CREATE on the cluster"
+            ) from exc
     return True
 
 
@@ -157,13 +184,20 @@ def neli_consumer_config(base: dict[str, Any], group: str, name: str, heartbeat_
     }
 
 
-def neli_clients(base: dict[str, Any], topic: str, group: str, name: str, heartbeat_timeout: float,
-                 on_assign: Any, on_revoke: Any) -> tuple[Consumer, Producer]:
+def neli_clients(
+    base: dict[str, Any], topic: str, group: str, name: str, heartbeat_timeout: float, on_assign: Any, on_revoke: Any
+) -> tuple[Consumer, Producer]:
     """A NELI election's consumer (subscribed to ``topic``; ``on_lost`` counts as a revocation) and its
     heartbeat producer (heartbeats older than ``heartbeat_timeout`` are worthless). Raises KafkaException."""
     consumer_conf = logged(neli_consumer_config(base, group, name, heartbeat_timeout))
-    producer_conf = logged({**base, "delivery.timeout.ms": max(int(heartbeat_timeout * 1000), 1), "linger.ms": 0,
-                            "client.id": f"harvest-neli-{name}"})
+    producer_conf = logged(
+        {
+            **base,
+            "delivery.timeout.ms": max(int(heartbeat_timeout * 1000), 1),
+            "linger.ms": 0,
+            "client.id": f"harvest-neli-{name}",
+        }
+    )
     log.debug("NELI consumer config %s", redact_kafka_config(consumer_conf))
     consumer = Consumer(consumer_conf)
     try:
@@ -177,9 +211,18 @@ def neli_clients(base: dict[str, Any], topic: str, group: str, name: str, heartb
 class NeliElection:
     """NELI over Kafka (see module docstring)."""
 
-    def __init__(self, base_kafka_config: dict[str, Any], leader_topic: str, leader_group_id: str, name: str,
-                 heartbeat_timeout: float = 5.0, min_poll_interval: float = 0.1, poll_duration: float = 0.001,
-                 replication_factor: int = -1, stop: threading.Event | None = None) -> None:
+    def __init__(
+        self,
+        base_kafka_config: dict[str, Any],
+        leader_topic: str,
+        leader_group_id: str,
+        name: str,
+        heartbeat_timeout: float = 5.0,
+        min_poll_interval: float = 0.1,
+        poll_duration: float = 0.001,
+        replication_factor: int = -1,
+        stop: threading.Event | None = None,
+    ) -> None:
         """``stop``: the relay's stop request; ``start()`` gives up waiting for Kafka once it is set."""
         self._base = {k: v for k, v in base_kafka_config.items() if k not in _PRODUCER_ONLY}
         self.topic, self.group, self.name = leader_topic, leader_group_id, name
@@ -206,8 +249,9 @@ class NeliElection:
         if not ensure_topic(self._base, self.topic, 1, self._replication_factor, stop=self._stop):
             return  # stopped while Kafka did not answer: no clients, nothing to leave
         try:
-            self._consumer, self._producer = neli_clients(self._base, self.topic, self.group, self.name,
-                                                          self._heartbeat_timeout, self._on_assign, self._on_revoke)
+            self._consumer, self._producer = neli_clients(
+                self._base, self.topic, self.group, self.name, self._heartbeat_timeout, self._on_assign, self._on_revoke
+            )
         except KafkaException as exc:
             self.close()
             raise ElectionError(f"cannot start leader election on {self.topic!r}: {exc.args[0].str()}") from exc

@@ -115,21 +115,27 @@ log = logging.getLogger(__name__)
 
 _NAMESPACE = b"harvest.leader\0"
 
-_CHECK_SQL = ("SELECT pg_backend_pid(), EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' "
-              "AND database = (SELECT oid FROM pg_database WHERE datname = current_database()) "
-              "AND classid = %s::bigint::oid AND objid = %s::bigint::oid AND objsubid = 1 "
-              "AND pid = pg_backend_pid() AND granted)")
+_CHECK_SQL = (
+    "SELECT pg_backend_pid(), EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' "
+    "AND database = (SELECT oid FROM pg_database WHERE datname = current_database()) "
+    "AND classid = %s::bigint::oid AND objid = %s::bigint::oid AND objsubid = 1 "
+    "AND pid = pg_backend_pid() AND granted)"
+)
 
 
 _DB = "database = (SELECT oid FROM pg_database WHERE datname = current_database())"
 # Sharded relays (producer/shard_election_postgres.py): the live relays of each shard count on this outbox (shared membership locks).
-MEMBERS_SQL = (f"SELECT objid::bigint, count(*) FROM pg_locks WHERE locktype = 'advisory' AND {_DB} "
-                f"AND classid = %s::bigint::oid AND objsubid = 2 AND granted GROUP BY objid")
+MEMBERS_SQL = (
+    f"SELECT objid::bigint, count(*) FROM pg_locks WHERE locktype = 'advisory' AND {_DB} "
+    f"AND classid = %s::bigint::oid AND objsubid = 2 AND granted GROUP BY objid"
+)
+
 
 def members_namespace(qualified_table: str) -> int:
     """The first key of the membership lock (31 bits, so it reads the same as int4 and as oid)."""
-    return int.from_bytes(hashlib.sha256(b"harvest.shards\0" + qualified_table.encode()).digest()[:4],
-                          "big") & 0x7FFFFFFF
+    return (
+        int.from_bytes(hashlib.sha256(b"harvest.shards\0" + qualified_table.encode()).digest()[:4], "big") & 0x7FFFFFFF
+    )
 
 
 def sharded_members(conn: psycopg.Connection, qualified_table: str) -> list[tuple[int, int]]:
@@ -155,8 +161,10 @@ def resolve_table(conn: psycopg.Connection, outbox_table: str) -> str:
     names = OutboxNames.parse(outbox_table)
     if names.schema is not None:
         return f"{names.schema}.{names.table}"
-    row = conn.execute("SELECT n.nspname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
-                       "WHERE c.oid = to_regclass(%s)", (names.outbox.as_string(conn),)).fetchone()
+    row = conn.execute(
+        "SELECT n.nspname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = to_regclass(%s)",
+        (names.outbox.as_string(conn),),
+    ).fetchone()
     if row is None:
         row = conn.execute("SELECT current_schema()").fetchone()
     return f"{row[0] if row else 'public'}.{names.table}"
@@ -166,10 +174,12 @@ def lock_holder(conn: psycopg.Connection, outbox_table: str) -> int | None:
     """Backend pid holding the leader lock of ``outbox_table`` (None if nobody leads). Its
     ``pg_stat_activity.application_name`` is ``harvest-election:<relay name>``."""
     classid, objid = key_parts(lock_key(resolve_table(conn, outbox_table)))
-    row = conn.execute("SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND classid = %s::bigint::oid "
-                       "AND objid = %s::bigint::oid AND objsubid = 1 AND granted "
-                       "AND database = (SELECT oid FROM pg_database WHERE datname = current_database())",
-                       (classid, objid)).fetchone()
+    row = conn.execute(
+        "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND classid = %s::bigint::oid "
+        "AND objid = %s::bigint::oid AND objsubid = 1 AND granted "
+        "AND database = (SELECT oid FROM pg_database WHERE datname = current_database())",
+        (classid, objid),
+    ).fetchone()
     return None if row is None else int(row[0])
 
 
@@ -194,8 +204,9 @@ def listen_for_others(conn: psycopg.Connection, channel: str, on_other: Callable
     return pid
 
 
-def election_connection(dsn: str, name: str, check_interval: float, lease: float, connect_timeout: float,
-                        statement_timeout: float) -> psycopg.Connection:
+def election_connection(
+    dsn: str, name: str, check_interval: float, lease: float, connect_timeout: float, statement_timeout: float
+) -> psycopg.Connection:
     """An election connection with the settings of the module docstring (keepalives on both ends,
     timeouts, no idle timeouts): the holder of an advisory lock learns of a dead session within
     ``lease``, and the server keeps a silent holder's session a little longer than that."""
@@ -203,19 +214,32 @@ def election_connection(dsn: str, name: str, check_interval: float, lease: float
     # client_encoding as db.connect's: the outbox's schema name (hence the lock keys) is read as the
     # same text as `harvest shards` reads it, and as text, not bytes, even in a SQL_ASCII database.
     conn = psycopg.connect(
-        dsn, autocommit=True, connect_timeout=max(2, math.ceil(connect_timeout)), client_encoding="UTF8",
+        dsn,
+        autocommit=True,
+        connect_timeout=max(2, math.ceil(connect_timeout)),
+        client_encoding="UTF8",
         application_name=f"harvest-election:{name}"[:63],
-        keepalives=1, keepalives_idle=max(1, math.ceil(check_interval)), keepalives_interval=1,
-        keepalives_count=3, tcp_user_timeout=int(lease * 1000))
+        keepalives=1,
+        keepalives_idle=max(1, math.ceil(check_interval)),
+        keepalives_interval=1,
+        keepalives_count=3,
+        tcp_user_timeout=int(lease * 1000),
+    )
     try:
         server_silence = lease_s + 1 + 3  # server keepalive idle + 3 probes 1 s apart: > lease
-        for stmt in (f"SET statement_timeout = {max(1, int(statement_timeout * 1000))}",
-                     "SET lock_timeout = 0", "SET idle_in_transaction_session_timeout = 0",
-                     f"SET tcp_keepalives_idle = {lease_s + 1}", "SET tcp_keepalives_interval = 1",
-                     "SET tcp_keepalives_count = 3"):
+        for stmt in (
+            f"SET statement_timeout = {max(1, int(statement_timeout * 1000))}",
+            "SET lock_timeout = 0",
+            "SET idle_in_transaction_session_timeout = 0",
+            f"SET tcp_keepalives_idle = {lease_s + 1}",
+            "SET tcp_keepalives_interval = 1",
+            "SET tcp_keepalives_count = 3",
+        ):
             conn.execute(stmt)
-        for stmt in (f"SET tcp_user_timeout = {server_silence * 1000}",  # PostgreSQL 12+
-                     "SET idle_session_timeout = 0"):  # PostgreSQL 14+
+        for stmt in (
+            f"SET tcp_user_timeout = {server_silence * 1000}",  # PostgreSQL 12+
+            "SET idle_session_timeout = 0",
+        ):  # PostgreSQL 14+
             try:
                 conn.execute(stmt)
             except psycopg.errors.UndefinedObject:
@@ -236,9 +260,17 @@ class PostgresElection:
     election thread's calls.
     """
 
-    def __init__(self, dsn: str, outbox_table: str, name: str, *, check_interval: float = 1.0,
-                 lease: float | None = None, statement_timeout: float | None = None,
-                 connect_timeout: float | None = None) -> None:
+    def __init__(
+        self,
+        dsn: str,
+        outbox_table: str,
+        name: str,
+        *,
+        check_interval: float = 1.0,
+        lease: float | None = None,
+        statement_timeout: float | None = None,
+        connect_timeout: float | None = None,
+    ) -> None:
         if check_interval <= 0:
             raise ElectionError(f"leader lock check interval must be > 0, got {check_interval!r}")
         self._dsn = dsn
@@ -248,8 +280,7 @@ class PostgresElection:
         self.check_interval = check_interval
         self.lease = lease if lease is not None else 2 * check_interval
         if self.lease < check_interval:
-            raise ElectionError(f"leader lock lease ({self.lease}s) must be >= the check interval "
-                                f"({check_interval}s)")
+            raise ElectionError(f"leader lock lease ({self.lease}s) must be >= the check interval ({check_interval}s)")
         self.statement_timeout = statement_timeout if statement_timeout is not None else max(0.1, check_interval)
         self.connect_timeout = connect_timeout if connect_timeout is not None else max(2.0, self.lease)
         self.key: int | None = None
@@ -282,8 +313,10 @@ class PostgresElection:
         try:
             self._connect()  # fail fast on a bad DSN / unreachable database
         except psycopg.Error as exc:
-            raise ElectionError(f"cannot start Postgres leader election ({redact_dsn(self._dsn)}): "
-                                f"{redact_error(str(exc), self._dsn).strip()}") from exc
+            raise ElectionError(
+                f"cannot start Postgres leader election ({redact_dsn(self._dsn)}): "
+                f"{redact_error(str(exc), self._dsn).strip()}"
+            ) from exc
         self._wake_r, self._wake_w = os.pipe()
         self._thread = threading.Thread(target=self._loop, name=f"harvest-election-{self.name}", daemon=True)
         self._thread.start()
@@ -298,15 +331,22 @@ class PostgresElection:
         should = held and now - verified_at <= self.lease
         if self._leader and (not should or generation != self._seen_generation):
             self._leader = False
-            why = ("lock lost" if generation != self._seen_generation or not held else
-                   f"lock not verified for {now - verified_at:.2f}s (lease {self.lease:g}s)")
+            why = (
+                "lock lost"
+                if generation != self._seen_generation or not held
+                else f"lock not verified for {now - verified_at:.2f}s (lease {self.lease:g}s)"
+            )
             log.warning("%s: %s: fenced", self.name, why)
             self._listener.on_fenced()
         if not self._leader and should:
             self._leader = True
             self._seen_generation = generation
-            log.info("%s: holding the Postgres leader lock of %s (backend pid %s): leader", self.name,
-                     self._outbox_table, self.backend_pid)
+            log.info(
+                "%s: holding the Postgres leader lock of %s (backend pid %s): leader",
+                self.name,
+                self._outbox_table,
+                self.backend_pid,
+            )
             self._listener.on_acquired()
         return self._leader
 
@@ -328,8 +368,7 @@ class PostgresElection:
         if self._thread is not None:
             self._thread.join(self.connect_timeout + self.statement_timeout + 1.0)
             if self._thread.is_alive():
-                log.warning("%s: election thread did not stop; the lock is released when the process exits",
-                            self.name)
+                log.warning("%s: election thread did not stop; the lock is released when the process exits", self.name)
                 return
         else:
             self._release()
@@ -340,15 +379,22 @@ class PostgresElection:
 
     # ------------------------------------------------------------------ election thread
     def _connect(self) -> None:
-        conn = election_connection(self._dsn, self.name, self.check_interval, self.lease, self.connect_timeout,
-                                   self.statement_timeout)
+        conn = election_connection(
+            self._dsn, self.name, self.check_interval, self.lease, self.connect_timeout, self.statement_timeout
+        )
         try:
             if self.key is None:
                 table = resolve_table(conn, self._outbox_table)
                 self.key = lock_key(table)
                 self.channel = f"harvest_leader_{self.key & 0xFFFFFFFFFFFFFFFF:016x}"
-                log.info("%s: Postgres leader election on %s (advisory lock key %d, check every %gs, lease %gs)",
-                         self.name, table, self.key, self.check_interval, self.lease)
+                log.info(
+                    "%s: Postgres leader election on %s (advisory lock key %d, check every %gs, lease %gs)",
+                    self.name,
+                    table,
+                    self.key,
+                    self.check_interval,
+                    self.lease,
+                )
                 self._refuse_sharded_relays(conn, table)
             pid = listen_for_others(conn, self.channel, self._on_notify)
         except BaseException:
@@ -365,7 +411,8 @@ class PostgresElection:
             raise ElectionError(
                 f"sharded relays run on {table} ({', '.join(f'{n} with shards: {s}' for s, n in members)}); this "
                 f"one has shards: 1. Changing shards on a live outbox is drain-then-change: stop every relay, change "
-                f"shards, run `harvest init-db`, start the relays (README, Sharded relays)")
+                f"shards, run `harvest init-db`, start the relays (README, Sharded relays)"
+            )
 
     def _on_notify(self) -> None:
         # Often inside one of our own checks (a leader let go while it was in flight): this flag is
@@ -389,8 +436,12 @@ class PostgresElection:
             try:
                 self._connect()
             except psycopg.Error as exc:
-                log.warning("%s: cannot connect for leader election (%s): %s", self.name, redact_dsn(self._dsn),
-                            redact_error(str(exc), self._dsn).strip())
+                log.warning(
+                    "%s: cannot connect for leader election (%s): %s",
+                    self.name,
+                    redact_dsn(self._dsn),
+                    redact_error(str(exc), self._dsn).strip(),
+                )
                 return
         conn = self._conn
         assert conn is not None and self.key is not None
@@ -406,8 +457,9 @@ class PostgresElection:
                     with self._mu:
                         self._verified_at = started
                 else:
-                    self._drop(f"backend pid {row[0] if row else '?'} does not hold the lock (pooler in "
-                               f"transaction mode?)")
+                    self._drop(
+                        f"backend pid {row[0] if row else '?'} does not hold the lock (pooler in transaction mode?)"
+                    )
             else:
                 row = conn.execute("SELECT pg_try_advisory_lock(%s), pg_backend_pid()", (self.key,)).fetchone()
                 if row is not None and row[0]:
@@ -469,11 +521,16 @@ class PostgresElection:
                 conn.execute("SELECT pg_advisory_unlock(%s), pg_notify(%s, %s)", (self.key, self.channel, self.name))
                 log.info("%s: released the Postgres leader lock", self.name)
         except psycopg.Error as exc:
-            log.warning("%s: unlocking failed (the lock goes with the connection): %s", self.name,
-                        redact_error(str(exc), self._dsn).strip())
+            log.warning(
+                "%s: unlocking failed (the lock goes with the connection): %s",
+                self.name,
+                redact_error(str(exc), self._dsn).strip(),
+            )
         finally:
             close_quietly(conn)
 
     def __repr__(self) -> str:
-        return (f"PostgresElection(dsn={redact_dsn(self._dsn)!r}, outbox_table={self._outbox_table!r}, "
-                f"name={self.name!r}, check_interval={self.check_interval!r}, lease={self.lease!r})")
+        return (
+            f"PostgresElection(dsn={redact_dsn(self._dsn)!r}, outbox_table={self._outbox_table!r}, "
+            f"name={self.name!r}, check_interval={self.check_interval!r}, lease={self.lease!r})"
+        )

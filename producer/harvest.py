@@ -66,13 +66,20 @@ def _make_election(config: HarvestConfig, stop: threading.Event | None = None) -
     if config.leader_election == "postgres":
         from harvest_outbox.producer.election_postgres import PostgresElection
 
-        return PostgresElection(config.data_source, config.outbox_table, config.name,
-                                check_interval=config.leader_lock_check_interval)
+        return PostgresElection(
+            config.data_source, config.outbox_table, config.name, check_interval=config.leader_lock_check_interval
+        )
     return NeliElection(
-        dict(config.base_kafka_config), config.leader_topic, config.leader_group_id, config.name,
-        heartbeat_timeout=config.limits.heartbeat_timeout, min_poll_interval=config.limits.min_poll_interval,
-        poll_duration=config.limits.poll_duration, replication_factor=config.leader_topic_replication_factor,
-        stop=stop)
+        dict(config.base_kafka_config),
+        config.leader_topic,
+        config.leader_group_id,
+        config.name,
+        heartbeat_timeout=config.limits.heartbeat_timeout,
+        min_poll_interval=config.limits.min_poll_interval,
+        poll_duration=config.limits.poll_duration,
+        replication_factor=config.leader_topic_replication_factor,
+        stop=stop,
+    )
 
 
 class Harvest:
@@ -84,9 +91,16 @@ class Harvest:
     :attr:`mode` is the delivery strategy ``config.uuid_sequencing`` chose.
     """
 
-    def __init__(self, config: HarvestConfig, event_handler: EventHandler | None = None, *,
-                 producer_factory: ProducerFactory | None = None, election: LeaderElection | None = None,
-                 topic_guard: TopicGuard | None = None, shards: ShardSetSeat | None = None) -> None:
+    def __init__(
+        self,
+        config: HarvestConfig,
+        event_handler: EventHandler | None = None,
+        *,
+        producer_factory: ProducerFactory | None = None,
+        election: LeaderElection | None = None,
+        topic_guard: TopicGuard | None = None,
+        shards: ShardSetSeat | None = None,
+    ) -> None:
         self.config = config
         self.limits = config.limits
         self._event_handler = event_handler
@@ -98,12 +112,22 @@ class Harvest:
         self._stop_requested = threading.Event()
         self._election: LeaderElection = election or _make_election(config, self._stop_requested)
         mode_type: type[AtLeastOnceMode] | type[SequencedMode] = (
-            SequencedMode if config.uuid_sequencing else AtLeastOnceMode)
+            SequencedMode if config.uuid_sequencing else AtLeastOnceMode
+        )
         # Rows no broker will take are dead-lettered before they are produced (producer/preflight.py).
-        guard = topic_guard or TopicGuard(config.base_kafka_config, config.producer_config(),
-                                          extra_overhead=mode_type.HEADER_BYTES + event_id_bytes(config))
-        self.core = RelayCore(config, self._emit, producer_factory=producer_factory or confluent_producer,
-                              guard=guard, shards=shards, stop_requested=self._stop_requested)
+        guard = topic_guard or TopicGuard(
+            config.base_kafka_config,
+            config.producer_config(),
+            extra_overhead=mode_type.HEADER_BYTES + event_id_bytes(config),
+        )
+        self.core = RelayCore(
+            config,
+            self._emit,
+            producer_factory=producer_factory or confluent_producer,
+            guard=guard,
+            shards=shards,
+            stop_requested=self._stop_requested,
+        )
         self.mode: RelayMode = mode_type(self.core)
         #: Keeps relays of another shards / leaderElection off this outbox while this one runs.
         self.layout = LayoutGuard(config)
@@ -156,8 +180,13 @@ class Harvest:
             self.core.open()  # fail fast: connection + schema check
             self.layout.start()  # before this relay can lead: refused while relays of another layout run
             if self.config.prometheus_port is not None:
-                self._prometheus = start_prometheus(self.metrics, self.config.name, self.config.prometheus_port,
-                                                    self.config.prometheus_bind_address, relay=self)
+                self._prometheus = start_prometheus(
+                    self.metrics,
+                    self.config.name,
+                    self.config.prometheus_port,
+                    self.config.prometheus_bind_address,
+                    relay=self,
+                )
             # The Kafka producer (an idempotent producer first fetches its producer id) and the
             # preflight's admin client connect now, while this relay is still a standby: the first
             # record after an election goes out at once, not after ~0.5-1 s of client start-up.
@@ -177,11 +206,17 @@ class Harvest:
         self._thread = threading.Thread(target=self._run, name=f"harvest-{self.config.name}", daemon=True)
         self._thread.start()
         if self.config.leader_election == "postgres":
-            log.info("relay %s started on %s (leader election: Postgres advisory lock)", self.config.name,
-                     self.names.display)
+            log.info(
+                "relay %s started on %s (leader election: Postgres advisory lock)", self.config.name, self.names.display
+            )
         else:
-            log.info("relay %s started on %s (leader group %r, topic %r)", self.config.name, self.names.display,
-                     self.config.leader_group_id, self.config.leader_topic)
+            log.info(
+                "relay %s started on %s (leader group %r, topic %r)",
+                self.config.name,
+                self.names.display,
+                self.config.leader_group_id,
+                self.config.leader_topic,
+            )
         return self
 
     def stop(self) -> None:
@@ -216,8 +251,12 @@ class Harvest:
             # A new view of the led shards: no statement of the previous view runs any more (it was
             # relinquished), so both connections switch to the new set here.
             core.use_shards(self._shards.applied)
-            log.info("%s: leads shards %s of %d", self.config.name, ",".join(map(str, sorted(self._shards.applied))),
-                     self._shards.count)
+            log.info(
+                "%s: leads shards %s of %d",
+                self.config.name,
+                ",".join(map(str, sorted(self._shards.applied))),
+                self._shards.count,
+            )
         core.leader_id = uuid.uuid4()
         self.metrics.is_leader = True
         core.remark = False
@@ -323,8 +362,12 @@ class Harvest:
                 log.warning("%s (deadLetterRetention; next try in %s)", exc, format_duration(RETENTION_INTERVAL))
                 return
             if deleted:
-                log.info("%s: deleted %d dead letter(s) parked more than %s ago (deadLetterRetention)",
-                         self.config.name, deleted, format_duration(retention))
+                log.info(
+                    "%s: deleted %d dead letter(s) parked more than %s ago (deadLetterRetention)",
+                    self.config.name,
+                    deleted,
+                    format_duration(retention),
+                )
             if deleted >= RETENTION_BATCH:
                 self._next_retention = now  # more are due
             return

@@ -96,8 +96,12 @@ class DatabaseProbe:
     def _probe(self) -> str | None:
         try:
             if self._conn is None or self._conn.closed:
-                self._conn = psycopg.connect(self._dsn, autocommit=True, connect_timeout=max(1, int(self._timeout)),
-                                             application_name="harvest-health")
+                self._conn = psycopg.connect(
+                    self._dsn,
+                    autocommit=True,
+                    connect_timeout=max(1, int(self._timeout)),
+                    application_name="harvest-health",
+                )
                 self._conn.execute(f"SET statement_timeout = {int(self._timeout * 1000)}")
             self._conn.execute("SELECT 1").fetchone()
             return None
@@ -125,10 +129,13 @@ class Health:
         r = self._relay
         read_at = r.metrics.read_at
         leader_id = r.leader_id
-        return {"relay": r.config.name, "state": getattr(r.state, "value", str(r.state)),
-                "role": "leader" if r.is_leader else "standby",
-                "leader_id": None if leader_id is None else str(leader_id),
-                "loop_age_seconds": None if read_at is None else round(time.monotonic() - read_at, 3)}
+        return {
+            "relay": r.config.name,
+            "state": getattr(r.state, "value", str(r.state)),
+            "role": "leader" if r.is_leader else "standby",
+            "leader_id": None if leader_id is None else str(leader_id),
+            "loop_age_seconds": None if read_at is None else round(time.monotonic() - read_at, 3),
+        }
 
     def _loop_problem(self, body: dict[str, Any]) -> str | None:
         age = body["loop_age_seconds"]

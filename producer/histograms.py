@@ -28,8 +28,7 @@ from operator import itemgetter
 from harvest_outbox.producer.db import ROW_CREATED, MarkedRow
 
 #: Dwell buckets (seconds): 1 ms (a trickled row's round trip) to 5 minutes (the backlog alert's age).
-DWELL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0,
-                 300.0)
+DWELL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
 #: Rows per harvest transaction: 1 (a trickle) up to well past txnMaxRecords' default.
 TRANSACTION_ROWS_BUCKETS = (1.0, 2.0, 5.0, 10.0, 25.0, 50.0, 100.0, 250.0, 500.0, 1000.0, 2500.0, 5000.0, 10000.0)
 

@@ -66,7 +66,7 @@ class _Handler(WSGIRequestHandler):
         self.rfile = io.BytesIO(self._head)
         self.wfile = self.connection.makefile("wb")
 
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the stdlib's name
+    def log_message(self, format: str, *args: Any) -> None:
         log.debug("http: " + format, *args)
 
 
@@ -79,8 +79,14 @@ class BoundedWSGIServer:
         self._listener.setblocking(False)
         self.server_address = self._listener.getsockname()
         self.server_port: int = self.server_address[1]
-        self.base_environ = {"SERVER_NAME": addr, "GATEWAY_INTERFACE": "CGI/1.1", "SERVER_PORT": str(self.server_port),
-                             "REMOTE_HOST": "", "CONTENT_LENGTH": "", "SCRIPT_NAME": ""}
+        self.base_environ = {
+            "SERVER_NAME": addr,
+            "GATEWAY_INTERFACE": "CGI/1.1",
+            "SERVER_PORT": str(self.server_port),
+            "REMOTE_HOST": "",
+            "CONTENT_LENGTH": "",
+            "SCRIPT_NAME": "",
+        }
         self._app, self._head_timeout = app, head_timeout
         self._waiting: dict[socket.socket, _Conn] = {}  # insertion order = deadline order
         self._ready: queue.Queue[_Conn | None] = queue.Queue(MAX_WAITING)
@@ -89,8 +95,9 @@ class BoundedWSGIServer:
         self._closing = threading.Event()
         self._ended = threading.Event()
         self.on_close: list[Callable[[], None]] = []
-        self._workers = [threading.Thread(target=self._work, name=f"harvest-http-{name}-{i}", daemon=True)
-                         for i in range(WORKERS)]
+        self._workers = [
+            threading.Thread(target=self._work, name=f"harvest-http-{name}-{i}", daemon=True) for i in range(WORKERS)
+        ]
         for worker in self._workers:
             worker.start()
 
@@ -151,8 +158,9 @@ class BoundedWSGIServer:
                 self._reply_and_drop(conn, "503 Service Unavailable", "too many requests at once; retry")
         elif len(conn.head) > MAX_HEAD:
             self._unwatch(conn)
-            self._reply_and_drop(conn, "431 Request Header Fields Too Large",
-                                 f"request line and headers exceed {MAX_HEAD} bytes")
+            self._reply_and_drop(
+                conn, "431 Request Header Fields Too Large", f"request line and headers exceed {MAX_HEAD} bytes"
+            )
 
     def _expire(self, now: float) -> None:
         while self._waiting:
@@ -160,8 +168,9 @@ class BoundedWSGIServer:
             if conn.deadline > now:
                 return
             self._unwatch(conn)
-            self._reply_and_drop(conn, "408 Request Timeout",
-                                 f"no complete request line and headers within {self._head_timeout:g}s")
+            self._reply_and_drop(
+                conn, "408 Request Timeout", f"no complete request line and headers within {self._head_timeout:g}s"
+            )
 
     def _unwatch(self, conn: _Conn) -> None:
         del self._waiting[conn.sock]
@@ -176,8 +185,11 @@ class BoundedWSGIServer:
     def _reply_and_drop(conn: _Conn, status: str, why: str) -> None:
         body = (why + "\n").encode()
         try:  # best effort on a non-blocking socket: a client that does not read gets nothing
-            conn.sock.send(f"HTTP/1.0 {status}\r\nContent-Type: text/plain\r\nContent-Length: {len(body)}\r\n"
-                           f"Connection: close\r\n\r\n".encode() + body)
+            conn.sock.send(
+                f"HTTP/1.0 {status}\r\nContent-Type: text/plain\r\nContent-Length: {len(body)}\r\n"
+                f"Connection: close\r\n\r\n".encode()
+                + body
+            )
         except OSError:
             pass
         conn.sock.close()

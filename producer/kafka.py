@@ -47,8 +47,13 @@ class _ChosenSettingWarnings(logging.Filter):
 
     def filter(self, record: logging.LogRecord) -> bool:
         args = record.args
-        if (record.levelno >= logging.WARNING and isinstance(args, tuple) and len(args) == 3
-                and args[0] == "CONFWARN" and "enable.gapless.guarantee is experimental" in str(args[2])):
+        if (
+            record.levelno >= logging.WARNING
+            and isinstance(args, tuple)
+            and len(args) == 3
+            and args[0] == "CONFWARN"
+            and "enable.gapless.guarantee is experimental" in str(args[2])
+        ):
             record.levelno, record.levelname = logging.DEBUG, "DEBUG"
             return LIBRDKAFKA_LOG.isEnabledFor(logging.DEBUG)
         return True
@@ -88,8 +93,11 @@ class _RepeatedLines(logging.Filter):
                 self._seen.clear()
             self._seen[kind] = [now, 0]
         if seen is not None and seen[1]:
-            record.args = (args[0], args[1], f"{args[2]} ({int(seen[1])} more like it in the last "
-                                             f"{now - seen[0]:.0f} s not logged)")
+            record.args = (
+                args[0],
+                args[1],
+                f"{args[2]} ({int(seen[1])} more like it in the last {now - seen[0]:.0f} s not logged)",
+            )
         return True
 
 
@@ -154,8 +162,10 @@ def serve_logs(client: Any) -> None:
     except Exception as exc:  # a log pump must not fail its caller
         LIBRDKAFKA_LOG.debug("polling a Kafka client for its log lines: %s", exc)
 
+
 PERMANENT_CODES = frozenset(
-    code for code in (
+    code
+    for code in (
         getattr(KafkaError, "MSG_SIZE_TOO_LARGE", None),
         getattr(KafkaError, "_MSG_SIZE_TOO_LARGE", None),
         getattr(KafkaError, "TOPIC_EXCEPTION", None),
@@ -164,7 +174,8 @@ PERMANENT_CODES = frozenset(
         getattr(KafkaError, "RECORD_LIST_TOO_LARGE", None),
         getattr(KafkaError, "_INVALID_ARG", None),
         getattr(KafkaError, "INVALID_TOPIC_EXCEPTION", None),
-    ) if code is not None
+    )
+    if code is not None
 )
 
 
@@ -173,9 +184,13 @@ PERMANENT_CODES = frozenset(
 # culprit still reaches the dead letters after maxDeliveryAttempts; the innocents get through on a
 # retry, batched differently). Raised synchronously by produce() they concern that record alone.
 BATCH_SCOPED_CODES = frozenset(
-    code for code in (getattr(KafkaError, "MSG_SIZE_TOO_LARGE", None),
-                      getattr(KafkaError, "RECORD_LIST_TOO_LARGE", None),
-                      getattr(KafkaError, "INVALID_RECORD", None)) if code is not None
+    code
+    for code in (
+        getattr(KafkaError, "MSG_SIZE_TOO_LARGE", None),
+        getattr(KafkaError, "RECORD_LIST_TOO_LARGE", None),
+        getattr(KafkaError, "INVALID_RECORD", None),
+    )
+    if code is not None
 )
 
 
@@ -203,8 +218,9 @@ def produce_args(args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any
 
 
 class KafkaProducer(Protocol):
-    def produce(self, topic: str, value: bytes | None = None, key: bytes | None = None, *args: Any,
-                **kwargs: Any) -> None: ...
+    def produce(
+        self, topic: str, value: bytes | None = None, key: bytes | None = None, *args: Any, **kwargs: Any
+    ) -> None: ...
 
     def poll(self, timeout: float = ...) -> int: ...
 
@@ -264,10 +280,20 @@ class FaultInjectingProducer:
     """Delegates to a real Producer, failing ``produce()`` / delivery reports at the given rates, and
     every delivery report of records whose key is in ``fail_keys`` (a row that can never be delivered)."""
 
-    def __init__(self, real_factory: ProducerFactory, config: dict[str, Any], on_delivery: DeliveryCallback,
-                 produce_failure_rate: float, delivery_failure_rate: float, rng: random.Random,
-                 lock: threading.Lock, counters: dict[str, int], fail_keys: frozenset[bytes] = frozenset(),
-                 kill_at_produce: int = 0, stall_keys: frozenset[bytes] = frozenset()) -> None:
+    def __init__(
+        self,
+        real_factory: ProducerFactory,
+        config: dict[str, Any],
+        on_delivery: DeliveryCallback,
+        produce_failure_rate: float,
+        delivery_failure_rate: float,
+        rng: random.Random,
+        lock: threading.Lock,
+        counters: dict[str, int],
+        fail_keys: frozenset[bytes] = frozenset(),
+        kill_at_produce: int = 0,
+        stall_keys: frozenset[bytes] = frozenset(),
+    ) -> None:
         self._rng, self._lock, self.counters = rng, lock, counters
         self._produce_rate, self._delivery_rate = produce_failure_rate, delivery_failure_rate
         self._fail_keys, self._kill_at = fail_keys, kill_at_produce
@@ -294,8 +320,9 @@ class FaultInjectingProducer:
     def _deliver_to(self, callback: DeliveryCallback, err: KafkaError | None, msg: Message) -> None:
         callback(self._inject(err, msg), msg)
 
-    def produce(self, topic: str, value: bytes | None = None, key: bytes | None = None, *args: Any,
-                **kwargs: Any) -> None:
+    def produce(
+        self, topic: str, value: bytes | None = None, key: bytes | None = None, *args: Any, **kwargs: Any
+    ) -> None:
         kwargs = produce_args(args, kwargs)  # by name from here on
         cb = kwargs.pop("callback", None) or kwargs.get("on_delivery")
         if cb is not None:  # a per-message callback (--uuid-sequencing) gets the same injected failures
@@ -314,8 +341,9 @@ class FaultInjectingProducer:
             # A partition that never acknowledges this record: librdkafka would retry it until
             # its delivery timeout, then report it timed out. Nothing reaches the broker.
             self.counters["stalled"] = self.counters.get("stalled", 0) + 1
-            self._stalled.append((time.monotonic(), _StalledMsg(topic, key, value),
-                                  kwargs.get("on_delivery") or self._deliver))
+            self._stalled.append(
+                (time.monotonic(), _StalledMsg(topic, key, value), kwargs.get("on_delivery") or self._deliver)
+            )
             return
         self._real.produce(topic, value, key, **kwargs)
 
@@ -326,8 +354,10 @@ class FaultInjectingProducer:
             self._stalled = [s for s in self._stalled if now - s[0] < self._timeout]
             for since, msg, callback in due:
                 msg.waited = now - since
-                callback(KafkaError(KafkaError._MSG_TIMED_OUT, "Local: Message timed out (injected stall)",
-                                    retriable=True), msg)  # type: ignore[arg-type]
+                callback(
+                    KafkaError(KafkaError._MSG_TIMED_OUT, "Local: Message timed out (injected stall)", retriable=True),
+                    msg,
+                )  # type: ignore[arg-type]
         return len(due)
 
     def poll(self, timeout: float = 0) -> int:
@@ -378,9 +408,16 @@ class _StalledMsg:
 class FaultInjector:
     """A :data:`ProducerFactory` for tests: ``Harvest(cfg, producer_factory=FaultInjector(0.05, 0.05))``."""
 
-    def __init__(self, produce_failure_rate: float = 0.0, delivery_failure_rate: float = 0.0, seed: int = 0,
-                 real_factory: ProducerFactory = confluent_producer, fail_keys: frozenset[bytes] = frozenset(),
-                 kill_at_produce: int = 0, stall_keys: frozenset[bytes] = frozenset()) -> None:
+    def __init__(
+        self,
+        produce_failure_rate: float = 0.0,
+        delivery_failure_rate: float = 0.0,
+        seed: int = 0,
+        real_factory: ProducerFactory = confluent_producer,
+        fail_keys: frozenset[bytes] = frozenset(),
+        kill_at_produce: int = 0,
+        stall_keys: frozenset[bytes] = frozenset(),
+    ) -> None:
         """``fail_keys``: every delivery of a record with one of these keys fails. ``kill_at_produce``:
         SIGKILL this process when it produces a ``fail_keys`` record for the n-th time (a row that
         crashes the relay: tests of the persisted attempt counts). ``stall_keys``: records with these
@@ -395,6 +432,16 @@ class FaultInjector:
         self.counters = {"produce": 0, "delivery": 0}
 
     def __call__(self, config: dict[str, Any], on_delivery: DeliveryCallback) -> KafkaProducer:
-        return FaultInjectingProducer(self._real_factory, config, on_delivery, self.produce_failure_rate,
-                                      self.delivery_failure_rate, self._rng, self._lock, self.counters,
-                                      self.fail_keys, self.kill_at_produce, self.stall_keys)
+        return FaultInjectingProducer(
+            self._real_factory,
+            config,
+            on_delivery,
+            self.produce_failure_rate,
+            self.delivery_failure_rate,
+            self._rng,
+            self._lock,
+            self.counters,
+            self.fail_keys,
+            self.kill_at_produce,
+            self.stall_keys,
+        )

@@ -61,10 +61,12 @@ CHECK_INTERVAL = 5.0
 RETRY_INTERVAL = 1.0
 _APP_PREFIX = "harvest-layout:"
 
-_LIVE_SQL = ("SELECT l.objid::bigint, coalesce(a.application_name, '') FROM pg_locks l "
-             "LEFT JOIN pg_stat_activity a ON a.pid = l.pid WHERE l.locktype = 'advisory' "
-             "AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database()) "
-             "AND l.classid = %s::bigint::oid AND l.objsubid = 2 AND l.granted")
+_LIVE_SQL = (
+    "SELECT l.objid::bigint, coalesce(a.application_name, '') FROM pg_locks l "
+    "LEFT JOIN pg_stat_activity a ON a.pid = l.pid WHERE l.locktype = 'advisory' "
+    "AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database()) "
+    "AND l.classid = %s::bigint::oid AND l.objsubid = 2 AND l.granted"
+)
 
 
 class LayoutError(HarvestError):
@@ -91,8 +93,10 @@ class Layout:
 
     @property
     def key(self) -> int:
-        return _key31(f"harvest.layout\0{self.shards}\0{self.leader_election}\0{self.leader_group_id or ''}\0"
-                      f"{self.leader_topic or ''}")
+        return _key31(
+            f"harvest.layout\0{self.shards}\0{self.leader_election}\0{self.leader_group_id or ''}\0"
+            f"{self.leader_topic or ''}"
+        )
 
     def __str__(self) -> str:
         text = f"shards: {self.shards}, leaderElection: {self.leader_election}"
@@ -113,15 +117,21 @@ def recorded_layout(conn: psycopg.Connection, names: OutboxNames, *, for_update:
     lock = sql.SQL(" FOR UPDATE" if for_update else "")
     try:
         if for_update:
-            conn.execute(sql.SQL("INSERT INTO {} (singleton) VALUES (true) ON CONFLICT DO NOTHING").format(
-                names.layout))
-        row = conn.execute(sql.SQL("SELECT shards, leader_election, leader_group_id, leader_topic FROM {} "
-                                   "WHERE singleton{}").format(names.layout, lock)).fetchone()
+            conn.execute(
+                sql.SQL("INSERT INTO {} (singleton) VALUES (true) ON CONFLICT DO NOTHING").format(names.layout)
+            )
+        row = conn.execute(
+            sql.SQL("SELECT shards, leader_election, leader_group_id, leader_topic FROM {} WHERE singleton{}").format(
+                names.layout, lock
+            )
+        ).fetchone()
     except psycopg.errors.UndefinedTable as exc:
-        raise SchemaError(f"table {names.layout.as_string(conn)} (the layout of the relays running on the outbox, "
-                          f"which keeps relays of different shards or leaderElection from both publishing it) does "
-                          f"not exist: the outbox {names.display!r} was initialised by an older harvest. Fix: run "
-                          f"`harvest init-db` again (idempotent; it only adds what is missing)") from exc
+        raise SchemaError(
+            f"table {names.layout.as_string(conn)} (the layout of the relays running on the outbox, "
+            f"which keeps relays of different shards or leaderElection from both publishing it) does "
+            f"not exist: the outbox {names.display!r} was initialised by an older harvest. Fix: run "
+            f"`harvest init-db` again (idempotent; it only adds what is missing)"
+        ) from exc
     if row is None or row[0] is None:
         return None
     return Layout(int(row[0]), str(row[1]), row[2], row[3])
@@ -131,7 +141,7 @@ def live_relays(conn: psycopg.Connection, qualified_table: str) -> dict[int, lis
     """Layout key -> the names of the live relays holding that layout's lock on this outbox."""
     live: dict[int, list[str]] = {}
     for key, app in conn.execute(_LIVE_SQL, (namespace(qualified_table),)).fetchall():
-        live.setdefault(int(key), []).append(app[len(_APP_PREFIX):] if app.startswith(_APP_PREFIX) else "?")
+        live.setdefault(int(key), []).append(app[len(_APP_PREFIX) :] if app.startswith(_APP_PREFIX) else "?")
     return live
 
 
@@ -147,24 +157,34 @@ def admit(conn: psycopg.Connection, outbox_table: str, layout: Layout, relay_nam
             raise LayoutError(_refusal(table, recorded, others, layout))
         conn.execute("SELECT pg_advisory_lock_shared(%s::int, %s::int)", (namespace(table), layout.key))
         if recorded != layout:
-            conn.execute(sql.SQL("UPDATE {} SET shards = %s, leader_election = %s, leader_group_id = %s, "
-                                 "leader_topic = %s, updated_by = %s, updated_at = now() WHERE singleton").format(
-                names.layout), (layout.shards, layout.leader_election, layout.leader_group_id, layout.leader_topic,
-                                relay_name))
+            conn.execute(
+                sql.SQL(
+                    "UPDATE {} SET shards = %s, leader_election = %s, leader_group_id = %s, "
+                    "leader_topic = %s, updated_by = %s, updated_at = now() WHERE singleton"
+                ).format(names.layout),
+                (layout.shards, layout.leader_election, layout.leader_group_id, layout.leader_topic, relay_name),
+            )
     if recorded != layout:
-        log.info("%s: relay layout of %s is now %s (was %s; no relay of another layout runs)", relay_name, table,
-                 layout, recorded or "not recorded")
+        log.info(
+            "%s: relay layout of %s is now %s (was %s; no relay of another layout runs)",
+            relay_name,
+            table,
+            layout,
+            recorded or "not recorded",
+        )
     return table
 
 
 def _refusal(table: str, recorded: Layout | None, others: dict[int, list[str]], mine: Layout) -> str:
     names = sorted(n for ns in others.values() for n in ns)
     theirs = str(recorded) if recorded is not None and recorded.key in others else "another layout (not recorded)"
-    return (f"outbox {table} is being relayed by {len(names)} relay(s) with {theirs} ({', '.join(names)}); this "
-            f"relay has {mine}. Relays of both layouts would each elect a leader and publish the same rows twice. "
-            f"Fix: to change the layout, stop every running relay first, then start the relays with the new "
-            f"settings (README, Changing shards or leaderElection); otherwise give this relay the running relays' "
-            f"settings")
+    return (
+        f"outbox {table} is being relayed by {len(names)} relay(s) with {theirs} ({', '.join(names)}); this "
+        f"relay has {mine}. Relays of both layouts would each elect a leader and publish the same rows twice. "
+        f"Fix: to change the layout, stop every running relay first, then start the relays with the new "
+        f"settings (README, Changing shards or leaderElection); otherwise give this relay the running relays' "
+        f"settings"
+    )
 
 
 class LayoutGuard:
@@ -217,8 +237,9 @@ class LayoutGuard:
             table = admit(conn, self._outbox_table, self.layout, self.name)
         except psycopg.Error as exc:
             close_quietly(conn)
-            raise DatabaseError(f"cannot check the relay layout ({redact_dsn(self._dsn)}): "
-                                f"{redact_error(str(exc), self._dsn).strip()}") from exc
+            raise DatabaseError(
+                f"cannot check the relay layout ({redact_dsn(self._dsn)}): {redact_error(str(exc), self._dsn).strip()}"
+            ) from exc
         except BaseException:
             close_quietly(conn)
             raise
@@ -249,8 +270,11 @@ class LayoutGuard:
             try:
                 conn.execute("SELECT 1")  # also reads whatever made the socket readable (FATAL, EOF)
             except psycopg.Error as exc:
-                log.warning("%s: relay layout session lost (%s); re-admitting", self.name,
-                            redact_error(str(exc), self._dsn).strip() or type(exc).__name__)
+                log.warning(
+                    "%s: relay layout session lost (%s); re-admitting",
+                    self.name,
+                    redact_error(str(exc), self._dsn).strip() or type(exc).__name__,
+                )
                 close_quietly(conn)
                 self._conn = None
 

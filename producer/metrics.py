@@ -27,8 +27,7 @@ from typing import Any
 
 from harvest_outbox.producer.db import MarkedRow
 from harvest_outbox.producer.errors import ConfigError
-from harvest_outbox.producer.histograms import (TRANSACTION_ROWS_BUCKETS, DwellHistograms, cumulative, new_cells,
-                                                observe)
+from harvest_outbox.producer.histograms import TRANSACTION_ROWS_BUCKETS, DwellHistograms, cumulative, new_cells, observe
 from harvest_outbox.producer.http_server import BoundedWSGIServer, WsgiApp
 
 log = logging.getLogger(__name__)
@@ -77,9 +76,20 @@ class Metrics:
     def snapshot(self) -> MeterStats:
         now = time.monotonic()
         interval = max(now - self._last_time, 1e-9)
-        stats = MeterStats(interval, self.delivered, (self.delivered - self._last_delivered) / interval,
-                           self.dead_lettered, self.remarks, self.delivery_failures, self.in_flight, self.queued,
-                           self.backlog_rows, self.oldest_unsent_age, self.dead_letter_rows, self.is_leader)
+        stats = MeterStats(
+            interval,
+            self.delivered,
+            (self.delivered - self._last_delivered) / interval,
+            self.dead_lettered,
+            self.remarks,
+            self.delivery_failures,
+            self.in_flight,
+            self.queued,
+            self.backlog_rows,
+            self.oldest_unsent_age,
+            self.dead_letter_rows,
+            self.is_leader,
+        )
         self._last_time, self._last_delivered = now, self.delivered
         self.last = stats
         self.read_at = now
@@ -96,8 +106,12 @@ class Metrics:
 
 
 class _Collector:
-    def __init__(self, metrics: Metrics, name: str,
-                 shards: Callable[[], Mapping[int, tuple[int | None, float | None]]] | None = None) -> None:
+    def __init__(
+        self,
+        metrics: Metrics,
+        name: str,
+        shards: Callable[[], Mapping[int, tuple[int | None, float | None]]] | None = None,
+    ) -> None:
         self._m, self._name, self._shards = metrics, name, shards
 
     def collect(self) -> Iterator[Any]:
@@ -125,10 +139,16 @@ class _Collector:
         # its last (stale) reading, and max() over the relays would alert on it forever.
         lead = m.is_leader
         yield gauge("harvest_backlog_rows", "Rows in the outbox table (leader only)", m.backlog_rows if lead else None)
-        yield gauge("harvest_oldest_unsent_age_seconds", "Age of the oldest outbox row (leader only)",
-                    m.oldest_unsent_age if lead else None)
-        yield gauge("harvest_dead_letter_rows", "Rows in the dead-letter table (leader only)",
-                    m.dead_letter_rows if lead else None)
+        yield gauge(
+            "harvest_oldest_unsent_age_seconds",
+            "Age of the oldest outbox row (leader only)",
+            m.oldest_unsent_age if lead else None,
+        )
+        yield gauge(
+            "harvest_dead_letter_rows",
+            "Rows in the dead-letter table (leader only)",
+            m.dead_letter_rows if lead else None,
+        )
         yield gauge("harvest_is_leader", "1 if this relay is the leader", 1.0 if m.is_leader else 0.0)
         yield from self._histograms()
         if self._shards is not None:
@@ -139,8 +159,13 @@ class _Collector:
         from prometheus_client.core import HistogramMetricFamily
         from prometheus_client.utils import floatToGoString
 
-        def family(name: str, doc: str, labels: list[str], series: Iterable[tuple[list[str], list[float]]],
-                   bounds: Sequence[float]) -> Any:
+        def family(
+            name: str,
+            doc: str,
+            labels: list[str],
+            series: Iterable[tuple[list[str], list[float]]],
+            bounds: Sequence[float],
+        ) -> Any:
             h = HistogramMetricFamily(name, doc, labels=labels)
             for values, cells in series:
                 buckets, total, _count = cumulative(cells, bounds)
@@ -149,11 +174,21 @@ class _Collector:
 
         dwell = self._m.dwell
         topics = sorted(list(dwell.by_topic.items()))  # list(): one C call, safe while a topic is added
-        yield family("harvest_dwell_seconds", "Seconds from a row's commit (create_time) to Kafka's acknowledgement "
-                     "(at-least-once) or its transaction's ACK_TXN (--uuid-sequencing)", ["relay", "topic"],
-                     (([self._name, topic], cells) for topic, cells in topics), dwell.bounds)
-        yield family("harvest_transaction_rows", "Records per committed harvest transaction (--uuid-sequencing)",
-                     ["relay"], [([self._name], self._m.transaction_rows)], TRANSACTION_ROWS_BUCKETS)
+        yield family(
+            "harvest_dwell_seconds",
+            "Seconds from a row's commit (create_time) to Kafka's acknowledgement "
+            "(at-least-once) or its transaction's ACK_TXN (--uuid-sequencing)",
+            ["relay", "topic"],
+            (([self._name, topic], cells) for topic, cells in topics),
+            dwell.bounds,
+        )
+        yield family(
+            "harvest_transaction_rows",
+            "Records per committed harvest transaction (--uuid-sequencing)",
+            ["relay"],
+            [([self._name], self._m.transaction_rows)],
+            TRANSACTION_ROWS_BUCKETS,
+        )
 
     def _per_shard(self, shards: Mapping[int, tuple[int | None, float | None]]) -> Iterator[Any]:
         """Series of the shards this relay leads (``shards: S``), labelled ``relay`` and ``shard``;
@@ -179,21 +214,31 @@ def _json_app(evaluate: Callable[[], Any]) -> WsgiApp:
         verdict = evaluate()
         body = json.dumps(verdict.body, sort_keys=True).encode()
         status = "200 OK" if verdict.ok else "503 Service Unavailable"
-        start_response(status, [("Content-Type", "application/json"), ("Content-Length", str(len(body))),
-                                ("Cache-Control", "no-store")])
+        start_response(
+            status,
+            [("Content-Type", "application/json"), ("Content-Length", str(len(body))), ("Cache-Control", "no-store")],
+        )
         return [body]
+
     return app
 
 
-def _plain(start_response: Callable[..., Any], status: str, text: str,
-           headers: list[tuple[str, str]] | None = None) -> Iterable[bytes]:
+def _plain(
+    start_response: Callable[..., Any], status: str, text: str, headers: list[tuple[str, str]] | None = None
+) -> Iterable[bytes]:
     body = (text + "\n").encode()
     start_response(status, [("Content-Type", "text/plain"), ("Content-Length", str(len(body))), *(headers or [])])
     return [body]
 
 
-def start_prometheus(metrics: Metrics, name: str, port: int, addr: str = "0.0.0.0", relay: Any = None,
-                     shards: Callable[[], Mapping[int, tuple[int | None, float | None]]] | None = None) -> Any:
+def start_prometheus(
+    metrics: Metrics,
+    name: str,
+    port: int,
+    addr: str = "0.0.0.0",
+    relay: Any = None,
+    shards: Callable[[], Mapping[int, tuple[int | None, float | None]]] | None = None,
+) -> Any:
     """Serve ``/metrics`` (from a private registry) on ``addr:port``, plus ``/healthz`` and
     ``/readyz`` when ``relay`` (a :class:`producer.health.RelayView`) is given; returns (server, thread).
     ``shards``: the led shards' metrics of a sharded relay, exported per shard as well."""
@@ -213,8 +258,12 @@ def start_prometheus(metrics: Metrics, name: str, port: int, addr: str = "0.0.0.
     def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
         method = environ.get("REQUEST_METHOD", "GET")
         if method not in ("GET", "HEAD"):  # read-only endpoints: nothing answers a write or a TRACE
-            return _plain(start_response, "405 Method Not Allowed", f"{method[:32]} not allowed; use GET or HEAD",
-                          [("Allow", "GET, HEAD")])
+            return _plain(
+                start_response,
+                "405 Method Not Allowed",
+                f"{method[:32]} not allowed; use GET or HEAD",
+                [("Allow", "GET, HEAD")],
+            )
         route = routes.get(environ.get("PATH_INFO") or "/")
         if route is None:
             return _plain(start_response, "404 Not Found", "not found; try " + ", ".join(sorted(routes)))
@@ -231,12 +280,18 @@ def start_prometheus(metrics: Metrics, name: str, port: int, addr: str = "0.0.0.
     except OSError as exc:
         if health is not None:
             health.close()
-        raise ConfigError(f"prometheusPort: cannot listen on {addr}:{port} ({exc.strerror or exc}); pick a free "
-                          f"port, 0 for any free one, or omit prometheusPort to disable the endpoint") from exc
+        raise ConfigError(
+            f"prometheusPort: cannot listen on {addr}:{port} ({exc.strerror or exc}); pick a free "
+            f"port, 0 for any free one, or omit prometheusPort to disable the endpoint"
+        ) from exc
     if health is not None:
         server.on_close.append(health.close)
     thread = threading.Thread(target=server.serve_forever, name=f"harvest-http-{name}", daemon=True)
     thread.start()
-    log.info("metrics on http://%s:%d/metrics%s", addr, server.server_port,
-             " (+ /healthz, /readyz)" if health is not None else "")
+    log.info(
+        "metrics on http://%s:%d/metrics%s",
+        addr,
+        server.server_port,
+        " (+ /healthz, /readyz)" if health is not None else "",
+    )
     return server, thread

@@ -61,8 +61,7 @@ def header_arrays(headers: Headers | None) -> tuple[list[str], list[str | None]]
         if not isinstance(k, str):
             raise RecordError(f"headers: key {k!r} must be a string")
         if v is not None and not isinstance(v, str):
-            raise RecordError(f"headers[{k!r}]: value must be a string or None (TEXT[] column), "
-                              f"got {type(v).__name__}")
+            raise RecordError(f"headers[{k!r}]: value must be a string or None (TEXT[] column), got {type(v).__name__}")
         keys.append(k)
         values.append(v)
     return keys, values
@@ -71,16 +70,20 @@ def header_arrays(headers: Headers | None) -> tuple[list[str], list[str | None]]
 class StashPlan:
     """The validated rows and the two statements (INSERT … RETURNING id, COPY) for one outbox table."""
 
-    def __init__(self, outbox_table: str = "outbox", value_type: ValueType = "varchar", *,
-                 trace_context: bool = True) -> None:
+    def __init__(
+        self, outbox_table: str = "outbox", value_type: ValueType = "varchar", *, trace_context: bool = True
+    ) -> None:
         if value_type not in ("varchar", "bytea"):
-            raise ConfigError(f"value_type: {value_type!r} is not an outbox value type; use 'varchar' or 'bytea' "
-                              f"(as the table was created by init_db)")
+            raise ConfigError(
+                f"value_type: {value_type!r} is not an outbox value type; use 'varchar' or 'bytea' "
+                f"(as the table was created by init_db)"
+            )
         self.names = OutboxNames.parse(outbox_table)
         self.value_type: ValueType = value_type
         self.trace_context = trace_context
         self.insert = sql.SQL("INSERT INTO {} ({}) VALUES (%s, %s, %s, %s, %s) RETURNING id").format(
-            self.names.outbox, _COLUMNS)
+            self.names.outbox, _COLUMNS
+        )
         self.copy = sql.SQL("COPY {} ({}) FROM STDIN").format(self.names.outbox, _COLUMNS)
 
     def _value(self, value: object) -> str | bytes | None:
@@ -96,8 +99,10 @@ class StashPlan:
             try:
                 value = bytes(value).decode("utf-8")
             except UnicodeDecodeError:
-                raise RecordError("value: binary value is not UTF-8 but the outbox's kafka_value is "
-                                  "VARCHAR; create the table with value type 'bytea'") from None
+                raise RecordError(
+                    "value: binary value is not UTF-8 but the outbox's kafka_value is "
+                    "VARCHAR; create the table with value type 'bytea'"
+                ) from None
         elif not isinstance(value, str):
             raise RecordError(f"value: must be str, bytes or None, got {type(value).__name__}")
         if "\x00" in value:
@@ -108,11 +113,13 @@ class StashPlan:
         if not isinstance(record, OutboxRecord):
             raise RecordError(f"record: expected a producer.OutboxRecord, got {type(record).__name__}")
         if not isinstance(record.topic, str) or not _TOPIC.match(record.topic):
-            raise RecordError(f"topic: {record.topic!r} is not a valid Kafka topic name "
-                              f"(1-249 characters from [a-zA-Z0-9._-])")
+            raise RecordError(
+                f"topic: {record.topic!r} is not a valid Kafka topic name (1-249 characters from [a-zA-Z0-9._-])"
+            )
         if not isinstance(record.key, str):
-            raise RecordError(f"key: must be a string (outbox kafka_key is VARCHAR NOT NULL), got "
-                              f"{type(record.key).__name__}")
+            raise RecordError(
+                f"key: must be a string (outbox kafka_key is VARCHAR NOT NULL), got {type(record.key).__name__}"
+            )
         value = self._value(record.value)
         keys, values = header_arrays(record.headers)
         if trace and TRACEPARENT not in keys:

@@ -41,8 +41,9 @@ log = logging.getLogger(__name__)
 
 _LEGAL_TOPIC = re.compile(r"^[a-zA-Z0-9._\-]{1,249}$")
 # Kafka's own topics: refused by name too (they may not exist yet, e.g. before the first group).
-INTERNAL_TOPICS = frozenset({"__consumer_offsets", "__transaction_state", "__share_group_state",
-                             "__cluster_metadata", "__remote_log_metadata"})
+INTERNAL_TOPICS = frozenset(
+    {"__consumer_offsets", "__transaction_state", "__share_group_state", "__cluster_metadata", "__remote_log_metadata"}
+)
 # A record batch holding one record, uncompressed: 61 bytes of batch header plus at most 36 of
 # record framing (length, attributes, timestamp and offset deltas, key/value lengths, header count).
 RECORD_OVERHEAD = 97
@@ -58,16 +59,20 @@ def header_bytes(hkeys: Sequence[str], hvals: Sequence[Any]) -> int:
 def topic_name_problem(topic: Any) -> str | None:
     """Why no broker will ever take records of ``topic`` by its name alone (illegal, internal), or None."""
     if not isinstance(topic, str) or not _LEGAL_TOPIC.match(topic) or topic in (".", ".."):
-        return (f"kafka_topic {shown(topic)} is not a legal Kafka topic name (1-249 of a-z A-Z 0-9 . _ -, not "
-                f"'.' or '..'); fix kafka_topic and requeue")
+        return (
+            f"kafka_topic {shown(topic)} is not a legal Kafka topic name (1-249 of a-z A-Z 0-9 . _ -, not "
+            f"'.' or '..'); fix kafka_topic and requeue"
+        )
     if topic in INTERNAL_TOPICS:
         return _internal(topic)
     return None
 
 
 def _internal(topic: str) -> str:
-    return f"topic {topic!r} is one of Kafka's internal topics, which take no application records; fix " \
-           f"kafka_topic and requeue"
+    return (
+        f"topic {topic!r} is one of Kafka's internal topics, which take no application records; fix "
+        f"kafka_topic and requeue"
+    )
 
 
 def _admin(config: dict[str, Any]) -> Any:
@@ -79,9 +84,17 @@ def _admin(config: dict[str, Any]) -> Any:
 class TopicGuard:
     """Cached per-topic verdicts (see module doc). Not thread-safe: the relay thread owns it."""
 
-    def __init__(self, admin_config: Mapping[str, Any], producer_config: Mapping[str, Any], *,
-                 extra_overhead: int = 0, ttl: float = 60.0, missing_ttl: float = 2.0, timeout: float = 5.0,
-                 admin_factory: Callable[[dict[str, Any]], Any] = _admin) -> None:
+    def __init__(
+        self,
+        admin_config: Mapping[str, Any],
+        producer_config: Mapping[str, Any],
+        *,
+        extra_overhead: int = 0,
+        ttl: float = 60.0,
+        missing_ttl: float = 2.0,
+        timeout: float = 5.0,
+        admin_factory: Callable[[dict[str, Any]], Any] = _admin,
+    ) -> None:
         self._admin_config = {k: v for k, v in admin_config.items()}
         self._admin_factory = admin_factory
         self._admin: Any = None
@@ -137,8 +150,11 @@ class TopicGuard:
         from now on (forgets the cached verdict, so the next row asks the broker again)."""
         if topic in self._sized or self._check_size:
             return
-        log.warning("the broker refused a batch of topic %r as too large; checking that topic's records "
-                    "at their uncompressed size from now on", topic)
+        log.warning(
+            "the broker refused a batch of topic %r as too large; checking that topic's records "
+            "at their uncompressed size from now on",
+            topic,
+        )
         self._sized.add(topic)
         self.verdicts.pop(topic, None)
         self._expires.pop(topic, None)
@@ -161,17 +177,24 @@ class TopicGuard:
             if self._admin is None:
                 self._admin = self._admin_factory(self._admin_config)
             try:
-                desc = self._admin.describe_topics(TopicCollection([topic]),
-                                                   request_timeout=self.timeout)[topic].result(self.timeout)
+                desc = self._admin.describe_topics(TopicCollection([topic]), request_timeout=self.timeout)[
+                    topic
+                ].result(self.timeout)
             except KafkaException as exc:
                 err: KafkaError = exc.args[0]
                 if err.code() in (KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_TOPIC):
                     self._was_missing = True
-                    return (f"topic {topic!r} does not exist (and the broker does not create topics on first "
-                            f"use); create it, then `harvest dead-letters requeue`", self.missing_ttl)
+                    return (
+                        f"topic {topic!r} does not exist (and the broker does not create topics on first "
+                        f"use); create it, then `harvest dead-letters requeue`",
+                        self.missing_ttl,
+                    )
                 if err.code() == KafkaError.TOPIC_AUTHORIZATION_FAILED:
-                    return (f"not authorised to describe or write topic {topic!r}; grant the relay's principal "
-                            f"WRITE and DESCRIBE on it, then requeue", self.missing_ttl)
+                    return (
+                        f"not authorised to describe or write topic {topic!r}; grant the relay's principal "
+                        f"WRITE and DESCRIBE on it, then requeue",
+                        self.missing_ttl,
+                    )
                 raise
             if desc.is_internal:
                 return _internal(topic), self.ttl
@@ -179,13 +202,13 @@ class TopicGuard:
                 return self._budget(self._producer_max, topic), self.ttl
             resource = ConfigResource(ResourceType.TOPIC, topic)
             entries = self._admin.describe_configs([resource], request_timeout=self.timeout)[resource].result(
-                self.timeout)
+                self.timeout
+            )
             entry = entries.get("max.message.bytes")
             topic_max = int(entry.value) if entry is not None and entry.value is not None else self._producer_max
             return self._budget(min(topic_max, self._producer_max), topic), self.ttl
         except Exception as exc:  # no answer is not a "no": produce, and let the producer's errors decide
-            log.warning("could not look up topic %r before producing (%s); producing without the check",
-                        topic, exc)
+            log.warning("could not look up topic %r before producing (%s); producing without the check", topic, exc)
             return self._budget(self._producer_max, topic), self.missing_ttl
 
 
@@ -194,6 +217,8 @@ def too_large(budget: int, key: bytes, value: bytes | None, hkeys: Sequence[str]
     size = len(key) + (len(value) if value is not None else 0) + (header_bytes(hkeys, hvals) if hkeys else 0)
     if size <= budget:
         return None
-    return (f"record of {size} bytes (key + value + headers) exceeds what its topic accepts ({budget} bytes "
-            f"after framing: the smaller of the topic's max.message.bytes and the producer's message.max.bytes); "
-            f"shrink the value or raise max.message.bytes, then requeue")
+    return (
+        f"record of {size} bytes (key + value + headers) exceeds what its topic accepts ({budget} bytes "
+        f"after framing: the smaller of the topic's max.message.bytes and the producer's message.max.bytes); "
+        f"shrink the value or raise max.message.bytes, then requeue"
+    )

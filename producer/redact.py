@@ -32,29 +32,72 @@ REDACTED = "<redacted>"
 # password, secret, key, pem, passphrase, extensions (SASL/OAUTHBEARER ones carry tokens), token and
 # credentials property; ``pas+w|pwd`` also catch a misspelt password. Over-redacting a path
 # (``ssl.key.location``) or a public CA (``ssl.ca.pem``) is the safe failure.
-SECRET_NAME = re.compile(r"pas+w|pwd|passphrase|secret|key|pem|extensions|token|credential|jaas|"
-                         r"oauthbearer\.config", re.IGNORECASE)
+SECRET_NAME = re.compile(
+    r"pas+w|pwd|passphrase|secret|key|pem|extensions|token|credential|jaas|"
+    r"oauthbearer\.config",
+    re.IGNORECASE,
+)
 #: librdkafka's credential properties, as :func:`is_secret_kafka_key` finds them in its table.
 SECRET_KAFKA_PROPERTIES = frozenset(p for p in LIBRDKAFKA_PROPERTIES if SECRET_NAME.search(p))
 
 # libpq parameters whose values are not secret (PostgreSQL 17's list, minus password, sslpassword
 # and the OAuth client secret). Anything else is redacted: an unknown key is most likely a typo of
 # one of the secret ones.
-_SAFE_DSN_KEYS = frozenset((
-    "host", "hostaddr", "port", "dbname", "user", "passfile", "channel_binding", "connect_timeout",
-    "client_encoding", "options", "application_name", "fallback_application_name", "keepalives",
-    "keepalives_idle", "keepalives_interval", "keepalives_count", "tcp_user_timeout", "replication",
-    "gssencmode", "sslmode", "sslnegotiation", "requiressl", "sslcompression", "sslcert", "sslkey",
-    "sslcertmode", "sslrootcert", "sslcrl", "sslcrldir", "sslsni", "requirepeer", "require_auth",
-    "ssl_min_protocol_version", "ssl_max_protocol_version", "min_protocol_version", "max_protocol_version",
-    "krbsrvname", "gsslib", "gssdelegation", "service", "target_session_attrs", "load_balance_hosts",
-))
+_SAFE_DSN_KEYS = frozenset(
+    (
+        "host",
+        "hostaddr",
+        "port",
+        "dbname",
+        "user",
+        "passfile",
+        "channel_binding",
+        "connect_timeout",
+        "client_encoding",
+        "options",
+        "application_name",
+        "fallback_application_name",
+        "keepalives",
+        "keepalives_idle",
+        "keepalives_interval",
+        "keepalives_count",
+        "tcp_user_timeout",
+        "replication",
+        "gssencmode",
+        "sslmode",
+        "sslnegotiation",
+        "requiressl",
+        "sslcompression",
+        "sslcert",
+        "sslkey",
+        "sslcertmode",
+        "sslrootcert",
+        "sslcrl",
+        "sslcrldir",
+        "sslsni",
+        "requirepeer",
+        "require_auth",
+        "ssl_min_protocol_version",
+        "ssl_max_protocol_version",
+        "min_protocol_version",
+        "max_protocol_version",
+        "krbsrvname",
+        "gsslib",
+        "gssdelegation",
+        "service",
+        "target_session_attrs",
+        "load_balance_hosts",
+    )
+)
 _URI_PREFIX = re.compile(r"^\s*postgres(?:ql)?://", re.IGNORECASE)
 
 # Last line of defence in free-form text: key=value pairs whose key looks like a password (quoted
 # with escapes, or unquoted with backslash escapes), and URI user:password@ parts.
-_KV_SECRET = re.compile(rf"(\b[\w.]*(?:{SECRET_NAME.pattern})[\w.]*\s*=\s*)"
-                        r"('(?:[^'\\]|\\.)*'?|(?:\\.|[^\s\\&,;)\"'])*)", re.IGNORECASE)
+_KV_SECRET = re.compile(
+    rf"(\b[\w.]*(?:{SECRET_NAME.pattern})[\w.]*\s*=\s*)"
+    r"('(?:[^'\\]|\\.)*'?|(?:\\.|[^\s\\&,;)\"'])*)",
+    re.IGNORECASE,
+)
 _URI_USERINFO = re.compile(r"(://[^:/@\s]*:)([^\s]*)(@)")
 
 
@@ -108,8 +151,9 @@ def _uri_secret_spans(dsn: str, prefix_end: int, misparsed: bool) -> list[tuple[
     '@': a password holding an unencoded '@', '/' or '?'). Over-redacting a host is the safe failure."""
     rest = dsn[prefix_end:]
     first = next((i for i, c in enumerate(rest) if c in "@/"), -1)
-    ats = {a for a in (first if first >= 0 and rest[first] == "@" else -1, rest.rfind("@") if misparsed else -1)
-           if a >= 0} or {-1}
+    ats = {
+        a for a in (first if first >= 0 and rest[first] == "@" else -1, rest.rfind("@") if misparsed else -1) if a >= 0
+    } or {-1}
     spans: list[tuple[int, int]] = []
     for at in sorted(ats):
         colon = rest.find(":", 0, at) if at >= 0 else -1
@@ -124,7 +168,7 @@ def _query_secret_spans(dsn: str, q: int) -> list[tuple[int, int]]:
     if q < 0:
         return spans
     pos = q + 1
-    for part in dsn[q + 1:].split("&"):
+    for part in dsn[q + 1 :].split("&"):
         key, eq, _ = part.partition("=")
         if not eq:
             if part:
@@ -206,7 +250,7 @@ def _render_uri(dsn: str, prefix: str, shown: dict[str, str]) -> str:
     """``shown`` (libpq's parameters, redacted) as a URI like ``dsn``: the password stays where it was."""
     from urllib.parse import quote
 
-    rest = dsn[len(prefix):]
+    rest = dsn[len(prefix) :]
     userinfo = re.match(r"[^@/]*@", rest)
     authority = ""
     if "user" in shown or (userinfo and ":" in userinfo.group(0) and "password" in shown):

@@ -49,8 +49,13 @@ from confluent_kafka import KafkaError
 from harvest_outbox.producer.config import MARK_FLOOR, HarvestConfig
 from harvest_outbox.producer.db import Listener, MarkedAttempts, MarkedRow, OutboxDatabase
 from harvest_outbox.producer.errors import DatabaseError
-from harvest_outbox.producer.kafka import (LIBRDKAFKA_LOG, DeliveryCallback, FatalErrorGuard, KafkaProducer,
-                                           ProducerFactory)
+from harvest_outbox.producer.kafka import (
+    LIBRDKAFKA_LOG,
+    DeliveryCallback,
+    FatalErrorGuard,
+    KafkaProducer,
+    ProducerFactory,
+)
 from harvest_outbox.producer.marksize import MarkSize
 from harvest_outbox.producer.metrics import Metrics
 from harvest_outbox.producer.preflight import TopicGuard
@@ -79,6 +84,7 @@ class PendingMark(NamedTuple):
     future: Future[tuple[list[MarkedRow], MarkedAttempts]]
     view: uuid.UUID
     asked: int
+
 
 # librdkafka's text for a batch the broker refused as too large, and how its fatal errors name the batch.
 _SIZE_REFUSED = "Message size too large"
@@ -126,14 +132,23 @@ class RelayCore:
     """The shared state of a relay (see module doc). Built by :class:`~producer.harvest.Harvest`;
     a mode reads and writes its attributes from the relay thread only, except where noted."""
 
-    def __init__(self, config: HarvestConfig, emit: Any, *, producer_factory: ProducerFactory, guard: TopicGuard,
-                 shards: ShardSetSeat | None, stop_requested: threading.Event) -> None:
+    def __init__(
+        self,
+        config: HarvestConfig,
+        emit: Any,
+        *,
+        producer_factory: ProducerFactory,
+        guard: TopicGuard,
+        shards: ShardSetSeat | None,
+        stop_requested: threading.Event,
+    ) -> None:
         self.config = config
         self.limits = config.limits
         self.names = OutboxNames.parse(config.outbox_table, config.table_mapping)
         #: ``eventIdHeader``: (header name, value prefix); a record's value is the prefix + its row id.
         self.event_id: tuple[str, bytes] | None = (
-            (config.event_id_header, f"{self.names.display}/".encode()) if config.event_id_header else None)
+            (config.event_id_header, f"{self.names.display}/".encode()) if config.event_id_header else None
+        )
         self.metrics = Metrics()
         #: ``emit(event)``: hands an event to the user's handler (a handler's error is logged, not raised).
         self.emit = emit
@@ -243,8 +258,7 @@ class RelayCore:
         if not err.fatal():
             log.debug("Kafka producer: %s", err.str())  # librdkafka logs these itself
             return
-        log.error("the Kafka producer hit a fatal error (%s: %s); replacing it and re-marking", err.name(),
-                  err.str())
+        log.error("the Kafka producer hit a fatal error (%s: %s); replacing it and re-marking", err.name(), err.str())
         self.producer_fatal = True
         if _SIZE_REFUSED in err.str():
             for topic in _BATCH_TOPIC.findall(err.str()):
@@ -325,8 +339,11 @@ class RelayCore:
         topic: str = row[1]  # type: ignore[assignment]
         held = self.held.get(topic)
         if held is None:
-            log.warning("topic %r does not exist: holding its rows until it does (missingTopicPolicy: hold); "
-                        "rows of other topics flow", topic)
+            log.warning(
+                "topic %r does not exist: holding its rows until it does (missingTopicPolicy: hold); "
+                "rows of other topics flow",
+                topic,
+            )
             held = self.held[topic] = deque()
         held.append(row)
         self.held_count += 1
@@ -343,8 +360,12 @@ class RelayCore:
                 continue
             rows = self.held.pop(topic)
             self.held_count -= len(rows)
-            log.info("topic %r exists now (%s): releasing %d held row(s)", topic,
-                     "ok" if verdict.__class__ is not str else verdict, len(rows))
+            log.info(
+                "topic %r exists now (%s): releasing %d held row(s)",
+                topic,
+                "ok" if verdict.__class__ is not str else verdict,
+                len(rows),
+            )
             self.ready.extendleft(reversed(rows))
 
     def clear_queues(self) -> None:

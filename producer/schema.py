@@ -46,8 +46,13 @@ import psycopg
 from psycopg import sql
 
 from harvest_outbox.producer.errors import ConfigError, SchemaError, shown
-from harvest_outbox.producer.table_mapping import (DEBEZIUM_PAYLOAD_TYPES, DEBEZIUM_TEXT_TYPES, GOHARVEST,
-                                                   DebeziumMapping, TableMapping)
+from harvest_outbox.producer.table_mapping import (
+    DEBEZIUM_PAYLOAD_TYPES,
+    DEBEZIUM_TEXT_TYPES,
+    GOHARVEST,
+    DebeziumMapping,
+    TableMapping,
+)
 
 ValueType = Literal["varchar", "bytea"]
 _MAX_IDENT = 63  # NAMEDATALEN - 1
@@ -80,8 +85,10 @@ def parse_table_name(name: str) -> tuple[str | None, str]:
             k = len(text) if k < 0 else k
             part = text[i:k]
             if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_$]*", part):
-                raise ConfigError(f"outboxTable: {shown(name)}: {shown(part)} is not a plain identifier; quote it "
-                                  f"with double quotes, e.g. {shown(chr(34) + part + chr(34))}")
+                raise ConfigError(
+                    f"outboxTable: {shown(name)}: {shown(part)} is not a plain identifier; quote it "
+                    f"with double quotes, e.g. {shown(chr(34) + part + chr(34))}"
+                )
             parts.append(part.lower())  # Postgres folds unquoted names to lower case
             i = k
         if i < len(text):
@@ -242,8 +249,9 @@ OUTBOX_AUTOVACUUM: dict[str, str] = {
 
 def table_reloptions(conn: psycopg.Connection, table: sql.Identifier) -> dict[str, str]:
     """The storage parameters set on ``table`` (``pg_class.reloptions``; empty when none, or no table)."""
-    row = conn.execute("SELECT reloptions FROM pg_class WHERE oid = to_regclass(%s)",
-                       (table.as_string(conn),)).fetchone()
+    row = conn.execute(
+        "SELECT reloptions FROM pg_class WHERE oid = to_regclass(%s)", (table.as_string(conn),)
+    ).fetchone()
     return dict(option.partition("=")[::2] for option in (row[0] if row is not None and row[0] else []))
 
 
@@ -266,8 +274,9 @@ def missing_storage(conn: psycopg.Connection, names: OutboxNames) -> dict[str, s
 def storage_sql(names: OutboxNames, options: dict[str, str]) -> sql.Composed:
     """``ALTER TABLE outbox SET (…)`` for ``options``: names and numbers of this module's constants, so
     written as they are (``harvest check`` prints the statement as a fix)."""
-    return sql.SQL("ALTER TABLE {} SET ({})").format(names.outbox, sql.SQL(", ").join(
-        sql.SQL(f"{name} = {float(value):g}") for name, value in options.items()))
+    return sql.SQL("ALTER TABLE {} SET ({})").format(
+        names.outbox, sql.SQL(", ").join(sql.SQL(f"{name} = {float(value):g}") for name, value in options.items())
+    )
 
 
 def packed_outbox_fix(conn: psycopg.Connection, names: OutboxNames) -> str | None:
@@ -276,10 +285,12 @@ def packed_outbox_fix(conn: psycopg.Connection, names: OutboxNames) -> str | Non
     fillfactor = outbox_fillfactor(conn, names)
     if fillfactor <= OUTBOX_FILLFACTOR:
         return None
-    return (f"outbox {names.display} has fillfactor {fillfactor}: every mark moves its rows to new pages and "
-            f"indexes them again. `ALTER TABLE {names.outbox.as_string(conn)} SET (fillfactor = {OUTBOX_FILLFACTOR})` "
-            f"makes marks in-page (HOT) updates on pages written from then on: the database's mark+purge loop ran "
-            f"~1.4x as fast (README, Writing to the outbox)")
+    return (
+        f"outbox {names.display} has fillfactor {fillfactor}: every mark moves its rows to new pages and "
+        f"indexes them again. `ALTER TABLE {names.outbox.as_string(conn)} SET (fillfactor = {OUTBOX_FILLFACTOR})` "
+        f"makes marks in-page (HOT) updates on pages written from then on: the database's mark+purge loop ran "
+        f"~1.4x as fast (README, Writing to the outbox)"
+    )
 
 
 def outbox_ddl(names: OutboxNames, value_type: ValueType = "varchar") -> list[sql.Composable]:
@@ -295,7 +306,8 @@ def outbox_ddl(names: OutboxNames, value_type: ValueType = "varchar") -> list[sq
         return stmts + _companion_ddl(names, vtype)
     # goharvest's DDL (sh/init-outbox.sh) with the length limits dropped (they only get in the way),
     # create_time defaulted so writers may omit it, and pages left half empty (OUTBOX_FILLFACTOR).
-    stmts.append(sql.SQL("""
+    stmts.append(
+        sql.SQL("""
         CREATE TABLE IF NOT EXISTS {outbox} (
           id                  BIGSERIAL PRIMARY KEY,
           create_time         TIMESTAMP WITH TIME ZONE NOT NULL DEFAULT now(),
@@ -305,7 +317,8 @@ def outbox_ddl(names: OutboxNames, value_type: ValueType = "varchar") -> list[sq
           kafka_header_keys   TEXT[] NOT NULL,
           kafka_header_values TEXT[] NOT NULL,
           leader_id           UUID
-        ) WITH (fillfactor = {ff})""").format(outbox=names.outbox, vtype=vtype, ff=sql.Literal(OUTBOX_FILLFACTOR)))
+        ) WITH (fillfactor = {ff})""").format(outbox=names.outbox, vtype=vtype, ff=sql.Literal(OUTBOX_FILLFACTOR))
+    )
     return stmts + _companion_ddl(names, vtype)
 
 
@@ -326,17 +339,21 @@ def debezium_outbox_ddl(names: OutboxNames, mapping: DebeziumMapping, value_type
     seq = names.debezium_sequence
     return [
         sql.SQL("CREATE TABLE IF NOT EXISTS {} ({}) WITH (fillfactor = {})").format(
-            names.outbox, sql.SQL(", ").join(cols), sql.Literal(OUTBOX_FILLFACTOR)),
+            names.outbox, sql.SQL(", ").join(cols), sql.Literal(OUTBOX_FILLFACTOR)
+        ),
         sql.SQL("CREATE SEQUENCE IF NOT EXISTS {}").format(seq),
         sql.SQL("ALTER TABLE {} ADD COLUMN IF NOT EXISTS {} BIGINT").format(names.outbox, mapping.id()),
         sql.SQL("ALTER TABLE {} ALTER COLUMN {} SET DEFAULT nextval({})").format(
-            names.outbox, mapping.id(), sql.Literal(_regclass_text(names))),
+            names.outbox, mapping.id(), sql.Literal(_regclass_text(names))
+        ),
         sql.SQL("ALTER SEQUENCE {} OWNED BY {}.{}").format(seq, names.outbox, mapping.id()),
         sql.SQL("ALTER TABLE {} ADD COLUMN IF NOT EXISTS {} UUID").format(names.outbox, mapping.leader()),
         sql.SQL("ALTER TABLE {} ADD COLUMN IF NOT EXISTS {} TIMESTAMP WITH TIME ZONE NOT NULL DEFAULT now()").format(
-            names.outbox, mapping.created()),
+            names.outbox, mapping.created()
+        ),
         sql.SQL("CREATE UNIQUE INDEX IF NOT EXISTS {} ON {} ({})").format(
-            sql.Identifier(names.debezium_seq_index), names.outbox, mapping.id()),
+            sql.Identifier(names.debezium_seq_index), names.outbox, mapping.id()
+        ),
         # The half-empty pages (OUTBOX_FILLFACTOR) unless the owner chose a fillfactor: init_db, missing_storage.
     ]
 
@@ -354,7 +371,8 @@ def _companion_ddl(names: OutboxNames, vtype: sql.Composable) -> list[sql.Compos
     stmts: list[sql.Composable] = []
     # Dead letters keep the original id (unique) and nullable columns: a row that was bad because a
     # column was NULL must still fit here.
-    stmts.append(sql.SQL("""
+    stmts.append(
+        sql.SQL("""
         CREATE TABLE IF NOT EXISTS {dlq} (
           id                  BIGINT PRIMARY KEY,
           create_time         TIMESTAMP WITH TIME ZONE,
@@ -366,31 +384,42 @@ def _companion_ddl(names: OutboxNames, vtype: sql.Composable) -> list[sql.Compos
           error               TEXT NOT NULL,
           attempts            INTEGER NOT NULL,
           dead_time           TIMESTAMP WITH TIME ZONE NOT NULL DEFAULT now()
-        )""").format(dlq=names.dead_letters, vtype=vtype))
+        )""").format(dlq=names.dead_letters, vtype=vtype)
+    )
     # deadLetterRetention finds expired dead letters by dead_time (without an index: a scan of the table per run).
-    stmts.append(sql.SQL("CREATE INDEX IF NOT EXISTS {} ON {} (dead_time)").format(
-        sql.Identifier(names.dead_time_index_name), names.dead_letters))
+    stmts.append(
+        sql.SQL("CREATE INDEX IF NOT EXISTS {} ON {} (dead_time)").format(
+            sql.Identifier(names.dead_time_index_name), names.dead_letters
+        )
+    )
     if names.mapping.source_row("o") is not None:
         # The row as it was (a mapped table's columns are not the record's): a requeue restores it.
         stmts.append(sql.SQL("ALTER TABLE {} ADD COLUMN IF NOT EXISTS source_row JSONB").format(names.dead_letters))
     # --uuid-sequencing: the fence row and the persisted ACK intents (docs/design.md §5).
-    stmts.append(sql.SQL("""
+    stmts.append(
+        sql.SQL("""
         CREATE TABLE IF NOT EXISTS {state} (
           singleton   BOOLEAN PRIMARY KEY DEFAULT true CHECK (singleton),
           epoch       BIGINT NOT NULL DEFAULT 0,
           leader_id   UUID,
           leader_name TEXT,
           updated_at  TIMESTAMP WITH TIME ZONE NOT NULL DEFAULT now()
-        )""").format(state=names.state))
-    stmts.append(sql.SQL("INSERT INTO {state} (singleton) VALUES (true) ON CONFLICT DO NOTHING").format(
-        state=names.state))
+        )""").format(state=names.state)
+    )
+    stmts.append(
+        sql.SQL("INSERT INTO {state} (singleton) VALUES (true) ON CONFLICT DO NOTHING").format(state=names.state)
+    )
     # Added after the first release: ALTER … IF NOT EXISTS upgrades older state tables in place.
-    stmts.append(sql.SQL("ALTER TABLE {state} ADD COLUMN IF NOT EXISTS last_clock BIGINT NOT NULL DEFAULT 0").format(
-        state=names.state))
+    stmts.append(
+        sql.SQL("ALTER TABLE {state} ADD COLUMN IF NOT EXISTS last_clock BIGINT NOT NULL DEFAULT 0").format(
+            state=names.state
+        )
+    )
     # One row per (producer, partition): a commit replaces the producer's older intent there, so a
     # recovery never re-sends an old ACK that would roll back the producer's newer, committed span.
     # clock: a Gazette clock (60-bit timestamp << 4 | counter) fits a signed BIGINT until the year 5236.
-    stmts.append(sql.SQL("""
+    stmts.append(
+        sql.SQL("""
         CREATE TABLE IF NOT EXISTS {acks} (
           epoch           BIGINT NOT NULL,
           producer        BYTEA NOT NULL,
@@ -399,25 +428,35 @@ def _companion_ddl(names: OutboxNames, vtype: sql.Composable) -> list[sql.Compos
           kafka_partition INTEGER NOT NULL,
           create_time     TIMESTAMP WITH TIME ZONE NOT NULL DEFAULT now(),
           PRIMARY KEY (producer, topic, kafka_partition)
-        )""").format(acks=names.ack_intents))
+        )""").format(acks=names.ack_intents)
+    )
     # Failed delivery attempts per outbox id (no foreign key: the outbox row is deleted first by
     # goharvest-style purges, and a dangling count is harmless, deleted with the next dead letter).
-    stmts.append(sql.SQL("""
+    stmts.append(
+        sql.SQL("""
         CREATE TABLE IF NOT EXISTS {attempts} (
           id          BIGINT PRIMARY KEY,
           attempts    INTEGER NOT NULL,
           last_error  TEXT,
           updated_at  TIMESTAMP WITH TIME ZONE NOT NULL DEFAULT now()
-        )""").format(attempts=names.delivery_attempts))
+        )""").format(attempts=names.delivery_attempts)
+    )
     # Sharded relays (shards: S): a view recovers only intents of views that led one of its shards
     # (those can no longer commit). An intent of a view still live on other shards, re-sent, would be
     # an old ACK that rolls back that producer's newer, still open span in every reader.
-    stmts.append(sql.SQL("ALTER TABLE {acks} ADD COLUMN IF NOT EXISTS shard_count INTEGER NOT NULL DEFAULT 1").format(
-        acks=names.ack_intents))
-    stmts.append(sql.SQL("ALTER TABLE {acks} ADD COLUMN IF NOT EXISTS shards INTEGER[] NOT NULL DEFAULT '{{0}}'").format(
-        acks=names.ack_intents))
+    stmts.append(
+        sql.SQL("ALTER TABLE {acks} ADD COLUMN IF NOT EXISTS shard_count INTEGER NOT NULL DEFAULT 1").format(
+            acks=names.ack_intents
+        )
+    )
+    stmts.append(
+        sql.SQL("ALTER TABLE {acks} ADD COLUMN IF NOT EXISTS shards INTEGER[] NOT NULL DEFAULT '{{0}}'").format(
+            acks=names.ack_intents
+        )
+    )
     # The layout of the relays running on the outbox (producer/layout.py): empty until the first starts.
-    stmts.append(sql.SQL("""
+    stmts.append(
+        sql.SQL("""
         CREATE TABLE IF NOT EXISTS {layout} (
           singleton       BOOLEAN PRIMARY KEY DEFAULT true CHECK (singleton),
           shards          INTEGER,
@@ -426,21 +465,29 @@ def _companion_ddl(names: OutboxNames, vtype: sql.Composable) -> list[sql.Compos
           leader_topic    TEXT,
           updated_by      TEXT,
           updated_at      TIMESTAMP WITH TIME ZONE NOT NULL DEFAULT now()
-        )""").format(layout=names.layout))
-    stmts.append(sql.SQL("INSERT INTO {layout} (singleton) VALUES (true) ON CONFLICT DO NOTHING").format(
-        layout=names.layout))
-    stmts.append(sql.SQL("""
+        )""").format(layout=names.layout)
+    )
+    stmts.append(
+        sql.SQL("INSERT INTO {layout} (singleton) VALUES (true) ON CONFLICT DO NOTHING").format(layout=names.layout)
+    )
+    stmts.append(
+        sql.SQL("""
         CREATE OR REPLACE FUNCTION {fn}() RETURNS trigger LANGUAGE plpgsql AS $$
         BEGIN
           PERFORM pg_notify(TG_ARGV[0], '');
           RETURN NULL;
-        END $$""").format(fn=names.notify_function))
-    stmts.append(sql.SQL("DROP TRIGGER IF EXISTS {trg} ON {outbox}").format(
-        trg=names.notify_trigger, outbox=names.outbox))
-    stmts.append(sql.SQL("CREATE TRIGGER {trg} AFTER INSERT ON {outbox} FOR EACH STATEMENT "
-                         "EXECUTE FUNCTION {fn}({channel})").format(
-        trg=names.notify_trigger, outbox=names.outbox, fn=names.notify_function,
-        channel=sql.Literal(names.channel)))
+        END $$""").format(fn=names.notify_function)
+    )
+    stmts.append(
+        sql.SQL("DROP TRIGGER IF EXISTS {trg} ON {outbox}").format(trg=names.notify_trigger, outbox=names.outbox)
+    )
+    stmts.append(
+        sql.SQL(
+            "CREATE TRIGGER {trg} AFTER INSERT ON {outbox} FOR EACH STATEMENT EXECUTE FUNCTION {fn}({channel})"
+        ).format(
+            trg=names.notify_trigger, outbox=names.outbox, fn=names.notify_function, channel=sql.Literal(names.channel)
+        )
+    )
     return stmts
 
 
@@ -454,7 +501,8 @@ def shard_ddl(names: OutboxNames, count: int) -> list[sql.Composable]:
     expr = shard_expression(count, names.mapping.shard_key())
     return [
         sql.SQL("CREATE INDEX IF NOT EXISTS {idx} ON {outbox} ({expr}, {id})").format(
-            idx=sql.Identifier(names.shard_index_name(count)), outbox=names.outbox, expr=expr, id=names.mapping.id()),
+            idx=sql.Identifier(names.shard_index_name(count)), outbox=names.outbox, expr=expr, id=names.mapping.id()
+        ),
         # An older harvest's index (on the old expression) is no relay's any more: one MD5 per insert for nothing.
         sql.SQL("DROP INDEX IF EXISTS {}").format(names._ident(names.old_shard_index_name(count))),
         sql.SQL("""
@@ -468,14 +516,20 @@ def shard_ddl(names: OutboxNames, count: int) -> list[sql.Composable]:
               last_clock  BIGINT NOT NULL DEFAULT 0,
               PRIMARY KEY (shard_count, shard)
             )""").format(st=names.shard_state),
-        sql.SQL("INSERT INTO {st} (shard_count, shard) SELECT {n}, s FROM generate_series(0, {last}) AS s "
-                "ON CONFLICT DO NOTHING").format(st=names.shard_state, n=sql.Literal(count),
-                                                 last=sql.Literal(count - 1)),
+        sql.SQL(
+            "INSERT INTO {st} (shard_count, shard) SELECT {n}, s FROM generate_series(0, {last}) AS s "
+            "ON CONFLICT DO NOTHING"
+        ).format(st=names.shard_state, n=sql.Literal(count), last=sql.Literal(count - 1)),
     ]
 
 
-def init_db(conninfo_or_conn: str | psycopg.Connection, outbox_table: str = "outbox",
-            value_type: ValueType = "varchar", shards: int = 1, mapping: TableMapping = GOHARVEST) -> OutboxNames:
+def init_db(
+    conninfo_or_conn: str | psycopg.Connection,
+    outbox_table: str = "outbox",
+    value_type: ValueType = "varchar",
+    shards: int = 1,
+    mapping: TableMapping = GOHARVEST,
+) -> OutboxNames:
     """Create (idempotently, in one transaction) everything the relay needs. Returns the names.
     ``shards`` > 1 also creates what sharded relays need (:func:`shard_ddl`). Refuses a SQL_ASCII
     database (:func:`require_utf8_readable`). With a Debezium ``mapping`` an existing table is kept
@@ -506,8 +560,16 @@ def init_db(conninfo_or_conn: str | psycopg.Connection, outbox_table: str = "out
     return names
 
 
-_EXPECTED = {"id", "create_time", "kafka_topic", "kafka_key", "kafka_value", "kafka_header_keys",
-             "kafka_header_values", "leader_id"}
+_EXPECTED = {
+    "id",
+    "create_time",
+    "kafka_topic",
+    "kafka_key",
+    "kafka_value",
+    "kafka_header_keys",
+    "kafka_header_values",
+    "leader_id",
+}
 
 
 def _column_types(conn: psycopg.Connection, names: OutboxNames) -> dict[str, str] | None:
@@ -515,49 +577,67 @@ def _column_types(conn: psycopg.Connection, names: OutboxNames) -> dict[str, str
     row = conn.execute("SELECT to_regclass(%s)::oid", (names.outbox.as_string(conn),)).fetchone()
     if row is None or row[0] is None:
         return None
-    return dict(conn.execute(
-        "SELECT attname, format_type(atttypid, NULL) FROM pg_attribute "
-        "WHERE attrelid = %s AND attnum > 0 AND NOT attisdropped", (row[0],)).fetchall())
+    return dict(
+        conn.execute(
+            "SELECT attname, format_type(atttypid, NULL) FROM pg_attribute "
+            "WHERE attrelid = %s AND attnum > 0 AND NOT attisdropped",
+            (row[0],),
+        ).fetchall()
+    )
 
 
 def inspect_outbox(conn: psycopg.Connection, names: OutboxNames) -> ValueType:
     """Check the outbox has the columns its table mapping reads; return the value column's type."""
     cols = _column_types(conn, names)
     if cols is None:
-        raise SchemaError(f"outbox table {names.display!r} does not exist; create it with "
-                          f"`harvest init-db` (or producer.schema.init_db)")
+        raise SchemaError(
+            f"outbox table {names.display!r} does not exist; create it with "
+            f"`harvest init-db` (or producer.schema.init_db)"
+        )
     if isinstance(names.mapping, DebeziumMapping):
         return _inspect_debezium(names, names.mapping, cols)
     missing = _EXPECTED - cols.keys()
     if missing:
-        raise SchemaError(f"outbox table {names.display!r} lacks column(s) {', '.join(sorted(missing))}; "
-                          f"expected goharvest's schema ({', '.join(sorted(_EXPECTED))})")
+        raise SchemaError(
+            f"outbox table {names.display!r} lacks column(s) {', '.join(sorted(missing))}; "
+            f"expected goharvest's schema ({', '.join(sorted(_EXPECTED))})"
+        )
     return "bytea" if cols["kafka_value"] == "bytea" else "varchar"
 
 
 def _inspect_debezium(names: OutboxNames, mapping: DebeziumMapping, cols: dict[str, str]) -> ValueType:
     r = mapping.router
-    options = {r.field_event_id: "table.field.event.id", r.field_event_key: "table.field.event.key",
-               r.field_event_payload: "table.field.event.payload", r.route_by_field: "route.by.field"}
+    options = {
+        r.field_event_id: "table.field.event.id",
+        r.field_event_key: "table.field.event.key",
+        r.field_event_payload: "table.field.event.payload",
+        r.route_by_field: "route.by.field",
+    }
     for a in r.additional:
         options.setdefault(a.column, "table.fields.additional.placement")
     partition = {a.column for a in r.additional if a.placement == "partition"}
     for col, option in options.items():
         if col not in cols:
-            raise SchemaError(f"outbox table {names.display!r} has no column {col!r}, which the event router reads "
-                              f"({option}); set eventRouter.{option} to the column's name")
+            raise SchemaError(
+                f"outbox table {names.display!r} has no column {col!r}, which the event router reads "
+                f"({option}); set eventRouter.{option} to the column's name"
+            )
         allowed = DEBEZIUM_PAYLOAD_TYPES if option == "table.field.event.payload" else DEBEZIUM_TEXT_TYPES
         if col in partition:
             allowed = frozenset({"integer"})  # the router reads the partition as an INT32
         if cols[col] not in allowed:
-            raise SchemaError(f"outbox table {names.display!r}: column {col!r} ({option}) has type {cols[col]}, whose "
-                              f"Debezium rendering harvest does not reproduce byte for byte; supported: "
-                              f"{', '.join(sorted(allowed))}")
+            raise SchemaError(
+                f"outbox table {names.display!r}: column {col!r} ({option}) has type {cols[col]}, whose "
+                f"Debezium rendering harvest does not reproduce byte for byte; supported: "
+                f"{', '.join(sorted(allowed))}"
+            )
     missing = {mapping.id_column, mapping.leader_column, mapping.created_column} - cols.keys()
     if missing:
-        raise SchemaError(f"outbox table {names.display!r} lacks the relay's column(s) {', '.join(sorted(missing))}; "
-                          f"run `harvest init-db` with tableMapping: debezium (idempotent; it adds them with "
-                          f"defaults, so the writers' INSERTs do not change)")
+        raise SchemaError(
+            f"outbox table {names.display!r} lacks the relay's column(s) {', '.join(sorted(missing))}; "
+            f"run `harvest init-db` with tableMapping: debezium (idempotent; it adds them with "
+            f"defaults, so the writers' INSERTs do not change)"
+        )
     return "bytea" if cols[r.field_event_payload] == "bytea" else "varchar"
 
 
@@ -574,7 +654,8 @@ def require_utf8_readable(conn: psycopg.Connection) -> None:
             f"byte that is not UTF-8 in an outbox row (topic, key, value or a header) would fail every mark, so no "
             f"row would be delivered. Fix: keep the outbox in a UTF8 database (CREATE DATABASE ... ENCODING 'UTF8' "
             f"TEMPLATE template0, then move the tables there with pg_dump/pg_restore); other encodings (LATIN1, ...) "
-            f"work as they are")
+            f"work as they are"
+        )
 
 
 def require_attempts_table(conn: psycopg.Connection, names: OutboxNames) -> None:
@@ -583,39 +664,51 @@ def require_attempts_table(conn: psycopg.Connection, names: OutboxNames) -> None
     state row's ``last_clock`` (the UUID clock floor of ``--uuid-sequencing``)."""
     row = conn.execute("SELECT to_regclass(%s)::oid", (names.delivery_attempts.as_string(conn),)).fetchone()
     if row is None or row[0] is None:
-        raise SchemaError(f"table {names.delivery_attempts.as_string(conn)} (delivery-attempt counts, which make "
-                          f"maxDeliveryAttempts survive relay restarts) does not exist: the outbox {names.display!r} "
-                          f"was initialised by an older harvest. Fix: run `harvest init-db` again (idempotent; it only "
-                          f"adds what is missing)")
-    row = conn.execute("SELECT 1 FROM pg_attribute WHERE attrelid = to_regclass(%s) AND attname = 'last_clock' "
-                       "AND NOT attisdropped", (names.state.as_string(conn),)).fetchone()
+        raise SchemaError(
+            f"table {names.delivery_attempts.as_string(conn)} (delivery-attempt counts, which make "
+            f"maxDeliveryAttempts survive relay restarts) does not exist: the outbox {names.display!r} "
+            f"was initialised by an older harvest. Fix: run `harvest init-db` again (idempotent; it only "
+            f"adds what is missing)"
+        )
+    row = conn.execute(
+        "SELECT 1 FROM pg_attribute WHERE attrelid = to_regclass(%s) AND attname = 'last_clock' AND NOT attisdropped",
+        (names.state.as_string(conn),),
+    ).fetchone()
     if row is None:
-        raise SchemaError(f"{names.state.as_string(conn)} lacks column last_clock (the UUID clock floor that keeps "
-                          f"--uuid-sequencing clocks rising across leaders): the outbox {names.display!r} was "
-                          f"initialised by an older harvest. Fix: run `harvest init-db` again (idempotent)")
+        raise SchemaError(
+            f"{names.state.as_string(conn)} lacks column last_clock (the UUID clock floor that keeps "
+            f"--uuid-sequencing clocks rising across leaders): the outbox {names.display!r} was "
+            f"initialised by an older harvest. Fix: run `harvest init-db` again (idempotent)"
+        )
 
 
 def require_shards(conn: psycopg.Connection, names: OutboxNames, count: int) -> None:
     """A sharded relay refuses to run without its shard index (every mark would scan the outbox) and
     the shards' fence rows."""
-    row = conn.execute("SELECT to_regclass(%s)::oid", (names._ident(names.shard_index_name(count)).as_string(conn),
-                                                       )).fetchone()
+    row = conn.execute(
+        "SELECT to_regclass(%s)::oid", (names._ident(names.shard_index_name(count)).as_string(conn),)
+    ).fetchone()
     if row is None or row[0] is None:
         old = names.old_shard_index_name(count)
         if conn.execute("SELECT to_regclass(%s)", (names._ident(old).as_string(conn),)).fetchone() != (None,):
-            raise SchemaError(f"the shard index {old} of the outbox {names.display!r} was built by an older harvest, "
-                              f"on an expression that leaves rows with a NULL kafka_key in no shard (never sent, never "
-                              f"dead-lettered). Fix: run `harvest init-db` with shards: {count} in the config "
-                              f"(idempotent): it builds {names.shard_index_name(count)} and drops {old}; every other "
-                              f"row keeps its shard")
+            raise SchemaError(
+                f"the shard index {old} of the outbox {names.display!r} was built by an older harvest, "
+                f"on an expression that leaves rows with a NULL kafka_key in no shard (never sent, never "
+                f"dead-lettered). Fix: run `harvest init-db` with shards: {count} in the config "
+                f"(idempotent): it builds {names.shard_index_name(count)} and drops {old}; every other "
+                f"row keeps its shard"
+            )
     have_rows = None
     if row is not None and row[0] is not None:
         try:
-            have_rows = conn.execute(sql.SQL("SELECT count(*) FROM {} WHERE shard_count = %s").format(
-                names.shard_state), (count,)).fetchone()
+            have_rows = conn.execute(
+                sql.SQL("SELECT count(*) FROM {} WHERE shard_count = %s").format(names.shard_state), (count,)
+            ).fetchone()
         except psycopg.errors.UndefinedTable:
             have_rows = None
     if row is None or row[0] is None or have_rows is None or int(have_rows[0]) != count:
-        raise SchemaError(f"the outbox {names.display!r} is not initialised for shards: {count} (the shard index "
-                          f"{names.shard_index_name(count)} and the shards' fence rows are missing). Fix: run "
-                          f"`harvest init-db` with shards: {count} in the config (idempotent)")
+        raise SchemaError(
+            f"the outbox {names.display!r} is not initialised for shards: {count} (the shard index "
+            f"{names.shard_index_name(count)} and the shards' fence rows are missing). Fix: run "
+            f"`harvest init-db` with shards: {count} in the config (idempotent)"
+        )

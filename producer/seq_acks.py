@@ -109,15 +109,15 @@ def enqueue_acks(producer: KafkaProducer, t: Txn, acking: deque[Txn], hook: Cras
     return True
 
 
-def recover(producer: KafkaProducer, intents: Sequence[Intent], deadline: float,
-            monotonic: Callable[[], float]) -> int:
+def recover(producer: KafkaProducer, intents: Sequence[Intent], deadline: float, monotonic: Callable[[], float]) -> int:
     """Publish the recovered intents in order and await their delivery until ``deadline``; returns
     how many were not delivered (0: all are in the log and may be confirmed)."""
     counter = AckCounter()
     for _e, prod, clock, topic, part in intents:
         counter.pending += 1
-        if not produce_ack(producer, topic, part, uuid_bytes(int.from_bytes(prod, "big"), clock, ACK),
-                           counter.on_delivery):
+        if not produce_ack(
+            producer, topic, part, uuid_bytes(int.from_bytes(prod, "big"), clock, ACK), counter.on_delivery
+        ):
             break
     while counter.pending > 0 and monotonic() < deadline:
         producer.poll(0.01)

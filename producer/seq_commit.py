@@ -49,6 +49,11 @@ def commit_job(store: SequencedStore, batch: Sequence[Txn], attempts: dict[int, 
 
 def outcome_unknown(txns: Iterable[Txn]) -> set[bytes]:
     """Producers of transactions whose commit finished with an error other than a FenceError."""
-    return {t.producer for t in txns
-            if t.commit is not None and t.commit.done() and t.commit.exception() is not None
-            and not isinstance(t.commit.exception(), FenceError)}
+    return {
+        t.producer
+        for t in txns
+        if t.commit is not None
+        and t.commit.done()
+        and t.commit.exception() is not None
+        and not isinstance(t.commit.exception(), FenceError)
+    }

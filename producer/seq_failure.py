@@ -71,8 +71,12 @@ class ViewFailure:
     def _abandon(self, why: str, failed: Txn | None, fenced: bool = False) -> None:
         if self.core.remark:
             return
-        log.warning("%s: abandoning leader view%s: %s", self.config.name,
-                    f" epoch={self._view.epoch}" if self._view else "", why)
+        log.warning(
+            "%s: abandoning leader view%s: %s",
+            self.config.name,
+            f" epoch={self._view.epoch}" if self._view else "",
+            why,
+        )
         if failed is not None:
             self.txn_limit = max(1, self.txn_limit // 2)
             for err, msg, clock in failed.failures:
@@ -87,9 +91,13 @@ class ViewFailure:
                     # poison), or not (an outage: nothing is counted). In this mode deliveries stop
                     # once the producer ring is full, so "acknowledged later" rather than "lately".
                     if not (self._view is not None and self._view.max_ok > clock):
-                        log.warning("delivery of record %d timed out after %.1fs while no record was delivered "
-                                    "(broker or network outage?): %s; not counted as an attempt", rid, latency,
-                                    err.str())
+                        log.warning(
+                            "delivery of record %d timed out after %.1fs while no record was delivered "
+                            "(broker or network outage?): %s; not counted as an attempt",
+                            rid,
+                            latency,
+                            err.str(),
+                        )
                         if err.fatal():
                             self.core.producer_fatal = True
                         continue
@@ -98,9 +106,12 @@ class ViewFailure:
                     self.metrics.delivery_failures += 1
                     attempts = self.core.attempts.get(rid, 0) + 1
                     self.core.attempts[rid] = attempts
-                    self._poison[rid] = (f"held up other rows for limits.rowTimeout "
-                                         f"({self.limits.row_timeout:g}s) while they were delivered: "
-                                         f"{err.name()}: {err.str()}", attempts)
+                    self._poison[rid] = (
+                        f"held up other rows for limits.rowTimeout "
+                        f"({self.limits.row_timeout:g}s) while they were delivered: "
+                        f"{err.name()}: {err.str()}",
+                        attempts,
+                    )
                     self.core.attempt_buf.append((rid, attempts, f"{err.name()}: {err.str()}"))
                     if err.fatal():
                         self.core.producer_fatal = True
@@ -179,8 +190,9 @@ class ViewFailure:
             counter = roll_back(producer, view, self._txns if not self._ack_broken else (), unknown)
             self._txns.clear()
             end = self.monotonic() + budget  # type: ignore[operator]
-            while (self._acking and any(t.ack_pending for t in self._acking) or counter.pending) and \
-                    self.monotonic() < end:
+            while (
+                (self._acking and any(t.ack_pending for t in self._acking)) or counter.pending
+            ) and self.monotonic() < end:
                 producer.poll(0.01)
             acked = self.monotonic()
             for t in self._acking:

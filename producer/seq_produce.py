@@ -136,7 +136,8 @@ class TxnProducer:
                     continue
                 size = len(key) + (len(value) if value is not None else 0)  # type: ignore[arg-type]
                 if size > verdict or (  # type: ignore[operator]
-                        hkeys and size + header_bytes(hkeys, hvals) > verdict):  # type: ignore[arg-type,operator]
+                    hkeys and size + header_bytes(hkeys, hvals) > verdict
+                ):  # type: ignore[arg-type,operator]
                     ready.popleft()
                     why = too_large(verdict, key, value, hkeys, hvals)  # type: ignore[arg-type]
                     self._dead_letter_in(t, row, f"cannot be sent: {why}", 0)
@@ -172,7 +173,7 @@ class TxnProducer:
                     # before any later record, keeps the log in id order, so the view survives.
                     self._sync_failures += 1
                     if self._sync_failures < self.limits.max_delivery_attempts:
-                        producer.poll(min(0.001 * 2 ** self._sync_failures, 0.1))
+                        producer.poll(min(0.001 * 2**self._sync_failures, 0.1))
                         continue
                     ready.popleft()
                     self._sync_failures = 0
@@ -208,8 +209,13 @@ class TxnProducer:
                     self._hook.hit("after_publish_before_delivery", settle=0.5)
 
     def _dead_letter_in(self, t: Txn, row: MarkedRow, error: str, attempts: int) -> None:
-        log.error("record %d (topic %r) will be moved to dead letters with harvest transaction %d: %s",
-                  row[0], row[1], t.k, error)
+        log.error(
+            "record %d (topic %r) will be moved to dead letters with harvest transaction %d: %s",
+            row[0],
+            row[1],
+            t.k,
+            error,
+        )
         self.core.attempts.pop(row[0], None)
         t.dead.append((row[0], error, attempts))
         self.metrics.dead_lettered += 1
@@ -221,8 +227,10 @@ class TxnProducer:
         for rid, (n, error) in persisted.items():
             n = self.core.attempts[rid] = max(self.core.attempts.get(rid, 0), n)
             if n >= limit and rid not in self._poison:
-                self._poison[rid] = (f"failed {n} delivery attempts (counted across relay restarts); "
-                                     f"last error: {error}", n)
+                self._poison[rid] = (
+                    f"failed {n} delivery attempts (counted across relay restarts); last error: {error}",
+                    n,
+                )
 
     def _count_failure(self, rid: int, err: KafkaError, asynchronous: bool) -> None:
         self.metrics.delivery_failures += 1

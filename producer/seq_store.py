@@ -31,8 +31,9 @@ from harvest_outbox.producer.db import MarkedAttempts, MarkedRow, TxnCommit
 class SequencedStore(Protocol):
     """What the sequenced mode asks of the database (see module doc)."""
 
-    def start_view_with_floor(self, leader_id: uuid.UUID,
-                              name: str) -> tuple[int, list[tuple[int, bytes, int, str, int]], int]:
+    def start_view_with_floor(
+        self, leader_id: uuid.UUID, name: str
+    ) -> tuple[int, list[tuple[int, bytes, int, str, int]], int]:
         """(new epoch, unconfirmed intents (epoch, producer, clock, topic, partition), clock floor)."""
         ...
 

@@ -36,8 +36,25 @@ def reported(t: Txn) -> bool:
 class Txn:
     """One harvest transaction."""
 
-    __slots__ = ("ack_clock", "ack_failed", "ack_pending", "closed", "commit", "dead", "failures", "first_clock",
-                 "ids", "journals", "k", "opened", "pending", "producer", "producer_int", "rows", "view")
+    __slots__ = (
+        "ack_clock",
+        "ack_failed",
+        "ack_pending",
+        "closed",
+        "commit",
+        "dead",
+        "failures",
+        "first_clock",
+        "ids",
+        "journals",
+        "k",
+        "opened",
+        "pending",
+        "producer",
+        "producer_int",
+        "rows",
+        "view",
+    )
 
     def __init__(self, view: View, k: int, producer: bytes, now: float) -> None:
         self.view = view
@@ -80,8 +97,13 @@ class Txn:
     def on_ack(self, err: KafkaError | None, msg: Message) -> None:
         self.ack_pending -= 1
         if err is not None:
-            log.warning("ACK_TXN of harvest transaction %d to %s/%s failed: %s (its intent stays; the next "
-                        "view re-sends it)", self.k, msg.topic(), msg.partition(), err.str())
+            log.warning(
+                "ACK_TXN of harvest transaction %d to %s/%s failed: %s (its intent stays; the next view re-sends it)",
+                self.k,
+                msg.topic(),
+                msg.partition(),
+                err.str(),
+            )
             self.ack_failed = True
 
 

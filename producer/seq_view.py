@@ -29,17 +29,26 @@ def continue_uuid(producer: bytes, clock: int, _pack: Any = _UUID_HEAD) -> bytes
     """``uuid_bytes(int.from_bytes(producer, "big"), clock, CONTINUE_TXN)`` for the per-record path:
     time_low, time_mid, time_hi|version, variant|counter|flags packed by one C call, then the
     6-byte ProducerID (a quarter less work than the 128-bit integer arithmetic)."""
-    return _pack((clock >> 4) & 0xFFFFFFFF, (clock >> 36) & 0xFFFF, ((clock >> 52) & 0x0FFF) | 0x1000,
-                 ((clock & 0xF) << 10) | CONTINUE | 0x8000) + producer
+    return (
+        _pack(
+            (clock >> 4) & 0xFFFFFFFF,
+            (clock >> 36) & 0xFFFF,
+            ((clock >> 52) & 0x0FFF) | 0x1000,
+            ((clock & 0xF) << 10) | CONTINUE | 0x8000,
+        )
+        + producer
+    )
 
 
 def uuid_bytes(producer: int, clock: int, flags: int) -> bytes:
     """``build_uuid(producer, clock, flags).bytes`` without validation (hot path; ``producer`` as int)."""
-    return (((clock >> 4) & 0xFFFFFFFF) << 96
-            | ((clock >> 36) & 0xFFFF) << 80
-            | (((clock >> 52) & 0x0FFF) | 0x1000) << 64
-            | (((clock & 0xF) << 10) | flags | 0x8000) << 48
-            | producer).to_bytes(16, "big")
+    return (
+        ((clock >> 4) & 0xFFFFFFFF) << 96
+        | ((clock >> 36) & 0xFFFF) << 80
+        | (((clock >> 52) & 0x0FFF) | 0x1000) << 64
+        | (((clock & 0xF) << 10) | flags | 0x8000) << 48
+        | producer
+    ).to_bytes(16, "big")
 
 
 class View:

@@ -222,8 +222,10 @@ class SequencedMode(TxnProducer, ViewFailure):
                 return
         if txns:
             last = txns[-1]
-            if not last.closed and (now - last.opened >= self.limits.txn_max_duration
-                                    or (not self._ready and self._last_mark_short and reported(last))):
+            if not last.closed and (
+                now - last.opened >= self.limits.txn_max_duration
+                or (not self._ready and self._last_mark_short and reported(last))
+            ):
                 self._close(last)
         # Submit commits in order, one job at a time: transactions delivered while a commit runs wait
         # for it and then commit together (group commit). One job per transaction queued them behind
@@ -245,8 +247,9 @@ class SequencedMode(TxnProducer, ViewFailure):
             t = txns[0]
             err = t.commit.exception()  # type: ignore[union-attr]
             if err is not None:
-                self._abandon(f"commit of harvest transaction {t.k} failed: {err}", None,
-                              fenced=isinstance(err, FenceError))
+                self._abandon(
+                    f"commit of harvest transaction {t.k} failed: {err}", None, fenced=isinstance(err, FenceError)
+                )
                 return
             txns.popleft()
             self.metrics.delivered += len(t.ids)
@@ -315,16 +318,20 @@ class SequencedMode(TxnProducer, ViewFailure):
         if undelivered:
             self.core.remark = True  # retry the view (and its recovery) after a backoff
             self._view_backoff_until = self.monotonic() + self.limits.io_error_backoff
-            log.warning("view epoch %d: %d recovered ACK intent(s) not delivered; starting another view", epoch,
-                        undelivered)
+            log.warning(
+                "view epoch %d: %d recovered ACK intent(s) not delivered; starting another view", epoch, undelivered
+            )
             return
         if intents:
             exec_.submit(store.confirm_acks, [(p, c) for _e, p, c, _t, _p in intents]).result()
         now_ns = self.wall_clock_ns()
         if clock_from_unix_ns(now_ns) < floor:
-            log.warning("%s: the wall clock is %.3fs behind the last committed ACK clock; this view's UUID clocks "
-                        "continue from that clock instead (clocks never go back across views)", self.config.name,
-                        (Clock(floor).as_unix_ns() - now_ns) / 1e9)
+            log.warning(
+                "%s: the wall clock is %.3fs behind the last committed ACK clock; this view's UUID clocks "
+                "continue from that clock instead (clocks never go back across views)",
+                self.config.name,
+                (Clock(floor).as_unix_ns() - now_ns) / 1e9,
+            )
         view = self._view = View(leader_id, epoch, self.limits.producer_ring, now_ns, floor)
         self._ack_broken = False
         self.core.leader_id = leader_id
@@ -332,8 +339,14 @@ class SequencedMode(TxnProducer, ViewFailure):
         self.core.next_mark = 0.0
         self._last_mark_short = True
         self.views_started += 1
-        log.info("%s: view epoch=%d leader_id=%s producers=%s recovered_acks=%d", self.config.name, epoch, leader_id,
-                 ",".join(p.hex() for p in view.ring), len(intents))
+        log.info(
+            "%s: view epoch=%d leader_id=%s producers=%s recovered_acks=%d",
+            self.config.name,
+            epoch,
+            leader_id,
+            ",".join(p.hex() for p in view.ring),
+            len(intents),
+        )
         if self._refreshing:
             self._refreshing = False
             self.core.emit(LeaderRefreshed(leader_id))
@@ -342,5 +355,9 @@ class SequencedMode(TxnProducer, ViewFailure):
 
 def _unexpected_report(err: KafkaError | None, msg: Message) -> None:
     """The producer's default delivery callback: every record and ACK this mode produces names its own."""
-    log.warning("delivery report for a record produced without a callback (%s/%s): %s", msg.topic(),
-                msg.partition(), err.str() if err is not None else "delivered")
+    log.warning(
+        "delivery report for a record produced without a callback (%s/%s): %s",
+        msg.topic(),
+        msg.partition(),
+        err.str() if err is not None else "delivered",
+    )

@@ -128,10 +128,19 @@ class ShardSetSeat:
 class NeliShardElection:
     """NELI with one leader-topic partition per shard (module docstring)."""
 
-    def __init__(self, base_kafka_config: dict[str, Any], leader_topic: str, leader_group_id: str, name: str,
-                 shards: int, heartbeat_timeout: float = 5.0, min_poll_interval: float = 0.1,
-                 poll_duration: float = 0.001, replication_factor: int = -1,
-                 stop: threading.Event | None = None) -> None:
+    def __init__(
+        self,
+        base_kafka_config: dict[str, Any],
+        leader_topic: str,
+        leader_group_id: str,
+        name: str,
+        shards: int,
+        heartbeat_timeout: float = 5.0,
+        min_poll_interval: float = 0.1,
+        poll_duration: float = 0.001,
+        replication_factor: int = -1,
+        stop: threading.Event | None = None,
+    ) -> None:
         self._base = {k: v for k, v in base_kafka_config.items() if k not in _PRODUCER_ONLY}
         self.topic, self.group, self.name, self.shards = leader_topic, leader_group_id, name, shards
         self._stop = stop  # the relay's stop request: start() gives up waiting for Kafka once it is set
@@ -159,8 +168,9 @@ class NeliShardElection:
             return  # stopped while Kafka did not answer: no clients, nothing to leave
         self._check_partitions()
         try:
-            self._consumer, self._producer = neli_clients(self._base, self.topic, self.group, self.name,
-                                                          self._heartbeat_timeout, self._on_assign, self._on_revoke)
+            self._consumer, self._producer = neli_clients(
+                self._base, self.topic, self.group, self.name, self._heartbeat_timeout, self._on_assign, self._on_revoke
+            )
         except KafkaException as exc:
             self.close()
             raise ElectionError(f"cannot start shard leader election on {self.topic!r}: {exc.args[0].str()}") from exc
@@ -179,7 +189,8 @@ class NeliShardElection:
                 f"leaderTopic {self.topic!r} has {found} partition(s) but shards: {self.shards} needs one per shard: "
                 f"relays with another shard count may be using it. Fix: give this sharding a leader topic of its own "
                 f"(leaderTopic), or, when no relay uses {self.topic!r}, delete it so it is created with "
-                f"{self.shards} partitions")
+                f"{self.shards} partitions"
+            )
 
     # -- rebalance callbacks (inside consumer.consume / close, on the pulsing thread) --
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
@@ -202,8 +213,13 @@ class NeliShardElection:
         if not new:
             return
         self._leading |= new
-        log.info("%s: leads shard(s) %s of %d (partitions of %r)", self.name, ",".join(map(str, sorted(new))),
-                 self.shards, self.topic)
+        log.info(
+            "%s: leads shard(s) %s of %d (partitions of %r)",
+            self.name,
+            ",".join(map(str, sorted(new))),
+            self.shards,
+            self.topic,
+        )
         if self._listener is not None:
             started = time.monotonic()
             self._listener.on_shards_acquired(new)
@@ -214,8 +230,9 @@ class NeliShardElection:
         if not gone:
             return
         self._leading -= gone
-        log.info("%s: no longer leads shard(s) %s of %d (%s)", self.name, ",".join(map(str, sorted(gone))),
-                 self.shards, why)
+        log.info(
+            "%s: no longer leads shard(s) %s of %d (%s)", self.name, ",".join(map(str, sorted(gone))), self.shards, why
+        )
         if self._listener is not None:
             started = time.monotonic()
             self._listener.on_shards_lost(gone, why)
@@ -259,12 +276,17 @@ class NeliShardElection:
             elif p in self._leading and now - self._last_received.get(p, now) > self._heartbeat_timeout:
                 fenced.add(p)
         if fenced:
-            log.warning("%s: no heartbeat on shard(s) %s for more than %gs: fenced", self.name,
-                        ",".join(map(str, sorted(fenced))), self._heartbeat_timeout)
+            log.warning(
+                "%s: no heartbeat on shard(s) %s for more than %gs: fenced",
+                self.name,
+                ",".join(map(str, sorted(fenced))),
+                self._heartbeat_timeout,
+            )
             self._lose(fenced, "fenced")
         if resumed:
-            log.info("%s: heartbeats of shard(s) %s received again: resuming", self.name,
-                     ",".join(map(str, sorted(resumed))))
+            log.info(
+                "%s: heartbeats of shard(s) %s received again: resuming", self.name, ",".join(map(str, sorted(resumed)))
+            )
             self._acquire(resumed)
         assert self._producer is not None
         for p in sorted(self._assigned):

@@ -33,8 +33,16 @@ import time
 
 import psycopg
 
-from harvest_outbox.producer.election_postgres import (MEMBERS_SQL, close_quietly, election_connection, key_parts,
-                                                       listen_for_others, lock_key, members_namespace, resolve_table)
+from harvest_outbox.producer.election_postgres import (
+    MEMBERS_SQL,
+    close_quietly,
+    election_connection,
+    key_parts,
+    listen_for_others,
+    lock_key,
+    members_namespace,
+    resolve_table,
+)
 from harvest_outbox.producer.errors import ElectionError
 from harvest_outbox.producer.redact import redact_dsn, redact_error
 from harvest_outbox.producer.shard_election import ShardListener, fair_share
@@ -43,9 +51,11 @@ log = logging.getLogger(__name__)
 
 # Holders of bigint-keyed advisory locks (the shard locks are among them).
 _DB = "database = (SELECT oid FROM pg_database WHERE datname = current_database())"
-_HOLDERS_SQL = (f"SELECT classid::bigint, objid::bigint, pid, pid = pg_backend_pid() FROM pg_locks "
-                f"WHERE locktype = 'advisory' AND {_DB} AND objsubid = 1 AND granted "
-                f"AND (classid::bigint, objid::bigint) IN (SELECT * FROM unnest(%s::bigint[], %s::bigint[]))")
+_HOLDERS_SQL = (
+    f"SELECT classid::bigint, objid::bigint, pid, pid = pg_backend_pid() FROM pg_locks "
+    f"WHERE locktype = 'advisory' AND {_DB} AND objsubid = 1 AND granted "
+    f"AND (classid::bigint, objid::bigint) IN (SELECT * FROM unnest(%s::bigint[], %s::bigint[]))"
+)
 
 
 def shard_lock_key(qualified_table: str, count: int, index: int) -> int:
@@ -55,8 +65,16 @@ def shard_lock_key(qualified_table: str, count: int, index: int) -> int:
 class PostgresShardElection:
     """See the module docstring. Callbacks run on the thread calling :meth:`pulse` / :meth:`close`."""
 
-    def __init__(self, dsn: str, outbox_table: str, name: str, shards: int, *, check_interval: float = 1.0,
-                 lease: float | None = None) -> None:
+    def __init__(
+        self,
+        dsn: str,
+        outbox_table: str,
+        name: str,
+        shards: int,
+        *,
+        check_interval: float = 1.0,
+        lease: float | None = None,
+    ) -> None:
         self._dsn = dsn
         self._outbox_table = outbox_table
         self.name, self.shards = name, shards
@@ -96,8 +114,10 @@ class PostgresShardElection:
         try:
             self._connect()  # fail fast: bad DSN, unreachable database, another sharding running
         except psycopg.Error as exc:
-            raise ElectionError(f"cannot start Postgres shard election ({redact_dsn(self._dsn)}): "
-                                f"{redact_error(str(exc), self._dsn).strip()}") from exc
+            raise ElectionError(
+                f"cannot start Postgres shard election ({redact_dsn(self._dsn)}): "
+                f"{redact_error(str(exc), self._dsn).strip()}"
+            ) from exc
         self._wake_r, self._wake_w = os.pipe()
         self._thread = threading.Thread(target=self._loop, name=f"harvest-shard-election-{self.name}", daemon=True)
         self._thread.start()
@@ -121,8 +141,12 @@ class PostgresShardElection:
                 for k in new:
                     self._seen[k] = held[k]
                 self._leading |= new
-                log.info("%s: leads shard(s) %s of %d (Postgres locks)", self.name, ",".join(map(str, sorted(new))),
-                         self.shards)
+                log.info(
+                    "%s: leads shard(s) %s of %d (Postgres locks)",
+                    self.name,
+                    ",".join(map(str, sorted(new))),
+                    self.shards,
+                )
                 self._listener.on_shards_acquired(frozenset(new))
         # Shards the thread wants gone and pulse no longer leads are drained: unlock them.
         done = {k for k in surplus if k not in self._leading}
@@ -136,8 +160,9 @@ class PostgresShardElection:
         if not gone:
             return
         self._leading -= gone
-        log.info("%s: no longer leads shard(s) %s of %d (%s)", self.name, ",".join(map(str, sorted(gone))), self.shards,
-                 why)
+        log.info(
+            "%s: no longer leads shard(s) %s of %d (%s)", self.name, ",".join(map(str, sorted(gone))), self.shards, why
+        )
         assert self._listener is not None
         self._listener.on_shards_lost(gone, why)
 
@@ -169,32 +194,45 @@ class PostgresShardElection:
 
     # ------------------------------------------------------------------ election thread
     def _connect(self) -> None:
-        conn = election_connection(self._dsn, self.name, self.check_interval, self.lease, self.connect_timeout,
-                                   self.statement_timeout)
+        conn = election_connection(
+            self._dsn, self.name, self.check_interval, self.lease, self.connect_timeout, self.statement_timeout
+        )
         try:
             if not self.table:
                 self.table = resolve_table(conn, self._outbox_table)
                 self.namespace = members_namespace(self.table)
                 self._keys = [shard_lock_key(self.table, self.shards, k) for k in range(self.shards)]
                 self.channel = f"harvest_shards_{self.namespace:08x}"
-                log.info("%s: Postgres shard election on %s (%d shards, check every %gs, lease %gs)", self.name,
-                         self.table, self.shards, self.check_interval, self.lease)
+                log.info(
+                    "%s: Postgres shard election on %s (%d shards, check every %gs, lease %gs)",
+                    self.name,
+                    self.table,
+                    self.shards,
+                    self.check_interval,
+                    self.lease,
+                )
             conn.execute("SELECT pg_advisory_lock_shared(%s::int, %s::int)", (self.namespace, self.shards))
-            others = [(int(s), int(n)) for s, n in conn.execute(MEMBERS_SQL, (self.namespace,)).fetchall()
-                      if int(s) != self.shards]
-            unsharded = conn.execute(_HOLDERS_SQL, ([key_parts(lock_key(self.table))[0]],
-                                                    [key_parts(lock_key(self.table))[1]])).fetchone()
+            others = [
+                (int(s), int(n))
+                for s, n in conn.execute(MEMBERS_SQL, (self.namespace,)).fetchall()
+                if int(s) != self.shards
+            ]
+            unsharded = conn.execute(
+                _HOLDERS_SQL, ([key_parts(lock_key(self.table))[0]], [key_parts(lock_key(self.table))[1]])
+            ).fetchone()
             if unsharded is not None:
                 raise ElectionError(
                     f"an unsharded relay (shards: 1, backend pid {unsharded[2]}) leads {self.table}; this one has "
                     f"shards: {self.shards}. Changing shards on a live outbox is drain-then-change: stop every relay, "
-                    f"change shards, run `harvest init-db`, start the relays (README, Sharded relays)")
+                    f"change shards, run `harvest init-db`, start the relays (README, Sharded relays)"
+                )
             if others:
                 raise ElectionError(
                     f"relays with another shard count run on {self.table}: "
                     f"{', '.join(f'{n} relay(s) with shards: {s}' for s, n in others)}; this one has shards: "
                     f"{self.shards}. Changing shards on a live outbox is drain-then-change: stop every relay, change "
-                    f"shards, run `harvest init-db`, start the relays (README, Sharded relays)")
+                    f"shards, run `harvest init-db`, start the relays (README, Sharded relays)"
+                )
             pid = listen_for_others(conn, self.channel, self._on_notify)
             conn.execute("SELECT pg_notify(%s, %s)", (self.channel, self.name))  # others re-spread now
         except BaseException:
@@ -214,8 +252,9 @@ class PostgresShardElection:
             self._surplus.clear()
             self._unlock.clear()
         if had:
-            log.warning("%s: shard election connection failed (%s): shard locks %s considered lost", self.name, why,
-                        had)
+            log.warning(
+                "%s: shard election connection failed (%s): shard locks %s considered lost", self.name, why, had
+            )
         else:
             log.info("%s: shard election connection failed (%s); reconnecting", self.name, why)
         close_quietly(self._conn)
@@ -226,8 +265,12 @@ class PostgresShardElection:
             try:
                 self._connect()
             except (psycopg.Error, ElectionError) as exc:
-                log.warning("%s: cannot connect for shard election (%s): %s", self.name, redact_dsn(self._dsn),
-                            redact_error(str(exc), self._dsn).strip())
+                log.warning(
+                    "%s: cannot connect for shard election (%s): %s",
+                    self.name,
+                    redact_dsn(self._dsn),
+                    redact_error(str(exc), self._dsn).strip(),
+                )
                 return
         conn = self._conn
         assert conn is not None
@@ -244,8 +287,9 @@ class PostgresShardElection:
                 log.info("%s: let shard %d/%d go", self.name, k, self.shards)
             if unlock:
                 conn.execute("SELECT pg_notify(%s, %s)", (self.channel, self.name))
-            members = sum(int(n) for s, n in conn.execute(MEMBERS_SQL, (self.namespace,)).fetchall()
-                          if int(s) == self.shards)
+            members = sum(
+                int(n) for s, n in conn.execute(MEMBERS_SQL, (self.namespace,)).fetchall() if int(s) == self.shards
+            )
             parts = [key_parts(key) for key in self._keys]
             holders = conn.execute(_HOLDERS_SQL, ([c for c, _ in parts], [o for _, o in parts])).fetchall()
             by_part = {(int(c), int(o)): bool(mine) for c, o, _pid, mine in holders}
@@ -329,11 +373,16 @@ class PostgresShardElection:
             conn.execute("SELECT pg_advisory_unlock_all(), pg_notify(%s, %s)", (self.channel, self.name))
             log.info("%s: released its shard locks", self.name)
         except psycopg.Error as exc:
-            log.warning("%s: unlocking failed (the locks go with the connection): %s", self.name,
-                        redact_error(str(exc), self._dsn).strip())
+            log.warning(
+                "%s: unlocking failed (the locks go with the connection): %s",
+                self.name,
+                redact_error(str(exc), self._dsn).strip(),
+            )
         finally:
             close_quietly(conn)
 
     def __repr__(self) -> str:
-        return (f"PostgresShardElection(dsn={redact_dsn(self._dsn)!r}, outbox_table={self._outbox_table!r}, "
-                f"name={self.name!r}, shards={self.shards!r}, check_interval={self.check_interval!r})")
+        return (
+            f"PostgresShardElection(dsn={redact_dsn(self._dsn)!r}, outbox_table={self._outbox_table!r}, "
+            f"name={self.name!r}, shards={self.shards!r}, check_interval={self.check_interval!r})"
+        )

@@ -30,9 +30,11 @@ class ShardStatus:
 
 def backlog_by_shard(conn: psycopg.Connection, names: OutboxNames, count: int) -> dict[int, tuple[int, float | None]]:
     m = names.mapping
-    rows = conn.execute(sql.SQL("SELECT {e}, count(*), extract(epoch FROM now() - min({c})) FROM {o}{w} "
-                                "GROUP BY 1").format(e=shard_expression(count, m.shard_key()), c=m.created(),
-                                                     o=names.outbox, w=m.claimable())).fetchall()
+    rows = conn.execute(
+        sql.SQL("SELECT {e}, count(*), extract(epoch FROM now() - min({c})) FROM {o}{w} GROUP BY 1").format(
+            e=shard_expression(count, m.shard_key()), c=m.created(), o=names.outbox, w=m.claimable()
+        )
+    ).fetchall()
     return {int(s): (int(n), None if age is None else float(age)) for s, n, age in rows}
 
 
@@ -45,7 +47,8 @@ def postgres_leaders(conn: psycopg.Connection, outbox_table: str, count: int) ->
     rows = conn.execute(
         "SELECT l.classid::bigint, l.objid::bigint, a.application_name FROM pg_locks l "
         "LEFT JOIN pg_stat_activity a ON a.pid = l.pid WHERE l.locktype = 'advisory' AND l.objsubid = 1 "
-        "AND l.granted AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())").fetchall()
+        "AND l.granted AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())"
+    ).fetchall()
     out: dict[int, str] = {}
     for classid, objid, app in rows:
         k = parts.get((int(classid), int(objid)))
@@ -55,22 +58,26 @@ def postgres_leaders(conn: psycopg.Connection, outbox_table: str, count: int) ->
 
 
 def neli_leaders(config: HarvestConfig, timeout: float = 10.0) -> dict[int, str]:
+    import time
+
     from confluent_kafka import KafkaException
     from confluent_kafka.admin import AdminClient
 
     from harvest_outbox.producer.election import _PRODUCER_ONLY
 
-    import time
-
     admin = AdminClient({k: v for k, v in config.base_kafka_config.items() if k not in _PRODUCER_ONLY})
     for attempt in range(3):  # a group in the middle of a rebalance may not describe at once
         try:
-            group: Any = admin.describe_consumer_groups([config.leader_group_id])[config.leader_group_id].result(timeout)
+            group: Any = admin.describe_consumer_groups([config.leader_group_id])[config.leader_group_id].result(
+                timeout
+            )
             break
         except KafkaException as exc:
             if attempt == 2:
-                raise ElectionError(f"cannot describe leader group {config.leader_group_id!r} (rebalancing? try again): "
-                                    f"{exc.args[0].str() or exc.args[0].name()}") from exc
+                raise ElectionError(
+                    f"cannot describe leader group {config.leader_group_id!r} (rebalancing? try again): "
+                    f"{exc.args[0].str() or exc.args[0].name()}"
+                ) from exc
             time.sleep(0.5)
     out: dict[int, str] = {}
     for member in group.members:
@@ -83,17 +90,24 @@ def neli_leaders(config: HarvestConfig, timeout: float = 10.0) -> dict[int, str]
 
 def shard_status(config: HarvestConfig) -> list[ShardStatus]:
     if config.shards < 2:
-        raise ConfigError("shards: the config has shards: 1 (one active relay for the whole outbox); "
-                          "`harvest shards` describes sharded outboxes (shards: 2 or more)")
+        raise ConfigError(
+            "shards: the config has shards: 1 (one active relay for the whole outbox); "
+            "`harvest shards` describes sharded outboxes (shards: 2 or more)"
+        )
     from harvest_outbox.producer.db import connect
 
     names = OutboxNames.parse(config.outbox_table, config.table_mapping)
     with connect(config.data_source) as conn:
         backlog = backlog_by_shard(conn, names, config.shards)
-        leaders = (postgres_leaders(conn, config.outbox_table, config.shards) if config.leader_election == "postgres"
-                   else neli_leaders(config))
-    return [ShardStatus(k, backlog.get(k, (0, None))[0], backlog.get(k, (0, None))[1], leaders.get(k))
-            for k in range(config.shards)]
+        leaders = (
+            postgres_leaders(conn, config.outbox_table, config.shards)
+            if config.leader_election == "postgres"
+            else neli_leaders(config)
+        )
+    return [
+        ShardStatus(k, backlog.get(k, (0, None))[0], backlog.get(k, (0, None))[1], leaders.get(k))
+        for k in range(config.shards)
+    ]
 
 
 def format_status(statuses: list[ShardStatus]) -> str:
@@ -103,6 +117,8 @@ def format_status(statuses: list[ShardStatus]) -> str:
         lines.append(f"{s.index:>5}  {s.backlog_rows:>10,}  {age:>9}  {s.leader or '(none)'}")
     relays = {s.leader for s in statuses if s.leader}
     led = sum(1 for s in statuses if s.leader)
-    lines.append(f"{len(statuses)} shards, {led} led by {len(relays)} relay(s), "
-                 f"{sum(s.backlog_rows for s in statuses):,} rows waiting")
+    lines.append(
+        f"{len(statuses)} shards, {led} led by {len(relays)} relay(s), "
+        f"{sum(s.backlog_rows for s in statuses):,} rows waiting"
+    )
     return "\n".join(lines)

@@ -50,16 +50,30 @@ def _make_shard_election(config: HarvestConfig, stop: threading.Event | None = N
     if config.leader_election == "postgres":
         from harvest_outbox.producer.shard_election_postgres import PostgresShardElection
 
-        return PostgresShardElection(config.data_source, config.outbox_table, config.name, config.shards,
-                                     check_interval=config.leader_lock_check_interval)
+        return PostgresShardElection(
+            config.data_source,
+            config.outbox_table,
+            config.name,
+            config.shards,
+            check_interval=config.leader_lock_check_interval,
+        )
     return NeliShardElection(
-        dict(config.base_kafka_config), config.leader_topic, config.leader_group_id, config.name, config.shards,
-        heartbeat_timeout=config.limits.heartbeat_timeout, min_poll_interval=config.limits.min_poll_interval,
-        poll_duration=config.limits.poll_duration, replication_factor=config.leader_topic_replication_factor,
-        stop=stop)
+        dict(config.base_kafka_config),
+        config.leader_topic,
+        config.leader_group_id,
+        config.name,
+        config.shards,
+        heartbeat_timeout=config.limits.heartbeat_timeout,
+        min_poll_interval=config.limits.min_poll_interval,
+        poll_duration=config.limits.poll_duration,
+        replication_factor=config.leader_topic_replication_factor,
+        stop=stop,
+    )
 
 
-def relay_for(config: HarvestConfig, event_handler: EventHandler | None = None, **kwargs: Any) -> Harvest | ShardedHarvest:
+def relay_for(
+    config: HarvestConfig, event_handler: EventHandler | None = None, **kwargs: Any
+) -> Harvest | ShardedHarvest:
     """The relay a config asks for: sharded when ``shards`` > 1, else the one-leader relay."""
     if config.shards > 1:
         return ShardedHarvest(config, event_handler, **kwargs)
@@ -71,8 +85,14 @@ class ShardedHarvest:
     lifecycle and metrics as :class:`~producer.harvest.Harvest`; :attr:`led_shards` shows which
     shards its relay loop serves."""
 
-    def __init__(self, config: HarvestConfig, event_handler: EventHandler | None = None, *,
-                 producer_factory: ProducerFactory | None = None, election: ShardElection | None = None) -> None:
+    def __init__(
+        self,
+        config: HarvestConfig,
+        event_handler: EventHandler | None = None,
+        *,
+        producer_factory: ProducerFactory | None = None,
+        election: ShardElection | None = None,
+    ) -> None:
         if config.shards < 2:
             raise HarvestError(f"ShardedHarvest needs shards >= 2, got {config.shards}; use Harvest")
         self.config = config
@@ -82,8 +102,9 @@ class ShardedHarvest:
         self._election = election or _make_shard_election(config, self._stop_requested)
         self._seat = ShardSetSeat(config.shards)
         #: The relay loop (its ``metrics`` are this relay's).
-        self.relay = Harvest(config.replace(prometheus_port=None), event_handler, producer_factory=producer_factory,
-                             shards=self._seat)
+        self.relay = Harvest(
+            config.replace(prometheus_port=None), event_handler, producer_factory=producer_factory, shards=self._seat
+        )
         self.metrics: Metrics = self.relay.metrics
         self._state = State.CREATED
         self._thread: threading.Thread | None = None
@@ -119,9 +140,14 @@ class ShardedHarvest:
         try:
             self.relay.start()  # fails fast: connection, schema, shard index, Kafka
             if self.config.prometheus_port is not None:
-                self._prometheus = start_prometheus(self.metrics, self.config.name, self.config.prometheus_port,
-                                                    self.config.prometheus_bind_address, relay=self,
-                                                    shards=self._shard_metrics)
+                self._prometheus = start_prometheus(
+                    self.metrics,
+                    self.config.name,
+                    self.config.prometheus_port,
+                    self.config.prometheus_bind_address,
+                    relay=self,
+                    shards=self._shard_metrics,
+                )
             self._election.start(self)
         except BaseException:
             self._abandon_start()
@@ -133,8 +159,13 @@ class ShardedHarvest:
         self._state = State.RUNNING
         self._thread = threading.Thread(target=self._run, name=f"harvest-shards-{self.config.name}", daemon=True)
         self._thread.start()
-        log.info("relay %s started on %s with %d shards (leader election: %s)", self.config.name,
-                 self.names.display, self.config.shards, self.config.leader_election)
+        log.info(
+            "relay %s started on %s with %d shards (leader election: %s)",
+            self.config.name,
+            self.names.display,
+            self.config.shards,
+            self.config.leader_election,
+        )
         return self
 
     def _abandon_start(self) -> None:
@@ -178,8 +209,12 @@ class ShardedHarvest:
         if self.relay.state is not State.RUNNING:
             return  # the loop is gone (stopping or failed): it publishes nothing more
         if not self._seat.wait_released(indices, bound):
-            log.error("%s: the relay loop did not let shard(s) %s go within %.0fs; releasing them anyway",
-                      self.config.name, sorted(indices), bound)
+            log.error(
+                "%s: the relay loop did not let shard(s) %s go within %.0fs; releasing them anyway",
+                self.config.name,
+                sorted(indices),
+                bound,
+            )
 
     # ------------------------------------------------------------------ supervisor loop
     def _run(self) -> None:

@@ -22,6 +22,7 @@ Invariants (``tests/test_producer/test_shards.py``):
 from __future__ import annotations
 
 import hashlib
+
 from psycopg import sql
 
 from harvest_outbox.producer.errors import ConfigError, shown
@@ -33,8 +34,10 @@ MAX_SHARDS = 256
 
 def check_shard_count(value: object, field_name: str = "shards") -> int:
     if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_SHARDS:
-        raise ConfigError(f"{field_name}: {shown(value)} must be a whole number of shards 1-{MAX_SHARDS} (1, the "
-                          f"default, is one active relay for the whole outbox)")
+        raise ConfigError(
+            f"{field_name}: {shown(value)} must be a whole number of shards 1-{MAX_SHARDS} (1, the "
+            f"default, is one active relay for the whole outbox)"
+        )
     return value
 
 
@@ -58,4 +61,5 @@ def shard_expression(count: int, key: sql.Composable = sql.SQL("kafka_key")) -> 
     # mod(), not %: the expression goes into statements with psycopg placeholders. coalesce(): md5(NULL)
     # is NULL, and a row whose shard is NULL is in no shard's mark.
     return sql.SQL("mod(('x' || substr(md5(coalesce({}, '')), 1, 8))::bit(32)::bigint, {})").format(
-        key, sql.Literal(count))
+        key, sql.Literal(count)
+    )

@@ -63,8 +63,11 @@ class StopSignals:
     def _on_signal(self, signum: int, _frame: FrameType | None) -> None:
         name = signal.Signals(signum).name
         if self.requested.is_set():
-            log.warning("received %s again while stopping: exiting now, without waiting for the drain "
-                        "(undelivered rows stay in the outbox)", name)
+            log.warning(
+                "received %s again while stopping: exiting now, without waiting for the drain "
+                "(undelivered rows stay in the outbox)",
+                name,
+            )
             for handler in logging.getLogger().handlers:
                 handler.flush()
             # os._exit, not sys.exit: an interpreter exit would still join the database workers and

@@ -29,16 +29,15 @@ Invariants:
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
-
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 try:
     from sqlalchemy.engine import Connection
     from sqlalchemy.orm import Session
 except ImportError as exc:  # exercised in a subprocess by the tests
-    raise ImportError("harvest_outbox.producer.sqlalchemy needs SQLAlchemy 2.x: "
-                      "pip install 'harvest-outbox[sqlalchemy]'") from exc
+    raise ImportError(
+        "harvest_outbox.producer.sqlalchemy needs SQLAlchemy 2.x: pip install 'harvest-outbox[sqlalchemy]'"
+    ) from exc
 
 if TYPE_CHECKING:  # asyncio support needs greenlet: imported only by the async functions
     from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
@@ -56,9 +55,11 @@ __all__ = ["SessionStasher", "astash", "astash_many", "stash", "stash_many"]
 
 def _wrong_driver(driver_connection: Any, dialect: Any) -> ConfigError:
     name = f"{getattr(dialect, 'name', '?')}+{getattr(dialect, 'driver', '?')}"
-    return ConfigError(f"session: its connection uses the {name!r} driver ({type(driver_connection).__name__}); "
-                       f"harvest_outbox.producer.sqlalchemy needs SQLAlchemy's psycopg (v3) driver: create the "
-                       f"engine with a 'postgresql+psycopg://' URL")
+    return ConfigError(
+        f"session: its connection uses the {name!r} driver ({type(driver_connection).__name__}); "
+        f"harvest_outbox.producer.sqlalchemy needs SQLAlchemy's psycopg (v3) driver: create the "
+        f"engine with a 'postgresql+psycopg://' URL"
+    )
 
 
 def driver_connection(session: Session | Connection) -> psycopg.Connection:
@@ -68,13 +69,17 @@ def driver_connection(session: Session | Connection) -> psycopg.Connection:
     elif isinstance(session, Connection):
         conn = session
     else:
-        raise ConfigError(f"session: expected a sqlalchemy.orm.Session or sqlalchemy.engine.Connection, got "
-                          f"{type(session).__name__} (for AsyncSession use astash / astash_many)")
+        raise ConfigError(
+            f"session: expected a sqlalchemy.orm.Session or sqlalchemy.engine.Connection, got "
+            f"{type(session).__name__} (for AsyncSession use astash / astash_many)"
+        )
     driver = conn.connection.driver_connection
     if isinstance(driver, psycopg.AsyncConnection):  # e.g. called inside AsyncSession.run_sync
-        raise ConfigError("session: it runs on an asyncio engine (psycopg.AsyncConnection underneath), where a "
-                          "synchronous stash cannot await; call `await astash(async_session, record)` (or "
-                          "astash_many) instead of stash inside run_sync")
+        raise ConfigError(
+            "session: it runs on an asyncio engine (psycopg.AsyncConnection underneath), where a "
+            "synchronous stash cannot await; call `await astash(async_session, record)` (or "
+            "astash_many) instead of stash inside run_sync"
+        )
     if not isinstance(driver, psycopg.Connection):
         raise _wrong_driver(driver, conn.dialect)
     if not conn.in_transaction():
@@ -87,15 +92,19 @@ async def async_driver_connection(session: AsyncSession | AsyncConnection) -> ps
     try:
         from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
     except ImportError as exc:
-        raise ImportError("SQLAlchemy's asyncio support needs greenlet: pip install 'harvest-outbox[sqlalchemy]' "
-                          "(which installs SQLAlchemy[asyncio])") from exc
+        raise ImportError(
+            "SQLAlchemy's asyncio support needs greenlet: pip install 'harvest-outbox[sqlalchemy]' "
+            "(which installs SQLAlchemy[asyncio])"
+        ) from exc
     if isinstance(session, AsyncSession):
         conn = await session.connection()  # begins the session's transaction if none is open
     elif isinstance(session, AsyncConnection):
         conn = session
     else:
-        raise ConfigError(f"session: expected a sqlalchemy AsyncSession or AsyncConnection, got "
-                          f"{type(session).__name__} (for a sync Session use stash / stash_many)")
+        raise ConfigError(
+            f"session: expected a sqlalchemy AsyncSession or AsyncConnection, got "
+            f"{type(session).__name__} (for a sync Session use stash / stash_many)"
+        )
     raw = await conn.get_raw_connection()
     driver = raw.driver_connection
     if not isinstance(driver, psycopg.AsyncConnection):
@@ -108,8 +117,9 @@ async def async_driver_connection(session: AsyncSession | AsyncConnection) -> ps
 class SessionStasher:
     """Stashes :class:`OutboxRecord` rows into one outbox table through SQLAlchemy sessions."""
 
-    def __init__(self, outbox_table: str = "outbox", value_type: ValueType = "varchar", *,
-                 trace_context: bool = True) -> None:
+    def __init__(
+        self, outbox_table: str = "outbox", value_type: ValueType = "varchar", *, trace_context: bool = True
+    ) -> None:
         self._sync = Stasher(outbox_table, value_type, trace_context=trace_context)
         self._async = AsyncStasher(outbox_table, value_type, trace_context=trace_context)
         self.names = self._sync.names
@@ -131,21 +141,34 @@ class SessionStasher:
         return await self._async.stash_many(await async_driver_connection(session), records)
 
 
-def stash(session: Session | Connection, record: OutboxRecord, outbox_table: str = "outbox",
-          value_type: ValueType = "varchar") -> int:
+def stash(
+    session: Session | Connection, record: OutboxRecord, outbox_table: str = "outbox", value_type: ValueType = "varchar"
+) -> int:
     return SessionStasher(outbox_table, value_type).stash(session, record)
 
 
-def stash_many(session: Session | Connection, records: Iterable[OutboxRecord], outbox_table: str = "outbox",
-               value_type: ValueType = "varchar") -> int:
+def stash_many(
+    session: Session | Connection,
+    records: Iterable[OutboxRecord],
+    outbox_table: str = "outbox",
+    value_type: ValueType = "varchar",
+) -> int:
     return SessionStasher(outbox_table, value_type).stash_many(session, records)
 
 
-async def astash(session: AsyncSession | AsyncConnection, record: OutboxRecord, outbox_table: str = "outbox",
-                 value_type: ValueType = "varchar") -> int:
+async def astash(
+    session: AsyncSession | AsyncConnection,
+    record: OutboxRecord,
+    outbox_table: str = "outbox",
+    value_type: ValueType = "varchar",
+) -> int:
     return await SessionStasher(outbox_table, value_type).astash(session, record)
 
 
-async def astash_many(session: AsyncSession | AsyncConnection, records: Iterable[OutboxRecord],
-                      outbox_table: str = "outbox", value_type: ValueType = "varchar") -> int:
+async def astash_many(
+    session: AsyncSession | AsyncConnection,
+    records: Iterable[OutboxRecord],
+    outbox_table: str = "outbox",
+    value_type: ValueType = "varchar",
+) -> int:
     return await SessionStasher(outbox_table, value_type).astash_many(session, records)

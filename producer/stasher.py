@@ -47,14 +47,18 @@ def require_connection(conn: object, *, asynchronous: bool) -> None:
     got = type(conn).__name__
     if isinstance(conn, other):
         got += " (synchronous)" if asynchronous else " (asyncio)"
-        fix = (f"use harvest_outbox.producer.{'stasher.Stasher' if asynchronous else 'stasher_async.AsyncStasher'}"
-               f" for it")
+        fix = (
+            f"use harvest_outbox.producer.{'stasher.Stasher' if asynchronous else 'stasher_async.AsyncStasher'} for it"
+        )
     elif type(conn).__module__.split(".")[0] == "sqlalchemy":
         fix = "for SQLAlchemy sessions and connections use harvest_outbox.producer.sqlalchemy.SessionStasher"
     else:
         fix = "pass the psycopg connection (or cursor) whose transaction the rows belong to"
-    who, need = (("AsyncStasher", "psycopg.AsyncConnection or AsyncCursor") if asynchronous
-                 else ("the synchronous Stasher", "psycopg.Connection or Cursor"))
+    who, need = (
+        ("AsyncStasher", "psycopg.AsyncConnection or AsyncCursor")
+        if asynchronous
+        else ("the synchronous Stasher", "psycopg.Connection or Cursor")
+    )
     raise ConfigError(f"conn: {who} needs a {need}, got {got}; {fix}")
 
 
@@ -65,8 +69,9 @@ class Stasher:
     headers when ``opentelemetry-api`` is installed (see :mod:`producer.tracing`).
     """
 
-    def __init__(self, outbox_table: str = "outbox", value_type: ValueType = "varchar", *,
-                 trace_context: bool = True) -> None:
+    def __init__(
+        self, outbox_table: str = "outbox", value_type: ValueType = "varchar", *, trace_context: bool = True
+    ) -> None:
         self.plan = StashPlan(outbox_table, value_type, trace_context=trace_context)
         self.names = self.plan.names
         self.value_type = value_type
@@ -96,15 +101,23 @@ class Stasher:
 _default = Stasher()
 
 
-def stash(conn: psycopg.Connection | psycopg.Cursor, record: OutboxRecord, outbox_table: str = "outbox",
-          value_type: ValueType = "varchar") -> int:
+def stash(
+    conn: psycopg.Connection | psycopg.Cursor,
+    record: OutboxRecord,
+    outbox_table: str = "outbox",
+    value_type: ValueType = "varchar",
+) -> int:
     """Insert one record into ``outbox_table`` in ``conn``'s transaction; return its id."""
     s = _default if (outbox_table, value_type) == ("outbox", "varchar") else Stasher(outbox_table, value_type)
     return s.stash(conn, record)
 
 
-def stash_many(conn: psycopg.Connection | psycopg.Cursor, records: Iterable[OutboxRecord],
-               outbox_table: str = "outbox", value_type: ValueType = "varchar") -> int:
+def stash_many(
+    conn: psycopg.Connection | psycopg.Cursor,
+    records: Iterable[OutboxRecord],
+    outbox_table: str = "outbox",
+    value_type: ValueType = "varchar",
+) -> int:
     """Insert many records (one COPY) into ``outbox_table`` in ``conn``'s transaction."""
     s = _default if (outbox_table, value_type) == ("outbox", "varchar") else Stasher(outbox_table, value_type)
     return s.stash_many(conn, records)

@@ -29,8 +29,9 @@ __all__ = ["AsyncStasher", "stash", "stash_many"]
 class AsyncStasher:
     """Inserts :class:`~producer.outbox_rows.OutboxRecord` rows into one outbox table, awaiting psycopg."""
 
-    def __init__(self, outbox_table: str = "outbox", value_type: ValueType = "varchar", *,
-                 trace_context: bool = True) -> None:
+    def __init__(
+        self, outbox_table: str = "outbox", value_type: ValueType = "varchar", *, trace_context: bool = True
+    ) -> None:
         self.plan = StashPlan(outbox_table, value_type, trace_context=trace_context)
         self.names = self.plan.names
         self.value_type = value_type
@@ -44,8 +45,9 @@ class AsyncStasher:
         assert got is not None
         return int(got[0])
 
-    async def stash_many(self, conn: psycopg.AsyncConnection | psycopg.AsyncCursor,
-                         records: Iterable[OutboxRecord]) -> int:
+    async def stash_many(
+        self, conn: psycopg.AsyncConnection | psycopg.AsyncCursor, records: Iterable[OutboxRecord]
+    ) -> int:
         """Insert many records with one COPY in ``conn``'s current transaction; return the count.
         Ids follow the iteration order; nothing is written if any record is invalid."""
         require_connection(conn, asynchronous=True)
@@ -62,15 +64,23 @@ class AsyncStasher:
 _default = AsyncStasher()
 
 
-async def stash(conn: psycopg.AsyncConnection | psycopg.AsyncCursor, record: OutboxRecord,
-                outbox_table: str = "outbox", value_type: ValueType = "varchar") -> int:
+async def stash(
+    conn: psycopg.AsyncConnection | psycopg.AsyncCursor,
+    record: OutboxRecord,
+    outbox_table: str = "outbox",
+    value_type: ValueType = "varchar",
+) -> int:
     """Insert one record into ``outbox_table`` in ``conn``'s transaction; return its id."""
     s = _default if (outbox_table, value_type) == ("outbox", "varchar") else AsyncStasher(outbox_table, value_type)
     return await s.stash(conn, record)
 
 
-async def stash_many(conn: psycopg.AsyncConnection | psycopg.AsyncCursor, records: Iterable[OutboxRecord],
-                     outbox_table: str = "outbox", value_type: ValueType = "varchar") -> int:
+async def stash_many(
+    conn: psycopg.AsyncConnection | psycopg.AsyncCursor,
+    records: Iterable[OutboxRecord],
+    outbox_table: str = "outbox",
+    value_type: ValueType = "varchar",
+) -> int:
     """Insert many records (one COPY) into ``outbox_table`` in ``conn``'s transaction."""
     s = _default if (outbox_table, value_type) == ("outbox", "varchar") else AsyncStasher(outbox_table, value_type)
     return await s.stash_many(conn, records)

@@ -67,15 +67,14 @@ _DEFAULTS: dict[str, Any] = {
 }
 _UNSUPPORTED = {
     "table.field.event.timestamp": "harvest stamps records with the produce time; the router's own default "
-                                   "(the time Debezium read the change) is not a column value either",
+    "(the time Debezium read the change) is not a column value either",
     "table.field.event.schema.version": "harvest publishes the payload's bytes; versioned Connect schemas need a "
-                                        "Connect converter",
+    "Connect converter",
     "tracing.span.context.field": "harvest carries W3C trace context in the traceparent header (README: tracing)",
     "tracing.operation.name": "see tracing.span.context.field",
     "tracing.with.context.field.only": "see tracing.span.context.field",
 }
-_BOOLEAN = {"table.fields.additional.error.on.missing", "route.tombstone.on.empty.payload",
-            "table.expand.json.payload"}
+_BOOLEAN = {"table.fields.additional.error.on.missing", "route.tombstone.on.empty.payload", "table.expand.json.payload"}
 _FIXED = {"table.op.invalid.behavior", "debezium.op.invalid.behavior", "table.json.payload.null.behavior"}
 _COLUMN = re.compile(r"^[A-Za-z_][A-Za-z0-9_$]*$")
 _JAVA_NAMED_GROUP = re.compile(r"\(\?<([A-Za-z][A-Za-z0-9]*)>")
@@ -112,45 +111,60 @@ class EventRouter:
         if options is None:
             options = {}
         if not isinstance(options, Mapping):
-            raise ConfigError(f"{path}: expected a mapping of the event router's options (route.by.field: "
-                              f"aggregatetype, ...), got {type(options).__name__}")
+            raise ConfigError(
+                f"{path}: expected a mapping of the event router's options (route.by.field: "
+                f"aggregatetype, ...), got {type(options).__name__}"
+            )
         values: dict[str, Any] = dict(_DEFAULTS)
         for raw_key, value in options.items():
             key = _strip_transform_prefix(str(raw_key))
             where = f"{path}.{raw_key}"
             if key == "type":
                 if value != _EVENT_ROUTER_CLASS:
-                    raise ConfigError(f"{where}: {shown(value)} is not Debezium's outbox event router; harvest mirrors "
-                                      f"{_EVENT_ROUTER_CLASS} only")
+                    raise ConfigError(
+                        f"{where}: {shown(value)} is not Debezium's outbox event router; harvest mirrors "
+                        f"{_EVENT_ROUTER_CLASS} only"
+                    )
                 continue
             if key in _UNSUPPORTED:
                 raise ConfigError(f"{where}: not supported by harvest ({_UNSUPPORTED[key]}); remove the option")
             if key not in _DEFAULTS:
-                raise ConfigError(f"{where}: unknown option of the outbox event router; known options: "
-                                  f"{', '.join(sorted(_DEFAULTS))}")
+                raise ConfigError(
+                    f"{where}: unknown option of the outbox event router; known options: {', '.join(sorted(_DEFAULTS))}"
+                )
             if key in _BOOLEAN:
                 value = _boolean(value, where)
             elif not isinstance(value, str):
                 raise ConfigError(f"{where}: {shown(value)} must be a string")
             if key in _FIXED and value != _DEFAULTS[key]:
-                raise ConfigError(f"{where}: only {_DEFAULTS[key]!r} is supported (harvest never sees updates or "
-                                  f"deletes of outbox rows as events); remove the option")
+                raise ConfigError(
+                    f"{where}: only {_DEFAULTS[key]!r} is supported (harvest never sees updates or "
+                    f"deletes of outbox rows as events); remove the option"
+                )
             values[key] = value
         if values["table.expand.json.payload"]:
-            raise ConfigError(f"{path}.table.expand.json.payload: true is not supported: expanded payloads are "
-                              f"serialised by Connect's JsonConverter, and harvest publishes the payload's text as "
-                              f"is (what the router emits with table.expand.json.payload=false and a "
-                              f"StringConverter); remove the option or set it to false")
+            raise ConfigError(
+                f"{path}.table.expand.json.payload: true is not supported: expanded payloads are "
+                f"serialised by Connect's JsonConverter, and harvest publishes the payload's text as "
+                f"is (what the router emits with table.expand.json.payload=false and a "
+                f"StringConverter); remove the option or set it to false"
+            )
         for key in ("table.field.event.id", "table.field.event.key", "table.field.event.payload", "route.by.field"):
             _column(values[key], f"{path}.{key}")
         regex, replacement = values["route.topic.regex"], values["route.topic.replacement"]
         _pg_regex(regex, replacement, f"{path}.route.topic.regex")
-        return cls(field_event_id=values["table.field.event.id"], field_event_key=values["table.field.event.key"],
-                   field_event_payload=values["table.field.event.payload"], route_by_field=values["route.by.field"],
-                   route_topic_regex=regex, route_topic_replacement=replacement,
-                   additional=_additional(values["table.fields.additional.placement"],
-                                          f"{path}.table.fields.additional.placement"),
-                   tombstone_on_empty_payload=values["route.tombstone.on.empty.payload"])
+        return cls(
+            field_event_id=values["table.field.event.id"],
+            field_event_key=values["table.field.event.key"],
+            field_event_payload=values["table.field.event.payload"],
+            route_by_field=values["route.by.field"],
+            route_topic_regex=regex,
+            route_topic_replacement=replacement,
+            additional=_additional(
+                values["table.fields.additional.placement"], f"{path}.table.fields.additional.placement"
+            ),
+            tombstone_on_empty_payload=values["route.tombstone.on.empty.payload"],
+        )
 
 
 def _strip_transform_prefix(key: str) -> str:
@@ -172,8 +186,10 @@ def _boolean(value: Any, where: str) -> bool:
 
 def _column(name: Any, where: str) -> str:
     if not isinstance(name, str) or not _COLUMN.match(name):
-        raise ConfigError(f"{where}: {shown(name)} is not a column name (letters, digits, '_'; harvest reads unquoted, "
-                          f"lower-case column names as the router's Connect fields name them)")
+        raise ConfigError(
+            f"{where}: {shown(name)} is not a column name (letters, digits, '_'; harvest reads unquoted, "
+            f"lower-case column names as the router's Connect fields name them)"
+        )
     return name
 
 
@@ -189,18 +205,22 @@ def _additional(spec: str, where: str) -> tuple[AdditionalField, ...]:
         alias = parts[2] if len(parts) == 3 and parts[2] else column
         if placement == "header":
             if alias == "id":
-                raise ConfigError(f"{where}: {shown(entry)} would add a second 'id' header (the router always sets "
-                                  f"'id' "
-                                  f"to the event id); choose another alias")
+                raise ConfigError(
+                    f"{where}: {shown(entry)} would add a second 'id' header (the router always sets "
+                    f"'id' "
+                    f"to the event id); choose another alias"
+                )
             out.append(AdditionalField(column, alias))
         elif placement == "partition":
             if any(a.placement == "partition" for a in out):
                 raise ConfigError(f"{where}: {shown(entry)}: a second partition placement; a record has one partition")
             out.append(AdditionalField(column, column, "partition"))
         elif placement == "envelope":
-            raise ConfigError(f"{where}: {shown(entry)}: placement 'envelope' is not supported by harvest (the "
-                              f"envelope "
-                              f"is a Connect Struct, whose bytes a Connect converter makes); use header or partition")
+            raise ConfigError(
+                f"{where}: {shown(entry)}: placement 'envelope' is not supported by harvest (the "
+                f"envelope "
+                f"is a Connect Struct, whose bytes a Connect converter makes); use header or partition"
+            )
         else:
             raise ConfigError(f"{where}: {shown(entry)}: unknown placement {parts[1]!r}; use header or partition")
     return tuple(out)
@@ -218,7 +238,7 @@ def _pg_regex(regex: str, replacement: str, where: str) -> tuple[str, str]:
     while i < len(regex):
         c = regex[i]
         if c == "\\":
-            pattern += regex[i:i + 2]
+            pattern += regex[i : i + 2]
             i += 2
             continue
         if c == "(":
@@ -231,10 +251,12 @@ def _pg_regex(regex: str, replacement: str, where: str) -> tuple[str, str]:
                 continue
             if regex.startswith("(?", i):
                 if not regex.startswith("(?:", i):
-                    raise ConfigError(f"{where}: {shown(regex)}: the group {regex[i:i + 4]!r}… is not supported "
-                                      f"(harvest "
-                                      f"evaluates the routing regex in Postgres: plain, non-capturing and named "
-                                      f"groups)")
+                    raise ConfigError(
+                        f"{where}: {shown(regex)}: the group {regex[i : i + 4]!r}… is not supported "
+                        f"(harvest "
+                        f"evaluates the routing regex in Postgres: plain, non-capturing and named "
+                        f"groups)"
+                    )
             else:
                 count += 1
         pattern += c
@@ -256,8 +278,10 @@ def _pg_regex(regex: str, replacement: str, where: str) -> tuple[str, str]:
             m = re.match(r"\$\{([A-Za-z][A-Za-z0-9]*)\}", replacement[i:])
             if m:
                 if m.group(1) not in numbered:
-                    raise ConfigError(f"{where}: route.topic.replacement {shown(replacement)} names group "
-                                      f"{m.group(1)!r}, which route.topic.regex {shown(regex)} does not define")
+                    raise ConfigError(
+                        f"{where}: route.topic.replacement {shown(replacement)} names group "
+                        f"{m.group(1)!r}, which route.topic.regex {shown(regex)} does not define"
+                    )
                 out += f"\\{numbered[m.group(1)]}"
                 i += m.end()
                 continue
@@ -266,8 +290,10 @@ def _pg_regex(regex: str, replacement: str, where: str) -> tuple[str, str]:
                 out += f"\\{m.group(1)}"
                 i += m.end()
                 continue
-            raise ConfigError(f"{where}: route.topic.replacement {shown(replacement)}: '$' must name a group "
-                              f"(${{name}} or $1); write \\$ for a dollar sign")
+            raise ConfigError(
+                f"{where}: route.topic.replacement {shown(replacement)}: '$' must name a group "
+                f"(${{name}} or $1); write \\$ for a dollar sign"
+            )
         out += "\\\\" if c == "\\" else c
         i += 1
     return "^(?:" + pattern + ")$", out
@@ -365,15 +391,29 @@ class GoharvestMapping(TableMapping):
             value=value,
             header_keys=sql.SQL("NULLIF({}::text[], '{{}}')").format(c("kafka_header_keys")),
             header_values=sql.SQL("NULLIF({}::text[], '{{}}')").format(c("kafka_header_values")),
-            bad=sql.SQL(_GOHARVEST_BAD).format(o=o))
+            bad=sql.SQL(_GOHARVEST_BAD).format(o=o),
+        )
 
 
 GOHARVEST = GoharvestMapping()
 
 #: Column types whose text (``::text``) is the text Debezium's Connect value of the column gives
 #: (StringConverter / SimpleHeaderConverter), so keys and headers are byte-for-byte the router's.
-DEBEZIUM_TEXT_TYPES = frozenset({"text", "character varying", "character", "uuid", "smallint", "integer", "bigint",
-                                 "boolean", "json", "jsonb", "name"})
+DEBEZIUM_TEXT_TYPES = frozenset(
+    {
+        "text",
+        "character varying",
+        "character",
+        "uuid",
+        "smallint",
+        "integer",
+        "bigint",
+        "boolean",
+        "json",
+        "jsonb",
+        "name",
+    }
+)
 #: Payload types: their text as is (json/jsonb as Postgres prints them), or bytea's bytes.
 DEBEZIUM_PAYLOAD_TYPES = DEBEZIUM_TEXT_TYPES | {"bytea"}
 
@@ -408,9 +448,11 @@ class DebeziumMapping(TableMapping):
             if whole.group(1) == ".*":
                 return sql.SQL("({} || {} || {})").format(sql.Literal(before), routed, sql.Literal(after))
             return sql.SQL("CASE WHEN {v} = '' THEN {v} ELSE {b} || {v} || {a} END").format(
-                v=routed, b=sql.Literal(before), a=sql.Literal(after))
+                v=routed, b=sql.Literal(before), a=sql.Literal(after)
+            )
         return sql.SQL("CASE WHEN {v} ~ {p} THEN regexp_replace({v}, {p}, {r}) ELSE {v} END").format(
-            v=routed, p=sql.Literal(pattern), r=sql.Literal(replacement))
+            v=routed, p=sql.Literal(pattern), r=sql.Literal(replacement)
+        )
 
     def record(self, alias: str, value_type: str) -> RecordSql:
         r = self.router
@@ -423,7 +465,8 @@ class DebeziumMapping(TableMapping):
                 # The router sends a tombstone for a payload whose text is empty after Java's trim()
                 # (which drops every character up to U+0020).
                 value = sql.SQL(
-                    "CASE WHEN {p}::text ~ '^[\\x01-\\x20]*$' THEN NULL ELSE {p}::text::varchar END").format(p=payload)
+                    "CASE WHEN {p}::text ~ '^[\\x01-\\x20]*$' THEN NULL ELSE {p}::text::varchar END"
+                ).format(p=payload)
         headers = [a for a in r.additional if a.placement == "header"]
         names = ["id"] + [a.alias for a in headers]
         cols = [r.field_event_id] + [a.column for a in headers]
@@ -437,23 +480,32 @@ class DebeziumMapping(TableMapping):
   WHEN {eid} IS NULL THEN {eid_msg}
 END""").format(
             route=_col(alias, r.route_by_field),
-            route_msg=sql.Literal(f"{r.route_by_field} (route.by.field) is NULL or empty: the row has nowhere to go; "
-                                  f"fix {r.route_by_field} and requeue"),
+            route_msg=sql.Literal(
+                f"{r.route_by_field} (route.by.field) is NULL or empty: the row has nowhere to go; "
+                f"fix {r.route_by_field} and requeue"
+            ),
             key=key,
-            key_msg=sql.Literal(f"{r.field_event_key} (table.field.event.key) is NULL: harvest keeps per-key order "
-                                f"and needs a key; set {r.field_event_key} and requeue"),
+            key_msg=sql.Literal(
+                f"{r.field_event_key} (table.field.event.key) is NULL: harvest keeps per-key order "
+                f"and needs a key; set {r.field_event_key} and requeue"
+            ),
             eid=_col(alias, r.field_event_id),
-            eid_msg=sql.Literal(f"{r.field_event_id} (table.field.event.id) is NULL: the record's id header needs "
-                                f"it; set {r.field_event_id} and requeue"))
+            eid_msg=sql.Literal(
+                f"{r.field_event_id} (table.field.event.id) is NULL: the record's id header needs "
+                f"it; set {r.field_event_id} and requeue"
+            ),
+        )
         return RecordSql(
             topic=topic,
             key=sql.SQL("{}::text::varchar").format(key),
             value=value,
             header_keys=sql.SQL("{}::text[]").format(sql.Literal("{" + ",".join(_array_item(n) for n in names) + "}")),
             header_values=sql.SQL("ARRAY[{}]::text[]").format(
-                sql.SQL(", ").join(sql.SQL("{}::text").format(_col(alias, c)) for c in cols)),
+                sql.SQL(", ").join(sql.SQL("{}::text").format(_col(alias, c)) for c in cols)
+            ),
             bad=bad,
-            partition=sql.SQL("NULL::int") if partition is None else sql.SQL("{}::int").format(_col(alias, partition)))
+            partition=sql.SQL("NULL::int") if partition is None else sql.SQL("{}::int").format(_col(alias, partition)),
+        )
 
     def source_row(self, alias: str) -> sql.Composable | None:
         return sql.SQL("to_jsonb({})").format(sql.Identifier(alias))
@@ -471,10 +523,14 @@ def table_mapping(kind: Any, router_options: Mapping[str, Any] | None = None, pa
     where = f"{path}." if path else ""
     if kind in (None, "goharvest"):
         if router_options:
-            raise ConfigError(f"{where}eventRouter: only applies to tableMapping: debezium (this outbox is "
-                              f"goharvest's); remove it or set tableMapping: debezium")
+            raise ConfigError(
+                f"{where}eventRouter: only applies to tableMapping: debezium (this outbox is "
+                f"goharvest's); remove it or set tableMapping: debezium"
+            )
         return GOHARVEST
     if kind == "debezium":
         return DebeziumMapping(EventRouter.from_options(router_options, f"{where}eventRouter"))
-    raise ConfigError(f"{where}tableMapping: {shown(kind)} is not a table mapping; use one of "
-                      f"{', '.join(TABLE_MAPPINGS)} (default goharvest)")
+    raise ConfigError(
+        f"{where}tableMapping: {shown(kind)} is not a table mapping; use one of "
+        f"{', '.join(TABLE_MAPPINGS)} (default goharvest)"
+    )

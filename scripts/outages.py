@@ -17,9 +17,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from harvest_outbox.harvest_local import LocalServices  # noqa: E402
-from harvest_outbox.harvest_local.outages import FAULTS, Outage, run_outage, table  # noqa: E402
-from harvest_outbox.harvest_local.workdir import work_dir  # noqa: E402
+from harvest_outbox.harvest_local import LocalServices
+from harvest_outbox.harvest_local.outages import FAULTS, Outage, run_outage, table
+from harvest_outbox.harvest_local.workdir import work_dir
 
 
 def main() -> int:
@@ -43,8 +43,11 @@ def main() -> int:
                 outage = Outage(fault, mode == "seq", duration=args.duration)
                 result = run_outage(services, outage, work_dir() / "outages" / f"{fault}-{mode}")
                 results.append(result)
-                print(table([result]).splitlines()[-1], f"{'OK' if result.ok else 'FAIL'} {result.notes or ''}",
-                      flush=True)
+                print(
+                    table([result]).splitlines()[-1],
+                    f"{'OK' if result.ok else 'FAIL'} {result.notes or ''}",
+                    flush=True,
+                )
     print()
     print(table(results))
     return 0 if all(r.ok for r in results) else 1

@@ -15,9 +15,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from harvest_outbox.harvest_local import LocalServices  # noqa: E402
-from harvest_outbox.harvest_local.faults import FaultPlan, run_plan, summary  # noqa: E402
-from harvest_outbox.harvest_local.workdir import work_dir  # noqa: E402
+from harvest_outbox.harvest_local import LocalServices
+from harvest_outbox.harvest_local.faults import FaultPlan, run_plan, summary
+from harvest_outbox.harvest_local.workdir import work_dir
 
 
 def main() -> int:

@@ -40,9 +40,9 @@ from .identity import (
     parse_uuid,
     producer_of,
 )
+from .native import load as _load_native
 from .outcome import COMMITTING_OUTCOMES, QueueOutcome
 from .publisher import AckIntent, Publisher
-from .native import load as _load_native
 from .sequencer import DEFAULT_PRUNE_HORIZON_NS, DEFAULT_RING_SIZE
 from .sequencer import Sequencer as PySequencer
 from .state import ProducerState
@@ -60,6 +60,7 @@ __all__ = [
     "COMMITTING_OUTCOMES",
     "DEFAULT_PRUNE_HORIZON_NS",
     "DEFAULT_RING_SIZE",
+    "IMPLEMENTATION",
     "NIL_UUID",
     "TICK",
     "AckIntent",
@@ -69,10 +70,9 @@ __all__ = [
     "EntryBatch",
     "Envelope",
     "Flags",
-    "IMPLEMENTATION",
     "ProducerState",
-    "PySequencer",
     "Publisher",
+    "PySequencer",
     "QueueOutcome",
     "ReplayError",
     "Sequencer",

@@ -38,8 +38,7 @@ import msgpack
 from .errors import CheckpointError, CheckpointMismatchError
 from .state import ProducerState
 
-__all__ = ["CHECKPOINT_MAGIC", "CHECKPOINT_VERSION", "check_checkpoint_scope", "decode_checkpoint",
-           "encode_checkpoint"]
+__all__ = ["CHECKPOINT_MAGIC", "CHECKPOINT_VERSION", "check_checkpoint_scope", "decode_checkpoint", "encode_checkpoint"]
 
 CHECKPOINT_MAGIC = "harvest.sequencer.checkpoint"
 CHECKPOINT_VERSION = 1
@@ -183,17 +182,25 @@ def check_checkpoint_scope(
         ignored.append(journal)
     read_desc = "; ".join(
         f"topic {t!r}" + ("" if p is None else f" partition(s) {', '.join(map(str, sorted(p)))}")
-        for t, p in sorted(reads.items()))
+        for t, p in sorted(reads.items())
+    )
     if missing:
         raise CheckpointMismatchError(
             f"the checkpoint covers {_listed(missing)}, which this reader's topic does not have (it reads "
             f"{read_desc}): it was taken on another topic of the same name, or the topic was re-created; "
-            "pass a checkpoint of this topic, or none to start from the reader's default position")
+            "pass a checkpoint of this topic, or none to start from the reader's default position"
+        )
     if not ours:
         raise CheckpointMismatchError(
             f"the checkpoint covers {_listed(journals)}, none of which this reader reads (it reads {read_desc}): "
             "it was taken by a reader of other topics or partitions; pass that reader's own checkpoint, or none "
-            "to start from the reader's default position")
-    uncovered = [f"{t}/{p}" for t, parts in sorted(reads.items()) if parts is not None
-                 for p in sorted(parts) if f"{t}/{p}" not in offsets]
+            "to start from the reader's default position"
+        )
+    uncovered = [
+        f"{t}/{p}"
+        for t, parts in sorted(reads.items())
+        if parts is not None
+        for p in sorted(parts)
+        if f"{t}/{p}" not in offsets
+    ]
     return ignored, uncovered

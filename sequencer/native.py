@@ -38,9 +38,15 @@ def load(name: str) -> ModuleType | None:
     except ModuleNotFoundError as exc:
         if exc.name != name:
             raise
-        logger.info("%s is not built: using the pure-Python implementation (reinstall with a C compiler for speed)", name)
+        logger.info(
+            "%s is not built: using the pure-Python implementation (reinstall with a C compiler for speed)", name
+        )
         return None
     except ImportError as exc:
-        logger.warning("%s failed to import (%s): using the pure-Python implementation; rebuild with "
-                       "'pip install -e .' (or ./dev setup)", name, exc)
+        logger.warning(
+            "%s failed to import (%s): using the pure-Python implementation; rebuild with "
+            "'pip install -e .' (or ./dev setup)",
+            name,
+            exc,
+        )
         return None

@@ -6,8 +6,8 @@
 """
 
 from harvest_outbox.spark_reader.batch import CommittedRead, read_committed, readCommitted
-from harvest_outbox.spark_reader.stream import readCommittedStream
 from harvest_outbox.spark_reader.errors import MissingUUIDError, ReaderConfigError, SparkReaderError, StreamStateError
+from harvest_outbox.spark_reader.stream import readCommittedStream
 
 __all__ = [
     "CommittedRead",

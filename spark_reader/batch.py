@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute  # noqa: F401  (pa.compute)
+import pyarrow.compute
 
 from harvest_outbox.sequencer import DEFAULT_PRUNE_HORIZON_NS, ProducerState, encode_checkpoint
 from harvest_outbox.spark_reader import offsets as offsets_mod
@@ -62,39 +62,74 @@ class CommittedRead:
     def checkpoint(self) -> bytes:
         """Checkpoint bytes for ``ending`` (runs a Spark job the first time)."""
         if self._checkpoint is None:
-            rows = self._full.where("_kind > 0").select(
-                "_kind", "partition", "_state_producer", "_state_last_ack", "_state_begin").collect()
+            rows = (
+                self._full.where("_kind > 0")
+                .select("_kind", "partition", "_state_producer", "_state_last_ack", "_state_begin")
+                .collect()
+            )
             self._checkpoint = _assemble_checkpoint(self.range, rows, self.prune_horizon_ns)
         return self._checkpoint
 
 
-def readCommitted(spark: SparkSession, topic: str, kafka_options: Mapping[str, str] | None = None, *,
-                  starting: bytes | None = None, ending: str | Mapping[int, int] = "latest",
-                  uuid_policy: str = "deliver", include_acks: bool = False, ring_size: int = 8192,
-                  ) -> DataFrame:
+def readCommitted(
+    spark: SparkSession,
+    topic: str,
+    kafka_options: Mapping[str, str] | None = None,
+    *,
+    starting: bytes | None = None,
+    ending: str | Mapping[int, int] = "latest",
+    uuid_policy: str = "deliver",
+    include_acks: bool = False,
+    ring_size: int = 8192,
+) -> DataFrame:
     """The committed records of ``topic`` from ``starting`` (a checkpoint) up to ``ending``."""
-    return read_committed(spark, topic, kafka_options, starting=starting, ending=ending,
-                          uuid_policy=uuid_policy, include_acks=include_acks, ring_size=ring_size).df
+    return read_committed(
+        spark,
+        topic,
+        kafka_options,
+        starting=starting,
+        ending=ending,
+        uuid_policy=uuid_policy,
+        include_acks=include_acks,
+        ring_size=ring_size,
+    ).df
 
 
-def read_committed(spark: SparkSession, topic: str, kafka_options: Mapping[str, str] | None = None, *,
-                   starting: bytes | None = None, ending: str | Mapping[int, int] = "latest",
-                   uuid_policy: str = "deliver", include_acks: bool = False, ring_size: int = 8192,
-                   prune_horizon_ns: int = DEFAULT_PRUNE_HORIZON_NS) -> CommittedRead:
+def read_committed(
+    spark: SparkSession,
+    topic: str,
+    kafka_options: Mapping[str, str] | None = None,
+    *,
+    starting: bytes | None = None,
+    ending: str | Mapping[int, int] = "latest",
+    uuid_policy: str = "deliver",
+    include_acks: bool = False,
+    ring_size: int = 8192,
+    prune_horizon_ns: int = DEFAULT_PRUNE_HORIZON_NS,
+) -> CommittedRead:
     """Like :func:`readCommitted`, returning the DataFrame with the read's checkpoint."""
     options = dict(kafka_options or {})
     _check_options(topic, options)
     policy = check_policy(uuid_policy)
     rng = offsets_mod.resolve(topic, options, starting, ending)
-    plan = GroupPlan(topic=topic, start=rng.start, states=rng.states, uuid_policy=policy,
-                     include_acks=include_acks, ring_size=ring_size)
+    plan = GroupPlan(
+        topic=topic,
+        start=rng.start,
+        states=rng.states,
+        uuid_policy=policy,
+        include_acks=include_acks,
+        ring_size=ring_size,
+    )
 
-    raw = (spark.read.format("kafka").options(**options)
-           .option("assign", _assign_json(topic, rng.read_from))
-           .option("startingOffsets", _offsets_json(topic, rng.read_from))
-           .option("endingOffsets", _offsets_json(topic, rng.end))
-           .option("includeHeaders", "true")
-           .load())
+    raw = (
+        spark.read.format("kafka")
+        .options(**options)
+        .option("assign", _assign_json(topic, rng.read_from))
+        .option("startingOffsets", _offsets_json(topic, rng.read_from))
+        .option("endingOffsets", _offsets_json(topic, rng.end))
+        .option("includeHeaders", "true")
+        .load()
+    )
     # Only what the output needs crosses into Python and back (mapInArrow is opaque to column
     # pruning): topic is a constant and producer is part of uuid, both added back afterwards. The
     # uuid header is picked out of the headers in Python (sequencing.header_values): Spark's
@@ -117,12 +152,25 @@ def finish_columns(sequenced_rows: DataFrame, topic: str) -> DataFrame:
 
     hexed = F.lower(F.hex("uuid"))
     sequenced = F.col("clock") != 0
-    return sequenced_rows.withColumn("topic", F.lit(topic)).withColumn(
-        "producer", F.when(sequenced, F.substring("uuid", 11, 6))).withColumn(
-        "uuid", F.when(sequenced, F.concat_ws(
-            "-", F.substring(hexed, 1, 8), F.substring(hexed, 9, 4), F.substring(hexed, 13, 4),
-            F.substring(hexed, 17, 4), F.substring(hexed, 21, 12)))
-    ).select(*OUTPUT_COLUMNS)
+    return (
+        sequenced_rows.withColumn("topic", F.lit(topic))
+        .withColumn("producer", F.when(sequenced, F.substring("uuid", 11, 6)))
+        .withColumn(
+            "uuid",
+            F.when(
+                sequenced,
+                F.concat_ws(
+                    "-",
+                    F.substring(hexed, 1, 8),
+                    F.substring(hexed, 9, 4),
+                    F.substring(hexed, 13, 4),
+                    F.substring(hexed, 17, 4),
+                    F.substring(hexed, 21, 12),
+                ),
+            ),
+        )
+        .select(*OUTPUT_COLUMNS)
+    )
 
 
 def _sequence_partitions(batches, plan: GroupPlan, prune_horizon_ns: int):  # type: ignore[no-untyped-def]
@@ -159,20 +207,29 @@ def _sequence_partitions(batches, plan: GroupPlan, prune_horizon_ns: int):  # ty
 def _full_schema():  # type: ignore[no-untyped-def]
     from pyspark.sql.types import BinaryType, ByteType, LongType, StructField, StructType
 
-    return StructType([*SEQUENCED.fields, StructField("_kind", ByteType()), StructField("_state_producer", BinaryType()),
-                       *(StructField(n, LongType()) for n in _STATE_FIELDS[1:])])
+    return StructType(
+        [
+            *SEQUENCED.fields,
+            StructField("_kind", ByteType()),
+            StructField("_state_producer", BinaryType()),
+            *(StructField(n, LongType()) for n in _STATE_FIELDS[1:]),
+        ]
+    )
 
 
 def _assemble_checkpoint(rng: offsets_mod.ReadRange, rows: list, horizon_ns: int) -> bytes:
     read = {int(row["partition"]) for row in rows if row["_kind"] == 2}
     states: dict[tuple[int, bytes], ProducerState] = {
-        key: st for key, st in rng.states.items() if key[0] not in read  # journals with nothing to read
+        key: st
+        for key, st in rng.states.items()
+        if key[0] not in read  # journals with nothing to read
     }
     for row in rows:
         if row["_kind"] == 1:
             key = (int(row["partition"]), bytes(row["_state_producer"]))
-            states[key] = ProducerState(f"{rng.topic}/{key[0]}", key[1], int(row["_state_last_ack"]),
-                                        int(row["_state_begin"]))
+            states[key] = ProducerState(
+                f"{rng.topic}/{key[0]}", key[1], int(row["_state_last_ack"]), int(row["_state_begin"])
+            )
     kept = [st for _, st in sorted(states.items())]
     offsets = {f"{rng.topic}/{p}": o for p, o in rng.end.items()}
     offsets.update(rng.foreign_offsets)
@@ -182,9 +239,18 @@ def _assemble_checkpoint(rng: offsets_mod.ReadRange, rows: list, horizon_ns: int
 def _check_options(topic: str, options: dict[str, str]) -> None:
     if not topic or not isinstance(topic, str):
         raise ReaderConfigError(f"topic={topic!r}: pass the name of one Kafka topic")
-    for owned in ("subscribe", "subscribePattern", "assign", "startingOffsets", "endingOffsets",
-                  "startingOffsetsByTimestamp", "endingOffsetsByTimestamp", "includeHeaders",
-                  "minPartitions", "maxRecordsPerPartition"):
+    for owned in (
+        "subscribe",
+        "subscribePattern",
+        "assign",
+        "startingOffsets",
+        "endingOffsets",
+        "startingOffsetsByTimestamp",
+        "endingOffsetsByTimestamp",
+        "includeHeaders",
+        "minPartitions",
+        "maxRecordsPerPartition",
+    ):
         if owned in options:
             raise ReaderConfigError(
                 f"kafka_options[{owned!r}] is set by readCommitted itself; remove it (use topic=, "

@@ -36,7 +36,7 @@ class ReadRange:
 
 def client_config(kafka_options: Mapping[str, str]) -> dict[str, str]:
     """Spark's ``kafka.``-prefixed options as a confluent-kafka (librdkafka) config."""
-    conf = {k[len("kafka."):]: v for k, v in kafka_options.items() if k.startswith("kafka.")}
+    conf = {k[len("kafka.") :]: v for k, v in kafka_options.items() if k.startswith("kafka.")}
     servers = conf.get("bootstrap.servers")
     if servers is None or (isinstance(servers, str) and not servers.strip()):
         raise ReaderConfigError(
@@ -54,12 +54,18 @@ def client_config(kafka_options: Mapping[str, str]) -> dict[str, str]:
     return conf
 
 
-def resolve(topic: str, kafka_options: Mapping[str, str], starting: bytes | None,
-            ending: str | Mapping[int, int], timeout: float = 30.0) -> ReadRange:
+def resolve(
+    topic: str,
+    kafka_options: Mapping[str, str],
+    starting: bytes | None,
+    ending: str | Mapping[int, int],
+    timeout: float = 30.0,
+) -> ReadRange:
     from confluent_kafka import Consumer, TopicPartition
 
-    consumer = Consumer({**client_config(kafka_options), "group.id": "harvest-spark-reader-offsets",
-                         "enable.auto.commit": False})
+    consumer = Consumer(
+        {**client_config(kafka_options), "group.id": "harvest-spark-reader-offsets", "enable.auto.commit": False}
+    )
     try:
         meta = consumer.list_topics(topic, timeout=timeout).topics.get(topic)
         if meta is None or meta.error is not None or not meta.partitions:
@@ -84,21 +90,31 @@ def resolve(topic: str, kafka_options: Mapping[str, str], starting: bytes | None
         except CheckpointMismatchError as exc:
             raise ReaderConfigError(f"starting: {exc}") from exc
         if uncovered:
-            log.warning("starting checkpoint covers no offset for %s: read from the log start (a new partition, "
-                        "or the checkpoint of another reader?)", ", ".join(uncovered[:20]))
+            log.warning(
+                "starting checkpoint covers no offset for %s: read from the log start (a new partition, "
+                "or the checkpoint of another reader?)",
+                ", ".join(uncovered[:20]),
+            )
     prefix = f"{topic}/"
-    ours = {int(j[len(prefix):]): o for j, o in offsets.items() if _is_partition_journal(j, prefix)}
+    ours = {int(j[len(prefix) :]): o for j, o in offsets.items() if _is_partition_journal(j, prefix)}
     start = {p: max(ours.get(p, low[p]), low[p]) for p in low}
     for p, offset in ours.items():
         if p in low and offset < low[p]:
-            log.warning("checkpoint offset %d of %s/%d is below the log start %d: records %d..%d were "
-                        "deleted by retention before this reader saw them", offset, topic, p, low[p],
-                        offset, low[p] - 1)
+            log.warning(
+                "checkpoint offset %d of %s/%d is below the log start %d: records %d..%d were "
+                "deleted by retention before this reader saw them",
+                offset,
+                topic,
+                p,
+                low[p],
+                offset,
+                low[p] - 1,
+            )
     by_key: dict[tuple[int, bytes], ProducerState] = {}
     foreign_states: list[ProducerState] = []
     for st in states:
         if _is_partition_journal(st.journal, prefix):
-            by_key[(int(st.journal[len(prefix):]), st.producer)] = st
+            by_key[(int(st.journal[len(prefix) :]), st.producer)] = st
         else:
             foreign_states.append(st)
     read_from = dict(start)
@@ -129,4 +145,4 @@ def _ending(topic: str, ending: str | Mapping[int, int], high: dict[int, int]) -
 
 
 def _is_partition_journal(journal: str, prefix: str) -> bool:
-    return journal.startswith(prefix) and journal[len(prefix):].isdigit()
+    return journal.startswith(prefix) and journal[len(prefix) :].isdigit()

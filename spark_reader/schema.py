@@ -25,17 +25,30 @@ HEADERS = ArrayType(StructType([StructField("key", StringType()), StructField("v
 # What the sequencing step works on: the Kafka source's columns the output needs (what Spark hands
 # to mapInArrow), plus the raw uuid header, which the step picks out of the headers itself (topic
 # and producer are added back after the step).
-RAW = StructType([
-    StructField("key", BinaryType()),
-    StructField("value", BinaryType()),
-    StructField("headers", HEADERS),
-    StructField("partition", IntegerType()),
-    StructField("offset", LongType()),
-    StructField("timestamp", TimestampType()),
-    StructField("uuid", BinaryType()),
-])
+RAW = StructType(
+    [
+        StructField("key", BinaryType()),
+        StructField("value", BinaryType()),
+        StructField("headers", HEADERS),
+        StructField("partition", IntegerType()),
+        StructField("offset", LongType()),
+        StructField("timestamp", TimestampType()),
+        StructField("uuid", BinaryType()),
+    ]
+)
 
 SEQUENCED = StructType([*RAW.fields, StructField("ack_offset", LongType()), StructField("clock", LongType())])
 
-OUTPUT_COLUMNS = ["key", "value", "headers", "topic", "partition", "offset", "timestamp",
-                  "uuid", "producer", "clock", "ack_offset"]
+OUTPUT_COLUMNS = [
+    "key",
+    "value",
+    "headers",
+    "topic",
+    "partition",
+    "offset",
+    "timestamp",
+    "uuid",
+    "producer",
+    "clock",
+    "ack_offset",
+]

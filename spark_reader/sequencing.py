@@ -93,7 +93,8 @@ def _sequence_partition(table: pa.Table, plan: GroupPlan, prune_horizon_ns: int)
     if unsequenced.size and plan.uuid_policy == "raise":
         raise MissingUUIDError(
             f"record {journal}@{int(offsets[unsequenced[0]])} has no valid 'uuid' header and uuid_policy='raise'; "
-            "use uuid_policy='deliver' to deliver such records at-least-once, or 'drop' to skip them")
+            "use uuid_policy='deliver' to deliver such records at-least-once, or 'drop' to skip them"
+        )
     entries = _entries(journal, offsets, hi, lo, np.flatnonzero(valid[first:]) + first)
 
     states = [st for (p, _), st in plan.states.items() if p == partition]
@@ -123,8 +124,13 @@ def _sequence_partition(table: pa.Table, plan: GroupPlan, prune_horizon_ns: int)
         keep = (lo[rows] >> np.uint64(48)) & np.uint64(0x3FF) != _ACK
         rows, acks = rows[keep], acks[keep]
     if unsequenced.size:
-        log.warning("%s: %d records without a valid 'uuid' header (uuid_policy=%r: %s)", journal, unsequenced.size,
-                    plan.uuid_policy, "skipped" if plan.uuid_policy == "drop" else "delivered at-least-once")
+        log.warning(
+            "%s: %d records without a valid 'uuid' header (uuid_policy=%r: %s)",
+            journal,
+            unsequenced.size,
+            plan.uuid_policy,
+            "skipped" if plan.uuid_policy == "drop" else "delivered at-least-once",
+        )
         if plan.uuid_policy == "deliver":  # committed at once: their own ack_offset
             rows = np.concatenate([unsequenced, rows])
             acks = np.concatenate([offsets[unsequenced], acks])
@@ -146,8 +152,9 @@ def _entries(journal: str, offsets: np.ndarray, hi: np.ndarray, lo: np.ndarray, 
     if EntryBatch is not None:
         return EntryBatch.from_columns(journal, offsets, hi, lo, rows)
     begins = offsets[rows]
-    return list(zip(repeat(journal), begins.tolist(), (begins + 1).tolist(), uuid_ints(hi[rows], lo[rows]),
-                    rows.tolist()))
+    return list(
+        zip(repeat(journal), begins.tolist(), (begins + 1).tolist(), uuid_ints(hi[rows], lo[rows]), rows.tolist())
+    )
 
 
 def take_rows(table: pa.Table, rows: np.ndarray) -> pa.Table:
@@ -160,8 +167,9 @@ def take_rows(table: pa.Table, rows: np.ndarray) -> pa.Table:
         mask[rows] = True
         return table.filter(pa.array(mask))
     whole = table.combine_chunks()
-    return pa.concat_tables([whole.take(pa.array(rows[i:i + _TAKE_WINDOW], pa.int64()))
-                             for i in range(0, len(rows), _TAKE_WINDOW)])
+    return pa.concat_tables(
+        [whole.take(pa.array(rows[i : i + _TAKE_WINDOW], pa.int64())) for i in range(0, len(rows), _TAKE_WINDOW)]
+    )
 
 
 def header_values(headers: pa.Array | pa.ChunkedArray, key: str) -> pa.ChunkedArray:
@@ -175,8 +183,9 @@ def header_values(headers: pa.Array | pa.ChunkedArray, key: str) -> pa.ChunkedAr
         bounds = arr.offsets.to_numpy(zero_copy_only=False)  # into arr.values, this slice's n + 1
         lo = int(bounds[0])
         flat = arr.values.slice(lo, int(bounds[-1]) - lo)  # a null record's range may be non-empty
-        pos = np.flatnonzero(pc.fill_null(pc.equal(pc.struct_field(flat, "key"), key), False)
-                             .to_numpy(zero_copy_only=False))
+        pos = np.flatnonzero(
+            pc.fill_null(pc.equal(pc.struct_field(flat, "key"), key), False).to_numpy(zero_copy_only=False)
+        )
         parents = np.searchsorted(bounds, pos + lo, side="right") - 1
         if arr.null_count:
             keep = arr.is_valid().to_numpy(zero_copy_only=False)[parents]
@@ -205,19 +214,28 @@ def uuid_words(column: pa.Array | pa.ChunkedArray) -> tuple[np.ndarray, np.ndarr
     if not sixteen.any():
         return sixteen, hi, lo
     _, offsets_buf, data_buf = arr.buffers()
-    starts = np.frombuffer(offsets_buf, np.int64 if pa.types.is_large_binary(arr.type) else np.int32,
-                           count=n, offset=arr.offset * (8 if pa.types.is_large_binary(arr.type) else 4))
+    starts = np.frombuffer(
+        offsets_buf,
+        np.int64 if pa.types.is_large_binary(arr.type) else np.int32,
+        count=n,
+        offset=arr.offset * (8 if pa.types.is_large_binary(arr.type) else 4),
+    )
     data = np.frombuffer(data_buf, np.uint8)
     if sixteen.all():  # the common case: one contiguous run of 16-byte values
-        words = data[int(starts[0]):int(starts[0]) + 16 * n].view(">u8").reshape(n, 2)
+        words = data[int(starts[0]) : int(starts[0]) + 16 * n].view(">u8").reshape(n, 2)
         hi[:], lo[:] = words[:, 0], words[:, 1]
     else:
         sel = np.flatnonzero(sixteen)
         words = data[starts[sel].astype(np.int64)[:, None] + _BYTE_LANES].view(">u8")
         hi[sel], lo[sel] = words[:, 0], words[:, 1]
     u = np.uint64
-    valid = (sixteen & ((hi >> u(12)) & u(0xF) == 1) & (lo >> u(62) == 2) & ((lo >> u(40)) & u(1) == 1)
-             & ((lo >> u(48)) & u(0x3FF) <= _ACK))  # ACK_TXN (2) is the highest flag a relay writes
+    valid = (
+        sixteen
+        & ((hi >> u(12)) & u(0xF) == 1)
+        & (lo >> u(62) == 2)
+        & ((lo >> u(40)) & u(1) == 1)
+        & ((lo >> u(48)) & u(0x3FF) <= _ACK)
+    )  # ACK_TXN (2) is the highest flag a relay writes
     hi[~valid] = 0
     lo[~valid] = 0
     return valid, hi, lo
@@ -236,12 +254,18 @@ def clocks(hi: np.ndarray, lo: np.ndarray) -> np.ndarray:
     """Gazette clocks (int64) of the UUIDs ``hi << 64 | lo``, 0 for 0: the 60-bit timestamp shifted
     left 4, plus the low 4 bits of the clock sequence (as ``sequencer.clock_of``)."""
     u = np.uint64
-    c = ((hi >> u(32)) << u(4)) | (((hi >> u(16)) & u(0xFFFF)) << u(36)) | ((hi & u(0x0FFF)) << u(52)) \
+    c = (
+        ((hi >> u(32)) << u(4))
+        | (((hi >> u(16)) & u(0xFFFF)) << u(36))
+        | ((hi & u(0x0FFF)) << u(52))
         | ((lo >> u(58)) & u(0xF))
+    )
     if len(c) and int(c.max()) >= 1 << 63:
         i = int(c.argmax())
-        raise OverflowError(f"uuid clock {int(c[i])} (uuid {uuid_mod.UUID(int=int(hi[i]) << 64 | int(lo[i]))}) "
-                            "does not fit the int64 'clock' column")
+        raise OverflowError(
+            f"uuid clock {int(c[i])} (uuid {uuid_mod.UUID(int=int(hi[i]) << 64 | int(lo[i]))}) "
+            "does not fit the int64 'clock' column"
+        )
     return c.view(np.int64)
 
 
@@ -250,8 +274,9 @@ def _int64s(column: pa.Array | pa.ChunkedArray) -> np.ndarray:
     return arr.to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
 
 
-def _replay(offsets: np.ndarray, valid: np.ndarray, hi: np.ndarray, lo: np.ndarray, journal: str,
-            begin: int, end: int) -> Iterator[Envelope]:
+def _replay(
+    offsets: np.ndarray, valid: np.ndarray, hi: np.ndarray, lo: np.ndarray, journal: str, begin: int, end: int
+) -> Iterator[Envelope]:
     lo_i = int(np.searchsorted(offsets, begin, side="left"))
     hi_i = int(np.searchsorted(offsets, end, side="left"))
     for i in (np.flatnonzero(valid[lo_i:hi_i]) + lo_i).tolist():

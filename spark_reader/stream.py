@@ -60,7 +60,7 @@ from typing import TYPE_CHECKING, Any
 import msgpack
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute  # noqa: F401  (pa.compute)
+import pyarrow.compute
 
 from harvest_outbox.sequencer import DEFAULT_PRUNE_HORIZON_NS, ProducerState
 from harvest_outbox.spark_reader import offsets as offsets_mod
@@ -93,11 +93,19 @@ _SHUFFLE_CONF = "spark.sql.shuffle.partitions"
 log = logging.getLogger(__name__)
 
 
-def readCommittedStream(spark: SparkSession, topic: str, kafka_options: Mapping[str, str] | None = None, *,
-                        starting: bytes | None = None, uuid_policy: str = "deliver",
-                        include_acks: bool = False, max_offsets_per_trigger: int | None = None,
-                        ring_size: int = 8192, prune_horizon_ns: int = DEFAULT_PRUNE_HORIZON_NS,
-                        state_location: str | None = None) -> DataFrame:
+def readCommittedStream(
+    spark: SparkSession,
+    topic: str,
+    kafka_options: Mapping[str, str] | None = None,
+    *,
+    starting: bytes | None = None,
+    uuid_policy: str = "deliver",
+    include_acks: bool = False,
+    max_offsets_per_trigger: int | None = None,
+    ring_size: int = 8192,
+    prune_horizon_ns: int = DEFAULT_PRUNE_HORIZON_NS,
+    state_location: str | None = None,
+) -> DataFrame:
     """A streaming DataFrame of the committed records of ``topic`` (columns as in readCommitted).
 
     ``starting``: a checkpoint (from ReadCommittedIter or a batch read) to start from; without
@@ -119,12 +127,18 @@ def readCommittedStream(spark: SparkSession, topic: str, kafka_options: Mapping[
     if state_location is None:
         _check_state_store(spark)
         _tune_state_store(spark)
-        log.info("readCommittedStream(%r): Spark's Kafka source and state store; pass state_location= (a folder "
-                 "next to the query's checkpoint) for harvest's own data source, several times faster", topic)
-    if max_offsets_per_trigger is not None and (not isinstance(max_offsets_per_trigger, int)
-                                                or max_offsets_per_trigger <= 0):
-        raise ReaderConfigError(f"max_offsets_per_trigger={max_offsets_per_trigger!r}: pass a positive int "
-                                "(records per micro-batch over all partitions) or None (no limit)")
+        log.info(
+            "readCommittedStream(%r): Spark's Kafka source and state store; pass state_location= (a folder "
+            "next to the query's checkpoint) for harvest's own data source, several times faster",
+            topic,
+        )
+    if max_offsets_per_trigger is not None and (
+        not isinstance(max_offsets_per_trigger, int) or max_offsets_per_trigger <= 0
+    ):
+        raise ReaderConfigError(
+            f"max_offsets_per_trigger={max_offsets_per_trigger!r}: pass a positive int "
+            "(records per micro-batch over all partitions) or None (no limit)"
+        )
     if not isinstance(ring_size, int) or ring_size < 1:
         raise ReaderConfigError(f"ring_size={ring_size!r}: pass a positive int (default 8192)")
     if not isinstance(prune_horizon_ns, int) or prune_horizon_ns < 0:
@@ -132,10 +146,17 @@ def readCommittedStream(spark: SparkSession, topic: str, kafka_options: Mapping[
     if state_location is not None:
         from harvest_outbox.spark_reader.stream_source import SourceSettings, committed_stream
 
-        settings = SourceSettings(topic=topic, kafka=options, state_location=state_location, uuid_policy=policy,
-                                  include_acks=include_acks, ring_size=ring_size, prune_horizon_ns=prune_horizon_ns,
-                                  max_offsets_per_trigger=max_offsets_per_trigger,
-                                  starting=base64.b64encode(starting).decode() if starting is not None else None)
+        settings = SourceSettings(
+            topic=topic,
+            kafka=options,
+            state_location=state_location,
+            uuid_policy=policy,
+            include_acks=include_acks,
+            ring_size=ring_size,
+            prune_horizon_ns=prune_horizon_ns,
+            max_offsets_per_trigger=max_offsets_per_trigger,
+            starting=base64.b64encode(starting).decode() if starting is not None else None,
+        )
         return finish_columns(committed_stream(spark, settings), topic)
     start: dict[int, int] = {}
     initial: list[tuple[int, bytes]] = []
@@ -155,15 +176,20 @@ def readCommittedStream(spark: SparkSession, topic: str, kafka_options: Mapping[
     raw = reader.option("includeHeaders", "true").load().select(*_RAW_COLUMNS)
 
     packed = raw.mapInArrow(_pack_splits, schema=_PACKED_DDL)
-    plan = GroupPlan(topic=topic, start=start, states={}, uuid_policy=policy, include_acks=include_acks,
-                     ring_size=ring_size)
+    plan = GroupPlan(
+        topic=topic, start=start, states={}, uuid_policy=policy, include_acks=include_acks, ring_size=ring_size
+    )
     processor = _PartitionProcessor(plan, prune_horizon_ns)
     init_grouped = None
     if initial:
         init_grouped = spark.createDataFrame(initial, _INITIAL_DDL).groupBy("partition")
     committed = packed.groupBy("partition").transformWithStateInPandas(
-        statefulProcessor=processor, outputStructType=_PACKED_DDL, outputMode="Append", timeMode="None",
-        initialState=init_grouped)
+        statefulProcessor=processor,
+        outputStructType=_PACKED_DDL,
+        outputMode="Append",
+        timeMode="None",
+        initialState=init_grouped,
+    )
     return finish_columns(committed.mapInArrow(_unpack, schema=_sequenced_schema()), topic)
 
 
@@ -174,7 +200,8 @@ def _check_state_store(spark: Any) -> None:
         raise ReaderConfigError(
             f"readCommittedStream keeps its state with transformWithStateInPandas, which needs the RocksDB "
             f"state store, but {_STORE_CONF} is {provider!r}. Fix: spark.conf.set({_STORE_CONF!r}, {_ROCKSDB!r}) "
-            "(or --conf) before starting the query")
+            "(or --conf) before starting the query"
+        )
 
 
 def _tune_state_store(spark: Any) -> None:
@@ -188,23 +215,36 @@ def _tune_state_store(spark: Any) -> None:
     chosen = spark.conf.get(_CHANGELOG_CONF, None)
     if chosen is None:
         spark.conf.set(_CHANGELOG_CONF, "true")
-        log.info("readCommittedStream: set %s=true (a RocksDB commit per micro-batch then writes a changelog "
-                 "file instead of a snapshot)", _CHANGELOG_CONF)
+        log.info(
+            "readCommittedStream: set %s=true (a RocksDB commit per micro-batch then writes a changelog "
+            "file instead of a snapshot)",
+            _CHANGELOG_CONF,
+        )
     elif chosen.strip().lower() != "true":
-        log.warning("readCommittedStream: %s=%s: every micro-batch commits a full RocksDB snapshot per state "
-                    "store, the largest fixed cost of a micro-batch. Fix: spark.conf.set(%r, 'true')",
-                    _CHANGELOG_CONF, chosen, _CHANGELOG_CONF)
+        log.warning(
+            "readCommittedStream: %s=%s: every micro-batch commits a full RocksDB snapshot per state "
+            "store, the largest fixed cost of a micro-batch. Fix: spark.conf.set(%r, 'true')",
+            _CHANGELOG_CONF,
+            chosen,
+            _CHANGELOG_CONF,
+        )
     try:
         shuffle = int(spark.conf.get(_SHUFFLE_CONF))
         cores = int(spark.sparkContext.defaultParallelism)
-    except Exception:  # noqa: BLE001  (Spark Connect has no sparkContext: skip the advice, not the read)
+    except Exception:
         return
     if shuffle > cores:
-        log.warning("readCommittedStream: %s=%d, so a new query's stateful step runs %d state stores, each "
-                    "loaded and committed every micro-batch, on %d cores (only the topic's partitions carry "
-                    "data). Fix: set %s to min(topic partitions, executor cores) before the query's first "
-                    "start (its checkpoint keeps the number it started with)",
-                    _SHUFFLE_CONF, shuffle, shuffle, cores, _SHUFFLE_CONF)
+        log.warning(
+            "readCommittedStream: %s=%d, so a new query's stateful step runs %d state stores, each "
+            "loaded and committed every micro-batch, on %d cores (only the topic's partitions carry "
+            "data). Fix: set %s to min(topic partitions, executor cores) before the query's first "
+            "start (its checkpoint keeps the number it started with)",
+            _SHUFFLE_CONF,
+            shuffle,
+            shuffle,
+            cores,
+            _SHUFFLE_CONF,
+        )
 
 
 def _sequenced_schema():  # type: ignore[no-untyped-def]
@@ -214,6 +254,7 @@ def _sequenced_schema():  # type: ignore[no-untyped-def]
 
 
 # -- step 1: pack each Kafka split ------------------------------------------------------------
+
 
 def _pack_splits(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
     """One task's record batches (one topic-partition's offsets of this micro-batch, in order) ->
@@ -241,9 +282,13 @@ def _pack_table(table: pa.Table) -> Iterator[pa.RecordBatch]:
         for chunk in _chunks(part):
             firsts.append(chunk.column("offset")[0].as_py())
             blobs.append(_ipc(chunk))
-        yield pa.RecordBatch.from_pydict({"partition": pa.array([partition] * len(blobs), pa.int32()),
-                                          "first": pa.array(firsts, pa.int64()),
-                                          "blob": pa.array(blobs, pa.binary())})
+        yield pa.RecordBatch.from_pydict(
+            {
+                "partition": pa.array([partition] * len(blobs), pa.int32()),
+                "first": pa.array(firsts, pa.int64()),
+                "blob": pa.array(blobs, pa.binary()),
+            }
+        )
 
 
 def _chunks(table: pa.Table) -> Iterator[pa.Table]:
@@ -269,6 +314,7 @@ def _from_ipc(blob: bytes) -> pa.Table:
 
 
 # -- step 2: sequence a partition, state in the state store ------------------------------------
+
 
 def _stateful_base() -> type:
     from pyspark.sql.streaming.stateful_processor import StatefulProcessor
@@ -300,8 +346,9 @@ class _PartitionProcessor(_stateful_base()):  # type: ignore[misc]
         fresh = sorted(((int(f), bytes(b)) for frame in rows for f, b in zip(frame["first"], frame["blob"])))
         tables = [_from_ipc(b) for _, b in fresh]
         first_new = fresh[0][0]
-        stored = [_from_ipc(bytes(r[1])) for r in sorted(self.span.get(), key=lambda r: r[0])] \
-            if self.span.exists() else []
+        stored = (
+            [_from_ipc(bytes(r[1])) for r in sorted(self.span.get(), key=lambda r: r[0])] if self.span.exists() else []
+        )
         # Rows of the stored span lie before this micro-batch's; a replayed micro-batch (after a
         # failure) starts from the state committed with the batch before it, so they never overlap.
         table = pa.concat_tables([*stored, *tables]) if len(stored) + len(tables) > 1 else tables[0]
@@ -310,9 +357,14 @@ class _PartitionProcessor(_stateful_base()):  # type: ignore[misc]
             table = table.sort_by("offset")  # Spark's Kafka source reads a split in offset order: rare
         states = _unpack_states(journal, bytes(self.producers.get()[0])) if self.producers.exists() else []
         start = max(plan.start.get(partition, 0), first_new)
-        step = GroupPlan(topic=plan.topic, start={partition: start},
-                         states={(partition, st.producer): st for st in states},
-                         uuid_policy=plan.uuid_policy, include_acks=plan.include_acks, ring_size=plan.ring_size)
+        step = GroupPlan(
+            topic=plan.topic,
+            start={partition: start},
+            states={(partition, st.producer): st for st in states},
+            uuid_policy=plan.uuid_policy,
+            include_acks=plan.include_acks,
+            ring_size=plan.ring_size,
+        )
         with_uuid = table.append_column("uuid", header_values(table.column("headers"), "uuid"))
         with_uuid = with_uuid.append_column("partition", pa.array([partition] * table.num_rows, pa.int32()))
         out, result = sequence_partition(with_uuid, step, self.prune_horizon_ns)
@@ -351,8 +403,8 @@ def _unpack_states(journal: str, blob: bytes) -> list[ProducerState]:
 
 # -- step 3: unpack the committed rows ---------------------------------------------------------
 
+
 def _unpack(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
     for batch in batches:
         for blob in batch.column("blob").to_pylist():
             yield from _from_ipc(blob).to_batches()
-

@@ -133,8 +133,11 @@ class CommittedStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
         by_partition: dict[int, list[ProducerState]] = {p: [] for p in rng.start}
         for (p, _), st in sorted(rng.states.items()):
             by_partition.setdefault(p, []).append(st)
-        return {"run": StreamStateFiles.new_run(), "offsets": {str(p): o for p, o in sorted(rng.start.items())},
-                "initial": {str(p): pack_states(sts) for p, sts in sorted(by_partition.items())}}
+        return {
+            "run": StreamStateFiles.new_run(),
+            "offsets": {str(p): o for p, o in sorted(rng.start.items())},
+            "initial": {str(p): pack_states(sts) for p, sts in sorted(by_partition.items())},
+        }
 
     def prepareForTriggerAvailableNow(self) -> None:
         self.target = {p: high for p, (_, high) in _watermarks(self.settings).items()}
@@ -173,7 +176,8 @@ class CommittedStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
                 splits.append(KafkaSplit(end["run"], int(p), first, stop, initial.get(p)))
             elif p in initial:  # nothing to read yet: the next micro-batch finds the states stored
                 StreamStateFiles(self.settings.state_location, end["run"]).put(
-                    int(p), first, unpack_states(f"{self.settings.topic}/{p}", initial[p]))
+                    int(p), first, unpack_states(f"{self.settings.topic}/{p}", initial[p])
+                )
         return splits
 
     def commit(self, end: dict[str, Any]) -> None:
@@ -200,9 +204,14 @@ class CommittedStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
             return
         start = split.start if split.start is not None else int(table.column("offset")[0].as_py())
         table = table.append_column("uuid", header_values(table.column("headers"), "uuid"))
-        plan = GroupPlan(topic=s.topic, start={p: start}, states={(p, st.producer): st for st in states},
-                         uuid_policy=s.uuid_policy, include_acks=s.include_acks,  # type: ignore[arg-type]
-                         ring_size=s.ring_size)
+        plan = GroupPlan(
+            topic=s.topic,
+            start={p: start},
+            states={(p, st.producer): st for st in states},
+            uuid_policy=s.uuid_policy,
+            include_acks=s.include_acks,  # type: ignore[arg-type]
+            ring_size=s.ring_size,
+        )
         out, result = sequence_partition(table, plan, s.prune_horizon_ns)
         files.put(p, split.end, result.states)
         yield from out.select(SEQUENCED.fieldNames()).to_batches()
@@ -211,14 +220,16 @@ class CommittedStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
 def _check_offsets(offsets: Any) -> None:
     """Offsets from the query's checkpoint must be this source's: a query started without
     ``state_location`` logged Spark's Kafka source offsets (``{topic: {partition: offset}}``)."""
-    if not (isinstance(offsets, dict) and isinstance(offsets.get("run"), str)
-            and isinstance(offsets.get("offsets"), dict)):
+    if not (
+        isinstance(offsets, dict) and isinstance(offsets.get("run"), str) and isinstance(offsets.get("offsets"), dict)
+    ):
         raise SparkReaderError(
             f"the query's checkpoint holds offsets this source did not write ({str(offsets)[:200]}): it was "
             "started by readCommittedStream without state_location (Spark's Kafka source), and a checkpoint "
             "cannot change its source. Fix: keep state_location=None for this checkpoint, or start a new query "
             "(new checkpointLocation) with state_location= and starting= a checkpoint of where the old one "
-            "ended (e.g. read_committed's)")
+            "ended (e.g. read_committed's)"
+        )
 
 
 def pack_states(states: list[ProducerState]) -> str:
@@ -226,16 +237,22 @@ def pack_states(states: list[ProducerState]) -> str:
 
 
 def unpack_states(journal: str, packed: str) -> list[ProducerState]:
-    return [ProducerState(journal, bytes(p), int(last_ack), int(begin))
-            for p, last_ack, begin in msgpack.unpackb(base64.b64decode(packed))]
+    return [
+        ProducerState(journal, bytes(p), int(last_ack), int(begin))
+        for p, last_ack, begin in msgpack.unpackb(base64.b64decode(packed))
+    ]
 
 
 def _consumer(settings: SourceSettings):  # type: ignore[no-untyped-def]
     from confluent_kafka import Consumer
 
-    conf: dict[str, Any] = {"isolation.level": "read_uncommitted",  # as Spark's Kafka source
-                            **offsets_mod.client_config(settings.kafka),
-                            "group.id": _GROUP, "enable.auto.commit": False, "auto.offset.reset": "earliest"}
+    conf: dict[str, Any] = {
+        "isolation.level": "read_uncommitted",  # as Spark's Kafka source
+        **offsets_mod.client_config(settings.kafka),
+        "group.id": _GROUP,
+        "enable.auto.commit": False,
+        "auto.offset.reset": "earliest",
+    }
     conf.setdefault("fetch.max.bytes", 64 << 20)
     conf.setdefault("max.partition.fetch.bytes", 16 << 20)
     return Consumer(conf)
@@ -248,10 +265,13 @@ def _watermarks(settings: SourceSettings) -> dict[int, tuple[int, int]]:
     try:
         meta = consumer.list_topics(settings.topic, timeout=30).topics.get(settings.topic)
         if meta is None or meta.error is not None or not meta.partitions:
-            raise SparkReaderError(f"topic {settings.topic!r} does not exist or has no partitions "
-                                   f"({meta.error if meta else 'unknown'})")
-        return {p: consumer.get_watermark_offsets(TopicPartition(settings.topic, p), timeout=30)
-                for p in sorted(meta.partitions)}
+            raise SparkReaderError(
+                f"topic {settings.topic!r} does not exist or has no partitions ({meta.error if meta else 'unknown'})"
+            )
+        return {
+            p: consumer.get_watermark_offsets(TopicPartition(settings.topic, p), timeout=30)
+            for p in sorted(meta.partitions)
+        }
     finally:
         consumer.close()
 
@@ -305,7 +325,8 @@ def _read_range(settings: SourceSettings, partition: int, read_from: int | None,
                 raise SparkReaderError(
                     f"reading {topic}/{partition}: no record for {_STALL_SECONDS:.0f}s at offset {position} "
                     f"(range ends at {end}); the broker is unreachable or the records were deleted "
-                    "(retention, or an unclean leader election truncated the partition)")
+                    "(retention, or an unclean leader election truncated the partition)"
+                )
         if offsets:
             chunks.append(_batch(partition, keys, values, headers, offsets, stamps))
     finally:
@@ -315,14 +336,29 @@ def _read_range(settings: SourceSettings, partition: int, read_from: int | None,
     return pa.Table.from_batches(chunks)
 
 
-_RAW_SCHEMA = pa.schema([("key", pa.binary()), ("value", pa.binary()), ("headers", _HEADERS),
-                         ("partition", pa.int32()), ("offset", pa.int64()), ("timestamp", _TIMESTAMP)])
+_RAW_SCHEMA = pa.schema(
+    [
+        ("key", pa.binary()),
+        ("value", pa.binary()),
+        ("headers", _HEADERS),
+        ("partition", pa.int32()),
+        ("offset", pa.int64()),
+        ("timestamp", _TIMESTAMP),
+    ]
+)
 
 
-def _batch(partition: int, keys: list[Any], values: list[Any], headers: list[Any], offsets: list[int],
-           stamps: list[int]) -> pa.RecordBatch:
+def _batch(
+    partition: int, keys: list[Any], values: list[Any], headers: list[Any], offsets: list[int], stamps: list[int]
+) -> pa.RecordBatch:
     return pa.RecordBatch.from_arrays(
-        [pa.array(keys, pa.binary()), pa.array(values, pa.binary()), pa.array(headers, _HEADERS),
-         pa.array([partition] * len(offsets), pa.int32()), pa.array(offsets, pa.int64()),
-         pa.array(stamps, pa.int64()).cast(pa.timestamp("ms")).cast(_TIMESTAMP)],
-        schema=_RAW_SCHEMA)
+        [
+            pa.array(keys, pa.binary()),
+            pa.array(values, pa.binary()),
+            pa.array(headers, _HEADERS),
+            pa.array([partition] * len(offsets), pa.int32()),
+            pa.array(offsets, pa.int64()),
+            pa.array(stamps, pa.int64()).cast(pa.timestamp("ms")).cast(_TIMESTAMP),
+        ],
+        schema=_RAW_SCHEMA,
+    )

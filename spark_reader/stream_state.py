@@ -35,8 +35,10 @@ _WIDTH = 20  # offsets zero-padded, so names sort in offset order
 #: URI schemes pyarrow's ``FileSystem.from_uri`` opens: the state files are written through pyarrow,
 #: not through Spark's Hadoop filesystems (so ``s3a://`` is not one of them).
 SCHEMES = ("file", "hdfs", "viewfs", "s3", "gs", "gcs", "abfs", "abfss")
-_FIX = ("Fix: pass a folder (existing, or one that can be created) every executor and the driver can reach: "
-        f"a path or a URI of {', '.join(s + '://' for s in SCHEMES)}")
+_FIX = (
+    "Fix: pass a folder (existing, or one that can be created) every executor and the driver can reach: "
+    f"a path or a URI of {', '.join(s + '://' for s in SCHEMES)}"
+)
 
 
 def check_state_location(value: Any) -> str:
@@ -49,8 +51,10 @@ def check_state_location(value: Any) -> str:
     scheme, sep, rest = value.partition("://")
     if sep and scheme.lower() not in SCHEMES:
         hint = " (Hadoop's name for S3: write s3:// here)" if scheme.lower() in ("s3a", "s3n") else ""
-        raise ReaderConfigError(f"state_location={value!r}: the scheme {scheme!r}{hint} is not one the state "
-                                f"files can be written to. {_FIX}")
+        raise ReaderConfigError(
+            f"state_location={value!r}: the scheme {scheme!r}{hint} is not one the state "
+            f"files can be written to. {_FIX}"
+        )
     if sep and scheme.lower() != "file":
         return value
     path = os.path.abspath(rest if sep else value)
@@ -87,10 +91,12 @@ def _filesystem(location: str):  # type: ignore[no-untyped-def]
         return fs.LocalFileSystem(), location
     try:
         return fs.FileSystem.from_uri(location)
-    except Exception as exc:  # noqa: BLE001  (pyarrow raises several types for an unusable URI)
-        raise ReaderConfigError(f"state_location={location!r} cannot be opened: {exc}. Fix: pass a path or a "
-                                "URI pyarrow can open (file://, hdfs://, s3://, gs://) that every executor "
-                                "and the driver can reach") from exc
+    except Exception as exc:
+        raise ReaderConfigError(
+            f"state_location={location!r} cannot be opened: {exc}. Fix: pass a path or a "
+            "URI pyarrow can open (file://, hdfs://, s3://, gs://) that every executor "
+            "and the driver can reach"
+        ) from exc
 
 
 @dataclass(frozen=True)
@@ -129,12 +135,14 @@ class StreamStateFiles:
                 f"{self.run}): the state location lost files this query wrote (deleted, or not reachable from "
                 "this executor). The rows committed from this offset on cannot be told apart from duplicates "
                 "without it. Fix: restore the folder, or start a new query (fresh checkpoint) with starting= a "
-                "checkpoint taken where the output ends")
+                "checkpoint taken where the output ends"
+            )
         with fs.open_input_stream(path) as f:
             data = f.read()
         journal = f"{topic}/{partition}"
-        return [ProducerState(journal, bytes(p), int(last_ack), int(begin))
-                for p, last_ack, begin in msgpack.unpackb(data)]
+        return [
+            ProducerState(journal, bytes(p), int(last_ack), int(begin)) for p, last_ack, begin in msgpack.unpackb(data)
+        ]
 
     def prune(self, partition: int, below: int) -> int:
         """Delete the partition's files for offsets below ``below``; returns how many."""

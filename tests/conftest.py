@@ -85,8 +85,11 @@ class _SparkSessions:
             from harvest_outbox.harvest_local.spark import cluster_spark_session, local_spark_session
 
             self.stop()
-            self.session = (local_spark_session("harvest-tests") if kind == "local"
-                            else cluster_spark_session("harvest-tests-cluster"))
+            self.session = (
+                local_spark_session("harvest-tests")
+                if kind == "local"
+                else cluster_spark_session("harvest-tests-cluster")
+            )
             self.kind = kind
         assert self.session is not None
         return self.session

@@ -19,5 +19,7 @@ def native_module(name: str) -> ModuleType:
     try:
         return importlib.import_module(name)
     except ImportError as exc:
-        pytest.fail(f"{name} is not built ({exc}); run ./dev setup (or pip install -e .) "
-                    "or set HARVEST_PURE_PYTHON=1 to test only the pure-Python implementation")
+        pytest.fail(
+            f"{name} is not built ({exc}); run ./dev setup (or pip install -e .) "
+            "or set HARVEST_PURE_PYTHON=1 to test only the pure-Python implementation"
+        )

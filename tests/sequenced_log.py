@@ -16,8 +16,18 @@ from dataclasses import dataclass
 
 from confluent_kafka import Consumer, Producer, TopicPartition
 
-from harvest_outbox.sequencer import (Envelope, Flags, Publisher, QueueOutcome, Sequencer, UUIDError, build_uuid,
-                                      clock_of, flags_of, parse_uuid)
+from harvest_outbox.sequencer import (
+    Envelope,
+    Flags,
+    Publisher,
+    QueueOutcome,
+    Sequencer,
+    UUIDError,
+    build_uuid,
+    clock_of,
+    flags_of,
+    parse_uuid,
+)
 
 
 @dataclass(frozen=True)
@@ -29,12 +39,18 @@ class RawRecord:
     uuid: bytes | None
 
 
-def write_log(bootstrap: str, topic: str, partitions: int, seed: int = 1, steps: int = 60,
-              producers: int = 3, headerless: bool = True) -> int:
+def write_log(
+    bootstrap: str,
+    topic: str,
+    partitions: int,
+    seed: int = 1,
+    steps: int = 60,
+    producers: int = 3,
+    headerless: bool = True,
+) -> int:
     """Write the log; returns the number of records written."""
     rng = random.Random(seed)
-    kafka = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "acks": "all",
-                      "linger.ms": 2})
+    kafka = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "acks": "all", "linger.ms": 2})
     pubs = [Publisher() for _ in range(producers)]
     last_ack: dict[tuple[int, int], int] = {}  # (producer index, partition) -> last ACK clock
     count = 0
@@ -43,8 +59,9 @@ def write_log(bootstrap: str, topic: str, partitions: int, seed: int = 1, steps:
     def send(partition: int, u: uuid_mod.UUID | None, value: str) -> None:
         nonlocal count
         headers = [("uuid", u.bytes)] if u is not None else []
-        kafka.produce(topic, key=f"k{rng.randrange(5)}".encode(), value=value.encode(),
-                      partition=partition, headers=headers)
+        kafka.produce(
+            topic, key=f"k{rng.randrange(5)}".encode(), value=value.encode(), partition=partition, headers=headers
+        )
         count += 1
 
     for _ in range(steps):
@@ -110,8 +127,9 @@ def read_raw(bootstrap: str, topic: str, partitions: int) -> list[RawRecord]:
     return out
 
 
-def reference_read(records: list[RawRecord], topic: str, include_acks: bool = False,
-                   uuid_policy: str = "deliver") -> list[tuple[int, int, int]]:
+def reference_read(
+    records: list[RawRecord], topic: str, include_acks: bool = False, uuid_policy: str = "deliver"
+) -> list[tuple[int, int, int]]:
     """(partition, offset, ack_offset) of every committed record, in ReadCommittedIter order."""
     out: list[tuple[int, int, int]] = []
     for p in sorted({r.partition for r in records}):

@@ -29,13 +29,16 @@ def test_event_ids_do_not_come_in_index_order() -> None:
     assert ids != sorted(ids)  # scattered over the primary key, as random ids are
 
 
-@pytest.mark.parametrize("rows_seen, expected", [
-    ([0, 1, 2], {"records": 3, "duplicates": 0, "losses": 0}),
-    ([0, 1, 1, 2, 2, 2], {"records": 6, "duplicates": 3, "losses": 0}),
-    ([0, 2], {"records": 2, "duplicates": 0, "losses": 1}),
-    ([], {"records": 0, "duplicates": 0, "losses": 3}),
-    ([1] * 300, {"records": 300, "duplicates": 299, "losses": 2}),
-])
+@pytest.mark.parametrize(
+    "rows_seen, expected",
+    [
+        ([0, 1, 2], {"records": 3, "duplicates": 0, "losses": 0}),
+        ([0, 1, 1, 2, 2, 2], {"records": 6, "duplicates": 3, "losses": 0}),
+        ([0, 2], {"records": 2, "duplicates": 0, "losses": 1}),
+        ([], {"records": 0, "duplicates": 0, "losses": 3}),
+        ([1] * 300, {"records": 300, "duplicates": 299, "losses": 2}),
+    ],
+)
 def test_tally_counts_duplicates_and_losses(rows_seen: list[int], expected: dict[str, int]) -> None:
     ids = [event_id("ab12", i).encode() for i in rows_seen]
     assert tally(ids, "ab12", 3) == expected

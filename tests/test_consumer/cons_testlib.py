@@ -6,12 +6,13 @@ from __future__ import annotations
 import random
 import time
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from confluent_kafka import Producer
 
 from harvest_outbox.sequencer import NIL_UUID, Envelope, Flags, PySequencer, build_uuid, new_producer_id
+
 
 # One record to write: partition, uuid header (None: no header; bytes: raw header value), value.
 @dataclass
@@ -62,7 +63,9 @@ def produce(bootstrap: str, topic: str, recs: Sequence[Rec]) -> dict[int, list[i
     return offsets
 
 
-def reference(topic: str, recs: Sequence[Rec], offsets: dict[int, list[int]], ring_size: int) -> list[tuple[int, int, bytes]]:
+def reference(
+    topic: str, recs: Sequence[Rec], offsets: dict[int, list[int]], ring_size: int
+) -> list[tuple[int, int, bytes]]:
     """(partition, offset, value) of what a pure Sequencer commits for ``recs``
     read in list order (ACKs included)."""
     seq = PySequencer(ring_size=ring_size)  # the pure-Python reference, whatever the reader runs

@@ -21,12 +21,16 @@ def test_open_span_survives_checkpoint(kafka_bootstrap: str, topic_factory) -> N
     topic = topic_factory()
     cfg = kafka_config(kafka_bootstrap)
     a, b = new_producer_id(), new_producer_id()
-    produce(kafka_bootstrap, topic, [
-        Rec(0, build_uuid(a, 160, Flags.CONTINUE_TXN), b"A1"),
-        Rec(0, build_uuid(b, 160, Flags.CONTINUE_TXN), b"B1"),
-        Rec(0, build_uuid(a, 320, Flags.CONTINUE_TXN), b"A2"),
-        Rec(0, build_uuid(b, 320, Flags.OUTSIDE_TXN), b"B-outside"),  # clobbers B's open span
-    ])
+    produce(
+        kafka_bootstrap,
+        topic,
+        [
+            Rec(0, build_uuid(a, 160, Flags.CONTINUE_TXN), b"A1"),
+            Rec(0, build_uuid(b, 160, Flags.CONTINUE_TXN), b"B1"),
+            Rec(0, build_uuid(a, 320, Flags.CONTINUE_TXN), b"A2"),
+            Rec(0, build_uuid(b, 320, Flags.OUTSIDE_TXN), b"B-outside"),  # clobbers B's open span
+        ],
+    )
     with ReadCommittedIter(cfg, topics=[topic]) as it:
         assert [r.value for r in drain(it, expect=1, idle=1.0)] == [b"B-outside"]
         assert it.has_pending()
@@ -35,11 +39,15 @@ def test_open_span_survives_checkpoint(kafka_bootstrap: str, topic_factory) -> N
     assert offsets == {f"{topic}/0": 4}
     assert {(s.producer, s.last_ack, s.begin) for s in states} == {(a, 159, 0), (b, 320, -1)}
 
-    produce(kafka_bootstrap, topic, [
-        Rec(0, build_uuid(a, 480, Flags.CONTINUE_TXN), b"A3"),
-        Rec(0, build_uuid(b, 160, Flags.ACK_TXN), b"B-stale-ack"),
-        Rec(0, build_uuid(a, 640, Flags.ACK_TXN), b"A-ACK"),
-    ])
+    produce(
+        kafka_bootstrap,
+        topic,
+        [
+            Rec(0, build_uuid(a, 480, Flags.CONTINUE_TXN), b"A3"),
+            Rec(0, build_uuid(b, 160, Flags.ACK_TXN), b"B-stale-ack"),
+            Rec(0, build_uuid(a, 640, Flags.ACK_TXN), b"A-ACK"),
+        ],
+    )
     with ReadCommittedIter(cfg, topics=[topic], checkpoint=cp, ring_size=8192) as it:
         got = drain(it, expect=3, idle=1.0)
         assert [r.value for r in got] == [b"A1", b"A2", b"A3"]
@@ -70,7 +78,9 @@ def test_checkpoint_mid_sequence(kafka_bootstrap: str, topic_factory) -> None:
 
 
 @pytest.mark.parametrize(("seed", "partitions", "ring_size"), [(11, 1, 4), (12, 2, 8192)])
-def test_random_restarts_deliver_each_record_once(kafka_bootstrap: str, topic_factory, seed, partitions, ring_size) -> None:
+def test_random_restarts_deliver_each_record_once(
+    kafka_bootstrap: str, topic_factory, seed, partitions, ring_size
+) -> None:
     topic = topic_factory(partitions=partitions)
     cfg = kafka_config(kafka_bootstrap)
     recs = Gen(seed, partitions=partitions).records(500)
@@ -144,8 +154,11 @@ def _checkpoint_of(kafka_bootstrap: str, topic: str, partitions: int) -> bytes:
     """A real checkpoint of a reader of partitions 0..partitions-1 of ``topic``, each with one
     committed record read."""
     a = new_producer_id()
-    produce(kafka_bootstrap, topic, [Rec(p, build_uuid(a, 160 * (p + 1), Flags.OUTSIDE_TXN), b"x%d" % p)
-                                     for p in range(partitions)])
+    produce(
+        kafka_bootstrap,
+        topic,
+        [Rec(p, build_uuid(a, 160 * (p + 1), Flags.OUTSIDE_TXN), b"x%d" % p) for p in range(partitions)],
+    )
     with ReadCommittedIter(kafka_config(kafka_bootstrap), partitions=[(topic, p) for p in range(partitions)]) as it:
         assert len(drain(it, expect=partitions, idle=5.0)) == partitions
         cp = it.checkpoint()
@@ -153,22 +166,29 @@ def _checkpoint_of(kafka_bootstrap: str, topic: str, partitions: int) -> bytes:
     return cp
 
 
-@pytest.mark.parametrize(("reader", "needle"), [
-    # another topic entirely: every partition would silently start from auto.offset.reset
-    ({"topics": ["<other>"]}, "none of which this reader reads (it reads topic '<other>' partition(s) 0, 1, 2)"),
-    ({"partitions": [("<other>", 0)]}, "none of which this reader reads (it reads topic '<other>' partition(s) 0)"),
-    ({"topics": ["<other>"], "group": True}, "none of which this reader reads (it reads topic '<other>')"),
-    # the same topic, a partition the checkpoint does not cover
-    ({"partitions": [("<topic>", 2)]}, "none of which this reader reads (it reads topic '<topic>' partition(s) 2)"),
-])
-def test_checkpoint_of_another_reader_is_refused(kafka_bootstrap: str, topic_factory, unique_name,
-                                                 reader: dict, needle: str) -> None:
+@pytest.mark.parametrize(
+    ("reader", "needle"),
+    [
+        # another topic entirely: every partition would silently start from auto.offset.reset
+        ({"topics": ["<other>"]}, "none of which this reader reads (it reads topic '<other>' partition(s) 0, 1, 2)"),
+        ({"partitions": [("<other>", 0)]}, "none of which this reader reads (it reads topic '<other>' partition(s) 0)"),
+        ({"topics": ["<other>"], "group": True}, "none of which this reader reads (it reads topic '<other>')"),
+        # the same topic, a partition the checkpoint does not cover
+        ({"partitions": [("<topic>", 2)]}, "none of which this reader reads (it reads topic '<topic>' partition(s) 2)"),
+    ],
+)
+def test_checkpoint_of_another_reader_is_refused(
+    kafka_bootstrap: str, topic_factory, unique_name, reader: dict, needle: str
+) -> None:
     topic, other = topic_factory(partitions=3), topic_factory(partitions=3)
     cp = _checkpoint_of(kafka_bootstrap, topic, 2)  # covers topic/0 and topic/1
     names = {"<topic>": topic, "<other>": other}
     extra = {"group.id": unique_name("g")} if reader.get("group") else {}
-    kwargs = {k: ([names[t] for t in v] if k == "topics" else [(names[t], p) for t, p in v])
-              for k, v in reader.items() if k != "group"}
+    kwargs = {
+        k: ([names[t] for t in v] if k == "topics" else [(names[t], p) for t, p in v])
+        for k, v in reader.items()
+        if k != "group"
+    }
     with pytest.raises(CheckpointMismatchError) as info:
         ReadCommittedIter(kafka_config(kafka_bootstrap, **extra), checkpoint=cp, **kwargs)
     message = str(info.value)
@@ -206,5 +226,6 @@ def test_partitions_a_checkpoint_does_not_cover_are_named(kafka_bootstrap: str, 
     caplog.set_level(logging.WARNING, logger="harvest_outbox.consumer")
     with ReadCommittedIter(kafka_config(kafka_bootstrap), topics=[topic], checkpoint=cp) as it:
         assert [r.value for r in drain(it, expect=1, idle=5.0)] == [b"x1"]  # topic/1 from earliest
-    assert any(f"covers no offset for {topic}/1: they start from auto.offset.reset" in r.getMessage()
-               for r in caplog.records)
+    assert any(
+        f"covers no offset for {topic}/1: they start from auto.offset.reset" in r.getMessage() for r in caplog.records
+    )

@@ -6,11 +6,11 @@ ACKs, rollbacks, OUTSIDE and unsequenced records; tiny rings forcing replays).""
 from __future__ import annotations
 
 import pytest
-from native_impl import native_module
 from cons_testlib import Gen, Rec, drain, kafka_config, key, per_partition, produce, reference
+from native_impl import native_module
 
-from harvest_outbox.consumer import ConfigError, ReadCommittedIter, ReadUncommittedIter
 from harvest_outbox import sequencer
+from harvest_outbox.consumer import ConfigError, ReadCommittedIter, ReadUncommittedIter
 from harvest_outbox.sequencer import Flags, build_uuid, new_producer_id
 
 pytestmark = pytest.mark.integration
@@ -50,9 +50,6 @@ def test_gazette_reader_scenario(kafka_bootstrap: str, topic_factory) -> None:
 @pytest.fixture(params=["native", "python"])
 def reader_impl(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
     """Run the reader on the compiled fast paths, or on the pure-Python ones (converter + Sequencer)."""
-    import harvest_outbox.consumer.committed
-    from harvest_outbox import consumer
-    import harvest_outbox.consumer.uncommitted
     from harvest_outbox import consumer
 
     if request.param == "native":
@@ -68,7 +65,9 @@ def reader_impl(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch)
     ("seed", "partitions", "ring_size", "count"),
     [(1, 1, 8192, 400), (2, 1, 3, 400), (3, 3, 2, 600), (4, 2, 16, 600)],
 )
-def test_same_output_as_pure_sequencer(kafka_bootstrap: str, topic_factory, reader_impl, seed, partitions, ring_size, count) -> None:
+def test_same_output_as_pure_sequencer(
+    kafka_bootstrap: str, topic_factory, reader_impl, seed, partitions, ring_size, count
+) -> None:
     topic = topic_factory(partitions=partitions)
     gen = Gen(seed, partitions=partitions)
     recs = gen.records(count)
@@ -87,8 +86,11 @@ def test_same_output_as_pure_sequencer(kafka_bootstrap: str, topic_factory, read
     if ring_size <= 3:
         assert stats["replays"] > 0, "the tiny ring should have forced replays"
     # Without include_acks, the same minus the ACK records.
-    acks = {(r.partition, r.header.bytes) for r in recs if r.header is not None and not isinstance(r.header, bytes)
-            and (r.header.int >> 48) & 0x3FF == Flags.ACK_TXN}
+    acks = {
+        (r.partition, r.header.bytes)
+        for r in recs
+        if r.header is not None and not isinstance(r.header, bytes) and (r.header.int >> 48) & 0x3FF == Flags.ACK_TXN
+    }
     assert acks
     with ReadCommittedIter(kafka_config(kafka_bootstrap), topics=[topic], ring_size=ring_size) as it:
         got2 = drain(it, idle=1.0)

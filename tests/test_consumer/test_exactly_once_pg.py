@@ -18,7 +18,7 @@ from cons_testlib import Gen, produce, reference
 from psycopg import sql
 
 from harvest_outbox.consumer import CheckpointStoreError, PostgresCheckpointStore
-from harvest_outbox.sequencer import Flags, ProducerState, decode_checkpoint, encode_checkpoint
+from harvest_outbox.sequencer import ProducerState, decode_checkpoint, encode_checkpoint
 
 pytestmark = pytest.mark.integration
 
@@ -29,7 +29,9 @@ def test_store_round_trip_in_callers_transaction(pg_dsn: str, pg_schema: str) ->
     store = PostgresCheckpointStore("billing", schema=pg_schema)
     other = PostgresCheckpointStore("other", schema=pg_schema)
     pid = bytes.fromhex("0102030405ff")
-    cp = encode_checkpoint({"t/0": 10, "t/1": 5}, [ProducerState("t/0", pid, 160, 3), ProducerState("t/1", pid, 320, -1)])
+    cp = encode_checkpoint(
+        {"t/0": 10, "t/1": 5}, [ProducerState("t/0", pid, 160, 3), ProducerState("t/1", pid, 320, -1)]
+    )
     with psycopg.connect(pg_dsn) as conn:
         store.create_table(conn)
         conn.commit()
@@ -60,15 +62,20 @@ def test_kill9_restart_applies_each_committed_record_once(pg_dsn, pg_schema, kaf
     recs = Gen(21, partitions=2).records(2500)
     offsets = produce(kafka_bootstrap, topic, recs)
     want = sorted(
-        (f"{topic}/{p}", o, v) for p, o, v in reference(topic, recs, offsets, 16)
-        if not v.startswith((b"ack", b"rb"))
+        (f"{topic}/{p}", o, v) for p, o, v in reference(topic, recs, offsets, 16) if not v.startswith((b"ack", b"rb"))
     )
     name = "eo-" + pg_schema
     with psycopg.connect(pg_dsn) as conn:
-        conn.execute(sql.SQL("CREATE TABLE {} (journal text, kafka_offset bigint, value bytea)").format(
-            sql.Identifier(pg_schema, "applied")))
+        conn.execute(
+            sql.SQL("CREATE TABLE {} (journal text, kafka_offset bigint, value bytea)").format(
+                sql.Identifier(pg_schema, "applied")
+            )
+        )
         PostgresCheckpointStore(name, schema=pg_schema).create_table(conn)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[2]), os.environ.get("PYTHONPATH", "")])}
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[2]), os.environ.get("PYTHONPATH", "")]),
+    }
     args = [sys.executable, str(WORKER), pg_dsn, pg_schema, kafka_bootstrap, topic, name, str(len(want))]
     rnd = random.Random(7)
     count_q = sql.SQL("SELECT count(*) FROM {}").format(sql.Identifier(pg_schema, "applied"))
@@ -94,8 +101,9 @@ def test_kill9_restart_applies_each_committed_record_once(pg_dsn, pg_schema, kaf
     final = subprocess.run([*args, "99"], env=env, capture_output=True, timeout=120)
     assert final.returncode == 0, final.stderr.decode()[-3000:]
     with psycopg.connect(pg_dsn) as conn:
-        rows = conn.execute(sql.SQL("SELECT journal, kafka_offset, value FROM {}").format(
-            sql.Identifier(pg_schema, "applied"))).fetchall()
+        rows = conn.execute(
+            sql.SQL("SELECT journal, kafka_offset, value FROM {}").format(sql.Identifier(pg_schema, "applied"))
+        ).fetchall()
     got = sorted((j, o, bytes(v)) for j, o, v in rows)
     assert kills == 5, progress
     # The kills landed mid-stream: progress was made between them, and not all of it.

@@ -90,8 +90,12 @@ def test_table_names_are_identifiers(pg_dsn: str, pg_schema: str, table: str) ->
         store.create_table(conn)
         store.save(conn, CP)
         assert decode_checkpoint(store.load(conn)) == decode_checkpoint(CP)
-        names = {r[0] for r in conn.execute(
-            "SELECT table_name FROM information_schema.tables WHERE table_schema = %s", (pg_schema,))}
+        names = {
+            r[0]
+            for r in conn.execute(
+                "SELECT table_name FROM information_schema.tables WHERE table_schema = %s", (pg_schema,)
+            )
+        }
         assert names == {"victim", table}  # the name is taken literally; nothing was injected
 
 

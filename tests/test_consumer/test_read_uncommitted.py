@@ -10,7 +10,13 @@ from confluent_kafka import TopicPartition
 from confluent_kafka.admin import AdminClient
 from cons_testlib import Rec, kafka_config, produce
 
-from harvest_outbox.consumer import ConsumerClosedError, KafkaReadError, OffsetLostError, ReadCommittedIter, ReadUncommittedIter
+from harvest_outbox.consumer import (
+    ConsumerClosedError,
+    KafkaReadError,
+    OffsetLostError,
+    ReadCommittedIter,
+    ReadUncommittedIter,
+)
 from harvest_outbox.sequencer import encode_checkpoint
 
 pytestmark = pytest.mark.integration
@@ -66,9 +72,8 @@ def test_checkpoint_offset_deleted_by_retention_raises(kafka_bootstrap: str, top
 
 
 def test_failed_replay_closes_the_reader(kafka_bootstrap: str, topic_factory) -> None:
-    from harvest_outbox.sequencer import Flags, build_uuid, new_producer_id
-
     from harvest_outbox.consumer import ReplayFailedError
+    from harvest_outbox.sequencer import Flags, build_uuid, new_producer_id
 
     topic = topic_factory()
     a, b = new_producer_id(), new_producer_id()

@@ -25,7 +25,9 @@ class DictStore:
     def save(self, cp: bytes) -> None:
         offsets, states = decode_checkpoint(cp)
         for j in set(offsets) | {s.journal for s in states}:
-            self.rows[j] = encode_checkpoint({j: offsets[j]} if j in offsets else {}, [s for s in states if s.journal == j])
+            self.rows[j] = encode_checkpoint(
+                {j: offsets[j]} if j in offsets else {}, [s for s in states if s.journal == j]
+            )
 
     def load(self, journals: list[str]) -> bytes | None:
         offsets, states = {}, []
@@ -45,10 +47,15 @@ def test_two_members_share_partitions_exactly_once(kafka_bootstrap: str, topic_f
     store = DictStore()
     events: dict[str, list] = {"m1": [], "m2": []}
     delivered: dict[str, list] = {"m1": [], "m2": []}
-    cfg = kafka_config(kafka_bootstrap, **{
-        "group.id": unique_name("g"), "partition.assignment.strategy": strategy,
-        "session.timeout.ms": 6000, "heartbeat.interval.ms": 500,
-    })
+    cfg = kafka_config(
+        kafka_bootstrap,
+        **{
+            "group.id": unique_name("g"),
+            "partition.assignment.strategy": strategy,
+            "session.timeout.ms": 6000,
+            "heartbeat.interval.ms": 500,
+        },
+    )
 
     def member(name: str) -> ReadCommittedIter:
         holder: list[ReadCommittedIter] = []

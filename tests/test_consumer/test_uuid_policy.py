@@ -92,7 +92,9 @@ def test_unsequenced_records_policy(kafka_bootstrap: str, topic_factory, policy:
             assert r.uuid is None and r.producer is None and r.clock == 0 and r.flags == Flags.OUTSIDE_TXN
     else:
         assert got == [b"ok-0", b"ok-1"]
-    warnings = [r for r in caplog.records if r.levelno == logging.WARNING and r.name.startswith("harvest_outbox.consumer")]
+    warnings = [
+        r for r in caplog.records if r.levelno == logging.WARNING and r.name.startswith("harvest_outbox.consumer")
+    ]
     # Rate-limited: one warning per partition per interval, not one per record.
     assert 1 <= len(warnings) <= 2
     assert "uuid" in warnings[0].getMessage()

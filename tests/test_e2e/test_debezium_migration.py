@@ -52,9 +52,13 @@ class Writer(threading.Thread):
                     eid = uuid.uuid4()
                     rollback = i % 10 == 9
                     with conn.transaction() as tx:
-                        conn.execute(sql.SQL("INSERT INTO {} (id, aggregatetype, aggregateid, type, payload) "
-                                             "VALUES (%s, %s, %s, 'Happened', %s)").format(self.table),
-                                     (eid, self.aggregate, f"a-{i % 5}", f'{{"i": {i}}}'))
+                        conn.execute(
+                            sql.SQL(
+                                "INSERT INTO {} (id, aggregatetype, aggregateid, type, payload) "
+                                "VALUES (%s, %s, %s, 'Happened', %s)"
+                            ).format(self.table),
+                            (eid, self.aggregate, f"a-{i % 5}", f'{{"i": {i}}}'),
+                        )
                         if self.delete_after:
                             conn.execute(sql.SQL("DELETE FROM {} WHERE id = %s").format(self.table), (eid,))
                         if rollback:
@@ -68,8 +72,9 @@ class Writer(threading.Thread):
 
 def _slot_confirmed(dsn: str, slot: str) -> int:
     with psycopg.connect(dsn) as conn:
-        row = conn.execute("SELECT confirmed_flush_lsn - '0/0'::pg_lsn FROM pg_replication_slots WHERE slot_name = %s",
-                           (slot,)).fetchone()
+        row = conn.execute(
+            "SELECT confirmed_flush_lsn - '0/0'::pg_lsn FROM pg_replication_slots WHERE slot_name = %s", (slot,)
+        ).fetchone()
     return int(row[0]) if row and row[0] is not None else -1
 
 
@@ -89,12 +94,12 @@ def _wait(what: str, check: Callable[[], bool], timeout: float = 60.0) -> None:
 
 def _ids(bootstrap: str, topic: str) -> list[str]:
     """The ``id`` header of every record of ``topic``."""
-    return [eid.decode() for r in read_to_end(bootstrap, [topic])
-            if (eid := dict(r.headers).get("id")) is not None]
+    return [eid.decode() for r in read_to_end(bootstrap, [topic]) if (eid := dict(r.headers).get("id")) is not None]
 
 
-def test_switching_from_debezium_to_harvest_and_back_loses_no_event(logical_pg_dsn: str, kafka_bootstrap: str,
-                                                                      unique_name: Callable[[str], str]) -> None:
+def test_switching_from_debezium_to_harvest_and_back_loses_no_event(
+    logical_pg_dsn: str, kafka_bootstrap: str, unique_name: Callable[[str], str]
+) -> None:
     schema, aggregate = unique_name("mig"), unique_name("Evt")
     options = {"route.topic.replacement": "mig.${routedByValue}"}
     topic = f"mig.{aggregate}"
@@ -104,48 +109,60 @@ def test_switching_from_debezium_to_harvest_and_back_loses_no_event(logical_pg_d
     names = OutboxNames.parse(table, mapping)
     with psycopg.connect(logical_pg_dsn, autocommit=True) as conn:
         conn.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(schema)))
-        conn.execute(sql.SQL("CREATE TABLE {} (id uuid PRIMARY KEY, aggregatetype varchar(255) NOT NULL, "
-                             "aggregateid varchar(255) NOT NULL, type varchar(255) NOT NULL, payload jsonb)").format(
-            names.outbox))
+        conn.execute(
+            sql.SQL(
+                "CREATE TABLE {} (id uuid PRIMARY KEY, aggregatetype varchar(255) NOT NULL, "
+                "aggregateid varchar(255) NOT NULL, type varchar(255) NOT NULL, payload jsonb)"
+            ).format(names.outbox)
+        )
     first = OutboxConnector(f"{schema}_a", table, options)
     worker = DebeziumOutbox(logical_pg_dsn, kafka_bootstrap, connectors=[first]).start()
     writer = Writer(logical_pg_dsn, names.outbox, aggregate)
     relay: Harvest | None = None
-    cfg = HarvestConfig(data_source=logical_pg_dsn, outbox_table=table, table_mapping=mapping,
-                        base_kafka_config={"bootstrap.servers": kafka_bootstrap}, leader_election="postgres",
-                        leader_lock_check_interval=0.2, name=f"{schema}-relay",
-                        limits=Limits(min_metrics_interval=0.5, idle_poll_interval=0.5))
+    cfg = HarvestConfig(
+        data_source=logical_pg_dsn,
+        outbox_table=table,
+        table_mapping=mapping,
+        base_kafka_config={"bootstrap.servers": kafka_bootstrap},
+        leader_election="postgres",
+        leader_lock_check_interval=0.2,
+        name=f"{schema}-relay",
+        limits=Limits(min_metrics_interval=0.5, idle_poll_interval=0.5),
+    )
     try:
         writer.start()
         _wait("Debezium's first events", lambda: len(writer.committed) > 50)
         # Debezium -> harvest
-        init_db(logical_pg_dsn, table, mapping=mapping)          # 1. the relay's columns, connector running
+        init_db(logical_pg_dsn, table, mapping=mapping)  # 1. the relay's columns, connector running
         time.sleep(0.3)
-        writer.delete_after = False                               # 2. the writers keep their rows
+        writer.delete_after = False  # 2. the writers keep their rows
         time.sleep(0.3)
         stopped_deleting = _lsn(logical_pg_dsn)
         marks: dict[str, int] = {}
-        relay = Harvest(cfg).start()                              # 3. harvest publishes too
+        relay = Harvest(cfg).start()  # 3. harvest publishes too
         marks["harvest"] = len(writer.committed)
-        _wait("the slot to confirm past the last delete", lambda: _slot_confirmed(
-            logical_pg_dsn, first.slot_name) >= stopped_deleting)  # 4. then the connector and its slot go
+        _wait(
+            "the slot to confirm past the last delete",
+            lambda: _slot_confirmed(logical_pg_dsn, first.slot_name) >= stopped_deleting,
+        )  # 4. then the connector and its slot go
         worker.remove(first.name, drop_replication=True)
         during = marks["gone"] = len(writer.committed)
         _wait("harvest alone for a while", lambda: len(writer.committed) > during + 100)
         # harvest -> Debezium
         second = OutboxConnector(f"{schema}_b", table, options)
-        worker.add(second)                                        # its slot exists from here on
+        worker.add(second)  # its slot exists from here on
         marks["second"] = len(writer.committed)
         slot_made = _lsn(logical_pg_dsn)
         time.sleep(0.3)
-        writer.delete_after = True                                # the writers delete again
+        writer.delete_after = True  # the writers delete again
         marks["delete"] = len(writer.committed)
         time.sleep(0.3)
 
         def drained() -> bool:
             with psycopg.connect(logical_pg_dsn) as conn:
-                row = conn.execute(sql.SQL("SELECT count(*) FROM {} WHERE harvest_seq IS NOT NULL").format(
-                    names.outbox)).fetchone()
+                row = conn.execute(
+                    sql.SQL("SELECT count(*) FROM {} WHERE harvest_seq IS NOT NULL").format(names.outbox)
+                ).fetchone()
             return row is not None and row[0] == 0
 
         _wait("harvest to drain the rows older than the slot", drained)
@@ -164,10 +181,12 @@ def test_switching_from_debezium_to_harvest_and_back_loses_no_event(logical_pg_d
         except AssertionError:
             seen = set(_ids(kafka_bootstrap, topic))
             lost = [i for i, e in enumerate(writer.committed) if e not in seen]
-            raise AssertionError(f"lost events at positions {lost[:10]}… ({len(lost)}); phases: harvest started "
-                                 f"~{marks['harvest']}, connector gone {marks['gone']}, second connector "
-                                 f"{marks['second']}, deleting again {marks['delete']}, harvest stopped "
-                                 f"{marks['stopped']}, end {len(writer.committed)}") from None
+            raise AssertionError(
+                f"lost events at positions {lost[:10]}… ({len(lost)}); phases: harvest started "
+                f"~{marks['harvest']}, connector gone {marks['gone']}, second connector "
+                f"{marks['second']}, deleting again {marks['delete']}, harvest stopped "
+                f"{marks['stopped']}, end {len(writer.committed)}"
+            ) from None
     finally:
         writer.stop_event.set()
         if relay is not None:

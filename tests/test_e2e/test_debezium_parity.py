@@ -72,8 +72,12 @@ CASES = (
     Case("placement", router=PLACEMENT, partitions=4),
     Case("json", payload_type="json"),
     Case("text", payload_type="text", payloads=tuple(TEXT_PAYLOADS)),
-    Case("tombstone", payload_type="text", router={"route.tombstone.on.empty.payload": "true"},
-         payloads=tuple(TEXT_PAYLOADS)),
+    Case(
+        "tombstone",
+        payload_type="text",
+        router={"route.tombstone.on.empty.payload": "true"},
+        payloads=tuple(TEXT_PAYLOADS),
+    ),
     Case("bytea", payload_type="bytea", converters={"value.converter": BYTE_ARRAY_CONVERTER}),
 )
 
@@ -92,8 +96,18 @@ def _rows(case: Case) -> list[tuple[Any, ...]]:
     for i in range(60):
         payload = case.payloads[i % len(case.payloads)]
         value: Any = payload.encode() if payload is not None and case.payload_type == "bytea" else payload
-        rows.append((uuid.uuid4(), AGGREGATES[i % 3], f"agg-{i % 7}", f"Type{i % 4}", value,
-                     None if i % 5 == 0 else f"tenant-{i % 3}", None if i % 6 == 0 else i - 20, (i % 7) % 4))
+        rows.append(
+            (
+                uuid.uuid4(),
+                AGGREGATES[i % 3],
+                f"agg-{i % 7}",
+                f"Type{i % 4}",
+                value,
+                None if i % 5 == 0 else f"tenant-{i % 3}",
+                None if i % 6 == 0 else i - 20,
+                (i % 7) % 4,
+            )
+        )
     return rows
 
 
@@ -105,18 +119,31 @@ def published(logical_pg_dsn: str, kafka_bootstrap: str) -> Iterator[dict[str, d
         conn.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(schema)))
         for case in CASES:
             s, t = case.table.split(".")
-            conn.execute(sql.SQL(
-                "CREATE TABLE {} (id uuid PRIMARY KEY, aggregatetype varchar(255) NOT NULL, aggregateid varchar(255) "
-                "NOT NULL, type varchar(255) NOT NULL, payload {}, tenant text, seq integer, shard integer)").format(
-                sql.Identifier(s, t), sql.SQL(case.payload_type)))
+            conn.execute(
+                sql.SQL(
+                    "CREATE TABLE {} (id uuid PRIMARY KEY, aggregatetype varchar(255) NOT NULL, aggregateid varchar(255) "
+                    "NOT NULL, type varchar(255) NOT NULL, payload {}, tenant text, seq integer, shard integer)"
+                ).format(sql.Identifier(s, t), sql.SQL(case.payload_type))
+            )
     mappings = {case.name: table_mapping("debezium", case.options("hv")) for case in CASES}
     for case in CASES:
         init_db(logical_pg_dsn, case.table, mapping=mappings[case.name])
         for agg in AGGREGATES:
             create_topic(kafka_bootstrap, f"hv-{case.name}.{agg}", case.partitions)
-    worker = DebeziumOutbox(logical_pg_dsn, kafka_bootstrap, connectors=[
-        OutboxConnector(f"p_{case.name.replace('-', '_')}_{TAG}", case.table, case.options("dbz"), case.converters,
-                        topic_partitions=case.partitions) for case in CASES]).start()
+    worker = DebeziumOutbox(
+        logical_pg_dsn,
+        kafka_bootstrap,
+        connectors=[
+            OutboxConnector(
+                f"p_{case.name.replace('-', '_')}_{TAG}",
+                case.table,
+                case.options("dbz"),
+                case.converters,
+                topic_partitions=case.partitions,
+            )
+            for case in CASES
+        ],
+    ).start()
     relays: list[Harvest] = []
     try:
         for case in CASES:
@@ -128,24 +155,38 @@ def published(logical_pg_dsn: str, kafka_bootstrap: str) -> Iterator[dict[str, d
                 rows = _rows(case)
                 expected += len(rows)
                 with conn.cursor() as cur:
-                    cur.executemany(sql.SQL("INSERT INTO {} (id, aggregatetype, aggregateid, type, payload, tenant, "
-                                            "seq, shard) VALUES (%s, %s, %s, %s, %s, %s, %s, %s)").format(
-                        sql.Identifier(s, t)), rows)
+                    cur.executemany(
+                        sql.SQL(
+                            "INSERT INTO {} (id, aggregatetype, aggregateid, type, payload, tenant, "
+                            "seq, shard) VALUES (%s, %s, %s, %s, %s, %s, %s, %s)"
+                        ).format(sql.Identifier(s, t)),
+                        rows,
+                    )
         for case in CASES:
-            cfg = HarvestConfig(data_source=logical_pg_dsn, outbox_table=case.table,
-                                base_kafka_config={"bootstrap.servers": kafka_bootstrap},
-                                producer_kafka_config={"linger.ms": 5}, leader_election="postgres",
-                                leader_lock_check_interval=0.2, name=f"hv-{case.name}",
-                                uuid_sequencing=case.sequenced, table_mapping=mappings[case.name],
-                                limits=Limits(min_metrics_interval=0.5, idle_poll_interval=0.5))
+            cfg = HarvestConfig(
+                data_source=logical_pg_dsn,
+                outbox_table=case.table,
+                base_kafka_config={"bootstrap.servers": kafka_bootstrap},
+                producer_kafka_config={"linger.ms": 5},
+                leader_election="postgres",
+                leader_lock_check_interval=0.2,
+                name=f"hv-{case.name}",
+                uuid_sequencing=case.sequenced,
+                table_mapping=mappings[case.name],
+                limits=Limits(min_metrics_interval=0.5, idle_poll_interval=0.5),
+            )
             relays.append(Harvest(cfg).start())
         topics = {p: [f"{p}-{case.name}.{agg}" for case in CASES for agg in AGGREGATES] for p in ("dbz", "hv")}
         worker.wait_for_records(topics["dbz"], expected, timeout=120)
         deadline = time.monotonic() + 120
         with psycopg.connect(logical_pg_dsn, autocommit=True) as conn:
             while True:
-                left = sum(conn.execute(sql.SQL("SELECT count(*) FROM {}").format(
-                    sql.Identifier(*case.table.split(".")))).fetchone()[0] for case in CASES)  # type: ignore[index]
+                left = sum(
+                    conn.execute(
+                        sql.SQL("SELECT count(*) FROM {}").format(sql.Identifier(*case.table.split(".")))
+                    ).fetchone()[0]
+                    for case in CASES
+                )  # type: ignore[index]
                 if not left:
                     break
                 assert time.monotonic() < deadline, f"harvest left {left} row(s)"
@@ -153,7 +194,7 @@ def published(logical_pg_dsn: str, kafka_bootstrap: str) -> Iterator[dict[str, d
         out: dict[str, dict[str, list[Rec]]] = {case.name: {"dbz": [], "hv": []} for case in CASES}
         for prefix in ("dbz", "hv"):
             for rec in _read(kafka_bootstrap, topics[prefix]):
-                name = rec.topic.split(".", 1)[0][len(prefix) + 1:]
+                name = rec.topic.split(".", 1)[0][len(prefix) + 1 :]
                 out[name][prefix].append(rec)
         yield out
     finally:
@@ -166,8 +207,11 @@ def published(logical_pg_dsn: str, kafka_bootstrap: str) -> Iterator[dict[str, d
 
 def _read(bootstrap: str, topics: list[str]) -> list[Rec]:
     """The topics' records (harvest's ACK records, value b'' and no id header, are dropped)."""
-    return [Rec(r.topic, r.partition, r.key, r.value, r.headers) for r in read_to_end(bootstrap, topics)
-            if any(h == "id" for h, _ in r.headers)]
+    return [
+        Rec(r.topic, r.partition, r.key, r.value, r.headers)
+        for r in read_to_end(bootstrap, topics)
+        if any(h == "id" for h, _ in r.headers)
+    ]
 
 
 def _router_headers(rec: Rec) -> list[tuple[str, bytes | None]]:

@@ -122,8 +122,10 @@ ROWS = (
 JSONB1 = b'{"a": [1, 2.5, "x"], "b": 1, "n": null}'
 JSONB2 = '{"f": 1.50, "i": 3, "n": null, "o": {"k": true}, "name": "Zoë", "tags": ["a", "b"]}'.encode()
 AS_JSON_STRING1 = b'"{\\"a\\": [1, 2.5, \\"x\\"], \\"b\\": 1, \\"n\\": null}"'
-AS_JSON_STRING2 = ('"{\\"f\\": 1.50, \\"i\\": 3, \\"n\\": null, \\"o\\": {\\"k\\": true}, \\"name\\": \\"Zoë\\", '
-                   '\\"tags\\": [\\"a\\", \\"b\\"]}"').encode()
+AS_JSON_STRING2 = (
+    '"{\\"f\\": 1.50, \\"i\\": 3, \\"n\\": null, \\"o\\": {\\"k\\": true}, \\"name\\": \\"Zoë\\", '
+    '\\"tags\\": [\\"a\\", \\"b\\"]}"'
+).encode()
 JSON_OFF = {"value.converter": JSON_CONVERTER, "value.converter.schemas.enable": "false"}
 TOMBSTONE = {"route.tombstone.on.empty.payload": "true"}
 EXPAND = {"table.expand.json.payload": "true"}
@@ -150,8 +152,9 @@ class Case:
             router["table.field.event.payload"] = self.payload_column
         if self.name != "default":
             router["route.topic.replacement"] = f"dbz-{self.name}.${{routedByValue}}"
-        return OutboxConnector(self.connector_name, table, router, self.converters, options=self.options,
-                               topic_partitions=self.partitions)
+        return OutboxConnector(
+            self.connector_name, table, router, self.converters, options=self.options, topic_partitions=self.partitions
+        )
 
     def topic(self, aggregatetype: str) -> str:
         return f"outbox.event.{aggregatetype}" if self.name == "default" else f"dbz-{self.name}.{aggregatetype}"
@@ -168,15 +171,26 @@ CASES = (
     Case("json", (P1.encode(), P2.encode(), None), payload_column="payload_json"),
     Case("text", (P1.encode(), P2.encode(), None), payload_column="payload_text"),
     Case("bytea-string", (_buffer(P1), _buffer(P2), None), payload_column="payload_bytea"),
-    Case("bytea-bytes", (P1.encode(), P2.encode(), None), payload_column="payload_bytea",
-         converters={"value.converter": BYTE_ARRAY_CONVERTER}),
+    Case(
+        "bytea-bytes",
+        (P1.encode(), P2.encode(), None),
+        payload_column="payload_bytea",
+        converters={"value.converter": BYTE_ARRAY_CONVERTER},
+    ),
     Case("tombstone", (JSONB1, JSONB2, None), router=TOMBSTONE),
     Case("json-conv", (AS_JSON_STRING1, AS_JSON_STRING2, b"null"), converters=JSON_OFF),
     Case("json-conv-tomb", (AS_JSON_STRING1, AS_JSON_STRING2, None), router=TOMBSTONE, converters=JSON_OFF),
-    Case("expand-json", (AS_JSON_STRING1, '{"f":1.5,"i":3,"o":{"k":true},"name":"Zoë","tags":["a","b"]}'.encode(),
-                         b"null"), router=EXPAND, converters=JSON_OFF),
-    Case("expand-string", (JSONB1, "Struct{f=1.5,i=3,o=Struct{k=true},name=Zoë,tags=[a, b]}".encode(), None),
-         router=EXPAND),
+    Case(
+        "expand-json",
+        (AS_JSON_STRING1, '{"f":1.5,"i":3,"o":{"k":true},"name":"Zoë","tags":["a","b"]}'.encode(), b"null"),
+        router=EXPAND,
+        converters=JSON_OFF,
+    ),
+    Case(
+        "expand-string",
+        (JSONB1, "Struct{f=1.5,i=3,o=Struct{k=true},name=Zoë,tags=[a, b]}".encode(), None),
+        router=EXPAND,
+    ),
     Case("no-ext-headers", (JSONB1, JSONB2, None), options={"extended.headers.enabled": "false"}),
 )
 CONTEXT = "__debezium.context."
@@ -187,10 +201,13 @@ def outbox_table(logical_pg_dsn: str) -> Iterator[str]:
     schema = f"dbz_{TAG}"
     with psycopg.connect(logical_pg_dsn, autocommit=True) as conn:
         conn.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(schema)))
-        conn.execute(sql.SQL(
-            "CREATE TABLE {} (id uuid PRIMARY KEY, aggregatetype varchar(255) NOT NULL, aggregateid varchar(255) "
-            "NOT NULL, type varchar(255) NOT NULL, payload jsonb, payload_json json, payload_text text, "
-            "payload_bytea bytea, tenant text, seq int, shard int)").format(sql.Identifier(schema, "outbox")))
+        conn.execute(
+            sql.SQL(
+                "CREATE TABLE {} (id uuid PRIMARY KEY, aggregatetype varchar(255) NOT NULL, aggregateid varchar(255) "
+                "NOT NULL, type varchar(255) NOT NULL, payload jsonb, payload_json json, payload_text text, "
+                "payload_bytea bytea, tenant text, seq int, shard int)"
+            ).format(sql.Identifier(schema, "outbox"))
+        )
     yield f"{schema}.outbox"
     with psycopg.connect(logical_pg_dsn, autocommit=True) as conn:
         conn.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(schema)))
@@ -220,8 +237,13 @@ def emitted(debezium: DebeziumOutbox, logical_pg_dsn: str, outbox_table: str) ->
     debezium.wait_for_records(topics, len(CASES) * len(ROWS), timeout=90)
     got = consume(debezium.kafka_bootstrap, topics, lambda got: len(got) >= len(CASES) * len(ROWS))
     order = {row.aggregateid: i for i, row in enumerate(ROWS)}
-    return {case.name: sorted((g for g in got if g.topic in {case.topic(r.aggregatetype) for r in ROWS}),
-                              key=lambda g: order[(g.key or b"").decode()]) for case in CASES}
+    return {
+        case.name: sorted(
+            (g for g in got if g.topic in {case.topic(r.aggregatetype) for r in ROWS}),
+            key=lambda g: order[(g.key or b"").decode()],
+        )
+        for case in CASES
+    }
 
 
 def insert(dsn: str, table: str, rows: tuple[Row, ...]) -> None:
@@ -231,15 +253,31 @@ def insert(dsn: str, table: str, rows: tuple[Row, ...]) -> None:
             payload = row.payload
             conn.execute(
                 sql.SQL("INSERT INTO {} VALUES (%s, %s, %s, %s, %s::jsonb, %s::json, %s, %s, %s, %s, %s)").format(
-                    sql.Identifier(schema, name)),
-                (row.id, row.aggregatetype, row.aggregateid, row.type, payload, payload, payload,
-                 payload.encode() if payload is not None else None, row.tenant, row.seq, row.shard))
+                    sql.Identifier(schema, name)
+                ),
+                (
+                    row.id,
+                    row.aggregatetype,
+                    row.aggregateid,
+                    row.type,
+                    payload,
+                    payload,
+                    payload,
+                    payload.encode() if payload is not None else None,
+                    row.tenant,
+                    row.seq,
+                    row.shard,
+                ),
+            )
 
 
-def consume(bootstrap: str, topics: list[str], done: Callable[[list[ReadRecord]], bool], timeout: float = 60.0) -> list[ReadRecord]:
+def consume(
+    bootstrap: str, topics: list[str], done: Callable[[list[ReadRecord]], bool], timeout: float = 60.0
+) -> list[ReadRecord]:
     """Read ``topics`` from the start until ``done(records)`` holds or ``timeout`` passes."""
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"dbz-check-{uuid.uuid4()}",
-                         "enable.auto.commit": False})
+    consumer = Consumer(
+        {"bootstrap.servers": bootstrap, "group.id": f"dbz-check-{uuid.uuid4()}", "enable.auto.commit": False}
+    )
     try:
         meta = consumer.list_topics(timeout=10).topics
         consumer.assign([TopicPartition(t, p, 0) for t in topics if t in meta for p in meta[t].partitions])
@@ -248,8 +286,16 @@ def consume(bootstrap: str, topics: list[str], done: Callable[[list[ReadRecord]]
         while not done(out) and time.monotonic() < deadline:
             for msg in consumer.consume(100, 0.5):
                 if msg.error() is None:
-                    out.append(ReadRecord(msg.topic(), msg.partition(), msg.offset(), msg.key(), msg.value(),
-                                   list(msg.headers() or [])))
+                    out.append(
+                        ReadRecord(
+                            msg.topic(),
+                            msg.partition(),
+                            msg.offset(),
+                            msg.key(),
+                            msg.value(),
+                            list(msg.headers() or []),
+                        )
+                    )
         return out
     finally:
         consumer.close()
@@ -266,22 +312,29 @@ def test_what_debezium_publishes(case: Case, emitted: dict[str, list[ReadRecord]
         if case.name == "no-ext-headers":
             assert context == []
         else:
-            assert [k for k, _ in context] == [f"{CONTEXT}{k}" for k in
-                                               ("connectorLogicalName", "taskId", "connectorName", "runId")]
-            assert context[:3] == [(f"{CONTEXT}connectorLogicalName", case.connector_name.encode()),
-                                   (f"{CONTEXT}taskId", b"0"), (f"{CONTEXT}connectorName", b"postgresql")]
+            assert [k for k, _ in context] == [
+                f"{CONTEXT}{k}" for k in ("connectorLogicalName", "taskId", "connectorName", "runId")
+            ]
+            assert context[:3] == [
+                (f"{CONTEXT}connectorLogicalName", case.connector_name.encode()),
+                (f"{CONTEXT}taskId", b"0"),
+                (f"{CONTEXT}connectorName", b"postgresql"),
+            ]
             assert record.headers[:4] == context  # the connector's headers come first
         expected = [("id", str(row.id).encode())]
         if case.name == "placement":
-            expected += [("eventType", row.type.encode()),
-                         ("tenant", row.tenant.encode() if row.tenant is not None else None),
-                         ("seq", str(row.seq).encode() if row.seq is not None else None)]
+            expected += [
+                ("eventType", row.type.encode()),
+                ("tenant", row.tenant.encode() if row.tenant is not None else None),
+                ("seq", str(row.seq).encode() if row.seq is not None else None),
+            ]
         assert router == expected
         assert record.partition == (row.shard if case.name == "placement" else 0)
 
 
 def test_a_failing_connector_is_reported_with_its_cause_and_no_password(
-        debezium: DebeziumOutbox, outbox_table: str, logical_pg_dsn: str) -> None:
+    debezium: DebeziumOutbox, outbox_table: str, logical_pg_dsn: str
+) -> None:
     wrong = OutboxConnector(f"badauth_{TAG}", outbox_table, options={"database.password": "not-the-password"})
     with pytest.raises(ServiceError, match=r"connector 'badauth_\w+' failed: .*password authentication failed") as exc:
         debezium.add(wrong, timeout=60)
@@ -291,15 +344,22 @@ def test_a_failing_connector_is_reported_with_its_cause_and_no_password(
 
 
 def test_a_connector_failing_on_a_row_is_reported_while_waiting_for_records(
-        debezium: DebeziumOutbox, logical_pg_dsn: str, outbox_table: str) -> None:
+    debezium: DebeziumOutbox, logical_pg_dsn: str, outbox_table: str
+) -> None:
     """A router option naming no column passes validation and fails the task on the first row: the
     wait says so at once, instead of running out its timeout with "0 of 1 records"."""
     table = outbox_table.replace(".outbox", ".outbox_badroute")
     with psycopg.connect(logical_pg_dsn, autocommit=True) as conn:
-        conn.execute(sql.SQL("CREATE TABLE {} (LIKE {})").format(sql.Identifier(*table.split(".")),
-                                                                 sql.Identifier(*outbox_table.split("."))))
-    broken = OutboxConnector(f"badroute_{TAG}", table, {"route.by.field": "nosuchcolumn",
-                                                        "route.topic.replacement": "dbz-badroute.${routedByValue}"})
+        conn.execute(
+            sql.SQL("CREATE TABLE {} (LIKE {})").format(
+                sql.Identifier(*table.split(".")), sql.Identifier(*outbox_table.split("."))
+            )
+        )
+    broken = OutboxConnector(
+        f"badroute_{TAG}",
+        table,
+        {"route.by.field": "nosuchcolumn", "route.topic.replacement": "dbz-badroute.${routedByValue}"},
+    )
     debezium.add(broken)
     insert(logical_pg_dsn, table, ROWS[:1])
     started = time.monotonic()
@@ -309,8 +369,9 @@ def test_a_connector_failing_on_a_row_is_reported_while_waiting_for_records(
     debezium.remove(broken.name)
 
 
-def test_a_restarted_worker_resumes_from_its_slots(debezium: DebeziumOutbox, emitted: dict[str, list[ReadRecord]],
-                                                   logical_pg_dsn: str, outbox_table: str) -> None:
+def test_a_restarted_worker_resumes_from_its_slots(
+    debezium: DebeziumOutbox, emitted: dict[str, list[ReadRecord]], logical_pg_dsn: str, outbox_table: str
+) -> None:
     """kill() crashes the JVM; rows committed while it is down are published once it is back."""
     default = CASES[0]
     debezium.kill()
@@ -324,27 +385,58 @@ def test_a_restarted_worker_resumes_from_its_slots(debezium: DebeziumOutbox, emi
     assert (late_record.value, late_record.headers[-1]) == (b'{"late": true}', ("id", str(late.id).encode()))
 
 
-@pytest.mark.parametrize(("kwargs", "dsn", "message"), [
-    (dict(name="has space", table="s.t"), "host=127.0.0.1", r"name 'has space': use letters"),
-    (dict(name="ok", table="no_schema"), "host=127.0.0.1", r"table 'no_schema': give it as 'schema.table'"),
-    (dict(name="ok", table="a.b.c"), "host=127.0.0.1", r"table 'a.b.c': give it as 'schema.table'"),
-    (dict(name="ok", table="s.t"), "host=/var/run/postgresql", r"over TCP: the DSN's host is '/var/run/postgresql'"),
-    (dict(name="ok", table="s.t"), "dbname=x", r"over TCP: the DSN's host is 'unset'"),
-])
+@pytest.mark.parametrize(
+    ("kwargs", "dsn", "message"),
+    [
+        (dict(name="has space", table="s.t"), "host=127.0.0.1", r"name 'has space': use letters"),
+        (dict(name="ok", table="no_schema"), "host=127.0.0.1", r"table 'no_schema': give it as 'schema.table'"),
+        (dict(name="ok", table="a.b.c"), "host=127.0.0.1", r"table 'a.b.c': give it as 'schema.table'"),
+        (
+            dict(name="ok", table="s.t"),
+            "host=/var/run/postgresql",
+            r"over TCP: the DSN's host is '/var/run/postgresql'",
+        ),
+        (dict(name="ok", table="s.t"), "dbname=x", r"over TCP: the DSN's host is 'unset'"),
+    ],
+)
 def test_bad_connector_settings_are_refused_by_name(kwargs: dict[str, str], dsn: str, message: str) -> None:
     with pytest.raises(HarvestLocalError, match=message):
         OutboxConnector(**kwargs).config(dsn)
 
 
 def test_connector_config_maps_the_dsn_and_router_options() -> None:
-    config = OutboxConnector("c1", "my_schema.outbox", {"route.by.field": "kind"}, {"value.converter": JSON_CONVERTER},
-                             options={"extended.headers.enabled": "false"}).config(
-        "host=127.0.0.1 port=6543 user=u password=secret dbname=d connect_timeout=5")
-    assert {k: config[k] for k in ("database.hostname", "database.port", "database.user", "database.password",
-                                   "database.dbname", "table.include.list", "slot.name", "publication.name",
-                                   "transforms.outbox.route.by.field", "value.converter",
-                                   "extended.headers.enabled")} == {
-        "database.hostname": "127.0.0.1", "database.port": "6543", "database.user": "u", "database.password": "secret",
-        "database.dbname": "d", "table.include.list": re.escape("my_schema.outbox"), "slot.name": "dbz_c1",
-        "publication.name": "dbz_c1", "transforms.outbox.route.by.field": "kind", "value.converter": JSON_CONVERTER,
-        "extended.headers.enabled": "false"}
+    config = OutboxConnector(
+        "c1",
+        "my_schema.outbox",
+        {"route.by.field": "kind"},
+        {"value.converter": JSON_CONVERTER},
+        options={"extended.headers.enabled": "false"},
+    ).config("host=127.0.0.1 port=6543 user=u password=secret dbname=d connect_timeout=5")
+    assert {
+        k: config[k]
+        for k in (
+            "database.hostname",
+            "database.port",
+            "database.user",
+            "database.password",
+            "database.dbname",
+            "table.include.list",
+            "slot.name",
+            "publication.name",
+            "transforms.outbox.route.by.field",
+            "value.converter",
+            "extended.headers.enabled",
+        )
+    } == {
+        "database.hostname": "127.0.0.1",
+        "database.port": "6543",
+        "database.user": "u",
+        "database.password": "secret",
+        "database.dbname": "d",
+        "table.include.list": re.escape("my_schema.outbox"),
+        "slot.name": "dbz_c1",
+        "publication.name": "dbz_c1",
+        "transforms.outbox.route.by.field": "kind",
+        "value.converter": JSON_CONVERTER,
+        "extended.headers.enabled": "false",
+    }

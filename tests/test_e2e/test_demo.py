@@ -20,15 +20,18 @@ from harvest_outbox.harvest_local.demo import BacklogPhase, DemoOptions, DemoRes
 from harvest_outbox.harvest_local.workload import WriterStats, committed_versions, create_accounts, stash_backlog
 from harvest_outbox.producer.schema import init_db
 
+
 def _result(backlog: BacklogPhase | None) -> DemoResult:
     """A synthetic run: 3,000 live rows at 300 rows/s, then (optionally) the backlog."""
     now, mono = time.time(), time.monotonic()
     stats = WriterStats(committed=3000, commit_times=[mono + i / 300 for i in range(3000)])
     applied: list[tuple[str, int, float | None, float]] = [
-        (f"key-{i % 7}", i // 7 + 1, now + i / 300, now + i / 300 + 0.05) for i in range(3000)]
+        (f"key-{i % 7}", i // 7 + 1, now + i / 300, now + i / 300 + 0.05) for i in range(3000)
+    ]
     if backlog is not None:
-        applied += [(f"key-{i % 7}", 1000 + i, None, backlog.committed_at + 0.5 + i / 12_500)
-                    for i in range(backlog.rows)]
+        applied += [
+            (f"key-{i % 7}", 1000 + i, None, backlog.committed_at + 0.5 + i / 12_500) for i in range(backlog.rows)
+        ]
     return DemoResult(Run(), [], 3000 + (backlog.rows if backlog else 0), 0, stats, 10.0, None, applied, backlog)
 
 
@@ -54,8 +57,11 @@ def test_stash_backlog_continues_each_keys_versions(pg_dsn: str, pg_schema: str)
     create_accounts(pg_dsn, pg_schema, 7)
     init_db(pg_dsn, outbox)
     with psycopg.connect(pg_dsn, autocommit=True) as conn:  # as if live writers had committed these
-        conn.execute(sql.SQL("UPDATE {} SET version = 3 WHERE key IN ('key-1', 'key-4')").format(
-            sql.Identifier(pg_schema, "accounts")))
+        conn.execute(
+            sql.SQL("UPDATE {} SET version = 3 WHERE key IN ('key-1', 'key-4')").format(
+                sql.Identifier(pg_schema, "accounts")
+            )
+        )
 
     backlog = stash_backlog(pg_dsn, pg_schema, outbox, "topic-a", keys=7, rows=100)
 
@@ -65,9 +71,11 @@ def test_stash_backlog_continues_each_keys_versions(pg_dsn: str, pg_schema: str)
     truth = committed_versions(pg_dsn, pg_schema)
     assert truth == {k: n + (3 if k in ("key-1", "key-4") else 0) for k, n in share.items()}
     with psycopg.connect(pg_dsn) as conn:
-        rows = conn.execute(sql.SQL("SELECT kafka_topic, kafka_key, kafka_value, kafka_header_keys, "
-                                    "kafka_header_values FROM {} ORDER BY id").format(
-            sql.Identifier(pg_schema, "outbox"))).fetchall()
+        rows = conn.execute(
+            sql.SQL(
+                "SELECT kafka_topic, kafka_key, kafka_value, kafka_header_keys, kafka_header_values FROM {} ORDER BY id"
+            ).format(sql.Identifier(pg_schema, "outbox"))
+        ).fetchall()
     assert len(rows) == 100
     by_key: dict[str, list[int]] = {}
     for topic, key, value, hkeys, hvalues in rows:
@@ -81,8 +89,9 @@ def test_stash_backlog_continues_each_keys_versions(pg_dsn: str, pg_schema: str)
     assert [r[1] for r in rows[:7]] == sorted(share)
     # Analyzed in the same transaction: the planner knows the backlog is there (see stash_backlog).
     with psycopg.connect(pg_dsn) as conn:
-        reltuples = conn.execute("SELECT reltuples FROM pg_class WHERE oid = %s::regclass",
-                                 (f"{pg_schema}.outbox",)).fetchone()[0]  # type: ignore[index]
+        reltuples = conn.execute(
+            "SELECT reltuples FROM pg_class WHERE oid = %s::regclass", (f"{pg_schema}.outbox",)
+        ).fetchone()[0]  # type: ignore[index]
     assert reltuples == 100
 
 

@@ -15,11 +15,20 @@ from harvest_outbox.harvest_local.faults import FaultPlan, run_plan, summary
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 PLANS = [
-    FaultPlan(seed=101, relays=3, rows=2500, keys=50, partitions=3, faults=("kill_leader", "consumer_kill"),
-              produce_error_rate=0.02, delivery_error_rate=0.02),
+    FaultPlan(
+        seed=101,
+        relays=3,
+        rows=2500,
+        keys=50,
+        partitions=3,
+        faults=("kill_leader", "consumer_kill"),
+        produce_error_rate=0.02,
+        delivery_error_rate=0.02,
+    ),
     FaultPlan(seed=102, relays=2, rows=2500, keys=20, partitions=4, faults=("pause_leader", "broker_restart")),
-    FaultPlan(seed=103, relays=2, rows=2500, keys=200, partitions=1, faults=("postgres_restart", "kill_leader"),
-              spark=True),
+    FaultPlan(
+        seed=103, relays=2, rows=2500, keys=200, partitions=1, faults=("postgres_restart", "kill_leader"), spark=True
+    ),
 ]
 
 

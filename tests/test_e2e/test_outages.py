@@ -26,8 +26,7 @@ else:
     CASES = [(f, i % 2 == 0) for i, f in enumerate(FAULTS)]
 
 
-@pytest.mark.parametrize(("fault", "sequenced"), CASES,
-                         ids=[f"{f}-{'seq' if s else 'alo'}" for f, s in CASES])
+@pytest.mark.parametrize(("fault", "sequenced"), CASES, ids=[f"{f}-{'seq' if s else 'alo'}" for f, s in CASES])
 def test_outage_heals_by_itself(fault: str, sequenced: bool, services, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     if services.kafka is None or services.postgres is None:
         pytest.skip("outage tests need the locally launched Postgres and Kafka (not HARVEST_*_DSN/BOOTSTRAP)")

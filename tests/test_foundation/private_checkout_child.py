@@ -35,10 +35,14 @@ def main() -> int:
         pg = services.postgres
         assert pg is not None and services.kafka is not None, "the embedded services must be ours"
         link = pg.link
-        result.update(pg_root=str(pg.root), pg_user=pg.os_user, pg_root_uid=pg.root.stat().st_uid,
-                      pg_link=str(link) if link else None,
-                      pg_link_target=os.readlink(link) if link else None,
-                      kafka_root=str(services.kafka.root))
+        result.update(
+            pg_root=str(pg.root),
+            pg_user=pg.os_user,
+            pg_root_uid=pg.root.stat().st_uid,
+            pg_link=str(link) if link else None,
+            pg_link_target=os.readlink(link) if link else None,
+            kafka_root=str(services.kafka.root),
+        )
         ends = services.endpoints
         topic, table = f"private-{uuid.uuid4().hex[:8]}", "private.outbox"
         with psycopg.connect(ends.pg_dsn, autocommit=True) as conn:
@@ -49,15 +53,23 @@ def main() -> int:
         with psycopg.connect(ends.pg_dsn) as conn:
             stasher.stash_many(conn, [OutboxRecord(topic, f"k{i % 3}", f"v{i}") for i in range(ROWS)])
         logs = Path(tempfile.mkdtemp(prefix="relay-", dir=harvest_local.work_dir()))
-        cfg = write_config(logs / "harvest.yaml", dsn=ends.pg_dsn, bootstrap=ends.kafka_bootstrap,
-                           outbox_table=table, group=f"private-{uuid.uuid4().hex[:6]}")
+        cfg = write_config(
+            logs / "harvest.yaml",
+            dsn=ends.pg_dsn,
+            bootstrap=ends.kafka_bootstrap,
+            outbox_table=table,
+            group=f"private-{uuid.uuid4().hex[:6]}",
+        )
         relay = RelayProcess(cfg, "relay", logs).start()
         try:
             wait_for(lambda: current_leader([relay]) is not None or not relay.alive, 60, "the relay's election")
             assert relay.alive, relay.text()[-2000:]
             values: list[str] = []
-            kafka = {"bootstrap.servers": ends.kafka_bootstrap, "group.id": f"g-{uuid.uuid4().hex[:6]}",
-                     "auto.offset.reset": "earliest"}
+            kafka = {
+                "bootstrap.servers": ends.kafka_bootstrap,
+                "group.id": f"g-{uuid.uuid4().hex[:6]}",
+                "auto.offset.reset": "earliest",
+            }
             with ReadCommittedIter(kafka, topics=[topic], idle_timeout=15.0) as it:
                 for record in it:
                     values.append(record.value.decode())

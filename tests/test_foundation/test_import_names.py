@@ -19,7 +19,7 @@ from harvest_outbox.harvest_local.workdir import project_root
 
 OLD = ("producer", "consumer", "sequencer", "spark_reader", "harvest_local")
 _CYTHON = re.compile(rf"^\s*(?:from|import|cimport)\s+(?:{'|'.join(OLD)})\b", re.M)
-_DASH_M = re.compile(rf"""(?:-m\s+|["']-m["'],\s*["'])(?:{'|'.join(OLD)})\b""")
+_DASH_M = re.compile(rf"""(?:-m\s+|["']-m["'],\s*["'])(?:{"|".join(OLD)})\b""")
 
 
 def _tracked(*patterns: str) -> list[str]:

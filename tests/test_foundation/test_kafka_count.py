@@ -13,8 +13,9 @@ from harvest_outbox.harvest_local.kafka import count_records
 pytestmark = pytest.mark.integration
 
 
-def test_a_topic_whose_leader_is_not_ready_yet_counts_as_empty(kafka_bootstrap: str,
-                                                               unique_name: Callable[[str], str]) -> None:
+def test_a_topic_whose_leader_is_not_ready_yet_counts_as_empty(
+    kafka_bootstrap: str, unique_name: Callable[[str], str]
+) -> None:
     """Right after CreateTopics the metadata may list a partition whose leader does not answer for
     it yet (NOT_LEADER_FOR_PARTITION): that is "no records yet", not an error. The window is short,
     so the test opens it on many topics, reading each until its partitions are listed."""

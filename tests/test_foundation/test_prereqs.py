@@ -7,10 +7,13 @@ import pytest
 from harvest_outbox.harvest_local import PrerequisiteError, prereqs
 
 
-@pytest.mark.parametrize("check, missing, fix", [
-    ("java", "Java (17 or newer)", "openjdk-17"),
-    ("maven", "Maven", "apt-get install maven"),
-])
+@pytest.mark.parametrize(
+    "check, missing, fix",
+    [
+        ("java", "Java (17 or newer)", "openjdk-17"),
+        ("maven", "Maven", "apt-get install maven"),
+    ],
+)
 def test_missing_tool_names_it_and_the_fix(monkeypatch, check, missing, fix) -> None:
     monkeypatch.setattr(prereqs.shutil, "which", lambda _name: None)
     monkeypatch.delenv("JAVA_HOME", raising=False)
@@ -32,7 +35,7 @@ def test_missing_postgres_without_root_says_how_to_get_it(monkeypatch) -> None:
 
 def test_old_java_is_refused(monkeypatch, tmp_path) -> None:
     fake = tmp_path / "java"
-    fake.write_text('#!/bin/sh\necho \'openjdk version "11.0.2"\' >&2\n')
+    fake.write_text("#!/bin/sh\necho 'openjdk version \"11.0.2\"' >&2\n")
     fake.chmod(0o755)
     monkeypatch.setattr(prereqs.shutil, "which", lambda _name: str(fake))
     with pytest.raises(PrerequisiteError, match="Java 17\\+ \\(found 11"):

@@ -33,8 +33,14 @@ pytestmark = pytest.mark.integration
 
 IS_ROOT = os.geteuid() == 0
 #: Variables that would point the child at other services or folders than a fresh user's.
-_FOREIGN = ("HARVEST_PG_DSN", "HARVEST_KAFKA_BOOTSTRAP", "HARVEST_TEST_SERVICES", "HARVEST_WORK_DIR",
-            "HARVEST_PG_RUN_DIR", "PYTHONPATH")
+_FOREIGN = (
+    "HARVEST_PG_DSN",
+    "HARVEST_KAFKA_BOOTSTRAP",
+    "HARVEST_TEST_SERVICES",
+    "HARVEST_WORK_DIR",
+    "HARVEST_PG_RUN_DIR",
+    "PYTHONPATH",
+)
 
 
 @pytest.fixture
@@ -51,8 +57,9 @@ def _clone_head(dest: Path) -> Path:
     assert root is not None and shutil.which("git"), "this test clones the checkout: it needs git and a git checkout"
     head = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True, check=True)
     subprocess.run(["git", "clone", "-q", "--no-checkout", str(root), str(dest)], check=True, capture_output=True)
-    subprocess.run(["git", "-C", str(dest), "checkout", "-q", "--detach", head.stdout.strip()], check=True,
-                   capture_output=True)
+    subprocess.run(
+        ["git", "-C", str(dest), "checkout", "-q", "--detach", head.stdout.strip()], check=True, capture_output=True
+    )
     return dest
 
 
@@ -85,11 +92,19 @@ def test_clone_in_private_folder_runs_services_and_a_round_trip(private_dir: Pat
     env = {k: v for k, v in os.environ.items() if k not in _FOREIGN}
     # The clone has no compiled extensions (they are build output): its pure-Python readers run.
     env.update(PYTHONPATH=str(_import_root(clone)), HARVEST_PURE_PYTHON="1")
-    proc = subprocess.run([sys.executable, str(clone / "tests" / "test_foundation" / "private_checkout_child.py")],
-                          cwd=clone, env=env, capture_output=True, text=True, timeout=240)
+    proc = subprocess.run(
+        [sys.executable, str(clone / "tests" / "test_foundation" / "private_checkout_child.py")],
+        cwd=clone,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
     lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
-    assert proc.returncode == 0 and lines, f"child failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
-    result = json.loads(lines[-1][len("RESULT "):])
+    assert proc.returncode == 0 and lines, (
+        f"child failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
+    )
+    result = json.loads(lines[-1][len("RESULT ") :])
 
     assert Path(result["harvest_local"]).is_relative_to(clone), "the child must run the clone's code"
     assert result["values"] == [f"v{i}" for i in range(20)]
@@ -111,13 +126,15 @@ def test_clone_in_private_folder_runs_services_and_a_round_trip(private_dir: Pat
 def test_a_killed_runs_server_and_folder_are_swept_and_live_ones_kept(pg_dsn: str) -> None:
     """A SIGKILLed owner leaves its server running (pg_ctl daemonizes it); the next run stops it and
     removes its folder. The session's own server (a live run's) keeps serving throughout."""
-    script = ("import os, sys, time\n"
-              "from harvest_local.postgres import EmbeddedPostgres\n"
-              "pg = EmbeddedPostgres().start()\n"
-              "pid = (pg.data / 'postmaster.pid').read_text().split()[0]\n"
-              "link = pg.link\n"
-              "print(pg.root, pid, link, flush=True)\n"
-              "time.sleep(300)\n")
+    script = (
+        "import os, sys, time\n"
+        "from harvest_local.postgres import EmbeddedPostgres\n"
+        "pg = EmbeddedPostgres().start()\n"
+        "pid = (pg.data / 'postmaster.pid').read_text().split()[0]\n"
+        "link = pg.link\n"
+        "print(pg.root, pid, link, flush=True)\n"
+        "time.sleep(300)\n"
+    )
     child = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
     try:
         assert child.stdout is not None
@@ -167,8 +184,9 @@ def test_two_checkouts_get_distinct_locked_folders(tmp_path: Path, monkeypatch: 
 
 
 @pytest.mark.skipif(not IS_ROOT, reason="only root runs the server as another user")
-def test_unreachable_folder_is_an_error_naming_folder_user_and_fix(private_dir: Path,
-                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+def test_unreachable_folder_is_an_error_naming_folder_user_and_fix(
+    private_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     run_dir = private_dir / "run"
     monkeypatch.setenv("HARVEST_PG_RUN_DIR", str(run_dir))
     pg = EmbeddedPostgres()
@@ -191,27 +209,36 @@ def test_run_dir_others_can_write_is_refused(private_dir: Path, monkeypatch: pyt
     shared.mkdir()
     os.chmod(shared, 0o777)
     monkeypatch.setenv("HARVEST_PG_RUN_DIR", str(shared))
-    with pytest.raises(ServiceError, match=r"must be a folder owned and writable by root only, but it is a "
-                                           r"folder owned by root, mode 0777\. Fix: remove it"):
+    with pytest.raises(
+        ServiceError,
+        match=r"must be a folder owned and writable by root only, but it is a "
+        r"folder owned by root, mode 0777\. Fix: remove it",
+    ):
         EmbeddedPostgres()
 
 
 def test_concurrent_claims_releases_and_sweeps_of_one_checkout(tmp_path: Path) -> None:
     """Runs of one checkout starting and ending while others sweep: no claim fails, and no live
     folder is swept (releases remove the per-checkout folder when empty, under others' claims)."""
-    script = ("import os, sys\n"
-              "from harvest_local import pgdirs\n"
-              "from harvest_local.postgres import stop_leftover\n"
-              "user = pgdirs.server_user()\n"
-              "for i in range(40):\n"
-              "    inst = pgdirs.claim(f'postgres-{i}-{os.getpid()}', user)\n"
-              "    pgdirs.sweep(stop_leftover)\n"
-              "    assert inst.path.is_dir(), f'live folder {inst.path} was swept'\n"
-              "    inst.release()\n"
-              "print('ok', flush=True)\n")
+    script = (
+        "import os, sys\n"
+        "from harvest_local import pgdirs\n"
+        "from harvest_local.postgres import stop_leftover\n"
+        "user = pgdirs.server_user()\n"
+        "for i in range(40):\n"
+        "    inst = pgdirs.claim(f'postgres-{i}-{os.getpid()}', user)\n"
+        "    pgdirs.sweep(stop_leftover)\n"
+        "    assert inst.path.is_dir(), f'live folder {inst.path} was swept'\n"
+        "    inst.release()\n"
+        "print('ok', flush=True)\n"
+    )
     env = {**os.environ, "HARVEST_WORK_DIR": str(tmp_path / ".work")}
-    workers = [subprocess.Popen([sys.executable, "-c", script], env=env, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True) for _ in range(3)]
+    workers = [
+        subprocess.Popen(
+            [sys.executable, "-c", script], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+        for _ in range(3)
+    ]
     outcomes = [w.communicate(timeout=120) for w in workers]
     assert all(w.returncode == 0 and out.strip() == "ok" for w, (out, _) in zip(workers, outcomes)), outcomes
     assert not list((tmp_path / ".work").glob("postgres-*"))

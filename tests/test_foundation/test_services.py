@@ -36,8 +36,14 @@ def test_kafka_produce_consume_round_trip(kafka_bootstrap: str, topic_factory) -
         producer.produce(topic, key=key, value=value, headers=[("h", key)])
     assert producer.flush(30) == 0
 
-    consumer = Consumer({"bootstrap.servers": kafka_bootstrap, "group.id": f"g-{uuid.uuid4()}",
-                         "auto.offset.reset": "earliest", "enable.auto.commit": False})
+    consumer = Consumer(
+        {
+            "bootstrap.servers": kafka_bootstrap,
+            "group.id": f"g-{uuid.uuid4()}",
+            "auto.offset.reset": "earliest",
+            "enable.auto.commit": False,
+        }
+    )
     consumer.subscribe([topic])
     got: dict[bytes, tuple[bytes, list]] = {}
     try:
@@ -70,11 +76,13 @@ def test_spark_reads_topic_through_kafka_source(spark, kafka_bootstrap: str, top
         producer.produce(topic, key=f"k{i % 5}".encode(), value=f"{i}".encode(), headers=[("n", str(i).encode())])
     assert producer.flush(30) == 0
 
-    df = (spark.read.format("kafka")
-          .option("kafka.bootstrap.servers", kafka_bootstrap)
-          .option("subscribe", topic)
-          .option("includeHeaders", "true")
-          .load())
+    df = (
+        spark.read.format("kafka")
+        .option("kafka.bootstrap.servers", kafka_bootstrap)
+        .option("subscribe", topic)
+        .option("includeHeaders", "true")
+        .load()
+    )
     rows = df.selectExpr("CAST(value AS STRING) AS v", "partition", "headers").collect()
     assert sorted(int(r.v) for r in rows) == list(range(50))
     assert {r.partition for r in rows} <= {0, 1}

@@ -23,7 +23,6 @@ import signal
 import subprocess
 import sys
 import tarfile
-import textwrap
 import venv
 import zipfile
 from collections.abc import Callable
@@ -42,13 +41,22 @@ ROWS = 12
 
 def _clean_env(**extra: str) -> dict[str, str]:
     """The environment without what would put the checkout's code on the path or force pure Python."""
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV", "HARVEST_PURE_PYTHON")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV", "HARVEST_PURE_PYTHON")
+    }
     env.update(extra)
     return env
 
 
-def _run(args: list[str], *, cwd: Path, env: dict[str, str] | None = None, timeout: float = 300,
-         ) -> subprocess.CompletedProcess[str]:
+def _run(
+    args: list[str],
+    *,
+    cwd: Path,
+    env: dict[str, str] | None = None,
+    timeout: float = 300,
+) -> subprocess.CompletedProcess[str]:
     proc = subprocess.run(args, cwd=cwd, env=env or _clean_env(), capture_output=True, text=True, timeout=timeout)
     assert proc.returncode == 0, f"{args} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
     return proc
@@ -57,8 +65,12 @@ def _run(args: list[str], *, cwd: Path, env: dict[str, str] | None = None, timeo
 def _build(outdir: Path, *args: str, env: dict[str, str] | None = None) -> None:
     root = project_root()
     assert root is not None, "these tests build the checkout: run them from an editable install (./dev test)"
-    _run([sys.executable, "-m", "build", "--outdir", str(outdir), *args, str(root)], cwd=outdir.parent, env=env,
-         timeout=480)
+    _run(
+        [sys.executable, "-m", "build", "--outdir", str(outdir), *args, str(root)],
+        cwd=outdir.parent,
+        env=env,
+        timeout=480,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -82,8 +94,21 @@ def installed(dist: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     home = tmp_path_factory.mktemp("venv")
     venv.EnvBuilder(with_pip=True, clear=True).create(home)
     wheel = _one(dist, "harvest_outbox-*.whl")
-    _run([str(home / "bin" / "python"), "-m", "pip", "install", "-q", "--disable-pip-version-check",
-          "--find-links", str(dist), f"{wheel}[sqlalchemy,otel]"], cwd=home, timeout=480)
+    _run(
+        [
+            str(home / "bin" / "python"),
+            "-m",
+            "pip",
+            "install",
+            "-q",
+            "--disable-pip-version-check",
+            "--find-links",
+            str(dist),
+            f"{wheel}[sqlalchemy,otel]",
+        ],
+        cwd=home,
+        timeout=480,
+    )
     return home / "bin"
 
 
@@ -91,9 +116,18 @@ def test_sdist_holds_the_sources_and_the_build_files(dist: Path) -> None:
     sdist = _one(dist, "harvest_outbox-*.tar.gz")
     with tarfile.open(sdist) as tar:
         names = {name.split("/", 1)[1] for name in tar.getnames() if "/" in name}
-    for needed in ("pyproject.toml", "setup.py", "README.md", "harvest_outbox/__init__.py",
-                   "sequencer/_native.pyx", "sequencer/_native.pxd", "consumer/_native.pyx",
-                   "producer/cli.py", "harvest_local/maven/settings.xml", "harvest_local/maven/kafka/pom.xml"):
+    for needed in (
+        "pyproject.toml",
+        "setup.py",
+        "README.md",
+        "harvest_outbox/__init__.py",
+        "sequencer/_native.pyx",
+        "sequencer/_native.pxd",
+        "consumer/_native.pyx",
+        "producer/cli.py",
+        "harvest_local/maven/settings.xml",
+        "harvest_local/maven/kafka/pom.xml",
+    ):
         assert needed in names, f"{needed} missing from {sdist.name}"
     assert not any(n.startswith(("tests/", ".work/", "build/")) for n in names)
 
@@ -110,8 +144,9 @@ def test_wheel_nests_everything_under_harvest_outbox_with_the_extensions(dist: P
     assert tops == {"harvest_outbox", next(t for t in tops if t.endswith(".dist-info"))}, tops
     assert top_level == ["harvest_outbox"]
     for sub in ("sequencer", "consumer"):
-        assert any(n.startswith(f"harvest_outbox/{sub}/_native.") and n.endswith(".so") for n in names), \
+        assert any(n.startswith(f"harvest_outbox/{sub}/_native.") and n.endswith(".so") for n in names), (
             f"no compiled harvest_outbox.{sub}._native in {wheel.name}"
+        )
     for sub in SUBPACKAGES:
         assert f"harvest_outbox/{sub}/__init__.py" in names and f"harvest_outbox/{sub}/py.typed" in names
     assert "harvest_outbox/harvest_local/maven/settings.xml" in names
@@ -153,10 +188,16 @@ def test_installed_wheel_imports_every_module_from_site_packages(installed: Path
     site = installed.parent / "lib"
     for sub in SUBPACKAGES:
         assert f"harvest_outbox.{sub}" in modules
-    for name in ("harvest_outbox.producer.cli", "harvest_outbox.producer.sqlalchemy", "harvest_outbox.producer.tracing",
-                 "harvest_outbox.consumer.committed", "harvest_outbox.spark_reader.stream",
-                 "harvest_outbox.harvest_local.demo", "harvest_outbox.sequencer._native",
-                 "harvest_outbox.consumer._native"):
+    for name in (
+        "harvest_outbox.producer.cli",
+        "harvest_outbox.producer.sqlalchemy",
+        "harvest_outbox.producer.tracing",
+        "harvest_outbox.consumer.committed",
+        "harvest_outbox.spark_reader.stream",
+        "harvest_outbox.harvest_local.demo",
+        "harvest_outbox.sequencer._native",
+        "harvest_outbox.consumer._native",
+    ):
         assert name in modules, f"{name} not importable from the wheel"
     outside = {n: f for n, f in modules.items() if not Path(f).is_relative_to(site)}
     assert not outside, f"modules loaded from outside the venv: {outside}"
@@ -190,25 +231,47 @@ print(json.dumps({"values": values}))
 """
 
 
-def test_installed_stash_relay_read_round_trip(installed: Path, tmp_path: Path, pg_dsn: str, kafka_bootstrap: str,
-                                               pg_schema: str, topic_factory: Callable[..., str],
-                                               unique_name: Callable[[str], str]) -> None:
+def test_installed_stash_relay_read_round_trip(
+    installed: Path,
+    tmp_path: Path,
+    pg_dsn: str,
+    kafka_bootstrap: str,
+    pg_schema: str,
+    topic_factory: Callable[..., str],
+    unique_name: Callable[[str], str],
+) -> None:
     """Stash with the installed stasher, relay with the installed ``harvest`` command, read with the
     installed ``ReadCommittedIter``: the UUID-sequenced path end to end, nothing from the checkout."""
     python, table, topic = str(installed / "python"), f"{pg_schema}.outbox", topic_factory()
     stashed = json.loads(_run([python, "-c", _STASH, pg_dsn, table, topic, str(ROWS)], cwd=tmp_path).stdout)
     assert stashed["stasher"].startswith("harvest_outbox.producer.")
-    cfg = write_config(tmp_path / "harvest.yaml", dsn=pg_dsn, bootstrap=kafka_bootstrap, outbox_table=table,
-                       group=unique_name("wheel"), leader_election="postgres", leader_lock_check_interval="200ms")
+    cfg = write_config(
+        tmp_path / "harvest.yaml",
+        dsn=pg_dsn,
+        bootstrap=kafka_bootstrap,
+        outbox_table=table,
+        group=unique_name("wheel"),
+        leader_election="postgres",
+        leader_lock_check_interval="200ms",
+    )
     log = tmp_path / "relay.log"
     with log.open("w") as out:
-        relay = subprocess.Popen([str(installed / "harvest"), "-f", str(cfg), "--name", "wheel-relay"], cwd=tmp_path,
-                                 env=_clean_env(), stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        relay = subprocess.Popen(
+            [str(installed / "harvest"), "-f", str(cfg), "--name", "wheel-relay"],
+            cwd=tmp_path,
+            env=_clean_env(),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+        )
     try:
         wait_for(lambda: "elected leader" in log.read_text() or relay.poll() is not None, 60, "the relay's election")
         assert relay.poll() is None, log.read_text()[-3000:]
-        read = json.loads(_run([python, "-c", _READ, kafka_bootstrap, topic, str(ROWS)], cwd=tmp_path,
-                               timeout=120).stdout.strip().splitlines()[-1])
+        read = json.loads(
+            _run([python, "-c", _READ, kafka_bootstrap, topic, str(ROWS)], cwd=tmp_path, timeout=120)
+            .stdout.strip()
+            .splitlines()[-1]
+        )
         assert read["values"] == [f"v{i}" for i in range(ROWS)], log.read_text()[-3000:]
         relay.send_signal(signal.SIGTERM)
         assert relay.wait(60) == 0, log.read_text()[-3000:]
@@ -225,8 +288,7 @@ def pure_wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return _one(out, "harvest_outbox-*.whl")
 
 
-def test_pure_python_build_is_a_universal_wheel_that_imports(pure_wheel: Path, installed: Path,
-                                                             tmp_path: Path) -> None:
+def test_pure_python_build_is_a_universal_wheel_that_imports(pure_wheel: Path, installed: Path, tmp_path: Path) -> None:
     """``HARVEST_PURE_PYTHON=1`` (or no compiler): no extension modules, and the install still works.
     Installed (without dependencies) into a folder ahead of the venv's own copy on ``PYTHONPATH``,
     which supplies the dependencies: every module imports and the pure-Python paths run."""
@@ -234,8 +296,21 @@ def test_pure_python_build_is_a_universal_wheel_that_imports(pure_wheel: Path, i
     with zipfile.ZipFile(pure_wheel) as zf:
         assert not [n for n in zf.namelist() if n.endswith((".so", ".pyd"))]
     target = tmp_path / "pure"
-    _run([str(installed / "python"), "-m", "pip", "install", "-q", "--disable-pip-version-check", "--no-deps",
-          "--target", str(target), str(pure_wheel)], cwd=tmp_path)
+    _run(
+        [
+            str(installed / "python"),
+            "-m",
+            "pip",
+            "install",
+            "-q",
+            "--disable-pip-version-check",
+            "--no-deps",
+            "--target",
+            str(target),
+            str(pure_wheel),
+        ],
+        cwd=tmp_path,
+    )
     result = _import_all(installed / "python", tmp_path, env=_clean_env(PYTHONPATH=str(target)))
     modules = dict(result["modules"])  # type: ignore[call-overload]
     assert all(Path(f).is_relative_to(target) for f in modules.values()), modules

@@ -31,8 +31,12 @@ def _done(value: Any = None, exc: BaseException | None = None) -> Future:
 class FakeAdmin:
     """Topics -> max.message.bytes; ``internal`` topics; anything else does not exist."""
 
-    def __init__(self, topics: dict[str, int] | None = None, internal: tuple[str, ...] = ("__consumer_offsets",),
-                 fail: bool = False) -> None:
+    def __init__(
+        self,
+        topics: dict[str, int] | None = None,
+        internal: tuple[str, ...] = ("__consumer_offsets",),
+        fail: bool = False,
+    ) -> None:
         self.topics = {"t": 1_048_588} if topics is None else topics
         self.internal = internal
         self.fail = fail

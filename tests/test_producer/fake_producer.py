@@ -15,8 +15,7 @@ class FakeProducer:
         self.conf = conf or {}
         self.sent: list[tuple[str, bytes | None, bytes | None, Any]] = []
 
-    def produce(self, topic: str, value: bytes | None = None, key: bytes | None = None, *args: Any,
-                **kw: Any) -> None:
+    def produce(self, topic: str, value: bytes | None = None, key: bytes | None = None, *args: Any, **kw: Any) -> None:
         self.sent.append((topic, value, key, produce_args(args, kw).get("headers")))
 
     def poll(self, timeout: float = 0) -> int:

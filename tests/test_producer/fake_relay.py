@@ -4,7 +4,8 @@ broker), and the delivery report's message those tests hand to its callback."""
 from __future__ import annotations
 
 import uuid
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from fake_admin import FakeAdmin
 from fake_producer import FakeProducer

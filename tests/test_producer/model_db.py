@@ -43,11 +43,13 @@ class ModelDB:
         self.rows[rid] = [topic, key, value, None]
 
     # ---------------------------------------------------------------- the statements (SequencedStore)
-    def start_view_with_floor(self, leader_id: uuid.UUID,
-                              name: str) -> tuple[int, list[tuple[int, bytes, int, str, int]], int]:
+    def start_view_with_floor(
+        self, leader_id: uuid.UUID, name: str
+    ) -> tuple[int, list[tuple[int, bytes, int, str, int]], int]:
         self.epoch += 1
-        intents = sorted(((e, p, c, t, pt) for (p, t, pt), (e, c) in self.intents.items()),
-                         key=lambda i: (i[0], i[2], i[3], i[4]))  # ORDER BY epoch, clock, topic, partition
+        intents = sorted(
+            ((e, p, c, t, pt) for (p, t, pt), (e, c) in self.intents.items()), key=lambda i: (i[0], i[2], i[3], i[4])
+        )  # ORDER BY epoch, clock, topic, partition
         return self.epoch, intents, max([self.last_clock] + [c for _e, _p, c, _t, _pt in intents])
 
     def commit_txns(self, epoch: int, leader_id: uuid.UUID, txns: Sequence[TxnCommit]) -> None:
@@ -65,8 +67,10 @@ class ModelDB:
         for what, given, n in (("row", ids, len(owned)), ("dead row", dead_ids, len(owned_dead))):
             if n != len(given):
                 self.refused += 1
-                raise FenceError(f"commit refused: {len(given) - n} of {len(given)} {what}(s) no longer owned by "
-                                 f"leader view {leader_id}")
+                raise FenceError(
+                    f"commit refused: {len(given) - n} of {len(given)} {what}(s) no longer owned by "
+                    f"leader view {leader_id}"
+                )
         for i in ids:
             del self.rows[i]
             self.committed.add(i)
@@ -124,8 +128,9 @@ class ModelStore:
             raise Crash(op)
         return result
 
-    def start_view_with_floor(self, leader_id: uuid.UUID,
-                              name: str) -> tuple[int, list[tuple[int, bytes, int, str, int]], int]:
+    def start_view_with_floor(
+        self, leader_id: uuid.UUID, name: str
+    ) -> tuple[int, list[tuple[int, bytes, int, str, int]], int]:
         return self._call("start_view", self.db.start_view_with_floor, leader_id, name)  # type: ignore[return-value]
 
     def commit_txns(self, epoch: int, leader_id: uuid.UUID, txns: Sequence[TxnCommit]) -> None:

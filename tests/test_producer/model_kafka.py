@@ -83,8 +83,13 @@ class ModelProducer:
     scheduler may crash the relay there (by raising), make broker progress, or refuse a produce
     (by returning an exception to raise)."""
 
-    def __init__(self, topic: Topic, on_call: Callable[[ModelProducer, str], BaseException | None],
-                 advance: Callable[[float], None], pick: Callable[[int], int]) -> None:
+    def __init__(
+        self,
+        topic: Topic,
+        on_call: Callable[[ModelProducer, str], BaseException | None],
+        advance: Callable[[float], None],
+        pick: Callable[[int], int],
+    ) -> None:
         self.topic = topic
         self.pick = pick  # pick(n): how many of n records in flight reach the log
         self.on_call = on_call
@@ -93,8 +98,7 @@ class ModelProducer:
         self.gap: set[int] = set()  # partitions where a record failed unwritten: nothing more is written
         self.reports: deque[tuple[Callable[..., None], KafkaError | None, ModelMsg]] = deque()
 
-    def produce(self, topic: str, value: bytes | None = None, key: bytes | None = None, *args: Any,
-                **kw: Any) -> None:
+    def produce(self, topic: str, value: bytes | None = None, key: bytes | None = None, *args: Any, **kw: Any) -> None:
         refused = self.on_call(self, "produce")
         if refused is not None:
             raise refused
@@ -135,7 +139,7 @@ class ModelProducer:
     def lose(self) -> None:
         """The process died: ``pick(n)`` of each partition's n in-flight records reach the log."""
         for part, queue in self.in_flight.items():
-            for f in list(queue)[:0 if part in self.gap else self.pick(len(queue))]:
+            for f in list(queue)[: 0 if part in self.gap else self.pick(len(queue))]:
                 self.topic.append(part, f.msg.key(), f.msg.value(), f.uuid)
         self.in_flight.clear()
         self.reports.clear()

@@ -25,6 +25,7 @@ from harvest_outbox.producer.preflight import TopicGuard
 from harvest_outbox.producer.relay_core import RelayCore
 from harvest_outbox.producer.sequencing import SequencedMode
 
+
 class Clock:
     """Virtual time; every wait of the relay advances it instead of sleeping."""
 
@@ -157,11 +158,13 @@ class Relay:
         self.alive = True
         self.producers: list[ModelProducer] = []
         cfg = HarvestConfig(limits=world.limits, uuid_sequencing=True, name=f"r{n}", leader_election="postgres")
-        guard = TopicGuard({}, cfg.producer_config(),
-                           admin_factory=lambda conf: FakeAdmin({world.topic.name: 1_048_588}))
+        guard = TopicGuard(
+            {}, cfg.producer_config(), admin_factory=lambda conf: FakeAdmin({world.topic.name: 1_048_588})
+        )
         idle = Idle(world.clock)
-        core = self.core = RelayCore(cfg, lambda event: None, producer_factory=self._producer, guard=guard,
-                                     shards=None, stop_requested=idle)  # type: ignore[arg-type]
+        core = self.core = RelayCore(
+            cfg, lambda event: None, producer_factory=self._producer, guard=guard, shards=None, stop_requested=idle
+        )  # type: ignore[arg-type]
         core.db = ModelStore(world.db, self._chaos)  # type: ignore[assignment]
         core.mark_db = ModelStore(world.db, self._chaos)  # type: ignore[assignment]
         core.exec = self.worker = ModelWorker()  # type: ignore[assignment]
@@ -178,8 +181,9 @@ class Relay:
         mode.on_acquired()
 
     def _producer(self, conf: dict[str, Any], on_delivery: Any) -> ModelProducer:
-        p = ModelProducer(self.world.topic, self._on_producer_call, self.world.clock.advance,
-                          lambda n: self.world.rng.randint(0, n))
+        p = ModelProducer(
+            self.world.topic, self._on_producer_call, self.world.clock.advance, lambda n: self.world.rng.randint(0, n)
+        )
         self.producers.append(p)
         return p
 

@@ -16,14 +16,25 @@ from harvest_outbox.producer.config import HarvestConfig, Limits
 from harvest_outbox.producer.stasher import OutboxRecord, Stasher
 
 # Short timings so failover tests finish quickly; 2 s heartbeat -> 6 s session timeout (broker minimum).
-FAST_LIMITS = dict(heartbeat_timeout=2.0, min_poll_interval=0.1, min_metrics_interval=0.5, queue_timeout=5.0,
-                   io_error_backoff=0.1, idle_poll_interval=0.5)
+FAST_LIMITS = dict(
+    heartbeat_timeout=2.0,
+    min_poll_interval=0.1,
+    min_metrics_interval=0.5,
+    queue_timeout=5.0,
+    io_error_backoff=0.1,
+    idle_poll_interval=0.5,
+)
 
 
 def relay_config(pg_dsn: str, bootstrap: str, table: str, group: str, **limits: object) -> HarvestConfig:
-    return HarvestConfig(data_source=pg_dsn, outbox_table=table, base_kafka_config={"bootstrap.servers": bootstrap},
-                         producer_kafka_config={"linger.ms": 5, "topic.metadata.propagation.max.ms": 2000},
-                         leader_group_id=group, limits=Limits(**{**FAST_LIMITS, **limits}))  # type: ignore[arg-type]
+    return HarvestConfig(
+        data_source=pg_dsn,
+        outbox_table=table,
+        base_kafka_config={"bootstrap.servers": bootstrap},
+        producer_kafka_config={"linger.ms": 5, "topic.metadata.propagation.max.ms": 2000},
+        leader_group_id=group,
+        limits=Limits(**{**FAST_LIMITS, **limits}),
+    )  # type: ignore[arg-type]
 
 
 @dataclass(frozen=True)
@@ -37,8 +48,14 @@ class Got:
 
 def consume_all(bootstrap: str, topic: str, until: Callable[[list[Got]], bool], timeout: float = 60.0) -> list[Got]:
     """Read ``topic`` from the beginning until ``until(records)`` holds or ``timeout`` passes."""
-    c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"check-{uuid.uuid4()}", "auto.offset.reset": "earliest",
-                  "enable.auto.commit": False})
+    c = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"check-{uuid.uuid4()}",
+            "auto.offset.reset": "earliest",
+            "enable.auto.commit": False,
+        }
+    )
     md = c.list_topics(topic, timeout=10)
     c.assign([TopicPartition(topic, p, 0) for p in md.topics[topic].partitions])
     out: list[Got] = []

@@ -16,14 +16,17 @@ from pathlib import Path
 import psycopg
 from psycopg import sql
 
-from harvest_outbox.harvest_local.relays import RelayProcess, write_config
-from harvest_outbox.harvest_local.relays import wait_for  # noqa: F401  (re-exported for the sequencing tests)
+from harvest_outbox.harvest_local.relays import (
+    RelayProcess,
+    wait_for,  # noqa: F401  (re-exported for the sequencing tests)
+    write_config,
+)
 from harvest_outbox.producer.schema import OutboxNames
 from harvest_outbox.producer.stasher import OutboxRecord, Stasher
 from harvest_outbox.sequencer import Flags, clock_of, flags_of, parse_uuid, producer_of
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from sequenced_log import RawRecord, read_raw, reference_read  # noqa: E402
+from sequenced_log import RawRecord, read_raw, reference_read
 
 
 @dataclass
@@ -40,8 +43,19 @@ class Expected:
         return sum(len(v) for v in self.by_key.values())
 
 
-def write_traffic(dsn: str, table: str, topic: str, exp: Expected, writer: int, txs: int, keys: int = 20,
-                  rollback_rate: float = 0.2, max_batch: int = 40, seed: int = 0, pause: float = 0.0) -> None:
+def write_traffic(
+    dsn: str,
+    table: str,
+    topic: str,
+    exp: Expected,
+    writer: int,
+    txs: int,
+    keys: int = 20,
+    rollback_rate: float = 0.2,
+    max_batch: int = 40,
+    seed: int = 0,
+    pause: float = 0.0,
+) -> None:
     """One writer: ``txs`` app transactions of 1..max_batch rows; some rolled back. Each writer owns its
     keys, so per key, commit order = id order = the order the checker expects."""
     rnd = random.Random(seed * 1000 + writer)
@@ -140,8 +154,9 @@ def check_exactly_once(bootstrap: str, topic: str, partitions: int, exp: Expecte
     return CheckResult(raw, len(committed), continues, acks)
 
 
-def recovered_before_new_view(raw: list[RawRecord], intents: list[tuple[bytes, int, int]],
-                              new_producers: set[bytes]) -> int:
+def recovered_before_new_view(
+    raw: list[RawRecord], intents: list[tuple[bytes, int, int]], new_producers: set[bytes]
+) -> int:
     """Each recovered ACK intent ``(producer, clock, partition)``'s last copy in the log precedes the
     first CONTINUE of the new view's producers in that partition. Returns how many were checked."""
     last_ack: dict[tuple[bytes, int, int], int] = {}
@@ -159,16 +174,19 @@ def recovered_before_new_view(raw: list[RawRecord], intents: list[tuple[bytes, i
         off = last_ack.get((prod, clock, part))
         assert off is not None, f"recovered ACK intent {prod.hex()}@{clock} never reached partition {part}"
         if part in first_new:
-            assert off < first_new[part], (f"partition {part}: recovered ACK at offset {off} after the new view's "
-                                           f"first CONTINUE at {first_new[part]}")
+            assert off < first_new[part], (
+                f"partition {part}: recovered ACK at offset {off} after the new view's "
+                f"first CONTINUE at {first_new[part]}"
+            )
     return len(intents)
 
 
 def read_intents(dsn: str, table: str) -> list[tuple[bytes, int, int]]:
     names = OutboxNames.parse(table)
     with psycopg.connect(dsn) as conn:
-        rows = conn.execute(sql.SQL("SELECT producer, clock, kafka_partition FROM {} ORDER BY epoch, clock").format(
-            names.ack_intents)).fetchall()
+        rows = conn.execute(
+            sql.SQL("SELECT producer, clock, kafka_partition FROM {} ORDER BY epoch, clock").format(names.ack_intents)
+        ).fetchall()
     return [(bytes(p), int(c), int(pt)) for p, c, pt in rows]
 
 
@@ -178,14 +196,35 @@ def count_rows(dsn: str, table: str) -> int:
         return conn.execute(sql.SQL("SELECT count(*) FROM {}").format(names.outbox)).fetchone()[0]  # type: ignore
 
 
-def seq_yaml(path: Path, dsn: str, bootstrap: str, table: str, group: str, txn_records: int = 200,
-             leader_election: str = "neli", shards: int | None = None) -> Path:
+def seq_yaml(
+    path: Path,
+    dsn: str,
+    bootstrap: str,
+    table: str,
+    group: str,
+    txn_records: int = 200,
+    leader_election: str = "neli",
+    shards: int | None = None,
+) -> Path:
     """A sequencing relay's YAML with small transactions and fast failure handling."""
-    return write_config(path, dsn=dsn, bootstrap=bootstrap, outbox_table=table, group=group,
-                        leader_election=leader_election, leader_lock_check_interval="500ms", shards=shards,
-                        extra_limits={"idlePollInterval": "300ms", "ioErrorBackoff": "100ms",
-                                      "markQueryRecords": "300", "txnMaxRecords": str(txn_records),
-                                      "txnMaxDuration": "20ms", "producerRing": "4"})
+    return write_config(
+        path,
+        dsn=dsn,
+        bootstrap=bootstrap,
+        outbox_table=table,
+        group=group,
+        leader_election=leader_election,
+        leader_lock_check_interval="500ms",
+        shards=shards,
+        extra_limits={
+            "idlePollInterval": "300ms",
+            "ioErrorBackoff": "100ms",
+            "markQueryRecords": "300",
+            "txnMaxRecords": str(txn_records),
+            "txnMaxDuration": "20ms",
+            "producerRing": "4",
+        },
+    )
 
 
 _VIEW = re.compile(r"view epoch=(\d+) leader_id=\S+ producers=(\S+) recovered_acks=(\d+)")
@@ -194,8 +233,9 @@ _VIEW = re.compile(r"view epoch=(\d+) leader_id=\S+ producers=(\S+) recovered_ac
 class SeqRelay(RelayProcess):
     """A sequenced relay process (the ``harvest`` CLI), started at once, with an optional crash/pause test hook."""
 
-    def __init__(self, cfg: Path, name: str, logdir: Path, crash_at: str | None = None,
-                 pause_at: str | None = None) -> None:
+    def __init__(
+        self, cfg: Path, name: str, logdir: Path, crash_at: str | None = None, pause_at: str | None = None
+    ) -> None:
         hooks = {"HARVEST_TEST_CRASH_AT": crash_at, "HARVEST_TEST_PAUSE_AT": pause_at}
         super().__init__(cfg, name, logdir, env={k: v for k, v in hooks.items() if v})
         self.start()

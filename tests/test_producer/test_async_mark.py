@@ -46,8 +46,9 @@ def slow_wal_postgres() -> Iterator[EmbeddedPostgres]:
         pg.destroy()
 
 
-def test_only_the_mark_connection_commits_asynchronously(pg_dsn: str, kafka_bootstrap: str, pg_schema: str,
-                                                        unique_name: Callable[[str], str]) -> None:
+def test_only_the_mark_connection_commits_asynchronously(
+    pg_dsn: str, kafka_bootstrap: str, pg_schema: str, unique_name: Callable[[str], str]
+) -> None:
     table = f"{pg_schema}.outbox"
     init_db(pg_dsn, table)
     relay = Harvest(relay_config(pg_dsn, kafka_bootstrap, table, unique_name("g")))
@@ -65,9 +66,13 @@ def test_only_the_mark_connection_commits_asynchronously(pg_dsn: str, kafka_boot
 
 @pytest.mark.parametrize("sequenced", [True, False], ids=["sequenced", "at-least-once"])
 def test_a_mark_lost_in_a_database_crash_only_unclaims_its_rows(
-        sequenced: bool, slow_wal_postgres: EmbeddedPostgres, kafka_bootstrap: str,
-        topic_factory: Callable[..., str], unique_name: Callable[[str], str],
-        monkeypatch: pytest.MonkeyPatch) -> None:
+    sequenced: bool,
+    slow_wal_postgres: EmbeddedPostgres,
+    kafka_bootstrap: str,
+    topic_factory: Callable[..., str],
+    unique_name: Callable[[str], str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     pg = slow_wal_postgres
     schema = f"s_{uuid.uuid4().hex[:8]}"
     with psycopg.connect(pg.dsn, autocommit=True) as conn:
@@ -89,12 +94,14 @@ def test_a_mark_lost_in_a_database_crash_only_unclaims_its_rows(
                 seen["marked"] = len(rows)
                 seen["claimed_after_crash"] = conn.execute(
                     sql.SQL("SELECT count(*) FROM {} WHERE leader_id = %s").format(sql.Identifier(schema, "outbox")),
-                    (leader_id,)).fetchone()[0]
+                    (leader_id,),
+                ).fetchone()[0]
         return rows, persisted
 
     monkeypatch.setattr(OutboxDatabase, "mark_with_attempts", mark_then_crash)
     cfg = relay_config(pg.dsn, kafka_bootstrap, table, unique_name("g"), io_error_backoff=0.2)
     relay = Harvest(cfg.replace(uuid_sequencing=sequenced)).start()
+
     def drained() -> bool:
         try:  # the server is down for a moment
             return count_rows(pg.dsn, table) == 0 and not (sequenced and read_intents(pg.dsn, table))

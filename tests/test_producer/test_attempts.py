@@ -46,9 +46,15 @@ def _dead(dsn: str, table: str) -> list[tuple[int, str, int]]:
 
 
 @pytest.mark.parametrize("sequenced", [False, True], ids=["at-least-once", "uuid-sequencing"])
-def test_crash_loop_on_a_row_ends_with_it_parked(sequenced: bool, pg_dsn: str, kafka_bootstrap: str, pg_schema: str,
-                                                tmp_path: Path, topic_factory: Callable[..., str],
-                                                unique_name: Callable[[str], str]) -> None:
+def test_crash_loop_on_a_row_ends_with_it_parked(
+    sequenced: bool,
+    pg_dsn: str,
+    kafka_bootstrap: str,
+    pg_schema: str,
+    tmp_path: Path,
+    topic_factory: Callable[..., str],
+    unique_name: Callable[[str], str],
+) -> None:
     topic = topic_factory(partitions=2)
     table = f"{pg_schema}.outbox"
     init_db(pg_dsn, table)
@@ -62,10 +68,17 @@ def test_crash_loop_on_a_row_ends_with_it_parked(sequenced: bool, pg_dsn: str, k
     for r in recs:
         exp.by_key.setdefault(r.key, []).append(r.value.encode())  # type: ignore[union-attr]
         exp.headers[r.value.encode()] = []  # type: ignore[union-attr]
-    cfg = write_config(tmp_path / "harvest.yaml", dsn=pg_dsn, bootstrap=kafka_bootstrap, outbox_table=table,
-                       group=unique_name("g"), uuid_sequencing=sequenced, leader_election="postgres",
-                       leader_lock_check_interval="300ms",
-                       extra_limits={"maxDeliveryAttempts": "3", "ioErrorBackoff": "100ms"})
+    cfg = write_config(
+        tmp_path / "harvest.yaml",
+        dsn=pg_dsn,
+        bootstrap=kafka_bootstrap,
+        outbox_table=table,
+        group=unique_name("g"),
+        uuid_sequencing=sequenced,
+        leader_election="postgres",
+        leader_lock_check_interval="300ms",
+        extra_limits={"maxDeliveryAttempts": "3", "ioErrorBackoff": "100ms"},
+    )
     killed = 0
     relays: list[RelayProcess] = []
     try:
@@ -91,8 +104,12 @@ def test_crash_loop_on_a_row_ends_with_it_parked(sequenced: bool, pg_dsn: str, k
         if sequenced:
             check_exactly_once(kafka_bootstrap, topic, 2, exp)
         else:
-            got = consume_all(kafka_bootstrap, topic, lambda g: {x.value for x in g} >= {r.value.encode() for r in recs},  # type: ignore[union-attr]
-                              timeout=30)
+            got = consume_all(
+                kafka_bootstrap,
+                topic,
+                lambda g: {x.value for x in g} >= {r.value.encode() for r in recs},  # type: ignore[union-attr]
+                timeout=30,
+            )
             got = [g for g in got if g.key != "poison"]  # (its record may be in the log: only its report failed)
             assert_per_key_order(got, exp.by_key, allow_dups=True)  # type: ignore[arg-type]
     finally:
@@ -100,9 +117,9 @@ def test_crash_loop_on_a_row_ends_with_it_parked(sequenced: bool, pg_dsn: str, k
             r.kill()
 
 
-def test_outbox_initialised_by_an_older_harvest_needs_init_db_again(pg_dsn: str, kafka_bootstrap: str,
-                                                                    pg_schema: str,
-                                                                    unique_name: Callable[[str], str]) -> None:
+def test_outbox_initialised_by_an_older_harvest_needs_init_db_again(
+    pg_dsn: str, kafka_bootstrap: str, pg_schema: str, unique_name: Callable[[str], str]
+) -> None:
     table = f"{pg_schema}.outbox"
     names = init_db(pg_dsn, table)
     with psycopg.connect(pg_dsn) as conn:  # as left by a version without the attempts table

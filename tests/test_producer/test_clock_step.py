@@ -23,7 +23,7 @@ from relaylib import relay_config
 from seqcheck import Expected, check_exactly_once, count_rows, wait_for
 
 from harvest_outbox.producer.harvest import Harvest
-from harvest_outbox.producer.schema import OutboxNames, init_db
+from harvest_outbox.producer.schema import init_db
 from harvest_outbox.producer.stasher import OutboxRecord, Stasher
 from harvest_outbox.sequencer import Flags, clock_of, flags_of, parse_uuid, producer_of
 
@@ -53,9 +53,13 @@ def _run_view(cfg, dsn: str, table: str, clock: Callable[[], int] | None) -> Non
         relay.wait(30)
 
 
-def test_views_keep_clocks_rising_when_the_wall_clock_steps_back(pg_dsn: str, kafka_bootstrap: str, pg_schema: str,
-                                                                  topic_factory: Callable[..., str],
-                                                                  unique_name: Callable[[str], str]) -> None:
+def test_views_keep_clocks_rising_when_the_wall_clock_steps_back(
+    pg_dsn: str,
+    kafka_bootstrap: str,
+    pg_schema: str,
+    topic_factory: Callable[..., str],
+    unique_name: Callable[[str], str],
+) -> None:
     topic = topic_factory(partitions=2)
     table = f"{pg_schema}.outbox"
     names = init_db(pg_dsn, table)
@@ -70,12 +74,16 @@ def test_views_keep_clocks_rising_when_the_wall_clock_steps_back(pg_dsn: str, ka
     _stash(pg_dsn, table, topic, exp, 60, 60)
     _run_view(cfg, pg_dsn, table, lambda: time.time_ns() - TWO_DAYS_NS)  # the wall clock stepped back 2 days
     res2 = check_exactly_once(kafka_bootstrap, topic, 2, exp)
-    later = [clock_of(parse_uuid(r.uuid)) for r in res2.raw
-             if r.uuid and producer_of(parse_uuid(r.uuid)) not in first_producers]
+    later = [
+        clock_of(parse_uuid(r.uuid))
+        for r in res2.raw
+        if r.uuid and producer_of(parse_uuid(r.uuid)) not in first_producers
+    ]
     assert later, "the second view produced nothing"
     assert min(later) > max(acks1), "a later view stamped a clock below an ACK clock readers had already seen"
-    all_acks = [clock_of(parse_uuid(r.uuid)) for r in res2.raw
-                if r.uuid and flags_of(parse_uuid(r.uuid)) == Flags.ACK_TXN]
+    all_acks = [
+        clock_of(parse_uuid(r.uuid)) for r in res2.raw if r.uuid and flags_of(parse_uuid(r.uuid)) == Flags.ACK_TXN
+    ]
     with psycopg.connect(pg_dsn) as conn:
         floor = conn.execute(sql.SQL("SELECT last_clock FROM {}").format(names.state)).fetchone()[0]  # type: ignore[index]
     assert floor == max(all_acks)

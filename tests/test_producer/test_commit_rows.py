@@ -18,18 +18,22 @@ from harvest_outbox.producer.schema import init_db
 from harvest_outbox.producer.stasher import OutboxRecord, Stasher
 
 
-@pytest.mark.parametrize(("ids", "expected"), [
-    pytest.param([], None, id="empty"),
-    pytest.param([7], (7, 7, []), id="one"),
-    pytest.param([3, 4, 5, 6], (3, 6, []), id="one-run"),
-    pytest.param([6, 3, 5, 4], (3, 6, []), id="one-run-any-order"),
-    pytest.param([10, 12, 15], (10, 15, [11, 13, 14]), id="holes"),
-    pytest.param([1, 2 + MAX_RANGE_HOLES], (1, 2 + MAX_RANGE_HOLES, list(range(2, 2 + MAX_RANGE_HOLES))),
-                 id="most-holes"),
-    pytest.param([1, 3 + MAX_RANGE_HOLES], None, id="too-many-holes"),
-    pytest.param([3, 4, 4, 5], None, id="repeated-id"),
-    pytest.param([3, 4, 4, 6], None, id="repeated-id-hiding-a-hole"),
-])
+@pytest.mark.parametrize(
+    ("ids", "expected"),
+    [
+        pytest.param([], None, id="empty"),
+        pytest.param([7], (7, 7, []), id="one"),
+        pytest.param([3, 4, 5, 6], (3, 6, []), id="one-run"),
+        pytest.param([6, 3, 5, 4], (3, 6, []), id="one-run-any-order"),
+        pytest.param([10, 12, 15], (10, 15, [11, 13, 14]), id="holes"),
+        pytest.param(
+            [1, 2 + MAX_RANGE_HOLES], (1, 2 + MAX_RANGE_HOLES, list(range(2, 2 + MAX_RANGE_HOLES))), id="most-holes"
+        ),
+        pytest.param([1, 3 + MAX_RANGE_HOLES], None, id="too-many-holes"),
+        pytest.param([3, 4, 4, 5], None, id="repeated-id"),
+        pytest.param([3, 4, 4, 6], None, id="repeated-id-hiding-a-hole"),
+    ],
+)
 def test_id_range(ids: list[int], expected: tuple[int, int, list[int]] | None) -> None:
     assert id_range(ids) == expected
     if expected is not None:
@@ -57,14 +61,15 @@ def _left(pg_dsn: str, db: OutboxDatabase) -> dict[int, uuid.UUID | None]:
 
 @pytest.mark.integration
 @pytest.mark.parametrize("held", [1, MAX_RANGE_HOLES + 5], ids=["few-holes", "many-holes"])
-def test_a_commit_deletes_its_rows_and_not_the_views_other_rows_between_them(pg_dsn: str, pg_schema: str,
-                                                                             held: int) -> None:
+def test_a_commit_deletes_its_rows_and_not_the_views_other_rows_between_them(
+    pg_dsn: str, pg_schema: str, held: int
+) -> None:
     """Rows this view owns but the transaction does not (held back, or in a later transaction) and a
     row it dead-letters sit between its rows: they are holes of its range, and survive (the dead
     one in the dead letters)."""
     db, leader, epoch, ids = _outbox(pg_dsn, pg_schema, 300)
     try:
-        kept = set(ids[100:100 + held])
+        kept = set(ids[100 : 100 + held])
         dead = ids[50]
         txn = [i for i in ids if i not in kept and i != dead]
         db.commit_txn(epoch, leader, txn, [(dead, "poison", 1)], b"P1", 7, [("t", 0)])
@@ -83,8 +88,9 @@ def test_a_commit_with_a_row_another_view_took_is_refused_and_deletes_nothing(pg
     try:
         stolen = ids[20]
         with psycopg.connect(pg_dsn) as conn:
-            conn.execute(sql.SQL("UPDATE {} SET leader_id = %s WHERE id = %s").format(db.names.outbox),
-                         (uuid.uuid4(), stolen))
+            conn.execute(
+                sql.SQL("UPDATE {} SET leader_id = %s WHERE id = %s").format(db.names.outbox), (uuid.uuid4(), stolen)
+            )
         with pytest.raises(FenceError, match=r"1 of 50 row\(s\) are no longer owned"):
             db.commit_txn(epoch, leader, ids, [], b"P1", 7, [("t", 0)])
         left = _left(pg_dsn, db)

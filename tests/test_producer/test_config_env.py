@@ -6,8 +6,8 @@ from them; and, as a process against the real Postgres, a DSN from a secret file
 from __future__ import annotations
 
 import logging
-import re
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -49,7 +49,7 @@ INTERPOLATIONS: dict[str, tuple[str, dict[str, str], dict[str, bytes | str], str
     "default when unset": ("  name: ${RELAY:-relay-1}\n", {}, {}, "name", "relay-1"),
     "default when empty": ("  name: ${RELAY:-relay-1}\n", {"RELAY": ""}, {}, "name", "relay-1"),
     "set wins over default": ("  name: ${RELAY:-relay-1}\n", {"RELAY": "r9"}, {}, "name", "r9"),
-    "empty default": ("  eventIdHeader: \"${H:-}\"\n", {}, {}, "event_id_header", ""),
+    "empty default": ('  eventIdHeader: "${H:-}"\n', {}, {}, "event_id_header", ""),
     "dollar dollar": ("  name: a$$b$$\n", {}, {}, "name", "a$b$"),
     "dollar dollar brace": ("  name: a$${B}\n", {"B": "no"}, {}, "name", "a${B}"),
     "lone dollar": ("  name: a$b$\n", {}, {}, "name", "a$b$"),
@@ -59,7 +59,7 @@ INTERPOLATIONS: dict[str, tuple[str, dict[str, str], dict[str, bytes | str], str
     "number default": ("  shards: ${SHARDS:-2}\n", {}, {}, "shards", 2),
     "port": ("  prometheusPort: ${PORT}\n", {"PORT": "9464"}, {}, "prometheus_port", 9464),
     "bool": ("  uuidSequencing: ${EXACTLY_ONCE:-false}\n", {"EXACTLY_ONCE": "true"}, {}, "uuid_sequencing", True),
-    "quoted stays text": ("  name: \"${N}\"\n", {"N": "123"}, {}, "name", "123"),
+    "quoted stays text": ('  name: "${N}"\n', {"N": "123"}, {}, "name", "123"),
     "single quoted stays text": ("  name: '${N}'\n", {"N": "123"}, {}, "name", "123"),
     "!!str stays text": ("  name: !!str ${N}\n", {"N": "123"}, {}, "name", "123"),
     "null is the default": ("  prometheusPort: ${PORT:-}\n", {}, {}, "prometheus_port", None),
@@ -69,11 +69,20 @@ INTERPOLATIONS: dict[str, tuple[str, dict[str, str], dict[str, bytes | str], str
     "file one newline only": ("  dataSource: ${file:n}\n", {}, {"n": "host=a\n\n"}, "data_source", "host=a\n"),
     "file crlf": ("  name: ${file:n}\n", {}, {"n": "r1\r\n"}, "name", "r1"),
     "file no newline": ("  name: ${file:n}\n", {}, {"n": "r2"}, "name", "r2"),
-    "file inside a dsn": ("  dataSource: host=db user=relay password=${file:pw}\n", {}, {"pw": f"{SECRET}\n"},
-                          "data_source", f"host=db user=relay password={SECRET}"),
-    "file in a kafka property": ("  baseKafkaConfig:\n    bootstrap.servers: k:9092\n"
-                                 "    sasl.password: ${file:sasl}\n", {}, {"sasl": SECRET},
-                                 "base_kafka_config", {"bootstrap.servers": "k:9092", "sasl.password": SECRET}),
+    "file inside a dsn": (
+        "  dataSource: host=db user=relay password=${file:pw}\n",
+        {},
+        {"pw": f"{SECRET}\n"},
+        "data_source",
+        f"host=db user=relay password={SECRET}",
+    ),
+    "file in a kafka property": (
+        "  baseKafkaConfig:\n    bootstrap.servers: k:9092\n    sasl.password: ${file:sasl}\n",
+        {},
+        {"sasl": SECRET},
+        "base_kafka_config",
+        {"bootstrap.servers": "k:9092", "sasl.password": SECRET},
+    ),
     "limit": ("  limits:\n    queueTimeout: ${QT:-7s}\n", {}, {}, "limits", 7.0),
 }
 
@@ -91,8 +100,10 @@ def test_interpolation(tmp_path: Path, case: str) -> None:
 
 def test_absolute_file_path_and_log_level(tmp_path: Path) -> None:
     (tmp_path / "secret").write_text("host=filedb user=relay\n")
-    cfg = load(tmp_path / "..", f"harvest:\n  dataSource: ${{file:{tmp_path / 'secret'}}}\nlogging:\n  level: "
-               f"${{LEVEL:-Debug}}\n")
+    cfg = load(
+        tmp_path / "..",
+        f"harvest:\n  dataSource: ${{file:{tmp_path / 'secret'}}}\nlogging:\n  level: ${{LEVEL:-Debug}}\n",
+    )
     assert cfg.harvest.data_source == "host=filedb user=relay" and cfg.log_level == "DEBUG"
 
 
@@ -102,8 +113,11 @@ def test_keys_are_never_interpolated(tmp_path: Path) -> None:
 
 
 def test_the_router_replacement_keeps_its_own_references(tmp_path: Path) -> None:
-    cfg = load(tmp_path, HEAD + "  tableMapping: debezium\n  eventRouter:\n    route.topic.replacement: "
-               "outbox.${routedByValue}.events\n    route.by.field: ${BY:-aggregatetype}\n")
+    cfg = load(
+        tmp_path,
+        HEAD + "  tableMapping: debezium\n  eventRouter:\n    route.topic.replacement: "
+        "outbox.${routedByValue}.events\n    route.by.field: ${BY:-aggregatetype}\n",
+    )
     router = cfg.harvest.table_mapping.router  # type: ignore[attr-defined]
     assert router.route_topic_replacement == "outbox.${routedByValue}.events"
     assert router.route_by_field == "aggregatetype"
@@ -111,63 +125,161 @@ def test_the_router_replacement_keeps_its_own_references(tmp_path: Path) -> None
 
 # (harvest: lines, env, files, needles in the message); SECRET must never be in it
 ERRORS: dict[str, tuple[str, dict[str, str], dict[str, bytes | str], list[str]]] = {
-    "unset": ("  dataSource: ${PG_DSN}\n", {}, {},
-              ["harvest.dataSource: ${PG_DSN} is not set; export it or write ${PG_DSN:-default}"]),
-    "unset in a limit": ("  limits:\n    rowTimeout: ${ROW_TIMEOUT}\n", {}, {},
-                         ["harvest.limits.rowTimeout: ${ROW_TIMEOUT} is not set"]),
-    "unset in a list": ("  eventRouter:\n    table.fields.additional.placement:\n      - ${PLACE}\n", {}, {},
-                        ["harvest.eventRouter.table.fields.additional.placement.[0]: ${PLACE} is not set"]),
-    "unterminated": (f"  dataSource: host=db password={SECRET}${{x\n", {}, {},
-                     ["harvest.dataSource: the '${' at character 34 has no closing '}'", "$$ for a literal '$'"]),
-    "not a name": (f"  dataSource: host=db password=${{{SECRET} x}}\n", {}, {},
-                   ["harvest.dataSource: the '${…}' at character 18 is not a reference; write ${NAME}, "
-                    "${NAME:-default} or ${file:/path}"]),
-    "missing file": ("  dataSource: ${file:/nonexistent/harvest/dsn}\n", {}, {},
-                     ["harvest.dataSource: ${file:/nonexistent/harvest/dsn}: cannot read '/nonexistent/harvest/dsn' "
-                      "(No such file or directory); create the file"]),
+    "unset": (
+        "  dataSource: ${PG_DSN}\n",
+        {},
+        {},
+        ["harvest.dataSource: ${PG_DSN} is not set; export it or write ${PG_DSN:-default}"],
+    ),
+    "unset in a limit": (
+        "  limits:\n    rowTimeout: ${ROW_TIMEOUT}\n",
+        {},
+        {},
+        ["harvest.limits.rowTimeout: ${ROW_TIMEOUT} is not set"],
+    ),
+    "unset in a list": (
+        "  eventRouter:\n    table.fields.additional.placement:\n      - ${PLACE}\n",
+        {},
+        {},
+        ["harvest.eventRouter.table.fields.additional.placement.[0]: ${PLACE} is not set"],
+    ),
+    "unterminated": (
+        f"  dataSource: host=db password={SECRET}${{x\n",
+        {},
+        {},
+        ["harvest.dataSource: the '${' at character 34 has no closing '}'", "$$ for a literal '$'"],
+    ),
+    "not a name": (
+        f"  dataSource: host=db password=${{{SECRET} x}}\n",
+        {},
+        {},
+        [
+            "harvest.dataSource: the '${…}' at character 18 is not a reference; write ${NAME}, "
+            "${NAME:-default} or ${file:/path}"
+        ],
+    ),
+    "missing file": (
+        "  dataSource: ${file:/nonexistent/harvest/dsn}\n",
+        {},
+        {},
+        [
+            "harvest.dataSource: ${file:/nonexistent/harvest/dsn}: cannot read '/nonexistent/harvest/dsn' "
+            "(No such file or directory); create the file"
+        ],
+    ),
     "no file named": ("  dataSource: ${file:}\n", {}, {}, ["harvest.dataSource: ${file:} names no file"]),
-    "a directory": ("  dataSource: ${file:sub}\n", {}, {"sub/x": "x"},
-                    ["harvest.dataSource: ${file:sub}:", "/sub' is not a regular file"]),
-    "too big": ("  dataSource: ${file:big}\n", {}, {"big": SECRET + "x" * MAX_FILE_BYTES},
-                [f"harvest.dataSource: ${{file:big}}: ", f"holds {MAX_FILE_BYTES + len(SECRET):,} bytes, more than a "
-                 f"secret file may (65,536)"]),
-    "not utf-8": ("  dataSource: ${file:bin}\n", {}, {"bin": SECRET.encode() + b"\xff\n"},
-                  ["harvest.dataSource: ${file:bin}:", f"is not UTF-8 text (byte {len(SECRET)}); save it as UTF-8"]),
-    "file content in a bad value": ("  name: ${file:n}\n", {}, {"n": f"{SECRET}%1"},
-                                    ["harvest.name: '<redacted>' must not contain '%'",
-                                     "(harvest.name is set by ${file:n})"]),
-    "variable in a dsn": ("  dataSource: host=db password=${PW} passwd=x\n", {"PW": SECRET}, {},
-                          ['harvest.dataSource: invalid connection option "passwd"',
-                           "'host=db password=<redacted> passwd=<redacted>'",
-                           "(harvest.dataSource is set by ${PW})"]),
-    "variable bad number": ("  shards: ${SHARDS}\n", {"SHARDS": "four"}, {},
-                            ["harvest.shards: 'four' must be a whole number of shards",
-                             "(harvest.shards is set by ${SHARDS})"]),
-    "HARVEST_ bad number": ("", {"HARVEST_SHARDS": "four"}, {},
-                            ["harvest.shards: 'four' must be a whole number",
-                             "(harvest.shards is set by HARVEST_SHARDS)"]),
-    "HARVEST_ bad port": ("", {"HARVEST_PROMETHEUS_PORT": "99999"}, {},
-                          ["harvest.prometheusPort: 99999 must be a TCP port",
-                           "(harvest.prometheusPort is set by HARVEST_PROMETHEUS_PORT)"]),
-    "HARVEST_ bad bool": ("", {"HARVEST_UUID_SEQUENCING": "maybe"}, {},
-                          ["harvest.uuidSequencing: 'maybe' must be true or false",
-                           "(harvest.uuidSequencing is set by HARVEST_UUID_SEQUENCING)"]),
-    "HARVEST_ bad limit": ("", {"HARVEST_LIMITS": "{queueTimeout: 30}"}, {},
-                           ["harvest.limits.queueTimeout: 30 is not a duration",
-                            "(harvest.limits is set by HARVEST_LIMITS)"]),
-    "HARVEST_ mapping not a mapping": ("", {"HARVEST_LIMITS": "queueTimeout=30s"}, {},
-                                       ["HARVEST_LIMITS: expected a YAML flow mapping of harvest.limits's keys, got "
-                                        "str; e.g. HARVEST_LIMITS='{queueTimeout: 30s}'"]),
-    "HARVEST_ mapping not yaml": ("", {"HARVEST_BASE_KAFKA_CONFIG": f"{{sasl.password: [{SECRET}}}"}, {},
-                                  ["HARVEST_BASE_KAFKA_CONFIG: not valid YAML: line 1, column",
-                                   "e.g. HARVEST_BASE_KAFKA_CONFIG='{bootstrap.servers: kafka:9092}'"]),
-    "HARVEST_ dsn bad": ("", {"HARVEST_DATA_SOURCE": f"host=db passwd={SECRET}"}, {},
-                         ['harvest.dataSource: invalid connection option "passwd"',
-                          "(harvest.dataSource is set by HARVEST_DATA_SOURCE)"]),
-    "HARVEST_LOG_LEVEL bad": ("", {"HARVEST_LOG_LEVEL": "loud"}, {},
-                              ["logging.level: 'LOUD' is not a level", "(logging.level is set by HARVEST_LOG_LEVEL)"]),
-    "HARVEST_ huge number": ("", {"HARVEST_SHARDS": "9" * 5000}, {},
-                             ["HARVEST_SHARDS: the number is too large for harvest.shards"]),
+    "a directory": (
+        "  dataSource: ${file:sub}\n",
+        {},
+        {"sub/x": "x"},
+        ["harvest.dataSource: ${file:sub}:", "/sub' is not a regular file"],
+    ),
+    "too big": (
+        "  dataSource: ${file:big}\n",
+        {},
+        {"big": SECRET + "x" * MAX_FILE_BYTES},
+        [
+            "harvest.dataSource: ${file:big}: ",
+            f"holds {MAX_FILE_BYTES + len(SECRET):,} bytes, more than a secret file may (65,536)",
+        ],
+    ),
+    "not utf-8": (
+        "  dataSource: ${file:bin}\n",
+        {},
+        {"bin": SECRET.encode() + b"\xff\n"},
+        ["harvest.dataSource: ${file:bin}:", f"is not UTF-8 text (byte {len(SECRET)}); save it as UTF-8"],
+    ),
+    "file content in a bad value": (
+        "  name: ${file:n}\n",
+        {},
+        {"n": f"{SECRET}%1"},
+        ["harvest.name: '<redacted>' must not contain '%'", "(harvest.name is set by ${file:n})"],
+    ),
+    "variable in a dsn": (
+        "  dataSource: host=db password=${PW} passwd=x\n",
+        {"PW": SECRET},
+        {},
+        [
+            'harvest.dataSource: invalid connection option "passwd"',
+            "'host=db password=<redacted> passwd=<redacted>'",
+            "(harvest.dataSource is set by ${PW})",
+        ],
+    ),
+    "variable bad number": (
+        "  shards: ${SHARDS}\n",
+        {"SHARDS": "four"},
+        {},
+        ["harvest.shards: 'four' must be a whole number of shards", "(harvest.shards is set by ${SHARDS})"],
+    ),
+    "HARVEST_ bad number": (
+        "",
+        {"HARVEST_SHARDS": "four"},
+        {},
+        ["harvest.shards: 'four' must be a whole number", "(harvest.shards is set by HARVEST_SHARDS)"],
+    ),
+    "HARVEST_ bad port": (
+        "",
+        {"HARVEST_PROMETHEUS_PORT": "99999"},
+        {},
+        [
+            "harvest.prometheusPort: 99999 must be a TCP port",
+            "(harvest.prometheusPort is set by HARVEST_PROMETHEUS_PORT)",
+        ],
+    ),
+    "HARVEST_ bad bool": (
+        "",
+        {"HARVEST_UUID_SEQUENCING": "maybe"},
+        {},
+        [
+            "harvest.uuidSequencing: 'maybe' must be true or false",
+            "(harvest.uuidSequencing is set by HARVEST_UUID_SEQUENCING)",
+        ],
+    ),
+    "HARVEST_ bad limit": (
+        "",
+        {"HARVEST_LIMITS": "{queueTimeout: 30}"},
+        {},
+        ["harvest.limits.queueTimeout: 30 is not a duration", "(harvest.limits is set by HARVEST_LIMITS)"],
+    ),
+    "HARVEST_ mapping not a mapping": (
+        "",
+        {"HARVEST_LIMITS": "queueTimeout=30s"},
+        {},
+        [
+            "HARVEST_LIMITS: expected a YAML flow mapping of harvest.limits's keys, got "
+            "str; e.g. HARVEST_LIMITS='{queueTimeout: 30s}'"
+        ],
+    ),
+    "HARVEST_ mapping not yaml": (
+        "",
+        {"HARVEST_BASE_KAFKA_CONFIG": f"{{sasl.password: [{SECRET}}}"},
+        {},
+        [
+            "HARVEST_BASE_KAFKA_CONFIG: not valid YAML: line 1, column",
+            "e.g. HARVEST_BASE_KAFKA_CONFIG='{bootstrap.servers: kafka:9092}'",
+        ],
+    ),
+    "HARVEST_ dsn bad": (
+        "",
+        {"HARVEST_DATA_SOURCE": f"host=db passwd={SECRET}"},
+        {},
+        [
+            'harvest.dataSource: invalid connection option "passwd"',
+            "(harvest.dataSource is set by HARVEST_DATA_SOURCE)",
+        ],
+    ),
+    "HARVEST_LOG_LEVEL bad": (
+        "",
+        {"HARVEST_LOG_LEVEL": "loud"},
+        {},
+        ["logging.level: 'LOUD' is not a level", "(logging.level is set by HARVEST_LOG_LEVEL)"],
+    ),
+    "HARVEST_ huge number": (
+        "",
+        {"HARVEST_SHARDS": "9" * 5000},
+        {},
+        ["HARVEST_SHARDS: the number is too large for harvest.shards"],
+    ),
 }
 
 
@@ -186,20 +298,34 @@ def test_errors_name_the_variable_or_file_and_never_the_value(tmp_path: Path, ca
 
 def test_a_key_a_variable_or_flag_replaces_is_not_interpolated(tmp_path: Path) -> None:
     text = "harvest:\n  dataSource: ${UNSET_DSN}\n  outboxTable: ${UNSET_TABLE}\nlogging:\n  level: ${UNSET_LEVEL}\n"
-    cfg = load(tmp_path, text, {"HARVEST_DATA_SOURCE": "host=envdb", "HARVEST_LOG_LEVEL": "warning"},
-               overrides={"outbox_table": "flag.outbox"})
-    assert (cfg.harvest.data_source, cfg.harvest.outbox_table, cfg.log_level) == ("host=envdb", "flag.outbox",
-                                                                                  "WARNING")
+    cfg = load(
+        tmp_path,
+        text,
+        {"HARVEST_DATA_SOURCE": "host=envdb", "HARVEST_LOG_LEVEL": "warning"},
+        overrides={"outbox_table": "flag.outbox"},
+    )
+    assert (cfg.harvest.data_source, cfg.harvest.outbox_table, cfg.log_level) == (
+        "host=envdb",
+        "flag.outbox",
+        "WARNING",
+    )
     with pytest.raises(ConfigError, match=r"harvest\.dataSource: \$\{UNSET_DSN\} is not set"):
         load(tmp_path, text, {"HARVEST_LOG_LEVEL": "warning"}, overrides={"outbox_table": "flag.outbox"})
 
 
-@pytest.mark.parametrize("key,variable", [
-    ("dataSource", "HARVEST_DATA_SOURCE"), ("outboxTable", "HARVEST_OUTBOX_TABLE"),
-    ("leaderGroupID", "HARVEST_LEADER_GROUP_ID"), ("uuidSequencing", "HARVEST_UUID_SEQUENCING"),
-    ("baseKafkaConfig", "HARVEST_BASE_KAFKA_CONFIG"), ("leaderTopicReplicationFactor",
-                                                       "HARVEST_LEADER_TOPIC_REPLICATION_FACTOR"),
-    ("prometheusBindAddress", "HARVEST_PROMETHEUS_BIND_ADDRESS"), ("eventIdHeader", "HARVEST_EVENT_ID_HEADER")])
+@pytest.mark.parametrize(
+    "key,variable",
+    [
+        ("dataSource", "HARVEST_DATA_SOURCE"),
+        ("outboxTable", "HARVEST_OUTBOX_TABLE"),
+        ("leaderGroupID", "HARVEST_LEADER_GROUP_ID"),
+        ("uuidSequencing", "HARVEST_UUID_SEQUENCING"),
+        ("baseKafkaConfig", "HARVEST_BASE_KAFKA_CONFIG"),
+        ("leaderTopicReplicationFactor", "HARVEST_LEADER_TOPIC_REPLICATION_FACTOR"),
+        ("prometheusBindAddress", "HARVEST_PROMETHEUS_BIND_ADDRESS"),
+        ("eventIdHeader", "HARVEST_EVENT_ID_HEADER"),
+    ],
+)
 def test_variable_names(key: str, variable: str) -> None:
     assert variable_name(key) == variable
 
@@ -216,13 +342,15 @@ def test_every_variable_is_documented() -> None:
 def _readme_section() -> str:
     text = (REPO / "README.md").read_text()
     start = text.index("#### Configuration from the environment")
-    return text[start:text.index("\n#", start + 10)]
+    return text[start : text.index("\n#", start + 10)]
 
 
 # (env, expected harvest attributes); the file sets outboxTable, shards, uuidSequencing, baseKafkaConfig, limits
-FILE = ("harvest:\n  dataSource: host=db user=relay\n  outboxTable: file.outbox\n  shards: 2\n  uuidSequencing: true\n"
-        "  baseKafkaConfig:\n    bootstrap.servers: file:9092\n    client.id: from-file\n"
-        "  limits:\n    queueTimeout: 20s\n    rowTimeout: 10s\n")
+FILE = (
+    "harvest:\n  dataSource: host=db user=relay\n  outboxTable: file.outbox\n  shards: 2\n  uuidSequencing: true\n"
+    "  baseKafkaConfig:\n    bootstrap.servers: file:9092\n    client.id: from-file\n"
+    "  limits:\n    queueTimeout: 20s\n    rowTimeout: 10s\n"
+)
 OVERRIDES: dict[str, tuple[dict[str, str], dict[str, Any]]] = {
     "text": ({"HARVEST_OUTBOX_TABLE": "env.outbox"}, {"outbox_table": "env.outbox", "shards": 2}),
     "number": ({"HARVEST_SHARDS": "8"}, {"shards": 8, "outbox_table": "file.outbox"}),
@@ -230,16 +358,23 @@ OVERRIDES: dict[str, tuple[dict[str, str], dict[str, Any]]] = {
     "bool false": ({"HARVEST_UUID_SEQUENCING": "false"}, {"uuid_sequencing": False}),
     "bool no": ({"HARVEST_UUID_SEQUENCING": "no"}, {"uuid_sequencing": False}),
     "duration": ({"HARVEST_LEADER_LOCK_CHECK_INTERVAL": "3s"}, {"leader_lock_check_interval": 3.0}),
-    "dsn as it is": ({"HARVEST_DATA_SOURCE": "host=envdb password='a #b: ${c}'"},
-                     {"data_source": "host=envdb password='a #b: ${c}'"}),
-    "empty is unset": ({"HARVEST_OUTBOX_TABLE": "", "HARVEST_SHARDS": ""}, {"outbox_table": "file.outbox",
-                                                                            "shards": 2}),
-    "mapping merged": ({"HARVEST_BASE_KAFKA_CONFIG": "{bootstrap.servers: env:9092, linger.ms: 5}"},
-                       {"base_kafka_config": {"bootstrap.servers": "env:9092", "client.id": "from-file",
-                                              "linger.ms": 5}}),
+    "dsn as it is": (
+        {"HARVEST_DATA_SOURCE": "host=envdb password='a #b: ${c}'"},
+        {"data_source": "host=envdb password='a #b: ${c}'"},
+    ),
+    "empty is unset": (
+        {"HARVEST_OUTBOX_TABLE": "", "HARVEST_SHARDS": ""},
+        {"outbox_table": "file.outbox", "shards": 2},
+    ),
+    "mapping merged": (
+        {"HARVEST_BASE_KAFKA_CONFIG": "{bootstrap.servers: env:9092, linger.ms: 5}"},
+        {"base_kafka_config": {"bootstrap.servers": "env:9092", "client.id": "from-file", "linger.ms": 5}},
+    ),
     "limits merged": ({"HARVEST_LIMITS": "{queueTimeout: 40s}"}, {"limits": (40.0, 10.0)}),
-    "mapping in block style": ({"HARVEST_PRODUCER_KAFKA_CONFIG": "compression.type: lz4"},
-                               {"producer_kafka_config": {"compression.type": "lz4"}}),
+    "mapping in block style": (
+        {"HARVEST_PRODUCER_KAFKA_CONFIG": "compression.type: lz4"},
+        {"producer_kafka_config": {"compression.type": "lz4"}},
+    ),
 }
 
 
@@ -255,8 +390,14 @@ def test_harvest_variables_override_the_file(tmp_path: Path, case: str) -> None:
 
 
 def test_harvest_variables_without_a_file() -> None:
-    cfg = from_mapping({}, env={"HARVEST_DATA_SOURCE": "host=envdb", "HARVEST_LOG_LEVEL": "error",
-                                "HARVEST_BASE_KAFKA_CONFIG": "{bootstrap.servers: env:9092}"})
+    cfg = from_mapping(
+        {},
+        env={
+            "HARVEST_DATA_SOURCE": "host=envdb",
+            "HARVEST_LOG_LEVEL": "error",
+            "HARVEST_BASE_KAFKA_CONFIG": "{bootstrap.servers: env:9092}",
+        },
+    )
     assert cfg.harvest.data_source == "host=envdb" and cfg.log_level == "ERROR"
     assert cfg.harvest.base_kafka_config["bootstrap.servers"] == "env:9092"
     assert not any("bootstrap.servers" in n.message for n in cfg.notes)  # no goharvest-default warning
@@ -277,8 +418,9 @@ PRECEDENCE = [
 
 
 @pytest.mark.parametrize("env,in_file,flag,table,level", PRECEDENCE)
-def test_precedence_flag_variable_file_default(tmp_path: Path, env: dict[str, str], in_file: str | None,
-                                               flag: str | None, table: str, level: str) -> None:
+def test_precedence_flag_variable_file_default(
+    tmp_path: Path, env: dict[str, str], in_file: str | None, flag: str | None, table: str, level: str
+) -> None:
     text = HEAD + (f"  outboxTable: {in_file}\nlogging:\n  level: Error\n" if in_file else "")
     cfg = load(tmp_path, text, env, overrides={"outbox_table": flag}, log_level="debug" if flag else None)
     assert (cfg.harvest.outbox_table, cfg.log_level) == (table, level)
@@ -286,18 +428,33 @@ def test_precedence_flag_variable_file_default(tmp_path: Path, env: dict[str, st
 
 def test_the_notes_name_keys_and_sources_never_values(tmp_path: Path) -> None:
     (tmp_path / "pw").write_text(SECRET)
-    text = (f"harvest:\n  dataSource: host=db password=${{file:pw}}\n  name: ${{NAME:-r1}}\n  shards: ${{S}}\n"
-            f"  baseKafkaConfig:\n    bootstrap.servers: k:9092\n")
-    env = {"S": "3", "HARVEST_OUTBOX_TABLE": "app.outbox", "HARVEST_LEADER_TOPIC": "lt", "HARVEST_SHRADS": "4",
-           "HARVEST_PG_DSN": "host=x", "HARVEST_TEST_CRASH_AT": "x", "HARVEST_FAULTS": ""}
+    text = (
+        "harvest:\n  dataSource: host=db password=${file:pw}\n  name: ${NAME:-r1}\n  shards: ${S}\n"
+        "  baseKafkaConfig:\n    bootstrap.servers: k:9092\n"
+    )
+    env = {
+        "S": "3",
+        "HARVEST_OUTBOX_TABLE": "app.outbox",
+        "HARVEST_LEADER_TOPIC": "lt",
+        "HARVEST_SHRADS": "4",
+        "HARVEST_PG_DSN": "host=x",
+        "HARVEST_TEST_CRASH_AT": "x",
+        "HARVEST_FAULTS": "",
+    }
     cfg = load(tmp_path, text, env, overrides={"leader_topic": "flag-topic"})
-    assert cfg.notes[0] == (logging.INFO, "configuration from the environment (values not shown): harvest.leaderTopic "
-                            "from HARVEST_LEADER_TOPIC (a command-line flag wins); harvest.outboxTable from "
-                            "HARVEST_OUTBOX_TABLE; harvest.dataSource from ${file:pw}; harvest.name from "
-                            "${NAME:-…} (default); harvest.shards from ${S}", False)
+    assert cfg.notes[0] == (
+        logging.INFO,
+        "configuration from the environment (values not shown): harvest.leaderTopic "
+        "from HARVEST_LEADER_TOPIC (a command-line flag wins); harvest.outboxTable from "
+        "HARVEST_OUTBOX_TABLE; harvest.dataSource from ${file:pw}; harvest.name from "
+        "${NAME:-…} (default); harvest.shards from ${S}",
+        False,
+    )
     assert cfg.notes[1].level == logging.WARNING and len(cfg.notes) == 2
-    assert cfg.notes[1].message.startswith("HARVEST_SHRADS is set but is no harvest setting, so it is ignored; did "
-                                           "you mean HARVEST_SHARDS? the settings are HARVEST_BASE_KAFKA_CONFIG, ")
+    assert cfg.notes[1].message.startswith(
+        "HARVEST_SHRADS is set but is no harvest setting, so it is ignored; did "
+        "you mean HARVEST_SHARDS? the settings are HARVEST_BASE_KAFKA_CONFIG, "
+    )
     everything = " ".join(n.message for n in cfg.notes)
     assert SECRET not in everything and "app.outbox" not in everything and "flag-topic" not in everything
     assert cfg.harvest.leader_topic == "flag-topic"
@@ -310,7 +467,8 @@ def test_harvest_data_source_is_said_as_before(tmp_path: Path) -> None:
     assert [n.message for n in cfg.notes] == [
         "configuration from the environment (values not shown): harvest.dataSource from HARVEST_DATA_SOURCE",
         "dataSource: HARVEST_DATA_SOURCE ('host=envdb password=<redacted>') is used; it overrides the file's "
-        "harvest.dataSource ('host=filedb password=<redacted>')"]
+        "harvest.dataSource ('host=filedb password=<redacted>')",
+    ]
 
 
 _TOKEN = re.compile(r"\bHARVEST_[A-Z0-9_]*[A-Z0-9]\b")
@@ -335,8 +493,14 @@ def test_every_harvest_variable_of_the_project_is_a_setting_or_a_dev_variable() 
 
 def harvest(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     base = {k: v for k, v in os.environ.items() if k != "HARVEST_DATA_SOURCE"}
-    return subprocess.run([sys.executable, "-m", "harvest_outbox.producer", *args], capture_output=True, text=True,
-                          timeout=120, env={**base, **env}, stdin=subprocess.DEVNULL)
+    return subprocess.run(
+        [sys.executable, "-m", "harvest_outbox.producer", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**base, **env},
+        stdin=subprocess.DEVNULL,
+    )
 
 
 def _password(pg_dsn: str) -> str:
@@ -352,12 +516,16 @@ def test_init_db_with_the_dsn_from_a_secret_file(tmp_path: Path, pg_dsn: str, pg
     secrets.mkdir()
     (secrets / "dsn").write_text(pg_dsn + "\n")
     path = tmp_path / "h.yaml"
-    path.write_text(f"harvest:\n  dataSource: ${{file:{secrets / 'dsn'}}}\n  outboxTable: {pg_schema}.outbox\n"
-                    f"logging:\n  level: Info\n")
+    path.write_text(
+        f"harvest:\n  dataSource: ${{file:{secrets / 'dsn'}}}\n  outboxTable: {pg_schema}.outbox\n"
+        f"logging:\n  level: Info\n"
+    )
     proc = harvest("init-db", "-f", str(path), env={})
     assert proc.returncode == 0 and f"outbox {pg_schema}.outbox ready" in proc.stdout, proc
-    assert f"configuration from the environment (values not shown): harvest.dataSource from ${{file:{secrets}" \
-           in proc.stderr, proc.stderr
+    assert (
+        f"configuration from the environment (values not shown): harvest.dataSource from ${{file:{secrets}"
+        in proc.stderr
+    ), proc.stderr
     assert password not in proc.stdout + proc.stderr
     with psycopg.connect(pg_dsn) as conn:
         assert conn.execute("SELECT to_regclass(%s)", (f"{pg_schema}.outbox",)).fetchone() == (f"{pg_schema}.outbox",)
@@ -382,8 +550,10 @@ def test_password_variable_in_the_file_and_variables_under_flags(tmp_path: Path,
     params = conninfo_to_dict(pg_dsn)
     params.pop("password")
     path = tmp_path / "h.yaml"
-    path.write_text(f"harvest:\n  dataSource: {make_conninfo(**params)} password=${{PG_PASSWORD}}\n"
-                    f"  outboxTable: ${{TABLE:-{pg_schema}.unused}}\n")
+    path.write_text(
+        f"harvest:\n  dataSource: {make_conninfo(**params)} password=${{PG_PASSWORD}}\n"
+        f"  outboxTable: ${{TABLE:-{pg_schema}.unused}}\n"
+    )
     env = {"PG_PASSWORD": password, "HARVEST_OUTBOX_TABLE": f"{pg_schema}.from_env", "HARVEST_LOG_LEVEL": "info"}
     by_env = harvest("init-db", "-f", str(path), env=env)
     assert by_env.returncode == 0 and f"outbox {pg_schema}.from_env ready" in by_env.stdout, by_env
@@ -393,7 +563,9 @@ def test_password_variable_in_the_file_and_variables_under_flags(tmp_path: Path,
     assert "harvest.outboxTable from HARVEST_OUTBOX_TABLE (a command-line flag wins)" in by_flag.stderr
     unset = harvest("init-db", "-f", str(path), env={"HARVEST_LOG_LEVEL": "info"})
     assert unset.returncode == 2, unset
-    assert unset.stderr.strip() == ("harvest: configuration error: harvest.dataSource: ${PG_PASSWORD} is not set; "
-                                    "export it or write ${PG_PASSWORD:-default}")
+    assert unset.stderr.strip() == (
+        "harvest: configuration error: harvest.dataSource: ${PG_PASSWORD} is not set; "
+        "export it or write ${PG_PASSWORD:-default}"
+    )
     for proc in (by_env, by_flag, unset):
         assert password not in proc.stdout + proc.stderr

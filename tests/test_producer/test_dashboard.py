@@ -29,8 +29,25 @@ DASHBOARD = ROOT / "docs" / "grafana" / "harvest-dashboard.json"
 RULES = ROOT / "docs" / "prometheus" / "harvest-alerts.yml"
 README = ROOT / "README.md"
 # The dwell histogram's buckets (le, as Prometheus shows them): 1 ms to 5 minutes.
-DWELL_LE = ("0.001", "0.0025", "0.005", "0.01", "0.025", "0.05", "0.1", "0.25", "0.5", "1.0", "2.5", "5.0", "10.0",
-            "30.0", "60.0", "120.0", "300.0")
+DWELL_LE = (
+    "0.001",
+    "0.0025",
+    "0.005",
+    "0.01",
+    "0.025",
+    "0.05",
+    "0.1",
+    "0.25",
+    "0.5",
+    "1.0",
+    "2.5",
+    "5.0",
+    "10.0",
+    "30.0",
+    "60.0",
+    "120.0",
+    "300.0",
+)
 
 # A metric name in PromQL: harvest_… not preceded by a name character (quoted label values are blanked first).
 _METRIC = re.compile(r"(?<![\w:])harvest_[A-Za-z0-9_:]*")
@@ -65,19 +82,26 @@ def rule_exprs(rules: dict[str, Any]) -> list[str]:
 def readme_rules() -> str:
     block = README.read_text().split("<!-- alerts:begin -->\n")[1].split("<!-- alerts:end -->")[0]
     assert block.startswith("```yaml\n") and block.endswith("```\n"), "the README's alert block is one yaml fence"
-    return block[len("```yaml\n"):-len("```\n")]
+    return block[len("```yaml\n") : -len("```\n")]
 
 
-@pytest.mark.parametrize("expr, names", [
-    ("histogram_quantile(0.99, sum by (job, topic, le) (rate(harvest_dwell_seconds_bucket[5m]))) > 10",
-     {"harvest_dwell_seconds_bucket"}),
-    ('max by (job) (harvest_backlog_rows{job=~"$job", relay="harvest_a"})', {"harvest_backlog_rows"}),
-    ("sum(rate(harvest_transaction_rows_sum[$__rate_interval])) / sum(rate(harvest_transaction_rows_count[1m]))",
-     {"harvest_transaction_rows_sum", "harvest_transaction_rows_count"}),
-    ("label_values(harvest_is_leader, job)", {"harvest_is_leader"}),
-    ("sum by (job) (harvest_is_leader) < 1 or absent(harvest_is_leader)", {"harvest_is_leader"}),
-    ("my_harvest_rows + up", set()),
-])
+@pytest.mark.parametrize(
+    "expr, names",
+    [
+        (
+            "histogram_quantile(0.99, sum by (job, topic, le) (rate(harvest_dwell_seconds_bucket[5m]))) > 10",
+            {"harvest_dwell_seconds_bucket"},
+        ),
+        ('max by (job) (harvest_backlog_rows{job=~"$job", relay="harvest_a"})', {"harvest_backlog_rows"}),
+        (
+            "sum(rate(harvest_transaction_rows_sum[$__rate_interval])) / sum(rate(harvest_transaction_rows_count[1m]))",
+            {"harvest_transaction_rows_sum", "harvest_transaction_rows_count"},
+        ),
+        ("label_values(harvest_is_leader, job)", {"harvest_is_leader"}),
+        ("sum by (job) (harvest_is_leader) < 1 or absent(harvest_is_leader)", {"harvest_is_leader"}),
+        ("my_harvest_rows + up", set()),
+    ],
+)
 def test_metric_names_are_read_out_of_promql(expr: str, names: set[str]) -> None:
     assert metric_names(expr) == names
 
@@ -97,9 +121,15 @@ def test_the_rules_and_the_dashboard_cover_the_slos() -> None:
     for title in titles.values():
         assert title["targets"] and all(metric_names(t["expr"]) for t in title["targets"]), title["title"]
     used = set().union(*map(metric_names, dashboard_exprs(dashboard)))
-    for metric in ("harvest_backlog_rows", "harvest_oldest_unsent_age_seconds", "harvest_dwell_seconds_bucket",
-                   "harvest_delivered_records_total", "harvest_dead_letter_rows", "harvest_is_leader",
-                   "harvest_transaction_rows_bucket"):
+    for metric in (
+        "harvest_backlog_rows",
+        "harvest_oldest_unsent_age_seconds",
+        "harvest_dwell_seconds_bucket",
+        "harvest_delivered_records_total",
+        "harvest_dead_letter_rows",
+        "harvest_is_leader",
+        "harvest_transaction_rows_bucket",
+    ):
         assert metric in used, f"the dashboard shows no {metric}"
 
 
@@ -134,8 +164,13 @@ def wait_for(what: str, cond: Callable[[], Any], timeout: float = 60.0) -> Any:
 @pytest.mark.integration
 @pytest.mark.parametrize("sequenced", [False, True], ids=["at_least_once", "sequenced"])
 def test_live_relay_exports_dwell_and_every_metric_the_dashboard_and_alerts_use(
-        sequenced: bool, pg_dsn: str, kafka_bootstrap: str, pg_schema: str, topic_factory: Callable[..., str],
-        unique_name: Callable[[str], str]) -> None:
+    sequenced: bool,
+    pg_dsn: str,
+    kafka_bootstrap: str,
+    pg_schema: str,
+    topic_factory: Callable[..., str],
+    unique_name: Callable[[str], str],
+) -> None:
     table = f"{pg_schema}.outbox"
     init_db(pg_dsn, table)
     old, new = topic_factory(partitions=2, prefix="old"), topic_factory(partitions=2, prefix="new")
@@ -144,12 +179,19 @@ def test_live_relay_exports_dwell_and_every_metric_the_dashboard_and_alerts_use(
     # Rows committed 30 s ago (backdated before the relay starts): each dwells over 30 s.
     with psycopg.connect(pg_dsn) as conn:
         stasher.stash_many(conn, [OutboxRecord(old, f"k{i % 5}", f"v{i}") for i in range(n_old)])
-        conn.execute(sql.SQL("UPDATE {} SET create_time = create_time - interval '30 seconds'").format(
-            sql.Identifier(pg_schema, "outbox")))
+        conn.execute(
+            sql.SQL("UPDATE {} SET create_time = create_time - interval '30 seconds'").format(
+                sql.Identifier(pg_schema, "outbox")
+            )
+        )
     backdated = time.monotonic()
     cfg = relay_config(pg_dsn, kafka_bootstrap, table, unique_name("g")).replace(
-        prometheus_port=0, prometheus_bind_address="127.0.0.1", leader_election="postgres",
-        leader_lock_check_interval=0.2, uuid_sequencing=sequenced)
+        prometheus_port=0,
+        prometheus_bind_address="127.0.0.1",
+        leader_election="postgres",
+        leader_lock_check_interval=0.2,
+        uuid_sequencing=sequenced,
+    )
     relay = Harvest(cfg).start()
     try:
         wait_for("the relay to lead", lambda: relay.is_leader)

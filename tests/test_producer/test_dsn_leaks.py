@@ -49,9 +49,9 @@ def _run(command: list[str], dsn: str, capsys: pytest.CaptureFixture[str], caplo
 
 @pytest.mark.parametrize("command", COMMANDS, ids=[c[0] for c in COMMANDS])
 @pytest.mark.parametrize(("dsn", "secret"), DSNS, ids=[d for d, _ in DSNS])
-def test_no_secret_in_the_start_up_log_or_the_error(command: list[str], dsn: str, secret: str,
-                                                    capsys: pytest.CaptureFixture[str],
-                                                    caplog: pytest.LogCaptureFixture) -> None:
+def test_no_secret_in_the_start_up_log_or_the_error(
+    command: list[str], dsn: str, secret: str, capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
+) -> None:
     text = _run(command, dsn, capsys, caplog)
     assert secret not in text
     if command[0] == "run" and "configuration error" not in text:
@@ -59,12 +59,15 @@ def test_no_secret_in_the_start_up_log_or_the_error(command: list[str], dsn: str
 
 
 @pytest.mark.parametrize("command", COMMANDS, ids=[c[0] for c in COMMANDS])
-def test_a_wrong_password_on_the_real_postgres(command: list[str], pg_dsn: str, capsys: pytest.CaptureFixture[str],
-                                               caplog: pytest.LogCaptureFixture) -> None:
+def test_a_wrong_password_on_the_real_postgres(
+    command: list[str], pg_dsn: str, capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
+) -> None:
     real = conninfo_to_dict(pg_dsn)
     secret = "Wrong@Pass9"
-    for dsn in (f"postgresql://{real['user']}@{real['host']}:{real['port']}/{real['dbname']}?password={secret}",
-                f"postgresql://{real['user']}:{secret}@{real['host']}:{real['port']}/{real['dbname']}"):
+    for dsn in (
+        f"postgresql://{real['user']}@{real['host']}:{real['port']}/{real['dbname']}?password={secret}",
+        f"postgresql://{real['user']}:{secret}@{real['host']}:{real['port']}/{real['dbname']}",
+    ):
         text = _run(command, dsn, capsys, caplog)
         assert "Pass9" not in text
         caplog.clear()

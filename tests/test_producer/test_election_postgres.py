@@ -21,6 +21,7 @@ from harvest_outbox.producer.election_postgres import PostgresElection, lock_hol
 
 pytestmark = pytest.mark.integration
 
+
 class Rec:
     """An ElectionListener that records (monotonic time, event)."""
 
@@ -43,8 +44,9 @@ class Rec:
         return max(t for t, e in self.events if e == name)
 
 
-def _pump(els: list[PostgresElection], cond: Callable[[], bool], timeout: float,
-          leaders: list[int] | None = None) -> float:
+def _pump(
+    els: list[PostgresElection], cond: Callable[[], bool], timeout: float, leaders: list[int] | None = None
+) -> float:
     """Pulse every election (as relay threads do) until ``cond()``; returns the time it took. Records
     the number of simultaneous leaders at each round in ``leaders``."""
     start = time.monotonic()
@@ -91,18 +93,19 @@ def test_one_leader_and_graceful_handover(pg_dsn: str, pg_schema: str) -> None:
     els = [e for e, _ in pairs]
     try:
         _pump(els, lambda: any(e.is_leader for e in els), 5)
-        (leader, rec), = [(e, r) for e, r in pairs if e.is_leader]
+        ((leader, rec),) = [(e, r) for e, r in pairs if e.is_leader]
         with psycopg.connect(pg_dsn, autocommit=True) as conn:
             assert lock_holder(conn, table) == leader.backend_pid
-            app = conn.execute("SELECT application_name FROM pg_stat_activity WHERE pid = %s",
-                               (leader.backend_pid,)).fetchone()
+            app = conn.execute(
+                "SELECT application_name FROM pg_stat_activity WHERE pid = %s", (leader.backend_pid,)
+            ).fetchone()
             assert app == (f"harvest-election:{leader.name}",)
         assert rec.names() == ["acquired"]
         # graceful: revoked is reported before the unlock; standbys are woken by NOTIFY, not the poll
         handovers = []
         alive = list(pairs)
         while len(alive) > 1:
-            (leader, rec), = [(e, r) for e, r in alive if e.is_leader]
+            ((leader, rec),) = [(e, r) for e, r in alive if e.is_leader]
             alive.remove((leader, rec))
             leader.close()
             assert rec.names()[-1] == "revoked"
@@ -110,8 +113,7 @@ def test_one_leader_and_graceful_handover(pg_dsn: str, pg_schema: str) -> None:
             counts = []
             handovers.append(_pump(rest, lambda: any(e.is_leader for e in rest), handover_timeout, counts))
             assert max(counts) == 1
-        print(f"\ngraceful hand-over (check interval {check}s): "
-              + ", ".join(f"{h * 1000:.1f} ms" for h in handovers))
+        print(f"\ngraceful hand-over (check interval {check}s): " + ", ".join(f"{h * 1000:.1f} ms" for h in handovers))
     finally:
         for e in els:
             e.close()
@@ -158,8 +160,8 @@ def test_terminate_backend_fences_holder_then_standby_acquires(pg_dsn: str, pg_s
         _pump(els, lambda: any(e.is_leader for e in els), 5)
         results = []
         for _round in range(3):
-            (holder, hrec), = [(e, r) for e, r in pairs if e.is_leader]
-            (standby, srec), = [(e, r) for e, r in pairs if not e.is_leader]
+            ((holder, hrec),) = [(e, r) for e, r in pairs if e.is_leader]
+            ((standby, srec),) = [(e, r) for e, r in pairs if not e.is_leader]
             with psycopg.connect(pg_dsn, autocommit=True) as conn:
                 assert lock_holder(conn, table) == holder.backend_pid
                 t0 = time.monotonic()
@@ -181,8 +183,12 @@ def test_terminate_backend_fences_holder_then_standby_acquires(pg_dsn: str, pg_s
             old_pid = holder.backend_pid
             _pump(els, lambda: holder.backend_pid != old_pid, 5)
             assert not holder.is_leader and standby.is_leader
-        print("\npg_terminate_backend (check interval 0.5s): " + "; ".join(
-            f"holder fenced after {f * 1000:.1f} ms, standby acquired after {a * 1000:.0f} ms" for f, a in results))
+        print(
+            "\npg_terminate_backend (check interval 0.5s): "
+            + "; ".join(
+                f"holder fenced after {f * 1000:.1f} ms, standby acquired after {a * 1000:.0f} ms" for f, a in results
+            )
+        )
         assert all(r.names().count("acquired") >= 1 for _, r in pairs)
     finally:
         for e in els:
@@ -213,8 +219,10 @@ def test_lease_expiry_fences_when_checks_stall(pg_dsn: str, pg_schema: str) -> N
         unblock.set()
         _pump([e, standby], lambda: e.is_leader, 5)
         assert rec.names() == ["acquired", "fenced", "acquired"]
-        print(f"\nstalled checks: fenced {fenced_after * 1000:.0f} ms after the last verification began "
-              f"(lease {e.lease * 1000:.0f} ms)")
+        print(
+            f"\nstalled checks: fenced {fenced_after * 1000:.0f} ms after the last verification began "
+            f"(lease {e.lease * 1000:.0f} ms)"
+        )
     finally:
         e.close()
         standby.close()
@@ -227,8 +235,10 @@ def test_key_derivation_and_repr(pg_dsn: str, pg_schema: str, unique_name: Calla
     dsn = f"{pg_dsn} options='-c search_path={pg_schema}'"
     with psycopg.connect(pg_dsn, autocommit=True) as conn:
         conn.execute(sql.SQL("CREATE TABLE {} (id int)").format(sql.Identifier(pg_schema, "outbox")))
-    a, b = PostgresElection(dsn, "outbox", "a", check_interval=0.2), PostgresElection(
-        pg_dsn, f"{pg_schema}.outbox", "b", check_interval=0.2)
+    a, b = (
+        PostgresElection(dsn, "outbox", "a", check_interval=0.2),
+        PostgresElection(pg_dsn, f"{pg_schema}.outbox", "b", check_interval=0.2),
+    )
     a.start(Rec())
     b.start(Rec())
     try:
@@ -284,8 +294,10 @@ def test_for_update_lock_row_pins_vacuum(pg_dsn: str, pg_schema: str) -> None:
         free = _dead_not_removable(pg_dsn, outbox)
     finally:
         election.close()
-    print(f"\nVACUUM while leading: FOR UPDATE lock row -> {pinned} dead outbox rows not removable; "
-          f"advisory lock -> {free}")
+    print(
+        f"\nVACUUM while leading: FOR UPDATE lock row -> {pinned} dead outbox rows not removable; "
+        f"advisory lock -> {free}"
+    )
     assert pinned == 1000 and free == 0
 
 
@@ -307,8 +319,9 @@ def test_for_update_lock_row_killed_by_idle_in_transaction_timeout(pg_dsn: str, 
     time.sleep(1.0)
     try:
         with psycopg.connect(pg_dsn, autocommit=True) as other:
-            stolen_row = other.execute(sql.SQL("SELECT count(*) FROM (SELECT * FROM {} FOR UPDATE NOWAIT) x")
-                                       .format(lock_table)).fetchone() == (1,)
+            stolen_row = other.execute(
+                sql.SQL("SELECT count(*) FROM (SELECT * FROM {} FOR UPDATE NOWAIT) x").format(lock_table)
+            ).fetchone() == (1,)
             stolen_adv = other.execute("SELECT pg_try_advisory_lock(%s)", (key,)).fetchone() == (True,)
         with pytest.raises(psycopg.Error, match="idle-in-transaction timeout"):
             holder.execute("SELECT 1")
@@ -325,8 +338,9 @@ def _holder(pg_dsn: str, table: str) -> int | None:
         return lock_holder(conn, table)
 
 
-def test_relays_kill9_and_sigstop(pg_dsn: str, kafka_bootstrap: str, pg_schema: str, tmp_path: Path,
-                                  topic_factory: Callable[..., str]) -> None:
+def test_relays_kill9_and_sigstop(
+    pg_dsn: str, kafka_bootstrap: str, pg_schema: str, tmp_path: Path, topic_factory: Callable[..., str]
+) -> None:
     """Two relay processes. kill -9 of the leader: the standby acquires within about one check
     interval. SIGSTOP of the leader: its connection stays open, so the lock stays held and the standby
     does NOT acquire (nobody publishes: the backlog grows); terminating the paused holder's backend
@@ -339,9 +353,15 @@ def test_relays_kill9_and_sigstop(pg_dsn: str, kafka_bootstrap: str, pg_schema: 
     topic = topic_factory(partitions=2)
     table = f"{pg_schema}.outbox"
     init_db(pg_dsn, table)
-    cfg = write_config(tmp_path / "harvest.yaml", dsn=pg_dsn, bootstrap=kafka_bootstrap, outbox_table=table,
-                       uuid_sequencing=False, leader_election="postgres",
-                       leader_lock_check_interval=f"{int(check * 1000)}ms")
+    cfg = write_config(
+        tmp_path / "harvest.yaml",
+        dsn=pg_dsn,
+        bootstrap=kafka_bootstrap,
+        outbox_table=table,
+        uuid_sequencing=False,
+        leader_election="postgres",
+        leader_lock_check_interval=f"{int(check * 1000)}ms",
+    )
     relays = {n: RelayProcess(cfg, n, tmp_path).start() for n in ("a", "b", "c")}
     w = BackgroundWriter(pg_dsn, table, topic)
     times: dict[str, float] = {}
@@ -374,8 +394,9 @@ def test_relays_kill9_and_sigstop(pg_dsn: str, kafka_bootstrap: str, pg_schema: 
         # ... until the paused holder's session is ended: terminate its backend
         with psycopg.connect(pg_dsn, autocommit=True) as conn:
             conn.execute("SELECT pg_terminate_backend(%s)", (held_by,))
-        times["SIGSTOP + pg_terminate_backend"] = wait_for(lambda: third.elections() == 1, 30, "take-over from paused",
-                                                           poll=0.01)
+        times["SIGSTOP + pg_terminate_backend"] = wait_for(
+            lambda: third.elections() == 1, 30, "take-over from paused", poll=0.01
+        )
         # the resumed holder fences itself at its first pulse and stays a standby
         second.proc.send_signal(signal.SIGCONT)
         wait_for(lambda: second.fenced() >= 1, 10, "resumed holder fenced", poll=0.01)
@@ -387,8 +408,9 @@ def test_relays_kill9_and_sigstop(pg_dsn: str, kafka_bootstrap: str, pg_schema: 
         time.sleep(4 * check)
         assert second.elections() == 1
         third.proc.send_signal(signal.SIGKILL)
-        times["SIGSTOP + kill -9"] = wait_for(lambda: second.elections() == 2, 30, "take-over from killed paused",
-                                              poll=0.01)
+        times["SIGSTOP + kill -9"] = wait_for(
+            lambda: second.elections() == 2, 30, "take-over from killed paused", poll=0.01
+        )
         third.proc.wait()
 
         time.sleep(1)
@@ -397,9 +419,11 @@ def test_relays_kill9_and_sigstop(pg_dsn: str, kafka_bootstrap: str, pg_schema: 
         total = w.total
         got = consume_all(kafka_bootstrap, topic, lambda g: len(g) >= total, 30)
         assert_per_key_order(got, w.expected, allow_dups=True)
-        print(f"\nrelay take-over (check interval {check}s): " + ", ".join(f"{k}: {v * 1000:.0f} ms"
-                                                                    for k, v in times.items())
-              + f"; {total} records, {len(got) - total} duplicates")
+        print(
+            f"\nrelay take-over (check interval {check}s): "
+            + ", ".join(f"{k}: {v * 1000:.0f} ms" for k, v in times.items())
+            + f"; {total} records, {len(got) - total} duplicates"
+        )
         assert times["kill -9"] < 2 * check + 1.5
     finally:
         w.stop()

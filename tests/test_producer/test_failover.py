@@ -23,14 +23,25 @@ from harvest_outbox.producer.stasher import OutboxRecord, Stasher
 pytestmark = pytest.mark.integration
 
 
-def test_one_leader_kill9_and_graceful_handover(pg_dsn: str, kafka_bootstrap: str, pg_schema: str, tmp_path: Path,
-                                                topic_factory: Callable[..., str],
-                                                unique_name: Callable[[str], str]) -> None:
+def test_one_leader_kill9_and_graceful_handover(
+    pg_dsn: str,
+    kafka_bootstrap: str,
+    pg_schema: str,
+    tmp_path: Path,
+    topic_factory: Callable[..., str],
+    unique_name: Callable[[str], str],
+) -> None:
     topic = topic_factory(partitions=2)
     table = f"{pg_schema}.outbox"
     init_db(pg_dsn, table)
-    cfg = write_config(tmp_path / "harvest.yaml", dsn=pg_dsn, bootstrap=kafka_bootstrap, outbox_table=table,
-                       group=unique_name("g"), uuid_sequencing=False)
+    cfg = write_config(
+        tmp_path / "harvest.yaml",
+        dsn=pg_dsn,
+        bootstrap=kafka_bootstrap,
+        outbox_table=table,
+        group=unique_name("g"),
+        uuid_sequencing=False,
+    )
     relays = [RelayProcess(cfg, f"relay{i}", tmp_path).start() for i in range(3)]
     w = BackgroundWriter(pg_dsn, table, topic)
     try:
@@ -81,8 +92,13 @@ def test_one_leader_kill9_and_graceful_handover(pg_dsn: str, kafka_bootstrap: st
 def test_cli_init_db_and_dead_letters(pg_dsn: str, pg_schema: str, tmp_path: Path) -> None:
     table = f"{pg_schema}.cli_outbox"
     env = {**os.environ, "HARVEST_DATA_SOURCE": pg_dsn}
-    run = lambda *a: subprocess.run([sys.executable, "-m", "harvest_outbox.producer", *a], env=env, capture_output=True,  # noqa: E731
-                                    text=True, timeout=60)
+    run = lambda *a: subprocess.run(
+        [sys.executable, "-m", "harvest_outbox.producer", *a],
+        env=env,
+        capture_output=True,  # noqa: E731
+        text=True,
+        timeout=60,
+    )
     r = run("init-db", "--outbox-table", table, "--value-type", "bytea")
     assert r.returncode == 0, r.stderr
     assert "ready (value type bytea" in r.stdout
@@ -91,9 +107,11 @@ def test_cli_init_db_and_dead_letters(pg_dsn: str, pg_schema: str, tmp_path: Pat
     assert r.returncode == 0 and "0 dead letter(s)" in r.stdout
     with psycopg.connect(pg_dsn) as conn:
         names = init_db(conn, table, "bytea")
-        conn.execute(f'INSERT INTO {names.dead_letters.as_string(conn)} (id, kafka_topic, kafka_key, kafka_value, '
-                     "kafka_header_keys, kafka_header_values, error, attempts) VALUES "
-                     "(7, 't', 'k', 'v', '{}', '{}', 'boom', 5), (8, NULL, 'k', 'v', '{}', '{}', 'no topic', 0)")
+        conn.execute(
+            f"INSERT INTO {names.dead_letters.as_string(conn)} (id, kafka_topic, kafka_key, kafka_value, "
+            "kafka_header_keys, kafka_header_values, error, attempts) VALUES "
+            "(7, 't', 'k', 'v', '{}', '{}', 'boom', 5), (8, NULL, 'k', 'v', '{}', '{}', 'no topic', 0)"
+        )
     r = run("dead-letters", "list", "--outbox-table", table)
     assert "boom" in r.stdout and "2 dead letter(s)" in r.stdout
     # Topic 't' does not exist in Kafka (none runs here): these exercise the database side only.
@@ -113,9 +131,13 @@ def test_cli_init_db_and_dead_letters(pg_dsn: str, pg_schema: str, tmp_path: Pat
     assert r.returncode == 1 and "zz9secret" not in r.stderr and "cannot connect" in r.stderr
 
 
-def test_two_embedded_relays_only_the_leader_publishes(pg_dsn: str, kafka_bootstrap: str, pg_schema: str,
-                                                       topic_factory: Callable[..., str],
-                                                       unique_name: Callable[[str], str]) -> None:
+def test_two_embedded_relays_only_the_leader_publishes(
+    pg_dsn: str,
+    kafka_bootstrap: str,
+    pg_schema: str,
+    topic_factory: Callable[..., str],
+    unique_name: Callable[[str], str],
+) -> None:
     from relaylib import relay_config
 
     from harvest_outbox.producer.harvest import Harvest

@@ -43,9 +43,13 @@ def _locked(pg_dsn: str, names: OutboxNames, ids: list[int]) -> list[str]:
     held = []
     with psycopg.connect(pg_dsn, autocommit=True) as conn:
         for what, q, params in (
-                ("fence row", sql.SQL("SELECT epoch FROM {} FOR UPDATE NOWAIT").format(names.state), ()),
-                ("outbox rows", sql.SQL("SELECT id FROM {} WHERE id = ANY(%s) FOR UPDATE NOWAIT").format(names.outbox),
-                 (ids,))):
+            ("fence row", sql.SQL("SELECT epoch FROM {} FOR UPDATE NOWAIT").format(names.state), ()),
+            (
+                "outbox rows",
+                sql.SQL("SELECT id FROM {} WHERE id = ANY(%s) FOR UPDATE NOWAIT").format(names.outbox),
+                (ids,),
+            ),
+        ):
             try:
                 with conn.transaction():
                     conn.execute(q, params)
@@ -84,8 +88,9 @@ def view(pg_dsn: str, pg_schema: str) -> Iterator[_View]:
         proxy.stop()
 
 
-def _commit_in_background(db: OutboxDatabase, epoch: int, leader: uuid.UUID,
-                          ids: list[int]) -> tuple[threading.Thread, list[BaseException | None]]:
+def _commit_in_background(
+    db: OutboxDatabase, epoch: int, leader: uuid.UUID, ids: list[int]
+) -> tuple[threading.Thread, list[BaseException | None]]:
     """Commit ``ids`` as one harvest transaction on a thread; the list gets None or the error."""
     done: list[BaseException | None] = []
 
@@ -93,7 +98,7 @@ def _commit_in_background(db: OutboxDatabase, epoch: int, leader: uuid.UUID,
         try:
             db.commit_txns(epoch, leader, [TxnCommit(ids, [], b"P1", 7, [("t", 0)])])
             done.append(None)
-        except BaseException as exc:  # noqa: BLE001 - reported to the test
+        except BaseException as exc:
             done.append(exc)
 
     t = threading.Thread(target=commit, daemon=True)
@@ -122,8 +127,9 @@ def test_a_commit_frozen_half_sent_holds_no_lock(pg_dsn: str, view: _View) -> No
     assert _remaining(pg_dsn, view.names) == ROWS - len(ids)
 
 
-def test_a_commit_frozen_before_its_commit_is_ended_by_the_server(pg_dsn: str, view: _View,
-                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_commit_frozen_before_its_commit_is_ended_by_the_server(
+    pg_dsn: str, view: _View, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Frozen after the request ran (fence row and rows locked) but before COMMIT: the session is
     idle in transaction, which Postgres ends after ``IDLE_IN_TRANSACTION_TIMEOUT``; nothing commits."""
     conn = view.db.conn

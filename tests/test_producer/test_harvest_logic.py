@@ -27,8 +27,9 @@ def _relay(**limits: Any) -> tuple[AtLeastOnceMode, FakeProducer]:
     return h.mode, p
 
 
-def row(i: int, key: str, topic: str | None = "t", hk: tuple | None = None, hv: tuple | None = None,
-        bad: str | None = None) -> tuple:
+def row(
+    i: int, key: str, topic: str | None = "t", hk: tuple | None = None, hv: tuple | None = None, bad: str | None = None
+) -> tuple:
     """A MarkedRow as the mark statement returns it (no headers: None, None)."""
     return (i, topic, key.encode(), f"v{i}".encode(), hk, hv, bad, None, None, None, 0.0)
 
@@ -94,10 +95,16 @@ def test_unknown_topic_from_the_producer_is_an_attempt() -> None:
 def test_rows_no_broker_takes_are_dead_lettered_before_producing() -> None:
     h, p = _relay()
     h._guard._admin_factory = lambda conf: FakeAdmin({"t": 1_048_588, "small": 500})  # type: ignore[attr-defined]
-    h._ready.extend([row(1, "a", topic="missing"), row(2, "a"), row(3, "b", topic="__consumer_offsets"),
-                     (4, "small", b"c", b"x" * 600, None, None, None, None, None, None, 0.0),
-                     (5, "small", b"c", b"x" * 10, None, None, None, None, None, None, 0.0),
-                     row(6, "d", topic="bad name")])
+    h._ready.extend(
+        [
+            row(1, "a", topic="missing"),
+            row(2, "a"),
+            row(3, "b", topic="__consumer_offsets"),
+            (4, "small", b"c", b"x" * 600, None, None, None, None, None, None, 0.0),
+            (5, "small", b"c", b"x" * 10, None, None, None, None, None, None, 0.0),
+            row(6, "d", topic="bad name"),
+        ]
+    )
     h._dispatch()
     assert [(s[0], s[1]) for s in p.sent] == [("t", b"v2"), ("small", b"x" * 10)]
     errors = {i: e for i, e, _ in h._dlq_buf}
@@ -118,14 +125,22 @@ def test_broker_side_size_error_is_an_attempt_not_an_instant_dead_letter() -> No
 def test_bad_rows_dead_lettered_without_blocking() -> None:
     h, p = _relay()
     # The reasons come from the mark statement (tests/test_producer/test_mark.py checks them on Postgres).
-    h._ready.extend([row(1, "a", hk=("x", "y"), hv=("1",), bad="header arrays differ in length: 2 key(s)"),
-                     row(2, "a"), row(3, "b", topic=None, bad="kafka_topic is NULL or empty"),
-                     row(4, "c", hk=("x", None), hv=("1", "2"), bad="kafka_header_keys contains NULL")])
+    h._ready.extend(
+        [
+            row(1, "a", hk=("x", "y"), hv=("1",), bad="header arrays differ in length: 2 key(s)"),
+            row(2, "a"),
+            row(3, "b", topic=None, bad="kafka_topic is NULL or empty"),
+            row(4, "c", hk=("x", None), hv=("1", "2"), bad="kafka_header_keys contains NULL"),
+        ]
+    )
     h._dispatch()
     assert [s[1] for s in p.sent] == [b"v2"]
     errors = {i: e for i, e, _ in h._dlq_buf}
-    assert errors == {1: "bad row: header arrays differ in length: 2 key(s)", 3: "bad row: kafka_topic is NULL or empty",
-                      4: "bad row: kafka_header_keys contains NULL"}  # never published as a header named "None"
+    assert errors == {
+        1: "bad row: header arrays differ in length: 2 key(s)",
+        3: "bad row: kafka_topic is NULL or empty",
+        4: "bad row: kafka_header_keys contains NULL",
+    }  # never published as a header named "None"
 
 
 def test_headers_passed_as_pairs() -> None:
@@ -144,7 +159,13 @@ def test_timeout_during_an_outage_is_not_an_attempt_but_with_others_delivered_it
     h._ready.extend([row(1, "a"), row(2, "b")])
     h._dispatch()
     p.on_delivery(KafkaError(KafkaError._MSG_TIMED_OUT, "timeout"), FakeMsg(b"a", latency=2.0))
-    assert h._dlq_buf == [] and h.core.attempts == {} and h.core.attempt_buf == [] and h._reset_buf == [1] and h.core.remark
+    assert (
+        h._dlq_buf == []
+        and h.core.attempts == {}
+        and h.core.attempt_buf == []
+        and h._reset_buf == [1]
+        and h.core.remark
+    )
     h2, p2 = _relay(max_delivery_attempts=1, row_timeout=2.0)
     h2.core.delivered_samples.append((time.monotonic() - 5.0, 0))
     h2._ready.extend([row(1, "a"), row(2, "b")])

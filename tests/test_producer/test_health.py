@@ -52,13 +52,17 @@ def wait_for(what: str, cond: Callable[[], Any], timeout: float = 30.0) -> Any:
 
 def _relay(pg_dsn: str, bootstrap: str, table: str, group: str, **limits: Any) -> Harvest:
     cfg = relay_config(pg_dsn, bootstrap, table, group, **limits).replace(
-        prometheus_port=0, prometheus_bind_address="127.0.0.1", leader_election="postgres",
-        leader_lock_check_interval=0.2)
+        prometheus_port=0,
+        prometheus_bind_address="127.0.0.1",
+        leader_election="postgres",
+        leader_lock_check_interval=0.2,
+    )
     return Harvest(cfg)
 
 
-def test_leader_and_standby_are_live_and_ready_next_to_metrics(pg_dsn: str, kafka_bootstrap: str, pg_schema: str,
-                                                                unique_name: Callable[[str], str]) -> None:
+def test_leader_and_standby_are_live_and_ready_next_to_metrics(
+    pg_dsn: str, kafka_bootstrap: str, pg_schema: str, unique_name: Callable[[str], str]
+) -> None:
     table = f"{pg_schema}.outbox"
     init_db(pg_dsn, table)
     a = _relay(pg_dsn, kafka_bootstrap, table, unique_name("g")).start()
@@ -79,8 +83,10 @@ def test_leader_and_standby_are_live_and_ready_next_to_metrics(pg_dsn: str, kafk
         assert (status, body["role"], body["leader_id"]) == (200, "standby", None)
         status, text = get(a, "/metrics")
         assert status == 200 and f'harvest_is_leader{{relay="{a.config.name}"}} 1.0' in text
-        wait_for("the leader's first backlog reading",
-                 lambda: re.search(rf'harvest_backlog_rows{{relay="{a.config.name}"}} 0\.0', get(a, "/metrics")[1]))
+        wait_for(
+            "the leader's first backlog reading",
+            lambda: re.search(rf'harvest_backlog_rows{{relay="{a.config.name}"}} 0\.0', get(a, "/metrics")[1]),
+        )
         standby_text = get(b, "/metrics")[1]
         for gauge in ("harvest_backlog_rows", "harvest_oldest_unsent_age_seconds", "harvest_dead_letter_rows"):
             assert f'{gauge}{{relay="{b.config.name}"}} NaN' in standby_text  # only the leader measures the outbox
@@ -99,8 +105,9 @@ def test_leader_and_standby_are_live_and_ready_next_to_metrics(pg_dsn: str, kafk
             relay.wait(60)
 
 
-def test_stalled_loop_fails_healthz_and_stopping_fails_readyz(pg_dsn: str, kafka_bootstrap: str, pg_schema: str,
-                                                              unique_name: Callable[[str], str]) -> None:
+def test_stalled_loop_fails_healthz_and_stopping_fails_readyz(
+    pg_dsn: str, kafka_bootstrap: str, pg_schema: str, unique_name: Callable[[str], str]
+) -> None:
     table = f"{pg_schema}.outbox"
     init_db(pg_dsn, table)
     stall, stalled = threading.Event(), threading.Event()
@@ -112,8 +119,9 @@ def test_stalled_loop_fails_healthz_and_stopping_fails_readyz(pg_dsn: str, kafka
             while stall.is_set():
                 time.sleep(0.05)
 
-    cfg = _relay(pg_dsn, kafka_bootstrap, table, unique_name("g"), min_metrics_interval=0.2,
-                 liveness_timeout=1.0).config
+    cfg = _relay(
+        pg_dsn, kafka_bootstrap, table, unique_name("g"), min_metrics_interval=0.2, liveness_timeout=1.0
+    ).config
     relay = Harvest(cfg, handler).start()
     try:
         wait_for("the relay to lead and be live", lambda: relay.is_leader and get(relay, "/healthz")[0] == 200)
@@ -135,14 +143,16 @@ def test_stalled_loop_fails_healthz_and_stopping_fails_readyz(pg_dsn: str, kafka
         relay.wait(60)
 
 
-def test_readyz_fails_while_the_database_refuses_the_relay(pg_dsn: str, kafka_bootstrap: str, pg_schema: str,
-                                                           unique_name: Callable[[str], str]) -> None:
+def test_readyz_fails_while_the_database_refuses_the_relay(
+    pg_dsn: str, kafka_bootstrap: str, pg_schema: str, unique_name: Callable[[str], str]
+) -> None:
     table = f"{pg_schema}.outbox"
     init_db(pg_dsn, table)
     role, password = unique_name("relay_role"), "pw-" + unique_name("secret")
     with psycopg.connect(pg_dsn, autocommit=True) as admin:
-        admin.execute(sql.SQL("CREATE ROLE {} LOGIN SUPERUSER PASSWORD {}").format(
-            sql.Identifier(role), sql.Literal(password)))
+        admin.execute(
+            sql.SQL("CREATE ROLE {} LOGIN SUPERUSER PASSWORD {}").format(sql.Identifier(role), sql.Literal(password))
+        )
     dsn = make_conninfo(pg_dsn, user=role, password=password)
     relay = _relay(dsn, kafka_bootstrap, table, unique_name("g")).start()
     try:
@@ -150,11 +160,16 @@ def test_readyz_fails_while_the_database_refuses_the_relay(pg_dsn: str, kafka_bo
         with psycopg.connect(pg_dsn, autocommit=True) as admin:
             admin.execute(sql.SQL("ALTER ROLE {} NOLOGIN").format(sql.Identifier(role)))
             # Drop the probe's session: its reconnection is now refused, as after a database restart.
-            admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-                          "WHERE usename = %s AND application_name = 'harvest-health'", (role,))
+            admin.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                "WHERE usename = %s AND application_name = 'harvest-health'",
+                (role,),
+            )
         # The first probe after the kill reports the terminated session, the next ones the refused login.
-        status, body = wait_for("/readyz to fail on the refused login",
-                                lambda: (r := get(relay, "/readyz"))[0] == 503 and "log in" in r[1]["reason"] and r)
+        status, body = wait_for(
+            "/readyz to fail on the refused login",
+            lambda: (r := get(relay, "/readyz"))[0] == 503 and "log in" in r[1]["reason"] and r,
+        )
         assert body["reason"].startswith("database unreachable:") and body["status"] == "not ready"
         assert body["database"] == body["reason"] and f'role "{role}" is not permitted to log in' in body["reason"]
         assert password not in json.dumps(body)
@@ -170,22 +185,51 @@ def test_readyz_fails_while_the_database_refuses_the_relay(pg_dsn: str, kafka_bo
             admin.execute(sql.SQL("DROP ROLE IF EXISTS {}").format(sql.Identifier(role)))
 
 
-def test_cli_relay_process_serves_health_on_the_flagged_address(pg_dsn: str, kafka_bootstrap: str, pg_schema: str,
-                                                                unique_name: Callable[[str], str],
-                                                                tmp_path: Path) -> None:
+def test_cli_relay_process_serves_health_on_the_flagged_address(
+    pg_dsn: str, kafka_bootstrap: str, pg_schema: str, unique_name: Callable[[str], str], tmp_path: Path
+) -> None:
     """The ``harvest`` CLI as a real process: ``--prometheus-port 0 --prometheus-bind-address 127.0.0.1``."""
     table = f"{pg_schema}.outbox"
     init_db(pg_dsn, table)
-    cfg = write_config(tmp_path / "relay.yaml", dsn=pg_dsn, bootstrap=kafka_bootstrap, outbox_table=table,
-                       group=unique_name("g"), leader_election="postgres", leader_lock_check_interval="200ms")
+    cfg = write_config(
+        tmp_path / "relay.yaml",
+        dsn=pg_dsn,
+        bootstrap=kafka_bootstrap,
+        outbox_table=table,
+        group=unique_name("g"),
+        leader_election="postgres",
+        leader_lock_check_interval="200ms",
+    )
     log = tmp_path / "relay.log"
     with log.open("w") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "harvest_outbox.producer", "-f", str(cfg), "--name", "cli-relay",
-                                 "--prometheus-port", "0", "--prometheus-bind-address", "127.0.0.1"],
-                                stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "harvest_outbox.producer",
+                "-f",
+                str(cfg),
+                "--name",
+                "cli-relay",
+                "--prometheus-port",
+                "0",
+                "--prometheus-bind-address",
+                "127.0.0.1",
+            ],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+        )
     try:
-        port = int(wait_for("the endpoint's log line", lambda: re.search(
-            r"metrics on http://127\.0\.0\.1:(\d+)/metrics \(\+ /healthz, /readyz\)", log.read_text()), 60).group(1))
+        port = int(
+            wait_for(
+                "the endpoint's log line",
+                lambda: re.search(
+                    r"metrics on http://127\.0\.0\.1:(\d+)/metrics \(\+ /healthz, /readyz\)", log.read_text()
+                ),
+                60,
+            ).group(1)
+        )
 
         def readyz() -> tuple[int, Any]:
             try:
@@ -194,8 +238,9 @@ def test_cli_relay_process_serves_health_on_the_flagged_address(pg_dsn: str, kaf
             except urllib.error.HTTPError as exc:
                 return exc.code, json.loads(exc.read())
 
-        status, body = wait_for("the CLI relay to lead", lambda: (r := readyz())[0] == 200 and
-                                r[1]["role"] == "leader" and r, 60)
+        status, body = wait_for(
+            "the CLI relay to lead", lambda: (r := readyz())[0] == 200 and r[1]["role"] == "leader" and r, 60
+        )
         assert body["relay"] == "cli-relay" and body["database"] == "ok"
         assert pg_dsn.split("password=")[1].split()[0] not in log.read_text()  # the DSN stays out of the log
         proc.send_signal(signal.SIGTERM)

@@ -31,9 +31,13 @@ class View:
     is_leader: bool = False
     leader_id: uuid.UUID | None = None
     metrics: Metrics = field(default_factory=Metrics)
-    config: HarvestConfig = field(default_factory=lambda: HarvestConfig(
-        name="r1", data_source="host=db password=hunter2", limits=Limits(min_metrics_interval=0.1,
-                                                                          liveness_timeout=0.5)))
+    config: HarvestConfig = field(
+        default_factory=lambda: HarvestConfig(
+            name="r1",
+            data_source="host=db password=hunter2",
+            limits=Limits(min_metrics_interval=0.1, liveness_timeout=0.5),
+        )
+    )
 
 
 def test_verdicts_follow_state_loop_and_database() -> None:

@@ -8,8 +8,14 @@ import random
 
 import pytest
 
-from harvest_outbox.producer.histograms import (DWELL_BUCKETS, TRANSACTION_ROWS_BUCKETS, DwellHistograms, cumulative,
-                                                new_cells, observe)
+from harvest_outbox.producer.histograms import (
+    DWELL_BUCKETS,
+    TRANSACTION_ROWS_BUCKETS,
+    DwellHistograms,
+    cumulative,
+    new_cells,
+    observe,
+)
 
 
 def rows(topics: list[str], created: list[float]) -> list[tuple]:
@@ -34,10 +40,18 @@ def test_a_batch_lands_where_its_rows_would_one_by_one(n: int, topics: int) -> N
     assert sum(c[-1] for c in together.by_topic.values()) == pytest.approx(sum(ages))
 
 
-@pytest.mark.parametrize("dwell, bucket", [
-    (0.0, 0), (0.001, 0), (0.0011, 1), (1.0, DWELL_BUCKETS.index(1.0)), (300.0, len(DWELL_BUCKETS) - 1),
-    (300.5, len(DWELL_BUCKETS)), (-0.002, 0),  # -: a mark's send time read before the row's commit
-])
+@pytest.mark.parametrize(
+    "dwell, bucket",
+    [
+        (0.0, 0),
+        (0.001, 0),
+        (0.0011, 1),
+        (1.0, DWELL_BUCKETS.index(1.0)),
+        (300.0, len(DWELL_BUCKETS) - 1),
+        (300.5, len(DWELL_BUCKETS)),
+        (-0.002, 0),  # -: a mark's send time read before the row's commit
+    ],
+)
 def test_bounds_count_values_at_or_below_them(dwell: float, bucket: int) -> None:
     h = DwellHistograms()
     h.observe(rows(["t"], [50.0 - dwell]), 50.0)
@@ -51,7 +65,13 @@ def test_cumulative_counts_sum_and_count() -> None:
         observe(cells, TRANSACTION_ROWS_BUCKETS, n)
     buckets, total, count = cumulative(cells, TRANSACTION_ROWS_BUCKETS)
     as_dict = dict(buckets)
-    assert (as_dict[1.0], as_dict[2.0], as_dict[5.0], as_dict[5000.0], as_dict[10000.0], as_dict[float("inf")]) == \
-        (2, 2, 3, 4, 4, 5)
+    assert (as_dict[1.0], as_dict[2.0], as_dict[5.0], as_dict[5000.0], as_dict[10000.0], as_dict[float("inf")]) == (
+        2,
+        2,
+        3,
+        4,
+        4,
+        5,
+    )
     assert [n for _le, n in buckets] == sorted(n for _le, n in buckets)
     assert (total, count) == (25005, 5)

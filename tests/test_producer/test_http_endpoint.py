@@ -36,8 +36,9 @@ def port(pg_dsn: str, kafka_bootstrap: str) -> Iterator[int]:
 
 
 def request(port: int, method: str, path: str, timeout: float = 10.0) -> tuple[int, dict[str, str], bytes]:
-    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", method=method,
-                                 data=b"x=1" if method in ("POST", "PUT") else None)
+    req = urllib.request.Request(
+        f"http://127.0.0.1:{port}{path}", method=method, data=b"x=1" if method in ("POST", "PUT") else None
+    )
     try:
         with urllib.request.urlopen(req, timeout=timeout) as resp:
             return resp.status, dict(resp.headers), resp.read()
@@ -98,9 +99,16 @@ def test_methods_other_than_get_and_head_are_405(port: int, method: str, path: s
     assert method.encode() in body and b"GET or HEAD" in body
 
 
-@pytest.mark.parametrize("method, path, want", [("GET", "/healthz", 503), ("HEAD", "/healthz", 503),
-                                                ("GET", "/metrics", 200), ("HEAD", "/metrics", 200),
-                                                ("GET", "/nope", 404)])
+@pytest.mark.parametrize(
+    "method, path, want",
+    [
+        ("GET", "/healthz", 503),
+        ("HEAD", "/healthz", 503),
+        ("GET", "/metrics", 200),
+        ("HEAD", "/metrics", 200),
+        ("GET", "/nope", 404),
+    ],
+)
 def test_get_and_head_still_answer(port: int, method: str, path: str, want: Any) -> None:
     status, _headers, body = request(port, method, path)
     assert status == want  # 503 on /healthz: this relay was never started

@@ -31,23 +31,31 @@ FIX = "Fix: to change the layout, stop every running relay first"
 
 
 # ---------------------------------------------------------------------------------------------- pure logic
-@pytest.mark.parametrize("settings, text", [
-    ({}, "shards: 1, leaderElection: neli (leaderGroupID: g, leaderTopic: g.neli)"),
-    ({"shards": 4}, "shards: 4, leaderElection: neli (leaderGroupID: g, leaderTopic: g.neli.shards4)"),
-    ({"leader_topic": "mine"}, "shards: 1, leaderElection: neli (leaderGroupID: g, leaderTopic: mine)"),
-    ({"leader_election": "postgres"}, "shards: 1, leaderElection: postgres"),
-    ({"leader_election": "postgres", "shards": 8}, "shards: 8, leaderElection: postgres"),
-])
+@pytest.mark.parametrize(
+    "settings, text",
+    [
+        ({}, "shards: 1, leaderElection: neli (leaderGroupID: g, leaderTopic: g.neli)"),
+        ({"shards": 4}, "shards: 4, leaderElection: neli (leaderGroupID: g, leaderTopic: g.neli.shards4)"),
+        ({"leader_topic": "mine"}, "shards: 1, leaderElection: neli (leaderGroupID: g, leaderTopic: mine)"),
+        ({"leader_election": "postgres"}, "shards: 1, leaderElection: postgres"),
+        ({"leader_election": "postgres", "shards": 8}, "shards: 8, leaderElection: postgres"),
+    ],
+)
 def test_a_layout_names_what_decides_leadership(settings: dict[str, Any], text: str) -> None:
     assert str(Layout.of(HarvestConfig(leader_group_id="g", **settings))) == text
 
 
 def test_layouts_that_split_leadership_have_different_lock_keys() -> None:
-    configs = [HarvestConfig(), HarvestConfig(shards=2), HarvestConfig(leader_group_id="other"),
-               HarvestConfig(leader_topic="other"), HarvestConfig(leader_election="postgres"),
-               HarvestConfig(leader_election="postgres", shards=2)]
+    configs = [
+        HarvestConfig(),
+        HarvestConfig(shards=2),
+        HarvestConfig(leader_group_id="other"),
+        HarvestConfig(leader_topic="other"),
+        HarvestConfig(leader_election="postgres"),
+        HarvestConfig(leader_election="postgres", shards=2),
+    ]
     keys = [Layout.of(c).key for c in configs]
-    assert len(set(keys)) == len(keys) and all(0 <= k < 2 ** 31 for k in keys)
+    assert len(set(keys)) == len(keys) and all(0 <= k < 2**31 for k in keys)
     # what does not split leadership does not change the layout
     assert Layout.of(HarvestConfig(uuid_sequencing=True, name="x")) == Layout.of(HarvestConfig())
     assert Layout.of(HarvestConfig(leader_election="postgres", leader_group_id="a")) == Layout(1, "postgres")
@@ -56,8 +64,9 @@ def test_layouts_that_split_leadership_have_different_lock_keys() -> None:
 # ---------------------------------------------------------------------------------------------- helpers
 def _stash(dsn: str, table: str, topic: str, n: int, start: int = 0) -> None:
     with psycopg.connect(dsn) as conn:
-        Stasher(table).stash_many(conn, [OutboxRecord(topic, f"key-{i % 50}", f"v{i}")
-                                         for i in range(start, start + n)])
+        Stasher(table).stash_many(
+            conn, [OutboxRecord(topic, f"key-{i % 50}", f"v{i}") for i in range(start, start + n)]
+        )
 
 
 def _records(bootstrap: str, topic: str) -> int:
@@ -71,26 +80,38 @@ def _records(bootstrap: str, topic: str) -> int:
 
 
 def _refusal(table: str, theirs: HarvestConfig, names: str, mine: HarvestConfig) -> str:
-    return (rf"outbox {re.escape(table)} is being relayed by \d relay\(s\) with {re.escape(str(Layout.of(theirs)))} "
-            rf"\({names}\); this relay has {re.escape(str(Layout.of(mine)))}\. .*{FIX}")
+    return (
+        rf"outbox {re.escape(table)} is being relayed by \d relay\(s\) with {re.escape(str(Layout.of(theirs)))} "
+        rf"\({names}\); this relay has {re.escape(str(Layout.of(mine)))}\. .*{FIX}"
+    )
 
 
 # ---------------------------------------------------------------------------------------------- on real services
 @pytest.mark.integration
-@pytest.mark.parametrize("running, starting", [
-    pytest.param({"shards": 4}, {}, id="neli-shards-4-then-1"),
-    pytest.param({}, {"leader_election": "postgres"}, id="neli-then-postgres"),
-    pytest.param({"shards": 2, "leader_election": "postgres"}, {"shards": 2}, id="postgres-then-neli-shards-2"),
-    pytest.param({}, {"leader_group_id": "other-group"}, id="neli-group-change"),
-])
+@pytest.mark.parametrize(
+    "running, starting",
+    [
+        pytest.param({"shards": 4}, {}, id="neli-shards-4-then-1"),
+        pytest.param({}, {"leader_election": "postgres"}, id="neli-then-postgres"),
+        pytest.param({"shards": 2, "leader_election": "postgres"}, {"shards": 2}, id="postgres-then-neli-shards-2"),
+        pytest.param({}, {"leader_group_id": "other-group"}, id="neli-group-change"),
+    ],
+)
 def test_a_relay_of_another_layout_is_refused_and_no_row_is_duplicated(
-        running: dict[str, Any], starting: dict[str, Any], pg_dsn: str, kafka_bootstrap: str, pg_schema: str,
-        topic_factory: Callable[..., str], unique_name: Callable[[str], str]) -> None:
+    running: dict[str, Any],
+    starting: dict[str, Any],
+    pg_dsn: str,
+    kafka_bootstrap: str,
+    pg_schema: str,
+    topic_factory: Callable[..., str],
+    unique_name: Callable[[str], str],
+) -> None:
     table, topic, n = f"{pg_schema}.outbox", topic_factory(partitions=2), 2000
     for shards in {running.get("shards", 1), starting.get("shards", 1)}:
         init_db(pg_dsn, table, shards=shards)
     base = relay_config(pg_dsn, kafka_bootstrap, table, unique_name("g")).replace(
-        uuid_sequencing=False, leader_lock_check_interval=0.2)
+        uuid_sequencing=False, leader_lock_check_interval=0.2
+    )
     first_cfg = base.replace(name="first", **running)
     second_cfg = base.replace(name="second", **starting)
     first, second = relay_for(first_cfg), relay_for(second_cfg)
@@ -116,13 +137,18 @@ def test_a_relay_of_another_layout_is_refused_and_no_row_is_duplicated(
 
 
 @pytest.mark.integration
-def test_the_documented_shards_change_is_admitted_and_recorded(pg_dsn: str, kafka_bootstrap: str, pg_schema: str,
-                                                               topic_factory: Callable[..., str],
-                                                               unique_name: Callable[[str], str]) -> None:
+def test_the_documented_shards_change_is_admitted_and_recorded(
+    pg_dsn: str,
+    kafka_bootstrap: str,
+    pg_schema: str,
+    topic_factory: Callable[..., str],
+    unique_name: Callable[[str], str],
+) -> None:
     table, topic = f"{pg_schema}.outbox", topic_factory(partitions=2)
     names = init_db(pg_dsn, table)
     base = relay_config(pg_dsn, kafka_bootstrap, table, unique_name("g")).replace(
-        uuid_sequencing=False, leader_election="postgres", leader_lock_check_interval=0.2)
+        uuid_sequencing=False, leader_election="postgres", leader_lock_check_interval=0.2
+    )
     with psycopg.connect(pg_dsn) as conn:
         assert recorded_layout(conn, names) is None  # nothing recorded before the first relay
     with relay_for(base.replace(name="one")):
@@ -138,7 +164,9 @@ def test_the_documented_shards_change_is_admitted_and_recorded(pg_dsn: str, kafk
             assert recorded_layout(conn, names) == Layout(4, "postgres")
             live = live_relays(conn, table)
             assert list(live) == [Layout(4, "postgres").key] and sorted(live[Layout(4, "postgres").key]) == [
-                "four-a", "four-b"]
+                "four-a",
+                "four-b",
+            ]
         with pytest.raises(LayoutError, match=_refusal(table, four, "four-a, four-b", base)):
             relay_for(base.replace(name="late")).start()
         _stash(pg_dsn, table, topic, 300, start=300)
@@ -153,21 +181,31 @@ def test_the_documented_shards_change_is_admitted_and_recorded(pg_dsn: str, kafk
 
 @pytest.mark.integration
 def test_a_refused_relay_process_exits_non_zero_and_a_killed_one_does_not_block_the_next_layout(
-        pg_dsn: str, kafka_bootstrap: str, pg_schema: str, tmp_path: Path, topic_factory: Callable[..., str]) -> None:
+    pg_dsn: str, kafka_bootstrap: str, pg_schema: str, tmp_path: Path, topic_factory: Callable[..., str]
+) -> None:
     table, topic = f"{pg_schema}.outbox", topic_factory(partitions=2)
     init_db(pg_dsn, table)
     init_db(pg_dsn, table, shards=2)
-    common: dict[str, Any] = dict(dsn=pg_dsn, bootstrap=kafka_bootstrap, outbox_table=table, uuid_sequencing=False,
-                                  leader_election="postgres", leader_lock_check_interval="200ms")
+    common: dict[str, Any] = dict(
+        dsn=pg_dsn,
+        bootstrap=kafka_bootstrap,
+        outbox_table=table,
+        uuid_sequencing=False,
+        leader_election="postgres",
+        leader_lock_check_interval="200ms",
+    )
     old = RelayProcess(write_config(tmp_path / "old.yaml", **common), "old", tmp_path).start()
     new = RelayProcess(write_config(tmp_path / "new.yaml", shards=2, **common), "new", tmp_path)
     try:
         wait_for(lambda: old.elections() >= 1, 60, "the old layout's relay leads")
         new.start()
         assert new.proc is not None and new.proc.wait(60) == 1, new.text()
-        assert re.search(rf"harvest: error: outbox {re.escape(table)} is being relayed by 1 relay\(s\) with shards: 1, "
-                         rf"leaderElection: postgres \(old\); this relay has shards: 2, leaderElection: postgres\. .*"
-                         rf"{FIX}", new.text()), new.text()[-2000:]
+        assert re.search(
+            rf"harvest: error: outbox {re.escape(table)} is being relayed by 1 relay\(s\) with shards: 1, "
+            rf"leaderElection: postgres \(old\); this relay has shards: 2, leaderElection: postgres\. .*"
+            rf"{FIX}",
+            new.text(),
+        ), new.text()[-2000:]
         assert new.elections() == 0
         old.proc.send_signal(signal.SIGKILL)  # type: ignore[union-attr]
         old.proc.wait()  # type: ignore[union-attr]
@@ -190,29 +228,35 @@ def _live(dsn: str, table: str) -> dict[int, list[str]]:
 
 
 @pytest.mark.integration
-def test_a_relay_whose_layout_session_was_lost_to_another_layout_stops(pg_dsn: str, kafka_bootstrap: str,
-                                                                        pg_schema: str,
-                                                                        unique_name: Callable[[str], str]) -> None:
+def test_a_relay_whose_layout_session_was_lost_to_another_layout_stops(
+    pg_dsn: str, kafka_bootstrap: str, pg_schema: str, unique_name: Callable[[str], str]
+) -> None:
     table = f"{pg_schema}.outbox"
     names = init_db(pg_dsn, table)
     cfg = relay_config(pg_dsn, kafka_bootstrap, table, unique_name("g")).replace(
-        uuid_sequencing=False, leader_election="postgres", leader_lock_check_interval=0.2, name="old")
+        uuid_sequencing=False, leader_election="postgres", leader_lock_check_interval=0.2, name="old"
+    )
     relay = Harvest(cfg).start()
     try:
         wait_for(lambda: relay.is_leader, 30, "the relay leads")
         with psycopg.connect(pg_dsn, autocommit=True, application_name="harvest-layout:intruder") as conn:
             with conn.transaction():
                 recorded_layout(conn, names, for_update=True)  # the relay's re-admission waits for this transaction
-                conn.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = %s",
-                             ("harvest-layout:old",))
+                conn.execute(
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = %s",
+                    ("harvest-layout:old",),
+                )
                 wait_for(lambda: not live_relays(conn, table), 10, "the relay's layout session to end")
                 admit(conn, table, Layout(2, "postgres"), "intruder")  # another layout gets in meanwhile
             wait_for(lambda: relay.state is State.STOPPED, 30, "the relay to stop")
             with pytest.raises(HarvestError) as failed:
                 relay.wait(0)
             assert isinstance(failed.value.__cause__, LayoutError), failed.value
-            assert re.search(rf"with shards: 2, leaderElection: postgres \(intruder\); this relay has shards: 1, "
-                             rf"leaderElection: postgres\. .*{FIX}", str(failed.value)), failed.value
+            assert re.search(
+                rf"with shards: 2, leaderElection: postgres \(intruder\); this relay has shards: 1, "
+                rf"leaderElection: postgres\. .*{FIX}",
+                str(failed.value),
+            ), failed.value
             assert not relay.is_leader
     finally:
         relay.stop()
@@ -224,7 +268,8 @@ def test_a_relay_whose_layout_session_was_lost_to_another_layout_stops(pg_dsn: s
 
 @pytest.mark.integration
 def test_an_outbox_initialised_by_an_older_harvest_needs_init_db_for_the_layout(
-        pg_dsn: str, kafka_bootstrap: str, pg_schema: str, unique_name: Callable[[str], str]) -> None:
+    pg_dsn: str, kafka_bootstrap: str, pg_schema: str, unique_name: Callable[[str], str]
+) -> None:
     table = f"{pg_schema}.outbox"
     names = init_db(pg_dsn, table)
     with psycopg.connect(pg_dsn) as conn:  # as left by a version without the layout record

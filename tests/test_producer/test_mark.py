@@ -62,9 +62,12 @@ def test_an_idle_relays_marks_never_run_on_a_generic_plan(pg_dsn: str, pg_schema
     # mark is planned anew for every run.
     table = f"{pg_schema}.outbox"
     names = init_db(pg_dsn, table, shards=shards)
+
     def generic_plans(db: OutboxDatabase) -> list[tuple[int, int]]:
-        return db.conn.execute("SELECT generic_plans, custom_plans FROM pg_prepared_statements "
-                               "WHERE statement LIKE '%%UPDATE%%leader_id%%RETURNING%%'").fetchall()
+        return db.conn.execute(
+            "SELECT generic_plans, custom_plans FROM pg_prepared_statements "
+            "WHERE statement LIKE '%%UPDATE%%leader_id%%RETURNING%%'"
+        ).fetchall()
 
     dbs = [OutboxDatabase(pg_dsn, names, shards) for _ in range(2)]
     if shards > 1:
@@ -101,29 +104,42 @@ _ROWS = [
     pytest.param("t", None, [], [], "kafka_key is NULL", id="null-key"),
     pytest.param("t", "k", None, [], "kafka_header_keys/kafka_header_values is NULL", id="null-header-keys"),
     pytest.param("t", "k", [], None, "kafka_header_keys/kafka_header_values is NULL", id="null-header-values"),
-    pytest.param("t", "k", ["a", "b"], ["1"], "header arrays differ in length: 2 key(s) {a,b} but 1 value(s)",
-                 id="mismatched"),
-    pytest.param("t", "k", [], ["1"], "header arrays differ in length: 0 key(s) {} but 1 value(s)",
-                 id="values-without-keys"),
+    pytest.param(
+        "t", "k", ["a", "b"], ["1"], "header arrays differ in length: 2 key(s) {a,b} but 1 value(s)", id="mismatched"
+    ),
+    pytest.param(
+        "t", "k", [], ["1"], "header arrays differ in length: 0 key(s) {} but 1 value(s)", id="values-without-keys"
+    ),
     pytest.param("t", "k", ["a", None], ["1", "2"], "kafka_header_keys contains NULL", id="null-header-name"),
-    pytest.param("t", "k", [["a"], ["b"]], [["1"], ["2"]], "header arrays are multi-dimensional",
-                 id="two-dimensional"),
+    pytest.param("t", "k", [["a"], ["b"]], [["1"], ["2"]], "header arrays are multi-dimensional", id="two-dimensional"),
 ]
 
 
 @pytest.mark.integration
 @pytest.mark.parametrize(("topic", "key", "hkeys", "hvals", "reason"), _ROWS)
-def test_the_mark_names_what_makes_a_row_unsendable(pg_dsn: str, pg_schema: str, topic: str | None, key: str | None,
-                                                   hkeys: list | None, hvals: list | None, reason: str | None) -> None:
+def test_the_mark_names_what_makes_a_row_unsendable(
+    pg_dsn: str,
+    pg_schema: str,
+    topic: str | None,
+    key: str | None,
+    hkeys: list | None,
+    hvals: list | None,
+    reason: str | None,
+) -> None:
     """Bad rows are found by the mark statement itself (one CASE per row, on the database), and a bad
     row never fails the mark: the rows around it are marked as usual."""
     names = init_db(pg_dsn, f"{pg_schema}.outbox")
     with psycopg.connect(pg_dsn, autocommit=True) as conn:
-        conn.execute(sql.SQL("ALTER TABLE {} ALTER COLUMN kafka_topic DROP NOT NULL, ALTER COLUMN kafka_key DROP NOT NULL, "
-                             "ALTER COLUMN kafka_header_keys DROP NOT NULL, ALTER COLUMN kafka_header_values DROP NOT NULL"
-                             ).format(names.outbox))
-        ins = sql.SQL("INSERT INTO {} (kafka_topic, kafka_key, kafka_value, kafka_header_keys, kafka_header_values) "
-                      "VALUES (%s, %s, 'v', %s, %s)").format(names.outbox)
+        conn.execute(
+            sql.SQL(
+                "ALTER TABLE {} ALTER COLUMN kafka_topic DROP NOT NULL, ALTER COLUMN kafka_key DROP NOT NULL, "
+                "ALTER COLUMN kafka_header_keys DROP NOT NULL, ALTER COLUMN kafka_header_values DROP NOT NULL"
+            ).format(names.outbox)
+        )
+        ins = sql.SQL(
+            "INSERT INTO {} (kafka_topic, kafka_key, kafka_value, kafka_header_keys, kafka_header_values) "
+            "VALUES (%s, %s, 'v', %s, %s)"
+        ).format(names.outbox)
         conn.execute(ins, ("t", "before", [], []))
         conn.execute(ins, (topic, key, hkeys, hvals))
         conn.execute(ins, ("t", "after", ["h"], ["1"]))
@@ -140,29 +156,37 @@ def test_the_mark_names_what_makes_a_row_unsendable(pg_dsn: str, pg_schema: str,
         assert row[6] is not None and row[6].startswith(reason), row[6]
 
 
-
-_TEXT = [("ascii", "t", "k", "v"), ("latin-1 letters", "tópico", "clé", "valeur é"),
-         ("beyond latin-1", "topic", "日本語キー", "€ 42")]
+_TEXT = [
+    ("ascii", "t", "k", "v"),
+    ("latin-1 letters", "tópico", "clé", "valeur é"),
+    ("beyond latin-1", "topic", "日本語キー", "€ 42"),
+]
 
 
 @pytest.mark.integration
 @pytest.mark.parametrize("encoding", ["UTF8", "LATIN1"])
-def test_the_mark_returns_key_and_value_as_their_utf8_bytes(pg_dsn: str, unique_name: Callable[[str], str],
-                                                            encoding: str) -> None:
+def test_the_mark_returns_key_and_value_as_their_utf8_bytes(
+    pg_dsn: str, unique_name: Callable[[str], str], encoding: str
+) -> None:
     """Key and value leave the database as bytes (no convert_to() per row): the UTF-8 of the text,
     whatever the database's encoding and whatever client encoding the DSN asks for, as goharvest's
     schema means them. Topic and header names stay text."""
     rows = [r for r in _TEXT if encoding == "UTF8" or r[0] != "beyond latin-1"]
     dbname = unique_name("enc").lower()
     with psycopg.connect(pg_dsn, autocommit=True) as admin:
-        admin.execute(sql.SQL("CREATE DATABASE {} ENCODING {} TEMPLATE template0 LC_COLLATE 'C' LC_CTYPE 'C'").format(
-            sql.Identifier(dbname), sql.Literal(encoding)))
+        admin.execute(
+            sql.SQL("CREATE DATABASE {} ENCODING {} TEMPLATE template0 LC_COLLATE 'C' LC_CTYPE 'C'").format(
+                sql.Identifier(dbname), sql.Literal(encoding)
+            )
+        )
     dsn = make_conninfo(pg_dsn, dbname=dbname, client_encoding="LATIN1" if encoding == "UTF8" else "UTF8")
     try:
         names = init_db(dsn, "outbox")
         with psycopg.connect(dsn, autocommit=True, client_encoding="UTF8") as conn:
-            ins = sql.SQL("INSERT INTO {} (kafka_topic, kafka_key, kafka_value, kafka_header_keys, kafka_header_values) "
-                          "VALUES (%s, %s, %s, %s, %s)").format(names.outbox)
+            ins = sql.SQL(
+                "INSERT INTO {} (kafka_topic, kafka_key, kafka_value, kafka_header_keys, kafka_header_values) "
+                "VALUES (%s, %s, %s, %s, %s)"
+            ).format(names.outbox)
             for _name, topic, key, value in rows:
                 conn.execute(ins, (topic, key, value, [f"h-{key}"], [value]))
         db = OutboxDatabase(dsn, names)
@@ -171,7 +195,8 @@ def test_the_mark_returns_key_and_value_as_their_utf8_bytes(pg_dsn: str, unique_
         finally:
             db.close()
         assert [(r[1], r[2], r[3], r[4], r[5], r[6]) for r in marked] == [
-            (topic, key.encode(), value.encode(), (f"h-{key}",), (value,), None) for _n, topic, key, value in rows]
+            (topic, key.encode(), value.encode(), (f"h-{key}",), (value,), None) for _n, topic, key, value in rows
+        ]
     finally:
         with psycopg.connect(pg_dsn, autocommit=True) as admin:
             admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(dbname)))
@@ -186,8 +211,10 @@ def _hot_share_of_one_mark(pg_dsn: str, names: OutboxNames, rows: int) -> float:
     try:
         db.conn.execute("BEGIN")
         assert len(db.mark(uuid.uuid4(), rows)) == rows
-        updated, hot = db.conn.execute("SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_xact_user_tables "
-                                       "WHERE relid = to_regclass(%s)", (names.outbox.as_string(db.conn),)).fetchone()
+        updated, hot = db.conn.execute(
+            "SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_xact_user_tables WHERE relid = to_regclass(%s)",
+            (names.outbox.as_string(db.conn),),
+        ).fetchone()
         db.conn.execute("ROLLBACK")
     finally:
         db.close()
@@ -204,8 +231,9 @@ def test_marks_update_rows_in_page_on_an_outbox_init_db_created(pg_dsn: str, pg_
 
 
 @pytest.mark.integration
-def test_a_packed_outbox_is_named_at_relay_start_with_the_fix(pg_dsn: str, pg_schema: str,
-                                                               caplog: pytest.LogCaptureFixture) -> None:
+def test_a_packed_outbox_is_named_at_relay_start_with_the_fix(
+    pg_dsn: str, pg_schema: str, caplog: pytest.LogCaptureFixture
+) -> None:
     # An outbox created with goharvest's own DDL has Postgres' default fillfactor: the marks move
     # their rows to new pages (the share measured here is why the relay says so at start).
     names = init_db(pg_dsn, f"{pg_schema}.outbox")
@@ -214,18 +242,19 @@ def test_a_packed_outbox_is_named_at_relay_start_with_the_fix(pg_dsn: str, pg_sc
         assert outbox_fillfactor(conn, names) == 100
         table = names.outbox.as_string(conn)
     assert _hot_share_of_one_mark(pg_dsn, names, 5000) < 0.5
-    cfg = HarvestConfig(data_source=pg_dsn, outbox_table=names.display,
-                        base_kafka_config={"bootstrap.servers": "127.0.0.1:1"})
+    cfg = HarvestConfig(
+        data_source=pg_dsn, outbox_table=names.display, base_kafka_config={"bootstrap.servers": "127.0.0.1:1"}
+    )
     guard = TopicGuard({}, cfg.producer_config(), admin_factory=lambda conf: FakeAdmin())
-    relay = Harvest(cfg, producer_factory=lambda conf, cb: FakeProducer(cb, conf), election=StaticElection(),
-                    topic_guard=guard)
+    relay = Harvest(
+        cfg, producer_factory=lambda conf, cb: FakeProducer(cb, conf), election=StaticElection(), topic_guard=guard
+    )
     with caplog.at_level(logging.INFO, logger="harvest_outbox.producer.relay_core"):
         relay.core.open()
     relay.core.close()
     hint = [r.getMessage() for r in caplog.records if "fillfactor" in r.getMessage()]
     assert len(hint) == 1 and "has fillfactor 100" in hint[0], hint
     assert f"ALTER TABLE {table} SET (fillfactor = 50)" in hint[0]
-
 
 
 @pytest.mark.integration
@@ -235,11 +264,13 @@ def test_a_standby_has_its_mark_prepared_and_claims_nothing(pg_dsn: str, pg_sche
     names = init_db(pg_dsn, f"{pg_schema}.outbox")
     with psycopg.connect(pg_dsn, autocommit=True) as conn:
         Stasher(names.display).stash_many(conn, [OutboxRecord("t", f"k{i}", "v") for i in range(5)])
-    cfg = HarvestConfig(data_source=pg_dsn, outbox_table=names.display,
-                        base_kafka_config={"bootstrap.servers": "127.0.0.1:1"})
+    cfg = HarvestConfig(
+        data_source=pg_dsn, outbox_table=names.display, base_kafka_config={"bootstrap.servers": "127.0.0.1:1"}
+    )
     guard = TopicGuard({}, cfg.producer_config(), admin_factory=lambda conf: FakeAdmin())
-    relay = Harvest(cfg, producer_factory=lambda conf, cb: FakeProducer(cb, conf), election=StaticElection(),
-                    topic_guard=guard)
+    relay = Harvest(
+        cfg, producer_factory=lambda conf, cb: FakeProducer(cb, conf), election=StaticElection(), topic_guard=guard
+    )
     relay.core.open()
     try:
         assert relay.core.mark_db is not None

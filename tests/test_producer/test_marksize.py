@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-
 import pytest
 
 from harvest_outbox.producer.marksize import MarkSize

@@ -26,7 +26,9 @@ def _run(blocked: set[str], body: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_producer_imports_without_sqlalchemy_and_names_the_extra() -> None:
-    out = _run({"sqlalchemy"}, """
+    out = _run(
+        {"sqlalchemy"},
+        """
         from harvest_outbox import producer
         import harvest_outbox.producer.stasher
         import harvest_outbox.producer.stasher_async
@@ -37,26 +39,35 @@ def test_producer_imports_without_sqlalchemy_and_names_the_extra() -> None:
             from harvest_outbox import producer
         except ImportError as exc:
             print("ERR", exc)
-    """)
+    """,
+    )
     assert out.returncode == 0, out.stderr
-    assert "ERR harvest_outbox.producer.sqlalchemy needs SQLAlchemy 2.x: pip install 'harvest-outbox[sqlalchemy]'" in out.stdout
+    assert (
+        "ERR harvest_outbox.producer.sqlalchemy needs SQLAlchemy 2.x: pip install 'harvest-outbox[sqlalchemy]'"
+        in out.stdout
+    )
 
 
 def test_producer_does_not_import_optional_packages_eagerly() -> None:
-    out = _run(set(), """
+    out = _run(
+        set(),
+        """
         from harvest_outbox import producer
         import harvest_outbox.producer.stasher
         from harvest_outbox import consumer
         from harvest_outbox.producer.stasher import Stasher, OutboxRecord
         Stasher().plan.row(OutboxRecord("t", "k", "v"))  # no span: nothing recorded
         print(sorted(m for m in ("sqlalchemy", "greenlet") if m in sys.modules))
-    """)
+    """,
+    )
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
 
 
 def test_without_opentelemetry_no_trace_header_and_no_error() -> None:
-    out = _run({"opentelemetry"}, """
+    out = _run(
+        {"opentelemetry"},
+        """
         from harvest_outbox.producer import tracing
         from harvest_outbox.producer.stasher import OutboxRecord, Stasher
         from harvest_outbox.producer.stasher_async import AsyncStasher
@@ -64,6 +75,7 @@ def test_without_opentelemetry_no_trace_header_and_no_error() -> None:
         row = Stasher().plan.row(OutboxRecord("t", "k", "v", [("a", "b")]))
         rows = AsyncStasher().plan.rows([OutboxRecord("t", "k", "v")])
         print(row[3], row[4], rows[0][3])
-    """)
+    """,
+    )
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "['a'] ['b'] []"

@@ -30,17 +30,24 @@ from harvest_outbox.producer.stasher import OutboxRecord, Stasher
 
 @pytest.mark.integration
 @pytest.mark.parametrize("sequenced", [False, True], ids=["at-least-once", "uuid-sequencing"])
-def test_poison_rows_are_parked_in_seconds_and_the_rest_flows(sequenced: bool, pg_dsn: str, kafka_bootstrap: str,
-                                                               pg_schema: str, topic_factory: Callable[..., str],
-                                                               unique_name: Callable[[str], str]) -> None:
+def test_poison_rows_are_parked_in_seconds_and_the_rest_flows(
+    sequenced: bool,
+    pg_dsn: str,
+    kafka_bootstrap: str,
+    pg_schema: str,
+    topic_factory: Callable[..., str],
+    unique_name: Callable[[str], str],
+) -> None:
     topic = topic_factory(partitions=2, config={"max.message.bytes": "20000"})
     missing = unique_name("missing")
     table = f"{pg_schema}.outbox"
     names = init_db(pg_dsn, table)
     st = Stasher(table)
     exp = Expected()
-    ins = sql.SQL("INSERT INTO {} (kafka_topic, kafka_key, kafka_value, kafka_header_keys, kafka_header_values) "
-                  "VALUES (%s, %s, %s, %s, %s) RETURNING id").format(names.outbox)
+    ins = sql.SQL(
+        "INSERT INTO {} (kafka_topic, kafka_key, kafka_value, kafka_header_keys, kafka_header_values) "
+        "VALUES (%s, %s, %s, %s, %s) RETURNING id"
+    ).format(names.outbox)
 
     def good(start: int) -> list[OutboxRecord]:
         recs = [OutboxRecord(topic, f"k{i % 7}", f"g{i}") for i in range(start, start + 100)]
@@ -63,7 +70,8 @@ def test_poison_rows_are_parked_in_seconds_and_the_rest_flows(sequenced: bool, p
         st.stash_many(conn, good(100))
     # The producer's message.max.bytes stays at its default (1 MB): only the topic refuses 30 kB.
     cfg = relay_config(pg_dsn, kafka_bootstrap, table, unique_name("g")).replace(
-        uuid_sequencing=sequenced, producer_kafka_config={"linger.ms": 5})
+        uuid_sequencing=sequenced, producer_kafka_config={"linger.ms": 5}
+    )
     relay = Harvest(cfg).start()
     try:
         took = wait_drained(pg_dsn, table, 60)
@@ -97,8 +105,9 @@ def test_poison_rows_are_parked_in_seconds_and_the_rest_flows(sequenced: bool, p
         with psycopg.connect(pg_dsn) as conn:
             assert requeue(conn, table, [poison["missing"]]) == 1
         wait_drained(pg_dsn, table, 30)
-        got_missing = consume_all(kafka_bootstrap, missing, lambda g: any(x.value == b"to-a-missing-topic"
-                                                                             for x in g), 20)
+        got_missing = consume_all(
+            kafka_bootstrap, missing, lambda g: any(x.value == b"to-a-missing-topic" for x in g), 20
+        )
         assert [g.value for g in got_missing if g.value] == [b"to-a-missing-topic"]
         with psycopg.connect(pg_dsn) as conn:
             assert poison["missing"] not in {d.id for d in list_dead_letters(conn, table)}
@@ -110,9 +119,14 @@ def test_poison_rows_are_parked_in_seconds_and_the_rest_flows(sequenced: bool, p
 
 @pytest.mark.integration
 @pytest.mark.parametrize("sequenced", [False, True], ids=["at-least-once", "uuid-sequencing"])
-def test_a_record_only_the_broker_refuses_never_stops_the_relay(sequenced: bool, pg_dsn: str, kafka_bootstrap: str,
-                                                                pg_schema: str, topic_factory: Callable[..., str],
-                                                                unique_name: Callable[[str], str]) -> None:
+def test_a_record_only_the_broker_refuses_never_stops_the_relay(
+    sequenced: bool,
+    pg_dsn: str,
+    kafka_bootstrap: str,
+    pg_schema: str,
+    topic_factory: Callable[..., str],
+    unique_name: Callable[[str], str],
+) -> None:
     """With compression on, the preflight cannot size records up front, so a record larger than its
     topic's max.message.bytes reaches the broker, which refuses its whole batch. With
     ``--uuid-sequencing`` that is a *fatal* producer error (gap-less guarantee): it used to stop the
@@ -135,7 +149,8 @@ def test_a_record_only_the_broker_refuses_never_stops_the_relay(sequenced: bool,
         big = st.stash(conn, OutboxRecord(topic, "kbig", os.urandom(15_000).hex()))  # 30 kB, lz4 cannot save it
         st.stash_many(conn, recs[50:])
     cfg = relay_config(pg_dsn, kafka_bootstrap, table, unique_name("g")).replace(
-        uuid_sequencing=sequenced, producer_kafka_config={"linger.ms": 5, "compression.type": "lz4"})
+        uuid_sequencing=sequenced, producer_kafka_config={"linger.ms": 5, "compression.type": "lz4"}
+    )
     relay = Harvest(cfg).start()
     try:
         wait_drained(pg_dsn, table, 60)
@@ -162,8 +177,13 @@ def test_a_record_only_the_broker_refuses_never_stops_the_relay(sequenced: bool,
 @pytest.mark.integration
 @pytest.mark.parametrize("sequenced", [False, True], ids=["at-least-once", "uuid-sequencing"])
 def test_hold_policy_keeps_a_missing_topics_rows_while_the_others_flow(
-        sequenced: bool, pg_dsn: str, kafka_bootstrap: str, pg_schema: str, topic_factory: Callable[..., str],
-        unique_name: Callable[[str], str]) -> None:
+    sequenced: bool,
+    pg_dsn: str,
+    kafka_bootstrap: str,
+    pg_schema: str,
+    topic_factory: Callable[..., str],
+    unique_name: Callable[[str], str],
+) -> None:
     # missingTopicPolicy: hold — rows of a topic that does not exist wait (in id order) until it is
     # created; nothing is dead-lettered, no view is abandoned, every other topic's rows flow.
     topic = topic_factory(partitions=2)
@@ -185,7 +205,8 @@ def test_hold_policy_keeps_a_missing_topics_rows_while_the_others_flow(
     stash(missing, exp_missing, ["m0", "m1", "m2"], key="mk")
     stash(topic, exp, [f"b{i}" for i in range(50)])
     cfg = relay_config(pg_dsn, kafka_bootstrap, table, unique_name("g")).replace(
-        uuid_sequencing=sequenced, missing_topic_policy="hold")
+        uuid_sequencing=sequenced, missing_topic_policy="hold"
+    )
     relay = Harvest(cfg).start()
     try:
         deadline = time.monotonic() + 30

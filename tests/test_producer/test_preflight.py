@@ -15,13 +15,16 @@ def _guard(admin: FakeAdmin, **kw: object) -> TopicGuard:
     return TopicGuard({}, kw.pop("producer", {}), admin_factory=lambda conf: admin, **kw)  # type: ignore[arg-type]
 
 
-@pytest.mark.parametrize(("topic", "needle"), [
-    ("no-such", "topic 'no-such' does not exist"),
-    ("__consumer_offsets", "internal topics"),
-    ("bad topic!", "not a legal Kafka topic name"),
-    ("x" * 250, "not a legal Kafka topic name"),
-    ("..", "not a legal Kafka topic name"),
-])
+@pytest.mark.parametrize(
+    ("topic", "needle"),
+    [
+        ("no-such", "topic 'no-such' does not exist"),
+        ("__consumer_offsets", "internal topics"),
+        ("bad topic!", "not a legal Kafka topic name"),
+        ("x" * 250, "not a legal Kafka topic name"),
+        ("..", "not a legal Kafka topic name"),
+    ],
+)
 def test_refused_topics_name_topic_reason_and_fix(topic: str, needle: str) -> None:
     verdict = _guard(FakeAdmin()).verdict(topic)
     assert isinstance(verdict, str) and needle in verdict and ("requeue" in verdict)

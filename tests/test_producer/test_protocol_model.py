@@ -57,10 +57,15 @@ class World:
         self.clock = Clock()
         self.db = ModelDB()
         self.topic = Topic(TOPIC, rng.choice([1, 2, 3]))
-        self.limits = Limits(producer_ring=rng.choice([1, 2, 4]), txn_max_records=rng.choice([1, 2, 4, 16]),
-                             mark_query_records=rng.choice([2, 5, 100]), max_delivery_attempts=rng.choice([3, 5]),
-                             txn_max_duration=rng.choice([0.001, 0.05]), heartbeat_timeout=1.0,
-                             io_error_backoff=0.1)
+        self.limits = Limits(
+            producer_ring=rng.choice([1, 2, 4]),
+            txn_max_records=rng.choice([1, 2, 4, 16]),
+            mark_query_records=rng.choice([2, 5, 100]),
+            max_delivery_attempts=rng.choice([3, 5]),
+            txn_max_duration=rng.choice([0.001, 0.05]),
+            heartbeat_timeout=1.0,
+            io_error_backoff=0.1,
+        )
         self.fault = rng.choice([0.0, 0.02, 0.05, 0.1])  # how often a call fails
         self.crashes = rng.choice([0.0, 0.005, 0.02])  # how often a call crashes the relay
         self.calm = False  # the drain at the end: no faults, no crashes
@@ -197,8 +202,12 @@ class World:
                 r.crash()
         relay = self.start_relay()
         for _ in range(20000):
-            if not self.db.rows and not self.db.intents and not relay.worker.queue and \
-                    not any(p.busy() or p.reports for p in relay.producers):
+            if (
+                not self.db.rows
+                and not self.db.intents
+                and not relay.worker.queue
+                and not any(p.busy() or p.reports for p in relay.producers)
+            ):
                 return relay
             relay.tick()
             while relay.worker.queue:
@@ -207,8 +216,10 @@ class World:
                 while p.busy():
                     self.broker_step(p)
             self.clock.advance(0.01)
-        raise AssertionError(f"seed {self.seed}: the relay did not drain the outbox: {len(self.db.rows)} rows, "
-                             f"{len(self.db.intents)} intents left")
+        raise AssertionError(
+            f"seed {self.seed}: the relay did not drain the outbox: {len(self.db.rows)} rows, "
+            f"{len(self.db.intents)} intents left"
+        )
 
     def write_commit(self, w: int) -> None:
         rows, self.writers[w] = self.writers[w], None
@@ -307,6 +318,7 @@ def test_protocol_invariants_hold_in_thousands_of_random_schedules(quiet_relay: 
     took = time.perf_counter() - started
     print(f"\n{SCHEDULES} schedules in {took:.1f}s ({SCHEDULES / took:.0f}/s): {totals}")
     if SCHEDULES >= 100:  # the schedules reached every kind of fault (2,000 schedules: hundreds of each)
-        quiet = [k for k in ("dead", "fenced", "crashes", "lost_replies", "failed_deliveries", "takeovers")
-                 if not totals[k]]
+        quiet = [
+            k for k in ("dead", "fenced", "crashes", "lost_replies", "failed_deliveries", "takeovers") if not totals[k]
+        ]
         assert not quiet, f"no schedule had any {quiet}: {totals}"

@@ -55,7 +55,8 @@ def test_default_name_is_printable_whatever_the_host_name(monkeypatch: pytest.Mo
 
 
 def test_the_leader_topic_lookup_logs_through_logging_once_per_repeated_failure(
-        capfd: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture) -> None:
+    capfd: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
+) -> None:
     """Against a closed port librdkafka retries the connection ~20 times a second, each a ``FAIL`` line."""
     from harvest_outbox.producer.election import ensure_topic
     from harvest_outbox.producer.kafka import LIBRDKAFKA_LOG
@@ -77,11 +78,31 @@ def test_a_relay_started_against_a_closed_kafka_port_prints_no_raw_librdkafka_li
     out in the log format, a repeated one once, and none as a raw ``%3|`` line."""
     table = f"{pg_schema}.outbox"
     env = {**os.environ, "HARVEST_DATA_SOURCE": pg_dsn}
-    subprocess.run([sys.executable, "-m", "harvest_outbox.producer", "init-db", "--outbox-table", table], env=env,
-                   check=True, capture_output=True, timeout=120)
-    proc = subprocess.Popen([sys.executable, "-m", "harvest_outbox.producer", "run", "--outbox-table", table,
-                             "--bootstrap-servers", "127.0.0.1:1", "--log-level", "INFO"], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    subprocess.run(
+        [sys.executable, "-m", "harvest_outbox.producer", "init-db", "--outbox-table", table],
+        env=env,
+        check=True,
+        capture_output=True,
+        timeout=120,
+    )
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "harvest_outbox.producer",
+            "run",
+            "--outbox-table",
+            table,
+            "--bootstrap-servers",
+            "127.0.0.1:1",
+            "--log-level",
+            "INFO",
+        ],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         time.sleep(6)  # start-up and ~5 s of the leader-topic lookup against the closed port
     finally:

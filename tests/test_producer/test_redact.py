@@ -18,8 +18,13 @@ from psycopg.conninfo import conninfo_to_dict
 from harvest_outbox.producer.config import HarvestConfig, load_yaml
 from harvest_outbox.producer.errors import ConfigError
 from harvest_outbox.producer.librdkafka_properties import LIBRDKAFKA_PROPERTIES
-from harvest_outbox.producer.redact import (REDACTED, SECRET_KAFKA_PROPERTIES, redact_dsn, redact_error,
-                                           redact_kafka_config)
+from harvest_outbox.producer.redact import (
+    REDACTED,
+    SECRET_KAFKA_PROPERTIES,
+    redact_dsn,
+    redact_error,
+    redact_kafka_config,
+)
 
 # (DSN, the secret(s) that must not survive, what must survive)
 DSNS = [
@@ -57,8 +62,11 @@ DSNS = [
     ("postgresql://h/postgresql%3A%2F%2Fu%3AInner9%40h%2Fdb", ["Inner9"], "postgresql://h/"),
     ("host=h dbname='host=x dbname=''y'' password=Inner9'", ["Inner9"], "host=h"),
     ("host=h password='Pas5 Wor6\\9' dbname=d", ["Pas5", "Wor6"], "host=h password=<redacted> dbname=d"),
-    ("host=h port=1 passfile=/tmp/pgpass sslpassword='key pass9' service=svc", ["pass9"],
-     "host=h port=1 passfile=/tmp/pgpass sslpassword=<redacted> service=svc"),
+    (
+        "host=h port=1 passfile=/tmp/pgpass sslpassword='key pass9' service=svc",
+        ["pass9"],
+        "host=h port=1 passfile=/tmp/pgpass sslpassword=<redacted> service=svc",
+    ),
     ("host=h password= dbname=x", ["dbname=x"], "host=h password=<redacted>"),  # libpq: the password is dbname=x
 ]
 
@@ -74,8 +82,9 @@ def test_redact_dsn(dsn: str, secrets: list[str], kept: str) -> None:
 
 
 @pytest.mark.parametrize(("dsn", "secrets", "kept"), DSNS, ids=[d[0][:40] for d in DSNS])
-def test_config_never_shows_the_secret_whether_libpq_accepts_the_dsn_or_not(dsn: str, secrets: list[str],
-                                                                          kept: str) -> None:
+def test_config_never_shows_the_secret_whether_libpq_accepts_the_dsn_or_not(
+    dsn: str, secrets: list[str], kept: str
+) -> None:
     """libpq judges the DSN at config time; its error (it quotes what it cannot parse) and the
     config's repr are both free of the secret."""
     try:
@@ -91,12 +100,15 @@ def test_config_never_shows_the_secret_whether_libpq_accepts_the_dsn_or_not(dsn:
         assert secret not in text
 
 
-@pytest.mark.parametrize(("dsn", "secret", "needle"), [
-    ("host=h password=first second dbname=d", "second", 'missing "=" after'),
-    ("host=h passwd=hunter22", "hunter22", 'invalid connection option "passwd"'),
-    ("host=h password='opensesame", "opensesame", "unterminated quoted string"),
-    ("postgresql://u@h/db?password=a b", "a b", "unexpected spaces"),
-])
+@pytest.mark.parametrize(
+    ("dsn", "secret", "needle"),
+    [
+        ("host=h password=first second dbname=d", "second", 'missing "=" after'),
+        ("host=h passwd=hunter22", "hunter22", 'invalid connection option "passwd"'),
+        ("host=h password='opensesame", "opensesame", "unterminated quoted string"),
+        ("postgresql://u@h/db?password=a b", "a b", "unexpected spaces"),
+    ],
+)
 def test_bad_dsn_is_a_config_error_without_the_secret(dsn: str, secret: str, needle: str) -> None:
     with pytest.raises(ConfigError) as info:
         HarvestConfig(data_source=dsn)
@@ -109,46 +121,71 @@ def test_free_text_is_scrubbed_without_a_dsn() -> None:
     text = "failed for host=h password=s3cret9 and postgresql://u:pw777@h/db and sasl.password=kafkapw1"
     out = redact_error(text)
     assert "s3cret9" not in out and "pw777" not in out and "kafkapw1" not in out and "host=h" in out
-    assert redact_error('FATAL: password authentication failed for user "relay"') == \
-        'FATAL: password authentication failed for user "relay"'
+    assert (
+        redact_error('FATAL: password authentication failed for user "relay"')
+        == 'FATAL: password authentication failed for user "relay"'
+    )
 
 
 def test_kafka_credentials_are_redacted() -> None:
-    conf = {"bootstrap.servers": "k:9092", "sasl.username": "relay", "sasl.password": "p1",
-            "sasl.jaas.config": "org.apache... password=\"p2\"", "ssl.key.password": "p3",
-            "sasl.oauthbearer.client.secret": "p4", "ssl.keystore.password": "p5", "sasl.pasword": "p6"}
+    conf = {
+        "bootstrap.servers": "k:9092",
+        "sasl.username": "relay",
+        "sasl.password": "p1",
+        "sasl.jaas.config": 'org.apache... password="p2"',
+        "ssl.key.password": "p3",
+        "sasl.oauthbearer.client.secret": "p4",
+        "ssl.keystore.password": "p5",
+        "sasl.pasword": "p6",
+    }
     out = redact_kafka_config(conf)
     assert out["bootstrap.servers"] == "k:9092" and out["sasl.username"] == "relay"
     assert all(out[k] == REDACTED for k in conf if k not in ("bootstrap.servers", "sasl.username"))
 
 
-@pytest.mark.parametrize("text", [
-    'harvest:\n  dataSource: "host=x password=hunter22\n  outboxTable: o\n',  # unterminated quote
-    "harvest:\n  dataSource: host=x password=hunter22\n   bad: indent\n",
-    "harvest:\n  dataSource: host=x password=hunter22\n\tleaderTopic: t\n",  # a tab
-    "harvest:\n  dataSource: [host=x password=hunter22\n",
-    "harvest:\n  dataSource: host=x password=hunter22 \x07\n",  # a control character
-    "harvest: {dataSource: host=x password=hunter22, outboxTable: o\n",
-])
+@pytest.mark.parametrize(
+    "text",
+    [
+        'harvest:\n  dataSource: "host=x password=hunter22\n  outboxTable: o\n',  # unterminated quote
+        "harvest:\n  dataSource: host=x password=hunter22\n   bad: indent\n",
+        "harvest:\n  dataSource: host=x password=hunter22\n\tleaderTopic: t\n",  # a tab
+        "harvest:\n  dataSource: [host=x password=hunter22\n",
+        "harvest:\n  dataSource: host=x password=hunter22 \x07\n",  # a control character
+        "harvest: {dataSource: host=x password=hunter22, outboxTable: o\n",
+    ],
+)
 def test_yaml_errors_do_not_quote_the_file(tmp_path: Path, text: str) -> None:
     path = tmp_path / "h.yaml"
     path.write_text(text)
     with pytest.raises(ConfigError) as info:
         load_yaml(path)
     message = str(info.value)
-    assert "hunter22" not in message and "not valid YAML" in message and "line" in message or "position" in message
+    assert ("hunter22" not in message and "not valid YAML" in message and "line" in message) or "position" in message
     assert "\n" not in message
 
 
 # What a credential property's name says, per librdkafka's CONFIGURATION.md (written out here, not
 # imported: the test is the specification the package's one pattern must meet).
-CREDENTIAL_NAME = re.compile(r"password|secret|key|pem|extensions|passphrase|token|credentials|jaas|"
-                             r"oauthbearer\.config", re.IGNORECASE)
+CREDENTIAL_NAME = re.compile(
+    r"password|secret|key|pem|extensions|passphrase|token|credentials|jaas|"
+    r"oauthbearer\.config",
+    re.IGNORECASE,
+)
 # Issue #38 item 5: printed in clear at start before.
-MISSED_BEFORE = ("sasl.oauthbearer.assertion.private.key.passphrase", "sasl.oauthbearer.assertion.private.key.pem",
-                 "sasl.oauthbearer.extensions")
-NOT_SECRET = ("bootstrap.servers", "sasl.username", "client.id", "security.protocol", "sasl.mechanism",
-              "ssl.endpoint.identification.algorithm", "linger.ms")
+MISSED_BEFORE = (
+    "sasl.oauthbearer.assertion.private.key.passphrase",
+    "sasl.oauthbearer.assertion.private.key.pem",
+    "sasl.oauthbearer.extensions",
+)
+NOT_SECRET = (
+    "bootstrap.servers",
+    "sasl.username",
+    "client.id",
+    "security.protocol",
+    "sasl.mechanism",
+    "ssl.endpoint.identification.algorithm",
+    "linger.ms",
+)
 
 
 def _installed_librdkafka_properties(tmp_path: Path) -> set[str]:
@@ -193,16 +230,26 @@ def test_every_credential_property_of_librdkafka_is_redacted_in_the_config_repr(
 
 def test_the_start_up_log_and_the_error_show_no_kafka_credential(tmp_path: Path) -> None:
     """``harvest run`` logs its config at start; the three properties of the issue were printed in clear."""
-    secrets = {"sasl.oauthbearer.extensions": "tenant=SecretTenant7", "sasl.password": "SaslSecret7",
-               "sasl.oauthbearer.assertion.private.key.passphrase": "Passphrase7",
-               "sasl.oauthbearer.assertion.private.key.pem": "PemSecret7", "sasl.oauthbearer.client.secret": "Client7"}
+    secrets = {
+        "sasl.oauthbearer.extensions": "tenant=SecretTenant7",
+        "sasl.password": "SaslSecret7",
+        "sasl.oauthbearer.assertion.private.key.passphrase": "Passphrase7",
+        "sasl.oauthbearer.assertion.private.key.pem": "PemSecret7",
+        "sasl.oauthbearer.client.secret": "Client7",
+    }
     lines = "".join(f"    {k}: {v}\n" for k, v in secrets.items())
     path = tmp_path / "h.yaml"
-    path.write_text(f"harvest:\n  baseKafkaConfig:\n    bootstrap.servers: 127.0.0.1:1\n{lines}"
-                    f"  dataSource: host=127.0.0.1 port=1 user=relay connect_timeout=2\n  leaderElection: postgres\n"
-                    f"logging:\n  level: Info\n")
-    proc = subprocess.run([sys.executable, "-m", "harvest_outbox.producer", "run", "-f", str(path)],
-                          capture_output=True, text=True, timeout=120)
+    path.write_text(
+        f"harvest:\n  baseKafkaConfig:\n    bootstrap.servers: 127.0.0.1:1\n{lines}"
+        f"  dataSource: host=127.0.0.1 port=1 user=relay connect_timeout=2\n  leaderElection: postgres\n"
+        f"logging:\n  level: Info\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-m", "harvest_outbox.producer", "run", "-f", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 1 and "starting: HarvestConfig(" in proc.stderr, proc.stderr
     assert "sasl.oauthbearer.extensions': '<redacted>'" in proc.stderr
     for value in secrets.values():
@@ -219,6 +266,10 @@ def test_the_credential_rule_has_one_owner_and_the_readers_use_it() -> None:
     assert all(v == REDACTED for v in reader_redact({k: "x" for k in MISSED_BEFORE}).values())
     root = Path(__file__).resolve().parents[2]
     folders = ("producer", "consumer", "spark_reader", "sequencer", "harvest_local")
-    owners = [str(p.relative_to(root)) for folder in folders for p in (root / folder).rglob("*.py")
-              if "pas+w" in p.read_text(encoding="utf-8")]
+    owners = [
+        str(p.relative_to(root))
+        for folder in folders
+        for p in (root / folder).rglob("*.py")
+        if "pas+w" in p.read_text(encoding="utf-8")
+    ]
     assert owners == ["producer/redact.py"]

@@ -24,9 +24,13 @@ from harvest_outbox.producer.stasher import OutboxRecord, Stasher
 pytestmark = pytest.mark.integration
 
 
-def test_concurrent_writers_rollbacks_and_out_of_order_commits(pg_dsn: str, kafka_bootstrap: str, pg_schema: str,
-                                                                topic_factory: Callable[..., str],
-                                                                unique_name: Callable[[str], str]) -> None:
+def test_concurrent_writers_rollbacks_and_out_of_order_commits(
+    pg_dsn: str,
+    kafka_bootstrap: str,
+    pg_schema: str,
+    topic_factory: Callable[..., str],
+    unique_name: Callable[[str], str],
+) -> None:
     topic = topic_factory(partitions=4)
     table = f"{pg_schema}.outbox"
     init_db(pg_dsn, table)
@@ -102,9 +106,13 @@ def test_concurrent_writers_rollbacks_and_out_of_order_commits(pg_dsn: str, kafk
     assert any(isinstance(e, LeaderAcquired) for e in events)
 
 
-def test_injected_produce_and_delivery_failures_lose_nothing(pg_dsn: str, kafka_bootstrap: str, pg_schema: str,
-                                                             topic_factory: Callable[..., str],
-                                                             unique_name: Callable[[str], str]) -> None:
+def test_injected_produce_and_delivery_failures_lose_nothing(
+    pg_dsn: str,
+    kafka_bootstrap: str,
+    pg_schema: str,
+    topic_factory: Callable[..., str],
+    unique_name: Callable[[str], str],
+) -> None:
     topic = topic_factory(partitions=3)
     table = f"{pg_schema}.outbox"
     init_db(pg_dsn, table)
@@ -118,8 +126,9 @@ def test_injected_produce_and_delivery_failures_lose_nothing(pg_dsn: str, kafka_
         Stasher(table).stash_many(conn, records)
     faults = FaultInjector(produce_failure_rate=0.01, delivery_failure_rate=0.01, seed=7)
     events: list[object] = []
-    cfg = relay_config(pg_dsn, kafka_bootstrap, table, unique_name("g"), max_delivery_attempts=1000,
-                       mark_query_records=500)
+    cfg = relay_config(
+        pg_dsn, kafka_bootstrap, table, unique_name("g"), max_delivery_attempts=1000, mark_query_records=500
+    )
     relay = Harvest(cfg, events.append, producer_factory=faults).start()
     try:
         took = wait_drained(pg_dsn, table, 120)
@@ -127,16 +136,22 @@ def test_injected_produce_and_delivery_failures_lose_nothing(pg_dsn: str, kafka_
         relay.stop()
         relay.wait(30)
     got = consume_all(kafka_bootstrap, topic, lambda g: len(g) >= 1500, 30)
-    print(f"faults injected: {faults.counters}; remarks {relay.metrics.remarks}; drained in {took:.1f}s; "
-          f"{len(got) - 1500} duplicates")
+    print(
+        f"faults injected: {faults.counters}; remarks {relay.metrics.remarks}; drained in {took:.1f}s; "
+        f"{len(got) - 1500} duplicates"
+    )
     assert faults.counters["produce"] > 0 and faults.counters["delivery"] > 0
     assert relay.metrics.remarks > 0 and any(isinstance(e, LeaderRefreshed) for e in events)
     assert_per_key_order(got, expected, allow_dups=True)
 
 
-def test_poison_rows_go_to_dead_letters_while_other_keys_flow(pg_dsn: str, kafka_bootstrap: str, pg_schema: str,
-                                                              topic_factory: Callable[..., str],
-                                                              unique_name: Callable[[str], str]) -> None:
+def test_poison_rows_go_to_dead_letters_while_other_keys_flow(
+    pg_dsn: str,
+    kafka_bootstrap: str,
+    pg_schema: str,
+    topic_factory: Callable[..., str],
+    unique_name: Callable[[str], str],
+) -> None:
     topic = topic_factory(partitions=2)
     table = f"{pg_schema}.outbox"
     names = init_db(pg_dsn, table)
@@ -147,8 +162,10 @@ def test_poison_rows_go_to_dead_letters_while_other_keys_flow(pg_dsn: str, kafka
         big = st.stash(conn, OutboxRecord(topic, "poison", "x" * 50_000))  # > client message.max.bytes
         st.stash(conn, OutboxRecord(topic, "poison", "after-big"))  # same key still flows after it
         unknown = st.stash(conn, OutboxRecord("no-such-topic-" + topic, "lost", "u"))
-        ins = sql.SQL("INSERT INTO {} (kafka_topic, kafka_key, kafka_value, kafka_header_keys, kafka_header_values) "
-                      "VALUES (%s, %s, %s, %s, %s) RETURNING id").format(names.outbox)
+        ins = sql.SQL(
+            "INSERT INTO {} (kafka_topic, kafka_key, kafka_value, kafka_header_keys, kafka_header_values) "
+            "VALUES (%s, %s, %s, %s, %s) RETURNING id"
+        ).format(names.outbox)
         mismatched = conn.execute(ins, (topic, "bad-headers", "b", ["a", "b"], ["1"])).fetchone()[0]
         null_topic = conn.execute(ins, (None, "no-topic", "n", [], [])).fetchone()[0]
         st.stash_many(conn, [OutboxRecord(topic, f"good{i % 5}", f"g{i}") for i in range(1, 200)])
@@ -177,31 +194,46 @@ def test_poison_rows_go_to_dead_letters_while_other_keys_flow(pg_dsn: str, kafka
         conn.execute(sql.SQL("UPDATE {} SET kafka_value = 'small' WHERE id = %s").format(names.dead_letters), (big,))
         assert requeue(conn, table, [big]) == 1
         assert [d.id for d in list_dead_letters(conn, table)] != [] and big not in {
-            d.id for d in list_dead_letters(conn, table)}
+            d.id for d in list_dead_letters(conn, table)
+        }
     relay = Harvest(cfg).start()
     try:
         wait_drained(pg_dsn, table, 30)
     finally:
         relay.stop()
         relay.wait(30)
-    got = consume_all(kafka_bootstrap, topic, lambda g: [x.value for x in g if x.key == "poison"] == [b"after-big",
-                                                                                                    b"small"], 20)
+    got = consume_all(
+        kafka_bootstrap, topic, lambda g: [x.value for x in g if x.key == "poison"] == [b"after-big", b"small"], 20
+    )
     assert [g.value for g in got if g.key == "poison"] == [b"after-big", b"small"]
 
 
-def test_idle_wakeup_by_notify_and_metrics(pg_dsn: str, kafka_bootstrap: str, pg_schema: str,
-                                           topic_factory: Callable[..., str],
-                                           unique_name: Callable[[str], str]) -> None:
+def test_idle_wakeup_by_notify_and_metrics(
+    pg_dsn: str,
+    kafka_bootstrap: str,
+    pg_schema: str,
+    topic_factory: Callable[..., str],
+    unique_name: Callable[[str], str],
+) -> None:
     topic = topic_factory()
     table = f"{pg_schema}.outbox"
     init_db(pg_dsn, table)
     st = Stasher(table)
     events: list[object] = []
     # fallback poll 5 s: a wake-up well under that proves NOTIFY works
-    cfg = relay_config(pg_dsn, kafka_bootstrap, table, unique_name("g"), idle_poll_interval=10.0, min_poll_interval=5.0,
-                       max_poll_interval=5.0, heartbeat_timeout=10.0).replace(prometheus_port=0)
+    cfg = relay_config(
+        pg_dsn,
+        kafka_bootstrap,
+        table,
+        unique_name("g"),
+        idle_poll_interval=10.0,
+        min_poll_interval=5.0,
+        max_poll_interval=5.0,
+        heartbeat_timeout=10.0,
+    ).replace(prometheus_port=0)
     relay = Harvest(cfg, events.append).start()
     from confluent_kafka import Consumer, TopicPartition
+
     c = Consumer({"bootstrap.servers": kafka_bootstrap, "group.id": unique_name("c"), "enable.auto.commit": False})
     c.assign([TopicPartition(topic, 0, 0)])
     try:
@@ -237,14 +269,16 @@ def test_idle_wakeup_by_notify_and_metrics(pg_dsn: str, kafka_bootstrap: str, pg
 
 
 def test_missing_heartbeats_fence_the_leader_and_returning_ones_restore_it(
-        pg_dsn: str, kafka_bootstrap: str, pg_schema: str, unique_name: Callable[[str], str]) -> None:
+    pg_dsn: str, kafka_bootstrap: str, pg_schema: str, unique_name: Callable[[str], str]
+) -> None:
     from harvest_outbox.producer.events import LeaderFenced
 
     table = f"{pg_schema}.outbox"
     init_db(pg_dsn, table)
     events: list[object] = []
-    relay = Harvest(relay_config(pg_dsn, kafka_bootstrap, table, unique_name("g"), heartbeat_timeout=2.0),
-                    events.append).start()
+    relay = Harvest(
+        relay_config(pg_dsn, kafka_bootstrap, table, unique_name("g"), heartbeat_timeout=2.0), events.append
+    ).start()
     election = relay._election
     try:
         deadline = time.monotonic() + 30
@@ -282,12 +316,16 @@ def test_missing_heartbeats_fence_the_leader_and_returning_ones_restore_it(
     assert kinds[:3] == ["LeaderAcquired", "LeaderFenced", "LeaderAcquired"], kinds
 
 
-
 @pytest.mark.integration
 @pytest.mark.parametrize("uuid_sequencing", [False, True], ids=["at-least-once", "sequenced"])
 def test_a_row_committed_late_below_a_draining_backlog_goes_out_before_its_keys_next_row(
-        pg_dsn: str, kafka_bootstrap: str, pg_schema: str, topic_factory: Callable[..., str],
-        unique_name: Callable[[str], str], uuid_sequencing: bool) -> None:
+    pg_dsn: str,
+    kafka_bootstrap: str,
+    pg_schema: str,
+    topic_factory: Callable[..., str],
+    unique_name: Callable[[str], str],
+    uuid_sequencing: bool,
+) -> None:
     # A long transaction inserts a row before a backlog (lower id) and commits mid-drain; the next
     # row of its key commits after it (the application serialises a key's writes). Every mark
     # scans from the start of the outbox, so the late row goes out before that next row and before
@@ -301,8 +339,9 @@ def test_a_row_committed_late_below_a_draining_backlog_goes_out_before_its_keys_
     late_id = st.stash(late, OutboxRecord(topic, "late-key", "v1"))
     with psycopg.connect(pg_dsn) as conn:
         st.stash_many(conn, [OutboxRecord(topic, f"k{i % 100}", f"v{i}") for i in range(200_000)])
-    config = dataclasses.replace(relay_config(pg_dsn, kafka_bootstrap, table, unique_name("g")),
-                                 uuid_sequencing=uuid_sequencing)
+    config = dataclasses.replace(
+        relay_config(pg_dsn, kafka_bootstrap, table, unique_name("g")), uuid_sequencing=uuid_sequencing
+    )
     find = sql.SQL("SELECT 1 FROM {} WHERE id = %s").format(sql.Identifier(pg_schema, "outbox"))
     relay = Harvest(config).start()
     try:
@@ -318,8 +357,9 @@ def test_a_row_committed_late_below_a_draining_backlog_goes_out_before_its_keys_
             while conn.execute(find, (late_id,)).fetchone() is not None:
                 assert time.monotonic() < deadline, "the late row was never sent"
                 time.sleep(0.01)
-            left = conn.execute(sql.SQL("SELECT count(*) FROM {}").format(
-                sql.Identifier(pg_schema, "outbox"))).fetchone()[0]  # type: ignore[index]
+            left = conn.execute(
+                sql.SQL("SELECT count(*) FROM {}").format(sql.Identifier(pg_schema, "outbox"))
+            ).fetchone()[0]  # type: ignore[index]
         wait_drained(pg_dsn, table, 60)
     finally:
         relay.stop()

@@ -162,8 +162,19 @@ def test_after_a_short_mark_the_next_waits_for_a_notify_or_the_backoff() -> None
 
 
 def test_continue_uuid_is_the_reference_encoding() -> None:
-    clocks = [0, 1, 15, 16, 160, (1 << 36) - 1, 1 << 36, (1 << 52) + 7, (1 << 60) - 1,
-              0x1EE5A1C0FFEE123 * 16 + 9, (0xFFFFFFFF << 4) | 3]
+    clocks = [
+        0,
+        1,
+        15,
+        16,
+        160,
+        (1 << 36) - 1,
+        1 << 36,
+        (1 << 52) + 7,
+        (1 << 60) - 1,
+        0x1EE5A1C0FFEE123 * 16 + 9,
+        (0xFFFFFFFF << 4) | 3,
+    ]
     for _ in range(3):
         producer = new_producer_id()
         for clock in clocks:
@@ -174,7 +185,6 @@ def test_continue_uuid_is_the_reference_encoding() -> None:
             assert (producer_of(u), clock_of(u), flags_of(u)) == (producer, clock, int(Flags.CONTINUE_TXN))
 
 
-
 def test_confluent_kafka_takes_produce_arguments_in_the_order_the_hot_path_passes_them() -> None:
     """A real confluent-kafka Producer (no broker: the record times out locally): given by position
     as the sequenced relay gives them, the record keeps its topic, key and value, the partitioner
@@ -183,10 +193,12 @@ def test_confluent_kafka_takes_produce_arguments_in_the_order_the_hot_path_passe
 
     assert PRODUCE_ARGS[:3] == ("topic", "value", "key")
     reports: list[tuple[Any, Any]] = []
-    producer = Producer({"bootstrap.servers": "127.0.0.1:1", "message.timeout.ms": 200, "socket.timeout.ms": 100,
-                         "log_level": 0})
-    producer.produce("t", b"v", b"k", ANY_PARTITION, lambda err, msg: reports.append((err, msg)), None, 0,
-                     [("uuid", b"\x01" * 16)])
+    producer = Producer(
+        {"bootstrap.servers": "127.0.0.1:1", "message.timeout.ms": 200, "socket.timeout.ms": 100, "log_level": 0}
+    )
+    producer.produce(
+        "t", b"v", b"k", ANY_PARTITION, lambda err, msg: reports.append((err, msg)), None, 0, [("uuid", b"\x01" * 16)]
+    )
     deadline = time.monotonic() + 10
     while not reports and time.monotonic() < deadline:
         producer.poll(0.05)
@@ -194,7 +206,12 @@ def test_confluent_kafka_takes_produce_arguments_in_the_order_the_hot_path_passe
     err, msg = reports[0]
     assert err.code() == KafkaError._MSG_TIMED_OUT and (msg.topic(), msg.key(), msg.value()) == ("t", b"k", b"v")
     assert produce_args((ANY_PARTITION, "cb", None, 0, ["h"]), {}) == {
-        "partition": ANY_PARTITION, "callback": "cb", "on_delivery": None, "timestamp": 0, "headers": ["h"]}
+        "partition": ANY_PARTITION,
+        "callback": "cb",
+        "on_delivery": None,
+        "timestamp": 0,
+        "headers": ["h"],
+    }
 
 
 class _Txn:

@@ -41,17 +41,25 @@ def _relay(admin: FakeAdmin | None = None, **config: Any) -> tuple[Harvest, list
         return made[-1]
 
     cfg = HarvestConfig(limits=Limits(), **config)
-    guard = TopicGuard({}, cfg.producer_config(), missing_ttl=0.0,
-                       admin_factory=lambda conf: admin if admin is not None else FakeAdmin())
+    guard = TopicGuard(
+        {},
+        cfg.producer_config(),
+        missing_ttl=0.0,
+        admin_factory=lambda conf: admin if admin is not None else FakeAdmin(),
+    )
     return Harvest(cfg, producer_factory=factory, election=StaticElection(), topic_guard=guard), made
 
 
-@pytest.mark.parametrize("uuid_sequencing, mode, header_bytes, gapless", [
-    (False, AtLeastOnceMode, 0, None),
-    (True, SequencedMode, 30, True),
-])
-def test_the_config_chooses_one_mode(uuid_sequencing: bool, mode: type, header_bytes: int,
-                                     gapless: bool | None) -> None:
+@pytest.mark.parametrize(
+    "uuid_sequencing, mode, header_bytes, gapless",
+    [
+        (False, AtLeastOnceMode, 0, None),
+        (True, SequencedMode, 30, True),
+    ],
+)
+def test_the_config_chooses_one_mode(
+    uuid_sequencing: bool, mode: type, header_bytes: int, gapless: bool | None
+) -> None:
     relay, made = _relay(uuid_sequencing=uuid_sequencing)
     assert type(relay) is Harvest and type(relay.mode) is mode
     assert relay.mode.core is relay.core  # type: ignore[attr-defined]
@@ -70,13 +78,17 @@ def test_a_users_producer_setting_wins_over_the_modes() -> None:
 
 
 def test_librdkafka_logs_go_through_logging_and_the_chosen_gapless_warning_is_debug(
-        capfd: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture) -> None:
+    capfd: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
+) -> None:
     """The relay's real confluent-kafka producer logs through ``harvest_outbox.librdkafka``, not raw
     lines on stderr; librdkafka's "experimental" warning for the gap-less setting the sequenced mode
     chose is kept at DEBUG, while a warning about a user's setting stays a warning."""
-    cfg = HarvestConfig(limits=Limits(), uuid_sequencing=True,
-                        base_kafka_config={"bootstrap.servers": "127.0.0.1:1"},
-                        producer_kafka_config={"auto.offset.reset": "earliest"})  # a consumer property: CONFWARN
+    cfg = HarvestConfig(
+        limits=Limits(),
+        uuid_sequencing=True,
+        base_kafka_config={"bootstrap.servers": "127.0.0.1:1"},
+        producer_kafka_config={"auto.offset.reset": "earliest"},
+    )  # a consumer property: CONFWARN
     guard = TopicGuard({}, cfg.producer_config(), admin_factory=lambda conf: FakeAdmin())
     relay = Harvest(cfg, election=StaticElection(), topic_guard=guard)  # the real producer factory
     caplog.set_level(logging.DEBUG, logger=LIBRDKAFKA_LOG.name)
@@ -88,8 +100,11 @@ def test_librdkafka_logs_go_through_logging_and_the_chosen_gapless_warning_is_de
             producer.poll(0.05)  # confluent-kafka serves its log lines inside poll()
     finally:
         relay.core.close()
-    confwarn = {("gapless" if "enable.gapless.guarantee" in r.getMessage() else "user"): r.levelname
-                for r in caplog.records if r.name == LIBRDKAFKA_LOG.name and "CONFWARN" in r.getMessage()}
+    confwarn = {
+        ("gapless" if "enable.gapless.guarantee" in r.getMessage() else "user"): r.levelname
+        for r in caplog.records
+        if r.name == LIBRDKAFKA_LOG.name and "CONFWARN" in r.getMessage()
+    }
     assert confwarn == {"gapless": "DEBUG", "user": "WARNING"}
     assert "CONFWARN" not in capfd.readouterr().err
 
@@ -181,4 +196,3 @@ def test_held_rows_return_to_the_head_of_the_ready_queue_in_id_order() -> None:
     core.release_held(time.monotonic())
     assert [r[0] for r in core.ready] == [3, 5, 8, 9]
     assert list(core.held) == ["never"] and core.held_count == 1
-

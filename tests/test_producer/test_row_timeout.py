@@ -39,8 +39,13 @@ MARGIN = 6.0  # view change + a loaded CI machine
 
 @pytest.mark.parametrize("sequenced", [False, True], ids=["at-least-once", "uuid-sequencing"])
 def test_a_row_the_broker_keeps_refusing_holds_others_up_at_most_row_timeout(
-        sequenced: bool, pg_dsn: str, kafka_bootstrap: str, pg_schema: str, topic_factory: Callable[..., str],
-        unique_name: Callable[[str], str]) -> None:
+    sequenced: bool,
+    pg_dsn: str,
+    kafka_bootstrap: str,
+    pg_schema: str,
+    topic_factory: Callable[..., str],
+    unique_name: Callable[[str], str],
+) -> None:
     good_topic = topic_factory(partitions=2)
     table = f"{pg_schema}.outbox"
     names = OutboxNames.parse(table)
@@ -71,12 +76,19 @@ def test_a_row_the_broker_keeps_refusing_holds_others_up_at_most_row_timeout(
                 n += 5
                 time.sleep(0.1)
 
-    oldest_sql = sql.SQL("SELECT coalesce(extract(epoch FROM now() - min(create_time)), 0) FROM {} "
-                         "WHERE kafka_key <> 'stuck'").format(names.outbox)
-    cfg = relay_config(pg_dsn, kafka_bootstrap, table, unique_name("g"), row_timeout=ROW_TIMEOUT,
-                       # sequenced: 5 attempts (the default) would hold every key up 5 x rowTimeout
-                       # if a waited-out row were merely counted; it must be parked at once
-                       max_delivery_attempts=5 if sequenced else 2).replace(uuid_sequencing=sequenced)
+    oldest_sql = sql.SQL(
+        "SELECT coalesce(extract(epoch FROM now() - min(create_time)), 0) FROM {} WHERE kafka_key <> 'stuck'"
+    ).format(names.outbox)
+    cfg = relay_config(
+        pg_dsn,
+        kafka_bootstrap,
+        table,
+        unique_name("g"),
+        row_timeout=ROW_TIMEOUT,
+        # sequenced: 5 attempts (the default) would hold every key up 5 x rowTimeout
+        # if a waited-out row were merely counted; it must be parked at once
+        max_delivery_attempts=5 if sequenced else 2,
+    ).replace(uuid_sequencing=sequenced)
     relay = Harvest(cfg, producer_factory=FaultInjector(stall_keys=frozenset({b"stuck"}))).start()
     w = threading.Thread(target=writer)
     w.start()
@@ -115,8 +127,10 @@ def test_a_row_the_broker_keeps_refusing_holds_others_up_at_most_row_timeout(
             assert {x.value for x in got} >= want
         # the bound: no good row waited longer than rowTimeout (+ the view change) in the outbox
         assert held < ROW_TIMEOUT + MARGIN, f"a good row was held up {held:.1f}s (rowTimeout {ROW_TIMEOUT:g}s)"
-        print(f"\n{'sequenced' if sequenced else 'at-least-once'}: good rows held up at most {held:.2f}s; "
-              f"stuck row parked after {parked_after:.2f}s (rowTimeout {ROW_TIMEOUT:g}s)")
+        print(
+            f"\n{'sequenced' if sequenced else 'at-least-once'}: good rows held up at most {held:.2f}s; "
+            f"stuck row parked after {parked_after:.2f}s (rowTimeout {ROW_TIMEOUT:g}s)"
+        )
     finally:
         stop.set()
         w.join()

@@ -8,7 +8,6 @@ import threading
 import time
 from collections.abc import Callable
 
-import psycopg
 import pytest
 from confluent_kafka import Producer
 from relaylib import relay_config
@@ -19,7 +18,6 @@ from harvest_outbox.producer.harvest import Harvest
 from harvest_outbox.producer.kafka import FaultInjector
 from harvest_outbox.producer.schema import init_db
 from harvest_outbox.producer.sequencing import SequencedMode
-from harvest_outbox.producer.stasher import OutboxRecord, Stasher
 from harvest_outbox.sequencer import Publisher
 
 pytestmark = pytest.mark.integration
@@ -65,8 +63,14 @@ def _consume_headers(bootstrap: str, topic: str, partitions: int) -> list[tuple[
 
 
 @pytest.mark.parametrize("election", ["neli", "postgres"])
-def test_happy_path_concurrent_writers(election: str, pg_dsn: str, kafka_bootstrap: str, pg_schema: str,
-                                       topic_factory: Callable[..., str], unique_name: Callable[[str], str]) -> None:
+def test_happy_path_concurrent_writers(
+    election: str,
+    pg_dsn: str,
+    kafka_bootstrap: str,
+    pg_schema: str,
+    topic_factory: Callable[..., str],
+    unique_name: Callable[[str], str],
+) -> None:
     topic = topic_factory(partitions=4)
     table = f"{pg_schema}.outbox"
     init_db(pg_dsn, table)
@@ -77,8 +81,10 @@ def test_happy_path_concurrent_writers(election: str, pg_dsn: str, kafka_bootstr
     assert isinstance(relay.mode, SequencedMode)
     relay.start()
     try:
-        writers = [threading.Thread(target=write_traffic, args=(pg_dsn, table, topic, exp, w, 40),
-                                    kwargs=dict(pause=0.005)) for w in range(4)]
+        writers = [
+            threading.Thread(target=write_traffic, args=(pg_dsn, table, topic, exp, w, 40), kwargs=dict(pause=0.005))
+            for w in range(4)
+        ]
         for t in writers:
             t.start()
         for t in writers:
@@ -104,9 +110,13 @@ def test_happy_path_concurrent_writers(election: str, pg_dsn: str, kafka_bootstr
     print(f"\n{exp.total} rows, {len(exp.rolled_back)} rolled back, {res.acks} ACKs")
 
 
-def test_injected_produce_and_delivery_failures(pg_dsn: str, kafka_bootstrap: str, pg_schema: str,
-                                                topic_factory: Callable[..., str],
-                                                unique_name: Callable[[str], str]) -> None:
+def test_injected_produce_and_delivery_failures(
+    pg_dsn: str,
+    kafka_bootstrap: str,
+    pg_schema: str,
+    topic_factory: Callable[..., str],
+    unique_name: Callable[[str], str],
+) -> None:
     topic = topic_factory(partitions=4)
     table = f"{pg_schema}.outbox"
     init_db(pg_dsn, table)
@@ -116,8 +126,12 @@ def test_injected_produce_and_delivery_failures(pg_dsn: str, kafka_bootstrap: st
     cfg = _cfg(pg_dsn, kafka_bootstrap, table, unique_name("g"), txn_max_records=20, max_delivery_attempts=8)
     relay = Harvest(cfg, events.append, producer_factory=faults).start()
     try:
-        writers = [threading.Thread(target=write_traffic, args=(pg_dsn, table, topic, exp, w, 25),
-                                    kwargs=dict(seed=3, pause=0.01)) for w in range(3)]
+        writers = [
+            threading.Thread(
+                target=write_traffic, args=(pg_dsn, table, topic, exp, w, 25), kwargs=dict(seed=3, pause=0.01)
+            )
+            for w in range(3)
+        ]
         for t in writers:
             t.start()
         for t in writers:
@@ -128,15 +142,21 @@ def test_injected_produce_and_delivery_failures(pg_dsn: str, kafka_bootstrap: st
         relay.wait(30)
     res = check_exactly_once(kafka_bootstrap, topic, 4, exp)
     views = [e for e in events if isinstance(e, ViewStarted)]
-    print(f"\n{exp.total} rows exactly once; injected {faults.counters}; {len(views)} views; "
-          f"{res.continues - exp.total} abandoned CONTINUEs in the log")
+    print(
+        f"\n{exp.total} rows exactly once; injected {faults.counters}; {len(views)} views; "
+        f"{res.continues - exp.total} abandoned CONTINUEs in the log"
+    )
     assert faults.counters["produce"] > 0 and faults.counters["delivery"] > 0
     assert len(views) > 5 and relay.metrics.dead_lettered == 0
 
 
-def test_no_head_of_line_blocking_behind_stalled_span(pg_dsn: str, kafka_bootstrap: str, pg_schema: str,
-                                                      topic_factory: Callable[..., str],
-                                                      unique_name: Callable[[str], str]) -> None:
+def test_no_head_of_line_blocking_behind_stalled_span(
+    pg_dsn: str,
+    kafka_bootstrap: str,
+    pg_schema: str,
+    topic_factory: Callable[..., str],
+    unique_name: Callable[[str], str],
+) -> None:
     """A producer span that is never acknowledged sits at the head of the partition; every committed
     relay message behind it is still readable (Kafka's last stable offset would block them)."""
     from sequenced_log import read_raw, reference_read
@@ -147,8 +167,13 @@ def test_no_head_of_line_blocking_behind_stalled_span(pg_dsn: str, kafka_bootstr
     stalled = Publisher()
     raw_producer = Producer({"bootstrap.servers": kafka_bootstrap, "enable.idempotence": True})
     for i in range(5):
-        raw_producer.produce(topic, f"stalled-{i}".encode(), b"stalled", partition=0,
-                             headers=[("uuid", stalled.publish_uncommitted(f"{topic}/0").bytes)])
+        raw_producer.produce(
+            topic,
+            f"stalled-{i}".encode(),
+            b"stalled",
+            partition=0,
+            headers=[("uuid", stalled.publish_uncommitted(f"{topic}/0").bytes)],
+        )
     assert raw_producer.flush(10) == 0
     exp = Expected()
     relay = Harvest(_cfg(pg_dsn, kafka_bootstrap, table, unique_name("g"))).start()
@@ -157,8 +182,13 @@ def test_no_head_of_line_blocking_behind_stalled_span(pg_dsn: str, kafka_bootstr
         _drain(relay, pg_dsn, table)
         # a second stalled span in the middle of the relay's traffic
         for i in range(5, 8):
-            raw_producer.produce(topic, f"stalled-{i}".encode(), b"stalled", partition=0,
-                                 headers=[("uuid", stalled.publish_uncommitted(f"{topic}/0").bytes)])
+            raw_producer.produce(
+                topic,
+                f"stalled-{i}".encode(),
+                b"stalled",
+                partition=0,
+                headers=[("uuid", stalled.publish_uncommitted(f"{topic}/0").bytes)],
+            )
         assert raw_producer.flush(10) == 0
         write_traffic(pg_dsn, table, topic, exp, 1, 20, rollback_rate=0.0)
         _drain(relay, pg_dsn, table)
@@ -175,8 +205,13 @@ def test_no_head_of_line_blocking_behind_stalled_span(pg_dsn: str, kafka_bootstr
 
 
 def test_trickle_through_a_full_ring_waits_and_commits_in_groups(
-        pg_dsn: str, kafka_bootstrap: str, pg_schema: str, topic_factory: Callable[..., str],
-        unique_name: Callable[[str], str], monkeypatch: pytest.MonkeyPatch) -> None:
+    pg_dsn: str,
+    kafka_bootstrap: str,
+    pg_schema: str,
+    topic_factory: Callable[..., str],
+    unique_name: Callable[[str], str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """Rows trickling in while every ring slot holds a transaction waiting for its commit: the relay
     waits for a commit (or a report) instead of spinning (it once busy-looped a core at 500 rows/s),
     and transactions delivered while a commit runs are committed together in the next one, exactly
@@ -229,13 +264,19 @@ def test_trickle_through_a_full_ring_waits_and_commits_in_groups(
     assert max(batches) >= 2, batches  # delivered transactions waited for the running commit, then went together
     assert ring_full_ticks["n"] > 0  # the scenario happened...
     assert ring_full_ticks["waited"] >= 0.8 * ring_full_ticks["n"], ring_full_ticks  # ...and the relay waited in it
-    print(f"\n{exp.total} rows in {len(batches)} commits (largest {max(batches)} transactions); "
-          f"ring-full ticks {ring_full_ticks}")
+    print(
+        f"\n{exp.total} rows in {len(batches)} commits (largest {max(batches)} transactions); "
+        f"ring-full ticks {ring_full_ticks}"
+    )
 
 
 def test_a_trickle_makes_a_transaction_per_delivery_round_trip_not_per_row(
-        pg_dsn: str, kafka_bootstrap: str, pg_schema: str, topic_factory: Callable[..., str],
-        unique_name: Callable[[str], str]) -> None:
+    pg_dsn: str,
+    kafka_bootstrap: str,
+    pg_schema: str,
+    topic_factory: Callable[..., str],
+    unique_name: Callable[[str], str],
+) -> None:
     """Once the backlog is taken, the open transaction closes at its first delivery report: rows
     marked while its first records are on their way join it, later rows go to the next. Deliveries
     take >= 25 ms here (``linger.ms``) and a row arrives every ~4 ms, so transactions hold several

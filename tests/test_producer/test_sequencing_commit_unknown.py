@@ -30,8 +30,14 @@ PARTITIONS = 2
 
 @pytest.mark.parametrize("lost_reply_at", [2, 5])
 def test_commit_that_succeeded_but_reported_a_lost_connection_loses_nothing(
-        lost_reply_at: int, pg_dsn: str, kafka_bootstrap: str, pg_schema: str, topic_factory: Callable[..., str],
-        unique_name: Callable[[str], str], monkeypatch: pytest.MonkeyPatch) -> None:
+    lost_reply_at: int,
+    pg_dsn: str,
+    kafka_bootstrap: str,
+    pg_schema: str,
+    topic_factory: Callable[..., str],
+    unique_name: Callable[[str], str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     topic = topic_factory(partitions=PARTITIONS)
     table = f"{pg_schema}.outbox"
     init_db(pg_dsn, table)
@@ -50,9 +56,15 @@ def test_commit_that_succeeded_but_reported_a_lost_connection_loses_nothing(
             raise DatabaseError(f"commit on {table!r} failed: server closed the connection unexpectedly")
 
     monkeypatch.setattr(OutboxDatabase, "commit_txns", commit_then_lose_the_reply)
-    cfg = relay_config(pg_dsn, kafka_bootstrap, table, unique_name("g"), txn_max_records=40,
-                       txn_max_duration=0.02, mark_query_records=60).replace(uuid_sequencing=True,
-                                                                             leader_election="postgres")
+    cfg = relay_config(
+        pg_dsn,
+        kafka_bootstrap,
+        table,
+        unique_name("g"),
+        txn_max_records=40,
+        txn_max_duration=0.02,
+        mark_query_records=60,
+    ).replace(uuid_sequencing=True, leader_election="postgres")
     relay = Harvest(cfg).start()
     try:
         wait_for(lambda: count_rows(pg_dsn, table) == 0 and not read_intents(pg_dsn, table), 60, "drained")

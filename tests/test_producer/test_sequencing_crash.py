@@ -20,8 +20,17 @@ from pathlib import Path
 
 import psycopg
 import pytest
-from seqcheck import (Expected, SeqRelay, check_exactly_once, count_rows, read_intents, recovered_before_new_view,
-                      seq_yaml, wait_for, write_traffic)
+from seqcheck import (
+    Expected,
+    SeqRelay,
+    check_exactly_once,
+    count_rows,
+    read_intents,
+    recovered_before_new_view,
+    seq_yaml,
+    wait_for,
+    write_traffic,
+)
 
 from harvest_outbox.producer.election_postgres import lock_holder
 from harvest_outbox.producer.schema import init_db
@@ -31,26 +40,40 @@ pytestmark = pytest.mark.integration
 PARTITIONS = 4
 
 
-def _preload(pg_dsn: str, table: str, topic: str, exp: Expected, writers: int = 3, txs: int = 40,
-             seed: int = 0) -> None:
-    threads = [threading.Thread(target=write_traffic, args=(pg_dsn, table, topic, exp, w, txs),
-                                kwargs=dict(seed=seed)) for w in range(writers)]
+def _preload(
+    pg_dsn: str, table: str, topic: str, exp: Expected, writers: int = 3, txs: int = 40, seed: int = 0
+) -> None:
+    threads = [
+        threading.Thread(target=write_traffic, args=(pg_dsn, table, topic, exp, w, txs), kwargs=dict(seed=seed))
+        for w in range(writers)
+    ]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
 
 
-@pytest.mark.parametrize("point", ["after_publish_before_delivery", "after_delivery_before_commit",
-                                   "after_commit_before_ack", "after_some_acks"])
+@pytest.mark.parametrize(
+    "point",
+    ["after_publish_before_delivery", "after_delivery_before_commit", "after_commit_before_ack", "after_some_acks"],
+)
 @pytest.mark.parametrize("election", ["neli", "postgres"])
-def test_crash_point(election: str, point: str, pg_dsn: str, kafka_bootstrap: str, pg_schema: str, tmp_path: Path,
-                     topic_factory: Callable[..., str], unique_name: Callable[[str], str]) -> None:
+def test_crash_point(
+    election: str,
+    point: str,
+    pg_dsn: str,
+    kafka_bootstrap: str,
+    pg_schema: str,
+    tmp_path: Path,
+    topic_factory: Callable[..., str],
+    unique_name: Callable[[str], str],
+) -> None:
     topic = topic_factory(partitions=PARTITIONS)
     table = f"{pg_schema}.outbox"
     init_db(pg_dsn, table)
-    cfg = seq_yaml(tmp_path / "harvest.yaml", pg_dsn, kafka_bootstrap, table, unique_name("g"),
-                   leader_election=election)
+    cfg = seq_yaml(
+        tmp_path / "harvest.yaml", pg_dsn, kafka_bootstrap, table, unique_name("g"), leader_election=election
+    )
     exp = Expected()
     _preload(pg_dsn, table, topic, exp)
     a = SeqRelay(cfg, "a", tmp_path, crash_at=f"{point}:3")
@@ -73,8 +96,10 @@ def test_crash_point(election: str, point: str, pg_dsn: str, kafka_bootstrap: st
         assert views and views[0][2] == len(intents), (views, len(intents))
         res = check_exactly_once(kafka_bootstrap, topic, PARTITIONS, exp)
         assert recovered_before_new_view(res.raw, intents, b.producers()) == len(intents)
-        print(f"\n{point}: {exp.total} rows exactly once; {len(intents)} intents recovered; "
-              f"{res.continues - exp.total} abandoned CONTINUEs in the log")
+        print(
+            f"\n{point}: {exp.total} rows exactly once; {len(intents)} intents recovered; "
+            f"{res.continues - exp.total} abandoned CONTINUEs in the log"
+        )
     finally:
         for r in (a, b):
             if r is not None:
@@ -82,14 +107,21 @@ def test_crash_point(election: str, point: str, pg_dsn: str, kafka_bootstrap: st
 
 
 @pytest.mark.parametrize("election", ["neli", "postgres"])
-def test_zombie_commit_refused_by_fence(election: str, pg_dsn: str, kafka_bootstrap: str, pg_schema: str,
-                                        tmp_path: Path, topic_factory: Callable[..., str],
-                                        unique_name: Callable[[str], str]) -> None:
+def test_zombie_commit_refused_by_fence(
+    election: str,
+    pg_dsn: str,
+    kafka_bootstrap: str,
+    pg_schema: str,
+    tmp_path: Path,
+    topic_factory: Callable[..., str],
+    unique_name: Callable[[str], str],
+) -> None:
     topic = topic_factory(partitions=PARTITIONS)
     table = f"{pg_schema}.outbox"
     init_db(pg_dsn, table)
-    cfg = seq_yaml(tmp_path / "harvest.yaml", pg_dsn, kafka_bootstrap, table, unique_name("g"),
-                   leader_election=election)
+    cfg = seq_yaml(
+        tmp_path / "harvest.yaml", pg_dsn, kafka_bootstrap, table, unique_name("g"), leader_election=election
+    )
     exp = Expected()
     _preload(pg_dsn, table, topic, exp, seed=1)
     # A stops itself (SIGSTOP) with harvest transaction 3 delivered but not committed.
@@ -113,15 +145,20 @@ def test_zombie_commit_refused_by_fence(election: str, pg_dsn: str, kafka_bootst
         # The zombie cannot commit: either the fence refuses it, or (if it froze inside a commit
         # transaction, holding the fence row lock) Postgres already ended its idle-in-transaction
         # session, so the commit fails on the dead connection. Either way nothing of A's commits.
-        wait_for(lambda: "commit refused by the fence" in a.text() or "not committed: commit on" in a.text(),
-                 30, "A's commit refused")
+        wait_for(
+            lambda: "commit refused by the fence" in a.text() or "not committed: commit on" in a.text(),
+            30,
+            "A's commit refused",
+        )
         more.join()
         wait_for(lambda: count_rows(pg_dsn, table) == 0 and not read_intents(pg_dsn, table), 60, "drained")
         assert a.stop() == 0 and b.stop() == 0
         assert b.views()[0][0] > a.views()[0][0]
         res = check_exactly_once(kafka_bootstrap, topic, PARTITIONS, exp)
-        print(f"\nzombie: {exp.total} rows exactly once; A views {[v[0] for v in a.views()]}, "
-              f"B views {[v[0] for v in b.views()]}")
+        print(
+            f"\nzombie: {exp.total} rows exactly once; A views {[v[0] for v in a.views()]}, "
+            f"B views {[v[0] for v in b.views()]}"
+        )
     finally:
         for r in (a, b):
             if r is not None:

@@ -35,12 +35,16 @@ def _outbox_with_a_null_key(dsn: str, table: str, topic: str, shards: int) -> tu
     """An outbox for ``shards`` with 20 good rows of 5 keys, a NULL-key row among them; (names, good ids,
     the NULL row's id)."""
     names = init_db(dsn, table, shards=shards)
-    ins = sql.SQL("INSERT INTO {} (kafka_topic, kafka_key, kafka_value, kafka_header_keys, kafka_header_values) "
-                  "VALUES (%s, %s, %s, '{{}}', '{{}}') RETURNING id").format(names.outbox)
+    ins = sql.SQL(
+        "INSERT INTO {} (kafka_topic, kafka_key, kafka_value, kafka_header_keys, kafka_header_values) "
+        "VALUES (%s, %s, %s, '{{}}', '{{}}') RETURNING id"
+    ).format(names.outbox)
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute(sql.SQL("ALTER TABLE {} ALTER COLUMN kafka_key DROP NOT NULL").format(names.outbox))
-        ids = [conn.execute(ins, (topic, None if i == 10 else f"k{i % 5}", f"v{i}")).fetchone()[0]  # type: ignore[index]
-               for i in range(21)]
+        ids = [
+            conn.execute(ins, (topic, None if i == 10 else f"k{i % 5}", f"v{i}")).fetchone()[0]  # type: ignore[index]
+            for i in range(21)
+        ]
     return names, ids[:10] + ids[11:], ids[10]
 
 
@@ -69,9 +73,9 @@ def test_every_row_is_in_exactly_one_shard_a_null_key_too(pg_dsn: str, pg_schema
 
 
 @pytest.mark.integration
-def test_backlog_gauges_and_the_shards_command_count_a_null_key_row(pg_dsn: str, kafka_bootstrap: str,
-                                                                      pg_schema: str, tmp_path: Path,
-                                                                      capsys: pytest.CaptureFixture[str]) -> None:
+def test_backlog_gauges_and_the_shards_command_count_a_null_key_row(
+    pg_dsn: str, kafka_bootstrap: str, pg_schema: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     table = f"{pg_schema}.outbox"
     names, good, _null_id = _outbox_with_a_null_key(pg_dsn, table, "t", 4)
     db = OutboxDatabase(pg_dsn, names, 4)
@@ -81,8 +85,14 @@ def test_backlog_gauges_and_the_shards_command_count_a_null_key_row(pg_dsn: str,
         assert sum(c for c, _age in db.shard_stats.values()) == len(good) + 1
     finally:
         db.close()
-    cfg = write_config(tmp_path / "h.yaml", dsn=pg_dsn, bootstrap=kafka_bootstrap, outbox_table=table,
-                       leader_election="postgres", shards=4)
+    cfg = write_config(
+        tmp_path / "h.yaml",
+        dsn=pg_dsn,
+        bootstrap=kafka_bootstrap,
+        outbox_table=table,
+        leader_election="postgres",
+        shards=4,
+    )
     assert main(["shards", "-f", str(cfg)]) == 0, capsys.readouterr().err
     out = capsys.readouterr().out
     assert f"4 shards, 0 led by 0 relay(s), {len(good) + 1} rows waiting" in out, out
@@ -91,13 +101,19 @@ def test_backlog_gauges_and_the_shards_command_count_a_null_key_row(pg_dsn: str,
 @pytest.mark.integration
 @pytest.mark.parametrize("sequenced", [False, True], ids=["at-least-once", "uuid-sequencing"])
 def test_a_sharded_relay_dead_letters_a_null_key_row_and_delivers_the_rest(
-        sequenced: bool, pg_dsn: str, kafka_bootstrap: str, pg_schema: str, topic_factory: Callable[..., str],
-        unique_name: Callable[[str], str]) -> None:
+    sequenced: bool,
+    pg_dsn: str,
+    kafka_bootstrap: str,
+    pg_schema: str,
+    topic_factory: Callable[..., str],
+    unique_name: Callable[[str], str],
+) -> None:
     topic = topic_factory(partitions=2)
     table = f"{pg_schema}.outbox"
     _names, good, null_id = _outbox_with_a_null_key(pg_dsn, table, topic, 2)
     cfg = relay_config(pg_dsn, kafka_bootstrap, table, unique_name("g")).replace(
-        shards=2, leader_election="postgres", uuid_sequencing=sequenced, name="nullkey")
+        shards=2, leader_election="postgres", uuid_sequencing=sequenced, name="nullkey"
+    )
     with ShardedHarvest(cfg) as relay:
         wait_for(lambda: relay.led_shards == frozenset({0, 1}), 30, "both shards led")
         wait_drained(pg_dsn, table, 60)
@@ -115,22 +131,31 @@ def test_an_outbox_with_the_old_shard_index_is_refused_until_init_db_replaces_it
     old = "outbox_shard4_idx"
     with psycopg.connect(pg_dsn, autocommit=True) as conn:
         # what an older harvest's init-db left: its index, on the expression without coalesce()
-        for idx in conn.execute("SELECT indexname FROM pg_indexes WHERE schemaname = %s AND indexname LIKE "
-                                "'outbox_shard%%'", (pg_schema,)).fetchall():
+        for idx in conn.execute(
+            "SELECT indexname FROM pg_indexes WHERE schemaname = %s AND indexname LIKE 'outbox_shard%%'", (pg_schema,)
+        ).fetchall():
             conn.execute(sql.SQL("DROP INDEX {}").format(sql.Identifier(pg_schema, idx[0])))
-        conn.execute(sql.SQL("CREATE INDEX {} ON {} (mod(('x' || substr(md5(kafka_key), 1, 8))::bit(32)::bigint, 4), "
-                             "id)").format(sql.Identifier(old), names.outbox))
+        conn.execute(
+            sql.SQL(
+                "CREATE INDEX {} ON {} (mod(('x' || substr(md5(kafka_key), 1, 8))::bit(32)::bigint, 4), id)"
+            ).format(sql.Identifier(old), names.outbox)
+        )
     db = OutboxDatabase(pg_dsn, names, 4)
     try:
-        with pytest.raises(SchemaError, match=re.escape(old) + r".*older harvest.*NULL kafka_key.*"
-                                              r"Fix: run `harvest init-db` with shards: 4"):
+        with pytest.raises(
+            SchemaError,
+            match=re.escape(old) + r".*older harvest.*NULL kafka_key.*"
+            r"Fix: run `harvest init-db` with shards: 4",
+        ):
             _ = db.conn
     finally:
         db.close()
     init_db(pg_dsn, table, shards=4)
     with psycopg.connect(pg_dsn) as conn:
-        indexes = {r[0] for r in conn.execute("SELECT indexname FROM pg_indexes WHERE schemaname = %s",
-                                             (pg_schema,)).fetchall()}
+        indexes = {
+            r[0]
+            for r in conn.execute("SELECT indexname FROM pg_indexes WHERE schemaname = %s", (pg_schema,)).fetchall()
+        }
     assert names.shard_index_name(4) in indexes and old not in indexes, indexes
     db = OutboxDatabase(pg_dsn, names, 4)
     try:

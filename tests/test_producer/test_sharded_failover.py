@@ -45,13 +45,20 @@ def _by_relay(leaders: dict[int, str]) -> dict[str, set[int]]:
 
 @pytest.mark.parametrize("election", ["postgres", "neli"])
 def test_sharded_relays_kill9_pause_and_handover_exactly_once(
-        election: str, pg_dsn: str, kafka_bootstrap: str, pg_schema: str, tmp_path: Path,
-        topic_factory: Callable[..., str], unique_name: Callable[[str], str]) -> None:
+    election: str,
+    pg_dsn: str,
+    kafka_bootstrap: str,
+    pg_schema: str,
+    tmp_path: Path,
+    topic_factory: Callable[..., str],
+    unique_name: Callable[[str], str],
+) -> None:
     topic = topic_factory(partitions=PARTITIONS)
     table = f"{pg_schema}.outbox"
     init_db(pg_dsn, table, shards=S)
-    cfg = seq_yaml(tmp_path / "harvest.yaml", pg_dsn, kafka_bootstrap, table, unique_name("g"),
-                   leader_election=election, shards=S)
+    cfg = seq_yaml(
+        tmp_path / "harvest.yaml", pg_dsn, kafka_bootstrap, table, unique_name("g"), leader_election=election, shards=S
+    )
     exp = Expected()
     stop_writing = threading.Event()
 
@@ -75,8 +82,12 @@ def test_sharded_relays_kill9_pause_and_handover_exactly_once(
     def stable(names: set[str]) -> Callable[[], bool]:
         def check() -> bool:
             by = _by_relay(leaders())
-            return (set(by) == names and sum(map(len, by.values())) == S
-                    and all(len(s) <= fair_share(S, len(names)) + 1 for s in by.values()))
+            return (
+                set(by) == names
+                and sum(map(len, by.values())) == S
+                and all(len(s) <= fair_share(S, len(names)) + 1 for s in by.values())
+            )
+
         return check
 
     try:
@@ -121,9 +132,11 @@ def test_sharded_relays_kill9_pause_and_handover_exactly_once(
         assert relays["b"].stop() == 0
         res = check_exactly_once(kafka_bootstrap, topic, PARTITIONS, exp)
         views = sum(len(r.views()) for r in relays.values())
-        print(f"\nsharded ({election}): {exp.total} rows exactly once over {PARTITIONS} partitions, "
-              f"{len(exp.rolled_back)} rolled back, {views} shard views; "
-              + ", ".join(f"{k}: {v:.1f}s" for k, v in moved.items()))
+        print(
+            f"\nsharded ({election}): {exp.total} rows exactly once over {PARTITIONS} partitions, "
+            f"{len(exp.rolled_back)} rolled back, {views} shard views; "
+            + ", ".join(f"{k}: {v:.1f}s" for k, v in moved.items())
+        )
         assert res.acks > 0
         if election == "neli":  # the resumed zombie learnt it had lost its shards
             assert "no longer leads shard" in relays["b"].text()[paused_at:]

@@ -31,8 +31,9 @@ S = 8
 
 
 # ---------------------------------------------------------------------------------------------- pure logic
-@pytest.mark.parametrize("shards, relays, share", [(8, 1, 8), (8, 2, 4), (8, 3, 3), (8, 8, 1), (8, 9, 1), (1, 3, 1),
-                                                    (8, 0, 8)])
+@pytest.mark.parametrize(
+    "shards, relays, share", [(8, 1, 8), (8, 2, 4), (8, 3, 3), (8, 8, 1), (8, 9, 1), (1, 3, 1), (8, 0, 8)]
+)
 def test_fair_share(shards: int, relays: int, share: int) -> None:
     assert fair_share(shards, relays) == share
 
@@ -60,9 +61,14 @@ def test_seat_makes_every_change_of_the_led_set_a_new_view() -> None:
     seat = ShardSetSeat(8)
 
     class L:
-        def on_acquired(self) -> None: events.append(("acquired", seat.applied))
-        def on_revoked(self) -> None: events.append(("revoked", seat.applied))
-        def on_fenced(self) -> None: events.append(("fenced", seat.applied))
+        def on_acquired(self) -> None:
+            events.append(("acquired", seat.applied))
+
+        def on_revoked(self) -> None:
+            events.append(("revoked", seat.applied))
+
+        def on_fenced(self) -> None:
+            events.append(("fenced", seat.applied))
 
     seat.start(L())
     assert not seat.pulse() and events == []
@@ -92,8 +98,12 @@ def test_shard_hash_is_the_same_in_python_and_sql(pg_dsn: str) -> None:
     with psycopg.connect(pg_dsn) as conn:
         for count in (2, 3, 8, 13, 256):
             expr = shard_expression(count)
-            rows = conn.execute(sql.SQL("SELECT k, {} FROM unnest(%s::text[]) AS t(k)").format(
-                sql.SQL(expr.as_string(conn).replace("kafka_key", "k"))), (keys,)).fetchall()
+            rows = conn.execute(
+                sql.SQL("SELECT k, {} FROM unnest(%s::text[]) AS t(k)").format(
+                    sql.SQL(expr.as_string(conn).replace("kafka_key", "k"))
+                ),
+                (keys,),
+            ).fetchall()
             assert {k: int(s) for k, s in rows} == {k: shard_of(k, count) for k in keys}, count
     counts = [0] * S
     for k in keys[:300]:
@@ -102,12 +112,15 @@ def test_shard_hash_is_the_same_in_python_and_sql(pg_dsn: str) -> None:
 
 
 @pytest.mark.integration
-def test_sharded_relay_refuses_an_outbox_not_initialised_for_its_shards(pg_dsn: str, pg_schema: str,
-                                                                         kafka_bootstrap: str) -> None:
+def test_sharded_relay_refuses_an_outbox_not_initialised_for_its_shards(
+    pg_dsn: str, pg_schema: str, kafka_bootstrap: str
+) -> None:
     table = f"{pg_schema}.outbox"
     init_db(pg_dsn, table)  # shards: 1 only
     cfg = relay_config(pg_dsn, kafka_bootstrap, table, "g").replace(shards=S, leader_election="postgres")
-    with pytest.raises(SchemaError, match=r"not initialised for shards: 8 .* Fix: run `harvest init-db` with shards: 8"):
+    with pytest.raises(
+        SchemaError, match=r"not initialised for shards: 8 .* Fix: run `harvest init-db` with shards: 8"
+    ):
         ShardedHarvest(cfg).start()
     init_db(pg_dsn, table, shards=4)  # another count does not do either
     with pytest.raises(SchemaError, match="shards: 8"):
@@ -130,8 +143,13 @@ def test_a_shard_mark_reads_its_index_range_on_a_large_outbox(pg_dsn: str, pg_sc
     db.set_shards(frozenset({3}))
     try:
         _ = db.conn
-        plan = "\n".join(r[0] for r in db.conn.execute(sql.SQL("EXPLAIN ") + db._mark_sql,  # type: ignore[operator]
-                                                     {"leader": uuid.uuid4(), "n": 5000, "t0": 0.0}).fetchall())
+        plan = "\n".join(
+            r[0]
+            for r in db.conn.execute(
+                sql.SQL("EXPLAIN ") + db._mark_sql,  # type: ignore[operator]
+                {"leader": uuid.uuid4(), "n": 5000, "t0": 0.0},
+            ).fetchall()
+        )
     finally:
         db.close()
     assert names.shard_index_name(S) in plan and "outbox_pkey" not in plan, plan
@@ -157,8 +175,13 @@ def test_shard_mark_takes_only_its_rows_in_id_order_from_the_index(pg_dsn: str, 
             assert rows == sorted(rows)
             assert all(shard_of(r[2], S) == k for r in rows)  # type: ignore[arg-type]
             seen += [r[0] for r in rows]
-            plan = "\n".join(r[0] for r in db.conn.execute(sql.SQL("EXPLAIN ") + db._mark_sql,  # type: ignore[operator]
-                                                         {"leader": uuid.uuid4(), "n": 100, "t0": 0.0}).fetchall())
+            plan = "\n".join(
+                r[0]
+                for r in db.conn.execute(
+                    sql.SQL("EXPLAIN ") + db._mark_sql,  # type: ignore[operator]
+                    {"leader": uuid.uuid4(), "n": 100, "t0": 0.0},
+                ).fetchall()
+            )
             assert OutboxNames.parse(table).shard_index_name(S) in plan, plan
         finally:
             db.close()
@@ -169,11 +192,21 @@ def test_shard_mark_takes_only_its_rows_in_id_order_from_the_index(pg_dsn: str, 
         import uuid as _uuid
 
         with psycopg.connect(pg_dsn) as conn:  # a new view re-marks rows of other views: all of 1 and 3
-            want = [i for i, k in conn.execute(sql.SQL("SELECT id, kafka_key FROM {} ORDER BY id").format(
-                OutboxNames.parse(table).outbox)).fetchall() if shard_of(k, S) in (1, 3)]
+            want = [
+                i
+                for i, k in conn.execute(
+                    sql.SQL("SELECT id, kafka_key FROM {} ORDER BY id").format(OutboxNames.parse(table).outbox)
+                ).fetchall()
+                if shard_of(k, S) in (1, 3)
+            ]
         assert [r[0] for r in db.mark(_uuid.uuid4(), 5000)] == want
-        plan = "\n".join(r[0] for r in db.conn.execute(sql.SQL("EXPLAIN ") + db._mark_sql,  # type: ignore[operator]
-                                                     {"leader": _uuid.uuid4(), "n": 100, "t0": 0.0}).fetchall())
+        plan = "\n".join(
+            r[0]
+            for r in db.conn.execute(
+                sql.SQL("EXPLAIN ") + db._mark_sql,  # type: ignore[operator]
+                {"leader": _uuid.uuid4(), "n": 100, "t0": 0.0},
+            ).fetchall()
+        )
         assert "Merge Append" in plan and plan.count(OutboxNames.parse(table).shard_index_name(S)) == 2, plan
         assert db.stats()[0] == len(want) and sum(c for c, _ in db.shard_stats.values()) == len(want)
         assert sorted(db.shard_stats) == [1, 3]
@@ -198,23 +231,33 @@ def _stash(dsn: str, table: str, topic: str, n: int, keys: int, start: int = 0) 
 @pytest.mark.integration
 @pytest.mark.parametrize("election", ["postgres", "neli"])
 def test_one_two_three_relays_spread_the_shards_and_hand_over_gracefully(
-        election: str, pg_dsn: str, kafka_bootstrap: str, pg_schema: str, topic_factory: Callable[..., str],
-        unique_name: Callable[[str], str]) -> None:
+    election: str,
+    pg_dsn: str,
+    kafka_bootstrap: str,
+    pg_schema: str,
+    topic_factory: Callable[..., str],
+    unique_name: Callable[[str], str],
+) -> None:
     topic = topic_factory(partitions=4)
     table = f"{pg_schema}.outbox"
     init_db(pg_dsn, table, shards=S)
     base = relay_config(pg_dsn, kafka_bootstrap, table, unique_name("g")).replace(
-        shards=S, leader_election=election, leader_lock_check_interval=0.2)
+        shards=S, leader_election=election, leader_lock_check_interval=0.2
+    )
     expected = _stash(pg_dsn, table, topic, 3000, 200)
     relays: list[ShardedHarvest] = []
     try:
+
         def led() -> list[frozenset[int]]:
             return [r.led_shards for r in relays]
 
         def balanced() -> bool:
             sets = led()
-            return (sum(map(len, sets)) == S and len(frozenset().union(*sets)) == S
-                    and all(1 <= len(s) <= fair_share(S, len(relays)) + 1 for s in sets))
+            return (
+                sum(map(len, sets)) == S
+                and len(frozenset().union(*sets)) == S
+                and all(1 <= len(s) <= fair_share(S, len(relays)) + 1 for s in sets)
+            )
 
         # 1, then 2, then 3 relays: the shards spread as relays join
         for i in range(3):
@@ -232,7 +275,9 @@ def test_one_two_three_relays_spread_the_shards_and_hand_over_gracefully(
         before = led()
         relays[0].stop()
         relays[0].wait(60)
-        wait_for(lambda: len(relays[1].led_shards | relays[2].led_shards) == S, 60, "hand-over of the stopped relay's shards")
+        wait_for(
+            lambda: len(relays[1].led_shards | relays[2].led_shards) == S, 60, "hand-over of the stopped relay's shards"
+        )
         assert before[1] <= relays[1].led_shards and before[2] <= relays[2].led_shards, (before, led())
         assert all(len(r.led_shards) <= fair_share(S, 2) + 1 for r in relays[1:])
         more = _stash(pg_dsn, table, topic, 2000, 200, start=3000)
@@ -252,16 +297,20 @@ def test_one_two_three_relays_spread_the_shards_and_hand_over_gracefully(
 
 
 @pytest.mark.integration
-def test_postgres_shard_election_refuses_relays_of_another_shard_count(pg_dsn: str, kafka_bootstrap: str,
-                                                                       pg_schema: str) -> None:
+def test_postgres_shard_election_refuses_relays_of_another_shard_count(
+    pg_dsn: str, kafka_bootstrap: str, pg_schema: str
+) -> None:
     table = f"{pg_schema}.outbox"
     init_db(pg_dsn, table, shards=S)
     init_db(pg_dsn, table, shards=4)
     cfg = relay_config(pg_dsn, kafka_bootstrap, table, "g").replace(shards=S, leader_election="postgres")
     with ShardedHarvest(cfg.replace(name="eight")):
         # A relay is refused by its layout first (test_layout.py); the election refuses on its own too.
-        with pytest.raises(ElectionError, match=r"another shard count .*1 relay\(s\) with shards: 8.*this one has shards: 4"
-                                               r".*drain-then-change"):
+        with pytest.raises(
+            ElectionError,
+            match=r"another shard count .*1 relay\(s\) with shards: 8.*this one has shards: 4"
+            r".*drain-then-change",
+        ):
             PostgresShardElection(pg_dsn, table, "four", 4).start(_Shards())
 
 
@@ -321,34 +370,55 @@ def test_a_notify_read_with_a_check_reply_still_respreads_the_shards(pg_dsn: str
 
 @pytest.mark.integration
 def test_neli_shard_election_refuses_a_leader_topic_with_other_partitions(
-        pg_dsn: str, kafka_bootstrap: str, pg_schema: str, topic_factory: Callable[..., str]) -> None:
+    pg_dsn: str, kafka_bootstrap: str, pg_schema: str, topic_factory: Callable[..., str]
+) -> None:
     table = f"{pg_schema}.outbox"
     init_db(pg_dsn, table, shards=S)
     leader_topic = topic_factory(partitions=1)  # e.g. the unsharded relays' topic
     cfg = relay_config(pg_dsn, kafka_bootstrap, table, "g").replace(shards=S, leader_topic=leader_topic)
-    with pytest.raises(ElectionError, match=rf"leaderTopic '{leader_topic}' has 1 partition\(s\) but shards: 8 needs one "
-                                            r"per shard"):
+    with pytest.raises(
+        ElectionError,
+        match=rf"leaderTopic '{leader_topic}' has 1 partition\(s\) but shards: 8 needs one "
+        r"per shard",
+    ):
         ShardedHarvest(cfg).start()
 
 
 @pytest.mark.integration
-def test_shards_command_shows_leaders_and_backlog(pg_dsn: str, kafka_bootstrap: str, pg_schema: str, tmp_path: Path,
-                                                   capsys: pytest.CaptureFixture[str]) -> None:
+def test_shards_command_shows_leaders_and_backlog(
+    pg_dsn: str, kafka_bootstrap: str, pg_schema: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     from harvest_outbox.harvest_local.relays import write_config
     from harvest_outbox.producer.cli import main
 
     table = f"{pg_schema}.outbox"
-    cfg_path = write_config(tmp_path / "h.yaml", dsn=pg_dsn, bootstrap=kafka_bootstrap, outbox_table=table,
-                            uuid_sequencing=False, leader_election="postgres", shards=4)
+    cfg_path = write_config(
+        tmp_path / "h.yaml",
+        dsn=pg_dsn,
+        bootstrap=kafka_bootstrap,
+        outbox_table=table,
+        uuid_sequencing=False,
+        leader_election="postgres",
+        shards=4,
+    )
     assert main(["init-db", "-f", str(cfg_path)]) == 0
     assert "4 shards" in capsys.readouterr().out
     _stash(pg_dsn, table, "no-such-topic-for-this-test", 100, 10)
     assert main(["shards", "-f", str(cfg_path)]) == 0
     out = capsys.readouterr().out
     assert "4 shards, 0 led by 0 relay(s), 100 rows waiting" in out, out
-    cfg = from_mapping({"harvest": {"dataSource": pg_dsn, "outboxTable": table, "shards": 4,
-                                    "leaderElection": "postgres", "missingTopicPolicy": "hold",
-                                    "baseKafkaConfig": {"bootstrap.servers": kafka_bootstrap}}}).harvest
+    cfg = from_mapping(
+        {
+            "harvest": {
+                "dataSource": pg_dsn,
+                "outboxTable": table,
+                "shards": 4,
+                "leaderElection": "postgres",
+                "missingTopicPolicy": "hold",
+                "baseKafkaConfig": {"bootstrap.servers": kafka_bootstrap},
+            }
+        }
+    ).harvest
     with ShardedHarvest(cfg.replace(name="lister")) as relay:
         wait_for(lambda: len(relay.led_shards) == 4, 30, "all shards led")
         time.sleep(0.2)
@@ -397,23 +467,36 @@ def test_fence_epochs_and_ack_intents_are_per_shard(pg_dsn: str, pg_schema: str)
         opened.append(b)
         assert b_epoch == 2
         assert [(p, c_) for _e, p, c_, _t, _pt in b_intents] == [(b"PA", 10)]  # A's: A can no longer commit
-        with pytest.raises(FenceError, match=r"commit refused by the fence of .* \(shards 0,1 of 8\): epoch is \[1, 2\], "
-                                             r"this view's is 1"):
+        with pytest.raises(
+            FenceError,
+            match=r"commit refused by the fence of .* \(shards 0,1 of 8\): epoch is \[1, 2\], "
+            r"this view's is 1",
+        ):
             a.commit_txn(a_epoch, a_leader, [r[0] for r in a_rows if r[0] not in shard0], [], b"PA", 11, [("t", 0)])
         # C, untouched, commits and writes an intent of its view's shards
         c.commit_txn(c_epoch, c_leader, [r[0] for r in c_rows], [], b"PC", 22, [("t", 0), ("t", 1)])
         with psycopg.connect(pg_dsn) as conn:
-            conn.execute(sql.SQL("INSERT INTO {} (epoch, producer, clock, topic, kafka_partition, shard_count, shards) "
-                                 "VALUES (1, 'OLD', 5, 't', 0, 4, '{{3}}')").format(names.ack_intents))
+            conn.execute(
+                sql.SQL(
+                    "INSERT INTO {} (epoch, producer, clock, topic, kafka_partition, shard_count, shards) "
+                    "VALUES (1, 'OLD', 5, 't', 0, 4, '{{3}}')"
+                ).format(names.ack_intents)
+            )
         d, _, d_epoch, d_intents = view({2, 3})
         opened.append(d)
-        assert d_epoch == 2 and sorted((p, c_, pt) for _e, p, c_, _t, pt in d_intents) == [(b"PC", 22, 0), (b"PC", 22, 1)]
+        assert d_epoch == 2 and sorted((p, c_, pt) for _e, p, c_, _t, pt in d_intents) == [
+            (b"PC", 22, 0),
+            (b"PC", 22, 1),
+        ]
         e, _, e_epoch, e_intents = view({0})
         opened.append(e)
         assert e_epoch == 2 and sorted(p for _e, p, _c, _t, _pt in e_intents) == [b"OLD", b"PA"]
         with psycopg.connect(pg_dsn) as conn:
-            epochs = dict(conn.execute(sql.SQL("SELECT shard, epoch FROM {} WHERE shard_count = %s").format(
-                names.shard_state), (S,)).fetchall())
+            epochs = dict(
+                conn.execute(
+                    sql.SQL("SELECT shard, epoch FROM {} WHERE shard_count = %s").format(names.shard_state), (S,)
+                ).fetchall()
+            )
             remaining = conn.execute(sql.SQL("SELECT count(*) FROM {}").format(names.outbox)).fetchone()[0]
         assert epochs == {0: 2, 1: 2, 2: 2, 3: 2, 4: 0, 5: 0, 6: 0, 7: 0}
         assert remaining == 3  # shard 0's and shard 2's rows committed; A's shard-1 commit rolled back
@@ -423,8 +506,9 @@ def test_fence_epochs_and_ack_intents_are_per_shard(pg_dsn: str, pg_schema: str)
 
 
 @pytest.mark.integration
-def test_postgres_elections_refuse_mixing_sharded_and_unsharded_relays(pg_dsn: str, kafka_bootstrap: str,
-                                                                       pg_schema: str) -> None:
+def test_postgres_elections_refuse_mixing_sharded_and_unsharded_relays(
+    pg_dsn: str, kafka_bootstrap: str, pg_schema: str
+) -> None:
     from harvest_outbox.producer.election_postgres import PostgresElection
     from harvest_outbox.producer.harvest import Harvest
 
@@ -433,7 +517,9 @@ def test_postgres_elections_refuse_mixing_sharded_and_unsharded_relays(pg_dsn: s
     cfg = relay_config(pg_dsn, kafka_bootstrap, table, "g").replace(leader_election="postgres")
     # Relays are refused by their layout first (test_layout.py); the elections refuse on their own too.
     with ShardedHarvest(cfg.replace(name="sharded", shards=S)):
-        with pytest.raises(ElectionError, match=r"sharded relays run on .* \(1 with shards: 8\); this one has shards: 1"):
+        with pytest.raises(
+            ElectionError, match=r"sharded relays run on .* \(1 with shards: 8\); this one has shards: 1"
+        ):
             PostgresElection(pg_dsn, table, "plain").start(Harvest(cfg.replace(name="plain")))
     with Harvest(cfg.replace(name="plain")) as plain:
         wait_for(lambda: plain.is_leader, 30, "the unsharded relay leads")
@@ -450,7 +536,8 @@ def test_sharded_relay_exports_per_shard_metrics_and_health(pg_dsn: str, kafka_b
     init_db(pg_dsn, table, shards=4)
     _stash(pg_dsn, table, "no-such-topic-metrics", 200, 50)  # held (missingTopicPolicy hold): a steady backlog
     cfg = relay_config(pg_dsn, kafka_bootstrap, table, "g", min_metrics_interval=0.2).replace(
-        shards=4, leader_election="postgres", prometheus_port=0, missing_topic_policy="hold", name="metered")
+        shards=4, leader_election="postgres", prometheus_port=0, missing_topic_policy="hold", name="metered"
+    )
     with ShardedHarvest(cfg) as relay:
         wait_for(lambda: relay.led_shards == frozenset(range(4)), 30, "all shards led")
         base = f"http://127.0.0.1:{relay.prometheus_port}"
@@ -459,8 +546,12 @@ def test_sharded_relay_exports_per_shard_metrics_and_health(pg_dsn: str, kafka_b
             return urllib.request.urlopen(f"{base}/metrics", timeout=5).read().decode()
 
         def backlog() -> dict[int, float]:
-            return {int(k): float(v) for k, v in re.findall(
-                r'^harvest_shard_backlog_rows\{relay="metered",shard="(\d)"\} (\S+)$', scrape(), re.M)}
+            return {
+                int(k): float(v)
+                for k, v in re.findall(
+                    r'^harvest_shard_backlog_rows\{relay="metered",shard="(\d)"\} (\S+)$', scrape(), re.M
+                )
+            }
 
         wait_for(lambda: len(backlog()) == 4 and all(v == v for v in backlog().values()), 30, "per-shard readings")
         text = scrape()

@@ -17,6 +17,7 @@ import pytest
 from seqcheck import Expected, write_traffic
 
 from harvest_outbox.harvest_local.relays import wait_for, write_config
+
 EXIT_FORCED = 3  # producer.cli.EXIT_FORCED
 from harvest_outbox.producer.schema import init_db
 
@@ -35,8 +36,12 @@ def _closed_port() -> str:
 
 def _start(cfg: Path, log: Path) -> subprocess.Popen[bytes]:
     with log.open("w") as out:
-        return subprocess.Popen([sys.executable, "-m", "harvest_outbox.producer", "-f", str(cfg), "--name", "sig"],
-                                stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        return subprocess.Popen(
+            [sys.executable, "-m", "harvest_outbox.producer", "-f", str(cfg), "--name", "sig"],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+        )
 
 
 def _catches(pid: int, sig: signal.Signals) -> bool:
@@ -58,18 +63,28 @@ def _ended(proc: subprocess.Popen[bytes], log: Path, within: float) -> int:
         pytest.fail(f"still running {within:g}s after the signal:\n{log.read_text()[-3000:]}")
 
 
-@pytest.mark.parametrize("sig, delay", [(signal.SIGTERM, 0.0), (signal.SIGTERM, 0.1), (signal.SIGTERM, 1.5),
-                                        (signal.SIGINT, 1.5), (signal.SIGHUP, 0.0), (signal.SIGHUP, 1.5)],
-                         ids=lambda v: v.name if isinstance(v, signal.Signals) else f"{v}s")
-def test_a_signal_stops_a_relay_whose_kafka_does_not_answer(sig: signal.Signals, delay: float, pg_dsn: str,
-                                                            pg_schema: str, tmp_path: Path,
-                                                            unique_name: Callable[[str], str]) -> None:
+@pytest.mark.parametrize(
+    "sig, delay",
+    [
+        (signal.SIGTERM, 0.0),
+        (signal.SIGTERM, 0.1),
+        (signal.SIGTERM, 1.5),
+        (signal.SIGINT, 1.5),
+        (signal.SIGHUP, 0.0),
+        (signal.SIGHUP, 1.5),
+    ],
+    ids=lambda v: v.name if isinstance(v, signal.Signals) else f"{v}s",
+)
+def test_a_signal_stops_a_relay_whose_kafka_does_not_answer(
+    sig: signal.Signals, delay: float, pg_dsn: str, pg_schema: str, tmp_path: Path, unique_name: Callable[[str], str]
+) -> None:
     """``delay`` after the process first catches the signal: 0 is while the interpreter still imports
     the relay (the handlers come first), 1.5 s is while the NELI election waits for Kafka."""
     table = f"{pg_schema}.outbox"
     init_db(pg_dsn, table)
-    cfg = write_config(tmp_path / "relay.yaml", dsn=pg_dsn, bootstrap=_closed_port(), outbox_table=table,
-                       group=unique_name("g"))
+    cfg = write_config(
+        tmp_path / "relay.yaml", dsn=pg_dsn, bootstrap=_closed_port(), outbox_table=table, group=unique_name("g")
+    )
     log = tmp_path / "relay.log"
     proc = _start(cfg, log)
     wait_for(lambda: _catches(proc.pid, sig) or proc.poll() is not None, 10, "the stop-signal handlers", poll=0.001)
@@ -80,13 +95,20 @@ def test_a_signal_stops_a_relay_whose_kafka_does_not_answer(sig: signal.Signals,
     assert "Traceback" not in log.read_text()
 
 
-def test_a_signal_stops_a_sharded_relay_whose_kafka_does_not_answer(pg_dsn: str, pg_schema: str, tmp_path: Path,
-                                                                    unique_name: Callable[[str], str]) -> None:
+def test_a_signal_stops_a_sharded_relay_whose_kafka_does_not_answer(
+    pg_dsn: str, pg_schema: str, tmp_path: Path, unique_name: Callable[[str], str]
+) -> None:
     """``shards: 4`` with NELI: the per-shard leader topic is looked up by the shard election."""
     table = f"{pg_schema}.outbox"
     init_db(pg_dsn, table, shards=4)
-    cfg = write_config(tmp_path / "relay.yaml", dsn=pg_dsn, bootstrap=_closed_port(), outbox_table=table,
-                       group=unique_name("g"), shards=4)
+    cfg = write_config(
+        tmp_path / "relay.yaml",
+        dsn=pg_dsn,
+        bootstrap=_closed_port(),
+        outbox_table=table,
+        group=unique_name("g"),
+        shards=4,
+    )
     log = tmp_path / "relay.log"
     proc = _start(cfg, log)
     time.sleep(2.0)
@@ -97,12 +119,19 @@ def test_a_signal_stops_a_sharded_relay_whose_kafka_does_not_answer(pg_dsn: str,
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP], ids=lambda v: v.name)
-def test_a_signal_stops_a_running_relay(sig: signal.Signals, pg_dsn: str, kafka_bootstrap: str, pg_schema: str,
-                                        tmp_path: Path, unique_name: Callable[[str], str]) -> None:
+def test_a_signal_stops_a_running_relay(
+    sig: signal.Signals,
+    pg_dsn: str,
+    kafka_bootstrap: str,
+    pg_schema: str,
+    tmp_path: Path,
+    unique_name: Callable[[str], str],
+) -> None:
     table = f"{pg_schema}.outbox"
     init_db(pg_dsn, table)
-    cfg = write_config(tmp_path / "relay.yaml", dsn=pg_dsn, bootstrap=kafka_bootstrap, outbox_table=table,
-                       group=unique_name("g"))
+    cfg = write_config(
+        tmp_path / "relay.yaml", dsn=pg_dsn, bootstrap=kafka_bootstrap, outbox_table=table, group=unique_name("g")
+    )
     log = tmp_path / "relay.log"
     proc = _start(cfg, log)
     try:
@@ -116,16 +145,23 @@ def test_a_signal_stops_a_running_relay(sig: signal.Signals, pg_dsn: str, kafka_
             proc.wait()
 
 
-def test_a_second_signal_while_stopping_exits_at_once(pg_dsn: str, pg_schema: str, tmp_path: Path,
-                                                      topic_factory: Callable[..., str],
-                                                      unique_name: Callable[[str], str]) -> None:
+def test_a_second_signal_while_stopping_exits_at_once(
+    pg_dsn: str, pg_schema: str, tmp_path: Path, topic_factory: Callable[..., str], unique_name: Callable[[str], str]
+) -> None:
     """The graceful stop waits for the records in flight to a Kafka that does not answer; the second
     SIGTERM ends that wait."""
     table = f"{pg_schema}.outbox"
     init_db(pg_dsn, table)
     write_traffic(pg_dsn, table, "t", Expected(), 0, 3, rollback_rate=0.0)
-    cfg = write_config(tmp_path / "relay.yaml", dsn=pg_dsn, bootstrap=_closed_port(), outbox_table=table,
-                       uuid_sequencing=False, leader_election="postgres", leader_lock_check_interval="200ms")
+    cfg = write_config(
+        tmp_path / "relay.yaml",
+        dsn=pg_dsn,
+        bootstrap=_closed_port(),
+        outbox_table=table,
+        uuid_sequencing=False,
+        leader_election="postgres",
+        leader_lock_check_interval="200ms",
+    )
     log = tmp_path / "relay.log"
     proc = _start(cfg, log)
     try:

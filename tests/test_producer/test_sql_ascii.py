@@ -35,16 +35,21 @@ def sql_ascii_dsn(pg_dsn: str, unique_name: Callable[[str], str]) -> Iterator[tu
     have) holds 10 good rows, then one with a ``\\377`` byte in its key; (dsn, database name)."""
     dbname = unique_name("ascii").lower()
     with psycopg.connect(pg_dsn, autocommit=True) as admin:
-        admin.execute(sql.SQL("CREATE DATABASE {} ENCODING 'SQL_ASCII' LC_COLLATE 'C' LC_CTYPE 'C' "
-                              "TEMPLATE template0").format(sql.Identifier(dbname)))
+        admin.execute(
+            sql.SQL("CREATE DATABASE {} ENCODING 'SQL_ASCII' LC_COLLATE 'C' LC_CTYPE 'C' TEMPLATE template0").format(
+                sql.Identifier(dbname)
+            )
+        )
     dsn = make_conninfo(pg_dsn, dbname=dbname)
     try:
         names = OutboxNames.parse("outbox")
         with psycopg.connect(dsn, autocommit=True) as conn:
             for stmt in outbox_ddl(names) + shard_ddl(names, 2):
                 conn.execute(stmt)
-            ins = sql.SQL("INSERT INTO {} (kafka_topic, kafka_key, kafka_value, kafka_header_keys, "
-                          "kafka_header_values) VALUES ('t', {}, 'v', '{{}}', '{{}}')").format
+            ins = sql.SQL(
+                "INSERT INTO {} (kafka_topic, kafka_key, kafka_value, kafka_header_keys, "
+                "kafka_header_values) VALUES ('t', {}, 'v', '{{}}', '{{}}')"
+            ).format
             for i in range(10):
                 conn.execute(ins(names.outbox, sql.Literal(f"k{i}")))
             conn.execute(ins(names.outbox, sql.SQL(r"E'bad\377key'")))
@@ -60,14 +65,21 @@ def _rows(dsn: str) -> int:
 
 
 @pytest.mark.integration
-@pytest.mark.parametrize("shards, sequenced, election", [(1, False, "neli"), (1, True, "postgres"),
-                                                         (2, False, "postgres")])
-def test_a_relay_refuses_to_start_on_a_sql_ascii_database(sql_ascii_dsn: tuple[str, str], kafka_bootstrap: str,
-                                                          unique_name: Callable[[str], str], shards: int,
-                                                          sequenced: bool, election: str) -> None:
+@pytest.mark.parametrize(
+    "shards, sequenced, election", [(1, False, "neli"), (1, True, "postgres"), (2, False, "postgres")]
+)
+def test_a_relay_refuses_to_start_on_a_sql_ascii_database(
+    sql_ascii_dsn: tuple[str, str],
+    kafka_bootstrap: str,
+    unique_name: Callable[[str], str],
+    shards: int,
+    sequenced: bool,
+    election: str,
+) -> None:
     dsn, dbname = sql_ascii_dsn
     cfg = relay_config(dsn, kafka_bootstrap, "outbox", unique_name("g")).replace(
-        shards=shards, uuid_sequencing=sequenced, leader_election=election)
+        shards=shards, uuid_sequencing=sequenced, leader_election=election
+    )
     relay = relay_for(cfg)
     try:
         with pytest.raises(SchemaError, match=REFUSAL.format(db=dbname)):
@@ -79,14 +91,25 @@ def test_a_relay_refuses_to_start_on_a_sql_ascii_database(sql_ascii_dsn: tuple[s
 
 
 @pytest.mark.integration
-@pytest.mark.parametrize("command", [["init-db"], ["dead-letters", "list"], ["dead-letters", "requeue", "--all"],
-                                     ["shards"]], ids=" ".join)
-def test_every_command_refuses_a_sql_ascii_database(sql_ascii_dsn: tuple[str, str], kafka_bootstrap: str,
-                                                    tmp_path: Path, capsys: pytest.CaptureFixture[str],
-                                                    command: list[str]) -> None:
+@pytest.mark.parametrize(
+    "command", [["init-db"], ["dead-letters", "list"], ["dead-letters", "requeue", "--all"], ["shards"]], ids=" ".join
+)
+def test_every_command_refuses_a_sql_ascii_database(
+    sql_ascii_dsn: tuple[str, str],
+    kafka_bootstrap: str,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    command: list[str],
+) -> None:
     dsn, dbname = sql_ascii_dsn
-    cfg = write_config(tmp_path / "h.yaml", dsn=dsn, bootstrap=kafka_bootstrap, outbox_table="outbox",
-                       leader_election="postgres", shards=2)
+    cfg = write_config(
+        tmp_path / "h.yaml",
+        dsn=dsn,
+        bootstrap=kafka_bootstrap,
+        outbox_table="outbox",
+        leader_election="postgres",
+        shards=2,
+    )
     assert main([*command, "-f", str(cfg)]) == 1
     err = capsys.readouterr().err
     assert err.startswith("harvest: error: "), err
@@ -110,8 +133,11 @@ def test_other_encodings_are_accepted(pg_dsn: str, unique_name: Callable[[str], 
     """LATIN1 and the like convert to UTF-8 cleanly: only SQL_ASCII is refused."""
     dbname = unique_name("enc").lower()
     with psycopg.connect(pg_dsn, autocommit=True) as admin:
-        admin.execute(sql.SQL("CREATE DATABASE {} ENCODING {} LC_COLLATE 'C' LC_CTYPE 'C' TEMPLATE template0").format(
-            sql.Identifier(dbname), sql.Literal(encoding)))
+        admin.execute(
+            sql.SQL("CREATE DATABASE {} ENCODING {} LC_COLLATE 'C' LC_CTYPE 'C' TEMPLATE template0").format(
+                sql.Identifier(dbname), sql.Literal(encoding)
+            )
+        )
     try:
         assert init_db(make_conninfo(pg_dsn, dbname=dbname), "outbox").display == "outbox"
     finally:

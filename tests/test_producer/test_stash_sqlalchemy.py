@@ -13,8 +13,7 @@ from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict
 from relaylib import consume_all, relay_config, wait_drained
 from sqlalchemy import MetaData, String, create_engine, func, insert, select, text
-from sqlalchemy.engine import URL
-from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.engine import URL, Connection, Engine
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession, create_async_engine
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
@@ -29,8 +28,14 @@ pytestmark = pytest.mark.integration
 
 def _url(pg_dsn: str) -> URL:
     p = conninfo_to_dict(pg_dsn)
-    return URL.create("postgresql+psycopg", username=p.get("user"), password=p.get("password"), host=p.get("host"),
-                      port=int(p["port"]), database=p.get("dbname"))
+    return URL.create(
+        "postgresql+psycopg",
+        username=p.get("user"),
+        password=p.get("password"),
+        host=p.get("host"),
+        port=int(p["port"]),
+        database=p.get("dbname"),
+    )
 
 
 def _model(schema: str) -> tuple[type, type]:
@@ -48,8 +53,12 @@ def _model(schema: str) -> tuple[type, type]:
 def _outbox_keys(pg_dsn: str, table: str) -> list[str]:
     schema, name = table.split(".")
     with psycopg.connect(pg_dsn) as conn:
-        return [r[0] for r in conn.execute(sql.SQL("SELECT kafka_key FROM {} ORDER BY id").format(
-            sql.Identifier(schema, name))).fetchall()]
+        return [
+            r[0]
+            for r in conn.execute(
+                sql.SQL("SELECT kafka_key FROM {} ORDER BY id").format(sql.Identifier(schema, name))
+            ).fetchall()
+        ]
 
 
 def _delivered_exactly(kafka_bootstrap: str, topic: str, committed: set[str], rolled_back: set[str]) -> None:
@@ -63,8 +72,12 @@ def _delivered_exactly(kafka_bootstrap: str, topic: str, committed: set[str], ro
 
 
 def test_session_and_core_connection_commit_delivered_rollback_never(
-        pg_dsn: str, kafka_bootstrap: str, pg_schema: str, topic_factory: Callable[..., str],
-        unique_name: Callable[[str], str]) -> None:
+    pg_dsn: str,
+    kafka_bootstrap: str,
+    pg_schema: str,
+    topic_factory: Callable[..., str],
+    unique_name: Callable[[str], str],
+) -> None:
     topic, table = topic_factory(), f"{pg_schema}.outbox"
     init_db(pg_dsn, table)
     engine = create_engine(_url(pg_dsn))
@@ -77,16 +90,18 @@ def test_session_and_core_connection_commit_delivered_rollback_never(
         with Session(engine) as session:
             session.add(Order(id=1, item="book"))
             rid = st.stash(session, OutboxRecord(topic, "orm-commit", '{"order": 1}'))
-            inside = session.execute(text(f'SELECT kafka_key FROM "{pg_schema}".outbox WHERE id = :i'),
-                                     {"i": rid}).scalar_one()
+            inside = session.execute(
+                text(f'SELECT kafka_key FROM "{pg_schema}".outbox WHERE id = :i'), {"i": rid}
+            ).scalar_one()
             assert inside == "orm-commit"
             assert _outbox_keys(pg_dsn, table) == []  # not committed yet: the session's own transaction
             session.commit()
         # ORM Session, rolled back by an exception inside session.begin().
         with pytest.raises(RuntimeError), Session(engine) as session, session.begin():
             session.add(Order(id=2, item="pen"))
-            stash_many(session, [OutboxRecord(topic, "orm-rollback-1", "x"),
-                                 OutboxRecord(topic, "orm-rollback-2", "y")], table)
+            stash_many(
+                session, [OutboxRecord(topic, "orm-rollback-1", "x"), OutboxRecord(topic, "orm-rollback-2", "y")], table
+            )
             raise RuntimeError("payment declined")
         # ORM Session, explicit rollback() after a flush.
         with Session(engine) as session:
@@ -97,8 +112,12 @@ def test_session_and_core_connection_commit_delivered_rollback_never(
         # Core: engine.begin() commits, a Connection's rollback() discards.
         with engine.begin() as conn:
             conn.execute(insert(Order.__table__).values(id=4, item="cup"))
-            assert st.stash_many(conn, [OutboxRecord(topic, "core-commit-1", "a"),
-                                        OutboxRecord(topic, "core-commit-2", None)]) == 2
+            assert (
+                st.stash_many(
+                    conn, [OutboxRecord(topic, "core-commit-1", "a"), OutboxRecord(topic, "core-commit-2", None)]
+                )
+                == 2
+            )
         with engine.connect() as conn:
             st.stash(conn, OutboxRecord(topic, "core-rollback", "b"))
             conn.rollback()
@@ -113,10 +132,12 @@ def test_session_and_core_connection_commit_delivered_rollback_never(
             st.stash(session, OutboxRecord(topic, "orm-last", "c"))
             session.commit()
 
-        _delivered_exactly(kafka_bootstrap, topic,
-                           {"orm-commit", "core-commit-1", "core-commit-2", "orm-after-savepoint", "orm-last"},
-                           {"orm-rollback-1", "orm-rollback-2", "orm-explicit-rollback", "core-rollback",
-                            "orm-savepoint-rollback"})
+        _delivered_exactly(
+            kafka_bootstrap,
+            topic,
+            {"orm-commit", "core-commit-1", "core-commit-2", "orm-after-savepoint", "orm-last"},
+            {"orm-rollback-1", "orm-rollback-2", "orm-explicit-rollback", "core-rollback", "orm-savepoint-rollback"},
+        )
         wait_drained(pg_dsn, table)
         with Session(engine) as session:
             assert session.scalars(select(Order.id).order_by(Order.id)).all() == [1, 4]
@@ -127,8 +148,12 @@ def test_session_and_core_connection_commit_delivered_rollback_never(
 
 
 def test_async_session_and_connection_commit_delivered_rollback_never(
-        pg_dsn: str, kafka_bootstrap: str, pg_schema: str, topic_factory: Callable[..., str],
-        unique_name: Callable[[str], str]) -> None:
+    pg_dsn: str,
+    kafka_bootstrap: str,
+    pg_schema: str,
+    topic_factory: Callable[..., str],
+    unique_name: Callable[[str], str],
+) -> None:
     topic, table = topic_factory(), f"{pg_schema}.outbox"
     init_db(pg_dsn, table)
     Base, Order = _model(pg_schema)
@@ -142,8 +167,9 @@ def test_async_session_and_connection_commit_delivered_rollback_never(
             async with AsyncSession(engine) as session:
                 session.add(Order(id=1, item="book"))
                 await st.astash(session, OutboxRecord(topic, "async-orm-commit", "v"))
-                n = (await session.execute(select(func.count()).select_from(
-                    text(f'"{pg_schema}".outbox')))).scalar_one()
+                n = (
+                    await session.execute(select(func.count()).select_from(text(f'"{pg_schema}".outbox')))
+                ).scalar_one()
                 assert n == 1 and _outbox_keys(pg_dsn, table) == []
                 await session.commit()
             with pytest.raises(RuntimeError):
@@ -168,8 +194,12 @@ def test_async_session_and_connection_commit_delivered_rollback_never(
     relay = Harvest(relay_config(pg_dsn, kafka_bootstrap, table, unique_name("g"))).start()
     try:
         asyncio.run(app())
-        _delivered_exactly(kafka_bootstrap, topic, {"async-orm-commit", "async-core-commit", "async-last"},
-                           {"async-orm-rollback", "async-core-rollback"})
+        _delivered_exactly(
+            kafka_bootstrap,
+            topic,
+            {"async-orm-commit", "async-core-commit", "async-last"},
+            {"async-orm-rollback", "async-core-rollback"},
+        )
         wait_drained(pg_dsn, table)
     finally:
         relay.stop()
@@ -219,10 +249,12 @@ def _orm_begin(engine: Engine, put: Put, commit: bool) -> None:
             raise _Abort
 
 
-@pytest.mark.parametrize("scenario", [_core, _core_after_commit, _core_begin, _orm, _orm_begin],
-                         ids=lambda f: f.__name__.strip("_"))
+@pytest.mark.parametrize(
+    "scenario", [_core, _core_after_commit, _core_begin, _orm, _orm_begin], ids=lambda f: f.__name__.strip("_")
+)
 def test_stash_first_on_a_pooled_connection_commits_and_rolls_back_with_it(
-        pg_dsn: str, pg_schema: str, scenario: Callable[[Engine, Put, bool], None]) -> None:
+    pg_dsn: str, pg_schema: str, scenario: Callable[[Engine, Put, bool], None]
+) -> None:
     table = f"{pg_schema}.outbox"
     init_db(pg_dsn, table)
     st = SessionStasher(table)
@@ -281,10 +313,12 @@ async def _aorm_begin(engine: AsyncEngine, put: AsyncPut, commit: bool) -> None:
                 raise _Abort
 
 
-@pytest.mark.parametrize("scenario", [_acore, _acore_after_commit, _acore_begin, _aorm, _aorm_begin],
-                         ids=lambda f: f.__name__.strip("_"))
+@pytest.mark.parametrize(
+    "scenario", [_acore, _acore_after_commit, _acore_begin, _aorm, _aorm_begin], ids=lambda f: f.__name__.strip("_")
+)
 def test_astash_first_on_a_pooled_connection_commits_and_rolls_back_with_it(
-        pg_dsn: str, pg_schema: str, scenario: Callable[[AsyncEngine, AsyncPut, bool], Awaitable[None]]) -> None:
+    pg_dsn: str, pg_schema: str, scenario: Callable[[AsyncEngine, AsyncPut, bool], Awaitable[None]]
+) -> None:
     table = f"{pg_schema}.outbox"
     init_db(pg_dsn, table)
     st = SessionStasher(table)
@@ -298,8 +332,9 @@ def test_astash_first_on_a_pooled_connection_commits_and_rolls_back_with_it(
             for end in ("commit", "rollback"):
                 one, many = f"{end}-astash", f"{end}-astash_many"
                 await scenario(engine, lambda c, k=one: st.astash(c, OutboxRecord("t", k, "v")), end == "commit")
-                await scenario(engine, lambda c, k=many: astash_many(c, [OutboxRecord("t", k, "v")], table),
-                               end == "commit")
+                await scenario(
+                    engine, lambda c, k=many: astash_many(c, [OutboxRecord("t", k, "v")], table), end == "commit"
+                )
                 if end == "commit":
                     committed += [one, many]
         finally:

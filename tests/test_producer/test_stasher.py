@@ -24,11 +24,21 @@ def test_init_db_is_idempotent_and_has_goharvest_columns(pg_dsn: str, pg_schema:
     init_db(pg_dsn, table)
     with psycopg.connect(pg_dsn) as conn:
         assert inspect_outbox(conn, OutboxNames.parse(table)) == "varchar"
-        cols = conn.execute("SELECT column_name, data_type, is_nullable FROM information_schema.columns "
-                            "WHERE table_schema = %s AND table_name = 'outbox' ORDER BY ordinal_position",
-                            (pg_schema,)).fetchall()
-    assert [c[0] for c in cols] == ["id", "create_time", "kafka_topic", "kafka_key", "kafka_value",
-                                    "kafka_header_keys", "kafka_header_values", "leader_id"]
+        cols = conn.execute(
+            "SELECT column_name, data_type, is_nullable FROM information_schema.columns "
+            "WHERE table_schema = %s AND table_name = 'outbox' ORDER BY ordinal_position",
+            (pg_schema,),
+        ).fetchall()
+    assert [c[0] for c in cols] == [
+        "id",
+        "create_time",
+        "kafka_topic",
+        "kafka_key",
+        "kafka_value",
+        "kafka_header_keys",
+        "kafka_header_values",
+        "leader_id",
+    ]
     assert cols[0][1] == "bigint" and cols[7][1] == "uuid" and cols[5][1] == "ARRAY"
 
 
@@ -48,8 +58,12 @@ def test_stash_round_trip_in_callers_transaction(pg_dsn: str, pg_schema: str) ->
         with pytest.raises(RuntimeError), conn.transaction():
             st.stash(conn, OutboxRecord("orders", "rolled-back", "z"))
             raise RuntimeError("business logic failed")
-        rows = conn.execute(sql.SQL("SELECT id, kafka_key, kafka_value, kafka_header_keys, kafka_header_values, "
-                                    "leader_id FROM {} ORDER BY id").format(st.names.outbox)).fetchall()
+        rows = conn.execute(
+            sql.SQL(
+                "SELECT id, kafka_key, kafka_value, kafka_header_keys, kafka_header_values, "
+                "leader_id FROM {} ORDER BY id"
+            ).format(st.names.outbox)
+        ).fetchall()
     assert rows == [(a, "k1", "v1", ["h1", "h1"], ["x", "y"], None), (b, "k1", None, ["only"], [None], None)]
 
 
@@ -59,20 +73,25 @@ def test_bytea_outbox(pg_dsn: str, pg_schema: str) -> None:
     st = Stasher(table, "bytea")
     with psycopg.connect(pg_dsn) as conn:
         st.stash_many(conn, [OutboxRecord("t", "k", b"\x00\xff"), OutboxRecord("t", "k", "text")])
-        values = [r[0] for r in conn.execute(sql.SQL("SELECT kafka_value FROM {} ORDER BY id").format(
-            st.names.outbox)).fetchall()]
+        values = [
+            r[0]
+            for r in conn.execute(sql.SQL("SELECT kafka_value FROM {} ORDER BY id").format(st.names.outbox)).fetchall()
+        ]
     assert values == [b"\x00\xff", b"text"]
 
 
-@pytest.mark.parametrize(("record", "needle"), [
-    (OutboxRecord("", "k", "v"), "topic: '' is not a valid Kafka topic name"),
-    (OutboxRecord(None, "k", "v"), "topic: None is not a valid Kafka topic name"),  # type: ignore[arg-type]
-    (OutboxRecord("t", None, "v"), "key: must be a string"),  # type: ignore[arg-type]
-    (OutboxRecord("t", "k", 5), "value: must be str, bytes or None"),  # type: ignore[arg-type]
-    (OutboxRecord("t", "k", b"\xff\xfe"), "is not UTF-8 but the outbox's kafka_value is VARCHAR"),
-    (OutboxRecord("t", "k", "v", [("a",)]), "is not a (key, value) pair"),  # type: ignore[list-item]
-    (OutboxRecord("t", "k", "v", [("a", 1)]), "headers['a']: value must be a string"),  # type: ignore[list-item]
-])
+@pytest.mark.parametrize(
+    ("record", "needle"),
+    [
+        (OutboxRecord("", "k", "v"), "topic: '' is not a valid Kafka topic name"),
+        (OutboxRecord(None, "k", "v"), "topic: None is not a valid Kafka topic name"),  # type: ignore[arg-type]
+        (OutboxRecord("t", None, "v"), "key: must be a string"),  # type: ignore[arg-type]
+        (OutboxRecord("t", "k", 5), "value: must be str, bytes or None"),  # type: ignore[arg-type]
+        (OutboxRecord("t", "k", b"\xff\xfe"), "is not UTF-8 but the outbox's kafka_value is VARCHAR"),
+        (OutboxRecord("t", "k", "v", [("a",)]), "is not a (key, value) pair"),  # type: ignore[list-item]
+        (OutboxRecord("t", "k", "v", [("a", 1)]), "headers['a']: value must be a string"),  # type: ignore[list-item]
+    ],
+)
 def test_bad_records_rejected_before_the_database(record: OutboxRecord, needle: str) -> None:
     with pytest.raises(RecordError) as info:
         Stasher().plan.row(record)
@@ -85,16 +104,16 @@ def test_stash_many_writes_the_same_rows_as_stash(pg_dsn: str, pg_schema: str) -
     one, many = f"{pg_schema}.one", f"{pg_schema}.many"
     init_db(pg_dsn, one)
     init_db(pg_dsn, many)
-    records = [OutboxRecord("t", f"k{i % 50}", None if i % 97 == 0 else "x" * (i % 7), [("h", str(i))])
-               for i in range(500)]
+    records = [
+        OutboxRecord("t", f"k{i % 50}", None if i % 97 == 0 else "x" * (i % 7), [("h", str(i))]) for i in range(500)
+    ]
     with psycopg.connect(pg_dsn) as conn:
         with conn.transaction():
             for r in records:
                 Stasher(one).stash(conn, r)
         with conn.transaction():
             assert Stasher(many).stash_many(conn, records) == 500
-        cols = ("SELECT kafka_topic, kafka_key, kafka_value, kafka_header_keys, kafka_header_values "
-                "FROM {} ORDER BY id")
+        cols = "SELECT kafka_topic, kafka_key, kafka_value, kafka_header_keys, kafka_header_values FROM {} ORDER BY id"
         rows = [conn.execute(sql.SQL(cols).format(sql.Identifier(pg_schema, t))).fetchall() for t in ("one", "many")]
     assert rows[0] == rows[1] and len(rows[0]) == 500
 
@@ -110,38 +129,78 @@ async def _sync_call(call: Callable[[object], object], conn: object) -> object:
 # used to build coroutines nobody awaited (AttributeError); the async one given a sync connection wrote
 # the row, then failed on `await` (TypeError) with the row left in the caller's transaction.
 _BAD_CONNECTIONS: list[tuple[str, Callable[[object], Awaitable[object]], str, str]] = [
-    ("Stasher.stash", lambda c: _sync_call(lambda x: Stasher().stash(x, _REC), c), "async",  # type: ignore[arg-type]
-     "conn: the synchronous Stasher needs a psycopg.Connection or Cursor, got AsyncConnection (asyncio); "
-     "use harvest_outbox.producer.stasher_async.AsyncStasher"),
-    ("Stasher.stash_many", lambda c: _sync_call(lambda x: Stasher().stash_many(x, [_REC]), c),  # type: ignore[arg-type]
-     "async cursor", "got AsyncCursor (asyncio); use harvest_outbox.producer.stasher_async.AsyncStasher"),
-    ("stasher.stash", lambda c: _sync_call(lambda x: stash(x, _REC), c), "async",  # type: ignore[arg-type]
-     "got AsyncConnection (asyncio)"),
-    ("AsyncStasher.stash", lambda c: AsyncStasher().stash(c, _REC), "sync",  # type: ignore[arg-type]
-     "conn: AsyncStasher needs a psycopg.AsyncConnection or AsyncCursor, got Connection (synchronous); "
-     "use harvest_outbox.producer.stasher.Stasher"),
-    ("AsyncStasher.stash_many", lambda c: AsyncStasher().stash_many(c, [_REC]), "sync cursor",  # type: ignore[arg-type]
-     "got Cursor (synchronous); use harvest_outbox.producer.stasher.Stasher"),
-    ("stasher_async.stash_many", lambda c: astash_many(c, [_REC]), "sync",  # type: ignore[arg-type]
-     "got Connection (synchronous)"),
-    ("Stasher.stash", lambda c: _sync_call(lambda x: Stasher().stash(x, _REC), c), "none",  # type: ignore[arg-type]
-     "conn: the synchronous Stasher needs a psycopg.Connection or Cursor, got NoneType; pass the psycopg "
-     "connection"),
-    ("AsyncStasher.stash", lambda c: AsyncStasher().stash(c, _REC), "none",  # type: ignore[arg-type]
-     "conn: AsyncStasher needs a psycopg.AsyncConnection or AsyncCursor, got NoneType"),
+    (
+        "Stasher.stash",
+        lambda c: _sync_call(lambda x: Stasher().stash(x, _REC), c),
+        "async",  # type: ignore[arg-type]
+        "conn: the synchronous Stasher needs a psycopg.Connection or Cursor, got AsyncConnection (asyncio); "
+        "use harvest_outbox.producer.stasher_async.AsyncStasher",
+    ),
+    (
+        "Stasher.stash_many",
+        lambda c: _sync_call(lambda x: Stasher().stash_many(x, [_REC]), c),  # type: ignore[arg-type]
+        "async cursor",
+        "got AsyncCursor (asyncio); use harvest_outbox.producer.stasher_async.AsyncStasher",
+    ),
+    (
+        "stasher.stash",
+        lambda c: _sync_call(lambda x: stash(x, _REC), c),
+        "async",  # type: ignore[arg-type]
+        "got AsyncConnection (asyncio)",
+    ),
+    (
+        "AsyncStasher.stash",
+        lambda c: AsyncStasher().stash(c, _REC),
+        "sync",  # type: ignore[arg-type]
+        "conn: AsyncStasher needs a psycopg.AsyncConnection or AsyncCursor, got Connection (synchronous); "
+        "use harvest_outbox.producer.stasher.Stasher",
+    ),
+    (
+        "AsyncStasher.stash_many",
+        lambda c: AsyncStasher().stash_many(c, [_REC]),
+        "sync cursor",  # type: ignore[arg-type]
+        "got Cursor (synchronous); use harvest_outbox.producer.stasher.Stasher",
+    ),
+    (
+        "stasher_async.stash_many",
+        lambda c: astash_many(c, [_REC]),
+        "sync",  # type: ignore[arg-type]
+        "got Connection (synchronous)",
+    ),
+    (
+        "Stasher.stash",
+        lambda c: _sync_call(lambda x: Stasher().stash(x, _REC), c),
+        "none",  # type: ignore[arg-type]
+        "conn: the synchronous Stasher needs a psycopg.Connection or Cursor, got NoneType; pass the psycopg connection",
+    ),
+    (
+        "AsyncStasher.stash",
+        lambda c: AsyncStasher().stash(c, _REC),
+        "none",  # type: ignore[arg-type]
+        "conn: AsyncStasher needs a psycopg.AsyncConnection or AsyncCursor, got NoneType",
+    ),
 ]
 
 
-@pytest.mark.parametrize(("call", "given", "needle"), [row[1:] for row in _BAD_CONNECTIONS],
-                         ids=[f"{row[0]}-{row[2]}" for row in _BAD_CONNECTIONS])
+@pytest.mark.parametrize(
+    ("call", "given", "needle"),
+    [row[1:] for row in _BAD_CONNECTIONS],
+    ids=[f"{row[0]}-{row[2]}" for row in _BAD_CONNECTIONS],
+)
 def test_a_connection_of_the_wrong_kind_is_refused_before_anything_runs(
-        pg_dsn: str, call: Callable[[object], Awaitable[object]], given: str, needle: str) -> None:
+    pg_dsn: str, call: Callable[[object], Awaitable[object]], given: str, needle: str
+) -> None:
     async def run() -> tuple[str, list[psycopg.pq.TransactionStatus]]:
         sync = psycopg.connect(pg_dsn)
         aconn = await psycopg.AsyncConnection.connect(pg_dsn)
         try:
-            conn = {"sync": sync, "sync cursor": sync.cursor(), "async": aconn, "async cursor": aconn.cursor(),
-                    "none": None}[given]
+            conn = {
+                "sync": sync,
+                "sync cursor": sync.cursor(),
+                "async": aconn,
+                "async cursor": aconn.cursor(),
+                "none": None,
+            }[given]
             with pytest.raises(ConfigError) as info:
                 await call(conn)
             return str(info.value), [sync.info.transaction_status, aconn.info.transaction_status]
@@ -170,6 +229,7 @@ def test_headers_none_means_no_headers(pg_dsn: str, pg_schema: str) -> None:
         st.stash_many(conn, [none])
     asyncio.run(astash(pg_dsn))
     with psycopg.connect(pg_dsn) as conn:
-        rows = conn.execute(sql.SQL("SELECT kafka_header_keys, kafka_header_values FROM {}").format(
-            st.names.outbox)).fetchall()
+        rows = conn.execute(
+            sql.SQL("SELECT kafka_header_keys, kafka_header_values FROM {}").format(st.names.outbox)
+        ).fetchall()
     assert rows == [([], [])] * 4  # empty arrays, not NULL (which the relay would refuse as a poison row)

@@ -24,8 +24,10 @@ def _rows(conn: psycopg.Connection, names: OutboxNames) -> list[tuple[object, ..
 
 
 def _records() -> list[OutboxRecord]:
-    return [OutboxRecord("t", f"k{i % 7}", None if i % 11 == 0 else f"v{i}", [("h", str(i)), ("dup", None)])
-            for i in range(200)]
+    return [
+        OutboxRecord("t", f"k{i % 7}", None if i % 11 == 0 else f"v{i}", [("h", str(i)), ("dup", None)])
+        for i in range(200)
+    ]
 
 
 @pytest.mark.parametrize("value_type", ["varchar", "bytea"])
@@ -89,10 +91,11 @@ def test_async_bad_record_fails_before_the_database(pg_dsn: str, pg_schema: str)
     async def run() -> list[str]:
         async with await psycopg.AsyncConnection.connect(pg_dsn) as conn:
             errors = []
-            for call in (lambda: st.stash(conn, OutboxRecord("bad topic!", "k", "v")),
-                         lambda: st.stash_many(conn, [OutboxRecord("t", "k", "fine"),
-                                                      OutboxRecord("t", "k", 5)]),  # type: ignore[arg-type]
-                         lambda: astash(conn, OutboxRecord("t", None, "v"), table)):  # type: ignore[arg-type]
+            for call in (
+                lambda: st.stash(conn, OutboxRecord("bad topic!", "k", "v")),
+                lambda: st.stash_many(conn, [OutboxRecord("t", "k", "fine"), OutboxRecord("t", "k", 5)]),  # type: ignore[arg-type]
+                lambda: astash(conn, OutboxRecord("t", None, "v"), table),
+            ):  # type: ignore[arg-type]
                 with pytest.raises(RecordError) as info:
                     await call()
                 errors.append(str(info.value))
@@ -108,8 +111,15 @@ def test_async_bad_record_fails_before_the_database(pg_dsn: str, pg_schema: str)
         assert _rows(conn, st.names) == []
 
 
-@pytest.mark.parametrize("record", [OutboxRecord("", "k", "v"), OutboxRecord("t", "k", b"\xff"),
-                                    OutboxRecord("t", "k", "v", [("a", 1)]), "not a record"])  # type: ignore[list-item]
+@pytest.mark.parametrize(
+    "record",
+    [
+        OutboxRecord("", "k", "v"),
+        OutboxRecord("t", "k", b"\xff"),
+        OutboxRecord("t", "k", "v", [("a", 1)]),
+        "not a record",
+    ],
+)  # type: ignore[list-item]
 def test_sync_and_async_raise_the_same_error(pg_dsn: str, pg_schema: str, record: OutboxRecord) -> None:
     table = f"{pg_schema}.outbox"
     init_db(pg_dsn, table)

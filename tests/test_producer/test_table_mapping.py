@@ -34,52 +34,64 @@ from harvest_outbox.producer.table_mapping import GOHARVEST, DebeziumMapping, Ev
 def test_router_defaults_are_debeziums() -> None:
     r = EventRouter.from_options({})
     assert (r.field_event_id, r.field_event_key, r.field_event_payload, r.route_by_field) == (
-        "id", "aggregateid", "payload", "aggregatetype")
+        "id",
+        "aggregateid",
+        "payload",
+        "aggregatetype",
+    )
     assert r.route_topic_replacement == "outbox.event.${routedByValue}"
     assert not r.tombstone_on_empty_payload and r.additional == ()
 
 
 def test_a_connectors_settings_copy_as_they_are() -> None:
-    r = EventRouter.from_options({
-        "transforms.outbox.type": "io.debezium.transforms.outbox.EventRouter",
-        "transforms.outbox.route.by.field": "kind",
-        "transforms.outbox.table.fields.additional.placement": "type:header:eventType,tenant:header",
-        "transforms.outbox.route.tombstone.on.empty.payload": "true",
-    })
+    r = EventRouter.from_options(
+        {
+            "transforms.outbox.type": "io.debezium.transforms.outbox.EventRouter",
+            "transforms.outbox.route.by.field": "kind",
+            "transforms.outbox.table.fields.additional.placement": "type:header:eventType,tenant:header",
+            "transforms.outbox.route.tombstone.on.empty.payload": "true",
+        }
+    )
     assert r.route_by_field == "kind" and r.tombstone_on_empty_payload
     assert [(a.column, a.alias) for a in r.additional] == [("type", "eventType"), ("tenant", "tenant")]
 
 
-@pytest.mark.parametrize("options, says", [
-    ({"route.by.feild": "x"}, "eventRouter.route.by.feild: unknown option"),
-    ({"table.field.event.timestamp": "ts"}, "not supported by harvest"),
-    ({"table.expand.json.payload": True}, "table.expand.json.payload: true is not supported"),
-    ({"table.fields.additional.placement": "type:envelope"}, "placement 'envelope' is not supported"),
-    ({"table.fields.additional.placement": "p:partition,q:partition"}, "a second partition placement"),
-    ({"table.fields.additional.placement": "type:nowhere"}, "unknown placement"),
-    ({"table.fields.additional.placement": "type"}, "must be column:placement"),
-    ({"table.fields.additional.placement": "type:header:id"}, "second 'id' header"),
-    ({"route.tombstone.on.empty.payload": "yes"}, "must be true or false"),
-    ({"route.by.field": "a-b"}, "is not a column name"),
-    ({"route.topic.replacement": "x.${nope}"}, "names group 'nope'"),
-    ({"route.topic.replacement": "x.$"}, "'$' must name a group"),
-    ({"route.topic.regex": "(?=x).*"}, "is not supported"),
-    ({"route.topic.regex": "(unclosed"}, "not a valid regular expression"),
-    ({"type": "io.debezium.transforms.ExtractNewRecordState"}, "is not Debezium's outbox event router"),
-    ({"table.op.invalid.behavior": "fatal"}, "only 'warn' is supported"),
-    ("route.by.field", "expected a mapping"),
-])
+@pytest.mark.parametrize(
+    "options, says",
+    [
+        ({"route.by.feild": "x"}, "eventRouter.route.by.feild: unknown option"),
+        ({"table.field.event.timestamp": "ts"}, "not supported by harvest"),
+        ({"table.expand.json.payload": True}, "table.expand.json.payload: true is not supported"),
+        ({"table.fields.additional.placement": "type:envelope"}, "placement 'envelope' is not supported"),
+        ({"table.fields.additional.placement": "p:partition,q:partition"}, "a second partition placement"),
+        ({"table.fields.additional.placement": "type:nowhere"}, "unknown placement"),
+        ({"table.fields.additional.placement": "type"}, "must be column:placement"),
+        ({"table.fields.additional.placement": "type:header:id"}, "second 'id' header"),
+        ({"route.tombstone.on.empty.payload": "yes"}, "must be true or false"),
+        ({"route.by.field": "a-b"}, "is not a column name"),
+        ({"route.topic.replacement": "x.${nope}"}, "names group 'nope'"),
+        ({"route.topic.replacement": "x.$"}, "'$' must name a group"),
+        ({"route.topic.regex": "(?=x).*"}, "is not supported"),
+        ({"route.topic.regex": "(unclosed"}, "not a valid regular expression"),
+        ({"type": "io.debezium.transforms.ExtractNewRecordState"}, "is not Debezium's outbox event router"),
+        ({"table.op.invalid.behavior": "fatal"}, "only 'warn' is supported"),
+        ("route.by.field", "expected a mapping"),
+    ],
+)
 def test_bad_router_options_are_named(options: Any, says: str) -> None:
     with pytest.raises(ConfigError, match="eventRouter") as err:
         EventRouter.from_options(options)
     assert says in str(err.value)
 
 
-@pytest.mark.parametrize("data, says", [
-    ({"tableMapping": "debzium"}, "tableMapping: 'debzium' is not a table mapping"),
-    ({"eventRouter": {"route.by.field": "x"}}, "only applies to tableMapping: debezium"),
-    ({"tableMapping": "debezium", "eventRouter": {"nope": 1}}, "harvest.eventRouter.nope: unknown option"),
-])
+@pytest.mark.parametrize(
+    "data, says",
+    [
+        ({"tableMapping": "debzium"}, "tableMapping: 'debzium' is not a table mapping"),
+        ({"eventRouter": {"route.by.field": "x"}}, "only applies to tableMapping: debezium"),
+        ({"tableMapping": "debezium", "eventRouter": {"nope": 1}}, "harvest.eventRouter.nope: unknown option"),
+    ],
+)
 def test_config_keys(data: dict[str, Any], says: str) -> None:
     with pytest.raises(ConfigError) as err:
         from_mapping({"harvest": data})
@@ -104,21 +116,26 @@ def test_default_routing_is_a_concatenation_not_a_regex() -> None:
 
 
 @pytest.mark.integration
-@pytest.mark.parametrize("regex, replacement, routed, topic", [
-    ("(?<routedByValue>.*)", "outbox.event.${routedByValue}", "Order", "outbox.event.Order"),
-    ("(?<routedByValue>.*)", "${routedByValue}.events", "Order", "Order.events"),
-    ("(?<svc>[a-z]+)\\.(?<kind>.*)", "${kind}-$1", "orders.Created", "Created-orders"),
-    ("(?<svc>[a-z]+)\\.(?<kind>.*)", "${kind}-$1", "NoDot", "NoDot"),  # no whole match: the value as is
-    ("(.*)", "cost\\$.$1", "x", "cost$.x"),
-])
-def test_routing_matches_kafkas_regex_router(regex: str, replacement: str, routed: str, topic: str,
-                                             pg_dsn: str) -> None:
+@pytest.mark.parametrize(
+    "regex, replacement, routed, topic",
+    [
+        ("(?<routedByValue>.*)", "outbox.event.${routedByValue}", "Order", "outbox.event.Order"),
+        ("(?<routedByValue>.*)", "${routedByValue}.events", "Order", "Order.events"),
+        ("(?<svc>[a-z]+)\\.(?<kind>.*)", "${kind}-$1", "orders.Created", "Created-orders"),
+        ("(?<svc>[a-z]+)\\.(?<kind>.*)", "${kind}-$1", "NoDot", "NoDot"),  # no whole match: the value as is
+        ("(.*)", "cost\\$.$1", "x", "cost$.x"),
+    ],
+)
+def test_routing_matches_kafkas_regex_router(
+    regex: str, replacement: str, routed: str, topic: str, pg_dsn: str
+) -> None:
     """RegexRouter: the regex must match the whole value; then the replacement's groups fill in."""
     m = table_mapping("debezium", {"route.topic.regex": regex, "route.topic.replacement": replacement})
     assert isinstance(m, DebeziumMapping)
     with psycopg.connect(pg_dsn) as conn:
-        got = conn.execute(sql.SQL("SELECT {} FROM (SELECT %s::text AS aggregatetype) AS o").format(m.topic("o")),
-                           (routed,)).fetchone()
+        got = conn.execute(
+            sql.SQL("SELECT {} FROM (SELECT %s::text AS aggregatetype) AS o").format(m.topic("o")), (routed,)
+        ).fetchone()
     assert got is not None and got[0] == topic
 
 
@@ -139,8 +156,13 @@ _CREATE = """
 
 def _insert(conn: psycopg.Connection, table: sql.Composable, rows: list[tuple[Any, ...]]) -> None:
     with conn.cursor() as cur:
-        cur.executemany(sql.SQL("INSERT INTO {} (id, aggregatetype, aggregateid, type, payload, tenant, version, part) "
-                                "VALUES (%s, %s, %s, %s, %s, %s, %s, %s)").format(table), rows)
+        cur.executemany(
+            sql.SQL(
+                "INSERT INTO {} (id, aggregatetype, aggregateid, type, payload, tenant, version, part) "
+                "VALUES (%s, %s, %s, %s, %s, %s, %s, %s)"
+            ).format(table),
+            rows,
+        )
 
 
 def _headers_by_value(bootstrap: str, topic: str) -> dict[bytes, list[tuple[str, bytes | None]]]:
@@ -150,8 +172,9 @@ def _headers_by_value(bootstrap: str, topic: str) -> dict[bytes, list[tuple[str,
 
 def _relayed_left(pg_dsn: str, names: OutboxNames) -> int:
     with psycopg.connect(pg_dsn) as conn:
-        row = conn.execute(sql.SQL("SELECT count(*) FROM {} WHERE harvest_seq IS NOT NULL").format(
-            names.outbox)).fetchone()
+        row = conn.execute(
+            sql.SQL("SELECT count(*) FROM {} WHERE harvest_seq IS NOT NULL").format(names.outbox)
+        ).fetchone()
     assert row is not None
     return int(row[0])
 
@@ -165,12 +188,14 @@ def _wait(pg_dsn: str, names: OutboxNames, timeout: float = 60.0) -> None:
 
 @pytest.mark.integration
 @pytest.mark.parametrize("sequenced", [False, True], ids=["at-least-once", "uuid-sequencing"])
-def test_relay_drains_a_debezium_outbox_as_the_router_would(sequenced: bool, pg_dsn: str, kafka_bootstrap: str,
-                                                            pg_schema: str, unique_name: Callable[[str], str]) -> None:
+def test_relay_drains_a_debezium_outbox_as_the_router_would(
+    sequenced: bool, pg_dsn: str, kafka_bootstrap: str, pg_schema: str, unique_name: Callable[[str], str]
+) -> None:
     prefix = unique_name("ev")
-    options = {"route.topic.replacement": prefix + ".${routedByValue}",
-               "table.fields.additional.placement": "type:header:eventType,tenant:header,version:header:v,"
-                                                    "part:partition"}
+    options = {
+        "route.topic.replacement": prefix + ".${routedByValue}",
+        "table.fields.additional.placement": "type:header:eventType,tenant:header,version:header:v,part:partition",
+    }
     mapping = table_mapping("debezium", options)
     table = f"{pg_schema}.outbox_event"
     names = OutboxNames.parse(table, mapping)
@@ -202,12 +227,17 @@ def test_relay_drains_a_debezium_outbox_as_the_router_would(sequenced: bool, pg_
         printed = dict(conn.execute(sql.SQL("SELECT id, payload::text FROM {}").format(names.outbox)).fetchall())
     for eid, agg, key, typ, _payload, tenant, version, part in rows:
         partition[printed[eid].encode()] = part
-        headers = [("id", str(eid).encode()), ("eventType", typ.encode()),
-                   ("tenant", None if tenant is None else tenant.encode()), ("v", str(version).encode())]
+        headers = [
+            ("id", str(eid).encode()),
+            ("eventType", typ.encode()),
+            ("tenant", None if tenant is None else tenant.encode()),
+            ("v", str(version).encode()),
+        ]
         want.append((f"{prefix}.{agg}", key, printed[eid].encode(), headers))
 
     cfg = relay_config(pg_dsn, kafka_bootstrap, table, unique_name("g")).replace(
-        uuid_sequencing=sequenced, table_mapping=mapping)
+        uuid_sequencing=sequenced, table_mapping=mapping
+    )
     relay = Harvest(cfg).start()
     try:
         _wait(pg_dsn, names)
@@ -217,14 +247,20 @@ def test_relay_drains_a_debezium_outbox_as_the_router_would(sequenced: bool, pg_
         dead = list_dead_letters(conn, table)
         left = conn.execute(sql.SQL("SELECT id FROM {}").format(names.outbox)).fetchall()
         source = conn.execute(sql.SQL("SELECT source_row FROM {}").format(names.dead_letters)).fetchall()
-    assert [d.error for d in dead] == ["bad row: aggregatetype (route.by.field) is NULL or empty: the row has nowhere "
-                                       "to go; fix aggregatetype and requeue"]
+    assert [d.error for d in dead] == [
+        "bad row: aggregatetype (route.by.field) is NULL or empty: the row has nowhere "
+        "to go; fix aggregatetype and requeue"
+    ]
     assert source[0][0]["id"] == str(poison[0]) and source[0][0]["type"] == "Lost"
     assert left == [(before,)], "the row written before init-db is Debezium's: harvest leaves it"
     with psycopg.connect(pg_dsn) as conn:  # a requeue restores the row as the writer wrote it
         assert requeue(conn, table, None, mapping) == 1
-        back = conn.execute(sql.SQL("SELECT id, aggregateid, type, payload, harvest_seq IS NOT NULL, harvest_leader "
-                                    "FROM {} WHERE id = %s").format(names.outbox), (poison[0],)).fetchone()
+        back = conn.execute(
+            sql.SQL(
+                "SELECT id, aggregateid, type, payload, harvest_seq IS NOT NULL, harvest_leader FROM {} WHERE id = %s"
+            ).format(names.outbox),
+            (poison[0],),
+        ).fetchone()
     assert back == (poison[0], "o-9", "Lost", {"where": None}, True, None)
 
     for agg in ("Order", "Customer"):
@@ -252,8 +288,9 @@ def test_relay_drains_a_debezium_outbox_as_the_router_would(sequenced: bool, pg_
 
 
 @pytest.mark.integration
-def test_sharded_relays_split_a_debezium_outbox_by_aggregateid(pg_dsn: str, kafka_bootstrap: str, pg_schema: str,
-                                                               unique_name: Callable[[str], str]) -> None:
+def test_sharded_relays_split_a_debezium_outbox_by_aggregateid(
+    pg_dsn: str, kafka_bootstrap: str, pg_schema: str, unique_name: Callable[[str], str]
+) -> None:
     prefix = unique_name("ev")
     mapping = table_mapping("debezium", {"route.topic.replacement": prefix + ".${routedByValue}"})
     table = f"{pg_schema}.outbox_event"
@@ -262,11 +299,16 @@ def test_sharded_relays_split_a_debezium_outbox_by_aggregateid(pg_dsn: str, kafk
     init_db(pg_dsn, table, shards=2, mapping=mapping)  # creates the table in Debezium's convention
     with psycopg.connect(pg_dsn) as conn:
         with conn.cursor() as cur:
-            cur.executemany(sql.SQL("INSERT INTO {} (id, aggregatetype, aggregateid, type, payload) "
-                                    "VALUES (%s, 'Order', %s, 'Created', %s)").format(names.outbox),
-                            [(uuid.uuid4(), f"k{i % 9}", json.dumps({"i": i})) for i in range(200)])
+            cur.executemany(
+                sql.SQL(
+                    "INSERT INTO {} (id, aggregatetype, aggregateid, type, payload) "
+                    "VALUES (%s, 'Order', %s, 'Created', %s)"
+                ).format(names.outbox),
+                [(uuid.uuid4(), f"k{i % 9}", json.dumps({"i": i})) for i in range(200)],
+            )
     cfg = relay_config(pg_dsn, kafka_bootstrap, table, unique_name("g")).replace(
-        table_mapping=mapping, shards=2, leader_election="postgres", leader_lock_check_interval=0.2)
+        table_mapping=mapping, shards=2, leader_election="postgres", leader_lock_check_interval=0.2
+    )
     from harvest_outbox.producer.sharded import ShardedHarvest
 
     relays = [ShardedHarvest(cfg.replace(name=f"r{i}")).start() for i in range(2)]
@@ -287,12 +329,15 @@ def test_sharded_relays_split_a_debezium_outbox_by_aggregateid(pg_dsn: str, kafk
 # ---------------------------------------------------------------------------------------- event ids
 
 
-@pytest.mark.parametrize("value, says", [
-    ("uuid", "a header harvest or its readers use"),
-    ("a\nb", "printable"),
-    ("x" * 65, "1-64 printable"),
-    (7, "must be a header name"),
-])
+@pytest.mark.parametrize(
+    "value, says",
+    [
+        ("uuid", "a header harvest or its readers use"),
+        ("a\nb", "printable"),
+        ("x" * 65, "1-64 printable"),
+        (7, "must be a header name"),
+    ],
+)
 def test_event_id_header_names_are_checked(value: Any, says: str) -> None:
     with pytest.raises(ConfigError, match="eventIdHeader") as err:
         HarvestConfig(event_id_header=value)
@@ -306,9 +351,14 @@ def test_a_debezium_table_has_the_routers_id_header_already() -> None:
 
 @pytest.mark.integration
 @pytest.mark.parametrize("sequenced", [False, True], ids=["at-least-once", "uuid-sequencing"])
-def test_a_goharvest_record_carries_its_event_id_on_every_send(sequenced: bool, pg_dsn: str, kafka_bootstrap: str,
-                                                               pg_schema: str, topic_factory: Callable[..., str],
-                                                               unique_name: Callable[[str], str]) -> None:
+def test_a_goharvest_record_carries_its_event_id_on_every_send(
+    sequenced: bool,
+    pg_dsn: str,
+    kafka_bootstrap: str,
+    pg_schema: str,
+    topic_factory: Callable[..., str],
+    unique_name: Callable[[str], str],
+) -> None:
     """``eventIdHeader``: ``<outbox>/<row id>`` on every record, first (after ``uuid`` when sequenced),
     the row's own headers after it; re-sends (injected delivery failures, at-least-once) carry the same
     id, so deduping by it leaves each row once."""
@@ -319,20 +369,27 @@ def test_a_goharvest_record_carries_its_event_id_on_every_send(sequenced: bool, 
     table = f"{pg_schema}.outbox"
     init_db(pg_dsn, table)
     with psycopg.connect(pg_dsn) as conn:
-        Stasher(table).stash_many(conn, [OutboxRecord(topic, f"k{i % 9}", f"v{i}", [("i", str(i))] if i % 2 else [])
-                                         for i in range(600)])
-        ids = {v.encode(): i for i, v in conn.execute(sql.SQL("SELECT id, kafka_value FROM {}").format(
-            sql.Identifier(pg_schema, "outbox"))).fetchall()}
+        Stasher(table).stash_many(
+            conn, [OutboxRecord(topic, f"k{i % 9}", f"v{i}", [("i", str(i))] if i % 2 else []) for i in range(600)]
+        )
+        ids = {
+            v.encode(): i
+            for i, v in conn.execute(
+                sql.SQL("SELECT id, kafka_value FROM {}").format(sql.Identifier(pg_schema, "outbox"))
+            ).fetchall()
+        }
     cfg = relay_config(pg_dsn, kafka_bootstrap, table, unique_name("g"), max_delivery_attempts=1000).replace(
-        uuid_sequencing=sequenced, event_id_header="harvest.event.id")
+        uuid_sequencing=sequenced, event_id_header="harvest.event.id"
+    )
     faults = None if sequenced else FaultInjector(delivery_failure_rate=0.03, seed=3)
     relay = Harvest(cfg, producer_factory=faults).start() if faults else Harvest(cfg).start()
     try:
         deadline = time.monotonic() + 60
         while True:
             with psycopg.connect(pg_dsn) as conn:
-                left = conn.execute(sql.SQL("SELECT count(*) FROM {}").format(
-                    sql.Identifier(pg_schema, "outbox"))).fetchone()
+                left = conn.execute(
+                    sql.SQL("SELECT count(*) FROM {}").format(sql.Identifier(pg_schema, "outbox"))
+                ).fetchone()
             if left == (0,):
                 break
             assert time.monotonic() < deadline, "not drained"
@@ -361,8 +418,9 @@ def _all_records(bootstrap: str, topic: str) -> list[tuple[bytes, list[tuple[str
 
 @pytest.mark.integration
 @pytest.mark.parametrize("value_type", ["varchar", "bytea"])
-def test_a_dead_letter_as_a_connections_first_statement_keeps_the_value(value_type: str, pg_dsn: str,
-                                                                         pg_schema: str) -> None:
+def test_a_dead_letter_as_a_connections_first_statement_keeps_the_value(
+    value_type: str, pg_dsn: str, pg_schema: str
+) -> None:
     """The dead-letter statements read the value column as its type, which the connection learns
     when it opens: a dead letter that is a fresh connection's first statement (the relay's write
     connection's can be) must already use it."""
@@ -372,9 +430,13 @@ def test_a_dead_letter_as_a_connections_first_statement_keeps_the_value(value_ty
     names = init_db(pg_dsn, table, value_type)  # type: ignore[arg-type]
     value: Any = b"\x00\xffraw" if value_type == "bytea" else "text"
     with psycopg.connect(pg_dsn) as conn:
-        row = conn.execute(sql.SQL("INSERT INTO {} (kafka_topic, kafka_key, kafka_value, kafka_header_keys, "
-                                   "kafka_header_values) VALUES ('t', 'k', %s, '{{}}', '{{}}') RETURNING id").format(
-            names.outbox), (value,)).fetchone()
+        row = conn.execute(
+            sql.SQL(
+                "INSERT INTO {} (kafka_topic, kafka_key, kafka_value, kafka_header_keys, "
+                "kafka_header_values) VALUES ('t', 'k', %s, '{{}}', '{{}}') RETURNING id"
+            ).format(names.outbox),
+            (value,),
+        ).fetchone()
     assert row is not None
     db = OutboxDatabase(pg_dsn, names)
     try:

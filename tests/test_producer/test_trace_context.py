@@ -28,16 +28,25 @@ def _hex_trace_id(span: trace.Span) -> str:
     return format(span.get_span_context().trace_id, "032x")
 
 
-def test_trace_id_spans_app_outbox_kafka_reader(pg_dsn: str, kafka_bootstrap: str, pg_schema: str,
-                                               topic_factory: Callable[..., str],
-                                               unique_name: Callable[[str], str]) -> None:
+def test_trace_id_spans_app_outbox_kafka_reader(
+    pg_dsn: str,
+    kafka_bootstrap: str,
+    pg_schema: str,
+    topic_factory: Callable[..., str],
+    unique_name: Callable[[str], str],
+) -> None:
     topic, table = topic_factory(partitions=2), f"{pg_schema}.outbox"
     init_db(pg_dsn, table)
     tracer = TracerProvider().get_tracer("harvest-test")  # an SDK tracer: real, recording spans
     st, off = Stasher(table), Stasher(table, trace_context=False)
     # A remote parent carrying vendor tracestate: the child span inherits it, the stasher records it.
-    parent = SpanContext(trace_id=0x4BF92F3577B34DA6A3CE929D0E0E4736, span_id=0x00F067AA0BA902B7, is_remote=True,
-                         trace_flags=TraceFlags(TraceFlags.SAMPLED), trace_state=TraceState([("vendor", "v1")]))
+    parent = SpanContext(
+        trace_id=0x4BF92F3577B34DA6A3CE929D0E0E4736,
+        span_id=0x00F067AA0BA902B7,
+        is_remote=True,
+        trace_flags=TraceFlags(TraceFlags.SAMPLED),
+        trace_state=TraceState([("vendor", "v1")]),
+    )
     expected: dict[str, str | None] = {}
     with psycopg.connect(pg_dsn) as conn:
         with tracer.start_as_current_span("place-order") as span, conn.transaction():
@@ -67,8 +76,9 @@ def test_trace_id_spans_app_outbox_kafka_reader(pg_dsn: str, kafka_bootstrap: st
             st.stash(conn, OutboxRecord(topic, "no-span", "h"))
         expected["no-span"] = None
 
-    cfg = relay_config(pg_dsn, kafka_bootstrap, table, unique_name("g")).replace(uuid_sequencing=True,
-                                                                            leader_election="postgres")
+    cfg = relay_config(pg_dsn, kafka_bootstrap, table, unique_name("g")).replace(
+        uuid_sequencing=True, leader_election="postgres"
+    )
     with Harvest(cfg):
         wait_drained(pg_dsn, table)
     got = {}

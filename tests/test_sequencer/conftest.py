@@ -8,11 +8,10 @@ A missing native build fails the native runs (it would otherwise go untested), u
 from __future__ import annotations
 
 import pytest
+import seq_testlib
 from native_impl import native_module
 
 from harvest_outbox import sequencer
-
-import seq_testlib
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
@@ -23,7 +22,11 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 
 @pytest.fixture(scope="module", autouse=True)
 def sequencer_impl(request: pytest.FixtureRequest) -> str:
-    cls = native_module("harvest_outbox.sequencer._native").Sequencer if request.param == "native" else sequencer.PySequencer
+    cls = (
+        native_module("harvest_outbox.sequencer._native").Sequencer
+        if request.param == "native"
+        else sequencer.PySequencer
+    )
     mp = pytest.MonkeyPatch()
     for mod in (request.module, seq_testlib):
         if hasattr(mod, "Sequencer"):

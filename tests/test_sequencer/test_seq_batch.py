@@ -107,7 +107,10 @@ def test_queue_batch_requires_drained_sequence() -> None:
     p = b"\x01\x00\x00\x00\x00\x01"
     seq = Sequencer()
     env = gen(p, 160, Flags.OUTSIDE_TXN)
-    assert seq.queue_batch([(env.journal, env.begin, env.end, env.uuid.int, "item")]) == (1, QueueOutcome.OUTSIDE_COMMIT)
+    assert seq.queue_batch([(env.journal, env.begin, env.end, env.uuid.int, "item")]) == (
+        1,
+        QueueOutcome.OUTSIDE_COMMIT,
+    )
     try:
         seq.queue_batch([])
     except SequencerStateError:

@@ -40,8 +40,14 @@ def test_the_package_exports_the_native_sequencer(sequencer_impl: str) -> None:
 
 
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(actions=actions_st, ring_size=st.integers(0, 6), cuts=cuts_st, events=events_st, columnar=st.booleans(),
-       many=st.integers(1, 4))
+@given(
+    actions=actions_st,
+    ring_size=st.integers(0, 6),
+    cuts=cuts_st,
+    events=events_st,
+    columnar=st.booleans(),
+    many=st.integers(1, 4),
+)
 def test_native_equals_reference(actions, ring_size, cuts, events, columnar, many) -> None:
     nat_mod = native()
     log = build_log(actions)
@@ -128,13 +134,17 @@ def test_entry_batch_from_columns_matches_appended_entries() -> None:
     import numpy as np
 
     eb_cls = native().EntryBatch
-    us = [build_uuid(bytes([1, 0, 0, 0, 0, i]), 16 * (100 + i), Flags.CONTINUE_TXN if i % 3 else Flags.ACK_TXN)
-          for i in range(6)]
+    us = [
+        build_uuid(bytes([1, 0, 0, 0, 0, i]), 16 * (100 + i), Flags.CONTINUE_TXN if i % 3 else Flags.ACK_TXN)
+        for i in range(6)
+    ]
     offsets = np.array([10, 11, 13, 20, 21, 22], dtype=np.int64)
     his = np.array([u.int >> 64 for u in us], dtype=np.uint64)
     los = np.array([u.int & (2**64 - 1) for u in us], dtype=np.uint64)
     full = eb_cls.from_columns("t/2", offsets, his, los)
-    assert [full[i] for i in range(6)] == [("t/2", int(o), int(o) + 1, u.int, i) for i, (o, u) in enumerate(zip(offsets, us))]
+    assert [full[i] for i in range(6)] == [
+        ("t/2", int(o), int(o) + 1, u.int, i) for i, (o, u) in enumerate(zip(offsets, us))
+    ]
     some = eb_cls.from_columns("t/2", offsets, his, los, np.array([1, 4], dtype=np.int64))
     assert [some[i] for i in range(2)] == [full[1], full[4]]
     with pytest.raises(ValueError, match="differ in length"):

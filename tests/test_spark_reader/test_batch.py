@@ -3,16 +3,18 @@
 from __future__ import annotations
 
 import pytest
-
 from sequenced_log import read_raw, reference_read, write_log
-from harvest_outbox.spark_reader import MissingUUIDError, ReaderConfigError, read_committed, readCommitted
+
+from harvest_outbox.spark_reader import ReaderConfigError, read_committed, readCommitted
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 
 
 def _rows(df) -> list[tuple[int, int, int]]:
-    return sorted(((r.partition, r.offset, r.ack_offset) for r in df.select("partition", "offset", "ack_offset").collect()),
-                  key=lambda t: (t[0], t[2], t[1]))
+    return sorted(
+        ((r.partition, r.offset, r.ack_offset) for r in df.select("partition", "offset", "ack_offset").collect()),
+        key=lambda t: (t[0], t[2], t[1]),
+    )
 
 
 @pytest.mark.parametrize("seed", [1, 2])
@@ -55,8 +57,19 @@ def test_columns_and_identity(spark, kafka_bootstrap, topic_factory) -> None:
     topic = topic_factory(partitions=1)
     write_log(kafka_bootstrap, topic, 1, seed=5, steps=20, headerless=False)
     df = readCommitted(spark, topic, {"kafka.bootstrap.servers": kafka_bootstrap})
-    assert df.columns == ["key", "value", "headers", "topic", "partition", "offset", "timestamp",
-                          "uuid", "producer", "clock", "ack_offset"]
+    assert df.columns == [
+        "key",
+        "value",
+        "headers",
+        "topic",
+        "partition",
+        "offset",
+        "timestamp",
+        "uuid",
+        "producer",
+        "clock",
+        "ack_offset",
+    ]
     import uuid as uuid_mod
 
     from harvest_outbox.sequencer import clock_of, producer_of
@@ -87,16 +100,21 @@ def test_uuid_policy_raise(spark, kafka_bootstrap, topic_factory) -> None:
         df.collect()
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    ({"kafka_options": {}}, "kafka.bootstrap.servers"),
-    ({"kafka_options": {"kafka.bootstrap.servers": " "}}, "kafka_options has no 'kafka.bootstrap.servers'"),
-    # librdkafka reads 12345 as an IPv4 address (0.0.48.57) and connects to it
-    ({"kafka_options": {"kafka.bootstrap.servers": 12345}},
-     r"kafka_options\['kafka.bootstrap.servers'\] must be a string of host:port pairs.*got 12345 \(int\): quote it"),
-    ({"kafka_options": {"kafka.bootstrap.servers": "x:1", "subscribe": "t"}}, "subscribe"),
-    ({"uuid_policy": "ignore"}, "uuid_policy='ignore'"),
-    ({"ending": "earliest"}, "ending='earliest'"),
-])
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"kafka_options": {}}, "kafka.bootstrap.servers"),
+        ({"kafka_options": {"kafka.bootstrap.servers": " "}}, "kafka_options has no 'kafka.bootstrap.servers'"),
+        # librdkafka reads 12345 as an IPv4 address (0.0.48.57) and connects to it
+        (
+            {"kafka_options": {"kafka.bootstrap.servers": 12345}},
+            r"kafka_options\['kafka.bootstrap.servers'\] must be a string of host:port pairs.*got 12345 \(int\): quote it",
+        ),
+        ({"kafka_options": {"kafka.bootstrap.servers": "x:1", "subscribe": "t"}}, "subscribe"),
+        ({"uuid_policy": "ignore"}, "uuid_policy='ignore'"),
+        ({"ending": "earliest"}, "ending='earliest'"),
+    ],
+)
 def test_bad_arguments(spark, kafka_bootstrap, topic_factory, kwargs, message) -> None:
     topic = topic_factory(partitions=1)
     args = {"kafka_options": {"kafka.bootstrap.servers": kafka_bootstrap}, **kwargs}

@@ -23,8 +23,15 @@ from harvest_outbox.consumer.uuid_header import parse_header_value
 from harvest_outbox.sequencer import Envelope, Flags, Publisher, QueueOutcome, build_uuid, clock_of
 from harvest_outbox.spark_reader import sequencing
 from harvest_outbox.spark_reader.errors import MissingUUIDError
-from harvest_outbox.spark_reader.sequencing import (GroupPlan, clocks, header_values, sequence_partition, take_rows, uuid_ints,
-                                                    uuid_words)
+from harvest_outbox.spark_reader.sequencing import (
+    GroupPlan,
+    clocks,
+    header_values,
+    sequence_partition,
+    take_rows,
+    uuid_ints,
+    uuid_words,
+)
 
 HEADERS = pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())]))
 # A version-1 RFC 4122 UUID a relay can write: multicast node (0x01...), flags 1 (CONTINUE_TXN).
@@ -34,6 +41,7 @@ MAC_UUID1 = uuid_mod.uuid1(node=0x0242AC110002, clock_seq=1)
 
 
 # -- per-record rules (what the module computed row by row before) --------------------------
+
 
 def _uuid_int(raw: bytes | None) -> int:
     """The per-record rule the readers apply (consumer.uuid_header): the int, 0 when unusable."""
@@ -92,6 +100,7 @@ def _reference_sequence_partition(table: pa.Table, plan: GroupPlan, prune_horizo
 
 # -- header edge cases -------------------------------------------------------------------------
 
+
 def _with_version(u: uuid_mod.UUID, version: int) -> bytes:
     return ((u.int & ~(0xF << 76)) | version << 76).to_bytes(16, "big")
 
@@ -111,8 +120,12 @@ EDGE_VALUES: list[bytes | None] = [
     V1.bytes,
     uuid_mod.uuid1().bytes,
     uuid_mod.uuid4().bytes,  # version 4
-    _with_version(V1, 0), _with_version(V1, 2), _with_version(V1, 15),
-    _with_variant(V1, 0), _with_variant(V1, 1), _with_variant(V1, 3),
+    _with_version(V1, 0),
+    _with_version(V1, 2),
+    _with_version(V1, 15),
+    _with_variant(V1, 0),
+    _with_variant(V1, 1),
+    _with_variant(V1, 3),
     _with_variant(uuid_mod.UUID(int=V1.int | (0xFFF << 64)), 2),  # the largest time_hi
     build_uuid(bytes([1, 2, 3, 4, 5, 7]), 12345, Flags.ACK_TXN).bytes,
     build_uuid(bytes([1, 2, 3, 4, 5, 7]), 1, Flags.OUTSIDE_TXN).bytes,
@@ -120,7 +133,7 @@ EDGE_VALUES: list[bytes | None] = [
     build_uuid(bytes([0, 2, 3, 4, 5, 7]), 12345, Flags.ACK_TXN).bytes,  # ProducerID without the multicast bit
     build_uuid(bytes([1, 2, 3, 4, 5, 7]), 12345, 3).bytes,  # reserved flags
     build_uuid(bytes([1, 2, 3, 4, 5, 7]), 12345, 0x3FF).bytes,
-    "uuid-as-text".encode(),
+    b"uuid-as-text",
 ]
 
 
@@ -167,11 +180,11 @@ def test_uuid_words_refuse_non_binary() -> None:
 
 def test_clocks_match_clock_of_and_refuse_what_int64_cannot_hold() -> None:
     pid = bytes([9, 8, 7, 6, 5, 5])
-    us = [build_uuid(pid, c, f) for c in (1, 2 ** 20 + 3, 2 ** 62 - 1) for f in (Flags.CONTINUE_TXN, Flags.ACK_TXN)]
+    us = [build_uuid(pid, c, f) for c in (1, 2**20 + 3, 2**62 - 1) for f in (Flags.CONTINUE_TXN, Flags.ACK_TXN)]
     valid, hi, lo = uuid_words(pa.array([u.bytes for u in us], pa.binary()))
     assert valid.all()
     assert clocks(hi, lo).tolist() == [clock_of(u) for u in us]
-    big = build_uuid(pid, 2 ** 63 + 16, Flags.CONTINUE_TXN)
+    big = build_uuid(pid, 2**63 + 16, Flags.CONTINUE_TXN)
     _, hi, lo = uuid_words(pa.array([big.bytes], pa.binary()))
     with pytest.raises(OverflowError):
         clocks(hi, lo)
@@ -180,6 +193,7 @@ def test_clocks_match_clock_of_and_refuse_what_int64_cannot_hold() -> None:
 
 
 # -- the uuid header out of Spark's headers column ---------------------------------------------------
+
 
 def _first_header(headers: list | None, key: str) -> bytes | None:
     """Spark's element_at(filter(headers, h -> h.key = key), 1).value, row by row."""
@@ -196,8 +210,10 @@ def _random_headers(rng: random.Random, n: int) -> list:
         key = rng.choice(["uuid", "uuid", "source", "UUID", "uuid ", "", None])
         value = rng.choice([None, b"", V1.bytes, uuid_mod.uuid1().bytes, b"x" * rng.randrange(40)])
         return {"key": key, "value": value}
-    return [None if rng.random() < 0.1 else [header() for _ in range(rng.choice([0, 1, 1, 1, 2, 3, 5]))]
-            for _ in range(n)]
+
+    return [
+        None if rng.random() < 0.1 else [header() for _ in range(rng.choice([0, 1, 1, 1, 2, 3, 5]))] for _ in range(n)
+    ]
 
 
 @pytest.mark.parametrize("seed", range(6))
@@ -220,8 +236,9 @@ def test_header_values_equal_the_first_matching_header(seed) -> None:
 def test_header_values_skip_the_range_of_a_null_list() -> None:
     # Arrow lets a null list's offsets span child values; they are not the record's headers.
     child = pa.array([{"key": "uuid", "value": v} for v in (b"p", b"q", b"r", b"s")], HEADERS.value_type)
-    arr = pa.ListArray.from_arrays(pa.array([0, 1, 2, 2, 4], pa.int32()), child,
-                                   mask=pa.array([False, True, False, False]))
+    arr = pa.ListArray.from_arrays(
+        pa.array([0, 1, 2, 2, 4], pa.int32()), child, mask=pa.array([False, True, False, False])
+    )
     assert arr.to_pylist()[1] is None
     assert header_values(arr, "uuid").to_pylist() == [b"p", None, None, b"r"]
     assert header_values(arr.slice(1), "uuid").to_pylist() == [None, None, b"r"]
@@ -229,6 +246,7 @@ def test_header_values_skip_the_range_of_a_null_list() -> None:
 
 
 # -- selecting the output rows ----------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("seed", range(4))
 def test_take_rows_equals_take(seed) -> None:
@@ -239,7 +257,7 @@ def test_take_rows_equals_take(seed) -> None:
     shuffled = rng.sample(range(n), n // 2)
     local = list(range(n))
     for i in range(0, n, 10):  # interleaved transactions: mostly in order
-        local[i:i + 10] = rng.sample(local[i:i + 10], len(local[i:i + 10]))
+        local[i : i + 10] = rng.sample(local[i : i + 10], len(local[i : i + 10]))
     for rows in ([], [3], [4, 2], increasing, shuffled, local, list(range(n))):
         idx = np.array(rows, np.int64)
         expected = table.take(pa.array(idx, pa.int64()))
@@ -253,6 +271,7 @@ def test_take_rows_equals_take(seed) -> None:
 
 
 # -- sequence_partition against the per-record implementation ------------------------------------
+
 
 def _random_log(rng: random.Random, topic: str, partition: int, steps: int, producers: int) -> list[bytes | None]:
     """uuid header values of one partition's records, in log order (as tests/sequenced_log.py writes them)."""
@@ -295,15 +314,17 @@ def _random_log(rng: random.Random, topic: str, partition: int, steps: int, prod
 
 def _table(uuids: list[bytes | None], partition: int, base: int, rng: random.Random, chunk: int) -> pa.Table:
     n = len(uuids)
-    tbl = pa.table({
-        "key": pa.array([f"k{rng.randrange(5)}".encode() for _ in range(n)], pa.binary()),
-        "value": pa.array([f"v{base + i}".encode() if rng.random() < 0.9 else None for i in range(n)], pa.binary()),
-        "headers": pa.array([[] if u is None else [{"key": "uuid", "value": u}] for u in uuids], HEADERS),
-        "partition": pa.array([partition] * n, pa.int32()),
-        "offset": pa.array(range(base, base + n), pa.int64()),
-        "timestamp": pa.array([1_700_000_000_000_000 + i for i in range(n)], pa.timestamp("us", tz="UTC")),
-        "uuid": pa.array(uuids, pa.binary()),
-    })
+    tbl = pa.table(
+        {
+            "key": pa.array([f"k{rng.randrange(5)}".encode() for _ in range(n)], pa.binary()),
+            "value": pa.array([f"v{base + i}".encode() if rng.random() < 0.9 else None for i in range(n)], pa.binary()),
+            "headers": pa.array([[] if u is None else [{"key": "uuid", "value": u}] for u in uuids], HEADERS),
+            "partition": pa.array([partition] * n, pa.int32()),
+            "offset": pa.array(range(base, base + n), pa.int64()),
+            "timestamp": pa.array([1_700_000_000_000_000 + i for i in range(n)], pa.timestamp("us", tz="UTC")),
+            "uuid": pa.array(uuids, pa.binary()),
+        }
+    )
     return pa.Table.from_batches(tbl.to_batches(max_chunksize=chunk))
 
 
@@ -328,12 +349,18 @@ def test_sequence_partition_equals_the_per_record_implementation(seed, sequencer
     table = _table(uuids, partition, base, rng, chunk=rng.choice([3, 50, 100_000]))
     if seed % 3 == 1:  # not in offset order: both sort
         table = table.take(pa.array(rng.sample(range(table.num_rows), table.num_rows)))
-    horizon = rng.choice([0, 1, 10 ** 18])
+    horizon = rng.choice([0, 1, 10**18])
     for ring in (4, 8192):  # 4: most commits replay
         for include_acks in (False, True):
             for policy in ("deliver", "drop"):
-                plan = GroupPlan(topic=topic, start={partition: base}, states={}, uuid_policy=policy,
-                                 include_acks=include_acks, ring_size=ring)
+                plan = GroupPlan(
+                    topic=topic,
+                    start={partition: base},
+                    states={},
+                    uuid_policy=policy,
+                    include_acks=include_acks,
+                    ring_size=ring,
+                )
                 # A read that starts from a checkpoint in the middle: spans open there replay
                 # records below the read-through offset, which are never emitted themselves.
                 cut = rng.randrange(table.num_rows)
@@ -342,8 +369,14 @@ def test_sequence_partition_equals_the_per_record_implementation(seed, sequencer
                 if cut:
                     _, head_states = _reference_sequence_partition(head, plan, 0)
                     states = {(partition, st.producer): st for st in head_states}
-                resumed = GroupPlan(topic=topic, start={partition: base + cut}, states=states, uuid_policy=policy,
-                                    include_acks=include_acks, ring_size=ring)
+                resumed = GroupPlan(
+                    topic=topic,
+                    start={partition: base + cut},
+                    states=states,
+                    uuid_policy=policy,
+                    include_acks=include_acks,
+                    ring_size=ring,
+                )
                 for p in (plan, resumed):
                     expected, expected_states = _reference_sequence_partition(table, p, horizon)
                     got, result = sequence_partition(table, p, horizon)

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import pytest
+from sequenced_log import write_log
 
 from harvest_outbox.consumer import ReadCommittedIter
-from sequenced_log import write_log
 from harvest_outbox.spark_reader import read_committed, readCommitted
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
@@ -14,8 +14,9 @@ pytestmark = [pytest.mark.integration, pytest.mark.spark]
 def _iter_rows(bootstrap: str, topic: str, checkpoint: bytes | None = None, limit: int | None = None):
     """(partition, offset, ack_offset-free order) delivered by ReadCommittedIter, and its checkpoint."""
     out = []
-    with ReadCommittedIter({"bootstrap.servers": bootstrap}, topics=[topic], checkpoint=checkpoint,
-                           idle_timeout=3.0) as it:
+    with ReadCommittedIter(
+        {"bootstrap.servers": bootstrap}, topics=[topic], checkpoint=checkpoint, idle_timeout=3.0
+    ) as it:
         for rec in it:
             out.append((rec.partition, rec.offset, bytes(rec.value or b"")))
             if limit is not None and len(out) >= limit:
@@ -45,8 +46,9 @@ def test_spark_resumes_from_read_committed_iter_checkpoint(spark, kafka_bootstra
     write_log(kafka_bootstrap, topic, 2, seed=22, steps=80)
     everything, _ = _iter_rows(kafka_bootstrap, topic)
     first, checkpoint = _iter_rows(kafka_bootstrap, topic, limit=len(everything) // 2)
-    rest = _spark_in_iter_order(readCommitted(spark, topic, {"kafka.bootstrap.servers": kafka_bootstrap},
-                                              starting=checkpoint))
+    rest = _spark_in_iter_order(
+        readCommitted(spark, topic, {"kafka.bootstrap.servers": kafka_bootstrap}, starting=checkpoint)
+    )
     assert sorted(first + rest) == sorted(everything)
     assert len(set(first) & set(rest)) == 0
 
@@ -95,8 +97,14 @@ def test_uuid_header_among_other_headers(spark, kafka_bootstrap, topic_factory) 
     df = readCommitted(spark, topic, {"kafka.bootstrap.servers": kafka_bootstrap})
     assert _spark_in_iter_order(df) == iter_rows
     assert [v.decode() for _, _, v in iter_rows] == [
-        "app-headers-only", "no-headers", "outside-after-another", "bad-uuid-first", "app-headers-only-2",
-        "txn-1", "txn-2"]
+        "app-headers-only",
+        "no-headers",
+        "outside-after-another",
+        "bad-uuid-first",
+        "app-headers-only-2",
+        "txn-1",
+        "txn-2",
+    ]
     by_value = {bytes(r.value).decode(): r for r in df.collect()}
     assert by_value["app-headers-only"].uuid is None and by_value["bad-uuid-first"].clock == 0
     assert by_value["outside-after-another"].clock > 0 and by_value["txn-1"].producer == pub.producer_id

@@ -12,8 +12,8 @@ import time
 import uuid as uuid_mod
 
 import pytest
-
 from sequenced_log import read_raw, reference_read, write_log
+
 from harvest_outbox.spark_reader import readCommittedStream
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
@@ -28,20 +28,36 @@ def state(request: pytest.FixtureRequest, tmp_path) -> str | None:
     return None if request.param == "state_store" else str(tmp_path / "stream-state")
 
 
-def _query(spark, topic, bootstrap, out_dir, chk_dir, trigger, max_offsets=None, starting=None, ring_size=8192,
-           state_location=None):
-    sdf = readCommittedStream(spark, topic, {"kafka.bootstrap.servers": bootstrap},
-                              max_offsets_per_trigger=max_offsets, starting=starting, ring_size=ring_size,
-                              state_location=state_location)
-    writer = (sdf.writeStream.format("parquet").option("path", str(out_dir))
-              .option("checkpointLocation", str(chk_dir)))
+def _query(
+    spark,
+    topic,
+    bootstrap,
+    out_dir,
+    chk_dir,
+    trigger,
+    max_offsets=None,
+    starting=None,
+    ring_size=8192,
+    state_location=None,
+):
+    sdf = readCommittedStream(
+        spark,
+        topic,
+        {"kafka.bootstrap.servers": bootstrap},
+        max_offsets_per_trigger=max_offsets,
+        starting=starting,
+        ring_size=ring_size,
+        state_location=state_location,
+    )
+    writer = sdf.writeStream.format("parquet").option("path", str(out_dir)).option("checkpointLocation", str(chk_dir))
     return writer.trigger(**trigger).start()
 
 
-def test_stream_stopped_and_restarted_while_written_to(spark, kafka_bootstrap, topic_factory, tmp_path,
-                                                       state) -> None:
-    spark.conf.set("spark.sql.streaming.stateStore.providerClass",
-                   "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider")
+def test_stream_stopped_and_restarted_while_written_to(spark, kafka_bootstrap, topic_factory, tmp_path, state) -> None:
+    spark.conf.set(
+        "spark.sql.streaming.stateStore.providerClass",
+        "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider",
+    )
     topic = topic_factory(partitions=2)
     out_dir, chk_dir = tmp_path / "out", tmp_path / "chk"
     write_log(kafka_bootstrap, topic, 2, seed=10, steps=20)
@@ -53,8 +69,16 @@ def test_stream_stopped_and_restarted_while_written_to(spark, kafka_bootstrap, t
 
     writer = threading.Thread(target=keep_writing)
     writer.start()
-    query = _query(spark, topic, kafka_bootstrap, out_dir, chk_dir, {"processingTime": "500 milliseconds"},
-                   max_offsets=30, state_location=state)
+    query = _query(
+        spark,
+        topic,
+        kafka_bootstrap,
+        out_dir,
+        chk_dir,
+        {"processingTime": "500 milliseconds"},
+        max_offsets=30,
+        state_location=state,
+    )
     deadline = time.monotonic() + 90
     while time.monotonic() < deadline and sum(p["numInputRows"] for p in query.recentProgress) == 0:
         time.sleep(0.5)
@@ -79,8 +103,9 @@ def _parquet_rows(spark, out_dir):
     return sorted(((r.partition, r.offset, r.ack_offset) for r in rows), key=lambda t: (t[0], t[2], t[1]))
 
 
-def test_stream_restarted_from_its_checkpoint_is_exactly_once(spark_any, kafka_bootstrap, topic_factory,
-                                                              tmp_path, state) -> None:
+def test_stream_restarted_from_its_checkpoint_is_exactly_once(
+    spark_any, kafka_bootstrap, topic_factory, tmp_path, state
+) -> None:
     """Small micro-batches (spans open across them, a ring of 4 forces replays of stored span rows),
     then more records and a restart from the query's checkpoint: every committed row once."""
     spark = spark_any
@@ -88,15 +113,33 @@ def test_stream_restarted_from_its_checkpoint_is_exactly_once(spark_any, kafka_b
     topic = topic_factory(partitions=3)
     out_dir, chk_dir = tmp_path / "out", tmp_path / "chk"
     write_log(kafka_bootstrap, topic, 3, seed=40, steps=40)
-    first = _query(spark, topic, kafka_bootstrap, out_dir, chk_dir, {"availableNow": True}, max_offsets=60,
-                   ring_size=4, state_location=state)
+    first = _query(
+        spark,
+        topic,
+        kafka_bootstrap,
+        out_dir,
+        chk_dir,
+        {"availableNow": True},
+        max_offsets=60,
+        ring_size=4,
+        state_location=state,
+    )
     first.awaitTermination(300)
     assert first.exception() is None, first.exception()
     batches = sum(1 for p in first.recentProgress if p["numInputRows"])
     partial = _parquet_rows(spark, out_dir)
     write_log(kafka_bootstrap, topic, 3, seed=41, steps=25)
-    second = _query(spark, topic, kafka_bootstrap, out_dir, chk_dir, {"availableNow": True}, max_offsets=60,
-                    ring_size=4, state_location=state)
+    second = _query(
+        spark,
+        topic,
+        kafka_bootstrap,
+        out_dir,
+        chk_dir,
+        {"availableNow": True},
+        max_offsets=60,
+        ring_size=4,
+        state_location=state,
+    )
     second.awaitTermination(300)
     assert second.exception() is None, second.exception()
 
@@ -106,8 +149,9 @@ def test_stream_restarted_from_its_checkpoint_is_exactly_once(spark_any, kafka_b
     assert got == expected
 
 
-def test_stream_starts_from_read_committed_iter_checkpoint(spark_any, kafka_bootstrap, topic_factory,
-                                                           tmp_path, state) -> None:
+def test_stream_starts_from_read_committed_iter_checkpoint(
+    spark_any, kafka_bootstrap, topic_factory, tmp_path, state
+) -> None:
     """ReadCommittedIter reads part of the topic (its checkpoint cuts open spans); the stream started
     from that checkpoint delivers the rest, and nothing twice."""
     from harvest_outbox.consumer import ReadCommittedIter
@@ -124,8 +168,17 @@ def test_stream_starts_from_read_committed_iter_checkpoint(spark_any, kafka_boot
             if len(first) >= len(expected) // 2:
                 break
         checkpoint = it.checkpoint()
-    query = _query(spark, topic, kafka_bootstrap, tmp_path / "out", tmp_path / "chk", {"availableNow": True},
-                   max_offsets=50, starting=checkpoint, state_location=state)
+    query = _query(
+        spark,
+        topic,
+        kafka_bootstrap,
+        tmp_path / "out",
+        tmp_path / "chk",
+        {"availableNow": True},
+        max_offsets=50,
+        starting=checkpoint,
+        state_location=state,
+    )
     query.awaitTermination(300)
     assert query.exception() is None, query.exception()
     rest = [(p, o) for p, o, _ in _parquet_rows(spark, tmp_path / "out")]
@@ -133,8 +186,9 @@ def test_stream_starts_from_read_committed_iter_checkpoint(spark_any, kafka_boot
     assert sorted(first + rest) == sorted((p, o) for p, o, _ in expected)
 
 
-def test_stream_delivers_records_without_uuid_header_under_ansi(spark, kafka_bootstrap, topic_factory,
-                                                                tmp_path, state) -> None:
+def test_stream_delivers_records_without_uuid_header_under_ansi(
+    spark, kafka_bootstrap, topic_factory, tmp_path, state
+) -> None:
     """Records with only application headers (no 'uuid') and a 'uuid' header among others: the stream
     delivers what ReadCommittedIter delivers (Spark 4's ANSI mode once failed the query on the former)."""
     from confluent_kafka import Producer
@@ -143,8 +197,10 @@ def test_stream_delivers_records_without_uuid_header_under_ansi(spark, kafka_boo
     from harvest_outbox.sequencer import Publisher
 
     assert spark.conf.get("spark.sql.ansi.enabled") == "true"
-    spark.conf.set("spark.sql.streaming.stateStore.providerClass",
-                   "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider")
+    spark.conf.set(
+        "spark.sql.streaming.stateStore.providerClass",
+        "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider",
+    )
     topic = topic_factory(partitions=1)
     pub = Publisher()
     sent = [
@@ -166,15 +222,23 @@ def test_stream_delivers_records_without_uuid_header_under_ansi(spark, kafka_boo
 
     with ReadCommittedIter({"bootstrap.servers": kafka_bootstrap}, topics=[topic], idle_timeout=3.0) as it:
         want = sorted((r.partition, r.offset, bytes(r.value or b"")) for r in it)
-    assert [v for _, _, v in want] == [b"app-headers-only", b"no-headers", b"txn-1", b"txn-2",
-                                       b"app-uuid1-ack-flags", b"app-uuid1-continue-flags"]
+    assert [v for _, _, v in want] == [
+        b"app-headers-only",
+        b"no-headers",
+        b"txn-1",
+        b"txn-2",
+        b"app-uuid1-ack-flags",
+        b"app-uuid1-continue-flags",
+    ]
 
-    query = _query(spark, topic, kafka_bootstrap, tmp_path / "out", tmp_path / "chk", {"availableNow": True},
-                   state_location=state)
+    query = _query(
+        spark, topic, kafka_bootstrap, tmp_path / "out", tmp_path / "chk", {"availableNow": True}, state_location=state
+    )
     query.awaitTermination(120)
     assert query.exception() is None
-    got = sorted((r.partition, r.offset, bytes(r.value or b""))
-                 for r in spark.read.parquet(str(tmp_path / "out")).collect())
+    got = sorted(
+        (r.partition, r.offset, bytes(r.value or b"")) for r in spark.read.parquet(str(tmp_path / "out")).collect()
+    )
     assert got == want
 
 
@@ -211,8 +275,9 @@ def test_stream_state_store_settings(spark, kafka_bootstrap, topic_factory, capl
         with caplog.at_level("INFO", logger="harvest_outbox.spark_reader.stream"):
             readCommittedStream(spark, topic, opts)
         assert spark.conf.get(changelog, None) == "true"
-        assert not [r for r in caplog.records if r.name == "harvest_outbox.spark_reader.stream"
-                    and r.levelname == "WARNING"], caplog.text
+        assert not [
+            r for r in caplog.records if r.name == "harvest_outbox.spark_reader.stream" and r.levelname == "WARNING"
+        ], caplog.text
 
         caplog.clear()
         spark.conf.set(changelog, "false")

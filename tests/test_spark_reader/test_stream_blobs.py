@@ -10,12 +10,14 @@ from harvest_outbox.spark_reader import stream
 
 
 def _records(partitions: list[int], value_size: int) -> pa.Table:
-    return pa.table({
-        "key": pa.array([b"k%d" % i for i in range(len(partitions))]),
-        "value": pa.array([b"v" * value_size] * len(partitions)),
-        "partition": pa.array(partitions, pa.int32()),
-        "offset": pa.array(range(len(partitions)), pa.int64()),
-    })
+    return pa.table(
+        {
+            "key": pa.array([b"k%d" % i for i in range(len(partitions))]),
+            "value": pa.array([b"v" * value_size] * len(partitions)),
+            "partition": pa.array(partitions, pa.int32()),
+            "offset": pa.array(range(len(partitions)), pa.int64()),
+        }
+    )
 
 
 def test_blobs_bounded_by_rows_and_bytes() -> None:
@@ -40,6 +42,8 @@ def test_pack_then_unpack_gives_each_partitions_records_in_order() -> None:
 
 
 def test_producer_states_round_trip() -> None:
-    states = [ProducerState("t/3", b"\x01\x02\x03\x04\x05\x06", 123, -1),
-              ProducerState("t/3", b"\xff" * 6, 1 << 62, 42)]
+    states = [
+        ProducerState("t/3", b"\x01\x02\x03\x04\x05\x06", 123, -1),
+        ProducerState("t/3", b"\xff" * 6, 1 << 62, 42),
+    ]
     assert stream._unpack_states("t/3", stream._pack_states(states)) == states

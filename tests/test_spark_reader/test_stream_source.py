@@ -8,8 +8,8 @@ from __future__ import annotations
 import shutil
 
 import pytest
-
 from sequenced_log import write_log
+
 from harvest_outbox.sequencer import ProducerState
 from harvest_outbox.spark_reader import ReaderConfigError, StreamStateError, readCommittedStream
 from harvest_outbox.spark_reader.stream_state import StreamStateFiles, check_state_location
@@ -17,8 +17,10 @@ from harvest_outbox.spark_reader.stream_state import StreamStateFiles, check_sta
 
 def _states(topic: str, partition: int) -> list[ProducerState]:
     journal = f"{topic}/{partition}"
-    return [ProducerState(journal, b"\x01\x02\x03\x04\x05\x07", 123456789, -1),
-            ProducerState(journal, b"\xaa\xbb\xcc\xdd\xee\xff", 987654321, 42)]
+    return [
+        ProducerState(journal, b"\x01\x02\x03\x04\x05\x07", 123456789, -1),
+        ProducerState(journal, b"\xaa\xbb\xcc\xdd\xee\xff", 987654321, 42),
+    ]
 
 
 @pytest.mark.parametrize("uri", [False, True], ids=["path", "file-uri"])
@@ -54,14 +56,18 @@ def _state_location_cases(tmp_path):  # type: ignore[no-untyped-def]
         "dev-null": ("/dev/null", r"'/dev/null' is not a folder \(a device"),
         "under-a-file": (str(a_file / "state"), rf"'{a_file / 'state'}' cannot be created: '{a_file}' is a file"),
         "file-uri-to-a-file": (f"file://{a_file}", rf"state_location='file://{a_file}': '{a_file}' is a file"),
-        "unknown-scheme": ("nosuch://x/y", r"the scheme 'nosuch' is not one the state files can be written to\. "
-                                           r"Fix: .*file://, hdfs://, viewfs://, s3://, gs://, gcs://, abfs://"),
+        "unknown-scheme": (
+            "nosuch://x/y",
+            r"the scheme 'nosuch' is not one the state files can be written to\. "
+            r"Fix: .*file://, hdfs://, viewfs://, s3://, gs://, gcs://, abfs://",
+        ),
         "hadoop-s3a": ("s3a://bucket/state", r"the scheme 's3a' \(Hadoop's name for S3: write s3:// here\)"),
     }
 
 
-@pytest.mark.parametrize("case", ["empty", "int", "a-file", "dev-null", "under-a-file", "file-uri-to-a-file",
-                                  "unknown-scheme", "hadoop-s3a"])
+@pytest.mark.parametrize(
+    "case", ["empty", "int", "a-file", "dev-null", "under-a-file", "file-uri-to-a-file", "unknown-scheme", "hadoop-s3a"]
+)
 def test_state_location_is_checked_where_it_is_given(tmp_path, case: str) -> None:
     value, match = _state_location_cases(tmp_path)[case]
     with pytest.raises(ReaderConfigError, match=match):
@@ -73,8 +79,13 @@ def test_usable_state_locations_are_accepted(tmp_path, monkeypatch) -> None:
     assert check_state_location(str(tmp_path)) == str(tmp_path)
     assert check_state_location("new/deeper/state") == str(tmp_path / "new/deeper/state")  # absolute, not created
     assert not (tmp_path / "new").exists()
-    for uri in (f"file://{tmp_path}/state", "s3://bucket/state", "gs://bucket/state", "hdfs://nn:8020/state",
-                "abfss://c@account.dfs.core.windows.net/state"):
+    for uri in (
+        f"file://{tmp_path}/state",
+        "s3://bucket/state",
+        "gs://bucket/state",
+        "hdfs://nn:8020/state",
+        "abfss://c@account.dfs.core.windows.net/state",
+    ):
         assert check_state_location(uri) == uri
 
 
@@ -83,8 +94,9 @@ def test_usable_state_locations_are_accepted(tmp_path, monkeypatch) -> None:
 @pytest.mark.parametrize("bad", ["", "   ", 5, "/dev/null"], ids=["empty", "blank", "int", "dev-null"])
 def test_bad_state_location_argument(spark, kafka_bootstrap, topic_factory, bad) -> None:
     with pytest.raises(ReaderConfigError, match="state_location="):
-        readCommittedStream(spark, topic_factory(partitions=1), {"kafka.bootstrap.servers": kafka_bootstrap},
-                            state_location=bad)
+        readCommittedStream(
+            spark, topic_factory(partitions=1), {"kafka.bootstrap.servers": kafka_bootstrap}, state_location=bad
+        )
 
 
 @pytest.mark.integration
@@ -94,8 +106,12 @@ def test_state_location_needs_no_rocksdb_state_store(spark, kafka_bootstrap, top
     before = spark.conf.get(conf, None)
     spark.conf.set(conf, "org.apache.spark.sql.execution.streaming.state.HDFSBackedStateStoreProvider")
     try:
-        sdf = readCommittedStream(spark, topic_factory(partitions=1), {"kafka.bootstrap.servers": kafka_bootstrap},
-                                  state_location=str(tmp_path / "state"))
+        sdf = readCommittedStream(
+            spark,
+            topic_factory(partitions=1),
+            {"kafka.bootstrap.servers": kafka_bootstrap},
+            state_location=str(tmp_path / "state"),
+        )
         assert sdf.isStreaming
     finally:
         if before is None:
@@ -105,21 +121,30 @@ def test_state_location_needs_no_rocksdb_state_store(spark, kafka_bootstrap, top
 
 
 def _run(spark, topic, bootstrap, tmp_path, max_offsets):  # type: ignore[no-untyped-def]
-    sdf = readCommittedStream(spark, topic, {"kafka.bootstrap.servers": bootstrap}, max_offsets_per_trigger=max_offsets,
-                              state_location=str(tmp_path / "state"))
-    query = (sdf.writeStream.format("parquet").option("path", str(tmp_path / "out"))
-             .option("checkpointLocation", str(tmp_path / "chk")).trigger(availableNow=True).start())
+    sdf = readCommittedStream(
+        spark,
+        topic,
+        {"kafka.bootstrap.servers": bootstrap},
+        max_offsets_per_trigger=max_offsets,
+        state_location=str(tmp_path / "state"),
+    )
+    query = (
+        sdf.writeStream.format("parquet")
+        .option("path", str(tmp_path / "out"))
+        .option("checkpointLocation", str(tmp_path / "chk"))
+        .trigger(availableNow=True)
+        .start()
+    )
     try:
         query.awaitTermination(300)
-    except Exception:  # noqa: BLE001  (a failed query raises here; the tests read query.exception())
+    except Exception:
         pass
     return query
 
 
 @pytest.mark.integration
 @pytest.mark.spark
-def test_micro_batches_are_bounded_and_old_state_files_pruned(spark, kafka_bootstrap, topic_factory,
-                                                              tmp_path) -> None:
+def test_micro_batches_are_bounded_and_old_state_files_pruned(spark, kafka_bootstrap, topic_factory, tmp_path) -> None:
     topic = topic_factory(partitions=3)
     write_log(kafka_bootstrap, topic, 3, seed=50, steps=40)
     query = _run(spark, topic, kafka_bootstrap, tmp_path, 60)
@@ -155,30 +180,46 @@ def test_kafka_secrets_stay_out_of_the_plan(spark, tmp_path) -> None:
     ones in plans (``explain``, the UI) as it does for its own Kafka source."""
     from harvest_outbox.spark_reader.stream_source import SourceSettings
 
-    sdf = readCommittedStream(spark, "t", {"kafka.bootstrap.servers": "localhost:1", "kafka.sasl.password": "hunter2"},
-                              state_location=str(tmp_path / "state"))
+    sdf = readCommittedStream(
+        spark,
+        "t",
+        {"kafka.bootstrap.servers": "localhost:1", "kafka.sasl.password": "hunter2"},
+        state_location=str(tmp_path / "state"),
+    )
     plan = sdf._jdf.queryExecution().toString()
     assert "kafka.sasl.password=" in plan and "hunter2" not in plan
-    settings = SourceSettings.parse({"kafka.sasl.password": "hunter2", "harvest.settings": '{"topic": "t", '
-                                     '"state_location": "/x", "uuid_policy": "deliver", "include_acks": false, '
-                                     '"ring_size": 8, "prune_horizon_ns": 0, "max_offsets_per_trigger": null, '
-                                     '"starting": null}'})
+    settings = SourceSettings.parse(
+        {
+            "kafka.sasl.password": "hunter2",
+            "harvest.settings": '{"topic": "t", '
+            '"state_location": "/x", "uuid_policy": "deliver", "include_acks": false, '
+            '"ring_size": 8, "prune_horizon_ns": 0, "max_offsets_per_trigger": null, '
+            '"starting": null}',
+        }
+    )
     assert settings.kafka == {"kafka.sasl.password": "hunter2"} and "hunter2" not in repr(settings)
 
 
 @pytest.mark.integration
 @pytest.mark.spark
-def test_checkpoint_of_the_state_store_way_is_refused_clearly(spark, kafka_bootstrap, topic_factory,
-                                                             tmp_path) -> None:
+def test_checkpoint_of_the_state_store_way_is_refused_clearly(spark, kafka_bootstrap, topic_factory, tmp_path) -> None:
     """A query's checkpoint cannot switch sources: started without state_location (Spark's Kafka
     source's offsets), restarted with it, the query fails naming the fix."""
-    spark.conf.set("spark.sql.streaming.stateStore.providerClass",
-                   "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider")
+    spark.conf.set(
+        "spark.sql.streaming.stateStore.providerClass",
+        "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider",
+    )
     topic = topic_factory(partitions=1)
     write_log(kafka_bootstrap, topic, 1, seed=53, steps=10)
     opts = {"kafka.bootstrap.servers": kafka_bootstrap}
-    first = (readCommittedStream(spark, topic, opts).writeStream.format("parquet").option("path", str(tmp_path / "out"))
-             .option("checkpointLocation", str(tmp_path / "chk")).trigger(availableNow=True).start())
+    first = (
+        readCommittedStream(spark, topic, opts)
+        .writeStream.format("parquet")
+        .option("path", str(tmp_path / "out"))
+        .option("checkpointLocation", str(tmp_path / "chk"))
+        .trigger(availableNow=True)
+        .start()
+    )
     first.awaitTermination(300)
     assert first.exception() is None, first.exception()
     write_log(kafka_bootstrap, topic, 1, seed=54, steps=5)
