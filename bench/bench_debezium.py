@@ -383,7 +383,7 @@ class Contestant(ABC):
     def cpu_s(self) -> float | None:
         """CPU seconds its relay process(es) used so far (None: not measurable)."""
 
-    def check(self) -> None:
+    def check(self) -> None:  # noqa: B027 - optional hook: a contestant with no process to watch keeps it
         """Raise if the relay died."""
 
     poll_interval = 0.005

@@ -279,7 +279,7 @@ def db_limit_once(
         )
         try:
             conn = db.conn
-            mark_db.conn  # connected before the clock starts
+            _ = mark_db.conn  # connected before the clock starts
             t0, done = time.perf_counter(), 0
             while True:
                 if statement == "goharvest":

@@ -159,7 +159,7 @@ def drain_once(
             while conn.execute(count).fetchone()[0]:  # type: ignore[index]
                 time.sleep(0.01)
         elapsed = time.perf_counter() - t0
-        cpu = [_cpu_seconds(p.proc.pid) - c for (p, _), c in zip(procs, cpu0)]  # type: ignore[union-attr]
+        cpu = [_cpu_seconds(p.proc.pid) - c for (p, _), c in zip(procs, cpu0, strict=True)]  # type: ignore[union-attr]
         time.sleep(1.5)  # the relays' counters are read every metrics interval
         delivered = [_delivered(port) for _, port in procs]
     finally:
@@ -171,7 +171,7 @@ def drain_once(
         "rows_per_s": rows / elapsed,
         "delivered": delivered,
         "shares": [round(d / max(1, sum(delivered)), 3) for d in delivered],
-        "cpu_s_per_100k_rows": [round(c / max(1, d) * 100_000, 3) for c, d in zip(cpu, delivered)],
+        "cpu_s_per_100k_rows": [round(c / max(1, d) * 100_000, 3) for c, d in zip(cpu, delivered, strict=True)],
         "cpu_s_per_100k_rows_all": round(sum(cpu) / rows * 100_000, 3),
     }
 

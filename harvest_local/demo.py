@@ -468,7 +468,7 @@ def _plot(result: DemoResult, path: Path) -> Path | None:
         assert b is not None
         # Rows left in the outbox at each whole second (the last sample at or before it), differenced:
         # the relay's drain per second, on the same 1-second grid as the other lines.
-        pts = [(b.committed_at, b.rows)] + b.samples
+        pts = [(b.committed_at, b.rows), *b.samples]
 
         def left(t: float) -> int:
             return min((n for ts, n in pts if ts <= t), default=b.rows)
@@ -558,7 +558,10 @@ def phase_table(result: DemoResult) -> str:
             ),
         ]
     widths = [max(len(r[i]) for r in rows) for i in range(4)]
-    lines = ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))) for r in rows]
+    lines = [
+        "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths, strict=True)))
+        for r in rows
+    ]
     lines.insert(1, "-" * len(lines[0]))
     return "\n".join(lines)
 

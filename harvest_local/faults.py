@@ -117,8 +117,8 @@ def run_plan(services: LocalServices, plan: FaultPlan, workdir: Path, spark=None
             ends.pg_dsn, schema, outbox, topic, plan.keys, plan.rows, threads=3, rate_per_s=plan.rate, seed=plan.seed
         ).start()
         schedule = sorted(rng.uniform(0.15, 0.8) for _ in plan.faults)
-        for at, kind in zip(schedule, plan.faults):
-            wait_for(lambda: writers.stats.committed >= at * plan.rows or writers.done, 600, poll=0.1)
+        for at, kind in zip(schedule, plan.faults, strict=True):
+            wait_for(lambda at=at: writers.stats.committed >= at * plan.rows or writers.done, 600, poll=0.1)
             applier = _inject(kind, services, relays, applier, cfg, workdir, ends, topic, schema, result, faults)
         writers.join()
         result.committed, result.rolled_back = writers.stats.committed, writers.stats.rolled_back
