@@ -46,7 +46,8 @@ import logging
 import time
 import uuid
 from collections import deque
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, ClassVar
 
 from confluent_kafka import KafkaError, KafkaException, Message
 
@@ -73,7 +74,7 @@ class AtLeastOnceMode:
     #: Bytes of headers the relay adds to every record: none.
     HEADER_BYTES = 0
     #: Producer settings this mode needs (where the user set none): none beyond the config's.
-    PRODUCER_SETTINGS: dict[str, Any] = {}
+    PRODUCER_SETTINGS: ClassVar[Mapping[str, Any]] = {}
 
     def __init__(self, core: RelayCore) -> None:
         self.core = core
@@ -288,7 +289,7 @@ class AtLeastOnceMode:
                     headers=self._headers(_id, hkeys, hvals),
                 )  # type: ignore[arg-type]
             elif hkeys:
-                producer.produce(topic, value, key, headers=list(zip(hkeys, hvals)))  # type: ignore[arg-type]
+                producer.produce(topic, value, key, headers=list(zip(hkeys, hvals, strict=True)))  # type: ignore[arg-type]
             else:
                 producer.produce(topic, value, key)  # type: ignore[arg-type]
             return True
@@ -299,7 +300,7 @@ class AtLeastOnceMode:
 
     def _headers(self, row_id: int, hkeys: Any, hvals: Any) -> list[tuple[str, Any]] | None:
         """The record's headers: the row's, after the event id header when eventIdHeader is set."""
-        headers = list(zip(hkeys, hvals)) if hkeys else None
+        headers = list(zip(hkeys, hvals, strict=True)) if hkeys else None
         if self._event_id is None:
             return headers
         name, prefix = self._event_id

@@ -258,7 +258,7 @@ class Limits:
             if kind == "d" and (isinstance(value, bool) or not isinstance(value, (int, float))):
                 raise ConfigError(f"limits.{key}: {shown(value)} is not a duration in seconds")
         # Derived limits (maxPollInterval, drainInterval) last: their error should name what they derive from.
-        for key, attr, kind in sorted(_LIMIT_FIELDS, key=lambda f: f[1] in ("max_poll_interval", "drain_interval")):
+        for _key, attr, kind in sorted(_LIMIT_FIELDS, key=lambda f: f[1] in ("max_poll_interval", "drain_interval")):
             value = getattr(self, attr)
             if value is None and attr in _AUTO_FIELDS:
                 continue

@@ -90,11 +90,11 @@ class StrictLoader(yaml.SafeLoader):
             walked.add(id(node))
             if isinstance(node, SequenceNode):
                 for i, item in enumerate(node.value):
-                    node.value[i] = self._rewritten(path + (i,), item, rewrite, stack)
+                    node.value[i] = self._rewritten((*path, i), item, rewrite, stack)
             elif isinstance(node, MappingNode):
                 for i, (key, value) in enumerate(node.value):
                     name = key.value if isinstance(key, ScalarNode) else "?"
-                    node.value[i] = (key, self._rewritten(path + (name,), value, rewrite, stack))
+                    node.value[i] = (key, self._rewritten((*path, name), value, rewrite, stack))
 
     def _rewritten(self, path: YamlPath, node: Node, rewrite: Rewrite, stack: list[tuple[YamlPath, Node]]) -> Node:
         if not isinstance(node, ScalarNode):

@@ -43,7 +43,7 @@ class CrashPoints:
     ) -> None:
         self._points: dict[str, tuple[int, signal.Signals]] = {}
         self._counts: dict[str, int] = {}
-        for what, spec, sig in zip(names, (crash_at, pause_at), (signal.SIGKILL, signal.SIGSTOP)):
+        for what, spec, sig in zip(names, (crash_at, pause_at), (signal.SIGKILL, signal.SIGSTOP), strict=True):
             if spec:
                 point, n = _parse_point(what, spec)
                 self._points[point] = (n, sig)

@@ -53,7 +53,7 @@ def cumulative(cells: Sequence[float], bounds: Sequence[float]) -> tuple[list[tu
     consistent while the relay thread keeps counting)."""
     snap = list(cells)
     out, total = [], 0.0
-    for le, n in zip((*bounds, float("inf")), snap[:-1]):
+    for le, n in zip((*bounds, float("inf")), snap[:-1], strict=True):
         total += n
         out.append((le, total))
     return out, snap[-1], total

@@ -214,7 +214,8 @@ ANY_PARTITION = -1
 
 def produce_args(args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
     """The arguments after ``topic, value, key`` of a ``produce()`` call, by name, however given."""
-    return {**dict(zip(PRODUCE_ARGS[3:], args)), **kwargs}
+    # Not strict: a call gives any prefix of the positional arguments.
+    return {**dict(zip(PRODUCE_ARGS[3:], args, strict=False)), **kwargs}
 
 
 class KafkaProducer(Protocol):

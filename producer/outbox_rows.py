@@ -21,7 +21,6 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Union
 
 from psycopg import sql
 
@@ -29,7 +28,7 @@ from harvest_outbox.producer.errors import ConfigError, RecordError
 from harvest_outbox.producer.schema import OutboxNames, ValueType
 from harvest_outbox.producer.tracing import TRACEPARENT, current_trace_headers
 
-Headers = Union[Sequence[tuple[str, "str | None"]], Mapping[str, "str | None"]]
+Headers = Sequence[tuple[str, "str | None"]] | Mapping[str, "str | None"]
 #: One outbox row as both statements take it: topic, key, value, header keys, header values.
 Row = tuple[str, str, "str | bytes | None", list[str], "list[str | None]"]
 _TOPIC = re.compile(r"^[a-zA-Z0-9._\-]{1,249}$")

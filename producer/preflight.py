@@ -53,7 +53,9 @@ DEFAULT_PRODUCER_MAX_BYTES = 1_000_000  # librdkafka's message.max.bytes
 
 def header_bytes(hkeys: Sequence[str], hvals: Sequence[Any]) -> int:
     """Bytes the headers add to a record (key and value lengths plus their framing)."""
-    return sum(len(k.encode()) + (len(v) if v is not None else 0) + HEADER_OVERHEAD for k, v in zip(hkeys, hvals))
+    return sum(
+        len(k.encode()) + (len(v) if v is not None else 0) + HEADER_OVERHEAD for k, v in zip(hkeys, hvals, strict=True)
+    )
 
 
 def topic_name_problem(topic: Any) -> str | None:

@@ -147,7 +147,7 @@ class TxnProducer:
                 if event_id is not None:
                     headers.append((event_id[0], event_id[1] + b"%d" % rid))
                 if hkeys:
-                    headers.extend(zip(hkeys, hvals))  # type: ignore[arg-type]
+                    headers.extend(zip(hkeys, hvals, strict=True))  # type: ignore[arg-type]
                 slot = slots.pop() if slots else Slot(slots)
                 slot.txn, slot.clock = t, c
                 try:

@@ -59,8 +59,9 @@ import logging
 import time
 import uuid
 from collections import deque
+from collections.abc import Mapping
 from concurrent.futures import wait
-from typing import Any, cast
+from typing import Any, ClassVar, cast
 
 from confluent_kafka import KafkaError, Message
 
@@ -91,7 +92,7 @@ class SequencedMode(TxnProducer, ViewFailure):
     #: A failed ACK must not be overtaken by a later one in its partition (per-key order): librdkafka
     #: then raises a fatal error instead of leaving a gap; the view is abandoned and a fresh producer
     #: re-sends the intents in order.
-    PRODUCER_SETTINGS: dict[str, Any] = {"enable.gapless.guarantee": True}
+    PRODUCER_SETTINGS: ClassVar[Mapping[str, Any]] = {"enable.gapless.guarantee": True}
 
     def __init__(self, core: RelayCore) -> None:
         self.core = core

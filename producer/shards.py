@@ -51,7 +51,11 @@ def shard_of(key: bytes | str | None, count: int) -> int:
     return key_hash(key) % count
 
 
-def shard_expression(count: int, key: sql.Composable = sql.SQL("kafka_key")) -> sql.Composable:
+#: The default outbox's Kafka key column (a table mapping passes its own).
+_KAFKA_KEY = sql.SQL("kafka_key")
+
+
+def shard_expression(count: int, key: sql.Composable = _KAFKA_KEY) -> sql.Composable:
     """SQL computing a row's shard; written exactly like this in the index and in the mark, so the
     planner matches them. ``'x' || 8 hex digits`` cast to ``bit(32)`` reads them as a bit string;
     the ``bigint`` cast of a ``bit(32)`` is unsigned. ``key``: the row's Kafka key as text (the table

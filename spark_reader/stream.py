@@ -343,7 +343,9 @@ class _PartitionProcessor(_stateful_base()):  # type: ignore[misc]
         partition = int(key[0])
         plan = self.plan
         journal = f"{plan.topic}/{partition}"
-        fresh = sorted(((int(f), bytes(b)) for frame in rows for f, b in zip(frame["first"], frame["blob"])))
+        fresh = sorted(
+            ((int(f), bytes(b)) for frame in rows for f, b in zip(frame["first"], frame["blob"], strict=True))
+        )
         tables = [_from_ipc(b) for _, b in fresh]
         first_new = fresh[0][0]
         stored = (
