@@ -372,6 +372,7 @@ _TOP_KEYS = (
     "eventRouter",
     "eventIdHeader",
     "deadLetterRetention",
+    "deadLetterPolicy",
 )
 #: How a ``HARVEST_<KEY>`` variable's text is read for each key (producer/config_env.py).
 _ENV_KINDS = {
@@ -382,6 +383,9 @@ _ENV_KINDS = {
 #: What the relay does with a row whose topic does not exist: park it in the dead letters at once,
 #: or hold that topic's rows (marked, in memory) until the topic exists while other topics flow.
 MISSING_TOPIC_POLICIES = ("deadLetter", "hold")
+#: After a row is dead-lettered: its key's later rows flow (``skip``) or wait in the outbox until the
+#: dead letter is requeued or discarded (``haltKey``; producer/key_halt.py, docs/dead-letters.md).
+DEAD_LETTER_POLICIES = ("skip", "haltKey")
 LEADER_ELECTIONS = ("neli", "postgres")
 #: ``deadLetterRetention`` bounds, in seconds.
 MIN_RETENTION, MAX_RETENTION = 60.0, 87600 * 3600.0
@@ -500,6 +504,8 @@ class HarvestConfig:
     #: ``deadLetterRetention``: the leader deletes dead letters older than this many seconds (by
     #: ``dead_time``), a batch at a time (README, Queue-table hygiene). ``None`` (default): kept until requeued.
     dead_letter_retention: float | None = None
+    #: ``skip`` (default) or ``haltKey`` (see :data:`DEAD_LETTER_POLICIES`).
+    dead_letter_policy: str = "skip"
 
     def __post_init__(self) -> None:
         base = dict(_kafka_map(self.base_kafka_config, "baseKafkaConfig"))
@@ -619,6 +625,11 @@ class HarvestConfig:
             raise ConfigError(
                 f"missingTopicPolicy: {shown(self.missing_topic_policy)} is not a policy; use deadLetter "
                 f"(park the row at once) or hold (keep that topic's rows until it exists)"
+            )
+        if self.dead_letter_policy not in DEAD_LETTER_POLICIES:
+            raise ConfigError(
+                f"deadLetterPolicy: {shown(self.dead_letter_policy)} is not a policy; use skip (a key's later "
+                f"rows flow past its dead letter) or haltKey (they wait until it is requeued or discarded)"
             )
         if self.leader_election not in LEADER_ELECTIONS:
             raise ConfigError(
@@ -753,7 +764,7 @@ class HarvestConfig:
             f"leader_lock_check_interval={self.leader_lock_check_interval!r}, "
             f"missing_topic_policy={self.missing_topic_policy!r}, shards={self.shards!r}, "
             f"table_mapping={self.table_mapping!r}, event_id_header={self.event_id_header!r}, "
-            f"dead_letter_retention={self.dead_letter_retention!r})"
+            f"dead_letter_retention={self.dead_letter_retention!r}, dead_letter_policy={self.dead_letter_policy!r})"
         )
 
     __str__ = __repr__
@@ -800,6 +811,8 @@ class HarvestConfig:
             kwargs["table_mapping"] = table_mapping(data.get("tableMapping"), data.get("eventRouter"), path)
         if data.get("missingTopicPolicy") is not None:
             kwargs["missing_topic_policy"] = data["missingTopicPolicy"]
+        if data.get("deadLetterPolicy") is not None:
+            kwargs["dead_letter_policy"] = data["deadLetterPolicy"]
         if data.get("deadLetterRetention") not in (None, "keep"):
             kwargs["dead_letter_retention"] = parse_duration(data["deadLetterRetention"], f"{path}.deadLetterRetention")
         if data.get("leaderLockCheckInterval") is not None:
