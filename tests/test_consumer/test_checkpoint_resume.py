@@ -200,7 +200,7 @@ def test_checkpoint_of_another_reader_is_refused(
 
 def test_checkpoint_naming_partitions_the_topic_lacks_is_refused(kafka_bootstrap: str, topic_factory) -> None:
     big, small = topic_factory(partitions=3), topic_factory(partitions=2)
-    offsets, states = decode_checkpoint(_checkpoint_of(kafka_bootstrap, big, 3))
+    offsets, _states = decode_checkpoint(_checkpoint_of(kafka_bootstrap, big, 3))
     # The same name, fewer partitions (a re-created topic): rename the journals onto `small`.
     moved = {j.replace(big, small): o for j, o in offsets.items()}
     with pytest.raises(CheckpointMismatchError, match=f"covers {small}/2, which this reader's topic does not have"):
@@ -221,7 +221,7 @@ def test_checkpoint_entries_not_read_are_named_when_ignored(kafka_bootstrap: str
 
 def test_partitions_a_checkpoint_does_not_cover_are_named(kafka_bootstrap: str, topic_factory, caplog) -> None:
     topic = topic_factory(partitions=2)
-    offsets, states = decode_checkpoint(_checkpoint_of(kafka_bootstrap, topic, 2))
+    offsets, _states = decode_checkpoint(_checkpoint_of(kafka_bootstrap, topic, 2))
     cp = encode_checkpoint({f"{topic}/0": offsets[f"{topic}/0"]}, [])
     caplog.set_level(logging.WARNING, logger="harvest_outbox.consumer")
     with ReadCommittedIter(kafka_config(kafka_bootstrap), topics=[topic], checkpoint=cp) as it:

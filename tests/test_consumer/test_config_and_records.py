@@ -31,7 +31,7 @@ def test_config_errors_name_the_key(extra, match) -> None:
 
 
 def test_bootstrap_required_and_forced_settings() -> None:
-    with pytest.raises(ConfigError, match="bootstrap.servers"):
+    with pytest.raises(ConfigError, match=r"bootstrap\.servers"):
         ReaderConfig({"group.id": "g"})
     rc = ReaderConfig({**BOOT, "auto.offset.reset": "latest", "enable.auto.commit": False})
     main = rc.main_config()
@@ -45,7 +45,7 @@ def test_bootstrap_required_and_forced_settings() -> None:
 def test_unknown_property_is_config_error_without_secrets(caplog) -> None:
     caplog.set_level(logging.DEBUG)
     cfg = {**BOOT, "sasl.password": "hunter2", "ssl.key.password": "s3cret", "no.such.property": 1}
-    with pytest.raises(ConfigError, match="no.such.property") as info:
+    with pytest.raises(ConfigError, match=r"no\.such\.property") as info:
         ReadCommittedIter(cfg, topics=["t"])
     text = str(info.value) + repr(info.value.__cause__) + caplog.text
     assert "hunter2" not in text and "s3cret" not in text
@@ -64,7 +64,7 @@ def test_argument_errors() -> None:
         ReadUncommittedIter(BOOT)
     with pytest.raises(ConfigError, match="not both"):
         ReadUncommittedIter(BOOT, topics=["t"], partitions=[("t", 0)])
-    with pytest.raises(ConfigError, match="remove 'group.id'"):
+    with pytest.raises(ConfigError, match=r"remove 'group\.id'"):
         ReadUncommittedIter({**BOOT, "group.id": "g"}, partitions=[("t", 0)])
     with pytest.raises(ConfigError, match="uuid_policy"):
         ReadUncommittedIter(BOOT, topics=["t"], uuid_policy="ignore")

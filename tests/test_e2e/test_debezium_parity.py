@@ -43,7 +43,7 @@ PAYLOADS = [
     "42",
     None,
 ]
-TEXT_PAYLOADS = PAYLOADS + ["", "   ", "\t\n", "not json at all", " padded "]
+TEXT_PAYLOADS = [*PAYLOADS, "", "   ", "\t\n", "not json at all", " padded "]
 CONTEXT = "__debezium.context."
 
 

@@ -306,7 +306,7 @@ def test_what_debezium_publishes(case: Case, emitted: dict[str, list[ReadRecord]
     got = emitted[case.name]
     assert [(g.topic, g.key) for g in got] == [(case.topic(r.aggregatetype), r.aggregateid.encode()) for r in ROWS]
     assert [g.value for g in got] == list(case.values)
-    for record, row in zip(got, ROWS):
+    for record, row in zip(got, ROWS, strict=True):
         context = [(k, v) for k, v in record.headers if k.startswith(CONTEXT)]
         router = [(k, v) for k, v in record.headers if not k.startswith(CONTEXT)]
         if case.name == "no-ext-headers":

@@ -240,7 +240,9 @@ def test_concurrent_claims_releases_and_sweeps_of_one_checkout(tmp_path: Path) -
         for _ in range(3)
     ]
     outcomes = [w.communicate(timeout=120) for w in workers]
-    assert all(w.returncode == 0 and out.strip() == "ok" for w, (out, _) in zip(workers, outcomes)), outcomes
+    assert all(w.returncode == 0 and out.strip() == "ok" for w, (out, _) in zip(workers, outcomes, strict=True)), (
+        outcomes
+    )
     assert not list((tmp_path / ".work").glob("postgres-*"))
     if IS_ROOT:
         assert not (pgdirs.run_dir() / pgdirs.checkout_key(tmp_path / ".work")).exists()

@@ -173,7 +173,7 @@ import harvest_outbox.sequencer as seq, harvest_outbox.consumer.record as rec
 print(json.dumps({"modules": found, "sequencer": seq.IMPLEMENTATION,
                   "reader": "native" if rec._native is not None else "python",
                   "top_level": [n for n in %r if importlib.util.find_spec(n) is not None]}))
-""" % (SUBPACKAGES,)
+""" % (SUBPACKAGES,)  # noqa: UP031 - %-formatting: the script has braces of its own
 
 
 def _import_all(python: Path, cwd: Path, env: dict[str, str] | None = None) -> dict[str, object]:

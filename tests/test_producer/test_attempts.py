@@ -86,7 +86,9 @@ def test_crash_loop_on_a_row_ends_with_it_parked(
             relay = RelayProcess(cfg, f"r{n}", tmp_path, faults="failkey=poison,killat=2").start()
             relays.append(relay)
             # Either it dies on the poison row's second produce, or (third process) parks the row.
-            wait_for(lambda: not relay.alive or bool(_dead(pg_dsn, table)), 60, f"relay r{n} crashes or parks")
+            wait_for(
+                lambda relay=relay: not relay.alive or bool(_dead(pg_dsn, table)), 60, f"relay r{n} crashes or parks"
+            )
             if not relay.alive:
                 assert relay.proc is not None and relay.proc.returncode == -signal.SIGKILL, relay.text()[-2000:]
                 killed += 1

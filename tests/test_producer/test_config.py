@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 
 import pytest
@@ -353,7 +354,7 @@ def _billion_laughs(levels: int = 9) -> str:
     """Nine nested aliases of nine: ~10^9 values once expanded, a few hundred bytes of YAML."""
     names = "abcdefghijklmnop"[:levels]
     nodes = ['&a ["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol"]']
-    nodes += [f"&{n} [{', '.join([f'*{p}'] * 9)}]" for p, n in zip(names, names[1:])]
+    nodes += [f"&{n} [{', '.join([f'*{p}'] * 9)}]" for p, n in itertools.pairwise(names)]
     return f"harvest:\n  dataSource: host=db\n  limits:\n    heartbeatTimeout: [{', '.join(nodes)}]\n"
 
 
@@ -460,7 +461,7 @@ def test_error_messages_show_at_most_80_characters_of_a_value(harvest: dict, nee
 def test_a_value_python_will_not_build_is_a_config_error(tmp_path: Path) -> None:
     path = tmp_path / "h.yaml"
     path.write_text("harvest:\n  prometheusPort: " + "9" * 5000 + "\n")
-    with pytest.raises(ConfigError, match="a value cannot be read: .*more chars"):
+    with pytest.raises(ConfigError, match=r"a value cannot be read: .*more chars"):
         load_yaml(path)
 
 

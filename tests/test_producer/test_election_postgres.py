@@ -111,7 +111,7 @@ def test_one_leader_and_graceful_handover(pg_dsn: str, pg_schema: str) -> None:
             assert rec.names()[-1] == "revoked"
             rest = [e for e, _ in alive]
             counts = []
-            handovers.append(_pump(rest, lambda: any(e.is_leader for e in rest), handover_timeout, counts))
+            handovers.append(_pump(rest, lambda rest=rest: any(e.is_leader for e in rest), handover_timeout, counts))
             assert max(counts) == 1
         print(f"\ngraceful hand-over (check interval {check}s): " + ", ".join(f"{h * 1000:.1f} ms" for h in handovers))
     finally:
@@ -167,8 +167,8 @@ def test_terminate_backend_fences_holder_then_standby_acquires(pg_dsn: str, pg_s
                 t0 = time.monotonic()
                 conn.execute("SELECT pg_terminate_backend(%s)", (holder.backend_pid,))
             counts: list[int] = []
-            fenced = _pump(els, lambda: not holder.is_leader, 5, counts)
-            taken = _pump(els, lambda: standby.is_leader, 5, counts)
+            fenced = _pump(els, lambda holder=holder: not holder.is_leader, 5, counts)
+            taken = _pump(els, lambda standby=standby: standby.is_leader, 5, counts)
             assert max(counts) <= 1
             assert hrec.names()[-1] == "fenced"
             t_fenced, t_acquired = hrec.last("fenced") - t0, srec.last("acquired") - t0
@@ -181,7 +181,7 @@ def test_terminate_backend_fences_holder_then_standby_acquires(pg_dsn: str, pg_s
             assert fenced + taken < 2 * check + 0.5
             # the fenced election reconnects (new backend) and stays a standby while the other leads
             old_pid = holder.backend_pid
-            _pump(els, lambda: holder.backend_pid != old_pid, 5)
+            _pump(els, lambda holder=holder, old_pid=old_pid: holder.backend_pid != old_pid, 5)
             assert not holder.is_leader and standby.is_leader
         print(
             "\npg_terminate_backend (check interval 0.5s): "

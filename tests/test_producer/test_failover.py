@@ -92,13 +92,12 @@ def test_one_leader_kill9_and_graceful_handover(
 def test_cli_init_db_and_dead_letters(pg_dsn: str, pg_schema: str, tmp_path: Path) -> None:
     table = f"{pg_schema}.cli_outbox"
     env = {**os.environ, "HARVEST_DATA_SOURCE": pg_dsn}
-    run = lambda *a: subprocess.run(
-        [sys.executable, "-m", "harvest_outbox.producer", *a],
-        env=env,
-        capture_output=True,  # noqa: E731
-        text=True,
-        timeout=60,
-    )
+
+    def run(*a: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "harvest_outbox.producer", *a], env=env, capture_output=True, text=True, timeout=60
+        )
+
     r = run("init-db", "--outbox-table", table, "--value-type", "bytea")
     assert r.returncode == 0, r.stderr
     assert "ready (value type bytea" in r.stdout

@@ -191,7 +191,7 @@ def test_failed_attempts_are_stored_before_the_row_is_reset_and_forgotten_on_del
     p2.on_delivery(KafkaError(KafkaError._MSG_TIMED_OUT, "timeout"), FakeMsg(b"a"))
     assert [(d[0], d[2]) for d in h2._dlq_buf] == [(1, 5)]
     # a stored count already at the limit parks the row at mark time, without producing it
-    h3, p3 = _relay(max_delivery_attempts=5)
+    h3, _p3 = _relay(max_delivery_attempts=5)
     kept = h3._take_attempts([row(1, "a"), row(2, "b")], {1: (5, "boom")})
     assert [r[0] for r in kept] == [2] and [(d[0], d[2]) for d in h3._dlq_buf] == [(1, 5)]
     assert "counted across relay restarts" in h3._dlq_buf[0][1] and "boom" in h3._dlq_buf[0][1]

@@ -166,7 +166,7 @@ def test_readyz_fails_while_the_database_refuses_the_relay(
                 (role,),
             )
         # The first probe after the kill reports the terminated session, the next ones the refused login.
-        status, body = wait_for(
+        _status, body = wait_for(
             "/readyz to fail on the refused login",
             lambda: (r := get(relay, "/readyz"))[0] == 503 and "log in" in r[1]["reason"] and r,
         )
@@ -238,7 +238,7 @@ def test_cli_relay_process_serves_health_on_the_flagged_address(
             except urllib.error.HTTPError as exc:
                 return exc.code, json.loads(exc.read())
 
-        status, body = wait_for(
+        _status, body = wait_for(
             "the CLI relay to lead", lambda: (r := readyz())[0] == 200 and r[1]["role"] == "leader" and r, 60
         )
         assert body["relay"] == "cli-relay" and body["database"] == "ok"

@@ -88,5 +88,5 @@ def test_real_probe_against_a_closed_port_is_secret_free() -> None:
 def test_liveness_timeout_must_be_positive(bad: float) -> None:
     from harvest_outbox.producer.errors import ConfigError
 
-    with pytest.raises(ConfigError, match="limits.livenessTimeout"):
+    with pytest.raises(ConfigError, match=r"limits\.livenessTimeout"):
         Limits(liveness_timeout=bad)

@@ -19,7 +19,10 @@ from harvest_outbox.producer.histograms import (
 
 
 def rows(topics: list[str], created: list[float]) -> list[tuple]:
-    return [(i, t, b"k", b"v", None, None, None, None, None, None, c) for i, (t, c) in enumerate(zip(topics, created))]
+    return [
+        (i, t, b"k", b"v", None, None, None, None, None, None, c)
+        for i, (t, c) in enumerate(zip(topics, created, strict=True))
+    ]
 
 
 @pytest.mark.parametrize("n, topics", [(1, 1), (31, 1), (32, 1), (5000, 1), (5000, 3), (40, 2)])

@@ -68,7 +68,7 @@ def test_every_row_is_in_exactly_one_shard_a_null_key_too(pg_dsn: str, pg_schema
                     assert row[6] is not None and row[6].startswith(NULL_KEY_REASON), row
         finally:
             db.close()
-    assert sorted(seen) == sorted(good + [null_id])
+    assert sorted(seen) == sorted([*good, null_id])
     assert seen[null_id] == shard_of("", shards)
 
 

@@ -17,9 +17,9 @@ import pytest
 from seqcheck import Expected, write_traffic
 
 from harvest_outbox.harvest_local.relays import wait_for, write_config
+from harvest_outbox.producer.schema import init_db
 
 EXIT_FORCED = 3  # producer.cli.EXIT_FORCED
-from harvest_outbox.producer.schema import init_db
 
 pytestmark = pytest.mark.integration
 

@@ -350,7 +350,7 @@ def test_other_drivers_are_refused_by_name(tmp_path) -> None:  # type: ignore[no
     with Session(engine) as session, pytest.raises(ConfigError) as info:
         stash(session, OutboxRecord("t", "k", "v"))
     assert "'sqlite+pysqlite' driver" in str(info.value) and "postgresql+psycopg://" in str(info.value)
-    with pytest.raises(ConfigError, match="expected a sqlalchemy.orm.Session or sqlalchemy.engine.Connection"):
+    with pytest.raises(ConfigError, match=r"expected a sqlalchemy\.orm\.Session or sqlalchemy\.engine\.Connection"):
         stash(object(), OutboxRecord("t", "k", "v"))  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match="expected a sqlalchemy AsyncSession or AsyncConnection"):
         asyncio.run(astash(Session(engine), OutboxRecord("t", "k", "v")))  # type: ignore[arg-type]

@@ -143,7 +143,7 @@ def test_entry_batch_from_columns_matches_appended_entries() -> None:
     los = np.array([u.int & (2**64 - 1) for u in us], dtype=np.uint64)
     full = eb_cls.from_columns("t/2", offsets, his, los)
     assert [full[i] for i in range(6)] == [
-        ("t/2", int(o), int(o) + 1, u.int, i) for i, (o, u) in enumerate(zip(offsets, us))
+        ("t/2", int(o), int(o) + 1, u.int, i) for i, (o, u) in enumerate(zip(offsets, us, strict=True))
     ]
     some = eb_cls.from_columns("t/2", offsets, his, los, np.array([1, 4], dtype=np.int64))
     assert [some[i] for i in range(2)] == [full[1], full[4]]

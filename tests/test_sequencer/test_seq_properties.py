@@ -136,7 +136,7 @@ def reference(log: list[Envelope]) -> dict[str, list[Envelope]]:
         last, top, span = state.get(key, (clock - 1, clock - 1, []))
         if flags == Flags.CONTINUE_TXN:
             if clock > top and clock > last:
-                state[key] = (last, clock, span + [env])
+                state[key] = (last, clock, [*span, env])
         elif flags == Flags.ACK_TXN:
             if clock > last:
                 out[env.journal] += [e for e in span if clock_of(e.uuid) <= clock] + [env]

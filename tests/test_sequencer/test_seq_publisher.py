@@ -73,7 +73,7 @@ def test_each_journal_acked_once_after_its_messages() -> None:
         last[j] = clock_of(pub.publish_uncommitted(j))
     intents = pub.build_ack_intents()
     assert [i.journal for i in intents] == ["t/0", "t/1", "t/2"]
-    for journal, u in intents:
+    for _journal, u in intents:
         assert flags_of(u) == Flags.ACK_TXN
         assert producer_of(u) == pub.producer_id
         assert clock_of(u) > max(last.values())

@@ -63,7 +63,10 @@ def test_producer_state_is_frozen() -> None:
 def test_default_horizon_prunes_per_journal_with_wall_clocks() -> None:
     assert DEFAULT_PRUNE_HORIZON_NS == 24 * HOUR_NS
     t0 = 1_700_000_000 * 10**9
-    at = lambda ns: Clock.from_unix_ns(ns).value
+
+    def at(ns: int) -> int:
+        return Clock.from_unix_ns(ns).value
+
     old, fresh, lonely = new_producer_id(), new_producer_id(), new_producer_id()
     g0, g1 = Gen("t/0"), Gen("t/1")
     seq = Sequencer()

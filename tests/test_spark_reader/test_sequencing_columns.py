@@ -169,7 +169,7 @@ def test_uuid_words_equal_the_per_record_rule_on_edge_cases(binary_type) -> None
 
 def test_uuid_words_fast_path_on_valid_uuids_at_an_offset() -> None:
     values = [build_uuid(sequencer.new_producer_id(), 16 * (i + 1), Flags.CONTINUE_TXN).bytes for i in range(100)]
-    arr = pa.array([b"x" * 3] + values, pa.binary()).slice(1)  # data starts at byte 3: unaligned words
+    arr = pa.array([b"x" * 3, *values], pa.binary()).slice(1)  # data starts at byte 3: unaligned words
     _check_words(values, arr)
 
 

@@ -249,7 +249,7 @@ def test_stream_without_rocksdb_state_store_is_a_clear_error(spark, kafka_bootst
     before = spark.conf.get(conf, None)
     spark.conf.set(conf, "org.apache.spark.sql.execution.streaming.state.HDFSBackedStateStoreProvider")
     try:
-        with pytest.raises(ReaderConfigError, match="RocksDB.*Fix: spark.conf.set"):
+        with pytest.raises(ReaderConfigError, match=r"RocksDB.*Fix: spark\.conf\.set"):
             readCommittedStream(spark, topic_factory(partitions=1), {"kafka.bootstrap.servers": kafka_bootstrap})
     finally:
         if before is None:

@@ -34,7 +34,9 @@ def test_pack_then_unpack_gives_each_partitions_records_in_order() -> None:
     table = _records([0, 1, 0, 2, 1, 0], 3)
     packed = pa.Table.from_batches(list(stream._pack_table(table)))
     assert sorted(packed.column("partition").to_pylist()) == [0, 1, 2]
-    for partition, first, blob in zip(*(packed.column(c).to_pylist() for c in ("partition", "first", "blob"))):
+    for partition, first, blob in zip(
+        *(packed.column(c).to_pylist() for c in ("partition", "first", "blob")), strict=True
+    ):
         rows = stream._from_ipc(blob)
         want = [i for i, p in enumerate([0, 1, 0, 2, 1, 0]) if p == partition]
         assert rows.column("offset").to_pylist() == want and first == want[0]
