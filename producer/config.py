@@ -189,26 +189,51 @@ class Limits:
     sends from one thread through one idempotent producer, so they have no effect.
     """
 
+    # Each field's ``#:`` comment is its entry in the generated configuration reference
+    # (docs/hooks/config_reference.py): a new limit documented here appears there.
+
+    #: Pause after a database or Kafka error before retrying; at least 10ms (0 turned a database
+    #: outage into a busy loop: 88 % CPU, ~5,000 log lines/s).
     io_error_backoff: float = 0.5
+    #: How long the relay polls the producer per loop turn.
     poll_duration: float = 0.001
+    #: NELI: the shortest pulse period of the election (goharvest's).
     min_poll_interval: float = 0.1
+    #: NELI: the longest pulse period of the election. Unset: ``heartbeatTimeout`` / 2.
     max_poll_interval: float | None = None
+    #: NELI: the leader fences itself when no heartbeat returns within this; the election group's
+    #: session timeout is 3x it, so with ``leaderElection: neli`` it must be 2s-10m (brokers accept
+    #: sessions of 6s-30m by default).
     heartbeat_timeout: float = 5.0
+    #: How long a revoked leader waits for its in-flight records. Unset: min(``maxPollInterval``,
+    #: ``queueTimeout``).
     drain_interval: float | None = None
+    #: A record in flight longer than this is abandoned and its row marked again.
     queue_timeout: float = 30.0
+    #: Pause when a mark finds nothing to claim.
     mark_backoff: float = 0.01
-    #: ``None`` (not in the config): adaptive, up to :data:`AUTO_MAX_IN_FLIGHT`; a number caps it.
+    #: Records in flight at once (at-least-once: also one record in flight per key). Unset: adaptive,
+    #: up to :data:`AUTO_MAX_IN_FLIGHT`; a number caps it.
     max_in_flight_records: int | None = None
+    #: Accepted for goharvest compatibility; no effect (one sending thread, one idempotent producer).
     send_concurrency: int = 8
+    #: Accepted for goharvest compatibility; no effect.
     send_buffer: int = 10
-    #: ``None`` (not in the config): adaptive, from :data:`MARK_FLOOR` up to :data:`AUTO_MARK_RECORDS`
-    #: (the ceiling once a mark comes back full, halving while they come back mostly empty); a number
-    #: caps the adaptation (goharvest's meaning: no mark claims more rows than this).
+    #: Rows one mark claims. Unset: adaptive, from :data:`MARK_FLOOR` (goharvest's, for the first mark
+    #: of an idle relay) up to :data:`AUTO_MARK_RECORDS` (the ceiling once a mark comes back full,
+    #: halving while they come back mostly empty); a number caps the adaptation (goharvest's meaning:
+    #: no mark claims more rows than this).
     mark_query_records: int | None = None
+    #: Period of the relay's metrics reading (``MeterRead``: backlog, oldest unsent age, throughput).
     min_metrics_interval: float = 5.0
+    #: Failed deliveries before a row is dead-lettered, counted in Postgres across restarts
+    #: (docs/reliability.md).
     max_delivery_attempts: int = 5
+    #: At-least-once: delivered rows deleted per purge statement (with ``purgeInterval``).
     purge_batch_records: int = 500
+    #: At-least-once: the longest a delivered row waits for its purge batch.
     purge_interval: float = 0.02
+    #: Polling fallback: how often an idle relay marks when no NOTIFY arrives.
     idle_poll_interval: float = 1.0
     #: The longest one record may wait for its delivery report: the producer's ``message.timeout.ms``
     #: (``delivery.timeout.ms``) derives from it, so it bounds how long one row holds up others. A
@@ -216,15 +241,18 @@ class Limits:
     #: (in ``--uuid-sequencing`` mode, where a waiting record holds up every key, it is dead-lettered
     #: at once); one that waits it out while the broker acknowledges nothing (an outage) does not count.
     row_timeout: float = 30.0
-    #: --uuid-sequencing: a harvest transaction closes at this many records ...
-    #: ``None``: :data:`AUTO_TXN_RECORDS` (``txnMaxDuration`` usually closes transactions first).
+    #: ``--uuid-sequencing``: a harvest transaction closes at this many records, at ``txnMaxDuration``,
+    #: or once the backlog is drained and its first delivery report has arrived. Unset:
+    #: :data:`AUTO_TXN_RECORDS`, halved after a delivery failure and grown back by half per commit.
     txn_max_records: int | None = None
-    #: ... or this long after its first record (or as soon as the backlog is drained).
+    #: ``--uuid-sequencing``: a harvest transaction closes this long after its first record (or at
+    #: ``txnMaxRecords``, or as soon as the backlog is drained).
     txn_max_duration: float = 0.05
-    #: ProducerIDs per leader view: at most this many harvest transactions in flight (1 = stop-and-wait).
+    #: ``--uuid-sequencing``: producer ids per leader view, i.e. harvest transactions in flight (1 =
+    #: stop-and-wait); at most 256.
     producer_ring: int = 4
     #: ``/healthz`` fails when the relay loop has not completed a metrics reading (one per
-    #: ``minMetricsInterval``) for this long. ``None``: max(15s, 3 x minMetricsInterval + heartbeatTimeout).
+    #: ``minMetricsInterval``) for this long. Unset: max(15s, 3 x minMetricsInterval + heartbeatTimeout).
     liveness_timeout: float | None = None
 
     def __post_init__(self) -> None:
@@ -466,18 +494,41 @@ def _check_bootstrap(base: Mapping[str, Any]) -> None:
 class HarvestConfig:
     """Everything the relay needs. Construct directly (embedded mode) or via :func:`load_yaml`."""
 
+    # Each field's ``#:`` comment is its entry in the generated configuration reference
+    # (docs/hooks/config_reference.py): a new key documented here appears there.
+
+    #: The outbox's Postgres, as a libpq connection string or URI (parsed by libpq when the file is
+    #: read). Shown with its password and unknown keys redacted; prefer ``${file:…}`` or
+    #: ``HARVEST_DATA_SOURCE`` to a password in the file (docs/environment.md).
     data_source: str = DEFAULT_DATA_SOURCE
+    #: The outbox table, optionally schema-qualified (``app.outbox``).
     outbox_table: str = "outbox"
+    #: librdkafka properties of every Kafka client the relay makes (producer, election, admin), checked
+    #: by librdkafka when the file is read. ``bootstrap.servers`` must be a non-empty string; left out,
+    #: the relay connects to ``localhost:9092`` (goharvest's default) and warns at start.
     base_kafka_config: Mapping[str, Any] = field(default_factory=dict)
+    #: librdkafka properties of the producer only, over ``baseKafkaConfig``. ``enable.idempotence=true``
+    #: and ``acks=all`` are forced (a contradicting value is an error); ``linger.ms`` defaults to 1; the
+    #: delivery timeout derives from ``limits.rowTimeout``.
     producer_kafka_config: Mapping[str, Any] = field(default_factory=dict)
+    #: NELI: the leader topic (created with one partition if missing). Unset: ``<leaderGroupID>.neli``,
+    #: or ``<leaderGroupID>.neli.shards<S>`` with ``shards: S`` > 1 (one partition per shard).
     leader_topic: str = ""
+    #: NELI: the consumer group of the election. Unset: ``harvest``.
     leader_group_id: str = ""
+    #: This relay's name: the ``relay`` label of its metrics, the start of its log lines, its
+    #: ``application_name``. Printable, no ``%``. Unset: ``<host>_<pid>_<time>``.
     name: str = ""
+    #: Timing and sizing limits (below); durations are written ``500ms``, ``5s``, ``1m30s``.
     limits: Limits = field(default_factory=Limits)
+    #: Serve ``/metrics``, ``/healthz`` and ``/readyz`` on this TCP port (0: any free port); unset: no
+    #: endpoint (docs/health.md).
     prometheus_port: int | None = None
-    #: Address the /metrics, /healthz and /readyz endpoint binds to (with ``prometheus_port``).
+    #: Address the /metrics, /healthz and /readyz endpoint binds to (with ``prometheusPort``);
+    #: ``127.0.0.1`` keeps them on this host.
     prometheus_bind_address: str = DEFAULT_BIND_ADDRESS
-    leader_topic_replication_factor: int = -1  # -1 = broker default
+    #: NELI: replication factor of a leader topic the relay creates; -1: the broker's default.
+    leader_topic_replication_factor: int = -1
     #: Exactly-once mode (docs/design.md §5): UUID-stamped CONTINUE_TXN records, harvest
     #: transactions committed with a fenced DB transaction, then ACK_TXN messages.
     uuid_sequencing: bool = False
@@ -490,8 +541,8 @@ class HarvestConfig:
     #: ``deadLetter`` (default) or ``hold`` (see :data:`MISSING_TOPIC_POLICIES`).
     missing_topic_policy: str = "deadLetter"
     #: Scale out (``shards: S``): rows are split into S shards by a hash of ``kafka_key`` and each
-    #: shard has its own leader, so up to S relays publish one outbox at once (README, Sharded
-    #: relays). 1 (default): one active relay for the whole outbox, as goharvest.
+    #: shard has its own leader, so up to S relays publish one outbox at once (docs/sharding.md).
+    #: 1 (default): one active relay for the whole outbox, as goharvest.
     shards: int = 1
     #: Which columns of ``outboxTable`` make a record: goharvest's table (default) or Debezium's outbox
     #: routed as its event router does (YAML ``tableMapping: debezium`` + ``eventRouter: {...}`` with
@@ -501,8 +552,8 @@ class HarvestConfig:
     #: (the same on every re-send, so at-least-once consumers can dedupe); empty (default): records
     #: exactly as goharvest's. A Debezium table's records always carry the router's ``id`` header.
     event_id_header: str = ""
-    #: ``deadLetterRetention``: the leader deletes dead letters older than this many seconds (by
-    #: ``dead_time``), a batch at a time (README, Queue-table hygiene). ``None`` (default): kept until requeued.
+    #: The leader deletes dead letters parked (``dead_time``) longer ago than this, a batch at a time
+    #: (docs/hygiene.md); 1m-87600h. Unset (or ``keep``, the default): kept until requeued.
     dead_letter_retention: float | None = None
     #: ``skip`` (default) or ``haltKey`` (see :data:`DEAD_LETTER_POLICIES`).
     dead_letter_policy: str = "skip"
@@ -841,6 +892,8 @@ class FileConfig:
     """A whole reaper YAML file: the relay config plus logging."""
 
     harvest: HarvestConfig
+    #: The relay's log level: goharvest's ``Trace`` / ``Debug`` / ``Info`` / ``Warn`` / ``Error`` (any
+    #: case), or Python's names; everything goes to stderr in one format (docs/logs.md).
     log_level: str = "INFO"
     #: To log once logging is set up: defaults and overrides a user would not see otherwise
     #: (:func:`startup_notes`).
