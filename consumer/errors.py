@@ -10,6 +10,8 @@ Invariants (backed by ``tests/test_consumer/test_config_and_records.py``):
 
 from __future__ import annotations
 
+from harvest_outbox.errors import HarvestOutboxError
+
 __all__ = [
     "CheckpointMismatchError",
     "CheckpointStoreError",
@@ -23,7 +25,7 @@ __all__ = [
 ]
 
 
-class ConsumerError(Exception):
+class ConsumerError(HarvestOutboxError):
     """Base class of every error raised by the consumer package."""
 
 

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from harvest_outbox.errors import HarvestOutboxError
 
-class HarvestLocalError(Exception):
+
+class HarvestLocalError(HarvestOutboxError):
     """Base class of every error raised by :mod:`harvest_local`."""
 
 

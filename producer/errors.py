@@ -1,7 +1,8 @@
 """The producer's error hierarchy.
 
 Every error raised on purpose by ``producer`` derives from :class:`HarvestError`, so an embedding
-application can catch one type. Lower-level causes (psycopg, confluent-kafka) are always chained
+application can catch one type (itself a :class:`harvest_outbox.errors.HarvestOutboxError`, the
+root of every package's errors). Lower-level causes (psycopg, confluent-kafka) are always chained
 with ``raise ... from`` so the original traceback survives.
 
 Invariant: no message built here contains a secret; callers pass values through
@@ -11,6 +12,8 @@ Invariant: no message built here contains a secret; callers pass values through
 from __future__ import annotations
 
 import reprlib
+
+from harvest_outbox.errors import HarvestOutboxError
 
 #: The most characters of a user's value an error message shows (:func:`shown`).
 SHOWN_CHARS = 80
@@ -33,7 +36,7 @@ def shown(value: object, limit: int = SHOWN_CHARS) -> str:
     return f"{text[:limit]}…({len(text) - limit} more chars)"
 
 
-class HarvestError(Exception):
+class HarvestError(HarvestOutboxError):
     """Base class of every error the producer raises on purpose."""
 
 

@@ -1,7 +1,8 @@
 """Exceptions raised by the sequencer package.
 
 Every error derives from :class:`SequencerError`, so callers can catch the
-whole family at once. Errors about bad *values* also derive from
+whole family at once (it is a :class:`harvest_outbox.errors.HarvestOutboxError`,
+the root of every harvest error). Errors about bad *values* also derive from
 :class:`ValueError`, and errors about calling the API out of order derive from
 :class:`RuntimeError`, so generic handlers keep working.
 
@@ -13,6 +14,8 @@ Invariants:
 
 from __future__ import annotations
 
+from harvest_outbox.errors import HarvestOutboxError
+
 __all__ = [
     "CheckpointError",
     "CheckpointMismatchError",
@@ -23,7 +26,7 @@ __all__ = [
 ]
 
 
-class SequencerError(Exception):
+class SequencerError(HarvestOutboxError):
     """Base class of every error raised by the sequencer package."""
 
 

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from harvest_outbox.errors import HarvestOutboxError
 
-class SparkReaderError(Exception):
+
+class SparkReaderError(HarvestOutboxError):
     """Base class of every error raised by :mod:`spark_reader`."""
 
 
