@@ -50,6 +50,7 @@ from harvest_outbox.producer.config_env import (
 from harvest_outbox.producer.config_yaml import load_document, yaml_problem
 from harvest_outbox.producer.errors import SHOWN_CHARS, ConfigError, shown
 from harvest_outbox.producer.redact import is_secret_kafka_key, redact_dsn, redact_error, redact_kafka_config
+from harvest_outbox.producer.relay_spans import TracingConfig
 from harvest_outbox.producer.table_mapping import GOHARVEST, TableMapping, table_mapping
 
 DEFAULT_DATA_SOURCE = "host=localhost port=5432 user=postgres password= dbname=postgres sslmode=disable"
@@ -401,12 +402,13 @@ _TOP_KEYS = (
     "eventIdHeader",
     "deadLetterRetention",
     "deadLetterPolicy",
+    "tracing",
 )
 #: How a ``HARVEST_<KEY>`` variable's text is read for each key (producer/config_env.py).
 _ENV_KINDS = {
     **dict.fromkeys(_TOP_KEYS, TEXT),
     **dict.fromkeys(("prometheusPort", "leaderTopicReplicationFactor", "uuidSequencing", "shards"), SCALAR),
-    **dict.fromkeys(("baseKafkaConfig", "producerKafkaConfig", "limits", "eventRouter"), MAPPING),
+    **dict.fromkeys(("baseKafkaConfig", "producerKafkaConfig", "limits", "eventRouter", "tracing"), MAPPING),
 }
 #: What the relay does with a row whose topic does not exist: park it in the dead letters at once,
 #: or hold that topic's rows (marked, in memory) until the topic exists while other topics flow.
@@ -557,6 +559,9 @@ class HarvestConfig:
     dead_letter_retention: float | None = None
     #: ``skip`` (default) or ``haltKey`` (see :data:`DEAD_LETTER_POLICIES`).
     dead_letter_policy: str = "skip"
+    #: ``tracing: {spans, sampleRatio}``: relay spans when an OpenTelemetry SDK is configured
+    #: (:class:`~producer.relay_spans.TracingConfig`, docs/tracing.md); on by default, a no-op without one.
+    tracing: TracingConfig = field(default_factory=TracingConfig)
 
     def __post_init__(self) -> None:
         base = dict(_kafka_map(self.base_kafka_config, "baseKafkaConfig"))
@@ -676,6 +681,11 @@ class HarvestConfig:
             raise ConfigError(
                 f"missingTopicPolicy: {shown(self.missing_topic_policy)} is not a policy; use deadLetter "
                 f"(park the row at once) or hold (keep that topic's rows until it exists)"
+            )
+        if not isinstance(self.tracing, TracingConfig):
+            raise ConfigError(
+                f"tracing: {shown(self.tracing)} is not a tracing config; build one with "
+                f"producer.relay_spans.TracingConfig(spans=..., sample_ratio=...)"
             )
         if self.dead_letter_policy not in DEAD_LETTER_POLICIES:
             raise ConfigError(
@@ -815,7 +825,8 @@ class HarvestConfig:
             f"leader_lock_check_interval={self.leader_lock_check_interval!r}, "
             f"missing_topic_policy={self.missing_topic_policy!r}, shards={self.shards!r}, "
             f"table_mapping={self.table_mapping!r}, event_id_header={self.event_id_header!r}, "
-            f"dead_letter_retention={self.dead_letter_retention!r}, dead_letter_policy={self.dead_letter_policy!r})"
+            f"dead_letter_retention={self.dead_letter_retention!r}, dead_letter_policy={self.dead_letter_policy!r}, "
+            f"tracing={self.tracing!r})"
         )
 
     __str__ = __repr__
@@ -864,6 +875,8 @@ class HarvestConfig:
             kwargs["missing_topic_policy"] = data["missingTopicPolicy"]
         if data.get("deadLetterPolicy") is not None:
             kwargs["dead_letter_policy"] = data["deadLetterPolicy"]
+        if data.get("tracing") is not None:
+            kwargs["tracing"] = TracingConfig.from_mapping(data["tracing"], f"{path}.tracing")
         if data.get("deadLetterRetention") not in (None, "keep"):
             kwargs["dead_letter_retention"] = parse_duration(data["deadLetterRetention"], f"{path}.deadLetterRetention")
         if data.get("leaderLockCheckInterval") is not None:
