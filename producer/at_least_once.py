@@ -23,7 +23,9 @@ leader, with ``leader_id`` the current *view*:
    the failed one first for its key.
 5. **dead letters**: a record that failed ``maxDeliveryAttempts`` times, or can never be sent (bad
    row, record too large, invalid/unknown topic), is moved to the dead-letter table (one statement:
-   delete + insert) and its key moves on; other keys never wait for it.
+   delete + insert) and its key moves on; other keys never wait for it. Under ``deadLetterPolicy:
+   haltKey`` its key's later rows wait instead: not sent in this view, which ends (a remark) once
+   the rows marked before the halt are out; later marks leave them in the outbox (producer.key_halt).
 6. **outage or poison**: a record that waited out its delivery timeout (``limits.rowTimeout``,
    which ``message.timeout.ms`` derives from) counts as a failed attempt only if other records were
    delivered meanwhile; if nothing was (broker or network outage) it is reset and re-sent without
@@ -51,12 +53,13 @@ from typing import Any, ClassVar
 
 from confluent_kafka import KafkaError, KafkaException, Message
 
-from harvest_outbox.producer.db import MarkedAttempts, MarkedRow
+from harvest_outbox.producer.db import ROW_CREATED, MarkedAttempts, MarkedRow
 from harvest_outbox.producer.errors import DatabaseError
 from harvest_outbox.producer.events import LeaderRefreshed
 from harvest_outbox.producer.kafka import ANY_PARTITION, KafkaProducer, is_permanent, is_size_refusal
 from harvest_outbox.producer.preflight import header_bytes, too_large
 from harvest_outbox.producer.relay_core import RelayCore
+from harvest_outbox.producer.relay_spans import RecordSpan
 
 log = logging.getLogger(__name__)
 
@@ -85,7 +88,13 @@ class AtLeastOnceMode:
         self._verdicts = core.guard.verdicts  # the same dict for the guard's life (read per record)
         self._attempts = core.attempts  # the same dict for the relay's life (cleared, never replaced)
         self._held = core.held
+        self._halted = core.halt.keys  # haltKey: (topic, key) pairs this view dead-lettered (producer.key_halt)
         self._event_id = core.event_id  # eventIdHeader: (name, value prefix) or None
+        # Relay spans (producer.relay_spans): None unless configured, and then _send and the delivery
+        # callback run exactly the code they ran before spans existed (no per-record check).
+        self._spans = core.spans
+        self._traced: dict[bytes, RecordSpan] = {}  # key -> the span of its in-flight record
+        self._rich_headers = self._event_id is not None or self._spans is not None
         self._waiting: dict[bytes, deque[MarkedRow]] = {}  # key -> records behind the in-flight one
         self._waiting_count = 0
         self._in_flight: dict[bytes, MarkedRow] = {}  # key -> the one unacknowledged record of that key
@@ -99,7 +108,8 @@ class AtLeastOnceMode:
 
     # ------------------------------------------------------------------ RelayMode
     def ensure_producer(self) -> KafkaProducer:
-        return self.core.ensure_producer(self.PRODUCER_SETTINGS, self._on_delivery)
+        report = self._on_delivery if self._spans is None else self._on_delivery_traced
+        return self.core.ensure_producer(self.PRODUCER_SETTINGS, report)
 
     def on_acquired(self) -> None:
         pass
@@ -142,6 +152,10 @@ class AtLeastOnceMode:
             self._next_flush = now + self.limits.purge_interval
         if core.remark or core.leader_id is None:
             return
+        if self._halted and not (self._ready or self._waiting_count or core.marks):
+            # haltKey: what was marked before the halt is out; a new view's marks leave the key's rows
+            core.remark = True
+            return
         if core.marks:
             mark = core.take_mark()
             if mark is not None:
@@ -160,7 +174,7 @@ class AtLeastOnceMode:
                     core.idle = short
                     if short:
                         core.next_mark = now + self.limits.mark_backoff
-                    else:
+                    elif not self._halted:
                         # A full mark: more rows wait. Ask for them now, so the database marks the next
                         # batches while this thread produces this one (not after: that serialised them).
                         core.mark_ahead(len(self._ready) + self._waiting_count)
@@ -169,7 +183,11 @@ class AtLeastOnceMode:
                     return
                 core.idle = True
                 core.next_mark = now + self.limits.mark_backoff
-        elif len(self._ready) + self._waiting_count < 2 * core.mark_size.value and now >= core.next_mark:
+        elif (
+            len(self._ready) + self._waiting_count < 2 * core.mark_size.value
+            and now >= core.next_mark
+            and not self._halted
+        ):
             core.submit_mark()
             if not (self._in_flight or self._ready):
                 # nothing else to do: wait for the mark result right here
@@ -254,6 +272,8 @@ class AtLeastOnceMode:
         """Produce one record whose key is free. True if it is now in flight (or the relay must
         remark); False if it was dead-lettered on the spot (the key is still free)."""
         _id, topic, key, value, hkeys, hvals, bad, _attempts, _error, partition, _created = row
+        if self._halted and (topic, key) in self._halted:
+            return False  # haltKey: waits (marked by this view until it ends, then in the outbox)
         if bad is not None:
             self._dead_letter(row, f"bad row: {bad}", 0)
             return False
@@ -279,14 +299,14 @@ class AtLeastOnceMode:
         # One produce() per delivery report, so this is the relay's hottest line: no retry loop is set
         # up unless the local queue is full.
         try:
-            if partition is not None or self._event_id is not None:
-                # a mapped table's partition column (producer.table_mapping), or eventIdHeader
+            if partition is not None or self._rich_headers:
+                # a mapped table's partition column (producer.table_mapping), eventIdHeader, relay spans
                 producer.produce(
                     topic,
                     value,
                     key,
                     ANY_PARTITION if partition is None else partition,
-                    headers=self._headers(_id, hkeys, hvals),
+                    headers=self._headers(row),
                 )  # type: ignore[arg-type]
             elif hkeys:
                 producer.produce(topic, value, key, headers=list(zip(hkeys, hvals, strict=True)))  # type: ignore[arg-type]
@@ -298,9 +318,16 @@ class AtLeastOnceMode:
         except (KafkaException, TypeError, ValueError) as exc:
             return self._refused(row, exc)
 
-    def _headers(self, row_id: int, hkeys: Any, hvals: Any) -> list[tuple[str, Any]] | None:
-        """The record's headers: the row's, after the event id header when eventIdHeader is set."""
+    def _headers(self, row: MarkedRow) -> list[tuple[str, Any]] | None:
+        """The record's headers: the row's, after the event id header when eventIdHeader is set; with
+        relay spans, the ``traceparent`` of the record's span, started here (producer.relay_spans)."""
+        row_id, topic, key, _value, hkeys, hvals = row[:6]
         headers = list(zip(hkeys, hvals, strict=True)) if hkeys else None
+        if self._spans is not None and headers:
+            traced = self._spans.start(row_id, topic, row[ROW_CREATED], headers)  # type: ignore[arg-type]
+            if traced is not None:
+                # (replaces, unended and so never exported, the span of a produce() refused as queue-full)
+                self._traced[key] = traced  # type: ignore[index]
         if self._event_id is None:
             return headers
         name, prefix = self._event_id
@@ -309,8 +336,8 @@ class AtLeastOnceMode:
     def _send_when_room(self, row: MarkedRow, producer: KafkaProducer) -> bool:
         """:meth:`_send` found librdkafka's queue full: serve callbacks and retry, for ~10 s at most,
         then give up the view (remark). ``row`` is already in flight under its key."""
-        _id, topic, key, value, hkeys, hvals, *_rest, partition, _created = row
-        headers = self._headers(_id, hkeys, hvals)
+        _id, topic, key, value, *_rest, partition, _created = row
+        headers = self._headers(row)
         where = ANY_PARTITION if partition is None else partition
         for _ in range(1000):
             producer.poll(0.01)
@@ -324,6 +351,8 @@ class AtLeastOnceMode:
             except (KafkaException, TypeError, ValueError) as exc:
                 return self._refused(row, exc)
         del self._in_flight[key]  # type: ignore[arg-type]
+        if self._traced:
+            self._end_unreported("queue_full", "not produced: the producer's queue stayed full", key)  # type: ignore[arg-type]
         self.core.remark = True
         return True
 
@@ -331,6 +360,9 @@ class AtLeastOnceMode:
         """``produce()`` refused ``row`` (no record was enqueued): it is no longer in flight. A Kafka
         error is a failed attempt; bad arguments (a value of the wrong type) can never be sent."""
         del self._in_flight[row[2]]  # type: ignore[arg-type]
+        if self._traced:
+            kind = exc.args[0].name() if isinstance(exc, KafkaException) else type(exc).__name__
+            self._end_unreported(kind, f"produce() refused the record: {exc}", row[2])  # type: ignore[arg-type]
         if isinstance(exc, KafkaException):
             return self._failed(row, exc.args[0], synchronous=True)
         self._dead_letter(row, f"cannot produce: {exc}", 1)
@@ -360,6 +392,26 @@ class AtLeastOnceMode:
             return  # we gave up on it (drain timed out): the next view re-marks it; not an attempt
         elif not self._failed(row, err, synchronous=False, latency=msg.latency()):
             self._release(key)  # type: ignore[arg-type]
+
+    def _on_delivery_traced(self, err: KafkaError | None, msg: Message) -> None:
+        """:meth:`_on_delivery` with relay spans: also ends the record's span. The span is taken first:
+        the report may send the key's next record, whose span then takes the key's place."""
+        traced = self._traced.pop(msg.key(), None)  # type: ignore[arg-type]
+        self._on_delivery(err, msg)
+        if traced is not None:
+            self._spans.end(traced, err, msg)  # type: ignore[union-attr]
+
+    def _end_unreported(self, error_type: str, why: str, key: bytes | None = None) -> None:
+        """No report will come for ``key``'s record (every in-flight record's, without a key): its span
+        ends as failed."""
+        assert self._spans is not None
+        if key is None:
+            traced, self._traced = list(self._traced.values()), {}
+        else:
+            one = self._traced.pop(key, None)
+            traced = [one] if one is not None else []
+        for record in traced:
+            self._spans.fail(record, error_type, why)
 
     def _observe_acked(self, now: float | None = None) -> None:
         """Count the dwell of the records acknowledged since the last call (right after the polls that
@@ -436,6 +488,7 @@ class AtLeastOnceMode:
     def _dead_letter(self, row: MarkedRow, error: str, attempts: int) -> None:
         log.error("record %d (topic %r) moved to dead letters: %s", row[0], row[1], error)
         self.core.attempts.pop(row[0], None)
+        self.core.halt.halt(row)
         self._dlq_buf.append((row[0], error, attempts))
         self.metrics.dead_lettered += 1
 
@@ -513,6 +566,8 @@ class AtLeastOnceMode:
                 except KafkaException:
                     pass
                 self._in_flight.clear()
+                if self._traced:
+                    self._end_unreported("abandoned", f"no delivery report within {budget:.1f}s; re-sent later")
                 # The old producer may still report these later; a fresh one keeps views apart.
                 self.core.producer = None
         finally:

@@ -3,8 +3,7 @@
     harvest -f harvest.yaml [flags]          run the relay (goharvest reaper compatible); same as `harvest run`
     harvest init-db -f harvest.yaml [--value-type bytea]
     harvest check -f harvest.yaml            the outbox's queue-table hygiene: OK / WARN / FAIL with fixes
-    harvest dead-letters list -f harvest.yaml [--limit N]
-    harvest dead-letters requeue -f harvest.yaml (ID ... | --all)
+    harvest dead-letters list|keys|export|requeue|discard -f harvest.yaml ...   (producer/cli_deadletters.py)
 
 Flags (``--data-source``, ``--bootstrap-servers``, ``--outbox-table``, ``--leader-topic``,
 ``--leader-group-id``, ``--leader-election``, ``--name``, ``--prometheus-port``,
@@ -31,6 +30,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 # Only light modules here: main() installs the stop-signal handlers before the relay's dependencies
 # load (the config pulls in psycopg), see producer/signals.py.
 from harvest_outbox import producer
+from harvest_outbox.producer import cli_deadletters
 from harvest_outbox.producer.errors import ConfigError, HarvestError
 from harvest_outbox.producer.redact import is_secret_kafka_key, redact_error
 from harvest_outbox.producer.signals import StopSignals
@@ -39,8 +39,8 @@ if TYPE_CHECKING:
     from harvest_outbox.producer.config import FileConfig
 
 EXIT_OK, EXIT_FAILURE, EXIT_USAGE, EXIT_FORCED = 0, 1, 2, 3
-MAX_LIST_LIMIT = 1_000_000
-_COMMANDS = ("run", "init-db", "check", "shards", "dead-letters")
+MAX_LIST_LIMIT = cli_deadletters.MAX_LIST_LIMIT
+_COMMANDS = ("run", "init-db", "check", "shards", "dead-letters", "deadletters")
 log = logging.getLogger("harvest")
 
 
@@ -122,27 +122,7 @@ def build_parser() -> argparse.ArgumentParser:
     sh = sub.add_parser("shards", help="show who leads which shard and each shard's backlog (shards: S > 1)")
     _common(sh)
     sh.add_argument("--bootstrap-servers", help="Kafka bootstrap servers (overrides baseKafkaConfig; NELI election)")
-    dl = sub.add_parser("dead-letters", help="inspect or requeue dead letters")
-    dl_sub = dl.add_subparsers(dest="dl_command", metavar="ACTION", required=True)
-    ls = dl_sub.add_parser("list", help="list dead letters")
-    _common(ls)
-    ls.add_argument(
-        "--limit",
-        type=_bounded_int("--limit", 1, MAX_LIST_LIMIT),
-        default=100,
-        help=f"at most this many rows, 1-{MAX_LIST_LIMIT:,} (default 100)",
-    )
-    rq = dl_sub.add_parser("requeue", help="move dead letters back into the outbox")
-    _common(rq)
-    rq.add_argument("ids", nargs="*", type=_bounded_int("id", 1, 2**63 - 1), help="dead-letter ids")
-    rq.add_argument("--all", action="store_true", help="requeue every dead letter")
-    rq.add_argument(
-        "--bootstrap-servers",
-        help="Kafka bootstrap servers (overrides baseKafkaConfig) for the check that the rows' topics exist",
-    )
-    rq.add_argument(
-        "--skip-topic-check", action="store_true", help="requeue without checking that the rows' topics exist in Kafka"
-    )
+    cli_deadletters.add_parser(sub, _common, _bounded_int)
     return parser
 
 
@@ -280,40 +260,7 @@ def _shards(args: argparse.Namespace) -> int:
 
 
 def _dead_letters(args: argparse.Namespace) -> int:
-    from harvest_outbox.producer.db import connect
-    from harvest_outbox.producer.deadletters import list_dead_letters, requeue_what_can_be
-
-    asks_kafka = args.dl_command == "requeue" and not args.skip_topic_check
-    cfg = _load(args, {"bootstrap_servers": getattr(args, "bootstrap_servers", None)}, kafka=asks_kafka)
-    table = cfg.harvest.outbox_table
-    with connect(cfg.harvest.data_source) as conn:
-        if args.dl_command == "list":
-            rows = list_dead_letters(conn, table, args.limit)
-            print(f"{'id':>10}  {'attempts':>8}  {'topic':<24} {'key':<20} error")
-            for r in rows:
-                print(
-                    f"{r.id:>10}  {r.attempts:>8}  {printable(r.kafka_topic):<24} {printable(r.kafka_key):<20} "
-                    f"{printable(r.error)}"
-                )
-            print(f"{len(rows)} dead letter(s)")
-            return EXIT_OK
-        if not args.all and not args.ids:
-            raise ConfigError("dead-letters requeue: give dead-letter ids or --all")
-        if args.all and args.ids:
-            raise ConfigError("dead-letters requeue: give ids or --all, not both")
-        ids = None if args.all else args.ids
-        kafka = None if args.skip_topic_check else cfg.harvest.base_kafka_config
-        result = requeue_what_can_be(conn, table, ids, kafka, cfg.harvest.table_mapping)
-        print(f"requeued {result.moved} dead letter(s)")
-        if not result.held:
-            return EXIT_OK
-        print(
-            f"harvest: {result.left} dead letter(s) not requeued (they would only be dead-lettered again):",
-            file=sys.stderr,
-        )
-        for group in result.held:
-            print(f"  {printable(group)}", file=sys.stderr)
-        return EXIT_FAILURE
+    return cli_deadletters.run(args, _load, printable)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

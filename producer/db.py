@@ -41,6 +41,7 @@ from psycopg.pq import Format
 from psycopg.types.array import ArrayBinaryLoader
 
 from harvest_outbox.producer.errors import DatabaseError, FenceError, SchemaError
+from harvest_outbox.producer.key_halt import halted_filter
 from harvest_outbox.producer.redact import redact_dsn, redact_error
 from harvest_outbox.producer.schema import (
     OutboxNames,
@@ -213,12 +214,22 @@ class OutboxDatabase:
     anyway. The set changes only between leader views, when no statement of the old view runs."""
 
     def __init__(
-        self, dsn: str, names: OutboxNames, shard_count: int | None = None, *, async_commit: bool = False
+        self,
+        dsn: str,
+        names: OutboxNames,
+        shard_count: int | None = None,
+        *,
+        async_commit: bool = False,
+        halt_keys: bool = False,
     ) -> None:
         self._dsn = dsn
         #: Commit without waiting for the WAL flush (``synchronous_commit = off``): only for a connection
         #: whose writes need not survive a database crash on their own (see RelayCore.open).
         self.async_commit = async_commit
+        #: ``deadLetterPolicy: haltKey``: the mark leaves rows of a (topic, key) with a dead letter (producer.key_halt).
+        self.halt_keys = halt_keys
+        #: The last stats(): (topic, key) pairs with a dead letter (the keys haltKey holds).
+        self.halted_keys = 0
         self.names = names
         self.shard_count = shard_count if shard_count and shard_count > 1 else None
         self.shards: frozenset[int] = frozenset()
@@ -254,7 +265,10 @@ class OutboxDatabase:
             ON CONFLICT (id) DO UPDATE SET attempts = GREATEST(a.attempts, EXCLUDED.attempts),
                                            last_error = EXCLUDED.last_error, updated_at = now()""").format(a=a)
         self._forget_sql = sql.SQL("DELETE FROM {} WHERE id = {ids}").format(a, ids=ids)
-        self._stats_dead_sql = sql.SQL("SELECT count(*) FROM {}").format(d)
+        self._stats_dead_sql = sql.SQL(
+            "SELECT count(*), count(DISTINCT (kafka_topic, kafka_key)) "
+            "FILTER (WHERE kafka_topic IS NOT NULL AND kafka_key IS NOT NULL) FROM {}"
+        ).format(d)
         # deadLetterRetention: one batch of expired dead letters (found by the dead_time index init-db makes).
         self._expire_sql = sql.SQL(
             "DELETE FROM {d} WHERE id = ANY(ARRAY(SELECT id FROM {d} "
@@ -415,9 +429,12 @@ class OutboxDatabase:
         # Sharded, the subquery reads the led shards' rows from the (shard, id) index.
         o, m = self.names.outbox, self.names.mapping
         oid, leader, mine = m.id(), m.leader(), m.claimable("AND")
+        if self.halt_keys:  # the claim's outbox is ``c``; see producer.key_halt
+            c = m.record("c", self.value_type)
+            mine = sql.Composed([mine, halted_filter(self.names, c.topic, c.key)])
         if self.shard_count is None:
             claim: sql.Composable = sql.SQL(
-                "SELECT ctid FROM {o} WHERE ({l} IS NULL OR {l} <> %(leader)s){mine} ORDER BY {id} LIMIT %(n)s"
+                "SELECT ctid FROM {o} AS c WHERE ({l} IS NULL OR {l} <> %(leader)s){mine} ORDER BY {id} LIMIT %(n)s"
             ).format(o=o, l=leader, id=oid, mine=mine)
         else:
             # One index range per led shard, merged in id order (a Merge Append of the (shard, id)
@@ -425,7 +442,7 @@ class OutboxDatabase:
             expr = shard_expression(self.shard_count, m.shard_key())
             branches = [
                 sql.SQL(
-                    "(SELECT ctid, {id} AS id FROM {o} WHERE {e} = {k} AND ({l} IS NULL OR {l} <> "
+                    "(SELECT ctid, {id} AS id FROM {o} AS c WHERE {e} = {k} AND ({l} IS NULL OR {l} <> "
                     "%(leader)s){mine} ORDER BY {id} LIMIT %(n)s)"
                 ).format(o=o, e=expr, k=sql.Literal(k), l=leader, id=oid, mine=mine)
                 for k in sorted(self.shards)
@@ -730,6 +747,7 @@ class OutboxDatabase:
             for k, c, age in self._run("metrics query", self._stats_sql, ()).fetchall()
         }
         dead = self._run("metrics query", self._stats_dead_sql, ()).fetchone()
+        self.halted_keys = int(dead[1]) if dead is not None else 0
         self.shard_stats = {k: per_shard.get(k, (0, None)) for k in sorted(self.shards)}
         ages = [age for _c, age in per_shard.values() if age is not None]
         return (

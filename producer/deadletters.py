@@ -3,7 +3,9 @@
 Requeue moves rows back in one statement (delete from the dead-letter table + insert into the
 outbox), so a row is never lost or doubled. Requeued rows get NEW ids: they go to the back of the
 outbox, i.e. after any record of the same key that was stashed meanwhile — an operator decision,
-made explicit here. A row that is still bad in a way the outbox refuses (e.g. NULL key) fails its
+made explicit here. Except under ``deadLetterPolicy: haltKey`` (``keep_ids``): there the key's later
+rows wait in the outbox with higher ids, so the row gets its own id back and goes first (a row that
+a stasher commits meanwhile cannot take that id: ids come from a sequence). A row that is still bad in a way the outbox refuses (e.g. NULL key) fails its
 NOT NULL checks and the whole :func:`requeue` is rolled back with a
 :class:`~producer.errors.DatabaseError` saying why.
 
@@ -22,6 +24,7 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
+from harvest_outbox.producer.deadletter_admin import Selection
 from harvest_outbox.producer.election import _PRODUCER_ONLY
 from harvest_outbox.producer.errors import DatabaseError, HarvestError, shown
 from harvest_outbox.producer.preflight import topic_name_problem
@@ -44,13 +47,18 @@ class DeadLetter:
     dead_time: datetime
 
 
-def list_dead_letters(conn: psycopg.Connection, outbox_table: str, limit: int = 100) -> list[DeadLetter]:
+def list_dead_letters(
+    conn: psycopg.Connection, outbox_table: str, limit: int = 100, sel: Selection | None = None
+) -> list[DeadLetter]:
+    """The dead letters ``sel`` selects (all when None), in id order, at most ``limit``."""
     names = OutboxNames.parse(outbox_table)
+    where, params = (sel or Selection()).where()
     q = sql.SQL(
-        "SELECT id, create_time, kafka_topic, kafka_key, error, attempts, dead_time FROM {} ORDER BY id LIMIT %s"
-    ).format(names.dead_letters)
+        "SELECT id, create_time, kafka_topic, kafka_key, error, attempts, dead_time FROM {} {} ORDER BY id "
+        "LIMIT %(limit)s"
+    ).format(names.dead_letters, where)
     try:
-        return [DeadLetter(*row) for row in conn.execute(q, (limit,)).fetchall()]
+        return [DeadLetter(*row) for row in conn.execute(q, {**params, "limit": limit}).fetchall()]
     except psycopg.Error as exc:
         raise DatabaseError(f"listing dead letters of {names.display!r} failed: {exc}".strip()) from exc
 
@@ -93,12 +101,14 @@ def requeue(
     ids: Sequence[int] | None,
     mapping: TableMapping = GOHARVEST,
     topics: Sequence[str] | None = None,
+    keep_ids: bool = False,
 ) -> int:
     """Move dead letters ``ids`` (all when ``None``) back to the outbox; returns how many moved. A
     mapped table's rows are restored from ``source_row`` (the row as the writer wrote it), less the
     relay's own columns, which take their defaults: the row goes to the end of the outbox, as a
     requeued goharvest row gets a new id. With ``topics``, only rows of those topics move (and, of a
-    goharvest outbox, only rows with a key: its kafka_key is NOT NULL)."""
+    goharvest outbox, only rows with a key: its kafka_key is NOT NULL). With ``keep_ids`` (haltKey),
+    each row gets its original id back instead (see module doc)."""
     names = OutboxNames.parse(outbox_table, mapping)
     conds = [] if ids is None else [sql.SQL("id = ANY(%(ids)s)")]
     if topics is not None:
@@ -107,7 +117,7 @@ def requeue(
             conds.append(sql.SQL("kafka_key IS NOT NULL"))
     where = sql.SQL("WHERE ") + sql.SQL(" AND ").join(conds) if conds else sql.SQL("")
     if mapping.source_row("o") is not None:
-        own = {mapping.id_column, mapping.leader_column, mapping.created_column}
+        own = {mapping.leader_column, mapping.created_column} | (set() if keep_ids else {mapping.id_column})
         cols = [
             c
             for (c,) in conn.execute(
@@ -120,17 +130,20 @@ def requeue(
         listed = sql.SQL(", ").join(sql.Identifier(c) for c in cols)
         q = sql.SQL("""
             WITH moved AS (DELETE FROM {d} {where} RETURNING id, source_row)
-            INSERT INTO {o} ({cols})
+            INSERT INTO {o} ({cols}) {overriding}
             SELECT {picked} FROM moved, jsonb_populate_record(NULL::{o}, moved.source_row) AS r
             ORDER BY moved.id""").format(
             d=names.dead_letters,
             o=names.outbox,
             where=where,
             cols=listed,
-            picked=sql.SQL(", ").join(sql.Identifier("r", c) for c in cols),
+            overriding=_OVERRIDING if keep_ids else sql.SQL(""),
+            picked=sql.SQL(", ").join(
+                sql.SQL("moved.id") if c == mapping.id_column else sql.Identifier("r", c) for c in cols
+            ),
         )
     else:
-        q = _requeue_goharvest(names, where)
+        q = _requeue_goharvest(names, where, keep_ids)
     try:
         with conn.transaction():
             return conn.execute(
@@ -144,15 +157,27 @@ def requeue(
         ) from exc
 
 
-def _requeue_goharvest(names: OutboxNames, where: sql.Composable) -> sql.Composed:
+#: An id given back to its row must be taken even where the id column is GENERATED ALWAYS AS IDENTITY.
+_OVERRIDING = sql.SQL("OVERRIDING SYSTEM VALUE")
+
+
+def _requeue_goharvest(names: OutboxNames, where: sql.Composable, keep_ids: bool = False) -> sql.Composed:
     return sql.SQL("""
         WITH moved AS (DELETE FROM {d} {where}
                        RETURNING id, create_time, kafka_topic, kafka_key, kafka_value, kafka_header_keys,
                                  kafka_header_values)
-        INSERT INTO {o} (create_time, kafka_topic, kafka_key, kafka_value, kafka_header_keys, kafka_header_values)
-        SELECT coalesce(create_time, now()), kafka_topic, kafka_key, kafka_value,
+        INSERT INTO {o} ({id_col}create_time, kafka_topic, kafka_key, kafka_value, kafka_header_keys,
+                         kafka_header_values) {overriding}
+        SELECT {id_val}coalesce(create_time, now()), kafka_topic, kafka_key, kafka_value,
                coalesce(kafka_header_keys, '{{}}'), coalesce(kafka_header_values, '{{}}')
-        FROM moved ORDER BY id""").format(d=names.dead_letters, o=names.outbox, where=where)
+        FROM moved ORDER BY id""").format(
+        d=names.dead_letters,
+        o=names.outbox,
+        where=where,
+        id_col=sql.SQL("id, ") if keep_ids else sql.SQL(""),
+        id_val=sql.SQL("id, ") if keep_ids else sql.SQL(""),
+        overriding=_OVERRIDING if keep_ids else sql.SQL(""),
+    )
 
 
 #: Ids a held-back group names; the rest are counted.
@@ -190,6 +215,7 @@ def requeue_what_can_be(
     ids: Sequence[int] | None,
     kafka_config: Mapping[str, Any] | None,
     mapping: TableMapping = GOHARVEST,
+    keep_ids: bool = False,
 ) -> RequeueResult:
     """Requeue the dead letters ``ids`` (all when ``None``) that the relay can deliver, leave the others.
 
@@ -210,7 +236,7 @@ def requeue_what_can_be(
                 f"topic {shown(topic)} does not exist in Kafka at {where}; create it (auto-creation is "
                 f"usually off), then requeue"
             )
-    moved = requeue(conn, outbox_table, ids, mapping, sorted(t for t in legal if t not in why))
+    moved = requeue(conn, outbox_table, ids, mapping, sorted(t for t in legal if t not in why), keep_ids)
     return RequeueResult(moved, tuple(_held_back(conn, outbox_table, ids, why)))
 
 

@@ -56,10 +56,12 @@ from harvest_outbox.producer.kafka import (
     KafkaProducer,
     ProducerFactory,
 )
+from harvest_outbox.producer.key_halt import KeyHalt
 from harvest_outbox.producer.marksize import MarkSize
 from harvest_outbox.producer.metrics import Metrics
 from harvest_outbox.producer.preflight import TopicGuard
 from harvest_outbox.producer.redact import redact_kafka_config
+from harvest_outbox.producer.relay_spans import relay_spans
 from harvest_outbox.producer.schema import OutboxNames, packed_outbox_fix
 from harvest_outbox.producer.shard_election import ShardSetSeat
 from harvest_outbox.producer.waker import Waker
@@ -141,6 +143,7 @@ class RelayCore:
         guard: TopicGuard,
         shards: ShardSetSeat | None,
         stop_requested: threading.Event,
+        tracer_provider: Any = None,
     ) -> None:
         self.config = config
         self.limits = config.limits
@@ -153,6 +156,9 @@ class RelayCore:
         #: ``emit(event)``: hands an event to the user's handler (a handler's error is logged, not raised).
         self.emit = emit
         self.stop_requested = stop_requested
+        #: Relay spans (producer.relay_spans), decided once here: None without a configured OpenTelemetry
+        #: SDK (or with ``tracing.spans: false``), and then the modes run no span code at all.
+        self.spans = relay_spans(config.tracing, tracer_provider)
         #: ``shards: S``: the seat whose led shards the views serve; None for the whole outbox.
         self.shards = shards
         self.producer_factory = producer_factory
@@ -181,6 +187,8 @@ class RelayCore:
         self.held: dict[str, deque[MarkedRow]] = {}
         self.held_count = 0
         self._next_hold_check = 0.0
+        #: deadLetterPolicy: haltKey -- keys this view dead-lettered a row of (producer.key_halt)
+        self.halt = KeyHalt(config.dead_letter_policy == "haltKey")
         # the mark prefetch: pending marks, oldest first
         self.marks: deque[PendingMark] = deque()
         ceiling = self.limits.mark_ceiling
@@ -199,7 +207,8 @@ class RelayCore:
     def open(self) -> None:
         """Connect (fail fast: connection and schema check) and start the two DB workers."""
         shard_count = self.shards.count if self.shards is not None else None
-        self.db = OutboxDatabase(self.config.data_source, self.names, shard_count)
+        halt_keys = self.halt.enabled
+        self.db = OutboxDatabase(self.config.data_source, self.names, shard_count, halt_keys=halt_keys)
         fix = packed_outbox_fix(self.db.conn, self.names)
         if fix is not None:
             log.info("%s; `harvest init-db` creates new outboxes so", fix)
@@ -209,7 +218,9 @@ class RelayCore:
         # if the leader had crashed before purging them, and the purge or fenced commit that
         # consumes a mark is synchronous, so flushing it flushes the mark too (WAL is flushed in
         # order). The mark connection writes nothing else (its other queries are metrics reads).
-        self.mark_db = OutboxDatabase(self.config.data_source, self.names, shard_count, async_commit=True)
+        self.mark_db = OutboxDatabase(
+            self.config.data_source, self.names, shard_count, async_commit=True, halt_keys=halt_keys
+        )
         self.mark_db.prepare_mark()  # connected and parsed while a standby: an election's first mark is quick
         self.mark_exec = ThreadPoolExecutor(1, thread_name_prefix=f"harvest-mark-{self.config.name}")
         self.listener = Listener(self.config.data_source, self.names)
@@ -369,7 +380,9 @@ class RelayCore:
             self.ready.extendleft(reversed(rows))
 
     def clear_queues(self) -> None:
-        """Forget marked rows not yet sent (still marked by the old view: the next view re-marks them)."""
+        """Forget marked rows not yet sent (still marked by the old view: the next view re-marks them)
+        and the keys the view halted (the next view's marks leave them in the outbox)."""
+        self.halt.clear()
         self.held.clear()
         self.held_count = 0
         self.ready.clear()

@@ -392,6 +392,12 @@ def _companion_ddl(names: OutboxNames, vtype: sql.Composable) -> list[sql.Compos
             sql.Identifier(names.dead_time_index_name), names.dead_letters
         )
     )
+    # deadLetterPolicy: haltKey probes the dead letters by (topic, key) for every row it marks (producer.key_halt).
+    stmts.append(
+        sql.SQL("CREATE INDEX IF NOT EXISTS {} ON {} (kafka_topic, kafka_key)").format(
+            sql.Identifier(_derived(names.table, "_dead_letters_key_idx")), names.dead_letters
+        )
+    )
     if names.mapping.source_row("o") is not None:
         # The row as it was (a mapped table's columns are not the record's): a requeue restores it.
         stmts.append(sql.SQL("ALTER TABLE {} ADD COLUMN IF NOT EXISTS source_row JSONB").format(names.dead_letters))

@@ -14,6 +14,8 @@ Invariants:
   error, or out of delivery attempts) is dead-lettered inside the current transaction's fenced
   commit, never produced; a transient synchronous failure is retried before any later row (the log
   stays in id order), and abandons the view after ``maxDeliveryAttempts`` tries;
+- under ``deadLetterPolicy: haltKey`` no row of a dead-lettered row's (topic, key) is produced after it
+  in the view (:mod:`producer.key_halt`);
 - failed attempts are counted per row (``core.attempts``) and queued for the DB (``attempt_buf``).
 """
 
@@ -99,6 +101,7 @@ class TxnProducer:
         in_flight = self._in_flight_count()
         clock = view.clock
         poison = self._poison
+        halted = self.core.halt.keys  # haltKey: (topic, key) pairs this view dead-lettered (producer.key_halt)
         verdicts = self._guard.verdicts
         event_id = self.core.event_id  # eventIdHeader: (name, value prefix) or None
         while ready and in_flight < limit and not self.core.remark:
@@ -111,6 +114,9 @@ class TxnProducer:
             while ready and in_flight < limit:
                 row = ready[0]
                 rid, topic, key, value, hkeys, hvals, bad, _attempts, _error, partition, _created = row
+                if halted and (topic, key) in halted:
+                    ready.popleft()  # waits: marked by this view until it ends, then left in the outbox
+                    continue
                 if poison and rid in poison:
                     ready.popleft()
                     reason, attempts = poison.pop(rid)
@@ -217,6 +223,7 @@ class TxnProducer:
             error,
         )
         self.core.attempts.pop(row[0], None)
+        self.core.halt.halt(row)
         t.dead.append((row[0], error, attempts))
         self.metrics.dead_lettered += 1
 

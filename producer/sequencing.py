@@ -170,6 +170,9 @@ class SequencedMode(TxnProducer, ViewFailure):
         self._advance(now)
         if core.remark or core.leader_id is None:
             return
+        if core.halt and not (self._ready or core.marks):
+            self._end_halted_view()
+            return
         # mark (prefetch, as in at-least-once mode)
         mark = core.take_mark()
         if mark is not None:
@@ -182,11 +185,11 @@ class SequencedMode(TxnProducer, ViewFailure):
                 self._last_mark_short = core.idle = len(rows) < mark.asked
                 if core.idle:  # the backlog is taken: the next mark waits for a NOTIFY or markBackoff
                     core.next_mark = now + self.limits.mark_backoff
-                else:
+                elif not core.halt:
                     # A full mark: more rows wait. The database marks the next batches while this
                     # thread produces the one that just arrived (not after it).
                     core.mark_ahead(len(self._ready))
-        if not core.marks and len(self._ready) < 2 * core.mark_size.value and now >= core.next_mark:
+        if not core.marks and len(self._ready) < 2 * core.mark_size.value and now >= core.next_mark and not core.halt:
             core.submit_mark()
             if not (self._txns or self._acking or self._ready or self._held):
                 # Nothing else to do (e.g. woken by a stasher's NOTIFY): wait for the mark here, not in
@@ -305,6 +308,15 @@ class SequencedMode(TxnProducer, ViewFailure):
             self._ack_broken = True
 
     # ------------------------------------------------------------------ views
+    def _end_halted_view(self) -> None:
+        """``deadLetterPolicy: haltKey``: the rows marked before a halt are produced; commit what was
+        delivered (the dead letters with it) and leave the view, so the next one's marks leave the
+        halted keys' rows in the outbox (producer.key_halt). Not a failure: nothing is rolled back."""
+        log.info("%s: ending the view after halting %d key(s)", self.config.name, len(self.core.halt.keys))
+        self._wind_down(commit_delivered=True)
+        self.metrics.remarks += 1
+        self._refreshing = True
+
     def _start_view(self) -> None:
         """New leader id + fence epoch; recover and deliver persisted ACK intents; then go."""
         store, exec_ = self._store(), self.core.exec
