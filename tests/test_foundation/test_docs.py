@@ -1,0 +1,145 @@
+"""The documentation: the MkDocs site builds with ``--strict`` (no broken link, anchor or nav entry), the
+generated configuration reference lists every key the config loader accepts, and the README's relative
+links resolve (to files, and to headings of the pages they name).
+
+The accepted keys are asked of the loader itself (its "unknown key; valid keys are: …" errors), not of the
+generator: a key added to ``producer/config.py`` without reaching the reference fails here. No services.
+"""
+
+from __future__ import annotations
+
+import argparse
+import html
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from harvest_outbox.producer.config import HarvestConfig, from_mapping
+from harvest_outbox.producer.errors import ConfigError
+
+ROOT = Path(__file__).resolve().parents[2]
+PROBE = "__no_such_key__"
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("site")
+    proc = subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "--quiet", "--site-dir", str(out)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "NO_MKDOCS_2_WARNING": "1"},
+    )
+    assert proc.returncode == 0, f"mkdocs build --strict failed:\n{proc.stdout}\n{proc.stderr}"
+    return out
+
+
+def _valid_keys(data: dict[str, object], at: str) -> list[str]:
+    """The keys the loader accepts at ``at``, from its error for an unknown one."""
+    with pytest.raises(ConfigError) as err:
+        from_mapping(data, env={})
+    m = re.search(rf"^{re.escape(at)}: unknown (?:top-level )?key; valid keys are: (.+)$", str(err.value))
+    assert m, f"the loader's error for an unknown key at {at} changed: {err.value}"
+    return [k.strip() for k in m.group(1).split(",")]
+
+
+def accepted_keys() -> list[str]:
+    """Every key of the YAML file, as dotted paths (``harvest.limits.rowTimeout``), asked of the loader."""
+    keys = [f"logging.{k}" for k in _valid_keys({"logging": {PROBE: 1}}, f"logging.{PROBE}")]
+    for key in _valid_keys({"harvest": {PROBE: 1}}, f"harvest.{PROBE}"):
+        keys.append(f"harvest.{key}")
+        try:  # a section answers an unknown key inside it with its own list
+            HarvestConfig.from_mapping({key: {PROBE: 1}})
+        except ConfigError as exc:
+            m = re.search(rf"^harvest\.{key}\.{PROBE}: unknown key; valid keys are: (.+)$", str(exc))
+            if m:
+                keys += [f"harvest.{key}.{sub.strip()}" for sub in m.group(1).split(",")]
+    return keys
+
+
+def _text(page: Path) -> str:
+    return html.unescape(re.sub(r"<[^>]+>", "", page.read_text()))
+
+
+def test_site_builds_strict_with_every_page_in_the_nav(site: Path) -> None:
+    pages = {p.relative_to(ROOT / "docs").with_suffix("") for p in (ROOT / "docs").glob("*.md")}
+    built = {p.parent.relative_to(site) for p in site.glob("*/index.html")} | {Path("index")}
+    assert pages <= built, f"pages not built: {sorted(map(str, pages - built))}"
+
+
+def test_configuration_reference_lists_every_accepted_key_with_a_description(site: Path) -> None:
+    rows = {
+        cells[0]: cells
+        for line in (site / "configuration" / "index.html").read_text().split("<tr>")
+        if (cells := [_strip(c) for c in re.findall(r"<td[^>]*>(.*?)</td>", line, re.S)])
+    }
+    keys = accepted_keys()
+    assert "harvest.limits.rowTimeout" in keys and "logging.level" in keys  # the probe itself works
+    missing = [k for k in keys if k not in rows]
+    assert not missing, f"keys the config accepts but the reference lacks: {missing}"
+    undocumented = [k for k in keys if k.startswith("harvest.") and not rows[k][-1]]
+    assert not undocumented, (
+        f"keys without a description: {undocumented}; add a #: comment above the field in producer/config.py"
+    )
+    assert not set(rows) - set(keys), f"the reference lists keys the config refuses: {set(rows) - set(keys)}"
+
+
+def _strip(cell: str) -> str:
+    return html.unescape(re.sub(r"<[^>]+>", "", cell)).strip()
+
+
+def test_cli_reference_shows_every_command(site: Path) -> None:
+    from harvest_outbox.producer.cli import build_parser
+
+    text = _text(site / "cli" / "index.html")
+    for command in _command_names(build_parser()):
+        assert f"usage: {command}" in text, command
+    assert "--uuid-sequencing" in text and "--skip-topic-check" in text
+
+
+def _command_names(parser: argparse.ArgumentParser, prefix: str = "harvest") -> list[str]:
+    names = [prefix]
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for entry in action._choices_actions:
+                names += _command_names(action.choices[entry.dest], f"{prefix} {entry.dest}")
+    return names
+
+
+def _ids(page: Path) -> set[str]:
+    return set(re.findall(r'\bid="([^"]+)"', page.read_text()))
+
+
+def test_readme_relative_links_resolve(site: Path) -> None:
+    readme = (ROOT / "README.md").read_text()
+    links = re.findall(r"\]\(([^)\s]+)\)", readme)
+    local = [link for link in links if not re.match(r"^(https?:|mailto:)", link)]
+    assert local, "the README links into the docs"
+    broken = []
+    for link in local:
+        target, _, anchor = link.partition("#")
+        path = ROOT / target if target else ROOT / "README.md"
+        if not path.exists():
+            broken.append(link)
+            continue
+        if anchor and target.startswith("docs/") and target.endswith(".md"):
+            name = Path(target).relative_to("docs").with_suffix("")
+            page = site / "index.html" if str(name) == "index" else site / name / "index.html"
+            if anchor not in _ids(page):
+                broken.append(link)
+        elif anchor and target in ("", "README.md"):
+            slugs = {_slug(h) for h in re.findall(r"^#+ (.+)$", readme, re.M)}
+            if anchor not in slugs:
+                broken.append(link)
+    assert not broken, f"README links that lead nowhere: {broken}"
+
+
+def _slug(heading: str) -> str:
+    """GitHub's heading anchor: lower case, punctuation dropped, spaces to hyphens."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
