@@ -1,0 +1,153 @@
+"""The streaming pipeline (:mod:`spark_reader.pipeline`) as a real process, for the demo, tests and bench.
+
+A :class:`PipelineProcess` is one ``python -m harvest_outbox.spark_reader.pipeline`` driver in its
+own process group, so :meth:`PipelineProcess.kill` takes down the Python driver, its JVM and (on
+``local-cluster``) the executor JVMs at once with SIGKILL: a driver crash, as a node loss or an OOM
+kill does it, with no shutdown hook running. Its log goes to a file.
+
+Progress is observed in the tables themselves: :meth:`committed_batches` counts the event table's
+committed micro-batches (the file sink's metadata log), which is what a restart resumes after.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+
+class PipelineProcess:
+    def __init__(
+        self,
+        *,
+        topic: str,
+        bootstrap: str,
+        root: Path,
+        logdir: Path,
+        name: str = "pipeline",
+        master: str = "local[2]",
+        trigger_seconds: float = 1.0,
+        max_offsets_per_trigger: int | None = None,
+    ) -> None:
+        self.topic, self.bootstrap, self.root, self.master = topic, bootstrap, root, master
+        self.trigger_seconds, self.max_offsets_per_trigger = trigger_seconds, max_offsets_per_trigger
+        self.log = logdir / f"{name}.log"
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.starts = 0
+
+    @property
+    def events_path(self) -> Path:
+        return self.root / "events"
+
+    @property
+    def latest_path(self) -> Path:
+        return self.root / "latest"
+
+    def command(self, available_now: bool = False) -> list[str]:
+        cmd = [
+            sys.executable,
+            "-m",
+            "harvest_outbox.spark_reader.pipeline",
+            "--topic",
+            self.topic,
+            "--bootstrap",
+            self.bootstrap,
+            "--root",
+            str(self.root),
+            "--master",
+            self.master,
+            "--trigger-seconds",
+            str(self.trigger_seconds),
+        ]
+        if self.max_offsets_per_trigger:
+            cmd += ["--max-offsets-per-trigger", str(self.max_offsets_per_trigger)]
+        return [*cmd, "--available-now"] if available_now else cmd
+
+    def start(self, available_now: bool = False) -> PipelineProcess:
+        if self.alive:
+            raise RuntimeError(f"pipeline already running (pid {self.pid})")
+        with self.log.open("a") as log:
+            log.write(f"---- start {self.starts + 1}{' (available-now)' if available_now else ''}\n")
+            log.flush()
+            self.proc = subprocess.Popen(
+                self.command(available_now),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,  # its own process group: kill() reaches the JVMs too
+            )
+        self.starts += 1
+        return self
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc else None
+
+    @property
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def kill(self) -> None:
+        """SIGKILL the driver's whole process group (Python, its JVM, local-cluster executors)."""
+        if self.proc is None:
+            return
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.proc.wait()
+        self._await_group_gone(self.proc.pid)
+
+    def stop(self, timeout: float = 60.0) -> int | None:
+        """SIGTERM (the driver stops its queries), then SIGKILL of the group after ``timeout``."""
+        if self.proc is None:
+            return None
+        if self.alive:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                pass
+        self.kill()
+        return self.proc.returncode
+
+    def wait(self, timeout: float) -> int:
+        """Wait for a run to end by itself (``available_now``); its exit code."""
+        assert self.proc is not None
+        try:
+            code = self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            raise TimeoutError(f"pipeline run did not end within {timeout:.0f}s; log: {self.log}") from None
+        self.kill()  # the JVM may outlive its Python parent for a moment: no orphan writes after this
+        return code
+
+    def committed_batches(self) -> int:
+        """Micro-batches the event table's file sink has committed (its metadata log's newest id + 1)."""
+        log = self.events_path / "_spark_metadata"
+        try:
+            ids = [int(p.name.split(".")[0]) for p in log.iterdir() if p.name.split(".")[0].isdigit()]
+        except FileNotFoundError:
+            return 0
+        return max(ids) + 1 if ids else 0
+
+    def text(self) -> str:
+        try:
+            return self.log.read_text(errors="replace")
+        except OSError:
+            return ""
+
+    @staticmethod
+    def _await_group_gone(pgid: int, timeout: float = 30.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                os.killpg(pgid, 0)
+            except ProcessLookupError:
+                return
+            except PermissionError:
+                return
+            time.sleep(0.1)

@@ -1,0 +1,357 @@
+"""The streaming pipeline: a sequenced topic -> an append-only event table and a latest-state table.
+
+Two Structured Streaming queries in one application (``spark-submit`` this module, or call
+:func:`start_pipeline`):
+
+1. ``events``: ``readCommittedStream(..., state_location=...)`` -> Spark's Parquet file sink at
+   ``events_path``. The sink lists each micro-batch's files in ``<events_path>/_spark_metadata``
+   under the batch id, and a replayed batch id is skipped: with the source's replayable offsets
+   this is Spark's exactly-once file sink. Readers of the folder with ``spark.read.parquet`` see
+   only files in that log (a killed batch's stray files are ignored).
+2. ``latest``: a file stream source over the event table (it reads the sink's metadata log, so only
+   committed files) -> ``foreachBatch`` -> :class:`~spark_reader.latest_table.LatestStateTable`,
+   one row per key, idempotent by batch id (see that module for why a crash between its commit
+   and Spark's checkpoint commit merges nothing twice).
+
+Deriving ``latest`` from the event table reads and sequences Kafka once, and the two tables can
+never disagree about which rows were committed. Each query has its own checkpoint under
+``checkpoint_location``; the sequencing state of ``events`` lives at ``state_location``. All four
+locations must be on storage every executor and the driver reach (HDFS, S3, ...) on a cluster.
+
+Delta Lake: no delta-spark release supports this project's Spark 4.3 (checked on 2026-11-25:
+delta-spark 4.4.1, the newest, requires pyspark <= 4.2.0; 4.3.1 requires <= 4.1.1), so the tables
+are Parquet only; docs/pipeline.md says what changes with Delta.
+
+Invariants (tests/test_spark_reader/test_pipeline.py, under SIGKILLs of this process and of the
+relay leader): the event table holds every committed record of the topic exactly once and no
+rolled-back one; the latest-state table holds, per key, the event table's row of greatest
+``(ack_offset, offset)``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import signal
+import sys
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from harvest_outbox.spark_reader.errors import ReaderConfigError
+from harvest_outbox.spark_reader.latest_table import LatestStateTable
+from harvest_outbox.spark_reader.stream import readCommittedStream
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+    from pyspark.sql.streaming import StreamingQuery
+
+log = logging.getLogger("harvest.pipeline")
+
+
+@dataclass(frozen=True)
+class PipelineConfig:
+    """Where the pipeline reads and writes. Paths are local paths or URIs every node reaches.
+
+    ``trigger_seconds``: the micro-batch interval (default 2 s); ``available_now``: process what the
+    topic holds when the query starts, then stop (a catch-up or backfill run).
+    ``max_offsets_per_trigger``: records per micro-batch over all partitions (None: no limit).
+    ``keep_versions``: committed versions of the latest-state table kept for readers (default 2).
+    """
+
+    topic: str
+    kafka: Mapping[str, str]  # Spark-style options: kafka.bootstrap.servers, kafka.security.protocol, ...
+    events_path: str
+    latest_path: str
+    checkpoint_location: str
+    state_location: str
+    trigger_seconds: float = 2.0
+    available_now: bool = False
+    max_offsets_per_trigger: int | None = None
+    keep_versions: int = 2
+    uuid_policy: str = "deliver"
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.topic, str) or not self.topic:
+            raise ReaderConfigError(f"topic={self.topic!r}: pass the sequenced topic's name")
+        if "kafka.bootstrap.servers" not in self.kafka:
+            raise ReaderConfigError(
+                f"kafka options {sorted(self.kafka)}: 'kafka.bootstrap.servers' is missing. "
+                "Fix: pass the brokers (--bootstrap host:port)"
+            )
+        for name in ("events_path", "latest_path", "checkpoint_location", "state_location"):
+            value = getattr(self, name)
+            if not isinstance(value, str) or not value.strip():
+                raise ReaderConfigError(f"{name}={value!r}: pass a folder path or URI")
+        paths = [self.events_path, self.latest_path, self.checkpoint_location, self.state_location]
+        if len({p.rstrip("/") for p in paths}) < 4:
+            raise ReaderConfigError(
+                f"events_path, latest_path, checkpoint_location and state_location must differ, got {paths}"
+            )
+        if not self.trigger_seconds > 0:
+            raise ReaderConfigError(f"trigger_seconds={self.trigger_seconds!r}: pass a number of seconds > 0")
+
+    @staticmethod
+    def under(root: str, topic: str, kafka: Mapping[str, str], **options: Any) -> PipelineConfig:
+        """Every location under one folder: ``events/``, ``latest/``, ``checkpoint/``, ``state/``."""
+        base = root.rstrip("/")
+        return PipelineConfig(
+            topic=topic,
+            kafka=dict(kafka),
+            events_path=f"{base}/events",
+            latest_path=f"{base}/latest",
+            checkpoint_location=f"{base}/checkpoint",
+            state_location=f"{base}/state",
+            **options,
+        )
+
+
+@dataclass
+class Pipeline:
+    """The two running queries."""
+
+    events: StreamingQuery
+    latest: StreamingQuery
+    logged: dict[str, int] = field(default_factory=dict)  # last batch id logged per query
+
+    @property
+    def queries(self) -> list[StreamingQuery]:
+        return [self.events, self.latest]
+
+    def stop(self) -> None:
+        for q in self.queries:
+            q.stop()
+
+    def log_progress(self) -> None:
+        """One JSON line per micro-batch not logged yet: Spark's progress, trimmed to what shows lag."""
+        for name, q in (("events", self.events), ("latest", self.latest)):
+            for p in q.recentProgress:
+                if p["batchId"] <= self.logged.get(name, -1):
+                    continue
+                self.logged[name] = p["batchId"]
+                src = p["sources"][0] if p.get("sources") else {}
+                line = {
+                    "query": name,
+                    "batch": p["batchId"],
+                    "rows": p["numInputRows"],
+                    "rows_per_s": round(p.get("processedRowsPerSecond") or 0.0, 1),
+                    "ms": p.get("durationMs", {}).get("triggerExecution"),
+                    "end_offset": src.get("endOffset"),
+                    "latest_offset": src.get("latestOffset"),
+                }
+                log.info("progress %s", json.dumps(line, default=str))
+
+
+def start_pipeline(spark: SparkSession, cfg: PipelineConfig) -> Pipeline:
+    """Start (or resume from the checkpoints) both queries; returns once both run."""
+    events_df = readCommittedStream(
+        spark,
+        cfg.topic,
+        cfg.kafka,
+        uuid_policy=cfg.uuid_policy,
+        max_offsets_per_trigger=cfg.max_offsets_per_trigger,
+        state_location=cfg.state_location,
+    )
+    trigger: dict[str, Any] = (
+        {"availableNow": True} if cfg.available_now else {"processingTime": f"{cfg.trigger_seconds} seconds"}
+    )
+    events = (
+        events_df.writeStream.queryName(f"harvest-events-{cfg.topic}")
+        .format("parquet")
+        .option("path", cfg.events_path)
+        .option("checkpointLocation", f"{cfg.checkpoint_location.rstrip('/')}/events")
+        .trigger(**trigger)
+        .start()
+    )
+    # The file source decides once whether its folder is a file sink's output (reads the metadata
+    # log) or plain files: the sink creates _spark_metadata when it starts, before writing any file,
+    # so start reading only after that folder exists.
+    _await_metadata_log(spark, cfg.events_path, events)
+    if cfg.available_now:
+        events.awaitTermination()
+        _raise_failed(events, "events")
+    table = LatestStateTable(spark, cfg.latest_path, keep=cfg.keep_versions)
+    latest = (
+        spark.readStream.schema(events_df.schema)
+        .parquet(cfg.events_path)
+        .writeStream.queryName(f"harvest-latest-{cfg.topic}")
+        .foreachBatch(lambda df, batch_id: table.apply_stream_batch(df, batch_id))
+        .option("checkpointLocation", f"{cfg.checkpoint_location.rstrip('/')}/latest")
+        .trigger(**trigger)
+        .start()
+    )
+    return Pipeline(events, latest)
+
+
+def run(spark: SparkSession, cfg: PipelineConfig, poll_seconds: float = 5.0) -> int:
+    """Run until both queries end (``available_now``), one fails (exit 1), or SIGTERM/SIGINT (stop, 0)."""
+    stopping: list[int] = []
+
+    def on_signal(signum: int, _: Any) -> None:
+        stopping.append(signum)
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, on_signal)
+    pipeline = start_pipeline(spark, cfg)
+    log.info("pipeline running: events -> %s, latest state -> %s", cfg.events_path, cfg.latest_path)
+    while True:
+        time.sleep(poll_seconds if not cfg.available_now else 0.5)
+        pipeline.log_progress()
+        if stopping:
+            log.info("signal %d: stopping the queries", stopping[0])
+            pipeline.stop()
+            return 0
+        done = [q for q in pipeline.queries if not q.isActive]
+        if done:
+            for q in done:
+                if q.exception() is not None:
+                    log.error("query %s failed: %s", q.name, q.exception())
+                    pipeline.stop()
+                    return 1
+            if len(done) == len(pipeline.queries):
+                pipeline.log_progress()
+                log.info("pipeline done (available-now)")
+                return 0
+
+
+def _await_metadata_log(spark: SparkSession, events_path: str, query: StreamingQuery, timeout: float = 120.0) -> None:
+    jvm = spark._jvm  # type: ignore[attr-defined]
+    path = jvm.org.apache.hadoop.fs.Path(f"{events_path.rstrip('/')}/_spark_metadata")
+    fs = path.getFileSystem(spark._jsc.hadoopConfiguration())  # type: ignore[attr-defined]
+    deadline = time.monotonic() + timeout
+    while not fs.exists(path):
+        _raise_failed(query, "events")
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the events query did not create {path} within {timeout:.0f}s")
+        time.sleep(0.2)
+
+
+def _raise_failed(query: StreamingQuery, name: str) -> None:
+    if not query.isActive and query.exception() is not None:
+        raise RuntimeError(f"the {name} query failed: {query.exception()}") from None
+
+
+# -- command line ---------------------------------------------------------------------------------
+
+
+def _parse(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python -m harvest_outbox.spark_reader.pipeline",
+        description="Stream a --uuid-sequencing topic into a Parquet event table and a latest-state-per-key table, "
+        "exactly once across restarts (docs/pipeline.md).",
+    )
+    parser.add_argument("--topic", required=True, help="the sequenced topic")
+    parser.add_argument("--bootstrap", help="Kafka brokers host:port[,...] (with --embedded: default the embedded one)")
+    parser.add_argument(
+        "--kafka-options-file",
+        type=Path,
+        help="a JSON object of further Spark kafka.* options (security settings: keeps secrets off the command line)",
+    )
+    parser.add_argument("--root", help="one folder for events/, latest/, checkpoint/ and state/")
+    for name in ("events", "latest", "checkpoint", "state"):
+        parser.add_argument(f"--{name}", help=f"the {name} location (overrides --root)")
+    parser.add_argument("--trigger-seconds", type=float, default=2.0, help="micro-batch interval (default 2)")
+    parser.add_argument("--available-now", action="store_true", help="process what the topic holds, then exit")
+    parser.add_argument("--max-offsets-per-trigger", type=int, default=None, help="records per micro-batch")
+    parser.add_argument(
+        "--master",
+        help="run a local Spark (local[N] or local-cluster[E,C,M]) with the connector jars from Maven; "
+        "without it the session comes from spark-submit",
+    )
+    parser.add_argument(
+        "--embedded",
+        action="store_true",
+        help="against the embedded services: Kafka from $HARVEST_KAFKA_BOOTSTRAP (./dev services) or started here, "
+        "the topic created if missing, tables under .work/pipeline/<topic>, local[2] unless --master",
+    )
+    return parser.parse_args(argv)
+
+
+def _config(args: argparse.Namespace, bootstrap: str, root: str | None) -> PipelineConfig:
+    kafka = {"kafka.bootstrap.servers": bootstrap}
+    if args.kafka_options_file:
+        try:
+            extra = json.loads(args.kafka_options_file.read_text())
+        except (OSError, ValueError) as exc:
+            raise ReaderConfigError(f"--kafka-options-file {args.kafka_options_file}: {exc}") from exc
+        if not isinstance(extra, dict) or not all(isinstance(k, str) and k.startswith("kafka.") for k in extra):
+            raise ReaderConfigError(
+                f"--kafka-options-file {args.kafka_options_file}: pass a JSON object of 'kafka.*' options"
+            )
+        kafka.update({k: str(v) for k, v in extra.items()})
+    base = root.rstrip("/") if root else None
+    locations = {}
+    for name, key in (
+        ("events", "events_path"),
+        ("latest", "latest_path"),
+        ("checkpoint", "checkpoint_location"),
+        ("state", "state_location"),
+    ):
+        value = getattr(args, name) or (f"{base}/{name}" if base else None)
+        if value is None:
+            raise ReaderConfigError(f"--{name}: missing. Fix: pass --{name} or --root")
+        locations[key] = value
+    return PipelineConfig(
+        topic=args.topic,
+        kafka=kafka,
+        trigger_seconds=args.trigger_seconds,
+        available_now=args.available_now,
+        max_offsets_per_trigger=args.max_offsets_per_trigger,
+        **locations,
+    )
+
+
+def _session(master: str | None) -> SparkSession:
+    if master is None:
+        from pyspark.sql import SparkSession
+
+        return SparkSession.builder.appName("harvest-pipeline").getOrCreate()
+    from harvest_outbox.harvest_local import spark as local  # dev tooling: only for --master / --embedded
+
+    if master.startswith("local-cluster["):
+        executors, cores, memory = (int(x) for x in master[len("local-cluster[") : -1].split(","))
+        return local.cluster_spark_session("harvest-pipeline", executors, cores, memory)
+    if master.startswith("local["):
+        return local.local_spark_session("harvest-pipeline", cores=int(master[len("local[") : -1]))
+    raise ReaderConfigError(f"--master {master!r}: pass local[N] or local-cluster[E,C,M] (or use spark-submit)")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parse(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)-7s %(name)s: %(message)s")
+    logging.getLogger("py4j").setLevel(logging.WARNING)
+    services = None
+    try:
+        bootstrap, root, master = args.bootstrap, args.root, args.master
+        if args.embedded:
+            from harvest_outbox.harvest_local.kafka import create_topic
+            from harvest_outbox.harvest_local.launcher import LocalServices
+            from harvest_outbox.harvest_local.workdir import work_dir
+
+            if bootstrap is None:
+                services = LocalServices().start()
+                bootstrap = services.endpoints.kafka_bootstrap
+                log.info("embedded Kafka at %s", bootstrap)
+            try:
+                create_topic(bootstrap, args.topic, 4)
+            except Exception as exc:  # it exists already: the usual case against ./dev services
+                log.info("topic %s not created (%s)", args.topic, exc)
+            root = root or str(work_dir() / "pipeline" / args.topic)
+            master = master or "local[2]"
+        if bootstrap is None:
+            raise ReaderConfigError("--bootstrap: missing. Fix: pass the brokers, or --embedded")
+        cfg = _config(args, bootstrap, root)
+        return run(_session(master), cfg)
+    except ReaderConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    finally:
+        if services is not None:
+            services.stop()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
