@@ -62,6 +62,8 @@ class Metrics:
         self.backlog_rows: int | None = None
         self.oldest_unsent_age: float | None = None
         self.dead_letter_rows: int | None = None
+        #: (topic, key) pairs with dead letters (leader only): the keys ``deadLetterPolicy: haltKey`` holds.
+        self.halted_keys: int | None = None
         #: ``shards: S``: the led shards' (rows, oldest unsent age), from the same query.
         self.shard_backlog: dict[int, tuple[int, float | None]] = {}
         self.is_leader = False
@@ -148,6 +150,11 @@ class _Collector:
             "harvest_dead_letter_rows",
             "Rows in the dead-letter table (leader only)",
             m.dead_letter_rows if lead else None,
+        )
+        yield gauge(
+            "harvest_halted_keys",
+            "Keys (topic, key) with a dead letter; under deadLetterPolicy haltKey their rows wait (leader only)",
+            m.halted_keys if lead else None,
         )
         yield gauge("harvest_is_leader", "1 if this relay is the leader", 1.0 if m.is_leader else 0.0)
         yield from self._histograms()
