@@ -4,8 +4,11 @@ One run (:func:`run_outage`): 2 relay processes (same leader group, NELI electio
 (``--uuid-sequencing`` or at-least-once) relay an outbox that 3 application writers fill (10% of
 their transactions roll back, a few run long); the relays reach Postgres and Kafka through a
 :class:`~harvest_local.netfault.NetFault` proxy each (Kafka through the broker's ``PROXIED``
-listener, so metadata keeps them on the proxy), the writers and the checker go direct. A quarter
-into the writing, one fault is applied for ``duration`` seconds, then healed:
+listener, so metadata keeps them on the proxy), the writers and the checker go direct. Once the
+writers are warmed up (~4 s), one fault is applied for ``duration`` seconds, then healed; a run can
+apply several faults one after another (``Outage.then``): each next one once the backlog the one
+before built up is gone and rows have flowed normally for ``STEADY_SECONDS``, so each fault hits
+caught-up relays under load, as the first does:
 
 ==================  =============================================================================
 broker_pause        SIGSTOP the broker, SIGCONT after ``duration``
@@ -25,7 +28,8 @@ Measured: **recovery** = seconds from the heal until every row committed before 
 the outbox (delivered, or committed in ``--uuid-sequencing`` mode), i.e. the backlog the fault
 built up is gone — including a probe row (to a topic of its own) committed right at the heal, so
 faults during which the writers could not commit either (Postgres down) still measure how long the
-relay takes to move again. Verified (:mod:`harvest_local.verify`, ground truth = the versions the writers
+relay takes to move again (one figure per fault). The writers stop ``STEADY_SECONDS`` after the last
+fault's recovery. Verified (:mod:`harvest_local.verify`, ground truth = the versions the writers
 committed): in ``--uuid-sequencing`` mode a ``ReadCommittedIter`` read of the topic holds every
 committed version exactly once, in per-key order, nothing rolled back; in at-least-once mode the raw
 topic holds every committed version, first arrivals in per-key order (duplicates are counted, they
@@ -73,6 +77,8 @@ FAULTS = (
 )
 LATENCY_MS = 200
 RESET_SECONDS = 1.0
+#: seconds of normal flow after a fault's recovery, before the next fault (or the writers' end)
+STEADY_SECONDS = 3.0
 
 
 @dataclass(frozen=True)
@@ -88,6 +94,13 @@ class Outage:
     #: the relays' ``limits.rowTimeout`` (None: the default, 30 s). Shorter than the fault, records
     #: time out during it: none may be dead-lettered for it (an outage is not poison).
     row_timeout: str | None = None
+    #: faults applied after ``fault`` in the same run, in order, each once the one before has healed
+    #: and its backlog is gone (one relay group, one topic, one end-to-end verification)
+    then: tuple[str, ...] = ()
+
+    @property
+    def faults(self) -> tuple[str, ...]:
+        return (self.fault, *self.then)
 
     @property
     def mode(self) -> str:
@@ -95,8 +108,8 @@ class Outage:
 
     @property
     def rows(self) -> int:
-        # writing spans the fault: ~5 s before it, ~8 s after it
-        return int(self.rate * (self.duration + 13))
+        # an upper bound: the writers are stopped STEADY_SECONDS after the last fault's recovery
+        return int(self.rate * (len(self.faults) * (self.duration + 60) + 60))
 
 
 @dataclass
@@ -105,7 +118,8 @@ class OutageResult:
     verdict: Verdict | None = None
     committed: int = 0
     rolled_back: int = 0
-    recovery: float | None = None  # seconds from heal to the pre-heal backlog gone
+    recovery: float | None = None  # seconds from heal to the pre-heal backlog gone (the slowest fault's)
+    recoveries: list[tuple[str, float | None]] = field(default_factory=list)  # per fault, in order
     relays_alive: bool = False
     dead_letters: int = 0
     seconds: float = 0.0
@@ -128,15 +142,16 @@ def _via(dsn: str, port: int) -> str:
 
 
 def run_outage(services: LocalServices, outage: Outage, workdir: Path) -> OutageResult:
-    if outage.fault not in FAULTS:
-        raise ValueError(f"fault {outage.fault!r}: use one of {', '.join(FAULTS)}")
-    needs_kafka = outage.fault.startswith(("broker_", "kafka_"))
-    needs_pg = outage.fault.startswith("pg_")
-    if (needs_kafka and services.kafka is None) or (needs_pg and services.postgres is None):
-        raise RuntimeError(
-            f"{outage.fault} needs the locally launched services (not HARVEST_PG_DSN / "
-            f"HARVEST_KAFKA_BOOTSTRAP / testcontainers)"
-        )
+    for fault in outage.faults:
+        if fault not in FAULTS:
+            raise ValueError(f"fault {fault!r}: use one of {', '.join(FAULTS)}")
+        needs_kafka = fault.startswith(("broker_", "kafka_"))
+        needs_pg = fault.startswith("pg_")
+        if (needs_kafka and services.kafka is None) or (needs_pg and services.postgres is None):
+            raise RuntimeError(
+                f"{fault} needs the locally launched services (not HARVEST_PG_DSN / "
+                f"HARVEST_KAFKA_BOOTSTRAP / testcontainers)"
+            )
     started = time.monotonic()
     ends = services.endpoints
     tag = uuid.uuid4().hex[:6]
@@ -186,10 +201,20 @@ def run_outage(services: LocalServices, outage: Outage, workdir: Path) -> Outage
             seed=outage.seed,
         ).start()
         wait_for(lambda: writers.stats.committed >= outage.rate * 4 or writers.done, 120, "writers warmed up", poll=0.1)
-        _apply(outage, services, pg_proxy, kafka_proxy, result)
-        healed = time.monotonic()
-        max_id = _probe(ends.pg_dsn, outbox, f"{topic}-probe")
-        result.recovery = _recovery(ends.pg_dsn, names, max_id, healed, timeout=180)
+        for fault in outage.faults:
+            _apply(outage, fault, services, pg_proxy, kafka_proxy, result)
+            healed = time.monotonic()
+            max_id = _probe(ends.pg_dsn, outbox, f"{topic}-probe")
+            recovery = _recovery(ends.pg_dsn, names, max_id, healed, timeout=180)
+            result.recoveries.append((fault, recovery))
+            if recovery is None:
+                result.notes.append(f"the backlog of {fault} was not delivered within 180s")
+                break
+            time.sleep(STEADY_SECONDS)  # rows flow normally again before the next fault (or the end)
+        times = [t for _, t in result.recoveries if t is not None]
+        if len(times) == len(outage.faults):
+            result.recovery = max(times)
+        writers.stop()
         writers.join()
         result.committed, result.rolled_back = writers.stats.committed, writers.stats.rolled_back
         wait_for(lambda: _backlog(ends.pg_dsn, names, None) == 0, 180, "the outbox drains", poll=0.2)
@@ -220,9 +245,14 @@ def run_outage(services: LocalServices, outage: Outage, workdir: Path) -> Outage
 
 
 def _apply(
-    outage: Outage, services: LocalServices, pg_proxy: NetFault, kafka_proxy: NetFault | None, result: OutageResult
+    outage: Outage,
+    fault: str,
+    services: LocalServices,
+    pg_proxy: NetFault,
+    kafka_proxy: NetFault | None,
+    result: OutageResult,
 ) -> None:
-    fault, d = outage.fault, outage.duration
+    d = outage.duration
     kafka, pg = services.kafka, services.postgres
     log.info("outage %s (%s) for %.0fs", fault, outage.mode, d)
     if fault == "broker_pause":
@@ -335,7 +365,8 @@ def _read_raw(bootstrap: str, topic: str, partitions: int) -> list[tuple[str, in
 
 
 def table(results: list[OutageResult]) -> str:
-    """A Markdown table: fault x mode -> lost / duplicated / reordered, recovery time."""
+    """A Markdown table: fault x mode -> lost / duplicated / reordered, recovery time (a run of several
+    faults: one row, its faults joined by ``+``, a recovery time per fault)."""
     lines = [
         "| fault | mode | duration | rows | lost | duplicated | reordered | recovery | relays |",
         "|---|---|---|---|---|---|---|---|---|",
@@ -343,17 +374,15 @@ def table(results: list[OutageResult]) -> str:
     for r in results:
         v = r.verdict
         o = r.outage
-        dur = (
-            "1s"
-            if o.fault.endswith("_reset")
-            else "restart"
-            if o.fault in ("broker_kill", "pg_restart")
-            else f"{o.duration:g}s"
+        dur = "+".join(
+            "1s" if f.endswith("_reset") else "restart" if f in ("broker_kill", "pg_restart") else f"{o.duration:g}s"
+            for f in o.faults
         )
+        recovered = dict(r.recoveries)
+        recovery = "+".join(f"{recovered[f]:.1f}s" if recovered.get(f) is not None else "none" for f in o.faults)
         lines.append(
-            f"| {o.fault} | {o.mode} | {dur} | {r.committed} | {v.lost if v else '?'} | "
+            f"| {'+'.join(o.faults)} | {o.mode} | {dur} | {r.committed} | {v.lost if v else '?'} | "
             f"{v.duplicates if v else '?'} | {v.order_violations if v else '?'} | "
-            f"{f'{r.recovery:.1f}s' if r.recovery is not None else 'none'} | "
-            f"{'running' if r.relays_alive else 'EXITED'} |"
+            f"{recovery} | {'running' if r.relays_alive else 'EXITED'} |"
         )
     return "\n".join(lines)

@@ -126,7 +126,7 @@ def committed_versions(dsn: str, schema: str) -> dict[str, int]:
 
 
 class Writers:
-    """``threads`` concurrent writers, ``rows`` messages in all, then they stop."""
+    """``threads`` concurrent writers, ``rows`` messages in all (or fewer: :meth:`stop`), then they stop."""
 
     def __init__(
         self,
@@ -154,6 +154,7 @@ class Writers:
         self._workers: list[threading.Thread] = []
         self._errors: list[BaseException] = []
         self._started = 0.0
+        self._stopped = False
 
     def start(self) -> Writers:
         self._started = time.monotonic()
@@ -172,19 +173,26 @@ class Writers:
             raise RuntimeError(f"writer failed: {self._errors[0]!r}") from self._errors[0]
         return self.stats
 
+    def stop(self) -> None:
+        """Start no more transactions (those in flight finish); :meth:`join` waits for them."""
+        with self._lock:
+            self._stopped = True
+
     @property
     def done(self) -> bool:
         return all(not t.is_alive() for t in self._workers)
 
     def _claim(self, n: int) -> int:
         with self._lock:
+            if self._stopped:
+                return 0
             n = min(n, self.rows - self._issued)
             self._issued += max(n, 0)
             return n
 
     def _run(self, rng: random.Random) -> None:
         try:
-            while self._issued < self.rows:
+            while self._issued < self.rows and not self._stopped:
                 try:
                     self._session(rng)
                     return
