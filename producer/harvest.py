@@ -88,7 +88,9 @@ class Harvest:
     ``producer_factory`` and ``election`` are seams for tests (fault injection) and for other
     election mechanisms; by default a real confluent Producer and the election ``config.leader_election``
     names (:class:`NeliElection`, or :class:`~producer.election_postgres.PostgresElection`) are used.
-    :attr:`mode` is the delivery strategy ``config.uuid_sequencing`` chose.
+    :attr:`mode` is the delivery strategy ``config.uuid_sequencing`` chose. ``tracer_provider``: the
+    OpenTelemetry TracerProvider of relay spans (``config.tracing``), by default the global one
+    (:mod:`producer.relay_spans`; read once, here).
     """
 
     def __init__(
@@ -100,6 +102,7 @@ class Harvest:
         election: LeaderElection | None = None,
         topic_guard: TopicGuard | None = None,
         shards: ShardSetSeat | None = None,
+        tracer_provider: Any = None,
     ) -> None:
         self.config = config
         self.limits = config.limits
@@ -127,6 +130,7 @@ class Harvest:
             guard=guard,
             shards=shards,
             stop_requested=self._stop_requested,
+            tracer_provider=tracer_provider,
         )
         self.mode: RelayMode = mode_type(self.core)
         #: Keeps relays of another shards / leaderElection off this outbox while this one runs.

@@ -25,6 +25,7 @@ import logging
 import time
 from collections import deque
 from collections.abc import Callable
+from functools import partial
 
 from confluent_kafka import KafkaError, KafkaException
 
@@ -35,7 +36,7 @@ from harvest_outbox.producer.kafka import ANY_PARTITION, is_permanent
 from harvest_outbox.producer.metrics import Metrics
 from harvest_outbox.producer.preflight import TopicGuard, header_bytes, too_large
 from harvest_outbox.producer.relay_core import RelayCore
-from harvest_outbox.producer.seq_txn import Slot, Txn, reported
+from harvest_outbox.producer.seq_txn import Slot, TracedSlot, Txn, reported
 from harvest_outbox.producer.seq_view import View, continue_uuid
 from harvest_outbox.sequencer import TICK
 
@@ -104,6 +105,8 @@ class TxnProducer:
         halted = self.core.halt.keys  # haltKey: (topic, key) pairs this view dead-lettered (producer.key_halt)
         verdicts = self._guard.verdicts
         event_id = self.core.event_id  # eventIdHeader: (name, value prefix) or None
+        spans = self.core.spans  # relay spans (producer.relay_spans) or None: then no span code runs
+        make_slot: Callable[[list[Slot]], Slot] = Slot if spans is None else partial(TracedSlot, spans=spans)
         while ready and in_flight < limit and not self.core.remark:
             t = self._open(now)
             if t is None:
@@ -154,14 +157,18 @@ class TxnProducer:
                     headers.append((event_id[0], event_id[1] + b"%d" % rid))
                 if hkeys:
                     headers.extend(zip(hkeys, hvals, strict=True))  # type: ignore[arg-type]
-                slot = slots.pop() if slots else Slot(slots)
+                slot = slots.pop() if slots else make_slot(slots)
                 slot.txn, slot.clock = t, c
+                if spans is not None and hkeys:  # the span starts now; the record's traceparent names it
+                    slot.span = spans.start(rid, topic, _created, headers)  # type: ignore[attr-defined,arg-type]
                 try:
                     # By position (PRODUCE_ARGS): partition, callback, on_delivery, timestamp, headers.
                     where = ANY_PARTITION if partition is None else partition
                     producer.produce(topic, value, key, where, slot, None, 0, headers)  # type: ignore[arg-type]
                 except BufferError:
                     slot.txn = None
+                    if spans is not None:
+                        slot.span = None  # type: ignore[attr-defined] # dropped unended (never exported): the retry starts its own
                     slots.append(slot)  # not enqueued: no report will return it
                     producer.poll(0.005)
                     in_flight = self._in_flight_count()
@@ -170,6 +177,8 @@ class TxnProducer:
                     slot.txn = None
                     slots.append(slot)
                     err: KafkaError = exc.args[0]
+                    if spans is not None:
+                        self._refused_span(slot, err.name(), f"produce() refused the record: {err.str()}")
                     if is_permanent(err, True):
                         ready.popleft()
                         self._sync_failures = 0
@@ -189,6 +198,8 @@ class TxnProducer:
                 except (TypeError, ValueError) as exc:
                     slot.txn = None
                     slots.append(slot)
+                    if spans is not None:
+                        self._refused_span(slot, type(exc).__name__, f"produce() refused the record: {exc}")
                     ready.popleft()
                     self._dead_letter_in(t, row, f"cannot produce: {exc}", 1)
                     continue
@@ -213,6 +224,12 @@ class TxnProducer:
                     # The backlog is taken: the transaction closes at its first delivery report
                     # (_advance), with the rows marked meanwhile.
                     self._hook.hit("after_publish_before_delivery", settle=0.5)
+
+    def _refused_span(self, slot: Slot, error_type: str, why: str) -> None:
+        """``produce()`` raised: no report will come, so the record's span (if it has one) ends failed."""
+        if isinstance(slot, TracedSlot) and slot.span is not None:
+            span, slot.span = slot.span, None
+            slot.spans.fail(span, error_type, why)
 
     def _dead_letter_in(self, t: Txn, row: MarkedRow, error: str, attempts: int) -> None:
         log.error(

@@ -8,7 +8,8 @@ Invariants:
   (topic, partition) it touched, the clock of its first record there (reports of one partition
   arrive in log order), which is what its ACKs and rollback ACKs are sent to;
 - every record's delivery callback is a pooled :class:`Slot` that reports exactly once to the
-  transaction and clock it was bound to, then returns to the pool.
+  transaction and clock it was bound to, then returns to the pool (a :class:`TracedSlot` also ends
+  the record's relay span, when it has one).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from concurrent.futures import Future
 from confluent_kafka import KafkaError, Message
 
 from harvest_outbox.producer.db import MarkedRow
+from harvest_outbox.producer.relay_spans import RecordSpan, RelaySpans
 from harvest_outbox.producer.seq_view import View
 
 log = logging.getLogger(__name__)
@@ -129,3 +131,23 @@ class Slot:
         self.txn = None
         self.pool.append(self)
         t.on_delivery(clock, err, msg)  # type: ignore[union-attr]
+
+
+class TracedSlot(Slot):
+    """A :class:`Slot` of a relay with relay spans (producer.relay_spans): its report also ends the
+    record's span, if it has one. Only such a relay makes these, so a plain slot's report runs no
+    span code."""
+
+    __slots__ = ("span", "spans")
+
+    def __init__(self, pool: list[Slot], spans: RelaySpans) -> None:
+        super().__init__(pool)
+        self.spans = spans
+        self.span: RecordSpan | None = None
+
+    def __call__(self, err: KafkaError | None, msg: Message) -> None:
+        span = self.span
+        if span is not None:
+            self.span = None
+            self.spans.end(span, err, msg)
+        Slot.__call__(self, err, msg)
