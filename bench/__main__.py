@@ -1,11 +1,11 @@
 """``./dev bench``: run every benchmark, each in its own process with its own services, then
-write ``bench/results.json`` and the benchmark table of README.md (between the BENCH markers).
+write ``bench/results.json`` and the benchmark table of docs/benchmarks.md (between the BENCH markers).
 
 Each benchmark prints one JSON object and compares against a baseline measured in the same run,
 so the ratios hold on noisy machines better than absolute rates do. Medians throughout.
 
     python -m bench                 # all, full size
-    python -m bench --quick         # smaller workloads (a smoke run; the README is not touched)
+    python -m bench --quick         # smaller workloads (a smoke run; the docs are not touched)
     python -m bench sequencer spark # some
 """
 
@@ -25,7 +25,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results.json"
-README = ROOT / "README.md"
+TABLE_PAGE = ROOT / "docs" / "benchmarks.md"
 BEGIN, END = "<!-- BENCH:BEGIN -->", "<!-- BENCH:END -->"
 
 # name -> (script, full args, quick args)
@@ -480,7 +480,9 @@ def table(results: dict[str, dict[str, Any]], mach: dict[str, Any]) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.splitlines()[0])
     parser.add_argument("names", nargs="*", choices=[*BENCHES, []], help="benchmarks to run (default: all)")
-    parser.add_argument("--quick", action="store_true", help="small workloads; does not update README/results")
+    parser.add_argument(
+        "--quick", action="store_true", help="small workloads; does not update docs/benchmarks.md or results"
+    )
     args = parser.parse_args(argv)
     names = args.names or list(BENCHES)
     results = {name: run(name, args.quick) for name in names}
@@ -492,12 +494,14 @@ def main(argv: list[str] | None = None) -> int:
     previous = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
     merged = {**previous.get("results", {}), **results}
     RESULTS.write_text(json.dumps({"machine": mach, "results": merged}, indent=2) + "\n")
-    text = README.read_text()
+    text = TABLE_PAGE.read_text()
     if BEGIN in text and END in text:
         head, rest = text.split(BEGIN, 1)
         _, tail = rest.split(END, 1)
-        README.write_text(f"{head}{BEGIN}\n{table({k: merged[k] for k in BENCHES if k in merged}, mach)}\n{END}{tail}")
-        print(f"[bench] README.md and {RESULTS.relative_to(ROOT)} updated", file=sys.stderr)
+        TABLE_PAGE.write_text(
+            f"{head}{BEGIN}\n{table({k: merged[k] for k in BENCHES if k in merged}, mach)}\n{END}{tail}"
+        )
+        print(f"[bench] docs/benchmarks.md and {RESULTS.relative_to(ROOT)} updated", file=sys.stderr)
     return 0
 
 

@@ -1,7 +1,8 @@
 """MkDocs hook: the configuration and CLI reference pages, generated from the code at build time.
 
 A page holding ``<!-- generated: config-reference -->`` gets a table of every key the relay's YAML
-accepts; one holding ``<!-- generated: cli-reference -->`` gets ``harvest --help`` of every command.
+accepts; ``<!-- generated: environment-variables -->`` the table of ``HARVEST_<KEY>`` variables;
+``<!-- generated: cli-reference -->`` ``harvest --help`` of every command.
 Nothing here restates the code:
 
 - the keys are the ones :mod:`producer.config` accepts (``_TOP_KEYS``; a section's keys are the ones its
@@ -29,6 +30,7 @@ from typing import Any, NamedTuple
 
 CONFIG_MARKER = "<!-- generated: config-reference -->"
 CLI_MARKER = "<!-- generated: cli-reference -->"
+ENV_MARKER = "<!-- generated: environment-variables -->"
 DOCS = Path(__file__).resolve().parents[1]
 
 
@@ -283,7 +285,7 @@ def config_markdown() -> str:
     rows = reference_rows()
     top = [r for r in rows if r.path.count(".") == 1 and r.path.startswith("harvest.")]
     parts = [
-        "### `harvest`",
+        "## `harvest`",
         "",
         _table(top, ("path", "type", "default", "variable", "flag", "description")),
     ]
@@ -292,7 +294,7 @@ def config_markdown() -> str:
         key = section.split(".")[1]
         parts += [
             "",
-            f"### `{section}`",
+            f"## `{section}`",
             "",
             f"Set as a mapping under `{section}`, or as a YAML flow mapping in `HARVEST_{_upper(key)}` "
             f"(merged over the file's).",
@@ -301,7 +303,7 @@ def config_markdown() -> str:
         ]
     parts += [
         "",
-        "### `logging`",
+        "## `logging`",
         "",
         _table([r for r in rows if r.path.startswith("logging.")], ("path", "type", "default", "variable", "flag")),
         "",
@@ -314,6 +316,27 @@ def _upper(key: str) -> str:
     from harvest_outbox.producer.config_env import upper_snake
 
     return upper_snake(key)
+
+
+def environment_markdown() -> str:
+    """The ``HARVEST_<KEY>`` variables by how their text is read (``config._ENV_KINDS``)."""
+    from harvest_outbox.producer import config
+    from harvest_outbox.producer.config_env import LOG_LEVEL_VARIABLE, MAPPING, SCALAR, TEXT, variable_name
+
+    how = {
+        TEXT: "as it is (no YAML, no `${…}`: a DSN's `#`, `:` or `$` is safe)",
+        SCALAR: "as YAML reads a plain value: `4`, `true`/`false`",
+        MAPPING: "a YAML flow mapping, `HARVEST_BASE_KAFKA_CONFIG='{bootstrap.servers: kafka:9092, client.id: "
+        "relay}'`, merged over the file's mapping: its keys replace the file's, the file's other keys stay",
+    }
+    out = ["| variable | key | how the value is read |", "|---|---|---|"]
+    for kind in (TEXT, SCALAR, MAPPING):
+        keys = [k for k in config._TOP_KEYS if config._ENV_KINDS.get(k, TEXT) == kind]
+        out.append(
+            f"| {', '.join(f'`{variable_name(k)}`' for k in keys)} | {', '.join(f'`{k}`' for k in keys)} | {how[kind]} |"
+        )
+    out.append(f"| `{LOG_LEVEL_VARIABLE}` | `logging.level` | as it is |")
+    return "\n".join(out)
 
 
 def cli_markdown() -> str:
@@ -349,6 +372,8 @@ def on_page_markdown(markdown: str, **kwargs: Any) -> str:
     """MkDocs event: fill the markers of the reference pages."""
     if CONFIG_MARKER in markdown:
         markdown = markdown.replace(CONFIG_MARKER, config_markdown())
+    if ENV_MARKER in markdown:
+        markdown = markdown.replace(ENV_MARKER, environment_markdown())
     if CLI_MARKER in markdown:
         markdown = markdown.replace(CLI_MARKER, cli_markdown())
     return markdown

@@ -1,7 +1,7 @@
 """The outbox SLO metrics of live relays, both modes: the dwell histogram per topic and rows per harvest
 transaction, scraped over real HTTP from relays on the real Postgres and Kafka; and the shipped Grafana
 dashboard (docs/grafana/harvest-dashboard.json) and alert rules (docs/prometheus/harvest-alerts.yml, which
-README.md copies) name only metrics such a relay exports: renaming a metric fails here."""
+docs/health.md copies) name only metrics such a relay exports: renaming a metric fails here."""
 
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ from harvest_outbox.producer.stasher import OutboxRecord, Stasher
 ROOT = Path(__file__).resolve().parents[2]
 DASHBOARD = ROOT / "docs" / "grafana" / "harvest-dashboard.json"
 RULES = ROOT / "docs" / "prometheus" / "harvest-alerts.yml"
-README = ROOT / "README.md"
+README = ROOT / "docs" / "health.md"  # the alerts page, which shows the rules file verbatim
 # The dwell histogram's buckets (le, as Prometheus shows them): 1 ms to 5 minutes.
 DWELL_LE = (
     "0.001",
@@ -81,7 +81,7 @@ def rule_exprs(rules: dict[str, Any]) -> list[str]:
 
 def readme_rules() -> str:
     block = README.read_text().split("<!-- alerts:begin -->\n")[1].split("<!-- alerts:end -->")[0]
-    assert block.startswith("```yaml\n") and block.endswith("```\n"), "the README's alert block is one yaml fence"
+    assert block.startswith("```yaml\n") and block.endswith("```\n"), "docs/health.md's alert block is one yaml fence"
     return block[len("```yaml\n") : -len("```\n")]
 
 
@@ -107,8 +107,10 @@ def test_metric_names_are_read_out_of_promql(expr: str, names: set[str]) -> None
 
 
 def test_readme_alerts_are_the_rules_file() -> None:
-    """One owner: docs/prometheus/harvest-alerts.yml; the README shows it verbatim."""
-    assert readme_rules() == RULES.read_text(), "copy docs/prometheus/harvest-alerts.yml into README.md's alerts block"
+    """One owner: docs/prometheus/harvest-alerts.yml; docs/health.md shows it verbatim."""
+    assert readme_rules() == RULES.read_text(), (
+        "copy docs/prometheus/harvest-alerts.yml into docs/health.md's alerts block"
+    )
 
 
 def test_the_rules_and_the_dashboard_cover_the_slos() -> None:
