@@ -30,7 +30,8 @@ Invariants (backed by ``tests/test_consumer/test_config_and_records.py``):
 from __future__ import annotations
 
 import uuid as _uuid
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from harvest_outbox.consumer.trace_context import TRACEPARENT, TRACESTATE, header_text
 from harvest_outbox.sequencer import Flags
@@ -53,6 +54,8 @@ class PyRecord:
 
     # _x: the UUID's 128-bit int, 0 for none (the nil UUID is "none" too).
     __slots__ = ("_msg", "_x")
+    _msg: Any  # the confluent_kafka.Message
+    _x: int
 
     def __init__(self, message: Any, message_uuid: _uuid.UUID | None = None) -> None:
         _set_msg(self, message)
@@ -168,9 +171,10 @@ class PyRecord:
         return hash(self._position())
 
     def __repr__(self) -> str:
+        producer = self.producer
         ident = (
-            "unsequenced" if not self._x else f"producer={self.producer.hex()} clock={self.clock} flags={self.flags!r}"
-        )  # type: ignore[union-attr]
+            "unsequenced" if producer is None else f"producer={producer.hex()} clock={self.clock} flags={self.flags!r}"
+        )
         return f"Record({self.topic}/{self.partition}@{self.offset} key={self.key!r} {ident})"
 
     def __reduce__(self) -> Any:
@@ -191,7 +195,10 @@ def _make_py_record(message: Any, x: int) -> PyRecord:
 
 
 _native = load_native("harvest_outbox.consumer._native")
-#: The Record class in use: the compiled one when built, else :class:`PyRecord`.
-Record: type = PyRecord if _native is None else _native.Record
+if TYPE_CHECKING:  # the compiled class has PyRecord's interface (tests/test_consumer check both)
+    Record = PyRecord
+else:
+    #: The Record class in use: the compiled one when built, else :class:`PyRecord`.
+    Record = PyRecord if _native is None else _native.Record
 #: ``make_record(message, x)``: a ``Record`` with the UUID ``x`` (its 128-bit int; 0 for none).
-make_record = _make_py_record if _native is None else _native.make_record
+make_record: Callable[[Any, int], Record] = _make_py_record if _native is None else _native.make_record

@@ -96,7 +96,9 @@ _set_uuid_int = _UUID.__dict__["int"].__set__
 _set_uuid_safe = _UUID.__dict__["is_safe"].__set__
 _SAFE_UNKNOWN = uuid_mod.SafeUUID.unknown
 #: The compiled converter (consumer/_native.pyx), or None: _convert_entries_py then does its work.
-_native_convert = None if _native_records is None else _native_records.convert
+_native_convert: Callable[[list[Any], int, dict[tuple[str, int], str], Any], int] | None = (
+    None if _native_records is None else _native_records.convert
+)
 
 
 def _index_of(items: list[Any], item: Any) -> int:
@@ -335,7 +337,7 @@ class ReadUncommittedIter:
             env = self._buf[self._pos]
             self._pos += 1
             return env
-        batch = self._next_batch(timeout)
+        batch: list[Envelope] = self._next_batch(timeout)
         if not batch:
             return None
         self._buf = batch
@@ -372,11 +374,11 @@ class ReadUncommittedIter:
         if self._pending_raw:
             raw, self._pending_raw = self._pending_raw, []
             out = convert(raw)
-            if out or self._pending_error is not None:
-                if not out:
-                    err, self._pending_error = self._pending_error, None
-                    raise err  # type: ignore[misc]
+            if out:
                 return out
+            if self._pending_error is not None:
+                err, self._pending_error = self._pending_error, None
+                raise err
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             wait = _MAX_WAIT if deadline is None else min(_MAX_WAIT, max(0.0, deadline - time.monotonic()))

@@ -19,6 +19,8 @@ Typical reader loop::
         process(committed)
 """
 
+from typing import TYPE_CHECKING, Any
+
 from .checkpoint import CHECKPOINT_VERSION, check_checkpoint_scope, decode_checkpoint, encode_checkpoint
 from .clock import TICK, Clock
 from .envelope import Envelope, journal_name
@@ -50,10 +52,13 @@ from .state import ProducerState
 _native = _load_native("harvest_outbox.sequencer._native")
 #: "native" (compiled) or "python" (the reference).
 IMPLEMENTATION = "python" if _native is None else "native"
-#: The Sequencer in use: the native one when built, else :class:`PySequencer`.
-Sequencer: type = PySequencer if _native is None else _native.Sequencer
+if TYPE_CHECKING:  # the compiled class has PySequencer's interface (test_seq_native checks both)
+    Sequencer = PySequencer
+else:
+    #: The Sequencer in use: the native one when built, else :class:`PySequencer`.
+    Sequencer = PySequencer if _native is None else _native.Sequencer
 #: Columnar ``queue_batch`` entries (native only; None with the pure-Python implementation).
-EntryBatch = None if _native is None else _native.EntryBatch
+EntryBatch: Any = None if _native is None else _native.EntryBatch  # a compiled class: no stub
 
 __all__ = [
     "CHECKPOINT_VERSION",

@@ -100,7 +100,8 @@ def encode_checkpoint(offsets: Mapping[str, int], states: Iterable[ProducerState
         "offsets": dict(sorted(checked_offsets.items())),
         "producers": [[s.journal, s.producer, s.last_ack, s.begin] for s in checked_states],
     }
-    return msgpack.packb(doc, use_bin_type=True)
+    packed: bytes = msgpack.packb(doc, use_bin_type=True)
+    return packed
 
 
 def decode_checkpoint(data: bytes) -> tuple[dict[str, int], list[ProducerState]]:
