@@ -1,0 +1,188 @@
+"""``deadLetterPolicy``: a poison row in the middle of a key's sequence, on the real Postgres and Kafka.
+
+Keys ``p`` and ``q`` each have a poison row in the middle (header arrays that differ in length: the
+relay dead-letters it at once), among good keys. ``skip``: the key's later rows flow past it.
+``haltKey``: they wait in the outbox, rows of the key committed while it is halted too (a late
+commit must not overtake), while other keys flow; ``dead-letters keys`` lists both keys with the rows
+waiting and ``harvest_halted_keys`` counts them; then the operator fixes and requeues ``p``'s dead
+letter and discards ``q``'s, and each key's rows flow in id order -- read end to end with
+``ReadCommittedIter`` under ``--uuid-sequencing``. Both modes, unsharded and sharded.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import psycopg
+import pytest
+from psycopg import sql
+from relaylib import assert_per_key_order, consume_all, outbox_count, relay_config, wait_drained
+
+from harvest_outbox.consumer import ReadCommittedIter
+from harvest_outbox.producer.deadletter_admin import Selection, discard, selected_ids, stuck_keys
+from harvest_outbox.producer.deadletters import list_dead_letters, requeue_what_can_be
+from harvest_outbox.producer.schema import OutboxNames, init_db
+from harvest_outbox.producer.sharded import relay_for
+from harvest_outbox.producer.stasher import OutboxRecord, Stasher
+
+MISMATCHED = "header arrays differ in length"
+
+
+class Outbox:
+    """Writes the scenario's rows and remembers, per key, the values a reader must see in order."""
+
+    def __init__(self, dsn: str, table: str, topic: str, names: OutboxNames) -> None:
+        self.dsn, self.table, self.topic = dsn, table, topic
+        self.st = Stasher(table)
+        self.expected: dict[str, list[bytes | None]] = {}
+        self.ins = sql.SQL(
+            "INSERT INTO {} (kafka_topic, kafka_key, kafka_value, kafka_header_keys, kafka_header_values) "
+            "VALUES (%s, %s, %s, %s, %s) RETURNING id"
+        ).format(names.outbox)
+
+    def good(self, conn: psycopg.Connection, key: str, value: str) -> None:
+        self.st.stash(conn, OutboxRecord(self.topic, key, value))
+        self.expected.setdefault(key, []).append(value.encode())
+
+    def poison(self, conn: psycopg.Connection, key: str, value: str) -> int:
+        self.expected.setdefault(key, [])
+        return conn.execute(self.ins, (self.topic, key, value, ["a", "b"], ["1"])).fetchone()[0]  # type: ignore[index]
+
+
+def _write(box: Outbox) -> dict[str, int]:
+    poison = {}
+    with psycopg.connect(box.dsn, autocommit=True) as conn:
+        for i in range(10):
+            for key in ("a", "b", "c"):
+                box.good(conn, key, f"{key}{i}")
+            if i == 5:
+                poison["p"] = box.poison(conn, "p", "p5")
+            else:
+                box.good(conn, "p", f"p{i}")
+            if i == 2:
+                poison["q"] = box.poison(conn, "q", "q2")
+            elif i < 6:
+                box.good(conn, "q", f"q{i}")
+    return poison
+
+
+def _read(
+    kafka: str, topic: str, sequenced: bool, want: dict[str, list[bytes | None]]
+) -> dict[str, list[bytes | None]]:
+    """Each key's values in log order: committed records only (ReadCommittedIter) when sequenced."""
+    total = sum(len(v) for v in want.values())
+    if not sequenced:
+        got = consume_all(kafka, topic, lambda g: len(g) >= total, 60)
+        assert_per_key_order(got, want, allow_dups=True)  # at-least-once: a re-send may repeat a prefix
+        return want
+    seen: dict[str, list[bytes | None]] = {}
+    with ReadCommittedIter({"bootstrap.servers": kafka}, topics=[topic], idle_timeout=5.0) as it:
+        for r in it:
+            seen.setdefault(r.key.decode(), []).append(r.value)
+    return seen
+
+
+def _wait_outbox(dsn: str, table: str, rows: int, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while outbox_count(dsn, table) != rows:
+        assert time.monotonic() < deadline, f"outbox has {outbox_count(dsn, table)} rows, not {rows}"
+        time.sleep(0.1)
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize(
+    ("sequenced", "shards"),
+    [(False, 1), (True, 1), (False, 2), (True, 2)],
+    ids=["at-least-once", "uuid-sequencing", "at-least-once-sharded", "uuid-sequencing-sharded"],
+)
+def test_halt_key_holds_the_keys_later_rows_until_requeue_or_discard(
+    sequenced: bool,
+    shards: int,
+    pg_dsn: str,
+    kafka_bootstrap: str,
+    pg_schema: str,
+    topic_factory: Callable[..., str],
+    unique_name: Callable[[str], str],
+) -> None:
+    topic = topic_factory(partitions=2)
+    table = f"{pg_schema}.outbox"
+    names = init_db(pg_dsn, table, shards=shards)
+    box = Outbox(pg_dsn, table, topic, names)
+    poison = _write(box)
+    cfg = relay_config(pg_dsn, kafka_bootstrap, table, unique_name("g")).replace(
+        uuid_sequencing=sequenced, shards=shards, leader_election="postgres", dead_letter_policy="haltKey"
+    )
+    relay = relay_for(cfg).start()
+    try:
+        # p6..p9 and q3..q5 wait; every other row goes
+        _wait_outbox(pg_dsn, table, 7)
+        with psycopg.connect(pg_dsn, autocommit=True) as conn:
+            # rows of halted keys committed now wait too (also behind a stasher's NOTIFY)
+            box.good(conn, "p", "p10")
+            box.good(conn, "q", "q6")
+            box.good(conn, "a", "a10")
+        _wait_outbox(pg_dsn, table, 9)
+        time.sleep(1.0)  # a view ends after a halt: still nothing of p or q may leave
+        assert outbox_count(pg_dsn, table) == 9
+        with psycopg.connect(pg_dsn) as conn:
+            stuck = {(k.topic, k.key): k for k in stuck_keys(conn, table)}
+            waiting = conn.execute(
+                sql.SQL("SELECT kafka_key, kafka_value FROM {} ORDER BY id").format(names.outbox)
+            ).fetchall()
+        assert set(stuck) == {(topic, "p"), (topic, "q")}
+        assert (stuck[(topic, "p")].waiting, stuck[(topic, "q")].waiting) == (5, 4)
+        assert MISMATCHED in stuck[(topic, "p")].reason and stuck[(topic, "p")].dead_letters == 1
+        assert [v for k, v in waiting if k == "p"] == ["p6", "p7", "p8", "p9", "p10"]
+        deadline = time.monotonic() + 10
+        while relay.metrics.halted_keys != 2:  # harvest_halted_keys, from the leader's stats query
+            assert time.monotonic() < deadline, f"halted_keys = {relay.metrics.halted_keys}"
+            time.sleep(0.2)
+        # the fix, then requeue p's dead letter; q's is discarded
+        with psycopg.connect(pg_dsn, autocommit=True) as conn:
+            conn.execute(
+                sql.SQL("UPDATE {} SET kafka_header_values = '{{1,2}}' WHERE id = %s").format(names.dead_letters),
+                (poison["p"],),
+            )
+            ids = selected_ids(conn, table, Selection(topic=topic, key="p"))
+            assert ids == [poison["p"]]
+            moved = requeue_what_can_be(conn, table, ids, None, keep_ids=True)
+            assert (moved.moved, moved.left) == (1, 0)
+            gone = discard(conn, table, Selection(key="q"), "test")
+            assert [g[0] for g in gone] == [poison["q"]]
+        box.expected["p"] = [f"p{i}".encode() for i in range(11)]  # p5 in its place
+        wait_drained(pg_dsn, table, 60)
+        with psycopg.connect(pg_dsn) as conn:
+            assert list_dead_letters(conn, table) == []
+    finally:
+        relay.stop()
+        relay.wait(30)
+    seen = _read(kafka_bootstrap, topic, sequenced, box.expected)
+    assert seen == box.expected
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("sequenced", [False, True], ids=["at-least-once", "uuid-sequencing"])
+def test_skip_lets_the_keys_later_rows_flow(
+    sequenced: bool,
+    pg_dsn: str,
+    kafka_bootstrap: str,
+    pg_schema: str,
+    topic_factory: Callable[..., str],
+    unique_name: Callable[[str], str],
+) -> None:
+    topic = topic_factory(partitions=2)
+    table = f"{pg_schema}.outbox"
+    names = init_db(pg_dsn, table)
+    box = Outbox(pg_dsn, table, topic, names)
+    poison = _write(box)
+    cfg = relay_config(pg_dsn, kafka_bootstrap, table, unique_name("g")).replace(
+        uuid_sequencing=sequenced, leader_election="postgres"
+    )
+    assert cfg.dead_letter_policy == "skip"  # the default
+    with relay_for(cfg):
+        wait_drained(pg_dsn, table, 60)
+    with psycopg.connect(pg_dsn) as conn:
+        assert sorted(d.id for d in list_dead_letters(conn, table)) == sorted(poison.values())
+        assert {(k.key, k.waiting) for k in stuck_keys(conn, table)} == {("p", 0), ("q", 0)}
+    assert _read(kafka_bootstrap, topic, sequenced, box.expected) == box.expected
