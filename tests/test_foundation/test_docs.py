@@ -143,3 +143,17 @@ def test_readme_relative_links_resolve(site: Path) -> None:
 def _slug(heading: str) -> str:
     """GitHub's heading anchor: lower case, punctuation dropped, spaces to hyphens."""
     return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def test_readme_benchmark_figures_are_the_benchmark_pages() -> None:
+    """Every figure the README quotes is in docs/benchmarks.md, whose table ``./dev bench`` writes: after a
+    new run, the README's figures are updated or this fails."""
+    readme = (ROOT / "README.md").read_text()
+    section = readme.split("\n## Benchmarks\n", 1)[1].split("\n## ", 1)[0]
+    page = (ROOT / "docs" / "benchmarks.md").read_text()
+    table = page.split("<!-- BENCH:BEGIN -->", 1)[1].split("<!-- BENCH:END -->", 1)[0]
+    rows = [line for line in section.splitlines() if line.startswith("| ") and not line.startswith("| what")]
+    figures = [f for row in rows for f in re.findall(r"(?<![\w.])\d[\d,]*\.\d+|(?<![\w.])\d{1,3}(?:,\d{3})+", row)]
+    assert len(figures) > 20, figures
+    stale = [f for f in figures if f not in table]
+    assert not stale, f"README benchmark figures not in docs/benchmarks.md's table (update them): {stale}"
