@@ -59,18 +59,11 @@ if TYPE_CHECKING:
     from harvest_outbox.producer.stasher_async import AsyncStasher
 
 
-def _version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version("harvest-outbox")
-    except PackageNotFoundError:  # running from a checkout without installing
-        return "0.0.0+unknown"
-
-
 def __getattr__(name: str) -> Any:
     if name == "__version__":  # reading the installed metadata costs ~10-20 ms: only when asked
-        globals()[name] = value = _version()
+        import harvest_outbox  # the one definition, read on first use there too
+
+        globals()[name] = value = harvest_outbox.__version__
         return value
     module = _MODULE_OF.get(name)
     if module is None:

@@ -49,6 +49,7 @@ from harvest_outbox.producer.config_env import (
 )
 from harvest_outbox.producer.config_yaml import load_document, yaml_problem
 from harvest_outbox.producer.errors import SHOWN_CHARS, ConfigError, shown
+from harvest_outbox.producer.kafka_names import LEGAL_NAME, NAME_RULE, NOT_A_NAME_CHAR
 from harvest_outbox.producer.redact import is_secret_kafka_key, redact_dsn, redact_error, redact_kafka_config
 from harvest_outbox.producer.relay_spans import TracingConfig
 from harvest_outbox.producer.table_mapping import GOHARVEST, TableMapping, table_mapping
@@ -57,7 +58,6 @@ DEFAULT_DATA_SOURCE = "host=localhost port=5432 user=postgres password= dbname=p
 DEFAULT_BOOTSTRAP = "localhost:9092"
 DEFAULT_PARTITIONER = "murmur2_random"  # Java client's default key placement
 DEFAULT_LINGER_MS = 1
-_KAFKA_NAME = re.compile(r"^[a-zA-Z0-9._\-]{1,249}$")
 _DURATION_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|ms|s|m|h)")
 _DURATION_UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
 LOG_LEVELS = ("TRACE", "DEBUG", "INFO", "WARNING", "WARN", "ERROR", "CRITICAL")
@@ -105,7 +105,7 @@ def format_duration(seconds: float) -> str:
 
 
 def default_name() -> str:
-    host = re.sub(r"[^a-zA-Z0-9._\-]", "_", socket.gethostname() or "localhost")
+    host = NOT_A_NAME_CHAR.sub("_", socket.gethostname() or "localhost")
     import time
 
     return f"{host}_{os.getpid()}_{int(time.time())}"
@@ -671,10 +671,8 @@ class HarvestConfig:
         # so it never meets the one-partition topic of unsharded relays (or of another shard count).
         topic = self.leader_topic or (f"{group}.neli" if self.shards == 1 else f"{group}.neli.shards{self.shards}")
         for key, value in (("leaderGroupID", group), ("leaderTopic", topic)):
-            if not _KAFKA_NAME.match(value):
-                raise ConfigError(
-                    f"{key}: {shown(value)} is not a valid Kafka name; use 1-249 characters from [a-zA-Z0-9._-]"
-                )
+            if not LEGAL_NAME.match(value):
+                raise ConfigError(f"{key}: {shown(value)} is not a valid Kafka name; use {NAME_RULE}")
         if not isinstance(self.uuid_sequencing, bool):
             raise ConfigError(f"uuidSequencing: {shown(self.uuid_sequencing)} must be true or false")
         if self.missing_topic_policy not in MISSING_TOPIC_POLICIES:

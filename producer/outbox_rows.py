@@ -18,20 +18,19 @@ Invariants:
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from psycopg import sql
 
 from harvest_outbox.producer.errors import ConfigError, RecordError
+from harvest_outbox.producer.kafka_names import LEGAL_NAME, NAME_RULE
 from harvest_outbox.producer.schema import OutboxNames, ValueType
 from harvest_outbox.producer.tracing import TRACEPARENT, current_trace_headers
 
 Headers = Sequence[tuple[str, "str | None"]] | Mapping[str, "str | None"]
 #: One outbox row as both statements take it: topic, key, value, header keys, header values.
 Row = tuple[str, str, "str | bytes | None", list[str], "list[str | None]"]
-_TOPIC = re.compile(r"^[a-zA-Z0-9._\-]{1,249}$")
 _COLUMNS = sql.SQL("kafka_topic, kafka_key, kafka_value, kafka_header_keys, kafka_header_values")
 
 
@@ -111,10 +110,8 @@ class StashPlan:
     def _row(self, record: OutboxRecord, trace: list[tuple[str, str]]) -> Row:
         if not isinstance(record, OutboxRecord):
             raise RecordError(f"record: expected a producer.OutboxRecord, got {type(record).__name__}")
-        if not isinstance(record.topic, str) or not _TOPIC.match(record.topic):
-            raise RecordError(
-                f"topic: {record.topic!r} is not a valid Kafka topic name (1-249 characters from [a-zA-Z0-9._-])"
-            )
+        if not isinstance(record.topic, str) or not LEGAL_NAME.match(record.topic):
+            raise RecordError(f"topic: {record.topic!r} is not a valid Kafka topic name ({NAME_RULE})")
         if not isinstance(record.key, str):
             raise RecordError(
                 f"key: must be a string (outbox kafka_key is VARCHAR NOT NULL), got {type(record.key).__name__}"

@@ -28,7 +28,6 @@ Invariants (tests/test_producer/test_preflight.py, tests/test_producer/test_pois
 from __future__ import annotations
 
 import logging
-import re
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -36,10 +35,10 @@ from typing import Any
 from confluent_kafka import KafkaError, KafkaException
 
 from harvest_outbox.producer.errors import shown
+from harvest_outbox.producer.kafka_names import LEGAL_NAME, NAME_RULE
 
 log = logging.getLogger(__name__)
 
-_LEGAL_TOPIC = re.compile(r"^[a-zA-Z0-9._\-]{1,249}$")
 # Kafka's own topics: refused by name too (they may not exist yet, e.g. before the first group).
 INTERNAL_TOPICS = frozenset(
     {"__consumer_offsets", "__transaction_state", "__share_group_state", "__cluster_metadata", "__remote_log_metadata"}
@@ -60,10 +59,10 @@ def header_bytes(hkeys: Sequence[str], hvals: Sequence[Any]) -> int:
 
 def topic_name_problem(topic: Any) -> str | None:
     """Why no broker will ever take records of ``topic`` by its name alone (illegal, internal), or None."""
-    if not isinstance(topic, str) or not _LEGAL_TOPIC.match(topic) or topic in (".", ".."):
+    if not isinstance(topic, str) or not LEGAL_NAME.match(topic) or topic in (".", ".."):
         return (
-            f"kafka_topic {shown(topic)} is not a legal Kafka topic name (1-249 of a-z A-Z 0-9 . _ -, not "
-            f"'.' or '..'); fix kafka_topic and requeue"
+            f"kafka_topic {shown(topic)} is not a legal Kafka topic name ({NAME_RULE}, not '.' or '..'); "
+            "fix kafka_topic and requeue"
         )
     if topic in INTERNAL_TOPICS:
         return _internal(topic)

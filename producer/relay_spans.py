@@ -243,12 +243,10 @@ def relay_spans(config: TracingConfig, tracer_provider: Any = None) -> RelaySpan
     if isinstance(provider, (trace.ProxyTracerProvider, trace.NoOpTracerProvider)):
         log.debug("relay spans: no OpenTelemetry TracerProvider is configured, so none are recorded")
         return None
-    try:
-        from importlib.metadata import version
+    import harvest_outbox
 
-        scope_version: str | None = version("harvest-outbox")
-    except Exception:  # not installed as a distribution (a source checkout): the scope has no version
-        scope_version = None
+    # Not installed as a distribution (a source checkout): the scope has no version.
+    scope_version = None if harvest_outbox.__version__ == harvest_outbox.UNKNOWN_VERSION else harvest_outbox.__version__
     log.info(
         "relay spans on: a span per published record of a sampled trace%s",
         "" if config.sample_ratio >= 1 else f" (sampleRatio {config.sample_ratio:g})",
