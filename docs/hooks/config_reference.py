@@ -97,7 +97,7 @@ def _render_rst(text: str, module: Any, module_docs: Mapping[str, str]) -> str:
         name = m.group(1)
         return f"[{name}]({name})" if (DOCS / name).is_file() else m.group(0)
 
-    text = re.sub(r"(?<![\w/\[(])docs/([\w-]+\.md)", page, text)
+    text = re.sub(r"(?<!\]\()(?<![\w/])docs/([\w-]+\.md)", page, text)  # not inside a link already
     return text.replace("|", "\\|")
 
 
@@ -282,6 +282,8 @@ def _table(rows: list[Row], columns: tuple[str, ...]) -> str:
 
 
 def config_markdown() -> str:
+    from harvest_outbox.producer import config
+
     rows = reference_rows()
     top = [r for r in rows if r.path.count(".") == 1 and r.path.startswith("harvest.")]
     parts = [
@@ -296,8 +298,12 @@ def config_markdown() -> str:
             "",
             f"## `{section}`",
             "",
-            f"Set as a mapping under `{section}`, or as a YAML flow mapping in `HARVEST_{_upper(key)}` "
-            f"(merged over the file's).",
+            f"Set as a mapping under `{section}`"
+            + (
+                f", or as a YAML flow mapping in `HARVEST_{_upper(key)}` (merged over the file's)."
+                if config._ENV_KINDS.get(key) == "mapping"
+                else "."
+            ),
             "",
             _table([r for r in rows if r.path.startswith(section + ".")], ("path", "type", "default", "description")),
         ]
