@@ -4,7 +4,8 @@
   ``HARVEST_PG_DSN`` / ``HARVEST_KAFKA_BOOTSTRAP`` name existing ones;
   ``HARVEST_TEST_SERVICES=testcontainers`` uses Docker when an engine answers). Started lazily, so a
   run of pure-logic tests starts nothing. ``logical_pg_dsn`` (session): a second Postgres with
-  ``wal_level = logical``, for the tests that run Debezium.
+  ``wal_level = logical``, for the tests that run Debezium. ``schema_registry`` (session): an
+  Apicurio Registry (Confluent-compatible API), for the schema-registry tests.
 - ``spark``: a ``local[2]`` SparkSession with Spark's Kafka source; ``spark_cluster``: a
   ``local-cluster[2,1,1024]`` one (two executor JVMs besides the driver); ``spark_any``: each of
   the two, for the handful of reader tests that run on both. pyspark allows one SparkContext per
@@ -27,6 +28,7 @@ if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
     from harvest_outbox.harvest_local import LocalServices
+    from harvest_outbox.harvest_local.registry import EmbeddedRegistry
 
 # librdkafka's connection-closed chatter is noise in test logs.
 logging.getLogger("py4j").setLevel(logging.WARNING)
@@ -71,6 +73,20 @@ def logical_pg_dsn() -> Iterator[str]:
         yield server.dsn
     finally:
         server.destroy()
+
+
+@pytest.fixture(scope="session")
+def schema_registry() -> Iterator[EmbeddedRegistry]:
+    """A real Apicurio Registry (in-memory, Confluent-compatible API at ``.url``), started only for
+    the tests that ask; the first run builds it from Maven Central (~2 min). Tests that stop it
+    (registry outages) ``start()`` it again before they end, and it comes back empty."""
+    from harvest_outbox.harvest_local.registry import EmbeddedRegistry
+
+    registry = EmbeddedRegistry().start()
+    try:
+        yield registry
+    finally:
+        registry.destroy()
 
 
 class _SparkSessions:
