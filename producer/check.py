@@ -5,7 +5,7 @@ Reads the catalog and the statistics views (and counts the backlog); changes not
 waits for the idle poll, an unused index costs every insert) or ``FAIL`` (the relay refuses to start,
 or a part of its work fails or scans the whole outbox). The fixes are statements to run, or
 ``harvest init-db``, which only adds what is missing and never overwrites a storage parameter its
-owner set (README, Queue-table hygiene).
+owner set (docs/hygiene.md).
 """
 
 from __future__ import annotations
@@ -110,7 +110,7 @@ def _storage(conn: psycopg.Connection, names: OutboxNames) -> list[Finding]:
                 "autovacuum",
                 f"{names.display} lacks the queue-table setting(s) "
                 f"{', '.join(missing)} (vacuum and analyze after 1,000 changed rows, not a share of the "
-                f"table: README, Queue-table hygiene)",
+                f"table: docs/hygiene.md)",
                 f"{_INIT_DB}, or `{storage_sql(names, missing).as_string(conn)}`",
             )
         )

@@ -13,7 +13,7 @@ Invariants:
 - every error is a :class:`~producer.errors.ConfigError` naming the field (YAML path), the value and a fix;
 - every limit is bounded by what Kafka, Postgres and Python's timed waits accept (durations <= 24h,
   ``ioErrorBackoff`` >= 10ms, NELI's ``heartbeatTimeout`` 2s-10m, row counts <= 1,000,000,
-  ``producerRing`` <= 256; see the README's config reference for why); ``dataSource`` is parsed by libpq;
+  ``producerRing`` <= 256; see docs/configuration.md, Bounds, for why); ``dataSource`` is parsed by libpq;
   :meth:`HarvestConfig.check_kafka_properties` has librdkafka judge the Kafka properties;
 - ``repr()``/``str()`` of a config never shows a secret (DSN password, SASL/SSL credentials);
 - the producer config always ends up with ``enable.idempotence=true`` and ``acks=all``: a user
@@ -1049,7 +1049,7 @@ def load_yaml(
     if data is None:
         raise ConfigError(
             f"{path}: the file is empty; it needs a 'harvest:' section with at least dataSource "
-            f"(see the README's config reference)"
+            f"(see docs/configuration.md)"
         )
     if isinstance(data, Mapping) and data.get("harvest") is None:
         raise ConfigError(f"{path}: no 'harvest:' section (or it is empty); add one with at least dataSource")

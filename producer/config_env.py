@@ -1,5 +1,5 @@
 """Configuration from the environment: ``${…}`` references in the config file's values, and
-``HARVEST_<KEY>`` variables over the file's keys (README, *Configuration from the environment*).
+``HARVEST_<KEY>`` variables over the file's keys (docs/environment.md).
 
 References, in the YAML's scalar values (never in keys), resolved when the file is read:
 
@@ -47,7 +47,7 @@ PREFIX = "HARVEST_"
 LOG_LEVEL_VARIABLE = "HARVEST_LOG_LEVEL"
 #: A secret file is a password, a DSN or a key: anything bigger is the wrong file.
 MAX_FILE_BYTES = 64 * 1024
-#: The project's own development and test variables (README, *Pointing the tests at other services*;
+#: The project's own development and test variables (docs/embedded-services.md;
 #: harvest_local, ./dev): set beside a relay, they are no misspelt setting. ``HARVEST_TEST_*`` too.
 DEV_VARIABLES = frozenset(
     {
@@ -136,7 +136,7 @@ class Origins:
                 (
                     "warning",
                     f"{name} is set but is no harvest setting, so it is ignored; {hint}the settings "
-                    f"are {', '.join(self.settings)} (README: Configuration from the environment)",
+                    f"are {', '.join(self.settings)} (docs/environment.md)",
                 )
             )
         return out

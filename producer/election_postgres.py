@@ -411,7 +411,7 @@ class PostgresElection:
             raise ElectionError(
                 f"sharded relays run on {table} ({', '.join(f'{n} with shards: {s}' for s, n in members)}); this "
                 f"one has shards: 1. Changing shards on a live outbox is drain-then-change: stop every relay, change "
-                f"shards, run `harvest init-db`, start the relays (README, Sharded relays)"
+                f"shards, run `harvest init-db`, start the relays (docs/sharding.md)"
             )
 
     def _on_notify(self) -> None:

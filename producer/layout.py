@@ -182,7 +182,7 @@ def _refusal(table: str, recorded: Layout | None, others: dict[int, list[str]], 
         f"outbox {table} is being relayed by {len(names)} relay(s) with {theirs} ({', '.join(names)}); this "
         f"relay has {mine}. Relays of both layouts would each elect a leader and publish the same rows twice. "
         f"Fix: to change the layout, stop every running relay first, then start the relays with the new "
-        f"settings (README, Changing shards or leaderElection); otherwise give this relay the running relays' "
+        f"settings (docs/sharding.md, Changing shards or leaderElection); otherwise give this relay the running relays' "
         f"settings"
     )
 

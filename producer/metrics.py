@@ -162,7 +162,7 @@ class _Collector:
             yield from self._per_shard(self._shards())
 
     def _histograms(self) -> Iterator[Any]:
-        """The SLO histograms (README, Health, readiness and alerts): dwell per topic, rows per transaction."""
+        """The SLO histograms (docs/health.md): dwell per topic, rows per transaction."""
         from prometheus_client.core import HistogramMetricFamily
         from prometheus_client.utils import floatToGoString
 

@@ -230,7 +230,7 @@ def unrelayed_rows(conn: psycopg.Connection, names: OutboxNames) -> int:
 
 
 #: Autovacuum settings for a queue table, which ``init-db`` gives the outbox where it has none of its
-#: own (a value set with ``ALTER TABLE … SET (…)`` is kept; README, Queue-table hygiene). Every outbox
+#: own (a value set with ``ALTER TABLE … SET (…)`` is kept; docs/hygiene.md). Every outbox
 #: row is inserted, updated once and deleted within seconds: two dead row versions per delivered row,
 #: in a table that is empty most of the time and holds a backlog now and then.
 OUTBOX_AUTOVACUUM: dict[str, str] = {
@@ -289,7 +289,7 @@ def packed_outbox_fix(conn: psycopg.Connection, names: OutboxNames) -> str | Non
         f"outbox {names.display} has fillfactor {fillfactor}: every mark moves its rows to new pages and "
         f"indexes them again. `ALTER TABLE {names.outbox.as_string(conn)} SET (fillfactor = {OUTBOX_FILLFACTOR})` "
         f"makes marks in-page (HOT) updates on pages written from then on: the database's mark+purge loop ran "
-        f"~1.4x as fast (README, Writing to the outbox)"
+        f"~1.4x as fast (docs/writing.md)"
     )
 
 

@@ -8,7 +8,7 @@ Each relay keeps one election connection (the same settings, keepalives and leas
   ``pg_locks`` counts the live relays of this sharding. A relay whose session dies drops out of the
   count the moment Postgres ends the session. The same lock with another S means relays of
   another shard count run on this outbox: a relay refuses to start then (changing ``shards`` is
-  drain-then-change, README);
+  drain-then-change, docs/sharding.md);
 - one **shard lock** per shard it leads: ``pg_try_advisory_lock(key)``, ``key`` a 64-bit hash of
   the outbox name, S and the shard index.
 
@@ -224,14 +224,14 @@ class PostgresShardElection:
                 raise ElectionError(
                     f"an unsharded relay (shards: 1, backend pid {unsharded[2]}) leads {self.table}; this one has "
                     f"shards: {self.shards}. Changing shards on a live outbox is drain-then-change: stop every relay, "
-                    f"change shards, run `harvest init-db`, start the relays (README, Sharded relays)"
+                    f"change shards, run `harvest init-db`, start the relays (docs/sharding.md)"
                 )
             if others:
                 raise ElectionError(
                     f"relays with another shard count run on {self.table}: "
                     f"{', '.join(f'{n} relay(s) with shards: {s}' for s, n in others)}; this one has shards: "
                     f"{self.shards}. Changing shards on a live outbox is drain-then-change: stop every relay, change "
-                    f"shards, run `harvest init-db`, start the relays (README, Sharded relays)"
+                    f"shards, run `harvest init-db`, start the relays (docs/sharding.md)"
                 )
             pid = listen_for_others(conn, self.channel, self._on_notify)
             conn.execute("SELECT pg_notify(%s, %s)", (self.channel, self.name))  # others re-spread now

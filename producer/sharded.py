@@ -15,7 +15,7 @@ intents recovered by whichever view next leads one of their shards.
 Why one loop over the led shards rather than a loop per shard: a loop per shard means a Kafka
 producer, three connections and a thread per shard, and the one-in-flight-per-key pipelines of
 several loops in one process each send smaller batches to the broker; measured with 8 shards in one
-process, that cost 3x the CPU per row and a fraction of one loop's rate (README, Sharded relays).
+process, that cost 3x the CPU per row and a fraction of one loop's rate (docs/sharding.md).
 One loop per process costs what the unsharded relay costs, whatever S is; a rebalance costs one
 drain of that relay's in-flight records (milliseconds), and the process's producer and connections
 stay open across rebalances (a standby with no shards is ready the moment it is given one).

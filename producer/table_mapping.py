@@ -70,7 +70,7 @@ _UNSUPPORTED = {
     "(the time Debezium read the change) is not a column value either",
     "table.field.event.schema.version": "harvest publishes the payload's bytes; versioned Connect schemas need a "
     "Connect converter",
-    "tracing.span.context.field": "harvest carries W3C trace context in the traceparent header (README: tracing)",
+    "tracing.span.context.field": "harvest carries W3C trace context in the traceparent header (docs/writing.md, Trace context)",
     "tracing.operation.name": "see tracing.span.context.field",
     "tracing.with.context.field.only": "see tracing.span.context.field",
 }
