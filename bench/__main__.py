@@ -426,7 +426,8 @@ ROWS: dict[str, Callable[[dict[str, Any]], list[tuple[str, str, str, str]]]] = {
 
 def run(name: str, quick: bool) -> dict[str, Any]:
     script, full, small = BENCHES[name]
-    cmd = [sys.executable, str(ROOT / "bench" / script), *(small if quick else full)]
+    # As a module of the bench package, from the root: its imports are ``bench.<module>``, no path set-up.
+    cmd = [sys.executable, "-m", f"bench.{Path(script).stem}", *(small if quick else full)]
     print(f"[bench] {name}: {' '.join(cmd[1:])}", file=sys.stderr, flush=True)
     started = time.monotonic()
     proc = subprocess.run(cmd, cwd=ROOT, stdout=subprocess.PIPE, text=True)

@@ -18,7 +18,7 @@ Prints JSON: median records/s of both, the ratio (target >= 0.7), and memory:
 peak RSS and a tracemalloc peak of one extra (untimed) committed pass, which
 is bounded by the ring and the open spans, not by N.
 
-    .venv/bin/python bench/bench_consumer.py [--records 1000000]
+    .venv/bin/python -m bench.bench_consumer [--records 1000000]
 
 Services: harvest_local.LocalServices (``HARVEST_KAFKA_BOOTSTRAP`` /
 ``HARVEST_PG_DSN`` point it at running ones).
@@ -35,9 +35,6 @@ import sys
 import time
 import tracemalloc
 import uuid
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
 

@@ -4,7 +4,7 @@ real Debezium 3.6.1 (Postgres connector + outbox EventRouter on Kafka Connect: h
 one after the other, each on its own outbox table and topics, on one Postgres (``wal_level = logical``)
 and one Kafka broker for the whole run.
 
-    .venv/bin/python bench/bench_debezium.py [--rows 1000000] [--runs 2] [--fault-rows 200000]
+    .venv/bin/python -m bench.bench_debezium [--rows 1000000] [--runs 2] [--fault-rows 200000]
 
 Services: started by the bench (``EmbeddedPostgres(logical_replication=True)``, ``EmbeddedKafka``), or
 ``HARVEST_PG_DSN`` (must have ``wal_level = logical``) / ``HARVEST_KAFKA_BOOTSTRAP``. Every outbox is
@@ -67,8 +67,6 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import psycopg
 from confluent_kafka import Consumer, TopicPartition

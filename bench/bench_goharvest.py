@@ -36,6 +36,8 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from bench import backlog
+
 GO_DIR = Path(__file__).resolve().parent / "goharvest"
 CKG_MODULE = "gopkg.in/confluentinc/confluent-kafka-go.v1"
 CKG_VERSION = "v1.8.2"
@@ -167,12 +169,10 @@ def _limit_args(limits: dict[str, int] | None) -> list[str]:
 def fill_backlog(pg_dsn: str, table: str, topic: str, rows: int, keys: int = KEYS) -> None:
     """``rows`` outbox rows for ``topic``, written with ``Stasher.stash_many`` exactly as
     ``bench_relay.drain_once`` writes its backlog (same keys, same 100-byte values)."""
-    # Imported here, not at the top: bench_relay imports this module.
-    from bench.bench_relay import fill_backlog as fill
     from harvest_outbox.producer.schema import init_db
 
     init_db(pg_dsn, table)
-    fill(pg_dsn, table, topic, rows, keys)
+    backlog.fill_backlog(pg_dsn, table, topic, rows, keys)
 
 
 def topic_contents(bootstrap: str, topic: str, timeout: float = 60.0) -> tuple[int, set[bytes]]:
@@ -358,5 +358,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
     sys.exit(main())

@@ -1,7 +1,7 @@
 """Relay benchmark (not a test): backlog drain throughput against the database's own limit,
 idle-to-delivery latency, and goharvest side by side.
 
-    .venv/bin/python bench/bench_relay.py [--rows 100000] [--big-rows 1000000] [--runs 3] [--big-runs 3]
+    .venv/bin/python -m bench.bench_relay [--rows 100000] [--big-rows 1000000] [--runs 3] [--big-runs 3]
 
 Uses the project's own Postgres + Kafka (harvest_local.LocalServices; or HARVEST_PG_DSN /
 HARVEST_KAFKA_BOOTSTRAP). Prints one JSON document:
@@ -67,15 +67,13 @@ import sys
 import threading
 import time
 import uuid
-from pathlib import Path
 from typing import Any
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import psycopg
 from confluent_kafka import Consumer, TopicPartition
 from psycopg import sql
 
+from bench.backlog import backlog_records, fill_backlog
 from harvest_outbox.harvest_local.kafka import create_topic
 from harvest_outbox.producer.config import AUTO_MARK_RECORDS, HarvestConfig, Limits
 from harvest_outbox.producer.db import OutboxDatabase, id_range
@@ -91,19 +89,6 @@ TARGET_SEQ_RATIO = 0.9  # sequenced / at-least-once
 WARMUP_ROUNDS = 4  # at least: a drain of each mode and two Kafka loops each (~1.2M records)
 WARMUP_MAX_ROUNDS = 10
 WARMUP_PLATEAU = 0.9  # warmed once the last round's Kafka loops reach this share of the best one so far
-
-
-def _records(topic: str, start: int, stop: int, keys: int) -> list[OutboxRecord]:
-    pad = "x" * 100
-    return [OutboxRecord(topic, f"key-{i % keys}", f"{i:010d}{pad}"[:100], ()) for i in range(start, stop)]
-
-
-def fill_backlog(dsn: str, table: str, topic: str, rows: int, keys: int) -> None:
-    """``rows`` outbox rows in one transaction, written in COPY chunks (bounded memory)."""
-    stasher = Stasher(table)
-    with psycopg.connect(dsn) as conn:
-        for start in range(0, rows, 100_000):
-            stasher.stash_many(conn, _records(topic, start, min(rows, start + 100_000), keys))
 
 
 def _config(dsn: str, bootstrap: str, table: str, limits: dict[str, Any], sequenced: bool) -> HarvestConfig:
@@ -231,7 +216,7 @@ def kafka_limit_once(bootstrap: str, rows: int, keys: int, partitions: int, topi
     ).producer_config()
     producer = Producer(conf)
     producer.list_topics(timeout=10)
-    records = [(r.key.encode(), r.value.encode()) for r in _records(topic, 0, rows, keys)]
+    records = [(r.key.encode(), r.value.encode()) for r in backlog_records(topic, 0, rows, keys)]
     in_flight: set[bytes] = set()
     delivered = [0]
 

@@ -11,7 +11,7 @@ with one allocation) and memory per tracked producer (tracemalloc).
 
 Usage::
 
-    python bench/bench_sequencer.py [--repeat 7] [--txns 40]
+    python -m bench.bench_sequencer [--repeat 7] [--txns 40]
 
 Prints one JSON object to stdout. Not a test.
 """
@@ -24,12 +24,8 @@ import json
 import os
 import platform
 import statistics
-import sys
 import time
 import tracemalloc
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from harvest_outbox.sequencer import (
     IMPLEMENTATION,

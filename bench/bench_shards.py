@@ -1,7 +1,7 @@
 """Sharded relays benchmark (not a test): one outbox, ``shards: 8``, drained by 1, 2 and 3 relay
 processes at once, beside one unsharded relay process on the same backlog.
 
-    .venv/bin/python bench/bench_shards.py [--rows 1000000] [--relays 1,2,3] [--election neli]
+    .venv/bin/python -m bench.bench_shards [--rows 1000000] [--relays 1,2,3] [--election neli]
 
 Uses the project's own Postgres + Kafka (harvest_local.LocalServices; or HARVEST_PG_DSN /
 HARVEST_KAFKA_BOOTSTRAP). Each run: the relays start on an empty outbox (the ``harvest`` CLI, default
@@ -33,8 +33,6 @@ import urllib.request
 import uuid
 from pathlib import Path
 from typing import Any
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import psycopg
 from psycopg import sql

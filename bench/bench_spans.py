@@ -1,6 +1,6 @@
 """Relay spans benchmark (not a test): what relay spans (producer/relay_spans.py) cost a backlog drain.
 
-    .venv/bin/python bench/bench_spans.py [--rows 50000] [--runs 3]
+    .venv/bin/python -m bench.bench_spans [--rows 50000] [--runs 3]
 
 Every row carries a sampled W3C ``traceparent`` (as rows stashed under a sampled span do), so the
 variants differ only in the relay's spans. Per mode (at-least-once, ``--uuid-sequencing``), the
@@ -30,10 +30,7 @@ import sys
 import time
 import uuid
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import psycopg
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider

@@ -6,7 +6,7 @@ followed by an ACK_TXN to every partition it touched; 100-byte values, 1,000 key
 the same local Spark session (local[2]) against the embedded Kafka broker, alternately, and report
 rows/s; the ratio readCommitted / raw is the figure to watch (target >= 0.5).
 
-Usage: python bench/bench_spark.py [--records 1000000] [--repeat 3]. Prints JSON. Not a test.
+Usage: python -m bench.bench_spark [--records 1000000] [--repeat 3]. Prints JSON. Not a test.
 """
 
 from __future__ import annotations
@@ -18,9 +18,6 @@ import platform
 import statistics
 import sys
 import time
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from confluent_kafka import Producer
 

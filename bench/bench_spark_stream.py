@@ -26,7 +26,7 @@ State: after every micro-batch of readCommittedStream, the state operator's prog
 open at the micro-batch's end offsets (known from the write: per partition, the offset of every
 ACK): the state kept per open producer.
 
-Usage: python bench/bench_spark_stream.py [--records 1000000] [--repeat 3]. Prints JSON. Not a test.
+Usage: python -m bench.bench_spark_stream [--records 1000000] [--repeat 3]. Prints JSON. Not a test.
 """
 
 from __future__ import annotations
@@ -44,10 +44,7 @@ from bisect import bisect_right
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from bench_spark import PARTITIONS, RING, TXN, write
-
+from bench.bench_spark import PARTITIONS, RING, TXN, write
 from harvest_outbox.harvest_local import LocalServices
 from harvest_outbox.harvest_local.kafka import create_topic
 from harvest_outbox.harvest_local.spark import local_spark_session

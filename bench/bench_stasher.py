@@ -1,6 +1,6 @@
 """Benchmark: the stasher's batch form (COPY) versus one INSERT per record, same transaction size.
 
-Usage: python bench/bench_stasher.py [--rows 10000] [--repeat 3]. Prints JSON. Not a test.
+Usage: python -m bench.bench_stasher [--rows 10000] [--repeat 3]. Prints JSON. Not a test.
 """
 
 from __future__ import annotations
@@ -10,9 +10,6 @@ import json
 import statistics
 import sys
 import time
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import psycopg
 

@@ -4,7 +4,7 @@ inside the executor (``stream_source._read_range``, the reader's own code) and h
 Arrow, against Spark's own Kafka stream, same sink (``foreachBatch`` count), ``availableNow``,
 about ten micro-batches, on bench_spark's topic: the ceiling of that design (README, benchmarks).
 
-    .venv/bin/python bench/probe_spark_source.py [--records 1000000] [--repeat 3]
+    .venv/bin/python -m bench.probe_spark_source [--records 1000000] [--repeat 3]
 
 Prints one JSON line per repeat (both rates and their ratio); the first repeat includes the JVM's
 warm-up.
@@ -20,14 +20,11 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from bench_spark import PARTITIONS, write
-from bench_spark_stream import TOPIC, run_query
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import SupportsTriggerAvailableNow
 
+from bench.bench_spark import PARTITIONS, write
+from bench.bench_spark_stream import TOPIC, run_query
 from harvest_outbox.harvest_local import LocalServices
 from harvest_outbox.harvest_local.kafka import create_topic
 from harvest_outbox.harvest_local.spark import local_spark_session
