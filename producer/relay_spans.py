@@ -14,13 +14,13 @@ Decisions:
 
 - **The span is the record's new parent.** A reader's span must be a child of the relay's, so the
   record carries the relay span's context in its ``traceparent`` header (``tracestate`` follows the
-  span's, i.e. the stored one). The header is written when the record is produced, before Kafka
+  span's: the stored header, byte for byte, unless the sampler changed it). The header is written when the record is produced, before Kafka
   names a partition and offset, so the span starts at ``produce()`` (start time = produce, parent =
   the stored ``traceparent``) and ends in the record's delivery report, which sets the partition,
   the offset and the dwell. A failed delivery (or a ``produce()`` that raised a Kafka error, or a
   record abandoned after a drain timed out) ends the span with an error status; a ``produce()``
-  refused only because librdkafka's queue was full is retried at once with the same span
-  (at-least-once) or a fresh one (sequenced; the refused one is dropped unended, never exported).
+  refused only because librdkafka's queue was full is retried at once with a fresh span (the
+  refused attempt's is dropped unended, so never exported).
 - **Which records get a span** (parent-based, then ratio, then the SDK's sampler): a record whose
   stored ``traceparent`` is valid and *sampled*; of those, ``sampleRatio``'s share, chosen by the row
   id (a multiplicative hash: the same row gets the same decision on every attempt and every relay);
@@ -193,8 +193,8 @@ class RelaySpans:
             return None  # the provider's sampler dropped it: the stored context stays the parent
         ctx = span.get_span_context()
         headers[at] = (TRACEPARENT, f"00-{ctx.trace_id:032x}-{ctx.span_id:016x}-{int(ctx.trace_flags):02x}")
-        state = ctx.trace_state.to_header() if ctx.trace_state else ""
-        if state != (stored_state or ""):
+        if ctx.trace_state != parent.trace_state:  # the sampler changed it: the span's goes on
+            state = ctx.trace_state.to_header()
             if state_at >= 0:
                 if state:
                     headers[state_at] = (TRACESTATE, state)

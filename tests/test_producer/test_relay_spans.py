@@ -166,6 +166,16 @@ def test_a_span_is_the_child_of_the_stored_context_and_the_records_new_parent() 
     assert span.status.status_code is StatusCode.UNSET
 
 
+def test_the_stored_tracestate_goes_on_byte_for_byte() -> None:
+    provider, _ = sdk()
+    spans = relay_spans(TracingConfig(), provider)
+    assert spans is not None
+    headers = [("tracestate", "vendor=v1 , other=x"), ("traceparent", SAMPLED)]  # valid, not canonical
+    record = spans.start(1, "orders", 0.0, headers)
+    assert record is not None and dict(record.span.get_span_context().trace_state) == {"vendor": "v1", "other": "x"}
+    assert headers[0] == ("tracestate", "vendor=v1 , other=x") and headers[1][1] != SAMPLED
+
+
 @pytest.mark.parametrize(
     "headers",
     [
