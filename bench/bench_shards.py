@@ -15,7 +15,7 @@ database's own mark+purge loop (bench_relay.py) for context.
 
 On a 2-core machine that also runs Postgres and the broker, the database is the limit, so the
 aggregate rate cannot grow with relays; what must show is that rows spread evenly and relay CPU per
-row stays flat (README, Sharded relays, has the projection for a machine where it is not the limit).
+row stays flat (docs/sharding.md has the projection for a machine where it is not the limit).
 """
 
 from __future__ import annotations

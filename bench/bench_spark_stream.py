@@ -15,7 +15,7 @@ A fourth, ``readCommittedStream(state_location=...)``, is harvest's own streamin
 (Kafka read in the executors, no Spark Kafka source, shuffle or state store; its state files are
 counted after the run).
 
-Spark settings, as the README tells users: the RocksDB state store provider (required), changelog
+Spark settings, as docs/reading-spark.md tells users: the RocksDB state store provider (required), changelog
 checkpointing (``readCommittedStream`` turns it on itself when unset) and
 ``spark.sql.shuffle.partitions`` = min(topic partitions, cores) = 2 on ``local[2]``: the stateful
 step runs one state store per shuffle partition, each loaded and committed every micro-batch.

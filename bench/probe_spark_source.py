@@ -2,7 +2,7 @@
 data source streams without its sequencing: each Kafka partition read with confluent-kafka
 inside the executor (``stream_source._read_range``, the reader's own code) and handed to Spark as
 Arrow, against Spark's own Kafka stream, same sink (``foreachBatch`` count), ``availableNow``,
-about ten micro-batches, on bench_spark's topic: the ceiling of that design (README, benchmarks).
+about ten micro-batches, on bench_spark's topic: the ceiling of that design (docs/benchmarks.md).
 
     .venv/bin/python -m bench.probe_spark_source [--records 1000000] [--repeat 3]
 

@@ -1,6 +1,6 @@
 """An exactly-once consumer: ReadCommittedIter -> a Postgres table, checkpoint in the same transaction.
 
-This is the pattern the README recommends, run as its own process so that fault tests can kill it:
+This is the pattern the docs recommend (docs/reading-python.md), run as its own process so that fault tests can kill it:
 each batch of committed records is inserted into ``<schema>.applied`` and the reader's checkpoint
 is saved with :class:`consumer.PostgresCheckpointStore` in the same transaction; on start the
 checkpoint is loaded, so a restart (after kill -9 or anything else) applies every committed record

@@ -37,7 +37,7 @@ are allowed there). Both relays must still be running afterwards (the faults all
 action).
 
 Used by ``tests/test_e2e/test_outages.py`` (short durations in CI) and ``scripts/outages.py``
-(the README's table, 60 s faults).
+(docs/reliability.md's table, 60 s faults).
 """
 
 from __future__ import annotations

@@ -348,7 +348,7 @@ class OutboxDatabase:
             # Intents of views that led any of these shards: those views can no longer commit (their
             # fence includes a shard whose epoch this view bumped). Shard 0's leader also takes over
             # intents of another shard count (left by an earlier sharding, drained and stopped
-            # before the change; README).
+            # before the change; docs/sharding.md).
             other = (
                 sql.SQL(" OR shard_count <> {}").format(sql.Literal(self.shard_count))
                 if 0 in self.shards

@@ -1,4 +1,4 @@
-"""The outage matrix: every fault of harvest_local/outages.py in both modes, as the README's table.
+"""The outage matrix: every fault of harvest_local/outages.py in both modes, as docs/reliability.md's table.
 
     .venv/bin/python scripts/outages.py [--duration 60] [--faults pg_down,broker_pause] [--modes seq,alo]
 

@@ -2,7 +2,7 @@
 2-relay group while writers commit (with rollbacks), verified end to end (harvest_local/outages.py).
 
 Modes alternate across the fault kinds so both are covered in CI; ``HARVEST_OUTAGES_FULL=1`` runs
-every fault in both modes, and ``scripts/outages.py`` runs the README's table (60 s faults, one run
+every fault in both modes, and ``scripts/outages.py`` runs docs/reliability.md's table (60 s faults, one run
 each). A run must end with both relays running, the backlog each fault built up delivered (recovery
 time printed per fault), and the topic verified: exactly once in ``--uuid-sequencing`` mode; every
 committed version, first arrivals in per-key order, in at-least-once mode.
@@ -15,7 +15,7 @@ its run (the recovery list names the fault). What a run of its own added was the
 start, election, warm-up) and the verification read, ~25 s a fault: 10 runs of ~35-43 s became 4.
 Faults that stall Kafka (broker_pause, kafka_blackhole) keep their run with rowTimeout 3 s, the
 others the default, as before: a shorter rowTimeout may rightly park a row on a partial outage
-(README, *Reliability*), so it is not imposed on faults that never ran with it.
+(docs/reliability.md), so it is not imposed on faults that never ran with it.
 """
 
 from __future__ import annotations

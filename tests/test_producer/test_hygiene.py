@@ -1,4 +1,4 @@
-"""Queue-table hygiene (README, Queue-table hygiene): the outbox's autovacuum settings set by ``init-db``
+"""Queue-table hygiene (docs/hygiene.md): the outbox's autovacuum settings set by ``init-db``
 (never over a value the owner set), ``deadLetterRetention`` enforced by the leader, and ``harvest check``."""
 
 from __future__ import annotations

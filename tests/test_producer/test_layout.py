@@ -156,7 +156,7 @@ def test_the_documented_shards_change_is_admitted_and_recorded(
         wait_drained(pg_dsn, table, 60)
     with psycopg.connect(pg_dsn) as conn:
         assert recorded_layout(conn, names) == Layout(1, "postgres")
-    # README: stop every relay, change shards, run init-db, start the relays
+    # docs/sharding.md: stop every relay, change shards, run init-db, start the relays
     init_db(pg_dsn, table, shards=4)
     four = base.replace(shards=4)
     with relay_for(four.replace(name="four-a")), relay_for(four.replace(name="four-b")):

@@ -1,6 +1,6 @@
 """Every row belongs to a shard, a NULL ``kafka_key`` too (issue #38, item 3).
 
-With ``shards`` > 1 and the outbox's NOT NULL constraint dropped (README, malformed rows), the shard
+With ``shards`` > 1 and the outbox's NOT NULL constraint dropped (docs/reliability.md, malformed rows), the shard
 expression was NULL for a NULL key: no shard's mark read the row, the backlog gauges left it out and
 `harvest shards` died on it. The row now hashes as the empty key does (every other key keeps its
 shard), so its shard's leader marks it and dead-letters it, as ``shards: 1`` does. An outbox whose
