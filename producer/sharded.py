@@ -92,6 +92,7 @@ class ShardedHarvest:
         *,
         producer_factory: ProducerFactory | None = None,
         election: ShardElection | None = None,
+        tracer_provider: Any = None,
     ) -> None:
         if config.shards < 2:
             raise HarvestError(f"ShardedHarvest needs shards >= 2, got {config.shards}; use Harvest")
@@ -103,7 +104,11 @@ class ShardedHarvest:
         self._seat = ShardSetSeat(config.shards)
         #: The relay loop (its ``metrics`` are this relay's).
         self.relay = Harvest(
-            config.replace(prometheus_port=None), event_handler, producer_factory=producer_factory, shards=self._seat
+            config.replace(prometheus_port=None),
+            event_handler,
+            producer_factory=producer_factory,
+            shards=self._seat,
+            tracer_provider=tracer_provider,  # relay spans (producer.relay_spans)
         )
         self.metrics: Metrics = self.relay.metrics
         self._state = State.CREATED
