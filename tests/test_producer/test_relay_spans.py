@@ -114,6 +114,25 @@ def test_without_opentelemetry_the_relay_builds_no_spans() -> None:
     assert out.stdout.strip() == "None False"
 
 
+def test_a_global_provider_set_before_the_relay_is_built_is_used() -> None:
+    # What opentelemetry-instrument (or an application) does: set the global provider first. A fresh
+    # interpreter: the global provider can be set once per process.
+    out = _run(
+        set(),
+        """
+        from opentelemetry import trace
+        from opentelemetry.sdk.trace import TracerProvider
+        from harvest_outbox.producer.config import HarvestConfig
+        from harvest_outbox.producer.relay_spans import relay_spans
+        before = relay_spans(HarvestConfig().tracing)
+        trace.set_tracer_provider(TracerProvider())
+        print(before, type(relay_spans(HarvestConfig().tracing)).__name__)
+    """,
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "None RelaySpans"
+
+
 @pytest.mark.parametrize(
     ("text", "error"),
     [
