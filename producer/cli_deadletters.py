@@ -43,6 +43,7 @@ def add_parser(sub: Any, common: Any, bounded_int: Any) -> None:
             "--limit", type=limit, default=100, help=f"at most this many, 1-{MAX_LIST_LIMIT:,} (default 100)"
         )
     ex.add_argument("-o", "--output", help="file to write (default: standard output)")
+    ex.add_argument("--actor", help="who acts, for the audit line (default: the OS user)")
     for p in (rq, dc):
         p.add_argument("ids", nargs="*", type=bounded_int("id", 1, 2**63 - 1), help="dead-letter ids")
         p.add_argument("--all", action="store_true", help="every dead letter (or every one the filters select)")
@@ -68,11 +69,14 @@ def run(args: argparse.Namespace, load: Any, printable: Any) -> int:
     from harvest_outbox.producer.db import connect
 
     verb = args.dl_command
+    # the arguments first: a usage error is one line, before the config's notes are logged
+    sel = _selection(args)
+    if verb in ("requeue", "discard"):
+        _require_selection(verb, args, sel)
+    who = admin.actor(getattr(args, "actor", None)) if verb in ("requeue", "discard", "export") else ""
     asks_kafka = verb == "requeue" and not args.skip_topic_check
     cfg = load(args, {"bootstrap_servers": getattr(args, "bootstrap_servers", None)}, kafka=asks_kafka)
     h = cfg.harvest
-    sel = _selection(args)
-    who = admin.actor(getattr(args, "actor", None)) if verb in ("requeue", "discard", "export") else ""
     with connect(h.data_source) as conn:
         if verb == "keys":
             stuck = admin.stuck_keys(conn, h.outbox_table, h.table_mapping, args.limit)
@@ -101,7 +105,6 @@ def run(args: argparse.Namespace, load: Any, printable: Any) -> int:
             admin.audit(who, "export", f"{n} dead letter(s) to {args.output or 'standard output'}")
             print(f"exported {n} dead letter(s)", file=sys.stderr)
             return 0
-        _require_selection(verb, args, sel)
         if verb == "discard":
             gone = admin.discard(conn, h.outbox_table, sel, who, all_rows=True)
             print(f"discarded {len(gone)} dead letter(s)")
