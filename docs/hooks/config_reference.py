@@ -110,6 +110,8 @@ def _fmt_default(value: Any, duration: bool) -> str:
         return f"`{str(value).lower()}`"
     if duration and isinstance(value, (int, float)):
         return f"`{format_duration(value)}`"
+    if isinstance(value, (list, tuple)):
+        return "`[]`" if not value else f"`{list(value)}`"
     if isinstance(value, Mapping):
         return "`{}`" if not value else f"`{dict(value)}`"
     if isinstance(value, str):
@@ -130,18 +132,108 @@ def _field_default(cls: type, attr: str) -> Any:
     return None
 
 
-def _section_keys(path_key: str) -> list[str] | None:
-    """The keys a ``harvest:`` section accepts, as its loader lists them; ``None``: not a section."""
+Path_ = tuple[str | int, ...]  # YAML keys below ``harvest:``; 0 stands for "an entry of this list"
+PROBE = "__no_such_key__"
+
+
+def _nest(path: Path_, leaf: Any) -> Any:
+    """``harvest:`` data with ``leaf`` at ``path``: ``("a", "b", 0)`` -> ``{"a": {"b": [leaf]}}``."""
+    for part in reversed(path):
+        leaf = [leaf] if isinstance(part, int) else {part: leaf}
+    return leaf
+
+
+def _dotted(path: Path_, entry: str = "[]") -> str:
+    """``("a", "b", 0, "c")`` -> ``a.b[].c`` (the loader's errors say ``[0]``: ``entry="[0]"``)."""
+    return "".join(entry if isinstance(p, int) else f".{p}" for p in path).lstrip(".")
+
+
+def _section_keys(path: Path_ | str) -> list[str] | None:
+    """The keys a mapping at ``path`` accepts, as its loader lists them for an unknown one; ``None``: not one."""
     from harvest_outbox.producer.config import HarvestConfig
     from harvest_outbox.producer.errors import ConfigError
 
-    probe = "__no_such_key__"
+    path = (path,) if isinstance(path, str) else path
     try:
-        HarvestConfig.from_mapping({path_key: {probe: 1}})
+        HarvestConfig.from_mapping(_nest(path, {PROBE: 1}))
     except ConfigError as exc:
-        m = re.search(rf"\.{probe}: unknown key; valid keys are: (.+)$", str(exc))
+        where = re.escape(f"harvest.{_dotted(path, '[0]')}.{PROBE}")
+        m = re.search(rf"^{where}: unknown key; valid keys are: (.+)$", str(exc))
         return [k.strip() for k in m.group(1).split(",")] if m else None
+    except Exception:  # a loader that fails on odd input otherwise (a bug, but not the docs' to report)
+        return None
     return None
+
+
+def _dataclass_in(annotation: str, owner: type, default: Any) -> type | None:
+    """The dataclass a field holds: its default's type, or the first dataclass its annotation names."""
+    if dataclasses.is_dataclass(default) and not isinstance(default, type):
+        return type(default)
+    namespace = vars(inspect.getmodule(owner))
+    for name in re.findall(r"[A-Za-z_]\w*", annotation):
+        candidate = namespace.get(name)
+        if isinstance(candidate, type) and dataclasses.is_dataclass(candidate):
+            return candidate
+    return None
+
+
+def _nested_rows(path: Path_, cls: type | None, module: Any, module_docs: Mapping[str, str]) -> list[Row]:
+    """Rows of the keys of the mapping at ``path`` (``cls``: the dataclass it becomes), then of their sections."""
+    from harvest_outbox.producer.config import HarvestConfig
+    from harvest_outbox.producer.config_env import attribute_name
+
+    keys = _section_keys(path) or []
+    fields = {f.name: f for f in dataclasses.fields(cls)} if cls else {}
+    docs = comment_docs(cls) if cls else {}
+    rows: list[Row] = []
+    later: list[Row] = []
+    for name in keys:
+        attr, sub = attribute_name(name), (*path, name)
+        annotation = str(fields[attr].type) if attr in fields else ""
+        default = _field_default(cls, attr) if cls and attr in fields else None
+        child = _dataclass_in(annotation, cls, default) if cls and attr in fields else None
+        listed = _section_keys((*sub, 0)) is not None
+        if _section_keys(sub) is not None or listed:
+            entry = (*sub, 0) if listed else sub
+            anchor = _anchor(f"harvest.{_dotted(entry)}")
+            kind = "list of mappings" if listed else "mapping"
+            rows.append(
+                Row(
+                    f"harvest.{_dotted(sub)}",
+                    f"{kind} ([below](#{anchor}))",
+                    _fmt_default(default, False) if listed else "see below",
+                    "",
+                    "",
+                    _render_rst(docs.get(attr, ""), module, module_docs),
+                )
+            )
+            later += _nested_rows(entry, child, module, module_docs)
+            continue
+
+        def read(value: Any, sub: Path_ = sub) -> Any:
+            obj: Any = HarvestConfig.from_mapping(_nest(sub, value))
+            for part in sub:
+                obj = obj[part] if isinstance(part, int) else getattr(obj, attribute_name(part))
+            return obj
+
+        duration = "float" in annotation and _reads_duration(read)
+        rows.append(
+            Row(
+                f"harvest.{_dotted(sub)}",
+                _type(annotation, None, duration),
+                _fmt_default(default, duration) if cls and attr in fields else "unset",
+                "",
+                "",
+                _render_rst(docs.get(attr, ""), module, module_docs),
+            )
+        )
+    return rows + later
+
+
+def _anchor(heading: str) -> str:
+    from markdown.extensions.toc import slugify
+
+    return str(slugify(heading, "-"))
 
 
 def _reads_duration(data: Callable[[Any], Any]) -> bool:
@@ -152,7 +244,7 @@ def _reads_duration(data: Callable[[Any], Any]) -> bool:
         try:
             if data(text) == seconds:
                 return True
-        except (ConfigError, TypeError, ValueError):
+        except (ConfigError, TypeError, ValueError, AttributeError, IndexError, KeyError):
             continue
     return False
 
@@ -202,7 +294,7 @@ def reference_rows() -> list[Row]:
         rows.append(
             Row(
                 f"harvest.{key}",
-                f"mapping ([below](#harvest{key.lower()}))" if sub else _type(annotation, env_kind, duration),
+                f"mapping ([below](#{_anchor(f'harvest.{key}')}))" if sub else _type(annotation, env_kind, duration),
                 "see below" if sub else _fmt_default(default, duration) if attr in fields else "unset",
                 variable_name(key),
                 flags.get(attr, ""),
@@ -210,35 +302,10 @@ def reference_rows() -> list[Row]:
             )
         )
     for key in config._TOP_KEYS:
-        sub = _section_keys(key)
-        if not sub:
-            continue
-        section_cls = type(_field_default(config.HarvestConfig, attribute_name(key)))
-        sub_docs = comment_docs(section_cls) if dataclasses.is_dataclass(section_cls) else {}
-        fields = (
-            {f.name: f for f in dataclasses.fields(section_cls)}
-            if sub_docs or dataclasses.is_dataclass(section_cls)
-            else {}
-        )
-        for name in sub:
-            attr = attribute_name(name)
-
-            def nested(value: Any, key: str = key, name: str = name, attr: str = attr) -> Any:
-                section = getattr(config.HarvestConfig.from_mapping({key: {name: value}}), attribute_name(key))
-                return getattr(section, attr)
-
-            annotation = str(fields[attr].type) if attr in fields else ""
-            duration = _reads_duration(nested)
-            rows.append(
-                Row(
-                    f"harvest.{key}.{name}",
-                    _type(annotation, None, duration),
-                    _fmt_default(_field_default(section_cls, attr), duration) if attr in fields else "unset",
-                    "",
-                    "",
-                    _render_rst(sub_docs.get(attr, ""), config, module_docs),
-                )
-            )
+        if _section_keys(key) is not None:
+            default = _field_default(config.HarvestConfig, attribute_name(key))
+            section_cls = type(default) if dataclasses.is_dataclass(default) else None
+            rows += _nested_rows((key,), section_cls, config, module_docs)
     level_doc = comment_docs(config.FileConfig).get("log_level", "")
     rows.append(
         Row(
@@ -291,22 +358,22 @@ def config_markdown() -> str:
         "",
         _table(top, ("path", "type", "default", "variable", "flag", "description")),
     ]
-    sections = sorted({r.path.rsplit(".", 1)[0] for r in rows if r.path.count(".") == 2})
+    sections = list(dict.fromkeys(r.path.rsplit(".", 1)[0] for r in rows if r.path.count(".") >= 2))
     for section in sections:
         key = section.split(".")[1]
-        parts += [
-            "",
-            f"## `{section}`",
-            "",
-            f"Set as a mapping under `{section}`"
+        top_level = section.count(".") == 1
+        where = (
+            f"Each entry of the list `{section[:-2]}` is a mapping of these keys."
+            if section.endswith("[]")
+            else f"Set as a mapping under `{section}`"
             + (
                 f", or as a YAML flow mapping in `HARVEST_{_upper(key)}` (merged over the file's)."
-                if config._ENV_KINDS.get(key) == "mapping"
+                if top_level and config._ENV_KINDS.get(key) == "mapping"
                 else "."
-            ),
-            "",
-            _table([r for r in rows if r.path.startswith(section + ".")], ("path", "type", "default", "description")),
-        ]
+            )
+        )
+        members = [r for r in rows if r.path.rsplit(".", 1)[0] == section]
+        parts += ["", f"## `{section}`", "", where, "", _table(members, ("path", "type", "default", "description"))]
     parts += [
         "",
         "## `logging`",

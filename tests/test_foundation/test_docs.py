@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from harvest_outbox.producer.config import HarvestConfig, from_mapping
+from harvest_outbox.producer.config import from_mapping
 from harvest_outbox.producer.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -50,16 +50,28 @@ def _valid_keys(data: dict[str, object], at: str) -> list[str]:
 
 
 def accepted_keys() -> list[str]:
-    """Every key of the YAML file, as dotted paths (``harvest.limits.rowTimeout``), asked of the loader."""
+    """Every key of the YAML file, as dotted paths (``harvest.limits.rowTimeout``, a list's entries as
+    ``topics[]``), asked of the loader: a mapping answers an unknown key inside it with its list of keys."""
     keys = [f"logging.{k}" for k in _valid_keys({"logging": {PROBE: 1}}, f"logging.{PROBE}")]
-    for key in _valid_keys({"harvest": {PROBE: 1}}, f"harvest.{PROBE}"):
-        keys.append(f"harvest.{key}")
-        try:  # a section answers an unknown key inside it with its own list
-            HarvestConfig.from_mapping({key: {PROBE: 1}})
+    pending: list[tuple[object, ...]] = [()]
+    while pending:
+        path = pending.pop(0)
+        data: object = {PROBE: 1}
+        for part in reversed(path):
+            data = [data] if part == 0 else {part: data}
+        shown = "".join("[0]" if p == 0 else f".{p}" for p in path)
+        try:
+            from_mapping({"harvest": data}, env={})
         except ConfigError as exc:
-            m = re.search(rf"^harvest\.{key}\.{PROBE}: unknown key; valid keys are: (.+)$", str(exc))
-            if m:
-                keys += [f"harvest.{key}.{sub.strip()}" for sub in m.group(1).split(",")]
+            m = re.search(rf"^harvest{re.escape(shown)}\.{PROBE}: unknown key; valid keys are: (.+)$", str(exc))
+            if not m:
+                continue
+            for key in (k.strip() for k in m.group(1).split(",")):
+                keys.append("harvest" + "".join("[]" if p == 0 else f".{p}" for p in (*path, key)))
+                pending += [(*path, key), (*path, key, 0)]
+        except Exception:
+            continue
+    assert len(keys) > 30, keys
     return keys
 
 
@@ -85,7 +97,8 @@ def test_configuration_reference_lists_every_accepted_key_with_a_description(sit
     assert not missing, f"keys the config accepts but the reference lacks: {missing}"
     undocumented = [k for k in keys if k.startswith("harvest.") and not rows[k][-1]]
     assert not undocumented, (
-        f"keys without a description: {undocumented}; add a #: comment above the field in producer/config.py"
+        f"keys without a description: {undocumented}; add a #: comment above the key's dataclass field "
+        f"(producer/config.py, or the module of the section's config class)"
     )
     assert not set(rows) - set(keys), f"the reference lists keys the config refuses: {set(rows) - set(keys)}"
 
@@ -157,3 +170,21 @@ def test_readme_benchmark_figures_are_the_benchmark_pages() -> None:
     assert len(figures) > 20, figures
     stale = [f for f in figures if f not in table]
     assert not stale, f"README benchmark figures not in docs/benchmarks.md's table (update them): {stale}"
+
+
+_CODE_PATH = re.compile(
+    r"(?<![\w./-])((?:producer|consumer|sequencer|spark_reader|harvest_local|bench|scripts|tests|docs)/[\w./*-]+)"
+)
+
+
+def test_repository_paths_the_docs_name_exist() -> None:
+    """A module, test or script the README or a page names (``producer/layout.py``) exists: a renamed or
+    split file fails here rather than leaving the docs pointing at nothing."""
+    missing = []
+    for page in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        for match in _CODE_PATH.finditer(page.read_text()):
+            path = match.group(1).rstrip(".,")
+            found = list(ROOT.glob(path)) if "*" in path else (ROOT / path).exists()
+            if not found:
+                missing.append(f"{page.relative_to(ROOT)}: {path}")
+    assert not missing, f"paths named in the docs that do not exist: {missing}"
