@@ -185,6 +185,9 @@ def _nested_rows(path: Path_, cls: type | None, module: Any, module_docs: Mappin
     keys = _section_keys(path) or []
     fields = {f.name: f for f in dataclasses.fields(cls)} if cls else {}
     docs = comment_docs(cls) if cls else {}
+    if cls is not None and inspect.getmodule(cls) is not module:  # :data:`X` refers to the class's module
+        module = inspect.getmodule(cls)
+        module_docs = comment_docs(module)
     rows: list[Row] = []
     later: list[Row] = []
     for name in keys:
