@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 from harvest_outbox.producer.config import from_mapping
 from harvest_outbox.producer.errors import ConfigError
@@ -188,3 +189,26 @@ def test_repository_paths_the_docs_name_exist() -> None:
             if not found:
                 missing.append(f"{page.relative_to(ROOT)}: {path}")
     assert not missing, f"paths named in the docs that do not exist: {missing}"
+
+
+def _with_references_filled(text: str) -> str:
+    """A YAML example's ``${…}`` references replaced by plausible values (the example's own defaults)."""
+    text = re.sub(r"\$\{file:[^}]*\}", "host=db dbname=app", text)
+    text = re.sub(r"\$\{\w+:-([^}]*)\}", r"\1", text)
+    return re.sub(r"\$\{\w+\}", "x", text)
+
+
+def test_configuration_examples_are_accepted_by_the_loader() -> None:
+    """Every ``harvest:`` YAML example of the README and the pages is a configuration the relay accepts."""
+    checked, refused = 0, []
+    for page in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        for block in re.findall(r"```yaml\n(.*?)```", page.read_text(), re.S):
+            data = yaml.safe_load(_with_references_filled(block))
+            if not (isinstance(data, dict) and "harvest" in data):
+                continue
+            checked += 1
+            try:
+                from_mapping(data, env={})
+            except ConfigError as exc:
+                refused.append(f"{page.relative_to(ROOT)}: {exc}")
+    assert checked >= 5 and not refused, refused
