@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 from harvest_outbox.consumer.trace_context import TRACEPARENT, TRACESTATE, header_text
 from harvest_outbox.sequencer import Flags
 from harvest_outbox.sequencer.native import load as load_native
+from harvest_outbox.sequencer.uuid_layout import MAX_RELAY_FLAGS, clock_of_int, flags_of_int, producer_of_int
 
 __all__ = ["HEADER_NAME", "PyRecord", "Record", "make_record"]
 
@@ -134,18 +135,17 @@ class PyRecord:
     @property
     def producer(self) -> bytes | None:
         x = self._x
-        return None if not x else (x & 0xFFFFFFFFFFFF).to_bytes(6, "big")
+        return None if not x else producer_of_int(x).to_bytes(6, "big")
 
     @property
     def clock(self) -> int:
-        x = self._x
-        return (x >> 96) << 4 | ((x >> 80) & 0xFFFF) << 36 | ((x >> 64) & 0x0FFF) << 52 | (x >> 58) & 0xF
+        return clock_of_int(self._x)
 
     @property
     def flags(self) -> int:
         """``Flags`` value of the UUID (an unknown value is returned as the raw int)."""
-        f = (self._x >> 48) & 0x3FF
-        return Flags(f) if f <= 2 else f
+        f = flags_of_int(self._x)
+        return Flags(f) if f <= MAX_RELAY_FLAGS else f
 
     @property
     def is_ack(self) -> bool:

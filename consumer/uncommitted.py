@@ -39,6 +39,11 @@ from typing import Any
 from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, Consumer, KafkaError, KafkaException, TopicPartition
 
 from harvest_outbox.sequencer import NIL_UUID, EntryBatch, Envelope
+from harvest_outbox.sequencer.uuid_layout import FLAGS_MASK as _FLAGS_MASK
+from harvest_outbox.sequencer.uuid_layout import FLAGS_SHIFT as _FLAGS
+from harvest_outbox.sequencer.uuid_layout import MAX_RELAY_FLAGS as _MAX_FLAGS
+from harvest_outbox.sequencer.uuid_layout import RELAY_UUID_BITS as _RELAY_BITS
+from harvest_outbox.sequencer.uuid_layout import RELAY_UUID_MASK as _RELAY_MASK
 
 from .config import ReaderConfig, check_batch_size, check_idle_timeout, redact
 from .errors import (
@@ -50,15 +55,6 @@ from .errors import (
 )
 from .record import Record, make_record
 from .record import _native as _native_records
-from .uuid_header import (
-    MAX_RELAY_FLAGS as _MAX_FLAGS,
-)
-from .uuid_header import (
-    RELAY_UUID_BITS as _RELAY_BITS,
-)
-from .uuid_header import (
-    RELAY_UUID_MASK as _RELAY_MASK,
-)
 from .uuid_header import (
     RateLimitedLog,
     UUIDPolicy,
@@ -426,7 +422,7 @@ class ReadUncommittedIter:
                     if k == "uuid":
                         if type(v) is bytes and len(v) == 16:
                             x = from_bytes(v, "big")
-                            if x & _RELAY_MASK == _RELAY_BITS and (x >> 48) & 0x3FF <= _MAX_FLAGS:
+                            if x & _RELAY_MASK == _RELAY_BITS and (x >> _FLAGS) & _FLAGS_MASK <= _MAX_FLAGS:
                                 u = new(uuid_cls)
                                 _set_uuid_int(u, x)
                                 _set_uuid_safe(u, _SAFE_UNKNOWN)
@@ -520,7 +516,7 @@ class ReadUncommittedIter:
                             x = from_bytes(v, "big")
                             # parse_header_value's rule (version 1, RFC 4122 variant, multicast
                             # ProducerID, flags 0-2); else unusable.
-                            if x & _RELAY_MASK != _RELAY_BITS or (x >> 48) & 0x3FF > _MAX_FLAGS:
+                            if x & _RELAY_MASK != _RELAY_BITS or (x >> _FLAGS) & _FLAGS_MASK > _MAX_FLAGS:
                                 x = 0
                         break
             topic = msg.topic()

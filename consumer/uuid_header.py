@@ -60,6 +60,15 @@ import uuid as _uuid
 from typing import Any
 
 from harvest_outbox.sequencer import NIL_UUID, parse_uuid
+from harvest_outbox.sequencer.uuid_layout import (
+    FLAGS_MASK,
+    FLAGS_SHIFT,
+    MAX_RELAY_FLAGS,
+    MULTICAST_SHIFT,
+    RELAY_UUID_BITS,
+    RELAY_UUID_MASK,
+    flags_of_int,
+)
 
 __all__ = [
     "MAX_RELAY_FLAGS",
@@ -72,12 +81,9 @@ __all__ = [
     "parse_header_value",
 ]
 
-#: Bits of the UUID's 128-bit int that a relay's UUID fixes: the version nibble (76-79), the
-#: variant (62-63) and the ProducerID's multicast bit (40); ``x & RELAY_UUID_MASK == RELAY_UUID_BITS``.
-RELAY_UUID_MASK = (0xF << 76) | (0x3 << 62) | (1 << 40)
-RELAY_UUID_BITS = (0x1 << 76) | (0x2 << 62) | (1 << 40)
-#: Flags (bits 48-57) above this are reserved: no relay writes them.
-MAX_RELAY_FLAGS = 2
+# RELAY_UUID_MASK / RELAY_UUID_BITS (the version nibble, the variant and the ProducerID's multicast
+# bit a relay's UUID fixes) and MAX_RELAY_FLAGS (flags above it are reserved) are defined by
+# sequencer.uuid_layout, with the rest of the layout; re-exported here, where they were first.
 
 _new = object.__new__
 _UUID = _uuid.UUID
@@ -100,7 +106,7 @@ def parse_header_value(raw: Any) -> _uuid.UUID | None:
     if type(raw) is not bytes or len(raw) != 16:
         return None
     x = _from_bytes(raw, "big")
-    if x & RELAY_UUID_MASK != RELAY_UUID_BITS or (x >> 48) & 0x3FF > MAX_RELAY_FLAGS:
+    if x & RELAY_UUID_MASK != RELAY_UUID_BITS or (x >> FLAGS_SHIFT) & FLAGS_MASK > MAX_RELAY_FLAGS:
         return None
     u = _new(_UUID)
     _set_int(u, x)
@@ -110,7 +116,7 @@ def parse_header_value(raw: Any) -> _uuid.UUID | None:
 
 def is_relay_uuid_int(x: int) -> bool:
     """True if the 128-bit int ``x`` is a UUID a harvest relay (or Gazette) can have written (module doc)."""
-    return x & RELAY_UUID_MASK == RELAY_UUID_BITS and (x >> 48) & 0x3FF <= MAX_RELAY_FLAGS
+    return x & RELAY_UUID_MASK == RELAY_UUID_BITS and (x >> FLAGS_SHIFT) & FLAGS_MASK <= MAX_RELAY_FLAGS
 
 
 def describe_problem(headers: list[tuple[str, Any]] | None) -> str:
@@ -131,12 +137,12 @@ def describe_problem(headers: list[tuple[str, Any]] | None) -> str:
         return f"malformed 'uuid' header: {exc}"
     if u == NIL_UUID:
         return "'uuid' header is the nil UUID (unsequenced)"
-    if not (u.int >> 40) & 1:
+    if not (u.int >> MULTICAST_SHIFT) & 1:
         return (
             "'uuid' header is a version 1 UUID whose node is not a harvest ProducerID (multicast bit clear: "
             "a MAC address, e.g. from uuid.uuid1()); not read as a message identity"
         )
-    flags = (u.int >> 48) & 0x3FF
+    flags = flags_of_int(u.int)
     if flags > MAX_RELAY_FLAGS:
         return f"'uuid' header has reserved flags {flags:#x} (a relay writes 0, 1 or 2); not read as a message identity"
     return "'uuid' header is valid"  # pragma: no cover - callers only ask on failure

@@ -1,6 +1,7 @@
 """Gazette-compatible message identity: producer ids, flags and v1 UUIDs.
 
-Byte layout of a message UUID (RFC 4122 version 1, big-endian):
+Byte layout of a message UUID (RFC 4122 version 1, big-endian; bit by bit, with the constants
+and pack/unpack functions every path uses, in :mod:`.uuid_layout`):
 
 * bytes 0-7: the 60-bit timestamp ``clock >> 4`` as time_low (32 bits),
   time_mid (16 bits) and time_hi (12 bits) with the version nibble ``1``;
@@ -29,7 +30,9 @@ import os
 import uuid
 from enum import IntEnum
 
+from . import uuid_layout as _layout
 from .errors import UUIDError
+from .uuid_layout import FLAGS_MASK
 
 __all__ = [
     "FLAGS_MASK",
@@ -43,10 +46,6 @@ __all__ = [
     "producer_of",
 ]
 
-#: The 10 low bits of the clock sequence that carry flags.
-FLAGS_MASK = 0x3FF
-_PRODUCER_MASK = (1 << 48) - 1
-_CLOCK_LIMIT = 1 << 64
 
 #: The all-zero UUID. Gazette treats a zero clock as "not sequenced": such a
 #: message commits at once and its producer is not tracked.
@@ -57,12 +56,12 @@ class Flags(IntEnum):
     """Transaction semantics of a message, compared by exact value."""
 
     #: Not part of a transaction: commits as soon as it is read.
-    OUTSIDE_TXN = 0
+    OUTSIDE_TXN = _layout.OUTSIDE_TXN
     #: Opens or continues a transaction; commits only with a later ACK_TXN.
-    CONTINUE_TXN = 1
+    CONTINUE_TXN = _layout.CONTINUE_TXN
     #: Commits the producer's CONTINUE_TXN messages having clock <= its own,
     #: and rolls back the rest.
-    ACK_TXN = 2
+    ACK_TXN = _layout.ACK_TXN
 
 
 def new_producer_id() -> bytes:
@@ -73,7 +72,7 @@ def new_producer_id() -> bytes:
     ids that live as long as a process.
     """
     b = bytearray(os.urandom(6))
-    b[0] |= 0x01
+    b[0] |= 0x01  # bit 40 of the UUID int: uuid_layout.MULTICAST_SHIFT
     return bytes(b)
 
 
@@ -81,39 +80,26 @@ def build_uuid(producer: bytes, clock: int, flags: int) -> uuid.UUID:
     """The v1 UUID of a message from ``producer`` at ``clock`` with ``flags``."""
     if not isinstance(producer, (bytes, bytearray, memoryview)) or len(producer) != 6:
         raise UUIDError(f"producer must be 6 bytes, got {producer!r}; use new_producer_id()")
-    if not isinstance(clock, int) or not 0 <= clock < _CLOCK_LIMIT:
+    if not isinstance(clock, int) or not 0 <= clock < _layout.CLOCK_LIMIT:
         raise UUIDError(f"clock must be an int in [0, 2**64), got {clock!r}; use Clock.tick()")
     if not isinstance(flags, int) or not 0 <= flags <= FLAGS_MASK:
         raise UUIDError(f"flags must be an int in [0, 0x3ff] (10 bits), got {flags!r}; use a Flags value")
-    value = (
-        ((clock >> 4) & 0xFFFFFFFF) << 96  # time_low
-        | ((clock >> 36) & 0xFFFF) << 80  # time_mid
-        | (((clock >> 52) & 0x0FFF) | 0x1000) << 64  # time_hi + version 1
-        | (((clock & 0xF) << 10) | flags | 0x8000) << 48  # variant + counter + flags
-        | int.from_bytes(producer, "big")
-    )
-    return uuid.UUID(int=value)
+    return uuid.UUID(int=_layout.pack(int.from_bytes(producer, "big"), clock, flags))
 
 
 def producer_of(u: uuid.UUID) -> bytes:
     """The 6-byte producer id (v1 node) of a message UUID."""
-    return (u.int & _PRODUCER_MASK).to_bytes(6, "big")
+    return _layout.producer_of_int(u.int).to_bytes(6, "big")
 
 
 def clock_of(u: uuid.UUID) -> int:
     """The clock (60-bit timestamp and 4-bit counter) of a message UUID."""
-    x = u.int
-    return (
-        (x >> 96) << 4
-        | ((x >> 80) & 0xFFFF) << 36
-        | ((x >> 64) & 0x0FFF) << 52  # the version nibble is not part of the clock
-        | (x >> 58) & 0xF
-    )
+    return _layout.clock_of_int(u.int)
 
 
 def flags_of(u: uuid.UUID) -> int:
     """The 10 flag bits of a message UUID (may be a value Flags does not name)."""
-    return (u.int >> 48) & FLAGS_MASK
+    return _layout.flags_of_int(u.int)
 
 
 def parse_uuid(raw: bytes | bytearray | memoryview) -> uuid.UUID:

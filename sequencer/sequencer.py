@@ -52,6 +52,18 @@ from .envelope import Envelope
 from .errors import CheckpointError, ReplayError, SequencerStateError
 from .outcome import QueueOutcome
 from .state import ProducerState
+from .uuid_layout import CONTINUE_TXN as _CONTINUE
+from .uuid_layout import COUNTER_MASK as _COUNTER_MASK
+from .uuid_layout import COUNTER_SHIFT as _COUNTER
+from .uuid_layout import FLAGS_MASK as _FLAGS_MASK
+from .uuid_layout import FLAGS_SHIFT as _FLAGS
+from .uuid_layout import PRODUCER_MASK as _PRODUCER_MASK
+from .uuid_layout import TIME_HI_MASK as _TIME_HI_MASK
+from .uuid_layout import TIME_HI_SHIFT as _TIME_HI
+from .uuid_layout import TIME_LOW_SHIFT as _TIME_LOW
+from .uuid_layout import TIME_MID_MASK as _TIME_MID_MASK
+from .uuid_layout import TIME_MID_SHIFT as _TIME_MID
+from .uuid_layout import clock_of_int
 
 __all__ = ["DEFAULT_PRUNE_HORIZON_NS", "DEFAULT_RING_SIZE", "Sequencer"]
 
@@ -61,7 +73,6 @@ logger = logging.getLogger(__name__)
 DEFAULT_PRUNE_HORIZON_NS = 24 * 3600 * 1_000_000_000
 DEFAULT_RING_SIZE = 8192
 
-_PRODUCER_MASK = (1 << 48) - 1
 # Distinct anomalies logged once per (reason, journal, producer); past this
 # many, further ones go to DEBUG so a misbehaving writer cannot grow memory.
 _MAX_LOGGED_ANOMALIES = 4096
@@ -233,13 +244,18 @@ class Sequencer:
             # bounds of a known producer (CONTINUE_BEGIN_SPAN / _EXTEND_SPAN).
             # It is _queue()'s CONTINUE branch for exactly these conditions;
             # everything else goes through _queue() itself.
-            if (x >> 48) & 0x3FF == 1:
+            if (x >> _FLAGS) & _FLAGS_MASK == _CONTINUE:
                 if journal is not jname:
                     jname = journal
                     jparts = partials.get(journal) or {}
                 partial = jparts.get(x & _PRODUCER_MASK)
                 if partial is not None:
-                    clock = (x >> 96) << 4 | ((x >> 80) & 0xFFFF) << 36 | ((x >> 64) & 0x0FFF) << 52 | (x >> 58) & 0xF
+                    clock = (  # uuid_layout.clock_of_int, inlined
+                        (x >> _TIME_LOW) << 4
+                        | ((x >> _TIME_MID) & _TIME_MID_MASK) << 36
+                        | ((x >> _TIME_HI) & _TIME_HI_MASK) << 52
+                        | (x >> _COUNTER) & _COUNTER_MASK
+                    )
                     if clock > partial.max_clock and clock > partial.min_clock:
                         if partial.begin == -1:
                             partial.begin = begin
@@ -277,11 +293,16 @@ class Sequencer:
         if ring[head] is not None:
             self._evict_at_head(head)
 
-        # identity.clock_of/flags_of/producer_of, inlined: function calls per
+        # uuid_layout's producer_of_int/clock_of_int/flags_of_int, inlined: function calls per
         # message are a large share of the hot path in CPython.
         producer = x & _PRODUCER_MASK
-        clock = (x >> 96) << 4 | ((x >> 80) & 0xFFFF) << 36 | ((x >> 64) & 0x0FFF) << 52 | (x >> 58) & 0xF
-        flags = (x >> 48) & 0x3FF
+        clock = (  # uuid_layout.clock_of_int, inlined
+            (x >> _TIME_LOW) << 4
+            | ((x >> _TIME_MID) & _TIME_MID_MASK) << 36
+            | ((x >> _TIME_HI) & _TIME_HI_MASK) << 52
+            | (x >> _COUNTER) & _COUNTER_MASK
+        )
+        flags = (x >> _FLAGS) & _FLAGS_MASK
         raw_clock = clock  # what the ring keeps: 0 for an unsequenced message, which step() always returns
 
         jparts = self._partials.get(journal)
@@ -473,8 +494,7 @@ class Sequencer:
                     continue
                 item = env
                 begin = env.begin
-                x = env.uuid.int
-                clock = (x >> 96) << 4 | ((x >> 80) & 0xFFFF) << 36 | ((x >> 64) & 0x0FFF) << 52 | (x >> 58) & 0xF
+                clock = clock_of_int(env.uuid.int)
             self._dequeued = item
             self._dequeued_clock = clock
             if clock != 0 and clock <= min_clock:

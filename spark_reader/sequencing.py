@@ -36,6 +36,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from harvest_outbox.sequencer import EntryBatch, Envelope, Flags, ProducerState, QueueOutcome, Sequencer
+from harvest_outbox.sequencer.uuid_layout import clock_of_halves, flags_of_lo, is_relay_halves
 from harvest_outbox.spark_reader.errors import MissingUUIDError
 from harvest_outbox.spark_reader.policy import UUIDPolicyName
 
@@ -121,7 +122,7 @@ def _sequence_partition(table: pa.Table, plan: GroupPlan, prune_horizon_ns: int)
     bounds = np.array(ends, dtype=np.int64)
     acks = np.repeat(offsets[rows[bounds - 1]], np.diff(bounds, prepend=0)) if len(bounds) else rows
     if not plan.include_acks:
-        keep = (lo[rows] >> np.uint64(48)) & np.uint64(0x3FF) != _ACK
+        keep = flags_of_lo(lo[rows]) != _ACK
         rows, acks = rows[keep], acks[keep]
     if unsequenced.size:
         log.warning(
@@ -228,14 +229,7 @@ def uuid_words(column: pa.Array | pa.ChunkedArray) -> tuple[np.ndarray, np.ndarr
         sel = np.flatnonzero(sixteen)
         words = data[starts[sel].astype(np.int64)[:, None] + _BYTE_LANES].view(">u8")
         hi[sel], lo[sel] = words[:, 0], words[:, 1]
-    u = np.uint64
-    valid = (
-        sixteen
-        & ((hi >> u(12)) & u(0xF) == 1)
-        & (lo >> u(62) == 2)
-        & ((lo >> u(40)) & u(1) == 1)
-        & ((lo >> u(48)) & u(0x3FF) <= _ACK)
-    )  # ACK_TXN (2) is the highest flag a relay writes
+    valid = sixteen & is_relay_halves(hi, lo)
     hi[~valid] = 0
     lo[~valid] = 0
     return valid, hi, lo
@@ -253,13 +247,7 @@ def uuid_ints(hi: np.ndarray, lo: np.ndarray) -> list[int]:
 def clocks(hi: np.ndarray, lo: np.ndarray) -> np.ndarray:
     """Gazette clocks (int64) of the UUIDs ``hi << 64 | lo``, 0 for 0: the 60-bit timestamp shifted
     left 4, plus the low 4 bits of the clock sequence (as ``sequencer.clock_of``)."""
-    u = np.uint64
-    c = (
-        ((hi >> u(32)) << u(4))
-        | (((hi >> u(16)) & u(0xFFFF)) << u(36))
-        | ((hi & u(0x0FFF)) << u(52))
-        | ((lo >> u(58)) & u(0xF))
-    )
+    c = clock_of_halves(hi, lo)
     if len(c) and int(c.max()) >= 1 << 63:
         i = int(c.argmax())
         raise OverflowError(
