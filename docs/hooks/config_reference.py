@@ -1,12 +1,13 @@
-"""MkDocs hook: the configuration and CLI reference pages, generated from the code at build time.
+"""MkDocs hook: the configuration reference, generated from the code at build time (the command line's:
+``cli_reference.py``).
 
 A page holding ``<!-- generated: config-reference -->`` gets a table of every key the relay's YAML
-accepts; ``<!-- generated: environment-variables -->`` the table of ``HARVEST_<KEY>`` variables;
-``<!-- generated: cli-reference -->`` ``harvest --help`` of every command.
+accepts; ``<!-- generated: environment-variables -->`` the table of ``HARVEST_<KEY>`` variables.
 Nothing here restates the code:
 
-- the keys are the ones :mod:`producer.config` accepts (``_TOP_KEYS``; a section's keys are the ones its
-  loader names when given an unknown key, so a new nested section needs nothing here);
+- the keys are the ones :mod:`producer.config` accepts (``_TOP_KEYS``; the keys of a section, of a
+  section's sections and of a list's entries are the ones the loader names when given an unknown key
+  there, so a new nested section needs nothing here);
 - a key's description is the ``#:`` comment above its dataclass field (``HarvestConfig``, ``Limits``,
   ``FileConfig``): document a new key there and it appears here;
 - defaults are the dataclass defaults, types the field annotations (a value read as a duration is
@@ -22,14 +23,12 @@ import argparse
 import ast
 import dataclasses
 import inspect
-import os
 import re
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, NamedTuple
 
 CONFIG_MARKER = "<!-- generated: config-reference -->"
-CLI_MARKER = "<!-- generated: cli-reference -->"
 ENV_MARKER = "<!-- generated: environment-variables -->"
 DOCS = Path(__file__).resolve().parents[1]
 
@@ -415,41 +414,10 @@ def environment_markdown() -> str:
     return "\n".join(out)
 
 
-def cli_markdown() -> str:
-    from harvest_outbox.producer.cli import build_parser
-
-    old = os.environ.get("COLUMNS")
-    os.environ["COLUMNS"] = "100"  # argparse wraps to the terminal: fix the width for a stable page
-    try:
-        parser = build_parser()
-        parts = ["### `harvest`", "", "```text", parser.format_help().rstrip(), "```"]
-        for name, sub in _commands(parser):
-            parts += ["", f"### `{name}`", "", "```text", sub.format_help().rstrip(), "```"]
-    finally:
-        if old is None:
-            del os.environ["COLUMNS"]
-        else:
-            os.environ["COLUMNS"] = old
-    return "\n".join(parts)
-
-
-def _commands(parser: argparse.ArgumentParser, prefix: str = "harvest") -> list[tuple[str, argparse.ArgumentParser]]:
-    out: list[tuple[str, argparse.ArgumentParser]] = []
-    for action in parser._actions:
-        if isinstance(action, argparse._SubParsersAction):
-            for entry in action._choices_actions:  # one per command, aliases left out
-                name, sub = entry.dest, action.choices[entry.dest]
-                out.append((f"{prefix} {name}", sub))
-                out += _commands(sub, f"{prefix} {name}")
-    return out
-
-
 def on_page_markdown(markdown: str, **kwargs: Any) -> str:
-    """MkDocs event: fill the markers of the reference pages."""
+    """MkDocs event: fill the configuration reference's markers."""
     if CONFIG_MARKER in markdown:
         markdown = markdown.replace(CONFIG_MARKER, config_markdown())
     if ENV_MARKER in markdown:
         markdown = markdown.replace(ENV_MARKER, environment_markdown())
-    if CLI_MARKER in markdown:
-        markdown = markdown.replace(CLI_MARKER, cli_markdown())
     return markdown
