@@ -7,6 +7,7 @@ exactly the headers stored in the outbox."""
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
@@ -23,6 +24,7 @@ from relaylib import relay_config, wait_drained
 from harvest_outbox.consumer import ReadCommittedIter
 from harvest_outbox.harvest_local.kafka import read_to_end
 from harvest_outbox.producer.harvest import Harvest
+from harvest_outbox.producer.kafka import FaultInjector
 from harvest_outbox.producer.relay_spans import DWELL_MS, KAFKA_PARTITION, OFFSET, TracingConfig
 from harvest_outbox.producer.schema import init_db
 from harvest_outbox.producer.stasher import OutboxRecord, Stasher
@@ -149,3 +151,51 @@ def test_spans_off_records_carry_the_stored_headers(
     got = _read(kafka_bootstrap, topic, sequenced)
     assert {key: headers for key, (_p, _o, headers) in got.items()} == {k: _as_bytes(v) for k, v in stored.items()}
     assert exporter.get_finished_spans() == ()
+
+
+@pytest.mark.parametrize("sequenced", [False, True], ids=["at-least-once", "uuid-sequencing"])
+def test_failed_deliveries_end_in_error_and_each_resend_gets_its_own_span(
+    sequenced: bool,
+    pg_dsn: str,
+    kafka_bootstrap: str,
+    pg_schema: str,
+    topic_factory: Callable[..., str],
+    unique_name: Callable[[str], str],
+) -> None:
+    topic, table = topic_factory(partitions=2), f"{pg_schema}.outbox"
+    init_db(pg_dsn, table)
+    tracer = _sdk()[0].get_tracer("app")
+    with psycopg.connect(pg_dsn) as conn, tracer.start_as_current_span("batch") as stash_span, conn.transaction():
+        Stasher(table).stash_many(conn, [OutboxRecord(topic, f"k{i}", f"v{i}") for i in range(40)])
+    stash_ctx = stash_span.get_span_context()
+    provider, exporter = _sdk()
+    # injected failures: produce() raising (the record never left), and delivery reports turned into
+    # errors (the record is in the log: a duplicate at-least-once, a rolled-back copy when sequenced)
+    faults = FaultInjector(produce_failure_rate=0.05, delivery_failure_rate=0.1, seed=7)
+    cfg = relay_config(pg_dsn, kafka_bootstrap, table, unique_name("g"), max_delivery_attempts=50).replace(
+        uuid_sequencing=sequenced, leader_election="postgres"
+    )
+    with Harvest(cfg, producer_factory=faults, tracer_provider=provider):
+        wait_drained(pg_dsn, table, timeout=120)
+    assert faults.counters["produce"] and faults.counters["delivery"], faults.counters
+    finished = exporter.get_finished_spans()
+    failed = [s for s in finished if s.status.status_code is StatusCode.ERROR]
+    ok = {s.context.span_id: s for s in finished if s.status.status_code is StatusCode.UNSET}
+    if sequenced:  # (the injector fails ACK_TXN records too: they have no span)
+        assert 0 < len(failed) <= faults.counters["produce"] + faults.counters["delivery"]
+    else:  # every injected failure was a traced record's
+        assert len(failed) == faults.counters["produce"] + faults.counters["delivery"]
+    assert {dict(s.attributes or {})["error.type"] for s in failed} <= {"_MSG_TIMED_OUT", "_TRANSPORT", "_PURGE_QUEUE"}
+    assert all(s.parent is not None and s.parent.span_id == stash_ctx.span_id for s in finished)
+    attempts = Counter(dict(s.attributes or {})["harvest.outbox.id"] for s in finished)
+    assert len(attempts) == 40 and attempts.total() > 40  # re-sent rows: a span per attempt
+    got = _read(kafka_bootstrap, topic, sequenced)  # sequenced: the committed copy of each key
+    assert len(got) == 40
+    if not sequenced:  # each failed report's copy is in the log too; a key's last copy is the delivered one
+        assert len(read_to_end(kafka_bootstrap, [topic])) >= 40 + faults.counters["delivery"]
+    for key, (partition, offset, headers) in got.items():
+        span_id = int(dict(headers)["traceparent"].decode().split("-")[2], 16)
+        span = ok.get(span_id)
+        assert span is not None, f"{key}: its traceparent names no successful relay span"
+        attrs = dict(span.attributes or {})
+        assert (attrs[KAFKA_PARTITION], attrs[OFFSET]) == (partition, offset), key
