@@ -41,6 +41,7 @@ BENCHES: dict[str, tuple[str, list[str], list[str]]] = {
     "spark_stream": ("bench_spark_stream.py", [], ["--records", "100000", "--repeat", "1"]),
     "stasher": ("bench_stasher.py", [], ["--rows", "2000", "--repeat", "1"]),
     "shards": ("bench_shards.py", [], ["--rows", "50000", "--relays", "1,2"]),
+    "spans": ("bench_spans.py", [], ["--rows", "5000", "--runs", "1"]),
     "debezium": (
         "bench_debezium.py",
         [],
@@ -233,6 +234,27 @@ def _shard_rows(r: dict[str, Any]) -> list[tuple[str, str, str, str]]:
     return out
 
 
+def _span_rows(r: dict[str, Any]) -> list[tuple[str, str, str, str]]:
+    """bench_spans.py: relay spans on against off, per mode; off against off is the noise band."""
+    out: list[tuple[str, str, str, str]] = []
+    rows = (_get(r, "setup", "rows") or 0) // 1000
+    for mode, label in (("at_least_once", "at-least-once"), ("sequenced", "--uuid-sequencing")):
+        off, noise = _get(r, "modes", mode, "off") or {}, _get(r, "modes", mode, "off_again") or {}
+        for variant, what in (("on_1", "sampleRatio 1"), ("on_0.01", "sampleRatio 0.01")):
+            d = _get(r, "modes", mode, variant) or {}
+            out.append(
+                (
+                    f"Relay spans on, {label}, {what}, {rows}k backlog (rows/s)",
+                    _fmt(d.get("rows_per_s")),
+                    f"{_fmt(d.get('ratio_to_off'))} of spans off ({_fmt(off.get('rows_per_s'))}), CPU "
+                    f"{_fmt(d.get('cpu_ratio_to_off'))}x; off against off {_fmt(noise.get('ratio_to_off'))}, CPU "
+                    f"{_fmt(noise.get('cpu_ratio_to_off'))}x (the noise)",
+                    "spans off: unchanged within noise",
+                )
+            )
+    return out
+
+
 def _mb(v: Any) -> Any:
     return v / 1e6 if isinstance(v, (int, float)) else None
 
@@ -350,6 +372,7 @@ ROWS: dict[str, Callable[[dict[str, Any]], list[tuple[str, str, str, str]]]] = {
     ],
     "relay": lambda r: _relay_rows(r),
     "shards": lambda r: _shard_rows(r),
+    "spans": lambda r: _span_rows(r),
     "debezium": lambda r: _debezium_rows(r),
     "consumer": lambda r: [
         (
