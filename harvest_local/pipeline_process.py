@@ -11,12 +11,49 @@ committed micro-batches (the file sink's metadata log), which is what a restart 
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import unquote, urlparse
+
+
+@dataclass(frozen=True)
+class CommittedFile:
+    path: str
+    modified: float  # wall-clock seconds: when the micro-batch wrote it (just before its commit)
+    rows: int
+
+
+def committed_files(events_path: Path) -> list[CommittedFile]:
+    """Files of a local file-sink table per its ``_spark_metadata`` log (batch files and compactions:
+    the newest compaction holds every earlier entry; Spark may delete older batch files after one)."""
+    import pyarrow.parquet as pq
+
+    log = events_path / "_spark_metadata"
+    try:
+        entries = sorted((int(p.name.split(".")[0]), p) for p in log.iterdir() if p.name.split(".")[0].isdigit())
+    except FileNotFoundError:
+        return []
+    files: dict[str, float] = {}
+    for _, entry in entries:
+        for line in entry.read_text().splitlines()[1:]:  # the first line is the log's version
+            if not line.strip():
+                continue
+            item = json.loads(line)
+            if item.get("action") == "delete":
+                files.pop(item["path"], None)
+            else:
+                files[item["path"]] = item["modificationTime"] / 1000.0
+    out = []
+    for uri, modified in files.items():
+        local = unquote(urlparse(uri).path)
+        out.append(CommittedFile(local, modified, pq.read_metadata(local).num_rows))
+    return out
 
 
 class PipelineProcess:
@@ -133,6 +170,11 @@ class PipelineProcess:
         except FileNotFoundError:
             return 0
         return max(ids) + 1 if ids else 0
+
+    def committed_files(self) -> list[CommittedFile]:
+        """The event table's files as its metadata log lists them (what readers see), with their row
+        counts from the Parquet footers: the table's size and ingest over time without a Spark session."""
+        return committed_files(self.events_path)
 
     def text(self) -> str:
         try:

@@ -172,6 +172,16 @@ class LatestStateTable:
             self._fs.delete(self._Path(self._commit_path(old)), False)
 
 
+def local_snapshot(path: str) -> str | None:
+    """The newest committed version's folder of a table on a local filesystem (for tools reading it
+    without Spark, e.g. with pyarrow); None before the first commit."""
+    import os
+
+    commits = os.path.join(path, _COMMITS)
+    names = sorted(n for n in os.listdir(commits) if n.isdigit()) if os.path.isdir(commits) else []
+    return os.path.join(path, f"{_PREFIX}{names[-1]}") if names else None
+
+
 def read_latest(spark: SparkSession, path: str) -> DataFrame:
     """The latest-state table at ``path`` as a DataFrame; a clear error if nothing is committed yet."""
     df = LatestStateTable(spark, path).read()

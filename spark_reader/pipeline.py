@@ -186,8 +186,12 @@ def start_pipeline(spark: SparkSession, cfg: PipelineConfig) -> Pipeline:
     return Pipeline(events, latest)
 
 
-def run(spark: SparkSession, cfg: PipelineConfig, poll_seconds: float = 5.0) -> int:
-    """Run until both queries end (``available_now``), one fails (exit 1), or SIGTERM/SIGINT (stop, 0)."""
+def run(spark: SparkSession, cfg: PipelineConfig, max_restarts: int = 3, poll_seconds: float = 1.0) -> int:
+    """Run until both queries end (``available_now``: exit 0), SIGTERM/SIGINT (queries stopped: 0),
+    or a query fails more than ``max_restarts`` times in a row (1). A failed query (a Kafka broker
+    gone, a Python worker that did not start in time on a loaded node) stops both, and both restart
+    from their checkpoints after a pause growing from 2 s, as a scheduler restarting the driver would,
+    without the JVM's start-up; a restart that completes a micro-batch resets the count."""
     stopping: list[int] = []
 
     def on_signal(signum: int, _: Any) -> None:
@@ -195,26 +199,50 @@ def run(spark: SparkSession, cfg: PipelineConfig, poll_seconds: float = 5.0) -> 
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, on_signal)
-    pipeline = start_pipeline(spark, cfg)
-    log.info("pipeline running: events -> %s, latest state -> %s", cfg.events_path, cfg.latest_path)
+    failures = 0
     while True:
-        time.sleep(poll_seconds if not cfg.available_now else 0.5)
+        try:
+            pipeline = start_pipeline(spark, cfg)
+        except (RuntimeError, TimeoutError) as exc:  # the events query failed while starting
+            pipeline, error = None, exc
+        else:
+            log.info("pipeline running: events -> %s, latest state -> %s", cfg.events_path, cfg.latest_path)
+            error = _watch(pipeline, stopping, poll_seconds)
+            if error is None:
+                return 0
+            if pipeline.logged.get("events", -1) >= 0:  # it got through a micro-batch
+                failures = 0
+        failures += 1
+        if failures > max_restarts:
+            log.error("giving up after %d failed starts in a row: %s", failures, error)
+            return 1
+        pause = 2.0 * 2 ** (failures - 1)
+        log.warning("restarting both queries from their checkpoints in %.0fs (failure %d): %s", pause, failures, error)
+        time.sleep(pause)
+        if stopping:
+            return 0
+
+
+def _watch(pipeline: Pipeline, stopping: list[int], poll_seconds: float) -> BaseException | None:
+    """Until the queries end or a signal: None when they ended well or were stopped, else the error."""
+    while True:
+        time.sleep(poll_seconds)
         pipeline.log_progress()
         if stopping:
             log.info("signal %d: stopping the queries", stopping[0])
             pipeline.stop()
-            return 0
+            return None
         done = [q for q in pipeline.queries if not q.isActive]
-        if done:
-            for q in done:
-                if q.exception() is not None:
-                    log.error("query %s failed: %s", q.name, q.exception())
-                    pipeline.stop()
-                    return 1
-            if len(done) == len(pipeline.queries):
-                pipeline.log_progress()
-                log.info("pipeline done (available-now)")
-                return 0
+        failed = [q for q in done if q.exception() is not None]
+        if failed:
+            error = failed[0].exception()
+            log.error("query %s failed: %s", failed[0].name, error)
+            pipeline.stop()
+            return error
+        if len(done) == len(pipeline.queries):
+            pipeline.log_progress()
+            log.info("pipeline done (available-now)")
+            return None
 
 
 def _await_metadata_log(spark: SparkSession, events_path: str, query: StreamingQuery, timeout: float = 120.0) -> None:
@@ -256,6 +284,12 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--trigger-seconds", type=float, default=2.0, help="micro-batch interval (default 2)")
     parser.add_argument("--available-now", action="store_true", help="process what the topic holds, then exit")
     parser.add_argument("--max-offsets-per-trigger", type=int, default=None, help="records per micro-batch")
+    parser.add_argument(
+        "--max-restarts",
+        type=int,
+        default=3,
+        help="failed starts in a row restarted in-process from the checkpoints before exiting 1 (default 3)",
+    )
     parser.add_argument(
         "--master",
         help="run a local Spark (local[N] or local-cluster[E,C,M]) with the connector jars from Maven; "
@@ -344,7 +378,7 @@ def main(argv: list[str] | None = None) -> int:
         if bootstrap is None:
             raise ReaderConfigError("--bootstrap: missing. Fix: pass the brokers, or --embedded")
         cfg = _config(args, bootstrap, root)
-        return run(_session(master), cfg)
+        return run(_session(master), cfg, max_restarts=args.max_restarts)
     except ReaderConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
