@@ -62,6 +62,7 @@ DEV_VARIABLES = frozenset(
         "HARVEST_FAULTS",
         "HARVEST_OUTAGES_FULL",
         "HARVEST_OUTAGE_SECONDS",
+        "HARVEST_SKIP_LINT",
     }
 )
 DEV_PREFIX = "HARVEST_TEST_"
