@@ -257,9 +257,9 @@ class AtLeastOnceMode:
             row = ready.popleft()
             key = row[2]
             if key in in_flight:
-                parked = waiting.get(key)  # type: ignore[arg-type]
+                parked = waiting.get(key)
                 if parked is None:
-                    waiting[key] = deque((row,))  # type: ignore[index]
+                    waiting[key] = deque((row,))
                 else:
                     parked.append(row)
                 self._waiting_count += 1
@@ -295,19 +295,19 @@ class AtLeastOnceMode:
             return False
         producer = self.core.producer
         assert producer is not None
-        self._in_flight[key] = row  # type: ignore[index]
+        self._in_flight[key] = row  # type: ignore[index]  # a good row's key is not None (NULL: bad)
         # One produce() per delivery report, so this is the relay's hottest line: no retry loop is set
         # up unless the local queue is full.
         try:
             if partition is not None or self._rich_headers:
                 # a mapped table's partition column (producer.table_mapping), eventIdHeader, relay spans
                 producer.produce(
-                    topic,
+                    topic,  # type: ignore[arg-type]  # None only in a bad row, dead-lettered above
                     value,
                     key,
                     ANY_PARTITION if partition is None else partition,
                     headers=self._headers(row),
-                )  # type: ignore[arg-type]
+                )
             elif hkeys:
                 producer.produce(topic, value, key, headers=list(zip(hkeys, hvals, strict=True)))  # type: ignore[arg-type]
             else:
@@ -322,7 +322,8 @@ class AtLeastOnceMode:
         """The record's headers: the row's, after the event id header when eventIdHeader is set; with
         relay spans, the ``traceparent`` of the record's span, started here (producer.relay_spans)."""
         row_id, topic, key, _value, hkeys, hvals = row[:6]
-        headers = list(zip(hkeys, hvals, strict=True)) if hkeys else None
+        # (hvals is not None when hkeys is not, and no header key is None: the mark dead-letters such rows)
+        headers: list[tuple[str, Any]] | None = list(zip(hkeys, hvals, strict=True)) if hkeys else None  # type: ignore[arg-type]
         if self._spans is not None and headers:
             traced = self._spans.start(row_id, topic, row[ROW_CREATED], headers)  # type: ignore[arg-type]
             if traced is not None:
@@ -352,7 +353,7 @@ class AtLeastOnceMode:
                 return self._refused(row, exc)
         del self._in_flight[key]  # type: ignore[arg-type]
         if self._traced:
-            self._end_unreported("queue_full", "not produced: the producer's queue stayed full", key)  # type: ignore[arg-type]
+            self._end_unreported("queue_full", "not produced: the producer's queue stayed full", key)
         self.core.remark = True
         return True
 
@@ -362,7 +363,7 @@ class AtLeastOnceMode:
         del self._in_flight[row[2]]  # type: ignore[arg-type]
         if self._traced:
             kind = exc.args[0].name() if isinstance(exc, KafkaException) else type(exc).__name__
-            self._end_unreported(kind, f"produce() refused the record: {exc}", row[2])  # type: ignore[arg-type]
+            self._end_unreported(kind, f"produce() refused the record: {exc}", row[2])
         if isinstance(exc, KafkaException):
             return self._failed(row, exc.args[0], synchronous=True)
         self._dead_letter(row, f"cannot produce: {exc}", 1)
@@ -370,7 +371,7 @@ class AtLeastOnceMode:
 
     def _on_delivery(self, err: KafkaError | None, msg: Message) -> None:
         key = msg.key()
-        row = self._in_flight.pop(key, None)
+        row = self._in_flight.pop(key, None)  # type: ignore[arg-type]  # ours all have keys
         if row is None:  # not ours any more (view abandoned after a drain timeout)
             return
         if err is None:

@@ -80,8 +80,8 @@ class ViewFailure:
         if failed is not None:
             self.txn_limit = max(1, self.txn_limit // 2)
             for err, msg, clock in failed.failures:
-                if msg is not None and is_size_refusal(err) and msg.topic():
-                    self._guard.check_sizes(msg.topic())  # the next view refuses the oversized row alone
+                if msg is not None and is_size_refusal(err) and (topic := msg.topic()):
+                    self._guard.check_sizes(topic)  # the next view refuses the oversized row alone
                 rid = self._find_row(failed, msg)
                 if rid is None:
                     continue
@@ -143,7 +143,7 @@ class ViewFailure:
         producer = self.core.producer
         exec_ = self.core.exec
         budget = self.limits.max_poll_interval or 1.0
-        deadline = self.monotonic() + budget  # type: ignore[operator]
+        deadline = self.monotonic() + budget
         if view is not None and producer is not None:
             if self._txns and not self._txns[-1].closed:
                 self._close(self._txns[-1])
@@ -189,7 +189,7 @@ class ViewFailure:
             unknown = outcome_unknown(self._txns)
             counter = roll_back(producer, view, self._txns if not self._ack_broken else (), unknown)
             self._txns.clear()
-            end = self.monotonic() + budget  # type: ignore[operator]
+            end = self.monotonic() + budget
             while (
                 (self._acking and any(t.ack_pending for t in self._acking)) or counter.pending
             ) and self.monotonic() < end:

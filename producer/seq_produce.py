@@ -143,12 +143,11 @@ class TxnProducer:
                         continue
                     self._dead_letter_in(t, row, f"cannot be sent: {verdict}", 0)
                     continue
+                budget: int = verdict  # type: ignore[assignment]  # a str verdict was handled above
                 size = len(key) + (len(value) if value is not None else 0)  # type: ignore[arg-type]
-                if size > verdict or (  # type: ignore[operator]
-                    hkeys and size + header_bytes(hkeys, hvals) > verdict
-                ):  # type: ignore[arg-type,operator]
+                if size > budget or (hkeys and size + header_bytes(hkeys, hvals) > budget):  # type: ignore[arg-type]
                     ready.popleft()
-                    why = too_large(verdict, key, value, hkeys, hvals)  # type: ignore[arg-type]
+                    why = too_large(budget, key, value, hkeys, hvals)  # type: ignore[arg-type]
                     self._dead_letter_in(t, row, f"cannot be sent: {why}", 0)
                     continue
                 c = clock.value + TICK

@@ -88,13 +88,13 @@ class Txn:
                 self.view.max_ok = clock
         else:
             self.failures.append((err, msg, clock))
-            if msg is None or msg.partition() is None or msg.partition() < 0:
+            if msg is None or (partition := msg.partition()) is None or partition < 0:
                 return  # (a failed record with a known partition may be in the log anyway)
         j = (msg.topic(), msg.partition())
         if j not in self.journals:  # once per partition per transaction: reports arrive in log order
             # The first clock of this producer in this partition: a rollback ACK at clock - 1 equals
             # the reader's implicit last ACK, so it is a clean ACK_ROLLBACK.
-            self.journals[j] = clock
+            self.journals[j] = clock  # type: ignore[index]  # a record in the log has its topic and partition
 
     def on_ack(self, err: KafkaError | None, msg: Message) -> None:
         self.ack_pending -= 1
