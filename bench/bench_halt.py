@@ -1,0 +1,150 @@
+"""deadLetterPolicy benchmark (not a test): what ``haltKey`` costs a backlog drain (producer/key_halt.py).
+
+    .venv/bin/python -m bench.bench_halt [--rows 50000] [--runs 3] [--dead 1000]
+
+Under ``haltKey`` every mark probes the dead-letter table for each row it claims (``NOT EXISTS`` on
+the ``(kafka_topic, kafka_key)`` index). Per mode (at-least-once, ``--uuid-sequencing``) the variants
+run interleaved, round after round (the order rotated), each on a fresh outbox of ``--rows`` rows
+(100-byte values, 1,000 keys, 8 partitions) into one long-lived topic, timed from leadership to an
+empty outbox:
+
+- ``skip``: the default policy; ``skip_again``, the same, measured as a second variant so its
+  ratio to ``skip`` shows the run-to-run noise any other ratio must be read against;
+- ``halt_empty``: ``haltKey`` with an empty dead-letter table (the usual state);
+- ``halt_dead``: ``haltKey`` with ``--dead`` dead letters of other keys parked (the probe hits the
+  index and finds nothing: every row still flows).
+
+Prints one JSON document: per mode and variant the median rows/s, the relay's CPU seconds per 100k
+rows (process CPU), and each variant's ratio to ``skip`` (medians). An untimed drain of each mode
+warms the broker first.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import statistics
+import sys
+import time
+import uuid
+from typing import Any
+
+import psycopg
+from psycopg import sql
+
+from harvest_outbox.harvest_local.kafka import create_topic
+from harvest_outbox.producer.config import HarvestConfig, Limits
+from harvest_outbox.producer.harvest import Harvest
+from harvest_outbox.producer.schema import init_db
+from harvest_outbox.producer.stasher import OutboxRecord, Stasher
+
+KEYS, PARTITIONS = 1000, 8
+VARIANTS = ("skip", "skip_again", "halt_empty", "halt_dead")
+
+
+def drain(dsn: str, bootstrap: str, topic: str, rows: int, dead: int, sequenced: bool, variant: str) -> dict[str, Any]:
+    schema = f"bench_{uuid.uuid4().hex[:8]}"
+    table = f"{schema}.outbox"
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("CHECKPOINT")
+    names = init_db(dsn, table)
+    pad = "x" * 100
+    records = [OutboxRecord(topic, f"key-{i % KEYS}", f"{i:010d}{pad}"[:100]) for i in range(rows)]
+    with psycopg.connect(dsn) as conn:
+        Stasher(table).stash_many(conn, records)
+        if variant == "halt_dead":  # parked dead letters of keys the backlog does not have
+            conn.execute(
+                sql.SQL(
+                    "INSERT INTO {} (id, kafka_topic, kafka_key, kafka_value, error, attempts) "
+                    "SELECT 1000000000 + g, %s, 'dead-' || g, 'v', 'bench', 1 FROM generate_series(1, %s) AS g"
+                ).format(names.dead_letters),
+                (topic, dead),
+            )
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(sql.SQL("VACUUM ANALYZE {}").format(names.outbox))
+        conn.execute(sql.SQL("VACUUM ANALYZE {}").format(names.dead_letters))
+    cfg = HarvestConfig(
+        data_source=dsn,
+        outbox_table=table,
+        base_kafka_config={"bootstrap.servers": bootstrap},
+        leader_group_id=f"bench-{uuid.uuid4().hex[:8]}",
+        limits=Limits(heartbeat_timeout=5.0),
+        uuid_sequencing=sequenced,
+        dead_letter_policy="haltKey" if variant.startswith("halt") else "skip",
+    )
+    relay = Harvest(cfg).start()
+    watch = psycopg.connect(dsn, autocommit=True)
+    count = sql.SQL("SELECT count(*) FROM {}").format(names.outbox)
+    try:
+        while not relay.is_leader:
+            time.sleep(0.001)
+        t0, c0 = time.perf_counter(), time.process_time()
+        while relay.metrics.delivered < rows:
+            time.sleep(0.005)
+        while watch.execute(count).fetchone()[0]:  # type: ignore[index]
+            time.sleep(0.001)
+        elapsed, cpu = time.perf_counter() - t0, time.process_time() - c0
+    finally:
+        watch.close()
+        relay.stop()
+        relay.wait(60)
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(schema)))
+    return {"rows_per_s": rows / elapsed, "cpu_s_per_100k": cpu / rows * 100_000}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rows", type=int, default=50_000)
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--dead", type=int, default=1000, help="dead letters parked in the halt_dead variant")
+    args = ap.parse_args()
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
+    services = None
+    dsn, bootstrap = os.environ.get("HARVEST_PG_DSN"), os.environ.get("HARVEST_KAFKA_BOOTSTRAP")
+    if not (dsn and bootstrap):
+        from harvest_outbox.harvest_local import LocalServices
+
+        services = LocalServices().start()
+        dsn, bootstrap = services.endpoints.pg_dsn, services.endpoints.kafka_bootstrap
+    report: dict[str, Any] = {
+        "setup": {"rows": args.rows, "runs": args.runs, "dead": args.dead, "keys": KEYS, "partitions": PARTITIONS},
+        "modes": {},
+    }
+    try:
+        topic = f"bench-halt-{uuid.uuid4().hex[:8]}"
+        create_topic(bootstrap, topic, PARTITIONS)
+        for name, sequenced in (("at_least_once", False), ("sequenced", True)):
+            print(f"[bench halt] {name}: warm-up drain (untimed)", file=sys.stderr, flush=True)
+            drain(dsn, bootstrap, topic, args.rows, args.dead, sequenced, "skip")
+            runs: dict[str, list[dict[str, Any]]] = {v: [] for v in VARIANTS}
+            for n in range(args.runs):
+                order = VARIANTS[n % len(VARIANTS) :] + VARIANTS[: n % len(VARIANTS)]
+                for variant in order:
+                    r = drain(dsn, bootstrap, topic, args.rows, args.dead, sequenced, variant)
+                    print(f"[bench halt] {name} {variant}: {r}", file=sys.stderr, flush=True)
+                    runs[variant].append(r)
+            med = {
+                v: {
+                    "rows_per_s": round(statistics.median(r["rows_per_s"] for r in rs)),
+                    "cpu_s_per_100k": round(statistics.median(r["cpu_s_per_100k"] for r in rs), 2),
+                    "runs_rows_per_s": [round(r["rows_per_s"]) for r in rs],
+                }
+                for v, rs in runs.items()
+            }
+            base = med["skip"]
+            for v in VARIANTS:
+                med[v]["ratio_to_skip"] = round(med[v]["rows_per_s"] / base["rows_per_s"], 3)
+                med[v]["cpu_ratio_to_skip"] = round(med[v]["cpu_s_per_100k"] / base["cpu_s_per_100k"], 3)
+            report["modes"][name] = med
+    finally:
+        if services is not None:
+            services.stop()
+    print(json.dumps(report, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
