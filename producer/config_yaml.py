@@ -55,24 +55,29 @@ class StrictLoader(yaml.SafeLoader):
                     None,
                     f"alias *{event.anchor} refers to a node that contains it "
                     f"(a recursive structure); write the value out",
-                    event.start_mark,
+                    event.start_mark,  # type: ignore[arg-type]  # types-PyYAML adds the C parser's Mark
                 )
-            node = super().compose_node(parent, index)
+            node = self._compose(parent, index)
             self._count(self._size(node), event)
             return node
         anchor = getattr(event, "anchor", None)
         if anchor is not None:
             self._open.add(anchor)
         try:
-            node = super().compose_node(parent, index)
+            node = self._compose(parent, index)
         finally:
-            self._open.discard(anchor)  # type: ignore[arg-type]
+            self._open.discard(anchor)
         self._count(1, event)
         return node
 
-    def compose_scalar_node(self, anchor: str | None) -> ScalarNode:
+    def _compose(self, parent: Node | None, index: Any) -> Node:
+        # PyYAML's compose_node always returns a node (types-PyYAML says Node | None).
+        return super().compose_node(parent, index)  # type: ignore[return-value]
+
+    # types-PyYAML types the anchor as a dict: PyYAML passes its name (or None).
+    def compose_scalar_node(self, anchor: str | None) -> ScalarNode:  # type: ignore[override]
         implicit = self.peek_event().implicit[0]
-        node = super().compose_scalar_node(anchor)
+        node = super().compose_scalar_node(anchor)  # type: ignore[arg-type]
         if implicit:
             self._plain.add(id(node))
         return node

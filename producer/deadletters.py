@@ -16,7 +16,7 @@ reported by topic and reason; every other row of the selection moves.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -74,7 +74,7 @@ def topics_of(conn: psycopg.Connection, outbox_table: str, ids: Sequence[int] | 
         raise DatabaseError(f"reading dead letters of {names.display!r} failed: {str(exc).strip()}") from exc
 
 
-def missing_topics(kafka_config: Mapping[str, Any], topics: set[str | None], timeout: float = 15.0) -> list[str]:
+def missing_topics(kafka_config: Mapping[str, Any], topics: Collection[str | None], timeout: float = 15.0) -> list[str]:
     """Which of ``topics`` the Kafka cluster does not have (``None``, a row without a topic, is skipped:
     the outbox refuses it anyway). Requeueing rows of a missing topic only dead-letters them again."""
     from confluent_kafka import KafkaException

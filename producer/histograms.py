@@ -40,7 +40,7 @@ _TOPIC, _CREATED = itemgetter(1), itemgetter(ROW_CREATED)
 
 def new_cells(bounds: Sequence[float]) -> list[float]:
     """A histogram's cells: one count per bound, the ``+Inf`` count, then the sum."""
-    return [0] * (len(bounds) + 1) + [0.0]  # type: ignore[operator]
+    return [0] * (len(bounds) + 1) + [0.0]
 
 
 def observe(cells: list[float], bounds: Sequence[float], value: float) -> None:
@@ -71,8 +71,8 @@ class DwellHistograms:
         if len(rows) >= _SORT_FROM:
             topics = set(map(_TOPIC, rows))
             if len(topics) == 1:
-                created: list[float] = sorted(map(_CREATED, rows))  # type: ignore[arg-type]
-                self._observe_sorted(self._cells(topics.pop()), created, now)  # type: ignore[arg-type]
+                created: list[float] = sorted(map(_CREATED, rows))
+                self._observe_sorted(self._cells(topics.pop()), created, now)
                 return
         by_topic, bounds = self.by_topic, self.bounds
         for row in rows:

@@ -357,8 +357,8 @@ class FaultInjectingProducer:
                 msg.waited = now - since
                 callback(
                     KafkaError(KafkaError._MSG_TIMED_OUT, "Local: Message timed out (injected stall)", retriable=True),
-                    msg,
-                )  # type: ignore[arg-type]
+                    msg,  # type: ignore[arg-type]  # the stalled record's stand-in: what a callback reads of a Message
+                )
         return len(due)
 
     def poll(self, timeout: float = 0) -> int:

@@ -252,7 +252,7 @@ def start_prometheus(
     from prometheus_client import CollectorRegistry, make_wsgi_app
 
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(_Collector(metrics, name, shards))  # type: ignore[arg-type]
+    registry.register(_Collector(metrics, name, shards))
     routes: dict[str, WsgiApp] = {"/metrics": make_wsgi_app(registry)}
     health = None
     if relay is not None:

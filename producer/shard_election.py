@@ -259,7 +259,7 @@ class NeliShardElection:
                 for m in msgs:
                     err = m.error()
                     if err is None:
-                        received.add(m.partition())
+                        received.add(m.partition())  # type: ignore[arg-type]  # set on a consumed message
                     elif err.fatal():
                         raise ElectionError(f"fatal Kafka error in shard leader election: {err.str()}")
                     elif err.code() != KafkaError._PARTITION_EOF:
