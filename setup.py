@@ -32,7 +32,10 @@ MODULES = {
     f"{TOP}.consumer._native": "consumer/_native.pyx",
 }
 #: Declaration files other modules cimport, by installed module name.
-PXDS = {f"{TOP}.sequencer._native": "sequencer/_native.pxd"}
+PXDS = {
+    f"{TOP}.sequencer._native": "sequencer/_native.pxd",
+    f"{TOP}.sequencer._uuid_layout": "sequencer/_uuid_layout.pxd",
+}
 INCLUDE = Path("build") / "cython-include"
 DIRECTIVES = {
     "language_level": 3,

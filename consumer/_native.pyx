@@ -26,6 +26,9 @@ from cpython.tuple cimport PyTuple_GET_ITEM, PyTuple_GET_SIZE
 from cpython.unicode cimport PyUnicode_Check, PyUnicode_CompareWithASCIIString
 
 from harvest_outbox.sequencer._native cimport EntryBatch
+from harvest_outbox.sequencer._uuid_layout cimport (
+    ACK_TXN, MAX_RELAY_FLAGS, clock_of_halves, flags_of_lo, is_relay_halves, producer_of_lo,
+)
 
 import uuid as _uuid_mod
 
@@ -137,22 +140,21 @@ cdef class Record:
     def producer(self):
         if self._hi == 0 and self._lo == 0:
             return None
-        return int(self._lo & 0xFFFFFFFFFFFF).to_bytes(6, "big")
+        return int(producer_of_lo(self._lo)).to_bytes(6, "big")
 
     @property
     def clock(self):
-        cdef uint64_t hi = self._hi, lo = self._lo
-        return ((hi >> 32) << 4) | (((hi >> 16) & 0xFFFF) << 36) | ((hi & 0x0FFF) << 52) | ((lo >> 58) & 0xF)
+        return clock_of_halves(self._hi, self._lo)
 
     @property
     def flags(self):
         """``Flags`` value of the UUID (an unknown value is returned as the raw int)."""
-        cdef uint64_t f = (self._lo >> 48) & 0x3FF
-        return Flags(f) if f <= 2 else f
+        cdef uint64_t f = flags_of_lo(self._lo)
+        return Flags(f) if f <= MAX_RELAY_FLAGS else f
 
     @property
     def is_ack(self):
-        return (self._lo >> 48) & 0x3FF == 2
+        return flags_of_lo(self._lo) == ACK_TXN
 
     @property
     def kafka_message(self):
@@ -231,11 +233,9 @@ def convert(list raw, Py_ssize_t pos, dict journals, EntryBatch out):
                         p = <const unsigned char*> PyBytes_AS_STRING(v)
                         hi = _load_be64(p)
                         lo = _load_be64(p + 8)
-                        # uuid_header.is_relay_uuid_int: version 1 (bits 76..79 of the 128-bit int),
-                        # RFC 4122 variant (bits 62..63), multicast ProducerID (bit 40), flags 0-2
-                        # (bits 48..57).
-                        found = (((hi >> 12) & 0xF) == 1 and ((lo >> 62) & 0x3) == 2 and ((lo >> 40) & 1) == 1
-                                 and ((lo >> 48) & 0x3FF) <= 2)
+                        # uuid_header.is_relay_uuid_int: version 1, RFC 4122 variant, multicast
+                        # ProducerID, flags 0-2 (sequencer/uuid_layout.py).
+                        found = is_relay_halves(hi, lo)
                     break
         if not found:
             return i

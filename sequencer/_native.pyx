@@ -25,6 +25,8 @@ cimport cython
 from libc.stdint cimport int64_t, uint64_t
 from cpython.mem cimport PyMem_Free, PyMem_Malloc, PyMem_Realloc
 
+from harvest_outbox.sequencer._uuid_layout cimport CONTINUE_TXN, PRODUCER_BITS, clock_of_halves, flags_of_lo
+
 import logging
 from types import MappingProxyType
 
@@ -39,7 +41,7 @@ __all__ = ["EntryBatch", "Sequencer"]
 logger = logging.getLogger("harvest_outbox.sequencer.sequencer")
 
 DEF_RING_SIZE = 8192
-cdef uint64_t _PRODUCER_MASK = (1 << 48) - 1
+cdef uint64_t _PRODUCER_MASK = (<uint64_t>1 << PRODUCER_BITS) - 1
 cdef uint64_t _MASK64 = 0xFFFFFFFFFFFFFFFF
 cdef Py_ssize_t _MAX_LOGGED_ANOMALIES = 4096
 
@@ -57,11 +59,6 @@ cdef enum:
     ACK_COMMIT_REPLAY = 9
 
 cdef tuple _OUTCOMES = tuple(QueueOutcome)
-
-
-cdef inline uint64_t _clock_of(uint64_t hi, uint64_t lo) noexcept:
-    # identity.clock_of on the halves: time_low << 4 | time_mid << 36 | time_hi << 52 | low clock bits.
-    return ((hi >> 32) << 4) | (((hi >> 16) & 0xFFFF) << 36) | ((hi & 0x0FFF) << 52) | ((lo >> 58) & 0xF)
 
 
 cdef inline int _split(object x, uint64_t* hi, uint64_t* lo) except -1:
@@ -394,7 +391,7 @@ cdef class Sequencer:
         cdef dict jparts
         if self._ring_l[head] is not None:
             self._evict_at_head(head)
-        if ((lo >> 48) & 0x3FF) == 1:
+        if flags_of_lo(lo) == CONTINUE_TXN:
             producer = lo & _PRODUCER_MASK
             partial = None
             if journal is self._c_journal:
@@ -412,7 +409,7 @@ cdef class Sequencer:
                 self._c_producer = producer
                 self._c_partial = partial
             if partial is not None:
-                clock = _clock_of(hi, lo)
+                clock = clock_of_halves(hi, lo)
                 if clock > partial.max_clock and clock > partial.min_clock:
                     if partial.begin == -1:
                         partial.begin = begin
@@ -441,8 +438,8 @@ cdef class Sequencer:
         """queue_uncommitted() on an Envelope's fields; returns the outcome code."""
         cdef Py_ssize_t head = self._head_i
         cdef uint64_t producer = lo & _PRODUCER_MASK
-        cdef uint64_t clock = _clock_of(hi, lo)
-        cdef uint64_t flags = (lo >> 48) & 0x3FF
+        cdef uint64_t clock = clock_of_halves(hi, lo)
+        cdef uint64_t flags = flags_of_lo(lo)
         cdef uint64_t raw_clock = clock  # what the ring keeps: 0 for an unsequenced message
         cdef uint64_t min_clock
         cdef int outcome
@@ -606,7 +603,7 @@ cdef class Sequencer:
                 item = env
                 begin = env.begin
                 _split(env.uuid.int, &hi, &lo)
-                clock = _clock_of(hi, lo)
+                clock = clock_of_halves(hi, lo)
             self._dequeued_o = item
             self._dequeued_clock_v = clock
             if clock != 0 and clock <= min_clock:
