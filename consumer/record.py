@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 from harvest_outbox.consumer.trace_context import TRACEPARENT, TRACESTATE, header_text
 from harvest_outbox.sequencer import Flags
 from harvest_outbox.sequencer.native import load as load_native
-from harvest_outbox.sequencer.uuid_layout import MAX_RELAY_FLAGS, clock_of_int, flags_of_int, producer_of_int
+from harvest_outbox.sequencer.uuid_layout import ACK_TXN, MAX_RELAY_FLAGS, clock_of_int, flags_of_int, producer_of_int
 
 __all__ = ["HEADER_NAME", "PyRecord", "Record", "make_record"]
 
@@ -149,7 +149,7 @@ class PyRecord:
 
     @property
     def is_ack(self) -> bool:
-        return (self._x >> 48) & 0x3FF == 2
+        return flags_of_int(self._x) == ACK_TXN
 
     @property
     def kafka_message(self) -> Any:

@@ -83,7 +83,7 @@ def build_uuid(producer: bytes, clock: int, flags: int) -> uuid.UUID:
     if not isinstance(clock, int) or not 0 <= clock < _layout.CLOCK_LIMIT:
         raise UUIDError(f"clock must be an int in [0, 2**64), got {clock!r}; use Clock.tick()")
     if not isinstance(flags, int) or not 0 <= flags <= FLAGS_MASK:
-        raise UUIDError(f"flags must be an int in [0, 0x3ff] (10 bits), got {flags!r}; use a Flags value")
+        raise UUIDError(f"flags must be an int in [0, {FLAGS_MASK:#x}] (10 bits), got {flags!r}; use a Flags value")
     return uuid.UUID(int=_layout.pack(int.from_bytes(producer, "big"), clock, flags))
 
 
