@@ -37,6 +37,13 @@ class ModelDB:
     attempts: dict[int, tuple[int, str]] = field(default_factory=dict)
     committed: set[int] = field(default_factory=set)  # ids deleted by a fenced commit
     refused: int = 0  # commits the fence refused
+    #: deadLetterPolicy: haltKey -- the mark leaves rows of a (topic, key) with a dead letter (producer.key_halt)
+    halt_keys: bool = False
+    #: (topic, key) -> the commit step that dead-lettered its first row; id -> the commit step that
+    #: committed it (one step per harvest transaction, in the order the fenced commit applies them)
+    dead_keys: dict[tuple[str, bytes], int] = field(default_factory=dict)
+    committed_at: dict[int, int] = field(default_factory=dict)
+    steps: int = 0
 
     def insert(self, rid: int, topic: str, key: bytes, value: bytes) -> None:
         """A writer's committed row (visible from now on)."""
@@ -71,13 +78,17 @@ class ModelDB:
                     f"commit refused: {len(given) - n} of {len(given)} {what}(s) no longer owned by "
                     f"leader view {leader_id}"
                 )
-        for i in ids:
-            del self.rows[i]
-            self.committed.add(i)
-        for i, error, attempts in dead:
-            del self.rows[i]
-            self.dead[i] = (error, attempts)
-            self.attempts.pop(i, None)
+        for t in txns:
+            self.steps += 1
+            for i in t.ids:
+                del self.rows[i]
+                self.committed.add(i)
+                self.committed_at[i] = self.steps
+            for i, error, attempts in t.dead:
+                self.dead_keys.setdefault((self.rows[i][0], self.rows[i][1]), self.steps)
+                del self.rows[i]
+                self.dead[i] = (error, attempts)
+                self.attempts.pop(i, None)
         for t in txns:
             for i in t.forget:
                 self.attempts.pop(i, None)
@@ -102,7 +113,7 @@ class ModelDB:
             if len(rows) >= limit:
                 break
             row = self.rows[i]
-            if row[3] == leader_id:
+            if row[3] == leader_id or (self.halt_keys and (row[0], row[1]) in self.dead_keys):
                 continue
             row[3] = leader_id
             n, error = self.attempts.get(i, (None, None))

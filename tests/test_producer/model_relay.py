@@ -157,7 +157,13 @@ class Relay:
         self.world, self.n = world, n
         self.alive = True
         self.producers: list[ModelProducer] = []
-        cfg = HarvestConfig(limits=world.limits, uuid_sequencing=True, name=f"r{n}", leader_election="postgres")
+        cfg = HarvestConfig(
+            limits=world.limits,
+            uuid_sequencing=True,
+            name=f"r{n}",
+            leader_election="postgres",
+            dead_letter_policy="haltKey" if world.db.halt_keys else "skip",
+        )
         guard = TopicGuard(
             {}, cfg.producer_config(), admin_factory=lambda conf: FakeAdmin({world.topic.name: 1_048_588})
         )

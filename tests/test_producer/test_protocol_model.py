@@ -15,7 +15,11 @@ outbox, and the checks run (also at every crash, on what is committed so far):
   both); nothing else is committed;
 - per key, committed records are in id (= the writer's commit) order;
 - a record is committed only after the fenced commit deleted its row;
-- the Sequencer logs no anomaly (e.g. a rollback ACK below the last ACK).
+- the Sequencer logs no anomaly (e.g. a rollback ACK below the last ACK);
+- odd seeds run ``deadLetterPolicy: haltKey`` (the model's mark leaves rows of a key with a dead
+  letter, as the real one's NOT EXISTS does): no row of a key is committed by a harvest transaction
+  after the one that dead-lettered a row of it, and the drain ends with exactly the halted keys'
+  rows left in the outbox.
 
 Real time plays no part: the relay runs on virtual time (its ``monotonic`` and ``wall_clock_ns``
 seams), DB jobs run when the scheduler or a waiting relay says, so a failing seed replays exactly:
@@ -55,7 +59,7 @@ class World:
         self.seed = seed
         self.rng = rng = random.Random(seed)
         self.clock = Clock()
-        self.db = ModelDB()
+        self.db = ModelDB(halt_keys=seed % 2 == 1)  # by the seed: the schedules' random choices stay as they were
         self.topic = Topic(TOPIC, rng.choice([1, 2, 3]))
         self.limits = Limits(
             producer_ring=rng.choice([1, 2, 4]),
@@ -203,7 +207,7 @@ class World:
         relay = self.start_relay()
         for _ in range(20000):
             if (
-                not self.db.rows
+                all(self.halted(rid) for rid in self.db.rows)
                 and not self.db.intents
                 and not relay.worker.queue
                 and not any(p.busy() or p.reports for p in relay.producers)
@@ -220,6 +224,11 @@ class World:
             f"seed {self.seed}: the relay did not drain the outbox: {len(self.db.rows)} rows, "
             f"{len(self.db.intents)} intents left"
         )
+
+    def halted(self, rid: int) -> bool:
+        """Is outbox row ``rid`` held by a dead letter of its key (haltKey)?"""
+        row = self.db.rows[rid]
+        return self.db.halt_keys and (row[0], row[1]) in self.db.dead_keys
 
     def write_commit(self, w: int) -> None:
         rows, self.writers[w] = self.writers[w], None
@@ -259,13 +268,17 @@ def check(world: World, final: bool) -> None:
         got.setdefault(r.key, []).append(rid)  # type: ignore[arg-type]
     assert not ANOMALIES.messages, f"{where}: the reader logged anomalies: {ANOMALIES.messages[:3]}"
     for key, ids in got.items():
+        halted_at = world.db.dead_keys.get((TOPIC, key)) if world.db.halt_keys else None
+        if halted_at is not None:
+            late = [i for i in ids if world.db.committed_at[i] > halted_at]
+            assert not late, f"{where}: key {key!r}: rows {late} committed after its dead letter (haltKey)"
         assert len(ids) == len(set(ids)), f"{where}: key {key!r}: rows committed twice: {ids}"
         assert ids == sorted(ids), f"{where}: key {key!r}: committed out of id order: {ids}"
         dead = [i for i in ids if i in world.db.dead]
         assert not dead, f"{where}: rows {dead} both committed and dead-lettered"
     if final:
         for key, ids in world.expected.items():
-            want = [i for i in ids if i not in world.db.dead]
+            want = [i for i in ids if i not in world.db.dead and i not in world.db.rows]  # haltKey: rows wait
             assert got.get(key, []) == want, f"{where}: key {key!r}: committed {got.get(key)}, expected {want}"
 
 
@@ -304,11 +317,14 @@ def test_the_database_implementations_fit_the_protocols_interface() -> None:
 
 def test_protocol_invariants_hold_in_thousands_of_random_schedules(quiet_relay: Any) -> None:
     started = time.perf_counter()
-    totals = {"rows": 0, "dead": 0, "relays": 0, "views": 0, "records": 0, "fenced": 0}
+    totals = {"rows": 0, "dead": 0, "halted": 0, "waiting": 0, "relays": 0, "views": 0, "records": 0, "fenced": 0}
     for seed in range(FIRST_SEED, FIRST_SEED + SCHEDULES):
         world = run_schedule(seed)
         totals["rows"] += sum(len(v) for v in world.expected.values())
         totals["dead"] += len(world.db.dead)
+        if world.db.halt_keys:  # keys halted, and their rows left waiting at the end
+            totals["halted"] += len(world.db.dead_keys)
+            totals["waiting"] += len(world.db.rows)
         totals["relays"] += len(world.relays)
         totals["views"] += sum(r.mode.views_started for r in world.relays)
         totals["records"] += sum(len(v) for v in world.topic.log.values())
@@ -319,6 +335,17 @@ def test_protocol_invariants_hold_in_thousands_of_random_schedules(quiet_relay: 
     print(f"\n{SCHEDULES} schedules in {took:.1f}s ({SCHEDULES / took:.0f}/s): {totals}")
     if SCHEDULES >= 100:  # the schedules reached every kind of fault (2,000 schedules: hundreds of each)
         quiet = [
-            k for k in ("dead", "fenced", "crashes", "lost_replies", "failed_deliveries", "takeovers") if not totals[k]
+            k
+            for k in (
+                "dead",
+                "halted",
+                "waiting",
+                "fenced",
+                "crashes",
+                "lost_replies",
+                "failed_deliveries",
+                "takeovers",
+            )
+            if not totals[k]
         ]
         assert not quiet, f"no schedule had any {quiet}: {totals}"
