@@ -52,6 +52,7 @@ from harvest_outbox.producer.errors import SHOWN_CHARS, ConfigError, shown
 from harvest_outbox.producer.kafka_names import LEGAL_NAME, NAME_RULE, NOT_A_NAME_CHAR
 from harvest_outbox.producer.redact import is_secret_kafka_key, redact_dsn, redact_error, redact_kafka_config
 from harvest_outbox.producer.relay_spans import TracingConfig
+from harvest_outbox.producer.serialization_config import SerializationConfig
 from harvest_outbox.producer.table_mapping import GOHARVEST, TableMapping, table_mapping
 
 DEFAULT_DATA_SOURCE = "host=localhost port=5432 user=postgres password= dbname=postgres sslmode=disable"
@@ -403,12 +404,13 @@ _TOP_KEYS = (
     "deadLetterRetention",
     "deadLetterPolicy",
     "tracing",
+    "serialization",
 )
 #: How a ``HARVEST_<KEY>`` variable's text is read for each key (producer/config_env.py).
 _ENV_KINDS = {
     **dict.fromkeys(_TOP_KEYS, TEXT),
     **dict.fromkeys(("prometheusPort", "leaderTopicReplicationFactor", "uuidSequencing", "shards"), SCALAR),
-    **dict.fromkeys(("baseKafkaConfig", "producerKafkaConfig", "limits", "eventRouter", "tracing"), MAPPING),
+    **dict.fromkeys(("baseKafkaConfig", "producerKafkaConfig", "limits", "eventRouter", "tracing", "serialization"), MAPPING),
 }
 #: What the relay does with a row whose topic does not exist: park it in the dead letters at once,
 #: or hold that topic's rows (marked, in memory) until the topic exists while other topics flow.
@@ -562,6 +564,10 @@ class HarvestConfig:
     #: ``tracing: {spans, sampleRatio}``: relay spans when an OpenTelemetry SDK is configured
     #: (:class:`~producer.relay_spans.TracingConfig`, docs/tracing.md); on by default, a no-op without one.
     tracing: TracingConfig = field(default_factory=TracingConfig)
+    #: ``serialization: {registry, topics}``: topics whose values the relay encodes with a schema
+    #: registry (:class:`~producer.serialization_config.SerializationConfig`, docs/schemas.md); empty
+    #: (default): every value published as stored.
+    serialization: SerializationConfig = field(default_factory=SerializationConfig)
 
     def __post_init__(self) -> None:
         base = dict(_kafka_map(self.base_kafka_config, "baseKafkaConfig"))
@@ -824,7 +830,7 @@ class HarvestConfig:
             f"missing_topic_policy={self.missing_topic_policy!r}, shards={self.shards!r}, "
             f"table_mapping={self.table_mapping!r}, event_id_header={self.event_id_header!r}, "
             f"dead_letter_retention={self.dead_letter_retention!r}, dead_letter_policy={self.dead_letter_policy!r}, "
-            f"tracing={self.tracing!r})"
+            f"tracing={self.tracing!r}, serialization={self.serialization!r})"
         )
 
     __str__ = __repr__
@@ -875,6 +881,8 @@ class HarvestConfig:
             kwargs["dead_letter_policy"] = data["deadLetterPolicy"]
         if data.get("tracing") is not None:
             kwargs["tracing"] = TracingConfig.from_mapping(data["tracing"], f"{path}.tracing")
+        if data.get("serialization") is not None:
+            kwargs["serialization"] = SerializationConfig.from_mapping(data["serialization"], f"{path}.serialization")
         if data.get("deadLetterRetention") not in (None, "keep"):
             kwargs["dead_letter_retention"] = parse_duration(data["deadLetterRetention"], f"{path}.deadLetterRetention")
         if data.get("leaderLockCheckInterval") is not None:

@@ -63,6 +63,7 @@ from harvest_outbox.producer.preflight import TopicGuard
 from harvest_outbox.producer.redact import redact_kafka_config
 from harvest_outbox.producer.relay_spans import relay_spans
 from harvest_outbox.producer.schema import OutboxNames, packed_outbox_fix
+from harvest_outbox.producer.serialization import RowEncoder
 from harvest_outbox.producer.shard_election import ShardSetSeat
 from harvest_outbox.producer.waker import Waker
 
@@ -163,6 +164,9 @@ class RelayCore:
         self.shards = shards
         self.producer_factory = producer_factory
         self.guard = guard
+        #: ``serialization:`` (producer.serialization): encodes marked rows in the mark worker; None
+        #: without a topic to encode (then the registry client is never imported).
+        self.encoder: RowEncoder | None = RowEncoder(config.serialization) if config.serialization.enabled else None
         # connections and their workers (open() .. close())
         self.db: OutboxDatabase | None = None  # writes: purges, resets, dead letters, commits, views
         self.exec: ThreadPoolExecutor | None = None
@@ -288,7 +292,12 @@ class RelayCore:
         """Ask the mark worker for the next ``mark_size`` rows of the current view."""
         assert self.mark_exec is not None and self.mark_db is not None and self.leader_id is not None
         view, asked = self.leader_id, self.mark_size.value
-        future = self.waker.watch(self.mark_exec.submit(self.mark_db.mark_with_attempts, view, asked))
+        mark: Any = self.mark_db.mark_with_attempts
+        if self.encoder is not None:  # serialization: the mark worker encodes what it marked (producer.serialization)
+            future = self.mark_exec.submit(self.encoder.marked, mark, view, asked)
+        else:
+            future = self.mark_exec.submit(mark, view, asked)
+        future = self.waker.watch(future)
         self.marks.append(PendingMark(future, view, asked))
 
     def mark_ahead(self, unsent: int) -> None:

@@ -1,0 +1,241 @@
+"""Registry encoding of marked rows, before they are produced (``serialization:``, docs/schemas.md).
+
+The relay's mark worker calls :meth:`RowEncoder.encode` on every batch of marked rows, off the relay
+thread, before the rows reach either mode's send path; so both modes, every table mapping and every
+shard layout encode the same way. For each row whose topic has a serializer
+(:class:`~producer.serialization_config.SerializationConfig`) the JSON value is parsed and handed to
+confluent-kafka's serializer of that format, which writes the Confluent wire format (magic byte 0,
+the 4-byte schema id, the encoded record) and caches the subject's schema and id in its registry
+client.
+
+Decide, then return the decision (the rows), never a half-encoded batch:
+- a row whose value does not fit its schema (or is not JSON) keeps its stored value and gets the
+  validation error as its ``bad`` reason: both modes dead-letter such a row before producing it
+  ("bad row: ..."), like the other preflight refusals; the reason names the field and the rule;
+- a registry that cannot be reached or answers with an error (no such subject, 5xx) is an outage,
+  not a verdict on the row: :class:`RegistryUnavailable` is raised for the whole batch, which the
+  relay treats like a database outage (backs off, re-marks): rows wait in the outbox, nothing is
+  dead-lettered, and the relay carries on when the registry answers again;
+- tombstones (``value`` NULL) stay tombstones; rows of topics without a serializer are untouched.
+
+confluent-kafka's registry client and serializers are imported on first use (the ``registry``
+extra), so a relay without ``serialization:`` never imports them.
+Invariants: tests/test_producer/test_registry_encode.py, test_registry_outage.py.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from harvest_outbox.producer.db import MarkedRow
+from harvest_outbox.producer.errors import ConfigError, DatabaseError, shown
+from harvest_outbox.producer.serialization_config import SerializationConfig, TopicSerialization
+
+log = logging.getLogger(__name__)
+
+#: confluent-kafka serializer classes by config name (module, class).
+_SERIALIZERS = {
+    "avro": ("confluent_kafka.schema_registry.avro", "AvroSerializer"),
+    "jsonSchema": ("confluent_kafka.schema_registry.json_schema", "JSONSerializer"),
+    "protobuf": ("confluent_kafka.schema_registry.protobuf", "ProtobufSerializer"),
+}
+
+
+class RegistryUnavailable(DatabaseError):
+    """The schema registry did not answer (or answered with an error) while rows were encoded: an
+    outage of a dependency the relay needs before it produces. A :class:`DatabaseError` so the relay
+    handles it as it handles the database's: back off, re-mark, rows wait; nothing is dead-lettered."""
+
+
+def _is_outage(exc: BaseException) -> bool:
+    from confluent_kafka.schema_registry.error import SchemaRegistryError
+
+    if isinstance(exc, (SchemaRegistryError, OSError, ConnectionError, TimeoutError)):
+        return True
+    # the client's HTTP library (httpx, or its vendored copy) raises its own transport errors
+    return any(cls.__name__ in ("TransportError", "HTTPError") for cls in type(exc).__mro__)
+
+
+def _validation_reason(exc: BaseException, what: str) -> str:
+    """Which field, which rule: jsonschema's error carries both; Avro's message names the field."""
+    for cause in (exc, exc.__cause__, exc.__context__):
+        path = getattr(cause, "json_path", None)
+        if path is not None:
+            rule = getattr(cause, "validator", "?")
+            message = getattr(cause, "message", str(cause))
+            return f"{what} does not match its schema: field {path}: {message} (rule: {rule})"
+    errors = getattr(exc, "errors", None)  # fastavro's ValidationError: one line per failed field
+    if errors:
+        return f"{what} does not match its schema: {'; '.join(str(e) for e in errors)}"
+    return f"{what} does not match its schema: {exc}"
+
+
+class _TopicEncoder:
+    """The value (and key) serializers of one topic; built on the topic's first row."""
+
+    def __init__(self, entry: TopicSerialization, topic: str, client: Any) -> None:
+        from confluent_kafka.serialization import MessageField, SerializationContext
+
+        self.entry = entry
+        self.client = client
+        self.subject = entry.subject(topic)
+        self.avro = entry.serializer == "avro"
+        self._parsed: dict[str, Any] = {}  # Avro schema text -> fastavro's parsed schema
+        self.value = self._serializer(entry.serializer, entry, topic, client, False)
+        self.key = self._serializer(entry.key_serializer, entry, topic, client, True)
+        self.value_ctx = SerializationContext(topic, MessageField.VALUE)
+        self.key_ctx = SerializationContext(topic, MessageField.KEY)
+
+    def check_avro(self, value: Any) -> None:
+        """Validate ``value`` against the writer's schema strictly: fastavro's writer alone coerces
+        some mismatches (1.5 written to a long field as 1), which would publish a changed value."""
+        from fastavro import parse_schema
+        from fastavro.validation import validate
+
+        entry = self.entry
+        if entry.schema_id is not None:
+            text = self.client.get_schema(entry.schema_id).schema_str
+        elif entry.schema_version != "latest":
+            text = self.client.get_version(self.subject, entry.schema_version).schema.schema_str
+        else:  # the client caches it (registry.latestTtl), as the serializer's own lookup
+            text = self.client.get_latest_version(self.subject).schema.schema_str
+        parsed = self._parsed.get(text)
+        if parsed is None:
+            parsed = self._parsed[text] = parse_schema(json.loads(text))
+        validate(value, parsed, raise_errors=True)
+
+    @staticmethod
+    def _serializer(kind: str, entry: TopicSerialization, topic: str, client: Any, is_key: bool) -> Any:
+        if kind == "none":
+            return None
+        subject = entry.subject(topic, is_key)
+        conf: dict[str, Any] = {
+            "auto.register.schemas": False,  # the writer's schema is the registry's, never the row's
+            "subject.name.strategy": lambda _ctx, _record_name: subject,
+        }
+        if entry.schema_id is not None and not is_key:
+            conf["use.schema.id"] = entry.schema_id
+        elif entry.schema_version != "latest" and not is_key:
+            conf["use.schema.id"] = client.get_version(subject, entry.schema_version).schema_id
+        else:
+            conf["use.latest.version"] = True
+        module, name = _SERIALIZERS[kind]
+        cls = getattr(importlib.import_module(module), name)
+        if kind == "avro":
+            return cls(client, None, None, conf)
+        if kind == "jsonSchema":
+            schema = client.get_schema(conf["use.schema.id"]) if "use.schema.id" in conf else None
+            if schema is None:
+                schema = client.get_latest_version(subject).schema
+            return cls(schema, client, None, conf)
+        raise ConfigError(
+            f"serialization.topics[{entry.topic or entry.topic_pattern}].serializer: protobuf takes a generated "
+            f"message class, which a JSON row does not name; use avro or jsonSchema"
+        )
+
+
+class RowEncoder:
+    """Encodes marked rows per :class:`SerializationConfig`; see the module docstring."""
+
+    def __init__(
+        self, config: SerializationConfig, client_factory: Callable[[dict[str, Any]], Any] | None = None
+    ) -> None:
+        if config.registry is None:
+            raise ConfigError("serialization.registry: required when a topic has a serializer (give its url)")
+        self.config = config
+        self._client_conf = config.registry.client_conf()
+        self._client_factory = client_factory
+        self._client: Any = None
+        self._topics: dict[str, _TopicEncoder | None] = {}
+        self.encoded = 0  # values encoded (the bench's cache figures)
+        self.refused = 0  # rows given a validation reason
+
+    def __repr__(self) -> str:
+        return f"RowEncoder(registry={self.config.registry!r}, topics={len(self.config.topics)})"
+
+    @property
+    def client(self) -> Any:
+        if self._client is None:
+            if self._client_factory is not None:
+                self._client = self._client_factory(self._client_conf)
+            else:
+                from confluent_kafka.schema_registry import SchemaRegistryClient
+
+                self._client = SchemaRegistryClient(self._client_conf)
+        return self._client
+
+    def _encoder(self, topic: str) -> _TopicEncoder | None:
+        if topic in self._topics:
+            return self._topics[topic]
+        entry = self.config.for_topic(topic)
+        encoder = None if entry is None else _TopicEncoder(entry, topic, self.client)
+        self._topics[topic] = encoder
+        return encoder
+
+    def marked(self, mark: Callable[..., tuple[list[MarkedRow], Any]], *args: Any) -> tuple[list[MarkedRow], Any]:
+        """Run the mark ``mark(*args)``, then encode its rows (the mark worker calls this)."""
+        rows, attempts = mark(*args)
+        return self.encode(rows), attempts
+
+    def encode(self, rows: list[MarkedRow]) -> list[MarkedRow]:
+        """``rows`` with their values (and keys) encoded or their validation error as ``bad``;
+        raises :class:`RegistryUnavailable` (for the whole batch) when the registry does not answer."""
+        out: list[MarkedRow] = []
+        for row in rows:
+            topic = row[1]
+            if row[6] is not None or topic is None:
+                out.append(row)
+                continue
+            try:
+                encoder = self._encoder(topic)
+                if encoder is None:
+                    out.append(row)
+                    continue
+                out.append(self._encode_row(row, encoder))
+            except RegistryUnavailable:
+                raise
+            except Exception as exc:
+                if _is_outage(exc):
+                    url = self.config.registry.url if self.config.registry else "?"
+                    raise RegistryUnavailable(
+                        f"schema registry {url} unavailable while encoding topic {topic!r}: "
+                        f"{type(exc).__name__}: {exc}; rows wait in the outbox"
+                    ) from exc
+                raise
+        return out
+
+    def _encode_row(self, row: MarkedRow, encoder: _TopicEncoder) -> MarkedRow:
+        key, value = row[2], row[3]
+        bad: str | None = None
+        if encoder.key is not None and key is not None:
+            try:
+                key = encoder.key(json.loads(key), encoder.key_ctx)
+            except ValueError as exc:
+                bad = f"key is not JSON ({exc}); the key serializer takes a JSON row key"
+            except Exception as exc:
+                if _is_outage(exc):
+                    raise
+                bad = _validation_reason(exc, "key")
+        if bad is None and encoder.value is not None and value is not None:
+            try:
+                parsed = json.loads(value)
+            except ValueError as exc:
+                bad = f"value is not JSON ({exc}; starts {shown(value[:40])}); the serializer takes a JSON row value"
+            else:
+                try:
+                    if encoder.avro:
+                        encoder.check_avro(parsed)
+                    value = encoder.value(parsed, encoder.value_ctx)
+                    self.encoded += 1
+                except Exception as exc:
+                    if _is_outage(exc):
+                        raise
+                    bad = _validation_reason(exc, "value")
+        if bad is not None:
+            self.refused += 1
+            return (*row[:6], bad, *row[7:])  # type: ignore[return-value]
+        return (row[0], row[1], key, value, *row[4:])  # type: ignore[return-value]
