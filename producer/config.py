@@ -410,7 +410,9 @@ _TOP_KEYS = (
 _ENV_KINDS = {
     **dict.fromkeys(_TOP_KEYS, TEXT),
     **dict.fromkeys(("prometheusPort", "leaderTopicReplicationFactor", "uuidSequencing", "shards"), SCALAR),
-    **dict.fromkeys(("baseKafkaConfig", "producerKafkaConfig", "limits", "eventRouter", "tracing", "serialization"), MAPPING),
+    **dict.fromkeys(
+        ("baseKafkaConfig", "producerKafkaConfig", "limits", "eventRouter", "tracing", "serialization"), MAPPING
+    ),
 }
 #: What the relay does with a row whose topic does not exist: park it in the dead letters at once,
 #: or hold that topic's rows (marked, in memory) until the topic exists while other topics flow.
