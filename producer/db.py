@@ -45,6 +45,7 @@ from harvest_outbox.producer.key_halt import halted_filter
 from harvest_outbox.producer.redact import redact_dsn, redact_error
 from harvest_outbox.producer.schema import (
     OutboxNames,
+    Statement,
     ValueType,
     inspect_outbox,
     require_attempts_table,
@@ -134,7 +135,7 @@ class _HeaderArrayLoader(ArrayBinaryLoader):
     tracking: the relay holds tens of thousands of marked rows in its queues during a drain, and as
     tracked objects they made every full collection walk all of them."""
 
-    def load(self, data: Any) -> tuple[Any, ...]:
+    def load(self, data: Any) -> tuple[Any, ...]:  # type: ignore[override]  # a tuple on purpose (above)
         return tuple(super().load(data))
 
 
@@ -415,9 +416,9 @@ class OutboxDatabase:
             self._dlq_sql = self._dead_letter_sql(sql.SQL(""))
             self._commit_dlq_sql = self._dead_letter_sql(sql.SQL(" AND {} = %s").format(self.names.mapping.leader("o")))
             self._mark_cursor = self._conn.cursor()
-            self._mark_cursor.adapters.register_loader(
-                "varchar", self._conn.adapters.get_loader(psycopg.postgres.types["bytea"].oid, Format.BINARY)
-            )
+            bytea = self._conn.adapters.get_loader(psycopg.postgres.types["bytea"].oid, Format.BINARY)
+            assert bytea is not None  # psycopg always has it
+            self._mark_cursor.adapters.register_loader("varchar", bytea)
             self._build_mark_sql()
         return self._conn
 
@@ -486,7 +487,7 @@ class OutboxDatabase:
     def _run(
         self,
         what: str,
-        query: sql.Composable,
+        query: Statement,
         params: Sequence[Any] | dict[str, Any],
         prepare: bool | None = None,
         cursor: psycopg.Cursor | None = None,
@@ -662,10 +663,15 @@ class OutboxDatabase:
         ids = [i for t in txns for i in t.ids]
         dead = [d for t in txns for d in t.dead]
         forget = [i for t in txns for i in t.forget]
+        dead_letters: tuple[Statement, Sequence[Any]] | None = None
         if dead:
             self.conn  # noqa: B018 -- connects, which builds the dead-letter statement for the value's type
             assert self._commit_dlq_sql is not None
-        statements: list[tuple[sql.Composable, Sequence[Any]]] = [(self._fence_sql, (max(t.ack_clock for t in txns),))]
+            dead_letters = (
+                self._commit_dlq_sql,
+                ([i for i, _, _ in dead], [e for _, e, _ in dead], [a for _, _, a in dead], leader_id),
+            )
+        statements: list[tuple[Statement, Sequence[Any]]] = [(self._fence_sql, (max(t.ack_clock for t in txns),))]
         if ids:
             span = id_range(ids)
             if span is None:
@@ -673,13 +679,8 @@ class OutboxDatabase:
             else:
                 lo, hi, holes = span
                 statements.append((self._commit_delete_range_sql, (lo, hi, self._id_array(holes), leader_id)))
-        if dead:
-            statements.append(
-                (
-                    self._commit_dlq_sql,
-                    ([i for i, _, _ in dead], [e for _, e, _ in dead], [a for _, _, a in dead], leader_id),
-                )
-            )
+        if dead_letters is not None:
+            statements.append(dead_letters)
         if forget:
             statements.append((self._forget_sql, (self._id_array(forget),)))
         statements += [

@@ -31,7 +31,7 @@ import psycopg
 from psycopg import sql
 
 from harvest_outbox.producer.errors import ConfigError, DatabaseError
-from harvest_outbox.producer.schema import OutboxNames
+from harvest_outbox.producer.schema import OutboxNames, Statement
 from harvest_outbox.producer.table_mapping import GOHARVEST, TableMapping
 
 #: Audit lines: always emitted (the logger's own level, whatever ``--log-level`` sets on the root).
@@ -199,7 +199,7 @@ def _summary(rows: list[tuple[int, str | None, str | None]], shown: int = 10) ->
 
 
 def _run(
-    conn: psycopg.Connection, names: OutboxNames, what: str, q: sql.Composable, params: dict[str, Any]
+    conn: psycopg.Connection, names: OutboxNames, what: str, q: Statement, params: dict[str, Any]
 ) -> Iterator[Any]:
     try:
         return iter(conn.execute(q, params).fetchall())

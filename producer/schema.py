@@ -55,6 +55,8 @@ from harvest_outbox.producer.table_mapping import (
 )
 
 ValueType = Literal["varchar", "bytea"]
+#: A complete statement as harvest composes them (psycopg.sql): what execute() and mogrify() take.
+Statement = sql.SQL | sql.Composed
 _MAX_IDENT = 63  # NAMEDATALEN - 1
 
 
@@ -293,12 +295,12 @@ def packed_outbox_fix(conn: psycopg.Connection, names: OutboxNames) -> str | Non
     )
 
 
-def outbox_ddl(names: OutboxNames, value_type: ValueType = "varchar") -> list[sql.Composable]:
+def outbox_ddl(names: OutboxNames, value_type: ValueType = "varchar") -> list[Statement]:
     """Statements that create the outbox, the dead-letter table and the notify trigger."""
     if value_type not in ("varchar", "bytea"):
         raise ConfigError(f"value type: {value_type!r} must be 'varchar' (goharvest) or 'bytea'")
     vtype = sql.SQL("BYTEA" if value_type == "bytea" else "VARCHAR")
-    stmts: list[sql.Composable] = []
+    stmts: list[Statement] = []
     if names.schema:
         stmts.append(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(names.schema)))
     if isinstance(names.mapping, DebeziumMapping):
@@ -322,7 +324,7 @@ def outbox_ddl(names: OutboxNames, value_type: ValueType = "varchar") -> list[sq
     return stmts + _companion_ddl(names, vtype)
 
 
-def debezium_outbox_ddl(names: OutboxNames, mapping: DebeziumMapping, value_type: ValueType) -> list[sql.Composable]:
+def debezium_outbox_ddl(names: OutboxNames, mapping: DebeziumMapping, value_type: ValueType) -> list[Statement]:
     """A Debezium outbox: the table in Debezium's convention if it does not exist yet (an existing one
     is kept as it is), then the relay's bookkeeping columns, each with a default, so the writers'
     INSERTs stay as they are. Rows written before ``init-db`` have no ``harvest_seq`` and are never
@@ -365,10 +367,10 @@ def _regclass_text(names: OutboxNames) -> str:
     return ('"' + names.schema.replace('"', '""') + '".' + quoted) if names.schema else quoted
 
 
-def _companion_ddl(names: OutboxNames, vtype: sql.Composable) -> list[sql.Composable]:
+def _companion_ddl(names: OutboxNames, vtype: sql.Composable) -> list[Statement]:
     """The dead-letter table, the fence and ACK-intent tables, the attempt counts and the NOTIFY
     trigger, for any table mapping."""
-    stmts: list[sql.Composable] = []
+    stmts: list[Statement] = []
     # Dead letters keep the original id (unique) and nullable columns: a row that was bad because a
     # column was NULL must still fit here.
     stmts.append(
@@ -497,7 +499,7 @@ def _companion_ddl(names: OutboxNames, vtype: sql.Composable) -> list[sql.Compos
     return stmts
 
 
-def shard_ddl(names: OutboxNames, count: int) -> list[sql.Composable]:
+def shard_ddl(names: OutboxNames, count: int) -> list[Statement]:
     """What ``shards: count`` needs: the per-shard mark index and the shards' fence rows."""
     from harvest_outbox.producer.shards import check_shard_count, shard_expression
 
