@@ -539,7 +539,7 @@ class HarvestConfig:
     #: transactions committed with a fenced DB transaction, then ACK_TXN messages.
     uuid_sequencing: bool = False
     #: ``neli`` (goharvest's: Kafka consumer-group membership of ``leaderTopic``) or ``postgres`` (a
-    #: session advisory lock in the outbox's database; see :mod:`producer.election_postgres`).
+    #: session advisory lock in the outbox's database; see :mod:`producer.election.postgres`).
     leader_election: str = "neli"
     #: ``postgres`` election: how often the holder verifies its lock and standbys try to take it; the
     #: holder fences itself when it has not verified the lock for 2 x this.
@@ -782,7 +782,7 @@ class HarvestConfig:
             ("producerKafkaConfig", Producer, {**self.producer_config(), **quiet}),
         )
         if self.leader_election == "neli":  # the election consumer adds settings derived from the limits
-            from harvest_outbox.producer.election import neli_consumer_config
+            from harvest_outbox.producer.election.neli import neli_consumer_config
 
             checks += (
                 (

@@ -25,7 +25,7 @@ import psycopg
 from psycopg import sql
 
 from harvest_outbox.producer.deadletter_admin import Selection
-from harvest_outbox.producer.election import _PRODUCER_ONLY
+from harvest_outbox.producer.election.neli import _PRODUCER_ONLY
 from harvest_outbox.producer.errors import DatabaseError, HarvestError, shown
 from harvest_outbox.producer.preflight import topic_name_problem
 from harvest_outbox.producer.schema import OutboxNames

@@ -35,7 +35,8 @@ from typing import Any
 
 from harvest_outbox.producer.at_least_once import AtLeastOnceMode
 from harvest_outbox.producer.config import HarvestConfig, format_duration
-from harvest_outbox.producer.election import LeaderElection, NeliElection
+from harvest_outbox.producer.election.neli import LeaderElection, NeliElection
+from harvest_outbox.producer.election.sharded_neli import ShardSetSeat
 from harvest_outbox.producer.errors import DatabaseError, HarvestError
 from harvest_outbox.producer.events import Event, EventHandler, LeaderAcquired, LeaderFenced, LeaderRevoked, MeterRead
 from harvest_outbox.producer.kafka import ProducerFactory, confluent_producer
@@ -44,7 +45,6 @@ from harvest_outbox.producer.metrics import MeterStats, start_prometheus
 from harvest_outbox.producer.preflight import TopicGuard
 from harvest_outbox.producer.relay_core import RelayCore, RelayMode, event_id_bytes
 from harvest_outbox.producer.sequencing import SequencedMode
-from harvest_outbox.producer.shard_election import ShardSetSeat
 
 log = logging.getLogger(__name__)
 
@@ -64,7 +64,7 @@ class State(enum.Enum):
 
 def _make_election(config: HarvestConfig, stop: threading.Event | None = None) -> LeaderElection:
     if config.leader_election == "postgres":
-        from harvest_outbox.producer.election_postgres import PostgresElection
+        from harvest_outbox.producer.election.postgres import PostgresElection
 
         return PostgresElection(
             config.data_source, config.outbox_table, config.name, check_interval=config.leader_lock_check_interval
@@ -87,7 +87,7 @@ class Harvest:
 
     ``producer_factory`` and ``election`` are seams for tests (fault injection) and for other
     election mechanisms; by default a real confluent Producer and the election ``config.leader_election``
-    names (:class:`NeliElection`, or :class:`~producer.election_postgres.PostgresElection`) are used.
+    names (:class:`NeliElection`, or :class:`~producer.election.postgres.PostgresElection`) are used.
     :attr:`mode` is the delivery strategy ``config.uuid_sequencing`` chose. ``tracer_provider``: the
     OpenTelemetry TracerProvider of relay spans (``config.tracing``), by default the global one
     (:mod:`producer.relay_spans`; read once, here).

@@ -48,6 +48,7 @@ from confluent_kafka import KafkaError
 
 from harvest_outbox.producer.config import MARK_FLOOR, HarvestConfig
 from harvest_outbox.producer.db import Listener, MarkedAttempts, MarkedRow, OutboxDatabase
+from harvest_outbox.producer.election.sharded_neli import ShardSetSeat
 from harvest_outbox.producer.errors import DatabaseError
 from harvest_outbox.producer.kafka import (
     LIBRDKAFKA_LOG,
@@ -64,7 +65,6 @@ from harvest_outbox.producer.redact import redact_kafka_config
 from harvest_outbox.producer.relay_spans import relay_spans
 from harvest_outbox.producer.schema import OutboxNames, packed_outbox_fix
 from harvest_outbox.producer.serialization import RowEncoder
-from harvest_outbox.producer.shard_election import ShardSetSeat
 from harvest_outbox.producer.waker import Waker
 
 log = logging.getLogger(__name__)

@@ -39,8 +39,8 @@ def backlog_by_shard(conn: psycopg.Connection, names: OutboxNames, count: int) -
 
 
 def postgres_leaders(conn: psycopg.Connection, outbox_table: str, count: int) -> dict[int, str]:
-    from harvest_outbox.producer.election_postgres import key_parts, resolve_table
-    from harvest_outbox.producer.shard_election_postgres import shard_lock_key
+    from harvest_outbox.producer.election.postgres import key_parts, resolve_table
+    from harvest_outbox.producer.election.sharded_postgres import shard_lock_key
 
     table = resolve_table(conn, outbox_table)
     parts = {key_parts(shard_lock_key(table, count, k)): k for k in range(count)}
@@ -63,7 +63,7 @@ def neli_leaders(config: HarvestConfig, timeout: float = 10.0) -> dict[int, str]
     from confluent_kafka import KafkaException
     from confluent_kafka.admin import AdminClient
 
-    from harvest_outbox.producer.election import _PRODUCER_ONLY
+    from harvest_outbox.producer.election.neli import _PRODUCER_ONLY
 
     admin = AdminClient({k: v for k, v in config.base_kafka_config.items() if k not in _PRODUCER_ONLY})
     for attempt in range(3):  # a group in the middle of a rebalance may not describe at once

@@ -2,7 +2,7 @@
 
 Rows are split into S shards by a hash of ``kafka_key`` (:mod:`producer.shards`), so each key
 lives in one shard. A :class:`ShardedHarvest` process takes part in a per-shard leader election
-(:mod:`producer.shard_election`: NELI with an S-partition leader topic, or one Postgres advisory lock
+(:mod:`producer.election.sharded_neli`: NELI with an S-partition leader topic, or one Postgres advisory lock
 per shard) and runs ONE ordinary relay loop (:class:`~producer.harvest.Harvest`, in either delivery
 mode) over the shards it leads: its marks read only those shards' rows, its
 metrics are theirs, and in exactly-once mode its view fences exactly their fence rows. Every change
@@ -35,20 +35,20 @@ import uuid
 from typing import Any
 
 from harvest_outbox.producer.config import HarvestConfig
+from harvest_outbox.producer.election.sharded_neli import NeliShardElection, ShardElection, ShardSetSeat
 from harvest_outbox.producer.errors import HarvestError
 from harvest_outbox.producer.events import EventHandler
 from harvest_outbox.producer.harvest import Harvest, State
 from harvest_outbox.producer.kafka import ProducerFactory
 from harvest_outbox.producer.metrics import Metrics, start_prometheus
 from harvest_outbox.producer.schema import OutboxNames
-from harvest_outbox.producer.shard_election import NeliShardElection, ShardElection, ShardSetSeat
 
 log = logging.getLogger(__name__)
 
 
 def _make_shard_election(config: HarvestConfig, stop: threading.Event | None = None) -> ShardElection:
     if config.leader_election == "postgres":
-        from harvest_outbox.producer.shard_election_postgres import PostgresShardElection
+        from harvest_outbox.producer.election.sharded_postgres import PostgresShardElection
 
         return PostgresShardElection(
             config.data_source,

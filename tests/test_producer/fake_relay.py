@@ -11,7 +11,7 @@ from fake_admin import FakeAdmin
 from fake_producer import FakeProducer
 
 from harvest_outbox.producer.config import HarvestConfig, Limits
-from harvest_outbox.producer.election import StaticElection
+from harvest_outbox.producer.election.neli import StaticElection
 from harvest_outbox.producer.harvest import Harvest
 from harvest_outbox.producer.preflight import TopicGuard
 

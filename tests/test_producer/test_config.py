@@ -219,8 +219,8 @@ def test_leader_election_backend() -> None:
     cfg = from_mapping({"harvest": {"leaderElection": "postgres", "leaderLockCheckInterval": "250ms"}}).harvest
     assert (cfg.leader_election, cfg.leader_lock_check_interval) == ("postgres", 0.25)
     assert "leader_election='postgres'" in repr(cfg)
-    from harvest_outbox.producer.election import NeliElection
-    from harvest_outbox.producer.election_postgres import PostgresElection
+    from harvest_outbox.producer.election.neli import NeliElection
+    from harvest_outbox.producer.election.postgres import PostgresElection
     from harvest_outbox.producer.harvest import _make_election
 
     pg = _make_election(cfg)
@@ -314,7 +314,7 @@ def test_neli_consumer_accepts_every_heartbeat_timeout_the_config_accepts(heartb
     max.poll.interval.ms (default 5 min): the election raises that along (heartbeatTimeout > 100s)."""
     from confluent_kafka import Consumer
 
-    from harvest_outbox.producer.election import neli_consumer_config
+    from harvest_outbox.producer.election.neli import neli_consumer_config
 
     cfg = from_mapping({"harvest": {"limits": {"heartbeatTimeout": heartbeat}}}).harvest
     conf = neli_consumer_config(

@@ -17,7 +17,7 @@ import pytest
 from psycopg import sql
 
 from harvest_outbox.harvest_local.relays import RelayProcess, wait_for, write_config
-from harvest_outbox.producer.election_postgres import PostgresElection, lock_holder, lock_key
+from harvest_outbox.producer.election.postgres import PostgresElection, lock_holder, lock_key
 
 pytestmark = pytest.mark.integration
 

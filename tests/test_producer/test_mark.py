@@ -16,7 +16,7 @@ from psycopg.conninfo import make_conninfo
 
 from harvest_outbox.producer.config import HarvestConfig
 from harvest_outbox.producer.db import OutboxDatabase
-from harvest_outbox.producer.election import StaticElection
+from harvest_outbox.producer.election.neli import StaticElection
 from harvest_outbox.producer.harvest import Harvest
 from harvest_outbox.producer.preflight import TopicGuard
 from harvest_outbox.producer.schema import OUTBOX_FILLFACTOR, OutboxNames, init_db, outbox_fillfactor

@@ -58,7 +58,7 @@ def test_the_leader_topic_lookup_logs_through_logging_once_per_repeated_failure(
     capfd: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
 ) -> None:
     """Against a closed port librdkafka retries the connection ~20 times a second, each a ``FAIL`` line."""
-    from harvest_outbox.producer.election import ensure_topic
+    from harvest_outbox.producer.election.neli import ensure_topic
     from harvest_outbox.producer.kafka import LIBRDKAFKA_LOG
 
     caplog.set_level(logging.INFO, logger=LIBRDKAFKA_LOG.name)

@@ -22,7 +22,7 @@ from fake_producer import FakeProducer
 
 from harvest_outbox.producer.at_least_once import AtLeastOnceMode
 from harvest_outbox.producer.config import HarvestConfig, Limits
-from harvest_outbox.producer.election import StaticElection
+from harvest_outbox.producer.election.neli import StaticElection
 from harvest_outbox.producer.harvest import Harvest
 from harvest_outbox.producer.kafka import LIBRDKAFKA_LOG
 from harvest_outbox.producer.preflight import TopicGuard
@@ -109,23 +109,42 @@ def test_librdkafka_logs_go_through_logging_and_the_chosen_gapless_warning_is_de
     assert "CONFWARN" not in capfd.readouterr().err
 
 
+def _module_name(path: Path) -> str:
+    """``harvest.py`` -> ``harvest``; a sub-package's modules by their dotted names under producer
+    (``election/neli.py`` -> ``election.neli``, ``election/__init__.py`` -> ``election``)."""
+    parts = path.relative_to(PRODUCER).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" and len(parts) > 1 else parts)
+
+
 def _producer_imports() -> dict[str, set[str]]:
     """module -> the producer modules it imports (at any depth of its code: lazy imports count)."""
-    modules = {p.stem for p in PRODUCER.glob("*.py")}
+    paths = sorted(PRODUCER.rglob("*.py"))
+    modules = {_module_name(p) for p in paths}
     graph: dict[str, set[str]] = {}
-    for path in PRODUCER.glob("*.py"):
+    for path in paths:
         deps: set[str] = set()
+        package = _module_name(path) if path.stem == "__init__" else _module_name(path).rpartition(".")[0]
         for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.ImportFrom) and node.module:
-                parts = node.module.split(".")
-                if parts[:2] == ["harvest_outbox", "producer"]:
-                    if len(parts) == 3:
-                        deps.add(parts[2])
-                    else:
-                        deps.update(a.name for a in node.names if a.name in modules)
+            if isinstance(node, ast.ImportFrom) and (node.module or node.level):
+                if node.level:  # relative: from .neli import X, from . import neli
+                    base = package.split(".")[: len(package.split(".")) - node.level + 1] if package else []
+                    target = ".".join([*filter(None, base), *([node.module] if node.module else [])])
+                else:
+                    parts = (node.module or "").split(".")
+                    if parts[:2] != ["harvest_outbox", "producer"] or (len(parts) == 2 and not node.names):
+                        continue
+                    target = ".".join(parts[2:])
+                if target in modules:
+                    deps.add(target)
+                deps.update(
+                    f"{target}.{a.name}".lstrip(".") for a in node.names if f"{target}.{a.name}".lstrip(".") in modules
+                )
             elif isinstance(node, ast.Import):
-                deps.update(a.name.split(".")[2] for a in node.names if a.name.startswith("harvest_outbox.producer."))
-        graph[path.stem] = deps - {path.stem}
+                deps.update(
+                    ".".join(a.name.split(".")[2:]) for a in node.names if a.name.startswith("harvest_outbox.producer.")
+                )
+        name = _module_name(path)
+        graph[name] = deps - {name}
     return graph
 
 

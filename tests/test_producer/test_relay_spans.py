@@ -28,7 +28,7 @@ from test_optional_deps import _run
 
 from harvest_outbox.producer.at_least_once import AtLeastOnceMode
 from harvest_outbox.producer.config import HarvestConfig, Limits
-from harvest_outbox.producer.election import StaticElection
+from harvest_outbox.producer.election.neli import StaticElection
 from harvest_outbox.producer.errors import ConfigError
 from harvest_outbox.producer.harvest import Harvest
 from harvest_outbox.producer.preflight import TopicGuard

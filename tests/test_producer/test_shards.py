@@ -19,10 +19,10 @@ from relaylib import assert_per_key_order, consume_all, relay_config, wait_drain
 from harvest_outbox.harvest_local.relays import wait_for
 from harvest_outbox.producer.config import HarvestConfig, from_mapping
 from harvest_outbox.producer.db import OutboxDatabase
+from harvest_outbox.producer.election.sharded_neli import ShardSetSeat, fair_share
+from harvest_outbox.producer.election.sharded_postgres import PostgresShardElection
 from harvest_outbox.producer.errors import ConfigError, ElectionError, SchemaError
 from harvest_outbox.producer.schema import OutboxNames, init_db
-from harvest_outbox.producer.shard_election import ShardSetSeat, fair_share
-from harvest_outbox.producer.shard_election_postgres import PostgresShardElection
 from harvest_outbox.producer.sharded import ShardedHarvest, relay_for
 from harvest_outbox.producer.shards import shard_expression, shard_of
 from harvest_outbox.producer.stasher import OutboxRecord, Stasher
@@ -509,7 +509,7 @@ def test_fence_epochs_and_ack_intents_are_per_shard(pg_dsn: str, pg_schema: str)
 def test_postgres_elections_refuse_mixing_sharded_and_unsharded_relays(
     pg_dsn: str, kafka_bootstrap: str, pg_schema: str
 ) -> None:
-    from harvest_outbox.producer.election_postgres import PostgresElection
+    from harvest_outbox.producer.election.postgres import PostgresElection
     from harvest_outbox.producer.harvest import Harvest
 
     table = f"{pg_schema}.outbox"

@@ -21,7 +21,7 @@ from relaylib import relay_config
 
 from harvest_outbox.harvest_local.relays import write_config
 from harvest_outbox.producer.cli import main
-from harvest_outbox.producer.election_postgres import election_connection, resolve_table
+from harvest_outbox.producer.election.postgres import election_connection, resolve_table
 from harvest_outbox.producer.errors import SchemaError
 from harvest_outbox.producer.schema import OutboxNames, init_db, outbox_ddl, shard_ddl
 from harvest_outbox.producer.sharded import relay_for

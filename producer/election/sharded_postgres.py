@@ -1,7 +1,7 @@
 """Shard leadership through the outbox's own Postgres (``leaderElection: postgres``, ``shards: S``).
 
 Each relay keeps one election connection (the same settings, keepalives and lease as the unsharded
-:class:`~producer.election_postgres.PostgresElection`) holding:
+:class:`~producer.election.postgres.PostgresElection`) holding:
 
 - a **membership lock**: ``pg_advisory_lock_shared(ns, S)`` (two-int form; ``ns`` a 31-bit hash of
   the outbox's resolved name). Shared locks do not conflict, so every live relay holds it, and
@@ -33,7 +33,7 @@ import time
 
 import psycopg
 
-from harvest_outbox.producer.election_postgres import (
+from harvest_outbox.producer.election.postgres import (
     MEMBERS_SQL,
     close_quietly,
     election_connection,
@@ -43,9 +43,9 @@ from harvest_outbox.producer.election_postgres import (
     members_namespace,
     resolve_table,
 )
+from harvest_outbox.producer.election.sharded_neli import ShardListener, fair_share
 from harvest_outbox.producer.errors import ElectionError
 from harvest_outbox.producer.redact import redact_dsn, redact_error
-from harvest_outbox.producer.shard_election import ShardListener, fair_share
 
 log = logging.getLogger(__name__)
 

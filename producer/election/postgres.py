@@ -1,5 +1,5 @@
 """Leader election through the outbox's own Postgres: a session-level advisory lock (FOLIO's
-"lock in the database" idea), behind the :class:`~producer.election.LeaderElection` protocol.
+"lock in the database" idea), behind the :class:`~producer.election.neli.LeaderElection` protocol.
 
 Whoever holds ``pg_try_advisory_lock(key)`` on its dedicated election connection is the leader.
 ``key`` is a 64-bit hash of ``"harvest.leader\\0<schema>.<table>"`` (the outbox's resolved, schema
@@ -106,7 +106,7 @@ from collections.abc import Callable
 import psycopg
 from psycopg import sql
 
-from harvest_outbox.producer.election import ElectionListener
+from harvest_outbox.producer.election.neli import ElectionListener
 from harvest_outbox.producer.errors import ElectionError
 from harvest_outbox.producer.redact import redact_dsn, redact_error
 from harvest_outbox.producer.schema import OutboxNames
@@ -124,7 +124,7 @@ _CHECK_SQL = (
 
 
 _DB = "database = (SELECT oid FROM pg_database WHERE datname = current_database())"
-# Sharded relays (producer/shard_election_postgres.py): the live relays of each shard count on this outbox (shared membership locks).
+# Sharded relays (producer/election/sharded_postgres.py): the live relays of each shard count on this outbox (shared membership locks).
 MEMBERS_SQL = (
     f"SELECT objid::bigint, count(*) FROM pg_locks WHERE locktype = 'advisory' AND {_DB} "
     f"AND classid = %s::bigint::oid AND objsubid = 2 AND granted GROUP BY objid"

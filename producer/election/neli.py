@@ -4,7 +4,7 @@
 the relay loop as often as it likes, ``is_leader`` and ``close()``. Listener callbacks
 (``on_acquired`` / ``on_revoked`` / ``on_fenced``) run synchronously inside ``pulse()`` or
 ``close()``, on the relay's thread, so the relay needs no locks. Another mechanism only has to
-implement this protocol: :mod:`producer.election_postgres` does, with a Postgres advisory lock
+implement this protocol: :mod:`producer.election.postgres` does, with a Postgres advisory lock
 (``leaderElection: postgres``).
 
 NELI as goneli does it:

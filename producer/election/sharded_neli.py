@@ -2,7 +2,7 @@
 
 A :class:`ShardElection` decides, for the whole process, which shards it leads; the sharded relay
 (:mod:`producer.sharded`) runs one relay loop over the led shards, and hands it a
-:class:`ShardSetSeat`: the ordinary one-leader :class:`~producer.election.LeaderElection` protocol,
+:class:`ShardSetSeat`: the ordinary one-leader :class:`~producer.election.neli.LeaderElection` protocol,
 where every change of the led set is a new leader view. So the loop is exactly the unsharded relay
 (mark, send, purge or fenced commit), confined to the led shards' rows.
 
@@ -13,7 +13,7 @@ Two mechanisms, as for the unsharded relay:
   assignor spreads them evenly (at most ``ceil(S / relays)`` each) and moves only what must move
   when a relay joins or leaves. Each led partition gets NELI's heartbeat; a shard whose heartbeats
   stop coming back for ``heartbeatTimeout`` is fenced alone.
-- :class:`~producer.shard_election_postgres.PostgresShardElection` (``leaderElection: postgres``):
+- :class:`~producer.election.sharded_postgres.PostgresShardElection` (``leaderElection: postgres``):
   one advisory lock per shard, plus one membership lock per relay, on one connection per relay.
 
 Listener contract (both): ``on_shards_acquired(ks)`` and ``on_shards_lost(ks, why)`` run synchronously
@@ -35,7 +35,7 @@ from typing import Any, Protocol
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
-from harvest_outbox.producer.election import _PRODUCER_ONLY, ElectionListener, ensure_topic, neli_clients
+from harvest_outbox.producer.election.neli import _PRODUCER_ONLY, ElectionListener, ensure_topic, neli_clients
 from harvest_outbox.producer.errors import ElectionError
 from harvest_outbox.producer.kafka import logged_admin, serve_logs
 
@@ -69,7 +69,7 @@ def fair_share(shards: int, relays: int) -> int:
 
 
 class ShardSetSeat:
-    """The :class:`~producer.election.LeaderElection` the sharded relay's one relay loop sees: the
+    """The :class:`~producer.election.neli.LeaderElection` the sharded relay's one relay loop sees: the
     loop leads while the process leads at least one shard. :meth:`offer` (election side) changes the
     set; the loop's own ``pulse()`` turns a change into a new view: ``on_revoked`` (the loop drains
     and flushes everything of the old set), then the new set is applied, then ``on_acquired``.
