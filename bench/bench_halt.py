@@ -14,6 +14,12 @@ empty outbox:
 - ``halt_dead``: ``haltKey`` with ``--dead`` dead letters of other keys parked (the probe hits the
   index and finds nothing: every row still flows).
 
+Before the drains, the mark statement alone (``marks``): on one outbox of ``--rows`` rows, a
+5,000-row mark as ``skip``, ``haltKey`` with an empty dead-letter table and ``haltKey`` with
+``--dead`` parked dead letters builds it, timed in turns ``--mark-runs`` times each (every row
+un-marked again between marks, untimed): the database's own cost of the probe, which a drain's
+rate on a shared machine blurs.
+
 Prints one JSON document: per mode and variant the median rows/s, the relay's CPU seconds per 100k
 rows (process CPU), and each variant's ratio to ``skip`` (medians). An untimed drain of each mode
 warms the broker first.
@@ -95,11 +101,59 @@ def drain(dsn: str, bootstrap: str, topic: str, rows: int, dead: int, sequenced:
     return {"rows_per_s": rows / elapsed, "cpu_s_per_100k": cpu / rows * 100_000}
 
 
+def marks(dsn: str, topic: str, rows: int, dead: int, runs: int) -> dict[str, Any]:
+    """Median milliseconds of one 5,000-row mark per variant, and the ratio to ``skip``."""
+    from harvest_outbox.producer.db import OutboxDatabase
+
+    schema = f"bench_{uuid.uuid4().hex[:8]}"
+    table = f"{schema}.outbox"
+    names = init_db(dsn, table)
+    pad = "x" * 100
+    with psycopg.connect(dsn) as conn:
+        Stasher(table).stash_many(conn, [OutboxRecord(topic, f"key-{i % KEYS}", pad) for i in range(rows)])
+    dbs = {
+        "skip": OutboxDatabase(dsn, names),
+        "halt_empty": OutboxDatabase(dsn, names, halt_keys=True),
+        "halt_dead": OutboxDatabase(dsn, names, halt_keys=True),
+    }
+    park = sql.SQL(
+        "INSERT INTO {} (id, kafka_topic, kafka_key, kafka_value, error, attempts) "
+        "SELECT 1000000000 + g, %s, 'dead-' || g, 'v', 'bench', 1 FROM generate_series(1, %s) AS g"
+    ).format(names.dead_letters)
+    unmark = sql.SQL("UPDATE {} SET leader_id = NULL").format(names.outbox)
+    times: dict[str, list[float]] = {v: [] for v in dbs}
+    try:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute(sql.SQL("VACUUM ANALYZE {}").format(names.outbox))
+            for n in range(runs):
+                for variant, db in dbs.items():
+                    conn.execute(sql.SQL("TRUNCATE {}").format(names.dead_letters))
+                    if variant == "halt_dead":
+                        conn.execute(park, (topic, dead))
+                    conn.execute(unmark)
+                    t0 = time.perf_counter()
+                    got = db.mark(uuid.uuid4(), 5000)
+                    if n:  # the first round warms each connection's plan and caches
+                        times[variant].append((time.perf_counter() - t0) * 1000)
+                    assert len(got) == 5000
+    finally:
+        for db in dbs.values():
+            db.close()
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(schema)))
+    med = {v: statistics.median(t) for v, t in times.items()}
+    return {
+        v: {"ms_per_5000_row_mark": round(m, 2), "ratio_to_skip": round(m / med["skip"], 3)} for v, m in med.items()
+    }
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rows", type=int, default=50_000)
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--dead", type=int, default=1000, help="dead letters parked in the halt_dead variant")
+    ap.add_argument("--mark-runs", type=int, default=30, help="timed marks per variant (0: skip the phase)")
+    ap.add_argument("--no-drains", action="store_true", help="only the mark statement")
     args = ap.parse_args()
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
     services = None
@@ -116,7 +170,10 @@ def main() -> int:
     try:
         topic = f"bench-halt-{uuid.uuid4().hex[:8]}"
         create_topic(bootstrap, topic, PARTITIONS)
-        for name, sequenced in (("at_least_once", False), ("sequenced", True)):
+        if args.mark_runs:
+            report["marks"] = marks(dsn, topic, args.rows, args.dead, args.mark_runs + 1)
+            print(f"[bench halt] marks: {report['marks']}", file=sys.stderr, flush=True)
+        for name, sequenced in () if args.no_drains else (("at_least_once", False), ("sequenced", True)):
             print(f"[bench halt] {name}: warm-up drain (untimed)", file=sys.stderr, flush=True)
             drain(dsn, bootstrap, topic, args.rows, args.dead, sequenced, "skip")
             runs: dict[str, list[dict[str, Any]]] = {v: [] for v in VARIANTS}
