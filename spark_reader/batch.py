@@ -20,9 +20,9 @@ Invariants:
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
@@ -136,7 +136,7 @@ def read_committed(
     # element_at(filter(headers, ...)) before mapInArrow cost more than all of the Python side.
     raw = raw.select("key", "value", "headers", "partition", "offset", "timestamp")
 
-    def apply(batches):  # type: ignore[no-untyped-def]
+    def apply(batches: Any) -> Any:
         yield from _sequence_partitions(batches, plan, prune_horizon_ns)
 
     full = raw.mapInArrow(apply, schema=_full_schema())
@@ -173,7 +173,7 @@ def finish_columns(sequenced_rows: DataFrame, topic: str) -> DataFrame:
     )
 
 
-def _sequence_partitions(batches, plan: GroupPlan, prune_horizon_ns: int):  # type: ignore[no-untyped-def]
+def _sequence_partitions(batches: Any, plan: GroupPlan, prune_horizon_ns: int) -> Iterator[Any]:
     """One Spark task: its record batches (normally all of one topic-partition) -> committed rows,
     then the journal's end states and a sentinel row."""
     batches = list(batches)
@@ -192,7 +192,7 @@ def _sequence_partitions(batches, plan: GroupPlan, prune_horizon_ns: int):  # ty
         rows = rows.append_column("_state_producer", pa.nulls(n, pa.binary()))
         for name in _STATE_FIELDS[1:]:
             rows = rows.append_column(name, pa.nulls(n, pa.int64()))
-        extra = {name: [] for name in rows.column_names}
+        extra: dict[str, list[Any]] = {name: [] for name in rows.column_names}
         for st in result.states:
             for name in rows.column_names:
                 extra[name].append(None)
@@ -204,7 +204,7 @@ def _sequence_partitions(batches, plan: GroupPlan, prune_horizon_ns: int):  # ty
         yield from pa.concat_tables([rows, pa.Table.from_pydict(extra, schema=rows.schema)]).to_batches()
 
 
-def _full_schema():  # type: ignore[no-untyped-def]
+def _full_schema() -> Any:
     from pyspark.sql.types import BinaryType, ByteType, LongType, StructField, StructType
 
     return StructType(

@@ -68,9 +68,8 @@ class LatestStateTable:
         if not isinstance(keep, int) or keep < 1:
             raise ReaderConfigError(f"keep={keep!r}: pass an int >= 1 (committed versions kept for readers)")
         self.spark, self.path, self.keep = spark, path.rstrip("/"), keep
-        jvm = spark._jvm  # type: ignore[attr-defined]
-        self._Path = jvm.org.apache.hadoop.fs.Path
-        self._fs = self._Path(self.path).getFileSystem(spark._jsc.hadoopConfiguration())  # type: ignore[attr-defined]
+        self._Path = spark._jvm.org.apache.hadoop.fs.Path  # type: ignore[union-attr]  # None: Spark Connect
+        self._fs = self._Path(self.path).getFileSystem(spark._jsc.hadoopConfiguration())
 
     # -- reading ---------------------------------------------------------------------------------
 
@@ -144,8 +143,8 @@ class LatestStateTable:
     def _read_text(self, path: str) -> str:
         stream = self._fs.open(self._Path(path))
         try:
-            jvm = self.spark._jvm  # type: ignore[attr-defined]
-            return str(jvm.org.apache.commons.io.IOUtils.toString(stream, "UTF-8"))
+            io_utils = self.spark._jvm.org.apache.commons.io.IOUtils  # type: ignore[union-attr]  # None: Spark Connect
+            return str(io_utils.toString(stream, "UTF-8"))
         finally:
             stream.close()
 

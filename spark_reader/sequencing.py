@@ -146,7 +146,7 @@ def _sequence_partition(table: pa.Table, plan: GroupPlan, prune_horizon_ns: int)
     return out, PartitionResult(end_states)
 
 
-def _entries(journal: str, offsets: np.ndarray, hi: np.ndarray, lo: np.ndarray, rows: np.ndarray):  # type: ignore[no-untyped-def]
+def _entries(journal: str, offsets: np.ndarray, hi: np.ndarray, lo: np.ndarray, rows: np.ndarray):
     """The Sequencer's entries for ``rows``: ``(journal, offset, offset + 1, uuid as a 128-bit int,
     row index)`` each. The native Sequencer takes them as an ``EntryBatch`` filled from the columns
     (no tuple or 128-bit int per record); the pure-Python one as a list of tuples."""
@@ -241,7 +241,7 @@ def uuid_ints(hi: np.ndarray, lo: np.ndarray) -> list[int]:
     # faster than shifting and or-ing Python ints (object arrays or a comprehension).
     words = np.empty((len(hi), 2), ">u8")
     words[:, 0], words[:, 1] = hi, lo
-    return list(map(int.from_bytes, words.view("V16").ravel().tolist(), repeat("big")))
+    return list(map(int.from_bytes, words.view("V16").ravel().tolist(), repeat("big")))  # type: ignore[arg-type]  # (byteorder: a Literal)
 
 
 def clocks(hi: np.ndarray, lo: np.ndarray) -> np.ndarray:

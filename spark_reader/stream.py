@@ -247,7 +247,7 @@ def _tune_state_store(spark: Any) -> None:
         )
 
 
-def _sequenced_schema():  # type: ignore[no-untyped-def]
+def _sequenced_schema() -> Any:
     from harvest_outbox.spark_reader.schema import SEQUENCED
 
     return SEQUENCED

@@ -43,6 +43,7 @@ from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows, Supp
 from harvest_outbox.sequencer import ProducerState
 from harvest_outbox.spark_reader import offsets as offsets_mod
 from harvest_outbox.spark_reader.errors import SparkReaderError
+from harvest_outbox.spark_reader.policy import UUIDPolicyName
 from harvest_outbox.spark_reader.schema import SEQUENCED
 from harvest_outbox.spark_reader.sequencing import GroupPlan, header_values, sequence_partition
 from harvest_outbox.spark_reader.stream_state import StreamStateFiles
@@ -67,7 +68,7 @@ class SourceSettings:
     topic: str
     kafka: dict[str, str]  # Spark-style ``kafka.*`` options
     state_location: str
-    uuid_policy: str
+    uuid_policy: UUIDPolicyName
     include_acks: bool
     ring_size: int
     prune_horizon_ns: int
@@ -186,7 +187,8 @@ class CommittedStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
             files.prune(int(p), offset)
 
     # -- executor side: read, sequence, store ---------------------------------------------------
-    def read(self, split: KafkaSplit) -> Iterator[pa.RecordBatch]:
+    # (Spark hands back the partitions partitions() made: KafkaSplits)
+    def read(self, split: KafkaSplit) -> Iterator[pa.RecordBatch]:  # type: ignore[override]
         s = self.settings
         files = StreamStateFiles(s.state_location, split.run)
         p = split.partition
@@ -209,7 +211,7 @@ class CommittedStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
             start={p: start},
             states={(p, st.producer): st for st in states},
             uuid_policy=s.uuid_policy,
-            include_acks=s.include_acks,  # type: ignore[arg-type]
+            include_acks=s.include_acks,
             ring_size=s.ring_size,
         )
         out, result = sequence_partition(table, plan, s.prune_horizon_ns)
@@ -243,7 +245,7 @@ def unpack_states(journal: str, packed: str) -> list[ProducerState]:
     ]
 
 
-def _consumer(settings: SourceSettings):  # type: ignore[no-untyped-def]
+def _consumer(settings: SourceSettings) -> Any:
     from confluent_kafka import Consumer
 
     conf: dict[str, Any] = {

@@ -79,7 +79,7 @@ def _local_folder_problem(path: str) -> str | None:
     return None
 
 
-def _filesystem(location: str):  # type: ignore[no-untyped-def]
+def _filesystem(location: str) -> tuple[Any, str]:
     from pyarrow import fs
 
     if "://" not in location:
@@ -110,7 +110,7 @@ class StreamStateFiles:
     def new_run() -> str:
         return uuid.uuid4().hex
 
-    def _root(self):  # type: ignore[no-untyped-def]
+    def _root(self) -> tuple[Any, str]:
         fs, base = _filesystem(self.location)
         return fs, f"{base.rstrip('/')}/{self.run}"
 
