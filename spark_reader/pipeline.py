@@ -46,7 +46,7 @@ from harvest_outbox.spark_reader.latest_table import LatestStateTable
 from harvest_outbox.spark_reader.stream import readCommittedStream
 
 if TYPE_CHECKING:
-    from pyspark.sql import SparkSession
+    from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql.streaming import StreamingQuery
 
 log = logging.getLogger("harvest.pipeline")
@@ -174,11 +174,15 @@ def start_pipeline(spark: SparkSession, cfg: PipelineConfig) -> Pipeline:
         events.awaitTermination()
         _raise_failed(events, "events")
     table = LatestStateTable(spark, cfg.latest_path, keep=cfg.keep_versions)
+
+    def merge(rows: DataFrame, batch_id: int) -> None:
+        table.apply_stream_batch(rows, batch_id)
+
     latest = (
         spark.readStream.schema(events_df.schema)
         .parquet(cfg.events_path)
         .writeStream.queryName(f"harvest-latest-{cfg.topic}")
-        .foreachBatch(lambda df, batch_id: table.apply_stream_batch(df, batch_id))
+        .foreachBatch(merge)
         .option("checkpointLocation", f"{cfg.checkpoint_location.rstrip('/')}/latest")
         .trigger(**trigger)
         .start()
@@ -200,11 +204,12 @@ def run(spark: SparkSession, cfg: PipelineConfig, max_restarts: int = 3, poll_se
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, on_signal)
     failures = 0
+    error: BaseException | None
     while True:
         try:
             pipeline = start_pipeline(spark, cfg)
         except (RuntimeError, TimeoutError) as exc:  # the events query failed while starting
-            pipeline, error = None, exc
+            error = exc
         else:
             log.info("pipeline running: events -> %s, latest state -> %s", cfg.events_path, cfg.latest_path)
             error = _watch(pipeline, stopping, poll_seconds)
@@ -246,9 +251,9 @@ def _watch(pipeline: Pipeline, stopping: list[int], poll_seconds: float) -> Base
 
 
 def _await_metadata_log(spark: SparkSession, events_path: str, query: StreamingQuery, timeout: float = 120.0) -> None:
-    jvm = spark._jvm  # type: ignore[attr-defined]
-    path = jvm.org.apache.hadoop.fs.Path(f"{events_path.rstrip('/')}/_spark_metadata")
-    fs = path.getFileSystem(spark._jsc.hadoopConfiguration())  # type: ignore[attr-defined]
+    hadoop_path = spark._jvm.org.apache.hadoop.fs.Path  # type: ignore[union-attr]  # None: Spark Connect
+    path = hadoop_path(f"{events_path.rstrip('/')}/_spark_metadata")
+    fs = path.getFileSystem(spark._jsc.hadoopConfiguration())
     deadline = time.monotonic() + timeout
     while not fs.exists(path):
         _raise_failed(query, "events")
@@ -317,7 +322,7 @@ def _config(args: argparse.Namespace, bootstrap: str, root: str | None) -> Pipel
             )
         kafka.update({k: str(v) for k, v in extra.items()})
     base = root.rstrip("/") if root else None
-    locations = {}
+    locations: dict[str, str] = {}
     for name, key in (
         ("events", "events_path"),
         ("latest", "latest_path"),
@@ -334,7 +339,10 @@ def _config(args: argparse.Namespace, bootstrap: str, root: str | None) -> Pipel
         trigger_seconds=args.trigger_seconds,
         available_now=args.available_now,
         max_offsets_per_trigger=args.max_offsets_per_trigger,
-        **locations,
+        events_path=locations["events_path"],
+        latest_path=locations["latest_path"],
+        checkpoint_location=locations["checkpoint_location"],
+        state_location=locations["state_location"],
     )
 
 
