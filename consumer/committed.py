@@ -69,6 +69,7 @@ from harvest_outbox.sequencer import (
 from .config import ReaderConfig, check_batch_size, check_idle_timeout
 from .errors import CheckpointMismatchError, ConfigError, ConsumerClosedError, ReplayFailedError
 from .record import Record
+from .registry_values import ValueDecoder
 from .replay import ReplayReader
 from .uncommitted import DEFAULT_BATCH_SIZE, ReadUncommittedIter, journal_of
 from .uuid_header import UUIDPolicy
@@ -116,6 +117,9 @@ class ReadCommittedIter:
         on_assign / on_revoke: rebalance callbacks (see invariant 3).
         replay_timeout: seconds a replay may go without progress.
         batch_size: records per ``consume()`` call (``DEFAULT_BATCH_SIZE``, 256: see there).
+        value_format: ``"raw"`` (default: values as bytes), ``"avro"`` or ``"jsonSchema"``: values
+            decoded from the registry wire format (:mod:`consumer.registry_values`), with
+            ``schema_registry`` the registry client's settings (``{"url": ...}``).
     """
 
     def __init__(
@@ -134,7 +138,11 @@ class ReadCommittedIter:
         on_revoke: OnRevoke | None = None,
         replay_timeout: float = 60.0,
         batch_size: int = DEFAULT_BATCH_SIZE,
+        value_format: str = "raw",
+        schema_registry: Mapping[str, Any] | None = None,
     ) -> None:
+        # value_format "avro" / "jsonSchema": records come back as DecodedRecord (consumer.registry_values)
+        self._decoder = None if value_format == "raw" else ValueDecoder(value_format, schema_registry)
         group_id = ReaderConfig(kafka_config).group_id  # a bad config fails here, before anything uses it
         if not isinstance(ring_size, int) or ring_size < 1:
             raise ConfigError(f"ring_size must be an int >= 1, got {ring_size!r}")
@@ -282,6 +290,12 @@ class ReadCommittedIter:
 
     def poll(self, timeout: float | None = None) -> Record | None:
         """The next committed record, or None if none is committed within ``timeout`` s."""
+        rec = self._poll(timeout)
+        if self._decoder is None or rec is None:
+            return rec
+        return self._decoder.decode(rec)  # type: ignore[return-value]
+
+    def _poll(self, timeout: float | None) -> Record | None:
         # Hot path, per record: step() the Sequencer (marking the record returned
         # last processed) and return the one before. Records are queued a whole
         # consumed batch per Sequencer.queue_batch() call, which stops at each
@@ -322,6 +336,14 @@ class ReadCommittedIter:
             self._pos = 0
 
     def poll_batch(self, max_records: int = 2000, timeout: float | None = None) -> list[Record]:
+        """Up to ``max_records`` committed records (see :meth:`_poll_batch`), decoded with ``value_format``."""
+        got = self._poll_batch(max_records, timeout)
+        if self._decoder is None:
+            return got
+        decode = self._decoder.decode
+        return [decode(rec) for rec in got]  # type: ignore[misc]
+
+    def _poll_batch(self, max_records: int = 2000, timeout: float | None = None) -> list[Record]:
         """Up to ``max_records`` committed records, in order; ``[]`` if none is committed within ``timeout`` s.
 
         The same records, in the same order, as that many ``poll()`` calls, and
