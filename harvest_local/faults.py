@@ -23,6 +23,7 @@ import uuid
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from harvest_outbox.harvest_local.applier import applied_rows, create_tables
 from harvest_outbox.harvest_local.kafka import create_topic
@@ -82,7 +83,7 @@ class RunResult:
         return all(v.ok for v in self.verdicts)
 
 
-def run_plan(services: LocalServices, plan: FaultPlan, workdir: Path, spark=None) -> RunResult:  # type: ignore[no-untyped-def]
+def run_plan(services: LocalServices, plan: FaultPlan, workdir: Path, spark: Any = None) -> RunResult:
     started = time.monotonic()
     rng = random.Random(plan.seed)
     ends = services.endpoints
@@ -118,7 +119,11 @@ def run_plan(services: LocalServices, plan: FaultPlan, workdir: Path, spark=None
         ).start()
         schedule = sorted(rng.uniform(0.15, 0.8) for _ in plan.faults)
         for at, kind in zip(schedule, plan.faults, strict=True):
-            wait_for(lambda at=at: writers.stats.committed >= at * plan.rows or writers.done, 600, poll=0.1)
+
+            def reached(at: float = at) -> bool:
+                return writers.stats.committed >= at * plan.rows or writers.done
+
+            wait_for(reached, 600, poll=0.1)
             applier = _inject(kind, services, relays, applier, cfg, workdir, ends, topic, schema, result, faults)
         writers.join()
         result.committed, result.rolled_back = writers.stats.committed, writers.stats.rolled_back
@@ -150,7 +155,7 @@ def _inject(
     ends,
     topic: str,
     schema: str,
-    result: RunResult,  # type: ignore[no-untyped-def]
+    result: RunResult,
     faults: str | None,
 ) -> subprocess.Popen[bytes]:
     leader = current_leader(relays)
@@ -222,7 +227,7 @@ def _wait_applied(dsn: str, schema: str, expected: int, timeout: float) -> None:
         time.sleep(0.3)
 
 
-def _spark_verdict(spark, bootstrap: str, topic: str, truth: dict[str, int]) -> Verdict:  # type: ignore[no-untyped-def]
+def _spark_verdict(spark: Any, bootstrap: str, topic: str, truth: dict[str, int]) -> Verdict:
     import json
 
     from harvest_outbox.spark_reader import readCommitted

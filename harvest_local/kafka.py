@@ -297,12 +297,12 @@ def read_to_end(bootstrap: str, topics: list[str], timeout: float = 60.0) -> lis
             for msg in consumer.consume(1000, 0.5):
                 if msg.error() is not None:
                     continue
-                at[(msg.topic(), msg.partition())] = msg.offset() + 1
-                out.append(
-                    ReadRecord(
-                        msg.topic(), msg.partition(), msg.offset(), msg.key(), msg.value(), list(msg.headers() or [])
-                    )
-                )
+                topic, partition, offset = msg.topic(), msg.partition(), msg.offset()
+                assert topic is not None and partition is not None and offset is not None  # a consumed record's
+                at[(topic, partition)] = offset + 1
+                # (a consumed record's headers are a list of (str, bytes | None): the type allows more)
+                headers: list[tuple[str, bytes | None]] = list(msg.headers() or [])  # type: ignore[arg-type]
+                out.append(ReadRecord(topic, partition, offset, msg.key(), msg.value(), headers))
         return sorted(out, key=lambda r: (r.topic, r.partition, r.offset))
     finally:
         consumer.close()

@@ -166,7 +166,7 @@ def run_outage(services: LocalServices, outage: Outage, workdir: Path) -> Outage
     create_topic(ends.kafka_bootstrap, f"{topic}-probe", 1)
     pg_params = conninfo_to_dict(ends.pg_dsn)
     pg_proxy = NetFault(
-        (str(pg_params.get("host", "127.0.0.1")), int(pg_params.get("port", 5432))), name="pg-proxy"
+        (str(pg_params.get("host", "127.0.0.1")), int(pg_params.get("port") or 5432)), name="pg-proxy"
     ).start()
     kafka_proxy: NetFault | None = None
     bootstrap = ends.kafka_bootstrap
@@ -227,8 +227,8 @@ def run_outage(services: LocalServices, outage: Outage, workdir: Path) -> Outage
         result.verdict = verify("ReadCommittedIter" if outage.sequenced else "raw topic", truth, delivered)
         with psycopg.connect(ends.pg_dsn, connect_timeout=5) as conn:
             result.dead_letters = int(
-                conn.execute(sql.SQL("SELECT count(*) FROM {}").format(names.dead_letters)).fetchone()[0]
-            )  # type: ignore[index]
+                conn.execute(sql.SQL("SELECT count(*) FROM {}").format(names.dead_letters)).fetchone()[0]  # type: ignore[index]
+            )
         if result.dead_letters:
             result.notes.append(f"{result.dead_letters} row(s) dead-lettered")
         result.relays_alive = all(r.alive for r in relays)
@@ -336,7 +336,9 @@ def _read_committed(bootstrap: str, topic: str) -> list[tuple[str, int]]:
     out: list[tuple[str, int]] = []
     with ReadCommittedIter({"bootstrap.servers": bootstrap}, topics=[topic], idle_timeout=8.0) as it:
         for rec in it:
-            out.append((rec.key.decode(), int(json.loads(rec.value)["version"])))
+            key, value = rec.key, rec.value
+            assert key is not None and value is not None  # the writers' records have both
+            out.append((key.decode(), int(json.loads(value)["version"])))
     return out
 
 
@@ -357,8 +359,10 @@ def _read_raw(bootstrap: str, topic: str, partitions: int) -> list[tuple[str, in
                 msg = c.poll(1.0)
                 if msg is None or msg.error():
                     continue
-                last = msg.offset()
-                out.append((msg.key().decode(), int(json.loads(msg.value())["version"])))
+                offset, key, value = msg.offset(), msg.key(), msg.value()
+                assert offset is not None and key is not None and value is not None  # the writers' records have all
+                last = offset
+                out.append((key.decode(), int(json.loads(value)["version"])))
     finally:
         c.close()
     return out
