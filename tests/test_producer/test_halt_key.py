@@ -12,6 +12,7 @@ letter and discards ``q``'s, and each key's rows flow in id order -- read end to
 from __future__ import annotations
 
 import time
+import uuid
 from collections.abc import Callable
 
 import psycopg
@@ -25,6 +26,7 @@ from harvest_outbox.producer.deadletters import list_dead_letters, requeue_what_
 from harvest_outbox.producer.schema import OutboxNames, init_db
 from harvest_outbox.producer.sharded import relay_for
 from harvest_outbox.producer.stasher import OutboxRecord, Stasher
+from harvest_outbox.producer.table_mapping import table_mapping
 
 MISMATCHED = "header arrays differ in length"
 
@@ -186,3 +188,65 @@ def test_skip_lets_the_keys_later_rows_flow(
         assert sorted(d.id for d in list_dead_letters(conn, table)) == sorted(poison.values())
         assert {(k.key, k.waiting) for k in stuck_keys(conn, table)} == {("p", 0), ("q", 0)}
     assert _read(kafka_bootstrap, topic, sequenced, box.expected) == box.expected
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("sequenced", [False, True], ids=["at-least-once", "uuid-sequencing"])
+def test_halt_key_on_a_debezium_outbox(
+    sequenced: bool,
+    pg_dsn: str,
+    kafka_bootstrap: str,
+    pg_schema: str,
+    topic_factory: Callable[..., str],
+    unique_name: Callable[[str], str],
+) -> None:
+    """The mapped record's topic and key (routed aggregatetype, aggregateid) halt; requeue restores the
+    row as written, with its relay id, ahead of the aggregate's waiting events."""
+    from test_table_mapping import _CREATE, _insert
+
+    topic = topic_factory(partitions=2, config={"max.message.bytes": "20000"})
+    mapping = table_mapping("debezium", {"route.topic.replacement": topic})
+    table = f"{pg_schema}.outbox_event"
+    names = OutboxNames.parse(table, mapping)
+    with psycopg.connect(pg_dsn) as conn:
+        conn.execute(sql.SQL(_CREATE).format(t=names.outbox, payload=sql.SQL("TEXT")))
+    init_db(pg_dsn, table, mapping=mapping)
+    rows, want = [], {}
+    for i in range(6):
+        for agg_id in ("o-1", "o-2"):
+            value = f"{agg_id}#{i}" if (agg_id, i) != ("o-1", 3) else "x" * 30_000  # too large for the topic
+            rows.append((uuid.uuid4(), "Order", agg_id, "Created", value, None, None, None))
+            want.setdefault(agg_id, []).append(f"{agg_id}#{i}".encode())
+    with psycopg.connect(pg_dsn) as conn:
+        _insert(conn, names.outbox, rows)
+    cfg = relay_config(pg_dsn, kafka_bootstrap, table, unique_name("g")).replace(
+        uuid_sequencing=sequenced, table_mapping=mapping, leader_election="postgres", dead_letter_policy="haltKey"
+    )
+    count = sql.SQL("SELECT count(*) FROM {}").format(names.outbox)
+    with relay_for(cfg):
+        deadline = time.monotonic() + 60
+        while True:
+            with psycopg.connect(pg_dsn) as conn:
+                left = conn.execute(count).fetchone()[0]  # type: ignore[index]
+            if left == 2:  # o-1#4 and o-1#5 wait
+                break
+            assert time.monotonic() < deadline, f"{left} rows in the outbox, not 2"
+            time.sleep(0.1)
+        with psycopg.connect(pg_dsn, autocommit=True) as conn:
+            [stuck] = stuck_keys(conn, table, mapping)
+            assert (stuck.topic, stuck.key, stuck.waiting) == (topic, "o-1", 2)
+            assert "exceeds what its topic accepts" in stuck.reason
+            conn.execute(  # the fix: the event as it should have been written
+                sql.SQL("UPDATE {} SET source_row = jsonb_set(source_row, '{{payload}}', '\"o-1#3\"')").format(
+                    names.dead_letters
+                )
+            )
+            assert requeue_what_can_be(conn, table, None, None, mapping, keep_ids=True).moved == 1
+        deadline = time.monotonic() + 60
+        while True:
+            with psycopg.connect(pg_dsn) as conn:
+                if conn.execute(count).fetchone()[0] == 0:  # type: ignore[index]
+                    break
+            assert time.monotonic() < deadline, "the requeued key did not drain"
+            time.sleep(0.1)
+    assert _read(kafka_bootstrap, topic, sequenced, want) == want
