@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import struct
 import uuid
-from typing import Any
+from collections.abc import Callable
 
 from harvest_outbox.sequencer import Clock, Flags, new_producer_id
 
@@ -25,7 +25,7 @@ ACK = int(Flags.ACK_TXN)
 _UUID_HEAD = struct.Struct(">IHHH").pack
 
 
-def continue_uuid(producer: bytes, clock: int, _pack: Any = _UUID_HEAD) -> bytes:
+def continue_uuid(producer: bytes, clock: int, _pack: Callable[..., bytes] = _UUID_HEAD) -> bytes:
     """``uuid_bytes(int.from_bytes(producer, "big"), clock, CONTINUE_TXN)`` for the per-record path:
     time_low, time_mid, time_hi|version, variant|counter|flags packed by one C call, then the
     6-byte ProducerID (a quarter less work than the 128-bit integer arithmetic)."""

@@ -14,6 +14,7 @@ mypy could not run.
 
 from __future__ import annotations
 
+import io
 import sys
 import time
 from pathlib import Path
@@ -53,8 +54,15 @@ def sources(root: Path = ROOT) -> list[BuildSource]:
 def main(argv: list[str]) -> int:
     t0 = time.perf_counter()
     fscache = FileSystemCache()
-    # The config file ([tool.mypy] in pyproject.toml) and any flags given; the targets are ours.
-    _, options = process_options(argv, require_targets=False, fscache=fscache)
+    # The config file ([tool.mypy] in pyproject.toml) and any flags given; the targets are ours. mypy
+    # only warns about a bad config entry (a module pattern it cannot match is skipped, so its modules
+    # would silently lose their strictness): here that fails the check.
+    complaints = io.StringIO()
+    _, options = process_options(argv, stderr=complaints, require_targets=False, fscache=fscache)
+    if complaints.getvalue():
+        print(complaints.getvalue().rstrip(), file=sys.stderr)
+        print("mypy: fix the configuration above ([tool.mypy] in pyproject.toml)", file=sys.stderr)
+        return 2
     modules = sources()
     try:
         result = build.build(modules, options, fscache=fscache, stdout=sys.stdout, stderr=sys.stderr)
