@@ -39,13 +39,14 @@ Invariants (tests/test_producer/test_halt_key.py, on real Postgres and Kafka, bo
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
+from typing import Any
 
 from psycopg import sql
 
-if TYPE_CHECKING:  # producer.db builds the mark with halted_filter
-    from harvest_outbox.producer.db import MarkedRow
-    from harvest_outbox.producer.schema import OutboxNames
+from harvest_outbox.producer.schema import OutboxNames
+
+#: A marked row (producer.db.MarkedRow: id, topic, key, ...); not imported: producer.db imports this module.
+MarkedRow = tuple[Any, ...]
 
 log = logging.getLogger(__name__)
 
