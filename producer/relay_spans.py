@@ -49,7 +49,10 @@ Invariants (tests/test_producer/test_relay_spans.py):
 - :func:`relay_spans` is ``None`` unless spans are on and a real TracerProvider is configured;
 - a record that gets no span goes out with its stored headers, value for value;
 - every span that starts for a produced record is ended exactly once, by its delivery report or by
-  the failure that means no report will come;
+  the failure that means no report will come; the only spans never ended (so never exported) are
+  those of a ``produce()`` refused as queue-full (retried at once with a new span) and, in
+  ``--uuid-sequencing`` mode, of records still in flight when a wind-down gives up on the producer
+  and drops it (their rows are re-sent, with new spans, by the next view);
 - the record's ``traceparent`` is the span's context; the span's parent is the stored context.
 """
 
@@ -147,7 +150,7 @@ class RelaySpans:
         self._extract = TraceContextTextMapPropagator().extract
         self._span_of = trace.get_current_span
         self._producer = trace.SpanKind.PRODUCER
-        self._error = lambda text: Status(StatusCode.ERROR, text)
+        self._error: Callable[[str], Any] = lambda text: Status(StatusCode.ERROR, text)
         #: Row ids whose hash is below this get a span; None: every row.
         self._threshold = None if sample_ratio >= 1 else int(sample_ratio * (1 << 64))
         self._clock = clock
