@@ -42,6 +42,7 @@ BENCHES: dict[str, tuple[str, list[str], list[str]]] = {
     "stasher": ("bench_stasher.py", [], ["--rows", "2000", "--repeat", "1"]),
     "shards": ("bench_shards.py", [], ["--rows", "50000", "--relays", "1,2"]),
     "spans": ("bench_spans.py", [], ["--rows", "5000", "--runs", "1"]),
+    "registry": ("bench_registry.py", [], ["--rows", "5000", "--runs", "1", "--modes", "at_least_once"]),
     "debezium": (
         "bench_debezium.py",
         [],

@@ -41,7 +41,6 @@ log = logging.getLogger(__name__)
 _SERIALIZERS = {
     "avro": ("confluent_kafka.schema_registry.avro", "AvroSerializer"),
     "jsonSchema": ("confluent_kafka.schema_registry.json_schema", "JSONSerializer"),
-    "protobuf": ("confluent_kafka.schema_registry.protobuf", "ProtobufSerializer"),
 }
 
 
@@ -127,15 +126,11 @@ class _TopicEncoder:
         cls = getattr(importlib.import_module(module), name)
         if kind == "avro":
             return cls(client, None, None, conf)
-        if kind == "jsonSchema":
-            schema = client.get_schema(conf["use.schema.id"]) if "use.schema.id" in conf else None
-            if schema is None:
-                schema = client.get_latest_version(subject).schema
-            return cls(schema, client, None, conf)
-        raise ConfigError(
-            f"serialization.topics[{entry.topic or entry.topic_pattern}].serializer: protobuf takes a generated "
-            f"message class, which a JSON row does not name; use avro or jsonSchema"
-        )
+        # jsonSchema: confluent-kafka's JSONSerializer takes the schema up front
+        schema = client.get_schema(conf["use.schema.id"]) if "use.schema.id" in conf else None
+        if schema is None:
+            schema = client.get_latest_version(subject).schema
+        return cls(schema, client, None, conf)
 
 
 class RowEncoder:

@@ -9,7 +9,7 @@
       topics:
         - topic: orders                    # an exact topic name, or
           # topicPattern: "orders\\..*"    # a regular expression the whole topic name must match
-          serializer: avro                 # avro | jsonSchema | protobuf | none (default)
+          serializer: avro                 # avro | jsonSchema | none (default)
           subjectNameStrategy: topic       # topic (default) | record | topicRecord
           # recordName: shop.Order         # the record's full name (record and topicRecord)
           schemaVersion: latest            # latest (default) or a registered version number, or
@@ -36,7 +36,7 @@ from urllib.parse import urlsplit
 
 from harvest_outbox.producer.errors import ConfigError, shown
 
-SERIALIZERS = ("none", "avro", "jsonSchema", "protobuf")
+SERIALIZERS = ("none", "avro", "jsonSchema")
 SUBJECT_NAME_STRATEGIES = ("topic", "record", "topicRecord")
 
 
@@ -51,7 +51,9 @@ def _unknown(path: str, data: Mapping[str, Any], keys: Mapping[str, str]) -> Non
 class RegistryConfig:
     """Where the schema registry is: ``url`` (http or https) and optional ``basic_auth`` ("user:password")."""
 
+    #: The registry's base URL (http or https), a Confluent-compatible API; credentials go in basicAuth.
     url: str
+    #: ``user:password`` for the registry (HTTP basic auth); redacted in every repr and message.
     basic_auth: str = field(default="", repr=False)
     #: Seconds a subject's latest version is cached before it is asked again (new versions show up).
     latest_ttl: float = 300.0
@@ -104,14 +106,22 @@ class RegistryConfig:
 class TopicSerialization:
     """How the records of one topic (or of every topic a pattern matches) are encoded."""
 
+    #: The topic this entry applies to (give this or topicPattern).
     topic: str = ""
+    #: A regular expression the whole topic name must match (give this or topic); the first matching entry wins.
     topic_pattern: str = ""
+    #: ``avro``, ``jsonSchema`` or ``none`` (published as stored); the row's value must be JSON.
     serializer: str = "none"
+    #: The subject of the writer schema: ``topic`` (``<topic>-value``), ``record`` (``<recordName>``) or
+    #: ``topicRecord`` (``<topic>-<recordName>``).
     subject_name_strategy: str = "topic"
+    #: The record's full name (e.g. ``shop.Order``), required by the record strategies.
     record_name: str = ""
-    #: ``"latest"`` or a registered version number of the subject.
+    #: ``latest`` (the subject's latest version, cached for registry.latestTtl) or a registered version number.
     schema_version: str | int = "latest"
+    #: A registered schema id to encode with, instead of schemaVersion.
     schema_id: int | None = None
+    #: ``none`` or a serializer for the key (the key subject's latest schema; the row's key must be JSON).
     key_serializer: str = "none"
 
     def __post_init__(self) -> None:
@@ -126,6 +136,12 @@ class TopicSerialization:
                     f"{where}.topicPattern: {shown(self.topic_pattern)} is not a regular expression ({exc})"
                 ) from None
         for name, value in (("serializer", self.serializer), ("keySerializer", self.key_serializer)):
+            if value == "protobuf":
+                raise ConfigError(
+                    f"{where}.{name}: protobuf is not offered for JSON rows (confluent-kafka's Protobuf serializer "
+                    f"takes a generated message class, which a row does not name); use avro or jsonSchema, or "
+                    f"encode Protobuf in the writer and store bytes (a bytea outbox)"
+                )
             if value not in SERIALIZERS:
                 raise ConfigError(
                     f"{where}.{name}: {shown(value)} is not a serializer; use one of {', '.join(SERIALIZERS)}"
@@ -186,7 +202,9 @@ class TopicSerialization:
 class SerializationConfig:
     """``serialization:``; empty (the default) publishes every value as stored."""
 
+    #: The schema registry: ``{url, basicAuth, latestTtl}``; required when a topic has a serializer.
     registry: RegistryConfig | None = None
+    #: Per topic or topic pattern: ``{topic | topicPattern, serializer, subjectNameStrategy, ...}``.
     topics: tuple[TopicSerialization, ...] = ()
 
     def __post_init__(self) -> None:
@@ -215,7 +233,11 @@ class SerializationConfig:
         topics = data.get("topics") or []
         if not isinstance(topics, list):
             raise ConfigError(f"{path}.topics: expected a list of {{topic, serializer, ...}} entries")
-        registry = RegistryConfig.from_mapping(data["registry"], f"{path}.registry") if data.get("registry") else None
+        registry = (
+            RegistryConfig.from_mapping(data["registry"], f"{path}.registry")
+            if data.get("registry") is not None
+            else None
+        )
         return cls(
             registry, tuple(TopicSerialization.from_mapping(t, f"{path}.topics[{i}]") for i, t in enumerate(topics))
         )
