@@ -247,9 +247,18 @@ def _companions(conn: psycopg.Connection, names: OutboxNames, config: HarvestCon
     except SchemaError as exc:
         return [Finding("FAIL", "tables", str(exc))]
     found = [Finding("OK", "tables", ", ".join(t.as_string(conn) for t in tables))]
-    if config.dead_letter_retention is not None and names.dead_time_index_name not in {
-        ix.name for ix in _index_list(conn, names.dead_letters)
-    }:
+    dead_indexes = {ix.name for ix in _index_list(conn, names.dead_letters)}
+    if config.dead_letter_policy == "haltKey" and names.dead_key_index_name not in dead_indexes:
+        found.append(
+            Finding(
+                "WARN",
+                "tables",
+                f"{names.dead_letters.as_string(conn)} has no index on (kafka_topic, kafka_key): "
+                f"deadLetterPolicy: haltKey reads the dead letters for every row a mark claims",
+                _INIT_DB,
+            )
+        )
+    if config.dead_letter_retention is not None and names.dead_time_index_name not in dead_indexes:
         found.append(
             Finding(
                 "WARN",
@@ -299,6 +308,25 @@ def _activity(conn: psycopg.Connection, names: OutboxNames, config: HarvestConfi
     )
     age = "" if oldest is None else f", the oldest parked {format_duration(max(0.0, float(oldest)))} ago"
     found.append(Finding("OK", "dead letters", f"{dead}{age}; {kept}"))
+    if config.dead_letter_policy == "haltKey":
+        row = conn.execute(
+            sql.SQL(
+                "SELECT count(DISTINCT (kafka_topic, kafka_key)) FROM {} "
+                "WHERE kafka_topic IS NOT NULL AND kafka_key IS NOT NULL"
+            ).format(names.dead_letters)
+        ).fetchone()
+        halted = int(row[0]) if row else 0
+        if halted:
+            found.append(
+                Finding(
+                    "WARN",
+                    "halted keys",
+                    f"{halted} key(s) halted behind dead letters (deadLetterPolicy: haltKey): their rows wait",
+                    "`harvest dead-letters keys` lists them; fix, then `requeue` or `discard` (docs/dead-letters.md)",
+                )
+            )
+        else:
+            found.append(Finding("OK", "halted keys", "none (deadLetterPolicy: haltKey)"))
     row = conn.execute(
         "SELECT n_live_tup, n_dead_tup, extract(epoch FROM now() - greatest(last_vacuum, "
         "last_autovacuum)) FROM pg_stat_user_tables WHERE relid = to_regclass(%s)",

@@ -201,6 +201,10 @@ class OutboxNames:
         return _derived(self.table, "_dead_letters_time_idx")
 
     @property
+    def dead_key_index_name(self) -> str:
+        return _derived(self.table, "_dead_letters_key_idx")
+
+    @property
     def id_index_name(self) -> sql.Identifier:
         return sql.Identifier(_derived(self.table, "_leader_id_idx"))
 
@@ -397,7 +401,7 @@ def _companion_ddl(names: OutboxNames, vtype: sql.Composable) -> list[Statement]
     # deadLetterPolicy: haltKey probes the dead letters by (topic, key) for every row it marks (producer.key_halt).
     stmts.append(
         sql.SQL("CREATE INDEX IF NOT EXISTS {} ON {} (kafka_topic, kafka_key)").format(
-            sql.Identifier(_derived(names.table, "_dead_letters_key_idx")), names.dead_letters
+            sql.Identifier(names.dead_key_index_name), names.dead_letters
         )
     )
     if names.mapping.source_row("o") is not None:

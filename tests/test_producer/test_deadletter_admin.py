@@ -128,3 +128,39 @@ def test_operator_errors_are_one_line_and_change_nothing(
     assert_one_line_exit_2(proc, *needles)
     with psycopg.connect(pg_dsn) as conn:
         assert conn.execute(sql.SQL("SELECT count(*) FROM {}").format(names.dead_letters)).fetchone() == (3,)
+
+
+@pytest.mark.integration
+def test_check_reports_halted_keys_and_the_missing_key_index(pg_dsn: str, pg_schema: str) -> None:
+    from harvest_outbox.producer.check import check_outbox
+    from harvest_outbox.producer.config import HarvestConfig
+
+    table = f"{pg_schema}.outbox"
+    names = init_db(pg_dsn, table)
+    cfg = HarvestConfig(data_source=pg_dsn, outbox_table=table, dead_letter_policy="haltKey")
+
+    def findings() -> dict[str, list[str]]:
+        with psycopg.connect(pg_dsn) as conn:
+            out: dict[str, list[str]] = {}
+            for f in check_outbox(conn, cfg):
+                out.setdefault(f.subject, []).append(f.line())
+            return out
+
+    assert findings()["halted keys"] == ["OK   halted keys: none (deadLetterPolicy: haltKey)"]
+    _setup(pg_dsn, f"{pg_schema}.other")  # another outbox's dead letters are not this one's
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        conn.execute(
+            sql.SQL(
+                "INSERT INTO {} (id, kafka_topic, kafka_key, error, attempts) VALUES "
+                "(1, 't', 'k', 'e', 0), (2, 't', 'k', 'e', 0), (3, NULL, 'k', 'e', 0)"
+            ).format(names.dead_letters)
+        )
+    [halted] = findings()["halted keys"]
+    assert halted.startswith("WARN halted keys: 1 key(s) halted") and "harvest dead-letters keys" in halted
+    assert not any("kafka_topic, kafka_key" in line for line in findings()["tables"])
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        conn.execute(sql.SQL("DROP INDEX {}").format(sql.Identifier(pg_schema, names.dead_key_index_name)))
+    [warn] = [line for line in findings()["tables"] if "kafka_topic, kafka_key" in line]
+    assert warn.startswith("WARN") and "harvest init-db" in warn
+    init_db(pg_dsn, table)  # the fix
+    assert not any("kafka_topic, kafka_key" in line for line in findings()["tables"])
