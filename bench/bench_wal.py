@@ -36,6 +36,7 @@ import argparse
 import json
 import os
 import statistics
+import sys
 import uuid
 from collections import defaultdict
 from collections.abc import Callable, Iterator
@@ -222,6 +223,12 @@ def main() -> int:
     ap.add_argument("--runs", type=int, default=1)
     ap.add_argument("--loops", default=",".join(LOOPS))
     ap.add_argument("--logical", action="store_true", help="wal_level = logical (as in the Debezium comparison)")
+    ap.add_argument(
+        "--wal-compression",
+        default="off",
+        choices=("off", "pglz", "lz4", "zstd"),
+        help="the server's wal_compression (full-page images compressed; Postgres' default is off)",
+    )
     args = ap.parse_args()
     loops = [x for x in args.loops.split(",") if x]
     for loop in loops:
@@ -231,7 +238,11 @@ def main() -> int:
     pg = EmbeddedPostgres(logical_replication=args.logical).start()
     try:
         dsn = pg.dsn
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute(sql.SQL("ALTER SYSTEM SET wal_compression = {}").format(sql.Literal(args.wal_compression)))
+            conn.execute("SELECT pg_reload_conf()")
         with psycopg.connect(dsn) as conn:
+            out["wal_compression"] = conn.execute("SHOW wal_compression").fetchone()[0]  # type: ignore[index]
             out["wal_level"] = conn.execute("SHOW wal_level").fetchone()[0]  # type: ignore[index]
             out["server_version"] = conn.info.server_version
         for loop in loops:
@@ -241,7 +252,11 @@ def main() -> int:
                     for _ in range(args.runs)
                 ]
                 out["loops"].setdefault(loop, {})[temp] = runs[len(runs) // 2] if len(runs) > 1 else runs[0]
-                print(f"[bench wal] {loop} {temp}: {json.dumps(out['loops'][loop][temp]['drain'])}", flush=True)
+                print(
+                    f"[bench wal] {loop} {temp}: {json.dumps(out['loops'][loop][temp]['drain'])}",
+                    file=sys.stderr,
+                    flush=True,
+                )
     finally:
         pg.stop()
     print(json.dumps(out, indent=2))
