@@ -28,6 +28,7 @@ from __future__ import annotations
 import importlib
 import json
 import logging
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -36,6 +37,9 @@ from harvest_outbox.producer.errors import ConfigError, DatabaseError, shown
 from harvest_outbox.producer.serialization_config import SerializationConfig, TopicSerialization
 
 log = logging.getLogger(__name__)
+_yield = time.sleep
+#: Rows encoded between two GIL hand-overs to the relay thread (a power of two less one: a mask).
+YIELD_EVERY = 31
 
 #: confluent-kafka serializer classes by config name (module, class).
 _SERIALIZERS = {
@@ -181,6 +185,10 @@ class RowEncoder:
         raises :class:`RegistryUnavailable` (for the whole batch) when the registry does not answer."""
         out: list[MarkedRow] = []
         for row in rows:
+            if not len(out) & YIELD_EVERY:
+                # This runs in the mark worker while the relay thread produces: hand it the GIL now and
+                # then, or it waits a whole switch interval (5 ms) for every turn it gets.
+                _yield(0)
             topic = row[1]
             if row[6] is not None or topic is None:
                 out.append(row)
