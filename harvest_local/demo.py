@@ -10,7 +10,9 @@
    default; ``Stasher.stash_many``, as a batch import would) while the relays run, so the verdict
    shows the relay's own drain rate rather than the live writers' pace (a few hundred rows/s).
    Backlog rows continue each key's versions and are verified like every other row.
-5. A Spark ``readCommitted`` batch over the topic.
+5. The Spark stage: the streaming pipeline (:mod:`spark_reader.pipeline`, a driver process of its
+   own) runs through the live and backlog phases, keeping a Parquet event table and a latest-state
+   table; its driver is SIGKILLed once mid-run and restarted from its checkpoints.
 6. A verdict per reader (lost, duplicates, per-key order violations, phantoms from rolled-back
    transactions), throughput per phase, latency and a PNG plot of throughput over time.
 
@@ -28,15 +30,17 @@ import os
 import statistics
 import subprocess
 import sys
+import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from harvest_outbox.harvest_local.applier import applied_rows, create_tables
 from harvest_outbox.harvest_local.kafka import create_topic
 from harvest_outbox.harvest_local.launcher import LocalServices, ServiceEndpoints
+from harvest_outbox.harvest_local.pipeline_process import CommittedFile, PipelineProcess
 from harvest_outbox.harvest_local.relays import RelayProcess, current_leader, wait_for, write_config
 from harvest_outbox.harvest_local.verify import Verdict, render, verify
 from harvest_outbox.harvest_local.workdir import work_dir
@@ -106,6 +110,16 @@ class BacklogPhase:
 
 
 @dataclass
+class PipelineRun:
+    """The Spark stage: the event table's committed files (rows, commit time) and the driver kill."""
+
+    files: list[CommittedFile]
+    killed_at: float | None  # run-relative seconds
+    starts: int
+    latest_matches: bool | None  # the latest-state table equals the committed versions (None: not read)
+
+
+@dataclass
 class DemoResult:
     run: Run
     verdicts: list[Verdict]
@@ -116,10 +130,12 @@ class DemoResult:
     takeover: float | None
     applied: list[tuple[str, int, float | None, float]]
     backlog: BacklogPhase | None
+    pipeline: PipelineRun | None = None
 
     @property
     def ok(self) -> bool:
-        return bool(self.verdicts) and all(v.ok for v in self.verdicts)
+        latest_ok = self.pipeline is None or self.pipeline.latest_matches is True
+        return bool(self.verdicts) and all(v.ok for v in self.verdicts) and latest_ok
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -138,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
         help="rows committed at once after the writers, to show the relay's drain rate "
         "(default 100000; 0 skips the backlog phase)",
     )
-    parser.add_argument("--no-spark", action="store_true", help="skip the Spark read")
+    parser.add_argument("--no-spark", action="store_true", help="skip the Spark pipeline")
     parser.add_argument("--no-kill", action="store_true", help="do not kill the leader mid-way")
     parser.add_argument("--out", type=Path, default=None, help="folder for logs and the plot (default .work/demo-*)")
     args = parser.parse_args(argv)
@@ -191,11 +207,9 @@ def main(argv: list[str] | None = None) -> int:
 RELAY_LIMITS: dict[str, str] = {}
 
 
-def run_demo(
-    ends: ServiceEndpoints, opts: DemoOptions, out: Path, run: Run | None = None, spark: Any = None
-) -> DemoResult:
-    """Everything but the services and the printed report, on ``ends``. ``spark``: a SparkSession to
-    use (and leave running); None starts a local one for the read and stops it afterwards."""
+def run_demo(ends: ServiceEndpoints, opts: DemoOptions, out: Path, run: Run | None = None) -> DemoResult:
+    """Everything but the services and the printed report, on ``ends``. The Spark stage runs in a
+    process of its own (``local[2]``), so that its driver can be killed like a relay."""
     run = run or Run()
     schema, topic = opts.schema, f"demo-accounts-{uuid.uuid4().hex[:6]}"
     outbox = f"{schema}.outbox"
@@ -230,6 +244,17 @@ def run_demo(
         stdout=(out / "applier.log").open("w"),
         stderr=subprocess.STDOUT,
     )
+    # About ten micro-batches over the run's rows, so that the kill lands while rows are flowing even
+    # when the driver starts after the writers are done (the backlog is then most of the work).
+    pipeline = PipelineProcess(
+        topic=topic,
+        bootstrap=ends.kafka_bootstrap,
+        root=out / "pipeline",
+        logdir=out,
+        max_offsets_per_trigger=max(2000, (opts.rows + opts.backlog) // 10),
+    )
+    committed_so_far = [0]  # rows committed by the writers and the backlog, for the pipeline's killer
+    killer = _PipelineKiller(run, pipeline, lambda: committed_so_far[0])
     backlog: BacklogPhase | None = None
     takeover = None
     try:
@@ -237,9 +262,15 @@ def run_demo(
         leader = current_leader(relays)
         assert leader is not None
         run.mark(f"{leader.name} elected leader; the other relay stands by")
+        if opts.spark:
+            pipeline.start()
+            run.mark(f"Spark pipeline started (events and latest-state tables under {pipeline.root})")
         writers = Writers(
             ends.pg_dsn, schema, outbox, topic, opts.keys, opts.rows, threads=opts.writers, rate_per_s=opts.rate
         ).start()
+        committed_so_far[0] = opts.rows  # the live phase's target; the backlog adds its rows below
+        if opts.spark and opts.kill:
+            killer.start()
         writers_started = time.monotonic()
         ticker = _Progress(run, writers, ends.pg_dsn, schema, outbox)
         ticker.start()
@@ -267,14 +298,20 @@ def run_demo(
             f"{stats.long_running} long-running transactions"
         )
         if opts.backlog:
+            committed_so_far[0] = opts.rows + opts.backlog
             backlog = _backlog_phase(run, ends.pg_dsn, schema, outbox, topic, opts)
         truth = committed_versions(ends.pg_dsn, schema)
         expected = sum(truth.values())
+        committed_so_far[0] = expected
         _await_consumer(run, ends.pg_dsn, schema, expected)
+        if opts.spark:
+            _await_table(run, pipeline, truth, killer)
         time.sleep(2.0)  # anything arriving late would be a duplicate: give it the chance to show
     finally:
         if "ticker" in locals():
             ticker.stop()
+        killer.cancel()
+        pipeline.stop()
         for relay in relays:
             relay.stop()
         applier.terminate()
@@ -292,10 +329,19 @@ def run_demo(
             )
     verdicts = [verify("ReadCommittedIter -> Postgres", truth, [(k, v) for k, v, _, _ in applied])]
     raw_count = _raw_count(ends.kafka_bootstrap, topic)
+    pipeline_run = None
     if opts.spark:
-        verdicts.append(_spark_verdict(ends.kafka_bootstrap, topic, truth, spark))
-        run.mark("Spark readCommitted batch done")
-    return DemoResult(run, verdicts, expected, raw_count, stats, writers_seconds, takeover, applied, backlog)
+        verdicts.append(_table_verdict(pipeline, truth))
+        latest = _latest_versions(pipeline.latest_path)
+        pipeline_run = PipelineRun(
+            pipeline.committed_files(), killer.killed_at, pipeline.starts, None if latest is None else latest == truth
+        )
+        run.mark(
+            f"Spark pipeline: event table read; latest-state table matches the outbox: {pipeline_run.latest_matches}"
+        )
+    return DemoResult(
+        run, verdicts, expected, raw_count, stats, writers_seconds, takeover, applied, backlog, pipeline_run
+    )
 
 
 def _backlog_phase(
@@ -407,26 +453,90 @@ def _raw_count(bootstrap: str, topic: str) -> int:
         c.close()
 
 
-def _spark_verdict(bootstrap: str, topic: str, truth: dict[str, int], spark: Any = None) -> Verdict:
-    from harvest_outbox.spark_reader import readCommitted
+class _PipelineKiller:
+    """SIGKILLs the pipeline's driver once, as soon as its event table holds a third of the rows
+    committed so far (``committed()``: the live target, then the backlog too), and restarts it from
+    its checkpoints: the kill lands while rows are flowing, in whichever phase the driver is then."""
 
-    own = spark is None
-    if own:
-        from harvest_outbox.harvest_local.spark import local_spark_session
+    def __init__(self, run: Run, pipeline: PipelineProcess, committed: Callable[[], int]) -> None:
+        self.run, self.pipeline, self.committed = run, pipeline, committed
+        self.killed_at: float | None = None  # run-relative seconds
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="pipeline-killer", daemon=True)
 
-        spark = local_spark_session("harvest-demo")
-    try:
-        rows = (
-            readCommitted(spark, topic, {"kafka.bootstrap.servers": bootstrap})
-            .select("partition", "offset", "ack_offset", "key", "value")
-            .collect()
-        )
-    finally:
-        if own:
-            spark.stop()
-    rows.sort(key=lambda r: (r.partition, r.ack_offset, r.offset))
-    delivered = [(bytes(r.key).decode(), int(json.loads(bytes(r.value))["version"])) for r in rows]
-    return verify("Spark readCommitted (batch)", truth, delivered)
+    def start(self) -> None:
+        self._thread.start()
+
+    def cancel(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(120)
+
+    @property
+    def running(self) -> bool:
+        return self._thread.is_alive()
+
+    def _loop(self) -> None:
+        while not self._stop.wait(0.5):
+            rows = sum(f.rows for f in self.pipeline.committed_files())
+            if rows and rows * 3 >= self.committed():
+                self.pipeline.kill()
+                self.killed_at = time.monotonic() - self.run.started
+                self.run.mark(
+                    f"kill -9 the Spark pipeline's driver with {rows} rows in its table "
+                    f"({self.pipeline.committed_batches()} micro-batches); restarting it from its checkpoints"
+                )
+                self.pipeline.start()
+                return
+
+
+def _await_table(
+    run: Run, pipeline: PipelineProcess, truth: dict[str, int], killer: _PipelineKiller, stall: float = 180.0
+) -> None:
+    """Until the event table holds every committed row (after the kill) and the latest-state table
+    every key's last version, or neither grows for ``stall`` seconds."""
+    expected = sum(truth.values())
+    last = (time.monotonic(), -1)
+    while True:
+        rows = sum(f.rows for f in pipeline.committed_files())
+        killed = killer.killed_at is not None or not killer.running
+        if rows >= expected and killed and _latest_versions(pipeline.latest_path) == truth:
+            run.mark(f"Spark pipeline: event table holds {rows} rows, the latest-state table every key")
+            return
+        progress = rows + len(pipeline.text())  # the latest query's progress shows in its log
+        if progress != last[1]:
+            last = (time.monotonic(), progress)
+        elif time.monotonic() - last[0] > stall or not (pipeline.alive or killer.running):
+            run.mark(f"Spark pipeline stalled at {rows}/{expected} rows (see {pipeline.log})")
+            return
+        time.sleep(1.0)
+
+
+def _table_verdict(pipeline: PipelineProcess, truth: dict[str, int]) -> Verdict:
+    """The event table as its readers see it (the files its metadata log lists), in delivery order."""
+    import pyarrow.parquet as pq
+
+    cols = ["key", "value", "partition", "offset", "ack_offset"]
+    rows: list[tuple[int, int, int, bytes, bytes]] = []
+    for f in pipeline.committed_files():
+        t = pq.read_table(f.path, columns=cols).to_pydict()
+        rows += zip(t["partition"], t["ack_offset"], t["offset"], t["key"], t["value"], strict=True)
+    rows.sort(key=lambda r: r[:3])
+    delivered = [(k.decode(), int(json.loads(v)["version"])) for _, _, _, k, v in rows]
+    return verify("Spark pipeline -> Parquet table", truth, delivered)
+
+
+def _latest_versions(latest_path: Path) -> dict[str, int] | None:
+    """The latest-state table's newest committed version as {key: version}; None before a commit."""
+    import pyarrow.parquet as pq
+
+    from harvest_outbox.spark_reader.latest_table import local_snapshot
+
+    folder = local_snapshot(str(latest_path))
+    if folder is None:
+        return None
+    table = pq.read_table(folder, columns=["key", "value"]).to_pydict()
+    return {k.decode(): int(json.loads(v)["version"]) for k, v in zip(table["key"], table["value"], strict=True)}
 
 
 def _plot(result: DemoResult, path: Path) -> Path | None:
@@ -462,6 +572,20 @@ def _plot(result: DemoResult, path: Path) -> Path | None:
             linestyle=":",
             label="committed by live writers",
         )
+    if result.pipeline is not None and result.pipeline.files:
+        # Rows per second into the event table: each micro-batch's files, at the time they were written.
+        tb: dict[int, int] = {}
+        for f in result.pipeline.files:
+            x = int(f.modified - t0)
+            tb[x] = tb.get(x, 0) + f.rows
+        xs_t = list(range(min(min(tb), 0), max(tb) + 1))
+        ax.plot(
+            xs_t,
+            [tb.get(x, 0) for x in xs_t],
+            color="#38a169",
+            linewidth=1.4,
+            label="into the Parquet table (Spark pipeline)",
+        )
     b = result.backlog
     log_scale = b is not None and len(b.samples) > 1
     if log_scale:
@@ -492,25 +616,21 @@ def _plot(result: DemoResult, path: Path) -> Path | None:
     top = ax.get_ylim()[1]
     for t, what in run.events:
         label = (
-            "leader killed"
+            "Spark driver killed"
+            if what.startswith("kill -9 the Spark")
+            else "leader killed"
             if what.startswith("kill -9")
             else "backlog committed"
             if what.startswith("backlog committed")
             else None
         )
         if label:
-            ax.axvline(
-                t - offset, color="#c53030" if label == "leader killed" else "#dd6b20", linestyle="--", linewidth=1
-            )
-            ax.annotate(
-                label,
-                (t - offset, top * 0.5 if log_scale else top * 0.9),
-                color="#c53030" if label == "leader killed" else "#dd6b20",
-                fontsize=8,
-            )
+            color = {"leader killed": "#c53030", "Spark driver killed": "#2f855a"}.get(label, "#dd6b20")
+            ax.axvline(t - offset, color=color, linestyle="--", linewidth=1)
+            ax.annotate(label, (t - offset, top * (0.5 if log_scale else 0.9)), color=color, fontsize=8)
     ax.set_xlabel("seconds")
     ax.set_ylabel("rows/s" + (" (log scale)" if log_scale else ""))
-    ax.set_title("harvest demo: exactly-once delivery to the consumer's table")
+    ax.set_title("harvest demo: exactly-once delivery to the consumer's table and the Spark pipeline's")
     ax.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(path)
@@ -566,6 +686,21 @@ def phase_table(result: DemoResult) -> str:
     return "\n".join(lines)
 
 
+def _pipeline_facts(p: PipelineRun | None) -> list[tuple[str, str]]:
+    if p is None:
+        return []
+    return [
+        (
+            "Spark pipeline driver kill -9",
+            f"at {p.killed_at:.1f} s, restarted from its checkpoint" if p.killed_at is not None else "not killed",
+        ),
+        (
+            "Spark pipeline: latest-state table = outbox",
+            {True: "yes", False: "NO", None: "not committed"}[p.latest_matches],
+        ),
+    ]
+
+
 def _report(result: DemoResult, latencies: list[float], plot: Path | None) -> None:
     def pct(p: float) -> str:
         return f"{latencies[min(len(latencies) - 1, int(p * len(latencies)))]:.0f} ms" if latencies else "n/a"
@@ -585,6 +720,7 @@ def _report(result: DemoResult, latencies: list[float], plot: Path | None) -> No
         ("records in the topic (incl. ACKs, re-sends)", f"{result.raw_count}"),
         ("leader take-over after kill -9", f"{result.takeover:.1f} s" if result.takeover is not None else "not killed"),
         ("live write -> applied latency p50 / p99", f"{pct(0.5)} / {pct(0.99)}"),
+        *_pipeline_facts(result.pipeline),
         ("throughput plot", str(plot) if plot else "n/a"),
     ]
     width = max(len(a) for a, _ in facts)

@@ -2,9 +2,11 @@
 
 - ``stash_backlog`` continues every key's versions in one transaction, so backlog rows fall under
   the same ground truth (``accounts``) as the live writers' rows;
-- the demo's whole job (live writers, kill -9 of the leader, backlog phase, both readers) ends with
-  every row, backlog included, delivered exactly once and in per-key order by both readers, and the
-  per-phase table reports the backlog's drain rate.
+- the demo's whole job (live writers, kill -9 of the leader, backlog phase, the consumer and the
+  Spark pipeline, whose driver is killed once too) ends with every row, backlog included, delivered
+  exactly once and in per-key order to the consumer's table and the pipeline's Parquet table, the
+  latest-state table equal to the outbox's versions, and the per-phase table reports the backlog's
+  drain rate.
 """
 
 from __future__ import annotations
@@ -117,19 +119,24 @@ def test_demo_options_name_the_bad_field() -> None:
 @pytest.mark.integration
 @pytest.mark.slow
 @pytest.mark.spark
-def test_demo_backlog_phase_is_verified_by_both_readers(services, spark, pg_schema: str, tmp_path) -> None:
+def test_demo_backlog_phase_is_verified_by_both_readers(services, pg_schema: str, tmp_path) -> None:
     opts = DemoOptions(rows=600, keys=30, partitions=3, writers=3, rate=600.0, backlog=20_000, schema=pg_schema)
 
-    result = run_demo(services.endpoints, opts, tmp_path, spark=spark)
+    result = run_demo(services.endpoints, opts, tmp_path)
 
     backlog = result.backlog
     assert backlog is not None and backlog.rows == 20_000
     assert result.takeover is not None, "the leader was not killed"
     assert result.expected == result.stats.committed + 20_000
-    assert [v.reader for v in result.verdicts] == ["ReadCommittedIter -> Postgres", "Spark readCommitted (batch)"]
+    assert [v.reader for v in result.verdicts] == ["ReadCommittedIter -> Postgres", "Spark pipeline -> Parquet table"]
     for verdict in result.verdicts:
         assert verdict.ok, f"{verdict} (logs in {tmp_path})"
         assert verdict.delivered == verdict.expected == result.expected
+    # The Spark stage streamed through both phases, its driver killed once and restarted from its checkpoint.
+    pipeline = result.pipeline
+    assert pipeline is not None and pipeline.killed_at is not None and pipeline.starts == 2
+    assert pipeline.latest_matches is True, f"latest-state table differs from the outbox (logs in {tmp_path})"
+    assert sum(f.rows for f in pipeline.files) == result.expected
     # The backlog rows themselves reached the consumer's table, once each, after the live rows of their key.
     backlog_rows = [(k, v) for k, v, written, _ in result.applied if written is None]
     assert len(backlog_rows) == len(set(backlog_rows)) == 20_000
