@@ -25,7 +25,6 @@ Invariants (tested in ``tests/test_producer``):
 
 from __future__ import annotations
 
-import enum
 import logging
 import threading
 import time
@@ -37,10 +36,11 @@ from harvest_outbox.producer.at_least_once import AtLeastOnceMode
 from harvest_outbox.producer.config import HarvestConfig, format_duration
 from harvest_outbox.producer.election.neli import LeaderElection, NeliElection
 from harvest_outbox.producer.election.sharded_neli import ShardSetSeat
-from harvest_outbox.producer.errors import DatabaseError, HarvestError
+from harvest_outbox.producer.errors import DatabaseError
 from harvest_outbox.producer.events import Event, EventHandler, LeaderAcquired, LeaderFenced, LeaderRevoked, MeterRead
 from harvest_outbox.producer.kafka import ProducerFactory, confluent_producer
 from harvest_outbox.producer.layout import LayoutGuard
+from harvest_outbox.producer.lifecycle import RelayLifecycle, State
 from harvest_outbox.producer.metrics import MeterStats, start_prometheus
 from harvest_outbox.producer.preflight import TopicGuard
 from harvest_outbox.producer.relay_core import RelayCore, RelayMode, event_id_bytes
@@ -53,13 +53,6 @@ log = logging.getLogger(__name__)
 RETENTION_BATCH = 1000
 #: ... once per this many seconds, and the next batch at once while batches come back full.
 RETENTION_INTERVAL = 60.0
-
-
-class State(enum.Enum):
-    CREATED = "created"
-    RUNNING = "running"
-    STOPPING = "stopping"
-    STOPPED = "stopped"
 
 
 def _make_election(config: HarvestConfig, stop: threading.Event | None = None) -> LeaderElection:
@@ -82,7 +75,7 @@ def _make_election(config: HarvestConfig, stop: threading.Event | None = None) -
     )
 
 
-class Harvest:
+class Harvest(RelayLifecycle):
     """The relay. ``Harvest(config).start()``; ``stop()``; ``wait()`` (re-raises a fatal error).
 
     ``producer_factory`` and ``election`` are seams for tests (fault injection) and for other
@@ -90,8 +83,11 @@ class Harvest:
     names (:class:`NeliElection`, or :class:`~producer.election.postgres.PostgresElection`) are used.
     :attr:`mode` is the delivery strategy ``config.uuid_sequencing`` chose. ``tracer_provider``: the
     OpenTelemetry TracerProvider of relay spans (``config.tracing``), by default the global one
-    (:mod:`producer.relay_spans`; read once, here).
+    (:mod:`producer.relay_spans`; read once, here). Its lifecycle (states, start, stop, wait) is
+    :class:`~producer.lifecycle.RelayLifecycle`'s.
     """
+
+    _log = log
 
     def __init__(
         self,
@@ -112,7 +108,7 @@ class Harvest:
         self._shards = shards
         if shards is not None:
             election = shards
-        self._stop_requested = threading.Event()
+        self._init_lifecycle()
         self._election: LeaderElection = election or _make_election(config, self._stop_requested)
         mode_type: type[AtLeastOnceMode] | type[SequencedMode] = (
             SequencedMode if config.uuid_sequencing else AtLeastOnceMode
@@ -137,20 +133,12 @@ class Harvest:
         self.layout = LayoutGuard(config)
         self.names = self.core.names
         self.metrics = self.core.metrics
-        self._state = State.CREATED
-        self._thread: threading.Thread | None = None
-        self._error: BaseException | None = None
-        self._prometheus: Any = None
         self._stats_future: Future[tuple[int, float | None, int]] | None = None
         self._next_metrics = 0.0
         self._retention_future: Future[int] | None = None
         self._next_retention = 0.0
 
     # ------------------------------------------------------------------ public API
-    @property
-    def state(self) -> State:
-        return State.STOPPING if self._state is State.RUNNING and self._stop_requested.is_set() else self._state
-
     @property
     def is_leader(self) -> bool:
         return self.core.leader_id is not None
@@ -166,49 +154,34 @@ class Harvest:
     def in_flight_record_keys(self) -> list[str]:
         return [k.decode("utf-8", "replace") for k in self.mode.in_flight_keys()]
 
-    @property
-    def prometheus_port(self) -> int | None:
-        """The port the Prometheus endpoint listens on (useful with ``prometheus_port=0``)."""
-        return None if self._prometheus is None else int(self._prometheus[0].server_port)
-
     def stats(self) -> MeterStats | None:
         """The latest MeterRead reading (None before the first)."""
         return self.metrics.last
 
-    def start(self) -> Harvest:
-        """Connect and join the election; the relay loop runs on its own thread. A ``stop()`` meanwhile
-        (from a signal handler, on this thread) ends a wait for Kafka: the relay returns stopped."""
-        if self._state is not State.CREATED:
-            raise HarvestError(f"cannot start a relay in state {self._state.value}")
-        try:
-            self.core.open()  # fail fast: connection + schema check
-            self.layout.start()  # before this relay can lead: refused while relays of another layout run
-            if self.config.prometheus_port is not None:
-                self._prometheus = start_prometheus(
-                    self.metrics,
-                    self.config.name,
-                    self.config.prometheus_port,
-                    self.config.prometheus_bind_address,
-                    relay=self,
-                )
-            # The Kafka producer (an idempotent producer first fetches its producer id) and the
-            # preflight's admin client connect now, while this relay is still a standby: the first
-            # record after an election goes out at once, not after ~0.5-1 s of client start-up.
-            self.mode.ensure_producer()
-            self.core.guard.connect()
-            self._election.start(self)
-        except BaseException:
-            self._shutdown()  # release whatever was opened before the failure
-            self._state = State.STOPPED
-            raise
-        if self._stop_requested.is_set():  # stopped while starting (a signal while Kafka did not answer)
-            self._shutdown()
-            self._state = State.STOPPED
-            log.info("relay %s stopped while starting", self.config.name)
-            return self
-        self._state = State.RUNNING
-        self._thread = threading.Thread(target=self._run, name=f"harvest-{self.config.name}", daemon=True)
-        self._thread.start()
+    # ------------------------------------------------------------------ lifecycle steps
+    def _open(self) -> None:
+        self.core.open()  # fail fast: connection + schema check
+        self.layout.start()  # before this relay can lead: refused while relays of another layout run
+        if self.config.prometheus_port is not None:
+            self._prometheus = start_prometheus(
+                self.metrics,
+                self.config.name,
+                self.config.prometheus_port,
+                self.config.prometheus_bind_address,
+                relay=self,
+            )
+        # The Kafka producer (an idempotent producer first fetches its producer id) and the
+        # preflight's admin client connect now, while this relay is still a standby: the first
+        # record after an election goes out at once, not after ~0.5-1 s of client start-up.
+        self.mode.ensure_producer()
+        self.core.guard.connect()
+        self._election.start(self)
+
+    def _abandon_start(self) -> None:
+        self._shutdown()  # release whatever was opened before the failure
+        self._state = State.STOPPED
+
+    def _log_started(self) -> None:
         if self.config.leader_election == "postgres":
             log.info(
                 "relay %s started on %s (leader election: Postgres advisory lock)", self.config.name, self.names.display
@@ -221,28 +194,6 @@ class Harvest:
                 self.config.leader_group_id,
                 self.config.leader_topic,
             )
-        return self
-
-    def stop(self) -> None:
-        """Ask the relay to stop: it drains in-flight records, flushes purges, leaves the group."""
-        self._stop_requested.set()
-
-    def wait(self, timeout: float | None = None) -> bool:
-        """Wait for the relay to stop; True if it did. Re-raises the error that killed it, if any."""
-        if self._thread is not None:
-            self._thread.join(timeout)
-            if self._thread.is_alive():
-                return False
-        if self._error is not None:
-            raise HarvestError(f"relay {self.config.name} failed: {self._error}") from self._error
-        return True
-
-    def __enter__(self) -> Harvest:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
-        self.wait()
 
     def __repr__(self) -> str:
         mode = "uuid-sequencing" if self.config.uuid_sequencing else "at-least-once"
@@ -298,39 +249,33 @@ class Harvest:
         except Exception:  # a handler bug must not kill the relay
             log.exception("event handler failed on %r", event)
 
-    def _run(self) -> None:
+    def _loop(self) -> None:
         core, mode = self.core, self.mode
-        try:
-            while not self._stop_requested.is_set():
-                if self.layout.failure is not None:  # another layout took the outbox while our session was gone
-                    raise self.layout.failure
-                try:
-                    if self._election.pulse() and core.leader_id is not None:
-                        mode.tick()
-                    else:
-                        self._stop_requested.wait(min(0.05, self.limits.min_poll_interval))
-                except DatabaseError as exc:
-                    log.warning("%s (retrying in %.3gs, remarking)", exc, self.limits.io_error_backoff)
-                    if core.leader_id is not None:
-                        core.remark = True
-                    self._stop_requested.wait(self.limits.io_error_backoff)
-                now = time.monotonic()
-                core.sample_deliveries(now)
-                if now >= self._next_metrics:
-                    self._next_metrics = now + self.limits.min_metrics_interval
-                    self._read_meter()
-                elif self._stats_future is not None and self._stats_future.done():
-                    self._meter_stats_arrived()
-                if self.config.dead_letter_retention is not None:
-                    self._expire_dead_letters(now, self.config.dead_letter_retention)
-        except BaseException as exc:  # fatal: remember it for wait(), then shut down
-            log.exception("relay %s failed", self.config.name)
-            self._error = exc
-        finally:
-            self._state = State.STOPPING
-            self._shutdown()
-            self._state = State.STOPPED
-            log.info("relay %s stopped", self.config.name)
+        while not self._stop_requested.is_set():
+            if self.layout.failure is not None:  # another layout took the outbox while our session was gone
+                raise self.layout.failure
+            try:
+                if self._election.pulse() and core.leader_id is not None:
+                    mode.tick()
+                else:
+                    self._stop_requested.wait(min(0.05, self.limits.min_poll_interval))
+            except DatabaseError as exc:
+                log.warning("%s (retrying in %.3gs, remarking)", exc, self.limits.io_error_backoff)
+                if core.leader_id is not None:
+                    core.remark = True
+                self._stop_requested.wait(self.limits.io_error_backoff)
+            now = time.monotonic()
+            core.sample_deliveries(now)
+            if now >= self._next_metrics:
+                self._next_metrics = now + self.limits.min_metrics_interval
+                self._read_meter()
+            elif self._stats_future is not None and self._stats_future.done():
+                self._meter_stats_arrived()
+            if self.config.dead_letter_retention is not None:
+                self._expire_dead_letters(now, self.config.dead_letter_retention)
+
+    def _close(self) -> None:
+        self._shutdown()
 
     def _shutdown(self) -> None:
         try:

@@ -38,8 +38,9 @@ from harvest_outbox.producer.config import HarvestConfig
 from harvest_outbox.producer.election.sharded_neli import NeliShardElection, ShardElection, ShardSetSeat
 from harvest_outbox.producer.errors import HarvestError
 from harvest_outbox.producer.events import EventHandler
-from harvest_outbox.producer.harvest import Harvest, State
+from harvest_outbox.producer.harvest import Harvest
 from harvest_outbox.producer.kafka import ProducerFactory
+from harvest_outbox.producer.lifecycle import RelayLifecycle, State
 from harvest_outbox.producer.metrics import Metrics, start_prometheus
 from harvest_outbox.producer.schema import OutboxNames
 
@@ -80,10 +81,13 @@ def relay_for(
     return Harvest(config, event_handler, **kwargs)
 
 
-class ShardedHarvest:
+class ShardedHarvest(RelayLifecycle):
     """``ShardedHarvest(config).start()``; ``stop()``; ``wait()`` (re-raises a fatal error). The same
-    lifecycle and metrics as :class:`~producer.harvest.Harvest`; :attr:`led_shards` shows which
-    shards its relay loop serves."""
+    lifecycle (:class:`~producer.lifecycle.RelayLifecycle`, which both share) and metrics as
+    :class:`~producer.harvest.Harvest`; :attr:`led_shards` shows which shards its relay loop serves."""
+
+    _log = log
+    _THREAD_PREFIX = "harvest-shards"
 
     def __init__(
         self,
@@ -99,7 +103,7 @@ class ShardedHarvest:
         self.config = config
         self.limits = config.limits
         self.names = OutboxNames.parse(config.outbox_table, config.table_mapping)
-        self._stop_requested = threading.Event()
+        self._init_lifecycle()
         self._election = election or _make_shard_election(config, self._stop_requested)
         self._seat = ShardSetSeat(config.shards)
         #: The relay loop (its ``metrics`` are this relay's).
@@ -111,16 +115,8 @@ class ShardedHarvest:
             tracer_provider=tracer_provider,  # relay spans (producer.relay_spans)
         )
         self.metrics: Metrics = self.relay.metrics
-        self._state = State.CREATED
-        self._thread: threading.Thread | None = None
-        self._error: BaseException | None = None
-        self._prometheus: Any = None
 
     # ------------------------------------------------------------------ public API
-    @property
-    def state(self) -> State:
-        return State.STOPPING if self._state is State.RUNNING and self._stop_requested.is_set() else self._state
-
     @property
     def is_leader(self) -> bool:
         """True while the relay loop serves at least one shard."""
@@ -135,35 +131,21 @@ class ShardedHarvest:
         """The shards of the relay loop's current view."""
         return self._seat.applied if self.relay.is_leader else frozenset()
 
-    @property
-    def prometheus_port(self) -> int | None:
-        return None if self._prometheus is None else int(self._prometheus[0].server_port)
+    # ------------------------------------------------------------------ lifecycle steps
+    def _open(self) -> None:
+        self.relay.start()  # fails fast: connection, schema, shard index, Kafka
+        if self.config.prometheus_port is not None:
+            self._prometheus = start_prometheus(
+                self.metrics,
+                self.config.name,
+                self.config.prometheus_port,
+                self.config.prometheus_bind_address,
+                relay=self,
+                shards=self._shard_metrics,
+            )
+        self._election.start(self)
 
-    def start(self) -> ShardedHarvest:
-        if self._state is not State.CREATED:
-            raise HarvestError(f"cannot start a relay in state {self._state.value}")
-        try:
-            self.relay.start()  # fails fast: connection, schema, shard index, Kafka
-            if self.config.prometheus_port is not None:
-                self._prometheus = start_prometheus(
-                    self.metrics,
-                    self.config.name,
-                    self.config.prometheus_port,
-                    self.config.prometheus_bind_address,
-                    relay=self,
-                    shards=self._shard_metrics,
-                )
-            self._election.start(self)
-        except BaseException:
-            self._abandon_start()
-            raise
-        if self._stop_requested.is_set():  # stopped while starting (a signal while Kafka did not answer)
-            self._abandon_start()
-            log.info("relay %s stopped while starting", self.config.name)
-            return self
-        self._state = State.RUNNING
-        self._thread = threading.Thread(target=self._run, name=f"harvest-shards-{self.config.name}", daemon=True)
-        self._thread.start()
+    def _log_started(self) -> None:
         log.info(
             "relay %s started on %s with %d shards (leader election: %s)",
             self.config.name,
@@ -171,7 +153,6 @@ class ShardedHarvest:
             self.config.shards,
             self.config.leader_election,
         )
-        return self
 
     def _abandon_start(self) -> None:
         self.relay.stop()
@@ -181,26 +162,6 @@ class ShardedHarvest:
             pass
         self._close_endpoint()
         self._state = State.STOPPED
-
-    def stop(self) -> None:
-        """Stop: the relay loop drains, then the shards are released to the other relays."""
-        self._stop_requested.set()
-
-    def wait(self, timeout: float | None = None) -> bool:
-        if self._thread is not None:
-            self._thread.join(timeout)
-            if self._thread.is_alive():
-                return False
-        if self._error is not None:
-            raise HarvestError(f"relay {self.config.name} failed: {self._error}") from self._error
-        return True
-
-    def __enter__(self) -> ShardedHarvest:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
-        self.wait()
 
     # ------------------------------------------------------------------ shard listener
     # The election updates its led set before it calls these; the loop's view follows that set.
@@ -222,32 +183,30 @@ class ShardedHarvest:
             )
 
     # ------------------------------------------------------------------ supervisor loop
-    def _run(self) -> None:
+    def _loop(self) -> None:
+        while not self._stop_requested.is_set():
+            self._election.pulse()
+            if self.relay.state is State.STOPPED:  # the loop died on its own: a fatal error
+                self.relay.wait(0)
+                raise HarvestError("relay loop stopped")
+            self._stop_requested.wait(min(0.02, self.limits.min_poll_interval))
+
+    def _fatal(self, exc: BaseException) -> BaseException:
+        return exc.__cause__ if isinstance(exc, HarvestError) and exc.__cause__ else exc
+
+    def _close(self) -> None:
+        """The loop drains every shard, then the shards are released to the other relays."""
         try:
-            while not self._stop_requested.is_set():
-                self._election.pulse()
-                if self.relay.state is State.STOPPED:  # the loop died on its own: a fatal error
-                    self.relay.wait(0)
-                    raise HarvestError("relay loop stopped")
-                self._stop_requested.wait(min(0.02, self.limits.min_poll_interval))
-        except BaseException as exc:
-            log.exception("relay %s failed", self.config.name)
-            self._error = exc.__cause__ if isinstance(exc, HarvestError) and exc.__cause__ else exc
-        finally:
-            self._state = State.STOPPING
-            try:
-                self._election.close()  # the loop drains every shard, then the shards are released
-            except Exception:
-                log.exception("closing the shard election")
-            self.relay.stop()
-            try:
-                self.relay.wait(self.limits.queue_timeout + 30)
-            except HarvestError as exc:
-                if self._error is None:
-                    self._error = exc.__cause__ or exc
-            self._close_endpoint()
-            self._state = State.STOPPED
-            log.info("relay %s stopped", self.config.name)
+            self._election.close()
+        except Exception:
+            log.exception("closing the shard election")
+        self.relay.stop()
+        try:
+            self.relay.wait(self.limits.queue_timeout + 30)
+        except HarvestError as exc:
+            if self._error is None:
+                self._error = exc.__cause__ or exc
+        self._close_endpoint()
 
     def _shard_metrics(self) -> dict[int, Any]:
         backlog = dict(self.metrics.shard_backlog)
