@@ -220,7 +220,7 @@ def run_outage(services: LocalServices, outage: Outage, workdir: Path) -> Outage
         wait_for(lambda: _backlog(ends.pg_dsn, names, None) == 0, 180, "the outbox drains", poll=0.2)
         truth = committed_versions(ends.pg_dsn, schema)
         delivered = (
-            _read_committed(ends.kafka_bootstrap, topic)
+            _read_committed(ends.kafka_bootstrap, topic, sum(truth.values()))
             if outage.sequenced
             else _read_raw(ends.kafka_bootstrap, topic, outage.partitions)
         )
@@ -330,12 +330,15 @@ def _recovery(dsn: str, names: object, max_id: int, healed: float, timeout: floa
     return None
 
 
-def _read_committed(bootstrap: str, topic: str) -> list[tuple[str, int]]:
+def _read_committed(bootstrap: str, topic: str, expected: int) -> list[tuple[str, int]]:
+    """The topic, read committed, until 8 s pass without a record — or, once ``expected`` records
+    (the committed versions) are in, 2 s: the outbox has drained, so every record is in the topic
+    already and an extra one (a duplicate, a rolled-back row) shows within that tail."""
     from harvest_outbox.consumer import ReadCommittedIter
 
     out: list[tuple[str, int]] = []
-    with ReadCommittedIter({"bootstrap.servers": bootstrap}, topics=[topic], idle_timeout=8.0) as it:
-        for rec in it:
+    with ReadCommittedIter({"bootstrap.servers": bootstrap}, topics=[topic]) as it:
+        while (rec := it.poll(8.0 if len(out) < expected else 2.0)) is not None:
             key, value = rec.key, rec.value
             assert key is not None and value is not None  # the writers' records have both
             out.append((key.decode(), int(json.loads(value)["version"])))
