@@ -20,8 +20,12 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from psycopg import sql
+
+if TYPE_CHECKING:
+    from harvest_outbox.producer.stash_validation import StashValidator
 
 from harvest_outbox.producer.errors import ConfigError, RecordError
 from harvest_outbox.producer.kafka_names import LEGAL_NAME, NAME_RULE
@@ -69,8 +73,15 @@ class StashPlan:
     """The validated rows and the two statements (INSERT … RETURNING id, COPY) for one outbox table."""
 
     def __init__(
-        self, outbox_table: str = "outbox", value_type: ValueType = "varchar", *, trace_context: bool = True
+        self,
+        outbox_table: str = "outbox",
+        value_type: ValueType = "varchar",
+        *,
+        trace_context: bool = True,
+        validate: StashValidator | None = None,
     ) -> None:
+        #: Optional check against cached registry schemas (producer.stash_validation); None: none.
+        self.validate = validate
         if value_type not in ("varchar", "bytea"):
             raise ConfigError(
                 f"value_type: {value_type!r} is not an outbox value type; use 'varchar' or 'bytea' "
@@ -117,6 +128,8 @@ class StashPlan:
                 f"key: must be a string (outbox kafka_key is VARCHAR NOT NULL), got {type(record.key).__name__}"
             )
         value = self._value(record.value)
+        if self.validate is not None:
+            self.validate.check(record.topic, value)  # a local cache only: no network in the transaction
         keys, values = header_arrays(record.headers)
         if trace and TRACEPARENT not in keys:
             for k, v in trace:

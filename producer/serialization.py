@@ -63,7 +63,7 @@ def _is_outage(exc: BaseException) -> bool:
     return any(cls.__name__ in ("TransportError", "HTTPError") for cls in type(exc).__mro__)
 
 
-def _validation_reason(exc: BaseException, what: str) -> str:
+def validation_reason(exc: BaseException, what: str) -> str:
     """Which field, which rule: jsonschema's error carries both; Avro's message names the field."""
     for cause in (exc, exc.__cause__, exc.__context__):
         path = getattr(cause, "json_path", None)
@@ -222,7 +222,7 @@ class RowEncoder:
             except Exception as exc:
                 if _is_outage(exc):
                     raise
-                bad = _validation_reason(exc, "key")
+                bad = validation_reason(exc, "key")
         if bad is None and encoder.value is not None and value is not None:
             try:
                 parsed = json.loads(value)
@@ -237,7 +237,7 @@ class RowEncoder:
                 except Exception as exc:
                     if _is_outage(exc):
                         raise
-                    bad = _validation_reason(exc, "value")
+                    bad = validation_reason(exc, "value")
         if bad is not None:
             self.refused += 1
             return (*row[:6], bad, *row[7:])  # type: ignore[return-value]

@@ -23,12 +23,16 @@ shared by every stasher):
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 import psycopg
 
 from harvest_outbox.producer.errors import ConfigError
 from harvest_outbox.producer.outbox_rows import Headers, OutboxRecord, StashPlan
 from harvest_outbox.producer.schema import ValueType
+
+if TYPE_CHECKING:
+    from harvest_outbox.producer.stash_validation import StashValidator
 
 __all__ = ["Headers", "OutboxRecord", "Stasher", "require_connection", "stash", "stash_many"]
 
@@ -67,12 +71,19 @@ class Stasher:
 
     ``trace_context`` (default on): record the current OpenTelemetry span's W3C trace context as
     headers when ``opentelemetry-api`` is installed (see :mod:`producer.tracing`).
+    ``validate`` (default none): a :class:`~producer.stash_validation.StashValidator`; a record whose
+    value does not fit its topic's registry schema (locally cached) fails with RecordError.
     """
 
     def __init__(
-        self, outbox_table: str = "outbox", value_type: ValueType = "varchar", *, trace_context: bool = True
+        self,
+        outbox_table: str = "outbox",
+        value_type: ValueType = "varchar",
+        *,
+        trace_context: bool = True,
+        validate: StashValidator | None = None,
     ) -> None:
-        self.plan = StashPlan(outbox_table, value_type, trace_context=trace_context)
+        self.plan = StashPlan(outbox_table, value_type, trace_context=trace_context, validate=validate)
         self.names = self.plan.names
         self.value_type = value_type
 

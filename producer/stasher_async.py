@@ -16,10 +16,14 @@ same rows, wake the relay with the same NOTIFY (the table's trigger, at commit) 
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 import psycopg
 
 from harvest_outbox.producer.outbox_rows import OutboxRecord, StashPlan
+
+if TYPE_CHECKING:
+    from harvest_outbox.producer.stash_validation import StashValidator
 from harvest_outbox.producer.schema import ValueType
 from harvest_outbox.producer.stasher import require_connection
 
@@ -30,9 +34,15 @@ class AsyncStasher:
     """Inserts :class:`~producer.outbox_rows.OutboxRecord` rows into one outbox table, awaiting psycopg."""
 
     def __init__(
-        self, outbox_table: str = "outbox", value_type: ValueType = "varchar", *, trace_context: bool = True
+        self,
+        outbox_table: str = "outbox",
+        value_type: ValueType = "varchar",
+        *,
+        trace_context: bool = True,
+        validate: StashValidator | None = None,
     ) -> None:
-        self.plan = StashPlan(outbox_table, value_type, trace_context=trace_context)
+        # validate: producer.stash_validation.StashValidator (a local cache; no network in the transaction)
+        self.plan = StashPlan(outbox_table, value_type, trace_context=trace_context, validate=validate)
         self.names = self.plan.names
         self.value_type = value_type
 
