@@ -14,8 +14,10 @@ How the relay knows a key is halted, and why so:
    new leader, a late-committing row of the key (a lower or a higher id) or a requeue by another
    process need no notification, cache or generation counter: the next mark sees the table as it is.
    An in-memory set loaded at leadership start would need all of those, and a miss would let a row
-   overtake its dead letter. Cost on the hot path: one index probe per claimed row (an empty
-   dead-letter table: a one-row hash), measured in docs/dead-letters.md; ``skip`` does not add it.
+   overtake its dead letter. Cost on the hot path: with no dead letters, one look at the empty
+   table per mark (an InitPlan that short-circuits the per-row probe); with dead letters, one index
+   probe per claimed row; measured in docs/dead-letters.md (bench/bench_halt.py); ``skip`` adds
+   nothing.
 2. **In the relay, for the rest of the view.** A row is dead-lettered after its mark claimed the
    key's later rows (same batch, or a mark queued ahead) and before the dead letter is written. So
    the mode halts the key in this view at once (:class:`KeyHalt`): its later rows are not produced
@@ -54,8 +56,11 @@ log = logging.getLogger(__name__)
 def halted_filter(names: OutboxNames, topic: sql.Composable, key: sql.Composable) -> sql.Composable:
     """`` AND NOT EXISTS (…)``: the mark's condition that a row's (topic, key) has no dead letter;
     ``topic`` and ``key`` are the record's expressions over the claim's outbox alias."""
+    # The first NOT EXISTS is uncorrelated: an InitPlan, run once per mark. While the table is empty (the
+    # usual state) it is true, and Postgres, evaluating OR's arms in order, never runs the per-row probe.
     return sql.SQL(
-        " AND NOT EXISTS (SELECT 1 FROM {d} AS dl WHERE dl.kafka_topic = {t} AND dl.kafka_key = {k})"
+        " AND (NOT EXISTS (SELECT 1 FROM {d}) OR "
+        "NOT EXISTS (SELECT 1 FROM {d} AS dl WHERE dl.kafka_topic = {t} AND dl.kafka_key = {k}))"
     ).format(d=names.dead_letters, t=topic, k=key)
 
 
