@@ -1,0 +1,205 @@
+"""Benchmark: outbox commit -> Parquet table, end to end, through the relay and the Spark pipeline.
+
+Workload: one transaction commits ``--rows`` outbox rows (default 1,000,000; ``stash_backlog``: the
+demo's backlog, keys round-robin over ``--keys``), while a ``harvest --uuid-sequencing`` relay
+(one process, default limits) and the streaming pipeline (``spark_reader.pipeline``, a process of
+its own on ``local[2]``, 1 s trigger, already started and idle: a long-lived job) run. Times,
+from the commit:
+
+- ``relay``: until the outbox is empty (every row committed to Kafka by the relay);
+- ``events``: until the event table (file sink, as its readers see it) holds every row: the
+  end-to-end figure;
+- ``latest``: until the latest-state table's newest version reflects every key's last version.
+
+Per stage, rows/s. The pipeline runs concurrently with the relay, so its end-to-end rate is
+bounded by the relay's; to name the slowest stage, the same run then measures the pipeline alone:
+a fresh ``--available-now`` run over the drained topic (``pipeline_alone``: rows / the sum of its
+micro-batches' durations from its progress lines, excluding the JVM's start). The baseline of the
+ratios is the relay's drain rate, measured in the same run. ``--repeat`` repeats the whole run on
+fresh tables and topic (medians are quoted).
+
+Usage: python -m bench.bench_pipeline [--rows 1000000] [--repeat 1]. Prints JSON. Not a test.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import platform
+import re
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from harvest_outbox.harvest_local import LocalServices
+from harvest_outbox.harvest_local.kafka import create_topic
+from harvest_outbox.harvest_local.pipeline_process import PipelineProcess
+from harvest_outbox.harvest_local.relays import RelayProcess, current_leader, wait_for, write_config
+from harvest_outbox.harvest_local.workload import committed_versions, create_accounts, stash_backlog
+
+PARTITIONS = 4
+_PROGRESS = re.compile(r"progress (\{.*\})$")
+
+
+def _outbox_rows(dsn: str, outbox: str) -> int:
+    import psycopg
+    from psycopg import sql
+
+    with psycopg.connect(dsn) as conn:
+        return int(
+            conn.execute(sql.SQL("SELECT count(*) FROM {}").format(sql.Identifier(*outbox.split(".")))).fetchone()[0]
+        )  # type: ignore[index]
+
+
+def _latest_versions(latest: Path) -> dict[str, int] | None:
+    import pyarrow.parquet as pq
+
+    from harvest_outbox.spark_reader.latest_table import local_snapshot
+
+    folder = local_snapshot(str(latest))
+    if folder is None:
+        return None
+    t = pq.read_table(folder, columns=["key", "value"]).to_pydict()
+    return {k.decode(): int(json.loads(v)["version"]) for k, v in zip(t["key"], t["value"], strict=True)}
+
+
+def _events_progress(log_text: str, start_marker: str) -> list[dict[str, Any]]:
+    tail = log_text[log_text.rfind(start_marker) :] if start_marker in log_text else log_text
+    out = []
+    for line in tail.splitlines():
+        m = _PROGRESS.search(line)
+        if m:
+            p = json.loads(m.group(1))
+            if p["query"] == "events" and p["rows"]:
+                out.append(p)
+    return out
+
+
+def one_run(dsn: str, bootstrap: str, rows: int, keys: int, work: Path, timeout: float) -> dict[str, Any]:
+    from harvest_outbox.producer.schema import init_db
+
+    schema = f"bench_pipe_{uuid.uuid4().hex[:6]}"
+    topic, outbox = f"bench-pipeline-{uuid.uuid4().hex[:6]}", f"{schema}.outbox"
+    create_accounts(dsn, schema, keys)
+    init_db(dsn, outbox)
+    create_topic(bootstrap, topic, PARTITIONS)
+    cfg = write_config(work / "harvest.yaml", dsn=dsn, bootstrap=bootstrap, outbox_table=outbox, group=topic)
+    relay = RelayProcess(cfg, "relay", work).start()
+    pipeline = PipelineProcess(topic=topic, bootstrap=bootstrap, root=work / "pipe", logdir=work)
+    alone = PipelineProcess(topic=topic, bootstrap=bootstrap, root=work / "alone", logdir=work, name="alone")
+    try:
+        wait_for(lambda: current_leader([relay]) is not None, 120, "the relay to lead")
+        pipeline.start()
+        # Long-lived job: wait until both queries run (the latest query logs its first, empty batch).
+        wait_for(lambda: '"query": "latest"' in pipeline.text(), timeout, "the pipeline to start", poll=0.5)
+        backlog = stash_backlog(dsn, schema, outbox, topic, keys, rows)
+        t0 = backlog.committed_at
+        truth = committed_versions(dsn, schema)
+        times: dict[str, float] = {}
+        deadline = time.time() + timeout
+        while len(times) < 3:
+            now = time.time()
+            if "relay" not in times and _outbox_rows(dsn, outbox) == 0:
+                times["relay"] = time.time() - t0
+            if "events" not in times and sum(f.rows for f in pipeline.committed_files()) >= rows:
+                times["events"] = time.time() - t0
+            if "latest" not in times and _latest_versions(pipeline.latest_path) == truth:
+                times["latest"] = time.time() - t0
+            if now > deadline or not pipeline.alive:
+                raise RuntimeError(f"run incomplete after {now - t0:.0f}s: {times}; logs in {work}")
+            time.sleep(0.2)
+        in_table = sum(f.rows for f in pipeline.committed_files())
+        pipeline.stop()
+        relay.stop()
+        # The pipeline alone over the drained topic: its own processing rate, without the JVM's start.
+        alone.start(available_now=True)
+        code = alone.wait(timeout)
+        if code != 0:
+            raise RuntimeError(f"available-now run exited {code}; log {alone.log}")
+        progress = _events_progress(alone.text(), "---- start")
+        alone_rows = sum(p["rows"] for p in progress)
+        alone_ms = sum(p["ms"] for p in progress)
+    finally:
+        pipeline.kill()
+        alone.kill()
+        relay.stop()
+    return {
+        "rows": rows,
+        "rows_in_event_table": in_table,
+        "seconds_from_commit": {k: round(v, 2) for k, v in times.items()},
+        "rows_per_s": {k: round(rows / v) for k, v in times.items()},
+        "pipeline_alone": {
+            "rows": alone_rows,
+            "micro_batches": len(progress),
+            "batch_ms_sum": alone_ms,
+            "rows_per_s": round(alone_rows / (alone_ms / 1000)) if alone_ms else None,
+        },
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", type=int, default=1_000_000, help="backlog rows (default 1000000)")
+    parser.add_argument("--keys", type=int, default=1000, help="distinct keys (default 1000)")
+    parser.add_argument("--repeat", type=int, default=1, help="whole runs (default 1; medians)")
+    parser.add_argument("--timeout", type=float, default=1800.0, help="seconds per stage wait (default 1800)")
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.WARNING)
+    runs = []
+    with LocalServices() as services, tempfile.TemporaryDirectory(prefix="bench-pipeline-") as tmp:
+        for i in range(args.repeat):
+            work = Path(tmp) / f"run-{i}"
+            work.mkdir()
+            runs.append(
+                one_run(
+                    services.endpoints.pg_dsn,
+                    services.endpoints.kafka_bootstrap,
+                    args.rows,
+                    args.keys,
+                    work,
+                    args.timeout,
+                )
+            )
+
+    def med(get: Any) -> float:
+        return statistics.median(get(r) for r in runs)
+
+    relay = med(lambda r: r["rows_per_s"]["relay"])
+    stages = {
+        "relay (outbox -> Kafka)": relay,
+        "pipeline alone (Kafka -> event table)": med(lambda r: r["pipeline_alone"]["rows_per_s"] or 0),
+    }
+    e2e = med(lambda r: r["rows_per_s"]["events"])
+    print(
+        json.dumps(
+            {
+                "benchmark": "pipeline_end_to_end",
+                "rows": args.rows,
+                "keys": args.keys,
+                "repeat": args.repeat,
+                "partitions": PARTITIONS,
+                "runs": runs,
+                "median_rows_per_s": {
+                    "relay_drain": round(relay),
+                    "end_to_end_event_table": round(e2e),
+                    "end_to_end_latest_table": round(med(lambda r: r["rows_per_s"]["latest"])),
+                    "pipeline_alone": round(stages["pipeline alone (Kafka -> event table)"]),
+                },
+                "ratio_end_to_end_vs_relay": round(e2e / relay, 3),
+                "slowest_stage": min(stages, key=lambda k: stages[k]),
+                "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "spark_master": "local[2]"},
+            },
+            indent=2,
+        )
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
