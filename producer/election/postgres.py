@@ -97,15 +97,13 @@ from __future__ import annotations
 import hashlib
 import logging
 import math
-import os
-import select
-import threading
 import time
 from collections.abc import Callable
 
 import psycopg
 from psycopg import sql
 
+from harvest_outbox.producer.election.lock_session import LockSession
 from harvest_outbox.producer.election.neli import ElectionListener
 from harvest_outbox.producer.errors import ElectionError
 from harvest_outbox.producer.redact import redact_dsn, redact_error
@@ -250,15 +248,20 @@ def election_connection(
     return conn
 
 
-class PostgresElection:
+class PostgresElection(LockSession):
     """Leader election by a session-level advisory lock on a dedicated connection (module docstring).
 
     ``check_interval``: how often the holder verifies the lock and standbys try to take it.
     ``lease``: the holder fences when its last successful verification started longer ago than this
     (default 2 × ``check_interval``). ``statement_timeout`` (default ``check_interval``, at least
     100 ms) and ``connect_timeout`` (default ``max(2, lease)`` s; libpq's minimum is 2 s) bound the
-    election thread's calls.
+    election thread's calls. The thread and its connection are :class:`~.lock_session.LockSession`'s.
     """
+
+    _KIND = "leader election"
+    _THREAD_PREFIX = "harvest-election"
+    _STUCK = "%s: election thread did not stop; the lock is released when the process exits"
+    _log = log
 
     def __init__(
         self,
@@ -287,20 +290,12 @@ class PostgresElection:
         self.channel = ""
         self._listener: ElectionListener | None = None
         self._leader = False
-        self._closed = False
-        self._stop = threading.Event()
-        self._wake_r, self._wake_w = -1, -1
-        self._thread: threading.Thread | None = None
+        self._init_session()
         # shared with the election thread (guarded by _mu)
-        self._mu = threading.Lock()
         self._held = False
         self._verified_at = 0.0  # monotonic start of the last successful verification while held
         self._generation = 0  # +1 per acquisition of the lock (new session or re-lock)
-        # thread-only
-        self._conn: psycopg.Connection | None = None
-        self._pid: int | None = None
         self._seen_generation = 0
-        self._notified = False  # a NOTIFY was read off the election connection since the last check began
         self.backend_pid: int | None = None  # the election connection's backend (tests, diagnostics)
 
     # ------------------------------------------------------------------ protocol
@@ -310,16 +305,7 @@ class PostgresElection:
 
     def start(self, listener: ElectionListener) -> None:
         self._listener = listener
-        try:
-            self._connect()  # fail fast on a bad DSN / unreachable database
-        except psycopg.Error as exc:
-            raise ElectionError(
-                f"cannot start Postgres leader election ({redact_dsn(self._dsn)}): "
-                f"{redact_error(str(exc), self._dsn).strip()}"
-            ) from exc
-        self._wake_r, self._wake_w = os.pipe()
-        self._thread = threading.Thread(target=self._loop, name=f"harvest-election-{self.name}", daemon=True)
-        self._thread.start()
+        self._start()
 
     def pulse(self) -> bool:
         """No I/O: compares the election thread's last verification with the lease."""
@@ -359,23 +345,7 @@ class PostgresElection:
             self._leader = False
             if self._listener is not None:
                 self._listener.on_revoked()
-        self._stop.set()
-        if self._wake_w >= 0:
-            try:
-                os.write(self._wake_w, b"x")
-            except OSError:
-                pass
-        if self._thread is not None:
-            self._thread.join(self.connect_timeout + self.statement_timeout + 1.0)
-            if self._thread.is_alive():
-                log.warning("%s: election thread did not stop; the lock is released when the process exits", self.name)
-                return
-        else:
-            self._release()
-        for fd in (self._wake_r, self._wake_w):
-            if fd >= 0:
-                os.close(fd)
-        self._wake_r = self._wake_w = -1
+        self._stop_thread()
 
     # ------------------------------------------------------------------ election thread
     def _connect(self) -> None:
@@ -473,40 +443,13 @@ class PostgresElection:
         except psycopg.Error as exc:
             self._drop(redact_error(str(exc), self._dsn).strip() or type(exc).__name__)
 
-    def _loop(self) -> None:
-        next_check = 0.0
-        while not self._stop.is_set():
-            now = time.monotonic()
-            if now >= next_check:
-                next_check = now + self.check_interval
-                self._notified = False
-                try:
-                    self._step()
-                except Exception as exc:  # a bug must not leave a stale "held": drop, fence, retry
-                    log.exception("%s: leader election check failed", self.name)
-                    self._drop(f"unexpected {type(exc).__name__}")
-                with self._mu:
-                    held = self._held
-                if self._notified and not held:
-                    # A standby's check read a NOTIFY with its reply: the lock may have been let go
-                    # after the check was answered. Look again now (one extra query per hand-over
-                    # when it was the very notification that woke us) instead of after check_interval.
-                    next_check = 0.0
-            timeout = max(0.0, next_check - time.monotonic())
-            fds = [self._wake_r]
-            conn = self._conn
-            if conn is not None and not conn.closed:
-                fds.append(conn.fileno())
-            try:
-                ready, _, _ = select.select(fds, [], [], timeout)
-            except (OSError, ValueError):
-                ready = []
-            if self._stop.is_set():
-                break
-            if conn is not None and ready and conn.fileno() in ready:
-                # Unasked input: a NOTIFY (a leader let go) or the server ending our session. Look now.
-                next_check = 0.0
-        self._release()
+    def _look_again(self) -> bool:
+        # A standby's check read a NOTIFY with its reply: the lock may have been let go after the
+        # check was answered. Look again now (one extra query per hand-over when it was the very
+        # notification that woke us) instead of after check_interval.
+        with self._mu:
+            held = self._held
+        return self._notified and not held
 
     def _release(self) -> None:
         conn = self._conn

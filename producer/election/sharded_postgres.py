@@ -25,14 +25,12 @@ leads; shards whose locks are still held when verification succeeds again are le
 from __future__ import annotations
 
 import logging
-import os
 import random
-import select
-import threading
 import time
 
 import psycopg
 
+from harvest_outbox.producer.election.lock_session import LockSession
 from harvest_outbox.producer.election.postgres import (
     MEMBERS_SQL,
     close_quietly,
@@ -62,8 +60,14 @@ def shard_lock_key(qualified_table: str, count: int, index: int) -> int:
     return lock_key(f"{qualified_table}\0shard {index}/{count}")
 
 
-class PostgresShardElection:
-    """See the module docstring. Callbacks run on the thread calling :meth:`pulse` / :meth:`close`."""
+class PostgresShardElection(LockSession):
+    """See the module docstring. Callbacks run on the thread calling :meth:`pulse` / :meth:`close`. The
+    thread and its connection are :class:`~.lock_session.LockSession`'s."""
+
+    _KIND = "shard election"
+    _THREAD_PREFIX = "harvest-shard-election"
+    _STUCK = "%s: shard election thread did not stop; its locks go with the process"
+    _log = log
 
     def __init__(
         self,
@@ -88,21 +92,14 @@ class PostgresShardElection:
         self._keys: list[int] = []
         self._listener: ShardListener | None = None
         self._leading: set[int] = set()
-        self._closed = False
-        self._stop = threading.Event()
-        self._wake_r, self._wake_w = -1, -1
-        self._thread: threading.Thread | None = None
+        self._init_session()
         # shared with the election thread (guarded by _mu)
-        self._mu = threading.Lock()
         self._held: dict[int, int] = {}  # shard -> generation it was locked in
         self._surplus: set[int] = set()  # held shards to let go (pulse drains them, then asks to unlock)
         self._unlock: set[int] = set()  # drained shards for the thread to unlock
         self._verified_at = 0.0
         self._generation = 0
         self.members = 0
-        self._conn: psycopg.Connection | None = None
-        self._pid: int | None = None
-        self._notified = False  # another session NOTIFYed the channel since the last check began
         self._seen: dict[int, int] = {}  # shard -> generation pulse last acquired (pulse thread only)
 
     @property
@@ -111,16 +108,7 @@ class PostgresShardElection:
 
     def start(self, listener: ShardListener) -> None:
         self._listener = listener
-        try:
-            self._connect()  # fail fast: bad DSN, unreachable database, another sharding running
-        except psycopg.Error as exc:
-            raise ElectionError(
-                f"cannot start Postgres shard election ({redact_dsn(self._dsn)}): "
-                f"{redact_error(str(exc), self._dsn).strip()}"
-            ) from exc
-        self._wake_r, self._wake_w = os.pipe()
-        self._thread = threading.Thread(target=self._loop, name=f"harvest-shard-election-{self.name}", daemon=True)
-        self._thread.start()
+        self._start()  # fails fast: bad DSN, unreachable database, another sharding running
 
     # ------------------------------------------------------------------ pulse (relay supervisor thread)
     def pulse(self) -> None:
@@ -171,26 +159,7 @@ class PostgresShardElection:
             return
         self._lose(set(self._leading), "stopping")
         self._closed = True
-        self._stop.set()
-        self._wake()
-        if self._thread is not None:
-            self._thread.join(self.connect_timeout + self.statement_timeout + 1.0)
-            if self._thread.is_alive():
-                log.warning("%s: shard election thread did not stop; its locks go with the process", self.name)
-                return
-        else:
-            self._release_all()
-        for fd in (self._wake_r, self._wake_w):
-            if fd >= 0:
-                os.close(fd)
-        self._wake_r = self._wake_w = -1
-
-    def _wake(self) -> None:
-        if self._wake_w >= 0:
-            try:
-                os.write(self._wake_w, b"x")
-            except OSError:
-                pass
+        self._stop_thread()
 
     # ------------------------------------------------------------------ election thread
     def _connect(self) -> None:
@@ -326,43 +295,11 @@ class PostgresShardElection:
         except psycopg.Error as exc:
             self._drop(redact_error(str(exc), self._dsn).strip() or type(exc).__name__)
 
-    def _loop(self) -> None:
-        next_check = 0.0
-        while not self._stop.is_set():
-            now = time.monotonic()
-            with self._mu:
-                pending_unlock = bool(self._unlock)
-            if now >= next_check or pending_unlock:
-                next_check = now + self.check_interval
-                self._notified = False
-                try:
-                    self._step()
-                except Exception as exc:  # a bug must not leave stale locks believed held: drop, retry
-                    log.exception("%s: shard election check failed", self.name)
-                    self._drop(f"unexpected {type(exc).__name__}")
-                if self._notified:  # the spread changed while this check ran: look again now
-                    next_check = 0.0
-            timeout = max(0.0, next_check - time.monotonic())
-            fds = [self._wake_r]
-            conn = self._conn
-            if conn is not None and not conn.closed:
-                fds.append(conn.fileno())
-            try:
-                ready, _, _ = select.select(fds, [], [], timeout)
-            except (OSError, ValueError):
-                ready = []
-            if self._stop.is_set():
-                break
-            if self._wake_r in ready:
-                try:
-                    os.read(self._wake_r, 4096)
-                except OSError:
-                    pass
-            if conn is not None and ready and conn.fileno() in ready:
-                next_check = 0.0  # a relay joined, left or let a shard go (the check reads it): look now
-        self._release_all()
+    def _check_now(self) -> bool:
+        with self._mu:
+            return bool(self._unlock)  # drained shards to unlock: do not wait for the interval
 
-    def _release_all(self) -> None:
+    def _release(self) -> None:
         conn = self._conn
         self._conn = None
         with self._mu:
