@@ -81,9 +81,15 @@ def readCommitted(
     uuid_policy: str = "deliver",
     include_acks: bool = False,
     ring_size: int = 8192,
+    value_format: str | None = None,
+    schema_registry: Mapping[str, Any] | None = None,
 ) -> DataFrame:
-    """The committed records of ``topic`` from ``starting`` (a checkpoint) up to ``ending``."""
-    return read_committed(
+    """The committed records of ``topic`` from ``starting`` (a checkpoint) up to ``ending``.
+
+    ``value_format`` (``"avro"`` / ``"jsonSchema"``, with ``schema_registry={"url": ...}``): values
+    decoded from the registry wire format to JSON text, the bytes kept as ``raw_value``
+    (:mod:`spark_reader.registry_values`); omitted: values as stored."""
+    df = read_committed(
         spark,
         topic,
         kafka_options,
@@ -93,6 +99,11 @@ def readCommitted(
         include_acks=include_acks,
         ring_size=ring_size,
     ).df
+    if value_format is None:
+        return df
+    from harvest_outbox.spark_reader.registry_values import decode_values
+
+    return decode_values(df, value_format, schema_registry or {})
 
 
 def read_committed(
