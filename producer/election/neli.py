@@ -208,6 +208,31 @@ def neli_clients(
         raise
 
 
+def consume_heartbeats(consumer: Consumer, batch: int, timeout: float, what: str, logger: logging.Logger) -> set[int]:
+    """Drain the heartbeats waiting for a NELI election's consumer (unsharded and sharded alike): the
+    partitions a heartbeat arrived on. A fatal error raises :class:`ElectionError` naming ``what``
+    election; the others are logged on ``logger`` (the election's own)."""
+    received: set[int] = set()
+    try:
+        while True:
+            msgs = consumer.consume(num_messages=batch, timeout=timeout)
+            if not msgs:
+                break
+            for m in msgs:
+                err = m.error()
+                if err is None:
+                    partition = m.partition()
+                    if partition is not None:  # always set on a consumed message
+                        received.add(partition)
+                elif err.fatal():
+                    raise ElectionError(f"fatal Kafka error in {what}: {err.str()}")
+                elif err.code() != KafkaError._PARTITION_EOF:
+                    logger.warning("%s consumer: %s", what, err.str())
+    except KafkaException as exc:
+        raise ElectionError(f"{what} poll failed: {exc.args[0].str()}") from exc
+    return received
+
+
 class NeliElection:
     """NELI over Kafka (see module docstring)."""
 
@@ -281,22 +306,7 @@ class NeliElection:
         if now < self._next_poll or self._consumer is None or self._closed:
             return self._leader
         self._next_poll = now + self._min_poll_interval
-        received = False
-        try:
-            while True:
-                msgs = self._consumer.consume(num_messages=64, timeout=self._poll_duration)
-                if not msgs:
-                    break
-                for m in msgs:
-                    err = m.error()
-                    if err is None:
-                        received = True
-                    elif err.fatal():
-                        raise ElectionError(f"fatal Kafka error in leader election: {err.str()}")
-                    elif err.code() != KafkaError._PARTITION_EOF:
-                        log.warning("leader election consumer: %s", err.str())
-        except KafkaException as exc:
-            raise ElectionError(f"leader election poll failed: {exc.args[0].str()}") from exc
+        received = bool(consume_heartbeats(self._consumer, 64, self._poll_duration, "leader election", log))
         if self._assigned:
             if received:
                 self._last_received = time.monotonic()

@@ -33,9 +33,15 @@ import threading
 import time
 from typing import Any, Protocol
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 
-from harvest_outbox.producer.election.neli import _PRODUCER_ONLY, ElectionListener, ensure_topic, neli_clients
+from harvest_outbox.producer.election.neli import (
+    _PRODUCER_ONLY,
+    ElectionListener,
+    consume_heartbeats,
+    ensure_topic,
+    neli_clients,
+)
 from harvest_outbox.producer.errors import ElectionError
 from harvest_outbox.producer.kafka import logged_admin, serve_logs
 
@@ -250,22 +256,7 @@ class NeliShardElection:
         if busy:
             for p in self._last_received:
                 self._last_received[p] += busy
-        received: set[int] = set()
-        try:
-            while True:
-                msgs = self._consumer.consume(num_messages=256, timeout=self._poll_duration)
-                if not msgs:
-                    break
-                for m in msgs:
-                    err = m.error()
-                    if err is None:
-                        received.add(m.partition())  # type: ignore[arg-type]  # set on a consumed message
-                    elif err.fatal():
-                        raise ElectionError(f"fatal Kafka error in shard leader election: {err.str()}")
-                    elif err.code() != KafkaError._PARTITION_EOF:
-                        log.warning("shard leader election consumer: %s", err.str())
-        except KafkaException as exc:
-            raise ElectionError(f"shard leader election poll failed: {exc.args[0].str()}") from exc
+        received = consume_heartbeats(self._consumer, 256, self._poll_duration, "shard leader election", log)
         now = time.monotonic()
         resumed, fenced = set(), set()
         for p in sorted(self._assigned):
