@@ -111,10 +111,11 @@ class PipelineConfig:
 
 @dataclass
 class Pipeline:
-    """The two running queries."""
+    """The two running queries; ``lag`` measures the events query's lag for the progress lines."""
 
     events: StreamingQuery
     latest: StreamingQuery
+    lag: TopicLag | None = None
     logged: dict[str, int] = field(default_factory=dict)  # last batch id logged per query
 
     @property
@@ -124,13 +125,16 @@ class Pipeline:
     def stop(self) -> None:
         for q in self.queries:
             q.stop()
+        if self.lag is not None:
+            self.lag.close()
 
     def log_progress(self) -> None:
-        """One JSON line per micro-batch not logged yet: Spark's progress, trimmed to what shows lag."""
+        """One JSON line per micro-batch not logged yet: Spark's progress, trimmed to what shows lag,
+        and for the events query the records in the topic beyond its end offsets (``lag_records``:
+        Spark's ``latestOffset`` stays null for a Python data source)."""
         for name, q in (("events", self.events), ("latest", self.latest)):
-            for p in q.recentProgress:
-                if p["batchId"] <= self.logged.get(name, -1):
-                    continue
+            fresh = [p for p in q.recentProgress if p["batchId"] > self.logged.get(name, -1)]
+            for i, p in enumerate(fresh):
                 self.logged[name] = p["batchId"]
                 src = p["sources"][0] if p.get("sources") else {}
                 line = {
@@ -140,9 +144,48 @@ class Pipeline:
                     "rows_per_s": round(p.get("processedRowsPerSecond") or 0.0, 1),
                     "ms": p.get("durationMs", {}).get("triggerExecution"),
                     "end_offset": src.get("endOffset"),
-                    "latest_offset": src.get("latestOffset"),
                 }
+                if name == "events" and self.lag is not None and i == len(fresh) - 1:
+                    line["lag_records"] = self.lag(_partition_offsets(src.get("endOffset")))
                 log.info("progress %s", json.dumps(line, default=str))
+
+
+def _partition_offsets(end_offset: Any) -> dict[int, int]:
+    """The events source's end offset (``{"run": ..., "offsets": {partition: next}}``, as JSON text)."""
+    try:
+        body = json.loads(end_offset) if isinstance(end_offset, str) else end_offset
+        return {int(p): int(o) for p, o in (body or {}).get("offsets", {}).items()}
+    except (TypeError, ValueError, AttributeError):
+        return {}
+
+
+class TopicLag:
+    """Records in ``topic`` beyond given next offsets, from the brokers' high watermarks (None when the
+    brokers do not answer within 5 s: progress logging never fails the pipeline)."""
+
+    def __init__(self, topic: str, kafka: Mapping[str, str]) -> None:
+        from confluent_kafka import Consumer
+
+        from harvest_outbox.spark_reader.offsets import client_config
+
+        self.topic = topic
+        self._consumer = Consumer(
+            {**client_config(kafka), "group.id": "harvest-pipeline-lag", "enable.auto.commit": False}
+        )
+
+    def __call__(self, read: dict[int, int]) -> int | None:
+        from confluent_kafka import TopicPartition
+
+        if not read:
+            return None
+        try:
+            high = {p: self._consumer.get_watermark_offsets(TopicPartition(self.topic, p), timeout=5)[1] for p in read}
+        except Exception:  # a broker away: no figure this time
+            return None
+        return sum(max(0, high[p] - o) for p, o in read.items())
+
+    def close(self) -> None:
+        self._consumer.close()
 
 
 def start_pipeline(spark: SparkSession, cfg: PipelineConfig) -> Pipeline:
@@ -187,7 +230,7 @@ def start_pipeline(spark: SparkSession, cfg: PipelineConfig) -> Pipeline:
         .trigger(**trigger)
         .start()
     )
-    return Pipeline(events, latest)
+    return Pipeline(events, latest, lag=TopicLag(cfg.topic, cfg.kafka))
 
 
 def run(spark: SparkSession, cfg: PipelineConfig, max_restarts: int = 3, poll_seconds: float = 1.0) -> int:
