@@ -135,6 +135,21 @@ def roll_back(producer: KafkaProducer, view: View, abandoned: Iterable[Txn], unk
         for (topic, part), first in sorted(t.journals.items()):
             # == the reader's last ACK of this producer in this partition: a clean rollback
             clock = view.last_ack.get((t.producer, topic, part), first - 1)
+            if (topic, part) in t.first_failed and (t.producer, topic, part) not in view.last_ack:
+                # Its first record there failed: if it is not in the log, readers see this ACK below
+                # their implicit last ACK and log Gazette's "ACK_TXN which is less than last ACK"; it
+                # is still a rollback to them (docs/design.md §5), so nothing is committed or lost.
+                log.warning(
+                    "rolling back harvest transaction %d in %s/%s at clock %d: its first record there "
+                    "failed and may be missing from the log, in which case readers log 'unexpected "
+                    "ACK_TXN which is less than last ACK' for producer %s: expected here, the span is "
+                    "rolled back all the same",
+                    t.k,
+                    topic,
+                    part,
+                    clock,
+                    t.producer.hex(),
+                )
             counter.pending += 1
             if not produce_ack(producer, topic, part, uuid_bytes(t.producer_int, clock, ACK), counter.on_delivery):
                 break

@@ -47,6 +47,7 @@ class Txn:
         "dead",
         "failures",
         "first_clock",
+        "first_failed",
         "ids",
         "journals",
         "k",
@@ -70,6 +71,8 @@ class Txn:
         self.pending = 0  # produced, delivery report not yet seen
         # touched (topic, partition) -> clock of the first record there (from delivery reports)
         self.journals: dict[tuple[str, int], int] = {}
+        # partitions whose first record's delivery failed: it may or may not be in the log
+        self.first_failed: set[tuple[str, int]] = set()
         self.failures: list[tuple[KafkaError, Message | None, int]] = []  # (error, message, its clock)
         self.first_clock = 0
         self.ack_clock = 0
@@ -93,8 +96,13 @@ class Txn:
         j = (msg.topic(), msg.partition())
         if j not in self.journals:  # once per partition per transaction: reports arrive in log order
             # The first clock of this producer in this partition: a rollback ACK at clock - 1 equals
-            # the reader's implicit last ACK, so it is a clean ACK_ROLLBACK.
+            # the reader's implicit last ACK, so it is a clean ACK_ROLLBACK. Unless that record failed
+            # and is not in the log: the reader's implicit last ACK is then the first *written* clock - 1,
+            # which the relay cannot know; clock - 1 is still the safe choice (never above the reader's
+            # last ACK, so it never commits the span), see seq_acks.roll_back.
             self.journals[j] = clock  # type: ignore[index]  # a record in the log has its topic and partition
+            if err is not None:
+                self.first_failed.add(j)  # type: ignore[arg-type]
 
     def on_ack(self, err: KafkaError | None, msg: Message) -> None:
         self.ack_pending -= 1

@@ -31,6 +31,7 @@ from __future__ import annotations
 import logging
 import os
 import random
+import re
 import time
 from typing import Any
 
@@ -240,6 +241,25 @@ class World:
 
 # ---------------------------------------------------------------------------- the checks
 ANOMALIES = Anomalies()
+#: The relay's warnings that a rollback ACK may fall below a reader's last ACK (its span's first record
+#: failed and may be missing from the log): the one anomaly the protocol cannot avoid (docs/design.md §5).
+UNSURE_ROLLBACKS = Anomalies()
+
+
+def unexplained(anomalies: list[str]) -> list[str]:
+    """The reader's anomalies, less each "ACK_TXN less than last ACK" whose producer and clock the relay
+    announced as the rollback of a span whose first record failed (and so may not be in the log)."""
+    announced = set()
+    for line in UNSURE_ROLLBACKS.messages:
+        m = re.search(r"at clock (\d+): its first record there failed.* for producer ([0-9a-f]+)", line)
+        if m:
+            announced.add((m.group(2), m.group(1)))
+    out = []
+    for line in anomalies:
+        m = re.search(r"less than last ACK.* producer=([0-9a-f]+) clock=(\d+)", line)
+        if not (m and (m.group(1), m.group(2)) in announced):
+            out.append(line)
+    return out
 
 
 def committed_records(topic: Topic) -> list[Record]:
@@ -266,7 +286,8 @@ def check(world: World, final: bool) -> None:
         assert rid is not None, f"{where}: committed record {r.value!r} is no committed outbox row"
         assert rid in world.db.committed, f"{where}: row {rid} is committed in the log, but its row was not"
         got.setdefault(r.key, []).append(rid)  # type: ignore[arg-type]
-    assert not ANOMALIES.messages, f"{where}: the reader logged anomalies: {ANOMALIES.messages[:3]}"
+    anomalies = unexplained(ANOMALIES.messages) if ANOMALIES.messages else []
+    assert not anomalies, f"{where}: the reader logged anomalies: {anomalies[:3]}"
     for key, ids in got.items():
         halted_at = world.db.dead_keys.get((TOPIC, key)) if world.db.halt_keys else None
         if halted_at is not None:
@@ -283,6 +304,7 @@ def check(world: World, final: bool) -> None:
 
 
 def run_schedule(seed: int) -> World:
+    UNSURE_ROLLBACKS.messages.clear()  # a schedule's own announcements explain its anomalies
     world = World(seed)
     world.start_relay()
     for _ in range(world.rng.randint(100, 400)):
@@ -296,16 +318,24 @@ def run_schedule(seed: int) -> World:
 def quiet_relay() -> Any:
     """The relay's own log lines off (thousands of abandoned views), the Sequencer's anomalies captured."""
     relay_log = logging.getLogger("harvest_outbox.producer")
+    acks_log = logging.getLogger("harvest_outbox.producer.seq_acks")
     seq_log = logging.getLogger("harvest_outbox.sequencer.sequencer")
-    level = relay_log.level
+    level, acks_level, acks_propagate = relay_log.level, acks_log.level, acks_log.propagate
     relay_log.setLevel(logging.CRITICAL + 1)
+    acks_log.setLevel(logging.WARNING)  # captured, not shown
+    acks_log.propagate = False
+    acks_log.addHandler(UNSURE_ROLLBACKS)
     seq_log.addHandler(ANOMALIES)
     try:
         yield
     finally:
         relay_log.setLevel(level)
+        acks_log.setLevel(acks_level)
+        acks_log.propagate = acks_propagate
+        acks_log.removeHandler(UNSURE_ROLLBACKS)
         seq_log.removeHandler(ANOMALIES)
         ANOMALIES.messages.clear()
+        UNSURE_ROLLBACKS.messages.clear()
 
 
 def test_the_database_implementations_fit_the_protocols_interface() -> None:
