@@ -250,13 +250,16 @@ class RowEncoder:
         bad: str | None = None
         if encoder.key is not None and key is not None:
             try:
-                key = encoder.key(json.loads(key), encoder.key_ctx)
+                parsed_key = json.loads(key)
             except ValueError as exc:
-                bad = f"key is not JSON ({exc}); the key serializer takes a JSON row key"
-            except Exception as exc:
-                if _is_outage(exc):
-                    raise
-                bad = validation_reason(exc, "key")
+                bad = f'key is not JSON ({exc}); the key serializer takes a JSON row key, e.g. "k1" for a string'
+            else:
+                try:
+                    key = encoder.key(parsed_key, encoder.key_ctx)
+                except Exception as exc:
+                    if _is_outage(exc):
+                        raise
+                    bad = validation_reason(exc, "key")
         if bad is None and encoder.value is not None and value is not None:
             try:
                 parsed = json.loads(value)
