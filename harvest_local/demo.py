@@ -36,6 +36,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from harvest_outbox.harvest_local.applier import applied_rows, create_tables
 from harvest_outbox.harvest_local.kafka import create_topic
@@ -611,7 +612,8 @@ def _plot(result: DemoResult, path: Path) -> Path | None:
         )
         ax.set_yscale("log")
         for line in ax.get_lines()[:-1]:  # on a log scale a zero is a gap, not a plunge to the axis
-            line.set_ydata([y if y else float("nan") for y in line.get_ydata()])
+            ys: Any = line.get_ydata()  # a list: the lines above are drawn from lists
+            line.set_ydata([y if y else float("nan") for y in ys])
     ax.legend(loc="upper left", fontsize=8)
     top = ax.get_ylim()[1]
     for t, what in run.events:

@@ -129,7 +129,11 @@ class StashValidator:
             from fastavro.validation import validate
 
             parsed = parse_schema(document)
-            return lambda value: validate(value, parsed, raise_errors=True)  # type: ignore[no-any-return]
+
+            def check(value: Any) -> None:
+                validate(value, parsed, raise_errors=True)
+
+            return check
         from jsonschema.validators import validator_for
 
         validator = validator_for(document)(document)

@@ -46,7 +46,7 @@ def decode_values(df: DataFrame, value_format: str, schema_registry: Mapping[str
     conf = dict(schema_registry)
 
     def decode_one(value: bytes | None, topic: str, partition: int, offset: int) -> str | None:
-        return _decoder(value_format, conf)(value, topic, partition, offset)  # type: ignore[no-any-return]
+        return _decoder(value_format, conf)(value, topic, partition, offset)
 
     # Arrow-batched Python UDF: one registry client and deserializer cache per executor process.
     decode = F.udf(decode_one, StringType(), useArrow=True)
