@@ -12,7 +12,7 @@ encoded them. Decoding on the executors with confluent-kafka's deserializers han
 Avro and JSON Schema alike, at the cost of a Python hop per batch. Decoding runs after sequencing
 (which reads the ``uuid`` header only), so it never changes which records are delivered.
 
-Invariants (tests/test_spark_reader/test_registry_values.py): a tombstone's value stays null; a
+Invariants (tests/test_spark_reader/test_spark_registry_values.py): a tombstone's value stays null; a
 value not in the wire format fails the query with an error naming topic, partition and offset.
 """
 
