@@ -278,5 +278,5 @@ class RowEncoder:
                     bad = validation_reason(exc, "value")
         if bad is not None:
             self.refused += 1
-            return (*row[:6], bad, *row[7:])  # type: ignore[return-value]
-        return (row[0], row[1], key, value, *row[4:])  # type: ignore[return-value]
+            return (*row[:6], bad, *row[7:])
+        return (row[0], row[1], key, value, *row[4:])
