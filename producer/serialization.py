@@ -179,6 +179,14 @@ class RowEncoder:
     ) -> None:
         if config.registry is None:
             raise ConfigError("serialization.registry: required when a topic has a serializer (give its url)")
+        try:  # fail at start-up, not on the first row of an encoded topic
+            importlib.import_module("confluent_kafka.schema_registry.avro")
+            importlib.import_module("confluent_kafka.schema_registry.json_schema")
+        except ImportError as exc:
+            raise ConfigError(
+                f"serialization: the registry serializers are not installed ({exc}); install the extra: "
+                f"pip install 'harvest-outbox[registry]'"
+            ) from exc
         self.config = config
         self._client_conf = config.registry.client_conf()
         self._client_factory = client_factory
