@@ -136,8 +136,8 @@ def _require_selection(verb: str, args: argparse.Namespace, sel: Any) -> None:
         raise ConfigError(f"dead-letters {verb}: give ids or --all, not both")
     if sel.empty and not args.all:
         raise ConfigError(
-            f"dead-letters {verb}: give dead-letter ids, a filter (--topic, --key, --reason, --older-than, "
-            f"--newer-than) or --all"
+            f"dead-letters {verb}: give dead-letter ids or --all, or select with a filter (--topic, --key, "
+            f"--reason, --older-than, --newer-than)"
         )
 
 

@@ -111,9 +111,9 @@ def test_operator_verbs(pg_dsn: str, pg_schema: str) -> None:
 @pytest.mark.parametrize(
     ("args", "needles"),
     [
-        (("discard",), ("give dead-letter ids, a filter", "--all")),
+        (("discard",), ("give dead-letter ids or --all, or select with a filter", "--topic")),
         (("discard", "--all", "5"), ("give ids or --all, not both",)),
-        (("requeue",), ("dead-letters requeue: give dead-letter ids, a filter",)),
+        (("requeue",), ("dead-letters requeue: give dead-letter ids or --all",)),
         (("discard", "--key", "q", "--actor", " "), ("--actor: ' ' is not a name", "--actor alice")),
         (("list", "--older-than", "5"), ("--older-than", "5")),
         (("discard", "--newer-than", "soon"), ("--newer-than", "soon")),
