@@ -68,3 +68,42 @@ def test_values_come_back_decoded_across_schema_versions(
         df.collect()
     with pytest.raises(ReaderConfigError, match="needs the registry's client settings"):
         readCommitted(spark, topic, opts, value_format="avro")
+
+
+def test_a_stream_decodes_with_decode_values(
+    spark, schema_registry: EmbeddedRegistry, kafka_bootstrap: str, topic_factory: Callable[..., str], tmp_path
+) -> None:
+    from confluent_kafka import Producer
+    from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
+    from confluent_kafka.schema_registry.avro import AvroSerializer
+    from confluent_kafka.serialization import MessageField, SerializationContext
+
+    from harvest_outbox.spark_reader import readCommittedStream
+    from harvest_outbox.spark_reader.registry_values import decode_values
+
+    topic = topic_factory(1, "orders")
+    client = SchemaRegistryClient({"url": schema_registry.url})
+    client.register_schema(f"{topic}-value", Schema(json.dumps(V1), "AVRO"))
+    serialize = AvroSerializer(client, json.dumps(V1), conf={"auto.register.schemas": False})
+    ctx = SerializationContext(topic, MessageField.VALUE)
+    producer = Producer({"bootstrap.servers": kafka_bootstrap})
+    for i in range(4):
+        producer.produce(topic, serialize({"id": i}, ctx), b"k")
+    assert producer.flush(10) == 0
+
+    sdf = readCommittedStream(
+        spark, topic, {"kafka.bootstrap.servers": kafka_bootstrap}, state_location=str(tmp_path / "state")
+    )
+    decoded = decode_values(sdf, "avro", {"url": schema_registry.url})
+    out, chk = tmp_path / "out", tmp_path / "chk"
+    query = (
+        decoded.select("offset", "value")
+        .writeStream.format("parquet")
+        .option("path", str(out))
+        .option("checkpointLocation", str(chk))
+        .trigger(availableNow=True)
+        .start()
+    )
+    query.awaitTermination(120)
+    rows = spark.read.parquet(str(out)).orderBy("offset").collect()
+    assert [json.loads(r.value) for r in rows] == [{"id": i} for i in range(4)]
