@@ -12,7 +12,8 @@ Invariants (tests/test_producer/test_halt_key.py, test_deadletter_admin.py on th
 - ``discard`` is one ``DELETE … RETURNING``: what it reports is exactly what it removed;
 - ``export`` reads only; each line is one JSON object with the row's columns (a bytea value as
   base64 in ``kafka_value_base64``), in id order, so ``jq`` and a re-import can use it;
-- every action that changes the table is audited, whatever the log level.
+- every action of the ``harvest dead-letters`` verbs that changes the table or exports it is audited
+  (:func:`discard` itself; requeue and export by producer.cli_deadletters), whatever the log level.
 """
 
 from __future__ import annotations
