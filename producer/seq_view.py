@@ -18,23 +18,37 @@ import uuid
 from collections.abc import Callable
 
 from harvest_outbox.sequencer import Clock, Flags, new_producer_id
+from harvest_outbox.sequencer import uuid_layout as layout
 
 CONTINUE = int(Flags.CONTINUE_TXN)
 ACK = int(Flags.ACK_TXN)
 
 _UUID_HEAD = struct.Struct(">IHHH").pack
+# The UUID's third and fourth 16-bit words, as sequencer.uuid_layout places them (the fourth word is
+# the int's bits 48-63: variant, clock counter, flags): precomputed for the per-record path.
+_TIME_HI_VERSION = layout.VERSION_1 << layout.HI_VERSION_SHIFT
+_WORD4_COUNTER_SHIFT = layout.COUNTER_SHIFT - layout.FLAGS_SHIFT
+_WORD4_CONTINUE = layout.VARIANT_RFC4122 << (layout.VARIANT_SHIFT - layout.FLAGS_SHIFT) | CONTINUE
+_TIME_LOW_MASK, _TIME_MID_MASK, _TIME_HI_MASK, _COUNTER_MASK = (
+    layout.TIME_LOW_MASK,
+    layout.TIME_MID_MASK,
+    layout.TIME_HI_MASK,
+    layout.COUNTER_MASK,
+)
 
 
 def continue_uuid(producer: bytes, clock: int, _pack: Callable[..., bytes] = _UUID_HEAD) -> bytes:
     """``uuid_bytes(int.from_bytes(producer, "big"), clock, CONTINUE_TXN)`` for the per-record path:
     time_low, time_mid, time_hi|version, variant|counter|flags packed by one C call, then the
-    6-byte ProducerID (a quarter less work than the 128-bit integer arithmetic)."""
+    6-byte ProducerID (a quarter less work than the 128-bit integer arithmetic). The clock's fields
+    start at its bits 4 (time_low), 36 (time_mid) and 52 (time_hi); bits 0-3 are the counter
+    (``sequencer.uuid_layout.pack``, which a test checks this equals)."""
     return (
         _pack(
-            (clock >> 4) & 0xFFFFFFFF,
-            (clock >> 36) & 0xFFFF,
-            ((clock >> 52) & 0x0FFF) | 0x1000,
-            ((clock & 0xF) << 10) | CONTINUE | 0x8000,
+            (clock >> 4) & _TIME_LOW_MASK,
+            (clock >> 36) & _TIME_MID_MASK,
+            ((clock >> 52) & _TIME_HI_MASK) | _TIME_HI_VERSION,
+            ((clock & _COUNTER_MASK) << _WORD4_COUNTER_SHIFT) | _WORD4_CONTINUE,
         )
         + producer
     )
@@ -42,13 +56,7 @@ def continue_uuid(producer: bytes, clock: int, _pack: Callable[..., bytes] = _UU
 
 def uuid_bytes(producer: int, clock: int, flags: int) -> bytes:
     """``build_uuid(producer, clock, flags).bytes`` without validation (hot path; ``producer`` as int)."""
-    return (
-        ((clock >> 4) & 0xFFFFFFFF) << 96
-        | ((clock >> 36) & 0xFFFF) << 80
-        | (((clock >> 52) & 0x0FFF) | 0x1000) << 64
-        | (((clock & 0xF) << 10) | flags | 0x8000) << 48
-        | producer
-    ).to_bytes(16, "big")
+    return layout.pack(producer, clock, flags).to_bytes(16, "big")
 
 
 class View:

@@ -28,11 +28,9 @@ OWNERS = {
         "producer/redact.py",
         re.compile(r"pas\+w"),
     ),
-    # The Gazette UUID layout: its masks and shifts. producer/seq_view.py's per-record packing
-    # (continue_uuid, uuid_bytes) is the relay's sequencing code, reworked under issue #32 item 2
-    # (RelayCore) at the time of writing: it moves to sequencer/uuid_layout.py with that work.
+    # The Gazette UUID layout: its masks and shifts.
     "Gazette UUID layout": (
-        "sequencer/uuid_layout.py, sequencer/_uuid_layout.pxd, producer/seq_view.py",
+        "sequencer/uuid_layout.py, sequencer/_uuid_layout.pxd",
         re.compile(r"0x0FFF|0x3FF|>> ?58\b|>> ?96\b|<< ?96\b|>> ?48\) & ", re.I),
     ),
     "__version__": (
