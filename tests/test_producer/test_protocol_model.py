@@ -304,7 +304,9 @@ def check(world: World, final: bool) -> None:
 
 
 def run_schedule(seed: int) -> World:
-    UNSURE_ROLLBACKS.messages.clear()  # a schedule's own announcements explain its anomalies
+    # A schedule's own announcements explain its own anomalies (the excused ones stay otherwise).
+    UNSURE_ROLLBACKS.messages.clear()
+    ANOMALIES.messages.clear()
     world = World(seed)
     world.start_relay()
     for _ in range(world.rng.randint(100, 400)):
