@@ -124,7 +124,7 @@ class AtLeastOnceMode:
         core = self.core
         producer = self.ensure_producer()
         if core.producer_fatal:
-            core.remark = True  # the refresh replaces the producer
+            core.request_remark()  # the refresh replaces the producer
         if self._acked:
             self._observe_acked()
         if core.remark:
@@ -154,7 +154,7 @@ class AtLeastOnceMode:
             return
         if self._halted and not (self._ready or self._waiting_count or core.marks):
             # haltKey: what was marked before the halt is out; a new view's marks leave the key's rows
-            core.remark = True
+            core.request_remark()
             return
         if core.marks:
             mark = core.take_mark()
@@ -171,18 +171,15 @@ class AtLeastOnceMode:
                     # A short mark took the whole backlog: like an empty one, the next waits for a
                     # stasher's NOTIFY (or markBackoff), not runs at once to come back empty (that
                     # doubled the marks of a trickle: two per row at 500 rows/s).
-                    core.idle = short
-                    if short:
-                        core.next_mark = now + self.limits.mark_backoff
-                    elif not self._halted:
+                    core.took_mark(short, now)
+                    if not short and not self._halted:
                         # A full mark: more rows wait. Ask for them now, so the database marks the next
                         # batches while this thread produces this one (not after: that serialised them).
                         core.mark_ahead(len(self._ready) + self._waiting_count)
                     self._dispatch()
                     producer.poll(0)
                     return
-                core.idle = True
-                core.next_mark = now + self.limits.mark_backoff
+                core.took_mark(True, now)
         elif (
             len(self._ready) + self._waiting_count < 2 * core.mark_size.value
             and now >= core.next_mark
@@ -210,7 +207,7 @@ class AtLeastOnceMode:
             len(self._in_flight),
         )
         self._clear_queues()
-        self.core.remark = True  # no more sends
+        self.core.request_remark()  # no more sends
         self._drain(self.limits.max_poll_interval)  # type: ignore[arg-type]
         try:
             self._flush_db(wait=True)
@@ -218,18 +215,18 @@ class AtLeastOnceMode:
             # The rows stay marked by a leader id nobody will use again: the next leader re-marks them.
             log.warning("could not flush purges while giving up leadership (records will be re-sent): %s", exc)
             self._purge_buf, self._dlq_buf, self._reset_buf = [], [], []
-            self.core.attempt_buf, self._forget_buf = [], []
+            self.core.take_attempt_buf()
+            self._forget_buf = []
 
     # ------------------------------------------------------------------ marks
     def _take_attempts(self, rows: list[MarkedRow], persisted: MarkedAttempts) -> list[MarkedRow]:
         """Adopt the stored attempt counts of freshly marked rows; dead-letter (and drop from
         ``rows``) those that already used up ``maxDeliveryAttempts`` — e.g. in processes that crashed."""
         limit = self.limits.max_delivery_attempts
-        attempts = self.core.attempts
+        attempts = self.core.attempts  # read here; counted by the core
         spent: set[int] = set()
         for rid, (n, _error) in persisted.items():
-            attempts[rid] = max(attempts.get(rid, 0), n)
-            if attempts[rid] >= limit:
+            if self.core.adopt_attempts(rid, n) >= limit:
                 spent.add(rid)
         if not spent:
             return rows
@@ -354,7 +351,7 @@ class AtLeastOnceMode:
         del self._in_flight[key]  # type: ignore[arg-type]
         if self._traced:
             self._end_unreported("queue_full", "not produced: the producer's queue stayed full", key)
-        self.core.remark = True
+        self.core.request_remark()
         return True
 
     def _refused(self, row: MarkedRow, exc: Exception) -> bool:
@@ -458,12 +455,11 @@ class AtLeastOnceMode:
                 err.str(),
             )
             if err.fatal():
-                core.producer_fatal = True
+                core.producer_failed()
             self._reset_buf.append(row[0])
-            core.remark = True
+            core.request_remark()
             return True
-        attempts = core.attempts.get(row[0], 0) + 1
-        core.attempts[row[0]] = attempts
+        attempts = core.next_attempt(row[0])
         if is_size_refusal(err) and row[1]:
             self._guard.check_sizes(row[1])  # the next attempt refuses the oversized row alone
         permanent = is_permanent(err, synchronous)
@@ -480,15 +476,15 @@ class AtLeastOnceMode:
             err.str(),
         )
         if err.fatal():
-            core.producer_fatal = True
-        core.attempt_buf.append((row[0], attempts, f"{err.name()}: {err.str()}"))
+            core.producer_failed()
+        core.store_attempt(row[0], attempts, err)
         self._reset_buf.append(row[0])
-        core.remark = True
+        core.request_remark()
         return True
 
     def _dead_letter(self, row: MarkedRow, error: str, attempts: int) -> None:
         log.error("record %d (topic %r) moved to dead letters: %s", row[0], row[1], error)
-        self.core.attempts.pop(row[0], None)
+        self.core.forget_attempts(row[0])
         self.core.halt.halt(row)
         self._dlq_buf.append((row[0], error, attempts))
         self.metrics.dead_lettered += 1
@@ -507,9 +503,9 @@ class AtLeastOnceMode:
             db, exec_ = core.db, core.exec
             assert db is not None and exec_ is not None
             dlq, purge, reset = self._dlq_buf, self._purge_buf, self._reset_buf
-            tried, forget = core.attempt_buf, self._forget_buf
+            tried, forget = core.take_attempt_buf(), self._forget_buf
             self._dlq_buf, self._purge_buf, self._reset_buf = [], [], []
-            core.attempt_buf, self._forget_buf = [], []
+            self._forget_buf = []
             backoff = self.limits.io_error_backoff
 
             # In this order; a step that succeeded empties its buffer, so a retry does not repeat it.
@@ -535,10 +531,10 @@ class AtLeastOnceMode:
                             raise
                         time.sleep(backoff)
 
-            core.db_futures.append(core.waker.watch(exec_.submit(job)))
+            core.add_db_job(exec_.submit(job))
         if wait:
             core.await_mark()
-            futures, core.db_futures = core.db_futures, []
+            futures = core.take_db_jobs()
             for f in futures:
                 err = f.exception()  # waits for it
                 if err is not None:
@@ -570,7 +566,7 @@ class AtLeastOnceMode:
                 if self._traced:
                     self._end_unreported("abandoned", f"no delivery report within {budget:.1f}s; re-sent later")
                 # The old producer may still report these later; a fresh one keeps views apart.
-                self.core.producer = None
+                self.core.abandon_producer()
         finally:
             self._draining = False
 
@@ -586,9 +582,8 @@ class AtLeastOnceMode:
         self._drain(self.limits.max_poll_interval)  # type: ignore[arg-type]
         self._flush_db(wait=True)
         core.drop_fatal_producer()
-        core.leader_id = uuid.uuid4()
-        core.remark = False
-        core.next_mark = 0.0
+        leader_id = uuid.uuid4()
+        core.begin_view(leader_id)
         self.metrics.remarks += 1
-        log.info("%s: refreshed leader id %s", core.config.name, core.leader_id)
-        core.emit(LeaderRefreshed(core.leader_id))
+        log.info("%s: refreshed leader id %s", core.config.name, leader_id)
+        core.emit(LeaderRefreshed(leader_id))

@@ -212,13 +212,12 @@ class Harvest(RelayLifecycle):
                 ",".join(map(str, sorted(self._shards.applied))),
                 self._shards.count,
             )
-        core.leader_id = uuid.uuid4()
+        leader_id = uuid.uuid4()
+        core.begin_view(leader_id)
         self.metrics.is_leader = True
-        core.remark = False
-        core.next_mark = 0.0
         self.mode.on_acquired()
-        log.info("%s: elected leader, leader id %s", self.config.name, core.leader_id)
-        self._emit(LeaderAcquired(core.leader_id))
+        log.info("%s: elected leader, leader id %s", self.config.name, leader_id)
+        self._emit(LeaderAcquired(leader_id))
 
     def on_revoked(self) -> None:
         if self._relinquish("revoked"):
@@ -234,9 +233,7 @@ class Harvest(RelayLifecycle):
         if core.leader_id is None:
             return False
         self.mode.relinquish(why)
-        core.attempts.clear()  # the next leader reads the stored counts back with its marks
-        core.leader_id = None
-        core.remark = False
+        core.end_leadership()
         self.metrics.is_leader = False
         return True
 
@@ -262,7 +259,7 @@ class Harvest(RelayLifecycle):
             except DatabaseError as exc:
                 log.warning("%s (retrying in %.3gs, remarking)", exc, self.limits.io_error_backoff)
                 if core.leader_id is not None:
-                    core.remark = True
+                    core.request_remark()
                 self._stop_requested.wait(self.limits.io_error_backoff)
             now = time.monotonic()
             core.sample_deliveries(now)

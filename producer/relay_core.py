@@ -396,7 +396,82 @@ class RelayCore:
         self.held_count = 0
         self.ready.clear()
 
+    # ------------------------------------------------------------------ the view: the modes decide, the core records
+    def begin_view(self, leader_id: uuid.UUID) -> None:
+        """A new view serves from now on: its id, no re-mark pending, the first mark at once."""
+        self.leader_id = leader_id
+        self.remark = False
+        self.next_mark = 0.0
+
+    def end_leadership(self) -> None:
+        """Leadership is gone (the mode has drained): no view; the next leader reads the stored
+        attempt counts back with its marks."""
+        self.attempts.clear()
+        self.leader_id = None
+        self.remark = False
+
+    def request_remark(self) -> None:
+        """Leave the current view at the next tick (a failure, a DB error, a refused send, a halt)."""
+        self.remark = True
+
+    def remark_taken(self) -> None:
+        """The mode left the view the remark asked it to leave (its next view starts later)."""
+        self.remark = False
+
+    def producer_failed(self) -> None:
+        """librdkafka reported a fatal error for the producer: replaced once the view is left."""
+        self.producer_fatal = True
+
+    def abandon_producer(self) -> None:
+        """Forget the producer unflushed: its late delivery reports must not reach a later view."""
+        self.producer = None
+
+    def took_mark(self, short: bool, now: float) -> None:
+        """A mark's rows arrived; a short (or empty) one took the whole backlog, so the next mark waits
+        for a stasher's NOTIFY or ``markBackoff`` instead of running at once to come back empty."""
+        self.idle = short
+        if short:
+            self.next_mark = now + self.limits.mark_backoff
+
+    # ------------------------------------------------------------------ attempt counting
+    def next_attempt(self, rid: int) -> int:
+        """Count one more failed delivery attempt of row ``rid``; returns its count."""
+        attempts = self.attempts.get(rid, 0) + 1
+        self.attempts[rid] = attempts
+        return attempts
+
+    def adopt_attempts(self, rid: int, stored: int) -> int:
+        """A freshly marked row's stored count (from crashed or earlier processes): the larger wins."""
+        n = self.attempts[rid] = max(self.attempts.get(rid, 0), stored)
+        return n
+
+    def store_attempt(self, rid: int, attempts: int, err: KafkaError) -> None:
+        """Queue a failed attempt for the database (stored before the row can be sent again)."""
+        self.attempt_buf.append((rid, attempts, f"{err.name()}: {err.str()}"))
+
+    def forget_attempts(self, rid: int) -> None:
+        """The row is delivered or dead-lettered: its count is no longer needed in memory."""
+        self.attempts.pop(rid, None)
+
+    def take_attempt_buf(self) -> list[tuple[int, int, str]]:
+        """The queued attempts, handed to a write (which returns them if it fails)."""
+        tried, self.attempt_buf = self.attempt_buf, []
+        return tried
+
+    def return_attempt_buf(self, tried: list[tuple[int, int, str]]) -> None:
+        """A write of ``tried`` failed: they go ahead of anything queued since."""
+        self.attempt_buf = tried + self.attempt_buf
+
     # ------------------------------------------------------------------ write-behind jobs
+    def add_db_job(self, future: Future[Any]) -> None:
+        """A write-behind job: its end wakes the relay thread; :meth:`check_db` surfaces its error."""
+        self.db_futures.append(self.waker.watch(future))
+
+    def take_db_jobs(self) -> list[Future[Any]]:
+        """Every write-behind job not yet checked, for the caller to await."""
+        futures, self.db_futures = self.db_futures, []
+        return futures
+
     def check_db(self) -> None:
         """Surface errors of finished write-behind jobs (raised in the relay thread)."""
         futures = self.db_futures

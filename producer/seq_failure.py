@@ -99,27 +99,26 @@ class ViewFailure:
                             err.str(),
                         )
                         if err.fatal():
-                            self.core.producer_fatal = True
+                            self.core.producer_failed()
                         continue
                     # It held up every key for rowTimeout while the broker took other records:
                     # park it now rather than stall everything again (the bound of limits.rowTimeout).
                     self.metrics.delivery_failures += 1
-                    attempts = self.core.attempts.get(rid, 0) + 1
-                    self.core.attempts[rid] = attempts
+                    attempts = self.core.next_attempt(rid)
                     self._poison[rid] = (
                         f"held up other rows for limits.rowTimeout "
                         f"({self.limits.row_timeout:g}s) while they were delivered: "
                         f"{err.name()}: {err.str()}",
                         attempts,
                     )
-                    self.core.attempt_buf.append((rid, attempts, f"{err.name()}: {err.str()}"))
+                    self.core.store_attempt(rid, attempts, err)
                     if err.fatal():
-                        self.core.producer_fatal = True
+                        self.core.producer_failed()
                     continue
                 self._count_failure(rid, err, True)
         if fenced:
             self._view_backoff_until = self.monotonic() + self.limits.heartbeat_timeout
-        self.core.remark = True
+        self.core.request_remark()
 
     def _failed_txn(self) -> Txn | None:
         """The oldest transaction with a failed delivery, if any."""
@@ -207,17 +206,17 @@ class ViewFailure:
                     producer.poll(0)
                 except KafkaException:
                     pass
-                self.core.producer = None
+                self.core.abandon_producer()
         self._txns.clear()
         self._acking.clear()
         if self.core.attempt_buf and self.core.db is not None and exec_ is not None:
             # Stored before the next view can produce these rows again: a crash from here on still
             # counts the attempt.
-            tried, self.core.attempt_buf = self.core.attempt_buf, []
+            tried = self.core.take_attempt_buf()
             try:
                 exec_.submit(self._store().record_attempts, tried).result()
             except DatabaseError as exc:
-                self.core.attempt_buf = tried + self.core.attempt_buf  # stored by the next wind-down
+                self.core.return_attempt_buf(tried)  # stored by the next wind-down
                 log.warning("could not store %d failed delivery attempt(s) (kept in memory): %s", len(tried), exc)
         if self._confirm_buf and self.core.db is not None and exec_ is not None:
             items, self._confirm_buf = self._confirm_buf, []
@@ -226,19 +225,18 @@ class ViewFailure:
             except DatabaseError as exc:
                 log.warning("could not confirm ACK intents (the next view re-sends them): %s", exc)
         self.core.await_mark()
-        for f in self.core.db_futures:
+        for f in self.core.take_db_jobs():
             try:
                 f.result()
             except Exception as exc:
                 log.warning("DB job failed during wind-down: %s", exc)
-        self.core.db_futures = []
         self._view = None
         self.core.drop_fatal_producer()
 
     def _refresh(self) -> None:
         """Abandon the current view; the next tick starts a new one (after any backoff)."""
         self._wind_down(commit_delivered=False)
-        self.core.remark = False
+        self.core.remark_taken()
         self.metrics.remarks += 1
         self._refreshing = True
 

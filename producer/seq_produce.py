@@ -238,7 +238,7 @@ class TxnProducer:
             t.k,
             error,
         )
-        self.core.attempts.pop(row[0], None)
+        self.core.forget_attempts(row[0])
         self.core.halt.halt(row)
         t.dead.append((row[0], error, attempts))
         self.metrics.dead_lettered += 1
@@ -248,7 +248,7 @@ class TxnProducer:
         or in crashed processes) are dead-lettered by the transaction that meets them."""
         limit = self.limits.max_delivery_attempts
         for rid, (n, error) in persisted.items():
-            n = self.core.attempts[rid] = max(self.core.attempts.get(rid, 0), n)
+            n = self.core.adopt_attempts(rid, n)
             if n >= limit and rid not in self._poison:
                 self._poison[rid] = (
                     f"failed {n} delivery attempts (counted across relay restarts); last error: {error}",
@@ -257,12 +257,11 @@ class TxnProducer:
 
     def _count_failure(self, rid: int, err: KafkaError, asynchronous: bool) -> None:
         self.metrics.delivery_failures += 1
-        attempts = self.core.attempts.get(rid, 0) + 1
-        self.core.attempts[rid] = attempts
+        attempts = self.core.next_attempt(rid)
         permanent = asynchronous and is_permanent(err, False)
         if permanent or attempts >= self.limits.max_delivery_attempts:
             why = "cannot be sent" if permanent else f"failed {attempts} delivery attempts"
             self._poison[rid] = (f"{why}: {err.name()}: {err.str()}", attempts)
-        self.core.attempt_buf.append((rid, attempts, f"{err.name()}: {err.str()}"))
+        self.core.store_attempt(rid, attempts, err)
         if err.fatal():
-            self.core.producer_fatal = True
+            self.core.producer_failed()

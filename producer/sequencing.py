@@ -182,10 +182,9 @@ class SequencedMode(TxnProducer, ViewFailure):
                 self._take_persisted(persisted)
             if mark.view == view.leader_id:
                 self._ready.extend(rows)
-                self._last_mark_short = core.idle = len(rows) < mark.asked
-                if core.idle:  # the backlog is taken: the next mark waits for a NOTIFY or markBackoff
-                    core.next_mark = now + self.limits.mark_backoff
-                elif not core.halt:
+                self._last_mark_short = short = len(rows) < mark.asked
+                core.took_mark(short, now)  # short: the backlog is taken, the next mark waits
+                if not short and not core.halt:
                     # A full mark: more rows wait. The database marks the next batches while this
                     # thread produces the one that just arrived (not after it).
                     core.mark_ahead(len(self._ready))
@@ -290,7 +289,7 @@ class SequencedMode(TxnProducer, ViewFailure):
         assert exec_ is not None
         items, self._confirm_buf = self._confirm_buf, []
         self._next_confirm = self.monotonic() + max(self.limits.purge_interval, 0.2)
-        self.core.db_futures.append(self.core.waker.watch(exec_.submit(self._store().confirm_acks, items)))
+        self.core.add_db_job(exec_.submit(self._store().confirm_acks, items))
 
     def _submit_commits(self, batch: list[Txn]) -> None:
         """One fenced commit job for consecutive delivered transactions (see ``_advance``)."""
@@ -329,7 +328,7 @@ class SequencedMode(TxnProducer, ViewFailure):
         assert producer is not None
         undelivered = recover(producer, intents, self.monotonic() + self.limits.queue_timeout, self.monotonic)
         if undelivered:
-            self.core.remark = True  # retry the view (and its recovery) after a backoff
+            self.core.request_remark()  # retry the view (and its recovery) after a backoff
             self._view_backoff_until = self.monotonic() + self.limits.io_error_backoff
             log.warning(
                 "view epoch %d: %d recovered ACK intent(s) not delivered; starting another view", epoch, undelivered
@@ -347,9 +346,7 @@ class SequencedMode(TxnProducer, ViewFailure):
             )
         view = self._view = View(leader_id, epoch, self.limits.producer_ring, now_ns, floor)
         self._ack_broken = False
-        self.core.leader_id = leader_id
-        self.core.remark = False
-        self.core.next_mark = 0.0
+        self.core.begin_view(leader_id)
         self._last_mark_short = True
         self.views_started += 1
         log.info(

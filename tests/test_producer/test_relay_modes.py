@@ -3,6 +3,8 @@ DB, no Kafka:
 - exactly one mode per relay, chosen by the config at construction;
 - no import cycle among the producer package's modules, and only the relay process imports a mode;
   the parts of the sequenced mode (seq_*.py, crash_points.py) only the mode and each other;
+- the modes decide, the core mutates: no module but relay_core.py assigns a RelayCore field or
+  changes its attempt counts, queued attempts or write-behind jobs in place;
 - rows of a mark asked for by an abandoned view are never produced by the current one;
 - held rows (missingTopicPolicy: hold) go back to the head of the ready queue in id order."""
 
@@ -182,6 +184,58 @@ def _mark(relay: Harvest, rows: list[tuple], view: uuid.UUID) -> None:
 
 def row(i: int, key: str, topic: str = "t") -> tuple:
     return (i, topic, key.encode(), f"v{i}".encode(), None, None, None, None, None, None, 0.0)
+
+
+#: RelayCore's containers that only its own methods change (next_attempt, store_attempt, add_db_job ...).
+_CORE_CONTAINERS = {"attempts", "attempt_buf", "db_futures"}
+_MUTATORS = {"append", "extend", "pop", "clear", "update", "setdefault", "remove", "insert", "popitem"}
+
+
+def _is_core(node: ast.AST) -> bool:
+    """``core`` or ``self.core``."""
+    if isinstance(node, ast.Name):
+        return node.id == "core"
+    return isinstance(node, ast.Attribute) and node.attr == "core" and isinstance(node.value, ast.Name)
+
+
+def core_writes(source: str) -> list[str]:
+    """Where ``source`` assigns a field of the core, or changes one of its containers in place."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        targets: list[ast.AST] = []
+        if isinstance(node, ast.Assign):
+            targets = [
+                t for target in node.targets for t in (target.elts if isinstance(target, ast.Tuple) else [target])
+            ]
+        elif isinstance(node, (ast.AugAssign, ast.AnnAssign)):
+            targets = [node.target]
+        for t in targets:
+            if isinstance(t, ast.Subscript):
+                t = t.value
+            if isinstance(t, ast.Attribute) and _is_core(t.value):
+                found.append(f"line {node.lineno}: core.{t.attr} assigned")
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in _MUTATORS:
+            owner = node.func.value
+            if isinstance(owner, ast.Attribute) and owner.attr in _CORE_CONTAINERS and _is_core(owner.value):
+                found.append(f"line {node.lineno}: core.{owner.attr}.{node.func.attr}()")
+    return found
+
+
+def test_the_check_sees_a_mode_writing_the_cores_fields() -> None:
+    assert core_writes("core.remark = True") == ["line 1: core.remark assigned"]
+    assert core_writes("self.core.attempts[rid] = 3") == ["line 1: core.attempts assigned"]
+    assert core_writes("a, self.core.attempt_buf = 1, []") == ["line 1: core.attempt_buf assigned"]
+    assert core_writes("core.db_futures.append(f)") == ["line 1: core.db_futures.append()"]
+    assert core_writes("core.request_remark()\nx = core.attempts.get(1)\ncore.halt.halt(row)") == []
+
+
+def test_only_the_core_writes_its_fields() -> None:
+    offenders = {
+        path.name: writes
+        for path in sorted(PRODUCER.rglob("*.py"))
+        if path.name != "relay_core.py" and (writes := core_writes(path.read_text(encoding="utf-8")))
+    }
+    assert not offenders, f"the modes decide, the core mutates (use RelayCore's methods): {offenders}"
 
 
 def test_a_mark_for_an_abandoned_view_is_not_produced() -> None:
