@@ -43,6 +43,8 @@ BENCHES: dict[str, tuple[str, list[str], list[str]]] = {
     "shards": ("bench_shards.py", [], ["--rows", "50000", "--relays", "1,2"]),
     "spans": ("bench_spans.py", [], ["--rows", "5000", "--runs", "1"]),
     "registry": ("bench_registry.py", [], ["--rows", "5000", "--runs", "1", "--modes", "at_least_once"]),
+    "pipeline": ("bench_pipeline.py", [], ["--rows", "50000"]),
+    "wal": ("bench_wal.py", [], ["--rows", "20000"]),
     "debezium": (
         "bench_debezium.py",
         [],
@@ -256,6 +258,60 @@ def _span_rows(r: dict[str, Any]) -> list[tuple[str, str, str, str]]:
     return out
 
 
+def _registry_rows(r: dict[str, Any]) -> list[tuple[str, str, str, str]]:
+    """bench_registry.py: Avro encoding at the relay against none, per mode."""
+    out: list[tuple[str, str, str, str]] = []
+    for mode, label in (("at_least_once", "at-least-once"), ("sequenced", "--uuid-sequencing")):
+        avro, off = _get(r, "modes", mode, "avro"), _get(r, "modes", mode, "off")
+        if not avro or not off:
+            continue
+        out.append(
+            (
+                f"Relay drain with Avro encoding, {label} (rows/s)",
+                _fmt(avro.get("rows_per_s")),
+                f"{_fmt(avro.get('ratio_to_off'))} of no encoding ({_fmt(off.get('rows_per_s'))}); schema-id cache "
+                f"hit rate {avro.get('schema_id_cache_hit_rate')}",
+                "≥ 0.7",
+            )
+        )
+    return out
+
+
+def _pipeline_rows(r: dict[str, Any]) -> list[tuple[str, str, str, str]]:
+    """bench_pipeline.py: outbox commit -> Parquet event table, end to end."""
+    m = r.get("median_rows_per_s") or {}
+    return [
+        (
+            f"Outbox commit -> Spark pipeline's Parquet table, {_fmt(r.get('rows'))}-row backlog (rows/s)",
+            _fmt(m.get("end_to_end_event_table")),
+            f"{_fmt(r.get('ratio_end_to_end_vs_relay'))} of the relay's drain ({_fmt(m.get('relay_drain'))}); "
+            f"slowest stage: {r.get('slowest_stage')}",
+            "",
+        )
+    ]
+
+
+def _wal_rows(r: dict[str, Any]) -> list[tuple[str, str, str, str]]:
+    """bench_wal.py: the relay's WAL per row, cold (checkpoint between write and relay) and warm."""
+    out: list[tuple[str, str, str, str]] = []
+    loops = r.get("loops") or {}
+    for loop, label in (("at_least_once", "relay (either mode)"), ("delete_only", "no mark, delete only")):
+        cold = _get(loops, loop, "cold", "drain", "wal_bytes_total_per_100k")
+        warm = _get(loops, loop, "warm", "drain", "wal_bytes_total_per_100k")
+        write = _get(loops, loop, "cold", "write", "wal_bytes_per_100k", "insert")
+        if cold is None:
+            continue
+        out.append(
+            (
+                f"WAL per 100k relayed rows, {label}, cold / warm (MB)",
+                f"{_fmt(_mb(cold))} / {_fmt(_mb(warm))}",
+                f"writers' INSERTs {_fmt(_mb(write))} MB (docs/primary-cost.md)",
+                "",
+            )
+        )
+    return out
+
+
 def _mb(v: Any) -> Any:
     return v / 1e6 if isinstance(v, (int, float)) else None
 
@@ -374,6 +430,9 @@ ROWS: dict[str, Callable[[dict[str, Any]], list[tuple[str, str, str, str]]]] = {
     "relay": lambda r: _relay_rows(r),
     "shards": lambda r: _shard_rows(r),
     "spans": lambda r: _span_rows(r),
+    "registry": lambda r: _registry_rows(r),
+    "pipeline": lambda r: _pipeline_rows(r),
+    "wal": lambda r: _wal_rows(r),
     "debezium": lambda r: _debezium_rows(r),
     "consumer": lambda r: [
         (

@@ -5,6 +5,7 @@ its modules import each other as ``bench.<module>``, never patch ``sys.path``, a
 from __future__ import annotations
 
 import ast
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -103,3 +104,18 @@ def test_a_bench_module_runs_as_a_module_from_the_root() -> None:
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "usage" in proc.stdout
+
+
+def test_every_benchmark_has_a_table_renderer_and_a_script() -> None:
+    """`./dev bench` writes one table of every benchmark it ran: one without a renderer ended the run
+    with a KeyError after all the measuring."""
+    root = project_root()
+    assert root is not None
+    code = (
+        "import json, bench.__main__ as b; print(json.dumps([{k: v[0] for k, v in b.BENCHES.items()}, sorted(b.ROWS)]))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, check=True).stdout
+    scripts, renderers = json.loads(out)
+    assert sorted(scripts) == renderers, f"benchmarks {sorted(scripts)} vs table renderers {renderers}"
+    missing = [f"{name}: bench/{script}" for name, script in scripts.items() if not (root / "bench" / script).is_file()]
+    assert not missing, missing
