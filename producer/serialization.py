@@ -18,9 +18,12 @@ Decide, then return the decision (the rows), never a half-encoded batch:
   dead-lettered, and the relay carries on when the registry answers again;
 - tombstones (``value`` NULL) stay tombstones; rows of topics without a serializer are untouched.
 
+Protobuf takes a message class, which a JSON row does not name: :class:`_ProtobufEncoder` builds it
+at run time from the registered ``.proto`` (producer/protobuf_schema.py) and parses the row into it.
+
 confluent-kafka's registry client and serializers are imported on first use (the ``registry``
 extra), so a relay without ``serialization:`` never imports them.
-Invariants: tests/test_producer/test_registry_encode.py, test_registry_outage.py.
+Invariants: tests/test_producer/test_registry_encode.py, test_registry_outage.py, test_registry_protobuf.py.
 """
 
 from __future__ import annotations
@@ -160,6 +163,8 @@ class _TopicEncoder:
             conf["use.schema.id"] = client.get_version(subject, entry.schema_version).schema_id
         else:
             conf["use.latest.version"] = True
+        if kind == "protobuf":
+            return _ProtobufEncoder(client, subject, entry.record_name, conf)
         module, name = _SERIALIZERS[kind]
         cls = getattr(importlib.import_module(module), name)
         if kind == "avro":
@@ -169,6 +174,48 @@ class _TopicEncoder:
         if schema is None:
             schema = client.get_latest_version(subject).schema
         return cls(schema, client, None, conf)
+
+
+class _ProtobufEncoder:
+    """A JSON value as the registered Protobuf message: the message class is built from the schema the
+    serializer encodes with (the subject's latest, or the pinned id), so a new latest version brings its
+    own class; ``json_format.ParseDict`` refuses a value that does not fit (naming the field), and
+    confluent-kafka's ProtobufSerializer writes the wire format (magic byte, schema id, message indexes)."""
+
+    def __init__(self, client: Any, subject: str, record_name: str, conf: dict[str, Any]) -> None:
+        from harvest_outbox.producer.protobuf_schema import SerializedProtobufClient
+
+        self.client = SerializedProtobufClient(client)
+        self.subject, self.record_name, self.conf = subject, record_name, conf
+        self._by_id: dict[int, tuple[Any, Any]] = {}  # schema id -> (message class, serializer)
+
+    def __call__(self, value: Any, ctx: Any) -> bytes:
+        from confluent_kafka.schema_registry.protobuf import ProtobufSerializer
+        from google.protobuf import json_format  # type: ignore[import-untyped,unused-ignore]
+
+        from harvest_outbox.producer.protobuf_schema import message_class
+
+        schema_id = self.conf.get("use.schema.id")
+        if schema_id is None:  # the subject's latest, cached by the client for registry.latestTtl
+            registered = self.client.get_latest_version(self.subject)
+            schema_id, schema = registered.schema_id, registered.schema
+        got = self._by_id.get(schema_id)
+        if got is None:
+            if "use.schema.id" in self.conf:
+                schema = self.client.get_schema(schema_id)
+            cls = message_class(schema.schema_str, self.record_name)
+            conf = {**self.conf, "use.schema.id": schema_id}
+            conf.pop("use.latest.version", None)
+            got = self._by_id[schema_id] = (cls, ProtobufSerializer(cls, self.client, conf))
+        cls, serializer = got
+        if not isinstance(value, dict):
+            raise ValueError(f"expected a JSON object for message {cls.DESCRIPTOR.full_name}, got {shown(value)}")
+        try:
+            message = json_format.ParseDict(value, cls())
+        except json_format.ParseError as exc:  # names the field; one line for the dead-letter reason
+            raise ValueError(" ".join(str(exc).split())) from exc
+        encoded: bytes = serializer(message, ctx)
+        return encoded
 
 
 class RowEncoder:
@@ -182,6 +229,9 @@ class RowEncoder:
         try:  # fail at start-up, not on the first row of an encoded topic
             importlib.import_module("confluent_kafka.schema_registry.avro")
             importlib.import_module("confluent_kafka.schema_registry.json_schema")
+            if any("protobuf" in (t.serializer, t.key_serializer) for t in config.topics):
+                importlib.import_module("confluent_kafka.schema_registry.protobuf")
+                importlib.import_module("grpc_tools.protoc")  # reads the registry's .proto text
         except ImportError as exc:
             raise ConfigError(
                 f"serialization: the registry serializers are not installed ({exc}); install the extra: "

@@ -9,9 +9,10 @@
       topics:
         - topic: orders                    # an exact topic name, or
           # topicPattern: "orders\\..*"    # a regular expression the whole topic name must match
-          serializer: avro                 # avro | jsonSchema | none (default)
+          serializer: avro                 # avro | protobuf | jsonSchema | none (default)
           subjectNameStrategy: topic       # topic (default) | record | topicRecord
-          # recordName: shop.Order         # the record's full name (record and topicRecord)
+          # recordName: shop.Order         # the record's full name (record and topicRecord; protobuf: the
+          #                                # message, default the schema's first)
           schemaVersion: latest            # latest (default) or a registered version number, or
           # schemaId: 42                   # a registered schema id
           # keySerializer: none            # none (default) or like serializer (the key subject's latest)
@@ -19,7 +20,8 @@
 The first entry whose ``topic`` equals, or ``topicPattern`` fully matches, a row's topic applies;
 a topic no entry matches is published as stored (``none``). The row's value must be JSON (an
 object for Avro and Protobuf): the relay parses it and hands the result to confluent-kafka's
-serializer of that format.
+serializer of that format (Protobuf: parsed into a message class built from the registered
+``.proto`` at run time, producer/protobuf_schema.py).
 
 Invariants (tests/test_producer/test_registry_config.py): unknown keys fail naming the key and the
 valid ones; a bad value fails naming the field, the value and the fix; credentials never appear in
@@ -36,7 +38,7 @@ from urllib.parse import urlsplit
 
 from harvest_outbox.producer.errors import ConfigError, shown
 
-SERIALIZERS = ("none", "avro", "jsonSchema")
+SERIALIZERS = ("none", "avro", "protobuf", "jsonSchema")
 SUBJECT_NAME_STRATEGIES = ("topic", "record", "topicRecord")
 
 
@@ -110,12 +112,13 @@ class TopicSerialization:
     topic: str = ""
     #: A regular expression the whole topic name must match (give this or topic); the first matching entry wins.
     topic_pattern: str = ""
-    #: ``avro``, ``jsonSchema`` or ``none`` (published as stored); the row's value must be JSON.
+    #: ``avro``, ``protobuf``, ``jsonSchema`` or ``none`` (published as stored); the row's value must be JSON.
     serializer: str = "none"
     #: The subject of the writer schema: ``topic`` (``<topic>-value``), ``record`` (``<recordName>``) or
     #: ``topicRecord`` (``<topic>-<recordName>``).
     subject_name_strategy: str = "topic"
-    #: The record's full name (e.g. ``shop.Order``), required by the record strategies.
+    #: The record's full name (e.g. ``shop.Order``), required by the record strategies; for protobuf also
+    #: the message of the schema to encode (default: the schema's first message).
     record_name: str = ""
     #: ``latest`` (the subject's latest version, cached for registry.latestTtl) or a registered version number.
     schema_version: str | int = "latest"
@@ -136,12 +139,6 @@ class TopicSerialization:
                     f"{where}.topicPattern: {shown(self.topic_pattern)} is not a regular expression ({exc})"
                 ) from None
         for name, value in (("serializer", self.serializer), ("keySerializer", self.key_serializer)):
-            if value == "protobuf":
-                raise ConfigError(
-                    f"{where}.{name}: protobuf is not offered for JSON rows (confluent-kafka's Protobuf serializer "
-                    f"takes a generated message class, which a row does not name); use avro or jsonSchema, or "
-                    f"encode Protobuf in the writer and store bytes (a bytea outbox)"
-                )
             if value not in SERIALIZERS:
                 raise ConfigError(
                     f"{where}.{name}: {shown(value)} is not a serializer; use one of {', '.join(SERIALIZERS)}"

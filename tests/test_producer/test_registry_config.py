@@ -42,7 +42,10 @@ def load(serialization: Any) -> HarvestConfig:
             {"registry": REGISTRY, "topics": [{"topic": "o", "serializer": "xml"}]},
             "serializer: 'xml' is not a serializer",
         ),
-        ({"registry": REGISTRY, "topics": [{"topic": "o", "serializer": "protobuf"}]}, "protobuf is not offered"),
+        (
+            {"registry": REGISTRY, "topics": [{"topic": "o", "serializer": "Protobuf"}]},
+            "'Protobuf' is not a serializer",
+        ),
         (
             {"registry": REGISTRY, "topics": [{"topic": "o", "serializer": "avro", "subjectNameStrategy": "x"}]},
             "subjectNameStrategy: 'x' is not a strategy",

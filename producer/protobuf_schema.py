@@ -1,0 +1,204 @@
+"""Protobuf schemas from the registry as runtime message classes, for JSON rows (no generated code).
+
+confluent-kafka's ``ProtobufSerializer`` takes a generated message class and its
+``ProtobufDeserializer`` a registry schema in Confluent's ``format=serialized`` form (a base64
+``FileDescriptorProto``). A JSON row names no class, and Apicurio Registry's Confluent-compatible
+API (2.0.2, the one the tests run) ignores ``format=serialized`` and answers with the ``.proto`` text
+it stored (tried: ``/schemas/ids/N?format=serialized`` and ``/subjects/S/versions/latest?format=serialized``).
+So this module:
+
+- compiles ``.proto`` text to a ``FileDescriptorProto`` with ``grpc_tools.protoc`` (the registry
+  extra's ``grpcio-tools``; in process, no protoc binary), cached by text;
+- builds the message class at run time (``DescriptorPool`` + ``message_factory.GetMessageClass``);
+- wraps the registry client (:class:`SerializedProtobufClient`) so that every schema confluent-kafka
+  asks for comes back in the serialized form its Protobuf serializer and deserializer parse, whatever
+  the registry returns: so the wire format (magic byte, schema id, message indexes) stays
+  confluent-kafka's own, and its ``ProtobufDeserializer`` reads the result.
+
+Invariants (tests/test_producer/test_registry_protobuf.py): a schema already in serialized form is
+passed through unchanged; ``.proto`` text that does not compile raises :class:`ProtoSchemaError`
+with protoc's message; the message is ``record_name`` (full or simple name) or the file's first.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import os
+import tempfile
+import threading
+from typing import Any
+
+from harvest_outbox.producer.errors import ConfigError
+
+_FILE_NAME = "registry_schema.proto"
+
+
+class ProtoSchemaError(ConfigError):
+    """A registered Protobuf schema that does not compile, or has no message of the configured name."""
+
+
+_compiled: dict[str, bytes] = {}  # .proto text -> serialized FileDescriptorProto
+_lock = threading.Lock()
+
+
+def _include_dir() -> str:
+    import grpc_tools  # type: ignore[import-untyped,unused-ignore]
+
+    return os.path.join(os.path.dirname(grpc_tools.__file__), "_proto")  # google/protobuf/*.proto
+
+
+def _is_serialized(schema_str: str) -> bool:
+    try:
+        raw = base64.b64decode(schema_str.encode("ascii"), validate=True)
+    except (binascii.Error, UnicodeEncodeError, ValueError):
+        return False
+    from google.protobuf import descriptor_pb2  # type: ignore[import-untyped,unused-ignore]
+    from google.protobuf.message import DecodeError  # type: ignore[import-untyped,unused-ignore]
+
+    try:
+        descriptor_pb2.FileDescriptorProto().ParseFromString(raw)
+    except DecodeError:
+        return False
+    return True
+
+
+def compile_proto(text: str) -> bytes:
+    """``text`` (a ``.proto`` file) as a serialized ``FileDescriptorProto``; imports of Google's
+    well-known types resolve, other imports (registry references) are not supported."""
+    with _lock:
+        got = _compiled.get(text)
+        if got is not None:
+            return got
+        try:
+            from grpc_tools import protoc  # type: ignore[import-untyped,unused-ignore]
+        except ImportError as exc:
+            raise ConfigError(
+                f"serialization: protobuf needs grpcio-tools to read .proto schemas ({exc}); install the extra: "
+                f"pip install 'harvest-outbox[registry]'"
+            ) from exc
+        from google.protobuf import descriptor_pb2  # type: ignore[import-untyped,unused-ignore]
+
+        with tempfile.TemporaryDirectory(prefix="harvest-proto-") as tmp:
+            with open(os.path.join(tmp, _FILE_NAME), "w", encoding="utf-8") as f:
+                f.write(text)
+            out = os.path.join(tmp, "set.pb")
+            err = os.path.join(tmp, "err.txt")
+            # protoc writes its diagnostics to fd 2: route them to a file to quote them
+            saved = os.dup(2)
+            fd = os.open(err, os.O_WRONLY | os.O_CREAT, 0o600)
+            try:
+                os.dup2(fd, 2)
+                code = protoc.main(
+                    ["protoc", f"-I{tmp}", f"-I{_include_dir()}", f"--descriptor_set_out={out}", _FILE_NAME]
+                )
+            finally:
+                os.dup2(saved, 2)
+                os.close(saved)
+                os.close(fd)
+            if code != 0:
+                with open(err, encoding="utf-8", errors="replace") as f:
+                    message = f.read().replace(tmp + os.sep, "").strip()[:500]
+                raise ProtoSchemaError(
+                    f"registered Protobuf schema does not compile: {message or f'protoc exit {code}'}"
+                )
+            files = descriptor_pb2.FileDescriptorSet()
+            with open(out, "rb") as f:
+                files.ParseFromString(f.read())
+        compiled: bytes = files.file[-1].SerializeToString()
+        _compiled[text] = compiled
+        return compiled
+
+
+def to_serialized(schema_str: str) -> str:
+    """The registry's schema string in confluent-kafka's ``format=serialized`` form (base64)."""
+    if _is_serialized(schema_str):
+        return schema_str
+    return base64.standard_b64encode(compile_proto(schema_str)).decode("ascii")
+
+
+def message_class(schema_str: str, record_name: str = "") -> Any:
+    """The message class of ``record_name`` (full name, or simple name) in the schema, else of its
+    first message, built at run time in a pool of its own (with the well-known types)."""
+    from confluent_kafka.schema_registry.common.protobuf import _init_pool, _str_to_proto
+    from google.protobuf import descriptor_pool, message_factory  # type: ignore[import-untyped,unused-ignore]
+
+    fd_proto = _str_to_proto(_FILE_NAME, to_serialized(schema_str))
+    pool = descriptor_pool.DescriptorPool()
+    _init_pool(pool)
+    pool.Add(fd_proto)
+    file = pool.FindFileByName(_FILE_NAME)
+    messages = list(file.message_types_by_name.values())
+    if not messages:
+        raise ProtoSchemaError("registered Protobuf schema has no message")
+    if record_name:
+        found = [m for m in messages if record_name in (m.full_name, m.name)]
+        if not found:
+            names = ", ".join(m.full_name for m in messages)
+            raise ProtoSchemaError(f"recordName {record_name!r} is not a top-level message of the schema ({names})")
+        return message_factory.GetMessageClass(found[0])
+    return message_factory.GetMessageClass(messages[0])
+
+
+class SerializedProtobufClient:
+    """A registry client whose Protobuf schemas come back in ``format=serialized`` form (see the
+    module docstring); every other call goes to the wrapped client."""
+
+    def __init__(self, client: Any) -> None:
+        self._client = client
+        self._originals: dict[str, Any] = {}  # serialized form -> the registry's Schema (for lookups)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._client, name)
+
+    def __repr__(self) -> str:  # the wrapped client's settings may hold credentials
+        return "SerializedProtobufClient()"
+
+    def _schema(self, schema: Any) -> Any:
+        import attrs
+
+        serialized = to_serialized(schema.schema_str)
+        if serialized == schema.schema_str:
+            return schema
+        self._originals[serialized] = schema
+        return attrs.evolve(schema, schema_str=serialized, schema_type="PROTOBUF")
+
+    def _registered(self, registered: Any) -> Any:
+        import attrs
+
+        if registered is None:
+            return None
+        return attrs.evolve(registered, schema=self._schema(registered.schema))
+
+    @property
+    def _cache(self) -> Any:
+        # confluent-kafka's serde reads a pinned id's registered schema from the client's cache
+        return _ConvertingCache(self._client._cache, self)
+
+    def lookup_schema(self, subject_name: str, schema: Any, *args: Any, **kwargs: Any) -> Any:
+        """Looks up the registry's own text for a schema this client handed out serialized."""
+        original = self._originals.get(schema.schema_str, schema)
+        return self._registered(self._client.lookup_schema(subject_name, original, *args, **kwargs))
+
+    def get_schema(self, *args: Any, **kwargs: Any) -> Any:
+        return self._schema(self._client.get_schema(*args, **kwargs))
+
+    def get_latest_version(self, *args: Any, **kwargs: Any) -> Any:
+        return self._registered(self._client.get_latest_version(*args, **kwargs))
+
+    def get_version(self, *args: Any, **kwargs: Any) -> Any:
+        return self._registered(self._client.get_version(*args, **kwargs))
+
+    def get_latest_with_metadata(self, *args: Any, **kwargs: Any) -> Any:
+        return self._registered(self._client.get_latest_with_metadata(*args, **kwargs))
+
+
+class _ConvertingCache:
+    def __init__(self, cache: Any, client: SerializedProtobufClient) -> None:
+        self._cache, self._client = cache, client
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._cache, name)
+
+    def get_registered_by_subject_id(self, *args: Any, **kwargs: Any) -> Any:
+        return self._client._registered(self._cache.get_registered_by_subject_id(*args, **kwargs))

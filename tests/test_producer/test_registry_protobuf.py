@@ -1,0 +1,122 @@
+"""Protobuf registry encoding at the relay (producer/serialization.py, producer/protobuf_schema.py)
+on a real Apicurio Registry, Postgres and Kafka: JSON rows of a topic whose subject holds a ``.proto``
+arrive as that message in the Confluent wire format (schema id, message indexes), readable by
+confluent-kafka's ProtobufDeserializer; a row that does not fit the message is dead-lettered naming
+the field, before anything reaches the topic. Both modes."""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import Callable
+
+import psycopg
+import pytest
+from relaylib import relay_config, wait_drained
+
+from harvest_outbox.harvest_local.registry import EmbeddedRegistry
+from harvest_outbox.producer.deadletters import list_dead_letters
+from harvest_outbox.producer.harvest import Harvest
+from harvest_outbox.producer.protobuf_schema import ProtoSchemaError, message_class, to_serialized
+from harvest_outbox.producer.schema import init_db
+from harvest_outbox.producer.serialization_config import SerializationConfig
+from harvest_outbox.producer.stasher import OutboxRecord, Stasher
+
+ORDER_PROTO = """syntax = "proto3";
+package shop;
+import "google/protobuf/timestamp.proto";
+
+message Audit { string by = 1; }
+message Order {
+  int64 id = 1;
+  string note = 2;
+  google.protobuf.Timestamp at = 3;
+}
+"""
+
+
+def test_message_class_picks_the_named_or_first_message_and_refuses_what_does_not_compile() -> None:
+    assert message_class(ORDER_PROTO).DESCRIPTOR.full_name == "shop.Audit"
+    assert message_class(ORDER_PROTO, "shop.Order").DESCRIPTOR.full_name == "shop.Order"
+    assert message_class(ORDER_PROTO, "Order").DESCRIPTOR.full_name == "shop.Order"
+    serialized = to_serialized(ORDER_PROTO)
+    assert to_serialized(serialized) == serialized  # already serialized: passed through
+    with pytest.raises(ProtoSchemaError, match=r"recordName .shop\.Nope. is not a top-level message"):
+        message_class(ORDER_PROTO, "shop.Nope")
+    with pytest.raises(ProtoSchemaError, match=r"does not compile: registry_schema\.proto:1:"):
+        message_class('syntax = "proto3"; message {')
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("sequenced", [False, True], ids=["at-least-once", "uuid-sequencing"])
+def test_relay_encodes_json_rows_as_the_registered_protobuf_message(
+    sequenced: bool,
+    schema_registry: EmbeddedRegistry,
+    pg_dsn: str,
+    kafka_bootstrap: str,
+    pg_schema: str,
+    topic_factory: Callable[..., str],
+) -> None:
+    from confluent_kafka.schema_registry import SchemaRegistryClient
+    from confluent_kafka.schema_registry.protobuf import ProtobufDeserializer
+    from confluent_kafka.serialization import MessageField, SerializationContext
+    from google.protobuf import json_format
+
+    from harvest_outbox.consumer import ReadCommittedIter
+    from harvest_outbox.producer.protobuf_schema import SerializedProtobufClient
+
+    orders = topic_factory(2, "orders")
+    schema_id = schema_registry.register(f"{orders}-value", ORDER_PROTO, "PROTOBUF")
+    table = f"{pg_schema}.outbox"
+    init_db(pg_dsn, table)
+    st = Stasher(table)
+    good = [{"id": str(i), "note": f"n{i}", "at": f"2026-01-01T00:00:{i:02d}Z"} for i in range(30)]
+    with psycopg.connect(pg_dsn) as conn:
+        st.stash_many(conn, [OutboxRecord(orders, f"k{i % 4}", json.dumps(o)) for i, o in enumerate(good[:15])])
+        poison = {
+            "wrong_type": st.stash(conn, OutboxRecord(orders, "k1", json.dumps({"id": "seven", "note": "x"}))),
+            "unknown_field": st.stash(conn, OutboxRecord(orders, "k2", json.dumps({"id": 7, "colour": "red"}))),
+            "not_object": st.stash(conn, OutboxRecord(orders, "k3", json.dumps([1, 2]))),
+        }
+        st.stash_many(conn, [OutboxRecord(orders, f"k{i % 4}", json.dumps(o)) for i, o in enumerate(good[15:])])
+    serialization = SerializationConfig.from_mapping(
+        {
+            "registry": {"url": schema_registry.url},
+            "topics": [{"topic": orders, "serializer": "protobuf", "recordName": "shop.Order"}],
+        }
+    )
+    cfg = relay_config(pg_dsn, kafka_bootstrap, table, f"g-{uuid.uuid4().hex[:8]}").replace(
+        uuid_sequencing=sequenced, serialization=serialization
+    )
+    relay = Harvest(cfg).start()
+    try:
+        wait_drained(pg_dsn, table, 60)
+        assert relay.state.value == "running"
+        with psycopg.connect(pg_dsn) as conn:
+            dead = {d.id: d.error for d in list_dead_letters(conn, table)}
+    finally:
+        relay.stop()
+        relay.wait(30)
+    assert set(dead) == set(poison.values()), dead
+    reasons = {name: dead[i] for name, i in poison.items()}
+    assert "Failed to parse id field" in reasons["wrong_type"], reasons["wrong_type"]
+    assert 'no field named "colour"' in reasons["unknown_field"], reasons["unknown_field"]
+    assert "expected a JSON object for message shop.Order" in reasons["not_object"], reasons["not_object"]
+
+    values: list[bytes] = []
+    deadline = time.monotonic() + 30
+    with ReadCommittedIter({"bootstrap.servers": kafka_bootstrap}, topics=[orders]) as it:
+        while len(values) < len(good) and time.monotonic() < deadline:
+            rec = it.poll(1.0)
+            if rec is not None:
+                values.append(rec.value)
+    assert len(values) == len(good)
+    # magic byte, the registered id, message index [1] (shop.Order is the file's second message)
+    assert {v[:7] for v in values} == {b"\x00" + schema_id.to_bytes(4, "big") + b"\x02\x02"}
+    client = SerializedProtobufClient(SchemaRegistryClient({"url": schema_registry.url}))
+    cls = message_class(ORDER_PROTO, "shop.Order")
+    des = ProtobufDeserializer(cls, {"use.deprecated.format": False}, client)
+    ctx = SerializationContext(orders, MessageField.VALUE)
+    decoded = [json_format.MessageToDict(des(v, ctx), always_print_fields_with_no_presence=True) for v in values]
+    assert sorted(decoded, key=lambda o: int(o["id"])) == good
