@@ -117,7 +117,7 @@ class ReadCommittedIter:
         on_assign / on_revoke: rebalance callbacks (see invariant 3).
         replay_timeout: seconds a replay may go without progress.
         batch_size: records per ``consume()`` call (``DEFAULT_BATCH_SIZE``, 256: see there).
-        value_format: ``"raw"`` (default: values as bytes), ``"avro"`` or ``"jsonSchema"``: values
+        value_format: ``"raw"`` (default: values as bytes), ``"avro"``, ``"protobuf"`` or ``"jsonSchema"``: values
             decoded from the registry wire format (:mod:`consumer.registry_values`), with
             ``schema_registry`` the registry client's settings (``{"url": ...}``).
     """

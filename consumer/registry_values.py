@@ -1,10 +1,11 @@
-"""Decoding registry-encoded values for the readers (``value_format="avro"`` / ``"jsonSchema"``).
+"""Decoding registry-encoded values for the readers (``value_format="avro"`` / ``"protobuf"`` / ``"jsonSchema"``).
 
 The relay's ``serialization:`` (producer/serialization.py) publishes values in the Confluent wire
 format: magic byte 0, the 4-byte schema id, the encoded record. A reader given ``value_format`` and
 ``schema_registry`` (confluent-kafka ``SchemaRegistryClient`` settings, e.g. ``{"url": ...}``)
 delivers :class:`DecodedRecord`s: the record's ``value`` is the decoded object (a dict for Avro
-records and JSON objects), ``raw_value`` the bytes as stored in Kafka; every other attribute is the
+records, Protobuf messages and JSON objects; a Protobuf message as ``json_format.MessageToDict`` with
+the .proto's field names and unset scalars present), ``raw_value`` the bytes as stored in Kafka; every other attribute is the
 underlying record's. Sequencing is unaffected: it reads the ``uuid`` header only, and a record is
 decoded after the Sequencer has decided to deliver it.
 
@@ -21,7 +22,7 @@ from typing import Any
 
 from harvest_outbox.consumer.errors import ConfigError, ConsumerError
 
-VALUE_FORMATS = ("raw", "avro", "jsonSchema")
+VALUE_FORMATS = ("raw", "avro", "protobuf", "jsonSchema")
 
 
 class ValueDecodeError(ConsumerError):
@@ -78,6 +79,11 @@ class ValueDecoder:
             from confluent_kafka.schema_registry.avro import AvroDeserializer
 
             self._deserialize: Any = AvroDeserializer(self._client)
+        elif value_format == "protobuf":
+            from harvest_outbox.producer.protobuf_schema import ProtobufDictDecoder
+
+            decode_protobuf = ProtobufDictDecoder(self._client)
+            self._deserialize = lambda raw, _ctx: decode_protobuf(raw)
         else:
             from confluent_kafka.schema_registry.json_schema import JSONDeserializer
 

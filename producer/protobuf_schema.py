@@ -117,18 +117,26 @@ def to_serialized(schema_str: str) -> str:
     return base64.standard_b64encode(compile_proto(schema_str)).decode("ascii")
 
 
-def message_class(schema_str: str, record_name: str = "") -> Any:
-    """The message class of ``record_name`` (full name, or simple name) in the schema, else of its
-    first message, built at run time in a pool of its own (with the well-known types)."""
+def _top_messages(schema_str: str) -> list[Any]:
+    """The schema's top-level message descriptors in declaration order (the order message indexes
+    count in), from a pool of its own (with the well-known types)."""
     from confluent_kafka.schema_registry.common.protobuf import _init_pool, _str_to_proto
-    from google.protobuf import descriptor_pool, message_factory  # type: ignore[import-untyped,unused-ignore]
+    from google.protobuf import descriptor_pool  # type: ignore[import-untyped,unused-ignore]
 
     fd_proto = _str_to_proto(_FILE_NAME, to_serialized(schema_str))
     pool = descriptor_pool.DescriptorPool()
     _init_pool(pool)
     pool.Add(fd_proto)
     file = pool.FindFileByName(_FILE_NAME)
-    messages = list(file.message_types_by_name.values())
+    return [file.message_types_by_name[m.name] for m in fd_proto.message_type]
+
+
+def message_class(schema_str: str, record_name: str = "") -> Any:
+    """The message class of ``record_name`` (full name, or simple name) in the schema, else of its
+    first message, built at run time."""
+    from google.protobuf import message_factory  # type: ignore[import-untyped,unused-ignore]
+
+    messages = _top_messages(schema_str)
     if not messages:
         raise ProtoSchemaError("registered Protobuf schema has no message")
     if record_name:
@@ -138,6 +146,38 @@ def message_class(schema_str: str, record_name: str = "") -> Any:
             raise ProtoSchemaError(f"recordName {record_name!r} is not a top-level message of the schema ({names})")
         return message_factory.GetMessageClass(found[0])
     return message_factory.GetMessageClass(messages[0])
+
+
+class ProtobufDictDecoder:
+    """Wire-format Protobuf values (magic byte, schema id, message indexes, message) as dicts (field
+    names as in the .proto, scalar fields present even when unset, unset message fields left out,
+    int64 as a string: proto3's JSON mapping), whatever message of whichever writer schema encoded
+    them: the class is built from the registry's schema of the value's id, found by its indexes."""
+
+    def __init__(self, client: Any) -> None:
+        self._client = SerializedProtobufClient(client)
+        self._classes: dict[tuple[int | None, tuple[int, ...]], Any] = {}
+
+    def __call__(self, raw: bytes) -> dict[str, Any]:
+        import io
+
+        from confluent_kafka.schema_registry.common.serde import SchemaId
+        from google.protobuf import json_format, message_factory  # type: ignore[import-untyped,unused-ignore]
+
+        header = SchemaId("PROTOBUF")
+        payload = header.from_bytes(io.BytesIO(raw))
+        key = (header.id, tuple(header.message_indexes or [0]))
+        cls = self._classes.get(key)
+        if cls is None:
+            desc = _top_messages(self._client.get_schema(header.id).schema_str)[key[1][0]]
+            for i in key[1][1:]:
+                desc = desc.nested_types[i]
+            cls = self._classes[key] = message_factory.GetMessageClass(desc)
+        message = cls.FromString(payload.read())
+        out: dict[str, Any] = json_format.MessageToDict(
+            message, preserving_proto_field_name=True, always_print_fields_with_no_presence=True
+        )
+        return out
 
 
 class SerializedProtobufClient:

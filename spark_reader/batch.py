@@ -86,7 +86,7 @@ def readCommitted(
 ) -> DataFrame:
     """The committed records of ``topic`` from ``starting`` (a checkpoint) up to ``ending``.
 
-    ``value_format`` (``"avro"`` / ``"jsonSchema"``, with ``schema_registry={"url": ...}``): values
+    ``value_format`` (``"avro"`` / ``"protobuf"`` / ``"jsonSchema"``, with ``schema_registry={"url": ...}``): values
     decoded from the registry wire format to JSON text, the bytes kept as ``raw_value``
     (:mod:`spark_reader.registry_values`); omitted: values as stored."""
     df = read_committed(

@@ -9,7 +9,9 @@ Why JSON text from an Arrow-batched Python UDF and not Spark's ``from_avro``: ``
 spark-avro jar (not in the pyspark wheel), does not read the 5-byte wire-format prefix, and takes
 one reader schema up front, while a topic's records carry the ids of whichever writer schemas
 encoded them. Decoding on the executors with confluent-kafka's deserializers handles every id, for
-Avro and JSON Schema alike, at the cost of a Python hop per batch. Decoding runs after sequencing
+Avro and JSON Schema alike, at the cost of a Python hop per batch. Protobuf likewise (not
+``from_protobuf``, which needs a descriptor file up front): the writer schema's message class is
+built at run time (producer/protobuf_schema.py) and the message written as JSON. Decoding runs after sequencing
 (which reads the ``uuid`` header only), so it never changes which records are delivered.
 
 Invariants (tests/test_spark_reader/test_spark_registry_values.py): a tombstone's value stays null; a
@@ -26,7 +28,7 @@ from harvest_outbox.spark_reader.errors import ReaderConfigError, SparkReaderErr
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
-VALUE_FORMATS = ("avro", "jsonSchema")
+VALUE_FORMATS = ("avro", "protobuf", "jsonSchema")
 
 
 def decode_values(df: DataFrame, value_format: str, schema_registry: Mapping[str, Any]) -> DataFrame:
@@ -83,6 +85,10 @@ class _Decoder:
                 from confluent_kafka.schema_registry.avro import AvroDeserializer
 
                 des = AvroDeserializer(self._client)
+            elif self._format == "protobuf":
+                from harvest_outbox.producer.protobuf_schema import ProtobufDictDecoder
+
+                des = _ignoring_ctx(ProtobufDictDecoder(self._client))
             else:
                 from confluent_kafka.schema_registry.json_schema import JSONDeserializer
 
@@ -116,3 +122,7 @@ def _jsonable(value: Any) -> Any:
     if isinstance(value, bytes):
         return value.hex()
     return str(value)
+
+
+def _ignoring_ctx(decode: Any) -> Any:
+    return lambda raw, _ctx: decode(raw)

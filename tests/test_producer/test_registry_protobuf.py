@@ -105,13 +105,20 @@ def test_relay_encodes_json_rows_as_the_registered_protobuf_message(
     assert "expected a JSON object for message shop.Order" in reasons["not_object"], reasons["not_object"]
 
     values: list[bytes] = []
+    read_back: list[object] = []
     deadline = time.monotonic() + 30
-    with ReadCommittedIter({"bootstrap.servers": kafka_bootstrap}, topics=[orders]) as it:
+    registry = {"url": schema_registry.url}
+    with ReadCommittedIter(
+        {"bootstrap.servers": kafka_bootstrap}, topics=[orders], value_format="protobuf", schema_registry=registry
+    ) as it:
         while len(values) < len(good) and time.monotonic() < deadline:
             rec = it.poll(1.0)
             if rec is not None:
-                values.append(rec.value)
+                values.append(rec.raw_value)  # type: ignore[attr-defined]
+                read_back.append(rec.value)
     assert len(values) == len(good)
+    # the reader's dicts: the .proto's field names, int64 as a string (proto3's JSON mapping)
+    assert sorted(read_back, key=lambda o: int(o["id"])) == good  # type: ignore[index]
     # magic byte, the registered id, message index [1] (shop.Order is the file's second message)
     assert {v[:7] for v in values} == {b"\x00" + schema_id.to_bytes(4, "big") + b"\x02\x02"}
     client = SerializedProtobufClient(SchemaRegistryClient({"url": schema_registry.url}))
@@ -120,3 +127,55 @@ def test_relay_encodes_json_rows_as_the_registered_protobuf_message(
     ctx = SerializationContext(orders, MessageField.VALUE)
     decoded = [json_format.MessageToDict(des(v, ctx), always_print_fields_with_no_presence=True) for v in values]
     assert sorted(decoded, key=lambda o: int(o["id"])) == good
+
+
+ORDER_V2 = """syntax = "proto3";
+package shop;
+
+message Order {
+  int64 id = 1;
+  string note = 2;
+  message Line { string sku = 1; int32 qty = 2; }
+  repeated Line lines = 3;
+}
+"""
+
+
+@pytest.mark.integration
+def test_spark_reader_decodes_protobuf_values_of_every_writer_schema(
+    spark, schema_registry: EmbeddedRegistry, kafka_bootstrap: str, topic_factory: Callable[..., str]
+) -> None:
+    from confluent_kafka import Producer
+
+    from harvest_outbox.producer.serialization import RowEncoder
+    from harvest_outbox.spark_reader import readCommitted
+
+    topic = topic_factory(1, "orders")
+    config = SerializationConfig.from_mapping(
+        {
+            "registry": {"url": schema_registry.url},
+            "topics": [{"topic": topic, "serializer": "protobuf", "recordName": "shop.Order"}],
+        }
+    )
+    producer = Producer({"bootstrap.servers": kafka_bootstrap})
+    id1 = schema_registry.register(f"{topic}-value", ORDER_PROTO, "PROTOBUF")
+    rows = [(i, topic, "k", json.dumps({"id": i, "note": f"n{i}"}), None, None, None) for i in range(2)]
+    for row in RowEncoder(config).encode(rows):  # type: ignore[arg-type]
+        producer.produce(topic, row[3], b"k")
+    id2 = schema_registry.register(f"{topic}-value", ORDER_V2, "PROTOBUF")
+    v2 = {"id": 2, "note": "n2", "lines": [{"sku": "a", "qty": 3}]}
+    for row in RowEncoder(config).encode([(2, topic, "k", json.dumps(v2), None, None, None)]):  # type: ignore[arg-type]
+        producer.produce(topic, row[3], b"k")
+    producer.produce(topic, None, b"k")
+    assert producer.flush(10) == 0 and id1 != id2
+
+    opts = {"kafka.bootstrap.servers": kafka_bootstrap}
+    df = readCommitted(spark, topic, opts, value_format="protobuf", schema_registry={"url": schema_registry.url})
+    got = df.orderBy("offset").select("value", "raw_value").collect()
+    assert [json.loads(r.value) if r.value is not None else None for r in got] == [
+        {"id": "0", "note": "n0"},  # an unset message field (at) is left out, scalars are not
+        {"id": "1", "note": "n1"},
+        {"id": "2", "note": "n2", "lines": [{"sku": "a", "qty": 3}]},
+        None,
+    ]
+    assert [int.from_bytes(bytes(r.raw_value)[1:5], "big") for r in got if r.raw_value] == [id1, id1, id2]
