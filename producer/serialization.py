@@ -12,8 +12,8 @@ Decide, then return the decision (the rows), never a half-encoded batch:
 - a row whose value does not fit its schema (or is not JSON) keeps its stored value and gets the
   validation error as its ``bad`` reason: both modes dead-letter such a row before producing it
   ("bad row: ..."), like the other preflight refusals; the reason names the field and the rule;
-- a registry that cannot be reached or answers with an error (no such subject, 5xx) is an outage,
-  not a verdict on the row: :class:`RegistryUnavailable` is raised for the whole batch, which the
+- a registry that cannot be reached or answers with an error (no such subject, 5xx), or whose
+  Protobuf schema does not compile, is an outage, not a verdict on the row: :class:`RegistryUnavailable` is raised for the whole batch, which the
   relay treats like a database outage (backs off, re-marks): rows wait in the outbox, nothing is
   dead-lettered, and the relay carries on when the registry answers again;
 - tombstones (``value`` NULL) stay tombstones; rows of topics without a serializer are untouched.
@@ -62,7 +62,11 @@ class RegistryUnavailable(DatabaseError):
 def _is_outage(exc: BaseException) -> bool:
     from confluent_kafka.schema_registry.error import SchemaRegistryError
 
-    if isinstance(exc, (SchemaRegistryError, OSError, ConnectionError, TimeoutError)):
+    from harvest_outbox.producer.protobuf_schema import ProtoSchemaError
+
+    # a registered .proto that does not compile (or lacks recordName) is the registry's to fix, not the
+    # row's: rows wait until a usable version is registered, like an outage
+    if isinstance(exc, (SchemaRegistryError, ProtoSchemaError, OSError, ConnectionError, TimeoutError)):
         return True
     # the client's HTTP library (httpx, or its vendored copy) raises its own transport errors
     return any(cls.__name__ in ("TransportError", "HTTPError") for cls in type(exc).__mro__)

@@ -179,3 +179,21 @@ def test_spark_reader_decodes_protobuf_values_of_every_writer_schema(
         None,
     ]
     assert [int.from_bytes(bytes(r.raw_value)[1:5], "big") for r in got if r.raw_value] == [id1, id1, id2]
+
+
+@pytest.mark.integration
+def test_a_registered_proto_that_does_not_compile_makes_rows_wait_not_dead_letters(
+    schema_registry: EmbeddedRegistry,
+) -> None:
+    from harvest_outbox.producer.serialization import RegistryUnavailable, RowEncoder
+
+    topic = f"broken_{uuid.uuid4().hex[:8]}"
+    schema_registry.register(f"{topic}-value", 'syntax = "proto3"; message {', "PROTOBUF")  # Apicurio accepts it
+    config = SerializationConfig.from_mapping(
+        {"registry": {"url": schema_registry.url}, "topics": [{"topic": topic, "serializer": "protobuf"}]}
+    )
+    row = (1, topic, "k", json.dumps({"id": 1}), None, None, None)
+    with pytest.raises(
+        RegistryUnavailable, match=r"does not compile: registry_schema\.proto:1:28: Expected message name"
+    ):
+        RowEncoder(config).encode([row])  # type: ignore[list-item]
