@@ -187,6 +187,8 @@ class SerializedProtobufClient:
     def __init__(self, client: Any) -> None:
         self._client = client
         self._originals: dict[str, Any] = {}  # serialized form -> the registry's Schema (for lookups)
+        # the wrapped client hands out its cached objects: convert each once (a serializer asks per row)
+        self._converted: dict[int, tuple[Any, Any]] = {}  # id(original) -> (original, converted)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._client, name)
@@ -194,21 +196,34 @@ class SerializedProtobufClient:
     def __repr__(self) -> str:  # the wrapped client's settings may hold credentials
         return "SerializedProtobufClient()"
 
-    def _schema(self, schema: Any) -> Any:
-        import attrs
+    def _memo(self, original: Any, convert: Any) -> Any:
+        got = self._converted.get(id(original))
+        if got is not None and got[0] is original:
+            return got[1]
+        if len(self._converted) > 1000:  # the client's caches hand out new objects after latestTtl
+            self._converted.clear()
+        converted = convert(original)
+        self._converted[id(original)] = (original, converted)  # holds original: its id stays unique
+        return converted
 
-        serialized = to_serialized(schema.schema_str)
-        if serialized == schema.schema_str:
-            return schema
-        self._originals[serialized] = schema
-        return attrs.evolve(schema, schema_str=serialized, schema_type="PROTOBUF")
+    def _schema(self, schema: Any) -> Any:
+        def convert(schema: Any) -> Any:
+            import attrs
+
+            serialized = to_serialized(schema.schema_str)
+            if serialized == schema.schema_str:
+                return schema
+            self._originals[serialized] = schema
+            return attrs.evolve(schema, schema_str=serialized, schema_type="PROTOBUF")
+
+        return self._memo(schema, convert)
 
     def _registered(self, registered: Any) -> Any:
         import attrs
 
         if registered is None:
             return None
-        return attrs.evolve(registered, schema=self._schema(registered.schema))
+        return self._memo(registered, lambda r: attrs.evolve(r, schema=self._schema(r.schema)))
 
     @property
     def _cache(self) -> Any:

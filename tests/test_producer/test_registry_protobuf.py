@@ -197,3 +197,36 @@ def test_a_registered_proto_that_does_not_compile_makes_rows_wait_not_dead_lette
         RegistryUnavailable, match=r"does not compile: registry_schema\.proto:1:28: Expected message name"
     ):
         RowEncoder(config).encode([row])  # type: ignore[list-item]
+
+
+@pytest.mark.integration
+def test_pinned_ids_and_versions_encode_with_their_schema_and_latest_follows_new_versions(
+    schema_registry: EmbeddedRegistry,
+) -> None:
+    from harvest_outbox.producer.serialization import RowEncoder
+
+    topic = f"evolving_{uuid.uuid4().hex[:8]}"
+    id1 = schema_registry.register(f"{topic}-value", ORDER_PROTO, "PROTOBUF")
+    with_lines = {"id": 1, "note": "n", "lines": [{"sku": "a", "qty": 2}]}
+    row = (1, topic, "k", json.dumps(with_lines), None, None, None)
+
+    def encoder(**entry: object) -> RowEncoder:
+        return RowEncoder(
+            SerializationConfig.from_mapping(
+                {
+                    "registry": {"url": schema_registry.url, "latestTtl": 0.2},
+                    "topics": [{"topic": topic, "serializer": "protobuf", "recordName": "shop.Order", **entry}],
+                }
+            )
+        )
+
+    latest = encoder()
+    assert "no field named" in str(latest.encode([row])[0][6])  # type: ignore[list-item]
+    id2 = schema_registry.register(f"{topic}-value", ORDER_V2, "PROTOBUF")
+    time.sleep(0.3)  # past latestTtl: the next row sees version 2
+    assert int.from_bytes(latest.encode([row])[0][3][1:5], "big") == id2  # type: ignore[list-item,index]
+    for pinned in ({"schemaId": id1}, {"schemaVersion": 1}):
+        (out,) = encoder(**pinned).encode([row])  # type: ignore[list-item]
+        assert out[6] is not None and 'no field named "lines"' in out[6], out
+        (ok,) = encoder(**pinned).encode([(2, topic, "k", json.dumps({"id": 3}), None, None, None)])  # type: ignore[list-item]
+        assert ok[6] is None and int.from_bytes(ok[3][1:5], "big") == id1  # type: ignore[index]
