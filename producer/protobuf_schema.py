@@ -148,6 +148,19 @@ def message_class(schema_str: str, record_name: str = "") -> Any:
     return message_factory.GetMessageClass(messages[0])
 
 
+def parse_json(cls: Any, value: Any) -> Any:
+    """``value`` (parsed JSON) as a ``cls`` message by proto3's JSON mapping; a ValueError naming the
+    field (one line) when it does not fit: unknown fields are refused, not dropped."""
+    from google.protobuf import json_format  # type: ignore[import-untyped,unused-ignore]
+
+    if not isinstance(value, dict):
+        raise ValueError(f"expected a JSON object for message {cls.DESCRIPTOR.full_name}, got {type(value).__name__}")
+    try:
+        return json_format.ParseDict(value, cls())
+    except json_format.ParseError as exc:
+        raise ValueError(" ".join(str(exc).split())) from exc
+
+
 class ProtobufDictDecoder:
     """Wire-format Protobuf values (magic byte, schema id, message indexes, message) as dicts (field
     names as in the .proto, scalar fields present even when unset, unset message fields left out,

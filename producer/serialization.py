@@ -195,9 +195,8 @@ class _ProtobufEncoder:
 
     def __call__(self, value: Any, ctx: Any) -> bytes:
         from confluent_kafka.schema_registry.protobuf import ProtobufSerializer
-        from google.protobuf import json_format  # type: ignore[import-untyped,unused-ignore]
 
-        from harvest_outbox.producer.protobuf_schema import message_class
+        from harvest_outbox.producer.protobuf_schema import message_class, parse_json
 
         schema_id = self.conf.get("use.schema.id")
         if schema_id is None:  # the subject's latest, cached by the client for registry.latestTtl
@@ -212,13 +211,7 @@ class _ProtobufEncoder:
             conf.pop("use.latest.version", None)
             got = self._by_id[schema_id] = (cls, ProtobufSerializer(cls, self.client, conf))
         cls, serializer = got
-        if not isinstance(value, dict):
-            raise ValueError(f"expected a JSON object for message {cls.DESCRIPTOR.full_name}, got {shown(value)}")
-        try:
-            message = json_format.ParseDict(value, cls())
-        except json_format.ParseError as exc:  # names the field; one line for the dead-letter reason
-            raise ValueError(" ".join(str(exc).split())) from exc
-        encoded: bytes = serializer(message, ctx)
+        encoded: bytes = serializer(parse_json(cls, value), ctx)
         return encoded
 
 

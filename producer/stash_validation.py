@@ -13,7 +13,8 @@ on the next refresh. Off by default: a Stasher without ``validate`` checks nothi
 
 Invariants (tests/test_producer/test_registry_stash.py): ``check`` makes no network call; a record
 that does not fit raises RecordError naming the field and the rule; tombstones and topics without a
-serializer pass; the same rules as the relay's (strict Avro, JSON Schema with its ``$`` paths).
+serializer pass; the same rules as the relay's (strict Avro, JSON Schema with its ``$`` paths,
+Protobuf by proto3's JSON mapping).
 """
 
 from __future__ import annotations
@@ -123,6 +124,11 @@ class StashValidator:
             schema = self.client.get_version(subject, entry.schema_version).schema
         else:
             schema = self.client.get_latest_version(subject).schema
+        if entry.serializer == "protobuf":  # the registry's .proto text (producer/protobuf_schema.py)
+            from harvest_outbox.producer.protobuf_schema import message_class, parse_json
+
+            cls = message_class(schema.schema_str, entry.record_name)
+            return lambda value: parse_json(cls, value)
         document = json.loads(schema.schema_str)
         if entry.serializer == "avro":
             from fastavro import parse_schema

@@ -230,3 +230,31 @@ def test_pinned_ids_and_versions_encode_with_their_schema_and_latest_follows_new
         assert out[6] is not None and 'no field named "lines"' in out[6], out
         (ok,) = encoder(**pinned).encode([(2, topic, "k", json.dumps({"id": 3}), None, None, None)])  # type: ignore[list-item]
         assert ok[6] is None and int.from_bytes(ok[3][1:5], "big") == id1  # type: ignore[index]
+
+
+@pytest.mark.integration
+def test_stash_time_validation_checks_protobuf_topics(
+    schema_registry: EmbeddedRegistry, pg_dsn: str, pg_schema: str
+) -> None:
+    from harvest_outbox.producer.errors import RecordError
+    from harvest_outbox.producer.stash_validation import StashValidator
+
+    topic = f"stashed_{uuid.uuid4().hex[:8]}"
+    schema_registry.register(f"{topic}-value", ORDER_PROTO, "PROTOBUF")
+    config = SerializationConfig.from_mapping(
+        {
+            "registry": {"url": schema_registry.url},
+            "topics": [{"topic": topic, "serializer": "protobuf", "recordName": "shop.Order"}],
+        }
+    )
+    validator = StashValidator(config, refresh_interval=None)
+    validator.refresh([topic])
+    table = f"{pg_schema}.outbox"
+    init_db(pg_dsn, table)
+    st = Stasher(table, validate=validator)
+    with psycopg.connect(pg_dsn) as conn:
+        st.stash(conn, OutboxRecord(topic, "k", json.dumps({"id": 1, "note": "ok"})))
+        with pytest.raises(RecordError, match="Failed to parse id field"):
+            st.stash(conn, OutboxRecord(topic, "k", json.dumps({"id": "seven"})))
+        count = conn.execute(f"SELECT count(*) FROM {table}").fetchone()
+    assert count == (1,)
