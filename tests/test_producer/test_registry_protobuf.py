@@ -258,3 +258,28 @@ def test_stash_time_validation_checks_protobuf_topics(
             st.stash(conn, OutboxRecord(topic, "k", json.dumps({"id": "seven"})))
         count = conn.execute(f"SELECT count(*) FROM {table}").fetchone()
     assert count == (1,)
+
+
+@pytest.mark.integration
+def test_keys_encode_with_the_key_subjects_protobuf_schema(schema_registry: EmbeddedRegistry) -> None:
+    from harvest_outbox.producer.protobuf_schema import ProtobufDictDecoder
+    from harvest_outbox.producer.serialization import RowEncoder
+
+    topic = f"keyed_{uuid.uuid4().hex[:8]}"
+    key_proto = 'syntax = "proto3";\npackage shop;\nmessage OrderKey { string tenant = 1; int64 id = 2; }\n'
+    key_id = schema_registry.register(f"{topic}-key", key_proto, "PROTOBUF")
+    config = SerializationConfig.from_mapping(
+        {"registry": {"url": schema_registry.url}, "topics": [{"topic": topic, "keySerializer": "protobuf"}]}
+    )
+    good, bad = RowEncoder(config).encode(
+        [
+            (1, topic, json.dumps({"tenant": "t1", "id": 9}), "as stored", None, None, None),
+            (2, topic, json.dumps({"tenant": 5}), "as stored", None, None, None),
+        ]  # type: ignore[list-item]
+    )
+    assert good[6] is None and good[3] == "as stored" and int.from_bytes(good[2][1:5], "big") == key_id
+    from confluent_kafka.schema_registry import SchemaRegistryClient
+
+    decode = ProtobufDictDecoder(SchemaRegistryClient({"url": schema_registry.url}))
+    assert decode(good[2]) == {"tenant": "t1", "id": "9"}
+    assert bad[6] is not None and bad[6].startswith("key does not match its schema: Failed to parse tenant field"), bad
