@@ -168,7 +168,8 @@ class _TopicEncoder:
         else:
             conf["use.latest.version"] = True
         if kind == "protobuf":
-            return _ProtobufEncoder(client, subject, entry.record_name, conf)
+            # recordName names the value's message; a key is its subject's first message
+            return _ProtobufEncoder(client, subject, "" if is_key else entry.record_name, conf)
         module, name = _SERIALIZERS[kind]
         cls = getattr(importlib.import_module(module), name)
         if kind == "avro":

@@ -269,7 +269,11 @@ def test_keys_encode_with_the_key_subjects_protobuf_schema(schema_registry: Embe
     key_proto = 'syntax = "proto3";\npackage shop;\nmessage OrderKey { string tenant = 1; int64 id = 2; }\n'
     key_id = schema_registry.register(f"{topic}-key", key_proto, "PROTOBUF")
     config = SerializationConfig.from_mapping(
-        {"registry": {"url": schema_registry.url}, "topics": [{"topic": topic, "keySerializer": "protobuf"}]}
+        {
+            "registry": {"url": schema_registry.url},
+            # recordName names the value's message; the key takes its own subject's first message
+            "topics": [{"topic": topic, "keySerializer": "protobuf", "recordName": "shop.Order"}],
+        }
     )
     good, bad = RowEncoder(config).encode(
         [
