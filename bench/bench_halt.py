@@ -40,6 +40,7 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
+from bench.drain import timed_drain, variant_medians
 from harvest_outbox.harvest_local.kafka import create_topic
 from harvest_outbox.producer.config import HarvestConfig, Limits
 from harvest_outbox.producer.harvest import Harvest
@@ -80,25 +81,7 @@ def drain(dsn: str, bootstrap: str, topic: str, rows: int, dead: int, sequenced:
         uuid_sequencing=sequenced,
         dead_letter_policy="haltKey" if variant.startswith("halt") else "skip",
     )
-    relay = Harvest(cfg).start()
-    watch = psycopg.connect(dsn, autocommit=True)
-    count = sql.SQL("SELECT count(*) FROM {}").format(names.outbox)
-    try:
-        while not relay.is_leader:
-            time.sleep(0.001)
-        t0, c0 = time.perf_counter(), time.process_time()
-        while relay.metrics.delivered < rows:
-            time.sleep(0.005)
-        while watch.execute(count).fetchone()[0]:  # type: ignore[index]
-            time.sleep(0.001)
-        elapsed, cpu = time.perf_counter() - t0, time.process_time() - c0
-    finally:
-        watch.close()
-        relay.stop()
-        relay.wait(60)
-        with psycopg.connect(dsn, autocommit=True) as conn:
-            conn.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(schema)))
-    return {"rows_per_s": rows / elapsed, "cpu_s_per_100k": cpu / rows * 100_000}
+    return timed_drain(Harvest(cfg), dsn, schema, rows)
 
 
 def marks(dsn: str, topic: str, rows: int, dead: int, runs: int) -> dict[str, Any]:
@@ -185,19 +168,7 @@ def main() -> int:
                     r = drain(dsn, bootstrap, topic, args.rows, args.dead, sequenced, variant)
                     print(f"[bench halt] {name} {variant}: {r}", file=sys.stderr, flush=True)
                     runs[variant].append(r)
-            med = {
-                v: {
-                    "rows_per_s": round(statistics.median(r["rows_per_s"] for r in rs)),
-                    "cpu_s_per_100k": round(statistics.median(r["cpu_s_per_100k"] for r in rs), 2),
-                    "runs_rows_per_s": [round(r["rows_per_s"]) for r in rs],
-                }
-                for v, rs in runs.items()
-            }
-            base = med["skip"]
-            for v in VARIANTS:
-                med[v]["ratio_to_skip"] = round(med[v]["rows_per_s"] / base["rows_per_s"], 3)
-                med[v]["cpu_ratio_to_skip"] = round(med[v]["cpu_s_per_100k"] / base["cpu_s_per_100k"], 3)
-            report["modes"][name] = med
+            report["modes"][name] = variant_medians(runs, "skip")
     finally:
         if services is not None:
             services.stop()

@@ -23,15 +23,14 @@ import argparse
 import json
 import logging
 import os
-import statistics
 import sys
-import time
 import uuid
 from typing import Any
 
 import psycopg
 from psycopg import sql
 
+from bench.drain import timed_drain, variant_medians
 from harvest_outbox.harvest_local.kafka import create_topic
 from harvest_outbox.harvest_local.registry import EmbeddedRegistry
 from harvest_outbox.producer.config import HarvestConfig, Limits
@@ -107,25 +106,7 @@ def drain(
             return send(*a, **kw)
 
         rest.send_request = counted
-    relay.start()
-    watch = psycopg.connect(dsn, autocommit=True)
-    count = sql.SQL("SELECT count(*) FROM {}").format(sql.Identifier(schema, "outbox"))
-    try:
-        while not relay.is_leader:
-            time.sleep(0.001)
-        t0, c0 = time.perf_counter(), time.process_time()
-        while relay.metrics.delivered < rows:
-            time.sleep(0.005)
-        while watch.execute(count).fetchone()[0]:  # type: ignore[index]
-            time.sleep(0.001)
-        elapsed, cpu = time.perf_counter() - t0, time.process_time() - c0
-    finally:
-        watch.close()
-        relay.stop()
-        relay.wait(60)
-        with psycopg.connect(dsn, autocommit=True) as conn:
-            conn.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(schema)))
-    out: dict[str, Any] = {"rows_per_s": rows / elapsed, "cpu_s_per_100k": cpu / rows * 100_000}
+    out: dict[str, Any] = timed_drain(relay, dsn, schema, rows)
     if encoder is not None:
         out["encoded"], out["registry_requests"] = encoder.encoded, requests[0]
     return out
@@ -169,18 +150,7 @@ def main() -> int:
                     r = drain(dsn, bootstrap, registry.url, topic, args.rows, sequenced, variant)
                     print(f"[bench registry] {name} {variant}: {r}", file=sys.stderr, flush=True)
                     runs[variant].append(r)
-            med: dict[str, dict[str, Any]] = {
-                v: {
-                    "rows_per_s": round(statistics.median(r["rows_per_s"] for r in rs)),
-                    "cpu_s_per_100k": round(statistics.median(r["cpu_s_per_100k"] for r in rs), 2),
-                    "runs_rows_per_s": [round(r["rows_per_s"]) for r in rs],
-                }
-                for v, rs in runs.items()
-            }
-            base = med["off"]
-            for v in VARIANTS:
-                med[v]["ratio_to_off"] = round(med[v]["rows_per_s"] / base["rows_per_s"], 3)
-                med[v]["cpu_ratio_to_off"] = round(med[v]["cpu_s_per_100k"] / base["cpu_s_per_100k"], 3)
+            med = variant_medians(runs, "off")
             encoded = sum(r["encoded"] for r in runs["avro"])
             asked = sum(r["registry_requests"] for r in runs["avro"])
             med["avro"]["rows_encoded"] = encoded

@@ -25,9 +25,7 @@ import argparse
 import json
 import logging
 import os
-import statistics
 import sys
-import time
 import uuid
 from collections.abc import Sequence
 from typing import Any
@@ -37,6 +35,7 @@ from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 from psycopg import sql
 
+from bench.drain import timed_drain, variant_medians
 from harvest_outbox.harvest_local.kafka import create_topic
 from harvest_outbox.producer.config import HarvestConfig, Limits
 from harvest_outbox.producer.harvest import Harvest
@@ -101,27 +100,11 @@ def drain(dsn: str, bootstrap: str, topic: str, rows: int, sequenced: bool, vari
         uuid_sequencing=sequenced,
         tracing=tracing,
     )
-    relay = Harvest(cfg, tracer_provider=provider).start()
-    watch = psycopg.connect(dsn, autocommit=True)
-    count = sql.SQL("SELECT count(*) FROM {}").format(sql.Identifier(schema, "outbox"))
-    try:
-        while not relay.is_leader:
-            time.sleep(0.001)
-        t0, c0 = time.perf_counter(), time.process_time()
-        while relay.metrics.delivered < rows:
-            time.sleep(0.005)
-        while watch.execute(count).fetchone()[0]:  # type: ignore[index]
-            time.sleep(0.001)
-        elapsed, cpu = time.perf_counter() - t0, time.process_time() - c0
-    finally:
-        watch.close()
-        relay.stop()
-        relay.wait(60)
-        if provider is not None:
-            provider.shutdown()  # flushes the batch processor: every span is counted
-        with psycopg.connect(dsn, autocommit=True) as conn:
-            conn.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(schema)))
-    return {"rows_per_s": rows / elapsed, "cpu_s_per_100k": cpu / rows * 100_000, "spans": exporter.count}
+    # shutdown() flushes the batch processor: every span is counted
+    relay = Harvest(cfg, tracer_provider=provider)
+    out: dict[str, Any] = timed_drain(relay, dsn, schema, rows, provider.shutdown if provider is not None else None)
+    out["spans"] = exporter.count
+    return out
 
 
 VARIANTS = ("off", "off_again", "on_1", "on_0.01")
@@ -158,20 +141,7 @@ def main() -> int:
                     r = drain(dsn, bootstrap, topic, args.rows, sequenced, variant)
                     print(f"[bench spans] {name} {variant}: {r}", file=sys.stderr, flush=True)
                     runs[variant].append(r)
-            med = {
-                v: {
-                    "rows_per_s": round(statistics.median(r["rows_per_s"] for r in rs)),
-                    "cpu_s_per_100k": round(statistics.median(r["cpu_s_per_100k"] for r in rs), 2),
-                    "spans": [r["spans"] for r in rs],
-                    "runs_rows_per_s": [round(r["rows_per_s"]) for r in rs],
-                }
-                for v, rs in runs.items()
-            }
-            base = med["off"]
-            for v in VARIANTS:
-                med[v]["ratio_to_off"] = round(med[v]["rows_per_s"] / base["rows_per_s"], 3)
-                med[v]["cpu_ratio_to_off"] = round(med[v]["cpu_s_per_100k"] / base["cpu_s_per_100k"], 3)
-            report["modes"][name] = med
+            report["modes"][name] = variant_medians(runs, "off", keep=("spans",))
     finally:
         if services is not None:
             services.stop()
