@@ -44,7 +44,7 @@ BENCHES: dict[str, tuple[str, list[str], list[str]]] = {
     "spans": ("bench_spans.py", [], ["--rows", "5000", "--runs", "1"]),
     "registry": ("bench_registry.py", [], ["--rows", "5000", "--runs", "1", "--modes", "at_least_once"]),
     "pipeline": ("bench_pipeline.py", [], ["--rows", "50000"]),
-    "wal": ("bench_wal.py", [], ["--rows", "20000"]),
+    "wal": ("bench_wal.py", ["--rows", "100000"], ["--rows", "20000"]),
     "debezium": (
         "bench_debezium.py",
         [],
