@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from harvest_outbox.harvest_local import maven, prereqs
+from harvest_outbox.harvest_local.child_process import kill_child, stop_child
 from harvest_outbox.harvest_local.errors import ServiceError
 from harvest_outbox.harvest_local.workdir import free_port, tail, work_dir
 
@@ -104,21 +105,12 @@ class EmbeddedKafka:
     def stop(self, timeout: float = 30.0) -> None:
         """Controlled shutdown, keeping the data (``start()`` brings it back on the same port)."""
         proc, self._proc = self._proc, None
-        if proc is None or proc.poll() is not None:
-            return
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_child(proc, timeout)
 
     def kill(self) -> None:
         """SIGKILL the broker (a crash, for fault tests); ``start()`` recovers."""
         proc, self._proc = self._proc, None
-        if proc is not None and proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        kill_child(proc)
 
     def destroy(self) -> None:
         self.kill()

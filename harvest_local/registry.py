@@ -21,7 +21,6 @@ import json
 import logging
 import os
 import shutil
-import signal
 import subprocess
 import time
 import urllib.error
@@ -30,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from harvest_outbox.harvest_local import prereqs
+from harvest_outbox.harvest_local.child_process import kill_child, stop_child
 from harvest_outbox.harvest_local.errors import PrerequisiteError, ServiceError
 from harvest_outbox.harvest_local.kafka import UMASK
 from harvest_outbox.harvest_local.maven import MAVEN_DIR
@@ -138,20 +138,11 @@ class EmbeddedRegistry:
     def stop(self, timeout: float = 30.0) -> None:
         """SIGTERM (Quarkus shuts down cleanly); the stored schemas are gone (in-memory storage)."""
         proc, self._proc = self._proc, None
-        if proc is None or proc.poll() is not None:
-            return
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_child(proc, timeout)
 
     def kill(self) -> None:
         proc, self._proc = self._proc, None
-        if proc is not None and proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        kill_child(proc)
 
     def destroy(self) -> None:
         self.kill()
