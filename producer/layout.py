@@ -47,7 +47,8 @@ from psycopg import sql
 
 from harvest_outbox.producer.config import HarvestConfig
 from harvest_outbox.producer.db import connect
-from harvest_outbox.producer.election.postgres import close_quietly, resolve_table
+from harvest_outbox.producer.election.lock_session import close_quietly
+from harvest_outbox.producer.election.postgres import resolve_table
 from harvest_outbox.producer.errors import DatabaseError, HarvestError, SchemaError
 from harvest_outbox.producer.redact import redact_dsn, redact_error
 from harvest_outbox.producer.schema import OutboxNames

@@ -31,7 +31,16 @@ import psycopg
 from harvest_outbox.producer.errors import ElectionError
 from harvest_outbox.producer.redact import redact_dsn, redact_error
 
-__all__ = ["LockSession"]
+__all__ = ["LockSession", "close_quietly"]
+
+
+def close_quietly(conn: psycopg.Connection | None) -> None:
+    """Close an election connection that may already be broken (nothing to salvage from it)."""
+    if conn is not None:
+        try:
+            conn.close()
+        except Exception:
+            pass
 
 
 class LockSession(ABC):
@@ -78,6 +87,23 @@ class LockSession(ABC):
     @abstractmethod
     def _release(self) -> None:
         """Unlock and notify on the way out, then close the connection."""
+
+    def _unlock_and_close(
+        self, conn: psycopg.Connection[Any], statement: str, params: tuple[Any, ...], done: str
+    ) -> None:
+        """Run the unlock ``statement`` (with its NOTIFY), log ``done``, close ``conn``; a failure is
+        logged (DSN redacted): the locks go with the connection anyway."""
+        try:
+            conn.execute(statement, params)
+            self._log.info("%s: %s", self.name, done)
+        except psycopg.Error as exc:
+            self._log.warning(
+                "%s: unlocking failed (the lock goes with the connection): %s",
+                self.name,
+                redact_error(str(exc), self._dsn).strip(),
+            )
+        finally:
+            close_quietly(conn)
 
     def _check_now(self) -> bool:
         """True when the next check should not wait for ``check_interval``."""

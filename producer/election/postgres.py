@@ -103,7 +103,7 @@ from collections.abc import Callable
 import psycopg
 from psycopg import sql
 
-from harvest_outbox.producer.election.lock_session import LockSession
+from harvest_outbox.producer.election.lock_session import LockSession, close_quietly
 from harvest_outbox.producer.election.neli import ElectionListener
 from harvest_outbox.producer.errors import ElectionError
 from harvest_outbox.producer.redact import redact_dsn, redact_error
@@ -179,15 +179,6 @@ def lock_holder(conn: psycopg.Connection, outbox_table: str) -> int | None:
         (classid, objid),
     ).fetchone()
     return None if row is None else int(row[0])
-
-
-def close_quietly(conn: psycopg.Connection | None) -> None:
-    """Close an election connection that may already be broken (nothing to salvage from it)."""
-    if conn is not None:
-        try:
-            conn.close()
-        except Exception:
-            pass
 
 
 def listen_for_others(conn: psycopg.Connection, channel: str, on_other: Callable[[], None]) -> int | None:
@@ -459,17 +450,14 @@ class PostgresElection(LockSession):
         with self._mu:
             held = self._held
             self._held = False
-        try:
-            if held and self.key is not None:
-                conn.execute("SELECT pg_advisory_unlock(%s), pg_notify(%s, %s)", (self.key, self.channel, self.name))
-                log.info("%s: released the Postgres leader lock", self.name)
-        except psycopg.Error as exc:
-            log.warning(
-                "%s: unlocking failed (the lock goes with the connection): %s",
-                self.name,
-                redact_error(str(exc), self._dsn).strip(),
+        if held and self.key is not None:
+            self._unlock_and_close(
+                conn,
+                "SELECT pg_advisory_unlock(%s), pg_notify(%s, %s)",
+                (self.key, self.channel, self.name),
+                "released the Postgres leader lock",
             )
-        finally:
+        else:
             close_quietly(conn)
 
     def __repr__(self) -> str:

@@ -30,10 +30,9 @@ import time
 
 import psycopg
 
-from harvest_outbox.producer.election.lock_session import LockSession
+from harvest_outbox.producer.election.lock_session import LockSession, close_quietly
 from harvest_outbox.producer.election.postgres import (
     MEMBERS_SQL,
-    close_quietly,
     election_connection,
     key_parts,
     listen_for_others,
@@ -306,17 +305,12 @@ class PostgresShardElection(LockSession):
             self._held.clear()
         if conn is None:
             return
-        try:
-            conn.execute("SELECT pg_advisory_unlock_all(), pg_notify(%s, %s)", (self.channel, self.name))
-            log.info("%s: released its shard locks", self.name)
-        except psycopg.Error as exc:
-            log.warning(
-                "%s: unlocking failed (the locks go with the connection): %s",
-                self.name,
-                redact_error(str(exc), self._dsn).strip(),
-            )
-        finally:
-            close_quietly(conn)
+        self._unlock_and_close(
+            conn,
+            "SELECT pg_advisory_unlock_all(), pg_notify(%s, %s)",
+            (self.channel, self.name),
+            "released its shard locks",
+        )
 
     def __repr__(self) -> str:
         return (
