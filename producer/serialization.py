@@ -29,13 +29,12 @@ Invariants: tests/test_producer/test_registry_encode.py, test_registry_outage.py
 from __future__ import annotations
 
 import importlib
-import io
-import json
 import logging
 import time
 from collections.abc import Callable
 from typing import Any
 
+from harvest_outbox.producer.avro_batch import AvroWriter, loads
 from harvest_outbox.producer.db import MarkedRow
 from harvest_outbox.producer.errors import ConfigError, DatabaseError, shown
 from harvest_outbox.producer.serialization_config import SerializationConfig, TopicSerialization
@@ -96,24 +95,17 @@ class _TopicEncoder:
         self.client = client
         self.subject = entry.subject(topic)
         self.avro = entry.serializer == "avro"
-        self._parsed: dict[str, Any] = {}  # Avro schema text -> fastavro's parsed schema
-        self._direct: dict[int, bytes | None] = {}  # schema id -> wire prefix once checked (None: serializer)
+        self._writers: dict[int, AvroWriter] = {}  # schema id -> its direct writer (producer/avro_batch.py)
         self.value = self._serializer(entry.serializer, entry, topic, client, False)
         self.key = self._serializer(entry.key_serializer, entry, topic, client, True)
         self.value_ctx = SerializationContext(topic, MessageField.VALUE)
         self.key_ctx = SerializationContext(topic, MessageField.KEY)
 
-    def encode_avro(self, value: Any) -> bytes:
-        """``value`` validated strictly against the writer's schema (fastavro's writer alone coerces
-        some mismatches: 1.5 written to a long field as 1, a changed value published), then encoded.
-
-        The encoding is confluent-kafka's AvroSerializer's; for a schema without references and
-        data-contract rules its bytes are the wire prefix plus fastavro's ``schemaless_writer`` output,
-        so once the serializer's bytes for a schema id equal those (checked on its first row), that id's
-        rows are written directly, without the serializer's per-call lookups (about a third of the cost)."""
-        from fastavro import parse_schema, schemaless_writer
-        from fastavro.validation import validate
-
+    def resolve_avro(self) -> AvroWriter | None:
+        """The writer schema of this batch's rows, looked up once per batch (the client caches the
+        subject's latest for registry.latestTtl, a pinned version or id for good), so one batch is
+        written with one schema version. None: every row goes through the serializer (a schema with
+        references, which the serializer resolves)."""
         entry = self.entry
         if entry.schema_id is not None:
             schema_id, schema = entry.schema_id, self.client.get_schema(entry.schema_id)
@@ -121,35 +113,40 @@ class _TopicEncoder:
             registered = (
                 self.client.get_version(self.subject, entry.schema_version)
                 if entry.schema_version != "latest"
-                else self.client.get_latest_version(self.subject)  # cached for registry.latestTtl
+                else self.client.get_latest_version(self.subject)
             )
             schema_id, schema = registered.schema_id, registered.schema
-        if schema.references:  # the serializer resolves them; its own checks apply
+        if schema.references:
+            return None
+        writer = self._writers.get(schema_id)
+        if writer is None:
+            writer = self._writers[schema_id] = AvroWriter(schema_id, schema.schema_str)
+            if schema.rule_set:  # data-contract rules run in the serializer only
+                writer.checked = False
+        return writer
+
+    def encode_avro(self, writer: AvroWriter | None, value: Any) -> bytes:
+        """``value`` validated strictly against the writer's schema (fastavro's writer alone coerces
+        some mismatches: 1.5 written to a long field as 1, a changed value published), then encoded.
+
+        The bytes are confluent-kafka's AvroSerializer's: written directly by ``writer``
+        (producer/avro_batch.py) once the serializer's bytes for that schema id have been seen to equal
+        them on a real row (:attr:`AvroWriter.checked`); through the serializer until then, or for good
+        if they differed."""
+        if writer is None:  # references: the serializer resolves them; its own checks apply
             return self.value(value, self.value_ctx)  # type: ignore[no-any-return]
-        text = schema.schema_str
-        parsed = self._parsed.get(text)
-        if parsed is None:
-            parsed = self._parsed[text] = parse_schema(json.loads(text))
-        validate(value, parsed, raise_errors=True)
-        prefix = self._direct.get(schema_id)
-        if prefix is not None:
-            buf = io.BytesIO()
-            buf.write(prefix)
-            schemaless_writer(buf, parsed, value)
-            return buf.getvalue()
+        if writer.checked:
+            return writer.encode(value)
+        writer.validate(value)
         encoded: bytes = self.value(value, self.value_ctx)
-        if schema_id not in self._direct and not schema.rule_set:
-            prefix = b"\x00" + schema_id.to_bytes(4, "big")
-            buf = io.BytesIO()
-            buf.write(prefix)
-            schemaless_writer(buf, parsed, value)
-            if buf.getvalue() == encoded:
-                self._direct[schema_id] = prefix
-            else:
+        # compared only when the serializer wrote the same schema id (its latest may have moved on)
+        if writer.checked is None and encoded[:5] == writer.prefix:
+            writer.checked = writer.write(value) == encoded
+            if not writer.checked:
                 log.warning(
-                    "schema id %d: direct Avro bytes differ from the serializer's; using the serializer", schema_id
+                    "schema id %d: direct Avro bytes differ from the serializer's; using the serializer",
+                    writer.schema_id,
                 )
-                self._direct[schema_id] = None
         return encoded
 
     @staticmethod
@@ -274,6 +271,9 @@ class RowEncoder:
         """``rows`` with their values (and keys) encoded or their validation error as ``bad``;
         raises :class:`RegistryUnavailable` (for the whole batch) when the registry does not answer."""
         out: list[MarkedRow] = []
+        # topic -> (its encoder, this batch's Avro writer), or None (published as stored): the writer
+        # schema is resolved once per batch and topic, not once per row
+        batch: dict[str, tuple[_TopicEncoder, AvroWriter | None] | None] = {}
         for row in rows:
             if not len(out) & YIELD_EVERY:
                 # This runs in the mark worker while the relay thread produces: hand it the GIL now and
@@ -284,11 +284,14 @@ class RowEncoder:
                 out.append(row)
                 continue
             try:
-                encoder = self._encoder(topic)
-                if encoder is None:
+                if topic in batch:
+                    got = batch[topic]
+                else:
+                    got = batch[topic] = self._for_batch(topic)
+                if got is None:
                     out.append(row)
                     continue
-                out.append(self._encode_row(row, encoder))
+                out.append(self._encode_row(row, *got))
             except RegistryUnavailable:
                 raise
             except Exception as exc:
@@ -301,12 +304,18 @@ class RowEncoder:
                 raise
         return out
 
-    def _encode_row(self, row: MarkedRow, encoder: _TopicEncoder) -> MarkedRow:
+    def _for_batch(self, topic: str) -> tuple[_TopicEncoder, AvroWriter | None] | None:
+        encoder = self._encoder(topic)
+        if encoder is None:
+            return None
+        return encoder, encoder.resolve_avro() if encoder.avro and encoder.value is not None else None
+
+    def _encode_row(self, row: MarkedRow, encoder: _TopicEncoder, writer: AvroWriter | None) -> MarkedRow:
         key, value = row[2], row[3]
         bad: str | None = None
         if encoder.key is not None and key is not None:
             try:
-                parsed_key = json.loads(key)
+                parsed_key = loads(key)
             except ValueError as exc:
                 bad = f'key is not JSON ({exc}); the key serializer takes a JSON row key, e.g. "k1" for a string'
             else:
@@ -318,13 +327,13 @@ class RowEncoder:
                     bad = validation_reason(exc, "key")
         if bad is None and encoder.value is not None and value is not None:
             try:
-                parsed = json.loads(value)
+                parsed = loads(value)
             except ValueError as exc:
                 bad = f"value is not JSON ({exc}; starts {shown(value[:40])}); the serializer takes a JSON row value"
             else:
                 try:
                     if encoder.avro:
-                        value = encoder.encode_avro(parsed)
+                        value = encoder.encode_avro(writer, parsed)
                     else:
                         value = encoder.value(parsed, encoder.value_ctx)
                     self.encoded += 1
