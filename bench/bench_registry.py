@@ -2,6 +2,7 @@
 costs a backlog drain, and how often the schema id comes from the cache.
 
     .venv/bin/python -m bench.bench_registry [--rows 50000] [--runs 3] [--modes at_least_once,sequenced]
+        [--variants off,off_again,avro,json_schema,protobuf]
 
 A real Apicurio Registry (harvest_local.registry) holds an Avro schema of the rows' record (an id, a
 customer, an amount, a currency, a note: ~100 bytes of JSON per row). Per mode, the variants run
@@ -10,11 +11,14 @@ into one long-lived topic, timed from leadership to an empty outbox:
 
 - ``off``: no ``serialization:`` (values published as stored); ``off_again``, the same measured
   again, so its ratio to ``off`` shows the run-to-run noise any other ratio must be read against;
-- ``avro``: the topic encoded with the subject's latest schema (Confluent wire format).
+- ``avro``: the topic encoded with the subject's latest schema (Confluent wire format);
+- ``json_schema``, ``protobuf``: the same record as JSON Schema / Protobuf (each on its own topic,
+  whose subject holds that format's schema).
 
 Prints one JSON document: per mode and variant the median rows/s and relay CPU seconds per 100k rows
-(process CPU), each variant's ratio to ``off`` (medians; the target is avro >= 0.7), and for ``avro``
-the registry requests the relay made and the schema-id cache hit rate (1 - requests / rows encoded).
+(process CPU), each variant's ratio to ``off`` (medians; the target is avro >= 0.7), and for the
+encoded variants the registry requests the relay made and the schema-id cache hit rate
+(1 - requests / rows encoded).
 """
 
 from __future__ import annotations
@@ -52,6 +56,33 @@ SCHEMA = {
         {"name": "note", "type": "string"},
     ],
 }
+JSON_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "id": {"type": "integer"},
+        "customer": {"type": "string"},
+        "amount": {"type": "number"},
+        "currency": {"type": "string"},
+        "note": {"type": "string"},
+    },
+    "required": ["id", "customer", "amount", "currency", "note"],
+}
+PROTO = """syntax = "proto3";
+package bench;
+message Payment {
+  int64 id = 1;
+  string customer = 2;
+  double amount = 3;
+  string currency = 4;
+  string note = 5;
+}
+"""
+#: variant -> (serializer, registry schema type, schema text); the others publish as stored
+ENCODED = {
+    "avro": ("avro", "AVRO", json.dumps(SCHEMA)),
+    "json_schema": ("jsonSchema", "JSON", json.dumps(JSON_SCHEMA)),
+    "protobuf": ("protobuf", "PROTOBUF", PROTO),
+}
 
 
 def fill(dsn: str, table: str, topic: str, rows: int) -> None:
@@ -81,9 +112,9 @@ def drain(
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute(sql.SQL("VACUUM ANALYZE {}").format(sql.Identifier(schema, "outbox")))
     serialization = SerializationConfig()
-    if variant == "avro":
+    if variant in ENCODED:
         serialization = SerializationConfig.from_mapping(
-            {"registry": {"url": registry}, "topics": [{"topic": topic, "serializer": "avro"}]}
+            {"registry": {"url": registry}, "topics": [{"topic": topic, "serializer": ENCODED[variant][0]}]}
         )
     cfg = HarvestConfig(
         data_source=dsn,
@@ -112,7 +143,7 @@ def drain(
     return out
 
 
-VARIANTS = ("off", "off_again", "avro")
+VARIANTS = ("off", "off_again", "avro", "json_schema", "protobuf")
 
 
 def main() -> int:
@@ -120,7 +151,12 @@ def main() -> int:
     ap.add_argument("--rows", type=int, default=50_000)
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--modes", default="at_least_once,sequenced")
+    ap.add_argument("--variants", default=",".join(VARIANTS), help="off is always measured (the baseline)")
     args = ap.parse_args()
+    variants = ("off", *(v for v in args.variants.split(",") if v and v != "off"))
+    unknown = set(variants) - set(VARIANTS)
+    if unknown:
+        ap.error(f"--variants: unknown {sorted(unknown)}; choose from {', '.join(VARIANTS)}")
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
     services = None
     dsn, bootstrap = os.environ.get("HARVEST_PG_DSN"), os.environ.get("HARVEST_KAFKA_BOOTSTRAP")
@@ -131,31 +167,42 @@ def main() -> int:
         dsn, bootstrap = services.endpoints.pg_dsn, services.endpoints.kafka_bootstrap
     registry = EmbeddedRegistry().start()
     report: dict[str, Any] = {
-        "setup": {"rows": args.rows, "runs": args.runs, "keys": KEYS, "partitions": PARTITIONS, "cpus": os.cpu_count()},
+        "setup": {
+            "rows": args.rows,
+            "runs": args.runs,
+            "variants": variants,
+            "keys": KEYS,
+            "partitions": PARTITIONS,
+            "cpus": os.cpu_count(),
+        },
         "modes": {},
     }
     try:
-        topic = f"bench-registry-{uuid.uuid4().hex[:8]}"
-        create_topic(bootstrap, topic, PARTITIONS)
-        registry.register(f"{topic}-value", json.dumps(SCHEMA))
+        run_id = uuid.uuid4().hex[:8]
+        topics = {v: f"bench-registry-{run_id}-{v if v in ENCODED else 'off'}" for v in variants}
+        for topic in set(topics.values()):
+            create_topic(bootstrap, topic, PARTITIONS)
+        for v in ENCODED.keys() & set(variants):
+            registry.register(f"{topics[v]}-value", ENCODED[v][2], ENCODED[v][1])
         modes = {"at_least_once": False, "sequenced": True}
         for name in args.modes.split(","):
             sequenced = modes[name]
             print(f"[bench registry] {name}: warm-up drain (untimed)", file=sys.stderr, flush=True)
-            drain(dsn, bootstrap, registry.url, topic, args.rows, sequenced, "off")
-            runs: dict[str, list[dict[str, Any]]] = {v: [] for v in VARIANTS}
+            drain(dsn, bootstrap, registry.url, topics["off"], args.rows, sequenced, "off")
+            runs: dict[str, list[dict[str, Any]]] = {v: [] for v in variants}
             for n in range(args.runs):
-                order = VARIANTS[n % len(VARIANTS) :] + VARIANTS[: n % len(VARIANTS)]
+                order = variants[n % len(variants) :] + variants[: n % len(variants)]
                 for variant in order:
-                    r = drain(dsn, bootstrap, registry.url, topic, args.rows, sequenced, variant)
+                    r = drain(dsn, bootstrap, registry.url, topics[variant], args.rows, sequenced, variant)
                     print(f"[bench registry] {name} {variant}: {r}", file=sys.stderr, flush=True)
                     runs[variant].append(r)
             med = variant_medians(runs, "off")
-            encoded = sum(r["encoded"] for r in runs["avro"])
-            asked = sum(r["registry_requests"] for r in runs["avro"])
-            med["avro"]["rows_encoded"] = encoded
-            med["avro"]["registry_requests"] = asked
-            med["avro"]["schema_id_cache_hit_rate"] = round(1 - asked / encoded, 5) if encoded else None
+            for v in ENCODED.keys() & set(variants):
+                encoded = sum(r["encoded"] for r in runs[v])
+                asked = sum(r["registry_requests"] for r in runs[v])
+                med[v]["rows_encoded"] = encoded
+                med[v]["registry_requests"] = asked
+                med[v]["schema_id_cache_hit_rate"] = round(1 - asked / encoded, 5) if encoded else None
             report["modes"][name] = med
     finally:
         registry.destroy()
