@@ -5,11 +5,12 @@ A page holding ``<!-- generated: config-reference -->`` gets a table of every ke
 accepts; ``<!-- generated: environment-variables -->`` the table of ``HARVEST_<KEY>`` variables.
 Nothing here restates the code:
 
-- the keys are the ones :mod:`producer.config` accepts (``_TOP_KEYS``; the keys of a section, of a
+- the keys are the ones :mod:`producer.config_harvest` accepts (``TOP_KEYS``; the keys of a section, of a
   section's sections and of a list's entries are the ones the loader names when given an unknown key
   there, so a new nested section needs nothing here);
 - a key's description is the ``#:`` comment above its dataclass field (``HarvestConfig``, ``Limits``,
-  ``FileConfig``): document a new key there and it appears here;
+  ``FileConfig``: each read with its own module's ``#:`` comments and names): document a new key there
+  and it appears here;
 - defaults are the dataclass defaults, types the field annotations (a value read as a duration is
   found by reading one), variables ``config_env.variable_name``, flags ``cli.build_parser``.
 
@@ -268,19 +269,20 @@ def _type(annotation: str, env_kind: str | None, duration: bool) -> str:
 
 def reference_rows() -> list[Row]:
     """Every key of the YAML file, in the loader's order: ``harvest.*``, its sections' keys, ``logging.level``."""
-    from harvest_outbox.producer import config
+    from harvest_outbox.producer import config_file
+    from harvest_outbox.producer import config_harvest as config
     from harvest_outbox.producer.cli import build_parser
     from harvest_outbox.producer.config_env import LOG_LEVEL_VARIABLE, attribute_name, variable_name
 
     module_docs = comment_docs(config)
     field_docs = comment_docs(config.HarvestConfig)
     flags = _run_flags(build_parser())
-    keys = {attribute_name(key): key for key in config._TOP_KEYS}
+    keys = {attribute_name(key): key for key in config.TOP_KEYS}
     rows: list[Row] = []
-    for key in config._TOP_KEYS:
+    for key in config.TOP_KEYS:
         attr = attribute_name(key)
         fields = {f.name: f for f in dataclasses.fields(config.HarvestConfig)}
-        env_kind = config._ENV_KINDS.get(key)
+        env_kind = config.ENV_KINDS.get(key)
         doc = field_docs.get(attr, "")
         if attr not in fields:  # a key without a field of its own (eventRouter): the field that reads it
             owner = next((name for name, text in field_docs.items() if f"``{key}" in text), None)
@@ -303,20 +305,20 @@ def reference_rows() -> list[Row]:
                 _render_rst(doc, config, module_docs),
             )
         )
-    for key in config._TOP_KEYS:
+    for key in config.TOP_KEYS:
         if _section_keys(key) is not None:
             default = _field_default(config.HarvestConfig, attribute_name(key))
             section_cls = type(default) if dataclasses.is_dataclass(default) else None
             rows += _nested_rows((key,), section_cls, config, module_docs)
-    level_doc = comment_docs(config.FileConfig).get("log_level", "")
+    level_doc = comment_docs(config_file.FileConfig).get("log_level", "")
     rows.append(
         Row(
             "logging.level",
             "string",
-            _fmt_default(_field_default(config.FileConfig, "log_level"), False),
+            _fmt_default(_field_default(config_file.FileConfig, "log_level"), False),
             LOG_LEVEL_VARIABLE,
             flags.get("log_level", ""),
-            _render_rst(level_doc, config, module_docs),
+            _render_rst(level_doc, config_file, comment_docs(config_file)),
         )
     )
     return rows
@@ -351,7 +353,7 @@ def _table(rows: list[Row], columns: tuple[str, ...]) -> str:
 
 
 def config_markdown() -> str:
-    from harvest_outbox.producer import config
+    from harvest_outbox.producer import config_harvest as config
 
     rows = reference_rows()
     top = [r for r in rows if r.path.count(".") == 1 and r.path.startswith("harvest.")]
@@ -370,7 +372,7 @@ def config_markdown() -> str:
             else f"Set as a mapping under `{section}`"
             + (
                 f", or as a YAML flow mapping in `HARVEST_{_upper(key)}` (merged over the file's)."
-                if top_level and config._ENV_KINDS.get(key) == "mapping"
+                if top_level and config.ENV_KINDS.get(key) == "mapping"
                 else "."
             )
         )
@@ -394,8 +396,8 @@ def _upper(key: str) -> str:
 
 
 def environment_markdown() -> str:
-    """The ``HARVEST_<KEY>`` variables by how their text is read (``config._ENV_KINDS``)."""
-    from harvest_outbox.producer import config
+    """The ``HARVEST_<KEY>`` variables by how their text is read (``config_harvest.ENV_KINDS``)."""
+    from harvest_outbox.producer import config_harvest as config
     from harvest_outbox.producer.config_env import LOG_LEVEL_VARIABLE, MAPPING, SCALAR, TEXT, variable_name
 
     how = {
@@ -406,7 +408,7 @@ def environment_markdown() -> str:
     }
     out = ["| variable | key | how the value is read |", "|---|---|---|"]
     for kind in (TEXT, SCALAR, MAPPING):
-        keys = [k for k in config._TOP_KEYS if config._ENV_KINDS.get(k, TEXT) == kind]
+        keys = [k for k in config.TOP_KEYS if config.ENV_KINDS.get(k, TEXT) == kind]
         out.append(
             f"| {', '.join(f'`{variable_name(k)}`' for k in keys)} | {', '.join(f'`{k}`' for k in keys)} | {how[kind]} |"
         )

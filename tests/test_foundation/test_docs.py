@@ -3,7 +3,7 @@ generated configuration reference lists every key the config loader accepts, and
 links resolve (to files, and to headings of the pages they name).
 
 The accepted keys are asked of the loader itself (its "unknown key; valid keys are: …" errors), not of the
-generator: a key added to ``producer/config.py`` without reaching the reference fails here. No services.
+generator: a key added to ``producer/config_harvest.py`` without reaching the reference fails here. No services.
 """
 
 from __future__ import annotations
@@ -99,7 +99,7 @@ def test_configuration_reference_lists_every_accepted_key_with_a_description(sit
     undocumented = [k for k in keys if k.startswith("harvest.") and not rows[k][-1]]
     assert not undocumented, (
         f"keys without a description: {undocumented}; add a #: comment above the key's dataclass field "
-        f"(producer/config.py, or the module of the section's config class)"
+        f"(producer/config_harvest.py, or the module of the section's config class)"
     )
     assert not set(rows) - set(keys), f"the reference lists keys the config refuses: {set(rows) - set(keys)}"
 
