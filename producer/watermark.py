@@ -116,10 +116,11 @@ class Page(Generic[R]):
     complete: bool
 
 
-def start_batch(cursor: Cursor, now: Snapshot, xid: int, head: int | None) -> Cursor:
-    """The next batch, read with snapshot ``now``; ``xid`` was assigned after ``now`` was taken and
-    ``head`` is the largest id ``now`` sees (``None``: an empty outbox). Only between batches: the
-    batch in progress must complete first (its rows are ordered before the next batch's)."""
+def start_batch(cursor: Cursor, now: Snapshot, xid: int | None, head: int | None) -> Cursor:
+    """The next batch, read with snapshot ``now``; ``xid`` was assigned after ``now`` was taken (``None``:
+    none was, this batch takes no probe -- a relay probes every few batches, not paying an xid and its
+    commit record per batch) and ``head`` is the largest id ``now`` sees (``None``: an empty outbox).
+    Only between batches: the batch in progress must complete first (its rows come before the next's)."""
     if cursor.hi is not None:
         raise ValueError(f"batch up to xmax {cursor.hi.xmax} is not complete (pos {cursor.pos})")
     if not _later(now, cursor.lo):
@@ -128,7 +129,7 @@ def start_batch(cursor: Cursor, now: Snapshot, xid: int, head: int | None) -> Cu
     if probe is not None and cursor.lo.xmin > probe.xid:
         # every transaction holding an id <= probe.head had ended when lo was taken (A1): I1 holds
         low, probe = max(low, probe.head + 1), None
-    if probe is None and head is not None and head + 1 > low:
+    if probe is None and xid is not None and head is not None and head + 1 > low:
         probe = Probe(head, xid)
     return Cursor(lo=cursor.lo, hi=now, pos=low - 1, low=low, probe=probe)
 

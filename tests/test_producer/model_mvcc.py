@@ -169,14 +169,15 @@ class CursorStore:
         self._after("view", fate)
         return out
 
-    def begin_read(self) -> tuple[Snapshot, int, int | None]:
-        """``SELECT pg_current_snapshot(), pg_current_xact_id(), (SELECT max(id) FROM outbox)``: the
-        relay's short read transaction (its xid ends with it)."""
+    def begin_read(self, probe: bool) -> tuple[Snapshot, int | None, int | None]:
+        """``SELECT pg_current_snapshot(), (SELECT max(id) FROM outbox)`` and, when ``probe``, then
+        ``pg_current_xact_id()``: the relay's short read transaction (its xid ends with it)."""
         fate = self._fate("snapshot")
         snap = self.db.snapshot()
-        xid = self.db.assign_xid()
+        xid = self.db.assign_xid() if probe else None
         head = self.db.head(snap)
-        self.db.end(xid, commit=True)
+        if xid is not None:
+            self.db.end(xid, commit=True)
         self._after("snapshot", fate)
         return snap, xid, head
 

@@ -102,7 +102,7 @@ class Relay:
         if len(self.pages) >= 3:
             return
         if self.cursor.hi is None:
-            now, xid, head = self.store.begin_read()
+            now, xid, head = self.store.begin_read(probe=self.world.rng.random() < self.world.probe_rate)
             self.cursor = start_batch(self.cursor, now, xid, head)
             self.batch_published = set()
             self.resumed = -1
@@ -159,6 +159,7 @@ class World:
         self.fault = rng.choice([0.0, 0.02, 0.05, 0.1])
         self.crashes = rng.choice([0.0, 0.005, 0.02])
         self.long_txns = rng.random() < 0.5
+        self.probe_rate = rng.choice([1.0, 0.3])  # a relay need not pay an xid per batch
         self.calm = False
         self.writers = [Writer() for _ in range(WRITERS)]
         self.key_owner: dict[str, int] = {}
@@ -480,6 +481,65 @@ def test_without_xid_before_id_the_model_finds_lost_rows() -> None:
     assert any("below the cursor's low" in e or "never published" in e or "truncated" in e for _s, e in found), found
 
 
+# ---------------------------------------------------------------------------- the bound, measured
+@pytest.mark.parametrize("where", ["outbox", "elsewhere"])
+@pytest.mark.parametrize("hold", [0, 50, 400])
+def test_a_long_transaction_delays_only_its_own_rows(hold: int, where: str) -> None:
+    """One writer commits a row per step and the relay runs a batch per step, while one transaction
+    stays open ``hold`` steps: with a row in the outbox (a late commit) or only an xid (any write
+    anywhere in the cluster: xids are cluster-wide). Every other row goes out in the batch after its
+    commit; the open transaction costs the scan its width (rows written while it is open: low cannot
+    pass it) and keeps their partitions, and both recover three batches after it ends (the probe lags: steady state, 2-4 rows of width per row a batch)."""
+    db = MVCC(partition_ids=16)
+    cursor = Cursor()
+    long_xid = db.assign_xid()
+    long_id = None
+    if where == "outbox":
+        long_id = db.nextval()
+        db.insert(long_id, long_xid, "long", "v")
+    committed_at: dict[int, int] = {}
+    delays: dict[int, int] = {}
+    widths: list[int] = []
+    kept: list[int] = []
+    for step in range(hold + 100):
+        x = db.assign_xid()
+        rid = db.nextval()
+        db.insert(rid, x, f"k{step % 5}", "v")
+        db.end(x, commit=True)
+        committed_at[rid] = step
+        if step == hold:
+            db.end(long_xid, commit=True)
+            if long_id is not None:
+                committed_at[long_id] = step
+        snap = db.snapshot()
+        rx = db.assign_xid()  # the relay's read: snapshot, xid, head
+        head = db.head(snap)
+        db.end(rx, commit=True)
+        cursor = start_batch(cursor, snap, rx, head)
+        assert head is not None
+        widths.append(head - cursor.scan_from() + 1)
+        page = read_page(cursor, [(i, xid, i) for i, xid, _r in db.visible(db.snapshot(), cursor.scan_from())], 10**6)
+        assert page.complete
+        for i in page.rows:
+            assert i not in delays, f"row {i} published twice"
+            delays[i] = step - committed_at[i]
+        cursor = db.cursor = page.after
+        for start, end in retirable(db.partitions(), cursor):
+            assert db.truncate(start, end, lambda i: i in delays)
+        kept.append(len(db.partitions()))
+    assert not db.violations, db.violations
+    assert set(delays) == set(committed_at), "a committed row was not published"
+    assert max(delays.values()) == 0, "a row waited for another transaction"
+    assert max(widths) <= hold + 4, (
+        f"the scan widened beyond the rows written while the transaction was open: {max(widths)}"
+    )
+    assert widths[-1] <= 4 and kept[-1] <= 2, "the bound did not recover after the transaction ended"
+    assert max(kept) <= (hold + 4) // 16 + 2
+    print(
+        f"\nhold {hold} ({where}): max scan width {max(widths)} rows, max partitions kept {max(kept)}, after: {widths[-1]}"
+    )
+
+
 # ---------------------------------------------------------------------------- the module's unit scenarios
 def test_a_late_commit_is_published_in_the_batch_after_its_commit() -> None:
     # xid 10 drew id 1 and runs on; xid 11 inserted id 2 and committed
@@ -503,6 +563,11 @@ def test_the_probe_advances_low_only_once_lo_saw_its_xid_end() -> None:
     c = read_page(c, [], 10).after
     c = start_batch(c, Snapshot(7, 7), xid=7, head=41)  # lo = Snapshot(6,6) saw xid 5 end
     assert c.low == 41 and c.probe == Probe(41, 7)
+
+
+def test_a_batch_without_an_xid_takes_no_probe() -> None:
+    c = start_batch(Cursor(), Snapshot(5, 5), xid=None, head=40)
+    assert c.probe is None and c.low == 0
 
 
 def test_a_full_page_leaves_the_batch_open_at_its_last_id() -> None:
