@@ -12,6 +12,8 @@ into one long-lived topic, timed from leadership to an empty outbox:
 - ``off``: no ``serialization:`` (values published as stored); ``off_again``, the same measured
   again, so its ratio to ``off`` shows the run-to-run noise any other ratio must be read against;
 - ``avro``: the topic encoded with the subject's latest schema (Confluent wire format);
+- ``avro_worker``: the same with ``encodeWorker: true`` (values encoded in a child process; its CPU is
+  reported apart, as ``worker_cpu_s_per_100k``);
 - ``json_schema``, ``protobuf``: the same record as JSON Schema / Protobuf (each on its own topic,
   whose subject holds that format's schema).
 
@@ -27,6 +29,8 @@ import argparse
 import json
 import logging
 import os
+import resource
+import statistics
 import sys
 import uuid
 from typing import Any
@@ -80,6 +84,7 @@ message Payment {
 #: variant -> (serializer, registry schema type, schema text); the others publish as stored
 ENCODED = {
     "avro": ("avro", "AVRO", json.dumps(SCHEMA)),
+    "avro_worker": ("avro", "AVRO", json.dumps(SCHEMA)),
     "json_schema": ("jsonSchema", "JSON", json.dumps(JSON_SCHEMA)),
     "protobuf": ("protobuf", "PROTOBUF", PROTO),
 }
@@ -114,7 +119,11 @@ def drain(
     serialization = SerializationConfig()
     if variant in ENCODED:
         serialization = SerializationConfig.from_mapping(
-            {"registry": {"url": registry}, "topics": [{"topic": topic, "serializer": ENCODED[variant][0]}]}
+            {
+                "registry": {"url": registry},
+                "topics": [{"topic": topic, "serializer": ENCODED[variant][0]}],
+                "encodeWorker": variant == "avro_worker",
+            }
         )
     cfg = HarvestConfig(
         data_source=dsn,
@@ -137,13 +146,19 @@ def drain(
             return send(*a, **kw)
 
         rest.send_request = counted
-    out: dict[str, Any] = timed_drain(relay, dsn, schema, rows)
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    # the encode worker's CPU counts once it is reaped (close joins it)
+    out: dict[str, Any] = timed_drain(relay, dsn, schema, rows, encoder.close if encoder is not None else None)
     if encoder is not None:
         out["encoded"], out["registry_requests"] = encoder.encoded, requests[0]
+    if variant == "avro_worker":
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        cpu = after.ru_utime + after.ru_stime - children.ru_utime - children.ru_stime
+        out["worker_cpu_s_per_100k"] = round(cpu / rows * 100_000, 3)
     return out
 
 
-VARIANTS = ("off", "off_again", "avro", "json_schema", "protobuf")
+VARIANTS = ("off", "off_again", "avro", "avro_worker", "json_schema", "protobuf")
 
 
 def main() -> int:
@@ -197,6 +212,9 @@ def main() -> int:
                     print(f"[bench registry] {name} {variant}: {r}", file=sys.stderr, flush=True)
                     runs[variant].append(r)
             med = variant_medians(runs, "off")
+            if "avro_worker" in runs:
+                worker = statistics.median(r["worker_cpu_s_per_100k"] for r in runs["avro_worker"])
+                med["avro_worker"]["worker_cpu_s_per_100k"] = round(worker, 2)
             for v in ENCODED.keys() & set(variants):
                 encoded = sum(r["encoded"] for r in runs[v])
                 asked = sum(r["registry_requests"] for r in runs[v])

@@ -27,17 +27,20 @@ from __future__ import annotations
 
 import io
 import json
+from collections.abc import Sequence
 from typing import Any
 
 from fastavro import parse_schema, schemaless_writer
 from fastavro.validation import validate
+
+from harvest_outbox.producer.schema_reasons import not_json_reason, validation_reason
 
 try:  # the registry extra installs it; without it, the stdlib parses (about 2 µs more per row)
     from orjson import loads as _fast_loads
 except ImportError:  # pragma: no cover - depends on the environment
     _fast_loads = None
 
-__all__ = ["AvroWriter", "loads", "wire_prefix"]
+__all__ = ["AvroWriter", "encode_values", "loads", "wire_prefix"]
 
 
 #: Every digit as "0", everything else as " ": a run of 19 digits shows up as _LONG_RUN after translate.
@@ -68,10 +71,10 @@ class AvroWriter:
     ``checked`` is None until the relay has compared this writer's bytes with the serializer's on a
     real row, then True (they were equal: write directly) or False (use the serializer)."""
 
-    __slots__ = ("checked", "parsed", "prefix", "schema_id")
+    __slots__ = ("checked", "parsed", "prefix", "schema_id", "schema_str")
 
     def __init__(self, schema_id: int, schema_str: str) -> None:
-        self.schema_id = schema_id
+        self.schema_id, self.schema_str = schema_id, schema_str
         self.parsed: Any = parse_schema(json.loads(schema_str))
         self.prefix = wire_prefix(schema_id)
         self.checked: bool | None = None
@@ -97,3 +100,22 @@ class AvroWriter:
         buf.write(self.prefix)
         schemaless_writer(buf, self.parsed, value)
         return buf.getvalue()
+
+
+def encode_values(writer: AvroWriter, values: Sequence[bytes]) -> list[bytes | str]:
+    """Each stored JSON value encoded by ``writer`` (a checked one), or the reason it cannot be (a str:
+    not JSON, or does not fit the schema). Pure: the relay runs it in its mark worker or, with
+    ``serialization.encodeWorker``, in a child process (producer/encode_worker.py)."""
+    out: list[bytes | str] = []
+    append, encode = out.append, writer.encode
+    for raw in values:
+        try:
+            value = loads(raw)
+        except ValueError as exc:
+            append(not_json_reason(exc, raw))
+            continue
+        try:
+            append(encode(value))
+        except Exception as exc:  # fastavro's ValidationError, or its writer's TypeError/ValueError
+            append(validation_reason(exc, "value"))
+    return out

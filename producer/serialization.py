@@ -34,10 +34,14 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from harvest_outbox.producer.avro_batch import AvroWriter, loads
+from harvest_outbox.producer.avro_batch import AvroWriter, encode_values, loads
 from harvest_outbox.producer.db import MarkedRow
-from harvest_outbox.producer.errors import ConfigError, DatabaseError, shown
+from harvest_outbox.producer.encode_worker import EncodeWorker
+from harvest_outbox.producer.errors import ConfigError, DatabaseError
+from harvest_outbox.producer.schema_reasons import not_json_reason, validation_reason
 from harvest_outbox.producer.serialization_config import SerializationConfig, TopicSerialization
+
+__all__ = ["RegistryUnavailable", "RowEncoder", "validation_reason"]  # validation_reason: stash_validation's
 
 log = logging.getLogger(__name__)
 _yield = time.sleep
@@ -69,20 +73,6 @@ def _is_outage(exc: BaseException) -> bool:
         return True
     # the client's HTTP library (httpx, or its vendored copy) raises its own transport errors
     return any(cls.__name__ in ("TransportError", "HTTPError") for cls in type(exc).__mro__)
-
-
-def validation_reason(exc: BaseException, what: str) -> str:
-    """Which field, which rule: jsonschema's error carries both; Avro's message names the field."""
-    for cause in (exc, exc.__cause__, exc.__context__):
-        path = getattr(cause, "json_path", None)
-        if path is not None:
-            rule = getattr(cause, "validator", "?")
-            message = getattr(cause, "message", str(cause))
-            return f"{what} does not match its schema: field {path}: {message} (rule: {rule})"
-    errors = getattr(exc, "errors", None)  # fastavro's ValidationError: one line per failed field
-    if errors:
-        return f"{what} does not match its schema: {'; '.join(str(e) for e in errors)}"
-    return f"{what} does not match its schema: {exc}"
 
 
 class _TopicEncoder:
@@ -237,11 +227,19 @@ class RowEncoder:
         self._client_factory = client_factory
         self._client: Any = None
         self._topics: dict[str, _TopicEncoder | None] = {}
+        self._worker = EncodeWorker() if config.encode_worker else None
+        if self._worker is not None:
+            self._worker.start()  # while the relay starts up, not in its first batch
         self.encoded = 0  # values encoded (the bench's cache figures)
         self.refused = 0  # rows given a validation reason
 
     def __repr__(self) -> str:
         return f"RowEncoder(registry={self.config.registry!r}, topics={len(self.config.topics)})"
+
+    def close(self) -> None:
+        """Stop the encode worker process, if any (it also stops when this encoder is garbage-collected)."""
+        if self._worker is not None:
+            self._worker.close()
 
     @property
     def client(self) -> Any:
@@ -274,6 +272,9 @@ class RowEncoder:
         # topic -> (its encoder, this batch's Avro writer), or None (published as stored): the writer
         # schema is resolved once per batch and topic, not once per row
         batch: dict[str, tuple[_TopicEncoder, AvroWriter | None] | None] = {}
+        # the rows a checked Avro writer encodes directly, in one pass after this loop:
+        # writer -> (their places in ``out``, their stored values)
+        direct: dict[AvroWriter, tuple[list[int], list[bytes]]] = {}
         for row in rows:
             if not len(out) & YIELD_EVERY:
                 # This runs in the mark worker while the relay thread produces: hand it the GIL now and
@@ -291,7 +292,17 @@ class RowEncoder:
                 if got is None:
                     out.append(row)
                     continue
-                out.append(self._encode_row(row, *got))
+                encoder, writer = got
+                value = row[3]
+                if writer is not None and writer.checked and encoder.key is None and value is not None:
+                    lane = direct.get(writer)
+                    if lane is None:
+                        lane = direct[writer] = ([], [])
+                    lane[0].append(len(out))
+                    lane[1].append(value)
+                    out.append(row)  # replaced by _write_direct
+                    continue
+                out.append(self._encode_row(row, encoder, writer))
             except RegistryUnavailable:
                 raise
             except Exception as exc:
@@ -302,7 +313,31 @@ class RowEncoder:
                         f"{type(exc).__name__}: {exc}; rows wait in the outbox"
                     ) from exc
                 raise
+        for writer, (places, values) in direct.items():
+            self._write_direct(writer, places, values, out)
         return out
+
+    def _write_direct(self, writer: AvroWriter, places: list[int], values: list[bytes], out: list[MarkedRow]) -> None:
+        """The values of ``places`` in ``out`` encoded by ``writer`` (producer/avro_batch.py), or refused."""
+        results: list[bytes | str] = []
+        if self._worker is not None:  # serialization.encodeWorker: in a child process, off this interpreter
+            results = self._worker.encode(writer, values)
+        else:
+            step = YIELD_EVERY + 1
+            for start in range(0, len(values), step):
+                if start:
+                    _yield(0)  # as in encode's loop: the relay thread gets the GIL every 256 rows
+                results += encode_values(writer, values[start : start + step])
+        refused = 0
+        for i, result in zip(places, results, strict=True):
+            row = out[i]
+            if type(result) is bytes:
+                out[i] = (row[0], row[1], row[2], result, *row[4:])
+            else:
+                out[i] = (*row[:6], result, *row[7:])  # type: ignore[assignment]
+                refused += 1
+        self.encoded += len(values) - refused
+        self.refused += refused
 
     def _for_batch(self, topic: str) -> tuple[_TopicEncoder, AvroWriter | None] | None:
         encoder = self._encoder(topic)
@@ -329,7 +364,7 @@ class RowEncoder:
             try:
                 parsed = loads(value)
             except ValueError as exc:
-                bad = f"value is not JSON ({exc}; starts {shown(value[:40])}); the serializer takes a JSON row value"
+                bad = not_json_reason(exc, value)
             else:
                 try:
                     if encoder.avro:

@@ -16,6 +16,7 @@
           schemaVersion: latest            # latest (default) or a registered version number, or
           # schemaId: 42                   # a registered schema id
           # keySerializer: none            # none (default) or like serializer (the key subject's latest)
+      # encodeWorker: false                # true: encode Avro values in a child process (docs/schemas.md, Cost)
 
 The first entry whose ``topic`` equals, or ``topicPattern`` fully matches, a row's topic applies;
 a topic no entry matches is published as stored (``none``). The row's value must be JSON (an
@@ -203,9 +204,14 @@ class SerializationConfig:
     registry: RegistryConfig | None = None
     #: Per topic or topic pattern: ``{topic | topicPattern, serializer, subjectNameStrategy, ...}``.
     topics: tuple[TopicSerialization, ...] = ()
+    #: Encode Avro values in a child process (producer/encode_worker.py) instead of the relay's own
+    #: interpreter: off by default; worth it when the relay has a core to spare (docs/schemas.md, Cost).
+    encode_worker: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "topics", tuple(self.topics))
+        if not isinstance(self.encode_worker, bool):
+            raise ConfigError(f"serialization.encodeWorker: {shown(self.encode_worker)} must be true or false")
         if any(t.serializer != "none" or t.key_serializer != "none" for t in self.topics) and self.registry is None:
             raise ConfigError("serialization.registry: required when a topic has a serializer (give its url)")
 
@@ -226,7 +232,7 @@ class SerializationConfig:
             return cls()
         if not isinstance(data, Mapping):
             raise ConfigError(f"{path}: expected a mapping with registry and topics, got {shown(data)}")
-        _unknown(path, data, {"registry": "", "topics": ""})
+        _unknown(path, data, {"registry": "", "topics": "", "encodeWorker": ""})
         topics = data.get("topics") or []
         if not isinstance(topics, list):
             raise ConfigError(f"{path}.topics: expected a list of {{topic, serializer, ...}} entries")
@@ -236,5 +242,7 @@ class SerializationConfig:
             else None
         )
         return cls(
-            registry, tuple(TopicSerialization.from_mapping(t, f"{path}.topics[{i}]") for i, t in enumerate(topics))
+            registry,
+            tuple(TopicSerialization.from_mapping(t, f"{path}.topics[{i}]") for i, t in enumerate(topics)),
+            data.get("encodeWorker", False),
         )

@@ -165,8 +165,9 @@ def _row(n: int, topic: str, value: bytes | None) -> tuple[Any, ...]:
 
 
 @pytest.mark.integration
+@pytest.mark.parametrize("worker", [False, True], ids=["in-process", "encode-worker"])
 def test_relay_encoder_resolves_once_per_batch_writes_directly_and_parks_poison(
-    schema_registry: EmbeddedRegistry,
+    schema_registry: EmbeddedRegistry, worker: bool
 ) -> None:
     schema = {
         "type": "record",
@@ -177,7 +178,11 @@ def test_relay_encoder_resolves_once_per_batch_writes_directly_and_parks_poison(
     schema_id = schema_registry.register(f"{topic}-value", json.dumps(schema))
     encoder = RowEncoder(
         SerializationConfig.from_mapping(
-            {"registry": {"url": schema_registry.url}, "topics": [{"topic": topic, "serializer": "avro"}]}
+            {
+                "registry": {"url": schema_registry.url},
+                "topics": [{"topic": topic, "serializer": "avro"}],
+                "encodeWorker": worker,
+            }
         )
     )
     calls = {"latest": 0}
@@ -204,8 +209,9 @@ def test_relay_encoder_resolves_once_per_batch_writes_directly_and_parks_poison(
     good = [r for i, r in enumerate(out) if i not in (5, 6, 7, 8)]
     assert all(r[6] is None and r[3] == writer.encode(json.loads(rows[r[0]][3])) for r in good)
     assert encoder.encoded == len(good) and encoder.refused == 2
-    encoder.encode(rows[:50])
-    assert calls["latest"] == 3  # the next batch resolves once again (the client's TTL cache decides)
+    assert out == encoder.encode(rows)  # the next batch: the same answer
+    assert calls["latest"] == 3  # resolved once again (the client's TTL cache decides)
+    encoder.close()
 
 
 @pytest.mark.parametrize(

@@ -22,7 +22,11 @@ def load(serialization: Any) -> HarvestConfig:
 @pytest.mark.parametrize(
     "data, says",
     [
-        ({"registy": {}}, "harvest.serialization.registy: unknown key; valid keys are: registry, topics"),
+        (
+            {"registy": {}},
+            "harvest.serialization.registy: unknown key; valid keys are: encodeWorker, registry, topics",
+        ),
+        ({"registry": REGISTRY, "encodeWorker": "yes"}, "serialization.encodeWorker: 'yes' must be true or false"),
         ({"registry": {"url": "registry:8081"}}, "is not an http(s) URL"),
         (
             {"registry": {"url": "http://u:p@registry"}},
