@@ -287,3 +287,37 @@ def test_keys_encode_with_the_key_subjects_protobuf_schema(schema_registry: Embe
     decode = ProtobufDictDecoder(SchemaRegistryClient({"url": schema_registry.url}))
     assert decode(good[2]) == {"tenant": "t1", "id": "9"}
     assert bad[6] is not None and bad[6].startswith("key does not match its schema: Failed to parse tenant field"), bad
+
+
+@pytest.mark.integration
+def test_direct_protobuf_bytes_equal_the_serializers_from_the_second_row_on(schema_registry: EmbeddedRegistry) -> None:
+    """After a schema id's first row (the serializer's), rows are written as its header (magic byte, id,
+    message indexes: here [1], the file's second message) plus the message: byte for byte the serializer's."""
+    from confluent_kafka.schema_registry import SchemaRegistryClient
+    from confluent_kafka.schema_registry.protobuf import ProtobufSerializer
+    from confluent_kafka.serialization import MessageField, SerializationContext
+
+    from harvest_outbox.producer.protobuf_schema import SerializedProtobufClient, parse_json
+    from harvest_outbox.producer.serialization import RowEncoder
+
+    topic = f"pdirect_{uuid.uuid4().hex[:8]}"
+    schema_id = schema_registry.register(f"{topic}-value", ORDER_PROTO, "PROTOBUF")
+    config = SerializationConfig.from_mapping(
+        {
+            "registry": {"url": schema_registry.url},
+            "topics": [{"topic": topic, "serializer": "protobuf", "recordName": "shop.Order"}],
+        }
+    )
+    values = [{}, {"id": 1, "note": "é"}, {"id": "-9", "at": "2026-11-25T23:30:00.5Z"}, {"note": ""}, {"id": 2**62}]
+    rows = [(n, topic, b"k", json.dumps(v).encode(), None, None, None) for n, v in enumerate(values)]
+    encoder = RowEncoder(config)
+    out = encoder.encode(rows) + encoder.encode(rows)  # type: ignore[arg-type]
+    client = SerializedProtobufClient(SchemaRegistryClient({"url": schema_registry.url}))
+    cls = message_class(client.get_schema(schema_id).schema_str, "shop.Order")
+    serializer = ProtobufSerializer(cls, client, {"auto.register.schemas": False, "use.schema.id": schema_id})
+    ctx = SerializationContext(topic, MessageField.VALUE)
+    expected = [serializer(parse_json(cls, v), ctx) for v in values] * 2
+    assert [r[6] for r in out] == [None] * len(out)
+    assert [r[3] for r in out] == expected
+    header = encoder._topics[topic].value._by_id[schema_id][2]  # type: ignore[union-attr]
+    assert header == b"\x00" + schema_id.to_bytes(4, "big") + b"\x02\x02", header  # indexes [1], zigzag varints
