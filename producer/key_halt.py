@@ -47,7 +47,7 @@ from psycopg import sql
 
 from harvest_outbox.producer.schema import OutboxNames
 
-#: A marked row (producer.db.MarkedRow: id, topic, key, ...); not imported: producer.db imports this module.
+#: A marked row (producer.db_mark.MarkedRow: id, topic, key, ...); not imported: producer.db_mark imports this module.
 MarkedRow = tuple[Any, ...]
 
 log = logging.getLogger(__name__)
