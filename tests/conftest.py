@@ -20,9 +20,10 @@ from __future__ import annotations
 import logging
 import uuid
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
+import xdist_groups
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -139,8 +140,20 @@ def spark_any(request: pytest.FixtureRequest, _spark_sessions: _SparkSessions) -
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Tests marked ``cluster`` last (stable otherwise): one switch of the SparkContext per run."""
+    """Tests marked ``cluster`` last (stable otherwise): one switch of the SparkContext per run.
+    On a pytest-xdist worker (``./dev test`` runs two) also grouped and ordered (:mod:`xdist_groups`)."""
     items.sort(key=lambda item: item.get_closest_marker("cluster") is not None)
+    xdist_groups.write_groups(config, items)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node: Any) -> None:
+    xdist_groups.configure_node(node)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    return xdist_groups.make_scheduler(config, log)
 
 
 @pytest.fixture
