@@ -237,6 +237,8 @@ class RelayCore:
         for executor in (self.exec, self.mark_exec):
             if executor is not None:
                 executor.shutdown(wait=True)
+        if self.encoder is not None:
+            self.encoder.close()
         self.guard.close()
         for closeable in (self.listener, self.db, self.mark_db, self.waker):
             if closeable is not None:
@@ -293,10 +295,9 @@ class RelayCore:
         assert self.mark_exec is not None and self.mark_db is not None and self.leader_id is not None
         view, asked = self.leader_id, self.mark_size.value
         mark: Any = self.mark_db.mark_with_attempts
-        if self.encoder is not None:  # serialization: the mark worker encodes what it marked (producer.serialization)
-            future = self.mark_exec.submit(self.encoder.marked, mark, view, asked)
-        else:
-            future = self.mark_exec.submit(mark, view, asked)
+        future = self.mark_exec.submit(mark, view, asked)
+        if self.encoder is not None:  # serialization: encoded on the encoder's thread while the next mark runs
+            future = self.encoder.after(future)
         future = self.waker.watch(future)
         self.marks.append(PendingMark(future, view, asked))
 

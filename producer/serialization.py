@@ -1,12 +1,16 @@
 """Registry encoding of marked rows, before they are produced (``serialization:``, docs/schemas.md).
 
-The relay's mark worker calls :meth:`RowEncoder.encode` on every batch of marked rows, off the relay
-thread, before the rows reach either mode's send path; so both modes, every table mapping and every
-shard layout encode the same way. For each row whose topic has a serializer
-(:class:`~producer.serialization_config.SerializationConfig`) the JSON value is parsed and handed to
-confluent-kafka's serializer of that format, which writes the Confluent wire format (magic byte 0,
-the 4-byte schema id, the encoded record) and caches the subject's schema and id in its registry
-client.
+The relay hands every mark to :meth:`RowEncoder.after`, which encodes its rows on the encoder's own
+thread (while the mark worker runs the next mark), off the relay thread, before the rows reach either
+mode's send path; so both modes, every table mapping and every shard layout encode the same way. For
+each row whose topic has a serializer (:class:`~producer.serialization_config.SerializationConfig`)
+the JSON value is parsed and encoded in the Confluent wire format (magic byte 0, the 4-byte schema
+id, the encoded record) as confluent-kafka's serializer of that format encodes it. The writer schema
+is resolved once per batch and topic through confluent-kafka's registry client (which caches it for
+``latestTtl``); a schema id's first row goes through the serializer, and once its bytes are seen to
+be what the direct writer gives (Avro: producer/avro_batch.py; Protobuf: the serializer's header and
+``SerializeToString``), the id's later rows skip the serializer's per-call lookups. With
+``encodeWorker`` a batch's Avro values are encoded in a child process (producer/encode_worker.py).
 
 Decide, then return the decision (the rows), never a half-encoded batch:
 - a row whose value does not fit its schema (or is not JSON) keeps its stored value and gets the
@@ -32,6 +36,7 @@ import importlib
 import logging
 import time
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from harvest_outbox.producer.avro_batch import AvroWriter, encode_values, loads, wire_prefix
@@ -254,6 +259,7 @@ class RowEncoder:
         self._client: Any = None
         self._topics: dict[str, _TopicEncoder | None] = {}
         self._worker = EncodeWorker() if config.encode_worker else None
+        self._encode_exec: ThreadPoolExecutor | None = None  # after(): encodes while the next mark runs
         if self._worker is not None:
             self._worker.start()  # while the relay starts up, not in its first batch
         self.encoded = 0  # values encoded (the bench's cache figures)
@@ -263,9 +269,26 @@ class RowEncoder:
         return f"RowEncoder(registry={self.config.registry!r}, topics={len(self.config.topics)})"
 
     def close(self) -> None:
-        """Stop the encode worker process, if any (it also stops when this encoder is garbage-collected)."""
+        """Stop the encode thread and the encode worker process, if any (both start again on the next
+        batch; the process also stops when this encoder is garbage-collected)."""
+        executor, self._encode_exec = self._encode_exec, None
+        if executor is not None:
+            executor.shutdown(wait=True)
         if self._worker is not None:
             self._worker.close()
+
+    def after(self, marked: Future[tuple[list[MarkedRow], Any]]) -> Future[tuple[list[MarkedRow], Any]]:
+        """A future of the mark ``marked``'s rows, encoded on this encoder's own thread: the mark worker
+        goes on to the next mark (a database round trip, the lock released) while this one's rows are
+        encoded, instead of marking and encoding in turn. One thread, fed in mark order, so marks come
+        out encoded in the order they were marked; a mark's error (a DatabaseError) passes through."""
+        if self._encode_exec is None:
+            self._encode_exec = ThreadPoolExecutor(1, thread_name_prefix="harvest-encode")
+        return self._encode_exec.submit(self._encode_marked, marked)
+
+    def _encode_marked(self, marked: Future[tuple[list[MarkedRow], Any]]) -> tuple[list[MarkedRow], Any]:
+        rows, attempts = marked.result()
+        return self.encode(rows), attempts
 
     @property
     def client(self) -> Any:
@@ -285,11 +308,6 @@ class RowEncoder:
         encoder = None if entry is None else _TopicEncoder(entry, topic, self.client)
         self._topics[topic] = encoder
         return encoder
-
-    def marked(self, mark: Callable[..., tuple[list[MarkedRow], Any]], *args: Any) -> tuple[list[MarkedRow], Any]:
-        """Run the mark ``mark(*args)``, then encode its rows (the mark worker calls this)."""
-        rows, attempts = mark(*args)
-        return self.encode(rows), attempts
 
     def encode(self, rows: list[MarkedRow]) -> list[MarkedRow]:
         """``rows`` with their values (and keys) encoded or their validation error as ``bad``;
