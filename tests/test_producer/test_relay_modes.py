@@ -2,7 +2,8 @@
 DB, no Kafka:
 - exactly one mode per relay, chosen by the config at construction;
 - no import cycle among the producer package's modules, and only the relay process imports a mode;
-  the parts of the sequenced mode (seq_*.py, crash_points.py) only the mode and each other;
+  the parts of the sequenced mode (seq_*.py, crash_points.py) only the mode and each other, the
+  at-least-once mode's records (at_least_once_records.py) only that mode;
 - the modes decide, the core mutates: no module but relay_core.py assigns a RelayCore field or
   changes its attempt counts, queued attempts or write-behind jobs in place;
 - rows of a mark asked for by an abandoned view are never produced by the current one;
@@ -173,6 +174,9 @@ def test_no_import_cycles_and_only_the_relay_process_imports_a_mode() -> None:
     assert {"seq_view", "seq_txn", "seq_commit", "seq_acks", "seq_store"} <= parts
     outside = sorted(m for m, deps in graph.items() if deps & parts and m not in parts | {"sequencing"})
     assert outside == [], f"modules importing a part of the sequenced mode: {outside}"
+    # The at-least-once mode's records (queues, sends, reports, write-behind) are the mode's own part.
+    outside = sorted(m for m, deps in graph.items() if "at_least_once_records" in deps and m != "at_least_once")
+    assert outside == [], f"modules importing a part of the at-least-once mode: {outside}"
 
 
 def _mark(relay: Harvest, rows: list[tuple], view: uuid.UUID) -> None:
