@@ -15,10 +15,19 @@ in the same run and alternating, reads them all ``--runs`` times:
   ("batch", the headline ratio) and once per ``poll()``.
 
 Prints JSON: median records/s of both, the ratio (target >= 0.7), and memory:
-peak RSS and a tracemalloc peak of one extra (untimed) committed pass, which
-is bounded by the ring and the open spans, not by N.
+the peak RSS of a reader *process* (a fresh child interpreter that only reads),
+at half and at all of the N records, next to a plain consumer's in the same
+kind of child: bounded by the consume batch, the ring and librdkafka's fetch
+queue, not by N, so the two reader figures agree within noise; and a
+tracemalloc peak of one extra (untimed) committed pass.
 
-    .venv/bin/python -m bench.bench_consumer [--records 1000000]
+``--stages`` adds where the reader's time per record goes (Python-thread CPU
+ns per record of consume(), the compiled header conversion, queueing into the
+Sequencer, dequeueing, and the application's field access), next to a plain
+consumer's, measured by wrapping the reader's internal calls (docs/reading-python.md
+quotes the breakdown).
+
+    .venv/bin/python -m bench.bench_consumer [--records 1000000] [--stages]
 
 Services: harvest_local.LocalServices (``HARVEST_KAFKA_BOOTSTRAP`` /
 ``HARVEST_PG_DSN`` point it at running ones).
@@ -31,10 +40,12 @@ import json
 import os
 import resource
 import statistics
+import subprocess
 import sys
 import time
 import tracemalloc
 import uuid
+from typing import Any
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
 
@@ -162,6 +173,159 @@ def committed_pass(
     return records / dt, records / cpu, stats
 
 
+def _peak_rss_mb() -> float:
+    """This process's peak RSS: VmHWM (its own address space; ru_maxrss of an exec'd child also counts
+    the parent's memory it was forked with), else ru_maxrss where /proc is missing."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return round(int(line.split()[1]) / 1024, 1)
+    except OSError:
+        pass
+    return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
+
+
+def _reader_child(bootstrap: str, topic: str, partitions: int, records: int, ring: int, batch: int, what: str) -> None:
+    """Child process: read ``records`` committed records with poll_batch (``what`` "reader"), or that
+    many records with a plain consumer ("raw"); print the process's peak RSS after each quarter of
+    them (JSON, last line). Bounded memory: the peak stops growing once librdkafka's fetch queue
+    is full, so the last quarters show the same peak as the first half."""
+    marks = [records * q // 4 for q in (1, 2, 3, 4)]
+    peaks: list[float] = []
+    before = _peak_rss_mb()
+    seen = 0
+    if what == "reader":
+        it = ReadCommittedIter({"bootstrap.servers": bootstrap}, topics=[topic], ring_size=ring, batch_size=batch)
+        while seen < records:
+            got = it.poll_batch(2000, 5.0)
+            if not got:
+                raise SystemExit(f"reader stalled at {seen}/{records}")
+            seen += len(got)
+            while marks and seen >= marks[0]:
+                marks.pop(0)
+                peaks.append(_peak_rss_mb())
+        it.close()
+    else:
+        c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"bench-raw-{uuid.uuid4().hex}"})
+        c.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in range(partitions)])
+        while seen < records:
+            got = c.consume(batch, 1.0)
+            for m in got:
+                m.headers()
+            seen += len(got)
+            while marks and seen >= marks[0]:
+                marks.pop(0)
+                peaks.append(_peak_rss_mb())
+        c.close()
+    print(json.dumps({"peak_rss_mb_by_quarter": peaks, "rss_before_read_mb": before}))
+
+
+def _child_rss(args: argparse.Namespace, bootstrap: str, topic: str, records: int, what: str) -> dict[str, Any]:
+    cmd = [sys.executable, "-m", "bench.bench_consumer", "--child", what, "--bootstrap", bootstrap, "--topic", topic]
+    cmd += ["--records", str(records), "--partitions", str(args.partitions), "--ring", str(args.ring)]
+    cmd += ["--batch", str(args.batch)]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=600, check=False)
+    if done.returncode != 0:
+        raise SystemExit(f"RSS child ({what}, {records} records) failed: {done.stderr[-2000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def _raw_stage_pass(bootstrap: str, topic: str, partitions: int, total: int, batch: int, level: int) -> float:
+    """raw_pass's loop, Python-thread CPU ns per record: level 0 only consumes, 1 also builds the header
+    list (headers(); the reader's conversion does), 2 reads every field as raw_pass does."""
+    from harvest_outbox.consumer.uncommitted import _consume_batch
+
+    c = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"bench-raw-{uuid.uuid4().hex}",
+            "enable.auto.commit": False,
+            "enable.auto.offset.store": False,
+            "enable.partition.eof": False,
+        }
+    )
+    c.list_topics(topic, timeout=30)
+    c.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in range(partitions)])
+    seen = sink = 0
+    c0 = time.thread_time()
+    while seen < total:
+        got = _consume_batch(c, batch, 1.0)
+        if level == 2:
+            for m in got:
+                _key, _value, _headers, o = m.key(), m.value(), m.headers(), m.offset()
+                sink += o
+        elif level == 1:
+            for m in got:
+                m.headers()
+        seen += len(got)
+    cpu = time.thread_time() - c0
+    c.close()
+    return cpu / total * 1e9
+
+
+def stages(bootstrap: str, topic: str, partitions: int, total: int, records: int, ring: int, batch: int) -> dict:
+    """Python-thread CPU ns per record by stage, the reader (one poll_batch pass with its internal calls
+    wrapped in thread-CPU timers) next to a plain consumer at three levels of work (see _raw_stage_pass)."""
+    from harvest_outbox.consumer import committed as com
+    from harvest_outbox.consumer import uncommitted as unc
+
+    acc: dict[str, float] = {}
+    restore: list[tuple[object, str, object]] = []
+
+    def wrap(owner: object, name: str, key: str) -> None:
+        orig = getattr(owner, name)
+
+        def timed(*a: object, **k: object) -> object:
+            t = time.thread_time()
+            try:
+                return orig(*a, **k)
+            finally:
+                acc[key] = acc.get(key, 0.0) + time.thread_time() - t
+
+        restore.append((owner, name, orig))
+        setattr(owner, name, timed)
+
+    out: dict[str, float] = {}
+    for level in (0, 1, 2):
+        out[f"raw_level{level}_ns"] = _raw_stage_pass(bootstrap, topic, partitions, total, batch, level)
+    wrap(unc, "_consume_batch", "consume")
+    if unc._native_convert is not None:
+        wrap(unc, "_native_convert", "convert_native")
+    wrap(unc.ReadUncommittedIter, "_convert_entries", "convert")
+    wrap(com.ReadCommittedIter, "_queue_buffered", "queue")
+    wrap(com.ReadCommittedIter, "poll_batch", "poll_batch")
+    try:
+        _, cpu_rate, _ = committed_pass(bootstrap, topic, records, ring, "batch", batch)
+    finally:
+        for owner, name, orig in reversed(restore):
+            setattr(owner, name, orig)
+    ns = {k: v / records * 1e9 for k, v in acc.items()}
+    reader_total = 1e9 / cpu_rate
+    headers = out["raw_level1_ns"] - out["raw_level0_ns"]
+    r = {
+        "raw_total_ns": out["raw_level2_ns"],
+        "raw_consume_and_free_ns": out["raw_level0_ns"],
+        "raw_build_header_lists_ns": headers,
+        "raw_read_fields_ns": out["raw_level2_ns"] - out["raw_level1_ns"],
+        "reader_total_ns": reader_total,
+        "reader_consume_ns": ns.get("consume", 0.0),
+        # the compiled conversion (consumer/_native.pyx convert), which builds each header list first
+        "reader_convert_ns": ns.get("convert", 0.0),
+        "reader_convert_without_header_lists_ns": ns.get("convert_native", ns.get("convert", 0.0)) - headers,
+        # Sequencer.queue_batch up to each commit, and the first step() of the sequence
+        "reader_queue_ns": ns.get("queue", 0.0),
+        # step_many / step and poll_batch's own bookkeeping (offsets, include_acks, the result list)
+        "reader_dequeue_and_bookkeeping_ns": ns.get("poll_batch", 0.0)
+        - ns.get("consume", 0.0)
+        - ns.get("convert", 0.0)
+        - ns.get("queue", 0.0),
+        # reading key, value, headers, offset through Record, and freeing the batch
+        "reader_app_loop_and_free_ns": reader_total - ns.get("poll_batch", 0.0),
+    }
+    return {k: round(v) for k, v in r.items()}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--records", type=int, default=1_000_000)
@@ -176,7 +340,15 @@ def main() -> int:
         default=256,
         help="records per consume() call, for both readers (the reader's default batch_size)",
     )
+    ap.add_argument("--stages", action="store_true", help="also measure where the reader's time per record goes")
+    ap.add_argument("--no-rss", action="store_true", help="skip the reader-process peak RSS children")
+    ap.add_argument("--child", choices=["reader", "raw"], help=argparse.SUPPRESS)
+    ap.add_argument("--bootstrap", help=argparse.SUPPRESS)
+    ap.add_argument("--topic", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.child:
+        _reader_child(args.bootstrap, args.topic, args.partitions, args.records, args.ring, args.batch, args.child)
+        return 0
 
     with LocalServices() as services:
         bootstrap = services.endpoints.kafka_bootstrap
@@ -200,7 +372,25 @@ def main() -> int:
                 )
                 rates[mode].append(rate)
                 cpus[mode].append(cpu_rate)
-        rss_before_trace_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        rss: dict[str, object] = {}
+        if not args.no_rss:
+            # Each in a fresh interpreter, so a peak is that reader's alone (this process also wrote).
+            reader_rss = _child_rss(args, bootstrap, topic, args.records, "reader")
+            raw_rss = _child_rss(args, bootstrap, topic, total, "raw")
+            rq, wq = reader_rss["peak_rss_mb_by_quarter"], raw_rss["peak_rss_mb_by_quarter"]
+            rss = {
+                "reader_rss_before_read_mb": reader_rss["rss_before_read_mb"],
+                "reader_peak_rss_mb_by_quarter": rq,
+                # all records vs the first half: 2x the records, the same peak when memory is bounded
+                "reader_peak_rss_growth_2x_records": round(rq[-1] / rq[1], 3),
+                "raw_peak_rss_mb_by_quarter": wq,
+                "reader_peak_rss_vs_raw": round(rq[-1] / wq[-1], 3),
+            }
+        breakdown = (
+            stages(bootstrap, topic, args.partitions, total, args.records, args.ring, args.batch)
+            if args.stages
+            else None
+        )
         tracemalloc.start()
         committed_pass(bootstrap, topic, args.records, args.ring, "batch", args.batch)
         _, peak = tracemalloc.get_traced_memory()
@@ -238,10 +428,15 @@ def main() -> int:
         "replays": stats["batch"].get("replays"),
         "replayed_records": stats["batch"].get("replayed_records"),
         "replay_ms": stats["batch"].get("replay_ms"),
-        "peak_rss_mb": round(rss_before_trace_kb / 1024, 1),
+        # Peak RSS of a process that only reads (a child interpreter each, reader and plain consumer),
+        # after each quarter of the records: flat after the first quarter or two (librdkafka's fetch
+        # queue filling) when memory is bounded by batch, ring and fetch queue rather than by N.
+        **rss,
         "tracemalloc_peak_mb_committed_pass": round(peak / 2**20, 1),
         "cpu_count": os.cpu_count(),
     }
+    if breakdown is not None:
+        out["stages_python_cpu_ns_per_record"] = breakdown
     print(json.dumps(out, indent=2))
     return 0
 
