@@ -1,6 +1,6 @@
 """Probe (not a test, not in ``./dev bench``): how fast ``readCommittedStream(state_location=...)``'s
 data source streams without its sequencing: each Kafka partition read with confluent-kafka
-inside the executor (``stream_source._read_range``, the reader's own code) and handed to Spark as
+inside the executor (``kafka_arrow.iter_range``, the reader's own code) and handed to Spark as
 Arrow, against Spark's own Kafka stream, same sink (``foreachBatch`` count), ``availableNow``,
 about ten micro-batches, on bench_spark's topic: the ceiling of that design (docs/benchmarks.md).
 
@@ -86,20 +86,11 @@ class ProbeReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def read(self, part: KafkaRange) -> Iterator[Any]:
         # readCommittedStream(state_location=...)'s own Kafka read, without the sequencing
-        from harvest_outbox.spark_reader.stream_source import SourceSettings, _read_range
+        from harvest_outbox.spark_reader.kafka_arrow import iter_range
 
-        settings = SourceSettings(
-            topic=part.topic,
-            kafka={"kafka.bootstrap.servers": part.bootstrap},
-            state_location="",
-            uuid_policy="deliver",
-            include_acks=False,
-            ring_size=1,
-            prune_horizon_ns=0,
-            max_offsets_per_trigger=None,
-            starting=None,
+        yield from iter_range(
+            part.topic, {"kafka.bootstrap.servers": part.bootstrap}, part.partition, part.start, part.end
         )
-        yield from _read_range(settings, part.partition, part.start, part.end).to_batches()
 
 
 class ProbeSource(DataSource):

@@ -1,20 +1,29 @@
 """``readCommitted``: a read-committed batch DataFrame of a topic written with UUID sequencing.
 
-Raw records come from Spark's own Kafka source over exactly the offsets of the read (see
-:mod:`spark_reader.offsets`). That source reads each topic-partition's range as one split, in
-offset order, so each Spark task sequences one journal (all its producers, Gazette's per-producer
-state machines) with :func:`spark_reader.sequencing.sequence_partition` via ``mapInArrow``: the
-partitions run in parallel and the payload is never shuffled. The options that would split a
-topic-partition across tasks (``minPartitions``, ``maxRecordsPerPartition``) are refused. The read's checkpoint (the same bytes
-``ReadCommittedIter.checkpoint()`` produces) covers everything up to ``ending``: pass it as
-``starting`` of the next read and the two reads return every committed row exactly once in total.
+Two ways to read the raw records of exactly the offsets of the read (see :mod:`spark_reader.offsets`):
+
+- ``source="harvest"`` (default): harvest's own batch data source (:mod:`spark_reader.batch_source`):
+  one task per topic-partition reads its range with confluent-kafka and sequences it in bounded
+  chunks, the payload crossing into the JVM once, as Arrow;
+- ``source="spark"``: Spark's Kafka source, for the options only it has (Java-client properties
+  such as ``kafka.sasl.jaas.config``, delegation tokens, its own options such as
+  ``failOnDataLoss``). It reads each topic-partition's range as one split, in offset order, so each
+  Spark task sequences one journal with :func:`spark_reader.sequencing.sequence_partition` via
+  ``mapInArrow``. The options that would split a topic-partition across tasks (``minPartitions``,
+  ``maxRecordsPerPartition``) are refused.
+
+Either way the partitions run in parallel, the payload is never shuffled, and the read's
+checkpoint (the same bytes ``ReadCommittedIter.checkpoint()`` produces, :mod:`spark_reader.batch_rows`)
+covers everything up to ``ending``: pass it as ``starting`` of the next read and the two reads
+return every committed row exactly once in total.
 
 Invariants:
 - rows whose committing ACK lies at or beyond ``ending`` are not in this read; they appear in the
   next read started from this read's checkpoint;
 - the checkpoint's offsets are the read's ``ending`` for every partition; its producer states are
   the end states of each journal the read covered (pruned by ``prune_horizon_ns`` by the
-  Sequencer itself), plus the starting states of journals with nothing to read.
+  Sequencer itself), plus the starting states of journals with nothing to read;
+- both sources return the same rows and checkpoint for the same arguments.
 """
 
 from __future__ import annotations
@@ -24,25 +33,48 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.compute
 
-from harvest_outbox.sequencer import DEFAULT_PRUNE_HORIZON_NS, ProducerState, encode_checkpoint
+from harvest_outbox.sequencer import DEFAULT_PRUNE_HORIZON_NS
 from harvest_outbox.spark_reader import offsets as offsets_mod
+from harvest_outbox.spark_reader.batch_rows import (
+    assemble_checkpoint,
+    committed_rows,
+    end_rows,
+    full_schema,
+)
 from harvest_outbox.spark_reader.errors import ReaderConfigError
 from harvest_outbox.spark_reader.policy import check_policy
-from harvest_outbox.spark_reader.schema import OUTPUT_COLUMNS, SEQUENCED
+from harvest_outbox.spark_reader.schema import OUTPUT_COLUMNS
 from harvest_outbox.spark_reader.sequencing import GroupPlan, header_values, sequence_partition
+from harvest_outbox.spark_reader.split_sequencing import DEFAULT_CHUNK_RECORDS, SplitPlan
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
 log = logging.getLogger(__name__)
 
-_STATE_FIELDS = ("_kind", "_state_last_ack", "_state_begin")
-# _kind: 0 = a committed row, 1 = a producer state at the end of the read, 2 = "this partition was
-# read" (so its starting states, possibly all pruned, are not carried over).
+SOURCES = ("harvest", "spark")
+# Options of Spark's Kafka source itself (not ``kafka.*`` client properties) that it honours for a
+# batch read; the harvest source has no use for them.
+_SPARK_SOURCE_OPTIONS = (
+    "failOnDataLoss",
+    "kafkaConsumer.pollTimeoutMs",
+    "fetchOffset.numRetries",
+    "fetchOffset.retryIntervalMs",
+    "groupIdPrefix",
+    "maxOffsetsPerTrigger",
+)
+# ``kafka.*`` properties only the Java client understands (librdkafka has its own names for them).
+_JAVA_ONLY = (
+    "kafka.sasl.jaas.config",
+    "kafka.security.protocol.class",
+    "kafka.sasl.login.callback.handler.class",
+    "kafka.sasl.client.callback.handler.class",
+    "kafka.ssl.truststore.location",
+    "kafka.ssl.keystore.location",
+)
 
 
 @dataclass
@@ -67,7 +99,7 @@ class CommittedRead:
                 .select("_kind", "partition", "_state_producer", "_state_last_ack", "_state_begin")
                 .collect()
             )
-            self._checkpoint = _assemble_checkpoint(self.range, rows, self.prune_horizon_ns)
+            self._checkpoint = assemble_checkpoint(self.range, rows)
         return self._checkpoint
 
 
@@ -83,12 +115,19 @@ def readCommitted(
     ring_size: int = 8192,
     value_format: str | None = None,
     schema_registry: Mapping[str, Any] | None = None,
+    source: str = "harvest",
+    chunk_records: int = DEFAULT_CHUNK_RECORDS,
 ) -> DataFrame:
     """The committed records of ``topic`` from ``starting`` (a checkpoint) up to ``ending``.
 
     ``value_format`` (``"avro"`` / ``"protobuf"`` / ``"jsonSchema"``, with ``schema_registry={"url": ...}``): values
     decoded from the registry wire format to JSON text, the bytes kept as ``raw_value``
-    (:mod:`spark_reader.registry_values`); omitted: values as stored."""
+    (:mod:`spark_reader.registry_values`); omitted: values as stored.
+
+    ``source``: ``"harvest"`` (default: harvest's own data source, Kafka read with confluent-kafka in
+    the executors) or ``"spark"`` (Spark's Kafka source, for its own options and Java-client
+    properties). ``chunk_records`` (harvest source): records a task sequences at a time, which
+    bounds its memory (plus the records of spans still open)."""
     df = read_committed(
         spark,
         topic,
@@ -98,6 +137,8 @@ def readCommitted(
         uuid_policy=uuid_policy,
         include_acks=include_acks,
         ring_size=ring_size,
+        source=source,
+        chunk_records=chunk_records,
     ).df
     if value_format is None:
         return df
@@ -117,12 +158,48 @@ def read_committed(
     include_acks: bool = False,
     ring_size: int = 8192,
     prune_horizon_ns: int = DEFAULT_PRUNE_HORIZON_NS,
+    source: str = "harvest",
+    chunk_records: int = DEFAULT_CHUNK_RECORDS,
 ) -> CommittedRead:
     """Like :func:`readCommitted`, returning the DataFrame with the read's checkpoint."""
     options = dict(kafka_options or {})
     _check_options(topic, options)
+    _check_source(source, options)
+    if not isinstance(chunk_records, int) or isinstance(chunk_records, bool) or chunk_records < 1:
+        raise ReaderConfigError(
+            f"chunk_records={chunk_records!r}: pass a positive int (records a task sequences at a time; "
+            f"default {DEFAULT_CHUNK_RECORDS})"
+        )
     policy = check_policy(uuid_policy)
     rng = offsets_mod.resolve(topic, options, starting, ending)
+    if source == "harvest":
+        from harvest_outbox.spark_reader.batch_source import committed_batch
+
+        plan = SplitPlan(
+            topic=topic,
+            uuid_policy=policy,
+            include_acks=include_acks,
+            ring_size=ring_size,
+            prune_horizon_ns=prune_horizon_ns,
+            chunk_records=chunk_records,
+        )
+        full = committed_batch(spark, plan, options, rng)
+    else:
+        full = _through_spark_kafka(spark, topic, options, rng, policy, include_acks, ring_size, prune_horizon_ns)
+    df = finish_columns(full.where("_kind = 0"), topic)
+    return CommittedRead(df=df, range=rng, prune_horizon_ns=prune_horizon_ns, _full=full)
+
+
+def _through_spark_kafka(
+    spark: SparkSession,
+    topic: str,
+    options: dict[str, str],
+    rng: offsets_mod.ReadRange,
+    policy: Any,
+    include_acks: bool,
+    ring_size: int,
+    prune_horizon_ns: int,
+) -> DataFrame:
     plan = GroupPlan(
         topic=topic,
         start=rng.start,
@@ -131,7 +208,6 @@ def read_committed(
         include_acks=include_acks,
         ring_size=ring_size,
     )
-
     raw = (
         spark.read.format("kafka")
         .options(**options)
@@ -150,9 +226,7 @@ def read_committed(
     def apply(batches: Any) -> Any:
         yield from _sequence_partitions(batches, plan, prune_horizon_ns)
 
-    full = raw.mapInArrow(apply, schema=_full_schema())
-    df = finish_columns(full.where("_kind = 0"), topic)
-    return CommittedRead(df=df, range=rng, prune_horizon_ns=prune_horizon_ns, _full=full)
+    return raw.mapInArrow(apply, schema=full_schema())
 
 
 def finish_columns(sequenced_rows: DataFrame, topic: str) -> DataFrame:
@@ -186,7 +260,7 @@ def finish_columns(sequenced_rows: DataFrame, topic: str) -> DataFrame:
 
 def _sequence_partitions(batches: Any, plan: GroupPlan, prune_horizon_ns: int) -> Iterator[Any]:
     """One Spark task: its record batches (normally all of one topic-partition) -> committed rows,
-    then the journal's end states and a sentinel row."""
+    then the journal's end states and a sentinel row (:mod:`spark_reader.batch_rows`)."""
     batches = list(batches)
     if not batches:
         return  # an empty range: the driver carries this journal's starting states over
@@ -198,53 +272,34 @@ def _sequence_partitions(batches: Any, plan: GroupPlan, prune_horizon_ns: int) -
     for partition in partitions:
         part = table if len(partitions) == 1 else table.filter(pa.compute.equal(table.column("partition"), partition))
         rows, result = sequence_partition(part, plan, prune_horizon_ns)
-        n = rows.num_rows
-        rows = rows.append_column("_kind", pa.array(np.zeros(n, np.int8)))
-        rows = rows.append_column("_state_producer", pa.nulls(n, pa.binary()))
-        for name in _STATE_FIELDS[1:]:
-            rows = rows.append_column(name, pa.nulls(n, pa.int64()))
-        extra: dict[str, list[Any]] = {name: [] for name in rows.column_names}
-        for st in result.states:
-            for name in rows.column_names:
-                extra[name].append(None)
-            extra["partition"][-1], extra["_state_producer"][-1], extra["_kind"][-1] = partition, st.producer, 1
-            extra["_state_last_ack"][-1], extra["_state_begin"][-1] = st.last_ack, st.begin
-        for name in rows.column_names:
-            extra[name].append(None)
-        extra["partition"][-1], extra["_kind"][-1] = partition, 2
-        yield from pa.concat_tables([rows, pa.Table.from_pydict(extra, schema=rows.schema)]).to_batches()
+        rows = committed_rows(rows)
+        yield from rows.to_batches()
+        yield from end_rows(partition, result.states, rows.schema).to_batches()
 
 
-def _full_schema() -> Any:
-    from pyspark.sql.types import BinaryType, ByteType, LongType, StructField, StructType
-
-    return StructType(
-        [
-            *SEQUENCED.fields,
-            StructField("_kind", ByteType()),
-            StructField("_state_producer", BinaryType()),
-            *(StructField(n, LongType()) for n in _STATE_FIELDS[1:]),
-        ]
-    )
-
-
-def _assemble_checkpoint(rng: offsets_mod.ReadRange, rows: list, horizon_ns: int) -> bytes:
-    read = {int(row["partition"]) for row in rows if row["_kind"] == 2}
-    states: dict[tuple[int, bytes], ProducerState] = {
-        key: st
-        for key, st in rng.states.items()
-        if key[0] not in read  # journals with nothing to read
-    }
-    for row in rows:
-        if row["_kind"] == 1:
-            key = (int(row["partition"]), bytes(row["_state_producer"]))
-            states[key] = ProducerState(
-                f"{rng.topic}/{key[0]}", key[1], int(row["_state_last_ack"]), int(row["_state_begin"])
+def _check_source(source: str, options: Mapping[str, str]) -> None:
+    if source not in SOURCES:
+        raise ReaderConfigError(
+            f"source={source!r}: use 'harvest' (default: harvest's own data source) or 'spark' (Spark's Kafka "
+            "source, for its own options and Java-only client properties)"
+        )
+    if source == "spark":
+        return
+    for key in options:
+        if key in _JAVA_ONLY:
+            raise ReaderConfigError(
+                f"kafka_options[{key!r}] is a property of Kafka's Java client, which source='harvest' (the default) "
+                "does not use: it reads with librdkafka, which takes e.g. kafka.sasl.username / kafka.sasl.password "
+                "and PEM files (kafka.ssl.ca.location). Fix: use librdkafka's properties, or pass source='spark'"
             )
-    kept = [st for _, st in sorted(states.items())]
-    offsets = {f"{rng.topic}/{p}": o for p, o in rng.end.items()}
-    offsets.update(rng.foreign_offsets)
-    return encode_checkpoint(offsets, kept + list(rng.foreign_states))
+        if not key.lower().startswith("kafka."):
+            hint = (
+                "an option of Spark's Kafka source" if key in _SPARK_SOURCE_OPTIONS else "not a kafka.* client property"
+            )
+            raise ReaderConfigError(
+                f"kafka_options[{key!r}] is {hint}, which source='harvest' (the default) has no use for. Fix: "
+                "remove it, or pass source='spark' to read through Spark's Kafka source"
+            )
 
 
 def _check_options(topic: str, options: dict[str, str]) -> None:

@@ -2,10 +2,10 @@
 source that reads Kafka itself.
 
 Each micro-batch's task for a topic-partition reads the partition's new offsets with
-confluent-kafka inside the executor, builds Arrow columns, and sequences them with
-:func:`spark_reader.sequencing.sequence_partition` (the batch reader's step: one Sequencer over
-every producer of the partition), starting from the producer states the previous micro-batch's
-task stored (:mod:`spark_reader.stream_state`). Records cross from Python to the JVM once, as
+confluent-kafka inside the executor (:mod:`spark_reader.kafka_arrow`) and sequences them in bounded
+chunks (:mod:`spark_reader.split_sequencing`, the batch reader's step: one Sequencer over every
+producer of the partition), starting from the producer states the previous micro-batch's task
+stored (:mod:`spark_reader.stream_state`). Records cross from Python to the JVM once, as
 Arrow; there is no Spark Kafka source, no shuffle and no state store. The task reads from the
 oldest open span's ``begin`` (as the batch reader does from a checkpoint), so spans still open at
 the end of a micro-batch are replayed from Kafka, not kept in state.
@@ -20,8 +20,10 @@ Invariants:
   OUTSIDE), whatever failures and restarts happen in between: a micro-batch's output is a function
   of its offsets and the states stored at its start, both fixed before it runs (Spark's offset
   log, state files written once per offset);
-- the states of ``(partition, end)`` are stored before the task hands Spark any row of the range,
-  and files are deleted only below committed offsets;
+- the states of ``(partition, end)`` are stored before the task hands Spark any row of the range
+  (so a task whose output Spark stops taking early has stored them too; the committed rows of a
+  micro-batch's range are held until then: memory is bounded by the micro-batch), and files are
+  deleted only below committed offsets;
 - records before a micro-batch's start are read only to replay open spans; they are never emitted.
 """
 
@@ -43,20 +45,16 @@ from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows, Supp
 from harvest_outbox.sequencer import ProducerState
 from harvest_outbox.spark_reader import offsets as offsets_mod
 from harvest_outbox.spark_reader.errors import SparkReaderError
+from harvest_outbox.spark_reader.kafka_arrow import iter_range, watermarks
 from harvest_outbox.spark_reader.policy import UUIDPolicyName
 from harvest_outbox.spark_reader.schema import SEQUENCED
-from harvest_outbox.spark_reader.sequencing import GroupPlan, header_values, sequence_partition
+from harvest_outbox.spark_reader.split_sequencing import SplitPlan, SplitSequencer
 from harvest_outbox.spark_reader.stream_state import StreamStateFiles
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
 NAME = "harvest_read_committed"
-_GROUP = "harvest-spark-stream"  # never joined: partitions are assigned and offsets never committed
-_CHUNK = 65536  # records per Arrow chunk while reading (bounds the Python lists)
-_STALL_SECONDS = 60.0  # no record and no position change for this long: fail the task, say where
-_HEADERS = pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())]))
-_TIMESTAMP = pa.timestamp("us", tz="UTC")
 
 
 @dataclass(frozen=True)
@@ -88,6 +86,15 @@ class SourceSettings:
 
     def __repr__(self) -> str:  # never the Kafka options: they may hold SASL / SSL secrets
         return f"SourceSettings(topic={self.topic!r}, state_location={self.state_location!r})"
+
+    def split_plan(self) -> SplitPlan:
+        return SplitPlan(
+            topic=self.topic,
+            uuid_policy=self.uuid_policy,
+            include_acks=self.include_acks,
+            ring_size=self.ring_size,
+            prune_horizon_ns=self.prune_horizon_ns,
+        )
 
 
 _SETTINGS = "harvest.settings"
@@ -141,7 +148,7 @@ class CommittedStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
         }
 
     def prepareForTriggerAvailableNow(self) -> None:
-        self.target = {p: high for p, (_, high) in _watermarks(self.settings).items()}
+        self.target = {p: high for p, (_, high) in watermarks(self.settings.topic, self.settings.kafka).items()}
 
     def getDefaultReadLimit(self) -> Any:
         n = self.settings.max_offsets_per_trigger
@@ -149,7 +156,7 @@ class CommittedStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
 
     def latestOffset(self, start: dict[str, Any], limit: Any) -> dict[str, Any]:
         _check_offsets(start)
-        marks = _watermarks(self.settings)
+        marks = watermarks(self.settings.topic, self.settings.kafka)
         known = {int(p): o for p, o in start["offsets"].items()}
         high = {p: (self.target.get(p, lo) if self.target is not None else h) for p, (lo, h) in marks.items()}
         begin = {p: known.get(p, marks[p][0]) for p in high}
@@ -200,23 +207,14 @@ class CommittedStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
             states = []
         begins = [st.begin for st in states if st.begin >= 0]
         read_from = min([split.start, *begins]) if split.start is not None else None
-        table = _read_range(s, p, read_from, split.end)
-        if table.num_rows == 0:
-            files.put(p, split.end, states)
-            return
-        start = split.start if split.start is not None else int(table.column("offset")[0].as_py())
-        table = table.append_column("uuid", header_values(table.column("headers"), "uuid"))
-        plan = GroupPlan(
-            topic=s.topic,
-            start={p: start},
-            states={(p, st.producer): st for st in states},
-            uuid_policy=s.uuid_policy,
-            include_acks=s.include_acks,
-            ring_size=s.ring_size,
-        )
-        out, result = sequence_partition(table, plan, s.prune_horizon_ns)
-        files.put(p, split.end, result.states)
-        yield from out.select(SEQUENCED.fieldNames()).to_batches()
+        seq = SplitSequencer(s.split_plan(), p, split.start, states)
+        out = list(seq.run(iter_range(s.topic, s.kafka, p, read_from, split.end, seq.plan.read_batch)))
+        files.put(p, split.end, seq.end_states)
+        t = time.perf_counter()
+        for table in out:
+            yield from table.to_batches()
+        seq.phases.downstream += time.perf_counter() - t
+        seq.phases.log(p, "stream")
 
 
 def _check_offsets(offsets: Any) -> None:
@@ -243,124 +241,3 @@ def unpack_states(journal: str, packed: str) -> list[ProducerState]:
         ProducerState(journal, bytes(p), int(last_ack), int(begin))
         for p, last_ack, begin in msgpack.unpackb(base64.b64decode(packed))
     ]
-
-
-def _consumer(settings: SourceSettings) -> Any:
-    from confluent_kafka import Consumer
-
-    conf: dict[str, Any] = {
-        "isolation.level": "read_uncommitted",  # as Spark's Kafka source
-        **offsets_mod.client_config(settings.kafka),
-        "group.id": _GROUP,
-        "enable.auto.commit": False,
-        "auto.offset.reset": "earliest",
-    }
-    conf.setdefault("fetch.max.bytes", 64 << 20)
-    conf.setdefault("max.partition.fetch.bytes", 16 << 20)
-    return Consumer(conf)
-
-
-def _watermarks(settings: SourceSettings) -> dict[int, tuple[int, int]]:
-    from confluent_kafka import TopicPartition
-
-    consumer = _consumer(settings)
-    try:
-        meta = consumer.list_topics(settings.topic, timeout=30).topics.get(settings.topic)
-        if meta is None or meta.error is not None or not meta.partitions:
-            raise SparkReaderError(
-                f"topic {settings.topic!r} does not exist or has no partitions ({meta.error if meta else 'unknown'})"
-            )
-        return {
-            p: consumer.get_watermark_offsets(TopicPartition(settings.topic, p), timeout=30)
-            for p in sorted(meta.partitions)
-        }
-    finally:
-        consumer.close()
-
-
-def _read_range(settings: SourceSettings, partition: int, read_from: int | None, end: int) -> pa.Table:
-    """The partition's records from ``read_from`` (None: its first) up to ``end``, as Arrow."""
-    from confluent_kafka import OFFSET_BEGINNING, KafkaError, TopicPartition
-
-    topic = settings.topic
-    consumer = _consumer(settings)
-    chunks: list[pa.RecordBatch] = []
-    position = read_from if read_from is not None else -1
-    try:
-        consumer.assign([TopicPartition(topic, partition, read_from if read_from is not None else OFFSET_BEGINNING)])
-        keys: list[Any] = []
-        values: list[Any] = []
-        headers: list[Any] = []
-        offsets: list[int] = []
-        stamps: list[int] = []
-        stalled_since = time.monotonic()
-        while position < end:
-            want = min(_CHUNK - len(offsets), end - position) if position >= 0 else _CHUNK - len(offsets)
-            got = False
-            for msg in consumer.consume(max(1, want), 1.0):
-                err = msg.error()
-                if err is not None:
-                    if err.code() == KafkaError._PARTITION_EOF:
-                        continue
-                    raise SparkReaderError(f"reading {topic}/{partition} at offset {position}: {err.str()}")
-                offset = msg.offset()
-                if offset >= end:
-                    position = end
-                    break
-                keys.append(msg.key())
-                values.append(msg.value())
-                headers.append(msg.headers())
-                offsets.append(offset)
-                stamps.append(msg.timestamp()[1])
-                position, got = offset + 1, True
-            if len(offsets) >= _CHUNK:
-                chunks.append(_batch(partition, keys, values, headers, offsets, stamps))
-                keys, values, headers, offsets, stamps = [], [], [], [], []
-            if got:
-                stalled_since = time.monotonic()
-                continue
-            # Nothing returned: past the end already (control records, compaction gaps)?
-            now_at = consumer.position([TopicPartition(topic, partition)])[0].offset
-            if now_at >= 0 and now_at >= end:
-                break
-            if time.monotonic() - stalled_since > _STALL_SECONDS:
-                raise SparkReaderError(
-                    f"reading {topic}/{partition}: no record for {_STALL_SECONDS:.0f}s at offset {position} "
-                    f"(range ends at {end}); the broker is unreachable or the records were deleted "
-                    "(retention, or an unclean leader election truncated the partition)"
-                )
-        if offsets:
-            chunks.append(_batch(partition, keys, values, headers, offsets, stamps))
-    finally:
-        consumer.close()
-    if not chunks:
-        return pa.Table.from_batches([], schema=_RAW_SCHEMA)
-    return pa.Table.from_batches(chunks)
-
-
-_RAW_SCHEMA = pa.schema(
-    [
-        ("key", pa.binary()),
-        ("value", pa.binary()),
-        ("headers", _HEADERS),
-        ("partition", pa.int32()),
-        ("offset", pa.int64()),
-        ("timestamp", _TIMESTAMP),
-    ]
-)
-
-
-def _batch(
-    partition: int, keys: list[Any], values: list[Any], headers: list[Any], offsets: list[int], stamps: list[int]
-) -> pa.RecordBatch:
-    return pa.RecordBatch.from_arrays(
-        [
-            pa.array(keys, pa.binary()),
-            pa.array(values, pa.binary()),
-            pa.array(headers, _HEADERS),
-            pa.array([partition] * len(offsets), pa.int32()),
-            pa.array(offsets, pa.int64()),
-            pa.array(stamps, pa.int64()).cast(pa.timestamp("ms")).cast(_TIMESTAMP),
-        ],
-        schema=_RAW_SCHEMA,
-    )

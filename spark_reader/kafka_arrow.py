@@ -1,0 +1,146 @@
+"""One topic-partition's offset range read with confluent-kafka inside a Spark task, as Arrow.
+
+The reading half of harvest's own data sources (the batch reader, :mod:`spark_reader.batch_source`,
+and the stream, :mod:`spark_reader.stream_source`): no Spark Kafka source, records cross from
+Python to the JVM once, as Arrow, after sequencing.
+
+Invariants:
+- :func:`iter_range` yields the partition's records with ``read_from <= offset < end`` in offset
+  order, in record batches of at most ``chunk`` records (:data:`RAW_SCHEMA`, Spark's Kafka source
+  columns less ``topic``); a range that cannot be read to its end fails with the offset it stopped
+  at, never ends early;
+- Python holds at most one batch's records as Python objects at a time.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import pyarrow as pa
+
+from harvest_outbox.spark_reader import offsets as offsets_mod
+from harvest_outbox.spark_reader.errors import SparkReaderError
+
+_GROUP = "harvest-spark-reader"  # never joined: partitions are assigned and offsets never committed
+CHUNK = 65536  # records per Arrow batch while reading (bounds the Python lists)
+_STALL_SECONDS = 60.0  # no record and no position change for this long: fail the task, say where
+_HEADERS = pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())]))
+_TIMESTAMP = pa.timestamp("us", tz="UTC")
+
+RAW_SCHEMA = pa.schema(
+    [
+        ("key", pa.binary()),
+        ("value", pa.binary()),
+        ("headers", _HEADERS),
+        ("partition", pa.int32()),
+        ("offset", pa.int64()),
+        ("timestamp", _TIMESTAMP),
+    ]
+)
+
+
+def consumer(kafka: Mapping[str, str]) -> Any:
+    """A confluent-kafka consumer from Spark-style ``kafka.*`` options, for assigned reads."""
+    from confluent_kafka import Consumer
+
+    conf: dict[str, Any] = {
+        "isolation.level": "read_uncommitted",  # as Spark's Kafka source
+        **offsets_mod.client_config(kafka),
+        "group.id": _GROUP,
+        "enable.auto.commit": False,
+        "auto.offset.reset": "earliest",
+    }
+    conf.setdefault("fetch.max.bytes", 64 << 20)
+    conf.setdefault("max.partition.fetch.bytes", 16 << 20)
+    return Consumer(conf)
+
+
+def watermarks(topic: str, kafka: Mapping[str, str]) -> dict[int, tuple[int, int]]:
+    """``{partition: (low, high)}`` of ``topic``."""
+    from confluent_kafka import TopicPartition
+
+    client = consumer(kafka)
+    try:
+        meta = client.list_topics(topic, timeout=30).topics.get(topic)
+        if meta is None or meta.error is not None or not meta.partitions:
+            raise SparkReaderError(
+                f"topic {topic!r} does not exist or has no partitions ({meta.error if meta else 'unknown'})"
+            )
+        return {p: client.get_watermark_offsets(TopicPartition(topic, p), timeout=30) for p in sorted(meta.partitions)}
+    finally:
+        client.close()
+
+
+def iter_range(
+    topic: str, kafka: Mapping[str, str], partition: int, read_from: int | None, end: int, chunk: int = CHUNK
+) -> Iterator[pa.RecordBatch]:
+    """The partition's records from ``read_from`` (None: its first) up to ``end``, as Arrow batches."""
+    from confluent_kafka import OFFSET_BEGINNING, KafkaError, TopicPartition
+
+    client = consumer(kafka)
+    position = read_from if read_from is not None else -1
+    try:
+        client.assign([TopicPartition(topic, partition, read_from if read_from is not None else OFFSET_BEGINNING)])
+        keys: list[Any] = []
+        values: list[Any] = []
+        headers: list[Any] = []
+        offsets: list[int] = []
+        stamps: list[int] = []
+        stalled_since = time.monotonic()
+        while position < end:
+            want = min(chunk - len(offsets), end - position) if position >= 0 else chunk - len(offsets)
+            got = False
+            for msg in client.consume(max(1, want), 1.0):
+                err = msg.error()
+                if err is not None:
+                    if err.code() == KafkaError._PARTITION_EOF:
+                        continue
+                    raise SparkReaderError(f"reading {topic}/{partition} at offset {position}: {err.str()}")
+                offset = msg.offset()
+                if offset >= end:
+                    position = end
+                    break
+                keys.append(msg.key())
+                values.append(msg.value())
+                headers.append(msg.headers())
+                offsets.append(offset)
+                stamps.append(msg.timestamp()[1])
+                position, got = offset + 1, True
+            if len(offsets) >= chunk:
+                yield _batch(partition, keys, values, headers, offsets, stamps)
+                keys, values, headers, offsets, stamps = [], [], [], [], []
+            if got:
+                stalled_since = time.monotonic()
+                continue
+            # Nothing returned: past the end already (control records, compaction gaps)?
+            now_at = client.position([TopicPartition(topic, partition)])[0].offset
+            if now_at >= 0 and now_at >= end:
+                break
+            if time.monotonic() - stalled_since > _STALL_SECONDS:
+                raise SparkReaderError(
+                    f"reading {topic}/{partition}: no record for {_STALL_SECONDS:.0f}s at offset {position} "
+                    f"(range ends at {end}); the broker is unreachable or the records were deleted "
+                    "(retention, or an unclean leader election truncated the partition)"
+                )
+        if offsets:
+            yield _batch(partition, keys, values, headers, offsets, stamps)
+    finally:
+        client.close()
+
+
+def _batch(
+    partition: int, keys: list[Any], values: list[Any], headers: list[Any], offsets: list[int], stamps: list[int]
+) -> pa.RecordBatch:
+    return pa.RecordBatch.from_arrays(
+        [
+            pa.array(keys, pa.binary()),
+            pa.array(values, pa.binary()),
+            pa.array(headers, _HEADERS),
+            pa.array([partition] * len(offsets), pa.int32()),
+            pa.array(offsets, pa.int64()),
+            pa.array(stamps, pa.int64()).cast(pa.timestamp("ms")).cast(_TIMESTAMP),
+        ],
+        schema=RAW_SCHEMA,
+    )
