@@ -10,7 +10,6 @@ rows are never updated or deleted one by one.
 from __future__ import annotations
 
 import itertools
-import re
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -19,110 +18,26 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from harvest_outbox.producer.watermark import Cursor, Probe, Snapshot, read_page, retirable, start_batch
+from harvest_outbox.producer.errors import FenceError
+from harvest_outbox.producer.watermark import read_page, retirable
+from harvest_outbox.producer.watermark_sql import WatermarkSession, ddl
 
 PARTITION = 4  # ids per partition: a handful of rows spans several
 
 
-def ddl(schema: str, partition: int = PARTITION, partitions: int = 6) -> list[sql.Composable]:
-    s = sql.Identifier(schema)
-    seq = sql.Identifier(schema, "outbox_id_seq")
-    stmts: list[sql.Composable] = [
-        sql.SQL("CREATE SEQUENCE {} CACHE 1").format(seq),
-        # A1: the CASE evaluates its condition first, so the transaction has its xid before it draws the id
-        sql.SQL(
-            """CREATE TABLE {s}.outbox (
-                id bigint NOT NULL DEFAULT CASE WHEN pg_current_xact_id() IS NOT NULL THEN nextval({seq_name}::regclass) END,
-                topic text NOT NULL,
-                key bytea,
-                value bytea,
-                PRIMARY KEY (id)
-            ) PARTITION BY RANGE (id)"""
-        ).format(s=s, seq_name=sql.Literal(f"{schema}.outbox_id_seq")),
-        sql.SQL(
-            """CREATE TABLE {s}.outbox_cursor (
-                shard int PRIMARY KEY,
-                epoch bigint NOT NULL,
-                lo pg_snapshot NOT NULL,
-                hi pg_snapshot,
-                pos bigint NOT NULL,
-                low bigint NOT NULL,
-                probe_head bigint,
-                probe_xid xid8
-            )"""
-        ).format(s=s),
-        sql.SQL("INSERT INTO {s}.outbox_cursor VALUES (0, 1, '3:3:', NULL, 0, 0, NULL, NULL)").format(s=s),
-        # xmin is a 32-bit xid; the rows a statement sees are younger than its snapshot's xmax (xid8)
-        sql.SQL(
-            """CREATE FUNCTION {s}.xid8_of(x xid, ref xid8) RETURNS xid8 LANGUAGE sql IMMUTABLE PARALLEL SAFE AS
-               $$ SELECT (ref::text::bigint - ((ref::text::bigint - x::text::bigint) & 4294967295))::text::xid8 $$"""
-        ).format(s=s),
-    ]
-    for p in range(partitions):
-        stmts.append(
-            sql.SQL("CREATE TABLE {} PARTITION OF {}.outbox FOR VALUES FROM ({}) TO ({})").format(
-                sql.Identifier(schema, f"outbox_p{p}"), s, sql.Literal(p * partition), sql.Literal((p + 1) * partition)
-            )
-        )
-    stmts.append(
-        sql.SQL("CREATE TABLE {} PARTITION OF {}.outbox DEFAULT").format(sql.Identifier(schema, "outbox_rest"), s)
-    )
-    return stmts
-
-
-def snapshot_of(text: str) -> Snapshot:
-    xmin, xmax, xip = text.split(":")
-    return Snapshot(int(xmin), int(xmax), frozenset(int(x) for x in xip.split(",") if x))
-
-
-def text_of(snap: Snapshot) -> str:
-    return f"{snap.xmin}:{snap.xmax}:{','.join(str(x) for x in sorted(snap.xip))}"
-
-
 class SqlRelay:
-    """The relay's statements, one autocommit connection; decisions by producer/watermark.py."""
+    """A relay loop on :class:`WatermarkSession` (one autocommit connection); every page is also read
+    unfiltered and decided by :func:`read_page`, which must pick the same rows as the SQL WHERE."""
 
     def __init__(self, dsn: str, schema: str) -> None:
         self.conn = psycopg.connect(dsn, autocommit=True)
-        self.s = sql.Identifier(schema)
-        self.schema = schema
-        self.epoch, self.cursor = self.load()
+        self.db = WatermarkSession(self.conn, schema)
+        self.epoch, self.cursor = self.db.new_view()
         self.published: list[tuple[int, bytes]] = []
         self.truncated: set[str] = set()
 
-    def load(self) -> tuple[int, Cursor]:
-        row = self.conn.execute(
-            sql.SQL(
-                "SELECT epoch, lo::text, hi::text, pos, low, probe_head, probe_xid::text FROM {}.outbox_cursor WHERE shard = 0"
-            ).format(self.s)
-        ).fetchone()
-        assert row is not None
-        epoch, lo, hi, pos, low, ph, px = row
-        probe = Probe(ph, int(px)) if ph is not None else None
-        return epoch, Cursor(snapshot_of(lo), snapshot_of(hi) if hi else None, pos, low, probe)
-
     def begin_batch(self) -> None:
-        """Snapshot, head and (after the snapshot) an xid, in one statement."""
-        row = self.conn.execute(
-            sql.SQL(
-                "SELECT pg_current_snapshot()::text, (SELECT max(id) FROM {}.outbox), pg_current_xact_id()::text"
-            ).format(self.s)
-        ).fetchone()
-        assert row is not None
-        self.cursor = start_batch(self.cursor, snapshot_of(row[0]), int(row[2]), row[1])
-
-    READ = """SELECT id, {s}.xid8_of(xmin, pg_snapshot_xmax(pg_current_snapshot()))::text, key FROM {s}.outbox
-              WHERE id >= %(from)s {where} ORDER BY id LIMIT %(n)s"""
-    WHERE = """AND pg_visible_in_snapshot({s}.xid8_of(xmin, pg_snapshot_xmax(pg_current_snapshot())), %(hi)s::pg_snapshot)
-               AND NOT pg_visible_in_snapshot({s}.xid8_of(xmin, pg_snapshot_xmax(pg_current_snapshot())), %(lo)s::pg_snapshot)"""
-
-    def read(self, limit: int, filtered: bool = True) -> list[tuple[int, int, bytes]]:
-        c = self.cursor
-        assert c.hi is not None
-        where = sql.SQL(self.WHERE).format(s=self.s) if filtered else sql.SQL("")
-        q = sql.SQL(self.READ).format(s=self.s, where=where)
-        params = {"from": c.scan_from(), "hi": text_of(c.hi), "lo": text_of(c.lo), "n": limit if filtered else 10**6}
-        return [(i, int(x), k) for i, x, k in self.conn.execute(q, params).fetchall()]
+        self.cursor = self.db.begin_batch(self.cursor)
 
     def batch(self, limit: int = 100) -> list[int]:
         """One batch, page by page, each page's cursor committed (fenced) once it is "delivered"."""
@@ -130,80 +45,22 @@ class SqlRelay:
             self.begin_batch()
         out: list[int] = []
         while True:
-            rows = self.read(limit)
-            unfiltered = self.read(limit, filtered=False)
-            page = read_page(self.cursor, [(i, x, (i, k)) for i, x, k in rows], limit)
-            same = read_page(self.cursor, [(i, x, (i, k)) for i, x, k in unfiltered], limit)
+            page = read_page(self.cursor, self.db.read(self.cursor, limit), limit)
+            same = read_page(self.cursor, self.db.read_unfiltered(self.cursor), limit)
             assert page.rows == same.rows, "the read query's WHERE and Cursor.pending disagree"
-            self.published.extend(page.rows)
-            out.extend(i for i, _k in page.rows)
-            self.commit(page.after)
+            self.published.extend((i, k) for i, _t, k, _v in page.rows)
+            out.extend(i for i, *_ in page.rows)
+            self.db.commit(self.epoch, page.after)
+            self.cursor = page.after
             if page.complete:
                 return out
 
-    def commit(self, after: Cursor) -> None:
-        p = after.probe
-        n = self.conn.execute(
-            sql.SQL(
-                """UPDATE {}.outbox_cursor SET lo = %s::pg_snapshot, hi = %s::pg_snapshot, pos = %s, low = %s,
-                   probe_head = %s, probe_xid = %s::xid8 WHERE shard = 0 AND epoch = %s"""
-            ).format(self.s),
-            (
-                text_of(after.lo),
-                text_of(after.hi) if after.hi else None,
-                after.pos,
-                after.low,
-                p.head if p else None,
-                str(p.xid) if p else None,
-                self.epoch,
-            ),
-        ).rowcount
-        assert n == 1, "fenced: another view took the cursor"
-        self.cursor = after
-
-    def partitions(self) -> list[tuple[int, int, str]]:
-        rows = self.conn.execute(
-            """SELECT c.relname, pg_get_expr(c.relpartbound, c.oid) FROM pg_inherits i
-               JOIN pg_class c ON c.oid = i.inhrelid WHERE i.inhparent = %s::regclass""",
-            (f"{self.schema}.outbox",),
-        ).fetchall()
-        out = []
-        for name, bound in rows:
-            m = re.search(r"FROM \('?(\d+)'?\) TO \('?(\d+)'?\)", bound)
-            if m is None:
-                continue  # the DEFAULT partition: never retired
-            out.append((int(m.group(1)), int(m.group(2)), name))
-        return sorted(out)
-
     def truncate(self, name: str) -> str:
-        """LOCK under a short lock_timeout, re-check against the committed cursor, TRUNCATE."""
-        part = sql.Identifier(self.schema, name)
-        try:
-            with self.conn.transaction():
-                self.conn.execute("SET LOCAL lock_timeout = '200ms'")
-                lo = self.conn.execute(
-                    sql.SQL("SELECT lo::text FROM {}.outbox_cursor WHERE shard = 0 FOR SHARE").format(self.s)
-                ).fetchone()
-                assert lo is not None
-                self.conn.execute(sql.SQL("LOCK TABLE {} IN ACCESS EXCLUSIVE MODE").format(part))
-                undelivered = self.conn.execute(
-                    sql.SQL(
-                        """SELECT count(*) FROM {p} WHERE NOT pg_visible_in_snapshot(
-                           {s}.xid8_of(xmin, pg_snapshot_xmax(pg_current_snapshot())), %s::pg_snapshot)"""
-                    ).format(p=part, s=self.s),
-                    (lo[0],),
-                ).fetchone()
-                assert undelivered is not None
-                if undelivered[0]:
-                    return "undelivered"
-                self.conn.execute(sql.SQL("TRUNCATE {}").format(part))
-                return "truncated"
-        except psycopg.errors.LockNotAvailable:
-            return "lock timeout"
+        return self.db.truncate(name)
 
     def retire(self) -> list[str]:
-        parts = self.partitions()
-        ok = {(a, b) for a, b in retirable([(a, b) for a, b, _n in parts], self.load()[1])}
+        parts = self.db.partitions()
+        ok = set(retirable([(a, b) for a, b, _n in parts], self.db.load()[1]))
         done = [n for a, b, n in parts if (a, b) in ok and n not in self.truncated and self.truncate(n) == "truncated"]
         self.truncated.update(done)
         return done
@@ -212,7 +69,7 @@ class SqlRelay:
 @pytest.fixture
 def outbox(pg_dsn: str, pg_schema: str) -> Iterator[tuple[str, str]]:
     with psycopg.connect(pg_dsn, autocommit=True) as conn:
-        for stmt in ddl(pg_schema):
+        for stmt in ddl(pg_schema, PARTITION, 6):
             conn.execute(stmt)
     yield pg_dsn, pg_schema
 
@@ -264,8 +121,10 @@ def test_an_aborted_transaction_is_never_delivered_and_pages_resume_mid_batch(ou
         relay.begin_batch()
         first = relay.batch(limit=3)  # three pages, each committed
     assert first == ids
-    restarted = SqlRelay(dsn, schema)  # a new leader starts from the committed cursor
+    restarted = SqlRelay(dsn, schema)  # a new leader starts from the committed cursor and fences the old
     assert restarted.cursor == relay.cursor and restarted.batch() == []
+    with pytest.raises(FenceError, match="epoch is no longer"):
+        relay.db.commit(relay.epoch, relay.cursor)
     relay.conn.close()
     restarted.conn.close()
 
@@ -309,10 +168,10 @@ def test_the_cursor_commit_and_the_reads_write_little_wal(outbox: tuple[str, str
     relay.batch()  # the first read after the checkpoint sets hint bits (an FPI only with wal_log_hints/checksums)
     start = relay.conn.execute(lsn).fetchone()
     relay.begin_batch()
-    rows = relay.read(100)
+    rows = relay.db.read(relay.cursor, 100)
     mid = relay.conn.execute(lsn).fetchone()
-    page = read_page(relay.cursor, [(i, x, i) for i, x, _k in rows], 100)
-    relay.commit(page.after)
+    page = read_page(relay.cursor, rows, 100)
+    relay.db.commit(relay.epoch, page.after)
     end = relay.conn.execute(lsn).fetchone()
     assert start and mid and end
     size = "SELECT pg_wal_lsn_diff(%s, %s)"
@@ -333,7 +192,7 @@ def test_concurrent_writers_every_committed_row_once_in_commit_order(pg_dsn: str
     import threading
 
     with psycopg.connect(pg_dsn, autocommit=True) as conn:
-        for stmt in ddl(pg_schema, partition=64, partitions=200):
+        for stmt in ddl(pg_schema, 64, 200):
             conn.execute(stmt)
     stop = threading.Event()
     lock = threading.Lock()
