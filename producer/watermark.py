@@ -27,6 +27,8 @@ Assumptions (what the schema and Postgres must provide):
   transaction drew before it had an xid; the model test shows the loss (``lazy_xid``).
 - A2: snapshots are Postgres' (``pg_current_snapshot()``): ``xid < xmin`` has ended, ``xid`` in ``xip``
   or ``>= xmax`` had not ended when it was taken; a later snapshot sees everything an earlier one did.
+  ``xid`` is a row's *top-level* transaction id (a column defaulting to ``pg_current_xact_id()``), not
+  its ``xmin``: a snapshot's ``xip`` holds top-level xids only, so a subtransaction's xid looks ended.
 
 Invariants (each backed by test_watermark_model.py):
 
@@ -93,8 +95,8 @@ class Cursor:
 
     def pending(self, rid: int, xid: int) -> bool:
         """Is the row ``(rid, xid)``, visible to the reading statement, still to be published in this
-        batch? (The read query's WHERE: ``id >= low AND id > pos AND visible(xmin, hi) AND NOT
-        visible(xmin, lo)``.)"""
+        batch? (The read query's WHERE: ``id >= low AND id > pos AND visible(txid, hi) AND NOT
+        visible(txid, lo)``, ``txid`` the row's top-level xid.)"""
         hi = self.hi
         return hi is not None and rid >= self.low and rid > self.pos and hi.sees(xid) and not self.lo.sees(xid)
 

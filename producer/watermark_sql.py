@@ -8,6 +8,11 @@ Invariants this module keeps (the decisions' assumptions, docs/primary-cost.md):
 
 - A1: the outbox's id default takes the writer's xid before it draws the id (a ``CASE`` evaluates its
   condition first), from a ``CACHE 1`` sequence;
+- a row's transaction is its ``txid`` column (``DEFAULT pg_current_xact_id()``: the top-level xid), never
+  the ``xmin`` system column: a row written inside a savepoint (a subtransaction: ORMs' nested
+  transactions, PL/pgSQL exception blocks) has the subtransaction's xid as ``xmin``, and ``pg_snapshot``
+  lists only top-level xids, so ``pg_visible_in_snapshot(xmin, snapshot)`` calls such a row visible while
+  its transaction is still open (the Postgres test shows it);
 - the batch start is one statement: its snapshot is the statement's, its xid assigned after it, and
   ``max(id)`` is read with that snapshot;
 - a page read filters with the two snapshots in SQL exactly as :meth:`Cursor.pending` does (the
@@ -27,12 +32,9 @@ from psycopg import sql
 from harvest_outbox.producer.errors import FenceError
 from harvest_outbox.producer.watermark import Cursor, Probe, Snapshot, start_batch
 
-#: rows the statement sees are younger than its snapshot's xmax: an xmin maps to the xid8 just below it
-XID8_OF_XMIN = "{s}.xid8_of(xmin, pg_snapshot_xmax(pg_current_snapshot()))"
-
 
 def ddl(schema: str, partition_ids: int, partitions: int) -> list[sql.Composable]:
-    """The partitioned outbox, its sequence, the cursor row (shard 0), the xid conversion, and
+    """The partitioned outbox, its sequence, the cursor row (shard 0), and
     ``partitions`` partitions of ``partition_ids`` ids plus a DEFAULT one (never retired)."""
     if partition_ids < 1 or partitions < 1:
         raise ValueError(f"partition_ids and partitions must be at least 1, got {partition_ids} and {partitions}")
@@ -43,6 +45,7 @@ def ddl(schema: str, partition_ids: int, partitions: int) -> list[sql.Composable
             """CREATE TABLE {s}.outbox (
                 id bigint NOT NULL DEFAULT
                    CASE WHEN pg_current_xact_id() IS NOT NULL THEN nextval({seq}::regclass) END,
+                txid xid8 NOT NULL DEFAULT pg_current_xact_id(),
                 topic text NOT NULL,
                 key bytea,
                 value bytea,
@@ -62,10 +65,6 @@ def ddl(schema: str, partition_ids: int, partitions: int) -> list[sql.Composable
             )"""
         ).format(s=s),
         sql.SQL("INSERT INTO {s}.outbox_cursor VALUES (0, 1, '3:3:', NULL, 0, 0, NULL, NULL)").format(s=s),
-        sql.SQL(
-            """CREATE FUNCTION {s}.xid8_of(x xid, ref xid8) RETURNS xid8 LANGUAGE sql IMMUTABLE PARALLEL SAFE AS
-               $$ SELECT (ref::text::bigint - ((ref::text::bigint - x::text::bigint) & 4294967295))::text::xid8 $$"""
-        ).format(s=s),
     ]
     for p in range(partitions):
         stmts.append(
@@ -101,7 +100,7 @@ class WatermarkSession:
     def __init__(self, conn: psycopg.Connection[Any], schema: str, shard: int = 0) -> None:
         self.conn, self.schema, self.shard = conn, schema, shard
         s = self.s = sql.Identifier(schema)
-        xid8 = sql.SQL(XID8_OF_XMIN).format(s=s)
+        xid8 = sql.Identifier("txid")
         self._read = sql.SQL(
             """SELECT id, {xid8}::text, topic, key, value FROM {s}.outbox
                WHERE id >= %(from)s

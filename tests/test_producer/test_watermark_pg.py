@@ -20,7 +20,7 @@ from psycopg import sql
 
 from harvest_outbox.producer.errors import FenceError
 from harvest_outbox.producer.watermark import read_page, retirable
-from harvest_outbox.producer.watermark_sql import WatermarkSession, ddl
+from harvest_outbox.producer.watermark_sql import WatermarkSession, ddl, text_of
 
 PARTITION = 4  # ids per partition: a handful of rows spans several
 
@@ -107,6 +107,34 @@ def test_a_late_commit_is_delivered_in_the_batch_after_it_commits(outbox: tuple[
     assert keys.count(b"k1") == 1
     rows = relay.conn.execute(sql.SQL("SELECT count(*) FROM {}.outbox").format(sql.Identifier(schema))).fetchone()
     assert rows == (4,), "nothing was deleted or marked row by row"
+    relay.conn.close()
+
+
+def test_a_row_written_in_a_savepoint_is_caught_by_its_top_level_txid_not_its_xmin(outbox: tuple[str, str]) -> None:
+    """A row inserted in a subtransaction (SAVEPOINT: ORMs' nested transactions) has the subtransaction's
+    xid as xmin, and pg_snapshot lists top-level xids only: judged by xmin, a snapshot taken while its
+    transaction was open calls it visible, and the relay would skip it for good. The txid column holds
+    the top-level xid: the row goes out after its commit."""
+    dsn, schema = outbox
+    relay = SqlRelay(dsn, schema)
+    with psycopg.connect(dsn) as a, psycopg.connect(dsn) as b:
+        a.execute("SAVEPOINT nested")
+        late = insert(a, schema, b"nested")
+        a.execute("RELEASE SAVEPOINT nested")
+        early = insert(b, schema, b"k")
+        b.commit()  # a later xid ends: the snapshot's xmax passes the subtransaction's xid
+        assert relay.batch() == [early]
+        lo = relay.cursor.lo
+        a.commit()
+        row = relay.conn.execute(
+            sql.SQL(
+                """SELECT xmin::text::xid8 <> txid, pg_visible_in_snapshot(xmin::text::xid8, %s::pg_snapshot),
+                          pg_visible_in_snapshot(txid, %s::pg_snapshot) FROM {}.outbox WHERE id = %s"""
+            ).format(sql.Identifier(schema)),
+            (text_of(lo), text_of(lo), late),
+        ).fetchone()
+        assert row == (True, True, False), "xmin is the subtransaction's, which the old snapshot calls visible"
+        assert relay.batch() == [late]
     relay.conn.close()
 
 
