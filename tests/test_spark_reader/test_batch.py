@@ -1,4 +1,5 @@
-"""readCommitted (batch) on local Spark + embedded Kafka against the pure Sequencer's output."""
+"""readCommitted (batch) on local Spark + embedded Kafka against the pure Sequencer's output, through
+both sources (harvest's own data source, the default, and Spark's Kafka source)."""
 
 from __future__ import annotations
 
@@ -17,25 +18,65 @@ def _rows(df) -> list[tuple[int, int, int]]:
     )
 
 
-@pytest.mark.parametrize("seed", [1, 2])
-def test_batch_equals_reference_sequencer(spark, kafka_bootstrap, topic_factory, seed) -> None:
+@pytest.mark.parametrize("seed, source", [(1, "harvest"), (2, "harvest"), (1, "spark")])
+def test_batch_equals_reference_sequencer(spark, kafka_bootstrap, topic_factory, seed, source) -> None:
     topic = topic_factory(partitions=3)
     write_log(kafka_bootstrap, topic, 3, seed=seed, steps=80)
     expected = reference_read(read_raw(kafka_bootstrap, topic, 3), topic)
-    df = readCommitted(spark, topic, {"kafka.bootstrap.servers": kafka_bootstrap})
+    df = readCommitted(spark, topic, {"kafka.bootstrap.servers": kafka_bootstrap}, source=source)
     assert _rows(df) == expected
     assert len(expected) > 20
 
 
-def test_small_ring_forces_replays_and_changes_nothing(spark, kafka_bootstrap, topic_factory) -> None:
+@pytest.mark.parametrize("source", ["harvest", "spark"])
+def test_small_ring_forces_replays_and_changes_nothing(spark, kafka_bootstrap, topic_factory, source) -> None:
     topic = topic_factory(partitions=2)
     write_log(kafka_bootstrap, topic, 2, seed=3, steps=60)
     expected = reference_read(read_raw(kafka_bootstrap, topic, 2), topic)
-    df = readCommitted(spark, topic, {"kafka.bootstrap.servers": kafka_bootstrap}, ring_size=2)
+    df = readCommitted(spark, topic, {"kafka.bootstrap.servers": kafka_bootstrap}, ring_size=2, source=source)
     assert _rows(df) == expected
 
 
-def test_incremental_reads_chained_by_checkpoints_are_exactly_once(spark, kafka_bootstrap, topic_factory) -> None:
+def test_sources_and_chunk_sizes_agree_on_rows_and_checkpoints(spark_any, kafka_bootstrap, topic_factory) -> None:
+    """Incremental reads cut inside open spans: Spark's Kafka source, harvest's source in one chunk,
+    and harvest's source in chunks of 3 and 7 records (open spans carried from chunk to chunk) return
+    the same rows and byte-identical checkpoints; on local[2] and on local-cluster."""
+    topic = topic_factory(partitions=2)
+    write_log(kafka_bootstrap, topic, 2, seed=7, steps=90)
+    raw = read_raw(kafka_bootstrap, topic, 2)
+    ends = {p: max(r.offset for r in raw if r.partition == p) + 1 for p in (0, 1)}
+    opts = {"kafka.bootstrap.servers": kafka_bootstrap}
+    variants = {
+        "spark": {"source": "spark"},
+        "harvest": {},
+        "chunks3": {"chunk_records": 3},
+        "chunks7": {"chunk_records": 7},
+    }
+    results: dict[str, tuple[list, list[bytes]]] = {}
+    for name, kwargs in variants.items():
+        rows, checkpoints, checkpoint = [], [], None
+        for frac in (0.3, 0.65, 1.0):
+            read = read_committed(
+                spark_any,
+                topic,
+                opts,
+                starting=checkpoint,
+                ending={p: int(e * frac) for p, e in ends.items()},
+                **kwargs,
+            )
+            rows.append(_rows(read.df))
+            checkpoint = read.checkpoint()
+            checkpoints.append(checkpoint)
+        results[name] = (rows, checkpoints)
+    assert sorted(r for part in results["spark"][0] for r in part) == sorted(reference_read(raw, topic))
+    for name in variants:
+        assert results[name] == results["spark"], name
+
+
+@pytest.mark.parametrize("source", ["harvest", "spark"])
+def test_incremental_reads_chained_by_checkpoints_are_exactly_once(
+    spark, kafka_bootstrap, topic_factory, source
+) -> None:
     topic = topic_factory(partitions=2)
     write_log(kafka_bootstrap, topic, 2, seed=4, steps=90)
     raw = read_raw(kafka_bootstrap, topic, 2)
@@ -46,7 +87,7 @@ def test_incremental_reads_chained_by_checkpoints_are_exactly_once(spark, kafka_
     checkpoint = None
     for frac in (0.2, 0.45, 0.7, 1.0):  # cut points land inside open spans
         ending = {p: int(e * frac) for p, e in ends.items()}
-        read = read_committed(spark, topic, opts, starting=checkpoint, ending=ending)
+        read = read_committed(spark, topic, opts, starting=checkpoint, ending=ending, source=source, chunk_records=5)
         got.extend(_rows(read.df))
         checkpoint = read.checkpoint()
     assert sorted(got) == sorted(expected)
@@ -113,6 +154,16 @@ def test_uuid_policy_raise(spark, kafka_bootstrap, topic_factory) -> None:
         ({"kafka_options": {"kafka.bootstrap.servers": "x:1", "subscribe": "t"}}, "subscribe"),
         ({"uuid_policy": "ignore"}, "uuid_policy='ignore'"),
         ({"ending": "earliest"}, "ending='earliest'"),
+        ({"source": "kafka"}, "source='kafka': use 'harvest'"),
+        ({"chunk_records": 0}, "chunk_records=0: pass a positive int"),
+        (
+            {"kafka_options": {"kafka.bootstrap.servers": "x:1", "failOnDataLoss": "false"}},
+            r"kafka_options\['failOnDataLoss'\] is an option of Spark's Kafka source.*source='spark'",
+        ),
+        (
+            {"kafka_options": {"kafka.bootstrap.servers": "x:1", "kafka.sasl.jaas.config": "secret-jaas"}},
+            r"kafka_options\['kafka.sasl.jaas.config'\] is a property of Kafka's Java client.*source='spark'",
+        ),
     ],
 )
 def test_bad_arguments(spark, kafka_bootstrap, topic_factory, kwargs, message) -> None:
