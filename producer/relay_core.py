@@ -1,7 +1,7 @@
 """What both delivery modes of the relay share while leading: connections, the producer, the marks.
 
 :class:`~producer.harvest.Harvest` is the relay process (lifecycle, election, main loop, meter); the
-way it delivers is a :class:`RelayMode` strategy: :class:`~producer.at_least_once.AtLeastOnceMode`
+way it delivers is a :class:`~producer.relay_mode.RelayMode` strategy: :class:`~producer.at_least_once.AtLeastOnceMode`
 (goharvest's per-record purge) or :class:`~producer.sequencing.SequencedMode` (``--uuid-sequencing``:
 fenced harvest transactions). Both work on one :class:`RelayCore`, which owns what neither mode
 decides alone:
@@ -36,13 +36,12 @@ Invariants (tested in ``tests/test_producer``):
 from __future__ import annotations
 
 import logging
-import re
 import threading
 import uuid
 from collections import deque
 from collections.abc import Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any, NamedTuple, Protocol
+from typing import Any, NamedTuple
 
 from confluent_kafka import KafkaError
 
@@ -56,12 +55,16 @@ from harvest_outbox.producer.kafka import (
     FatalErrorGuard,
     KafkaProducer,
     ProducerFactory,
+    size_refused_topics,
 )
 from harvest_outbox.producer.key_halt import KeyHalt
 from harvest_outbox.producer.marksize import MarkSize
 from harvest_outbox.producer.metrics import Metrics
 from harvest_outbox.producer.preflight import TopicGuard
 from harvest_outbox.producer.redact import redact_kafka_config
+
+# RelayMode is re-exported: its import path before the modes' interface had a module of its own.
+from harvest_outbox.producer.relay_mode import RelayMode as RelayMode
 from harvest_outbox.producer.relay_spans import relay_spans
 from harvest_outbox.producer.schema import OutboxNames, packed_outbox_fix
 from harvest_outbox.producer.serialization import RowEncoder
@@ -87,41 +90,6 @@ class PendingMark(NamedTuple):
     future: Future[tuple[list[MarkedRow], MarkedAttempts]]
     view: uuid.UUID
     asked: int
-
-
-# librdkafka's text for a batch the broker refused as too large, and how its fatal errors name the batch.
-_SIZE_REFUSED = "Message size too large"
-_BATCH_TOPIC = re.compile(r"ProduceRequest for (\S+) \[")
-
-
-class RelayMode(Protocol):
-    """How a leading relay delivers: a strategy over a :class:`RelayCore`.
-
-    The relay thread calls every method; none of them blocks longer than a drain or a wind-down."""
-
-    def ensure_producer(self) -> KafkaProducer:
-        """The core's producer, created with this mode's settings when there is none."""
-        ...
-
-    def on_acquired(self) -> None:
-        """A new view was just taken (``core.leader_id`` is set); reset per-view state."""
-        ...
-
-    def tick(self) -> None:
-        """One step of leader work: mark, produce, purge / commit, or wait briefly for progress."""
-        ...
-
-    def relinquish(self, why: str) -> None:
-        """Leadership ends: stop sending, drain, finish what may be finished, drop leader state."""
-        ...
-
-    def gauges(self) -> tuple[int, int]:
-        """(records in flight, records queued) for the meter."""
-        ...
-
-    def in_flight_keys(self) -> list[bytes]:
-        """Keys of the records in flight (at-least-once mode; empty where records are not tracked by key)."""
-        ...
 
 
 def event_id_bytes(config: HarvestConfig) -> int:
@@ -277,9 +245,8 @@ class RelayCore:
             return
         log.error("the Kafka producer hit a fatal error (%s: %s); replacing it and re-marking", err.name(), err.str())
         self.producer_fatal = True
-        if _SIZE_REFUSED in err.str():
-            for topic in _BATCH_TOPIC.findall(err.str()):
-                self.guard.check_sizes(topic)
+        for topic in size_refused_topics(err):
+            self.guard.check_sizes(topic)
 
     def drop_fatal_producer(self) -> None:
         """After a fatal producer error, once the view is left: flush briefly and drop the producer."""
