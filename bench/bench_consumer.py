@@ -189,12 +189,16 @@ def _peak_rss_mb() -> float:
 def _reader_child(bootstrap: str, topic: str, partitions: int, records: int, ring: int, batch: int, what: str) -> None:
     """Child process: read ``records`` committed records with poll_batch (``what`` "reader"), or that
     many records with a plain consumer ("raw"); print the process's peak RSS after each quarter of
-    them (JSON, last line). Bounded memory: the peak stops growing once librdkafka's fetch queue
-    is full, so the last quarters show the same peak as the first half."""
+    them, and of its Python heap (tracemalloc; JSON, last line). Bounded memory: the heap peak is
+    the same after all records as after the first quarter (batch, ring, open spans), and the RSS
+    peak stops growing once librdkafka's fetch queue is full."""
     marks = [records * q // 4 for q in (1, 2, 3, 4)]
     peaks: list[float] = []
+    heap: list[float] = []  # Python heap peak (tracemalloc): the reader's own objects, librdkafka's excluded
+    replays: list[int] = []  # replays so far (the first creates the replay consumer, with its own fetch queue)
     before = _peak_rss_mb()
     seen = 0
+    tracemalloc.start()
     if what == "reader":
         it = ReadCommittedIter({"bootstrap.servers": bootstrap}, topics=[topic], ring_size=ring, batch_size=batch)
         while seen < records:
@@ -205,6 +209,8 @@ def _reader_child(bootstrap: str, topic: str, partitions: int, records: int, rin
             while marks and seen >= marks[0]:
                 marks.pop(0)
                 peaks.append(_peak_rss_mb())
+                heap.append(round(tracemalloc.get_traced_memory()[1] / 2**20, 2))
+                replays.append(it.stats["replays"])
         it.close()
     else:
         c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"bench-raw-{uuid.uuid4().hex}"})
@@ -217,8 +223,10 @@ def _reader_child(bootstrap: str, topic: str, partitions: int, records: int, rin
             while marks and seen >= marks[0]:
                 marks.pop(0)
                 peaks.append(_peak_rss_mb())
+                heap.append(round(tracemalloc.get_traced_memory()[1] / 2**20, 2))
         c.close()
-    print(json.dumps({"peak_rss_mb_by_quarter": peaks, "rss_before_read_mb": before}))
+    got = {"peak_rss_mb_by_quarter": peaks, "heap_peak_mb_by_quarter": heap, "replays_by_quarter": replays}
+    print(json.dumps({**got, "rss_before_read_mb": before}))
 
 
 def _child_rss(args: argparse.Namespace, bootstrap: str, topic: str, records: int, what: str) -> dict[str, Any]:
@@ -378,13 +386,17 @@ def main() -> int:
             reader_rss = _child_rss(args, bootstrap, topic, args.records, "reader")
             raw_rss = _child_rss(args, bootstrap, topic, total, "raw")
             rq, wq = reader_rss["peak_rss_mb_by_quarter"], raw_rss["peak_rss_mb_by_quarter"]
+            hq = reader_rss["heap_peak_mb_by_quarter"]
             rss = {
                 "reader_rss_before_read_mb": reader_rss["rss_before_read_mb"],
                 "reader_peak_rss_mb_by_quarter": rq,
-                # all records vs the first half: 2x the records, the same peak when memory is bounded
-                "reader_peak_rss_growth_2x_records": round(rq[-1] / rq[1], 3),
                 "raw_peak_rss_mb_by_quarter": wq,
                 "reader_peak_rss_vs_raw": round(rq[-1] / wq[-1], 3),
+                # all records vs the first half: 2x the records read, the same peak when bounded
+                "reader_peak_rss_growth_2x_records": round(rq[-1] / rq[1], 3),
+                "reader_heap_peak_mb_by_quarter": hq,
+                "reader_heap_peak_growth_2x_records": round(hq[-1] / hq[1], 3),
+                "reader_replays_by_quarter": reader_rss["replays_by_quarter"],
             }
         breakdown = (
             stages(bootstrap, topic, args.partitions, total, args.records, args.ring, args.batch)
