@@ -13,7 +13,10 @@ Starts its own Postgres (no Kafka: the database side is the subject). Two loops,
   ``UPDATE`` per page, then every delivered partition truncated.
 
 Prints JSON: per loop and temperature the writers' and the relay's WAL and CPU per row, and the ratios
-watermark / at_least_once of the relay side and of the total.
+watermark / at_least_once of the relay side and of the total. Then the cost of a long transaction: one
+transaction holds an xid open (``SELECT pg_current_xact_id()``, nothing written) while the rows are written
+and drained, so ``low`` cannot pass them: every later batch re-reads them all (filtered, not published);
+``long_txn`` reports the backend CPU and wall time of such a batch, and that nothing was truncated.
 """
 
 from __future__ import annotations
@@ -52,7 +55,7 @@ def fill(dsn: str, schema: str, rows: int, keys: int, txn_rows: int) -> dict[str
     return per_row({"insert": meter.wal["insert"]}, {"insert": meter.cpu["insert"]}, s0, s1, rows)
 
 
-def drain(dsn: str, schema: str, rows: int, batch: int) -> dict[str, Any]:
+def drain(dsn: str, schema: str, rows: int, batch: int, retire: bool = True) -> dict[str, Any]:
     with psycopg.connect(dsn, autocommit=True) as conn:
         db = WatermarkSession(conn, schema)
         meter = Meter(conn)
@@ -74,7 +77,7 @@ def drain(dsn: str, schema: str, rows: int, batch: int) -> dict[str, Any]:
         if got != rows:
             raise RuntimeError(f"the mark-less drain read {got} rows, not {rows}")
         with meter.statement("truncate"):
-            parts = db.partitions()
+            parts = db.partitions() if retire else []
             for start, end in retirable([(a, b) for a, b, _n in parts], cursor):
                 name = next(n for a, b, n in parts if (a, b) == (start, end))
                 if db.truncate(name) != "truncated":
@@ -83,21 +86,65 @@ def drain(dsn: str, schema: str, rows: int, batch: int) -> dict[str, Any]:
     return per_row(dict(meter.wal), dict(meter.cpu), s0, s1, rows)
 
 
-def watermark_run(dsn: str, cold: bool, rows: int, batch: int, keys: int, txn_rows: int, part: int) -> dict[str, Any]:
+def rescan(dsn: str, schema: str, rows: int, batch: int, batches: int) -> dict[str, Any]:
+    """With a transaction open since before the rows were written: the cost of each further batch."""
+    import time
+
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        db = WatermarkSession(conn, schema)
+        meter = Meter(conn)
+        epoch, cursor = db.load()
+        walls = []
+        for _ in range(batches):
+            t0 = time.perf_counter()
+            with meter.statement("batch"):
+                cursor = db.begin_batch(cursor)
+                while True:
+                    page = read_page(cursor, db.read(cursor, batch), batch)
+                    if page.rows:
+                        raise RuntimeError(f"a batch re-published {len(page.rows)} rows")
+                    db.commit(epoch, page.after)
+                    cursor = page.after
+                    if page.complete:
+                        break
+            walls.append(time.perf_counter() - t0)
+        parts = db.partitions()
+        kept = len(parts) - len(retirable([(a, b) for a, b, _n in parts], cursor))
+    walls.sort()
+    return {
+        "rows_written_while_open": rows,
+        "scan_width_rows": rows - cursor.scan_from() + 1,
+        "backend_cpu_ms_per_batch": round(meter.cpu["batch"] * 1000 / batches, 1),
+        "wall_ms_per_batch_median": round(walls[len(walls) // 2] * 1000, 1),
+        "wal_bytes_per_batch": round(meter.wal["batch"] / batches),
+        "partitions_kept": kept,
+    }
+
+
+def watermark_run(
+    dsn: str, cold: bool, rows: int, batch: int, keys: int, txn_rows: int, part: int, long_txn: int = 0
+) -> dict[str, Any]:
     schema = f"wm_{uuid.uuid4().hex[:8]}"
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(schema)))
         for stmt in ddl(schema, part, rows // part + 1):
             conn.execute(stmt)
         conn.execute("CHECKPOINT")
+    holder = psycopg.connect(dsn) if long_txn else None
     try:
+        if holder is not None:
+            holder.execute("SELECT pg_current_xact_id()")  # an xid, held open across the fill and the drain
         written = fill(dsn, schema, rows, keys, txn_rows)
         with psycopg.connect(dsn, autocommit=True) as conn:
             conn.execute(sql.SQL("ANALYZE {}").format(sql.Identifier(schema, "outbox")))
             if cold:
                 conn.execute("CHECKPOINT")
-        drained = drain(dsn, schema, rows, batch)
+        drained = drain(dsn, schema, rows, batch, retire=holder is None)
+        if holder is not None:
+            return {"write": written, "drain": drained, "long_txn": rescan(dsn, schema, rows, batch, long_txn)}
     finally:
+        if holder is not None:
+            holder.close()
         with psycopg.connect(dsn, autocommit=True) as conn:
             conn.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(schema)))
     return {"write": written, "drain": drained}
@@ -114,6 +161,9 @@ def main() -> int:
     ap.add_argument("--partition-ids", type=int, default=10_000)
     ap.add_argument("--keys", type=int, default=1000)
     ap.add_argument("--txn-rows", type=int, default=10)
+    ap.add_argument(
+        "--long-txn-batches", type=int, default=5, help="batches measured under a long transaction (0: skip)"
+    )
     args = ap.parse_args()
     out: dict[str, Any] = {"rows": args.rows, "batch": args.batch, "partition_ids": args.partition_ids, "loops": {}}
     pg = EmbeddedPostgres().start()
@@ -135,6 +185,12 @@ def main() -> int:
                 ),
             }
             print(f"[bench watermark wal] {temp}: {json.dumps(out['ratios'][temp])}", file=sys.stderr, flush=True)
+        if args.long_txn_batches:
+            held = watermark_run(
+                dsn, False, args.rows, args.batch, args.keys, args.txn_rows, args.partition_ids, args.long_txn_batches
+            )
+            out["long_txn"] = held["long_txn"]
+            print(f"[bench watermark wal] long transaction: {json.dumps(out['long_txn'])}", file=sys.stderr, flush=True)
     finally:
         pg.stop()
     print(json.dumps(out, indent=2))
