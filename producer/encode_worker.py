@@ -24,8 +24,10 @@ Invariants (tests/test_producer/test_encode_worker.py):
 from __future__ import annotations
 
 import logging
-import multiprocessing
 import pickle
+import socket
+import subprocess
+import sys
 import threading
 import weakref
 from multiprocessing.connection import Connection
@@ -66,22 +68,25 @@ def _serve(conn: Connection) -> None:
         conn.send_bytes(pickle.dumps(reply, protocol=5))
 
 
-def _close(conn: Connection, process: Any) -> None:
+def _close(conn: Connection, process: subprocess.Popen[bytes]) -> None:
     conn.close()  # the child sees EOF and returns
-    process.join(timeout=5)
-    if process.is_alive():
+    try:
+        process.wait(timeout=5)
+    except subprocess.TimeoutExpired:
         process.kill()
-        process.join(timeout=5)
+        process.wait(timeout=5)
 
 
 class EncodeWorker:
-    """The relay's end of one encode child, started by :meth:`start` or the first batch (spawn: no fork
-    of a threaded relay), replaced after it is lost. One batch at a time (the relay's one mark worker calls it)."""
+    """The relay's end of one encode child, started by :meth:`start` or the first batch, replaced after
+    it is lost. The child is ``python -m harvest_outbox.producer.encode_worker`` on one end of a socket
+    pair: no fork of a threaded relay, and unlike multiprocessing's spawn it does not import the relay's
+    ``__main__`` again (an application script without a ``__main__`` guard would run twice). One batch at a time (the relay's one mark worker calls it)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._conn: Connection | None = None
-        self._process: Any = None
+        self._process: subprocess.Popen[bytes] | None = None
         self._finalizer: weakref.finalize | None = None  # type: ignore[type-arg]
         self.started = 0  # children started (1 unless one was lost)
 
@@ -96,15 +101,18 @@ class EncodeWorker:
                 self._start()
 
     def _start(self) -> Connection:
-        ctx = multiprocessing.get_context("spawn")
-        ours, theirs = ctx.Pipe()
-        process = ctx.Process(target=_serve, args=(theirs,), name="harvest-encode", daemon=True)
-        process.start()
-        theirs.close()
-        self._conn, self._process = ours, process
-        self._finalizer = weakref.finalize(self, _close, ours, process)
+        ours, theirs = socket.socketpair()
+        try:
+            process = subprocess.Popen(
+                [sys.executable, "-m", __name__, str(theirs.fileno())], pass_fds=(theirs.fileno(),), close_fds=True
+            )
+        finally:
+            theirs.close()
+        conn = Connection(ours.detach())
+        self._conn, self._process = conn, process
+        self._finalizer = weakref.finalize(self, _close, conn, process)
         self.started += 1
-        return ours
+        return conn
 
     def encode(self, writer: AvroWriter, values: list[bytes]) -> list[bytes | str]:
         """``encode_values(writer, values)``, computed in the child; raises :class:`EncodeWorkerLost`."""
@@ -116,7 +124,7 @@ class EncodeWorker:
                     raise TimeoutError(f"no answer in {REPLY_TIMEOUT:g} s")
                 reply = pickle.loads(conn.recv_bytes())
             except (EOFError, OSError, TimeoutError) as exc:
-                code = self._process.exitcode if self._process is not None else None
+                code = self._process.poll() if self._process is not None else None
                 self._drop()
                 raise EncodeWorkerLost(
                     f"the encode worker process was lost ({type(exc).__name__}: {exc}; exit code {code}); "
@@ -136,3 +144,7 @@ class EncodeWorker:
         """Stop the child (it exits on EOF)."""
         with self._lock:
             self._drop()
+
+
+if __name__ == "__main__":  # the child: python -m harvest_outbox.producer.encode_worker <socket fd>
+    _serve(Connection(int(sys.argv[1])))

@@ -66,15 +66,15 @@ def test_a_killed_child_fails_its_batch_as_an_outage_and_the_next_batch_gets_a_n
     try:
         worker.encode(writer, VALUES[:10])
         process = worker._process
+        assert process is not None
         pid = process.pid
         os.kill(pid, signal.SIGKILL)
-        process.join(10)
-        assert not process.is_alive()
+        assert process.wait(10) == -signal.SIGKILL
         with pytest.raises(EncodeWorkerLost, match="the batch waits in the outbox") as info:
             worker.encode(writer, VALUES)
         assert isinstance(info.value, DatabaseError)  # the relay backs off and re-marks: rows wait
         assert worker.encode(writer, VALUES) == encode_values(writer, VALUES)
-        assert worker.started == 2 and worker._process.pid != pid
+        assert worker.started == 2 and worker._process is not None and worker._process.pid != pid
     finally:
         worker.close()
 
@@ -83,6 +83,7 @@ def test_a_killed_child_fails_its_batch_as_an_outage_and_the_next_batch_gets_a_n
 def test_the_child_exits_when_the_relay_closes_or_drops_it(how: str) -> None:
     worker = EncodeWorker()
     worker.start()
+    assert worker._process is not None
     pid = worker._process.pid
     if how == "close":
         worker.close()
