@@ -69,9 +69,14 @@ def decode(registry: EmbeddedRegistry, topic: str, values: list[bytes], kind: st
     return [js(v, ctx) for v in values]
 
 
-@pytest.mark.parametrize("sequenced", [False, True], ids=["at-least-once", "uuid-sequencing"])
+@pytest.mark.parametrize(
+    ("sequenced", "worker"),
+    [(False, False), (True, False), (False, True)],
+    ids=["at-least-once", "uuid-sequencing", "at-least-once-encode-worker"],
+)
 def test_relay_encodes_configured_topics_and_parks_rows_that_do_not_match(
     sequenced: bool,
+    worker: bool,
     schema_registry: EmbeddedRegistry,
     pg_dsn: str,
     kafka_bootstrap: str,
@@ -104,6 +109,7 @@ def test_relay_encodes_configured_topics_and_parks_rows_that_do_not_match(
                 {"topic": orders, "serializer": "avro"},
                 {"topicPattern": "payments_.*", "serializer": "jsonSchema"},
             ],
+            "encodeWorker": worker,  # Avro values encoded in a child process (producer/encode_worker.py)
         }
     )
     cfg = relay_config(pg_dsn, kafka_bootstrap, table, f"g-{uuid.uuid4().hex[:8]}").replace(
