@@ -2,9 +2,11 @@
 
 The scenario: application writers commit and roll back throughout; two ``--uuid-sequencing``
 relays, the leader SIGKILLed once; the pipeline's driver (its own process group: Python, JVM and,
-on local-cluster, executors) SIGKILLed twice mid-stream and restarted from its checkpoints. At the
-end the event table holds every committed row exactly once, in per-key order, and no rolled-back
-row; the latest-state table holds the last committed version of every key.
+on local-cluster, executors) SIGKILLed twice mid-stream and restarted from its checkpoints, on
+``local[2]`` first, then on ``local-cluster[2,1,1024]`` (killed there inside a micro-batch, its
+executor JVMs with it), then on ``local[2]`` again. At the end the event table holds every committed
+row exactly once, in per-key order, and no rolled-back row; the latest-state table holds the last
+committed version of every key.
 """
 
 from __future__ import annotations
@@ -121,7 +123,9 @@ def test_pipeline_config_under_one_root() -> None:
 # -- end to end ----------------------------------------------------------------------------------------
 
 
-def _run_scenario(spark, pg_dsn: str, kafka_bootstrap: str, schema: str, topic: str, tmp: Path, master: str) -> None:
+def _run_scenario(
+    spark, pg_dsn: str, kafka_bootstrap: str, schema: str, topic: str, tmp: Path, masters: tuple[str, str, str]
+) -> None:
     from harvest_outbox.harvest_local.applier import create_tables
     from harvest_outbox.producer.schema import init_db
 
@@ -137,7 +141,7 @@ def _run_scenario(spark, pg_dsn: str, kafka_bootstrap: str, schema: str, topic: 
         group=f"pipe-{uuid.uuid4().hex[:6]}",
     )
     relays = [RelayProcess(cfg, f"relay-{i}", tmp).start() for i in range(2)]
-    pipeline = PipelineProcess(topic=topic, bootstrap=kafka_bootstrap, root=tmp / "pipe", logdir=tmp, master=master)
+    pipeline = PipelineProcess(topic=topic, bootstrap=kafka_bootstrap, root=tmp / "pipe", logdir=tmp, master=masters[0])
     writers = Writers(pg_dsn, schema, outbox, topic, keys=40, rows=1_000_000, threads=2, rate_per_s=120.0, seed=7)
     try:
         wait_for(lambda: current_leader(relays) is not None, 60, "a relay to be elected leader")
@@ -156,6 +160,7 @@ def _run_scenario(spark, pg_dsn: str, kafka_bootstrap: str, schema: str, topic: 
         assert leader is not None
         before = {r.name: r.elections() for r in relays}
         leader.kill()
+        pipeline.master = masters[1]
         pipeline.start()
         wait_for(
             lambda: any(r.elections() > before[r.name] for r in relays if r.alive), 120, "the standby to take over"
@@ -165,6 +170,7 @@ def _run_scenario(spark, pg_dsn: str, kafka_bootstrap: str, schema: str, topic: 
         pipeline.kill()  # 2nd driver crash
         killed_at = pipeline.committed_batches()
 
+        pipeline.master = masters[2]
         pipeline.start()
         batches_beyond(killed_at, "micro-batches after the second restart")
         writers.stop()
@@ -208,15 +214,11 @@ def _run_scenario(spark, pg_dsn: str, kafka_bootstrap: str, schema: str, topic: 
 def test_pipeline_exactly_once_through_relay_and_driver_kills(
     spark, pg_dsn, kafka_bootstrap, pg_schema, topic_factory, tmp_path
 ) -> None:
+    """One run for both masters (it was one run each, ~160 s together): a driver crash on each, a
+    restart on each from the other's checkpoint (the checkpoint holds no master), the second kill
+    inside a micro-batch on local-cluster, where it also takes the executor JVMs writing the batch.
+    The driver's local-cluster runs in its own process group, so this test's session stays local."""
     topic = topic_factory(partitions=3)
-    _run_scenario(spark, pg_dsn, kafka_bootstrap, pg_schema, topic, tmp_path, "local[2]")
-
-
-@pytest.mark.integration
-@pytest.mark.cluster
-def test_pipeline_exactly_once_on_local_cluster(
-    spark_cluster, pg_dsn, kafka_bootstrap, pg_schema, topic_factory, tmp_path
-) -> None:
-    topic = topic_factory(partitions=3)
-    # The driver runs on local-cluster in its own process; this process's session only reads the tables.
-    _run_scenario(spark_cluster, pg_dsn, kafka_bootstrap, pg_schema, topic, tmp_path, "local-cluster[2,1,1024]")
+    _run_scenario(
+        spark, pg_dsn, kafka_bootstrap, pg_schema, topic, tmp_path, ("local[2]", "local-cluster[2,1,1024]", "local[2]")
+    )
