@@ -22,7 +22,7 @@ Decide, then return the decision (the rows), never a half-encoded batch:
   dead-lettered, and the relay carries on when the registry answers again;
 - tombstones (``value`` NULL) stay tombstones; rows of topics without a serializer are untouched.
 
-Protobuf takes a message class, which a JSON row does not name: :class:`_ProtobufEncoder` builds it
+Protobuf takes a message class, which a JSON row does not name: ProtobufEncoder (producer/protobuf_encoder.py) builds it
 at run time from the registered ``.proto`` (producer/protobuf_schema.py) and parses the row into it.
 
 confluent-kafka's registry client and serializers are imported on first use (the ``registry``
@@ -39,10 +39,11 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
-from harvest_outbox.producer.avro_batch import AvroWriter, encode_values, loads, wire_prefix
+from harvest_outbox.producer.avro_batch import AvroWriter, encode_values, loads
 from harvest_outbox.producer.db import MarkedRow
 from harvest_outbox.producer.encode_worker import EncodeWorker
 from harvest_outbox.producer.errors import ConfigError, DatabaseError
+from harvest_outbox.producer.protobuf_encoder import ProtobufEncoder
 from harvest_outbox.producer.schema_reasons import not_json_reason, validation_reason
 from harvest_outbox.producer.serialization_config import SerializationConfig, TopicSerialization
 
@@ -161,7 +162,7 @@ class _TopicEncoder:
             conf["use.latest.version"] = True
         if kind == "protobuf":
             # recordName names the value's message; a key is its subject's first message
-            return _ProtobufEncoder(client, subject, "" if is_key else entry.record_name, conf)
+            return ProtobufEncoder(client, subject, "" if is_key else entry.record_name, conf)
         module, name = _SERIALIZERS[kind]
         cls = getattr(importlib.import_module(module), name)
         if kind == "avro":
@@ -171,67 +172,6 @@ class _TopicEncoder:
         if schema is None:
             schema = client.get_latest_version(subject).schema
         return cls(schema, client, None, conf)
-
-
-class _ProtobufEncoder:
-    """A JSON value as the registered Protobuf message: the message class is built from the schema the
-    serializer encodes with (the subject's latest, or the pinned id), so a new latest version brings its
-    own class; ``json_format.ParseDict`` refuses a value that does not fit (naming the field), and
-    confluent-kafka's ProtobufSerializer writes the wire format (magic byte, schema id, message indexes).
-
-    The schema is resolved once per batch (:meth:`start_batch`). The serializer's header (magic byte,
-    id, the message's indexes) depends on the schema id and message class only, so once the serializer
-    has written a schema id's first row, later rows are that header plus ``SerializeToString()``, what
-    the serializer writes, without its per-call lookups (not for a schema with data-contract rules)."""
-
-    def __init__(self, client: Any, subject: str, record_name: str, conf: dict[str, Any]) -> None:
-        from harvest_outbox.producer.protobuf_schema import SerializedProtobufClient
-
-        self.client = SerializedProtobufClient(client)
-        self.subject, self.record_name, self.conf = subject, record_name, conf
-        # schema id -> [message class, serializer, header: None until seen, b"" when never direct]
-        self._by_id: dict[int, list[Any]] = {}
-        self._batch: int | None = None  # this batch's schema id
-
-    def start_batch(self) -> None:
-        """Resolve the schema of the rows of the batch about to be encoded, once."""
-        self._batch = None
-        self._batch = self._resolve()
-
-    def _resolve(self) -> int:
-        from confluent_kafka.schema_registry.protobuf import ProtobufSerializer
-
-        from harvest_outbox.producer.protobuf_schema import message_class
-
-        schema_id, schema = self.conf.get("use.schema.id"), None
-        if schema_id is None:  # the subject's latest, cached by the client for registry.latestTtl
-            registered = self.client.get_latest_version(self.subject)
-            schema_id, schema = registered.schema_id, registered.schema
-        if schema_id not in self._by_id:
-            if schema is None:
-                schema = self.client.get_schema(schema_id)
-            cls = message_class(schema.schema_str, self.record_name)
-            conf = {**self.conf, "use.schema.id": schema_id}
-            conf.pop("use.latest.version", None)
-            header = b"" if schema.rule_set else None
-            self._by_id[schema_id] = [cls, ProtobufSerializer(cls, self.client, conf), header]
-        return schema_id  # type: ignore[no-any-return]
-
-    def __call__(self, value: Any, ctx: Any) -> bytes:
-        from harvest_outbox.producer.protobuf_schema import parse_json
-
-        schema_id = self._batch if self._batch is not None else self._resolve()
-        got = self._by_id[schema_id]
-        cls, serializer, header = got
-        message = parse_json(cls, value)
-        if header:
-            return header + message.SerializeToString()  # type: ignore[no-any-return]
-        encoded: bytes = serializer(message, ctx)
-        if header is None:
-            body = message.SerializeToString()
-            direct = encoded.endswith(body) and encoded[:5] == wire_prefix(schema_id)
-            got[2] = encoded[: len(encoded) - len(body)] if direct else b""
-        return encoded
 
 
 class RowEncoder:
@@ -388,7 +328,7 @@ class RowEncoder:
         if encoder is None:
             return None
         for serializer in (encoder.value, encoder.key):
-            if isinstance(serializer, _ProtobufEncoder):
+            if isinstance(serializer, ProtobufEncoder):
                 serializer.start_batch()
         return encoder, encoder.resolve_avro() if encoder.avro and encoder.value is not None else None
 
