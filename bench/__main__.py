@@ -439,7 +439,10 @@ ROWS: dict[str, Callable[[dict[str, Any]], list[tuple[str, str, str, str]]]] = {
             f"ReadCommittedIter.poll_batch, {_fmt(r.get('records_committed'))} records, txns of {r.get('txn_size')} (msg/s)",
             _fmt(r.get("committed_median_per_s")),
             f"ratio to plain confluent consumer {_fmt(r.get('ratio'))} "
-            f"(per Python CPU second: {_fmt(r.get('cpu_ratio'))})",
+            f"(per Python CPU second: {_fmt(r.get('cpu_ratio'))}); reader peak RSS "
+            f"{_fmt((r.get('reader_peak_rss_mb_by_quarter') or [None])[-1])} MB "
+            f"({_fmt(r.get('reader_peak_rss_vs_raw'))} of the plain consumer's), Python heap peak "
+            f"{_fmt((r.get('reader_heap_peak_mb_by_quarter') or [None])[-1])} MB",
             "ratio ≥ 0.7",
         ),
         (
