@@ -1,12 +1,25 @@
-"""Benchmark: batch ``readCommitted`` versus a plain Spark Kafka read + count of the same records.
+"""Benchmark: batch ``readCommitted`` versus plain Spark Kafka reads of the same records, one run.
 
 Workload: N records (default 1,000,000) written as harvest --uuid-sequencing writes them:
 transactions of 1,000 CONTINUE_TXN records over 8 partitions from a ring of 4 producer ids, each
-followed by an ACK_TXN to every partition it touched; 100-byte values, 1,000 keys. Both reads run on
-the same local Spark session (local[2]) against the embedded Kafka broker, alternately, and report
-rows/s; the ratio readCommitted / raw is the figure to watch (target >= 0.5).
+followed by an ACK_TXN to every partition it touched; 100-byte values, 1,000 keys. Every variant
+runs on the same local Spark session (local[2]) against the embedded Kafka broker, in turn within
+each repeat, and reports rows/s (medians over the repeats):
 
-Usage: python -m bench.bench_spark [--records 1000000] [--repeat 3]. Prints JSON. Not a test.
+- ``raw_count``: Spark's Kafka source, ``count()`` (Spark reads every record but builds no column);
+- ``raw_noop``: Spark's Kafka source, every column written to the ``noop`` sink (the payload
+  materialised, as any real consumer of the DataFrame does);
+- ``readCommitted_count`` / ``readCommitted_noop``: harvest's batch data source (the default);
+- ``readCommitted_spark_source_count``: ``source="spark"`` (Spark's Kafka source + ``mapInArrow``).
+
+Ratios to watch (issue #35): ``readCommitted_count / raw_count`` (target >= 0.9) and
+``readCommitted_noop / raw_noop`` (target >= 1). Memory: the peak RSS of the Spark JVM (local
+mode: driver and executor in one) and of each Python worker while a variant runs, sampled from
+/proc every 50 ms; a harvest task holds one ``chunk_records`` chunk plus the open spans, whatever
+the topic's size (``--chunk-records`` to see it move).
+
+Usage: python -m bench.bench_spark [--records 1000000] [--repeat 3] [--warmup 1] [--chunk-records 250000].
+Prints JSON. Not a test.
 """
 
 from __future__ import annotations
@@ -14,10 +27,16 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import platform
 import statistics
 import sys
+import threading
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
 
 from confluent_kafka import Producer
 
@@ -74,14 +93,110 @@ def write(bootstrap: str, records: int) -> int:
     return written
 
 
+class RssSampler:
+    """Peak RSS (bytes) of this process's descendants while :meth:`measure` is active, per kind:
+    the JVM and the Python workers (pyspark's daemon and the workers it forks), sampled from /proc.
+    Python workers are reused across jobs and keep what they grew to, so a worker counts for a
+    measurement only when it is new or grows by more than 8 MiB during it (one that did work)."""
+
+    def __init__(self, interval: float = 0.05) -> None:
+        self.interval = interval
+        self._peaks: dict[int, tuple[str, int]] = {}
+        self._first: dict[int, int] = {}
+        self._stop = threading.Event()
+
+    @contextmanager
+    def measure(self) -> Iterator[dict[str, Any]]:
+        self._peaks = {}
+        self._first = {pid: _rss(pid) for pid, _ in _descendants(os.getpid())}
+        self._stop.clear()
+        thread = threading.Thread(target=self._run, daemon=True)
+        thread.start()
+        out: dict[str, Any] = {}
+        try:
+            yield out
+        finally:
+            self._stop.set()
+            thread.join()
+            jvm = [rss for kind, rss in self._peaks.values() if kind == "jvm"]
+            workers = [
+                rss
+                for pid, (kind, rss) in self._peaks.items()
+                if kind == "python" and rss > self._first.get(pid, 0) + (8 << 20)
+            ]
+            out["jvm_peak_rss_mb"] = round(max(jvm, default=0) / 2**20)
+            out["python_worker_peak_rss_mb"] = round(max(workers, default=0) / 2**20)
+            out["python_workers_seen"] = len(workers)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            for pid, kind in _descendants(os.getpid()):
+                rss = _rss(pid)
+                if rss and rss > self._peaks.get(pid, (kind, 0))[1]:
+                    self._peaks[pid] = (kind, rss)
+            self._stop.wait(self.interval)
+
+
+def _descendants(root: int) -> list[tuple[int, str]]:
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        children.setdefault(ppid, []).append(int(entry.name))
+    out, todo = [], list(children.get(root, []))
+    while todo:
+        pid = todo.pop()
+        todo.extend(children.get(pid, []))
+        try:
+            cmd = (Path("/proc") / str(pid) / "cmdline").read_bytes()
+        except OSError:
+            continue
+        kind = "jvm" if b"java" in cmd.split(b"\0", 1)[0] else "python" if b"pyspark" in cmd else "other"
+        out.append((pid, kind))
+    return out
+
+
+def _rss(pid: int) -> int:
+    try:
+        for line in (Path("/proc") / str(pid) / "status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+def timed(fn: Callable[[], int], sampler: RssSampler) -> tuple[int, float, dict[str, Any]]:
+    """``(rows, seconds, memory)`` of one variant."""
+    with sampler.measure() as memory:
+        t = time.perf_counter()
+        rows = fn()
+        elapsed = time.perf_counter() - t
+    return rows, elapsed, memory
+
+
+def _noop(df: Any) -> int:
+    df.write.format("noop").mode("overwrite").save()
+    return -1  # the noop sink counts nothing: rows are known from the count variants
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--records", type=int, default=1_000_000)
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--chunk-records", type=int, default=None, help="readCommitted's chunk_records")
+    parser.add_argument("--warmup", type=int, default=1, help="untimed rounds of every variant first (JIT, workers)")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
     from harvest_outbox.spark_reader import readCommitted
+    from harvest_outbox.spark_reader.split_sequencing import DEFAULT_CHUNK_RECORDS
 
+    chunk = args.chunk_records or DEFAULT_CHUNK_RECORDS
+    sampler = RssSampler()
     with LocalServices() as services:
         bootstrap = services.endpoints.kafka_bootstrap
         create_topic(bootstrap, TOPIC, PARTITIONS)
@@ -90,43 +205,63 @@ def main() -> int:
         write_s = time.perf_counter() - t
         spark = local_spark_session("bench-spark")
         opts = {"kafka.bootstrap.servers": bootstrap}
-        raw_rates, rc_rates = [], []
-        for _ in range(args.repeat):
-            t = time.perf_counter()
-            raw = (
+
+        def raw() -> Any:
+            return (
                 spark.read.format("kafka")
                 .options(**opts)
                 .option("subscribe", TOPIC)
                 .option("includeHeaders", "true")
                 .load()
-                .count()
             )
-            raw_rates.append(raw / (time.perf_counter() - t))
-            t = time.perf_counter()
-            committed = readCommitted(spark, TOPIC, opts).count()
-            rc_rates.append(committed / (time.perf_counter() - t))
-            assert committed == written, (committed, written)
+
+        variants: dict[str, Callable[[], int]] = {
+            "raw_count": lambda: raw().count(),
+            "raw_noop": lambda: _noop(raw()),
+            "readCommitted_count": lambda: readCommitted(spark, TOPIC, opts, chunk_records=chunk).count(),
+            "readCommitted_noop": lambda: _noop(readCommitted(spark, TOPIC, opts, chunk_records=chunk)),
+            "readCommitted_spark_source_count": lambda: readCommitted(spark, TOPIC, opts, source="spark").count(),
+        }
+        seconds: dict[str, list[float]] = {name: [] for name in variants}
+        memory: dict[str, dict[str, Any]] = {}
+        in_topic = 0
+        for round_ in range(args.warmup + args.repeat):
+            for name, fn in variants.items():
+                rows, elapsed, mem = timed(fn, sampler)
+                if round_ < args.warmup:
+                    continue
+                if name == "raw_count":
+                    in_topic = rows
+                elif name.endswith("_count"):
+                    assert rows == written, (name, rows, written)
+                seconds[name].append(elapsed)
+                memory[name] = {k: max(v, memory.get(name, {}).get(k, 0)) for k, v in mem.items()}
         spark.stop()
-    raw_med, rc_med = statistics.median(raw_rates), statistics.median(rc_rates)
+    # rows/s of the committed rows for the readers, of every record in the topic for the raw reads
+    rate = {
+        name: statistics.median((in_topic if name.startswith("raw") else written) / s for s in secs)
+        for name, secs in seconds.items()
+    }
     print(
         json.dumps(
             {
                 "benchmark": "spark_readCommitted_vs_raw",
                 "records": written,
-                "raw_records_in_topic": raw,
+                "raw_records_in_topic": in_topic,
                 "repeat": args.repeat,
+                "chunk_records": chunk,
                 "write_records_per_s": round(written / write_s),
-                "raw_read_count_rows_per_s": [round(r) for r in raw_rates],
-                "readCommitted_rows_per_s": [round(r) for r in rc_rates],
-                "raw_median_rows_per_s": round(raw_med),
-                "readCommitted_median_rows_per_s": round(rc_med),
-                "ratio_median": round(rc_med / raw_med, 3),
-                "target_ratio": 0.5,
-                "machine": {
-                    "cpus": __import__("os").cpu_count(),
-                    "python": platform.python_version(),
-                    "spark_master": "local[2]",
-                },
+                "rows_per_s_median": {k: round(v) for k, v in rate.items()},
+                "readCommitted_median_rows_per_s": round(rate["readCommitted_count"]),  # ./dev bench's table
+                "seconds": {k: [round(s, 2) for s in v] for k, v in seconds.items()},
+                "ratio_median": round(rate["readCommitted_count"] / rate["raw_count"], 3),
+                "ratio_noop_median": round(rate["readCommitted_noop"] / rate["raw_noop"], 3),
+                "ratio_count_to_raw_noop": round(rate["readCommitted_count"] / rate["raw_noop"], 3),
+                "ratio_spark_source_median": round(rate["readCommitted_spark_source_count"] / rate["raw_count"], 3),
+                "target_ratio": 0.9,
+                "target_ratio_noop": 1.0,
+                "peak_rss": memory,
+                "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "spark_master": "local[2]"},
             },
             indent=2,
         )

@@ -26,7 +26,16 @@ State: after every micro-batch of readCommittedStream, the state operator's prog
 open at the micro-batch's end offsets (known from the write: per partition, the offset of every
 ACK): the state kept per open producer.
 
-Usage: python -m bench.bench_spark_stream [--records 1000000] [--repeat 3]. Prints JSON. Not a test.
+Phases (issue #35 item 2): for ``readCommittedStream(state_location=...)`` every task appends its
+timings to a folder (``split_sequencing.PHASE_LOG_ENV``): seconds reading Kafka into Arrow,
+sequencing, and ``downstream`` (suspended while Spark takes the rows into the JVM and through the
+sink), summed over the tasks of the last repeat; with the driver's phases from Spark's progress
+(``latestOffset``: watermarks, ``queryPlanning``, ``walCommit``/``commitOffsets``, ``addBatch``:
+the tasks and the sink). Memory: peak RSS of the JVM and of each Python worker per variant
+(bench_spark's sampler), and each task's own ``ru_maxrss`` in the phase lines.
+
+Usage: python -m bench.bench_spark_stream [--records 1000000] [--repeat 3] [--variants raw,state_location].
+Prints JSON. Not a test.
 """
 
 from __future__ import annotations
@@ -36,6 +45,7 @@ import json
 import logging
 import os
 import platform
+import shutil
 import statistics
 import sys
 import tempfile
@@ -44,7 +54,7 @@ from bisect import bisect_right
 from pathlib import Path
 from typing import Any
 
-from bench.bench_spark import PARTITIONS, RING, TXN, write
+from bench.bench_spark import PARTITIONS, RING, TXN, RssSampler, write
 from harvest_outbox.harvest_local import LocalServices
 from harvest_outbox.harvest_local.kafka import create_topic
 from harvest_outbox.harvest_local.spark import local_spark_session
@@ -185,16 +195,50 @@ def _passthrough(batches: Any) -> Any:
     yield from batches
 
 
+def _task_phases(folder: Path) -> dict[str, Any]:
+    """The tasks' phase lines (split_sequencing.Phases.log) summed: seconds per phase over all tasks,
+    each phase's share of the tasks' time, and the largest peak RSS a task saw."""
+    lines = [json.loads(line) for f in folder.glob("*.jsonl") for line in f.read_text().splitlines() if line]
+    if not lines:
+        return {}
+    sums = {k: round(sum(x[k] for x in lines), 2) for k in ("total", "read", "sequence", "downstream")}
+    total = sums["total"] or 1.0
+    return {
+        "tasks": len(lines),
+        "records": sum(x["records"] for x in lines),
+        "task_seconds": sums,
+        "share": {k: round(sums[k] / total, 3) for k in ("read", "sequence", "downstream")},
+        "task_peak_rss_mb": round(max(x["peak_rss_bytes"] for x in lines) / 2**20),
+    }
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--records", type=int, default=1_000_000)
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--batches", type=int, default=10, help="micro-batches per query (maxOffsetsPerTrigger)")
+    parser.add_argument(
+        "--variants",
+        default="raw,passthrough,state_store,state_location",
+        help="comma-separated subset of raw,passthrough,state_store,state_location (raw always runs)",
+    )
     args = parser.parse_args()
+    chosen = set(args.variants.split(",")) | {"raw"}
     logging.basicConfig(level=logging.WARNING)
     from harvest_outbox.spark_reader import readCommittedStream
+    from harvest_outbox.spark_reader.split_sequencing import PHASE_LOG_ENV
 
     scratch = Path(tempfile.mkdtemp(prefix="bench-spark-stream-"))
+    os.environ[PHASE_LOG_ENV] = str(scratch / "phases")  # inherited by the JVM and its Python workers
+    sampler = RssSampler()
+    memory: dict[str, dict[str, Any]] = {}
+
+    def measured(name: str, *a: Any) -> tuple[int, float, list[dict[str, Any]]]:
+        with sampler.measure() as mem:
+            out = run_query(*a)
+        memory[name] = {k: max(v, memory.get(name, {}).get(k, 0)) for k, v in mem.items()}
+        return out
+
     with LocalServices() as services:
         bootstrap = services.endpoints.kafka_bootstrap
         create_topic(bootstrap, TOPIC, PARTITIONS)
@@ -216,7 +260,14 @@ def main() -> int:
             },
         )
         opts = {"kafka.bootstrap.servers": bootstrap}
-        raw_rates, rc_rates, pass_rates, src_rates, state = [], [], [], [], {}
+        raw_rates: list[float] = []
+        rc_rates: list[float] = []
+        pass_rates: list[float] = []
+        src_rates: list[float] = []
+        state: dict[str, Any] = {}
+        src_state: dict[str, int] = {}
+        phases: dict[str, Any] = {}
+        progress = pass_progress = src_progress = []
         for i in range(args.repeat):
             raw_sdf = (
                 spark.readStream.format("kafka")
@@ -227,29 +278,41 @@ def main() -> int:
                 .option("maxOffsetsPerTrigger", str(max_offsets))
                 .load()
             )
-            raw, raw_s, raw_progress = run_query(spark, raw_sdf, str(scratch / f"raw-{i}"), max_offsets)
+            raw, raw_s, raw_progress = measured("raw", spark, raw_sdf, str(scratch / f"raw-{i}"), max_offsets)
             assert raw == in_topic, (raw, in_topic)
             raw_rates.append(raw / raw_s)
-            raw_cols = raw_sdf.select("key", "value", "headers", "partition", "offset", "timestamp")
-            passed, pass_s, pass_progress = run_query(
-                spark,
-                raw_cols.mapInArrow(_passthrough, schema=raw_cols.schema),
-                str(scratch / f"pass-{i}"),
-                max_offsets,
-            )
-            assert passed == in_topic, (passed, in_topic)
-            pass_rates.append(passed / pass_s)
-            sdf = readCommittedStream(spark, TOPIC, opts, max_offsets_per_trigger=max_offsets)
-            committed, rc_s, progress = run_query(spark, sdf, str(scratch / f"rc-{i}"), max_offsets)
-            assert committed == written, (committed, written)
-            rc_rates.append(committed / rc_s)
-            src_sdf = readCommittedStream(
-                spark, TOPIC, opts, max_offsets_per_trigger=max_offsets, state_location=str(scratch / f"src-state-{i}")
-            )
-            from_source, src_s, src_progress = run_query(spark, src_sdf, str(scratch / f"src-{i}"), max_offsets)
-            assert from_source == written, (from_source, written)
-            src_rates.append(from_source / src_s)
-            src_state = _state_files(scratch / f"src-state-{i}")
+            if "passthrough" in chosen:
+                raw_cols = raw_sdf.select("key", "value", "headers", "partition", "offset", "timestamp")
+                passed, pass_s, pass_progress = measured(
+                    "passthrough",
+                    spark,
+                    raw_cols.mapInArrow(_passthrough, schema=raw_cols.schema),
+                    str(scratch / f"pass-{i}"),
+                    max_offsets,
+                )
+                assert passed == in_topic, (passed, in_topic)
+                pass_rates.append(passed / pass_s)
+            if "state_store" in chosen:
+                sdf = readCommittedStream(spark, TOPIC, opts, max_offsets_per_trigger=max_offsets)
+                committed, rc_s, progress = measured("state_store", spark, sdf, str(scratch / f"rc-{i}"), max_offsets)
+                assert committed == written, (committed, written)
+                rc_rates.append(committed / rc_s)
+            if "state_location" in chosen:
+                src_sdf = readCommittedStream(
+                    spark,
+                    TOPIC,
+                    opts,
+                    max_offsets_per_trigger=max_offsets,
+                    state_location=str(scratch / f"src-state-{i}"),
+                )
+                shutil.rmtree(scratch / "phases", ignore_errors=True)
+                from_source, src_s, src_progress = measured(
+                    "state_location", spark, src_sdf, str(scratch / f"src-{i}"), max_offsets
+                )
+                assert from_source == written, (from_source, written)
+                src_rates.append(from_source / src_s)
+                src_state = _state_files(scratch / f"src-state-{i}")
+                phases = _task_phases(scratch / "phases")
             if i == 0:
                 spark_conf = {
                     k: spark.conf.get(k, None)
@@ -259,7 +322,7 @@ def main() -> int:
                         "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled",
                     )
                 }
-            if i == args.repeat - 1:
+            if i == args.repeat - 1 and "state_store" in chosen:
                 state = state_per_open_producer(spark, str(scratch / f"rc-{i}"), progress, acks)
             durations = {
                 "raw": _durations(raw_progress),
@@ -268,7 +331,18 @@ def main() -> int:
                 "readCommittedStream_state_location": _durations(src_progress),
             }
         spark.stop()
-    raw_med, rc_med = statistics.median(raw_rates), statistics.median(rc_rates)
+    raw_med = statistics.median(raw_rates)
+
+    def rates(name: str, values: list[float]) -> dict[str, Any]:
+        if not values:
+            return {}
+        med = statistics.median(values)
+        return {
+            f"{name}_rows_per_s": [round(r) for r in values],
+            f"{name}_median_rows_per_s": round(med),
+            f"{name}_ratio_median": round(med / raw_med, 3),
+        }
+
     print(
         json.dumps(
             {
@@ -285,17 +359,18 @@ def main() -> int:
                 "spark_conf": {k: spark_conf[k] for k in sorted(spark_conf)},
                 "write_records_per_s": round(written / write_s),
                 "raw_stream_rows_per_s": [round(r) for r in raw_rates],
-                "readCommittedStream_rows_per_s": [round(r) for r in rc_rates],
                 "raw_median_rows_per_s": round(raw_med),
-                "readCommittedStream_median_rows_per_s": round(rc_med),
-                "ratio_median": round(rc_med / raw_med, 3),
-                "target_ratio": 0.5,
-                "state_location_rows_per_s": [round(r) for r in src_rates],
-                "state_location_median_rows_per_s": round(statistics.median(src_rates)),
-                "state_location_ratio_median": round(statistics.median(src_rates) / raw_med, 3),
+                **rates("state_location", src_rates),
+                **rates("readCommittedStream", rc_rates),  # the state-store way
+                **rates("mapInArrow_passthrough", pass_rates),
+                # the names ./dev bench's table reads
+                "ratio_median": round(statistics.median(rc_rates) / raw_med, 3) if rc_rates else None,
+                "passthrough_ratio_median": round(statistics.median(pass_rates) / raw_med, 3) if pass_rates else None,
+                "target_ratio_state_location": 0.9,
+                "target_ratio_state_store": 0.5,
                 "state_location_files_after_last_run": src_state,
-                "mapInArrow_passthrough_rows_per_s": [round(r) for r in pass_rates],
-                "passthrough_ratio_median": round(statistics.median(pass_rates) / raw_med, 3),
+                "state_location_task_phases_last_run": phases,
+                "peak_rss": memory,
                 "state": state,
                 "last_run_batch_durations_ms": durations,
                 "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "spark_master": "local[2]"},
