@@ -30,7 +30,7 @@ Assumptions (what the schema and Postgres must provide):
   ``xid`` is a row's *top-level* transaction id (a column defaulting to ``pg_current_xact_id()``), not
   its ``xmin``: a snapshot's ``xip`` holds top-level xids only, so a subtransaction's xid looks ended.
 
-Invariants (each backed by test_watermark_model.py):
+Invariants (each backed by tests/test_producer/test_watermark*.py):
 
 - I1 (soundness of ``low``): every committed row not visible in ``cursor.lo`` has ``id >= cursor.low``.
 - I2 (batch): rows visible in ``lo`` were delivered before the cursor committed ``lo``; rows pending for
