@@ -13,6 +13,8 @@ Invariants:
 - the rows emitted over all chunks, and the end states, are those of one
   :func:`sequence_partition` over the whole range (a checkpoint restores a Sequencer exactly;
   pruning by ``prune_horizon_ns`` happens only at the range's end, as in one pass);
+- each chunk's rows leave in log order, not the range's: a row committed in a later chunk (its
+  span carried) can lie before rows an earlier chunk emitted (a DataFrame has no order anyway);
 - a record below ``start`` is never emitted (it is read only to replay spans open at ``start``);
 - memory is bounded by one chunk plus the open spans' records, not by the range's length.
 """
