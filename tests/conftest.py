@@ -1,4 +1,5 @@
-"""Shared fixtures: real services started once per test run, isolated per test.
+"""Shared fixtures: real services started once per test run (per worker: ``./dev test`` runs two
+pytest-xdist workers, grouped by :mod:`xdist_groups`), isolated per test.
 
 - ``services`` (session): Postgres + Kafka from :mod:`harvest_local` (the local launcher by default;
   ``HARVEST_PG_DSN`` / ``HARVEST_KAFKA_BOOTSTRAP`` name existing ones;
