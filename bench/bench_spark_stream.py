@@ -201,13 +201,21 @@ def _task_phases(folder: Path) -> dict[str, Any]:
     lines = [json.loads(line) for f in folder.glob("*.jsonl") for line in f.read_text().splitlines() if line]
     if not lines:
         return {}
-    sums = {k: round(sum(x[k] for x in lines), 2) for k in ("total", "read", "sequence", "downstream")}
+    keys = ("total", "read", "first_batch", "state", "sequence", "downstream")
+    sums = {k: round(sum(x.get(k, 0.0) for x in lines), 2) for k in keys}
     total = sums["total"] or 1.0
+    span = max(x["wall_end"] for x in lines) - min(x["wall_start"] for x in lines)
     return {
         "tasks": len(lines),
         "records": sum(x["records"] for x in lines),
         "task_seconds": sums,
-        "share": {k: round(sums[k] / total, 3) for k in ("read", "sequence", "downstream")},
+        "share": {k: round(sums[k] / total, 3) for k in keys[1:]},
+        # wall time from the first task's start to the last one's end, and the share of the two
+        # cores' time the tasks' own code was running in it (the rest: Spark's per-task and
+        # per-micro-batch work, Python workers started, idle cores)
+        "tasks_wall_span_s": round(span, 2),
+        "tasks_busy_share_of_2_cores": round(sums["total"] / (2 * span), 3) if span else None,
+        "python_workers": len({x["pid"] for x in lines}),
         "task_peak_rss_mb": round(max(x["peak_rss_bytes"] for x in lines) / 2**20),
     }
 

@@ -64,16 +64,21 @@ class SplitPlan:
 @dataclass
 class Phases:
     """Seconds a task spent per phase: reading Kafka (``read``: the consume loop and building the
-    Arrow batches), ``sequence`` (headers, uuids, Sequencer, selecting rows) and ``downstream`` (suspended at ``yield``: Spark taking the rows into the JVM and
+    Arrow batches; ``first_batch``: the part of it until the first batch, i.e. the consumer's
+    connection, leader lookup and first fetch), ``state`` (the stream's state files), ``sequence``
+    (headers, uuids, Sequencer, selecting rows) and ``downstream`` (suspended at ``yield``: Spark taking the rows into the JVM and
     through the rest of the plan, e.g. the sink)."""
 
     read: float = 0.0
+    first_batch: float = 0.0
+    state: float = 0.0
     sequence: float = 0.0
     downstream: float = 0.0
     records: int = 0
     rows: int = 0
     peak_rss_bytes: int = 0
     started: float = field(default_factory=time.perf_counter)
+    wall_start: float = field(default_factory=time.time)
 
     def log(self, partition: int, kind: str) -> None:
         folder = os.environ.get(PHASE_LOG_ENV)
@@ -88,6 +93,7 @@ class Phases:
             "pid": os.getpid(),
             "partition": partition,
             "total": time.perf_counter() - self.started,
+            "wall_end": time.time(),
             **{k: v for k, v in vars(self).items() if k != "started"},
         }
         os.makedirs(folder, exist_ok=True)
@@ -101,13 +107,20 @@ class SplitSequencer:
     :meth:`run` is exhausted, :attr:`end_states` holds the journal's producer states at ``end``
     (the starting states when no record was read: nothing changed them)."""
 
-    def __init__(self, plan: SplitPlan, partition: int, start: int | None, states: list[ProducerState]) -> None:
+    def __init__(
+        self,
+        plan: SplitPlan,
+        partition: int,
+        start: int | None,
+        states: list[ProducerState],
+        phases: Phases | None = None,
+    ) -> None:
         if plan.chunk_records < 1:
             raise ValueError(f"chunk_records={plan.chunk_records!r}: pass a positive int")
         self.plan, self.partition, self.start = plan, partition, start
         self.end_states: list[ProducerState] = list(states)
         self.records = 0
-        self.phases = Phases()
+        self.phases = phases or Phases()
         self._carry: pa.Table | None = None  # records of the open spans, from the oldest begin on
 
     def run(self, batches: Iterable[pa.RecordBatch]) -> Iterator[pa.Table]:
@@ -120,6 +133,8 @@ class SplitSequencer:
             t = time.perf_counter()
             batch = next(source, None)
             ph.read += time.perf_counter() - t
+            if not ph.first_batch:
+                ph.first_batch = ph.read
             if batch is None:
                 break
             if n >= self.plan.chunk_records:  # a full chunk, and more follows: not the last

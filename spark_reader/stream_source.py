@@ -48,7 +48,7 @@ from harvest_outbox.spark_reader.errors import SparkReaderError
 from harvest_outbox.spark_reader.kafka_arrow import iter_range, watermarks
 from harvest_outbox.spark_reader.policy import UUIDPolicyName
 from harvest_outbox.spark_reader.schema import SEQUENCED
-from harvest_outbox.spark_reader.split_sequencing import SplitPlan, SplitSequencer
+from harvest_outbox.spark_reader.split_sequencing import Phases, SplitPlan, SplitSequencer
 from harvest_outbox.spark_reader.stream_state import StreamStateFiles
 
 if TYPE_CHECKING:
@@ -197,6 +197,7 @@ class CommittedStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
     # (Spark hands back the partitions partitions() made: KafkaSplits)
     def read(self, split: KafkaSplit) -> Iterator[pa.RecordBatch]:  # type: ignore[override]
         s = self.settings
+        phases = Phases()
         files = StreamStateFiles(s.state_location, split.run)
         p = split.partition
         if split.initial is not None:
@@ -207,9 +208,12 @@ class CommittedStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
             states = []
         begins = [st.begin for st in states if st.begin >= 0]
         read_from = min([split.start, *begins]) if split.start is not None else None
-        seq = SplitSequencer(s.split_plan(), p, split.start, states)
+        phases.state = time.perf_counter() - phases.started
+        seq = SplitSequencer(s.split_plan(), p, split.start, states, phases)
         out = list(seq.run(iter_range(s.topic, s.kafka, p, read_from, split.end, seq.plan.read_batch)))
+        t = time.perf_counter()
         files.put(p, split.end, seq.end_states)
+        phases.state += time.perf_counter() - t
         t = time.perf_counter()
         for table in out:
             yield from table.to_batches()

@@ -1,0 +1,53 @@
+"""kafka_arrow on the embedded Kafka broker (no Spark): a range reads exactly its records, in order,
+also when the pooled consumer read other partitions, offsets and topics just before (what it fetched
+for them must not leak into the next read), and a read that stops early does not return its
+consumer to the pool."""
+
+from __future__ import annotations
+
+import pytest
+from sequenced_log import read_raw, write_log
+
+from harvest_outbox.spark_reader import kafka_arrow
+from harvest_outbox.spark_reader.kafka_arrow import iter_range
+
+pytestmark = [pytest.mark.integration]
+
+
+def _offsets(topic: str, opts: dict[str, str], partition: int, start: int | None, end: int, chunk: int) -> list:
+    out = []
+    for batch in iter_range(topic, opts, partition, start, end, chunk):
+        assert batch.num_rows <= chunk
+        out += list(zip(batch.column("partition").to_pylist(), batch.column("offset").to_pylist(), strict=True))
+    return out
+
+
+def test_pooled_reads_return_exactly_their_range(kafka_bootstrap, topic_factory) -> None:
+    a, b = topic_factory(partitions=2), topic_factory(partitions=1)
+    write_log(kafka_bootstrap, a, 2, seed=61, steps=60)
+    write_log(kafka_bootstrap, b, 1, seed=62, steps=30)
+    by: dict[tuple[str, int], list[int]] = {}
+    for t, n in ((a, 2), (b, 1)):
+        for r in read_raw(kafka_bootstrap, t, n):
+            by.setdefault((t, r.partition), []).append(r.offset)
+    opts = {"kafka.bootstrap.servers": kafka_bootstrap}
+    kafka_arrow._pool.clear()
+    cases = [  # (topic, partition, start, end as a share of the partition, chunk)
+        (a, 0, 0, 1.0, 7),
+        (a, 1, None, 0.5, 1000),
+        (a, 0, 10, 0.3, 3),  # back to an earlier offset of a partition read before
+        (b, 0, 5, 1.0, 11),
+        (a, 1, 0, 1.0, 50),
+    ]
+    for topic, p, start, share, chunk in cases:
+        offsets = by[(topic, p)]
+        end = offsets[0] + int(len(offsets) * share)
+        first = offsets[0] if start is None else start
+        expected = [(p, o) for o in offsets if first <= o < end]
+        assert _offsets(topic, opts, p, start, end, chunk) == expected, (topic, p, start, end)
+    assert sum(len(v) for v in kafka_arrow._pool.values()) == 1  # one consumer served every read
+
+    reader = iter_range(a, opts, 0, 0, by[(a, 0)][-1] + 1, 5)
+    next(reader)
+    reader.close()  # a read stopped early: its consumer is closed, not pooled with a half-read queue
+    assert sum(len(v) for v in kafka_arrow._pool.values()) == 0
