@@ -96,8 +96,9 @@ def write(bootstrap: str, records: int) -> int:
 class RssSampler:
     """Peak RSS (bytes) of this process's descendants while :meth:`measure` is active, per kind:
     the JVM and the Python workers (pyspark's daemon and the workers it forks), sampled from /proc.
-    Python workers are reused across jobs and keep what they grew to, so a worker counts for a
-    measurement only when it is new or grows by more than 8 MiB during it (one that did work)."""
+    Python workers are reused across jobs and keep what they grew to, so the workers' figure is the
+    largest RSS any Python worker had while the variant ran (an upper bound of what its tasks
+    needed), and ``python_workers_grew`` counts those that are new or grew by more than 8 MiB."""
 
     def __init__(self, interval: float = 0.05) -> None:
         self.interval = interval
@@ -119,14 +120,15 @@ class RssSampler:
             self._stop.set()
             thread.join()
             jvm = [rss for kind, rss in self._peaks.values() if kind == "jvm"]
-            workers = [
-                rss
+            workers = [rss for kind, rss in self._peaks.values() if kind == "python"]
+            grew = [
+                pid
                 for pid, (kind, rss) in self._peaks.items()
                 if kind == "python" and rss > self._first.get(pid, 0) + (8 << 20)
             ]
             out["jvm_peak_rss_mb"] = round(max(jvm, default=0) / 2**20)
             out["python_worker_peak_rss_mb"] = round(max(workers, default=0) / 2**20)
-            out["python_workers_seen"] = len(workers)
+            out["python_workers_grew"] = len(grew)
 
     def _run(self) -> None:
         while not self._stop.is_set():
