@@ -55,7 +55,7 @@ class BatchSettings:
     def parse(options: Mapping[str, str]) -> BatchSettings:
         kafka = {k: v for k, v in options.items() if k.lower().startswith("kafka.")}
         rest = json.loads(options[_SETTINGS])
-        return BatchSettings(SplitPlan(**rest["plan"]), kafka, [tuple(r) for r in rest["ranges"]])  # type: ignore[misc]
+        return BatchSettings(SplitPlan(**rest["plan"]), kafka, [tuple(r) for r in rest["ranges"]])
 
     def __repr__(self) -> str:  # never the Kafka options: they may hold SASL / SSL secrets
         return f"BatchSettings(topic={self.plan.topic!r}, ranges={len(self.ranges)})"
