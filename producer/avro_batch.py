@@ -30,9 +30,6 @@ import json
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from fastavro import parse_schema, schemaless_writer
-from fastavro.validation import validate
-
 from harvest_outbox.producer.schema_reasons import not_json_reason, validation_reason
 
 _fast_loads: Callable[[bytes], Any] | None
@@ -72,9 +69,16 @@ class AvroWriter:
     ``checked`` is None until the relay has compared this writer's bytes with the serializer's on a
     real row, then True (they were equal: write directly) or False (use the serializer)."""
 
-    __slots__ = ("checked", "parsed", "prefix", "schema_id", "schema_str")
+    __slots__ = ("_validate", "_write", "checked", "parsed", "prefix", "schema_id", "schema_str")
 
     def __init__(self, schema_id: int, schema_str: str) -> None:
+        # fastavro comes with the `registry` extra: imported here, not at module level, because the
+        # relay core imports this module whether or not a topic is encoded.
+        from fastavro import parse_schema, schemaless_writer
+        from fastavro.validation import validate
+
+        self._validate: Callable[..., Any] = validate
+        self._write: Callable[..., Any] = schemaless_writer
         self.schema_id, self.schema_str = schema_id, schema_str
         self.parsed: Any = parse_schema(json.loads(schema_str))
         self.prefix = wire_prefix(schema_id)
@@ -85,21 +89,21 @@ class AvroWriter:
 
     def validate(self, value: Any) -> None:
         """Raises fastavro's ValidationError (its ``errors`` name each field) if ``value`` does not fit."""
-        validate(value, self.parsed, raise_errors=True)
+        self._validate(value, self.parsed, raise_errors=True)
 
     def write(self, value: Any) -> bytes:
         """``value`` (already validated) in the wire format."""
         buf = io.BytesIO()
         buf.write(self.prefix)
-        schemaless_writer(buf, self.parsed, value)
+        self._write(buf, self.parsed, value)
         return buf.getvalue()
 
     def encode(self, value: Any) -> bytes:
         """``value`` validated strictly, then written in the wire format."""
-        validate(value, self.parsed, raise_errors=True)
+        self._validate(value, self.parsed, raise_errors=True)
         buf = io.BytesIO()
         buf.write(self.prefix)
-        schemaless_writer(buf, self.parsed, value)
+        self._write(buf, self.parsed, value)
         return buf.getvalue()
 
 
