@@ -29,8 +29,10 @@ import json
 import logging
 import os
 import platform
+import shutil
 import statistics
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -181,6 +183,20 @@ def timed(fn: Callable[[], int], sampler: RssSampler) -> tuple[int, float, dict[
     return rows, elapsed, memory
 
 
+def task_phases(folder: Path) -> dict[str, Any]:
+    """Seconds the harvest source's tasks spent per phase (split_sequencing.Phases lines), summed."""
+    lines = [json.loads(line) for f in folder.glob("*.jsonl") for line in f.read_text().splitlines() if line]
+    if not lines:
+        return {}
+    keys = ("total", "read", "first_batch", "sequence", "downstream")
+    return {
+        "tasks": len(lines),
+        "records": sum(x["records"] for x in lines),
+        "task_seconds": {k: round(sum(x.get(k, 0.0) for x in lines), 2) for k in keys},
+        "task_peak_rss_mb": round(max(x["peak_rss_bytes"] for x in lines) / 2**20),
+    }
+
+
 def _noop(df: Any) -> int:
     df.write.format("noop").mode("overwrite").save()
     return -1  # the noop sink counts nothing: rows are known from the count variants
@@ -195,7 +211,10 @@ def main() -> int:
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
     from harvest_outbox.spark_reader import readCommitted
-    from harvest_outbox.spark_reader.split_sequencing import DEFAULT_CHUNK_RECORDS
+    from harvest_outbox.spark_reader.split_sequencing import DEFAULT_CHUNK_RECORDS, PHASE_LOG_ENV
+
+    phase_dir = Path(tempfile.mkdtemp(prefix="bench-spark-phases-"))
+    os.environ[PHASE_LOG_ENV] = str(phase_dir)  # inherited by the JVM and its Python workers
 
     chunk = args.chunk_records or DEFAULT_CHUNK_RECORDS
     sampler = RssSampler()
@@ -207,6 +226,11 @@ def main() -> int:
         write_s = time.perf_counter() - t
         spark = local_spark_session("bench-spark")
         opts = {"kafka.bootstrap.servers": bootstrap}
+        big_fetch = {
+            **opts,
+            "kafka.max.partition.fetch.bytes": str(16 << 20),
+            "kafka.queued.max.messages.kbytes": str(64 << 10),
+        }
 
         def raw() -> Any:
             return (
@@ -223,13 +247,20 @@ def main() -> int:
             "readCommitted_count": lambda: readCommitted(spark, TOPIC, opts, chunk_records=chunk).count(),
             "readCommitted_noop": lambda: _noop(readCommitted(spark, TOPIC, opts, chunk_records=chunk)),
             "readCommitted_spark_source_count": lambda: readCommitted(spark, TOPIC, opts, source="spark").count(),
+            # the harvest source with 16 MiB fetches per partition (kafka_arrow's default is 1 MiB)
+            "readCommitted_big_fetch_count": lambda: readCommitted(
+                spark, TOPIC, big_fetch, chunk_records=chunk
+            ).count(),
         }
         seconds: dict[str, list[float]] = {name: [] for name in variants}
         memory: dict[str, dict[str, Any]] = {}
         in_topic = 0
+        phases: dict[str, Any] = {}
         for round_ in range(args.warmup + args.repeat):
             for name, fn in variants.items():
+                shutil.rmtree(phase_dir, ignore_errors=True)
                 rows, elapsed, mem = timed(fn, sampler)
+                phases[name] = task_phases(phase_dir)
                 if round_ < args.warmup:
                     continue
                 if name == "raw_count":
@@ -263,6 +294,7 @@ def main() -> int:
                 "target_ratio": 0.9,
                 "target_ratio_noop": 1.0,
                 "peak_rss": memory,
+                "harvest_task_phases_last_round": {k: v for k, v in phases.items() if v},
                 "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "spark_master": "local[2]"},
             },
             indent=2,
