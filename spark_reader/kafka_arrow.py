@@ -14,9 +14,11 @@ Invariants:
   back unassigned only after a read that ended cleanly (one that failed closes it).
 
 Consumers are pooled per process and Kafka configuration (:func:`pooled`), as Spark's Kafka source
-pools its consumers per executor: Python workers are reused across tasks and micro-batches, and a
-new consumer's connection, leader lookup and first fetch cost a micro-batch's task more than
-reading its records (measured: ~75% of the stream's task time with a consumer per task).
+pools its consumers per executor: Python workers are reused across tasks and micro-batches, so a
+micro-batch's task does not pay a new consumer's connection and leader lookup. Fetches are bounded
+(1 MiB per partition, 16 MiB queued): a task reads a bounded range, and whatever is fetched beyond
+its end is thrown away (with 16 MiB fetches a stream's task fetched the rest of its partition every
+micro-batch; docs/reading-spark.md has the measurements).
 """
 
 from __future__ import annotations

@@ -64,8 +64,8 @@ class SplitPlan:
 @dataclass
 class Phases:
     """Seconds a task spent per phase: reading Kafka (``read``: the consume loop and building the
-    Arrow batches; ``first_batch``: the part of it until the first batch, i.e. the consumer's
-    connection, leader lookup and first fetch), ``state`` (the stream's state files), ``sequence``
+    Arrow batches; ``first_batch``: the part of it until the first Arrow batch of up to
+    ``read_batch`` records: the consumer's connection and first fetches, and reading that batch), ``state`` (the stream's state files), ``sequence``
     (headers, uuids, Sequencer, selecting rows) and ``downstream`` (suspended at ``yield``: Spark taking the rows into the JVM and
     through the rest of the plan, e.g. the sink)."""
 
