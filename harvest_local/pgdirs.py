@@ -53,9 +53,11 @@ DEFAULT_SERVER_USER = "harvestpg"
 PREFIX = "postgres-"
 _LOCK_SUFFIX = ".lock"
 # Each failed attempt lost a race with another run of the checkout releasing (removing) the then
-# empty per-checkout folder between our mkdir and our lock: under load (CI with several runs of one
-# checkout claiming and releasing back to back) five in a row happened; each retry backs off a little.
-_CLAIM_ATTEMPTS = 50
+# empty per-checkout folder between our mkdir and our lock, or sweeping our just-created lock file:
+# under load (two pytest-xdist workers and other runs of one checkout claiming, releasing and
+# sweeping back to back) 50 losses in a row happened within a second, so claim() retries for a
+# time, not a count; each retry backs off a little more, up to 50 ms.
+_CLAIM_SECONDS = 30.0
 
 
 @dataclass(frozen=True)
@@ -142,21 +144,24 @@ class Instance:
 def claim(name: str, user: ServerUser | None) -> Instance:
     """Create and lock the instance folder ``name`` (see the module docstring for where)."""
     work = work_dir()
-    for attempt in range(_CLAIM_ATTEMPTS):
+    deadline, attempt = time.monotonic() + _CLAIM_SECONDS, 0
+    while time.monotonic() < deadline:
+        attempt += 1
         try:
             parent = work if user is None else _checkout_dir(work)
             lock_path = parent / (name + _LOCK_SUFFIX)
             fd = _try_lock(lock_path, create=True)
         except FileNotFoundError:  # a sweeper removed the (then empty) per-checkout folder: again
-            time.sleep(0.001 * (1 + attempt))
+            time.sleep(min(0.05, 0.001 * attempt))
             continue
         if fd is not None:
             break
+        time.sleep(min(0.05, 0.001 * attempt))
     else:
         raise ServiceError(
             "postgres",
             f"could not claim the folder {name!r} for the server in "
-            f"{_CLAIM_ATTEMPTS} attempts (its lock is held by another process, or "
+            f"{_CLAIM_SECONDS:.0f} s ({attempt} attempts: its lock is held by another process, or "
             "its parent keeps disappearing). Fix: retry",
         )
     try:
