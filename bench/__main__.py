@@ -454,7 +454,7 @@ ROWS: dict[str, Callable[[dict[str, Any]], list[tuple[str, str, str, str]]]] = {
             f"{_fmt((r.get('reader_peak_rss_mb_by_quarter') or [None])[-1])} MB "
             f"({_fmt(r.get('reader_peak_rss_vs_raw'))} of the plain consumer's), Python heap peak "
             f"{_fmt((r.get('reader_heap_peak_mb_by_quarter') or [None])[-1])} MB",
-            "ratio ≥ 0.7",
+            "ratio ≥ 0.95",
         ),
         (
             "ReadCommittedIter, one poll() per record (msg/s)",
