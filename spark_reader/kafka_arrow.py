@@ -10,20 +10,18 @@ Invariants:
   columns less ``topic``); a range that cannot be read to its end fails with the offset it stopped
   at, never ends early;
 - Python holds at most one batch's records as Python objects at a time;
-- a consumer is used by one read at a time: :func:`pooled` takes it out of the pool and puts it
-  back unassigned only after a read that ended cleanly (one that failed closes it).
+- a consumer serves one read (:func:`read_consumer`) and is closed after it.
 
-Consumers are pooled per process and Kafka configuration (:func:`pooled`), as Spark's Kafka source
-pools its consumers per executor: Python workers are reused across tasks and micro-batches, so a
-micro-batch's task does not pay a new consumer's connection and leader lookup. Fetches are bounded
-(1 MiB per partition, 16 MiB queued): a task reads a bounded range, and whatever is fetched beyond
-its end is thrown away (with 16 MiB fetches a stream's task fetched the rest of its partition every
-micro-batch; docs/reading-spark.md has the measurements).
+Consumers are not pooled across reads: a pooled consumer, unassigned and assigned to the next task's
+range, made a stream of 1M records read at 0.40 of Spark's raw stream against 0.68-0.72 with a
+consumer per read (the same run's settings otherwise; it helped only small micro-batches of ~2,500
+records per task). Fetches are bounded (1 MiB per partition, 16 MiB queued): a task reads a bounded
+range, and whatever is fetched beyond its end is thrown away (docs/reading-spark.md has the
+measurements).
 """
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -37,7 +35,6 @@ from harvest_outbox.spark_reader.errors import SparkReaderError
 _GROUP = "harvest-spark-reader"  # never joined: partitions are assigned and offsets never committed
 CHUNK = 65536  # records per Arrow batch while reading (bounds the Python lists)
 _STALL_SECONDS = 60.0  # no record and no position change for this long: fail the task, say where
-_POOL_CONFIGS = 4  # Kafka configurations a process keeps idle consumers for (the oldest closed first)
 _HEADERS = pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())]))
 _TIMESTAMP = pa.timestamp("us", tz="UTC")
 
@@ -66,47 +63,28 @@ def consumer(kafka: Mapping[str, str]) -> Any:
     }
     # A task reads a bounded range, and whatever librdkafka fetches beyond its end is read from the
     # broker, decompressed and thrown away: fetches of librdkafka's default 1 MiB per partition, a
-    # prefetch queue of at most 16 MiB, and a short long-poll (an unassigned partition's pending
-    # fetch delays the pooled consumer's next read by up to this long).
+    # prefetch queue of at most 16 MiB, and a short long-poll.
     conf.setdefault("max.partition.fetch.bytes", 1 << 20)
     conf.setdefault("queued.max.messages.kbytes", 16 << 10)
     conf.setdefault("fetch.wait.max.ms", 10)
     return Consumer(conf)
 
 
-_pool: dict[tuple[tuple[str, str], ...], list[Any]] = {}
-_pool_lock = threading.Lock()
-
-
 @contextmanager
-def pooled(kafka: Mapping[str, str]) -> Iterator[Any]:
-    """An idle consumer for ``kafka`` from this process's pool (a new one if none), returned to it
-    unassigned when the block ends cleanly, closed when it raises."""
-    key = tuple(sorted((k, str(v)) for k, v in kafka.items()))
-    with _pool_lock:
-        idle = _pool.get(key)
-        client = idle.pop() if idle else None
-    if client is None:
-        client = consumer(kafka)
+def read_consumer(kafka: Mapping[str, str]) -> Iterator[Any]:
+    """A new consumer for ``kafka``, closed when the block ends (cleanly or not)."""
+    client = consumer(kafka)
     try:
         yield client
-        client.unassign()
-    except BaseException:
+    finally:
         client.close()
-        raise
-    with _pool_lock:
-        _pool.setdefault(key, []).append(client)
-        _pool[key] = _pool.pop(key)  # most recently used last
-        while len(_pool) > _POOL_CONFIGS:
-            for old in _pool.pop(next(iter(_pool))):
-                old.close()
 
 
 def watermarks(topic: str, kafka: Mapping[str, str]) -> dict[int, tuple[int, int]]:
     """``{partition: (low, high)}`` of ``topic``."""
     from confluent_kafka import TopicPartition
 
-    with pooled(kafka) as client:
+    with read_consumer(kafka) as client:
         meta = client.list_topics(topic, timeout=30).topics.get(topic)
         if meta is None or meta.error is not None or not meta.partitions:
             raise SparkReaderError(
@@ -122,7 +100,7 @@ def iter_range(
     from confluent_kafka import OFFSET_BEGINNING, KafkaError, TopicPartition
 
     position = read_from if read_from is not None else -1
-    with pooled(kafka) as client:
+    with read_consumer(kafka) as client:
         client.assign([TopicPartition(topic, partition, read_from if read_from is not None else OFFSET_BEGINNING)])
         keys: list[Any] = []
         values: list[Any] = []

@@ -1,14 +1,12 @@
 """kafka_arrow on the embedded Kafka broker (no Spark): a range reads exactly its records, in order,
-also when the pooled consumer read other partitions, offsets and topics just before (what it fetched
-for them must not leak into the next read), and a read that stops early does not return its
-consumer to the pool."""
+also right after reads of other partitions, offsets and topics in the same process, and a read that
+stops early can be closed."""
 
 from __future__ import annotations
 
 import pytest
 from sequenced_log import read_raw, write_log
 
-from harvest_outbox.spark_reader import kafka_arrow
 from harvest_outbox.spark_reader.kafka_arrow import iter_range
 
 pytestmark = [pytest.mark.integration]
@@ -22,7 +20,7 @@ def _offsets(topic: str, opts: dict[str, str], partition: int, start: int | None
     return out
 
 
-def test_pooled_reads_return_exactly_their_range(kafka_bootstrap, topic_factory) -> None:
+def test_reads_return_exactly_their_range(kafka_bootstrap, topic_factory) -> None:
     a, b = topic_factory(partitions=2), topic_factory(partitions=1)
     write_log(kafka_bootstrap, a, 2, seed=61, steps=60)
     write_log(kafka_bootstrap, b, 1, seed=62, steps=30)
@@ -31,7 +29,6 @@ def test_pooled_reads_return_exactly_their_range(kafka_bootstrap, topic_factory)
         for r in read_raw(kafka_bootstrap, t, n):
             by.setdefault((t, r.partition), []).append(r.offset)
     opts = {"kafka.bootstrap.servers": kafka_bootstrap}
-    kafka_arrow._pool.clear()
     cases = [  # (topic, partition, start, end as a share of the partition, chunk)
         (a, 0, 0, 1.0, 7),
         (a, 1, None, 0.5, 1000),
@@ -45,9 +42,7 @@ def test_pooled_reads_return_exactly_their_range(kafka_bootstrap, topic_factory)
         first = offsets[0] if start is None else start
         expected = [(p, o) for o in offsets if first <= o < end]
         assert _offsets(topic, opts, p, start, end, chunk) == expected, (topic, p, start, end)
-    assert sum(len(v) for v in kafka_arrow._pool.values()) == 1  # one consumer served every read
 
     reader = iter_range(a, opts, 0, 0, by[(a, 0)][-1] + 1, 5)
     next(reader)
-    reader.close()  # a read stopped early: its consumer is closed, not pooled with a half-read queue
-    assert sum(len(v) for v in kafka_arrow._pool.values()) == 0
+    reader.close()  # a read stopped early: its consumer is closed with it
