@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import time
+from abc import ABC, abstractmethod
 from collections import deque
 from typing import Any
 
@@ -41,7 +42,7 @@ _PURGED = frozenset(
 )
 
 
-class AtLeastOnceRecords:
+class AtLeastOnceRecords(ABC):
     """The records of an at-least-once relay: per-record delivery and batched purges (see module doc)."""
 
     def __init__(self, core: RelayCore) -> None:
@@ -71,10 +72,10 @@ class AtLeastOnceRecords:
         self._draining = False
         self._next_flush = 0.0
 
+    @abstractmethod
     def _failed(self, row: MarkedRow, err: KafkaError, synchronous: bool, latency: float | None = None) -> bool:
         """The mode's decision on a failed produce or delivery (:meth:`~producer.at_least_once.AtLeastOnceMode._failed`): False if
         the record was dead-lettered (its key is free), True if the relay will reset and remark."""
-        raise NotImplementedError
 
     # ------------------------------------------------------------------ sending
     def _dispatch(self) -> None:
