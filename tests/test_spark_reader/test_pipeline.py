@@ -123,6 +123,25 @@ def test_pipeline_config_under_one_root() -> None:
 # -- end to end ----------------------------------------------------------------------------------------
 
 
+def _stall_report(pipeline: PipelineProcess, relays: list[RelayProcess], dsn: str, outbox: str, what: str) -> str:
+    """What a stalled scenario needs to be diagnosed after the fact (CI keeps no temp folders)."""
+    import psycopg
+
+    try:
+        with psycopg.connect(dsn) as conn:
+            pending = conn.execute(f"SELECT count(*) FROM {outbox}").fetchone()
+    except psycopg.Error as exc:
+        pending = (f"unknown ({exc})",)
+    parts = [
+        what,
+        f"committed micro-batches: {pipeline.committed_batches()}, driver alive: {pipeline.alive}",
+        f"outbox rows not yet purged: {pending[0] if pending else '?'}",
+    ]
+    parts += [f"---- {r.name} (alive {r.alive}, elections {r.elections()})\n{r.text()[-2500:]}" for r in relays]
+    parts.append(f"---- pipeline driver\n{pipeline.text()[-6000:]}")
+    return "\n".join(parts)
+
+
 def _run_scenario(
     spark, pg_dsn: str, kafka_bootstrap: str, schema: str, topic: str, tmp: Path, masters: tuple[str, str, str]
 ) -> None:
@@ -150,7 +169,11 @@ def _run_scenario(
 
         def batches_beyond(n: int, what: str) -> None:
             # 300 s: a local-cluster start (three JVMs) took 150 s of it on a 2-core node at load 20.
-            wait_for(lambda: pipeline.committed_batches() > n, 300, what, poll=0.2)
+            # A dead driver ends the wait at once; a stall reports where it stood (relays, outbox, driver).
+            try:
+                wait_for(lambda: pipeline.committed_batches() > n or not pipeline.alive, 300, what, poll=0.2)
+            except TimeoutError as exc:
+                raise AssertionError(_stall_report(pipeline, relays, pg_dsn, outbox, str(exc))) from exc
             assert pipeline.alive, pipeline.text()[-3000:]
 
         batches_beyond(1, "the pipeline's first micro-batches")
