@@ -213,11 +213,23 @@ def _init_db(args: argparse.Namespace) -> int:
 
     cfg = _load(args, kafka=False)
     with connect(cfg.harvest.data_source) as conn:
-        names = init_db(conn, cfg.harvest.outbox_table, args.value_type, cfg.harvest.shards, cfg.harvest.table_mapping)
-        fix = packed_outbox_fix(conn, names)
+        names = init_db(
+            conn,
+            cfg.harvest.outbox_table,
+            args.value_type,
+            cfg.harvest.shards,
+            cfg.harvest.table_mapping,
+            layout=cfg.harvest.outbox_layout,
+        )
+        fix = None if cfg.harvest.outbox_layout == "cursor" else packed_outbox_fix(conn, names)
         earlier = unrelayed_rows(conn, names)
     sharded = f"; {cfg.harvest.shards} shards" if cfg.harvest.shards > 1 else ""
-    if names.mapping.kind == "goharvest":
+    if cfg.harvest.outbox_layout == "cursor":
+        print(
+            f"outbox {names.display} ready in the cursor layout (partitioned by id, value type {args.value_type}; "
+            f"cursor, dead letters, NOTIFY channel {names.channel})"
+        )
+    elif names.mapping.kind == "goharvest":
         print(
             f"outbox {names.display} ready (value type {args.value_type}; dead letters, NOTIFY channel "
             f"{names.channel}{sharded})"

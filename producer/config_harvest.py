@@ -74,6 +74,7 @@ TOP_KEYS = (
     "deadLetterPolicy",
     "tracing",
     "serialization",
+    "outboxLayout",
 )
 #: How a ``HARVEST_<KEY>`` variable's text is read for each key (producer/config_env.py).
 ENV_KINDS = {
@@ -89,6 +90,10 @@ MISSING_TOPIC_POLICIES = ("deadLetter", "hold")
 #: After a row is dead-lettered: its key's later rows flow (``skip``) or wait in the outbox until the
 #: dead letter is requeued or discarded (``haltKey``; producer/key_halt.py, docs/dead-letters.md).
 DEAD_LETTER_POLICIES = ("skip", "haltKey")
+#: How the relay keeps its place in the outbox: ``mark`` (goharvest's table; each row is marked, then
+#: deleted) or ``cursor`` (a partitioned outbox read between two snapshots, rows never written to;
+#: delivered partitions truncated: docs/primary-cost.md, "The mark-less relay").
+OUTBOX_LAYOUTS = ("mark", "cursor")
 #: ``deadLetterRetention`` bounds, in seconds.
 MIN_RETENTION, MAX_RETENTION = 60.0, 87600 * 3600.0
 
@@ -167,6 +172,12 @@ class HarvestConfig:
     #: registry (:class:`~producer.serialization_config.SerializationConfig`, docs/schemas.md); empty
     #: (default): every value published as stored.
     serialization: SerializationConfig = field(default_factory=SerializationConfig)
+    #: ``mark`` (default: goharvest's table, each row marked then deleted) or ``cursor`` (the mark-less
+    #: relay: a partitioned outbox ``harvest init-db`` creates, read by snapshot with one cursor row, delivered
+    #: partitions truncated; about 0.01x the relay's WAL per row). ``cursor`` needs Postgres 13+ and does not
+    #: support yet: ``shards`` > 1, ``tableMapping: debezium``, ``deadLetterPolicy: haltKey``,
+    #: ``missingTopicPolicy: hold`` (docs/limitations.md).
+    outbox_layout: str = "mark"
 
     def __post_init__(self) -> None:
         base, prod = checked_sections(self.base_kafka_config, self.producer_kafka_config, self.limits)
@@ -259,6 +270,7 @@ class HarvestConfig:
                 f"deadLetterPolicy: {shown(self.dead_letter_policy)} is not a policy; use skip (a key's later "
                 f"rows flow past its dead letter) or haltKey (they wait until it is requeued or discarded)"
             )
+        self._check_layout()
         check_election(self.leader_election, self.leader_lock_check_interval)
         object.__setattr__(self, "leader_group_id", group)
         object.__setattr__(self, "leader_topic", topic)
@@ -275,6 +287,32 @@ class HarvestConfig:
                 f"port), or omitted to disable the endpoint"
             )
         object.__setattr__(self, "prometheus_bind_address", check_bind_address(self.prometheus_bind_address))
+
+    def _check_layout(self) -> None:
+        """``outboxLayout``: a known layout, and ``cursor`` only with what it supports (never a row lost)."""
+        if self.outbox_layout not in OUTBOX_LAYOUTS:
+            raise ConfigError(
+                f"outboxLayout: {shown(self.outbox_layout)} is not a layout; use mark (goharvest's table, the "
+                f"default) or cursor (the mark-less relay on a partitioned outbox `harvest init-db` creates)"
+            )
+        if self.outbox_layout != "cursor":
+            return
+        unsupported = [
+            (self.shards > 1, f"shards: {self.shards}", "shards: 1"),
+            (
+                self.table_mapping.kind != "goharvest",
+                f"tableMapping: {self.table_mapping.kind}",
+                "tableMapping: goharvest",
+            ),
+            (self.dead_letter_policy == "haltKey", "deadLetterPolicy: haltKey", "deadLetterPolicy: skip"),
+            (self.missing_topic_policy == "hold", "missingTopicPolicy: hold", "missingTopicPolicy: deadLetter"),
+        ]
+        for bad, what, fix in unsupported:
+            if bad:
+                raise ConfigError(
+                    f"outboxLayout: cursor does not support {what} yet (its cursor cannot skip rows and come "
+                    f"back to them; docs/limitations.md); use {fix}, or outboxLayout: mark"
+                )
 
     def producer_config(self) -> dict[str, Any]:
         """Effective confluent-kafka producer properties: base, then producer overrides, then forced values."""
@@ -309,7 +347,7 @@ class HarvestConfig:
             f"missing_topic_policy={self.missing_topic_policy!r}, shards={self.shards!r}, "
             f"table_mapping={self.table_mapping!r}, event_id_header={self.event_id_header!r}, "
             f"dead_letter_retention={self.dead_letter_retention!r}, dead_letter_policy={self.dead_letter_policy!r}, "
-            f"tracing={self.tracing!r}, serialization={self.serialization!r})"
+            f"tracing={self.tracing!r}, serialization={self.serialization!r}, outbox_layout={self.outbox_layout!r})"
         )
 
     __str__ = __repr__
@@ -358,6 +396,8 @@ class HarvestConfig:
             kwargs["missing_topic_policy"] = data["missingTopicPolicy"]
         if data.get("deadLetterPolicy") is not None:
             kwargs["dead_letter_policy"] = data["deadLetterPolicy"]
+        if data.get("outboxLayout") is not None:
+            kwargs["outbox_layout"] = data["outboxLayout"]
         if data.get("tracing") is not None:
             kwargs["tracing"] = TracingConfig.from_mapping(data["tracing"], f"{path}.tracing")
         if data.get("serialization") is not None:

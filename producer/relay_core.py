@@ -67,6 +67,7 @@ from harvest_outbox.producer.redact import redact_kafka_config
 from harvest_outbox.producer.relay_mode import RelayMode as RelayMode
 from harvest_outbox.producer.relay_spans import relay_spans
 from harvest_outbox.producer.schema import OutboxNames, packed_outbox_fix
+from harvest_outbox.producer.schema_cursor import require_layout
 from harvest_outbox.producer.serialization import RowEncoder
 from harvest_outbox.producer.waker import Waker
 
@@ -180,7 +181,11 @@ class RelayCore:
         """Connect (fail fast: connection and schema check) and start the two DB workers."""
         shard_count = self.shards.count if self.shards is not None else None
         halt_keys = self.halt.enabled
+        if self.config.outbox_layout == "cursor":
+            self._open_cursor()
+            return
         self.db = OutboxDatabase(self.config.data_source, self.names, shard_count, halt_keys=halt_keys)
+        require_layout(self.db.conn, self.names, "mark")
         fix = packed_outbox_fix(self.db.conn, self.names)
         if fix is not None:
             log.info("%s; `harvest init-db` creates new outboxes so", fix)
@@ -194,6 +199,23 @@ class RelayCore:
             self.config.data_source, self.names, shard_count, async_commit=True, halt_keys=halt_keys
         )
         self.mark_db.prepare_mark()  # connected and parsed while a standby: an election's first mark is quick
+        self.mark_exec = ThreadPoolExecutor(1, thread_name_prefix=f"harvest-mark-{self.config.name}")
+        self.listener = Listener(self.config.data_source, self.names)
+
+    def _open_cursor(self) -> None:
+        """``outboxLayout: cursor``: both connections read and commit through one cursor view
+        (producer/db_cursor.py); the write connection maintains the partitions."""
+        from harvest_outbox.producer.cursor_partitions import PartitionKeeper
+        from harvest_outbox.producer.cursor_views import CursorViews
+        from harvest_outbox.producer.db_cursor import CursorDatabase
+
+        views = CursorViews(sequenced=self.config.uuid_sequencing)
+        dsn = self.config.data_source
+        self.db = CursorDatabase(dsn, self.names, views, keeper=PartitionKeeper(self.names))
+        self.db.conn  # noqa: B018 -- fail fast: connection, layout and schema checks
+        self.exec = ThreadPoolExecutor(1, thread_name_prefix=f"harvest-db-{self.config.name}")
+        self.mark_db = CursorDatabase(dsn, self.names, views, async_commit=True)
+        self.mark_db.prepare_mark()
         self.mark_exec = ThreadPoolExecutor(1, thread_name_prefix=f"harvest-mark-{self.config.name}")
         self.listener = Listener(self.config.data_source, self.names)
 

@@ -15,19 +15,36 @@ from psycopg import sql
 
 from harvest_outbox.producer.errors import ConfigError
 from harvest_outbox.producer.schema_checks import column_types, inspect_outbox, require_utf8_readable
+from harvest_outbox.producer.schema_cursor import (
+    PARTITION_IDS,
+    PARTITIONS_AHEAD,
+    create_partition,
+    cursor_outbox_ddl,
+    range_partitions,
+    require_layout,
+    require_server,
+)
 from harvest_outbox.producer.schema_names import OutboxNames, Statement, ValueType, derived_name
 from harvest_outbox.producer.schema_storage import OUTBOX_FILLFACTOR, missing_storage, storage_sql
 from harvest_outbox.producer.table_mapping import GOHARVEST, DebeziumMapping, TableMapping
 
 
-def outbox_ddl(names: OutboxNames, value_type: ValueType = "varchar") -> list[Statement]:
-    """Statements that create the outbox, the dead-letter table and the notify trigger."""
+def outbox_ddl(names: OutboxNames, value_type: ValueType = "varchar", layout: str = "mark") -> list[Statement]:
+    """Statements that create the outbox, the dead-letter table and the notify trigger; with ``layout``
+    ``cursor``, the partitioned outbox and cursor row of :mod:`producer.schema_cursor` (its partitions
+    are :func:`init_db`'s)."""
     if value_type not in ("varchar", "bytea"):
         raise ConfigError(f"value type: {value_type!r} must be 'varchar' (goharvest) or 'bytea'")
     vtype = sql.SQL("BYTEA" if value_type == "bytea" else "VARCHAR")
     stmts: list[Statement] = []
     if names.schema:
         stmts.append(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(names.schema)))
+    if layout == "cursor":
+        if isinstance(names.mapping, DebeziumMapping):
+            raise ConfigError(
+                "outboxLayout: cursor does not support tableMapping: debezium yet; use outboxLayout: mark"
+            )
+        return stmts + cursor_outbox_ddl(names, value_type) + _companion_ddl(names, vtype)
     if isinstance(names.mapping, DebeziumMapping):
         stmts += debezium_outbox_ddl(names, names.mapping, value_type)
         return stmts + _companion_ddl(names, vtype)
@@ -262,26 +279,45 @@ def init_db(
     value_type: ValueType = "varchar",
     shards: int = 1,
     mapping: TableMapping = GOHARVEST,
+    layout: str = "mark",
+    partition_ids: int = PARTITION_IDS,
 ) -> OutboxNames:
     """Create (idempotently, in one transaction) everything the relay needs. Returns the names.
     ``shards`` > 1 also creates what sharded relays need (:func:`shard_ddl`). Refuses a SQL_ASCII
     database (:func:`require_utf8_readable`). With a Debezium ``mapping`` an existing table is kept
-    and only gains the relay's columns (its payload column's type then decides ``value_type``)."""
+    and only gains the relay's columns (its payload column's type then decides ``value_type``).
+    ``layout`` ``cursor`` (``outboxLayout``): the partitioned outbox of :mod:`producer.schema_cursor`,
+    with :data:`~producer.schema_cursor.PARTITIONS_AHEAD` partitions of ``partition_ids`` ids when it has
+    none; an existing table of the other layout is refused, never changed."""
     names = OutboxNames.parse(outbox_table, mapping)
+    if layout not in ("mark", "cursor"):
+        raise ConfigError(f"outboxLayout: {layout!r} is not a layout; use mark or cursor")
+    if layout == "cursor" and (shards != 1 or partition_ids < 1):
+        raise ConfigError(
+            f"outboxLayout: cursor needs shards: 1 (got {shards}) and partitions of at least 1 id (got {partition_ids})"
+        )
 
     def run(conn: psycopg.Connection) -> None:
         require_utf8_readable(conn)
+        if layout == "cursor":
+            require_server(conn)
+        require_layout(conn, names, layout)
         vtype = value_type
         if isinstance(mapping, DebeziumMapping):
             cols = column_types(conn, names)
             if cols is not None:
                 vtype = "bytea" if cols.get(mapping.router.field_event_payload) == "bytea" else "varchar"
         with conn.transaction():
-            for stmt in outbox_ddl(names, vtype) + shard_ddl(names, shards):
+            for stmt in outbox_ddl(names, vtype, layout) + shard_ddl(names, shards):
                 conn.execute(stmt)
-            missing = missing_storage(conn, names)  # only what the table lacks: an owner's value is kept
-            if missing:
-                conn.execute(storage_sql(names, missing))
+            if layout == "cursor":
+                if not range_partitions(conn, names):
+                    for p in range(PARTITIONS_AHEAD):
+                        conn.execute(create_partition(names, p * partition_ids, (p + 1) * partition_ids))
+            else:
+                missing = missing_storage(conn, names)  # only what the table lacks: an owner's value is kept
+                if missing:
+                    conn.execute(storage_sql(names, missing))
         if isinstance(mapping, DebeziumMapping):
             inspect_outbox(conn, names)  # the router's columns exist, with types rendered as Debezium does
 

@@ -126,6 +126,20 @@ class OutboxNames:
     def shard_state(self) -> sql.Identifier:
         return self._ident(derived_name(self.table, "_harvest_shards"))
 
+    @property
+    def cursor(self) -> sql.Identifier:
+        """``outboxLayout: cursor``: the relay's position (producer/schema_cursor.py)."""
+        return self._ident(derived_name(self.table, "_harvest_cursor"))
+
+    @property
+    def id_sequence(self) -> sql.Identifier:
+        """``outboxLayout: cursor``: the id sequence (``CACHE 1``; its default takes the xid first)."""
+        return self._ident(derived_name(self.table, "_id_seq"))
+
+    def partition_name(self, start: int) -> str:
+        """``outboxLayout: cursor``: the id-range partition starting at id ``start``."""
+        return derived_name(self.table, f"_p{start}")
+
     def shard_index_name(self, count: int) -> str:
         # _v2: the expression maps a NULL key to a shard (producer/shards.py); an index is used only for
         # its own expression, so a new expression needs a name `init-db` has not created yet.

@@ -159,6 +159,29 @@ def read_page(cursor: Cursor, visible: Sequence[tuple[int, int, R]], limit: int)
     return Page(tuple(rows), done, complete=True)
 
 
+def page_end(cursor: Cursor, count: int, last: int | None, limit: int) -> tuple[Cursor, bool]:
+    """:func:`read_page`'s ``(after, complete)`` when the read statement did the filtering itself (the
+    relay's: its WHERE is :meth:`Cursor.pending`, test_watermark_pg.py compares them on every page):
+    ``count`` pending rows came back, the last with id ``last``. No per-row work."""
+    if cursor.hi is None:
+        raise ValueError("no batch in progress: start_batch first")
+    if limit < 1 or not 0 <= count <= limit or (count > 0) != (last is not None):
+        raise ValueError(f"not a page: {count} row(s) up to id {last} of at most {limit}")
+    if count == limit:
+        assert last is not None
+        if last <= cursor.pos or last < cursor.low:
+            raise ValueError(f"a page ending at id {last} is not after the cursor (pos {cursor.pos}, low {cursor.low})")
+        return replace(cursor, pos=last), False
+    return Cursor(lo=cursor.hi, hi=None, pos=0, low=cursor.low, probe=cursor.probe), True
+
+
+def needs_xid(cursor: Cursor) -> bool:
+    """Would :func:`start_batch` use a new probe's xid? (None pending, or the pending one resolves now.)
+    A relay takes an xid (a commit record) only then."""
+    probe = cursor.probe
+    return probe is None or cursor.lo.xmin > probe.xid
+
+
 def retirable(partitions: Sequence[tuple[int, int]], committed: Cursor) -> list[tuple[int, int]]:
     """The id-range partitions ``[start, end)`` that may be truncated under the *committed* cursor (I4).
     The truncating transaction re-checks under its lock that none holds a row ``committed.lo`` does not

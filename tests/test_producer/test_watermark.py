@@ -12,6 +12,8 @@ from harvest_outbox.producer.watermark import (
     Cursor,
     Probe,
     Snapshot,
+    needs_xid,
+    page_end,
     read_page,
     retirable,
     start_batch,
@@ -135,3 +137,38 @@ def test_retirable_partitions_end_at_or_below_low() -> None:
 def test_bad_input_is_refused_with_what_was_wrong(call: object, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         call()  # type: ignore[operator]
+
+
+# ---------------------------------------------------------------------------- page_end: read_page without per-row work
+def test_page_end_agrees_with_read_page_on_random_pages() -> None:
+    """The relay's reader trusts the statement's WHERE (test_watermark_pg.py compares it with
+    ``Cursor.pending``) and decides the page from its count and last id: the same cursor and
+    completeness as :func:`read_page` on the same rows, for full, short and empty pages."""
+    import random
+
+    rng = random.Random(7)
+    for _ in range(2000):
+        lo = Snapshot(10, 20, frozenset(x for x in range(10, 20) if rng.random() < 0.3))
+        hi = Snapshot(20, 30, frozenset(x for x in range(20, 30) if rng.random() < 0.3))
+        cursor = start_batch(Cursor(lo=lo, low=rng.randrange(5)), hi, 31, 100)
+        rows = [(i, rng.randrange(5, 30), i) for i in range(cursor.pos + 1, 60) if rng.random() < 0.5]
+        limit = rng.randint(1, 12)
+        page = read_page(cursor, rows, limit)
+        pending = [r for r in rows if cursor.pending(r[0], r[1])][:limit]
+        after, complete = page_end(cursor, len(pending), pending[-1][0] if pending else None, limit)
+        assert (after, complete) == (page.after, page.complete)
+
+
+def test_page_end_refuses_what_is_not_a_page() -> None:
+    cursor = start_batch(Cursor(), Snapshot(5, 5), None, None)
+    for count, last, limit in [(2, 7, 1), (1, None, 3), (0, 4, 3), (1, 1, 0)]:
+        with pytest.raises(ValueError):
+            page_end(cursor, count, last, limit)
+    with pytest.raises(ValueError, match="no batch in progress"):
+        page_end(Cursor(), 0, None, 1)
+
+
+def test_needs_xid_only_without_a_probe_or_when_it_resolves() -> None:
+    assert needs_xid(Cursor())
+    assert not needs_xid(Cursor(lo=Snapshot(10, 10), probe=Probe(5, 10)))
+    assert needs_xid(Cursor(lo=Snapshot(11, 11), probe=Probe(5, 10)))

@@ -1,0 +1,214 @@
+"""``outboxLayout: cursor``: partition maintenance -- id-range partitions created ahead of the ids, and
+retired once the committed cursor's ``low`` has passed them (producer/watermark.py, rule I4).
+
+Run by the leader on its write connection, at most every :data:`MAINTENANCE_INTERVAL` seconds, after a
+cursor commit (:class:`~producer.db_cursor.CursorDatabase`). Each step is its own transaction under a
+short ``lock_timeout``: it never queues long behind a writer, and a step that cannot take its lock is
+tried again at the next round.
+
+- ahead: while the last partition ends within :data:`~producer.schema_cursor.PARTITIONS_AHEAD`
+  partitions of the sequence's last id, the next one (the last one's width) is created apart and
+  ``ATTACH``-ed (``SHARE UPDATE EXCLUSIVE`` on the outbox: writers go on);
+- retire: a partition ``[start, end)`` with ``end <= low`` of the committed cursor (read ``FOR SHARE`` in
+  the same transaction) is locked, re-checked -- no row ``lo`` does not see -- and ``TRUNCATE``-d; a
+  partition that fails the re-check is kept and logged as an error (never truncated: fail closed);
+- drop: a retired (empty) partition is then ``DROP``-ped under :data:`DROP_LOCK_TIMEOUT_MS` (the drop
+  needs the outbox's own lock: new writers wait behind it at most that long); kept for the next round
+  when the lock does not come.
+
+Invariants (tests/test_producer/test_cursor_relay.py): a partition is truncated only under the rule
+I4 and the re-check; the DEFAULT partition is never retired; every partition created or retired is logged.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+
+import psycopg
+from psycopg import sql
+
+from harvest_outbox.producer.schema_cursor import PARTITIONS_AHEAD, range_partitions, rest_partition_name
+from harvest_outbox.producer.schema_names import OutboxNames
+
+log = logging.getLogger(__name__)
+
+#: Seconds between maintenance rounds of a leader (a round reads the catalog: a few ms).
+MAINTENANCE_INTERVAL = 5.0
+#: How long a step waits for a lock before it gives up until the next round.
+LOCK_TIMEOUT_MS = 200
+#: How long a partition's DROP waits for the outbox's lock (writers queue behind it meanwhile).
+DROP_LOCK_TIMEOUT_MS = 50
+
+
+@dataclass
+class Round:
+    """What one maintenance round did (partition names)."""
+
+    created: list[str] = field(default_factory=list)
+    truncated: list[str] = field(default_factory=list)
+    dropped: list[str] = field(default_factory=list)
+    kept: list[str] = field(default_factory=list)  # retirable by low, refused by the re-check
+
+
+class PartitionKeeper:
+    """The leader's partition maintenance for one outbox (see module doc)."""
+
+    def __init__(self, names: OutboxNames, interval: float | None = None, shard: int = 0) -> None:
+        self.names, self.shard = names, shard
+        #: Seconds between rounds (None: :data:`MAINTENANCE_INTERVAL` when the keeper is made).
+        self.interval = MAINTENANCE_INTERVAL if interval is None else interval
+        self._next = 0.0
+        self._rest = names.qualified(rest_partition_name(names))
+
+    def maybe_run(self, conn: psycopg.Connection) -> Round | None:
+        """A round if one is due; a database error is logged (the round is tried again later)."""
+        now = time.monotonic()
+        if now < self._next:
+            return None
+        self._next = now + self.interval
+        try:
+            return self.run(conn)
+        except psycopg.Error as exc:
+            log.warning(
+                "partition maintenance of %s failed (tried again in %.0fs): %s", self.names.display, self.interval, exc
+            )
+            return None
+
+    def run(self, conn: psycopg.Connection) -> Round:
+        done = Round()
+        self._ahead(conn, done)
+        self._retire(conn, done)
+        return done
+
+    def _ahead(self, conn: psycopg.Connection, done: Round) -> None:
+        n = self.names
+        parts = range_partitions(conn, n)
+        if not parts:
+            return
+        seq = conn.execute(sql.SQL("SELECT last_value FROM {}").format(n.id_sequence)).fetchone()
+        head = int(seq[0]) if seq else 0
+        start, end, _name = parts[-1]
+        width = end - start
+        while end <= head + PARTITIONS_AHEAD * width:
+            name = n.partition_name(end)
+            part = n.qualified(name)
+            try:
+                with conn.transaction():
+                    conn.execute(sql.SQL("SET LOCAL lock_timeout = {}").format(sql.Literal(f"{LOCK_TIMEOUT_MS}ms")))
+                    conn.execute(
+                        sql.SQL("CREATE TABLE IF NOT EXISTS {} (LIKE {} INCLUDING DEFAULTS)").format(part, n.outbox)
+                    )
+                    conn.execute(
+                        sql.SQL("ALTER TABLE {} ATTACH PARTITION {} FOR VALUES FROM ({}) TO ({})").format(
+                            n.outbox, part, sql.Literal(end), sql.Literal(end + width)
+                        )
+                    )
+            except psycopg.errors.LockNotAvailable:
+                log.info("partition %s of %s: lock not available, created at the next round", name, n.display)
+                return
+            except psycopg.errors.CheckViolation:
+                # maintenance fell behind (a lock it waited for, the relay down): ids reached the DEFAULT
+                # partition. Leave them there (retired with it) and go on above the last of them.
+                top = conn.execute(sql.SQL("SELECT max(id) FROM {}").format(self._rest)).fetchone()
+                skip = ((int(top[0]) // width) + 1) * width if top and top[0] is not None else end + width
+                log.warning(
+                    "ids [%d, %d) of %s reached its DEFAULT partition (partition maintenance fell behind); new "
+                    "partitions start at %d",
+                    end,
+                    skip,
+                    n.display,
+                    skip,
+                )
+                end = max(skip, end + width)
+                continue
+            log.info("created partition %s of %s for ids [%d, %d)", name, n.display, end, end + width)
+            done.created.append(name)
+            end += width
+
+    def _retire(self, conn: psycopg.Connection, done: Round) -> None:
+        n = self.names
+        row = conn.execute(sql.SQL("SELECT low FROM {} WHERE shard = %s").format(n.cursor), (self.shard,)).fetchone()
+        if row is None:
+            return
+        low = int(row[0])
+        self._retire_rest(conn, low, done)
+        for start, end, name in range_partitions(conn, n):
+            if end > low:
+                break
+            verdict = self._truncate(conn, name, end)
+            if verdict == "truncated":
+                done.truncated.append(name)
+                log.info(
+                    "retired partition %s of %s (ids [%d, %d), below the committed cursor's low %d): truncated",
+                    name,
+                    n.display,
+                    start,
+                    end,
+                    low,
+                )
+                if self._drop(conn, name):
+                    done.dropped.append(name)
+                    log.info("dropped retired partition %s of %s", name, n.display)
+            elif verdict == "undelivered":
+                done.kept.append(name)
+                log.error(
+                    "partition %s of %s is below the committed cursor's low %d but holds rows its lo has not seen: "
+                    "kept (not truncated); please report this",
+                    name,
+                    n.display,
+                    low,
+                )
+
+    def _retire_rest(self, conn: psycopg.Connection, low: int, done: Round) -> None:
+        """The DEFAULT partition holds rows only when maintenance fell behind; it is truncated (never
+        dropped) once every row in it is below ``low`` (I1: their transactions have ended, none can
+        come back) and seen by ``lo``, re-checked under its lock as any partition."""
+        top = conn.execute(sql.SQL("SELECT max(id) FROM {}").format(self._rest)).fetchone()
+        if top is None or top[0] is None or int(top[0]) >= low:
+            return
+        name = rest_partition_name(self.names)
+        verdict = self._truncate(conn, name, int(top[0]) + 1, rest=True)
+        if verdict == "truncated":
+            done.truncated.append(name)
+            log.info("retired the rows of %s's DEFAULT partition %s (all below low %d)", self.names.display, name, low)
+
+    def _truncate(self, conn: psycopg.Connection, name: str, end: int, rest: bool = False) -> str:
+        """Lock, re-check against the committed cursor, TRUNCATE: ``truncated``, ``lock timeout``,
+        ``undelivered`` or ``moved`` (the committed low is no longer past it: never, low only rises)."""
+        n, part = self.names, self.names.qualified(name)
+        try:
+            with conn.transaction():
+                conn.execute(sql.SQL("SET LOCAL lock_timeout = {}").format(sql.Literal(f"{LOCK_TIMEOUT_MS}ms")))
+                cur = conn.execute(
+                    sql.SQL("SELECT lo::text, low FROM {} WHERE shard = %s FOR SHARE").format(n.cursor), (self.shard,)
+                ).fetchone()
+                if cur is None or end > int(cur[1]):
+                    return "moved"
+                conn.execute(sql.SQL("LOCK TABLE {} IN ACCESS EXCLUSIVE MODE").format(part))
+                left = conn.execute(
+                    sql.SQL("SELECT count(*) FROM {} WHERE NOT pg_visible_in_snapshot(txid, %s::pg_snapshot)").format(
+                        part
+                    ),
+                    (cur[0],),
+                ).fetchone()
+                if left is None or left[0]:
+                    return "undelivered"
+                if rest:  # rows may have arrived since the caller looked: all still below low?
+                    top = conn.execute(sql.SQL("SELECT max(id) FROM {}").format(part)).fetchone()
+                    if top is not None and top[0] is not None and int(top[0]) >= int(cur[1]):
+                        return "moved"
+                conn.execute(sql.SQL("TRUNCATE {}").format(part))
+                return "truncated"
+        except psycopg.errors.LockNotAvailable:
+            return "lock timeout"
+
+    def _drop(self, conn: psycopg.Connection, name: str) -> bool:
+        try:
+            with conn.transaction():
+                conn.execute(sql.SQL("SET LOCAL lock_timeout = {}").format(sql.Literal(f"{DROP_LOCK_TIMEOUT_MS}ms")))
+                conn.execute(sql.SQL("DROP TABLE {}").format(self.names.qualified(name)))
+            return True
+        except psycopg.errors.LockNotAvailable:
+            return False

@@ -1,0 +1,139 @@
+"""What a cursor-layout relay view has read and how far its commits have passed (``outboxLayout: cursor``).
+
+The relay reads on one connection and commits on another (producer/relay_core.py), so both
+:class:`~producer.db_cursor.CursorDatabase` objects share one :class:`CursorViews`. A view's reads are
+*segments*, one per page: the batch cursor the page was read with, the ids it returned (id order) and
+the cursor once they are all delivered (producer/watermark.py's ``page_end``). A commit passes the next
+``n`` read rows; the cursor it commits is the one after the last of them:
+
+- the page's ``after`` when it ends a page (and then the ``after`` of the empty pages read right
+  behind it: they hold no row, so passing them costs nothing and lets ``lo`` and ``low`` move on);
+- else the page's batch cursor with ``pos`` = that row's id.
+
+Invariants (tests/test_producer/test_cursor_views.py; the model is test_watermark_sequenced.py's
+``CursorModelDB``):
+- a commit passes rows in read order only: :meth:`ViewRead.plan` of the sequenced mode refuses a set of
+  rows that is not exactly the view's next ones (a cursor cannot skip a row and come back to it);
+- the at-least-once mode passes the longest prefix of read rows that are all delivered or dead-lettered;
+- nothing moves until the database commit succeeded (:meth:`ViewRead.apply`); a view that fails is
+  dropped and the next one reads from the committed cursor;
+- memory is bounded by the rows read and not yet committed, plus one trailing empty page.
+"""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from collections import deque
+from dataclasses import dataclass, field, replace
+
+from harvest_outbox.producer.watermark import Cursor
+
+
+@dataclass(frozen=True)
+class Segment:
+    """One page of a view's reads."""
+
+    start: Cursor  # the batch cursor it was read with (``hi`` set)
+    ids: list[int]  # the rows it returned, id order
+    after: Cursor  # once they are all delivered
+
+
+class NotNextRows(Exception):
+    """A commit names rows that are not the view's next read rows."""
+
+
+@dataclass
+class ViewRead:
+    """One view: its fence epoch, where its next read starts, and its uncommitted reads."""
+
+    leader_id: uuid.UUID
+    epoch: int
+    cursor: Cursor  # where the next read starts
+    segments: deque[Segment] = field(default_factory=deque)
+    done: int = 0  # rows of segments[0] already committed
+    delivered: set[int] = field(default_factory=set)  # at-least-once: delivered, not yet committed
+
+    def add(self, seg: Segment) -> None:
+        """A page read: append it (an empty page behind an empty page replaces it: it passes no row)."""
+        if not seg.ids and self.segments and not self.segments[-1].ids:
+            self.segments[-1] = seg
+        else:
+            self.segments.append(seg)
+        self.cursor = seg.after
+
+    def plan(self, n: int) -> tuple[list[int], Cursor | None, int, int]:
+        """Passing the next ``n`` read rows: (their ids, the cursor after them or None when nothing
+        moves, segments finished, rows of the next segment passed). Changes nothing."""
+        ids: list[int] = []
+        cur: Cursor | None = None
+        i, done, segs = 0, self.done, self.segments
+        while n > 0:
+            if i >= len(segs):
+                raise NotNextRows(f"{len(ids) + n} row(s) to pass, only {len(ids)} read and not yet committed")
+            seg = segs[i]
+            k = min(n, len(seg.ids) - done)
+            ids.extend(seg.ids[done : done + k])
+            done += k
+            n -= k
+            if done == len(seg.ids):
+                cur, i, done = seg.after, i + 1, 0
+            else:
+                cur = replace(seg.start, pos=seg.ids[done - 1])
+        if cur is not None and done == 0:
+            while i < len(segs) and not segs[i].ids:  # empty pages right behind: passed too
+                cur, i = segs[i].after, i + 1
+        return ids, cur, i, done
+
+    def apply(self, finished: int, done: int) -> None:
+        """The commit of a :meth:`plan` succeeded: forget what it passed."""
+        for _ in range(finished):
+            seg = self.segments.popleft()
+            self.delivered.difference_update(seg.ids)
+        self.done = done
+
+    def plan_exact(self, passed: list[int]) -> tuple[Cursor | None, int, int]:
+        """The sequenced mode's commit: ``passed`` (delivered and dead-lettered rows of its harvest
+        transactions) must be exactly the next ``len(passed)`` read rows."""
+        ids, cur, finished, done = self.plan(len(passed))
+        if sorted(ids) != sorted(passed):
+            shown = sorted(passed)[:10]
+            raise NotNextRows(f"the commit passes ids {shown}..., not the view's next read rows {ids[:10]}...")
+        return cur, finished, done
+
+    def plan_delivered(self, ids: list[int]) -> tuple[Cursor | None, int, int]:
+        """At-least-once: ``ids`` are delivered (or dead-lettered); the longest delivered prefix."""
+        self.delivered.update(ids)
+        n, done = 0, self.done
+        for seg in self.segments:
+            for rid in seg.ids[done:]:
+                if rid not in self.delivered:
+                    _ids, cur, finished, left = self.plan(n)
+                    return cur, finished, left
+                n += 1
+            done = 0
+        _ids, cur, finished, left = self.plan(n)
+        return cur, finished, left
+
+    def pending_rows(self) -> int:
+        return sum(len(s.ids) for s in self.segments) - self.done
+
+
+class CursorViews:
+    """The current view of one relay, shared by its read and write connections (under :attr:`lock`).
+    ``sequenced``: views start with the fenced mode's view start; else with the first read."""
+
+    def __init__(self, sequenced: bool) -> None:
+        self.sequenced = sequenced
+        self.lock = threading.Lock()
+        self.view: ViewRead | None = None
+
+    def current(self, leader_id: uuid.UUID) -> ViewRead | None:
+        view = self.view
+        return view if view is not None and view.leader_id == leader_id else None
+
+    def begin(self, leader_id: uuid.UUID, epoch: int, cursor: Cursor) -> ViewRead:
+        """A new view reads from ``cursor`` (the committed one); the previous view is forgotten."""
+        with self.lock:
+            self.view = ViewRead(leader_id, epoch, cursor)
+            return self.view

@@ -1,0 +1,380 @@
+"""``outboxLayout: cursor``: the relay's database binding on the partitioned outbox, which reads by
+snapshot instead of marking (docs/primary-cost.md "The mark-less relay"; decisions: producer/watermark.py).
+
+:class:`CursorDatabase` is an :class:`~producer.db.OutboxDatabase` whose statements change, not its
+interface: the modes run on it unchanged.
+
+- ``mark_with_attempts`` *reads* the next page of the view's batch: a batch starts with one statement
+  (``pg_current_snapshot()``, the largest id, and -- only when a probe is due -- ``pg_current_xact_id()``);
+  a page is ``id >= from AND visible(txid, hi) AND NOT visible(txid, lo) ORDER BY id LIMIT n`` with the
+  persisted attempt counts joined, returned as the mark's :data:`~producer.db_mark.MarkedRow`;
+- ``--uuid-sequencing`` (the :class:`~producer.seq_store.SequencedStore`): ``start_view_with_floor`` raises
+  the fence as in the mark layout, then gives the cursor row the view's epoch and reads it: the view reads
+  from the committed cursor. ``commit_txns`` is the fenced commit of the mark layout minus the delete: the
+  cursor ``UPDATE … WHERE epoch = $epoch`` (one row, else fenced), dead rows *copied* to the dead letters,
+  attempts forgotten, ACK intents, in one transaction sent as one message;
+- at-least-once: a view starts at its first read (the cursor's epoch raised, the cursor read); ``purge``
+  and ``dead_letter`` commit the cursor past the longest prefix of read rows that are delivered or
+  dead-lettered (their delivery reports have arrived): a crash re-sends at most the rows after it;
+  ``reset`` writes nothing (the remark's new view reads again from the committed cursor);
+- partitions: :class:`~producer.cursor_partitions.PartitionKeeper` after a commit.
+
+Invariants (tests/test_producer/test_cursor_relay.py on Postgres and Kafka; the protocol's are
+test_watermark_sequenced.py's on the same :class:`~producer.cursor_views.CursorViews`):
+- no outbox row is ever updated or deleted by the relay (only whole partitions, retired, are truncated);
+- the cursor moves only in a commit whose fence still holds (epoch), past rows the view read, in read
+  order, all delivered (at-least-once) or committed in the same transaction (sequenced);
+- a commit that would pass rows out of read order is refused (:class:`~producer.errors.FenceError`:
+  the view ends and the next one reads them again), never committed.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections.abc import Sequence
+from typing import Any
+
+import psycopg
+from psycopg import sql
+
+from harvest_outbox.producer.cursor_partitions import PartitionKeeper
+from harvest_outbox.producer.cursor_views import CursorViews, NotNextRows, Segment, ViewRead
+from harvest_outbox.producer.db import OutboxDatabase
+from harvest_outbox.producer.db_fence import TxnCommit
+from harvest_outbox.producer.db_mark import HEADER_BAD, MarkedAttempts, MarkedRow
+from harvest_outbox.producer.errors import DatabaseError, FenceError, SchemaError
+from harvest_outbox.producer.redact import redact_error
+from harvest_outbox.producer.schema import OutboxNames, Statement, ValueType
+from harvest_outbox.producer.schema_cursor import require_layout
+from harvest_outbox.producer.watermark import Cursor, Probe, needs_xid, page_end, start_batch
+from harvest_outbox.producer.watermark_sql import snapshot_of, text_of
+
+log = logging.getLogger(__name__)
+
+SHARD = 0  # one cursor row: the cursor layout is not sharded yet (config refuses shards > 1)
+
+
+def read_sql(names: OutboxNames, value_type: ValueType) -> sql.Composed:
+    """A page of the batch ``(lo, hi]`` from id ``from``, as the mark's rows (:data:`MarkedRow`);
+    parameters ``from``, ``hi``, ``lo``, ``n``, ``t0`` (see :func:`~producer.db_mark.mark_sql`)."""
+    m = names.mapping
+    rec = m.record("o", value_type)
+    return sql.SQL("""
+        WITH m AS (
+          SELECT {oid} AS id, {t} AS t, {k} AS k, {v} AS v, {hk} AS hk, {hv} AS hv, {row_bad} AS bad,
+                 {p} AS p, {c} AS c
+          FROM {o} AS o
+          WHERE {oid} >= %(from)s
+            AND pg_visible_in_snapshot(o.txid, %(hi)s::text::pg_snapshot)
+            AND NOT pg_visible_in_snapshot(o.txid, %(lo)s::text::pg_snapshot)
+          ORDER BY {oid} LIMIT %(n)s)
+        SELECT m.id, m.t, m.k, m.v, m.hk, m.hv, {header_bad}, a.attempts, a.last_error::text, m.p,
+               %(t0)s::float8 - coalesce(date_part('epoch', statement_timestamp() - m.c), 0)
+        FROM m LEFT JOIN {a} AS a ON a.id = m.id ORDER BY m.id""").format(
+        o=names.outbox,
+        oid=m.id("o"),
+        t=rec.topic,
+        k=rec.key,
+        v=rec.value,
+        hk=rec.header_keys,
+        hv=rec.header_values,
+        row_bad=rec.bad,
+        p=rec.partition,
+        c=m.created("o"),
+        header_bad=sql.SQL(HEADER_BAD),
+        a=names.delivery_attempts,
+    )
+
+
+def copy_dead_letters_sql(names: OutboxNames, value_type: ValueType) -> sql.Composed:
+    """Copy rows ``(id, error, attempts)`` to the dead letters (the outbox row stays: its partition is
+    retired with the others) and forget their attempt counts; one statement."""
+    m = names.mapping
+    rec = m.record("o", value_type)
+    return sql.SQL("""
+        WITH bad(id, error, attempts) AS (SELECT * FROM unnest(%s::bigint[], %s::text[], %s::int[])),
+        forgotten AS (DELETE FROM {a} AS a USING bad WHERE a.id = bad.id)
+        INSERT INTO {d} (id, create_time, kafka_topic, kafka_key, kafka_value, kafka_header_keys,
+                         kafka_header_values, error, attempts)
+        SELECT {oid}, {created}, {topic}, {key}, {value}, coalesce({hk}, '{{}}'), coalesce({hv}, '{{}}'),
+               bad.error, bad.attempts
+        FROM {o} AS o JOIN bad ON {oid} = bad.id
+        ON CONFLICT (id) DO UPDATE SET error = EXCLUDED.error, attempts = EXCLUDED.attempts,
+                                       dead_time = now()""").format(
+        a=names.delivery_attempts,
+        d=names.dead_letters,
+        o=names.outbox,
+        oid=m.id("o"),
+        created=m.created("o"),
+        topic=rec.topic,
+        key=rec.key,
+        value=rec.value,
+        hk=rec.header_keys,
+        hv=rec.header_values,
+    )
+
+
+def cursor_of(row: Sequence[Any]) -> Cursor:
+    """The cursor row's ``lo, hi, pos, low, probe_head, probe_xid`` (text snapshots and xid)."""
+    lo, hi, pos, low, ph, px = row
+    probe = Probe(int(ph), int(px)) if ph is not None and px is not None else None
+    return Cursor(snapshot_of(lo), snapshot_of(hi) if hi else None, int(pos), int(low), probe)
+
+
+def cursor_params(after: Cursor) -> tuple[Any, ...]:
+    p = after.probe
+    return (
+        text_of(after.lo),
+        text_of(after.hi) if after.hi else None,
+        after.pos,
+        after.low,
+        p.head if p else None,
+        str(p.xid) if p else None,
+    )
+
+
+def backlog_sql(names: OutboxNames) -> sql.Composed:
+    """Committed rows the committed cursor has not passed: (count, age of the oldest in seconds)."""
+    return sql.SQL("""
+        SELECT count(*), extract(epoch FROM now() - min(o.create_time))
+        FROM {c} AS c JOIN {o} AS o ON o.id >= c.low
+        WHERE c.shard = %s AND NOT pg_visible_in_snapshot(o.txid, c.lo)
+          AND (c.hi IS NULL OR NOT pg_visible_in_snapshot(o.txid, c.hi) OR o.id > c.pos)""").format(
+        c=names.cursor, o=names.outbox
+    )
+
+
+def cursor_backlog(conn: psycopg.Connection, names: OutboxNames) -> int:
+    """Rows committed to the outbox and not yet passed by the committed cursor (tests, tools)."""
+    row = conn.execute(backlog_sql(names), (SHARD,)).fetchone()
+    return int(row[0]) if row else 0
+
+
+class CursorDatabase(OutboxDatabase):
+    """The relay's statements on the cursor layout (module doc). ``views`` is shared by the relay's two
+    connections; ``keeper`` (the write connection's) maintains the partitions after commits."""
+
+    def __init__(
+        self,
+        dsn: str,
+        names: OutboxNames,
+        views: CursorViews,
+        *,
+        async_commit: bool = False,
+        keeper: PartitionKeeper | None = None,
+    ) -> None:
+        super().__init__(dsn, names, None, async_commit=async_commit)
+        self.views = views
+        self.keeper = keeper
+        c = names.cursor
+        returning = sql.SQL(" RETURNING epoch, lo::text, hi::text, pos, low, probe_head, probe_xid::text")
+        self._bump_sql = sql.Composed(
+            [sql.SQL("UPDATE {} SET epoch = epoch + 1, updated_at = now() WHERE shard = %s").format(c), returning]
+        )
+        self._adopt_sql = sql.Composed(
+            [sql.SQL("UPDATE {} SET epoch = %s, updated_at = now() WHERE shard = %s").format(c), returning]
+        )
+        self._commit_cursor_sql = sql.SQL(
+            "UPDATE {} SET lo = %s::text::pg_snapshot, hi = %s::text::pg_snapshot, pos = %s, low = %s, "
+            "probe_head = %s, probe_xid = %s::text::xid8, updated_at = now() WHERE shard = %s AND epoch = %s"
+        ).format(c)
+        batch = sql.SQL("SELECT pg_current_snapshot()::text, (SELECT max(id) FROM {}){}")
+        #: A batch's start, with and without a probe's xid (an xid costs a commit record: only when due).
+        self._batch_sql = {
+            True: batch.format(names.outbox, sql.SQL(", pg_current_xact_id()::text")),
+            False: batch.format(names.outbox, sql.SQL("")),
+        }
+        self._read_sql: sql.Composed | None = None
+        self._copy_dlq_sql: sql.Composed | None = None
+        self._backlog_sql = backlog_sql(names)
+
+    def _connected(self, conn: psycopg.Connection) -> None:
+        require_layout(conn, self.names, "cursor")
+        super()._connected(conn)
+        self._read_sql = read_sql(self.names, self.value_type)
+        self._copy_dlq_sql = copy_dead_letters_sql(self.names, self.value_type)
+
+    # ------------------------------------------------------------------ views
+    def prepare_mark(self) -> None:
+        """Connect and check the layout (the first read parses its statement)."""
+        self.conn  # noqa: B018
+
+    def start_view_with_floor(
+        self, leader_id: uuid.UUID, name: str
+    ) -> tuple[int, list[tuple[int, bytes, int, str, int]], int]:
+        """The mark layout's view start (the fence raised, the intents read), then the cursor row takes
+        the view's epoch and is read: every commit of an earlier view held the fence row lock before
+        the raise, so this read sees it, and none can commit after it."""
+        epoch, intents, floor = super().start_view_with_floor(leader_id, name)
+        row = self._run("starting a cursor view", self._adopt_sql, (epoch, SHARD)).fetchone()
+        if row is None:
+            raise SchemaError(f"the cursor row of {self.names.display!r} is missing; run `harvest init-db`")
+        view = self.views.begin(leader_id, epoch, cursor_of(row[1:]))
+        log.debug("cursor view %s epoch %d from %s", leader_id, epoch, view.cursor)
+        return epoch, intents, floor
+
+    def _view_for_read(self, leader_id: uuid.UUID) -> ViewRead | None:
+        view = self.views.current(leader_id)
+        if view is not None or self.views.sequenced:
+            return view  # sequenced: a view not (or no longer) current reads nothing
+        row = self._run("starting a cursor view", self._bump_sql, (SHARD,)).fetchone()
+        if row is None:
+            raise SchemaError(f"the cursor row of {self.names.display!r} is missing; run `harvest init-db`")
+        return self.views.begin(leader_id, int(row[0]), cursor_of(row[1:]))
+
+    # ------------------------------------------------------------------ reads
+    def mark_with_attempts(self, leader_id: uuid.UUID, limit: int) -> tuple[list[MarkedRow], MarkedAttempts]:
+        """The next page of the view's batch (a new batch when the last one is complete)."""
+        if limit < 1:
+            return [], {}
+        self.conn  # noqa: B018 -- connects, which builds the read statement
+        view = self._view_for_read(leader_id)
+        if view is None:
+            return [], {}
+        cursor = view.cursor
+        if cursor.hi is None:
+            probe = needs_xid(cursor)
+            row = self._run("starting a batch", self._batch_sql[probe], ()).fetchone()
+            assert row is not None
+            cursor = start_batch(cursor, snapshot_of(row[0]), int(row[2]) if probe else None, row[1])
+        assert self._read_sql is not None and cursor.hi is not None
+        params = {
+            "from": cursor.scan_from(),
+            "hi": text_of(cursor.hi),
+            "lo": text_of(cursor.lo),
+            "n": limit,
+            "t0": time.monotonic(),
+        }
+        rows: list[MarkedRow] = self._run(
+            "reading the outbox", self._read_sql, params, prepare=self._prepare_mark, cursor=self._mark_cursor
+        ).fetchall()
+        after, _complete = page_end(cursor, len(rows), rows[-1][0] if rows else None, limit)
+        with self.views.lock:
+            if self.views.current(leader_id) is view:
+                view.add(Segment(cursor, [r[0] for r in rows], after))
+            else:
+                rows = []  # the view ended meanwhile: its reads are the next view's to make again
+        attempts: MarkedAttempts = {r[0]: (r[7], r[8]) for r in rows if r[7] is not None}
+        return rows, attempts
+
+    def stats(self) -> tuple[int, float | None, int]:
+        """(backlog rows the committed cursor has not passed, age of the oldest, dead letters)."""
+        row = self._run("metrics query", self._backlog_sql, (SHARD,)).fetchone()
+        dead = self._run("metrics query", self._stats_dead_sql, ()).fetchone()
+        self.halted_keys = 0
+        n = int(row[0]) if row else 0
+        age = None if row is None or row[1] is None else float(row[1])
+        self.shard_stats = {}
+        return n, age, int(dead[0]) if dead is not None else 0
+
+    # ------------------------------------------------------------------ at-least-once
+    def purge(self, ids: Sequence[int]) -> int:
+        """Delivered rows: commit the cursor past the delivered prefix of the view's reads."""
+        self._passed(list(ids))
+        return len(ids)
+
+    def reset(self, ids: Sequence[int]) -> int:
+        """Nothing to un-mark: the next view reads from the committed cursor."""
+        return len(ids)
+
+    def dead_letter(self, items: Sequence[tuple[int, str, int]]) -> int:
+        """Copy ``(id, error, attempts)`` rows to the dead letters; then they count as passed."""
+        self.conn  # noqa: B018 -- connects, which builds the statement for the value column's type
+        assert self._copy_dlq_sql is not None
+        n = self._run(
+            "dead-letter",
+            self._copy_dlq_sql,
+            ([i for i, _, _ in items], [e for _, e, _ in items], [a for _, _, a in items]),
+        ).rowcount
+        self._passed([i for i, _, _ in items])
+        return n
+
+    def _passed(self, ids: list[int]) -> None:
+        with self.views.lock:
+            view = self.views.view
+            if view is None:
+                return
+            cur, finished, done = view.plan_delivered(ids)
+        if cur is None:
+            return
+        n = self._run(
+            "committing the cursor", self._commit_cursor_sql, (*cursor_params(cur), SHARD, view.epoch)
+        ).rowcount
+        if n != 1:
+            raise DatabaseError(
+                f"cursor commit on {self.names.display!r} refused: another view raised the cursor's epoch "
+                f"(was {view.epoch}); its rows after the committed cursor will be sent again"
+            )
+        with self.views.lock:
+            if self.views.view is view:
+                view.apply(finished, done)
+        self._maintain()
+
+    # ------------------------------------------------------------------ --uuid-sequencing
+    def commit_txns(self, epoch: int, leader_id: uuid.UUID, txns: Sequence[TxnCommit]) -> None:
+        """The fenced commit (module doc): fence, cursor, dead letters, forgotten attempts, intents."""
+        n = self.names
+        ids = [i for t in txns for i in t.ids]
+        dead = [d for t in txns for d in t.dead]
+        forget = [i for t in txns for i in t.forget]
+        with self.views.lock:
+            view = self.views.current(leader_id)
+            if view is None or view.epoch != epoch:
+                raise FenceError(f"commit refused on {n.display!r}: view {leader_id} (epoch {epoch}) is not current")
+            try:
+                cur, finished, done = view.plan_exact(ids + [i for i, _e, _a in dead])
+            except NotNextRows as exc:
+                log.error("%s: %s; ending the view (its rows are read again by the next)", n.display, exc)
+                raise FenceError(f"commit refused on {n.display!r}: {exc}") from None
+        self.conn  # noqa: B018 -- connects, which builds the dead-letter statement
+        statements: list[tuple[Statement, Sequence[Any]]] = [(self._fence_sql, (max(t.ack_clock for t in txns),))]
+        if cur is not None:
+            statements.append((self._commit_cursor_sql, (*cursor_params(cur), SHARD, epoch)))
+        if dead:
+            assert self._copy_dlq_sql is not None
+            statements.append(
+                (self._copy_dlq_sql, ([i for i, _, _ in dead], [e for _, e, _ in dead], [a for _, _, a in dead]))
+            )
+        if forget:
+            statements.append((self._forget_sql, (self._id_array(forget),)))
+        statements += [
+            (self._intent_sql, (epoch, t.producer, t.ack_clock, [j for j, _ in t.journals], [p for _, p in t.journals]))
+            for t in txns
+            if t.journals
+        ]
+        try:
+            conn = self.conn
+            # One message up to COMMIT, as the mark layout's commit (producer/db_fence.py says why).
+            literal = psycopg.ClientCursor(conn)
+            request = ";\n".join(["BEGIN"] + [literal.mogrify(q, params) for q, params in statements])
+            res = conn.execute(request, prepare=False)
+            res.nextset()  # BEGIN's
+            epochs = [int(r[0]) for r in res.fetchall()]
+            counts = []
+            while res.nextset():
+                counts.append(res.rowcount)
+            refusal = None
+            if epochs != [epoch]:
+                refusal = (
+                    f"commit refused by the fence of {n.display!r}: epoch is {epochs or None}, this view's is {epoch}"
+                )
+            elif cur is not None and counts[0] != 1:
+                refusal = f"commit refused by the cursor of {n.display!r}: its epoch is no longer {epoch}"
+            elif dead and counts[1 if cur is not None else 0] != len(dead):
+                refusal = f"dead-lettering refused on {n.display!r}: some of {len(dead)} row(s) are gone"
+            conn.execute("ROLLBACK" if refusal else "COMMIT")
+        except psycopg.Error as exc:
+            self.close()
+            raise DatabaseError(f"commit on {n.display!r} failed: {redact_error(str(exc), self._dsn).strip()}") from exc
+        if refusal:
+            raise FenceError(refusal)
+        with self.views.lock:
+            if self.views.view is view:
+                view.apply(finished, done)
+        self._maintain()
+
+    def _maintain(self) -> None:
+        if self.keeper is not None and self._conn is not None and not self._conn.closed:
+            self.keeper.maybe_run(self._conn)

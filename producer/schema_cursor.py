@@ -1,0 +1,188 @@
+"""``outboxLayout: cursor``: the partitioned outbox the mark-less relay reads, and its cursor row
+(docs/primary-cost.md "The mark-less relay"; the decisions are producer/watermark.py's).
+
+Objects, for an outbox table ``[schema.]name`` (next to the companions of :mod:`producer.schema_ddl`:
+dead letters, fence row, ACK intents, attempt counts, NOTIFY trigger, which are the same in both layouts):
+
+- ``name``: goharvest's columns (so the Stasher, goharvest's Go stasher and the dead-letter tools work
+  unchanged; ``leader_id`` stays, always NULL) plus ``txid xid8 NOT NULL DEFAULT pg_current_xact_id()``,
+  the writer's top-level transaction; ``PARTITION BY RANGE (id)``;
+- ``name_id_seq``: the ids, ``CACHE 1``, drawn by the default
+  ``CASE WHEN pg_current_xact_id() IS NOT NULL THEN nextval(…) END`` (the writer takes its xid before its id);
+- ``name_p<start>``: id-range partitions of :data:`PARTITION_IDS` ids, and ``name_rest``, the DEFAULT
+  partition (a net should partition maintenance fall behind the ids: never retired);
+- ``name_harvest_cursor``: one row per shard (``shard``, ``epoch``, ``lo``, ``hi``, ``pos``, ``low``,
+  ``probe_head``, ``probe_xid``, ``updated_at``): the committed cursor.
+
+Invariants:
+- A1 (producer/watermark.py): the id default takes the xid before the id, from a ``CACHE 1`` sequence;
+  :func:`require_cursor_layout` refuses an outbox whose default does not (writers that set ``id``
+  themselves break it too: docs/limitations.md);
+- a row's transaction is its ``txid`` column, never ``xmin`` (a savepoint's rows carry a subtransaction
+  xid, which snapshots do not list);
+- identifiers go through :class:`psycopg.sql.Identifier`; every statement is idempotent;
+- the relay never runs one layout's statements on the other's table (:func:`layout_of` is checked at start).
+"""
+
+from __future__ import annotations
+
+import psycopg
+from psycopg import sql
+
+from harvest_outbox.producer.errors import SchemaError
+from harvest_outbox.producer.schema_names import OutboxNames, Statement
+
+#: Ids per partition ``harvest init-db`` creates (and partition maintenance keeps, from the last one's width).
+PARTITION_IDS = 1_000_000
+#: Partitions ``harvest init-db`` creates at first; maintenance keeps at least this many ahead of the ids.
+PARTITIONS_AHEAD = 2
+#: Postgres 13: ``xid8``, ``pg_current_xact_id()``, ``pg_snapshot``.
+MIN_SERVER_VERSION = 130000
+#: The text of the cursor row's ``lo`` before any batch: a snapshot that sees no transaction.
+ORIGIN_TEXT = "3:3:"
+
+
+def id_default(names: OutboxNames) -> sql.Composed:
+    """A1: the xid first (a ``CASE`` evaluates its condition before its result), then the id."""
+    return sql.SQL("CASE WHEN pg_current_xact_id() IS NOT NULL THEN nextval({}::regclass) END").format(
+        sql.Literal(names.id_sequence.as_string(None))
+    )
+
+
+def cursor_outbox_ddl(names: OutboxNames, value_type: str) -> list[Statement]:
+    """The partitioned outbox, its sequence and the cursor row (partitions: :func:`create_partition`)."""
+    vtype = sql.SQL("BYTEA" if value_type == "bytea" else "VARCHAR")
+    return [
+        sql.SQL("CREATE SEQUENCE IF NOT EXISTS {} CACHE 1").format(names.id_sequence),
+        # goharvest's columns as init-db makes them for the mark layout, fillfactor 100 (rows are never updated)
+        sql.SQL("""
+        CREATE TABLE IF NOT EXISTS {outbox} (
+          id                  BIGINT NOT NULL DEFAULT {id_default},
+          create_time         TIMESTAMP WITH TIME ZONE NOT NULL DEFAULT now(),
+          kafka_topic         VARCHAR NOT NULL,
+          kafka_key           VARCHAR NOT NULL,
+          kafka_value         {vtype},
+          kafka_header_keys   TEXT[] NOT NULL,
+          kafka_header_values TEXT[] NOT NULL,
+          leader_id           UUID,
+          txid                XID8 NOT NULL DEFAULT pg_current_xact_id(),
+          PRIMARY KEY (id)
+        ) PARTITION BY RANGE (id)""").format(outbox=names.outbox, id_default=id_default(names), vtype=vtype),
+        sql.SQL("ALTER SEQUENCE {} OWNED BY {}.id").format(names.id_sequence, names.outbox),
+        sql.SQL("CREATE TABLE IF NOT EXISTS {} PARTITION OF {} DEFAULT").format(
+            names.qualified(rest_partition_name(names)), names.outbox
+        ),
+        sql.SQL("""
+        CREATE TABLE IF NOT EXISTS {cursor} (
+          shard       INTEGER PRIMARY KEY,
+          epoch       BIGINT NOT NULL DEFAULT 0,
+          lo          PG_SNAPSHOT NOT NULL,
+          hi          PG_SNAPSHOT,
+          pos         BIGINT NOT NULL DEFAULT 0,
+          low         BIGINT NOT NULL DEFAULT 0,
+          probe_head  BIGINT,
+          probe_xid   XID8,
+          updated_at  TIMESTAMP WITH TIME ZONE NOT NULL DEFAULT now()
+        )""").format(cursor=names.cursor),
+        sql.SQL("INSERT INTO {} (shard, lo) VALUES (0, {}) ON CONFLICT DO NOTHING").format(
+            names.cursor, sql.Literal(ORIGIN_TEXT)
+        ),
+    ]
+
+
+def rest_partition_name(names: OutboxNames) -> str:
+    from harvest_outbox.producer.schema_names import derived_name
+
+    return derived_name(names.table, "_rest")
+
+
+def create_partition(names: OutboxNames, start: int, end: int) -> Statement:
+    """``CREATE TABLE … PARTITION OF`` (init-db: nobody writes yet; maintenance attaches instead)."""
+    return sql.SQL("CREATE TABLE IF NOT EXISTS {} PARTITION OF {} FOR VALUES FROM ({}) TO ({})").format(
+        names.qualified(names.partition_name(start)), names.outbox, sql.Literal(start), sql.Literal(end)
+    )
+
+
+def require_server(conn: psycopg.Connection) -> None:
+    if conn.info.server_version < MIN_SERVER_VERSION:
+        raise SchemaError(
+            f"outboxLayout: cursor needs Postgres 13 or later (xid8, pg_current_xact_id, pg_snapshot); this "
+            f"server is {conn.info.server_version}. Use outboxLayout: mark"
+        )
+
+
+def layout_of(conn: psycopg.Connection, names: OutboxNames) -> str | None:
+    """``cursor`` (a partitioned table with ``txid``), ``mark`` (any other table) or None (no table)."""
+    row = conn.execute(
+        "SELECT c.relkind::text, EXISTS (SELECT 1 FROM pg_attribute a WHERE a.attrelid = c.oid "
+        "AND a.attname = 'txid' AND NOT a.attisdropped) FROM pg_class c WHERE c.oid = to_regclass(%s)",
+        (names.outbox.as_string(conn),),
+    ).fetchone()
+    if row is None:
+        return None
+    return "cursor" if row[0] == "p" and row[1] else "mark"
+
+
+def require_layout(conn: psycopg.Connection, names: OutboxNames, layout: str) -> None:
+    """The outbox is in ``layout`` (a relay of the other layout would lose or repeat rows), and, for
+    ``cursor``, keeps A1 (:func:`require_cursor_layout`)."""
+    have = layout_of(conn, names)
+    if have is None or have == layout:
+        if layout == "cursor" and have is not None:
+            require_cursor_layout(conn, names)
+        return
+    if layout == "cursor":
+        raise SchemaError(
+            f"outbox {names.display!r} is goharvest's table (outboxLayout: mark), not the cursor layout's "
+            f"partitioned table; the migration is not built yet (docs/limitations.md): keep outboxLayout: mark, "
+            f"or give the cursor layout a new outboxTable and run `harvest init-db`"
+        )
+    raise SchemaError(
+        f"outbox {names.display!r} is the cursor layout's partitioned table (its rows are never marked); "
+        f"set outboxLayout: cursor in the relay's config"
+    )
+
+
+def require_cursor_layout(conn: psycopg.Connection, names: OutboxNames) -> None:
+    """A1 holds (the id default takes the xid first, the sequence caches 1) and the cursor row exists."""
+    require_server(conn)
+    row = conn.execute(
+        "SELECT pg_get_expr(d.adbin, d.adrelid) FROM pg_attrdef d JOIN pg_attribute a "
+        "ON a.attrelid = d.adrelid AND a.attnum = d.adnum WHERE d.adrelid = to_regclass(%s) AND a.attname = 'id'",
+        (names.outbox.as_string(conn),),
+    ).fetchone()
+    default = row[0] if row else ""
+    xid_at, id_at = default.find("pg_current_xact_id()"), default.find("nextval(")
+    if not 0 <= xid_at < id_at:
+        raise SchemaError(
+            f"outbox {names.display!r}: the id column's default is {default or 'missing'!r}, which does not take "
+            f"the writer's transaction id before the id; the cursor relay could then skip a row for good "
+            f"(docs/primary-cost.md, assumption A1). Fix: ALTER TABLE ... ALTER COLUMN id SET DEFAULT "
+            f"{id_default(names).as_string(conn)} (and let writers leave id to it)"
+        )
+    cache = conn.execute(
+        "SELECT s.seqcache FROM pg_sequence s WHERE s.seqrelid = to_regclass(%s)",
+        (names.id_sequence.as_string(conn),),
+    ).fetchone()
+    if cache is None or int(cache[0]) != 1:
+        raise SchemaError(
+            f"outbox {names.display!r}: sequence {names.id_sequence.as_string(conn)} must exist with CACHE 1 "
+            f"(ids in the order writers draw them); run `harvest init-db` with outboxLayout: cursor"
+        )
+    if conn.execute("SELECT to_regclass(%s)", (names.cursor.as_string(conn),)).fetchone() == (None,):
+        raise SchemaError(
+            f"outbox {names.display!r} has no cursor table {names.cursor.as_string(conn)}; run `harvest init-db` "
+            f"with outboxLayout: cursor (idempotent)"
+        )
+
+
+def range_partitions(conn: psycopg.Connection, names: OutboxNames) -> list[tuple[int, int, str]]:
+    """The outbox's id-range partitions ``(start, end, name)`` in id order (the DEFAULT one left out)."""
+    rows = conn.execute(
+        """SELECT c.relname,
+                  (regexp_match(pg_get_expr(c.relpartbound, c.oid), 'FROM \\(''?(-?\\d+)''?\\) TO'))[1],
+                  (regexp_match(pg_get_expr(c.relpartbound, c.oid), 'TO \\(''?(-?\\d+)''?\\)'))[1]
+           FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid WHERE i.inhparent = to_regclass(%s)""",
+        (names.outbox.as_string(conn),),
+    ).fetchall()
+    return sorted((int(a), int(b), n) for n, a, b in rows if a is not None and b is not None)

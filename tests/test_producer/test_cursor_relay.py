@@ -1,0 +1,247 @@
+"""``outboxLayout: cursor`` (the mark-less relay) on real Postgres and Kafka, in process: ``init-db``'s
+partitioned outbox (the Stasher writes to it unchanged), both delivery modes publishing it -- every
+committed row (exactly once and in per-key order with ``--uuid-sequencing``; at least once, in per-key
+order, without), a late commit (a writer holding a low id commits after higher ids were relayed),
+rolled-back rows never -- the outbox's rows never updated or deleted by the relay, and delivered
+partitions retired (truncated, dropped) and new ones created ahead while it runs. The cursor store's
+bookkeeping (:class:`~producer.cursor_views.ViewRead`) is checked on its own at the end.
+
+Leader kill -9, takeover and a fenced zombie on this layout: tests/test_e2e/test_faults.py's cursor plan.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections.abc import Callable
+
+import psycopg
+import pytest
+from psycopg import sql
+from relaylib import assert_per_key_order, consume_all, relay_config
+from seqcheck import Expected, check_exactly_once, read_intents, wait_for, write_traffic
+
+from harvest_outbox.producer import cursor_partitions
+from harvest_outbox.producer.config import HarvestConfig
+from harvest_outbox.producer.cursor_views import NotNextRows, Segment, ViewRead
+from harvest_outbox.producer.db_cursor import cursor_backlog
+from harvest_outbox.producer.errors import ConfigError, SchemaError
+from harvest_outbox.producer.harvest import Harvest
+from harvest_outbox.producer.schema import OutboxNames, init_db
+from harvest_outbox.producer.schema_cursor import range_partitions
+from harvest_outbox.producer.stasher import OutboxRecord, Stasher
+from harvest_outbox.producer.watermark import Cursor, Snapshot, start_batch
+
+PARTITION_IDS = 100  # a few hundred rows span several partitions
+
+
+# ---------------------------------------------------------------------------- config (no services)
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"outbox_layout": "marks"}, "outboxLayout: 'marks' is not a layout; use mark"),
+        ({"outbox_layout": "cursor", "shards": 2}, "outboxLayout: cursor does not support shards: 2 yet"),
+        (
+            {"outbox_layout": "cursor", "dead_letter_policy": "haltKey"},
+            "outboxLayout: cursor does not support deadLetterPolicy: haltKey yet",
+        ),
+        (
+            {"outbox_layout": "cursor", "missing_topic_policy": "hold"},
+            "outboxLayout: cursor does not support missingTopicPolicy: hold yet",
+        ),
+    ],
+    ids=["unknown", "shards", "haltKey", "hold"],
+)
+def test_the_layout_is_validated(changes: dict[str, object], message: str) -> None:
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(")):
+        HarvestConfig(**changes)  # type: ignore[arg-type]
+
+
+def test_the_layout_is_read_from_yaml() -> None:
+    assert HarvestConfig.from_mapping({"outboxLayout": "cursor"}).outbox_layout == "cursor"
+    assert HarvestConfig.from_mapping({}).outbox_layout == "mark"
+    with pytest.raises(ConfigError, match=r"harvest\.outboxLayout: 'Cursor' is not a layout"):
+        HarvestConfig.from_mapping({"outboxLayout": "Cursor"})
+
+
+# ---------------------------------------------------------------------------- init-db
+@pytest.mark.integration
+def test_init_db_makes_the_partitioned_outbox_and_refuses_the_other_layout(pg_dsn: str, pg_schema: str) -> None:
+    table = f"{pg_schema}.outbox"
+    names = init_db(pg_dsn, table, layout="cursor", partition_ids=PARTITION_IDS)
+    init_db(pg_dsn, table, layout="cursor", partition_ids=PARTITION_IDS)  # idempotent
+    with psycopg.connect(pg_dsn) as conn:
+        parts = range_partitions(conn, names)
+        assert [(a, b) for a, b, _n in parts] == [(0, 100), (100, 200)]
+        with conn.transaction():
+            Stasher(table).stash(conn, OutboxRecord("t", "k", "v", [("h", "1")]))
+            Stasher(table).stash_many(conn, [OutboxRecord("t", f"k{i}", f"v{i}") for i in range(3)])
+            xid = conn.execute("SELECT pg_current_xact_id()::text").fetchone()
+        rows = conn.execute(
+            sql.SQL("SELECT id, txid::text, leader_id FROM {} ORDER BY id").format(names.outbox)
+        ).fetchall()
+        assert (
+            [r[0] for r in rows] == [1, 2, 3, 4] and {r[1] for r in rows} == {xid[0]} and {r[2] for r in rows} == {None}
+        )
+        # a savepoint's rows carry the top-level xid (the snapshot lists only those)
+        with conn.transaction():
+            with conn.transaction():
+                Stasher(table).stash(conn, OutboxRecord("t", "k", "in a savepoint"))
+            top = conn.execute("SELECT pg_current_xact_id()::text").fetchone()
+        assert conn.execute(sql.SQL("SELECT txid::text FROM {} WHERE id = 5").format(names.outbox)).fetchone() == top
+    with pytest.raises(SchemaError, match=r"is the cursor layout's partitioned table.*set outboxLayout: cursor"):
+        init_db(pg_dsn, table)
+    init_db(pg_dsn, f"{pg_schema}.goharvest")
+    with pytest.raises(SchemaError, match=r"is goharvest's table .*the migration is not built yet"):
+        init_db(pg_dsn, f"{pg_schema}.goharvest", layout="cursor")
+
+
+@pytest.mark.integration
+def test_the_relay_refuses_an_outbox_that_breaks_a1(pg_dsn: str, pg_schema: str) -> None:
+    table = f"{pg_schema}.outbox"
+    names = init_db(pg_dsn, table, layout="cursor", partition_ids=PARTITION_IDS)
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        conn.execute(
+            sql.SQL("ALTER TABLE {} ALTER COLUMN id SET DEFAULT nextval({})").format(
+                names.outbox, sql.Literal(names.id_sequence.as_string(conn))
+            )
+        )
+    relay = Harvest(_cfg(pg_dsn, "localhost:1", table, "g", sequenced=True), lambda e: None)
+    with pytest.raises(SchemaError, match="does not take the writer's transaction id before the id"):
+        relay.core.open()
+
+
+# ---------------------------------------------------------------------------- both modes, end to end
+def _cfg(pg_dsn: str, bootstrap: str, table: str, group: str, sequenced: bool) -> HarvestConfig:
+    base = dict(mark_query_records=300, txn_max_records=100, txn_max_duration=0.02, producer_ring=4)
+    return (
+        relay_config(pg_dsn, bootstrap, table, group, **base)  # type: ignore[arg-type]
+        .replace(uuid_sequencing=sequenced, leader_election="postgres", leader_lock_check_interval=0.2)
+        .replace(outbox_layout="cursor")
+    )
+
+
+def _untouched(pg_dsn: str, names: OutboxNames) -> tuple[int, int]:
+    """(updated or deleted row versions of the outbox's partitions, rows marked): the relay writes neither."""
+    with psycopg.connect(pg_dsn) as conn:
+        row = conn.execute(
+            """SELECT coalesce(sum(n_tup_upd + n_tup_del), 0) FROM pg_stat_user_tables s
+               JOIN pg_inherits i ON i.inhrelid = s.relid WHERE i.inhparent = to_regclass(%s)""",
+            (names.outbox.as_string(conn),),
+        ).fetchone()
+        marked = conn.execute(
+            sql.SQL("SELECT count(*) FROM {} WHERE leader_id IS NOT NULL").format(names.outbox)
+        ).fetchone()
+    return int(row[0]), int(marked[0])  # type: ignore[index]
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("sequenced", [True, False], ids=["sequenced", "at-least-once"])
+def test_every_committed_row_once_late_commits_and_partitions_retired(
+    sequenced: bool,
+    pg_dsn: str,
+    kafka_bootstrap: str,
+    pg_schema: str,
+    topic_factory: Callable[..., str],
+    unique_name: Callable[[str], str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(cursor_partitions, "MAINTENANCE_INTERVAL", 0.2)
+    topic = topic_factory(partitions=4)
+    table = f"{pg_schema}.outbox"
+    names = init_db(pg_dsn, table, layout="cursor", partition_ids=PARTITION_IDS)
+    exp = Expected()
+    relay = Harvest(_cfg(pg_dsn, kafka_bootstrap, table, unique_name("g"), sequenced), lambda e: None)
+    relay.start()
+    late = psycopg.connect(pg_dsn)
+    try:
+        # the late writer draws the lowest ids and holds them open while everything else is relayed
+        Stasher(table).stash_many(late, [OutboxRecord(topic, "late-k", f"late-{i}") for i in range(3)])
+        writers = [
+            threading.Thread(target=write_traffic, args=(pg_dsn, table, topic, exp, w, 25), kwargs=dict(pause=0.005))
+            for w in range(3)
+        ]
+        for t in writers:
+            t.start()
+        for t in writers:
+            t.join()
+        with psycopg.connect(
+            pg_dsn, autocommit=True
+        ) as conn:  # autocommit: a reader's open transaction would hold the partitions
+            wait_for(lambda: cursor_backlog(conn, names) == 0, 60, "the others' rows relayed")
+            # the open writer holds low below its ids: no partition past it is retired yet
+            assert range_partitions(conn, names)[0][0] == 0
+        late.commit()  # ids 1..3, committed after hundreds of higher ids went out
+        exp.by_key["late-k"] = [f"late-{i}".encode() for i in range(3)]
+        with psycopg.connect(pg_dsn, autocommit=True) as conn:
+            wait_for(lambda: cursor_backlog(conn, names) == 0, 60, "the late commit relayed")
+            if sequenced:
+                wait_for(lambda: not read_intents(pg_dsn, table), 60, "ACK intents confirmed")
+            # further writes move the probe past the late ids, then maintenance retires their partitions
+            for _ in range(4):
+                with conn.transaction():
+                    Stasher(table).stash(conn, OutboxRecord(topic, "late-k", f"after-{_}"))
+                exp.by_key["late-k"].append(f"after-{_}".encode())
+                time.sleep(0.3)
+            wait_for(lambda: cursor_backlog(conn, names) == 0, 60, "the last rows relayed")
+            wait_for(lambda: range_partitions(conn, names)[0][0] > 0, 30, "a delivered partition retired")
+            head = conn.execute(sql.SQL("SELECT last_value FROM {}").format(names.id_sequence)).fetchone()[0]  # type: ignore[index]
+            assert range_partitions(conn, names)[-1][1] > head + PARTITION_IDS  # created ahead
+    finally:
+        late.close()
+        relay.stop()
+        relay.wait(30)
+    assert _untouched(pg_dsn, names) == (0, 0)
+    total = sum(len(v) for v in exp.by_key.values())
+    assert len(exp.rolled_back) > 0 and total > 300
+    if sequenced:
+        res = check_exactly_once(kafka_bootstrap, topic, 4, exp)
+        assert res.committed == total and res.continues == total
+    else:
+        got = consume_all(kafka_bootstrap, topic, lambda g: len(g) >= total)
+        values = {g.value for g in got}
+        assert not values & exp.rolled_back
+        assert_per_key_order(got, dict(exp.by_key), allow_dups=True)  # type: ignore[arg-type]
+
+
+# ---------------------------------------------------------------------------- ViewRead (no services)
+def _view() -> ViewRead:
+    """Three pages: ids 1-3 (full), 5-6 (end of batch 1), an empty page, then 9 (batch 2, short)."""
+    b1 = start_batch(Cursor(), Snapshot(10, 10), 10, 6)
+    v = ViewRead(uuid.uuid4(), 1, b1)
+    v.add(Segment(b1, [1, 2, 3], Cursor(b1.lo, b1.hi, 3, b1.low, b1.probe)))
+    end1 = Cursor(b1.hi, None, 0, b1.low, b1.probe)  # type: ignore[arg-type]
+    v.add(Segment(Cursor(b1.lo, b1.hi, 3, b1.low, b1.probe), [5, 6], end1))
+    b2 = start_batch(end1, Snapshot(12, 12), None, 9)
+    v.add(Segment(b2, [], Cursor(b2.hi, None, 0, b2.low, b2.probe)))  # type: ignore[arg-type]
+    b3 = start_batch(Cursor(b2.hi, None, 0, b2.low, b2.probe), Snapshot(13, 13), None, 9)  # type: ignore[arg-type]
+    v.add(Segment(b3, [9], Cursor(b3.hi, None, 0, b3.low, b3.probe)))  # type: ignore[arg-type]
+    return v
+
+
+def test_a_commit_passes_the_next_read_rows_in_order_only() -> None:
+    v = _view()
+    with pytest.raises(NotNextRows):
+        v.plan_exact([1, 3])  # skips 2
+    cur, finished, done = v.plan_exact([2, 1])
+    assert cur is not None and cur.pos == 2 and cur.hi is not None and (finished, done) == (0, 2)
+    v.apply(finished, done)
+    cur, finished, done = v.plan_exact([3, 5, 6])
+    # the end of batch 1, then the empty page right behind it: its snapshot is lo
+    assert cur is not None and cur.hi is None and cur.lo == Snapshot(12, 12) and finished == 3
+    v.apply(finished, done)
+    with pytest.raises(NotNextRows):
+        v.plan_exact([9, 10])  # 10 was never read
+
+
+def test_at_least_once_commits_the_delivered_prefix() -> None:
+    v = _view()
+    assert v.plan_delivered([2, 5, 6])[0] is None  # 1 is not delivered: nothing moves
+    cur, finished, done = v.plan_delivered([1])
+    assert cur is not None and cur.pos == 2 and (finished, done) == (0, 2)
+    v.apply(finished, done)
+    cur, finished, done = v.plan_delivered([3, 9])
+    assert cur is not None and cur.lo == Snapshot(13, 13) and v.pending_rows() == 4
+    v.apply(finished, done)
+    assert v.pending_rows() == 0 and not v.delivered
