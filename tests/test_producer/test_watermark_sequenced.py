@@ -9,8 +9,10 @@ marking rows, and whose fenced commit moves the cursor instead of deleting them
   epoch (one transaction), and go on batch by batch (snapshot intervals) from there;
 - ``commit_txns`` checks the epoch, then that the transactions' rows (delivered and dead-lettered)
   are exactly the view's next unread-to-committed rows in read order -- the only thing a cursor can
-  represent -- and moves the cursor to the last one's position; the rest (ACK intents, dead letters,
-  attempt counts, the clock) is the mark relay's model's, unchanged;
+  represent -- and moves the cursor past the last one (to its page's end, and past empty pages read
+  right behind it, when it ends a page); the rest (ACK intents, dead letters, attempt counts, the
+  clock) is the mark relay's model's, unchanged. That bookkeeping is the relay's own:
+  producer/cursor_views.py's ``ViewRead``, which producer/db_cursor.py's ``CursorDatabase`` runs on Postgres;
 - writers are MVCC transactions: an xid first, then ids (A1), the rows invisible until commit; some
   roll back, some commit late (lower ids than rows already relayed); delivered id-range partitions are
   truncated under the committed cursor.
@@ -27,7 +29,7 @@ import os
 import time
 import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import pytest
 from model_db import ModelDB
@@ -42,21 +44,13 @@ from test_protocol_model import (  # noqa: F401 (quiet_relay: the fixture)
     quiet_relay,
 )
 
+from harvest_outbox.producer.cursor_views import NotNextRows, Segment, ViewRead
 from harvest_outbox.producer.db import MarkedAttempts, MarkedRow, TxnCommit
 from harvest_outbox.producer.errors import FenceError
 from harvest_outbox.producer.watermark import Cursor, read_page, retirable, start_batch
 
 SCHEDULES = int(os.environ.get("MODEL_SCHEDULES", "1000"))
 FIRST_SEED = int(os.environ.get("MODEL_SEED", "0"))
-
-
-@dataclass
-class ViewRead:
-    """One view's reading: its cursor, and the rows it read, each with the cursor once it is delivered."""
-
-    cursor: Cursor
-    read: list[tuple[int, Cursor]] = field(default_factory=list)
-    committed: int = 0  # how many of ``read`` its fenced commits passed
 
 
 @dataclass
@@ -73,7 +67,8 @@ class CursorModelDB(ModelDB):
         self, leader_id: uuid.UUID, name: str
     ) -> tuple[int, list[tuple[int, bytes, int, str, int]], int]:
         out = super().start_view_with_floor(leader_id, name)
-        self.views[leader_id] = ViewRead(self.cursor)  # the same transaction: the cursor as of this epoch
+        # the same transaction: the cursor as of this epoch; the relay's own bookkeeping (producer/cursor_views.py)
+        self.views[leader_id] = ViewRead(leader_id, out[0], self.cursor)
         return out
 
     def mark_with_attempts(self, leader_id: uuid.UUID, limit: int) -> tuple[list[MarkedRow], MarkedAttempts]:
@@ -89,10 +84,9 @@ class CursorModelDB(ModelDB):
         page = read_page(batch, [(i, x, (i, r)) for i, x, r in db.visible(db.snapshot(), batch.scan_from())], limit)
         rows: list[MarkedRow] = []
         for i, r in page.rows:
-            view.read.append((i, replace(batch, pos=i)))
             n, error = self.attempts.get(i, (None, None))
             rows.append((i, TOPIC, r.key.encode(), r.value.encode(), None, None, None, n, error, None, 0.0))
-        view.cursor = page.after
+        view.add(Segment(batch, [i for i, _r in page.rows], page.after))
         return rows, {r[0]: (r[7], r[8]) for r in rows if r[7] is not None}  # type: ignore[misc]
 
     def commit_txns(self, epoch: int, leader_id: uuid.UUID, txns: Sequence[TxnCommit]) -> None:
@@ -101,17 +95,17 @@ class CursorModelDB(ModelDB):
             raise FenceError(f"commit refused by the fence: epoch is {self.epoch}, this view's is {epoch}")
         view = self.views[leader_id]
         passed = [i for t in txns for i in t.ids] + [i for t in txns for i, _e, _a in t.dead]
-        following = view.read[view.committed : view.committed + len(passed)]
-        if sorted(passed) != sorted(i for i, _c in following):  # recorded: the relay may catch what it raises
-            why = f"a fenced commit passes {sorted(passed)}, not the view's next rows {[i for i, _c in following]}"
-            self.mvcc.violations.append(why + ": a cursor cannot represent it")
-            raise AssertionError(why)
+        try:
+            cursor, finished, done = view.plan_exact(passed)
+        except NotNextRows as exc:  # recorded: the relay may catch what it raises
+            self.mvcc.violations.append(f"{exc}: a cursor cannot represent it")
+            raise AssertionError(str(exc)) from None
         for i in passed:
             self.rows[i][3] = leader_id  # ModelDB's ownership check: the view's own rows
         super().commit_txns(epoch, leader_id, txns)
-        view.committed += len(passed)
-        if following:
-            self.cursor = self.mvcc.cursor = following[-1][1]
+        view.apply(finished, done)  # only once the commit succeeded, as CursorDatabase does
+        if cursor is not None:
+            self.cursor = self.mvcc.cursor = cursor
 
     def retire(self) -> int:
         n = 0
