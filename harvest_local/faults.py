@@ -49,6 +49,8 @@ class FaultPlan:
     produce_error_rate: float = 0.0
     delivery_error_rate: float = 0.0
     spark: bool = False
+    #: ``outboxLayout``: ``mark`` (goharvest's table) or ``cursor`` (the mark-less relay's partitioned outbox).
+    layout: str = "mark"
 
     @staticmethod
     def random(seed: int, rows: int = 3000, allow_restarts: bool = True) -> FaultPlan:
@@ -94,7 +96,7 @@ def run_plan(services: LocalServices, plan: FaultPlan, workdir: Path, spark: Any
     from harvest_outbox.producer.schema import init_db
 
     create_accounts(ends.pg_dsn, schema, plan.keys)
-    init_db(ends.pg_dsn, outbox)
+    init_db(ends.pg_dsn, outbox, layout=plan.layout, partition_ids=1000)
     create_tables(ends.pg_dsn, schema)
     create_topic(ends.kafka_bootstrap, topic, plan.partitions)
     cfg = write_config(
@@ -103,6 +105,7 @@ def run_plan(services: LocalServices, plan: FaultPlan, workdir: Path, spark: Any
         bootstrap=ends.kafka_bootstrap,
         outbox_table=outbox,
         group=f"fault-{plan.seed}-{tag}",
+        outbox_layout=plan.layout if plan.layout != "mark" else None,
     )
     faults = None
     if plan.produce_error_rate or plan.delivery_error_rate:

@@ -33,6 +33,7 @@ def write_config(
     leader_election: str | None = None,
     leader_lock_check_interval: str | None = None,
     shards: int | None = None,
+    outbox_layout: str | None = None,
 ) -> Path:
     """A relay YAML with fast test/demo timings; ``extra_limits`` override or add ``limits`` keys.
     ``group`` names the NELI group (and its leader topic); None leaves both to the defaults."""
@@ -63,6 +64,8 @@ def write_config(
         lines.append(f"  leaderLockCheckInterval: {leader_lock_check_interval}")
     if shards is not None:
         lines.append(f"  shards: {shards}")
+    if outbox_layout is not None:
+        lines.append(f"  outboxLayout: {outbox_layout}")
     lines.append("  limits:")
     lines += [f"    {k}: {v}" for k, v in limits.items()]
     lines += ["logging:", "  level: Info", ""]

@@ -29,10 +29,26 @@ PLANS = [
     FaultPlan(
         seed=103, relays=2, rows=2500, keys=200, partitions=1, faults=("postgres_restart", "kill_leader"), spark=True
     ),
+    # outboxLayout: cursor (issue #37): a leader killed -9 mid-stream and a paused one (a zombie whose
+    # commits the fence must refuse) with delivery errors, on the partitioned outbox (1,000-id partitions
+    # retired as it goes)
+    FaultPlan(
+        seed=104,
+        relays=2,
+        rows=2000,
+        keys=50,
+        partitions=3,
+        faults=("kill_leader", "pause_leader"),
+        produce_error_rate=0.02,
+        delivery_error_rate=0.02,
+        layout="cursor",
+    ),
 ]
 
 
-@pytest.mark.parametrize("plan", PLANS, ids=lambda p: "+".join(p.faults))
+@pytest.mark.parametrize(
+    "plan", PLANS, ids=lambda p: "+".join(p.faults) + ("" if p.layout == "mark" else f"-{p.layout}")
+)
 def test_exactly_once_under_faults(plan: FaultPlan, services, tmp_path, request) -> None:
     spark = request.getfixturevalue("spark") if plan.spark else None
     result = run_plan(services, plan, tmp_path, spark=spark)

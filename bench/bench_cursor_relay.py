@@ -1,0 +1,182 @@
+"""The relay on ``outboxLayout: cursor`` (the mark-less relay, issue #37) against today's (``mark``), side by
+side in one run: drain rate and WAL per row on the primary. Not a test.
+
+    python -m bench.bench_cursor_relay [--rows 200000] [--runs 2] [--partition-ids 100000]
+
+Uses its own Postgres + Kafka (harvest_local.LocalServices; or HARVEST_PG_DSN / HARVEST_KAFKA_BOOTSTRAP).
+For each run, mode (at-least-once, ``--uuid-sequencing``) and layout, interleaved: a fresh outbox
+(``init-db``; the cursor layout with ``--partition-ids`` ids per partition), ``--rows`` rows written by the
+Stasher (COPY, one transaction: the writers' WAL per row), a ``CHECKPOINT`` (so the drain is *cold*: the
+relay's first change of each page logs its image, as a burst spanning checkpoints does in production),
+then one relay (in process, tuned limits: markQueryRecords 5000, maxInFlightRecords 5000) drains it,
+timed from leadership to the backlog being passed (mark: the outbox empty; cursor: the committed
+cursor past every row). The relay side's WAL is everything the cluster logged from the relay's start
+to the end of its cleanup: for ``mark`` a ``VACUUM`` of the outbox (the dead rows' cleanup), for
+``cursor`` a partition-maintenance round (``TRUNCATE`` / ``DROP`` of the delivered partitions).
+
+Prints JSON: per mode and layout the medians of rows/s, relay WAL bytes per row, full-page images per
+1,000 rows, writers' WAL per row, relay process CPU per 100k rows; and the ratios cursor / mark.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+import uuid
+from typing import Any
+
+import psycopg
+from psycopg import sql
+
+from bench.backlog import fill_backlog
+from bench.bench_relay import TUNED_LIMITS, new_topic
+from bench.bench_wal import wal_stats
+from harvest_outbox.producer.config import HarvestConfig, Limits
+from harvest_outbox.producer.cursor_partitions import PartitionKeeper
+from harvest_outbox.producer.db_cursor import cursor_backlog
+from harvest_outbox.producer.harvest import Harvest
+from harvest_outbox.producer.schema import OutboxNames, init_db
+
+LAYOUTS = ("mark", "cursor")
+MODES = {"at_least_once": False, "sequenced": True}
+
+
+def drain_once(
+    dsn: str, bootstrap: str, topic: str, rows: int, keys: int, layout: str, sequenced: bool, partition_ids: int
+) -> dict[str, Any]:
+    schema = f"bench_{uuid.uuid4().hex[:8]}"
+    table = f"{schema}.outbox"
+    names = init_db(dsn, table, layout=layout, partition_ids=partition_ids)
+    watch = psycopg.connect(dsn, autocommit=True)
+    try:
+        w0 = wal_stats(watch)
+        fill_backlog(dsn, table, topic, rows, keys)
+        w1 = wal_stats(watch)
+        watch.execute(sql.SQL("ANALYZE {}").format(names.outbox))
+        watch.execute("CHECKPOINT")
+        cfg = HarvestConfig(
+            data_source=dsn,
+            outbox_table=table,
+            base_kafka_config={"bootstrap.servers": bootstrap},
+            leader_group_id=f"bench-{uuid.uuid4().hex[:8]}",
+            limits=Limits(**TUNED_LIMITS),
+            uuid_sequencing=sequenced,
+            outbox_layout=layout,
+        )
+        count = sql.SQL("SELECT count(*) FROM {}").format(names.outbox)
+
+        def left() -> int:
+            if layout == "cursor":
+                return cursor_backlog(watch, names)
+            return int(watch.execute(count).fetchone()[0])  # type: ignore[index]
+
+        s0 = wal_stats(watch)
+        relay = Harvest(cfg).start()
+        try:
+            while not relay.is_leader:
+                time.sleep(0.001)
+            t0, c0 = time.perf_counter(), time.process_time()
+            while relay.metrics.delivered < rows:
+                time.sleep(0.005)
+            while left():
+                time.sleep(0.002)
+            elapsed, cpu = time.perf_counter() - t0, time.process_time() - c0
+        finally:
+            relay.stop()
+            relay.wait(60)
+        cleanup = _cleanup(watch, names, layout)
+        s1 = wal_stats(watch)
+    finally:
+        watch.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(schema)))
+        watch.close()
+    return {
+        "rows_per_s": rows / elapsed,
+        "relay_wal_bytes_per_row": (s1[2] - s0[2]) / rows,
+        "relay_fpi_per_1k_rows": (s1[1] - s0[1]) * 1000 / rows,
+        "writers_wal_bytes_per_row": (w1[2] - w0[2]) / rows,
+        "relay_cpu_s_per_100k": cpu / rows * 100_000,
+        "cleanup": cleanup,
+    }
+
+
+def _cleanup(conn: psycopg.Connection, names: OutboxNames, layout: str) -> str:
+    """What the layout leaves to clean after a drain: dead row versions (mark) or delivered partitions."""
+    if layout == "mark":
+        conn.execute(sql.SQL("VACUUM {}").format(names.outbox))
+        return "VACUUM"
+    done = PartitionKeeper(names).run(conn)
+    return f"truncated {len(done.truncated)}, dropped {len(done.dropped)} partition(s)"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rows", type=int, default=200_000)
+    ap.add_argument("--runs", type=int, default=2)
+    ap.add_argument("--keys", type=int, default=1000)
+    ap.add_argument("--partitions", type=int, default=8)
+    ap.add_argument("--partition-ids", type=int, default=100_000)
+    ap.add_argument(
+        "--warmup-rows", type=int, default=50_000, help="a discarded drain per mode first (the broker's JIT)"
+    )
+    args = ap.parse_args()
+    services = None
+    dsn, bootstrap = os.environ.get("HARVEST_PG_DSN"), os.environ.get("HARVEST_KAFKA_BOOTSTRAP")
+    if not (dsn and bootstrap):
+        from harvest_outbox.harvest_local import LocalServices
+
+        services = LocalServices().start()
+        dsn, bootstrap = services.endpoints.pg_dsn, services.endpoints.kafka_bootstrap
+    runs: dict[str, list[dict[str, Any]]] = {f"{m}/{lay}": [] for m in MODES for lay in LAYOUTS}
+    try:
+        topic = new_topic(bootstrap, args.partitions)
+        for sequenced in MODES.values():
+            if args.warmup_rows:
+                drain_once(dsn, bootstrap, topic, args.warmup_rows, args.keys, "mark", sequenced, args.partition_ids)
+        for _ in range(args.runs):
+            for mode, sequenced in MODES.items():
+                for layout in LAYOUTS:
+                    print(f"[bench cursor relay] {args.rows} rows, {mode}, {layout}", file=sys.stderr, flush=True)
+                    runs[f"{mode}/{layout}"].append(
+                        drain_once(dsn, bootstrap, topic, args.rows, args.keys, layout, sequenced, args.partition_ids)
+                    )
+    finally:
+        if services is not None:
+            services.stop()
+    keys = ("rows_per_s", "relay_wal_bytes_per_row", "relay_fpi_per_1k_rows", "writers_wal_bytes_per_row")
+    medians = {
+        name: {k: round(statistics.median(r[k] for r in rs), 2) for k in (*keys, "relay_cpu_s_per_100k")}
+        for name, rs in runs.items()
+    }
+    ratios = {}
+    for mode in MODES:
+        mark, cursor = medians[f"{mode}/mark"], medians[f"{mode}/cursor"]
+        total = {
+            lay: medians[f"{mode}/{lay}"]["relay_wal_bytes_per_row"]
+            + medians[f"{mode}/{lay}"]["writers_wal_bytes_per_row"]
+            for lay in LAYOUTS
+        }
+        ratios[mode] = {
+            "drain_rate": round(cursor["rows_per_s"] / mark["rows_per_s"], 3),
+            "relay_wal_per_row": round(cursor["relay_wal_bytes_per_row"] / mark["relay_wal_bytes_per_row"], 4),
+            "total_wal_per_row": round(total["cursor"] / total["mark"], 3),
+        }
+    print(
+        json.dumps(
+            {
+                "setup": {**vars(args), "limits": TUNED_LIMITS, "cpus": os.cpu_count(), "load": os.getloadavg()},
+                "medians": medians,
+                "ratios_cursor_over_mark": ratios,
+                "runs": runs,
+            },
+            indent=2,
+        )
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
