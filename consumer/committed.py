@@ -54,6 +54,7 @@ from typing import Any
 from harvest_outbox.sequencer import (
     DEFAULT_PRUNE_HORIZON_NS,
     DEFAULT_RING_SIZE,
+    IMPLEMENTATION,
     CheckpointError,
     Envelope,
     ProducerState,
@@ -66,9 +67,11 @@ from harvest_outbox.sequencer import (
     encode_checkpoint,
 )
 
+from . import uncommitted as _uncommitted
 from .config import ReaderConfig, check_batch_size, check_idle_timeout
 from .errors import CheckpointMismatchError, ConfigError, ConsumerClosedError, ReplayFailedError
 from .record import Record
+from .record import _native as _native_records
 from .registry_values import ValueDecoder
 from .replay import ReplayReader
 from .uncommitted import DEFAULT_BATCH_SIZE, ReadUncommittedIter, journal_of
@@ -79,6 +82,16 @@ __all__ = ["ReadCommittedIter"]
 logger = logging.getLogger(__name__)
 
 _ACK_COMMIT_REPLAY = QueueOutcome.ACK_COMMIT_REPLAY
+#: The fused batch path (consumer/_native.pyx ``sequence_raw``), or None: poll_batch then converts a
+#: consumed batch into entries, queues them and dequeues (the same decisions, step by step). It
+#: runs only on the native Sequencer, whose C methods it calls.
+_sequence_raw: Callable[..., tuple[int, Any, int]] | None = (
+    None if _native_records is None else _native_records.sequence_raw
+)
+_NEEDS_PYTHON = None if _native_records is None else _native_records.NEEDS_PYTHON
+_REPLAY = None if _native_records is None else _native_records.REPLAY
+#: The Sequencer class sequence_raw works on (a test may swap committed.Sequencer for the reference).
+_FUSED_SEQUENCER: Any = Sequencer if IMPLEMENTATION == "native" else None
 
 #: on_assign(partitions) -> checkpoint bytes covering them, or None.
 OnAssign = Callable[[list[tuple[str, int]]], "bytes | None"]
@@ -175,6 +188,11 @@ class ReadCommittedIter:
         self._ahead: Any = None  # next committed item: a Record, or an Envelope from a replay
         self._buf: Any = []  # Sequencer.queue_batch entries: a list of tuples, or an EntryBatch
         self._pos = 0
+        # A consumed batch not yet sequenced, as confluent Messages (the fused path's input; the
+        # entries in _buf, if any, come first).
+        self._raw: list[Any] = []
+        self._raw_pos = 0
+        self._raw_yielded = False  # an entry came from _raw already (see _convert_one)
         self._replaying = False  # the current sequence is (partly) served by a replay
         self._closed = False
         self._closing = False
@@ -285,6 +303,13 @@ class ReadCommittedIter:
             buf = self._buf  # a list of entries, or an EntryBatch: both index to entry tuples
             self._buf = [buf[i] for i in range(self._pos, len(buf)) if buf[i][0] not in journals]
             self._pos = 0
+        if self._raw_pos < len(self._raw):
+            self._raw = [
+                m
+                for m in self._raw[self._raw_pos :]
+                if m.error() is not None or journal_of(m.topic(), m.partition()) not in journals
+            ]
+            self._raw_pos = 0
 
     # -- iteration ----------------------------------------------------------
 
@@ -320,6 +345,9 @@ class ReadCommittedIter:
                 return item  # type: ignore[no-any-return]
             if self._pos < len(self._buf):
                 self._queue_buffered()
+                continue
+            if self._raw_pos < len(self._raw):
+                self._raw_to_entries()  # left by poll_batch's fused path
                 continue
             if self._closed:
                 raise ConsumerClosedError("the reader is closed")
@@ -359,6 +387,7 @@ class ReadCommittedIter:
         include_acks = self._include_acks
         out: list[Any] = []
         seq = self._seq
+        fused = self._fused()
         deadline = None
         fetched = False
         while True:
@@ -366,7 +395,9 @@ class ReadCommittedIter:
             if item is not None:
                 room = max_records - len(out)
                 try:
-                    if self._replaying or type(item) is Envelope:
+                    if fused and not self._replaying and type(item) is not Envelope:
+                        self._sequence_raw(out, max_records)  # dequeues, then sequences _raw on
+                    elif self._replaying or type(item) is Envelope:
                         # A replay is being served: per record, as poll() does.
                         self._ahead = seq.step()
                         if type(item) is Envelope:
@@ -402,6 +433,14 @@ class ReadCommittedIter:
                 self._queue_buffered()
                 seq = self._seq
                 continue
+            if self._raw_pos < len(self._raw):
+                if fused:
+                    self._sequence_raw(out, max_records)
+                else:
+                    self._raw_to_entries()
+                if len(out) >= max_records:
+                    break
+                continue
             if out:
                 break  # deliver what is committed rather than wait for more
             if self._closed:
@@ -412,14 +451,94 @@ class ReadCommittedIter:
                     break
                 wait = 0.0
             fetched = True
-            batch = self._reader._next_batch(wait, entries=True)
+            batch = self._reader._next_batch(wait, entries=True, unconverted=fused)
             if not batch:
                 break
-            self._buf = batch
-            self._pos = 0
+            if fused:
+                self._raw = batch
+                self._raw_pos = 0
+                self._raw_yielded = False
+            else:
+                self._buf = batch
+                self._pos = 0
             seq = self._seq  # a rebalance inside _next_batch may replace it
+            fused = self._fused()
         self.delivered += len(out)
         return out
+
+    def _fused(self) -> bool:
+        """True when poll_batch takes the fused batch path (see ``_sequence_raw``)."""
+        return (
+            _sequence_raw is not None
+            and type(self._seq) is _FUSED_SEQUENCER
+            and _uncommitted._native_convert is not None
+        )
+
+    def _sequence_raw(self, out: list[Any], max_records: int) -> None:
+        """Dequeue the current sequence (``_ahead``) into ``out``, then sequence the buffered raw
+        batch on, in one compiled pass (``consumer/_native.pyx`` ``sequence_raw``); entries still in
+        ``_buf`` come first, so then only the dequeue runs. Hands back to Python the one message that
+        needs the UUID policy or is a Kafka error (``_convert_one``), and a commit that needs a
+        replay (as ``_queue_buffered``)."""
+        assert _sequence_raw is not None
+        raw = self._raw
+        take_raw = self._pos >= len(self._buf)
+        pos, self._ahead, why = _sequence_raw(
+            self._seq,
+            raw,
+            self._raw_pos if take_raw else len(raw),
+            self._reader._journals,
+            out,
+            max_records,
+            self._include_acks,
+            self._ahead,
+        )
+        if not take_raw:
+            return
+        if pos > self._raw_pos:
+            self._raw_yielded = True
+        self._raw_pos = pos
+        if why == _NEEDS_PYTHON:
+            self._convert_one()
+        elif why == _REPLAY:
+            seq = self._seq
+            journal, begin, end = seq.replay_range()
+            seq.start_replay(self._replayer.read(journal, begin, end))
+            self._replaying = True
+            try:
+                self._ahead = seq.step()
+            except ReplayError as exc:
+                self.close()
+                raise ReplayFailedError(f"replay failed; the reader is closed: {exc}") from exc
+        if self._raw_pos >= len(raw):
+            self._raw, self._raw_pos = [], 0
+
+    def _convert_one(self) -> None:
+        """Convert the raw message at ``_raw_pos`` as the entries path does (UUID policy, Kafka
+        error) into ``_buf``; a pending error (``uuid_policy='raise'``, a Kafka error that raises)
+        leaves the rest of the batch pending behind it, as ``_convert_entries`` does."""
+        reader = self._reader
+        raw, k = self._raw, self._raw_pos
+        self._buf = reader._convert_entries(raw[k : k + 1])
+        self._pos = 0
+        if self._buf:
+            self._raw_yielded = True
+        if reader._pending_error is not None:
+            reader._pending_raw = raw[k + 1 :]
+            self._raw, self._raw_pos = [], 0
+            if not self._raw_yielded:
+                # Nothing of the batch came before it: _next_batch raises such an error at once.
+                err, reader._pending_error = reader._pending_error, None
+                raise err
+        else:
+            self._raw_pos = k + 1
+
+    def _raw_to_entries(self) -> None:
+        """The rest of the raw batch as entries (poll(), or poll_batch without the fused path)."""
+        rest = self._raw[self._raw_pos :]
+        self._raw, self._raw_pos = [], 0
+        self._buf = self._reader._convert_entries(rest)
+        self._pos = 0
 
     def _queue_buffered(self) -> None:
         """Queue buffered entries up to the next commit; start its dequeue (and replay) if any."""

@@ -129,6 +129,10 @@ def _consume_batch(consumer: Any, size: int, wait: float) -> list[Any]:
     return [first, *rest]
 
 
+def _unconverted(raw: list[Any]) -> list[Any]:
+    return raw
+
+
 def journal_of(topic: str, partition: int) -> str:
     return f"{topic}/{partition}"
 
@@ -355,13 +359,18 @@ class ReadUncommittedIter:
         self._pos = 0
         return rest
 
-    def _next_batch(self, timeout: float | None, entries: bool = False) -> list[Any]:
+    def _next_batch(self, timeout: float | None, entries: bool = False, unconverted: bool = False) -> list[Any]:
         """Read and convert the next batch of records; [] on timeout.
 
         Envelopes, or with ``entries=True`` ``Sequencer.queue_batch`` entries
-        (ReadCommittedIter's hot path; see :meth:`_convert_entries`).
+        (ReadCommittedIter's hot path; see :meth:`_convert_entries`), or with
+        ``unconverted=True`` the consumed messages themselves, unconverted (the fused
+        batch path, ``consumer/_native.pyx`` ``sequence_raw``, converts them as
+        it sequences, and hands what needs the UUID policy to
+        :meth:`_convert_entries`).
         """
-        convert = self._convert_entries if entries else self._convert
+        convert: Callable[[list[Any]], Any]
+        convert = _unconverted if unconverted else self._convert_entries if entries else self._convert
         if self._closed:
             raise ConsumerClosedError("the reader is closed")
         if self._pending_error is not None:
@@ -477,7 +486,9 @@ class ReadUncommittedIter:
             pos += 1
             # What the compiled loop leaves to Python: exactly _convert_entries_py's steps.
             if msg.error() is not None:
-                self._on_error(msg)
+                if self._error_deferred(msg):
+                    self._pending_raw = raw[pos:]
+                    return out
                 continue
             headers = msg.headers()
             u = uuid_in_headers(headers)
@@ -505,7 +516,9 @@ class ReadUncommittedIter:
         journal = ""
         for msg in raw:
             if msg.error() is not None:
-                self._on_error(msg)
+                if self._error_deferred(msg):
+                    self._pending_raw = raw[_index_of(raw, msg) + 1 :]
+                    return out
                 continue
             x = 0
             headers = msg.headers()
@@ -549,6 +562,17 @@ class ReadUncommittedIter:
         action = "delivering it at-least-once as unsequenced" if policy is UUIDPolicy.DELIVER else "dropping it"
         self._warn.warning(journal, "record %s@%d has %s: %s", journal, offset, problem, action)
         return policy is UUIDPolicy.DELIVER
+
+    def _error_deferred(self, msg: Any) -> bool:
+        """:meth:`_on_error` for the entries converters: an error it raises is kept pending (raised
+        by the next fetch, as for ``uuid_policy='raise'``) so the records before it in the batch are
+        sequenced and delivered first rather than lost with the batch. True when one was kept."""
+        try:
+            self._on_error(msg)
+        except (OffsetLostError, KafkaReadError) as exc:
+            self._pending_error = exc
+            return True
+        return False
 
     def _on_error(self, msg: Any) -> None:
         err: KafkaError = msg.error()

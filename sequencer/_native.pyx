@@ -75,13 +75,7 @@ cdef class _Partial:
     Not tracked by the cyclic GC: it references only its journal name (a str).
     """
 
-    cdef readonly object journal
-    cdef readonly uint64_t producer
-    cdef public uint64_t min_clock  # exclusive: clock of the last ACK (or processed message)
-    cdef public uint64_t max_clock  # inclusive: largest clock of the span (or the ACK's)
-    cdef public int64_t begin  # offset of the first unprocessed span message, or -1
-    cdef public Py_ssize_t ring_start  # ring index of the span's first entry still in the ring
-    cdef public Py_ssize_t ring_stop  # ring index of the span's last entry
+    # Attributes: sequencer/_native.pxd.
 
     def __repr__(self):
         return (
@@ -215,32 +209,26 @@ cdef class EntryBatch:
         return f"EntryBatch({self._n} entries)"
 
 
+cdef inline void _link(Sequencer self, Py_ssize_t head, object item, int64_t begin, uint64_t clock, _Partial partial):
+    """Append item at the ring's head and to partial's linked list; advance the head."""
+    self._ring_l[head] = item
+    self._rbegin_a[head] = begin
+    self._rclock_a[head] = clock
+    self._rpart_l[head] = partial
+    self._next_a[head] = -1
+    if partial.ring_stop == -1:
+        partial.ring_start = head
+    else:
+        self._next_a[partial.ring_stop] = head
+    partial.ring_stop = head
+    head += 1
+    self._head_i = 0 if head == self._size else head
+
+
 cdef class Sequencer:
     """Sequences read-uncommitted messages into committed ones (see ``sequencer.sequencer``)."""
 
-    cdef dict _offsets_d
-    cdef object _offsets_view
-    cdef dict _partials_d
-    cdef set _pending_s
-    cdef _Partial _emit_p
-    cdef object _dequeued_o  # the item step() returned last
-    cdef uint64_t _dequeued_clock_v
-    cdef object _replay_iter
-    cdef list _ring_l  # queued items (what step() returns)
-    cdef list _rpart_l  # each slot's partial (for eviction)
-    cdef int64_t* _rbegin_a
-    cdef uint64_t* _rclock_a
-    cdef Py_ssize_t* _next_a
-    cdef int64_t _emit_end  # end offset of the committing message of _emit_p
-    cdef Py_ssize_t _head_i
-    cdef Py_ssize_t _size
-    cdef set _logged
-    # The partial last looked up by queue_batch's fast path: batches come in
-    # runs of one journal and one producer. Reset whenever partials are removed.
-    cdef object _c_journal
-    cdef dict _c_jparts
-    cdef uint64_t _c_producer
-    cdef _Partial _c_partial
+    # Attributes and C methods: sequencer/_native.pxd (consumer/_native.pyx cimports them).
 
     def __cinit__(self, offsets=None, states=None, Py_ssize_t ring_size=DEF_RING_SIZE):
         cdef Py_ssize_t size = ring_size if ring_size > 0 else 1
@@ -304,7 +292,7 @@ cdef class Sequencer:
                 st.journal, pid, st.last_ack, st.last_ack, st.begin
             )
 
-    cdef inline void _reset_cache(self):
+    cdef void _reset_cache(self):
         self._c_journal = None
         self._c_jparts = None
         self._c_producer = 0
@@ -414,25 +402,10 @@ cdef class Sequencer:
                     if partial.begin == -1:
                         partial.begin = begin
                         self._pending_s.add(partial)
-                    self._link(head, item, begin, clock, partial)
+                    _link(self, head, item, begin, clock, partial)
                     partial.max_clock = clock
                     return -1  # the caller writes offsets[journal] = end
         return self._queue(journal, begin, end, hi, lo, item)
-
-    cdef inline void _link(self, Py_ssize_t head, object item, int64_t begin, uint64_t clock, _Partial partial):
-        """Append item at the ring's head and to partial's linked list; advance the head."""
-        self._ring_l[head] = item
-        self._rbegin_a[head] = begin
-        self._rclock_a[head] = clock
-        self._rpart_l[head] = partial
-        self._next_a[head] = -1
-        if partial.ring_stop == -1:
-            partial.ring_start = head
-        else:
-            self._next_a[partial.ring_stop] = head
-        partial.ring_stop = head
-        head += 1
-        self._head_i = 0 if head == self._size else head
 
     cdef int _queue(self, object journal, int64_t begin, int64_t end, uint64_t hi, uint64_t lo, object item) except -1:
         """queue_uncommitted() on an Envelope's fields; returns the outcome code."""
@@ -476,7 +449,7 @@ cdef class Sequencer:
                 self._pending_s.add(partial)
             else:
                 outcome = CONTINUE_EXTEND_SPAN
-            self._link(head, item, begin, clock, partial)
+            _link(self, head, item, begin, clock, partial)
             partial.max_clock = clock
             self._offsets_d[journal] = end
             return outcome
@@ -531,7 +504,7 @@ cdef class Sequencer:
         # A committing outcome. Offsets are *not* advanced here: only once the
         # sequence is fully stepped, so that a checkpoint taken before then
         # makes a restored reader see this committing message again.
-        self._link(head, item, begin, raw_clock, partial)
+        _link(self, head, item, begin, raw_clock, partial)
         if outcome == ACK_EMPTY:
             partial.begin = begin
         elif outcome == OUTSIDE_COMMIT:
@@ -569,6 +542,9 @@ cdef class Sequencer:
 
     def step(self):
         """Return the next committed message, or None when the sequence is done."""
+        return self._step()
+
+    cdef object _step(self):
         cdef _Partial emit = self._emit_p
         cdef uint64_t min_clock, max_clock, clock, hi, lo
         cdef int64_t begin
@@ -617,7 +593,7 @@ cdef class Sequencer:
         self._finish(emit, emit.min_clock)
         return None
 
-    cdef inline void _finish(self, _Partial emit, uint64_t min_clock):
+    cdef void _finish(self, _Partial emit, uint64_t min_clock):
         self._offsets_d[emit.journal] = self._emit_end
         emit.min_clock = min_clock
         emit.max_clock = min_clock
@@ -632,21 +608,26 @@ cdef class Sequencer:
     def step_many(self, Py_ssize_t max_n):
         """Up to ``max_n`` results of ``step()``, in one call (see the reference)."""
         cdef list out = []
+        self._step_into(out, max_n)
+        return out
+
+    cdef Py_ssize_t _step_into(self, list out, Py_ssize_t max_n) except -1:
+        """step_many(), appending to ``out``; returns how many were appended."""
         cdef Py_ssize_t k = 0, idx
         cdef _Partial emit
         cdef uint64_t max_clock, last_clock, min_clock, clock
         cdef int64_t begin, b
         cdef bint ended
         if max_n <= 0:
-            return out
+            return 0
         while k < max_n:
             emit = self._emit_p
             if emit is None:
-                return out
+                return k
             if self._replay_iter is not None or self._dequeued_o is None:
-                item = self.step()
+                item = self._step()
                 if item is None:
-                    return out
+                    return k
                 out.append(item)
                 k += 1
                 continue
@@ -679,13 +660,13 @@ cdef class Sequencer:
                     break
                 if ended:
                     self._finish(emit, min_clock)
-                    return out
+                    return k
             emit.min_clock = min_clock
             emit.ring_start = idx
             emit.begin = begin
             self._dequeued_o = last_item
             self._dequeued_clock_v = last_clock
-        return out
+        return k
 
     cdef object _next_replayed(self, _Partial emit):
         """Next replayed message of the emitting producer, or None to re-check the loop."""
