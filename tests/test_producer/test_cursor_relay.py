@@ -6,7 +6,9 @@ rolled-back rows never -- the outbox's rows never updated or deleted by the rela
 partitions retired (truncated, dropped) and new ones created ahead while it runs. The cursor store's
 bookkeeping (:class:`~producer.cursor_views.ViewRead`) is checked on its own at the end.
 
-Leader kill -9, takeover and a fenced zombie on this layout: tests/test_e2e/test_faults.py's cursor plan.
+A zombie view of either mode is fenced (its commit refused, its rows committed once by the next view)
+on the cursor store itself; leader kill -9, takeover and a paused leader with the whole pipeline:
+tests/test_e2e/test_faults.py's cursor plan.
 """
 
 from __future__ import annotations
@@ -24,9 +26,10 @@ from seqcheck import Expected, check_exactly_once, read_intents, wait_for, write
 
 from harvest_outbox.producer import cursor_partitions
 from harvest_outbox.producer.config import HarvestConfig
-from harvest_outbox.producer.cursor_views import NotNextRows, Segment, ViewRead
-from harvest_outbox.producer.db_cursor import cursor_backlog
-from harvest_outbox.producer.errors import ConfigError, SchemaError
+from harvest_outbox.producer.cursor_views import CursorViews, NotNextRows, Segment, ViewRead
+from harvest_outbox.producer.db import TxnCommit
+from harvest_outbox.producer.db_cursor import CursorDatabase, cursor_backlog
+from harvest_outbox.producer.errors import ConfigError, DatabaseError, FenceError, SchemaError
 from harvest_outbox.producer.harvest import Harvest
 from harvest_outbox.producer.schema import OutboxNames, init_db
 from harvest_outbox.producer.schema_cursor import range_partitions
@@ -245,3 +248,70 @@ def test_at_least_once_commits_the_delivered_prefix() -> None:
     assert cur is not None and cur.lo == Snapshot(13, 13) and v.pending_rows() == 4
     v.apply(finished, done)
     assert v.pending_rows() == 0 and not v.delivered
+
+
+# ---------------------------------------------------------------------------- zombies, on Postgres (no Kafka)
+def _rows(pg_dsn: str, table: str, n: int) -> None:
+    with psycopg.connect(pg_dsn) as conn:
+        Stasher(table).stash_many(conn, [OutboxRecord("t", f"k{i % 3}", f"v{i}") for i in range(n)])
+
+
+@pytest.mark.integration
+def test_a_zombie_sequenced_view_is_fenced_and_its_rows_committed_once_by_the_next(pg_dsn: str, pg_schema: str) -> None:
+    """View A reads rows; view B starts (another relay took over); A's fenced commit is refused and moves
+    nothing; B reads the same rows from the committed cursor and commits them; a commit that skips a read
+    row is refused too (a cursor cannot represent it)."""
+    table = f"{pg_schema}.outbox"
+    names = init_db(pg_dsn, table, layout="cursor", partition_ids=PARTITION_IDS)
+    _rows(pg_dsn, table, 5)
+    a, b = CursorDatabase(pg_dsn, names, CursorViews(True)), CursorDatabase(pg_dsn, names, CursorViews(True))
+    la, lb = uuid.uuid4(), uuid.uuid4()
+    try:
+        epoch_a = a.start_view_with_floor(la, "a")[0]
+        read_a = [r[0] for r in a.mark_with_attempts(la, 10)[0]]
+        epoch_b = b.start_view_with_floor(lb, "b")[0]
+        assert read_a == [1, 2, 3, 4, 5] and epoch_b > epoch_a
+        with pytest.raises(FenceError, match="epoch"):
+            a.commit_txns(epoch_a, la, [TxnCommit(read_a, [], b"p" * 16, 1, [("t", 0)])])
+        with psycopg.connect(pg_dsn, autocommit=True) as conn:
+            assert cursor_backlog(conn, names) == 5
+        read_b = [r[0] for r in b.mark_with_attempts(lb, 10)[0]]
+        assert read_b == read_a
+        with pytest.raises(FenceError, match="not the view's next read rows"):
+            b.commit_txns(epoch_b, lb, [TxnCommit([1, 3], [], b"q" * 16, 2, [("t", 0)])])
+        b.commit_txns(epoch_b, lb, [TxnCommit([1, 2], [], b"q" * 16, 2, [("t", 0)])])
+        b.commit_txns(epoch_b, lb, [TxnCommit([3, 4], [(5, "poison", 3)], b"r" * 16, 3, [("t", 1)])])
+        with psycopg.connect(pg_dsn, autocommit=True) as conn:
+            assert cursor_backlog(conn, names) == 0
+            dead = conn.execute(sql.SQL("SELECT id, error FROM {}").format(names.dead_letters)).fetchall()
+            assert dead == [(5, "poison")]
+            assert conn.execute(sql.SQL("SELECT count(*) FROM {}").format(names.outbox)).fetchone() == (5,)
+    finally:
+        a.close()
+        b.close()
+
+
+@pytest.mark.integration
+def test_an_at_least_once_zombie_cannot_move_the_cursor(pg_dsn: str, pg_schema: str) -> None:
+    """At-least-once: the cursor moves past the delivered prefix only; a view whose epoch another view
+    raised is refused (a DatabaseError: the relay remarks) and the rows after the cursor go out again."""
+    table = f"{pg_schema}.outbox"
+    names = init_db(pg_dsn, table, layout="cursor", partition_ids=PARTITION_IDS)
+    _rows(pg_dsn, table, 4)
+    a, b = CursorDatabase(pg_dsn, names, CursorViews(False)), CursorDatabase(pg_dsn, names, CursorViews(False))
+    la, lb = uuid.uuid4(), uuid.uuid4()
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        try:
+            assert [r[0] for r in a.mark_with_attempts(la, 10)[0]] == [1, 2, 3, 4]
+            a.purge([2, 3])  # 1 is not delivered yet: nothing moves
+            assert cursor_backlog(conn, names) == 4
+            a.purge([1])
+            assert cursor_backlog(conn, names) == 1
+            assert [r[0] for r in b.mark_with_attempts(lb, 10)[0]] == [4]  # a new view: from the committed cursor
+            with pytest.raises(DatabaseError, match="another view raised the cursor's epoch"):
+                a.purge([4])
+            b.purge([4])
+            assert cursor_backlog(conn, names) == 0
+        finally:
+            a.close()
+            b.close()
