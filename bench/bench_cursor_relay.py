@@ -40,6 +40,7 @@ from harvest_outbox.producer.cursor_partitions import PartitionKeeper
 from harvest_outbox.producer.db_cursor import cursor_backlog
 from harvest_outbox.producer.harvest import Harvest
 from harvest_outbox.producer.schema import OutboxNames, init_db
+from harvest_outbox.producer.schema_cursor import create_partition
 
 LAYOUTS = ("mark", "cursor")
 MODES = {"at_least_once": False, "sequenced": True}
@@ -52,6 +53,9 @@ def drain_once(
     table = f"{schema}.outbox"
     names = init_db(dsn, table, layout=layout, partition_ids=partition_ids)
     watch = psycopg.connect(dsn, autocommit=True)
+    if layout == "cursor":  # partitions for every id, as a running leader's maintenance makes them ahead
+        for start in range(2 * partition_ids, rows + 1, partition_ids):
+            watch.execute(create_partition(names, start, start + partition_ids))
     try:
         w0 = wal_stats(watch)
         fill_backlog(dsn, table, topic, rows, keys)

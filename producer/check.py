@@ -30,6 +30,7 @@ from harvest_outbox.producer.schema import (
     storage_sql,
     table_reloptions,
 )
+from harvest_outbox.producer.schema_cursor import range_partitions, require_layout
 from harvest_outbox.producer.table_mapping import DebeziumMapping
 
 Level = Literal["OK", "WARN", "FAIL"]
@@ -64,6 +65,12 @@ def check_outbox(conn: psycopg.Connection, config: HarvestConfig) -> list[Findin
         value_type = inspect_outbox(conn, names)
     except SchemaError as exc:
         return [Finding("FAIL", "table", str(exc))]
+    try:
+        require_layout(conn, names, config.outbox_layout)
+    except SchemaError as exc:
+        return [Finding("FAIL", "layout", str(exc))]
+    if config.outbox_layout == "cursor":
+        return _cursor_layout(conn, names, config, value_type)
     kind = names.mapping.kind
     found = [Finding("OK", "table", f"{names.display} exists ({kind} table, value type {value_type})")]
     found += _storage(conn, names)
@@ -71,6 +78,31 @@ def check_outbox(conn: psycopg.Connection, config: HarvestConfig) -> list[Findin
     found.append(_trigger(conn, names))
     found += _companions(conn, names, config)
     found += _activity(conn, names, config)
+    return found
+
+
+def _cursor_layout(
+    conn: psycopg.Connection, names: OutboxNames, config: HarvestConfig, value_type: str
+) -> list[Finding]:
+    """``outboxLayout: cursor``: the partitions, the trigger, the companions and the cursor's backlog (the
+    mark layout's storage, index and dead-row findings do not apply: rows are never updated or deleted)."""
+    from harvest_outbox.producer.db_cursor import backlog_sql
+
+    parts = range_partitions(conn, names)
+    span = f", ids [{parts[0][0]}, {parts[-1][1]})" if parts else ""
+    found = [
+        Finding(
+            "OK",
+            "table",
+            f"{names.display} exists (cursor layout, {len(parts)} id-range partition(s){span}, value type {value_type})",
+        )
+    ]
+    found.append(_trigger(conn, names))
+    found += _companions(conn, names, config)
+    row = conn.execute(backlog_sql(names), (0,)).fetchone()
+    rows, oldest = (int(row[0]), row[1]) if row else (0, None)
+    age = "" if oldest is None else f", the oldest {format_duration(max(0.0, float(oldest)))} old"
+    found.append(Finding("OK", "backlog", f"{rows} row(s) the committed cursor has not passed{age}"))
     return found
 
 

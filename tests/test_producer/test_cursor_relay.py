@@ -315,3 +315,26 @@ def test_an_at_least_once_zombie_cannot_move_the_cursor(pg_dsn: str, pg_schema: 
         finally:
             a.close()
             b.close()
+
+
+@pytest.mark.integration
+def test_harvest_check_reads_the_cursor_layout(pg_dsn: str, pg_schema: str) -> None:
+    """``harvest check``: the partitions and the cursor's backlog on the cursor layout; the other
+    layout's config on the same table is a FAIL naming the fix."""
+    from harvest_outbox.producer.check import check_outbox
+
+    table = f"{pg_schema}.outbox"
+    init_db(pg_dsn, table, layout="cursor", partition_ids=PARTITION_IDS)
+    _rows(pg_dsn, table, 3)
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        found = {
+            f.subject: f
+            for f in check_outbox(conn, HarvestConfig(data_source=pg_dsn, outbox_table=table, outbox_layout="cursor"))
+        }
+        assert "cursor layout, 2 id-range partition(s), ids [0, 200)" in found["table"].message
+        assert found["backlog"].message.startswith("3 row(s) the committed cursor has not passed")
+        assert all(f.level == "OK" for f in found.values()), found
+        wrong = check_outbox(conn, HarvestConfig(data_source=pg_dsn, outbox_table=table))
+        assert [(f.level, f.subject) for f in wrong] == [("FAIL", "layout")] and "set outboxLayout: cursor" in wrong[
+            0
+        ].message
