@@ -11,7 +11,7 @@ the exact JSON types (``dict``, ``list``, ``str``, ``int``, ``float``, ``bool``,
 ``bytes``, and what fastavro's logical-type writers turn a value into) and raises :class:`GiveUp`
 (or whatever the failing operation raised) on anything else: a value that does not fit, a missing
 field without a default, a ``-type`` key, tuple notation, a union whose branch fastavro would pick
-by counting record fields, a string that is not valid UTF-8, an integer too large for a double.
+by counting record fields, a string with a lone surrogate (no UTF-8), an integer too large for a double.
 The caller then runs fastavro's ``validate`` and ``schemaless_writer`` as before, so a refused row
 gets exactly fastavro's error and reason, and an exotic valid row fastavro's bytes.
 
@@ -21,9 +21,10 @@ invalid, against the installed fastavro):
   ``schemaless_writer`` writes exactly the returned bytes (so the coercions the writer alone would
   make, 1.5 into a ``long`` as 1 or "1" into a ``double``, never happen: such values give up);
 - :meth:`CompiledSchema.valid` answers as ``fastavro.validation.validate(value, schema,
-  raise_errors=False)`` does (it gives up on tuple notation only);
-- valid JSON values of records, enums, arrays, maps, unions (nullable or not), fixed, named
-  references, recursive types and logical types are written by the compiled code, not given up on.
+  raise_errors=False)`` does (it gives up on tuple notation and on types it does not know);
+- valid JSON values (each field present or defaulted) of records, enums, arrays, maps, unions
+  (nullable or not, at most one branch taking a dict), fixed, named references, recursive types and
+  logical types are written by the compiled code, not given up on.
 """
 
 from __future__ import annotations
