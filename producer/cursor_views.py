@@ -17,7 +17,9 @@ Invariants (tests/test_producer/test_cursor_views.py; the model is test_watermar
 - the at-least-once mode passes the longest prefix of read rows that are all delivered or dead-lettered;
 - nothing moves until the database commit succeeded (:meth:`ViewRead.apply`); a view that fails is
   dropped and the next one reads from the committed cursor;
-- memory is bounded by the rows read and not yet committed, plus one trailing empty page.
+- memory is bounded by the rows read and not yet committed, plus one trailing empty page;
+- an idle view (every read row committed, only empty pages since) commits the cursor after them
+  (:meth:`ViewRead.idle_cursor`): they pass no row, so the claim "rows ``lo`` sees are delivered" holds.
 """
 
 from __future__ import annotations
@@ -53,6 +55,8 @@ class ViewRead:
     segments: deque[Segment] = field(default_factory=deque)
     done: int = 0  # rows of segments[0] already committed
     delivered: set[int] = field(default_factory=set)  # at-least-once: delivered, not yet committed
+    head: int | None = None  # the largest id the last batch start saw (a probe is worth an xid only past it)
+    committed: Cursor | None = None  # the last cursor this view committed
 
     def add(self, seg: Segment) -> None:
         """A page read: append it (an empty page behind an empty page replaces it: it passes no row)."""
@@ -85,8 +89,10 @@ class ViewRead:
                 cur, i = segs[i].after, i + 1
         return ids, cur, i, done
 
-    def apply(self, finished: int, done: int) -> None:
-        """The commit of a :meth:`plan` succeeded: forget what it passed."""
+    def apply(self, finished: int, done: int, cursor: Cursor | None = None) -> None:
+        """The commit of a :meth:`plan` (of ``cursor``) succeeded: forget what it passed."""
+        if cursor is not None:
+            self.committed = cursor
         for _ in range(finished):
             seg = self.segments.popleft()
             self.delivered.difference_update(seg.ids)
@@ -114,6 +120,22 @@ class ViewRead:
             done = 0
         _ids, cur, finished, left = self.plan(n)
         return cur, finished, left
+
+    def idle_cursor(self) -> Cursor | None:
+        """Every read row is committed and only empty pages follow: the cursor after them, if it moved
+        since this view's last commit (committing it lets ``lo`` and ``low`` follow an idle outbox, so
+        its delivered partitions retire without waiting for the next rows)."""
+        if self.pending_rows() or not self.segments:
+            return None
+        cur = self.segments[-1].after
+        return None if cur == self.committed else cur
+
+    def idle_committed(self, cur: Cursor) -> None:
+        """The :meth:`idle_cursor` commit succeeded."""
+        if self.segments and self.segments[-1].after == cur and not self.pending_rows():
+            self.segments.clear()
+            self.done = 0
+        self.committed = cur
 
     def pending_rows(self) -> int:
         return sum(len(s.ids) for s in self.segments) - self.done

@@ -17,6 +17,9 @@ interface: the modes run on it unchanged.
   and ``dead_letter`` commit the cursor past the longest prefix of read rows that are delivered or
   dead-lettered (their delivery reports have arrived): a crash re-sends at most the rows after it;
   ``reset`` writes nothing (the remark's new view reads again from the committed cursor);
+- an idle view (every read row committed, only empty pages since) commits the cursor after them at most
+  every :data:`IDLE_COMMIT_INTERVAL` on the read connection, so ``low`` follows an idle outbox and its
+  delivered partitions retire; a batch start takes an xid only when a probe is due and new rows arrived;
 - partitions: :class:`~producer.cursor_partitions.PartitionKeeper` after a commit.
 
 Invariants (tests/test_producer/test_cursor_relay.py on Postgres and Kafka; the protocol's are
@@ -54,6 +57,8 @@ from harvest_outbox.producer.watermark_sql import snapshot_of, text_of
 log = logging.getLogger(__name__)
 
 SHARD = 0  # one cursor row: the cursor layout is not sharded yet (config refuses shards > 1)
+#: Seconds between an idle view's cursor commits (~120 B of WAL each; only when the cursor moved).
+IDLE_COMMIT_INTERVAL = 1.0
 
 
 def read_sql(names: OutboxNames, value_type: ValueType) -> sql.Composed:
@@ -189,6 +194,7 @@ class CursorDatabase(OutboxDatabase):
         self._read_sql: sql.Composed | None = None
         self._copy_dlq_sql: sql.Composed | None = None
         self._backlog_sql = backlog_sql(names)
+        self._next_idle_commit = 0.0
 
     def _connected(self, conn: psycopg.Connection) -> None:
         require_layout(conn, self.names, "cursor")
@@ -235,9 +241,12 @@ class CursorDatabase(OutboxDatabase):
             return [], {}
         cursor = view.cursor
         if cursor.hi is None:
-            probe = needs_xid(cursor)
+            # an xid (a commit record) only when a probe is due and rows arrived past low since the last
+            # batch start: an idle relay's batches write nothing
+            probe = needs_xid(cursor) and (view.head is None or view.head + 1 > cursor.low)
             row = self._run("starting a batch", self._batch_sql[probe], ()).fetchone()
             assert row is not None
+            view.head = row[1]
             cursor = start_batch(cursor, snapshot_of(row[0]), int(row[2]) if probe else None, row[1])
         assert self._read_sql is not None and cursor.hi is not None
         params = {
@@ -256,8 +265,25 @@ class CursorDatabase(OutboxDatabase):
                 view.add(Segment(cursor, [r[0] for r in rows], after))
             else:
                 rows = []  # the view ended meanwhile: its reads are the next view's to make again
+        if not rows and time.monotonic() >= self._next_idle_commit:
+            self._idle_commit(view)
         attempts: MarkedAttempts = {r[0]: (r[7], r[8]) for r in rows if r[7] is not None}
         return rows, attempts
+
+    def _idle_commit(self, view: ViewRead) -> None:
+        """An idle view's cursor, at most every :data:`IDLE_COMMIT_INTERVAL` (fenced by the epoch as every
+        cursor commit; a lost one only leaves the committed cursor older)."""
+        self._next_idle_commit = time.monotonic() + IDLE_COMMIT_INTERVAL
+        with self.views.lock:
+            cur = view.idle_cursor() if self.views.view is view else None
+        if cur is None:
+            return
+        n = self._run(
+            "committing the cursor", self._commit_cursor_sql, (*cursor_params(cur), SHARD, view.epoch)
+        ).rowcount
+        if n == 1:
+            with self.views.lock:
+                view.idle_committed(cur)
 
     def stats(self) -> tuple[int, float | None, int]:
         """(backlog rows the committed cursor has not passed, age of the oldest, dead letters)."""
@@ -309,7 +335,7 @@ class CursorDatabase(OutboxDatabase):
             )
         with self.views.lock:
             if self.views.view is view:
-                view.apply(finished, done)
+                view.apply(finished, done, cur)
         self._maintain()
 
     # ------------------------------------------------------------------ --uuid-sequencing
@@ -372,7 +398,7 @@ class CursorDatabase(OutboxDatabase):
             raise FenceError(refusal)
         with self.views.lock:
             if self.views.view is view:
-                view.apply(finished, done)
+                view.apply(finished, done, cur)
         self._maintain()
 
     def _maintain(self) -> None:

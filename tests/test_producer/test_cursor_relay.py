@@ -338,3 +338,15 @@ def test_harvest_check_reads_the_cursor_layout(pg_dsn: str, pg_schema: str) -> N
         assert [(f.level, f.subject) for f in wrong] == [("FAIL", "layout")] and "set outboxLayout: cursor" in wrong[
             0
         ].message
+
+
+def test_an_idle_view_commits_the_cursor_after_its_empty_pages_only() -> None:
+    v = _view()
+    assert v.idle_cursor() is None  # rows read and not committed
+    v.apply(*v.plan_exact([1, 2, 3, 5, 6, 9])[1:], None)
+    b4 = start_batch(v.cursor, Snapshot(14, 14), None, 9)
+    v.add(Segment(b4, [], Cursor(b4.hi, None, 0, b4.low, b4.probe)))  # type: ignore[arg-type]
+    cur = v.idle_cursor()
+    assert cur is not None and cur.lo == Snapshot(14, 14)
+    v.idle_committed(cur)
+    assert v.idle_cursor() is None and not v.segments  # committed: nothing more until the cursor moves
