@@ -12,7 +12,9 @@ then one relay (in process, tuned limits: markQueryRecords 5000, maxInFlightReco
 timed from leadership to the backlog being passed (mark: the outbox empty; cursor: the committed
 cursor past every row). The relay side's WAL is everything the cluster logged from the relay's start
 to the end of its cleanup: for ``mark`` a ``VACUUM`` of the outbox (the dead rows' cleanup), for
-``cursor`` a partition-maintenance round (``TRUNCATE`` / ``DROP`` of the delivered partitions).
+``cursor`` a partition-maintenance round (``TRUNCATE`` / ``DROP`` of the delivered partitions), after the
+relay idled ``--idle-after`` seconds (both layouts: the cursor's idle batches and commits move ``low`` past
+the backlog, and their WAL counts).
 
 Prints JSON: per mode and layout the medians of rows/s, relay WAL bytes per row, full-page images per
 1,000 rows, writers' WAL per row, relay process CPU per 100k rows; and the ratios cursor / mark.
@@ -47,7 +49,15 @@ MODES = {"at_least_once": False, "sequenced": True}
 
 
 def drain_once(
-    dsn: str, bootstrap: str, topic: str, rows: int, keys: int, layout: str, sequenced: bool, partition_ids: int
+    dsn: str,
+    bootstrap: str,
+    topic: str,
+    rows: int,
+    keys: int,
+    layout: str,
+    sequenced: bool,
+    partition_ids: int,
+    idle_after: float = 3.0,
 ) -> dict[str, Any]:
     schema = f"bench_{uuid.uuid4().hex[:8]}"
     table = f"{schema}.outbox"
@@ -89,6 +99,7 @@ def drain_once(
             while left():
                 time.sleep(0.002)
             elapsed, cpu = time.perf_counter() - t0, time.process_time() - c0
+            time.sleep(idle_after)  # idle batches move low past the backlog (the cursor layout's retirement)
         finally:
             relay.stop()
             relay.wait(60)
@@ -123,6 +134,7 @@ def main() -> int:
     ap.add_argument("--keys", type=int, default=1000)
     ap.add_argument("--partitions", type=int, default=8)
     ap.add_argument("--partition-ids", type=int, default=100_000)
+    ap.add_argument("--idle-after", type=float, default=3.0, help="seconds the relay idles after the drain")
     ap.add_argument(
         "--warmup-rows", type=int, default=50_000, help="a discarded drain per mode first (the broker's JIT)"
     )
@@ -145,7 +157,17 @@ def main() -> int:
                 for layout in LAYOUTS:
                     print(f"[bench cursor relay] {args.rows} rows, {mode}, {layout}", file=sys.stderr, flush=True)
                     runs[f"{mode}/{layout}"].append(
-                        drain_once(dsn, bootstrap, topic, args.rows, args.keys, layout, sequenced, args.partition_ids)
+                        drain_once(
+                            dsn,
+                            bootstrap,
+                            topic,
+                            args.rows,
+                            args.keys,
+                            layout,
+                            sequenced,
+                            args.partition_ids,
+                            args.idle_after,
+                        )
                     )
     finally:
         if services is not None:
