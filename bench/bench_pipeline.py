@@ -58,14 +58,12 @@ def _outbox_rows(dsn: str, outbox: str) -> int:
 
 
 def _latest_versions(latest: Path) -> dict[str, int] | None:
-    import pyarrow.parquet as pq
+    from harvest_outbox.spark_reader.latest_table import read_local_snapshot
 
-    from harvest_outbox.spark_reader.latest_table import local_snapshot
-
-    folder = local_snapshot(str(latest))
-    if folder is None:
+    snapshot = read_local_snapshot(str(latest), columns=["key", "value"])
+    if snapshot is None:
         return None
-    t = pq.read_table(folder, columns=["key", "value"]).to_pydict()
+    t = snapshot.to_pydict()
     return {k.decode(): int(json.loads(v)["version"]) for k, v in zip(t["key"], t["value"], strict=True)}
 
 

@@ -529,14 +529,12 @@ def _table_verdict(pipeline: PipelineProcess, truth: dict[str, int]) -> Verdict:
 
 def _latest_versions(latest_path: Path) -> dict[str, int] | None:
     """The latest-state table's newest committed version as {key: version}; None before a commit."""
-    import pyarrow.parquet as pq
+    from harvest_outbox.spark_reader.latest_table import read_local_snapshot
 
-    from harvest_outbox.spark_reader.latest_table import local_snapshot
-
-    folder = local_snapshot(str(latest_path))
-    if folder is None:
+    snapshot = read_local_snapshot(str(latest_path), columns=["key", "value"])
+    if snapshot is None:
         return None
-    table = pq.read_table(folder, columns=["key", "value"]).to_pydict()
+    table = snapshot.to_pydict()
     return {k.decode(): int(json.loads(v)["version"]) for k, v in zip(table["key"], table["value"], strict=True)}
 
 

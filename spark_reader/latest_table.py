@@ -27,7 +27,8 @@ Invariants:
 - the committed version ``v`` holds, per key, the row of greatest ``(ack_offset, offset)`` among
   all rows merged into versions ``<= v``; rows with a null key are not in the table;
 - a version folder is deleted only when ``keep`` newer versions are committed, so a reader that
-  picked a version a moment ago still finds it.
+  picked a version a moment ago still finds it (a reader slower than ``keep`` commits retries on the
+  newer version: :func:`read_local_snapshot`).
 
 Assumes a key's records are in one topic-partition (Kafka's default key partitioning): offsets of
 different partitions do not order anything. A record with a null value (a tombstone) is kept as
@@ -38,8 +39,9 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from harvest_outbox.spark_reader.errors import ReaderConfigError, SparkReaderError
 
@@ -179,6 +181,33 @@ def local_snapshot(path: str) -> str | None:
     commits = os.path.join(path, _COMMITS)
     names = sorted(n for n in os.listdir(commits) if n.isdigit()) if os.path.isdir(commits) else []
     return os.path.join(path, f"{_PREFIX}{names[-1]}") if names else None
+
+
+def read_local_snapshot(
+    path: str, columns: list[str] | None = None, read: Callable[..., Any] | None = None, attempts: int = 5
+) -> Any | None:
+    """The newest committed version of a table on a local filesystem as a ``pyarrow.Table`` (None
+    before the first commit), for tools reading it without Spark.
+
+    A version is kept until ``keep`` newer ones are committed, not for as long as a reader takes:
+    a slow reader of a busy table (a catch-up commits a version per micro-batch) can find its
+    version's files deleted under it. Then the newest commit has moved on, and this reads that one
+    instead, up to ``attempts`` times. ``read`` is ``pyarrow.parquet.read_table`` (a parameter for tests)."""
+    if read is None:
+        import pyarrow.parquet as pq
+
+        read = pq.read_table
+    for attempt in range(1, attempts + 1):
+        folder = local_snapshot(path)
+        if folder is None:
+            return None
+        try:
+            return read(folder, columns=columns)
+        except FileNotFoundError:
+            if local_snapshot(path) == folder or attempt == attempts:
+                raise  # not the cleanup racing us: the folder of the newest commit is missing
+            log.debug("latest-state version %s was cleaned up while being read; reading the newer one", folder)
+    raise AssertionError("unreachable")  # the loop returns or raises
 
 
 def read_latest(spark: SparkSession, path: str) -> DataFrame:

@@ -110,6 +110,39 @@ def test_pipeline_config_names_the_bad_field(change: dict, message: str) -> None
         PipelineConfig(**fields)
 
 
+def test_a_local_reader_of_the_latest_table_survives_the_cleanup_racing_it(tmp_path: Path) -> None:
+    """A slow reader finds its version deleted (newer versions committed meanwhile): it reads the
+    newest one instead; a missing folder of the newest commit itself is an error, not a retry."""
+    from harvest_outbox.spark_reader.latest_table import read_local_snapshot
+
+    def commit(version: int) -> str:
+        folder = tmp_path / f"version-{version:020d}"
+        folder.mkdir()
+        (tmp_path / "_commits").mkdir(exist_ok=True)
+        (tmp_path / "_commits" / f"{version:020d}").write_text(json.dumps({"version": version}))
+        return str(folder)
+
+    assert read_local_snapshot(str(tmp_path)) is None
+    first = commit(3)
+    reads: list[str] = []
+
+    def read(folder: str, columns: list[str] | None = None) -> str:
+        reads.append(folder)
+        if folder == first:  # the writer commits 4 and 5 and cleans 3 while we read 3
+            commit(4), commit(5)
+            raise FileNotFoundError(folder)
+        return folder
+
+    assert read_local_snapshot(str(tmp_path), read=read) == str(tmp_path / f"version-{5:020d}")
+    assert reads == [first, str(tmp_path / f"version-{5:020d}")]
+
+    def gone(folder: str, columns: list[str] | None = None) -> str:
+        raise FileNotFoundError(folder)
+
+    with pytest.raises(FileNotFoundError):
+        read_local_snapshot(str(tmp_path), read=gone)
+
+
 def test_pipeline_config_under_one_root() -> None:
     cfg = PipelineConfig.under("s3a://bucket/p/", "orders", _KAFKA, trigger_seconds=5.0)
     assert (cfg.events_path, cfg.latest_path, cfg.checkpoint_location, cfg.state_location) == (
