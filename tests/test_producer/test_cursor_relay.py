@@ -312,6 +312,15 @@ def test_an_at_least_once_zombie_cannot_move_the_cursor(pg_dsn: str, pg_schema: 
                 a.purge([4])
             b.purge([4])
             assert cursor_backlog(conn, names) == 0
+            # a dead letter is copied (the row stays for its partition's retirement) and passed like a delivery
+            _rows(pg_dsn, table, 2)
+            assert [r[0] for r in b.mark_with_attempts(lb, 10)[0]] == [5, 6]
+            assert b.dead_letter([(5, "poison", 2)]) == 1
+            assert cursor_backlog(conn, names) == 1
+            b.purge([6])
+            assert cursor_backlog(conn, names) == 0
+            dead = conn.execute(sql.SQL("SELECT id, error, attempts FROM {}").format(names.dead_letters)).fetchall()
+            assert dead == [(5, "poison", 2)]
         finally:
             a.close()
             b.close()
