@@ -6,10 +6,14 @@ extensions are built, else :class:`PyRecord`, the pure-Python reference
 :func:`make_record` builds whichever is in use.
 
 A :class:`Record` is an immutable, slotted view of a confluent-kafka
-``Message`` plus the parsed ``uuid`` header. Kafka fields are read from the
-underlying message on access (construction is on the hot path of every
-delivered record, so it stores two references and nothing else: the UUID is
-kept as its 128-bit int, and the ``uuid.UUID`` object is built on access).
+``Message`` plus the parsed ``uuid`` header. :class:`PyRecord` reads the Kafka
+fields from the underlying message on access; the compiled Record reads
+``key``, ``value``, ``headers`` and ``offset`` once, when it is made (the
+objects confluent-kafka's accessors return on every call, which the reader has
+at hand while converting), and keeps them as slots, so an application reads
+each as cheaply as a plain attribute. The two differ only if the application
+changes the message afterwards (``Message.set_value()`` and the like). The UUID
+is kept as its 128-bit int, and the ``uuid.UUID`` object is built on access.
 
 Invariants (backed by ``tests/test_consumer/test_config_and_records.py``):
 

@@ -348,3 +348,27 @@ def test_sequence_raw_checks_its_arguments() -> None:
     out: list[Any] = []
     assert native.sequence_raw(seq, [], 0, {}, out, 10, False, None) == (0, None, native.SEQUENCED)
     assert out == []
+
+
+def test_native_record_reads_kafka_fields_once_as_slots() -> None:
+    # The compiled Record takes key, value, headers and offset from the message when it is made
+    # (the objects confluent-kafka's accessors return, not copies) and exposes them as read-only
+    # member descriptors, the kind CPython specialises into a slot load (consumer/_native.pyx).
+    import types
+
+    native = committed._native_records
+    assert native is not None
+    headers = [("uuid", build_uuid(PID, 16 * 9000, Flags.CONTINUE_TXN).bytes), ("trace", b"t")]
+    msg = Message(topic=TOPIC, partition=2, offset=41, key=b"k", value=b"v" * 10, headers=headers)
+    x = build_uuid(PID, 16 * 9000, Flags.CONTINUE_TXN).int
+    for rec in (native.make_record(msg, x), native.Record(msg, uuid.UUID(int=x))):
+        assert (rec.key, rec.value, rec.headers, rec.offset) == (b"k", b"v" * 10, headers, 41)
+        assert rec.key is msg.key() and rec.value is msg.value() and rec.headers is msg.headers()
+        assert (rec.topic, rec.partition, rec.journal, rec.clock) == (TOPIC, 2, f"{TOPIC}/2", 16 * 9000)
+        for name in ("key", "value", "headers", "offset"):
+            assert type(native.Record.__dict__[name]) is types.MemberDescriptorType
+            with pytest.raises(AttributeError):
+                setattr(rec, name, None)
+    # A message of another type (a test's, or none at all) gives what it has.
+    bare = native.make_record(None, 0)
+    assert (bare.key, bare.value, bare.headers, bare.offset, bare.uuid) == (None, None, None, None, None)
