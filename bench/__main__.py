@@ -45,6 +45,11 @@ BENCHES: dict[str, tuple[str, list[str], list[str]]] = {
     "registry": ("bench_registry.py", [], ["--rows", "5000", "--runs", "1", "--modes", "at_least_once"]),
     "pipeline": ("bench_pipeline.py", [], ["--rows", "50000"]),
     "wal": ("bench_wal.py", ["--rows", "100000"], ["--rows", "20000"]),
+    "cursor_relay": (
+        "bench_cursor_relay.py",
+        [],
+        ["--rows", "20000", "--runs", "1", "--warmup-rows", "0", "--partition-ids", "10000", "--idle-after", "1"],
+    ),
     "debezium": (
         "bench_debezium.py",
         [],
@@ -323,6 +328,32 @@ def _wal_rows(r: dict[str, Any]) -> list[tuple[str, str, str, str]]:
     return out
 
 
+def _cursor_relay_rows(r: dict[str, Any]) -> list[tuple[str, str, str, str]]:
+    """bench_cursor_relay.py: the relay on outboxLayout: cursor against mark, per mode, in one run."""
+    out: list[tuple[str, str, str, str]] = []
+    med, ratios = r.get("medians") or {}, r.get("ratios_cursor_over_mark") or {}
+    for mode, label in (("at_least_once", "at-least-once"), ("sequenced", "sequenced")):
+        mark, cursor, ratio = med.get(f"{mode}/mark") or {}, med.get(f"{mode}/cursor") or {}, ratios.get(mode) or {}
+        if not cursor:
+            continue
+        out.append(
+            (
+                f"Relay WAL per row, outboxLayout cursor / mark, {label}, cold (B)",
+                f"{_fmt(cursor.get('relay_wal_bytes_per_row'))} / {_fmt(mark.get('relay_wal_bytes_per_row'))}",
+                f"ratio {_small(ratio.get('relay_wal_per_row'))}; total with the writers' {_fmt(ratio.get('total_wal_per_row'))}; "
+                f"drain {_fmt(cursor.get('rows_per_s'))} / {_fmt(mark.get('rows_per_s'))} rows/s "
+                f"(ratio {_fmt(ratio.get('drain_rate'))}) (docs/primary-cost.md)",
+                "relay WAL ≤ 0.5x, drain ≥ 1x (issue #37)",
+            )
+        )
+    return out
+
+
+def _small(v: Any) -> str:
+    """A ratio far below 1 (0.0075), which _fmt's two decimals would round away."""
+    return f"{v:.2g}" if isinstance(v, float) else _fmt(v)
+
+
 def _mb(v: Any) -> Any:
     return v / 1e6 if isinstance(v, (int, float)) else None
 
@@ -444,6 +475,7 @@ ROWS: dict[str, Callable[[dict[str, Any]], list[tuple[str, str, str, str]]]] = {
     "registry": lambda r: _registry_rows(r),
     "pipeline": lambda r: _pipeline_rows(r),
     "wal": lambda r: _wal_rows(r),
+    "cursor_relay": lambda r: _cursor_relay_rows(r),
     "debezium": lambda r: _debezium_rows(r),
     "consumer": lambda r: [
         (
