@@ -1,10 +1,11 @@
 """A child process that encodes a batch's Avro values for the relay (``serialization.encodeWorker: true``).
 
 Why: the relay is one Python interpreter. Encoding in its mark worker thread (producer/serialization.py)
-takes the interpreter lock from the relay thread that produces and acknowledges, for ~4 µs a row; in a
-child process the JSON parse, the validation and the Avro write run on another core, and the relay pays
-the pipe: pickling the batch's stored values out and the encoded ones back (~0.3 µs a row, measured
-by bench/bench_registry.py's ``avro_worker`` variant). Worth it when a core is free for the child;
+takes the interpreter lock from the relay thread that produces and acknowledges, for ~2 µs a row (~4.7
+before each schema was compiled, producer/avro_compiled.py); in a child process the JSON parse, the
+validation and the Avro write run on another core, and the relay pays the pipe: pickling the batch's
+stored values out and the encoded ones back (~0.3 µs a row, measured by bench/bench_registry.py's
+``avro_worker`` variant). Worth it when a core is free for the child;
 on a machine whose cores the database and the broker already keep busy it only moves the work.
 
 The child runs :func:`~producer.avro_batch.encode_values`, the function the relay runs in process,

@@ -22,17 +22,14 @@ import uuid
 from typing import Any
 
 import pytest
+from fastavro import parse_schema, schemaless_writer
+from fastavro.validation import ValidationError, validate
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-fastavro = pytest.importorskip("fastavro")
-
-from fastavro import parse_schema, schemaless_writer  # noqa: E402
-from fastavro.validation import ValidationError, validate  # noqa: E402
-
-from harvest_outbox.producer.avro_batch import AvroWriter, encode_values  # noqa: E402
-from harvest_outbox.producer.avro_compiled import GiveUp, compile_schema  # noqa: E402
-from harvest_outbox.producer.schema_reasons import validation_reason  # noqa: E402
+from harvest_outbox.producer.avro_batch import AvroWriter, encode_values
+from harvest_outbox.producer.avro_compiled import GiveUp, compile_schema
+from harvest_outbox.producer.schema_reasons import validation_reason
 
 PRIMITIVES = ["null", "boolean", "int", "long", "float", "double", "string", "bytes"]
 LOGICAL = [
