@@ -20,9 +20,10 @@ re-sending an earlier stretch of its records and an ACK below its last one), ``u
 are malformed or foreign (wrong length, nil, an application's ``uuid1()``, reserved flags, no
 value), other headers before ``uuid``, offset gaps, and Kafka error events (one logged, one that
 raises). The batches come from a scripted consumer so that all three readers see the same
-``consume()`` batches (a real broker's batching depends on timing): the consumer, the replay
-consumer, and nothing else, is scripted; ``test_equivalence.py`` runs the readers on a real broker.
-Tiny rings force replays, which the scripted replay consumer serves from the same log.
+``consume()`` batches (a real broker's batching depends on timing): the consumer and the replay
+consumer, and nothing else, are scripted. Tiny rings force replays, which the scripted replay
+consumer serves from the same log. The last test writes the same kind of traffic to a real topic and
+compares the fused path with the pure-Python reader per partition, restart and replays included.
 """
 
 from __future__ import annotations
@@ -372,3 +373,97 @@ def test_native_record_reads_kafka_fields_once_as_slots() -> None:
     # A message of another type (a test's, or none at all) gives what it has.
     bare = native.make_record(None, 0)
     assert (bare.key, bare.value, bare.headers, bare.offset, bare.uuid) == (None, None, None, None, None)
+
+
+def write(bootstrap: str, topic: str, rows: list[tuple[int, list[tuple[str, Any]] | None, bytes]]) -> None:
+    from confluent_kafka import Producer
+
+    prod = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "acks": "all", "linger.ms": 5})
+    for p, headers, value in rows:
+        prod.produce(topic, value=value, key=b"k" + value, partition=p, headers=headers)
+        prod.poll(0)
+    assert prod.flush(60) == 0
+
+
+def read_all(bootstrap: str, topic: str, ring_size: int, policy: str, seed: int, total: int) -> dict[str, Any]:
+    """Everything a reader delivers, per partition, reading with poll_batch of seeded sizes and
+    restarting once from its checkpoint part-way; the errors it raised; its last checkpoint."""
+    rnd = random.Random(seed)
+
+    def reader(checkpoint: bytes | None) -> ReadCommittedIter:
+        return ReadCommittedIter(
+            {"bootstrap.servers": bootstrap},
+            topics=[topic],
+            checkpoint=checkpoint,
+            ring_size=ring_size,
+            uuid_policy=policy,
+            batch_size=rnd.choice([16, 256]),
+        )
+
+    got: dict[int, list[tuple[Any, ...]]] = {}
+    errors: set[str] = set()
+    it = reader(None)
+    delivered = replays = idle = 0
+    restarted = False
+    while idle < 2:
+        try:
+            batch = it.poll_batch(rnd.choice([1, 7, 50, 2000]), 1.0)
+        except MissingUUIDError as exc:
+            errors.add(str(exc))
+            continue
+        idle = 0 if batch else idle + 1
+        for r in batch:
+            got.setdefault(r.partition, []).append(rec_key(r))
+        delivered += len(batch)
+        if not restarted and delivered > total // 3:
+            restarted = True
+            cp = it.checkpoint()
+            replays += it.stats["replays"]
+            it.close()
+            it = reader(cp)
+    offsets, states = decode_checkpoint(it.checkpoint())
+    replays += it.stats["replays"]
+    it.close()
+    return {
+        "records": got,
+        "errors": errors,
+        "offsets": offsets,
+        "states": sorted((s.journal, s.producer, s.last_ack, s.begin) for s in states),
+        "replays": replays,
+    }
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize(
+    ("seed", "partitions", "ring_size", "policy"),
+    [(11, 3, 4, "deliver"), (12, 2, 8192, "drop"), (13, 2, 16, "raise")],
+    ids=["3p-ring4-deliver", "2p-drop", "2p-ring16-raise"],
+)
+def test_fused_path_equals_pure_python_on_a_real_broker(
+    kafka_bootstrap: str,
+    topic_factory: Any,
+    monkeypatch: pytest.MonkeyPatch,
+    seed: int,
+    partitions: int,
+    ring_size: int,
+    policy: str,
+) -> None:
+    # The same generated traffic written to a real topic and read by the fused path and the
+    # pure-Python reader: per partition the same records, the same uuid_policy errors, the same
+    # final checkpoint (a real broker's batches differ between the two reads, and across
+    # partitions so does the interleaving; within a partition nothing may).
+    topic = topic_factory(partitions=partitions)
+    rows = generate(seed, partitions, 700)
+    write(kafka_bootstrap, topic, rows)
+    results = {}
+    for variant in ("fused", "python"):
+        with monkeypatch.context() as m:
+            use_variant(variant, m)
+            results[variant] = read_all(kafka_bootstrap, topic, ring_size, policy, seed, len(rows))
+    fused, pure = results["fused"], results["python"]
+    assert fused["records"] == pure["records"]
+    assert fused["errors"] == pure["errors"] and bool(fused["errors"]) == (policy == "raise")
+    assert (fused["offsets"], fused["states"]) == (pure["offsets"], pure["states"])
+    assert sum(map(len, fused["records"].values())) > 200
+    if ring_size <= 16:
+        assert fused["replays"] > 0 and pure["replays"] > 0
