@@ -25,6 +25,7 @@ Invariants (tests/test_producer/test_cursor_views.py; the model is test_watermar
 from __future__ import annotations
 
 import threading
+import time
 import uuid
 from collections import deque
 from dataclasses import dataclass, field, replace
@@ -57,6 +58,7 @@ class ViewRead:
     delivered: set[int] = field(default_factory=set)  # at-least-once: delivered, not yet committed
     head: int | None = None  # the largest id the last batch start saw (a probe is worth an xid only past it)
     committed: Cursor | None = None  # the last cursor this view committed
+    probe_at: float = field(default_factory=time.monotonic)  # when the cursor's probe was taken (or the view began)
 
     def add(self, seg: Segment) -> None:
         """A page read: append it (an empty page behind an empty page replaces it: it passes no row)."""

@@ -20,6 +20,8 @@ interface: the modes run on it unchanged.
 - an idle view (every read row committed, only empty pages since) commits the cursor after them at most
   every :data:`IDLE_COMMIT_INTERVAL` on the read connection, so ``low`` follows an idle outbox and its
   delivered partitions retire; a batch start takes an xid only when a probe is due and new rows arrived;
+- a probe unresolved for :data:`HELD_LOW_SECONDS` (a long transaction holds ``low`` back) is logged with
+  the scan's width and the oldest transaction holding an xid, at most once a minute;
 - partitions: :class:`~producer.cursor_partitions.PartitionKeeper` after a commit.
 
 Invariants (tests/test_producer/test_cursor_relay.py on Postgres and Kafka; the protocol's are
@@ -59,6 +61,11 @@ log = logging.getLogger(__name__)
 SHARD = 0  # one cursor row: the cursor layout is not sharded yet (config refuses shards > 1)
 #: Seconds between an idle view's cursor commits (~120 B of WAL each; only when the cursor moved).
 IDLE_COMMIT_INTERVAL = 1.0
+#: A probe still unresolved after this many seconds means a transaction older than it holds ``low``
+#: back: logged with the scan's width and the oldest transaction holding an xid, at most every
+#: :data:`HELD_LOW_LOG_INTERVAL` seconds.
+HELD_LOW_SECONDS = 30.0
+HELD_LOW_LOG_INTERVAL = 60.0
 
 
 def read_sql(names: OutboxNames, value_type: ValueType) -> sql.Composed:
@@ -195,6 +202,7 @@ class CursorDatabase(OutboxDatabase):
         self._copy_dlq_sql: sql.Composed | None = None
         self._backlog_sql = backlog_sql(names)
         self._next_idle_commit = 0.0
+        self._next_held_log = 0.0
 
     def _connected(self, conn: psycopg.Connection) -> None:
         require_layout(conn, self.names, "cursor")
@@ -247,7 +255,13 @@ class CursorDatabase(OutboxDatabase):
             row = self._run("starting a batch", self._batch_sql[probe], ()).fetchone()
             assert row is not None
             view.head = row[1]
+            before = cursor.probe
             cursor = start_batch(cursor, snapshot_of(row[0]), int(row[2]) if probe else None, row[1])
+            now = time.monotonic()
+            if cursor.probe is not None and cursor.probe is not before:
+                view.probe_at = now
+            elif cursor.probe is not None and now - view.probe_at >= HELD_LOW_SECONDS and row[1] is not None:
+                self._held_low(int(row[1]) - cursor.low, now - view.probe_at)
         assert self._read_sql is not None and cursor.hi is not None
         params = {
             "from": cursor.scan_from(),
@@ -269,6 +283,38 @@ class CursorDatabase(OutboxDatabase):
             self._idle_commit(view)
         attempts: MarkedAttempts = {r[0]: (r[7], r[8]) for r in rows if r[7] is not None}
         return rows, attempts
+
+    def _held_low(self, width: int, held: float) -> None:
+        """``low`` is held back (docs/primary-cost.md, long-running transactions): each batch re-reads up
+        to ``width`` ids of delivered rows and their partitions wait. Say so, naming the oldest transaction
+        that holds an xid anywhere in the cluster (xids are cluster-wide: it need not touch the outbox)."""
+        now = time.monotonic()
+        if now < self._next_held_log:
+            return
+        self._next_held_log = now + HELD_LOW_LOG_INTERVAL
+        oldest = self._run(
+            "looking for the oldest transaction",
+            sql.SQL(
+                "SELECT pid, coalesce(application_name, ''), extract(epoch FROM now() - xact_start), coalesce(state, '') "
+                "FROM pg_stat_activity WHERE backend_xid IS NOT NULL ORDER BY age(backend_xid) DESC LIMIT 1"
+            ),
+            (),
+        ).fetchone()
+        who = (
+            f"the oldest transaction holding an xid is pid {oldest[0]} ({oldest[1] or 'no application_name'}, "
+            f"{oldest[3]}, open {float(oldest[2] or 0):.0f}s)"
+            if oldest
+            else "no transaction holds an xid now (it has just ended)"
+        )
+        log.warning(
+            "%s: a transaction open for over %.0fs holds the cursor's low back: each read starts %d ids below the "
+            "outbox's head (delivered rows re-scanned, their partitions kept; no row is delayed but its own); %s. "
+            "Bound transactions (idle_in_transaction_session_timeout, transaction_timeout)",
+            self.names.display,
+            held,
+            width,
+            who,
+        )
 
     def _idle_commit(self, view: ViewRead) -> None:
         """An idle view's cursor, at most every :data:`IDLE_COMMIT_INTERVAL` (fenced by the epoch as every

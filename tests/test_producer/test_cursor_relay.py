@@ -359,3 +359,37 @@ def test_an_idle_view_commits_the_cursor_after_its_empty_pages_only() -> None:
     assert cur is not None and cur.lo == Snapshot(14, 14)
     v.idle_committed(cur)
     assert v.idle_cursor() is None and not v.segments  # committed: nothing more until the cursor moves
+
+
+@pytest.mark.integration
+def test_a_transaction_holding_low_back_is_logged_with_its_pid(
+    pg_dsn: str, pg_schema: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An open transaction with an xid (anywhere in the cluster) keeps the probe from resolving: rows still
+    flow, and the relay names the oldest such transaction once the probe has waited HELD_LOW_SECONDS."""
+    import logging
+
+    from harvest_outbox.producer import db_cursor
+
+    monkeypatch.setattr(db_cursor, "HELD_LOW_SECONDS", 0.3)
+    table = f"{pg_schema}.outbox"
+    names = init_db(pg_dsn, table, layout="cursor", partition_ids=PARTITION_IDS)
+    holder = psycopg.connect(pg_dsn, application_name="the-long-one")
+    db = CursorDatabase(pg_dsn, names, CursorViews(False))
+    lid = uuid.uuid4()
+    try:
+        holder.execute("SELECT pg_current_xact_id()")  # an xid, nothing written to the outbox
+        pid = holder.info.backend_pid
+        with caplog.at_level(logging.WARNING, logger="harvest_outbox.producer.db_cursor"):
+            for n in range(1, 5):
+                _rows(pg_dsn, table, 3)
+                got = [r[0] for r in db.mark_with_attempts(lid, 100)[0]]
+                assert len(got) == 3, f"round {n}: rows are not delayed by the open transaction"
+                db.purge(got)
+                db.mark_with_attempts(lid, 100)  # completes the batch; the next round starts one
+                time.sleep(0.2)
+        held = [r.getMessage() for r in caplog.records if "holds the cursor's low back" in r.getMessage()]
+        assert held and f"pid {pid} (the-long-one" in held[0], held
+    finally:
+        holder.close()
+        db.close()
