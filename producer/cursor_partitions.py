@@ -8,7 +8,11 @@ tried again at the next round.
 
 - ahead: while the last partition ends within :data:`~producer.schema_cursor.PARTITIONS_AHEAD`
   partitions of the sequence's last id, the next one (the last one's width) is created apart and
-  ``ATTACH``-ed (``SHARE UPDATE EXCLUSIVE`` on the outbox: writers go on);
+  ``ATTACH``-ed under the outbox's ``SHARE ROW EXCLUSIVE`` lock (waited for at most
+  :data:`ATTACH_LOCK_TIMEOUT_MS`; writers pause for the few ms it is held): with no INSERT running, no
+  writer can have routed an id of the new range to the DEFAULT partition, which would fail its
+  transaction. Ids that went to the DEFAULT partition while maintenance was behind stay there (it is
+  retired once ``low`` has passed them all) and the next partition starts above them;
 - retire: a partition ``[start, end)`` with ``end <= low`` of the committed cursor (read ``FOR SHARE`` in
   the same transaction) is locked, re-checked -- no row ``lo`` does not see -- and ``TRUNCATE``-d; a
   partition that fails the re-check is kept and logged as an error (never truncated: fail closed);
@@ -40,6 +44,9 @@ MAINTENANCE_INTERVAL = 5.0
 LOCK_TIMEOUT_MS = 200
 #: How long a partition's DROP waits for the outbox's lock (writers queue behind it meanwhile).
 DROP_LOCK_TIMEOUT_MS = 50
+#: How long creating a partition waits for the outbox's SHARE ROW EXCLUSIVE lock (new writers queue behind
+#: it meanwhile; once held, the ATTACH takes a few ms, once per partition of ids).
+ATTACH_LOCK_TIMEOUT_MS = 50
 
 
 @dataclass
@@ -87,16 +94,34 @@ class PartitionKeeper:
         parts = range_partitions(conn, n)
         if not parts:
             return
-        seq = conn.execute(sql.SQL("SELECT last_value FROM {}").format(n.id_sequence)).fetchone()
-        head = int(seq[0]) if seq else 0
         start, end, _name = parts[-1]
         width = end - start
-        while end <= head + PARTITIONS_AHEAD * width:
-            name = n.partition_name(end)
-            part = n.qualified(name)
+        while end <= self._head(conn) + PARTITIONS_AHEAD * width:
             try:
                 with conn.transaction():
-                    conn.execute(sql.SQL("SET LOCAL lock_timeout = {}").format(sql.Literal(f"{LOCK_TIMEOUT_MS}ms")))
+                    conn.execute(
+                        sql.SQL("SET LOCAL lock_timeout = {}").format(sql.Literal(f"{ATTACH_LOCK_TIMEOUT_MS}ms"))
+                    )
+                    # No INSERT runs while this is held (writers take ROW EXCLUSIVE), so no id is being drawn
+                    # or routed: a writer routing an id of the new range to the DEFAULT partition just before
+                    # the ATTACH would fail its transaction (its routing predates the new partition).
+                    conn.execute(sql.SQL("LOCK TABLE {} IN SHARE ROW EXCLUSIVE MODE").format(n.outbox))
+                    head = self._head(conn)
+                    if end <= head:
+                        # maintenance fell behind (a lock it waited for, the relay down): ids up to head went
+                        # to the DEFAULT partition (retired with it, all below low); go on above them
+                        skip = (head // width + 1) * width
+                        log.warning(
+                            "ids [%d, %d] of %s went to its DEFAULT partition (partition maintenance fell behind); "
+                            "new partitions start at %d",
+                            end,
+                            head,
+                            n.display,
+                            skip,
+                        )
+                        end = skip
+                    name = n.partition_name(end)
+                    part = n.qualified(name)
                     conn.execute(
                         sql.SQL("CREATE TABLE IF NOT EXISTS {} (LIKE {} INCLUDING DEFAULTS)").format(part, n.outbox)
                     )
@@ -106,26 +131,15 @@ class PartitionKeeper:
                         )
                     )
             except psycopg.errors.LockNotAvailable:
-                log.info("partition %s of %s: lock not available, created at the next round", name, n.display)
+                log.info("partitions of %s: the outbox's lock is not available, created at the next round", n.display)
                 return
-            except psycopg.errors.CheckViolation:
-                # maintenance fell behind (a lock it waited for, the relay down): ids reached the DEFAULT
-                # partition. Leave them there (retired with it) and go on above the last of them.
-                top = conn.execute(sql.SQL("SELECT max(id) FROM {}").format(self._rest)).fetchone()
-                skip = ((int(top[0]) // width) + 1) * width if top and top[0] is not None else end + width
-                log.warning(
-                    "ids [%d, %d) of %s reached its DEFAULT partition (partition maintenance fell behind); new "
-                    "partitions start at %d",
-                    end,
-                    skip,
-                    n.display,
-                    skip,
-                )
-                end = max(skip, end + width)
-                continue
             log.info("created partition %s of %s for ids [%d, %d)", name, n.display, end, end + width)
             done.created.append(name)
             end += width
+
+    def _head(self, conn: psycopg.Connection) -> int:
+        seq = conn.execute(sql.SQL("SELECT last_value FROM {}").format(self.names.id_sequence)).fetchone()
+        return int(seq[0]) if seq else 0
 
     def _retire(self, conn: psycopg.Connection, done: Round) -> None:
         n = self.names

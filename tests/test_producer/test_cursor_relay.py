@@ -161,17 +161,22 @@ def test_every_committed_row_once_late_commits_and_partitions_retired(
     try:
         # the late writer draws the lowest ids and holds them open while everything else is relayed
         Stasher(table).stash_many(late, [OutboxRecord(topic, "late-k", f"late-{i}") for i in range(3)])
-        writers = [
-            threading.Thread(target=write_traffic, args=(pg_dsn, table, topic, exp, w, 25), kwargs=dict(pause=0.005))
-            for w in range(3)
-        ]
+        failed: list[BaseException] = []
+
+        def write(w: int) -> None:
+            try:
+                write_traffic(pg_dsn, table, topic, exp, w, 25, pause=0.005)
+            except BaseException as exc:  # a writer's failure (say, a partition attached under it) fails the test
+                failed.append(exc)
+
+        writers = [threading.Thread(target=write, args=(w,)) for w in range(3)]
         for t in writers:
             t.start()
         for t in writers:
             t.join()
-        with psycopg.connect(
-            pg_dsn, autocommit=True
-        ) as conn:  # autocommit: a reader's open transaction would hold the partitions
+        assert not failed, f"a writer failed: {failed[0]!r}"
+        # autocommit: a reader's open transaction would hold the partitions
+        with psycopg.connect(pg_dsn, autocommit=True) as conn:
             wait_for(lambda: cursor_backlog(conn, names) == 0, 60, "the others' rows relayed")
             # the open writer holds low below its ids: no partition past it is retired yet
             assert range_partitions(conn, names)[0][0] == 0
@@ -393,3 +398,37 @@ def test_a_transaction_holding_low_back_is_logged_with_its_pid(
     finally:
         holder.close()
         db.close()
+
+
+@pytest.mark.integration
+def test_ids_that_reached_the_default_partition_are_skipped_then_retired(pg_dsn: str, pg_schema: str) -> None:
+    """Maintenance behind the writers (here: not run while 250 ids were written into 2 partitions of 100):
+    ids 200-250 go to the DEFAULT partition; the next partition starts above them (300), and once the
+    committed cursor's low has passed them the DEFAULT partition is truncated (never dropped)."""
+    from harvest_outbox.producer.cursor_partitions import PartitionKeeper
+
+    table = f"{pg_schema}.outbox"
+    names = init_db(pg_dsn, table, layout="cursor", partition_ids=PARTITION_IDS)
+    _rows(pg_dsn, table, 250)
+    keeper = PartitionKeeper(names, interval=0)
+    db = CursorDatabase(pg_dsn, names, CursorViews(False))
+    lid = uuid.uuid4()
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        try:
+            done = keeper.run(conn)
+            assert done.created[:1] == [names.partition_name(300)], done
+            assert [(a, b) for a, b, _n in range_partitions(conn, names)][:3] == [(0, 100), (100, 200), (300, 400)]
+            for _ in range(5):  # read and deliver everything, then idle batches move low past the head
+                rows = [r[0] for r in db.mark_with_attempts(lid, 1000)[0]]
+                if rows:
+                    db.purge(rows)
+                time.sleep(0.05)
+            db._next_idle_commit = 0.0
+            db.mark_with_attempts(lid, 1000)
+            assert cursor_backlog(conn, names) == 0
+            done = keeper.run(conn)
+            assert "outbox_rest" in done.truncated and names.partition_name(0) in done.dropped, done
+            rest = sql.SQL("SELECT count(*) FROM {}").format(names.qualified("outbox_rest"))
+            assert conn.execute(rest).fetchone() == (0,)
+        finally:
+            db.close()
