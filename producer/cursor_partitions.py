@@ -1,8 +1,10 @@
 """``outboxLayout: cursor``: partition maintenance -- id-range partitions created ahead of the ids, and
 retired once the committed cursor's ``low`` has passed them (producer/watermark.py, rule I4).
 
-Run by the leader on its write connection, at most every :data:`MAINTENANCE_INTERVAL` seconds, after a
-cursor commit (:class:`~producer.db_cursor.CursorDatabase`). Each step is its own transaction under a
+Run by the leader at most every :data:`MAINTENANCE_INTERVAL` seconds, after a cursor commit: on the write
+connection after the modes' commits, on the read connection after an idle view's commit (so an idle
+outbox's delivered partitions retire too; one round at a time,
+:class:`~producer.db_cursor.CursorDatabase`). Each step is its own transaction under a
 short ``lock_timeout``: it never queues long behind a writer, and a step that cannot take its lock is
 tried again at the next round.
 
@@ -27,6 +29,7 @@ I4 and the re-check; the DEFAULT partition is never retired; every partition cre
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from dataclasses import dataclass, field
 
@@ -68,20 +71,25 @@ class PartitionKeeper:
         self.interval = MAINTENANCE_INTERVAL if interval is None else interval
         self._next = 0.0
         self._rest = names.qualified(rest_partition_name(names))
+        self._running = threading.Lock()
 
     def maybe_run(self, conn: psycopg.Connection) -> Round | None:
-        """A round if one is due; a database error is logged (the round is tried again later)."""
+        """A round if one is due and none is running (the relay's two connections share the keeper: the
+        write one after commits, the read one after an idle view's commit); a database error is logged
+        (the round is tried again later)."""
         now = time.monotonic()
-        if now < self._next:
+        if now < self._next or not self._running.acquire(blocking=False):
             return None
-        self._next = now + self.interval
         try:
+            self._next = now + self.interval
             return self.run(conn)
         except psycopg.Error as exc:
             log.warning(
                 "partition maintenance of %s failed (tried again in %.0fs): %s", self.names.display, self.interval, exc
             )
             return None
+        finally:
+            self._running.release()
 
     def run(self, conn: psycopg.Connection) -> Round:
         done = Round()

@@ -166,7 +166,7 @@ def cursor_backlog(conn: psycopg.Connection, names: OutboxNames) -> int:
 
 class CursorDatabase(OutboxDatabase):
     """The relay's statements on the cursor layout (module doc). ``views`` is shared by the relay's two
-    connections; ``keeper`` (the write connection's) maintains the partitions after commits."""
+    connections, and so is ``keeper``, which maintains the partitions after commits."""
 
     def __init__(
         self,
@@ -330,6 +330,7 @@ class CursorDatabase(OutboxDatabase):
         if n == 1:
             with self.views.lock:
                 view.idle_committed(cur)
+            self._maintain()  # an idle outbox's delivered partitions retire now, not at the next rows
 
     def stats(self) -> tuple[int, float | None, int]:
         """(backlog rows the committed cursor has not passed, age of the oldest, dead letters)."""

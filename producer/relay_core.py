@@ -210,11 +210,12 @@ class RelayCore:
         from harvest_outbox.producer.db_cursor import CursorDatabase
 
         views = CursorViews(sequenced=self.config.uuid_sequencing)
+        keeper = PartitionKeeper(self.names)
         dsn = self.config.data_source
-        self.db = CursorDatabase(dsn, self.names, views, keeper=PartitionKeeper(self.names))
+        self.db = CursorDatabase(dsn, self.names, views, keeper=keeper)
         self.db.conn  # noqa: B018 -- fail fast: connection, layout and schema checks
         self.exec = ThreadPoolExecutor(1, thread_name_prefix=f"harvest-db-{self.config.name}")
-        self.mark_db = CursorDatabase(dsn, self.names, views, async_commit=True)
+        self.mark_db = CursorDatabase(dsn, self.names, views, async_commit=True, keeper=keeper)
         self.mark_db.prepare_mark()
         self.mark_exec = ThreadPoolExecutor(1, thread_name_prefix=f"harvest-mark-{self.config.name}")
         self.listener = Listener(self.config.data_source, self.names)
