@@ -18,7 +18,9 @@ delivered again and nothing after it is skipped.
 Invariants (each backed by a test in ``tests/test_consumer/``):
 
 1. Output equals what a pure ``Sequencer`` with the same ring size yields for
-   the same records in the same order (``test_equivalence.py``).
+   the same records in the same order (``test_equivalence.py``); poll_batch's
+   fused native pass returns, raises and checkpoints exactly what the
+   step-by-step and pure-Python paths do (``test_fused_batch.py``).
 2. Every record returned by ``poll()``/iteration before ``checkpoint()`` is
    covered by that checkpoint: a reader restored from it never returns it
    again, and returns every later committed record (``test_checkpoint_resume.py``).
@@ -379,8 +381,10 @@ class ReadCommittedIter:
         the call covers all of them. It returns what is committed by the time
         the first record is available (it does not wait to fill the batch): at
         most the rest of the buffered consumed batch is sequenced. The fast way
-        to read: whole runs of a committed sequence leave the Sequencer per call
-        (``Sequencer.step_many``), with no per-record call overhead.
+        to read: with the native extensions a consumed batch is converted,
+        queued and dequeued in one compiled pass (``_sequence_raw``), else whole
+        runs of a committed sequence leave the Sequencer per call
+        (``Sequencer.step_many``); no per-record call overhead either way.
         """
         if max_records < 1:
             raise ConfigError(f"max_records must be >= 1, got {max_records!r}")
