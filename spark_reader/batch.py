@@ -183,7 +183,7 @@ def read_committed(
             prune_horizon_ns=prune_horizon_ns,
             chunk_records=chunk_records,
         )
-        full = committed_batch(spark, plan, options, rng)
+        full = committed_batch(spark, plan, options, rng, executor_cores(spark))
     else:
         full = _through_spark_kafka(spark, topic, options, rng, policy, include_acks, ring_size, prune_horizon_ns)
     df = finish_columns(full.where("_kind = 0"), topic)
@@ -227,6 +227,17 @@ def _through_spark_kafka(
         yield from _sequence_partitions(batches, plan, prune_horizon_ns)
 
     return raw.mapInArrow(apply, schema=full_schema())
+
+
+def executor_cores(spark: Any) -> int | None:
+    """The cores tasks run on (Spark's default parallelism): harvest's data sources read a batch or
+    micro-batch in at most this many tasks; None where the session has no SparkContext to ask
+    (Spark Connect): a task per topic-partition."""
+    try:
+        cores = int(spark.sparkContext.defaultParallelism)
+    except Exception:
+        return None
+    return cores if cores > 0 else None
 
 
 def finish_columns(sequenced_rows: DataFrame, topic: str) -> DataFrame:

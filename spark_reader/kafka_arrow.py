@@ -1,23 +1,26 @@
-"""One topic-partition's offset range read with confluent-kafka inside a Spark task, as Arrow.
+"""Topic-partitions' offset ranges read with confluent-kafka inside a Spark task, as Arrow.
 
 The reading half of harvest's own data sources (the batch reader, :mod:`spark_reader.batch_source`,
 and the stream, :mod:`spark_reader.stream_source`): no Spark Kafka source, records cross from
 Python to the JVM once, as Arrow, after sequencing.
 
 Invariants:
-- :func:`iter_range` yields the partition's records with ``read_from <= offset < end`` in offset
-  order, in record batches of at most ``chunk`` records (:data:`RAW_SCHEMA`, Spark's Kafka source
-  columns less ``topic``); a range that cannot be read to its end fails with the offset it stopped
-  at, never ends early;
+- :func:`iter_ranges` yields, for each partition of the read in turn, its records with
+  ``read_from <= offset < end`` in offset order, in record batches of at most ``chunk`` records
+  (:data:`RAW_SCHEMA`, Spark's Kafka source columns less ``topic``). A range that cannot be read
+  to its end fails with the offset it stopped at, never ends early; :func:`iter_range` is the
+  one-partition case;
 - Python holds at most one batch's records as Python objects at a time;
-- a consumer serves one read (:func:`read_consumer`) and is closed after it.
+- a consumer serves one read (:func:`read_consumer`) and is closed after it; a read of several
+  partitions is one consumer, assigned to each partition in turn.
 
 Consumers are not pooled across reads: a pooled consumer, unassigned and assigned to the next task's
 range, made a stream of 1M records read at 0.40 of Spark's raw stream against 0.68-0.72 with a
 consumer per read (the same run's settings otherwise; it helped only small micro-batches of ~2,500
-records per task). Fetches are bounded (1 MiB per partition, 16 MiB queued): a task reads a bounded
-range, and whatever is fetched beyond its end is thrown away (docs/reading-spark.md has the
-measurements).
+records per task). A consumer costs ~20-25 ms per read (connection, first fetch, close): the
+stream reads a micro-batch's partitions in a few tasks of several partitions each, a consumer per
+task. Fetches are bounded (1 MiB per partition, 16 MiB queued): a task reads a bounded range, and
+whatever is fetched beyond its end is thrown away (docs/reading-spark.md has the measurements).
 """
 
 from __future__ import annotations
@@ -80,73 +83,102 @@ def read_consumer(kafka: Mapping[str, str]) -> Iterator[Any]:
         client.close()
 
 
-def watermarks(topic: str, kafka: Mapping[str, str]) -> dict[int, tuple[int, int]]:
-    """``{partition: (low, high)}`` of ``topic``."""
+def watermarks(topic: str, kafka: Mapping[str, str], client: Any = None) -> dict[int, tuple[int, int]]:
+    """``{partition: (low, high)}`` of ``topic``, asked with ``client`` (a :func:`consumer` the caller
+    keeps, e.g. a stream's driver across micro-batches) or a consumer made for the call."""
     from confluent_kafka import TopicPartition
 
-    with read_consumer(kafka) as client:
-        meta = client.list_topics(topic, timeout=30).topics.get(topic)
-        if meta is None or meta.error is not None or not meta.partitions:
-            raise SparkReaderError(
-                f"topic {topic!r} does not exist or has no partitions ({meta.error if meta else 'unknown'})"
-            )
-        return {p: client.get_watermark_offsets(TopicPartition(topic, p), timeout=30) for p in sorted(meta.partitions)}
+    if client is None:
+        with read_consumer(kafka) as own:
+            return watermarks(topic, kafka, own)
+    meta = client.list_topics(topic, timeout=30).topics.get(topic)
+    if meta is None or meta.error is not None or not meta.partitions:
+        raise SparkReaderError(
+            f"topic {topic!r} does not exist or has no partitions ({meta.error if meta else 'unknown'})"
+        )
+    return {p: client.get_watermark_offsets(TopicPartition(topic, p), timeout=30) for p in sorted(meta.partitions)}
 
 
 def iter_range(
     topic: str, kafka: Mapping[str, str], partition: int, read_from: int | None, end: int, chunk: int = CHUNK
 ) -> Iterator[pa.RecordBatch]:
     """The partition's records from ``read_from`` (None: its first) up to ``end``, as Arrow batches."""
+    for _, batch in iter_ranges(topic, kafka, {partition: (read_from, end)}, chunk):
+        yield batch
+
+
+def iter_ranges(
+    topic: str, kafka: Mapping[str, str], ranges: Mapping[int, tuple[int | None, int]], chunk: int = CHUNK
+) -> Iterator[tuple[int, pa.RecordBatch]]:
+    """Several partitions' ranges ``{partition: (read_from, end)}`` read with one consumer, one
+    partition after the other (in partition order): ``(partition, batch)`` pairs.
+
+    One after the other, not side by side: librdkafka prefetches each assigned partition far
+    beyond a short range's end, so with several assigned, a batch of messages held mostly
+    records past some partition's end (2.5 times the records wanted, for 4 ranges of 12,700
+    records), while a single assigned partition is asked for exactly its remaining records.
+    Reassigning costs a fetch round trip, not a new connection."""
+    todo = {p: r for p, r in sorted(ranges.items()) if r[0] is None or r[0] < r[1]}
+    if not todo:
+        return
+    with read_consumer(kafka) as client:
+        for partition, (read_from, end) in todo.items():
+            for batch in _read_one(client, topic, partition, read_from, end, chunk):
+                yield partition, batch
+
+
+def _read_one(
+    client: Any, topic: str, partition: int, read_from: int | None, end: int, chunk: int
+) -> Iterator[pa.RecordBatch]:
     from confluent_kafka import OFFSET_BEGINNING, KafkaError, TopicPartition
 
     position = read_from if read_from is not None else -1
-    with read_consumer(kafka) as client:
-        client.assign([TopicPartition(topic, partition, read_from if read_from is not None else OFFSET_BEGINNING)])
-        keys: list[Any] = []
-        values: list[Any] = []
-        headers: list[Any] = []
-        offsets: list[int] = []
-        stamps: list[int] = []
-        stalled_since = time.monotonic()
-        while position < end:
-            want = min(chunk - len(offsets), end - position) if position >= 0 else chunk - len(offsets)
-            got = False
-            for msg in client.consume(max(1, want), 1.0):
-                err = msg.error()
-                if err is not None:
-                    if err.code() == KafkaError._PARTITION_EOF:
-                        continue
-                    raise SparkReaderError(f"reading {topic}/{partition} at offset {position}: {err.str()}")
-                offset = msg.offset()
-                if msg.partition() != partition or offset < position or msg.topic() != topic:
-                    continue  # fetched for the consumer's previous assignment: not this read's
-                if offset >= end:
-                    position = end
-                    break
-                keys.append(msg.key())
-                values.append(msg.value())
-                headers.append(msg.headers())
-                offsets.append(offset)
-                stamps.append(msg.timestamp()[1])
-                position, got = offset + 1, True
-            if len(offsets) >= chunk:
-                yield _batch(partition, keys, values, headers, offsets, stamps)
-                keys, values, headers, offsets, stamps = [], [], [], [], []
-            if got:
-                stalled_since = time.monotonic()
-                continue
-            # Nothing returned: past the end already (control records, compaction gaps)?
-            now_at = client.position([TopicPartition(topic, partition)])[0].offset
-            if now_at >= 0 and now_at >= end:
+    client.assign([TopicPartition(topic, partition, read_from if read_from is not None else OFFSET_BEGINNING)])
+    keys: list[Any] = []
+    values: list[Any] = []
+    headers: list[Any] = []
+    offsets: list[int] = []
+    stamps: list[int] = []
+    stalled_since = time.monotonic()
+    while position < end:
+        want = min(chunk - len(offsets), end - position) if position >= 0 else chunk - len(offsets)
+        got = False
+        for msg in client.consume(max(1, want), 1.0):
+            err = msg.error()
+            if err is not None:
+                if err.code() == KafkaError._PARTITION_EOF:
+                    continue
+                raise SparkReaderError(f"reading {topic}/{partition} at offset {position}: {err.str()}")
+            offset = msg.offset()
+            if msg.partition() != partition or offset < position:
+                continue  # fetched for the consumer's previous assignment: not this read's
+            if offset >= end:
+                position = end
                 break
-            if time.monotonic() - stalled_since > _STALL_SECONDS:
-                raise SparkReaderError(
-                    f"reading {topic}/{partition}: no record for {_STALL_SECONDS:.0f}s at offset {position} "
-                    f"(range ends at {end}); the broker is unreachable or the records were deleted "
-                    "(retention, or an unclean leader election truncated the partition)"
-                )
-        if offsets:
+            keys.append(msg.key())
+            values.append(msg.value())
+            headers.append(msg.headers())
+            offsets.append(offset)
+            stamps.append(msg.timestamp()[1])
+            position, got = offset + 1, True
+        if len(offsets) >= chunk:
             yield _batch(partition, keys, values, headers, offsets, stamps)
+            keys, values, headers, offsets, stamps = [], [], [], [], []
+        if got:
+            stalled_since = time.monotonic()
+            continue
+        # Nothing returned: past the end already (control records, compaction gaps)?
+        now_at = client.position([TopicPartition(topic, partition)])[0].offset
+        if now_at >= 0 and now_at >= end:
+            break
+        if time.monotonic() - stalled_since > _STALL_SECONDS:
+            raise SparkReaderError(
+                f"reading {topic}/{partition}: no record for {_STALL_SECONDS:.0f}s at offset {position} "
+                f"(range ends at {end}); the broker is unreachable or the records were deleted "
+                "(retention, or an unclean leader election truncated the partition)"
+            )
+    if offsets:
+        yield _batch(partition, keys, values, headers, offsets, stamps)
 
 
 def _batch(

@@ -80,7 +80,7 @@ class Phases:
     started: float = field(default_factory=time.perf_counter)
     wall_start: float = field(default_factory=time.time)
 
-    def log(self, partition: int, kind: str) -> None:
+    def log(self, partition: int | list[int], kind: str) -> None:
         folder = os.environ.get(PHASE_LOG_ENV)
         if not folder:
             return
@@ -103,9 +103,11 @@ class Phases:
 
 class SplitSequencer:
     """Sequences one partition's records ``[read_from, end)`` (given as batches), emitting the rows
-    whose committing offset is at or after ``start`` (None: the first record read). After
-    :meth:`run` is exhausted, :attr:`end_states` holds the journal's producer states at ``end``
-    (the starting states when no record was read: nothing changed them)."""
+    whose committing offset is at or after ``start`` (None: the first record read). The batches
+    come pulled (:meth:`run`) or pushed (:meth:`feed` each, then :meth:`finish`: a task reading
+    several partitions with one consumer). After :meth:`run` is exhausted, or :meth:`finish`,
+    :attr:`end_states` holds the journal's producer states at ``end`` (the starting states when
+    no record was read: nothing changed them)."""
 
     def __init__(
         self,
@@ -122,11 +124,11 @@ class SplitSequencer:
         self.records = 0
         self.phases = phases or Phases()
         self._carry: pa.Table | None = None  # records of the open spans, from the oldest begin on
+        self._pending: list[pa.RecordBatch] = []  # the chunk being gathered
+        self._pending_records = 0
 
     def run(self, batches: Iterable[pa.RecordBatch]) -> Iterator[pa.Table]:
         """Committed rows (:data:`SEQUENCED` columns), one table per chunk."""
-        pending: list[pa.RecordBatch] = []
-        n = 0
         ph = self.phases
         source = iter(batches)
         while True:
@@ -137,12 +139,22 @@ class SplitSequencer:
                 ph.first_batch = ph.read
             if batch is None:
                 break
-            if n >= self.plan.chunk_records:  # a full chunk, and more follows: not the last
-                yield from self._timed(self._step(pending, last=False))
-                pending, n = [], 0
-            if batch.num_rows:
-                pending.append(batch)
-                n += batch.num_rows
+            yield from self.feed(batch)
+        yield from self.finish()
+
+    def feed(self, batch: pa.RecordBatch) -> Iterator[pa.Table]:
+        """The next records of the range (offset order): the rows of a chunk this completes, if any
+        (a chunk is sequenced once the next batch shows it is not the range's last)."""
+        if self._pending_records >= self.plan.chunk_records:
+            pending, self._pending, self._pending_records = self._pending, [], 0
+            yield from self._timed(self._step(pending, last=False))
+        if batch.num_rows:
+            self._pending.append(batch)
+            self._pending_records += batch.num_rows
+
+    def finish(self) -> Iterator[pa.Table]:
+        """The range's last chunk: after it, :attr:`end_states` are the states at the range's end."""
+        pending, self._pending, self._pending_records = self._pending, [], 0
         if pending:
             yield from self._timed(self._step(pending, last=True))
 
@@ -162,7 +174,7 @@ class SplitSequencer:
     def _step(self, pending: list[pa.RecordBatch], last: bool) -> Iterator[pa.Table]:
         fresh = pa.Table.from_batches(pending)
         self.records += fresh.num_rows
-        self.phases.records = self.records
+        self.phases.records += fresh.num_rows  # a task's Phases may be shared by several partitions
         first_fresh = int(fresh.column("offset")[0].as_py())
         if self.start is None:
             self.start = first_fresh

@@ -64,7 +64,7 @@ import pyarrow.compute
 
 from harvest_outbox.sequencer import DEFAULT_PRUNE_HORIZON_NS, ProducerState
 from harvest_outbox.spark_reader import offsets as offsets_mod
-from harvest_outbox.spark_reader.batch import _check_options, finish_columns
+from harvest_outbox.spark_reader.batch import _check_options, executor_cores, finish_columns
 from harvest_outbox.spark_reader.errors import ReaderConfigError
 from harvest_outbox.spark_reader.policy import check_policy
 from harvest_outbox.spark_reader.sequencing import GroupPlan, header_values, sequence_partition
@@ -156,6 +156,7 @@ def readCommittedStream(
             prune_horizon_ns=prune_horizon_ns,
             max_offsets_per_trigger=max_offsets_per_trigger,
             starting=base64.b64encode(starting).decode() if starting is not None else None,
+            tasks=executor_cores(spark),
         )
         return finish_columns(committed_stream(spark, settings), topic)
     start: dict[int, int] = {}

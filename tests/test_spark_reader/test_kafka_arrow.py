@@ -46,3 +46,32 @@ def test_reads_return_exactly_their_range(kafka_bootstrap, topic_factory) -> Non
     reader = iter_range(a, opts, 0, 0, by[(a, 0)][-1] + 1, 5)
     next(reader)
     reader.close()  # a read stopped early: its consumer is closed with it
+
+
+def test_one_read_of_several_partitions_returns_each_range_exactly(kafka_bootstrap, topic_factory) -> None:
+    """iter_ranges: one consumer, partitions fetched side by side; each partition's records come in
+    offset order and exactly its range (a partition read from its first record, one from an
+    offset, one ending early, one with nothing to read), whatever the chunk."""
+    from harvest_outbox.spark_reader.kafka_arrow import iter_ranges
+
+    topic = topic_factory(partitions=4)
+    write_log(kafka_bootstrap, topic, 4, seed=63, steps=80)
+    by: dict[int, list[int]] = {}
+    for r in read_raw(kafka_bootstrap, topic, 4):
+        by.setdefault(r.partition, []).append(r.offset)
+    opts = {"kafka.bootstrap.servers": kafka_bootstrap}
+    ranges = {
+        0: (None, by[0][-1] + 1),
+        1: (by[1][len(by[1]) // 3], by[1][-1] + 1),
+        2: (0, by[2][len(by[2]) // 2]),
+        3: (by[3][-1] + 1, by[3][-1] + 1),  # nothing to read
+    }
+    for chunk in (1, 7, 100_000):
+        got: dict[int, list[int]] = {}
+        for p, batch in iter_ranges(topic, opts, ranges, chunk):
+            assert 0 < batch.num_rows <= chunk
+            assert set(batch.column("partition").to_pylist()) == {p}
+            got.setdefault(p, []).extend(batch.column("offset").to_pylist())
+        for p, (start, end) in ranges.items():
+            first = by[p][0] if start is None else start
+            assert got.get(p, []) == [o for o in by[p] if first <= o < end], (p, chunk)

@@ -62,3 +62,23 @@ def test_nothing_read_keeps_the_starting_states() -> None:
 def test_chunk_records_must_be_positive() -> None:
     with pytest.raises(ValueError, match="chunk_records=0"):
         SplitSequencer(SplitPlan("t", "deliver", False, 8, 0, chunk_records=0), 0, 0, [])
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_pushed_batches_equal_pulled(seed) -> None:
+    """feed() each batch then finish() (a task reading several partitions with one consumer) gives
+    the rows and end states of run() over the same batches."""
+    rng = random.Random(100 + seed)
+    topic, partition = "t", 0
+    uuids = _random_log(rng, topic, partition, steps=rng.randint(30, 150), producers=rng.randint(1, 4))
+    raw = _table(uuids, partition, 0, rng, chunk=100_000).drop_columns(["uuid"])
+    for chunk in (1, 9, 1_000_000):
+        plan = SplitPlan(topic, "deliver", False, 8, 0, chunk_records=chunk)
+        batches = raw.to_batches(max_chunksize=rng.choice([1, 4, 50]))
+        pulled = SplitSequencer(plan, partition, None, [])
+        expected = list(pulled.run(batches))
+        pushed = SplitSequencer(plan, partition, None, [])
+        got = [t for b in batches for t in pushed.feed(b)] + list(pushed.finish())
+        assert [t.num_rows for t in got] == [t.num_rows for t in expected], (seed, chunk)
+        assert all(a.equals(b) for a, b in zip(got, expected, strict=True)), (seed, chunk)
+        assert pushed.end_states == pulled.end_states and pushed.records == pulled.records == raw.num_rows

@@ -226,3 +226,22 @@ def test_checkpoint_of_the_state_store_way_is_refused_clearly(spark, kafka_boots
     second = _run(spark, topic, kafka_bootstrap, tmp_path, None)
     assert second.exception() is not None
     assert "cannot change its source" in str(second.exception()), second.exception()
+
+
+def test_a_micro_batch_is_read_in_at_most_tasks_groups_of_whole_partitions() -> None:
+    """group_ranges: every partition range lands in exactly one group, at most ``tasks`` groups of
+    about equal records (largest first into the least loaded), partitions in order within a group;
+    None or more tasks than partitions: a group per partition."""
+    from harvest_outbox.spark_reader.stream_source import group_ranges
+
+    ranges = [(p, 100 * p if p % 3 else None, 100 * p + 10 * (p + 1), None) for p in range(8)]
+    assert group_ranges(ranges, None) == [[r] for r in ranges]
+    assert group_ranges(ranges, 8) == group_ranges(ranges, 20) == [[r] for r in ranges]
+    for tasks in (1, 2, 3, 5):
+        groups = group_ranges(ranges, tasks)
+        assert len(groups) == tasks
+        assert sorted(r for g in groups for r in g) == sorted(ranges)
+        assert all(g == sorted(g) for g in groups)
+        loads = [sum(r[2] - (r[1] or 0) for r in g) for g in groups]
+        biggest = max(r[2] - (r[1] or 0) for r in ranges)
+        assert max(loads) - min(loads) <= biggest, (tasks, loads)
