@@ -40,6 +40,7 @@ BENCHES: dict[str, tuple[str, list[str], list[str]]] = {
     "spark": ("bench_spark.py", [], ["--records", "100000", "--repeat", "1"]),
     "spark_stream": ("bench_spark_stream.py", [], ["--records", "100000", "--repeat", "1"]),
     "stasher": ("bench_stasher.py", [], ["--rows", "2000", "--repeat", "1"]),
+    "reader_memory": ("bench_reader_memory.py", [], ["--records", "100000,200000", "--micro-batch", "50000"]),
     "shards": ("bench_shards.py", [], ["--rows", "50000", "--relays", "1,2"]),
     "spans": ("bench_spans.py", [], ["--rows", "5000", "--runs", "1"]),
     "registry": ("bench_registry.py", [], ["--rows", "5000", "--runs", "1", "--modes", "at_least_once"]),
@@ -446,6 +447,53 @@ def _debezium_rows(r: dict[str, Any]) -> list[tuple[str, str, str, str]]:
     ]
 
 
+def _reader_memory_rows(r: dict[str, Any]) -> list[tuple[str, str, str, str]]:
+    """bench_reader_memory.py: each reader's peak RSS per process at the smallest and largest topic."""
+    sizes = r.get("sizes") or {}
+    if len(sizes) < 2:
+        return []
+    keys = sorted(sizes, key=int)
+    small, big = sizes[keys[0]], sizes[keys[-1]]
+    label = f"{_records(int(keys[0]))} / {_records(int(keys[-1]))}"
+    growth = r.get("growth") or {}
+    target = "growth ≈ 1 (bounded by the batch, not the topic)"
+    out: list[tuple[str, str, str, str]] = []
+    at_small, at_big = _get(small, "iter", "reader"), _get(big, "iter", "reader")
+    if at_small and at_big:
+        out.append(
+            (
+                f"ReadCommittedIter.poll_batch process peak RSS, {label}-record topic (MB)",
+                f"{_fmt(at_small.get('peak_rss_mb'))} / {_fmt(at_big.get('peak_rss_mb'))}",
+                f"growth {_fmt(growth.get('iter/reader'))} over {_fmt(r.get('size_ratio'))}x the records; a plain "
+                f"consumer {_fmt(_get(small, 'iter', 'raw', 'peak_rss_mb'))} / "
+                f"{_fmt(_get(big, 'iter', 'raw', 'peak_rss_mb'))} (growth {_fmt(growth.get('iter/raw'))})",
+                target,
+            )
+        )
+    for variant, what in (("count", "readCommitted + count"), ("stream", "readCommittedStream(state_location=...)")):
+        for kind in ("python_worker", "executor_jvm"):
+            a = _get(small, "spark", "harvest", variant, "peaks", kind, "peak_rss_mb")
+            b = _get(big, "spark", "harvest", variant, "peaks", kind, "peak_rss_mb")
+            if a is None or b is None:
+                continue
+            raw_a = _get(small, "spark", "raw", variant, "peaks", kind, "peak_rss_mb")
+            raw_b = _get(big, "spark", "raw", variant, "peaks", kind, "peak_rss_mb")
+            base = f"; Spark's Kafka source {_fmt(raw_a)} / {_fmt(raw_b)}" if raw_a is not None else ""
+            out.append(
+                (
+                    f"Spark {what}, {kind.replace('_', ' ')} peak RSS, {label}-record topic on {r.get('master')} (MB)",
+                    f"{_fmt(a)} / {_fmt(b)}",
+                    f"growth {_fmt(growth.get(f'spark/harvest/{variant}/{kind}'))}{base}",
+                    target,
+                )
+            )
+    return out
+
+
+def _records(n: int) -> str:
+    return f"{n / 1e6:g}M" if n >= 1_000_000 else f"{n // 1000}k"
+
+
 # name -> rows of (what, median, baseline / ratio, target)
 ROWS: dict[str, Callable[[dict[str, Any]], list[tuple[str, str, str, str]]]] = {
     "sequencer": lambda r: [
@@ -477,6 +525,7 @@ ROWS: dict[str, Callable[[dict[str, Any]], list[tuple[str, str, str, str]]]] = {
     "wal": lambda r: _wal_rows(r),
     "cursor_relay": lambda r: _cursor_relay_rows(r),
     "debezium": lambda r: _debezium_rows(r),
+    "reader_memory": lambda r: _reader_memory_rows(r),
     "consumer": lambda r: [
         (
             f"ReadCommittedIter.poll_batch, {_fmt(r.get('records_committed'))} records, txns of {r.get('txn_size')} (msg/s)",
