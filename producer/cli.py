@@ -112,6 +112,12 @@ def build_parser() -> argparse.ArgumentParser:
         default="varchar",
         help="kafka_value column type (varchar = goharvest's)",
     )
+    init.add_argument(
+        "--migrate",
+        action="store_true",
+        help="with outboxLayout: cursor, migrate goharvest's table (every relay stopped): renamed to "
+        "<table>_goharvest and its rows copied, in order, into the new partitioned outbox, in one transaction",
+    )
     chk = sub.add_parser(
         "check",
         help="report the outbox's fillfactor, autovacuum, indexes, NOTIFY trigger, "
@@ -212,6 +218,8 @@ def _init_db(args: argparse.Namespace) -> int:
     from harvest_outbox.producer.schema import init_db, packed_outbox_fix, unrelayed_rows
 
     cfg = _load(args, kafka=False)
+    if args.migrate:
+        return _migrate(cfg)
     with connect(cfg.harvest.data_source) as conn:
         names = init_db(
             conn,
@@ -246,6 +254,21 @@ def _init_db(args: argparse.Namespace) -> int:
         )
     if fix is not None:  # an outbox that existed before (init-db never changes a goharvest table's fillfactor)
         print(f"note: {fix}")
+    return EXIT_OK
+
+
+def _migrate(cfg: FileConfig) -> int:
+    from harvest_outbox.producer.db import connect
+    from harvest_outbox.producer.migrate_cursor import migrate_to_cursor
+
+    if cfg.harvest.outbox_layout != "cursor":
+        raise ConfigError("init-db --migrate: set outboxLayout: cursor in the config (the layout to migrate to)")
+    with connect(cfg.harvest.data_source) as conn:
+        done = migrate_to_cursor(conn, cfg.harvest.outbox_table)
+    print(
+        f"outbox {cfg.harvest.outbox_table} migrated to the cursor layout: {done.copied} row(s) copied with ids from "
+        f"{done.first_id}; the old table is {done.old_table} (kept: drop it once satisfied)"
+    )
     return EXIT_OK
 
 

@@ -134,8 +134,9 @@ def require_layout(conn: psycopg.Connection, names: OutboxNames, layout: str) ->
     if layout == "cursor":
         raise SchemaError(
             f"outbox {names.display!r} is goharvest's table (outboxLayout: mark), not the cursor layout's "
-            f"partitioned table; the migration is not built yet (docs/limitations.md): keep outboxLayout: mark, "
-            f"or give the cursor layout a new outboxTable and run `harvest init-db`"
+            f"partitioned table: stop every relay of it and run `harvest init-db --migrate` (one transaction: the "
+            f"table is renamed away and its rows copied into the new layout in order; docs/limitations.md), or "
+            f"keep outboxLayout: mark"
         )
     raise SchemaError(
         f"outbox {names.display!r} is the cursor layout's partitioned table (its rows are never marked); "

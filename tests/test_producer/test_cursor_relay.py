@@ -96,7 +96,7 @@ def test_init_db_makes_the_partitioned_outbox_and_refuses_the_other_layout(pg_ds
     with pytest.raises(SchemaError, match=r"is the cursor layout's partitioned table.*set outboxLayout: cursor"):
         init_db(pg_dsn, table)
     init_db(pg_dsn, f"{pg_schema}.goharvest")
-    with pytest.raises(SchemaError, match=r"is goharvest's table .*the migration is not built yet"):
+    with pytest.raises(SchemaError, match=r"is goharvest's table.*harvest init-db --migrate"):
         init_db(pg_dsn, f"{pg_schema}.goharvest", layout="cursor")
 
 
@@ -432,3 +432,84 @@ def test_ids_that_reached_the_default_partition_are_skipped_then_retired(pg_dsn:
             assert conn.execute(rest).fetchone() == (0,)
         finally:
             db.close()
+
+
+@pytest.mark.integration
+def test_init_db_migrate_keeps_every_undelivered_row_in_order(pg_dsn: str, pg_schema: str) -> None:
+    """goharvest's table with rows (one marked by a stopped relay), an attempt count and a dead letter whose
+    id is above every row's: ``--migrate`` renames it away and copies its rows, in id order, with new ids
+    above every old id (no new row can overwrite the old dead letter), their attempt counts following;
+    the cursor relay's store then reads them first, in that order, and writers go on with the Stasher."""
+    from harvest_outbox.producer.migrate_cursor import migrate_to_cursor
+
+    table = f"{pg_schema}.outbox"
+    names = init_db(pg_dsn, table)
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        with conn.transaction():
+            Stasher(table).stash_many(
+                conn, [OutboxRecord("t", f"k{i % 2}", f"old-{i}", [("h", str(i))]) for i in range(5)]
+            )
+        conn.execute(sql.SQL("DELETE FROM {} WHERE id = 1").format(names.outbox))  # delivered before the migration
+        conn.execute(sql.SQL("UPDATE {} SET leader_id = gen_random_uuid() WHERE id = 2").format(names.outbox))
+        conn.execute(sql.SQL("INSERT INTO {} (id, attempts) VALUES (3, 2)").format(names.delivery_attempts))
+        conn.execute(
+            sql.SQL(
+                "INSERT INTO {} (id, kafka_topic, kafka_key, error, attempts) VALUES (40, 't', 'k', 'bad', 1)"
+            ).format(names.dead_letters)
+        )
+        done = migrate_to_cursor(conn, table, partition_ids=PARTITION_IDS)
+        assert (done.copied, done.first_id) == (4, 41)
+        rows = conn.execute(
+            sql.SQL("SELECT id, kafka_value, kafka_header_values, leader_id FROM {} ORDER BY id").format(names.outbox)
+        ).fetchall()
+        assert rows == [
+            (41, "old-1", ["1"], None),
+            (42, "old-2", ["2"], None),
+            (43, "old-3", ["3"], None),
+            (44, "old-4", ["4"], None),
+        ]
+        assert conn.execute(sql.SQL("SELECT id, attempts FROM {}").format(names.delivery_attempts)).fetchall() == [
+            (42, 2)
+        ]
+        assert conn.execute(
+            sql.SQL("SELECT count(*) FROM {}").format(names.qualified("outbox_goharvest"))
+        ).fetchone() == (4,)
+        Stasher(table).stash(conn, OutboxRecord("t", "k0", "new-0"))
+        with pytest.raises(SchemaError, match="already in the cursor layout"):
+            migrate_to_cursor(conn, table)
+    db = CursorDatabase(pg_dsn, names, CursorViews(False))
+    try:
+        got = db.mark_with_attempts(uuid.uuid4(), 100)[0]
+        assert [(r[0], r[3]) for r in got] == [
+            (41, b"old-1"),
+            (42, b"old-2"),
+            (43, b"old-3"),
+            (44, b"old-4"),
+            (45, b"new-0"),
+        ]
+        assert got[1][7] == 2  # the attempt count followed its row
+    finally:
+        db.close()
+
+
+@pytest.mark.integration
+def test_the_cli_migrates_only_to_a_configured_cursor_layout(
+    pg_dsn: str, pg_schema: str, tmp_path: object, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from pathlib import Path
+
+    from harvest_outbox.producer.cli import main
+
+    table = f"{pg_schema}.outbox"
+    init_db(pg_dsn, table)
+    base = f'harvest:\n  dataSource: "{pg_dsn}"\n  outboxTable: {table}\n'
+    mark, cursor = Path(str(tmp_path)) / "mark.yaml", Path(str(tmp_path)) / "cursor.yaml"
+    mark.write_text(base)
+    cursor.write_text(base + "  outboxLayout: cursor\n")
+    assert main(["init-db", "--migrate", "-f", str(mark)]) == 2
+    assert "set outboxLayout: cursor" in capsys.readouterr().err
+    assert main(["init-db", "-f", str(cursor)]) == 1
+    assert "harvest init-db --migrate" in capsys.readouterr().err
+    assert main(["init-db", "--migrate", "-f", str(cursor)]) == 0
+    assert "migrated to the cursor layout: 0 row(s) copied" in capsys.readouterr().out
+    assert main(["init-db", "-f", str(cursor)]) == 0  # idempotent on the new layout
