@@ -8,7 +8,9 @@ bookkeeping (:class:`~producer.cursor_views.ViewRead`) is checked on its own at 
 
 A zombie view of either mode is fenced (its commit refused, its rows committed once by the next view)
 on the cursor store itself; leader kill -9, takeover and a paused leader with the whole pipeline:
-tests/test_e2e/test_faults.py's cursor plan.
+tests/test_e2e/test_faults.py's cursor plan. Also: ``harvest check`` on the layout, the A1 check, ids that
+reached the DEFAULT partition (skipped over, then retired), the log naming a transaction that holds ``low``
+back, and ``init-db --migrate`` from goharvest's table (every row, in order, attempt counts following).
 """
 
 from __future__ import annotations
