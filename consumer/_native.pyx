@@ -39,7 +39,11 @@ from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_CheckExact, PyBytes_GET_SI
 from cpython.list cimport PyList_GET_ITEM, PyList_GET_SIZE
 from cpython.object cimport PyObject, PyTypeObject, Py_TYPE
 from cpython.tuple cimport PyTuple_GET_ITEM, PyTuple_GET_SIZE
-from cpython.unicode cimport PyUnicode_Check, PyUnicode_CompareWithASCIIString
+from cpython.unicode cimport (
+    PyUnicode_1BYTE_KIND, PyUnicode_Check, PyUnicode_CheckExact, PyUnicode_CompareWithASCIIString, PyUnicode_DATA,
+    PyUnicode_GET_LENGTH, PyUnicode_KIND,
+)
+from libc.string cimport memcmp
 
 from harvest_outbox.sequencer._native cimport EntryBatch, Sequencer
 from harvest_outbox.sequencer._uuid_layout cimport (
@@ -184,6 +188,38 @@ cdef inline object _timestamp(object m):
     return _m_timestamp(m, NULL) if _exact(m) else m.timestamp()
 
 
+cdef extern from *:
+    """
+    #if PY_VERSION_HEX < 0x030C0000
+    #define harvest_str_ready(o) PyUnicode_IS_READY(o)
+    #else
+    #define harvest_str_ready(o) 1  /* 3.12+: every str is ready */
+    #endif
+    """
+    bint _str_ready "harvest_str_ready"(object o)
+
+
+cdef inline bint _is_uuid_key(object k) except -1:
+    """``k == "uuid"`` for a header name; a plain ready str (confluent-kafka's) is compared in place."""
+    if PyUnicode_CheckExact(k) and _str_ready(k):
+        return (PyUnicode_GET_LENGTH(k) == 4 and PyUnicode_KIND(k) == PyUnicode_1BYTE_KIND
+                and memcmp(PyUnicode_DATA(k), b"uuid", 4) == 0)
+    return PyUnicode_Check(k) and PyUnicode_CompareWithASCIIString(k, "uuid") == 0
+
+
+cdef inline bint _same_str(object a, object b) except -1:
+    """``a == b`` for two topic names; plain ready strs (confluent-kafka's) are compared in place."""
+    cdef Py_ssize_t n
+    if a is b:
+        return True
+    if PyUnicode_CheckExact(a) and PyUnicode_CheckExact(b) and _str_ready(a) and _str_ready(b):
+        n = PyUnicode_GET_LENGTH(a)
+        if n != PyUnicode_GET_LENGTH(b) or PyUnicode_KIND(a) != PyUnicode_KIND(b):
+            return False
+        return memcmp(PyUnicode_DATA(a), PyUnicode_DATA(b), n * PyUnicode_KIND(a)) == 0
+    return a == b
+
+
 cdef inline bint _relay_uuid(object headers, uint64_t* hi, uint64_t* lo) except -1:
     """True, with the halves set, if the first ``uuid`` header holds a relay's UUID (module doc)."""
     cdef Py_ssize_t j, nh
@@ -197,7 +233,7 @@ cdef inline bint _relay_uuid(object headers, uint64_t* hi, uint64_t* lo) except 
         if type(h) is not tuple or PyTuple_GET_SIZE(h) != 2:
             return False  # not confluent-kafka's shape: let the pure path judge it
         k = <object> PyTuple_GET_ITEM(h, 0)
-        if PyUnicode_Check(k) and PyUnicode_CompareWithASCIIString(k, "uuid") == 0:
+        if _is_uuid_key(k):
             v = <object> PyTuple_GET_ITEM(h, 1)
             if PyBytes_CheckExact(v) and PyBytes_GET_SIZE(v) == 16:
                 p = <const unsigned char*> PyBytes_AS_STRING(v)
@@ -461,7 +497,7 @@ def convert(list raw, Py_ssize_t pos, dict journals, EntryBatch out):
         topic = _topic(msg)
         partition = _partition(msg)
         # Consumed batches come in runs of one partition: skip the lookup within a run.
-        if partition != last_partition or journal is None or topic != last_topic:
+        if partition != last_partition or journal is None or not _same_str(topic, last_topic):
             journal = _journal(journals, topic, partition)
             last_topic = topic
             last_partition = partition
@@ -486,7 +522,7 @@ cdef inline bint _is_ack(object item) except -1:
 
 
 def sequence_raw(Sequencer seq, list raw, Py_ssize_t pos, dict journals, list out, Py_ssize_t max_records,
-                 bint include_acks, object ahead):
+                 bint include_acks, object ahead, bint one_topic=False):
     """``ReadCommittedIter._poll_batch``'s loop over ``raw[pos:]``, in one pass (module doc).
 
     ``ahead`` is the reader's next committed record (stepped, not yet delivered), or None; a
@@ -496,7 +532,9 @@ def sequence_raw(Sequencer seq, list raw, Py_ssize_t pos, dict journals, list ou
     full, or ``raw`` is used up with no sequence left to dequeue), ``NEEDS_PYTHON``
     (``raw[pos]`` is a Kafka error or has no usable ``uuid`` header: the reader converts it),
     or ``REPLAY`` (the message before ``pos`` committed a span that left the ring: the reader
-    starts the replay; the sequence has not been stepped).
+    starts the replay; the sequence has not been stepped). ``one_topic``: every message of ``raw``
+    is of one topic (the reader reads one), so a message of the same partition as the one before
+    it is of the same journal without reading and comparing its topic.
     """
     cdef Py_ssize_t n = PyList_GET_SIZE(raw), k, room
     cdef object msg, topic, journal = None, last_topic = None, run_journal = None, headers, offset_obj
@@ -535,12 +573,13 @@ def sequence_raw(Sequencer seq, list raw, Py_ssize_t pos, dict journals, list ou
             headers = _headers(msg)
             if not _relay_uuid(headers, &hi, &lo):
                 return pos, None, NEEDS_PYTHON
-            topic = _topic(msg)
             partition = _partition(msg)
-            if partition != last_partition or journal is None or topic != last_topic:
-                journal = _journal(journals, topic, partition)
-                last_topic = topic
-                last_partition = partition
+            if partition != last_partition or journal is None or not one_topic:
+                topic = _topic(msg)
+                if partition != last_partition or journal is None or not _same_str(topic, last_topic):
+                    journal = _journal(journals, topic, partition)
+                    last_topic = topic
+                    last_partition = partition
             offset_obj = _offset(msg)
             offset = offset_obj
             # queue_batch's steps for one entry: the read-through offset of a run of fast-path

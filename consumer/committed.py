@@ -177,6 +177,7 @@ class ReadCommittedIter:
             self._check_scope(offsets, states, {t: None for t in subscribed}, False, "checkpoint")
             self._unchecked = None
         self._all_partitions = partitions is None
+        self._one_topic = _reads_one_topic(subscribed, partitions)
         self._ring_size = ring_size
         self._include_acks = include_acks
         self._idle_timeout = idle_timeout
@@ -496,6 +497,7 @@ class ReadCommittedIter:
             max_records,
             self._include_acks,
             self._ahead,
+            self._one_topic,
         )
         if not take_raw:
             return
@@ -626,6 +628,13 @@ class ReadCommittedIter:
 
     def __repr__(self) -> str:
         return f"ReadCommittedIter({self._reader!r}, ring_size={self._ring_size}, delivered={self.delivered})"
+
+
+def _reads_one_topic(topics: Sequence[str], partitions: Sequence[tuple[str, int]] | None) -> bool:
+    """True when every record the reader can get is of one topic: one topic name, not a pattern
+    (a subscription to ``^...`` matches any number of topics)."""
+    names = {t for t, _ in partitions} if partitions is not None else set(topics)
+    return len(names) == 1 and not next(iter(names)).startswith("^")
 
 
 def _time_left(timeout: float | None, deadline: float | None) -> tuple[float | None, float | None]:
