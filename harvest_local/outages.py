@@ -34,7 +34,8 @@ committed): in ``--uuid-sequencing`` mode a ``ReadCommittedIter`` read of the to
 committed version exactly once, in per-key order, nothing rolled back; in at-least-once mode the raw
 topic holds every committed version, first arrivals in per-key order (duplicates are counted, they
 are allowed there). Both relays must still be running afterwards (the faults all heal: no manual
-action).
+action). ``Outage.layout`` runs it on ``outboxLayout: cursor`` (issue #37): the relay deletes no row there,
+so "left the outbox" reads "passed by the committed cursor".
 
 Used by ``tests/test_e2e/test_outages.py`` (short durations in CI) and ``scripts/outages.py``
 (docs/reliability.md's table, 60 s faults).
@@ -48,6 +49,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import psycopg
 from confluent_kafka import Consumer, TopicPartition
@@ -60,6 +62,9 @@ from harvest_outbox.harvest_local.netfault import NetFault
 from harvest_outbox.harvest_local.relays import RelayProcess, current_leader, wait_for, write_config
 from harvest_outbox.harvest_local.verify import Verdict, verify
 from harvest_outbox.harvest_local.workload import Writers, committed_versions, create_accounts
+
+if TYPE_CHECKING:
+    from harvest_outbox.producer.schema import OutboxNames
 
 log = logging.getLogger(__name__)
 
@@ -97,6 +102,8 @@ class Outage:
     #: faults applied after ``fault`` in the same run, in order, each once the one before has healed
     #: and its backlog is gone (one relay group, one topic, one end-to-end verification)
     then: tuple[str, ...] = ()
+    #: the outbox's layout (``outboxLayout``): ``mark`` or ``cursor`` (partitioned, issue #37)
+    layout: str = "mark"
 
     @property
     def faults(self) -> tuple[str, ...]:
@@ -161,7 +168,7 @@ def run_outage(services: LocalServices, outage: Outage, workdir: Path) -> Outage
     from harvest_outbox.producer.schema import OutboxNames, init_db
 
     create_accounts(ends.pg_dsn, schema, outage.keys)
-    init_db(ends.pg_dsn, outbox)
+    init_db(ends.pg_dsn, outbox, layout=outage.layout, partition_ids=1000)
     create_topic(ends.kafka_bootstrap, topic, outage.partitions)
     create_topic(ends.kafka_bootstrap, f"{topic}-probe", 1)
     pg_params = conninfo_to_dict(ends.pg_dsn)
@@ -183,6 +190,7 @@ def run_outage(services: LocalServices, outage: Outage, workdir: Path) -> Outage
         group=f"outage-{tag}",
         uuid_sequencing=outage.sequenced,
         extra_limits={"rowTimeout": outage.row_timeout} if outage.row_timeout else None,
+        outbox_layout=outage.layout if outage.layout != "mark" else None,
     )
     relays = [RelayProcess(cfg, f"relay-{i}", workdir).start() for i in range(outage.relays)]
     result = OutageResult(outage)
@@ -205,7 +213,7 @@ def run_outage(services: LocalServices, outage: Outage, workdir: Path) -> Outage
             _apply(outage, fault, services, pg_proxy, kafka_proxy, result)
             healed = time.monotonic()
             max_id = _probe(ends.pg_dsn, outbox, f"{topic}-probe")
-            recovery = _recovery(ends.pg_dsn, names, max_id, healed, timeout=180)
+            recovery = _recovery(ends.pg_dsn, names, outage.layout, max_id, healed, timeout=180)
             result.recoveries.append((fault, recovery))
             if recovery is None:
                 result.notes.append(f"the backlog of {fault} was not delivered within 180s")
@@ -217,7 +225,7 @@ def run_outage(services: LocalServices, outage: Outage, workdir: Path) -> Outage
         writers.stop()
         writers.join()
         result.committed, result.rolled_back = writers.stats.committed, writers.stats.rolled_back
-        wait_for(lambda: _backlog(ends.pg_dsn, names, None) == 0, 180, "the outbox drains", poll=0.2)
+        wait_for(lambda: _backlog(ends.pg_dsn, names, outage.layout, None) == 0, 180, "the outbox drains", poll=0.2)
         truth = committed_versions(ends.pg_dsn, schema)
         delivered = (
             _read_committed(ends.kafka_bootstrap, topic, sum(truth.values()))
@@ -311,18 +319,24 @@ def _probe(dsn: str, outbox: str, topic: str) -> int:
             time.sleep(0.1)
 
 
-def _backlog(dsn: str, names: object, max_id: int | None) -> int:
-    q = sql.SQL("SELECT count(*) FROM {}").format(names.outbox)  # type: ignore[attr-defined]
-    if max_id is not None:
-        q = sql.SQL("{} WHERE id <= %s").format(q)
+def _backlog(dsn: str, names: OutboxNames, layout: str, max_id: int | None) -> int:
+    """Committed rows not relayed yet (ids up to ``max_id``): the rows left in the outbox on the mark
+    layout, the rows the committed cursor has not passed on the cursor layout (it deletes none)."""
+    from harvest_outbox.producer.db_cursor import cursor_backlog
+
     with psycopg.connect(dsn, connect_timeout=5) as conn:
+        if layout == "cursor":
+            return cursor_backlog(conn, names, max_id)
+        q = sql.SQL("SELECT count(*) FROM {}").format(names.outbox)
+        if max_id is not None:
+            q = sql.SQL("{} WHERE id <= %s").format(q)
         return int(conn.execute(q, (max_id,) if max_id is not None else ()).fetchone()[0])  # type: ignore[index]
 
 
-def _recovery(dsn: str, names: object, max_id: int, healed: float, timeout: float) -> float | None:
+def _recovery(dsn: str, names: OutboxNames, layout: str, max_id: int, healed: float, timeout: float) -> float | None:
     while time.monotonic() - healed < timeout:
         try:
-            if _backlog(dsn, names, max_id) == 0:
+            if _backlog(dsn, names, layout, max_id) == 0:
                 return time.monotonic() - healed
         except psycopg.Error:
             pass

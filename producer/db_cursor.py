@@ -158,9 +158,13 @@ def backlog_sql(names: OutboxNames) -> sql.Composed:
     )
 
 
-def cursor_backlog(conn: psycopg.Connection, names: OutboxNames) -> int:
-    """Rows committed to the outbox and not yet passed by the committed cursor (tests, tools)."""
-    row = conn.execute(backlog_sql(names), (SHARD,)).fetchone()
+def cursor_backlog(conn: psycopg.Connection, names: OutboxNames, up_to: int | None = None) -> int:
+    """Rows committed to the outbox and not yet passed by the committed cursor (tests, tools); with
+    ``up_to``, only those with ids up to it."""
+    if up_to is None:
+        row = conn.execute(backlog_sql(names), (SHARD,)).fetchone()
+    else:
+        row = conn.execute(sql.SQL("{} AND o.id <= %s").format(backlog_sql(names)), (SHARD, up_to)).fetchone()
     return int(row[0]) if row else 0
 
 

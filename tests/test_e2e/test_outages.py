@@ -16,6 +16,11 @@ start, election, warm-up) and the verification read, ~25 s a fault: 10 runs of ~
 Faults that stall Kafka (broker_pause, kafka_blackhole) keep their run with rowTimeout 3 s, the
 others the default, as before: a shorter rowTimeout may rightly park a row on a partial outage
 (docs/reliability.md), so it is not imposed on faults that never ran with it.
+
+``outboxLayout: cursor`` (issue #37) adds one run per mode, each a Postgres fault the cursor store must
+survive in the mode the mark layout does not run it in: a connection reset mid-flight in
+``--uuid-sequencing`` mode (a fenced cursor commit whose reply may be lost), a server restart in
+at-least-once mode (the relays resume from the committed cursor).
 """
 
 from __future__ import annotations
@@ -48,14 +53,22 @@ def _runs(cases: list[tuple[str, bool]]) -> list[tuple[tuple[str, ...], bool]]:
 
 
 RUNS = _runs(CASES)
+CURSOR_RUNS = [(("pg_reset",), True), (("pg_restart",), False)]
+LAYOUT_RUNS = [(f, s, "mark") for f, s in RUNS] + [(f, s, "cursor") for f, s in CURSOR_RUNS]
 
 
-@pytest.mark.parametrize(("faults", "sequenced"), RUNS, ids=[f"{'seq' if s else 'alo'}-{'+'.join(f)}" for f, s in RUNS])
-def test_outages_heal_by_themselves(faults: tuple[str, ...], sequenced: bool, services, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+@pytest.mark.parametrize(
+    ("faults", "sequenced", "layout"),
+    LAYOUT_RUNS,
+    ids=[f"{'seq' if s else 'alo'}-{'+'.join(f)}{'' if lay == 'mark' else '-' + lay}" for f, s, lay in LAYOUT_RUNS],
+)
+def test_outages_heal_by_themselves(  # type: ignore[no-untyped-def]
+    faults: tuple[str, ...], sequenced: bool, layout: str, services, tmp_path: Path
+) -> None:
     if services.kafka is None or services.postgres is None:
         pytest.skip("outage tests need the locally launched Postgres and Kafka (not HARVEST_*_DSN/BOOTSTRAP)")
     row_timeout = "3s" if faults[0] in STALLS_KAFKA else None
-    outage = Outage(faults[0], sequenced, duration=DURATION, row_timeout=row_timeout, then=faults[1:])
+    outage = Outage(faults[0], sequenced, duration=DURATION, row_timeout=row_timeout, then=faults[1:], layout=layout)
     result = run_outage(services, outage, tmp_path)
     print("\n" + table([result]) + (f"\nnotes: {result.notes}" if result.notes else ""))
     assert result.relays_alive, f"{result.notes} (logs in {tmp_path})"
@@ -77,3 +90,9 @@ def test_the_runs_cover_every_case_once() -> None:
     assert covered == sorted(CASES)
     for faults, _ in RUNS:
         assert len({f in STALLS_KAFKA for f in faults}) == 1, faults
+
+
+def test_the_cursor_runs_cover_both_modes_with_a_postgres_fault() -> None:
+    """The cursor layout's runs: each mode once, each a Postgres fault (its store is what changed)."""
+    assert sorted(s for _, s in CURSOR_RUNS) == [False, True]
+    assert all(f in FAULTS and f.startswith("pg_") for faults, _ in CURSOR_RUNS for f in faults)
