@@ -347,6 +347,18 @@ def _cursor_relay_rows(r: dict[str, Any]) -> list[tuple[str, str, str, str]]:
                 "relay WAL ≤ 0.5x, drain ≥ 1x (issue #37)",
             )
         )
+        if cursor.get("pg_relay_cpu_s_per_100k") is not None:
+            out.append(
+                (
+                    f"Postgres CPU per 100k relayed rows, outboxLayout cursor / mark, {label} (s)",
+                    f"{_fmt(cursor.get('pg_relay_cpu_s_per_100k'))} / {_fmt(mark.get('pg_relay_cpu_s_per_100k'))}",
+                    f"relay side (its backends {_fmt(cursor.get('pg_relay_backends_cpu_s_per_100k'))} / "
+                    f"{_fmt(mark.get('pg_relay_backends_cpu_s_per_100k'))}); with the writers' "
+                    f"{_fmt(cursor.get('pg_total_cpu_s_per_100k'))} / {_fmt(mark.get('pg_total_cpu_s_per_100k'))} "
+                    "(docs/primary-cost.md)",
+                    "≤ Debezium's (issue #37)",
+                )
+            )
     return out
 
 

@@ -16,8 +16,17 @@ to the end of its cleanup: for ``mark`` a ``VACUUM`` of the outbox (the dead row
 relay idled ``--idle-after`` seconds (both layouts: the cursor's idle batches and commits move ``low`` past
 the backlog, and their WAL counts).
 
+Postgres CPU (utime + stime from ``/proc``: the postmaster, its live children and its reaped ones, as
+``bench_debezium`` counts it; the server must run on this machine): *writers* over the Stasher's COPY;
+*relay side* over the same window as the relay's WAL, less the bench's own watching backend (it polls the
+backlog every 2 ms) and less the idle server's rate (measured for a second before the relay starts), so it
+holds the relay's statements, the cleanup and the background work they cause (WAL writer, checkpointer,
+autovacuum); *relay backends* alone: the CPU of every client backend that opened after the relay started
+(the relay's connections; none of them closes before the drain ends), read just before it stops.
+
 Prints JSON: per mode and layout the medians of rows/s, relay WAL bytes per row, full-page images per
-1,000 rows, writers' WAL per row, relay process CPU per 100k rows; and the ratios cursor / mark.
+1,000 rows, writers' WAL per row, relay process CPU per 100k rows, the Postgres CPU per 100k rows above
+(writers, relay side, relay backends, and writers + relay side); and the ratios cursor / mark.
 """
 
 from __future__ import annotations
@@ -29,12 +38,14 @@ import statistics
 import sys
 import time
 import uuid
+from pathlib import Path
 from typing import Any
 
 import psycopg
 from psycopg import sql
 
 from bench.backlog import fill_backlog
+from bench.bench_debezium import postgres_cpu_s, process_cpu_s
 from bench.bench_relay import TUNED_LIMITS, new_topic
 from bench.bench_wal import wal_stats
 from harvest_outbox.producer.config import HarvestConfig, Limits
@@ -46,6 +57,49 @@ from harvest_outbox.producer.schema_cursor import create_partition
 
 LAYOUTS = ("mark", "cursor")
 MODES = {"at_least_once": False, "sequenced": True}
+IDLE_SAMPLE_S = 1.0
+
+
+def postmaster_pid(conn: psycopg.Connection) -> int:
+    """The server's postmaster (its data directory's ``postmaster.pid``): Postgres CPU is read from /proc."""
+    folder = conn.execute("SHOW data_directory").fetchone()[0]  # type: ignore[index]
+    try:
+        pid = int((Path(folder) / "postmaster.pid").read_text().split()[0])
+    except (OSError, ValueError, IndexError) as exc:
+        raise SystemExit(
+            f"bench_cursor_relay: Postgres CPU needs the server on this machine; {folder}/postmaster.pid "
+            f"is not readable ({exc}): unset HARVEST_PG_DSN and the bench starts its own"
+        ) from exc
+    if process_cpu_s(pid) is None:
+        raise SystemExit(f"bench_cursor_relay: postmaster pid {pid} (from {folder}) is not visible in /proc")
+    return pid
+
+
+def _pg_cpu(postmaster: int) -> float:
+    cpu = postgres_cpu_s(postmaster)
+    assert cpu is not None, f"postmaster {postmaster} went away"
+    return cpu
+
+
+def settled(conn: psycopg.Connection) -> None:
+    """Wait until ``conn``'s is the only client backend and the others are reaped: a closed connection's
+    backend exits after it leaves ``pg_stat_activity``, and its CPU reaches the postmaster's reaped children's
+    only when the postmaster reaps it."""
+    others = "SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'client backend' AND pid <> pg_backend_pid()"
+    deadline = time.monotonic() + 30
+    while conn.execute(others).fetchone()[0] and time.monotonic() < deadline:  # type: ignore[index]
+        time.sleep(0.01)
+    time.sleep(0.1)
+
+
+def relay_backends_cpu_s(conn: psycopg.Connection, since: float) -> float:
+    """CPU of the client backends that opened at or after ``since`` (epoch seconds), ``conn``'s excepted."""
+    pids = conn.execute(
+        "SELECT pid FROM pg_stat_activity WHERE backend_type = 'client backend' AND pid <> pg_backend_pid() "
+        "AND backend_start >= to_timestamp(%s)",
+        (since,),
+    ).fetchall()
+    return sum(process_cpu_s(int(pid)) or 0.0 for (pid,) in pids)
 
 
 def drain_once(
@@ -63,13 +117,15 @@ def drain_once(
     table = f"{schema}.outbox"
     names = init_db(dsn, table, layout=layout, partition_ids=partition_ids)
     watch = psycopg.connect(dsn, autocommit=True)
+    postmaster, watcher = postmaster_pid(watch), watch.info.backend_pid
     if layout == "cursor":  # partitions for every id, as a running leader's maintenance makes them ahead
         for start in range(2 * partition_ids, rows + 1, partition_ids):
             watch.execute(create_partition(names, start, start + partition_ids))
     try:
-        w0 = wal_stats(watch)
+        w0, p0 = wal_stats(watch), _pg_cpu(postmaster)
         fill_backlog(dsn, table, topic, rows, keys)
-        w1 = wal_stats(watch)
+        settled(watch)
+        w1, p1 = wal_stats(watch), _pg_cpu(postmaster)
         watch.execute(sql.SQL("ANALYZE {}").format(names.outbox))
         watch.execute("CHECKPOINT")
         cfg = HarvestConfig(
@@ -88,7 +144,11 @@ def drain_once(
                 return cursor_backlog(watch, names)
             return int(watch.execute(count).fetchone()[0])  # type: ignore[index]
 
-        s0 = wal_stats(watch)
+        i0 = time.perf_counter(), _pg_cpu(postmaster)
+        time.sleep(IDLE_SAMPLE_S)
+        idle_rate = (_pg_cpu(postmaster) - i0[1]) / (time.perf_counter() - i0[0])
+        s0, q0, v0, r0 = wal_stats(watch), _pg_cpu(postmaster), process_cpu_s(watcher) or 0.0, time.perf_counter()
+        born = time.time()
         relay = Harvest(cfg).start()
         try:
             while not relay.is_leader:
@@ -100,11 +160,14 @@ def drain_once(
                 time.sleep(0.002)
             elapsed, cpu = time.perf_counter() - t0, time.process_time() - c0
             time.sleep(idle_after)  # idle batches move low past the backlog (the cursor layout's retirement)
+            backends = relay_backends_cpu_s(watch, born)
         finally:
             relay.stop()
             relay.wait(60)
+        watching = (process_cpu_s(watcher) or 0.0) - v0  # the bench's polls, not the relay's work
         cleanup = _cleanup(watch, names, layout)
-        s1 = wal_stats(watch)
+        settled(watch)
+        s1, q1, window = wal_stats(watch), _pg_cpu(postmaster), time.perf_counter() - r0
     finally:
         watch.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(schema)))
         watch.close()
@@ -114,6 +177,10 @@ def drain_once(
         "relay_fpi_per_1k_rows": (s1[1] - s0[1]) * 1000 / rows,
         "writers_wal_bytes_per_row": (w1[2] - w0[2]) / rows,
         "relay_cpu_s_per_100k": cpu / rows * 100_000,
+        "pg_writers_cpu_s_per_100k": (p1 - p0) / rows * 100_000,
+        "pg_relay_cpu_s_per_100k": (q1 - q0 - watching - idle_rate * window) / rows * 100_000,
+        "pg_relay_backends_cpu_s_per_100k": backends / rows * 100_000,
+        "pg_idle_cpu_s_per_s": idle_rate,
         "cleanup": cleanup,
     }
 
@@ -125,6 +192,10 @@ def _cleanup(conn: psycopg.Connection, names: OutboxNames, layout: str) -> str:
         return "VACUUM"
     done = PartitionKeeper(names).run(conn)
     return f"truncated {len(done.truncated)}, dropped {len(done.dropped)} partition(s)"
+
+
+def _ratio(a: float, b: float) -> float | None:
+    return round(a / b, 3) if b > 0 else None
 
 
 def main() -> int:
@@ -172,9 +243,19 @@ def main() -> int:
     finally:
         if services is not None:
             services.stop()
+    for rs in runs.values():
+        for r in rs:
+            r["pg_total_cpu_s_per_100k"] = r["pg_writers_cpu_s_per_100k"] + r["pg_relay_cpu_s_per_100k"]
     keys = ("rows_per_s", "relay_wal_bytes_per_row", "relay_fpi_per_1k_rows", "writers_wal_bytes_per_row")
+    cpus = (
+        "relay_cpu_s_per_100k",
+        "pg_writers_cpu_s_per_100k",
+        "pg_relay_cpu_s_per_100k",
+        "pg_relay_backends_cpu_s_per_100k",
+        "pg_total_cpu_s_per_100k",
+    )
     medians = {
-        name: {k: round(statistics.median(r[k] for r in rs), 2) for k in (*keys, "relay_cpu_s_per_100k")}
+        name: {k: round(statistics.median(r[k] for r in rs), 2 if k in keys else 3) for k in (*keys, *cpus)}
         for name, rs in runs.items()
     }
     ratios = {}
@@ -189,6 +270,11 @@ def main() -> int:
             "drain_rate": round(cursor["rows_per_s"] / mark["rows_per_s"], 3),
             "relay_wal_per_row": round(cursor["relay_wal_bytes_per_row"] / mark["relay_wal_bytes_per_row"], 4),
             "total_wal_per_row": round(total["cursor"] / total["mark"], 3),
+            "pg_relay_cpu_per_row": _ratio(cursor["pg_relay_cpu_s_per_100k"], mark["pg_relay_cpu_s_per_100k"]),
+            "pg_relay_backends_cpu_per_row": _ratio(
+                cursor["pg_relay_backends_cpu_s_per_100k"], mark["pg_relay_backends_cpu_s_per_100k"]
+            ),
+            "pg_total_cpu_per_row": _ratio(cursor["pg_total_cpu_s_per_100k"], mark["pg_total_cpu_s_per_100k"]),
         }
     print(
         json.dumps(
