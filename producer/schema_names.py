@@ -132,6 +132,15 @@ class OutboxNames:
         return self._ident(derived_name(self.table, "_harvest_cursor"))
 
     @property
+    def held(self) -> sql.Identifier:
+        """``outboxLayout: cursor`` under ``haltKey``: a halted key's rows, copied (producer/cursor_held.py)."""
+        return self._ident(derived_name(self.table, "_held"))
+
+    @property
+    def held_index_name(self) -> str:
+        return derived_name(self.table, "_held_key_idx")
+
+    @property
     def id_sequence(self) -> sql.Identifier:
         """``outboxLayout: cursor``: the id sequence (``CACHE 1``; its default takes the xid first)."""
         return self._ident(derived_name(self.table, "_id_seq"))

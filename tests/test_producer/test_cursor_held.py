@@ -1,0 +1,137 @@
+"""producer/cursor_held.py's statements on the fixtures' Postgres (``haltKey`` on ``outboxLayout: cursor``,
+not wired yet): the fenced copy of a halted or held key's rows by the page read, the release in held order,
+a held row dead-lettered again. Every row is read through the statements the relay will run."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg import sql
+
+from harvest_outbox.producer.cursor_held import (
+    dead_letter_held_sql,
+    drop_held_sql,
+    held_read_sql,
+    held_table,
+    released_sql,
+)
+from harvest_outbox.producer.schema import OutboxNames, init_db
+from harvest_outbox.producer.schema_cursor import ORIGIN_TEXT
+
+pytestmark = pytest.mark.integration
+
+TOPIC = "t"
+
+
+@pytest.fixture
+def box(pg_dsn: str, pg_schema: str) -> Iterator[tuple[psycopg.Connection[Any], OutboxNames]]:
+    names = init_db(pg_dsn, f"{pg_schema}.outbox", layout="cursor", partition_ids=1000)
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        for statement in held_table(names, "varchar"):
+            conn.execute(statement)
+        yield conn, names
+
+
+def write(conn: psycopg.Connection[Any], names: OutboxNames, *keys: str) -> list[int]:
+    q = sql.SQL(
+        "INSERT INTO {} (kafka_topic, kafka_key, kafka_value, kafka_header_keys, kafka_header_values) "
+        "VALUES (%s, %s, %s, '{{}}', '{{}}') RETURNING id"
+    ).format(names.outbox)
+    return [int(conn.execute(q, (TOPIC, k, f"v-{k}-{i}")).fetchone()[0]) for i, k in enumerate(keys)]  # type: ignore[index]
+
+
+def dead_letter(conn: psycopg.Connection[Any], names: OutboxNames, rid: int, key: str) -> None:
+    conn.execute(
+        sql.SQL(
+            "INSERT INTO {} (id, create_time, kafka_topic, kafka_key, kafka_value, kafka_header_keys, "
+            "kafka_header_values, error, attempts) VALUES (%s, now(), %s, %s, 'x', '{{}}', '{{}}', 'poison', 1)"
+        ).format(names.dead_letters),
+        (rid, TOPIC, key),
+    )
+
+
+def epoch(conn: psycopg.Connection[Any], names: OutboxNames) -> int:
+    return int(conn.execute(sql.SQL("SELECT epoch FROM {} WHERE shard = 0").format(names.cursor)).fetchone()[0])  # type: ignore[index]
+
+
+def read(conn: psycopg.Connection[Any], names: OutboxNames, view_epoch: int, n: int = 100) -> list[tuple[Any, ...]]:
+    """One page of everything committed so far (the batch from the origin to now)."""
+    hi = conn.execute("SELECT pg_current_snapshot()::text").fetchone()[0]  # type: ignore[index]
+    params = {"from": 0, "hi": hi, "lo": ORIGIN_TEXT, "n": n, "shard": 0, "epoch": view_epoch}
+    return [tuple(r) for r in conn.execute(held_read_sql(names), params).fetchall()]
+
+
+def held(conn: psycopg.Connection[Any], names: OutboxNames) -> list[tuple[int, str]]:
+    q = sql.SQL("SELECT id, kafka_key FROM {} ORDER BY held_seq, id").format(names.held)
+    return [(int(i), k) for i, k in conn.execute(q).fetchall()]
+
+
+def released(conn: psycopg.Connection[Any], names: OutboxNames, after: tuple[int, int] = (0, 0)) -> list[int]:
+    rows = conn.execute(released_sql(names), {"after_seq": after[0], "after_id": after[1], "n": 100}).fetchall()
+    return [int(r[1]) for r in rows]
+
+
+def test_a_halted_or_held_keys_rows_are_copied_once_and_flagged(
+    box: tuple[psycopg.Connection[Any], OutboxNames],
+) -> None:
+    conn, names = box
+    a0, p0, b0, p1, a1, p2 = write(conn, names, "a", "p", "b", "p", "a", "p")
+    dead_letter(conn, names, p0, "p")  # p0 failed: p is halted
+    e = epoch(conn, names)
+    page = read(conn, names, e)
+    assert [(r[0], r[3], r[4]) for r in page] == [
+        (a0, False, False),
+        (p0, True, False),  # the dead letter's own outbox row waits too: the cursor passes it, it is not sent
+        (b0, False, False),
+        (p1, True, False),
+        (a1, False, False),
+        (p2, True, False),
+    ]
+    assert held(conn, names) == [(p0, "p"), (p1, "p"), (p2, "p")]
+    assert read(conn, names, e) == page  # read again (a remark): nothing copied twice, same flags
+    assert held(conn, names) == [(p0, "p"), (p1, "p"), (p2, "p")]
+    # the dead letter discarded: p is no longer halted but still held, so its new row queues behind
+    conn.execute(sql.SQL("DELETE FROM {}").format(names.dead_letters))
+    (p3,) = write(conn, names, "p")
+    assert [r[3] for r in read(conn, names, e) if r[0] == p3] == [True]
+    assert [i for i, _ in held(conn, names)] == [p0, p1, p2, p3]
+
+
+def test_a_read_at_an_old_epoch_copies_nothing_and_says_so(box: tuple[psycopg.Connection[Any], OutboxNames]) -> None:
+    conn, names = box
+    (p0, p1) = write(conn, names, "p", "p")
+    dead_letter(conn, names, p0, "p")
+    e = epoch(conn, names)
+    conn.execute(sql.SQL("UPDATE {} SET epoch = epoch + 1 WHERE shard = 0").format(names.cursor))  # a new view
+    page = read(conn, names, e)
+    assert [r[4] for r in page] == [True, True]  # fenced: the view must end
+    assert held(conn, names) == []
+    assert [r[4] for r in read(conn, names, e + 1)] == [False, False]
+    assert [i for i, _ in held(conn, names)] == [p0, p1]
+
+
+def test_released_rows_in_held_order_and_a_failure_halts_the_key_again(
+    box: tuple[psycopg.Connection[Any], OutboxNames],
+) -> None:
+    conn, names = box
+    p0, q0, p1, q1, p2 = write(conn, names, "p", "q", "p", "q", "p")
+    dead_letter(conn, names, p0, "p")
+    dead_letter(conn, names, q0, "q")
+    read(conn, names, epoch(conn, names))
+    assert released(conn, names) == []  # both keys halted
+    conn.execute(sql.SQL("DELETE FROM {} WHERE kafka_key = 'p'").format(names.dead_letters))  # p released
+    assert released(conn, names) == [p0, p1, p2]
+    seq = {i: int(s) for s, i in conn.execute(sql.SQL("SELECT held_seq, id FROM {}").format(names.held)).fetchall()}
+    assert released(conn, names, (seq[p0], p0)) == [p1, p2]  # served past p0 (in flight)
+    conn.execute(drop_held_sql(names), ([p0],))  # p0 delivered
+    conn.execute(dead_letter_held_sql(names), ([p1], ["failed again"], [3]))  # p1 poisoned: p halts again
+    assert released(conn, names) == []
+    assert [i for i, _ in held(conn, names)] == [q0, q1, p2]
+    row = conn.execute(
+        sql.SQL("SELECT kafka_key, kafka_value, error, attempts FROM {} WHERE id = %s").format(names.dead_letters),
+        (p1,),
+    ).fetchone()
+    assert row == ("p", "v-p-2", "failed again", 3)
