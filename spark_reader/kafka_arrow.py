@@ -25,6 +25,7 @@ whatever is fetched beyond its end is thrown away (docs/reading-spark.md has the
 
 from __future__ import annotations
 
+import gc
 import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -143,27 +144,43 @@ def _read_one(
     while position < end:
         want = min(chunk - len(offsets), end - position) if position >= 0 else chunk - len(offsets)
         got = False
-        for msg in client.consume(max(1, want), 1.0):
-            err = msg.error()
-            if err is not None:
-                if err.code() == KafkaError._PARTITION_EOF:
-                    continue
-                raise SparkReaderError(f"reading {topic}/{partition} at offset {position}: {err.str()}")
-            offset = msg.offset()
-            if msg.partition() != partition or offset < position:
-                continue  # fetched for the consumer's previous assignment: not this read's
-            if offset >= end:
-                position = end
-                break
-            keys.append(msg.key())
-            values.append(msg.value())
-            headers.append(msg.headers())
-            offsets.append(offset)
-            stamps.append(msg.timestamp()[1])
-            position, got = offset + 1, True
-        if len(offsets) >= chunk:
-            yield _batch(partition, keys, values, headers, offsets, stamps)
-            keys, values, headers, offsets, stamps = [], [], [], [], []
+        full: pa.RecordBatch | None = None
+        with _cyclic_gc_paused():
+            msgs = client.consume(max(1, want), 1.0)
+            if msgs and _in_range_run(msgs, partition, position, end):
+                # The common case, column by column (a list comprehension per field costs less
+                # than one loop over the records doing them all).
+                keys += [m.key() for m in msgs]
+                values += [m.value() for m in msgs]
+                headers += [m.headers() for m in msgs]
+                first = msgs[0].offset()
+                offsets += range(first, first + len(msgs))
+                stamps += [m.timestamp()[1] for m in msgs]
+                position, got, msgs = first + len(msgs), True, []
+            for msg in msgs:
+                err = msg.error()
+                if err is not None:
+                    if err.code() == KafkaError._PARTITION_EOF:
+                        continue
+                    raise SparkReaderError(f"reading {topic}/{partition} at offset {position}: {err.str()}")
+                offset = msg.offset()
+                if msg.partition() != partition or offset < position:
+                    continue  # fetched for the consumer's previous assignment: not this read's
+                if offset >= end:
+                    position = end
+                    break
+                keys.append(msg.key())
+                values.append(msg.value())
+                headers.append(msg.headers())
+                offsets.append(offset)
+                stamps.append(msg.timestamp()[1])
+                position, got = offset + 1, True
+            msgs = []  # the Message objects go before the collector runs again
+            if len(offsets) >= chunk:
+                full = _batch(partition, keys, values, headers, offsets, stamps)
+                keys, values, headers, offsets, stamps = [], [], [], [], []
+        if full is not None:
+            yield full
         if got:
             stalled_since = time.monotonic()
             continue
@@ -178,7 +195,39 @@ def _read_one(
                 "(retention, or an unclean leader election truncated the partition)"
             )
     if offsets:
-        yield _batch(partition, keys, values, headers, offsets, stamps)
+        with _cyclic_gc_paused():
+            last = _batch(partition, keys, values, headers, offsets, stamps)
+        yield last
+
+
+@contextmanager
+def _cyclic_gc_paused() -> Iterator[None]:
+    """Python's cyclic garbage collector off while a batch of records becomes Python objects (never
+    across a ``yield``: other code runs then). Each record is a Message, a headers list and a tuple,
+    all tracked by the collector, and every few hundred new ones start a collection, which now and
+    then walks the whole heap (a Spark Python worker's holds pyspark, pyarrow, pandas): with it on,
+    reading cost ~5-6 µs of CPU per record, ~75% of it the collector; off, ~1.4 µs. These objects
+    hold no reference cycles (reference counting frees them), so nothing waits for the collector."""
+    was_on = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_on:
+            gc.enable()
+
+
+def _in_range_run(msgs: list[Any], partition: int, position: int, end: int) -> bool:
+    """Whether ``msgs`` are all records of ``partition`` at consecutive offsets from ``position`` (or
+    anywhere, when it is not known yet) to below ``end``: no error, no stale or past-the-end
+    record, so they can be taken whole. Otherwise the record-by-record loop sorts them out."""
+    first, last = msgs[0], msgs[-1]
+    lo, hi = first.offset(), last.offset()
+    if hi - lo + 1 != len(msgs) or hi >= end or (position >= 0 and lo != position):
+        return False
+    if first.partition() != partition or last.partition() != partition:
+        return False
+    return not [m for m in msgs if m.error() is not None or m.partition() != partition]
 
 
 def _batch(
