@@ -507,15 +507,7 @@ class ReadCommittedIter:
         if why == _NEEDS_PYTHON:
             self._convert_one()
         elif why == _REPLAY:
-            seq = self._seq
-            journal, begin, end = seq.replay_range()
-            seq.start_replay(self._replayer.read(journal, begin, end))
-            self._replaying = True
-            try:
-                self._ahead = seq.step()
-            except ReplayError as exc:
-                self.close()
-                raise ReplayFailedError(f"replay failed; the reader is closed: {exc}") from exc
+            self._replay_and_step()
         if self._raw_pos >= len(raw):
             self._raw, self._raw_pos = [], 0
 
@@ -552,14 +544,24 @@ class ReadCommittedIter:
         self._pos, outcome = seq.queue_batch(self._buf, self._pos)
         if outcome is not None:
             if outcome is _ACK_COMMIT_REPLAY:
-                journal, begin, end = seq.replay_range()
-                seq.start_replay(self._replayer.read(journal, begin, end))
-                self._replaying = True
-            try:
-                self._ahead = seq.step()
-            except ReplayError as exc:
-                self.close()
-                raise ReplayFailedError(f"replay failed; the reader is closed: {exc}") from exc
+                self._replay_and_step()
+            else:
+                self._step()
+
+    def _replay_and_step(self) -> None:
+        """Start the replay the Sequencer asked for (its journal range, read again) and its dequeue."""
+        seq = self._seq
+        journal, begin, end = seq.replay_range()
+        seq.start_replay(self._replayer.read(journal, begin, end))
+        self._replaying = True
+        self._step()
+
+    def _step(self) -> None:
+        try:
+            self._ahead = self._seq.step()
+        except ReplayError as exc:
+            self.close()
+            raise ReplayFailedError(f"replay failed; the reader is closed: {exc}") from exc
 
     def __iter__(self) -> Iterator[Record]:
         """Committed records until ``idle_timeout`` passes without one (forever when None)."""
