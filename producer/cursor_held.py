@@ -20,11 +20,12 @@ the cursor passes them; they are served from there, in the order they were held,
   that failed again to the dead letters (its outbox partition may be gone), halting its key again.
 
 Invariants (tests/test_producer/test_cursor_held.py, on Postgres):
-- a page row of a halted or held key is copied to ``_held`` and flagged, every other row is not;
+- a page row of a halted or held key is flagged, and copied to ``_held`` unless it is a dead letter itself;
+  every other row is neither;
 - a read whose epoch is not the cursor's copies nothing and says so;
 - reading a page again copies no row twice and keeps the first copy's order;
-- released rows come in held order, only for keys without a dead letter; a held row dead-lettered again
-  leaves ``_held`` and halts its key.
+- released rows come in held order, only for keys without a dead letter and only once the committed cursor
+  passed their outbox row; a held row dead-lettered again leaves ``_held`` and halts its key.
 """
 
 from __future__ import annotations
@@ -54,6 +55,7 @@ def held_table(names: OutboxNames, value_type: ValueType) -> list[Statement]:
           kafka_value         {vtype},
           kafka_header_keys   TEXT[] NOT NULL,
           kafka_header_values TEXT[] NOT NULL,
+          txid                XID8,
           held_at             TIMESTAMP WITH TIME ZONE NOT NULL DEFAULT now()
         )""").format(held=names.held, vtype=vtype),
         sql.SQL("CREATE INDEX IF NOT EXISTS {} ON {} (kafka_topic, kafka_key, held_seq)").format(
@@ -75,11 +77,13 @@ def held_read_sql(names: OutboxNames) -> sql.Composed:
     """A page of the batch ``(lo, hi]`` from id ``from`` (parameters ``from``, ``hi``, ``lo``, ``n``,
     ``shard``, ``epoch``): ``(id, topic, key, waits, fenced)`` per row in id order, the waiting rows copied
     to ``_held`` unless ``fenced`` (the cursor's epoch is no longer ``epoch``: nothing was copied, the view
-    must end). The record columns are the outbox's own (the layout init-db makes)."""
+    must end). A waiting row that is itself a dead letter (read again after it was dead-lettered, before
+    the cursor passed it) is flagged and not copied: it is neither sent nor held. The record columns are
+    the outbox's own (the layout init-db makes)."""
     return sql.SQL("""
         WITH page AS (
           SELECT o.id, o.create_time, o.kafka_topic AS t, o.kafka_key AS k, o.kafka_value,
-                 o.kafka_header_keys, o.kafka_header_values
+                 o.kafka_header_keys, o.kafka_header_values, o.txid
           FROM {o} AS o
           WHERE o.id >= %(from)s
             AND pg_visible_in_snapshot(o.txid, %(hi)s::text::pg_snapshot)
@@ -88,27 +92,38 @@ def held_read_sql(names: OutboxNames) -> sql.Composed:
         fence AS (SELECT c.epoch FROM {c} AS c WHERE c.shard = %(shard)s AND c.epoch = %(epoch)s FOR SHARE),
         waiting AS (SELECT p.* FROM page AS p WHERE {waits}),
         copied AS (
-          INSERT INTO {h} (id, create_time, {cols})
-          SELECT w.id, w.create_time, w.t, w.k, w.kafka_value, w.kafka_header_keys, w.kafka_header_values
-          FROM waiting AS w WHERE EXISTS (SELECT 1 FROM fence)
+          INSERT INTO {h} (id, create_time, {cols}, txid)
+          SELECT w.id, w.create_time, w.t, w.k, w.kafka_value, w.kafka_header_keys, w.kafka_header_values, w.txid
+          FROM waiting AS w
+          WHERE EXISTS (SELECT 1 FROM fence) AND NOT EXISTS (SELECT 1 FROM {d} AS d WHERE d.id = w.id)
           ORDER BY w.id
           ON CONFLICT (id) DO NOTHING)
         SELECT p.id, p.t, p.k, w.id IS NOT NULL, NOT EXISTS (SELECT 1 FROM fence)
         FROM page AS p LEFT JOIN waiting AS w ON w.id = p.id
         ORDER BY p.id""").format(
-        o=names.outbox, c=names.cursor, h=names.held, cols=sql.SQL(_RECORD_COLUMNS), waits=_waits(names, "p")
+        o=names.outbox,
+        c=names.cursor,
+        h=names.held,
+        d=names.dead_letters,
+        cols=sql.SQL(_RECORD_COLUMNS),
+        waits=_waits(names, "p"),
     )
 
 
 def released_sql(names: OutboxNames) -> sql.Composed:
     """Held rows of keys with no dead letter, in held order, after ``(held_seq, id)`` = ``(after_seq,
-    after_id)``, at most ``n``: ``(held_seq, id, topic, key)``."""
+    after_id)``, at most ``n``, and only those whose outbox row the committed cursor of ``shard`` has passed:
+    ``(held_seq, id, topic, key)``. That last condition keeps a row from being sent twice: served and
+    deleted from ``_held`` before the cursor passed its outbox row, it would be read and held again by the
+    next view. A row without ``txid`` (a requeued dead letter) has no outbox row to wait for."""
     return sql.SQL("""
         SELECT h.held_seq, h.id, h.kafka_topic, h.kafka_key
-        FROM {h} AS h
-        WHERE (h.held_seq, h.id) > (%(after_seq)s, %(after_id)s)
+        FROM {h} AS h, {c} AS c
+        WHERE c.shard = %(shard)s AND (h.held_seq, h.id) > (%(after_seq)s, %(after_id)s)
+          AND (h.txid IS NULL OR pg_visible_in_snapshot(h.txid, c.lo)
+               OR (c.hi IS NOT NULL AND pg_visible_in_snapshot(h.txid, c.hi) AND h.id <= c.pos))
           AND NOT EXISTS (SELECT 1 FROM {d} AS d WHERE d.kafka_topic = h.kafka_topic AND d.kafka_key = h.kafka_key)
-        ORDER BY h.held_seq, h.id LIMIT %(n)s""").format(h=names.held, d=names.dead_letters)
+        ORDER BY h.held_seq, h.id LIMIT %(n)s""").format(h=names.held, c=names.cursor, d=names.dead_letters)
 
 
 def drop_held_sql(names: OutboxNames) -> sql.Composed:
@@ -122,7 +137,8 @@ def dead_letter_held_sql(names: OutboxNames) -> sql.Composed:
     return sql.SQL("""
         WITH bad(id, error, attempts) AS (SELECT * FROM unnest(%s::bigint[], %s::text[], %s::int[])),
         moved AS (DELETE FROM {h} AS h USING bad WHERE h.id = bad.id
-                  RETURNING h.id, h.create_time, {cols}, bad.error, bad.attempts)
+                  RETURNING h.id, h.create_time, h.kafka_topic, h.kafka_key, h.kafka_value,
+                            h.kafka_header_keys, h.kafka_header_values, bad.error, bad.attempts)
         INSERT INTO {d} (id, create_time, {cols}, error, attempts)
         SELECT * FROM moved
         ON CONFLICT (id) DO UPDATE SET error = EXCLUDED.error, attempts = EXCLUDED.attempts,

@@ -57,11 +57,20 @@ def epoch(conn: psycopg.Connection[Any], names: OutboxNames) -> int:
     return int(conn.execute(sql.SQL("SELECT epoch FROM {} WHERE shard = 0").format(names.cursor)).fetchone()[0])  # type: ignore[index]
 
 
-def read(conn: psycopg.Connection[Any], names: OutboxNames, view_epoch: int, n: int = 100) -> list[tuple[Any, ...]]:
-    """One page of everything committed so far (the batch from the origin to now)."""
+def read(
+    conn: psycopg.Connection[Any], names: OutboxNames, view_epoch: int, n: int = 100, start: int = 0
+) -> list[tuple[Any, ...]]:
+    """One page of everything committed so far from id ``start`` (the batch from the origin to now)."""
     hi = conn.execute("SELECT pg_current_snapshot()::text").fetchone()[0]  # type: ignore[index]
-    params = {"from": 0, "hi": hi, "lo": ORIGIN_TEXT, "n": n, "shard": 0, "epoch": view_epoch}
+    params = {"from": start, "hi": hi, "lo": ORIGIN_TEXT, "n": n, "shard": 0, "epoch": view_epoch}
     return [tuple(r) for r in conn.execute(held_read_sql(names), params).fetchall()]
+
+
+def passed(conn: psycopg.Connection[Any], names: OutboxNames) -> None:
+    """The committed cursor passes every row committed so far."""
+    conn.execute(
+        sql.SQL("UPDATE {} SET lo = pg_current_snapshot(), hi = NULL, pos = 0 WHERE shard = 0").format(names.cursor)
+    )
 
 
 def held(conn: psycopg.Connection[Any], names: OutboxNames) -> list[tuple[int, str]]:
@@ -70,7 +79,8 @@ def held(conn: psycopg.Connection[Any], names: OutboxNames) -> list[tuple[int, s
 
 
 def released(conn: psycopg.Connection[Any], names: OutboxNames, after: tuple[int, int] = (0, 0)) -> list[int]:
-    rows = conn.execute(released_sql(names), {"after_seq": after[0], "after_id": after[1], "n": 100}).fetchall()
+    params = {"shard": 0, "after_seq": after[0], "after_id": after[1], "n": 100}
+    rows = conn.execute(released_sql(names), params).fetchall()
     return [int(r[1]) for r in rows]
 
 
@@ -84,20 +94,21 @@ def test_a_halted_or_held_keys_rows_are_copied_once_and_flagged(
     page = read(conn, names, e)
     assert [(r[0], r[3], r[4]) for r in page] == [
         (a0, False, False),
-        (p0, True, False),  # the dead letter's own outbox row waits too: the cursor passes it, it is not sent
+        (p0, True, False),  # the dead letter's own outbox row: passed by the cursor, neither sent nor held
         (b0, False, False),
         (p1, True, False),
         (a1, False, False),
         (p2, True, False),
     ]
-    assert held(conn, names) == [(p0, "p"), (p1, "p"), (p2, "p")]
+    assert held(conn, names) == [(p1, "p"), (p2, "p")]
     assert read(conn, names, e) == page  # read again (a remark): nothing copied twice, same flags
-    assert held(conn, names) == [(p0, "p"), (p1, "p"), (p2, "p")]
-    # the dead letter discarded: p is no longer halted but still held, so its new row queues behind
+    assert held(conn, names) == [(p1, "p"), (p2, "p")]
+    # the dead letter discarded (once the cursor passed it): p is no longer halted but still held, so its
+    # new row queues behind
     conn.execute(sql.SQL("DELETE FROM {}").format(names.dead_letters))
     (p3,) = write(conn, names, "p")
-    assert [r[3] for r in read(conn, names, e) if r[0] == p3] == [True]
-    assert [i for i, _ in held(conn, names)] == [p0, p1, p2, p3]
+    assert [(r[0], r[3]) for r in read(conn, names, e, start=p2 + 1)] == [(p3, True)]
+    assert [i for i, _ in held(conn, names)] == [p1, p2, p3]
 
 
 def test_a_read_at_an_old_epoch_copies_nothing_and_says_so(box: tuple[psycopg.Connection[Any], OutboxNames]) -> None:
@@ -110,7 +121,7 @@ def test_a_read_at_an_old_epoch_copies_nothing_and_says_so(box: tuple[psycopg.Co
     assert [r[4] for r in page] == [True, True]  # fenced: the view must end
     assert held(conn, names) == []
     assert [r[4] for r in read(conn, names, e + 1)] == [False, False]
-    assert [i for i, _ in held(conn, names)] == [p0, p1]
+    assert [i for i, _ in held(conn, names)] == [p1]
 
 
 def test_released_rows_in_held_order_and_a_failure_halts_the_key_again(
@@ -123,15 +134,20 @@ def test_released_rows_in_held_order_and_a_failure_halts_the_key_again(
     read(conn, names, epoch(conn, names))
     assert released(conn, names) == []  # both keys halted
     conn.execute(sql.SQL("DELETE FROM {} WHERE kafka_key = 'p'").format(names.dead_letters))  # p released
-    assert released(conn, names) == [p0, p1, p2]
+    assert released(conn, names) == []  # not before the committed cursor passed their outbox rows
+    passed(conn, names)
+    assert released(conn, names) == [p1, p2]
     seq = {i: int(s) for s, i in conn.execute(sql.SQL("SELECT held_seq, id FROM {}").format(names.held)).fetchall()}
-    assert released(conn, names, (seq[p0], p0)) == [p1, p2]  # served past p0 (in flight)
-    conn.execute(drop_held_sql(names), ([p0],))  # p0 delivered
-    conn.execute(dead_letter_held_sql(names), ([p1], ["failed again"], [3]))  # p1 poisoned: p halts again
+    assert released(conn, names, (seq[p1], p1)) == [p2]  # served past p1 (in flight)
+    conn.execute(drop_held_sql(names), ([p1],))  # p1 delivered
+    (p3,) = write(conn, names, "p")
+    read(conn, names, epoch(conn, names), start=p3)  # p3 queues behind p2
+    passed(conn, names)
+    conn.execute(dead_letter_held_sql(names), ([p2], ["failed again"], [3]))  # p2 poisoned: p halts again
     assert released(conn, names) == []
-    assert [i for i, _ in held(conn, names)] == [q0, q1, p2]
+    assert [i for i, _ in held(conn, names)] == [q1, p3]
     row = conn.execute(
         sql.SQL("SELECT kafka_key, kafka_value, error, attempts FROM {} WHERE id = %s").format(names.dead_letters),
-        (p1,),
+        (p2,),
     ).fetchone()
-    assert row == ("p", "v-p-2", "failed again", 3)
+    assert row == ("p", "v-p-4", "failed again", 3)
