@@ -9,7 +9,8 @@ in the same run and alternating, reads them all ``--runs`` times:
   ready, blocking in poll() only when nothing is), touching key, value, headers
   and offset of every record, as an application would; configured and timed
   like the reader's own consumer (same consume() batch size ``--batch``, no
-  per-record offset store, connected before the clock starts);
+  per-record offset store, the same bounded prefetch, ``PREFETCH_DEFAULTS``, connected
+  before the clock starts);
 * committed: ``ReadCommittedIter`` (ring ``--ring``), delivering the N
   committed records (ACKs filtered out), once with ``poll_batch(2000)``
   ("batch", the headline ratio) and once per ``poll()``.
@@ -51,6 +52,7 @@ from typing import Any
 from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
 
 from harvest_outbox.consumer import ReadCommittedIter
+from harvest_outbox.consumer.config import PREFETCH_DEFAULTS
 from harvest_outbox.harvest_local import LocalServices
 from harvest_outbox.harvest_local.kafka import create_topic
 from harvest_outbox.sequencer import Clock, Publisher, journal_name
@@ -111,6 +113,7 @@ def raw_pass(bootstrap: str, topic: str, partitions: int, total: int, batch: int
             # as the reader's consumer: no per-record offset store in consume()
             "enable.auto.offset.store": False,
             "enable.partition.eof": False,
+            **PREFETCH_DEFAULTS,  # the reader's bounded prefetch (consumer/config.py)
         }
     )
     # Connect and fetch metadata before the clock starts, as ReadCommittedIter's constructor does.
@@ -252,6 +255,7 @@ def _raw_stage_pass(bootstrap: str, topic: str, partitions: int, total: int, bat
             "enable.auto.commit": False,
             "enable.auto.offset.store": False,
             "enable.partition.eof": False,
+            **PREFETCH_DEFAULTS,  # the reader's bounded prefetch (consumer/config.py)
         }
     )
     c.list_topics(topic, timeout=30)
