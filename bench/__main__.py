@@ -478,7 +478,9 @@ def _reader_memory_rows(r: dict[str, Any]) -> list[tuple[str, str, str, str]]:
                 f"{_fmt(at_small.get('peak_rss_mb'))} / {_fmt(at_big.get('peak_rss_mb'))}",
                 f"growth {_fmt(growth.get('iter/reader'))} over {_fmt(r.get('size_ratio'))}x the records; a plain "
                 f"consumer {_fmt(_get(small, 'iter', 'raw', 'peak_rss_mb'))} / "
-                f"{_fmt(_get(big, 'iter', 'raw', 'peak_rss_mb'))} (growth {_fmt(growth.get('iter/raw'))})",
+                f"{_fmt(_get(big, 'iter', 'raw', 'peak_rss_mb'))} (growth {_fmt(growth.get('iter/raw'))}), with the "
+                f"reader's prefetch bound {_fmt(_get(small, 'iter', 'raw_bounded', 'peak_rss_mb'))} / "
+                f"{_fmt(_get(big, 'iter', 'raw_bounded', 'peak_rss_mb'))}",
                 target,
             )
         )

@@ -12,7 +12,9 @@ partition; ~100-byte values). Then, each in a fresh child process so no figure i
 memory:
 
 * ``iter/reader``: ``ReadCommittedIter.poll_batch(2000)`` reads the N committed records;
-  ``iter/raw``: a plain confluent-kafka consumer reads every record of the topic (the baseline).
+  ``iter/raw``: a plain confluent-kafka consumer with librdkafka's defaults reads every record of
+  the topic (the baseline); ``iter/raw_bounded``: the same with the reader's bounded prefetch
+  (``consumer.config.PREFETCH_DEFAULTS``).
   Peak RSS is the child's own VmHWM (exact), also after each quarter of the records.
 * ``spark/harvest``: ``readCommitted(...).count()``, ``readCommitted`` to the ``noop`` sink and
   (``--stream``) ``readCommittedStream(state_location=...)`` with ``maxOffsetsPerTrigger``
@@ -23,10 +25,12 @@ memory:
   per variant and per process kind -- ``driver_jvm``, ``executor_jvm``, ``python_daemon``,
   ``python_worker`` (forked by a daemon under an executor; on ``local[N]`` the driver JVM is the
   executor), ``driver_python`` (Python processes the driver JVM starts to plan a Python data
-  source) -- the largest RSS one process of that kind had. The variants run in that order in one
-  application, and a JVM's heap or a reused Python worker keeps what it grew to, so a later
-  variant's figure is at least an earlier one's; the harvest tasks also log their own
-  ``ru_maxrss`` (split_sequencing's phase lines).
+  source) -- the largest RSS one process of that kind had. Python workers are not reused
+  (``spark.python.worker.reuse=false``): each task's worker is a fresh fork of the daemon, so its
+  peak is that task's alone (the harvest tasks also log their own ``ru_maxrss``, split_sequencing's
+  phase lines). The variants run in that order in one application, and a JVM's heap keeps what it
+  grew to (up to the executor's ``-Xmx``), so a later variant's JVM figure is at least an earlier
+  one's.
 
 Prints JSON: per size, records/s and peaks; ``growth``: peak at the largest size over the smallest,
 per reader and kind; the load average before and after.
@@ -55,7 +59,7 @@ from typing import Any
 
 from bench.bench_consumer import write
 
-ITER_CHILDREN = ("reader", "raw")
+ITER_CHILDREN = ("reader", "raw", "raw_bounded")
 SPARK_FAMILIES = ("harvest", "raw")
 _RING, _BATCH, _POLL_BATCH = 8192, 256, 2000
 
@@ -179,11 +183,13 @@ def _vm_hwm_mb() -> float:
 
 def iter_child(bootstrap: str, topic: str, partitions: int, records: int, what: str) -> dict[str, Any]:
     """Read ``records`` with ReadCommittedIter.poll_batch (``what`` "reader": the committed records)
-    or a plain consumer ("raw": every record, ACKs included); the process's peak RSS after each
+    or a plain consumer ("raw": every record, ACKs included; "raw_bounded": with the reader's prefetch
+    bound); the process's peak RSS after each
     quarter of them and the read's records/s."""
     from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
     from harvest_outbox.consumer import ReadCommittedIter
+    from harvest_outbox.consumer.config import PREFETCH_DEFAULTS
 
     marks = [records * q // 4 for q in (1, 2, 3, 4)]
     peaks: list[float] = []
@@ -213,6 +219,7 @@ def iter_child(bootstrap: str, topic: str, partitions: int, records: int, what: 
                 "group.id": f"bench-mem-{uuid.uuid4().hex}",
                 "enable.auto.commit": False,
                 "enable.auto.offset.store": False,
+                **(PREFETCH_DEFAULTS if what == "raw_bounded" else {}),
             }
         )
         c.list_topics(topic, timeout=30)
@@ -247,7 +254,12 @@ def spark_child(args: argparse.Namespace, family: str) -> dict[str, Any]:
     scratch = Path(tempfile.mkdtemp(prefix="bench-mem-"))
     phase_dir = scratch / "phases"
     os.environ[PHASE_LOG_ENV] = str(phase_dir)  # local[N]: the workers inherit it; local-cluster: executorEnv
-    conf = {f"spark.executorEnv.{PHASE_LOG_ENV}": str(phase_dir)}
+    conf = {
+        f"spark.executorEnv.{PHASE_LOG_ENV}": str(phase_dir),
+        # A fresh Python worker per task: a reused one keeps the RSS an earlier task (or variant) grew
+        # it to, so a peak would be the largest of any task so far rather than this variant's.
+        "spark.python.worker.reuse": "false",
+    }
     master: str = args.master
     t = time.perf_counter()
     if master.startswith("local-cluster["):
