@@ -1,8 +1,9 @@
 """``deadLetterPolicy: haltKey`` on ``outboxLayout: cursor``: the held rows' table and statements (issue #37).
 
-Not wired into the relay yet (the config still refuses ``haltKey`` on the cursor layout); the design, and
-what remains to build on these statements, is docs/primary-cost.md ("The commit protocol, both modes",
-``haltKey``). The cursor cannot stop for one key, so a halted key's rows are *copied* to ``<name>_held`` and
+The relay's store runs them (producer/db_cursor.py with ``halt_keys``); the config still refuses ``haltKey``
+on the cursor layout until the admin commands and the sequenced mode's in-view window are done (the design
+and what remains: docs/primary-cost.md, "The commit protocol, both modes", ``haltKey``). ``init-db`` makes
+the table with the layout. The cursor cannot stop for one key, so a halted key's rows are *copied* to ``<name>_held`` and
 the cursor passes them; they are served from there, in the order they were held, once the key is released.
 
 - A key (topic, key) is *halted* while it has a dead letter and *held* while it has rows in ``_held``; a row
@@ -32,7 +33,7 @@ from __future__ import annotations
 
 from psycopg import sql
 
-from harvest_outbox.producer.schema import OutboxNames, Statement, ValueType
+from harvest_outbox.producer.schema_names import OutboxNames, Statement, ValueType
 
 __all__ = ["dead_letter_held_sql", "drop_held_sql", "held_read_sql", "held_table", "released_sql"]
 

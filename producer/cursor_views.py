@@ -19,7 +19,11 @@ Invariants (tests/test_producer/test_cursor_views.py; the model is test_watermar
   dropped and the next one reads from the committed cursor;
 - memory is bounded by the rows read and not yet committed, plus one trailing empty page;
 - an idle view (every read row committed, only empty pages since) commits the cursor after them
-  (:meth:`ViewRead.idle_cursor`): they pass no row, so the claim "rows ``lo`` sees are delivered" holds.
+  (:meth:`ViewRead.idle_cursor`): they pass no row, so the claim "rows ``lo`` sees are delivered" holds;
+- ``haltKey`` (producer/cursor_held.py): rows the read *held* (copied to ``_held`` in the read, or dead
+  letters read again) are :attr:`ViewRead.skipped`: they pass with the rows around them without the mode, and
+  an idle view whose pending rows are all skipped commits past them (they are durable elsewhere); held rows the
+  view *serves* are tracked apart (:attr:`ViewRead.serving`): the cursor never moves for them.
 """
 
 from __future__ import annotations
@@ -59,6 +63,9 @@ class ViewRead:
     head: int | None = None  # the largest id the last batch start saw (a probe is worth an xid only past it)
     committed: Cursor | None = None  # the last cursor this view committed
     probe_at: float = field(default_factory=time.monotonic)  # when the cursor's probe was taken (or the view began)
+    skipped: set[int] = field(default_factory=set)  # haltKey: read rows held by the read (pass without the mode)
+    serving: set[int] = field(default_factory=set)  # haltKey: held rows served, not yet delivered or dead
+    served_after: tuple[int, int] = (0, 0)  # haltKey: the last served held row's (held_seq, id)
 
     def add(self, seg: Segment) -> None:
         """A page read: append it (an empty page behind an empty page replaces it: it passes no row)."""
@@ -98,16 +105,44 @@ class ViewRead:
         for _ in range(finished):
             seg = self.segments.popleft()
             self.delivered.difference_update(seg.ids)
+            if self.skipped:
+                self.skipped.difference_update(seg.ids)
         self.done = done
 
     def plan_exact(self, passed: list[int]) -> tuple[Cursor | None, int, int]:
         """The sequenced mode's commit: ``passed`` (delivered and dead-lettered rows of its harvest
         transactions) must be exactly the next ``len(passed)`` read rows."""
+        if self.skipped:
+            return self._plan_exact_skipping(passed)
         ids, cur, finished, done = self.plan(len(passed))
         if sorted(ids) != sorted(passed):
             shown = sorted(passed)[:10]
             raise NotNextRows(f"the commit passes ids {shown}..., not the view's next read rows {ids[:10]}...")
         return cur, finished, done
+
+    def _plan_exact_skipping(self, passed: list[int]) -> tuple[Cursor | None, int, int]:
+        """:meth:`plan_exact` when held rows are among the reads: ``passed`` and skipped rows, in any mix,
+        must make up the next read rows (the skipped ones right behind pass too)."""
+        want, n = set(passed), 0
+        for rid in self._pending_ids():
+            if rid in want:
+                want.discard(rid)
+            elif rid not in self.skipped:
+                break
+            n += 1
+        if want:
+            shown = sorted(want)[:10]
+            raise NotNextRows(f"the commit passes ids {shown}... that are not among the view's next read rows")
+        _ids, cur, finished, done = self.plan(n)
+        return cur, finished, done
+
+    def _pending_ids(self) -> list[int]:
+        out: list[int] = []
+        done = self.done
+        for seg in self.segments:
+            out.extend(seg.ids[done:])
+            done = 0
+        return out
 
     def plan_delivered(self, ids: list[int]) -> tuple[Cursor | None, int, int]:
         """At-least-once: ``ids`` are delivered (or dead-lettered); the longest delivered prefix."""
@@ -115,7 +150,7 @@ class ViewRead:
         n, done = 0, self.done
         for seg in self.segments:
             for rid in seg.ids[done:]:
-                if rid not in self.delivered:
+                if rid not in self.delivered and rid not in self.skipped:
                     _ids, cur, finished, left = self.plan(n)
                     return cur, finished, left
                 n += 1
@@ -127,15 +162,23 @@ class ViewRead:
         """Every read row is committed and only empty pages follow: the cursor after them, if it moved
         since this view's last commit (committing it lets ``lo`` and ``low`` follow an idle outbox, so
         its delivered partitions retire without waiting for the next rows)."""
-        if self.pending_rows() or not self.segments:
+        if not self.segments or (self.pending_rows() and not self._only_skipped_pending()):
             return None
         cur = self.segments[-1].after
         return None if cur == self.committed else cur
 
+    def _only_skipped_pending(self) -> bool:
+        return bool(self.skipped) and all(rid in self.skipped for rid in self._pending_ids())
+
     def idle_committed(self, cur: Cursor) -> None:
         """The :meth:`idle_cursor` commit succeeded."""
-        if self.segments and self.segments[-1].after == cur and not self.pending_rows():
+        if (
+            self.segments
+            and self.segments[-1].after == cur
+            and (not self.pending_rows() or self._only_skipped_pending())
+        ):
             self.segments.clear()
+            self.skipped.clear()
             self.done = 0
         self.committed = cur
 

@@ -22,7 +22,13 @@ interface: the modes run on it unchanged.
   delivered partitions retire; a batch start takes an xid only when a probe is due and new rows arrived;
 - a probe unresolved for :data:`HELD_LOW_SECONDS` (a long transaction holds ``low`` back) is logged with
   the scan's width and the oldest transaction holding an xid, at most once a minute;
-- partitions: :class:`~producer.cursor_partitions.PartitionKeeper` after a commit.
+- partitions: :class:`~producer.cursor_partitions.PartitionKeeper` after a commit;
+- ``halt_keys`` (``deadLetterPolicy: haltKey``; producer/cursor_held.py; still refused by the config: the
+  admin commands and the sequenced mode's in-view window are not done): each read first serves the held rows
+  of released keys (after the last one this view served), then copies the page's rows of halted or held
+  keys to ``_held`` in a fenced statement and gives the mode the others; the held ones pass with the cursor
+  (:attr:`~producer.cursor_views.ViewRead.skipped`); delivered served rows leave ``_held`` (at-least-once:
+  with the purge; sequenced: in the fenced commit), dead-lettered ones move to the dead letters.
 
 Invariants (tests/test_producer/test_cursor_relay.py on Postgres and Kafka; the protocol's are
 test_watermark_sequenced.py's on the same :class:`~producer.cursor_views.CursorViews`):
@@ -44,6 +50,12 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
+from harvest_outbox.producer.cursor_held import (
+    dead_letter_held_sql,
+    drop_held_sql,
+    held_read_sql,
+    released_sql,
+)
 from harvest_outbox.producer.cursor_partitions import PartitionKeeper
 from harvest_outbox.producer.cursor_views import CursorViews, NotNextRows, Segment, ViewRead
 from harvest_outbox.producer.db import OutboxDatabase
@@ -86,6 +98,36 @@ def read_sql(names: OutboxNames, value_type: ValueType) -> sql.Composed:
                %(t0)s::float8 - coalesce(date_part('epoch', statement_timestamp() - m.c), 0)
         FROM m LEFT JOIN {a} AS a ON a.id = m.id ORDER BY m.id""").format(
         o=names.outbox,
+        oid=m.id("o"),
+        t=rec.topic,
+        k=rec.key,
+        v=rec.value,
+        hk=rec.header_keys,
+        hv=rec.header_values,
+        row_bad=rec.bad,
+        p=rec.partition,
+        c=m.created("o"),
+        header_bad=sql.SQL(HEADER_BAD),
+        a=names.delivery_attempts,
+    )
+
+
+def released_rows_sql(names: OutboxNames, value_type: ValueType) -> sql.Composed:
+    """:func:`~producer.cursor_held.released_sql`'s rows as the read's (:data:`MarkedRow`), each followed by its
+    ``held_seq``; parameters ``shard``, ``after_seq``, ``after_id``, ``n``, ``t0``."""
+    m = names.mapping
+    rec = m.record("o", value_type)
+    return sql.SQL("""
+        WITH r AS ({released}),
+        m AS (
+          SELECT r.held_seq AS s, {oid} AS id, {t} AS t, {k} AS k, {v} AS v, {hk} AS hk, {hv} AS hv,
+                 {row_bad} AS bad, {p} AS p, {c} AS c
+          FROM r JOIN {h} AS o ON o.id = r.id)
+        SELECT m.id, m.t, m.k, m.v, m.hk, m.hv, {header_bad}, a.attempts, a.last_error::text, m.p,
+               %(t0)s::float8 - coalesce(date_part('epoch', statement_timestamp() - m.c), 0), m.s
+        FROM m LEFT JOIN {a} AS a ON a.id = m.id ORDER BY m.s, m.id""").format(
+        released=released_sql(names),
+        h=names.held,
         oid=m.id("o"),
         t=rec.topic,
         k=rec.key,
@@ -180,10 +222,12 @@ class CursorDatabase(OutboxDatabase):
         *,
         async_commit: bool = False,
         keeper: PartitionKeeper | None = None,
+        halt_keys: bool = False,
     ) -> None:
         super().__init__(dsn, names, None, async_commit=async_commit)
         self.views = views
         self.keeper = keeper
+        self.halt_keys = halt_keys
         c = names.cursor
         returning = sql.SQL(" RETURNING epoch, lo::text, hi::text, pos, low, probe_head, probe_xid::text")
         self._bump_sql = sql.Composed(
@@ -203,6 +247,8 @@ class CursorDatabase(OutboxDatabase):
             False: batch.format(names.outbox, sql.SQL("")),
         }
         self._read_sql: sql.Composed | None = None
+        self._released_sql: sql.Composed | None = None
+        self._held_read_sql = held_read_sql(names) if halt_keys else None
         self._copy_dlq_sql: sql.Composed | None = None
         self._backlog_sql = backlog_sql(names)
         self._next_idle_commit = 0.0
@@ -212,6 +258,8 @@ class CursorDatabase(OutboxDatabase):
         require_layout(conn, self.names, "cursor")
         super()._connected(conn)
         self._read_sql = read_sql(self.names, self.value_type)
+        if self.halt_keys:
+            self._released_sql = released_rows_sql(self.names, self.value_type)
         self._copy_dlq_sql = copy_dead_letters_sql(self.names, self.value_type)
 
     # ------------------------------------------------------------------ views
@@ -251,6 +299,12 @@ class CursorDatabase(OutboxDatabase):
         view = self._view_for_read(leader_id)
         if view is None:
             return [], {}
+        served: list[MarkedRow] = []
+        if self._released_sql is not None:
+            served = self._serve_released(view, limit)
+            limit -= len(served)
+            if limit < 1:
+                return served, {r[0]: (r[7], r[8]) for r in served if r[7] is not None}
         cursor = view.cursor
         if cursor.hi is None:
             # an xid (a commit record) only when a probe is due and rows arrived past low since the last
@@ -274,6 +328,7 @@ class CursorDatabase(OutboxDatabase):
             "n": limit,
             "t0": time.monotonic(),
         }
+        waiting = self._hold(view, params) if self._held_read_sql is not None else set()
         rows: list[MarkedRow] = self._run(
             "reading the outbox", self._read_sql, params, prepare=self._prepare_mark, cursor=self._mark_cursor
         ).fetchall()
@@ -281,12 +336,68 @@ class CursorDatabase(OutboxDatabase):
         with self.views.lock:
             if self.views.current(leader_id) is view:
                 view.add(Segment(cursor, [r[0] for r in rows], after))
+                if waiting:
+                    view.skipped.update(waiting)
+                    rows = [r for r in rows if r[0] not in waiting]
             else:
                 rows = []  # the view ended meanwhile: its reads are the next view's to make again
-        if not rows and time.monotonic() >= self._next_idle_commit:
+        if not rows and not served and time.monotonic() >= self._next_idle_commit:
             self._idle_commit(view)
+        rows = served + rows
         attempts: MarkedAttempts = {r[0]: (r[7], r[8]) for r in rows if r[7] is not None}
         return rows, attempts
+
+    def _serve_released(self, view: ViewRead, limit: int) -> list[MarkedRow]:
+        """haltKey: held rows of released keys, after the last one this view served, in held order."""
+        assert self._released_sql is not None
+        params = {
+            "shard": SHARD,
+            "after_seq": view.served_after[0],
+            "after_id": view.served_after[1],
+            "n": limit,
+            "t0": time.monotonic(),
+        }
+        rows = self._run("reading held rows", self._released_sql, params).fetchall()
+        if not rows:
+            return []
+        with self.views.lock:
+            if self.views.view is not view:
+                return []
+            view.serving.update(r[0] for r in rows)
+            view.served_after = (int(rows[-1][-1]), int(rows[-1][0]))
+        return [tuple(r[:-1]) for r in rows]
+
+    def _hold(self, view: ViewRead, params: dict[str, Any]) -> set[int]:
+        """haltKey: copy the page's rows of halted or held keys to ``_held`` (fenced by the view's epoch) and
+        return their ids; a view whose epoch was raised meanwhile copies nothing and ends."""
+        assert self._held_read_sql is not None
+        flags = self._run(
+            "holding rows", self._held_read_sql, {**params, "shard": SHARD, "epoch": view.epoch}
+        ).fetchall()
+        if any(f[4] for f in flags):
+            with self.views.lock:
+                if self.views.view is view:
+                    self.views.view = None
+            raise DatabaseError(
+                f"reading {self.names.display!r}: another view raised the cursor's epoch (was {view.epoch}); "
+                "this view ends"
+            )
+        return {int(f[0]) for f in flags if f[3]}
+
+    def _split_served(self, ids: Sequence[int]) -> tuple[list[int], list[int]]:
+        """(served held rows, the view's outbox rows) of ``ids``."""
+        view = self.views.view
+        if view is None or not view.serving:
+            return [], list(ids)
+        held = [i for i in ids if i in view.serving]
+        if not held:
+            return [], list(ids)
+        return held, [i for i in ids if i not in view.serving]
+
+    def _served_done(self, ids: list[int]) -> None:
+        with self.views.lock:
+            if self.views.view is not None:
+                self.views.view.serving.difference_update(ids)
 
     def _held_low(self, width: int, held: float) -> None:
         """``low`` is held back (docs/primary-cost.md, long-running transactions): each batch re-reads up
@@ -348,9 +459,14 @@ class CursorDatabase(OutboxDatabase):
 
     # ------------------------------------------------------------------ at-least-once
     def purge(self, ids: Sequence[int]) -> int:
-        """Delivered rows: commit the cursor past the delivered prefix of the view's reads."""
-        self._passed(list(ids))
-        return len(ids)
+        """Delivered rows: commit the cursor past the delivered prefix of the view's reads (served held
+        rows: deleted from ``_held``)."""
+        held, ids = self._split_served(ids)
+        if held:
+            self._run("dropping delivered held rows", drop_held_sql(self.names), (held,))
+            self._served_done(held)
+        self._passed(ids)
+        return len(ids) + len(held)
 
     def reset(self, ids: Sequence[int]) -> int:
         """Nothing to un-mark: the next view reads from the committed cursor."""
@@ -360,11 +476,23 @@ class CursorDatabase(OutboxDatabase):
         """Copy ``(id, error, attempts)`` rows to the dead letters; then they count as passed."""
         self.conn  # noqa: B018 -- connects, which builds the statement for the value column's type
         assert self._copy_dlq_sql is not None
-        n = self._run(
-            "dead-letter",
-            self._copy_dlq_sql,
-            ([i for i, _, _ in items], [e for _, e, _ in items], [a for _, _, a in items]),
-        ).rowcount
+        held, _ = self._split_served([i for i, _, _ in items])
+        n = 0
+        if held:
+            moved = [it for it in items if it[0] in set(held)]
+            items = [it for it in items if it[0] not in set(held)]
+            n += self._run(
+                "dead-letter",
+                dead_letter_held_sql(self.names),
+                ([i for i, _, _ in moved], [e for _, e, _ in moved], [a for _, _, a in moved]),
+            ).rowcount
+            self._served_done(held)
+        if items:
+            n += self._run(
+                "dead-letter",
+                self._copy_dlq_sql,
+                ([i for i, _, _ in items], [e for _, e, _ in items], [a for _, _, a in items]),
+            ).rowcount
         self._passed([i for i, _, _ in items])
         return n
 
@@ -400,6 +528,11 @@ class CursorDatabase(OutboxDatabase):
             view = self.views.current(leader_id)
             if view is None or view.epoch != epoch:
                 raise FenceError(f"commit refused on {n.display!r}: view {leader_id} (epoch {epoch}) is not current")
+            held_ids = [i for i in ids if i in view.serving]
+            held_dead = [d for d in dead if d[0] in view.serving]
+            if held_ids or held_dead:
+                ids = [i for i in ids if i not in view.serving]
+                dead = [d for d in dead if d[0] not in view.serving]
             try:
                 cur, finished, done = view.plan_exact(ids + [i for i, _e, _a in dead])
             except NotNextRows as exc:
@@ -421,6 +554,16 @@ class CursorDatabase(OutboxDatabase):
             for t in txns
             if t.journals
         ]
+        # served held rows leave _held in the same transaction: exactly once, as the mark layout's delete
+        if held_ids:
+            statements.append((drop_held_sql(n), (held_ids,)))
+        if held_dead:
+            statements.append(
+                (
+                    dead_letter_held_sql(n),
+                    ([i for i, _, _ in held_dead], [e for _, e, _ in held_dead], [a for _, _, a in held_dead]),
+                )
+            )
         try:
             conn = self.conn
             # One message up to COMMIT, as the mark layout's commit (producer/db_fence.py says why).
@@ -450,6 +593,7 @@ class CursorDatabase(OutboxDatabase):
         with self.views.lock:
             if self.views.view is view:
                 view.apply(finished, done, cur)
+                view.serving.difference_update(held_ids + [i for i, _e, _a in held_dead])
         self._maintain()
 
     def _maintain(self) -> None:

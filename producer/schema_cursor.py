@@ -13,6 +13,8 @@ dead letters, fence row, ACK intents, attempt counts, NOTIFY trigger, which are 
   partition (a net should partition maintenance fall behind the ids: never retired);
 - ``name_harvest_cursor``: one row per shard (``shard``, ``epoch``, ``lo``, ``hi``, ``pos``, ``low``,
   ``probe_head``, ``probe_xid``, ``updated_at``): the committed cursor.
+- ``name_held`` (made with the companions; :mod:`producer.cursor_held`): ``deadLetterPolicy: haltKey``'s held
+  rows, empty otherwise.
 
 Invariants:
 - A1 (producer/watermark.py): the id default takes the xid before the id, from a ``CACHE 1`` sequence;

@@ -13,6 +13,7 @@ from __future__ import annotations
 import psycopg
 from psycopg import sql
 
+from harvest_outbox.producer.cursor_held import held_table
 from harvest_outbox.producer.errors import ConfigError
 from harvest_outbox.producer.schema_checks import column_types, inspect_outbox, require_utf8_readable
 from harvest_outbox.producer.schema_cursor import (
@@ -44,7 +45,9 @@ def outbox_ddl(names: OutboxNames, value_type: ValueType = "varchar", layout: st
             raise ConfigError(
                 "outboxLayout: cursor does not support tableMapping: debezium yet; use outboxLayout: mark"
             )
-        return stmts + cursor_outbox_ddl(names, value_type) + _companion_ddl(names, vtype)
+        # _held (producer/cursor_held.py): haltKey's held rows; empty unless that policy holds a key
+        held = held_table(names, value_type)
+        return stmts + cursor_outbox_ddl(names, value_type) + _companion_ddl(names, vtype) + held
     if isinstance(names.mapping, DebeziumMapping):
         stmts += debezium_outbox_ddl(names, names.mapping, value_type)
         return stmts + _companion_ddl(names, vtype)

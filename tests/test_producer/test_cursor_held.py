@@ -1,9 +1,11 @@
-"""producer/cursor_held.py's statements on the fixtures' Postgres (``haltKey`` on ``outboxLayout: cursor``,
-not wired yet): the fenced copy of a halted or held key's rows by the page read, the release in held order,
-a held row dead-lettered again. Every row is read through the statements the relay will run."""
+"""``haltKey`` on ``outboxLayout: cursor`` on the fixtures' Postgres: producer/cursor_held.py's statements (the
+fenced copy of a halted or held key's rows by the page read, the release in held order, a held row
+dead-lettered again), then the relay's store running them (producer/db_cursor.py with ``halt_keys``) in both
+modes, driven as the modes drive it: every row either sent once in its key's order or held, none lost."""
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Iterator
 from typing import Any
 
@@ -18,6 +20,9 @@ from harvest_outbox.producer.cursor_held import (
     held_table,
     released_sql,
 )
+from harvest_outbox.producer.cursor_views import CursorViews
+from harvest_outbox.producer.db import TxnCommit
+from harvest_outbox.producer.db_cursor import CursorDatabase, cursor_backlog
 from harvest_outbox.producer.schema import OutboxNames, init_db
 from harvest_outbox.producer.schema_cursor import ORIGIN_TEXT
 
@@ -28,9 +33,9 @@ TOPIC = "t"
 
 @pytest.fixture
 def box(pg_dsn: str, pg_schema: str) -> Iterator[tuple[psycopg.Connection[Any], OutboxNames]]:
-    names = init_db(pg_dsn, f"{pg_schema}.outbox", layout="cursor", partition_ids=1000)
+    names = init_db(pg_dsn, f"{pg_schema}.outbox", layout="cursor", partition_ids=1000)  # _held included
     with psycopg.connect(pg_dsn, autocommit=True) as conn:
-        for statement in held_table(names, "varchar"):
+        for statement in held_table(names, "varchar"):  # idempotent
             conn.execute(statement)
         yield conn, names
 
@@ -151,3 +156,80 @@ def test_released_rows_in_held_order_and_a_failure_halts_the_key_again(
         (p2,),
     ).fetchone()
     assert row == ("p", "v-p-4", "failed again", 3)
+
+
+def ids_of(rows: list[Any]) -> list[int]:
+    return [int(r[0]) for r in rows]
+
+
+def discard_all(conn: psycopg.Connection[Any], names: OutboxNames) -> None:
+    conn.execute(sql.SQL("DELETE FROM {}").format(names.dead_letters))
+
+
+def test_the_at_least_once_store_holds_a_halted_keys_rows_and_serves_them_in_order_once_released(
+    pg_dsn: str, box: tuple[psycopg.Connection[Any], OutboxNames]
+) -> None:
+    conn, names = box
+    db = CursorDatabase(pg_dsn, names, CursorViews(False), halt_keys=True)
+    try:
+        _a0, p0, _b0, p1, a1 = write(conn, names, "a", "p", "b", "p", "a")
+        view = uuid.uuid4()
+        assert ids_of(db.mark_with_attempts(view, 10)[0]) == [1, 2, 3, 4, 5]  # nothing halted yet
+        db.purge([1])
+        db.dead_letter([(p0, "poison", 1)])
+        db.purge([3, a1])  # p1 dropped by the mode (KeyHalt: read before the dead letter was written)
+        assert cursor_backlog(conn, names) == 2  # the delivered prefix stops before p1
+        view = uuid.uuid4()  # the remark's new view reads from the committed cursor
+        assert ids_of(db.mark_with_attempts(view, 10)[0]) == [a1]  # p1 held by the read, a1 sent again
+        db.purge([a1])
+        assert cursor_backlog(conn, names) == 0 and held(conn, names) == [(p1, "p")]
+        p2, a2 = write(conn, names, "p", "a")
+        assert ids_of(db.mark_with_attempts(view, 10)[0]) == [a2]
+        db.purge([a2])
+        assert ids_of(db.mark_with_attempts(view, 10)[0]) == []  # p still halted: nothing served
+        discard_all(conn, names)  # the key released
+        (p3,) = write(conn, names, "p")
+        assert ids_of(db.mark_with_attempts(view, 10)[0]) == [p1, p2]  # held order; p3 queues behind them
+        assert [i for i, _ in held(conn, names)] == [p1, p2, p3]
+        db.purge([p1, p2])  # delivered: they leave _held; the cursor passes p3's outbox row
+        assert [i for i, _ in held(conn, names)] == [p3] and cursor_backlog(conn, names) == 0
+        assert ids_of(db.mark_with_attempts(view, 10)[0]) == [p3]
+        db.purge([p3])
+        (p4,) = write(conn, names, "p")
+        assert ids_of(db.mark_with_attempts(view, 10)[0]) == [p4]  # _held empty: p flows from the outbox again
+        assert held(conn, names) == []
+    finally:
+        db.close()
+
+
+def test_the_sequenced_store_passes_held_rows_and_moves_served_ones_in_the_fenced_commit(
+    pg_dsn: str, box: tuple[psycopg.Connection[Any], OutboxNames]
+) -> None:
+    conn, names = box
+    db = CursorDatabase(pg_dsn, names, CursorViews(True), halt_keys=True)
+    try:
+        p0, a0, p1 = write(conn, names, "p", "a", "p")
+        la = uuid.uuid4()
+        epoch = db.start_view_with_floor(la, "a")[0]
+        assert ids_of(db.mark_with_attempts(la, 10)[0]) == [p0, a0, p1]
+        db.commit_txns(epoch, la, [TxnCommit([a0], [(p0, "poison", 1)], b"p" * 16, 1, [("t", 0)])])
+        lb = uuid.uuid4()  # p1 was dropped in view a (KeyHalt): the next view holds it
+        epoch = db.start_view_with_floor(lb, "b")[0]
+        assert ids_of(db.mark_with_attempts(lb, 10)[0]) == []  # held; the idle commit passes it
+        assert cursor_backlog(conn, names) == 0 and held(conn, names) == [(p1, "p")]
+        (p2,) = write(conn, names, "p")
+        assert ids_of(db.mark_with_attempts(lb, 10)[0]) == []
+        discard_all(conn, names)
+        assert ids_of(db.mark_with_attempts(lb, 10)[0]) == [p1]  # p2's outbox row is not passed yet
+        db.commit_txns(epoch, lb, [TxnCommit([p1], [], b"q" * 16, 2, [("t", 0)])])  # passes p2 too
+        assert [i for i, _ in held(conn, names)] == [p2] and cursor_backlog(conn, names) == 0
+        assert ids_of(db.mark_with_attempts(lb, 10)[0]) == [p2]
+        db.commit_txns(epoch, lb, [TxnCommit([], [(p2, "poison again", 2)], b"r" * 16, 3, [("t", 0)])])
+        assert held(conn, names) == []
+        dead = conn.execute(sql.SQL("SELECT id, error FROM {}").format(names.dead_letters)).fetchall()
+        assert dead == [(p2, "poison again")]
+        (p3,) = write(conn, names, "p")
+        assert ids_of(db.mark_with_attempts(lb, 10)[0]) == []  # halted again: held
+        assert held(conn, names) == [(p3, "p")]
+    finally:
+        db.close()
