@@ -49,14 +49,15 @@ __all__ = [
 
 #: confluent-kafka's ``Consumer.consume()`` takes at most this many messages per call.
 MAX_BATCH_SIZE = 1_000_000
-#: librdkafka's prefetch, bounded (issue #35 item 4). Its defaults (64 MiB of ``queued.max.messages.kbytes``,
-#: 100,000 ``queued.min.messages`` per partition) let a reader that is slower than the broker fill
-#: a queue whose bytes are counted as fetched, i.e. compressed: reading a 10M-record topic of
-#: ~150-byte lz4 records, the process's RSS climbed all the way through (~240 MB after 1M records,
-#: 350-420 MB after 10M), with 110 replays. With these: 70-77 MB from the first records to the last,
-#: 3 replays, and no slower against a local broker (bench/bench_reader_memory.py,
-#: docs/reading-python.md "Memory"). The short backoff keeps the small queue refilled; against a
-#: distant broker raise ``queued.max.messages.kbytes`` to cover the fetch round trip.
+#: librdkafka's prefetch, bounded (issue #35 item 4). Its defaults (64 MiB of ``queued.max.messages.kbytes``
+#: and 100,000 ``queued.min.messages``, per partition for assigned partitions, the bytes counted
+#: before decompression) let a reader that is slower than the broker fill a queue far larger than
+#: its nominal size: reading a 10M-record topic of ~150-byte lz4 records, the process's RSS
+#: climbed all the way through (~240 MB after 1M records, 350-420 MB after 10M), with 110 replays.
+#: With these: 70-77 MB from the first records to the last, 1-3 replays, and no slower against a
+#: local broker (bench/bench_reader_memory.py, docs/reading-python.md "Memory"). The short backoff
+#: keeps the small queue refilled; against a distant broker raise ``queued.max.messages.kbytes`` to
+#: cover the fetch round trip.
 PREFETCH_DEFAULTS: dict[str, int] = {"queued.max.messages.kbytes": 1024, "fetch.queue.backoff.ms": 10}
 #: ``max.partition.fetch.bytes`` of the replay consumer (see ``ReaderConfig.replay_config``).
 REPLAY_FETCH_BYTES = 64 * 1024
