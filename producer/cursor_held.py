@@ -1,7 +1,7 @@
 """``deadLetterPolicy: haltKey`` on ``outboxLayout: cursor``: the held rows' table and statements (issue #37).
 
 The relay's store runs them (producer/db_cursor.py with ``halt_keys``); the config still refuses ``haltKey``
-on the cursor layout until the admin commands and the sequenced mode's in-view window are done (the design
+on the cursor layout until the admin commands are done (the design
 and what remains: docs/primary-cost.md, "The commit protocol, both modes", ``haltKey``). ``init-db`` makes
 the table with the layout. The cursor cannot stop for one key, so a halted key's rows are *copied* to ``<name>_held`` and
 the cursor passes them; they are served from there, in the order they were held, once the key is released.
@@ -35,7 +35,7 @@ from psycopg import sql
 
 from harvest_outbox.producer.schema_names import OutboxNames, Statement, ValueType
 
-__all__ = ["dead_letter_held_sql", "drop_held_sql", "held_read_sql", "held_table", "released_sql"]
+__all__ = ["dead_letter_held_sql", "drop_held_sql", "held_read_sql", "held_table", "hold_rows_sql", "released_sql"]
 
 _RECORD_COLUMNS = "kafka_topic, kafka_key, kafka_value, kafka_header_keys, kafka_header_values"
 
@@ -108,6 +108,22 @@ def held_read_sql(names: OutboxNames) -> sql.Composed:
         d=names.dead_letters,
         cols=sql.SQL(_RECORD_COLUMNS),
         waits=_waits(names, "p"),
+    )
+
+
+def hold_rows_sql(names: OutboxNames) -> sql.Composed:
+    """Copy outbox rows ``ids`` to ``_held`` in the given order (the sequenced commit's rows the view dropped
+    for a key it halted: ``TxnCommit.held``); a row already held is left as it is."""
+    return sql.SQL("""
+        INSERT INTO {h} (id, create_time, {cols}, txid)
+        SELECT o.id, o.create_time, {ocols}, o.txid
+        FROM unnest(%s::bigint[]) WITH ORDINALITY AS u(id, n) JOIN {o} AS o ON o.id = u.id
+        ORDER BY u.n
+        ON CONFLICT (id) DO NOTHING""").format(
+        h=names.held,
+        o=names.outbox,
+        cols=sql.SQL(_RECORD_COLUMNS),
+        ocols=sql.SQL(", ".join(f"o.{c.strip()}" for c in _RECORD_COLUMNS.split(","))),
     )
 
 

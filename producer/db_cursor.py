@@ -24,11 +24,13 @@ interface: the modes run on it unchanged.
   the scan's width and the oldest transaction holding an xid, at most once a minute;
 - partitions: :class:`~producer.cursor_partitions.PartitionKeeper` after a commit;
 - ``halt_keys`` (``deadLetterPolicy: haltKey``; producer/cursor_held.py; still refused by the config: the
-  admin commands and the sequenced mode's in-view window are not done): each read first serves the held rows
+  admin commands are not done): each read first serves the held rows
   of released keys (after the last one this view served), then copies the page's rows of halted or held
   keys to ``_held`` in a fenced statement and gives the mode the others; the held ones pass with the cursor
   (:attr:`~producer.cursor_views.ViewRead.skipped`); delivered served rows leave ``_held`` (at-least-once:
-  with the purge; sequenced: in the fenced commit), dead-lettered ones move to the dead letters.
+  with the purge; sequenced: in the fenced commit), dead-lettered ones move to the dead letters; the rows
+  the sequenced mode dropped for a key its view halted (``TxnCommit.held``) are copied to ``_held`` by the
+  fenced commit that passes them.
 
 Invariants (tests/test_producer/test_cursor_relay.py on Postgres and Kafka; the protocol's are
 test_watermark_sequenced.py's on the same :class:`~producer.cursor_views.CursorViews`):
@@ -54,6 +56,7 @@ from harvest_outbox.producer.cursor_held import (
     dead_letter_held_sql,
     drop_held_sql,
     held_read_sql,
+    hold_rows_sql,
     released_sql,
 )
 from harvest_outbox.producer.cursor_partitions import PartitionKeeper
@@ -524,17 +527,20 @@ class CursorDatabase(OutboxDatabase):
         ids = [i for t in txns for i in t.ids]
         dead = [d for t in txns for d in t.dead]
         forget = [i for t in txns for i in t.forget]
+        dropped = [i for t in txns for i in t.held]  # haltKey: read, dropped unsent for a key the view halted
         with self.views.lock:
             view = self.views.current(leader_id)
             if view is None or view.epoch != epoch:
                 raise FenceError(f"commit refused on {n.display!r}: view {leader_id} (epoch {epoch}) is not current")
+            if dropped and view.serving:  # a served held row dropped stays in _held, where it is
+                dropped = [i for i in dropped if i not in view.serving]
             held_ids = [i for i in ids if i in view.serving]
             held_dead = [d for d in dead if d[0] in view.serving]
             if held_ids or held_dead:
                 ids = [i for i in ids if i not in view.serving]
                 dead = [d for d in dead if d[0] not in view.serving]
             try:
-                cur, finished, done = view.plan_exact(ids + [i for i, _e, _a in dead])
+                cur, finished, done = view.plan_exact(ids + [i for i, _e, _a in dead] + dropped)
             except NotNextRows as exc:
                 log.error("%s: %s; ending the view (its rows are read again by the next)", n.display, exc)
                 raise FenceError(f"commit refused on {n.display!r}: {exc}") from None
@@ -554,6 +560,8 @@ class CursorDatabase(OutboxDatabase):
             for t in txns
             if t.journals
         ]
+        if dropped:
+            statements.append((hold_rows_sql(n), (dropped,)))
         # served held rows leave _held in the same transaction: exactly once, as the mark layout's delete
         if held_ids:
             statements.append((drop_held_sql(n), (held_ids,)))

@@ -69,6 +69,9 @@ class TxnCommit(NamedTuple):
     ack_clock: int
     journals: Sequence[tuple[str, int]]  # (topic, partition) it touched: one ACK intent each
     forget: Sequence[int] = ()  # delivered rows with a stored attempt count: the count goes
+    #: haltKey: rows dropped unsent for a key the view halted; the mark layout leaves them marked (ignored
+    #: here), the cursor layout's commit copies them to ``_held`` and passes them (producer/db_cursor.py)
+    held: Sequence[int] = ()
 
 
 class FencedCommits(OutboxSession):

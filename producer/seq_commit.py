@@ -31,7 +31,7 @@ def commit_job(store: SequencedStore, batch: Sequence[Txn], attempts: dict[int, 
         forget: list[int] = []
         if attempts:  # rows that failed before: their stored counts go with the commit
             forget = [i for i in t.ids if attempts.pop(i, None) is not None]
-        parts.append(TxnCommit(t.ids, t.dead, t.producer, t.ack_clock, sorted(t.journals), forget))
+        parts.append(TxnCommit(t.ids, t.dead, t.producer, t.ack_clock, sorted(t.journals), forget, t.held))
     first, last = batch[0].k, batch[-1].k
 
     def job() -> None:

@@ -119,6 +119,7 @@ class TxnProducer:
                 rid, topic, key, value, hkeys, hvals, bad, _attempts, _error, partition, _created = row
                 if halted and (topic, key) in halted:
                     ready.popleft()  # waits: marked by this view until it ends, then left in the outbox
+                    t.held.append(rid)  # (outboxLayout: cursor: held by this transaction's commit)
                     continue
                 if poison and rid in poison:
                     ready.popleft()

@@ -48,6 +48,7 @@ class Txn:
         "failures",
         "first_clock",
         "first_failed",
+        "held",
         "ids",
         "journals",
         "k",
@@ -68,6 +69,9 @@ class Txn:
         self.rows: list[MarkedRow] = []
         self.ids: list[int] = []
         self.dead: list[tuple[int, str, int]] = []
+        # haltKey: rows of a key this view halted, dropped unsent (in read order, between this transaction's
+        # rows); the cursor layout's fenced commit holds them, the mark layout leaves them marked
+        self.held: list[int] = []
         self.pending = 0  # produced, delivery report not yet seen
         # touched (topic, partition) -> clock of the first record there (from delivery reports)
         self.journals: dict[tuple[str, int], int] = {}

@@ -23,6 +23,7 @@ from harvest_outbox.producer.cursor_held import (
 from harvest_outbox.producer.cursor_views import CursorViews
 from harvest_outbox.producer.db import TxnCommit
 from harvest_outbox.producer.db_cursor import CursorDatabase, cursor_backlog
+from harvest_outbox.producer.errors import FenceError
 from harvest_outbox.producer.schema import OutboxNames, init_db
 from harvest_outbox.producer.schema_cursor import ORIGIN_TEXT
 
@@ -231,5 +232,29 @@ def test_the_sequenced_store_passes_held_rows_and_moves_served_ones_in_the_fence
         (p3,) = write(conn, names, "p")
         assert ids_of(db.mark_with_attempts(lb, 10)[0]) == []  # halted again: held
         assert held(conn, names) == [(p3, "p")]
+    finally:
+        db.close()
+
+
+def test_the_sequenced_commit_holds_the_rows_its_view_dropped_for_a_halted_key(
+    pg_dsn: str, box: tuple[psycopg.Connection[Any], OutboxNames]
+) -> None:
+    """A row read before its key's dead letter was decided, dropped unsent, followed by another key's
+    delivered row: the commit must pass it (a cursor cannot skip it), so it holds it (TxnCommit.held)."""
+    conn, names = box
+    db = CursorDatabase(pg_dsn, names, CursorViews(True), halt_keys=True)
+    try:
+        p0, p1, a0 = write(conn, names, "p", "p", "a")
+        view = uuid.uuid4()
+        epoch = db.start_view_with_floor(view, "a")[0]
+        assert ids_of(db.mark_with_attempts(view, 10)[0]) == [p0, p1, a0]
+        with pytest.raises(FenceError, match="next read rows"):
+            db.commit_txns(epoch, view, [TxnCommit([a0], [(p0, "poison", 1)], b"p" * 16, 1, [("t", 0)])])
+        view = uuid.uuid4()  # the refused commit ended the view: the next reads them again
+        epoch = db.start_view_with_floor(view, "b")[0]
+        assert ids_of(db.mark_with_attempts(view, 10)[0]) == [p0, p1, a0]
+        db.commit_txns(epoch, view, [TxnCommit([a0], [(p0, "poison", 1)], b"q" * 16, 2, [("t", 0)], held=[p1])])
+        assert cursor_backlog(conn, names) == 0
+        assert held(conn, names) == [(p1, "p")]
     finally:
         db.close()
