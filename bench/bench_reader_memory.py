@@ -272,6 +272,8 @@ def spark_child(args: argparse.Namespace, family: str) -> dict[str, Any]:
     started_s = time.perf_counter() - t
     opts = {"kafka.bootstrap.servers": args.bootstrap}
     topic = args.topic
+    extra = dict(kv.split("=", 1) for kv in args.spark_kafka.split(",") if kv)  # the harvest source's only
+    hopts = {**opts, **{f"kafka.{k}": v for k, v in extra.items()}}
 
     def raw(stream: bool = False) -> Any:
         reader = spark.readStream if stream else spark.read
@@ -304,15 +306,15 @@ def spark_child(args: argparse.Namespace, family: str) -> dict[str, Any]:
     else:
         chunk = {"chunk_records": args.chunk_records} if args.chunk_records else {}
         variants = {
-            "count": lambda: readCommitted(spark, topic, opts, **chunk).count(),
-            "noop": lambda: noop(readCommitted(spark, topic, opts, **chunk)),
+            "count": lambda: readCommitted(spark, topic, hopts, **chunk).count(),
+            "noop": lambda: noop(readCommitted(spark, topic, hopts, **chunk)),
         }
         if args.stream:
             variants["stream"] = lambda: stream(
                 readCommittedStream(
                     spark,
                     topic,
-                    opts,
+                    hopts,
                     max_offsets_per_trigger=args.micro_batch,
                     state_location=str(scratch / "state"),
                 ),
@@ -349,6 +351,7 @@ def _child(args: argparse.Namespace, kind: str, what: str, topic: str, records: 
     cmd += ["--bootstrap", args.bootstrap, "--records", str(records), "--in-log", str(in_log)]
     cmd += ["--partitions", str(args.partitions), "--master", args.master, "--interval", str(args.interval)]
     cmd += ["--micro-batch", str(args.micro_batch), "--chunk-records", str(args.chunk_records or 0)]
+    cmd += ["--spark-kafka", args.spark_kafka]
     cmd += [] if args.stream else ["--no-stream"]
     print(f"[bench_reader_memory] {kind}:{what}, {records:,} records", file=sys.stderr, flush=True)
     # Its own process group: a Spark child's JVMs go with it if it is killed.
@@ -400,9 +403,15 @@ def main() -> int:
     ap.add_argument("--value-size", type=int, default=100)
     ap.add_argument("--master", default="local-cluster[2,1,1024]", help="local[N] or local-cluster[E,C,M]")
     ap.add_argument("--readers", default="iter,spark", help="comma-separated subset of iter,spark")
+    ap.add_argument("--families", default="harvest,raw", help="Spark readers: comma-separated subset of harvest,raw")
     ap.add_argument("--no-stream", dest="stream", action="store_false", help="skip the streaming variants")
     ap.add_argument("--micro-batch", type=int, default=200_000, help="the streams' maxOffsetsPerTrigger")
     ap.add_argument("--chunk-records", type=int, default=0, help="readCommitted's chunk_records (0: its default)")
+    ap.add_argument(
+        "--spark-kafka",
+        default="",
+        help="librdkafka properties for the harvest source's consumers, k=v,... (e.g. queued.max.messages.kbytes=1024)",
+    )
     ap.add_argument("--interval", type=float, default=0.1, help="seconds between /proc samples")
     ap.add_argument("--child-timeout", type=float, default=3600.0)
     ap.add_argument("--child", help=argparse.SUPPRESS)
@@ -441,7 +450,8 @@ def main() -> int:
             if "iter" in readers:
                 size["iter"] = {w: _child(args, "iter", w, topic, n, in_log) for w in ITER_CHILDREN}
             if "spark" in readers:
-                size["spark"] = {f: _child(args, "spark", f, topic, n, in_log) for f in SPARK_FAMILIES}
+                families = [f for f in SPARK_FAMILIES if f in args.families.split(",")]
+                size["spark"] = {f: _child(args, "spark", f, topic, n, in_log) for f in families}
             size["load_after"] = _load()
             out[str(n)] = size
             _delete_topic(args.bootstrap, topic)  # a 10M-record topic is ~1.5 GB on disk
@@ -453,6 +463,8 @@ def main() -> int:
         "value_size": args.value_size,
         "master": args.master,
         "micro_batch": args.micro_batch,
+        "spark_kafka": args.spark_kafka,
+        "chunk_records": args.chunk_records or "default",
         "poll_batch": _POLL_BATCH,
         "sizes": out,
         "growth": _growth(out) if len(out) > 1 else {},
