@@ -11,15 +11,15 @@ Invariants:
   to its end fails with the offset it stopped at, never ends early; :func:`iter_range` is the
   one-partition case;
 - Python holds at most one batch's records as Python objects at a time;
-- a consumer serves one read (:func:`read_consumer`) and is closed after it; a read of several
-  partitions is one consumer, assigned to each partition in turn.
+- a consumer serves one partition's range and is closed after it (:func:`iter_ranges` opens the
+  next partition's while reading the current one: at most two at a time).
 
 Consumers are not pooled across reads: a pooled consumer, unassigned and assigned to the next task's
 range, made a stream of 1M records read at 0.40 of Spark's raw stream against 0.68-0.72 with a
 consumer per read (the same run's settings otherwise; it helped only small micro-batches of ~2,500
-records per task). A consumer costs ~20-25 ms per read (connection, first fetch, close): the
-stream reads a micro-batch's partitions in a few tasks of several partitions each, a consumer per
-task. Fetches are bounded (1 MiB per partition, 16 MiB queued): a task reads a bounded range, and
+records per task). A consumer costs ~20-25 ms (connection, first fetch, close), hidden behind the
+previous partition's read when a task reads several. Fetches are bounded (1 MiB per partition,
+16 MiB queued, and about the range's records queued ahead): a task reads a bounded range, and
 whatever is fetched beyond its end is thrown away (docs/reading-spark.md has the measurements).
 """
 
@@ -54,8 +54,10 @@ RAW_SCHEMA = pa.schema(
 )
 
 
-def consumer(kafka: Mapping[str, str]) -> Any:
-    """A confluent-kafka consumer from Spark-style ``kafka.*`` options, for assigned reads."""
+def consumer(kafka: Mapping[str, str], wanted: int | None = None) -> Any:
+    """A confluent-kafka consumer from Spark-style ``kafka.*`` options, for assigned reads;
+    ``wanted``: the records the read needs, if known (librdkafka then queues about that many ahead,
+    not its default 100,000)."""
     from confluent_kafka import Consumer
 
     conf: dict[str, Any] = {
@@ -71,6 +73,8 @@ def consumer(kafka: Mapping[str, str]) -> Any:
     conf.setdefault("max.partition.fetch.bytes", 1 << 20)
     conf.setdefault("queued.max.messages.kbytes", 16 << 10)
     conf.setdefault("fetch.wait.max.ms", 10)
+    if wanted is not None:
+        conf.setdefault("queued.min.messages", max(1, min(100_000, wanted)))
     return Consumer(conf)
 
 
@@ -111,30 +115,46 @@ def iter_range(
 def iter_ranges(
     topic: str, kafka: Mapping[str, str], ranges: Mapping[int, tuple[int | None, int]], chunk: int = CHUNK
 ) -> Iterator[tuple[int, pa.RecordBatch]]:
-    """Several partitions' ranges ``{partition: (read_from, end)}`` read with one consumer, one
-    partition after the other (in partition order): ``(partition, batch)`` pairs.
+    """Several partitions' ranges ``{partition: (read_from, end)}`` read one after the other (in
+    partition order): ``(partition, batch)`` pairs.
 
-    One after the other, not side by side: librdkafka prefetches each assigned partition far
-    beyond a short range's end, so with several assigned, a batch of messages held mostly
-    records past some partition's end (2.5 times the records wanted, for 4 ranges of 12,700
-    records), while a single assigned partition is asked for exactly its remaining records.
-    Reassigning costs a fetch round trip, not a new connection."""
-    todo = {p: r for p, r in sorted(ranges.items()) if r[0] is None or r[0] < r[1]}
-    if not todo:
-        return
-    with read_consumer(kafka) as client:
-        for partition, (read_from, end) in todo.items():
+    A consumer per partition, the next one opened (connected, assigned, fetching) while the
+    current one is read, so its ~20 ms of set-up overlaps the reading. Not one consumer for all:
+    assigned several partitions at once, librdkafka prefetched each far beyond a short range's end
+    (a batch of messages held 2.5 times the records wanted, for 4 ranges of 12,700 records); and
+    reassigned from one partition to the next, a ``consume()`` every other time waited its whole
+    timeout (1 s) for records that came at once on the next call."""
+    from confluent_kafka import OFFSET_BEGINNING, TopicPartition
+
+    todo = [(p, r) for p, r in sorted(ranges.items()) if r[0] is None or r[0] < r[1]]
+    opened: list[Any] = []
+
+    def open_for(i: int) -> Any:
+        p, (read_from, end) = todo[i]
+        client = consumer(kafka, end - read_from if read_from is not None else None)
+        opened.append(client)
+        client.assign([TopicPartition(topic, p, read_from if read_from is not None else OFFSET_BEGINNING)])
+        return client
+
+    try:
+        upcoming: Any = open_for(0) if todo else None
+        for i, (partition, (read_from, end)) in enumerate(todo):
+            client, upcoming = upcoming, open_for(i + 1) if i + 1 < len(todo) else None
             for batch in _read_one(client, topic, partition, read_from, end, chunk):
                 yield partition, batch
+            opened.remove(client)
+            client.close()
+    finally:
+        for client in opened:
+            client.close()
 
 
 def _read_one(
     client: Any, topic: str, partition: int, read_from: int | None, end: int, chunk: int
 ) -> Iterator[pa.RecordBatch]:
-    from confluent_kafka import OFFSET_BEGINNING, KafkaError, TopicPartition
+    from confluent_kafka import KafkaError, TopicPartition
 
     position = read_from if read_from is not None else -1
-    client.assign([TopicPartition(topic, partition, read_from if read_from is not None else OFFSET_BEGINNING)])
     keys: list[Any] = []
     values: list[Any] = []
     headers: list[Any] = []
