@@ -175,8 +175,8 @@ class HarvestConfig:
     #: ``mark`` (default: goharvest's table, each row marked then deleted) or ``cursor`` (the mark-less
     #: relay: a partitioned outbox ``harvest init-db`` creates, read by snapshot with one cursor row, delivered
     #: partitions truncated; about 0.01x the relay's WAL per row). ``cursor`` needs Postgres 13+ and does not
-    #: support yet: ``shards`` > 1, ``tableMapping: debezium``, ``deadLetterPolicy: haltKey``,
-    #: ``missingTopicPolicy: hold`` (docs/limitations.md).
+    #: support yet: ``shards`` > 1, ``tableMapping: debezium``, ``missingTopicPolicy: hold``
+    #: (docs/limitations.md); ``deadLetterPolicy: haltKey`` holds a key's rows in ``<outbox>_held`` there.
     outbox_layout: str = "mark"
 
     def __post_init__(self) -> None:
@@ -304,7 +304,6 @@ class HarvestConfig:
                 f"tableMapping: {self.table_mapping.kind}",
                 "tableMapping: goharvest",
             ),
-            (self.dead_letter_policy == "haltKey", "deadLetterPolicy: haltKey", "deadLetterPolicy: skip"),
             (self.missing_topic_policy == "hold", "missingTopicPolicy: hold", "missingTopicPolicy: deadLetter"),
         ]
         for bad, what, fix in unsupported:

@@ -31,11 +31,24 @@ Invariants (tests/test_producer/test_cursor_held.py, on Postgres):
 
 from __future__ import annotations
 
+from typing import Any
+
+import psycopg
 from psycopg import sql
 
+from harvest_outbox.producer.errors import DatabaseError
 from harvest_outbox.producer.schema_names import OutboxNames, Statement, ValueType
 
-__all__ = ["dead_letter_held_sql", "drop_held_sql", "held_read_sql", "held_table", "hold_rows_sql", "released_sql"]
+__all__ = [
+    "dead_letter_held_sql",
+    "drop_held_sql",
+    "held_read_sql",
+    "held_table",
+    "hold_rows_sql",
+    "released_sql",
+    "requeue_into_held_sql",
+    "require_passed",
+]
 
 _RECORD_COLUMNS = "kafka_topic, kafka_key, kafka_value, kafka_header_keys, kafka_header_values"
 
@@ -127,6 +140,56 @@ def hold_rows_sql(names: OutboxNames) -> sql.Composed:
     )
 
 
+def _passed(c: str, o: str) -> sql.Composable:
+    """The committed cursor ``c`` has passed the outbox row ``o`` (producer/watermark.py's ``Cursor.pending``,
+    negated)."""
+    return sql.SQL(
+        "(pg_visible_in_snapshot({o}.txid, {c}.lo) OR ({c}.hi IS NOT NULL "
+        "AND pg_visible_in_snapshot({o}.txid, {c}.hi) AND {o}.id <= {c}.pos))"
+    ).format(c=sql.Identifier(c), o=sql.Identifier(o))
+
+
+def require_passed(conn: psycopg.Connection, names: OutboxNames, where: sql.Composable, params: Any, what: str) -> None:
+    """Refuse ``what`` (a requeue, a discard) of the dead letters ``where`` selects while the committed cursor
+    has not passed one's outbox row yet: read again after it, the row would be held and sent (its dead letter
+    gone). A moment later the relay has passed it."""
+    q = sql.SQL("""
+        SELECT d.id FROM {d} AS d JOIN {o} AS o ON o.id = d.id JOIN {c} AS c ON c.shard = 0
+        WHERE d.id IN (SELECT id FROM {d} {where}) AND NOT {passed} ORDER BY d.id LIMIT 10""").format(
+        d=names.dead_letters, o=names.outbox, c=names.cursor, where=where, passed=_passed("c", "o")
+    )
+    try:
+        ids = [int(r[0]) for r in conn.execute(q, params).fetchall()]
+    except psycopg.Error as exc:
+        raise DatabaseError(f"{what} of {names.display!r} failed: {str(exc).strip()}") from exc
+    if ids:
+        raise DatabaseError(
+            f"{what} of {names.display!r} refused (nothing changed): the relay has not yet passed the outbox "
+            f"row(s) of dead letter(s) {ids} (outboxLayout: cursor); retry in a few seconds, with a relay running"
+        )
+
+
+def requeue_into_held_sql(names: OutboxNames, where: sql.Composable) -> sql.Composed:
+    """``haltKey`` on the cursor layout: move the dead letters ``where`` selects into ``_held``, each key's in id
+    order ahead of that key's held rows (``held_seq`` below theirs), keeping their ids: served first once the
+    key is released (the outbox would give them new ids at its head, behind the held rows)."""
+    return sql.SQL("""
+        WITH moved AS (DELETE FROM {d} {where}
+                       RETURNING id, create_time, kafka_topic, kafka_key, kafka_value, kafka_header_keys,
+                                 kafka_header_values),
+        ranked AS (SELECT m.*, row_number() OVER (PARTITION BY kafka_topic, kafka_key ORDER BY id DESC) AS back
+                   FROM moved AS m)
+        INSERT INTO {h} (id, held_seq, create_time, {cols})
+        SELECT r.id,
+               coalesce((SELECT min(h.held_seq) FROM {h} AS h
+                         WHERE h.kafka_topic = r.kafka_topic AND h.kafka_key = r.kafka_key), 0) - r.back,
+               coalesce(r.create_time, now()), r.kafka_topic, r.kafka_key, r.kafka_value,
+               coalesce(r.kafka_header_keys, '{{}}'), coalesce(r.kafka_header_values, '{{}}')
+        FROM ranked AS r ORDER BY r.id""").format(
+        d=names.dead_letters, h=names.held, where=where, cols=sql.SQL(_RECORD_COLUMNS)
+    )
+
+
 def released_sql(names: OutboxNames) -> sql.Composed:
     """Held rows of keys with no dead letter, in held order, after ``(held_seq, id)`` = ``(after_seq,
     after_id)``, at most ``n``, and only those whose outbox row the committed cursor of ``shard`` has passed:
@@ -137,10 +200,11 @@ def released_sql(names: OutboxNames) -> sql.Composed:
         SELECT h.held_seq, h.id, h.kafka_topic, h.kafka_key
         FROM {h} AS h, {c} AS c
         WHERE c.shard = %(shard)s AND (h.held_seq, h.id) > (%(after_seq)s, %(after_id)s)
-          AND (h.txid IS NULL OR pg_visible_in_snapshot(h.txid, c.lo)
-               OR (c.hi IS NOT NULL AND pg_visible_in_snapshot(h.txid, c.hi) AND h.id <= c.pos))
+          AND (h.txid IS NULL OR {passed})
           AND NOT EXISTS (SELECT 1 FROM {d} AS d WHERE d.kafka_topic = h.kafka_topic AND d.kafka_key = h.kafka_key)
-        ORDER BY h.held_seq, h.id LIMIT %(n)s""").format(h=names.held, c=names.cursor, d=names.dead_letters)
+        ORDER BY h.held_seq, h.id LIMIT %(n)s""").format(
+        h=names.held, c=names.cursor, d=names.dead_letters, passed=_passed("c", "h")
+    )
 
 
 def drop_held_sql(names: OutboxNames) -> sql.Composed:

@@ -360,7 +360,9 @@ class CursorDatabase(OutboxDatabase):
             "n": limit,
             "t0": time.monotonic(),
         }
-        rows = self._run("reading held rows", self._released_sql, params).fetchall()
+        # the mark's cursor: text loaded as the bytes the server sends, as the page's rows (their keys
+        # are the modes' per-key bookkeeping's, which delivery reports give back as bytes)
+        rows = self._run("reading held rows", self._released_sql, params, cursor=self._mark_cursor).fetchall()
         if not rows:
             return []
         with self.views.lock:
@@ -454,7 +456,7 @@ class CursorDatabase(OutboxDatabase):
         """(backlog rows the committed cursor has not passed, age of the oldest, dead letters)."""
         row = self._run("metrics query", self._backlog_sql, (SHARD,)).fetchone()
         dead = self._run("metrics query", self._stats_dead_sql, ()).fetchone()
-        self.halted_keys = 0
+        self.halted_keys = int(dead[1]) if dead is not None else 0
         n = int(row[0]) if row else 0
         age = None if row is None or row[1] is None else float(row[1])
         self.shard_stats = {}

@@ -31,8 +31,10 @@ from typing import IO, Any
 import psycopg
 from psycopg import sql
 
+from harvest_outbox.producer.cursor_held import require_passed
 from harvest_outbox.producer.errors import ConfigError, DatabaseError
 from harvest_outbox.producer.schema import OutboxNames, Statement
+from harvest_outbox.producer.schema_cursor import layout_of
 from harvest_outbox.producer.table_mapping import GOHARVEST, TableMapping
 
 #: Audit lines: always emitted (the logger's own level, whatever ``--log-level`` sets on the root).
@@ -122,6 +124,8 @@ def stuck_keys(
     scan of the outbox for all keys, joined by hash; rows without a topic or a key halt nothing)."""
     names = OutboxNames.parse(outbox_table, mapping)
     rec = mapping.record("c", "varchar")
+    # outboxLayout: cursor: a halted key's rows wait in _held (producer/cursor_held.py), not in the outbox
+    waiting_in = names.held if layout_of(conn, names) == "cursor" else names.outbox
     q = sql.SQL("""
         WITH dead AS (
           SELECT kafka_topic, kafka_key, min(dead_time) AS since, (array_agg(error ORDER BY id))[1] AS reason,
@@ -133,7 +137,7 @@ def stuck_keys(
         SELECT dead.kafka_topic, dead.kafka_key, dead.since, dead.reason, dead.n, coalesce(waiting.n, 0)
         FROM dead LEFT JOIN waiting ON waiting.t = dead.kafka_topic AND waiting.k = dead.kafka_key
         ORDER BY dead.since, 1, 2 LIMIT %(limit)s""").format(
-        d=names.dead_letters, o=names.outbox, t=rec.topic, k=rec.key, mine=mapping.claimable("AND")
+        d=names.dead_letters, o=waiting_in, t=rec.topic, k=rec.key, mine=mapping.claimable("AND")
     )
     return [StuckKey(*row) for row in _run(conn, names, "reading stuck keys", q, {"limit": limit})]
 
@@ -149,6 +153,8 @@ def discard(
         )
     names = OutboxNames.parse(outbox_table)
     where, params = sel.where()
+    if layout_of(conn, names) == "cursor":  # read again after the discard, the row would be held and sent
+        require_passed(conn, names, where, params, "discard")
     q = sql.SQL("DELETE FROM {} {} RETURNING id, kafka_topic, kafka_key").format(names.dead_letters, where)
     with conn.transaction():
         gone = sorted(_run(conn, names, "discarding dead letters", q, params))

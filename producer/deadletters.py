@@ -24,11 +24,13 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
+from harvest_outbox.producer.cursor_held import requeue_into_held_sql, require_passed
 from harvest_outbox.producer.deadletter_admin import Selection
 from harvest_outbox.producer.election.neli import _PRODUCER_ONLY
 from harvest_outbox.producer.errors import DatabaseError, HarvestError, shown
 from harvest_outbox.producer.preflight import topic_name_problem
 from harvest_outbox.producer.schema import OutboxNames
+from harvest_outbox.producer.schema_cursor import layout_of
 from harvest_outbox.producer.table_mapping import GOHARVEST, TableMapping
 
 
@@ -108,7 +110,9 @@ def requeue(
     relay's own columns, which take their defaults: the row goes to the end of the outbox, as a
     requeued goharvest row gets a new id. With ``topics``, only rows of those topics move (and, of a
     goharvest outbox, only rows with a key: its kafka_key is NOT NULL). With ``keep_ids`` (haltKey),
-    each row gets its original id back instead (see module doc)."""
+    each row gets its original id back instead (see module doc); on ``outboxLayout: cursor`` it goes to
+    ``_held`` ahead of its key's held rows instead (producer/cursor_held.py), and there a requeue waits
+    (refused, nothing moved) until the relay has passed the dead letters' outbox rows."""
     names = OutboxNames.parse(outbox_table, mapping)
     conds = [] if ids is None else [sql.SQL("id = ANY(%(ids)s)")]
     if topics is not None:
@@ -116,7 +120,13 @@ def requeue(
         if mapping.source_row("o") is None:
             conds.append(sql.SQL("kafka_key IS NOT NULL"))
     where = sql.SQL("WHERE ") + sql.SQL(" AND ").join(conds) if conds else sql.SQL("")
-    if mapping.source_row("o") is not None:
+    params = {"ids": list(ids) if ids is not None else None, "topics": list(topics) if topics is not None else None}
+    cursor = layout_of(conn, names) == "cursor"
+    if cursor:  # outboxLayout: cursor (producer/cursor_held.py): the relay must have passed their outbox rows
+        require_passed(conn, names, where, params, "requeue")
+    if cursor and keep_ids:  # haltKey: ahead of their keys' held rows, with their ids
+        q = requeue_into_held_sql(names, where)
+    elif mapping.source_row("o") is not None:
         own = {mapping.leader_column, mapping.created_column} | (set() if keep_ids else {mapping.id_column})
         cols = [
             c
@@ -146,10 +156,7 @@ def requeue(
         q = _requeue_goharvest(names, where, keep_ids)
     try:
         with conn.transaction():
-            return conn.execute(
-                q,
-                {"ids": list(ids) if ids is not None else None, "topics": list(topics) if topics is not None else None},
-            ).rowcount
+            return conn.execute(q, params).rowcount
     except psycopg.Error as exc:
         raise DatabaseError(
             f"requeue into {names.display!r} failed (nothing was moved): "
