@@ -38,6 +38,7 @@ from harvest_outbox.spark_reader.errors import SparkReaderError
 
 _GROUP = "harvest-spark-reader"  # never joined: partitions are assigned and offsets never committed
 CHUNK = 65536  # records per Arrow batch while reading (bounds the Python lists)
+_QUEUED_AHEAD = 16384  # records librdkafka keeps queued ahead of a read (about one 1 MiB fetch of small records)
 _STALL_SECONDS = 60.0  # no record and no position change for this long: fail the task, say where
 _HEADERS = pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())]))
 _TIMESTAMP = pa.timestamp("us", tz="UTC")
@@ -73,8 +74,10 @@ def consumer(kafka: Mapping[str, str], wanted: int | None = None) -> Any:
     conf.setdefault("max.partition.fetch.bytes", 1 << 20)
     conf.setdefault("queued.max.messages.kbytes", 16 << 10)
     conf.setdefault("fetch.wait.max.ms", 10)
-    if wanted is not None:
-        conf.setdefault("queued.min.messages", max(1, min(100_000, wanted)))
+    # librdkafka keeps fetching a partition while fewer than queued.min.messages (default 100,000)
+    # are queued, at a few hundred bytes of its own per message: two consumers (a task opens the next
+    # partition's while reading one) queued 100,000 each, ~100 MiB more RSS per task.
+    conf.setdefault("queued.min.messages", max(1, min(_QUEUED_AHEAD, wanted if wanted is not None else _QUEUED_AHEAD)))
     return Consumer(conf)
 
 
