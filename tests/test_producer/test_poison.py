@@ -7,7 +7,8 @@ producer's ``message.max.bytes``, so only the broker would refuse it), Kafka's i
 100 more good rows. Every good row arrives (exactly once and in per-key order with
 ``--uuid-sequencing``), every poison row is dead-lettered with its reason, in seconds — no 30 s
 metadata wait, no abandoned view, no fatal producer error — and the relay keeps running. After the
-missing topic is created, requeueing its row delivers it.
+missing topic is created, requeueing its row delivers it. The first scenario also runs on
+``outboxLayout: cursor`` (issue #37), where "drained" means the committed cursor passed every row.
 """
 
 from __future__ import annotations
@@ -22,16 +23,34 @@ from relaylib import consume_all, relay_config, wait_drained
 from seqcheck import Expected, check_exactly_once
 
 from harvest_outbox.harvest_local.kafka import create_topic
+from harvest_outbox.producer.db_cursor import cursor_backlog
 from harvest_outbox.producer.deadletters import list_dead_letters, requeue
 from harvest_outbox.producer.harvest import Harvest
-from harvest_outbox.producer.schema import init_db
+from harvest_outbox.producer.schema import OutboxNames, init_db
 from harvest_outbox.producer.stasher import OutboxRecord, Stasher
 
 
 @pytest.mark.integration
-@pytest.mark.parametrize("sequenced", [False, True], ids=["at-least-once", "uuid-sequencing"])
+def _drained(pg_dsn: str, table: str, layout: str, timeout: float) -> float:
+    """Seconds until every row is relayed: the outbox empty (mark), the committed cursor past every row (cursor)."""
+    if layout == "mark":
+        return wait_drained(pg_dsn, table, timeout)
+    start, names = time.monotonic(), OutboxNames.parse(table)
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        while (left := cursor_backlog(conn, names)) > 0:
+            assert time.monotonic() - start < timeout, f"outbox {table}: {left} row(s) not passed in {timeout}s"
+            time.sleep(0.1)
+    return time.monotonic() - start
+
+
+@pytest.mark.parametrize(
+    ("sequenced", "layout"),
+    [(False, "mark"), (True, "mark"), (False, "cursor"), (True, "cursor")],
+    ids=["at-least-once", "uuid-sequencing", "at-least-once-cursor", "uuid-sequencing-cursor"],
+)
 def test_poison_rows_are_parked_in_seconds_and_the_rest_flows(
     sequenced: bool,
+    layout: str,
     pg_dsn: str,
     kafka_bootstrap: str,
     pg_schema: str,
@@ -41,7 +60,7 @@ def test_poison_rows_are_parked_in_seconds_and_the_rest_flows(
     topic = topic_factory(partitions=2, config={"max.message.bytes": "20000"})
     missing = unique_name("missing")
     table = f"{pg_schema}.outbox"
-    names = init_db(pg_dsn, table)
+    names = init_db(pg_dsn, table, layout=layout)
     st = Stasher(table)
     exp = Expected()
     ins = sql.SQL(
@@ -70,11 +89,11 @@ def test_poison_rows_are_parked_in_seconds_and_the_rest_flows(
         st.stash_many(conn, good(100))
     # The producer's message.max.bytes stays at its default (1 MB): only the topic refuses 30 kB.
     cfg = relay_config(pg_dsn, kafka_bootstrap, table, unique_name("g")).replace(
-        uuid_sequencing=sequenced, producer_kafka_config={"linger.ms": 5}
+        uuid_sequencing=sequenced, producer_kafka_config={"linger.ms": 5}, outbox_layout=layout
     )
     relay = Harvest(cfg).start()
     try:
-        took = wait_drained(pg_dsn, table, 60)
+        took = _drained(pg_dsn, table, layout, 60)
         assert relay.state.value == "running", "the relay stopped"
         if sequenced:
             assert relay.mode.views_started == 1, "a poison row abandoned a leader view"  # type: ignore[attr-defined]
@@ -104,7 +123,7 @@ def test_poison_rows_are_parked_in_seconds_and_the_rest_flows(
         time.sleep(2.5)  # past the guard's memory of the missing topic (2 s)
         with psycopg.connect(pg_dsn) as conn:
             assert requeue(conn, table, [poison["missing"]]) == 1
-        wait_drained(pg_dsn, table, 30)
+        _drained(pg_dsn, table, layout, 30)
         got_missing = consume_all(
             kafka_bootstrap, missing, lambda g: any(x.value == b"to-a-missing-topic" for x in g), 20
         )
