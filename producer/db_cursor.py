@@ -262,6 +262,13 @@ class CursorDatabase(OutboxDatabase):
         super()._connected(conn)
         self._read_sql = read_sql(self.names, self.value_type)
         if self.halt_keys:
+            held = conn.execute("SELECT to_regclass(%s)", (self.names.held.as_string(conn),)).fetchone()
+            if held is None or held[0] is None:
+                raise SchemaError(
+                    f"deadLetterPolicy: haltKey on {self.names.display!r} (outboxLayout: cursor) needs its held-rows "
+                    f"table {self.names.held.as_string(conn)}, which this outbox predates: run `harvest init-db` "
+                    f"(it adds it), or use deadLetterPolicy: skip"
+                )
             self._released_sql = released_rows_sql(self.names, self.value_type)
         self._copy_dlq_sql = copy_dead_letters_sql(self.names, self.value_type)
 

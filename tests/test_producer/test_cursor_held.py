@@ -23,7 +23,7 @@ from harvest_outbox.producer.cursor_held import (
 from harvest_outbox.producer.cursor_views import CursorViews
 from harvest_outbox.producer.db import TxnCommit
 from harvest_outbox.producer.db_cursor import CursorDatabase, cursor_backlog
-from harvest_outbox.producer.errors import FenceError
+from harvest_outbox.producer.errors import FenceError, SchemaError
 from harvest_outbox.producer.schema import OutboxNames, init_db
 from harvest_outbox.producer.schema_cursor import ORIGIN_TEXT
 
@@ -256,5 +256,22 @@ def test_the_sequenced_commit_holds_the_rows_its_view_dropped_for_a_halted_key(
         db.commit_txns(epoch, view, [TxnCommit([a0], [(p0, "poison", 1)], b"q" * 16, 2, [("t", 0)], held=[p1])])
         assert cursor_backlog(conn, names) == 0
         assert held(conn, names) == [(p1, "p")]
+    finally:
+        db.close()
+
+
+def test_halt_key_refuses_a_cursor_outbox_without_its_held_table(
+    pg_dsn: str, box: tuple[psycopg.Connection[Any], OutboxNames]
+) -> None:
+    """An outbox made before ``_held`` existed: the relay says to run init-db, which adds it."""
+    conn, names = box
+    conn.execute(sql.SQL("DROP TABLE {}").format(names.held))
+    db = CursorDatabase(pg_dsn, names, CursorViews(False), halt_keys=True)
+    try:
+        with pytest.raises(SchemaError, match=r"needs its held-rows table .*run `harvest init-db`"):
+            db.prepare_mark()
+        init_db(pg_dsn, names.display, layout="cursor", partition_ids=1000)
+        db.close()
+        db.prepare_mark()  # now it connects
     finally:
         db.close()
