@@ -103,7 +103,26 @@ def _cursor_layout(
     rows, oldest = (int(row[0]), row[1]) if row else (0, None)
     age = "" if oldest is None else f", the oldest {format_duration(max(0.0, float(oldest)))} old"
     found.append(Finding("OK", "backlog", f"{rows} row(s) the committed cursor has not passed{age}"))
+    if config.dead_letter_policy == "haltKey":
+        found.append(_held(conn, names))
     return found
+
+
+def _held(conn: psycopg.Connection, names: OutboxNames) -> Finding:
+    """haltKey on the cursor layout: the held rows' table (producer/cursor_held.py) and what it holds."""
+    table = names.held.as_string(conn)
+    if conn.execute("SELECT to_regclass(%s)", (table,)).fetchone() in (None, (None,)):
+        return Finding(
+            "FAIL",
+            "held rows",
+            f"{table} is missing (the outbox predates it); the relay refuses haltKey without it",
+            "run `harvest init-db` (it adds the table)",
+        )
+    row = conn.execute(
+        sql.SQL("SELECT count(*), count(DISTINCT (kafka_topic, kafka_key)) FROM {}").format(names.held)
+    ).fetchone()
+    rows, keys = (int(row[0]), int(row[1])) if row else (0, 0)
+    return Finding("OK", "held rows", f"{rows} row(s) of {keys} halted or held key(s) wait in {table}")
 
 
 def _storage(conn: psycopg.Connection, names: OutboxNames) -> list[Finding]:

@@ -275,3 +275,27 @@ def test_halt_key_refuses_a_cursor_outbox_without_its_held_table(
         db.prepare_mark()  # now it connects
     finally:
         db.close()
+
+
+def test_harvest_check_reports_the_held_rows_under_halt_key(
+    pg_dsn: str, box: tuple[psycopg.Connection[Any], OutboxNames]
+) -> None:
+    from harvest_outbox.producer.check import check_outbox
+    from harvest_outbox.producer.config import HarvestConfig
+
+    conn, names = box
+    (p0, _p1) = write(conn, names, "p", "p")
+    dead_letter(conn, names, p0, "p")
+    read(conn, names, epoch(conn, names))
+    cfg = HarvestConfig(
+        data_source=pg_dsn, outbox_table=names.display, outbox_layout="cursor", dead_letter_policy="haltKey"
+    )
+    found = {f.subject: f for f in check_outbox(conn, cfg)}
+    assert found["held rows"].level == "OK" and found["held rows"].message.startswith(
+        "1 row(s) of 1 halted or held key(s)"
+    )
+    conn.execute(sql.SQL("DROP TABLE {}").format(names.held))
+    found = {f.subject: f for f in check_outbox(conn, cfg)}
+    assert found["held rows"].level == "FAIL" and "harvest init-db" in found["held rows"].fix
+    skip = {f.subject for f in check_outbox(conn, cfg.replace(dead_letter_policy="skip"))}
+    assert "held rows" not in skip
