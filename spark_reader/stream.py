@@ -116,7 +116,8 @@ def readCommittedStream(
     ``state_location``: a folder (path or URI every executor and the driver can reach, e.g. next
     to the query's checkpoint) for the sequencing state between micro-batches. With it the stream
     is read by harvest's own data source (:mod:`spark_reader.stream_source`: Kafka read in the
-    executors, no shuffle, no state store, several times faster); without it, by Spark's Kafka
+    executors, at most one task per executor core as counted when this is called, no shuffle, no
+    state store, several times faster); without it, by Spark's Kafka
     source and ``transformWithStateInPandas`` with the state in Spark's state store (RocksDB).
     """
     options = dict(kafka_options or {})
