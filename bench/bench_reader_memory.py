@@ -259,6 +259,7 @@ def spark_child(args: argparse.Namespace, family: str) -> dict[str, Any]:
         # A fresh Python worker per task: a reused one keeps the RSS an earlier task (or variant) grew
         # it to, so a peak would be the largest of any task so far rather than this variant's.
         "spark.python.worker.reuse": "false",
+        **dict(kv.split("=", 1) for kv in args.spark_conf.split(",") if kv),
     }
     master: str = args.master
     t = time.perf_counter()
@@ -351,7 +352,7 @@ def _child(args: argparse.Namespace, kind: str, what: str, topic: str, records: 
     cmd += ["--bootstrap", args.bootstrap, "--records", str(records), "--in-log", str(in_log)]
     cmd += ["--partitions", str(args.partitions), "--master", args.master, "--interval", str(args.interval)]
     cmd += ["--micro-batch", str(args.micro_batch), "--chunk-records", str(args.chunk_records or 0)]
-    cmd += ["--spark-kafka", args.spark_kafka]
+    cmd += ["--spark-kafka", args.spark_kafka, "--spark-conf", args.spark_conf]
     cmd += [] if args.stream else ["--no-stream"]
     print(f"[bench_reader_memory] {kind}:{what}, {records:,} records", file=sys.stderr, flush=True)
     # Its own process group: a Spark child's JVMs go with it if it is killed.
@@ -412,6 +413,7 @@ def main() -> int:
         default="",
         help="librdkafka properties for the harvest source's consumers, k=v,... (e.g. queued.max.messages.kbytes=1024)",
     )
+    ap.add_argument("--spark-conf", default="", help="Spark settings, k=v,... (e.g. spark.default.parallelism=8)")
     ap.add_argument("--interval", type=float, default=0.1, help="seconds between /proc samples")
     ap.add_argument("--child-timeout", type=float, default=3600.0)
     ap.add_argument("--child", help=argparse.SUPPRESS)
@@ -464,6 +466,7 @@ def main() -> int:
         "master": args.master,
         "micro_batch": args.micro_batch,
         "spark_kafka": args.spark_kafka,
+        "spark_conf": args.spark_conf,
         "chunk_records": args.chunk_records or "default",
         "poll_batch": _POLL_BATCH,
         "sizes": out,
