@@ -19,8 +19,9 @@ range, made a stream of 1M records read at 0.40 of Spark's raw stream against 0.
 consumer per read (the same run's settings otherwise; it helped only small micro-batches of ~2,500
 records per task). A consumer costs ~20-25 ms (connection, first fetch, close), hidden behind the
 previous partition's read when a task reads several. Fetches are bounded (1 MiB per partition,
-16 MiB queued, and about the range's records queued ahead): a task reads a bounded range, and
-whatever is fetched beyond its end is thrown away (docs/reading-spark.md has the measurements).
+16 MiB and at most 16,384 records, or the range's if fewer, queued ahead, fetched again 10 ms after
+the queue drains): a task reads a bounded range, and whatever is fetched beyond its end is thrown
+away (docs/reading-spark.md has the measurements).
 """
 
 from __future__ import annotations
