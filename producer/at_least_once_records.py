@@ -69,6 +69,10 @@ class AtLeastOnceRecords(ABC):
         self._purge_buf: list[int] = []
         self._reset_buf: list[int] = []
         self._dlq_buf: list[tuple[int, str, int]] = []
+        # haltKey on outboxLayout: cursor: rows dropped for a key this view halted, for the store to hold
+        # (producer/cursor_held.py) so the cursor passes them; the mark layout leaves them marked
+        self._hold_buf: list[int] = []
+        self._hold_dropped = core.config.outbox_layout == "cursor"
         self._draining = False
         self._next_flush = 0.0
 
@@ -104,6 +108,8 @@ class AtLeastOnceRecords(ABC):
         remark); False if it was dead-lettered on the spot (the key is still free)."""
         _id, topic, key, value, hkeys, hvals, bad, _attempts, _error, partition, _created = row
         if self._halted and (topic, key) in self._halted:
+            if self._hold_dropped:
+                self._hold_buf.append(_id)
             return False  # haltKey: waits (marked by this view until it ends, then in the outbox)
         if bad is not None:
             self._dead_letter(row, f"bad row: {bad}", 0)
@@ -271,7 +277,14 @@ class AtLeastOnceRecords(ABC):
 
     # ------------------------------------------------------------------ write-behind
     def _has_writes(self) -> bool:
-        return bool(self._purge_buf or self._dlq_buf or self._reset_buf or self.core.attempt_buf or self._forget_buf)
+        return bool(
+            self._purge_buf
+            or self._dlq_buf
+            or self._reset_buf
+            or self.core.attempt_buf
+            or self._forget_buf
+            or self._hold_buf
+        )
 
     def _flush_db(self, wait: bool = False) -> None:
         """Hand buffered dead letters, purges, attempt counts and resets to the DB worker (in that
@@ -283,14 +296,15 @@ class AtLeastOnceRecords(ABC):
             db, exec_ = core.db, core.exec
             assert db is not None and exec_ is not None
             dlq, purge, reset = self._dlq_buf, self._purge_buf, self._reset_buf
-            tried, forget = core.take_attempt_buf(), self._forget_buf
+            tried, forget, hold = core.take_attempt_buf(), self._forget_buf, self._hold_buf
             self._dlq_buf, self._purge_buf, self._reset_buf = [], [], []
-            self._forget_buf = []
+            self._forget_buf, self._hold_buf = [], []
             backoff = self.limits.io_error_backoff
 
             # In this order; a step that succeeded empties its buffer, so a retry does not repeat it.
             steps: tuple[tuple[list[Any], Any], ...] = (
                 (dlq, db.dead_letter),
+                (hold, db.hold),  # (only ever filled on outboxLayout: cursor; before the purge that passes them)
                 (purge, db.purge),
                 (forget, db.forget_attempts),
                 (tried, db.record_attempts),

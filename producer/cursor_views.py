@@ -65,8 +65,6 @@ class ViewRead:
     probe_at: float = field(default_factory=time.monotonic)  # when the cursor's probe was taken (or the view began)
     skipped: set[int] = field(default_factory=set)  # haltKey: read rows held by the read (pass without the mode)
     serving: set[int] = field(default_factory=set)  # haltKey: held rows served, not yet delivered or dead
-    # haltKey: the last served held row's (held_seq, id); requeued rows take held_seq values below 0
-    served_after: tuple[int, int] = (-(2**63), 0)
 
     def add(self, seg: Segment) -> None:
         """A page read: append it (an empty page behind an empty page replaces it: it passes no row)."""

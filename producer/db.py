@@ -181,6 +181,11 @@ class OutboxDatabase(FencedCommits):
     def reset(self, ids: Sequence[int]) -> int:
         return self._run("reset", self._reset_sql, (self._id_array(ids),)).rowcount
 
+    def hold(self, ids: Sequence[int]) -> int:
+        """haltKey: rows the view dropped unsent for a key it halted. This layout leaves them marked (the next
+        view's mark skips them); the cursor layout's store copies them to ``_held`` (producer/db_cursor.py)."""
+        return 0
+
     def dead_letter(self, items: Sequence[tuple[int, str, int]]) -> int:
         """Move ``(id, error, attempts)`` rows to the dead-letter table, atomically."""
         ids = [i for i, _, _ in items]

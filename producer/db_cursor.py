@@ -117,7 +117,7 @@ def read_sql(names: OutboxNames, value_type: ValueType) -> sql.Composed:
 
 def released_rows_sql(names: OutboxNames, value_type: ValueType) -> sql.Composed:
     """:func:`~producer.cursor_held.released_sql`'s rows as the read's (:data:`MarkedRow`), each followed by its
-    ``held_seq``; parameters ``shard``, ``after_seq``, ``after_id``, ``n``, ``t0``."""
+    ``held_seq``; parameters ``shard``, ``serving``, ``n``, ``t0``."""
     m = names.mapping
     rec = m.record("o", value_type)
     return sql.SQL("""
@@ -358,12 +358,11 @@ class CursorDatabase(OutboxDatabase):
         return rows, attempts
 
     def _serve_released(self, view: ViewRead, limit: int) -> list[MarkedRow]:
-        """haltKey: held rows of released keys, after the last one this view served, in held order."""
+        """haltKey: held rows of released keys in held order, but those this view serves already."""
         assert self._released_sql is not None
         params = {
             "shard": SHARD,
-            "after_seq": view.served_after[0],
-            "after_id": view.served_after[1],
+            "serving": sorted(view.serving),
             "n": limit,
             "t0": time.monotonic(),
         }
@@ -376,7 +375,6 @@ class CursorDatabase(OutboxDatabase):
             if self.views.view is not view:
                 return []
             view.serving.update(r[0] for r in rows)
-            view.served_after = (int(rows[-1][-1]), int(rows[-1][0]))
         return [tuple(r[:-1]) for r in rows]
 
     def _hold(self, view: ViewRead, params: dict[str, Any]) -> set[int]:
@@ -483,6 +481,36 @@ class CursorDatabase(OutboxDatabase):
     def reset(self, ids: Sequence[int]) -> int:
         """Nothing to un-mark: the next view reads from the committed cursor."""
         return len(ids)
+
+    def hold(self, ids: Sequence[int]) -> int:
+        """haltKey, at-least-once: rows the view dropped unsent for a key it halted are copied to ``_held``
+        (fenced by the view's epoch, as the read's copy) and pass with the cursor, so the next view does not
+        read them, nor the rows delivered after them, again."""
+        with self.views.lock:
+            view = self.views.view
+        if view is None or not ids:
+            return 0
+        try:
+            with self.conn.transaction():
+                fenced = self.conn.execute(
+                    sql.SQL("SELECT 1 FROM {} WHERE shard = %s AND epoch = %s FOR SHARE").format(self.names.cursor),
+                    (SHARD, view.epoch),
+                ).fetchone()
+                if fenced is None:
+                    raise FenceError(f"holding rows of {self.names.display!r}: view epoch {view.epoch} is not current")
+                n = self.conn.execute(hold_rows_sql(self.names), (list(ids),)).rowcount
+        except psycopg.Error as exc:
+            self.close()
+            raise DatabaseError(
+                f"holding rows of {self.names.display!r} failed: {redact_error(str(exc), self._dsn).strip()}"
+            ) from exc
+        except FenceError as exc:
+            raise DatabaseError(str(exc)) from exc
+        with self.views.lock:
+            if self.views.view is view:
+                view.skipped.update(ids)
+        self._passed([])
+        return n
 
     def dead_letter(self, items: Sequence[tuple[int, str, int]]) -> int:
         """Copy ``(id, error, attempts)`` rows to the dead letters; then they count as passed."""

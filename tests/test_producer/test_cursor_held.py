@@ -23,7 +23,7 @@ from harvest_outbox.producer.cursor_held import (
 from harvest_outbox.producer.cursor_views import CursorViews
 from harvest_outbox.producer.db import TxnCommit
 from harvest_outbox.producer.db_cursor import CursorDatabase, cursor_backlog
-from harvest_outbox.producer.errors import FenceError, SchemaError
+from harvest_outbox.producer.errors import DatabaseError, FenceError, SchemaError
 from harvest_outbox.producer.schema import OutboxNames, init_db
 from harvest_outbox.producer.schema_cursor import ORIGIN_TEXT
 
@@ -84,8 +84,8 @@ def held(conn: psycopg.Connection[Any], names: OutboxNames) -> list[tuple[int, s
     return [(int(i), k) for i, k in conn.execute(q).fetchall()]
 
 
-def released(conn: psycopg.Connection[Any], names: OutboxNames, after: tuple[int, int] = (0, 0)) -> list[int]:
-    params = {"shard": 0, "after_seq": after[0], "after_id": after[1], "n": 100}
+def released(conn: psycopg.Connection[Any], names: OutboxNames, serving: tuple[int, ...] = ()) -> list[int]:
+    params = {"shard": 0, "serving": list(serving), "n": 100}
     rows = conn.execute(released_sql(names), params).fetchall()
     return [int(r[1]) for r in rows]
 
@@ -143,8 +143,7 @@ def test_released_rows_in_held_order_and_a_failure_halts_the_key_again(
     assert released(conn, names) == []  # not before the committed cursor passed their outbox rows
     passed(conn, names)
     assert released(conn, names) == [p1, p2]
-    seq = {i: int(s) for s, i in conn.execute(sql.SQL("SELECT held_seq, id FROM {}").format(names.held)).fetchall()}
-    assert released(conn, names, (seq[p1], p1)) == [p2]  # served past p1 (in flight)
+    assert released(conn, names, (p1,)) == [p2]  # p1 served, in flight: not again
     conn.execute(drop_held_sql(names), ([p1],))  # p1 delivered
     (p3,) = write(conn, names, "p")
     read(conn, names, epoch(conn, names), start=p3)  # p3 queues behind p2
@@ -299,3 +298,50 @@ def test_harvest_check_reports_the_held_rows_under_halt_key(
     assert found["held rows"].level == "FAIL" and "harvest init-db" in found["held rows"].fix
     skip = {f.subject for f in check_outbox(conn, cfg.replace(dead_letter_policy="skip"))}
     assert "held rows" not in skip
+
+
+def test_the_at_least_once_store_holds_the_rows_its_view_dropped(
+    pg_dsn: str, box: tuple[psycopg.Connection[Any], OutboxNames]
+) -> None:
+    """The at-least-once mode hands the store the rows it dropped for a key its view halted: held and passed,
+    so the rows delivered after them are not read (and sent) again by the next view."""
+    conn, names = box
+    db = CursorDatabase(pg_dsn, names, CursorViews(False), halt_keys=True)
+    try:
+        p0, p1, a0 = write(conn, names, "p", "p", "a")
+        view = uuid.uuid4()
+        assert ids_of(db.mark_with_attempts(view, 10)[0]) == [p0, p1, a0]
+        db.dead_letter([(p0, "poison", 1)])
+        db.purge([a0])
+        assert cursor_backlog(conn, names) == 2  # p1 (dropped) blocks the delivered prefix
+        assert db.hold([p1]) == 1
+        assert cursor_backlog(conn, names) == 0 and held(conn, names) == [(p1, "p")]
+        conn.execute(sql.SQL("UPDATE {} SET epoch = epoch + 1").format(names.cursor))  # another view took over
+        with pytest.raises(DatabaseError, match="not current"):
+            db.hold([p1])
+    finally:
+        db.close()
+
+
+def test_a_key_released_later_is_served_from_its_first_held_row(
+    pg_dsn: str, box: tuple[psycopg.Connection[Any], OutboxNames]
+) -> None:
+    """Serving is not a position: q's held rows (held first) are served after p's, which were released
+    earlier, and a requeued dead letter is served ahead of its key's rows (both skipped by a position)."""
+    conn, names = box
+    db = CursorDatabase(pg_dsn, names, CursorViews(False), halt_keys=True)
+    try:
+        q0, q1, p0, p1, q2, p2 = write(conn, names, "q", "q", "p", "p", "q", "p")
+        dead_letter(conn, names, q0, "q")
+        dead_letter(conn, names, p0, "p")
+        view = uuid.uuid4()
+        assert ids_of(db.mark_with_attempts(view, 10)[0]) == []  # all waiting: passed, held
+        assert [i for i, _ in held(conn, names)] == [q1, p1, q2, p2]
+        conn.execute(sql.SQL("DELETE FROM {} WHERE kafka_key = 'p'").format(names.dead_letters))
+        assert ids_of(db.mark_with_attempts(view, 10)[0]) == [p1, p2]
+        conn.execute(sql.SQL("DELETE FROM {} WHERE kafka_key = 'q'").format(names.dead_letters))
+        assert ids_of(db.mark_with_attempts(view, 10)[0]) == [q1, q2]  # below p's, served all the same
+        db.purge([p1, p2, q1, q2])
+        assert held(conn, names) == []
+    finally:
+        db.close()
