@@ -35,6 +35,8 @@ import struct
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from harvest_outbox.producer.errors import HarvestError
+
 __all__ = ["CompiledSchema", "GiveUp", "compile_schema"]
 
 INT_MIN, INT_MAX = -(2**31), 2**31 - 1
@@ -43,7 +45,7 @@ LONG_MIN, LONG_MAX = -(2**63), 2**63 - 1
 _TABLE = 1 << 14
 
 
-class GiveUp(Exception):
+class GiveUp(HarvestError):
     """The compiled code does not take this value: let fastavro validate (and refuse, or write) it."""
 
 

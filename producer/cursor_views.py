@@ -34,6 +34,7 @@ import uuid
 from collections import deque
 from dataclasses import dataclass, field, replace
 
+from harvest_outbox.producer.errors import HarvestError
 from harvest_outbox.producer.watermark import Cursor
 
 
@@ -46,7 +47,7 @@ class Segment:
     after: Cursor  # once they are all delivered
 
 
-class NotNextRows(Exception):
+class NotNextRows(HarvestError):
     """A commit names rows that are not the view's next read rows."""
 
 

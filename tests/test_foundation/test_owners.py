@@ -31,7 +31,7 @@ OWNERS = {
     # The Gazette UUID layout: its masks and shifts.
     "Gazette UUID layout": (
         "sequencer/uuid_layout.py, sequencer/_uuid_layout.pxd",
-        re.compile(r"0x0FFF|0x3FF|>> ?58\b|>> ?96\b|<< ?96\b|>> ?48\) & ", re.I),
+        re.compile(r"0x0FFF\b|0x3FF\b|>> ?58\b|>> ?96\b|<< ?96\b|>> ?48\) & ", re.I),
     ),
     "__version__": (
         "harvest_outbox/__init__.py",
