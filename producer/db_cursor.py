@@ -63,7 +63,7 @@ from harvest_outbox.producer.cursor_partitions import PartitionKeeper
 from harvest_outbox.producer.cursor_views import CursorViews, NotNextRows, Segment, ViewRead
 from harvest_outbox.producer.db import OutboxDatabase
 from harvest_outbox.producer.db_fence import TxnCommit
-from harvest_outbox.producer.db_mark import HEADER_BAD, MarkedAttempts, MarkedRow
+from harvest_outbox.producer.db_mark import MarkedAttempts, MarkedRow, read_row_fields
 from harvest_outbox.producer.errors import DatabaseError, FenceError, SchemaError
 from harvest_outbox.producer.redact import redact_error
 from harvest_outbox.producer.schema import OutboxNames, Statement, ValueType
@@ -86,8 +86,6 @@ HELD_LOW_LOG_INTERVAL = 60.0
 def read_sql(names: OutboxNames, value_type: ValueType) -> sql.Composed:
     """A page of the batch ``(lo, hi]`` from id ``from``, as the mark's rows (:data:`MarkedRow`);
     parameters ``from``, ``hi``, ``lo``, ``n``, ``t0`` (see :func:`~producer.db_mark.mark_sql`)."""
-    m = names.mapping
-    rec = m.record("o", value_type)
     return sql.SQL("""
         WITH m AS (
           SELECT {oid} AS id, {t} AS t, {k} AS k, {v} AS v, {hk} AS hk, {hv} AS hv, {row_bad} AS bad,
@@ -101,25 +99,13 @@ def read_sql(names: OutboxNames, value_type: ValueType) -> sql.Composed:
                %(t0)s::float8 - coalesce(date_part('epoch', statement_timestamp() - m.c), 0)
         FROM m LEFT JOIN {a} AS a ON a.id = m.id ORDER BY m.id""").format(
         o=names.outbox,
-        oid=m.id("o"),
-        t=rec.topic,
-        k=rec.key,
-        v=rec.value,
-        hk=rec.header_keys,
-        hv=rec.header_values,
-        row_bad=rec.bad,
-        p=rec.partition,
-        c=m.created("o"),
-        header_bad=sql.SQL(HEADER_BAD),
-        a=names.delivery_attempts,
+        **read_row_fields(names, value_type),
     )
 
 
 def released_rows_sql(names: OutboxNames, value_type: ValueType) -> sql.Composed:
     """:func:`~producer.cursor_held.released_sql`'s rows as the read's (:data:`MarkedRow`), each followed by its
     ``held_seq``; parameters ``shard``, ``serving``, ``n``, ``t0``."""
-    m = names.mapping
-    rec = m.record("o", value_type)
     return sql.SQL("""
         WITH r AS ({released}),
         m AS (
@@ -131,17 +117,7 @@ def released_rows_sql(names: OutboxNames, value_type: ValueType) -> sql.Composed
         FROM m LEFT JOIN {a} AS a ON a.id = m.id ORDER BY m.s, m.id""").format(
         released=released_sql(names),
         h=names.held,
-        oid=m.id("o"),
-        t=rec.topic,
-        k=rec.key,
-        v=rec.value,
-        hk=rec.header_keys,
-        hv=rec.header_values,
-        row_bad=rec.bad,
-        p=rec.partition,
-        c=m.created("o"),
-        header_bad=sql.SQL(HEADER_BAD),
-        a=names.delivery_attempts,
+        **read_row_fields(names, value_type),
     )
 
 

@@ -130,7 +130,6 @@ def mark_sql(
     # just before sending the mark) minus the row's age at the statement's start on the database's
     # own clock, so neither host's wall clock (nor their skew) enters a dwell. A row without one
     # (NULL) counts from its mark. One float per row, no per-row work in Python.
-    rec = m.record("o", value_type)
     return sql.SQL("""
         WITH m AS (
           UPDATE {o} AS o SET {l} = %(leader)s
@@ -143,15 +142,25 @@ def mark_sql(
         o=o,
         l=leader,
         claim=claim,
-        oid=m.id("o"),
-        t=rec.topic,
-        k=rec.key,
-        v=rec.value,
-        hk=rec.header_keys,
-        hv=rec.header_values,
-        a=names.delivery_attempts,
-        row_bad=rec.bad,
-        header_bad=sql.SQL(HEADER_BAD),
-        p=rec.partition,
-        c=m.created("o"),
+        **read_row_fields(names, value_type),
     )
+
+
+def read_row_fields(names: OutboxNames, value_type: ValueType) -> dict[str, sql.Composable]:
+    """The placeholders every statement that reads rows as :data:`MarkedRow` fills (the outbox aliased
+    ``o``): the mark's, and the cursor layout's read and release (producer/db_cursor.py)."""
+    m = names.mapping
+    rec = m.record("o", value_type)
+    return {
+        "oid": m.id("o"),
+        "t": rec.topic,
+        "k": rec.key,
+        "v": rec.value,
+        "hk": rec.header_keys,
+        "hv": rec.header_values,
+        "row_bad": rec.bad,
+        "p": rec.partition,
+        "c": m.created("o"),
+        "header_bad": sql.SQL(HEADER_BAD),
+        "a": names.delivery_attempts,
+    }
