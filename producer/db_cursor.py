@@ -62,7 +62,7 @@ from harvest_outbox.producer.cursor_held import (
 from harvest_outbox.producer.cursor_partitions import PartitionKeeper
 from harvest_outbox.producer.cursor_views import CursorViews, NotNextRows, Segment, ViewRead
 from harvest_outbox.producer.db import OutboxDatabase
-from harvest_outbox.producer.db_fence import TxnCommit
+from harvest_outbox.producer.db_fence import TxnCommit, send_in_one_message
 from harvest_outbox.producer.db_mark import MarkedAttempts, MarkedRow, read_row_fields
 from harvest_outbox.producer.errors import DatabaseError, FenceError, SchemaError
 from harvest_outbox.producer.redact import redact_error
@@ -587,15 +587,7 @@ class CursorDatabase(OutboxDatabase):
             )
         try:
             conn = self.conn
-            # One message up to COMMIT, as the mark layout's commit (producer/db_fence.py says why).
-            literal = psycopg.ClientCursor(conn)
-            request = ";\n".join(["BEGIN"] + [literal.mogrify(q, params) for q, params in statements])
-            res = conn.execute(request, prepare=False)
-            res.nextset()  # BEGIN's
-            epochs = [int(r[0]) for r in res.fetchall()]
-            counts = []
-            while res.nextset():
-                counts.append(res.rowcount)
+            epochs, counts = send_in_one_message(conn, statements)  # why one message: db_fence
             refusal = None
             if epochs != [epoch]:
                 refusal = (

@@ -60,6 +60,32 @@ def id_range(ids: Sequence[int]) -> tuple[int, int, list[int]] | None:
     return lo, hi, holes
 
 
+def send_in_one_message(
+    conn: psycopg.Connection, statements: Sequence[tuple[Statement, Sequence[Any]]]
+) -> tuple[list[int], list[int]]:
+    """Run ``BEGIN`` and ``statements`` (the first one returns fence epochs, one per row) as ONE
+    simple-protocol message and leave the transaction open: returns (the first statement's epochs, the
+    row count of each later statement). The caller checks them, then sends ``COMMIT`` or ``ROLLBACK``.
+
+    One message, because Postgres runs a statement as soon as it has read it: a relay frozen (SIGSTOP,
+    a VM pause) half way through sending a pipeline would leave its session running, holding the fence
+    row lock taken by the first statement, with no timeout covering it (idle_in_transaction_session_
+    timeout only starts once a request is complete), so no other relay could start a view until the
+    zombie woke up. Postgres reads a whole message before running any of it, and once this one has run
+    the session waits "idle in transaction", which the timeout ends. The parameters are written into
+    the text client-side (psycopg's quoting): ids are a bigint[] literal either way, and the statements
+    are cheap to plan."""
+    literal = psycopg.ClientCursor(conn)
+    request = ";\n".join(["BEGIN"] + [literal.mogrify(q, params) for q, params in statements])
+    cur = conn.execute(request, prepare=False)
+    cur.nextset()  # BEGIN's
+    epochs = [int(r[0]) for r in cur.fetchall()]
+    counts = []
+    while cur.nextset():
+        counts.append(cur.rowcount)
+    return epochs, counts
+
+
 class TxnCommit(NamedTuple):
     """What the fenced commit of one harvest transaction writes (:meth:`OutboxDatabase.commit_txns`)."""
 
@@ -273,24 +299,7 @@ class FencedCommits(OutboxSession):
         ]
         try:
             conn = self.conn
-            # Two round trips: the whole transaction up to COMMIT as ONE simple-protocol message, then
-            # COMMIT (or ROLLBACK) once its results are checked. One message, because Postgres runs a
-            # statement as soon as it has read it: a relay frozen (SIGSTOP, a VM pause) half way
-            # through sending a pipeline would leave its session running, holding the fence row lock
-            # taken by the first statement, with no timeout covering it (idle_in_transaction_session_
-            # timeout only starts once a request is complete), so no other relay could start a view
-            # until the zombie woke up. Postgres reads a whole message before running any of it, and
-            # once this one has run the session waits "idle in transaction", which the timeout ends.
-            # The parameters are written into the text client-side (psycopg's quoting): the ids are a
-            # bigint[] literal either way, and the statements are cheap to plan.
-            literal = psycopg.ClientCursor(conn)
-            request = ";\n".join(["BEGIN"] + [literal.mogrify(q, params) for q, params in statements])
-            cur = conn.execute(request, prepare=False)
-            cur.nextset()  # BEGIN's
-            epochs = [int(r[0]) for r in cur.fetchall()]
-            counts = []
-            while cur.nextset():
-                counts.append(cur.rowcount)
+            epochs, counts = send_in_one_message(conn, statements)
             refusal = None
             if not epochs or any(e != epoch for e in epochs) or len(epochs) != max(1, len(self.shards)):
                 shown = epochs[0] if len(set(epochs)) == 1 else (sorted(set(epochs)) or None)
