@@ -87,6 +87,7 @@ def _cursor_layout(
     """``outboxLayout: cursor``: the partitions, the trigger, the companions and the cursor's backlog (the
     mark layout's storage, index and dead-row findings do not apply: rows are never updated or deleted)."""
     from harvest_outbox.producer.db_cursor import backlog_sql
+    from harvest_outbox.producer.schema_cursor import require_cursor_rows
 
     parts = range_partitions(conn, names)
     span = f", ids [{parts[0][0]}, {parts[-1][1]})" if parts else ""
@@ -99,10 +100,28 @@ def _cursor_layout(
     ]
     found.append(_trigger(conn, names))
     found += _companions(conn, names, config)
-    row = conn.execute(backlog_sql(names), (0,)).fetchone()
-    rows, oldest = (int(row[0]), row[1]) if row else (0, None)
-    age = "" if oldest is None else f", the oldest {format_duration(max(0.0, float(oldest)))} old"
-    found.append(Finding("OK", "backlog", f"{rows} row(s) the committed cursor has not passed{age}"))
+    count = config.shards
+    try:
+        require_cursor_rows(conn, names, count)
+    except SchemaError as exc:
+        return [*found, Finding("FAIL", "cursor", str(exc))]
+    if count > 1:
+        try:
+            require_shards(conn, names, count)
+            found.append(
+                Finding("OK", "index", f"{names.shard_index_name(count)} (shards: {count}) and the fence rows")
+            )
+        except SchemaError as exc:
+            found.append(Finding("FAIL", "index", str(exc)))
+            return found
+    per_shard = conn.execute(
+        backlog_sql(names, count if count > 1 else None), {"shards": list(range(count))}
+    ).fetchall()
+    rows = sum(int(r[1]) for r in per_shard)
+    ages = [float(r[2]) for r in per_shard if r[2] is not None]
+    age = "" if not ages else f", the oldest {format_duration(max(0.0, max(ages)))} old"
+    shards = "" if count == 1 else " (" + ", ".join(f"shard {r[0]}: {r[1]}" for r in per_shard) + ")"
+    found.append(Finding("OK", "backlog", f"{rows} row(s) the committed cursor has not passed{age}{shards}"))
     if config.dead_letter_policy == "haltKey":
         found.append(_held(conn, names))
     return found

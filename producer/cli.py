@@ -264,7 +264,7 @@ def _migrate(cfg: FileConfig) -> int:
     if cfg.harvest.outbox_layout != "cursor":
         raise ConfigError("init-db --migrate: set outboxLayout: cursor in the config (the layout to migrate to)")
     with connect(cfg.harvest.data_source) as conn:
-        done = migrate_to_cursor(conn, cfg.harvest.outbox_table)
+        done = migrate_to_cursor(conn, cfg.harvest.outbox_table, shards=cfg.harvest.shards)
     print(
         f"outbox {cfg.harvest.outbox_table} migrated to the cursor layout: {done.copied} row(s) copied with ids from "
         f"{done.first_id}; the old table is {done.old_table} (kept: drop it once satisfied)"

@@ -298,7 +298,6 @@ class HarvestConfig:
         if self.outbox_layout != "cursor":
             return
         unsupported = [
-            (self.shards > 1, f"shards: {self.shards}", "shards: 1"),
             (
                 self.table_mapping.kind != "goharvest",
                 f"tableMapping: {self.table_mapping.kind}",

@@ -38,6 +38,7 @@ from psycopg import sql
 
 from harvest_outbox.producer.errors import DatabaseError
 from harvest_outbox.producer.schema_names import OutboxNames, Statement, ValueType
+from harvest_outbox.producer.shards import shard_expression
 
 __all__ = [
     "dead_letter_held_sql",
@@ -87,13 +88,14 @@ def _waits(names: OutboxNames, alias: str) -> sql.Composable:
     ).format(d=names.dead_letters, h=names.held, a=a)
 
 
-def held_read_sql(names: OutboxNames) -> sql.Composed:
+def held_read_sql(names: OutboxNames, shard_filter: sql.Composable | None = None) -> sql.Composed:
     """A page of the batch ``(lo, hi]`` from id ``from`` (parameters ``from``, ``hi``, ``lo``, ``n``,
     ``shard``, ``epoch``): ``(id, topic, key, waits, fenced)`` per row in id order, the waiting rows copied
     to ``_held`` unless ``fenced`` (the cursor's epoch is no longer ``epoch``: nothing was copied, the view
     must end). A waiting row that is itself a dead letter (read again after it was dead-lettered, before
     the cursor passed it) is flagged and not copied: it is neither sent nor held. The record columns are
-    the outbox's own (the layout init-db makes)."""
+    the outbox's own (the layout init-db makes). ``shard_filter``: the read's (producer/db_cursor.py
+    ``shard_filter``), so the page is the shard's page the read then returns."""
     return sql.SQL("""
         WITH page AS (
           SELECT o.id, o.create_time, o.kafka_topic AS t, o.kafka_key AS k, o.kafka_value,
@@ -101,7 +103,7 @@ def held_read_sql(names: OutboxNames) -> sql.Composed:
           FROM {o} AS o
           WHERE o.id >= %(from)s
             AND pg_visible_in_snapshot(o.txid, %(hi)s::text::pg_snapshot)
-            AND NOT pg_visible_in_snapshot(o.txid, %(lo)s::text::pg_snapshot)
+            AND NOT pg_visible_in_snapshot(o.txid, %(lo)s::text::pg_snapshot){shard}
           ORDER BY o.id LIMIT %(n)s),
         fence AS (SELECT c.epoch FROM {c} AS c WHERE c.shard = %(shard)s AND c.epoch = %(epoch)s FOR SHARE),
         waiting AS (SELECT p.* FROM page AS p WHERE {waits}),
@@ -121,6 +123,7 @@ def held_read_sql(names: OutboxNames) -> sql.Composed:
         d=names.dead_letters,
         cols=sql.SQL(_RECORD_COLUMNS),
         waits=_waits(names, "p"),
+        shard=shard_filter if shard_filter is not None else sql.SQL(""),
     )
 
 
@@ -153,12 +156,16 @@ def require_passed(conn: psycopg.Connection, names: OutboxNames, where: sql.Comp
     """Refuse ``what`` (a requeue, a discard) of the dead letters ``where`` selects while the committed cursor
     has not passed one's outbox row yet: read again after it, the row would be held and sent (its dead letter
     gone). A moment later the relay has passed it."""
-    q = sql.SQL("""
-        SELECT d.id FROM {d} AS d JOIN {o} AS o ON o.id = d.id JOIN {c} AS c ON c.shard = 0
-        WHERE d.id IN (SELECT id FROM {d} {where}) AND NOT {passed} ORDER BY d.id LIMIT 10""").format(
-        d=names.dead_letters, o=names.outbox, c=names.cursor, where=where, passed=_passed("c", "o")
-    )
     try:
+        # the cursor of the row's shard: the cursor rows are shards 0..S-1 (producer/schema_cursor.py)
+        count = conn.execute(sql.SQL("SELECT count(*) FROM {}").format(names.cursor)).fetchone()
+        shards = int(count[0]) if count else 1
+        shard = shard_expression(shards, sql.SQL("o.kafka_key")) if shards > 1 else sql.SQL("0")
+        q = sql.SQL("""
+            SELECT d.id FROM {d} AS d JOIN {o} AS o ON o.id = d.id JOIN {c} AS c ON c.shard = {shard}
+            WHERE d.id IN (SELECT id FROM {d} {where}) AND NOT {passed} ORDER BY d.id LIMIT 10""").format(
+            d=names.dead_letters, o=names.outbox, c=names.cursor, where=where, passed=_passed("c", "o"), shard=shard
+        )
         ids = [int(r[0]) for r in conn.execute(q, params).fetchall()]
     except psycopg.Error as exc:
         raise DatabaseError(f"{what} of {names.display!r} failed: {str(exc).strip()}") from exc
@@ -190,10 +197,11 @@ def requeue_into_held_sql(names: OutboxNames, where: sql.Composable) -> sql.Comp
     )
 
 
-def released_sql(names: OutboxNames) -> sql.Composed:
+def released_sql(names: OutboxNames, shard: sql.Composable | None = None) -> sql.Composed:
     """Held rows of keys with no dead letter, in held order, but the ids ``serving`` (served by the view and
-    not yet delivered or dead-lettered), at most ``n``, and only those whose outbox row the committed cursor of
-    ``shard`` has passed: ``(held_seq, id, topic, key)``. Not a position after the last served row: a key
+    not yet delivered or dead-lettered), at most ``n``, of the shards ``shards`` (``shard``: SQL computing the
+    shard of held row ``h``), and only those whose outbox row the committed cursor of their shard has
+    passed: ``(held_seq, id, topic, key)``. Not a position after the last served row: a key
     released later (a discard) or a requeued dead letter can take places below it, and a position would skip
     them while serving the key's later rows (found by test_halt_key.py on the cursor layout).
     The committed cursor's condition keeps a row from being sent twice: served and
@@ -202,11 +210,15 @@ def released_sql(names: OutboxNames) -> sql.Composed:
     return sql.SQL("""
         SELECT h.held_seq, h.id, h.kafka_topic, h.kafka_key
         FROM {h} AS h, {c} AS c
-        WHERE c.shard = %(shard)s AND h.id <> ALL(%(serving)s::bigint[])
+        WHERE c.shard = {shard} AND c.shard = ANY(%(shards)s::int[]) AND h.id <> ALL(%(serving)s::bigint[])
           AND (h.txid IS NULL OR {passed})
           AND NOT EXISTS (SELECT 1 FROM {d} AS d WHERE d.kafka_topic = h.kafka_topic AND d.kafka_key = h.kafka_key)
         ORDER BY h.held_seq, h.id LIMIT %(n)s""").format(
-        h=names.held, c=names.cursor, d=names.dead_letters, passed=_passed("c", "h")
+        h=names.held,
+        c=names.cursor,
+        d=names.dead_letters,
+        passed=_passed("c", "h"),
+        shard=shard if shard is not None else sql.SQL("0"),
     )
 
 

@@ -15,9 +15,11 @@ tried again at the next round.
   writer can have routed an id of the new range to the DEFAULT partition, which would fail its
   transaction. Ids that went to the DEFAULT partition while maintenance was behind stay there (it is
   retired once ``low`` has passed them all) and the next partition starts above them;
-- retire: a partition ``[start, end)`` with ``end <= low`` of the committed cursor (read ``FOR SHARE`` in
-  the same transaction) is locked, re-checked -- no row ``lo`` does not see -- and ``TRUNCATE``-d; a
-  partition that fails the re-check is kept and logged as an error (never truncated: fail closed);
+- retire: a partition ``[start, end)`` with ``end <= low`` of every shard's committed cursor (``shards: S``:
+  one cursor row per shard, all read ``FOR SHARE`` in the same transaction) is locked, re-checked -- no row
+  that the ``lo`` of its shard's cursor does not see -- and ``TRUNCATE``-d; a partition that fails the
+  re-check is kept and logged as an error (never truncated: fail closed). Sharded, the relay leading
+  shard 0 runs the rounds (producer/db_cursor.py ``_maintain``): one keeper per outbox;
 - drop: a retired (empty) partition is then ``DROP``-ped under :data:`DROP_LOCK_TIMEOUT_MS` (the drop
   needs the outbox's own lock: new writers wait behind it at most that long); kept for the next round
   when the lock does not come.
@@ -38,6 +40,7 @@ from psycopg import sql
 
 from harvest_outbox.producer.schema_cursor import PARTITIONS_AHEAD, range_partitions, rest_partition_name
 from harvest_outbox.producer.schema_names import OutboxNames
+from harvest_outbox.producer.shards import shard_expression
 
 log = logging.getLogger(__name__)
 
@@ -65,8 +68,14 @@ class Round:
 class PartitionKeeper:
     """The leader's partition maintenance for one outbox (see module doc)."""
 
-    def __init__(self, names: OutboxNames, interval: float | None = None, shard: int = 0) -> None:
-        self.names, self.shard = names, shard
+    def __init__(self, names: OutboxNames, interval: float | None = None, shard_count: int | None = None) -> None:
+        self.names = names
+        #: ``shards: S`` (None: 1): the cursor rows are shards ``0..S-1``, and a row's shard is its key's
+        self._row_shard = (
+            shard_expression(shard_count, sql.SQL("o.kafka_key"))
+            if shard_count is not None and shard_count > 1
+            else sql.SQL("0")
+        )
         #: Seconds between rounds (None: :data:`MAINTENANCE_INTERVAL` when the keeper is made).
         self.interval = MAINTENANCE_INTERVAL if interval is None else interval
         self._next = 0.0
@@ -151,8 +160,9 @@ class PartitionKeeper:
 
     def _retire(self, conn: psycopg.Connection, done: Round) -> None:
         n = self.names
-        row = conn.execute(sql.SQL("SELECT low FROM {} WHERE shard = %s").format(n.cursor), (self.shard,)).fetchone()
-        if row is None:
+        # every shard's committed cursor must be past a partition (each shard's rows are spread over all of them)
+        row = conn.execute(sql.SQL("SELECT min(low) FROM {}").format(n.cursor)).fetchone()
+        if row is None or row[0] is None:
             return
         low = int(row[0])
         self._retire_rest(conn, low, done)
@@ -203,23 +213,25 @@ class PartitionKeeper:
         try:
             with conn.transaction():
                 conn.execute(sql.SQL("SET LOCAL lock_timeout = {}").format(sql.Literal(f"{LOCK_TIMEOUT_MS}ms")))
+                # every shard's cursor, locked (in shard order) until the TRUNCATE commits
                 cur = conn.execute(
-                    sql.SQL("SELECT lo::text, low FROM {} WHERE shard = %s FOR SHARE").format(n.cursor), (self.shard,)
+                    sql.SQL("SELECT min(low) FROM (SELECT low FROM {} ORDER BY shard FOR SHARE) AS c").format(n.cursor)
                 ).fetchone()
-                if cur is None or end > int(cur[1]):
+                if cur is None or cur[0] is None or end > int(cur[0]):
                     return "moved"
                 conn.execute(sql.SQL("LOCK TABLE {} IN ACCESS EXCLUSIVE MODE").format(part))
+                # the re-check, for each row against the cursor of its shard
                 left = conn.execute(
-                    sql.SQL("SELECT count(*) FROM {} WHERE NOT pg_visible_in_snapshot(txid, %s::pg_snapshot)").format(
-                        part
-                    ),
-                    (cur[0],),
+                    sql.SQL(
+                        "SELECT count(*) FROM {} AS o JOIN {} AS c ON c.shard = {} "
+                        "WHERE NOT pg_visible_in_snapshot(o.txid, c.lo)"
+                    ).format(part, n.cursor, self._row_shard)
                 ).fetchone()
                 if left is None or left[0]:
                     return "undelivered"
                 if rest:  # rows may have arrived since the caller looked: all still below low?
                     top = conn.execute(sql.SQL("SELECT max(id) FROM {}").format(part)).fetchone()
-                    if top is not None and top[0] is not None and int(top[0]) >= int(cur[1]):
+                    if top is not None and top[0] is not None and int(top[0]) >= int(cur[0]):
                         return "moved"
                 conn.execute(sql.SQL("TRUNCATE {}").format(part))
                 return "truncated"

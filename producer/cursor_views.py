@@ -17,13 +17,15 @@ Invariants (tests/test_producer/test_cursor_views.py; the model is test_watermar
 - the at-least-once mode passes the longest prefix of read rows that are all delivered or dead-lettered;
 - nothing moves until the database commit succeeded (:meth:`ViewRead.apply`); a view that fails is
   dropped and the next one reads from the committed cursor;
-- memory is bounded by the rows read and not yet committed, plus one trailing empty page;
+- memory is bounded by the rows read and not yet committed, plus one trailing empty page per shard;
+- sharded (``shards: S``), a :class:`View` holds one :class:`ViewRead` per led shard: each shard's rows pass
+  on its own cursor, in that shard's read order (a key is in one shard: per-key order is a shard's);
 - an idle view (every read row committed, only empty pages since) commits the cursor after them
   (:meth:`ViewRead.idle_cursor`): they pass no row, so the claim "rows ``lo`` sees are delivered" holds;
 - ``haltKey`` (producer/cursor_held.py): rows the read *held* (copied to ``_held`` in the read, or dead
   letters read again) are :attr:`ViewRead.skipped`: they pass with the rows around them without the mode, and
   an idle view whose pending rows are all skipped commits past them (they are durable elsewhere); held rows the
-  view *serves* are tracked apart (:attr:`ViewRead.serving`): the cursor never moves for them.
+  view *serves* are tracked apart (:attr:`View.serving`): the cursor never moves for them.
 """
 
 from __future__ import annotations
@@ -65,7 +67,6 @@ class ViewRead:
     committed: Cursor | None = None  # the last cursor this view committed
     probe_at: float = field(default_factory=time.monotonic)  # when the cursor's probe was taken (or the view began)
     skipped: set[int] = field(default_factory=set)  # haltKey: read rows held by the read (pass without the mode)
-    serving: set[int] = field(default_factory=set)  # haltKey: held rows served, not yet delivered or dead
 
     def add(self, seg: Segment) -> None:
         """A page read: append it (an empty page behind an empty page replaces it: it passes no row)."""
@@ -186,6 +187,65 @@ class ViewRead:
         return sum(len(s.ids) for s in self.segments) - self.done
 
 
+@dataclass
+class View:
+    """One leader view over the shards it leads (``shards: S``; one shard, 0, unsharded): a
+    :class:`ViewRead` per shard, each over its own committed cursor, and the held rows it serves. A read
+    reads one shard's page (:attr:`turn` rotates, so a shard with a backlog starves none); a commit
+    passes each shard's rows on that shard's cursor (:meth:`by_shard`), which read them."""
+
+    leader_id: uuid.UUID
+    epoch: int
+    reads: dict[int, ViewRead]
+    serving: set[int] = field(default_factory=set)  # haltKey: held rows served, not yet delivered or dead
+    turn: int = 0  # index (in shard order) of the shard the next read starts with
+    _shard_of: dict[int, int] = field(default_factory=dict)  # read, uncommitted row id -> its shard
+
+    def order(self) -> list[int]:
+        """The led shards, starting with the one whose turn it is (the caller moves :attr:`turn` on)."""
+        keys = sorted(self.reads)
+        if not keys:  # a standby's view: no shard to read
+            return []
+        k = self.turn % len(keys)
+        return keys[k:] + keys[:k]
+
+    def add(self, shard: int, seg: Segment) -> None:
+        self.reads[shard].add(seg)
+        for rid in seg.ids:
+            self._shard_of[rid] = shard
+
+    def by_shard(self, ids: list[int]) -> tuple[dict[int, list[int]], list[int]]:
+        """``ids`` grouped by the shard that read them (in the given order), and those no shard read."""
+        out: dict[int, list[int]] = {}
+        unknown: list[int] = []
+        for rid in ids:
+            k = self._shard_of.get(rid)
+            if k is None:
+                unknown.append(rid)
+            else:
+                out.setdefault(k, []).append(rid)
+        return out, unknown
+
+    def apply(self, shard: int, finished: int, done: int, cursor: Cursor | None = None) -> None:
+        """:meth:`ViewRead.apply` of ``shard``, forgetting the shards of the rows it passed for good."""
+        r = self.reads[shard]
+        for seg in list(r.segments)[:finished]:
+            for rid in seg.ids:
+                self._shard_of.pop(rid, None)
+        r.apply(finished, done, cursor)
+
+    def idle_committed(self, shard: int, cur: Cursor) -> None:
+        r = self.reads[shard]
+        before = [rid for seg in r.segments for rid in seg.ids]
+        r.idle_committed(cur)
+        if not r.segments:
+            for rid in before:
+                self._shard_of.pop(rid, None)
+
+    def pending_rows(self) -> int:
+        return sum(r.pending_rows() for r in self.reads.values())
+
+
 class CursorViews:
     """The current view of one relay, shared by its read and write connections (under :attr:`lock`).
     ``sequenced``: views start with the fenced mode's view start; else with the first read."""
@@ -193,14 +253,14 @@ class CursorViews:
     def __init__(self, sequenced: bool) -> None:
         self.sequenced = sequenced
         self.lock = threading.Lock()
-        self.view: ViewRead | None = None
+        self.view: View | None = None
 
-    def current(self, leader_id: uuid.UUID) -> ViewRead | None:
+    def current(self, leader_id: uuid.UUID) -> View | None:
         view = self.view
         return view if view is not None and view.leader_id == leader_id else None
 
-    def begin(self, leader_id: uuid.UUID, epoch: int, cursor: Cursor) -> ViewRead:
-        """A new view reads from ``cursor`` (the committed one); the previous view is forgotten."""
+    def begin(self, leader_id: uuid.UUID, epoch: int, cursors: dict[int, Cursor]) -> View:
+        """A new view reads each shard from ``cursors`` (the committed ones); the previous view is forgotten."""
         with self.lock:
-            self.view = ViewRead(leader_id, epoch, cursor)
+            self.view = View(leader_id, epoch, {k: ViewRead(leader_id, epoch, c) for k, c in sorted(cursors.items())})
             return self.view

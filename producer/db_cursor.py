@@ -60,20 +60,20 @@ from harvest_outbox.producer.cursor_held import (
     released_sql,
 )
 from harvest_outbox.producer.cursor_partitions import PartitionKeeper
-from harvest_outbox.producer.cursor_views import CursorViews, NotNextRows, Segment, ViewRead
+from harvest_outbox.producer.cursor_views import CursorViews, NotNextRows, Segment, View
 from harvest_outbox.producer.db import OutboxDatabase
 from harvest_outbox.producer.db_fence import TxnCommit, send_in_one_message
 from harvest_outbox.producer.db_mark import MarkedAttempts, MarkedRow, read_row_fields
 from harvest_outbox.producer.errors import DatabaseError, FenceError, SchemaError
 from harvest_outbox.producer.redact import redact_error
 from harvest_outbox.producer.schema import OutboxNames, Statement, ValueType
-from harvest_outbox.producer.schema_cursor import require_layout
+from harvest_outbox.producer.schema_cursor import require_cursor_rows, require_layout
+from harvest_outbox.producer.shards import shard_expression
 from harvest_outbox.producer.watermark import Cursor, Probe, needs_xid, page_end, start_batch
 from harvest_outbox.producer.watermark_sql import snapshot_of, text_of
 
 log = logging.getLogger(__name__)
 
-SHARD = 0  # one cursor row: the cursor layout is not sharded yet (config refuses shards > 1)
 #: Seconds between an idle view's cursor commits (~120 B of WAL each; only when the cursor moved).
 IDLE_COMMIT_INTERVAL = 1.0
 #: A probe still unresolved after this many seconds means a transaction older than it holds ``low``
@@ -83,9 +83,25 @@ HELD_LOW_SECONDS = 30.0
 HELD_LOW_LOG_INTERVAL = 60.0
 
 
-def read_sql(names: OutboxNames, value_type: ValueType) -> sql.Composed:
+def shard_filter(shard_count: int | None, row: str = "o") -> sql.Composable:
+    """`` AND <row's shard> = %(shard)s`` sharded (the expression of the ``(shard, id)`` index, which then
+    serves the read in id order), nothing unsharded."""
+    if shard_count is None:
+        return sql.SQL("")
+    return sql.SQL(" AND {} = %(shard)s").format(shard_expression(shard_count, sql.SQL(f"{row}.kafka_key")))
+
+
+def row_shard(shard_count: int | None, row: str = "o") -> sql.Composable:
+    """SQL: the shard of the outbox (or ``_held``) row ``row`` (0 unsharded)."""
+    if shard_count is None:
+        return sql.SQL("0")
+    return shard_expression(shard_count, sql.SQL(f"{row}.kafka_key"))
+
+
+def read_sql(names: OutboxNames, value_type: ValueType, shard_count: int | None = None) -> sql.Composed:
     """A page of the batch ``(lo, hi]`` from id ``from``, as the mark's rows (:data:`MarkedRow`);
-    parameters ``from``, ``hi``, ``lo``, ``n``, ``t0`` (see :func:`~producer.db_mark.mark_sql`)."""
+    parameters ``from``, ``hi``, ``lo``, ``n``, ``t0`` (see :func:`~producer.db_mark.mark_sql`), and
+    ``shard`` sharded (only that shard's rows)."""
     return sql.SQL("""
         WITH m AS (
           SELECT {oid} AS id, {t} AS t, {k} AS k, {v} AS v, {hk} AS hk, {hv} AS hv, {row_bad} AS bad,
@@ -93,19 +109,20 @@ def read_sql(names: OutboxNames, value_type: ValueType) -> sql.Composed:
           FROM {o} AS o
           WHERE {oid} >= %(from)s
             AND pg_visible_in_snapshot(o.txid, %(hi)s::text::pg_snapshot)
-            AND NOT pg_visible_in_snapshot(o.txid, %(lo)s::text::pg_snapshot)
+            AND NOT pg_visible_in_snapshot(o.txid, %(lo)s::text::pg_snapshot){shard}
           ORDER BY {oid} LIMIT %(n)s)
         SELECT m.id, m.t, m.k, m.v, m.hk, m.hv, {header_bad}, a.attempts, a.last_error::text, m.p,
                %(t0)s::float8 - coalesce(date_part('epoch', statement_timestamp() - m.c), 0)
         FROM m LEFT JOIN {a} AS a ON a.id = m.id ORDER BY m.id""").format(
         o=names.outbox,
+        shard=shard_filter(shard_count),
         **read_row_fields(names, value_type),
     )
 
 
-def released_rows_sql(names: OutboxNames, value_type: ValueType) -> sql.Composed:
+def released_rows_sql(names: OutboxNames, value_type: ValueType, shard_count: int | None = None) -> sql.Composed:
     """:func:`~producer.cursor_held.released_sql`'s rows as the read's (:data:`MarkedRow`), each followed by its
-    ``held_seq``; parameters ``shard``, ``serving``, ``n``, ``t0``."""
+    ``held_seq``; parameters ``shards``, ``serving``, ``n``, ``t0``."""
     return sql.SQL("""
         WITH r AS ({released}),
         m AS (
@@ -115,7 +132,7 @@ def released_rows_sql(names: OutboxNames, value_type: ValueType) -> sql.Composed
         SELECT m.id, m.t, m.k, m.v, m.hk, m.hv, {header_bad}, a.attempts, a.last_error::text, m.p,
                %(t0)s::float8 - coalesce(date_part('epoch', statement_timestamp() - m.c), 0), m.s
         FROM m LEFT JOIN {a} AS a ON a.id = m.id ORDER BY m.s, m.id""").format(
-        released=released_sql(names),
+        released=released_sql(names, row_shard(shard_count, "h")),
         h=names.held,
         **read_row_fields(names, value_type),
     )
@@ -168,25 +185,29 @@ def cursor_params(after: Cursor) -> tuple[Any, ...]:
     )
 
 
-def backlog_sql(names: OutboxNames) -> sql.Composed:
-    """Committed rows the committed cursor has not passed: (count, age of the oldest in seconds)."""
+def backlog_sql(names: OutboxNames, shard_count: int | None = None, up_to: bool = False) -> sql.Composed:
+    """Per shard of ``%(shards)s``: committed rows of the shard its committed cursor has not passed
+    ``(shard, count, age of the oldest in seconds)``; with ``up_to``, only ids up to ``%(up_to)s``."""
     return sql.SQL("""
-        SELECT count(*), extract(epoch FROM now() - min(o.create_time))
-        FROM {c} AS c JOIN {o} AS o ON o.id >= c.low
-        WHERE c.shard = %s AND NOT pg_visible_in_snapshot(o.txid, c.lo)
-          AND (c.hi IS NULL OR NOT pg_visible_in_snapshot(o.txid, c.hi) OR o.id > c.pos)""").format(
-        c=names.cursor, o=names.outbox
+        SELECT c.shard, count(o.id), extract(epoch FROM now() - min(o.create_time))
+        FROM {c} AS c LEFT JOIN {o} AS o ON o.id >= c.low AND {shard} = c.shard{up_to}
+          AND NOT pg_visible_in_snapshot(o.txid, c.lo)
+          AND (c.hi IS NULL OR NOT pg_visible_in_snapshot(o.txid, c.hi) OR o.id > c.pos)
+        WHERE c.shard = ANY(%(shards)s::int[])
+        GROUP BY c.shard ORDER BY c.shard""").format(
+        c=names.cursor,
+        o=names.outbox,
+        shard=row_shard(shard_count),
+        up_to=sql.SQL(" AND o.id <= %(up_to)s") if up_to else sql.SQL(""),
     )
 
 
-def cursor_backlog(conn: psycopg.Connection, names: OutboxNames, up_to: int | None = None) -> int:
-    """Rows committed to the outbox and not yet passed by the committed cursor (tests, tools); with
-    ``up_to``, only those with ids up to it."""
-    if up_to is None:
-        row = conn.execute(backlog_sql(names), (SHARD,)).fetchone()
-    else:
-        row = conn.execute(sql.SQL("{} AND o.id <= %s").format(backlog_sql(names)), (SHARD, up_to)).fetchone()
-    return int(row[0]) if row else 0
+def cursor_backlog(conn: psycopg.Connection, names: OutboxNames, up_to: int | None = None, shards: int = 1) -> int:
+    """Rows committed to the outbox and not yet passed by the committed cursor of their shard (tests,
+    tools; ``shards``: the outbox's shard count); with ``up_to``, only those with ids up to it."""
+    q = backlog_sql(names, shards if shards > 1 else None, up_to is not None)
+    rows = conn.execute(q, {"shards": list(range(shards)), "up_to": up_to}).fetchall()
+    return sum(int(r[1]) for r in rows)
 
 
 class CursorDatabase(OutboxDatabase):
@@ -202,18 +223,22 @@ class CursorDatabase(OutboxDatabase):
         async_commit: bool = False,
         keeper: PartitionKeeper | None = None,
         halt_keys: bool = False,
+        shard_count: int | None = None,
     ) -> None:
-        super().__init__(dsn, names, None, async_commit=async_commit)
+        super().__init__(dsn, names, shard_count, async_commit=async_commit)
         self.views = views
         self.keeper = keeper
         self.halt_keys = halt_keys
         c = names.cursor
-        returning = sql.SQL(" RETURNING epoch, lo::text, hi::text, pos, low, probe_head, probe_xid::text")
-        self._bump_sql = sql.Composed(
-            [sql.SQL("UPDATE {} SET epoch = epoch + 1, updated_at = now() WHERE shard = %s").format(c), returning]
-        )
+        returning = sql.SQL(" RETURNING shard, lo::text, hi::text, pos, low, probe_head, probe_xid::text")
+        # at-least-once: the led shards' cursor rows locked in shard order (two relays never deadlock), then
+        # all given one epoch above each one's (a commit checks one number; a new view of any shard fences it)
+        self._lock_epochs_sql = sql.SQL(
+            "SELECT max(epoch), count(*) FROM (SELECT epoch FROM {} WHERE shard = ANY(%s::int[]) "
+            "ORDER BY shard FOR UPDATE) AS led"
+        ).format(c)
         self._adopt_sql = sql.Composed(
-            [sql.SQL("UPDATE {} SET epoch = %s, updated_at = now() WHERE shard = %s").format(c), returning]
+            [sql.SQL("UPDATE {} SET epoch = %s, updated_at = now() WHERE shard = ANY(%s::int[])").format(c), returning]
         )
         self._commit_cursor_sql = sql.SQL(
             "UPDATE {} SET lo = %s::text::pg_snapshot, hi = %s::text::pg_snapshot, pos = %s, low = %s, "
@@ -227,16 +252,17 @@ class CursorDatabase(OutboxDatabase):
         }
         self._read_sql: sql.Composed | None = None
         self._released_sql: sql.Composed | None = None
-        self._held_read_sql = held_read_sql(names) if halt_keys else None
+        self._held_read_sql = held_read_sql(names, shard_filter(self.shard_count)) if halt_keys else None
         self._copy_dlq_sql: sql.Composed | None = None
-        self._backlog_sql = backlog_sql(names)
+        self._backlog_sql = backlog_sql(names, self.shard_count)
         self._next_idle_commit = 0.0
         self._next_held_log = 0.0
 
     def _connected(self, conn: psycopg.Connection) -> None:
         require_layout(conn, self.names, "cursor")
+        require_cursor_rows(conn, self.names, self.shard_count or 1)
         super()._connected(conn)
-        self._read_sql = read_sql(self.names, self.value_type)
+        self._read_sql = read_sql(self.names, self.value_type, self.shard_count)
         if self.halt_keys:
             held = conn.execute("SELECT to_regclass(%s)", (self.names.held.as_string(conn),)).fetchone()
             if held is None or held[0] is None:
@@ -245,7 +271,7 @@ class CursorDatabase(OutboxDatabase):
                     f"table {self.names.held.as_string(conn)}, which this outbox predates: run `harvest init-db` "
                     f"(it adds it), or use deadLetterPolicy: skip"
                 )
-            self._released_sql = released_rows_sql(self.names, self.value_type)
+            self._released_sql = released_rows_sql(self.names, self.value_type, self.shard_count)
         self._copy_dlq_sql = copy_dead_letters_sql(self.names, self.value_type)
 
     # ------------------------------------------------------------------ views
@@ -260,25 +286,49 @@ class CursorDatabase(OutboxDatabase):
         the view's epoch and is read: every commit of an earlier view held the fence row lock before
         the raise, so this read sees it, and none can commit after it."""
         epoch, intents, floor = super().start_view_with_floor(leader_id, name)
-        row = self._run("starting a cursor view", self._adopt_sql, (epoch, SHARD)).fetchone()
-        if row is None:
-            raise SchemaError(f"the cursor row of {self.names.display!r} is missing; run `harvest init-db`")
-        view = self.views.begin(leader_id, epoch, cursor_of(row[1:]))
-        log.debug("cursor view %s epoch %d from %s", leader_id, epoch, view.cursor)
+        rows = self._run("starting a cursor view", self._adopt_sql, (epoch, self._led())).fetchall()
+        view = self.views.begin(leader_id, epoch, self._cursors(rows))
+        log.debug("cursor view %s epoch %d of shards %s", leader_id, epoch, sorted(view.reads))
         return epoch, intents, floor
 
-    def _view_for_read(self, leader_id: uuid.UUID) -> ViewRead | None:
+    def _led(self) -> list[int]:
+        """The shards this relay's views read: the led ones sharded, else the one cursor row, 0."""
+        return sorted(self.shards) if self.shard_count is not None else [0]
+
+    def _cursors(self, rows: Sequence[Sequence[Any]]) -> dict[int, Cursor]:
+        cursors = {int(r[0]): cursor_of(r[1:]) for r in rows}
+        missing = sorted(set(self._led()) - set(cursors))
+        if missing:
+            raise SchemaError(
+                f"the cursor row(s) of shard(s) {missing} of {self.names.display!r} are missing; run `harvest init-db`"
+                f"{f' with shards: {self.shard_count}' if self.shard_count else ''} (idempotent; it adds them)"
+            )
+        return cursors
+
+    def _view_for_read(self, leader_id: uuid.UUID) -> View | None:
         view = self.views.current(leader_id)
         if view is not None or self.views.sequenced:
             return view  # sequenced: a view not (or no longer) current reads nothing
-        row = self._run("starting a cursor view", self._bump_sql, (SHARD,)).fetchone()
-        if row is None:
-            raise SchemaError(f"the cursor row of {self.names.display!r} is missing; run `harvest init-db`")
-        return self.views.begin(leader_id, int(row[0]), cursor_of(row[1:]))
+        led = self._led()
+        if not led:
+            return None
+        try:
+            with self.conn.transaction():
+                top = self.conn.execute(self._lock_epochs_sql, (led,)).fetchone()
+                assert top is not None
+                epoch = int(top[0] or 0) + 1
+                rows = self.conn.execute(self._adopt_sql, (epoch, led)).fetchall()
+        except psycopg.Error as exc:
+            self.close()
+            raise DatabaseError(
+                f"starting a cursor view on {self.names.display!r} failed: {redact_error(str(exc), self._dsn).strip()}"
+            ) from exc
+        return self.views.begin(leader_id, epoch, self._cursors(rows))
 
     # ------------------------------------------------------------------ reads
     def mark_with_attempts(self, leader_id: uuid.UUID, limit: int) -> tuple[list[MarkedRow], MarkedAttempts]:
-        """The next page of the view's batch (a new batch when the last one is complete)."""
+        """The next page of the view's batch (a new batch when the last one is complete); sharded, the
+        pages of the led shards in turn (starting with a different shard each time) until ``limit`` rows."""
         if limit < 1:
             return [], {}
         self.conn  # noqa: B018 -- connects, which builds the read statement
@@ -291,21 +341,42 @@ class CursorDatabase(OutboxDatabase):
             limit -= len(served)
             if limit < 1:
                 return served, {r[0]: (r[7], r[8]) for r in served if r[7] is not None}
-        cursor = view.cursor
+        with self.views.lock:
+            order = view.order()
+            view.turn += 1
+        rows: list[MarkedRow] = []
+        idle: list[int] = []
+        for shard in order:
+            page = self._read_page(view, shard, limit - len(rows))
+            if not page:
+                idle.append(shard)
+            rows += page
+            if len(rows) >= limit:
+                break
+        if idle and time.monotonic() >= self._next_idle_commit:
+            self._idle_commit(view, idle)
+        rows = served + rows
+        attempts: MarkedAttempts = {r[0]: (r[7], r[8]) for r in rows if r[7] is not None}
+        return rows, attempts
+
+    def _read_page(self, view: View, shard: int, limit: int) -> list[MarkedRow]:
+        """A page of ``shard``'s batch (a new batch when its last one is complete)."""
+        read = view.reads[shard]
+        cursor = read.cursor
         if cursor.hi is None:
             # an xid (a commit record) only when a probe is due and rows arrived past low since the last
             # batch start: an idle relay's batches write nothing
-            probe = needs_xid(cursor) and (view.head is None or view.head + 1 > cursor.low)
+            probe = needs_xid(cursor) and (read.head is None or read.head + 1 > cursor.low)
             row = self._run("starting a batch", self._batch_sql[probe], ()).fetchone()
             assert row is not None
-            view.head = row[1]
+            read.head = row[1]
             before = cursor.probe
             cursor = start_batch(cursor, snapshot_of(row[0]), int(row[2]) if probe else None, row[1])
             now = time.monotonic()
             if cursor.probe is not None and cursor.probe is not before:
-                view.probe_at = now
-            elif cursor.probe is not None and now - view.probe_at >= HELD_LOW_SECONDS and row[1] is not None:
-                self._held_low(int(row[1]) - cursor.low, now - view.probe_at)
+                read.probe_at = now
+            elif cursor.probe is not None and now - read.probe_at >= HELD_LOW_SECONDS and row[1] is not None:
+                self._held_low(int(row[1]) - cursor.low, now - read.probe_at)
         assert self._read_sql is not None and cursor.hi is not None
         params = {
             "from": cursor.scan_from(),
@@ -313,6 +384,7 @@ class CursorDatabase(OutboxDatabase):
             "lo": text_of(cursor.lo),
             "n": limit,
             "t0": time.monotonic(),
+            "shard": shard,
         }
         waiting = self._hold(view, params) if self._held_read_sql is not None else set()
         rows: list[MarkedRow] = self._run(
@@ -320,24 +392,21 @@ class CursorDatabase(OutboxDatabase):
         ).fetchall()
         after, _complete = page_end(cursor, len(rows), rows[-1][0] if rows else None, limit)
         with self.views.lock:
-            if self.views.current(leader_id) is view:
-                view.add(Segment(cursor, [r[0] for r in rows], after))
+            if self.views.current(view.leader_id) is view:
+                view.add(shard, Segment(cursor, [r[0] for r in rows], after))
                 if waiting:
-                    view.skipped.update(waiting)
+                    read.skipped.update(waiting)
                     rows = [r for r in rows if r[0] not in waiting]
             else:
                 rows = []  # the view ended meanwhile: its reads are the next view's to make again
-        if not rows and not served and time.monotonic() >= self._next_idle_commit:
-            self._idle_commit(view)
-        rows = served + rows
-        attempts: MarkedAttempts = {r[0]: (r[7], r[8]) for r in rows if r[7] is not None}
-        return rows, attempts
+        return rows
 
-    def _serve_released(self, view: ViewRead, limit: int) -> list[MarkedRow]:
-        """haltKey: held rows of released keys in held order, but those this view serves already."""
+    def _serve_released(self, view: View, limit: int) -> list[MarkedRow]:
+        """haltKey: held rows of released keys of the led shards in held order, but those this view serves
+        already."""
         assert self._released_sql is not None
         params = {
-            "shard": SHARD,
+            "shards": sorted(view.reads),
             "serving": sorted(view.serving),
             "n": limit,
             "t0": time.monotonic(),
@@ -353,13 +422,11 @@ class CursorDatabase(OutboxDatabase):
             view.serving.update(r[0] for r in rows)
         return [tuple(r[:-1]) for r in rows]
 
-    def _hold(self, view: ViewRead, params: dict[str, Any]) -> set[int]:
-        """haltKey: copy the page's rows of halted or held keys to ``_held`` (fenced by the view's epoch) and
-        return their ids; a view whose epoch was raised meanwhile copies nothing and ends."""
+    def _hold(self, view: View, params: dict[str, Any]) -> set[int]:
+        """haltKey: copy the page's rows of halted or held keys to ``_held`` (fenced by the epoch of the page's
+        shard's cursor) and return their ids; a view whose epoch was raised meanwhile copies nothing and ends."""
         assert self._held_read_sql is not None
-        flags = self._run(
-            "holding rows", self._held_read_sql, {**params, "shard": SHARD, "epoch": view.epoch}
-        ).fetchall()
+        flags = self._run("holding rows", self._held_read_sql, {**params, "epoch": view.epoch}).fetchall()
         if any(f[4] for f in flags):
             with self.views.lock:
                 if self.views.view is view:
@@ -417,31 +484,40 @@ class CursorDatabase(OutboxDatabase):
             who,
         )
 
-    def _idle_commit(self, view: ViewRead) -> None:
-        """An idle view's cursor, at most every :data:`IDLE_COMMIT_INTERVAL` (fenced by the epoch as every
+    def _idle_commit(self, view: View, shards: list[int]) -> None:
+        """An idle shard's cursor, at most every :data:`IDLE_COMMIT_INTERVAL` (fenced by the epoch as every
         cursor commit; a lost one only leaves the committed cursor older)."""
         self._next_idle_commit = time.monotonic() + IDLE_COMMIT_INTERVAL
-        with self.views.lock:
-            cur = view.idle_cursor() if self.views.view is view else None
-        if cur is None:
-            return
-        n = self._run(
-            "committing the cursor", self._commit_cursor_sql, (*cursor_params(cur), SHARD, view.epoch)
-        ).rowcount
-        if n == 1:
+        moved = False
+        for shard in shards:
             with self.views.lock:
-                view.idle_committed(cur)
+                cur = view.reads[shard].idle_cursor() if self.views.view is view else None
+            if cur is None:
+                continue
+            n = self._run(
+                "committing the cursor", self._commit_cursor_sql, (*cursor_params(cur), shard, view.epoch)
+            ).rowcount
+            if n == 1:
+                moved = True
+                with self.views.lock:
+                    view.idle_committed(shard, cur)
+        if moved:
             self._maintain()  # an idle outbox's delivered partitions retire now, not at the next rows
 
     def stats(self) -> tuple[int, float | None, int]:
-        """(backlog rows the committed cursor has not passed, age of the oldest, dead letters)."""
-        row = self._run("metrics query", self._backlog_sql, (SHARD,)).fetchone()
+        """(backlog rows the led shards' committed cursors have not passed, age of the oldest, dead letters);
+        sharded, :attr:`shard_stats` has each led shard's."""
+        rows = self._run("metrics query", self._backlog_sql, {"shards": self._led()}).fetchall()
         dead = self._run("metrics query", self._stats_dead_sql, ()).fetchone()
         self.halted_keys = int(dead[1]) if dead is not None else 0
-        n = int(row[0]) if row else 0
-        age = None if row is None or row[1] is None else float(row[1])
-        self.shard_stats = {}
-        return n, age, int(dead[0]) if dead is not None else 0
+        per_shard = {int(r[0]): (int(r[1]), None if r[2] is None else float(r[2])) for r in rows}
+        self.shard_stats = per_shard if self.shard_count is not None else {}
+        ages = [a for _n, a in per_shard.values() if a is not None]
+        return (
+            sum(n for n, _a in per_shard.values()),
+            max(ages) if ages else None,
+            int(dead[0]) if dead is not None else 0,
+        )
 
     # ------------------------------------------------------------------ at-least-once
     def purge(self, ids: Sequence[int]) -> int:
@@ -469,10 +545,13 @@ class CursorDatabase(OutboxDatabase):
         try:
             with self.conn.transaction():
                 fenced = self.conn.execute(
-                    sql.SQL("SELECT 1 FROM {} WHERE shard = %s AND epoch = %s FOR SHARE").format(self.names.cursor),
-                    (SHARD, view.epoch),
+                    sql.SQL(
+                        "SELECT count(*) FROM (SELECT 1 FROM {} WHERE shard = ANY(%s::int[]) AND epoch = %s "
+                        "ORDER BY shard FOR SHARE) AS led"
+                    ).format(self.names.cursor),
+                    (sorted(view.reads), view.epoch),
                 ).fetchone()
-                if fenced is None:
+                if fenced is None or int(fenced[0]) != len(view.reads):
                     raise FenceError(f"holding rows of {self.names.display!r}: view epoch {view.epoch} is not current")
                 n = self.conn.execute(hold_rows_sql(self.names), (list(ids),)).rowcount
         except psycopg.Error as exc:
@@ -484,7 +563,9 @@ class CursorDatabase(OutboxDatabase):
             raise DatabaseError(str(exc)) from exc
         with self.views.lock:
             if self.views.view is view:
-                view.skipped.update(ids)
+                groups, _unknown = view.by_shard(list(ids))
+                for shard, group in groups.items():
+                    view.reads[shard].skipped.update(group)
         self._passed([])
         return n
 
@@ -513,25 +594,31 @@ class CursorDatabase(OutboxDatabase):
         return n
 
     def _passed(self, ids: list[int]) -> None:
+        """Commit each shard's cursor past its delivered prefix (those that moved)."""
         with self.views.lock:
             view = self.views.view
             if view is None:
                 return
-            cur, finished, done = view.plan_delivered(ids)
-        if cur is None:
-            return
-        n = self._run(
-            "committing the cursor", self._commit_cursor_sql, (*cursor_params(cur), SHARD, view.epoch)
-        ).rowcount
-        if n != 1:
-            raise DatabaseError(
-                f"cursor commit on {self.names.display!r} refused: another view raised the cursor's epoch "
-                f"(was {view.epoch}); its rows after the committed cursor will be sent again"
-            )
-        with self.views.lock:
-            if self.views.view is view:
-                view.apply(finished, done, cur)
-        self._maintain()
+            groups, _unknown = view.by_shard(ids)  # unknown: served held rows, or not this view's reads
+            plans = []
+            for shard in sorted(view.reads):  # every shard: held rows right behind pass too
+                cur, finished, done = view.reads[shard].plan_delivered(groups.get(shard, []))
+                if cur is not None:
+                    plans.append((shard, cur, finished, done))
+        for shard, cur, finished, done in plans:
+            n = self._run(
+                "committing the cursor", self._commit_cursor_sql, (*cursor_params(cur), shard, view.epoch)
+            ).rowcount
+            if n != 1:
+                raise DatabaseError(
+                    f"cursor commit on {self.names.display!r} refused: another view raised the cursor's epoch (shard "
+                    f"{shard}, was {view.epoch}); its rows after the committed cursor will be sent again"
+                )
+            with self.views.lock:
+                if self.views.view is view:
+                    view.apply(shard, finished, done, cur)
+        if plans:
+            self._maintain()
 
     # ------------------------------------------------------------------ --uuid-sequencing
     def commit_txns(self, epoch: int, leader_id: uuid.UUID, txns: Sequence[TxnCommit]) -> None:
@@ -553,14 +640,20 @@ class CursorDatabase(OutboxDatabase):
                 ids = [i for i in ids if i not in view.serving]
                 dead = [d for d in dead if d[0] not in view.serving]
             try:
-                cur, finished, done = view.plan_exact(ids + [i for i, _e, _a in dead] + dropped)
+                groups, unknown = view.by_shard(ids + [i for i, _e, _a in dead] + dropped)
+                if unknown:
+                    raise NotNextRows(f"the commit passes ids {sorted(unknown)[:10]}... that this view did not read")
+                plans = []
+                for shard in sorted(view.reads):  # every shard: held rows right behind pass too (plan_exact)
+                    cur, finished, done = view.reads[shard].plan_exact(groups.get(shard, []))
+                    plans.append((shard, cur, finished, done))
             except NotNextRows as exc:
                 log.error("%s: %s; ending the view (its rows are read again by the next)", n.display, exc)
                 raise FenceError(f"commit refused on {n.display!r}: {exc}") from None
         self.conn  # noqa: B018 -- connects, which builds the dead-letter statement
         statements: list[tuple[Statement, Sequence[Any]]] = [(self._fence_sql, (max(t.ack_clock for t in txns),))]
-        if cur is not None:
-            statements.append((self._commit_cursor_sql, (*cursor_params(cur), SHARD, epoch)))
+        moved = [(shard, cur) for shard, cur, _f, _d in plans if cur is not None]
+        statements += [(self._commit_cursor_sql, (*cursor_params(cur), shard, epoch)) for shard, cur in moved]
         if dead:
             assert self._copy_dlq_sql is not None
             statements.append(
@@ -589,13 +682,14 @@ class CursorDatabase(OutboxDatabase):
             conn = self.conn
             epochs, counts = send_in_one_message(conn, statements)  # why one message: db_fence
             refusal = None
-            if epochs != [epoch]:
+            if not epochs or any(e != epoch for e in epochs) or len(epochs) != len(view.reads):
                 refusal = (
-                    f"commit refused by the fence of {n.display!r}: epoch is {epochs or None}, this view's is {epoch}"
+                    f"commit refused by the fence of {n.display!r}{self.shard_text}: epochs are "
+                    f"{sorted(set(epochs)) or None}, this view's is {epoch}"
                 )
-            elif cur is not None and counts[0] != 1:
+            elif any(c != 1 for c in counts[: len(moved)]):
                 refusal = f"commit refused by the cursor of {n.display!r}: its epoch is no longer {epoch}"
-            elif dead and counts[1 if cur is not None else 0] != len(dead):
+            elif dead and counts[len(moved)] != len(dead):
                 refusal = f"dead-lettering refused on {n.display!r}: some of {len(dead)} row(s) are gone"
             conn.execute("ROLLBACK" if refusal else "COMMIT")
         except psycopg.Error as exc:
@@ -605,10 +699,15 @@ class CursorDatabase(OutboxDatabase):
             raise FenceError(refusal)
         with self.views.lock:
             if self.views.view is view:
-                view.apply(finished, done, cur)
+                for shard, cur, finished, done in plans:
+                    view.apply(shard, finished, done, cur)
                 view.serving.difference_update(held_ids + [i for i, _e, _a in held_dead])
         self._maintain()
 
     def _maintain(self) -> None:
-        if self.keeper is not None and self._conn is not None and not self._conn.closed:
+        """Partition maintenance, by the relay leading shard 0 (one keeper for the outbox; a partition
+        retires only once every shard's committed ``low`` is past it: producer/cursor_partitions.py)."""
+        if self.keeper is None or self._conn is None or self._conn.closed:
+            return
+        if self.shard_count is None or 0 in self.shards:
             self.keeper.maybe_run(self._conn)

@@ -14,7 +14,9 @@ writer's INSERT that waited resolves the table's name again and lands in the new
 4. every row of the old table is copied in id order with new ids, lowest first: they go out before any
    row written after the migration, each key's rows in their old order; rows a stopped relay had marked
    (``leader_id``) are copied too (as the next view would have re-marked them);
-5. attempt counts move to their rows' new ids.
+5. attempt counts move to their rows' new ids;
+6. ``shards: S``: the shard index on the new table and a cursor row per shard (all at the origin: every
+   copied row is pending in its shard).
 
 Invariants (tests/test_producer/test_cursor_relay.py): nothing changes unless all of it does (one
 transaction); the copied rows keep their order, columns and attempt counts; the old table is kept.
@@ -32,11 +34,12 @@ from harvest_outbox.producer.schema_checks import inspect_outbox, require_utf8_r
 from harvest_outbox.producer.schema_cursor import (
     PARTITION_IDS,
     PARTITIONS_AHEAD,
+    add_shard_cursors,
     create_partition,
     layout_of,
     require_server,
 )
-from harvest_outbox.producer.schema_ddl import outbox_ddl
+from harvest_outbox.producer.schema_ddl import outbox_ddl, shard_ddl
 from harvest_outbox.producer.schema_names import OutboxNames, derived_name
 
 
@@ -49,8 +52,11 @@ class Migrated:
     first_id: int
 
 
-def migrate_to_cursor(conn: psycopg.Connection, outbox_table: str, partition_ids: int = PARTITION_IDS) -> Migrated:
-    """Migrate ``outbox_table`` (goharvest's table) to the cursor layout (module doc); one transaction."""
+def migrate_to_cursor(
+    conn: psycopg.Connection, outbox_table: str, partition_ids: int = PARTITION_IDS, shards: int = 1
+) -> Migrated:
+    """Migrate ``outbox_table`` (goharvest's table) to the cursor layout (module doc); one transaction.
+    ``shards: S`` > 1: the new table gets the shard index and a cursor row per shard, all at the origin."""
     names = OutboxNames.parse(outbox_table)
     require_utf8_readable(conn)
     require_server(conn)
@@ -89,8 +95,9 @@ def migrate_to_cursor(conn: psycopg.Connection, outbox_table: str, partition_ids
                     sql.Identifier(seq[0], seq[1]), sql.Identifier(derived_name(names.table, "_goharvest_id_seq"))
                 )
             )
-        for stmt in outbox_ddl(names, value_type, "cursor"):
+        for stmt in outbox_ddl(names, value_type, "cursor") + shard_ddl(names, shards):
             conn.execute(stmt)
+        add_shard_cursors(conn, names, shards)
         top = conn.execute(
             sql.SQL(
                 "SELECT greatest((SELECT max(id) FROM {o}), (SELECT max(id) FROM {d}), (SELECT max(id) FROM {a}), 0), "

@@ -210,13 +210,16 @@ class RelayCore:
         from harvest_outbox.producer.db_cursor import CursorDatabase
 
         views = CursorViews(sequenced=self.config.uuid_sequencing)
-        keeper = PartitionKeeper(self.names)
+        count = self.shards.count if self.shards is not None else None
+        keeper = PartitionKeeper(self.names, shard_count=count)
         dsn = self.config.data_source
         halt = self.halt.enabled
-        self.db = CursorDatabase(dsn, self.names, views, keeper=keeper, halt_keys=halt)
+        self.db = CursorDatabase(dsn, self.names, views, keeper=keeper, halt_keys=halt, shard_count=count)
         self.db.conn  # noqa: B018 -- fail fast: connection, layout and schema checks
         self.exec = ThreadPoolExecutor(1, thread_name_prefix=f"harvest-db-{self.config.name}")
-        self.mark_db = CursorDatabase(dsn, self.names, views, async_commit=True, keeper=keeper, halt_keys=halt)
+        self.mark_db = CursorDatabase(
+            dsn, self.names, views, async_commit=True, keeper=keeper, halt_keys=halt, shard_count=count
+        )
         self.mark_db.prepare_mark()
         self.mark_exec = ThreadPoolExecutor(1, thread_name_prefix=f"harvest-mark-{self.config.name}")
         self.listener = Listener(self.config.data_source, self.names)

@@ -189,3 +189,55 @@ def range_partitions(conn: psycopg.Connection, names: OutboxNames) -> list[tuple
         (names.outbox.as_string(conn),),
     ).fetchall()
     return sorted((int(a), int(b), n) for n, a, b in rows if a is not None and b is not None)
+
+
+def _cursor_shards(conn: psycopg.Connection, names: OutboxNames) -> list[int]:
+    return sorted(int(r[0]) for r in conn.execute(sql.SQL("SELECT shard FROM {}").format(names.cursor)).fetchall())
+
+
+def _other_count(names: OutboxNames, have: list[int], shards: int) -> SchemaError:
+    return SchemaError(
+        f"the cursor table of {names.display!r} holds the cursors of shards {have[:8]}{'...' if len(have) > 8 else ''} "
+        f"(shards: {len(have)}), and the config has shards: {shards}. A cursor-layout outbox keeps the shard count "
+        f"it was given (its shards' cursors are not comparable): set shards: {len(have)}, or drain it, stop every "
+        f"relay and start a new outbox with `harvest init-db` (docs/sharding.md)"
+    )
+
+
+def require_cursor_rows(conn: psycopg.Connection, names: OutboxNames, shards: int) -> None:
+    """The cursor table holds exactly the rows of shards ``0..shards-1`` (a relay never reads a shard
+    without its cursor, nor leaves one unread)."""
+    have = _cursor_shards(conn, names)
+    if have == list(range(shards)):
+        return
+    if have == [0] and shards > 1:
+        raise SchemaError(
+            f"the cursor table of {names.display!r} holds one cursor (shards: 1) and the config has shards: {shards}: "
+            f"stop the relays of shards: 1, then run `harvest init-db` with shards: {shards} (it gives the new "
+            f"shards copies of that cursor: no row is skipped or sent twice)"
+        )
+    if have and have == list(range(len(have))):
+        raise _other_count(names, have, shards)
+    raise SchemaError(
+        f"the cursor table of {names.display!r} holds the cursors of shards {have} for shards: {shards}; run "
+        f"`harvest init-db` with shards: {shards} (idempotent; it adds missing cursor rows)"
+    )
+
+
+def add_shard_cursors(conn: psycopg.Connection, names: OutboxNames, shards: int) -> None:
+    """``init-db`` with ``shards: S``: a cursor row per shard. A table with the one cursor of ``shards: 1``
+    (or a new one) gives shards ``1..S-1`` copies of it: that cursor passed exactly the rows it delivered,
+    whatever their shard, so each shard's copy passes exactly that shard's delivered rows. Rows of another
+    shard count are refused (each shard's cursor passed only its shard's rows; they cannot be re-split)."""
+    have = _cursor_shards(conn, names)
+    if have == list(range(shards)):
+        return
+    if have != [0]:
+        raise _other_count(names, have, shards)
+    conn.execute(
+        sql.SQL(
+            "INSERT INTO {c} (shard, lo, hi, pos, low, probe_head, probe_xid) "
+            "SELECT s, c.lo, c.hi, c.pos, c.low, c.probe_head, c.probe_xid "
+            "FROM {c} AS c, generate_series(1, {last}) AS s WHERE c.shard = 0"
+        ).format(c=names.cursor, last=sql.Literal(shards - 1))
+    )

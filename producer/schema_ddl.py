@@ -19,6 +19,7 @@ from harvest_outbox.producer.schema_checks import column_types, inspect_outbox, 
 from harvest_outbox.producer.schema_cursor import (
     PARTITION_IDS,
     PARTITIONS_AHEAD,
+    add_shard_cursors,
     create_partition,
     cursor_outbox_ddl,
     range_partitions,
@@ -295,10 +296,8 @@ def init_db(
     names = OutboxNames.parse(outbox_table, mapping)
     if layout not in ("mark", "cursor"):
         raise ConfigError(f"outboxLayout: {layout!r} is not a layout; use mark or cursor")
-    if layout == "cursor" and (shards != 1 or partition_ids < 1):
-        raise ConfigError(
-            f"outboxLayout: cursor needs shards: 1 (got {shards}) and partitions of at least 1 id (got {partition_ids})"
-        )
+    if layout == "cursor" and partition_ids < 1:
+        raise ConfigError(f"outboxLayout: cursor needs partitions of at least 1 id (got {partition_ids})")
 
     def run(conn: psycopg.Connection) -> None:
         require_utf8_readable(conn)
@@ -314,6 +313,7 @@ def init_db(
             for stmt in outbox_ddl(names, vtype, layout) + shard_ddl(names, shards):
                 conn.execute(stmt)
             if layout == "cursor":
+                add_shard_cursors(conn, names, shards)
                 if not range_partitions(conn, names):
                     for p in range(PARTITIONS_AHEAD):
                         conn.execute(create_partition(names, p * partition_ids, (p + 1) * partition_ids))

@@ -85,7 +85,7 @@ def held(conn: psycopg.Connection[Any], names: OutboxNames) -> list[tuple[int, s
 
 
 def released(conn: psycopg.Connection[Any], names: OutboxNames, serving: tuple[int, ...] = ()) -> list[int]:
-    params = {"shard": 0, "serving": list(serving), "n": 100}
+    params = {"shards": [0], "serving": list(serving), "n": 100}
     rows = conn.execute(released_sql(names), params).fetchall()
     return [int(r[1]) for r in rows]
 

@@ -46,13 +46,12 @@ PARTITION_IDS = 100  # a few hundred rows span several partitions
     ("changes", "message"),
     [
         ({"outbox_layout": "marks"}, "outboxLayout: 'marks' is not a layout; use mark"),
-        ({"outbox_layout": "cursor", "shards": 2}, "outboxLayout: cursor does not support shards: 2 yet"),
         (
             {"outbox_layout": "cursor", "missing_topic_policy": "hold"},
             "outboxLayout: cursor does not support missingTopicPolicy: hold yet",
         ),
     ],
-    ids=["unknown", "shards", "hold"],
+    ids=["unknown", "hold"],
 )
 def test_the_layout_is_validated(changes: dict[str, object], message: str) -> None:
     with pytest.raises(ConfigError, match=message.replace("(", r"\(")):
