@@ -22,7 +22,14 @@ interface: the modes run on it unchanged.
   delivered partitions retire; a batch start takes an xid only when a probe is due and new rows arrived;
 - a probe unresolved for :data:`HELD_LOW_SECONDS` (a long transaction holds ``low`` back) is logged with
   the scan's width and the oldest transaction holding an xid, at most once a minute;
-- partitions: :class:`~producer.cursor_partitions.PartitionKeeper` after a commit;
+- partitions: :class:`~producer.cursor_partitions.PartitionKeeper` after a commit (sharded: by the relay leading
+  shard 0; a partition retires below every shard's ``low``);
+- ``shards: S`` (docs/sharding.md): a cursor row per shard; a view of the led shards has a
+  :class:`~producer.cursor_views.ViewRead` per shard (:class:`~producer.cursor_views.View`): a read reads the
+  shards' pages in turn, each ``AND <shard of kafka_key> = s`` (the ``(shard, id)`` index); a view start gives
+  every led shard's cursor row the view's epoch (locked in shard order); a commit moves each shard's cursor
+  past that shard's rows, ``WHERE shard = s AND epoch = E``, the sequenced one behind the fence of every led
+  shard; the cursor table must hold exactly shards ``0..S-1`` (checked at connect: never a shard unread);
 - ``halt_keys`` (``deadLetterPolicy: haltKey``; producer/cursor_held.py; still refused by the config: the
   admin commands are not done): each read first serves the held rows
   of released keys (after the last one this view served), then copies the page's rows of halted or held

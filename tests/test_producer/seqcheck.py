@@ -205,6 +205,7 @@ def seq_yaml(
     txn_records: int = 200,
     leader_election: str = "neli",
     shards: int | None = None,
+    outbox_layout: str | None = None,
 ) -> Path:
     """A sequencing relay's YAML with small transactions and fast failure handling."""
     return write_config(
@@ -216,6 +217,7 @@ def seq_yaml(
         leader_election=leader_election,
         leader_lock_check_interval="500ms",
         shards=shards,
+        outbox_layout=outbox_layout,
         extra_limits={
             "idlePollInterval": "300ms",
             "ioErrorBackoff": "100ms",

@@ -1,4 +1,5 @@
-"""Sharded relays as real processes (``shards: 8``, ``--uuid-sequencing``), in both election modes,
+"""Sharded relays as real processes (``shards: 8``, ``--uuid-sequencing``), in both election modes (and on
+``outboxLayout: cursor`` with Postgres locks: a cursor per shard),
 while application writers keep committing (and rolling back): kill -9 of one of three relays moves
 only its shards; a paused relay (SIGSTOP) loses or keeps its shards as its election says and, resumed,
 cannot commit what another relay now owns; a graceful stop hands its shards over. At the end the whole
@@ -18,6 +19,7 @@ import pytest
 from seqcheck import Expected, SeqRelay, check_exactly_once, count_rows, read_intents, seq_yaml, wait_for, write_traffic
 
 from harvest_outbox.producer.config import load_yaml
+from harvest_outbox.producer.db_cursor import cursor_backlog
 from harvest_outbox.producer.election.sharded_neli import fair_share
 from harvest_outbox.producer.errors import ElectionError
 from harvest_outbox.producer.schema import init_db
@@ -43,9 +45,18 @@ def _by_relay(leaders: dict[int, str]) -> dict[str, set[int]]:
     return out
 
 
-@pytest.mark.parametrize("election", ["postgres", "neli"])
+@pytest.mark.parametrize(
+    ("election", "layout"),
+    [
+        pytest.param("postgres", "mark", id="postgres"),
+        pytest.param("neli", "mark", id="neli"),
+        # outboxLayout: cursor (a cursor per shard, fenced per shard): one election, for the suite's time
+        pytest.param("postgres", "cursor", id="postgres-cursor"),
+    ],
+)
 def test_sharded_relays_kill9_pause_and_handover_exactly_once(
     election: str,
+    layout: str,
     pg_dsn: str,
     kafka_bootstrap: str,
     pg_schema: str,
@@ -55,10 +66,26 @@ def test_sharded_relays_kill9_pause_and_handover_exactly_once(
 ) -> None:
     topic = topic_factory(partitions=PARTITIONS)
     table = f"{pg_schema}.outbox"
-    init_db(pg_dsn, table, shards=S)
+    names = init_db(pg_dsn, table, shards=S, layout=layout)
     cfg = seq_yaml(
-        tmp_path / "harvest.yaml", pg_dsn, kafka_bootstrap, table, unique_name("g"), leader_election=election, shards=S
+        tmp_path / "harvest.yaml",
+        pg_dsn,
+        kafka_bootstrap,
+        table,
+        unique_name("g"),
+        leader_election=election,
+        shards=S,
+        outbox_layout=layout if layout != "mark" else None,
     )
+
+    def drained() -> bool:
+        if read_intents(pg_dsn, table):
+            return False
+        if layout == "mark":
+            return count_rows(pg_dsn, table) == 0
+        with psycopg.connect(pg_dsn) as conn:  # the cursor layout keeps its rows: every shard's cursor passed them
+            return cursor_backlog(conn, names, shards=S) == 0
+
     exp = Expected()
     stop_writing = threading.Event()
 
@@ -130,12 +157,12 @@ def test_sharded_relays_kill9_pause_and_handover_exactly_once(
         stop_writing.set()
         for t in writers:
             t.join()
-        wait_for(lambda: count_rows(pg_dsn, table) == 0 and not read_intents(pg_dsn, table), 120, "drained")
+        wait_for(drained, 120, "drained")
         assert relays["b"].stop() == 0
         res = check_exactly_once(kafka_bootstrap, topic, PARTITIONS, exp)
         views = sum(len(r.views()) for r in relays.values())
         print(
-            f"\nsharded ({election}): {exp.total} rows exactly once over {PARTITIONS} partitions, "
+            f"\nsharded ({election}, {layout}): {exp.total} rows exactly once over {PARTITIONS} partitions, "
             f"{len(exp.rolled_back)} rolled back, {views} shard views; "
             + ", ".join(f"{k}: {v:.1f}s" for k, v in moved.items())
         )
