@@ -17,7 +17,8 @@ whose names look secret in plans and the UI), the plan as one JSON value.
 Invariants:
 - a task's rows are a function of its ranges and starting states only (Spark may run it again);
 - every partition with anything to read is in exactly one task; a task holds one partition's
-  chunk (and open spans) at a time, so its memory does not grow with the partitions it reads;
+  chunk (and open spans) at a time, and hands what a chunk freed back to the OS before the next
+  (:mod:`spark_reader.freed_memory`), so its memory does not grow with the partitions it reads;
 - a partition with nothing in ``[read_from, end)`` gets no task: its starting states are carried
   into the checkpoint by the driver.
 """
@@ -32,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 
+from harvest_outbox.spark_reader import freed_memory
 from harvest_outbox.spark_reader.batch_rows import committed_rows, end_rows, full_schema, with_state_fields
 from harvest_outbox.spark_reader.kafka_arrow import RAW_SCHEMA, iter_ranges
 from harvest_outbox.spark_reader.offsets import ReadRange
@@ -126,6 +128,8 @@ class CommittedBatchReader(DataSourceReader):
             seq = SplitSequencer(s.plan, p, start, unpack_states(f"{s.plan.topic}/{p}", states), phases)
             for rows in seq.run(source.batches(p)):
                 yield from committed_rows(rows.cast(_SEQUENCED_ARROW)).to_batches()
+                del rows
+                phases.release += freed_memory.release()
             if seq.records:  # nothing read (control records only): the driver carries the starting states
                 yield from end_rows(p, seq.end_states, _FULL_ARROW).to_batches()
         phases.log([r[0] for r in ranges], "batch")

@@ -67,13 +67,15 @@ class Phases:
     Arrow batches; ``first_batch``: the part of it until the first Arrow batch of up to
     ``read_batch`` records: the consumer's connection and first fetches, and reading that batch), ``state`` (the stream's state files), ``sequence``
     (headers, uuids, Sequencer, selecting rows) and ``downstream`` (suspended at ``yield``: Spark taking the rows into the JVM and
-    through the rest of the plan, e.g. the sink)."""
+    through the rest of the plan, e.g. the sink) and ``release`` (a batch task handing each chunk's freed
+    memory back to the OS, :mod:`spark_reader.freed_memory`)."""
 
     read: float = 0.0
     first_batch: float = 0.0
     state: float = 0.0
     sequence: float = 0.0
     downstream: float = 0.0
+    release: float = 0.0
     records: int = 0
     rows: int = 0
     peak_rss_bytes: int = 0
