@@ -30,6 +30,7 @@ Invariants (tests/test_producer/test_cursor_views.py; the model is test_watermar
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 import uuid
@@ -229,7 +230,7 @@ class View:
     def apply(self, shard: int, finished: int, done: int, cursor: Cursor | None = None) -> None:
         """:meth:`ViewRead.apply` of ``shard``, forgetting the shards of the rows it passed for good."""
         r = self.reads[shard]
-        for seg in list(r.segments)[:finished]:
+        for seg in itertools.islice(r.segments, finished):
             for rid in seg.ids:
                 self._shard_of.pop(rid, None)
         r.apply(finished, done, cursor)

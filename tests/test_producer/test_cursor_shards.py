@@ -217,3 +217,25 @@ def test_a_shards_read_uses_the_shard_index(pg_dsn: str, pg_schema: str) -> None
         got = conn.execute(q, params).fetchall()
         assert len(got) == 300 and all(shard_of(r[2], S) == 2 for r in got)
         assert [r[0] for r in got] == sorted(r[0] for r in got)
+
+
+def test_harvest_check_reads_each_shards_cursor(pg_dsn: str, pg_schema: str) -> None:
+    """``harvest check`` on a sharded cursor outbox: the shard index, and the backlog of each shard's cursor;
+    a config with another shard count is a FAIL naming the count the outbox has."""
+    from harvest_outbox.producer.check import check_outbox
+
+    table = f"{pg_schema}.outbox"
+    names = init_db(pg_dsn, table, layout="cursor", partition_ids=PARTITION_IDS, shards=S)
+    keys = [_key_in(0, "a"), _key_in(0, "b"), _key_in(3, "c")]
+    _stash(pg_dsn, table, keys)
+    cfg = HarvestConfig(data_source=pg_dsn, outbox_table=table, outbox_layout="cursor", shards=S)
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        now = conn.execute("SELECT pg_current_snapshot()::text").fetchone()[0]  # type: ignore[index]
+        _set_cursor(conn, names, 3, now, 0)  # shard 3's cursor passed its row
+        found = {f.subject: f for f in check_outbox(conn, cfg)}
+        assert all(f.level == "OK" for f in found.values()), found
+        assert found["backlog"].message.startswith("2 row(s) the committed cursor has not passed"), found
+        assert "(shard 0: 2, shard 1: 0, shard 2: 0, shard 3: 0)" in found["backlog"].message, found
+        assert names.shard_index_name(S) in found["index"].message
+        wrong = [f for f in check_outbox(conn, cfg.replace(shards=2)) if f.level == "FAIL"]
+        assert [f.subject for f in wrong] == ["cursor"] and f"set shards: {S}" in wrong[0].message, wrong
