@@ -68,6 +68,8 @@ class ViewRead:
     committed: Cursor | None = None  # the last cursor this view committed
     probe_at: float = field(default_factory=time.monotonic)  # when the cursor's probe was taken (or the view began)
     skipped: set[int] = field(default_factory=set)  # haltKey: read rows held by the read (pass without the mode)
+    batch_width: int = 0  # the scan gauge: ids from the batch's low to the head at its start
+    batch_rows: int = 0  # rows its pages returned so far
 
     def add(self, seg: Segment) -> None:
         """A page read: append it (an empty page behind an empty page replaces it: it passes no row)."""

@@ -264,6 +264,10 @@ class CursorDatabase(OutboxDatabase):
         self._backlog_sql = backlog_sql(names, self.shard_count)
         self._next_idle_commit = 0.0
         self._next_held_log = 0.0
+        #: The scan gauge, per shard: (ids the last complete batch's reads spanned, rows they returned).
+        self._scans: dict[int, tuple[int, int]] = {}
+        #: The led shard whose last batch spanned the most ids, as ``_scans``' value (None before one).
+        self.scan: tuple[int, int] | None = None
 
     def _connected(self, conn: psycopg.Connection) -> None:
         require_layout(conn, self.names, "cursor")
@@ -379,6 +383,9 @@ class CursorDatabase(OutboxDatabase):
             read.head = row[1]
             before = cursor.probe
             cursor = start_batch(cursor, snapshot_of(row[0]), int(row[2]) if probe else None, row[1])
+            # each page's index range starts at low (then pos): while a long transaction holds low back, the
+            # batch walks the ids up to the head again, most of them delivered already
+            read.batch_width, read.batch_rows = max(0, int(row[1] or 0) - cursor.low + 1), 0
             now = time.monotonic()
             if cursor.probe is not None and cursor.probe is not before:
                 read.probe_at = now
@@ -397,7 +404,10 @@ class CursorDatabase(OutboxDatabase):
         rows: list[MarkedRow] = self._run(
             "reading the outbox", self._read_sql, params, prepare=self._prepare_mark, cursor=self._mark_cursor
         ).fetchall()
-        after, _complete = page_end(cursor, len(rows), rows[-1][0] if rows else None, limit)
+        after, complete = page_end(cursor, len(rows), rows[-1][0] if rows else None, limit)
+        read.batch_rows += len(rows)
+        if complete:
+            self._scans[shard] = (read.batch_width, read.batch_rows)
         with self.views.lock:
             if self.views.current(view.leader_id) is view:
                 view.add(shard, Segment(cursor, [r[0] for r in rows], after))
@@ -519,6 +529,8 @@ class CursorDatabase(OutboxDatabase):
         self.halted_keys = int(dead[1]) if dead is not None else 0
         per_shard = {int(r[0]): (int(r[1]), None if r[2] is None else float(r[2])) for r in rows}
         self.shard_stats = per_shard if self.shard_count is not None else {}
+        scans = [self._scans[k] for k in self._led() if k in self._scans]
+        self.scan = max(scans) if scans else None
         ages = [a for _n, a in per_shard.values() if a is not None]
         return (
             sum(n for n, _a in per_shard.values()),

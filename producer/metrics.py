@@ -66,6 +66,9 @@ class Metrics:
         self.halted_keys: int | None = None
         #: ``shards: S``: the led shards' (rows, oldest unsent age), from the same query.
         self.shard_backlog: dict[int, tuple[int, float | None]] = {}
+        #: ``outboxLayout: cursor``: (ids the last complete batch's reads spanned, rows it returned), the led
+        #: shard with the widest; None on the mark layout or before a batch completed.
+        self.cursor_scan: tuple[int, int] | None = None
         self.is_leader = False
         self.dwell = DwellHistograms()
         self.transaction_rows = new_cells(TRANSACTION_ROWS_BUCKETS)
@@ -155,6 +158,18 @@ class _Collector:
             "harvest_halted_keys",
             "Keys (topic, key) with a dead letter; under deadLetterPolicy haltKey their rows wait (leader only)",
             m.halted_keys if lead else None,
+        )
+        scan = m.cursor_scan if lead else None
+        yield gauge(
+            "harvest_cursor_scan_ids",
+            "outboxLayout cursor: ids the last complete batch's reads spanned, from the cursor's low to the "
+            "outbox's head (widest led shard); grows while a long transaction holds low back (leader only)",
+            scan[0] if scan else None,
+        )
+        yield gauge(
+            "harvest_cursor_scan_rows",
+            "outboxLayout cursor: rows that batch returned (leader only)",
+            scan[1] if scan else None,
         )
         yield gauge("harvest_is_leader", "1 if this relay is the leader", 1.0 if m.is_leader else 0.0)
         yield from self._histograms()

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import threading
 import time
+import uuid
 from collections.abc import Callable
 from typing import Any
 
@@ -239,3 +240,45 @@ def test_harvest_check_reads_each_shards_cursor(pg_dsn: str, pg_schema: str) -> 
         assert names.shard_index_name(S) in found["index"].message
         wrong = [f for f in check_outbox(conn, cfg.replace(shards=2)) if f.level == "FAIL"]
         assert [f.subject for f in wrong] == ["cursor"] and f"set shards: {S}" in wrong[0].message, wrong
+
+
+def test_the_scan_gauge_shows_a_long_transaction_widening_the_reads(pg_dsn: str, pg_schema: str) -> None:
+    """``harvest_cursor_scan_ids``: while a transaction with an xid stays open, each batch of a shard walks the
+    ids from its held ``low`` to the head again (most delivered already), returning few rows; once it ends,
+    the probe moves ``low`` up and the span shrinks back to the batch's new rows."""
+    from harvest_outbox.producer.metrics import Metrics, _Collector
+
+    table = f"{pg_schema}.outbox"
+    names = init_db(pg_dsn, table, layout="cursor", partition_ids=1_000_000, shards=S)
+    db = CursorDatabase(pg_dsn, names, CursorViews(False), shard_count=S)
+    db.set_shards(frozenset(range(S)))
+    holder = psycopg.connect(pg_dsn)
+    lid = uuid.uuid4()
+
+    def relay_rounds(rounds: int) -> tuple[int, int]:
+        for _ in range(rounds):
+            for _page in range(2 * S):  # every shard's batch completes (a short page), then a new one starts
+                got = [r[0] for r in db.mark_with_attempts(lid, 1000)[0]]
+                if got:
+                    db.purge(got)
+            _stash(pg_dsn, table, [f"k{i}" for i in range(8)])
+            time.sleep(0.05)
+        db.stats()
+        assert db.scan is not None
+        return db.scan
+
+    try:
+        holder.execute("SELECT pg_current_xact_id()")  # an xid: the probe cannot resolve while it is open
+        _stash(pg_dsn, table, [f"k{i}" for i in range(200)])
+        width, rows = relay_rounds(6)
+        assert width >= 200 and rows < 20, (width, rows)  # the delivered 200 walked again for a few new rows
+        m = Metrics()
+        m.is_leader, m.cursor_scan = True, db.scan
+        exported = {f.name: f.samples[0].value for f in _Collector(m, "r").collect() if f.name.startswith("harvest_c")}
+        assert exported == {"harvest_cursor_scan_ids": float(width), "harvest_cursor_scan_rows": float(rows)}
+        holder.rollback()
+        width, rows = relay_rounds(6)
+        assert width < 40, (width, rows)  # back to about a batch's own rows
+    finally:
+        holder.close()
+        db.close()
