@@ -98,7 +98,15 @@ def shard_status(config: HarvestConfig) -> list[ShardStatus]:
 
     names = OutboxNames.parse(config.outbox_table, config.table_mapping)
     with connect(config.data_source) as conn:
-        backlog = backlog_by_shard(conn, names, config.shards)
+        if config.outbox_layout == "cursor":  # its rows stay until retired: each shard's cursor tells what waits
+            from harvest_outbox.producer.db_cursor import backlog_sql
+
+            per_shard = conn.execute(
+                backlog_sql(names, config.shards), {"shards": list(range(config.shards))}
+            ).fetchall()
+            backlog = {int(k): (int(n), None if age is None else float(age)) for k, n, age in per_shard}
+        else:
+            backlog = backlog_by_shard(conn, names, config.shards)
         leaders = (
             postgres_leaders(conn, config.outbox_table, config.shards)
             if config.leader_election == "postgres"

@@ -221,9 +221,10 @@ def test_a_shards_read_uses_the_shard_index(pg_dsn: str, pg_schema: str) -> None
 
 
 def test_harvest_check_reads_each_shards_cursor(pg_dsn: str, pg_schema: str) -> None:
-    """``harvest check`` on a sharded cursor outbox: the shard index, and the backlog of each shard's cursor;
-    a config with another shard count is a FAIL naming the count the outbox has."""
+    """``harvest check`` and ``harvest shards`` on a sharded cursor outbox: the shard index, and the backlog of
+    each shard's cursor; a config with another shard count is a FAIL naming the count the outbox has."""
     from harvest_outbox.producer.check import check_outbox
+    from harvest_outbox.producer.shard_status import shard_status
 
     table = f"{pg_schema}.outbox"
     names = init_db(pg_dsn, table, layout="cursor", partition_ids=PARTITION_IDS, shards=S)
@@ -238,6 +239,11 @@ def test_harvest_check_reads_each_shards_cursor(pg_dsn: str, pg_schema: str) -> 
         assert found["backlog"].message.startswith("2 row(s) the committed cursor has not passed"), found
         assert "(shard 0: 2, shard 1: 0, shard 2: 0, shard 3: 0)" in found["backlog"].message, found
         assert names.shard_index_name(S) in found["index"].message
+        # `harvest shards`: what each shard's cursor has not passed, not the rows kept until retirement
+        status = shard_status(cfg.replace(leader_election="postgres"))  # nobody leads: no Kafka needed
+        assert [(st.index, st.backlog_rows, st.leader) for st in status] == [(0, 2, None)] + [
+            (k, 0, None) for k in (1, 2, 3)
+        ]
         wrong = [f for f in check_outbox(conn, cfg.replace(shards=2)) if f.level == "FAIL"]
         assert [f.subject for f in wrong] == ["cursor"] and f"set shards: {S}" in wrong[0].message, wrong
 
