@@ -456,6 +456,57 @@ def _debezium_rows(r: dict[str, Any]) -> list[tuple[str, str, str, str]]:
             f"{_fmt(fault['debezium'].get('restart_s'))} s",
             "losses 0; ReadCommittedIter 0 / 0",
         ),
+        *_debezium_cursor_rows(r, size),
+    ]
+
+
+def _debezium_cursor_rows(r: dict[str, Any], size: str) -> list[tuple[str, str, str, str]]:
+    """bench_debezium.py's outboxLayout: cursor contestants against the mark layout and Debezium (issue #37's
+    targets), when the run had them."""
+    cur = {m: _get(r, f"cursor_{m}", "burst") or {} for m in ("at_least_once", "sequenced")}
+    if not any(cur.values()):
+        return []
+    mark, dbz = _get(r, "at_least_once", "burst") or {}, _get(r, "debezium", "burst") or {}
+    dd = _get(r, "debezium", "burst_insert_delete") or {}
+    ratio = {m: _get(r, "cursor_layout", m) or {} for m in ("at_least_once", "sequenced")}
+
+    def mb(b: dict[str, Any], *keys: str) -> Any:
+        parts = [b.get(k) for k in keys] + [_get(b, "vacuum_after", "wal_bytes_per_100k")]
+        return sum(parts) / 1e6 if all(isinstance(p, (int, float)) for p in parts) else None
+
+    def both(key: str) -> str:
+        return f"{_small(ratio['at_least_once'].get(key))}x / {_small(ratio['sequenced'].get(key))}x"
+
+    relay, total = ("wal_relay_bytes_per_100k",), ("wal_write_bytes_per_100k", "wal_relay_bytes_per_100k")
+    who = "cursor at-least-once / cursor sequenced"
+    ckpt = " / ".join(_fmt(b.get("checkpoints")) for b in (*cur.values(), mark, dbz, dd))
+    return [
+        (
+            f"Debezium side by side, outboxLayout cursor: WAL per 100k rows of a {size}-row burst, relay side "
+            f"(relaying + the VACUUM after), {who} / mark at-least-once / Debezium keeping rows / Debezium "
+            "insert-then-delete (MB)",
+            " / ".join(_fmt(mb(b, *relay)) for b in (*cur.values(), mark, dbz, dd)),
+            f"cursor / mark {both('relay_wal_to_mark')}; checkpoints begun during each burst: {ckpt}",
+            "≤ 0.5x the mark layout's",
+        ),
+        (
+            "Debezium side by side, outboxLayout cursor: total WAL per 100k rows (writers + relay side), "
+            f"{who} / mark at-least-once / Debezium keeping rows / Debezium insert-then-delete (MB)",
+            " / ".join(_fmt(mb(b, *total)) for b in (*cur.values(), mark, dbz, dd)),
+            f"cursor {both('total_wal_to_debezium_insert_delete')} Debezium insert-then-delete, "
+            f"{both('total_wal_to_debezium_keep_rows')} keeping rows, {both('total_wal_to_mark')} the mark layout",
+            "≤ Debezium insert-then-delete",
+        ),
+        (
+            f"Debezium side by side, outboxLayout cursor: Postgres CPU s per 100k relayed rows, {who} / Debezium",
+            " / ".join(_fmt(b.get("postgres_cpu_s_per_100k")) for b in (*cur.values(), dbz)),
+            f"cursor {both('postgres_cpu_to_debezium')} Debezium keeping rows; with the VACUUM after "
+            f"{both('postgres_cpu_with_vacuum_to_debezium_insert_delete')} Debezium insert-then-delete; "
+            f"{both('postgres_cpu_to_mark')} the mark layout; drain "
+            + " / ".join(_fmt(b.get("rows_per_s")) for b in cur.values())
+            + " rows/s",
+            "≤ Debezium's",
+        ),
     ]
 
 

@@ -1,6 +1,6 @@
 """harvest and Debezium side by side (issue #31 item 3; a benchmark, not a test): the same workload
-relayed by harvest (at-least-once and ``--uuid-sequencing``, ``tableMapping: debezium``) and by the
-real Debezium 3.6.1 (Postgres connector + outbox EventRouter on Kafka Connect: harvest_local/debezium.py),
+relayed by harvest (at-least-once and ``--uuid-sequencing``, ``tableMapping: debezium``; and both modes on
+``outboxLayout: cursor``, issue #37) and by the real Debezium 3.6.1 (Postgres connector + outbox EventRouter on Kafka Connect: harvest_local/debezium.py),
 one after the other, each on its own outbox table and topics, on one Postgres (``wal_level = logical``)
 and one Kafka broker for the whole run.
 
@@ -9,7 +9,10 @@ and one Kafka broker for the whole run.
 Services: started by the bench (``EmbeddedPostgres(logical_replication=True)``, ``EmbeddedKafka``), or
 ``HARVEST_PG_DSN`` (must have ``wal_level = logical``) / ``HARVEST_KAFKA_BOOTSTRAP``. Every outbox is
 Debezium's table (``id uuid``, ``aggregatetype``, ``aggregateid``, ``type``, ``payload jsonb``); harvest's
-two gain the relay's columns through ``init_db``, as in a migration (docs/debezium.md). Rows: ~100-byte
+two gain the relay's columns through ``init_db``, as in a migration (docs/debezium.md). The cursor layout takes
+no Debezium table yet: its two contestants relay ``init-db``'s partitioned outbox (goharvest's columns, init-db's
+defaults: partitions of a million ids, two ahead) written with the same rows -- the aggregate id as the key, the
+same payload as the value, the event id as the ``id`` header, the topic in the row. Rows: ~100-byte
 jsonb payloads, ``--keys`` aggregate ids, one aggregate type per phase, so one 8-partition topic per
 contestant and phase, all created up front. Event ids encode the row's number (:func:`event_id`), so
 every record read back is checked against what was written. Measured, per contestant:
@@ -24,7 +27,11 @@ every record read back is checked against what was written. Measured, per contes
   seconds (utime + stime of the postmaster and every child, reaped children included, from /proc),
   the relay's own CPU (harvest's process; Connect's JVM) and the broker's, WAL bytes
   (``pg_current_wal_insert_lsn()`` deltas: ``pg_current_wal_lsn()``, the write position, lags the
-  relay's asynchronous commits), all per 100k rows; the writing phase's WAL on its own. After it: the
+  relay's asynchronous commits), all per 100k rows; the writing phase's WAL on its own; the checkpoints
+  begun while writing and relaying (the bench's ``CHECKPOINT`` before each burst puts every contestant's
+  writes at the start of a checkpoint cycle; ``max_wal_size`` and ``checkpoint_timeout`` are Postgres'
+  defaults, so a burst that writes enough WAL spans another). The cursor layout's work is done once the
+  committed cursor passed the burst's last row (its rows stay until their partition retires). After it: the
   table's size, its growth over the burst and live / dead tuples (``pgstattuple``), and for Debezium the slot's lag
   (``pg_current_wal_lsn() - confirmed_flush_lsn``) and retained WAL (``- restart_lsn``), at the last
   record and after an offset flush. Autovacuum is off on the bench's tables: each burst is followed
@@ -46,7 +53,9 @@ walsender decodes all of the database's WAL, which would bill harvest's rows to 
 slot is created when Debezium's turn starts and dropped at the end. Caveats: the broker is warmer
 for later contestants (each gets an untimed warm-up burst); harvest's WAL is measured at
 ``wal_level = logical``, which logs more for its updates and deletes than ``replica`` does.
-Prints one JSON document; exits 1 if a contestant lost a row outside the fault runs or the sequenced
+Prints one JSON document (``cursor_layout``: issue #37's targets, per mode, from the same run: relay-side WAL
+against the mark layout's, total WAL against Debezium's insert-then-delete path, Postgres CPU per relayed row
+against Debezium's); ``--contestants`` runs some of them (Debezium always). Exits 1 if a contestant lost a row outside the fault runs or the sequenced
 relay's committed read saw a duplicate or a loss (after printing it).
 """
 
@@ -78,7 +87,7 @@ from harvest_outbox.harvest_local.kafka import create_topic, read_to_end
 from harvest_outbox.harvest_local.relays import RelayProcess, current_leader, wait_for
 from harvest_outbox.producer.config import HarvestConfig, Limits
 from harvest_outbox.producer.harvest import Harvest, State
-from harvest_outbox.producer.schema import init_db
+from harvest_outbox.producer.schema import OutboxNames, init_db
 from harvest_outbox.producer.table_mapping import table_mapping
 
 PARTITIONS = 8
@@ -153,6 +162,44 @@ def insert_lsn(conn: psycopg.Connection) -> int:
     return int(conn.execute("SELECT pg_current_wal_insert_lsn() - '0/0'::pg_lsn").fetchone()[0])  # type: ignore[index]
 
 
+class Shape:
+    """How a contestant's table takes a row: Debezium's columns (``aggregatetype`` routes the row to
+    ``<prefix>.<kind>``, the event router adds the ``id`` header), written by COPY and by the trickle's
+    INSERT."""
+
+    columns = "id, aggregatetype, aggregateid, type, payload"
+
+    def line(self, kind: str, tag: str, i: int, keys: int) -> str:
+        """Row ``i`` of a burst as a COPY text line."""
+        return f"{event_id(tag, i)}\t{kind}\tagg-{i % keys}\tOrderPlaced\t{payload(i)}\n"
+
+    def insert(self, table: str) -> sql.Composed:
+        """The trickle's INSERT of one row: parameters (event id, aggregate id, payload)."""
+        return sql.SQL(
+            "INSERT INTO {} (id, aggregatetype, aggregateid, type, payload) "
+            "VALUES (%s, 'Trickle', %s, 'OrderPlaced', %s)"
+        ).format(sql.Identifier(*table.split(".")))
+
+
+class GoharvestShape(Shape):
+    """goharvest's columns (the cursor layout's table): the same key and payload, the topic in the row,
+    the event id as the ``id`` header (what the read-back checks, as it does Debezium's)."""
+
+    columns = "kafka_topic, kafka_key, kafka_value, kafka_header_keys, kafka_header_values"
+
+    def __init__(self, prefix: str) -> None:
+        self.prefix = prefix
+
+    def line(self, kind: str, tag: str, i: int, keys: int) -> str:
+        return f"{self.prefix}.{kind}\tagg-{i % keys}\t{payload(i)}\t{{id}}\t{{{event_id(tag, i)}}}\n"
+
+    def insert(self, table: str) -> sql.Composed:
+        return sql.SQL(
+            "INSERT INTO {} (kafka_topic, kafka_key, kafka_value, kafka_header_keys, kafka_header_values) "
+            "SELECT {}, key, value, ARRAY['id'], ARRAY[eid] FROM (SELECT %s AS eid, %s AS key, %s AS value) AS r"
+        ).format(sql.Identifier(*table.split(".")), sql.Literal(f"{self.prefix}.Trickle"))
+
+
 def write_burst(
     dsn: str,
     table: str,
@@ -162,20 +209,20 @@ def write_burst(
     keys: int,
     before_commit: Callable[[], None] = lambda: None,
     delete: bool = False,
+    shape: Shape | None = None,
 ) -> Written:
     """``rows`` rows in one transaction (COPY in chunks); ``delete``: deleted again in it, the
-    pattern of Debezium users who keep no rows. ``before_commit`` runs just before the COMMIT."""
+    pattern of Debezium users who keep no rows (Debezium's table only). ``before_commit`` runs just
+    before the COMMIT."""
+    shape = shape or Shape()
     target = sql.Identifier(*table.split("."))
-    copy = sql.SQL("COPY {} (id, aggregatetype, aggregateid, type, payload) FROM STDIN").format(target)
+    copy = sql.SQL("COPY {} ({}) FROM STDIN").format(target, sql.SQL(shape.columns))
     with psycopg.connect(dsn) as conn, psycopg.connect(dsn, autocommit=True) as mon:
         lsn0, t0 = insert_lsn(mon), time.perf_counter()
         with conn.cursor().copy(copy) as cp:
             for start in range(0, rows, COPY_CHUNK):
                 cp.write(
-                    "".join(
-                        f"{event_id(tag, i)}\t{aggregate}\tagg-{i % keys}\tOrderPlaced\t{payload(i)}\n"
-                        for i in range(start, min(rows, start + COPY_CHUNK))
-                    )
+                    "".join(shape.line(aggregate, tag, i, keys) for i in range(start, min(rows, start + COPY_CHUNK)))
                 )
         if delete:
             conn.execute(sql.SQL("DELETE FROM {} WHERE aggregatetype = %s").format(target), (aggregate,))
@@ -351,6 +398,7 @@ class Contestant(ABC):
         self.table = f"{schema}.{self.name}"
         self.prefix = f"bdz-{tag}-{self.name.replace('_', '-')}"
         self.router = {"route.topic.replacement": f"{self.prefix}.${{routedByValue}}"}
+        self.shape = Shape()
 
     def topic(self, kind: str) -> str:
         return f"{self.prefix}.{kind}"
@@ -388,15 +436,36 @@ class Contestant(ABC):
 
 
 class HarvestContestant(Contestant):
-    def __init__(self, svc: Services, schema: str, tag: str, sequenced: bool) -> None:
-        self.name = "sequenced" if sequenced else "at_least_once"
+    """harvest on Debezium's table (``tableMapping: debezium``, the mark layout), or with ``layout``
+    ``cursor`` on the partitioned outbox ``init-db`` makes (goharvest's columns: the layout takes no
+    Debezium table yet), both with init-db's defaults (partitions of a million ids, two ahead)."""
+
+    def __init__(self, svc: Services, schema: str, tag: str, sequenced: bool, layout: str = "mark") -> None:
+        self.name = ("cursor_" if layout == "cursor" else "") + ("sequenced" if sequenced else "at_least_once")
         super().__init__(svc, schema, tag)
-        self.sequenced = sequenced
-        self.mapping = table_mapping("debezium", self.router)
+        self.sequenced, self.layout = sequenced, layout
+        self.mapping = table_mapping("debezium", self.router) if layout == "mark" else table_mapping("goharvest")
+        if layout == "cursor":
+            self.shape = GoharvestShape(self.prefix)
         self.relay: Harvest | None = None
+        self.names: OutboxNames | None = None
+        self._passed: sql.Composed | None = None
         self._empty = sql.SQL("SELECT NOT EXISTS (SELECT FROM {})").format(sql.Identifier(*self.table.split(".")))
 
     def create(self) -> None:
+        if self.layout == "cursor":  # init-db makes the table: partitioned, the cursor row, the sequence
+            self.names = names = init_db(self.svc.dsn, self.table, layout="cursor")
+            # The committed cursor passed the last row (its index's last entry): every row of a burst then,
+            # as a burst is one transaction (cursor_backlog's count would scan the rows from low on, a
+            # Postgres CPU cost the bench would bill to the relay).
+            self._passed = sql.SQL(
+                "SELECT coalesce((SELECT pg_visible_in_snapshot(o.txid, c.lo) OR (c.hi IS NOT NULL AND "
+                "pg_visible_in_snapshot(o.txid, c.hi) AND o.id <= c.pos) FROM {} AS c, "
+                "(SELECT id, txid FROM {} ORDER BY id DESC LIMIT 1) AS o WHERE c.shard = 0), true)"
+            ).format(names.cursor, names.outbox)
+            for kind in KINDS:
+                create_topic(self.svc.bootstrap, self.topic(kind), PARTITIONS)
+            return
         super().create()
         init_db(self.svc.dsn, self.table, mapping=self.mapping)  # the relay's columns, as in a migration
 
@@ -410,6 +479,7 @@ class HarvestContestant(Contestant):
             limits=Limits(heartbeat_timeout=HEARTBEAT_TIMEOUT),
             uuid_sequencing=self.sequenced,
             table_mapping=self.mapping,
+            outbox_layout=self.layout,
         )
         self.relay = Harvest(cfg).start()
         wait_for(lambda: self.relay is not None and self.relay.is_leader, 120, f"{self.name} to lead")
@@ -426,6 +496,10 @@ class HarvestContestant(Contestant):
         return self.relay.metrics.delivered
 
     def done(self) -> bool:
+        """mark: every row deleted; cursor: the committed cursor past every row (rows stay until their
+        partition is retired)."""
+        if self._passed is not None:
+            return bool(self.svc.mon.execute(self._passed).fetchone()[0])  # type: ignore[index]
         return bool(self.svc.mon.execute(self._empty).fetchone()[0])  # type: ignore[index]
 
     def cpu_s(self) -> float | None:
@@ -446,9 +520,15 @@ class HarvestContestant(Contestant):
             f"  outboxTable: {self.table}",
             f"  leaderGroupID: {group}",
             f"  uuidSequencing: {'true' if self.sequenced else 'false'}",
-            "  tableMapping: debezium",
-            "  eventRouter:",
-            f'    route.topic.replacement: "{self.router["route.topic.replacement"]}"',
+            *(
+                ["  outboxLayout: cursor"]
+                if self.layout == "cursor"
+                else [
+                    "  tableMapping: debezium",
+                    "  eventRouter:",
+                    f'    route.topic.replacement: "{self.router["route.topic.replacement"]}"',
+                ]
+            ),
             "  limits:",
             f"    heartbeatTimeout: {HEARTBEAT_TIMEOUT:g}s",
             "logging:",
@@ -516,19 +596,34 @@ class DebeziumContestant(Contestant):
 # -- phases ------------------------------------------------------------------------------------
 
 
+# A partitioned table (the cursor layout's) has no storage of its own: its leaves are summed (a plain
+# table is its own leaf).
+_LEAVES = (
+    "SELECT relid FROM pg_partition_tree(%(t)s::regclass) WHERE isleaf "
+    "UNION SELECT %(t)s::regclass WHERE NOT EXISTS (SELECT FROM pg_partition_tree(%(t)s::regclass))"
+)
+
+
 def table_stats(dsn: str, table: str) -> dict[str, Any]:
     with psycopg.connect(dsn, autocommit=True) as conn:
         size, len_, live, dead = conn.execute(
-            "SELECT pg_total_relation_size(%s::regclass), table_len, tuple_count, dead_tuple_count "
-            "FROM pgstattuple(%s::regclass)",
-            (table, table),
+            "SELECT sum(pg_total_relation_size(t.relid)), sum(s.table_len), sum(s.tuple_count), "
+            f"sum(s.dead_tuple_count) FROM ({_LEAVES}) AS t, LATERAL pgstattuple(t.relid) AS s",
+            {"t": table},
         ).fetchone()  # type: ignore[misc]
     return {"total_bytes": int(size), "heap_bytes": int(len_), "live_tuples": int(live), "dead_tuples": int(dead)}
 
 
 def table_bytes(conn: psycopg.Connection, table: str) -> int:
-    row = conn.execute("SELECT pg_total_relation_size(%s::regclass)", (table,)).fetchone()
+    row = conn.execute(f"SELECT sum(pg_total_relation_size(relid)) FROM ({_LEAVES}) AS t", {"t": table}).fetchone()
     return int(row[0])  # type: ignore[index]
+
+
+def checkpoints(conn: psycopg.Connection) -> int:
+    """Checkpoints the server has begun (timed and requested): a burst's count says whether it spanned one."""
+    view = "pg_stat_checkpointer" if conn.info.server_version >= 170000 else "pg_stat_bgwriter"
+    cols = "num_timed + num_requested" if view == "pg_stat_checkpointer" else "checkpoints_timed + checkpoints_req"
+    return int(conn.execute(f"SELECT {cols} FROM {view}").fetchone()[0])  # type: ignore[index]
 
 
 def _per_100k(value: float | None, rows: int) -> float | None:
@@ -560,7 +655,8 @@ def burst(
     def sample() -> None:
         cpu0.update(svc.cpu(), relay=c.cpu_s())
 
-    written = write_burst(svc.dsn, c.table, kind, tag, rows, keys, sample, delete)
+    ckpt0 = checkpoints(svc.mon)
+    written = write_burst(svc.dsn, c.table, kind, tag, rows, keys, sample, delete, c.shape)
     deadline = time.monotonic() + 300 + rows / 1000
     while c.delivered(topic) - base < rows:
         c.check()
@@ -580,6 +676,7 @@ def burst(
     finished = time.perf_counter()
     cpu1 = {**svc.cpu(), "relay": c.cpu_s()}
     lsn2 = insert_lsn(svc.mon)
+    ckpt1 = checkpoints(svc.mon)
     drain_s = drained - written.committed
     out: dict[str, Any] = {
         "rows": rows,
@@ -589,6 +686,7 @@ def burst(
         "work_done_s": round(finished - written.committed, 3),
         "wal_write_bytes_per_100k": _per_100k(written.lsn_after - written.lsn_before, rows),
         "wal_relay_bytes_per_100k": _per_100k(lsn2 - written.lsn_after, rows),
+        "checkpoints": ckpt1 - ckpt0,  # begun while writing and relaying (the CHECKPOINT before excluded)
     }
     for what in ("postgres", "relay", "broker"):
         a, b = cpu0.get(what), cpu1.get(what)
@@ -619,9 +717,7 @@ def trickle(svc: Services, c: Contestant, rate: float, seconds: float, warmup: f
     )
     reader.assign([TopicPartition(topic, p, 0) for p in range(PARTITIONS)])
     reader.poll(1.0)  # connected and fetching before the first row
-    insert = sql.SQL(
-        "INSERT INTO {} (id, aggregatetype, aggregateid, type, payload) VALUES (%s, 'Trickle', %s, 'OrderPlaced', %s)"
-    ).format(sql.Identifier(*c.table.split(".")))
+    insert = c.shape.insert(c.table)
     errors: list[BaseException] = []
 
     def write() -> None:
@@ -693,7 +789,7 @@ def harvest_fault(svc: Services, c: HarvestContestant, rows: int, keys: int, wor
         standby = next(r for r in relays if r is not leader)
         assert leader is not None
         time.sleep(1.0)  # idle, as in the bursts
-        written = write_burst(svc.dsn, c.table, "Fault", tag, rows, keys)
+        written = write_burst(svc.dsn, c.table, "Fault", tag, rows, keys, shape=c.shape)
         _until(lambda: marks.total() >= FAULT_AT * rows, 300, f"{c.name}: {FAULT_AT:.0%} of the burst in Kafka")
         in_kafka = marks.total()
         leader.kill()
@@ -725,7 +821,7 @@ def debezium_fault(svc: Services, c: DebeziumContestant, rows: int, keys: int) -
     marks = Watermarks(svc.bootstrap, topic)
     try:
         time.sleep(1.0)
-        written = write_burst(svc.dsn, c.table, "Fault", tag, rows, keys)
+        written = write_burst(svc.dsn, c.table, "Fault", tag, rows, keys, shape=c.shape)
         _until(
             lambda: marks.total() >= FAULT_AT * rows, 300, f"{c.name}: {FAULT_AT:.0%} of the burst in Kafka", c.check
         )
@@ -817,11 +913,22 @@ def pg_cpu_total(b: dict[str, Any]) -> float | None:
     return None if a is None or v is None else a + v
 
 
+HARVEST = ("at_least_once", "sequenced", "cursor_at_least_once", "cursor_sequenced")
+
+
+def wal_relay_side(b: dict[str, Any]) -> float:
+    """WAL bytes per 100k rows the relaying costs: the relaying phase + the VACUUM after."""
+    return float(b["wal_relay_bytes_per_100k"] + b["vacuum_after"]["wal_bytes_per_100k"])
+
+
 def summary(report: dict[str, Any]) -> dict[str, Any]:
-    """harvest / Debezium ratios of the headline figures (lower is better for all but rows/s)."""
+    """harvest / Debezium ratios of the headline figures (lower is better for all but rows/s), per
+    harvest contestant; and the cursor layout's against the mark layout's, per mode."""
     dbz = report["debezium"]
     out: dict[str, Any] = {}
-    for mode in ("at_least_once", "sequenced"):
+    for mode in HARVEST:
+        if mode not in report:
+            continue
         hv = report[mode]
         hb, db, dd = hv["burst"], dbz["burst"], dbz["burst_insert_delete"]
         wal = wal_total(hb)
@@ -836,6 +943,40 @@ def summary(report: dict[str, Any]) -> dict[str, Any]:
             "relay_cpu": _ratio(hb["relay_cpu_s_per_100k"], db["relay_cpu_s_per_100k"]),
         }
     return out
+
+
+def cursor_summary(report: dict[str, Any]) -> dict[str, Any]:
+    """Issue #37's targets for the cursor layout, per mode, from this run: relay-side WAL per row (relaying
+    + the VACUUM after) against the mark layout's (target <= 0.5), total WAL per row (writers + relay side)
+    against Debezium's insert-then-delete path (target <= 1), Postgres CPU per relayed row against
+    Debezium's (keeping rows, relaying phase; and with the VACUUM after, insert-then-delete; target <= 1)."""
+    dbz, dd = report["debezium"]["burst"], report["debezium"]["burst_insert_delete"]
+    out: dict[str, Any] = {}
+    for mode in ("at_least_once", "sequenced"):
+        if f"cursor_{mode}" not in report or mode not in report:
+            continue
+        cb, mb = report[f"cursor_{mode}"]["burst"], report[mode]["burst"]
+        out[mode] = {
+            "relay_wal_to_mark": _ratio(wal_relay_side(cb), wal_relay_side(mb)),
+            "total_wal_to_mark": _ratio(wal_total(cb), wal_total(mb)),
+            "total_wal_to_debezium_insert_delete": _ratio(wal_total(cb), wal_total(dd)),
+            "total_wal_to_debezium_keep_rows": _ratio(wal_total(cb), wal_total(dbz)),
+            "postgres_cpu_to_debezium": _ratio(cb["postgres_cpu_s_per_100k"], dbz["postgres_cpu_s_per_100k"]),
+            "postgres_cpu_with_vacuum_to_debezium_insert_delete": _ratio(pg_cpu_total(cb), pg_cpu_total(dd)),
+            "postgres_cpu_to_mark": _ratio(cb["postgres_cpu_s_per_100k"], mb["postgres_cpu_s_per_100k"]),
+            "rows_per_s_to_mark": _ratio(cb["rows_per_s"], mb["rows_per_s"]),
+            "rows_per_s_to_debezium": _ratio(cb["rows_per_s"], dbz["rows_per_s"]),
+        }
+        out[mode]["targets_met"] = {
+            "relay_wal_to_mark <= 0.5": _le(out[mode]["relay_wal_to_mark"], 0.5),
+            "total_wal_to_debezium_insert_delete <= 1": _le(out[mode]["total_wal_to_debezium_insert_delete"], 1),
+            "postgres_cpu_to_debezium <= 1": _le(out[mode]["postgres_cpu_to_debezium"], 1),
+        }
+    return out
+
+
+def _le(v: float | None, bound: float) -> bool | None:
+    return None if v is None else v <= bound
 
 
 def violations(report: dict[str, Any]) -> list[str]:
@@ -858,7 +999,19 @@ def main() -> int:
     ap.add_argument("--rate", type=float, default=500.0, help="trickle rows/s")
     ap.add_argument("--latency-seconds", type=float, default=10.0)
     ap.add_argument("--latency-warmup", type=float, default=2.0)
+    ap.add_argument(
+        "--contestants",
+        type=lambda v: [x.strip() for x in v.split(",") if x.strip()],
+        default=[*HARVEST, "debezium"],
+        help=f"comma-separated, of {','.join([*HARVEST, 'debezium'])} (default: all; the ratios need debezium)",
+    )
     args = ap.parse_args()
+    unknown = [c for c in args.contestants if c not in (*HARVEST, "debezium")]
+    if unknown or "debezium" not in args.contestants:
+        ap.error(
+            f"--contestants: {','.join(unknown) or 'debezium missing'}: name contestants of "
+            f"{','.join([*HARVEST, 'debezium'])}, debezium among them (every ratio is against it)"
+        )
     for name in ("rows", "runs", "fault_rows", "keys"):
         if getattr(args, name) < 1:
             ap.error(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
@@ -877,6 +1030,11 @@ def main() -> int:
             "payload_bytes": len(payload(123_456)),
             "cpus": os.cpu_count(),
             "harvest_limits": {"heartbeatTimeout": f"{HEARTBEAT_TIMEOUT:g}s"},
+            "contestants": args.contestants,
+            "postgres": {
+                name: svc.mon.execute(f"SHOW {name}").fetchone()[0]  # type: ignore[index]
+                for name in ("server_version", "wal_level", "max_wal_size", "checkpoint_timeout", "wal_compression")
+            },
             "debezium": "3.6.1, defaults (poll.interval.ms 500, max.batch.size 2048); Connect offset.flush.interval.ms "
             "1000 (its default: 60000)",
         }
@@ -884,8 +1042,11 @@ def main() -> int:
     contestants: list[Contestant] = [
         HarvestContestant(svc, schema, tag, False),
         HarvestContestant(svc, schema, tag, True),
+        HarvestContestant(svc, schema, tag, False, layout="cursor"),
+        HarvestContestant(svc, schema, tag, True, layout="cursor"),
         DebeziumContestant(svc, schema, tag),
     ]
+    contestants = [c for c in contestants if c.name in args.contestants]
     try:
         with psycopg.connect(svc.dsn, autocommit=True) as conn:
             conn.execute("CREATE EXTENSION IF NOT EXISTS pgstattuple")
@@ -910,6 +1071,7 @@ def main() -> int:
         finally:
             svc.stop()
     report["harvest_to_debezium"] = summary(report)
+    report["cursor_layout"] = cursor_summary(report)
     report["violations"] = violations(report)
     print(json.dumps(report, indent=2))
     for problem in report["violations"]:
