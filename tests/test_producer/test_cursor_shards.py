@@ -288,3 +288,31 @@ def test_the_scan_gauge_shows_a_long_transaction_widening_the_reads(pg_dsn: str,
     finally:
         holder.close()
         db.close()
+
+
+def test_migrate_with_shards_gives_each_shard_a_cursor_over_its_copied_rows(pg_dsn: str, pg_schema: str) -> None:
+    """``init-db --migrate`` of a sharded goharvest table: the new table has the shard index and a cursor row
+    per shard at the origin, and a view of all shards reads every copied row once, each key's in order."""
+    from harvest_outbox.producer.migrate_cursor import migrate_to_cursor
+
+    table = f"{pg_schema}.outbox"
+    names = init_db(pg_dsn, table, shards=S)
+    keys = [f"k{i % 8}" for i in range(40)]
+    _stash(pg_dsn, table, keys)
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        migrate_to_cursor(conn, table, partition_ids=PARTITION_IDS, shards=S)
+        cursors = conn.execute(sql.SQL("SELECT shard, lo::text, low FROM {} ORDER BY shard").format(names.cursor))
+        assert cursors.fetchall() == [(k, ORIGIN_TEXT, 0) for k in range(S)]
+    db = CursorDatabase(pg_dsn, names, CursorViews(False), shard_count=S)  # refuses an outbox missing any of it
+    db.set_shards(frozenset(range(S)))
+    try:
+        lid, got = uuid.uuid4(), []
+        for _ in range(3 * S):
+            got += db.mark_with_attempts(lid, 7)[0]
+        assert len(got) == 40 and len({r[0] for r in got}) == 40  # every copied row, none read twice
+        by_key: dict[str, list[int]] = {}
+        for r in got:
+            by_key.setdefault(r[2].decode() if isinstance(r[2], bytes) else r[2], []).append(r[0])
+        assert all(ids == sorted(ids) for ids in by_key.values()) and len(by_key) == 8
+    finally:
+        db.close()
