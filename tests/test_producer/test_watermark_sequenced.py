@@ -292,9 +292,15 @@ class CursorWorld(World):
         self.released["requeued" if requeue else "discarded"] += 1
         return True
 
+    def _drain(self) -> Relay:
+        try:
+            return super().drain()
+        except AssertionError as exc:  # a stall: say what the model recorded before it
+            raise AssertionError(f"{exc}; recorded: {self.db.mvcc.violations[:3]}") from None  # type: ignore[attr-defined]
+
     def drain(self) -> Relay:
         """test_protocol_model's drain, then (haltKey) every key left halted released, and drained again."""
-        relay = super().drain()
+        relay = self._drain()
         for _ in range(20):
             if not (self.db.halt_keys and self.db.dead_keys):
                 return relay
@@ -302,7 +308,7 @@ class CursorWorld(World):
             for key in sorted(db.dead_keys):  # a poison row requeued would halt its key again
                 poisoned = any(k == key and i in db.poison for i, k in db.held.dead_letters.items())
                 self.release(key, requeue=not poisoned and self.rng.random() < 0.6)
-            relay = super().drain()  # a fresh relay (the last one crashes): served held rows in between
+            relay = self._drain()  # a fresh relay (the last one crashes): served held rows in between
         raise AssertionError(f"seed {self.seed}: keys {sorted(self.db.dead_keys)} still halted after the drains")
 
 
