@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import psycopg
@@ -69,6 +69,14 @@ def consume_all(bootstrap: str, topic: str, until: Callable[[list[Got]], bool], 
     finally:
         c.close()
     return out
+
+
+def covers(expected: Mapping[str, Sequence[bytes | None]]) -> Callable[[list[Got]], bool]:
+    """``consume_all``'s stop rule for an at-least-once read: every expected (key, value) has arrived.
+    Counting records would stop early: a re-sent prefix counts twice, so ``len(got) >= total`` can hold
+    while the last values are still on their way."""
+    want = {(k, v) for k, vs in expected.items() for v in vs}
+    return lambda got: want <= {(g.key, g.value) for g in got}
 
 
 def outbox_count(pg_dsn: str, table: str) -> int:

@@ -345,7 +345,7 @@ def test_relays_kill9_and_sigstop(
     interval. SIGSTOP of the leader: its connection stays open, so the lock stays held and the standby
     does NOT acquire (nobody publishes: the backlog grows); terminating the paused holder's backend
     (or kill -9 of the paused process) lets the standby acquire; the resumed holder fences itself."""
-    from relaylib import BackgroundWriter, assert_per_key_order, consume_all, outbox_count, wait_drained
+    from relaylib import BackgroundWriter, assert_per_key_order, consume_all, covers, outbox_count, wait_drained
 
     from harvest_outbox.producer.schema import init_db
 
@@ -417,7 +417,7 @@ def test_relays_kill9_and_sigstop(
         w.stop()
         wait_drained(pg_dsn, table, 60)
         total = w.total
-        got = consume_all(kafka_bootstrap, topic, lambda g: len(g) >= total, 30)
+        got = consume_all(kafka_bootstrap, topic, covers(w.expected), 30)
         assert_per_key_order(got, w.expected, allow_dups=True)
         print(
             f"\nrelay take-over (check interval {check}s): "

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import psycopg
 import pytest
-from relaylib import BackgroundWriter, assert_per_key_order, consume_all, wait_drained
+from relaylib import BackgroundWriter, assert_per_key_order, consume_all, covers, wait_drained
 
 from harvest_outbox.harvest_local.relays import RelayProcess, wait_for, write_config
 from harvest_outbox.producer.schema import init_db
@@ -73,7 +73,7 @@ def test_one_leader_kill9_and_graceful_handover(
         w.stop()
         wait_drained(pg_dsn, table, 60)
         total = w.total
-        got = consume_all(kafka_bootstrap, topic, lambda g: len(g) >= total, 30)
+        got = consume_all(kafka_bootstrap, topic, covers(w.expected), 30)
         print(f"{total} records stashed, {len(got)} delivered ({len(got) - total} duplicates from the kill)")
         assert_per_key_order(got, w.expected, allow_dups=True)
         assert third.elections() == 1 and sum(r.elections() for r in relays) == 3

@@ -20,7 +20,7 @@ import psycopg
 import pytest
 from psycopg import sql
 from relaylib import consume_all, relay_config, wait_drained
-from seqcheck import Expected, check_exactly_once
+from seqcheck import Expected, check_exactly_once, read_intents, wait_for
 
 from harvest_outbox.harvest_local.kafka import create_topic
 from harvest_outbox.producer.db_cursor import cursor_backlog
@@ -111,6 +111,8 @@ def test_poison_rows_are_parked_in_seconds_and_the_rest_flows(
         # parked in seconds: no metadata propagation wait (30 s by default) behind the missing topic
         assert took < 15, f"drain took {took:.1f}s"
         if sequenced:
+            # drained means passed, not yet ACKed: the last transaction's ACK follows its commit
+            wait_for(lambda: not read_intents(pg_dsn, table), 30, "ACK intents confirmed")
             check_exactly_once(kafka_bootstrap, topic, 2, exp)
         else:
             got = consume_all(kafka_bootstrap, topic, lambda g: len(g) >= 200, 30)
@@ -245,6 +247,7 @@ def test_hold_policy_keeps_a_missing_topics_rows_while_the_others_flow(
         assert relay.state.value == "running"
         if sequenced:
             assert relay.mode.views_started == 1, "holding abandoned a view"  # type: ignore[attr-defined]
+            wait_for(lambda: not read_intents(pg_dsn, table), 30, "ACK intents confirmed")
             check_exactly_once(kafka_bootstrap, topic, 2, exp)
             check_exactly_once(kafka_bootstrap, missing, 1, exp_missing)
         else:

@@ -12,7 +12,7 @@ from collections.abc import Callable
 import psycopg
 import pytest
 from psycopg import sql
-from relaylib import assert_per_key_order, consume_all, relay_config, wait_drained
+from relaylib import assert_per_key_order, consume_all, covers, relay_config, wait_drained
 
 from harvest_outbox.producer.deadletters import list_dead_letters, requeue
 from harvest_outbox.producer.events import LeaderAcquired, LeaderRefreshed, MeterRead
@@ -135,7 +135,7 @@ def test_injected_produce_and_delivery_failures_lose_nothing(
     finally:
         relay.stop()
         relay.wait(30)
-    got = consume_all(kafka_bootstrap, topic, lambda g: len(g) >= 1500, 30)
+    got = consume_all(kafka_bootstrap, topic, covers(expected), 30)
     print(
         f"faults injected: {faults.counters}; remarks {relay.metrics.remarks}; drained in {took:.1f}s; "
         f"{len(got) - 1500} duplicates"

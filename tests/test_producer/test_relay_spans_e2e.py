@@ -20,6 +20,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import SpanKind, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 from relaylib import relay_config, wait_drained
+from seqcheck import read_intents, wait_for
 
 from harvest_outbox.consumer import ReadCommittedIter
 from harvest_outbox.harvest_local.kafka import read_to_end
@@ -177,6 +178,8 @@ def test_failed_deliveries_end_in_error_and_each_resend_gets_its_own_span(
     )
     with Harvest(cfg, producer_factory=faults, tracer_provider=provider):
         wait_drained(pg_dsn, table, timeout=120)
+        if sequenced:  # drained is committed, not yet ACKed (an injected failure may hit the ACK too)
+            wait_for(lambda: not read_intents(pg_dsn, table), 60, "ACK intents confirmed")
     assert faults.counters["produce"] and faults.counters["delivery"], faults.counters
     finished = exporter.get_finished_spans()
     failed = [s for s in finished if s.status.status_code is StatusCode.ERROR]

@@ -14,7 +14,7 @@ from pathlib import Path
 import psycopg
 import pytest
 from psycopg import sql
-from relaylib import assert_per_key_order, consume_all, relay_config, wait_drained
+from relaylib import assert_per_key_order, consume_all, covers, relay_config, wait_drained
 
 from harvest_outbox.harvest_local.relays import wait_for
 from harvest_outbox.producer.config import HarvestConfig, from_mapping
@@ -285,7 +285,7 @@ def test_one_two_three_relays_spread_the_shards_and_hand_over_gracefully(
             expected.setdefault(k, []).extend(vs)
         wait_drained(pg_dsn, table, 60)
         total = sum(map(len, expected.values()))
-        got = consume_all(kafka_bootstrap, topic, lambda g: len(g) >= total, 60)
+        got = consume_all(kafka_bootstrap, topic, covers(expected), 60)
         assert_per_key_order(got, expected, allow_dups=True)
         delivered = sum(r.metrics.delivered for r in relays)
         assert delivered >= total
