@@ -19,7 +19,9 @@ memory:
 * ``spark/harvest``: ``readCommitted(...).count()``, ``readCommitted`` to the ``noop`` sink and
   (``--stream``) ``readCommittedStream(state_location=...)`` with ``maxOffsetsPerTrigger``
   fixed at ``--micro-batch`` records, ``availableNow``, to the ``noop`` sink; ``spark/raw``:
-  the same three on Spark's own Kafka source. One Spark application per (size, family) on
+  the same three on Spark's own Kafka source; ``spark/harvest_unreleased`` (``--families``): the
+  harvest variants with ``HARVEST_SPARK_RELEASE_FREED=0`` in the executors' environment, the tasks
+  leaving what each chunk freed to the allocators (the A/B of ``spark_reader.freed_memory``). One Spark application per (size, family) on
   ``--master`` (default ``local-cluster[2,1,1024]``: executor JVMs and their Python workers are
   processes of their own). The child samples /proc every ``--interval`` s (100 ms) and reports,
   per variant and per process kind -- ``driver_jvm``, ``executor_jvm``, ``python_daemon``,
@@ -36,6 +38,7 @@ Prints JSON: per size, records/s and peaks; ``growth``: peak at the largest size
 per reader and kind; the load average before and after.
 
     .venv/bin/python -m bench.bench_reader_memory [--records 1000000,10000000] [--master local[2]] [--no-stream]
+        [--readers spark --families harvest,harvest_unreleased]
 
 Services: harvest_local.LocalServices (``HARVEST_KAFKA_BOOTSTRAP`` points it at a running broker).
 """
@@ -60,7 +63,7 @@ from typing import Any
 from bench.bench_consumer import write
 
 ITER_CHILDREN = ("reader", "raw", "raw_bounded")
-SPARK_FAMILIES = ("harvest", "raw")
+SPARK_FAMILIES = ("harvest", "harvest_unreleased", "raw")
 _RING, _BATCH, _POLL_BATCH = 8192, 256, 2000
 
 
@@ -249,6 +252,7 @@ def spark_child(args: argparse.Namespace, family: str) -> dict[str, Any]:
     """One Spark application: the family's variants in turn, each's rows/s and per-kind peaks."""
     from harvest_outbox.harvest_local.spark import cluster_spark_session, local_spark_session
     from harvest_outbox.spark_reader import readCommitted, readCommittedStream
+    from harvest_outbox.spark_reader.freed_memory import ENV as RELEASE_ENV
     from harvest_outbox.spark_reader.split_sequencing import PHASE_LOG_ENV
 
     scratch = Path(tempfile.mkdtemp(prefix="bench-mem-"))
@@ -256,6 +260,9 @@ def spark_child(args: argparse.Namespace, family: str) -> dict[str, Any]:
     os.environ[PHASE_LOG_ENV] = str(phase_dir)  # local[N]: the workers inherit it; local-cluster: executorEnv
     conf = {
         f"spark.executorEnv.{PHASE_LOG_ENV}": str(phase_dir),
+        # harvest_unreleased: the tasks leave what each chunk freed to the allocators (the A/B of
+        # spark_reader.freed_memory, in the same run and on the same topic)
+        **({f"spark.executorEnv.{RELEASE_ENV}": "0"} if family == "harvest_unreleased" else {}),
         # A fresh Python worker per task: a reused one keeps the RSS an earlier task (or variant) grew
         # it to, so a peak would be the largest of any task so far rather than this variant's.
         "spark.python.worker.reuse": "false",
@@ -323,7 +330,7 @@ def spark_child(args: argparse.Namespace, family: str) -> dict[str, Any]:
             )
     sampler = KindSampler(args.interval)
     out: dict[str, Any] = {"master": master, "session_start_s": round(started_s, 1)}
-    rows_expected = args.records if family == "harvest" else args.in_log
+    rows_expected = args.records if family.startswith("harvest") else args.in_log
     for name, fn in variants.items():
         shutil.rmtree(phase_dir, ignore_errors=True)
         with sampler.measure() as peaks:
@@ -341,6 +348,9 @@ def spark_child(args: argparse.Namespace, family: str) -> dict[str, Any]:
             d["harvest_tasks"] = len(tasks)
             d["harvest_task_max_records"] = max(x["records"] for x in tasks)
             d["harvest_task_peak_ru_maxrss_mb"] = round(max(x["peak_rss_bytes"] for x in tasks) / 2**20, 1)
+            d["harvest_task_seconds"] = {
+                k: round(sum(x.get(k, 0.0) for x in tasks), 2) for k in ("total", "read", "sequence", "release")
+            }
         out[name] = d
     spark.stop()
     shutil.rmtree(scratch, ignore_errors=True)
@@ -404,7 +414,11 @@ def main() -> int:
     ap.add_argument("--value-size", type=int, default=100)
     ap.add_argument("--master", default="local-cluster[2,1,1024]", help="local[N] or local-cluster[E,C,M]")
     ap.add_argument("--readers", default="iter,spark", help="comma-separated subset of iter,spark")
-    ap.add_argument("--families", default="harvest,raw", help="Spark readers: comma-separated subset of harvest,raw")
+    ap.add_argument(
+        "--families",
+        default="harvest,raw",
+        help="Spark readers: comma-separated subset of harvest,harvest_unreleased,raw",
+    )
     ap.add_argument("--no-stream", dest="stream", action="store_false", help="skip the streaming variants")
     ap.add_argument("--micro-batch", type=int, default=200_000, help="the streams' maxOffsetsPerTrigger")
     ap.add_argument("--chunk-records", type=int, default=0, help="readCommitted's chunk_records (0: its default)")

@@ -188,7 +188,7 @@ def task_phases(folder: Path) -> dict[str, Any]:
     lines = [json.loads(line) for f in folder.glob("*.jsonl") for line in f.read_text().splitlines() if line]
     if not lines:
         return {}
-    keys = ("total", "read", "first_batch", "sequence", "downstream")
+    keys = ("total", "read", "first_batch", "sequence", "downstream", "release")
     return {
         "tasks": len(lines),
         "records": sum(x["records"] for x in lines),
