@@ -95,7 +95,8 @@ def _cursor_layout(
         Finding(
             "OK",
             "table",
-            f"{names.display} exists (cursor layout, {len(parts)} id-range partition(s){span}, value type {value_type})",
+            f"{names.display} exists ({names.mapping.kind} table, cursor layout, {len(parts)} id-range partition(s)"
+            f"{span}, value type {value_type})",
         )
     ]
     found.append(_trigger(conn, names))

@@ -234,7 +234,8 @@ def _init_db(args: argparse.Namespace) -> int:
     sharded = f"; {cfg.harvest.shards} shards" if cfg.harvest.shards > 1 else ""
     if cfg.harvest.outbox_layout == "cursor":
         print(
-            f"outbox {names.display} ready in the cursor layout (partitioned by id, value type {args.value_type}; "
+            f"outbox {names.display} ready in the cursor layout ({names.mapping.kind} table partitioned by "
+            f"{names.mapping.id_column}, value type {args.value_type}; "
             f"cursor, dead letters, NOTIFY channel {names.channel})"
         )
     elif names.mapping.kind == "goharvest":
@@ -264,7 +265,9 @@ def _migrate(cfg: FileConfig) -> int:
     if cfg.harvest.outbox_layout != "cursor":
         raise ConfigError("init-db --migrate: set outboxLayout: cursor in the config (the layout to migrate to)")
     with connect(cfg.harvest.data_source) as conn:
-        done = migrate_to_cursor(conn, cfg.harvest.outbox_table, shards=cfg.harvest.shards)
+        done = migrate_to_cursor(
+            conn, cfg.harvest.outbox_table, shards=cfg.harvest.shards, mapping=cfg.harvest.table_mapping
+        )
     print(
         f"outbox {cfg.harvest.outbox_table} migrated to the cursor layout: {done.copied} row(s) copied with ids from "
         f"{done.first_id}; the old table is {done.old_table} (kept: drop it once satisfied)"

@@ -175,7 +175,7 @@ class HarvestConfig:
     #: ``mark`` (default: goharvest's table, each row marked then deleted) or ``cursor`` (the mark-less
     #: relay: a partitioned outbox ``harvest init-db`` creates, read by snapshot with one cursor row, delivered
     #: partitions truncated; about 0.01x the relay's WAL per row). ``cursor`` needs Postgres 13+ and does not
-    #: support yet: ``shards`` > 1, ``tableMapping: debezium``, ``missingTopicPolicy: hold``
+    #: support yet: ``missingTopicPolicy: hold``, nor ``deadLetterPolicy: haltKey`` with ``tableMapping: debezium``
     #: (docs/limitations.md); ``deadLetterPolicy: haltKey`` holds a key's rows in ``<outbox>_held`` there.
     outbox_layout: str = "mark"
 
@@ -299,17 +299,23 @@ class HarvestConfig:
             return
         unsupported = [
             (
-                self.table_mapping.kind != "goharvest",
-                f"tableMapping: {self.table_mapping.kind}",
-                "tableMapping: goharvest",
+                self.missing_topic_policy == "hold",
+                "missingTopicPolicy: hold",
+                "its cursor cannot skip rows and come back to them",
+                "missingTopicPolicy: deadLetter",
             ),
-            (self.missing_topic_policy == "hold", "missingTopicPolicy: hold", "missingTopicPolicy: deadLetter"),
+            (
+                self.table_mapping.kind != "goharvest" and self.dead_letter_policy == "haltKey",
+                f"deadLetterPolicy: haltKey with tableMapping: {self.table_mapping.kind}",
+                "its held rows are kept in goharvest's columns, not the mapped table's",
+                "deadLetterPolicy: skip",
+            ),
         ]
-        for bad, what, fix in unsupported:
+        for bad, what, why, fix in unsupported:
             if bad:
                 raise ConfigError(
-                    f"outboxLayout: cursor does not support {what} yet (its cursor cannot skip rows and come "
-                    f"back to them; docs/limitations.md); use {fix}, or outboxLayout: mark"
+                    f"outboxLayout: cursor does not support {what} yet ({why}; docs/limitations.md); use {fix}, "
+                    f"or outboxLayout: mark"
                 )
 
     def producer_config(self) -> dict[str, Any]:

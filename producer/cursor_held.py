@@ -143,13 +143,13 @@ def hold_rows_sql(names: OutboxNames) -> sql.Composed:
     )
 
 
-def _passed(c: str, o: str) -> sql.Composable:
+def _passed(c: str, o: str, id_column: str = "id") -> sql.Composable:
     """The committed cursor ``c`` has passed the outbox row ``o`` (producer/watermark.py's ``Cursor.pending``,
-    negated)."""
+    negated); ``id_column``: the row's ordering column (a Debezium table's is ``harvest_seq``)."""
     return sql.SQL(
         "(pg_visible_in_snapshot({o}.txid, {c}.lo) OR ({c}.hi IS NOT NULL "
-        "AND pg_visible_in_snapshot({o}.txid, {c}.hi) AND {o}.id <= {c}.pos))"
-    ).format(c=sql.Identifier(c), o=sql.Identifier(o))
+        "AND pg_visible_in_snapshot({o}.txid, {c}.hi) AND {oid} <= {c}.pos))"
+    ).format(c=sql.Identifier(c), o=sql.Identifier(o), oid=sql.Identifier(o, id_column))
 
 
 def require_passed(conn: psycopg.Connection, names: OutboxNames, where: sql.Composable, params: Any, what: str) -> None:
@@ -160,11 +160,18 @@ def require_passed(conn: psycopg.Connection, names: OutboxNames, where: sql.Comp
         # the cursor of the row's shard: the cursor rows are shards 0..S-1 (producer/schema_cursor.py)
         count = conn.execute(sql.SQL("SELECT count(*) FROM {}").format(names.cursor)).fetchone()
         shards = int(count[0]) if count else 1
-        shard = shard_expression(shards, sql.SQL("o.kafka_key")) if shards > 1 else sql.SQL("0")
+        m = names.mapping
+        shard = shard_expression(shards, m.shard_key("o")) if shards > 1 else sql.SQL("0")
         q = sql.SQL("""
-            SELECT d.id FROM {d} AS d JOIN {o} AS o ON o.id = d.id JOIN {c} AS c ON c.shard = {shard}
+            SELECT d.id FROM {d} AS d JOIN {o} AS o ON {oid} = d.id JOIN {c} AS c ON c.shard = {shard}
             WHERE d.id IN (SELECT id FROM {d} {where}) AND NOT {passed} ORDER BY d.id LIMIT 10""").format(
-            d=names.dead_letters, o=names.outbox, c=names.cursor, where=where, passed=_passed("c", "o"), shard=shard
+            d=names.dead_letters,
+            o=names.outbox,
+            oid=m.id("o"),
+            c=names.cursor,
+            where=where,
+            passed=_passed("c", "o", m.id_column),
+            shard=shard,
         )
         ids = [int(r[0]) for r in conn.execute(q, params).fetchall()]
     except psycopg.Error as exc:

@@ -72,7 +72,7 @@ class PartitionKeeper:
         self.names = names
         #: ``shards: S`` (None: 1): the cursor rows are shards ``0..S-1``, and a row's shard is its key's
         self._row_shard = (
-            shard_expression(shard_count, sql.SQL("o.kafka_key"))
+            shard_expression(shard_count, names.mapping.shard_key("o"))
             if shard_count is not None and shard_count > 1
             else sql.SQL("0")
         )
@@ -197,7 +197,7 @@ class PartitionKeeper:
         """The DEFAULT partition holds rows only when maintenance fell behind; it is truncated (never
         dropped) once every row in it is below ``low`` (I1: their transactions have ended, none can
         come back) and seen by ``lo``, re-checked under its lock as any partition."""
-        top = conn.execute(sql.SQL("SELECT max(id) FROM {}").format(self._rest)).fetchone()
+        top = conn.execute(sql.SQL("SELECT max({}) FROM {}").format(self.names.mapping.id(), self._rest)).fetchone()
         if top is None or top[0] is None or int(top[0]) >= low:
             return
         name = rest_partition_name(self.names)
@@ -230,7 +230,7 @@ class PartitionKeeper:
                 if left is None or left[0]:
                     return "undelivered"
                 if rest:  # rows may have arrived since the caller looked: all still below low?
-                    top = conn.execute(sql.SQL("SELECT max(id) FROM {}").format(part)).fetchone()
+                    top = conn.execute(sql.SQL("SELECT max({}) FROM {}").format(n.mapping.id(), part)).fetchone()
                     if top is not None and top[0] is not None and int(top[0]) >= int(cur[0]):
                         return "moved"
                 conn.execute(sql.SQL("TRUNCATE {}").format(part))

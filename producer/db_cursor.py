@@ -76,6 +76,7 @@ from harvest_outbox.producer.redact import redact_error
 from harvest_outbox.producer.schema import OutboxNames, Statement, ValueType
 from harvest_outbox.producer.schema_cursor import require_cursor_rows, require_layout
 from harvest_outbox.producer.shards import shard_expression
+from harvest_outbox.producer.table_mapping import GOHARVEST, TableMapping
 from harvest_outbox.producer.watermark import Cursor, Probe, needs_xid, page_end, start_batch
 from harvest_outbox.producer.watermark_sql import snapshot_of, text_of
 
@@ -90,19 +91,19 @@ HELD_LOW_SECONDS = 30.0
 HELD_LOW_LOG_INTERVAL = 60.0
 
 
-def shard_filter(shard_count: int | None, row: str = "o") -> sql.Composable:
+def shard_filter(shard_count: int | None, row: str = "o", mapping: TableMapping = GOHARVEST) -> sql.Composable:
     """`` AND <row's shard> = %(shard)s`` sharded (the expression of the ``(shard, id)`` index, which then
-    serves the read in id order), nothing unsharded."""
+    serves the read in id order), nothing unsharded. ``mapping``: the table's (``_held`` rows are goharvest's)."""
     if shard_count is None:
         return sql.SQL("")
-    return sql.SQL(" AND {} = %(shard)s").format(shard_expression(shard_count, sql.SQL(f"{row}.kafka_key")))
+    return sql.SQL(" AND {} = %(shard)s").format(shard_expression(shard_count, mapping.shard_key(row)))
 
 
-def row_shard(shard_count: int | None, row: str = "o") -> sql.Composable:
+def row_shard(shard_count: int | None, row: str = "o", mapping: TableMapping = GOHARVEST) -> sql.Composable:
     """SQL: the shard of the outbox (or ``_held``) row ``row`` (0 unsharded)."""
     if shard_count is None:
         return sql.SQL("0")
-    return shard_expression(shard_count, sql.SQL(f"{row}.kafka_key"))
+    return shard_expression(shard_count, mapping.shard_key(row))
 
 
 def read_sql(names: OutboxNames, value_type: ValueType, shard_count: int | None = None) -> sql.Composed:
@@ -122,7 +123,7 @@ def read_sql(names: OutboxNames, value_type: ValueType, shard_count: int | None 
                %(t0)s::float8 - coalesce(date_part('epoch', statement_timestamp() - m.c), 0)
         FROM m LEFT JOIN {a} AS a ON a.id = m.id ORDER BY m.id""").format(
         o=names.outbox,
-        shard=shard_filter(shard_count),
+        shard=shard_filter(shard_count, mapping=names.mapping),
         **read_row_fields(names, value_type),
     )
 
@@ -147,16 +148,18 @@ def released_rows_sql(names: OutboxNames, value_type: ValueType, shard_count: in
 
 def copy_dead_letters_sql(names: OutboxNames, value_type: ValueType) -> sql.Composed:
     """Copy rows ``(id, error, attempts)`` to the dead letters (the outbox row stays: its partition is
-    retired with the others) and forget their attempt counts; one statement."""
+    retired with the others) and forget their attempt counts; one statement. A mapped table's dead letter
+    keeps the row itself (``source_row``, less ``txid``: a requeue writes it again as a new row)."""
     m = names.mapping
     rec = m.record("o", value_type)
+    source = m.source_row("o")
     return sql.SQL("""
         WITH bad(id, error, attempts) AS (SELECT * FROM unnest(%s::bigint[], %s::text[], %s::int[])),
         forgotten AS (DELETE FROM {a} AS a USING bad WHERE a.id = bad.id)
         INSERT INTO {d} (id, create_time, kafka_topic, kafka_key, kafka_value, kafka_header_keys,
-                         kafka_header_values, error, attempts)
+                         kafka_header_values, error, attempts{source_col})
         SELECT {oid}, {created}, {topic}, {key}, {value}, coalesce({hk}, '{{}}'), coalesce({hv}, '{{}}'),
-               bad.error, bad.attempts
+               bad.error, bad.attempts{source}
         FROM {o} AS o JOIN bad ON {oid} = bad.id
         ON CONFLICT (id) DO UPDATE SET error = EXCLUDED.error, attempts = EXCLUDED.attempts,
                                        dead_time = now()""").format(
@@ -170,6 +173,8 @@ def copy_dead_letters_sql(names: OutboxNames, value_type: ValueType) -> sql.Comp
         value=rec.value,
         hk=rec.header_keys,
         hv=rec.header_values,
+        source_col=sql.SQL(", source_row") if source is not None else sql.SQL(""),
+        source=sql.SQL(", {} - 'txid'").format(source) if source is not None else sql.SQL(""),
     )
 
 
@@ -195,17 +200,20 @@ def cursor_params(after: Cursor) -> tuple[Any, ...]:
 def backlog_sql(names: OutboxNames, shard_count: int | None = None, up_to: bool = False) -> sql.Composed:
     """Per shard of ``%(shards)s``: committed rows of the shard its committed cursor has not passed
     ``(shard, count, age of the oldest in seconds)``; with ``up_to``, only ids up to ``%(up_to)s``."""
+    m = names.mapping
     return sql.SQL("""
-        SELECT c.shard, count(o.id), extract(epoch FROM now() - min(o.create_time))
-        FROM {c} AS c LEFT JOIN {o} AS o ON o.id >= c.low AND {shard} = c.shard{up_to}
+        SELECT c.shard, count({oid}), extract(epoch FROM now() - min({created}))
+        FROM {c} AS c LEFT JOIN {o} AS o ON {oid} >= c.low AND {shard} = c.shard{up_to}
           AND NOT pg_visible_in_snapshot(o.txid, c.lo)
-          AND (c.hi IS NULL OR NOT pg_visible_in_snapshot(o.txid, c.hi) OR o.id > c.pos)
+          AND (c.hi IS NULL OR NOT pg_visible_in_snapshot(o.txid, c.hi) OR {oid} > c.pos)
         WHERE c.shard = ANY(%(shards)s::int[])
         GROUP BY c.shard ORDER BY c.shard""").format(
         c=names.cursor,
         o=names.outbox,
-        shard=row_shard(shard_count),
-        up_to=sql.SQL(" AND o.id <= %(up_to)s") if up_to else sql.SQL(""),
+        oid=m.id("o"),
+        created=m.created("o"),
+        shard=row_shard(shard_count, mapping=m),
+        up_to=sql.SQL(" AND {} <= %(up_to)s").format(m.id("o")) if up_to else sql.SQL(""),
     )
 
 
@@ -251,11 +259,11 @@ class CursorDatabase(OutboxDatabase):
             "UPDATE {} SET lo = %s::text::pg_snapshot, hi = %s::text::pg_snapshot, pos = %s, low = %s, "
             "probe_head = %s, probe_xid = %s::text::xid8, updated_at = now() WHERE shard = %s AND epoch = %s"
         ).format(c)
-        batch = sql.SQL("SELECT pg_current_snapshot()::text, (SELECT max(id) FROM {}){}")
+        batch = sql.SQL("SELECT pg_current_snapshot()::text, (SELECT max({}) FROM {}){}")
         #: A batch's start, with and without a probe's xid (an xid costs a commit record: only when due).
         self._batch_sql = {
-            True: batch.format(names.outbox, sql.SQL(", pg_current_xact_id()::text")),
-            False: batch.format(names.outbox, sql.SQL("")),
+            True: batch.format(names.mapping.id(), names.outbox, sql.SQL(", pg_current_xact_id()::text")),
+            False: batch.format(names.mapping.id(), names.outbox, sql.SQL("")),
         }
         self._read_sql: sql.Composed | None = None
         self._released_sql: sql.Composed | None = None

@@ -128,6 +128,8 @@ def requeue(
         q = requeue_into_held_sql(names, where)
     elif mapping.source_row("o") is not None:
         own = {mapping.leader_column, mapping.created_column} | (set() if keep_ids else {mapping.id_column})
+        if cursor:  # the writer's transaction, taken by the default: an old txid would hide the row from the cursor
+            own.add("txid")
         cols = [
             c
             for (c,) in conn.execute(

@@ -41,6 +41,7 @@ from harvest_outbox.producer.schema_cursor import (
 )
 from harvest_outbox.producer.schema_ddl import outbox_ddl, shard_ddl
 from harvest_outbox.producer.schema_names import OutboxNames, derived_name
+from harvest_outbox.producer.table_mapping import GOHARVEST, TableMapping
 
 
 @dataclass(frozen=True)
@@ -53,10 +54,24 @@ class Migrated:
 
 
 def migrate_to_cursor(
-    conn: psycopg.Connection, outbox_table: str, partition_ids: int = PARTITION_IDS, shards: int = 1
+    conn: psycopg.Connection,
+    outbox_table: str,
+    partition_ids: int = PARTITION_IDS,
+    shards: int = 1,
+    mapping: TableMapping = GOHARVEST,
 ) -> Migrated:
     """Migrate ``outbox_table`` (goharvest's table) to the cursor layout (module doc); one transaction.
-    ``shards: S`` > 1: the new table gets the shard index and a cursor row per shard, all at the origin."""
+    ``shards: S`` > 1: the new table gets the shard index and a cursor row per shard, all at the origin.
+    A ``mapping`` other than goharvest's (a Debezium table, whose writers' extra columns this does not know) is
+    refused, naming the steps by hand (docs/debezium.md)."""
+    if mapping.kind != "goharvest":
+        raise SchemaError(
+            f"init-db --migrate moves goharvest's table only, not a {mapping.kind} table (tableMapping: "
+            f"{mapping.kind}); move it by hand, with every relay and writer stopped: rename the table, run "
+            f"`harvest init-db` with outboxLayout: cursor, copy the rows the relay has not delivered "
+            f"(harvest_seq IS NOT NULL) in harvest_seq order, leaving out harvest_seq, harvest_leader and "
+            f"harvest_created (docs/debezium.md, Moving to the cursor layout)"
+        )
     names = OutboxNames.parse(outbox_table)
     require_utf8_readable(conn)
     require_server(conn)

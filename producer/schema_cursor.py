@@ -6,8 +6,11 @@ dead letters, fence row, ACK intents, attempt counts, NOTIFY trigger, which are 
 
 - ``name``: goharvest's columns (so the Stasher, goharvest's Go stasher and the dead-letter tools work
   unchanged; ``leader_id`` stays, always NULL) plus ``txid xid8 NOT NULL DEFAULT pg_current_xact_id()``,
-  the writer's top-level transaction; ``PARTITION BY RANGE (id)``;
-- ``name_id_seq``: the ids, ``CACHE 1``, drawn by the default
+  the writer's top-level transaction; ``PARTITION BY RANGE (id)``. With ``tableMapping: debezium``
+  (docs/debezium.md): Debezium's columns (its ``id`` UUID, the event id, not unique-indexed: a partitioned
+  table's unique index must hold the partition key) plus ``harvest_seq`` (the ordering id, the partition key
+  and primary key), ``harvest_leader`` (always NULL), ``harvest_created`` and ``txid``, all defaulted;
+- ``name_id_seq`` (``name_harvest_seq`` for a Debezium table): the ids, ``CACHE 1``, drawn by the default
   ``CASE WHEN pg_current_xact_id() IS NOT NULL THEN nextval(…) END`` (the writer takes its xid before its id);
 - ``name_p<start>``: id-range partitions of :data:`PARTITION_IDS` ids, and ``name_rest``, the DEFAULT
   partition (a net should partition maintenance fall behind the ids: never retired);
@@ -51,14 +54,18 @@ def id_default(names: OutboxNames) -> sql.Composed:
     )
 
 
-def cursor_outbox_ddl(names: OutboxNames, value_type: str) -> list[Statement]:
-    """The partitioned outbox, its sequence and the cursor row (partitions: :func:`create_partition`)."""
+def cursor_outbox_ddl(
+    names: OutboxNames, value_type: str, mapped_columns: list[sql.Composable] | None = None
+) -> list[Statement]:
+    """The partitioned outbox, its sequence and the cursor row (partitions: :func:`create_partition`).
+    ``mapped_columns``: a mapped table's own columns (``tableMapping: debezium``: Debezium's, made by
+    :func:`~producer.schema_ddl.debezium_columns`), then the mapping's ordering, mark and create-time columns
+    in place of goharvest's, the ordering one with the xid-first default (A1) and the partition key."""
     vtype = sql.SQL("BYTEA" if value_type == "bytea" else "VARCHAR")
-    return [
-        sql.SQL("CREATE SEQUENCE IF NOT EXISTS {} CACHE 1").format(names.id_sequence),
+    m = names.mapping
+    if mapped_columns is None:
         # goharvest's columns as init-db makes them for the mark layout, fillfactor 100 (rows are never updated)
-        sql.SQL("""
-        CREATE TABLE IF NOT EXISTS {outbox} (
+        columns = sql.SQL("""
           id                  BIGINT NOT NULL DEFAULT {id_default},
           create_time         TIMESTAMP WITH TIME ZONE NOT NULL DEFAULT now(),
           kafka_topic         VARCHAR NOT NULL,
@@ -66,11 +73,25 @@ def cursor_outbox_ddl(names: OutboxNames, value_type: str) -> list[Statement]:
           kafka_value         {vtype},
           kafka_header_keys   TEXT[] NOT NULL,
           kafka_header_values TEXT[] NOT NULL,
-          leader_id           UUID,
+          leader_id           UUID""").format(id_default=id_default(names), vtype=vtype)
+    else:
+        # the writers' columns as they are; the relay's take their defaults, so their INSERTs do not change
+        columns = sql.SQL(", ").join(
+            [
+                *mapped_columns,
+                sql.SQL("{} BIGINT NOT NULL DEFAULT {}").format(m.id(), id_default(names)),
+                sql.SQL("{} UUID").format(m.leader()),
+                sql.SQL("{} TIMESTAMP WITH TIME ZONE NOT NULL DEFAULT now()").format(m.created()),
+            ]
+        )
+    return [
+        sql.SQL("CREATE SEQUENCE IF NOT EXISTS {} CACHE 1").format(names.id_sequence),
+        sql.SQL("""
+        CREATE TABLE IF NOT EXISTS {outbox} ({columns},
           txid                XID8 NOT NULL DEFAULT pg_current_xact_id(),
-          PRIMARY KEY (id)
-        ) PARTITION BY RANGE (id)""").format(outbox=names.outbox, id_default=id_default(names), vtype=vtype),
-        sql.SQL("ALTER SEQUENCE {} OWNED BY {}.id").format(names.id_sequence, names.outbox),
+          PRIMARY KEY ({id})
+        ) PARTITION BY RANGE ({id})""").format(outbox=names.outbox, columns=columns, id=m.id()),
+        sql.SQL("ALTER SEQUENCE {} OWNED BY {}.{}").format(names.id_sequence, names.outbox, m.id()),
         sql.SQL("CREATE TABLE IF NOT EXISTS {} PARTITION OF {} DEFAULT").format(
             names.qualified(rest_partition_name(names)), names.outbox
         ),
@@ -133,6 +154,12 @@ def require_layout(conn: psycopg.Connection, names: OutboxNames, layout: str) ->
         if layout == "cursor" and have is not None:
             require_cursor_layout(conn, names)
         return
+    if layout == "cursor" and names.mapping.kind != "goharvest":
+        raise SchemaError(
+            f"outbox {names.display!r} is a {names.mapping.kind} table of outboxLayout: mark, not the cursor layout's "
+            f"partitioned table: `harvest init-db --migrate` does not move a {names.mapping.kind} table; move it by "
+            f"hand (docs/debezium.md, Moving to the cursor layout), or keep outboxLayout: mark"
+        )
     if layout == "cursor":
         raise SchemaError(
             f"outbox {names.display!r} is goharvest's table (outboxLayout: mark), not the cursor layout's "
@@ -151,17 +178,18 @@ def require_cursor_layout(conn: psycopg.Connection, names: OutboxNames) -> None:
     require_server(conn)
     row = conn.execute(
         "SELECT pg_get_expr(d.adbin, d.adrelid) FROM pg_attrdef d JOIN pg_attribute a "
-        "ON a.attrelid = d.adrelid AND a.attnum = d.adnum WHERE d.adrelid = to_regclass(%s) AND a.attname = 'id'",
-        (names.outbox.as_string(conn),),
+        "ON a.attrelid = d.adrelid AND a.attnum = d.adnum WHERE d.adrelid = to_regclass(%s) AND a.attname = %s",
+        (names.outbox.as_string(conn), names.mapping.id_column),
     ).fetchone()
+    col = names.mapping.id_column
     default = row[0] if row else ""
     xid_at, id_at = default.find("pg_current_xact_id()"), default.find("nextval(")
     if not 0 <= xid_at < id_at:
         raise SchemaError(
-            f"outbox {names.display!r}: the id column's default is {default or 'missing'!r}, which does not take "
+            f"outbox {names.display!r}: the {col} column's default is {default or 'missing'!r}, which does not take "
             f"the writer's transaction id before the id; the cursor relay could then skip a row for good "
-            f"(docs/primary-cost.md, assumption A1). Fix: ALTER TABLE ... ALTER COLUMN id SET DEFAULT "
-            f"{id_default(names).as_string(conn)} (and let writers leave id to it)"
+            f"(docs/primary-cost.md, assumption A1). Fix: ALTER TABLE ... ALTER COLUMN {col} SET DEFAULT "
+            f"{id_default(names).as_string(conn)} (and let writers leave {col} to it)"
         )
     cache = conn.execute(
         "SELECT s.seqcache FROM pg_sequence s WHERE s.seqrelid = to_regclass(%s)",

@@ -42,13 +42,12 @@ def outbox_ddl(names: OutboxNames, value_type: ValueType = "varchar", layout: st
     if names.schema:
         stmts.append(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(names.schema)))
     if layout == "cursor":
+        mapped = None
         if isinstance(names.mapping, DebeziumMapping):
-            raise ConfigError(
-                "outboxLayout: cursor does not support tableMapping: debezium yet; use outboxLayout: mark"
-            )
+            mapped = debezium_columns(names.mapping, value_type, primary_key=False)
         # _held (producer/cursor_held.py): haltKey's held rows; empty unless that policy holds a key
         held = held_table(names, value_type)
-        return stmts + cursor_outbox_ddl(names, value_type) + _companion_ddl(names, vtype) + held
+        return stmts + cursor_outbox_ddl(names, value_type, mapped) + _companion_ddl(names, vtype) + held
     if isinstance(names.mapping, DebeziumMapping):
         stmts += debezium_outbox_ddl(names, names.mapping, value_type)
         return stmts + _companion_ddl(names, vtype)
@@ -75,19 +74,10 @@ def debezium_outbox_ddl(names: OutboxNames, mapping: DebeziumMapping, value_type
     is kept as it is), then the relay's bookkeeping columns, each with a default, so the writers'
     INSERTs stay as they are. Rows written before ``init-db`` have no ``harvest_seq`` and are never
     relayed: they belong to the tool that relayed the table until then (docs/debezium.md)."""
-    r = mapping.router
-    payload = sql.SQL("BYTEA" if value_type == "bytea" else "JSONB")
-    cols = [sql.SQL("{} UUID PRIMARY KEY").format(sql.Identifier(r.field_event_id))]
-    seen = {r.field_event_id, r.field_event_payload}
-    for col in (r.route_by_field, r.field_event_key, "type"):
-        if col not in seen:
-            seen.add(col)
-            cols.append(sql.SQL("{} VARCHAR(255) NOT NULL").format(sql.Identifier(col)))
-    cols.append(sql.SQL("{} {}").format(sql.Identifier(r.field_event_payload), payload))
     seq = names.debezium_sequence
     return [
         sql.SQL("CREATE TABLE IF NOT EXISTS {} ({}) WITH (fillfactor = {})").format(
-            names.outbox, sql.SQL(", ").join(cols), sql.Literal(OUTBOX_FILLFACTOR)
+            names.outbox, sql.SQL(", ").join(debezium_columns(mapping, value_type)), sql.Literal(OUTBOX_FILLFACTOR)
         ),
         sql.SQL("CREATE SEQUENCE IF NOT EXISTS {}").format(seq),
         sql.SQL("ALTER TABLE {} ADD COLUMN IF NOT EXISTS {} BIGINT").format(names.outbox, mapping.id()),
@@ -104,6 +94,22 @@ def debezium_outbox_ddl(names: OutboxNames, mapping: DebeziumMapping, value_type
         ),
         # The half-empty pages (OUTBOX_FILLFACTOR) unless the owner chose a fillfactor: init_db, missing_storage.
     ]
+
+
+def debezium_columns(mapping: DebeziumMapping, value_type: ValueType, primary_key: bool = True) -> list[sql.Composable]:
+    """Debezium's outbox columns under the router's names (its ``id`` the primary key unless
+    ``primary_key`` is false: the cursor layout's partitioned table keys on its ordering column)."""
+    r = mapping.router
+    payload = sql.SQL("BYTEA" if value_type == "bytea" else "JSONB")
+    key = sql.SQL("PRIMARY KEY" if primary_key else "NOT NULL")
+    cols: list[sql.Composable] = [sql.SQL("{} UUID {}").format(sql.Identifier(r.field_event_id), key)]
+    seen = {r.field_event_id, r.field_event_payload}
+    for col in (r.route_by_field, r.field_event_key, "type"):
+        if col not in seen:
+            seen.add(col)
+            cols.append(sql.SQL("{} VARCHAR(255) NOT NULL").format(sql.Identifier(col)))
+    cols.append(sql.SQL("{} {}").format(sql.Identifier(r.field_event_payload), payload))
+    return cols
 
 
 def _regclass_text(names: OutboxNames) -> str:

@@ -142,7 +142,11 @@ class OutboxNames:
 
     @property
     def id_sequence(self) -> sql.Identifier:
-        """``outboxLayout: cursor``: the id sequence (``CACHE 1``; its default takes the xid first)."""
+        """``outboxLayout: cursor``: the sequence of the ordering column (``CACHE 1``; its default takes the xid
+        first): ``id``'s, or a Debezium table's ``harvest_seq``'s (the mark layout's name for it: a table moved
+        from that layout by hand keeps drawing above the ids its dead letters and attempt counts hold)."""
+        if self.mapping.kind == "debezium":
+            return self.debezium_sequence
         return self._ident(derived_name(self.table, "_id_seq"))
 
     def partition_name(self, start: int) -> str:
