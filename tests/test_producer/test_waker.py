@@ -9,6 +9,8 @@ import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 
+import pytest
+
 from harvest_outbox.producer.waker import Waker
 
 
@@ -55,13 +57,15 @@ def test_timeout_ends_a_wait_with_nothing_to_wake_it() -> None:
 
 def test_ringing_never_blocks_even_with_the_buffer_full() -> None:
     waker = Waker()
-    futures = [Future() for _ in range(200_000)]
+    futures = [Future() for _ in range(20_000)]  # a socketpair's buffer is full after a few hundred rings
     for f in futures:
         waker.watch(f)
     started = time.monotonic()
     for f in futures:
         f.set_result(None)  # far more bytes than a socket buffer holds
     assert time.monotonic() - started < 30
+    with pytest.raises(BlockingIOError):  # the buffer did fill: the rings above went on past it
+        waker._send.send(b"\0")
     assert waker.wait(1.0) is True
     waker.close()
     Future().add_done_callback(waker._ring)  # closed: ringing is a no-op, not an error
