@@ -4,13 +4,12 @@ A batch task frees each chunk's records (Python objects, Arrow buffers, librdkaf
 messages) before it reads the next, but the allocators keep what was freed for later: pyarrow's
 mimalloc its pages, glibc its arenas' free chunks. And each partition a task reads brings a new
 consumer, whose librdkafka threads allocate their fetch buffers in glibc arenas of their own
-(glibc gives threads up to 8 arenas per core). So a Python worker reading 4 partitions of 1.25M
-records grew partition after partition (~470 MB after the first, ~690 MB after the fourth, in a
-plain process) up to a plateau set by the allocators' caches, not by the chunk; reading 8
-partitions in one task peaked at ~710 MB. :func:`release` after each chunk hands the freed pages
-back: the same reads then sit at ~270-380 MB between chunks and peak at one chunk's working set
-(~500 MB with the default 250,000-record chunk), whatever the number of partitions
-(docs/reading-spark.md, "Memory").
+(glibc gives threads up to 8 arenas per core). So a process reading partitions of 1.25M records
+grew partition after partition (521 MB after the first, 692 MB after the fourth) up to a plateau
+set by the allocators' caches, not by the chunk (709 MB from the fifth on). :func:`release` after
+each chunk hands the freed pages back: the same read then peaks at one chunk's working set (468 MB
+with the default 250,000-record chunk, reached in the first partition) and sits at 280-380 MB
+between partitions, whatever their number (docs/reading-spark.md, "Memory").
 
 :func:`release` calls ``release_unused()`` on Arrow's default memory pool (for mimalloc a forced
 collection) and glibc's ``malloc_trim(0)`` (each arena's free pages are given back, not only its
