@@ -154,15 +154,10 @@ def require_layout(conn: psycopg.Connection, names: OutboxNames, layout: str) ->
         if layout == "cursor" and have is not None:
             require_cursor_layout(conn, names)
         return
-    if layout == "cursor" and names.mapping.kind != "goharvest":
-        raise SchemaError(
-            f"outbox {names.display!r} is a {names.mapping.kind} table of outboxLayout: mark, not the cursor layout's "
-            f"partitioned table: `harvest init-db --migrate` does not move a {names.mapping.kind} table; move it by "
-            f"hand (docs/debezium.md, Moving to the cursor layout), or keep outboxLayout: mark"
-        )
     if layout == "cursor":
+        what = "goharvest's table" if names.mapping.kind == "goharvest" else f"a {names.mapping.kind} table"
         raise SchemaError(
-            f"outbox {names.display!r} is goharvest's table (outboxLayout: mark), not the cursor layout's "
+            f"outbox {names.display!r} is {what} (outboxLayout: mark), not the cursor layout's "
             f"partitioned table: stop every relay of it and run `harvest init-db --migrate` (one transaction: the "
             f"table is renamed away and its rows copied into the new layout in order; docs/limitations.md), or "
             f"keep outboxLayout: mark"

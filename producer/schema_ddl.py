@@ -31,10 +31,16 @@ from harvest_outbox.producer.schema_storage import OUTBOX_FILLFACTOR, missing_st
 from harvest_outbox.producer.table_mapping import GOHARVEST, DebeziumMapping, TableMapping
 
 
-def outbox_ddl(names: OutboxNames, value_type: ValueType = "varchar", layout: str = "mark") -> list[Statement]:
+def outbox_ddl(
+    names: OutboxNames,
+    value_type: ValueType = "varchar",
+    layout: str = "mark",
+    mapped_columns: list[sql.Composable] | None = None,
+) -> list[Statement]:
     """Statements that create the outbox, the dead-letter table and the notify trigger; with ``layout``
     ``cursor``, the partitioned outbox and cursor row of :mod:`producer.schema_cursor` (its partitions
-    are :func:`init_db`'s)."""
+    are :func:`init_db`'s), a Debezium table's columns ``mapped_columns`` when given (a migration keeps the
+    old table's: :mod:`producer.migrate_cursor`), else Debezium's convention."""
     if value_type not in ("varchar", "bytea"):
         raise ConfigError(f"value type: {value_type!r} must be 'varchar' (goharvest) or 'bytea'")
     vtype = sql.SQL("BYTEA" if value_type == "bytea" else "VARCHAR")
@@ -42,8 +48,8 @@ def outbox_ddl(names: OutboxNames, value_type: ValueType = "varchar", layout: st
     if names.schema:
         stmts.append(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(names.schema)))
     if layout == "cursor":
-        mapped = None
-        if isinstance(names.mapping, DebeziumMapping):
+        mapped = mapped_columns
+        if mapped is None and isinstance(names.mapping, DebeziumMapping):
             mapped = debezium_columns(names.mapping, value_type, primary_key=False)
         # _held (producer/cursor_held.py): haltKey's held rows; empty unless that policy holds a key
         held = held_table(names, value_type)
@@ -321,8 +327,13 @@ def init_db(
             if layout == "cursor":
                 add_shard_cursors(conn, names, shards)
                 if not range_partitions(conn, names):
+                    # from the sequence's head: a sequence kept from a table moved by hand (docs/debezium.md)
+                    # draws above its old ids, which would otherwise all land in the DEFAULT partition
+                    head = conn.execute(sql.SQL("SELECT last_value FROM {}").format(names.id_sequence)).fetchone()
+                    first = (int(head[0]) // partition_ids) * partition_ids if head else 0
                     for p in range(PARTITIONS_AHEAD):
-                        conn.execute(create_partition(names, p * partition_ids, (p + 1) * partition_ids))
+                        start = first + p * partition_ids
+                        conn.execute(create_partition(names, start, start + partition_ids))
             else:
                 missing = missing_storage(conn, names)  # only what the table lacks: an owner's value is kept
                 if missing:

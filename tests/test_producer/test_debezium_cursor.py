@@ -99,17 +99,63 @@ def test_init_db_makes_debeziums_table_partitioned_and_check_reads_it(pg_dsn: st
 
 
 @pytest.mark.integration
-def test_a_debezium_mark_table_is_refused_naming_the_move_by_hand(pg_dsn: str, pg_schema: str) -> None:
+def test_init_db_migrate_moves_a_debezium_mark_table_keeping_its_columns_and_order(pg_dsn: str, pg_schema: str) -> None:
     mapping = table_mapping("debezium")
     table = f"{pg_schema}.outbox"
-    init_db(pg_dsn, table, mapping=mapping)  # the mark layout
-    with pytest.raises(SchemaError, match="does not move a debezium table; move it by hand"):
-        init_db(pg_dsn, table, mapping=mapping, layout="cursor")
+    names = OutboxNames.parse(table, mapping)
+    write = "INSERT INTO {} (aggregatetype, aggregateid, type, payload, tenant) VALUES (%s, %s, %s, %s, %s)"
     with psycopg.connect(pg_dsn) as conn:
-        with pytest.raises(SchemaError, match=r"moves goharvest's table only, not a debezium table"):
-            migrate_to_cursor(conn, table, mapping=mapping)
+        conn.execute(
+            sql.SQL(
+                "CREATE TABLE {} (id UUID PRIMARY KEY DEFAULT gen_random_uuid(), aggregatetype VARCHAR(255) NOT NULL, "
+                "aggregateid VARCHAR(255) NOT NULL, type VARCHAR(255) NOT NULL, payload JSONB, tenant TEXT)"
+            ).format(names.outbox)
+        )
+        conn.execute(sql.SQL(write).format(names.outbox), ("Order", "o-0", "Old", "{}", None))  # Debezium's row
+    init_db(pg_dsn, table, mapping=mapping)  # the mark layout
+    with pytest.raises(SchemaError, match="run `harvest init-db --migrate`"):
+        init_db(pg_dsn, table, mapping=mapping, layout="cursor")
+    rows = [("Order" if i % 2 else "Customer", f"k{i % 2}", "Made", f'{{"n": {i}}}', f"t{i}") for i in range(5)]
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        for r in rows:
+            conn.execute(sql.SQL(write).format(names.outbox), r)
+        old_seq = [
+            int(r[0])
+            for r in conn.execute(
+                sql.SQL("SELECT harvest_seq FROM {} WHERE harvest_seq IS NOT NULL ORDER BY 1").format(names.outbox)
+            ).fetchall()
+        ]
+        conn.execute(
+            sql.SQL("INSERT INTO {} (id, attempts, last_error) VALUES (%s, 2, 'x')").format(names.delivery_attempts),
+            (old_seq[1],),
+        )
+        conn.execute(
+            sql.SQL("INSERT INTO {} (id, kafka_topic, error, attempts) VALUES (50, 't', 'e', 1)").format(
+                names.dead_letters
+            )
+        )
+        done = migrate_to_cursor(conn, table, partition_ids=PARTITION_IDS, mapping=mapping)
+        assert (done.copied, done.old_table.split(".")[-1].strip('"'), done.first_id) == (5, "outbox_debezium", 51)
+        moved = conn.execute(
+            sql.SQL(
+                "SELECT aggregatetype, aggregateid, type, payload::text, tenant, harvest_seq FROM {} ORDER BY 6"
+            ).format(names.outbox)
+        ).fetchall()
+        assert [m[:5] for m in moved] == rows
+        assert [m[5] for m in moved] == [51, 52, 53, 54, 55]
+        attempts = conn.execute(sql.SQL("SELECT id, attempts FROM {}").format(names.delivery_attempts)).fetchall()
+        assert attempts == [(52, 2)]
+        left = conn.execute(sql.SQL("SELECT type FROM {}").format(names.qualified("outbox_debezium"))).fetchall()
+        assert sorted(t for (t,) in left) == ["Made"] * 5 + ["Old"], "the old table is kept as it was"
+        # the writers' INSERT, unchanged (the event id from its default), lands after the copied rows
+        conn.execute(sql.SQL(write).format(names.outbox), ("Order", "k1", "Made", "{}", "t5"))
+        assert conn.execute(sql.SQL("SELECT max(harvest_seq) FROM {}").format(names.outbox)).fetchone() == (56,)
+        assert cursor_backlog(conn, names) == 6
         cfg = HarvestConfig(data_source=pg_dsn, outbox_table=table, outbox_layout="cursor", table_mapping=mapping)
-        assert [(f.level, f.subject) for f in check_outbox(conn, cfg)] == [("FAIL", "layout")]
+        found = check_outbox(conn, cfg)
+        assert all(f.level == "OK" for f in found), found
+        with pytest.raises(SchemaError, match="already in the cursor layout"):
+            migrate_to_cursor(conn, table, mapping=mapping)
 
 
 # ---------------------------------------------------------------------------- both modes, end to end
