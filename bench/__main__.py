@@ -502,7 +502,9 @@ def _debezium_cursor_rows(r: dict[str, Any], size: str) -> list[tuple[str, str, 
             " / ".join(_fmt(b.get("postgres_cpu_s_per_100k")) for b in (*cur.values(), dbz)),
             f"cursor {both('postgres_cpu_to_debezium')} Debezium keeping rows; with the VACUUM after "
             f"{both('postgres_cpu_with_vacuum_to_debezium_insert_delete')} Debezium insert-then-delete; "
-            f"{both('postgres_cpu_to_mark')} the mark layout; drain "
+            f"{both('postgres_cpu_to_mark')} the mark layout; writing + relaying + VACUUM (Debezium's walsender "
+            f"decodes while the rows are written) {both('postgres_cpu_write_and_relay_to_debezium')} Debezium keeping "
+            f"rows, {both('postgres_cpu_write_and_relay_to_debezium_insert_delete')} insert-then-delete; drain "
             + " / ".join(_fmt(b.get("rows_per_s")) for b in cur.values())
             + " rows/s",
             "≤ Debezium's",
