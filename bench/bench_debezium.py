@@ -27,7 +27,8 @@ every record read back is checked against what was written. Measured, per contes
   seconds (utime + stime of the postmaster and every child, reaped children included, from /proc),
   the relay's own CPU (harvest's process; Connect's JVM) and the broker's, WAL bytes
   (``pg_current_wal_insert_lsn()`` deltas: ``pg_current_wal_lsn()``, the write position, lags the
-  relay's asynchronous commits), all per 100k rows; the writing phase's WAL on its own; the checkpoints
+  relay's asynchronous commits), all per 100k rows; the writing phase's WAL and Postgres CPU on their own
+  (Debezium's walsender decodes the rows while they are written, into its reorder buffer); the checkpoints
   begun while writing and relaying (the bench's ``CHECKPOINT`` before each burst puts every contestant's
   writes at the start of a checkpoint cycle; ``max_wal_size`` and ``checkpoint_timeout`` are Postgres'
   defaults, so a burst that writes enough WAL spans another). The cursor layout's work is done once the
