@@ -33,10 +33,10 @@ from harvest_outbox.producer.config import HarvestConfig
 from harvest_outbox.producer.db_cursor import cursor_backlog
 from harvest_outbox.producer.deadletters import list_dead_letters, requeue
 from harvest_outbox.producer.errors import ConfigError, SchemaError
-from harvest_outbox.producer.harvest import Harvest
 from harvest_outbox.producer.migrate_cursor import migrate_to_cursor
 from harvest_outbox.producer.schema import OutboxNames, init_db
 from harvest_outbox.producer.schema_cursor import range_partitions
+from harvest_outbox.producer.sharded import relay_for
 from harvest_outbox.producer.table_mapping import table_mapping
 
 PARTITION_IDS = 100  # a few hundred rows span several partitions
@@ -187,9 +187,14 @@ def _write(
 
 
 @pytest.mark.integration
-@pytest.mark.parametrize("sequenced", [True, False], ids=["sequenced", "at-least-once"])
+@pytest.mark.parametrize(
+    ("sequenced", "shards"),
+    [(True, 1), (False, 1), (True, 2)],
+    ids=["sequenced", "at-least-once", "sequenced-2-shards"],
+)
 def test_debeziums_writers_relayed_through_the_cursor_as_the_router_would(
     sequenced: bool,
+    shards: int,
     pg_dsn: str,
     kafka_bootstrap: str,
     pg_schema: str,
@@ -202,7 +207,8 @@ def test_debeziums_writers_relayed_through_the_cursor_as_the_router_would(
         create_topic(kafka_bootstrap, f"{prefix}.{agg}", 2)
     mapping = _mapping(prefix)
     table = f"{pg_schema}.outbox_event"
-    names = init_db(pg_dsn, table, mapping=mapping, layout="cursor", partition_ids=PARTITION_IDS)
+    # sharded: each shard's cursor reads its rows by the shard of aggregateid (the router's key)
+    names = init_db(pg_dsn, table, mapping=mapping, layout="cursor", partition_ids=PARTITION_IDS, shards=shards)
     exp = Expected()
     want: dict[bytes, tuple[str, str, str, str]] = {}
     cfg = (
@@ -216,9 +222,9 @@ def test_debeziums_writers_relayed_through_the_cursor_as_the_router_would(
             txn_max_duration=0.02,
         )
         .replace(uuid_sequencing=sequenced, leader_election="postgres", leader_lock_check_interval=0.2)
-        .replace(outbox_layout="cursor", table_mapping=mapping)
+        .replace(outbox_layout="cursor", table_mapping=mapping, shards=shards)
     )
-    relay = Harvest(cfg, lambda e: None).start()
+    relay = relay_for(cfg, lambda e: None).start()
     late = psycopg.connect(pg_dsn)
     poison = uuid.uuid4()
     try:
@@ -234,13 +240,13 @@ def test_debeziums_writers_relayed_through_the_cursor_as_the_router_would(
         with psycopg.connect(pg_dsn, autocommit=True) as conn:
             # a row the router cannot route: dead-lettered with its source row
             conn.execute(sql.SQL(_WRITE).format(names.outbox), (poison, "", "o-9", "Lost", '{"where": null}'))
-            wait_for(lambda: cursor_backlog(conn, names) == 0, 60, "the others' rows relayed")
+            wait_for(lambda: cursor_backlog(conn, names, shards=shards) == 0, 60, "the others' rows relayed")
             late.commit()  # committed after hundreds of higher harvest_seq values went out
             for eid, agg, key, typ, payload in late_rows:
                 value = payload.encode()
                 exp.by_key.setdefault(key, []).append(value)
                 want[value] = (agg, key, str(eid), typ)
-            wait_for(lambda: cursor_backlog(conn, names) == 0, 60, "the late commit relayed")
+            wait_for(lambda: cursor_backlog(conn, names, shards=shards) == 0, 60, "the late commit relayed")
             if sequenced:
                 wait_for(lambda: not read_intents(pg_dsn, table), 60, "ACK intents confirmed")
     finally:
@@ -264,7 +270,7 @@ def test_debeziums_writers_relayed_through_the_cursor_as_the_router_would(
         assert touched == (0,)
         # a requeue writes the row again (new harvest_seq, the requeue's txid): the cursor has it pending
         assert requeue(conn, table, None, mapping) == 1
-        assert cursor_backlog(conn, names) == 1
+        assert cursor_backlog(conn, names, shards=shards) == 1
 
     total = sum(len(v) for v in exp.by_key.values())
     assert total > 100 and exp.rolled_back
