@@ -106,7 +106,7 @@ def run(args: argparse.Namespace, load: Any, printable: Any) -> int:
             print(f"exported {n} dead letter(s)", file=sys.stderr)
             return 0
         if verb == "discard":
-            gone = admin.discard(conn, h.outbox_table, sel, who, all_rows=True)
+            gone = admin.discard(conn, h.outbox_table, sel, who, all_rows=True, mapping=h.table_mapping)
             print(f"discarded {len(gone)} dead letter(s)")
             return 0
         return _requeue(conn, h, sel, who, args, printable)

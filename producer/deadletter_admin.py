@@ -143,15 +143,21 @@ def stuck_keys(
 
 
 def discard(
-    conn: psycopg.Connection, outbox_table: str, sel: Selection, who: str, all_rows: bool = False
+    conn: psycopg.Connection,
+    outbox_table: str,
+    sel: Selection,
+    who: str,
+    all_rows: bool = False,
+    mapping: TableMapping = GOHARVEST,
 ) -> list[tuple[int, str | None, str | None]]:
     """Delete the selected dead letters for good; returns their (id, topic, key). Under haltKey this
-    releases their keys: the keys' waiting rows flow (without the discarded ones)."""
+    releases their keys: the keys' waiting rows flow (without the discarded ones). ``mapping``: the outbox's
+    (on the cursor layout the dead letters' outbox rows are found by its ordering column)."""
     if sel.empty and not all_rows:
         raise ConfigError(
             "dead-letters discard: give ids or a filter (--topic, --key, --reason, --older-than), or --all"
         )
-    names = OutboxNames.parse(outbox_table)
+    names = OutboxNames.parse(outbox_table, mapping)
     where, params = sel.where()
     if layout_of(conn, names) == "cursor":  # read again after the discard, the row would be held and sent
         require_passed(conn, names, where, params, "discard")

@@ -31,8 +31,9 @@ from harvest_outbox.producer import cursor_partitions
 from harvest_outbox.producer.check import check_outbox
 from harvest_outbox.producer.config import HarvestConfig
 from harvest_outbox.producer.db_cursor import cursor_backlog
+from harvest_outbox.producer.deadletter_admin import Selection, discard
 from harvest_outbox.producer.deadletters import list_dead_letters, requeue
-from harvest_outbox.producer.errors import ConfigError, SchemaError
+from harvest_outbox.producer.errors import ConfigError, DatabaseError, SchemaError
 from harvest_outbox.producer.migrate_cursor import migrate_to_cursor
 from harvest_outbox.producer.schema import OutboxNames, init_db
 from harvest_outbox.producer.schema_cursor import range_partitions
@@ -156,6 +157,15 @@ def test_init_db_migrate_moves_a_debezium_mark_table_keeping_its_columns_and_ord
         assert all(f.level == "OK" for f in found), found
         with pytest.raises(SchemaError, match="already in the cursor layout"):
             migrate_to_cursor(conn, table, mapping=mapping)
+        # dead letters are found in the outbox by harvest_seq: one whose row the cursor has not passed stays
+        conn.execute(
+            sql.SQL("INSERT INTO {} (id, kafka_topic, error, attempts) VALUES (53, 't', 'e', 1)").format(
+                names.dead_letters
+            )
+        )
+        with pytest.raises(DatabaseError, match=r"has not yet passed the outbox row\(s\) of dead letter\(s\) \[53\]"):
+            discard(conn, table, Selection(ids=(53,)), "test", mapping=mapping)
+        assert discard(conn, table, Selection(ids=(50,)), "test", mapping=mapping) == [(50, "t", None)]
 
 
 # ---------------------------------------------------------------------------- both modes, end to end
