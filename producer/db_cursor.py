@@ -30,6 +30,10 @@ interface: the modes run on it unchanged.
   every led shard's cursor row the view's epoch (locked in shard order); a commit moves each shard's cursor
   past that shard's rows, ``WHERE shard = s AND epoch = E``, the sequenced one behind the fence of every led
   shard; the cursor table must hold exactly shards ``0..S-1`` (checked at connect: never a shard unread);
+- ``tableMapping: debezium`` (docs/debezium.md): the statements name the outbox's columns through the table
+  mapping, as the mark's do (:func:`~producer.db_mark.read_row_fields`): the ordering id is ``harvest_seq``, the
+  shard is that of the router's key; ``txid`` is the same column in both tables; a dead letter keeps the row
+  (``source_row``, less its ``txid``);
 - ``halt_keys`` (``deadLetterPolicy: haltKey``; producer/cursor_held.py; still refused by the config: the
   admin commands are not done): each read first serves the held rows
   of released keys (after the last one this view served), then copies the page's rows of halted or held
