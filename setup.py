@@ -54,6 +54,11 @@ def _warn(msg: str) -> None:
 class OptionalBuildExt(build_ext):
     """A failed compile leaves the pure-Python implementation in place instead of failing the install."""
 
+    def finalize_options(self) -> None:
+        super().finalize_options()
+        if self.parallel is None and self.extensions:  # independent modules: compiled side by side (-j N wins)
+            self.parallel = len(self.extensions)
+
     def run(self) -> None:
         try:
             super().run()
