@@ -9,10 +9,10 @@ and one Kafka broker for the whole run.
 Services: started by the bench (``EmbeddedPostgres(logical_replication=True)``, ``EmbeddedKafka``), or
 ``HARVEST_PG_DSN`` (must have ``wal_level = logical``) / ``HARVEST_KAFKA_BOOTSTRAP``. Every outbox is
 Debezium's table (``id uuid``, ``aggregatetype``, ``aggregateid``, ``type``, ``payload jsonb``); harvest's
-two gain the relay's columns through ``init_db``, as in a migration (docs/debezium.md). The cursor layout takes
-no Debezium table yet: its two contestants relay ``init-db``'s partitioned outbox (goharvest's columns, init-db's
-defaults: partitions of a million ids, two ahead) written with the same rows -- the aggregate id as the key, the
-same payload as the value, the event id as the ``id`` header, the topic in the row. Rows: ~100-byte
+two on the mark layout gain the relay's columns through ``init_db``, as in a migration (docs/debezium.md); the
+two on the cursor layout relay the partitioned Debezium table ``init-db`` makes (Debezium's columns plus the
+relay's ``harvest_seq``, ``txid``, ``harvest_created``, ``harvest_leader``; init-db's defaults: partitions of a
+million ids, two ahead), written with the same statements. Rows: ~100-byte
 jsonb payloads, ``--keys`` aggregate ids, one aggregate type per phase, so one 8-partition topic per
 contestant and phase, all created up front. Event ids encode the row's number (:func:`event_id`), so
 every record read back is checked against what was written. Measured, per contestant:
@@ -180,25 +180,6 @@ class Shape:
             "INSERT INTO {} (id, aggregatetype, aggregateid, type, payload) "
             "VALUES (%s, 'Trickle', %s, 'OrderPlaced', %s)"
         ).format(sql.Identifier(*table.split(".")))
-
-
-class GoharvestShape(Shape):
-    """goharvest's columns (the cursor layout's table): the same key and payload, the topic in the row,
-    the event id as the ``id`` header (what the read-back checks, as it does Debezium's)."""
-
-    columns = "kafka_topic, kafka_key, kafka_value, kafka_header_keys, kafka_header_values"
-
-    def __init__(self, prefix: str) -> None:
-        self.prefix = prefix
-
-    def line(self, kind: str, tag: str, i: int, keys: int) -> str:
-        return f"{self.prefix}.{kind}\tagg-{i % keys}\t{payload(i)}\t{{id}}\t{{{event_id(tag, i)}}}\n"
-
-    def insert(self, table: str) -> sql.Composed:
-        return sql.SQL(
-            "INSERT INTO {} (kafka_topic, kafka_key, kafka_value, kafka_header_keys, kafka_header_values) "
-            "SELECT {}, key, value, ARRAY['id'], ARRAY[eid] FROM (SELECT %s AS eid, %s AS key, %s AS value) AS r"
-        ).format(sql.Identifier(*table.split(".")), sql.Literal(f"{self.prefix}.Trickle"))
 
 
 def write_burst(
@@ -437,17 +418,15 @@ class Contestant(ABC):
 
 
 class HarvestContestant(Contestant):
-    """harvest on Debezium's table (``tableMapping: debezium``, the mark layout), or with ``layout``
-    ``cursor`` on the partitioned outbox ``init-db`` makes (goharvest's columns: the layout takes no
-    Debezium table yet), both with init-db's defaults (partitions of a million ids, two ahead)."""
+    """harvest on Debezium's table (``tableMapping: debezium``): the mark layout's gains the relay's columns,
+    the ``cursor`` layout's is the partitioned one ``init-db`` makes (Debezium's columns plus the relay's, with
+    init-db's defaults: partitions of a million ids, two ahead)."""
 
     def __init__(self, svc: Services, schema: str, tag: str, sequenced: bool, layout: str = "mark") -> None:
         self.name = ("cursor_" if layout == "cursor" else "") + ("sequenced" if sequenced else "at_least_once")
         super().__init__(svc, schema, tag)
         self.sequenced, self.layout = sequenced, layout
-        self.mapping = table_mapping("debezium", self.router) if layout == "mark" else table_mapping("goharvest")
-        if layout == "cursor":
-            self.shape = GoharvestShape(self.prefix)
+        self.mapping = table_mapping("debezium", self.router)
         self.relay: Harvest | None = None
         self.names: OutboxNames | None = None
         self._passed: sql.Composed | None = None
@@ -455,20 +434,32 @@ class HarvestContestant(Contestant):
 
     def create(self) -> None:
         if self.layout == "cursor":  # init-db makes the table: partitioned, the cursor row, the sequence
-            self.names = names = init_db(self.svc.dsn, self.table, layout="cursor")
+            self.names = names = init_db(self.svc.dsn, self.table, mapping=self.mapping, layout="cursor")
             # The committed cursor passed the last row (its index's last entry): every row of a burst then,
             # as a burst is one transaction (cursor_backlog's count would scan the rows from low on, a
             # Postgres CPU cost the bench would bill to the relay).
+            seq = sql.Identifier(self.mapping.id_column)
             self._passed = sql.SQL(
                 "SELECT coalesce((SELECT pg_visible_in_snapshot(o.txid, c.lo) OR (c.hi IS NOT NULL AND "
-                "pg_visible_in_snapshot(o.txid, c.hi) AND o.id <= c.pos) FROM {} AS c, "
-                "(SELECT id, txid FROM {} ORDER BY id DESC LIMIT 1) AS o WHERE c.shard = 0), true)"
-            ).format(names.cursor, names.outbox)
+                "pg_visible_in_snapshot(o.txid, c.hi) AND o.seq <= c.pos) FROM {} AS c, "
+                "(SELECT {} AS seq, txid FROM {} ORDER BY {} DESC LIMIT 1) AS o WHERE c.shard = 0), true)"
+            ).format(names.cursor, seq, names.outbox, seq)
+            self.no_autovacuum()
             for kind in KINDS:
                 create_topic(self.svc.bootstrap, self.topic(kind), PARTITIONS)
             return
         super().create()
         init_db(self.svc.dsn, self.table, mapping=self.mapping)  # the relay's columns, as in a migration
+
+    def no_autovacuum(self) -> None:
+        """Autovacuum off on the cursor table's partitions (those there now), as on the other tables: an
+        insert-only partition's autovacuum (its freeze and visibility map) would bill its WAL and CPU to
+        whoever is timed then."""
+        with psycopg.connect(self.svc.dsn, autocommit=True) as conn:
+            for (leaf,) in conn.execute(
+                "SELECT relid::regclass::text FROM pg_partition_tree(%s::regclass) WHERE isleaf", (self.table,)
+            ).fetchall():
+                conn.execute(sql.SQL("ALTER TABLE {} SET (autovacuum_enabled = false)").format(sql.SQL(leaf)))
 
     def start(self) -> None:
         cfg = HarvestConfig(
@@ -521,15 +512,10 @@ class HarvestContestant(Contestant):
             f"  outboxTable: {self.table}",
             f"  leaderGroupID: {group}",
             f"  uuidSequencing: {'true' if self.sequenced else 'false'}",
-            *(
-                ["  outboxLayout: cursor"]
-                if self.layout == "cursor"
-                else [
-                    "  tableMapping: debezium",
-                    "  eventRouter:",
-                    f'    route.topic.replacement: "{self.router["route.topic.replacement"]}"',
-                ]
-            ),
+            *(["  outboxLayout: cursor"] if self.layout == "cursor" else []),
+            "  tableMapping: debezium",
+            "  eventRouter:",
+            f'    route.topic.replacement: "{self.router["route.topic.replacement"]}"',
             "  limits:",
             f"    heartbeatTimeout: {HEARTBEAT_TIMEOUT:g}s",
             "logging:",
@@ -1079,6 +1065,8 @@ def main() -> int:
                 finally:
                     if isinstance(c, HarvestContestant):
                         c.stop()
+                        if c.layout == "cursor":  # partitions its relay made: quiet during the next ones' turns
+                            c.no_autovacuum()
                     elif isinstance(c, DebeziumContestant):
                         c.destroy()
     finally:

@@ -12,7 +12,7 @@ import uuid
 import pytest
 
 from bench.__main__ import _debezium_rows
-from bench.bench_debezium import GoharvestShape, cursor_summary, event_id, row_of, summary, tally
+from bench.bench_debezium import cursor_summary, event_id, row_of, summary, tally
 
 
 @pytest.mark.parametrize("i", [0, 1, 999_999, 2**40 - 1])
@@ -112,10 +112,3 @@ def test_the_cursor_rows_render_and_are_left_out_when_the_run_had_no_cursor_cont
     for name in ("cursor_at_least_once", "cursor_sequenced", "cursor_layout"):
         del report[name]
     assert not [row for row in _debezium_rows(report) if "outboxLayout cursor" in row[0]]
-
-
-def test_a_cursor_row_carries_the_key_the_payload_and_the_event_id_header() -> None:
-    line = GoharvestShape("bdz-x-cursor").line("Burst", "ab12", 7, 5)
-    topic, key, value, hkeys, hvals = line.rstrip("\n").split("\t")
-    assert (topic, key, hkeys) == ("bdz-x-cursor.Burst", "agg-2", "{id}")
-    assert hvals == "{" + event_id("ab12", 7) + "}" and '"order": 7' in value
