@@ -21,9 +21,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from operator import itemgetter
 
 from harvest_outbox.producer.errors import DatabaseError, FenceError
 from harvest_outbox.producer.watermark import Cursor, Snapshot
+
+_first = itemgetter(0)
 
 Chaos = Callable[[str], str]
 
@@ -93,11 +96,11 @@ class MVCC:
     # ------------------------------------------------------------------ reads
     def visible(self, snap: Snapshot, from_id: int) -> list[tuple[int, int, Row]]:
         """Rows a statement with snapshot ``snap`` sees, ``id >= from_id``, in id order."""
-        return [
-            (i, r.xid, r)
-            for i, r in sorted(self.rows.items())
-            if i >= from_id and r.xid in self.committed and snap.sees(r.xid)
+        seen = [
+            (i, r.xid, r) for i, r in self.rows.items() if i >= from_id and r.xid in self.committed and snap.sees(r.xid)
         ]
+        seen.sort(key=_first)  # what the statement sees, not the whole table (ids are unique)
+        return seen
 
     def head(self, snap: Snapshot) -> int | None:
         """``SELECT max(id)`` with snapshot ``snap``."""
