@@ -444,7 +444,8 @@ class HarvestContestant(Contestant):
                 "pg_visible_in_snapshot(o.txid, c.hi) AND o.seq <= c.pos) FROM {} AS c, "
                 "(SELECT {} AS seq, txid FROM {} ORDER BY {} DESC LIMIT 1) AS o WHERE c.shard = 0), true)"
             ).format(names.cursor, seq, names.outbox, seq)
-            self.no_autovacuum()
+            # Autovacuum stays on during its own turn, as a new user has it: its rows never die, but its new
+            # partitions need their statistics (ANALYZE) or the page read plans a scan of the whole partition
             for kind in KINDS:
                 create_topic(self.svc.bootstrap, self.topic(kind), PARTITIONS)
             return
@@ -452,9 +453,8 @@ class HarvestContestant(Contestant):
         init_db(self.svc.dsn, self.table, mapping=self.mapping)  # the relay's columns, as in a migration
 
     def no_autovacuum(self) -> None:
-        """Autovacuum off on the cursor table's partitions (those there now), as on the other tables: an
-        insert-only partition's autovacuum (its freeze and visibility map) would bill its WAL and CPU to
-        whoever is timed then."""
+        """Autovacuum off on the cursor table's partitions once its turn is over: an insert-only partition's
+        autovacuum (its freeze and visibility map) would bill its WAL and CPU to whoever is timed then."""
         with psycopg.connect(self.svc.dsn, autocommit=True) as conn:
             for (leaf,) in conn.execute(
                 "SELECT relid::regclass::text FROM pg_partition_tree(%s::regclass) WHERE isleaf", (self.table,)
