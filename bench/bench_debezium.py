@@ -444,8 +444,8 @@ class HarvestContestant(Contestant):
                 "pg_visible_in_snapshot(o.txid, c.hi) AND o.seq <= c.pos) FROM {} AS c, "
                 "(SELECT {} AS seq, txid FROM {} ORDER BY {} DESC LIMIT 1) AS o WHERE c.shard = 0), true)"
             ).format(names.cursor, seq, names.outbox, seq)
-            # Autovacuum stays on during its own turn, as a new user has it: its rows never die, but its new
-            # partitions need their statistics (ANALYZE) or the page read plans a scan of the whole partition
+            # Autovacuum stays on during its own turn, as a new user has it (its rows never die: it analyzes
+            # and freezes); off after it (no_autovacuum)
             for kind in KINDS:
                 create_topic(self.svc.bootstrap, self.topic(kind), PARTITIONS)
             return
