@@ -284,6 +284,15 @@ class CursorDatabase(OutboxDatabase):
     def _connected(self, conn: psycopg.Connection) -> None:
         require_layout(conn, self.names, "cursor")
         require_cursor_rows(conn, self.names, self.shard_count or 1)
+        # A page read must walk the id (or (shard, id)) index from its start and stop at the LIMIT. The
+        # planner knows nothing of the rows a burst adds to a partition (its statistics predate them;
+        # autovacuum analyzes it later), and with a row estimate under the page's LIMIT it scans the rest
+        # of the partition and sorts it instead: ~160 ms per 5,000-row page of a 300,000-row partition of
+        # Debezium's table against ~4 ms down the index, 5x Debezium's Postgres CPU per relayed row in
+        # bench_debezium (docs/primary-cost.md). No statement of this session is served better by a
+        # sequential or bitmap scan of the outbox (the others read a few rows by key), so it has neither.
+        conn.execute("SET enable_seqscan = off")
+        conn.execute("SET enable_bitmapscan = off")
         super()._connected(conn)
         self._read_sql = read_sql(self.names, self.value_type, self.shard_count)
         if self.halt_keys:

@@ -30,13 +30,14 @@ from harvest_outbox.harvest_local.kafka import create_topic, read_to_end
 from harvest_outbox.producer import cursor_partitions
 from harvest_outbox.producer.check import check_outbox
 from harvest_outbox.producer.config import HarvestConfig
-from harvest_outbox.producer.db_cursor import cursor_backlog
+from harvest_outbox.producer.cursor_views import CursorViews
+from harvest_outbox.producer.db_cursor import CursorDatabase, cursor_backlog
 from harvest_outbox.producer.deadletter_admin import Selection, discard
 from harvest_outbox.producer.deadletters import list_dead_letters, requeue
 from harvest_outbox.producer.errors import ConfigError, DatabaseError, SchemaError
 from harvest_outbox.producer.migrate_cursor import migrate_to_cursor
 from harvest_outbox.producer.schema import OutboxNames, init_db
-from harvest_outbox.producer.schema_cursor import range_partitions
+from harvest_outbox.producer.schema_cursor import ORIGIN_TEXT, range_partitions
 from harvest_outbox.producer.sharded import relay_for
 from harvest_outbox.producer.table_mapping import table_mapping
 
@@ -97,6 +98,40 @@ def test_init_db_makes_debeziums_table_partitioned_and_check_reads_it(pg_dsn: st
         broken = check_outbox(conn, cfg)
         assert [(f.level, f.subject) for f in broken] == [("FAIL", "layout")]
         assert "the harvest_seq column's default is '7'" in broken[0].message
+
+
+@pytest.mark.integration
+def test_the_page_read_walks_the_index_of_a_partition_filled_after_its_statistics(pg_dsn: str, pg_schema: str) -> None:
+    """A burst fills a partition whose statistics predate it: on a plain session the planner, expecting
+    fewer rows than the page's LIMIT, scans the rest of the partition and sorts it for every page (the hazard,
+    shown so this test can fail); the relay's session walks the index and stops at the LIMIT."""
+    table = f"{pg_schema}.outbox_event"
+    names = init_db(pg_dsn, table, mapping=_mapping("p"), layout="cursor", partition_ids=1_000_000)
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        conn.execute(
+            sql.SQL(
+                "INSERT INTO {} (id, aggregatetype, aggregateid, type, payload) SELECT gen_random_uuid(), 'order', "
+                "'k' || (i % 100), 'created', jsonb_build_object('n', i, 'pad', repeat('x', 80)) "
+                "FROM generate_series(1, 60000) AS i"
+            ).format(names.outbox)
+        )
+        hi = conn.execute("SELECT pg_current_snapshot()::text").fetchone()[0]  # type: ignore[index]
+    db = CursorDatabase(pg_dsn, names, CursorViews(False))
+    try:
+        relay = db.conn
+        q = db._read_sql
+        assert q is not None
+        params = {"from": 0, "hi": hi, "lo": ORIGIN_TEXT, "n": 5000, "t0": 0.0}
+        with psycopg.connect(pg_dsn) as plain:
+            hazard = "\n".join(r[0] for r in plain.execute(sql.SQL("EXPLAIN {}").format(q), params).fetchall())
+        assert "Seq Scan" in hazard or "Bitmap" in hazard, hazard
+        plan = "\n".join(r[0] for r in relay.execute(sql.SQL("EXPLAIN {}").format(q), params).fetchall())
+        assert "Index Scan using outbox_event_p0_pkey" in plan and "Seq Scan" not in plan and "Bitmap" not in plan, plan
+        assert "Sort" not in plan.replace("Sort Key: o.harvest_seq", ""), plan
+        got = relay.execute(q, params).fetchall()
+        assert len(got) == 5000 and [r[0] for r in got] == sorted(r[0] for r in got)
+    finally:
+        db.close()
 
 
 @pytest.mark.integration
