@@ -95,6 +95,10 @@ HELD_LOW_SECONDS = 30.0
 HELD_LOW_LOG_INTERVAL = 60.0
 
 
+#: The page read's planner settings (see CursorDatabase._read_page), set and restored around it.
+_PLANNER = sql.SQL("SELECT set_config('enable_seqscan', %s, false), set_config('enable_bitmapscan', %s, false)")
+
+
 def shard_filter(shard_count: int | None, row: str = "o", mapping: TableMapping = GOHARVEST) -> sql.Composable:
     """`` AND <row's shard> = %(shard)s`` sharded (the expression of the ``(shard, id)`` index, which then
     serves the read in id order), nothing unsharded. ``mapping``: the table's (``_held`` rows are goharvest's)."""
@@ -270,6 +274,7 @@ class CursorDatabase(OutboxDatabase):
             False: batch.format(names.mapping.id(), names.outbox, sql.SQL("")),
         }
         self._read_sql: sql.Composed | None = None
+        self._planner: tuple[str, str] = ("on", "on")
         self._released_sql: sql.Composed | None = None
         self._held_read_sql = held_read_sql(names, shard_filter(self.shard_count)) if halt_keys else None
         self._copy_dlq_sql: sql.Composed | None = None
@@ -284,16 +289,10 @@ class CursorDatabase(OutboxDatabase):
     def _connected(self, conn: psycopg.Connection) -> None:
         require_layout(conn, self.names, "cursor")
         require_cursor_rows(conn, self.names, self.shard_count or 1)
-        # A page read must walk the id (or (shard, id)) index from its start and stop at the LIMIT. The
-        # planner knows nothing of the rows a burst adds to a partition (its statistics predate them;
-        # autovacuum analyzes it later), and with a row estimate under the page's LIMIT it scans the rest
-        # of the partition and sorts it instead: ~160 ms per 5,000-row page of a 300,000-row partition of
-        # Debezium's table against ~4 ms down the index, 5x Debezium's Postgres CPU per relayed row in
-        # bench_debezium (docs/primary-cost.md). No statement of this session is served better by a
-        # sequential or bitmap scan of the outbox (the others read a few rows by key), so it has neither.
-        conn.execute("SET enable_seqscan = off")
-        conn.execute("SET enable_bitmapscan = off")
         super()._connected(conn)
+        row = conn.execute("SELECT current_setting('enable_seqscan'), current_setting('enable_bitmapscan')").fetchone()
+        assert row is not None
+        self._planner = (str(row[0]), str(row[1]))  # the session's own, restored after each read
         self._read_sql = read_sql(self.names, self.value_type, self.shard_count)
         if self.halt_keys:
             held = conn.execute("SELECT to_regclass(%s)", (self.names.held.as_string(conn),)).fetchone()
@@ -422,9 +421,21 @@ class CursorDatabase(OutboxDatabase):
             "shard": shard,
         }
         waiting = self._hold(view, params) if self._held_read_sql is not None else set()
-        rows: list[MarkedRow] = self._run(
-            "reading the outbox", self._read_sql, params, prepare=self._prepare_mark, cursor=self._mark_cursor
-        ).fetchall()
+        # A page read must walk the id (or (shard, id)) index from its start and stop at the LIMIT. The
+        # planner knows nothing of the rows a burst adds to a partition (its statistics predate them;
+        # autovacuum analyzes it later), and with a row estimate under the page's LIMIT it scans the rest
+        # of the partition and sorts it instead: ~160 ms per 5,000-row page of a 300,000-row partition of
+        # Debezium's table against ~4 ms down the index, 5x Debezium's Postgres CPU per relayed row in
+        # bench_debezium (docs/primary-cost.md). Only for the read: the session's other statements (the
+        # fenced commit's) plan worse without them (sequenced drain 0.7x the mark layout's, measured).
+        self._run("planning the read", _PLANNER, ("off", "off"))
+        try:
+            rows: list[MarkedRow] = self._run(
+                "reading the outbox", self._read_sql, params, prepare=self._prepare_mark, cursor=self._mark_cursor
+            ).fetchall()
+        finally:
+            if self._conn is not None:  # (a failed read closed it)
+                self._run("planning the read", _PLANNER, self._planner)
         after, complete = page_end(cursor, len(rows), rows[-1][0] if rows else None, limit)
         read.batch_rows += len(rows)
         if complete:

@@ -31,7 +31,7 @@ from harvest_outbox.producer import cursor_partitions
 from harvest_outbox.producer.check import check_outbox
 from harvest_outbox.producer.config import HarvestConfig
 from harvest_outbox.producer.cursor_views import CursorViews
-from harvest_outbox.producer.db_cursor import CursorDatabase, cursor_backlog
+from harvest_outbox.producer.db_cursor import _PLANNER, CursorDatabase, cursor_backlog
 from harvest_outbox.producer.deadletter_admin import Selection, discard
 from harvest_outbox.producer.deadletters import list_dead_letters, requeue
 from harvest_outbox.producer.errors import ConfigError, DatabaseError, SchemaError
@@ -125,11 +125,15 @@ def test_the_page_read_walks_the_index_of_a_partition_filled_after_its_statistic
         with psycopg.connect(pg_dsn) as plain:
             hazard = "\n".join(r[0] for r in plain.execute(sql.SQL("EXPLAIN {}").format(q), params).fetchall())
         assert "Seq Scan" in hazard or "Bitmap" in hazard, hazard
+        relay.execute(_PLANNER, ("off", "off"))  # as _read_page sets them around the read
         plan = "\n".join(r[0] for r in relay.execute(sql.SQL("EXPLAIN {}").format(q), params).fetchall())
         assert "Index Scan using outbox_event_p0_pkey" in plan and "Seq Scan" not in plan and "Bitmap" not in plan, plan
         assert "Sort" not in plan.replace("Sort Key: o.harvest_seq", ""), plan
         got = relay.execute(q, params).fetchall()
         assert len(got) == 5000 and [r[0] for r in got] == sorted(r[0] for r in got)
+        relay.execute(_PLANNER, db._planner)  # and restores after it: the session's other statements plan freely
+        settings = relay.execute("SELECT current_setting('enable_seqscan'), current_setting('enable_bitmapscan')")
+        assert settings.fetchone() == ("on", "on")
     finally:
         db.close()
 
