@@ -28,8 +28,7 @@ from psycopg import sql
 
 from harvest_outbox.producer.db_session import OutboxSession
 from harvest_outbox.producer.db_statements import ANY_IDS, dead_letter_sql, forget_attempts_sql
-from harvest_outbox.producer.errors import DatabaseError, FenceError, SchemaError
-from harvest_outbox.producer.redact import redact_error
+from harvest_outbox.producer.errors import FenceError, SchemaError
 from harvest_outbox.producer.schema import OutboxNames, Statement
 
 #: The most ids a fenced commit excludes from its range (:func:`id_range`); more, and it names its ids.
@@ -217,10 +216,7 @@ class FencedCommits(OutboxSession):
                 f"`harvest init-db` (idempotent) to create them: {exc}".strip()
             ) from exc
         except psycopg.Error as exc:
-            self.close()
-            raise DatabaseError(
-                f"starting a leader view on {n.display!r} failed: {redact_error(str(exc), self._dsn).strip()}"
-            ) from exc
+            raise self._failed("starting a leader view", exc) from exc
         floor = max([int(row[1])] + [int(c) for _e, _p, c, _t, _pt in intents])
         return int(row[0]), [(int(e), bytes(p), int(c), t, int(pt)) for e, p, c, t, pt in intents], floor
 
@@ -319,8 +315,7 @@ class FencedCommits(OutboxSession):
                 )
             conn.execute("ROLLBACK" if refusal else "COMMIT")
         except psycopg.Error as exc:
-            self.close()
-            raise DatabaseError(f"commit on {n.display!r} failed: {redact_error(str(exc), self._dsn).strip()}") from exc
+            raise self._failed("commit", exc) from exc
         if refusal:
             raise FenceError(refusal)
 

@@ -171,10 +171,13 @@ class OutboxSession:
         try:
             return (cursor or self.conn).execute(query, params, binary=True, prepare=prepare)
         except psycopg.Error as exc:
-            self.close()  # a broken connection is replaced on next use
-            raise DatabaseError(
-                f"{what} on {self.names.display!r} failed: {redact_error(str(exc), self._dsn).strip()}"
-            ) from exc
+            raise self._failed(what, exc) from exc
+
+    def _failed(self, what: str, exc: psycopg.Error) -> DatabaseError:
+        """The error for ``what`` failing on this outbox (the DSN's secrets redacted); closes the connection,
+        which is replaced on next use."""
+        self.close()
+        return DatabaseError(f"{what} on {self.names.display!r} failed: {redact_error(str(exc), self._dsn).strip()}")
 
     @staticmethod
     def _id_array(ids: Sequence[int]) -> str:
