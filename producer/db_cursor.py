@@ -95,7 +95,7 @@ HELD_LOW_SECONDS = 30.0
 HELD_LOW_LOG_INTERVAL = 60.0
 
 
-#: The page read's planner settings (see CursorDatabase._read_page), set and restored around it.
+#: The page reads' planner settings (see CursorDatabase.mark_with_attempts), set and restored around them.
 _PLANNER = sql.SQL("SELECT set_config('enable_seqscan', %s, false), set_config('enable_bitmapscan', %s, false)")
 
 
@@ -350,10 +350,7 @@ class CursorDatabase(OutboxDatabase):
                 epoch = int(top[0] or 0) + 1
                 rows = self.conn.execute(self._adopt_sql, (epoch, led)).fetchall()
         except psycopg.Error as exc:
-            self.close()
-            raise DatabaseError(
-                f"starting a cursor view on {self.names.display!r} failed: {redact_error(str(exc), self._dsn).strip()}"
-            ) from exc
+            raise self._failed("starting a cursor view", exc) from exc
         return self.views.begin(leader_id, epoch, self._cursors(rows))
 
     # ------------------------------------------------------------------ reads
@@ -375,15 +372,27 @@ class CursorDatabase(OutboxDatabase):
         with self.views.lock:
             order = view.order()
             view.turn += 1
+        # A page read must walk the id (or (shard, id)) index from its start and stop at the LIMIT. The
+        # planner knows nothing of the rows a burst adds to a partition (its statistics predate them;
+        # autovacuum analyzes it later), and with a row estimate under the page's LIMIT it scans the rest
+        # of the partition and sorts it instead: ~160 ms per 5,000-row page of a 300,000-row partition of
+        # Debezium's table against ~4 ms down the index, 5x Debezium's Postgres CPU per relayed row in
+        # bench_debezium (docs/primary-cost.md). Only for the reads: the session's other statements (the
+        # fenced commit's) plan worse without them (sequenced drain 0.7x the mark layout's, measured).
+        self._run("planning the reads", _PLANNER, ("off", "off"))
         rows: list[MarkedRow] = []
         idle: list[int] = []
-        for shard in order:
-            page = self._read_page(view, shard, limit - len(rows))
-            if not page:
-                idle.append(shard)
-            rows += page
-            if len(rows) >= limit:
-                break
+        try:
+            for shard in order:
+                page = self._read_page(view, shard, limit - len(rows))
+                if not page:
+                    idle.append(shard)
+                rows += page
+                if len(rows) >= limit:
+                    break
+        finally:
+            if self._conn is not None:  # (a failed read closed it)
+                self._run("planning the reads", _PLANNER, self._planner)
         if idle and time.monotonic() >= self._next_idle_commit:
             self._idle_commit(view, idle)
         rows = served + rows
@@ -421,21 +430,9 @@ class CursorDatabase(OutboxDatabase):
             "shard": shard,
         }
         waiting = self._hold(view, params) if self._held_read_sql is not None else set()
-        # A page read must walk the id (or (shard, id)) index from its start and stop at the LIMIT. The
-        # planner knows nothing of the rows a burst adds to a partition (its statistics predate them;
-        # autovacuum analyzes it later), and with a row estimate under the page's LIMIT it scans the rest
-        # of the partition and sorts it instead: ~160 ms per 5,000-row page of a 300,000-row partition of
-        # Debezium's table against ~4 ms down the index, 5x Debezium's Postgres CPU per relayed row in
-        # bench_debezium (docs/primary-cost.md). Only for the read: the session's other statements (the
-        # fenced commit's) plan worse without them (sequenced drain 0.7x the mark layout's, measured).
-        self._run("planning the read", _PLANNER, ("off", "off"))
-        try:
-            rows: list[MarkedRow] = self._run(
-                "reading the outbox", self._read_sql, params, prepare=self._prepare_mark, cursor=self._mark_cursor
-            ).fetchall()
-        finally:
-            if self._conn is not None:  # (a failed read closed it)
-                self._run("planning the read", _PLANNER, self._planner)
+        rows: list[MarkedRow] = self._run(
+            "reading the outbox", self._read_sql, params, prepare=self._prepare_mark, cursor=self._mark_cursor
+        ).fetchall()
         after, complete = page_end(cursor, len(rows), rows[-1][0] if rows else None, limit)
         read.batch_rows += len(rows)
         if complete:
@@ -744,8 +741,7 @@ class CursorDatabase(OutboxDatabase):
                 refusal = f"dead-lettering refused on {n.display!r}: some of {len(dead)} row(s) are gone"
             conn.execute("ROLLBACK" if refusal else "COMMIT")
         except psycopg.Error as exc:
-            self.close()
-            raise DatabaseError(f"commit on {n.display!r} failed: {redact_error(str(exc), self._dsn).strip()}") from exc
+            raise self._failed("commit", exc) from exc
         if refusal:
             raise FenceError(refusal)
         with self.views.lock:

@@ -125,7 +125,7 @@ def test_the_page_read_walks_the_index_of_a_partition_filled_after_its_statistic
         with psycopg.connect(pg_dsn) as plain:
             hazard = "\n".join(r[0] for r in plain.execute(sql.SQL("EXPLAIN {}").format(q), params).fetchall())
         assert "Seq Scan" in hazard or "Bitmap" in hazard, hazard
-        relay.execute(_PLANNER, ("off", "off"))  # as _read_page sets them around the read
+        relay.execute(_PLANNER, ("off", "off"))  # as mark_with_attempts sets them around its reads
         plan = "\n".join(r[0] for r in relay.execute(sql.SQL("EXPLAIN {}").format(q), params).fetchall())
         assert "Index Scan using outbox_event_p0_pkey" in plan and "Seq Scan" not in plan and "Bitmap" not in plan, plan
         assert "Sort" not in plan.replace("Sort Key: o.harvest_seq", ""), plan
