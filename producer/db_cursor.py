@@ -70,6 +70,7 @@ from harvest_outbox.producer.cursor_held import (
     hold_rows_sql,
     released_sql,
 )
+from harvest_outbox.producer.cursor_ids import OPEN_TRANSACTIONS_SQL, IdSource, Watch, guard, id_source_of, id_source_sql
 from harvest_outbox.producer.cursor_partitions import PartitionKeeper
 from harvest_outbox.producer.cursor_views import CursorViews, NotNextRows, Segment, View
 from harvest_outbox.producer.db import OutboxDatabase
@@ -267,12 +268,17 @@ class CursorDatabase(OutboxDatabase):
             "UPDATE {} SET lo = %s::text::pg_snapshot, hi = %s::text::pg_snapshot, pos = %s, low = %s, "
             "probe_head = %s, probe_xid = %s::text::xid8, updated_at = now() WHERE shard = %s AND epoch = %s"
         ).format(c)
-        batch = sql.SQL("SELECT pg_current_snapshot()::text, (SELECT max({}) FROM {}){}")
-        #: A batch's start, with and without a probe's xid (an xid costs a commit record: only when due).
+        batch = sql.SQL("SELECT pg_current_snapshot()::text, (SELECT max({}) FROM {}), {}, g.* FROM ({}) AS g")
+        #: A batch's start, with and without a probe's xid (an xid costs a commit record: only when due), and
+        #: the id source in the same snapshot (producer/cursor_ids.py)
+        source = id_source_sql(names)
         self._batch_sql = {
-            True: batch.format(names.mapping.id(), names.outbox, sql.SQL(", pg_current_xact_id()::text")),
-            False: batch.format(names.mapping.id(), names.outbox, sql.SQL("")),
+            True: batch.format(names.mapping.id(), names.outbox, sql.SQL("pg_current_xact_id()::text"), source),
+            False: batch.format(names.mapping.id(), names.outbox, sql.SQL("NULL"), source),
         }
+        #: Per shard: the id source at this relay's last batch start (cursor_ids.Watch).
+        self._watches: dict[int, Watch] = {}
+        self._next_fault_log = 0.0
         self._read_sql: sql.Composed | None = None
         self._planner: tuple[str, str] = ("on", "on")
         self._released_sql: sql.Composed | None = None
@@ -410,8 +416,10 @@ class CursorDatabase(OutboxDatabase):
             row = self._run("starting a batch", self._batch_sql[probe], ()).fetchone()
             assert row is not None
             read.head = row[1]
+            cursor, may_probe = self._guard(shard, cursor, id_source_of(tuple(row[3:])), row[1])
             before = cursor.probe
-            cursor = start_batch(cursor, snapshot_of(row[0]), int(row[2]) if probe else None, row[1])
+            take = probe and may_probe
+            cursor = start_batch(cursor, snapshot_of(row[0]), int(row[2]) if take else None, row[1] if take else None)
             # each page's index range starts at low (then pos): while a long transaction holds low back, the
             # batch walks the ids up to the head again, most of them delivered already
             read.batch_width, read.batch_rows = max(0, int(row[1] or 0) - cursor.low + 1), 0
@@ -497,6 +505,37 @@ class CursorDatabase(OutboxDatabase):
         with self.views.lock:
             if self.views.view is not None:
                 self.views.view.serving.difference_update(ids)
+
+    def _guard(self, shard: int, cursor: Cursor, now: IdSource, head: int | None) -> tuple[Cursor, bool]:
+        """A batch start's look at the id source (producer/cursor_ids.py): the cursor to start from (its
+        low 0 after a change: a rescan) and whether a probe may be taken; a broken txid default stops the
+        read (DatabaseError: the cursor stays) and a broken source is logged, at most once a minute."""
+        watch = self._watches.setdefault(shard, Watch())
+        decision = guard(cursor, watch.before, now, head, self.names)
+        if decision.stop is not None:
+            raise DatabaseError(decision.stop)
+        watch.note(decision, now)
+        if decision.rescan:
+            log.warning(
+                "%s%s: the id source changed under the relay (ALTER SEQUENCE, a new id default, or the sequence "
+                "set below the cursor): this batch reads from id 0, so no row drawn meanwhile is passed unread%s",
+                self.names.display,
+                f" shard {shard}" if self.shard_count is not None else "",
+                "" if cursor.probe is None else f" (the probe at id {cursor.probe.head} is dropped)",
+            )
+        if decision.fault is not None and time.monotonic() >= self._next_fault_log:
+            self._next_fault_log = time.monotonic() + HELD_LOW_LOG_INTERVAL
+            log.warning(
+                "%s. Until it is fixed the cursor's low is held at %d: rows still flow, but each batch re-reads "
+                "from there and no partition retires",
+                decision.fault,
+                decision.cursor.low,
+            )
+        may_probe = decision.may_probe
+        if may_probe and watch.unsettled:
+            rows = self._run("listing open transactions", OPEN_TRANSACTIONS_SQL, ()).fetchone()
+            may_probe = watch.settle(frozenset(str(v) for v in (rows[0] if rows else None) or ()))
+        return decision.cursor, may_probe
 
     def _held_low(self, width: int, held: float) -> None:
         """``low`` is held back (docs/primary-cost.md, long-running transactions): each batch re-reads up

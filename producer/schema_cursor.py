@@ -34,6 +34,7 @@ from __future__ import annotations
 import psycopg
 from psycopg import sql
 
+from harvest_outbox.producer.cursor_ids import id_source_of, id_source_sql
 from harvest_outbox.producer.errors import SchemaError
 from harvest_outbox.producer.schema_names import OutboxNames, Statement
 
@@ -169,32 +170,16 @@ def require_layout(conn: psycopg.Connection, names: OutboxNames, layout: str) ->
 
 
 def require_cursor_layout(conn: psycopg.Connection, names: OutboxNames) -> None:
-    """A1 holds (the id default takes the xid first, the sequence caches 1) and the cursor row exists."""
+    """A1 and A2 hold (:class:`~producer.cursor_ids.IdSource`: the id default takes the xid first from the
+    outbox's ``CACHE 1`` sequence; ``txid`` is the writer's transaction) and the cursor table exists. A running
+    relay re-checks the id source at every batch start (producer/cursor_ids.py)."""
     require_server(conn)
-    row = conn.execute(
-        "SELECT pg_get_expr(d.adbin, d.adrelid) FROM pg_attrdef d JOIN pg_attribute a "
-        "ON a.attrelid = d.adrelid AND a.attnum = d.adnum WHERE d.adrelid = to_regclass(%s) AND a.attname = %s",
-        (names.outbox.as_string(conn), names.mapping.id_column),
-    ).fetchone()
-    col = names.mapping.id_column
-    default = row[0] if row else ""
-    xid_at, id_at = default.find("pg_current_xact_id()"), default.find("nextval(")
-    if not 0 <= xid_at < id_at:
-        raise SchemaError(
-            f"outbox {names.display!r}: the {col} column's default is {default or 'missing'!r}, which does not take "
-            f"the writer's transaction id before the id; the cursor relay could then skip a row for good "
-            f"(docs/primary-cost.md, assumption A1). Fix: ALTER TABLE ... ALTER COLUMN {col} SET DEFAULT "
-            f"{id_default(names).as_string(conn)} (and let writers leave {col} to it)"
-        )
-    cache = conn.execute(
-        "SELECT s.seqcache FROM pg_sequence s WHERE s.seqrelid = to_regclass(%s)",
-        (names.id_sequence.as_string(conn),),
-    ).fetchone()
-    if cache is None or int(cache[0]) != 1:
-        raise SchemaError(
-            f"outbox {names.display!r}: sequence {names.id_sequence.as_string(conn)} must exist with CACHE 1 "
-            f"(ids in the order writers draw them); run `harvest init-db` with outboxLayout: cursor"
-        )
+    row = conn.execute(sql.SQL("SELECT g.* FROM ({}) AS g").format(id_source_sql(names))).fetchone()
+    assert row is not None  # a one-row subquery
+    source = id_source_of(tuple(row))
+    fault = source.fault(names) or source.txid_fault(names)
+    if fault is not None:
+        raise SchemaError(f"{fault}. The cursor relay could otherwise skip a row for good (docs/limitations.md)")
     if conn.execute("SELECT to_regclass(%s)", (names.cursor.as_string(conn),)).fetchone() == (None,):
         raise SchemaError(
             f"outbox {names.display!r} has no cursor table {names.cursor.as_string(conn)}; run `harvest init-db` "
