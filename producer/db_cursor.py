@@ -70,7 +70,14 @@ from harvest_outbox.producer.cursor_held import (
     hold_rows_sql,
     released_sql,
 )
-from harvest_outbox.producer.cursor_ids import OPEN_TRANSACTIONS_SQL, IdSource, Watch, guard, id_source_of, id_source_sql
+from harvest_outbox.producer.cursor_ids import (
+    OPEN_TRANSACTIONS_SQL,
+    IdSource,
+    Watch,
+    guard,
+    id_source_of,
+    id_source_sql,
+)
 from harvest_outbox.producer.cursor_partitions import PartitionKeeper
 from harvest_outbox.producer.cursor_views import CursorViews, NotNextRows, Segment, View
 from harvest_outbox.producer.db import OutboxDatabase
