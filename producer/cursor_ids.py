@@ -89,8 +89,8 @@ class IdSource:
         xid, nextval = _XID.search(self.default), _NEXTVAL.search(self.default)
         if xid is None or nextval is None or xid.start() > nextval.start():
             return (
-                f"{what}: the {col} column's default {self.default!r} does not take the writer's transaction id "
-                f"before the id (assumption A1: a row could be passed unread). Fix: {fix_default}"
+                f"{what}: the {col} column's default is {self.default!r}, which does not take the writer's "
+                f"transaction id before the id (assumption A1: a row could be passed unread). Fix: {fix_default}"
             )
         if not self.own_sequence or self.sequence_file is None:
             return f"{what}: the {col} column's default does not draw from {seq} alone. Fix: {fix_default}"
