@@ -18,7 +18,8 @@ POSIX rules (longest, earlier groups first). The two agree on the subset accepte
   atoms or the value's edge (JDK 17 counts non-ASCII letters as word characters, JDK 19+ does not).
 
 Java's character classes are spelled out (``\\w`` is ``[A-Za-z0-9_]`` in Java, locale-dependent in
-Postgres; ``.`` excludes Java's line terminators), so the ARE does not depend on the database's locale.
+Postgres; ``.`` excludes Java's line terminators), and the relay matches under collation "C", so the
+routing does not depend on the database's locale.
 tests/test_producer/test_java_regex.py runs the JDK's ``java.util.regex`` beside Postgres over a corpus.
 """
 
@@ -40,7 +41,8 @@ _JAVA_CLASSES = {
     "s": tuple((c, c) for c in " \t\n\x0b\f\r"),
 }
 _CHAR_ESCAPES = {"t": "\t", "n": "\n", "r": "\r", "f": "\f", "a": "\a", "e": "\x1b"}
-_NAME = re.compile(r"[A-Za-z][A-Za-z0-9]*")
+_NAMED_GROUP = re.compile(r"\(\?<([A-Za-z][A-Za-z0-9]*)>")
+_COUNT = re.compile(r"\{(\d+)(,(\d*))?\}")
 #: Postgres' largest repetition count (RE_DUPMAX); Java allows more, Postgres refuses the pattern.
 _PG_DUPMAX = 255
 _MAX_GROUPS = 9
@@ -74,7 +76,7 @@ class _Zero:
 
 @dataclass(frozen=True)
 class _Mark:
-    """A group's parenthesis (``(`` with ``capturing``, or ``)``)."""
+    """A group's parenthesis as the ARE writes it: ``(``, ``(?:`` or ``)``."""
 
     text: str
 
@@ -116,49 +118,47 @@ class _Parser:
     # -- the grammar: alternation of sequences; groups hold the same ------------------------------
 
     def parse(self) -> list[_Item]:
-        self.body(top=True)
+        self.body()
         if self.i < len(self.s):  # only a stray ')' stops body() early
             raise self.refuse("')'", "it closes no group", "remove it or write \\) for the character")
         return self.items
 
-    def body(self, top: bool) -> None:
-        start = len(self.items)
+    def body(self) -> None:
+        start, alt_at = len(self.items), self.i
         branches = [self.sequence()]
         while self.i < len(self.s) and self.s[self.i] == "|":
-            at = self.i
+            if len(branches) == 1:
+                alt_at = self.i
             self.i += 1
             branches.append(self.sequence())
-            if len(branches) == 2:
-                self.alt_at = at
         if len(branches) == 1:
             return
         words: list[str] = []
-        for b in branches:
-            word = "".join(x.literal for x in b if isinstance(x, _Atom) and x.literal is not None and x.high == 1)
-            if not b or len(word) != len(b) or any(isinstance(x, _Atom) and x.low != 1 for x in b):
+        for branch in branches:
+            word = "".join(x.literal for x in branch if isinstance(x, _Atom) and x.literal is not None)
+            if not branch or len(word) != len(branch):
                 raise self.refuse(
                     "alternation '|'",
                     "Postgres picks the longest alternative, Java the first that matches, so only "
                     "alternatives that are plain non-empty literal strings are accepted",
                     "list literal alternatives (orders|customers), or route with one class, e.g. [a-z]+",
-                    self.alt_at,
+                    alt_at,
                 )
             words.append(word)
-        for a in words:
-            for b in words:
-                if a is not b and b.startswith(a):
+        for x, short in enumerate(words):
+            for y, long in enumerate(words):
+                if x != y and long.startswith(short):
                     raise self.refuse(
                         "alternation '|'",
-                        f"alternative {a!r} is a prefix of {b!r}: Java takes the first that matches, "
+                        f"alternative {short!r} is a prefix of {long!r}: Java takes the first that matches, "
                         f"Postgres the longest",
                         "make no alternative a prefix of another, e.g. orders? instead of order|orders (on "
                         "'orders' Java's replaceFirst takes 'order' and keeps the 's' after the replacement)",
-                        self.alt_at,
+                        alt_at,
                     )
+        # At most one alternative matches at any position: "first" and "longest" are the same one.
         del self.items[start:]
         self.items.append(_Alt(tuple(words)))
-
-    alt_at = 0
 
     def sequence(self) -> list[_Item]:
         start = len(self.items)
@@ -187,7 +187,7 @@ class _Parser:
 
     def group(self) -> None:
         at = self.i
-        m = re.compile(r"\(\?<([A-Za-z][A-Za-z0-9]*)>").match(self.s, self.i)
+        m = _NAMED_GROUP.match(self.s, self.i)
         capturing = True
         if m:
             name = m.group(1)
@@ -212,10 +212,13 @@ class _Parser:
             self.i += 1
         if self.count > _MAX_GROUPS:
             raise self.refuse(
-                "a 10th capturing group", "Postgres' regexp_replace fills in groups 1-9 only", "use (?:…) for the others", at
+                "a 10th capturing group",
+                "Postgres' regexp_replace fills in groups 1-9 only",
+                "use (?:…) for the others",
+                at,
             )
         self.items.append(_Mark("(" if capturing else "(?:"))
-        self.body(top=False)
+        self.body()
         if self.i >= len(self.s):
             raise self.refuse("'('", "the group is not closed", "close it with ')'", at)
         self.i += 1
@@ -250,7 +253,9 @@ class _Parser:
     def escape(self, in_class: bool) -> _Atom:
         at = self.i
         if self.i + 1 >= len(self.s):
-            raise self.refuse("a trailing '\\'", "it escapes nothing (Java refuses the pattern)", "write \\\\ for a backslash")
+            raise self.refuse(
+                "a trailing '\\'", "it escapes nothing (Java refuses the pattern)", "write \\\\ for a backslash"
+            )
         e = self.s[self.i + 1]
         self.i += 2
         if e in _JAVA_CLASSES:
@@ -259,7 +264,10 @@ class _Parser:
         if e in "DWS":
             if in_class:
                 raise self.refuse(
-                    f"\\{e} inside [...]", "a negated class cannot be merged into a bracket expression", f"use [^...] with the members spelled out", at
+                    f"\\{e} inside [...]",
+                    "a negated class cannot be merged into a bracket expression",
+                    "use [^...] with the members spelled out",
+                    at,
                 )
             return _Atom("[^" + _ranges(_JAVA_CLASSES[e.lower()]) + "]", ascii_only=False)
         if e in _CHAR_ESCAPES:
@@ -271,7 +279,12 @@ class _Parser:
             ch = chr(int(self.s[self.i : self.i + 4], 16))
             self.i += 4
             if 0xD800 <= ord(ch) <= 0xDFFF:
-                raise self.refuse("a surrogate \\u escape", "Java pairs surrogates, Postgres does not", "write the character itself", at)
+                raise self.refuse(
+                    "a surrogate \\u escape",
+                    "Java pairs surrogates, Postgres does not",
+                    "write the character itself",
+                    at,
+                )
         elif not e.isascii() or not e.isalnum():
             ch = e  # Java: a backslash before a non-alphanumeric character quotes it
         else:
@@ -283,7 +296,7 @@ class _Parser:
                 "spell the characters out, e.g. [A-Za-z] for \\p{Alpha}",
                 at,
             )
-        return _Atom(_class_member(ch) if in_class else _char_are(ch), ascii_only=ch.isascii(), literal=ch)
+        return _Atom(_char_are(ch), ascii_only=ch.isascii(), literal=ch)
 
     def bracket(self) -> _Atom:
         at = self.i
@@ -302,7 +315,9 @@ class _Parser:
                 break
             if c in "[]" or self.s.startswith("&&", self.i):
                 raise self.refuse(
-                    f"{c!r} inside [...]", "nested classes, unions and intersections (&&) are not accepted", "escape the character (\\[ or \\]) or list the members in one class"
+                    f"{c!r} inside [...]",
+                    "nested classes, unions and intersections (&&) are not accepted",
+                    "escape the character (\\[ or \\]) or list the members in one class",
                 )
             lo = self.class_char()
             if lo.literal is None:  # \d \w \s
@@ -314,13 +329,21 @@ class _Parser:
                 self.i += 1
                 hi = self.class_char()
                 if hi.literal is None or ord(hi.literal) < ord(lo.literal):
-                    raise self.refuse("a range in [...]", "its end is not a character at or after its start (Java refuses it)", "write the range low-high")
+                    raise self.refuse(
+                        "a range in [...]",
+                        "its end is not a character at or after its start (Java refuses it)",
+                        "write the range low-high",
+                    )
                 if self.s.startswith("-", self.i) and not self.s.startswith("-]", self.i):
-                    raise self.refuse("'-' after a range", "Java and Postgres read it differently", "put '-' first or last in the class")
-                members.append(f"{_class_member(lo.literal)}-{_class_member(hi.literal)}")
+                    raise self.refuse(
+                        "'-' after a range",
+                        "Java and Postgres read it differently",
+                        "put '-' first or last in the class",
+                    )
+                members.append(f"{_char_are(lo.literal)}-{_char_are(hi.literal)}")
                 ascii_only = ascii_only and hi.literal.isascii() and lo.literal.isascii()
             else:
-                members.append(_class_member(lo.literal))
+                members.append(_char_are(lo.literal))
                 ascii_only = ascii_only and lo.literal.isascii()
             first = False
         return _Atom("[" + ("^" if negated else "") + "".join(members) + "]", ascii_only=ascii_only)
@@ -332,7 +355,7 @@ class _Parser:
             return self.escape(in_class=True)
         c = self.s[self.i]
         self.i += 1
-        return _Atom(_class_member(c), ascii_only=c.isascii(), literal=c)
+        return _Atom(_char_are(c), ascii_only=c.isascii(), literal=c)
 
     def quantified(self, atom: _Atom) -> _Atom:
         if self.i >= len(self.s) or self.s[self.i] not in "?*+{":
@@ -340,13 +363,17 @@ class _Parser:
         at = self.i
         c = self.s[self.i]
         if c == "{":
-            m = re.compile(r"\{(\d+)(,(\d*))?\}").match(self.s, self.i)
+            m = _COUNT.match(self.s, self.i)
             if not m:
-                raise self.refuse("'{'", "it is not a repetition count {n}, {n,} or {n,m}", "write \\{ for the character")
+                raise self.refuse(
+                    "'{'", "it is not a repetition count {n}, {n,} or {n,m}", "write \\{ for the character"
+                )
             low = int(m.group(1))
             high = low if m.group(2) is None else (int(m.group(3)) if m.group(3) else None)
             if max(low, high or 0) > _PG_DUPMAX:
-                raise self.refuse(m.group(0), f"Postgres refuses repetition counts above {_PG_DUPMAX}", "use a smaller count or * / +")
+                raise self.refuse(
+                    m.group(0), f"Postgres refuses repetition counts above {_PG_DUPMAX}", "use a smaller count or * / +"
+                )
             if high is not None and high < low:
                 raise self.refuse(m.group(0), "its maximum is below its minimum (Java refuses it)", "write {min,max}")
             self.i = m.end()
@@ -354,22 +381,19 @@ class _Parser:
             low, high = {"?": (0, 1), "*": (0, None), "+": (1, None)}[c]
             self.i += 1
         if self.i < len(self.s) and self.s[self.i] in "?+":
-            kind = "a lazy" if self.s[self.i] == "?" else "a possessive"
-            q = self.s[at : self.i + 1]
-            raise self.refuse(
-                f"{kind} quantifier {q!r}",
-                "Postgres has no possessive quantifiers, and a lazy one changes how Postgres sizes every "
-                "group of the pattern",
-                f"use the greedy {self.s[at:self.i]!r} with a class that stops where the match should "
-                f"(e.g. [^.]* instead of .*?); a possessive quantifier routes as the greedy one when what "
-                f"follows it cannot start with a character it repeats",
-                at,
-            )
+            greedy, q = self.s[at : self.i], self.s[at : self.i + 1]
+            if q.endswith("+"):
+                what, why = f"a possessive quantifier {q!r}", "Postgres has no possessive quantifiers"
+                fix = (
+                    f"use the greedy {greedy!r}: it routes the same when what follows cannot start with a "
+                    f"character it repeats (e.g. [a-z]++ at the end of the pattern)"
+                )
+            else:
+                what = f"a lazy quantifier {q!r}"
+                why = "in Postgres a lazy quantifier makes the whole pattern prefer the shortest match"
+                fix = f"use the greedy {greedy!r} with a class that stops where the match should (e.g. [^.]* for .*?)"
+            raise self.refuse(what, why, fix, at)
         return _Atom(atom.text, atom.ascii_only, None if (low, high) != (1, 1) else atom.literal, low, high)
-
-
-def _class_member(c: str) -> str:
-    return _char_are(c)
 
 
 def _ranges(ranges: tuple[tuple[str, str], ...]) -> str:
@@ -385,7 +409,9 @@ def _check_zero_width(p: _Parser, items: list[_Item]) -> None:
             raise p.refuse("'^'", "it is accepted first only (the regex matches the whole value)", "remove it", x.at)
         if x.kind == "$" and any(not isinstance(y, _Zero) for y in flat[k + 1 :]):
             raise p.refuse("'$'", "it is accepted last only (the regex matches the whole value)", "remove it", x.at)
-        if x.kind in ("\\b", "\\B") and not (_side_ascii(reversed(flat[:k]), last=True) and _side_ascii(flat[k + 1 :], last=False)):
+        if x.kind in ("\\b", "\\B") and not (
+            _side_ascii(reversed(flat[:k]), last=True) and _side_ascii(flat[k + 1 :], last=False)
+        ):
             raise p.refuse(
                 x.kind,
                 "a character next to it may be a non-ASCII letter or digit, which JDK 17 counts as a word "
@@ -454,7 +480,9 @@ def _replacement(replacement: str, regex: str, groups: dict[str, int], count: in
         c = replacement[i]
         if c == "\\":
             if i + 1 >= len(replacement):
-                raise ConfigError(f"{bad}: a trailing '\\' escapes nothing (Java refuses it); write \\\\ for a backslash")
+                raise ConfigError(
+                    f"{bad}: a trailing '\\' escapes nothing (Java refuses it); write \\\\ for a backslash"
+                )
             nxt = replacement[i + 1]
             out += "\\\\" if nxt == "\\" else nxt
             i += 2

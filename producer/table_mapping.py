@@ -193,7 +193,9 @@ class DebeziumMapping(TableMapping):
 
     def topic(self, alias: str) -> sql.Composable:
         r = self.router
-        routed = sql.SQL("{}::text").format(_col(alias, r.route_by_field))
+        # Collation "C": the routing then depends on no locale, and a column's nondeterministic collation
+        # (which Postgres refuses regular expressions under) does not matter.
+        routed = sql.SQL('{}::text COLLATE "C"').format(_col(alias, r.route_by_field))
         pattern, replacement = pg_regex(r.route_topic_regex, r.route_topic_replacement, "route.topic.regex")
         whole = _WHOLE_VALUE_GROUP.fullmatch(r.route_topic_regex)
         if whole and re.fullmatch(r"[^\\]*\\1[^\\]*", replacement):

@@ -121,7 +121,11 @@ CORPUS: list[tuple[str, str, bool | None]] = [
     ("(\\w)\\1", "x", False),
     ("\\p{Alpha}+", "x", False),
     ("(unclosed", "x", False),
-    ("(?<a>.)(?<b>.)(?<c>.)(?<d>.)(?<e>.)(?<f>.)(?<g>.)(?<h>.)(?<i>.)", "${i}${h}${g}${f}${e}${d}${c}${b}${a}$10", True),
+    (
+        "(?<a>.)(?<b>.)(?<c>.)(?<d>.)(?<e>.)(?<f>.)(?<g>.)(?<h>.)(?<i>.)",
+        "${i}${h}${g}${f}${e}${d}${c}${b}${a}$10",
+        True,
+    ),
     ("(.)(.)(.)(.)(.)(.)(.)(.)(.)(.)", "$10", False),
 ]
 VALUES = [
@@ -137,7 +141,9 @@ def _java_topics(tmp_path: Path, cases: list[tuple[str, str, str]]) -> list[str 
     """Java's topic for each (regex, replacement, value); None where Java refuses the pattern."""
     java = shutil.which("java")
     if java is None:
-        pytest.fail("the differential test needs a JDK 11+ `java` on PATH (Java 17 is a prerequisite: docs/prerequisites.md)")
+        pytest.fail(
+            "the differential test needs a JDK 11+ `java` on PATH (Java 17 is a prerequisite: docs/prerequisites.md)"
+        )
     source = tmp_path / "RegexRouterOracle.java"
     source.write_text(_ORACLE)
     lines = "".join("\t".join(x.encode().hex() for x in case) + "\n" for case in cases)

@@ -112,7 +112,7 @@ def _topic_sql(options: dict[str, Any]) -> str:
 
 
 def test_default_routing_is_a_concatenation_not_a_regex() -> None:
-    v = '"o"."aggregatetype"::text'
+    v = '"o"."aggregatetype"::text COLLATE "C"'
     assert _topic_sql({}) == (
         f"CASE WHEN {v} ~  E'[\\\\u000a\\\\u000d\\\\u0085\\\\u2028\\\\u2029]' THEN {v} "
         f"ELSE 'outbox.event.' || {v} || '' END"
