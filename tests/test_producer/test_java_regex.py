@@ -250,3 +250,25 @@ def test_a_pattern_postgres_refuses_fails_check_init_db_and_the_relay_start(pg_d
 
 
 _ignore: Callable[[object], None] = lambda e: None  # noqa: E731
+
+
+@pytest.mark.integration
+def test_routing_runs_under_collation_c_whatever_the_columns(pg_dsn: str, pg_schema: str) -> None:
+    # Postgres refuses regular expressions under a nondeterministic collation, and a locale's classes
+    # are not Java's: the relay routes the column's text under "C".
+    m = table_mapping("debezium", {"route.topic.regex": "(?<a>[a-z]+)\\.(?<b>.*)", "route.topic.replacement": P})
+    assert isinstance(m, DebeziumMapping)
+    with psycopg.connect(pg_dsn) as conn:
+        conn.execute(
+            sql.SQL(
+                "CREATE COLLATION {s}.ci (provider = icu, locale = 'und-u-ks-level2', deterministic = false)"
+            ).format(s=sql.Identifier(pg_schema))
+        )
+        conn.execute(
+            sql.SQL("CREATE TABLE {s}.t (aggregatetype text COLLATE {s}.ci)").format(s=sql.Identifier(pg_schema))
+        )
+        conn.execute(sql.SQL("INSERT INTO {s}.t VALUES ('orders.x'), ('Orders.x')").format(s=sql.Identifier(pg_schema)))
+        got = conn.execute(
+            sql.SQL("SELECT {} FROM {}.t AS o ORDER BY 1").format(m.topic("o"), sql.Identifier(pg_schema))
+        ).fetchall()
+    assert got == [("Orders.x",), ("p.orders",)]
