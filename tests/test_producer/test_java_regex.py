@@ -9,6 +9,7 @@ of the corpus to Java's topic.
 
 from __future__ import annotations
 
+import random
 import shutil
 import subprocess
 from collections.abc import Callable
@@ -156,11 +157,11 @@ def _java_topics(tmp_path: Path, cases: list[tuple[str, str, str]]) -> list[str 
     return out
 
 
-@pytest.mark.integration
-def test_routing_equals_javas_regex_router_or_the_pattern_is_refused(pg_dsn: str, tmp_path: Path) -> None:
+def _accept(corpus: list[tuple[str, str]]) -> tuple[dict[int, DebeziumMapping], dict[int, str]]:
+    """Each pattern's mapping as the config loader builds it, or the loader's refusal."""
     accepted: dict[int, DebeziumMapping] = {}
     refused: dict[int, str] = {}
-    for k, (regex, replacement, _) in enumerate(CORPUS):
+    for k, (regex, replacement) in enumerate(corpus):
         try:
             m = table_mapping("debezium", {"route.topic.regex": regex, "route.topic.replacement": replacement})
         except ConfigError as exc:
@@ -168,7 +169,14 @@ def test_routing_equals_javas_regex_router_or_the_pattern_is_refused(pg_dsn: str
             continue
         assert isinstance(m, DebeziumMapping)
         accepted[k] = m
-    java = _java_topics(tmp_path, [(regex, repl, v) for regex, repl, _ in CORPUS for v in VALUES])
+    return accepted, refused
+
+
+def _differences(
+    pg_dsn: str, tmp_path: Path, corpus: list[tuple[str, str]], accepted: dict[int, DebeziumMapping], values: list[str]
+) -> tuple[list[str], dict[tuple[int, int], str]]:
+    """Every (accepted pattern, value) whose relay topic is not Java's, and the relay's topics."""
+    java = _java_topics(tmp_path, [(regex, repl, v) for regex, repl in corpus for v in values])
     # One statement: each accepted pattern's topic expression over all values.
     parts = [
         sql.SQL("SELECT {k}, i, {topic} FROM unnest(%(v)s::text[]) WITH ORDINALITY AS o(aggregatetype, i)").format(
@@ -177,19 +185,26 @@ def test_routing_equals_javas_regex_router_or_the_pattern_is_refused(pg_dsn: str
         for k, m in accepted.items()
     ]
     with psycopg.connect(pg_dsn) as conn:
-        rows = conn.execute(sql.SQL(" UNION ALL ").join(parts), {"v": VALUES}).fetchall()
+        rows = conn.execute(sql.SQL(" UNION ALL ").join(parts), {"v": values}).fetchall()
     relay = {(k, i - 1): topic for k, i, topic in rows}
     wrong = []
-    for k, (regex, replacement, _) in enumerate(CORPUS):
-        javas = java[k * len(VALUES) : (k + 1) * len(VALUES)]
-        if k not in accepted:
-            continue
+    for k in accepted:
+        regex, replacement = corpus[k]
+        javas = java[k * len(values) : (k + 1) * len(values)]
         if None in javas:
             wrong.append(f"{regex!r} / {replacement!r} is accepted, but Java refuses it")
             continue
-        for j, value in enumerate(VALUES):
+        for j, value in enumerate(values):
             if relay[(k, j)] != javas[j]:
                 wrong.append(f"{regex!r} -> {replacement!r} on {value!r}: relay {relay[(k, j)]!r}, Java {javas[j]!r}")
+    return wrong, relay
+
+
+@pytest.mark.integration
+def test_routing_equals_javas_regex_router_or_the_pattern_is_refused(pg_dsn: str, tmp_path: Path) -> None:
+    corpus = [(regex, replacement) for regex, replacement, _ in CORPUS]
+    accepted, refused = _accept(corpus)
+    wrong, relay = _differences(pg_dsn, tmp_path, corpus, accepted, VALUES)
     assert not wrong, "\n".join(wrong)
     for k, (regex, _, want) in enumerate(CORPUS):  # what the issue requires to be accepted or refused
         if want is not None:
@@ -200,6 +215,38 @@ def test_routing_equals_javas_regex_router_or_the_pattern_is_refused(pg_dsn: str
     k = next(k for k, c in enumerate(CORPUS) if c[0] == "\\b(?<a>\\w+)\\b")
     assert relay[(k, VALUES.index("orders"))] == "p.orders"
     assert len(accepted) >= 35 and len(refused) >= 15, (len(accepted), len(refused))
+
+
+def _random_pattern(rnd: random.Random, depth: int = 0) -> str:
+    r = rnd.random()
+    if r < 0.12 and depth < 2:
+        inner = "".join(_random_pattern(rnd, depth + 1) for _ in range(rnd.randint(1, 3)))
+        return rnd.choice(["(", "(?:", f"(?<g{rnd.randint(0, 99)}>"]) + inner + ")"
+    if r < 0.18:
+        return "(" + "|".join(rnd.sample(["ab", "ba", "c", "a.", "bb", "a"], rnd.randint(2, 3))) + ")"
+    if r < 0.24:
+        return rnd.choice(["\\b", "\\B", "^", "$"])
+    atom = rnd.choice(["a", "b", "\\.", ".", "[ab]", "[^a]", "\\w", "\\W", "\\d", "[a.]", "é", "[a-c]", "\\s", "-"])
+    return atom + rnd.choice(["", "", "?", "*", "+", "{0,2}", "{1,2}", "{2}", "{2,}", "*?", "++"])
+
+
+@pytest.mark.integration
+def test_random_patterns_route_as_java_or_are_refused(pg_dsn: str, tmp_path: Path) -> None:
+    # Beyond the hand-written corpus: seeded random compositions of the accepted constructs (and some that
+    # are refused), over short values of the characters they treat differently.
+    rnd = random.Random(44)
+    corpus: list[tuple[str, str]] = []
+    for _ in range(600):
+        regex = "".join(_random_pattern(rnd) for _ in range(rnd.randint(1, 5)))
+        groups = regex.count("(") - regex.count("(?:")
+        corpus.append((regex, "x" + "".join(f"[${g}]" for g in range(1, min(groups, 9) + 1)) + "$0"))
+    alphabet = ["a", "b", ".", "c", "é", "1", " ", "-", "\n"]
+    values = [""] + ["".join(rnd.choice(alphabet) for _ in range(rnd.randint(1, 6))) for _ in range(60)]
+    accepted, _ = _accept(corpus)
+    wrong, relay = _differences(pg_dsn, tmp_path, corpus, accepted, values)
+    assert not wrong, "\n".join(wrong[:50])
+    routed = sum(1 for (k, j), topic in relay.items() if topic != values[j])
+    assert len(accepted) >= 200 and routed >= 500, (len(accepted), routed)  # the corpus is not degenerate
 
 
 def test_a_possessive_quantifier_is_refused_at_config_load_naming_option_value_and_fix() -> None:
