@@ -115,6 +115,12 @@ CORPUS: list[tuple[str, str, bool | None]] = [
     ("(?<a>orders|customers)", P, True),
     ("orders|customers", "x", True),
     ("(?<a>abc|bcd)(?<b>d*)", "${a}.${b}", True),
+    # edges: the empty pattern, empty groups, zero counts, '-' as a class member
+    ("", "empty", None),
+    ("()", "e$1", None),
+    ("(?<a>x{0})(?<b>.*)", "${b}", None),
+    ("(?<a>[-a]+)(?<b>[a-]*)", "${a}.${b}", None),
+    ("(?<a>[\\s\\d]+)", P, None),
     # everything else is refused
     ("(?<a>ab)?", P, False),
     ("(?=x).*", "x", False),
