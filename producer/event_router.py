@@ -6,8 +6,8 @@ Invariants (tests/test_producer/test_table_mapping.py):
 - an unknown router option, a known one harvest does not implement (:data:`_UNSUPPORTED`, with the
   reason), or a value of the wrong kind is a :class:`~producer.errors.ConfigError` naming the option
   (never silently ignored);
-- ``route.topic.regex`` is Java's regex, translated to Postgres' (:func:`pg_regex`) or refused: it must
-  match the whole routed value, and then ``route.topic.replacement`` replaces it.
+- ``route.topic.regex`` is Java's regex, translated to a Postgres ARE that routes every value as Java's
+  RegexRouter does, or refused naming the construct (:mod:`producer.java_regex`).
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from harvest_outbox.producer.errors import ConfigError, shown
+from harvest_outbox.producer.java_regex import translate
 
 _EVENT_ROUTER_CLASS = "io.debezium.transforms.outbox.EventRouter"
 
@@ -52,7 +53,6 @@ _UNSUPPORTED = {
 _BOOLEAN = {"table.fields.additional.error.on.missing", "route.tombstone.on.empty.payload", "table.expand.json.payload"}
 _FIXED = {"table.op.invalid.behavior", "debezium.op.invalid.behavior", "table.json.payload.null.behavior"}
 _COLUMN = re.compile(r"^[A-Za-z_][A-Za-z0-9_$]*$")
-_JAVA_NAMED_GROUP = re.compile(r"\(\?<([A-Za-z][A-Za-z0-9]*)>")
 
 
 @dataclass(frozen=True)
@@ -203,72 +203,7 @@ def _additional(spec: str, where: str) -> tuple[AdditionalField, ...]:
 
 def pg_regex(regex: str, replacement: str, where: str) -> tuple[str, str]:
     """Java regex + replacement (RegexRouter's) -> a Postgres ARE matching the whole value + a
-    regexp_replace replacement. Named groups become numbered ones; ``${name}`` and ``$n`` become
-    ``\\n``."""
-    # Count capturing groups in order: "(" not followed by "?" is one, "(?<name>" is one.
-    pattern = ""
-    i = 0
-    numbered: dict[str, int] = {}
-    count = 0
-    while i < len(regex):
-        c = regex[i]
-        if c == "\\":
-            pattern += regex[i : i + 2]
-            i += 2
-            continue
-        if c == "(":
-            m = _JAVA_NAMED_GROUP.match(regex, i)
-            if m:
-                count += 1
-                numbered[m.group(1)] = count
-                pattern += "("
-                i = m.end()
-                continue
-            if regex.startswith("(?", i):
-                if not regex.startswith("(?:", i):
-                    raise ConfigError(
-                        f"{where}: {shown(regex)}: the group {regex[i : i + 4]!r}… is not supported "
-                        f"(harvest "
-                        f"evaluates the routing regex in Postgres: plain, non-capturing and named "
-                        f"groups)"
-                    )
-            else:
-                count += 1
-        pattern += c
-        i += 1
-    try:
-        re.compile(pattern)
-    except re.error as exc:
-        raise ConfigError(f"{where}: {shown(regex)} is not a valid regular expression: {exc}") from None
-    out = ""
-    i = 0
-    while i < len(replacement):
-        c = replacement[i]
-        if c == "\\" and i + 1 < len(replacement):
-            nxt = replacement[i + 1]
-            out += "\\\\" if nxt == "\\" else nxt
-            i += 2
-            continue
-        if c == "$":
-            m = re.match(r"\$\{([A-Za-z][A-Za-z0-9]*)\}", replacement[i:])
-            if m:
-                if m.group(1) not in numbered:
-                    raise ConfigError(
-                        f"{where}: route.topic.replacement {shown(replacement)} names group "
-                        f"{m.group(1)!r}, which route.topic.regex {shown(regex)} does not define"
-                    )
-                out += f"\\{numbered[m.group(1)]}"
-                i += m.end()
-                continue
-            m = re.match(r"\$(\d)", replacement[i:])
-            if m and int(m.group(1)) <= count:
-                out += f"\\{m.group(1)}"
-                i += m.end()
-                continue
-            raise ConfigError(
-                f"{where}: route.topic.replacement {shown(replacement)}: '$' must name a group "
-                f"(${{name}} or $1); write \\$ for a dollar sign"
-            )
-        out += "\\\\" if c == "\\" else c
-        i += 1
-    return "^(?:" + pattern + ")$", out
+    regexp_replace replacement that route every value as Java does, or a ConfigError naming the
+    construct and a fix (:mod:`producer.java_regex`)."""
+    translated = translate(regex, replacement, where)
+    return translated.pattern, translated.replacement

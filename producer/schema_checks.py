@@ -11,7 +11,7 @@ from __future__ import annotations
 import psycopg
 from psycopg import sql
 
-from harvest_outbox.producer.errors import SchemaError
+from harvest_outbox.producer.errors import ConfigError, SchemaError, shown
 from harvest_outbox.producer.schema_names import OutboxNames, ValueType
 from harvest_outbox.producer.table_mapping import DEBEZIUM_PAYLOAD_TYPES, DEBEZIUM_TEXT_TYPES, DebeziumMapping
 
@@ -50,7 +50,9 @@ def inspect_outbox(conn: psycopg.Connection, names: OutboxNames) -> ValueType:
             f"`harvest init-db` (or producer.schema.init_db)"
         )
     if isinstance(names.mapping, DebeziumMapping):
-        return _inspect_debezium(names, names.mapping, cols)
+        value_type = _inspect_debezium(names, names.mapping, cols)
+        prove_routing(conn, names.mapping)
+        return value_type
     missing = _EXPECTED - cols.keys()
     if missing:
         raise SchemaError(
@@ -94,6 +96,27 @@ def _inspect_debezium(names: OutboxNames, mapping: DebeziumMapping, cols: dict[s
             f"defaults, so the writers' INSERTs do not change)"
         )
     return "bytea" if cols[r.field_event_payload] == "bytea" else "varchar"
+
+
+def prove_routing(conn: psycopg.Connection, mapping: DebeziumMapping) -> None:
+    """Run the topic expression once, so that Postgres compiles the routing regex where the relay will
+    evaluate it: a pattern Postgres refuses would otherwise fail every page read (nothing published,
+    nothing dead-lettered) while the relay retried forever."""
+    r = mapping.router
+    try:  # a mapping built in code, not from a config file, is translated here first
+        topic = mapping.topic("o")
+    except ConfigError as exc:
+        raise SchemaError(f"eventRouter.{exc}") from None
+    probe = sql.SQL("SELECT {} FROM (SELECT ''::text AS {}) AS o").format(topic, sql.Identifier(r.route_by_field))
+    try:
+        with conn.transaction():  # a savepoint inside a caller's transaction
+            conn.execute(probe)
+    except psycopg.errors.InvalidRegularExpression as exc:
+        raise SchemaError(
+            f"eventRouter.route.topic.regex: {shown(r.route_topic_regex)}: Postgres refuses the pattern harvest "
+            f"evaluates it as ({exc.diag.message_primary}); fix: rewrite it with the constructs "
+            f"docs/debezium.md lists as accepted"
+        ) from None
 
 
 def require_utf8_readable(conn: psycopg.Connection) -> None:

@@ -40,6 +40,10 @@ from harvest_outbox.producer.errors import ConfigError, shown
 from harvest_outbox.producer.event_router import AdditionalField as AdditionalField
 from harvest_outbox.producer.event_router import EventRouter as EventRouter
 from harvest_outbox.producer.event_router import pg_regex
+from harvest_outbox.producer.java_regex import LINE_TERMINATOR_CLASS
+
+#: Java's ``(.*)``, ``(.+)`` or the same in a named group: the whole value in group 1.
+_WHOLE_VALUE_GROUP = re.compile(r"\((?:\?<[A-Za-z][A-Za-z0-9]*>)?\.([*+])\)")
 
 #: The ordering column ``harvest init-db`` adds to a Debezium outbox (its ``id`` is a UUID, which has
 #: no order): a bigint from a sequence, so rows go out in insertion order, like goharvest's ``id``.
@@ -189,17 +193,21 @@ class DebeziumMapping(TableMapping):
 
     def topic(self, alias: str) -> sql.Composable:
         r = self.router
-        routed = sql.SQL("{}::text").format(_col(alias, r.route_by_field))
+        # Collation "C": the routing then depends on no locale, and a column's nondeterministic collation
+        # (which Postgres refuses regular expressions under) does not matter.
+        routed = sql.SQL('{}::text COLLATE "C"').format(_col(alias, r.route_by_field))
         pattern, replacement = pg_regex(r.route_topic_regex, r.route_topic_replacement, "route.topic.regex")
-        whole = re.fullmatch(r"\^\(\?:\((\.\*|\.\+)\)\)\$", pattern)
+        whole = _WHOLE_VALUE_GROUP.fullmatch(r.route_topic_regex)
         if whole and re.fullmatch(r"[^\\]*\\1[^\\]*", replacement):
             # The common case (the default regex, one group holding everything): a concatenation, no
-            # regex per row. ".+" does not match the empty value, which then stays as it is ('').
+            # regex per row. Java's "." stops at a line terminator, so such a value keeps its name,
+            # and ".+" does not match the empty value, which then stays as it is ('').
             before, after = replacement.split("\\1")
-            if whole.group(1) == ".*":
-                return sql.SQL("({} || {} || {})").format(sql.Literal(before), routed, sql.Literal(after))
-            return sql.SQL("CASE WHEN {v} = '' THEN {v} ELSE {b} || {v} || {a} END").format(
-                v=routed, b=sql.Literal(before), a=sql.Literal(after)
+            keep = sql.SQL("{v} ~ {lt}").format(v=routed, lt=sql.Literal(LINE_TERMINATOR_CLASS))
+            if whole.group(1) == "+":
+                keep = sql.SQL("{v} = '' OR {k}").format(v=routed, k=keep)
+            return sql.SQL("CASE WHEN {k} THEN {v} ELSE {b} || {v} || {a} END").format(
+                k=keep, v=routed, b=sql.Literal(before), a=sql.Literal(after)
             )
         return sql.SQL("CASE WHEN {v} ~ {p} THEN regexp_replace({v}, {p}, {r}) ELSE {v} END").format(
             v=routed, p=sql.Literal(pattern), r=sql.Literal(replacement)

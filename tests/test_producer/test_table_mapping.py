@@ -71,8 +71,8 @@ def test_a_connectors_settings_copy_as_they_are() -> None:
         ({"route.by.field": "a-b"}, "is not a column name"),
         ({"route.topic.replacement": "x.${nope}"}, "names group 'nope'"),
         ({"route.topic.replacement": "x.$"}, "'$' must name a group"),
-        ({"route.topic.regex": "(?=x).*"}, "is not supported"),
-        ({"route.topic.regex": "(unclosed"}, "not a valid regular expression"),
+        ({"route.topic.regex": "(?=x).*"}, "the group '(?=x'… (at offset 0) is not accepted"),
+        ({"route.topic.regex": "(unclosed"}, "the group is not closed"),
         ({"type": "io.debezium.transforms.ExtractNewRecordState"}, "is not Debezium's outbox event router"),
         ({"table.op.invalid.behavior": "fatal"}, "only 'warn' is supported"),
         ("route.by.field", "expected a mapping"),
@@ -112,7 +112,11 @@ def _topic_sql(options: dict[str, Any]) -> str:
 
 
 def test_default_routing_is_a_concatenation_not_a_regex() -> None:
-    assert _topic_sql({}) == "('outbox.event.' || \"o\".\"aggregatetype\"::text || '')"
+    v = '"o"."aggregatetype"::text COLLATE "C"'
+    assert _topic_sql({}) == (
+        f"CASE WHEN {v} ~  E'[\\\\u000a\\\\u000d\\\\u0085\\\\u2028\\\\u2029]' THEN {v} "
+        f"ELSE 'outbox.event.' || {v} || '' END"
+    )
 
 
 @pytest.mark.integration
@@ -124,6 +128,8 @@ def test_default_routing_is_a_concatenation_not_a_regex() -> None:
         ("(?<svc>[a-z]+)\\.(?<kind>.*)", "${kind}-$1", "orders.Created", "Created-orders"),
         ("(?<svc>[a-z]+)\\.(?<kind>.*)", "${kind}-$1", "NoDot", "NoDot"),  # no whole match: the value as is
         ("(.*)", "cost\\$.$1", "x", "cost$.x"),
+        ("(.*)", "p.$1", "a\nb", "a\nb"),  # Java's "." stops at a line terminator: no whole match
+        ("\\b(?<routedByValue>\\w+)\\b", "p.${routedByValue}", "orders", "p.orders"),  # \b is not backspace
     ],
 )
 def test_routing_matches_kafkas_regex_router(
