@@ -69,6 +69,7 @@ from harvest_outbox.producer.relay_spans import relay_spans
 from harvest_outbox.producer.schema import OutboxNames, packed_outbox_fix
 from harvest_outbox.producer.schema_cursor import require_layout
 from harvest_outbox.producer.serialization import RowEncoder
+from harvest_outbox.producer.table_mapping import partition_column
 from harvest_outbox.producer.waker import Waker
 
 log = logging.getLogger(__name__)
@@ -162,6 +163,8 @@ class RelayCore:
         self._next_hold_check = 0.0
         #: deadLetterPolicy: haltKey -- keys this view dead-lettered a row of (producer.key_halt)
         self.halt = KeyHalt(config.dead_letter_policy == "haltKey")
+        #: The column a Debezium mapping places in the record's partition (its rows' partition is not None)
+        self.partition_column = partition_column(config.table_mapping) or "partition"
         # the mark prefetch: pending marks, oldest first
         self.marks: deque[PendingMark] = deque()
         ceiling = self.limits.mark_ceiling

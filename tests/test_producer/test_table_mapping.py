@@ -288,6 +288,91 @@ def test_relay_drains_a_debezium_outbox_as_the_router_would(
 
 
 @pytest.mark.integration
+@pytest.mark.parametrize(
+    ("layout", "sequenced"),
+    [("mark", False), ("mark", True), ("cursor", False), ("cursor", True)],
+    ids=["mark-at-least-once", "mark-sequenced", "cursor-at-least-once", "cursor-sequenced"],
+)
+def test_a_partition_column_no_partition_of_the_topic_is_a_dead_letter_at_once(
+    layout: str,
+    sequenced: bool,
+    pg_dsn: str,
+    kafka_bootstrap: str,
+    pg_schema: str,
+    unique_name: Callable[[str], str],
+) -> None:
+    """``part:partition`` (issue #44, defect 5): a negative value is never the partitioner's choice (-1 is
+    librdkafka's "unassigned"; Debezium's producer refuses any negative) and a value at or above the topic's
+    partition count never becomes deliverable: both are dead letters at once (0 attempts), naming the value
+    (and the count), while the row's neighbours go to their partitions."""
+    from harvest_outbox.producer.db_cursor import cursor_backlog
+
+    prefix = unique_name("pp")
+    topic = f"{prefix}.Order"
+    create_topic(kafka_bootstrap, topic, 2)
+    route = {"route.topic.replacement": prefix + ".${routedByValue}"}
+    mapping = table_mapping("debezium", {**route, "table.fields.additional.placement": "part:partition"})
+    table = f"{pg_schema}.outbox_event"
+    names = OutboxNames.parse(table, mapping)
+    with psycopg.connect(pg_dsn) as conn:
+        if layout == "mark":
+            conn.execute(sql.SQL(_CREATE).format(t=names.outbox, payload=sql.SQL("JSONB")))
+    # the cursor layout's table is init-db's, with Debezium's columns only: `part` is added after
+    init_db(pg_dsn, table, mapping=mapping if layout == "mark" else table_mapping("debezium", route), layout=layout)
+    parts = {"p0": 0, "p1": 1, "pnull": None, "minus1": -1, "minus7": -7, "p2": 2, "p9": 9}
+    with psycopg.connect(pg_dsn) as conn:
+        if layout == "cursor":  # Debezium's columns from init-db, and the partition column the router reads
+            conn.execute(sql.SQL("ALTER TABLE {} ADD COLUMN part INTEGER").format(names.outbox))
+        conn.cursor().executemany(
+            sql.SQL(
+                "INSERT INTO {} (id, aggregatetype, aggregateid, type, payload, part) VALUES (%s, %s, %s, %s, %s, %s)"
+            ).format(names.outbox),
+            [
+                (uuid.uuid4(), "Order", f"k-{name}", "Made", json.dumps({"n": name}), part)
+                for name, part in parts.items()
+            ],
+        )
+    cfg = relay_config(pg_dsn, kafka_bootstrap, table, unique_name("g")).replace(
+        uuid_sequencing=sequenced,
+        table_mapping=mapping,
+        outbox_layout=layout,
+        leader_election="postgres",
+        leader_lock_check_interval=0.2,
+    )
+    relay = Harvest(cfg).start()
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            with psycopg.connect(pg_dsn) as conn:
+                left = cursor_backlog(conn, names) if layout == "cursor" else _relayed_left(pg_dsn, names)
+                dead = list_dead_letters(conn, table)
+            if not left and len(dead) == 4:
+                break
+            assert time.monotonic() < deadline, f"{left} row(s) left, dead letters {dead}"
+            time.sleep(0.1)
+    finally:
+        relay.stop()
+    records = consume_all(kafka_bootstrap, topic, lambda g: len([r for r in g if r.value]) >= 3, timeout=30)
+    got = {g.key: g.partition for g in records if g.value}  # (sequenced: past the ACK records, empty)
+    assert got == {"k-p0": 0, "k-p1": 1, "k-pnull": got.get("k-pnull")} and got["k-pnull"] in (0, 1), got
+    by_key = {d.kafka_key: d for d in dead}
+    assert set(by_key) == {"k-minus1", "k-minus7", "k-p2", "k-p9"}, dead
+    assert all(d.attempts == 0 for d in dead), [(d.kafka_key, d.attempts) for d in dead]
+    for name in ("minus1", "minus7"):
+        assert by_key[f"k-{name}"].error == (
+            f"bad row: part (table.fields.additional.placement part:partition) is {parts[name]}: a negative "
+            "partition, which Debezium's producer refuses (-1 is not 'any partition' here); set part to a "
+            "partition of the topic (0 or more) or NULL (the partitioner, by key), and requeue"
+        )
+    for name in ("p2", "p9"):
+        assert by_key[f"k-{name}"].error == (
+            f"cannot be sent: part (table.fields.additional.placement part:partition) is {parts[name]}, but topic "
+            f"{topic!r} has 2 partition(s) (0-1); set part below 2 or NULL (the partitioner, by key), or add "
+            "partitions to the topic, and requeue"
+        )
+
+
+@pytest.mark.integration
 def test_sharded_relays_split_a_debezium_outbox_by_aggregateid(
     pg_dsn: str, kafka_bootstrap: str, pg_schema: str, unique_name: Callable[[str], str]
 ) -> None:
