@@ -170,6 +170,39 @@ def _headers_by_value(bootstrap: str, topic: str) -> dict[bytes, list[tuple[str,
     return {r.value: r.headers for r in read_to_end(bootstrap, [topic]) if r.value is not None}
 
 
+def _documented_ack_filter() -> Callable[[Any], bool]:
+    """``is_ack`` as docs/debezium.md ("ACK records") writes it: the doc's code, run."""
+    from pathlib import Path
+
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "debezium.md").read_text()
+    section = doc[doc.index("### ACK records") :]
+    code = section[
+        section.index("```python\n") + len("```python\n") : section.index("```\n", section.index("```python"))
+    ]
+    scope: dict[str, Any] = {}
+    exec(code, scope)  # the project's own documentation, tested as written
+    return scope["is_ack"]  # type: ignore[no-any-return]
+
+
+def _read_messages(bootstrap: str, topic: str) -> list[Any]:
+    """Every record of ``topic`` as confluent-kafka's ``Message``, up to the high watermarks."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"plain-{uuid.uuid4()}", "enable.auto.commit": False})
+    try:
+        parts = [TopicPartition(topic, p, 0) for p in c.list_topics(topic, timeout=10).topics[topic].partitions]
+        ends = {tp.partition: c.get_watermark_offsets(tp, timeout=10)[1] for tp in parts}
+        c.assign(parts)
+        out: list[Any] = []
+        deadline = time.monotonic() + 30
+        while len(out) < sum(ends.values()):
+            assert time.monotonic() < deadline, f"read {len(out)} of {sum(ends.values())} records"
+            out += [m for m in c.consume(1000, 0.5) if m.error() is None]
+        return out
+    finally:
+        c.close()
+
+
 def _relayed_left(pg_dsn: str, names: OutboxNames) -> int:
     with psycopg.connect(pg_dsn) as conn:
         row = conn.execute(
@@ -276,6 +309,15 @@ def test_relay_drains_a_debezium_outbox_as_the_router_would(
             headers = _headers_by_value(kafka_bootstrap, topic)
             for _t, _key, value, hs in expected:
                 assert [h for h in headers[value] if h[0] != "uuid"] == hs
+            # A plain consumer (docs/debezium.md, "ACK records"): the topic also holds the protocol's ACK
+            # records, empty key and value and one `uuid` header; the documented filter drops exactly those.
+            is_ack = _documented_ack_filter()
+            records = _read_messages(kafka_bootstrap, topic)
+            acks = [m for m in records if is_ack(m)]
+            assert acks and {(m.key(), m.value(), len(m.headers())) for m in acks} == {(b"", b"", 1)}
+            events = [m for m in records if not is_ack(m)]
+            assert all(any(k == "id" for k, _v in m.headers()) for m in events), "every other record is an event"
+            assert {m.value() for m in events} == {v for _t, _k, v, _h in expected}
         else:
             got_plain = consume_all(kafka_bootstrap, topic, lambda g, n=len(expected): len(g) >= n)  # noqa: B008 - binds this topic's count
             by_value = {g.value: g for g in got_plain}
