@@ -35,13 +35,17 @@ class EmbeddedPostgres:
         port: int | None = None,
         password: str | None = None,
         logical_replication: bool = False,
+        max_prepared_transactions: int = 0,
     ) -> None:
         """``root``: the server's folder; by default one claimed (and locked) by :func:`pgdirs.claim`
         after sweeping those of dead runs. A given ``root`` is used as is and never swept.
         ``logical_replication``: ``wal_level = logical`` (Debezium's pgoutput slots); off by default
-        because it adds to the WAL every row writes, which the relay benchmarks measure."""
+        because it adds to the WAL every row writes, which the relay benchmarks measure.
+        ``max_prepared_transactions``: > 0 lets sessions PREPARE TRANSACTION (two-phase-commit writers);
+        0, Postgres' default, refuses it."""
         self.port = port or free_port()
         self.logical_replication = logical_replication
+        self.max_prepared_transactions = max_prepared_transactions
         self.password = password or os.urandom(12).hex()
         self.database = DEFAULT_DATABASE
         self._bindir = prereqs.postgres_bindir()
@@ -166,6 +170,8 @@ class EmbeddedPostgres:
             if self.logical_replication:
                 # One slot and one WAL sender per Debezium connector; a test may run several at once.
                 conf.write("wal_level = logical\nmax_replication_slots = 20\nmax_wal_senders = 20\n")
+            if self.max_prepared_transactions:
+                conf.write(f"max_prepared_transactions = {int(self.max_prepared_transactions)}\n")
 
     def _pg_ctl(self, *args: str, check: bool = True) -> None:
         proc = self._run([str(self._bindir / "pg_ctl"), "-D", str(self.data), *args])

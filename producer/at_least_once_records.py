@@ -130,6 +130,12 @@ class AtLeastOnceRecords(ABC):
         if size > verdict or (hkeys and size + header_bytes(hkeys, hvals) > verdict):  # type: ignore[operator,arg-type]
             self._dead_letter(row, f"cannot be sent: {too_large(verdict, key, value, hkeys, hvals)}", 0)  # type: ignore[arg-type]
             return False
+        if partition is not None:
+            # out of the topic's range: permanent, so a dead letter now, not after maxDeliveryAttempts
+            beyond = self._guard.partition_problem(topic, partition, self.core.partition_column)  # type: ignore[arg-type]
+            if beyond is not None:
+                self._dead_letter(row, f"cannot be sent: {beyond}", 0)
+                return False
         producer = self.core.producer
         assert producer is not None
         self._in_flight[key] = row  # type: ignore[index]  # a good row's key is not None (NULL: bad)

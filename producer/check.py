@@ -75,7 +75,7 @@ def check_outbox(conn: psycopg.Connection, config: HarvestConfig) -> list[Findin
     found = [Finding("OK", "table", f"{names.display} exists ({kind} table, value type {value_type})")]
     found += _storage(conn, names)
     found += _indexes(conn, names, config.shards)
-    found.append(_trigger(conn, names))
+    found.append(_trigger(conn, names, config))
     found += _companions(conn, names, config)
     found += _activity(conn, names, config)
     return found
@@ -99,7 +99,7 @@ def _cursor_layout(
             f"{span}, value type {value_type})",
         )
     ]
-    found.append(_trigger(conn, names))
+    found.append(_trigger(conn, names, config))
     found += _companions(conn, names, config)
     count = config.shards
     try:
@@ -266,16 +266,41 @@ def _indexes(conn: psycopg.Connection, names: OutboxNames, shards: int) -> list[
     return found
 
 
-def _trigger(conn: psycopg.Connection, names: OutboxNames) -> Finding:
+def _trigger(conn: psycopg.Connection, names: OutboxNames, config: HarvestConfig) -> Finding:
+    """The wake-up: the NOTIFY trigger as ``wakeup`` wants it (present for ``notify``, absent for ``poll``),
+    and, ``wakeup`` left unset, whether the server allows the prepared transactions it breaks."""
+    from harvest_outbox.producer.two_phase import TWO_PHASE_FIX, notify_breaks_two_phase, prepared_transactions
+
     trigger = names.notify_trigger.as_string(conn)
     row = conn.execute(
         "SELECT t.tgenabled, t.tgargs, p.proname FROM pg_trigger t JOIN pg_proc p ON p.oid = t.tgfoid "
         "WHERE t.tgrelid = to_regclass(%s) AND t.tgname = %s",
         (names.outbox.as_string(conn), names.notify_trigger_name),
     ).fetchone()
-    slow = "the relay learns of new rows only by polling (limits.idlePollInterval, 1s by default)"
+    # Measured (tests/test_producer/test_two_phase.py): an idle relay without NOTIFY marks every
+    # min(idlePollInterval, minPollInterval), 100ms by default.
+    poll = format_duration(min(config.limits.idle_poll_interval, config.limits.min_poll_interval))
+    slow = f"the relay learns of new rows only by polling (every {poll}: limits.idlePollInterval, minPollInterval)"
+    if config.wakeup_mode == "poll":
+        if row is None:
+            return Finding(
+                "OK",
+                "trigger",
+                f"no NOTIFY trigger on {names.display} (wakeup: poll): writers may PREPARE TRANSACTION; "
+                f"the relay polls every {poll}",
+            )
+        return Finding(
+            "FAIL",
+            "trigger",
+            f"{trigger} NOTIFYs on every INSERT although wakeup is poll: a writer that inserts a row and then "
+            f"runs PREPARE TRANSACTION fails ('cannot PREPARE a transaction that has executed LISTEN, UNLISTEN, "
+            f"or NOTIFY')",
+            _INIT_DB + " (with wakeup: poll it drops the trigger)",
+        )
     if row is None:
-        return Finding("WARN", "trigger", f"no NOTIFY trigger {trigger} on {names.display}: {slow}", _INIT_DB)
+        return Finding(
+            "WARN", "trigger", f"no NOTIFY trigger {trigger} on {names.display}: {slow}", _INIT_DB + ", or wakeup: poll"
+        )
     enabled, args, function = row
     channel = bytes(args).split(b"\0")[0].decode(errors="replace")
     if enabled in ("D", "R"):
@@ -294,6 +319,10 @@ def _trigger(conn: psycopg.Connection, names: OutboxNames) -> Finding:
             f"channel {names.channel!r} (a renamed table?): {slow}",
             _INIT_DB + " (it recreates the trigger)",
         )
+    if not config.wakeup:
+        risk = notify_breaks_two_phase(prepared_transactions(conn), names.display)
+        if risk is not None:
+            return Finding("WARN", "trigger", f"{trigger} notifies {names.channel!r}, but {risk}", TWO_PHASE_FIX)
     return Finding("OK", "trigger", f"{trigger} notifies {names.channel!r} after each INSERT statement")
 
 

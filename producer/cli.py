@@ -102,8 +102,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     init = sub.add_parser(
         "init-db",
-        help="create the outbox, dead-letter table and NOTIFY trigger (and, with "
-        "shards: S in the config, the shard index and fence rows)",
+        help="create the outbox, dead-letter table and NOTIFY trigger (dropped instead with wakeup: poll, "
+        "for two-phase-commit writers; and, with shards: S in the config, the shard index and fence rows)",
     )
     _common(init)
     init.add_argument(
@@ -216,6 +216,7 @@ def _run(args: argparse.Namespace, signals: StopSignals) -> int:
 def _init_db(args: argparse.Namespace) -> int:
     from harvest_outbox.producer.db import connect
     from harvest_outbox.producer.schema import init_db, packed_outbox_fix, unrelayed_rows
+    from harvest_outbox.producer.two_phase import TWO_PHASE_FIX, notify_breaks_two_phase, prepared_transactions
 
     cfg = _load(args, kafka=False)
     if args.migrate:
@@ -228,26 +229,31 @@ def _init_db(args: argparse.Namespace) -> int:
             cfg.harvest.shards,
             cfg.harvest.table_mapping,
             layout=cfg.harvest.outbox_layout,
+            wakeup=cfg.harvest.wakeup_mode,
         )
+        risk = None if cfg.harvest.wakeup else notify_breaks_two_phase(prepared_transactions(conn), names.display)
         fix = None if cfg.harvest.outbox_layout == "cursor" else packed_outbox_fix(conn, names)
         earlier = unrelayed_rows(conn, names)
     sharded = f"; {cfg.harvest.shards} shards" if cfg.harvest.shards > 1 else ""
+    wake = (
+        "no NOTIFY trigger (wakeup: poll)" if cfg.harvest.wakeup_mode == "poll" else f"NOTIFY channel {names.channel}"
+    )
     if cfg.harvest.outbox_layout == "cursor":
         print(
             f"outbox {names.display} ready in the cursor layout ({names.mapping.kind} table partitioned by "
             f"{names.mapping.id_column}, value type {args.value_type}; "
-            f"cursor, dead letters, NOTIFY channel {names.channel})"
+            f"cursor, dead letters, {wake})"
         )
     elif names.mapping.kind == "goharvest":
-        print(
-            f"outbox {names.display} ready (value type {args.value_type}; dead letters, NOTIFY channel "
-            f"{names.channel}{sharded})"
-        )
+        print(f"outbox {names.display} ready (value type {args.value_type}; dead letters, {wake}{sharded})")
     else:
         print(
             f"outbox {names.display} ready as a {names.mapping.kind} outbox (relay columns added with defaults; "
-            f"dead letters, NOTIFY channel {names.channel}{sharded})"
+            f"dead letters, {wake}{sharded})"
         )
+    if risk is not None:
+        # stderr: the line is a warning, and scripts that read init-db's output keep their stdout
+        print(f"warning: {risk}; {TWO_PHASE_FIX}", file=sys.stderr)
     if earlier:
         print(
             f"note: {earlier} row(s) were written before the relay's columns existed; harvest leaves them to the "
@@ -266,7 +272,11 @@ def _migrate(cfg: FileConfig) -> int:
         raise ConfigError("init-db --migrate: set outboxLayout: cursor in the config (the layout to migrate to)")
     with connect(cfg.harvest.data_source) as conn:
         done = migrate_to_cursor(
-            conn, cfg.harvest.outbox_table, shards=cfg.harvest.shards, mapping=cfg.harvest.table_mapping
+            conn,
+            cfg.harvest.outbox_table,
+            shards=cfg.harvest.shards,
+            mapping=cfg.harvest.table_mapping,
+            wakeup=cfg.harvest.wakeup_mode,
         )
     print(
         f"outbox {cfg.harvest.outbox_table} migrated to the cursor layout: {done.copied} row(s) copied with ids from "

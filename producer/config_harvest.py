@@ -75,6 +75,7 @@ TOP_KEYS = (
     "tracing",
     "serialization",
     "outboxLayout",
+    "wakeup",
 )
 #: How a ``HARVEST_<KEY>`` variable's text is read for each key (producer/config_env.py).
 ENV_KINDS = {
@@ -94,6 +95,11 @@ DEAD_LETTER_POLICIES = ("skip", "haltKey")
 #: deleted) or ``cursor`` (a partitioned outbox read between two snapshots, rows never written to;
 #: delivered partitions truncated: docs/primary-cost.md, "The mark-less relay").
 OUTBOX_LAYOUTS = ("mark", "cursor")
+#: How the relay learns of new rows: ``notify`` (a statement-level NOTIFY trigger on the outbox, the relay
+#: LISTENs) or ``poll`` (no trigger: the idle relay marks every ``limits.idlePollInterval``, at most
+#: ``limits.minPollInterval``). A NOTIFY makes ``PREPARE TRANSACTION`` fail, so two-phase-commit (XA)
+#: writers need ``poll`` (docs/writing.md, "Two-phase commit").
+WAKEUPS = ("notify", "poll")
 #: ``deadLetterRetention`` bounds, in seconds.
 MIN_RETENTION, MAX_RETENTION = 60.0, 87600 * 3600.0
 
@@ -178,6 +184,12 @@ class HarvestConfig:
     #: support yet: ``missingTopicPolicy: hold``, nor ``deadLetterPolicy: haltKey`` with ``tableMapping: debezium``
     #: (docs/limitations.md); ``deadLetterPolicy: haltKey`` holds a key's rows in ``<outbox>_held`` there.
     outbox_layout: str = "mark"
+    #: ``notify`` or ``poll`` (see :data:`WAKEUPS`): ``harvest init-db`` creates the NOTIFY trigger, or with
+    #: ``poll`` drops it, so writers that ``PREPARE TRANSACTION`` (XA / JTA two-phase commit) keep working;
+    #: a row then waits up to one idle poll (100ms by default) before the relay sees it. Unset: ``notify``,
+    #: and ``init-db`` and ``harvest check`` warn when the server allows prepared transactions
+    #: (``max_prepared_transactions`` > 0); setting it says which was chosen.
+    wakeup: str = ""
 
     def __post_init__(self) -> None:
         base, prod = checked_sections(self.base_kafka_config, self.producer_kafka_config, self.limits)
@@ -271,6 +283,11 @@ class HarvestConfig:
                 f"rows flow past its dead letter) or haltKey (they wait until it is requeued or discarded)"
             )
         self._check_layout()
+        if self.wakeup not in ("", *WAKEUPS):
+            raise ConfigError(
+                f"wakeup: {shown(self.wakeup)} is not a wake-up; use notify (a NOTIFY trigger wakes the relay at "
+                f"each commit) or poll (no trigger, so writers may PREPARE TRANSACTION; rows wait up to one idle poll)"
+            )
         check_election(self.leader_election, self.leader_lock_check_interval)
         object.__setattr__(self, "leader_group_id", group)
         object.__setattr__(self, "leader_topic", topic)
@@ -318,6 +335,11 @@ class HarvestConfig:
                     f"or outboxLayout: mark"
                 )
 
+    @property
+    def wakeup_mode(self) -> str:
+        """``wakeup`` with its default applied: ``notify`` or ``poll``."""
+        return self.wakeup or "notify"
+
     def producer_config(self) -> dict[str, Any]:
         """Effective confluent-kafka producer properties: base, then producer overrides, then forced values."""
         return producer_properties(self.base_kafka_config, self.producer_kafka_config, self.limits.row_timeout)
@@ -351,7 +373,8 @@ class HarvestConfig:
             f"missing_topic_policy={self.missing_topic_policy!r}, shards={self.shards!r}, "
             f"table_mapping={self.table_mapping!r}, event_id_header={self.event_id_header!r}, "
             f"dead_letter_retention={self.dead_letter_retention!r}, dead_letter_policy={self.dead_letter_policy!r}, "
-            f"tracing={self.tracing!r}, serialization={self.serialization!r}, outbox_layout={self.outbox_layout!r})"
+            f"tracing={self.tracing!r}, serialization={self.serialization!r}, outbox_layout={self.outbox_layout!r}, "
+            f"wakeup={self.wakeup!r})"
         )
 
     __str__ = __repr__
@@ -402,6 +425,8 @@ class HarvestConfig:
             kwargs["dead_letter_policy"] = data["deadLetterPolicy"]
         if data.get("outboxLayout") is not None:
             kwargs["outbox_layout"] = data["outboxLayout"]
+        if data.get("wakeup") is not None:
+            kwargs["wakeup"] = data["wakeup"]
         if data.get("tracing") is not None:
             kwargs["tracing"] = TracingConfig.from_mapping(data["tracing"], f"{path}.tracing")
         if data.get("serialization") is not None:

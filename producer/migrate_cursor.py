@@ -64,10 +64,12 @@ def migrate_to_cursor(
     partition_ids: int = PARTITION_IDS,
     shards: int = 1,
     mapping: TableMapping = GOHARVEST,
+    wakeup: str = "notify",
 ) -> Migrated:
     """Migrate ``outbox_table`` (goharvest's table, or with a Debezium ``mapping`` Debezium's) to the cursor
     layout (module doc); one transaction. ``shards: S`` > 1: the new table gets the shard index and a cursor
-    row per shard, all at the origin."""
+    row per shard, all at the origin. ``wakeup`` ``poll``: the new table gets no NOTIFY trigger (two-phase-commit
+    writers: producer/two_phase.py)."""
     names = OutboxNames.parse(outbox_table, mapping)
     require_utf8_readable(conn)
     require_server(conn)
@@ -112,7 +114,7 @@ def migrate_to_cursor(
                     ),
                 )
             )
-        for stmt in outbox_ddl(names, value_type, "cursor", mapped) + shard_ddl(names, shards):
+        for stmt in outbox_ddl(names, value_type, "cursor", mapped, wakeup) + shard_ddl(names, shards):
             conn.execute(stmt)
         add_shard_cursors(conn, names, shards)
         top = conn.execute(

@@ -111,6 +111,8 @@ class TopicGuard:
         self._expires: dict[str, float] = {}
         self._next_expiry = float("inf")
         self._sized: set[str] = set()  # topics whose records are checked uncompressed (see check_sizes)
+        #: Partitions per described topic (its verdict's lookup), for rows that name their partition.
+        self.partitions: dict[str, int] = {}
 
     def verdict(self, topic: str) -> int | str:
         """The cached verdict for ``topic``, asking the broker on a miss."""
@@ -137,6 +139,27 @@ class TopicGuard:
             del self._expires[topic]
             self.verdicts.pop(topic, None)
         self._next_expiry = min(self._expires.values(), default=float("inf"))
+
+    def partition_problem(self, topic: str, partition: int, column: str) -> str | None:
+        """Why a record of ``topic`` placed in ``partition`` (from the outbox's ``column``) can never be
+        delivered, or None. Called after :meth:`verdict` accepted the topic. A partition at or above the
+        topic's count is refused by librdkafka as an unknown partition, which the relay would retry as
+        transient until maxDeliveryAttempts; partitions can only be added, so a count that says no is asked
+        again before the answer stands (a topic grown since its verdict is not refused on a stale count)."""
+        count = self.partitions.get(topic)
+        if count is None or partition < count:
+            return None  # no count (the lookup failed): the producer's own errors decide
+        self.verdicts.pop(topic, None)
+        self._expires.pop(topic, None)
+        self.verdict(topic)
+        count = self.partitions.get(topic)
+        if count is None or partition < count:
+            return None
+        return (
+            f"{column} (table.fields.additional.placement {column}:partition) is {partition}, but topic {topic!r} "
+            f"has {count} partition(s) (0-{count - 1}); set {column} below {count} or NULL (the partitioner, by "
+            f"key), or add partitions to the topic, and requeue"
+        )
 
     def connect(self) -> None:
         """Create the admin client now (it connects in the background), so the first lookup is quick."""
@@ -199,6 +222,7 @@ class TopicGuard:
                 raise
             if desc.is_internal:
                 return _internal(topic), self.ttl
+            self.partitions[topic] = len(desc.partitions)
             if not (self._check_size or topic in self._sized):
                 return self._budget(self._producer_max, topic), self.ttl
             resource = ConfigResource(ResourceType.TOPIC, topic)

@@ -69,6 +69,7 @@ from harvest_outbox.producer.relay_spans import relay_spans
 from harvest_outbox.producer.schema import OutboxNames, packed_outbox_fix
 from harvest_outbox.producer.schema_cursor import require_layout
 from harvest_outbox.producer.serialization import RowEncoder
+from harvest_outbox.producer.table_mapping import partition_column
 from harvest_outbox.producer.waker import Waker
 
 log = logging.getLogger(__name__)
@@ -162,6 +163,8 @@ class RelayCore:
         self._next_hold_check = 0.0
         #: deadLetterPolicy: haltKey -- keys this view dead-lettered a row of (producer.key_halt)
         self.halt = KeyHalt(config.dead_letter_policy == "haltKey")
+        #: The column a Debezium mapping places in the record's partition (its rows' partition is not None)
+        self.partition_column = partition_column(config.table_mapping) or "partition"
         # the mark prefetch: pending marks, oldest first
         self.marks: deque[PendingMark] = deque()
         ceiling = self.limits.mark_ceiling
@@ -200,7 +203,7 @@ class RelayCore:
         )
         self.mark_db.prepare_mark()  # connected and parsed while a standby: an election's first mark is quick
         self.mark_exec = ThreadPoolExecutor(1, thread_name_prefix=f"harvest-mark-{self.config.name}")
-        self.listener = Listener(self.config.data_source, self.names)
+        self.listener = self._listener()
 
     def _open_cursor(self) -> None:
         """``outboxLayout: cursor``: both connections read and commit through one cursor view
@@ -222,7 +225,14 @@ class RelayCore:
         )
         self.mark_db.prepare_mark()
         self.mark_exec = ThreadPoolExecutor(1, thread_name_prefix=f"harvest-mark-{self.config.name}")
-        self.listener = Listener(self.config.data_source, self.names)
+        self.listener = self._listener()
+
+    def _listener(self) -> Listener | None:
+        """The LISTEN connection for a stasher's NOTIFY; none with ``wakeup: poll`` (the outbox has no
+        trigger, so two-phase-commit writers can prepare: the idle relay marks every idle poll instead)."""
+        if self.config.wakeup_mode == "poll":
+            return None
+        return Listener(self.config.data_source, self.names)
 
     def close(self) -> None:
         """Flush and drop the producer, stop the workers, close every connection."""
@@ -343,9 +353,13 @@ class RelayCore:
             self.next_mark = 0.0
 
     def wait_idle(self) -> None:
-        """Nothing to do: sleep until a stasher commits (NOTIFY) or the fallback poll / next pulse is due."""
-        assert self.listener is not None
-        if self.listener.wait(min(self.limits.idle_poll_interval, self.limits.min_poll_interval)):
+        """Nothing to do: sleep until a stasher commits (NOTIFY) or the fallback poll / next pulse is due.
+        Either way the next turn marks (``next_mark`` is ``markBackoff`` after the empty mark, long past):
+        without a NOTIFY (``wakeup: poll``, or a table without the trigger) that is the poll."""
+        timeout = min(self.limits.idle_poll_interval, self.limits.min_poll_interval)
+        if self.listener is None:
+            self.waker.wait(timeout)  # a finished job still ends the wait early
+        elif self.listener.wait(timeout):
             self.next_mark = 0.0
 
     # ------------------------------------------------------------------ held rows (missingTopicPolicy: hold)

@@ -36,8 +36,10 @@ def outbox_ddl(
     value_type: ValueType = "varchar",
     layout: str = "mark",
     mapped_columns: list[sql.Composable] | None = None,
+    wakeup: str = "notify",
 ) -> list[Statement]:
-    """Statements that create the outbox, the dead-letter table and the notify trigger; with ``layout``
+    """Statements that create the outbox, the dead-letter table and the notify trigger (with ``wakeup``
+    ``poll``, drop it: producer/two_phase.py); with ``layout``
     ``cursor``, the partitioned outbox and cursor row of :mod:`producer.schema_cursor` (its partitions
     are :func:`init_db`'s), a Debezium table's columns ``mapped_columns`` when given (a migration keeps the
     old table's: :mod:`producer.migrate_cursor`), else Debezium's convention."""
@@ -53,10 +55,10 @@ def outbox_ddl(
             mapped = debezium_columns(names.mapping, value_type, primary_key=False)
         # _held (producer/cursor_held.py): haltKey's held rows; empty unless that policy holds a key
         held = held_table(names, value_type)
-        return stmts + cursor_outbox_ddl(names, value_type, mapped) + _companion_ddl(names, vtype) + held
+        return stmts + cursor_outbox_ddl(names, value_type, mapped) + _companion_ddl(names, vtype, wakeup) + held
     if isinstance(names.mapping, DebeziumMapping):
         stmts += debezium_outbox_ddl(names, names.mapping, value_type)
-        return stmts + _companion_ddl(names, vtype)
+        return stmts + _companion_ddl(names, vtype, wakeup)
     # goharvest's DDL (sh/init-outbox.sh) with the length limits dropped (they only get in the way),
     # create_time defaulted so writers may omit it, and pages left half empty (OUTBOX_FILLFACTOR).
     stmts.append(
@@ -72,7 +74,7 @@ def outbox_ddl(
           leader_id           UUID
         ) WITH (fillfactor = {ff})""").format(outbox=names.outbox, vtype=vtype, ff=sql.Literal(OUTBOX_FILLFACTOR))
     )
-    return stmts + _companion_ddl(names, vtype)
+    return stmts + _companion_ddl(names, vtype, wakeup)
 
 
 def debezium_outbox_ddl(names: OutboxNames, mapping: DebeziumMapping, value_type: ValueType) -> list[Statement]:
@@ -125,9 +127,9 @@ def _regclass_text(names: OutboxNames) -> str:
     return ('"' + names.schema.replace('"', '""') + '".' + quoted) if names.schema else quoted
 
 
-def _companion_ddl(names: OutboxNames, vtype: sql.Composable) -> list[Statement]:
+def _companion_ddl(names: OutboxNames, vtype: sql.Composable, wakeup: str = "notify") -> list[Statement]:
     """The dead-letter table, the fence and ACK-intent tables, the attempt counts and the NOTIFY
-    trigger, for any table mapping."""
+    trigger (``wakeup`` ``notify``; ``poll`` drops it), for any table mapping."""
     stmts: list[Statement] = []
     # Dead letters keep the original id (unique) and nullable columns: a row that was bad because a
     # column was NULL must still fit here.
@@ -236,6 +238,16 @@ def _companion_ddl(names: OutboxNames, vtype: sql.Composable) -> list[Statement]
     stmts.append(
         sql.SQL("INSERT INTO {layout} (singleton) VALUES (true) ON CONFLICT DO NOTHING").format(layout=names.layout)
     )
+    if wakeup not in ("notify", "poll"):
+        raise ConfigError(f"wakeup: {wakeup!r} is not a wake-up; use notify or poll")
+    if wakeup == "poll":
+        # A NOTIFY makes the writer's PREPARE TRANSACTION fail, and a trigger cannot know that one will
+        # follow: two-phase-commit writers need the table without it (the relay polls: producer/two_phase.py).
+        # The function stays: another outbox of the schema may use it.
+        stmts.append(
+            sql.SQL("DROP TRIGGER IF EXISTS {trg} ON {outbox}").format(trg=names.notify_trigger, outbox=names.outbox)
+        )
+        return stmts
     stmts.append(
         sql.SQL("""
         CREATE OR REPLACE FUNCTION {fn}() RETURNS trigger LANGUAGE plpgsql AS $$
@@ -297,6 +309,7 @@ def init_db(
     mapping: TableMapping = GOHARVEST,
     layout: str = "mark",
     partition_ids: int = PARTITION_IDS,
+    wakeup: str = "notify",
 ) -> OutboxNames:
     """Create (idempotently, in one transaction) everything the relay needs. Returns the names.
     ``shards`` > 1 also creates what sharded relays need (:func:`shard_ddl`). Refuses a SQL_ASCII
@@ -304,7 +317,9 @@ def init_db(
     and only gains the relay's columns (its payload column's type then decides ``value_type``).
     ``layout`` ``cursor`` (``outboxLayout``): the partitioned outbox of :mod:`producer.schema_cursor`,
     with :data:`~producer.schema_cursor.PARTITIONS_AHEAD` partitions of ``partition_ids`` ids when it has
-    none; an existing table of the other layout is refused, never changed."""
+    none; an existing table of the other layout is refused, never changed. ``wakeup`` ``poll`` leaves the
+    outbox without the NOTIFY trigger (dropping one an earlier run made): writers may then use two-phase
+    commit, and the relay finds their rows by polling (producer/two_phase.py)."""
     names = OutboxNames.parse(outbox_table, mapping)
     if layout not in ("mark", "cursor"):
         raise ConfigError(f"outboxLayout: {layout!r} is not a layout; use mark or cursor")
@@ -322,7 +337,7 @@ def init_db(
             if cols is not None:
                 vtype = "bytea" if cols.get(mapping.router.field_event_payload) == "bytea" else "varchar"
         with conn.transaction():
-            for stmt in outbox_ddl(names, vtype, layout) + shard_ddl(names, shards):
+            for stmt in outbox_ddl(names, vtype, layout, wakeup=wakeup) + shard_ddl(names, shards):
                 conn.execute(stmt)
             if layout == "cursor":
                 add_shard_cursors(conn, names, shards)

@@ -151,6 +151,13 @@ class TxnProducer:
                     why = too_large(budget, key, value, hkeys, hvals)  # type: ignore[arg-type]
                     self._dead_letter_in(t, row, f"cannot be sent: {why}", 0)
                     continue
+                if partition is not None:
+                    # out of the topic's range: permanent, a dead letter now (not after maxDeliveryAttempts)
+                    beyond = self._guard.partition_problem(topic, partition, self.core.partition_column)  # type: ignore[arg-type]
+                    if beyond is not None:
+                        ready.popleft()
+                        self._dead_letter_in(t, row, f"cannot be sent: {beyond}", 0)
+                        continue
                 c = clock.value + TICK
                 headers = [("uuid", continue_uuid(prod, c))]
                 if event_id is not None:

@@ -236,8 +236,9 @@ class DebeziumMapping(TableMapping):
   WHEN {route} IS NULL OR {route}::text = '' THEN
     {route_msg}
   WHEN {key} IS NULL THEN {key_msg}
-  WHEN {eid} IS NULL THEN {eid_msg}
+  WHEN {eid} IS NULL THEN {eid_msg}{negative}
 END""").format(
+            negative=_negative_partition(alias, partition),
             route=_col(alias, r.route_by_field),
             route_msg=sql.Literal(
                 f"{r.route_by_field} (route.by.field) is NULL or empty: the row has nowhere to go; "
@@ -268,6 +269,31 @@ END""").format(
 
     def source_row(self, alias: str) -> sql.Composable | None:
         return sql.SQL("to_jsonb({})").format(sql.Identifier(alias))
+
+
+def _negative_partition(alias: str, column: str | None) -> sql.Composable:
+    """The ``bad`` branch for a negative ``column:partition`` value. produce() reads -1 as librdkafka's
+    "unassigned" (the partitioner picks) and other negatives are no partition at all, where Debezium's
+    producer refuses the record: a permanent fault of the row, so it is a dead letter at once, naming the
+    value. A partition at or above the topic's count is the relay's to find (producer/preflight.py: the
+    count is the broker's)."""
+    if column is None:
+        return sql.SQL("")
+    return sql.SQL("\n  WHEN {col} < 0 THEN {before} || {col}::int::text || {after}").format(
+        col=_col(alias, column),
+        before=sql.Literal(f"{column} (table.fields.additional.placement {column}:partition) is "),
+        after=sql.Literal(
+            ": a negative partition, which Debezium's producer refuses (-1 is not 'any partition' here); "
+            f"set {column} to a partition of the topic (0 or more) or NULL (the partitioner, by key), and requeue"
+        ),
+    )
+
+
+def partition_column(mapping: TableMapping) -> str | None:
+    """The column a Debezium mapping places in the record's partition (``column:partition``), or None."""
+    if not isinstance(mapping, DebeziumMapping):
+        return None
+    return next((a.column for a in mapping.router.additional if a.placement == "partition"), None)
 
 
 def _array_item(text: str) -> str:

@@ -5,7 +5,8 @@ pytest-xdist workers, grouped by :mod:`xdist_groups`), isolated per test.
   ``HARVEST_PG_DSN`` / ``HARVEST_KAFKA_BOOTSTRAP`` name existing ones;
   ``HARVEST_TEST_SERVICES=testcontainers`` uses Docker when an engine answers). Started lazily, so a
   run of pure-logic tests starts nothing. ``logical_pg_dsn`` (session): a second Postgres with
-  ``wal_level = logical``, for the tests that run Debezium. ``schema_registry`` (session): an
+  ``wal_level = logical``, for the tests that run Debezium; ``two_phase_pg_dsn`` (session): one with
+  ``max_prepared_transactions`` > 0, for two-phase-commit writers. ``schema_registry`` (session): an
   Apicurio Registry (Confluent-compatible API), for the schema-registry tests.
 - ``spark``: a ``local[2]`` SparkSession with Spark's Kafka source; ``spark_cluster``: a
   ``local-cluster[2,1,1024]`` one (two executor JVMs besides the driver); ``spark_any``: each of
@@ -71,6 +72,29 @@ def logical_pg_dsn() -> Iterator[str]:
                 yield existing
                 return
     server = EmbeddedPostgres(logical_replication=True).start()
+    try:
+        yield server.dsn
+    finally:
+        server.destroy()
+
+
+@pytest.fixture(scope="session")
+def two_phase_pg_dsn() -> Iterator[str]:
+    """A Postgres with ``max_prepared_transactions = 10`` (two-phase-commit writers: PREPARE TRANSACTION),
+    started only for the tests that ask; ``HARVEST_PG_DSN`` is used instead when that server allows them."""
+    import os
+
+    import psycopg
+
+    from harvest_outbox.harvest_local import EmbeddedPostgres
+
+    existing = os.environ.get("HARVEST_PG_DSN")
+    if existing:
+        with psycopg.connect(existing) as conn:
+            if int(conn.execute("SHOW max_prepared_transactions").fetchone()[0]) > 0:  # type: ignore[index]
+                yield existing
+                return
+    server = EmbeddedPostgres(max_prepared_transactions=10).start()
     try:
         yield server.dsn
     finally:

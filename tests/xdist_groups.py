@@ -33,7 +33,12 @@ import pytest
 _INPUT_KEY = "harvest_groups_file"
 
 # A test using one of these fixtures runs in that group (first match wins).
-SHARED_SESSIONS = (("_spark_sessions", "spark"), ("logical_pg_dsn", "debezium"), ("schema_registry", "registry"))
+SHARED_SESSIONS = (
+    ("_spark_sessions", "spark"),
+    ("logical_pg_dsn", "debezium"),
+    ("schema_registry", "registry"),
+    ("two_phase_pg_dsn", "two-phase"),
+)
 
 
 def group_and_order(items: list[pytest.Item]) -> dict[str, str]:

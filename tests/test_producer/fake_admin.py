@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from concurrent.futures import Future
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException
@@ -12,6 +12,8 @@ from confluent_kafka import KafkaError, KafkaException
 @dataclass
 class _Desc:
     is_internal: bool
+    #: The topic's partitions (a real TopicDescription's list of TopicPartitionInfo; only counted here).
+    partitions: list[int] = field(default_factory=lambda: [0])
 
 
 @dataclass

@@ -176,6 +176,39 @@ def _headers_by_value(bootstrap: str, topic: str) -> dict[bytes, list[tuple[str,
     return {r.value: r.headers for r in read_to_end(bootstrap, [topic]) if r.value is not None}
 
 
+def _documented_ack_filter() -> Callable[[Any], bool]:
+    """``is_ack`` as docs/debezium.md ("ACK records") writes it: the doc's code, run."""
+    from pathlib import Path
+
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "debezium.md").read_text()
+    section = doc[doc.index("### ACK records") :]
+    code = section[
+        section.index("```python\n") + len("```python\n") : section.index("```\n", section.index("```python"))
+    ]
+    scope: dict[str, Any] = {}
+    exec(code, scope)  # the project's own documentation, tested as written
+    return scope["is_ack"]  # type: ignore[no-any-return]
+
+
+def _read_messages(bootstrap: str, topic: str) -> list[Any]:
+    """Every record of ``topic`` as confluent-kafka's ``Message``, up to the high watermarks."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"plain-{uuid.uuid4()}", "enable.auto.commit": False})
+    try:
+        parts = [TopicPartition(topic, p, 0) for p in c.list_topics(topic, timeout=10).topics[topic].partitions]
+        ends = {tp.partition: c.get_watermark_offsets(tp, timeout=10)[1] for tp in parts}
+        c.assign(parts)
+        out: list[Any] = []
+        deadline = time.monotonic() + 30
+        while len(out) < sum(ends.values()):
+            assert time.monotonic() < deadline, f"read {len(out)} of {sum(ends.values())} records"
+            out += [m for m in c.consume(1000, 0.5) if m.error() is None]
+        return out
+    finally:
+        c.close()
+
+
 def _relayed_left(pg_dsn: str, names: OutboxNames) -> int:
     with psycopg.connect(pg_dsn) as conn:
         row = conn.execute(
@@ -282,6 +315,15 @@ def test_relay_drains_a_debezium_outbox_as_the_router_would(
             headers = _headers_by_value(kafka_bootstrap, topic)
             for _t, _key, value, hs in expected:
                 assert [h for h in headers[value] if h[0] != "uuid"] == hs
+            # A plain consumer (docs/debezium.md, "ACK records"): the topic also holds the protocol's ACK
+            # records, empty key and value and one `uuid` header; the documented filter drops exactly those.
+            is_ack = _documented_ack_filter()
+            records = _read_messages(kafka_bootstrap, topic)
+            acks = [m for m in records if is_ack(m)]
+            assert acks and {(m.key(), m.value(), len(m.headers())) for m in acks} == {(b"", b"", 1)}
+            events = [m for m in records if not is_ack(m)]
+            assert all(any(k == "id" for k, _v in m.headers()) for m in events), "every other record is an event"
+            assert {m.value() for m in events} == {v for _t, _k, v, _h in expected}
         else:
             got_plain = consume_all(kafka_bootstrap, topic, lambda g, n=len(expected): len(g) >= n)  # noqa: B008 - binds this topic's count
             by_value = {g.value: g for g in got_plain}
@@ -291,6 +333,91 @@ def test_relay_drains_a_debezium_outbox_as_the_router_would(
                 assert g.key == key
                 assert g.headers == hs
                 assert g.partition == partition[value], "part:partition places the record"
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize(
+    ("layout", "sequenced"),
+    [("mark", False), ("mark", True), ("cursor", False), ("cursor", True)],
+    ids=["mark-at-least-once", "mark-sequenced", "cursor-at-least-once", "cursor-sequenced"],
+)
+def test_a_partition_column_no_partition_of_the_topic_is_a_dead_letter_at_once(
+    layout: str,
+    sequenced: bool,
+    pg_dsn: str,
+    kafka_bootstrap: str,
+    pg_schema: str,
+    unique_name: Callable[[str], str],
+) -> None:
+    """``part:partition`` (issue #44, defect 5): a negative value is never the partitioner's choice (-1 is
+    librdkafka's "unassigned"; Debezium's producer refuses any negative) and a value at or above the topic's
+    partition count never becomes deliverable: both are dead letters at once (0 attempts), naming the value
+    (and the count), while the row's neighbours go to their partitions."""
+    from harvest_outbox.producer.db_cursor import cursor_backlog
+
+    prefix = unique_name("pp")
+    topic = f"{prefix}.Order"
+    create_topic(kafka_bootstrap, topic, 2)
+    route = {"route.topic.replacement": prefix + ".${routedByValue}"}
+    mapping = table_mapping("debezium", {**route, "table.fields.additional.placement": "part:partition"})
+    table = f"{pg_schema}.outbox_event"
+    names = OutboxNames.parse(table, mapping)
+    with psycopg.connect(pg_dsn) as conn:
+        if layout == "mark":
+            conn.execute(sql.SQL(_CREATE).format(t=names.outbox, payload=sql.SQL("JSONB")))
+    # the cursor layout's table is init-db's, with Debezium's columns only: `part` is added after
+    init_db(pg_dsn, table, mapping=mapping if layout == "mark" else table_mapping("debezium", route), layout=layout)
+    parts = {"p0": 0, "p1": 1, "pnull": None, "minus1": -1, "minus7": -7, "p2": 2, "p9": 9}
+    with psycopg.connect(pg_dsn) as conn:
+        if layout == "cursor":  # Debezium's columns from init-db, and the partition column the router reads
+            conn.execute(sql.SQL("ALTER TABLE {} ADD COLUMN part INTEGER").format(names.outbox))
+        conn.cursor().executemany(
+            sql.SQL(
+                "INSERT INTO {} (id, aggregatetype, aggregateid, type, payload, part) VALUES (%s, %s, %s, %s, %s, %s)"
+            ).format(names.outbox),
+            [
+                (uuid.uuid4(), "Order", f"k-{name}", "Made", json.dumps({"n": name}), part)
+                for name, part in parts.items()
+            ],
+        )
+    cfg = relay_config(pg_dsn, kafka_bootstrap, table, unique_name("g")).replace(
+        uuid_sequencing=sequenced,
+        table_mapping=mapping,
+        outbox_layout=layout,
+        leader_election="postgres",
+        leader_lock_check_interval=0.2,
+    )
+    relay = Harvest(cfg).start()
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            with psycopg.connect(pg_dsn) as conn:
+                left = cursor_backlog(conn, names) if layout == "cursor" else _relayed_left(pg_dsn, names)
+                dead = list_dead_letters(conn, table)
+            if not left and len(dead) == 4:
+                break
+            assert time.monotonic() < deadline, f"{left} row(s) left, dead letters {dead}"
+            time.sleep(0.1)
+    finally:
+        relay.stop()
+    records = consume_all(kafka_bootstrap, topic, lambda g: len([r for r in g if r.value]) >= 3, timeout=30)
+    got = {g.key: g.partition for g in records if g.value}  # (sequenced: past the ACK records, empty)
+    assert got == {"k-p0": 0, "k-p1": 1, "k-pnull": got.get("k-pnull")} and got["k-pnull"] in (0, 1), got
+    by_key = {d.kafka_key: d for d in dead}
+    assert set(by_key) == {"k-minus1", "k-minus7", "k-p2", "k-p9"}, dead
+    assert all(d.attempts == 0 for d in dead), [(d.kafka_key, d.attempts) for d in dead]
+    for name in ("minus1", "minus7"):
+        assert by_key[f"k-{name}"].error == (
+            f"bad row: part (table.fields.additional.placement part:partition) is {parts[name]}: a negative "
+            "partition, which Debezium's producer refuses (-1 is not 'any partition' here); set part to a "
+            "partition of the topic (0 or more) or NULL (the partitioner, by key), and requeue"
+        )
+    for name in ("p2", "p9"):
+        assert by_key[f"k-{name}"].error == (
+            f"cannot be sent: part (table.fields.additional.placement part:partition) is {parts[name]}, but topic "
+            f"{topic!r} has 2 partition(s) (0-1); set part below 2 or NULL (the partitioner, by key), or add "
+            "partitions to the topic, and requeue"
+        )
 
 
 @pytest.mark.integration
