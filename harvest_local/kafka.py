@@ -37,10 +37,40 @@ CONF_DIR = Path(__file__).resolve().parent / "conf"
 UMASK = 0o077
 
 
+@dataclass(frozen=True)
+class Replication:
+    """The replication settings of a node's internal topics and its topics' defaults: one node holds one
+    copy; a cluster (:mod:`harvest_local.kafka_cluster`) holds ``factor`` copies and acknowledges an
+    ``acks=all`` write once ``min_isr`` have it (unclean leader election is off either way)."""
+
+    factor: int = 1
+    min_isr: int = 1
+
+
 class EmbeddedKafka:
-    def __init__(self, root: Path | None = None, port: int | None = None, heap: str = "768m") -> None:
+    """One KRaft node (broker and controller in one process). Alone, it is its own quorum; a cluster gives
+    each node its ``node_id``, the shared ``voters`` (``id@host:port,...``), ``cluster_id`` and replication."""
+
+    def __init__(
+        self,
+        root: Path | None = None,
+        port: int | None = None,
+        heap: str = "768m",
+        *,
+        node_id: int = 1,
+        controller_port: int | None = None,
+        voters: str | None = None,
+        cluster_id: str | None = None,
+        replication: Replication = Replication(),
+        properties: dict[str, str] | None = None,
+    ) -> None:
         self.port = port or free_port()
-        self.controller_port = free_port()
+        self.controller_port = controller_port or free_port()
+        self.node_id = node_id
+        self.voters = voters or f"{node_id}@127.0.0.1:{self.controller_port}"
+        self.cluster_id = cluster_id
+        self.replication = replication
+        self.properties = dict(properties or {})  # over the defaults below
         self.proxied_listener_port = free_port()  # the broker's PROXIED listener
         self.proxy_port = free_port()  # what PROXIED advertises: where a test's proxy listens
         self.root = root or work_dir() / f"kafka-{self.port}-{os.getpid()}"
@@ -76,6 +106,17 @@ class EmbeddedKafka:
         return f"EmbeddedKafka(bootstrap={self.bootstrap!r}, root={str(self.root)!r})"
 
     def start(self, timeout: float = 90.0) -> EmbeddedKafka:
+        self.launch()
+        self.wait_ready(timeout)
+        return self
+
+    @property
+    def alive(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    def launch(self) -> None:
+        """Format the data folder if new and start the JVM, without waiting (a cluster's nodes are launched
+        together: none is ready before a majority of the controllers runs)."""
         # The broker's data (every message of every test topic) and logs are this user's only: the
         # directory is 0700 and the JVM and its tools run with umask 077, so the files they create
         # are 0600 / 0700 (Kafka's own defaults follow the umask, usually 022: world-readable).
@@ -86,7 +127,7 @@ class EmbeddedKafka:
             props.touch(mode=0o600)
             props.write_text(self._properties())
         if not (self.data / "meta.properties").exists():  # not formatted yet (or a format failed)
-            cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+            cluster_id = self.cluster_id or new_cluster_id()
             # "=" form: a base64 id may start with "-", which the tool would parse as an option.
             self._java_run("kafka.tools.StorageTool", "format", f"--cluster-id={cluster_id}", f"--config={props}")
         with open(os.open(self.root / "stdout.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600), "ab") as out:
@@ -99,8 +140,6 @@ class EmbeddedKafka:
                 umask=UMASK,
                 start_new_session=True,  # a Ctrl-C in the terminal is ours to handle, not the broker's
             )
-        self._wait_ready(timeout)
-        return self
 
     def stop(self, timeout: float = 30.0) -> None:
         """Controlled shutdown, keeping the data (``start()`` brings it back on the same port)."""
@@ -147,10 +186,11 @@ class EmbeddedKafka:
             raise ServiceError("kafka", f"{main} {args[0]} failed (exit {proc.returncode}): {head[:1500]}")
 
     def _properties(self) -> str:
+        r = self.replication
         lines = {
             "process.roles": "broker,controller",
-            "node.id": "1",
-            "controller.quorum.voters": f"1@127.0.0.1:{self.controller_port}",
+            "node.id": str(self.node_id),
+            "controller.quorum.voters": self.voters,
             "listeners": f"PLAINTEXT://127.0.0.1:{self.port},PROXIED://127.0.0.1:{self.proxied_listener_port},"
             f"CONTROLLER://127.0.0.1:{self.controller_port}",
             "advertised.listeners": f"PLAINTEXT://127.0.0.1:{self.port},PROXIED://127.0.0.1:{self.proxy_port}",
@@ -160,24 +200,27 @@ class EmbeddedKafka:
             "log.dirs": str(self.data),
             "auto.create.topics.enable": "false",
             "num.partitions": "1",
-            "default.replication.factor": "1",
-            "min.insync.replicas": "1",
-            "offsets.topic.replication.factor": "1",
+            "default.replication.factor": str(r.factor),
+            "min.insync.replicas": str(r.min_isr),
+            "unclean.leader.election.enable": "false",
+            "offsets.topic.replication.factor": str(r.factor),
             "offsets.topic.num.partitions": "8",
-            "transaction.state.log.replication.factor": "1",
-            "transaction.state.log.min.isr": "1",
+            "transaction.state.log.replication.factor": str(r.factor),
+            "transaction.state.log.min.isr": str(r.min_isr),
             "transaction.state.log.num.partitions": "4",
-            "share.coordinator.state.topic.replication.factor": "1",
-            "share.coordinator.state.topic.min.isr": "1",
+            "share.coordinator.state.topic.replication.factor": str(r.factor),
+            "share.coordinator.state.topic.min.isr": str(r.min_isr),
             "group.initial.rebalance.delay.ms": "0",
             "num.network.threads": "2",
             "num.io.threads": "4",
             "log.retention.hours": "-1",
             "message.max.bytes": "1048588",
+            **self.properties,
         }
         return "".join(f"{k}={v}\n" for k, v in lines.items())
 
-    def _wait_ready(self, timeout: float) -> None:
+    def wait_ready(self, timeout: float, brokers: int = 1) -> None:
+        """Until this node answers metadata naming ``brokers`` live brokers (a cluster's: all of them)."""
         from confluent_kafka.admin import AdminClient
 
         deadline = time.monotonic() + timeout
@@ -192,7 +235,7 @@ class EmbeddedKafka:
                 )
             try:
                 meta = admin.list_topics(timeout=2)
-                if meta.brokers:
+                if len(meta.brokers) >= brokers:
                     return
             except Exception as exc:  # KafkaException while the broker is starting
                 last = str(exc)
@@ -203,6 +246,11 @@ class EmbeddedKafka:
         )
 
 
+def new_cluster_id() -> str:
+    """A KRaft cluster id: 16 random bytes, URL-safe base64 without padding."""
+    return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+
+
 def create_topic(
     bootstrap: str, name: str, partitions: int = 1, config: dict[str, str] | None = None, timeout: float = 30.0
 ) -> None:
@@ -210,7 +258,8 @@ def create_topic(
     from confluent_kafka.admin import AdminClient, NewTopic
 
     admin = AdminClient({"bootstrap.servers": bootstrap})
-    futures = admin.create_topics([NewTopic(name, partitions, 1, config=config or {})], request_timeout=timeout)
+    # replication -1: the brokers' default.replication.factor (1 on one node, 3 on the embedded cluster)
+    futures = admin.create_topics([NewTopic(name, partitions, -1, config=config or {})], request_timeout=timeout)
     futures[name].result(timeout)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
