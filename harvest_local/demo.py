@@ -3,7 +3,9 @@
 1. Application writers run concurrent transactions: bump a per-key version in ``accounts`` and
    stash an outbox message for it, in one transaction; some roll back, some are held open.
 2. Two ``harvest --uuid-sequencing`` relays (real processes): one leads, one stands by. Mid-way the
-   leader is killed with SIGKILL and the standby takes over.
+   leader is killed with SIGKILL and the standby takes over. With ``--brokers 3`` Kafka is a replicated
+   3-node cluster (harvest_local/kafka_cluster.py), and later the node leading partition 0 is killed
+   too (its broker and controller) and brought back after a few seconds.
 3. A ``ReadCommittedIter`` consumer process applies the committed messages to a Postgres table,
    its checkpoint saved in the same transaction (exactly-once effects).
 4. The backlog phase: once the writers are done, one transaction commits ``--backlog`` rows (100k by
@@ -40,6 +42,7 @@ from typing import Any
 
 from harvest_outbox.harvest_local.applier import applied_rows, create_tables
 from harvest_outbox.harvest_local.kafka import create_topic
+from harvest_outbox.harvest_local.kafka_cluster import EmbeddedKafkaCluster
 from harvest_outbox.harvest_local.launcher import LocalServices, ServiceEndpoints
 from harvest_outbox.harvest_local.pipeline_process import CommittedFile, PipelineProcess
 from harvest_outbox.harvest_local.relays import RelayProcess, current_leader, wait_for, write_config
@@ -156,7 +159,15 @@ def main(argv: list[str] | None = None) -> int:
         "(default 100000; 0 skips the backlog phase)",
     )
     parser.add_argument("--no-spark", action="store_true", help="skip the Spark pipeline")
-    parser.add_argument("--no-kill", action="store_true", help="do not kill the leader mid-way")
+    parser.add_argument("--no-kill", action="store_true", help="do not kill the leader (nor a broker) mid-way")
+    parser.add_argument(
+        "--brokers",
+        type=int,
+        default=1,
+        choices=[1, 3],
+        help="Kafka nodes: 1 (default) or 3, a replicated cluster (RF 3, min.insync.replicas=2) whose leader "
+        "node of partition 0 is killed mid-way and brought back",
+    )
     parser.add_argument("--out", type=Path, default=None, help="folder for logs and the plot (default .work/demo-*)")
     args = parser.parse_args(argv)
     try:
@@ -178,9 +189,10 @@ def main(argv: list[str] | None = None) -> int:
     out = args.out or work_dir() / f"demo-{time.strftime('%Y%m%d-%H%M%S')}"
     out.mkdir(parents=True, exist_ok=True)
     run = Run()
-    with LocalServices() as services:
-        run.mark(f"services up: Postgres + Kafka on loopback (logs in {out})")
-        result = run_demo(services.endpoints, opts, out, run)
+    with LocalServices(args.brokers) as services:
+        kafka = "a 3-node Kafka cluster" if services.cluster is not None else "Kafka"
+        run.mark(f"services up: Postgres + {kafka} on loopback (logs in {out})")
+        result = run_demo(services.endpoints, opts, out, run, services.cluster)
     latencies = sorted((a - w) * 1000 for _, _, w, a in result.applied if w)
     plot = _plot(result, out / "throughput.png")
     _report(result, latencies, plot)
@@ -208,9 +220,17 @@ def main(argv: list[str] | None = None) -> int:
 RELAY_LIMITS: dict[str, str] = {}
 
 
-def run_demo(ends: ServiceEndpoints, opts: DemoOptions, out: Path, run: Run | None = None) -> DemoResult:
+def run_demo(
+    ends: ServiceEndpoints,
+    opts: DemoOptions,
+    out: Path,
+    run: Run | None = None,
+    cluster: EmbeddedKafkaCluster | None = None,
+) -> DemoResult:
     """Everything but the services and the printed report, on ``ends``. The Spark stage runs in a
-    process of its own (``local[2]``), so that its driver can be killed like a relay."""
+    process of its own (``local[2]``), so that its driver can be killed like a relay. With a replicated
+    ``cluster`` (``--brokers 3``), the node leading the topic's partition 0 is also killed mid-way and
+    brought back."""
     run = run or Run()
     schema, topic = opts.schema, f"demo-accounts-{uuid.uuid4().hex[:6]}"
     outbox = f"{schema}.outbox"
@@ -291,6 +311,9 @@ def run_demo(ends: ServiceEndpoints, opts: DemoOptions, out: Path, run: Run | No
             )
             takeover = time.monotonic() - killed_at
             run.mark(f"standby took over after {takeover:.1f}s")
+        if opts.kill and cluster is not None:
+            wait_for(lambda: writers.stats.committed >= opts.rows * 0.7, 600, "70% of the live rows", poll=0.2)
+            _kill_a_broker(run, cluster, topic, writers)
         writers.join()
         writers_seconds = time.monotonic() - writers_started
         stats = writers.stats
@@ -441,6 +464,18 @@ class _Progress:
                 backlog,
                 applied,
             )
+
+
+def _kill_a_broker(run: Run, cluster: EmbeddedKafkaCluster, topic: str, writers: Writers, down: float = 5.0) -> None:
+    """kill -9 the node leading ``topic``'s partition 0 (its broker and its controller: leaders, maybe the
+    transaction coordinator and the active controller move), then bring it back after ``down`` seconds."""
+    victim = cluster.leader_of(topic, 0)
+    cluster.kill(victim)
+    run.mark(f"kill -9 Kafka node {victim} (leader of partition 0) after {writers.stats.committed} committed rows")
+    time.sleep(down)
+    cluster.start_node(victim)
+    cluster.in_sync(topic, timeout=120)
+    run.mark(f"Kafka node {victim} back, its replicas in sync")
 
 
 def _raw_count(bootstrap: str, topic: str) -> int:
@@ -612,12 +647,15 @@ def _plot(result: DemoResult, path: Path) -> Path | None:
         for line in ax.get_lines()[:-1]:  # on a log scale a zero is a gap, not a plunge to the axis
             ys: Any = line.get_ydata()  # a list: the lines above are drawn from lists
             line.set_ydata([y if y else float("nan") for y in ys])
-    ax.legend(loc="upper left", fontsize=8)
+    # below the axes: inside, it covered the fault labels drawn at the top
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=3, fontsize=8, frameon=False)
     top = ax.get_ylim()[1]
     for t, what in run.events:
         label = (
             "Spark driver killed"
             if what.startswith("kill -9 the Spark")
+            else "Kafka node killed"
+            if what.startswith("kill -9 Kafka")
             else "leader killed"
             if what.startswith("kill -9")
             else "backlog committed"
@@ -625,7 +663,9 @@ def _plot(result: DemoResult, path: Path) -> Path | None:
             else None
         )
         if label:
-            color = {"leader killed": "#c53030", "Spark driver killed": "#2f855a"}.get(label, "#dd6b20")
+            color = {"leader killed": "#c53030", "Spark driver killed": "#2f855a", "Kafka node killed": "#6b46c1"}.get(
+                label, "#dd6b20"
+            )
             ax.axvline(t - offset, color=color, linestyle="--", linewidth=1)
             ax.annotate(label, (t - offset, top * (0.5 if log_scale else 0.9)), color=color, fontsize=8)
     ax.set_xlabel("seconds")

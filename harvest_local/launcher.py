@@ -4,7 +4,8 @@ Selection, in order:
 1. ``HARVEST_PG_DSN`` / ``HARVEST_KAFKA_BOOTSTRAP``: use those existing services (each on its own);
 2. ``HARVEST_TEST_SERVICES=testcontainers`` and a Docker engine answers: testcontainers' Postgres
    and Kafka modules;
-3. otherwise the local launcher (:class:`EmbeddedPostgres`, :class:`EmbeddedKafka`).
+3. otherwise the local launcher (:class:`EmbeddedPostgres`, and :class:`EmbeddedKafka`, or with
+   ``brokers=3`` the replicated :class:`~harvest_local.kafka_cluster.EmbeddedKafkaCluster`).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import Any
 
 from harvest_outbox.harvest_local.errors import PrerequisiteError
 from harvest_outbox.harvest_local.kafka import EmbeddedKafka
+from harvest_outbox.harvest_local.kafka_cluster import EmbeddedKafkaCluster
 from harvest_outbox.harvest_local.postgres import EmbeddedPostgres
 
 log = logging.getLogger(__name__)
@@ -34,11 +36,16 @@ class ServiceEndpoints:
 
 
 class LocalServices(AbstractContextManager["LocalServices"]):
-    """Postgres + Kafka for one run. ``postgres``/``kafka`` are set when this run owns them."""
+    """Postgres + Kafka for one run. ``postgres``/``kafka`` are set when this run owns them; ``brokers``: 1 (one
+    combined node) or 3 and more (a replicated cluster: ``cluster``, ``kafka`` stays None)."""
 
-    def __init__(self) -> None:
+    def __init__(self, brokers: int = 1) -> None:
+        if brokers != 1 and brokers < 3:
+            raise ValueError(f"brokers must be 1 or at least 3 (a replicated cluster), got {brokers}")
+        self.brokers = brokers
         self.postgres: EmbeddedPostgres | None = None
         self.kafka: EmbeddedKafka | None = None
+        self.cluster: EmbeddedKafkaCluster | None = None
         self.mode = "local"
         self._containers: list[Any] = []
         self._endpoints: ServiceEndpoints | None = None
@@ -66,7 +73,10 @@ class LocalServices(AbstractContextManager["LocalServices"]):
             if not pg_dsn:
                 self.postgres = EmbeddedPostgres().start()
                 pg_dsn = self.postgres.dsn
-            if not bootstrap:
+            if not bootstrap and self.brokers > 1:
+                self.cluster = EmbeddedKafkaCluster(self.brokers).start()
+                bootstrap = self.cluster.bootstrap
+            elif not bootstrap:
                 self.kafka = EmbeddedKafka().start()
                 bootstrap = self.kafka.bootstrap
         except BaseException:
@@ -79,7 +89,7 @@ class LocalServices(AbstractContextManager["LocalServices"]):
         return self
 
     def stop(self) -> None:
-        for service in (self.kafka, self.postgres):
+        for service in (self.kafka, self.cluster, self.postgres):
             if service is not None:
                 try:
                     service.destroy()
