@@ -36,17 +36,23 @@ class EmbeddedPostgres:
         password: str | None = None,
         logical_replication: bool = False,
         max_prepared_transactions: int = 0,
+        *,
+        standby_of: EmbeddedPostgres | None = None,
     ) -> None:
         """``root``: the server's folder; by default one claimed (and locked) by :func:`pgdirs.claim`
         after sweeping those of dead runs. A given ``root`` is used as is and never swept.
         ``logical_replication``: ``wal_level = logical`` (Debezium's pgoutput slots); off by default
         because it adds to the WAL every row writes, which the relay benchmarks measure.
         ``max_prepared_transactions``: > 0 lets sessions PREPARE TRANSACTION (two-phase-commit writers);
-        0, Postgres' default, refuses it."""
+        0, Postgres' default, refuses it. ``standby_of``: a streaming replica of that (running) server, made
+        by ``pg_basebackup`` (its password, its database), which :meth:`promote` turns into a primary
+        (:meth:`wait_for_standby` makes a primary's commits wait for one)."""
         self.port = port or free_port()
         self.logical_replication = logical_replication
         self.max_prepared_transactions = max_prepared_transactions
-        self.password = password or os.urandom(12).hex()
+        self.standby_of = standby_of
+        self.application_name = f"standby_{self.port}"  # how a primary names this server as its standby
+        self.password = standby_of.password if standby_of is not None else password or os.urandom(12).hex()
         self.database = DEFAULT_DATABASE
         self._bindir = prereqs.postgres_bindir()
         self._user = pgdirs.server_user()
@@ -71,10 +77,33 @@ class EmbeddedPostgres:
 
     def start(self, timeout: float = 60.0) -> EmbeddedPostgres:
         if not (self.data / "PG_VERSION").exists():
-            self._initdb()
+            self._initdb() if self.standby_of is None else self._base_backup()
         self._pg_ctl("start", "-w", "-t", str(int(timeout)), "-l", str(self.log_file), "-o", f"-p {self.port}")
         self._wait_ready(timeout)
         return self
+
+    def promote(self, timeout: float = 60.0) -> None:
+        """A standby becomes a primary (fail-over): it stops replaying and accepts writes."""
+        self._pg_ctl("promote", "-w", "-t", str(int(timeout)))
+
+    def wait_for_standby(self, standby: EmbeddedPostgres | None) -> None:
+        """Synchronous replication: every commit returns once ``standby`` has flushed it
+        (``synchronous_standby_names``, ``synchronous_commit = on``); None: asynchronous again. Set after the
+        standby's base backup (which would copy it) and the database's creation (which would wait)."""
+        import psycopg
+
+        name = standby.application_name if standby is not None else ""
+        with psycopg.connect(self.dsn, autocommit=True) as conn:
+            conn.execute(f"ALTER SYSTEM SET synchronous_standby_names = '{name}'")
+            conn.execute("SELECT pg_reload_conf()")
+
+    def in_recovery(self) -> bool:
+        """Is this server a standby (replaying WAL, read-only)?"""
+        import psycopg
+
+        with psycopg.connect(self.dsn, autocommit=True) as conn:
+            row = conn.execute("SELECT pg_is_in_recovery()").fetchone()
+        return bool(row and row[0])
 
     def stop(self, mode: str = "fast") -> None:
         """Stop the server, keeping its data (``start()`` brings it back on the same port)."""
@@ -173,6 +202,47 @@ class EmbeddedPostgres:
             if self.max_prepared_transactions:
                 conf.write(f"max_prepared_transactions = {int(self.max_prepared_transactions)}\n")
 
+    def _base_backup(self) -> None:
+        """A standby's data folder: the primary's, streamed by ``pg_basebackup`` with ``-R`` (it writes
+        ``standby.signal`` and ``primary_conninfo``), then this server's own port and name."""
+        primary = self.standby_of
+        assert primary is not None
+        self.root.mkdir(parents=True, exist_ok=True)
+        if self._user:
+            os.chown(self.root, self._user.uid, self._user.gid)
+        passfile = self.root / ".pgpass"
+        passfile.write_text(f"127.0.0.1:{primary.port}:*:{SUPERUSER}:{self.password}\n")
+        os.chmod(passfile, 0o600)
+        if self._user:
+            os.chown(passfile, self._user.uid, self._user.gid)
+        proc = self._run(
+            [
+                str(self._bindir / "pg_basebackup"),
+                "-D",
+                str(self.data),
+                "-h",
+                "127.0.0.1",
+                "-p",
+                str(primary.port),
+                "-U",
+                SUPERUSER,
+                "-X",
+                "stream",
+                "-R",
+                "--no-sync",
+                "--checkpoint=fast",  # the default, spread, paces the primary's checkpoint over minutes
+                "-d",
+                f"application_name={self.application_name} passfile={passfile}",
+            ],
+        )
+        if proc.returncode != 0:
+            raise ServiceError(
+                "postgres", f"pg_basebackup from port {primary.port} into {self.data} failed: {proc.stderr.strip()[-800:]}"
+            )
+        with open(self.data / "postgresql.conf", "a") as conf:
+            conf.write(f"\n# harvest_local: a standby of port {primary.port}\nunix_socket_directories = '{self.data}'\n")
+            conf.write("synchronous_standby_names = ''\nhot_standby = on\n")
+
     def _pg_ctl(self, *args: str, check: bool = True) -> None:
         proc = self._run([str(self._bindir / "pg_ctl"), "-D", str(self.data), *args])
         if check and proc.returncode != 0:
@@ -207,7 +277,7 @@ class EmbeddedPostgres:
                 with psycopg.connect(self.dsn.replace(f"dbname={self.database}", "dbname=postgres")) as conn:
                     conn.autocommit = True
                     exists = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (self.database,)).fetchone()
-                    if not exists:
+                    if not exists and self.standby_of is None:  # a standby has the primary's (read-only)
                         conn.execute(f'CREATE DATABASE "{self.database}"')
                 return
             except psycopg.OperationalError as exc:

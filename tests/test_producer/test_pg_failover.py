@@ -1,0 +1,220 @@
+"""Exactly-once through a Postgres fail-over (issue #45 item 2): a primary and a streaming standby started
+by the project (harvest_local/postgres.py, ``standby_of``), synchronous replication (every commit flushed
+on the standby before it returns), the relay and the writers on a multi-host DSN
+(``target_session_attrs=read-write``). The primary is killed (kill -9 of every server process) while the
+writers write and the relay drains, the standby is promoted, and without a restart the writers and the
+relay carry on against it.
+
+The truth is the application's own table: each writer inserts its business row and its outbox row in one
+transaction, and after a failed commit (the connection died under it) looks its row up on the new primary
+to learn whether it committed. Every committed row must reach a read-committed reader exactly once, in
+per-key order; rows of transactions that did not commit never.
+
+Also: a relay left on the old primary (split brain: it still runs, the standby was promoted) cannot commit
+there: with synchronous replication its commit waits for a standby that no longer follows it.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import psycopg
+import pytest
+from psycopg import sql
+from relaylib import relay_config
+from seqcheck import Expected, check_exactly_once, read_intents, wait_for
+
+from harvest_outbox.harvest_local.postgres import EmbeddedPostgres
+from harvest_outbox.producer.config import HarvestConfig
+from harvest_outbox.producer.harvest import Harvest
+from harvest_outbox.producer.schema import OutboxNames, init_db
+from harvest_outbox.producer.stasher import OutboxRecord, Stasher
+
+PARTITIONS = 4
+
+
+@dataclass
+class Pair:
+    primary: EmbeddedPostgres
+    standby: EmbeddedPostgres
+
+    @property
+    def dsn(self) -> str:
+        """Both servers; libpq connects to the one that accepts writes."""
+        p, s = self.primary, self.standby
+        return (
+            f"host=127.0.0.1,127.0.0.1 port={p.port},{s.port} user=harvest password={p.password} "
+            f"dbname={p.database} connect_timeout=5 target_session_attrs=read-write"
+        )
+
+
+@pytest.fixture
+def pair() -> Iterator[Pair]:
+    primary = EmbeddedPostgres().start()
+    standby = None
+    try:
+        standby = EmbeddedPostgres(standby_of=primary).start()
+        primary.wait_for_standby(standby)
+        yield Pair(primary, standby)
+    finally:
+        for server in (standby, primary):
+            if server is not None:
+                server.destroy()
+
+
+class Writers:
+    """``count`` writers, each its own keys; the business table ``app`` is the truth of what committed."""
+
+    def __init__(self, dsn: str, schema: str, topic: str, count: int, txs: int) -> None:
+        self.dsn, self.schema, self.topic, self.txs = dsn, schema, topic, txs
+        self.in_doubt = 0  # commits whose outcome a writer had to look up after a fail-over
+        self.failed: list[BaseException] = []
+        self.done = 0
+        self._threads = [threading.Thread(target=self._run, args=(w,)) for w in range(count)]
+        self._lock = threading.Lock()
+
+    def start(self) -> Writers:
+        for t in self._threads:
+            t.start()
+        return self
+
+    def join(self) -> None:
+        for t in self._threads:
+            t.join()
+        assert not self.failed, f"a writer failed: {self.failed[0]!r}"
+
+    def _connect(self, deadline: float) -> psycopg.Connection:
+        while True:
+            try:
+                return psycopg.connect(self.dsn)
+            except psycopg.OperationalError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
+
+    def _run(self, w: int) -> None:
+        app = sql.Identifier(self.schema, "app")
+        stasher = Stasher(f"{self.schema}.outbox")
+        try:
+            conn = self._connect(time.monotonic() + 60)
+            for i in range(self.txs):
+                value, key = f"w{w}-{i}", f"w{w}-k{i % 5}"
+                try:
+                    with conn.transaction():
+                        conn.execute(
+                            sql.SQL("INSERT INTO {} (value, key, n) VALUES (%s, %s, %s)").format(app), (value, key, i)
+                        )
+                        stasher.stash(conn, OutboxRecord(self.topic, key, value))
+                except psycopg.OperationalError:
+                    # the server went away under this transaction: did it commit? Ask the new primary.
+                    conn.close()
+                    conn = self._connect(time.monotonic() + 60)
+                    with self._lock:
+                        self.in_doubt += 1
+                with self._lock:
+                    self.done += 1
+                time.sleep(0.01)
+            conn.close()
+        except BaseException as exc:
+            self.failed.append(exc)
+
+
+def _truth(dsn: str, schema: str) -> Expected:
+    exp = Expected()
+    with psycopg.connect(dsn) as conn:
+        rows = conn.execute(
+            sql.SQL("SELECT key, value FROM {} ORDER BY key, n").format(sql.Identifier(schema, "app"))
+        ).fetchall()
+    for key, value in rows:
+        exp.by_key.setdefault(key, []).append(value.encode())
+    return exp
+
+
+def _cfg(dsn: str, bootstrap: str, table: str, group: str, layout: str) -> HarvestConfig:
+    base = dict(mark_query_records=200, txn_max_records=100, txn_max_duration=0.02, producer_ring=4)
+    return (
+        relay_config(dsn, bootstrap, table, group, **base)  # type: ignore[arg-type]
+        .replace(uuid_sequencing=True, leader_election="postgres", leader_lock_check_interval=0.2)
+        .replace(outbox_layout=layout)
+    )
+
+
+def _backlog(dsn: str, names: OutboxNames, layout: str) -> int:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        if layout == "cursor":
+            from harvest_outbox.producer.db_cursor import cursor_backlog
+
+            return cursor_backlog(conn, names)
+        row = conn.execute(sql.SQL("SELECT count(*) FROM {}").format(names.outbox)).fetchone()
+        return int(row[0]) if row else 0
+
+
+def _setup(dsn: str, schema: str, layout: str) -> OutboxNames:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(schema)))
+        conn.execute(
+            sql.SQL("CREATE TABLE {} (value text PRIMARY KEY, key text NOT NULL, n int NOT NULL)").format(
+                sql.Identifier(schema, "app")
+            )
+        )
+    return init_db(dsn, f"{schema}.outbox", layout=layout)
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+@pytest.mark.parametrize("layout", ["mark", "cursor"])
+def test_a_failover_under_writers_and_a_draining_relay_loses_and_repeats_nothing(
+    layout: str,
+    pair: Pair,
+    kafka_bootstrap: str,
+    topic_factory: Callable[..., str],
+    unique_name: Callable[[str], str],
+) -> None:
+    topic = topic_factory(partitions=PARTITIONS)
+    schema = unique_name("s")
+    names = _setup(pair.dsn, schema, layout)
+    relay = Harvest(_cfg(pair.dsn, kafka_bootstrap, f"{schema}.outbox", unique_name("g"), layout), lambda e: None)
+    relay.start()
+    try:
+        writers = Writers(pair.dsn, schema, topic, count=3, txs=120).start()
+        wait_for(lambda: writers.done > 150, 60, "rows committed before the fail-over")
+        pair.primary.kill()  # the primary's host is gone: nothing it had not flushed survives
+        pair.standby.promote()
+        writers.join()
+        wait_for(lambda: _backlog(pair.dsn, names, layout) == 0, 120, "every committed row relayed after the fail-over")
+        wait_for(lambda: not read_intents(pair.dsn, f"{schema}.outbox"), 60, "ACK intents confirmed")
+    finally:
+        relay.stop()
+        relay.wait(30)
+    exp = _truth(pair.dsn, schema)
+    assert exp.total > 300
+    assert check_exactly_once(kafka_bootstrap, topic, PARTITIONS, exp).committed == exp.total
+
+
+@pytest.mark.integration
+def test_a_relay_left_on_the_old_primary_cannot_commit(pair: Pair, unique_name: Callable[[str], str]) -> None:
+    """Split brain: the standby is promoted while the old primary still runs. A session on the old primary (a
+    relay that has not noticed) writes, and its commit waits for the synchronous standby, which follows it no
+    more: nothing it does becomes visible there or on the new primary."""
+    schema = unique_name("s")
+    names = _setup(pair.dsn, schema, "mark")
+    old = psycopg.connect(pair.primary.dsn, autocommit=True)
+    try:
+        pair.standby.promote()
+        done = threading.Event()
+
+        def zombie_commit() -> None:
+            try:
+                old.execute(sql.SQL("UPDATE {} SET epoch = epoch + 1").format(names.state))
+            except psycopg.Error:
+                pass
+            done.set()
+
+        threading.Thread(target=zombie_commit, daemon=True).start()
+        assert not done.wait(5), "a commit on the old primary returned: a zombie relay could commit there"
+    finally:
+        pair.primary.kill()  # ends the waiting session too
+        old.close()
