@@ -237,10 +237,13 @@ class EmbeddedPostgres:
         )
         if proc.returncode != 0:
             raise ServiceError(
-                "postgres", f"pg_basebackup from port {primary.port} into {self.data} failed: {proc.stderr.strip()[-800:]}"
+                "postgres",
+                f"pg_basebackup from port {primary.port} into {self.data} failed: {proc.stderr.strip()[-800:]}",
             )
         with open(self.data / "postgresql.conf", "a") as conf:
-            conf.write(f"\n# harvest_local: a standby of port {primary.port}\nunix_socket_directories = '{self.data}'\n")
+            conf.write(
+                f"\n# harvest_local: a standby of port {primary.port}\nunix_socket_directories = '{self.data}'\n"
+            )
             conf.write("synchronous_standby_names = ''\nhot_standby = on\n")
 
     def _pg_ctl(self, *args: str, check: bool = True) -> None:
