@@ -52,7 +52,7 @@ class EmbeddedPostgres:
         self.max_prepared_transactions = max_prepared_transactions
         self.standby_of = standby_of
         self.application_name = f"standby_{self.port}"  # how a primary names this server as its standby
-        self.password = standby_of.password if standby_of is not None else password or os.urandom(12).hex()
+        self.password: str = standby_of.password if standby_of is not None else password or os.urandom(12).hex()
         self.database = DEFAULT_DATABASE
         self._bindir = prereqs.postgres_bindir()
         self._user = pgdirs.server_user()
