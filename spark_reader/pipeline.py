@@ -190,6 +190,8 @@ class TopicLag:
 
 def start_pipeline(spark: SparkSession, cfg: PipelineConfig) -> Pipeline:
     """Start (or resume from the checkpoints) both queries; returns once both run."""
+    for query in ("events", "latest"):
+        drop_stale_log_files(spark, f"{cfg.checkpoint_location.rstrip('/')}/{query}")
     events_df = readCommittedStream(
         spark,
         cfg.topic,
@@ -303,6 +305,32 @@ def _await_metadata_log(spark: SparkSession, events_path: str, query: StreamingQ
         if time.monotonic() > deadline:
             raise TimeoutError(f"the events query did not create {path} within {timeout:.0f}s")
         time.sleep(0.2)
+
+
+def drop_stale_log_files(spark: SparkSession, checkpoint: str) -> list[str]:
+    """Delete the temporary files a killed driver left in a query's ``offsets/`` and ``commits/`` logs;
+    returns their names. Spark writes each log entry to ``.<batch>.<uuid>.tmp`` and renames it: a kill
+    between the two leaves the temporary file, which Spark ignores except on batch 0, where it refuses to
+    start (``STATE_STORE_CHECKPOINT_LOCATION_NOT_EMPTY``: the log "should be empty"), so a driver killed
+    while writing its first batch's offsets never came back. Only the (stopped) driver writes these files,
+    and no entry is made of a temporary one: deleting them loses nothing."""
+    jvm = spark._jvm  # None: Spark Connect, which has no such driver-side files to clean
+    if jvm is None:
+        return []
+    dropped: list[str] = []
+    for log_name in ("offsets", "commits"):
+        folder = jvm.org.apache.hadoop.fs.Path(f"{checkpoint.rstrip('/')}/{log_name}")
+        fs = folder.getFileSystem(spark._jsc.hadoopConfiguration())
+        if not fs.exists(folder):
+            continue
+        for status in fs.listStatus(folder):
+            name = status.getPath().getName()
+            if name.endswith(".tmp") or name.endswith(".tmp.crc"):
+                fs.delete(status.getPath(), False)
+                dropped.append(f"{log_name}/{name}")
+    if dropped:
+        log.warning("%s: dropped %d temporary log file(s) a killed driver left: %s", checkpoint, len(dropped), dropped)
+    return dropped
 
 
 def _raise_failed(query: StreamingQuery, name: str) -> None:

@@ -280,3 +280,45 @@ def test_pipeline_exactly_once_through_relay_and_driver_kills(
     _run_scenario(
         spark, pg_dsn, kafka_bootstrap, pg_schema, topic, tmp_path, ("local[2]", "local-cluster[2,1,1024]", "local[2]")
     )
+
+
+def test_a_driver_killed_while_writing_its_first_offsets_starts_again(spark, tmp_path: Path) -> None:
+    """A kill between Spark's write of ``.0.<uuid>.tmp`` and its rename leaves the temporary file in
+    ``offsets/``; Spark then refuses batch 0 (STATE_STORE_CHECKPOINT_LOCATION_NOT_EMPTY) on every restart
+    (seen: the pipeline gave up after 4 starts). :func:`drop_stale_log_files` deletes such files, only those."""
+    from harvest_outbox.spark_reader.pipeline import drop_stale_log_files
+
+    checkpoint = tmp_path / "checkpoint"
+    offsets, commits = checkpoint / "offsets", checkpoint / "commits"
+    offsets.mkdir(parents=True)
+    commits.mkdir()
+    stale = f".0.{uuid.uuid4()}.tmp"
+    (offsets / stale).write_text('v1\n{"batchWatermarkMs":0}\n')
+    (offsets / f".{stale}.crc").write_bytes(b"crc")
+
+    def run_once() -> BaseException | None:
+        query = (
+            spark.readStream.format("rate")
+            .option("rowsPerSecond", 10)
+            .load()
+            .writeStream.format("noop")
+            .option("checkpointLocation", str(checkpoint))
+            .trigger(processingTime="200 milliseconds")
+            .start()
+        )
+        try:
+            deadline = time.monotonic() + 60
+            while query.isActive and query.lastProgress is None and time.monotonic() < deadline:
+                time.sleep(0.1)
+            return query.exception() if not query.isActive else None
+        finally:
+            query.stop()
+
+    refused = run_once()
+    assert refused is not None and "should be empty on batch 0" in str(refused), refused
+    assert drop_stale_log_files(spark, str(checkpoint)) == [f"offsets/{stale}"]  # its .crc goes with it
+    assert not (offsets / stale).exists() and not (offsets / f".{stale}.crc").exists()
+    assert run_once() is None  # it runs now, from batch 0
+    kept = sorted(p.name for p in offsets.iterdir() if not p.name.startswith("."))
+    assert kept and kept[0] == "0"
+    assert drop_stale_log_files(spark, str(checkpoint)) == []  # real log entries are never touched
