@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import psycopg
 
-from harvest_outbox.producer.stasher import OutboxRecord, Stasher
+from harvest_outbox.producer.stash.stasher import OutboxRecord, Stasher
 
 __all__ = ["backlog_records", "fill_backlog"]
 

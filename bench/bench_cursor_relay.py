@@ -49,11 +49,11 @@ from bench.bench_debezium import postgres_cpu_s, process_cpu_s
 from bench.bench_relay import TUNED_LIMITS, new_topic
 from bench.bench_wal import wal_stats
 from harvest_outbox.producer.config import HarvestConfig, Limits
-from harvest_outbox.producer.cursor_partitions import PartitionKeeper
-from harvest_outbox.producer.db_cursor import cursor_backlog
 from harvest_outbox.producer.harvest import Harvest
+from harvest_outbox.producer.layouts.cursor.database import cursor_backlog
+from harvest_outbox.producer.layouts.cursor.partitions import PartitionKeeper
+from harvest_outbox.producer.layouts.cursor.schema import create_partition
 from harvest_outbox.producer.schema import OutboxNames, init_db
-from harvest_outbox.producer.schema_cursor import create_partition
 
 LAYOUTS = ("mark", "cursor")
 MODES = {"at_least_once": False, "sequenced": True}

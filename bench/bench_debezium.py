@@ -88,8 +88,8 @@ from harvest_outbox.harvest_local.kafka import create_topic, read_to_end
 from harvest_outbox.harvest_local.relays import RelayProcess, current_leader, wait_for
 from harvest_outbox.producer.config import HarvestConfig, Limits
 from harvest_outbox.producer.harvest import Harvest, State
+from harvest_outbox.producer.mapping.table import table_mapping
 from harvest_outbox.producer.schema import OutboxNames, init_db
-from harvest_outbox.producer.table_mapping import table_mapping
 
 PARTITIONS = 8
 KINDS = ("Warm", "Burst", "BurstDel", "Trickle", "Fault")  # one aggregate type, so one topic, per phase

@@ -1,4 +1,4 @@
-"""deadLetterPolicy benchmark (not a test): what ``haltKey`` costs a backlog drain (producer/key_halt.py).
+"""deadLetterPolicy benchmark (not a test): what ``haltKey`` costs a backlog drain (producer/relay/key_halt.py).
 
     .venv/bin/python -m bench.bench_halt [--rows 50000] [--runs 3] [--dead 1000]
 
@@ -45,7 +45,7 @@ from harvest_outbox.harvest_local.kafka import create_topic
 from harvest_outbox.producer.config import HarvestConfig, Limits
 from harvest_outbox.producer.harvest import Harvest
 from harvest_outbox.producer.schema import init_db
-from harvest_outbox.producer.stasher import OutboxRecord, Stasher
+from harvest_outbox.producer.stash.stasher import OutboxRecord, Stasher
 
 KEYS, PARTITIONS = 1000, 8
 VARIANTS = ("skip", "skip_again", "halt_empty", "halt_dead")

@@ -1,4 +1,4 @@
-"""Registry encoding benchmark (not a test): what Avro encoding at the relay (producer/serialization.py)
+"""Registry encoding benchmark (not a test): what Avro encoding at the relay (producer/encode/serialization.py)
 costs a backlog drain, and how often the schema id comes from the cache.
 
     .venv/bin/python -m bench.bench_registry [--rows 50000] [--runs 3] [--modes at_least_once,sequenced]
@@ -42,10 +42,10 @@ from bench.drain import timed_drain, variant_medians
 from harvest_outbox.harvest_local.kafka import create_topic
 from harvest_outbox.harvest_local.registry import EmbeddedRegistry
 from harvest_outbox.producer.config import HarvestConfig, Limits
+from harvest_outbox.producer.config.serialization import SerializationConfig
 from harvest_outbox.producer.harvest import Harvest
 from harvest_outbox.producer.schema import init_db
-from harvest_outbox.producer.serialization_config import SerializationConfig
-from harvest_outbox.producer.stasher import OutboxRecord, Stasher
+from harvest_outbox.producer.stash.stasher import OutboxRecord, Stasher
 
 KEYS, PARTITIONS = 1000, 8
 SCHEMA = {

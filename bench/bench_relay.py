@@ -79,7 +79,7 @@ from harvest_outbox.producer.config import AUTO_MARK_RECORDS, HarvestConfig, Lim
 from harvest_outbox.producer.db import OutboxDatabase, id_range
 from harvest_outbox.producer.harvest import Harvest
 from harvest_outbox.producer.schema import OutboxNames, init_db
-from harvest_outbox.producer.stasher import OutboxRecord, Stasher
+from harvest_outbox.producer.stash.stasher import OutboxRecord, Stasher
 
 # What a new user writes: connection settings and heartbeatTimeout, nothing else.
 DEFAULT_LIMITS: dict[str, Any] = dict(heartbeat_timeout=5.0)

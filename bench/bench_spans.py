@@ -1,4 +1,4 @@
-"""Relay spans benchmark (not a test): what relay spans (producer/relay_spans.py) cost a backlog drain.
+"""Relay spans benchmark (not a test): what relay spans (producer/relay/spans.py) cost a backlog drain.
 
     .venv/bin/python -m bench.bench_spans [--rows 50000] [--runs 3]
 
@@ -39,9 +39,9 @@ from bench.drain import timed_drain, variant_medians
 from harvest_outbox.harvest_local.kafka import create_topic
 from harvest_outbox.producer.config import HarvestConfig, Limits
 from harvest_outbox.producer.harvest import Harvest
-from harvest_outbox.producer.relay_spans import TracingConfig
+from harvest_outbox.producer.relay.spans import TracingConfig
 from harvest_outbox.producer.schema import init_db
-from harvest_outbox.producer.stasher import OutboxRecord, Stasher
+from harvest_outbox.producer.stash.stasher import OutboxRecord, Stasher
 
 KEYS, PARTITIONS = 1000, 8
 

@@ -49,7 +49,7 @@ from psycopg import sql
 from harvest_outbox.harvest_local.postgres import EmbeddedPostgres
 from harvest_outbox.producer.db import OutboxDatabase, TxnCommit
 from harvest_outbox.producer.schema import OutboxNames, init_db
-from harvest_outbox.producer.stasher import OutboxRecord, Stasher
+from harvest_outbox.producer.stash.stasher import OutboxRecord, Stasher
 
 LOOPS = ("at_least_once", "sequenced", "delete_only", "truncate")
 CLK_TCK = os.sysconf("SC_CLK_TCK")

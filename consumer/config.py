@@ -20,7 +20,7 @@ Invariants (backed by ``tests/test_consumer/test_config_and_records.py``):
 * Credential values (``sasl.password``, ``ssl.key.password``, every librdkafka
   property named password/secret/key/pem/passphrase/extensions/token/credentials,
   misspellings such as ``sasl.pasword``) never appear in logs, reprs or error
-  messages: :func:`redact` replaces them (``producer.redact`` decides which).
+  messages: :func:`redact` replaces them (``harvest_outbox.redact`` decides which).
 """
 
 from __future__ import annotations
@@ -30,8 +30,8 @@ from collections.abc import Mapping
 from typing import Any
 
 # One owner of "which Kafka property holds a credential" (issue #32): the producer's redactor.
-from harvest_outbox.producer.redact import REDACTED
-from harvest_outbox.producer.redact import is_secret_kafka_key as is_secret_key
+from harvest_outbox.redact import REDACTED
+from harvest_outbox.redact import is_secret_kafka_key as is_secret_key
 
 from .errors import ConfigError
 

@@ -1,6 +1,6 @@
 """Decoding registry-encoded values for the readers (``value_format="avro"`` / ``"protobuf"`` / ``"jsonSchema"``).
 
-The relay's ``serialization:`` (producer/serialization.py) publishes values in the Confluent wire
+The relay's ``serialization:`` (producer/encode/serialization.py) publishes values in the Confluent wire
 format: magic byte 0, the 4-byte schema id, the encoded record. A reader given ``value_format`` and
 ``schema_registry`` (confluent-kafka ``SchemaRegistryClient`` settings, e.g. ``{"url": ...}``)
 delivers :class:`DecodedRecord`s: the record's ``value`` is the decoded object (a dict for Avro
@@ -80,7 +80,7 @@ class ValueDecoder:
 
             self._deserialize: Any = AvroDeserializer(self._client)
         elif value_format == "protobuf":
-            from harvest_outbox.producer.protobuf_schema import ProtobufDictDecoder
+            from harvest_outbox.protobuf_schema import ProtobufDictDecoder
 
             decode_protobuf = ProtobufDictDecoder(self._client)
             self._deserialize = lambda raw, _ctx: decode_protobuf(raw)

@@ -1,6 +1,6 @@
 """W3C trace context carried in record headers (``traceparent`` / ``tracestate``).
 
-The stasher (``producer.tracing``) records the stashing span's context as headers; the relay copies
+The stasher (``producer.observe.tracing``) records the stashing span's context as headers; the relay copies
 them to Kafka unchanged; ``Record.traceparent`` / ``Record.tracestate`` (pure and native) read them
 back through :func:`header_text`, so an application can continue the trace, e.g. with
 OpenTelemetry's ``TraceContextTextMapPropagator().extract({"traceparent": record.traceparent})``.

@@ -306,7 +306,7 @@ def _apply(
 def _probe(dsn: str, outbox: str, topic: str) -> int:
     """Commit one probe row (the database may still be coming up); its id is above every row
     committed before it."""
-    from harvest_outbox.producer.stasher import OutboxRecord, Stasher
+    from harvest_outbox.producer.stash.stasher import OutboxRecord, Stasher
 
     deadline = time.monotonic() + 60
     while True:
@@ -322,7 +322,7 @@ def _probe(dsn: str, outbox: str, topic: str) -> int:
 def _backlog(dsn: str, names: OutboxNames, layout: str, max_id: int | None) -> int:
     """Committed rows not relayed yet (ids up to ``max_id``): the rows left in the outbox on the mark
     layout, the rows the committed cursor has not passed on the cursor layout (it deletes none)."""
-    from harvest_outbox.producer.db_cursor import cursor_backlog
+    from harvest_outbox.producer.layouts.cursor.database import cursor_backlog
 
     with psycopg.connect(dsn, connect_timeout=5) as conn:
         if layout == "cursor":

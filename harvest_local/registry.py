@@ -1,6 +1,6 @@
 """A throw-away Apicurio Registry (in-memory storage) on loopback, with its Confluent-compatible API.
 
-What the schema-registry tests and benchmarks encode against (``producer/serialization.py``); the
+What the schema-registry tests and benchmarks encode against (``producer/encode/serialization.py``); the
 relay never needs it. The app comes from Maven Central (``maven/registry/pom.xml``, version pinned
 and the choice of version explained there). Maven Central has its classes, not a runnable jar: a
 Quarkus app is augmented at build time, so the first use runs ``mvn package`` on that pom once

@@ -8,7 +8,7 @@ same YAML as ``harvest -f``, with produce/delivery failures injected by
     HARVEST_TEST_CRASH_AT=after_commit_before_ack:3 python -m ...   # SIGKILL at that point of the 3rd transaction
     HARVEST_TEST_PAUSE_AT=after_delivery_before_commit:3 python -m ...   # SIGSTOP there (a zombie)
 
-The crash/pause hooks (``--uuid-sequencing``, :func:`producer.crash_points.install_crash_points`) exist
+The crash/pause hooks (``--uuid-sequencing``, :func:`producer.relay.crash_points.install_crash_points`) exist
 only here: the ``harvest`` command ignores those variables. Without any of them this runner is
 equivalent to ``harvest -f harvest.yaml --name r1``. Test use only.
 """
@@ -21,13 +21,13 @@ import os
 import sys
 
 from harvest_outbox.harvest_local.relays import TEST_HOOKS
-from harvest_outbox.producer.cli import EXIT_FORCED
 from harvest_outbox.producer.config import load_yaml
-from harvest_outbox.producer.crash_points import install_crash_points
 from harvest_outbox.producer.errors import ConfigError
 from harvest_outbox.producer.harvest import Harvest
 from harvest_outbox.producer.kafka import FaultInjector
-from harvest_outbox.producer.signals import StopSignals
+from harvest_outbox.producer.ops.cli import EXIT_FORCED
+from harvest_outbox.producer.relay.crash_points import install_crash_points
+from harvest_outbox.producer.relay.signals import StopSignals
 
 log = logging.getLogger("harvest.relay_runner")
 

@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-#: Environment variables of the crash/pause test hooks, in :func:`producer.crash_points.install_crash_points`'s
+#: Environment variables of the crash/pause test hooks, in :func:`producer.relay.crash_points.install_crash_points`'s
 #: order (crash, pause): only :mod:`harvest_local.relay_runner` honours them, and only per process.
 TEST_HOOKS = ("HARVEST_TEST_CRASH_AT", "HARVEST_TEST_PAUSE_AT")
 

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 import psycopg
 from psycopg import sql
 
-from harvest_outbox.producer.stasher import OutboxRecord, Stasher
+from harvest_outbox.producer.stash.stasher import OutboxRecord, Stasher
 
 log = logging.getLogger(__name__)
 

@@ -7,7 +7,7 @@ Embedded use::
     with psycopg.connect(dsn) as conn:          # in the application's transaction
         Stasher("app.outbox").stash(conn, OutboxRecord("orders", "order-1", '{"total": 3}'))
     # asyncio: await producer.AsyncStasher("app.outbox").stash(async_conn, record)
-    # SQLAlchemy sessions: producer.sqlalchemy.SessionStasher (needs harvest-outbox[sqlalchemy])
+    # SQLAlchemy sessions: producer.stash.sqlalchemy.SessionStasher (needs harvest-outbox[sqlalchemy])
     relay = Harvest(HarvestConfig(data_source=dsn, outbox_table="app.outbox",
                                   base_kafka_config={"bootstrap.servers": "kafka:9092"})).start()
     ...
@@ -33,11 +33,11 @@ _EXPORTS = {
         "RecordError",
         "SchemaError",
     ),
-    "events": ("LeaderAcquired", "LeaderFenced", "LeaderRefreshed", "LeaderRevoked", "MeterRead"),
+    "relay.events": ("LeaderAcquired", "LeaderFenced", "LeaderRefreshed", "LeaderRevoked", "MeterRead"),
     "harvest": ("Harvest",),
     "schema": ("init_db",),
-    "stasher": ("OutboxRecord", "Stasher", "stash", "stash_many"),
-    "stasher_async": ("AsyncStasher",),
+    "stash.stasher": ("OutboxRecord", "Stasher", "stash", "stash_many"),
+    "stash.async_stasher": ("AsyncStasher",),
 }
 _MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in names}
 
@@ -52,11 +52,17 @@ if TYPE_CHECKING:
         RecordError,
         SchemaError,
     )
-    from harvest_outbox.producer.events import LeaderAcquired, LeaderFenced, LeaderRefreshed, LeaderRevoked, MeterRead
     from harvest_outbox.producer.harvest import Harvest
+    from harvest_outbox.producer.relay.events import (
+        LeaderAcquired,
+        LeaderFenced,
+        LeaderRefreshed,
+        LeaderRevoked,
+        MeterRead,
+    )
     from harvest_outbox.producer.schema import init_db
-    from harvest_outbox.producer.stasher import OutboxRecord, Stasher, stash, stash_many
-    from harvest_outbox.producer.stasher_async import AsyncStasher
+    from harvest_outbox.producer.stash.async_stasher import AsyncStasher
+    from harvest_outbox.producer.stash.stasher import OutboxRecord, Stasher, stash, stash_many
 
 
 def __getattr__(name: str) -> Any:

@@ -2,6 +2,6 @@
 
 import sys
 
-from harvest_outbox.producer.cli import main
+from harvest_outbox.producer.ops.cli import main
 
 sys.exit(main())

@@ -6,7 +6,7 @@ root of every package's errors). Lower-level causes (psycopg, confluent-kafka) a
 with ``raise ... from`` so the original traceback survives.
 
 Invariant: no message built here contains a secret; callers pass values through
-:func:`producer.redact.redact_dsn` / :func:`producer.redact.redact_kafka_config` first.
+:func:`harvest_outbox.redact.redact_dsn` / :func:`harvest_outbox.redact.redact_kafka_config` first.
 """
 
 from __future__ import annotations

@@ -2,12 +2,12 @@
 
 :class:`Harvest` owns the lifecycle (``start`` / ``stop`` / ``wait``), the election listener, the
 relay thread's main loop and the meter. What it does while leading is its *mode*, a
-:class:`~producer.relay_core.RelayMode` working on the shared :class:`~producer.relay_core.RelayCore`
+:class:`~producer.relay.core.RelayMode` working on the shared :class:`~producer.relay.core.RelayCore`
 (connections, producer, marks):
 
-- :class:`~producer.at_least_once.AtLeastOnceMode` (the default): goharvest's mark-purge/reset
+- :class:`~producer.relay.at_least_once.mode.AtLeastOnceMode` (the default): goharvest's mark-purge/reset
   algorithm, each delivered row purged;
-- :class:`~producer.sequencing.SequencedMode` (``--uuid-sequencing``, ``config.uuid_sequencing``):
+- :class:`~producer.relay.sequenced.mode.SequencedMode` (``--uuid-sequencing``, ``config.uuid_sequencing``):
   harvest transactions committed through the fenced protocol of docs/design.md §5.
 
 One thread (the relay thread) runs the election pulses, producing and the delivery callbacks, so
@@ -32,19 +32,26 @@ import uuid
 from concurrent.futures import Future, wait
 from typing import Any
 
-from harvest_outbox.producer.at_least_once import AtLeastOnceMode
 from harvest_outbox.producer.config import HarvestConfig, format_duration
 from harvest_outbox.producer.election.neli import LeaderElection, NeliElection
 from harvest_outbox.producer.election.sharded_neli import ShardSetSeat
 from harvest_outbox.producer.errors import DatabaseError
-from harvest_outbox.producer.events import Event, EventHandler, LeaderAcquired, LeaderFenced, LeaderRevoked, MeterRead
 from harvest_outbox.producer.kafka import ProducerFactory, confluent_producer
-from harvest_outbox.producer.layout import LayoutGuard
-from harvest_outbox.producer.lifecycle import RelayLifecycle, State
-from harvest_outbox.producer.metrics import MeterStats, start_prometheus
-from harvest_outbox.producer.preflight import TopicGuard
-from harvest_outbox.producer.relay_core import RelayCore, RelayMode, event_id_bytes
-from harvest_outbox.producer.sequencing import SequencedMode
+from harvest_outbox.producer.observe.metrics import MeterStats, start_prometheus
+from harvest_outbox.producer.ops.preflight import TopicGuard
+from harvest_outbox.producer.relay.admission import LayoutGuard
+from harvest_outbox.producer.relay.at_least_once.mode import AtLeastOnceMode
+from harvest_outbox.producer.relay.core import RelayCore, RelayMode, event_id_bytes
+from harvest_outbox.producer.relay.events import (
+    Event,
+    EventHandler,
+    LeaderAcquired,
+    LeaderFenced,
+    LeaderRevoked,
+    MeterRead,
+)
+from harvest_outbox.producer.relay.lifecycle import RelayLifecycle, State
+from harvest_outbox.producer.relay.sequenced.mode import SequencedMode
 
 log = logging.getLogger(__name__)
 
@@ -83,8 +90,8 @@ class Harvest(RelayLifecycle):
     names (:class:`NeliElection`, or :class:`~producer.election.postgres.PostgresElection`) are used.
     :attr:`mode` is the delivery strategy ``config.uuid_sequencing`` chose. ``tracer_provider``: the
     OpenTelemetry TracerProvider of relay spans (``config.tracing``), by default the global one
-    (:mod:`producer.relay_spans`; read once, here). Its lifecycle (states, start, stop, wait) is
-    :class:`~producer.lifecycle.RelayLifecycle`'s.
+    (:mod:`producer.relay.spans`; read once, here). Its lifecycle (states, start, stop, wait) is
+    :class:`~producer.relay.lifecycle.RelayLifecycle`'s.
     """
 
     _log = log
@@ -103,7 +110,7 @@ class Harvest(RelayLifecycle):
         self.config = config
         self.limits = config.limits
         self._event_handler = event_handler
-        #: ``shards: S`` (:mod:`producer.sharded`): the seat that is both this loop's election and the
+        #: ``shards: S`` (:mod:`producer.relay.sharded`): the seat that is both this loop's election and the
         #: set of shards its views serve; None for the whole outbox.
         self._shards = shards
         if shards is not None:
@@ -113,7 +120,7 @@ class Harvest(RelayLifecycle):
         mode_type: type[AtLeastOnceMode] | type[SequencedMode] = (
             SequencedMode if config.uuid_sequencing else AtLeastOnceMode
         )
-        # Rows no broker will take are dead-lettered before they are produced (producer/preflight.py).
+        # Rows no broker will take are dead-lettered before they are produced (producer/ops/preflight.py).
         guard = topic_guard or TopicGuard(
             config.base_kafka_config,
             config.producer_config(),

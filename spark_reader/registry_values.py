@@ -11,7 +11,7 @@ one reader schema up front, while a topic's records carry the ids of whichever w
 encoded them. Decoding on the executors with confluent-kafka's deserializers handles every id, for
 Avro and JSON Schema alike, at the cost of a Python hop per batch. Protobuf likewise (not
 ``from_protobuf``, which needs a descriptor file up front): the writer schema's message class is
-built at run time (producer/protobuf_schema.py) and the message written as JSON. Decoding runs after sequencing
+built at run time (harvest_outbox/protobuf_schema.py) and the message written as JSON. Decoding runs after sequencing
 (which reads the ``uuid`` header only), so it never changes which records are delivered.
 
 Invariants (tests/test_spark_reader/test_spark_registry_values.py): a tombstone's value stays null; a
@@ -86,7 +86,7 @@ class _Decoder:
 
                 des = AvroDeserializer(self._client)
             elif self._format == "protobuf":
-                from harvest_outbox.producer.protobuf_schema import ProtobufDictDecoder
+                from harvest_outbox.protobuf_schema import ProtobufDictDecoder
 
                 des = _ignoring_ctx(ProtobufDictDecoder(self._client))
             else:

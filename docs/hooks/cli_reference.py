@@ -1,5 +1,5 @@
 """MkDocs hook: the command-line reference, ``harvest --help`` of every command, generated from
-:func:`harvest_outbox.producer.cli.build_parser` at build time (a page holding
+:func:`harvest_outbox.producer.ops.cli.build_parser` at build time (a page holding
 ``<!-- generated: cli-reference -->``). A new command or flag appears without a docs change."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ CLI_MARKER = "<!-- generated: cli-reference -->"
 
 
 def cli_markdown() -> str:
-    from harvest_outbox.producer.cli import build_parser
+    from harvest_outbox.producer.ops.cli import build_parser
 
     old = os.environ.get("COLUMNS")
     os.environ["COLUMNS"] = "100"  # argparse wraps to the terminal: fix the width for a stable page

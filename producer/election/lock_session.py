@@ -29,7 +29,7 @@ from typing import Any
 import psycopg
 
 from harvest_outbox.producer.errors import ElectionError
-from harvest_outbox.producer.redact import redact_dsn, redact_error
+from harvest_outbox.redact import redact_dsn, redact_error
 
 __all__ = ["LockSession", "close_quietly"]
 

@@ -33,7 +33,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 from harvest_outbox.producer.errors import ElectionError
 from harvest_outbox.producer.kafka import logged, logged_admin, serve_logs
-from harvest_outbox.producer.redact import redact_kafka_config
+from harvest_outbox.redact import redact_kafka_config
 
 log = logging.getLogger(__name__)
 

@@ -113,8 +113,8 @@ from harvest_outbox.producer.election.advisory_lock import (
 from harvest_outbox.producer.election.lock_session import LockSession, close_quietly
 from harvest_outbox.producer.election.neli import ElectionListener
 from harvest_outbox.producer.errors import ElectionError
-from harvest_outbox.producer.redact import redact_dsn, redact_error
 from harvest_outbox.producer.schema import OutboxNames
+from harvest_outbox.redact import redact_dsn, redact_error
 
 # The advisory lock's key, holder and connection (election/advisory_lock.py) are re-exported: their import path
 # before they had a module of their own.

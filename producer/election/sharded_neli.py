@@ -1,7 +1,7 @@
 """Leadership per shard (``shards: S``): which of the outbox's shards this relay process leads.
 
 A :class:`ShardElection` decides, for the whole process, which shards it leads; the sharded relay
-(:mod:`producer.sharded`) runs one relay loop over the led shards, and hands it a
+(:mod:`producer.relay.sharded`) runs one relay loop over the led shards, and hands it a
 :class:`ShardSetSeat`: the ordinary one-leader :class:`~producer.election.neli.LeaderElection` protocol,
 where every change of the led set is a new leader view. So the loop is exactly the unsharded relay
 (mark, send, purge or fenced commit), confined to the led shards' rows.

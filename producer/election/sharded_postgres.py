@@ -42,7 +42,7 @@ from harvest_outbox.producer.election.postgres import (
 )
 from harvest_outbox.producer.election.sharded_neli import ShardListener, fair_share
 from harvest_outbox.producer.errors import ElectionError
-from harvest_outbox.producer.redact import redact_dsn, redact_error
+from harvest_outbox.redact import redact_dsn, redact_error
 
 log = logging.getLogger(__name__)
 

@@ -19,10 +19,10 @@ from harvest_outbox.consumer.errors import ConfigError
 from harvest_outbox.consumer.registry_values import DecodedRecord, ValueDecodeError
 from harvest_outbox.harvest_local.registry import EmbeddedRegistry
 from harvest_outbox.producer.config import HarvestConfig, Limits
+from harvest_outbox.producer.config.serialization import SerializationConfig
 from harvest_outbox.producer.harvest import Harvest
 from harvest_outbox.producer.schema import init_db
-from harvest_outbox.producer.serialization_config import SerializationConfig
-from harvest_outbox.producer.stasher import OutboxRecord, Stasher
+from harvest_outbox.producer.stash.stasher import OutboxRecord, Stasher
 
 ORDER = {
     "type": "record",

@@ -25,7 +25,7 @@ OWNERS = {
         re.compile(r"\{1,249\}|1-249"),
     ),
     "credential-name rule (also tests/test_producer/test_redact.py)": (
-        "producer/redact.py",
+        "harvest_outbox/redact.py",
         re.compile(r"pas\+w"),
     ),
     # The Gazette UUID layout: its masks and shifts.

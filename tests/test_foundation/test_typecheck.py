@@ -34,5 +34,5 @@ def test_every_module_of_the_package_is_checked_under_its_import_name() -> None:
         folder, *inner = Path(path).with_suffix("").parts
         package = "harvest_outbox" if folder == "harvest_outbox" else f"harvest_outbox.{folder}"
         assert name == ".".join((package, *(inner[:-1] if inner[-1:] == ["__init__"] else inner))), (path, name)
-    assert found["producer/relay_core.py"] == "harvest_outbox.producer.relay_core"
+    assert found["producer/relay/core.py"] == "harvest_outbox.producer.relay.core"
     assert found["sequencer/__init__.py"] == "harvest_outbox.sequencer"

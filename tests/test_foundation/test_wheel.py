@@ -124,7 +124,7 @@ def test_sdist_holds_the_sources_and_the_build_files(dist: Path) -> None:
         "sequencer/_native.pyx",
         "sequencer/_native.pxd",
         "consumer/_native.pyx",
-        "producer/cli.py",
+        "producer/ops/cli.py",
         "harvest_local/maven/settings.xml",
         "harvest_local/maven/kafka/pom.xml",
     ):
@@ -151,7 +151,7 @@ def test_wheel_nests_everything_under_harvest_outbox_with_the_extensions(dist: P
         assert f"harvest_outbox/{sub}/__init__.py" in names and f"harvest_outbox/{sub}/py.typed" in names
     assert "harvest_outbox/harvest_local/maven/settings.xml" in names
     assert not any(n.endswith(".c") for n in names), "Cython's generated C is build output"
-    assert "harvest = harvest_outbox.producer.cli:main" in entry_points
+    assert "harvest = harvest_outbox.producer.ops.cli:main" in entry_points
 
 
 def test_installed_harvest_version(installed: Path, tmp_path: Path) -> None:
@@ -189,9 +189,9 @@ def test_installed_wheel_imports_every_module_from_site_packages(installed: Path
     for sub in SUBPACKAGES:
         assert f"harvest_outbox.{sub}" in modules
     for name in (
-        "harvest_outbox.producer.cli",
-        "harvest_outbox.producer.sqlalchemy",
-        "harvest_outbox.producer.tracing",
+        "harvest_outbox.producer.ops.cli",
+        "harvest_outbox.producer.stash.sqlalchemy",
+        "harvest_outbox.producer.observe.tracing",
         "harvest_outbox.consumer.committed",
         "harvest_outbox.spark_reader.stream",
         "harvest_outbox.harvest_local.demo",

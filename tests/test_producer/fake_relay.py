@@ -13,7 +13,7 @@ from fake_producer import FakeProducer
 from harvest_outbox.producer.config import HarvestConfig, Limits
 from harvest_outbox.producer.election.neli import StaticElection
 from harvest_outbox.producer.harvest import Harvest
-from harvest_outbox.producer.preflight import TopicGuard
+from harvest_outbox.producer.ops.preflight import TopicGuard
 
 
 class FakeMsg:

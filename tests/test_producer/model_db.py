@@ -1,5 +1,5 @@
 """An in-memory outbox database with the semantics the ``--uuid-sequencing`` relay relies on
-(:class:`producer.seq_store.SequencedStore`), for the protocol's model test (test_protocol_model.py).
+(:class:`producer.relay.sequenced.store.SequencedStore`), for the protocol's model test (test_protocol_model.py).
 
 :class:`ModelDB` is the database (it outlives relays: crashes drop a relay, never the database);
 :class:`ModelStore` is one relay's connection to it: every call first asks ``chaos(op)`` what
@@ -37,7 +37,7 @@ class ModelDB:
     attempts: dict[int, tuple[int, str]] = field(default_factory=dict)
     committed: set[int] = field(default_factory=set)  # ids deleted by a fenced commit
     refused: int = 0  # commits the fence refused
-    #: deadLetterPolicy: haltKey -- the mark leaves rows of a (topic, key) with a dead letter (producer.key_halt)
+    #: deadLetterPolicy: haltKey -- the mark leaves rows of a (topic, key) with a dead letter (producer.relay.key_halt)
     halt_keys: bool = False
     #: (topic, key) -> the commit step that dead-lettered its first row; id -> the commit step that
     #: committed it (one step per harvest transaction, in the order the fenced commit applies them)

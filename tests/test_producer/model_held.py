@@ -1,4 +1,4 @@
-"""The cursor layout's ``haltKey`` state in memory (producer/cursor_held.py's table and statements), for
+"""The cursor layout's ``haltKey`` state in memory (producer/layouts/cursor/held.py's table and statements), for
 test_watermark_sequenced.py's model database: the dead-letter table (which halts a key), ``<outbox>_held``
 and what the admin commands do to them.
 

@@ -1,5 +1,5 @@
 """A relay process for the protocol's model test (test_protocol_model.py): the real
-:class:`~producer.relay_core.RelayCore` and :class:`~producer.sequencing.SequencedMode`, with the
+:class:`~producer.relay.core.RelayCore` and :class:`~producer.relay.sequenced.mode.SequencedMode`, with the
 database (model_db.py), the Kafka producer (model_kafka.py), the DB worker threads, the waker, the
 LISTEN connection and time replaced by what the test's scheduler (``world``) drives.
 
@@ -23,9 +23,9 @@ from model_kafka import ModelProducer
 
 from harvest_outbox.producer.config import HarvestConfig, Limits
 from harvest_outbox.producer.errors import DatabaseError
-from harvest_outbox.producer.preflight import TopicGuard
-from harvest_outbox.producer.relay_core import RelayCore
-from harvest_outbox.producer.sequencing import SequencedMode
+from harvest_outbox.producer.ops.preflight import TopicGuard
+from harvest_outbox.producer.relay.core import RelayCore
+from harvest_outbox.producer.relay.sequenced.mode import SequencedMode
 
 
 class Clock:

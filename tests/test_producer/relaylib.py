@@ -13,7 +13,7 @@ from confluent_kafka import Consumer, TopicPartition
 from psycopg import sql
 
 from harvest_outbox.producer.config import HarvestConfig, Limits
-from harvest_outbox.producer.stasher import OutboxRecord, Stasher
+from harvest_outbox.producer.stash.stasher import OutboxRecord, Stasher
 
 # Short timings so failover tests finish quickly; 2 s heartbeat -> 6 s session timeout (broker minimum).
 FAST_LIMITS = dict(

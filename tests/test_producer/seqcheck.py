@@ -22,7 +22,7 @@ from harvest_outbox.harvest_local.relays import (
     write_config,
 )
 from harvest_outbox.producer.schema import OutboxNames
-from harvest_outbox.producer.stasher import OutboxRecord, Stasher
+from harvest_outbox.producer.stash.stasher import OutboxRecord, Stasher
 from harvest_outbox.sequencer import Flags, clock_of, flags_of, parse_uuid, producer_of
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))

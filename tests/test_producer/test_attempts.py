@@ -28,7 +28,7 @@ from harvest_outbox.harvest_local.relays import RelayProcess, wait_for, write_co
 from harvest_outbox.producer.errors import HarvestError, SchemaError
 from harvest_outbox.producer.harvest import Harvest
 from harvest_outbox.producer.schema import OutboxNames, init_db
-from harvest_outbox.producer.stasher import OutboxRecord, Stasher
+from harvest_outbox.producer.stash.stasher import OutboxRecord, Stasher
 
 pytestmark = pytest.mark.integration
 

@@ -1,8 +1,8 @@
-"""The relay's direct Avro writer (producer/avro_batch.py) against confluent-kafka's own serde on a real
+"""The relay's direct Avro writer (producer/encode/avro_batch.py) against confluent-kafka's own serde on a real
 Apicurio Registry: byte for byte ``AvroSerializer``'s output for records with unions, nullables,
 nested records, enums, arrays, maps, fixed and logical types, read back by ``AvroDeserializer``; a
 value that does not fit is refused naming the field, never coerced; the relay's encoder
-(producer/serialization.py) resolves the schema once per batch, writes directly once the serializer's
+(producer/encode/serialization.py) resolves the schema once per batch, writes directly once the serializer's
 bytes matched, and still dead-letters poison; ``loads`` parses exactly as ``json.loads`` does."""
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ from typing import Any
 import pytest
 
 from harvest_outbox.harvest_local.registry import EmbeddedRegistry
-from harvest_outbox.producer.avro_batch import AvroWriter, loads
-from harvest_outbox.producer.serialization import RowEncoder
-from harvest_outbox.producer.serialization_config import SerializationConfig
+from harvest_outbox.producer.config.serialization import SerializationConfig
+from harvest_outbox.producer.encode.avro_batch import AvroWriter, loads
+from harvest_outbox.producer.encode.serialization import RowEncoder
 
 ADDRESS = {
     "type": "record",

@@ -1,4 +1,4 @@
-"""The fenced commit deletes exactly its transactions' rows (producer/db.py: ``id_range``).
+"""The fenced commit deletes exactly its transactions' rows (producer/db/__init__.py: ``id_range``).
 
 A harvest transaction's ids are named to Postgres as a range minus its holes when that is short,
 else one by one; either way the commit deletes exactly those rows, and only while this view owns
@@ -15,7 +15,7 @@ from psycopg import sql
 from harvest_outbox.producer.db import MAX_RANGE_HOLES, OutboxDatabase, id_range
 from harvest_outbox.producer.errors import FenceError
 from harvest_outbox.producer.schema import init_db
-from harvest_outbox.producer.stasher import OutboxRecord, Stasher
+from harvest_outbox.producer.stash.stasher import OutboxRecord, Stasher
 
 
 @pytest.mark.parametrize(

@@ -7,7 +7,6 @@ from pathlib import Path
 
 import pytest
 
-from harvest_outbox.producer.cli import main
 from harvest_outbox.producer.config import (
     AUTO_MARK_RECORDS,
     AUTO_MAX_IN_FLIGHT,
@@ -19,8 +18,9 @@ from harvest_outbox.producer.config import (
     parse_duration,
 )
 from harvest_outbox.producer.errors import ConfigError
-from harvest_outbox.producer.redact import redact_dsn
+from harvest_outbox.producer.ops.cli import main
 from harvest_outbox.producer.schema import parse_table_name
+from harvest_outbox.redact import redact_dsn
 
 GOHARVEST_EXAMPLE = """\
 harvest:

@@ -16,7 +16,7 @@ import pytest
 from seqcheck import Expected, count_rows, seq_yaml, wait_for, write_traffic
 
 from harvest_outbox.harvest_local.relays import RelayProcess
-from harvest_outbox.producer.crash_points import CRASH_POINTS
+from harvest_outbox.producer.relay.crash_points import CRASH_POINTS
 from harvest_outbox.producer.schema import init_db
 
 

@@ -1,6 +1,6 @@
-"""``haltKey`` on ``outboxLayout: cursor`` on the fixtures' Postgres: producer/cursor_held.py's statements (the
+"""``haltKey`` on ``outboxLayout: cursor`` on the fixtures' Postgres: producer/layouts/cursor/held.py's statements (the
 fenced copy of a halted or held key's rows by the page read, the release in held order, a held row
-dead-lettered again), then the relay's store running them (producer/db_cursor.py with ``halt_keys``) in both
+dead-lettered again), then the relay's store running them (producer/layouts/cursor/database.py with ``halt_keys``) in both
 modes, driven as the modes drive it: every row either sent once in its key's order or held, none lost."""
 
 from __future__ import annotations
@@ -13,19 +13,19 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from harvest_outbox.producer.cursor_held import (
+from harvest_outbox.producer.db import TxnCommit
+from harvest_outbox.producer.errors import DatabaseError, FenceError, SchemaError
+from harvest_outbox.producer.layouts.cursor.database import CursorDatabase, cursor_backlog
+from harvest_outbox.producer.layouts.cursor.held import (
     dead_letter_held_sql,
     drop_held_sql,
     held_read_sql,
     held_table,
     released_sql,
 )
-from harvest_outbox.producer.cursor_views import CursorViews
-from harvest_outbox.producer.db import TxnCommit
-from harvest_outbox.producer.db_cursor import CursorDatabase, cursor_backlog
-from harvest_outbox.producer.errors import DatabaseError, FenceError, SchemaError
+from harvest_outbox.producer.layouts.cursor.schema import ORIGIN_TEXT
+from harvest_outbox.producer.layouts.cursor.views import CursorViews
 from harvest_outbox.producer.schema import OutboxNames, init_db
-from harvest_outbox.producer.schema_cursor import ORIGIN_TEXT
 
 pytestmark = pytest.mark.integration
 
@@ -279,8 +279,8 @@ def test_halt_key_refuses_a_cursor_outbox_without_its_held_table(
 def test_harvest_check_reports_the_held_rows_under_halt_key(
     pg_dsn: str, box: tuple[psycopg.Connection[Any], OutboxNames]
 ) -> None:
-    from harvest_outbox.producer.check import check_outbox
     from harvest_outbox.producer.config import HarvestConfig
+    from harvest_outbox.producer.ops.check import check_outbox
 
     conn, names = box
     (p0, _p1) = write(conn, names, "p", "p")

@@ -1,11 +1,11 @@
 """The cursor layout's id source under changes made while the relay runs (issue #44, defect 1).
 
-The read's ``low`` rests on assumption A1 (producer/watermark.py): ids come from the outbox's ``CACHE 1``
+The read's ``low`` rests on assumption A1 (producer/layouts/cursor/watermark.py): ids come from the outbox's ``CACHE 1``
 sequence, drawn after the writer's xid. An owner can break it at any moment -- ``ALTER SEQUENCE … CACHE 20``
 (a common tuning), ``RESTART``, a new default -- and a relay that checked it once, at connect, then let its
 probes move ``low`` past ids that sessions still held cached: committed rows skipped for good. Here the
 relay runs (both modes, the whole pipeline in process) while such changes are made under four writers, and
-every committed row must arrive; the decision table itself (:func:`~producer.cursor_ids.guard`) is tested
+every committed row must arrive; the decision table itself (:func:`~producer.layouts.cursor.ids.guard`) is tested
 without services first.
 """
 
@@ -25,13 +25,13 @@ from relaylib import assert_per_key_order, consume_all, covers, relay_config
 from seqcheck import Expected, check_exactly_once, read_intents, wait_for, write_traffic
 
 from harvest_outbox.producer.config import HarvestConfig
-from harvest_outbox.producer.cursor_ids import IdSource, guard
-from harvest_outbox.producer.cursor_views import CursorViews
-from harvest_outbox.producer.db_cursor import CursorDatabase, cursor_backlog
 from harvest_outbox.producer.errors import DatabaseError
 from harvest_outbox.producer.harvest import Harvest
+from harvest_outbox.producer.layouts.cursor.database import CursorDatabase, cursor_backlog
+from harvest_outbox.producer.layouts.cursor.ids import IdSource, guard
+from harvest_outbox.producer.layouts.cursor.views import CursorViews
+from harvest_outbox.producer.layouts.cursor.watermark import Cursor, Probe, Snapshot
 from harvest_outbox.producer.schema import OutboxNames, init_db
-from harvest_outbox.producer.watermark import Cursor, Probe, Snapshot
 
 PARTITION_IDS = 1000
 
@@ -203,7 +203,7 @@ def test_every_row_arrives_when_the_sequence_cache_changes_under_the_relay(
     table = f"{pg_schema}.outbox"
     names = init_db(pg_dsn, table, layout="cursor", partition_ids=PARTITION_IDS)
     seq = names.id_sequence
-    with caplog.at_level(logging.WARNING, logger="harvest_outbox.producer.db_cursor"):
+    with caplog.at_level(logging.WARNING, logger="harvest_outbox.producer.layouts.cursor.database"):
         exp = _run_under_changes(
             pg_dsn,
             kafka_bootstrap,

@@ -4,7 +4,7 @@ committed row (exactly once and in per-key order with ``--uuid-sequencing``; at 
 order, without), a late commit (a writer holding a low id commits after higher ids were relayed),
 rolled-back rows never -- the outbox's rows never updated or deleted by the relay, and delivered
 partitions retired (truncated, dropped) and new ones created ahead while it runs. The cursor store's
-bookkeeping (:class:`~producer.cursor_views.ViewRead`) is checked on its own at the end.
+bookkeeping (:class:`~producer.layouts.cursor.views.ViewRead`) is checked on its own at the end.
 
 A zombie view of either mode is fenced (its commit refused, its rows committed once by the next view)
 on the cursor store itself; leader kill -9, takeover and a paused leader with the whole pipeline:
@@ -26,17 +26,17 @@ from psycopg import sql
 from relaylib import assert_per_key_order, consume_all, covers, relay_config
 from seqcheck import Expected, check_exactly_once, read_intents, wait_for, write_traffic
 
-from harvest_outbox.producer import cursor_partitions
 from harvest_outbox.producer.config import HarvestConfig
-from harvest_outbox.producer.cursor_views import CursorViews, NotNextRows, Segment, ViewRead
 from harvest_outbox.producer.db import TxnCommit
-from harvest_outbox.producer.db_cursor import CursorDatabase, cursor_backlog
 from harvest_outbox.producer.errors import ConfigError, DatabaseError, FenceError, SchemaError
 from harvest_outbox.producer.harvest import Harvest
+from harvest_outbox.producer.layouts.cursor import partitions as cursor_partitions
+from harvest_outbox.producer.layouts.cursor.database import CursorDatabase, cursor_backlog
+from harvest_outbox.producer.layouts.cursor.schema import range_partitions
+from harvest_outbox.producer.layouts.cursor.views import CursorViews, NotNextRows, Segment, ViewRead
+from harvest_outbox.producer.layouts.cursor.watermark import Cursor, Snapshot, start_batch
 from harvest_outbox.producer.schema import OutboxNames, init_db
-from harvest_outbox.producer.schema_cursor import range_partitions
-from harvest_outbox.producer.stasher import OutboxRecord, Stasher
-from harvest_outbox.producer.watermark import Cursor, Snapshot, start_batch
+from harvest_outbox.producer.stash.stasher import OutboxRecord, Stasher
 
 PARTITION_IDS = 100  # a few hundred rows span several partitions
 
@@ -59,7 +59,7 @@ def test_the_layout_is_validated(changes: dict[str, object], message: str) -> No
 
 
 def test_halt_key_is_accepted_on_the_cursor_layout() -> None:
-    """Its held rows live in ``<outbox>_held`` (producer/cursor_held.py; test_halt_key.py runs it)."""
+    """Its held rows live in ``<outbox>_held`` (producer/layouts/cursor/held.py; test_halt_key.py runs it)."""
     assert HarvestConfig(outbox_layout="cursor", dead_letter_policy="haltKey").dead_letter_policy == "haltKey"
 
 
@@ -337,7 +337,7 @@ def test_an_at_least_once_zombie_cannot_move_the_cursor(pg_dsn: str, pg_schema: 
 def test_harvest_check_reads_the_cursor_layout(pg_dsn: str, pg_schema: str) -> None:
     """``harvest check``: the partitions and the cursor's backlog on the cursor layout; the other
     layout's config on the same table is a FAIL naming the fix."""
-    from harvest_outbox.producer.check import check_outbox
+    from harvest_outbox.producer.ops.check import check_outbox
 
     table = f"{pg_schema}.outbox"
     init_db(pg_dsn, table, layout="cursor", partition_ids=PARTITION_IDS)
@@ -376,7 +376,7 @@ def test_a_transaction_holding_low_back_is_logged_with_its_pid(
     flow, and the relay names the oldest such transaction once the probe has waited HELD_LOW_SECONDS."""
     import logging
 
-    from harvest_outbox.producer import db_cursor
+    from harvest_outbox.producer.layouts.cursor import database as db_cursor
 
     monkeypatch.setattr(db_cursor, "HELD_LOW_SECONDS", 0.3)
     table = f"{pg_schema}.outbox"
@@ -387,7 +387,7 @@ def test_a_transaction_holding_low_back_is_logged_with_its_pid(
     try:
         holder.execute("SELECT pg_current_xact_id()")  # an xid, nothing written to the outbox
         pid = holder.info.backend_pid
-        with caplog.at_level(logging.WARNING, logger="harvest_outbox.producer.db_cursor"):
+        with caplog.at_level(logging.WARNING, logger="harvest_outbox.producer.layouts.cursor.database"):
             for n in range(1, 5):
                 _rows(pg_dsn, table, 3)
                 got = [r[0] for r in db.mark_with_attempts(lid, 100)[0]]
@@ -407,7 +407,7 @@ def test_ids_that_reached_the_default_partition_are_skipped_then_retired(pg_dsn:
     """Maintenance behind the writers (here: not run while 250 ids were written into 2 partitions of 100):
     ids 200-250 go to the DEFAULT partition; the next partition starts above them (300), and once the
     committed cursor's low has passed them the DEFAULT partition is truncated (never dropped)."""
-    from harvest_outbox.producer.cursor_partitions import PartitionKeeper
+    from harvest_outbox.producer.layouts.cursor.partitions import PartitionKeeper
 
     table = f"{pg_schema}.outbox"
     names = init_db(pg_dsn, table, layout="cursor", partition_ids=PARTITION_IDS)
@@ -442,7 +442,7 @@ def test_init_db_migrate_keeps_every_undelivered_row_in_order(pg_dsn: str, pg_sc
     id is above every row's: ``--migrate`` renames it away and copies its rows, in id order, with new ids
     above every old id (no new row can overwrite the old dead letter), their attempt counts following;
     the cursor relay's store then reads them first, in that order, and writers go on with the Stasher."""
-    from harvest_outbox.producer.migrate_cursor import migrate_to_cursor
+    from harvest_outbox.producer.layouts.cursor.migrate import migrate_to_cursor
 
     table = f"{pg_schema}.outbox"
     names = init_db(pg_dsn, table)
@@ -500,7 +500,7 @@ def test_the_cli_migrates_only_to_a_configured_cursor_layout(
 ) -> None:
     from pathlib import Path
 
-    from harvest_outbox.producer.cli import main
+    from harvest_outbox.producer.ops.cli import main
 
     table = f"{pg_schema}.outbox"
     init_db(pg_dsn, table)

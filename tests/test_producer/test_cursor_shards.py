@@ -22,17 +22,17 @@ from psycopg import sql
 from relaylib import assert_per_key_order, consume_all, covers, relay_config
 from seqcheck import Expected, check_exactly_once, read_intents, wait_for, write_traffic
 
-from harvest_outbox.producer import cursor_partitions
 from harvest_outbox.producer.config import HarvestConfig
-from harvest_outbox.producer.cursor_partitions import PartitionKeeper
-from harvest_outbox.producer.cursor_views import CursorViews
-from harvest_outbox.producer.db_cursor import CursorDatabase, cursor_backlog, read_sql
 from harvest_outbox.producer.errors import SchemaError
+from harvest_outbox.producer.layouts.cursor import partitions as cursor_partitions
+from harvest_outbox.producer.layouts.cursor.database import CursorDatabase, cursor_backlog, read_sql
+from harvest_outbox.producer.layouts.cursor.partitions import PartitionKeeper
+from harvest_outbox.producer.layouts.cursor.schema import ORIGIN_TEXT, range_partitions
+from harvest_outbox.producer.layouts.cursor.views import CursorViews
+from harvest_outbox.producer.relay.sharded import relay_for
+from harvest_outbox.producer.relay.shards import shard_of
 from harvest_outbox.producer.schema import OutboxNames, init_db
-from harvest_outbox.producer.schema_cursor import ORIGIN_TEXT, range_partitions
-from harvest_outbox.producer.sharded import relay_for
-from harvest_outbox.producer.shards import shard_of
-from harvest_outbox.producer.stasher import OutboxRecord, Stasher
+from harvest_outbox.producer.stash.stasher import OutboxRecord, Stasher
 
 pytestmark = pytest.mark.integration
 
@@ -207,7 +207,7 @@ def test_a_shards_read_uses_the_shard_index(pg_dsn: str, pg_schema: str) -> None
             ).format(names.outbox)
         )
         conn.execute(sql.SQL("ANALYZE {}").format(names.outbox))
-        conn.execute("SET random_page_cost = 1.1")  # as the relay's connections (producer/db_session.py)
+        conn.execute("SET random_page_cost = 1.1")  # as the relay's connections (producer/db/session.py)
         hi = conn.execute("SELECT pg_current_snapshot()::text").fetchone()[0]  # type: ignore[index]
         params = {"from": 0, "hi": hi, "lo": ORIGIN_TEXT, "n": 300, "t0": 0.0, "shard": 2}
         q = read_sql(names, "varchar", S)
@@ -223,8 +223,8 @@ def test_a_shards_read_uses_the_shard_index(pg_dsn: str, pg_schema: str) -> None
 def test_harvest_check_reads_each_shards_cursor(pg_dsn: str, pg_schema: str) -> None:
     """``harvest check`` and ``harvest shards`` on a sharded cursor outbox: the shard index, and the backlog of
     each shard's cursor; a config with another shard count is a FAIL naming the count the outbox has."""
-    from harvest_outbox.producer.check import check_outbox
-    from harvest_outbox.producer.shard_status import shard_status
+    from harvest_outbox.producer.observe.shard_status import shard_status
+    from harvest_outbox.producer.ops.check import check_outbox
 
     table = f"{pg_schema}.outbox"
     names = init_db(pg_dsn, table, layout="cursor", partition_ids=PARTITION_IDS, shards=S)
@@ -252,7 +252,7 @@ def test_the_scan_gauge_shows_a_long_transaction_widening_the_reads(pg_dsn: str,
     """``harvest_cursor_scan_ids``: while a transaction with an xid stays open, each batch of a shard walks the
     ids from its held ``low`` to the head again (most delivered already), returning few rows; once it ends,
     the probe moves ``low`` up and the span shrinks back to the batch's new rows."""
-    from harvest_outbox.producer.metrics import Metrics, _Collector
+    from harvest_outbox.producer.observe.metrics import Metrics, _Collector
 
     table = f"{pg_schema}.outbox"
     names = init_db(pg_dsn, table, layout="cursor", partition_ids=1_000_000, shards=S)
@@ -293,7 +293,7 @@ def test_the_scan_gauge_shows_a_long_transaction_widening_the_reads(pg_dsn: str,
 def test_migrate_with_shards_gives_each_shard_a_cursor_over_its_copied_rows(pg_dsn: str, pg_schema: str) -> None:
     """``init-db --migrate`` of a sharded goharvest table: the new table has the shard index and a cursor row
     per shard at the origin, and a view of all shards reads every copied row once, each key's in order."""
-    from harvest_outbox.producer.migrate_cursor import migrate_to_cursor
+    from harvest_outbox.producer.layouts.cursor.migrate import migrate_to_cursor
 
     table = f"{pg_schema}.outbox"
     names = init_db(pg_dsn, table, shards=S)

@@ -22,7 +22,7 @@ from relaylib import relay_config, wait_drained
 
 from harvest_outbox.producer.harvest import Harvest
 from harvest_outbox.producer.schema import init_db
-from harvest_outbox.producer.stasher import OutboxRecord, Stasher
+from harvest_outbox.producer.stash.stasher import OutboxRecord, Stasher
 
 ROOT = Path(__file__).resolve().parents[2]
 DASHBOARD = ROOT / "docs" / "grafana" / "harvest-dashboard.json"

@@ -27,19 +27,19 @@ from relaylib import assert_per_key_order, consume_all, covers, relay_config
 from seqcheck import Expected, check_exactly_once, read_intents, wait_for
 
 from harvest_outbox.harvest_local.kafka import create_topic, read_to_end
-from harvest_outbox.producer import cursor_partitions
-from harvest_outbox.producer.check import check_outbox
 from harvest_outbox.producer.config import HarvestConfig
-from harvest_outbox.producer.cursor_views import CursorViews
-from harvest_outbox.producer.db_cursor import _PLANNER, CursorDatabase, cursor_backlog
-from harvest_outbox.producer.deadletter_admin import Selection, discard
-from harvest_outbox.producer.deadletters import list_dead_letters, requeue
 from harvest_outbox.producer.errors import ConfigError, DatabaseError, SchemaError
-from harvest_outbox.producer.migrate_cursor import migrate_to_cursor
+from harvest_outbox.producer.layouts.cursor import partitions as cursor_partitions
+from harvest_outbox.producer.layouts.cursor.database import _PLANNER, CursorDatabase, cursor_backlog
+from harvest_outbox.producer.layouts.cursor.migrate import migrate_to_cursor
+from harvest_outbox.producer.layouts.cursor.schema import ORIGIN_TEXT, range_partitions
+from harvest_outbox.producer.layouts.cursor.views import CursorViews
+from harvest_outbox.producer.mapping.table import table_mapping
+from harvest_outbox.producer.ops.check import check_outbox
+from harvest_outbox.producer.ops.deadletter_admin import Selection, discard
+from harvest_outbox.producer.ops.deadletters import list_dead_letters, requeue
+from harvest_outbox.producer.relay.sharded import relay_for
 from harvest_outbox.producer.schema import OutboxNames, init_db
-from harvest_outbox.producer.schema_cursor import ORIGIN_TEXT, range_partitions
-from harvest_outbox.producer.sharded import relay_for
-from harvest_outbox.producer.table_mapping import table_mapping
 
 PARTITION_IDS = 100  # a few hundred rows span several partitions
 AGGREGATES = ("Order", "Customer")

@@ -11,7 +11,7 @@ import logging
 import pytest
 from psycopg.conninfo import conninfo_to_dict
 
-from harvest_outbox.producer.cli import main
+from harvest_outbox.producer.ops.cli import main
 
 CLOSED = "127.0.0.1"  # port 1: connection refused at once
 # (DSN, secret that must not appear)

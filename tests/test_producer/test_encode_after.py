@@ -1,4 +1,4 @@
-"""RowEncoder.after (producer/serialization.py): a mark's rows are encoded on the encoder's own thread
+"""RowEncoder.after (producer/encode/serialization.py): a mark's rows are encoded on the encoder's own thread
 while the mark worker runs the next mark; marks come out in the order they were marked, each with its
 own rows; a mark's error (a DatabaseError) reaches the relay unchanged; close() stops the thread and
 the next mark starts it again. Pure logic: the marks and the encoding are stand-ins with delays."""
@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
+from harvest_outbox.producer.config.serialization import SerializationConfig
+from harvest_outbox.producer.encode.serialization import RowEncoder
 from harvest_outbox.producer.errors import DatabaseError
-from harvest_outbox.producer.serialization import RowEncoder
-from harvest_outbox.producer.serialization_config import SerializationConfig
 
 CONFIG = SerializationConfig.from_mapping({"registry": {"url": "http://registry:8081"}, "topics": []})
 

@@ -1,4 +1,4 @@
-"""The Avro encode worker process (producer/encode_worker.py): its answer is ``encode_values``' in
+"""The Avro encode worker process (producer/encode/worker.py): its answer is ``encode_values``' in
 process, bytes and refusal reasons alike; a child that is killed mid-run fails that batch with
 EncodeWorkerLost (a DatabaseError: the relay re-marks, nothing is dead-lettered) and the next batch
 gets a new child; the child exits when the relay closes it or drops the encoder."""
@@ -13,8 +13,8 @@ import time
 
 import pytest
 
-from harvest_outbox.producer.avro_batch import AvroWriter, encode_values
-from harvest_outbox.producer.encode_worker import EncodeWorker, EncodeWorkerLost
+from harvest_outbox.producer.encode.avro_batch import AvroWriter, encode_values
+from harvest_outbox.producer.encode.worker import EncodeWorker, EncodeWorkerLost
 from harvest_outbox.producer.errors import DatabaseError
 
 SCHEMA = {

@@ -31,7 +31,7 @@ from harvest_outbox.harvest_local.netfault import NetFault
 from harvest_outbox.producer.db import IDLE_IN_TRANSACTION_TIMEOUT, OutboxDatabase, TxnCommit
 from harvest_outbox.producer.errors import DatabaseError
 from harvest_outbox.producer.schema import OutboxNames, init_db
-from harvest_outbox.producer.stasher import OutboxRecord, Stasher
+from harvest_outbox.producer.stash.stasher import OutboxRecord, Stasher
 
 pytestmark = pytest.mark.integration
 

@@ -7,7 +7,7 @@ commit must not overtake), while other keys flow; ``dead-letters keys`` lists bo
 waiting and ``harvest_halted_keys`` counts them; then the operator fixes and requeues ``p``'s dead
 letter and discards ``q``'s, and each key's rows flow in id order -- read end to end with
 ``ReadCommittedIter`` under ``--uuid-sequencing``. Both modes, unsharded and sharded, and unsharded on
-``outboxLayout: cursor``, where the waiting rows are held in ``<outbox>_held`` (producer/cursor_held.py)
+``outboxLayout: cursor``, where the waiting rows are held in ``<outbox>_held`` (producer/layouts/cursor/held.py)
 and "the outbox drained" means the committed cursor passed every row and nothing is held.
 """
 
@@ -23,13 +23,13 @@ from psycopg import sql
 from relaylib import assert_per_key_order, consume_all, covers, outbox_count, relay_config, wait_drained
 
 from harvest_outbox.consumer import ReadCommittedIter
-from harvest_outbox.producer.db_cursor import cursor_backlog
-from harvest_outbox.producer.deadletter_admin import Selection, discard, selected_ids, stuck_keys
-from harvest_outbox.producer.deadletters import list_dead_letters, requeue_what_can_be
+from harvest_outbox.producer.layouts.cursor.database import cursor_backlog
+from harvest_outbox.producer.mapping.table import table_mapping
+from harvest_outbox.producer.ops.deadletter_admin import Selection, discard, selected_ids, stuck_keys
+from harvest_outbox.producer.ops.deadletters import list_dead_letters, requeue_what_can_be
+from harvest_outbox.producer.relay.sharded import relay_for
 from harvest_outbox.producer.schema import OutboxNames, init_db
-from harvest_outbox.producer.sharded import relay_for
-from harvest_outbox.producer.stasher import OutboxRecord, Stasher
-from harvest_outbox.producer.table_mapping import table_mapping
+from harvest_outbox.producer.stash.stasher import OutboxRecord, Stasher
 
 MISMATCHED = "header arrays differ in length"
 

@@ -11,8 +11,8 @@ from fake_admin import FakeAdmin
 from fake_producer import FakeProducer
 from fake_relay import FakeMsg, leader_relay
 
-from harvest_outbox.producer.at_least_once import AtLeastOnceMode
 from harvest_outbox.producer.harvest import Harvest
+from harvest_outbox.producer.relay.at_least_once.mode import AtLeastOnceMode
 
 
 def _harvest(**limits: Any) -> tuple[Harvest, FakeProducer]:

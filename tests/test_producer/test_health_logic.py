@@ -11,8 +11,8 @@ import pytest
 
 from harvest_outbox.producer.config import HarvestConfig, Limits
 from harvest_outbox.producer.harvest import State
-from harvest_outbox.producer.health import DatabaseProbe, Health
-from harvest_outbox.producer.metrics import Metrics
+from harvest_outbox.producer.observe.health import DatabaseProbe, Health
+from harvest_outbox.producer.observe.metrics import Metrics
 
 
 class CountingProbe(DatabaseProbe):

@@ -18,7 +18,7 @@ import pytest
 from relaylib import relay_config
 
 from harvest_outbox.producer.harvest import Harvest
-from harvest_outbox.producer.metrics import start_prometheus
+from harvest_outbox.producer.observe.metrics import start_prometheus
 
 pytestmark = pytest.mark.integration
 

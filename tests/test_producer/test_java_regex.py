@@ -19,13 +19,13 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from harvest_outbox.producer.check import check_outbox
 from harvest_outbox.producer.config import HarvestConfig
 from harvest_outbox.producer.errors import ConfigError, SchemaError
-from harvest_outbox.producer.event_router import EventRouter
 from harvest_outbox.producer.harvest import Harvest
+from harvest_outbox.producer.mapping.event_router import EventRouter
+from harvest_outbox.producer.mapping.table import DebeziumMapping, table_mapping
+from harvest_outbox.producer.ops.check import check_outbox
 from harvest_outbox.producer.schema import OutboxNames, init_db
-from harvest_outbox.producer.table_mapping import DebeziumMapping, table_mapping
 
 # RegexRouter.apply, as Kafka Connect runs it for Debezium's outbox router. Lines in: pattern, replacement
 # and value, tab-separated, each as hex of its UTF-8; lines out: OK and the topic (hex), or ERR when Java

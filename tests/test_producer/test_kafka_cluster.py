@@ -53,7 +53,7 @@ def _cfg(pg_dsn: str, bootstrap: str, table: str, group: str, sequenced: bool, l
 def _backlog(pg_dsn: str, names: OutboxNames, layout: str) -> int:
     with psycopg.connect(pg_dsn, autocommit=True) as conn:
         if layout == "cursor":
-            from harvest_outbox.producer.db_cursor import cursor_backlog
+            from harvest_outbox.producer.layouts.cursor.database import cursor_backlog
 
             return cursor_backlog(conn, names)
         row = conn.execute(sql.SQL("SELECT count(*) FROM {}").format(names.outbox)).fetchone()

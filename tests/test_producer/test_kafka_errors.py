@@ -1,4 +1,4 @@
-"""The error classification of producer/kafka.py: which broker refusals name a batch too large, and whose.
+"""The error classification of producer/kafka/__init__.py: which broker refusals name a batch too large, and whose.
 
 A fatal producer error of ``--uuid-sequencing`` (a gap-less batch the broker refused) names the batches'
 topics in its text; the relay then checks those topics' size limits (``RelayCore.on_producer_error``), so

@@ -1,4 +1,4 @@
-"""The outbox's relay layout (producer/layout.py): relays of another ``shards`` / ``leaderElection`` (or
+"""The outbox's relay layout (producer/relay/admission.py): relays of another ``shards`` / ``leaderElection`` (or
 NELI group) are refused while relays of one layout run, on real Postgres and Kafka; the documented
 change (stop every relay, start with the new settings) is admitted; a killed relay's layout goes
 with its session; a relay whose session was lost while another layout got in stops."""
@@ -22,10 +22,10 @@ from harvest_outbox.harvest_local.relays import RelayProcess, wait_for, write_co
 from harvest_outbox.producer.config import HarvestConfig
 from harvest_outbox.producer.errors import HarvestError, SchemaError
 from harvest_outbox.producer.harvest import Harvest, State
-from harvest_outbox.producer.layout import Layout, LayoutError, admit, live_relays, recorded_layout
+from harvest_outbox.producer.relay.admission import Layout, LayoutError, admit, live_relays, recorded_layout
+from harvest_outbox.producer.relay.sharded import relay_for
 from harvest_outbox.producer.schema import OutboxNames, init_db
-from harvest_outbox.producer.sharded import relay_for
-from harvest_outbox.producer.stasher import OutboxRecord, Stasher
+from harvest_outbox.producer.stash.stasher import OutboxRecord, Stasher
 
 FIX = "Fix: to change the layout, stop every running relay first"
 

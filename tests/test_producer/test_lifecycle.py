@@ -1,4 +1,4 @@
-"""producer/lifecycle.py: the states and steps Harvest and ShardedHarvest share (pure logic, a fake
+"""producer/relay/lifecycle.py: the states and steps Harvest and ShardedHarvest share (pure logic, a fake
 relay whose steps record themselves; the real relays run it in test_signals, test_shards, test_failover)."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 
 from harvest_outbox.producer.config import HarvestConfig
 from harvest_outbox.producer.errors import HarvestError
-from harvest_outbox.producer.lifecycle import RelayLifecycle, State
+from harvest_outbox.producer.relay.lifecycle import RelayLifecycle, State
 
 
 class Fake(RelayLifecycle):

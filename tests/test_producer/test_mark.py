@@ -1,5 +1,5 @@
-"""The mark statement on the real database (producer/db.py), and the outbox shape it runs fastest on
-(producer/schema.py: half-empty pages, so a mark updates its rows in page)."""
+"""The mark statement on the real database (producer/db/__init__.py), and the outbox shape it runs fastest on
+(producer/schema/__init__.py: half-empty pages, so a mark updates its rows in page)."""
 
 from __future__ import annotations
 
@@ -18,9 +18,9 @@ from harvest_outbox.producer.config import HarvestConfig
 from harvest_outbox.producer.db import OutboxDatabase
 from harvest_outbox.producer.election.neli import StaticElection
 from harvest_outbox.producer.harvest import Harvest
-from harvest_outbox.producer.preflight import TopicGuard
+from harvest_outbox.producer.ops.preflight import TopicGuard
 from harvest_outbox.producer.schema import OUTBOX_FILLFACTOR, OutboxNames, init_db, outbox_fillfactor
-from harvest_outbox.producer.stasher import OutboxRecord, Stasher
+from harvest_outbox.producer.stash.stasher import OutboxRecord, Stasher
 
 
 @pytest.mark.integration
@@ -249,7 +249,7 @@ def test_a_packed_outbox_is_named_at_relay_start_with_the_fix(
     relay = Harvest(
         cfg, producer_factory=lambda conf, cb: FakeProducer(cb, conf), election=StaticElection(), topic_guard=guard
     )
-    with caplog.at_level(logging.INFO, logger="harvest_outbox.producer.relay_core"):
+    with caplog.at_level(logging.INFO, logger="harvest_outbox.producer.relay.core"):
         relay.core.open()
     relay.core.close()
     hint = [r.getMessage() for r in caplog.records if "fillfactor" in r.getMessage()]

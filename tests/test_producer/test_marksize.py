@@ -1,10 +1,10 @@
-"""MarkSize: the adaptive mark size (producer/marksize.py invariants)."""
+"""MarkSize: the adaptive mark size (producer/layouts/mark/marksize.py invariants)."""
 
 from __future__ import annotations
 
 import pytest
 
-from harvest_outbox.producer.marksize import MarkSize
+from harvest_outbox.producer.layouts.mark.marksize import MarkSize
 
 
 def test_one_full_mark_reaches_the_ceiling() -> None:

@@ -30,12 +30,12 @@ def test_producer_imports_without_sqlalchemy_and_names_the_extra() -> None:
         {"sqlalchemy"},
         """
         from harvest_outbox import producer
-        import harvest_outbox.producer.stasher
-        import harvest_outbox.producer.stasher_async
-        import harvest_outbox.producer.health
+        import harvest_outbox.producer.stash.stasher
+        import harvest_outbox.producer.stash.async_stasher
+        import harvest_outbox.producer.observe.health
         assert "sqlalchemy" not in sys.modules
         try:
-            import harvest_outbox.producer.sqlalchemy
+            import harvest_outbox.producer.stash.sqlalchemy
             from harvest_outbox import producer
         except ImportError as exc:
             print("ERR", exc)
@@ -43,7 +43,7 @@ def test_producer_imports_without_sqlalchemy_and_names_the_extra() -> None:
     )
     assert out.returncode == 0, out.stderr
     assert (
-        "ERR harvest_outbox.producer.sqlalchemy needs SQLAlchemy 2.x: pip install 'harvest-outbox[sqlalchemy]'"
+        "ERR harvest_outbox.producer.stash.sqlalchemy needs SQLAlchemy 2.x: pip install 'harvest-outbox[sqlalchemy]'"
         in out.stdout
     )
 
@@ -53,9 +53,9 @@ def test_producer_does_not_import_optional_packages_eagerly() -> None:
         set(),
         """
         from harvest_outbox import producer
-        import harvest_outbox.producer.stasher
+        import harvest_outbox.producer.stash.stasher
         from harvest_outbox import consumer
-        from harvest_outbox.producer.stasher import Stasher, OutboxRecord
+        from harvest_outbox.producer.stash.stasher import Stasher, OutboxRecord
         Stasher().plan.row(OutboxRecord("t", "k", "v"))  # no span: nothing recorded
         print(sorted(m for m in ("sqlalchemy", "greenlet") if m in sys.modules))
     """,
@@ -68,9 +68,9 @@ def test_without_opentelemetry_no_trace_header_and_no_error() -> None:
     out = _run(
         {"opentelemetry"},
         """
-        from harvest_outbox.producer import tracing
-        from harvest_outbox.producer.stasher import OutboxRecord, Stasher
-        from harvest_outbox.producer.stasher_async import AsyncStasher
+        from harvest_outbox.producer.observe import tracing
+        from harvest_outbox.producer.stash.stasher import OutboxRecord, Stasher
+        from harvest_outbox.producer.stash.async_stasher import AsyncStasher
         assert tracing.available() is False and tracing.current_trace_headers() == []
         row = Stasher().plan.row(OutboxRecord("t", "k", "v", [("a", "b")]))
         rows = AsyncStasher().plan.rows([OutboxRecord("t", "k", "v")])

@@ -31,7 +31,7 @@ from harvest_outbox.harvest_local.postgres import EmbeddedPostgres
 from harvest_outbox.producer.config import HarvestConfig
 from harvest_outbox.producer.harvest import Harvest
 from harvest_outbox.producer.schema import OutboxNames, init_db
-from harvest_outbox.producer.stasher import OutboxRecord, Stasher
+from harvest_outbox.producer.stash.stasher import OutboxRecord, Stasher
 
 PARTITIONS = 4
 
@@ -145,7 +145,7 @@ def _cfg(dsn: str, bootstrap: str, table: str, group: str, layout: str) -> Harve
 def _backlog(dsn: str, names: OutboxNames, layout: str) -> int:
     with psycopg.connect(dsn, autocommit=True) as conn:
         if layout == "cursor":
-            from harvest_outbox.producer.db_cursor import cursor_backlog
+            from harvest_outbox.producer.layouts.cursor.database import cursor_backlog
 
             return cursor_backlog(conn, names)
         row = conn.execute(sql.SQL("SELECT count(*) FROM {}").format(names.outbox)).fetchone()

@@ -1,4 +1,4 @@
-"""Rows no broker will take never stall the outbox, in either mode (producer/preflight.py).
+"""Rows no broker will take never stall the outbox, in either mode (producer/ops/preflight.py).
 
 The scenario a new user tries: 100 good rows, then rows for a topic that does not exist (the
 broker's auto-creation is off), a value larger than its topic's ``max.message.bytes`` (but below the
@@ -23,11 +23,11 @@ from relaylib import consume_all, relay_config, wait_drained
 from seqcheck import Expected, check_exactly_once, read_intents, wait_for
 
 from harvest_outbox.harvest_local.kafka import create_topic
-from harvest_outbox.producer.db_cursor import cursor_backlog
-from harvest_outbox.producer.deadletters import list_dead_letters, requeue
 from harvest_outbox.producer.harvest import Harvest
+from harvest_outbox.producer.layouts.cursor.database import cursor_backlog
+from harvest_outbox.producer.ops.deadletters import list_dead_letters, requeue
 from harvest_outbox.producer.schema import OutboxNames, init_db
-from harvest_outbox.producer.stasher import OutboxRecord, Stasher
+from harvest_outbox.producer.stash.stasher import OutboxRecord, Stasher
 
 
 @pytest.mark.integration

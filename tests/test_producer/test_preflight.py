@@ -1,4 +1,4 @@
-"""TopicGuard (producer/preflight.py): verdicts per topic, cached, never refusing on a failed lookup.
+"""TopicGuard (producer/ops/preflight.py): verdicts per topic, cached, never refusing on a failed lookup.
 Pure logic with a fake admin client, then the real broker."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from collections.abc import Callable
 import pytest
 from fake_admin import FakeAdmin
 
-from harvest_outbox.producer.preflight import RECORD_OVERHEAD, TopicGuard, header_bytes, too_large
+from harvest_outbox.producer.ops.preflight import RECORD_OVERHEAD, TopicGuard, header_bytes, too_large
 
 
 def _guard(admin: FakeAdmin, **kw: object) -> TopicGuard:

@@ -1,5 +1,5 @@
 """The ``--uuid-sequencing`` commit protocol (docs/design.md §5) as a model test: the real
-:class:`~producer.sequencing.SequencedMode` on an in-memory database (model_db.py) and Kafka topic
+:class:`~producer.relay.sequenced.mode.SequencedMode` on an in-memory database (model_db.py) and Kafka topic
 (model_kafka.py), driven by a seeded scheduler through random interleavings, and the resulting log
 read by the project's own :class:`sequencer.Sequencer` (independent of the relay).
 
@@ -43,7 +43,7 @@ from model_relay import Clock, Relay
 from seqcheck import Anomalies
 
 from harvest_outbox.producer.config import Limits
-from harvest_outbox.producer.seq_store import SequencedStore
+from harvest_outbox.producer.relay.sequenced.store import SequencedStore
 from harvest_outbox.sequencer import Envelope, Flags, Sequencer, flags_of, parse_uuid
 
 #: Schedules per run (MODEL_SCHEDULES overrides), and the first seed.
@@ -351,7 +351,7 @@ def run_schedule(seed: int) -> World:
 def quiet_relay() -> Any:
     """The relay's own log lines off (thousands of abandoned views), the Sequencer's anomalies captured."""
     relay_log = logging.getLogger("harvest_outbox.producer")
-    acks_log = logging.getLogger("harvest_outbox.producer.seq_acks")
+    acks_log = logging.getLogger("harvest_outbox.producer.relay.sequenced.acks")
     seq_log = logging.getLogger("harvest_outbox.sequencer.sequencer")
     level, acks_level, acks_propagate = relay_log.level, acks_log.level, acks_log.propagate
     relay_log.setLevel(logging.CRITICAL + 1)

@@ -17,9 +17,9 @@ import time
 
 import pytest
 
-from harvest_outbox.producer.cli import main
 from harvest_outbox.producer.config import HarvestConfig, default_name
 from harvest_outbox.producer.errors import ConfigError, ElectionError
+from harvest_outbox.producer.ops.cli import main
 
 BAD_NAMES = [
     ("relay\nforged log line", "\\n"),

@@ -15,10 +15,10 @@ import psycopg
 import pytest
 from psycopg.conninfo import conninfo_to_dict
 
+from harvest_outbox.librdkafka_properties import LIBRDKAFKA_PROPERTIES
 from harvest_outbox.producer.config import HarvestConfig, load_yaml
 from harvest_outbox.producer.errors import ConfigError
-from harvest_outbox.producer.librdkafka_properties import LIBRDKAFKA_PROPERTIES
-from harvest_outbox.producer.redact import (
+from harvest_outbox.redact import (
     REDACTED,
     SECRET_KAFKA_PROPERTIES,
     redact_dsn,
@@ -208,7 +208,7 @@ def test_the_shipped_property_list_holds_every_property_of_the_installed_librdka
     installed = _installed_librdkafka_properties(tmp_path)
     assert len(installed) > 150 and "sasl.password" in installed
     missing = installed - LIBRDKAFKA_PROPERTIES
-    assert not missing, f"add to producer/librdkafka_properties.py: {sorted(missing)}"
+    assert not missing, f"add to harvest_outbox/librdkafka_properties.py: {sorted(missing)}"
 
 
 def _credential_properties() -> list[str]:
@@ -257,10 +257,10 @@ def test_the_start_up_log_and_the_error_show_no_kafka_credential(tmp_path: Path)
 
 
 def test_the_credential_rule_has_one_owner_and_the_readers_use_it() -> None:
-    """Issue #32: one definition of which Kafka property is a credential, in producer/redact.py."""
+    """Issue #32: one definition of which Kafka property is a credential, in harvest_outbox/redact.py."""
     from harvest_outbox.consumer.config import is_secret_key
     from harvest_outbox.consumer.config import redact as reader_redact
-    from harvest_outbox.producer.redact import is_secret_kafka_key
+    from harvest_outbox.redact import is_secret_kafka_key
 
     assert is_secret_key is is_secret_kafka_key
     assert all(v == REDACTED for v in reader_redact({k: "x" for k in MISSED_BEFORE}).values())
@@ -272,4 +272,4 @@ def test_the_credential_rule_has_one_owner_and_the_readers_use_it() -> None:
         for p in (root / folder).rglob("*.py")
         if "pas+w" in p.read_text(encoding="utf-8")
     ]
-    assert owners == ["producer/redact.py"]
+    assert owners == ["harvest_outbox/redact.py"]

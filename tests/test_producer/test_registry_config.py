@@ -1,4 +1,4 @@
-"""``serialization:`` (producer/serialization_config.py): typed, frozen, unknown keys fail naming the
+"""``serialization:`` (producer/config/serialization.py): typed, frozen, unknown keys fail naming the
 valid ones, bad values fail naming the field, the value and the fix; credentials never show."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 
 from harvest_outbox.producer.config import HarvestConfig
+from harvest_outbox.producer.config.serialization import SerializationConfig
 from harvest_outbox.producer.errors import ConfigError
-from harvest_outbox.producer.serialization_config import SerializationConfig
 
 REGISTRY = {"url": "http://registry:8081"}
 

@@ -1,4 +1,4 @@
-"""Registry encoding at the relay (producer/serialization.py) on a real Apicurio Registry, Postgres
+"""Registry encoding at the relay (producer/encode/serialization.py) on a real Apicurio Registry, Postgres
 and Kafka: values of configured topics arrive in the Confluent wire format under the registered
 schema's id, decodable by confluent-kafka's deserializers; a row that does not match its schema is
 dead-lettered with the field and the rule, before anything reaches the topic; other topics' rows
@@ -17,11 +17,11 @@ from psycopg import sql
 from relaylib import Got, relay_config, wait_drained
 
 from harvest_outbox.harvest_local.registry import EmbeddedRegistry
-from harvest_outbox.producer.deadletters import list_dead_letters
+from harvest_outbox.producer.config.serialization import SerializationConfig
 from harvest_outbox.producer.harvest import Harvest
+from harvest_outbox.producer.ops.deadletters import list_dead_letters
 from harvest_outbox.producer.schema import OutboxNames, init_db
-from harvest_outbox.producer.serialization_config import SerializationConfig
-from harvest_outbox.producer.stasher import OutboxRecord, Stasher
+from harvest_outbox.producer.stash.stasher import OutboxRecord, Stasher
 
 pytestmark = pytest.mark.integration
 
@@ -109,7 +109,7 @@ def test_relay_encodes_configured_topics_and_parks_rows_that_do_not_match(
                 {"topic": orders, "serializer": "avro"},
                 {"topicPattern": "payments_.*", "serializer": "jsonSchema"},
             ],
-            "encodeWorker": worker,  # Avro values encoded in a child process (producer/encode_worker.py)
+            "encodeWorker": worker,  # Avro values encoded in a child process (producer/encode/worker.py)
         }
     )
     cfg = relay_config(pg_dsn, kafka_bootstrap, table, f"g-{uuid.uuid4().hex[:8]}").replace(
@@ -152,8 +152,8 @@ def test_sharded_relays_encode_a_debezium_outbox(
     schema_registry: EmbeddedRegistry, pg_dsn: str, kafka_bootstrap: str, pg_schema: str, unique_name
 ) -> None:
     from harvest_outbox.harvest_local.kafka import create_topic
-    from harvest_outbox.producer.sharded import ShardedHarvest
-    from harvest_outbox.producer.table_mapping import table_mapping
+    from harvest_outbox.producer.mapping.table import table_mapping
+    from harvest_outbox.producer.relay.sharded import ShardedHarvest
 
     prefix = unique_name("ev")
     mapping = table_mapping("debezium", {"route.topic.replacement": prefix + ".${routedByValue}"})

@@ -1,4 +1,4 @@
-"""A schema registry outage is an outage, not poison (producer/serialization.py): with the real
+"""A schema registry outage is an outage, not poison (producer/encode/serialization.py): with the real
 registry stopped mid-drain, the rows that need it wait in the outbox (nothing is dead-lettered, the
 relay keeps running) and go out, encoded, once the registry is back. Both modes."""
 
@@ -15,11 +15,11 @@ from relaylib import outbox_count, relay_config, wait_drained
 from test_registry_encode import ORDER, decode, read
 
 from harvest_outbox.harvest_local.registry import EmbeddedRegistry
-from harvest_outbox.producer.deadletters import list_dead_letters
+from harvest_outbox.producer.config.serialization import SerializationConfig
 from harvest_outbox.producer.harvest import Harvest
+from harvest_outbox.producer.ops.deadletters import list_dead_letters
 from harvest_outbox.producer.schema import init_db
-from harvest_outbox.producer.serialization_config import SerializationConfig
-from harvest_outbox.producer.stasher import OutboxRecord, Stasher
+from harvest_outbox.producer.stash.stasher import OutboxRecord, Stasher
 
 pytestmark = pytest.mark.integration
 

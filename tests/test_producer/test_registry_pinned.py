@@ -1,4 +1,4 @@
-"""Where the writer schema comes from (producer/serialization.py, real registry): a pinned version of
+"""Where the writer schema comes from (producer/encode/serialization.py, real registry): a pinned version of
 the topic's subject, a pinned schema id under the record strategy, and Avro keys from the key
 subject; the records carry exactly those schema ids and decode to what was stashed."""
 
@@ -14,11 +14,11 @@ from relaylib import relay_config, wait_drained
 from test_registry_encode import decode, read
 
 from harvest_outbox.harvest_local.registry import EmbeddedRegistry
-from harvest_outbox.producer.deadletters import list_dead_letters
+from harvest_outbox.producer.config.serialization import SerializationConfig
 from harvest_outbox.producer.harvest import Harvest
+from harvest_outbox.producer.ops.deadletters import list_dead_letters
 from harvest_outbox.producer.schema import init_db
-from harvest_outbox.producer.serialization_config import SerializationConfig
-from harvest_outbox.producer.stasher import OutboxRecord, Stasher
+from harvest_outbox.producer.stash.stasher import OutboxRecord, Stasher
 
 pytestmark = pytest.mark.integration
 

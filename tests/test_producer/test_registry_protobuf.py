@@ -1,4 +1,4 @@
-"""Protobuf registry encoding at the relay (producer/serialization.py, producer/protobuf_schema.py)
+"""Protobuf registry encoding at the relay (producer/encode/serialization.py, harvest_outbox/protobuf_schema.py)
 on a real Apicurio Registry, Postgres and Kafka: JSON rows of a topic whose subject holds a ``.proto``
 arrive as that message in the Confluent wire format (schema id, message indexes), readable by
 confluent-kafka's ProtobufDeserializer; a row that does not fit the message is dead-lettered naming
@@ -16,12 +16,12 @@ import pytest
 from relaylib import relay_config, wait_drained
 
 from harvest_outbox.harvest_local.registry import EmbeddedRegistry
-from harvest_outbox.producer.deadletters import list_dead_letters
+from harvest_outbox.producer.config.serialization import SerializationConfig
 from harvest_outbox.producer.harvest import Harvest
-from harvest_outbox.producer.protobuf_schema import ProtoSchemaError, message_class, to_serialized
+from harvest_outbox.producer.ops.deadletters import list_dead_letters
 from harvest_outbox.producer.schema import init_db
-from harvest_outbox.producer.serialization_config import SerializationConfig
-from harvest_outbox.producer.stasher import OutboxRecord, Stasher
+from harvest_outbox.producer.stash.stasher import OutboxRecord, Stasher
+from harvest_outbox.protobuf_schema import ProtoSchemaError, message_class, to_serialized
 
 ORDER_PROTO = """syntax = "proto3";
 package shop;
@@ -64,7 +64,7 @@ def test_relay_encodes_json_rows_as_the_registered_protobuf_message(
     from google.protobuf import json_format
 
     from harvest_outbox.consumer import ReadCommittedIter
-    from harvest_outbox.producer.protobuf_schema import SerializedProtobufClient
+    from harvest_outbox.protobuf_schema import SerializedProtobufClient
 
     orders = topic_factory(2, "orders")
     schema_id = schema_registry.register(f"{orders}-value", ORDER_PROTO, "PROTOBUF")
@@ -147,7 +147,7 @@ def test_spark_reader_decodes_protobuf_values_of_every_writer_schema(
 ) -> None:
     from confluent_kafka import Producer
 
-    from harvest_outbox.producer.serialization import RowEncoder
+    from harvest_outbox.producer.encode.serialization import RowEncoder
     from harvest_outbox.spark_reader import readCommitted
 
     topic = topic_factory(1, "orders")
@@ -185,7 +185,7 @@ def test_spark_reader_decodes_protobuf_values_of_every_writer_schema(
 def test_a_registered_proto_that_does_not_compile_makes_rows_wait_not_dead_letters(
     schema_registry: EmbeddedRegistry,
 ) -> None:
-    from harvest_outbox.producer.serialization import RegistryUnavailable, RowEncoder
+    from harvest_outbox.producer.encode.serialization import RegistryUnavailable, RowEncoder
 
     topic = f"broken_{uuid.uuid4().hex[:8]}"
     schema_registry.register(f"{topic}-value", 'syntax = "proto3"; message {', "PROTOBUF")  # Apicurio accepts it
@@ -203,7 +203,7 @@ def test_a_registered_proto_that_does_not_compile_makes_rows_wait_not_dead_lette
 def test_pinned_ids_and_versions_encode_with_their_schema_and_latest_follows_new_versions(
     schema_registry: EmbeddedRegistry,
 ) -> None:
-    from harvest_outbox.producer.serialization import RowEncoder
+    from harvest_outbox.producer.encode.serialization import RowEncoder
 
     topic = f"evolving_{uuid.uuid4().hex[:8]}"
     id1 = schema_registry.register(f"{topic}-value", ORDER_PROTO, "PROTOBUF")
@@ -237,7 +237,7 @@ def test_stash_time_validation_checks_protobuf_topics(
     schema_registry: EmbeddedRegistry, pg_dsn: str, pg_schema: str
 ) -> None:
     from harvest_outbox.producer.errors import RecordError
-    from harvest_outbox.producer.stash_validation import StashValidator
+    from harvest_outbox.producer.stash.validation import StashValidator
 
     topic = f"stashed_{uuid.uuid4().hex[:8]}"
     schema_registry.register(f"{topic}-value", ORDER_PROTO, "PROTOBUF")
@@ -262,8 +262,8 @@ def test_stash_time_validation_checks_protobuf_topics(
 
 @pytest.mark.integration
 def test_keys_encode_with_the_key_subjects_protobuf_schema(schema_registry: EmbeddedRegistry) -> None:
-    from harvest_outbox.producer.protobuf_schema import ProtobufDictDecoder
-    from harvest_outbox.producer.serialization import RowEncoder
+    from harvest_outbox.producer.encode.serialization import RowEncoder
+    from harvest_outbox.protobuf_schema import ProtobufDictDecoder
 
     topic = f"keyed_{uuid.uuid4().hex[:8]}"
     key_proto = 'syntax = "proto3";\npackage shop;\nmessage OrderKey { string tenant = 1; int64 id = 2; }\n'
@@ -297,8 +297,8 @@ def test_direct_protobuf_bytes_equal_the_serializers_from_the_second_row_on(sche
     from confluent_kafka.schema_registry.protobuf import ProtobufSerializer
     from confluent_kafka.serialization import MessageField, SerializationContext
 
-    from harvest_outbox.producer.protobuf_schema import SerializedProtobufClient, parse_json
-    from harvest_outbox.producer.serialization import RowEncoder
+    from harvest_outbox.producer.encode.serialization import RowEncoder
+    from harvest_outbox.protobuf_schema import SerializedProtobufClient, parse_json
 
     topic = f"pdirect_{uuid.uuid4().hex[:8]}"
     schema_id = schema_registry.register(f"{topic}-value", ORDER_PROTO, "PROTOBUF")

@@ -1,4 +1,4 @@
-"""Stash-time validation (producer/stash_validation.py) on a real Apicurio Registry and Postgres: a
+"""Stash-time validation (producer/stash/validation.py) on a real Apicurio Registry and Postgres: a
 writer whose record does not fit its topic's schema fails in its own transaction, naming the field
 and the rule, and nothing is written; the check reads the local cache only (no registry request
 inside the transaction); uncached topics pass until the next refresh caches them."""
@@ -14,11 +14,11 @@ import pytest
 from psycopg import sql
 
 from harvest_outbox.harvest_local.registry import EmbeddedRegistry
+from harvest_outbox.producer.config.serialization import SerializationConfig
 from harvest_outbox.producer.errors import RecordError
 from harvest_outbox.producer.schema import init_db
-from harvest_outbox.producer.serialization_config import SerializationConfig
-from harvest_outbox.producer.stash_validation import StashValidator
-from harvest_outbox.producer.stasher import OutboxRecord, Stasher
+from harvest_outbox.producer.stash.stasher import OutboxRecord, Stasher
+from harvest_outbox.producer.stash.validation import StashValidator
 
 pytestmark = pytest.mark.integration
 

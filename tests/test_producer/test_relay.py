@@ -14,12 +14,12 @@ import pytest
 from psycopg import sql
 from relaylib import assert_per_key_order, consume_all, covers, relay_config, wait_drained
 
-from harvest_outbox.producer.deadletters import list_dead_letters, requeue
-from harvest_outbox.producer.events import LeaderAcquired, LeaderRefreshed, MeterRead
 from harvest_outbox.producer.harvest import Harvest
 from harvest_outbox.producer.kafka import FaultInjector
+from harvest_outbox.producer.ops.deadletters import list_dead_letters, requeue
+from harvest_outbox.producer.relay.events import LeaderAcquired, LeaderRefreshed, MeterRead
 from harvest_outbox.producer.schema import init_db
-from harvest_outbox.producer.stasher import OutboxRecord, Stasher
+from harvest_outbox.producer.stash.stasher import OutboxRecord, Stasher
 
 pytestmark = pytest.mark.integration
 
@@ -271,7 +271,7 @@ def test_idle_wakeup_by_notify_and_metrics(
 def test_missing_heartbeats_fence_the_leader_and_returning_ones_restore_it(
     pg_dsn: str, kafka_bootstrap: str, pg_schema: str, unique_name: Callable[[str], str]
 ) -> None:
-    from harvest_outbox.producer.events import LeaderFenced
+    from harvest_outbox.producer.relay.events import LeaderFenced
 
     table = f"{pg_schema}.outbox"
     init_db(pg_dsn, table)

@@ -21,12 +21,12 @@ from typing import Any
 from fake_producer import FakeProducer
 from fake_relay import FakeMsg, leader_relay
 
-from harvest_outbox.producer.at_least_once import AtLeastOnceMode
 from harvest_outbox.producer.kafka import ANY_PARTITION, PRODUCE_ARGS, produce_args
-from harvest_outbox.producer.marksize import MarkSize
-from harvest_outbox.producer.relay_core import MARKS_AHEAD, PendingMark
-from harvest_outbox.producer.seq_txn import Slot
-from harvest_outbox.producer.seq_view import continue_uuid, uuid_bytes
+from harvest_outbox.producer.layouts.mark.marksize import MarkSize
+from harvest_outbox.producer.relay.at_least_once.mode import AtLeastOnceMode
+from harvest_outbox.producer.relay.core import MARKS_AHEAD, PendingMark
+from harvest_outbox.producer.relay.sequenced.txn import Slot
+from harvest_outbox.producer.relay.sequenced.view import continue_uuid, uuid_bytes
 from harvest_outbox.sequencer import Flags, build_uuid, clock_of, flags_of, new_producer_id, parse_uuid, producer_of
 
 

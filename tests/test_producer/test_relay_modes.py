@@ -23,14 +23,14 @@ import pytest
 from fake_admin import FakeAdmin
 from fake_producer import FakeProducer
 
-from harvest_outbox.producer.at_least_once import AtLeastOnceMode
 from harvest_outbox.producer.config import HarvestConfig, Limits
 from harvest_outbox.producer.election.neli import StaticElection
 from harvest_outbox.producer.harvest import Harvest
 from harvest_outbox.producer.kafka import LIBRDKAFKA_LOG
-from harvest_outbox.producer.preflight import TopicGuard
-from harvest_outbox.producer.relay_core import PendingMark
-from harvest_outbox.producer.sequencing import SequencedMode
+from harvest_outbox.producer.ops.preflight import TopicGuard
+from harvest_outbox.producer.relay.at_least_once.mode import AtLeastOnceMode
+from harvest_outbox.producer.relay.core import PendingMark
+from harvest_outbox.producer.relay.sequenced.mode import SequencedMode
 
 PRODUCER = Path(__file__).resolve().parents[2] / "producer"
 MODES = {"at_least_once", "sequencing"}

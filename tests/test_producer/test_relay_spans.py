@@ -1,4 +1,4 @@
-"""Relay spans (producer.relay_spans), pure logic on the OpenTelemetry SDK's in-memory exporter and
+"""Relay spans (producer.relay.spans), pure logic on the OpenTelemetry SDK's in-memory exporter and
 fake Kafka clients (no DB, no broker; the real services: test_relay_spans_e2e.py):
 - no configured TracerProvider, ``spans: false`` or no opentelemetry: no RelaySpans, and the modes
   keep their untraced callbacks;
@@ -26,13 +26,14 @@ from opentelemetry.sdk.trace.sampling import ALWAYS_OFF
 from opentelemetry.trace import NoOpTracerProvider, SpanKind, StatusCode
 from test_optional_deps import _run
 
-from harvest_outbox.producer.at_least_once import AtLeastOnceMode
 from harvest_outbox.producer.config import HarvestConfig, Limits
 from harvest_outbox.producer.election.neli import StaticElection
 from harvest_outbox.producer.errors import ConfigError
 from harvest_outbox.producer.harvest import Harvest
-from harvest_outbox.producer.preflight import TopicGuard
-from harvest_outbox.producer.relay_spans import (
+from harvest_outbox.producer.ops.preflight import TopicGuard
+from harvest_outbox.producer.relay.at_least_once.mode import AtLeastOnceMode
+from harvest_outbox.producer.relay.sequenced.txn import Slot, TracedSlot
+from harvest_outbox.producer.relay.spans import (
     DWELL_MS,
     KAFKA_PARTITION,
     OFFSET,
@@ -42,7 +43,6 @@ from harvest_outbox.producer.relay_spans import (
     TracingConfig,
     relay_spans,
 )
-from harvest_outbox.producer.seq_txn import Slot, TracedSlot
 
 TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
 PARENT = "00f067aa0ba902b7"
@@ -106,7 +106,7 @@ def test_without_opentelemetry_the_relay_builds_no_spans() -> None:
         {"opentelemetry"},
         """
         from harvest_outbox.producer.config import HarvestConfig
-        from harvest_outbox.producer.relay_spans import relay_spans
+        from harvest_outbox.producer.relay.spans import relay_spans
         print(relay_spans(HarvestConfig().tracing), "opentelemetry" in sys.modules)
     """,
     )
@@ -123,7 +123,7 @@ def test_a_global_provider_set_before_the_relay_is_built_is_used() -> None:
         from opentelemetry import trace
         from opentelemetry.sdk.trace import TracerProvider
         from harvest_outbox.producer.config import HarvestConfig
-        from harvest_outbox.producer.relay_spans import relay_spans
+        from harvest_outbox.producer.relay.spans import relay_spans
         before = relay_spans(HarvestConfig().tracing)
         trace.set_tracer_provider(TracerProvider())
         print(before, type(relay_spans(HarvestConfig().tracing)).__name__)

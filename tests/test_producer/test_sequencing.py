@@ -13,11 +13,11 @@ from confluent_kafka import Producer
 from relaylib import relay_config
 from seqcheck import Expected, check_exactly_once, count_rows, read_intents, wait_for, write_traffic
 
-from harvest_outbox.producer.events import LeaderRefreshed, ViewStarted
 from harvest_outbox.producer.harvest import Harvest
 from harvest_outbox.producer.kafka import FaultInjector
+from harvest_outbox.producer.relay.events import LeaderRefreshed, ViewStarted
+from harvest_outbox.producer.relay.sequenced.mode import SequencedMode
 from harvest_outbox.producer.schema import init_db
-from harvest_outbox.producer.sequencing import SequencedMode
 from harvest_outbox.sequencer import Publisher
 
 pytestmark = pytest.mark.integration

@@ -19,11 +19,11 @@ import pytest
 from seqcheck import Expected, SeqRelay, check_exactly_once, count_rows, read_intents, seq_yaml, wait_for, write_traffic
 
 from harvest_outbox.producer.config import load_yaml
-from harvest_outbox.producer.db_cursor import cursor_backlog
 from harvest_outbox.producer.election.sharded_neli import fair_share
 from harvest_outbox.producer.errors import ElectionError
+from harvest_outbox.producer.layouts.cursor.database import cursor_backlog
+from harvest_outbox.producer.observe.shard_status import neli_leaders, postgres_leaders
 from harvest_outbox.producer.schema import init_db
-from harvest_outbox.producer.shard_status import neli_leaders, postgres_leaders
 
 pytestmark = pytest.mark.integration
 

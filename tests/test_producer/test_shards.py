@@ -22,10 +22,10 @@ from harvest_outbox.producer.db import OutboxDatabase
 from harvest_outbox.producer.election.sharded_neli import ShardSetSeat, fair_share
 from harvest_outbox.producer.election.sharded_postgres import PostgresShardElection
 from harvest_outbox.producer.errors import ConfigError, ElectionError, SchemaError
+from harvest_outbox.producer.relay.sharded import ShardedHarvest, relay_for
+from harvest_outbox.producer.relay.shards import shard_expression, shard_of
 from harvest_outbox.producer.schema import OutboxNames, init_db
-from harvest_outbox.producer.sharded import ShardedHarvest, relay_for
-from harvest_outbox.producer.shards import shard_expression, shard_of
-from harvest_outbox.producer.stasher import OutboxRecord, Stasher
+from harvest_outbox.producer.stash.stasher import OutboxRecord, Stasher
 
 S = 8
 
@@ -389,7 +389,7 @@ def test_shards_command_shows_leaders_and_backlog(
     pg_dsn: str, kafka_bootstrap: str, pg_schema: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     from harvest_outbox.harvest_local.relays import write_config
-    from harvest_outbox.producer.cli import main
+    from harvest_outbox.producer.ops.cli import main
 
     table = f"{pg_schema}.outbox"
     cfg_path = write_config(

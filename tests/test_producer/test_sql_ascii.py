@@ -1,6 +1,6 @@
 """An outbox in a SQL_ASCII database is refused at every entry point, with the fix (issue #38, item 1).
 
-The relay reads with client_encoding UTF8 (producer/db.py ``connect``), and Postgres checks a
+The relay reads with client_encoding UTF8 (producer/db/__init__.py ``connect``), and Postgres checks a
 SQL_ASCII database's text against UTF-8 on the way out: one row with a byte that is not UTF-8 failed
 every mark, so no row was delivered, not even the ones committed before it. The scenario the issue
 reports: 10 good rows, then one with a ``\\377`` byte in its key. Every command that touches the outbox
@@ -20,11 +20,11 @@ from psycopg.conninfo import make_conninfo
 from relaylib import relay_config
 
 from harvest_outbox.harvest_local.relays import write_config
-from harvest_outbox.producer.cli import main
 from harvest_outbox.producer.election.postgres import election_connection, resolve_table
 from harvest_outbox.producer.errors import SchemaError
+from harvest_outbox.producer.ops.cli import main
+from harvest_outbox.producer.relay.sharded import relay_for
 from harvest_outbox.producer.schema import OutboxNames, init_db, outbox_ddl, shard_ddl
-from harvest_outbox.producer.sharded import relay_for
 
 REFUSAL = r"database '{db}' has encoding SQL_ASCII.*ENCODING 'UTF8' TEMPLATE template0"
 

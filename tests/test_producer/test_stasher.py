@@ -11,9 +11,9 @@ from psycopg import sql
 
 from harvest_outbox.producer.errors import ConfigError, RecordError, SchemaError
 from harvest_outbox.producer.schema import OutboxNames, init_db, inspect_outbox
-from harvest_outbox.producer.stasher import OutboxRecord, Stasher, stash
-from harvest_outbox.producer.stasher_async import AsyncStasher
-from harvest_outbox.producer.stasher_async import stash_many as astash_many
+from harvest_outbox.producer.stash.async_stasher import AsyncStasher
+from harvest_outbox.producer.stash.async_stasher import stash_many as astash_many
+from harvest_outbox.producer.stash.stasher import OutboxRecord, Stasher, stash
 
 pytestmark = pytest.mark.integration
 
@@ -134,13 +134,13 @@ _BAD_CONNECTIONS: list[tuple[str, Callable[[object], Awaitable[object]], str, st
         lambda c: _sync_call(lambda x: Stasher().stash(x, _REC), c),
         "async",  # type: ignore[arg-type]
         "conn: the synchronous Stasher needs a psycopg.Connection or Cursor, got AsyncConnection (asyncio); "
-        "use harvest_outbox.producer.stasher_async.AsyncStasher",
+        "use harvest_outbox.producer.stash.async_stasher.AsyncStasher",
     ),
     (
         "Stasher.stash_many",
         lambda c: _sync_call(lambda x: Stasher().stash_many(x, [_REC]), c),  # type: ignore[arg-type]
         "async cursor",
-        "got AsyncCursor (asyncio); use harvest_outbox.producer.stasher_async.AsyncStasher",
+        "got AsyncCursor (asyncio); use harvest_outbox.producer.stash.async_stasher.AsyncStasher",
     ),
     (
         "stasher.stash",
@@ -153,13 +153,13 @@ _BAD_CONNECTIONS: list[tuple[str, Callable[[object], Awaitable[object]], str, st
         lambda c: AsyncStasher().stash(c, _REC),
         "sync",  # type: ignore[arg-type]
         "conn: AsyncStasher needs a psycopg.AsyncConnection or AsyncCursor, got Connection (synchronous); "
-        "use harvest_outbox.producer.stasher.Stasher",
+        "use harvest_outbox.producer.stash.stasher.Stasher",
     ),
     (
         "AsyncStasher.stash_many",
         lambda c: AsyncStasher().stash_many(c, [_REC]),
         "sync cursor",  # type: ignore[arg-type]
-        "got Cursor (synchronous); use harvest_outbox.producer.stasher.Stasher",
+        "got Cursor (synchronous); use harvest_outbox.producer.stash.stasher.Stasher",
     ),
     (
         "stasher_async.stash_many",

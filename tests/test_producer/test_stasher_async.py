@@ -10,9 +10,9 @@ from psycopg import sql
 
 from harvest_outbox.producer.errors import RecordError
 from harvest_outbox.producer.schema import OutboxNames, init_db
-from harvest_outbox.producer.stasher import OutboxRecord, Stasher
-from harvest_outbox.producer.stasher_async import AsyncStasher
-from harvest_outbox.producer.stasher_async import stash as astash
+from harvest_outbox.producer.stash.async_stasher import AsyncStasher
+from harvest_outbox.producer.stash.async_stasher import stash as astash
+from harvest_outbox.producer.stash.stasher import OutboxRecord, Stasher
 
 pytestmark = pytest.mark.integration
 

@@ -1,4 +1,4 @@
-"""Table mappings (producer/table_mapping.py): the router's options, and a relay draining a Debezium outbox.
+"""Table mappings (producer/mapping/table.py): the router's options, and a relay draining a Debezium outbox.
 
 The byte-for-byte comparison with Debezium itself is tests/test_e2e/test_debezium_parity.py; here the
 expected records are written down from the router's rules (EventRouterDelegate: topic from
@@ -22,11 +22,11 @@ from seqcheck import Expected, check_exactly_once
 
 from harvest_outbox.harvest_local.kafka import create_topic, read_to_end
 from harvest_outbox.producer.config import HarvestConfig, from_mapping
-from harvest_outbox.producer.deadletters import list_dead_letters, requeue
 from harvest_outbox.producer.errors import ConfigError, SchemaError
 from harvest_outbox.producer.harvest import Harvest
+from harvest_outbox.producer.mapping.table import GOHARVEST, DebeziumMapping, EventRouter, table_mapping
+from harvest_outbox.producer.ops.deadletters import list_dead_letters, requeue
 from harvest_outbox.producer.schema import OutboxNames, init_db, inspect_outbox
-from harvest_outbox.producer.table_mapping import GOHARVEST, DebeziumMapping, EventRouter, table_mapping
 
 # ---------------------------------------------------------------------------------------- options
 
@@ -353,7 +353,7 @@ def test_a_partition_column_no_partition_of_the_topic_is_a_dead_letter_at_once(
     librdkafka's "unassigned"; Debezium's producer refuses any negative) and a value at or above the topic's
     partition count never becomes deliverable: both are dead letters at once (0 attempts), naming the value
     (and the count), while the row's neighbours go to their partitions."""
-    from harvest_outbox.producer.db_cursor import cursor_backlog
+    from harvest_outbox.producer.layouts.cursor.database import cursor_backlog
 
     prefix = unique_name("pp")
     topic = f"{prefix}.Order"
@@ -442,7 +442,7 @@ def test_sharded_relays_split_a_debezium_outbox_by_aggregateid(
     cfg = relay_config(pg_dsn, kafka_bootstrap, table, unique_name("g")).replace(
         table_mapping=mapping, shards=2, leader_election="postgres", leader_lock_check_interval=0.2
     )
-    from harvest_outbox.producer.sharded import ShardedHarvest
+    from harvest_outbox.producer.relay.sharded import ShardedHarvest
 
     relays = [ShardedHarvest(cfg.replace(name=f"r{i}")).start() for i in range(2)]
     try:
@@ -496,7 +496,7 @@ def test_a_goharvest_record_carries_its_event_id_on_every_send(
     the row's own headers after it; re-sends (injected delivery failures, at-least-once) carry the same
     id, so deduping by it leaves each row once."""
     from harvest_outbox.producer.kafka import FaultInjector
-    from harvest_outbox.producer.stasher import OutboxRecord, Stasher
+    from harvest_outbox.producer.stash.stasher import OutboxRecord, Stasher
 
     topic = topic_factory(partitions=2)
     table = f"{pg_schema}.outbox"

@@ -18,8 +18,8 @@ from harvest_outbox.consumer import ReadCommittedIter
 from harvest_outbox.consumer.record import PyRecord
 from harvest_outbox.producer.harvest import Harvest
 from harvest_outbox.producer.schema import init_db
-from harvest_outbox.producer.stasher import OutboxRecord, Stasher
-from harvest_outbox.producer.stasher_async import AsyncStasher
+from harvest_outbox.producer.stash.async_stasher import AsyncStasher
+from harvest_outbox.producer.stash.stasher import OutboxRecord, Stasher
 
 pytestmark = pytest.mark.integration
 

@@ -32,10 +32,10 @@ from test_cli import harvest
 from harvest_outbox.harvest_local.kafka import create_topic
 from harvest_outbox.producer.config import HarvestConfig
 from harvest_outbox.producer.errors import ConfigError
+from harvest_outbox.producer.mapping.table import table_mapping
+from harvest_outbox.producer.relay.sharded import relay_for
 from harvest_outbox.producer.schema import OutboxNames, init_db
-from harvest_outbox.producer.sharded import relay_for
-from harvest_outbox.producer.stasher import OutboxRecord, Stasher
-from harvest_outbox.producer.table_mapping import table_mapping
+from harvest_outbox.producer.stash.stasher import OutboxRecord, Stasher
 
 PREPARE_REFUSED = "cannot PREPARE a transaction that has executed LISTEN, UNLISTEN, or NOTIFY"
 #: Debezium's writer, as its teams write it: its own columns only.

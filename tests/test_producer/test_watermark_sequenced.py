@@ -1,7 +1,7 @@
 """The mark-less relay under the real ``--uuid-sequencing`` mode: test_protocol_model.py's schedules
-(the real :class:`~producer.sequencing.SequencedMode`, the model topic, crashes, zombies, lost replies,
+(the real :class:`~producer.relay.sequenced.mode.SequencedMode`, the model topic, crashes, zombies, lost replies,
 failed deliveries, the project's Sequencer reading the log) on a database whose
-:class:`~producer.seq_store.SequencedStore` reads with producer/watermark.py's cursor instead of
+:class:`~producer.relay.sequenced.store.SequencedStore` reads with producer/layouts/cursor/watermark.py's cursor instead of
 marking rows, and whose fenced commit moves the cursor instead of deleting them
 (docs/primary-cost.md "The mark-less relay": "the commit protocol, both modes").
 
@@ -12,7 +12,7 @@ marking rows, and whose fenced commit moves the cursor instead of deleting them
   represent -- and moves the cursor past the last one (to its page's end, and past empty pages read
   right behind it, when it ends a page); the rest (ACK intents, dead letters, attempt counts, the
   clock) is the mark relay's model's, unchanged. That bookkeeping is the relay's own:
-  producer/cursor_views.py's ``ViewRead``, which producer/db_cursor.py's ``CursorDatabase`` runs on Postgres;
+  producer/layouts/cursor/views.py's ``ViewRead``, which producer/layouts/cursor/database.py's ``CursorDatabase`` runs on Postgres;
 - writers are MVCC transactions: an xid first, then ids (A1), the rows invisible until commit; some
   roll back, some commit late (lower ids than rows already relayed); delivered id-range partitions are
   truncated under the committed cursor.
@@ -21,7 +21,7 @@ The checks are test_protocol_model.py's own (every committed row committed exact
 read-committed readers or dead-lettered, per-key order, no reader anomaly), plus the cursor model's
 (no row committed below the cursor's ``low``, no partition truncated with an undelivered row).
 
-Odd seeds run ``deadLetterPolicy: haltKey`` with the cursor layout's held rows (producer/cursor_held.py's
+Odd seeds run ``deadLetterPolicy: haltKey`` with the cursor layout's held rows (producer/layouts/cursor/held.py's
 statements in memory: model_held.py), as ``CursorDatabase`` runs them: each read first serves the held rows
 of released keys (held order, only once the committed cursor passed their outbox row, not those the view
 serves already), then copies the page's rows of halted or held keys to ``_held`` -- fenced: a read by a view
@@ -63,10 +63,10 @@ from test_protocol_model import (  # noqa: F401 (quiet_relay: the fixture)
     quiet_relay,
 )
 
-from harvest_outbox.producer.cursor_views import NotNextRows, Segment, ViewRead
 from harvest_outbox.producer.db import MarkedAttempts, MarkedRow, TxnCommit
 from harvest_outbox.producer.errors import DatabaseError, FenceError
-from harvest_outbox.producer.watermark import Cursor, read_page, retirable, start_batch
+from harvest_outbox.producer.layouts.cursor.views import NotNextRows, Segment, ViewRead
+from harvest_outbox.producer.layouts.cursor.watermark import Cursor, read_page, retirable, start_batch
 
 SCHEDULES = int(os.environ.get("MODEL_SCHEDULES", "1000"))
 FIRST_SEED = int(os.environ.get("MODEL_SEED", "0"))
@@ -105,7 +105,7 @@ class CursorModelDB(ModelDB):
         self, leader_id: uuid.UUID, name: str
     ) -> tuple[int, list[tuple[int, bytes, int, str, int]], int]:
         out = super().start_view_with_floor(leader_id, name)
-        # the same transaction: the cursor as of this epoch; the relay's own bookkeeping (producer/cursor_views.py)
+        # the same transaction: the cursor as of this epoch; the relay's own bookkeeping (producer/layouts/cursor/views.py)
         self.views[leader_id] = ViewRead(leader_id, out[0], self.cursor)
         self.serving[leader_id] = set()
         return out

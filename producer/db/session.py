@@ -1,0 +1,192 @@
+"""The relay's connection to the outbox's database: how it connects, the session settings every statement
+runs under, and the session an :class:`~producer.db.OutboxDatabase` keeps.
+
+Invariants: every statement runs in autocommit mode (each is its own transaction, as in goharvest),
+committed synchronously except on a session built with ``async_commit`` (the relay's mark connection:
+see ``RelayCore.open``, tests/test_producer/test_async_mark.py); a session's connection is checked
+(UTF-8 readable, the outbox's shape, its attempt and shard tables) before its first statement; failures
+are raised as :class:`~producer.errors.DatabaseError` chained to the psycopg error, with secrets
+scrubbed from the message, and a failed statement's connection is replaced on next use.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import psycopg
+from psycopg import sql
+from psycopg.conninfo import conninfo_to_dict
+
+from harvest_outbox.producer.db.statements import id_array
+from harvest_outbox.producer.errors import DatabaseError
+from harvest_outbox.producer.layouts.mark.marks import TEXT_ARRAY_OID, HeaderArrayLoader
+from harvest_outbox.producer.schema import (
+    OutboxNames,
+    Statement,
+    ValueType,
+    inspect_outbox,
+    require_attempts_table,
+    require_shards,
+    require_utf8_readable,
+)
+from harvest_outbox.redact import redact_dsn, redact_error
+
+# The relay's transactions are a few statements sent back to back; a session of ours that sits idle
+# inside one for this long belongs to a frozen process (SIGSTOP, VM pause) that may hold the fence
+# row lock. Postgres then ends that session, so the next leader's view start is not blocked for as
+# long as the zombie stays frozen; the zombie's commit is refused by the fence anyway.
+IDLE_IN_TRANSACTION_TIMEOUT = "10s"
+# A lock wait longer than this fails (and the caller retries after its I/O back-off) instead of
+# holding the relay thread, which also runs the leader-election heartbeats.
+LOCK_TIMEOUT = "2s"
+# A network path to Postgres that silently drops packets (a partition, a NAT entry gone) would
+# leave a relay statement waiting for TCP's own give-up, ~15 minutes. These libpq settings (unless
+# the DSN sets them) make the kernel fail such a connection after ~20 s of unacknowledged data or
+# silence, so the relay's ordinary error path (back off, reconnect, remark) takes over.
+TCP_DEFAULTS = {
+    "keepalives": "1",
+    "keepalives_idle": "10",
+    "keepalives_interval": "3",
+    "keepalives_count": "3",
+    "tcp_user_timeout": "20000",
+}
+
+
+def connect(dsn: str, **kwargs: Any) -> psycopg.Connection:
+    """The connection every command and relay statement on the outbox uses (autocommit, UTF-8, the
+    timeouts above). Refuses a database the relay cannot read (:func:`require_utf8_readable`)."""
+    try:
+        given = conninfo_to_dict(dsn)
+        host = str(given.get("host", ""))
+        if not host.startswith("/"):  # TCP only (not a Unix socket)
+            kwargs = {**{k: v for k, v in TCP_DEFAULTS.items() if k not in given}, **kwargs}
+        # UTF-8 whatever the DSN or the database's encoding say: the mark loads text columns as the
+        # bytes the server sends (Kafka keys and values are the UTF-8 of the outbox's text).
+        conn = psycopg.connect(dsn, autocommit=True, **{**kwargs, "client_encoding": "UTF8"})
+    except psycopg.Error as exc:
+        raise DatabaseError(
+            f"cannot connect to Postgres ({redact_dsn(dsn)}): {redact_error(str(exc), dsn).strip()}"
+        ) from exc
+    try:
+        require_utf8_readable(conn)
+        conn.execute(f"SET idle_in_transaction_session_timeout = '{IDLE_IN_TRANSACTION_TIMEOUT}'")
+        conn.execute(f"SET lock_timeout = '{LOCK_TIMEOUT}'")
+        return conn
+    except psycopg.Error as exc:
+        conn.close()
+        raise DatabaseError(
+            f"cannot connect to Postgres ({redact_dsn(dsn)}): {redact_error(str(exc), dsn).strip()}"
+        ) from exc
+    except BaseException:
+        conn.close()
+        raise
+
+
+class OutboxSession:
+    """One autocommit connection (made on first use, remade after a failure) to the database of one outbox
+    table, or of a set of its shards (``shard_count`` > 1, :meth:`set_shards`). The set changes only
+    between leader views, when no statement of the old view runs. The relay's statements are its
+    subclasses' (:class:`~producer.db.fence.FencedCommits`, :class:`~producer.db.OutboxDatabase`)."""
+
+    def __init__(
+        self, dsn: str, names: OutboxNames, shard_count: int | None = None, *, async_commit: bool = False
+    ) -> None:
+        self._dsn = dsn
+        #: Commit without waiting for the WAL flush (``synchronous_commit = off``): only for a connection
+        #: whose writes need not survive a database crash on their own (see RelayCore.open).
+        self.async_commit = async_commit
+        self.names = names
+        self.shard_count = shard_count if shard_count and shard_count > 1 else None
+        self.shards: frozenset[int] = frozenset()
+        self._state_table = names.state if self.shard_count is None else names.shard_state
+        self._conn: psycopg.Connection | None = None
+        self._prepare_mark = False  # whether the mark may be prepared (see conn: planned anew on every run)
+        self.value_type: ValueType = "varchar"
+
+    def set_shards(self, shards: frozenset[int]) -> None:
+        """Lead these shards from now on (sharded relays, between views)."""
+        if self.shard_count is None:
+            raise ValueError("set_shards on an unsharded outbox database")
+        if any(not 0 <= k < self.shard_count for k in shards):
+            raise ValueError(f"shards {sorted(shards)} outside 0..{self.shard_count - 1}")
+        self.shards = frozenset(shards)
+        self._shards_changed()
+
+    def _shards_changed(self) -> None:
+        """Rebuild the statements that depend on the led shards (each subclass its own, then its base's)."""
+
+    def _connected(self, conn: psycopg.Connection) -> None:
+        """A new connection is set up and checked: build what depends on it (the value column's type)."""
+
+    def _shard_array(self) -> sql.Composable:
+        ks = sorted(self.shards) if self.shard_count is not None else [0]
+        return sql.SQL("'{" + ",".join(str(int(k)) for k in ks) + "}'::int[]")
+
+    @property
+    def shard_text(self) -> str:
+        """`` (shards 0,3 of 8)`` for messages; empty unsharded."""
+        if self.shard_count is None:
+            return ""
+        return f" (shards {','.join(map(str, sorted(self.shards))) or 'none'} of {self.shard_count})"
+
+    @property
+    def conn(self) -> psycopg.Connection:
+        if self._conn is None or self._conn.closed:
+            self._conn = connect(self._dsn)
+            self._conn.adapters.register_loader(TEXT_ARRAY_OID, HeaderArrayLoader)
+            # Prepared statements (the mark; psycopg prepares the others after 5 runs) are parsed
+            # once but planned for every run with its own parameters: a generic plan, which Postgres
+            # would otherwise settle on after 5 runs, made while the outbox was empty sorted the
+            # whole outbox on every mark once a burst arrived (2,600 rows/s instead of ~60,000).
+            try:
+                self._conn.execute("SET plan_cache_mode = force_custom_plan")
+                self._prepare_mark = True
+            except psycopg.errors.UndefinedObject:  # PostgreSQL < 12: the mark stays unprepared
+                self._prepare_mark = False
+            if self.async_commit:
+                self._conn.execute("SET synchronous_commit = off")
+            self.value_type = inspect_outbox(self._conn, self.names)
+            require_attempts_table(self._conn, self.names)
+            if self.shard_count is not None:
+                require_shards(self._conn, self.names, self.shard_count)
+                # A led shard's rows are spread over the whole outbox, so Postgres' default cost of a
+                # random page (4) made the planner read the primary key in id order and hash every
+                # row's key instead of taking the shard's range of the (shard, id) index, once the
+                # outbox's pages were half empty (OUTBOX_FILLFACTOR; 100k rows, 5,000-row marks).
+                # The relay's working set is the head of the outbox, in shared buffers: a random
+                # page costs about what a sequential one does (the usual setting for SSDs and RAM).
+                self._conn.execute("SET random_page_cost = 1.1")
+            self._connected(self._conn)
+        return self._conn
+
+    def _run(
+        self,
+        what: str,
+        query: Statement,
+        params: Sequence[Any] | dict[str, Any],
+        prepare: bool | None = None,
+        cursor: psycopg.Cursor | None = None,
+    ) -> psycopg.Cursor:
+        try:
+            return (cursor or self.conn).execute(query, params, binary=True, prepare=prepare)
+        except psycopg.Error as exc:
+            raise self._failed(what, exc) from exc
+
+    def _failed(self, what: str, exc: psycopg.Error) -> DatabaseError:
+        """The error for ``what`` failing on this outbox (the DSN's secrets redacted); closes the connection,
+        which is replaced on next use."""
+        self.close()
+        return DatabaseError(f"{what} on {self.names.display!r} failed: {redact_error(str(exc), self._dsn).strip()}")
+
+    @staticmethod
+    def _id_array(ids: Sequence[int]) -> str:
+        return id_array(ids)
+
+    def close(self) -> None:
+        if self._conn is not None:
+            try:
+                self._conn.close()
+            except Exception:  # closing a broken connection: nothing to salvage
+                pass
+            self._conn = None

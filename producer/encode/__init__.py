@@ -1,0 +1,1 @@
+"""Registry encodings of outbox rows (Avro, Protobuf, JSON Schema) at the relay."""

@@ -1,0 +1,1 @@
+"""goharvest's layout: the mark statement and how many rows the next mark claims."""

@@ -1,0 +1,1 @@
+"""Observability: metrics, histograms, health, the HTTP endpoints, tracing, shard status."""

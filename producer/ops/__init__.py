@@ -1,0 +1,1 @@
+"""Operations: the ``harvest`` CLI, its commands (check, dead letters) and the preflight checks."""

@@ -1,0 +1,365 @@
+"""The ``harvest`` command line.
+
+    harvest -f harvest.yaml [flags]          run the relay (goharvest reaper compatible); same as `harvest run`
+    harvest init-db -f harvest.yaml [--value-type bytea]
+    harvest check -f harvest.yaml            the outbox's queue-table hygiene: OK / WARN / FAIL with fixes
+    harvest dead-letters list|keys|export|requeue|discard -f harvest.yaml ...   (producer/ops/deadletters_cli.py)
+
+Flags (``--data-source``, ``--bootstrap-servers``, ``--outbox-table``, ``--leader-topic``,
+``--leader-group-id``, ``--leader-election``, ``--name``, ``--prometheus-port``,
+``--prometheus-bind-address``, ``--log-level``,
+``--uuid-sequencing``) override the file and the environment; with no file, defaults apply. Environment:
+``HARVEST_<KEY>`` for every key of ``harvest:`` (``HARVEST_DATA_SOURCE`` carries the DSN so the password
+stays out of ``ps``) and ``HARVEST_LOG_LEVEL`` override the file; the file's values may use ``${VAR}``,
+``${VAR:-default}`` and ``${file:/run/secrets/dsn}`` (:mod:`producer.config.env`).
+
+Exit codes: 0 success / stopped by SIGTERM, SIGINT or SIGHUP; 1 runtime failure (database, Kafka,
+election); 2 usage or configuration error; 3 a second stop signal ended the relay without waiting
+for its drain (:mod:`producer.relay.signals`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, NoReturn
+
+# Only light modules here: main() installs the stop-signal handlers before the relay's dependencies
+# load (the config pulls in psycopg), see producer/relay/signals.py.
+from harvest_outbox import producer
+from harvest_outbox.producer.errors import ConfigError, HarvestError
+from harvest_outbox.producer.ops import deadletters_cli as cli_deadletters
+from harvest_outbox.producer.relay.signals import StopSignals
+from harvest_outbox.redact import is_secret_kafka_key, redact_error
+
+if TYPE_CHECKING:
+    from harvest_outbox.producer.config import FileConfig
+
+EXIT_OK, EXIT_FAILURE, EXIT_USAGE, EXIT_FORCED = 0, 1, 2, 3
+MAX_LIST_LIMIT = cli_deadletters.MAX_LIST_LIMIT
+_COMMANDS = ("run", "init-db", "check", "shards", "dead-letters", "deadletters")
+log = logging.getLogger("harvest")
+
+
+def _version() -> str:
+    from harvest_outbox import sequencer
+    from harvest_outbox.consumer import record
+
+    readers = "native" if record._native is not None else "python"
+    return f"harvest {producer.__version__} (sequencer: {sequencer.IMPLEMENTATION}, reader fast path: {readers})"
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("-f", "--file", help="YAML config (goharvest reaper format: harvest: {...}, logging: {...})")
+    p.add_argument("--data-source", help="Postgres DSN (overrides harvest.dataSource; or env HARVEST_DATA_SOURCE)")
+    p.add_argument("--outbox-table", help="outbox table, optionally schema-qualified")
+    p.add_argument("--log-level", help="TRACE/DEBUG/INFO/WARNING/ERROR")
+
+
+class _Parser(argparse.ArgumentParser):
+    """Usage errors as one line naming the argument and the fix, exit 2 (argparse's own prints the whole
+    usage block first). Subcommand parsers are of this class too (``add_subparsers`` uses ``type(self)``)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_USAGE, f"{self.prog}: usage error: {message} (see {self.prog} --help)\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog="harvest",
+        description="Transactional-outbox relay: moves outbox rows from Postgres to Kafka "
+        "(goharvest's mark-purge/reset with NELI leader election).",
+        epilog="Exit codes: 0 ok or stopped by SIGTERM/SIGINT/SIGHUP, 1 runtime failure, 2 usage/config error, "
+        "3 a second stop signal ended the drain.",
+    )
+    parser.add_argument("--version", action="version", version=_version())
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    run = sub.add_parser("run", help="run the relay (default when no command is given)")
+    _common(run)
+    run.add_argument("--bootstrap-servers", help="Kafka bootstrap servers (overrides baseKafkaConfig)")
+    run.add_argument("--leader-topic")
+    run.add_argument("--leader-group-id")
+    run.add_argument(
+        "--leader-election",
+        choices=("neli", "postgres"),
+        help="harvest.leaderElection: neli (Kafka group, default) or postgres (advisory lock in the outbox's database)",
+    )
+    run.add_argument("--name", help="this relay's name (default host_pid_time)")
+    run.add_argument("--prometheus-port", type=int, help="serve /metrics, /healthz and /readyz on this port")
+    run.add_argument(
+        "--prometheus-bind-address",
+        help="address those endpoints listen on (harvest.prometheusBindAddress, default 0.0.0.0)",
+    )
+    run.add_argument(
+        "--uuid-sequencing",
+        action="store_true",
+        default=None,
+        help="exactly-once mode (harvest.uuidSequencing): Gazette UUIDs, harvest transactions, "
+        "fenced commits, ACK_TXN messages; readers sequence with the `sequencer` package",
+    )
+    init = sub.add_parser(
+        "init-db",
+        help="create the outbox, dead-letter table and NOTIFY trigger (dropped instead with wakeup: poll, "
+        "for two-phase-commit writers; and, with shards: S in the config, the shard index and fence rows)",
+    )
+    _common(init)
+    init.add_argument(
+        "--value-type",
+        choices=("varchar", "bytea"),
+        default="varchar",
+        help="kafka_value column type (varchar = goharvest's)",
+    )
+    init.add_argument(
+        "--migrate",
+        action="store_true",
+        help="with outboxLayout: cursor, migrate goharvest's table (every relay stopped): renamed to "
+        "<table>_goharvest and its rows copied, in order, into the new partitioned outbox, in one transaction",
+    )
+    chk = sub.add_parser(
+        "check",
+        help="report the outbox's fillfactor, autovacuum, indexes, NOTIFY trigger, "
+        "companion tables, backlog and dead rows, each OK / WARN / FAIL with the fix "
+        "(exit 1 on a FAIL)",
+    )
+    _common(chk)
+    sh = sub.add_parser("shards", help="show who leads which shard and each shard's backlog (shards: S > 1)")
+    _common(sh)
+    sh.add_argument("--bootstrap-servers", help="Kafka bootstrap servers (overrides baseKafkaConfig; NELI election)")
+    cli_deadletters.add_parser(sub, _common, _bounded_int)
+    return parser
+
+
+def _bounded_int(what: str, low: int, high: int) -> Callable[[str], int]:
+    """An argparse type: an int in [low, high], else a usage error naming the argument and the range."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"{value} is out of range; give {low}-{high:,}")
+        return value
+
+    parse.__name__ = what  # argparse names the type in some messages
+    return parse
+
+
+def printable(text: object) -> str:
+    """``text`` with control and other non-printable characters escaped (``\\x1b``, ``\\n``): row data
+    comes from applications and must not drive the operator's terminal."""
+    s = str(text)
+    if s.isprintable():
+        return s
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in s)
+
+
+def _setup_logging(level: str) -> None:
+    level = level.upper()
+    py_level = {"TRACE": logging.DEBUG, "WARN": logging.WARNING}.get(level, getattr(logging, level, logging.INFO))
+    logging.basicConfig(level=py_level, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+
+def _load(args: argparse.Namespace, extra: dict[str, Any] | None = None, kafka: bool = True) -> FileConfig:
+    """The config (flags over file), checked, with logging set up and the config's notes logged (those
+    about the Kafka connection only when ``kafka``: the command talks to Kafka)."""
+    from harvest_outbox.producer.config import from_mapping, load_yaml
+
+    # HARVEST_<KEY> variables (HARVEST_DATA_SOURCE among them) are the config's: flags win over them.
+    overrides: dict[str, Any] = {"data_source": args.data_source, "outbox_table": args.outbox_table, **(extra or {})}
+    sources = {"data_source": "--data-source"}
+    cfg = (
+        load_yaml(args.file, overrides, args.log_level, sources, os.environ)
+        if args.file
+        else from_mapping({}, overrides, args.log_level, sources, os.environ)
+    )
+    args.loaded_config = cfg  # main() redacts error messages with its secrets
+    cfg.harvest.check_kafka_properties()  # a file is valid or not whatever the command reads of it
+    _setup_logging(cfg.log_level)
+    for note in cfg.notes:
+        if kafka or not note.kafka:
+            log.log(note.level, "%s", note.message)
+    return cfg
+
+
+def _run(args: argparse.Namespace, signals: StopSignals) -> int:
+    from harvest_outbox.producer.relay.sharded import relay_for
+
+    cfg = _load(
+        args,
+        {
+            "bootstrap_servers": args.bootstrap_servers,
+            "leader_topic": args.leader_topic,
+            "leader_group_id": args.leader_group_id,
+            "leader_election": args.leader_election,
+            "name": args.name,
+            "prometheus_port": args.prometheus_port,
+            "prometheus_bind_address": args.prometheus_bind_address,
+            "uuid_sequencing": args.uuid_sequencing,
+        },
+    )
+    log.info("harvest %s starting: %r", producer.__version__, cfg.harvest)
+    if signals.requested.is_set():
+        log.info("stopped before the relay started")
+        return EXIT_OK
+    relay = relay_for(cfg.harvest)
+    signals.attach(relay)
+    relay.start()  # returns early, with the relay stopped, when a stop signal arrives meanwhile
+    while not relay.wait(0.5):
+        pass
+    return EXIT_OK
+
+
+def _init_db(args: argparse.Namespace) -> int:
+    from harvest_outbox.producer.db import connect
+    from harvest_outbox.producer.relay.two_phase import TWO_PHASE_FIX, notify_breaks_two_phase, prepared_transactions
+    from harvest_outbox.producer.schema import init_db, packed_outbox_fix, unrelayed_rows
+
+    cfg = _load(args, kafka=False)
+    if args.migrate:
+        return _migrate(cfg)
+    with connect(cfg.harvest.data_source) as conn:
+        names = init_db(
+            conn,
+            cfg.harvest.outbox_table,
+            args.value_type,
+            cfg.harvest.shards,
+            cfg.harvest.table_mapping,
+            layout=cfg.harvest.outbox_layout,
+            wakeup=cfg.harvest.wakeup_mode,
+        )
+        risk = None if cfg.harvest.wakeup else notify_breaks_two_phase(prepared_transactions(conn), names.display)
+        fix = None if cfg.harvest.outbox_layout == "cursor" else packed_outbox_fix(conn, names)
+        earlier = unrelayed_rows(conn, names)
+    sharded = f"; {cfg.harvest.shards} shards" if cfg.harvest.shards > 1 else ""
+    wake = (
+        "no NOTIFY trigger (wakeup: poll)" if cfg.harvest.wakeup_mode == "poll" else f"NOTIFY channel {names.channel}"
+    )
+    if cfg.harvest.outbox_layout == "cursor":
+        print(
+            f"outbox {names.display} ready in the cursor layout ({names.mapping.kind} table partitioned by "
+            f"{names.mapping.id_column}, value type {args.value_type}; "
+            f"cursor, dead letters, {wake})"
+        )
+    elif names.mapping.kind == "goharvest":
+        print(f"outbox {names.display} ready (value type {args.value_type}; dead letters, {wake}{sharded})")
+    else:
+        print(
+            f"outbox {names.display} ready as a {names.mapping.kind} outbox (relay columns added with defaults; "
+            f"dead letters, {wake}{sharded})"
+        )
+    if risk is not None:
+        # stderr: the line is a warning, and scripts that read init-db's output keep their stdout
+        print(f"warning: {risk}; {TWO_PHASE_FIX}", file=sys.stderr)
+    if earlier:
+        print(
+            f"note: {earlier} row(s) were written before the relay's columns existed; harvest leaves them to the "
+            f"relay that had the table until now (docs/debezium.md, Migrating)"
+        )
+    if fix is not None:  # an outbox that existed before (init-db never changes a goharvest table's fillfactor)
+        print(f"note: {fix}")
+    return EXIT_OK
+
+
+def _migrate(cfg: FileConfig) -> int:
+    from harvest_outbox.producer.db import connect
+    from harvest_outbox.producer.layouts.cursor.migrate import migrate_to_cursor
+
+    if cfg.harvest.outbox_layout != "cursor":
+        raise ConfigError("init-db --migrate: set outboxLayout: cursor in the config (the layout to migrate to)")
+    with connect(cfg.harvest.data_source) as conn:
+        done = migrate_to_cursor(
+            conn,
+            cfg.harvest.outbox_table,
+            shards=cfg.harvest.shards,
+            mapping=cfg.harvest.table_mapping,
+            wakeup=cfg.harvest.wakeup_mode,
+        )
+    print(
+        f"outbox {cfg.harvest.outbox_table} migrated to the cursor layout: {done.copied} row(s) copied with ids from "
+        f"{done.first_id}; the old table is {done.old_table} (kept: drop it once satisfied)"
+    )
+    return EXIT_OK
+
+
+def _check(args: argparse.Namespace) -> int:
+    from harvest_outbox.producer.db import connect
+    from harvest_outbox.producer.ops.check import check_outbox, exit_code
+
+    cfg = _load(args, kafka=False)
+    with connect(cfg.harvest.data_source) as conn:
+        findings = check_outbox(conn, cfg.harvest)
+    for finding in findings:
+        print(printable(finding.line()))
+    levels = [f.level for f in findings]
+    print(f"{levels.count('OK')} OK, {levels.count('WARN')} WARN, {levels.count('FAIL')} FAIL")
+    return exit_code(findings)
+
+
+def _shards(args: argparse.Namespace) -> int:
+    from harvest_outbox.producer.observe.shard_status import format_status, shard_status
+
+    cfg = _load(args, {"bootstrap_servers": args.bootstrap_servers})
+    print(format_status(shard_status(cfg.harvest)))
+    return EXIT_OK
+
+
+def _dead_letters(args: argparse.Namespace) -> int:
+    return cli_deadletters.run(args, _load, printable)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    signals = StopSignals(forced_exit=EXIT_FORCED).install()  # first: `harvest run` may be stopped at once
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] not in _COMMANDS and argv[0] not in ("-h", "--help", "--version"):
+        argv = ["run", *argv]  # goharvest's reaper: `harvest -f harvest.yaml`
+    try:
+        args = build_parser().parse_args(argv)
+        if args.command != "run":
+            signals.release()  # the other commands are short: a signal ends them as it would any process
+    except SystemExit:
+        signals.release()
+        raise
+    if args.command is None:
+        build_parser().print_help()
+        return EXIT_OK
+    try:
+        if args.command == "run":
+            return _run(args, signals)
+        if args.command == "init-db":
+            return _init_db(args)
+        if args.command == "check":
+            return _check(args)
+        if args.command == "shards":
+            return _shards(args)
+        return _dead_letters(args)
+    except ConfigError as exc:
+        print(f"harvest: configuration error: {_redacted(str(exc), args)}", file=sys.stderr)
+        return EXIT_USAGE
+    except HarvestError as exc:
+        cause = str(exc.__cause__ or "").strip()
+        cause = f" (caused by: {cause})" if cause and cause not in str(exc) else ""
+        print(f"harvest: error: {_redacted(str(exc) + cause, args)}", file=sys.stderr)
+        return EXIT_FAILURE
+
+
+def _redacted(text: str, args: argparse.Namespace) -> str:
+    """``text`` without the DSN's or the Kafka config's secrets (whatever of them is known by now)."""
+    cfg: FileConfig | None = getattr(args, "loaded_config", None)
+    dsn = cfg.harvest.data_source if cfg else (args.data_source or os.environ.get("HARVEST_DATA_SOURCE"))
+    secrets: tuple[str, ...] = ()
+    if cfg is not None:
+        secrets = tuple(
+            str(v)
+            for conf in (cfg.harvest.base_kafka_config, cfg.harvest.producer_kafka_config)
+            for k, v in conf.items()
+            if is_secret_kafka_key(k)
+        )
+    return " ".join(redact_error(text, dsn, secrets).split())  # one line
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""The at-least-once mode: goharvest's per-record purge."""

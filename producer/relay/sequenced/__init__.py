@@ -1,0 +1,1 @@
+"""The ``--uuid-sequencing`` mode: fenced harvest transactions, one concern per module."""

@@ -1,0 +1,364 @@
+"""The DDL of the outbox and of the objects the relay adds next to it (listed in :mod:`producer.schema`),
+and :func:`init_db`, which runs it.
+
+Invariants:
+- every statement is idempotent (``IF NOT EXISTS`` / ``OR REPLACE`` / ``ON CONFLICT DO NOTHING``), so
+  :func:`init_db` upgrades an older harvest's objects in place, and it runs in one transaction;
+- an existing table is kept as it is (a Debezium table only gains the relay's columns, each with a
+  default, so its writers' INSERTs do not change).
+"""
+
+from __future__ import annotations
+
+import psycopg
+from psycopg import sql
+
+from harvest_outbox.producer.errors import ConfigError
+from harvest_outbox.producer.layouts.cursor.held import held_table
+from harvest_outbox.producer.layouts.cursor.schema import (
+    PARTITION_IDS,
+    PARTITIONS_AHEAD,
+    add_shard_cursors,
+    create_partition,
+    cursor_outbox_ddl,
+    range_partitions,
+    require_layout,
+    require_server,
+)
+from harvest_outbox.producer.mapping.names import OutboxNames, Statement, ValueType, derived_name
+from harvest_outbox.producer.mapping.table import GOHARVEST, DebeziumMapping, TableMapping
+from harvest_outbox.producer.schema.checks import column_types, inspect_outbox, require_utf8_readable
+from harvest_outbox.producer.schema.storage import OUTBOX_FILLFACTOR, missing_storage, storage_sql
+
+
+def outbox_ddl(
+    names: OutboxNames,
+    value_type: ValueType = "varchar",
+    layout: str = "mark",
+    mapped_columns: list[sql.Composable] | None = None,
+    wakeup: str = "notify",
+) -> list[Statement]:
+    """Statements that create the outbox, the dead-letter table and the notify trigger (with ``wakeup``
+    ``poll``, drop it: producer/relay/two_phase.py); with ``layout``
+    ``cursor``, the partitioned outbox and cursor row of :mod:`producer.layouts.cursor.schema` (its partitions
+    are :func:`init_db`'s), a Debezium table's columns ``mapped_columns`` when given (a migration keeps the
+    old table's: :mod:`producer.layouts.cursor.migrate`), else Debezium's convention."""
+    if value_type not in ("varchar", "bytea"):
+        raise ConfigError(f"value type: {value_type!r} must be 'varchar' (goharvest) or 'bytea'")
+    vtype = sql.SQL("BYTEA" if value_type == "bytea" else "VARCHAR")
+    stmts: list[Statement] = []
+    if names.schema:
+        stmts.append(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(names.schema)))
+    if layout == "cursor":
+        mapped = mapped_columns
+        if mapped is None and isinstance(names.mapping, DebeziumMapping):
+            mapped = debezium_columns(names.mapping, value_type, primary_key=False)
+        # _held (producer/layouts/cursor/held.py): haltKey's held rows; empty unless that policy holds a key
+        held = held_table(names, value_type)
+        return stmts + cursor_outbox_ddl(names, value_type, mapped) + _companion_ddl(names, vtype, wakeup) + held
+    if isinstance(names.mapping, DebeziumMapping):
+        stmts += debezium_outbox_ddl(names, names.mapping, value_type)
+        return stmts + _companion_ddl(names, vtype, wakeup)
+    # goharvest's DDL (sh/init-outbox.sh) with the length limits dropped (they only get in the way),
+    # create_time defaulted so writers may omit it, and pages left half empty (OUTBOX_FILLFACTOR).
+    stmts.append(
+        sql.SQL("""
+        CREATE TABLE IF NOT EXISTS {outbox} (
+          id                  BIGSERIAL PRIMARY KEY,
+          create_time         TIMESTAMP WITH TIME ZONE NOT NULL DEFAULT now(),
+          kafka_topic         VARCHAR NOT NULL,
+          kafka_key           VARCHAR NOT NULL,
+          kafka_value         {vtype},
+          kafka_header_keys   TEXT[] NOT NULL,
+          kafka_header_values TEXT[] NOT NULL,
+          leader_id           UUID
+        ) WITH (fillfactor = {ff})""").format(outbox=names.outbox, vtype=vtype, ff=sql.Literal(OUTBOX_FILLFACTOR))
+    )
+    return stmts + _companion_ddl(names, vtype, wakeup)
+
+
+def debezium_outbox_ddl(names: OutboxNames, mapping: DebeziumMapping, value_type: ValueType) -> list[Statement]:
+    """A Debezium outbox: the table in Debezium's convention if it does not exist yet (an existing one
+    is kept as it is), then the relay's bookkeeping columns, each with a default, so the writers'
+    INSERTs stay as they are. Rows written before ``init-db`` have no ``harvest_seq`` and are never
+    relayed: they belong to the tool that relayed the table until then (docs/debezium.md)."""
+    seq = names.debezium_sequence
+    return [
+        sql.SQL("CREATE TABLE IF NOT EXISTS {} ({}) WITH (fillfactor = {})").format(
+            names.outbox, sql.SQL(", ").join(debezium_columns(mapping, value_type)), sql.Literal(OUTBOX_FILLFACTOR)
+        ),
+        sql.SQL("CREATE SEQUENCE IF NOT EXISTS {}").format(seq),
+        sql.SQL("ALTER TABLE {} ADD COLUMN IF NOT EXISTS {} BIGINT").format(names.outbox, mapping.id()),
+        sql.SQL("ALTER TABLE {} ALTER COLUMN {} SET DEFAULT nextval({})").format(
+            names.outbox, mapping.id(), sql.Literal(_regclass_text(names))
+        ),
+        sql.SQL("ALTER SEQUENCE {} OWNED BY {}.{}").format(seq, names.outbox, mapping.id()),
+        sql.SQL("ALTER TABLE {} ADD COLUMN IF NOT EXISTS {} UUID").format(names.outbox, mapping.leader()),
+        sql.SQL("ALTER TABLE {} ADD COLUMN IF NOT EXISTS {} TIMESTAMP WITH TIME ZONE NOT NULL DEFAULT now()").format(
+            names.outbox, mapping.created()
+        ),
+        sql.SQL("CREATE UNIQUE INDEX IF NOT EXISTS {} ON {} ({})").format(
+            sql.Identifier(names.debezium_seq_index), names.outbox, mapping.id()
+        ),
+        # The half-empty pages (OUTBOX_FILLFACTOR) unless the owner chose a fillfactor: init_db, missing_storage.
+    ]
+
+
+def debezium_columns(mapping: DebeziumMapping, value_type: ValueType, primary_key: bool = True) -> list[sql.Composable]:
+    """Debezium's outbox columns under the router's names (its ``id`` the primary key unless
+    ``primary_key`` is false: the cursor layout's partitioned table keys on its ordering column)."""
+    r = mapping.router
+    payload = sql.SQL("BYTEA" if value_type == "bytea" else "JSONB")
+    key = sql.SQL("PRIMARY KEY" if primary_key else "NOT NULL")
+    cols: list[sql.Composable] = [sql.SQL("{} UUID {}").format(sql.Identifier(r.field_event_id), key)]
+    seen = {r.field_event_id, r.field_event_payload}
+    for col in (r.route_by_field, r.field_event_key, "type"):
+        if col not in seen:
+            seen.add(col)
+            cols.append(sql.SQL("{} VARCHAR(255) NOT NULL").format(sql.Identifier(col)))
+    cols.append(sql.SQL("{} {}").format(sql.Identifier(r.field_event_payload), payload))
+    return cols
+
+
+def _regclass_text(names: OutboxNames) -> str:
+    """The sequence's name as nextval() reads it (a quoted, schema-qualified identifier)."""
+    seq = derived_name(names.table, "_harvest_seq")
+    quoted = '"' + seq.replace('"', '""') + '"'
+    return ('"' + names.schema.replace('"', '""') + '".' + quoted) if names.schema else quoted
+
+
+def _companion_ddl(names: OutboxNames, vtype: sql.Composable, wakeup: str = "notify") -> list[Statement]:
+    """The dead-letter table, the fence and ACK-intent tables, the attempt counts and the NOTIFY
+    trigger (``wakeup`` ``notify``; ``poll`` drops it), for any table mapping."""
+    stmts: list[Statement] = []
+    # Dead letters keep the original id (unique) and nullable columns: a row that was bad because a
+    # column was NULL must still fit here.
+    stmts.append(
+        sql.SQL("""
+        CREATE TABLE IF NOT EXISTS {dlq} (
+          id                  BIGINT PRIMARY KEY,
+          create_time         TIMESTAMP WITH TIME ZONE,
+          kafka_topic         VARCHAR,
+          kafka_key           VARCHAR,
+          kafka_value         {vtype},
+          kafka_header_keys   TEXT[],
+          kafka_header_values TEXT[],
+          error               TEXT NOT NULL,
+          attempts            INTEGER NOT NULL,
+          dead_time           TIMESTAMP WITH TIME ZONE NOT NULL DEFAULT now()
+        )""").format(dlq=names.dead_letters, vtype=vtype)
+    )
+    # deadLetterRetention finds expired dead letters by dead_time (without an index: a scan of the table per run).
+    stmts.append(
+        sql.SQL("CREATE INDEX IF NOT EXISTS {} ON {} (dead_time)").format(
+            sql.Identifier(names.dead_time_index_name), names.dead_letters
+        )
+    )
+    # deadLetterPolicy: haltKey probes the dead letters by (topic, key) for every row it marks (producer.relay.key_halt).
+    stmts.append(
+        sql.SQL("CREATE INDEX IF NOT EXISTS {} ON {} (kafka_topic, kafka_key)").format(
+            sql.Identifier(names.dead_key_index_name), names.dead_letters
+        )
+    )
+    if names.mapping.source_row("o") is not None:
+        # The row as it was (a mapped table's columns are not the record's): a requeue restores it.
+        stmts.append(sql.SQL("ALTER TABLE {} ADD COLUMN IF NOT EXISTS source_row JSONB").format(names.dead_letters))
+    # --uuid-sequencing: the fence row and the persisted ACK intents (docs/design.md §5).
+    stmts.append(
+        sql.SQL("""
+        CREATE TABLE IF NOT EXISTS {state} (
+          singleton   BOOLEAN PRIMARY KEY DEFAULT true CHECK (singleton),
+          epoch       BIGINT NOT NULL DEFAULT 0,
+          leader_id   UUID,
+          leader_name TEXT,
+          updated_at  TIMESTAMP WITH TIME ZONE NOT NULL DEFAULT now()
+        )""").format(state=names.state)
+    )
+    stmts.append(
+        sql.SQL("INSERT INTO {state} (singleton) VALUES (true) ON CONFLICT DO NOTHING").format(state=names.state)
+    )
+    # Added after the first release: ALTER … IF NOT EXISTS upgrades older state tables in place.
+    stmts.append(
+        sql.SQL("ALTER TABLE {state} ADD COLUMN IF NOT EXISTS last_clock BIGINT NOT NULL DEFAULT 0").format(
+            state=names.state
+        )
+    )
+    # One row per (producer, partition): a commit replaces the producer's older intent there, so a
+    # recovery never re-sends an old ACK that would roll back the producer's newer, committed span.
+    # clock: a Gazette clock (60-bit timestamp << 4 | counter) fits a signed BIGINT until the year 5236.
+    stmts.append(
+        sql.SQL("""
+        CREATE TABLE IF NOT EXISTS {acks} (
+          epoch           BIGINT NOT NULL,
+          producer        BYTEA NOT NULL,
+          clock           BIGINT NOT NULL,
+          topic           VARCHAR NOT NULL,
+          kafka_partition INTEGER NOT NULL,
+          create_time     TIMESTAMP WITH TIME ZONE NOT NULL DEFAULT now(),
+          PRIMARY KEY (producer, topic, kafka_partition)
+        )""").format(acks=names.ack_intents)
+    )
+    # Failed delivery attempts per outbox id (no foreign key: the outbox row is deleted first by
+    # goharvest-style purges, and a dangling count is harmless, deleted with the next dead letter).
+    stmts.append(
+        sql.SQL("""
+        CREATE TABLE IF NOT EXISTS {attempts} (
+          id          BIGINT PRIMARY KEY,
+          attempts    INTEGER NOT NULL,
+          last_error  TEXT,
+          updated_at  TIMESTAMP WITH TIME ZONE NOT NULL DEFAULT now()
+        )""").format(attempts=names.delivery_attempts)
+    )
+    # Sharded relays (shards: S): a view recovers only intents of views that led one of its shards
+    # (those can no longer commit). An intent of a view still live on other shards, re-sent, would be
+    # an old ACK that rolls back that producer's newer, still open span in every reader.
+    stmts.append(
+        sql.SQL("ALTER TABLE {acks} ADD COLUMN IF NOT EXISTS shard_count INTEGER NOT NULL DEFAULT 1").format(
+            acks=names.ack_intents
+        )
+    )
+    stmts.append(
+        sql.SQL("ALTER TABLE {acks} ADD COLUMN IF NOT EXISTS shards INTEGER[] NOT NULL DEFAULT '{{0}}'").format(
+            acks=names.ack_intents
+        )
+    )
+    # The layout of the relays running on the outbox (producer/relay/admission.py): empty until the first starts.
+    stmts.append(
+        sql.SQL("""
+        CREATE TABLE IF NOT EXISTS {layout} (
+          singleton       BOOLEAN PRIMARY KEY DEFAULT true CHECK (singleton),
+          shards          INTEGER,
+          leader_election TEXT,
+          leader_group_id TEXT,
+          leader_topic    TEXT,
+          updated_by      TEXT,
+          updated_at      TIMESTAMP WITH TIME ZONE NOT NULL DEFAULT now()
+        )""").format(layout=names.layout)
+    )
+    stmts.append(
+        sql.SQL("INSERT INTO {layout} (singleton) VALUES (true) ON CONFLICT DO NOTHING").format(layout=names.layout)
+    )
+    if wakeup not in ("notify", "poll"):
+        raise ConfigError(f"wakeup: {wakeup!r} is not a wake-up; use notify or poll")
+    if wakeup == "poll":
+        # A NOTIFY makes the writer's PREPARE TRANSACTION fail, and a trigger cannot know that one will
+        # follow: two-phase-commit writers need the table without it (the relay polls: producer/relay/two_phase.py).
+        # The function stays: another outbox of the schema may use it.
+        stmts.append(
+            sql.SQL("DROP TRIGGER IF EXISTS {trg} ON {outbox}").format(trg=names.notify_trigger, outbox=names.outbox)
+        )
+        return stmts
+    stmts.append(
+        sql.SQL("""
+        CREATE OR REPLACE FUNCTION {fn}() RETURNS trigger LANGUAGE plpgsql AS $$
+        BEGIN
+          PERFORM pg_notify(TG_ARGV[0], '');
+          RETURN NULL;
+        END $$""").format(fn=names.notify_function)
+    )
+    stmts.append(
+        sql.SQL("DROP TRIGGER IF EXISTS {trg} ON {outbox}").format(trg=names.notify_trigger, outbox=names.outbox)
+    )
+    stmts.append(
+        sql.SQL(
+            "CREATE TRIGGER {trg} AFTER INSERT ON {outbox} FOR EACH STATEMENT EXECUTE FUNCTION {fn}({channel})"
+        ).format(
+            trg=names.notify_trigger, outbox=names.outbox, fn=names.notify_function, channel=sql.Literal(names.channel)
+        )
+    )
+    return stmts
+
+
+def shard_ddl(names: OutboxNames, count: int) -> list[Statement]:
+    """What ``shards: count`` needs: the per-shard mark index and the shards' fence rows."""
+    from harvest_outbox.producer.relay.shards import check_shard_count, shard_expression
+
+    check_shard_count(count)
+    if count == 1:
+        return []
+    expr = shard_expression(count, names.mapping.shard_key())
+    return [
+        sql.SQL("CREATE INDEX IF NOT EXISTS {idx} ON {outbox} ({expr}, {id})").format(
+            idx=sql.Identifier(names.shard_index_name(count)), outbox=names.outbox, expr=expr, id=names.mapping.id()
+        ),
+        # An older harvest's index (on the old expression) is no relay's any more: one MD5 per insert for nothing.
+        sql.SQL("DROP INDEX IF EXISTS {}").format(names._ident(names.old_shard_index_name(count))),
+        sql.SQL("""
+            CREATE TABLE IF NOT EXISTS {st} (
+              shard_count INTEGER NOT NULL,
+              shard       INTEGER NOT NULL,
+              epoch       BIGINT NOT NULL DEFAULT 0,
+              leader_id   UUID,
+              leader_name TEXT,
+              updated_at  TIMESTAMP WITH TIME ZONE NOT NULL DEFAULT now(),
+              last_clock  BIGINT NOT NULL DEFAULT 0,
+              PRIMARY KEY (shard_count, shard)
+            )""").format(st=names.shard_state),
+        sql.SQL(
+            "INSERT INTO {st} (shard_count, shard) SELECT {n}, s FROM generate_series(0, {last}) AS s "
+            "ON CONFLICT DO NOTHING"
+        ).format(st=names.shard_state, n=sql.Literal(count), last=sql.Literal(count - 1)),
+    ]
+
+
+def init_db(
+    conninfo_or_conn: str | psycopg.Connection,
+    outbox_table: str = "outbox",
+    value_type: ValueType = "varchar",
+    shards: int = 1,
+    mapping: TableMapping = GOHARVEST,
+    layout: str = "mark",
+    partition_ids: int = PARTITION_IDS,
+    wakeup: str = "notify",
+) -> OutboxNames:
+    """Create (idempotently, in one transaction) everything the relay needs. Returns the names.
+    ``shards`` > 1 also creates what sharded relays need (:func:`shard_ddl`). Refuses a SQL_ASCII
+    database (:func:`require_utf8_readable`). With a Debezium ``mapping`` an existing table is kept
+    and only gains the relay's columns (its payload column's type then decides ``value_type``).
+    ``layout`` ``cursor`` (``outboxLayout``): the partitioned outbox of :mod:`producer.layouts.cursor.schema`,
+    with :data:`~producer.layouts.cursor.schema.PARTITIONS_AHEAD` partitions of ``partition_ids`` ids when it has
+    none; an existing table of the other layout is refused, never changed. ``wakeup`` ``poll`` leaves the
+    outbox without the NOTIFY trigger (dropping one an earlier run made): writers may then use two-phase
+    commit, and the relay finds their rows by polling (producer/relay/two_phase.py)."""
+    names = OutboxNames.parse(outbox_table, mapping)
+    if layout not in ("mark", "cursor"):
+        raise ConfigError(f"outboxLayout: {layout!r} is not a layout; use mark or cursor")
+    if layout == "cursor" and partition_ids < 1:
+        raise ConfigError(f"outboxLayout: cursor needs partitions of at least 1 id (got {partition_ids})")
+
+    def run(conn: psycopg.Connection) -> None:
+        require_utf8_readable(conn)
+        if layout == "cursor":
+            require_server(conn)
+        require_layout(conn, names, layout)
+        vtype = value_type
+        if isinstance(mapping, DebeziumMapping):
+            cols = column_types(conn, names)
+            if cols is not None:
+                vtype = "bytea" if cols.get(mapping.router.field_event_payload) == "bytea" else "varchar"
+        with conn.transaction():
+            for stmt in outbox_ddl(names, vtype, layout, wakeup=wakeup) + shard_ddl(names, shards):
+                conn.execute(stmt)
+            if layout == "cursor":
+                add_shard_cursors(conn, names, shards)
+                if not range_partitions(conn, names):
+                    # from the sequence's head: a sequence kept from a table moved by hand (docs/debezium.md)
+                    # draws above its old ids, which would otherwise all land in the DEFAULT partition
+                    head = conn.execute(sql.SQL("SELECT last_value FROM {}").format(names.id_sequence)).fetchone()
+                    first = (int(head[0]) // partition_ids) * partition_ids if head else 0
+                    for p in range(PARTITIONS_AHEAD):
+                        start = first + p * partition_ids
+                        conn.execute(create_partition(names, start, start + partition_ids))
+            else:
+                missing = missing_storage(conn, names)  # only what the table lacks: an owner's value is kept
+                if missing:
+                    conn.execute(storage_sql(names, missing))
+        if isinstance(mapping, DebeziumMapping):
+            inspect_outbox(conn, names)  # the router's columns exist, with types rendered as Debezium does
+
+    if isinstance(conninfo_or_conn, psycopg.Connection):
+        run(conninfo_or_conn)
+        return names
+    with psycopg.connect(conninfo_or_conn) as conn:
+        run(conn)
+    return names

@@ -1,0 +1,150 @@
+"""What every stasher shares: the record type, its validation into an outbox row, and the SQL.
+
+The synchronous stasher (:mod:`producer.stash.stasher`), the asyncio one (:mod:`producer.stash.async_stasher`)
+and the SQLAlchemy binding (:mod:`producer.stash.sqlalchemy`) only differ in how they run the two
+statements built here; everything that decides *what* is written lives in :class:`StashPlan`.
+
+Invariants:
+- a record is validated before it reaches the database (:class:`~producer.errors.RecordError`
+  naming the field), so a bad record fails the caller's transaction, not the relay; a batch is
+  validated whole before any of it is written;
+- ``value=None`` is stored as SQL NULL and published as a tombstone;
+- headers are ordered ``(key, value)`` pairs, stored as goharvest's two parallel TEXT[] columns;
+- with ``trace_context`` on and OpenTelemetry installed, the current W3C ``traceparent`` /
+  ``tracestate`` are appended as headers, unless the record already carries a ``traceparent``
+  (an explicit one wins); a batch is stashed in one context, so its trace headers are computed once;
+- identifiers are composed with :mod:`psycopg.sql` (never interpolated).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from psycopg import sql
+
+if TYPE_CHECKING:
+    from harvest_outbox.producer.stash.validation import StashValidator
+
+from harvest_outbox.producer.errors import ConfigError, RecordError
+from harvest_outbox.producer.kafka_names import LEGAL_NAME, NAME_RULE
+from harvest_outbox.producer.observe.tracing import TRACEPARENT, current_trace_headers
+from harvest_outbox.producer.schema import OutboxNames, ValueType
+
+Headers = Sequence[tuple[str, "str | None"]] | Mapping[str, "str | None"]
+#: One outbox row as both statements take it: topic, key, value, header keys, header values.
+Row = tuple[str, str, "str | bytes | None", list[str], "list[str | None]"]
+_COLUMNS = sql.SQL("kafka_topic, kafka_key, kafka_value, kafka_header_keys, kafka_header_values")
+
+
+@dataclass(frozen=True)
+class OutboxRecord:
+    """What an application stashes: topic, key, value (``None`` = tombstone) and headers
+    (``None`` = no headers, as the default ``()``)."""
+
+    topic: str
+    key: str
+    value: str | bytes | None = None
+    headers: Headers | None = field(default_factory=tuple)
+
+
+def header_arrays(headers: Headers | None) -> tuple[list[str], list[str | None]]:
+    if headers is None:
+        return [], []
+    pairs = headers.items() if isinstance(headers, Mapping) else headers
+    keys: list[str] = []
+    values: list[str | None] = []
+    for pair in pairs:
+        try:
+            k, v = pair
+        except (TypeError, ValueError):
+            raise RecordError(f"headers: {pair!r} is not a (key, value) pair") from None
+        if not isinstance(k, str):
+            raise RecordError(f"headers: key {k!r} must be a string")
+        if v is not None and not isinstance(v, str):
+            raise RecordError(f"headers[{k!r}]: value must be a string or None (TEXT[] column), got {type(v).__name__}")
+        keys.append(k)
+        values.append(v)
+    return keys, values
+
+
+class StashPlan:
+    """The validated rows and the two statements (INSERT … RETURNING id, COPY) for one outbox table."""
+
+    def __init__(
+        self,
+        outbox_table: str = "outbox",
+        value_type: ValueType = "varchar",
+        *,
+        trace_context: bool = True,
+        validate: StashValidator | None = None,
+    ) -> None:
+        #: Optional check against cached registry schemas (producer.stash.validation); None: none.
+        self.validate = validate
+        if value_type not in ("varchar", "bytea"):
+            raise ConfigError(
+                f"value_type: {value_type!r} is not an outbox value type; use 'varchar' or 'bytea' "
+                f"(as the table was created by init_db)"
+            )
+        self.names = OutboxNames.parse(outbox_table)
+        self.value_type: ValueType = value_type
+        self.trace_context = trace_context
+        self.insert = sql.SQL("INSERT INTO {} ({}) VALUES (%s, %s, %s, %s, %s) RETURNING id").format(
+            self.names.outbox, _COLUMNS
+        )
+        self.copy = sql.SQL("COPY {} ({}) FROM STDIN").format(self.names.outbox, _COLUMNS)
+
+    def _value(self, value: object) -> str | bytes | None:
+        if value is None:
+            return None
+        if self.value_type == "bytea":
+            if isinstance(value, str):
+                return value.encode()
+            if not isinstance(value, (bytes, bytearray, memoryview)):
+                raise RecordError(f"value: must be bytes, str or None, got {type(value).__name__}")
+            return bytes(value)
+        if isinstance(value, (bytes, bytearray, memoryview)):
+            try:
+                value = bytes(value).decode("utf-8")
+            except UnicodeDecodeError:
+                raise RecordError(
+                    "value: binary value is not UTF-8 but the outbox's kafka_value is "
+                    "VARCHAR; create the table with value type 'bytea'"
+                ) from None
+        elif not isinstance(value, str):
+            raise RecordError(f"value: must be str, bytes or None, got {type(value).__name__}")
+        if "\x00" in value:
+            raise RecordError("value: contains NUL, which VARCHAR cannot hold; use a 'bytea' outbox")
+        return value
+
+    def _row(self, record: OutboxRecord, trace: list[tuple[str, str]]) -> Row:
+        if not isinstance(record, OutboxRecord):
+            raise RecordError(f"record: expected a producer.OutboxRecord, got {type(record).__name__}")
+        if not isinstance(record.topic, str) or not LEGAL_NAME.match(record.topic):
+            raise RecordError(f"topic: {record.topic!r} is not a valid Kafka topic name ({NAME_RULE})")
+        if not isinstance(record.key, str):
+            raise RecordError(
+                f"key: must be a string (outbox kafka_key is VARCHAR NOT NULL), got {type(record.key).__name__}"
+            )
+        value = self._value(record.value)
+        if self.validate is not None:
+            self.validate.check(record.topic, value)  # a local cache only: no network in the transaction
+        keys, values = header_arrays(record.headers)
+        if trace and TRACEPARENT not in keys:
+            for k, v in trace:
+                keys.append(k)
+                values.append(v)
+        return record.topic, record.key, value, keys, values
+
+    def _trace(self) -> list[tuple[str, str]]:
+        return current_trace_headers() if self.trace_context else []
+
+    def row(self, record: OutboxRecord) -> Row:
+        """``record`` validated into the INSERT's parameters (plus the current trace context)."""
+        return self._row(record, self._trace())
+
+    def rows(self, records: Iterable[OutboxRecord]) -> list[Row]:
+        """All ``records`` validated (the first bad one raises) into COPY rows."""
+        trace = self._trace()
+        return [self._row(r, trace) for r in records]
