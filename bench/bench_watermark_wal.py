@@ -7,7 +7,7 @@ Starts its own Postgres (no Kafka: the database side is the subject). Two loops,
 ``CHECKPOINT`` between writing and draining) and warm, as ``bench.bench_wal`` measures them:
 
 - ``at_least_once`` (the baseline): today's outbox and relay statements, ``bench.bench_wal``'s loop;
-- ``watermark``: the partitioned outbox of producer/layouts/cursor/watermark_sql.py, filled by the same writers (one
+- ``watermark``: the partitioned outbox of producer/layouts/cursor/_watermark_sql.py, filled by the same writers (one
   ``INSERT`` per row, ``--txn-rows`` per transaction), drained by the mark-less statements: a batch
   start (snapshot, head, xid), pages of ``--batch`` rows read between two snapshots, one fenced cursor
   ``UPDATE`` per page, then every delivered partition truncated.
@@ -32,8 +32,8 @@ from psycopg import sql
 
 from bench.bench_wal import Meter, one_run, per_row, wal_stats
 from harvest_outbox.harvest_local.postgres import EmbeddedPostgres
-from harvest_outbox.producer.layouts.cursor.watermark import read_page, retirable
-from harvest_outbox.producer.layouts.cursor.watermark_sql import WatermarkSession, ddl
+from harvest_outbox.producer.layouts.cursor._watermark import read_page, retirable
+from harvest_outbox.producer.layouts.cursor._watermark_sql import WatermarkSession, ddl
 
 
 def fill(dsn: str, schema: str, rows: int, keys: int, txn_rows: int) -> dict[str, Any]:

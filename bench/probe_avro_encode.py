@@ -1,5 +1,5 @@
 """Avro encoding per row, in process (not a drain; no services): what each step of the relay's direct
-Avro path costs on bench_registry's record (producer/encode/avro_batch.py, producer/encode/avro_compiled.py).
+Avro path costs on bench_registry's record (producer/encode/_avro_batch.py, producer/encode/_avro_compiled.py).
 
     .venv/bin/python -m bench.probe_avro_encode [--rows 20000] [--repeat 7]
 
@@ -27,7 +27,7 @@ from collections.abc import Callable
 from typing import Any
 
 from bench.bench_registry import SCHEMA
-from harvest_outbox.producer.encode.avro_batch import AvroWriter, encode_values, loads
+from harvest_outbox.producer.encode._avro_batch import AvroWriter, encode_values, loads
 
 
 def _rows(n: int, poison_every: int = 0) -> list[bytes]:

@@ -11,7 +11,7 @@ topics and the internal ones (offsets, transaction state) replicated three times
 (an ``acks=all`` write is acknowledged once two replicas have it: one node can be lost with no
 acknowledged write lost, two down make producers wait on ``NOT_ENOUGH_REPLICAS``), unclean leader election
 off (a replica that missed writes never becomes leader). The relay's producers always run ``acks=all``
-with idempotence (producer/config/kafka.py forces both), so nothing else needs setting on the client side.
+with idempotence (producer/config/_kafka.py forces both), so nothing else needs setting on the client side.
 
 Invariants (tests/test_e2e/test_cluster.py): :meth:`EmbeddedKafkaCluster.start` returns once every node
 names all nodes as live brokers; a node killed or stopped comes back on the same ports with its data

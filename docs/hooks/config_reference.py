@@ -5,7 +5,7 @@ A page holding ``<!-- generated: config-reference -->`` gets a table of every ke
 accepts; ``<!-- generated: environment-variables -->`` the table of ``HARVEST_<KEY>`` variables.
 Nothing here restates the code:
 
-- the keys are the ones :mod:`producer.config.harvest` accepts (``TOP_KEYS``; the keys of a section, of a
+- the keys are the ones :mod:`producer.config._harvest` accepts (``TOP_KEYS``; the keys of a section, of a
   section's sections and of a list's entries are the ones the loader names when given an unknown key
   there, so a new nested section needs nothing here);
 - a key's description is the ``#:`` comment above its dataclass field (``HarvestConfig``, ``Limits``,
@@ -180,7 +180,7 @@ def _dataclass_in(annotation: str, owner: type, default: Any) -> type | None:
 def _nested_rows(path: Path_, cls: type | None, module: Any, module_docs: Mapping[str, str]) -> list[Row]:
     """Rows of the keys of the mapping at ``path`` (``cls``: the dataclass it becomes), then of their sections."""
     from harvest_outbox.producer.config import HarvestConfig
-    from harvest_outbox.producer.config.env import attribute_name
+    from harvest_outbox.producer.config._env import attribute_name
 
     keys = _section_keys(path) or []
     fields = {f.name: f for f in dataclasses.fields(cls)} if cls else {}
@@ -269,9 +269,9 @@ def _type(annotation: str, env_kind: str | None, duration: bool) -> str:
 
 def reference_rows() -> list[Row]:
     """Every key of the YAML file, in the loader's order: ``harvest.*``, its sections' keys, ``logging.level``."""
-    from harvest_outbox.producer.config import file as config_file
-    from harvest_outbox.producer.config import harvest as config
-    from harvest_outbox.producer.config.env import LOG_LEVEL_VARIABLE, attribute_name, variable_name
+    from harvest_outbox.producer.config import _file as config_file
+    from harvest_outbox.producer.config import _harvest as config
+    from harvest_outbox.producer.config._env import LOG_LEVEL_VARIABLE, attribute_name, variable_name
     from harvest_outbox.producer.ops.cli import build_parser
 
     module_docs = comment_docs(config)
@@ -353,7 +353,7 @@ def _table(rows: list[Row], columns: tuple[str, ...]) -> str:
 
 
 def config_markdown() -> str:
-    from harvest_outbox.producer.config import harvest as config
+    from harvest_outbox.producer.config import _harvest as config
 
     rows = reference_rows()
     top = [r for r in rows if r.path.count(".") == 1 and r.path.startswith("harvest.")]
@@ -390,15 +390,15 @@ def config_markdown() -> str:
 
 
 def _upper(key: str) -> str:
-    from harvest_outbox.producer.config.env import upper_snake
+    from harvest_outbox.producer.config._env import upper_snake
 
     return upper_snake(key)
 
 
 def environment_markdown() -> str:
     """The ``HARVEST_<KEY>`` variables by how their text is read (``config_harvest.ENV_KINDS``)."""
-    from harvest_outbox.producer.config import harvest as config
-    from harvest_outbox.producer.config.env import LOG_LEVEL_VARIABLE, MAPPING, SCALAR, TEXT, variable_name
+    from harvest_outbox.producer.config import _harvest as config
+    from harvest_outbox.producer.config._env import LOG_LEVEL_VARIABLE, MAPPING, SCALAR, TEXT, variable_name
 
     how = {
         TEXT: "as it is (no YAML, no `${…}`: a DSN's `#`, `:` or `$` is safe)",

@@ -3,14 +3,14 @@
 The import path of the relay's configuration (``from harvest_outbox.producer.config import HarvestConfig,
 Limits, load_yaml``); each concept lives in a module of its own, re-exported here:
 
-- :mod:`~producer.config.harvest`: :class:`HarvestConfig`, the whole relay config (YAML ``harvest:``);
-- :mod:`~producer.config.limits`: :class:`Limits`, goharvest's limit names and defaults plus our own;
-- :mod:`~producer.config.kafka`: the Kafka properties and the producer properties they make;
-- :mod:`~producer.config.election`: the leader-election settings;
-- :mod:`~producer.config.values`: durations, the default relay name, a listen address;
-- :mod:`~producer.config.file`: :func:`load_yaml` / :func:`from_mapping`, the reaper YAML file read
+- :mod:`~producer.config._harvest`: :class:`HarvestConfig`, the whole relay config (YAML ``harvest:``);
+- :mod:`~producer.config._limits`: :class:`Limits`, goharvest's limit names and defaults plus our own;
+- :mod:`~producer.config._kafka`: the Kafka properties and the producer properties they make;
+- :mod:`~producer.config._election`: the leader-election settings;
+- :mod:`~producer.config._values`: durations, the default relay name, a listen address;
+- :mod:`~producer.config._file`: :func:`load_yaml` / :func:`from_mapping`, the reaper YAML file read
   strictly; precedence: a CLI flag (``overrides``) > a ``HARVEST_<KEY>`` variable > the file's value
-  (with its ``${…}`` references resolved) > the default (:mod:`producer.config.env`).
+  (with its ``${…}`` references resolved) > the default (:mod:`producer.config._env`).
 
 Invariants (each stated and kept by the module that owns it):
 - every error is a :class:`~producer.errors.ConfigError` naming the field (YAML path), the value and a fix;
@@ -26,12 +26,12 @@ Invariants (each stated and kept by the module that owns it):
 
 from __future__ import annotations
 
-from harvest_outbox.producer.config.election import (
+from harvest_outbox.producer.config._election import (
     LEADER_ELECTIONS,
     NELI_MAX_HEARTBEAT_TIMEOUT,
     NELI_MIN_HEARTBEAT_TIMEOUT,
 )
-from harvest_outbox.producer.config.file import (
+from harvest_outbox.producer.config._file import (
     LOG_LEVELS,
     FileConfig,
     StartupNote,
@@ -39,7 +39,7 @@ from harvest_outbox.producer.config.file import (
     load_yaml,
     startup_notes,
 )
-from harvest_outbox.producer.config.harvest import (
+from harvest_outbox.producer.config._harvest import (
     DEAD_LETTER_POLICIES,
     DEFAULT_DATA_SOURCE,
     ENV_KINDS,
@@ -49,8 +49,8 @@ from harvest_outbox.producer.config.harvest import (
     TOP_KEYS,
     HarvestConfig,
 )
-from harvest_outbox.producer.config.kafka import DEFAULT_BOOTSTRAP, DEFAULT_LINGER_MS, DEFAULT_PARTITIONER
-from harvest_outbox.producer.config.limits import (
+from harvest_outbox.producer.config._kafka import DEFAULT_BOOTSTRAP, DEFAULT_LINGER_MS, DEFAULT_PARTITIONER
+from harvest_outbox.producer.config._limits import (
     AUTO_MARK_RECORDS,
     AUTO_MAX_IN_FLIGHT,
     AUTO_TXN_RECORDS,
@@ -60,7 +60,7 @@ from harvest_outbox.producer.config.limits import (
     MIN_IO_ERROR_BACKOFF,
     Limits,
 )
-from harvest_outbox.producer.config.values import (
+from harvest_outbox.producer.config._values import (
     DEFAULT_BIND_ADDRESS,
     check_bind_address,
     default_name,

@@ -1,13 +1,13 @@
 """The relay's database binding: :class:`OutboxDatabase`, one connection running the relay's statements.
 
 Its concepts have modules of their own, re-exported here (``from harvest_outbox.producer.db import …``):
-- :mod:`~producer.db.session`: :func:`connect` and the session every statement runs in (autocommit,
+- :mod:`~producer.db._session`: :func:`connect` and the session every statement runs in (autocommit,
   UTF-8, timeouts, the connection replaced after a failure);
 - :mod:`~producer.layouts.mark.marks`: the mark (goharvest's query) and the :data:`MarkedRow` it returns;
-- :mod:`~producer.db.statements`: purge, reset, dead-letter and delivery-attempt statements by id;
+- :mod:`~producer.db._statements`: purge, reset, dead-letter and delivery-attempt statements by id;
 - :mod:`~producer.db.fence`: ``--uuid-sequencing``'s view start and fenced commit (:class:`TxnCommit`,
   :func:`id_range`);
-- :mod:`~producer.db.listener`: :class:`Listener`, LISTEN for a stasher's NOTIFY.
+- :mod:`~producer.db._listener`: :class:`Listener`, LISTEN for a stasher's NOTIFY.
 
 Invariants: every statement runs in autocommit mode (each is its own transaction, as in goharvest),
 committed synchronously except on a connection built with ``async_commit`` (the relay's mark
@@ -28,16 +28,15 @@ import psycopg
 from psycopg import sql
 from psycopg.pq import Format
 
-from harvest_outbox.producer.db.fence import MAX_RANGE_HOLES, FencedCommits, TxnCommit, id_range
-from harvest_outbox.producer.db.listener import Listener
-from harvest_outbox.producer.db.session import (
+from harvest_outbox.producer.db._listener import Listener
+from harvest_outbox.producer.db._session import (
     IDLE_IN_TRANSACTION_TIMEOUT,
     LOCK_TIMEOUT,
     TCP_DEFAULTS,
     OutboxSession,
     connect,
 )
-from harvest_outbox.producer.db.statements import (
+from harvest_outbox.producer.db._statements import (
     dead_letter_sql,
     dead_letter_stats_sql,
     expire_dead_letters_sql,
@@ -45,6 +44,7 @@ from harvest_outbox.producer.db.statements import (
     record_attempts_sql,
     reset_sql,
 )
+from harvest_outbox.producer.db.fence import MAX_RANGE_HOLES, FencedCommits, TxnCommit, id_range
 from harvest_outbox.producer.layouts.mark.marks import ROW_CREATED, MarkedAttempts, MarkedRow, mark_sql
 from harvest_outbox.producer.relay.shards import shard_expression
 from harvest_outbox.producer.schema import OutboxNames

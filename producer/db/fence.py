@@ -7,14 +7,14 @@ commit of its harvest transactions, with their ACK intents.
   holes (:func:`id_range`) or, failing that, as ``id = ANY($ids)``; their dead rows moved to the dead
   letters; one ACK intent per journal; all in one DB transaction sent as one message.
 
-Invariants (the ones :class:`~producer.relay.sequenced.store.SequencedStore` states, kept here on Postgres):
+Invariants (the ones :class:`~producer.relay.sequenced._store.SequencedStore` states, kept here on Postgres):
 - a view's start sees every commit that held the fence row lock before it (the intents are read after
   the UPDATE, in READ COMMITTED);
 - a commit changes nothing unless the fence still holds its view's epoch and every row it deletes or
   dead-letters is still its view's: it raises :class:`~producer.errors.FenceError` (rolled back);
 - a :class:`~producer.errors.DatabaseError` from a commit means its outcome is unknown;
 - a relay frozen half way through a commit never holds the fence row lock beyond the session's
-  ``idle_in_transaction_session_timeout`` (:data:`~producer.db.session.IDLE_IN_TRANSACTION_TIMEOUT`).
+  ``idle_in_transaction_session_timeout`` (:data:`~producer.db._session.IDLE_IN_TRANSACTION_TIMEOUT`).
 """
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ from typing import Any, NamedTuple
 import psycopg
 from psycopg import sql
 
-from harvest_outbox.producer.db.session import OutboxSession
-from harvest_outbox.producer.db.statements import ANY_IDS, dead_letter_sql, forget_attempts_sql
+from harvest_outbox.producer.db._session import OutboxSession
+from harvest_outbox.producer.db._statements import ANY_IDS, dead_letter_sql, forget_attempts_sql
 from harvest_outbox.producer.errors import FenceError, SchemaError
 from harvest_outbox.producer.schema import OutboxNames, Statement
 

@@ -8,7 +8,7 @@ the JSON value is parsed and encoded in the Confluent wire format (magic byte 0,
 id, the encoded record) as confluent-kafka's serializer of that format encodes it. The writer schema
 is resolved once per batch and topic through confluent-kafka's registry client (which caches it for
 ``latestTtl``); a schema id's first row goes through the serializer, and once its bytes are seen to
-be what the direct writer gives (Avro: producer/encode/avro_batch.py; Protobuf: the serializer's header and
+be what the direct writer gives (Avro: producer/encode/_avro_batch.py; Protobuf: the serializer's header and
 ``SerializeToString``), the id's later rows skip the serializer's per-call lookups. With
 ``encodeWorker`` a batch's Avro values are encoded in a child process (producer/encode/worker.py).
 
@@ -22,7 +22,7 @@ Decide, then return the decision (the rows), never a half-encoded batch:
   dead-lettered, and the relay carries on when the registry answers again;
 - tombstones (``value`` NULL) stay tombstones; rows of topics without a serializer are untouched.
 
-Protobuf takes a message class, which a JSON row does not name: ProtobufEncoder (producer/encode/protobuf_encoder.py) builds it
+Protobuf takes a message class, which a JSON row does not name: ProtobufEncoder (producer/encode/_protobuf_encoder.py) builds it
 at run time from the registered ``.proto`` (harvest_outbox/protobuf_schema.py) and parses the row into it.
 
 confluent-kafka's registry client and serializers are imported on first use (the ``registry``
@@ -41,8 +41,8 @@ from typing import Any
 
 from harvest_outbox.producer.config.serialization import SerializationConfig, TopicSerialization
 from harvest_outbox.producer.db import MarkedRow
-from harvest_outbox.producer.encode.avro_batch import AvroWriter, encode_values, loads
-from harvest_outbox.producer.encode.protobuf_encoder import ProtobufEncoder
+from harvest_outbox.producer.encode._avro_batch import AvroWriter, encode_values, loads
+from harvest_outbox.producer.encode._protobuf_encoder import ProtobufEncoder
 from harvest_outbox.producer.encode.worker import EncodeWorker
 from harvest_outbox.producer.errors import ConfigError, DatabaseError
 from harvest_outbox.producer.schema.reasons import not_json_reason, validation_reason
@@ -91,7 +91,7 @@ class _TopicEncoder:
         self.client = client
         self.subject = entry.subject(topic)
         self.avro = entry.serializer == "avro"
-        self._writers: dict[int, AvroWriter] = {}  # schema id -> its direct writer (producer/encode/avro_batch.py)
+        self._writers: dict[int, AvroWriter] = {}  # schema id -> its direct writer (producer/encode/_avro_batch.py)
         self.value = self._serializer(entry.serializer, entry, topic, client, False)
         self.key = self._serializer(entry.key_serializer, entry, topic, client, True)
         self.value_ctx = SerializationContext(topic, MessageField.VALUE)
@@ -126,7 +126,7 @@ class _TopicEncoder:
         some mismatches: 1.5 written to a long field as 1, a changed value published), then encoded.
 
         The bytes are confluent-kafka's AvroSerializer's: written directly by ``writer``
-        (producer/encode/avro_batch.py) once the serializer's bytes for that schema id have been seen to equal
+        (producer/encode/_avro_batch.py) once the serializer's bytes for that schema id have been seen to equal
         them on a real row (:attr:`AvroWriter.checked`); through the serializer until then, or for good
         if they differed."""
         if writer is None:  # references: the serializer resolves them; its own checks apply
@@ -302,7 +302,7 @@ class RowEncoder:
         return out
 
     def _write_direct(self, writer: AvroWriter, places: list[int], values: list[bytes], out: list[MarkedRow]) -> None:
-        """The values of ``places`` in ``out`` encoded by ``writer`` (producer/encode/avro_batch.py), or refused."""
+        """The values of ``places`` in ``out`` encoded by ``writer`` (producer/encode/_avro_batch.py), or refused."""
         results: list[bytes | str] = []
         if self._worker is not None:  # serialization.encodeWorker: in a child process, off this interpreter
             results = self._worker.encode(writer, values)

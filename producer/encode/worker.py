@@ -2,13 +2,13 @@
 
 Why: the relay is one Python interpreter. Encoding in its mark worker thread (producer/encode/serialization.py)
 takes the interpreter lock from the relay thread that produces and acknowledges, for ~2 µs a row (~4.7
-before each schema was compiled, producer/encode/avro_compiled.py); in a child process the JSON parse, the
+before each schema was compiled, producer/encode/_avro_compiled.py); in a child process the JSON parse, the
 validation and the Avro write run on another core, and the relay pays the pipe: pickling the batch's
 stored values out and the encoded ones back (~0.3 µs a row, measured by bench/bench_registry.py's
 ``avro_worker`` variant). Worth it when a core is free for the child;
 on a machine whose cores the database and the broker already keep busy it only moves the work.
 
-The child runs :func:`~producer.encode.avro_batch.encode_values`, the function the relay runs in process,
+The child runs :func:`~producer.encode._avro_batch.encode_values`, the function the relay runs in process,
 and keeps a parsed schema per schema id; the relay resolves schemas (registry client, its caches and
 latestTtl) and checks each schema id's first row against confluent-kafka's serializer itself, so the
 child never talks to the registry and holds no credentials.
@@ -34,7 +34,7 @@ import weakref
 from multiprocessing.connection import Connection
 from typing import Any
 
-from harvest_outbox.producer.encode.avro_batch import AvroWriter, encode_values
+from harvest_outbox.producer.encode._avro_batch import AvroWriter, encode_values
 from harvest_outbox.producer.errors import DatabaseError
 
 __all__ = ["REPLY_TIMEOUT", "EncodeWorker", "EncodeWorkerLost"]

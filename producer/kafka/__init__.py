@@ -15,8 +15,8 @@ already refused rows of topics the broker says do not exist, so librdkafka's "un
 row that got past it is stale metadata of a topic just created (it counts as an attempt).
 
 Each concept has a module of its own, re-exported here (``from harvest_outbox.producer.kafka import …``):
-:mod:`~producer.kafka.producer` (the seam), :mod:`~producer.kafka.logs` (librdkafka's log lines through
-:mod:`logging`) and :mod:`~producer.kafka.faults` (the fault injector); the error classification is this
+:mod:`~producer.kafka._producer` (the seam), :mod:`~producer.kafka._logs` (librdkafka's log lines through
+:mod:`logging`) and :mod:`~producer.kafka._faults` (the fault injector); the error classification is this
 module's own.
 """
 
@@ -26,9 +26,9 @@ import re
 
 from confluent_kafka import KafkaError
 
-from harvest_outbox.producer.kafka.faults import FaultInjectingProducer, FaultInjector
-from harvest_outbox.producer.kafka.logs import LIBRDKAFKA_LOG, logged, logged_admin, serve_logs
-from harvest_outbox.producer.kafka.producer import (
+from harvest_outbox.producer.kafka._faults import FaultInjectingProducer, FaultInjector
+from harvest_outbox.producer.kafka._logs import LIBRDKAFKA_LOG, logged, logged_admin, serve_logs
+from harvest_outbox.producer.kafka._producer import (
     ANY_PARTITION,
     PRODUCE_ARGS,
     DeliveryCallback,

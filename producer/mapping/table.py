@@ -6,11 +6,11 @@ own bookkeeping (docs/debezium.md).
 - :class:`DebeziumMapping`: Debezium's outbox convention (``id`` UUID, ``aggregatetype``,
   ``aggregateid``, ``type``, ``payload``, extra columns), turned into records the way Debezium's outbox
   event router (``io.debezium.transforms.outbox.EventRouter``) turns them, configured with the
-  router's own option names and defaults (:class:`~producer.mapping.event_router.EventRouter`). ``harvest
+  router's own option names and defaults (:class:`~producer.mapping._event_router.EventRouter`). ``harvest
   init-db`` adds the relay's bookkeeping columns (:data:`DEBEZIUM_SEQ`, :data:`DEBEZIUM_LEADER`,
   :data:`DEBEZIUM_CREATED`) with defaults, so the writers' INSERTs do not change.
 
-The relay's statements (:mod:`producer.db`, :mod:`producer.ops.deadletters`, :mod:`producer.relay.shards`) name
+The relay's statements (:mod:`producer.db`, :mod:`producer.ops._deadletters`, :mod:`producer.relay.shards`) name
 the outbox's columns only through a mapping: :attr:`TableMapping.id` (the order of rows, bigint),
 :attr:`~TableMapping.leader`, :attr:`~TableMapping.created`, and the record expressions of
 :meth:`~TableMapping.record` (topic, key, value, header keys, header values), each qualified by the
@@ -18,7 +18,7 @@ statement's alias for the outbox.
 
 Invariants (tests/test_producer/test_table_mapping.py):
 - :data:`GOHARVEST` produces exactly the SQL the relay used before mappings existed;
-- the router's options are read strictly (:mod:`producer.mapping.event_router`: an unknown, unimplemented or
+- the router's options are read strictly (:mod:`producer.mapping._event_router`: an unknown, unimplemented or
   mistyped option is a :class:`~producer.errors.ConfigError` naming it);
 - the topic of a row is the router's: ``route.topic.regex`` must match the whole routed value, and
   then ``route.topic.replacement`` replaces it; otherwise the value itself is the topic.
@@ -37,10 +37,10 @@ from psycopg import sql
 from harvest_outbox.producer.errors import ConfigError, shown
 
 # AdditionalField and EventRouter are re-exported: their import path before the router had a module of its own.
-from harvest_outbox.producer.mapping.event_router import AdditionalField as AdditionalField
-from harvest_outbox.producer.mapping.event_router import EventRouter as EventRouter
-from harvest_outbox.producer.mapping.event_router import pg_regex
-from harvest_outbox.producer.mapping.java_regex import LINE_TERMINATOR_CLASS
+from harvest_outbox.producer.mapping._event_router import AdditionalField as AdditionalField
+from harvest_outbox.producer.mapping._event_router import EventRouter as EventRouter
+from harvest_outbox.producer.mapping._event_router import pg_regex
+from harvest_outbox.producer.mapping._java_regex import LINE_TERMINATOR_CLASS
 
 #: Java's ``(.*)``, ``(.+)`` or the same in a named group: the whole value in group 1.
 _WHOLE_VALUE_GROUP = re.compile(r"\((?:\?<[A-Za-z][A-Za-z0-9]*>)?\.([*+])\)")

@@ -1,17 +1,17 @@
 """Relay metrics: counters kept on the relay thread, snapshots for MeterRead, and the HTTP
-endpoint serving ``/metrics`` (Prometheus), ``/healthz`` and ``/readyz`` (:mod:`producer.observe.health`).
+endpoint serving ``/metrics`` (Prometheus), ``/healthz`` and ``/readyz`` (:mod:`producer.observe._health`).
 
 Invariants:
 - the hot path only increments plain ints on :class:`Metrics` (no locks, no Prometheus calls per
   record); :meth:`Metrics.snapshot` and the Prometheus collector read them, which is safe under the
   GIL for monotone counters and single-writer gauges; the SLO histograms (dwell per topic, rows per
-  harvest transaction: :mod:`producer.observe.histograms`) are counted a batch of rows at a time;
+  harvest transaction: :mod:`producer.observe._histograms`) are counted a batch of rows at a time;
 - :attr:`Metrics.read_at` is set by each snapshot, which the relay loop takes at least every
   ``minMetricsInterval``: it doubles as the loop's liveness timestamp (no extra work in the loop);
 - the outbox gauges (backlog, oldest unsent age, dead-letter rows) are NaN unless this relay leads:
   only the leader measures them, so nothing stale outlives a hand-over;
 - the endpoint runs on its own daemon threads, a fixed few whatever its clients do
-  (:mod:`producer.observe.http_server`), and only reads: GET and HEAD, ``405`` for any other method;
+  (:mod:`producer.observe._http_server`), and only reads: GET and HEAD, ``405`` for any other method;
   ``server.shutdown()`` also closes its socket and the health probe's connection.
 """
 
@@ -27,14 +27,14 @@ from typing import Any
 
 from harvest_outbox.producer.db import MarkedRow
 from harvest_outbox.producer.errors import ConfigError
-from harvest_outbox.producer.observe.histograms import (
+from harvest_outbox.producer.observe._histograms import (
     TRANSACTION_ROWS_BUCKETS,
     DwellHistograms,
     cumulative,
     new_cells,
     observe,
 )
-from harvest_outbox.producer.observe.http_server import BoundedWSGIServer, WsgiApp
+from harvest_outbox.producer.observe._http_server import BoundedWSGIServer, WsgiApp
 
 log = logging.getLogger(__name__)
 
@@ -268,7 +268,7 @@ def start_prometheus(
     shards: Callable[[], Mapping[int, tuple[int | None, float | None]]] | None = None,
 ) -> Any:
     """Serve ``/metrics`` (from a private registry) on ``addr:port``, plus ``/healthz`` and
-    ``/readyz`` when ``relay`` (a :class:`producer.observe.health.RelayView`) is given; returns (server, thread).
+    ``/readyz`` when ``relay`` (a :class:`producer.observe._health.RelayView`) is given; returns (server, thread).
     ``shards``: the led shards' metrics of a sharded relay, exported per shard as well."""
     from prometheus_client import CollectorRegistry, make_wsgi_app
 
@@ -277,7 +277,7 @@ def start_prometheus(
     routes: dict[str, WsgiApp] = {"/metrics": make_wsgi_app(registry)}
     health = None
     if relay is not None:
-        from harvest_outbox.producer.observe.health import Health
+        from harvest_outbox.producer.observe._health import Health
 
         health = Health(relay)
         routes["/healthz"] = _json_app(health.live)

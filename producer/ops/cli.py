@@ -3,7 +3,7 @@
     harvest -f harvest.yaml [flags]          run the relay (goharvest reaper compatible); same as `harvest run`
     harvest init-db -f harvest.yaml [--value-type bytea]
     harvest check -f harvest.yaml            the outbox's queue-table hygiene: OK / WARN / FAIL with fixes
-    harvest dead-letters list|keys|export|requeue|discard -f harvest.yaml ...   (producer/ops/deadletters_cli.py)
+    harvest dead-letters list|keys|export|requeue|discard -f harvest.yaml ...   (producer/ops/_deadletters_cli.py)
 
 Flags (``--data-source``, ``--bootstrap-servers``, ``--outbox-table``, ``--leader-topic``,
 ``--leader-group-id``, ``--leader-election``, ``--name``, ``--prometheus-port``,
@@ -11,7 +11,7 @@ Flags (``--data-source``, ``--bootstrap-servers``, ``--outbox-table``, ``--leade
 ``--uuid-sequencing``) override the file and the environment; with no file, defaults apply. Environment:
 ``HARVEST_<KEY>`` for every key of ``harvest:`` (``HARVEST_DATA_SOURCE`` carries the DSN so the password
 stays out of ``ps``) and ``HARVEST_LOG_LEVEL`` override the file; the file's values may use ``${VAR}``,
-``${VAR:-default}`` and ``${file:/run/secrets/dsn}`` (:mod:`producer.config.env`).
+``${VAR:-default}`` and ``${file:/run/secrets/dsn}`` (:mod:`producer.config._env`).
 
 Exit codes: 0 success / stopped by SIGTERM, SIGINT or SIGHUP; 1 runtime failure (database, Kafka,
 election); 2 usage or configuration error; 3 a second stop signal ended the relay without waiting
@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 # load (the config pulls in psycopg), see producer/relay/signals.py.
 from harvest_outbox import producer
 from harvest_outbox.producer.errors import ConfigError, HarvestError
-from harvest_outbox.producer.ops import deadletters_cli as cli_deadletters
+from harvest_outbox.producer.ops import _deadletters_cli as cli_deadletters
 from harvest_outbox.producer.relay.signals import StopSignals
 from harvest_outbox.redact import is_secret_kafka_key, redact_error
 
@@ -287,7 +287,7 @@ def _migrate(cfg: FileConfig) -> int:
 
 def _check(args: argparse.Namespace) -> int:
     from harvest_outbox.producer.db import connect
-    from harvest_outbox.producer.ops.check import check_outbox, exit_code
+    from harvest_outbox.producer.ops._check import check_outbox, exit_code
 
     cfg = _load(args, kafka=False)
     with connect(cfg.harvest.data_source) as conn:

@@ -34,8 +34,8 @@ from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException
 
+from harvest_outbox.producer._kafka_names import LEGAL_NAME, NAME_RULE
 from harvest_outbox.producer.errors import shown
-from harvest_outbox.producer.kafka_names import LEGAL_NAME, NAME_RULE
 
 log = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """What both delivery modes of the relay share while leading: connections, the producer, the marks.
 
 :class:`~producer.harvest.Harvest` is the relay process (lifecycle, election, main loop, meter); the
-way it delivers is a :class:`~producer.relay.mode.RelayMode` strategy: :class:`~producer.relay.at_least_once.mode.AtLeastOnceMode`
+way it delivers is a :class:`~producer.relay._mode.RelayMode` strategy: :class:`~producer.relay.at_least_once.mode.AtLeastOnceMode`
 (goharvest's per-record purge) or :class:`~producer.relay.sequenced.mode.SequencedMode` (``--uuid-sequencing``:
 fenced harvest transactions). Both work on one :class:`RelayCore`, which owns what neither mode
 decides alone:
@@ -9,7 +9,7 @@ decides alone:
 - two database connections, each with a single-thread executor (statements run in submission
   order on each): marks and the meter's backlog query on one, purges / resets / dead letters /
   commits on the other, so the database works on a mark and a write at once;
-- the LISTEN connection a stasher's NOTIFY arrives on, and the :class:`~producer.relay.waker.Waker` that
+- the LISTEN connection a stasher's NOTIFY arrives on, and the :class:`~producer.relay._waker.Waker` that
   finished jobs ring;
 - the Kafka producer (replaced after a fatal error or an abandoned drain) and the preflight
   :class:`~producer.ops.preflight.TopicGuard`;
@@ -63,12 +63,12 @@ from harvest_outbox.producer.layouts.mark.marksize import MarkSize
 from harvest_outbox.producer.mapping.table import partition_column
 from harvest_outbox.producer.observe.metrics import Metrics
 from harvest_outbox.producer.ops.preflight import TopicGuard
-from harvest_outbox.producer.relay.key_halt import KeyHalt
 
 # RelayMode is re-exported: its import path before the modes' interface had a module of its own.
-from harvest_outbox.producer.relay.mode import RelayMode as RelayMode
+from harvest_outbox.producer.relay._mode import RelayMode as RelayMode
+from harvest_outbox.producer.relay._waker import Waker
+from harvest_outbox.producer.relay.key_halt import KeyHalt
 from harvest_outbox.producer.relay.spans import relay_spans
-from harvest_outbox.producer.relay.waker import Waker
 from harvest_outbox.producer.schema import OutboxNames, packed_outbox_fix
 from harvest_outbox.redact import redact_kafka_config
 

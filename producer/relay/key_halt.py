@@ -28,7 +28,7 @@ How the relay knows a key is halted, and why so:
    dead letter; clearing the set with the view keeps a key released by another process from being
    held by a stale entry.
 
-Requeue under ``haltKey`` gives the rows back their original ids (:mod:`producer.ops.deadletters`): a
+Requeue under ``haltKey`` gives the rows back their original ids (:mod:`producer.ops._deadletters`): a
 key's waiting rows all have higher ids than its first dead letter, so the requeued row goes first.
 
 Invariants (tests/test_producer/test_halt_key.py, on real Postgres and Kafka, both modes, sharded):

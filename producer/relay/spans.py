@@ -42,7 +42,7 @@ Attributes follow OpenTelemetry's messaging semantic conventions: span kind PROD
 ``messaging.destination.partition.id`` (and the older ``messaging.kafka.destination.partition``)
 and ``messaging.kafka.offset``; plus ``harvest.outbox.id`` (the row id) and
 ``harvest.outbox.dwell_ms``: the row's commit -> this record's acknowledgement by Kafka, on the
-clock the dwell histogram uses (:mod:`producer.observe.histograms`; in ``--uuid-sequencing`` mode the
+clock the dwell histogram uses (:mod:`producer.observe._histograms`; in ``--uuid-sequencing`` mode the
 histogram goes on until the transaction's ACK is delivered, the span's dwell stops at the record's).
 
 Invariants (tests/test_producer/test_relay_spans.py):

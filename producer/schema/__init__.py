@@ -31,7 +31,7 @@ Objects, for an outbox table ``[schema.]name``:
 
 Each concept has a module of its own, re-exported here (``from harvest_outbox.producer.schema import …``):
 :mod:`~producer.mapping.names` (the objects' names), :mod:`~producer.schema.ddl` (their DDL and
-:func:`init_db`), :mod:`~producer.schema.storage` (the queue table's storage parameters) and
+:func:`init_db`), :mod:`~producer.schema._storage` (the queue table's storage parameters) and
 :mod:`~producer.schema.checks` (what the relay checks before it runs).
 
 Invariants (each kept by the module that owns it):
@@ -43,15 +43,7 @@ Invariants (each kept by the module that owns it):
 from __future__ import annotations
 
 from harvest_outbox.producer.mapping.names import OutboxNames, Statement, ValueType, parse_table_name
-from harvest_outbox.producer.schema.checks import (
-    inspect_outbox,
-    require_attempts_table,
-    require_shards,
-    require_utf8_readable,
-    unrelayed_rows,
-)
-from harvest_outbox.producer.schema.ddl import debezium_outbox_ddl, init_db, outbox_ddl, shard_ddl
-from harvest_outbox.producer.schema.storage import (
+from harvest_outbox.producer.schema._storage import (
     OUTBOX_AUTOVACUUM,
     OUTBOX_FILLFACTOR,
     missing_storage,
@@ -60,6 +52,14 @@ from harvest_outbox.producer.schema.storage import (
     storage_sql,
     table_reloptions,
 )
+from harvest_outbox.producer.schema.checks import (
+    inspect_outbox,
+    require_attempts_table,
+    require_shards,
+    require_utf8_readable,
+    unrelayed_rows,
+)
+from harvest_outbox.producer.schema.ddl import debezium_outbox_ddl, init_db, outbox_ddl, shard_ddl
 
 __all__ = [
     "OUTBOX_AUTOVACUUM",

@@ -27,8 +27,8 @@ from harvest_outbox.producer.layouts.cursor.schema import (
 )
 from harvest_outbox.producer.mapping.names import OutboxNames, Statement, ValueType, derived_name
 from harvest_outbox.producer.mapping.table import GOHARVEST, DebeziumMapping, TableMapping
+from harvest_outbox.producer.schema._storage import OUTBOX_FILLFACTOR, missing_storage, storage_sql
 from harvest_outbox.producer.schema.checks import column_types, inspect_outbox, require_utf8_readable
-from harvest_outbox.producer.schema.storage import OUTBOX_FILLFACTOR, missing_storage, storage_sql
 
 
 def outbox_ddl(

@@ -1,6 +1,6 @@
 """The words of a refusal: why a row's key or value cannot be encoded with its schema.
 
-A row refused by the relay's encoder (producer/encode/serialization.py, producer/encode/avro_batch.py, the encode
+A row refused by the relay's encoder (producer/encode/serialization.py, producer/encode/_avro_batch.py, the encode
 worker) is dead-lettered with one of these as its reason, and the stash-time check
 (producer/stash/validation.py) raises with them: the same row gets the same words wherever it is
 checked. Kept apart from the encoders so the encode worker process imports no more than it needs.

@@ -5,7 +5,7 @@ The asyncio twin of :mod:`producer.stash.stasher`: ``await stash(conn, record)``
 current transaction, so the rows commit or roll back with the caller's writes.
 
 Invariant: this module only awaits. What is written, its validation and its errors are
-:class:`producer.stash.outbox_rows.StashPlan`'s, shared with the synchronous stasher, so both write the
+:class:`producer.stash._outbox_rows.StashPlan`'s, shared with the synchronous stasher, so both write the
 same rows, wake the relay with the same NOTIFY (the table's trigger, at commit) and raise the same
 :class:`~producer.errors.RecordError` before touching the database. A synchronous psycopg connection
 (or anything else not an ``AsyncConnection`` / ``AsyncCursor``) is refused with
@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 
 import psycopg
 
-from harvest_outbox.producer.stash.outbox_rows import OutboxRecord, StashPlan
+from harvest_outbox.producer.stash._outbox_rows import OutboxRecord, StashPlan
 
 if TYPE_CHECKING:
     from harvest_outbox.producer.stash.validation import StashValidator
@@ -31,7 +31,7 @@ __all__ = ["AsyncStasher", "stash", "stash_many"]
 
 
 class AsyncStasher:
-    """Inserts :class:`~producer.stash.outbox_rows.OutboxRecord` rows into one outbox table, awaiting psycopg."""
+    """Inserts :class:`~producer.stash._outbox_rows.OutboxRecord` rows into one outbox table, awaiting psycopg."""
 
     def __init__(
         self,

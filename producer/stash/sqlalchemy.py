@@ -19,7 +19,7 @@ the transaction, so ``conn.commit()`` would do nothing and the pool's reset woul
 Invariants:
 - no second connection and no commit of our own: the stash joins whatever transaction the session
   (or Core connection) has, and an ORM flush order never matters (one transaction);
-- what is written, and its validation, is :class:`producer.stash.outbox_rows.StashPlan`'s, as for the
+- what is written, and its validation, is :class:`producer.stash._outbox_rows.StashPlan`'s, as for the
   plain psycopg stashers;
 - any other driver (psycopg2, asyncpg, pg8000), or a sync stash on an asyncio engine (``run_sync``), is
   refused with :class:`~producer.errors.ConfigError`
@@ -46,8 +46,8 @@ import psycopg
 
 from harvest_outbox.producer.errors import ConfigError
 from harvest_outbox.producer.schema import ValueType
+from harvest_outbox.producer.stash._outbox_rows import OutboxRecord
 from harvest_outbox.producer.stash.async_stasher import AsyncStasher
-from harvest_outbox.producer.stash.outbox_rows import OutboxRecord
 from harvest_outbox.producer.stash.stasher import Stasher
 
 __all__ = ["SessionStasher", "astash", "astash_many", "stash", "stash_many"]

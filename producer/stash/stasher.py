@@ -6,7 +6,7 @@ one INSERT each). Both run in whatever transaction ``conn`` is in, so the rows c
 with the caller's business writes — the whole point of an outbox. The asyncio twin is
 :mod:`producer.stash.async_stasher`, the SQLAlchemy binding :mod:`producer.stash.sqlalchemy`.
 
-Invariants (what is written, and how it is validated, is :class:`producer.stash.outbox_rows.StashPlan`'s,
+Invariants (what is written, and how it is validated, is :class:`producer.stash._outbox_rows.StashPlan`'s,
 shared by every stasher):
 - a record is validated before it reaches the database (:class:`~producer.errors.RecordError`
   naming the field), so a bad record fails the caller's transaction, not the relay;
@@ -29,7 +29,7 @@ import psycopg
 
 from harvest_outbox.producer.errors import ConfigError
 from harvest_outbox.producer.schema import ValueType
-from harvest_outbox.producer.stash.outbox_rows import Headers, OutboxRecord, StashPlan
+from harvest_outbox.producer.stash._outbox_rows import Headers, OutboxRecord, StashPlan
 
 if TYPE_CHECKING:
     from harvest_outbox.producer.stash.validation import StashValidator

@@ -3,7 +3,7 @@ generated configuration reference lists every key the config loader accepts, and
 links resolve (to files, and to headings of the pages they name).
 
 The accepted keys are asked of the loader itself (its "unknown key; valid keys are: …" errors), not of the
-generator: a key added to ``producer/config/harvest.py`` without reaching the reference fails here. No services.
+generator: a key added to ``producer/config/_harvest.py`` without reaching the reference fails here. No services.
 """
 
 from __future__ import annotations
@@ -100,7 +100,7 @@ def test_configuration_reference_lists_every_accepted_key_with_a_description(sit
     undocumented = [k for k in keys if k.startswith("harvest.") and not rows[k][-1]]
     assert not undocumented, (
         f"keys without a description: {undocumented}; add a #: comment above the key's dataclass field "
-        f"(producer/config/harvest.py, or the module of the section's config class)"
+        f"(producer/config/_harvest.py, or the module of the section's config class)"
     )
     assert not set(rows) - set(keys), f"the reference lists keys the config refuses: {set(rows) - set(keys)}"
 

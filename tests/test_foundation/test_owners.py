@@ -19,7 +19,7 @@ FOLDERS = ("harvest_outbox", "producer", "consumer", "sequencer", "spark_reader"
 #: concept -> (its owner, a pattern matching any spelling of the rule in source text)
 OWNERS = {
     "Kafka topic-name rule": (
-        "producer/kafka_names.py",
+        "producer/_kafka_names.py",
         # the length limit, as a regex or in words (other sanitisers, e.g. of folder names, share the
         # character class but not the limit)
         re.compile(r"\{1,249\}|1-249"),

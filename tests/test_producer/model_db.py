@@ -1,5 +1,5 @@
 """An in-memory outbox database with the semantics the ``--uuid-sequencing`` relay relies on
-(:class:`producer.relay.sequenced.store.SequencedStore`), for the protocol's model test (test_protocol_model.py).
+(:class:`producer.relay.sequenced._store.SequencedStore`), for the protocol's model test (test_protocol_model.py).
 
 :class:`ModelDB` is the database (it outlives relays: crashes drop a relay, never the database);
 :class:`ModelStore` is one relay's connection to it: every call first asks ``chaos(op)`` what

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from operator import itemgetter
 
 from harvest_outbox.producer.errors import DatabaseError, FenceError
-from harvest_outbox.producer.layouts.cursor.watermark import Cursor, Snapshot
+from harvest_outbox.producer.layouts.cursor._watermark import Cursor, Snapshot
 
 _first = itemgetter(0)
 

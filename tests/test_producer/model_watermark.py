@@ -1,5 +1,5 @@
 """The mark-less relay's model world for test_watermark_model.py: writers (MVCC transactions on
-model_mvcc.py's outbox), relay leaders driving producer/layouts/cursor/watermark.py's decisions in either mode, faults,
+model_mvcc.py's outbox), relay leaders driving producer/layouts/cursor/_watermark.py's decisions in either mode, faults,
 takeovers, truncation, and the checks (see test_watermark_model.py's module doc)."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from model_mvcc import MVCC, Crash, CursorStore, Row
 
 from harvest_outbox.producer.errors import DatabaseError, FenceError
-from harvest_outbox.producer.layouts.cursor.watermark import Cursor, read_page, retirable, start_batch
+from harvest_outbox.producer.layouts.cursor._watermark import Cursor, read_page, retirable, start_batch
 
 WRITERS = 4
 KEYS = 6

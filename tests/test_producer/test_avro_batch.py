@@ -1,4 +1,4 @@
-"""The relay's direct Avro writer (producer/encode/avro_batch.py) against confluent-kafka's own serde on a real
+"""The relay's direct Avro writer (producer/encode/_avro_batch.py) against confluent-kafka's own serde on a real
 Apicurio Registry: byte for byte ``AvroSerializer``'s output for records with unions, nullables,
 nested records, enums, arrays, maps, fixed and logical types, read back by ``AvroDeserializer``; a
 value that does not fit is refused naming the field, never coerced; the relay's encoder
@@ -18,7 +18,7 @@ import pytest
 
 from harvest_outbox.harvest_local.registry import EmbeddedRegistry
 from harvest_outbox.producer.config.serialization import SerializationConfig
-from harvest_outbox.producer.encode.avro_batch import AvroWriter, loads
+from harvest_outbox.producer.encode._avro_batch import AvroWriter, loads
 from harvest_outbox.producer.encode.serialization import RowEncoder
 
 ADDRESS = {

@@ -1,4 +1,4 @@
-"""The compiled Avro pass (producer/encode/avro_compiled.py) against the installed fastavro, over generated
+"""The compiled Avro pass (producer/encode/_avro_compiled.py) against the installed fastavro, over generated
 schemas (primitives, logical types, enums, fixed, arrays, maps, unions, records with defaults, named
 references, recursion) and generated values, valid ones and ones with the coercion traps mixed in:
 
@@ -27,8 +27,8 @@ from fastavro.validation import ValidationError, validate
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from harvest_outbox.producer.encode.avro_batch import AvroWriter, encode_values
-from harvest_outbox.producer.encode.avro_compiled import GiveUp, compile_schema
+from harvest_outbox.producer.encode._avro_batch import AvroWriter, encode_values
+from harvest_outbox.producer.encode._avro_compiled import GiveUp, compile_schema
 from harvest_outbox.producer.schema.reasons import validation_reason
 
 PRIMITIVES = ["null", "boolean", "int", "long", "float", "double", "string", "bytes"]
@@ -493,7 +493,7 @@ def test_a_valid_record_with_recursion_unions_and_logical_types_is_written_by_th
 def test_an_uncompilable_schema_leaves_every_row_to_fastavro(
     caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import harvest_outbox.producer.encode.avro_compiled as avro_compiled
+    import harvest_outbox.producer.encode._avro_compiled as avro_compiled
 
     def broken(parsed: Any, named: dict[str, Any]) -> Any:
         raise RuntimeError("compiler bug")

@@ -19,7 +19,7 @@ import pytest
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from harvest_outbox.producer.config import _TOP_KEYS, FileConfig, from_mapping, load_yaml
-from harvest_outbox.producer.config.env import DEV_PREFIX, DEV_VARIABLES, MAX_FILE_BYTES, variable_name
+from harvest_outbox.producer.config._env import DEV_PREFIX, DEV_VARIABLES, MAX_FILE_BYTES, variable_name
 from harvest_outbox.producer.errors import ConfigError
 
 SECRET = "Sup3rSecr3tValue"

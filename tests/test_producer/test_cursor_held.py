@@ -280,7 +280,7 @@ def test_harvest_check_reports_the_held_rows_under_halt_key(
     pg_dsn: str, box: tuple[psycopg.Connection[Any], OutboxNames]
 ) -> None:
     from harvest_outbox.producer.config import HarvestConfig
-    from harvest_outbox.producer.ops.check import check_outbox
+    from harvest_outbox.producer.ops._check import check_outbox
 
     conn, names = box
     (p0, _p1) = write(conn, names, "p", "p")

@@ -1,11 +1,11 @@
 """The cursor layout's id source under changes made while the relay runs (issue #44, defect 1).
 
-The read's ``low`` rests on assumption A1 (producer/layouts/cursor/watermark.py): ids come from the outbox's ``CACHE 1``
+The read's ``low`` rests on assumption A1 (producer/layouts/cursor/_watermark.py): ids come from the outbox's ``CACHE 1``
 sequence, drawn after the writer's xid. An owner can break it at any moment -- ``ALTER SEQUENCE … CACHE 20``
 (a common tuning), ``RESTART``, a new default -- and a relay that checked it once, at connect, then let its
 probes move ``low`` past ids that sessions still held cached: committed rows skipped for good. Here the
 relay runs (both modes, the whole pipeline in process) while such changes are made under four writers, and
-every committed row must arrive; the decision table itself (:func:`~producer.layouts.cursor.ids.guard`) is tested
+every committed row must arrive; the decision table itself (:func:`~producer.layouts.cursor._ids.guard`) is tested
 without services first.
 """
 
@@ -27,10 +27,10 @@ from seqcheck import Expected, check_exactly_once, read_intents, wait_for, write
 from harvest_outbox.producer.config import HarvestConfig
 from harvest_outbox.producer.errors import DatabaseError
 from harvest_outbox.producer.harvest import Harvest
+from harvest_outbox.producer.layouts.cursor._ids import IdSource, guard
+from harvest_outbox.producer.layouts.cursor._watermark import Cursor, Probe, Snapshot
 from harvest_outbox.producer.layouts.cursor.database import CursorDatabase, cursor_backlog
-from harvest_outbox.producer.layouts.cursor.ids import IdSource, guard
 from harvest_outbox.producer.layouts.cursor.views import CursorViews
-from harvest_outbox.producer.layouts.cursor.watermark import Cursor, Probe, Snapshot
 from harvest_outbox.producer.schema import OutboxNames, init_db
 
 PARTITION_IDS = 1000

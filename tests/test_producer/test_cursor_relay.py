@@ -31,10 +31,10 @@ from harvest_outbox.producer.db import TxnCommit
 from harvest_outbox.producer.errors import ConfigError, DatabaseError, FenceError, SchemaError
 from harvest_outbox.producer.harvest import Harvest
 from harvest_outbox.producer.layouts.cursor import partitions as cursor_partitions
+from harvest_outbox.producer.layouts.cursor._watermark import Cursor, Snapshot, start_batch
 from harvest_outbox.producer.layouts.cursor.database import CursorDatabase, cursor_backlog
 from harvest_outbox.producer.layouts.cursor.schema import range_partitions
 from harvest_outbox.producer.layouts.cursor.views import CursorViews, NotNextRows, Segment, ViewRead
-from harvest_outbox.producer.layouts.cursor.watermark import Cursor, Snapshot, start_batch
 from harvest_outbox.producer.schema import OutboxNames, init_db
 from harvest_outbox.producer.stash.stasher import OutboxRecord, Stasher
 
@@ -337,7 +337,7 @@ def test_an_at_least_once_zombie_cannot_move_the_cursor(pg_dsn: str, pg_schema: 
 def test_harvest_check_reads_the_cursor_layout(pg_dsn: str, pg_schema: str) -> None:
     """``harvest check``: the partitions and the cursor's backlog on the cursor layout; the other
     layout's config on the same table is a FAIL naming the fix."""
-    from harvest_outbox.producer.ops.check import check_outbox
+    from harvest_outbox.producer.ops._check import check_outbox
 
     table = f"{pg_schema}.outbox"
     init_db(pg_dsn, table, layout="cursor", partition_ids=PARTITION_IDS)

@@ -207,7 +207,7 @@ def test_a_shards_read_uses_the_shard_index(pg_dsn: str, pg_schema: str) -> None
             ).format(names.outbox)
         )
         conn.execute(sql.SQL("ANALYZE {}").format(names.outbox))
-        conn.execute("SET random_page_cost = 1.1")  # as the relay's connections (producer/db/session.py)
+        conn.execute("SET random_page_cost = 1.1")  # as the relay's connections (producer/db/_session.py)
         hi = conn.execute("SELECT pg_current_snapshot()::text").fetchone()[0]  # type: ignore[index]
         params = {"from": 0, "hi": hi, "lo": ORIGIN_TEXT, "n": 300, "t0": 0.0, "shard": 2}
         q = read_sql(names, "varchar", S)
@@ -224,7 +224,7 @@ def test_harvest_check_reads_each_shards_cursor(pg_dsn: str, pg_schema: str) -> 
     """``harvest check`` and ``harvest shards`` on a sharded cursor outbox: the shard index, and the backlog of
     each shard's cursor; a config with another shard count is a FAIL naming the count the outbox has."""
     from harvest_outbox.producer.observe.shard_status import shard_status
-    from harvest_outbox.producer.ops.check import check_outbox
+    from harvest_outbox.producer.ops._check import check_outbox
 
     table = f"{pg_schema}.outbox"
     names = init_db(pg_dsn, table, layout="cursor", partition_ids=PARTITION_IDS, shards=S)

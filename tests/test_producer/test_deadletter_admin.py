@@ -133,7 +133,7 @@ def test_operator_errors_are_one_line_and_change_nothing(
 @pytest.mark.integration
 def test_check_reports_halted_keys_and_the_missing_key_index(pg_dsn: str, pg_schema: str) -> None:
     from harvest_outbox.producer.config import HarvestConfig
-    from harvest_outbox.producer.ops.check import check_outbox
+    from harvest_outbox.producer.ops._check import check_outbox
 
     table = f"{pg_schema}.outbox"
     names = init_db(pg_dsn, table)

@@ -35,9 +35,9 @@ from harvest_outbox.producer.layouts.cursor.migrate import migrate_to_cursor
 from harvest_outbox.producer.layouts.cursor.schema import ORIGIN_TEXT, range_partitions
 from harvest_outbox.producer.layouts.cursor.views import CursorViews
 from harvest_outbox.producer.mapping.table import table_mapping
-from harvest_outbox.producer.ops.check import check_outbox
-from harvest_outbox.producer.ops.deadletter_admin import Selection, discard
-from harvest_outbox.producer.ops.deadletters import list_dead_letters, requeue
+from harvest_outbox.producer.ops._check import check_outbox
+from harvest_outbox.producer.ops._deadletter_admin import Selection, discard
+from harvest_outbox.producer.ops._deadletters import list_dead_letters, requeue
 from harvest_outbox.producer.relay.sharded import relay_for
 from harvest_outbox.producer.schema import OutboxNames, init_db
 

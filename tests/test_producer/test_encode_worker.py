@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from harvest_outbox.producer.encode.avro_batch import AvroWriter, encode_values
+from harvest_outbox.producer.encode._avro_batch import AvroWriter, encode_values
 from harvest_outbox.producer.encode.worker import EncodeWorker, EncodeWorkerLost
 from harvest_outbox.producer.errors import DatabaseError
 

@@ -25,8 +25,8 @@ from relaylib import assert_per_key_order, consume_all, covers, outbox_count, re
 from harvest_outbox.consumer import ReadCommittedIter
 from harvest_outbox.producer.layouts.cursor.database import cursor_backlog
 from harvest_outbox.producer.mapping.table import table_mapping
-from harvest_outbox.producer.ops.deadletter_admin import Selection, discard, selected_ids, stuck_keys
-from harvest_outbox.producer.ops.deadletters import list_dead_letters, requeue_what_can_be
+from harvest_outbox.producer.ops._deadletter_admin import Selection, discard, selected_ids, stuck_keys
+from harvest_outbox.producer.ops._deadletters import list_dead_letters, requeue_what_can_be
 from harvest_outbox.producer.relay.sharded import relay_for
 from harvest_outbox.producer.schema import OutboxNames, init_db
 from harvest_outbox.producer.stash.stasher import OutboxRecord, Stasher

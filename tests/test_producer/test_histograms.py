@@ -8,7 +8,7 @@ import random
 
 import pytest
 
-from harvest_outbox.producer.observe.histograms import (
+from harvest_outbox.producer.observe._histograms import (
     DWELL_BUCKETS,
     TRANSACTION_ROWS_BUCKETS,
     DwellHistograms,

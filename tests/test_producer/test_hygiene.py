@@ -19,7 +19,7 @@ from harvest_outbox.producer.config import HarvestConfig, from_mapping
 from harvest_outbox.producer.errors import ConfigError
 from harvest_outbox.producer.harvest import RETENTION_BATCH, Harvest
 from harvest_outbox.producer.mapping.table import table_mapping
-from harvest_outbox.producer.ops.check import DEAD_ROWS_WARNING, Finding, check_outbox, vacuum_finding
+from harvest_outbox.producer.ops._check import DEAD_ROWS_WARNING, Finding, check_outbox, vacuum_finding
 from harvest_outbox.producer.relay.events import LeaderAcquired, MeterRead
 from harvest_outbox.producer.relay.sharded import relay_for
 from harvest_outbox.producer.schema import OUTBOX_AUTOVACUUM, OutboxNames, init_db, table_reloptions

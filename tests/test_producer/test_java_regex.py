@@ -22,9 +22,9 @@ from psycopg import sql
 from harvest_outbox.producer.config import HarvestConfig
 from harvest_outbox.producer.errors import ConfigError, SchemaError
 from harvest_outbox.producer.harvest import Harvest
-from harvest_outbox.producer.mapping.event_router import EventRouter
+from harvest_outbox.producer.mapping._event_router import EventRouter
 from harvest_outbox.producer.mapping.table import DebeziumMapping, table_mapping
-from harvest_outbox.producer.ops.check import check_outbox
+from harvest_outbox.producer.ops._check import check_outbox
 from harvest_outbox.producer.schema import OutboxNames, init_db
 
 # RegexRouter.apply, as Kafka Connect runs it for Debezium's outbox router. Lines in: pattern, replacement

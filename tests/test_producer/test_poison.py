@@ -25,7 +25,7 @@ from seqcheck import Expected, check_exactly_once, read_intents, wait_for
 from harvest_outbox.harvest_local.kafka import create_topic
 from harvest_outbox.producer.harvest import Harvest
 from harvest_outbox.producer.layouts.cursor.database import cursor_backlog
-from harvest_outbox.producer.ops.deadletters import list_dead_letters, requeue
+from harvest_outbox.producer.ops._deadletters import list_dead_letters, requeue
 from harvest_outbox.producer.schema import OutboxNames, init_db
 from harvest_outbox.producer.stash.stasher import OutboxRecord, Stasher
 

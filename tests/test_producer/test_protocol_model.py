@@ -43,7 +43,7 @@ from model_relay import Clock, Relay
 from seqcheck import Anomalies
 
 from harvest_outbox.producer.config import Limits
-from harvest_outbox.producer.relay.sequenced.store import SequencedStore
+from harvest_outbox.producer.relay.sequenced._store import SequencedStore
 from harvest_outbox.sequencer import Envelope, Flags, Sequencer, flags_of, parse_uuid
 
 #: Schedules per run (MODEL_SCHEDULES overrides), and the first seed.
@@ -351,7 +351,7 @@ def run_schedule(seed: int) -> World:
 def quiet_relay() -> Any:
     """The relay's own log lines off (thousands of abandoned views), the Sequencer's anomalies captured."""
     relay_log = logging.getLogger("harvest_outbox.producer")
-    acks_log = logging.getLogger("harvest_outbox.producer.relay.sequenced.acks")
+    acks_log = logging.getLogger("harvest_outbox.producer.relay.sequenced._acks")
     seq_log = logging.getLogger("harvest_outbox.sequencer.sequencer")
     level, acks_level, acks_propagate = relay_log.level, acks_log.level, acks_log.propagate
     relay_log.setLevel(logging.CRITICAL + 1)

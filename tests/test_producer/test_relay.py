@@ -16,7 +16,7 @@ from relaylib import assert_per_key_order, consume_all, covers, relay_config, wa
 
 from harvest_outbox.producer.harvest import Harvest
 from harvest_outbox.producer.kafka import FaultInjector
-from harvest_outbox.producer.ops.deadletters import list_dead_letters, requeue
+from harvest_outbox.producer.ops._deadletters import list_dead_letters, requeue
 from harvest_outbox.producer.relay.events import LeaderAcquired, LeaderRefreshed, MeterRead
 from harvest_outbox.producer.schema import init_db
 from harvest_outbox.producer.stash.stasher import OutboxRecord, Stasher

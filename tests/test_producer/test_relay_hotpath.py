@@ -25,8 +25,8 @@ from harvest_outbox.producer.kafka import ANY_PARTITION, PRODUCE_ARGS, produce_a
 from harvest_outbox.producer.layouts.mark.marksize import MarkSize
 from harvest_outbox.producer.relay.at_least_once.mode import AtLeastOnceMode
 from harvest_outbox.producer.relay.core import MARKS_AHEAD, PendingMark
-from harvest_outbox.producer.relay.sequenced.txn import Slot
-from harvest_outbox.producer.relay.sequenced.view import continue_uuid, uuid_bytes
+from harvest_outbox.producer.relay.sequenced._txn import Slot
+from harvest_outbox.producer.relay.sequenced._view import continue_uuid, uuid_bytes
 from harvest_outbox.sequencer import Flags, build_uuid, clock_of, flags_of, new_producer_id, parse_uuid, producer_of
 
 

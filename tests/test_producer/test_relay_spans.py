@@ -32,7 +32,7 @@ from harvest_outbox.producer.errors import ConfigError
 from harvest_outbox.producer.harvest import Harvest
 from harvest_outbox.producer.ops.preflight import TopicGuard
 from harvest_outbox.producer.relay.at_least_once.mode import AtLeastOnceMode
-from harvest_outbox.producer.relay.sequenced.txn import Slot, TracedSlot
+from harvest_outbox.producer.relay.sequenced._txn import Slot, TracedSlot
 from harvest_outbox.producer.relay.spans import (
     DWELL_MS,
     KAFKA_PARTITION,

@@ -22,8 +22,8 @@ from relaylib import consume_all, relay_config, wait_drained
 from harvest_outbox.harvest_local.relays import wait_for, write_config
 from harvest_outbox.producer.db import OutboxDatabase
 from harvest_outbox.producer.errors import SchemaError
+from harvest_outbox.producer.ops._deadletters import list_dead_letters
 from harvest_outbox.producer.ops.cli import main
-from harvest_outbox.producer.ops.deadletters import list_dead_letters
 from harvest_outbox.producer.relay.sharded import ShardedHarvest
 from harvest_outbox.producer.relay.shards import shard_of
 from harvest_outbox.producer.schema import OutboxNames, init_db

@@ -25,7 +25,7 @@ from harvest_outbox.producer.config import HarvestConfig, from_mapping
 from harvest_outbox.producer.errors import ConfigError, SchemaError
 from harvest_outbox.producer.harvest import Harvest
 from harvest_outbox.producer.mapping.table import GOHARVEST, DebeziumMapping, EventRouter, table_mapping
-from harvest_outbox.producer.ops.deadletters import list_dead_letters, requeue
+from harvest_outbox.producer.ops._deadletters import list_dead_letters, requeue
 from harvest_outbox.producer.schema import OutboxNames, init_db, inspect_outbox
 
 # ---------------------------------------------------------------------------------------- options

@@ -1,4 +1,4 @@
-"""producer.relay.waker's invariants: a watched future's completion ends a wait at once (also when it
+"""producer.relay._waker's invariants: a watched future's completion ends a wait at once (also when it
 happened before the wait), extra sockets wake it too, a timeout ends it otherwise, and ringing
 never blocks."""
 
@@ -11,7 +11,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 import pytest
 
-from harvest_outbox.producer.relay.waker import Waker
+from harvest_outbox.producer.relay._waker import Waker
 
 
 def test_completion_during_the_wait_ends_it_at_once() -> None:

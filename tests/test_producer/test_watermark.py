@@ -1,4 +1,4 @@
-"""producer/layouts/cursor/watermark.py's decisions, scenario by scenario: a late commit, the probe, pages, retirement,
+"""producer/layouts/cursor/_watermark.py's decisions, scenario by scenario: a late commit, the probe, pages, retirement,
 bad input; and the bound a long transaction puts on the scan and on retention, measured on the in-memory
 MVCC outbox (model_mvcc.py). The random schedules are test_watermark_model.py's."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 from model_mvcc import MVCC
 
-from harvest_outbox.producer.layouts.cursor.watermark import (
+from harvest_outbox.producer.layouts.cursor._watermark import (
     ORIGIN,
     Cursor,
     Probe,

@@ -1,5 +1,5 @@
 """The mark-less relay's SQL sketch (docs/primary-cost.md "The mark-less relay") on the real Postgres
-the fixtures start, driven by producer/layouts/cursor/watermark.py's decisions: a transaction that commits late (a
+the fixtures start, driven by producer/layouts/cursor/_watermark.py's decisions: a transaction that commits late (a
 lower id than rows already relayed) is caught by the snapshot interval, with two writer connections
 and a relay connection; the read query's WHERE agrees with the module's ``Cursor.pending``; a
 partition holding an open writer's row is not truncated (the module does not offer it, and a forced
@@ -19,8 +19,8 @@ import pytest
 from psycopg import sql
 
 from harvest_outbox.producer.errors import FenceError
-from harvest_outbox.producer.layouts.cursor.watermark import read_page, retirable
-from harvest_outbox.producer.layouts.cursor.watermark_sql import WatermarkSession, ddl, text_of
+from harvest_outbox.producer.layouts.cursor._watermark import read_page, retirable
+from harvest_outbox.producer.layouts.cursor._watermark_sql import WatermarkSession, ddl, text_of
 
 PARTITION = 4  # ids per partition: a handful of rows spans several
 

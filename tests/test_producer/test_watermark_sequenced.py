@@ -1,7 +1,7 @@
 """The mark-less relay under the real ``--uuid-sequencing`` mode: test_protocol_model.py's schedules
 (the real :class:`~producer.relay.sequenced.mode.SequencedMode`, the model topic, crashes, zombies, lost replies,
 failed deliveries, the project's Sequencer reading the log) on a database whose
-:class:`~producer.relay.sequenced.store.SequencedStore` reads with producer/layouts/cursor/watermark.py's cursor instead of
+:class:`~producer.relay.sequenced._store.SequencedStore` reads with producer/layouts/cursor/_watermark.py's cursor instead of
 marking rows, and whose fenced commit moves the cursor instead of deleting them
 (docs/primary-cost.md "The mark-less relay": "the commit protocol, both modes").
 
@@ -65,8 +65,8 @@ from test_protocol_model import (  # noqa: F401 (quiet_relay: the fixture)
 
 from harvest_outbox.producer.db import MarkedAttempts, MarkedRow, TxnCommit
 from harvest_outbox.producer.errors import DatabaseError, FenceError
+from harvest_outbox.producer.layouts.cursor._watermark import Cursor, read_page, retirable, start_batch
 from harvest_outbox.producer.layouts.cursor.views import NotNextRows, Segment, ViewRead
-from harvest_outbox.producer.layouts.cursor.watermark import Cursor, read_page, retirable, start_batch
 
 SCHEDULES = int(os.environ.get("MODEL_SCHEDULES", "1000"))
 FIRST_SEED = int(os.environ.get("MODEL_SEED", "0"))

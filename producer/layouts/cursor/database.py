@@ -1,5 +1,5 @@
 """``outboxLayout: cursor``: the relay's database binding on the partitioned outbox, which reads by
-snapshot instead of marking (docs/primary-cost.md "The mark-less relay"; decisions: producer/layouts/cursor/watermark.py).
+snapshot instead of marking (docs/primary-cost.md "The mark-less relay"; decisions: producer/layouts/cursor/_watermark.py).
 
 :class:`CursorDatabase` is an :class:`~producer.db.OutboxDatabase` whose statements change, not its
 interface: the modes run on it unchanged.
@@ -8,7 +8,7 @@ interface: the modes run on it unchanged.
   (``pg_current_snapshot()``, the largest id, and -- only when a probe is due -- ``pg_current_xact_id()``);
   a page is ``id >= from AND visible(txid, hi) AND NOT visible(txid, lo) ORDER BY id LIMIT n`` with the
   persisted attempt counts joined, returned as the mark's :data:`~producer.layouts.mark.marks.MarkedRow`;
-- ``--uuid-sequencing`` (the :class:`~producer.relay.sequenced.store.SequencedStore`): ``start_view_with_floor`` raises
+- ``--uuid-sequencing`` (the :class:`~producer.relay.sequenced._store.SequencedStore`): ``start_view_with_floor`` raises
   the fence as in the mark layout, then gives the cursor row the view's epoch and reads it: the view reads
   from the committed cursor. ``commit_txns`` is the fenced commit of the mark layout minus the delete: the
   cursor ``UPDATE … WHERE epoch = $epoch`` (one row, else fenced), dead rows *copied* to the dead letters,
@@ -66,14 +66,7 @@ from psycopg import sql
 from harvest_outbox.producer.db import OutboxDatabase
 from harvest_outbox.producer.db.fence import TxnCommit, send_in_one_message
 from harvest_outbox.producer.errors import DatabaseError, FenceError, SchemaError
-from harvest_outbox.producer.layouts.cursor.held import (
-    dead_letter_held_sql,
-    drop_held_sql,
-    held_read_sql,
-    hold_rows_sql,
-    released_sql,
-)
-from harvest_outbox.producer.layouts.cursor.ids import (
+from harvest_outbox.producer.layouts.cursor._ids import (
     OPEN_TRANSACTIONS_SQL,
     IdSource,
     Watch,
@@ -81,11 +74,18 @@ from harvest_outbox.producer.layouts.cursor.ids import (
     id_source_of,
     id_source_sql,
 )
+from harvest_outbox.producer.layouts.cursor._watermark import Cursor, Probe, needs_xid, page_end, start_batch
+from harvest_outbox.producer.layouts.cursor._watermark_sql import snapshot_of, text_of
+from harvest_outbox.producer.layouts.cursor.held import (
+    dead_letter_held_sql,
+    drop_held_sql,
+    held_read_sql,
+    hold_rows_sql,
+    released_sql,
+)
 from harvest_outbox.producer.layouts.cursor.partitions import PartitionKeeper
 from harvest_outbox.producer.layouts.cursor.schema import require_cursor_rows, require_layout
 from harvest_outbox.producer.layouts.cursor.views import CursorViews, NotNextRows, Segment, View
-from harvest_outbox.producer.layouts.cursor.watermark import Cursor, Probe, needs_xid, page_end, start_batch
-from harvest_outbox.producer.layouts.cursor.watermark_sql import snapshot_of, text_of
 from harvest_outbox.producer.layouts.mark.marks import MarkedAttempts, MarkedRow, read_row_fields
 from harvest_outbox.producer.mapping.table import GOHARVEST, TableMapping
 from harvest_outbox.producer.relay.shards import shard_expression
@@ -277,7 +277,7 @@ class CursorDatabase(OutboxDatabase):
         ).format(c)
         batch = sql.SQL("SELECT pg_current_snapshot()::text, (SELECT max({}) FROM {}), {}, g.* FROM ({}) AS g")
         #: A batch's start, with and without a probe's xid (an xid costs a commit record: only when due), and
-        #: the id source in the same snapshot (producer/layouts/cursor/ids.py)
+        #: the id source in the same snapshot (producer/layouts/cursor/_ids.py)
         source = id_source_sql(names)
         self._batch_sql = {
             True: batch.format(names.mapping.id(), names.outbox, sql.SQL("pg_current_xact_id()::text"), source),
@@ -514,7 +514,7 @@ class CursorDatabase(OutboxDatabase):
                 self.views.view.serving.difference_update(ids)
 
     def _guard(self, shard: int, cursor: Cursor, now: IdSource, head: int | None) -> tuple[Cursor, bool]:
-        """A batch start's look at the id source (producer/layouts/cursor/ids.py): the cursor to start from (its
+        """A batch start's look at the id source (producer/layouts/cursor/_ids.py): the cursor to start from (its
         low 0 after a change: a rescan) and whether a probe may be taken; a broken txid default stops the
         read (DatabaseError: the cursor stays) and a broken source is logged, at most once a minute."""
         watch = self._watches.setdefault(shard, Watch())

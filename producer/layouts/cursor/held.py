@@ -144,7 +144,7 @@ def hold_rows_sql(names: OutboxNames) -> sql.Composed:
 
 
 def _passed(c: str, o: str, id_column: str = "id") -> sql.Composable:
-    """The committed cursor ``c`` has passed the outbox row ``o`` (producer/layouts/cursor/watermark.py's ``Cursor.pending``,
+    """The committed cursor ``c`` has passed the outbox row ``o`` (producer/layouts/cursor/_watermark.py's ``Cursor.pending``,
     negated); ``id_column``: the row's ordering column (a Debezium table's is ``harvest_seq``)."""
     return sql.SQL(
         "(pg_visible_in_snapshot({o}.txid, {c}.lo) OR ({c}.hi IS NOT NULL "

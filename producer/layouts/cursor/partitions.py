@@ -1,5 +1,5 @@
 """``outboxLayout: cursor``: partition maintenance -- id-range partitions created ahead of the ids, and
-retired once the committed cursor's ``low`` has passed them (producer/layouts/cursor/watermark.py, rule I4).
+retired once the committed cursor's ``low`` has passed them (producer/layouts/cursor/_watermark.py, rule I4).
 
 Run by the leader at most every :data:`MAINTENANCE_INTERVAL` seconds, after a cursor commit: on the write
 connection after the modes' commits, on the read connection after an idle view's commit (so an idle

@@ -1,5 +1,5 @@
 """``outboxLayout: cursor``: the partitioned outbox the mark-less relay reads, and its cursor row
-(docs/primary-cost.md "The mark-less relay"; the decisions are producer/layouts/cursor/watermark.py's).
+(docs/primary-cost.md "The mark-less relay"; the decisions are producer/layouts/cursor/_watermark.py's).
 
 Objects, for an outbox table ``[schema.]name`` (next to the companions of :mod:`producer.schema.ddl`:
 dead letters, fence row, ACK intents, attempt counts, NOTIFY trigger, which are the same in both layouts):
@@ -20,7 +20,7 @@ dead letters, fence row, ACK intents, attempt counts, NOTIFY trigger, which are 
   rows, empty otherwise.
 
 Invariants:
-- A1 (producer/layouts/cursor/watermark.py): the id default takes the xid before the id, from a ``CACHE 1`` sequence;
+- A1 (producer/layouts/cursor/_watermark.py): the id default takes the xid before the id, from a ``CACHE 1`` sequence;
   :func:`require_cursor_layout` refuses an outbox whose default does not (writers that set ``id``
   themselves break it too: docs/limitations.md);
 - a row's transaction is its ``txid`` column, never ``xmin`` (a savepoint's rows carry a subtransaction
@@ -35,7 +35,7 @@ import psycopg
 from psycopg import sql
 
 from harvest_outbox.producer.errors import SchemaError
-from harvest_outbox.producer.layouts.cursor.ids import id_source_of, id_source_sql
+from harvest_outbox.producer.layouts.cursor._ids import id_source_of, id_source_sql
 from harvest_outbox.producer.mapping.names import OutboxNames, Statement
 
 #: Ids per partition ``harvest init-db`` creates (and partition maintenance keeps, from the last one's width).
@@ -170,9 +170,9 @@ def require_layout(conn: psycopg.Connection, names: OutboxNames, layout: str) ->
 
 
 def require_cursor_layout(conn: psycopg.Connection, names: OutboxNames) -> None:
-    """A1 and A2 hold (:class:`~producer.layouts.cursor.ids.IdSource`: the id default takes the xid first from the
+    """A1 and A2 hold (:class:`~producer.layouts.cursor._ids.IdSource`: the id default takes the xid first from the
     outbox's ``CACHE 1`` sequence; ``txid`` is the writer's transaction) and the cursor table exists. A running
-    relay re-checks the id source at every batch start (producer/layouts/cursor/ids.py)."""
+    relay re-checks the id source at every batch start (producer/layouts/cursor/_ids.py)."""
     require_server(conn)
     row = conn.execute(sql.SQL("SELECT g.* FROM ({}) AS g").format(id_source_sql(names))).fetchone()
     assert row is not None  # a one-row subquery

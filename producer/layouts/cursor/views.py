@@ -3,7 +3,7 @@
 The relay reads on one connection and commits on another (producer/relay/core.py), so both
 :class:`~producer.layouts.cursor.database.CursorDatabase` objects share one :class:`CursorViews`. A view's reads are
 *segments*, one per page: the batch cursor the page was read with, the ids it returned (id order) and
-the cursor once they are all delivered (producer/layouts/cursor/watermark.py's ``page_end``). A commit passes the next
+the cursor once they are all delivered (producer/layouts/cursor/_watermark.py's ``page_end``). A commit passes the next
 ``n`` read rows; the cursor it commits is the one after the last of them:
 
 - the page's ``after`` when it ends a page (and then the ``after`` of the empty pages read right
@@ -38,7 +38,7 @@ from collections import deque
 from dataclasses import dataclass, field, replace
 
 from harvest_outbox.producer.errors import HarvestError
-from harvest_outbox.producer.layouts.cursor.watermark import Cursor
+from harvest_outbox.producer.layouts.cursor._watermark import Cursor
 
 
 @dataclass(frozen=True)

@@ -33,7 +33,7 @@ from harvest_outbox.producer.schema import OutboxNames, ValueType
 # row). ``bad`` is None, or why the row can never be produced (decided by the statement: the table
 # mapping's RecordSql.bad, then HEADER_BAD). ``partition`` is None (the producer's partitioner, by
 # key) unless the table mapping places a column there (producer.mapping.table). ``created`` is the
-# row's create time on this process's time.monotonic() clock (ROW_CREATED; producer.observe.histograms). A plain
+# row's create time on this process's time.monotonic() clock (ROW_CREATED; producer.observe._histograms). A plain
 # tuple of atomic values in id order, used as it comes from the driver: the mark allocates nothing
 # else per row, and the garbage collector does not track it.
 MarkedRow = tuple[

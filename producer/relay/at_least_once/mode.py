@@ -55,7 +55,7 @@ from confluent_kafka import KafkaError, KafkaException
 from harvest_outbox.producer.db import MarkedAttempts, MarkedRow
 from harvest_outbox.producer.errors import DatabaseError
 from harvest_outbox.producer.kafka import KafkaProducer, is_permanent, is_size_refusal
-from harvest_outbox.producer.relay.at_least_once.records import AtLeastOnceRecords
+from harvest_outbox.producer.relay.at_least_once._records import AtLeastOnceRecords
 from harvest_outbox.producer.relay.events import LeaderRefreshed
 
 log = logging.getLogger(__name__)
@@ -63,7 +63,7 @@ log = logging.getLogger(__name__)
 
 class AtLeastOnceMode(AtLeastOnceRecords):
     """Per-record delivery and batched purges (see module doc): the mode's decisions, over its records
-    (:class:`~producer.relay.at_least_once.records.AtLeastOnceRecords`)."""
+    (:class:`~producer.relay.at_least_once._records.AtLeastOnceRecords`)."""
 
     #: Bytes of headers the relay adds to every record: none.
     HEADER_BYTES = 0

@@ -6,14 +6,14 @@
 threads (:class:`~producer.relay.core.RelayCore`: statements execute in submission order on each).
 The protocol's parts, one concern each:
 
-- :mod:`producer.relay.sequenced.view`: a view (fence epoch, leader id, clock with its floor, producer ring) and
+- :mod:`producer.relay.sequenced._view`: a view (fence epoch, leader id, clock with its floor, producer ring) and
   the UUIDs of records and ACKs;
-- :mod:`producer.relay.sequenced.txn`: a harvest transaction and its records' delivery reports;
-- :mod:`producer.relay.sequenced.produce`: producing marked rows into transactions, poison rows, attempt counts;
-- :mod:`producer.relay.sequenced.commit`: the fenced commit job;
-- :mod:`producer.relay.sequenced.acks`: ACKs, recovery of ACK intents, rollback ACKs;
-- :mod:`producer.relay.sequenced.failure`: abandoning and winding down a view;
-- :mod:`producer.relay.sequenced.store`: the database work, as one interface (:class:`~producer.db.OutboxDatabase`
+- :mod:`producer.relay.sequenced._txn`: a harvest transaction and its records' delivery reports;
+- :mod:`producer.relay.sequenced._produce`: producing marked rows into transactions, poison rows, attempt counts;
+- :mod:`producer.relay.sequenced._commit`: the fenced commit job;
+- :mod:`producer.relay.sequenced._acks`: ACKs, recovery of ACK intents, rollback ACKs;
+- :mod:`producer.relay.sequenced._failure`: abandoning and winding down a view;
+- :mod:`producer.relay.sequenced._store`: the database work, as one interface (:class:`~producer.db.OutboxDatabase`
   implements it; tests/test_producer/model_db.py too, for the model test);
 - :mod:`producer.relay.crash_points`: the crash/pause test hooks.
 
@@ -31,7 +31,7 @@ Protocol, per leader *view* (a view starts on acquisition and after every failur
    partition, in transaction order; once delivered, the intents are deleted (batched, lazily).
 5. **Producer ring**: transaction *k* uses ``ring[k mod M]`` and opens only once ACK *k-M* was
    enqueued.
-6. **Failure** abandons the view (:mod:`producer.relay.sequenced.failure`); then a new view starts (step 1).
+6. **Failure** abandons the view (:mod:`producer.relay.sequenced._failure`); then a new view starts (step 1).
 7. **Zombies** cannot commit: their epoch check fails once a newer view exists.
 8. **Per-key order** needs no per-key barrier: one idempotent producer keeps per-partition log order
    = produce order = id order; a failure drops the failed transaction and every later one, never a
@@ -70,13 +70,13 @@ from harvest_outbox.producer.kafka import KafkaProducer
 from harvest_outbox.producer.relay.core import RelayCore
 from harvest_outbox.producer.relay.crash_points import installed
 from harvest_outbox.producer.relay.events import LeaderRefreshed, ViewStarted
-from harvest_outbox.producer.relay.sequenced.acks import enqueue_acks, recover
-from harvest_outbox.producer.relay.sequenced.commit import commit_job
-from harvest_outbox.producer.relay.sequenced.failure import ViewFailure
-from harvest_outbox.producer.relay.sequenced.produce import TxnProducer
-from harvest_outbox.producer.relay.sequenced.store import SequencedStore
-from harvest_outbox.producer.relay.sequenced.txn import Slot, Txn, reported
-from harvest_outbox.producer.relay.sequenced.view import View
+from harvest_outbox.producer.relay.sequenced._acks import enqueue_acks, recover
+from harvest_outbox.producer.relay.sequenced._commit import commit_job
+from harvest_outbox.producer.relay.sequenced._failure import ViewFailure
+from harvest_outbox.producer.relay.sequenced._produce import TxnProducer
+from harvest_outbox.producer.relay.sequenced._store import SequencedStore
+from harvest_outbox.producer.relay.sequenced._txn import Slot, Txn, reported
+from harvest_outbox.producer.relay.sequenced._view import View
 from harvest_outbox.sequencer import Clock
 from harvest_outbox.sequencer.clock import clock_from_unix_ns
 
@@ -277,7 +277,7 @@ class SequencedMode(TxnProducer, ViewFailure):
                 return
             if t.journals:
                 self._confirm_buf.append((t.producer, t.ack_clock))
-            if t.rows:  # readers see them now: their dwell ends (producer.observe.histograms)
+            if t.rows:  # readers see them now: their dwell ends (producer.observe._histograms)
                 self.metrics.observe_dwell(t.rows, now)
         if self._confirm_buf and (len(self._confirm_buf) >= 64 or now >= self._next_confirm):
             self._flush_confirms()

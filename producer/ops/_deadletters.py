@@ -29,7 +29,7 @@ from harvest_outbox.producer.errors import DatabaseError, HarvestError, shown
 from harvest_outbox.producer.layouts.cursor.held import requeue_into_held_sql, require_passed
 from harvest_outbox.producer.layouts.cursor.schema import layout_of
 from harvest_outbox.producer.mapping.table import GOHARVEST, TableMapping
-from harvest_outbox.producer.ops.deadletter_admin import Selection
+from harvest_outbox.producer.ops._deadletter_admin import Selection
 from harvest_outbox.producer.ops.preflight import topic_name_problem
 from harvest_outbox.producer.schema import OutboxNames
 

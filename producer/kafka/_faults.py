@@ -1,4 +1,4 @@
-"""A fault injector for tests: a :data:`~producer.kafka.producer.ProducerFactory` whose producers wrap *real*
+"""A fault injector for tests: a :data:`~producer.kafka._producer.ProducerFactory` whose producers wrap *real*
 ones and make ``produce()`` raise, or turn successful delivery reports into failures, at given rates.
 
 The real broker still receives (some of) those records, which is exactly the duplicate-producing
@@ -20,7 +20,7 @@ from typing import Any
 
 from confluent_kafka import KafkaError, Message
 
-from harvest_outbox.producer.kafka.producer import (
+from harvest_outbox.producer.kafka._producer import (
     DeliveryCallback,
     KafkaProducer,
     ProducerFactory,

@@ -6,7 +6,7 @@ serializer, every row paid for the subject's latest version again (a locked TTL-
 interpreter per row, which halved the drain. Here the writer schema is resolved once per batch and
 topic (:class:`AvroWriter`, one per schema id), and a row costs the JSON parse (orjson when
 installed, ~0.4 µs) and one pass of code compiled from the schema that checks and writes it
-(producer/encode/avro_compiled.py, ~0.5 µs for a five-field record), where fastavro's strict validation
+(producer/encode/_avro_compiled.py, ~0.5 µs for a five-field record), where fastavro's strict validation
 (~1.5 µs) and its ``schemaless_writer`` (~1.7 µs) each walked the schema again for every row. A
 value the compiled code does not take (it does not fit, or is not a plain JSON value) goes through
 fastavro's ``validate`` and ``schemaless_writer`` as before, so a refusal is fastavro's, word for word.
@@ -89,7 +89,7 @@ class AvroWriter:
         from fastavro import parse_schema, schemaless_writer
         from fastavro.validation import validate
 
-        from harvest_outbox.producer.encode.avro_compiled import compile_schema
+        from harvest_outbox.producer.encode._avro_compiled import compile_schema
 
         self._validate: Callable[..., Any] = validate
         self._write: Callable[..., Any] = schemaless_writer

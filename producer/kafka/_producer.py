@@ -4,7 +4,7 @@ construction (a global ``on_delivery``, so no closure is allocated per message).
 
 Invariants:
 - :func:`confluent_producer` is the real producer, the default; a test hands :class:`~producer.harvest.Harvest`
-  another :data:`ProducerFactory` (:mod:`producer.kafka.faults`);
+  another :data:`ProducerFactory` (:mod:`producer.kafka._faults`);
 - a fatal error raised by ``poll()`` or ``flush()`` reaches the relay as a call of ``on_fatal``
   (:class:`FatalErrorGuard`), never as an exception out of the relay thread; ``produce`` is the wrapped
   producer's own bound method, so the per-record path pays nothing.

@@ -18,7 +18,7 @@ import psycopg
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict
 
-from harvest_outbox.producer.db.statements import id_array
+from harvest_outbox.producer.db._statements import id_array
 from harvest_outbox.producer.errors import DatabaseError
 from harvest_outbox.producer.layouts.mark.marks import TEXT_ARRAY_OID, HeaderArrayLoader
 from harvest_outbox.producer.schema import (

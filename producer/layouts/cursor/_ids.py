@@ -1,4 +1,4 @@
-"""The cursor layout's id source, watched while the relay runs (issue #44; A1 of producer/layouts/cursor/watermark.py).
+"""The cursor layout's id source, watched while the relay runs (issue #44; A1 of producer/layouts/cursor/_watermark.py).
 
 A batch's probe lets ``low`` pass every id up to the head it saw, on the strength of A1: ids come from the
 outbox's own sequence, increasing, ``CACHE 1``, drawn by a default that takes the writer's xid first. An
@@ -42,7 +42,7 @@ from dataclasses import dataclass, replace
 
 from psycopg import sql
 
-from harvest_outbox.producer.layouts.cursor.watermark import Cursor
+from harvest_outbox.producer.layouts.cursor._watermark import Cursor
 from harvest_outbox.producer.mapping.names import OutboxNames
 
 #: ``txid``'s default as Postgres prints it (A2: the writer's top-level transaction).

@@ -13,7 +13,7 @@ import logging
 import psycopg
 from psycopg import sql
 
-from harvest_outbox.producer.db.session import connect
+from harvest_outbox.producer.db._session import connect
 from harvest_outbox.producer.errors import DatabaseError
 from harvest_outbox.producer.schema import OutboxNames
 from harvest_outbox.redact import redact_error

@@ -15,8 +15,8 @@ import re
 import socket
 from typing import Any
 
+from harvest_outbox.producer._kafka_names import NOT_A_NAME_CHAR
 from harvest_outbox.producer.errors import SHOWN_CHARS, ConfigError, shown
-from harvest_outbox.producer.kafka_names import NOT_A_NAME_CHAR
 
 _DURATION_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|ms|s|m|h)")
 _DURATION_UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}

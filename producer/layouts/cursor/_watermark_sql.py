@@ -1,6 +1,6 @@
 """The mark-less relay's statements on Postgres (issue #37; docs/primary-cost.md "The SQL"): the
 partitioned outbox, the cursor row, and the four statements the relay would run -- batch start, page
-read, fenced cursor commit, partition retirement -- with producer/layouts/cursor/watermark.py deciding every value.
+read, fenced cursor commit, partition retirement -- with producer/layouts/cursor/_watermark.py deciding every value.
 Run by tests/test_producer/test_watermark_pg.py and bench/bench_watermark_wal.py; **not used by the
 relay yet** (no mode reads through it).
 
@@ -30,7 +30,7 @@ import psycopg
 from psycopg import sql
 
 from harvest_outbox.producer.errors import FenceError
-from harvest_outbox.producer.layouts.cursor.watermark import Cursor, Probe, Snapshot, start_batch
+from harvest_outbox.producer.layouts.cursor._watermark import Cursor, Probe, Snapshot, start_batch
 
 
 def ddl(schema: str, partition_ids: int, partitions: int) -> list[sql.Composable]:

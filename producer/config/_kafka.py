@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from harvest_outbox.producer.config.limits import Limits
+from harvest_outbox.producer.config._limits import Limits
 from harvest_outbox.producer.errors import ConfigError, shown
 from harvest_outbox.redact import is_secret_kafka_key, redact_error
 

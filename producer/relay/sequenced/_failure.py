@@ -10,7 +10,7 @@ it (a refresh, or giving up leadership) winds it down. Invariants:
 - every transaction not committed is dropped (its rows stay marked by the old view: the next view
   re-marks and re-sends them in id order under new ProducerIDs), and each abandoned span gets a
   rollback ACK in every partition it is known to have touched, unless its commit's outcome is
-  unknown (:func:`~producer.relay.sequenced.commit.outcome_unknown`) or an ACK of the view failed;
+  unknown (:func:`~producer.relay.sequenced._commit.outcome_unknown`) or an ACK of the view failed;
 - failed delivery attempts are stored before the next view can produce their rows again; a
   failure after which records sent later were acknowledged counts as an attempt (poison), one
   during which nothing was delivered does not (an outage);
@@ -33,11 +33,11 @@ from harvest_outbox.producer.kafka import is_size_refusal
 from harvest_outbox.producer.observe.metrics import Metrics
 from harvest_outbox.producer.ops.preflight import TopicGuard
 from harvest_outbox.producer.relay.core import RelayCore
-from harvest_outbox.producer.relay.sequenced.acks import roll_back
-from harvest_outbox.producer.relay.sequenced.commit import outcome_unknown
-from harvest_outbox.producer.relay.sequenced.store import SequencedStore
-from harvest_outbox.producer.relay.sequenced.txn import Txn
-from harvest_outbox.producer.relay.sequenced.view import View
+from harvest_outbox.producer.relay.sequenced._acks import roll_back
+from harvest_outbox.producer.relay.sequenced._commit import outcome_unknown
+from harvest_outbox.producer.relay.sequenced._store import SequencedStore
+from harvest_outbox.producer.relay.sequenced._txn import Txn
+from harvest_outbox.producer.relay.sequenced._view import View
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +60,7 @@ class ViewFailure:
     _refreshing: bool
     txn_limit: int
     monotonic: Callable[[], float]
-    # producer.relay.sequenced.produce.TxnProducer and producer.relay.sequenced.mode.SequencedMode
+    # producer.relay.sequenced._produce.TxnProducer and producer.relay.sequenced.mode.SequencedMode
     _close: Callable[[Txn], None]
     _in_flight_count: Callable[[], int]
     _count_failure: Callable[..., None]

@@ -8,7 +8,7 @@
   node that contains it is refused too. Both are counted while the file is composed, before any
   Python object is built.
 - Errors carry a line and a column, never the offending line (it may hold dataSource's password).
-- A ``rewrite`` hook (the ``${…}`` references of :mod:`producer.config.env`) sees scalar values only,
+- A ``rewrite`` hook (the ``${…}`` references of :mod:`producer.config._env`) sees scalar values only,
   never mapping keys, once per occurrence; a rewritten plain (unquoted, untagged) scalar is typed as YAML
   would type the new text written there (``shards: ${SHARDS}`` -> an int), a quoted one stays a string.
 """

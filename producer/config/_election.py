@@ -13,9 +13,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from harvest_outbox.producer.config.values import format_duration
+from harvest_outbox.producer._kafka_names import LEGAL_NAME, NAME_RULE
+from harvest_outbox.producer.config._values import format_duration
 from harvest_outbox.producer.errors import ConfigError, shown
-from harvest_outbox.producer.kafka_names import LEGAL_NAME, NAME_RULE
 
 LEADER_ELECTIONS = ("neli", "postgres")
 #: NELI maps heartbeatTimeout to the consumer group's session.timeout.ms = 3 x heartbeatTimeout;

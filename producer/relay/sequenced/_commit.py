@@ -17,8 +17,8 @@ from collections.abc import Callable, Iterable, Sequence
 
 from harvest_outbox.producer.db import TxnCommit
 from harvest_outbox.producer.errors import FenceError
-from harvest_outbox.producer.relay.sequenced.store import SequencedStore
-from harvest_outbox.producer.relay.sequenced.txn import Txn
+from harvest_outbox.producer.relay.sequenced._store import SequencedStore
+from harvest_outbox.producer.relay.sequenced._txn import Txn
 
 
 def commit_job(store: SequencedStore, batch: Sequence[Txn], attempts: dict[int, int]) -> Callable[[], None]:

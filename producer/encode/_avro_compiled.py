@@ -1,6 +1,6 @@
 """An Avro schema compiled once into a validator and a fused validate-and-write function for JSON rows.
 
-The relay's direct Avro path (producer/encode/avro_batch.py) used to run fastavro's ``validate`` (~1.5 µs a
+The relay's direct Avro path (producer/encode/_avro_batch.py) used to run fastavro's ``validate`` (~1.5 µs a
 row of the bench's record) and then fastavro's ``schemaless_writer`` (~1.7 µs), each walking the
 parsed schema again for every row. :func:`compile_schema` walks it once and generates Python code
 (one function per named type, union, array and map; primitives inlined) that checks a decoded JSON

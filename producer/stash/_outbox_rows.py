@@ -27,8 +27,8 @@ from psycopg import sql
 if TYPE_CHECKING:
     from harvest_outbox.producer.stash.validation import StashValidator
 
+from harvest_outbox.producer._kafka_names import LEGAL_NAME, NAME_RULE
 from harvest_outbox.producer.errors import ConfigError, RecordError
-from harvest_outbox.producer.kafka_names import LEGAL_NAME, NAME_RULE
 from harvest_outbox.producer.observe.tracing import TRACEPARENT, current_trace_headers
 from harvest_outbox.producer.schema import OutboxNames, ValueType
 

@@ -7,7 +7,7 @@ Invariants (tests/test_producer/test_table_mapping.py):
   reason), or a value of the wrong kind is a :class:`~producer.errors.ConfigError` naming the option
   (never silently ignored);
 - ``route.topic.regex`` is Java's regex, translated to a Postgres ARE that routes every value as Java's
-  RegexRouter does, or refused naming the construct (:mod:`producer.mapping.java_regex`).
+  RegexRouter does, or refused naming the construct (:mod:`producer.mapping._java_regex`).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from harvest_outbox.producer.errors import ConfigError, shown
-from harvest_outbox.producer.mapping.java_regex import translate
+from harvest_outbox.producer.mapping._java_regex import translate
 
 _EVENT_ROUTER_CLASS = "io.debezium.transforms.outbox.EventRouter"
 
@@ -204,6 +204,6 @@ def _additional(spec: str, where: str) -> tuple[AdditionalField, ...]:
 def pg_regex(regex: str, replacement: str, where: str) -> tuple[str, str]:
     """Java regex + replacement (RegexRouter's) -> a Postgres ARE matching the whole value + a
     regexp_replace replacement that route every value as Java does, or a ConfigError naming the
-    construct and a fix (:mod:`producer.mapping.java_regex`)."""
+    construct and a fix (:mod:`producer.mapping._java_regex`)."""
     translated = translate(regex, replacement, where)
     return translated.pattern, translated.replacement

@@ -39,7 +39,7 @@ from typing import Any
 
 import yaml
 
-from harvest_outbox.producer.config.yaml import YamlPath, load_document, plain_scalar, yaml_problem
+from harvest_outbox.producer.config._yaml import YamlPath, load_document, plain_scalar, yaml_problem
 from harvest_outbox.producer.errors import ConfigError, shown
 from harvest_outbox.redact import is_secret_kafka_key, redact_error
 
@@ -156,7 +156,7 @@ def literal_paths(env: Mapping[str, str], kinds: Mapping[str, str], flagged: Ite
 
 
 class Interpolation:
-    """The ``rewrite`` hook of :func:`producer.config.yaml.load_document` resolving ``${…}`` references."""
+    """The ``rewrite`` hook of :func:`producer.config._yaml.load_document` resolving ``${…}`` references."""
 
     def __init__(
         self,

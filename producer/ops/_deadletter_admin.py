@@ -1,6 +1,6 @@
 """Operating dead letters: selecting them, stuck keys, discarding, exporting, and the audit log.
 
-:mod:`producer.ops.deadletters` moves dead letters back (requeue); this module is what an operator
+:mod:`producer.ops._deadletters` moves dead letters back (requeue); this module is what an operator
 needs around that: a :class:`Selection` (ids, topic, key, error text, age) shared by ``list``,
 ``export``, ``discard`` and ``requeue``; the keys ``deadLetterPolicy: haltKey`` holds
 (:func:`stuck_keys`: key, topic, since, reason, rows waiting); and :func:`audit`, one log line per
@@ -13,7 +13,7 @@ Invariants (tests/test_producer/test_halt_key.py, test_deadletter_admin.py on th
 - ``export`` reads only; each line is one JSON object with the row's columns (a bytea value as
   base64 in ``kafka_value_base64``), in id order, so ``jq`` and a re-import can use it;
 - every action of the ``harvest dead-letters`` verbs that changes the table or exports it is audited
-  (:func:`discard` itself; requeue and export by producer.ops.deadletters_cli), whatever the log level.
+  (:func:`discard` itself; requeue and export by producer.ops._deadletters_cli), whatever the log level.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ Invariants:
 - every record's clock is above the previous one's; a transaction's ACK clock is ticked when it
   closes, so ACK clocks rise in transaction order;
 - a transaction closes at its size limit (``txn_limit``, adaptive), at ``txnMaxDuration``, or once
-  the backlog is taken and a report of it arrived (:func:`~producer.relay.sequenced.txn.reported`);
+  the backlog is taken and a report of it arrived (:func:`~producer.relay.sequenced._txn.reported`);
 - a row that can never be produced (bad, too large, a topic no broker takes, a permanent produce
   error, or out of delivery attempts) is dead-lettered inside the current transaction's fenced
   commit, never produced; a transient synchronous failure is retried before any later row (the log
@@ -36,8 +36,8 @@ from harvest_outbox.producer.observe.metrics import Metrics
 from harvest_outbox.producer.ops.preflight import TopicGuard, header_bytes, too_large
 from harvest_outbox.producer.relay.core import RelayCore
 from harvest_outbox.producer.relay.crash_points import CrashPoints
-from harvest_outbox.producer.relay.sequenced.txn import Slot, TracedSlot, Txn, reported
-from harvest_outbox.producer.relay.sequenced.view import View, continue_uuid
+from harvest_outbox.producer.relay.sequenced._txn import Slot, TracedSlot, Txn, reported
+from harvest_outbox.producer.relay.sequenced._view import View, continue_uuid
 from harvest_outbox.sequencer import TICK
 
 log = logging.getLogger(__name__)
@@ -62,7 +62,7 @@ class TxnProducer:
     _hook: CrashPoints
     txn_limit: int
     wall_clock_ns: Callable[[], int]
-    _abandon: Callable[..., None]  # producer.relay.sequenced.failure.ViewFailure
+    _abandon: Callable[..., None]  # producer.relay.sequenced._failure.ViewFailure
 
     def _in_flight_count(self) -> int:
         return sum(t.pending for t in self._txns)

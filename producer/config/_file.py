@@ -2,7 +2,7 @@
 
 :func:`load_yaml` / :func:`from_mapping` parse it strictly: an unknown key is an error that names it and
 lists the valid ones. Precedence: a CLI flag (``overrides``) > a ``HARVEST_<KEY>`` variable > the file's
-value (with its ``${…}`` references resolved) > the default (:mod:`producer.config.env`).
+value (with its ``${…}`` references resolved) > the default (:mod:`producer.config._env`).
 
 Invariants:
 - every error is a :class:`~producer.errors.ConfigError` naming the field (YAML path), the value and a fix,
@@ -22,11 +22,11 @@ from typing import Any, NamedTuple
 
 import yaml
 
-from harvest_outbox.producer.config.env import Interpolation, Origins, apply_variables, attribute_name, literal_paths
-from harvest_outbox.producer.config.harvest import ENV_KINDS, TOP_KEYS, HarvestConfig
-from harvest_outbox.producer.config.kafka import BOOTSTRAP_KEYS, DEFAULT_BOOTSTRAP
-from harvest_outbox.producer.config.values import key_text
-from harvest_outbox.producer.config.yaml import load_document, yaml_problem
+from harvest_outbox.producer.config._env import Interpolation, Origins, apply_variables, attribute_name, literal_paths
+from harvest_outbox.producer.config._harvest import ENV_KINDS, TOP_KEYS, HarvestConfig
+from harvest_outbox.producer.config._kafka import BOOTSTRAP_KEYS, DEFAULT_BOOTSTRAP
+from harvest_outbox.producer.config._values import key_text
+from harvest_outbox.producer.config._yaml import load_document, yaml_problem
 from harvest_outbox.producer.errors import ConfigError, shown
 from harvest_outbox.redact import redact_dsn
 

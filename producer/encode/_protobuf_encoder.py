@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from harvest_outbox.producer.encode.avro_batch import wire_prefix
+from harvest_outbox.producer.encode._avro_batch import wire_prefix
 
 __all__ = ["ProtobufEncoder"]
 

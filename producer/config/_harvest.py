@@ -1,8 +1,8 @@
 """The relay's own settings (YAML ``harvest:``): :class:`HarvestConfig`, the whole relay config.
 
-Construct it directly (embedded mode) or read it from a file (:func:`~producer.config.file.load_yaml`).
-Its sections have modules of their own: :mod:`~producer.config.limits` (``limits``),
-:mod:`~producer.config.kafka` (the Kafka properties), :mod:`~producer.config.election` (the leader
+Construct it directly (embedded mode) or read it from a file (:func:`~producer.config._file.load_yaml`).
+Its sections have modules of their own: :mod:`~producer.config._limits` (``limits``),
+:mod:`~producer.config._kafka` (the Kafka properties), :mod:`~producer.config._election` (the leader
 election), :mod:`~producer.mapping.table`, :mod:`~producer.relay.spans` (``tracing``) and
 :mod:`~producer.config.serialization` (``serialization``).
 
@@ -24,17 +24,16 @@ from typing import Any
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
 
-from harvest_outbox.producer.config.election import check_election, check_election_limits, leader_names
-from harvest_outbox.producer.config.env import MAPPING, SCALAR, TEXT
-from harvest_outbox.producer.config.kafka import (
+from harvest_outbox.producer.config._election import check_election, check_election_limits, leader_names
+from harvest_outbox.producer.config._env import MAPPING, SCALAR, TEXT
+from harvest_outbox.producer.config._kafka import (
     check_with_librdkafka,
     checked_sections,
     kafka_map,
     producer_properties,
 )
-from harvest_outbox.producer.config.limits import Limits
-from harvest_outbox.producer.config.serialization import SerializationConfig
-from harvest_outbox.producer.config.values import (
+from harvest_outbox.producer.config._limits import Limits
+from harvest_outbox.producer.config._values import (
     DEFAULT_BIND_ADDRESS,
     check_bind_address,
     default_name,
@@ -42,6 +41,7 @@ from harvest_outbox.producer.config.values import (
     key_text,
     parse_duration,
 )
+from harvest_outbox.producer.config.serialization import SerializationConfig
 from harvest_outbox.producer.errors import ConfigError, shown
 from harvest_outbox.producer.mapping.table import GOHARVEST, TableMapping, table_mapping
 from harvest_outbox.producer.relay.spans import TracingConfig
@@ -77,7 +77,7 @@ TOP_KEYS = (
     "outboxLayout",
     "wakeup",
 )
-#: How a ``HARVEST_<KEY>`` variable's text is read for each key (producer/config/env.py).
+#: How a ``HARVEST_<KEY>`` variable's text is read for each key (producer/config/_env.py).
 ENV_KINDS = {
     **dict.fromkeys(TOP_KEYS, TEXT),
     **dict.fromkeys(("prometheusPort", "leaderTopicReplicationFactor", "uuidSequencing", "shards"), SCALAR),

@@ -21,7 +21,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from harvest_outbox.producer.config.values import format_duration, key_text, parse_duration
+from harvest_outbox.producer.config._values import format_duration, key_text, parse_duration
 from harvest_outbox.producer.errors import ConfigError, shown
 
 #: Every duration limit is at most this: timed waits in Python overflow near 2**63 ns and Kafka's
@@ -73,7 +73,7 @@ _LIMIT_FIELDS: tuple[tuple[str, str, str], ...] = (
     ("txnMaxRecords", "txn_max_records", "i"),
     ("txnMaxDuration", "txn_max_duration", "d"),
     ("producerRing", "producer_ring", "i"),
-    # operations (producer/observe/health.py)
+    # operations (producer/observe/_health.py)
     ("livenessTimeout", "liveness_timeout", "d"),
 )
 

@@ -66,7 +66,7 @@ def add_parser(sub: Any, common: Any, bounded_int: Any) -> None:
 def run(args: argparse.Namespace, load: Any, printable: Any) -> int:
     """Run the verb; 0 on success, 1 when a requeue left rows behind (listed on stderr)."""
     from harvest_outbox.producer.db import connect
-    from harvest_outbox.producer.ops import deadletter_admin as admin
+    from harvest_outbox.producer.ops import _deadletter_admin as admin
 
     verb = args.dl_command
     # the arguments first: a usage error is one line, before the config's notes are logged
@@ -114,7 +114,7 @@ def run(args: argparse.Namespace, load: Any, printable: Any) -> int:
 
 def _selection(args: argparse.Namespace) -> Any:
     from harvest_outbox.producer.config import parse_duration
-    from harvest_outbox.producer.ops.deadletter_admin import Selection
+    from harvest_outbox.producer.ops._deadletter_admin import Selection
 
     ids = getattr(args, "ids", None) or None
     return Selection(
@@ -142,7 +142,7 @@ def _require_selection(verb: str, args: argparse.Namespace, sel: Any) -> None:
 
 
 def _list(conn: Any, table: str, sel: Any, limit: int, printable: Any) -> int:
-    from harvest_outbox.producer.ops.deadletters import list_dead_letters
+    from harvest_outbox.producer.ops._deadletters import list_dead_letters
 
     rows = list_dead_letters(conn, table, limit, sel)
     print(f"{'id':>10}  {'attempts':>8}  {'dead since':<25} {'topic':<24} {'key':<20} error")
@@ -156,8 +156,8 @@ def _list(conn: Any, table: str, sel: Any, limit: int, printable: Any) -> int:
 
 
 def _requeue(conn: Any, h: Any, sel: Any, who: str, args: argparse.Namespace, printable: Any) -> int:
-    from harvest_outbox.producer.ops.deadletter_admin import audit, selected_ids
-    from harvest_outbox.producer.ops.deadletters import requeue_what_can_be
+    from harvest_outbox.producer.ops._deadletter_admin import audit, selected_ids
+    from harvest_outbox.producer.ops._deadletters import requeue_what_can_be
 
     ids = None if sel.empty else selected_ids(conn, h.outbox_table, sel)
     if ids == []:

@@ -20,7 +20,7 @@ from concurrent.futures import Future
 from confluent_kafka import KafkaError, Message
 
 from harvest_outbox.producer.db import MarkedRow
-from harvest_outbox.producer.relay.sequenced.view import View
+from harvest_outbox.producer.relay.sequenced._view import View
 from harvest_outbox.producer.relay.spans import RecordSpan, RelaySpans
 
 log = logging.getLogger(__name__)

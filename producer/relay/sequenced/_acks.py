@@ -24,8 +24,8 @@ from confluent_kafka import KafkaError, KafkaException, Message
 
 from harvest_outbox.producer.kafka import KafkaProducer
 from harvest_outbox.producer.relay.crash_points import CrashPoints
-from harvest_outbox.producer.relay.sequenced.txn import Txn
-from harvest_outbox.producer.relay.sequenced.view import ACK, View, uuid_bytes
+from harvest_outbox.producer.relay.sequenced._txn import Txn
+from harvest_outbox.producer.relay.sequenced._view import ACK, View, uuid_bytes
 
 log = logging.getLogger(__name__)
 
