@@ -1,10 +1,12 @@
-"""The relay's structure (producer/harvest.py, relay_core.py, at_least_once.py, sequencing.py), no
+"""The relay's structure (producer/harvest.py, producer/relay/: core.py, at_least_once/, sequenced/), no
 DB, no Kafka:
 - exactly one mode per relay, chosen by the config at construction;
-- no import cycle among the producer package's modules, and only the relay process imports a mode;
-  the parts of the sequenced mode (seq_*.py, crash_points.py) only the mode and each other, the
-  at-least-once mode's records (at_least_once_records.py) only that mode;
-- the modes decide, the core mutates: no module but relay_core.py assigns a RelayCore field or
+- no import cycle among the producer package's modules but a package's own (its ``__init__.py`` imports
+  its modules, which Python runs after it), and only the relay process imports a mode;
+  nothing outside a package of producer/ imports its ``_`` modules (library code; tests may), so the
+  parts of the sequenced mode (relay/sequenced/_*.py) are the mode's, the at-least-once mode's records
+  (relay/at_least_once/_records.py) that mode's, and crash_points.py only the sequenced mode's;
+- the modes decide, the core mutates: no module but relay/core.py assigns a RelayCore field or
   changes its attempt counts, queued attempts or write-behind jobs in place;
 - rows of a mark asked for by an abandoned view are never produced by the current one;
 - held rows (missingTopicPolicy: hold) go back to the head of the ready queue in id order."""
@@ -33,7 +35,9 @@ from harvest_outbox.producer.relay.core import PendingMark
 from harvest_outbox.producer.relay.sequenced.mode import SequencedMode
 
 PRODUCER = Path(__file__).resolve().parents[2] / "producer"
-MODES = {"at_least_once", "sequencing"}
+MODES = {"relay.at_least_once.mode", "relay.sequenced.mode"}
+#: The library's folders: the privacy rule holds for their code (tests may import a private module).
+LIBRARY = ("producer", "consumer", "spark_reader", "sequencer", "harvest_local", "harvest_outbox")
 
 
 def _relay(admin: FakeAdmin | None = None, **config: Any) -> tuple[Harvest, list[FakeProducer]]:
@@ -114,46 +118,61 @@ def test_librdkafka_logs_go_through_logging_and_the_chosen_gapless_warning_is_de
 
 def _module_name(path: Path) -> str:
     """``harvest.py`` -> ``harvest``; a sub-package's modules by their dotted names under producer
-    (``election/neli.py`` -> ``election.neli``, ``election/__init__.py`` -> ``election``)."""
+    (``relay/core.py`` -> ``relay.core``, ``relay/__init__.py`` -> ``relay``; the top one is ``__init__``)."""
     parts = path.relative_to(PRODUCER).with_suffix("").parts
     return ".".join(parts[:-1] if parts[-1] == "__init__" and len(parts) > 1 else parts)
 
 
+def _imported(path: Path, package: str) -> set[str]:
+    """The modules under producer ``path`` imports, at any depth of its code (lazy imports count), by
+    their dotted names under producer, each with its packages: importing ``a.b.c`` runs ``a`` and ``a.b``."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        targets: list[str] = []
+        if isinstance(node, ast.ImportFrom) and (node.module or node.level):
+            if node.level:  # relative: from .neli import X, from . import neli
+                base = package.split(".")[: len(package.split(".")) - node.level + 1] if package else []
+                target = ".".join([*filter(None, base), *([node.module] if node.module else [])])
+            else:
+                parts = (node.module or "").split(".")
+                if parts[:2] != ["harvest_outbox", "producer"]:
+                    continue
+                target = ".".join(parts[2:])
+            targets = [target, *(f"{target}.{a.name}".lstrip(".") for a in node.names)]
+        elif isinstance(node, ast.Import):
+            targets = [
+                ".".join(a.name.split(".")[2:]) for a in node.names if a.name.startswith("harvest_outbox.producer.")
+            ]
+        for target in filter(None, targets):
+            parts = target.split(".")
+            found.update(".".join(parts[: i + 1]) for i in range(len(parts)))
+    return found
+
+
 def _producer_imports() -> dict[str, set[str]]:
-    """module -> the producer modules it imports (at any depth of its code: lazy imports count)."""
+    """module -> the producer modules it imports, plus its package (Python runs a package's
+    ``__init__.py`` before its modules). The top package, ``__init__``, imports its exports lazily
+    (PEP 562): it is left out."""
     paths = sorted(PRODUCER.rglob("*.py"))
-    modules = {_module_name(p) for p in paths}
+    modules = {_module_name(p) for p in paths} - {"__init__"}
     graph: dict[str, set[str]] = {}
     for path in paths:
-        deps: set[str] = set()
-        package = _module_name(path) if path.stem == "__init__" else _module_name(path).rpartition(".")[0]
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.ImportFrom) and (node.module or node.level):
-                if node.level:  # relative: from .neli import X, from . import neli
-                    base = package.split(".")[: len(package.split(".")) - node.level + 1] if package else []
-                    target = ".".join([*filter(None, base), *([node.module] if node.module else [])])
-                else:
-                    parts = (node.module or "").split(".")
-                    if parts[:2] != ["harvest_outbox", "producer"] or (len(parts) == 2 and not node.names):
-                        continue
-                    target = ".".join(parts[2:])
-                if target in modules:
-                    deps.add(target)
-                deps.update(
-                    f"{target}.{a.name}".lstrip(".") for a in node.names if f"{target}.{a.name}".lstrip(".") in modules
-                )
-            elif isinstance(node, ast.Import):
-                deps.update(
-                    ".".join(a.name.split(".")[2:]) for a in node.names if a.name.startswith("harvest_outbox.producer.")
-                )
         name = _module_name(path)
-        graph[name] = deps - {name}
+        if name == "__init__":
+            continue
+        package = name if path.stem == "__init__" else name.rpartition(".")[0]
+        deps = _imported(path, package) | {name.rpartition(".")[0]}
+        graph[name] = (deps & modules) - {name}
     return graph
+
+
+def _in(module: str, package: str) -> bool:
+    return module == package or module.startswith(package + ".")
 
 
 def test_no_import_cycles_and_only_the_relay_process_imports_a_mode() -> None:
     graph = _producer_imports()
-    assert {"harvest", "relay_core"} | MODES <= set(graph)
+    assert {"harvest", "relay.core"} | MODES <= set(graph)
 
     def reachable(start: str) -> set[str]:
         seen: set[str] = set()
@@ -165,18 +184,49 @@ def test_no_import_cycles_and_only_the_relay_process_imports_a_mode() -> None:
                     todo.append(dep)
         return seen
 
-    cyclic = sorted(m for m in graph if m != "__init__" and m in reachable(m))
-    assert cyclic == [], f"modules on an import cycle: {cyclic}"
-    importers = sorted(m for m, deps in graph.items() if deps & MODES and m not in ("__init__",))
+    # A package whose __init__.py re-exports its modules (config, db, kafka, schema) is on a cycle with
+    # them, which Python handles: the package runs first, whichever module is imported. A cycle leaving
+    # the package is the one that breaks: a module of it imported first meets itself half-initialised.
+    cyclic = sorted(
+        f"{m} -> {d}"
+        for m in graph
+        for d in graph[m]
+        if m in reachable(d) and not any(_in(m, p) and _in(d, p) and m in reachable(p) for p in graph)
+    )
+    assert cyclic == [], f"imports on an import cycle: {cyclic}"
+    importers = sorted(m for m, deps in graph.items() if deps & MODES and not m.startswith("relay."))
     assert importers == ["harvest"], importers
-    assert not graph["relay_core"] & (MODES | {"harvest"})
-    parts = {m for m in graph if m.startswith("seq_")} | {"crash_points"}
-    assert {"seq_view", "seq_txn", "seq_commit", "seq_acks", "seq_store"} <= parts
-    outside = sorted(m for m, deps in graph.items() if deps & parts and m not in parts | {"sequencing"})
-    assert outside == [], f"modules importing a part of the sequenced mode: {outside}"
-    # The at-least-once mode's records (queues, sends, reports, write-behind) are the mode's own part.
-    outside = sorted(m for m, deps in graph.items() if "at_least_once_records" in deps and m != "at_least_once")
-    assert outside == [], f"modules importing a part of the at-least-once mode: {outside}"
+    assert not graph["relay.core"] & (MODES | {"harvest"})
+    # The sequenced mode's crash hooks belong to it (the test-only relay runner installs them).
+    outside = sorted(m for m, deps in graph.items() if "relay.crash_points" in deps and not _in(m, "relay.sequenced"))
+    assert outside == [], f"modules importing the sequenced mode's crash hooks: {outside}"
+    assert {"relay.sequenced._view", "relay.sequenced._txn", "relay.at_least_once._records"} <= set(graph)
+
+
+def _private_owner(module: str) -> str | None:
+    """The package a private module (``relay.sequenced._txn``) belongs to, ``None`` for a public one."""
+    parts = module.split(".")
+    for i, part in enumerate(parts):
+        if part.startswith("_") and not part.startswith("__"):
+            return ".".join(parts[:i])
+    return None
+
+
+def test_nothing_outside_a_package_imports_its_private_modules() -> None:
+    root = PRODUCER.parent
+    modules = {_module_name(p) for p in PRODUCER.rglob("*.py")}
+    offenders = []
+    for folder in LIBRARY:
+        for path in sorted((root / folder).rglob("*.py")):
+            inside = path.is_relative_to(PRODUCER)
+            name = _module_name(path) if inside else ""
+            package = (name if path.stem == "__init__" else name.rpartition(".")[0]) if inside else ""
+            for dep in _imported(path, package) & modules:
+                owner = _private_owner(dep)
+                if owner is not None and not (inside and (owner == "" or _in(name, owner))):
+                    offenders.append(f"{path.relative_to(root)} imports producer.{dep}")
+    assert offenders == [], f"private modules imported from outside their package: {offenders}"
+    assert _private_owner("relay.sequenced._txn") == "relay.sequenced" and _private_owner("relay.core") is None
 
 
 def _mark(relay: Harvest, rows: list[tuple], view: uuid.UUID) -> None:
@@ -237,7 +287,7 @@ def test_only_the_core_writes_its_fields() -> None:
     offenders = {
         path.name: writes
         for path in sorted(PRODUCER.rglob("*.py"))
-        if path.name != "relay_core.py" and (writes := core_writes(path.read_text(encoding="utf-8")))
+        if path != PRODUCER / "relay" / "core.py" and (writes := core_writes(path.read_text(encoding="utf-8")))
     }
     assert not offenders, f"the modes decide, the core mutates (use RelayCore's methods): {offenders}"
 
