@@ -13,6 +13,7 @@ from confluent_kafka import Consumer, TopicPartition
 from psycopg import sql
 
 from harvest_outbox.producer.config import HarvestConfig, Limits
+from harvest_outbox.producer.schema import OutboxNames
 from harvest_outbox.producer.stash.stasher import OutboxRecord, Stasher
 
 # Short timings so failover tests finish quickly; 2 s heartbeat -> 6 s session timeout (broker minimum).
@@ -35,6 +36,31 @@ def relay_config(pg_dsn: str, bootstrap: str, table: str, group: str, **limits: 
         leader_group_id=group,
         limits=Limits(**{**FAST_LIMITS, **limits}),
     )  # type: ignore[arg-type]
+
+
+def fault_config(
+    pg_dsn: str, bootstrap: str, table: str, group: str, sequenced: bool, layout: str = "mark"
+) -> HarvestConfig:
+    """A relay for the fault tests: small marks and harvest transactions (many commits to interrupt),
+    Postgres leader election checked every 0.2 s, ``sequenced`` (``--uuid-sequencing``) or not."""
+    limits = dict(mark_query_records=200, txn_max_records=100, txn_max_duration=0.02, producer_ring=4)
+    return (
+        relay_config(pg_dsn, bootstrap, table, group, **limits)
+        .replace(uuid_sequencing=sequenced, leader_election="postgres", leader_lock_check_interval=0.2)
+        .replace(outbox_layout=layout)
+    )
+
+
+def outbox_backlog(dsn: str, names: OutboxNames, layout: str) -> int:
+    """Committed rows the relay has not passed yet: the cursor layout's (its cursor's), the mark layout's
+    (rows left in the outbox)."""
+    from harvest_outbox.producer.layouts.cursor.database import cursor_backlog
+
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        if layout == "cursor":
+            return cursor_backlog(conn, names)
+        row = conn.execute(sql.SQL("SELECT count(*) FROM {}").format(names.outbox)).fetchone()
+        return int(row[0]) if row else 0
 
 
 @dataclass(frozen=True)

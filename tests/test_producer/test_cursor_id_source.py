@@ -21,10 +21,9 @@ from dataclasses import replace
 import psycopg
 import pytest
 from psycopg import sql
-from relaylib import assert_per_key_order, consume_all, covers, relay_config
+from relaylib import assert_per_key_order, consume_all, covers, fault_config
 from seqcheck import Expected, check_exactly_once, read_intents, wait_for, write_traffic
 
-from harvest_outbox.producer.config import HarvestConfig
 from harvest_outbox.producer.errors import DatabaseError
 from harvest_outbox.producer.harvest import Harvest
 from harvest_outbox.producer.layouts.cursor._ids import IdSource, guard
@@ -117,13 +116,6 @@ def test_the_txid_default_is_required() -> None:
 
 
 # ---------------------------------------------------------------------------- on Postgres and Kafka
-def _cfg(pg_dsn: str, bootstrap: str, table: str, group: str, sequenced: bool) -> HarvestConfig:
-    base = dict(mark_query_records=200, txn_max_records=100, txn_max_duration=0.02, producer_ring=4)
-    return (
-        relay_config(pg_dsn, bootstrap, table, group, **base)  # type: ignore[arg-type]
-        .replace(uuid_sequencing=sequenced, leader_election="postgres", leader_lock_check_interval=0.2)
-        .replace(outbox_layout="cursor")
-    )
 
 
 def _alter(pg_dsn: str, statement: sql.Composable) -> None:
@@ -144,7 +136,7 @@ def _run_under_changes(
     run one after another; then every committed row must be relayed."""
     names = OutboxNames.parse(table)
     exp = Expected()
-    relay = Harvest(_cfg(pg_dsn, kafka_bootstrap, table, group, sequenced), lambda e: None)
+    relay = Harvest(fault_config(pg_dsn, kafka_bootstrap, table, group, sequenced, "cursor"), lambda e: None)
     relay.start()
     try:
         failed: list[BaseException] = []

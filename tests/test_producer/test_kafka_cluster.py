@@ -21,11 +21,10 @@ from collections.abc import Callable, Iterator
 import psycopg
 import pytest
 from psycopg import sql
-from relaylib import assert_per_key_order, consume_all, covers, relay_config
+from relaylib import assert_per_key_order, consume_all, covers, fault_config, outbox_backlog
 from seqcheck import Expected, check_exactly_once, read_intents, wait_for, write_traffic
 
 from harvest_outbox.harvest_local.kafka_cluster import EmbeddedKafkaCluster
-from harvest_outbox.producer.config import HarvestConfig
 from harvest_outbox.producer.harvest import Harvest
 from harvest_outbox.producer.schema import OutboxNames, init_db
 
@@ -39,25 +38,6 @@ def cluster() -> Iterator[EmbeddedKafkaCluster]:
         yield running
     finally:
         running.destroy()
-
-
-def _cfg(pg_dsn: str, bootstrap: str, table: str, group: str, sequenced: bool, layout: str) -> HarvestConfig:
-    base = dict(mark_query_records=200, txn_max_records=100, txn_max_duration=0.02, producer_ring=4)
-    return (
-        relay_config(pg_dsn, bootstrap, table, group, **base)  # type: ignore[arg-type]
-        .replace(uuid_sequencing=sequenced, leader_election="postgres", leader_lock_check_interval=0.2)
-        .replace(outbox_layout=layout)
-    )
-
-
-def _backlog(pg_dsn: str, names: OutboxNames, layout: str) -> int:
-    with psycopg.connect(pg_dsn, autocommit=True) as conn:
-        if layout == "cursor":
-            from harvest_outbox.producer.layouts.cursor.database import cursor_backlog
-
-            return cursor_backlog(conn, names)
-        row = conn.execute(sql.SQL("SELECT count(*) FROM {}").format(names.outbox)).fetchone()
-        return int(row[0]) if row else 0
 
 
 def _dead_letters(pg_dsn: str, names: OutboxNames) -> int:
@@ -121,7 +101,7 @@ def test_a_partition_leader_killed_during_a_drain_loses_and_repeats_nothing(
     table = f"{pg_schema}.outbox"
     names = init_db(pg_dsn, table, layout=layout)
     exp = Expected()
-    relay = Harvest(_cfg(pg_dsn, cluster.bootstrap, table, unique_name("g"), sequenced, layout), lambda e: None)
+    relay = Harvest(fault_config(pg_dsn, cluster.bootstrap, table, unique_name("g"), sequenced, layout), lambda e: None)
     relay.start()
     victim = cluster.leader_of(topic, 0)
     try:
@@ -131,7 +111,7 @@ def test_a_partition_leader_killed_during_a_drain_loses_and_repeats_nothing(
         time.sleep(2)
         join()
         cluster.start_node(victim)
-        wait_for(lambda: _backlog(pg_dsn, names, layout) == 0, 120, "every committed row relayed")
+        wait_for(lambda: outbox_backlog(pg_dsn, names, layout) == 0, 120, "every committed row relayed")
         if sequenced:
             wait_for(lambda: not read_intents(pg_dsn, table), 60, "ACK intents confirmed")
     finally:
@@ -154,7 +134,7 @@ def test_two_of_three_nodes_down_the_relay_holds_then_drains(
     table = f"{pg_schema}.outbox"
     names = init_db(pg_dsn, table)
     exp = Expected()
-    relay = Harvest(_cfg(pg_dsn, cluster.bootstrap, table, unique_name("g"), True, "mark"), lambda e: None)
+    relay = Harvest(fault_config(pg_dsn, cluster.bootstrap, table, unique_name("g"), True, "mark"), lambda e: None)
     relay.start()
     down = [1, 2]
     try:
@@ -164,9 +144,9 @@ def test_two_of_three_nodes_down_the_relay_holds_then_drains(
             cluster.kill(n)
         time.sleep(10)
         join()
-        assert _backlog(pg_dsn, names, "mark") > 0, "with two of three nodes down nothing can be acknowledged"
+        assert outbox_backlog(pg_dsn, names, "mark") > 0, "with two of three nodes down nothing can be acknowledged"
         cluster.start_node(*down)
-        wait_for(lambda: _backlog(pg_dsn, names, "mark") == 0, 120, "the relay drained after the outage")
+        wait_for(lambda: outbox_backlog(pg_dsn, names, "mark") == 0, 120, "the relay drained after the outage")
         wait_for(lambda: not read_intents(pg_dsn, table), 60, "ACK intents confirmed")
     finally:
         relay.stop()

@@ -24,11 +24,10 @@ from dataclasses import dataclass
 import psycopg
 import pytest
 from psycopg import sql
-from relaylib import relay_config
+from relaylib import fault_config, outbox_backlog
 from seqcheck import Expected, check_exactly_once, read_intents, wait_for
 
 from harvest_outbox.harvest_local.postgres import EmbeddedPostgres
-from harvest_outbox.producer.config import HarvestConfig
 from harvest_outbox.producer.harvest import Harvest
 from harvest_outbox.producer.schema import OutboxNames, init_db
 from harvest_outbox.producer.stash.stasher import OutboxRecord, Stasher
@@ -133,25 +132,6 @@ def _truth(dsn: str, schema: str) -> Expected:
     return exp
 
 
-def _cfg(dsn: str, bootstrap: str, table: str, group: str, layout: str) -> HarvestConfig:
-    base = dict(mark_query_records=200, txn_max_records=100, txn_max_duration=0.02, producer_ring=4)
-    return (
-        relay_config(dsn, bootstrap, table, group, **base)  # type: ignore[arg-type]
-        .replace(uuid_sequencing=True, leader_election="postgres", leader_lock_check_interval=0.2)
-        .replace(outbox_layout=layout)
-    )
-
-
-def _backlog(dsn: str, names: OutboxNames, layout: str) -> int:
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        if layout == "cursor":
-            from harvest_outbox.producer.layouts.cursor.database import cursor_backlog
-
-            return cursor_backlog(conn, names)
-        row = conn.execute(sql.SQL("SELECT count(*) FROM {}").format(names.outbox)).fetchone()
-        return int(row[0]) if row else 0
-
-
 def _setup(dsn: str, schema: str, layout: str) -> OutboxNames:
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(schema)))
@@ -176,7 +156,9 @@ def test_a_failover_under_writers_and_a_draining_relay_loses_and_repeats_nothing
     topic = topic_factory(partitions=PARTITIONS)
     schema = unique_name("s")
     names = _setup(pair.dsn, schema, layout)
-    relay = Harvest(_cfg(pair.dsn, kafka_bootstrap, f"{schema}.outbox", unique_name("g"), layout), lambda e: None)
+    relay = Harvest(
+        fault_config(pair.dsn, kafka_bootstrap, f"{schema}.outbox", unique_name("g"), True, layout), lambda e: None
+    )
     relay.start()
     try:
         writers = Writers(pair.dsn, schema, topic, count=3, txs=120).start()
@@ -184,7 +166,9 @@ def test_a_failover_under_writers_and_a_draining_relay_loses_and_repeats_nothing
         pair.primary.kill()  # the primary's host is gone: nothing it had not flushed survives
         pair.standby.promote()
         writers.join()
-        wait_for(lambda: _backlog(pair.dsn, names, layout) == 0, 120, "every committed row relayed after the fail-over")
+        wait_for(
+            lambda: outbox_backlog(pair.dsn, names, layout) == 0, 120, "every committed row relayed after the fail-over"
+        )
         wait_for(lambda: not read_intents(pair.dsn, f"{schema}.outbox"), 60, "ACK intents confirmed")
     finally:
         relay.stop()
@@ -262,19 +246,21 @@ def test_an_asynchronous_standby_fail_over_loses_and_the_check_reports_it(
     topic = topic_factory(partitions=PARTITIONS)
     schema = unique_name("s")
     names = _setup(pair.dsn, schema, "mark")
-    relay = Harvest(_cfg(pair.dsn, kafka_bootstrap, f"{schema}.outbox", unique_name("g"), "mark"), lambda e: None)
+    relay = Harvest(
+        fault_config(pair.dsn, kafka_bootstrap, f"{schema}.outbox", unique_name("g"), True, "mark"), lambda e: None
+    )
     relay.start()
     try:
         writers = Writers(pair.dsn, schema, topic, count=2, txs=80).start()
         wait_for(lambda: writers.done > 40, 60, "rows committed while the standby follows")
-        wait_for(lambda: _backlog(pair.dsn, names, "mark") < 10, 60, "those rows relayed")
+        wait_for(lambda: outbox_backlog(pair.dsn, names, "mark") < 10, 60, "those rows relayed")
         pair.standby.stop("immediate")  # from here on the standby misses everything
         writers.join()
-        wait_for(lambda: _backlog(pair.dsn, names, "mark") == 0, 60, "every row relayed from the old primary")
+        wait_for(lambda: outbox_backlog(pair.dsn, names, "mark") == 0, 60, "every row relayed from the old primary")
         pair.primary.kill()
         pair.standby.start()
         pair.standby.promote()
-        wait_for(lambda: _backlog(pair.dsn, names, "mark") == 0, 120, "the new primary's outbox relayed")
+        wait_for(lambda: outbox_backlog(pair.dsn, names, "mark") == 0, 120, "the new primary's outbox relayed")
     finally:
         relay.stop()
         relay.wait(30)
