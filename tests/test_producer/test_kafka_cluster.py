@@ -85,8 +85,9 @@ def _check(bootstrap: str, topic: str, exp: Expected, sequenced: bool) -> None:
 @pytest.mark.slow
 @pytest.mark.parametrize(
     ("sequenced", "layout"),
-    [(True, "mark"), (True, "cursor"), (False, "cursor")],
-    ids=["sequenced-mark", "sequenced-cursor", "at-least-once-cursor"],
+    # both layouts and both modes, not every pair (suite time: the Postgres fail-over runs sequenced on both)
+    [(True, "mark"), (False, "cursor")],
+    ids=["sequenced-mark", "at-least-once-cursor"],
 )
 def test_a_partition_leader_killed_during_a_drain_loses_and_repeats_nothing(
     sequenced: bool,
@@ -127,7 +128,7 @@ def test_a_partition_leader_killed_during_a_drain_loses_and_repeats_nothing(
 def test_two_of_three_nodes_down_the_relay_holds_then_drains(
     cluster: EmbeddedKafkaCluster, pg_dsn: str, pg_schema: str, unique_name: Callable[[str], str]
 ) -> None:
-    """No quorum and no in-sync majority for 10 s: produce requests wait or fail as retriable
+    """No quorum and no in-sync majority for 6 s: produce requests wait or fail as retriable
     (``NOT_ENOUGH_REPLICAS``, timeouts), which the relay retries; no row is dead-lettered or lost."""
     topic = unique_name("t")
     cluster.create_topic(topic, PARTITIONS)
@@ -142,7 +143,7 @@ def test_two_of_three_nodes_down_the_relay_holds_then_drains(
         wait_for(lambda: exp.total > 60, 60, "rows committed before the outage")
         for n in down:
             cluster.kill(n)
-        time.sleep(10)
+        time.sleep(6)
         join()
         assert outbox_backlog(pg_dsn, names, "mark") > 0, "with two of three nodes down nothing can be acknowledged"
         cluster.start_node(*down)
