@@ -4,8 +4,9 @@ and controller each), topics replicated three times, ``min.insync.replicas=2``, 
 
 - kill -9 of a partition's leader node while the relay drains (leaders, the transaction coordinator and
   maybe the active controller move; the idempotent producer sees ``NOT_LEADER_OR_FOLLOWER``): every
-  committed row exactly once and in per-key order for read-committed readers (``--uuid-sequencing``, both
-  outbox layouts), every committed row at least once in per-key order of first arrival (at-least-once);
+  committed row exactly once and in per-key order for read-committed readers (``--uuid-sequencing``, mark
+  layout), every committed row at least once in per-key order of first arrival (at-least-once, cursor
+  layout);
 - two of three nodes down (no quorum, no in-sync majority): the relay holds -- nothing dead-lettered,
   nothing lost -- and drains once they are back.
 
