@@ -4,7 +4,8 @@ One run: application writers (rollbacks, long transactions) → 2-3 ``--uuid-seq
 an exactly-once applier process (``ReadCommittedIter`` + checkpoint in Postgres), while a seeded
 schedule injects faults: kill -9 of the leader, SIGSTOP/SIGCONT of the leader past its heartbeat
 timeout (a zombie), a Kafka broker restart, a Postgres restart, produce/delivery errors inside the
-relays, and kills of the consumer. Afterwards :mod:`harvest_local.verify` checks, per key, that the
+relays, and kills of the consumer; on a replicated 3-node cluster also a partition leader's node killed,
+a node bounced, a node frozen and two of three nodes down (:data:`CLUSTER_FAULT_KINDS`). Afterwards :mod:`harvest_local.verify` checks, per key, that the
 applier's table and (optionally) a Spark ``readCommitted`` batch hold every committed version
 exactly once and in order, and nothing from rolled-back transactions.
 
@@ -27,6 +28,7 @@ from typing import Any
 
 from harvest_outbox.harvest_local.applier import applied_rows, create_tables
 from harvest_outbox.harvest_local.kafka import create_topic
+from harvest_outbox.harvest_local.kafka_cluster import EmbeddedKafkaCluster
 from harvest_outbox.harvest_local.launcher import LocalServices
 from harvest_outbox.harvest_local.relays import RelayProcess, current_leader, wait_for, write_config
 from harvest_outbox.harvest_local.verify import Verdict, verify
@@ -35,6 +37,11 @@ from harvest_outbox.harvest_local.workload import Writers, committed_versions, c
 log = logging.getLogger(__name__)
 
 FAULT_KINDS = ("kill_leader", "pause_leader", "broker_restart", "postgres_restart", "consumer_kill")
+#: On a replicated cluster (``brokers=3``; harvest_local/kafka_cluster.py), in place of ``broker_restart``:
+#: kill -9 of the node leading partition 0 (back after 2 s), a clean bounce of a random node, a node frozen
+#: (SIGSTOP) past its 3 s session timeout and woken up (a zombie broker), and two of three nodes down for
+#: 6 s (no controller quorum, no in-sync majority: ``NOT_ENOUGH_REPLICAS`` and timeouts).
+CLUSTER_FAULT_KINDS = ("node_kill", "node_bounce", "node_pause", "two_nodes_down")
 
 
 @dataclass(frozen=True)
@@ -51,11 +58,15 @@ class FaultPlan:
     spark: bool = False
     #: ``outboxLayout``: ``mark`` (goharvest's table) or ``cursor`` (the mark-less relay's partitioned outbox).
     layout: str = "mark"
+    #: Kafka nodes the run needs: 1, or 3 for :data:`CLUSTER_FAULT_KINDS` (the services must match).
+    brokers: int = 1
 
     @staticmethod
-    def random(seed: int, rows: int = 3000, allow_restarts: bool = True) -> FaultPlan:
+    def random(seed: int, rows: int = 3000, allow_restarts: bool = True, brokers: int = 1) -> FaultPlan:
         rng = random.Random(seed)
         kinds = [k for k in FAULT_KINDS if allow_restarts or not k.endswith("_restart")]
+        if brokers > 1:  # the cluster's own faults replace the single broker's restart
+            kinds = [k for k in kinds if k != "broker_restart"] + list(CLUSTER_FAULT_KINDS)
         faults = tuple(rng.choice(kinds) for _ in range(rng.randint(1, 3)))
         errors = rng.random() < 0.5
         return FaultPlan(
@@ -67,6 +78,8 @@ class FaultPlan:
             faults=faults,
             produce_error_rate=0.02 if errors else 0.0,
             delivery_error_rate=0.02 if errors else 0.0,
+            layout=rng.choice(("mark", "cursor")),
+            brokers=brokers,
         )
 
 
@@ -86,6 +99,8 @@ class RunResult:
 
 
 def run_plan(services: LocalServices, plan: FaultPlan, workdir: Path, spark: Any = None) -> RunResult:
+    if plan.brokers > 1 and services.cluster is None:
+        raise ValueError(f"plan {plan.seed} needs a {plan.brokers}-node Kafka cluster: LocalServices(brokers=3)")
     started = time.monotonic()
     rng = random.Random(plan.seed)
     ends = services.endpoints
@@ -186,11 +201,42 @@ def _inject(
         applier.wait()
         applier = _start_applier(ends.pg_dsn, ends.kafka_bootstrap, topic, schema, workdir)
         result.notes.append("killed the consumer")
+    elif kind in CLUSTER_FAULT_KINDS and services.cluster is not None:
+        _cluster_fault(kind, services.cluster, topic, result)
     else:
         result.notes.append(f"skipped {kind} (not applicable)")
         return applier
     result.injected[kind] += 1
     return applier
+
+
+def _cluster_fault(kind: str, cluster: EmbeddedKafkaCluster, topic: str, result: RunResult) -> None:
+    rng = random.Random(result.plan.seed * 100 + len(result.notes))
+    if kind == "node_kill":
+        victim = cluster.leader_of(topic, 0)
+        cluster.kill(victim)
+        time.sleep(2.0)
+        cluster.start_node(victim)
+        result.notes.append(f"killed Kafka node {victim} (leader of partition 0), back after 2s")
+    elif kind == "node_bounce":
+        victim = rng.choice([n.node_id for n in cluster.nodes])
+        cluster.stop(victim)
+        time.sleep(1.0)
+        cluster.start_node(victim)
+        result.notes.append(f"bounced Kafka node {victim} (controlled shutdown)")
+    elif kind == "node_pause":
+        victim = rng.choice([n.node_id for n in cluster.nodes])
+        cluster.pause(victim)
+        time.sleep(5.0)  # past the 3 s session timeout: fenced, its partitions led elsewhere
+        cluster.resume(victim)
+        result.notes.append(f"froze Kafka node {victim} for 5s")
+    elif kind == "two_nodes_down":
+        down = rng.sample([n.node_id for n in cluster.nodes], 2)
+        for victim in down:
+            cluster.kill(victim)
+        time.sleep(6.0)
+        cluster.start_node(*down)
+        result.notes.append(f"killed Kafka nodes {down} (no quorum, no in-sync majority), back after 6s")
 
 
 def _start_applier(dsn: str, bootstrap: str, topic: str, schema: str, workdir: Path) -> subprocess.Popen[bytes]:
