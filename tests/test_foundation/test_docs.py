@@ -213,3 +213,16 @@ def test_configuration_examples_are_accepted_by_the_loader() -> None:
             except ConfigError as exc:
                 refused.append(f"{page.relative_to(ROOT)}: {exc}")
     assert checked >= 5 and not refused, refused
+
+
+def test_the_architecture_page_names_every_room_of_producer_and_no_other() -> None:
+    """docs/architecture.md's layout table has one row per package of producer/ (issue #46: its module
+    table had gone stale, naming modules that had moved and omitting whole features)."""
+    import re
+
+    page = (ROOT / "docs" / "architecture.md").read_text()
+    listed = set(re.findall(r"^\| `producer/([a-z_]+)/` \|", page, flags=re.M))
+    on_disk = {p.parent.name for p in (ROOT / "producer").glob("*/__init__.py")}
+    assert listed == on_disk, (
+        f"rooms missing from the page: {sorted(on_disk - listed)}; gone: {sorted(listed - on_disk)}"
+    )
