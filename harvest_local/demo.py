@@ -467,13 +467,15 @@ class _Progress:
 
 
 def _kill_a_broker(run: Run, cluster: EmbeddedKafkaCluster, topic: str, writers: Writers, down: float = 5.0) -> None:
-    """kill -9 the node leading ``topic``'s partition 0 (its broker and its controller: leaders, maybe the
-    transaction coordinator and the active controller move), then bring it back after ``down`` seconds."""
-    victim = cluster.leader_of(topic, 0)
-    cluster.kill(victim)
-    run.mark(f"kill -9 Kafka node {victim} (leader of partition 0) after {writers.stats.committed} committed rows")
-    time.sleep(down)
-    cluster.start_node(victim)
+    """kill -9 the node leading ``topic``'s partition 0, back after ``down`` seconds."""
+    victim = cluster.kill_partition_leader(
+        topic,
+        0,
+        down,
+        killed=lambda n: run.mark(
+            f"kill -9 Kafka node {n} (leader of partition 0) after {writers.stats.committed} committed rows"
+        ),
+    )
     cluster.in_sync(topic, timeout=120)
     run.mark(f"Kafka node {victim} back, its replicas in sync")
 

@@ -213,10 +213,7 @@ def _inject(
 def _cluster_fault(kind: str, cluster: EmbeddedKafkaCluster, topic: str, result: RunResult) -> None:
     rng = random.Random(result.plan.seed * 100 + len(result.notes))
     if kind == "node_kill":
-        victim = cluster.leader_of(topic, 0)
-        cluster.kill(victim)
-        time.sleep(2.0)
-        cluster.start_node(victim)
+        victim = cluster.kill_partition_leader(topic, 0, down=2.0)
         result.notes.append(f"killed Kafka node {victim} (leader of partition 0), back after 2s")
     elif kind == "node_bounce":
         victim = rng.choice([n.node_id for n in cluster.nodes])

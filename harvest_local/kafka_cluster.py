@@ -23,6 +23,7 @@ from __future__ import annotations
 import os
 import shutil
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from harvest_outbox.harvest_local.errors import ServiceError
@@ -96,13 +97,26 @@ class EmbeddedKafkaCluster:
 
     def start_node(self, *node_ids: int, timeout: float = 90.0) -> None:
         """Bring killed or stopped nodes back (same ports, same data), together (two of three down: neither
-        is ready alone), and wait until all nodes are live brokers again."""
+        is ready alone), and wait until each names all nodes as live brokers again."""
         for node_id in node_ids:
             if not self.node(node_id).alive:
                 self.node(node_id).launch()
         for node_id in node_ids:
-            self.node(node_id).wait_ready(timeout, brokers=1)
-        self._wait_brokers(len(self.nodes), timeout)
+            self.node(node_id).wait_ready(timeout, brokers=len(self.nodes))
+
+    def kill_partition_leader(
+        self, topic: str, partition: int = 0, down: float = 2.0, killed: Callable[[int], None] | None = None
+    ) -> int:
+        """kill -9 the node leading ``topic``'s ``partition`` (its broker and its controller: leaders, maybe
+        the transaction coordinator and the active controller move), tell ``killed`` its id, and bring it
+        back after ``down`` seconds; returns its id."""
+        victim = self.leader_of(topic, partition)
+        self.kill(victim)
+        if killed is not None:
+            killed(victim)
+        time.sleep(down)
+        self.start_node(victim)
+        return victim
 
     def pause(self, node_id: int) -> None:
         self.node(node_id).pause()
@@ -152,17 +166,3 @@ class EmbeddedKafkaCluster:
 
     def _live_bootstrap(self) -> str:
         return ",".join(n.bootstrap for n in self.nodes if n.alive) or self.bootstrap
-
-    def _wait_brokers(self, count: int, timeout: float) -> None:
-        from confluent_kafka.admin import AdminClient
-
-        admin = AdminClient({"bootstrap.servers": self._live_bootstrap(), "log_level": 0})
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            try:
-                if len(admin.list_topics(timeout=2).brokers) >= count:
-                    return
-            except Exception:  # KafkaException while a node restarts
-                pass
-            time.sleep(0.3)
-        raise ServiceError("kafka", f"fewer than {count} live brokers after {timeout:.0f}s")

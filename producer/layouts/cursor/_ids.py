@@ -76,33 +76,36 @@ class IdSource:
         return self.default_key, self.sequence_file
 
     def fault(self, names: OutboxNames | None = None) -> str | None:
-        """Why A1 does not hold now, with the fix; None when it does."""
-        what = names.display if names is not None else "the outbox"
-        col = names.mapping.id_column if names is not None else "id"
-        seq = names.id_sequence.as_string(None) if names is not None else "its id sequence"
-        fix_default = (
-            f"ALTER TABLE … ALTER COLUMN {col} SET DEFAULT CASE WHEN pg_current_xact_id() IS NOT NULL "
-            f"THEN nextval('{seq}'::regclass) END (what `harvest init-db` makes), and let writers leave {col} to it"
-        )
-        if self.default is None:
-            return f"{what}: the {col} column has no default. Fix: {fix_default}"
-        xid, nextval = _XID.search(self.default), _NEXTVAL.search(self.default)
+        """Why A1 does not hold now, with the fix; None when it does (every batch start asks: the message
+        is only built for a fault)."""
+        default = self.default
+        if default is None:
+            return _say(names, "the {col} column has no default. Fix: {fix}")
+        xid, nextval = _XID.search(default), _NEXTVAL.search(default)
         if xid is None or nextval is None or xid.start() > nextval.start():
-            return (
-                f"{what}: the {col} column's default is {self.default!r}, which does not take the writer's "
-                f"transaction id before the id (assumption A1: a row could be passed unread). Fix: {fix_default}"
+            return _say(
+                names,
+                f"the {{col}} column's default is {_braced(repr(default))}, which does not take the writer's transaction id "
+                "before the id (assumption A1: a row could be passed unread). Fix: {fix}",
             )
         if not self.own_sequence or self.sequence_file is None:
-            return f"{what}: the {col} column's default does not draw from {seq} alone. Fix: {fix_default}"
+            return _say(names, "the {col} column's default does not draw from {seq} alone. Fix: {fix}")
         if self.cache != 1:
-            return (
-                f"{what}: sequence {seq} has CACHE {self.cache}: sessions hand out ids out of commit order, so the "
-                f"cursor's low cannot pass them safely. Fix: ALTER SEQUENCE {seq} CACHE 1"
+            return _say(
+                names,
+                f"sequence {{seq}} has CACHE {self.cache}: sessions hand out ids out of commit order, so the "
+                "cursor's low cannot pass them safely. Fix: ALTER SEQUENCE {seq} CACHE 1",
             )
         if self.increment is None or self.increment < 1:
-            return f"{what}: sequence {seq} has INCREMENT {self.increment}: ids must increase. Fix: ALTER SEQUENCE {seq} INCREMENT 1"
+            return _say(
+                names,
+                f"sequence {{seq}} has INCREMENT {self.increment}: ids must increase. Fix: ALTER SEQUENCE {{seq}} INCREMENT 1",
+            )
         if self.cycle:
-            return f"{what}: sequence {seq} is CYCLE: ids would start again from the bottom. Fix: ALTER SEQUENCE {seq} NO CYCLE"
+            return _say(
+                names,
+                "sequence {seq} is CYCLE: ids would start again from the bottom. Fix: ALTER SEQUENCE {seq} NO CYCLE",
+            )
         return None
 
     def txid_fault(self, names: OutboxNames | None = None) -> str | None:
@@ -114,6 +117,23 @@ class IdSource:
             f"it with its snapshots to find committed rows, and would pass rows unread. Reading stops (the cursor "
             f"stays) until it is fixed: ALTER TABLE … ALTER COLUMN txid SET DEFAULT {TXID_DEFAULT}"
         )
+
+
+def _braced(text: str) -> str:
+    """``text`` kept as is by :func:`_say`'s ``str.format``."""
+    return text.replace("{", "{{").replace("}", "}}")
+
+
+def _say(names: OutboxNames | None, message: str) -> str:
+    """``message`` about the outbox, its ``{col}``, ``{seq}`` and the ``{fix}`` of its id default filled in."""
+    col = names.mapping.id_column if names is not None else "id"
+    seq = names.id_sequence.as_string(None) if names is not None else "its id sequence"
+    fix = (
+        f"ALTER TABLE … ALTER COLUMN {col} SET DEFAULT CASE WHEN pg_current_xact_id() IS NOT NULL "
+        f"THEN nextval('{seq}'::regclass) END (what `harvest init-db` makes), and let writers leave {col} to it"
+    )
+    what = names.display if names is not None else "the outbox"
+    return f"{what}: " + message.format(col=col, seq=seq, fix=fix)
 
 
 @dataclass(frozen=True)
