@@ -98,6 +98,29 @@ ROOMS: dict[str, tuple[str, ...]] = {
 EXTRA_ROOMS = ("cluster",)
 
 SKIP = ("CHANGELOG.md",)
+
+#: tests/test_producer/conftest.py, written when missing: what makes the helpers and the rooms importable.
+CONFTEST = '''"""tests/test_producer/: the relay's tests, in folders that mirror producer/'s packages (scripts/test_rooms.py).
+
+This folder holds the helpers the tests import by name (relaylib, seqcheck, the fakes and the models);
+pytest puts a conftest's folder on ``sys.path``, which makes them importable from every folder below. The
+folders themselves go on ``sys.path`` too, so a test module that reuses another's helpers
+(``from test_table_mapping import _insert``) finds it in whichever room it lives: test module names stay
+unique across tests/ (pytest's default import mode requires it), so a name means one file.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+_HERE = Path(__file__).resolve().parent
+
+for _room in sorted(p for p in _HERE.rglob("*") if p.is_dir() and p.name != "__pycache__"):
+    if str(_room) not in sys.path:
+        sys.path.append(str(_room))
+'''
+
 PARENTS = re.compile(r"(Path\(__file__\)\.resolve\(\)\.parents\[)(\d+)\]")
 
 
@@ -126,7 +149,7 @@ def main() -> int:
         depth = new.count("/") - old.count("/")
         path = ROOT / new
         text = path.read_text()
-        path.write_text(PARENTS.sub(lambda m: f"{m.group(1)}{int(m.group(2)) + depth}]", text))
+        path.write_text(PARENTS.sub(lambda m, d=depth: f"{m.group(1)}{int(m.group(2)) + d}]", text))
     if moves:
         pattern = re.compile("|".join(re.escape(old) for old in sorted(moves, key=len, reverse=True)))
         tracked = subprocess.run(["git", "ls-files"], check=True, capture_output=True, text=True).stdout.split()
@@ -141,6 +164,10 @@ def main() -> int:
             new_text = pattern.sub(lambda m: moves[m.group(0)], text)
             if new_text != text:
                 path.write_text(new_text)
+    conftest = TESTS / "conftest.py"
+    if not conftest.exists():
+        conftest.write_text(CONFTEST)
+        subprocess.run(["git", "add", str(conftest)], check=True)
     print(f"moved {len(moves)} test modules")
     return 0
 
