@@ -1,0 +1,33 @@
+"""Labels on a time axis, packed into lanes so that no two overlap (the demo's and the soak's plots).
+
+A label is a span of the x axis: its bar (a fault from start to end) and the text after it, whose width in
+seconds follows from the axis' scale (:func:`char_seconds`). :func:`pack_lanes` puts each span in the
+lowest lane whose last span has ended, so spans sharing a lane never overlap and no more lanes are used
+than spans overlap at one moment.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+
+def pack_lanes(spans: Sequence[tuple[float, float]]) -> list[int]:
+    """A lane per ``(start, end)`` span (greedy, by start): the lowest lane free at the span's start."""
+    ends: list[float] = []
+    lanes = [0] * len(spans)
+    for i in sorted(range(len(spans)), key=lambda i: spans[i][0]):
+        start, end = spans[i]
+        for lane, last in enumerate(ends):
+            if last <= start:
+                lanes[i], ends[lane] = lane, end
+                break
+        else:
+            lanes[i] = len(ends)
+            ends.append(end)
+    return lanes
+
+
+def char_seconds(window: float, axes_inches: float, font_points: float) -> float:
+    """Seconds of an axis ``window`` seconds wide drawn ``axes_inches`` wide that one character of a
+    ``font_points`` font covers (an average glyph is about 0.62 em wide in DejaVu Sans)."""
+    return window * font_points * 0.62 / (axes_inches * 72)
