@@ -165,8 +165,8 @@ def render(runs: Sequence[RunHistory], meta: dict[str, Any] | None = None, plot:
         "## Runs",
         "",
         "| run (seed) | layout | Kafka nodes | relays | partitions | faults (at seconds into the run) | "
-        "produce/delivery errors | rows | rolled back | max lag | verdict | seconds |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "produce/delivery errors | rows | rolled back | readers verified | max lag | verdict | seconds |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in runs:
         p, e = r.plan, r.end or {}
@@ -175,6 +175,7 @@ def render(runs: Sequence[RunHistory], meta: dict[str, Any] | None = None, plot:
         faults = "; ".join(x for x in (faults, *skipped) if x) or "none"
         errors = p.get("produce_error_rate", 0) or p.get("delivery_error_rate", 0)
         lag = ", ".join(f"{n:,}" for n in max_lag(r).values()) or "n/a"
+        readers = ", ".join(str(rv.get("reader")) for rv in e.get("verdicts", [])) or "none"
         status = run_status(r)
         if status == "ERROR":
             status += f": {str(e['error'])[:120]}"
@@ -182,7 +183,8 @@ def render(runs: Sequence[RunHistory], meta: dict[str, Any] | None = None, plot:
         lines.append(
             f"| {r.run} | {p.get('layout', '?')} | {p.get('brokers', '?')} | {p.get('relays', '?')} | "
             f"{p.get('partitions', '?')} | {faults} | {f'{errors:.0%}' if errors else 'none'} | "
-            f"{int(e.get('committed', 0)):,} | {int(e.get('rolled_back', 0)):,} | {lag} | {status} | {seconds} |"
+            f"{int(e.get('committed', 0)):,} | {int(e.get('rolled_back', 0)):,} | {readers} | {lag} | {status} | "
+            f"{seconds} |"
         )
     bad = [r for r in runs if run_status(r) not in ("OK",)]
     lines += ["", "## Violations and errors", ""]

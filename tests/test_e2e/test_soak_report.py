@@ -99,7 +99,7 @@ def test_a_clean_soak_reads_back_with_its_lag_table_and_plot(tmp_path: Path) -> 
     cells = [c.strip() for c in rows[0].strip("|").split("|")]
     assert cells[:5] == ["1", "cursor", "3", "2", "3"]
     assert cells[5] == "kill_leader relay-0 (5s), node_pause node 2 (8s)"
-    assert cells[7:11] == ["1,800", "200", "200", "OK"]
+    assert cells[7:12] == ["1,800", "200", READER, "200", "OK"]
     assert "`./dev soak --runs 2`" in md and "![timeline" in md
     assert "None: every reader of every run" in md
 
@@ -188,3 +188,16 @@ def test_a_folder_without_histories_is_refused_with_the_fix(tmp_path: Path) -> N
     with pytest.raises(ValueError, match="no run record"):
         load(tmp_path)
     assert soak_report.main([str(tmp_path / "nope")]) == 2
+
+
+def test_a_cluster_faults_target_is_the_node_its_note_names() -> None:
+    from harvest_outbox.harvest_local.faults import _fault_target
+
+    assert _fault_target("node_kill", None, "killed Kafka node 2 (leader of partition 0), back after 2s") == "node 2"
+    assert _fault_target("two_nodes_down", None, "killed Kafka nodes [1, 3] (no quorum), back after 6s") == "node 1, 3"
+    assert _fault_target("postgres_restart", None, "restarted Postgres") == "Postgres"
+    assert _fault_target("consumer_kill", None, "killed the consumer") == "consumer"
+    assert _fault_target("some_new_kind", None, "cut relay-1 off from Kafka node 3 for 5s") == "node 3"
+    assert _fault_target("another_kind", None, "failed Postgres over to its standby") == (
+        "failed Postgres over to its standby"
+    )
