@@ -27,6 +27,7 @@ printed report.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import logging
 import os
@@ -650,8 +651,8 @@ def table_series(result: DemoResult) -> dict[str, Series]:
 
 def rate_series(result: DemoResult) -> dict[str, Series]:
     """Rows/s over time, each a continuous line: the consumer's and the live writers' per second, the
-    relay's drain of the backlog per second (rows left in the outbox, differenced), and the Spark table's
-    per micro-batch (its rows over the time since the table's previous commit)."""
+    relay's drain of the backlog (each drop of the outbox's row count over the time since the previous
+    drop), and the Spark table's per micro-batch (its rows over the time since the table's previous commit)."""
     run, out = result.run, {}
 
     def per_second(times: list[float], first: float | None = None, last: float | None = None) -> Series:
@@ -669,16 +670,15 @@ def rate_series(result: DemoResult) -> dict[str, Series]:
     out["committed by the live writers"] = per_second([t - run.started for t in result.stats.commit_times])
     b = result.backlog
     if b is not None and len(b.samples) > 1:
-        pts = [(b.committed_at, b.rows), *b.samples]
-
-        def left(t: float) -> int:
-            return min((n for ts, n in pts if ts <= t), default=b.rows)
-
-        first, last = int(b.committed_at - run.wall), int(pts[-1][0] - run.wall) + 1
-        xs = list(range(first, last + 1))
-        out["backlog drained by the relay"] = (
-            [float(x) for x in xs],
-            [float(max(left(run.wall + x) - left(run.wall + x + 1), 0)) for x in xs],
+        # The relay takes rows out of the outbox in chunks: each observed drop over the time since the
+        # previous one (a per-second difference would alternate between a burst and 0).
+        drops = [(b.committed_at, b.rows)]
+        for ts, left in b.samples:
+            if left != drops[-1][1]:
+                drops.append((ts, left))
+        out["backlog drained by the relay"] = _interval_rates(
+            [(t - run.wall, n0 - n1) for (_, n0), (t, n1) in itertools.pairwise(drops)],
+            b.committed_at - run.wall,
         )
     if result.pipeline is not None and result.pipeline.files:
         batches: dict[float, int] = {}  # files of one micro-batch are written within a moment of each other
@@ -687,14 +687,21 @@ def rate_series(result: DemoResult) -> dict[str, Series]:
             key = next((k for k in batches if t - k < 0.5), t)
             batches[key] = batches.get(key, 0) + f.rows
         starts = [t for t, label in run.events if label.startswith("Spark pipeline started")]
-        prev = starts[0] if starts else min(batches) - 1.0
-        xs_s, ys_s = [prev], [0.0]
-        for t, rows in sorted(batches.items()):
-            xs_s += [prev, t]
-            ys_s += [rows / max(t - prev, 0.5)] * 2
-            prev = t
-        out["into the Spark pipeline's table (per micro-batch)"] = ([*xs_s, prev], [*ys_s, 0.0])
+        out["into the Spark pipeline's table (per micro-batch)"] = _interval_rates(
+            sorted(batches.items()), starts[0] if starts else min(batches) - 1.0
+        )
     return out
+
+
+def _interval_rates(arrivals: list[tuple[float, int]], start: float) -> Series:
+    """Rows arriving at moments ``(t, rows)`` (sorted) as a rate over each interval since the previous
+    arrival (the first since ``start``): contiguous steps, drawn ``steps-post``, back to 0 after the last."""
+    xs, ys, prev = [start], [], start
+    for t, rows in arrivals:
+        ys.append(rows / max(t - prev, 0.1))
+        xs.append(t)
+        prev = t
+    return xs, [*ys, 0.0]
 
 
 _PLOT_WIDTH, _PLOT_FONT = 11.0, 7.5
@@ -776,7 +783,7 @@ def _plot(result: DemoResult, path: Path) -> Path | None:
     top.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda y, _: f"{y:,.0f}"))
     top.tick_params(labelbottom=False)
     bottom.set_ylabel("rows/s" + (" (symlog)" if symlog else ""))
-    bottom.set_xlabel("seconds since the services were up")
+    bottom.set_xlabel("seconds since the demo started")
     bottom.set_xlim(0, end * 1.02)
     for ax in (top, bottom):
         ax.grid(alpha=0.3)

@@ -104,8 +104,13 @@ def test_each_reader_is_a_continuous_series_and_every_fault_is_marked(tmp_path) 
     xs, ys = rate_series(result)["into the Spark pipeline's table (per micro-batch)"]
     assert xs == sorted(xs) and all(y == y for y in ys)
     # eleven micro-batches (the two files written 0.2 s apart are one), each a step over its interval
-    assert len(ys) == 2 + 2 * 11
-    assert ys[1] == pytest.approx(500 / 1.0)  # the first batch over the second before it (no start mark)
+    assert len(xs) == len(ys) == 12 and ys[-1] == 0  # contiguous intervals, back to 0 after the last
+    assert ys[0] == pytest.approx(500 / 1.0)  # the first batch over the second before it (no start mark)
+    assert ys[5] == pytest.approx(500 / 2.5) and ys[7] == pytest.approx(4000 / 1.0)
+    xs, ys = rate_series(result)["backlog drained by the relay"]
+    # each drop of the outbox's count over the 0.1 s since the previous one (wall-clock floats: ~1e-6 s apart)
+    assert xs == sorted(xs) and len(xs) == 1 + 7
+    assert ys == pytest.approx([3000 / 0.1] * 6 + [2000 / 0.1, 0.0], rel=1e-3)
 
     layout = mark_layout(run, end)
     assert sorted(label for _, label, _, _ in layout) == sorted(label for _, label, _ in run.marks)
