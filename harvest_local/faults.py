@@ -195,6 +195,7 @@ def _sampler(history: History, writers: Writers, dsn: str, schema: str, outbox: 
         committed=lambda: writers.stats.committed,
         backlog=lambda: counts.backlog(outbox, layout),
         readers={"ReadCommittedIter -> Postgres": lambda: counts.rows(schema, "applied")},
+        on_stop=counts.close,
     )
 
 

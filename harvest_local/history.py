@@ -88,14 +88,16 @@ class History:
         backlog: Callable[[], int] | None,
         readers: Mapping[str, Callable[[], int]],
         every: float = 1.0,
+        on_stop: Callable[[], None] | None = None,
     ) -> Sampler:
-        return Sampler(self, committed, backlog, readers, every)
+        return Sampler(self, committed, backlog, readers, every, on_stop)
 
 
 class Sampler:
     """Calls the probes every ``every`` seconds on a thread of its own and records a sample, from
-    :meth:`start` to :meth:`stop` (which records a last one). A probe that raises is left out of that
-    sample (logged at debug): the services it reads may be the fault being injected."""
+    :meth:`start` to :meth:`stop` (which records a last one, then calls ``on_stop``: closing the probes'
+    connections). A probe that raises is left out of that sample (logged at debug): the services it reads
+    may be the fault being injected."""
 
     def __init__(
         self,
@@ -104,6 +106,7 @@ class Sampler:
         backlog: Callable[[], int] | None,
         readers: Mapping[str, Callable[[], int]],
         every: float = 1.0,
+        on_stop: Callable[[], None] | None = None,
     ) -> None:
         self.history, self.committed, self.backlog, self.readers, self.every = (
             history,
@@ -112,6 +115,7 @@ class Sampler:
             dict(readers),
             every,
         )
+        self.on_stop = on_stop
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name=f"history-{history.run}", daemon=True)
 
@@ -122,7 +126,11 @@ class Sampler:
     def stop(self) -> None:
         self._stop.set()
         self._thread.join(30)
-        self.sample()
+        try:
+            self.sample()
+        finally:
+            if self.on_stop is not None:
+                self.on_stop()
 
     def sample(self) -> None:
         backlog = _probe("backlog", self.backlog) if self.backlog is not None else None
@@ -154,7 +162,9 @@ class TableCounts:
         import psycopg
 
         if self._conn is None or self._conn.closed:
-            self._conn = psycopg.connect(self.dsn, autocommit=True, connect_timeout=3)
+            self._conn = psycopg.connect(
+                self.dsn, autocommit=True, connect_timeout=3, application_name="harvest-history"
+            )
         try:
             return query(self._conn)
         except psycopg.Error:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -201,3 +202,68 @@ def test_a_cluster_faults_target_is_the_node_its_note_names() -> None:
     assert _fault_target("another_kind", None, "failed Postgres over to its standby") == (
         "failed Postgres over to its standby"
     )
+
+
+def test_the_sampler_leaves_out_a_failing_probe_and_records_a_last_sample_on_stop(tmp_path: Path) -> None:
+    h = History(tmp_path / "4" / FILE_NAME, 4)
+    h.run_started({"seed": 4})
+    calls = {"n": 0}
+    closed: list[bool] = []
+
+    def flaky() -> int:
+        calls["n"] += 1
+        if calls["n"] % 2:
+            raise OSError("database restarting")
+        return 7 * calls["n"]
+
+    sampler = h.sampler(
+        lambda: 100, None, {READER: flaky, "other": lambda: 5}, every=0.05, on_stop=lambda: closed.append(True)
+    )
+    sampler.start()
+    deadline = time.monotonic() + 10
+    while len(read(h.path).samples) < 4 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    sampler.stop()
+    run = read(h.path)
+    assert closed == [True]
+    assert all(s.committed == 100 and s.backlog is None and s.readers["other"] == 5 for s in run.samples)
+    with_reader = [s.readers[READER] for s in run.samples if READER in s.readers]
+    assert 0 < len(with_reader) < len(run.samples)  # the failing reads are left out, never recorded as 0
+    assert 0 not in with_reader
+    assert run.lag(READER) == [(s.t, 100 - s.readers[READER]) for s in run.samples if READER in s.readers]
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("layout", ["mark", "cursor"])
+def test_table_counts_read_the_outbox_backlog_and_a_readers_table_and_reconnect(
+    pg_dsn: str, pg_schema: str, layout: str
+) -> None:
+    import psycopg
+
+    from harvest_outbox.harvest_local.applier import create_tables
+    from harvest_outbox.harvest_local.history import TableCounts
+    from harvest_outbox.harvest_local.workload import create_accounts, stash_backlog
+    from harvest_outbox.producer.schema import init_db
+
+    outbox = f"{pg_schema}.outbox"
+    create_accounts(pg_dsn, pg_schema, 5)
+    init_db(pg_dsn, outbox, layout=layout, **({"partition_ids": 1000} if layout == "cursor" else {}))
+    create_tables(pg_dsn, pg_schema)
+    counts = TableCounts(pg_dsn)
+    try:
+        assert counts.backlog(outbox, layout) == 0
+        stash_backlog(pg_dsn, pg_schema, outbox, "t", keys=5, rows=120)
+        assert counts.backlog(outbox, layout) == 120  # no relay runs: every committed row waits
+        assert counts.rows(pg_schema, "applied") == 0
+        with psycopg.connect(pg_dsn, autocommit=True) as conn:  # the probe's session ended, as by a restart
+            ended = conn.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                "WHERE application_name = 'harvest-history' AND query LIKE %s",
+                (f"%{pg_schema}%",),
+            ).fetchall()
+        assert ended == [(True,)]
+        with pytest.raises(psycopg.Error):
+            counts.rows(pg_schema, "applied")
+        assert counts.rows(pg_schema, "applied") == 0  # a new connection
+    finally:
+        counts.close()
