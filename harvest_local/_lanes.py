@@ -32,3 +32,19 @@ def char_seconds(window: float, axes_inches: float, font_points: float) -> float
     ``font_points`` font covers (measured: an average label glyph is about 0.53 em wide in DejaVu Sans; 0.56
     leaves a margin)."""
     return window * font_points * 0.56 / (axes_inches * 72)
+
+
+def place_labels(
+    items: Sequence[tuple[float, float, str]], char: float, right_edge: float
+) -> list[tuple[int, bool, tuple[float, float]]]:
+    """Lanes for ``(start, width, label)`` items drawn as a bar from ``start`` with its label after it, or
+    before it when the label would run past ``right_edge`` (the axis' end): ``(lane, label after the bar,
+    the x span the bar and its label take)`` per item, in the items' order. ``char``: :func:`char_seconds`."""
+    spans: list[tuple[float, float]] = []
+    after: list[bool] = []
+    for start, width, label in items:
+        text = char * (len(label) + 2)
+        fits = start + width + text <= right_edge
+        after.append(fits)
+        spans.append((start, start + width + text) if fits else (start - text, start + width))
+    return [(lane, a, span) for lane, a, span in zip(pack_lanes(spans), after, spans, strict=True)]

@@ -707,15 +707,16 @@ def _interval_rates(arrivals: list[tuple[float, int]], start: float) -> Series:
 _PLOT_WIDTH, _PLOT_FONT = 11.0, 7.5
 
 
-def mark_layout(run: Run, end: float) -> list[tuple[float, str, str, int]]:
-    """The run's marks as ``(seconds, label, group, lane)``: each label in a lane where, at the plot's scale
-    (``end`` seconds across), it overlaps no other label."""
-    from harvest_outbox.harvest_local._lanes import char_seconds, pack_lanes
+def mark_layout(run: Run, end: float) -> list[tuple[float, str, str, int, bool]]:
+    """The run's marks as ``(seconds, label, group, lane, label after the mark)``: each label in a lane
+    where, at the plot's scale (``end`` seconds across), it overlaps no other label, and before its mark
+    when after it would run past the axis."""
+    from harvest_outbox.harvest_local._lanes import char_seconds, place_labels
 
     marks = sorted(run.marks)
     char = char_seconds(end * 1.02, _PLOT_WIDTH * 0.85, _PLOT_FONT)
-    lanes = pack_lanes([(t, t + char * (len(label) + 2)) for t, label, _ in marks])
-    return [(t, label, group, lane) for (t, label, group), lane in zip(marks, lanes, strict=True)]
+    placed = place_labels([(t, 0.0, label) for t, label, _ in marks], char, end * 1.02)
+    return [(t, label, group, lane, after) for (t, label, group), (lane, after, _) in zip(marks, placed, strict=True)]
 
 
 def _plot(result: DemoResult, path: Path) -> Path | None:
@@ -736,7 +737,7 @@ def _plot(result: DemoResult, path: Path) -> Path | None:
     tables, rates = table_series(result), rate_series(result)
     end = max(xs[-1] for xs, _ in tables.values() if xs)
     marks = mark_layout(result.run, end)
-    n_lanes = max((lane for *_, lane in marks), default=0) + 1
+    n_lanes = max((m[3] for m in marks), default=0) + 1
     fig = plt.figure(figsize=(_PLOT_WIDTH, 6.2 + 0.17 * n_lanes), dpi=110, layout="constrained")
     grid = fig.add_gridspec(3, 1, height_ratios=[0.25 + 0.17 * n_lanes, 3.0, 2.2])
     strip = fig.add_subplot(grid[0])
@@ -764,12 +765,20 @@ def _plot(result: DemoResult, path: Path) -> Path | None:
     if symlog:
         bottom.set_yscale("symlog", linthresh=100)
     char = char_seconds(end * 1.02, _PLOT_WIDTH * 0.85, _PLOT_FONT)
-    for t, label, group, lane in marks:
+    for t, label, group, lane, after in marks:
         c = MARK_COLORS.get(group, "#4a5568")
         for ax in (top, bottom):
             ax.axvline(t, color=c, linestyle="--", linewidth=0.9, alpha=0.8)
         strip.plot([t, t], [lane - 0.35, lane + 0.35], color=c, linewidth=1.5)
-        strip.text(t + char * 0.6, lane, label, color=c, fontsize=_PLOT_FONT, va="center")
+        strip.text(
+            t + char * 0.6 if after else t - char * 0.6,
+            lane,
+            label,
+            color=c,
+            fontsize=_PLOT_FONT,
+            va="center",
+            ha="left" if after else "right",
+        )
     strip.set_ylim(n_lanes - 0.5, -0.6)
     strip.set_yticks([])
     strip.tick_params(labelbottom=False, bottom=False)

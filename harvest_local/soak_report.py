@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from harvest_outbox.harvest_local._lanes import char_seconds, pack_lanes
+from harvest_outbox.harvest_local._lanes import char_seconds, place_labels
 from harvest_outbox.harvest_local.history import FILE_NAME, RunHistory, read
 
 #: Seconds of wall time per panel of the timeline (a shorter soak gets one panel of its own length).
@@ -213,6 +213,7 @@ class _Bar:
     label: str
     kind: str
     lane: int = 0
+    after: bool = True  # the label after the bar (False: before it, at the panel's right edge)
 
 
 def _bars(runs: Sequence[RunHistory], t0: float, lo: float, hi: float) -> list[_Bar]:
@@ -223,8 +224,10 @@ def _bars(runs: Sequence[RunHistory], t0: float, lo: float, hi: float) -> list[_
     bars = [
         _Bar(f.start - t0, max(f.end - f.start, span / 400), _fault_label(f.kind, f.target), f.kind) for f in faults
     ]
-    lanes = pack_lanes([(b.start, b.start + b.width + char * (len(b.label) + 2)) for b in bars])
-    return [_Bar(b.start, b.width, b.label, b.kind, lane) for b, lane in zip(bars, lanes, strict=True)]
+    placed = place_labels([(b.start, b.width, b.label) for b in bars], char, hi)
+    return [
+        _Bar(b.start, b.width, b.label, b.kind, lane, after) for b, (lane, after, _) in zip(bars, placed, strict=True)
+    ]
 
 
 _FAULT_COLORS = (
@@ -315,11 +318,12 @@ def plot(runs: Sequence[RunHistory], path: Path, title: str = "") -> Path:
         for bar in bars[i]:
             strip.barh(bar.lane, bar.width, left=bar.start, height=0.6, color=color[bar.kind], zorder=2)
             strip.text(
-                bar.start + bar.width + window / 300,
+                bar.start + bar.width + window / 300 if bar.after else bar.start - window / 300,
                 bar.lane,
                 bar.label,
                 fontsize=_FONT,
                 va="center",
+                ha="left" if bar.after else "right",
                 color=color[bar.kind],
                 zorder=3,
             )

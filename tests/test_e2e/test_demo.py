@@ -112,14 +112,20 @@ def test_each_reader_is_a_continuous_series_and_every_fault_is_marked(tmp_path) 
     assert xs == sorted(xs) and len(xs) == 1 + 7
     assert ys == pytest.approx([3000 / 0.1] * 6 + [2000 / 0.1, 0.0], rel=1e-3)
 
+    run.marks.append((end - 0.1, "Spark pipeline: every row in its table", "phase"))  # at the right edge
     layout = mark_layout(run, end)
-    assert sorted(label for _, label, _, _ in layout) == sorted(label for _, label, _ in run.marks)
+    assert sorted(m[1] for m in layout) == sorted(label for _, label, _ in run.marks)
     char = char_seconds(end * 1.02, 11.0 * 0.85, 7.5)
-    placed = [(t, t + char * len(label), lane) for t, label, _, lane in layout]
+    placed = [
+        (t, t + char * len(label), lane) if after else (t - char * len(label), t, lane)
+        for t, label, _, lane, after in layout
+    ]
     for i, (a0, a1, lane_a) in enumerate(placed):  # the three kills 0.2 s apart: no label over another
         for b0, b1, lane_b in placed[i + 1 :]:
             assert lane_a != lane_b or a1 <= b0 or b1 <= a0
-    assert len({lane for *_, lane in layout[:3]}) == 3
+        assert 0 <= a0 and a1 <= end * 1.02  # inside the axis
+    assert len({m[3] for m in layout[:3]}) == 3
+    assert [m[4] for m in layout][-1] is False  # the last label sits before its mark, not past the axis
     path = _plot(result, tmp_path / "timeline.png")
     assert path is not None and path.stat().st_size > 20_000
 

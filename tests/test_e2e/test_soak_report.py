@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from harvest_outbox.harvest_local import soak_report
-from harvest_outbox.harvest_local._lanes import pack_lanes
+from harvest_outbox.harvest_local._lanes import pack_lanes, place_labels
 from harvest_outbox.harvest_local.history import FILE_NAME, History, read
 from harvest_outbox.harvest_local.soak_report import load, max_lag, render, verdict
 
@@ -146,6 +146,16 @@ def test_fault_labels_are_packed_into_lanes_that_never_overlap() -> None:
                 assert a1 <= b0 or b1 <= a0, (spans[i], spans[j])
     assert lanes[0] == 0 and lanes[3] == 0  # a lane is reused once free
     assert max(lanes) == 2  # three spans overlap at t=3: three lanes, no more
+
+    # a label that would run past the axis' right edge goes before its bar, and still overlaps nothing
+    placed = place_labels([(0.0, 5.0, "a" * 10), (90.0, 5.0, "b" * 10), (60.0, 1.0, "c" * 10)], 1.0, 100.0)
+    assert [(after, span) for _, after, span in placed] == [
+        (True, (0.0, 17.0)),
+        (False, (78.0, 95.0)),
+        (True, (60.0, 73.0)),
+    ]
+    assert [lane for lane, _, _ in placed] == [0, 0, 0]
+    assert place_labels([(50.0, 1.0, "x" * 10), (55.0, 1.0, "y")], 1.0, 100.0)[1][0] == 1  # overlapping: next lane
 
 
 def test_many_faults_in_one_panel_get_distinct_lanes(tmp_path: Path) -> None:
