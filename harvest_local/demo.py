@@ -16,7 +16,8 @@
    own) runs through the live and backlog phases, keeping a Parquet event table and a latest-state
    table; its driver is SIGKILLed once mid-run and restarted from its checkpoints.
 6. A verdict per reader (lost, duplicates, per-key order violations, phantoms from rolled-back
-   transactions), throughput per phase, latency and a PNG plot of throughput over time.
+   transactions), throughput per phase, latency and a PNG timeline (``timeline.png``): every fault and
+   phase change marked and named, rows in each table (outbox, consumer, Spark pipeline) and rows/s over time.
 
 The relays run with default limits (:data:`RELAY_LIMITS`). :func:`run_demo` is the
 whole job on given services (the test suite runs it small); :func:`main` adds the services and the
@@ -26,6 +27,7 @@ printed report.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import logging
 import os
@@ -38,7 +40,6 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from harvest_outbox.harvest_local.applier import applied_rows, create_tables
 from harvest_outbox.harvest_local.kafka import create_topic
@@ -62,12 +63,23 @@ log = logging.getLogger("harvest.demo")
 @dataclass
 class Run:
     started: float = field(default_factory=time.monotonic)
+    #: The same moment on the wall clock (the readers' tables and the pipeline's files carry wall times).
+    wall: float = field(default_factory=time.time)
     events: list[tuple[float, str]] = field(default_factory=list)
+    #: What the plot marks and names: ``(run seconds, short label, group)``, group one of :data:`MARK_COLORS`.
+    marks: list[tuple[float, str, str]] = field(default_factory=list)
 
-    def mark(self, what: str) -> None:
+    def mark(self, what: str, label: str | None = None, group: str = "phase") -> None:
+        """Log ``what``; with a ``label``, also mark it on the plot (every fault is marked and named)."""
         t = time.monotonic() - self.started
         self.events.append((t, what))
+        if label is not None:
+            self.marks.append((t, label, group))
         log.info("[%6.1fs] %s", t, what)
+
+
+#: The plot's colour per group of marks: the relays' faults, the Kafka nodes', the Spark driver's, phases.
+MARK_COLORS = {"relay": "#c53030", "kafka": "#6b46c1", "spark": "#2f855a", "phase": "#b7791f"}
 
 
 @dataclass(frozen=True)
@@ -194,7 +206,7 @@ def main(argv: list[str] | None = None) -> int:
         run.mark(f"services up: Postgres + {kafka} on loopback (logs in {out})")
         result = run_demo(services.endpoints, opts, out, run, services.cluster)
     latencies = sorted((a - w) * 1000 for _, _, w, a in result.applied if w)
-    plot = _plot(result, out / "throughput.png")
+    plot = _plot(result, out / "timeline.png")
     _report(result, latencies, plot)
     (out / "verdict.json").write_text(json.dumps([v.__dict__ for v in result.verdicts], indent=2))
     if result.backlog is not None:
@@ -305,12 +317,21 @@ def run_demo(
             before = {r.name: r.elections() for r in relays}
             leader.kill()
             killed_at = time.monotonic()
-            run.mark(f"kill -9 {leader.name} (the leader) after {writers.stats.committed} committed rows")
+            run.mark(
+                f"kill -9 {leader.name} (the leader) after {writers.stats.committed} committed rows",
+                f"kill -9 {leader.name} (leader)",
+                "relay",
+            )
             wait_for(
                 lambda: any(r.elections() > before[r.name] for r in relays if r.alive), 120, "the standby to take over"
             )
             takeover = time.monotonic() - killed_at
-            run.mark(f"standby took over after {takeover:.1f}s")
+            successor = current_leader(relays)
+            run.mark(
+                f"standby took over after {takeover:.1f}s",
+                f"{successor.name if successor else 'standby'} leads ({takeover:.1f} s)",
+                "relay",
+            )
         if opts.kill and cluster is not None:
             wait_for(lambda: writers.stats.committed >= opts.rows * 0.7, 600, "70% of the live rows", poll=0.2)
             _kill_a_broker(run, cluster, topic, writers)
@@ -319,7 +340,8 @@ def run_demo(
         stats = writers.stats
         run.mark(
             f"writers done: {stats.committed} committed, {stats.rolled_back} rolled back, "
-            f"{stats.long_running} long-running transactions"
+            f"{stats.long_running} long-running transactions",
+            "live writers done",
         )
         if opts.backlog:
             committed_so_far[0] = opts.rows + opts.backlog
@@ -380,7 +402,7 @@ def _backlog_phase(
     run.mark(f"backlog phase: committing {opts.backlog} rows in one transaction (Stasher.stash_many)")
     b = stash_backlog(dsn, schema, outbox, topic, opts.keys, opts.backlog)
     phase = BacklogPhase(b.rows, b.committed_at)
-    run.mark(f"backlog committed ({b.rows} rows); the leader drains it")
+    run.mark(f"backlog committed ({b.rows} rows); the leader drains it", f"backlog committed ({b.rows:,} rows)")
     count = sql.SQL("SELECT count(*) FROM {}").format(sql.Identifier(*outbox.split(".")))
     with psycopg.connect(dsn, autocommit=True) as conn:
         while True:
@@ -394,7 +416,9 @@ def _backlog_phase(
                 run.mark(f"backlog: {left} rows still in the outbox after {timeout:.0f}s")
                 return phase
             time.sleep(0.1)
-    run.mark(f"relay drained the backlog in {phase.relay_seconds:.1f}s ({phase.relay_rate:,.0f} rows/s)")
+    run.mark(
+        f"relay drained the backlog in {phase.relay_seconds:.1f}s ({phase.relay_rate:,.0f} rows/s)", "outbox empty"
+    )
     return phase
 
 
@@ -473,11 +497,13 @@ def _kill_a_broker(run: Run, cluster: EmbeddedKafkaCluster, topic: str, writers:
         0,
         down,
         killed=lambda n: run.mark(
-            f"kill -9 Kafka node {n} (leader of partition 0) after {writers.stats.committed} committed rows"
+            f"kill -9 Kafka node {n} (leader of partition 0) after {writers.stats.committed} committed rows",
+            f"kill -9 Kafka node {n}",
+            "kafka",
         ),
     )
     cluster.in_sync(topic, timeout=120)
-    run.mark(f"Kafka node {victim} back, its replicas in sync")
+    run.mark(f"Kafka node {victim} back, its replicas in sync", f"node {victim} back in sync", "kafka")
 
 
 def _raw_count(bootstrap: str, topic: str) -> int:
@@ -522,7 +548,9 @@ class _PipelineKiller:
                 self.killed_at = time.monotonic() - self.run.started
                 self.run.mark(
                     f"kill -9 the Spark pipeline's driver with {rows} rows in its table "
-                    f"({self.pipeline.committed_batches()} micro-batches); restarting it from its checkpoints"
+                    f"({self.pipeline.committed_batches()} micro-batches); restarting it from its checkpoints",
+                    "kill -9 Spark driver",
+                    "spark",
                 )
                 self.pipeline.start()
                 return
@@ -575,106 +603,202 @@ def _latest_versions(latest_path: Path) -> dict[str, int] | None:
     return {k.decode(): int(json.loads(v)["version"]) for k, v in zip(table["key"], table["value"], strict=True)}
 
 
+#: A series of the plot: x (seconds since the run started) and y, drawn as steps.
+Series = tuple[list[float], list[float]]
+
+
+def table_series(result: DemoResult) -> dict[str, Series]:
+    """Rows in each table over time, continuous from the first row to the run's end: committed to the
+    outbox (the live writers' commits, then the backlog's one transaction), in the consumer's table (each
+    row's ``applied_at``) and in the Spark pipeline's event table (each committed file's rows at its write
+    time: exact, so no sampling is needed; a file the killed driver wrote but never committed is not in the
+    table's log, and not counted)."""
+    run = result.run
+    end = max(
+        [t for t, _ in run.events]
+        + [a - run.wall for *_, a in result.applied]
+        + [f.modified - run.wall for f in (result.pipeline.files if result.pipeline else [])]
+        + [0.0]
+    )
+
+    def cumulative(times: list[float], weights: list[int] | None = None) -> Series:
+        order = sorted(range(len(times)), key=times.__getitem__)
+        xs, ys, n = [min([0.0, *times])], [0.0], 0
+        for i in order:
+            n += weights[i] if weights else 1
+            xs.append(times[i])
+            ys.append(float(n))
+        xs.append(max(end, xs[-1]))
+        ys.append(ys[-1])
+        return xs, ys
+
+    committed = [t - run.started for t in result.stats.commit_times]
+    weights = [1] * len(committed)
+    if result.backlog is not None:
+        committed.append(result.backlog.committed_at - run.wall)
+        weights.append(result.backlog.rows)
+    out = {
+        "committed to the outbox (writers, then the backlog)": cumulative(committed, weights),
+        "in the consumer's table (ReadCommittedIter)": cumulative([a - run.wall for *_, a in result.applied]),
+    }
+    if result.pipeline is not None:
+        files = result.pipeline.files
+        out["in the Spark pipeline's table (Parquet)"] = cumulative(
+            [f.modified - run.wall for f in files], [f.rows for f in files]
+        )
+    return out
+
+
+def rate_series(result: DemoResult) -> dict[str, Series]:
+    """Rows/s over time, each a continuous line: the consumer's and the live writers' per second, the
+    relay's drain of the backlog (each drop of the outbox's row count over the time since the previous
+    drop), and the Spark table's per micro-batch (its rows over the time since the table's previous commit)."""
+    run, out = result.run, {}
+
+    def per_second(times: list[float], first: float | None = None, last: float | None = None) -> Series:
+        if not times:
+            return [], []
+        counts: dict[int, int] = {}
+        for t in times:
+            counts[int(t)] = counts.get(int(t), 0) + 1
+        lo, hi = int(first if first is not None else min(counts)), int(last if last is not None else max(counts))
+        xs = list(range(lo, hi + 1))
+        return [float(x) for x in xs], [float(counts.get(x, 0)) for x in xs]
+
+    applied = [a - run.wall for *_, a in result.applied]
+    out["applied by the consumer"] = per_second(applied, 0.0, max(applied, default=0.0))
+    out["committed by the live writers"] = per_second([t - run.started for t in result.stats.commit_times])
+    b = result.backlog
+    if b is not None and len(b.samples) > 1:
+        # The relay takes rows out of the outbox in chunks: each observed drop over the time since the
+        # previous one (a per-second difference would alternate between a burst and 0).
+        drops = [(b.committed_at, b.rows)]
+        for ts, left in b.samples:
+            if left != drops[-1][1]:
+                drops.append((ts, left))
+        out["backlog drained by the relay"] = _interval_rates(
+            [(t - run.wall, n0 - n1) for (_, n0), (t, n1) in itertools.pairwise(drops)],
+            b.committed_at - run.wall,
+        )
+    if result.pipeline is not None and result.pipeline.files:
+        batches: dict[float, int] = {}  # files of one micro-batch are written within a moment of each other
+        for f in sorted(result.pipeline.files, key=lambda f: f.modified):
+            t = f.modified - run.wall
+            key = next((k for k in batches if t - k < 0.5), t)
+            batches[key] = batches.get(key, 0) + f.rows
+        starts = [t for t, label in run.events if label.startswith("Spark pipeline started")]
+        out["into the Spark pipeline's table (per micro-batch)"] = _interval_rates(
+            sorted(batches.items()), starts[0] if starts else min(batches) - 1.0
+        )
+    return out
+
+
+def _interval_rates(arrivals: list[tuple[float, int]], start: float) -> Series:
+    """Rows arriving at moments ``(t, rows)`` (sorted) as a rate over each interval since the previous
+    arrival (the first since ``start``): contiguous steps, drawn ``steps-post``, back to 0 after the last."""
+    xs, ys, prev = [start], [], start
+    for t, rows in arrivals:
+        ys.append(rows / max(t - prev, 0.1))
+        xs.append(t)
+        prev = t
+    return xs, [*ys, 0.0]
+
+
+_PLOT_WIDTH, _PLOT_FONT = 11.0, 7.5
+
+
+def mark_layout(run: Run, end: float) -> list[tuple[float, str, str, int, bool]]:
+    """The run's marks as ``(seconds, label, group, lane, label after the mark)``: each label in a lane
+    where, at the plot's scale (``end`` seconds across), it overlaps no other label, and before its mark
+    when after it would run past the axis."""
+    from harvest_outbox.harvest_local._lanes import char_seconds, place_labels
+
+    marks = sorted(run.marks)
+    char = char_seconds(end * 1.02, _PLOT_WIDTH * 0.85, _PLOT_FONT)
+    placed = place_labels([(t, 0.0, label) for t, label, _ in marks], char, end * 1.02)
+    return [(t, label, group, lane, after) for (t, label, group), (lane, after, _) in zip(marks, placed, strict=True)]
+
+
 def _plot(result: DemoResult, path: Path) -> Path | None:
-    """Rows/s over time: applied by the consumer, committed by the live writers and, in the backlog
-    phase, drained from the outbox by the relay. A log scale when there is a backlog: the live phase
-    runs at the writers' pace, the backlog at the relay's, orders of magnitude apart."""
-    applied, run = result.applied, result.run
-    if not applied:
+    """The run at a glance: above, every fault and phase change marked and named (labels packed in lanes,
+    none over another); then rows in each table over time (each reader a continuous line: its lag behind
+    the outbox is the gap to the committed line); then rows/s (a symmetric log scale with a backlog: the
+    live phase runs at the writers' pace, the backlog at the relay's, orders of magnitude apart; zero stays
+    on the axis). Vertical lines carry the marks through both panels; the legend is below, outside them."""
+    if not result.applied:
         return None
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    t0 = applied[0][3]
-    buckets: dict[int, int] = {}
-    for _, _, _, a in applied:
-        buckets[int(a - t0)] = buckets.get(int(a - t0), 0) + 1
-    xs = list(range(max(buckets) + 1))
-    fig, ax = plt.subplots(figsize=(8, 3.6), dpi=110)
-    ax.plot(xs, [buckets.get(x, 0) for x in xs], color="#2b6cb0", linewidth=1.6, label="applied by the consumer")
-    offset = t0 - (time.time() - (time.monotonic() - run.started))  # run-relative seconds -> plot x
-    wb: dict[int, int] = {}
-    for t in (t - run.started for t in result.stats.commit_times):
-        if t - offset >= 0:
-            wb[int(t - offset)] = wb.get(int(t - offset), 0) + 1
-    if wb:
-        ax.plot(
-            range(max(wb) + 1),
-            [wb.get(x, 0) for x in range(max(wb) + 1)],
-            color="#718096",
-            linewidth=1.0,
-            linestyle=":",
-            label="committed by live writers",
-        )
-    if result.pipeline is not None and result.pipeline.files:
-        # Rows per second into the event table: each micro-batch's files, at the time they were written.
-        tb: dict[int, int] = {}
-        for f in result.pipeline.files:
-            x = int(f.modified - t0)
-            tb[x] = tb.get(x, 0) + f.rows
-        xs_t = list(range(min(min(tb), 0), max(tb) + 1))
-        ax.plot(
-            xs_t,
-            [tb.get(x, 0) for x in xs_t],
-            color="#38a169",
-            linewidth=1.4,
-            label="into the Parquet table (Spark pipeline)",
-        )
-    b = result.backlog
-    log_scale = b is not None and len(b.samples) > 1
-    if log_scale:
-        assert b is not None
-        # Rows left in the outbox at each whole second (the last sample at or before it), differenced:
-        # the relay's drain per second, on the same 1-second grid as the other lines.
-        pts = [(b.committed_at, b.rows), *b.samples]
+    from harvest_outbox.harvest_local._lanes import char_seconds
 
-        def left(t: float) -> int:
-            return min((n for ts, n in pts if ts <= t), default=b.rows)
+    tables, rates = table_series(result), rate_series(result)
+    end = max(xs[-1] for xs, _ in tables.values() if xs)
+    marks = mark_layout(result.run, end)
+    n_lanes = max((m[3] for m in marks), default=0) + 1
+    fig = plt.figure(figsize=(_PLOT_WIDTH, 6.2 + 0.17 * n_lanes), dpi=110, layout="constrained")
+    grid = fig.add_gridspec(3, 1, height_ratios=[0.25 + 0.17 * n_lanes, 3.0, 2.2])
+    strip = fig.add_subplot(grid[0])
+    top = fig.add_subplot(grid[1], sharex=strip)
+    bottom = fig.add_subplot(grid[2], sharex=strip)
+    colors = {
+        "committed": "#718096",
+        "consumer": "#2b6cb0",
+        "Spark": "#38a169",
+        "writers": "#718096",
+        "relay": "#dd6b20",
+    }
 
-        first, last = int(b.committed_at - t0), int(pts[-1][0] - t0) + 1
-        xs_r = list(range(first, last + 1))
-        ys_r = [max(left(t0 + x) - left(t0 + x + 1), 0) for x in xs_r]
-        ax.plot(
-            xs_r,
-            [y or float("nan") for y in ys_r],
-            color="#dd6b20",
-            linewidth=1.6,
-            marker="o",
-            markersize=3,
-            label="backlog drained by the relay",
+    def color(name: str) -> str:
+        return next((c for k, c in colors.items() if k in name), "#1a202c")
+
+    for name, (xs, ys) in tables.items():
+        style = ":" if name.startswith("committed") else "-"
+        top.plot(xs, ys, drawstyle="steps-post", color=color(name), linestyle=style, linewidth=1.6, label=name)
+    for name, (xs, ys) in rates.items():
+        if xs:
+            style = ":" if "writers" in name else "-"
+            bottom.plot(xs, ys, drawstyle="steps-post", color=color(name), linestyle=style, linewidth=1.2, label=name)
+    symlog = "backlog drained by the relay" in rates
+    if symlog:
+        bottom.set_yscale("symlog", linthresh=100)
+    char = char_seconds(end * 1.02, _PLOT_WIDTH * 0.85, _PLOT_FONT)
+    for t, label, group, lane, after in marks:
+        c = MARK_COLORS.get(group, "#4a5568")
+        for ax in (top, bottom):
+            ax.axvline(t, color=c, linestyle="--", linewidth=0.9, alpha=0.8)
+        strip.plot([t, t], [lane - 0.35, lane + 0.35], color=c, linewidth=1.5)
+        strip.text(
+            t + char * 0.6 if after else t - char * 0.6,
+            lane,
+            label,
+            color=c,
+            fontsize=_PLOT_FONT,
+            va="center",
+            ha="left" if after else "right",
         )
-        ax.set_yscale("log")
-        for line in ax.get_lines()[:-1]:  # on a log scale a zero is a gap, not a plunge to the axis
-            ys: Any = line.get_ydata()  # a list: the lines above are drawn from lists
-            line.set_ydata([y if y else float("nan") for y in ys])
-    # below the axes: inside, it covered the fault labels drawn at the top
-    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=3, fontsize=8, frameon=False)
-    top = ax.get_ylim()[1]
-    for t, what in run.events:
-        label = (
-            "Spark driver killed"
-            if what.startswith("kill -9 the Spark")
-            else "Kafka node killed"
-            if what.startswith("kill -9 Kafka")
-            else "leader killed"
-            if what.startswith("kill -9")
-            else "backlog committed"
-            if what.startswith("backlog committed")
-            else None
-        )
-        if label:
-            color = {"leader killed": "#c53030", "Spark driver killed": "#2f855a", "Kafka node killed": "#6b46c1"}.get(
-                label, "#dd6b20"
-            )
-            ax.axvline(t - offset, color=color, linestyle="--", linewidth=1)
-            ax.annotate(label, (t - offset, top * (0.5 if log_scale else 0.9)), color=color, fontsize=8)
-    ax.set_xlabel("seconds")
-    ax.set_ylabel("rows/s" + (" (log scale)" if log_scale else ""))
-    ax.set_title("harvest demo: exactly-once delivery to the consumer's table and the Spark pipeline's")
-    ax.grid(alpha=0.3)
-    fig.tight_layout()
+    strip.set_ylim(n_lanes - 0.5, -0.6)
+    strip.set_yticks([])
+    strip.tick_params(labelbottom=False, bottom=False)
+    for side in ("top", "right", "left", "bottom"):
+        strip.spines[side].set_visible(False)
+    strip.set_title(
+        "harvest demo: every committed row exactly once in the consumer's table and in the Spark pipeline's table",
+        fontsize=10,
+    )
+    top.set_ylabel("rows in the table")
+    top.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda y, _: f"{y:,.0f}"))
+    top.tick_params(labelbottom=False)
+    bottom.set_ylabel("rows/s" + (" (symlog)" if symlog else ""))
+    bottom.set_xlabel("seconds since the demo started")
+    bottom.set_xlim(0, end * 1.02)
+    for ax in (top, bottom):
+        ax.grid(alpha=0.3)
+        ax.set_ylim(bottom=0)
+    handles = [*top.get_legend_handles_labels()[0], *bottom.get_legend_handles_labels()[0]]
+    fig.legend(handles=handles, loc="outside lower center", ncol=3, fontsize=8, frameon=False)
     fig.savefig(path)
     plt.close(fig)
     return path
@@ -763,7 +887,7 @@ def _report(result: DemoResult, latencies: list[float], plot: Path | None) -> No
         ("leader take-over after kill -9", f"{result.takeover:.1f} s" if result.takeover is not None else "not killed"),
         ("live write -> applied latency p50 / p99", f"{pct(0.5)} / {pct(0.99)}"),
         *_pipeline_facts(result.pipeline),
-        ("throughput plot", str(plot) if plot else "n/a"),
+        ("timeline plot (faults, rows per table, rows/s)", str(plot) if plot else "n/a"),
     ]
     width = max(len(a) for a, _ in facts)
     for a, b in facts:

@@ -17,16 +17,18 @@ from __future__ import annotations
 import logging
 import os
 import random
+import re
 import subprocess
 import sys
 import time
 import uuid
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from harvest_outbox.harvest_local.applier import applied_rows, create_tables
+from harvest_outbox.harvest_local.history import History, Sampler, TableCounts
 from harvest_outbox.harvest_local.kafka import create_topic
 from harvest_outbox.harvest_local.kafka_cluster import EmbeddedKafkaCluster
 from harvest_outbox.harvest_local.launcher import LocalServices
@@ -98,10 +100,16 @@ class RunResult:
         return all(v.ok for v in self.verdicts)
 
 
-def run_plan(services: LocalServices, plan: FaultPlan, workdir: Path, spark: Any = None) -> RunResult:
+def run_plan(
+    services: LocalServices, plan: FaultPlan, workdir: Path, spark: Any = None, history: History | None = None
+) -> RunResult:
+    """One run of ``plan``; with a ``history``, its faults (start, end, target) and a sample of each
+    reader's progress about once a second are recorded there (harvest_local/history.py)."""
     if plan.brokers > 1 and services.cluster is None:
         raise ValueError(f"plan {plan.seed} needs a {plan.brokers}-node Kafka cluster: LocalServices(brokers=3)")
     started = time.monotonic()
+    if history is not None:
+        history.run_started(asdict(plan))
     rng = random.Random(plan.seed)
     ends = services.endpoints
     tag = uuid.uuid4().hex[:6]
@@ -130,11 +138,14 @@ def run_plan(services: LocalServices, plan: FaultPlan, workdir: Path, spark: Any
     if faults:
         result.injected["produce_delivery_errors"] += 1
     applier = _start_applier(ends.pg_dsn, ends.kafka_bootstrap, topic, schema, workdir)
+    sampler: Sampler | None = None
     try:
         wait_for(lambda: current_leader(relays) is not None, 90)
         writers = Writers(
             ends.pg_dsn, schema, outbox, topic, plan.keys, plan.rows, threads=3, rate_per_s=plan.rate, seed=plan.seed
         ).start()
+        if history is not None:
+            sampler = _sampler(history, writers, ends.pg_dsn, schema, outbox, plan.layout).start()
         schedule = sorted(rng.uniform(0.15, 0.8) for _ in plan.faults)
         for at, kind in zip(schedule, plan.faults, strict=True):
 
@@ -142,7 +153,9 @@ def run_plan(services: LocalServices, plan: FaultPlan, workdir: Path, spark: Any
                 return writers.stats.committed >= at * plan.rows or writers.done
 
             wait_for(reached, 600, poll=0.1)
-            applier = _inject(kind, services, relays, applier, cfg, workdir, ends, topic, schema, result, faults)
+            applier = _inject(
+                kind, services, relays, applier, cfg, workdir, ends, topic, schema, result, faults, history
+            )
         writers.join()
         result.committed, result.rolled_back = writers.stats.committed, writers.stats.rolled_back
         truth = committed_versions(ends.pg_dsn, schema)
@@ -154,13 +167,36 @@ def run_plan(services: LocalServices, plan: FaultPlan, workdir: Path, spark: Any
         if spark is not None:
             result.verdicts.append(_spark_verdict(spark, ends.kafka_bootstrap, topic, truth))
     finally:
+        if sampler is not None:
+            sampler.stop()
         for relay in relays:
             relay.stop(10)
         if applier.poll() is None:
             applier.terminate()
             applier.wait(10)
     result.seconds = time.monotonic() - started
+    if history is not None:
+        history.run_ended(
+            ok=result.ok,
+            committed=result.committed,
+            rolled_back=result.rolled_back,
+            seconds=result.seconds,
+            verdicts=[asdict(v) for v in result.verdicts],
+            injected=result.injected,
+            notes=result.notes,
+        )
     return result
+
+
+def _sampler(history: History, writers: Writers, dsn: str, schema: str, outbox: str, layout: str) -> Sampler:
+    """Samples rows committed by the writers, waiting in the outbox, and in the consumer's table."""
+    counts = TableCounts(dsn)
+    return history.sampler(
+        committed=lambda: writers.stats.committed,
+        backlog=lambda: counts.backlog(outbox, layout),
+        readers={"ReadCommittedIter -> Postgres": lambda: counts.rows(schema, "applied")},
+        on_stop=counts.close,
+    )
 
 
 def _inject(
@@ -175,8 +211,10 @@ def _inject(
     schema: str,
     result: RunResult,
     faults: str | None,
+    history: History | None = None,
 ) -> subprocess.Popen[bytes]:
     leader = current_leader(relays)
+    began, notes_before = time.time(), len(result.notes)
     if kind == "kill_leader" and leader is not None:
         leader.kill()
         relays.append(RelayProcess(cfg, f"relay-{len(relays)}", workdir, faults=faults).start())
@@ -207,7 +245,21 @@ def _inject(
         result.notes.append(f"skipped {kind} (not applicable)")
         return applier
     result.injected[kind] += 1
+    if history is not None:
+        detail = "; ".join(result.notes[notes_before:])
+        history.fault(kind, _fault_target(kind, leader, detail), began, time.time(), detail)
     return applier
+
+
+def _fault_target(kind: str, leader: RelayProcess | None, detail: str) -> str:
+    """Who a fault hit, for the soak's timeline: a relay's name, a service, or the Kafka node(s) its note names."""
+    if kind in ("kill_leader", "pause_leader") and leader is not None:
+        return leader.name
+    fixed = {"broker_restart": "Kafka", "postgres_restart": "Postgres", "consumer_kill": "consumer"}
+    if kind in fixed:
+        return fixed[kind]
+    nodes = re.search(r"Kafka nodes? (\[[\d, ]+\]|\d+)", detail)
+    return f"node {nodes.group(1).strip('[]')}" if nodes else detail[:40]
 
 
 def _cluster_fault(kind: str, cluster: EmbeddedKafkaCluster, topic: str, result: RunResult) -> None:

@@ -18,7 +18,21 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from harvest_outbox.harvest_local.demo import BacklogPhase, DemoOptions, DemoResult, Run, _plot, phase_table, run_demo
+from harvest_outbox.harvest_local._lanes import char_seconds
+from harvest_outbox.harvest_local.demo import (
+    BacklogPhase,
+    DemoOptions,
+    DemoResult,
+    PipelineRun,
+    Run,
+    _plot,
+    mark_layout,
+    phase_table,
+    rate_series,
+    run_demo,
+    table_series,
+)
+from harvest_outbox.harvest_local.pipeline_process import CommittedFile
 from harvest_outbox.harvest_local.workload import WriterStats, committed_versions, create_accounts, stash_backlog
 from harvest_outbox.producer.schema import init_db
 
@@ -51,6 +65,69 @@ def test_phase_table_reports_each_phase_rate_and_the_plot_draws(tmp_path) -> Non
     # Without a backlog: no backlog rows in the table, and the plot still draws.
     assert "backlog" not in phase_table(_result(None))
     assert _plot(_result(None), tmp_path / "live.png") == tmp_path / "live.png"
+
+
+def test_each_reader_is_a_continuous_series_and_every_fault_is_marked(tmp_path) -> None:
+    """The plot's series (issue #45): rows in each table over time, one unbroken non-decreasing line from 0
+    to the table's final count, extended to the run's end; the Spark table's rate is a step per micro-batch
+    with no gap between batches; every fault the run marked is on the plot with its label."""
+    committed = time.time() + 12
+    samples = [(committed + 0.1 * j, max(20_000 - 3000 * j, 0)) for j in range(1, 9)]
+    result = _result(BacklogPhase(20_000, committed, relay_seconds=1.0, consumer_seconds=2.0, samples=samples))
+    run = result.run
+    wall = run.wall
+    files = [CommittedFile(f"f{i}", wall + 2 + 2.5 * i, 500) for i in range(6)]  # ten seconds of live batches
+    files += [CommittedFile(f"g{i}", committed + 3.2 + i, 4000) for i in range(5)]  # the backlog's batches
+    files += [CommittedFile("g0-part2", committed + 3.4, 1000)]  # a second file of one micro-batch
+    result.pipeline = PipelineRun(files, 4.3, 2, True)
+    for t, label, group in [
+        (4.0, "kill -9 relay-0 (leader)", "relay"),
+        (4.2, "kill -9 Spark driver", "spark"),
+        (4.4, "kill -9 Kafka node 2", "kafka"),
+        (9.0, "relay-1 leads (5.0 s)", "relay"),
+    ]:
+        run.marks.append((t, label, group))
+        run.events.append((t, label))
+
+    tables = table_series(result)
+    expected_end = {
+        "committed to the outbox (writers, then the backlog)": 3000 + 20_000,
+        "in the consumer's table (ReadCommittedIter)": 3000 + 20_000,
+        "in the Spark pipeline's table (Parquet)": 6 * 500 + 5 * 4000 + 1000,
+    }
+    assert set(tables) == set(expected_end)
+    end = max(xs[-1] for xs, _ in tables.values())
+    for name, (xs, ys) in tables.items():
+        assert xs == sorted(xs) and ys == sorted(ys), name  # one unbroken, non-decreasing line
+        assert (ys[0], ys[-1]) == (0, expected_end[name]) and xs[-1] == end, name
+        assert all(y == y for y in ys), name  # no NaN: no gap
+    xs, ys = rate_series(result)["into the Spark pipeline's table (per micro-batch)"]
+    assert xs == sorted(xs) and all(y == y for y in ys)
+    # eleven micro-batches (the two files written 0.2 s apart are one), each a step over its interval
+    assert len(xs) == len(ys) == 12 and ys[-1] == 0  # contiguous intervals, back to 0 after the last
+    assert ys[0] == pytest.approx(500 / 1.0)  # the first batch over the second before it (no start mark)
+    assert ys[5] == pytest.approx(500 / 2.5) and ys[7] == pytest.approx(4000 / 1.0)
+    xs, ys = rate_series(result)["backlog drained by the relay"]
+    # each drop of the outbox's count over the 0.1 s since the previous one (wall-clock floats: ~1e-6 s apart)
+    assert xs == sorted(xs) and len(xs) == 1 + 7
+    assert ys == pytest.approx([3000 / 0.1] * 6 + [2000 / 0.1, 0.0], rel=1e-3)
+
+    run.marks.append((end - 0.1, "Spark pipeline: every row in its table", "phase"))  # at the right edge
+    layout = mark_layout(run, end)
+    assert sorted(m[1] for m in layout) == sorted(label for _, label, _ in run.marks)
+    char = char_seconds(end * 1.02, 11.0 * 0.85, 7.5)
+    placed = [
+        (t, t + char * len(label), lane) if after else (t - char * len(label), t, lane)
+        for t, label, _, lane, after in layout
+    ]
+    for i, (a0, a1, lane_a) in enumerate(placed):  # the three kills 0.2 s apart: no label over another
+        for b0, b1, lane_b in placed[i + 1 :]:
+            assert lane_a != lane_b or a1 <= b0 or b1 <= a0
+        assert 0 <= a0 and a1 <= end * 1.02  # inside the axis
+    assert len({m[3] for m in layout[:3]}) == 3
+    assert [m[4] for m in layout][-1] is False  # the last label sits before its mark, not past the axis
+    path = _plot(result, tmp_path / "timeline.png")
+    assert path is not None and path.stat().st_size > 20_000
 
 
 @pytest.mark.integration

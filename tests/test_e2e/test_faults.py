@@ -11,6 +11,7 @@ from __future__ import annotations
 import pytest
 
 from harvest_outbox.harvest_local.faults import FaultPlan, run_plan, summary
+from harvest_outbox.harvest_local.history import FILE_NAME, History, read
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -63,13 +64,14 @@ PLANS = [
 )
 def test_exactly_once_under_faults(plan: FaultPlan, services, tmp_path, request) -> None:
     spark = request.getfixturevalue("spark") if plan.spark else None
+    history = History(tmp_path / FILE_NAME, plan.seed)
     if plan.brokers > 1:
         from harvest_outbox.harvest_local import LocalServices
 
         with LocalServices(plan.brokers) as cluster_services:
-            result = run_plan(cluster_services, plan, tmp_path, spark=spark)
+            result = run_plan(cluster_services, plan, tmp_path, spark=spark, history=history)
     else:
-        result = run_plan(services, plan, tmp_path, spark=spark)
+        result = run_plan(services, plan, tmp_path, spark=spark, history=history)
     print("\n" + summary([result]))
     assert result.committed > 0
     assert sum(result.injected.values()) >= len(plan.faults), result.notes
@@ -78,3 +80,11 @@ def test_exactly_once_under_faults(plan: FaultPlan, services, tmp_path, request)
     for verdict in result.verdicts:
         assert verdict.ok, f"{verdict} (faults: {result.notes}; logs in {tmp_path})"
     assert len(result.verdicts) == (2 if plan.spark else 1)
+    # the soak's history of the run (harvest_local/history.py): each fault injected with its target and
+    # span, the consumer's progress sampled until it caught up, the verdict
+    recorded = read(history.path)
+    injected = {k: n for k, n in result.injected.items() if k != "produce_delivery_errors"}
+    assert {k: sum(f.kind == k for f in recorded.faults) for k in injected} == injected
+    assert all(f.target and recorded.started <= f.start <= f.end for f in recorded.faults)
+    assert recorded.lag("ReadCommittedIter -> Postgres")[-1][1] == 0 and len(recorded.samples) >= 3
+    assert recorded.end is not None and recorded.end["ok"] and recorded.end["committed"] == result.committed
