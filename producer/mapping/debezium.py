@@ -208,7 +208,7 @@ END""").format(
         then the relay's bookkeeping columns, each with a default, so the writers' INSERTs stay as they are.
         Rows written before ``init-db`` have no ``harvest_seq`` and are never relayed: they belong to the
         tool that relayed the table until then (docs/debezium.md)."""
-        seq = names.debezium_sequence
+        seq = names.qualified(derived_name(names.table, self.sequence_suffix))
         return [
             sql.SQL("CREATE TABLE IF NOT EXISTS {} ({}) WITH (fillfactor = {})").format(
                 names.outbox, sql.SQL(", ").join(self.columns(value_type)), sql.Literal(fillfactor)
@@ -224,7 +224,7 @@ END""").format(
                 "ALTER TABLE {} ADD COLUMN IF NOT EXISTS {} TIMESTAMP WITH TIME ZONE NOT NULL DEFAULT now()"
             ).format(names.outbox, self.created()),
             sql.SQL("CREATE UNIQUE INDEX IF NOT EXISTS {} ON {} ({})").format(
-                sql.Identifier(names.debezium_seq_index), names.outbox, self.id()
+                sql.Identifier(self.id_index(names)), names.outbox, self.id()
             ),
             # The half-empty pages (OUTBOX_FILLFACTOR) unless the owner chose a fillfactor: init_db, missing_storage.
         ]
@@ -243,8 +243,9 @@ END""").format(
             ]
         )
 
-    def id_index(self, names: OutboxNames) -> str | None:
-        return names.debezium_seq_index
+    def id_index(self, names: OutboxNames) -> str:
+        """The unique index of the ordering column (the mark reads it in order)."""
+        return derived_name(names.table, "_harvest_seq_idx")
 
     def value_type(self, columns: Mapping[str, str]) -> ValueType:
         return "bytea" if columns.get(self.router.field_event_payload) == "bytea" else "varchar"
@@ -314,7 +315,7 @@ END""").format(
 
 def _regclass_text(names: OutboxNames) -> str:
     """The sequence's name as nextval() reads it (a quoted, schema-qualified identifier)."""
-    seq = derived_name(names.table, "_harvest_seq")
+    seq = derived_name(names.table, DebeziumMapping.sequence_suffix)
     quoted = '"' + seq.replace('"', '""') + '"'
     return ('"' + names.schema.replace('"', '""') + '".' + quoted) if names.schema else quoted
 

@@ -162,16 +162,6 @@ class OutboxNames:
         return derived_name(self.table, f"_shard{count}_idx")
 
     @property
-    def debezium_seq_index(self) -> str:
-        """The unique index of a Debezium outbox's ordering column (the mark reads it in order)."""
-        return derived_name(self.table, "_harvest_seq_idx")
-
-    @property
-    def debezium_sequence(self) -> sql.Identifier:
-        """The sequence of a Debezium outbox's ordering column (``harvest_seq``)."""
-        return self._ident(derived_name(self.table, "_harvest_seq"))
-
-    @property
     def notify_function(self) -> sql.Identifier:
         return self._ident("harvest_notify")
 
