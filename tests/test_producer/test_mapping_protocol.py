@@ -17,8 +17,10 @@ from harvest_outbox.producer.db import _statements
 from harvest_outbox.producer.layouts.cursor import database as cursor_db
 from harvest_outbox.producer.layouts.cursor.schema import cursor_outbox_ddl
 from harvest_outbox.producer.layouts.mark.marks import mark_sql
+from harvest_outbox.producer.mapping.goharvest import GOHARVEST
 from harvest_outbox.producer.mapping.names import OutboxNames
 from harvest_outbox.producer.mapping.protocol import TableMapping
+from harvest_outbox.producer.mapping.table import table_mapping
 from harvest_outbox.producer.schema.ddl import outbox_ddl, shard_ddl
 
 #: Column names of the real mappings' outboxes (goharvest's relay and record columns, Debezium's).
@@ -81,3 +83,20 @@ def test_dead_letters_take_the_record_and_the_row_from_the_mapping() -> None:
         reads = text[text.index("SELECT") :] if "RETURNING" not in text else text[text.index("RETURNING") :]
         assert '"o"."dest"' in reads and '"o"."body"' in reads and "to_jsonb" in reads, text
         assert [c for c in ("leader_id", "harvest_seq", "aggregatetype", "payload") if c in reads] == [], text
+
+
+def test_the_real_mappings_texts_are_those_before_the_protocol() -> None:
+    """What init-db, check and the layout's refusal print, as they were when the callers tested the mapping's
+    name (cli.py, ops/_check.py, layouts/cursor/schema.py)."""
+    debezium = table_mapping("debezium")
+    names = OutboxNames.parse("app.outbox_event", debezium)
+    assert GOHARVEST.ready("bytea", "dead letters, NOTIFY channel c") == (
+        "ready (value type bytea; dead letters, NOTIFY channel c)"
+    )
+    assert debezium.ready("varchar", "dead letters, NOTIFY channel c; 4 shards") == (
+        "ready as a debezium outbox (relay columns added with defaults; dead letters, NOTIFY channel c; 4 shards)"
+    )
+    assert (GOHARVEST.described, debezium.described) == ("goharvest's table", "a debezium table")
+    assert GOHARVEST.id_index(names) is None and debezium.id_index(names) == "outbox_event_harvest_seq_idx"
+    assert names.id_sequence.as_string(None) == '"app"."outbox_event_harvest_seq"'
+    assert OutboxNames.parse("app.outbox").id_sequence.as_string(None) == '"app"."outbox_id_seq"'
