@@ -244,10 +244,10 @@ class HarvestConfig:
                 f"eventIdHeader: {self.event_id_header!r} is a header harvest or its readers use; "
                 f"choose another name, e.g. 'harvest.event.id'"
             )
-        if self.event_id_header and self.table_mapping.kind != "goharvest":
+        if self.event_id_header and self.table_mapping.event_id_source is not None:
             raise ConfigError(
                 f"eventIdHeader: {self.event_id_header!r} applies to goharvest tables; a "
-                f"{self.table_mapping.kind} table's records carry the event router's 'id' header; "
+                f"{self.table_mapping.kind} table's records carry {self.table_mapping.event_id_source}; "
                 f"remove eventIdHeader"
             )
         retention = self.dead_letter_retention
@@ -322,7 +322,7 @@ class HarvestConfig:
                 "missingTopicPolicy: deadLetter",
             ),
             (
-                self.table_mapping.kind != "goharvest" and self.dead_letter_policy == "haltKey",
+                not self.table_mapping.row_is_record and self.dead_letter_policy == "haltKey",
                 f"deadLetterPolicy: haltKey with tableMapping: {self.table_mapping.kind}",
                 "its held rows are kept in goharvest's columns, not the mapped table's",
                 "deadLetterPolicy: skip",

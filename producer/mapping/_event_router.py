@@ -1,6 +1,6 @@
 """Debezium's outbox event router options (``io.debezium.transforms.outbox.EventRouter``), as far as they
 shape a record: their names, their defaults, and how harvest reads them (YAML ``eventRouter``,
-docs/debezium.md). :class:`~producer.mapping.table.DebeziumMapping` turns rows into records with them.
+docs/debezium.md). :class:`~producer.mapping.debezium.DebeziumMapping` turns rows into records with them.
 
 Invariants (tests/test_producer/test_table_mapping.py):
 - an unknown router option, a known one harvest does not implement (:data:`_UNSUPPORTED`, with the

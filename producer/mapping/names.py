@@ -17,7 +17,8 @@ from typing import Literal
 from psycopg import sql
 
 from harvest_outbox.producer.errors import ConfigError, shown
-from harvest_outbox.producer.mapping.table import GOHARVEST, TableMapping
+from harvest_outbox.producer.mapping.goharvest import GOHARVEST
+from harvest_outbox.producer.mapping.protocol import TableMapping
 
 ValueType = Literal["varchar", "bytea"]
 #: A complete statement as harvest composes them (psycopg.sql): what execute() and mogrify() take.
@@ -87,7 +88,7 @@ class OutboxNames:
 
     schema: str | None
     table: str
-    #: Which columns make a record (goharvest's table, or Debezium's outbox: producer.mapping.table).
+    #: Which columns make a record (goharvest's table, or Debezium's outbox: producer.mapping.protocol).
     mapping: TableMapping = GOHARVEST
 
     @classmethod
@@ -145,9 +146,7 @@ class OutboxNames:
         """``outboxLayout: cursor``: the sequence of the ordering column (``CACHE 1``; its default takes the xid
         first): ``id``'s, or a Debezium table's ``harvest_seq``'s (the mark layout's name for it: a table moved
         from that layout by hand keeps drawing above the ids its dead letters and attempt counts hold)."""
-        if self.mapping.kind == "debezium":
-            return self.debezium_sequence
-        return self._ident(derived_name(self.table, "_id_seq"))
+        return self._ident(derived_name(self.table, self.mapping.sequence_suffix))
 
     def partition_name(self, start: int) -> str:
         """``outboxLayout: cursor``: the id-range partition starting at id ``start``."""
@@ -161,16 +160,6 @@ class OutboxNames:
     def old_shard_index_name(self, count: int) -> str:
         """The index an older harvest built, on the expression that left NULL-key rows in no shard."""
         return derived_name(self.table, f"_shard{count}_idx")
-
-    @property
-    def debezium_seq_index(self) -> str:
-        """The unique index of a Debezium outbox's ordering column (the mark reads it in order)."""
-        return derived_name(self.table, "_harvest_seq_idx")
-
-    @property
-    def debezium_sequence(self) -> sql.Identifier:
-        """The sequence of a Debezium outbox's ordering column (``harvest_seq``)."""
-        return self._ident(derived_name(self.table, "_harvest_seq"))
 
     @property
     def notify_function(self) -> sql.Identifier:

@@ -20,7 +20,6 @@ from psycopg import sql
 from harvest_outbox.producer.config import HarvestConfig, format_duration
 from harvest_outbox.producer.errors import SchemaError
 from harvest_outbox.producer.layouts.cursor.schema import range_partitions, require_layout
-from harvest_outbox.producer.mapping.table import DebeziumMapping
 from harvest_outbox.producer.schema import (
     OUTBOX_AUTOVACUUM,
     OutboxNames,
@@ -220,11 +219,8 @@ def _indexes(conn: psycopg.Connection, names: OutboxNames, shards: int) -> list[
     if on_id:
         found.append(Finding("OK", "index", f"{on_id[0]} on {id_column} (the mark reads rows in its order)"))
     else:
-        fix = (
-            _INIT_DB + f" (it builds {names.debezium_seq_index})"
-            if isinstance(names.mapping, DebeziumMapping)
-            else f"ALTER TABLE {table} ADD PRIMARY KEY ({id_column})"
-        )
+        built = names.mapping.id_index(names)  # init-db's index, or the table's primary key (its owner's)
+        fix = _INIT_DB + f" (it builds {built})" if built else f"ALTER TABLE {table} ADD PRIMARY KEY ({id_column})"
         found.append(
             Finding(
                 "FAIL",

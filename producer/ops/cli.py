@@ -244,13 +244,8 @@ def _init_db(args: argparse.Namespace) -> int:
             f"{names.mapping.id_column}, value type {args.value_type}; "
             f"cursor, dead letters, {wake})"
         )
-    elif names.mapping.kind == "goharvest":
-        print(f"outbox {names.display} ready (value type {args.value_type}; dead letters, {wake}{sharded})")
     else:
-        print(
-            f"outbox {names.display} ready as a {names.mapping.kind} outbox (relay columns added with defaults; "
-            f"dead letters, {wake}{sharded})"
-        )
+        print(f"outbox {names.display} {names.mapping.ready(args.value_type, f'dead letters, {wake}{sharded}')}")
     if risk is not None:
         # stderr: the line is a warning, and scripts that read init-db's output keep their stdout
         print(f"warning: {risk}; {TWO_PHASE_FIX}", file=sys.stderr)

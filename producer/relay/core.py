@@ -60,7 +60,6 @@ from harvest_outbox.producer.kafka import (
 )
 from harvest_outbox.producer.layouts.cursor.schema import require_layout
 from harvest_outbox.producer.layouts.mark.marksize import MarkSize
-from harvest_outbox.producer.mapping.table import partition_column
 from harvest_outbox.producer.observe.metrics import Metrics
 from harvest_outbox.producer.ops.preflight import TopicGuard
 
@@ -164,7 +163,7 @@ class RelayCore:
         #: deadLetterPolicy: haltKey -- keys this view dead-lettered a row of (producer.relay.key_halt)
         self.halt = KeyHalt(config.dead_letter_policy == "haltKey")
         #: The column a Debezium mapping places in the record's partition (its rows' partition is not None)
-        self.partition_column = partition_column(config.table_mapping) or "partition"
+        self.partition_column = config.table_mapping.partition_column or "partition"
         # the mark prefetch: pending marks, oldest first
         self.marks: deque[PendingMark] = deque()
         ceiling = self.limits.mark_ceiling

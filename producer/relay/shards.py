@@ -59,7 +59,7 @@ def shard_expression(count: int, key: sql.Composable = _KAFKA_KEY) -> sql.Compos
     """SQL computing a row's shard; written exactly like this in the index and in the mark, so the
     planner matches them. ``'x' || 8 hex digits`` cast to ``bit(32)`` reads them as a bit string;
     the ``bigint`` cast of a ``bit(32)`` is unsigned. ``key``: the row's Kafka key as text (the table
-    mapping's :meth:`~producer.mapping.table.TableMapping.shard_key`). A new expression needs a new
+    mapping's :meth:`~producer.mapping.protocol.TableMapping.shard_key`). A new expression needs a new
     index name (``OutboxNames.shard_index_name``): deployed indexes are on the old one."""
     check_shard_count(count)
     # mod(), not %: the expression goes into statements with psycopg placeholders. coalesce(): md5(NULL)

@@ -59,7 +59,7 @@ from harvest_outbox.producer.schema.checks import (
     require_utf8_readable,
     unrelayed_rows,
 )
-from harvest_outbox.producer.schema.ddl import debezium_outbox_ddl, init_db, outbox_ddl, shard_ddl
+from harvest_outbox.producer.schema.ddl import init_db, outbox_ddl, shard_ddl
 
 __all__ = [
     "OUTBOX_AUTOVACUUM",
@@ -67,7 +67,6 @@ __all__ = [
     "OutboxNames",
     "Statement",
     "ValueType",
-    "debezium_outbox_ddl",
     "init_db",
     "inspect_outbox",
     "missing_storage",

@@ -11,7 +11,6 @@ import psycopg
 from psycopg import sql
 
 from harvest_outbox.producer.mapping.names import OutboxNames
-from harvest_outbox.producer.mapping.table import DebeziumMapping
 
 #: Every outbox row is updated exactly once (the relay's mark sets ``leader_id``) and then deleted.
 #: With pages half empty, the mark's new row version fits in the row's own page: a HOT update, no
@@ -54,10 +53,10 @@ def outbox_fillfactor(conn: psycopg.Connection, names: OutboxNames) -> int:
 
 def missing_storage(conn: psycopg.Connection, names: OutboxNames) -> dict[str, str]:
     """The queue-table settings the outbox lacks, which ``init-db`` sets: :data:`OUTBOX_AUTOVACUUM`,
-    and for a Debezium table (which ``init-db`` alters anyway) :data:`OUTBOX_FILLFACTOR`. A goharvest
-    table's fillfactor is its owner's call (a backlog takes twice the disk): :func:`packed_outbox_fix`."""
+    and for a table ``init-db`` adopts (and alters anyway: a Debezium table) :data:`OUTBOX_FILLFACTOR`. A
+    goharvest table's fillfactor is its owner's call (a backlog takes twice the disk): :func:`packed_outbox_fix`."""
     wanted = dict(OUTBOX_AUTOVACUUM)
-    if isinstance(names.mapping, DebeziumMapping):
+    if names.mapping.adopts_existing_table:
         wanted["fillfactor"] = str(OUTBOX_FILLFACTOR)
     have = table_reloptions(conn, names.outbox)
     return {name: value for name, value in wanted.items() if name not in have}

@@ -11,20 +11,8 @@ from __future__ import annotations
 import psycopg
 from psycopg import sql
 
-from harvest_outbox.producer.errors import ConfigError, SchemaError, shown
+from harvest_outbox.producer.errors import SchemaError
 from harvest_outbox.producer.mapping.names import OutboxNames, ValueType
-from harvest_outbox.producer.mapping.table import DEBEZIUM_PAYLOAD_TYPES, DEBEZIUM_TEXT_TYPES, DebeziumMapping
-
-_EXPECTED = {
-    "id",
-    "create_time",
-    "kafka_topic",
-    "kafka_key",
-    "kafka_value",
-    "kafka_header_keys",
-    "kafka_header_values",
-    "leader_id",
-}
 
 
 def column_types(conn: psycopg.Connection, names: OutboxNames) -> dict[str, str] | None:
@@ -49,74 +37,7 @@ def inspect_outbox(conn: psycopg.Connection, names: OutboxNames) -> ValueType:
             f"outbox table {names.display!r} does not exist; create it with "
             f"`harvest init-db` (or producer.schema.init_db)"
         )
-    if isinstance(names.mapping, DebeziumMapping):
-        value_type = _inspect_debezium(names, names.mapping, cols)
-        prove_routing(conn, names.mapping)
-        return value_type
-    missing = _EXPECTED - cols.keys()
-    if missing:
-        raise SchemaError(
-            f"outbox table {names.display!r} lacks column(s) {', '.join(sorted(missing))}; "
-            f"expected goharvest's schema ({', '.join(sorted(_EXPECTED))})"
-        )
-    return "bytea" if cols["kafka_value"] == "bytea" else "varchar"
-
-
-def _inspect_debezium(names: OutboxNames, mapping: DebeziumMapping, cols: dict[str, str]) -> ValueType:
-    r = mapping.router
-    options = {
-        r.field_event_id: "table.field.event.id",
-        r.field_event_key: "table.field.event.key",
-        r.field_event_payload: "table.field.event.payload",
-        r.route_by_field: "route.by.field",
-    }
-    for a in r.additional:
-        options.setdefault(a.column, "table.fields.additional.placement")
-    partition = {a.column for a in r.additional if a.placement == "partition"}
-    for col, option in options.items():
-        if col not in cols:
-            raise SchemaError(
-                f"outbox table {names.display!r} has no column {col!r}, which the event router reads "
-                f"({option}); set eventRouter.{option} to the column's name"
-            )
-        allowed = DEBEZIUM_PAYLOAD_TYPES if option == "table.field.event.payload" else DEBEZIUM_TEXT_TYPES
-        if col in partition:
-            allowed = frozenset({"integer"})  # the router reads the partition as an INT32
-        if cols[col] not in allowed:
-            raise SchemaError(
-                f"outbox table {names.display!r}: column {col!r} ({option}) has type {cols[col]}, whose "
-                f"Debezium rendering harvest does not reproduce byte for byte; supported: "
-                f"{', '.join(sorted(allowed))}"
-            )
-    missing = {mapping.id_column, mapping.leader_column, mapping.created_column} - cols.keys()
-    if missing:
-        raise SchemaError(
-            f"outbox table {names.display!r} lacks the relay's column(s) {', '.join(sorted(missing))}; "
-            f"run `harvest init-db` with tableMapping: debezium (idempotent; it adds them with "
-            f"defaults, so the writers' INSERTs do not change)"
-        )
-    return "bytea" if cols[r.field_event_payload] == "bytea" else "varchar"
-
-
-def prove_routing(conn: psycopg.Connection, mapping: DebeziumMapping) -> None:
-    """Run the topic expression once, so that Postgres compiles the routing regex where the relay will
-    evaluate it: a pattern Postgres refuses would otherwise fail every page read (nothing published,
-    nothing dead-lettered) while the relay retried forever."""
-    r = mapping.router
-    try:  # a mapping built in code, not from a config file, is translated here first
-        topic = mapping.topic("o")
-    except ConfigError as exc:
-        raise SchemaError(f"eventRouter.{exc}") from None
-    probe = sql.SQL("SELECT {} FROM (SELECT ''::text AS {}) AS o").format(topic, sql.Identifier(r.route_by_field))
-    try:
-        with conn.transaction():  # a savepoint inside a caller's transaction
-            conn.execute(probe)
-    except psycopg.errors.InvalidRegularExpression as exc:
-        raise SchemaError(
-            f"eventRouter.route.topic.regex: {shown(r.route_topic_regex)}: Postgres refuses the pattern harvest "
-            f"evaluates it as ({exc.diag.message_primary}); fix: rewrite it with the constructs "
-            f"docs/debezium.md lists as accepted"
-        ) from None
+    return names.mapping.check_columns(conn, names, cols)
 
 
 def require_utf8_readable(conn: psycopg.Connection) -> None:

@@ -25,8 +25,9 @@ from harvest_outbox.producer.layouts.cursor.schema import (
     require_layout,
     require_server,
 )
-from harvest_outbox.producer.mapping.names import OutboxNames, Statement, ValueType, derived_name
-from harvest_outbox.producer.mapping.table import GOHARVEST, DebeziumMapping, TableMapping
+from harvest_outbox.producer.mapping.goharvest import GOHARVEST
+from harvest_outbox.producer.mapping.names import OutboxNames, Statement, ValueType
+from harvest_outbox.producer.mapping.protocol import TableMapping
 from harvest_outbox.producer.schema._storage import OUTBOX_FILLFACTOR, missing_storage, storage_sql
 from harvest_outbox.producer.schema.checks import column_types, inspect_outbox, require_utf8_readable
 
@@ -41,8 +42,10 @@ def outbox_ddl(
     """Statements that create the outbox, the dead-letter table and the notify trigger (with ``wakeup``
     ``poll``, drop it: producer/relay/two_phase.py); with ``layout``
     ``cursor``, the partitioned outbox and cursor row of :mod:`producer.layouts.cursor.schema` (its partitions
-    are :func:`init_db`'s), a Debezium table's columns ``mapped_columns`` when given (a migration keeps the
-    old table's: :mod:`producer.layouts.cursor.migrate`), else Debezium's convention."""
+    are :func:`init_db`'s), a mapped table's columns ``mapped_columns`` when given (a migration keeps the
+    old table's: :mod:`producer.layouts.cursor.migrate`), else the mapping's
+    (:meth:`~producer.mapping.protocol.TableMapping.cursor_columns`); the mark layout's table is the mapping's
+    (:meth:`~producer.mapping.protocol.TableMapping.outbox_ddl`)."""
     if value_type not in ("varchar", "bytea"):
         raise ConfigError(f"value type: {value_type!r} must be 'varchar' (goharvest) or 'bytea'")
     vtype = sql.SQL("BYTEA" if value_type == "bytea" else "VARCHAR")
@@ -50,81 +53,13 @@ def outbox_ddl(
     if names.schema:
         stmts.append(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(names.schema)))
     if layout == "cursor":
-        mapped = mapped_columns
-        if mapped is None and isinstance(names.mapping, DebeziumMapping):
-            mapped = debezium_columns(names.mapping, value_type, primary_key=False)
         # _held (producer/layouts/cursor/held.py): haltKey's held rows; empty unless that policy holds a key
         held = held_table(names, value_type)
-        return stmts + cursor_outbox_ddl(names, value_type, mapped) + _companion_ddl(names, vtype, wakeup) + held
-    if isinstance(names.mapping, DebeziumMapping):
-        stmts += debezium_outbox_ddl(names, names.mapping, value_type)
-        return stmts + _companion_ddl(names, vtype, wakeup)
-    # goharvest's DDL (sh/init-outbox.sh) with the length limits dropped (they only get in the way),
-    # create_time defaulted so writers may omit it, and pages left half empty (OUTBOX_FILLFACTOR).
-    stmts.append(
-        sql.SQL("""
-        CREATE TABLE IF NOT EXISTS {outbox} (
-          id                  BIGSERIAL PRIMARY KEY,
-          create_time         TIMESTAMP WITH TIME ZONE NOT NULL DEFAULT now(),
-          kafka_topic         VARCHAR NOT NULL,
-          kafka_key           VARCHAR NOT NULL,
-          kafka_value         {vtype},
-          kafka_header_keys   TEXT[] NOT NULL,
-          kafka_header_values TEXT[] NOT NULL,
-          leader_id           UUID
-        ) WITH (fillfactor = {ff})""").format(outbox=names.outbox, vtype=vtype, ff=sql.Literal(OUTBOX_FILLFACTOR))
-    )
+        return (
+            stmts + cursor_outbox_ddl(names, value_type, mapped_columns) + _companion_ddl(names, vtype, wakeup) + held
+        )
+    stmts += names.mapping.outbox_ddl(names, value_type, OUTBOX_FILLFACTOR)
     return stmts + _companion_ddl(names, vtype, wakeup)
-
-
-def debezium_outbox_ddl(names: OutboxNames, mapping: DebeziumMapping, value_type: ValueType) -> list[Statement]:
-    """A Debezium outbox: the table in Debezium's convention if it does not exist yet (an existing one
-    is kept as it is), then the relay's bookkeeping columns, each with a default, so the writers'
-    INSERTs stay as they are. Rows written before ``init-db`` have no ``harvest_seq`` and are never
-    relayed: they belong to the tool that relayed the table until then (docs/debezium.md)."""
-    seq = names.debezium_sequence
-    return [
-        sql.SQL("CREATE TABLE IF NOT EXISTS {} ({}) WITH (fillfactor = {})").format(
-            names.outbox, sql.SQL(", ").join(debezium_columns(mapping, value_type)), sql.Literal(OUTBOX_FILLFACTOR)
-        ),
-        sql.SQL("CREATE SEQUENCE IF NOT EXISTS {}").format(seq),
-        sql.SQL("ALTER TABLE {} ADD COLUMN IF NOT EXISTS {} BIGINT").format(names.outbox, mapping.id()),
-        sql.SQL("ALTER TABLE {} ALTER COLUMN {} SET DEFAULT nextval({})").format(
-            names.outbox, mapping.id(), sql.Literal(_regclass_text(names))
-        ),
-        sql.SQL("ALTER SEQUENCE {} OWNED BY {}.{}").format(seq, names.outbox, mapping.id()),
-        sql.SQL("ALTER TABLE {} ADD COLUMN IF NOT EXISTS {} UUID").format(names.outbox, mapping.leader()),
-        sql.SQL("ALTER TABLE {} ADD COLUMN IF NOT EXISTS {} TIMESTAMP WITH TIME ZONE NOT NULL DEFAULT now()").format(
-            names.outbox, mapping.created()
-        ),
-        sql.SQL("CREATE UNIQUE INDEX IF NOT EXISTS {} ON {} ({})").format(
-            sql.Identifier(names.debezium_seq_index), names.outbox, mapping.id()
-        ),
-        # The half-empty pages (OUTBOX_FILLFACTOR) unless the owner chose a fillfactor: init_db, missing_storage.
-    ]
-
-
-def debezium_columns(mapping: DebeziumMapping, value_type: ValueType, primary_key: bool = True) -> list[sql.Composable]:
-    """Debezium's outbox columns under the router's names (its ``id`` the primary key unless
-    ``primary_key`` is false: the cursor layout's partitioned table keys on its ordering column)."""
-    r = mapping.router
-    payload = sql.SQL("BYTEA" if value_type == "bytea" else "JSONB")
-    key = sql.SQL("PRIMARY KEY" if primary_key else "NOT NULL")
-    cols: list[sql.Composable] = [sql.SQL("{} UUID {}").format(sql.Identifier(r.field_event_id), key)]
-    seen = {r.field_event_id, r.field_event_payload}
-    for col in (r.route_by_field, r.field_event_key, "type"):
-        if col not in seen:
-            seen.add(col)
-            cols.append(sql.SQL("{} VARCHAR(255) NOT NULL").format(sql.Identifier(col)))
-    cols.append(sql.SQL("{} {}").format(sql.Identifier(r.field_event_payload), payload))
-    return cols
-
-
-def _regclass_text(names: OutboxNames) -> str:
-    """The sequence's name as nextval() reads it (a quoted, schema-qualified identifier)."""
-    seq = derived_name(names.table, "_harvest_seq")
-    quoted = '"' + seq.replace('"', '""') + '"'
-    return ('"' + names.schema.replace('"', '""') + '".' + quoted) if names.schema else quoted
 
 
 def _companion_ddl(names: OutboxNames, vtype: sql.Composable, wakeup: str = "notify") -> list[Statement]:
@@ -332,10 +267,10 @@ def init_db(
             require_server(conn)
         require_layout(conn, names, layout)
         vtype = value_type
-        if isinstance(mapping, DebeziumMapping):
+        if mapping.adopts_existing_table:  # the writers' table, if it exists, decides
             cols = column_types(conn, names)
             if cols is not None:
-                vtype = "bytea" if cols.get(mapping.router.field_event_payload) == "bytea" else "varchar"
+                vtype = mapping.value_type(cols)
         with conn.transaction():
             for stmt in outbox_ddl(names, vtype, layout, wakeup=wakeup) + shard_ddl(names, shards):
                 conn.execute(stmt)
@@ -353,8 +288,8 @@ def init_db(
                 missing = missing_storage(conn, names)  # only what the table lacks: an owner's value is kept
                 if missing:
                     conn.execute(storage_sql(names, missing))
-        if isinstance(mapping, DebeziumMapping):
-            inspect_outbox(conn, names)  # the router's columns exist, with types rendered as Debezium does
+        if mapping.adopts_existing_table:
+            inspect_outbox(conn, names)  # the writers' table has the columns the mapping reads
 
     if isinstance(conninfo_or_conn, psycopg.Connection):
         run(conninfo_or_conn)

@@ -97,7 +97,7 @@ def migrate_to_cursor(
             "SELECT c.relname FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid WHERE i.indrelid = to_regclass(%s)",
             (names.outbox.as_string(conn),),
         ).fetchall()
-        mapped = _mapped_columns(conn, names) if mapping.kind != "goharvest" else None
+        mapped = None if mapping.row_is_record else _mapped_columns(conn, names)
         conn.execute(sql.SQL("ALTER TABLE {} RENAME TO {}").format(names.outbox, sql.Identifier(old_name)))
         for (index,) in indexes:
             conn.execute(
@@ -109,9 +109,7 @@ def migrate_to_cursor(
             conn.execute(
                 sql.SQL("ALTER SEQUENCE {} RENAME TO {}").format(
                     sql.Identifier(seq[0], seq[1]),
-                    sql.Identifier(
-                        derived_name(names.table, suffix + ("_id_seq" if mapping is GOHARVEST else "_harvest_seq"))
-                    ),
+                    sql.Identifier(derived_name(names.table, suffix + mapping.sequence_suffix)),
                 )
             )
         for stmt in outbox_ddl(names, value_type, "cursor", mapped, wakeup) + shard_ddl(names, shards):

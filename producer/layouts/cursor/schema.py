@@ -59,32 +59,12 @@ def cursor_outbox_ddl(
     names: OutboxNames, value_type: str, mapped_columns: list[sql.Composable] | None = None
 ) -> list[Statement]:
     """The partitioned outbox, its sequence and the cursor row (partitions: :func:`create_partition`).
-    ``mapped_columns``: a mapped table's own columns (``tableMapping: debezium``: Debezium's, made by
-    :func:`~producer.schema.ddl.debezium_columns`), then the mapping's ordering, mark and create-time columns
-    in place of goharvest's, the ordering one with the xid-first default (A1) and the partition key."""
-    vtype = sql.SQL("BYTEA" if value_type == "bytea" else "VARCHAR")
+    Its columns are the table mapping's (:meth:`~producer.mapping.protocol.TableMapping.cursor_columns`):
+    goharvest's, or a mapped table's own (``mapped_columns``, a migrated table's, else the mapping's convention)
+    and then the mapping's ordering, mark and create-time columns; the ordering one with the xid-first default
+    (A1) and the partition key."""
     m = names.mapping
-    if mapped_columns is None:
-        # goharvest's columns as init-db makes them for the mark layout, fillfactor 100 (rows are never updated)
-        columns = sql.SQL("""
-          id                  BIGINT NOT NULL DEFAULT {id_default},
-          create_time         TIMESTAMP WITH TIME ZONE NOT NULL DEFAULT now(),
-          kafka_topic         VARCHAR NOT NULL,
-          kafka_key           VARCHAR NOT NULL,
-          kafka_value         {vtype},
-          kafka_header_keys   TEXT[] NOT NULL,
-          kafka_header_values TEXT[] NOT NULL,
-          leader_id           UUID""").format(id_default=id_default(names), vtype=vtype)
-    else:
-        # the writers' columns as they are; the relay's take their defaults, so their INSERTs do not change
-        columns = sql.SQL(", ").join(
-            [
-                *mapped_columns,
-                sql.SQL("{} BIGINT NOT NULL DEFAULT {}").format(m.id(), id_default(names)),
-                sql.SQL("{} UUID").format(m.leader()),
-                sql.SQL("{} TIMESTAMP WITH TIME ZONE NOT NULL DEFAULT now()").format(m.created()),
-            ]
-        )
+    columns = m.cursor_columns(value_type, id_default(names), mapped_columns)
     return [
         sql.SQL("CREATE SEQUENCE IF NOT EXISTS {} CACHE 1").format(names.id_sequence),
         sql.SQL("""
@@ -156,9 +136,8 @@ def require_layout(conn: psycopg.Connection, names: OutboxNames, layout: str) ->
             require_cursor_layout(conn, names)
         return
     if layout == "cursor":
-        what = "goharvest's table" if names.mapping.kind == "goharvest" else f"a {names.mapping.kind} table"
         raise SchemaError(
-            f"outbox {names.display!r} is {what} (outboxLayout: mark), not the cursor layout's "
+            f"outbox {names.display!r} is {names.mapping.described} (outboxLayout: mark), not the cursor layout's "
             f"partitioned table: stop every relay of it and run `harvest init-db --migrate` (one transaction: the "
             f"table is renamed away and its rows copied into the new layout in order; docs/limitations.md), or "
             f"keep outboxLayout: mark"
