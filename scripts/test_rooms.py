@@ -50,7 +50,7 @@ ROOMS: dict[str, tuple[str, ...]] = {
         "test_watermark_pg",
         "test_watermark_sequenced",
     ),
-    "mapping": ("test_table_mapping", "test_java_regex", "test_debezium_cursor"),
+    "mapping": ("test_table_mapping", "test_java_regex", "test_debezium_cursor", "test_mapping_protocol"),
     "relay": (
         "test_relay",
         "test_relay_hotpath",
