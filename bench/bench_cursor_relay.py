@@ -53,7 +53,8 @@ from harvest_outbox.producer.harvest import Harvest
 from harvest_outbox.producer.layouts.cursor.database import cursor_backlog
 from harvest_outbox.producer.layouts.cursor.partitions import PartitionKeeper
 from harvest_outbox.producer.layouts.cursor.schema import create_partition
-from harvest_outbox.producer.schema import OutboxNames, init_db
+from harvest_outbox.producer.schema import OutboxNames
+from harvest_outbox.producer.schema.ddl import init_db
 
 LAYOUTS = ("mark", "cursor")
 MODES = {"at_least_once": False, "sequenced": True}

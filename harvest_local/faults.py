@@ -108,7 +108,7 @@ def run_plan(services: LocalServices, plan: FaultPlan, workdir: Path, spark: Any
     schema, topic = f"fault_{plan.seed}_{tag}", f"fault-{plan.seed}-{tag}"
     outbox = f"{schema}.outbox"
     workdir.mkdir(parents=True, exist_ok=True)
-    from harvest_outbox.producer.schema import init_db
+    from harvest_outbox.producer.schema.ddl import init_db
 
     create_accounts(ends.pg_dsn, schema, plan.keys)
     init_db(ends.pg_dsn, outbox, layout=plan.layout, partition_ids=1000)
@@ -120,7 +120,7 @@ def run_plan(services: LocalServices, plan: FaultPlan, workdir: Path, spark: Any
         bootstrap=ends.kafka_bootstrap,
         outbox_table=outbox,
         group=f"fault-{plan.seed}-{tag}",
-        outbox_layout=plan.layout if plan.layout != "mark" else None,
+        outbox_layout=plan.layout,
     )
     faults = None
     if plan.produce_error_rate or plan.delivery_error_rate:

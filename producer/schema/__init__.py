@@ -30,9 +30,11 @@ Objects, for an outbox table ``[schema.]name``:
   including goharvest's Go stasher, wakes the relay without code changes.
 
 Each concept has a module of its own, re-exported here (``from harvest_outbox.producer.schema import …``):
-:mod:`~producer.mapping.names` (the objects' names), :mod:`~producer.schema.ddl` (their DDL and
-:func:`init_db`), :mod:`~producer.schema._storage` (the queue table's storage parameters) and
-:mod:`~producer.schema.checks` (what the relay checks before it runs).
+:mod:`~producer.mapping.names` (the objects' names), :mod:`~producer.schema._storage` (the queue table's
+storage parameters) and :mod:`~producer.schema.checks` (what the relay checks before it runs). The DDL and
+:func:`~producer.schema.ddl.init_db` are imported from :mod:`producer.schema.ddl` (or ``init_db`` from
+:mod:`producer`), not from here: they depend on the outbox layouts (:func:`~producer.layouts.choice.layout_for`),
+whose relay databases run this package's checks, so this package does not import them (no import cycle).
 
 Invariants (each kept by the module that owns it):
 - identifiers are always passed through :class:`psycopg.sql.Identifier`; a table name is split
@@ -59,7 +61,6 @@ from harvest_outbox.producer.schema.checks import (
     require_utf8_readable,
     unrelayed_rows,
 )
-from harvest_outbox.producer.schema.ddl import debezium_outbox_ddl, init_db, outbox_ddl, shard_ddl
 
 __all__ = [
     "OUTBOX_AUTOVACUUM",
@@ -67,18 +68,14 @@ __all__ = [
     "OutboxNames",
     "Statement",
     "ValueType",
-    "debezium_outbox_ddl",
-    "init_db",
     "inspect_outbox",
     "missing_storage",
-    "outbox_ddl",
     "outbox_fillfactor",
     "packed_outbox_fix",
     "parse_table_name",
     "require_attempts_table",
     "require_shards",
     "require_utf8_readable",
-    "shard_ddl",
     "storage_sql",
     "table_reloptions",
     "unrelayed_rows",

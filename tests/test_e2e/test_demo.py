@@ -20,7 +20,7 @@ from psycopg import sql
 
 from harvest_outbox.harvest_local.demo import BacklogPhase, DemoOptions, DemoResult, Run, _plot, phase_table, run_demo
 from harvest_outbox.harvest_local.workload import WriterStats, committed_versions, create_accounts, stash_backlog
-from harvest_outbox.producer.schema import init_db
+from harvest_outbox.producer.schema.ddl import init_db
 
 
 def _result(backlog: BacklogPhase | None) -> DemoResult:

@@ -35,7 +35,8 @@ from harvest_outbox.producer.layouts.cursor._watermark import Cursor, Snapshot, 
 from harvest_outbox.producer.layouts.cursor.database import CursorDatabase, cursor_backlog
 from harvest_outbox.producer.layouts.cursor.schema import range_partitions
 from harvest_outbox.producer.layouts.cursor.views import CursorViews, NotNextRows, Segment, ViewRead
-from harvest_outbox.producer.schema import OutboxNames, init_db
+from harvest_outbox.producer.schema import OutboxNames
+from harvest_outbox.producer.schema.ddl import init_db
 from harvest_outbox.producer.stash.stasher import OutboxRecord, Stasher
 
 PARTITION_IDS = 100  # a few hundred rows span several partitions

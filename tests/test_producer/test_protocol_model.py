@@ -372,9 +372,9 @@ def quiet_relay() -> Any:
 
 
 def test_the_database_implementations_fit_the_protocols_interface() -> None:
-    from harvest_outbox.producer.db import OutboxDatabase
+    from harvest_outbox.producer.layouts.mark.database import MarkDatabase
 
-    assert issubclass(OutboxDatabase, SequencedStore)
+    assert issubclass(MarkDatabase, SequencedStore)
     assert isinstance(ModelStore(ModelDB(), lambda op: "ok"), SequencedStore)
 
 
