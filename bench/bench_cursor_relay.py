@@ -1,4 +1,4 @@
-"""The relay on ``outboxLayout: cursor`` (the mark-less relay, issue #37) against today's (``mark``), side by
+"""The relay on ``outboxLayout: cursor`` (the cursor layout, issue #37) against today's (``mark``), side by
 side in one run: drain rate and WAL per row on the primary. Not a test.
 
     python -m bench.bench_cursor_relay [--rows 200000] [--runs 2] [--partition-ids 100000]

@@ -56,7 +56,7 @@ class FaultPlan:
     produce_error_rate: float = 0.0
     delivery_error_rate: float = 0.0
     spark: bool = False
-    #: ``outboxLayout``: ``mark`` (goharvest's table) or ``cursor`` (the mark-less relay's partitioned outbox).
+    #: ``outboxLayout``: ``mark`` (goharvest's table) or ``cursor`` (the cursor layout's partitioned outbox).
     layout: str = "mark"
     #: Kafka nodes the run needs: 1, or 3 for :data:`CLUSTER_FAULT_KINDS` (the services must match).
     brokers: int = 1

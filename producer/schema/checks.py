@@ -47,7 +47,7 @@ def inspect_outbox(conn: psycopg.Connection, names: OutboxNames) -> ValueType:
     if cols is None:
         raise SchemaError(
             f"outbox table {names.display!r} does not exist; create it with "
-            f"`harvest init-db` (or producer.schema.init_db)"
+            f"`harvest init-db` (or producer.init_db)"
         )
     if isinstance(names.mapping, DebeziumMapping):
         value_type = _inspect_debezium(names, names.mapping, cols)

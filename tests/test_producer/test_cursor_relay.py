@@ -1,4 +1,4 @@
-"""``outboxLayout: cursor`` (the mark-less relay) on real Postgres and Kafka, in process: ``init-db``'s
+"""``outboxLayout: cursor`` (the cursor layout) on real Postgres and Kafka, in process: ``init-db``'s
 partitioned outbox (the Stasher writes to it unchanged), both delivery modes publishing it -- every
 committed row (exactly once and in per-key order with ``--uuid-sequencing``; at least once, in per-key
 order, without), a late commit (a writer holding a low id commits after higher ids were relayed),
