@@ -46,10 +46,17 @@ def layout_tests(source: str, filename: str = "<source>") -> list[str]:
             hit = any(isinstance(p, ast.MatchValue) and named(p.value) for p in ast.walk(node.pattern))
         elif isinstance(node, ast.Subscript):
             hit = named(node.slice)
-        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("isinstance", "issubclass"):
+        elif (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Name)
+            and node.func.id in ("isinstance", "issubclass")
+        ):
             classes = node.args[1] if len(node.args) > 1 else None
             elts = classes.elts if isinstance(classes, ast.Tuple) else [classes]
-            hit = any(isinstance(e, (ast.Name, ast.Attribute)) and ast.unparse(e).split(".")[-1] in LAYOUT_CLASSES for e in elts)
+            hit = any(
+                isinstance(e, (ast.Name, ast.Attribute)) and ast.unparse(e).split(".")[-1] in LAYOUT_CLASSES
+                for e in elts
+            )
         if hit:
             found.append(f"{filename}:{getattr(node, 'lineno', '?')}: {ast.unparse(node)[:100]}")
     return found
@@ -114,7 +121,8 @@ def test_no_layout_inherits_another() -> None:
         f"{c.__module__}.{c.__qualname__}({base.__module__}.{base.__qualname__})"
         for c in classes
         for base in c.__mro__[1:]
-        if base.__module__.startswith(project) and not issubclass(base, errors.HarvestError)
+        if base.__module__.startswith(project)
+        and not issubclass(base, errors.HarvestError)
         and base.__name__ not in ("Protocol", "Generic")
         and not getattr(base, "_is_protocol", False)
     )
