@@ -125,7 +125,7 @@ def stuck_keys(
     names = OutboxNames.parse(outbox_table, mapping)
     rec = mapping.record("c", "varchar")
     # the cursor layout: a halted key's rows wait in _held (producer/layouts/cursor/held.py), not in the outbox
-    waiting_in = _layout(conn, names).waiting_table(names)
+    waiting_in = outbox_layout(conn, names).waiting_table(names)
     q = sql.SQL("""
         WITH dead AS (
           SELECT kafka_topic, kafka_key, min(dead_time) AS since, (array_agg(error ORDER BY id))[1] AS reason,
@@ -160,7 +160,7 @@ def discard(
     names = OutboxNames.parse(outbox_table, mapping)
     where, params = sel.where()
     # the cursor layout: read again after the discard, the row would be held and sent
-    _layout(conn, names).require_passed(conn, names, where, params, "discard")
+    outbox_layout(conn, names).require_passed(conn, names, where, params, "discard")
     q = sql.SQL("DELETE FROM {} {} RETURNING id, kafka_topic, kafka_key").format(names.dead_letters, where)
     with conn.transaction():
         gone = sorted(_run(conn, names, "discarding dead letters", q, params))
@@ -220,7 +220,7 @@ def _run(
         raise DatabaseError(f"{what} of {names.display!r} failed: {str(exc).strip()}") from exc
 
 
-def _layout(conn: psycopg.Connection, names: OutboxNames) -> OutboxLayout:
+def outbox_layout(conn: psycopg.Connection, names: OutboxNames) -> OutboxLayout:
     """The outbox's layout, as its table is (the mark layout's statements where there is no table: they fail
     naming it)."""
     return detected_layout(conn, names) or MARK

@@ -26,9 +26,8 @@ from psycopg import sql
 
 from harvest_outbox.producer.election.neli import _PRODUCER_ONLY
 from harvest_outbox.producer.errors import DatabaseError, HarvestError, shown
-from harvest_outbox.producer.layouts.choice import MARK, detected_layout
 from harvest_outbox.producer.mapping.table import GOHARVEST, TableMapping
-from harvest_outbox.producer.ops._deadletter_admin import Selection
+from harvest_outbox.producer.ops._deadletter_admin import Selection, outbox_layout
 from harvest_outbox.producer.ops.preflight import topic_name_problem
 from harvest_outbox.producer.schema import OutboxNames
 
@@ -120,7 +119,7 @@ def requeue(
             conds.append(sql.SQL("kafka_key IS NOT NULL"))
     where = sql.SQL("WHERE ") + sql.SQL(" AND ").join(conds) if conds else sql.SQL("")
     params = {"ids": list(ids) if ids is not None else None, "topics": list(topics) if topics is not None else None}
-    layout = detected_layout(conn, names) or MARK
+    layout = outbox_layout(conn, names)
     # the cursor layout (producer/layouts/cursor/held.py): the relay must have passed their outbox rows
     layout.require_passed(conn, names, where, params, "requeue")
     own_requeue = layout.requeue_sql(names, where, keep_ids)  # the cursor layout's haltKey: into _held, with ids
