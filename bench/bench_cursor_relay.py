@@ -1,4 +1,4 @@
-"""The relay on ``outboxLayout: cursor`` (the mark-less relay, issue #37) against today's (``mark``), side by
+"""The relay on ``outboxLayout: cursor`` (the cursor layout, issue #37) against today's (``mark``), side by
 side in one run: drain rate and WAL per row on the primary. Not a test.
 
     python -m bench.bench_cursor_relay [--rows 200000] [--runs 2] [--partition-ids 100000]
@@ -53,7 +53,8 @@ from harvest_outbox.producer.harvest import Harvest
 from harvest_outbox.producer.layouts.cursor.database import cursor_backlog
 from harvest_outbox.producer.layouts.cursor.partitions import PartitionKeeper
 from harvest_outbox.producer.layouts.cursor.schema import create_partition
-from harvest_outbox.producer.schema import OutboxNames, init_db
+from harvest_outbox.producer.schema import OutboxNames
+from harvest_outbox.producer.schema.ddl import init_db
 
 LAYOUTS = ("mark", "cursor")
 MODES = {"at_least_once": False, "sequenced": True}

@@ -89,7 +89,8 @@ from harvest_outbox.harvest_local.relays import RelayProcess, current_leader, wa
 from harvest_outbox.producer.config import HarvestConfig, Limits
 from harvest_outbox.producer.harvest import Harvest, State
 from harvest_outbox.producer.mapping.table import table_mapping
-from harvest_outbox.producer.schema import OutboxNames, init_db
+from harvest_outbox.producer.schema import OutboxNames
+from harvest_outbox.producer.schema.ddl import init_db
 
 PARTITIONS = 8
 KINDS = ("Warm", "Burst", "BurstDel", "Trickle", "Fault")  # one aggregate type, so one topic, per phase

@@ -169,7 +169,7 @@ def _limit_args(limits: dict[str, int] | None) -> list[str]:
 def fill_backlog(pg_dsn: str, table: str, topic: str, rows: int, keys: int = KEYS) -> None:
     """``rows`` outbox rows for ``topic``, written with ``Stasher.stash_many`` exactly as
     ``bench_relay.drain_once`` writes its backlog (same keys, same 100-byte values)."""
-    from harvest_outbox.producer.schema import init_db
+    from harvest_outbox.producer.schema.ddl import init_db
 
     init_db(pg_dsn, table)
     backlog.fill_backlog(pg_dsn, table, topic, rows, keys)

@@ -44,7 +44,7 @@ from bench.drain import timed_drain, variant_medians
 from harvest_outbox.harvest_local.kafka import create_topic
 from harvest_outbox.producer.config import HarvestConfig, Limits
 from harvest_outbox.producer.harvest import Harvest
-from harvest_outbox.producer.schema import init_db
+from harvest_outbox.producer.schema.ddl import init_db
 from harvest_outbox.producer.stash.stasher import OutboxRecord, Stasher
 
 KEYS, PARTITIONS = 1000, 8
@@ -86,7 +86,7 @@ def drain(dsn: str, bootstrap: str, topic: str, rows: int, dead: int, sequenced:
 
 def marks(dsn: str, topic: str, rows: int, dead: int, runs: int) -> dict[str, Any]:
     """Median milliseconds of one 5,000-row mark per variant, and the ratio to ``skip``."""
-    from harvest_outbox.producer.db import OutboxDatabase
+    from harvest_outbox.producer.layouts.mark.database import MarkDatabase
 
     schema = f"bench_{uuid.uuid4().hex[:8]}"
     table = f"{schema}.outbox"
@@ -95,9 +95,9 @@ def marks(dsn: str, topic: str, rows: int, dead: int, runs: int) -> dict[str, An
     with psycopg.connect(dsn) as conn:
         Stasher(table).stash_many(conn, [OutboxRecord(topic, f"key-{i % KEYS}", pad) for i in range(rows)])
     dbs = {
-        "skip": OutboxDatabase(dsn, names),
-        "halt_empty": OutboxDatabase(dsn, names, halt_keys=True),
-        "halt_dead": OutboxDatabase(dsn, names, halt_keys=True),
+        "skip": MarkDatabase(dsn, names),
+        "halt_empty": MarkDatabase(dsn, names, halt_keys=True),
+        "halt_dead": MarkDatabase(dsn, names, halt_keys=True),
     }
     park = sql.SQL(
         "INSERT INTO {} (id, kafka_topic, kafka_key, kafka_value, error, attempts) "

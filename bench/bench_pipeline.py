@@ -80,7 +80,7 @@ def _events_progress(log_text: str, start_marker: str) -> list[dict[str, Any]]:
 
 
 def one_run(dsn: str, bootstrap: str, rows: int, keys: int, work: Path, timeout: float) -> dict[str, Any]:
-    from harvest_outbox.producer.schema import init_db
+    from harvest_outbox.producer.schema.ddl import init_db
 
     schema = f"bench_pipe_{uuid.uuid4().hex[:6]}"
     topic, outbox = f"bench-pipeline-{uuid.uuid4().hex[:6]}", f"{schema}.outbox"

@@ -76,9 +76,11 @@ from psycopg import sql
 from bench.backlog import backlog_records, fill_backlog
 from harvest_outbox.harvest_local.kafka import create_topic
 from harvest_outbox.producer.config import AUTO_MARK_RECORDS, HarvestConfig, Limits
-from harvest_outbox.producer.db import OutboxDatabase, id_range
+from harvest_outbox.producer.db import id_range
 from harvest_outbox.producer.harvest import Harvest
-from harvest_outbox.producer.schema import OutboxNames, init_db
+from harvest_outbox.producer.layouts.mark.database import MarkDatabase
+from harvest_outbox.producer.schema import OutboxNames
+from harvest_outbox.producer.schema.ddl import init_db
 from harvest_outbox.producer.stash.stasher import OutboxRecord, Stasher
 
 # What a new user writes: connection settings and heartbeatTimeout, nothing else.
@@ -255,8 +257,8 @@ def db_limit_once(
     then the rows deleted as the sequenced commit names them (an id range minus its holes)."""
     with _Backlog(dsn, bootstrap, rows, keys, partitions, topic) as b:
         names = OutboxNames.parse(b.table)
-        db = OutboxDatabase(dsn, names)
-        mark_db = OutboxDatabase(dsn, names, async_commit=True) if statement == "relay_async_mark" else db
+        db = MarkDatabase(dsn, names)
+        mark_db = MarkDatabase(dsn, names, async_commit=True) if statement == "relay_async_mark" else db
         leader = uuid.uuid4()
         goharvest = sql.SQL(GOHARVEST_MARK).format(o=sql.Identifier(b.schema, "outbox"))
         range_delete = sql.SQL("DELETE FROM {} WHERE id BETWEEN %s AND %s AND id <> ALL(%s::bigint[])").format(

@@ -42,7 +42,8 @@ from harvest_outbox.harvest_local.relays import RelayProcess, wait_for
 from harvest_outbox.producer.config import load_yaml
 from harvest_outbox.producer.errors import ElectionError
 from harvest_outbox.producer.observe.shard_status import neli_leaders, postgres_leaders
-from harvest_outbox.producer.schema import OutboxNames, init_db
+from harvest_outbox.producer.schema import OutboxNames
+from harvest_outbox.producer.schema.ddl import init_db
 from harvest_outbox.producer.stash.stasher import OutboxRecord, Stasher
 
 SHARDS = 8

@@ -40,7 +40,7 @@ from harvest_outbox.harvest_local.kafka import create_topic
 from harvest_outbox.producer.config import HarvestConfig, Limits
 from harvest_outbox.producer.harvest import Harvest
 from harvest_outbox.producer.relay.spans import TracingConfig
-from harvest_outbox.producer.schema import init_db
+from harvest_outbox.producer.schema.ddl import init_db
 from harvest_outbox.producer.stash.stasher import OutboxRecord, Stasher
 
 KEYS, PARTITIONS = 1000, 8

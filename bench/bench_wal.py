@@ -4,7 +4,7 @@ CPU per row (issue #37, item 1). Not a test.
     python -m bench.bench_wal [--rows 200000] [--batch 5000] [--logical]
 
 Starts its own Postgres (no Kafka: the statements are the relay's, run by hand on one connection,
-exactly as ``OutboxDatabase`` issues them; nothing is produced). For each loop a fresh outbox (made by
+exactly as ``MarkDatabase`` issues them; nothing is produced). For each loop a fresh outbox (made by
 ``init_db``, autovacuum off on it so no worker writes during a phase) is filled by writers (one INSERT
 per row, ``--txn-rows`` rows per transaction, as applications stash), then drained by one loop:
 
@@ -47,8 +47,10 @@ import psycopg
 from psycopg import sql
 
 from harvest_outbox.harvest_local.postgres import EmbeddedPostgres
-from harvest_outbox.producer.db import OutboxDatabase, TxnCommit
-from harvest_outbox.producer.schema import OutboxNames, init_db
+from harvest_outbox.producer.db import TxnCommit
+from harvest_outbox.producer.layouts.mark.database import MarkDatabase
+from harvest_outbox.producer.schema import OutboxNames
+from harvest_outbox.producer.schema.ddl import init_db
 from harvest_outbox.producer.stash.stasher import OutboxRecord, Stasher
 
 LOOPS = ("at_least_once", "sequenced", "delete_only", "truncate")
@@ -123,7 +125,7 @@ def per_row(
 
 
 def drain(loop: str, dsn: str, names: OutboxNames, rows: int, batch: int) -> dict[str, Any]:
-    db = OutboxDatabase(dsn, names)
+    db = MarkDatabase(dsn, names)
     try:
         conn = db.conn
         meter = Meter(conn)
@@ -183,7 +185,7 @@ def drain(loop: str, dsn: str, names: OutboxNames, rows: int, batch: int) -> dic
         db.close()
 
 
-def _start_view(db: OutboxDatabase, leader: uuid.UUID) -> tuple[int, Any]:
+def _start_view(db: MarkDatabase, leader: uuid.UUID) -> tuple[int, Any]:
     """A sequenced leader view: bumps the fence epoch, as a new leader does."""
     epoch, intents = db.start_view(leader, "bench-wal")
     return epoch, intents

@@ -1,4 +1,4 @@
-"""The mark-less relay's cost on the primary against today's, in one run (issue #37): WAL bytes, full-page
+"""The cursor layout's cost on the primary against today's, in one run (issue #37): WAL bytes, full-page
 images and backend CPU per row of the writers and of the relay's statements. Not a test.
 
     python -m bench.bench_watermark_wal [--rows 100000] [--batch 5000] [--partition-ids 10000]
@@ -8,7 +8,7 @@ Starts its own Postgres (no Kafka: the database side is the subject). Two loops,
 
 - ``at_least_once`` (the baseline): today's outbox and relay statements, ``bench.bench_wal``'s loop;
 - ``watermark``: the partitioned outbox of producer/layouts/cursor/_watermark_sql.py, filled by the same writers (one
-  ``INSERT`` per row, ``--txn-rows`` per transaction), drained by the mark-less statements: a batch
+  ``INSERT`` per row, ``--txn-rows`` per transaction), drained by the cursor layout's statements: a batch
   start (snapshot, head, xid), pages of ``--batch`` rows read between two snapshots, one fenced cursor
   ``UPDATE`` per page, then every delivered partition truncated.
 
@@ -75,7 +75,7 @@ def drain(dsn: str, schema: str, rows: int, batch: int, retire: bool = True) -> 
                 if page.complete:
                     break
         if got != rows:
-            raise RuntimeError(f"the mark-less drain read {got} rows, not {rows}")
+            raise RuntimeError(f"the cursor layout's drain read {got} rows, not {rows}")
         with meter.statement("truncate"):
             parts = db.partitions() if retire else []
             for start, end in retirable([(a, b) for a, b, _n in parts], cursor):

@@ -246,7 +246,7 @@ def run_demo(
     run = run or Run()
     schema, topic = opts.schema, f"demo-accounts-{uuid.uuid4().hex[:6]}"
     outbox = f"{schema}.outbox"
-    from harvest_outbox.producer.schema import init_db
+    from harvest_outbox.producer.schema.ddl import init_db
 
     create_accounts(ends.pg_dsn, schema, opts.keys)
     init_db(ends.pg_dsn, outbox)

@@ -58,7 +58,7 @@ class FaultPlan:
     produce_error_rate: float = 0.0
     delivery_error_rate: float = 0.0
     spark: bool = False
-    #: ``outboxLayout``: ``mark`` (goharvest's table) or ``cursor`` (the mark-less relay's partitioned outbox).
+    #: ``outboxLayout``: ``mark`` (goharvest's table) or ``cursor`` (the cursor layout's partitioned outbox).
     layout: str = "mark"
     #: Kafka nodes the run needs: 1, or 3 for :data:`CLUSTER_FAULT_KINDS` (the services must match).
     brokers: int = 1
@@ -116,7 +116,7 @@ def run_plan(
     schema, topic = f"fault_{plan.seed}_{tag}", f"fault-{plan.seed}-{tag}"
     outbox = f"{schema}.outbox"
     workdir.mkdir(parents=True, exist_ok=True)
-    from harvest_outbox.producer.schema import init_db
+    from harvest_outbox.producer.schema.ddl import init_db
 
     create_accounts(ends.pg_dsn, schema, plan.keys)
     init_db(ends.pg_dsn, outbox, layout=plan.layout, partition_ids=1000)
@@ -128,7 +128,7 @@ def run_plan(
         bootstrap=ends.kafka_bootstrap,
         outbox_table=outbox,
         group=f"fault-{plan.seed}-{tag}",
-        outbox_layout=plan.layout if plan.layout != "mark" else None,
+        outbox_layout=plan.layout,
     )
     faults = None
     if plan.produce_error_rate or plan.delivery_error_rate:

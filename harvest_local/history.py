@@ -178,18 +178,13 @@ class TableCounts:
         return self._run(lambda conn: int(conn.execute(count).fetchone()[0]))
 
     def backlog(self, outbox_table: str, layout: str) -> int:
-        """Rows committed to the outbox that the relays have not committed to Kafka yet: claimable rows
-        (``mark``), or rows past the committed cursor (``cursor``, whose rows stay until retired)."""
+        """Rows committed to the outbox that the relays have not committed to Kafka yet: rows left in
+        the outbox table (``mark``), or rows past the committed cursor (``cursor``, whose rows stay until retired)."""
+        from harvest_outbox.producer.layouts.choice import layout_for
         from harvest_outbox.producer.schema import OutboxNames
 
-        names = OutboxNames.parse(outbox_table)
-        if layout == "cursor":
-            from harvest_outbox.producer.layouts.cursor.database import cursor_backlog
-
-            return self._run(lambda conn: cursor_backlog(conn, names))
-        from harvest_outbox.producer.observe.shard_status import backlog_by_shard
-
-        return self._run(lambda conn: sum(n for n, _ in backlog_by_shard(conn, names, 1).values()))
+        names, chosen = OutboxNames.parse(outbox_table), layout_for(layout)
+        return self._run(lambda conn: chosen.backlog(conn, names))
 
     def close(self) -> None:
         if self._conn is not None:

@@ -165,7 +165,8 @@ def run_outage(services: LocalServices, outage: Outage, workdir: Path) -> Outage
     schema, topic = f"outage_{outage.fault}_{tag}", f"outage-{outage.fault}-{tag}"
     outbox = f"{schema}.outbox"
     workdir.mkdir(parents=True, exist_ok=True)
-    from harvest_outbox.producer.schema import OutboxNames, init_db
+    from harvest_outbox.producer.schema import OutboxNames
+    from harvest_outbox.producer.schema.ddl import init_db
 
     create_accounts(ends.pg_dsn, schema, outage.keys)
     init_db(ends.pg_dsn, outbox, layout=outage.layout, partition_ids=1000)
@@ -190,7 +191,7 @@ def run_outage(services: LocalServices, outage: Outage, workdir: Path) -> Outage
         group=f"outage-{tag}",
         uuid_sequencing=outage.sequenced,
         extra_limits={"rowTimeout": outage.row_timeout} if outage.row_timeout else None,
-        outbox_layout=outage.layout if outage.layout != "mark" else None,
+        outbox_layout=outage.layout,
     )
     relays = [RelayProcess(cfg, f"relay-{i}", workdir).start() for i in range(outage.relays)]
     result = OutageResult(outage)
@@ -322,15 +323,10 @@ def _probe(dsn: str, outbox: str, topic: str) -> int:
 def _backlog(dsn: str, names: OutboxNames, layout: str, max_id: int | None) -> int:
     """Committed rows not relayed yet (ids up to ``max_id``): the rows left in the outbox on the mark
     layout, the rows the committed cursor has not passed on the cursor layout (it deletes none)."""
-    from harvest_outbox.producer.layouts.cursor.database import cursor_backlog
+    from harvest_outbox.producer.layouts.choice import layout_for
 
     with psycopg.connect(dsn, connect_timeout=5) as conn:
-        if layout == "cursor":
-            return cursor_backlog(conn, names, max_id)
-        q = sql.SQL("SELECT count(*) FROM {}").format(names.outbox)
-        if max_id is not None:
-            q = sql.SQL("{} WHERE id <= %s").format(q)
-        return int(conn.execute(q, (max_id,) if max_id is not None else ()).fetchone()[0])  # type: ignore[index]
+        return layout_for(layout).backlog(conn, names, max_id)
 
 
 def _recovery(dsn: str, names: OutboxNames, layout: str, max_id: int, healed: float, timeout: float) -> float | None:

@@ -35,7 +35,7 @@ _EXPORTS = {
     ),
     "relay.events": ("LeaderAcquired", "LeaderFenced", "LeaderRefreshed", "LeaderRevoked", "MeterRead"),
     "harvest": ("Harvest",),
-    "schema": ("init_db",),
+    "schema.ddl": ("init_db",),
     "stash.stasher": ("OutboxRecord", "Stasher", "stash", "stash_many"),
     "stash.async_stasher": ("AsyncStasher",),
 }
@@ -60,7 +60,7 @@ if TYPE_CHECKING:
         LeaderRevoked,
         MeterRead,
     )
-    from harvest_outbox.producer.schema import init_db
+    from harvest_outbox.producer.schema.ddl import init_db
     from harvest_outbox.producer.stash.async_stasher import AsyncStasher
     from harvest_outbox.producer.stash.stasher import OutboxRecord, Stasher, stash, stash_many
 

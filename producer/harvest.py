@@ -353,7 +353,7 @@ class Harvest(RelayLifecycle):
             m.backlog_rows, m.oldest_unsent_age, m.dead_letter_rows = future.result()
             if self.core.mark_db is not None:
                 m.halted_keys = self.core.mark_db.halted_keys
-                m.cursor_scan = getattr(self.core.mark_db, "scan", None)  # the cursor layout's store only
+                m.cursor_scan = self.core.mark_db.scan  # the cursor layout's (None on the mark layout)
             if self._shards is not None and self.core.mark_db is not None:
                 m.shard_backlog = dict(self.core.mark_db.shard_stats)
         except DatabaseError as exc:

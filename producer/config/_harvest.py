@@ -43,6 +43,7 @@ from harvest_outbox.producer.config._values import (
 )
 from harvest_outbox.producer.config.serialization import SerializationConfig
 from harvest_outbox.producer.errors import ConfigError, shown
+from harvest_outbox.producer.layouts.choice import layout_for
 from harvest_outbox.producer.mapping.table import GOHARVEST, TableMapping, table_mapping
 from harvest_outbox.producer.relay.spans import TracingConfig
 from harvest_outbox.redact import redact_dsn, redact_error, redact_kafka_config
@@ -91,10 +92,6 @@ MISSING_TOPIC_POLICIES = ("deadLetter", "hold")
 #: After a row is dead-lettered: its key's later rows flow (``skip``) or wait in the outbox until the
 #: dead letter is requeued or discarded (``haltKey``; producer/relay/key_halt.py, docs/dead-letters.md).
 DEAD_LETTER_POLICIES = ("skip", "haltKey")
-#: How the relay keeps its place in the outbox: ``mark`` (goharvest's table; each row is marked, then
-#: deleted) or ``cursor`` (a partitioned outbox read between two snapshots, rows never written to;
-#: delivered partitions truncated: docs/primary-cost.md, "The mark-less relay").
-OUTBOX_LAYOUTS = ("mark", "cursor")
 #: How the relay learns of new rows: ``notify`` (a statement-level NOTIFY trigger on the outbox, the relay
 #: LISTENs) or ``poll`` (no trigger: the idle relay marks every ``limits.idlePollInterval``, at most
 #: ``limits.minPollInterval``). A NOTIFY makes ``PREPARE TRANSACTION`` fail, so two-phase-commit (XA)
@@ -178,9 +175,9 @@ class HarvestConfig:
     #: registry (:class:`~producer.config.serialization.SerializationConfig`, docs/schemas.md); empty
     #: (default): every value published as stored.
     serialization: SerializationConfig = field(default_factory=SerializationConfig)
-    #: ``mark`` (default: goharvest's table, each row marked then deleted) or ``cursor`` (the mark-less
-    #: relay: a partitioned outbox ``harvest init-db`` creates, read by snapshot with one cursor row, delivered
-    #: partitions truncated; about 0.01x the relay's WAL per row). ``cursor`` needs Postgres 13+ and does not
+    #: ``mark`` (default: goharvest's table, each row marked then deleted) or ``cursor`` (the cursor layout:
+    #: a partitioned outbox ``harvest init-db`` creates, read by snapshot with one cursor row, delivered
+    #: partitions truncated; about 0.01x the relay's WAL per row; docs/design.md, "Outbox layouts"). ``cursor`` needs Postgres 13+ and does not
     #: support yet: ``missingTopicPolicy: hold``, nor ``deadLetterPolicy: haltKey`` with ``tableMapping: debezium``
     #: (docs/limitations.md); ``deadLetterPolicy: haltKey`` holds a key's rows in ``<outbox>_held`` there.
     outbox_layout: str = "mark"
@@ -306,34 +303,8 @@ class HarvestConfig:
         object.__setattr__(self, "prometheus_bind_address", check_bind_address(self.prometheus_bind_address))
 
     def _check_layout(self) -> None:
-        """``outboxLayout``: a known layout, and ``cursor`` only with what it supports (never a row lost)."""
-        if self.outbox_layout not in OUTBOX_LAYOUTS:
-            raise ConfigError(
-                f"outboxLayout: {shown(self.outbox_layout)} is not a layout; use mark (goharvest's table, the "
-                f"default) or cursor (the mark-less relay on a partitioned outbox `harvest init-db` creates)"
-            )
-        if self.outbox_layout != "cursor":
-            return
-        unsupported = [
-            (
-                self.missing_topic_policy == "hold",
-                "missingTopicPolicy: hold",
-                "its cursor cannot skip rows and come back to them",
-                "missingTopicPolicy: deadLetter",
-            ),
-            (
-                not self.table_mapping.row_is_record and self.dead_letter_policy == "haltKey",
-                f"deadLetterPolicy: haltKey with tableMapping: {self.table_mapping.kind}",
-                "its held rows are kept in goharvest's columns, not the mapped table's",
-                "deadLetterPolicy: skip",
-            ),
-        ]
-        for bad, what, why, fix in unsupported:
-            if bad:
-                raise ConfigError(
-                    f"outboxLayout: cursor does not support {what} yet ({why}; docs/limitations.md); use {fix}, "
-                    f"or outboxLayout: mark"
-                )
+        """``outboxLayout``: a known layout, and only with what it supports (never a row lost)."""
+        layout_for(self).refuse(self)
 
     @property
     def wakeup_mode(self) -> str:

@@ -1,11 +1,13 @@
-"""The ``--uuid-sequencing`` relay's statements (docs/design.md §5): the leader view's fence and the fenced
-commit of its harvest transactions, with their ACK intents.
+"""The ``--uuid-sequencing`` relay's statements both outbox layouts share (docs/design.md §5): the leader
+view's fence (:class:`Fence`), the ACK intents, and a fenced commit sent as one message
+(:func:`send_in_one_message`); what a commit writes besides is its layout's (the mark layout deletes the
+rows: :meth:`~producer.layouts.mark.database.MarkDatabase.commit_txns`; the cursor layout moves its cursor:
+:meth:`~producer.layouts.cursor.database.CursorDatabase.commit_txns`).
 
 - view start: one transaction bumps the fence epoch (taking its row lock: the led shards' rows, in shard
   order) and then reads every unconfirmed ACK intent;
-- fenced commit: its transactions' rows ``AND leader_id = $leader``, named as an id range minus its few
-  holes (:func:`id_range`) or, failing that, as ``id = ANY($ids)``; their dead rows moved to the dead
-  letters; one ACK intent per journal; all in one DB transaction sent as one message.
+- fenced commit: the fence statement first, then the layout's, one ACK intent per journal; all in one DB
+  transaction sent as one message.
 
 Invariants (the ones :class:`~producer.relay.sequenced._store.SequencedStore` states, kept here on Postgres):
 - a view's start sees every commit that held the fence row lock before it (the intents are read after
@@ -27,9 +29,8 @@ import psycopg
 from psycopg import sql
 
 from harvest_outbox.producer.db._session import OutboxSession
-from harvest_outbox.producer.db._statements import ANY_IDS, dead_letter_sql, forget_attempts_sql
-from harvest_outbox.producer.errors import FenceError, SchemaError
-from harvest_outbox.producer.schema import OutboxNames, Statement
+from harvest_outbox.producer.errors import SchemaError
+from harvest_outbox.producer.schema import Statement
 
 #: The most ids a fenced commit excludes from its range (:func:`id_range`); more, and it names its ids.
 MAX_RANGE_HOLES = 64
@@ -86,7 +87,7 @@ def send_in_one_message(
 
 
 class TxnCommit(NamedTuple):
-    """What the fenced commit of one harvest transaction writes (:meth:`OutboxDatabase.commit_txns`)."""
+    """What the fenced commit of one harvest transaction writes (a layout's ``commit_txns``)."""
 
     ids: Sequence[int]  # rows it delivered: deleted
     dead: Sequence[tuple[int, str, int]]  # (id, error, attempts): moved to the dead letters
@@ -99,74 +100,53 @@ class TxnCommit(NamedTuple):
     held: Sequence[int] = ()
 
 
-class FencedCommits(OutboxSession):
-    """The sequenced mode's statements, on an :class:`OutboxSession` (the relay's
-    :class:`~producer.db.OutboxDatabase` is one). Sharded, the fence rows and the intents are the led
-    shards' (:meth:`set_shards`)."""
+class Fence:
+    """The view start and the ACK intents of ``--uuid-sequencing``, on a session both layouts' relay
+    databases compose (a layout's fenced commit sends :attr:`fence_sql` first and :attr:`intent_sql` for
+    its journals: :meth:`~producer.layouts.mark.database.MarkDatabase.commit_txns`). Sharded, the fence
+    rows and the intents are the led shards' (``set_shards`` of the session)."""
 
-    def __init__(
-        self, dsn: str, names: OutboxNames, shard_count: int | None = None, *, async_commit: bool = False
-    ) -> None:
-        super().__init__(dsn, names, shard_count, async_commit=async_commit)
-        o, m = names.outbox, names.mapping
-        oid, leader = m.id(), m.leader()
-        self._commit_delete_sql = sql.SQL("DELETE FROM {} WHERE {} = {ids} AND {} = %s").format(
-            o, oid, leader, ids=ANY_IDS
-        )
-        self._commit_delete_range_sql = sql.SQL(
-            "DELETE FROM {} WHERE {id} BETWEEN %s AND %s AND {id} <> ALL(%s::bigint[]) AND {} = %s"
-        ).format(o, leader, id=oid)
-        # Dead letters (built by ``conn``: the value's expression depends on the column's type, which
-        # the connection reads; a dead-letter statement is a connection's first one at times).
-        self._commit_dlq_sql: sql.Composed | None = None
-        self._forget_sql = forget_attempts_sql(names)
+    def __init__(self, session: OutboxSession) -> None:
+        self.session = session
+        self._state_table = session.names.state if session.shard_count is None else session.names.shard_state
         self._build_fence_sql()
-
-    def _shards_changed(self) -> None:
-        self._build_fence_sql()
-        super()._shards_changed()
-
-    def _connected(self, conn: psycopg.Connection) -> None:
-        super()._connected(conn)
-        self._commit_dlq_sql = dead_letter_sql(
-            self.names, self.value_type, sql.SQL(" AND {} = %s").format(self.names.mapping.leader("o"))
-        )
+        session.watch(shards_changed=self._build_fence_sql)
 
     def _build_fence_sql(self) -> None:
         """The fence and intent statements of the led shards (fixed SQL text per view: the shard indexes
         are small integers, written as an array literal)."""
-        n = self.names
-        self._intent_sql = sql.SQL("""
+        s = self.session
+        n = s.names
+        #: One ACK intent per journal: (epoch, producer, clock, topics, partitions).
+        self.intent_sql = sql.SQL("""
             INSERT INTO {} (epoch, producer, clock, topic, kafka_partition, shard_count, shards)
             SELECT %s, %s, %s, t, p, {n}, {ks} FROM unnest(%s::text[], %s::int[]) AS j(t, p)
             ON CONFLICT (producer, topic, kafka_partition)
             DO UPDATE SET epoch = EXCLUDED.epoch, clock = EXCLUDED.clock, create_time = now()""").format(
-            n.ack_intents, n=sql.Literal(self.shard_count or 1), ks=self._shard_array()
+            n.ack_intents, n=sql.Literal(s.shard_count or 1), ks=s.shard_array()
         )
-        if self.shard_count is None:
+        if s.shard_count is None:
             self._fence_rows: sql.Composable = sql.SQL("")
             # Unsharded: every intent, including any left by an earlier sharding (its relays are gone).
             self._intents_of_view: sql.Composable = sql.SQL("")
         else:
-            arr = self._shard_array()
+            arr = s.shard_array()
             self._fence_rows = sql.SQL(" WHERE shard_count = {} AND shard = ANY({})").format(
-                sql.Literal(self.shard_count), arr
+                sql.Literal(s.shard_count), arr
             )
             # Intents of views that led any of these shards: those views can no longer commit (their
             # fence includes a shard whose epoch this view bumped). Shard 0's leader also takes over
             # intents of another shard count (left by an earlier sharding, drained and stopped
             # before the change; docs/sharding.md).
             other = (
-                sql.SQL(" OR shard_count <> {}").format(sql.Literal(self.shard_count))
-                if 0 in self.shards
-                else sql.SQL("")
+                sql.SQL(" OR shard_count <> {}").format(sql.Literal(s.shard_count)) if 0 in s.shards else sql.SQL("")
             )
             self._intents_of_view = sql.SQL(" WHERE (shard_count = {} AND shards && {}){}").format(
-                sql.Literal(self.shard_count), arr, other
+                sql.Literal(s.shard_count), arr, other
             )
         # Locks the fence row(s) (as SELECT … FOR UPDATE would; in shard order, so two commits never
-        # deadlock) and raises the clock floor of later views.
-        self._fence_sql = sql.SQL("UPDATE {} SET last_clock = GREATEST(last_clock, %s){} RETURNING epoch").format(
+        # deadlock) and raises the clock floor of later views. Returns one epoch per fence row.
+        self.fence_sql = sql.SQL("UPDATE {} SET last_clock = GREATEST(last_clock, %s){} RETURNING epoch").format(
             self._state_table, self._fence_rows
         )
 
@@ -184,11 +164,12 @@ class FencedCommits(OutboxSession):
 
         The intents are read by a statement *after* the UPDATE, so in READ COMMITTED it sees every
         commit that held the fence row lock before us."""
-        n = self.names
+        s = self.session
+        n = s.names
         try:
-            conn = self.conn
+            conn = s.conn
             with conn.transaction():
-                if self.shard_count is None:
+                if s.shard_count is None:
                     row = conn.execute(
                         sql.SQL(
                             "UPDATE {} SET epoch = epoch + 1, leader_id = %s, leader_name = %s, updated_at = now() "
@@ -200,7 +181,7 @@ class FencedCommits(OutboxSession):
                     row = self._bump_shard_epochs(conn, leader_id, name)
                 if row is None:
                     raise SchemaError(
-                        f"fence row of {n.display!r}{self.shard_text} is missing; run `harvest init-db` "
+                        f"fence row of {n.display!r}{s.shard_text} is missing; run `harvest init-db` "
                         f"(it is idempotent) to create it"
                     )
                 intents = conn.execute(
@@ -210,13 +191,13 @@ class FencedCommits(OutboxSession):
                     ).format(n.ack_intents, self._intents_of_view)
                 ).fetchall()
         except psycopg.errors.UndefinedTable as exc:
-            self.close()
+            s.close()
             raise SchemaError(
                 f"--uuid-sequencing needs the fence and ACK-intent tables of {n.display!r}; run "
                 f"`harvest init-db` (idempotent) to create them: {exc}".strip()
             ) from exc
         except psycopg.Error as exc:
-            raise self._failed("starting a leader view", exc) from exc
+            raise s.failed("starting a leader view", exc) from exc
         floor = max([int(row[1])] + [int(c) for _e, _p, c, _t, _pt in intents])
         return int(row[0]), [(int(e), bytes(p), int(c), t, int(pt)) for e, p, c, t, pt in intents], floor
 
@@ -229,7 +210,7 @@ class FencedCommits(OutboxSession):
                 self._state_table, self._fence_rows
             )
         ).fetchall()
-        if len(rows) != len(self.shards):
+        if len(rows) != len(self.session.shards):
             return None
         epoch = max(int(e) for _s, e, _c in rows) + 1
         conn.execute(
@@ -240,90 +221,11 @@ class FencedCommits(OutboxSession):
         )
         return epoch, max(int(c) for _s, _e, c in rows)
 
-    def commit_txn(
-        self,
-        epoch: int,
-        leader_id: uuid.UUID,
-        ids: Sequence[int],
-        dead: Sequence[tuple[int, str, int]],
-        producer: bytes,
-        ack_clock: int,
-        journals: Sequence[tuple[str, int]],
-        forget: Sequence[int] = (),
-    ) -> None:
-        """Commit one harvest transaction: :meth:`commit_txns` of one."""
-        self.commit_txns(epoch, leader_id, [TxnCommit(ids, dead, producer, ack_clock, journals, forget)])
-
-    def commit_txns(self, epoch: int, leader_id: uuid.UUID, txns: Sequence[TxnCommit]) -> None:
-        """Commit consecutive harvest transactions of one view in ONE DB transaction: lock the fence
-        row and check it still holds ``epoch``; delete exactly their ids (owned by ``leader_id``);
-        move their dead rows to the dead letters; insert one ACK intent per journal of each; delete the
-        attempt counts of their ``forget`` ids (committed rows that had failed before). Raises
-        :class:`FenceError` (rolled back) if the fence moved or a row is no longer this view's.
-
-        Committing transactions k..k+j together is committing each in turn with nothing in between:
-        their ACKs are still produced in transaction order, after this returns. Their producers
-        differ (the ring opens k+M only after ACK k is enqueued), so no intent row is written twice."""
-        n = self.names
-        ids = [i for t in txns for i in t.ids]
-        dead = [d for t in txns for d in t.dead]
-        forget = [i for t in txns for i in t.forget]
-        dead_letters: tuple[Statement, Sequence[Any]] | None = None
-        if dead:
-            self.conn  # noqa: B018 -- connects, which builds the dead-letter statement for the value's type
-            assert self._commit_dlq_sql is not None
-            dead_letters = (
-                self._commit_dlq_sql,
-                ([i for i, _, _ in dead], [e for _, e, _ in dead], [a for _, _, a in dead], leader_id),
-            )
-        statements: list[tuple[Statement, Sequence[Any]]] = [(self._fence_sql, (max(t.ack_clock for t in txns),))]
-        if ids:
-            span = id_range(ids)
-            if span is None:
-                statements.append((self._commit_delete_sql, (self._id_array(ids), leader_id)))
-            else:
-                lo, hi, holes = span
-                statements.append((self._commit_delete_range_sql, (lo, hi, self._id_array(holes), leader_id)))
-        if dead_letters is not None:
-            statements.append(dead_letters)
-        if forget:
-            statements.append((self._forget_sql, (self._id_array(forget),)))
-        statements += [
-            (self._intent_sql, (epoch, t.producer, t.ack_clock, [j for j, _ in t.journals], [p for _, p in t.journals]))
-            for t in txns
-            if t.journals
-        ]
-        try:
-            conn = self.conn
-            epochs, counts = send_in_one_message(conn, statements)
-            refusal = None
-            if not epochs or any(e != epoch for e in epochs) or len(epochs) != max(1, len(self.shards)):
-                shown = epochs[0] if len(set(epochs)) == 1 else (sorted(set(epochs)) or None)
-                refusal = (
-                    f"commit refused by the fence of {n.display!r}{self.shard_text}: epoch is {shown}, this "
-                    f"view's is {epoch}"
-                )
-            elif ids and counts[0] != len(ids):
-                refusal = (
-                    f"commit refused on {n.display!r}: {len(ids) - counts[0]} of {len(ids)} row(s) are no "
-                    f"longer owned by leader view {leader_id}"
-                )
-            elif dead and counts[1 if ids else 0] != len(dead):
-                refusal = (
-                    f"dead-lettering refused on {n.display!r}: {len(dead) - counts[1 if ids else 0]} row(s) "
-                    f"are no longer owned by leader view {leader_id}"
-                )
-            conn.execute("ROLLBACK" if refusal else "COMMIT")
-        except psycopg.Error as exc:
-            raise self._failed("commit", exc) from exc
-        if refusal:
-            raise FenceError(refusal)
-
     def confirm_acks(self, items: Sequence[tuple[bytes, int]]) -> int:
         """Delete the intents of ACKs known to be in the log (``(producer, clock)`` pairs)."""
         if not items:
             return 0
         q = sql.SQL(
             "DELETE FROM {} WHERE (producer, clock) IN (SELECT * FROM unnest(%s::bytea[], %s::bigint[]))"
-        ).format(self.names.ack_intents)
-        return self._run("confirming ACK intents", q, ([p for p, _ in items], [c for _, c in items])).rowcount
+        ).format(self.session.names.ack_intents)
+        return self.session.run("confirming ACK intents", q, ([p for p, _ in items], [c for _, c in items])).rowcount

@@ -12,11 +12,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import psycopg
-from psycopg import sql
 
 from harvest_outbox.producer.config import HarvestConfig
 from harvest_outbox.producer.errors import ConfigError, ElectionError
-from harvest_outbox.producer.relay.shards import shard_expression
+from harvest_outbox.producer.layouts.choice import layout_for
 from harvest_outbox.producer.schema import OutboxNames
 
 
@@ -26,16 +25,6 @@ class ShardStatus:
     backlog_rows: int
     oldest_unsent_age: float | None
     leader: str | None  # the relay's name; None when nobody leads the shard
-
-
-def backlog_by_shard(conn: psycopg.Connection, names: OutboxNames, count: int) -> dict[int, tuple[int, float | None]]:
-    m = names.mapping
-    rows = conn.execute(
-        sql.SQL("SELECT {e}, count(*), extract(epoch FROM now() - min({c})) FROM {o}{w} GROUP BY 1").format(
-            e=shard_expression(count, m.shard_key()), c=m.created(), o=names.outbox, w=m.claimable()
-        )
-    ).fetchall()
-    return {int(s): (int(n), None if age is None else float(age)) for s, n, age in rows}
 
 
 def postgres_leaders(conn: psycopg.Connection, outbox_table: str, count: int) -> dict[int, str]:
@@ -98,15 +87,7 @@ def shard_status(config: HarvestConfig) -> list[ShardStatus]:
 
     names = OutboxNames.parse(config.outbox_table, config.table_mapping)
     with connect(config.data_source) as conn:
-        if config.outbox_layout == "cursor":  # its rows stay until retired: each shard's cursor tells what waits
-            from harvest_outbox.producer.layouts.cursor.database import backlog_sql
-
-            per_shard = conn.execute(
-                backlog_sql(names, config.shards), {"shards": list(range(config.shards))}
-            ).fetchall()
-            backlog = {int(k): (int(n), None if age is None else float(age)) for k, n, age in per_shard}
-        else:
-            backlog = backlog_by_shard(conn, names, config.shards)
+        backlog = layout_for(config).backlog_by_shard(conn, names, config.shards)
         leaders = (
             postgres_leaders(conn, config.outbox_table, config.shards)
             if config.leader_election == "postgres"

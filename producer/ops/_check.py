@@ -19,7 +19,8 @@ from psycopg import sql
 
 from harvest_outbox.producer.config import HarvestConfig, format_duration
 from harvest_outbox.producer.errors import SchemaError
-from harvest_outbox.producer.layouts.cursor.schema import range_partitions, require_layout
+from harvest_outbox.producer.layouts.choice import layout_for
+from harvest_outbox.producer.layouts.cursor.schema import range_partitions
 from harvest_outbox.producer.schema import (
     OUTBOX_AUTOVACUUM,
     OutboxNames,
@@ -64,12 +65,32 @@ def check_outbox(conn: psycopg.Connection, config: HarvestConfig) -> list[Findin
         value_type = inspect_outbox(conn, names)
     except SchemaError as exc:
         return [Finding("FAIL", "table", str(exc))]
+    layout = layout_for(config)
     try:
-        require_layout(conn, names, config.outbox_layout)
+        layout.require(conn, names)
     except SchemaError as exc:
         return [Finding("FAIL", "layout", str(exc))]
-    if config.outbox_layout == "cursor":
-        return _cursor_layout(conn, names, config, value_type)
+    return layout.check(_Findings(conn, names, config, value_type))
+
+
+@dataclass(frozen=True)
+class _Findings:
+    """The findings of each layout (:class:`~producer.layouts.layout.LayoutChecks`): the layout picks its own."""
+
+    conn: psycopg.Connection
+    names: OutboxNames
+    config: HarvestConfig
+    value_type: str
+
+    def mark_layout(self) -> list[Finding]:
+        return _mark_layout(self.conn, self.names, self.config, self.value_type)
+
+    def cursor_layout(self) -> list[Finding]:
+        return _cursor_layout(self.conn, self.names, self.config, self.value_type)
+
+
+def _mark_layout(conn: psycopg.Connection, names: OutboxNames, config: HarvestConfig, value_type: str) -> list[Finding]:
+    """``outboxLayout: mark``: the table, its storage and indexes, the trigger, the companions, the activity."""
     kind = names.mapping.kind
     found = [Finding("OK", "table", f"{names.display} exists ({kind} table, value type {value_type})")]
     found += _storage(conn, names)

@@ -32,8 +32,8 @@ import psycopg
 from psycopg import sql
 
 from harvest_outbox.producer.errors import ConfigError, DatabaseError
-from harvest_outbox.producer.layouts.cursor.held import require_passed
-from harvest_outbox.producer.layouts.cursor.schema import layout_of
+from harvest_outbox.producer.layouts.choice import MARK, detected_layout
+from harvest_outbox.producer.layouts.layout import OutboxLayout
 from harvest_outbox.producer.mapping.table import GOHARVEST, TableMapping
 from harvest_outbox.producer.schema import OutboxNames, Statement
 
@@ -124,8 +124,8 @@ def stuck_keys(
     scan of the outbox for all keys, joined by hash; rows without a topic or a key halt nothing)."""
     names = OutboxNames.parse(outbox_table, mapping)
     rec = mapping.record("c", "varchar")
-    # outboxLayout: cursor: a halted key's rows wait in _held (producer/layouts/cursor/held.py), not in the outbox
-    waiting_in = names.held if layout_of(conn, names) == "cursor" else names.outbox
+    # the cursor layout: a halted key's rows wait in _held (producer/layouts/cursor/held.py), not in the outbox
+    waiting_in = outbox_layout(conn, names).waiting_table(names)
     q = sql.SQL("""
         WITH dead AS (
           SELECT kafka_topic, kafka_key, min(dead_time) AS since, (array_agg(error ORDER BY id))[1] AS reason,
@@ -159,8 +159,8 @@ def discard(
         )
     names = OutboxNames.parse(outbox_table, mapping)
     where, params = sel.where()
-    if layout_of(conn, names) == "cursor":  # read again after the discard, the row would be held and sent
-        require_passed(conn, names, where, params, "discard")
+    # the cursor layout: read again after the discard, the row would be held and sent
+    outbox_layout(conn, names).require_passed(conn, names, where, params, "discard")
     q = sql.SQL("DELETE FROM {} {} RETURNING id, kafka_topic, kafka_key").format(names.dead_letters, where)
     with conn.transaction():
         gone = sorted(_run(conn, names, "discarding dead letters", q, params))
@@ -218,3 +218,9 @@ def _run(
         return iter(conn.execute(q, params).fetchall())
     except psycopg.Error as exc:
         raise DatabaseError(f"{what} of {names.display!r} failed: {str(exc).strip()}") from exc
+
+
+def outbox_layout(conn: psycopg.Connection, names: OutboxNames) -> OutboxLayout:
+    """The outbox's layout, as its table is (the mark layout's statements where there is no table: they fail
+    naming it)."""
+    return detected_layout(conn, names) or MARK

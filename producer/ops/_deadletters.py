@@ -26,10 +26,8 @@ from psycopg import sql
 
 from harvest_outbox.producer.election.neli import _PRODUCER_ONLY
 from harvest_outbox.producer.errors import DatabaseError, HarvestError, shown
-from harvest_outbox.producer.layouts.cursor.held import requeue_into_held_sql, require_passed
-from harvest_outbox.producer.layouts.cursor.schema import layout_of
 from harvest_outbox.producer.mapping.table import GOHARVEST, TableMapping
-from harvest_outbox.producer.ops._deadletter_admin import Selection
+from harvest_outbox.producer.ops._deadletter_admin import Selection, outbox_layout
 from harvest_outbox.producer.ops.preflight import topic_name_problem
 from harvest_outbox.producer.schema import OutboxNames
 
@@ -110,7 +108,7 @@ def requeue(
     relay's own columns, which take their defaults: the row goes to the end of the outbox, as a
     requeued goharvest row gets a new id. With ``topics``, only rows of those topics move (and, of a
     goharvest outbox, only rows with a key: its kafka_key is NOT NULL). With ``keep_ids`` (haltKey),
-    each row gets its original id back instead (see module doc); on ``outboxLayout: cursor`` it goes to
+    each row gets its original id back instead (see module doc); on the cursor layout it goes to
     ``_held`` ahead of its key's held rows instead (producer/layouts/cursor/held.py), and there a requeue waits
     (refused, nothing moved) until the relay has passed the dead letters' outbox rows."""
     names = OutboxNames.parse(outbox_table, mapping)
@@ -121,15 +119,15 @@ def requeue(
             conds.append(sql.SQL("kafka_key IS NOT NULL"))
     where = sql.SQL("WHERE ") + sql.SQL(" AND ").join(conds) if conds else sql.SQL("")
     params = {"ids": list(ids) if ids is not None else None, "topics": list(topics) if topics is not None else None}
-    cursor = layout_of(conn, names) == "cursor"
-    if cursor:  # outboxLayout: cursor (producer/layouts/cursor/held.py): the relay must have passed their outbox rows
-        require_passed(conn, names, where, params, "requeue")
-    if cursor and keep_ids:  # haltKey: ahead of their keys' held rows, with their ids
-        q = requeue_into_held_sql(names, where)
+    layout = outbox_layout(conn, names)
+    # the cursor layout (producer/layouts/cursor/held.py): the relay must have passed their outbox rows
+    layout.require_passed(conn, names, where, params, "requeue")
+    own_requeue = layout.requeue_sql(names, where, keep_ids)  # the cursor layout's haltKey: into _held, with ids
+    if own_requeue is not None:
+        q = own_requeue
     elif mapping.source_row("o") is not None:
         own = {mapping.leader_column, mapping.created_column} | (set() if keep_ids else {mapping.id_column})
-        if cursor:  # the writer's transaction, taken by the default: an old txid would hide the row from the cursor
-            own.add("txid")
+        own |= layout.writer_columns  # the cursor layout's txid: an old one would hide the row from the cursor
         cols = [
             c
             for (c,) in conn.execute(

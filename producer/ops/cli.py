@@ -215,12 +215,15 @@ def _run(args: argparse.Namespace, signals: StopSignals) -> int:
 
 def _init_db(args: argparse.Namespace) -> int:
     from harvest_outbox.producer.db import connect
+    from harvest_outbox.producer.layouts.choice import layout_for
     from harvest_outbox.producer.relay.two_phase import TWO_PHASE_FIX, notify_breaks_two_phase, prepared_transactions
-    from harvest_outbox.producer.schema import init_db, packed_outbox_fix, unrelayed_rows
+    from harvest_outbox.producer.schema import unrelayed_rows
+    from harvest_outbox.producer.schema.ddl import init_db
 
     cfg = _load(args, kafka=False)
     if args.migrate:
         return _migrate(cfg)
+    layout = layout_for(cfg.harvest)
     with connect(cfg.harvest.data_source) as conn:
         names = init_db(
             conn,
@@ -232,20 +235,13 @@ def _init_db(args: argparse.Namespace) -> int:
             wakeup=cfg.harvest.wakeup_mode,
         )
         risk = None if cfg.harvest.wakeup else notify_breaks_two_phase(prepared_transactions(conn), names.display)
-        fix = None if cfg.harvest.outbox_layout == "cursor" else packed_outbox_fix(conn, names)
+        fix = layout.storage_note(conn, names)
         earlier = unrelayed_rows(conn, names)
     sharded = f"; {cfg.harvest.shards} shards" if cfg.harvest.shards > 1 else ""
     wake = (
         "no NOTIFY trigger (wakeup: poll)" if cfg.harvest.wakeup_mode == "poll" else f"NOTIFY channel {names.channel}"
     )
-    if cfg.harvest.outbox_layout == "cursor":
-        print(
-            f"outbox {names.display} ready in the cursor layout ({names.mapping.kind} table partitioned by "
-            f"{names.mapping.id_column}, value type {args.value_type}; "
-            f"cursor, dead letters, {wake})"
-        )
-    else:
-        print(f"outbox {names.display} {names.mapping.ready(args.value_type, f'dead letters, {wake}{sharded}')}")
+    print(layout.init_summary(names, args.value_type, wake, sharded))
     if risk is not None:
         # stderr: the line is a warning, and scripts that read init-db's output keep their stdout
         print(f"warning: {risk}; {TWO_PHASE_FIX}", file=sys.stderr)
@@ -261,9 +257,10 @@ def _init_db(args: argparse.Namespace) -> int:
 
 def _migrate(cfg: FileConfig) -> int:
     from harvest_outbox.producer.db import connect
+    from harvest_outbox.producer.layouts.choice import layout_for
     from harvest_outbox.producer.layouts.cursor.migrate import migrate_to_cursor
 
-    if cfg.harvest.outbox_layout != "cursor":
+    if not layout_for(cfg.harvest).migrates_into:
         raise ConfigError("init-db --migrate: set outboxLayout: cursor in the config (the layout to migrate to)")
     with connect(cfg.harvest.data_source) as conn:
         done = migrate_to_cursor(

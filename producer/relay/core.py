@@ -46,7 +46,7 @@ from typing import Any, NamedTuple
 from confluent_kafka import KafkaError
 
 from harvest_outbox.producer.config import MARK_FLOOR, HarvestConfig
-from harvest_outbox.producer.db import Listener, MarkedAttempts, MarkedRow, OutboxDatabase
+from harvest_outbox.producer.db import Listener, MarkedAttempts, MarkedRow
 from harvest_outbox.producer.election.sharded_neli import ShardSetSeat
 from harvest_outbox.producer.encode.serialization import RowEncoder
 from harvest_outbox.producer.errors import DatabaseError
@@ -58,7 +58,8 @@ from harvest_outbox.producer.kafka import (
     ProducerFactory,
     size_refused_topics,
 )
-from harvest_outbox.producer.layouts.cursor.schema import require_layout
+from harvest_outbox.producer.layouts.choice import layout_for
+from harvest_outbox.producer.layouts.layout import RelayDatabase
 from harvest_outbox.producer.layouts.mark.marksize import MarkSize
 from harvest_outbox.producer.observe.metrics import Metrics
 from harvest_outbox.producer.ops.preflight import TopicGuard
@@ -68,7 +69,7 @@ from harvest_outbox.producer.relay._mode import RelayMode as RelayMode
 from harvest_outbox.producer.relay._waker import Waker
 from harvest_outbox.producer.relay.key_halt import KeyHalt
 from harvest_outbox.producer.relay.spans import relay_spans
-from harvest_outbox.producer.schema import OutboxNames, packed_outbox_fix
+from harvest_outbox.producer.schema import OutboxNames
 from harvest_outbox.redact import redact_kafka_config
 
 log = logging.getLogger(__name__)
@@ -118,6 +119,8 @@ class RelayCore:
         self.config = config
         self.limits = config.limits
         self.names = OutboxNames.parse(config.outbox_table, config.table_mapping)
+        #: ``outboxLayout``: the layout the databases are opened on (producer/layouts/, chosen once).
+        self.layout = layout_for(config)
         #: ``eventIdHeader``: (header name, value prefix); a record's value is the prefix + its row id.
         self.event_id: tuple[str, bytes] | None = (
             (config.event_id_header, f"{self.names.display}/".encode()) if config.event_id_header else None
@@ -137,9 +140,9 @@ class RelayCore:
         #: without a topic to encode (then the registry client is never imported).
         self.encoder: RowEncoder | None = RowEncoder(config.serialization) if config.serialization.enabled else None
         # connections and their workers (open() .. close())
-        self.db: OutboxDatabase | None = None  # writes: purges, resets, dead letters, commits, views
+        self.db: RelayDatabase | None = None  # writes: purges, resets, dead letters, commits, views
         self.exec: ThreadPoolExecutor | None = None
-        self.mark_db: OutboxDatabase | None = None  # marks and metrics queries
+        self.mark_db: RelayDatabase | None = None  # marks and metrics queries
         self.mark_exec: ThreadPoolExecutor | None = None
         self.listener: Listener | None = None
         # finished marks and write jobs wake a relay thread that waits outside librdkafka's poll
@@ -180,49 +183,16 @@ class RelayCore:
 
     # ------------------------------------------------------------------ resources
     def open(self) -> None:
-        """Connect (fail fast: connection and schema check) and start the two DB workers."""
+        """Connect (fail fast: connection, layout and schema checks) and start the two DB workers."""
         shard_count = self.shards.count if self.shards is not None else None
-        halt_keys = self.halt.enabled
-        if self.config.outbox_layout == "cursor":
-            self._open_cursor()
-            return
-        self.db = OutboxDatabase(self.config.data_source, self.names, shard_count, halt_keys=halt_keys)
-        require_layout(self.db.conn, self.names, "mark")
-        fix = packed_outbox_fix(self.db.conn, self.names)
-        if fix is not None:
-            log.info("%s; `harvest init-db` creates new outboxes so", fix)
-        self.exec = ThreadPoolExecutor(1, thread_name_prefix=f"harvest-db-{self.config.name}")
-        # The mark commits without waiting for its WAL flush (~0.3 ms of every trickled row's latency,
-        # more while fenced commits flush): a mark lost in a database crash only un-claims rows, as
-        # if the leader had crashed before purging them, and the purge or fenced commit that
-        # consumes a mark is synchronous, so flushing it flushes the mark too (WAL is flushed in
-        # order). The mark connection writes nothing else (its other queries are metrics reads).
-        self.mark_db = OutboxDatabase(
-            self.config.data_source, self.names, shard_count, async_commit=True, halt_keys=halt_keys
+        self.db, self.mark_db = self.layout.open_databases(
+            self.config.data_source,
+            self.names,
+            shard_count,
+            halt_keys=self.halt.enabled,
+            sequenced=self.config.uuid_sequencing,
         )
-        self.mark_db.prepare_mark()  # connected and parsed while a standby: an election's first mark is quick
-        self.mark_exec = ThreadPoolExecutor(1, thread_name_prefix=f"harvest-mark-{self.config.name}")
-        self.listener = self._listener()
-
-    def _open_cursor(self) -> None:
-        """``outboxLayout: cursor``: both connections read and commit through one cursor view
-        (producer/layouts/cursor/database.py); the write connection maintains the partitions."""
-        from harvest_outbox.producer.layouts.cursor.database import CursorDatabase
-        from harvest_outbox.producer.layouts.cursor.partitions import PartitionKeeper
-        from harvest_outbox.producer.layouts.cursor.views import CursorViews
-
-        views = CursorViews(sequenced=self.config.uuid_sequencing)
-        count = self.shards.count if self.shards is not None else None
-        keeper = PartitionKeeper(self.names, shard_count=count)
-        dsn = self.config.data_source
-        halt = self.halt.enabled
-        self.db = CursorDatabase(dsn, self.names, views, keeper=keeper, halt_keys=halt, shard_count=count)
-        self.db.conn  # noqa: B018 -- fail fast: connection, layout and schema checks
         self.exec = ThreadPoolExecutor(1, thread_name_prefix=f"harvest-db-{self.config.name}")
-        self.mark_db = CursorDatabase(
-            dsn, self.names, views, async_commit=True, keeper=keeper, halt_keys=halt, shard_count=count
-        )
-        self.mark_db.prepare_mark()
         self.mark_exec = ThreadPoolExecutor(1, thread_name_prefix=f"harvest-mark-{self.config.name}")
         self.listener = self._listener()
 

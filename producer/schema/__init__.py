@@ -30,9 +30,11 @@ Objects, for an outbox table ``[schema.]name``:
   including goharvest's Go stasher, wakes the relay without code changes.
 
 Each concept has a module of its own, re-exported here (``from harvest_outbox.producer.schema import …``):
-:mod:`~producer.mapping.names` (the objects' names), :mod:`~producer.schema.ddl` (their DDL and
-:func:`init_db`), :mod:`~producer.schema._storage` (the queue table's storage parameters) and
-:mod:`~producer.schema.checks` (what the relay checks before it runs).
+:mod:`~producer.mapping.names` (the objects' names), :mod:`~producer.schema._storage` (the queue table's
+storage parameters) and :mod:`~producer.schema.checks` (what the relay checks before it runs). The DDL and
+:func:`~producer.schema.ddl.init_db` are imported from :mod:`producer.schema.ddl` (or ``init_db`` from
+:mod:`producer`), not from here: they depend on the outbox layouts (:func:`~producer.layouts.choice.layout_for`),
+whose relay databases run this package's checks, so this package does not import them (no import cycle).
 
 Invariants (each kept by the module that owns it):
 - identifiers are always passed through :class:`psycopg.sql.Identifier`; a table name is split
@@ -41,6 +43,8 @@ Invariants (each kept by the module that owns it):
 """
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING
 
 from harvest_outbox.producer.mapping.names import OutboxNames, Statement, ValueType, parse_table_name
 from harvest_outbox.producer.schema._storage import (
@@ -59,7 +63,22 @@ from harvest_outbox.producer.schema.checks import (
     require_utf8_readable,
     unrelayed_rows,
 )
-from harvest_outbox.producer.schema.ddl import init_db, outbox_ddl, shard_ddl
+
+if TYPE_CHECKING:
+    from harvest_outbox.producer.schema.ddl import init_db, outbox_ddl, shard_ddl
+
+#: Served by :mod:`producer.schema.ddl`, imported on first use: it asks the chosen outbox layout, whose
+#: modules import this package for its checks, so importing it here would be an import cycle.
+_DDL = ("init_db", "outbox_ddl", "shard_ddl")
+
+
+def __getattr__(name: str) -> object:
+    if name in _DDL:
+        from harvest_outbox.producer.schema import ddl
+
+        return getattr(ddl, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "OUTBOX_AUTOVACUUM",

@@ -34,8 +34,7 @@ def inspect_outbox(conn: psycopg.Connection, names: OutboxNames) -> ValueType:
     cols = column_types(conn, names)
     if cols is None:
         raise SchemaError(
-            f"outbox table {names.display!r} does not exist; create it with "
-            f"`harvest init-db` (or producer.schema.init_db)"
+            f"outbox table {names.display!r} does not exist; create it with `harvest init-db` (or producer.init_db)"
         )
     return names.mapping.check_columns(conn, names, cols)
 

@@ -14,21 +14,12 @@ import psycopg
 from psycopg import sql
 
 from harvest_outbox.producer.errors import ConfigError
-from harvest_outbox.producer.layouts.cursor.held import held_table
-from harvest_outbox.producer.layouts.cursor.schema import (
-    PARTITION_IDS,
-    PARTITIONS_AHEAD,
-    add_shard_cursors,
-    create_partition,
-    cursor_outbox_ddl,
-    range_partitions,
-    require_layout,
-    require_server,
-)
+from harvest_outbox.producer.layouts.choice import layout_for
+from harvest_outbox.producer.layouts.cursor.schema import PARTITION_IDS
 from harvest_outbox.producer.mapping.goharvest import GOHARVEST
 from harvest_outbox.producer.mapping.names import OutboxNames, Statement, ValueType
 from harvest_outbox.producer.mapping.protocol import TableMapping
-from harvest_outbox.producer.schema._storage import OUTBOX_FILLFACTOR, missing_storage, storage_sql
+from harvest_outbox.producer.schema._storage import OUTBOX_FILLFACTOR
 from harvest_outbox.producer.schema.checks import column_types, inspect_outbox, require_utf8_readable
 
 
@@ -40,11 +31,11 @@ def outbox_ddl(
     wakeup: str = "notify",
 ) -> list[Statement]:
     """Statements that create the outbox, the dead-letter table and the notify trigger (with ``wakeup``
-    ``poll``, drop it: producer/relay/two_phase.py); with ``layout``
-    ``cursor``, the partitioned outbox and cursor row of :mod:`producer.layouts.cursor.schema` (its partitions
-    are :func:`init_db`'s), a mapped table's columns ``mapped_columns`` when given (a migration keeps the
-    old table's: :mod:`producer.layouts.cursor.migrate`), else the mapping's
-    (:meth:`~producer.mapping.protocol.TableMapping.cursor_columns`); the mark layout's table is the mapping's
+    ``poll``, drop it: producer/relay/two_phase.py); the outbox is ``layout``'s own table where it has one
+    (:meth:`~producer.layouts.layout.OutboxLayout.outbox_ddl`: the cursor layout's partitioned outbox and
+    cursor row, its partitions being :func:`init_db`'s, with a mapped table's columns ``mapped_columns`` when
+    given (a migration keeps the old table's: :mod:`producer.layouts.cursor.migrate`), else the mapping's
+    (:meth:`~producer.mapping.protocol.TableMapping.cursor_columns`)), else the mapping's table
     (:meth:`~producer.mapping.protocol.TableMapping.outbox_ddl`)."""
     if value_type not in ("varchar", "bytea"):
         raise ConfigError(f"value type: {value_type!r} must be 'varchar' (goharvest) or 'bytea'")
@@ -52,12 +43,9 @@ def outbox_ddl(
     stmts: list[Statement] = []
     if names.schema:
         stmts.append(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(names.schema)))
-    if layout == "cursor":
-        # _held (producer/layouts/cursor/held.py): haltKey's held rows; empty unless that policy holds a key
-        held = held_table(names, value_type)
-        return (
-            stmts + cursor_outbox_ddl(names, value_type, mapped_columns) + _companion_ddl(names, vtype, wakeup) + held
-        )
+    own = layout_for(layout).outbox_ddl(names, value_type, mapped_columns, _companion_ddl(names, vtype, wakeup))
+    if own is not None:  # the layout's own table (the cursor layout's partitioned one)
+        return stmts + own
     stmts += names.mapping.outbox_ddl(names, value_type, OUTBOX_FILLFACTOR)
     return stmts + _companion_ddl(names, vtype, wakeup)
 
@@ -250,22 +238,20 @@ def init_db(
     ``shards`` > 1 also creates what sharded relays need (:func:`shard_ddl`). Refuses a SQL_ASCII
     database (:func:`require_utf8_readable`). With a Debezium ``mapping`` an existing table is kept
     and only gains the relay's columns (its payload column's type then decides ``value_type``).
-    ``layout`` ``cursor`` (``outboxLayout``): the partitioned outbox of :mod:`producer.layouts.cursor.schema`,
-    with :data:`~producer.layouts.cursor.schema.PARTITIONS_AHEAD` partitions of ``partition_ids`` ids when it has
-    none; an existing table of the other layout is refused, never changed. ``wakeup`` ``poll`` leaves the
+    ``layout`` (``outboxLayout``, :func:`~producer.layouts.choice.layout_for`): ``cursor``, the partitioned
+    outbox of :mod:`producer.layouts.cursor.schema`, with :data:`~producer.layouts.cursor.schema.PARTITIONS_AHEAD`
+    partitions of ``partition_ids`` ids when it has none; an existing table of the other layout is refused,
+    never changed. ``wakeup`` ``poll`` leaves the
     outbox without the NOTIFY trigger (dropping one an earlier run made): writers may then use two-phase
     commit, and the relay finds their rows by polling (producer/relay/two_phase.py)."""
     names = OutboxNames.parse(outbox_table, mapping)
-    if layout not in ("mark", "cursor"):
-        raise ConfigError(f"outboxLayout: {layout!r} is not a layout; use mark or cursor")
-    if layout == "cursor" and partition_ids < 1:
-        raise ConfigError(f"outboxLayout: cursor needs partitions of at least 1 id (got {partition_ids})")
+    chosen = layout_for(layout)
+    chosen.check_partition_ids(partition_ids)
 
     def run(conn: psycopg.Connection) -> None:
         require_utf8_readable(conn)
-        if layout == "cursor":
-            require_server(conn)
-        require_layout(conn, names, layout)
+        chosen.require_server(conn)
+        chosen.require(conn, names)
         vtype = value_type
         if mapping.adopts_existing_table:  # the writers' table, if it exists, decides
             cols = column_types(conn, names)
@@ -274,20 +260,7 @@ def init_db(
         with conn.transaction():
             for stmt in outbox_ddl(names, vtype, layout, wakeup=wakeup) + shard_ddl(names, shards):
                 conn.execute(stmt)
-            if layout == "cursor":
-                add_shard_cursors(conn, names, shards)
-                if not range_partitions(conn, names):
-                    # from the sequence's head: a sequence kept from a table moved by hand (docs/debezium.md)
-                    # draws above its old ids, which would otherwise all land in the DEFAULT partition
-                    head = conn.execute(sql.SQL("SELECT last_value FROM {}").format(names.id_sequence)).fetchone()
-                    first = (int(head[0]) // partition_ids) * partition_ids if head else 0
-                    for p in range(PARTITIONS_AHEAD):
-                        start = first + p * partition_ids
-                        conn.execute(create_partition(names, start, start + partition_ids))
-            else:
-                missing = missing_storage(conn, names)  # only what the table lacks: an owner's value is kept
-                if missing:
-                    conn.execute(storage_sql(names, missing))
+            chosen.finish_init(conn, names, shards, partition_ids)  # the cursor rows and partitions, or storage
         if mapping.adopts_existing_table:
             inspect_outbox(conn, names)  # the writers' table has the columns the mapping reads
 

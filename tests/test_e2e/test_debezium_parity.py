@@ -28,7 +28,7 @@ from harvest_outbox.harvest_local.kafka import create_topic, read_to_end
 from harvest_outbox.producer.config import HarvestConfig, Limits
 from harvest_outbox.producer.harvest import Harvest
 from harvest_outbox.producer.mapping.table import table_mapping
-from harvest_outbox.producer.schema import init_db
+from harvest_outbox.producer.schema.ddl import init_db
 
 pytestmark = pytest.mark.integration
 

@@ -34,7 +34,7 @@ from harvest_outbox.harvest_local.demo import (
 )
 from harvest_outbox.harvest_local.pipeline_process import CommittedFile
 from harvest_outbox.harvest_local.workload import WriterStats, committed_versions, create_accounts, stash_backlog
-from harvest_outbox.producer.schema import init_db
+from harvest_outbox.producer.schema.ddl import init_db
 
 
 def _result(backlog: BacklogPhase | None) -> DemoResult:

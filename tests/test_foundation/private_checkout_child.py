@@ -22,7 +22,7 @@ from harvest_outbox.consumer import ReadCommittedIter
 from harvest_outbox.harvest_local import LocalServices
 from harvest_outbox.harvest_local.kafka import create_topic
 from harvest_outbox.harvest_local.relays import RelayProcess, current_leader, wait_for, write_config
-from harvest_outbox.producer.schema import init_db
+from harvest_outbox.producer.schema.ddl import init_db
 from harvest_outbox.producer.stash.stasher import OutboxRecord, Stasher
 
 ROWS = 20

@@ -1,4 +1,4 @@
-"""An in-memory MVCC outbox for the mark-less relay's model test (test_watermark_model.py): transaction
+"""An in-memory MVCC outbox for the cursor layout's model test (test_watermark_model.py): transaction
 ids, snapshots and visibility as Postgres has them, an id sequence, range partitions that can be
 truncated, and the relay's fenced cursor row.
 

@@ -25,6 +25,7 @@ from harvest_outbox.producer.config import HarvestConfig, Limits
 from harvest_outbox.producer.errors import DatabaseError
 from harvest_outbox.producer.ops.preflight import TopicGuard
 from harvest_outbox.producer.relay.core import RelayCore
+from harvest_outbox.producer.relay.sequenced._store import SequencedStore
 from harvest_outbox.producer.relay.sequenced.mode import SequencedMode
 
 
@@ -187,8 +188,12 @@ class Relay:
         core = self.core = RelayCore(
             cfg, lambda event: None, producer_factory=self._producer, guard=guard, shards=None, stop_requested=idle
         )  # type: ignore[arg-type]
-        core.db = ModelStore(world.db, self._chaos)  # type: ignore[assignment]
-        core.mark_db = ModelStore(world.db, self._chaos)  # type: ignore[assignment]
+        # The model's database is typed against what the sequenced mode asks of a layout's relay database
+        # (SequencedStore, the sequenced part of producer.layouts.layout.RelayDatabase), which it fakes in full;
+        # the rest of RelayDatabase (the at-least-once mode's purges, the meter's stats) the model never runs.
+        write: SequencedStore = ModelStore(world.db, self._chaos)
+        read: SequencedStore = ModelStore(world.db, self._chaos)
+        core.db, core.mark_db = write, read  # type: ignore[assignment]
         core.exec = self.worker = ModelWorker()  # type: ignore[assignment]
         core.mark_exec = MarkWorker()  # type: ignore[assignment]
         core.listener = core.waker = idle  # type: ignore[assignment]

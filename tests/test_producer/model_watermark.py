@@ -1,4 +1,4 @@
-"""The mark-less relay's model world for test_watermark_model.py: writers (MVCC transactions on
+"""The cursor layout's model world for test_watermark_model.py: writers (MVCC transactions on
 model_mvcc.py's outbox), relay leaders driving producer/layouts/cursor/_watermark.py's decisions in either mode, faults,
 takeovers, truncation, and the checks (see test_watermark_model.py's module doc)."""
 

@@ -24,9 +24,10 @@ from relaylib import consume_all, relay_config
 from seqcheck import Expected, check_exactly_once, count_rows, read_intents, wait_for, write_traffic
 
 from harvest_outbox.harvest_local.postgres import EmbeddedPostgres
-from harvest_outbox.producer.db import MarkedAttempts, MarkedRow, OutboxDatabase
+from harvest_outbox.producer.db import MarkedAttempts, MarkedRow
 from harvest_outbox.producer.harvest import Harvest
-from harvest_outbox.producer.schema import init_db
+from harvest_outbox.producer.layouts.mark.database import MarkDatabase
+from harvest_outbox.producer.schema.ddl import init_db
 
 pytestmark = pytest.mark.integration
 
@@ -83,9 +84,9 @@ def test_a_mark_lost_in_a_database_crash_only_unclaims_its_rows(
     exp = Expected()
     write_traffic(pg.dsn, table, topic, exp, 0, 10, max_batch=5, rollback_rate=0.0)  # committed, durable
     seen: dict[str, int] = {}
-    real_mark = OutboxDatabase.mark_with_attempts
+    real_mark = MarkDatabase.mark_with_attempts
 
-    def mark_then_crash(self: OutboxDatabase, leader_id: uuid.UUID, n: int) -> tuple[list[MarkedRow], MarkedAttempts]:
+    def mark_then_crash(self: MarkDatabase, leader_id: uuid.UUID, n: int) -> tuple[list[MarkedRow], MarkedAttempts]:
         rows, persisted = real_mark(self, leader_id, n)
         if rows and not seen:
             pg.kill()  # before any synchronous commit could flush the mark
@@ -98,7 +99,7 @@ def test_a_mark_lost_in_a_database_crash_only_unclaims_its_rows(
                 ).fetchone()[0]
         return rows, persisted
 
-    monkeypatch.setattr(OutboxDatabase, "mark_with_attempts", mark_then_crash)
+    monkeypatch.setattr(MarkDatabase, "mark_with_attempts", mark_then_crash)
     cfg = relay_config(pg.dsn, kafka_bootstrap, table, unique_name("g"), io_error_backoff=0.2)
     relay = Harvest(cfg.replace(uuid_sequencing=sequenced)).start()
 

@@ -27,7 +27,8 @@ from seqcheck import Expected, check_exactly_once, count_rows
 from harvest_outbox.harvest_local.relays import RelayProcess, wait_for, write_config
 from harvest_outbox.producer.errors import HarvestError, SchemaError
 from harvest_outbox.producer.harvest import Harvest
-from harvest_outbox.producer.schema import OutboxNames, init_db
+from harvest_outbox.producer.schema import OutboxNames
+from harvest_outbox.producer.schema.ddl import init_db
 from harvest_outbox.producer.stash.stasher import OutboxRecord, Stasher
 
 pytestmark = pytest.mark.integration

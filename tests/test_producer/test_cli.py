@@ -13,7 +13,8 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from harvest_outbox.producer.schema import OutboxNames, init_db
+from harvest_outbox.producer.schema import OutboxNames
+from harvest_outbox.producer.schema.ddl import init_db
 
 SECRET = "hunter2secret"
 

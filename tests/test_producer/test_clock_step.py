@@ -23,7 +23,7 @@ from relaylib import relay_config
 from seqcheck import Expected, check_exactly_once, count_rows, wait_for
 
 from harvest_outbox.producer.harvest import Harvest
-from harvest_outbox.producer.schema import init_db
+from harvest_outbox.producer.schema.ddl import init_db
 from harvest_outbox.producer.stash.stasher import OutboxRecord, Stasher
 from harvest_outbox.sequencer import Flags, clock_of, flags_of, parse_uuid, producer_of
 

@@ -12,9 +12,10 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from harvest_outbox.producer.db import MAX_RANGE_HOLES, OutboxDatabase, id_range
+from harvest_outbox.producer.db import MAX_RANGE_HOLES, id_range
 from harvest_outbox.producer.errors import FenceError
-from harvest_outbox.producer.schema import init_db
+from harvest_outbox.producer.layouts.mark.database import MarkDatabase
+from harvest_outbox.producer.schema.ddl import init_db
 from harvest_outbox.producer.stash.stasher import OutboxRecord, Stasher
 
 
@@ -41,12 +42,12 @@ def test_id_range(ids: list[int], expected: tuple[int, int, list[int]] | None) -
         assert sorted(ids) == [i for i in range(lo, hi + 1) if i not in holes]
 
 
-def _outbox(pg_dsn: str, pg_schema: str, rows: int) -> tuple[OutboxDatabase, uuid.UUID, int, list[int]]:
+def _outbox(pg_dsn: str, pg_schema: str, rows: int) -> tuple[MarkDatabase, uuid.UUID, int, list[int]]:
     table = f"{pg_schema}.outbox"
     names = init_db(pg_dsn, table)
     with psycopg.connect(pg_dsn) as conn:
         Stasher(table).stash_many(conn, [OutboxRecord("t", f"k{i}", f"v{i}") for i in range(rows)])
-    db = OutboxDatabase(pg_dsn, names)
+    db = MarkDatabase(pg_dsn, names)
     leader = uuid.uuid4()
     epoch, _intents = db.start_view(leader, "test")
     ids = [r[0] for r in db.mark(leader, rows)]
@@ -54,7 +55,7 @@ def _outbox(pg_dsn: str, pg_schema: str, rows: int) -> tuple[OutboxDatabase, uui
     return db, leader, epoch, ids
 
 
-def _left(pg_dsn: str, db: OutboxDatabase) -> dict[int, uuid.UUID | None]:
+def _left(pg_dsn: str, db: MarkDatabase) -> dict[int, uuid.UUID | None]:
     with psycopg.connect(pg_dsn) as conn:
         return dict(conn.execute(sql.SQL("SELECT id, leader_id FROM {}").format(db.names.outbox)).fetchall())
 

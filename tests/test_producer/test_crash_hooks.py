@@ -17,7 +17,7 @@ from seqcheck import Expected, count_rows, seq_yaml, wait_for, write_traffic
 
 from harvest_outbox.harvest_local.relays import RelayProcess
 from harvest_outbox.producer.relay.crash_points import CRASH_POINTS
-from harvest_outbox.producer.schema import init_db
+from harvest_outbox.producer.schema.ddl import init_db
 
 
 def _state(pid: int) -> str:

@@ -25,7 +25,8 @@ from harvest_outbox.producer.layouts.cursor.held import (
 )
 from harvest_outbox.producer.layouts.cursor.schema import ORIGIN_TEXT
 from harvest_outbox.producer.layouts.cursor.views import CursorViews
-from harvest_outbox.producer.schema import OutboxNames, init_db
+from harvest_outbox.producer.schema import OutboxNames
+from harvest_outbox.producer.schema.ddl import init_db
 
 pytestmark = pytest.mark.integration
 

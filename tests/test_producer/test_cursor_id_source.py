@@ -30,7 +30,8 @@ from harvest_outbox.producer.layouts.cursor._ids import IdSource, guard
 from harvest_outbox.producer.layouts.cursor._watermark import Cursor, Probe, Snapshot
 from harvest_outbox.producer.layouts.cursor.database import CursorDatabase, cursor_backlog
 from harvest_outbox.producer.layouts.cursor.views import CursorViews
-from harvest_outbox.producer.schema import OutboxNames, init_db
+from harvest_outbox.producer.schema import OutboxNames
+from harvest_outbox.producer.schema.ddl import init_db
 
 PARTITION_IDS = 1000
 

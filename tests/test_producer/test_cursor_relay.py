@@ -1,4 +1,4 @@
-"""``outboxLayout: cursor`` (the mark-less relay) on real Postgres and Kafka, in process: ``init-db``'s
+"""``outboxLayout: cursor`` (the cursor layout) on real Postgres and Kafka, in process: ``init-db``'s
 partitioned outbox (the Stasher writes to it unchanged), both delivery modes publishing it -- every
 committed row (exactly once and in per-key order with ``--uuid-sequencing``; at least once, in per-key
 order, without), a late commit (a writer holding a low id commits after higher ids were relayed),
@@ -35,7 +35,8 @@ from harvest_outbox.producer.layouts.cursor._watermark import Cursor, Snapshot, 
 from harvest_outbox.producer.layouts.cursor.database import CursorDatabase, cursor_backlog
 from harvest_outbox.producer.layouts.cursor.schema import range_partitions
 from harvest_outbox.producer.layouts.cursor.views import CursorViews, NotNextRows, Segment, ViewRead
-from harvest_outbox.producer.schema import OutboxNames, init_db
+from harvest_outbox.producer.schema import OutboxNames
+from harvest_outbox.producer.schema.ddl import init_db
 from harvest_outbox.producer.stash.stasher import OutboxRecord, Stasher
 
 PARTITION_IDS = 100  # a few hundred rows span several partitions

@@ -31,7 +31,8 @@ from harvest_outbox.producer.layouts.cursor.schema import ORIGIN_TEXT, range_par
 from harvest_outbox.producer.layouts.cursor.views import CursorViews
 from harvest_outbox.producer.relay.sharded import relay_for
 from harvest_outbox.producer.relay.shards import shard_of
-from harvest_outbox.producer.schema import OutboxNames, init_db
+from harvest_outbox.producer.schema import OutboxNames
+from harvest_outbox.producer.schema.ddl import init_db
 from harvest_outbox.producer.stash.stasher import OutboxRecord, Stasher
 
 pytestmark = pytest.mark.integration

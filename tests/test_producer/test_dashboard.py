@@ -21,7 +21,7 @@ from psycopg import sql
 from relaylib import relay_config, wait_drained
 
 from harvest_outbox.producer.harvest import Harvest
-from harvest_outbox.producer.schema import init_db
+from harvest_outbox.producer.schema.ddl import init_db
 from harvest_outbox.producer.stash.stasher import OutboxRecord, Stasher
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -17,7 +17,8 @@ import pytest
 from psycopg import sql
 from test_cli import assert_one_line_exit_2, harvest
 
-from harvest_outbox.producer.schema import OutboxNames, init_db
+from harvest_outbox.producer.schema import OutboxNames
+from harvest_outbox.producer.schema.ddl import init_db
 
 
 def _setup(pg_dsn: str, table: str) -> OutboxNames:

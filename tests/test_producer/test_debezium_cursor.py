@@ -39,7 +39,8 @@ from harvest_outbox.producer.ops._check import check_outbox
 from harvest_outbox.producer.ops._deadletter_admin import Selection, discard
 from harvest_outbox.producer.ops._deadletters import list_dead_letters, requeue
 from harvest_outbox.producer.relay.sharded import relay_for
-from harvest_outbox.producer.schema import OutboxNames, init_db
+from harvest_outbox.producer.schema import OutboxNames
+from harvest_outbox.producer.schema.ddl import init_db
 
 PARTITION_IDS = 100  # a few hundred rows span several partitions
 AGGREGATES = ("Order", "Customer")

@@ -347,7 +347,7 @@ def test_relays_kill9_and_sigstop(
     (or kill -9 of the paused process) lets the standby acquire; the resumed holder fences itself."""
     from relaylib import BackgroundWriter, assert_per_key_order, consume_all, covers, outbox_count, wait_drained
 
-    from harvest_outbox.producer.schema import init_db
+    from harvest_outbox.producer.schema.ddl import init_db
 
     check = 0.5
     topic = topic_factory(partitions=2)

@@ -17,7 +17,7 @@ import pytest
 from relaylib import BackgroundWriter, assert_per_key_order, consume_all, covers, wait_drained
 
 from harvest_outbox.harvest_local.relays import RelayProcess, wait_for, write_config
-from harvest_outbox.producer.schema import init_db
+from harvest_outbox.producer.schema.ddl import init_db
 from harvest_outbox.producer.stash.stasher import OutboxRecord, Stasher
 
 pytestmark = pytest.mark.integration

@@ -28,9 +28,11 @@ from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from harvest_outbox.harvest_local.netfault import NetFault
-from harvest_outbox.producer.db import IDLE_IN_TRANSACTION_TIMEOUT, OutboxDatabase, TxnCommit
+from harvest_outbox.producer.db import IDLE_IN_TRANSACTION_TIMEOUT, TxnCommit
 from harvest_outbox.producer.errors import DatabaseError
-from harvest_outbox.producer.schema import OutboxNames, init_db
+from harvest_outbox.producer.layouts.mark.database import MarkDatabase
+from harvest_outbox.producer.schema import OutboxNames
+from harvest_outbox.producer.schema.ddl import init_db
 from harvest_outbox.producer.stash.stasher import OutboxRecord, Stasher
 
 pytestmark = pytest.mark.integration
@@ -61,7 +63,7 @@ def _locked(pg_dsn: str, names: OutboxNames, ids: list[int]) -> list[str]:
 class _View(NamedTuple):
     names: OutboxNames
     proxy: NetFault
-    db: OutboxDatabase  # connected through the proxy
+    db: MarkDatabase  # connected through the proxy
     leader: uuid.UUID
     epoch: int
     ids: list[int]  # marked by this view, not committed
@@ -76,7 +78,7 @@ def view(pg_dsn: str, pg_schema: str) -> Iterator[_View]:
         Stasher(table).stash_many(conn, [OutboxRecord("t", f"k{i % 100}", "v") for i in range(ROWS)])
     params = conninfo_to_dict(pg_dsn)
     proxy = NetFault((str(params.get("host", "127.0.0.1")), int(params.get("port", 5432))), name="pg").start()
-    db = OutboxDatabase(make_conninfo(pg_dsn, host="127.0.0.1", port=str(proxy.port)), names)
+    db = MarkDatabase(make_conninfo(pg_dsn, host="127.0.0.1", port=str(proxy.port)), names)
     try:
         leader = uuid.uuid4()
         epoch, _intents = db.start_view(leader, "zombie")
@@ -89,7 +91,7 @@ def view(pg_dsn: str, pg_schema: str) -> Iterator[_View]:
 
 
 def _commit_in_background(
-    db: OutboxDatabase, epoch: int, leader: uuid.UUID, ids: list[int]
+    db: MarkDatabase, epoch: int, leader: uuid.UUID, ids: list[int]
 ) -> tuple[threading.Thread, list[BaseException | None]]:
     """Commit ``ids`` as one harvest transaction on a thread; the list gets None or the error."""
     done: list[BaseException | None] = []

@@ -28,7 +28,8 @@ from harvest_outbox.producer.mapping.table import table_mapping
 from harvest_outbox.producer.ops._deadletter_admin import Selection, discard, selected_ids, stuck_keys
 from harvest_outbox.producer.ops._deadletters import list_dead_letters, requeue_what_can_be
 from harvest_outbox.producer.relay.sharded import relay_for
-from harvest_outbox.producer.schema import OutboxNames, init_db
+from harvest_outbox.producer.schema import OutboxNames
+from harvest_outbox.producer.schema.ddl import init_db
 from harvest_outbox.producer.stash.stasher import OutboxRecord, Stasher
 
 MISMATCHED = "header arrays differ in length"

@@ -25,7 +25,7 @@ from relaylib import relay_config
 from harvest_outbox.harvest_local.relays import write_config
 from harvest_outbox.producer.harvest import Harvest
 from harvest_outbox.producer.relay.events import MeterRead
-from harvest_outbox.producer.schema import init_db
+from harvest_outbox.producer.schema.ddl import init_db
 
 pytestmark = pytest.mark.integration
 

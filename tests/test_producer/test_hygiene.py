@@ -22,7 +22,8 @@ from harvest_outbox.producer.mapping.table import table_mapping
 from harvest_outbox.producer.ops._check import DEAD_ROWS_WARNING, Finding, check_outbox, vacuum_finding
 from harvest_outbox.producer.relay.events import LeaderAcquired, MeterRead
 from harvest_outbox.producer.relay.sharded import relay_for
-from harvest_outbox.producer.schema import OUTBOX_AUTOVACUUM, OutboxNames, init_db, table_reloptions
+from harvest_outbox.producer.schema import OUTBOX_AUTOVACUUM, OutboxNames, table_reloptions
+from harvest_outbox.producer.schema.ddl import init_db
 
 # goharvest's own DDL (sh/init-outbox.sh): no storage parameters.
 _GOHARVEST_DDL = """

@@ -25,7 +25,8 @@ from harvest_outbox.producer.harvest import Harvest
 from harvest_outbox.producer.mapping._event_router import EventRouter
 from harvest_outbox.producer.mapping.table import DebeziumMapping, table_mapping
 from harvest_outbox.producer.ops._check import check_outbox
-from harvest_outbox.producer.schema import OutboxNames, init_db
+from harvest_outbox.producer.schema import OutboxNames
+from harvest_outbox.producer.schema.ddl import init_db
 
 # RegexRouter.apply, as Kafka Connect runs it for Debezium's outbox router. Lines in: pattern, replacement
 # and value, tab-separated, each as hex of its UTF-8; lines out: OK and the topic (hex), or ERR when Java

@@ -27,7 +27,8 @@ from seqcheck import Expected, check_exactly_once, read_intents, wait_for, write
 
 from harvest_outbox.harvest_local.kafka_cluster import EmbeddedKafkaCluster
 from harvest_outbox.producer.harvest import Harvest
-from harvest_outbox.producer.schema import OutboxNames, init_db
+from harvest_outbox.producer.schema import OutboxNames
+from harvest_outbox.producer.schema.ddl import init_db
 
 PARTITIONS = 4
 

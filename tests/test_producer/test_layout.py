@@ -24,7 +24,8 @@ from harvest_outbox.producer.errors import HarvestError, SchemaError
 from harvest_outbox.producer.harvest import Harvest, State
 from harvest_outbox.producer.relay.admission import Layout, LayoutError, admit, live_relays, recorded_layout
 from harvest_outbox.producer.relay.sharded import relay_for
-from harvest_outbox.producer.schema import OutboxNames, init_db
+from harvest_outbox.producer.schema import OutboxNames
+from harvest_outbox.producer.schema.ddl import init_db
 from harvest_outbox.producer.stash.stasher import OutboxRecord, Stasher
 
 FIX = "Fix: to change the layout, stop every running relay first"

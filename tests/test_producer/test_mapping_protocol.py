@@ -13,9 +13,9 @@ import pytest
 from fake_mapping import FakeMapping
 from psycopg import sql
 
-from harvest_outbox.producer.db import _statements
 from harvest_outbox.producer.layouts.cursor import database as cursor_db
 from harvest_outbox.producer.layouts.cursor.schema import cursor_outbox_ddl
+from harvest_outbox.producer.layouts.mark import database as mark_db
 from harvest_outbox.producer.layouts.mark.marks import mark_sql
 from harvest_outbox.producer.mapping.goharvest import GOHARVEST
 from harvest_outbox.producer.mapping.names import OutboxNames
@@ -58,8 +58,8 @@ def test_the_fake_is_a_table_mapping() -> None:
     [
         ("mark", mark_sql(NAMES, "varchar", None, frozenset(), False)),
         ("sharded mark", mark_sql(NAMES, "bytea", 4, frozenset({0, 3}), False)),
-        ("purge", _statements.purge_sql(NAMES)),
-        ("reset", _statements.reset_sql(NAMES)),
+        ("purge", mark_db.purge_sql(NAMES)),
+        ("reset", mark_db.reset_sql(NAMES)),
         ("cursor read", cursor_db.read_sql(NAMES, "varchar", 4)),
         ("cursor backlog", cursor_db.backlog_sql(NAMES, 4)),
         ("cursor table", cursor_outbox_ddl(NAMES, "varchar")),
@@ -75,7 +75,7 @@ def test_statements_name_only_the_mappings_columns(what: str, statement: sql.Com
 
 def test_dead_letters_take_the_record_and_the_row_from_the_mapping() -> None:
     for statement in (
-        _statements.dead_letter_sql(NAMES, "varchar", sql.SQL("")),
+        mark_db.dead_letter_sql(NAMES, "varchar", sql.SQL("")),
         cursor_db.copy_dead_letters_sql(NAMES, "varchar"),
     ):
         text = _text(statement)

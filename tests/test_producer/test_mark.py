@@ -15,11 +15,12 @@ from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
 from harvest_outbox.producer.config import HarvestConfig
-from harvest_outbox.producer.db import OutboxDatabase
 from harvest_outbox.producer.election.neli import StaticElection
 from harvest_outbox.producer.harvest import Harvest
+from harvest_outbox.producer.layouts.mark.database import MarkDatabase
 from harvest_outbox.producer.ops.preflight import TopicGuard
-from harvest_outbox.producer.schema import OUTBOX_FILLFACTOR, OutboxNames, init_db, outbox_fillfactor
+from harvest_outbox.producer.schema import OUTBOX_FILLFACTOR, OutboxNames, outbox_fillfactor
+from harvest_outbox.producer.schema.ddl import init_db
 from harvest_outbox.producer.stash.stasher import OutboxRecord, Stasher
 
 
@@ -39,7 +40,7 @@ def test_mark_stays_fast_on_statistics_of_an_empty_outbox(pg_dsn: str, pg_schema
         conn.execute(sql.SQL("ANALYZE {}").format(names.outbox))
         with conn.transaction():
             st.stash_many(conn, [OutboxRecord("t", f"k{i % 100}", f"v{i}") for i in range(100_000)])
-    db = OutboxDatabase(pg_dsn, names)
+    db = MarkDatabase(pg_dsn, names)
     try:
         db.conn.execute("SET statement_timeout = '20s'")  # the old plan runs for minutes: fail, not hang
         leader = uuid.uuid4()
@@ -63,13 +64,13 @@ def test_an_idle_relays_marks_never_run_on_a_generic_plan(pg_dsn: str, pg_schema
     table = f"{pg_schema}.outbox"
     names = init_db(pg_dsn, table, shards=shards)
 
-    def generic_plans(db: OutboxDatabase) -> list[tuple[int, int]]:
+    def generic_plans(db: MarkDatabase) -> list[tuple[int, int]]:
         return db.conn.execute(
             "SELECT generic_plans, custom_plans FROM pg_prepared_statements "
             "WHERE statement LIKE '%%UPDATE%%leader_id%%RETURNING%%'"
         ).fetchall()
 
-    dbs = [OutboxDatabase(pg_dsn, names, shards) for _ in range(2)]
+    dbs = [MarkDatabase(pg_dsn, names, shards) for _ in range(2)]
     if shards > 1:
         for d in dbs:
             d.set_shards(frozenset(range(shards)))
@@ -143,7 +144,7 @@ def test_the_mark_names_what_makes_a_row_unsendable(
         conn.execute(ins, ("t", "before", [], []))
         conn.execute(ins, (topic, key, hkeys, hvals))
         conn.execute(ins, ("t", "after", ["h"], ["1"]))
-    db = OutboxDatabase(pg_dsn, names)
+    db = MarkDatabase(pg_dsn, names)
     try:
         before, row, after = db.mark(uuid.uuid4(), 10)
     finally:
@@ -189,7 +190,7 @@ def test_the_mark_returns_key_and_value_as_their_utf8_bytes(
             ).format(names.outbox)
             for _name, topic, key, value in rows:
                 conn.execute(ins, (topic, key, value, [f"h-{key}"], [value]))
-        db = OutboxDatabase(dsn, names)
+        db = MarkDatabase(dsn, names)
         try:
             marked = db.mark(uuid.uuid4(), 10)
         finally:
@@ -207,7 +208,7 @@ def _hot_share_of_one_mark(pg_dsn: str, names: OutboxNames, rows: int) -> float:
     the mark's row updates Postgres made in-page (HOT)."""
     with psycopg.connect(pg_dsn, autocommit=True) as conn, conn.transaction():
         Stasher(names.display).stash_many(conn, [OutboxRecord("t", f"k{i % 100}", "v" * 100) for i in range(rows)])
-    db = OutboxDatabase(pg_dsn, names)
+    db = MarkDatabase(pg_dsn, names)
     try:
         db.conn.execute("BEGIN")
         assert len(db.mark(uuid.uuid4(), rows)) == rows

@@ -29,7 +29,8 @@ from seqcheck import Expected, check_exactly_once, read_intents, wait_for
 
 from harvest_outbox.harvest_local.postgres import EmbeddedPostgres
 from harvest_outbox.producer.harvest import Harvest
-from harvest_outbox.producer.schema import OutboxNames, init_db
+from harvest_outbox.producer.schema import OutboxNames
+from harvest_outbox.producer.schema.ddl import init_db
 from harvest_outbox.producer.stash.stasher import OutboxRecord, Stasher
 
 PARTITIONS = 4

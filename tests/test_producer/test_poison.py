@@ -26,7 +26,8 @@ from harvest_outbox.harvest_local.kafka import create_topic
 from harvest_outbox.producer.harvest import Harvest
 from harvest_outbox.producer.layouts.cursor.database import cursor_backlog
 from harvest_outbox.producer.ops._deadletters import list_dead_letters, requeue
-from harvest_outbox.producer.schema import OutboxNames, init_db
+from harvest_outbox.producer.schema import OutboxNames
+from harvest_outbox.producer.schema.ddl import init_db
 from harvest_outbox.producer.stash.stasher import OutboxRecord, Stasher
 
 

@@ -372,9 +372,11 @@ def quiet_relay() -> Any:
 
 
 def test_the_database_implementations_fit_the_protocols_interface() -> None:
-    from harvest_outbox.producer.db import OutboxDatabase
+    from harvest_outbox.producer.layouts.cursor.database import CursorDatabase
+    from harvest_outbox.producer.layouts.mark.database import MarkDatabase
 
-    assert issubclass(OutboxDatabase, SequencedStore)
+    # each layout's relay database (neither inherits the other: tests/test_foundation/test_layouts.py)
+    assert issubclass(MarkDatabase, SequencedStore) and issubclass(CursorDatabase, SequencedStore)
     assert isinstance(ModelStore(ModelDB(), lambda op: "ok"), SequencedStore)
 
 

@@ -20,7 +20,8 @@ from harvest_outbox.harvest_local.registry import EmbeddedRegistry
 from harvest_outbox.producer.config.serialization import SerializationConfig
 from harvest_outbox.producer.harvest import Harvest
 from harvest_outbox.producer.ops._deadletters import list_dead_letters
-from harvest_outbox.producer.schema import OutboxNames, init_db
+from harvest_outbox.producer.schema import OutboxNames
+from harvest_outbox.producer.schema.ddl import init_db
 from harvest_outbox.producer.stash.stasher import OutboxRecord, Stasher
 
 pytestmark = pytest.mark.integration

@@ -16,7 +16,7 @@ from psycopg import sql
 from harvest_outbox.harvest_local.registry import EmbeddedRegistry
 from harvest_outbox.producer.config.serialization import SerializationConfig
 from harvest_outbox.producer.errors import RecordError
-from harvest_outbox.producer.schema import init_db
+from harvest_outbox.producer.schema.ddl import init_db
 from harvest_outbox.producer.stash.stasher import OutboxRecord, Stasher
 from harvest_outbox.producer.stash.validation import StashValidator
 

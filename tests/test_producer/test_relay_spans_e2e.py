@@ -27,7 +27,7 @@ from harvest_outbox.harvest_local.kafka import read_to_end
 from harvest_outbox.producer.harvest import Harvest
 from harvest_outbox.producer.kafka import FaultInjector
 from harvest_outbox.producer.relay.spans import DWELL_MS, KAFKA_PARTITION, OFFSET, TracingConfig
-from harvest_outbox.producer.schema import init_db
+from harvest_outbox.producer.schema.ddl import init_db
 from harvest_outbox.producer.stash.stasher import OutboxRecord, Stasher
 
 pytestmark = pytest.mark.integration

@@ -28,7 +28,8 @@ from seqcheck import Expected, check_exactly_once, count_rows
 from harvest_outbox.producer.harvest import Harvest
 from harvest_outbox.producer.kafka import FaultInjector
 from harvest_outbox.producer.ops._deadletters import list_dead_letters
-from harvest_outbox.producer.schema import OutboxNames, init_db
+from harvest_outbox.producer.schema import OutboxNames
+from harvest_outbox.producer.schema.ddl import init_db
 from harvest_outbox.producer.stash.stasher import OutboxRecord, Stasher
 
 pytestmark = pytest.mark.integration

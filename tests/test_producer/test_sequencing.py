@@ -17,7 +17,7 @@ from harvest_outbox.producer.harvest import Harvest
 from harvest_outbox.producer.kafka import FaultInjector
 from harvest_outbox.producer.relay.events import LeaderRefreshed, ViewStarted
 from harvest_outbox.producer.relay.sequenced.mode import SequencedMode
-from harvest_outbox.producer.schema import init_db
+from harvest_outbox.producer.schema.ddl import init_db
 from harvest_outbox.sequencer import Publisher
 
 pytestmark = pytest.mark.integration
@@ -216,21 +216,21 @@ def test_trickle_through_a_full_ring_waits_and_commits_in_groups(
     waits for a commit (or a report) instead of spinning (it once busy-looped a core at 500 rows/s),
     and transactions delivered while a commit runs are committed together in the next one, exactly
     once, in order."""
-    from harvest_outbox.producer.db import OutboxDatabase
+    from harvest_outbox.producer.layouts.mark.database import MarkDatabase
 
     topic = topic_factory(partitions=4)
     table = f"{pg_schema}.outbox"
     init_db(pg_dsn, table)
     exp = Expected()
     batches: list[int] = []
-    real_commit = OutboxDatabase.commit_txns
+    real_commit = MarkDatabase.commit_txns
 
-    def slow_commit(self: OutboxDatabase, epoch: int, leader_id: object, txns: list) -> None:
+    def slow_commit(self: MarkDatabase, epoch: int, leader_id: object, txns: list) -> None:
         batches.append(len(txns))
         time.sleep(0.03)  # a slow database: the ring fills while this commit runs
         real_commit(self, epoch, leader_id, txns)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(OutboxDatabase, "commit_txns", slow_commit)
+    monkeypatch.setattr(MarkDatabase, "commit_txns", slow_commit)
     # Three slots: a committing transaction keeps its slot until its commit returns, so with two
     # only one other transaction could be delivered while a commit runs, and a group commit then
     # needed two deliveries to land between two looks of the relay (CI once saw none in 150 rows).

@@ -24,10 +24,10 @@ import pytest
 from relaylib import relay_config
 from seqcheck import Expected, check_exactly_once, count_rows, read_intents, wait_for, write_traffic
 
-from harvest_outbox.producer.db import OutboxDatabase
 from harvest_outbox.producer.errors import DatabaseError
 from harvest_outbox.producer.harvest import Harvest
-from harvest_outbox.producer.schema import init_db
+from harvest_outbox.producer.layouts.mark.database import MarkDatabase
+from harvest_outbox.producer.schema.ddl import init_db
 
 pytestmark = pytest.mark.integration
 
@@ -50,9 +50,9 @@ def test_commit_that_succeeded_but_reported_a_lost_connection_loses_nothing(
     for writer in range(3):
         write_traffic(pg_dsn, table, topic, exp, writer, 40, keys=8, rollback_rate=0.1)
     commits = {"n": 0, "lost_replies": 0}
-    real_commit = OutboxDatabase.commit_txns
+    real_commit = MarkDatabase.commit_txns
 
-    def commit_then_lose_the_reply(self: OutboxDatabase, *args: Any, **kwargs: Any) -> None:
+    def commit_then_lose_the_reply(self: MarkDatabase, *args: Any, **kwargs: Any) -> None:
         real_commit(self, *args, **kwargs)  # committed on the server
         commits["n"] += 1
         if commits["n"] == lost_reply_at:
@@ -60,7 +60,7 @@ def test_commit_that_succeeded_but_reported_a_lost_connection_loses_nothing(
             self.close()
             raise DatabaseError(f"commit on {table!r} failed: server closed the connection unexpectedly")
 
-    monkeypatch.setattr(OutboxDatabase, "commit_txns", commit_then_lose_the_reply)
+    monkeypatch.setattr(MarkDatabase, "commit_txns", commit_then_lose_the_reply)
     cfg = relay_config(
         pg_dsn,
         kafka_bootstrap,

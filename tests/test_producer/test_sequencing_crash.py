@@ -40,7 +40,7 @@ from seqcheck import (
 )
 
 from harvest_outbox.producer.election.postgres import lock_holder
-from harvest_outbox.producer.schema import init_db
+from harvest_outbox.producer.schema.ddl import init_db
 
 pytestmark = pytest.mark.integration
 

@@ -20,13 +20,14 @@ from psycopg import sql
 from relaylib import consume_all, relay_config, wait_drained
 
 from harvest_outbox.harvest_local.relays import wait_for, write_config
-from harvest_outbox.producer.db import OutboxDatabase
 from harvest_outbox.producer.errors import SchemaError
+from harvest_outbox.producer.layouts.mark.database import MarkDatabase
 from harvest_outbox.producer.ops._deadletters import list_dead_letters
 from harvest_outbox.producer.ops.cli import main
 from harvest_outbox.producer.relay.sharded import ShardedHarvest
 from harvest_outbox.producer.relay.shards import shard_of
-from harvest_outbox.producer.schema import OutboxNames, init_db
+from harvest_outbox.producer.schema import OutboxNames
+from harvest_outbox.producer.schema.ddl import init_db
 
 NULL_KEY_REASON = "kafka_key is NULL"
 
@@ -58,7 +59,7 @@ def test_every_row_is_in_exactly_one_shard_a_null_key_too(pg_dsn: str, pg_schema
     names, good, null_id = _outbox_with_a_null_key(pg_dsn, f"{pg_schema}.outbox", "t", shards)
     seen: dict[int, int] = {}
     for k in range(shards):
-        db = OutboxDatabase(pg_dsn, names, shards)
+        db = MarkDatabase(pg_dsn, names, shards)
         db.set_shards(frozenset({k}))
         try:
             for row in db.mark(uuid.uuid4(), 100):
@@ -78,7 +79,7 @@ def test_backlog_gauges_and_the_shards_command_count_a_null_key_row(
 ) -> None:
     table = f"{pg_schema}.outbox"
     names, good, _null_id = _outbox_with_a_null_key(pg_dsn, table, "t", 4)
-    db = OutboxDatabase(pg_dsn, names, 4)
+    db = MarkDatabase(pg_dsn, names, 4)
     db.set_shards(frozenset(range(4)))
     try:
         assert db.stats()[0] == len(good) + 1
@@ -140,7 +141,7 @@ def test_an_outbox_with_the_old_shard_index_is_refused_until_init_db_replaces_it
                 "CREATE INDEX {} ON {} (mod(('x' || substr(md5(kafka_key), 1, 8))::bit(32)::bigint, 4), id)"
             ).format(sql.Identifier(old), names.outbox)
         )
-    db = OutboxDatabase(pg_dsn, names, 4)
+    db = MarkDatabase(pg_dsn, names, 4)
     try:
         with pytest.raises(
             SchemaError,
@@ -157,7 +158,7 @@ def test_an_outbox_with_the_old_shard_index_is_refused_until_init_db_replaces_it
             for r in conn.execute("SELECT indexname FROM pg_indexes WHERE schemaname = %s", (pg_schema,)).fetchall()
         }
     assert names.shard_index_name(4) in indexes and old not in indexes, indexes
-    db = OutboxDatabase(pg_dsn, names, 4)
+    db = MarkDatabase(pg_dsn, names, 4)
     try:
         _ = db.conn
     finally:

@@ -23,7 +23,7 @@ from harvest_outbox.producer.election.sharded_neli import fair_share
 from harvest_outbox.producer.errors import ElectionError
 from harvest_outbox.producer.layouts.cursor.database import cursor_backlog
 from harvest_outbox.producer.observe.shard_status import neli_leaders, postgres_leaders
-from harvest_outbox.producer.schema import init_db
+from harvest_outbox.producer.schema.ddl import init_db
 
 pytestmark = pytest.mark.integration
 

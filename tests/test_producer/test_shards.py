@@ -18,13 +18,14 @@ from relaylib import assert_per_key_order, consume_all, covers, relay_config, wa
 
 from harvest_outbox.harvest_local.relays import wait_for
 from harvest_outbox.producer.config import HarvestConfig, from_mapping
-from harvest_outbox.producer.db import OutboxDatabase
 from harvest_outbox.producer.election.sharded_neli import ShardSetSeat, fair_share
 from harvest_outbox.producer.election.sharded_postgres import PostgresShardElection
 from harvest_outbox.producer.errors import ConfigError, ElectionError, SchemaError
+from harvest_outbox.producer.layouts.mark.database import MarkDatabase
 from harvest_outbox.producer.relay.sharded import ShardedHarvest, relay_for
 from harvest_outbox.producer.relay.shards import shard_expression, shard_of
-from harvest_outbox.producer.schema import OutboxNames, init_db
+from harvest_outbox.producer.schema import OutboxNames
+from harvest_outbox.producer.schema.ddl import init_db
 from harvest_outbox.producer.stash.stasher import OutboxRecord, Stasher
 
 S = 8
@@ -139,7 +140,7 @@ def test_a_shard_mark_reads_its_index_range_on_a_large_outbox(pg_dsn: str, pg_sc
         conn.execute(sql.SQL("ANALYZE {}").format(names.outbox))
     import uuid
 
-    db = OutboxDatabase(pg_dsn, names, S)
+    db = MarkDatabase(pg_dsn, names, S)
     db.set_shards(frozenset({3}))
     try:
         _ = db.conn
@@ -168,7 +169,7 @@ def test_shard_mark_takes_only_its_rows_in_id_order_from_the_index(pg_dsn: str, 
 
     seen: list[int] = []
     for k in range(S):
-        db = OutboxDatabase(pg_dsn, OutboxNames.parse(table), S)
+        db = MarkDatabase(pg_dsn, OutboxNames.parse(table), S)
         db.set_shards(frozenset({k}))
         try:
             rows = db.mark(uuid.uuid4(), 5000)
@@ -186,7 +187,7 @@ def test_shard_mark_takes_only_its_rows_in_id_order_from_the_index(pg_dsn: str, 
         finally:
             db.close()
     assert sorted(seen) == list(range(min(seen), min(seen) + 2000))  # every row in exactly one shard
-    db = OutboxDatabase(pg_dsn, OutboxNames.parse(table), S)
+    db = MarkDatabase(pg_dsn, OutboxNames.parse(table), S)
     db.set_shards(frozenset({1, 3}))
     try:
         import uuid as _uuid
@@ -445,14 +446,14 @@ def test_fence_epochs_and_ack_intents_are_per_shard(pg_dsn: str, pg_schema: str)
     with psycopg.connect(pg_dsn) as conn:
         Stasher(table).stash_many(conn, [OutboxRecord("t", keys[k], f"v{k}-{j}") for k in (0, 1, 2) for j in range(3)])
 
-    def view(shards: set[int]) -> tuple[OutboxDatabase, uuid.UUID, int, list[tuple[int, bytes, int, str, int]]]:
-        db = OutboxDatabase(pg_dsn, names, S)
+    def view(shards: set[int]) -> tuple[MarkDatabase, uuid.UUID, int, list[tuple[int, bytes, int, str, int]]]:
+        db = MarkDatabase(pg_dsn, names, S)
         db.set_shards(frozenset(shards))
         leader = uuid.uuid4()
         epoch, intents = db.start_view(leader, f"relay-{sorted(shards)}")
         return db, leader, epoch, intents
 
-    opened: list[OutboxDatabase] = []
+    opened: list[MarkDatabase] = []
     try:
         a, a_leader, a_epoch, a_intents = view({0, 1})
         c, c_leader, c_epoch, _ = view({2})

@@ -17,7 +17,7 @@ import pytest
 from seqcheck import Expected, write_traffic
 
 from harvest_outbox.harvest_local.relays import wait_for, write_config
-from harvest_outbox.producer.schema import init_db
+from harvest_outbox.producer.schema.ddl import init_db
 
 EXIT_FORCED = 3  # producer.ops.cli.EXIT_FORCED
 

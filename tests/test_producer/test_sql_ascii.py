@@ -24,7 +24,8 @@ from harvest_outbox.producer.election.postgres import election_connection, resol
 from harvest_outbox.producer.errors import SchemaError
 from harvest_outbox.producer.ops.cli import main
 from harvest_outbox.producer.relay.sharded import relay_for
-from harvest_outbox.producer.schema import OutboxNames, init_db, outbox_ddl, shard_ddl
+from harvest_outbox.producer.schema import OutboxNames
+from harvest_outbox.producer.schema.ddl import init_db, outbox_ddl, shard_ddl
 
 REFUSAL = r"database '{db}' has encoding SQL_ASCII.*ENCODING 'UTF8' TEMPLATE template0"
 

@@ -19,7 +19,7 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
 from harvest_outbox.producer.errors import ConfigError
 from harvest_outbox.producer.harvest import Harvest
-from harvest_outbox.producer.schema import init_db
+from harvest_outbox.producer.schema.ddl import init_db
 from harvest_outbox.producer.stash.sqlalchemy import SessionStasher, astash, astash_many, stash, stash_many
 from harvest_outbox.producer.stash.stasher import OutboxRecord
 

@@ -10,7 +10,8 @@ import pytest
 from psycopg import sql
 
 from harvest_outbox.producer.errors import ConfigError, RecordError, SchemaError
-from harvest_outbox.producer.schema import OutboxNames, init_db, inspect_outbox
+from harvest_outbox.producer.schema import OutboxNames, inspect_outbox
+from harvest_outbox.producer.schema.ddl import init_db
 from harvest_outbox.producer.stash.async_stasher import AsyncStasher
 from harvest_outbox.producer.stash.async_stasher import stash_many as astash_many
 from harvest_outbox.producer.stash.stasher import OutboxRecord, Stasher, stash

@@ -9,7 +9,8 @@ import pytest
 from psycopg import sql
 
 from harvest_outbox.producer.errors import RecordError
-from harvest_outbox.producer.schema import OutboxNames, init_db
+from harvest_outbox.producer.schema import OutboxNames
+from harvest_outbox.producer.schema.ddl import init_db
 from harvest_outbox.producer.stash.async_stasher import AsyncStasher
 from harvest_outbox.producer.stash.async_stasher import stash as astash
 from harvest_outbox.producer.stash.stasher import OutboxRecord, Stasher

@@ -26,7 +26,8 @@ from harvest_outbox.producer.errors import ConfigError, SchemaError
 from harvest_outbox.producer.harvest import Harvest
 from harvest_outbox.producer.mapping.table import GOHARVEST, DebeziumMapping, EventRouter, table_mapping
 from harvest_outbox.producer.ops._deadletters import list_dead_letters, requeue
-from harvest_outbox.producer.schema import OutboxNames, init_db, inspect_outbox
+from harvest_outbox.producer.schema import OutboxNames, inspect_outbox
+from harvest_outbox.producer.schema.ddl import init_db
 
 # ---------------------------------------------------------------------------------------- options
 
@@ -557,7 +558,7 @@ def test_a_dead_letter_as_a_connections_first_statement_keeps_the_value(
     """The dead-letter statements read the value column as its type, which the connection learns
     when it opens: a dead letter that is a fresh connection's first statement (the relay's write
     connection's can be) must already use it."""
-    from harvest_outbox.producer.db import OutboxDatabase
+    from harvest_outbox.producer.layouts.mark.database import MarkDatabase
 
     table = f"{pg_schema}.outbox"
     names = init_db(pg_dsn, table, value_type)  # type: ignore[arg-type]
@@ -571,7 +572,7 @@ def test_a_dead_letter_as_a_connections_first_statement_keeps_the_value(
             (value,),
         ).fetchone()
     assert row is not None
-    db = OutboxDatabase(pg_dsn, names)
+    db = MarkDatabase(pg_dsn, names)
     try:
         assert db.dead_letter([(row[0], "boom", 1)]) == 1
     finally:

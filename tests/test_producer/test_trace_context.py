@@ -17,7 +17,7 @@ from relaylib import relay_config, wait_drained
 from harvest_outbox.consumer import ReadCommittedIter
 from harvest_outbox.consumer.record import PyRecord
 from harvest_outbox.producer.harvest import Harvest
-from harvest_outbox.producer.schema import init_db
+from harvest_outbox.producer.schema.ddl import init_db
 from harvest_outbox.producer.stash.async_stasher import AsyncStasher
 from harvest_outbox.producer.stash.stasher import OutboxRecord, Stasher
 

@@ -34,7 +34,8 @@ from harvest_outbox.producer.config import HarvestConfig
 from harvest_outbox.producer.errors import ConfigError
 from harvest_outbox.producer.mapping.table import table_mapping
 from harvest_outbox.producer.relay.sharded import relay_for
-from harvest_outbox.producer.schema import OutboxNames, init_db
+from harvest_outbox.producer.schema import OutboxNames
+from harvest_outbox.producer.schema.ddl import init_db
 from harvest_outbox.producer.stash.stasher import OutboxRecord, Stasher
 
 PREPARE_REFUSED = "cannot PREPARE a transaction that has executed LISTEN, UNLISTEN, or NOTIFY"

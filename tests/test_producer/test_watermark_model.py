@@ -1,4 +1,4 @@
-"""The mark-less relay (producer/layouts/cursor/_watermark.py, docs/primary-cost.md) as a model test: the module's
+"""The cursor layout (producer/layouts/cursor/_watermark.py, docs/design.md §11) as a model test: the module's
 decisions driven on an in-memory MVCC outbox (model_mvcc.py) through thousands of seeded schedules (the
 world, its relays and the checks: model_watermark.py; scenario tests of the module: test_watermark.py).
 

@@ -1,4 +1,4 @@
-"""The mark-less relay's SQL sketch (docs/primary-cost.md "The mark-less relay") on the real Postgres
+"""The cursor layout's SQL sketch (docs/design.md §11) on the real Postgres
 the fixtures start, driven by producer/layouts/cursor/_watermark.py's decisions: a transaction that commits late (a
 lower id than rows already relayed) is caught by the snapshot interval, with two writer connections
 and a relay connection; the read query's WHERE agrees with the module's ``Cursor.pending``; a

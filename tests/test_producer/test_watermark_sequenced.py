@@ -1,9 +1,9 @@
-"""The mark-less relay under the real ``--uuid-sequencing`` mode: test_protocol_model.py's schedules
+"""The cursor layout under the real ``--uuid-sequencing`` mode: test_protocol_model.py's schedules
 (the real :class:`~producer.relay.sequenced.mode.SequencedMode`, the model topic, crashes, zombies, lost replies,
 failed deliveries, the project's Sequencer reading the log) on a database whose
 :class:`~producer.relay.sequenced._store.SequencedStore` reads with producer/layouts/cursor/_watermark.py's cursor instead of
 marking rows, and whose fenced commit moves the cursor instead of deleting them
-(docs/primary-cost.md "The mark-less relay": "the commit protocol, both modes").
+(docs/design.md §11: "The commit protocol, both modes").
 
 - a view's reads start from the committed cursor as it was when ``start_view_with_floor`` raised the
   epoch (one transaction), and go on batch by batch (snapshot intervals) from there;

@@ -179,7 +179,7 @@ def _run_scenario(
     spark, pg_dsn: str, kafka_bootstrap: str, schema: str, topic: str, tmp: Path, masters: tuple[str, str, str]
 ) -> None:
     from harvest_outbox.harvest_local.applier import create_tables
-    from harvest_outbox.producer.schema import init_db
+    from harvest_outbox.producer.schema.ddl import init_db
 
     outbox = f"{schema}.outbox"
     create_accounts(pg_dsn, schema, 40)

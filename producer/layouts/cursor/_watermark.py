@@ -1,7 +1,7 @@
-"""The mark-less relay's decisions (issue #37, docs/primary-cost.md "The mark-less relay"): which outbox
+"""The cursor layout's decisions (issue #37, docs/design.md §11, "The cursor layout"): which outbox
 rows a leader publishes next, how far its fenced cursor may advance, and which id-range partitions of
 the outbox may be truncated. Pure logic: no database, no Kafka; the SQL that feeds it is
-docs/primary-cost.md's, and tests/test_producer/test_watermark_model.py proves it on an in-memory
+docs/design.md §11's, and tests/test_producer/test_watermark_model.py proves it on an in-memory
 MVCC outbox through thousands of schedules (late commits, aborts, long transactions, crashes, zombies,
 truncation racing late commits).
 
@@ -185,7 +185,7 @@ def needs_xid(cursor: Cursor) -> bool:
 def retirable(partitions: Sequence[tuple[int, int]], committed: Cursor) -> list[tuple[int, int]]:
     """The id-range partitions ``[start, end)`` that may be truncated under the *committed* cursor (I4).
     The truncating transaction re-checks under its lock that none holds a row ``committed.lo`` does not
-    see (docs/primary-cost.md), so a wrong ``committed`` fails closed."""
+    see (docs/design.md §11), so a wrong ``committed`` fails closed."""
     return [(start, end) for start, end in partitions if end <= committed.low]
 
 

@@ -1,8 +1,9 @@
-"""``outboxLayout: cursor``: the relay's database binding on the partitioned outbox, which reads by
-snapshot instead of marking (docs/primary-cost.md "The mark-less relay"; decisions: producer/layouts/cursor/_watermark.py).
+"""``outboxLayout: cursor``: the cursor layout's relay database, on the partitioned outbox, which reads by
+snapshot instead of marking (docs/design.md, "Outbox layouts"; decisions: producer/layouts/cursor/_watermark.py).
 
-:class:`CursorDatabase` is an :class:`~producer.db.OutboxDatabase` whose statements change, not its
-interface: the modes run on it unchanged.
+:class:`CursorDatabase` has the mark layout's interface (:class:`~producer.layouts.layout.RelayDatabase`),
+not its statements, nor its class: both compose the same session, fence and books (producer/db/), and
+the modes run on either unchanged.
 
 - ``mark_with_attempts`` *reads* the next page of the view's batch: a batch starts with one statement
   (``pg_current_snapshot()``, the largest id, and -- only when a probe is due -- ``pg_current_xact_id()``);
@@ -63,8 +64,8 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from harvest_outbox.producer.db import OutboxDatabase
-from harvest_outbox.producer.db.fence import TxnCommit, send_in_one_message
+from harvest_outbox.producer.db import Attempts, DeadLetters, OutboxSession
+from harvest_outbox.producer.db.fence import Fence, TxnCommit, send_in_one_message
 from harvest_outbox.producer.errors import DatabaseError, FenceError, SchemaError
 from harvest_outbox.producer.layouts.cursor._ids import (
     OPEN_TRANSACTIONS_SQL,
@@ -84,13 +85,12 @@ from harvest_outbox.producer.layouts.cursor.held import (
     released_sql,
 )
 from harvest_outbox.producer.layouts.cursor.partitions import PartitionKeeper
-from harvest_outbox.producer.layouts.cursor.schema import require_cursor_rows, require_layout
+from harvest_outbox.producer.layouts.cursor.schema import require_cursor_rows, require_cursor_table
 from harvest_outbox.producer.layouts.cursor.views import CursorViews, NotNextRows, Segment, View
 from harvest_outbox.producer.layouts.mark.marks import MarkedAttempts, MarkedRow, read_row_fields
 from harvest_outbox.producer.mapping.table import GOHARVEST, TableMapping
 from harvest_outbox.producer.relay.shards import shard_expression
 from harvest_outbox.producer.schema import OutboxNames, Statement, ValueType
-from harvest_outbox.redact import redact_error
 
 log = logging.getLogger(__name__)
 
@@ -241,7 +241,7 @@ def cursor_backlog(conn: psycopg.Connection, names: OutboxNames, up_to: int | No
     return sum(int(r[1]) for r in rows)
 
 
-class CursorDatabase(OutboxDatabase):
+class CursorDatabase:
     """The relay's statements on the cursor layout (module doc). ``views`` is shared by the relay's two
     connections, and so is ``keeper``, which maintains the partitions after commits."""
 
@@ -256,7 +256,13 @@ class CursorDatabase(OutboxDatabase):
         halt_keys: bool = False,
         shard_count: int | None = None,
     ) -> None:
-        super().__init__(dsn, names, shard_count, async_commit=async_commit)
+        self.session = OutboxSession(dsn, names, shard_count, async_commit=async_commit)
+        self.fence = Fence(self.session)
+        self.attempts = Attempts(self.session)
+        self.dead_letters = DeadLetters(self.session)
+        #: The last stats(): (topic, key) pairs with a dead letter (the keys haltKey holds).
+        self.halted_keys = 0
+        self.shard_stats: dict[int, tuple[int, float | None]] = {}  # the last stats(): shard -> (rows, oldest age)
         self.views = views
         self.keeper = keeper
         self.halt_keys = halt_keys
@@ -298,11 +304,67 @@ class CursorDatabase(OutboxDatabase):
         self._scans: dict[int, tuple[int, int]] = {}
         #: The led shard whose last batch spanned the most ids, as ``_scans``' value (None before one).
         self.scan: tuple[int, int] | None = None
+        self.session.watch(connected=self._connected)
+
+    # ------------------------------------------------------------------ the session's
+    @property
+    def names(self) -> OutboxNames:
+        return self.session.names
+
+    @property
+    def shard_count(self) -> int | None:
+        return self.session.shard_count
+
+    @property
+    def shards(self) -> frozenset[int]:
+        return self.session.shards
+
+    @property
+    def value_type(self) -> ValueType:
+        return self.session.value_type
+
+    @property
+    def conn(self) -> psycopg.Connection:
+        """The connection (made on first use: the layout and the outbox checked, the statements built)."""
+        return self.session.conn
+
+    def set_shards(self, shards: frozenset[int]) -> None:
+        """Lead these shards from now on (sharded relays, between views)."""
+        self.session.set_shards(shards)
+
+    def close(self) -> None:
+        self.session.close()
+
+    def _run(
+        self,
+        what: str,
+        query: Statement,
+        params: Sequence[Any] | dict[str, Any],
+        prepare: bool | None = None,
+        cursor: psycopg.Cursor | None = None,
+    ) -> psycopg.Cursor:
+        return self.session.run(what, query, params, prepare=prepare, cursor=cursor)
+
+    # ------------------------------------------------------------------ the books
+    def record_attempts(self, items: Sequence[tuple[int, int, str]]) -> int:
+        """Persist failed delivery attempts ``(id, attempts so far, error)`` (a count never decreases)."""
+        return self.attempts.record(items)
+
+    def forget_attempts(self, ids: Sequence[int]) -> int:
+        """Delete the attempt counts of rows that were delivered (or are gone)."""
+        return self.attempts.forget(ids)
+
+    def expire_dead_letters(self, retention: float, limit: int) -> int:
+        """Delete up to ``limit`` dead letters parked more than ``retention`` seconds ago; how many were."""
+        return self.dead_letters.expire(retention, limit)
+
+    def confirm_acks(self, items: Sequence[tuple[bytes, int]]) -> int:
+        """Delete the intents of ACKs known to be in the log (``(producer, clock)`` pairs)."""
+        return self.fence.confirm_acks(items)
 
     def _connected(self, conn: psycopg.Connection) -> None:
-        require_layout(conn, self.names, "cursor")
+        require_cursor_table(conn, self.names)
         require_cursor_rows(conn, self.names, self.shard_count or 1)
-        super()._connected(conn)
         row = conn.execute("SELECT current_setting('enable_seqscan'), current_setting('enable_bitmapscan')").fetchone()
         assert row is not None
         self._planner = (str(row[0]), str(row[1]))  # the session's own, restored after each read
@@ -329,7 +391,7 @@ class CursorDatabase(OutboxDatabase):
         """The mark layout's view start (the fence raised, the intents read), then the cursor row takes
         the view's epoch and is read: every commit of an earlier view held the fence row lock before
         the raise, so this read sees it, and none can commit after it."""
-        epoch, intents, floor = super().start_view_with_floor(leader_id, name)
+        epoch, intents, floor = self.fence.start_view_with_floor(leader_id, name)
         rows = self._run("starting a cursor view", self._adopt_sql, (epoch, self._led())).fetchall()
         view = self.views.begin(leader_id, epoch, self._cursors(rows))
         log.debug("cursor view %s epoch %d of shards %s", leader_id, epoch, sorted(view.reads))
@@ -363,7 +425,7 @@ class CursorDatabase(OutboxDatabase):
                 epoch = int(top[0] or 0) + 1
                 rows = self.conn.execute(self._adopt_sql, (epoch, led)).fetchall()
         except psycopg.Error as exc:
-            raise self._failed("starting a cursor view", exc) from exc
+            raise self.session.failed("starting a cursor view", exc) from exc
         return self.views.begin(leader_id, epoch, self._cursors(rows))
 
     # ------------------------------------------------------------------ reads
@@ -404,7 +466,7 @@ class CursorDatabase(OutboxDatabase):
                 if len(rows) >= limit:
                     break
         finally:
-            if self._conn is not None:  # (a failed read closed it)
+            if self.session.live is not None:  # (a failed read closed it)
                 self._run("planning the reads", _PLANNER, self._planner)
         if idle and time.monotonic() >= self._next_idle_commit:
             self._idle_commit(view, idle)
@@ -446,7 +508,11 @@ class CursorDatabase(OutboxDatabase):
         }
         waiting = self._hold(view, params) if self._held_read_sql is not None else set()
         rows: list[MarkedRow] = self._run(
-            "reading the outbox", self._read_sql, params, prepare=self._prepare_mark, cursor=self._mark_cursor
+            "reading the outbox",
+            self._read_sql,
+            params,
+            prepare=self.session.prepare_reads,
+            cursor=self.session.row_cursor,
         ).fetchall()
         after, complete = page_end(cursor, len(rows), rows[-1][0] if rows else None, limit)
         read.batch_rows += len(rows)
@@ -474,7 +540,7 @@ class CursorDatabase(OutboxDatabase):
         }
         # the mark's cursor: text loaded as the bytes the server sends, as the page's rows (their keys
         # are the modes' per-key bookkeeping's, which delivery reports give back as bytes)
-        rows = self._run("reading held rows", self._released_sql, params, cursor=self._mark_cursor).fetchall()
+        rows = self._run("reading held rows", self._released_sql, params, cursor=self.session.row_cursor).fetchall()
         if not rows:
             return []
         with self.views.lock:
@@ -600,8 +666,7 @@ class CursorDatabase(OutboxDatabase):
         """(backlog rows the led shards' committed cursors have not passed, age of the oldest, dead letters);
         sharded, :attr:`shard_stats` has each led shard's."""
         rows = self._run("metrics query", self._backlog_sql, {"shards": self._led()}).fetchall()
-        dead = self._run("metrics query", self._stats_dead_sql, ()).fetchone()
-        self.halted_keys = int(dead[1]) if dead is not None else 0
+        dead, self.halted_keys = self.dead_letters.counts()
         per_shard = {int(r[0]): (int(r[1]), None if r[2] is None else float(r[2])) for r in rows}
         self.shard_stats = per_shard if self.shard_count is not None else {}
         scans = [self._scans[k] for k in self._led() if k in self._scans]
@@ -610,7 +675,7 @@ class CursorDatabase(OutboxDatabase):
         return (
             sum(n for n, _a in per_shard.values()),
             max(ages) if ages else None,
-            int(dead[0]) if dead is not None else 0,
+            dead,
         )
 
     # ------------------------------------------------------------------ at-least-once
@@ -650,9 +715,7 @@ class CursorDatabase(OutboxDatabase):
                 n = self.conn.execute(hold_rows_sql(self.names), (list(ids),)).rowcount
         except psycopg.Error as exc:
             self.close()
-            raise DatabaseError(
-                f"holding rows of {self.names.display!r} failed: {redact_error(str(exc), self._dsn).strip()}"
-            ) from exc
+            raise DatabaseError(f"holding rows of {self.names.display!r} failed: {self.session.redacted(exc)}") from exc
         except FenceError as exc:
             raise DatabaseError(str(exc)) from exc
         with self.views.lock:
@@ -745,7 +808,7 @@ class CursorDatabase(OutboxDatabase):
                 log.error("%s: %s; ending the view (its rows are read again by the next)", n.display, exc)
                 raise FenceError(f"commit refused on {n.display!r}: {exc}") from None
         self.conn  # noqa: B018 -- connects, which builds the dead-letter statement
-        statements: list[tuple[Statement, Sequence[Any]]] = [(self._fence_sql, (max(t.ack_clock for t in txns),))]
+        statements: list[tuple[Statement, Sequence[Any]]] = [(self.fence.fence_sql, (max(t.ack_clock for t in txns),))]
         moved = [(shard, cur) for shard, cur, _f, _d in plans if cur is not None]
         statements += [(self._commit_cursor_sql, (*cursor_params(cur), shard, epoch)) for shard, cur in moved]
         if dead:
@@ -754,9 +817,12 @@ class CursorDatabase(OutboxDatabase):
                 (self._copy_dlq_sql, ([i for i, _, _ in dead], [e for _, e, _ in dead], [a for _, _, a in dead]))
             )
         if forget:
-            statements.append((self._forget_sql, (self._id_array(forget),)))
+            statements.append((self.attempts.forget_sql, (self.session.id_array(forget),)))
         statements += [
-            (self._intent_sql, (epoch, t.producer, t.ack_clock, [j for j, _ in t.journals], [p for _, p in t.journals]))
+            (
+                self.fence.intent_sql,
+                (epoch, t.producer, t.ack_clock, [j for j, _ in t.journals], [p for _, p in t.journals]),
+            )
             for t in txns
             if t.journals
         ]
@@ -778,7 +844,7 @@ class CursorDatabase(OutboxDatabase):
             refusal = None
             if not epochs or any(e != epoch for e in epochs) or len(epochs) != len(view.reads):
                 refusal = (
-                    f"commit refused by the fence of {n.display!r}{self.shard_text}: epochs are "
+                    f"commit refused by the fence of {n.display!r}{self.session.shard_text}: epochs are "
                     f"{sorted(set(epochs)) or None}, this view's is {epoch}"
                 )
             elif any(c != 1 for c in counts[: len(moved)]):
@@ -787,7 +853,7 @@ class CursorDatabase(OutboxDatabase):
                 refusal = f"dead-lettering refused on {n.display!r}: some of {len(dead)} row(s) are gone"
             conn.execute("ROLLBACK" if refusal else "COMMIT")
         except psycopg.Error as exc:
-            raise self._failed("commit", exc) from exc
+            raise self.session.failed("commit", exc) from exc
         if refusal:
             raise FenceError(refusal)
         with self.views.lock:
@@ -800,7 +866,8 @@ class CursorDatabase(OutboxDatabase):
     def _maintain(self) -> None:
         """Partition maintenance, by the relay leading shard 0 (one keeper for the outbox; a partition
         retires only once every shard's committed ``low`` is past it: producer/layouts/cursor/partitions.py)."""
-        if self.keeper is None or self._conn is None or self._conn.closed:
+        conn = self.session.live
+        if self.keeper is None or conn is None:
             return
         if self.shard_count is None or 0 in self.shards:
-            self.keeper.maybe_run(self._conn)
+            self.keeper.maybe_run(conn)

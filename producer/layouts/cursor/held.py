@@ -2,7 +2,7 @@
 
 The relay's store runs them (producer/layouts/cursor/database.py with ``halt_keys``); the config still refuses ``haltKey``
 on the cursor layout until the admin commands are done (the design
-and what remains: docs/primary-cost.md, "The commit protocol, both modes", ``haltKey``). ``init-db`` makes
+and what remains: docs/design.md §11, "The commit protocol, both modes", ``haltKey``). ``init-db`` makes
 the table with the layout. The cursor cannot stop for one key, so a halted key's rows are *copied* to ``<name>_held`` and
 the cursor passes them; they are served from there, in the order they were held, once the key is released.
 

@@ -40,7 +40,7 @@ from harvest_outbox.producer.layouts.cursor.schema import (
     PARTITIONS_AHEAD,
     add_shard_cursors,
     create_partition,
-    layout_of,
+    is_cursor_table,
     require_server,
 )
 from harvest_outbox.producer.mapping.names import OutboxNames, derived_name
@@ -73,8 +73,8 @@ def migrate_to_cursor(
     names = OutboxNames.parse(outbox_table, mapping)
     require_utf8_readable(conn)
     require_server(conn)
-    have = layout_of(conn, names)
-    if have != "mark":
+    have = is_cursor_table(conn, names)
+    if have is not False:  # a mark-layout table, nothing else, is migrated
         raise SchemaError(
             f"outbox {names.display!r} is {'already in the cursor layout' if have else 'missing'}: nothing to "
             f"migrate; run `harvest init-db` (without --migrate)"

@@ -1,5 +1,5 @@
-"""``outboxLayout: cursor``: the partitioned outbox the mark-less relay reads, and its cursor row
-(docs/primary-cost.md "The mark-less relay"; the decisions are producer/layouts/cursor/_watermark.py's).
+"""``outboxLayout: cursor``: the cursor layout's partitioned outbox, and its cursor row (docs/design.md,
+"Outbox layouts"; the decisions are producer/layouts/cursor/_watermark.py's).
 
 Objects, for an outbox table ``[schema.]name`` (next to the companions of :mod:`producer.schema.ddl`:
 dead letters, fence row, ACK intents, attempt counts, NOTIFY trigger, which are the same in both layouts):
@@ -26,7 +26,7 @@ Invariants:
 - a row's transaction is its ``txid`` column, never ``xmin`` (a savepoint's rows carry a subtransaction
   xid, which snapshots do not list);
 - identifiers go through :class:`psycopg.sql.Identifier`; every statement is idempotent;
-- the relay never runs one layout's statements on the other's table (:func:`layout_of` is checked at start).
+- the relay never runs one layout's statements on the other's table (:func:`is_cursor_table` is checked at start).
 """
 
 from __future__ import annotations
@@ -115,8 +115,9 @@ def require_server(conn: psycopg.Connection) -> None:
         )
 
 
-def layout_of(conn: psycopg.Connection, names: OutboxNames) -> str | None:
-    """``cursor`` (a partitioned table with ``txid``), ``mark`` (any other table) or None (no table)."""
+def is_cursor_table(conn: psycopg.Connection, names: OutboxNames) -> bool | None:
+    """Whether the outbox is the cursor layout's table (partitioned, with ``txid``) or another (the mark
+    layout's); None when there is no table. :func:`~producer.layouts.choice.detected_layout` names the layout."""
     row = conn.execute(
         "SELECT c.relkind::text, EXISTS (SELECT 1 FROM pg_attribute a WHERE a.attrelid = c.oid "
         "AND a.attname = 'txid' AND NOT a.attisdropped) FROM pg_class c WHERE c.oid = to_regclass(%s)",
@@ -124,27 +125,23 @@ def layout_of(conn: psycopg.Connection, names: OutboxNames) -> str | None:
     ).fetchone()
     if row is None:
         return None
-    return "cursor" if row[0] == "p" and row[1] else "mark"
+    return bool(row[0] == "p" and row[1])
 
 
-def require_layout(conn: psycopg.Connection, names: OutboxNames, layout: str) -> None:
-    """The outbox is in ``layout`` (a relay of the other layout would lose or repeat rows), and, for
-    ``cursor``, keeps A1 (:func:`require_cursor_layout`)."""
-    have = layout_of(conn, names)
-    if have is None or have == layout:
-        if layout == "cursor" and have is not None:
-            require_cursor_layout(conn, names)
+def require_cursor_table(conn: psycopg.Connection, names: OutboxNames) -> None:
+    """The outbox, if it exists, is the cursor layout's partitioned table (a relay of the other layout would
+    lose or repeat rows) and keeps A1 (:func:`require_cursor_layout`)."""
+    have = is_cursor_table(conn, names)
+    if have is None:
         return
-    if layout == "cursor":
-        raise SchemaError(
-            f"outbox {names.display!r} is {names.mapping.described} (outboxLayout: mark), not the cursor layout's "
-            f"partitioned table: stop every relay of it and run `harvest init-db --migrate` (one transaction: the "
-            f"table is renamed away and its rows copied into the new layout in order; docs/limitations.md), or "
-            f"keep outboxLayout: mark"
-        )
+    if have:
+        require_cursor_layout(conn, names)
+        return
     raise SchemaError(
-        f"outbox {names.display!r} is the cursor layout's partitioned table (its rows are never marked); "
-        f"set outboxLayout: cursor in the relay's config"
+        f"outbox {names.display!r} is {names.mapping.described} (outboxLayout: mark), not the cursor layout's "
+        f"partitioned table: stop every relay of it and run `harvest init-db --migrate` (one transaction: the "
+        f"table is renamed away and its rows copied into the new layout in order; docs/limitations.md), or "
+        f"keep outboxLayout: mark"
     )
 
 

@@ -69,10 +69,11 @@ class AtLeastOnceRecords(ABC):
         self._purge_buf: list[int] = []
         self._reset_buf: list[int] = []
         self._dlq_buf: list[tuple[int, str, int]] = []
-        # haltKey on outboxLayout: cursor: rows dropped for a key this view halted, for the store to hold
-        # (producer/layouts/cursor/held.py) so the cursor passes them; the mark layout leaves them marked
+        # haltKey: rows dropped for a key this view halted, for the store to hold where the layout asks
+        # (the cursor layout: producer/layouts/cursor/held.py, so the cursor passes them); the mark layout
+        # leaves them marked
         self._hold_buf: list[int] = []
-        self._hold_dropped = core.config.outbox_layout == "cursor"
+        self._hold_dropped = core.layout.holds_dropped_rows
         self._draining = False
         self._next_flush = 0.0
 
@@ -310,7 +311,7 @@ class AtLeastOnceRecords(ABC):
             # In this order; a step that succeeded empties its buffer, so a retry does not repeat it.
             steps: tuple[tuple[list[Any], Any], ...] = (
                 (dlq, db.dead_letter),
-                (hold, db.hold),  # (only ever filled on outboxLayout: cursor; before the purge that passes them)
+                (hold, db.hold),  # (only ever filled on the cursor layout; before the purge that passes them)
                 (purge, db.purge),
                 (forget, db.forget_attempts),
                 (tried, db.record_attempts),

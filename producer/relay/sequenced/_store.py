@@ -1,7 +1,8 @@
 """The database work of the ``--uuid-sequencing`` relay, as one narrow interface (docs/design.md §5).
 
-:class:`~producer.db.OutboxDatabase` (psycopg, real Postgres) is the implementation the relay runs
-on; tests/test_producer/model_db.py is an in-memory one with the same semantics, on which
+:class:`~producer.layouts.mark.database.MarkDatabase` and :class:`~producer.layouts.cursor.database.CursorDatabase`
+(psycopg, real Postgres; the part of :class:`~producer.layouts.layout.RelayDatabase` this mode asks) are the
+implementations the relay runs on; tests/test_producer/model_db.py is an in-memory one with the same semantics, on which
 tests/test_producer/test_protocol_model.py drives the protocol through thousands of schedules.
 
 What an implementation must guarantee (the protocol's safety rests on these, not on the relay):

@@ -13,7 +13,7 @@ The protocol's parts, one concern each:
 - :mod:`producer.relay.sequenced._commit`: the fenced commit job;
 - :mod:`producer.relay.sequenced._acks`: ACKs, recovery of ACK intents, rollback ACKs;
 - :mod:`producer.relay.sequenced._failure`: abandoning and winding down a view;
-- :mod:`producer.relay.sequenced._store`: the database work, as one interface (:class:`~producer.db.OutboxDatabase`
+- :mod:`producer.relay.sequenced._store`: the database work, as one interface (each outbox layout's relay database
   implements it; tests/test_producer/model_db.py too, for the model test);
 - :mod:`producer.relay.crash_points`: the crash/pause test hooks.
 
