@@ -5,9 +5,12 @@ an exactly-once applier process (``ReadCommittedIter`` + checkpoint in Postgres)
 schedule injects faults: kill -9 of the leader, SIGSTOP/SIGCONT of the leader past its heartbeat
 timeout (a zombie), a Kafka broker restart, a Postgres restart, produce/delivery errors inside the
 relays, and kills of the consumer; on a replicated 3-node cluster also a partition leader's node killed,
-a node bounced, a node frozen and two of three nodes down (:data:`CLUSTER_FAULT_KINDS`). Afterwards :mod:`harvest_local.verify` checks, per key, that the
-applier's table and (optionally) a Spark ``readCommitted`` batch hold every committed version
-exactly once and in order, and nothing from rolled-back transactions.
+a node bounced, a node frozen, two of three nodes down and the clients cut off one node
+(:data:`CLUSTER_FAULT_KINDS`); with a synchronous standby a Postgres fail-over (``postgres_failover``). A plan
+also draws the relays' leader election (NELI or Postgres), their shards, the outbox layout and the delivery
+mode. Afterwards :mod:`harvest_local.verify` checks, per key, that the applier's table and (optionally) a
+Spark ``readCommitted`` batch hold every committed version exactly once and in order (at-least-once mode:
+every committed version, first arrivals in order), and nothing from rolled-back transactions.
 
 Used by ``tests/test_e2e/test_faults.py`` (a short version in CI) and ``scripts/soak.py``.
 """
@@ -41,9 +44,29 @@ log = logging.getLogger(__name__)
 FAULT_KINDS = ("kill_leader", "pause_leader", "broker_restart", "postgres_restart", "consumer_kill")
 #: On a replicated cluster (``brokers=3``; harvest_local/kafka_cluster.py), in place of ``broker_restart``:
 #: kill -9 of the node leading partition 0 (back after 2 s), a clean bounce of a random node, a node frozen
-#: (SIGSTOP) past its 3 s session timeout and woken up (a zombie broker), and two of three nodes down for
-#: 6 s (no controller quorum, no in-sync majority: ``NOT_ENOUGH_REPLICAS`` and timeouts).
-CLUSTER_FAULT_KINDS = ("node_kill", "node_bounce", "node_pause", "two_nodes_down")
+#: (SIGSTOP) past its 3 s session timeout and woken up (a zombie broker), two of three nodes down for
+#: 6 s (no controller quorum, no in-sync majority: ``NOT_ENOUGH_REPLICAS`` and timeouts), and the relays and
+#: readers cut off the node leading partition 0 for 8 s, its packets dropped or its connections rejected,
+#: while the cluster stays whole (the node still leads: a network partition between the clients and one broker).
+CLUSTER_FAULT_KINDS = (
+    "node_kill",
+    "node_bounce",
+    "node_pause",
+    "two_nodes_down",
+    "client_partition_drop",
+    "client_partition_reject",
+)
+#: How long a client partition lasts: past the relays' 2 s heartbeat timeout and 6 s session timeout.
+CLIENT_PARTITION_SECONDS = 8.0
+#: With a synchronous standby (``standby=True``; harvest_local/replicated_postgres.py), at most once per plan:
+#: the primary killed, the standby promoted (the run's clients follow through their multi-host DSN), and a new
+#: standby built where the primary was, so the next run starts with a synchronous pair again.
+FAILOVER_KIND = "postgres_failover"
+#: ``leaderElection`` values a plan draws.
+ELECTIONS = ("neli", "postgres")
+#: ``mode``: ``sequenced`` (``uuidSequencing``: exactly once) or ``at-least-once`` (no sequencing: every row,
+#: maybe more than once, first arrivals in per-key order).
+MODES = ("sequenced", "at-least-once")
 
 
 @dataclass(frozen=True)
@@ -62,14 +85,43 @@ class FaultPlan:
     layout: str = "mark"
     #: Kafka nodes the run needs: 1, or 3 for :data:`CLUSTER_FAULT_KINDS` (the services must match).
     brokers: int = 1
+    #: The run's Postgres has a synchronous standby (``LocalServices(standby=True)``), needed by :data:`FAILOVER_KIND`.
+    standby: bool = False
+    #: ``leaderElection`` (:data:`ELECTIONS`).
+    election: str = "neli"
+    #: ``shards``: 1 (one active relay) or more (the outbox split among the relays, each shard elected).
+    shards: int = 1
+    #: :data:`MODES`.
+    mode: str = "sequenced"
+
+    def __post_init__(self) -> None:
+        if self.election not in ELECTIONS:
+            raise ValueError(f"FaultPlan.election {self.election!r}: use one of {', '.join(ELECTIONS)}")
+        if self.mode not in MODES:
+            raise ValueError(f"FaultPlan.mode {self.mode!r}: use one of {', '.join(MODES)}")
+        if self.shards < 1:
+            raise ValueError(f"FaultPlan.shards {self.shards}: use 1 (unsharded) or more")
+        if self.faults.count(FAILOVER_KIND) > 1:
+            raise ValueError(
+                f"FaultPlan.faults has {FAILOVER_KIND} {self.faults.count(FAILOVER_KIND)} times: a fail-over "
+                "leaves no standby until the new one is built, so a plan holds at most one"
+            )
+        if FAILOVER_KIND in self.faults and not self.standby:
+            raise ValueError(f"FaultPlan.faults has {FAILOVER_KIND}: set standby=True (and give it the services' one)")
 
     @staticmethod
-    def random(seed: int, rows: int = 3000, allow_restarts: bool = True, brokers: int = 1) -> FaultPlan:
+    def random(
+        seed: int, rows: int = 3000, allow_restarts: bool = True, brokers: int = 1, standby: bool = False
+    ) -> FaultPlan:
         rng = random.Random(seed)
         kinds = [k for k in FAULT_KINDS if allow_restarts or not k.endswith("_restart")]
         if brokers > 1:  # the cluster's own faults replace the single broker's restart
             kinds = [k for k in kinds if k != "broker_restart"] + list(CLUSTER_FAULT_KINDS)
-        faults = tuple(rng.choice(kinds) for _ in range(rng.randint(1, 3)))
+        if standby:
+            kinds.append(FAILOVER_KIND)
+        faults: list[str] = []
+        for _ in range(rng.randint(1, 3)):
+            faults.append(rng.choice([k for k in kinds if k != FAILOVER_KIND or FAILOVER_KIND not in faults]))
         errors = rng.random() < 0.5
         return FaultPlan(
             seed=seed,
@@ -77,11 +129,16 @@ class FaultPlan:
             rows=rows,
             keys=rng.choice((20, 50, 200)),
             partitions=rng.choice((1, 3, 4)),
-            faults=faults,
+            faults=tuple(faults),
             produce_error_rate=0.02 if errors else 0.0,
             delivery_error_rate=0.02 if errors else 0.0,
             layout=rng.choice(("mark", "cursor")),
             brokers=brokers,
+            standby=standby,
+            election=rng.choice(ELECTIONS),
+            shards=rng.choice((1, 2, 3)),
+            # exactly once is the claim: three sequenced runs for each at-least-once one
+            mode=rng.choice(("sequenced", "sequenced", "sequenced", "at-least-once")),
         )
 
 
@@ -107,6 +164,8 @@ def run_plan(
     reader's progress about once a second are recorded there (harvest_local/history.py)."""
     if plan.brokers > 1 and services.cluster is None:
         raise ValueError(f"plan {plan.seed} needs a {plan.brokers}-node Kafka cluster: LocalServices(brokers=3)")
+    if plan.standby and services.replicated is None:
+        raise ValueError(f"plan {plan.seed} needs a Postgres standby: LocalServices(standby=True)")
     started = time.monotonic()
     if history is not None:
         history.run_started(asdict(plan))
@@ -119,7 +178,7 @@ def run_plan(
     from harvest_outbox.producer.schema.ddl import init_db
 
     create_accounts(ends.pg_dsn, schema, plan.keys)
-    init_db(ends.pg_dsn, outbox, layout=plan.layout, partition_ids=1000)
+    init_db(ends.pg_dsn, outbox, layout=plan.layout, partition_ids=1000, shards=plan.shards)
     create_tables(ends.pg_dsn, schema)
     create_topic(ends.kafka_bootstrap, topic, plan.partitions)
     cfg = write_config(
@@ -129,6 +188,10 @@ def run_plan(
         outbox_table=outbox,
         group=f"fault-{plan.seed}-{tag}",
         outbox_layout=plan.layout,
+        uuid_sequencing=plan.mode == "sequenced",
+        leader_election=plan.election,
+        leader_lock_check_interval="200ms" if plan.election == "postgres" else None,
+        shards=plan.shards if plan.shards > 1 else None,
     )
     faults = None
     if plan.produce_error_rate or plan.delivery_error_rate:
@@ -163,9 +226,12 @@ def run_plan(
         _wait_applied(ends.pg_dsn, schema, expected, timeout=120)
         time.sleep(1.5)  # late duplicates, if any, get the chance to show
         applied = applied_rows(ends.pg_dsn, schema)
-        result.verdicts.append(verify("ReadCommittedIter -> Postgres", truth, [(k, v) for k, v, _, _ in applied]))
+        once = plan.mode == "sequenced"
+        result.verdicts.append(
+            verify("ReadCommittedIter -> Postgres", truth, [(k, v) for k, v, _, _ in applied], exactly_once=once)
+        )
         if spark is not None:
-            result.verdicts.append(_spark_verdict(spark, ends.kafka_bootstrap, topic, truth))
+            result.verdicts.append(_spark_verdict(spark, ends.kafka_bootstrap, topic, truth, once))
     finally:
         if sampler is not None:
             sampler.stop()
@@ -229,6 +295,9 @@ def _inject(
         time.sleep(1.0)
         services.kafka.start()
         result.notes.append("restarted Kafka")
+    elif kind == FAILOVER_KIND and services.replicated is not None:
+        port = services.fail_over_postgres()
+        result.notes.append(f"Postgres fail-over: primary killed, standby promoted (port {port}), new standby built")
     elif kind == "postgres_restart" and services.postgres is not None:
         services.postgres.stop("fast")
         time.sleep(1.0)
@@ -286,6 +355,17 @@ def _cluster_fault(kind: str, cluster: EmbeddedKafkaCluster, topic: str, result:
         time.sleep(6.0)
         cluster.start_node(*down)
         result.notes.append(f"killed Kafka nodes {down} (no quorum, no in-sync majority), back after 6s")
+    elif kind in ("client_partition_drop", "client_partition_reject"):
+        mode = kind.rsplit("_", 1)[1]
+        victim = cluster.leader_of(topic, 0)
+        cluster.partition_clients(victim, mode)
+        try:
+            time.sleep(CLIENT_PARTITION_SECONDS)
+        finally:
+            cluster.heal_clients(victim)
+        result.notes.append(
+            f"cut the clients off Kafka node {victim} (leader of partition 0; {mode}) for {CLIENT_PARTITION_SECONDS:.0f}s"
+        )
 
 
 def _start_applier(dsn: str, bootstrap: str, topic: str, schema: str, workdir: Path) -> subprocess.Popen[bytes]:
@@ -312,7 +392,8 @@ def _wait_applied(dsn: str, schema: str, expected: int, timeout: float) -> None:
     last, since = -1, time.monotonic()
     while True:
         try:
-            n = len(applied_rows(dsn, schema))
+            # distinct versions: an at-least-once run's repeats must not pass for rows still to come
+            n = len({(key, version) for key, version, _, _ in applied_rows(dsn, schema)})
         except Exception:  # the database may still be recovering
             n = last
         if n >= expected:
@@ -325,7 +406,7 @@ def _wait_applied(dsn: str, schema: str, expected: int, timeout: float) -> None:
         time.sleep(0.3)
 
 
-def _spark_verdict(spark: Any, bootstrap: str, topic: str, truth: dict[str, int]) -> Verdict:
+def _spark_verdict(spark: Any, bootstrap: str, topic: str, truth: dict[str, int], exactly_once: bool) -> Verdict:
     import json
 
     from harvest_outbox.spark_reader import readCommitted
@@ -340,6 +421,7 @@ def _spark_verdict(spark: Any, bootstrap: str, topic: str, truth: dict[str, int]
         "Spark readCommitted",
         truth,
         [(bytes(r.key).decode(), int(json.loads(bytes(r.value))["version"])) for r in rows],
+        exactly_once=exactly_once,
     )
 
 
@@ -347,13 +429,13 @@ def summary(results: list[RunResult]) -> str:
     injected: Counter[str] = Counter()
     for r in results:
         injected.update(r.injected)
-    violations = sum(v.lost + v.duplicates + v.order_violations + v.phantoms for r in results for v in r.verdicts)
+    violations = sum(v.violations for r in results for v in r.verdicts)
     lines = [
         f"runs                 {len(results)} ({sum(r.ok for r in results)} clean)",
         f"rows committed       {sum(r.committed for r in results)} (+{sum(r.rolled_back for r in results)} rolled back)",
         "faults injected      " + (", ".join(f"{k}={v}" for k, v in sorted(injected.items())) or "none"),
         f"reader verdicts      {sum(len(r.verdicts) for r in results)}",
-        f"violations           {violations} (lost + duplicates + order + phantoms)",
+        f"violations           {violations} (lost + order + phantoms, + duplicates where exactly once)",
         f"wall time            {sum(r.seconds for r in results):.0f}s",
     ]
     for r in results:
@@ -365,6 +447,7 @@ def summary(results: list[RunResult]) -> str:
         )
         lines.append(
             f"  {status} seed={r.plan.seed} relays={r.plan.relays} p={r.plan.partitions} "
+            f"{r.plan.election}/{r.plan.shards} {r.plan.mode} {r.plan.layout} "
             f"faults={','.join(r.plan.faults)} errors={r.plan.produce_error_rate} "
             f"rows={r.committed} {r.seconds:.0f}s {detail}"
         )

@@ -13,9 +13,20 @@ acknowledged write lost, two down make producers wait on ``NOT_ENOUGH_REPLICAS``
 off (a replica that missed writes never becomes leader). The relay's producers always run ``acks=all``
 with idempotence (producer/config/_kafka.py forces both), so nothing else needs setting on the client side.
 
-Invariants (tests/test_e2e/test_cluster.py): :meth:`EmbeddedKafkaCluster.start` returns once every node
-names all nodes as live brokers; a node killed or stopped comes back on the same ports with its data
-(:meth:`EmbeddedKafkaCluster.start_node`); :meth:`leader_of` answers from the cluster's own metadata.
+Clients reach each node through its own loopback TCP proxy (:class:`harvest_local.netfault.NetFault`, on the
+port the node's ``PROXIED`` listener advertises: :attr:`EmbeddedKafkaCluster.bootstrap`), while the nodes
+replicate and vote over their own listeners directly. So :meth:`EmbeddedKafkaCluster.partition_clients` cuts
+every client (relays, readers) off one node -- dropping its packets or rejecting its connections -- while the
+cluster itself stays whole: the node keeps leading its partitions as far as the cluster knows, and clients
+must wait or fail over on their own (the nasty case of a network partition between the relay and one broker).
+A proxy rather than network namespaces: it needs no root (CI runs unprivileged) and does to the clients' TCP
+connections what a partition does (held or reset), on the same loopback addresses. The harness's own admin
+calls (:meth:`leader_of`, :meth:`in_sync`, readiness) use the direct listeners (:attr:`direct_bootstrap`).
+
+Invariants (tests/test_e2e/test_cluster.py, tests/test_producer/test_kafka_cluster.py):
+:meth:`EmbeddedKafkaCluster.start` returns once every node names all nodes as live brokers; a node killed or
+stopped comes back on the same ports with its data (:meth:`EmbeddedKafkaCluster.start_node`); :meth:`leader_of`
+answers from the cluster's own metadata, also while clients are cut off a node.
 """
 
 from __future__ import annotations
@@ -28,6 +39,7 @@ from pathlib import Path
 
 from harvest_outbox.harvest_local.errors import ServiceError
 from harvest_outbox.harvest_local.kafka import EmbeddedKafka, Replication, create_topic, new_cluster_id
+from harvest_outbox.harvest_local.netfault import NetFault
 from harvest_outbox.harvest_local.workdir import free_port, work_dir
 
 #: What the embedded cluster runs with (module doc).
@@ -35,6 +47,9 @@ CLUSTER_REPLICATION = Replication(factor=3, min_isr=2)
 #: A dead node is fenced after 3 s without a heartbeat instead of Kafka's 9 s: leaders move sooner after a
 #: kill -9, which keeps the fault tests short; it changes when, not what, the clients see.
 CLUSTER_PROPERTIES = {"broker.heartbeat.interval.ms": "500", "broker.session.timeout.ms": "3000"}
+#: How :meth:`EmbeddedKafkaCluster.partition_clients` cuts clients off a node: ``drop`` (packets vanish:
+#: connections hang, new ones get no answer) or ``reject`` (every connection reset, new ones too).
+PARTITION_MODES = ("drop", "reject")
 
 
 class EmbeddedKafkaCluster:
@@ -61,9 +76,22 @@ class EmbeddedKafkaCluster:
             )
             for i in range(nodes)
         ]
+        #: node id -> the proxy its clients go through (to its PROXIED listener, on the port it advertises)
+        self.proxies = {
+            n.node_id: NetFault(
+                ("127.0.0.1", n.proxied_listener_port), port=n.proxy_port, name=f"kafka-node-{n.node_id}"
+            )
+            for n in self.nodes
+        }
 
     @property
     def bootstrap(self) -> str:
+        """What clients use: every node through its proxy (module doc)."""
+        return ",".join(n.proxied_bootstrap for n in self.nodes)
+
+    @property
+    def direct_bootstrap(self) -> str:
+        """The nodes' own listeners, bypassing the proxies (for the harness's admin calls)."""
         return ",".join(n.bootstrap for n in self.nodes)
 
     def __repr__(self) -> str:
@@ -77,6 +105,8 @@ class EmbeddedKafkaCluster:
         needs a majority of the quorum)."""
         self.root.mkdir(mode=0o700, parents=True, exist_ok=True)
         try:
+            for proxy in self.proxies.values():
+                proxy.start()
             for n in self.nodes:
                 n.launch()
             deadline = time.monotonic() + timeout
@@ -118,6 +148,21 @@ class EmbeddedKafkaCluster:
         self.start_node(victim)
         return victim
 
+    def partition_clients(self, node_id: int, mode: str = "drop") -> None:
+        """Cut every client off node ``node_id`` (``mode``: :data:`PARTITION_MODES`) until :meth:`heal_clients`;
+        the node and its replication go on (module doc)."""
+        if mode not in PARTITION_MODES:
+            raise ValueError(f"partition mode {mode!r}: use one of {', '.join(PARTITION_MODES)}")
+        proxy = self._proxy(node_id)
+        if mode == "drop":
+            proxy.blackhole()
+        else:
+            proxy.reset()
+
+    def heal_clients(self, node_id: int) -> None:
+        """Clients reach node ``node_id`` again (bytes a drop held are delivered, as after a healed link)."""
+        self._proxy(node_id).heal()
+
     def pause(self, node_id: int) -> None:
         self.node(node_id).pause()
 
@@ -157,12 +202,19 @@ class EmbeddedKafkaCluster:
     def create_topic(
         self, name: str, partitions: int = 1, config: dict[str, str] | None = None, timeout: float = 30.0
     ) -> None:
-        create_topic(self.bootstrap, name, partitions, config, timeout)
+        create_topic(self.direct_bootstrap, name, partitions, config, timeout)
 
     def destroy(self) -> None:
+        for proxy in self.proxies.values():
+            proxy.stop()
         for n in self.nodes:
             n.kill()
         shutil.rmtree(self.root, ignore_errors=True)
 
+    def _proxy(self, node_id: int) -> NetFault:
+        if node_id not in self.proxies:
+            raise ValueError(f"node {node_id}: the cluster's nodes are {sorted(self.proxies)}")
+        return self.proxies[node_id]
+
     def _live_bootstrap(self) -> str:
-        return ",".join(n.bootstrap for n in self.nodes if n.alive) or self.bootstrap
+        return ",".join(n.bootstrap for n in self.nodes if n.alive) or self.direct_bootstrap

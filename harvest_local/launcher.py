@@ -4,8 +4,10 @@ Selection, in order:
 1. ``HARVEST_PG_DSN`` / ``HARVEST_KAFKA_BOOTSTRAP``: use those existing services (each on its own);
 2. ``HARVEST_TEST_SERVICES=testcontainers`` and a Docker engine answers: testcontainers' Postgres
    and Kafka modules;
-3. otherwise the local launcher (:class:`EmbeddedPostgres`, and :class:`EmbeddedKafka`, or with
-   ``brokers=3`` the replicated :class:`~harvest_local.kafka_cluster.EmbeddedKafkaCluster`).
+3. otherwise the local launcher (:class:`EmbeddedPostgres`, or with ``standby=True`` a primary and its
+   synchronous standby, :class:`~harvest_local.replicated_postgres.ReplicatedPostgres`, reached through a
+   multi-host DSN; and :class:`EmbeddedKafka`, or with ``brokers=3`` the replicated
+   :class:`~harvest_local.kafka_cluster.EmbeddedKafkaCluster`).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from harvest_outbox.harvest_local.errors import PrerequisiteError
 from harvest_outbox.harvest_local.kafka import EmbeddedKafka
 from harvest_outbox.harvest_local.kafka_cluster import EmbeddedKafkaCluster
 from harvest_outbox.harvest_local.postgres import EmbeddedPostgres
+from harvest_outbox.harvest_local.replicated_postgres import ReplicatedPostgres
 
 log = logging.getLogger(__name__)
 
@@ -37,13 +40,17 @@ class ServiceEndpoints:
 
 class LocalServices(AbstractContextManager["LocalServices"]):
     """Postgres + Kafka for one run. ``postgres``/``kafka`` are set when this run owns them; ``brokers``: 1 (one
-    combined node) or 3 and more (a replicated cluster: ``cluster``, ``kafka`` stays None)."""
+    combined node) or 3 and more (a replicated cluster: ``cluster``, ``kafka`` stays None). ``standby``: Postgres
+    is a primary and a synchronous standby (``replicated``; ``postgres`` is its primary now, and follows it
+    through :meth:`fail_over_postgres`)."""
 
-    def __init__(self, brokers: int = 1) -> None:
+    def __init__(self, brokers: int = 1, standby: bool = False) -> None:
         if brokers != 1 and brokers < 3:
             raise ValueError(f"brokers must be 1 or at least 3 (a replicated cluster), got {brokers}")
         self.brokers = brokers
+        self.standby = standby
         self.postgres: EmbeddedPostgres | None = None
+        self.replicated: ReplicatedPostgres | None = None
         self.kafka: EmbeddedKafka | None = None
         self.cluster: EmbeddedKafkaCluster | None = None
         self.mode = "local"
@@ -70,7 +77,10 @@ class LocalServices(AbstractContextManager["LocalServices"]):
                 )
         started = time.monotonic()
         try:
-            if not pg_dsn:
+            if not pg_dsn and self.standby:
+                self.replicated = ReplicatedPostgres().start()
+                self.postgres, pg_dsn = self.replicated.primary, self.replicated.dsn
+            elif not pg_dsn:
                 self.postgres = EmbeddedPostgres().start()
                 pg_dsn = self.postgres.dsn
             if not bootstrap and self.brokers > 1:
@@ -88,8 +98,18 @@ class LocalServices(AbstractContextManager["LocalServices"]):
         self._endpoints = ServiceEndpoints(pg_dsn, bootstrap)
         return self
 
+    def fail_over_postgres(self) -> int:
+        """Kill the primary and promote the standby, which gets a new standby (ReplicatedPostgres.failover);
+        :attr:`endpoints` stay valid. Returns the new primary's port."""
+        if self.replicated is None:
+            raise RuntimeError("no standby to fail over to: start the services with LocalServices(standby=True)")
+        port = self.replicated.failover()
+        self.postgres = self.replicated.primary
+        return port
+
     def stop(self) -> None:
-        for service in (self.kafka, self.cluster, self.postgres):
+        postgres = self.replicated if self.replicated is not None else self.postgres
+        for service in (self.kafka, self.cluster, postgres):
             if service is not None:
                 try:
                     service.destroy()

@@ -1,6 +1,6 @@
-"""A relay process for fault-injection runs: the real :class:`producer.Harvest`, configured from the
-same YAML as ``harvest -f``, with produce/delivery failures injected by
-:class:`producer.kafka.FaultInjector` around the real confluent producer.
+"""A relay process for fault-injection runs: the real relay (:class:`producer.Harvest`, or the sharded one
+with ``shards: S`` > 1, as ``harvest -f`` picks), configured from the same YAML as ``harvest -f``, with
+produce/delivery failures injected by :class:`producer.kafka.FaultInjector` around the real confluent producer.
 
     HARVEST_FAULTS="produce=0.02,delivery=0.02,seed=7" python -m harvest_outbox.harvest_local.relay_runner -f harvest.yaml --name r1
     HARVEST_FAULTS="failkey=poison,killat=2" ...   # every delivery of key 'poison' fails; SIGKILL at its 2nd produce
@@ -23,10 +23,10 @@ import sys
 from harvest_outbox.harvest_local.relays import TEST_HOOKS
 from harvest_outbox.producer.config import load_yaml
 from harvest_outbox.producer.errors import ConfigError
-from harvest_outbox.producer.harvest import Harvest
 from harvest_outbox.producer.kafka import FaultInjector
 from harvest_outbox.producer.ops.cli import EXIT_FORCED
 from harvest_outbox.producer.relay.crash_points import install_crash_points
+from harvest_outbox.producer.relay.sharded import relay_for
 from harvest_outbox.producer.relay.signals import StopSignals
 
 log = logging.getLogger("harvest.relay_runner")
@@ -70,7 +70,8 @@ def main(argv: list[str] | None = None) -> int:
             kill_at_produce=int(faults.get("killat", 0)),
         )
         log.info("injecting faults: %s", faults)
-    relay = Harvest(cfg.harvest, producer_factory=factory) if factory else Harvest(cfg.harvest)
+    # as the harvest command does: a sharded relay for shards: S > 1 (a plain Harvest would refuse the outbox)
+    relay = relay_for(cfg.harvest, producer_factory=factory) if factory else relay_for(cfg.harvest)
     signals.attach(relay)
     relay.start()
     while not relay.wait(0.5):

@@ -8,6 +8,10 @@ in delivery order. Per key, the delivered versions must be exactly 1..N in that 
 - duplicates: deliveries beyond the first of a version;
 - order violations: keys whose first deliveries are not in increasing version order;
 - phantoms: versions above N (from rolled-back transactions) — must be zero.
+
+An at-least-once reader (``exactly_once=False``: the relay runs without ``uuidSequencing``) may repeat
+versions; its verdict is 0 lost, 0 phantoms and first arrivals in order per key, and its duplicates are
+counted but are no violation.
 """
 
 from __future__ import annotations
@@ -26,13 +30,22 @@ class Verdict:
     duplicates: int
     order_violations: int
     phantoms: int
+    #: False: an at-least-once reader, whose duplicates are allowed (module doc).
+    exactly_once: bool = True
+
+    @property
+    def violations(self) -> int:
+        """Lost, phantom and out-of-order deliveries, and duplicates where exactly once is the promise."""
+        return self.lost + self.order_violations + self.phantoms + (self.duplicates if self.exactly_once else 0)
 
     @property
     def ok(self) -> bool:
-        return self.lost == self.duplicates == self.order_violations == self.phantoms == 0
+        return self.violations == 0
 
 
-def verify(reader: str, truth: dict[str, int], delivered: Iterable[tuple[str, int]]) -> Verdict:
+def verify(
+    reader: str, truth: dict[str, int], delivered: Iterable[tuple[str, int]], exactly_once: bool = True
+) -> Verdict:
     seen: dict[str, list[int]] = defaultdict(list)
     total = 0
     for key, version in delivered:
@@ -54,7 +67,7 @@ def verify(reader: str, truth: dict[str, int], delivered: Iterable[tuple[str, in
                 first_seen.append(v)
         if first_seen != sorted(first_seen):
             order += 1
-    return Verdict(reader, sum(truth.values()), total, lost, duplicates, order, phantoms)
+    return Verdict(reader, sum(truth.values()), total, lost, duplicates, order, phantoms, exactly_once)
 
 
 def render(verdicts: list[Verdict]) -> str:
@@ -68,7 +81,7 @@ def render(verdicts: list[Verdict]) -> str:
             str(v.duplicates),
             str(v.order_violations),
             str(v.phantoms),
-            "OK" if v.ok else "FAIL",
+            ("OK" if v.ok else "FAIL") + ("" if v.exactly_once else " (at least once)"),
         )
         for v in verdicts
     ]

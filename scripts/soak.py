@@ -1,11 +1,13 @@
 """Soak: many randomized fault-injection runs of the whole pipeline (see harvest_local/faults.py).
 
-    ./dev soak [--runs 30 | --minutes 60] [--brokers 3] [--rows 3000] [--seed 1] [--spark-every 5] [--out DIR]
+    ./dev soak [--runs 30 | --minutes 60] [--brokers 3] [--rows 3000] [--seed 1] [--spark-every 5] [--no-standby] [--out DIR]
     ./dev soak --report DIR     (write the report of an earlier soak folder again)
 
-Starts its own Postgres and Kafka (one node, or with ``--brokers 3`` a replicated cluster whose runs add
-node kills, bounces, frozen nodes and two-of-three outages), restarted by the runs themselves; prints a
-line per run and a summary table. ``--minutes`` runs plans until the time is up (instead of ``--runs``).
+Starts its own Postgres (a primary and a synchronous standby, whose runs add Postgres fail-overs; one
+server with ``--no-standby``) and Kafka (one node, or with ``--brokers 3`` a replicated cluster whose runs
+add node kills, bounces, frozen nodes, two-of-three outages and clients cut off a node), restarted by the
+runs themselves; prints a line per run and a summary table. ``--minutes`` runs plans until the time is up
+(instead of ``--runs``).
 
 Everything lands in the soak folder (``--out``, default .work/soak/<UTC start time>/): a folder per run
 (its seed) with its logs and its history (harvest_local/history.py: each fault's start, end and target,
@@ -40,6 +42,12 @@ def main() -> int:
     parser.add_argument("--brokers", type=int, default=1, choices=[1, 3], help="Kafka nodes (3: a replicated cluster)")
     parser.add_argument("--rows", type=int, default=3000)
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument(
+        "--standby",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="Postgres with a synchronous standby, and fail-overs in the runs (default on)",
+    )
     parser.add_argument("--spark-every", type=int, default=5, help="verify with Spark every N runs (0: never)")
     parser.add_argument("--out", type=Path, default=None, help="the soak folder (default .work/soak/<start time>)")
     parser.add_argument("--report", type=Path, metavar="DIR", help="only write the report of the soak folder DIR")
@@ -75,12 +83,12 @@ def main() -> int:
 def _soak(args: argparse.Namespace, folder: Path, results: list[RunResult]) -> None:
     spark = None
     deadline = time.monotonic() + args.minutes * 60 if args.minutes else None
-    with LocalServices(args.brokers) as services:
+    with LocalServices(args.brokers, standby=args.standby) as services:
         for i in itertools.count():
             if (deadline is None and i >= args.runs) or (deadline is not None and time.monotonic() >= deadline):
                 break
             seed = args.seed + i
-            plan = FaultPlan.random(seed, rows=args.rows, brokers=args.brokers)
+            plan = FaultPlan.random(seed, rows=args.rows, brokers=args.brokers, standby=args.standby)
             use_spark = args.spark_every and i % args.spark_every == 0
             if use_spark and spark is None:
                 from harvest_outbox.harvest_local.spark import local_spark_session

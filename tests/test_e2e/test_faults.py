@@ -2,7 +2,8 @@
 
 Each plan combines faults; together they cover every kind: kill -9 of the leader, a paused leader
 (zombie), a Postgres restart, produce/delivery errors in the relays, consumer kills, and on a replicated
-3-node Kafka cluster a partition leader's node killed and two of three nodes down. The verifier checks the consumer's table (and in one run Spark's readCommitted)
+3-node Kafka cluster a partition leader's node killed, two of three nodes down and the clients cut off a node
+(dropped packets). The verifier checks the consumer's table (and in one run Spark's readCommitted)
 against the committed versions in the database. ``scripts/soak.py`` runs many randomized plans.
 """
 
@@ -26,8 +27,9 @@ PLANS = [
         produce_error_rate=0.02,
         delivery_error_rate=0.02,
     ),
-    # on a replicated 3-node cluster (issue #45): a zombie relay, a partition leader's node killed, and two of
-    # three nodes down (the single broker's restart is test_outages.py's broker_kill)
+    # on a replicated 3-node cluster (issue #45): a zombie relay, a partition leader's node killed, two of
+    # three nodes down (the single broker's restart is test_outages.py's broker_kill), and the clients cut off
+    # partition 0's leader, its packets dropped, while the cluster stays whole
     FaultPlan(
         seed=102,
         relays=2,
@@ -35,7 +37,7 @@ PLANS = [
         keys=20,
         partitions=4,
         rate=300.0,
-        faults=("pause_leader", "node_kill", "two_nodes_down"),
+        faults=("pause_leader", "node_kill", "two_nodes_down", "client_partition_drop"),
         brokers=3,
     ),
     FaultPlan(

@@ -1,9 +1,10 @@
 """Exactly-once through a Postgres fail-over (issue #45 item 2): a primary and a streaming standby started
-by the project (harvest_local/postgres.py, ``standby_of``), synchronous replication (every commit flushed
-on the standby before it returns), the relay and the writers on a multi-host DSN
-(``target_session_attrs=read-write``). The primary is killed (kill -9 of every server process) while the
-writers write and the relay drains, the standby is promoted, and without a restart the writers and the
-relay carry on against it.
+by the project (harvest_local/replicated_postgres.py over postgres.py's ``standby_of``), synchronous
+replication (every commit flushed on the standby before it returns), the relay and the writers on a
+multi-host DSN (``target_session_attrs=read-write``). The primary is killed (kill -9 of every server
+process) while the writers write and the relay drains, the standby is promoted, and without a restart the
+writers and the relay carry on against it; a new standby is built on the old primary's port, synchronous
+again behind the same DSN (what the randomized runs' ``postgres_failover`` relies on).
 
 The truth is the application's own table: each writer inserts its business row and its outbox row in one
 transaction, and after a failed commit (the connection died under it) looks its row up on the new primary
@@ -27,7 +28,7 @@ from psycopg import sql
 from relaylib import fault_config, outbox_backlog
 from seqcheck import Expected, check_exactly_once, read_intents, wait_for
 
-from harvest_outbox.harvest_local.postgres import EmbeddedPostgres
+from harvest_outbox.harvest_local.replicated_postgres import ReplicatedPostgres
 from harvest_outbox.producer.harvest import Harvest
 from harvest_outbox.producer.schema import OutboxNames
 from harvest_outbox.producer.schema.ddl import init_db
@@ -36,33 +37,13 @@ from harvest_outbox.producer.stash.stasher import OutboxRecord, Stasher
 PARTITIONS = 4
 
 
-@dataclass
-class Pair:
-    primary: EmbeddedPostgres
-    standby: EmbeddedPostgres
-
-    @property
-    def dsn(self) -> str:
-        """Both servers; libpq connects to the one that accepts writes."""
-        p, s = self.primary, self.standby
-        return (
-            f"host=127.0.0.1,127.0.0.1 port={p.port},{s.port} user=harvest password={p.password} "
-            f"dbname={p.database} connect_timeout=5 target_session_attrs=read-write"
-        )
-
-
 @pytest.fixture
-def pair() -> Iterator[Pair]:
-    primary = EmbeddedPostgres().start()
-    standby = None
+def pair() -> Iterator[ReplicatedPostgres]:
+    servers = ReplicatedPostgres().start()
     try:
-        standby = EmbeddedPostgres(standby_of=primary).start()
-        primary.wait_for_standby(standby)
-        yield Pair(primary, standby)
+        yield servers
     finally:
-        for server in (standby, primary):
-            if server is not None:
-                server.destroy()
+        servers.destroy()
 
 
 class Writers:
@@ -149,7 +130,7 @@ def _setup(dsn: str, schema: str, layout: str) -> OutboxNames:
 @pytest.mark.parametrize("layout", ["mark", "cursor"])
 def test_a_failover_under_writers_and_a_draining_relay_loses_and_repeats_nothing(
     layout: str,
-    pair: Pair,
+    pair: ReplicatedPostgres,
     kafka_bootstrap: str,
     topic_factory: Callable[..., str],
     unique_name: Callable[[str], str],
@@ -164,8 +145,10 @@ def test_a_failover_under_writers_and_a_draining_relay_loses_and_repeats_nothing
     try:
         writers = Writers(pair.dsn, schema, topic, count=3, txs=120).start()
         wait_for(lambda: writers.done > 150, 60, "rows committed before the fail-over")
-        pair.primary.kill()  # the primary's host is gone: nothing it had not flushed survives
-        pair.standby.promote()
+        dsn, ports = pair.dsn, {pair.primary.port, pair.standby.port}
+        # the primary's host is gone (kill -9: nothing it had not flushed survives), the standby promoted, and
+        # a new standby built on the old port, as the randomized runs' postgres_failover does
+        pair.failover()
         writers.join()
         wait_for(
             lambda: outbox_backlog(pair.dsn, names, layout) == 0, 120, "every committed row relayed after the fail-over"
@@ -177,10 +160,18 @@ def test_a_failover_under_writers_and_a_draining_relay_loses_and_repeats_nothing
     exp = _truth(pair.dsn, schema)
     assert exp.total > 300
     assert check_exactly_once(kafka_bootstrap, topic, PARTITIONS, exp).committed == exp.total
+    # ReplicatedPostgres's invariant: the same DSN, the roles swapped, and the new standby synchronous (a second
+    # fail-over would lose nothing either)
+    assert pair.dsn == dsn and {pair.primary.port, pair.standby.port} == ports and pair.standby.in_recovery()
+    with psycopg.connect(pair.dsn, autocommit=True) as conn:
+        state = conn.execute("SELECT application_name, sync_state FROM pg_stat_replication").fetchall()
+    assert state == [(pair.standby.application_name, "sync")]
 
 
 @pytest.mark.integration
-def test_a_relay_left_on_the_old_primary_cannot_commit(pair: Pair, unique_name: Callable[[str], str]) -> None:
+def test_a_relay_left_on_the_old_primary_cannot_commit(
+    pair: ReplicatedPostgres, unique_name: Callable[[str], str]
+) -> None:
     """Split brain: the standby is promoted while the old primary still runs. A session on the old primary (a
     relay that has not noticed) writes, and its commit waits for the synchronous standby, which follows it no
     more: nothing it does becomes visible there or on the new primary."""
@@ -235,7 +226,7 @@ def report(bootstrap: str, topic: str, exp: Expected) -> Report:
 @pytest.mark.integration
 @pytest.mark.slow
 def test_an_asynchronous_standby_fail_over_loses_and_the_check_reports_it(
-    pair: Pair, kafka_bootstrap: str, topic_factory: Callable[..., str], unique_name: Callable[[str], str]
+    pair: ReplicatedPostgres, kafka_bootstrap: str, topic_factory: Callable[..., str], unique_name: Callable[[str], str]
 ) -> None:
     """Where it is honest to lose (issue #45 item 4): with asynchronous replication the standby can be
     behind when the primary dies. Here it is stopped for a while (as a lagging standby would be) while the
