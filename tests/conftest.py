@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
     from harvest_outbox.harvest_local import LocalServices
+    from harvest_outbox.harvest_local.kafka_cluster import EmbeddedKafkaCluster
     from harvest_outbox.harvest_local.registry import EmbeddedRegistry
 
 # librdkafka's connection-closed chatter is noise in test logs.
@@ -43,6 +44,19 @@ def services() -> Iterator[LocalServices]:
 
     with LocalServices() as running:
         yield running
+
+
+@pytest.fixture(scope="session")
+def kafka_cluster() -> Iterator[EmbeddedKafkaCluster]:
+    """A replicated 3-node KRaft cluster (harvest_local/kafka_cluster.py), started once per worker: the tests
+    using it share a worker (tests/xdist_groups.py). Each leaves every node running when it ends."""
+    from harvest_outbox.harvest_local.kafka_cluster import EmbeddedKafkaCluster
+
+    running = EmbeddedKafkaCluster().start()
+    try:
+        yield running
+    finally:
+        running.destroy()
 
 
 @pytest.fixture(scope="session")

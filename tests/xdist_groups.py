@@ -5,8 +5,9 @@ Invariants:
 - the tests that use one session service share a worker, which starts it once: every Spark test
   (pyspark allows one SparkContext per process; the worker switches to ``local-cluster`` once, as
   the ``cluster`` tests come last in its group), the Debezium tests (their logical Postgres), the
-  schema-registry tests (their Apicurio Registry); any other test stays with its module (its
-  module-scoped fixtures are built once, e.g. test_wheel.py's wheel);
+  schema-registry tests (their Apicurio Registry), the replicated-cluster tests (their three Kafka
+  nodes); any other test stays with its module (its module-scoped fixtures are built once, e.g.
+  test_wheel.py's wheel);
 - groups are handed out whole, longest-running kinds first (the Spark group, then modules with
   ``slow`` fault runs, then modules on Postgres/Kafka, pure-logic modules last), so two workers
   finish close together; within a group the collection order stays.
@@ -38,6 +39,7 @@ SHARED_SESSIONS = (
     ("logical_pg_dsn", "debezium"),
     ("schema_registry", "registry"),
     ("two_phase_pg_dsn", "two-phase"),
+    ("kafka_cluster", "kafka-cluster"),
 )
 
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import psycopg
 import pytest
@@ -37,13 +37,9 @@ from harvest_outbox.producer.schema.ddl import init_db
 PARTITIONS = 4
 
 
-@pytest.fixture(scope="module")
-def cluster() -> Iterator[EmbeddedKafkaCluster]:
-    running = EmbeddedKafkaCluster().start()
-    try:
-        yield running
-    finally:
-        running.destroy()
+@pytest.fixture
+def cluster(kafka_cluster: EmbeddedKafkaCluster) -> EmbeddedKafkaCluster:
+    return kafka_cluster  # the session's (tests/conftest.py)
 
 
 def _dead_letters(pg_dsn: str, names: OutboxNames) -> int:

@@ -22,7 +22,7 @@ quorum), ``min.insync.replicas=1`` so the writes are acknowledged while node 2 i
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import pytest
 from relaylib import fault_config, outbox_backlog
@@ -40,13 +40,9 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 HOLDER, LAGGARD = 1, 2  # the topic's replicas; node 3 only votes
 
 
-@pytest.fixture(scope="module")
-def cluster() -> Iterator[EmbeddedKafkaCluster]:
-    running = EmbeddedKafkaCluster().start()
-    try:
-        yield running
-    finally:
-        running.destroy()
+@pytest.fixture
+def cluster(kafka_cluster: EmbeddedKafkaCluster) -> EmbeddedKafkaCluster:
+    return kafka_cluster  # the session's (tests/conftest.py)
 
 
 def _create_topic(cluster: EmbeddedKafkaCluster, topic: str, unclean: bool) -> None:
