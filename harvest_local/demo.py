@@ -45,7 +45,7 @@ from harvest_outbox.harvest_local.applier import applied_rows, create_tables
 from harvest_outbox.harvest_local.kafka import create_topic
 from harvest_outbox.harvest_local.kafka_cluster import EmbeddedKafkaCluster
 from harvest_outbox.harvest_local.launcher import LocalServices, ServiceEndpoints
-from harvest_outbox.harvest_local.pipeline_process import CommittedFile, PipelineProcess
+from harvest_outbox.harvest_local.pipeline_process import CommittedFile, PipelineProcess, table_verdict
 from harvest_outbox.harvest_local.relays import RelayProcess, current_leader, wait_for, write_config
 from harvest_outbox.harvest_local.verify import Verdict, render, verify
 from harvest_outbox.harvest_local.workdir import work_dir
@@ -377,7 +377,7 @@ def run_demo(
     raw_count = _raw_count(ends.kafka_bootstrap, topic)
     pipeline_run = None
     if opts.spark:
-        verdicts.append(_table_verdict(pipeline, truth))
+        verdicts.append(table_verdict(pipeline, truth))
         latest = _latest_versions(pipeline.latest_path)
         pipeline_run = PipelineRun(
             pipeline.committed_files(), killer.killed_at, pipeline.starts, None if latest is None else latest == truth
@@ -576,20 +576,6 @@ def _await_table(
             run.mark(f"Spark pipeline stalled at {rows}/{expected} rows (see {pipeline.log})")
             return
         time.sleep(1.0)
-
-
-def _table_verdict(pipeline: PipelineProcess, truth: dict[str, int]) -> Verdict:
-    """The event table as its readers see it (the files its metadata log lists), in delivery order."""
-    import pyarrow.parquet as pq
-
-    cols = ["key", "value", "partition", "offset", "ack_offset"]
-    rows: list[tuple[int, int, int, bytes, bytes]] = []
-    for f in pipeline.committed_files():
-        t = pq.read_table(f.path, columns=cols).to_pydict()
-        rows += zip(t["partition"], t["ack_offset"], t["offset"], t["key"], t["value"], strict=True)
-    rows.sort(key=lambda r: r[:3])
-    delivered = [(k.decode(), int(json.loads(v)["version"])) for _, _, _, k, v in rows]
-    return verify("Spark pipeline -> Parquet table", truth, delivered)
 
 
 def _latest_versions(latest_path: Path) -> dict[str, int] | None:

@@ -26,8 +26,10 @@ import sys
 import time
 import uuid
 from collections import Counter
-from dataclasses import asdict, dataclass, field
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
+from random import Random
 from typing import Any
 
 from harvest_outbox.harvest_local.applier import applied_rows, create_tables
@@ -35,6 +37,7 @@ from harvest_outbox.harvest_local.history import History, Sampler, TableCounts
 from harvest_outbox.harvest_local.kafka import create_topic
 from harvest_outbox.harvest_local.kafka_cluster import EmbeddedKafkaCluster
 from harvest_outbox.harvest_local.launcher import LocalServices
+from harvest_outbox.harvest_local.pipeline_process import PipelineProcess, table_verdict
 from harvest_outbox.harvest_local.relays import RelayProcess, current_leader, wait_for, write_config
 from harvest_outbox.harvest_local.verify import Verdict, verify
 from harvest_outbox.harvest_local.workload import Writers, committed_versions, create_accounts
@@ -62,6 +65,13 @@ CLIENT_PARTITION_SECONDS = 8.0
 #: the primary killed, the standby promoted (the run's clients follow through their multi-host DSN), and a new
 #: standby built where the primary was, so the next run starts with a synchronous pair again.
 FAILOVER_KIND = "postgres_failover"
+#: kill -9 of the streaming pipeline's driver (its process group: Python, JVM), restarted from its
+#: checkpoints after 1 s; only in plans with ``pipeline``.
+PIPELINE_KILL = "pipeline_kill"
+#: How long a run waits, after the consumer's verdict, for the pipeline's table to hold every committed row
+#: (its driver starts a JVM, maybe twice: minutes on a loaded 2-core machine).
+PIPELINE_CATCH_UP = 300.0
+PIPELINE_READER = "Spark pipeline -> Parquet table"
 #: ``leaderElection`` values a plan draws.
 ELECTIONS = ("neli", "postgres")
 #: ``mode``: ``sequenced`` (``uuidSequencing``: exactly once) or ``at-least-once`` (no sequencing: every row,
@@ -93,6 +103,10 @@ class FaultPlan:
     shards: int = 1
     #: :data:`MODES`.
     mode: str = "sequenced"
+    #: The streaming pipeline (``spark_reader.pipeline``: a driver process writing a Parquet event table) reads
+    #: the topic throughout as a third reader, its table verified like the consumer's; it may be killed
+    #: (:data:`PIPELINE_KILL`).
+    pipeline: bool = False
 
     def __post_init__(self) -> None:
         if self.election not in ELECTIONS:
@@ -106,12 +120,19 @@ class FaultPlan:
                 f"FaultPlan.faults has {FAILOVER_KIND} {self.faults.count(FAILOVER_KIND)} times: a fail-over "
                 "leaves no standby until the new one is built, so a plan holds at most one"
             )
+        if PIPELINE_KILL in self.faults and not self.pipeline:
+            raise ValueError(f"FaultPlan.faults has {PIPELINE_KILL}: set pipeline=True")
         if FAILOVER_KIND in self.faults and not self.standby:
             raise ValueError(f"FaultPlan.faults has {FAILOVER_KIND}: set standby=True (and give it the services' one)")
 
     @staticmethod
     def random(
-        seed: int, rows: int = 3000, allow_restarts: bool = True, brokers: int = 1, standby: bool = False
+        seed: int,
+        rows: int = 3000,
+        allow_restarts: bool = True,
+        brokers: int = 1,
+        standby: bool = False,
+        pipeline: bool = False,
     ) -> FaultPlan:
         rng = random.Random(seed)
         kinds = [k for k in FAULT_KINDS if allow_restarts or not k.endswith("_restart")]
@@ -139,7 +160,14 @@ class FaultPlan:
             shards=rng.choice((1, 2, 3)),
             # exactly once is the claim: three sequenced runs for each at-least-once one
             mode=rng.choice(("sequenced", "sequenced", "sequenced", "at-least-once")),
-        )
+            pipeline=pipeline,
+        )._with_pipeline_kill(rng)
+
+    def _with_pipeline_kill(self, rng: Random) -> FaultPlan:
+        """A pipeline's run kills its driver half of the time (drawn last: the other draws of a seed stay)."""
+        if not self.pipeline or rng.random() < 0.5:
+            return self
+        return replace(self, faults=(*self.faults, PIPELINE_KILL))
 
 
 @dataclass
@@ -201,14 +229,21 @@ def run_plan(
     if faults:
         result.injected["produce_delivery_errors"] += 1
     applier = _start_applier(ends.pg_dsn, ends.kafka_bootstrap, topic, schema, workdir)
+    pipeline = (
+        PipelineProcess(topic=topic, bootstrap=ends.kafka_bootstrap, root=workdir / "pipeline", logdir=workdir)
+        if plan.pipeline
+        else None
+    )
     sampler: Sampler | None = None
     try:
         wait_for(lambda: current_leader(relays) is not None, 90)
+        if pipeline is not None:
+            pipeline.start()
         writers = Writers(
             ends.pg_dsn, schema, outbox, topic, plan.keys, plan.rows, threads=3, rate_per_s=plan.rate, seed=plan.seed
         ).start()
         if history is not None:
-            sampler = _sampler(history, writers, ends.pg_dsn, schema, outbox, plan.layout).start()
+            sampler = _sampler(history, writers, ends.pg_dsn, schema, outbox, plan.layout, pipeline).start()
         schedule = sorted(rng.uniform(0.15, 0.8) for _ in plan.faults)
         for at, kind in zip(schedule, plan.faults, strict=True):
 
@@ -217,7 +252,7 @@ def run_plan(
 
             wait_for(reached, 600, poll=0.1)
             applier = _inject(
-                kind, services, relays, applier, cfg, workdir, ends, topic, schema, result, faults, history
+                kind, services, relays, applier, cfg, workdir, ends, topic, schema, result, faults, history, pipeline
             )
         writers.join()
         result.committed, result.rolled_back = writers.stats.committed, writers.stats.rolled_back
@@ -232,9 +267,13 @@ def run_plan(
         )
         if spark is not None:
             result.verdicts.append(_spark_verdict(spark, ends.kafka_bootstrap, topic, truth, once))
+        if pipeline is not None:
+            result.verdicts.append(_pipeline_verdict(pipeline, truth, once, result))
     finally:
         if sampler is not None:
             sampler.stop()
+        if pipeline is not None:
+            pipeline.kill()
         for relay in relays:
             relay.stop(10)
         if applier.poll() is None:
@@ -254,15 +293,44 @@ def run_plan(
     return result
 
 
-def _sampler(history: History, writers: Writers, dsn: str, schema: str, outbox: str, layout: str) -> Sampler:
-    """Samples rows committed by the writers, waiting in the outbox, and in the consumer's table."""
+def _sampler(
+    history: History,
+    writers: Writers,
+    dsn: str,
+    schema: str,
+    outbox: str,
+    layout: str,
+    pipeline: PipelineProcess | None = None,
+) -> Sampler:
+    """Samples rows committed by the writers, waiting in the outbox, in the consumer's table and in the
+    pipeline's event table (its committed files)."""
     counts = TableCounts(dsn)
+    readers: dict[str, Callable[[], int]] = {"ReadCommittedIter -> Postgres": lambda: counts.rows(schema, "applied")}
+    if pipeline is not None:
+        readers[PIPELINE_READER] = lambda: sum(f.rows for f in pipeline.committed_files())
     return history.sampler(
         committed=lambda: writers.stats.committed,
         backlog=lambda: counts.backlog(outbox, layout),
-        readers={"ReadCommittedIter -> Postgres": lambda: counts.rows(schema, "applied")},
+        readers=readers,
         on_stop=counts.close,
     )
+
+
+def _pipeline_verdict(pipeline: PipelineProcess, truth: dict[str, int], once: bool, result: RunResult) -> Verdict:
+    """The pipeline's table once it holds every committed version (or :data:`PIPELINE_CATCH_UP` has passed:
+    the verdict then counts what is missing as lost); a driver that died on its own is started again, as
+    its operator's supervisor would, and noted."""
+    deadline = time.monotonic() + PIPELINE_CATCH_UP
+    while True:
+        verdict = table_verdict(pipeline, truth, exactly_once=once)
+        if verdict.lost == 0 or time.monotonic() > deadline:
+            break
+        if not pipeline.alive:
+            result.notes.append(f"the pipeline's driver had exited; started again (see {pipeline.log})")
+            pipeline.start()
+        time.sleep(2.0)
+    time.sleep(1.5)  # late duplicates, if any, get the chance to show
+    return table_verdict(pipeline, truth, exactly_once=once)
 
 
 def _inject(
@@ -278,6 +346,7 @@ def _inject(
     result: RunResult,
     faults: str | None,
     history: History | None = None,
+    pipeline: PipelineProcess | None = None,
 ) -> subprocess.Popen[bytes]:
     leader = current_leader(relays)
     began, notes_before = time.time(), len(result.notes)
@@ -310,6 +379,12 @@ def _inject(
         result.notes.append("killed the consumer")
     elif kind in CLUSTER_FAULT_KINDS and services.cluster is not None:
         _cluster_fault(kind, services.cluster, topic, result)
+    elif kind == PIPELINE_KILL and pipeline is not None:
+        batches = pipeline.committed_batches()
+        pipeline.kill()
+        time.sleep(1.0)
+        pipeline.start()
+        result.notes.append(f"killed the pipeline's driver after {batches} micro-batches, restarted it")
     else:
         result.notes.append(f"skipped {kind} (not applicable)")
         return applier
@@ -324,7 +399,12 @@ def _fault_target(kind: str, leader: RelayProcess | None, detail: str) -> str:
     """Who a fault hit, for the soak's timeline: a relay's name, a service, or the Kafka node(s) its note names."""
     if kind in ("kill_leader", "pause_leader") and leader is not None:
         return leader.name
-    fixed = {"broker_restart": "Kafka", "postgres_restart": "Postgres", "consumer_kill": "consumer"}
+    fixed = {
+        "broker_restart": "Kafka",
+        "postgres_restart": "Postgres",
+        "consumer_kill": "consumer",
+        PIPELINE_KILL: "pipeline",
+    }
     if kind in fixed:
         return fixed[kind]
     nodes = re.search(r"Kafka nodes? (\[[\d, ]+\]|\d+)", detail)

@@ -21,6 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import unquote, urlparse
 
+from harvest_outbox.harvest_local.verify import Verdict, verify
+
 
 @dataclass(frozen=True)
 class CommittedFile:
@@ -54,6 +56,21 @@ def committed_files(events_path: Path) -> list[CommittedFile]:
         local = unquote(urlparse(uri).path)
         out.append(CommittedFile(local, modified, pq.read_metadata(local).num_rows))
     return out
+
+
+def table_verdict(pipeline: PipelineProcess, truth: dict[str, int], exactly_once: bool = True) -> Verdict:
+    """The event table as its readers see it (the files its metadata log lists), in delivery order, against
+    the committed versions ``truth`` (:func:`harvest_local.verify.verify`)."""
+    import pyarrow.parquet as pq
+
+    cols = ["key", "value", "partition", "offset", "ack_offset"]
+    rows: list[tuple[int, int, int, bytes, bytes]] = []
+    for f in pipeline.committed_files():
+        t = pq.read_table(f.path, columns=cols).to_pydict()
+        rows += zip(t["partition"], t["ack_offset"], t["offset"], t["key"], t["value"], strict=True)
+    rows.sort(key=lambda r: r[:3])
+    delivered = [(k.decode(), int(json.loads(v)["version"])) for _, _, _, k, v in rows]
+    return verify("Spark pipeline -> Parquet table", truth, delivered, exactly_once=exactly_once)
 
 
 class PipelineProcess:

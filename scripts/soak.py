@@ -1,6 +1,7 @@
 """Soak: many randomized fault-injection runs of the whole pipeline (see harvest_local/faults.py).
 
-    ./dev soak [--runs 30 | --minutes 60] [--brokers 3] [--rows 3000] [--seed 1] [--spark-every 5] [--no-standby] [--out DIR]
+    ./dev soak [--runs 30 | --minutes 60] [--brokers 3] [--rows 3000] [--seed 1] [--spark-every 5] [--pipeline-every 3]
+               [--no-standby] [--out DIR]
     ./dev soak --report DIR     (write the report of an earlier soak folder again)
 
 Starts its own Postgres (a primary and a synchronous standby, whose runs add Postgres fail-overs; one
@@ -11,8 +12,9 @@ runs themselves; prints a line per run and a summary table. ``--minutes`` runs p
 
 Everything lands in the soak folder (``--out``, default .work/soak/<UTC start time>/): a folder per run
 (its seed) with its logs and its history (harvest_local/history.py: each fault's start, end and target,
-each reader's progress about once a second), and at the end — also when a run raises or on Ctrl-C —
-``report.md`` and ``timeline.png`` (harvest_local/soak_report.py): the verdict, a table per run, faults
+each reader's progress about once a second: the consumer's table, and every ``--pipeline-every`` runs
+the Spark streaming pipeline's table, its driver killed in half of those), and at the end (also when a run
+raises or on Ctrl-C) ``report.md`` and ``timeline.png`` (harvest_local/soak_report.py): the verdict, a table per run, faults
 and per-reader lag over time. Exits 0 when the verdict is OK, 1 otherwise.
 """
 
@@ -49,6 +51,13 @@ def main() -> int:
         help="Postgres with a synchronous standby, and fail-overs in the runs (default on)",
     )
     parser.add_argument("--spark-every", type=int, default=5, help="verify with Spark every N runs (0: never)")
+    parser.add_argument(
+        "--pipeline-every",
+        type=int,
+        default=3,
+        help="run the Spark streaming pipeline as a third reader every N runs, its driver killed in half of them "
+        "(0: never)",
+    )
     parser.add_argument("--out", type=Path, default=None, help="the soak folder (default .work/soak/<start time>)")
     parser.add_argument("--report", type=Path, metavar="DIR", help="only write the report of the soak folder DIR")
     args = parser.parse_args()
@@ -88,7 +97,10 @@ def _soak(args: argparse.Namespace, folder: Path, results: list[RunResult]) -> N
             if (deadline is None and i >= args.runs) or (deadline is not None and time.monotonic() >= deadline):
                 break
             seed = args.seed + i
-            plan = FaultPlan.random(seed, rows=args.rows, brokers=args.brokers, standby=args.standby)
+            use_pipeline = bool(args.pipeline_every) and i % args.pipeline_every == args.pipeline_every - 1
+            plan = FaultPlan.random(
+                seed, rows=args.rows, brokers=args.brokers, standby=args.standby, pipeline=use_pipeline
+            )
             use_spark = args.spark_every and i % args.spark_every == 0
             if use_spark and spark is None:
                 from harvest_outbox.harvest_local.spark import local_spark_session

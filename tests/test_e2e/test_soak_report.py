@@ -42,6 +42,8 @@ def _run(
     faults: list[tuple[str, str, float, float]],
     *,
     lost: int = 0,
+    duplicates: int = 0,
+    exactly_once: bool = True,
     ended: bool = True,
     error: str | None = None,
 ) -> History:
@@ -54,11 +56,11 @@ def _run(
     for s in range(21):
         rec("sample", t=t0 + s, committed=min(100 * s, 1800), backlog=50, readers={READER: max(100 * (s - 2), 0)})
     if ended:
-        verdict = _clean(READER, 1800) | {"lost": lost}
+        verdict = _clean(READER, 1800) | {"lost": lost, "duplicates": duplicates, "exactly_once": exactly_once}
         rec(
             "end",
             t=t0 + 21,
-            ok=not lost and error is None,
+            ok=not lost and not (duplicates and exactly_once) and error is None,
             committed=1800,
             rolled_back=200,
             seconds=21.0,
@@ -135,6 +137,18 @@ def test_a_violation_an_error_and_a_run_cut_short_each_decide_the_verdict(tmp_pa
     v = verdict(load(errored))
     assert (v.status, v.failed, v.violations) == ("FAIL", 1, 0)
     assert "ERROR: TimeoutError" in render(load(errored))
+
+
+@pytest.mark.parametrize(("exactly_once", "status"), [(True, "FAIL"), (False, "OK")])
+def test_repeats_are_violations_only_where_the_run_promised_exactly_once(
+    tmp_path: Path, exactly_once: bool, status: str
+) -> None:
+    """An at-least-once run (the relay without uuidSequencing) may repeat rows: counted, not a violation."""
+    _run(tmp_path, 1, 1000.0, [("kill_leader", "relay-0", 5.0, 5.01)], duplicates=10, exactly_once=exactly_once)
+    v = verdict(load(tmp_path))
+    assert (v.status, v.violations) == (status, 10 if exactly_once else 0)
+    md = render(load(tmp_path))
+    assert (f"  - {READER}: lost 0, duplicates 10, order 0" in md) == exactly_once
 
 
 def test_fault_labels_are_packed_into_lanes_that_never_overlap() -> None:

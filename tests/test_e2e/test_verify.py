@@ -62,3 +62,21 @@ def test_a_fault_plan_draws_elections_shards_modes_and_at_most_one_failover() ->
         FaultPlan(seed=1, faults=(FAILOVER_KIND,))
     with pytest.raises(ValueError, match="election 'raft'"):
         FaultPlan(seed=1, election="raft")
+
+
+def test_a_pipeline_plan_kills_its_driver_half_of_the_time_and_keeps_the_other_draws() -> None:
+    """The pipeline's kill is drawn last, so a seed's other draws are those of the plan without it."""
+    from dataclasses import replace
+
+    from harvest_outbox.harvest_local.faults import PIPELINE_KILL, FaultPlan
+
+    for seed in range(100):
+        plain = FaultPlan.random(seed, brokers=3, standby=True)
+        piped = FaultPlan.random(seed, brokers=3, standby=True, pipeline=True)
+        assert piped.pipeline and not plain.pipeline
+        assert replace(piped, pipeline=False, faults=tuple(f for f in piped.faults if f != PIPELINE_KILL)) == plain
+        assert PIPELINE_KILL not in plain.faults
+    kills = sum(PIPELINE_KILL in FaultPlan.random(seed, pipeline=True).faults for seed in range(200))
+    assert 60 < kills < 140
+    with pytest.raises(ValueError, match="pipeline=True"):
+        FaultPlan(seed=1, faults=(PIPELINE_KILL,))
