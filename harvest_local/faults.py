@@ -58,6 +58,7 @@ CLUSTER_FAULT_KINDS = (
     "two_nodes_down",
     "client_partition_drop",
     "client_partition_reject",
+    "controller_kill",
 )
 #: How long a client partition lasts: past the relays' 2 s heartbeat timeout and 6 s session timeout.
 CLIENT_PARTITION_SECONDS = 8.0
@@ -72,6 +73,8 @@ PIPELINE_KILL = "pipeline_kill"
 #: (its driver starts a JVM, maybe twice: minutes on a loaded 2-core machine).
 PIPELINE_CATCH_UP = 300.0
 PIPELINE_READER = "Spark pipeline -> Parquet table"
+#: What the pipeline's driver logs once its queries run (spark_reader/pipeline.py).
+PIPELINE_RUNNING = "pipeline running:"
 #: ``leaderElection`` values a plan draws.
 ELECTIONS = ("neli", "postgres")
 #: ``mode``: ``sequenced`` (``uuidSequencing``: exactly once) or ``at-least-once`` (no sequencing: every row,
@@ -236,9 +239,11 @@ def run_plan(
     )
     sampler: Sampler | None = None
     try:
+        if pipeline is not None:  # reading before the writers write: a reader throughout, not after the fact
+            pipeline.start()
         wait_for(lambda: current_leader(relays) is not None, 90)
         if pipeline is not None:
-            pipeline.start()
+            wait_for(lambda: PIPELINE_RUNNING in pipeline.text() or not pipeline.alive, 240, "the pipeline's queries")
         writers = Writers(
             ends.pg_dsn, schema, outbox, topic, plan.keys, plan.rows, threads=3, rate_per_s=plan.rate, seed=plan.seed
         ).start()
@@ -416,6 +421,9 @@ def _cluster_fault(kind: str, cluster: EmbeddedKafkaCluster, topic: str, result:
     if kind == "node_kill":
         victim = cluster.kill_partition_leader(topic, 0, down=2.0)
         result.notes.append(f"killed Kafka node {victim} (leader of partition 0), back after 2s")
+    elif kind == "controller_kill":
+        victim = cluster.kill_controller(down=2.0)
+        result.notes.append(f"killed Kafka node {victim} (the active controller), back after 2s")
     elif kind == "node_bounce":
         victim = rng.choice([n.node_id for n in cluster.nodes])
         cluster.stop(victim)

@@ -31,6 +31,7 @@ answers from the cluster's own metadata, also while clients are cut off a node.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import time
@@ -133,6 +134,35 @@ class EmbeddedKafkaCluster:
                 self.node(node_id).launch()
         for node_id in node_ids:
             self.node(node_id).wait_ready(timeout, brokers=len(self.nodes))
+
+    def active_controller(self) -> int:
+        """The node id of the active KRaft controller (the metadata quorum's leader), as the live nodes record
+        it in their quorum state (the newest epoch wins; -1 while none is known, e.g. during an election).
+        Clients cannot ask: a broker answers ``DescribeCluster`` with a random broker as "controller"."""
+        best = (-1, -1)  # (epoch, leader)
+        for n in self.nodes:
+            if not n.alive:
+                continue
+            try:
+                state = json.loads((n.data / "__cluster_metadata-0" / "quorum-state").read_text())
+            except (OSError, ValueError):
+                continue  # not written yet, or mid-write
+            best = max(best, (int(state.get("leaderEpoch", -1)), int(state.get("leaderId", -1))))
+        leader = best[1]
+        return leader if leader > 0 and self.node(leader).alive else -1
+
+    def kill_controller(self, down: float = 2.0) -> int:
+        """kill -9 the node of the active controller (a controller fail-over: the quorum elects another), and
+        bring it back after ``down`` seconds; returns its id."""
+        deadline = time.monotonic() + 30
+        while (victim := self.active_controller()) < 0:
+            if time.monotonic() > deadline:
+                raise ServiceError("kafka", "no active KRaft controller known after 30s")
+            time.sleep(0.2)
+        self.kill(victim)
+        time.sleep(down)
+        self.start_node(victim)
+        return victim
 
     def kill_partition_leader(
         self, topic: str, partition: int = 0, down: float = 2.0, killed: Callable[[int], None] | None = None

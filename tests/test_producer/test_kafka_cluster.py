@@ -212,3 +212,17 @@ def test_clients_cut_off_a_partition_leader_lose_and_repeat_nothing(
         relay.wait(30)
     assert _dead_letters(pg_dsn, names) == 0
     _check(cluster.bootstrap, topic, exp, True)
+
+
+@pytest.mark.integration
+def test_the_active_controller_is_known_and_a_kill_moves_it(cluster: EmbeddedKafkaCluster) -> None:
+    """``controller_kill`` (harvest_local/faults.py) needs the quorum's leader, which clients cannot ask for:
+    the cluster reads it from the nodes' quorum state; killing it makes the other two elect one of them."""
+    wait_for(lambda: cluster.active_controller() > 0, 30, "an active controller")
+    victim = cluster.active_controller()
+    cluster.kill(victim)
+    try:
+        wait_for(lambda: cluster.active_controller() not in (-1, victim), 30, "a controller fail-over")
+    finally:
+        cluster.start_node(victim)
+    assert cluster.active_controller() > 0  # the node is back and follows
