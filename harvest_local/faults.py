@@ -59,6 +59,7 @@ CLUSTER_FAULT_KINDS = (
     "client_partition_drop",
     "client_partition_reject",
     "controller_kill",
+    "rolling_bounce",
 )
 #: How long a client partition lasts: past the relays' 2 s heartbeat timeout and 6 s session timeout.
 CLIENT_PARTITION_SECONDS = 8.0
@@ -424,6 +425,14 @@ def _cluster_fault(kind: str, cluster: EmbeddedKafkaCluster, topic: str, result:
     elif kind == "controller_kill":
         victim = cluster.kill_controller(down=2.0)
         result.notes.append(f"killed Kafka node {victim} (the active controller), back after 2s")
+    elif kind == "rolling_bounce":  # an upgrade's restart: every node in turn, each back before the next goes
+        for node in cluster.nodes:
+            cluster.stop(node.node_id)
+            time.sleep(1.0)
+            cluster.start_node(node.node_id)
+        result.notes.append(
+            f"rolling bounce of Kafka nodes {[n.node_id for n in cluster.nodes]} (controlled shutdowns)"
+        )
     elif kind == "node_bounce":
         victim = rng.choice([n.node_id for n in cluster.nodes])
         cluster.stop(victim)
