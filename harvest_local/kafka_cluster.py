@@ -23,7 +23,7 @@ A proxy rather than network namespaces: it needs no root (CI runs unprivileged) 
 connections what a partition does (held or reset), on the same loopback addresses. The harness's own admin
 calls (:meth:`leader_of`, :meth:`in_sync`, readiness) use the direct listeners (:attr:`direct_bootstrap`).
 
-Invariants (tests/test_e2e/test_cluster.py, tests/test_producer/test_kafka_cluster.py):
+Invariants (tests/test_e2e/test_cluster.py, tests/test_producer/cluster/test_kafka_cluster.py):
 :meth:`EmbeddedKafkaCluster.start` returns once every node names all nodes as live brokers; a node killed or
 stopped comes back on the same ports with its data (:meth:`EmbeddedKafkaCluster.start_node`); :meth:`leader_of`
 answers from the cluster's own metadata, also while clients are cut off a node.

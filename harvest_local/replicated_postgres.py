@@ -12,7 +12,7 @@ the DSN never changes and the pair is ready for the next fail-over (a soak's nex
 than rewinding the old primary: ``pg_rewind`` needs ``wal_log_hints`` or checksums and a clean shutdown
 first, and a fresh copy is what replaces a lost host anyway.
 
-Invariants (tests/test_producer/test_pg_failover.py, tests/test_e2e/test_faults.py): after :meth:`start`
+Invariants (tests/test_producer/cluster/test_pg_failover.py, tests/test_e2e/test_faults.py): after :meth:`start`
 and after :meth:`failover`, a commit on the primary returns only once the standby has flushed it
 (``synchronous_standby_names`` names it, ``synchronous_commit = on``), so a promoted standby holds every
 commit a client saw return; :attr:`dsn` is the same before and after. Between the promotion and the new

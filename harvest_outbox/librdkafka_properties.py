@@ -2,7 +2,7 @@
 
 The table is librdkafka 2.16's, as ``rd_kafka_conf_properties_show()`` prints it (the table its
 CONFIGURATION.md is made from): :mod:`harvest_outbox.redact` derives the credential properties from it, and
-``tests/test_producer/test_redact.py`` reads the installed librdkafka's table to check none is missing
+``tests/test_producer/config/test_redact.py`` reads the installed librdkafka's table to check none is missing
 here (a librdkafka upgrade adding a property fails that test until the name is added).
 """
 

@@ -15,7 +15,7 @@ So this module:
   the registry returns: so the wire format (magic byte, schema id, message indexes) stays
   confluent-kafka's own, and its ``ProtobufDeserializer`` reads the result.
 
-Invariants (tests/test_producer/test_registry_protobuf.py): a schema already in serialized form is
+Invariants (tests/test_producer/encode/test_registry_protobuf.py): a schema already in serialized form is
 passed through unchanged; ``.proto`` text that does not compile raises :class:`ProtoSchemaError`
 with protoc's message; the message is ``record_name`` (full or simple name) or the file's first.
 """

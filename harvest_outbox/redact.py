@@ -1,6 +1,6 @@
 """Keeping secrets out of logs, reprs and error messages.
 
-Invariants (``tests/test_producer/test_redact.py``):
+Invariants (``tests/test_producer/config/test_redact.py``):
 
 - anything that may contain a password (Postgres DSNs, Kafka client properties such as
   ``sasl.password`` or ``ssl.key.password``) goes through these helpers before it is formatted;

@@ -39,6 +39,7 @@ ROOMS: dict[str, tuple[str, ...]] = {
         "test_trace_context",
     ),
     "schema": ("test_hygiene", "test_sql_ascii"),
+    "layouts": ("test_outbox_layouts",),
     "layouts/mark": ("test_mark", "test_marksize", "test_async_mark", "test_commit_rows"),
     "layouts/cursor": (
         "test_cursor_held",

@@ -24,7 +24,7 @@ object for Avro and Protobuf): the relay parses it and hands the result to confl
 serializer of that format (Protobuf: parsed into a message class built from the registered
 ``.proto`` at run time, harvest_outbox/protobuf_schema.py).
 
-Invariants (tests/test_producer/test_registry_config.py): unknown keys fail naming the key and the
+Invariants (tests/test_producer/config/test_registry_config.py): unknown keys fail naming the key and the
 valid ones; a bad value fails naming the field, the value and the fix; credentials never appear in
 a repr, a log line or an error message.
 """

@@ -14,7 +14,7 @@ Its concepts have modules of their own, re-exported here (``from harvest_outbox.
 
 Invariants: every statement runs in autocommit mode (each is its own transaction, as in goharvest),
 committed synchronously except on a session built with ``async_commit`` (the relay's mark connection:
-see ``RelayCore.open``, tests/test_producer/test_async_mark.py); failures are raised as
+see ``RelayCore.open``, tests/test_producer/layouts/mark/test_async_mark.py); failures are raised as
 :class:`~producer.errors.DatabaseError` chained to the psycopg error, with secrets scrubbed from the
 message.
 """

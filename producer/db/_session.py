@@ -5,7 +5,7 @@ runs under, and the session each layout's relay database composes (:class:`Outbo
 
 Invariants: every statement runs in autocommit mode (each is its own transaction, as in goharvest),
 committed synchronously except on a session built with ``async_commit`` (the relay's mark connection:
-see ``RelayCore.open``, tests/test_producer/test_async_mark.py); a session's connection is checked
+see ``RelayCore.open``, tests/test_producer/layouts/mark/test_async_mark.py); a session's connection is checked
 (UTF-8 readable, the outbox's shape, its attempt and shard tables) before its first statement; failures
 are raised as :class:`~producer.errors.DatabaseError` chained to the psycopg error, with secrets
 scrubbed from the message, and a failed statement's connection is replaced on next use.

@@ -11,7 +11,7 @@ installed, ~0.4 µs) and one pass of code compiled from the schema that checks a
 value the compiled code does not take (it does not fit, or is not a plain JSON value) goes through
 fastavro's ``validate`` and ``schemaless_writer`` as before, so a refusal is fastavro's, word for word.
 
-Invariants (tests/test_producer/test_avro_batch.py, against confluent-kafka's own serde):
+Invariants (tests/test_producer/encode/test_avro_batch.py, against confluent-kafka's own serde):
 - :meth:`AvroWriter.encode` returns the Confluent wire format: magic byte 0, the schema id as 4 bytes
   big-endian, fastavro's schemaless body; byte for byte ``AvroSerializer``'s output for records with
   unions, nullables, nested records, enums, arrays, maps and logical types, and ``AvroDeserializer``
@@ -21,7 +21,7 @@ Invariants (tests/test_producer/test_avro_batch.py, against confluent-kafka's ow
 - nothing is coerced: a value is validated strictly before it is written (fastavro's writer alone
   writes 1.5 into a ``long`` as 1), and a value that does not fit raises fastavro's
   ``ValidationError``, naming the field; the compiled pass writes only what fastavro's validate
-  accepts, with the bytes fastavro writes (tests/test_producer/test_avro_compiled.py);
+  accepts, with the bytes fastavro writes (tests/test_producer/encode/test_avro_compiled.py);
 - :func:`loads` accepts exactly what ``json.loads`` accepts, with the same result: orjson first, the
   stdlib on whatever orjson refuses (NaN, lone surrogates, UTF-16) and on rows with a run of 19 or
   more digits (orjson reads an integer beyond 64 bits as a float), so the rows that are "not JSON"

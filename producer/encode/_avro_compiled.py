@@ -15,7 +15,7 @@ by counting record fields, a string with a lone surrogate (no UTF-8), an integer
 The caller then runs fastavro's ``validate`` and ``schemaless_writer`` as before, so a refused row
 gets exactly fastavro's error and reason, and an exotic valid row fastavro's bytes.
 
-Invariants (tests/test_producer/test_avro_compiled.py: generated schemas and values, valid and
+Invariants (tests/test_producer/encode/test_avro_compiled.py: generated schemas and values, valid and
 invalid, against the installed fastavro):
 - whenever :attr:`CompiledSchema.write` returns, fastavro's ``validate`` accepts the value and
   ``schemaless_writer`` writes exactly the returned bytes (so the coercions the writer alone would

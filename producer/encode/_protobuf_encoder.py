@@ -4,7 +4,7 @@ Used by producer/encode/serialization.py's RowEncoder for a topic (or key) whose
 The message class is built at run time from the registered ``.proto`` (harvest_outbox/protobuf_schema.py),
 since a JSON row names no generated class.
 
-Invariants (tests/test_producer/test_registry_protobuf.py): a value's bytes are confluent-kafka's
+Invariants (tests/test_producer/encode/test_registry_protobuf.py): a value's bytes are confluent-kafka's
 ``ProtobufSerializer``'s for the same message, byte for byte (the direct path starts only after a schema
 id's first row was written by the serializer and is never used for a schema with data-contract rules);
 a value that does not fit the message raises ValueError naming the field.

@@ -27,7 +27,7 @@ at run time from the registered ``.proto`` (harvest_outbox/protobuf_schema.py) a
 
 confluent-kafka's registry client and serializers are imported on first use (the ``registry``
 extra), so a relay without ``serialization:`` never imports them.
-Invariants: tests/test_producer/test_registry_encode.py, test_registry_outage.py, test_registry_protobuf.py.
+Invariants: tests/test_producer/encode/test_registry_encode.py, test_registry_outage.py, test_registry_protobuf.py.
 """
 
 from __future__ import annotations

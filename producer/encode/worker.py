@@ -13,7 +13,7 @@ and keeps a parsed schema per schema id; the relay resolves schemas (registry cl
 latestTtl) and checks each schema id's first row against confluent-kafka's serializer itself, so the
 child never talks to the registry and holds no credentials.
 
-Invariants (tests/test_producer/test_encode_worker.py):
+Invariants (tests/test_producer/encode/test_encode_worker.py):
 - the child's answer equals ``encode_values`` in process: the same bytes, the same refusal reasons;
 - a child that dies or hangs (killed, out of memory, :data:`REPLY_TIMEOUT`) fails the batch with
   :class:`EncodeWorkerLost`, a :class:`DatabaseError`: the relay backs off and re-marks, rows wait,

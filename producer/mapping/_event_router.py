@@ -2,7 +2,7 @@
 shape a record: their names, their defaults, and how harvest reads them (YAML ``eventRouter``,
 docs/debezium.md). :class:`~producer.mapping.debezium.DebeziumMapping` turns rows into records with them.
 
-Invariants (tests/test_producer/test_table_mapping.py):
+Invariants (tests/test_producer/mapping/test_table_mapping.py):
 - an unknown router option, a known one harvest does not implement (:data:`_UNSUPPORTED`, with the
   reason), or a value of the wrong kind is a :class:`~producer.errors.ConfigError` naming the option
   (never silently ignored);

@@ -20,7 +20,7 @@ POSIX rules (longest, earlier groups first). The two agree on the subset accepte
 Java's character classes are spelled out (``\\w`` is ``[A-Za-z0-9_]`` in Java, locale-dependent in
 Postgres; ``.`` excludes Java's line terminators), and the relay matches under collation "C", so the
 routing does not depend on the database's locale.
-tests/test_producer/test_java_regex.py runs the JDK's ``java.util.regex`` beside Postgres over a corpus.
+tests/test_producer/mapping/test_java_regex.py runs the JDK's ``java.util.regex`` beside Postgres over a corpus.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ and defaults (:class:`~producer.mapping._event_router.EventRouter`): a table map
 bookkeeping columns (:data:`DEBEZIUM_SEQ`, :data:`DEBEZIUM_LEADER`, :data:`DEBEZIUM_CREATED`) with defaults,
 so the writers' INSERTs do not change.
 
-Invariants (tests/test_producer/test_table_mapping.py, test_java_regex.py):
+Invariants (tests/test_producer/mapping/test_table_mapping.py, test_java_regex.py):
 - the topic of a row is the router's: ``route.topic.regex`` must match the whole routed value, and
   then ``route.topic.replacement`` replaces it; otherwise the value itself is the topic;
 - a routing regex Postgres refuses is refused before the relay runs (:meth:`DebeziumMapping.check_columns`),

@@ -2,7 +2,7 @@
 ``kafka_value``, ``kafka_header_keys``/``_values``, ``leader_id``): the default table mapping
 (:class:`~producer.mapping.protocol.TableMapping`).
 
-Invariant (tests/test_producer/test_table_mapping.py): :data:`GOHARVEST` produces exactly the SQL the relay
+Invariant (tests/test_producer/mapping/test_table_mapping.py): :data:`GOHARVEST` produces exactly the SQL the relay
 used before mappings existed.
 """
 

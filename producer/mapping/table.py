@@ -12,7 +12,7 @@ the outbox's columns only through a mapping: :meth:`TableMapping.id` (the order 
 :meth:`~TableMapping.record` (topic, key, value, header keys, header values), each qualified by the
 statement's alias for the outbox.
 
-Invariants (tests/test_producer/test_table_mapping.py, tests/test_foundation/test_table_mapping_chosen_once.py):
+Invariants (tests/test_producer/mapping/test_table_mapping.py, tests/test_foundation/test_table_mapping_chosen_once.py):
 - :func:`table_mapping` is the one place that tells the mappings apart; every other module calls the
   mapping it is given;
 - the router's options are read strictly (:mod:`producer.mapping._event_router`: an unknown, unimplemented or

@@ -294,7 +294,7 @@ def _trigger(conn: psycopg.Connection, names: OutboxNames, config: HarvestConfig
         "WHERE t.tgrelid = to_regclass(%s) AND t.tgname = %s",
         (names.outbox.as_string(conn), names.notify_trigger_name),
     ).fetchone()
-    # Measured (tests/test_producer/test_two_phase.py): an idle relay without NOTIFY marks every
+    # Measured (tests/test_producer/relay/test_two_phase.py): an idle relay without NOTIFY marks every
     # min(idlePollInterval, minPollInterval), 100ms by default.
     poll = format_duration(min(config.limits.idle_poll_interval, config.limits.min_poll_interval))
     slow = f"the relay learns of new rows only by polling (every {poll}: limits.idlePollInterval, minPollInterval)"

@@ -6,7 +6,7 @@ needs around that: a :class:`Selection` (ids, topic, key, error text, age) share
 (:func:`stuck_keys`: key, topic, since, reason, rows waiting); and :func:`audit`, one log line per
 action naming who (``--actor``, else the OS user) and what.
 
-Invariants (tests/test_producer/test_halt_key.py, test_deadletter_admin.py on the real Postgres):
+Invariants (tests/test_producer/relay/test_halt_key.py, test_deadletter_admin.py on the real Postgres):
 - a selection with no condition selects nothing for ``discard`` unless ``all_rows`` says so: an
   operator never deletes every dead letter by leaving out a filter;
 - ``discard`` is one ``DELETE … RETURNING``: what it reports is exactly what it removed;

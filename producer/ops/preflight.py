@@ -13,7 +13,7 @@ innocent neighbours travel in, and with ``--uuid-sequencing`` (idempotence with
 most key + value + header bytes a record of that topic may carry) or the reason the topic takes no
 records. The relay checks each row against the cached verdict (a dict lookup and a length sum).
 
-Invariants (tests/test_producer/test_preflight.py, tests/test_producer/test_poison.py):
+Invariants (tests/test_producer/ops/test_preflight.py, tests/test_producer/ops/test_poison.py):
 - a verdict that refuses a topic names the topic, what is wrong and the fix;
 - a lookup that fails (broker down, timeout, no permission to describe) never refuses a row: the
   row is produced and the producer's own errors apply — the guard only ever removes certain losers;

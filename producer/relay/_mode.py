@@ -3,7 +3,7 @@
 :class:`~producer.relay.sequenced.mode.SequencedMode`; :class:`~producer.harvest.Harvest` picks one per relay).
 
 Invariant: the relay thread calls every method, and none of them blocks longer than a drain or a
-wind-down; a mode decides and the core mutates (tests/test_producer/test_relay_modes.py).
+wind-down; a mode decides and the core mutates (tests/test_producer/relay/test_relay_modes.py).
 """
 
 from __future__ import annotations

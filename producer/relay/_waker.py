@@ -7,7 +7,7 @@ and add it to idle-to-delivery latency. When nothing is in librdkafka's hands, t
 a :class:`Waker` instead: a socket pair that every watched future's completion writes a byte to,
 selected together with the LISTEN connection's socket.
 
-Invariants (tests/test_producer/test_waker.py):
+Invariants (tests/test_producer/relay/test_waker.py):
 - :meth:`Waker.wait` returns as soon as a watched future completes (or an extra socket is
   readable), at the latest after ``timeout``;
 - a completion that happens before the wait begins is not lost: the byte stays in the pair until

@@ -22,7 +22,7 @@ A running relay watches its layout session (a thread waits on the socket and che
 :data:`CHECK_INTERVAL`); when the session is lost it re-admits on a new one, and if another layout
 was admitted meanwhile, the relay stops with that :class:`LayoutError` (:attr:`LayoutGuard.failure`).
 
-Invariants (``tests/test_producer/test_layout.py``):
+Invariants (``tests/test_producer/relay/test_layout.py``):
 - no relay admitted while a live relay of another layout holds its lock; the record holds the
   layout of the live relays whenever any is live;
 - a layout's lock lives exactly as long as its relay's session: it is released by Postgres, never

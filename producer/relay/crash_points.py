@@ -9,7 +9,7 @@ of a transaction touching >= 2 partitions was delivered, the others not produced
 Invariant: nothing here acts unless a test installed hooks. Only the test-only relay runner
 (:mod:`harvest_local.relay_runner`, from ``HARVEST_TEST_CRASH_AT`` / ``HARVEST_TEST_PAUSE_AT``)
 calls :func:`install_crash_points`: the ``harvest`` command never does, so those variables mean
-nothing to a production relay (tests/test_producer/test_crash_hooks.py).
+nothing to a production relay (tests/test_producer/relay/sequenced/test_crash_hooks.py).
 """
 
 from __future__ import annotations

@@ -31,7 +31,7 @@ How the relay knows a key is halted, and why so:
 Requeue under ``haltKey`` gives the rows back their original ids (:mod:`producer.ops._deadletters`): a
 key's waiting rows all have higher ids than its first dead letter, so the requeued row goes first.
 
-Invariants (tests/test_producer/test_halt_key.py, on real Postgres and Kafka, both modes, sharded):
+Invariants (tests/test_producer/relay/test_halt_key.py, on real Postgres and Kafka, both modes, sharded):
 - under ``haltKey`` no record of a (topic, key) is produced after one of its rows was dead-lettered,
   until that dead letter leaves the table (requeue, discard, retention);
 - then the key's rows flow in id order, the requeued row first;

@@ -20,7 +20,7 @@ One loop per process costs what the unsharded relay costs, whatever S is; a reba
 drain of that relay's in-flight records (milliseconds), and the process's producer and connections
 stay open across rebalances (a standby with no shards is ready the moment it is given one).
 
-Invariants (``tests/test_producer/test_shards.py``, ``test_sharded_failover.py``):
+Invariants (``tests/test_producer/relay/test_shards.py``, ``test_sharded_failover.py``):
 - the loop publishes rows of a shard only while this process leads it; ``on_shards_lost`` returns
   (NELI: the rebalance callback returns; Postgres: the lock is unlocked) only after the loop's view
   without that shard started, i.e. after its records were drained;

@@ -12,7 +12,7 @@ The database computes the shard with :func:`shard_expression`; ``harvest init-db
 creates an expression index on ``(shard, id)``, so a shard's mark reads its rows in id order from
 that index instead of filtering the whole outbox.
 
-Invariants (``tests/test_producer/test_shards.py``):
+Invariants (``tests/test_producer/relay/test_shards.py``):
 - :func:`shard_of` (Python) and :func:`shard_expression` (SQL) agree on every key, None/NULL too;
 - every row is in exactly one shard (the expression is never NULL);
 - ``S = 1`` means no sharding: one shard, today's tables, locks and leader topic; nothing to migrate;

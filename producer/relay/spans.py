@@ -45,7 +45,7 @@ and ``messaging.kafka.offset``; plus ``harvest.outbox.id`` (the row id) and
 clock the dwell histogram uses (:mod:`producer.observe._histograms`; in ``--uuid-sequencing`` mode the
 histogram goes on until the transaction's ACK is delivered, the span's dwell stops at the record's).
 
-Invariants (tests/test_producer/test_relay_spans.py):
+Invariants (tests/test_producer/relay/test_relay_spans.py):
 - :func:`relay_spans` is ``None`` unless spans are on and a real TracerProvider is configured;
 - a record that gets no span goes out with its stored headers, value for value;
 - every span that starts for a produced record is ended exactly once, by its delivery report or by

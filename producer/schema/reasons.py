@@ -5,7 +5,7 @@ worker) is dead-lettered with one of these as its reason, and the stash-time che
 (producer/stash/validation.py) raises with them: the same row gets the same words wherever it is
 checked. Kept apart from the encoders so the encode worker process imports no more than it needs.
 
-Invariant (tests/test_producer/test_registry_encode.py, test_avro_batch.py): a reason names the field
+Invariant (tests/test_producer/encode/test_registry_encode.py, test_avro_batch.py): a reason names the field
 and the rule when the validator reports them (jsonschema's path and keyword, fastavro's field lines).
 """
 

@@ -11,7 +11,7 @@ thread repeats every ``refresh_interval`` seconds (default 60; ``None``: only wh
 of a topic whose schema is not cached yet passes (the relay still checks it) and the topic is fetched
 on the next refresh. Off by default: a Stasher without ``validate`` checks nothing against schemas.
 
-Invariants (tests/test_producer/test_registry_stash.py): ``check`` makes no network call; a record
+Invariants (tests/test_producer/stash/test_registry_stash.py): ``check`` makes no network call; a record
 that does not fit raises RecordError naming the field and the rule; tombstones and topics without a
 serializer pass; the same rules as the relay's (strict Avro, JSON Schema with its ``$`` paths,
 Protobuf by proto3's JSON mapping).

@@ -24,7 +24,7 @@ OWNERS = {
         # character class but not the limit)
         re.compile(r"\{1,249\}|1-249"),
     ),
-    "credential-name rule (also tests/test_producer/test_redact.py)": (
+    "credential-name rule (also tests/test_producer/config/test_redact.py)": (
         "harvest_outbox/redact.py",
         re.compile(r"pas\+w"),
     ),

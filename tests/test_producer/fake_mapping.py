@@ -1,7 +1,7 @@
 """A third table mapping, for tests: a table whose columns are none of goharvest's or Debezium's names
 (``seq``, ``owner``, ``born``; the record from ``dest``, ``k``, ``body``). A statement that reads the outbox
 through it and still names another mapping's column hard-codes that mapping instead of asking the
-one it is given (tests/test_producer/test_mapping_protocol.py)."""
+one it is given (tests/test_producer/mapping/test_mapping_protocol.py)."""
 
 from __future__ import annotations
 

@@ -25,7 +25,7 @@ default leaves behind is a transaction that drew its id before its xid and is st
 only once every transaction open at the first valid look has ended (``pg_locks``' virtualxid entries,
 what ``CREATE INDEX CONCURRENTLY`` waits for): :class:`Watch`.
 
-Invariants (tests/test_producer/test_cursor_id_source.py, the decisions and on Postgres and Kafka):
+Invariants (tests/test_producer/layouts/cursor/test_cursor_id_source.py, the decisions and on Postgres and Kafka):
 - G1: no probe is taken while the source is broken, nor while transactions open at a change remain;
 - G2: a probe resolves only if the source did not change between its batch and the resolving one;
 - G3: after a change, or with the sequence behind ``low``, the next batch of every shard reads from id 0;

@@ -1,7 +1,7 @@
 """The cursor layout's decisions (issue #37, docs/design.md §11, "The cursor layout"): which outbox
 rows a leader publishes next, how far its fenced cursor may advance, and which id-range partitions of
 the outbox may be truncated. Pure logic: no database, no Kafka; the SQL that feeds it is
-docs/design.md §11's, and tests/test_producer/test_watermark_model.py proves it on an in-memory
+docs/design.md §11's, and tests/test_producer/layouts/cursor/test_watermark_model.py proves it on an in-memory
 MVCC outbox through thousands of schedules (late commits, aborts, long transactions, crashes, zombies,
 truncation racing late commits).
 

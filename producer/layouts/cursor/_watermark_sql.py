@@ -1,7 +1,7 @@
 """The cursor layout's statements on Postgres (issue #37; docs/design.md §11; costed in docs/primary-cost.md "The SQL"): the
 partitioned outbox, the cursor row, and the four statements the relay would run -- batch start, page
 read, fenced cursor commit, partition retirement -- with producer/layouts/cursor/_watermark.py deciding every value.
-Run by tests/test_producer/test_watermark_pg.py and bench/bench_watermark_wal.py; **not used by the
+Run by tests/test_producer/layouts/cursor/test_watermark_pg.py and bench/bench_watermark_wal.py; **not used by the
 relay yet** (no mode reads through it).
 
 Invariants this module keeps (the decisions' assumptions, docs/design.md §11):

@@ -44,7 +44,7 @@ the modes run on either unchanged.
   the sequenced mode dropped for a key its view halted (``TxnCommit.held``) are copied to ``_held`` by the
   fenced commit that passes them.
 
-Invariants (tests/test_producer/test_cursor_relay.py on Postgres and Kafka; the protocol's are
+Invariants (tests/test_producer/layouts/cursor/test_cursor_relay.py on Postgres and Kafka; the protocol's are
 test_watermark_sequenced.py's on the same :class:`~producer.layouts.cursor.views.CursorViews`):
 - no outbox row is ever updated or deleted by the relay (only whole partitions, retired, are truncated);
 - the cursor moves only in a commit whose fence still holds (epoch), past rows the view read, in read

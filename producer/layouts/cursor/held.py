@@ -20,7 +20,7 @@ the cursor passes them; they are served from there, in the order they were held,
   id), as the read's rows; :func:`drop_held_sql` deletes delivered ones; :func:`dead_letter_held_sql` moves one
   that failed again to the dead letters (its outbox partition may be gone), halting its key again.
 
-Invariants (tests/test_producer/test_cursor_held.py, on Postgres):
+Invariants (tests/test_producer/layouts/cursor/test_cursor_held.py, on Postgres):
 - a page row of a halted or held key is flagged, and copied to ``_held`` unless it is a dead letter itself;
   every other row is neither;
 - a read whose epoch is not the cursor's copies nothing and says so;

@@ -22,7 +22,7 @@ writer's INSERT that waited resolves the table's name again and lands in the new
 6. ``shards: S``: the shard index on the new table and a cursor row per shard (all at the origin: every
    copied row is pending in its shard).
 
-Invariants (tests/test_producer/test_cursor_relay.py, test_debezium_cursor.py): nothing changes unless all
+Invariants (tests/test_producer/layouts/cursor/test_cursor_relay.py, test_debezium_cursor.py): nothing changes unless all
 of it does (one transaction); the copied rows keep their order, columns and attempt counts; the old table is
 kept.
 """

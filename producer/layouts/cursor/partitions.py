@@ -24,7 +24,7 @@ tried again at the next round.
   needs the outbox's own lock: new writers wait behind it at most that long); kept for the next round
   when the lock does not come.
 
-Invariants (tests/test_producer/test_cursor_relay.py): a partition is truncated only under the rule
+Invariants (tests/test_producer/layouts/cursor/test_cursor_relay.py): a partition is truncated only under the rule
 I4 and the re-check; the DEFAULT partition is never retired; every partition created or retired is logged.
 """
 

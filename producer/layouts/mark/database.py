@@ -15,7 +15,7 @@ statements, on the parts both layouts compose (:class:`~producer.db.OutboxSessio
 
 Invariants: every statement runs in autocommit mode (each is its own transaction, as in goharvest),
 committed synchronously except on a connection built with ``async_commit`` (the relay's mark
-connection: see ``RelayCore.open``, tests/test_producer/test_async_mark.py); failures are raised as
+connection: see ``RelayCore.open``, tests/test_producer/layouts/mark/test_async_mark.py); failures are raised as
 :class:`~producer.errors.DatabaseError` chained to the psycopg error, with secrets scrubbed from the
 message; attempt counts are upserted with the write-behind jobs, and deleted when the row is purged,
 committed or dead-lettered; a fenced commit changes nothing unless the fence holds its epoch and every

@@ -9,7 +9,7 @@ harmless.
 Invariants:
 - every mark scans from the start of the outbox (or of each led shard): a row committed late (a long
   transaction's, lower id) goes out in the next mark, before any later row of its key
-  (tests/test_producer/test_relay.py);
+  (tests/test_producer/relay/test_relay.py);
 - the marked rows come back in id order, each a :data:`MarkedRow` in its final shape (no per-row work
   in Python), with why a row can never be produced decided by the statement (``bad``) and its
   persisted failed-attempt count joined in the same statement;

@@ -15,7 +15,7 @@ that mostly waits. Doubling from 100 to 5,000 took seven marks and ~40 ms before
 speed; one small mark, then the ceiling, takes one (bench/bench_relay.py: +2-3 % on a 100k drain).
 The first mark of an idle relay stays small, so a trickle's row is not held behind a big mark.
 
-Invariants (tests/test_producer/test_marksize.py):
+Invariants (tests/test_producer/layouts/mark/test_marksize.py):
 - ``floor <= value <= ceiling`` always; ``ceiling`` is the user's ``markQueryRecords`` when set, so a
   value a user configures is never exceeded;
 - one full mark reaches the ceiling; a run of empty marks returns to the floor in

@@ -3,7 +3,7 @@
 :class:`~producer.layouts.mark.database.MarkDatabase` and :class:`~producer.layouts.cursor.database.CursorDatabase`
 (psycopg, real Postgres; the part of :class:`~producer.layouts.layout.RelayDatabase` this mode asks) are the
 implementations the relay runs on; tests/test_producer/model_db.py is an in-memory one with the same semantics, on which
-tests/test_producer/test_protocol_model.py drives the protocol through thousands of schedules.
+tests/test_producer/relay/sequenced/test_protocol_model.py drives the protocol through thousands of schedules.
 
 What an implementation must guarantee (the protocol's safety rests on these, not on the relay):
 - ``start_view_with_floor`` is one transaction: it raises the fence epoch and then reads every

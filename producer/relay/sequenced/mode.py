@@ -47,7 +47,7 @@ row id in the delivery-attempts table: written while the failed view winds down 
 be produced again), read back by the mark, deleted by the commit that delivers or dead-letters the
 row — so the count survives crashes and leader changes.
 
-tests/test_producer/test_protocol_model.py drives this mode on an in-memory database and log through
+tests/test_producer/relay/sequenced/test_protocol_model.py drives this mode on an in-memory database and log through
 thousands of random schedules (crashes at every step, zombies, lost commit replies) and checks the
 invariants above with the project's own Sequencer; the test_sequencing*.py suites run it on real
 Postgres and Kafka.

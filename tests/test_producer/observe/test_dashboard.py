@@ -24,7 +24,7 @@ from harvest_outbox.producer.harvest import Harvest
 from harvest_outbox.producer.schema.ddl import init_db
 from harvest_outbox.producer.stash.stasher import OutboxRecord, Stasher
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 DASHBOARD = ROOT / "docs" / "grafana" / "harvest-dashboard.json"
 RULES = ROOT / "docs" / "prometheus" / "harvest-alerts.yml"
 README = ROOT / "docs" / "health.md"  # the alerts page, which shows the rules file verbatim

@@ -264,7 +264,7 @@ def test_the_credential_rule_has_one_owner_and_the_readers_use_it() -> None:
 
     assert is_secret_key is is_secret_kafka_key
     assert all(v == REDACTED for v in reader_redact({k: "x" for k in MISSED_BEFORE}).values())
-    root = Path(__file__).resolve().parents[2]
+    root = Path(__file__).resolve().parents[3]
     folders = ("harvest_outbox", "producer", "consumer", "spark_reader", "sequencer", "harvest_local")
     owners = [
         str(p.relative_to(root))

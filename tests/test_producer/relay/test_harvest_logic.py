@@ -124,7 +124,7 @@ def test_broker_side_size_error_is_an_attempt_not_an_instant_dead_letter() -> No
 
 def test_bad_rows_dead_lettered_without_blocking() -> None:
     h, p = _relay()
-    # The reasons come from the mark statement (tests/test_producer/test_mark.py checks them on Postgres).
+    # The reasons come from the mark statement (tests/test_producer/layouts/mark/test_mark.py checks them on Postgres).
     h._ready.extend(
         [
             row(1, "a", hk=("x", "y"), hv=("1",), bad="header arrays differ in length: 2 key(s)"),

@@ -23,7 +23,7 @@ from harvest_outbox.producer.config._env import DEV_PREFIX, DEV_VARIABLES, MAX_F
 from harvest_outbox.producer.errors import ConfigError
 
 SECRET = "Sup3rSecr3tValue"
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 HEAD = "harvest:\n  dataSource: host=db user=relay\n"
 
 

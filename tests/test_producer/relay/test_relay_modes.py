@@ -34,7 +34,7 @@ from harvest_outbox.producer.relay.at_least_once.mode import AtLeastOnceMode
 from harvest_outbox.producer.relay.core import PendingMark
 from harvest_outbox.producer.relay.sequenced.mode import SequencedMode
 
-PRODUCER = Path(__file__).resolve().parents[2] / "producer"
+PRODUCER = Path(__file__).resolve().parents[3] / "producer"
 MODES = {"relay.at_least_once.mode", "relay.sequenced.mode"}
 #: The library's folders: the privacy rule holds for their code (tests may import a private module).
 LIBRARY = ("producer", "consumer", "spark_reader", "sequencer", "harvest_local", "harvest_outbox")

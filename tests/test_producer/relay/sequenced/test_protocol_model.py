@@ -23,7 +23,7 @@ outbox, and the checks run (also at every crash, on what is committed so far):
 
 Real time plays no part: the relay runs on virtual time (its ``monotonic`` and ``wall_clock_ns``
 seams), DB jobs run when the scheduler or a waiting relay says, so a failing seed replays exactly:
-``MODEL_SEED=N MODEL_SCHEDULES=1 pytest tests/test_producer/test_protocol_model.py``.
+``MODEL_SEED=N MODEL_SCHEDULES=1 pytest tests/test_producer/relay/sequenced/test_protocol_model.py``.
 """
 
 from __future__ import annotations

@@ -181,7 +181,7 @@ def _documented_ack_filter() -> Callable[[Any], bool]:
     """``is_ack`` as docs/debezium.md ("ACK records") writes it: the doc's code, run."""
     from pathlib import Path
 
-    doc = (Path(__file__).resolve().parents[2] / "docs" / "debezium.md").read_text()
+    doc = (Path(__file__).resolve().parents[3] / "docs" / "debezium.md").read_text()
     section = doc[doc.index("### ACK records") :]
     code = section[
         section.index("```python\n") + len("```python\n") : section.index("```\n", section.index("```python"))

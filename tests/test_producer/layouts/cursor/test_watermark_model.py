@@ -20,7 +20,7 @@ commits. Then faults stop, writers end, one fresh relay drains, and the checks r
 - I3, no stall: when a batch completes, every row its snapshot saw and its ``lo`` did not was published
   in it, whatever transactions are still open.
 
-``MODEL_SEED=N MODEL_SCHEDULES=1 pytest tests/test_producer/test_watermark_model.py`` replays one.
+``MODEL_SEED=N MODEL_SCHEDULES=1 pytest tests/test_producer/layouts/cursor/test_watermark_model.py`` replays one.
 """
 
 from __future__ import annotations
