@@ -76,7 +76,7 @@ def _final_read(bootstrap: str, topic: str, exp: Expected) -> Verdict:
     its place in its key's commit order."""
     version = {value: (key, i + 1) for key, values in exp.by_key.items() for i, value in enumerate(values)}
     delivered: list[tuple[str, int]] = []
-    with ReadCommittedIter({"bootstrap.servers": bootstrap}, topics=[topic], idle_timeout=8.0) as it:
+    with ReadCommittedIter({"bootstrap.servers": bootstrap}, topics=[topic], idle_timeout=5.0) as it:
         for msg in it:
             value = msg.value
             assert value is not None and value not in exp.rolled_back, f"rolled-back row delivered: {value!r}"
@@ -117,7 +117,7 @@ def test_an_unclean_election_loses_committed_rows_and_the_verifier_reports_them(
     if unclean:
         wait_for(lambda: _leader(cluster, topic) == LAGGARD, 60, "the unclean election of the laggard")
     else:
-        time.sleep(8)  # past the 3 s broker session: an election would have happened by now
+        time.sleep(5)  # past the 3 s broker session: an election would have happened by now
         assert cluster.leader_of(topic) == -1, "a replica that missed writes became leader with unclean election off"
     cluster.start_node(HOLDER)
     cluster.in_sync(topic)
