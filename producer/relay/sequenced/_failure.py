@@ -33,6 +33,7 @@ from harvest_outbox.producer.kafka import is_size_refusal
 from harvest_outbox.producer.observe.metrics import Metrics
 from harvest_outbox.producer.ops.preflight import TopicGuard
 from harvest_outbox.producer.relay.core import RelayCore
+from harvest_outbox.producer.relay.marked_row import ROW_ID, ROW_KEY, ROW_VALUE
 from harvest_outbox.producer.relay.sequenced._acks import roll_back
 from harvest_outbox.producer.relay.sequenced._commit import outcome_unknown
 from harvest_outbox.producer.relay.sequenced._store import SequencedStore
@@ -130,8 +131,8 @@ class ViewFailure:
             return None
         key, value = msg.key(), msg.value()
         for row in t.rows:
-            if row[2] == key and row[3] == value:
-                return row[0]
+            if row[ROW_KEY] == key and row[ROW_VALUE] == value:
+                return row[ROW_ID]
         return None
 
     def _wind_down(self, commit_delivered: bool) -> None:

@@ -36,6 +36,7 @@ from harvest_outbox.producer.observe.metrics import Metrics
 from harvest_outbox.producer.ops.preflight import TopicGuard, header_bytes, too_large
 from harvest_outbox.producer.relay.core import RelayCore
 from harvest_outbox.producer.relay.crash_points import CrashPoints
+from harvest_outbox.producer.relay.marked_row import ROW_ID, ROW_TOPIC
 from harvest_outbox.producer.relay.sequenced._txn import Slot, TracedSlot, Txn, reported
 from harvest_outbox.producer.relay.sequenced._view import View, continue_uuid
 from harvest_outbox.sequencer import TICK
@@ -126,7 +127,7 @@ class TxnProducer:
                     reason, attempts = poison.pop(rid)
                     self._dead_letter_in(t, row, reason, attempts)
                     continue
-                if bad is not None:
+                if bad is not None or topic is None or key is None:  # (a NULL topic or key: the statement's bad)
                     ready.popleft()
                     self._dead_letter_in(t, row, f"bad row: {bad}", 0)
                     continue
@@ -134,48 +135,48 @@ class TxnProducer:
                     ready.popleft()
                     self.core.hold(row)
                     continue
-                verdict = verdicts.get(topic)  # type: ignore[arg-type]
+                verdict = verdicts.get(topic)
                 if verdict is None:
-                    verdict = self._guard.verdict(topic)  # type: ignore[arg-type]
-                if verdict.__class__ is str:
+                    verdict = self._guard.verdict(topic)
+                if isinstance(verdict, str):
                     ready.popleft()
                     if self.core.hold_missing and topic in self._guard.missing:
                         self.core.hold(row)
                         continue
                     self._dead_letter_in(t, row, f"cannot be sent: {verdict}", 0)
                     continue
-                budget: int = verdict  # type: ignore[assignment]  # a str verdict was handled above
-                size = len(key) + (len(value) if value is not None else 0)  # type: ignore[arg-type]
-                if size > budget or (hkeys and size + header_bytes(hkeys, hvals) > budget):  # type: ignore[arg-type]
+                size = len(key) + (len(value) if value is not None else 0)
+                if size > verdict or (hkeys and hvals and size + header_bytes(hkeys, hvals) > verdict):
                     ready.popleft()
-                    why = too_large(budget, key, value, hkeys, hvals)  # type: ignore[arg-type]
+                    why = too_large(verdict, key, value, hkeys, hvals)
                     self._dead_letter_in(t, row, f"cannot be sent: {why}", 0)
                     continue
                 if partition is not None:
                     # out of the topic's range: permanent, a dead letter now (not after maxDeliveryAttempts)
-                    beyond = self._guard.partition_problem(topic, partition, self.core.partition_column)  # type: ignore[arg-type]
+                    beyond = self._guard.partition_problem(topic, partition, self.core.partition_column)
                     if beyond is not None:
                         ready.popleft()
                         self._dead_letter_in(t, row, f"cannot be sent: {beyond}", 0)
                         continue
                 c = clock.value + TICK
-                headers = [("uuid", continue_uuid(prod, c))]
+                headers: list[tuple[str, str | bytes | None]] = [("uuid", continue_uuid(prod, c))]
                 if event_id is not None:
                     headers.append((event_id[0], event_id[1] + b"%d" % rid))
-                if hkeys:
-                    headers.extend(zip(hkeys, hvals, strict=True))  # type: ignore[arg-type]
+                if hkeys and hvals:
+                    headers.extend(zip(hkeys, hvals, strict=True))
                 slot = slots.pop() if slots else make_slot(slots)
                 slot.txn, slot.clock = t, c
-                if spans is not None and hkeys:  # the span starts now; the record's traceparent names it
-                    slot.span = spans.start(rid, topic, _created, headers)  # type: ignore[attr-defined,arg-type]
+                if spans is not None and hkeys and isinstance(slot, TracedSlot):
+                    # the span starts now; the record's traceparent names it (a relay with spans has only TracedSlots)
+                    slot.span = spans.start(rid, topic, _created, headers)
                 try:
                     # By position (PRODUCE_ARGS): partition, callback, on_delivery, timestamp, headers.
                     where = ANY_PARTITION if partition is None else partition
-                    producer.produce(topic, value, key, where, slot, None, 0, headers)  # type: ignore[arg-type]
+                    producer.produce(topic, value, key, where, slot, None, 0, headers)
                 except BufferError:
                     slot.txn = None
-                    if spans is not None:
-                        slot.span = None  # type: ignore[attr-defined] # dropped unended (never exported): the retry starts its own
+                    if isinstance(slot, TracedSlot):
+                        slot.span = None  # dropped unended (never exported): the retry starts its own
                     slots.append(slot)  # not enqueued: no report will return it
                     producer.poll(0.005)
                     in_flight = self._in_flight_count()
@@ -239,16 +240,17 @@ class TxnProducer:
             slot.spans.fail(span, error_type, why)
 
     def _dead_letter_in(self, t: Txn, row: MarkedRow, error: str, attempts: int) -> None:
+        rid = row[ROW_ID]
         log.error(
             "record %d (topic %r) will be moved to dead letters with harvest transaction %d: %s",
-            row[0],
-            row[1],
+            rid,
+            row[ROW_TOPIC],
             t.k,
             error,
         )
-        self.core.forget_attempts(row[0])
+        self.core.forget_attempts(rid)
         self.core.halt.halt(row)
-        t.dead.append((row[0], error, attempts))
+        t.dead.append((rid, error, attempts))
         self.metrics.dead_lettered += 1
 
     def _take_persisted(self, persisted: dict[int, tuple[int, str | None]]) -> None:
