@@ -131,7 +131,8 @@ class _TopicEncoder:
         them on a real row (:attr:`AvroWriter.checked`); through the serializer until then, or for good
         if they differed."""
         if writer is None:  # references: the serializer resolves them; its own checks apply
-            return self.value(value, self.value_ctx)  # type: ignore[no-any-return]
+            serialized: bytes = self.value(value, self.value_ctx)
+            return serialized
         if writer.checked:
             return writer.encode(value)
         writer.validate(value)

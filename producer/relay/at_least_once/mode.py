@@ -173,7 +173,7 @@ class AtLeastOnceMode(AtLeastOnceRecords):
         )
         self._clear_queues()
         self.core.request_remark()  # no more sends
-        self._drain(self.limits.max_poll_interval)  # type: ignore[arg-type]
+        self._drain(self.limits.max_poll_interval or 1.0)  # (set by Limits; 1.0 as the sequenced mode's wind-down)
         try:
             self._flush_db(wait=True)
         except DatabaseError as exc:
@@ -298,7 +298,7 @@ class AtLeastOnceMode(AtLeastOnceRecords):
         """Reset + forceRemark: drain, flush, new leader id. On a DB error the remark stays pending."""
         core = self.core
         self._clear_queues()
-        self._drain(self.limits.max_poll_interval)  # type: ignore[arg-type]
+        self._drain(self.limits.max_poll_interval or 1.0)  # (set by Limits; 1.0 as the sequenced mode's wind-down)
         self._flush_db(wait=True)
         core.drop_fatal_producer()
         leader_id = uuid.uuid4()

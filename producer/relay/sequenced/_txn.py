@@ -95,18 +95,21 @@ class Txn:
                 self.view.max_ok = clock
         else:
             self.failures.append((err, msg, clock))
-            if msg is None or (partition := msg.partition()) is None or partition < 0:
-                return  # (a failed record with a known partition may be in the log anyway)
-        j = (msg.topic(), msg.partition())
+            if msg is None:
+                return
+        topic, partition = msg.topic(), msg.partition()
+        if topic is None or partition is None or partition < 0:
+            return  # (a failed record with a known partition may be in the log anyway; a delivered one has both)
+        j = (topic, partition)
         if j not in self.journals:  # once per partition per transaction: reports arrive in log order
             # The first clock of this producer in this partition: a rollback ACK at clock - 1 equals
             # the reader's implicit last ACK, so it is a clean ACK_ROLLBACK. Unless that record failed
             # and is not in the log: the reader's implicit last ACK is then the first *written* clock - 1,
             # which the relay cannot know; clock - 1 is still the safe choice (never above the reader's
             # last ACK, so it never commits the span), see seq_acks.roll_back.
-            self.journals[j] = clock  # type: ignore[index]  # a record in the log has its topic and partition
+            self.journals[j] = clock
             if err is not None:
-                self.first_failed.add(j)  # type: ignore[arg-type]
+                self.first_failed.add(j)
 
     def on_ack(self, err: KafkaError | None, msg: Message) -> None:
         self.ack_pending -= 1
@@ -142,6 +145,8 @@ class Slot:
         t, clock = self.txn, self.clock
         self.txn = None
         self.pool.append(self)
+        # A slot is called only while bound (librdkafka reports each record exactly once): a None
+        # check per report would guard nothing.
         t.on_delivery(clock, err, msg)  # type: ignore[union-attr]
 
 

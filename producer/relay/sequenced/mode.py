@@ -304,9 +304,12 @@ class SequencedMode:
             if batch:
                 self._submit_commits(batch)
         # commit results, in order
-        while txns and txns[0].commit is not None and txns[0].commit.done():
+        while txns:
             t = txns[0]
-            err = t.commit.exception()  # type: ignore[union-attr]
+            commit = t.commit
+            if commit is None or not commit.done():
+                break
+            err = commit.exception()
             if err is not None:
                 self._abandon(
                     f"commit of harvest transaction {t.k} failed: {err}", None, fenced=isinstance(err, FenceError)
