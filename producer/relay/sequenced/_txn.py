@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 from concurrent.futures import Future
+from typing import NamedTuple
 
 from confluent_kafka import KafkaError, Message
 
@@ -33,6 +34,15 @@ def reported(t: Txn) -> bool:
     next one: at a trickle, a transaction per delivery round trip instead of one per row, and no
     record waits more than about one round trip longer for its commit."""
     return t.pending < len(t.ids) or not t.pending
+
+
+class DeliveryFailure(NamedTuple):
+    """A record of a transaction whose delivery failed: the error, the report's message (None when
+    librdkafka gave none) and the clock the record was stamped with."""
+
+    err: KafkaError
+    msg: Message | None
+    clock: int
 
 
 class Txn:
@@ -77,7 +87,7 @@ class Txn:
         self.journals: dict[tuple[str, int], int] = {}
         # partitions whose first record's delivery failed: it may or may not be in the log
         self.first_failed: set[tuple[str, int]] = set()
-        self.failures: list[tuple[KafkaError, Message | None, int]] = []  # (error, message, its clock)
+        self.failures: list[DeliveryFailure] = []
         self.first_clock = 0
         self.ack_clock = 0
         self.closed = False
@@ -94,7 +104,7 @@ class Txn:
             if clock > self.view.max_ok:
                 self.view.max_ok = clock
         else:
-            self.failures.append((err, msg, clock))
+            self.failures.append(DeliveryFailure(err, msg, clock))
             if msg is None:
                 return
         topic, partition = msg.topic(), msg.partition()

@@ -279,7 +279,7 @@ class SequencedMode:
         txns = self._txns
         for t in txns:
             if t.failures:
-                self._abandon(f"delivery failed in harvest transaction {t.k}: {t.failures[0][0].str()}", t)
+                self._abandon(f"delivery failed in harvest transaction {t.k}: {t.failures[0].err.str()}", t)
                 return
         if txns:
             last = txns[-1]
