@@ -12,7 +12,7 @@ The protocol's parts, one concern each:
 - :mod:`producer.relay.sequenced._produce`: producing marked rows into a transaction (a part the mode owns);
 - :mod:`producer.relay.sequenced._poison`: the rows to dead-letter when next seen, and attempt counts (a part);
 - :mod:`producer.relay.sequenced._commit`: the fenced commit job;
-- :mod:`producer.relay.sequenced._acks`: ACKs, recovery of ACK intents, rollback ACKs;
+- :mod:`producer.relay.sequenced._acks`: ACKs (followed to delivery by a part), recovery of ACK intents, rollback ACKs;
 - :mod:`producer.relay.sequenced._failure`: the decisions of abandoning and winding down a view;
 - :mod:`producer.relay.sequenced._store`: the database work, as one interface (:class:`~producer.db.OutboxDatabase`
   implements it; tests/test_producer/model_db.py too, for the model test);
@@ -71,7 +71,7 @@ from harvest_outbox.producer.kafka import KafkaProducer
 from harvest_outbox.producer.relay.core import RelayCore
 from harvest_outbox.producer.relay.crash_points import installed
 from harvest_outbox.producer.relay.events import LeaderRefreshed, ViewStarted
-from harvest_outbox.producer.relay.sequenced._acks import enqueue_acks, recover, roll_back
+from harvest_outbox.producer.relay.sequenced._acks import Acks, recover, roll_back
 from harvest_outbox.producer.relay.sequenced._commit import commit_job, outcome_unknown
 from harvest_outbox.producer.relay.sequenced._failure import Counts, deliverable, judge, settle
 from harvest_outbox.producer.relay.sequenced._poison import PoisonBook
@@ -88,10 +88,11 @@ log = logging.getLogger(__name__)
 class SequencedMode:
     """The relay's ``--uuid-sequencing`` mode (see module doc): a
     :class:`~producer.relay.core.RelayMode` over a :class:`~producer.relay.core.RelayCore`. It owns the
-    view and its transactions and composes two parts that own their state: the
-    :class:`~producer.relay.sequenced._poison.PoisonBook` and the
+    view and its transactions and composes three parts that own their state: the
+    :class:`~producer.relay.sequenced._poison.PoisonBook`, the
     :class:`~producer.relay.sequenced._produce.RowProducer`, which fills a transaction and returns what
-    it ended on; leaving a view applies the decisions of :mod:`producer.relay.sequenced._failure`."""
+    it ended on, and the :class:`~producer.relay.sequenced._acks.Acks`, which follows the ACKs to
+    delivery; leaving a view applies the decisions of :mod:`producer.relay.sequenced._failure`."""
 
     #: Bytes of headers the relay adds to every record: the ``uuid`` header.
     HEADER_BYTES = len("uuid") + 16 + 10
@@ -110,18 +111,13 @@ class SequencedMode:
         self._guard = core.guard
         self._view: View | None = None
         self._txns: deque[Txn] = deque()  # opened, ACKs not yet enqueued, in order
-        self._acking: deque[Txn] = deque()  # ACKs enqueued, not yet all delivered, in order
-        self._confirm_buf: list[tuple[bytes, int]] = []
-        self._next_confirm = 0.0
+        self._acks = Acks()
         self._poison = PoisonBook(core)
         self._producer = RowProducer(core, self._txns, self._poison)
         self._view_backoff_until = 0.0
         self._last_mark_short = True
         self._hook = installed()
         self._refreshing = False
-        # An ACK of this view failed: produce nothing more in it (not even ACKs of later commits, which
-        # could overtake the missing one in a partition); recovery re-sends every intent in order.
-        self._ack_broken = False
         self.views_started = 0
         #: The wall clock UUID clocks follow (Unix ns). A seam: tests step it back.
         self.wall_clock_ns = time.time_ns
@@ -194,7 +190,7 @@ class SequencedMode:
                     core.mark_ahead(len(self._ready))
         if not core.marks and len(self._ready) < 2 * core.mark_size.value and now >= core.next_mark and not core.halt:
             core.submit_mark()
-            if not (self._txns or self._acking or self._ready or self._held):
+            if not (self._txns or self._acks.in_flight or self._ready or self._held):
                 # Nothing else to do (e.g. woken by a stasher's NOTIFY): wait for the mark here, not in
                 # 1 ms polls, so its rows go out the moment it returns (idle-to-delivery latency).
                 wait((core.marks[0].future,), timeout=self.limits.min_poll_interval)
@@ -204,13 +200,13 @@ class SequencedMode:
         if self._ready:
             self._fill(now)
         in_flight = self._in_flight_count()
-        if self._txns or self._acking or self._ready or core.marks:
+        if self._txns or self._acks.in_flight or self._ready or core.marks:
             if not self._ready or in_flight >= self.limits.in_flight_limit or self._ring_full():
                 # Nothing can be produced now: wait (a busy loop here took a core at 500 rows/s
                 # whenever ready rows waited for a ring slot).
                 core.await_progress(producer)
             core.notified_while_idle()
-        elif self._confirm_buf:
+        elif self._acks.confirm_buf:
             self._flush_confirms()
         else:
             core.wait_idle()
@@ -324,23 +320,18 @@ class SequencedMode:
             if self._hook:
                 self._hook.hit("after_commit_before_ack")
             self._enqueue_acks(t)
-            if self._ack_broken:
+            if self._acks.broken:
                 self._abandon(f"producing ACK_TXN of harvest transaction {t.k} failed", None)
                 return
         # ACK deliveries, in order
-        acking = self._acking
-        if any(t.ack_failed for t in acking):
-            self._ack_broken = True
-        while acking and acking[0].ack_pending == 0:
-            t = acking.popleft()
-            if t.ack_failed:
-                self._abandon(f"ACK_TXN delivery of harvest transaction {t.k} failed", None)
-                return
-            if t.journals:
-                self._confirm_buf.append((t.producer, t.ack_clock))
+        delivered = self._acks.delivered()
+        for t in delivered.done:
             if t.rows:  # readers see them now: their dwell ends (producer.observe._histograms)
                 self.metrics.observe_dwell(t.rows, now)
-        if self._confirm_buf and (len(self._confirm_buf) >= 64 or now >= self._next_confirm):
+        if delivered.failed is not None:
+            self._abandon(f"ACK_TXN delivery of harvest transaction {delivered.failed.k} failed", None)
+            return
+        if self._acks.confirms_due(now):
             self._flush_confirms()
         if self.core.db_futures:
             self.core.check_db()
@@ -348,8 +339,7 @@ class SequencedMode:
     def _flush_confirms(self) -> None:
         exec_ = self.core.exec
         assert exec_ is not None
-        items, self._confirm_buf = self._confirm_buf, []
-        self._next_confirm = self.monotonic() + max(self.limits.purge_interval, 0.2)
+        items = self._acks.take_confirms(self.monotonic() + max(self.limits.purge_interval, 0.2))
         self.core.add_db_job(exec_.submit(self._store().confirm_acks, items))
 
     def _submit_commits(self, batch: list[Txn]) -> None:
@@ -364,8 +354,7 @@ class SequencedMode:
         """Produce one ACK_TXN per partition the committed transaction touched, in a fixed order."""
         producer = self.core.producer
         assert producer is not None
-        if not self._ack_broken and not enqueue_acks(producer, t, self._acking, self._hook):
-            self._ack_broken = True
+        self._acks.enqueue(producer, t, self._hook)
 
     # ------------------------------------------------------------------ leaving a view (decisions: _failure)
     def _abandon(self, why: str, failed: Txn | None, fenced: bool = False) -> None:
@@ -436,7 +425,7 @@ class SequencedMode:
                     pass
             self._settle_and_roll_back(producer, view, budget)
         self._txns.clear()
-        self._acking.clear()
+        self._acks.in_flight.clear()
         self._store_on_leaving()
         self._view = None
         self.core.drop_fatal_producer()
@@ -444,8 +433,9 @@ class SequencedMode:
     def _settle_and_roll_back(self, producer: KafkaProducer, view: View, budget: float) -> None:
         """Every commit job has finished: ACK the committed transactions (:func:`settle`), roll back
         the spans of the rest, and deliver both within ``budget`` seconds (else replace the producer)."""
-        if any(t.ack_failed for t in self._acking):
-            self._ack_broken = True
+        acks = self._acks
+        if any(t.ack_failed for t in acks.in_flight):
+            acks.broken = True
         settled = settle(self._txns)
         for t in settled.committed:
             self._txns.remove(t)
@@ -464,19 +454,16 @@ class SequencedMode:
         # every reader discard that span, losing its rows. Readers keep an un-ACKed span
         # pending (as after a crash) until the next view's recovery ACKs it or it is pruned.
         unknown = outcome_unknown(self._txns)
-        counter = roll_back(producer, view, self._txns if not self._ack_broken else (), unknown)
+        counter = roll_back(producer, view, self._txns if not acks.broken else (), unknown)
         self._txns.clear()
         end = self.monotonic() + budget
         while (
-            (self._acking and any(t.ack_pending for t in self._acking)) or counter.pending
+            (acks.in_flight and any(t.ack_pending for t in acks.in_flight)) or counter.pending
         ) and self.monotonic() < end:
             producer.poll(0.01)
         acked = self.monotonic()
-        for t in self._acking:
-            if t.ack_pending == 0 and not t.ack_failed and t.journals:
-                self._confirm_buf.append((t.producer, t.ack_clock))
-                self.metrics.observe_dwell(t.rows, acked)
-        self._acking.clear()
+        for t in acks.leave():
+            self.metrics.observe_dwell(t.rows, acked)
         if self._in_flight_count() or len(producer) > 0:
             log.warning("records/ACKs still queued after %.1fs; replacing the Kafka producer", budget)
             try:
@@ -497,8 +484,9 @@ class SequencedMode:
             except DatabaseError as exc:
                 core.return_attempt_buf(tried)  # stored by the next wind-down
                 log.warning("could not store %d failed delivery attempt(s) (kept in memory): %s", len(tried), exc)
-        if self._confirm_buf and core.db is not None and exec_ is not None:
-            items, self._confirm_buf = self._confirm_buf, []
+        acks = self._acks
+        if acks.confirm_buf and core.db is not None and exec_ is not None:
+            items, acks.confirm_buf = acks.confirm_buf, []
             try:
                 exec_.submit(self._store().confirm_acks, items).result()
             except DatabaseError as exc:
@@ -525,7 +513,7 @@ class SequencedMode:
             log.warning("winding down the leader view failed (the next leader recovers): %s", exc)
             self._view = None
             self._txns.clear()
-            self._acking.clear()
+            self._acks.in_flight.clear()
         self._poison.clear()
 
     # ------------------------------------------------------------------ views
@@ -567,7 +555,7 @@ class SequencedMode:
                 (Clock(floor).as_unix_ns() - now_ns) / 1e9,
             )
         view = self._view = View(leader_id, epoch, self.limits.producer_ring, now_ns, floor)
-        self._ack_broken = False
+        self._acks.broken = False
         self.core.begin_view(leader_id)
         self._last_mark_short = True
         self.views_started += 1
