@@ -165,21 +165,10 @@ class RowProducer:
                 err: KafkaError = exc.args[0]
                 if spans is not None:
                     self._refused_span(slot, err.name(), f"produce() refused the record: {err.str()}")
-                if is_permanent(err, True):
-                    ready.popleft()
-                    self.sync_failures = 0
-                    self._dead_letter_in(t, row, f"cannot be sent: {err.name()}: {err.str()}", 1)
-                    continue
-                # A synchronous failure means the record was never enqueued: retrying it now,
-                # before any later record, keeps the log in id order, so the view survives.
-                self.sync_failures += 1
-                if self.sync_failures < self.limits.max_delivery_attempts:
-                    producer.poll(min(0.001 * 2**self.sync_failures, 0.1))
-                    continue
-                ready.popleft()
-                self.sync_failures = 0
-                self.poison.count_failure(rid, err, False)
-                return Filled(in_flight, abandon=f"produce failed for record {rid}: {err.str()}")
+                why = self._refused(t, row, err)
+                if why is not None:
+                    return Filled(in_flight, abandon=why)
+                continue
             except (TypeError, ValueError) as exc:
                 slot.txn = None
                 slots.append(slot)
@@ -202,6 +191,28 @@ class RowProducer:
             if len(ids) >= max_records:
                 return Filled(in_flight, full=True)
         return Filled(in_flight)
+
+    def _refused(self, t: Txn, row: MarkedRow, err: KafkaError) -> str | None:
+        """``produce()`` refused the head ready row ``row`` with ``err`` (the record was never
+        enqueued): dead-letter it when permanent, else retry it now, before any later record (the log
+        stays in id order, so the view survives), up to ``maxDeliveryAttempts`` tries. Returns why the
+        view must be abandoned once they are used up, else None (the row was taken, or is retried)."""
+        ready, rid = self.core.ready, row[ROW_ID]
+        if is_permanent(err, True):
+            ready.popleft()
+            self.sync_failures = 0
+            self._dead_letter_in(t, row, f"cannot be sent: {err.name()}: {err.str()}", 1)
+            return None
+        self.sync_failures += 1
+        if self.sync_failures < self.limits.max_delivery_attempts:
+            producer = self.core.producer
+            assert producer is not None
+            producer.poll(min(0.001 * 2**self.sync_failures, 0.1))
+            return None
+        ready.popleft()
+        self.sync_failures = 0
+        self.poison.count_failure(rid, err, False)
+        return f"produce failed for record {rid}: {err.str()}"
 
     def _refused_span(self, slot: Slot, error_type: str, why: str) -> None:
         """``produce()`` raised: no report will come, so the record's span (if it has one) ends failed."""
