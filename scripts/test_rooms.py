@@ -68,6 +68,7 @@ ROOMS: dict[str, tuple[str, ...]] = {
         "test_shard_null_key",
         "test_relay_spans",
         "test_relay_spans_e2e",
+        "test_marked_row",
     ),
     "relay/sequenced": (
         "test_protocol_model",
@@ -77,6 +78,7 @@ ROOMS: dict[str, tuple[str, ...]] = {
         "test_frozen_commit",
         "test_clock_step",
         "test_crash_hooks",
+        "test_view_failure",
     ),
     "encode": (
         "test_avro_batch",

@@ -173,10 +173,12 @@ class Limits:
             object.__setattr__(
                 self, "liveness_timeout", max(15.0, 3 * self.min_metrics_interval + self.heartbeat_timeout)
             )
-        if self.max_poll_interval is None:
-            object.__setattr__(self, "max_poll_interval", self.heartbeat_timeout / 2)
+        max_poll = self.max_poll_interval
+        if max_poll is None:
+            max_poll = self.heartbeat_timeout / 2
+            object.__setattr__(self, "max_poll_interval", max_poll)
         if self.drain_interval is None:
-            object.__setattr__(self, "drain_interval", min(self.max_poll_interval, self.queue_timeout))  # type: ignore[type-var]
+            object.__setattr__(self, "drain_interval", min(max_poll, self.queue_timeout))
         yaml_name = {attr: key for key, attr, _ in _LIMIT_FIELDS}
 
         kinds = {attr: kind for _, attr, kind in _LIMIT_FIELDS}
@@ -232,14 +234,14 @@ class Limits:
         need("row_timeout", 1.0 <= self.row_timeout <= 3600.0, "between 1s and 1h (librdkafka's message timeout)")
         need(
             "max_poll_interval",
-            self.max_poll_interval >= self.min_poll_interval,  # type: ignore[operator]
+            self.max_poll_interval is not None and self.max_poll_interval >= self.min_poll_interval,
             f">= limits.minPollInterval ({format_duration(self.min_poll_interval)})",
         )
         need("txn_max_duration", self.txn_max_duration >= 0.0001, ">= 100us")
         # A metrics reading happens at most every minMetricsInterval: a shorter timeout would flap.
         need(
             "liveness_timeout",
-            self.liveness_timeout > self.min_metrics_interval,  # type: ignore[operator]
+            self.liveness_timeout is not None and self.liveness_timeout > self.min_metrics_interval,
             f"> limits.minMetricsInterval ({format_duration(self.min_metrics_interval)}), e.g. 3x it",
         )
         for attr in (

@@ -45,6 +45,7 @@ from harvest_outbox.producer.encode._avro_batch import AvroWriter, encode_values
 from harvest_outbox.producer.encode._protobuf_encoder import ProtobufEncoder
 from harvest_outbox.producer.encode.worker import EncodeWorker
 from harvest_outbox.producer.errors import ConfigError, DatabaseError
+from harvest_outbox.producer.relay.marked_row import ROW_BAD, ROW_KEY, ROW_TOPIC, ROW_VALUE, with_bad, with_encoded
 from harvest_outbox.producer.schema.reasons import not_json_reason, validation_reason
 
 __all__ = ["RegistryUnavailable", "RowEncoder", "validation_reason"]  # validation_reason: stash_validation's
@@ -130,7 +131,8 @@ class _TopicEncoder:
         them on a real row (:attr:`AvroWriter.checked`); through the serializer until then, or for good
         if they differed."""
         if writer is None:  # references: the serializer resolves them; its own checks apply
-            return self.value(value, self.value_ctx)  # type: ignore[no-any-return]
+            serialized: bytes = self.value(value, self.value_ctx)
+            return serialized
         if writer.checked:
             return writer.encode(value)
         writer.validate(value)
@@ -264,8 +266,8 @@ class RowEncoder:
                 # This runs in the mark worker while the relay thread produces: hand it the GIL now and
                 # then, or it waits a whole switch interval (5 ms) for every turn it gets.
                 _yield(0)
-            topic = row[1]
-            if row[6] is not None or topic is None:
+            topic = row[ROW_TOPIC]
+            if row[ROW_BAD] is not None or topic is None:
                 out.append(row)
                 continue
             try:
@@ -277,7 +279,7 @@ class RowEncoder:
                     out.append(row)
                     continue
                 encoder, writer = got
-                value = row[3]
+                value = row[ROW_VALUE]
                 if writer is not None and writer.checked and encoder.key is None and value is not None:
                     lane = direct.get(writer)
                     if lane is None:
@@ -315,10 +317,10 @@ class RowEncoder:
         refused = 0
         for i, result in zip(places, results, strict=True):
             row = out[i]
-            if type(result) is bytes:
-                out[i] = (row[0], row[1], row[2], result, *row[4:])
+            if isinstance(result, bytes):
+                out[i] = with_encoded(row, row[ROW_KEY], result)
             else:
-                out[i] = (*row[:6], result, *row[7:])  # type: ignore[assignment]
+                out[i] = with_bad(row, result)
                 refused += 1
         self.encoded += len(values) - refused
         self.refused += refused
@@ -333,7 +335,7 @@ class RowEncoder:
         return encoder, encoder.resolve_avro() if encoder.avro and encoder.value is not None else None
 
     def _encode_row(self, row: MarkedRow, encoder: _TopicEncoder, writer: AvroWriter | None) -> MarkedRow:
-        key, value = row[2], row[3]
+        key, value = row[ROW_KEY], row[ROW_VALUE]
         bad: str | None = None
         if encoder.key is not None and key is not None:
             try:
@@ -365,5 +367,5 @@ class RowEncoder:
                     bad = validation_reason(exc, "value")
         if bad is not None:
             self.refused += 1
-            return (*row[:6], bad, *row[7:])
-        return (row[0], row[1], key, value, *row[4:])
+            return with_bad(row, bad)
+        return with_encoded(row, key, value)

@@ -88,7 +88,7 @@ class EncodeWorker:
         self._lock = threading.Lock()
         self._conn: Connection | None = None
         self._process: subprocess.Popen[bytes] | None = None
-        self._finalizer: weakref.finalize | None = None  # type: ignore[type-arg]
+        self._finalizer: weakref.finalize[..., EncodeWorker] | None = None
         self.started = 0  # children started (1 unless one was lost)
 
     def __repr__(self) -> str:
@@ -134,7 +134,12 @@ class EncodeWorker:
             if isinstance(reply, str):
                 self._drop()
                 raise EncodeWorkerLost(f"the encode worker failed on a batch ({reply}); the batch waits in the outbox")
-            return reply  # type: ignore[no-any-return]
+            if not isinstance(reply, list):
+                self._drop()
+                raise EncodeWorkerLost(
+                    f"the encode worker answered a {type(reply).__name__}, not a list; the batch waits in the outbox"
+                )
+            return reply
 
     def _drop(self) -> None:
         if self._finalizer is not None:

@@ -59,6 +59,8 @@ class _Handler(WSGIRequestHandler):
 
     def __init__(self, conn: _Conn, server: BoundedWSGIServer) -> None:
         self._head = conn.head
+        # wsgiref's handler types its server as a socketserver.BaseServer; ours selects its own sockets
+        # and has what the handler reads of one (base_environ, get_app: see BoundedWSGIServer).
         super().__init__(conn.sock, conn.addr, server)  # type: ignore[arg-type]
 
     def setup(self) -> None:

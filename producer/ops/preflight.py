@@ -237,9 +237,12 @@ class TopicGuard:
             return self._budget(self._producer_max, topic), self.missing_ttl
 
 
-def too_large(budget: int, key: bytes, value: bytes | None, hkeys: Sequence[str], hvals: Sequence[Any]) -> str | None:
-    """The reason a record does not fit ``budget`` (a verdict's payload budget), or None."""
-    size = len(key) + (len(value) if value is not None else 0) + (header_bytes(hkeys, hvals) if hkeys else 0)
+def too_large(
+    budget: int, key: bytes, value: bytes | None, hkeys: Sequence[str] | None, hvals: Sequence[Any] | None
+) -> str | None:
+    """The reason a record does not fit ``budget`` (a verdict's payload budget), or None. No header
+    arrays (a marked row without headers has None for both) add nothing."""
+    size = len(key) + (len(value) if value is not None else 0) + (header_bytes(hkeys, hvals) if hkeys and hvals else 0)
     if size <= budget:
         return None
     return (

@@ -68,6 +68,7 @@ from harvest_outbox.producer.ops.preflight import TopicGuard
 from harvest_outbox.producer.relay._mode import RelayMode as RelayMode
 from harvest_outbox.producer.relay._waker import Waker
 from harvest_outbox.producer.relay.key_halt import KeyHalt
+from harvest_outbox.producer.relay.marked_row import ROW_ID, ROW_TOPIC
 from harvest_outbox.producer.relay.spans import relay_spans
 from harvest_outbox.producer.schema import OutboxNames
 from harvest_outbox.redact import redact_kafka_config
@@ -334,7 +335,9 @@ class RelayCore:
     # ------------------------------------------------------------------ held rows (missingTopicPolicy: hold)
     def hold(self, row: MarkedRow) -> None:
         """Keep ``row`` (its topic does not exist) until the topic does."""
-        topic: str = row[1]  # type: ignore[assignment]
+        topic = row[ROW_TOPIC]
+        if topic is None:
+            raise ValueError(f"row {row[ROW_ID]} has no topic: a bad row is dead-lettered, never held")
         held = self.held.get(topic)
         if held is None:
             log.warning(

@@ -41,14 +41,11 @@ Invariants (tests/test_producer/relay/test_halt_key.py, on real Postgres and Kaf
 from __future__ import annotations
 
 import logging
-from typing import Any
 
 from psycopg import sql
 
+from harvest_outbox.producer.relay.marked_row import ROW_ID, ROW_KEY, ROW_TOPIC, MarkedRow
 from harvest_outbox.producer.schema import OutboxNames
-
-#: A marked row (producer.layouts.mark.marks.MarkedRow: id, topic, key, ...); not imported: producer.layouts.mark.marks imports this module.
-MarkedRow = tuple[Any, ...]
 
 log = logging.getLogger(__name__)
 
@@ -79,22 +76,23 @@ class KeyHalt:
 
     def halt(self, row: MarkedRow) -> None:
         """``row`` is being dead-lettered: under ``haltKey``, its key's later rows wait from now on."""
-        if not self.enabled or row[1] is None or row[2] is None:
+        topic, key = row[ROW_TOPIC], row[ROW_KEY]
+        if not self.enabled or topic is None or key is None:
             return
-        pair = (row[1], row[2])
+        pair = (topic, key)
         if pair not in self.keys:
             self.keys.add(pair)
             log.warning(
                 "key %r of topic %r halted behind dead letter %d (deadLetterPolicy: haltKey): its later rows "
                 "wait in the outbox until the dead letter is requeued or discarded",
-                row[2],
-                row[1],
-                row[0],
+                key,
+                topic,
+                row[ROW_ID],
             )
 
     def blocks(self, row: MarkedRow) -> bool:
         """Is ``row``'s key halted in this view? (Called only while :meth:`__bool__`.)"""
-        return (row[1], row[2]) in self.keys
+        return (row[ROW_TOPIC], row[ROW_KEY]) in self.keys
 
     def clear(self) -> None:
         """The view ended: the next one's marks leave halted keys' rows in the outbox."""

@@ -18,12 +18,17 @@ import logging
 import os
 import signal
 import threading
+from collections.abc import Callable
 from types import FrameType
-from typing import Protocol
+from typing import Any, Protocol
 
 log = logging.getLogger("harvest")
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+
+
+#: A signal handler as ``signal.signal`` takes and returns it (None: one not installed from Python).
+Handler = Callable[[int, "FrameType | None"], Any] | int | signal.Handlers | None
 
 
 class Stoppable(Protocol):
@@ -37,7 +42,7 @@ class StopSignals:
         self.requested = threading.Event()
         self._forced_exit = forced_exit
         self._relay: Stoppable | None = None
-        self._previous: dict[int, object] = {}
+        self._previous: dict[int, Handler] = {}
         self._signal = signal.SIGTERM  # the first stop signal received
 
     def install(self) -> StopSignals:
@@ -49,7 +54,7 @@ class StopSignals:
         """Restore the previous handlers (a command that is not the relay ends as the signal says);
         a stop signal that already arrived is delivered again, to them."""
         for sig, previous in self._previous.items():
-            signal.signal(sig, previous)  # type: ignore[arg-type]
+            signal.signal(sig, previous)
         self._previous.clear()
         if self.requested.is_set():
             signal.raise_signal(self._signal)

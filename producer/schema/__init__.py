@@ -44,8 +44,6 @@ Invariants (each kept by the module that owns it):
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from harvest_outbox.producer.mapping.names import OutboxNames, Statement, ValueType, parse_table_name
 from harvest_outbox.producer.schema._storage import (
     OUTBOX_AUTOVACUUM,
@@ -64,39 +62,20 @@ from harvest_outbox.producer.schema.checks import (
     unrelayed_rows,
 )
 
-if TYPE_CHECKING:
-    from harvest_outbox.producer.schema.ddl import init_db, outbox_ddl, shard_ddl
-
-#: Served by :mod:`producer.schema.ddl`, imported on first use: it asks the chosen outbox layout, whose
-#: modules import this package for its checks, so importing it here would be an import cycle.
-_DDL = ("init_db", "outbox_ddl", "shard_ddl")
-
-
-def __getattr__(name: str) -> object:
-    if name in _DDL:
-        from harvest_outbox.producer.schema import ddl
-
-        return getattr(ddl, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
 __all__ = [
     "OUTBOX_AUTOVACUUM",
     "OUTBOX_FILLFACTOR",
     "OutboxNames",
     "Statement",
     "ValueType",
-    "init_db",
     "inspect_outbox",
     "missing_storage",
-    "outbox_ddl",
     "outbox_fillfactor",
     "packed_outbox_fix",
     "parse_table_name",
     "require_attempts_table",
     "require_shards",
     "require_utf8_readable",
-    "shard_ddl",
     "storage_sql",
     "table_reloptions",
     "unrelayed_rows",

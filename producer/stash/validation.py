@@ -143,7 +143,8 @@ class StashValidator:
         from jsonschema.validators import validator_for
 
         validator = validator_for(document)(document)
-        return validator.validate  # type: ignore[no-any-return]
+        check_value: Callable[[Any], None] = validator.validate  # (jsonschema's validators are untyped)
+        return check_value
 
     def _refresh_every(self, interval: float) -> None:
         while not self._stop.is_set():

@@ -267,7 +267,7 @@ def test_table_counts_read_the_outbox_backlog_and_a_readers_table_and_reconnect(
     from harvest_outbox.harvest_local.applier import create_tables
     from harvest_outbox.harvest_local.history import TableCounts
     from harvest_outbox.harvest_local.workload import create_accounts, stash_backlog
-    from harvest_outbox.producer.schema import init_db
+    from harvest_outbox.producer.schema.ddl import init_db
 
     outbox = f"{pg_schema}.outbox"
     create_accounts(pg_dsn, pg_schema, 5)

@@ -89,6 +89,7 @@ from harvest_outbox.producer.layouts.cursor.schema import require_cursor_rows, r
 from harvest_outbox.producer.layouts.cursor.views import CursorViews, NotNextRows, Segment, View
 from harvest_outbox.producer.layouts.mark.marks import MarkedAttempts, MarkedRow, read_row_fields
 from harvest_outbox.producer.mapping.table import GOHARVEST, TableMapping
+from harvest_outbox.producer.relay.marked_row import ROW_ATTEMPTS, ROW_ID, ROW_LAST_ERROR
 from harvest_outbox.producer.relay.shards import shard_expression
 from harvest_outbox.producer.schema import OutboxNames, Statement, ValueType
 
@@ -443,7 +444,9 @@ class CursorDatabase:
             served = self._serve_released(view, limit)
             limit -= len(served)
             if limit < 1:
-                return served, {r[0]: (r[7], r[8]) for r in served if r[7] is not None}
+                return served, {
+                    r[ROW_ID]: (r[ROW_ATTEMPTS], r[ROW_LAST_ERROR]) for r in served if r[ROW_ATTEMPTS] is not None
+                }
         with self.views.lock:
             order = view.order()
             view.turn += 1
@@ -471,7 +474,9 @@ class CursorDatabase:
         if idle and time.monotonic() >= self._next_idle_commit:
             self._idle_commit(view, idle)
         rows = served + rows
-        attempts: MarkedAttempts = {r[0]: (r[7], r[8]) for r in rows if r[7] is not None}
+        attempts: MarkedAttempts = {
+            r[ROW_ID]: (r[ROW_ATTEMPTS], r[ROW_LAST_ERROR]) for r in rows if r[ROW_ATTEMPTS] is not None
+        }
         return rows, attempts
 
     def _read_page(self, view: View, shard: int, limit: int) -> list[MarkedRow]:
@@ -514,16 +519,16 @@ class CursorDatabase:
             prepare=self.session.prepare_reads,
             cursor=self.session.row_cursor,
         ).fetchall()
-        after, complete = page_end(cursor, len(rows), rows[-1][0] if rows else None, limit)
+        after, complete = page_end(cursor, len(rows), rows[-1][ROW_ID] if rows else None, limit)
         read.batch_rows += len(rows)
         if complete:
             self._scans[shard] = (read.batch_width, read.batch_rows)
         with self.views.lock:
             if self.views.current(view.leader_id) is view:
-                view.add(shard, Segment(cursor, [r[0] for r in rows], after))
+                view.add(shard, Segment(cursor, [r[ROW_ID] for r in rows], after))
                 if waiting:
                     read.skipped.update(waiting)
-                    rows = [r for r in rows if r[0] not in waiting]
+                    rows = [r for r in rows if r[ROW_ID] not in waiting]
             else:
                 rows = []  # the view ended meanwhile: its reads are the next view's to make again
         return rows

@@ -24,33 +24,13 @@ from psycopg import sql
 from psycopg.types.array import ArrayBinaryLoader
 
 from harvest_outbox.producer.relay.key_halt import halted_filter
+
+# The row the mark returns, re-exported where it was defined before it got a module of its own.
+from harvest_outbox.producer.relay.marked_row import ROW_CREATED as ROW_CREATED
+from harvest_outbox.producer.relay.marked_row import MarkedRow as MarkedRow
 from harvest_outbox.producer.relay.shards import shard_expression
 from harvest_outbox.producer.schema import OutboxNames, ValueType
 
-# A marked row, exactly as the mark statement returns it: (id, topic, key bytes, value bytes|None,
-# header keys, header values, bad, persisted attempts, last error, partition, created). Header arrays are
-# tuples, or None when the row has no headers (empty arrays come back as NULL: no loader call per
-# row). ``bad`` is None, or why the row can never be produced (decided by the statement: the table
-# mapping's RecordSql.bad, then HEADER_BAD). ``partition`` is None (the producer's partitioner, by
-# key) unless the table mapping places a column there (producer.mapping.table). ``created`` is the
-# row's create time on this process's time.monotonic() clock (ROW_CREATED; producer.observe._histograms). A plain
-# tuple of atomic values in id order, used as it comes from the driver: the mark allocates nothing
-# else per row, and the garbage collector does not track it.
-MarkedRow = tuple[
-    int,
-    "str | None",
-    "bytes | None",
-    "bytes | None",
-    "tuple[str | None, ...] | None",
-    "tuple[str | None, ...] | None",
-    "str | None",
-    "int | None",
-    "str | None",
-    "int | None",
-    float,
-]
-#: Where a MarkedRow holds its create time (time.monotonic() seconds): the dwell histogram's start.
-ROW_CREATED = 10
 # Persisted failed delivery attempts of marked rows: id -> (attempts, last error).
 MarkedAttempts = dict[int, tuple[int, "str | None"]]
 

@@ -24,11 +24,12 @@ from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Message
 
-from harvest_outbox.producer.db import ROW_CREATED, MarkedRow
+from harvest_outbox.producer.db import MarkedRow
 from harvest_outbox.producer.errors import DatabaseError
 from harvest_outbox.producer.kafka import ANY_PARTITION, KafkaProducer
 from harvest_outbox.producer.ops.preflight import header_bytes, too_large
 from harvest_outbox.producer.relay.core import RelayCore
+from harvest_outbox.producer.relay.marked_row import ROW_ID, ROW_KEY, ROW_TOPIC
 from harvest_outbox.producer.relay.spans import RecordSpan
 
 # The mode's logger: the lines logged here had its name before the split, and a user's log filter keeps working.
@@ -91,7 +92,7 @@ class AtLeastOnceRecords(ABC):
         core = self.core
         while ready and len(in_flight) < limit and not core.remark:
             row = ready.popleft()
-            key = row[2]
+            key = row[ROW_KEY]
             if key in in_flight:
                 parked = waiting.get(key)
                 if parked is None:
@@ -107,107 +108,108 @@ class AtLeastOnceRecords(ABC):
     def _send(self, row: MarkedRow) -> bool:
         """Produce one record whose key is free. True if it is now in flight (or the relay must
         remark); False if it was dead-lettered on the spot (the key is still free)."""
-        _id, topic, key, value, hkeys, hvals, bad, _attempts, _error, partition, _created = row
+        rid, topic, key, value, hkeys, hvals, bad, _attempts, _error, partition, _created = row
         if self._halted and (topic, key) in self._halted:
             if self._hold_dropped:
-                self._hold_buf.append(_id)
+                self._hold_buf.append(rid)
             return False  # haltKey: waits (marked by this view until it ends, then in the outbox)
-        if bad is not None:
+        if bad is not None or topic is None or key is None:  # (a NULL topic or key: the statement's bad)
             self._dead_letter(row, f"bad row: {bad}", 0)
             return False
         if self._held and topic in self._held:
             self.core.hold(row)  # behind the same topic's held rows
             return False
-        verdict = self._verdicts.get(topic)  # type: ignore[arg-type]
+        verdict = self._verdicts.get(topic)
         if verdict is None:
-            verdict = self._guard.verdict(topic)  # type: ignore[arg-type]
-        if verdict.__class__ is str:
+            verdict = self._guard.verdict(topic)
+        if isinstance(verdict, str):
             if self.core.hold_missing and topic in self._guard.missing:
                 self.core.hold(row)
                 return False
             self._dead_letter(row, f"cannot be sent: {verdict}", 0)
             return False
-        size = len(key) + (len(value) if value is not None else 0)  # type: ignore[arg-type]
-        if size > verdict or (hkeys and size + header_bytes(hkeys, hvals) > verdict):  # type: ignore[operator,arg-type]
-            self._dead_letter(row, f"cannot be sent: {too_large(verdict, key, value, hkeys, hvals)}", 0)  # type: ignore[arg-type]
+        size = len(key) + (len(value) if value is not None else 0)
+        if size > verdict or (hkeys and hvals and size + header_bytes(hkeys, hvals) > verdict):
+            self._dead_letter(row, f"cannot be sent: {too_large(verdict, key, value, hkeys, hvals)}", 0)
             return False
         if partition is not None:
             # out of the topic's range: permanent, so a dead letter now, not after maxDeliveryAttempts
-            beyond = self._guard.partition_problem(topic, partition, self.core.partition_column)  # type: ignore[arg-type]
+            beyond = self._guard.partition_problem(topic, partition, self.core.partition_column)
             if beyond is not None:
                 self._dead_letter(row, f"cannot be sent: {beyond}", 0)
                 return False
         producer = self.core.producer
         assert producer is not None
-        self._in_flight[key] = row  # type: ignore[index]  # a good row's key is not None (NULL: bad)
+        self._in_flight[key] = row
         # One produce() per delivery report, so this is the relay's hottest line: no retry loop is set
         # up unless the local queue is full.
         try:
             if partition is not None or self._rich_headers:
                 # a mapped table's partition column (producer.mapping.table), eventIdHeader, relay spans
                 producer.produce(
-                    topic,  # type: ignore[arg-type]  # None only in a bad row, dead-lettered above
+                    topic,
                     value,
                     key,
                     ANY_PARTITION if partition is None else partition,
-                    headers=self._headers(row),
+                    headers=self._headers(row, topic, key),
                 )
-            elif hkeys:
-                producer.produce(topic, value, key, headers=list(zip(hkeys, hvals, strict=True)))  # type: ignore[arg-type]
+            elif hkeys and hvals:
+                producer.produce(topic, value, key, headers=list(zip(hkeys, hvals, strict=True)))
             else:
-                producer.produce(topic, value, key)  # type: ignore[arg-type]
+                producer.produce(topic, value, key)
             return True
         except BufferError:
-            return self._send_when_room(row, producer)
+            return self._send_when_room(row, producer, topic, key)
         except (KafkaException, TypeError, ValueError) as exc:
-            return self._refused(row, exc)
+            return self._refused(row, key, exc)
 
-    def _headers(self, row: MarkedRow) -> list[tuple[str, Any]] | None:
+    def _headers(self, row: MarkedRow, topic: str, key: bytes) -> list[tuple[str, Any]] | None:
         """The record's headers: the row's, after the event id header when eventIdHeader is set; with
-        relay spans, the ``traceparent`` of the record's span, started here (producer.relay.spans)."""
-        row_id, topic, key, _value, hkeys, hvals = row[:6]
+        relay spans, the ``traceparent`` of the record's span, started here (producer.relay.spans).
+        ``topic`` and ``key`` are the row's (checked not NULL by :meth:`_send`)."""
+        row_id, _topic, _key, _value, hkeys, hvals, *_rest, created = row
         # (hvals is not None when hkeys is not, and no header key is None: the mark dead-letters such rows)
-        headers: list[tuple[str, Any]] | None = list(zip(hkeys, hvals, strict=True)) if hkeys else None  # type: ignore[arg-type]
+        headers: list[tuple[str, Any]] | None = list(zip(hkeys, hvals, strict=True)) if hkeys and hvals else None
         if self._spans is not None and headers:
-            traced = self._spans.start(row_id, topic, row[ROW_CREATED], headers)  # type: ignore[arg-type]
+            traced = self._spans.start(row_id, topic, created, headers)
             if traced is not None:
                 # (replaces, unended and so never exported, the span of a produce() refused as queue-full)
-                self._traced[key] = traced  # type: ignore[index]
+                self._traced[key] = traced
         if self._event_id is None:
             return headers
         name, prefix = self._event_id
         return [(name, prefix + b"%d" % row_id), *(headers or ())]
 
-    def _send_when_room(self, row: MarkedRow, producer: KafkaProducer) -> bool:
+    def _send_when_room(self, row: MarkedRow, producer: KafkaProducer, topic: str, key: bytes) -> bool:
         """:meth:`_send` found librdkafka's queue full: serve callbacks and retry, for ~10 s at most,
         then give up the view (remark). ``row`` is already in flight under its key."""
-        _id, topic, key, value, *_rest, partition, _created = row
-        headers = self._headers(row)
+        _id, _topic, _key, value, *_rest, partition, _created = row
+        headers = self._headers(row, topic, key)
         where = ANY_PARTITION if partition is None else partition
         for _ in range(1000):
             producer.poll(0.01)
             if self._acked:
                 self._observe_acked()
             try:
-                producer.produce(topic, value, key, where, headers=headers)  # type: ignore[arg-type]
+                producer.produce(topic, value, key, where, headers=headers)
                 return True
             except BufferError:
                 continue
             except (KafkaException, TypeError, ValueError) as exc:
-                return self._refused(row, exc)
-        del self._in_flight[key]  # type: ignore[arg-type]
+                return self._refused(row, key, exc)
+        del self._in_flight[key]
         if self._traced:
             self._end_unreported("queue_full", "not produced: the producer's queue stayed full", key)
         self.core.request_remark()
         return True
 
-    def _refused(self, row: MarkedRow, exc: Exception) -> bool:
+    def _refused(self, row: MarkedRow, key: bytes, exc: Exception) -> bool:
         """``produce()`` refused ``row`` (no record was enqueued): it is no longer in flight. A Kafka
         error is a failed attempt; bad arguments (a value of the wrong type) can never be sent."""
-        del self._in_flight[row[2]]  # type: ignore[arg-type]
+        del self._in_flight[key]
         if self._traced:
             kind = exc.args[0].name() if isinstance(exc, KafkaException) else type(exc).__name__
-            self._end_unreported(kind, f"produce() refused the record: {exc}", row[2])
+            self._end_unreported(kind, f"produce() refused the record: {exc}", key)
         if isinstance(exc, KafkaException):
             return self._failed(row, exc.args[0], synchronous=True)
         self._dead_letter(row, f"cannot produce: {exc}", 1)
@@ -215,36 +217,40 @@ class AtLeastOnceRecords(ABC):
 
     def _on_delivery(self, err: KafkaError | None, msg: Message) -> None:
         key = msg.key()
-        row = self._in_flight.pop(key, None)  # type: ignore[arg-type]  # ours all have keys
+        if key is None:
+            return  # not ours: every record this mode produces has a key
+        row = self._in_flight.pop(key, None)
         if row is None:  # not ours any more (view abandoned after a drain timeout)
             return
         if err is None:
-            self._purge_buf.append(row[0])
+            rid = row[ROW_ID]
+            self._purge_buf.append(rid)
             self._acked.append(row)
             self.metrics.delivered += 1
-            if self._attempts and self._attempts.pop(row[0], None) is not None:
-                self._forget_buf.append(row[0])
-            parked = self._waiting.get(key)  # type: ignore[arg-type]
+            if self._attempts and self._attempts.pop(rid, None) is not None:
+                self._forget_buf.append(rid)
+            parked = self._waiting.get(key)
             if parked and not self.core.remark:  # (an empty queue is never kept; this reads it safely anyway)
                 # _release inlined for its usual case (one report, one send): this runs per record
                 nxt = parked.popleft()
                 self._waiting_count -= 1
                 if not parked:
-                    del self._waiting[key]  # type: ignore[arg-type]
+                    del self._waiting[key]
                 if not self._send(nxt):  # dead-lettered on the spot: the key is still free
-                    self._release(key)  # type: ignore[arg-type]
+                    self._release(key)
         elif self._draining and err.code() in _PURGED:
             return  # we gave up on it (drain timed out): the next view re-marks it; not an attempt
         elif not self._failed(row, err, synchronous=False, latency=msg.latency()):
-            self._release(key)  # type: ignore[arg-type]
+            self._release(key)
 
     def _on_delivery_traced(self, err: KafkaError | None, msg: Message) -> None:
         """:meth:`_on_delivery` with relay spans: also ends the record's span. The span is taken first:
         the report may send the key's next record, whose span then takes the key's place."""
-        traced = self._traced.pop(msg.key(), None)  # type: ignore[arg-type]
+        key = msg.key()
+        traced = self._traced.pop(key, None) if key is not None else None
         self._on_delivery(err, msg)
-        if traced is not None:
-            self._spans.end(traced, err, msg)  # type: ignore[union-attr]
+        if traced is not None and self._spans is not None:
+            self._spans.end(traced, err, msg)
 
     def _end_unreported(self, error_type: str, why: str, key: bytes | None = None) -> None:
         """No report will come for ``key``'s record (every in-flight record's, without a key): its span
@@ -276,10 +282,11 @@ class AtLeastOnceRecords(ABC):
                 return
 
     def _dead_letter(self, row: MarkedRow, error: str, attempts: int) -> None:
-        log.error("record %d (topic %r) moved to dead letters: %s", row[0], row[1], error)
-        self.core.forget_attempts(row[0])
+        rid = row[ROW_ID]
+        log.error("record %d (topic %r) moved to dead letters: %s", rid, row[ROW_TOPIC], error)
+        self.core.forget_attempts(rid)
         self.core.halt.halt(row)
-        self._dlq_buf.append((row[0], error, attempts))
+        self._dlq_buf.append((rid, error, attempts))
         self.metrics.dead_lettered += 1
 
     # ------------------------------------------------------------------ write-behind

@@ -57,6 +57,7 @@ from harvest_outbox.producer.errors import DatabaseError
 from harvest_outbox.producer.kafka import KafkaProducer, is_permanent, is_size_refusal
 from harvest_outbox.producer.relay.at_least_once._records import AtLeastOnceRecords
 from harvest_outbox.producer.relay.events import LeaderRefreshed
+from harvest_outbox.producer.relay.marked_row import ROW_ID, ROW_TOPIC
 
 log = logging.getLogger(__name__)
 
@@ -172,7 +173,7 @@ class AtLeastOnceMode(AtLeastOnceRecords):
         )
         self._clear_queues()
         self.core.request_remark()  # no more sends
-        self._drain(self.limits.max_poll_interval)  # type: ignore[arg-type]
+        self._drain(self.limits.max_poll_interval or 1.0)  # (set by Limits; 1.0 as the sequenced mode's wind-down)
         try:
             self._flush_db(wait=True)
         except DatabaseError as exc:
@@ -196,12 +197,13 @@ class AtLeastOnceMode(AtLeastOnceRecords):
             return rows
         kept = []
         for row in rows:
-            if row[0] in spent:
-                _n, error = persisted[row[0]]
+            rid = row[ROW_ID]
+            if rid in spent:
+                _n, error = persisted[rid]
                 self._dead_letter(
                     row,
-                    f"failed {attempts[row[0]]} delivery attempts (counted across relay restarts); last error: {error}",
-                    attempts[row[0]],
+                    f"failed {attempts[rid]} delivery attempts (counted across relay restarts); last error: {error}",
+                    attempts[rid],
                 )
             else:
                 kept.append(row)
@@ -223,25 +225,25 @@ class AtLeastOnceMode(AtLeastOnceRecords):
     def _failed(self, row: MarkedRow, err: KafkaError, synchronous: bool, latency: float | None = None) -> bool:
         """A produce/delivery failure. Returns False if the record was dead-lettered (key free),
         True if the relay will reset + remark (key stays blocked until then)."""
-        core = self.core
+        core, rid, topic = self.core, row[ROW_ID], row[ROW_TOPIC]
         self.metrics.delivery_failures += 1
-        if not synchronous and core.waited_out(latency) and not self._served_meanwhile(latency):  # type: ignore[arg-type]
+        if not synchronous and latency is not None and core.waited_out(latency) and not self._served_meanwhile(latency):
             # Nothing was delivered while this record waited: an outage, not this row's fault.
             log.warning(
                 "delivery of record %d timed out after %.1fs while no record was delivered (broker or "
                 "network outage?): %s; re-sending it later, not counted as an attempt",
-                row[0],
+                rid,
                 latency,
                 err.str(),
             )
             if err.fatal():
                 core.producer_failed()
-            self._reset_buf.append(row[0])
+            self._reset_buf.append(rid)
             core.request_remark()
             return True
-        attempts = core.next_attempt(row[0])
-        if is_size_refusal(err) and row[1]:
-            self._guard.check_sizes(row[1])  # the next attempt refuses the oversized row alone
+        attempts = core.next_attempt(rid)
+        if is_size_refusal(err) and topic:
+            self._guard.check_sizes(topic)  # the next attempt refuses the oversized row alone
         permanent = is_permanent(err, synchronous)
         if permanent or attempts >= self.limits.max_delivery_attempts:
             why = "cannot be sent" if permanent else f"failed {attempts} delivery attempts"
@@ -250,15 +252,15 @@ class AtLeastOnceMode(AtLeastOnceRecords):
         log.warning(
             "%s failed for record %d (attempt %d/%d): %s; resetting and remarking",
             "produce" if synchronous else "delivery",
-            row[0],
+            rid,
             attempts,
             self.limits.max_delivery_attempts,
             err.str(),
         )
         if err.fatal():
             core.producer_failed()
-        core.store_attempt(row[0], attempts, err)
-        self._reset_buf.append(row[0])
+        core.store_attempt(rid, attempts, err)
+        self._reset_buf.append(rid)
         core.request_remark()
         return True
 
@@ -296,7 +298,7 @@ class AtLeastOnceMode(AtLeastOnceRecords):
         """Reset + forceRemark: drain, flush, new leader id. On a DB error the remark stays pending."""
         core = self.core
         self._clear_queues()
-        self._drain(self.limits.max_poll_interval)  # type: ignore[arg-type]
+        self._drain(self.limits.max_poll_interval or 1.0)  # (set by Limits; 1.0 as the sequenced mode's wind-down)
         self._flush_db(wait=True)
         core.drop_fatal_producer()
         leader_id = uuid.uuid4()

@@ -9,6 +9,8 @@ Invariants:
   missing one in a partition): recovery re-sends every intent in order;
 - recovered intents are delivered before the view produces anything else (in commit order: epoch,
   clock), and confirmed (deleted) only once delivered;
+- a delivered ACK's intent is confirmed (deleted) only after every earlier transaction's ACKs were
+  delivered (:class:`Acks` follows them in transaction order);
 - a rollback ACK of an abandoned span carries the producer's last ACK clock in that partition, else
   the span's first clock - 1: the reader's implicit last ACK, so readers see a clean ACK_ROLLBACK.
 """
@@ -18,6 +20,7 @@ from __future__ import annotations
 import logging
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Message
@@ -154,3 +157,67 @@ def roll_back(producer: KafkaProducer, view: View, abandoned: Iterable[Txn], unk
             if not produce_ack(producer, topic, part, uuid_bytes(t.producer_int, clock, ACK), counter.on_delivery):
                 break
     return counter
+
+
+@dataclass(frozen=True)
+class AcksDelivered:
+    """What :meth:`Acks.delivered` found: the transactions whose ACKs were all delivered since the
+    last look (in order; their intents are buffered for confirming), and the first one with a failed
+    ACK, if any (the view must be abandoned)."""
+
+    done: list[Txn]
+    failed: Txn | None
+
+
+class Acks:
+    """A view's ACK_TXN pipeline, a part of :class:`~producer.relay.sequenced.mode.SequencedMode` that owns
+    it: the committed transactions whose ACKs are enqueued and not all delivered (in order), whether an
+    ACK of the view failed, and the delivered ACKs whose intents wait to be confirmed (in batches)."""
+
+    __slots__ = ("broken", "confirm_buf", "in_flight", "next_confirm")
+
+    def __init__(self) -> None:
+        self.in_flight: deque[Txn] = deque()  # ACKs enqueued, not yet all delivered, in order
+        # An ACK of this view failed: produce nothing more in it (not even ACKs of later commits, which
+        # could overtake the missing one in a partition); recovery re-sends every intent in order.
+        self.broken = False
+        self.confirm_buf: list[tuple[bytes, int]] = []  # (producer, ACK clock) of delivered ACKs
+        self.next_confirm = 0.0
+
+    def enqueue(self, producer: KafkaProducer, t: Txn, hook: CrashPoints) -> None:
+        """Produce the committed ``t``'s ACKs (:func:`enqueue_acks`), unless an ACK of the view failed."""
+        if not self.broken and not enqueue_acks(producer, t, self.in_flight, hook):
+            self.broken = True
+
+    def delivered(self) -> AcksDelivered:
+        """Take the transactions whose ACKs were all delivered, in order, up to the first with a failed one."""
+        in_flight = self.in_flight
+        if any(t.ack_failed for t in in_flight):
+            self.broken = True
+        done: list[Txn] = []
+        while in_flight and in_flight[0].ack_pending == 0:
+            t = in_flight.popleft()
+            if t.ack_failed:
+                return AcksDelivered(done, t)
+            if t.journals:
+                self.confirm_buf.append((t.producer, t.ack_clock))
+            done.append(t)
+        return AcksDelivered(done, None)
+
+    def confirms_due(self, now: float) -> bool:
+        """Enough delivered intents wait (64), or long enough (see :meth:`take_confirms`)."""
+        return bool(self.confirm_buf) and (len(self.confirm_buf) >= 64 or now >= self.next_confirm)
+
+    def take_confirms(self, next_at: float) -> list[tuple[bytes, int]]:
+        """The intents to confirm now; the next batch is due at ``next_at`` at the latest."""
+        items, self.confirm_buf = self.confirm_buf, []
+        self.next_confirm = next_at
+        return items
+
+    def leave(self) -> list[Txn]:
+        """The view is left: the transactions whose ACKs were all delivered and touched a partition (their
+        intents buffered for confirming); the others are forgotten (the next view re-sends their intents)."""
+        acked = [t for t in self.in_flight if t.ack_pending == 0 and not t.ack_failed and t.journals]
+        self.confirm_buf.extend((t.producer, t.ack_clock) for t in acked)
+        self.in_flight.clear()
+        return acked

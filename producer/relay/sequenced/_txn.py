@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 from concurrent.futures import Future
+from typing import NamedTuple
 
 from confluent_kafka import KafkaError, Message
 
@@ -33,6 +34,15 @@ def reported(t: Txn) -> bool:
     next one: at a trickle, a transaction per delivery round trip instead of one per row, and no
     record waits more than about one round trip longer for its commit."""
     return t.pending < len(t.ids) or not t.pending
+
+
+class DeliveryFailure(NamedTuple):
+    """A record of a transaction whose delivery failed: the error, the report's message (None when
+    librdkafka gave none) and the clock the record was stamped with."""
+
+    err: KafkaError
+    msg: Message | None
+    clock: int
 
 
 class Txn:
@@ -77,7 +87,7 @@ class Txn:
         self.journals: dict[tuple[str, int], int] = {}
         # partitions whose first record's delivery failed: it may or may not be in the log
         self.first_failed: set[tuple[str, int]] = set()
-        self.failures: list[tuple[KafkaError, Message | None, int]] = []  # (error, message, its clock)
+        self.failures: list[DeliveryFailure] = []
         self.first_clock = 0
         self.ack_clock = 0
         self.closed = False
@@ -94,19 +104,22 @@ class Txn:
             if clock > self.view.max_ok:
                 self.view.max_ok = clock
         else:
-            self.failures.append((err, msg, clock))
-            if msg is None or (partition := msg.partition()) is None or partition < 0:
-                return  # (a failed record with a known partition may be in the log anyway)
-        j = (msg.topic(), msg.partition())
+            self.failures.append(DeliveryFailure(err, msg, clock))
+            if msg is None:
+                return
+        topic, partition = msg.topic(), msg.partition()
+        if topic is None or partition is None or partition < 0:
+            return  # (a failed record with a known partition may be in the log anyway; a delivered one has both)
+        j = (topic, partition)
         if j not in self.journals:  # once per partition per transaction: reports arrive in log order
             # The first clock of this producer in this partition: a rollback ACK at clock - 1 equals
             # the reader's implicit last ACK, so it is a clean ACK_ROLLBACK. Unless that record failed
             # and is not in the log: the reader's implicit last ACK is then the first *written* clock - 1,
             # which the relay cannot know; clock - 1 is still the safe choice (never above the reader's
             # last ACK, so it never commits the span), see seq_acks.roll_back.
-            self.journals[j] = clock  # type: ignore[index]  # a record in the log has its topic and partition
+            self.journals[j] = clock
             if err is not None:
-                self.first_failed.add(j)  # type: ignore[arg-type]
+                self.first_failed.add(j)
 
     def on_ack(self, err: KafkaError | None, msg: Message) -> None:
         self.ack_pending -= 1
@@ -142,6 +155,8 @@ class Slot:
         t, clock = self.txn, self.clock
         self.txn = None
         self.pool.append(self)
+        # A slot is called only while bound (librdkafka reports each record exactly once): a None
+        # check per report would guard nothing.
         t.on_delivery(clock, err, msg)  # type: ignore[union-attr]
 
 

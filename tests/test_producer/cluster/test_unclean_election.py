@@ -33,7 +33,8 @@ from harvest_outbox.harvest_local.errors import ServiceError
 from harvest_outbox.harvest_local.kafka_cluster import EmbeddedKafkaCluster
 from harvest_outbox.harvest_local.verify import Verdict, render, verify
 from harvest_outbox.producer.harvest import Harvest
-from harvest_outbox.producer.schema import OutboxNames, init_db
+from harvest_outbox.producer.schema import OutboxNames
+from harvest_outbox.producer.schema.ddl import init_db
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
