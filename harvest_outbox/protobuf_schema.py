@@ -29,13 +29,19 @@ import tempfile
 import threading
 from typing import Any
 
-from harvest_outbox.producer.errors import ConfigError
+from harvest_outbox.errors import HarvestOutboxError
 
 _FILE_NAME = "registry_schema.proto"
 
 
-class ProtoSchemaError(ConfigError):
+# Rooted here, not in a subpackage: the relay's encoder and both readers' decoders use this module, and a
+# reader must not import the relay's package for an error class.
+class ProtoSchemaError(HarvestOutboxError, ValueError):
     """A registered Protobuf schema that does not compile, or has no message of the configured name."""
+
+
+class ProtobufToolsMissing(HarvestOutboxError, ValueError):
+    """grpcio-tools, which compiles a registered ``.proto``, is not installed (the ``registry`` extra)."""
 
 
 _compiled: dict[str, bytes] = {}  # .proto text -> serialized FileDescriptorProto
@@ -73,7 +79,7 @@ def compile_proto(text: str) -> bytes:
         try:
             from grpc_tools import protoc  # type: ignore[import-untyped,unused-ignore]
         except ImportError as exc:
-            raise ConfigError(
+            raise ProtobufToolsMissing(
                 f"serialization: protobuf needs grpcio-tools to read .proto schemas ({exc}); install the extra: "
                 f"pip install 'harvest-outbox[registry]'"
             ) from exc
