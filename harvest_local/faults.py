@@ -410,6 +410,7 @@ def _fault_target(kind: str, leader: RelayProcess | None, detail: str) -> str:
         "postgres_restart": "Postgres",
         "consumer_kill": "consumer",
         PIPELINE_KILL: "pipeline",
+        FAILOVER_KIND: "Postgres",
     }
     if kind in fixed:
         return fixed[kind]
