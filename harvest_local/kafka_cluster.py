@@ -41,6 +41,7 @@ from pathlib import Path
 from harvest_outbox.harvest_local.errors import ServiceError
 from harvest_outbox.harvest_local.kafka import EmbeddedKafka, Replication, create_topic, new_cluster_id
 from harvest_outbox.harvest_local.netfault import NetFault
+from harvest_outbox.harvest_local.relays import wait_for
 from harvest_outbox.harvest_local.workdir import free_port, work_dir
 
 #: What the embedded cluster runs with (module doc).
@@ -154,11 +155,11 @@ class EmbeddedKafkaCluster:
     def kill_controller(self, down: float = 2.0) -> int:
         """kill -9 the node of the active controller (a controller fail-over: the quorum elects another), and
         bring it back after ``down`` seconds; returns its id."""
-        deadline = time.monotonic() + 30
-        while (victim := self.active_controller()) < 0:
-            if time.monotonic() > deadline:
-                raise ServiceError("kafka", "no active KRaft controller known after 30s")
-            time.sleep(0.2)
+        try:
+            wait_for(lambda: self.active_controller() > 0, 30, "an active KRaft controller", poll=0.2)
+        except TimeoutError as exc:
+            raise ServiceError("kafka", f"no active KRaft controller known: {exc}") from exc
+        victim = self.active_controller()
         self.kill(victim)
         time.sleep(down)
         self.start_node(victim)
