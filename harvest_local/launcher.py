@@ -56,6 +56,7 @@ class LocalServices(AbstractContextManager["LocalServices"]):
         self.mode = "local"
         self._containers: list[Any] = []
         self._endpoints: ServiceEndpoints | None = None
+        self._borrowed = False  # with_cluster: the services belong to others, stop() leaves them be
 
     @property
     def endpoints(self) -> ServiceEndpoints:
@@ -98,6 +99,17 @@ class LocalServices(AbstractContextManager["LocalServices"]):
         self._endpoints = ServiceEndpoints(pg_dsn, bootstrap)
         return self
 
+    @classmethod
+    def with_cluster(cls, services: LocalServices, cluster: EmbeddedKafkaCluster) -> LocalServices:
+        """``services``' Postgres with ``cluster`` for Kafka, both already running: for a run on a replicated
+        cluster that shares a session's services instead of starting its own. Their owners stop them; this
+        object's :meth:`stop` leaves them running."""
+        shared = cls(brokers=len(cluster.nodes))
+        shared.postgres, shared.replicated, shared.cluster = services.postgres, services.replicated, cluster
+        shared.mode, shared._borrowed = services.mode, True
+        shared._endpoints = ServiceEndpoints(services.endpoints.pg_dsn, cluster.bootstrap)
+        return shared
+
     def fail_over_postgres(self) -> int:
         """Kill the primary and promote the standby, which gets a new standby (ReplicatedPostgres.failover);
         :attr:`endpoints` stay valid. Returns the new primary's port."""
@@ -108,6 +120,8 @@ class LocalServices(AbstractContextManager["LocalServices"]):
         return port
 
     def stop(self) -> None:
+        if self._borrowed:
+            return
         postgres = self.replicated if self.replicated is not None else self.postgres
         for service in (self.kafka, self.cluster, postgres):
             if service is not None:

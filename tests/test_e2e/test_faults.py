@@ -1,18 +1,22 @@
 """The fault-injection proof, short version (CI): whole-pipeline runs with faults, verified end to end.
 
-Each plan combines faults; together they cover every kind: kill -9 of the leader, a paused leader
-(zombie), a Postgres restart, produce/delivery errors in the relays, consumer kills, and on a replicated
-3-node Kafka cluster a partition leader's node killed, two of three nodes down and the clients cut off a node
-(dropped packets). The verifier checks the consumer's table (and in one run Spark's readCommitted)
-against the committed versions in the database. ``scripts/soak.py`` runs many randomized plans.
+Each plan combines faults; together they cover the kinds of the relays' world: kill -9 of the leader, a
+paused leader (zombie), a Postgres restart, produce/delivery errors in the relays, consumer kills, and on a
+replicated 3-node Kafka cluster (the session's, shared with tests/test_producer/cluster/) a partition
+leader's node killed and the clients cut off a node (dropped packets). Two of three nodes down is
+test_kafka_cluster.py's; Spark's readers under relay faults are test_pipeline.py's and the demo's. The
+verifier checks the consumer's table against the committed versions in the database.
+``scripts/soak.py`` runs many randomized plans, every fault kind among them.
 """
 
 from __future__ import annotations
 
 import pytest
 
-from harvest_outbox.harvest_local.faults import FaultPlan, run_plan, summary
+from harvest_outbox.harvest_local import LocalServices
+from harvest_outbox.harvest_local.faults import FaultPlan, RunResult, run_plan, summary
 from harvest_outbox.harvest_local.history import FILE_NAME, History, read
+from harvest_outbox.harvest_local.kafka_cluster import EmbeddedKafkaCluster
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -27,22 +31,7 @@ PLANS = [
         produce_error_rate=0.02,
         delivery_error_rate=0.02,
     ),
-    # on a replicated 3-node cluster (issue #45): a zombie relay, a partition leader's node killed, two of
-    # three nodes down (the single broker's restart is test_outages.py's broker_kill), and the clients cut off
-    # partition 0's leader, its packets dropped, while the cluster stays whole
-    FaultPlan(
-        seed=102,
-        relays=2,
-        rows=2500,
-        keys=20,
-        partitions=4,
-        rate=300.0,
-        faults=("pause_leader", "node_kill", "two_nodes_down", "client_partition_drop"),
-        brokers=3,
-    ),
-    FaultPlan(
-        seed=103, relays=2, rows=2500, keys=200, partitions=1, faults=("postgres_restart", "kill_leader"), spark=True
-    ),
+    FaultPlan(seed=103, relays=2, rows=2500, keys=200, partitions=1, faults=("postgres_restart", "kill_leader")),
     # outboxLayout: cursor (issue #37): a paused leader (a zombie whose commits the fence must refuse once a
     # standby took over) and a leader killed -9, with delivery errors, on the partitioned outbox (1,000-id
     # partitions retired as it goes); written slowly enough that both faults land while rows flow
@@ -61,19 +50,40 @@ PLANS = [
 ]
 
 
+# on the replicated 3-node cluster (issue #45): a zombie relay, a partition leader's node killed (the single
+# broker's restart is test_outages.py's broker_kill), and the clients cut off partition 0's leader, its packets
+# dropped, while the cluster stays whole
+CLUSTER_PLAN = FaultPlan(
+    seed=102,
+    relays=2,
+    rows=2500,
+    keys=20,
+    partitions=4,
+    rate=300.0,
+    faults=("pause_leader", "node_kill", "client_partition_drop"),
+    brokers=3,
+)
+
+
 @pytest.mark.parametrize(
     "plan", PLANS, ids=lambda p: "+".join(p.faults) + ("" if p.layout == "mark" else f"-{p.layout}")
 )
-def test_exactly_once_under_faults(plan: FaultPlan, services, tmp_path, request) -> None:
-    spark = request.getfixturevalue("spark") if plan.spark else None
+def test_exactly_once_under_faults(plan: FaultPlan, services, tmp_path) -> None:
     history = History(tmp_path / FILE_NAME, plan.seed)
-    if plan.brokers > 1:
-        from harvest_outbox.harvest_local import LocalServices
+    _check(run_plan(services, plan, tmp_path, history=history), history, tmp_path)
 
-        with LocalServices(plan.brokers) as cluster_services:
-            result = run_plan(cluster_services, plan, tmp_path, spark=spark, history=history)
-    else:
-        result = run_plan(services, plan, tmp_path, spark=spark, history=history)
+
+def test_exactly_once_under_faults_on_a_replicated_cluster(
+    services, kafka_cluster: EmbeddedKafkaCluster, tmp_path
+) -> None:
+    plan = CLUSTER_PLAN
+    history = History(tmp_path / FILE_NAME, plan.seed)
+    on_cluster = LocalServices.with_cluster(services, kafka_cluster)
+    _check(run_plan(on_cluster, plan, tmp_path, history=history), history, tmp_path)
+
+
+def _check(result: RunResult, history: History, tmp_path) -> None:
+    plan = result.plan
     print("\n" + summary([result]))
     assert result.committed > 0
     assert sum(result.injected.values()) >= len(plan.faults), result.notes
@@ -81,7 +91,7 @@ def test_exactly_once_under_faults(plan: FaultPlan, services, tmp_path, request)
         assert all(result.injected[f] for f in plan.faults), result.notes
     for verdict in result.verdicts:
         assert verdict.ok, f"{verdict} (faults: {result.notes}; logs in {tmp_path})"
-    assert len(result.verdicts) == (2 if plan.spark else 1)
+    assert len(result.verdicts) == 1
     # the soak's history of the run (harvest_local/history.py): each fault injected with its target and
     # span, the consumer's progress sampled until it caught up, the verdict
     recorded = read(history.path)

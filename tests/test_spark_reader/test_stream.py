@@ -3,7 +3,9 @@ while the topic is being written to; started from a ReadCommittedIter checkpoint
 ``spark_any`` run on local[2] and on local-cluster (two executor JVMs: the state stores and the
 Python workers live outside the driver's process). The tests taking ``state`` run both ways of
 keeping the sequencing state: Spark's state store (Spark's Kafka source and
-transformWithStateInPandas) and ``state_location`` (harvest's own data source, state files)."""
+transformWithStateInPandas) and ``state_location`` (harvest's own data source, state files). The two
+restart tests split the four (master, state) pairs between them, each pair once (all four in both
+took ~130 s of the suite on two cores)."""
 
 from __future__ import annotations
 
@@ -26,6 +28,15 @@ _ROCKSDB = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProv
 def state(request: pytest.FixtureRequest, tmp_path) -> str | None:
     """``state_location`` for readCommittedStream: None (Spark's state store) or a folder."""
     return None if request.param == "state_store" else str(tmp_path / "stream-state")
+
+
+def _pairs(*pairs: tuple[str, str]) -> pytest.MarkDecorator:
+    """(master, state) pairs for ``spark_any`` and ``state``; the local-cluster ones marked ``cluster``."""
+    params = [
+        pytest.param(master, how, id=f"{master}-{how}", marks=[pytest.mark.cluster] if master == "cluster" else [])
+        for master, how in pairs
+    ]
+    return pytest.mark.parametrize(("spark_any", "state"), params, indirect=True)
 
 
 def _query(
@@ -103,6 +114,7 @@ def _parquet_rows(spark, out_dir):
     return sorted(((r.partition, r.offset, r.ack_offset) for r in rows), key=lambda t: (t[0], t[2], t[1]))
 
 
+@_pairs(("cluster", "state_location"), ("local", "state_store"))
 def test_stream_restarted_from_its_checkpoint_is_exactly_once(
     spark_any, kafka_bootstrap, topic_factory, tmp_path, state
 ) -> None:
@@ -149,6 +161,7 @@ def test_stream_restarted_from_its_checkpoint_is_exactly_once(
     assert got == expected
 
 
+@_pairs(("cluster", "state_store"), ("local", "state_location"))
 def test_stream_starts_from_read_committed_iter_checkpoint(
     spark_any, kafka_bootstrap, topic_factory, tmp_path, state
 ) -> None:
