@@ -31,6 +31,7 @@ import itertools
 import json
 import logging
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -95,6 +96,9 @@ class DemoOptions:
     spark: bool = True
     kill: bool = True
     schema: str = "demo"
+    #: the pipeline driver's master: local[N], or local-cluster[E,C,M] for executors in JVMs of their own,
+    #: which the driver's kill takes with it (spark_reader.pipeline's --master)
+    spark_master: str = "local[2]"
 
     def __post_init__(self) -> None:
         for name in ("rows", "keys", "partitions", "writers"):
@@ -104,6 +108,8 @@ class DemoOptions:
             raise ValueError(f"demo option backlog: {self.backlog!r} must be >= 0 (0 skips the backlog phase)")
         if not self.rate > 0:
             raise ValueError(f"demo option rate: {self.rate!r} must be > 0 rows/s")
+        if not re.fullmatch(r"local\[\d+\]|local-cluster\[\d+,\d+,\d+\]", self.spark_master):
+            raise ValueError(f"demo option spark_master: {self.spark_master!r}: pass local[N] or local-cluster[E,C,M]")
 
 
 @dataclass
@@ -171,6 +177,12 @@ def main(argv: list[str] | None = None) -> int:
         "(default 100000; 0 skips the backlog phase)",
     )
     parser.add_argument("--no-spark", action="store_true", help="skip the Spark pipeline")
+    parser.add_argument(
+        "--spark-master",
+        default="local[2]",
+        help="the pipeline driver's master: local[N] (default local[2]) or local-cluster[E,C,M] (E executor "
+        "JVMs of C cores and M MiB, killed with the driver)",
+    )
     parser.add_argument("--no-kill", action="store_true", help="do not kill the leader (nor a broker) mid-way")
     parser.add_argument(
         "--brokers",
@@ -192,6 +204,7 @@ def main(argv: list[str] | None = None) -> int:
             backlog=args.backlog,
             spark=not args.no_spark,
             kill=not args.no_kill,
+            spark_master=args.spark_master,
         )
     except ValueError as exc:
         parser.error(str(exc))
@@ -284,6 +297,7 @@ def run_demo(
         bootstrap=ends.kafka_bootstrap,
         root=out / "pipeline",
         logdir=out,
+        master=opts.spark_master,
         max_offsets_per_trigger=max(2000, (opts.rows + opts.backlog) // 10),
     )
     committed_so_far = [0]  # rows committed by the writers and the backlog, for the pipeline's killer

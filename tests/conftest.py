@@ -7,7 +7,8 @@ pytest-xdist workers, grouped by :mod:`xdist_groups`), isolated per test.
   run of pure-logic tests starts nothing. ``logical_pg_dsn`` (session): a second Postgres with
   ``wal_level = logical``, for the tests that run Debezium; ``two_phase_pg_dsn`` (session): one with
   ``max_prepared_transactions`` > 0, for two-phase-commit writers. ``schema_registry`` (session): an
-  Apicurio Registry (Confluent-compatible API), for the schema-registry tests.
+  Apicurio Registry (Confluent-compatible API), for the schema-registry tests. ``kafka_cluster``: a
+  replicated 3-node Kafka cluster, started for the tests that use it and stopped after the last of them.
 - ``spark``: a ``local[2]`` SparkSession with Spark's Kafka source; ``spark_cluster``: a
   ``local-cluster[2,1,1024]`` one (two executor JVMs besides the driver); ``spark_any``: each of
   the two, for the handful of reader tests that run on both. pyspark allows one SparkContext per
@@ -46,17 +47,51 @@ def services() -> Iterator[LocalServices]:
         yield running
 
 
-@pytest.fixture(scope="session")
-def kafka_cluster() -> Iterator[EmbeddedKafkaCluster]:
-    """A replicated 3-node KRaft cluster (harvest_local/kafka_cluster.py), started once per worker: the tests
-    using it share a worker (tests/xdist_groups.py). Each leaves every node running when it ends."""
-    from harvest_outbox.harvest_local.kafka_cluster import EmbeddedKafkaCluster
+class _ClusterWhileNeeded:
+    """The worker's replicated 3-node KRaft cluster (harvest_local/kafka_cluster.py): started by the first test
+    that asks, stopped after the last of a run of tests asking (the tests using it share a worker and run one
+    after another: tests/xdist_groups.py), started again should a later one ask. Idle, its three nodes take
+    ~0.15 of a core, which the rest of the suite's run would otherwise pay for."""
 
-    running = EmbeddedKafkaCluster().start()
+    def __init__(self) -> None:
+        self.running: EmbeddedKafkaCluster | None = None
+
+    def get(self) -> EmbeddedKafkaCluster:
+        if self.running is None:
+            from harvest_outbox.harvest_local.kafka_cluster import EmbeddedKafkaCluster
+
+            self.running = EmbeddedKafkaCluster().start()
+        return self.running
+
+    def stop(self) -> None:
+        if self.running is not None:
+            running, self.running = self.running, None
+            running.destroy()
+
+
+_CLUSTER = _ClusterWhileNeeded()
+
+
+@pytest.fixture
+def kafka_cluster() -> EmbeddedKafkaCluster:
+    """The replicated 3-node cluster (:class:`_ClusterWhileNeeded`). Each test leaves every node running."""
+    return _CLUSTER.get()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    """After the item's own teardown: stop the cluster when the next test does not use it."""
     try:
-        yield running
+        return (yield)
     finally:
-        running.destroy()
+        if "kafka_cluster" in getattr(item, "fixturenames", ()) and (
+            nextitem is None or "kafka_cluster" not in getattr(nextitem, "fixturenames", ())
+        ):
+            _CLUSTER.stop()
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    _CLUSTER.stop()
 
 
 @pytest.fixture(scope="session")

@@ -12,7 +12,6 @@
 from __future__ import annotations
 
 import json
-import time
 
 import psycopg
 import pytest
@@ -41,9 +40,12 @@ from harvest_outbox.producer.schema.ddl import init_db
 BACKLOG = 5_000
 
 
-def _result(backlog: BacklogPhase | None) -> DemoResult:
-    """A synthetic run: 3,000 live rows at 300 rows/s, then (optionally) the backlog."""
-    now, mono = time.time(), time.monotonic()
+def _result(backlog: BacklogPhase | None, run: Run | None = None) -> DemoResult:
+    """A synthetic run: 3,000 live rows at 300 rows/s, then (optionally) the backlog. Pass the ``run``
+    the backlog's times were taken from: the synthetic times are offsets from its clocks, so a slow
+    moment between the two (a loaded machine) cannot reorder them."""
+    run = run if run is not None else Run()
+    now, mono = run.wall, run.started
     stats = WriterStats(committed=3000, commit_times=[mono + i / 300 for i in range(3000)])
     applied: list[tuple[str, int, float | None, float]] = [
         (f"key-{i % 7}", i // 7 + 1, now + i / 300, now + i / 300 + 0.05) for i in range(3000)
@@ -52,13 +54,14 @@ def _result(backlog: BacklogPhase | None) -> DemoResult:
         applied += [
             (f"key-{i % 7}", 1000 + i, None, backlog.committed_at + 0.5 + i / 12_500) for i in range(backlog.rows)
         ]
-    return DemoResult(Run(), [], 3000 + (backlog.rows if backlog else 0), 0, stats, 10.0, None, applied, backlog)
+    return DemoResult(run, [], 3000 + (backlog.rows if backlog else 0), 0, stats, 10.0, None, applied, backlog)
 
 
 def test_phase_table_reports_each_phase_rate_and_the_plot_draws(tmp_path) -> None:
-    committed = time.time() + 12
+    run = Run()
+    committed = run.wall + 12
     samples = [(committed + 0.1 * j, max(50_000 - 3000 * j, 0)) for j in range(1, 18)]
-    result = _result(BacklogPhase(50_000, committed, relay_seconds=2.0, consumer_seconds=4.0, samples=samples))
+    result = _result(BacklogPhase(50_000, committed, relay_seconds=2.0, consumer_seconds=4.0, samples=samples), run)
     lines = phase_table(result).splitlines()
     assert lines[0].split() == ["phase", "rows", "seconds", "rows/s"]
     assert lines[2].split()[-3:] == ["3000", "10.0", "300"]
@@ -75,10 +78,10 @@ def test_each_reader_is_a_continuous_series_and_every_fault_is_marked(tmp_path) 
     """The plot's series (issue #45): rows in each table over time, one unbroken non-decreasing line from 0
     to the table's final count, extended to the run's end; the Spark table's rate is a step per micro-batch
     with no gap between batches; every fault the run marked is on the plot with its label."""
-    committed = time.time() + 12
+    run = Run()
+    committed = run.wall + 12
     samples = [(committed + 0.1 * j, max(20_000 - 3000 * j, 0)) for j in range(1, 9)]
-    result = _result(BacklogPhase(20_000, committed, relay_seconds=1.0, consumer_seconds=2.0, samples=samples))
-    run = result.run
+    result = _result(BacklogPhase(20_000, committed, relay_seconds=1.0, consumer_seconds=2.0, samples=samples), run)
     wall = run.wall
     files = [CommittedFile(f"f{i}", wall + 2 + 2.5 * i, 500) for i in range(6)]  # ten seconds of live batches
     files += [CommittedFile(f"g{i}", committed + 3.2 + i, 4000) for i in range(5)]  # the backlog's batches
@@ -195,13 +198,29 @@ def test_demo_options_name_the_bad_field() -> None:
         DemoOptions(backlog=-1)
     with pytest.raises(ValueError, match="keys: 0"):
         DemoOptions(keys=0)
+    with pytest.raises(ValueError, match=r"spark_master: 'yarn': pass local\[N\] or local-cluster"):
+        DemoOptions(spark_master="yarn")
 
 
 @pytest.mark.integration
 @pytest.mark.slow
 @pytest.mark.spark
 def test_demo_backlog_phase_is_verified_by_both_readers(services, pg_schema: str, tmp_path) -> None:
-    opts = DemoOptions(rows=600, keys=30, partitions=3, writers=3, rate=600.0, backlog=BACKLOG, schema=pg_schema)
+    """The demo end to end: writers committing and rolling back, the relay leader killed -9, the Spark
+    pipeline's driver killed -9 while rows flow and restarted from its checkpoints, a backlog; both readers'
+    tables verified row by row. The driver runs on local-cluster with one executor JVM, which the kill
+    takes with it (the pipeline's scenario of its own, merged here: both ran the same relays, writers and
+    verification). The pipeline's checkpoint and latest-state table are test_pipeline.py's."""
+    opts = DemoOptions(
+        rows=600,
+        keys=30,
+        partitions=3,
+        writers=3,
+        rate=600.0,
+        backlog=BACKLOG,
+        schema=pg_schema,
+        spark_master="local-cluster[1,1,1024]",
+    )
 
     result = run_demo(services.endpoints, opts, tmp_path)
 

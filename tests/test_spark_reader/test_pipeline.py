@@ -1,26 +1,21 @@
-"""The streaming pipeline (spark_reader.pipeline) end to end, and its latest-state table's idempotence.
+"""The streaming pipeline's parts (spark_reader.pipeline): the latest-state table's idempotence across
+crashes, its config, a checkpoint left by a driver killed mid-write.
 
-The scenario: application writers commit and roll back throughout; two ``--uuid-sequencing``
-relays, the leader SIGKILLed once; the pipeline's driver (its own process group: Python, JVM and,
-on local-cluster, executors) SIGKILLed inside a micro-batch on ``local-cluster[2,1,1024]``, its
-executor JVMs with it, and restarted from its checkpoints on ``local[2]``. At the end the event table holds every committed
-row exactly once, in per-key order, and no rolled-back row; the latest-state table holds the last
-committed version of every key.
+The pipeline end to end (writers committing and rolling back, the relay leader and the driver killed -9,
+the driver on local-cluster so that its executor JVMs die with it, both tables verified row by row) is the
+demo's test, tests/test_e2e/test_demo.py.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import time
 import uuid
 from pathlib import Path
 
 import pytest
 
-from harvest_outbox.harvest_local.pipeline_process import PipelineProcess
-from harvest_outbox.harvest_local.relays import RelayProcess, current_leader, wait_for, write_config
-from harvest_outbox.harvest_local.verify import verify
-from harvest_outbox.harvest_local.workload import Writers, committed_versions, create_accounts
 from harvest_outbox.spark_reader.errors import ReaderConfigError, SparkReaderError
 from harvest_outbox.spark_reader.latest_table import LatestStateTable, read_latest
 from harvest_outbox.spark_reader.pipeline import PipelineConfig
@@ -155,124 +150,6 @@ def test_pipeline_config_under_one_root() -> None:
 # -- end to end ----------------------------------------------------------------------------------------
 
 
-def _stall_report(pipeline: PipelineProcess, relays: list[RelayProcess], dsn: str, outbox: str, what: str) -> str:
-    """What a stalled scenario needs to be diagnosed after the fact (CI keeps no temp folders)."""
-    import psycopg
-
-    try:
-        with psycopg.connect(dsn) as conn:
-            pending = conn.execute(f"SELECT count(*) FROM {outbox}").fetchone()
-    except psycopg.Error as exc:
-        pending = (f"unknown ({exc})",)
-    parts = [
-        what,
-        f"committed micro-batches: {pipeline.committed_batches()}, driver alive: {pipeline.alive}",
-        f"outbox rows not yet purged: {pending[0] if pending else '?'}",
-    ]
-    parts += [f"---- {r.name} (alive {r.alive}, elections {r.elections()})\n{r.text()[-2500:]}" for r in relays]
-    parts.append(f"---- pipeline driver\n{pipeline.text()[-6000:]}")
-    return "\n".join(parts)
-
-
-def _run_scenario(
-    spark, pg_dsn: str, kafka_bootstrap: str, schema: str, topic: str, tmp: Path, masters: tuple[str, str]
-) -> None:
-    from harvest_outbox.harvest_local.applier import create_tables
-    from harvest_outbox.producer.schema.ddl import init_db
-
-    outbox = f"{schema}.outbox"
-    create_accounts(pg_dsn, schema, 40)
-    init_db(pg_dsn, outbox)
-    create_tables(pg_dsn, schema)
-    cfg = write_config(
-        tmp / "harvest.yaml",
-        dsn=pg_dsn,
-        bootstrap=kafka_bootstrap,
-        outbox_table=outbox,
-        group=f"pipe-{uuid.uuid4().hex[:6]}",
-    )
-    relays = [RelayProcess(cfg, f"relay-{i}", tmp).start() for i in range(2)]
-    pipeline = PipelineProcess(topic=topic, bootstrap=kafka_bootstrap, root=tmp / "pipe", logdir=tmp, master=masters[0])
-    writers = Writers(pg_dsn, schema, outbox, topic, keys=40, rows=1_000_000, threads=2, rate_per_s=120.0, seed=7)
-    try:
-        wait_for(lambda: current_leader(relays) is not None, 60, "a relay to be elected leader")
-        writers.start()
-        pipeline.start()
-
-        def batches_beyond(n: int, what: str) -> None:
-            # 300 s: a local-cluster start (three JVMs) took 150 s of it on a 2-core node at load 20.
-            # A dead driver ends the wait at once; a stall reports where it stood (relays, outbox, driver).
-            try:
-                wait_for(lambda: pipeline.committed_batches() > n or not pipeline.alive, 300, what, poll=0.2)
-            except TimeoutError as exc:
-                raise AssertionError(_stall_report(pipeline, relays, pg_dsn, outbox, str(exc))) from exc
-            assert pipeline.alive, pipeline.text()[-3000:]
-
-        batches_beyond(1, "the pipeline's first micro-batches")
-        time.sleep(0.7)  # land the kill somewhere inside a micro-batch, not right after a commit
-        pipeline.kill()  # the driver crashes, its executor JVMs with it
-        killed_at = pipeline.committed_batches()
-
-        leader = current_leader(relays)
-        assert leader is not None
-        before = {r.name: r.elections() for r in relays}
-        leader.kill()
-        pipeline.master = masters[1]
-        pipeline.start()
-        wait_for(
-            lambda: any(r.elections() > before[r.name] for r in relays if r.alive), 120, "the standby to take over"
-        )
-        batches_beyond(killed_at + 1, "micro-batches after the restart")
-        writers.stop()
-        stats = writers.join(60)
-        assert stats.committed > 0 and stats.rolled_back > 0
-
-        truth = committed_versions(pg_dsn, schema)
-        expected = sum(truth.values())
-        latest: dict[str, int] = {}
-
-        def caught_up() -> bool:
-            nonlocal latest
-            events = spark.read.parquet(str(pipeline.events_path)).count()
-            if events < expected:
-                return False
-            df = LatestStateTable(spark, str(pipeline.latest_path)).read()
-            if df is None:
-                return False
-            latest = {bytes(r.key).decode(): json.loads(bytes(r.value))["version"] for r in df.collect()}
-            return latest == truth
-
-        wait_for(caught_up, 240, "both tables to catch up with the outbox", poll=2.0)
-        assert pipeline.alive, pipeline.text()[-3000:]
-        assert pipeline.stop() == 0, pipeline.text()[-3000:]
-    finally:
-        writers.stop()
-        pipeline.kill()
-        for relay in relays:
-            relay.stop()
-
-    rows = spark.read.parquet(str(pipeline.events_path)).select("key", "value", "partition", "offset", "ack_offset")
-    ordered = sorted(rows.collect(), key=lambda r: (r.partition, r.ack_offset, r.offset))
-    delivered = [(bytes(r.key).decode(), int(json.loads(bytes(r.value))["version"])) for r in ordered]
-    verdict = verify("pipeline event table", truth, delivered)
-    assert verdict.ok and verdict.delivered == expected, f"{verdict} (logs in {tmp})"
-    assert latest == truth
-    assert pipeline.starts == 2 and stats.rolled_back > 0
-
-
-@pytest.mark.integration
-@pytest.mark.timeout(1200)  # ~80 s on a quiet 2-core machine; three driver starts came near 600 s at load 20
-def test_pipeline_exactly_once_through_relay_and_driver_kills(
-    spark, pg_dsn, kafka_bootstrap, pg_schema, topic_factory, tmp_path
-) -> None:
-    """One run for both masters: the driver killed inside a micro-batch on local-cluster, where the kill
-    also takes the executor JVMs writing the batch, and restarted on local[2] from that checkpoint (the
-    checkpoint holds no master). A driver killed on local[2] is the demo's (tests/test_e2e/test_demo.py).
-    The driver's local-cluster runs in its own process group, so this test's session stays local."""
-    topic = topic_factory(partitions=3)
-    _run_scenario(spark, pg_dsn, kafka_bootstrap, pg_schema, topic, tmp_path, ("local-cluster[2,1,1024]", "local[2]"))
-
-
 def test_a_driver_killed_while_writing_its_first_offsets_starts_again(spark, tmp_path: Path) -> None:
     """A kill between Spark's write of ``.0.<uuid>.tmp`` and its rename leaves the temporary file in
     ``offsets/``; Spark then refuses batch 0 (STATE_STORE_CHECKPOINT_LOCATION_NOT_EMPTY) on every restart
@@ -312,4 +189,8 @@ def test_a_driver_killed_while_writing_its_first_offsets_starts_again(spark, tmp
     assert run_once() is None  # it runs now, from batch 0
     kept = sorted(p.name for p in offsets.iterdir() if not p.name.startswith("."))
     assert kept and kept[0] == "0"
-    assert drop_stale_log_files(spark, str(checkpoint)) == []  # real log entries are never touched
+    # Real log entries are never touched; a stop that interrupted a write of its own (seen on a loaded
+    # machine) may have left a temporary file, which goes as the first one did.
+    dropped = drop_stale_log_files(spark, str(checkpoint))
+    assert all(re.fullmatch(r"(offsets|commits)/\.\d+\.[0-9a-f-]{36}\.tmp", d) for d in dropped), dropped
+    assert sorted(p.name for p in offsets.iterdir() if not p.name.startswith(".")) == kept
