@@ -31,6 +31,7 @@ from typing import Any
 
 from harvest_outbox.harvest_local import maven, prereqs
 from harvest_outbox.harvest_local.errors import HarvestLocalError, ServiceError
+from harvest_outbox.harvest_local.jvm import extra_options
 from harvest_outbox.harvest_local.kafka import CONF_DIR, UMASK, count_records
 from harvest_outbox.harvest_local.workdir import free_port, tail, work_dir
 
@@ -164,6 +165,7 @@ class DebeziumOutbox:
                     f"-Xmx{self.heap}",
                     "-XX:+UseG1GC",
                     "-Djava.awt.headless=true",
+                    *extra_options(),
                     f"-Dconnect.logs.dir={self.root}",
                     f"-Dlog4j2.configurationFile={CONF_DIR / 'connect-log4j2.properties'}",
                     "-cp",

@@ -28,6 +28,7 @@ from pathlib import Path
 from harvest_outbox.harvest_local import maven, prereqs
 from harvest_outbox.harvest_local.child_process import kill_child, stop_child
 from harvest_outbox.harvest_local.errors import ServiceError
+from harvest_outbox.harvest_local.jvm import extra_options
 from harvest_outbox.harvest_local.workdir import free_port, tail, work_dir
 
 log = logging.getLogger(__name__)
@@ -170,6 +171,7 @@ class EmbeddedKafka:
             "-XX:+UseG1GC",
             "-XX:MaxGCPauseMillis=20",
             "-Djava.awt.headless=true",
+            *extra_options(),
             f"-Dkafka.logs.dir={self.root}",
             f"-Dlog4j2.configurationFile={CONF_DIR / 'log4j2.properties'}",
             "-cp",

@@ -31,6 +31,7 @@ from typing import Any
 from harvest_outbox.harvest_local import prereqs
 from harvest_outbox.harvest_local.child_process import kill_child, stop_child
 from harvest_outbox.harvest_local.errors import PrerequisiteError, ServiceError
+from harvest_outbox.harvest_local.jvm import extra_options
 from harvest_outbox.harvest_local.kafka import UMASK
 from harvest_outbox.harvest_local.maven import MAVEN_DIR
 from harvest_outbox.harvest_local.workdir import free_port, tail, work_dir
@@ -115,6 +116,7 @@ class EmbeddedRegistry:
                     "-XX:+UseSerialGC",  # a small heap on a shared 2-core machine
                     "-XX:TieredStopAtLevel=1",  # faster start; the registry is not the bottleneck
                     "-Djava.awt.headless=true",
+                    *extra_options(),
                     f"-Dquarkus.http.port={self.port}",
                     "-Dquarkus.http.host=127.0.0.1",
                     "-Dquarkus.log.console.color=false",

@@ -24,11 +24,13 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from harvest_outbox.harvest_local import maven, prereqs
 from harvest_outbox.harvest_local.errors import ServiceError
+from harvest_outbox.harvest_local.jvm import extra_options
 from harvest_outbox.harvest_local.workdir import work_dir
 
 if TYPE_CHECKING:
@@ -110,6 +112,7 @@ def _session(master: str, app_name: str, shuffle_partitions: int, extra_conf: di
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     os.environ.setdefault("PYSPARK_PYTHON", _python())
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", _python())
+    jvm_options = extra_options()
     builder = (
         SparkSession.builder.master(master)
         .appName(app_name)
@@ -123,10 +126,14 @@ def _session(master: str, app_name: str, shuffle_partitions: int, extra_conf: di
         .config("spark.sql.warehouse.dir", str(scratch / "warehouse"))
         .config(
             "spark.driver.extraJavaOptions",
-            f"-Dderby.system.home={scratch / 'derby'} -Dlog4j2.configurationFile={_LOG_CONF}",
+            shlex.join(
+                [f"-Dderby.system.home={scratch / 'derby'}", f"-Dlog4j2.configurationFile={_LOG_CONF}", *jvm_options]
+            ),
         )
         .config("spark.sql.session.timeZone", "UTC")
     )
+    if jvm_options:  # local-cluster's executors (local[N] runs its tasks in the driver)
+        builder = builder.config("spark.executor.extraJavaOptions", shlex.join(jvm_options))
     for key, value in (extra_conf or {}).items():
         builder = builder.config(key, value)
     session = builder.getOrCreate()

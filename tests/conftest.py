@@ -21,12 +21,15 @@ pytest-xdist workers, grouped by :mod:`xdist_groups`), isolated per test.
 from __future__ import annotations
 
 import logging
+import os
 import uuid
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import pytest
 import xdist_groups
+
+from harvest_outbox.harvest_local import jvm
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -37,6 +40,11 @@ if TYPE_CHECKING:
 
 # librdkafka's connection-closed chatter is noise in test logs.
 logging.getLogger("py4j").setLevel(logging.WARNING)
+
+# Every JVM the suite starts (Kafka nodes, Spark, Debezium, the registry) on the JIT's first tier: about half
+# the CPU to start and to run a test's short work, where two workers' services share two cores; the
+# benchmarks leave it unset (harvest_local/jvm.py). Set before any service starts.
+os.environ.setdefault(jvm.VARIABLE, "-XX:TieredStopAtLevel=1")
 
 
 @pytest.fixture(scope="session")

@@ -27,11 +27,10 @@ PLANS = [
         rows=2500,
         keys=50,
         partitions=3,
-        faults=("kill_leader", "consumer_kill"),
+        faults=("kill_leader", "consumer_kill", "postgres_restart"),
         produce_error_rate=0.02,
         delivery_error_rate=0.02,
     ),
-    FaultPlan(seed=103, relays=2, rows=2500, keys=200, partitions=1, faults=("postgres_restart", "kill_leader")),
     # outboxLayout: cursor (issue #37): a paused leader (a zombie whose commits the fence must refuse once a
     # standby took over) and a leader killed -9, with delivery errors, on the partitioned outbox (1,000-id
     # partitions retired as it goes); written slowly enough that both faults land while rows flow
