@@ -38,7 +38,7 @@ ROOMS: dict[str, tuple[str, ...]] = {
         "test_optional_deps",
         "test_trace_context",
     ),
-    "schema": ("test_hygiene", "test_sql_ascii"),
+    "schema": ("test_hygiene", "test_sql_ascii", "test_grants", "test_grants_pg"),
     "layouts": ("test_outbox_layouts",),
     "layouts/mark": ("test_mark", "test_marksize", "test_async_mark", "test_commit_rows"),
     "layouts/cursor": (

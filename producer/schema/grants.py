@@ -1,0 +1,241 @@
+"""Least privilege: what each component of harvest may do in the outbox's database, decided once here and
+printed as SQL by ``harvest init-db --print-grants`` (docs/security.md).
+
+The components, each a role of its own (names are parameters, :class:`RoleNames`):
+- ``owner``: runs ``harvest init-db`` (DDL) and owns what it creates; nothing else runs as it;
+- ``relay``: ``harvest run``, exactly the reads, writes and locks of its layout, delivery mode and shards;
+- ``writer``: the applications' stashers: INSERT into the outbox, nothing else (not even SELECT);
+- ``admin``: the ``harvest dead-letters`` verbs (list, keys, export, requeue, discard);
+- ``reader``: a reader's Postgres checkpoint store (consumer/pg_store.py), its one table.
+
+:func:`needs` is the decision (a pure function of the outbox's names, layout, mode and shards): one
+:class:`Need` per (component, object), each with why it is needed; :func:`grant_statements` renders it.
+
+Invariants (tests/test_producer/schema/test_grants.py, test_grants_pg.py):
+- every identifier is composed with :class:`psycopg.sql.Identifier` and every role name too; the one
+  dynamic statement (the cursor layout's hand-over of the partitions) reads them as literals;
+- a privilege is here only because a statement of that component needs it: each component, run as its role
+  with exactly these grants, works, and is refused what lies outside them (the integration tests);
+- no grant depends on the leader election: the Postgres-lock election's advisory locks and its reads of
+  ``pg_locks``/``pg_stat_activity``, like LISTEN/NOTIFY, need no privilege (Postgres grants them to every role);
+- the cursor layout's relay owns the partitioned outbox, its partitions and its id sequence: partition
+  maintenance (producer/layouts/cursor/partitions.py) ATTACHes and DROPs partitions, which Postgres allows
+  only to a table's owner; so there, unlike the mark layout, the relay role could drop the outbox.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, fields
+from typing import Literal
+
+from psycopg import sql
+
+from harvest_outbox.producer.errors import ConfigError
+from harvest_outbox.producer.mapping.names import OutboxNames, Statement, parse_table_name
+
+Component = Literal["owner", "relay", "writer", "admin", "reader"]
+Kind = Literal["DATABASE", "SCHEMA", "TABLE", "SEQUENCE", "OWNER"]
+COMPONENTS: tuple[Component, ...] = ("owner", "relay", "writer", "admin", "reader")
+#: consumer/pg_store.py's DEFAULT_TABLE (not imported: the readers' package stays off producer/'s imports).
+CHECKPOINT_TABLE = "harvest_consumer_checkpoints"
+#: The dollar quote of the ownership hand-over's DO block: no literal in it may contain it.
+_QUOTE = "$harvest_grants$"
+
+
+@dataclass(frozen=True)
+class RoleNames:
+    """The role each component runs as (``harvest init-db --print-grants --relay-role NAME ...``)."""
+
+    owner: str = "harvest_owner"
+    relay: str = "harvest_relay"
+    writer: str = "harvest_writer"
+    admin: str = "harvest_admin"
+    reader: str = "harvest_reader"
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if not isinstance(value, str) or not value.strip() or len(value.encode()) > 63:
+                raise ConfigError(
+                    f"--{f.name}-role: {value!r} is not a role name; give 1-63 bytes, e.g. harvest_{f.name}"
+                )
+            if _QUOTE in value:
+                raise ConfigError(f"--{f.name}-role: {value!r} contains {_QUOTE}; choose another name")
+        if len({getattr(self, f.name) for f in fields(self)}) != len(fields(self)):
+            raise ConfigError(
+                f"the roles must differ (owner {self.owner!r}, relay {self.relay!r}, writer {self.writer!r}, "
+                f"admin {self.admin!r}, reader {self.reader!r}): one role would get the union of their grants; "
+                f"give each --<component>-role its own name"
+            )
+
+    def of(self, component: Component) -> str:
+        name: str = getattr(self, component)
+        return name
+
+
+@dataclass(frozen=True)
+class Need:
+    """``component``'s privileges on one object (``OWNER``: the object is to be owned by it), and why."""
+
+    component: Component
+    kind: Kind
+    target: sql.Identifier
+    privileges: tuple[str, ...]
+    why: str
+    #: Only these columns of the table (a column privilege), when given.
+    columns: tuple[str, ...] = ()
+
+
+def _table_of(text: str) -> sql.Identifier:
+    schema, table = parse_table_name(text)
+    return sql.Identifier(schema, table) if schema else sql.Identifier(table)
+
+
+def needs(
+    names: OutboxNames,
+    *,
+    layout: str = "mark",
+    sequenced: bool = False,
+    shards: int = 1,
+    checkpoint_table: str = CHECKPOINT_TABLE,
+) -> list[Need]:
+    """What each component needs on ``names``' outbox (``outboxLayout`` ``layout``, ``--uuid-sequencing``
+    ``sequenced``, ``shards``; the reader's ``checkpoint_table``), in the order to grant it. An
+    unqualified outbox is taken to live in ``public`` (the usual ``search_path``)."""
+    if layout not in ("mark", "cursor"):
+        raise ConfigError(f"outboxLayout: {layout!r} is not a layout; use mark or cursor")
+    if shards < 1:
+        raise ConfigError(f"shards: {shards} must be 1 or more")
+    cursor = layout == "cursor"
+    schema = sql.Identifier(names.schema or "public")
+    crud = ("SELECT", "INSERT", "UPDATE", "DELETE")
+    out = [
+        Need("owner", "SCHEMA", schema, ("USAGE", "CREATE"), "init-db creates the outbox and its companions here"),
+        Need(
+            "relay",
+            "SCHEMA",
+            schema,
+            ("USAGE", "CREATE") if cursor else ("USAGE",),
+            "partition maintenance creates partitions ahead" if cursor else "",
+        ),
+    ]
+    # ------------------------------------------------------------------ the relay
+    if cursor:
+        out.append(
+            Need(
+                "relay",
+                "OWNER",
+                names.outbox,
+                (),
+                "partition maintenance ATTACHes new partitions and DROPs retired ones: only an owner may "
+                "(the id sequence follows the table)",
+            )
+        )
+        out.append(Need("relay", "TABLE", names.cursor, ("SELECT", "UPDATE"), "the committed cursor (FOR SHARE)"))
+        out.append(Need("relay", "TABLE", names.held, ("SELECT", "INSERT", "DELETE"), "haltKey's held rows"))
+    else:
+        out.append(
+            Need(
+                "relay",
+                "TABLE",
+                names.outbox,
+                ("SELECT", "UPDATE", "DELETE"),
+                "the mark claims rows (UPDATE leader_id), a reset releases them, a purge deletes them",
+            )
+        )
+    out.append(
+        Need("relay", "TABLE", names.dead_letters, crud, "the dead-letter move, the meter, haltKey, retention")
+    )
+    out.append(Need("relay", "TABLE", names.delivery_attempts, crud, "failed-attempt counts (upserted, forgotten)"))
+    out.append(
+        Need("relay", "TABLE", names.layout, ("SELECT", "INSERT", "UPDATE"), "admission: the running relays' layout")
+    )
+    if sequenced:
+        fence = names.shard_state if shards > 1 else names.state
+        out.append(Need("relay", "TABLE", fence, ("SELECT", "UPDATE"), "--uuid-sequencing's fence (epoch, clock)"))
+        out.append(Need("relay", "TABLE", names.ack_intents, crud, "--uuid-sequencing's persisted ACK intents"))
+    # ------------------------------------------------------------------ the writers
+    out.append(Need("writer", "SCHEMA", schema, ("USAGE",), ""))
+    out.append(Need("writer", "TABLE", names.outbox, ("INSERT",), "the stasher's INSERT and COPY"))
+    out.append(
+        Need(
+            "writer",
+            "TABLE",
+            names.outbox,
+            ("SELECT",),
+            "Stasher.stash returns the row's id (INSERT … RETURNING id): that column only",
+            (names.mapping.id_column,),
+        )
+    )
+    out.append(Need("writer", "SEQUENCE", names.id_sequence, ("USAGE",), "the id column's default draws from it"))
+    # ------------------------------------------------------------------ the dead-letter verbs
+    out.append(Need("admin", "SCHEMA", schema, ("USAGE",), ""))
+    out.append(
+        Need("admin", "TABLE", names.dead_letters, ("SELECT", "DELETE"), "list, keys, export; requeue and discard")
+    )
+    out.append(
+        Need("admin", "TABLE", names.outbox, ("SELECT", "INSERT"), "requeue writes rows back; keys counts waiting rows")
+    )
+    out.append(Need("admin", "SEQUENCE", names.id_sequence, ("USAGE",), "a requeued row draws a new id"))
+    if cursor:
+        out.append(Need("admin", "TABLE", names.cursor, ("SELECT",), "requeue waits until the relay passed the rows"))
+        out.append(Need("admin", "TABLE", names.held, ("SELECT", "INSERT"), "haltKey: requeue into the held rows"))
+    # ------------------------------------------------------------------ a reader's checkpoint store
+    store = _table_of(checkpoint_table)
+    store_schema = parse_table_name(checkpoint_table)[0]
+    out.append(Need("reader", "SCHEMA", sql.Identifier(store_schema) if store_schema else schema, ("USAGE",), ""))
+    out.append(Need("reader", "TABLE", store, crud, "load, save (upsert) and delete its checkpoints"))
+    return out
+
+
+def grant_sql(need: Need, roles: RoleNames) -> list[Statement]:
+    """The statement(s) granting ``need`` to its component's role."""
+    role = sql.Identifier(roles.of(need.component))
+    if need.kind == "OWNER":
+        return [
+            sql.SQL("ALTER TABLE {} OWNER TO {}").format(need.target, role),
+            _partitions_owned_by(need.target, roles.of(need.component)),
+        ]
+    columns = sql.SQL(" ({})").format(sql.SQL(", ").join(map(sql.Identifier, need.columns)))
+    privileges = sql.SQL(", ").join(sql.SQL(p) + (columns if need.columns else sql.SQL("")) for p in need.privileges)
+    return [sql.SQL("GRANT {} ON {} {} TO {}").format(privileges, sql.SQL(need.kind), need.target, role)]
+
+
+def _partitions_owned_by(table: sql.Identifier, role: str) -> sql.Composed:
+    """A DO block handing ``table``'s partitions to ``role`` (ALTER TABLE … OWNER does not recurse to them).
+    Table and role go in as literals, quoted again by format(): the block never reads raw text as SQL."""
+    target = sql.Literal(table.as_string(None))
+    return sql.SQL(
+        "DO " + _QUOTE + " DECLARE part regclass; BEGIN "
+        "FOR part IN SELECT inhrelid::regclass FROM pg_inherits WHERE inhparent = {}::regclass LOOP "
+        "EXECUTE format('ALTER TABLE %s OWNER TO %I', part, {}); END LOOP; END " + _QUOTE
+    ).format(target, sql.Literal(role))
+
+
+def grant_statements(all_needs: Sequence[Need], roles: RoleNames) -> list[Statement]:
+    """Every statement of ``all_needs``, in order."""
+    return [stmt for need in all_needs for stmt in grant_sql(need, roles)]
+
+
+def grants_script(all_needs: Sequence[Need], roles: RoleNames, as_string: object = None) -> str:
+    """The SQL script ``--print-grants`` prints: per component a comment naming its role, each statement
+    with why. ``as_string``: a psycopg connection or None (quoting without one is the standard's)."""
+    lines = [
+        "-- harvest's least-privilege grants (docs/security.md). Create the roles first, e.g.",
+        "--   CREATE ROLE <name> LOGIN PASSWORD '...';  (the owner may be NOLOGIN if a superuser runs init-db)",
+        "-- then run `harvest init-db` as the owner, then this script as a superuser (or the owner; the cursor",
+        "-- layout's hand-over of the outbox to the relay role needs a superuser or a member of that role).",
+    ]
+    for component in COMPONENTS:
+        mine = [n for n in all_needs if n.component == component]
+        if not mine:
+            continue
+        lines.append("")
+        lines.append(f"-- {component}: {roles.of(component)}")
+        for need in mine:
+            if need.why:
+                lines.append(f"-- {need.why}")
+            for stmt in grant_sql(need, roles):
+                lines.append(stmt.as_string(as_string) + ";")  # type: ignore[arg-type]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,163 @@
+"""Least privilege on real Postgres (producer/schema/grants.py): every component, run as its own LOGIN role with
+exactly the grants ``harvest init-db --print-grants`` prints, does its work -- the owner runs ``init-db``, a
+stasher writes as the writer, the relay drains as the relay (the mark layout at least once; the cursor layout
+with ``--uuid-sequencing``; the mark layout sharded and sequenced), all with the Postgres-lock election, the
+dead-letter verbs list, requeue and discard as the admin, a reader keeps its checkpoints as the reader -- and
+each is refused what lies outside its grants: the relay cannot drop the mark layout's outbox, drop a
+companion table or read a table not granted; the writer cannot read or delete the outbox's rows.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterator
+
+import psycopg
+import pytest
+from grantlib import Roles, checkpoint_table, granted_outbox, login_roles
+from psycopg import sql
+from relaylib import consume_all, covers, relay_config
+from seqcheck import wait_for
+
+from harvest_outbox.consumer import PostgresCheckpointStore
+from harvest_outbox.producer.layouts.choice import layout_for
+from harvest_outbox.producer.layouts.cursor.schema import range_partitions
+from harvest_outbox.producer.ops._deadletters import list_dead_letters, requeue
+from harvest_outbox.producer.ops._deadletter_admin import Selection, discard
+from harvest_outbox.producer.relay.sharded import relay_for
+from harvest_outbox.producer.schema import OutboxNames
+from harvest_outbox.producer.stash.stasher import OutboxRecord, Stasher
+from harvest_outbox.sequencer import ProducerState, decode_checkpoint, encode_checkpoint
+
+pytestmark = pytest.mark.integration
+
+DENIED = psycopg.errors.InsufficientPrivilege
+
+
+@pytest.fixture
+def roles(pg_dsn: str, pg_schema: str, unique_name: Callable[[str], str]) -> Iterator[Roles]:
+    with login_roles(pg_dsn, unique_name("r")) as made:
+        yield made
+
+
+def _refused(dsn: str, statement: sql.Composable) -> str:
+    """The error text of ``statement`` run as ``dsn``'s role (it must be refused for lack of a privilege)."""
+    with psycopg.connect(dsn, autocommit=True) as conn, pytest.raises(DENIED) as refused:
+        conn.execute(statement)
+    return str(refused.value)
+
+
+def _backlog(pg_dsn: str, names: OutboxNames, layout: str) -> int:
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        return layout_for(layout).backlog(conn, names)
+
+
+@pytest.mark.parametrize(
+    ("layout", "sequenced", "shards"),
+    [("mark", False, 1), ("cursor", True, 1), ("mark", True, 2)],
+    ids=["mark-at-least-once", "cursor-sequenced", "mark-sequenced-2-shards"],
+)
+def test_each_component_works_as_its_role_and_is_refused_the_rest(
+    layout: str,
+    sequenced: bool,
+    shards: int,
+    pg_dsn: str,
+    pg_schema: str,
+    roles: Roles,
+    kafka_bootstrap: str,
+    topic_factory: Callable[..., str],
+    unique_name: Callable[[str], str],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO)
+    table = f"{pg_schema}.outbox"
+    names = granted_outbox(pg_dsn, roles, table, layout=layout, sequenced=sequenced, shards=shards)
+    topic = topic_factory(partitions=2)
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:  # a table of the application's, granted to nobody
+        conn.execute(sql.SQL("CREATE TABLE {} (secret text)").format(sql.Identifier(pg_schema, "payroll")))
+        # a dead letter for the admin (parked by an earlier relay, say)
+        conn.execute(
+            sql.SQL(
+                "INSERT INTO {} (id, kafka_topic, kafka_key, kafka_value, kafka_header_keys, kafka_header_values, "
+                "error, attempts) VALUES (1000000, %s, 'dead', 'again', '{{}}', '{{}}', 'broker said no', 3)"
+            ).format(names.dead_letters),
+            (topic,),
+        )
+
+    # the writer: both stasher paths (RETURNING id; COPY), and nothing more
+    writer = Stasher(table)
+    with psycopg.connect(roles.dsn("writer")) as conn:
+        assert writer.stash(conn, OutboxRecord(topic, "k0", "v0")) > 0
+        writer.stash_many(conn, [OutboxRecord(topic, f"k{i % 3}", f"v{i}") for i in range(1, 20)])
+    assert "permission denied" in _refused(roles.dsn("writer"), sql.SQL("SELECT kafka_value FROM {}").format(names.outbox))
+    _refused(roles.dsn("writer"), sql.SQL("DELETE FROM {}").format(names.outbox))
+    _refused(roles.dsn("writer"), sql.SQL("SELECT * FROM {}").format(names.dead_letters))
+
+    # the relay, as its role, with the Postgres-lock election
+    cfg = (
+        relay_config(roles.dsn("relay"), kafka_bootstrap, table, unique_name("g"))
+        .replace(leader_election="postgres", leader_lock_check_interval=0.2, uuid_sequencing=sequenced)
+        .replace(outbox_layout=layout, shards=shards)
+    )
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        ahead = range_partitions(conn, names)[-1][1] if layout == "cursor" else 0
+    relay = relay_for(cfg, lambda e: None)
+    relay.start()
+    try:
+        wait_for(lambda: _backlog(pg_dsn, names, layout) == 0, 30, "the writer's rows relayed")
+
+        # the admin: list, requeue (the relay delivers it), discard
+        with psycopg.connect(roles.dsn("admin"), autocommit=True) as conn:
+            assert [d.id for d in list_dead_letters(conn, table)] == [1000000]
+            assert requeue(conn, table, [1000000]) == 1
+            assert list_dead_letters(conn, table) == []
+        wait_for(lambda: _backlog(pg_dsn, names, layout) == 0, 30, "the requeued row relayed")
+    finally:
+        relay.stop()
+        relay.wait(30)
+    expected = {"k0": [b"v0"], "dead": [b"again"]}
+    got = consume_all(kafka_bootstrap, topic, covers(expected), timeout=20)
+    records = {(g.key, g.value) for g in got if g.key}  # --uuid-sequencing's ACKs have no key
+    assert covers(expected)(got) and len(records) == 21
+    # nothing refused on the way (a meter query or partition maintenance is logged, then tried again)
+    complaints = [
+        r.getMessage()
+        for r in caplog.records
+        if r.levelno >= logging.WARNING and r.name.startswith("harvest_outbox.producer")  # not librdkafka's
+    ]
+    assert not complaints, complaints
+
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        conn.execute(
+            sql.SQL("INSERT INTO {} (id, kafka_topic, error, attempts) VALUES (7, 'x', 'bad', 1)").format(
+                names.dead_letters
+            )
+        )
+    with psycopg.connect(roles.dsn("admin"), autocommit=True) as conn:
+        assert discard(conn, table, Selection(ids=(7,)), "test") == [(7, "x", None)]
+        assert list_dead_letters(conn, table) == []
+
+    # what the relay may not do
+    assert "permission denied" in _refused(
+        roles.dsn("relay"), sql.SQL("SELECT * FROM {}").format(sql.Identifier(pg_schema, "payroll"))
+    )
+    _refused(roles.dsn("relay"), sql.SQL("DROP TABLE {}").format(names.dead_letters))
+    _refused(roles.dsn("relay"), sql.SQL("TRUNCATE {}").format(names.delivery_attempts))
+    if layout == "cursor":  # partition maintenance ran as the relay: it owns the outbox
+        with psycopg.connect(pg_dsn, autocommit=True) as conn:
+            assert range_partitions(conn, names)[-1][1] > ahead
+    else:
+        assert "must be owner" in _refused(roles.dsn("relay"), sql.SQL("DROP TABLE {}").format(names.outbox))
+    # the admin and the reader neither
+    _refused(roles.dsn("admin"), sql.SQL("DELETE FROM {}").format(names.outbox))
+    _refused(roles.dsn("reader"), sql.SQL("SELECT * FROM {}").format(names.outbox))
+
+    # the reader's checkpoint store
+    store = PostgresCheckpointStore("billing", schema=pg_schema)
+    cp = encode_checkpoint({f"{topic}/0": 10}, [ProducerState(f"{topic}/0", bytes(6), 160, -1)])
+    with psycopg.connect(roles.dsn("reader")) as conn:
+        store.save(conn, cp)
+        conn.commit()
+        assert decode_checkpoint(store.load(conn)) == decode_checkpoint(cp)
+        store.delete(conn)
+    assert checkpoint_table(table).endswith("harvest_consumer_checkpoints")
