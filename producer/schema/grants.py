@@ -144,9 +144,7 @@ def needs(
                 "the mark claims rows (UPDATE leader_id), a reset releases them, a purge deletes them",
             )
         )
-    out.append(
-        Need("relay", "TABLE", names.dead_letters, crud, "the dead-letter move, the meter, haltKey, retention")
-    )
+    out.append(Need("relay", "TABLE", names.dead_letters, crud, "the dead-letter move, the meter, haltKey, retention"))
     out.append(Need("relay", "TABLE", names.delivery_attempts, crud, "failed-attempt counts (upserted, forgotten)"))
     out.append(
         Need("relay", "TABLE", names.layout, ("SELECT", "INSERT", "UPDATE"), "admission: the running relays' layout")

@@ -22,8 +22,8 @@ from seqcheck import wait_for
 from harvest_outbox.consumer import PostgresCheckpointStore
 from harvest_outbox.producer.layouts.choice import layout_for
 from harvest_outbox.producer.layouts.cursor.schema import range_partitions
-from harvest_outbox.producer.ops._deadletters import list_dead_letters, requeue
 from harvest_outbox.producer.ops._deadletter_admin import Selection, discard
+from harvest_outbox.producer.ops._deadletters import list_dead_letters, requeue
 from harvest_outbox.producer.relay.sharded import relay_for
 from harvest_outbox.producer.schema import OutboxNames
 from harvest_outbox.producer.stash.stasher import OutboxRecord, Stasher
@@ -89,7 +89,9 @@ def test_each_component_works_as_its_role_and_is_refused_the_rest(
     with psycopg.connect(roles.dsn("writer")) as conn:
         assert writer.stash(conn, OutboxRecord(topic, "k0", "v0")) > 0
         writer.stash_many(conn, [OutboxRecord(topic, f"k{i % 3}", f"v{i}") for i in range(1, 20)])
-    assert "permission denied" in _refused(roles.dsn("writer"), sql.SQL("SELECT kafka_value FROM {}").format(names.outbox))
+    assert "permission denied" in _refused(
+        roles.dsn("writer"), sql.SQL("SELECT kafka_value FROM {}").format(names.outbox)
+    )
     _refused(roles.dsn("writer"), sql.SQL("DELETE FROM {}").format(names.outbox))
     _refused(roles.dsn("writer"), sql.SQL("SELECT * FROM {}").format(names.dead_letters))
 
