@@ -2,6 +2,7 @@
 
     harvest -f harvest.yaml [flags]          run the relay (goharvest reaper compatible); same as `harvest run`
     harvest init-db -f harvest.yaml [--value-type bytea]
+    harvest init-db -f harvest.yaml --print-grants [--relay-role NAME ...]   least-privilege SQL, no connection
     harvest check -f harvest.yaml            the outbox's queue-table hygiene: OK / WARN / FAIL with fixes
     harvest dead-letters list|keys|export|requeue|discard -f harvest.yaml ...   (producer/ops/_deadletters_cli.py)
 
@@ -118,6 +119,29 @@ def build_parser() -> argparse.ArgumentParser:
         help="with outboxLayout: cursor, migrate goharvest's table (every relay stopped): renamed to "
         "<table>_goharvest and its rows copied, in order, into the new partitioned outbox, in one transaction",
     )
+    init.add_argument(
+        "--print-grants",
+        action="store_true",
+        help="print, instead, the GRANT statements of each component's role for this config's outbox, "
+        "layout, mode and shards (docs/security.md); connects to nothing",
+    )
+    for component, what in (
+        ("owner", "runs init-db (DDL)"),
+        ("relay", "runs the relay"),
+        ("writer", "the applications' stashers"),
+        ("admin", "the dead-letters verbs"),
+        ("reader", "a reader's Postgres checkpoint store"),
+    ):
+        init.add_argument(
+            f"--{component}-role",
+            metavar="NAME",
+            help=f"with --print-grants: the role that {what} (default harvest_{component})",
+        )
+    init.add_argument(
+        "--checkpoint-table",
+        metavar="[SCHEMA.]TABLE",
+        help="with --print-grants: the readers' checkpoint table (default harvest_consumer_checkpoints)",
+    )
     chk = sub.add_parser(
         "check",
         help="report the outbox's fillfactor, autovacuum, indexes, NOTIFY trigger, "
@@ -221,6 +245,8 @@ def _init_db(args: argparse.Namespace) -> int:
     from harvest_outbox.producer.schema.ddl import init_db
 
     cfg = _load(args, kafka=False)
+    if args.print_grants:
+        return _print_grants(args, cfg)
     if args.migrate:
         return _migrate(cfg)
     layout = layout_for(cfg.harvest)
@@ -252,6 +278,34 @@ def _init_db(args: argparse.Namespace) -> int:
         )
     if fix is not None:  # an outbox that existed before (init-db never changes a goharvest table's fillfactor)
         print(f"note: {fix}")
+    return EXIT_OK
+
+
+def _print_grants(args: argparse.Namespace, cfg: FileConfig) -> int:
+    """``init-db --print-grants``: the SQL of producer/schema/grants.py for the config (its DSN is not read)."""
+    from harvest_outbox.producer.schema import OutboxNames
+    from harvest_outbox.producer.schema.grants import CHECKPOINT_TABLE, RoleNames, grants_script, needs
+
+    if args.migrate:
+        raise ConfigError("init-db: --print-grants and --migrate are two runs; print the grants after the migration")
+    given = {c: getattr(args, f"{c}_role") for c in ("owner", "relay", "writer", "admin", "reader")}
+    roles = RoleNames(**{c: name for c, name in given.items() if name is not None})
+    h = cfg.harvest
+    names = OutboxNames.parse(h.outbox_table, h.table_mapping)
+    wanted = needs(
+        names,
+        layout=h.outbox_layout,
+        sequenced=h.uuid_sequencing,
+        shards=h.shards,
+        checkpoint_table=args.checkpoint_table or CHECKPOINT_TABLE,
+    )
+    mode = "--uuid-sequencing" if h.uuid_sequencing else "at least once"
+    print(
+        grants_script(
+            wanted, roles, f"outbox {names.display}, outboxLayout: {h.outbox_layout}, {mode}, shards: {h.shards}"
+        ),
+        end="",
+    )
     return EXIT_OK
 
 

@@ -216,14 +216,17 @@ def grant_statements(all_needs: Sequence[Need], roles: RoleNames) -> list[Statem
     return [stmt for need in all_needs for stmt in grant_sql(need, roles)]
 
 
-def grants_script(all_needs: Sequence[Need], roles: RoleNames, as_string: object = None) -> str:
+def grants_script(all_needs: Sequence[Need], roles: RoleNames, made_for: str = "") -> str:
     """The SQL script ``--print-grants`` prints: per component a comment naming its role, each statement
-    with why. ``as_string``: a psycopg connection or None (quoting without one is the standard's)."""
+    with why; ``made_for`` says which config it is for (the outbox, layout, mode, shards: never the DSN)."""
     lines = [
-        "-- harvest's least-privilege grants (docs/security.md). Create the roles first, e.g.",
+        f"-- harvest's least-privilege grants (docs/security.md){': ' + made_for if made_for else ''}",
+        "-- Create the roles first, e.g.",
         "--   CREATE ROLE <name> LOGIN PASSWORD '...';  (the owner may be NOLOGIN if a superuser runs init-db)",
-        "-- then run `harvest init-db` as the owner, then this script as a superuser (or the owner; the cursor",
-        "-- layout's hand-over of the outbox to the relay role needs a superuser or a member of that role).",
+        "-- then the owner's lines (before init-db: it creates in the schema), then `harvest init-db` as the owner,",
+        "-- then the rest as a superuser (or the owner; the cursor layout's hand-over of the outbox to the relay",
+        "-- role needs a superuser or a member of that role). The reader's table is made by the owner with",
+        "-- PostgresCheckpointStore.create_table before its grant. Grants are idempotent: rerun after a change.",
     ]
     for component in COMPONENTS:
         mine = [n for n in all_needs if n.component == component]
@@ -235,5 +238,5 @@ def grants_script(all_needs: Sequence[Need], roles: RoleNames, as_string: object
             if need.why:
                 lines.append(f"-- {need.why}")
             for stmt in grant_sql(need, roles):
-                lines.append(stmt.as_string(as_string) + ";")  # type: ignore[arg-type]
+                lines.append(stmt.as_string(None) + ";")
     return "\n".join(lines) + "\n"

@@ -3,11 +3,14 @@ privileges each component gets on which object, and how the statements quote wha
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from psycopg import sql
 
 from harvest_outbox.consumer.pg_store import DEFAULT_TABLE
 from harvest_outbox.producer.errors import ConfigError
+from harvest_outbox.producer.ops.cli import main
 from harvest_outbox.producer.schema import OutboxNames
 from harvest_outbox.producer.schema.grants import (
     CHECKPOINT_TABLE,
@@ -128,3 +131,24 @@ def test_the_defaults_and_the_readers_table_are_the_documented_ones() -> None:
     ]
     with pytest.raises(ConfigError, match="outboxLayout: 'marks' is not a layout"):
         needs(OutboxNames.parse("outbox"), layout="marks")
+
+
+def test_init_db_print_grants_prints_the_decision_for_the_config_and_no_secret(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "h.yaml"
+    path.write_text(
+        "harvest:\n  dataSource: host=127.0.0.1 port=1 user=relay password=hunter2secret\n"
+        "  outboxTable: app.outbox\n  outboxLayout: cursor\n  uuidSequencing: true\n  shards: 2\n"
+    )
+    code = main(["init-db", "-f", str(path), "--print-grants", "--relay-role", "bob", "--checkpoint-table", "r.cp"])
+    out, err = capsys.readouterr()
+    wanted = needs(OutboxNames.parse("app.outbox"), layout="cursor", sequenced=True, shards=2, checkpoint_table="r.cp")
+    assert code == 0 and out == grants_script(
+        wanted, RoleNames(relay="bob"), "outbox app.outbox, outboxLayout: cursor, --uuid-sequencing, shards: 2"
+    )
+    assert 'ALTER TABLE "app"."outbox" OWNER TO "bob";' in out and '"app"."outbox_harvest_shards" TO "bob"' in out
+    assert "hunter2secret" not in out + err and "port=1" not in out
+
+    assert main(["init-db", "-f", str(path), "--print-grants", "--admin-role", "bob", "--relay-role", "bob"]) == 2
+    assert "the roles must differ" in capsys.readouterr().err
