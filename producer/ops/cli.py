@@ -3,7 +3,7 @@
     harvest -f harvest.yaml [flags]          run the relay (goharvest reaper compatible); same as `harvest run`
     harvest init-db -f harvest.yaml [--value-type bytea]
     harvest init-db -f harvest.yaml --print-grants [--relay-role NAME ...]   least-privilege SQL, no connection
-    harvest check -f harvest.yaml            the outbox's queue-table hygiene: OK / WARN / FAIL with fixes
+    harvest check -f harvest.yaml            the outbox's queue-table hygiene and the role's privileges: OK / WARN / FAIL with fixes
     harvest dead-letters list|keys|export|requeue|discard -f harvest.yaml ...   (producer/ops/_deadletters_cli.py)
 
 Flags (``--data-source``, ``--bootstrap-servers``, ``--outbox-table``, ``--leader-topic``,
@@ -145,7 +145,8 @@ def build_parser() -> argparse.ArgumentParser:
     chk = sub.add_parser(
         "check",
         help="report the outbox's fillfactor, autovacuum, indexes, NOTIFY trigger, "
-        "companion tables, backlog and dead rows, each OK / WARN / FAIL with the fix "
+        "companion tables, backlog and dead rows, and the DSN role's privileges against the relay's, "
+        "each OK / WARN / FAIL with the fix "
         "(exit 1 on a FAIL)",
     )
     _common(chk)
@@ -334,10 +335,13 @@ def _migrate(cfg: FileConfig) -> int:
 def _check(args: argparse.Namespace) -> int:
     from harvest_outbox.producer.db import connect
     from harvest_outbox.producer.ops._check import check_outbox, exit_code
+    from harvest_outbox.producer.ops._privileges import check_privileges
 
     cfg = _load(args, kafka=False)
     with connect(cfg.harvest.data_source) as conn:
         findings = check_outbox(conn, cfg.harvest)
+        if not any(f.level == "FAIL" and f.subject in ("table", "layout") for f in findings):
+            findings += check_privileges(conn, cfg.harvest)  # the connected role, as the relay would run
     for finding in findings:
         print(printable(finding.line()))
     levels = [f.level for f in findings]

@@ -189,11 +189,16 @@ def needs(
 
 def grant_sql(need: Need, roles: RoleNames) -> list[Statement]:
     """The statement(s) granting ``need`` to its component's role."""
-    role = sql.Identifier(roles.of(need.component))
+    return grant_to(need, roles.of(need.component))
+
+
+def grant_to(need: Need, role_name: str) -> list[Statement]:
+    """The statement(s) granting ``need`` to the role ``role_name`` (``harvest check`` names the connected role)."""
+    role = sql.Identifier(role_name)
     if need.kind == "OWNER":
         return [
             sql.SQL("ALTER TABLE {} OWNER TO {}").format(need.target, role),
-            _partitions_owned_by(need.target, roles.of(need.component)),
+            _partitions_owned_by(need.target, role_name),
         ]
     columns = sql.SQL(" ({})").format(sql.SQL(", ").join(map(sql.Identifier, need.columns)))
     privileges = sql.SQL(", ").join(sql.SQL(p) + (columns if need.columns else sql.SQL("")) for p in need.privileges)
@@ -203,7 +208,10 @@ def grant_sql(need: Need, roles: RoleNames) -> list[Statement]:
 def _partitions_owned_by(table: sql.Identifier, role: str) -> sql.Composed:
     """A DO block handing ``table``'s partitions to ``role`` (ALTER TABLE … OWNER does not recurse to them).
     Table and role go in as literals, quoted again by format(): the block never reads raw text as SQL."""
-    target = sql.Literal(table.as_string(None))
+    text = table.as_string(None)
+    if _QUOTE in text + role:
+        raise ConfigError(f"table {text} or role {role!r} contains {_QUOTE}: rename it to print its grants")
+    target = sql.Literal(text)
     return sql.SQL(
         "DO " + _QUOTE + " DECLARE part regclass; BEGIN "
         "FOR part IN SELECT inhrelid::regclass FROM pg_inherits WHERE inhparent = {}::regclass LOOP "
