@@ -9,6 +9,7 @@ companion table or read a table not granted; the writer cannot read or delete th
 
 from __future__ import annotations
 
+import io
 import logging
 from collections.abc import Callable, Iterator
 
@@ -23,7 +24,7 @@ from harvest_outbox.consumer import PostgresCheckpointStore
 from harvest_outbox.producer.config import HarvestConfig
 from harvest_outbox.producer.layouts.choice import layout_for
 from harvest_outbox.producer.layouts.cursor.schema import range_partitions
-from harvest_outbox.producer.ops._deadletter_admin import Selection, discard
+from harvest_outbox.producer.ops._deadletter_admin import Selection, discard, export, stuck_keys
 from harvest_outbox.producer.ops._deadletters import list_dead_letters, requeue
 from harvest_outbox.producer.ops._privileges import check_privileges
 from harvest_outbox.producer.relay.sharded import relay_for
@@ -110,9 +111,11 @@ def test_each_component_works_as_its_role_and_is_refused_the_rest(
     try:
         wait_for(lambda: _backlog(pg_dsn, names, layout) == 0, 30, "the writer's rows relayed")
 
-        # the admin: list, requeue (the relay delivers it), discard
+        # the admin: list, keys, export, requeue (the relay delivers it), discard
         with psycopg.connect(roles.dsn("admin"), autocommit=True) as conn:
             assert [d.id for d in list_dead_letters(conn, table)] == [1000000]
+            assert [(k.topic, k.key) for k in stuck_keys(conn, table)] == [(topic, "dead")]
+            assert export(conn, table, Selection(), io.StringIO()) == 1
             assert requeue(conn, table, [1000000]) == 1
             assert list_dead_letters(conn, table) == []
         wait_for(lambda: _backlog(pg_dsn, names, layout) == 0, 30, "the requeued row relayed")
