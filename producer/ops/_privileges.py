@@ -19,7 +19,7 @@ import psycopg
 from psycopg import sql
 
 from harvest_outbox.producer.config import HarvestConfig
-from harvest_outbox.producer.ops._check import Finding
+from harvest_outbox.producer.ops._check import Finding, check_outbox
 from harvest_outbox.producer.schema import OutboxNames
 from harvest_outbox.producer.schema.grants import Need, grant_to, needs
 
@@ -27,6 +27,29 @@ SUBJECT = "privileges"
 _PRINT = "`harvest init-db --print-grants` prints the relay's grants (docs/security.md)"
 #: Table privileges no component's statement uses: each lets the relay's role do what it never should.
 _TOO_MUCH = ("TRUNCATE", "REFERENCES", "TRIGGER")
+
+
+def check_outbox_and_role(conn: psycopg.Connection, config: HarvestConfig) -> list[Finding]:
+    """``harvest check``'s findings: the outbox's (:func:`~producer.ops._check.check_outbox`), then the connected
+    role's privileges as the relay's (none for an outbox that is missing or of the other layout). A role
+    refused what the check reads is a FAIL of its own, followed by the privileges finding naming the GRANTs."""
+    try:
+        found = check_outbox(conn, config)
+    except psycopg.errors.InsufficientPrivilege as exc:
+        role = conn.execute("SELECT current_user").fetchone()
+        return [
+            Finding(
+                "FAIL",
+                "table",
+                f"reading the outbox {config.outbox_table!r} and its tables as role {role[0] if role else '?'} was "
+                f"refused ({str(exc).strip().splitlines()[0]}): its hygiene cannot be judged",
+                "grant the role what the privileges finding below names",
+            ),
+            *check_privileges(conn, config),
+        ]
+    if any(f.level == "FAIL" and f.subject in ("table", "layout") for f in found):
+        return found
+    return found + check_privileges(conn, config)
 
 
 def check_privileges(conn: psycopg.Connection, config: HarvestConfig) -> list[Finding]:

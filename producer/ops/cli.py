@@ -334,14 +334,12 @@ def _migrate(cfg: FileConfig) -> int:
 
 def _check(args: argparse.Namespace) -> int:
     from harvest_outbox.producer.db import connect
-    from harvest_outbox.producer.ops._check import check_outbox, exit_code
-    from harvest_outbox.producer.ops._privileges import check_privileges
+    from harvest_outbox.producer.ops._check import exit_code
+    from harvest_outbox.producer.ops._privileges import check_outbox_and_role
 
     cfg = _load(args, kafka=False)
     with connect(cfg.harvest.data_source) as conn:
-        findings = check_outbox(conn, cfg.harvest)
-        if not any(f.level == "FAIL" and f.subject in ("table", "layout") for f in findings):
-            findings += check_privileges(conn, cfg.harvest)  # the connected role, as the relay would run
+        findings = check_outbox_and_role(conn, cfg.harvest)
     for finding in findings:
         print(printable(finding.line()))
     levels = [f.level for f in findings]

@@ -27,6 +27,7 @@ from harvest_outbox.producer.layouts.cursor.schema import range_partitions
 from harvest_outbox.producer.ops._deadletter_admin import Selection, discard, export, stuck_keys
 from harvest_outbox.producer.ops._deadletters import list_dead_letters, requeue
 from harvest_outbox.producer.ops._privileges import check_privileges
+from harvest_outbox.producer.ops.cli import main
 from harvest_outbox.producer.relay.sharded import relay_for
 from harvest_outbox.producer.schema import OutboxNames
 from harvest_outbox.producer.stash.stasher import OutboxRecord, Stasher
@@ -233,3 +234,27 @@ def test_check_wants_the_cursor_layouts_relay_to_own_the_outbox(pg_dsn: str, pg_
     assert level == "FAIL" and "the ownership of its partitions (partition maintenance ATTACHes" in message, message
     _run(pg_dsn, fix)
     assert [f[0] for f in _privileges(relay, table, "cursor")] == ["OK"]
+
+
+def test_harvest_check_as_the_relay_role_reads_everything_and_names_what_it_lacks(
+    pg_dsn: str, pg_schema: str, roles: Roles, capsys: pytest.CaptureFixture[str]
+) -> None:
+    table = f"{pg_schema}.outbox"
+    names = granted_outbox(pg_dsn, roles, table)
+    check = ["check", "--outbox-table", table, "--data-source", roles.dsn("relay")]
+    assert main(check) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[-2].startswith("OK   privileges: role ") and lines[-1].endswith(" WARN, 0 FAIL"), lines
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        conn.execute(
+            sql.SQL("REVOKE SELECT ON {} FROM {}").format(names.dead_letters, sql.Identifier(roles.names.relay))
+        )
+    assert main(check) == 1
+    out = capsys.readouterr()
+    lines = out.out.splitlines()
+    assert lines[0].startswith("FAIL table: reading the outbox") and "permission denied" in lines[0], lines
+    assert lines[1].startswith(f"FAIL privileges: role {roles.names.relay} lacks what the relay needs: SELECT on "), (
+        lines
+    )
+    assert f"fix: GRANT SELECT ON TABLE {names.dead_letters.as_string(None)} TO " in lines[1], lines
+    assert roles.dsn("relay").split("password=")[1].split()[0] not in out.out + out.err
