@@ -4,18 +4,21 @@ printed as SQL by ``harvest init-db --print-grants`` (docs/security.md).
 The components, each a role of its own (names are parameters, :class:`RoleNames`):
 - ``owner``: runs ``harvest init-db`` (DDL) and owns what it creates; nothing else runs as it;
 - ``relay``: ``harvest run``, exactly the reads, writes and locks of its layout, delivery mode and shards;
-- ``writer``: the applications' stashers: INSERT into the outbox, nothing else (not even SELECT);
+- ``writer``: the applications' stashers: INSERT into the outbox, and SELECT of the ``id`` column alone
+  (``INSERT … RETURNING id``), nothing else;
 - ``admin``: the ``harvest dead-letters`` verbs (list, keys, export, requeue, discard);
 - ``reader``: a reader's Postgres checkpoint store (consumer/pg_store.py), its one table.
 
 :func:`needs` is the decision (a pure function of the outbox's names, layout, mode and shards): one
-:class:`Need` per (component, object), each with why it is needed; :func:`grant_statements` renders it.
+:class:`Need` per (component, object), each with why it is needed; each layout decides on its own objects
+(:meth:`~producer.layouts.layout.OutboxLayout.grants`); :func:`grant_statements` renders it.
 
 Invariants (tests/test_producer/schema/test_grants.py, test_grants_pg.py):
 - every identifier is composed with :class:`psycopg.sql.Identifier` and every role name too; the one
   dynamic statement (the cursor layout's hand-over of the partitions) reads them as literals;
-- a privilege is here only because a statement of that component needs it: each component, run as its role
-  with exactly these grants, works, and is refused what lies outside them (the integration tests);
+- a privilege is here only because a statement of that component needs it (the statements named in each
+  ``why``); each component, run as its role with exactly these grants, works, and is refused what lies
+  outside them (test_grants_pg.py: enough, and not everything; that none is superfluous is this list's word);
 - no grant depends on the leader election: the Postgres-lock election's advisory locks and its reads of
   ``pg_locks``/``pg_stat_activity``, like LISTEN/NOTIFY, need no privilege (Postgres grants them to every role);
 - the cursor layout's relay owns the partitioned outbox, its partitions and its id sequence: partition
@@ -35,7 +38,7 @@ from harvest_outbox.producer.errors import ConfigError
 from harvest_outbox.producer.mapping.names import OutboxNames, Statement, parse_table_name
 
 Component = Literal["owner", "relay", "writer", "admin", "reader"]
-Kind = Literal["DATABASE", "SCHEMA", "TABLE", "SEQUENCE", "OWNER"]
+Kind = Literal["SCHEMA", "TABLE", "SEQUENCE", "OWNER"]
 COMPONENTS: tuple[Component, ...] = ("owner", "relay", "writer", "admin", "reader")
 #: consumer/pg_store.py's DEFAULT_TABLE (not imported: the readers' package stays off producer/'s imports).
 CHECKPOINT_TABLE = "harvest_consumer_checkpoints"
@@ -87,9 +90,9 @@ class Need:
     columns: tuple[str, ...] = ()
 
 
-def _table_of(text: str) -> sql.Identifier:
-    schema, table = parse_table_name(text)
-    return sql.Identifier(schema, table) if schema else sql.Identifier(table)
+def schema_of(names: OutboxNames) -> sql.Identifier:
+    """The outbox's schema; ``public`` for an unqualified outbox (the usual ``search_path``)."""
+    return sql.Identifier(names.schema or "public")
 
 
 def needs(
@@ -101,49 +104,18 @@ def needs(
     checkpoint_table: str = CHECKPOINT_TABLE,
 ) -> list[Need]:
     """What each component needs on ``names``' outbox (``outboxLayout`` ``layout``, ``--uuid-sequencing``
-    ``sequenced``, ``shards``; the reader's ``checkpoint_table``), in the order to grant it. An
-    unqualified outbox is taken to live in ``public`` (the usual ``search_path``)."""
-    if layout not in ("mark", "cursor"):
-        raise ConfigError(f"outboxLayout: {layout!r} is not a layout; use mark or cursor")
+    ``sequenced``, ``shards``; the reader's ``checkpoint_table``): the layout's own objects' needs
+    (:meth:`~producer.layouts.layout.OutboxLayout.grants`) and the companions' both layouts keep."""
+    from harvest_outbox.producer.layouts.choice import layout_for  # the layouts import this module's Need
+
     if shards < 1:
         raise ConfigError(f"shards: {shards} must be 1 or more")
-    cursor = layout == "cursor"
-    schema = sql.Identifier(names.schema or "public")
+    own = layout_for(layout).grants(names)
+    schema = schema_of(names)
     crud = ("SELECT", "INSERT", "UPDATE", "DELETE")
-    out = [
-        Need("owner", "SCHEMA", schema, ("USAGE", "CREATE"), "init-db creates the outbox and its companions here"),
-        Need(
-            "relay",
-            "SCHEMA",
-            schema,
-            ("USAGE", "CREATE") if cursor else ("USAGE",),
-            "partition maintenance creates partitions ahead" if cursor else "",
-        ),
-    ]
+    out = [Need("owner", "SCHEMA", schema, ("USAGE", "CREATE"), "init-db creates the outbox and its companions here")]
     # ------------------------------------------------------------------ the relay
-    if cursor:
-        out.append(
-            Need(
-                "relay",
-                "OWNER",
-                names.outbox,
-                (),
-                "partition maintenance ATTACHes new partitions and DROPs retired ones: only an owner may "
-                "(the id sequence follows the table)",
-            )
-        )
-        out.append(Need("relay", "TABLE", names.cursor, ("SELECT", "UPDATE"), "the committed cursor (FOR SHARE)"))
-        out.append(Need("relay", "TABLE", names.held, ("SELECT", "INSERT", "DELETE"), "haltKey's held rows"))
-    else:
-        out.append(
-            Need(
-                "relay",
-                "TABLE",
-                names.outbox,
-                ("SELECT", "UPDATE", "DELETE"),
-                "the mark claims rows (UPDATE leader_id), a reset releases them, a purge deletes them",
-            )
-        )
+    out += [n for n in own if n.component == "relay"]
     out.append(Need("relay", "TABLE", names.dead_letters, crud, "the dead-letter move, the meter, haltKey, retention"))
     out.append(Need("relay", "TABLE", names.delivery_attempts, crud, "failed-attempt counts (upserted, forgotten)"))
     out.append(
@@ -176,12 +148,10 @@ def needs(
         Need("admin", "TABLE", names.outbox, ("SELECT", "INSERT"), "requeue writes rows back; keys counts waiting rows")
     )
     out.append(Need("admin", "SEQUENCE", names.id_sequence, ("USAGE",), "a requeued row draws a new id"))
-    if cursor:
-        out.append(Need("admin", "TABLE", names.cursor, ("SELECT",), "requeue waits until the relay passed the rows"))
-        out.append(Need("admin", "TABLE", names.held, ("SELECT", "INSERT"), "haltKey: requeue into the held rows"))
+    out += [n for n in own if n.component == "admin"]
     # ------------------------------------------------------------------ a reader's checkpoint store
-    store = _table_of(checkpoint_table)
-    store_schema = parse_table_name(checkpoint_table)[0]
+    store_schema, store_table = parse_table_name(checkpoint_table)
+    store = sql.Identifier(store_schema, store_table) if store_schema else sql.Identifier(store_table)
     out.append(Need("reader", "SCHEMA", sql.Identifier(store_schema) if store_schema else schema, ("USAGE",), ""))
     out.append(Need("reader", "TABLE", store, crud, "load, save (upsert) and delete its checkpoints"))
     return out
