@@ -160,8 +160,8 @@ def _compare(conn: psycopg.Connection, need: Need, role: str) -> _Gap:
     if need.kind == "OWNER":  # the cursor layout's outbox: the relay must own it and its partitions
         if owns and owns_parts:
             return _Gap()
-        what = "of its partitions" if owns else f"of {target} and its partitions"
-        return _Gap(("OWNER",), f"the ownership {what} ({need.why})")
+        what = f"the partitions of {target}" if owns else f"{target} and its partitions"
+        return _Gap(("OWNER",), f"the ownership of {what} ({need.why})")
     if owns:
         return _Gap(
             (),

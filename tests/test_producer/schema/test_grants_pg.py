@@ -2,9 +2,10 @@
 exactly the grants ``harvest init-db --print-grants`` prints, does its work -- the owner runs ``init-db``, a
 stasher writes as the writer, the relay drains as the relay (the mark layout at least once; the cursor layout
 with ``--uuid-sequencing``; the mark layout sharded and sequenced), all with the Postgres-lock election, the
-dead-letter verbs list, requeue and discard as the admin, a reader keeps its checkpoints as the reader -- and
-each is refused what lies outside its grants: the relay cannot drop the mark layout's outbox, drop a
-companion table or read a table not granted; the writer cannot read or delete the outbox's rows.
+dead-letter verbs list, keys, export, requeue and discard as the admin, a reader keeps its checkpoints as
+the reader -- and each is refused what lies outside its grants: the relay cannot drop the mark layout's outbox,
+drop or truncate a companion table or read a table not granted; the writer cannot read or delete the outbox's
+rows. ``harvest check``'s privileges finding on these roles: tests/test_producer/ops/test_privileges.py.
 """
 
 from __future__ import annotations
@@ -21,13 +22,10 @@ from relaylib import consume_all, covers, relay_config
 from seqcheck import wait_for
 
 from harvest_outbox.consumer import PostgresCheckpointStore
-from harvest_outbox.producer.config import HarvestConfig
 from harvest_outbox.producer.layouts.choice import layout_for
 from harvest_outbox.producer.layouts.cursor.schema import range_partitions
 from harvest_outbox.producer.ops._deadletter_admin import Selection, discard, export, stuck_keys
 from harvest_outbox.producer.ops._deadletters import list_dead_letters, requeue
-from harvest_outbox.producer.ops._privileges import check_privileges
-from harvest_outbox.producer.ops.cli import main
 from harvest_outbox.producer.relay.sharded import relay_for
 from harvest_outbox.producer.schema import OutboxNames
 from harvest_outbox.producer.stash.stasher import OutboxRecord, Stasher
@@ -169,92 +167,3 @@ def test_each_component_works_as_its_role_and_is_refused_the_rest(
         assert decode_checkpoint(store.load(conn)) == decode_checkpoint(cp)
         store.delete(conn)
     assert checkpoint_table(table).endswith("harvest_consumer_checkpoints")
-
-
-def _privileges(dsn: str, table: str, layout: str) -> list[tuple[str, str, str]]:
-    """``harvest check``'s privileges findings for the role of ``dsn``: (level, message, fix)."""
-    config = HarvestConfig(data_source=dsn, outbox_table=table, outbox_layout=layout)
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        return [(f.level, f.message, f.fix) for f in check_privileges(conn, config)]
-
-
-def _run(pg_dsn: str, statements: str) -> None:
-    """The statements of a finding's fix (``; ``-separated, as printed), run as the superuser."""
-    with psycopg.connect(pg_dsn, autocommit=True) as conn:
-        conn.execute(statements.split(" (or `harvest")[0])
-
-
-def test_check_fails_naming_the_missing_grant_and_warns_of_more_than_needed(
-    pg_dsn: str, pg_schema: str, roles: Roles
-) -> None:
-    table = f"{pg_schema}.outbox"
-    names = granted_outbox(pg_dsn, roles, table)
-    relay, role = roles.dsn("relay"), roles.names.relay
-    [(level, message, _)] = _privileges(relay, table, "mark")
-    assert level == "OK" and message.startswith(f"role {role} has what the relay needs (mark layout"), message
-
-    # less than it needs: a FAIL naming the GRANT, which fixes it
-    with psycopg.connect(pg_dsn, autocommit=True) as conn:
-        conn.execute(sql.SQL("REVOKE DELETE, UPDATE ON {} FROM {}").format(names.dead_letters, sql.Identifier(role)))
-    [(level, message, fix)] = _privileges(relay, table, "mark")
-    dead = names.dead_letters.as_string(None)
-    assert (level, message) == ("FAIL", f"role {role} lacks what the relay needs: UPDATE, DELETE on {dead}")
-    assert fix.startswith(f'GRANT UPDATE, DELETE ON TABLE {dead} TO "{role}" (or `harvest init-db --print-grants`')
-    _run(pg_dsn, fix)
-    assert _privileges(relay, table, "mark")[0][0] == "OK"
-
-    # more than it needs: a WARN naming each, with the REVOKE that takes it back
-    with psycopg.connect(pg_dsn, autocommit=True) as conn:
-        conn.execute(sql.SQL("GRANT TRUNCATE ON {} TO {}").format(names.delivery_attempts, sql.Identifier(role)))
-        conn.execute(sql.SQL("GRANT CREATE ON SCHEMA {} TO {}").format(sql.Identifier(pg_schema), sql.Identifier(role)))
-    [(level, message, fix)] = _privileges(relay, table, "mark")
-    assert level == "WARN" and f'CREATE on schema "{pg_schema}"' in message and "TRUNCATE on " in message, message
-    _run(pg_dsn, fix)
-    assert _privileges(relay, table, "mark")[0][0] == "OK"
-
-    # the owner owns what the relay only reads and writes; a superuser may do anything
-    [(level, message, _)] = _privileges(roles.dsn("owner"), table, "mark")
-    assert level == "WARN" and f"owns {names.outbox.as_string(None)} (it could DROP or ALTER it)" in message
-    [(level, message, _)] = _privileges(pg_dsn, table, "mark")
-    assert level == "WARN" and "a superuser" in message
-
-
-def test_check_wants_the_cursor_layouts_relay_to_own_the_outbox(pg_dsn: str, pg_schema: str, roles: Roles) -> None:
-    table = f"{pg_schema}.outbox"
-    names = granted_outbox(pg_dsn, roles, table, layout="cursor", sequenced=True)
-    relay = roles.dsn("relay")
-    assert [f[0] for f in _privileges(relay, table, "cursor")] == ["OK"]
-    with psycopg.connect(pg_dsn, autocommit=True) as conn:  # a partition made by someone else
-        conn.execute(
-            sql.SQL("ALTER TABLE {} OWNER TO {}").format(
-                names.qualified("outbox_p0"), sql.Identifier(roles.names.owner)
-            )
-        )
-    [(level, message, fix)] = _privileges(relay, table, "cursor")
-    assert level == "FAIL" and "the ownership of its partitions (partition maintenance ATTACHes" in message, message
-    _run(pg_dsn, fix)
-    assert [f[0] for f in _privileges(relay, table, "cursor")] == ["OK"]
-
-
-def test_harvest_check_as_the_relay_role_reads_everything_and_names_what_it_lacks(
-    pg_dsn: str, pg_schema: str, roles: Roles, capsys: pytest.CaptureFixture[str]
-) -> None:
-    table = f"{pg_schema}.outbox"
-    names = granted_outbox(pg_dsn, roles, table)
-    check = ["check", "--outbox-table", table, "--data-source", roles.dsn("relay")]
-    assert main(check) == 0
-    lines = capsys.readouterr().out.splitlines()
-    assert lines[-2].startswith("OK   privileges: role ") and lines[-1].endswith(" WARN, 0 FAIL"), lines
-    with psycopg.connect(pg_dsn, autocommit=True) as conn:
-        conn.execute(
-            sql.SQL("REVOKE SELECT ON {} FROM {}").format(names.dead_letters, sql.Identifier(roles.names.relay))
-        )
-    assert main(check) == 1
-    out = capsys.readouterr()
-    lines = out.out.splitlines()
-    assert lines[0].startswith("FAIL table: reading the outbox") and "permission denied" in lines[0], lines
-    assert lines[1].startswith(f"FAIL privileges: role {roles.names.relay} lacks what the relay needs: SELECT on "), (
-        lines
-    )
-    assert f"fix: GRANT SELECT ON TABLE {names.dead_letters.as_string(None)} TO " in lines[1], lines
-    assert roles.dsn("relay").split("password=")[1].split()[0] not in out.out + out.err
