@@ -93,11 +93,14 @@ def test_check_wants_the_cursor_layouts_relay_to_own_the_outbox(pg_dsn: str, pg_
     assert [f[0] for f in _privileges(relay, table, "cursor")] == ["OK"]
 
 
-def test_harvest_check_as_the_relay_role_reads_everything_and_names_what_it_lacks(
+def test_init_db_as_the_owner_and_check_as_the_relay_role_read_everything_and_name_what_it_lacks(
     pg_dsn: str, pg_schema: str, roles: Roles, capsys: pytest.CaptureFixture[str]
 ) -> None:
     table = f"{pg_schema}.outbox"
     names = granted_outbox(pg_dsn, roles, table)
+    # `harvest init-db` as the owner, again (idempotent): the schema exists, so it needs no CREATE on the database
+    assert main(["init-db", "--outbox-table", table, "--data-source", roles.dsn("owner")]) == 0
+    assert "ready" in capsys.readouterr().out
     check = ["check", "--outbox-table", table, "--data-source", roles.dsn("relay")]
     assert main(check) == 0
     lines = capsys.readouterr().out.splitlines()

@@ -152,3 +152,5 @@ def test_init_db_print_grants_prints_the_decision_for_the_config_and_no_secret(
 
     assert main(["init-db", "-f", str(path), "--print-grants", "--admin-role", "bob", "--relay-role", "bob"]) == 2
     assert "the roles must differ" in capsys.readouterr().err
+    assert main(["init-db", "-f", str(path), "--print-grants", "--migrate"]) == 2
+    assert "--print-grants and --migrate are two runs" in capsys.readouterr().err
