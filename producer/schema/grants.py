@@ -23,7 +23,8 @@ Invariants (tests/test_producer/schema/test_grants.py, test_grants_pg.py):
   ``pg_locks``/``pg_stat_activity``, like LISTEN/NOTIFY, need no privilege (Postgres grants them to every role);
 - the cursor layout's relay owns the partitioned outbox, its partitions and its id sequence: partition
   maintenance (producer/layouts/cursor/partitions.py) ATTACHes and DROPs partitions, which Postgres allows
-  only to a table's owner; so there, unlike the mark layout, the relay role could drop the outbox.
+  only to a table's owner; so there, unlike the mark layout, the relay role could drop the outbox. The owner
+  joins the relay's role there, so that ``init-db`` run again (an upgrade) may still alter the outbox.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ from harvest_outbox.producer.errors import ConfigError
 from harvest_outbox.producer.mapping.names import OutboxNames, Statement, parse_table_name
 
 Component = Literal["owner", "relay", "writer", "admin", "reader"]
-Kind = Literal["SCHEMA", "TABLE", "SEQUENCE", "OWNER"]
+Kind = Literal["SCHEMA", "TABLE", "SEQUENCE", "OWNER", "MEMBER"]
 COMPONENTS: tuple[Component, ...] = ("owner", "relay", "writer", "admin", "reader")
 #: consumer/pg_store.py's DEFAULT_TABLE (not imported: the readers' package stays off producer/'s imports).
 CHECKPOINT_TABLE = "harvest_consumer_checkpoints"
@@ -79,7 +80,8 @@ class RoleNames:
 
 @dataclass(frozen=True)
 class Need:
-    """``component``'s privileges on one object (``OWNER``: the object is to be owned by it), and why."""
+    """``component``'s privileges on one object (``OWNER``: the object is to be owned by it; ``MEMBER``:
+    it joins the role of ``member_of``, for that role's rights on the object), and why."""
 
     component: Component
     kind: Kind
@@ -88,6 +90,8 @@ class Need:
     why: str
     #: Only these columns of the table (a column privilege), when given.
     columns: tuple[str, ...] = ()
+    #: ``MEMBER``: the component whose role this one's joins.
+    member_of: Component | None = None
 
 
 def schema_of(names: OutboxNames) -> sql.Identifier:
@@ -114,6 +118,7 @@ def needs(
     schema = schema_of(names)
     crud = ("SELECT", "INSERT", "UPDATE", "DELETE")
     out = [Need("owner", "SCHEMA", schema, ("USAGE", "CREATE"), "init-db creates the outbox and its companions here")]
+    out += [n for n in own if n.component == "owner"]
     # ------------------------------------------------------------------ the relay
     out += [n for n in own if n.component == "relay"]
     out.append(Need("relay", "TABLE", names.dead_letters, crud, "the dead-letter move, the meter, haltKey, retention"))
@@ -159,11 +164,18 @@ def needs(
 
 def grant_sql(need: Need, roles: RoleNames) -> list[Statement]:
     """The statement(s) granting ``need`` to its component's role."""
+    if need.kind == "MEMBER":
+        assert need.member_of is not None, need
+        joined = sql.Identifier(roles.of(need.member_of))
+        return [sql.SQL("GRANT {} TO {}").format(joined, sql.Identifier(roles.of(need.component)))]
     return grant_to(need, roles.of(need.component))
 
 
 def grant_to(need: Need, role_name: str) -> list[Statement]:
-    """The statement(s) granting ``need`` to the role ``role_name`` (``harvest check`` names the connected role)."""
+    """The statement(s) granting ``need`` (not a ``MEMBER``ship: :func:`grant_sql`) to the role ``role_name``
+    (``harvest check`` names the connected role)."""
+    if need.kind == "MEMBER":
+        raise ValueError(f"grant_to: {need} is a role membership; use grant_sql")
     role = sql.Identifier(role_name)
     if need.kind == "OWNER":
         return [

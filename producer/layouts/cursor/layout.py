@@ -121,6 +121,14 @@ class CursorLayout:
                 "partition maintenance ATTACHes new partitions and DROPs retired ones: only an owner may "
                 "(the id sequence follows the table)",
             ),
+            Need(
+                "owner",
+                "MEMBER",
+                names.outbox,
+                (),
+                "init-db, run again (an upgrade), alters the outbox the relay owns",
+                member_of="relay",
+            ),
             Need("relay", "TABLE", names.cursor, ("SELECT", "UPDATE"), "the committed cursor (FOR SHARE)"),
             Need("relay", "TABLE", names.held, ("SELECT", "INSERT", "DELETE"), "haltKey's held rows"),
             Need("admin", "TABLE", names.cursor, ("SELECT",), "requeue waits until the relay passed the rows"),

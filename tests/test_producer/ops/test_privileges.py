@@ -18,6 +18,7 @@ from psycopg import sql
 from harvest_outbox.producer.config import HarvestConfig
 from harvest_outbox.producer.ops._privileges import check_privileges
 from harvest_outbox.producer.ops.cli import main
+from harvest_outbox.producer.schema.ddl import init_db
 
 pytestmark = pytest.mark.integration
 
@@ -81,6 +82,8 @@ def test_check_wants_the_cursor_layouts_relay_to_own_the_outbox(pg_dsn: str, pg_
     names = granted_outbox(pg_dsn, roles, table, layout="cursor", sequenced=True)
     relay = roles.dsn("relay")
     assert [f[0] for f in _privileges(relay, table, "cursor")] == ["OK"]
+    # the owner, a member of the relay's role, may run init-db again (an upgrade) on the outbox the relay owns
+    init_db(roles.dsn("owner"), table, layout="cursor", partition_ids=100)
     with psycopg.connect(pg_dsn, autocommit=True) as conn:  # a partition made by someone else
         conn.execute(
             sql.SQL("ALTER TABLE {} OWNER TO {}").format(
