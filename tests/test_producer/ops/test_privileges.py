@@ -16,7 +16,7 @@ from grantlib import Roles, granted_outbox, login_roles
 from psycopg import sql
 
 from harvest_outbox.producer.config import HarvestConfig
-from harvest_outbox.producer.ops._privileges import check_privileges
+from harvest_outbox.producer.ops._privileges import check_outbox_and_role, check_privileges
 from harvest_outbox.producer.ops.cli import main
 from harvest_outbox.producer.schema.ddl import init_db
 
@@ -82,6 +82,10 @@ def test_check_wants_the_cursor_layouts_relay_to_own_the_outbox(pg_dsn: str, pg_
     names = granted_outbox(pg_dsn, roles, table, layout="cursor", sequenced=True)
     relay = roles.dsn("relay")
     assert [f[0] for f in _privileges(relay, table, "cursor")] == ["OK"]
+    config = HarvestConfig(data_source=relay, outbox_table=table, outbox_layout="cursor", uuid_sequencing=True)
+    with psycopg.connect(relay, autocommit=True) as conn:  # the whole of `harvest check`, as the relay's role
+        found = check_outbox_and_role(conn, config.replace(dead_letter_policy="haltKey"))
+    assert [f.line() for f in found if f.level == "FAIL"] == [] and found[-1].subject == "privileges", found
     # the owner, a member of the relay's role, may run init-db again (an upgrade) on the outbox the relay owns
     init_db(roles.dsn("owner"), table, layout="cursor", partition_ids=100)
     with psycopg.connect(pg_dsn, autocommit=True) as conn:  # a partition made by someone else
