@@ -248,6 +248,11 @@ def _init_db(args: argparse.Namespace) -> int:
     cfg = _load(args, kafka=False)
     if args.print_grants:
         return _print_grants(args, cfg)
+    for flag in _GRANT_FLAGS:
+        if getattr(args, flag.lstrip("-").replace("-", "_")) is not None:
+            raise ConfigError(
+                f"init-db: {flag} names a role of --print-grants' SQL; add --print-grants (it creates nothing)"
+            )
     if args.migrate:
         return _migrate(cfg)
     layout = layout_for(cfg.harvest)
@@ -280,6 +285,9 @@ def _init_db(args: argparse.Namespace) -> int:
     if fix is not None:  # an outbox that existed before (init-db never changes a goharvest table's fillfactor)
         print(f"note: {fix}")
     return EXIT_OK
+
+
+_GRANT_FLAGS = ("--owner-role", "--relay-role", "--writer-role", "--admin-role", "--reader-role", "--checkpoint-table")
 
 
 def _print_grants(args: argparse.Namespace, cfg: FileConfig) -> int:

@@ -156,3 +156,5 @@ def test_init_db_print_grants_prints_the_decision_for_the_config_and_no_secret(
     assert "the roles must differ" in capsys.readouterr().err
     assert main(["init-db", "-f", str(path), "--print-grants", "--migrate"]) == 2
     assert "--print-grants and --migrate are two runs" in capsys.readouterr().err
+    assert main(["init-db", "-f", str(path), "--writer-role", "app"]) == 2  # nothing created, nothing connected
+    assert "init-db: --writer-role names a role of --print-grants' SQL; add --print-grants" in capsys.readouterr().err
