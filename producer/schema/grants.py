@@ -60,9 +60,9 @@ class RoleNames:
     def __post_init__(self) -> None:
         for f in fields(self):
             value = getattr(self, f.name)
-            if not isinstance(value, str) or not value.strip() or len(value.encode()) > 63:
+            if not isinstance(value, str) or not value.strip() or not value.isprintable() or len(value.encode()) > 63:
                 raise ConfigError(
-                    f"--{f.name}-role: {value!r} is not a role name; give 1-63 bytes, e.g. harvest_{f.name}"
+                    f"--{f.name}-role: {value!r} is not a role name; give 1-63 bytes of printable text, e.g. harvest_{f.name}"
                 )
             if _QUOTE in value:
                 raise ConfigError(f"--{f.name}-role: {value!r} contains {_QUOTE}; choose another name")
@@ -210,23 +210,27 @@ def grants_script(all_needs: Sequence[Need], roles: RoleNames, made_for: str = "
     """The SQL script ``--print-grants`` prints: per component a comment naming its role, each statement
     with why; ``made_for`` says which config it is for (the outbox, layout, mode, shards: never the DSN)."""
     lines = [
-        f"-- harvest's least-privilege grants (docs/security.md){': ' + made_for if made_for else ''}",
-        "-- Create the roles first, e.g.",
-        "--   CREATE ROLE <name> LOGIN PASSWORD '...';  (the owner may be NOLOGIN if a superuser runs init-db)",
-        "-- then the owner's lines (before init-db: it creates in the schema), then `harvest init-db` as the owner,",
-        "-- then the rest as a superuser (or the owner; the cursor layout's hand-over of the outbox to the relay",
-        "-- role needs a superuser or a member of that role). The reader's table is made by the owner with",
-        "-- PostgresCheckpointStore.create_table before its grant. Grants are idempotent: rerun after a change.",
+        _comment(f"harvest's least-privilege grants (docs/security.md){': ' + made_for if made_for else ''}"),
+        "-- Create the roles first (CREATE ROLE <name> LOGIN; a password each, e.g. with psql's \\password),",
+        "-- run the owner's lines (before init-db: it creates in the schema), `harvest init-db` as the owner,",
+        "-- then the whole script as a superuser. Every statement can run again. The reader's table is made by",
+        "-- the owner (PostgresCheckpointStore.create_table) before its grant runs.",
     ]
     for component in COMPONENTS:
         mine = [n for n in all_needs if n.component == component]
         if not mine:
             continue
         lines.append("")
-        lines.append(f"-- {component}: {roles.of(component)}")
+        lines.append(_comment(f"{component}: {roles.of(component)}"))
         for need in mine:
             if need.why:
-                lines.append(f"-- {need.why}")
+                lines.append(_comment(need.why))
             for stmt in grant_sql(need, roles):
                 lines.append(stmt.as_string(None) + ";")
     return "\n".join(lines) + "\n"
+
+
+def _comment(text: str) -> str:
+    """``text`` as one SQL comment line: a line break in it (a quoted table name may hold one) would end the
+    comment and run the rest as SQL, so control characters are escaped."""
+    return "-- " + "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)

@@ -105,6 +105,9 @@ def test_the_statements_quote_every_name_and_the_hand_over_reads_them_as_literal
     script = grants_script(needs(names), roles)
     assert script.count(";\n") == len(grant_statements(needs(names), roles))
     assert '-- relay: re"lay' in script
+    # a quoted table name may hold a line break: in a comment it would end the comment and run as SQL
+    tricky = grants_script(needs(OutboxNames.parse('"out\nDROP TABLE x; --"')), RoleNames(), "outbox out\nDROP")
+    assert tricky.splitlines()[0].endswith(": outbox out\\nDROP"), tricky  # escaped (in a statement it is quoted)
 
 
 @pytest.mark.parametrize(
@@ -112,6 +115,7 @@ def test_the_statements_quote_every_name_and_the_hand_over_reads_them_as_literal
     [
         ({"relay": ""}, "--relay-role: '' is not a role name; give 1-63 bytes"),
         ({"admin": "a" * 64}, "--admin-role: 'aaa"),
+        ({"reader": "r\nDROP TABLE x"}, "--reader-role: .* is not a role name; give 1-63 bytes of printable text"),
         ({"writer": "x$harvest_grants$"}, r"--writer-role: .* contains \$harvest_grants\$"),
         ({"writer": "harvest_relay"}, "the roles must differ"),
     ],
