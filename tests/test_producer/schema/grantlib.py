@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 
 import psycopg
 from psycopg import sql
@@ -21,7 +21,7 @@ from harvest_outbox.producer.schema.grants import Component, RoleNames, grant_st
 @dataclass(frozen=True)
 class Roles:
     names: RoleNames
-    dsns: dict[str, str]
+    dsns: dict[str, str] = field(repr=False)  # they hold the passwords
 
     def dsn(self, component: Component) -> str:
         return self.dsns[component]
