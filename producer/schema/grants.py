@@ -130,6 +130,8 @@ def needs(
         fence = names.shard_state if shards > 1 else names.state
         out.append(Need("relay", "TABLE", fence, ("SELECT", "UPDATE"), "--uuid-sequencing's fence (epoch, clock)"))
         out.append(Need("relay", "TABLE", names.ack_intents, crud, "--uuid-sequencing's persisted ACK intents"))
+    elif shards > 1:  # producer/schema/checks.py require_shards, at every connect
+        out.append(Need("relay", "TABLE", names.shard_state, ("SELECT",), "the relay counts the shards' fence rows"))
     # ------------------------------------------------------------------ the writers
     out.append(Need("writer", "SCHEMA", schema, ("USAGE",), ""))
     out.append(Need("writer", "TABLE", names.outbox, ("INSERT",), "the stasher's INSERT and COPY"))

@@ -28,6 +28,7 @@ COMMON = {
     "outbox_harvest_layout": "SELECT, INSERT, UPDATE",
 }
 SEQUENCED = {"outbox_harvest_state": "SELECT, UPDATE", "outbox_ack_intents": CRUD}
+SHARDED = {"outbox_harvest_shards": "SELECT"}  # the relay checks its fence rows exist before it starts
 SHARDED_SEQUENCED = {"outbox_harvest_shards": "SELECT, UPDATE", "outbox_ack_intents": CRUD}
 CURSOR = {"outbox": "OWNER", "outbox_harvest_cursor": "SELECT, UPDATE", "outbox_held": "SELECT, INSERT, DELETE"}
 
@@ -50,11 +51,12 @@ def _relay(layout: str, sequenced: bool, shards: int) -> tuple[dict[str, str], s
     ("layout", "sequenced", "shards", "tables", "schema"),
     [
         ("mark", False, 1, {**MARK_OUTBOX, **COMMON}, "USAGE"),
-        ("mark", False, 4, {**MARK_OUTBOX, **COMMON}, "USAGE"),
+        ("mark", False, 4, {**MARK_OUTBOX, **COMMON, **SHARDED}, "USAGE"),
         ("mark", True, 1, {**MARK_OUTBOX, **COMMON, **SEQUENCED}, "USAGE"),
         ("mark", True, 4, {**MARK_OUTBOX, **COMMON, **SHARDED_SEQUENCED}, "USAGE"),
         ("cursor", False, 1, {**CURSOR, **COMMON}, "USAGE, CREATE"),
         ("cursor", True, 1, {**CURSOR, **COMMON, **SEQUENCED}, "USAGE, CREATE"),
+        ("cursor", False, 2, {**CURSOR, **COMMON, **SHARDED}, "USAGE, CREATE"),
         ("cursor", True, 2, {**CURSOR, **COMMON, **SHARDED_SEQUENCED}, "USAGE, CREATE"),
     ],
 )

@@ -1,7 +1,8 @@
 """Least privilege on real Postgres (producer/schema/grants.py): every component, run as its own LOGIN role with
 exactly the grants ``harvest init-db --print-grants`` prints, does its work -- the owner runs ``init-db``, a
 stasher writes as the writer, the relay drains as the relay (the mark layout at least once; the cursor layout
-with ``--uuid-sequencing``; the mark layout sharded and sequenced), all with the Postgres-lock election, the
+with ``--uuid-sequencing`` and haltKey, a held row released after its dead letter's requeue; the mark layout
+with two shards, sequenced, haltKey; the cursor layout with two shards), all with the Postgres-lock election, the
 dead-letter verbs list, keys, export, requeue and discard as the admin, a reader keeps its checkpoints as
 the reader -- and each is refused what lies outside its grants: the relay cannot drop the mark layout's outbox,
 drop or truncate a companion table or read a table not granted; the writer cannot read or delete the outbox's
@@ -56,8 +57,13 @@ def _backlog(pg_dsn: str, names: OutboxNames, layout: str) -> int:
 
 @pytest.mark.parametrize(
     ("layout", "sequenced", "shards", "policy"),
-    [("mark", False, 1, "skip"), ("cursor", True, 1, "haltKey"), ("mark", True, 2, "haltKey")],
-    ids=["mark-at-least-once", "cursor-sequenced-haltKey", "mark-sequenced-2-shards-haltKey"],
+    [
+        ("mark", False, 1, "skip"),
+        ("cursor", True, 1, "haltKey"),
+        ("mark", True, 2, "haltKey"),
+        ("cursor", False, 2, "skip"),
+    ],
+    ids=["mark-at-least-once", "cursor-sequenced-haltKey", "mark-sequenced-2-shards-haltKey", "cursor-2-shards"],
 )
 def test_each_component_works_as_its_role_and_is_refused_the_rest(
     layout: str,
