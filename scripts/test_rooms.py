@@ -38,7 +38,7 @@ ROOMS: dict[str, tuple[str, ...]] = {
         "test_optional_deps",
         "test_trace_context",
     ),
-    "schema": ("test_hygiene", "test_sql_ascii"),
+    "schema": ("test_hygiene", "test_sql_ascii", "test_grants", "test_grants_pg"),
     "layouts": ("test_outbox_layouts",),
     "layouts/mark": ("test_mark", "test_marksize", "test_async_mark", "test_commit_rows"),
     "layouts/cursor": (
@@ -92,7 +92,7 @@ ROOMS: dict[str, tuple[str, ...]] = {
     ),
     "kafka": ("test_kafka_errors", "test_raw_output"),
     "observe": ("test_dashboard", "test_health", "test_health_logic", "test_histograms", "test_http_endpoint"),
-    "ops": ("test_cli", "test_deadletter_admin", "test_preflight", "test_signals", "test_poison"),
+    "ops": ("test_cli", "test_deadletter_admin", "test_preflight", "test_signals", "test_poison", "test_privileges"),
     "election": ("test_election_postgres", "test_failover", "test_sharded_failover"),
     "cluster": ("test_kafka_cluster", "test_pg_failover", "test_unclean_election"),
 }

@@ -28,6 +28,7 @@ from psycopg import sql
 from harvest_outbox.producer.db import MarkedAttempts, MarkedRow, TxnCommit
 from harvest_outbox.producer.mapping.names import OutboxNames, Statement, ValueType
 from harvest_outbox.producer.mapping.table import TableMapping
+from harvest_outbox.producer.schema.grants import Need
 
 T_co = TypeVar("T_co", covariant=True)
 
@@ -161,6 +162,13 @@ class OutboxLayout(Protocol):
     @property
     def migrates_into(self) -> bool:
         """``init-db --migrate`` moves the other layout's table into this one."""
+        ...
+
+    # ------------------------------------------------------------------ least privilege
+    def grants(self, names: OutboxNames) -> list[Need]:
+        """The relay's and the dead-letter verbs' privileges on this layout's own objects (the outbox's schema
+        and table, the cursor layout's cursor and held rows), each with why; producer/schema/grants.py adds the
+        companions' both layouts keep, the writers' and the reader's."""
         ...
 
     # ------------------------------------------------------------------ checks

@@ -2,7 +2,8 @@
 
     harvest -f harvest.yaml [flags]          run the relay (goharvest reaper compatible); same as `harvest run`
     harvest init-db -f harvest.yaml [--value-type bytea]
-    harvest check -f harvest.yaml            the outbox's queue-table hygiene: OK / WARN / FAIL with fixes
+    harvest init-db -f harvest.yaml --print-grants [--relay-role NAME ...]   least-privilege SQL, no connection
+    harvest check -f harvest.yaml            the outbox's queue-table hygiene and the role's privileges: OK / WARN / FAIL with fixes
     harvest dead-letters list|keys|export|requeue|discard -f harvest.yaml ...   (producer/ops/_deadletters_cli.py)
 
 Flags (``--data-source``, ``--bootstrap-servers``, ``--outbox-table``, ``--leader-topic``,
@@ -118,10 +119,34 @@ def build_parser() -> argparse.ArgumentParser:
         help="with outboxLayout: cursor, migrate goharvest's table (every relay stopped): renamed to "
         "<table>_goharvest and its rows copied, in order, into the new partitioned outbox, in one transaction",
     )
+    init.add_argument(
+        "--print-grants",
+        action="store_true",
+        help="print, instead, the GRANT statements of each component's role for this config's outbox, "
+        "layout, mode and shards (docs/security.md); connects to nothing",
+    )
+    for component, what in (
+        ("owner", "runs init-db (DDL)"),
+        ("relay", "runs the relay"),
+        ("writer", "the applications' stashers"),
+        ("admin", "the dead-letters verbs"),
+        ("reader", "a reader's Postgres checkpoint store"),
+    ):
+        init.add_argument(
+            f"--{component}-role",
+            metavar="NAME",
+            help=f"with --print-grants: the role that {what} (default harvest_{component})",
+        )
+    init.add_argument(
+        "--checkpoint-table",
+        metavar="[SCHEMA.]TABLE",
+        help="with --print-grants: the readers' checkpoint table (default harvest_consumer_checkpoints)",
+    )
     chk = sub.add_parser(
         "check",
         help="report the outbox's fillfactor, autovacuum, indexes, NOTIFY trigger, "
-        "companion tables, backlog and dead rows, each OK / WARN / FAIL with the fix "
+        "companion tables, backlog and dead rows, and the DSN role's privileges against the relay's, "
+        "each OK / WARN / FAIL with the fix "
         "(exit 1 on a FAIL)",
     )
     _common(chk)
@@ -221,6 +246,13 @@ def _init_db(args: argparse.Namespace) -> int:
     from harvest_outbox.producer.schema.ddl import init_db
 
     cfg = _load(args, kafka=False)
+    if args.print_grants:
+        return _print_grants(args, cfg)
+    for flag in _GRANT_FLAGS:
+        if getattr(args, flag.lstrip("-").replace("-", "_")) is not None:
+            raise ConfigError(
+                f"init-db: {flag} names a role of --print-grants' SQL; add --print-grants (it creates nothing)"
+            )
     if args.migrate:
         return _migrate(cfg)
     layout = layout_for(cfg.harvest)
@@ -255,6 +287,37 @@ def _init_db(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+_GRANT_FLAGS = ("--owner-role", "--relay-role", "--writer-role", "--admin-role", "--reader-role", "--checkpoint-table")
+
+
+def _print_grants(args: argparse.Namespace, cfg: FileConfig) -> int:
+    """``init-db --print-grants``: the SQL of producer/schema/grants.py for the config (its DSN is not read)."""
+    from harvest_outbox.producer.schema import OutboxNames
+    from harvest_outbox.producer.schema.grants import CHECKPOINT_TABLE, RoleNames, grants_script, needs
+
+    if args.migrate:
+        raise ConfigError("init-db: --print-grants and --migrate are two runs; print the grants after the migration")
+    given = {c: getattr(args, f"{c}_role") for c in ("owner", "relay", "writer", "admin", "reader")}
+    roles = RoleNames(**{c: name for c, name in given.items() if name is not None})
+    h = cfg.harvest
+    names = OutboxNames.parse(h.outbox_table, h.table_mapping)
+    wanted = needs(
+        names,
+        layout=h.outbox_layout,
+        sequenced=h.uuid_sequencing,
+        shards=h.shards,
+        checkpoint_table=args.checkpoint_table or CHECKPOINT_TABLE,
+    )
+    mode = "--uuid-sequencing" if h.uuid_sequencing else "at least once"
+    print(
+        grants_script(
+            wanted, roles, f"outbox {names.display}, outboxLayout: {h.outbox_layout}, {mode}, shards: {h.shards}"
+        ),
+        end="",
+    )
+    return EXIT_OK
+
+
 def _migrate(cfg: FileConfig) -> int:
     from harvest_outbox.producer.db import connect
     from harvest_outbox.producer.layouts.choice import layout_for
@@ -279,11 +342,12 @@ def _migrate(cfg: FileConfig) -> int:
 
 def _check(args: argparse.Namespace) -> int:
     from harvest_outbox.producer.db import connect
-    from harvest_outbox.producer.ops._check import check_outbox, exit_code
+    from harvest_outbox.producer.ops._check import exit_code
+    from harvest_outbox.producer.ops._privileges import check_outbox_and_role
 
     cfg = _load(args, kafka=False)
     with connect(cfg.harvest.data_source) as conn:
-        findings = check_outbox(conn, cfg.harvest)
+        findings = check_outbox_and_role(conn, cfg.harvest)
     for finding in findings:
         print(printable(finding.line()))
     levels = [f.level for f in findings]

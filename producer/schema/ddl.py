@@ -29,6 +29,7 @@ def outbox_ddl(
     layout: str = "mark",
     mapped_columns: list[sql.Composable] | None = None,
     wakeup: str = "notify",
+    create_schema: bool = True,
 ) -> list[Statement]:
     """Statements that create the outbox, the dead-letter table and the notify trigger (with ``wakeup``
     ``poll``, drop it: producer/relay/two_phase.py); the outbox is ``layout``'s own table where it has one
@@ -36,12 +37,14 @@ def outbox_ddl(
     cursor row, its partitions being :func:`init_db`'s, with a mapped table's columns ``mapped_columns`` when
     given (a migration keeps the old table's: :mod:`producer.layouts.cursor.migrate`), else the mapping's
     (:meth:`~producer.mapping.protocol.TableMapping.cursor_columns`)), else the mapping's table
-    (:meth:`~producer.mapping.protocol.TableMapping.outbox_ddl`)."""
+    (:meth:`~producer.mapping.protocol.TableMapping.outbox_ddl`). ``create_schema`` False: the outbox's schema
+    exists (``CREATE SCHEMA IF NOT EXISTS`` needs CREATE on the database even then: the owner role's grants,
+    producer/schema/grants.py, do not include it)."""
     if value_type not in ("varchar", "bytea"):
         raise ConfigError(f"value type: {value_type!r} must be 'varchar' (goharvest) or 'bytea'")
     vtype = sql.SQL("BYTEA" if value_type == "bytea" else "VARCHAR")
     stmts: list[Statement] = []
-    if names.schema:
+    if names.schema and create_schema:
         stmts.append(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(names.schema)))
     own = layout_for(layout).outbox_ddl(names, value_type, mapped_columns, _companion_ddl(names, vtype, wakeup))
     if own is not None:  # the layout's own table (the cursor layout's partitioned one)
@@ -257,8 +260,14 @@ def init_db(
             cols = column_types(conn, names)
             if cols is not None:
                 vtype = mapping.value_type(cols)
+        # Only a missing schema is created: the least-privilege owner may create in its schema, not in the database.
+        missing = names.schema is not None and (
+            conn.execute("SELECT 1 FROM pg_namespace WHERE nspname = %s", (names.schema,)).fetchone() is None
+        )
         with conn.transaction():
-            for stmt in outbox_ddl(names, vtype, layout, wakeup=wakeup) + shard_ddl(names, shards):
+            for stmt in outbox_ddl(names, vtype, layout, wakeup=wakeup, create_schema=missing) + shard_ddl(
+                names, shards
+            ):
                 conn.execute(stmt)
             chosen.finish_init(conn, names, shards, partition_ids)  # the cursor rows and partitions, or storage
         if mapping.adopts_existing_table:

@@ -30,6 +30,7 @@ from harvest_outbox.producer.layouts.cursor.schema import (
 from harvest_outbox.producer.layouts.cursor.views import CursorViews
 from harvest_outbox.producer.layouts.layout import LayoutChecks, LayoutSettings, RelayDatabase, T_co
 from harvest_outbox.producer.mapping.names import OutboxNames, Statement, ValueType
+from harvest_outbox.producer.schema.grants import Need, schema_of
 
 
 class CursorLayout:
@@ -105,6 +106,34 @@ class CursorLayout:
     @property
     def migrates_into(self) -> bool:
         return True
+
+    # ------------------------------------------------------------------ least privilege
+    def grants(self, names: OutboxNames) -> list[Need]:
+        """The relay never writes a row, but its partition maintenance (partitions.py) creates tables in the
+        schema and ATTACHes and DROPs partitions, which Postgres allows only to the outbox's owner."""
+        return [
+            Need("relay", "SCHEMA", schema_of(names), ("USAGE", "CREATE"), "partition maintenance creates partitions"),
+            Need(
+                "relay",
+                "OWNER",
+                names.outbox,
+                (),
+                "partition maintenance ATTACHes new partitions and DROPs retired ones: only an owner may "
+                "(the id sequence follows the table)",
+            ),
+            Need(
+                "owner",
+                "MEMBER",
+                names.outbox,
+                (),
+                "init-db, run again (an upgrade), alters the outbox the relay owns",
+                member_of="relay",
+            ),
+            Need("relay", "TABLE", names.cursor, ("SELECT", "UPDATE"), "the committed cursor (FOR SHARE)"),
+            Need("relay", "TABLE", names.held, ("SELECT", "INSERT", "DELETE"), "haltKey's held rows"),
+            Need("admin", "TABLE", names.cursor, ("SELECT",), "requeue waits until the relay passed the rows"),
+            Need("admin", "TABLE", names.held, ("SELECT", "INSERT"), "haltKey: requeue into the held rows"),
+        ]
 
     # ------------------------------------------------------------------ checks
     def require(self, conn: psycopg.Connection, names: OutboxNames) -> None:

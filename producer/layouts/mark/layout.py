@@ -22,6 +22,7 @@ from harvest_outbox.producer.layouts.layout import LayoutChecks, LayoutSettings,
 from harvest_outbox.producer.layouts.mark.database import MarkDatabase, backlog_by_shard
 from harvest_outbox.producer.mapping.names import OutboxNames, Statement, ValueType
 from harvest_outbox.producer.schema import missing_storage, packed_outbox_fix, storage_sql
+from harvest_outbox.producer.schema.grants import Need, schema_of
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +68,20 @@ class MarkLayout:
     @property
     def migrates_into(self) -> bool:
         return False
+
+    # ------------------------------------------------------------------ least privilege
+    def grants(self, names: OutboxNames) -> list[Need]:
+        """The relay claims, releases and deletes rows; it creates nothing (no CREATE on the schema)."""
+        return [
+            Need("relay", "SCHEMA", schema_of(names), ("USAGE",), ""),
+            Need(
+                "relay",
+                "TABLE",
+                names.outbox,
+                ("SELECT", "UPDATE", "DELETE"),
+                "the mark claims rows (UPDATE leader_id), a reset releases them, a purge deletes them",
+            ),
+        ]
 
     # ------------------------------------------------------------------ checks
     def require(self, conn: psycopg.Connection, names: OutboxNames) -> None:
