@@ -39,6 +39,7 @@ import shutil
 import stat
 import subprocess
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -257,11 +258,7 @@ def _make_root_only(path: Path) -> None:
         missing.append(probe)
         probe = probe.parent
     for folder in reversed(missing):
-        try:
-            os.mkdir(folder, 0o755)
-            os.chmod(folder, 0o755)  # a umask of 077 would hide it from the server user
-        except FileExistsError:
-            pass
+        _create_0755(folder)
     if not _is_root_only(path):
         st = os.lstat(path)  # FileNotFoundError when a sweep raced us: claim() tries again
         raise ServiceError(
@@ -270,6 +267,22 @@ def _make_root_only(path: Path) -> None:
             f"root only, but it is {_describe(st)}. Fix: remove it (`rm -rf {path}`) or set "
             "HARVEST_PG_RUN_DIR to another folder",
         )
+
+
+def _create_0755(folder: Path) -> None:
+    """Make ``folder`` appear already 0755, never in between: made under another name, given its mode (a umask
+    of 077 would hide it from the server user, one of 002 would leave it group-writable), then renamed into
+    place. A concurrent run that made it first keeps its own (a rename onto an empty folder replaces it with
+    this one, as good; onto a used one it fails, and this one goes)."""
+    staging = folder.with_name(f".{folder.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}")
+    os.mkdir(staging, 0o700)
+    os.chmod(staging, 0o755)
+    try:
+        os.rename(staging, folder)
+    except OSError:
+        os.rmdir(staging)
+        if not os.path.isdir(folder):
+            raise
 
 
 def _is_root_only(path: Path) -> bool:

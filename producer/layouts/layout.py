@@ -28,7 +28,7 @@ from psycopg import sql
 from harvest_outbox.producer.db import MarkedAttempts, MarkedRow, TxnCommit
 from harvest_outbox.producer.mapping.names import OutboxNames, Statement, ValueType
 from harvest_outbox.producer.mapping.table import TableMapping
-from harvest_outbox.producer.schema.grants import Need
+from harvest_outbox.producer.schema.need import Need
 
 T_co = TypeVar("T_co", covariant=True)
 

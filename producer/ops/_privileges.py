@@ -21,7 +21,8 @@ from psycopg import sql
 from harvest_outbox.producer.config import HarvestConfig
 from harvest_outbox.producer.ops._check import Finding, check_outbox
 from harvest_outbox.producer.schema import OutboxNames
-from harvest_outbox.producer.schema.grants import Need, grant_to, needs
+from harvest_outbox.producer.schema.grants import grant_to, needs
+from harvest_outbox.producer.schema.need import Need
 
 SUBJECT = "privileges"
 _PRINT = "`harvest init-db --print-grants` prints the relay's grants (docs/security.md)"

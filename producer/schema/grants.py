@@ -31,15 +31,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, fields
-from typing import Literal
 
 from psycopg import sql
 
 from harvest_outbox.producer.errors import ConfigError
+from harvest_outbox.producer.layouts.choice import layout_for
 from harvest_outbox.producer.mapping.names import OutboxNames, Statement, parse_table_name
+from harvest_outbox.producer.schema.need import Component, Need, schema_of
 
-Component = Literal["owner", "relay", "writer", "admin", "reader"]
-Kind = Literal["SCHEMA", "TABLE", "SEQUENCE", "OWNER", "MEMBER"]
 COMPONENTS: tuple[Component, ...] = ("owner", "relay", "writer", "admin", "reader")
 #: consumer/pg_store.py's DEFAULT_TABLE (not imported: the readers' package stays off producer/'s imports).
 CHECKPOINT_TABLE = "harvest_consumer_checkpoints"
@@ -78,27 +77,6 @@ class RoleNames:
         return name
 
 
-@dataclass(frozen=True)
-class Need:
-    """``component``'s privileges on one object (``OWNER``: the object is to be owned by it; ``MEMBER``:
-    it joins the role of ``member_of``, for that role's rights on the object), and why."""
-
-    component: Component
-    kind: Kind
-    target: sql.Identifier
-    privileges: tuple[str, ...]
-    why: str
-    #: Only these columns of the table (a column privilege), when given.
-    columns: tuple[str, ...] = ()
-    #: ``MEMBER``: the component whose role this one's joins.
-    member_of: Component | None = None
-
-
-def schema_of(names: OutboxNames) -> sql.Identifier:
-    """The outbox's schema; ``public`` for an unqualified outbox (the usual ``search_path``)."""
-    return sql.Identifier(names.schema or "public")
-
-
 def needs(
     names: OutboxNames,
     *,
@@ -110,8 +88,6 @@ def needs(
     """What each component needs on ``names``' outbox (``outboxLayout`` ``layout``, ``--uuid-sequencing``
     ``sequenced``, ``shards``; the reader's ``checkpoint_table``): the layout's own objects' needs
     (:meth:`~producer.layouts.layout.OutboxLayout.grants`) and the companions' both layouts keep."""
-    from harvest_outbox.producer.layouts.choice import layout_for  # the layouts import this module's Need
-
     if shards < 1:
         raise ConfigError(f"shards: {shards} must be 1 or more")
     own = layout_for(layout).grants(names)

@@ -30,7 +30,7 @@ from harvest_outbox.producer.layouts.cursor.schema import (
 from harvest_outbox.producer.layouts.cursor.views import CursorViews
 from harvest_outbox.producer.layouts.layout import LayoutChecks, LayoutSettings, RelayDatabase, T_co
 from harvest_outbox.producer.mapping.names import OutboxNames, Statement, ValueType
-from harvest_outbox.producer.schema.grants import Need, schema_of
+from harvest_outbox.producer.schema.need import Need, schema_of
 
 
 class CursorLayout:

@@ -22,7 +22,7 @@ from harvest_outbox.producer.layouts.layout import LayoutChecks, LayoutSettings,
 from harvest_outbox.producer.layouts.mark.database import MarkDatabase, backlog_by_shard
 from harvest_outbox.producer.mapping.names import OutboxNames, Statement, ValueType
 from harvest_outbox.producer.schema import missing_storage, packed_outbox_fix, storage_sql
-from harvest_outbox.producer.schema.grants import Need, schema_of
+from harvest_outbox.producer.schema.need import Need, schema_of
 
 log = logging.getLogger(__name__)
 

@@ -1,9 +1,16 @@
 """The ``harvest`` command as a subprocess: bad input is one clear line on stderr and exit code 2
-(configuration or usage), never a traceback, never a secret; row data cannot drive the terminal."""
+(configuration or usage), never a traceback, never a secret; row data cannot drive the terminal.
+
+The table of bad config files runs each file through three commands by the command's ``main`` in this
+process (~160 calls, each a Python start of ~0.3-1 s as a subprocess); one file of the table also runs as
+a subprocess, which shows the process behaves the same."""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -13,6 +20,8 @@ import psycopg
 import pytest
 from psycopg import sql
 
+from harvest_outbox.producer.ops import cli
+from harvest_outbox.producer.relay.signals import STOP_SIGNALS
 from harvest_outbox.producer.schema import OutboxNames
 from harvest_outbox.producer.schema.ddl import init_db
 
@@ -28,6 +37,24 @@ def harvest(*args: str, env: dict[str, str] | None = None, timeout: float = 60.0
         env={**os.environ, **(env or {})},
         stdin=subprocess.DEVNULL,
     )
+
+
+def harvest_in_process(*args: str) -> subprocess.CompletedProcess[str]:
+    """What :func:`harvest` returns, from the command's ``main`` called here. ``main`` installs the relay's
+    stop-signal handlers before it parses anything, and a ``run`` refused by its config leaves them to the
+    process's exit: they are put back."""
+    saved = {sig: signal.getsignal(sig) for sig in STOP_SIGNALS}
+    out, err = io.StringIO(), io.StringIO()
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                code = cli.main(list(args))
+            except SystemExit as exc:
+                code = exc.code if isinstance(exc.code, int) else 1
+    finally:
+        for sig, handler in saved.items():
+            signal.signal(sig, handler)
+    return subprocess.CompletedProcess(["harvest", *args], code, out.getvalue(), err.getvalue())
 
 
 def assert_one_line_exit_2(proc: subprocess.CompletedProcess[str], *needles: str) -> str:
@@ -117,8 +144,20 @@ def test_bad_config_file_is_one_line_and_exit_2(tmp_path: Path, case: str) -> No
     path = tmp_path / "h.yaml"
     path.write_bytes(content)
     for command in (["-f", str(path)], ["init-db", "-f", str(path)], ["dead-letters", "list", "-f", str(path)]):
-        err = assert_one_line_exit_2(harvest(*command), *needles)
+        err = assert_one_line_exit_2(harvest_in_process(*command), *needles)
         assert err.startswith("harvest: configuration error: ")
+
+
+@pytest.mark.parametrize("command", [[], ["init-db"], ["dead-letters", "list"]])
+def test_a_bad_config_file_as_a_process(tmp_path: Path, command: list[str]) -> None:
+    content, needles = BAD_FILES["yaml-syntax"]
+    path = tmp_path / "h.yaml"
+    path.write_bytes(content)
+    proc = harvest(*command, "-f", str(path))
+    err = assert_one_line_exit_2(proc, *needles)
+    assert err.startswith("harvest: configuration error: ")
+    in_process = harvest_in_process(*command, "-f", str(path))
+    assert (in_process.returncode, in_process.stderr) == (proc.returncode, proc.stderr)
 
 
 @pytest.mark.parametrize(

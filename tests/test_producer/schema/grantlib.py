@@ -15,7 +15,8 @@ from psycopg.conninfo import make_conninfo
 
 from harvest_outbox.producer.schema import OutboxNames
 from harvest_outbox.producer.schema.ddl import init_db
-from harvest_outbox.producer.schema.grants import Component, RoleNames, grant_statements, needs
+from harvest_outbox.producer.schema.grants import RoleNames, grant_statements, needs
+from harvest_outbox.producer.schema.need import Component
 
 
 @dataclass(frozen=True)
