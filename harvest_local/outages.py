@@ -83,7 +83,7 @@ FAULTS = (
 LATENCY_MS = 200
 RESET_SECONDS = 1.0
 #: seconds of normal flow after a fault's recovery, before the next fault (or the writers' end)
-STEADY_SECONDS = 3.0
+STEADY_SECONDS = 2.0
 
 
 @dataclass(frozen=True)
