@@ -141,7 +141,8 @@ class HarvestConfig:
     #: endpoint (docs/health.md).
     prometheus_port: int | None = None
     #: Address the /metrics, /healthz and /readyz endpoint binds to (with ``prometheusPort``);
-    #: ``127.0.0.1`` keeps them on this host.
+    #: ``127.0.0.1`` keeps them on this host. Every interface by default, on purpose: in a container the
+    #: kubelet's probes and Prometheus connect from outside (docs/security.md, "The HTTP endpoint").
     prometheus_bind_address: str = DEFAULT_BIND_ADDRESS
     #: ``user:password``: the endpoint answers only requests with these HTTP basic-auth credentials
     #: (``401`` otherwise; compared in constant time). Put the password in a file
@@ -200,7 +201,7 @@ class HarvestConfig:
     wakeup: str = ""
     #: A command that prints the Postgres password (e.g. ``aws rds generate-db-auth-token --hostname …``),
     #: run for each new connection the relay makes: rotated credentials are picked up without a restart.
-    #: Run without a shell (split as a POSIX shell would), at most 30 s; its stdout, stripped, is the
+    #: Run without a shell (split as a POSIX shell would), at most 10 s; its stdout, stripped, is the
     #: password and overrides one in ``dataSource``. Unset (default): the password is ``dataSource``'s.
     data_source_password_command: str = ""
     #: ``package.module:function``, a function of no arguments returning the Postgres password, called for

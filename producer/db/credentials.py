@@ -28,8 +28,10 @@ import psycopg
 
 from harvest_outbox.producer.errors import ConfigError, shown
 
-#: Seconds a password command may run (``aws rds generate-db-auth-token`` takes about one).
-COMMAND_TIMEOUT = 30.0
+#: Seconds a password command may run (``aws rds generate-db-auth-token`` takes about one). The
+#: connection that waits for it may be the relay thread's, which also renews the election's lease: a
+#: hung command must give up well before a lease would lapse for it.
+COMMAND_TIMEOUT = 10.0
 
 
 class PasswordProviderError(psycopg.OperationalError):

@@ -417,6 +417,11 @@ def _redacted(text: str, args: argparse.Namespace) -> str:
             for k, v in conf.items()
             if is_secret_kafka_key(k)
         )
+        # the endpoint's and the registry's basic-auth passwords (user:password), whole and alone
+        registry = cfg.harvest.serialization.registry
+        for auth in (cfg.harvest.prometheus_basic_auth, registry.basic_auth if registry else ""):
+            if auth:
+                secrets += (auth, auth.partition(":")[2])
     return " ".join(redact_error(text, dsn, secrets).split())  # one line
 
 
