@@ -4,10 +4,12 @@ item 5, docs/security.md): no body, whatever the path, method or credential, hol
 command's argument); with ``prometheusBasicAuth`` a missing or wrong credential gets ``401`` and a fixed body
 that says nothing more, the right one the endpoint; unknown paths are ``404``; the bind address default is
 the one the docs state. ``/readyz`` runs its database probe for real, against the test Postgres with a
-wrong password, so the probe's error is in the body scanned."""
+wrong password, so the probe's error is in the body scanned; running relays (one leader, sharded) serve only
+with the config's credentials; the harvest command's error redaction knows the basic-auth passwords."""
 
 from __future__ import annotations
 
+import argparse
 import base64
 import re
 import time
@@ -20,11 +22,15 @@ from typing import Any
 
 import pytest
 from psycopg.conninfo import make_conninfo
+from relaylib import relay_config
 
-from harvest_outbox.producer.config import HarvestConfig, from_mapping
+from harvest_outbox.producer.config import FileConfig, HarvestConfig, from_mapping
 from harvest_outbox.producer.config._values import DEFAULT_BIND_ADDRESS
 from harvest_outbox.producer.errors import ConfigError
 from harvest_outbox.producer.observe.metrics import Metrics, start_prometheus
+from harvest_outbox.producer.ops.cli import _redacted
+from harvest_outbox.producer.relay.sharded import relay_for
+from harvest_outbox.producer.schema.ddl import init_db
 
 pytestmark = pytest.mark.integration
 
@@ -51,6 +57,10 @@ class _RunningRelay:
 
 
 def _config(pg_dsn: str) -> HarvestConfig:
+    return _file_config(pg_dsn).harvest
+
+
+def _file_config(pg_dsn: str) -> FileConfig:
     return from_mapping(
         {
             "harvest": {
@@ -69,7 +79,7 @@ def _config(pg_dsn: str) -> HarvestConfig:
                 "dataSourcePasswordCommand": f"/bin/echo {COMMAND_SECRET}",
             }
         }
-    ).harvest
+    )
 
 
 @pytest.fixture(scope="module")
@@ -176,3 +186,33 @@ def test_the_bind_address_default_is_the_documented_one() -> None:
     for page in ("health.md", "security.md"):
         stated = re.findall(r"default bind address\s+is\s+`([^`]+)`", (DOCS / page).read_text())
         assert stated == [DEFAULT_BIND_ADDRESS], f"docs/{page} states {stated}"
+
+
+@pytest.mark.parametrize("shards", [1, 2])
+def test_a_running_relay_serves_only_with_its_credentials(
+    pg_dsn: str, pg_schema: str, kafka_bootstrap: str, shards: int
+) -> None:
+    """The config's ``prometheusBasicAuth`` reaches the endpoint of both relays (one leader, sharded)."""
+    table = f"{pg_schema}.outbox"
+    init_db(pg_dsn, table, shards=shards)
+    config = relay_config(pg_dsn, kafka_bootstrap, table, f"g-auth-{shards}").replace(
+        shards=shards,
+        leader_election="postgres",
+        prometheus_port=0,
+        prometheus_bind_address="127.0.0.1",
+        prometheus_basic_auth=f"prometheus:{ENDPOINT_PASSWORD}",
+    )
+    with relay_for(config) as relay:
+        port = relay.prometheus_port
+        assert port is not None
+        assert _get(port, "/metrics", None)[0] == 401
+        assert _get(port, "/healthz", WRONG["wrong password"])[0] == 401
+        status, _headers, body = _get(port, "/metrics", GOOD)
+        assert status == 200 and b"harvest_is_leader" in body
+
+
+def test_cli_errors_never_show_a_basic_auth_password(pg_dsn: str) -> None:
+    """Whatever error the harvest command prints goes through its redaction, which knows these passwords."""
+    args = argparse.Namespace(loaded_config=_file_config(pg_dsn), data_source=None)
+    said = _redacted(f"boom: prometheus:{ENDPOINT_PASSWORD} and {REGISTRY_PASSWORD} and {DSN_PASSWORD}", args)
+    assert said.startswith("boom: ") and not [s for s in SECRETS if s in said], said
