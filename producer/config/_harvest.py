@@ -11,7 +11,10 @@ Invariants:
   refuses an unknown key (naming it and listing the valid ones, :data:`TOP_KEYS`); every error is a
   :class:`~producer.errors.ConfigError` naming the field (YAML path), the value and a fix;
 - ``dataSource`` is parsed by libpq (no connection) and ``outboxTable`` as a table name, at construction;
-- ``repr()``/``str()`` never shows a secret (DSN password, SASL/SSL credentials).
+- ``repr()``/``str()`` never shows a secret (DSN password, SASL/SSL credentials, ``prometheusBasicAuth``, a
+  password command's arguments: only its program);
+- at most one of ``dataSourcePasswordCommand`` and ``dataSourcePasswordProvider``, its provider built (a
+  command split, a function imported) at construction (:mod:`~producer.db.credentials`).
 """
 
 from __future__ import annotations

@@ -12,7 +12,10 @@ Invariants:
   only the leader measures them, so nothing stale outlives a hand-over;
 - the endpoint runs on its own daemon threads, a fixed few whatever its clients do
   (:mod:`producer.observe._http_server`), and only reads: GET and HEAD, ``405`` for any other method;
-  ``server.shutdown()`` also closes its socket and the health probe's connection.
+  ``server.shutdown()`` also closes its socket and the health probe's connection;
+- with ``prometheusBasicAuth`` every path, an unknown one too, answers only an authenticated request
+  (:mod:`producer.observe._http_auth`); the start-up line says whether the endpoint is reachable from the
+  network and whether it authenticates, so an open endpoint is a choice on record.
 """
 
 from __future__ import annotations
