@@ -176,6 +176,7 @@ class Harvest(RelayLifecycle):
                 self.config.prometheus_port,
                 self.config.prometheus_bind_address,
                 relay=self,
+                basic_auth=self.config.prometheus_basic_auth,
             )
         # The Kafka producer (an idempotent producer first fetches its producer id) and the
         # preflight's admin client connect now, while this relay is still a standby: the first

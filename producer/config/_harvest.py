@@ -11,7 +11,10 @@ Invariants:
   refuses an unknown key (naming it and listing the valid ones, :data:`TOP_KEYS`); every error is a
   :class:`~producer.errors.ConfigError` naming the field (YAML path), the value and a fix;
 - ``dataSource`` is parsed by libpq (no connection) and ``outboxTable`` as a table name, at construction;
-- ``repr()``/``str()`` never shows a secret (DSN password, SASL/SSL credentials).
+- ``repr()``/``str()`` never shows a secret (DSN password, SASL/SSL credentials, ``prometheusBasicAuth``, a
+  password command's arguments: only its program);
+- at most one of ``dataSourcePasswordCommand`` and ``dataSourcePasswordProvider``, its provider built (a
+  command split, a function imported) at construction (:mod:`~producer.db.credentials`).
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from harvest_outbox.producer.config._kafka import (
 from harvest_outbox.producer.config._limits import Limits
 from harvest_outbox.producer.config._values import (
     DEFAULT_BIND_ADDRESS,
+    check_basic_auth,
     check_bind_address,
     default_name,
     format_duration,
@@ -42,6 +46,7 @@ from harvest_outbox.producer.config._values import (
     parse_duration,
 )
 from harvest_outbox.producer.config.serialization import SerializationConfig
+from harvest_outbox.producer.db.credentials import PasswordProvider
 from harvest_outbox.producer.errors import ConfigError, shown
 from harvest_outbox.producer.layouts.choice import layout_for
 from harvest_outbox.producer.mapping.table import GOHARVEST, TableMapping, table_mapping
@@ -77,6 +82,9 @@ TOP_KEYS = (
     "serialization",
     "outboxLayout",
     "wakeup",
+    "prometheusBasicAuth",
+    "dataSourcePasswordCommand",
+    "dataSourcePasswordProvider",
 )
 #: How a ``HARVEST_<KEY>`` variable's text is read for each key (producer/config/_env.py).
 ENV_KINDS = {
@@ -136,8 +144,15 @@ class HarvestConfig:
     #: endpoint (docs/health.md).
     prometheus_port: int | None = None
     #: Address the /metrics, /healthz and /readyz endpoint binds to (with ``prometheusPort``);
-    #: ``127.0.0.1`` keeps them on this host.
+    #: ``127.0.0.1`` keeps them on this host. Every interface by default, on purpose: in a container the
+    #: kubelet's probes and Prometheus connect from outside (docs/security.md, "The HTTP endpoint").
     prometheus_bind_address: str = DEFAULT_BIND_ADDRESS
+    #: ``user:password``: the endpoint answers only requests with these HTTP basic-auth credentials
+    #: (``401`` otherwise; compared in constant time). Put the password in a file
+    #: (``prometheusBasicAuth: "prometheus:${file:/run/secrets/metrics_password}"``); redacted in every
+    #: repr and message. Basic auth sends the password in clear: put TLS in front (docs/security.md).
+    #: Unset (default): no authentication.
+    prometheus_basic_auth: str = field(default="", repr=False)
     #: NELI: replication factor of a leader topic the relay creates; -1: the broker's default.
     leader_topic_replication_factor: int = -1
     #: Exactly-once mode (docs/design.md §5): UUID-stamped CONTINUE_TXN records, harvest
@@ -187,6 +202,16 @@ class HarvestConfig:
     #: and ``init-db`` and ``harvest check`` warn when the server allows prepared transactions
     #: (``max_prepared_transactions`` > 0); setting it says which was chosen.
     wakeup: str = ""
+    #: A command that prints the Postgres password (e.g. ``aws rds generate-db-auth-token --hostname …``),
+    #: run for each new connection the relay makes: rotated credentials are picked up without a restart.
+    #: Run without a shell (split as a POSIX shell would), at most 10 s; its stdout, stripped, is the
+    #: password and overrides one in ``dataSource``. Unset (default): the password is ``dataSource``'s.
+    data_source_password_command: str = ""
+    #: ``package.module:function``, a function of no arguments returning the Postgres password, called for
+    #: each new connection (for embedders; instead of ``dataSourcePasswordCommand``). Unset (default): none.
+    data_source_password_provider: str = ""
+    # The provider of the two above (None: none), built and checked at construction; not a key.
+    password_provider: PasswordProvider | None = field(default=None, init=False, compare=False)
 
     def __post_init__(self) -> None:
         base, prod = checked_sections(self.base_kafka_config, self.producer_kafka_config, self.limits)
@@ -301,6 +326,25 @@ class HarvestConfig:
                 f"port), or omitted to disable the endpoint"
             )
         object.__setattr__(self, "prometheus_bind_address", check_bind_address(self.prometheus_bind_address))
+        if not isinstance(self.prometheus_basic_auth, str) or (
+            self.prometheus_basic_auth and not check_basic_auth(self.prometheus_basic_auth)
+        ):
+            raise ConfigError(
+                "prometheusBasicAuth: <redacted> must be a 'user:password' string with a user and a password, "
+                "e.g. 'prometheus:${file:/run/secrets/metrics_password}'"
+            )
+        object.__setattr__(self, "password_provider", self._password_provider())
+
+    def _password_provider(self) -> PasswordProvider | None:
+        command, function = self.data_source_password_command, self.data_source_password_provider
+        for key, value in (("dataSourcePasswordCommand", command), ("dataSourcePasswordProvider", function)):
+            if not isinstance(value, str):
+                raise ConfigError(f"{key}: {shown(value)} must be a string")
+        if command and function:
+            raise ConfigError("dataSourcePasswordCommand and dataSourcePasswordProvider are both set; keep one of them")
+        if not command and not function:
+            return None
+        return PasswordProvider(command=command, function=function)
 
     def _check_layout(self) -> None:
         """``outboxLayout``: a known layout, and only with what it supports (never a row lost)."""
@@ -345,7 +389,8 @@ class HarvestConfig:
             f"table_mapping={self.table_mapping!r}, event_id_header={self.event_id_header!r}, "
             f"dead_letter_retention={self.dead_letter_retention!r}, dead_letter_policy={self.dead_letter_policy!r}, "
             f"tracing={self.tracing!r}, serialization={self.serialization!r}, outbox_layout={self.outbox_layout!r}, "
-            f"wakeup={self.wakeup!r})"
+            f"wakeup={self.wakeup!r}, prometheus_basic_auth={'<redacted>' if self.prometheus_basic_auth else ''!r}, "
+            f"password_provider={self.password_provider!r})"
         )
 
     __str__ = __repr__
@@ -368,10 +413,13 @@ class HarvestConfig:
             ("leaderGroupID", "leader_group_id"),
             ("name", "name"),
             ("prometheusBindAddress", "prometheus_bind_address"),
+            ("prometheusBasicAuth", "prometheus_basic_auth"),
+            ("dataSourcePasswordCommand", "data_source_password_command"),
+            ("dataSourcePasswordProvider", "data_source_password_provider"),
         ):
             if key in data and data[key] is not None:
                 if not isinstance(data[key], str):
-                    text = "<redacted>" if key == "dataSource" else shown(data[key])
+                    text = "<redacted>" if key in ("dataSource", "prometheusBasicAuth") else shown(data[key])
                     raise ConfigError(f"{path}.{key}: {text} must be a string")
                 kwargs[attr] = data[key]
         for key, attr in (

@@ -102,3 +102,9 @@ def check_bind_address(value: Any, field_name: str = "prometheusBindAddress") ->
     if not _HOSTNAME.match(text) or text.replace(".", "").isdigit():
         raise ConfigError(f"{field_name}: {shown(value)} is neither an IP address nor a host name; {fix}")
     return text
+
+
+def check_basic_auth(value: str) -> bool:
+    """Whether ``value`` is ``user:password`` with both parts non-empty (the user may not hold ``:``)."""
+    user, colon, password = value.partition(":")
+    return bool(user and colon and password)

@@ -22,6 +22,7 @@ from psycopg.conninfo import conninfo_to_dict
 from psycopg.pq import Format
 
 from harvest_outbox.producer.db._statements import id_array
+from harvest_outbox.producer.db.credentials import open_connection
 from harvest_outbox.producer.errors import DatabaseError
 from harvest_outbox.producer.layouts.mark.marks import TEXT_ARRAY_OID, HeaderArrayLoader
 from harvest_outbox.producer.schema import (
@@ -66,7 +67,7 @@ def connect(dsn: str, **kwargs: Any) -> psycopg.Connection:
             kwargs = {**{k: v for k, v in TCP_DEFAULTS.items() if k not in given}, **kwargs}
         # UTF-8 whatever the DSN or the database's encoding say: the mark loads text columns as the
         # bytes the server sends (Kafka keys and values are the UTF-8 of the outbox's text).
-        conn = psycopg.connect(dsn, autocommit=True, **{**kwargs, "client_encoding": "UTF8"})
+        conn = open_connection(dsn, autocommit=True, **{**kwargs, "client_encoding": "UTF8"})
     except psycopg.Error as exc:
         raise DatabaseError(
             f"cannot connect to Postgres ({redact_dsn(dsn)}): {redact_error(str(exc), dsn).strip()}"

@@ -21,6 +21,7 @@ from collections.abc import Callable
 import psycopg
 from psycopg import sql
 
+from harvest_outbox.producer.db.credentials import open_connection
 from harvest_outbox.producer.schema import OutboxNames
 
 _NAMESPACE = b"harvest.leader\0"
@@ -106,7 +107,7 @@ def election_connection(
     lease_s = max(1, math.ceil(lease))
     # client_encoding as db.connect's: the outbox's schema name (hence the lock keys) is read as the
     # same text as `harvest shards` reads it, and as text, not bytes, even in a SQL_ASCII database.
-    conn = psycopg.connect(
+    conn = open_connection(
         dsn,
         autocommit=True,
         connect_timeout=max(2, math.ceil(connect_timeout)),

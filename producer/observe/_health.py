@@ -30,6 +30,7 @@ from typing import Any, Protocol
 
 import psycopg
 
+from harvest_outbox.producer.db.credentials import open_connection
 from harvest_outbox.redact import redact_error
 
 log = logging.getLogger(__name__)
@@ -96,7 +97,7 @@ class DatabaseProbe:
     def _probe(self) -> str | None:
         try:
             if self._conn is None or self._conn.closed:
-                self._conn = psycopg.connect(
+                self._conn = open_connection(
                     self._dsn,
                     autocommit=True,
                     connect_timeout=max(1, int(self._timeout)),

@@ -12,7 +12,10 @@ Invariants:
   only the leader measures them, so nothing stale outlives a hand-over;
 - the endpoint runs on its own daemon threads, a fixed few whatever its clients do
   (:mod:`producer.observe._http_server`), and only reads: GET and HEAD, ``405`` for any other method;
-  ``server.shutdown()`` also closes its socket and the health probe's connection.
+  ``server.shutdown()`` also closes its socket and the health probe's connection;
+- with ``prometheusBasicAuth`` every path, an unknown one too, answers only an authenticated request
+  (:mod:`producer.observe._http_auth`); the start-up line says whether the endpoint is reachable from the
+  network and whether it authenticates, so an open endpoint is a choice on record.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from harvest_outbox.producer.observe._histograms import (
     new_cells,
     observe,
 )
+from harvest_outbox.producer.observe._http_auth import require_basic_auth
 from harvest_outbox.producer.observe._http_server import BoundedWSGIServer, WsgiApp
 
 log = logging.getLogger(__name__)
@@ -266,10 +270,12 @@ def start_prometheus(
     addr: str = "0.0.0.0",
     relay: Any = None,
     shards: Callable[[], Mapping[int, tuple[int | None, float | None]]] | None = None,
+    basic_auth: str = "",
 ) -> Any:
     """Serve ``/metrics`` (from a private registry) on ``addr:port``, plus ``/healthz`` and
     ``/readyz`` when ``relay`` (a :class:`producer.observe._health.RelayView`) is given; returns (server, thread).
-    ``shards``: the led shards' metrics of a sharded relay, exported per shard as well."""
+    ``shards``: the led shards' metrics of a sharded relay, exported per shard as well. ``basic_auth``
+    (``user:password``): every path answers only requests with these credentials (``401`` otherwise)."""
     from prometheus_client import CollectorRegistry, make_wsgi_app
 
     registry = CollectorRegistry(auto_describe=False)
@@ -303,8 +309,9 @@ def start_prometheus(
             return [b""]
         return route(environ, start_response)
 
+    served = require_basic_auth(app, basic_auth) if basic_auth else app
     try:
-        server = BoundedWSGIServer(addr, port, app, name)
+        server = BoundedWSGIServer(addr, port, served, name)
     except OSError as exc:
         if health is not None:
             health.close()
@@ -316,10 +323,22 @@ def start_prometheus(
         server.on_close.append(health.close)
     thread = threading.Thread(target=server.serve_forever, name=f"harvest-http-{name}", daemon=True)
     thread.start()
+    # Said at every start, so an endpoint open to the network without authentication is a choice on record.
     log.info(
-        "metrics on http://%s:%d/metrics%s",
+        "metrics on http://%s:%d/metrics%s, %s, %s",
         addr,
         server.server_port,
         " (+ /healthz, /readyz)" if health is not None else "",
+        "this host only" if _loopback(addr) else "reachable from the network (prometheusBindAddress)",
+        "basic auth required" if basic_auth else "no authentication (prometheusBasicAuth)",
     )
     return server, thread
+
+
+def _loopback(addr: str) -> bool:
+    import ipaddress
+
+    try:
+        return ipaddress.ip_address(addr).is_loopback
+    except ValueError:
+        return addr == "localhost"

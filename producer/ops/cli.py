@@ -202,6 +202,9 @@ def _load(args: argparse.Namespace, extra: dict[str, Any] | None = None, kafka: 
         else from_mapping({}, overrides, args.log_level, sources, os.environ)
     )
     args.loaded_config = cfg  # main() redacts error messages with its secrets
+    from harvest_outbox.producer.db.credentials import provide
+
+    provide(cfg.harvest.data_source, cfg.harvest.password_provider)  # every command's connections
     cfg.harvest.check_kafka_properties()  # a file is valid or not whatever the command reads of it
     _setup_logging(cfg.log_level)
     for note in cfg.notes:
@@ -414,6 +417,11 @@ def _redacted(text: str, args: argparse.Namespace) -> str:
             for k, v in conf.items()
             if is_secret_kafka_key(k)
         )
+        # the endpoint's and the registry's basic-auth passwords (user:password), whole and alone
+        registry = cfg.harvest.serialization.registry
+        for auth in (cfg.harvest.prometheus_basic_auth, registry.basic_auth if registry else ""):
+            if auth:
+                secrets += (auth, auth.partition(":")[2])
     return " ".join(redact_error(text, dsn, secrets).split())  # one line
 
 

@@ -94,6 +94,9 @@ class RelayLifecycle(ABC):
         (from a signal handler, on this thread) ends a wait for Kafka: the relay returns stopped."""
         if self._state is not State.CREATED:
             raise HarvestError(f"cannot start a relay in state {self._state.value}")
+        from harvest_outbox.producer.db.credentials import provide
+
+        provide(self.config.data_source, self.config.password_provider)  # before any connection
         try:
             self._open()
         except BaseException:

@@ -142,6 +142,7 @@ class ShardedHarvest(RelayLifecycle):
                 self.config.prometheus_bind_address,
                 relay=self,
                 shards=self._shard_metrics,
+                basic_auth=self.config.prometheus_basic_auth,
             )
         self._election.start(self)
 

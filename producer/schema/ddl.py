@@ -276,6 +276,8 @@ def init_db(
     if isinstance(conninfo_or_conn, psycopg.Connection):
         run(conninfo_or_conn)
         return names
-    with psycopg.connect(conninfo_or_conn) as conn:
+    from harvest_outbox.producer.db.credentials import open_connection  # late: db imports schema
+
+    with open_connection(conninfo_or_conn) as conn:
         run(conn)
     return names
