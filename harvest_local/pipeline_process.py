@@ -1,6 +1,6 @@
 """The streaming pipeline (:mod:`spark_reader.pipeline`) as a real process, for the demo, tests and bench.
 
-A :class:`PipelineProcess` is one ``python -m harvest_outbox.spark_reader.pipeline`` driver in its
+A :class:`PipelineProcess` is one ``python -m harvest_outbox.harvest_local.pipeline_local`` driver in its
 own process group, so :meth:`PipelineProcess.kill` takes down the Python driver, its JVM and (on
 ``local-cluster``) the executor JVMs at once with SIGKILL: a driver crash, as a node loss or an OOM
 kill does it, with no shutdown hook running. Its log goes to a file.
@@ -104,7 +104,7 @@ class PipelineProcess:
         cmd = [
             sys.executable,
             "-m",
-            "harvest_outbox.spark_reader.pipeline",
+            "harvest_outbox.harvest_local.pipeline_local",
             "--topic",
             self.topic,
             "--bootstrap",

@@ -341,14 +341,16 @@ def _raise_failed(query: StreamingQuery, name: str) -> None:
 # -- command line ---------------------------------------------------------------------------------
 
 
-def _parse(argv: list[str] | None) -> argparse.Namespace:
+def build_parser(prog: str = "python -m harvest_outbox.spark_reader.pipeline") -> argparse.ArgumentParser:
+    """The command line's options; harvest_local/pipeline_local.py adds its development ones (a local Spark,
+    the embedded services) to it."""
     parser = argparse.ArgumentParser(
-        prog="python -m harvest_outbox.spark_reader.pipeline",
+        prog=prog,
         description="Stream a --uuid-sequencing topic into a Parquet event table and a latest-state-per-key table, "
         "exactly once across restarts (docs/pipeline.md).",
     )
     parser.add_argument("--topic", required=True, help="the sequenced topic")
-    parser.add_argument("--bootstrap", help="Kafka brokers host:port[,...] (with --embedded: default the embedded one)")
+    parser.add_argument("--bootstrap", help="Kafka brokers host:port[,...] (required)")
     parser.add_argument(
         "--kafka-options-file",
         type=Path,
@@ -366,21 +368,11 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
         default=3,
         help="failed starts in a row restarted in-process from the checkpoints before exiting 1 (default 3)",
     )
-    parser.add_argument(
-        "--master",
-        help="run a local Spark (local[N] or local-cluster[E,C,M]) with the connector jars from Maven; "
-        "without it the session comes from spark-submit",
-    )
-    parser.add_argument(
-        "--embedded",
-        action="store_true",
-        help="against the embedded services: Kafka from $HARVEST_KAFKA_BOOTSTRAP (./dev services) or started here, "
-        "the topic created if missing, tables under .work/pipeline/<topic>, local[2] unless --master",
-    )
-    return parser.parse_args(argv)
+    return parser
 
 
-def _config(args: argparse.Namespace, bootstrap: str, root: str | None) -> PipelineConfig:
+def config_from_args(args: argparse.Namespace, bootstrap: str, root: str | None) -> PipelineConfig:
+    """The :class:`PipelineConfig` of parsed options (``bootstrap`` and ``root`` as resolved by the caller)."""
     kafka = {"kafka.bootstrap.servers": bootstrap}
     if args.kafka_options_file:
         try:
@@ -417,53 +409,27 @@ def _config(args: argparse.Namespace, bootstrap: str, root: str | None) -> Pipel
     )
 
 
-def _session(master: str | None) -> SparkSession:
-    if master is None:
-        from pyspark.sql import SparkSession
-
-        return SparkSession.builder.appName("harvest-pipeline").getOrCreate()
-    from harvest_outbox.harvest_local import spark as local  # dev tooling: only for --master / --embedded
-
-    if master.startswith("local-cluster["):
-        executors, cores, memory = (int(x) for x in master[len("local-cluster[") : -1].split(","))
-        return local.cluster_spark_session("harvest-pipeline", executors, cores, memory)
-    if master.startswith("local["):
-        return local.local_spark_session("harvest-pipeline", cores=int(master[len("local[") : -1]))
-    raise ReaderConfigError(f"--master {master!r}: pass local[N] or local-cluster[E,C,M] (or use spark-submit)")
+def configure_logging() -> None:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)-7s %(name)s: %(message)s")
+    logging.getLogger("py4j").setLevel(logging.WARNING)
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _parse(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)-7s %(name)s: %(message)s")
-    logging.getLogger("py4j").setLevel(logging.WARNING)
-    services = None
+    """The pipeline under ``spark-submit`` (the session and its master come from it). A local Spark with
+    the connector jars from Maven, or the embedded services, is dev tooling's:
+    ``python -m harvest_outbox.harvest_local.pipeline_local`` (docs/pipeline.md)."""
+    args = build_parser().parse_args(argv)
+    configure_logging()
     try:
-        bootstrap, root, master = args.bootstrap, args.root, args.master
-        if args.embedded:
-            from harvest_outbox.harvest_local.kafka import create_topic
-            from harvest_outbox.harvest_local.launcher import LocalServices
-            from harvest_outbox.harvest_local.workdir import work_dir
+        if args.bootstrap is None:
+            raise ReaderConfigError("--bootstrap: missing. Fix: pass the brokers as host:port[,...]")
+        cfg = config_from_args(args, args.bootstrap, args.root)
+        from pyspark.sql import SparkSession
 
-            if bootstrap is None:
-                services = LocalServices().start()
-                bootstrap = services.endpoints.kafka_bootstrap
-                log.info("embedded Kafka at %s", bootstrap)
-            try:
-                create_topic(bootstrap, args.topic, 4)
-            except Exception as exc:  # it exists already: the usual case against ./dev services
-                log.info("topic %s not created (%s)", args.topic, exc)
-            root = root or str(work_dir() / "pipeline" / args.topic)
-            master = master or "local[2]"
-        if bootstrap is None:
-            raise ReaderConfigError("--bootstrap: missing. Fix: pass the brokers, or --embedded")
-        cfg = _config(args, bootstrap, root)
-        return run(_session(master), cfg, max_restarts=args.max_restarts)
+        return run(SparkSession.builder.appName("harvest-pipeline").getOrCreate(), cfg, max_restarts=args.max_restarts)
     except ReaderConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    finally:
-        if services is not None:
-            services.stop()
 
 
 if __name__ == "__main__":
