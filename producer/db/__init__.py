@@ -6,7 +6,7 @@ Its concepts have modules of their own, re-exported here (``from harvest_outbox.
 - :mod:`~producer.db._session`: :func:`connect` and the session every statement runs in (autocommit,
   UTF-8, timeouts, the connection replaced after a failure): :class:`OutboxSession`;
 - :mod:`~producer.db.fence`: ``--uuid-sequencing``'s view start and ACK intents (:class:`Fence`), a fenced
-  commit sent as one message, :class:`TxnCommit`, :func:`id_range`;
+  commit sent as one message, :class:`TxnCommit` (its dead-lettered rows :class:`DeadRow`), :func:`id_range`;
 - :mod:`~producer.db._books`: the delivery-attempt counts (:class:`Attempts`) and the dead letters' counts
   and expiry (:class:`DeadLetters`), on :mod:`~producer.db._statements`;
 - :mod:`~producer.layouts.mark.marks`: the :data:`MarkedRow` both layouts' reads return;
@@ -31,7 +31,7 @@ from harvest_outbox.producer.db._session import (
     connect,
 )
 from harvest_outbox.producer.db._statements import ANY_IDS
-from harvest_outbox.producer.db.fence import MAX_RANGE_HOLES, Fence, TxnCommit, id_range
+from harvest_outbox.producer.db.fence import MAX_RANGE_HOLES, DeadRow, Fence, TxnCommit, id_range
 from harvest_outbox.producer.layouts.mark.marks import ROW_CREATED, MarkedAttempts, MarkedRow
 
 __all__ = [
@@ -43,6 +43,7 @@ __all__ = [
     "TCP_DEFAULTS",
     "Attempts",
     "DeadLetters",
+    "DeadRow",
     "Fence",
     "Listener",
     "MarkedAttempts",

@@ -86,11 +86,19 @@ def send_in_one_message(
     return epochs, counts
 
 
+class DeadRow(NamedTuple):
+    """A row a harvest transaction moves to the dead letters instead of delivering it."""
+
+    id: int
+    error: str
+    attempts: int
+
+
 class TxnCommit(NamedTuple):
     """What the fenced commit of one harvest transaction writes (a layout's ``commit_txns``)."""
 
     ids: Sequence[int]  # rows it delivered: deleted
-    dead: Sequence[tuple[int, str, int]]  # (id, error, attempts): moved to the dead letters
+    dead: Sequence[DeadRow]  # moved to the dead letters
     producer: bytes
     ack_clock: int
     journals: Sequence[tuple[str, int]]  # (topic, partition) it touched: one ACK intent each

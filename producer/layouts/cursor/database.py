@@ -59,13 +59,14 @@ import logging
 import time
 import uuid
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import psycopg
 from psycopg import sql
 
 from harvest_outbox.producer.db import Attempts, DeadLetters, OutboxSession
-from harvest_outbox.producer.db.fence import Fence, TxnCommit, send_in_one_message
+from harvest_outbox.producer.db.fence import DeadRow, Fence, TxnCommit, send_in_one_message
 from harvest_outbox.producer.errors import DatabaseError, FenceError, SchemaError
 from harvest_outbox.producer.layouts.cursor._ids import (
     OPEN_TRANSACTIONS_SQL,
@@ -240,6 +241,35 @@ def cursor_backlog(conn: psycopg.Connection, names: OutboxNames, up_to: int | No
     q = backlog_sql(names, shards if shards > 1 else None, up_to is not None)
     rows = conn.execute(q, {"shards": list(range(shards)), "up_to": up_to}).fetchall()
     return sum(int(r[1]) for r in rows)
+
+
+_Sent = tuple[Statement, Sequence[Any]]
+
+
+@dataclass(frozen=True)
+class _CommitPlan:
+    """What one fenced commit of ``view`` passes: rows read and delivered (``ids``) or dead-lettered
+    (``dead``), attempt counts to ``forget``, haltKey's ``dropped`` rows, the served held rows among them
+    (``held_ids``, ``held_dead``: they leave ``_held``), and per shard its new cursor and what it finished."""
+
+    view: View
+    ids: list[int]
+    dead: list[DeadRow]
+    forget: list[int]
+    dropped: list[int]
+    held_ids: list[int]
+    held_dead: list[DeadRow]
+    shards: list[tuple[int, Cursor | None, int, int]]  # (shard, cursor to commit, finished, done)
+
+    @property
+    def moved(self) -> list[tuple[int, Cursor]]:
+        """The shards whose cursor the commit moves, with it."""
+        return [(shard, cur) for shard, cur, _f, _d in self.shards if cur is not None]
+
+
+def _dead_columns(dead: Sequence[DeadRow]) -> tuple[list[int], list[str], list[int]]:
+    """(ids, errors, attempts) of dead-lettered rows, as the array parameters of one statement."""
+    return [d.id for d in dead], [d.error for d in dead], [d.attempts for d in dead]
 
 
 class CursorDatabase:
@@ -784,11 +814,24 @@ class CursorDatabase:
 
     # ------------------------------------------------------------------ --uuid-sequencing
     def commit_txns(self, epoch: int, leader_id: uuid.UUID, txns: Sequence[TxnCommit]) -> None:
-        """The fenced commit (module doc): fence, cursor, dead letters, forgotten attempts, intents."""
+        """The fenced commit (module doc), decided, then applied: what it writes is decided under the views'
+        lock (:meth:`_plan_commit`), sent in one message and committed or rolled back (:meth:`_send_commit`),
+        and only once the database said COMMIT does the view forget what it passed."""
+        plan = self._plan_commit(epoch, leader_id, txns)
+        self._send_commit(plan, epoch, txns)
+        with self.views.lock:
+            if self.views.view is plan.view:
+                for shard, cur, finished, done in plan.shards:
+                    plan.view.apply(shard, finished, done, cur)
+                plan.view.serving.difference_update(plan.held_ids + [d.id for d in plan.held_dead])
+        self._maintain()
+
+    def _plan_commit(self, epoch: int, leader_id: uuid.UUID, txns: Sequence[TxnCommit]) -> _CommitPlan:
+        """Which rows the commit passes, per shard, and which of them are held rows served now; refuses
+        (:class:`FenceError`) a view that is not current or rows it did not read."""
         n = self.names
         ids = [i for t in txns for i in t.ids]
         dead = [d for t in txns for d in t.dead]
-        forget = [i for t in txns for i in t.forget]
         dropped = [i for t in txns for i in t.held]  # haltKey: read, dropped unsent for a key the view halted
         with self.views.lock:
             view = self.views.current(leader_id)
@@ -797,32 +840,36 @@ class CursorDatabase:
             if dropped and view.serving:  # a served held row dropped stays in _held, where it is
                 dropped = [i for i in dropped if i not in view.serving]
             held_ids = [i for i in ids if i in view.serving]
-            held_dead = [d for d in dead if d[0] in view.serving]
+            held_dead = [d for d in dead if d.id in view.serving]
             if held_ids or held_dead:
                 ids = [i for i in ids if i not in view.serving]
-                dead = [d for d in dead if d[0] not in view.serving]
+                dead = [d for d in dead if d.id not in view.serving]
             try:
-                groups, unknown = view.by_shard(ids + [i for i, _e, _a in dead] + dropped)
+                groups, unknown = view.by_shard(ids + [d.id for d in dead] + dropped)
                 if unknown:
                     raise NotNextRows(f"the commit passes ids {sorted(unknown)[:10]}... that this view did not read")
-                plans = []
+                shards = []
                 for shard in sorted(view.reads):  # every shard: held rows right behind pass too (plan_exact)
                     cur, finished, done = view.reads[shard].plan_exact(groups.get(shard, []))
-                    plans.append((shard, cur, finished, done))
+                    shards.append((shard, cur, finished, done))
             except NotNextRows as exc:
                 log.error("%s: %s; ending the view (its rows are read again by the next)", n.display, exc)
                 raise FenceError(f"commit refused on {n.display!r}: {exc}") from None
+        forget = [i for t in txns for i in t.forget]
+        return _CommitPlan(view, ids, dead, forget, dropped, held_ids, held_dead, shards)
+
+    def _commit_statements(self, plan: _CommitPlan, epoch: int, txns: Sequence[TxnCommit]) -> list[_Sent]:
+        """The plan's statements, in the order :meth:`_send_commit` reads their counts: the fence, the moved
+        cursors, the dead letters, then what returns no count it checks."""
+        n = self.names
         self.conn  # noqa: B018 -- connects, which builds the dead-letter statement
-        statements: list[tuple[Statement, Sequence[Any]]] = [(self.fence.fence_sql, (max(t.ack_clock for t in txns),))]
-        moved = [(shard, cur) for shard, cur, _f, _d in plans if cur is not None]
-        statements += [(self._commit_cursor_sql, (*cursor_params(cur), shard, epoch)) for shard, cur in moved]
-        if dead:
+        statements: list[_Sent] = [(self.fence.fence_sql, (max(t.ack_clock for t in txns),))]
+        statements += [(self._commit_cursor_sql, (*cursor_params(cur), shard, epoch)) for shard, cur in plan.moved]
+        if plan.dead:
             assert self._copy_dlq_sql is not None
-            statements.append(
-                (self._copy_dlq_sql, ([i for i, _, _ in dead], [e for _, e, _ in dead], [a for _, _, a in dead]))
-            )
-        if forget:
-            statements.append((self.attempts.forget_sql, (self.session.id_array(forget),)))
+            statements.append((self._copy_dlq_sql, _dead_columns(plan.dead)))
+        if plan.forget:
+            statements.append((self.attempts.forget_sql, (self.session.id_array(plan.forget),)))
         statements += [
             (
                 self.fence.intent_sql,
@@ -831,42 +878,39 @@ class CursorDatabase:
             for t in txns
             if t.journals
         ]
-        if dropped:
-            statements.append((hold_rows_sql(n), (dropped,)))
+        if plan.dropped:
+            statements.append((hold_rows_sql(n), (plan.dropped,)))
         # served held rows leave _held in the same transaction: exactly once, as the mark layout's delete
-        if held_ids:
-            statements.append((drop_held_sql(n), (held_ids,)))
-        if held_dead:
-            statements.append(
-                (
-                    dead_letter_held_sql(n),
-                    ([i for i, _, _ in held_dead], [e for _, e, _ in held_dead], [a for _, _, a in held_dead]),
-                )
-            )
+        if plan.held_ids:
+            statements.append((drop_held_sql(n), (plan.held_ids,)))
+        if plan.held_dead:
+            statements.append((dead_letter_held_sql(n), _dead_columns(plan.held_dead)))
+        return statements
+
+    def _send_commit(self, plan: _CommitPlan, epoch: int, txns: Sequence[TxnCommit]) -> None:
+        """One message (why: producer/db/fence.py), then COMMIT, or ROLLBACK and :class:`FenceError` when the
+        fence, a cursor or a dead-lettered row says this view no longer owns what it commits."""
+        n = self.names
+        statements = self._commit_statements(plan, epoch, txns)
+        moved = len(plan.moved)
         try:
             conn = self.conn
-            epochs, counts = send_in_one_message(conn, statements)  # why one message: db_fence
+            epochs, counts = send_in_one_message(conn, statements)
             refusal = None
-            if not epochs or any(e != epoch for e in epochs) or len(epochs) != len(view.reads):
+            if not epochs or any(e != epoch for e in epochs) or len(epochs) != len(plan.view.reads):
                 refusal = (
                     f"commit refused by the fence of {n.display!r}{self.session.shard_text}: epochs are "
                     f"{sorted(set(epochs)) or None}, this view's is {epoch}"
                 )
-            elif any(c != 1 for c in counts[: len(moved)]):
+            elif any(c != 1 for c in counts[:moved]):
                 refusal = f"commit refused by the cursor of {n.display!r}: its epoch is no longer {epoch}"
-            elif dead and counts[len(moved)] != len(dead):
-                refusal = f"dead-lettering refused on {n.display!r}: some of {len(dead)} row(s) are gone"
+            elif plan.dead and counts[moved] != len(plan.dead):
+                refusal = f"dead-lettering refused on {n.display!r}: some of {len(plan.dead)} row(s) are gone"
             conn.execute("ROLLBACK" if refusal else "COMMIT")
         except psycopg.Error as exc:
             raise self.session.failed("commit", exc) from exc
         if refusal:
             raise FenceError(refusal)
-        with self.views.lock:
-            if self.views.view is view:
-                for shard, cur, finished, done in plans:
-                    view.apply(shard, finished, done, cur)
-                view.serving.difference_update(held_ids + [i for i, _e, _a in held_dead])
-        self._maintain()
 
     def _maintain(self) -> None:
         """Partition maintenance, by the relay leading shard 0 (one keeper for the outbox; a partition

@@ -33,7 +33,7 @@ import psycopg
 from psycopg import sql
 
 from harvest_outbox.producer.db import ANY_IDS, Attempts, DeadLetters, OutboxSession
-from harvest_outbox.producer.db.fence import Fence, TxnCommit, id_range, send_in_one_message
+from harvest_outbox.producer.db.fence import DeadRow, Fence, TxnCommit, id_range, send_in_one_message
 from harvest_outbox.producer.errors import FenceError
 from harvest_outbox.producer.layouts.mark.marks import MarkedAttempts, MarkedRow, mark_sql
 from harvest_outbox.producer.relay.shards import shard_expression
@@ -309,7 +309,7 @@ class MarkDatabase:
         epoch: int,
         leader_id: uuid.UUID,
         ids: Sequence[int],
-        dead: Sequence[tuple[int, str, int]],
+        dead: Sequence[DeadRow],
         producer: bytes,
         ack_clock: int,
         journals: Sequence[tuple[str, int]],
@@ -328,19 +328,23 @@ class MarkDatabase:
         Committing transactions k..k+j together is committing each in turn with nothing in between:
         their ACKs are still produced in transaction order, after this returns. Their producers
         differ (the ring opens k+M only after ACK k is enqueued), so no intent row is written twice."""
-        s = self.session
-        n = s.names
         ids = [i for t in txns for i in t.ids]
         dead = [d for t in txns for d in t.dead]
+        self._send_commit(self._commit_statements(epoch, leader_id, txns, ids, dead), epoch, leader_id, ids, dead)
+
+    def _commit_statements(
+        self,
+        epoch: int,
+        leader_id: uuid.UUID,
+        txns: Sequence[TxnCommit],
+        ids: list[int],
+        dead: list[DeadRow],
+    ) -> list[tuple[Statement, Sequence[Any]]]:
+        """The commit's statements, in the order :meth:`_send_commit` reads their counts: the fence, the
+        delete of ``ids``, the move of ``dead`` to the dead letters, then the forgotten attempts and the
+        ACK intents."""
+        s = self.session
         forget = [i for t in txns for i in t.forget]
-        dead_letters: tuple[Statement, Sequence[Any]] | None = None
-        if dead:
-            s.conn  # noqa: B018 -- connects, which builds the dead-letter statement for the value's type
-            assert self._commit_dlq_sql is not None
-            dead_letters = (
-                self._commit_dlq_sql,
-                ([i for i, _, _ in dead], [e for _, e, _ in dead], [a for _, _, a in dead], leader_id),
-            )
         statements: list[tuple[Statement, Sequence[Any]]] = [(self.fence.fence_sql, (max(t.ack_clock for t in txns),))]
         if ids:
             span = id_range(ids)
@@ -349,8 +353,11 @@ class MarkDatabase:
             else:
                 lo, hi, holes = span
                 statements.append((self._commit_delete_range_sql, (lo, hi, s.id_array(holes), leader_id)))
-        if dead_letters is not None:
-            statements.append(dead_letters)
+        if dead:
+            s.conn  # noqa: B018 -- connects, which builds the dead-letter statement for the value's type
+            assert self._commit_dlq_sql is not None
+            columns = ([d.id for d in dead], [d.error for d in dead], [d.attempts for d in dead])
+            statements.append((self._commit_dlq_sql, (*columns, leader_id)))
         if forget:
             statements.append((self.attempts.forget_sql, (s.id_array(forget),)))
         statements += [
@@ -361,6 +368,20 @@ class MarkDatabase:
             for t in txns
             if t.journals
         ]
+        return statements
+
+    def _send_commit(
+        self,
+        statements: list[tuple[Statement, Sequence[Any]]],
+        epoch: int,
+        leader_id: uuid.UUID,
+        ids: list[int],
+        dead: list[DeadRow],
+    ) -> None:
+        """One message (why: producer/db/fence.py), then COMMIT, or ROLLBACK and :class:`FenceError` when the
+        fence moved or a row is no longer this view's."""
+        s = self.session
+        n = s.names
         try:
             conn = s.conn
             epochs, counts = send_in_one_message(conn, statements)

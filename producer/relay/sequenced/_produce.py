@@ -32,6 +32,7 @@ from functools import partial
 from confluent_kafka import KafkaError, KafkaException
 
 from harvest_outbox.producer.db import MarkedRow
+from harvest_outbox.producer.db.fence import DeadRow
 from harvest_outbox.producer.kafka import ANY_PARTITION, is_permanent
 from harvest_outbox.producer.ops.preflight import header_bytes, too_large
 from harvest_outbox.producer.relay.core import RelayCore
@@ -231,5 +232,5 @@ class RowProducer:
         )
         self.core.forget_attempts(rid)
         self.core.halt.halt(row)
-        t.dead.append((rid, error, attempts))
+        t.dead.append(DeadRow(rid, error, attempts))
         self.metrics.dead_lettered += 1

@@ -21,6 +21,7 @@ from typing import NamedTuple
 from confluent_kafka import KafkaError, Message
 
 from harvest_outbox.producer.db import MarkedRow
+from harvest_outbox.producer.db.fence import DeadRow
 from harvest_outbox.producer.relay.sequenced._view import View
 from harvest_outbox.producer.relay.spans import RecordSpan, RelaySpans
 
@@ -78,7 +79,7 @@ class Txn:
         self.opened = now
         self.rows: list[MarkedRow] = []
         self.ids: list[int] = []
-        self.dead: list[tuple[int, str, int]] = []
+        self.dead: list[DeadRow] = []
         # haltKey: rows of a key this view halted, dropped unsent (in read order, between this transaction's
         # rows); the cursor layout's fenced commit holds them, the mark layout leaves them marked
         self.held: list[int] = []

@@ -14,6 +14,7 @@ import pytest
 from psycopg import sql
 
 from harvest_outbox.producer.db import TxnCommit
+from harvest_outbox.producer.db.fence import DeadRow
 from harvest_outbox.producer.errors import DatabaseError, FenceError, SchemaError
 from harvest_outbox.producer.layouts.cursor.database import CursorDatabase, cursor_backlog
 from harvest_outbox.producer.layouts.cursor.held import (
@@ -177,7 +178,7 @@ def test_the_at_least_once_store_holds_a_halted_keys_rows_and_serves_them_in_ord
         view = uuid.uuid4()
         assert ids_of(db.mark_with_attempts(view, 10)[0]) == [1, 2, 3, 4, 5]  # nothing halted yet
         db.purge([1])
-        db.dead_letter([(p0, "poison", 1)])
+        db.dead_letter([DeadRow(p0, "poison", 1)])
         db.purge([3, a1])  # p1 dropped by the mode (KeyHalt: read before the dead letter was written)
         assert cursor_backlog(conn, names) == 2  # the delivered prefix stops before p1
         view = uuid.uuid4()  # the remark's new view reads from the committed cursor
@@ -213,7 +214,7 @@ def test_the_sequenced_store_passes_held_rows_and_moves_served_ones_in_the_fence
         la = uuid.uuid4()
         epoch = db.start_view_with_floor(la, "a")[0]
         assert ids_of(db.mark_with_attempts(la, 10)[0]) == [p0, a0, p1]
-        db.commit_txns(epoch, la, [TxnCommit([a0], [(p0, "poison", 1)], b"p" * 16, 1, [("t", 0)])])
+        db.commit_txns(epoch, la, [TxnCommit([a0], [DeadRow(p0, "poison", 1)], b"p" * 16, 1, [("t", 0)])])
         lb = uuid.uuid4()  # p1 was dropped in view a (KeyHalt): the next view holds it
         epoch = db.start_view_with_floor(lb, "b")[0]
         assert ids_of(db.mark_with_attempts(lb, 10)[0]) == []  # held; the idle commit passes it
@@ -225,7 +226,7 @@ def test_the_sequenced_store_passes_held_rows_and_moves_served_ones_in_the_fence
         db.commit_txns(epoch, lb, [TxnCommit([p1], [], b"q" * 16, 2, [("t", 0)])])  # passes p2 too
         assert [i for i, _ in held(conn, names)] == [p2] and cursor_backlog(conn, names) == 0
         assert ids_of(db.mark_with_attempts(lb, 10)[0]) == [p2]
-        db.commit_txns(epoch, lb, [TxnCommit([], [(p2, "poison again", 2)], b"r" * 16, 3, [("t", 0)])])
+        db.commit_txns(epoch, lb, [TxnCommit([], [DeadRow(p2, "poison again", 2)], b"r" * 16, 3, [("t", 0)])])
         assert held(conn, names) == []
         dead = conn.execute(sql.SQL("SELECT id, error FROM {}").format(names.dead_letters)).fetchall()
         assert dead == [(p2, "poison again")]
@@ -249,11 +250,11 @@ def test_the_sequenced_commit_holds_the_rows_its_view_dropped_for_a_halted_key(
         epoch = db.start_view_with_floor(view, "a")[0]
         assert ids_of(db.mark_with_attempts(view, 10)[0]) == [p0, p1, a0]
         with pytest.raises(FenceError, match="next read rows"):
-            db.commit_txns(epoch, view, [TxnCommit([a0], [(p0, "poison", 1)], b"p" * 16, 1, [("t", 0)])])
+            db.commit_txns(epoch, view, [TxnCommit([a0], [DeadRow(p0, "poison", 1)], b"p" * 16, 1, [("t", 0)])])
         view = uuid.uuid4()  # the refused commit ended the view: the next reads them again
         epoch = db.start_view_with_floor(view, "b")[0]
         assert ids_of(db.mark_with_attempts(view, 10)[0]) == [p0, p1, a0]
-        db.commit_txns(epoch, view, [TxnCommit([a0], [(p0, "poison", 1)], b"q" * 16, 2, [("t", 0)], held=[p1])])
+        db.commit_txns(epoch, view, [TxnCommit([a0], [DeadRow(p0, "poison", 1)], b"q" * 16, 2, [("t", 0)], held=[p1])])
         assert cursor_backlog(conn, names) == 0
         assert held(conn, names) == [(p1, "p")]
     finally:
@@ -312,7 +313,7 @@ def test_the_at_least_once_store_holds_the_rows_its_view_dropped(
         p0, p1, a0 = write(conn, names, "p", "p", "a")
         view = uuid.uuid4()
         assert ids_of(db.mark_with_attempts(view, 10)[0]) == [p0, p1, a0]
-        db.dead_letter([(p0, "poison", 1)])
+        db.dead_letter([DeadRow(p0, "poison", 1)])
         db.purge([a0])
         assert cursor_backlog(conn, names) == 2  # p1 (dropped) blocks the delivered prefix
         assert db.hold([p1]) == 1

@@ -28,6 +28,7 @@ from seqcheck import Expected, check_exactly_once, read_intents, wait_for, write
 
 from harvest_outbox.producer.config import HarvestConfig
 from harvest_outbox.producer.db import TxnCommit
+from harvest_outbox.producer.db.fence import DeadRow
 from harvest_outbox.producer.errors import ConfigError, DatabaseError, FenceError, SchemaError
 from harvest_outbox.producer.harvest import Harvest
 from harvest_outbox.producer.layouts.cursor import partitions as cursor_partitions
@@ -288,7 +289,7 @@ def test_a_zombie_sequenced_view_is_fenced_and_its_rows_committed_once_by_the_ne
         with pytest.raises(FenceError, match="not the view's next read rows"):
             b.commit_txns(epoch_b, lb, [TxnCommit([1, 3], [], b"q" * 16, 2, [("t", 0)])])
         b.commit_txns(epoch_b, lb, [TxnCommit([1, 2], [], b"q" * 16, 2, [("t", 0)])])
-        b.commit_txns(epoch_b, lb, [TxnCommit([3, 4], [(5, "poison", 3)], b"r" * 16, 3, [("t", 1)])])
+        b.commit_txns(epoch_b, lb, [TxnCommit([3, 4], [DeadRow(5, "poison", 3)], b"r" * 16, 3, [("t", 1)])])
         with psycopg.connect(pg_dsn, autocommit=True) as conn:
             assert cursor_backlog(conn, names) == 0
             dead = conn.execute(sql.SQL("SELECT id, error FROM {}").format(names.dead_letters)).fetchall()

@@ -13,6 +13,7 @@ import pytest
 from psycopg import sql
 
 from harvest_outbox.producer.db import MAX_RANGE_HOLES, id_range
+from harvest_outbox.producer.db.fence import DeadRow
 from harvest_outbox.producer.errors import FenceError
 from harvest_outbox.producer.layouts.mark.database import MarkDatabase
 from harvest_outbox.producer.schema.ddl import init_db
@@ -73,7 +74,7 @@ def test_a_commit_deletes_its_rows_and_not_the_views_other_rows_between_them(
         kept = set(ids[100 : 100 + held])
         dead = ids[50]
         txn = [i for i in ids if i not in kept and i != dead]
-        db.commit_txn(epoch, leader, txn, [(dead, "poison", 1)], b"P1", 7, [("t", 0)])
+        db.commit_txn(epoch, leader, txn, [DeadRow(dead, "poison", 1)], b"P1", 7, [("t", 0)])
         assert _left(pg_dsn, db) == {i: leader for i in kept}
         with psycopg.connect(pg_dsn) as conn:
             assert conn.execute(sql.SQL("SELECT id FROM {}").format(db.names.dead_letters)).fetchall() == [(dead,)]
