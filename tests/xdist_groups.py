@@ -9,8 +9,9 @@ Invariants:
   nodes); any other test stays with its module (its module-scoped fixtures are built once, e.g.
   test_wheel.py's wheel);
 - groups are handed out whole, longest-running kinds first (the Spark group, then modules with
-  ``slow`` fault runs, then modules on Postgres/Kafka, pure-logic modules last), so two workers
-  finish close together; within a group the collection order stays.
+  ``slow`` fault runs or ``long`` model runs, then modules on Postgres/Kafka, pure-logic modules last), so
+  two workers finish close together (a 35 s model run handed out last left one worker 75 s behind the
+  other); within a group the collection order stays.
 
 Why a scheduler of our own: xdist's ``--dist loadgroup`` appends the group to each test's node id,
 which pytest 9.2 no longer lets a plugin change (``Node.nodeid`` is derived from ``_id``), so its
@@ -50,7 +51,8 @@ def group_and_order(items: list[pytest.Item]) -> dict[str, str]:
     for item in items:
         names = set(getattr(item, "fixturenames", ()))
         group = next((g for fixture, g in SHARED_SESSIONS if fixture in names), item.nodeid.split("::")[0])
-        item_weight = 3 if group == "spark" else 2 if item.get_closest_marker("slow") else int("services" in names)
+        heavy = item.get_closest_marker("slow") or item.get_closest_marker("long")
+        item_weight = 3 if group == "spark" else 2 if heavy else int("services" in names)
         group_of[item.nodeid], weight[group] = group, max(item_weight, weight.get(group, 0))
     items.sort(key=lambda item: -weight[group_of[item.nodeid]])  # stable: the order within a group stays
     return group_of

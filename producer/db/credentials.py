@@ -26,6 +26,7 @@ from typing import Any
 
 import psycopg
 
+from harvest_outbox.errors import HarvestOutboxError
 from harvest_outbox.producer.errors import ConfigError, shown
 
 #: Seconds a password command may run (``aws rds generate-db-auth-token`` takes about one). The
@@ -34,7 +35,7 @@ from harvest_outbox.producer.errors import ConfigError, shown
 COMMAND_TIMEOUT = 10.0
 
 
-class PasswordProviderError(psycopg.OperationalError):
+class PasswordProviderError(psycopg.OperationalError, HarvestOutboxError):
     """The provider gave no password; the message names the provider, never a secret."""
 
 

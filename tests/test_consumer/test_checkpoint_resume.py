@@ -136,8 +136,9 @@ def test_random_restarts_with_poll_batch(kafka_bootstrap: str, topic_factory, se
             got = []
             # At most 2 x 12 records per life, so the ~300 committed records take many restarts.
             for _ in range(rnd.randint(1, 2)):
-                # A generous timeout: a new consumer may need seconds to join; an empty batch means the end.
-                batch = it.poll_batch(rnd.randint(1, 12), 10.0)
+                # A generous timeout while records are due (a new consumer may need seconds to join); once
+                # all are in, a short one: an empty batch means the end, and a surplus would still show.
+                batch = it.poll_batch(rnd.randint(1, 12), 10.0 if len(delivered) + len(got) < len(want) else 1.0)
                 got.extend(key(r) for r in batch)
                 if not batch:
                     break

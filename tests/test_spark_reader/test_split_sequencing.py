@@ -15,6 +15,9 @@ from harvest_outbox.spark_reader.schema import SEQUENCED
 from harvest_outbox.spark_reader.sequencing import GroupPlan, sequence_partition
 from harvest_outbox.spark_reader.split_sequencing import SplitPlan, SplitSequencer
 
+# tens of seconds of CPU: handed out early (tests/xdist_groups.py)
+pytestmark = pytest.mark.long
+
 
 @pytest.mark.parametrize("seed", range(10))
 def test_chunked_equals_one_pass(seed) -> None:

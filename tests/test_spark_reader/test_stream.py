@@ -64,6 +64,7 @@ def _query(
     return writer.trigger(**trigger).start()
 
 
+@pytest.mark.parametrize("state", ["state_store"], indirect=True)  # the default; state_location: the restart tests'
 def test_stream_stopped_and_restarted_while_written_to(spark, kafka_bootstrap, topic_factory, tmp_path, state) -> None:
     spark.conf.set(
         "spark.sql.streaming.stateStore.providerClass",

@@ -31,6 +31,9 @@ import time
 import pytest
 from model_watermark import run
 
+# tens of seconds of CPU: handed out early (tests/xdist_groups.py)
+pytestmark = pytest.mark.long
+
 SCHEDULES = int(os.environ.get("MODEL_SCHEDULES", "2000"))
 FIRST_SEED = int(os.environ.get("MODEL_SEED", "0"))
 

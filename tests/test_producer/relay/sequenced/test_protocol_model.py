@@ -46,6 +46,9 @@ from harvest_outbox.producer.config import Limits
 from harvest_outbox.producer.relay.sequenced._store import SequencedStore
 from harvest_outbox.sequencer import Envelope, Flags, Sequencer, flags_of, parse_uuid
 
+# tens of seconds of CPU: handed out early (tests/xdist_groups.py)
+pytestmark = pytest.mark.long
+
 #: Schedules per run (MODEL_SCHEDULES overrides), and the first seed.
 SCHEDULES = int(os.environ.get("MODEL_SCHEDULES", "2000"))
 FIRST_SEED = int(os.environ.get("MODEL_SEED", "0"))
