@@ -94,6 +94,11 @@ class DeadRow(NamedTuple):
     attempts: int
 
 
+def dead_columns(dead: Sequence[DeadRow]) -> tuple[list[int], list[str], list[int]]:
+    """(ids, errors, attempts) of dead-lettered rows: the array parameters of one dead-letter statement."""
+    return [d.id for d in dead], [d.error for d in dead], [d.attempts for d in dead]
+
+
 class TxnCommit(NamedTuple):
     """What the fenced commit of one harvest transaction writes (a layout's ``commit_txns``)."""
 

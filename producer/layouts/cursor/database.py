@@ -66,7 +66,7 @@ import psycopg
 from psycopg import sql
 
 from harvest_outbox.producer.db import Attempts, DeadLetters, OutboxSession
-from harvest_outbox.producer.db.fence import DeadRow, Fence, TxnCommit, send_in_one_message
+from harvest_outbox.producer.db.fence import DeadRow, Fence, TxnCommit, dead_columns, send_in_one_message
 from harvest_outbox.producer.errors import DatabaseError, FenceError, SchemaError
 from harvest_outbox.producer.layouts.cursor._ids import (
     OPEN_TRANSACTIONS_SQL,
@@ -265,11 +265,6 @@ class _CommitPlan:
     def moved(self) -> list[tuple[int, Cursor]]:
         """The shards whose cursor the commit moves, with it."""
         return [(shard, cur) for shard, cur, _f, _d in self.shards if cur is not None]
-
-
-def _dead_columns(dead: Sequence[DeadRow]) -> tuple[list[int], list[str], list[int]]:
-    """(ids, errors, attempts) of dead-lettered rows, as the array parameters of one statement."""
-    return [d.id for d in dead], [d.error for d in dead], [d.attempts for d in dead]
 
 
 class CursorDatabase:
@@ -867,7 +862,7 @@ class CursorDatabase:
         statements += [(self._commit_cursor_sql, (*cursor_params(cur), shard, epoch)) for shard, cur in plan.moved]
         if plan.dead:
             assert self._copy_dlq_sql is not None
-            statements.append((self._copy_dlq_sql, _dead_columns(plan.dead)))
+            statements.append((self._copy_dlq_sql, dead_columns(plan.dead)))
         if plan.forget:
             statements.append((self.attempts.forget_sql, (self.session.id_array(plan.forget),)))
         statements += [
@@ -884,7 +879,7 @@ class CursorDatabase:
         if plan.held_ids:
             statements.append((drop_held_sql(n), (plan.held_ids,)))
         if plan.held_dead:
-            statements.append((dead_letter_held_sql(n), _dead_columns(plan.held_dead)))
+            statements.append((dead_letter_held_sql(n), dead_columns(plan.held_dead)))
         return statements
 
     def _send_commit(self, plan: _CommitPlan, epoch: int, txns: Sequence[TxnCommit]) -> None:

@@ -33,7 +33,7 @@ import psycopg
 from psycopg import sql
 
 from harvest_outbox.producer.db import ANY_IDS, Attempts, DeadLetters, OutboxSession
-from harvest_outbox.producer.db.fence import DeadRow, Fence, TxnCommit, id_range, send_in_one_message
+from harvest_outbox.producer.db.fence import DeadRow, Fence, TxnCommit, dead_columns, id_range, send_in_one_message
 from harvest_outbox.producer.errors import FenceError
 from harvest_outbox.producer.layouts.mark.marks import MarkedAttempts, MarkedRow, mark_sql
 from harvest_outbox.producer.relay.shards import shard_expression
@@ -356,8 +356,7 @@ class MarkDatabase:
         if dead:
             s.conn  # noqa: B018 -- connects, which builds the dead-letter statement for the value's type
             assert self._commit_dlq_sql is not None
-            columns = ([d.id for d in dead], [d.error for d in dead], [d.attempts for d in dead])
-            statements.append((self._commit_dlq_sql, (*columns, leader_id)))
+            statements.append((self._commit_dlq_sql, (*dead_columns(dead), leader_id)))
         if forget:
             statements.append((self.attempts.forget_sql, (s.id_array(forget),)))
         statements += [
