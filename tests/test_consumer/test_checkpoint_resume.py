@@ -97,7 +97,10 @@ def test_random_restarts_deliver_each_record_once(
             n = rnd.randint(1, 60)
             batch = []
             for _ in range(n):
-                r = it.poll(1.0)
+                # A generous timeout while records are due: a new consumer may need seconds to fetch a
+                # partition that starts from auto.offset.reset on a loaded machine (a 1 s timeout here
+                # once ended the run before partition 0 was read). Once all are in, a short one.
+                r = it.poll(10.0 if len(delivered) + len(batch) < len(want) else 1.0)
                 if r is None:
                     break
                 batch.append(key(r))
