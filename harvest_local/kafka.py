@@ -29,6 +29,7 @@ from harvest_outbox.harvest_local import maven, prereqs
 from harvest_outbox.harvest_local.child_process import kill_child, stop_child
 from harvest_outbox.harvest_local.errors import ServiceError
 from harvest_outbox.harvest_local.jvm import extra_options
+from harvest_outbox.harvest_local.kafka_security import LISTENER, SaslListener
 from harvest_outbox.harvest_local.workdir import free_port, tail, work_dir
 
 log = logging.getLogger(__name__)
@@ -64,8 +65,10 @@ class EmbeddedKafka:
         cluster_id: str | None = None,
         replication: Replication = Replication(),
         properties: dict[str, str] | None = None,
+        sasl: SaslListener | None = None,
     ) -> None:
         self.port = port or free_port()
+        self.sasl = sasl  # a SASL_SSL listener besides the plain ones (harvest_local.kafka_security)
         self.controller_port = controller_port or free_port()
         self.node_id = node_id
         self.voters = voters or f"{node_id}@127.0.0.1:{self.controller_port}"
@@ -189,16 +192,24 @@ class EmbeddedKafka:
 
     def _properties(self) -> str:
         r = self.replication
+        listeners = f"PLAINTEXT://127.0.0.1:{self.port},PROXIED://127.0.0.1:{self.proxied_listener_port}"
+        advertised = f"PLAINTEXT://127.0.0.1:{self.port},PROXIED://127.0.0.1:{self.proxy_port}"
+        protocols = "PLAINTEXT:PLAINTEXT,PROXIED:PLAINTEXT,CONTROLLER:PLAINTEXT"
+        secure: dict[str, str] = {}
+        if self.sasl is not None:
+            listeners += f",{LISTENER}://{self.sasl.bootstrap}"
+            advertised += f",{LISTENER}://{self.sasl.bootstrap}"
+            protocols += f",{LISTENER}:SASL_SSL"
+            secure = self.sasl.broker_properties()
         lines = {
             "process.roles": "broker,controller",
             "node.id": str(self.node_id),
             "controller.quorum.voters": self.voters,
-            "listeners": f"PLAINTEXT://127.0.0.1:{self.port},PROXIED://127.0.0.1:{self.proxied_listener_port},"
-            f"CONTROLLER://127.0.0.1:{self.controller_port}",
-            "advertised.listeners": f"PLAINTEXT://127.0.0.1:{self.port},PROXIED://127.0.0.1:{self.proxy_port}",
+            "listeners": f"{listeners},CONTROLLER://127.0.0.1:{self.controller_port}",
+            "advertised.listeners": advertised,
             "controller.listener.names": "CONTROLLER",
             "inter.broker.listener.name": "PLAINTEXT",
-            "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,PROXIED:PLAINTEXT,CONTROLLER:PLAINTEXT",
+            "listener.security.protocol.map": protocols,
             "log.dirs": str(self.data),
             "auto.create.topics.enable": "false",
             "num.partitions": "1",
@@ -217,6 +228,7 @@ class EmbeddedKafka:
             "num.io.threads": "4",
             "log.retention.hours": "-1",
             "message.max.bytes": "1048588",
+            **secure,
             **self.properties,
         }
         return "".join(f"{k}={v}\n" for k, v in lines.items())

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import time
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
@@ -23,8 +24,11 @@ from typing import Any
 from harvest_outbox.harvest_local.errors import PrerequisiteError
 from harvest_outbox.harvest_local.kafka import EmbeddedKafka
 from harvest_outbox.harvest_local.kafka_cluster import EmbeddedKafkaCluster
+from harvest_outbox.harvest_local.kafka_security import SaslListener
 from harvest_outbox.harvest_local.postgres import EmbeddedPostgres
 from harvest_outbox.harvest_local.replicated_postgres import ReplicatedPostgres
+from harvest_outbox.harvest_local.tls import make_server_files
+from harvest_outbox.harvest_local.workdir import work_dir
 
 log = logging.getLogger(__name__)
 
@@ -33,6 +37,8 @@ log = logging.getLogger(__name__)
 class ServiceEndpoints:
     pg_dsn: str
     kafka_bootstrap: str
+    #: The broker's SASL_SSL listener (``LocalServices(secure=True)``): its address, CA and client settings.
+    kafka_sasl: SaslListener | None = None
 
     def __repr__(self) -> str:
         return f"ServiceEndpoints(pg_dsn=<redacted>, kafka_bootstrap={self.kafka_bootstrap!r})"
@@ -42,13 +48,19 @@ class LocalServices(AbstractContextManager["LocalServices"]):
     """Postgres + Kafka for one run. ``postgres``/``kafka`` are set when this run owns them; ``brokers``: 1 (one
     combined node) or 3 and more (a replicated cluster: ``cluster``, ``kafka`` stays None). ``standby``: Postgres
     is a primary and a synchronous standby (``replicated``; ``postgres`` is its primary now, and follows it
-    through :meth:`fail_over_postgres`)."""
+    through :meth:`fail_over_postgres`). ``secure``: the broker also has a SASL_SSL listener (SCRAM-SHA-512,
+    OAUTHBEARER, ACLs; :mod:`harvest_local.kafka_security`) with a CA and certificate made at start-up
+    (``endpoints.kafka_sasl``); its plain listener stays open to every client, as a super user."""
 
-    def __init__(self, brokers: int = 1, standby: bool = False) -> None:
+    def __init__(self, brokers: int = 1, standby: bool = False, secure: bool = False) -> None:
         if brokers != 1 and brokers < 3:
             raise ValueError(f"brokers must be 1 or at least 3 (a replicated cluster), got {brokers}")
+        if secure and brokers != 1:
+            raise ValueError("secure=True: the SASL_SSL listener is on the single-node broker only; use brokers=1")
         self.brokers = brokers
         self.standby = standby
+        self.secure = secure
+        self.sasl: SaslListener | None = None
         self.postgres: EmbeddedPostgres | None = None
         self.replicated: ReplicatedPostgres | None = None
         self.kafka: EmbeddedKafka | None = None
@@ -88,7 +100,10 @@ class LocalServices(AbstractContextManager["LocalServices"]):
                 self.cluster = EmbeddedKafkaCluster(self.brokers).start()
                 bootstrap = self.cluster.bootstrap
             elif not bootstrap:
-                self.kafka = EmbeddedKafka().start()
+                if self.secure:
+                    tls = make_server_files(work_dir() / f"tls-{os.getpid()}-{time.monotonic_ns()}")
+                    self.sasl = SaslListener(tls)
+                self.kafka = EmbeddedKafka(sasl=self.sasl).start()
                 bootstrap = self.kafka.bootstrap
         except BaseException:
             self.stop()
@@ -96,7 +111,7 @@ class LocalServices(AbstractContextManager["LocalServices"]):
         if self.mode == "local" and (os.environ.get("HARVEST_PG_DSN") or os.environ.get("HARVEST_KAFKA_BOOTSTRAP")):
             self.mode = "existing" if not (self.postgres or self.kafka) else "mixed"
         log.info("services up in %.1fs (mode=%s, kafka=%s)", time.monotonic() - started, self.mode, bootstrap)
-        self._endpoints = ServiceEndpoints(pg_dsn, bootstrap)
+        self._endpoints = ServiceEndpoints(pg_dsn, bootstrap, self.sasl)
         return self
 
     @classmethod
@@ -129,6 +144,8 @@ class LocalServices(AbstractContextManager["LocalServices"]):
                     service.destroy()
                 except Exception:  # shutting down: report, keep going
                     log.exception("stopping %r", service)
+        if self.sasl is not None:
+            shutil.rmtree(self.sasl.tls.ca.parent, ignore_errors=True)
         for container in self._containers:
             try:
                 container.stop()

@@ -35,6 +35,7 @@ if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
     from harvest_outbox.harvest_local import LocalServices
+    from harvest_outbox.harvest_local.kafka import EmbeddedKafka
     from harvest_outbox.harvest_local.kafka_cluster import EmbeddedKafkaCluster
     from harvest_outbox.harvest_local.registry import EmbeddedRegistry
 
@@ -51,7 +52,7 @@ os.environ.setdefault(jvm.VARIABLE, "-XX:TieredStopAtLevel=1")
 def services() -> Iterator[LocalServices]:
     from harvest_outbox.harvest_local import LocalServices
 
-    with LocalServices() as running:
+    with LocalServices(secure=True) as running:
         yield running
 
 
@@ -110,6 +111,28 @@ def pg_dsn(services: LocalServices) -> str:
 @pytest.fixture(scope="session")
 def kafka_bootstrap(services: LocalServices) -> str:
     return services.endpoints.kafka_bootstrap
+
+
+@pytest.fixture(scope="session")
+def secure_kafka(services: LocalServices) -> Iterator[EmbeddedKafka]:
+    """A broker with a SASL_SSL listener (``.sasl``: SCRAM-SHA-512 and OAUTHBEARER over verified TLS, ACLs on;
+    harvest_local/kafka_security.py) besides its plain one (``.bootstrap``: a super user's, for admin work).
+    The session's broker when we started it; when ``HARVEST_KAFKA_BOOTSTRAP`` names a broker of the user's,
+    one of our own, for the tests that ask."""
+    if services.kafka is not None and services.kafka.sasl is not None:
+        yield services.kafka
+        return
+    from harvest_outbox.harvest_local.kafka import EmbeddedKafka as Broker
+    from harvest_outbox.harvest_local.kafka_security import SaslListener
+    from harvest_outbox.harvest_local.tls import make_server_files
+    from harvest_outbox.harvest_local.workdir import work_dir
+
+    tls = make_server_files(work_dir() / f"tls-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+    own = Broker(sasl=SaslListener(tls)).start()
+    try:
+        yield own
+    finally:
+        own.destroy()
 
 
 @pytest.fixture(scope="session")
