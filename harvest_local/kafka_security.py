@@ -17,10 +17,12 @@ Invariants (``tests/test_local/test_kafka_security.py``):
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from harvest_outbox.harvest_local.tls import TlsFiles
 from harvest_outbox.harvest_local.workdir import free_port
+
+if TYPE_CHECKING:  # tls.py needs cryptography (a test extra); the broker runs without it
+    from harvest_outbox.harvest_local.tls import TlsFiles
 
 #: The listener's name in the broker's config (Kafka lower-cases it in ``listener.name.<name>.``).
 LISTENER = "SASL_SSL"

@@ -27,7 +27,6 @@ from harvest_outbox.harvest_local.kafka_cluster import EmbeddedKafkaCluster
 from harvest_outbox.harvest_local.kafka_security import SaslListener
 from harvest_outbox.harvest_local.postgres import EmbeddedPostgres
 from harvest_outbox.harvest_local.replicated_postgres import ReplicatedPostgres
-from harvest_outbox.harvest_local.tls import make_server_files
 from harvest_outbox.harvest_local.workdir import work_dir
 
 log = logging.getLogger(__name__)
@@ -101,6 +100,8 @@ class LocalServices(AbstractContextManager["LocalServices"]):
                 bootstrap = self.cluster.bootstrap
             elif not bootstrap:
                 if self.secure:
+                    from harvest_outbox.harvest_local.tls import make_server_files  # cryptography: a test extra
+
                     tls = make_server_files(work_dir() / f"tls-{os.getpid()}-{time.monotonic_ns()}")
                     self.sasl = SaslListener(tls)
                 self.kafka = EmbeddedKafka(sasl=self.sasl).start()
