@@ -18,9 +18,9 @@ Invariants (``tests/test_producer/db/test_connect_errors.py``, ``tests/test_secu
 - a :class:`PostgresConnectError` is a :class:`psycopg.OperationalError` (every site treats it as the
   connection failure it is: retry, back off, a clear error at start) and a
   :class:`~producer.errors.DatabaseError`, raised ``from`` libpq's error;
-- no secret: libpq's words pass through :func:`harvest_outbox.redact.redact_error` (the DSN's secrets and
-  any given, such as a provider's password), and the explanation names only hosts, ports, users,
-  databases, sslmode and file paths.
+- no secret: the explanation reads no password (only hosts, ports, users, databases, sslmode and file
+  paths), and the whole message passes through :func:`harvest_outbox.redact.redact_error` (the DSN's
+  secrets and any given, such as a provider's password).
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ from harvest_outbox.producer.db import cert_probe
 from harvest_outbox.producer.errors import DatabaseError
 from harvest_outbox.redact import redact_error
 
-__all__ = ["RULES", "PostgresConnectError", "connect_explained", "explain"]
+__all__ = ["RULES", "PostgresConnectError", "certificate_failure", "connect_explained", "explain"]
 
 #: How long the certificate probe may take per connection when the DSN sets no connect_timeout.
 PROBE_TIMEOUT = 5.0
@@ -101,11 +101,11 @@ def explain(exc: BaseException, dsn: str = "", secrets: Iterable[str] = ()) -> P
         found = pattern.search(text)
         if found is None:
             continue
-        libpq = redact_error(text.removeprefix(_PSYCOPG_PREFIX), dsn, tuple(secrets)).strip()
         # the last "connection to server at" before the failure names the server that failed
         servers = list(_SERVER.finditer(text, 0, found.start()))
         server = servers[-1] if servers else None
-        return PostgresConnectError(f"{why(found, server, _Settings(exc, dsn))} (libpq: {libpq})")
+        message = f"{why(found, server, _Settings(exc, dsn))} (libpq: {text.removeprefix(_PSYCOPG_PREFIX)})"
+        return PostgresConnectError(redact_error(message, dsn, tuple(secrets)))
     return None
 
 
@@ -127,29 +127,34 @@ _Why = Callable[[re.Match[str], "re.Match[str] | None", _Settings], str]
 
 
 def _verify_failed(found: re.Match[str], server: re.Match[str] | None, settings: _Settings) -> str:
-    ca = settings.sslrootcert
-    unsigned = f"the server's certificate is not signed by the CA in sslrootcert={ca}: point sslrootcert at the CA that signed it"
-    verdict = _probe(server, settings)
-    if verdict is None:  # the probe could not tell: both likely causes, each with its fix
+    host = server.group("host") if server else settings.get("host")
+    return certificate_failure(_probe(server, settings), settings.sslrootcert, host)
+
+
+def certificate_failure(verdict: cert_probe.Verdict | None, ca: str, host: str) -> str:
+    """What ``certificate verify failed`` was, from OpenSSL's ``verdict`` (None: the probe could not tell),
+    for a server at ``host`` verified against the CA file ``ca``."""
+    if verdict is None:  # both likely causes, each with its fix
         return (
             f"the server's certificate did not verify against the CA in sslrootcert={ca}: it is signed by another "
             f"CA (point sslrootcert at the CA that signed it) or it has expired (renew it)"
         )
     if verdict.code == cert_probe.CERT_HAS_EXPIRED:
-        now = dt.datetime.now(dt.timezone.utc)
-        if verdict.not_after is not None and verdict.not_after < now:
+        if verdict.not_after is not None and verdict.not_after < dt.datetime.now(dt.timezone.utc):
             return (
                 f"the server's certificate expired on {verdict.not_after:%Y-%m-%d %H:%M:%S} UTC: renew it (a new "
                 f"ssl_cert_file and ssl_key_file on the server, signed by the CA in sslrootcert={ca}), {_RELOAD}"
             )
-        return f"a CA certificate of the server's chain has expired (sslrootcert={ca}): renew it and point sslrootcert at the new one"
+        return (
+            f"a CA certificate of the server's chain has expired (sslrootcert={ca}): renew it and point "
+            f"sslrootcert at the new one"
+        )
     if verdict.code == cert_probe.CERT_NOT_YET_VALID:
         since = f" (from {verdict.not_before:%Y-%m-%d %H:%M:%S} UTC)" if verdict.not_before else ""
         return f"the server's certificate is not valid yet{since}: check the clocks of this host and of the server"
     if verdict.code in cert_probe.UNTRUSTED_ISSUER:
-        return unsigned
+        return f"the server's certificate is not signed by the CA in sslrootcert={ca}: point sslrootcert at the CA that signed it"
     if verdict.code == cert_probe.HOSTNAME_MISMATCH:
-        host = server.group("host") if server else settings.get("host")
         return (
             f"the server's certificate does not name {host}, the host the DSN connects to: set host to a name "
             f"the certificate carries, or reissue the certificate with {host} in its subjectAltName"
