@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import json
 import logging
+import pwd
+import stat
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -26,7 +28,7 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from relaylib import consume_all, covers, relay_config
 
 from harvest_outbox.consumer import PostgresCheckpointStore
-from harvest_outbox.harvest_local.postgres import EmbeddedPostgres
+from harvest_outbox.harvest_local.postgres import CERT_FILE, KEY_FILE, EmbeddedPostgres
 from harvest_outbox.harvest_local.tls import TlsFiles, make_server_files
 from harvest_outbox.producer.db.connect_errors import PostgresConnectError, connect_explained
 from harvest_outbox.producer.errors import HarvestError
@@ -93,6 +95,14 @@ def test_every_component_works_over_verify_full_as_its_role(
     roles, table = outbox.roles, outbox.table
     for component in ("writer", "relay", "admin", "reader"):
         assert conninfo_to_dict(roles.dsn(component))["sslmode"] == "verify-full"
+    # the server: its certificate and key its OS user's alone, TCP over TLS only (the socket for our admin work)
+    for name in (CERT_FILE, KEY_FILE):
+        got = (secure_pg.data / name).stat()
+        assert (got.st_uid, stat.S_IMODE(got.st_mode)) == (pwd.getpwnam(secure_pg.os_user).pw_uid, 0o600), name
+    with psycopg.connect(secure_pg.socket_dsn, autocommit=True) as conn:
+        assert conn.execute("SHOW ssl").fetchone() == ("on",)
+        rules = conn.execute("SELECT DISTINCT type, auth_method FROM pg_hba_file_rules WHERE type <> 'local'")
+        assert set(rules.fetchall()) == {("hostnossl", "reject"), ("hostssl", "scram-sha-256")}
     topic = topic_factory(partitions=2)
 
     # the stasher, as the writer, on the application's connection
