@@ -12,7 +12,7 @@ Invariants (``tests/test_producer/db/test_connect_errors.py``):
   password ever leaves for a server that just failed verification;
 - it never raises: anything in the way (no answer, a timeout, a server refusing TLS, an unreadable CA
   file) gives None, and the caller explains the failure without it;
-- each of its two connections lasts at most ``timeout`` seconds.
+- no step of its two connections (connect, read, handshake) waits longer than ``timeout`` seconds.
 """
 
 from __future__ import annotations

@@ -29,7 +29,6 @@ import datetime as dt
 import os
 import re
 from collections.abc import Callable, Iterable
-from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -41,8 +40,10 @@ from harvest_outbox.redact import redact_error
 
 __all__ = ["RULES", "PostgresConnectError", "certificate_failure", "connect_explained", "explain"]
 
-#: How long the certificate probe may take per connection when the DSN sets no connect_timeout.
-PROBE_TIMEOUT = 5.0
+#: The longest the certificate probe's each connection may take (less when connect_timeout is less). The
+#: server answered a handshake just before, so this is ample; it bounds the delay the probe adds to the
+#: relay thread, which also renews the election's lease.
+PROBE_TIMEOUT = 2.0
 _PSYCOPG_PREFIX = "connection failed: "
 _SERVER = re.compile(r'connection to server at "(?P<host>[^"]*)"(?: \((?P<addr>[^)]*)\))?, port (?P<port>\d+) failed')
 _RELOAD = "then reload Postgres (SELECT pg_reload_conf())"
@@ -57,19 +58,22 @@ class _Settings:
     applied) when psycopg kept them, else the DSN's; never its password."""
 
     def __init__(self, exc: psycopg.Error, dsn: str) -> None:
-        got: dict[str, str] = {}
+        self._got: dict[str, str] = {}
         pgconn = getattr(exc, "pgconn", None)
         try:
             if pgconn is not None:
-                got = {o.keyword.decode(): o.val.decode() for o in pgconn.info if o.val is not None}
+                for option in pgconn.info:
+                    key = option.keyword.decode()
+                    if key in _SHOWN and option.val is not None:
+                        self._got[key] = option.val.decode()
         except Exception:  # a finished connection may keep nothing
-            got = {}
-        if not got and dsn:
+            self._got = {}
+        if not self._got and dsn:
             try:
-                got = {k: str(v) for k, v in conninfo_to_dict(dsn).items() if v is not None}
+                given = conninfo_to_dict(dsn)
             except psycopg.Error:
-                got = {}
-        self._got = {k: v for k, v in got.items() if k in _SHOWN}
+                given = {}
+            self._got = {k: str(v) for k, v in given.items() if k in _SHOWN and v is not None}
 
     def get(self, key: str, default: str = "") -> str:
         return self._got.get(key) or os.environ.get(f"PG{key.upper()}", "") or default
@@ -81,7 +85,7 @@ class _Settings:
     @property
     def sslrootcert(self) -> str:
         """The CA file libpq verified against (its default: ``~/.postgresql/root.crt``)."""
-        return self.get("sslrootcert") or str(Path.home() / ".postgresql" / "root.crt")
+        return self.get("sslrootcert") or os.path.join(os.path.expanduser("~"), ".postgresql", "root.crt")
 
 
 # The settings an explanation may read; the password and sslpassword are not among them.
