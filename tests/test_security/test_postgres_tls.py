@@ -119,7 +119,9 @@ def test_every_component_works_over_verify_full_as_its_role(
         )
 
     # harvest check, then the relay (its Postgres-lock election too), as the relay
-    assert main(["check", "-f", str(_config(tmp_path, roles.dsn("relay"), table))]) == 0, capsys.readouterr()
+    checked = main(["check", "-f", str(_config(tmp_path, roles.dsn("relay"), table))])
+    check_out, check_err = capsys.readouterr()
+    assert checked == 0, check_out + check_err
     cfg = relay_config(roles.dsn("relay"), kafka_bootstrap, table, f"g-{uuid.uuid4().hex[:6]}").replace(
         leader_election="postgres", leader_lock_check_interval=0.2
     )
@@ -140,7 +142,6 @@ def test_every_component_works_over_verify_full_as_its_role(
         relay.wait(30)
 
     # an admin verb, as the admin
-    capsys.readouterr()
     assert main(["dead-letters", "list", "-f", str(_config(tmp_path, roles.dsn("admin"), table))]) == 0
     out, err = capsys.readouterr()
     assert "parked" in out and "1 dead letter(s)" in out, out + err
@@ -158,10 +159,10 @@ def test_every_component_works_over_verify_full_as_its_role(
 
     secrets = [_password(roles.dsn(c)) for c in ("writer", "relay", "admin", "reader")] + [secure_pg.password]
     logged = "\n".join(r.getMessage() for r in caplog.records)
-    assert not [s for s in secrets if s in logged + out + err]
+    assert not [s for s in secrets if s in logged + out + err + check_out + check_err]
 
 
-#: case -> (how the DSN is wrong, what the error says, given the server, the CA that did not sign it, the user)
+#: case -> (the DSN made wrong, given the outbox's set-up; what the error says, given the set-up and the role)
 WRONG: dict[str, tuple[Callable[[str, Outbox], str], Callable[[Outbox, str], str]]] = {
     "another CA in sslrootcert": (
         lambda dsn, o: make_conninfo(dsn, sslrootcert=str(o.other_ca.ca)),
@@ -227,3 +228,9 @@ def test_a_wrong_connection_fails_at_start_up_and_at_the_stasher_naming_the_fix(
             secure_pg.serve_certificate(secure_pg.tls)  # type: ignore[arg-type]
     shown = "\n".join([err, str(started.value), str(stashing.value), caplog.text])
     assert not [s for s in secrets if s in shown]
+
+
+def test_a_standby_takes_its_primarys_set_up_not_tls_of_its_own(tmp_path: Path) -> None:
+    files = TlsFiles(*(tmp_path / name for name in ("ca.pem", "server.crt", "server.key", "server.pem", "ca.key")))
+    with pytest.raises(ValueError, match="give tls to the primary only"):
+        EmbeddedPostgres(tls=files, standby_of=object())  # type: ignore[arg-type]
