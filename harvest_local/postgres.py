@@ -5,6 +5,15 @@ initdb refuses to run as root, so under root the server runs as an unprivileged 
 log) lives where that user can reach it, outside the checkout: :mod:`harvest_local.pgdirs` says
 where, and sweeps the folders (and servers) of runs that were killed. Password authentication is
 on (scram-sha-256 over TCP) so DSNs carry a real secret, as in production.
+
+With ``tls`` (a :class:`~harvest_local.tls.TlsFiles`) the server is set up as docs/security.md, "TLS to
+Postgres", tells production to be (``tests/test_security/test_postgres_tls.py``):
+
+- ``ssl = on`` with the certificate and key copied into the data folder, owned by the server's OS user,
+  mode 0600 (Postgres refuses a key others can read);
+- TCP is ``hostssl`` only (scram-sha-256 from 127.0.0.1); a ``hostnossl`` connection is rejected; the
+  Unix socket stays ``trust``, for the harness's own admin work (:attr:`EmbeddedPostgres.socket_dsn`);
+- :attr:`EmbeddedPostgres.dsn` verifies the server: ``sslmode=verify-full sslrootcert=<the CA>``.
 """
 
 from __future__ import annotations
@@ -17,15 +26,30 @@ import signal
 import subprocess
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from harvest_outbox.harvest_local import pgdirs, prereqs
 from harvest_outbox.harvest_local.errors import ServiceError
 from harvest_outbox.harvest_local.workdir import free_port, tail
 
+if TYPE_CHECKING:  # tls.py needs cryptography (a test extra); a plain server runs without it
+    from harvest_outbox.harvest_local.tls import TlsFiles
+
 log = logging.getLogger(__name__)
 
 SUPERUSER = "harvest"
 DEFAULT_DATABASE = "harvest"
+#: The certificate and key a ``tls`` server serves, in its data folder (Postgres' default names).
+CERT_FILE, KEY_FILE = "server.crt", "server.key"
+#: A ``tls`` server's pg_hba.conf: the socket as initdb makes it, TCP over TLS only.
+TLS_HBA = (
+    "# harvest_local: TCP over TLS only (hostssl); the Unix socket for the harness's own admin work\n"
+    "local all all trust\n"
+    "local replication all trust\n"
+    "hostnossl all all 0.0.0.0/0 reject\n"
+    "hostnossl all all ::/0 reject\n"
+    "hostssl all all 127.0.0.1/32 scram-sha-256\n"
+)
 
 
 class EmbeddedPostgres:
@@ -38,6 +62,7 @@ class EmbeddedPostgres:
         max_prepared_transactions: int = 0,
         *,
         standby_of: EmbeddedPostgres | None = None,
+        tls: TlsFiles | None = None,
     ) -> None:
         """``root``: the server's folder; by default one claimed (and locked) by :func:`pgdirs.claim`
         after sweeping those of dead runs. A given ``root`` is used as is and never swept.
@@ -46,7 +71,11 @@ class EmbeddedPostgres:
         ``max_prepared_transactions``: > 0 lets sessions PREPARE TRANSACTION (two-phase-commit writers);
         0, Postgres' default, refuses it. ``standby_of``: a streaming replica of that (running) server, made
         by ``pg_basebackup`` (its password, its database), which :meth:`promote` turns into a primary
-        (:meth:`wait_for_standby` makes a primary's commits wait for one)."""
+        (:meth:`wait_for_standby` makes a primary's commits wait for one). ``tls``: TCP over verified TLS
+        only (the module docstring); not with ``standby_of``."""
+        if tls is not None and standby_of is not None:
+            raise ValueError("tls: a standby copies its primary's set-up; give tls to the primary only")
+        self.tls = tls
         self.port = port or free_port()
         self.logical_replication = logical_replication
         self.max_prepared_transactions = max_prepared_transactions
@@ -67,10 +96,36 @@ class EmbeddedPostgres:
 
     @property
     def dsn(self) -> str:
+        verify = f" sslmode=verify-full sslrootcert={self.tls.ca}" if self.tls is not None else ""
         return (
             f"host=127.0.0.1 port={self.port} user={SUPERUSER} password={self.password} "
-            f"dbname={self.database} connect_timeout=5"
+            f"dbname={self.database} connect_timeout=5{verify}"
         )
+
+    @property
+    def socket_dsn(self) -> str:
+        """The superuser over the Unix socket (``trust``, no TLS): admin work whatever the certificate."""
+        return f"host={self.data} port={self.port} user={SUPERUSER} dbname={self.database}"
+
+    def serve_certificate(self, files: TlsFiles, timeout: float = 10.0) -> None:
+        """Serve ``files``' certificate and key from now on (new connections; ``pg_reload_conf()``), e.g. an
+        expired one signed by the same CA (``make_server_files(..., expired=True, signed_by=server.tls)``),
+        then ``server.tls`` again."""
+        import psycopg
+
+        if self.tls is None:
+            raise ValueError("serve_certificate: this server was made without tls; give EmbeddedPostgres(tls=...)")
+        self._install_certificate(files)
+        with psycopg.connect(self.socket_dsn, autocommit=True) as conn:
+            before = conn.execute("SELECT pg_conf_load_time()").fetchone()
+            conn.execute("SELECT pg_reload_conf()")
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:  # a new session's load time is the postmaster's: reloaded when later
+            with psycopg.connect(self.socket_dsn, autocommit=True) as conn:
+                if conn.execute("SELECT pg_conf_load_time()").fetchone() != before:
+                    return
+            time.sleep(0.05)
+        raise ServiceError("postgres", f"the certificate was not reloaded within {timeout:.0f}s", tail(self.log_file))
 
     def __repr__(self) -> str:  # never show the password
         return f"EmbeddedPostgres(port={self.port}, data={str(self.data)!r})"
@@ -201,6 +256,11 @@ class EmbeddedPostgres:
                 conf.write("wal_level = logical\nmax_replication_slots = 20\nmax_wal_senders = 20\n")
             if self.max_prepared_transactions:
                 conf.write(f"max_prepared_transactions = {int(self.max_prepared_transactions)}\n")
+            if self.tls is not None:
+                conf.write(f"ssl = on\nssl_cert_file = '{CERT_FILE}'\nssl_key_file = '{KEY_FILE}'\n")
+        if self.tls is not None:
+            self._install_certificate(self.tls)
+            self._write_as_server(self.data / "pg_hba.conf", TLS_HBA.encode())
 
     def _base_backup(self) -> None:
         """A standby's data folder: the primary's, streamed by ``pg_basebackup`` with ``-R`` (it writes
@@ -245,6 +305,22 @@ class EmbeddedPostgres:
                 f"\n# harvest_local: a standby of port {primary.port}\nunix_socket_directories = '{self.data}'\n"
             )
             conf.write("synchronous_standby_names = ''\nhot_standby = on\n")
+
+    def _install_certificate(self, files: TlsFiles) -> None:
+        self._write_as_server(self.data / CERT_FILE, files.cert.read_bytes())
+        self._write_as_server(self.data / KEY_FILE, files.key.read_bytes())
+
+    def _write_as_server(self, path: Path, data: bytes) -> None:
+        """``path`` holding ``data``, the server user's, 0600 before a byte lands in it; replaced whole
+        (renamed into place), so the server never reads half a key."""
+        partial = path.with_name(path.name + ".partial")
+        partial.unlink(missing_ok=True)
+        fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "wb") as out:
+            if self._user:
+                os.fchown(fd, self._user.uid, self._user.gid)
+            out.write(data)
+        os.replace(partial, path)
 
     def _pg_ctl(self, *args: str, check: bool = True) -> None:
         proc = self._run([str(self._bindir / "pg_ctl"), "-D", str(self.data), *args])

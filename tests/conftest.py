@@ -7,7 +7,8 @@ pytest-xdist workers, grouped by :mod:`xdist_groups`), isolated per test.
   run of pure-logic tests starts nothing. ``logical_pg_dsn`` (session): a second Postgres with
   ``wal_level = logical``, for the tests that run Debezium; ``two_phase_pg_dsn`` (session): one with
   ``max_prepared_transactions`` > 0, for two-phase-commit writers. ``schema_registry`` (session): an
-  Apicurio Registry (Confluent-compatible API), for the schema-registry tests. ``kafka_cluster``: a
+  Apicurio Registry (Confluent-compatible API), for the schema-registry tests. ``secure_pg`` (session): a
+  Postgres that takes TCP over verified TLS only (``EmbeddedPostgres(tls=...)``), for the tests that ask. ``kafka_cluster``: a
   replicated 3-node Kafka cluster, started for the tests that use it and stopped after the last of them.
 - ``spark``: a ``local[2]`` SparkSession with Spark's Kafka source; ``spark_cluster``: a
   ``local-cluster[2,1,1024]`` one (two executor JVMs besides the driver); ``spark_any``: each of
@@ -37,6 +38,7 @@ if TYPE_CHECKING:
     from harvest_outbox.harvest_local import LocalServices
     from harvest_outbox.harvest_local.kafka import EmbeddedKafka
     from harvest_outbox.harvest_local.kafka_cluster import EmbeddedKafkaCluster
+    from harvest_outbox.harvest_local.postgres import EmbeddedPostgres
     from harvest_outbox.harvest_local.registry import EmbeddedRegistry
 
 # librdkafka's connection-closed chatter is noise in test logs.
@@ -133,6 +135,26 @@ def secure_kafka(services: LocalServices) -> Iterator[EmbeddedKafka]:
         yield own
     finally:
         own.destroy()
+
+
+@pytest.fixture(scope="session")
+def secure_pg() -> Iterator[EmbeddedPostgres]:
+    """A Postgres of our own that takes TCP over verified TLS only (hostssl, scram-sha-256; ``.dsn`` has
+    ``sslmode=verify-full sslrootcert=<.tls.ca>``, ``.socket_dsn`` is the superuser's trusted socket), started
+    only for the tests that ask; ``.serve_certificate`` swaps its certificate (give ``.tls`` back after)."""
+    import shutil
+
+    from harvest_outbox.harvest_local.postgres import EmbeddedPostgres as Server
+    from harvest_outbox.harvest_local.tls import make_server_files
+    from harvest_outbox.harvest_local.workdir import work_dir
+
+    folder = work_dir() / f"pgtls-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    server = Server(tls=make_server_files(folder)).start()
+    try:
+        yield server
+    finally:
+        server.destroy()
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

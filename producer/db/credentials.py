@@ -12,7 +12,9 @@ Invariants:
   error names its program and exit code (or timeout), never its output;
 - a provider failure is a :class:`PasswordProviderError`, a :class:`psycopg.OperationalError`, so every
   connection site treats it as the connection failure it is (retry, back-off, a clear error at start);
-- the provider's password overrides one in the DSN (libpq's keyword arguments win over the string).
+- the provider's password overrides one in the DSN (libpq's keyword arguments win over the string);
+- a connection that fails for a reason :mod:`producer.db.connect_errors` knows (TLS, a wrong password) is
+  raised explained, a :class:`~producer.db.connect_errors.PostgresConnectError` from libpq's error.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from typing import Any
 import psycopg
 
 from harvest_outbox.errors import HarvestOutboxError
+from harvest_outbox.producer.db.connect_errors import connect_explained
 from harvest_outbox.producer.errors import ConfigError, shown
 
 #: Seconds a password command may run (``aws rds generate-db-auth-token`` takes about one). The
@@ -145,9 +148,10 @@ def provide(dsn: str, provider: PasswordProvider | None) -> None:
 
 
 def open_connection(dsn: str, **kwargs: Any) -> psycopg.Connection:
-    """``psycopg.connect(dsn, **kwargs)`` with the password of ``dsn``'s provider, asked now."""
+    """``psycopg.connect(dsn, **kwargs)`` with the password of ``dsn``'s provider, asked now; a failure
+    explained (:func:`~producer.db.connect_errors.connect_explained`)."""
     with _lock:
         provider = _providers.get(dsn)
     if provider is not None:
         kwargs = {**kwargs, "password": provider.password()}
-    return psycopg.connect(dsn, **kwargs)
+    return connect_explained(dsn, **kwargs)

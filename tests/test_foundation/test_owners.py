@@ -33,6 +33,11 @@ OWNERS = {
         "sequencer/uuid_layout.py, sequencer/_uuid_layout.pxd",
         re.compile(r"0x0FFF\b|0x3FF\b|>> ?58\b|>> ?96\b|<< ?96\b|>> ?48\) & ", re.I),
     ),
+    # libpq's connect failures (TLS, a wrong password) and what fixes them: one table of their words.
+    "libpq connect-failure explanations": (
+        "producer/db/connect_errors.py",
+        re.compile(r"password authentication failed|no pg_hba\.conf entry|does not match host name"),
+    ),
     "__version__": (
         "harvest_outbox/__init__.py",
         re.compile(r"""^\s*__version__\s*=|version\(\s*["']harvest-outbox["']\s*\)""", re.M),

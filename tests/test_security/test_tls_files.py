@@ -1,4 +1,5 @@
-"""harvest_local/tls.py's invariants: the names, the file modes, the key format, an expired certificate."""
+"""harvest_local/tls.py's invariants: the names, the file modes, the key format, an expired certificate, a
+certificate signed by an existing CA."""
 
 from __future__ import annotations
 
@@ -43,3 +44,14 @@ def test_expired_certificate_ended_before_now_under_a_valid_ca(tmp_path: Path) -
     now = dt.datetime.now(dt.timezone.utc)
     assert _server_cert(files.cert).not_valid_after_utc < now
     assert x509.load_pem_x509_certificate(files.ca.read_bytes()).not_valid_after_utc > now
+
+
+def test_a_certificate_signed_by_an_existing_ca_verifies_under_it(tmp_path: Path) -> None:
+    first = make_server_files(tmp_path / "first")
+    second = make_server_files(tmp_path / "second", expired=True, signed_by=first)
+    assert (second.ca, second.ca_key) == (first.ca, first.ca_key)
+    assert stat.S_IMODE(first.ca_key.stat().st_mode) == 0o600
+    ca = x509.load_pem_x509_certificate(first.ca.read_bytes())
+    _server_cert(second.cert).verify_directly_issued_by(ca)
+    assert _server_cert(second.cert).not_valid_after_utc < dt.datetime.now(dt.timezone.utc)
+    assert second.cert.read_bytes() != first.cert.read_bytes()
