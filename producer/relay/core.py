@@ -49,15 +49,17 @@ from harvest_outbox.producer.config import MARK_FLOOR, HarvestConfig
 from harvest_outbox.producer.db import Listener, MarkedAttempts, MarkedRow
 from harvest_outbox.producer.election.sharded_neli import ShardSetSeat
 from harvest_outbox.producer.encode.serialization import RowEncoder
-from harvest_outbox.producer.errors import DatabaseError
+from harvest_outbox.producer.errors import DatabaseError, KafkaSecurityError
 from harvest_outbox.producer.kafka import (
     LIBRDKAFKA_LOG,
     DeliveryCallback,
     FatalErrorGuard,
     KafkaProducer,
     ProducerFactory,
+    is_access_denied,
     size_refused_topics,
 )
+from harvest_outbox.producer.kafka.security_errors import principal_of
 from harvest_outbox.producer.layouts.choice import layout_for
 from harvest_outbox.producer.layouts.layout import RelayDatabase
 from harvest_outbox.producer.layouts.mark.marksize import MarkSize
@@ -152,6 +154,9 @@ class RelayCore:
         self.producer: KafkaProducer | None = None
         #: librdkafka reported a fatal error: the mode leaves its view and drops the producer.
         self.producer_fatal = False
+        #: The producer's fatal error was an authorization one (no topic writable: no producer id): the relay
+        #: stops with it at the next tick (:meth:`raise_access_failure`), touching no row.
+        self.access_failure: KafkaSecurityError | None = None
         # the view
         self.leader_id: uuid.UUID | None = None
         #: Leave the current view and re-mark (set by a failure, a DB error, a fatal producer error).
@@ -250,10 +255,22 @@ class RelayCore:
         if not err.fatal():
             log.debug("Kafka producer: %s", err.str())  # librdkafka logs these itself
             return
+        if is_access_denied(err):
+            self.access_failure = KafkaSecurityError(
+                f"the Kafka producer was refused ({err.name()}: {err.str()}): {principal_of(self.config.producer_config())} "
+                f"may write no topic, and an idempotent producer gets its id only with WRITE on a topic (Kafka 3.0 "
+                f"and later) or IDEMPOTENT_WRITE on the cluster; grant the relay's ACLs (`harvest acls`). No row was "
+                f"dead-lettered"
+            )
         log.error("the Kafka producer hit a fatal error (%s: %s); replacing it and re-marking", err.name(), err.str())
         self.producer_fatal = True
         for topic in size_refused_topics(err):
             self.guard.check_sizes(topic)
+
+    def raise_access_failure(self) -> None:
+        """Stop the relay (raise) if the producer was refused for want of an ACL no row can do without."""
+        if self.access_failure is not None:
+            raise self.access_failure
 
     def drop_fatal_producer(self) -> None:
         """After a fatal producer error, once the view is left: flush briefly and drop the producer."""

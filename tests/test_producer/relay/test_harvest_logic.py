@@ -78,8 +78,18 @@ def test_attempts_exhausted_or_permanent_error_dead_letters_and_key_moves_on() -
     p.on_delivery(KafkaError(KafkaError._MSG_TIMED_OUT, "timeout"), FakeMsg(b"a"))
     assert not h.core.remark and [d[0] for d in h._dlq_buf] == [1] and h._dlq_buf[0][2] == 2
     assert p.sent[-1][1] == b"v2"  # the key moved on
+    p.on_delivery(KafkaError(KafkaError.TOPIC_EXCEPTION, "invalid"), FakeMsg(b"a"))
+    assert [d[0] for d in h._dlq_buf] == [1, 2] and "TOPIC_EXCEPTION" in h._dlq_buf[1][1]
+
+
+def test_an_authorization_error_at_delivery_is_not_an_attempt_and_asks_the_preflight_again() -> None:
+    h, p = _relay(max_delivery_attempts=1)
+    h._ready.extend([row(1, "a")])
+    h._dispatch()
+    h._guard.verdicts["t"] = 1000  # type: ignore[attr-defined]
     p.on_delivery(KafkaError(KafkaError.TOPIC_AUTHORIZATION_FAILED, "denied"), FakeMsg(b"a"))
-    assert [d[0] for d in h._dlq_buf] == [1, 2] and "TOPIC_AUTHORIZATION_FAILED" in h._dlq_buf[1][1]
+    assert h._dlq_buf == [] and h.core.attempts == {} and h._reset_buf == [1] and h.core.remark
+    assert h._guard.verdicts == {}  # type: ignore[attr-defined]
 
 
 def test_unknown_topic_from_the_producer_is_an_attempt() -> None:
