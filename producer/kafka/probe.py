@@ -88,8 +88,9 @@ def check_connection(
     lines = _Lines()
     logger = logging.Logger("harvest_outbox.kafka_probe")  # not registered: one per check, dropped with it
     logger.addHandler(lines)
-    conf = {k: v for k, v in settings.items() if k not in _NOT_ADMIN}
-    admin = AdminClient({**conf, "logger": logger, "error_cb": errors.append})
+    conf: dict[str, Any] = {k: v for k, v in settings.items() if k not in _NOT_ADMIN}
+    conf.update(logger=logger, error_cb=errors.append)
+    admin = AdminClient(conf)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline and not (stop is not None and stop.is_set()):
         try:

@@ -53,9 +53,10 @@ class FakeAdmin:
 
     def list_topics(self, timeout: float = 0) -> Any:
         class _Metadata:
-            topics = {t: None for t in self.topics if t not in self.denied}
+            def __init__(self, topics: dict[str, None]) -> None:
+                self.topics = topics
 
-        return _Metadata()
+        return _Metadata({t: None for t in self.topics if t not in self.denied})
 
     def describe_topics(
         self, collection: Any, request_timeout: float = 0, include_authorized_operations: bool = False
