@@ -144,7 +144,7 @@ def test_a_topic_the_principal_may_not_write_is_refused_only_if_it_writes_other_
     assert "User:relay lacks WRITE on TOPIC 't'" in verdict and "--operation Write --topic t" in verdict
     assert "requeue" in verdict
     nothing = FakeAdmin(topics, denied=("t",), writable=False)
-    with pytest.raises(KafkaSecurityError, match="lacks WRITE on TOPIC 't'.*no row is dead-lettered"):
+    with pytest.raises(KafkaSecurityError, match=r"lacks WRITE on TOPIC 't'.*no row is dead-lettered"):
         TopicGuard(settings, {}, admin_factory=lambda conf: nothing).verdict("t")
     own = FakeAdmin({"t": 1, "leader.neli": 1}, denied=("t",))
     with pytest.raises(KafkaSecurityError):
