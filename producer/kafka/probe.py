@@ -1,8 +1,8 @@
 """The relay's start-up check of its Kafka connection: a TLS or SASL setting that can never work fails the
 start at once, naming what to fix, instead of a relay that runs and retries the handshake forever.
 
-:func:`check_connection` connects an admin client with the relay's ``baseKafkaConfig`` and asks for the
-cluster's metadata. librdkafka reports a failed handshake through its error callback (and, for a plaintext
+:func:`check_connection` connects an admin client with the relay's ``baseKafkaConfig`` and describes the
+cluster (a request every principal may make). librdkafka reports a failed handshake through its error callback (and, for a plaintext
 client on a TLS port, only through its log lines: the broker hangs up during the first request); the check
 waits for the answer or the first such report. Where librdkafka's text is ambiguous ("certificate verify
 failed" for an unknown CA, an expired certificate and a wrong host name alike; a hang-up that may be a TLS
@@ -28,7 +28,6 @@ from collections.abc import Mapping
 from typing import Any
 
 from harvest_outbox.producer.errors import KafkaSecurityError
-from harvest_outbox.producer.kafka._logs import LIBRDKAFKA_LOG
 from harvest_outbox.producer.kafka.security_errors import TlsFinding, broker_of, explain
 
 log = logging.getLogger(__name__)
@@ -62,7 +61,8 @@ _NOT_ADMIN = frozenset(
 
 
 class _Lines(logging.Handler):
-    """librdkafka's log lines of the probe's client: kept (a hang-up is only said there) and passed on."""
+    """librdkafka's log lines of the probe's client: kept (a hang-up is only said there), not logged: the
+    relay's own clients say the same a moment later, and a failure here is raised with its explanation."""
 
     def __init__(self) -> None:
         super().__init__(logging.DEBUG)
@@ -70,8 +70,6 @@ class _Lines(logging.Handler):
 
     def emit(self, record: logging.LogRecord) -> None:
         self.lines.append(record.getMessage())
-        if record.levelno >= logging.WARNING:
-            LIBRDKAFKA_LOG.handle(record)
 
 
 def check_connection(
@@ -91,18 +89,24 @@ def check_connection(
     conf: dict[str, Any] = {k: v for k, v in settings.items() if k not in _NOT_ADMIN}
     conf.update(logger=logger, error_cb=errors.append)
     admin = AdminClient(conf)
+    # DescribeCluster: the lightest request every principal may make (no ACL; not the whole topic list)
+    answer = admin.describe_cluster(request_timeout=timeout)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline and not (stop is not None and stop.is_set()):
+        failed = False
         try:
-            admin.list_topics(timeout=_SLICE)
+            answer.result(_SLICE)
             return
-        except KafkaException:
+        except TimeoutError:
             pass
+        except KafkaException:
+            failed = True  # (no answer in time, or none possible): what the callbacks said decides
         admin.poll(0)  # serves the error callback and the log lines
         failure = _failure(errors, lines.lines, settings)
         if failure is not None:
             raise KafkaSecurityError(f"{what} cannot use Kafka: {failure}")
-        if any(e.name() == "_ALL_BROKERS_DOWN" for e in errors) and not any(_HUNG_UP in x for x in lines.lines):
+        down = any(e.name() == "_ALL_BROKERS_DOWN" for e in errors) and not any(_HUNG_UP in x for x in lines.lines)
+        if failed or down:
             log.warning("Kafka at %r does not answer yet; starting anyway", settings.get("bootstrap.servers"))
             return
 
