@@ -6,8 +6,11 @@ dead-lettered; TLS and SASL settings that cannot work refused at start-up within
 
 from __future__ import annotations
 
+import json
+import os
 import socket
 import ssl
+import subprocess
 import sys
 import threading
 import time
@@ -280,3 +283,20 @@ def test_tls_and_sasl_settings_that_cannot_work_fail_the_start_at_once_naming_th
         assert says(message), (label, message)
         assert took < 5.0, (label, took)
         assert principal.password not in message and "not-" + principal.password not in message, label
+    # `harvest run` as a process: exit 1, the explanation on stderr, the password nowhere in its output
+    wrong = {**good, "sasl.password": "not-" + principal.password}
+    path = tmp_path / "harvest.yaml"
+    harvest = {"outboxTable": table, "leaderElection": "postgres", "baseKafkaConfig": wrong}
+    path.write_text(json.dumps({"harvest": harvest}))  # (JSON is YAML)
+    proc = subprocess.run(
+        [sys.executable, "-m", "harvest_outbox.producer", "run", "-f", str(path), "--log-level", "DEBUG"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "HARVEST_DATA_SOURCE": pg_dsn},
+        stdin=subprocess.DEVNULL,
+    )
+    last = proc.stderr.strip().splitlines()[-1]
+    assert proc.returncode == 1 and last.startswith("harvest: error: "), proc.stderr[-2000:]
+    assert f"SASL authentication failed for user {principal.user!r}" in last and "sasl.password" in last
+    assert principal.password not in proc.stdout + proc.stderr
