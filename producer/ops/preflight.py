@@ -41,7 +41,7 @@ from typing import Any
 from confluent_kafka import KafkaError, KafkaException
 
 from harvest_outbox.producer._kafka_names import LEGAL_NAME, NAME_RULE
-from harvest_outbox.producer.errors import KafkaSecurityError, shown
+from harvest_outbox.producer.errors import HarvestError, KafkaSecurityError, shown
 from harvest_outbox.producer.kafka.acls import Acl
 from harvest_outbox.producer.kafka.security_errors import missing_acl, principal_of
 
@@ -339,7 +339,7 @@ class TopicGuard:
         )
 
 
-class _Denied(Exception):
+class _Denied(HarvestError):
     """The principal may not write the topic looked up (raised and caught inside the lookup)."""
 
 

@@ -20,7 +20,14 @@ from pathlib import Path
 
 import psycopg
 import pytest
-from confluent_kafka.admin import AdminClient
+from confluent_kafka.admin import (
+    AclBindingFilter,
+    AclOperation,
+    AclPermissionType,
+    AdminClient,
+    ResourcePatternType,
+    ResourceType,
+)
 from psycopg import sql
 
 from harvest_outbox.harvest_local.kafka import EmbeddedKafka, read_to_end
@@ -54,9 +61,17 @@ class Principal:
         self.client = kafka.sasl.client_config(self.user, self.password)
 
     def grant(self, acls: list[Acl]) -> None:
+        """Create ``acls`` and wait until the broker's authorizer holds them (DescribeAcls reads it)."""
         admin = AdminClient({"bootstrap.servers": self.kafka.bootstrap})  # kept: its futures die with it
         for future in admin.create_acls([a.binding() for a in acls]).values():
             future.result(30)
+        mine = AclBindingFilter(
+            ResourceType.ANY, None, ResourcePatternType.ANY, self.name, None, AclOperation.ANY, AclPermissionType.ANY
+        )
+        deadline = time.monotonic() + 30
+        while len(admin.describe_acls(mine).result(30)) < len(acls):
+            assert time.monotonic() < deadline, "the broker's authorizer did not get the ACLs"
+            time.sleep(0.05)
 
 
 def _config(pg_dsn: str, table: str, principal: Principal, **changes: object) -> HarvestConfig:
