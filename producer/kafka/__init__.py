@@ -19,7 +19,9 @@ row that got past it is stale metadata of a topic just created (it counts as an 
 Each concept has a module of its own, re-exported here (``from harvest_outbox.producer.kafka import …``):
 :mod:`~producer.kafka._producer` (the seam), :mod:`~producer.kafka._logs` (librdkafka's log lines through
 :mod:`logging`) and :mod:`~producer.kafka._faults` (the fault injector); the error classification is this
-module's own.
+module's own. Security has modules of its own, imported by path: :mod:`~producer.kafka.acls` (the ACLs the
+relay and the readers need), :mod:`~producer.kafka.security_errors` (what a TLS, SASL or authorization
+error means and its fix) and :mod:`~producer.kafka.probe` (the start-up check of the connection).
 """
 
 from __future__ import annotations

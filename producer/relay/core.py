@@ -30,7 +30,10 @@ Invariants (tested in ``tests/test_producer``):
 - only the mark connection commits asynchronously (a mark lost in a database crash only un-claims
   its rows; test_async_mark.py crashes Postgres to show it); every write that must last commits
   synchronously on the write connection;
-- nothing here imports a mode: modes depend on the core, the core on neither.
+- nothing here imports a mode: modes depend on the core, the core on neither;
+- a fatal authorization error of the producer (no producer id: its principal may write no topic) stops the
+  relay at the next tick (:meth:`RelayCore.raise_access_failure`), and no row is counted or dead-lettered
+  for it (test_harvest_logic.py).
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
 """The relay over the session broker's SASL_SSL listener as a SCRAM principal holding exactly the ACLs
-``harvest acls`` prints (producer/kafka/acls.py): every row delivered once; each ACL missing in turn: a
+``harvest acls`` prints (producer/kafka/acls.py): every row delivered once (and read by a reader's principal
+holding exactly its own); each ACL missing in turn: a
 clear error naming it (resource, operation, principal) and the fix, and no row lost or wrongly
 dead-lettered; TLS and SASL settings that cannot work refused at start-up within seconds
 (producer/kafka/probe.py), never showing the password."""
@@ -20,6 +21,7 @@ from pathlib import Path
 
 import psycopg
 import pytest
+from confluent_kafka import Consumer
 from confluent_kafka.admin import (
     AclBindingFilter,
     AclOperation,
@@ -36,7 +38,7 @@ from harvest_outbox.harvest_local.tls import make_server_files
 from harvest_outbox.producer.config import HarvestConfig
 from harvest_outbox.producer.errors import HarvestError, KafkaSecurityError
 from harvest_outbox.producer.harvest import Harvest
-from harvest_outbox.producer.kafka.acls import Acl, Topics, relay_acls
+from harvest_outbox.producer.kafka.acls import Acl, Topics, reader_acls, relay_acls
 from harvest_outbox.producer.relay.sharded import relay_for
 from harvest_outbox.producer.schema import OutboxNames
 from harvest_outbox.producer.schema.ddl import init_db
@@ -137,6 +139,30 @@ def test_relay_over_sasl_ssl_with_exactly_the_generated_acls(
     else:
         got = [(r.key, r.value) for r in read_to_end(secure_kafka.bootstrap, [topic], 30)]
         assert sorted(got) == sorted((k.encode(), v.encode()) for _t, k, v in rows)  # each row exactly once
+        # a reader's principal with exactly its printed ACLs reads them in its group and commits
+        reader, group = Principal(secure_kafka), f"readers-{uuid.uuid4().hex[:8]}"
+        reader.grant(reader_acls(reader.name, Topics((topic,)), group))
+        assert sorted(_read_as(reader, topic, group, len(rows))) == sorted(got)
+
+
+def _read_as(reader: Principal, topic: str, group: str, count: int) -> list[tuple[bytes | None, bytes | None]]:
+    """``count`` records of ``topic`` read by ``reader`` in consumer group ``group``, its offsets committed."""
+    consumer = Consumer(
+        {**reader.client, "group.id": group, "auto.offset.reset": "earliest", "enable.auto.commit": False}
+    )
+    got: list[tuple[bytes | None, bytes | None]] = []
+    try:
+        consumer.subscribe([topic])
+        deadline = time.monotonic() + 30
+        while len(got) < count:
+            assert time.monotonic() < deadline, f"the reader got {len(got)} of {count} records"
+            for m in consumer.consume(500, 0.5):
+                assert m.error() is None, m.error()
+                got.append((m.key(), m.value()))
+        consumer.commit(asynchronous=False)  # READ on the group
+    finally:
+        consumer.close()
+    return got
 
 
 # ---------------------------------------------------------------------------------------------- one ACL missing

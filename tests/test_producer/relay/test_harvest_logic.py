@@ -234,3 +234,22 @@ def test_records_the_relay_purges_while_draining_are_not_attempts() -> None:
     h._draining = True  # _drain gave up and purged the producer's queue
     p.on_delivery(KafkaError(KafkaError._PURGE_QUEUE, "purged"), FakeMsg(b"a"))
     assert h._dlq_buf == [] and h.core.attempts == {} and h.core.attempt_buf == [] and h._in_flight == {}
+
+
+def test_a_producer_refused_its_id_for_want_of_any_acl_stops_the_relay_and_counts_nothing() -> None:
+    """CLUSTER_AUTHORIZATION_FAILED, fatal (an idempotent producer gets no id: its principal may write no
+    topic): the next tick raises KafkaSecurityError (the relay stops), a failed record is neither counted
+    nor dead-lettered."""
+    import pytest
+
+    from harvest_outbox.producer.errors import KafkaSecurityError
+
+    h, p = _relay(max_delivery_attempts=1)
+    h._ready.extend([row(1, "a")])
+    h._dispatch()
+    h.core.on_producer_error(KafkaError(KafkaError.CLUSTER_AUTHORIZATION_FAILED, "no PID", fatal=True))
+    with pytest.raises(KafkaSecurityError, match="may write no topic.*No row was dead-lettered"):
+        p.on_delivery(KafkaError(KafkaError._FATAL, "fatal"), FakeMsg(b"a"))
+    with pytest.raises(KafkaSecurityError, match="harvest acls"):
+        h.tick()
+    assert h._dlq_buf == [] and h.core.attempts == {}
