@@ -248,7 +248,7 @@ def test_a_producer_refused_its_id_for_want_of_any_acl_stops_the_relay_and_count
     h._ready.extend([row(1, "a")])
     h._dispatch()
     h.core.on_producer_error(KafkaError(KafkaError.CLUSTER_AUTHORIZATION_FAILED, "no PID", fatal=True))
-    with pytest.raises(KafkaSecurityError, match="may write no topic.*No row was dead-lettered"):
+    with pytest.raises(KafkaSecurityError, match=r"may write no topic.*No row was dead-lettered"):
         p.on_delivery(KafkaError(KafkaError._FATAL, "fatal"), FakeMsg(b"a"))
     with pytest.raises(KafkaSecurityError, match="harvest acls"):
         h.tick()
