@@ -271,9 +271,24 @@ class RelayCore:
             self.guard.check_sizes(topic)
 
     def raise_access_failure(self) -> None:
-        """Stop the relay (raise) if the producer was refused for want of an ACL no row can do without."""
-        if self.access_failure is not None:
-            raise self.access_failure
+        """Stop the relay (raise) if the producer was refused for want of an ACL no row can do without. The
+        preflight names the ACL of the waiting rows' topics first (``WRITE on TOPIC 'orders'``: it raises for
+        a topic its principal may not write when no topic is writable); with no row waiting, the error says
+        what is missing in general."""
+        failure = self.access_failure
+        if failure is None:
+            return
+        topics = [row[ROW_TOPIC] for row in self.ready]
+        for mark in self.marks:  # the rows about to come (their mark is read again when taken)
+            try:
+                rows, _attempts = mark.future.result(5.0)
+            except Exception:  # a failed or slow mark: its rows are none of this error's business
+                continue
+            topics += [row[ROW_TOPIC] for row in rows]
+        self.guard.forget()
+        for topic in list(dict.fromkeys(t for t in topics if t))[:10]:
+            self.guard.verdict(topic)  # raises KafkaSecurityError naming WRITE on the topic
+        raise failure
 
     def drop_fatal_producer(self) -> None:
         """After a fatal producer error, once the view is left: flush briefly and drop the producer."""

@@ -166,14 +166,16 @@ def _read_as(reader: Principal, topic: str, group: str, count: int) -> list[tupl
 
 
 # ---------------------------------------------------------------------------------------------- one ACL missing
-# (acl to drop: (resource, operation, which name), election, a second topic the principal may write)
+# (acl to drop: (resource, operation, which name), election, a second topic the principal may write, sequenced)
 _MISSING = {
-    "WRITE on the only topic": ("TOPIC", "WRITE", "topic", "postgres", False),
-    "WRITE on one topic of two": ("TOPIC", "WRITE", "topic", "postgres", True),
-    "DESCRIBE_CONFIGS on the topic": ("TOPIC", "DESCRIBE_CONFIGS", "topic", "postgres", False),
-    "READ on the NELI group": ("GROUP", "READ", "group", "neli", False),
-    "READ on the leader topic": ("TOPIC", "READ", "leader", "neli", False),
-    "WRITE on the leader topic": ("TOPIC", "WRITE", "leader", "neli", False),
+    "WRITE on the only topic": ("TOPIC", "WRITE", "topic", "postgres", False, False),
+    "WRITE on one topic of two": ("TOPIC", "WRITE", "topic", "postgres", True, False),
+    "WRITE on the only topic, uuid-sequencing": ("TOPIC", "WRITE", "topic", "postgres", False, True),
+    "WRITE on one topic of two, uuid-sequencing": ("TOPIC", "WRITE", "topic", "postgres", True, True),
+    "DESCRIBE_CONFIGS on the topic": ("TOPIC", "DESCRIBE_CONFIGS", "topic", "postgres", False, False),
+    "READ on the NELI group": ("GROUP", "READ", "group", "neli", False, False),
+    "READ on the leader topic": ("TOPIC", "READ", "leader", "neli", False, False),
+    "WRITE on the leader topic": ("TOPIC", "WRITE", "leader", "neli", False, False),
 }
 
 
@@ -181,10 +183,12 @@ _MISSING = {
 def test_each_missing_acl_is_named_with_its_fix_and_no_row_is_lost(
     case: str, secure_kafka: EmbeddedKafka, pg_dsn: str, pg_schema: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    resource, operation, which, election, two_topics = _MISSING[case]
+    resource, operation, which, election, two_topics, sequenced = _MISSING[case]
     table, topic, other = f"{pg_schema}.outbox", f"acl-{uuid.uuid4().hex[:8]}", f"acl-ok-{uuid.uuid4().hex[:8]}"
     principal = Principal(secure_kafka)
-    cfg = _config(pg_dsn, table, principal).replace(leader_election=election, leader_lock_check_interval=0.2)
+    cfg = _config(pg_dsn, table, principal).replace(
+        leader_election=election, leader_lock_check_interval=0.2, uuid_sequencing=sequenced
+    )
     for t in (topic, other) if two_topics else (topic,):
         secure_kafka.create_topic(t)
     if election == "neli":
@@ -223,9 +227,10 @@ def test_each_missing_acl_is_named_with_its_fix_and_no_row_is_lost(
             except HarvestError:
                 pass
     dead = _dead_letters(pg_dsn, names)
-    delivered = {
-        (r.key.decode(), r.value.decode())
+    delivered = {  # (--uuid-sequencing's ACK records have no key: not rows)
+        (r.key.decode(), (r.value or b"").decode())
         for r in read_to_end(secure_kafka.bootstrap, [topic, other] if two_topics else [topic], 20)
+        if r.key
     }
     with psycopg.connect(pg_dsn) as conn:
         waiting = conn.execute(sql.SQL("SELECT kafka_key, kafka_value FROM {}").format(names.outbox)).fetchall()
