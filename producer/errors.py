@@ -62,6 +62,11 @@ class ElectionError(HarvestError):
     """Leader election could not start or hit a fatal Kafka error."""
 
 
+class KafkaSecurityError(HarvestError):
+    """A Kafka connection cannot work as configured: a TLS or SASL handshake refused for a reason no retry
+    fixes, or an ACL the relay needs missing (producer/kafka/security_errors.py explains which, and the fix)."""
+
+
 class ProducerError(HarvestError):
     """The Kafka producer hit a fatal error (e.g. the idempotent producer was fenced)."""
 

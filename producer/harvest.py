@@ -125,6 +125,7 @@ class Harvest(RelayLifecycle):
             config.base_kafka_config,
             config.producer_config(),
             extra_overhead=mode_type.HEADER_BYTES + event_id_bytes(config),
+            own_topics=frozenset({config.leader_topic}) if config.leader_election == "neli" else frozenset(),
         )
         self.core = RelayCore(
             config,

@@ -26,13 +26,14 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from typing import Any, Protocol
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from harvest_outbox.producer.errors import ElectionError
-from harvest_outbox.producer.kafka import logged, logged_admin, serve_logs
+from harvest_outbox.producer.kafka import is_access_denied, logged, logged_admin, serve_logs
 from harvest_outbox.redact import redact_kafka_config
 
 log = logging.getLogger(__name__)
@@ -154,6 +155,13 @@ def _ensure_topic(
         futures[topic].result(timeout)
         log.info("created leader topic %r", topic)
     except KafkaException as exc:
+        if is_access_denied(exc.args[0]):
+            # Not visible in the metadata and not creatable: no READ on it (which implies DESCRIBE), or missing.
+            raise ElectionError(
+                f"leader topic {topic!r} is not visible to the relay's principal and it may not create it "
+                f"({exc.args[0].name()}): {access_denied(exc.args[0], base, topic, '', 'READ')}; or, if the topic "
+                f"does not exist, create it (one partition; S with shards: S)"
+            ) from exc
         if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
             raise ElectionError(
                 f"cannot create leader topic {topic!r}: {exc.args[0].str()}; create it with one "
@@ -208,10 +216,37 @@ def neli_clients(
         raise
 
 
-def consume_heartbeats(consumer: Consumer, batch: int, timeout: float, what: str, logger: logging.Logger) -> set[int]:
+def access_denied(err: KafkaError, base: dict[str, Any], topic: str, group: str, operation: str) -> ElectionError:
+    """The :class:`ElectionError` for an authorization error of a NELI election's client: the ACL it lacks
+    (READ on the group for GROUP_AUTHORIZATION_FAILED; ``operation`` on the leader ``topic`` otherwise),
+    named with its principal and the command granting it. The relay stops on it: no row is touched."""
+    from harvest_outbox.producer.kafka.acls import Acl
+    from harvest_outbox.producer.kafka.security_errors import missing_acl, principal_of
+
+    who = principal_of(base)
+    if err.code() == KafkaError.GROUP_AUTHORIZATION_FAILED:
+        acl = Acl("relay", who, "GROUP", group, "LITERAL", "READ", "NELI's consumer joins the leader group")
+    elif operation == "WRITE":
+        acl = Acl("relay", who, "TOPIC", topic, "LITERAL", "WRITE", "NELI's leader writes its heartbeats to it")
+    else:
+        acl = Acl(
+            "relay", who, "TOPIC", topic, "LITERAL", "READ", "NELI's consumer reads the leader topic's heartbeats"
+        )
+    return ElectionError(f"leader election refused by Kafka: {missing_acl(acl, err.name())}")
+
+
+def consume_heartbeats(
+    consumer: Consumer,
+    batch: int,
+    timeout: float,
+    what: str,
+    logger: logging.Logger,
+    denied: Callable[[KafkaError], ElectionError] | None = None,
+) -> set[int]:
     """Drain the heartbeats waiting for a NELI election's consumer (unsharded and sharded alike): the
     partitions a heartbeat arrived on. A fatal error raises :class:`ElectionError` naming ``what``
-    election; the others are logged on ``logger`` (the election's own)."""
+    election, and so does an authorization error (``denied(err)``: the missing ACL); the others are logged
+    on ``logger`` (the election's own)."""
     received: set[int] = set()
     try:
         while True:
@@ -226,9 +261,13 @@ def consume_heartbeats(consumer: Consumer, batch: int, timeout: float, what: str
                         received.add(partition)
                 elif err.fatal():
                     raise ElectionError(f"fatal Kafka error in {what}: {err.str()}")
+                elif denied is not None and is_access_denied(err):
+                    raise denied(err)
                 elif err.code() != KafkaError._PARTITION_EOF:
                     logger.warning("%s consumer: %s", what, err.str())
     except KafkaException as exc:
+        if denied is not None and is_access_denied(exc.args[0]):
+            raise denied(exc.args[0]) from exc
         raise ElectionError(f"{what} poll failed: {exc.args[0].str()}") from exc
     return received
 
@@ -306,7 +345,9 @@ class NeliElection:
         if now < self._next_poll or self._consumer is None or self._closed:
             return self._leader
         self._next_poll = now + self._min_poll_interval
-        received = bool(consume_heartbeats(self._consumer, 64, self._poll_duration, "leader election", log))
+        received = bool(
+            consume_heartbeats(self._consumer, 64, self._poll_duration, "leader election", log, self._denied_read)
+        )
         if self._assigned:
             if received:
                 self._last_received = time.monotonic()
@@ -323,11 +364,18 @@ class NeliElection:
             assert self._producer is not None
             try:
                 self._producer.produce(self.topic, f"{time.time_ns()}%{self.name}".encode(), partition=0)
-            except (BufferError, KafkaException) as exc:
+            except KafkaException as exc:
+                if is_access_denied(exc.args[0]):
+                    raise access_denied(exc.args[0], self._base, self.topic, self.group, "WRITE") from exc
+                log.warning("heartbeat not sent: %s", exc)
+            except BufferError as exc:
                 log.warning("heartbeat not sent: %s", exc)
         if self._producer is not None:
             self._producer.poll(0)
         return self._leader
+
+    def _denied_read(self, err: KafkaError) -> ElectionError:
+        return access_denied(err, self._base, self.topic, self.group, "READ")
 
     def close(self) -> None:
         if self._closed:

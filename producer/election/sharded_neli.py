@@ -38,12 +38,13 @@ from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 from harvest_outbox.producer.election.neli import (
     _PRODUCER_ONLY,
     ElectionListener,
+    access_denied,
     consume_heartbeats,
     ensure_topic,
     neli_clients,
 )
 from harvest_outbox.producer.errors import ElectionError
-from harvest_outbox.producer.kafka import logged_admin, serve_logs
+from harvest_outbox.producer.kafka import is_access_denied, logged_admin, serve_logs
 
 log = logging.getLogger(__name__)
 
@@ -256,7 +257,14 @@ class NeliShardElection:
         if busy:
             for p in self._last_received:
                 self._last_received[p] += busy
-        received = consume_heartbeats(self._consumer, 256, self._poll_duration, "shard leader election", log)
+        received = consume_heartbeats(
+            self._consumer,
+            256,
+            self._poll_duration,
+            "shard leader election",
+            log,
+            lambda err: access_denied(err, self._base, self.topic, self.group, "READ"),
+        )
         now = time.monotonic()
         resumed, fenced = set(), set()
         for p in sorted(self._assigned):
@@ -283,7 +291,11 @@ class NeliShardElection:
         for p in sorted(self._assigned):
             try:
                 self._producer.produce(self.topic, f"{time.time_ns()}%{self.name}".encode(), partition=p)
-            except (BufferError, KafkaException) as exc:
+            except KafkaException as exc:
+                if is_access_denied(exc.args[0]):
+                    raise access_denied(exc.args[0], self._base, self.topic, self.group, "WRITE") from exc
+                log.warning("shard %d heartbeat not sent: %s", p, exc)
+            except BufferError as exc:
                 log.warning("shard %d heartbeat not sent: %s", p, exc)
         self._producer.poll(0)
 

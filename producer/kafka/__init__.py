@@ -9,15 +9,19 @@ the real broker still receives (some of) those records, which is exactly the dup
 situation at-least-once delivery must survive.
 
 Error classification (:func:`is_permanent`): errors that retrying can never fix (record too large,
-invalid topic, authorisation) send the record to the dead-letter table at once; everything else
-counts as a failed attempt. An unknown topic is not permanent here: :mod:`producer.ops.preflight` has
+invalid topic) send the record to the dead-letter table at once; everything else counts as a failed
+attempt, except an authorization error (:func:`is_access_denied`), which is never a row's fault: the relay
+asks the preflight again (:meth:`~producer.ops.preflight.TopicGuard.denied` decides whether the topic's
+rows are refused or the relay stops) and counts nothing. An unknown topic is not permanent here: :mod:`producer.ops.preflight` has
 already refused rows of topics the broker says do not exist, so librdkafka's "unknown topic" for a
 row that got past it is stale metadata of a topic just created (it counts as an attempt).
 
 Each concept has a module of its own, re-exported here (``from harvest_outbox.producer.kafka import …``):
 :mod:`~producer.kafka._producer` (the seam), :mod:`~producer.kafka._logs` (librdkafka's log lines through
 :mod:`logging`) and :mod:`~producer.kafka._faults` (the fault injector); the error classification is this
-module's own.
+module's own. Security has modules of its own, imported by path: :mod:`~producer.kafka.acls` (the ACLs the
+relay and the readers need), :mod:`~producer.kafka.security_errors` (what a TLS, SASL or authorization
+error means and its fix) and :mod:`~producer.kafka.probe` (the start-up check of the connection).
 """
 
 from __future__ import annotations
@@ -53,6 +57,7 @@ __all__ = [
     "KafkaProducer",
     "ProducerFactory",
     "confluent_producer",
+    "is_access_denied",
     "is_permanent",
     "is_size_refusal",
     "logged",
@@ -68,7 +73,6 @@ PERMANENT_CODES = frozenset(
         getattr(KafkaError, "MSG_SIZE_TOO_LARGE", None),
         getattr(KafkaError, "_MSG_SIZE_TOO_LARGE", None),
         getattr(KafkaError, "TOPIC_EXCEPTION", None),
-        getattr(KafkaError, "TOPIC_AUTHORIZATION_FAILED", None),
         getattr(KafkaError, "INVALID_RECORD", None),
         getattr(KafkaError, "RECORD_LIST_TOO_LARGE", None),
         getattr(KafkaError, "_INVALID_ARG", None),
@@ -113,3 +117,21 @@ def is_permanent(err: KafkaError, synchronous: bool = True) -> bool:
     """True if retrying this record can never succeed."""
     code = err.code()
     return code in PERMANENT_CODES and (synchronous or code not in BATCH_SCOPED_CODES)
+
+
+#: Kafka's authorization errors: an ACL is missing (docs/security.md, Kafka ACLs).
+ACCESS_DENIED_CODES = frozenset(
+    code
+    for code in (
+        getattr(KafkaError, "TOPIC_AUTHORIZATION_FAILED", None),
+        getattr(KafkaError, "GROUP_AUTHORIZATION_FAILED", None),
+        getattr(KafkaError, "CLUSTER_AUTHORIZATION_FAILED", None),
+        getattr(KafkaError, "TRANSACTIONAL_ID_AUTHORIZATION_FAILED", None),
+    )
+    if code is not None
+)
+
+
+def is_access_denied(err: KafkaError) -> bool:
+    """The broker refused for want of an ACL: never the row's fault, never a dead letter by itself."""
+    return err.code() in ACCESS_DENIED_CODES

@@ -3,6 +3,8 @@
     harvest -f harvest.yaml [flags]          run the relay (goharvest reaper compatible); same as `harvest run`
     harvest init-db -f harvest.yaml [--value-type bytea]
     harvest init-db -f harvest.yaml --print-grants [--relay-role NAME ...]   least-privilege SQL, no connection
+    harvest acls -f harvest.yaml --principal User:relay --topic T [--topic-prefix P] [--reader-principal User:r]
+                                             least-privilege Kafka ACLs (kafka-acls.sh lines), no connection
     harvest check -f harvest.yaml            the outbox's queue-table hygiene and the role's privileges: OK / WARN / FAIL with fixes
     harvest dead-letters list|keys|export|requeue|discard -f harvest.yaml ...   (producer/ops/_deadletters_cli.py)
 
@@ -41,7 +43,7 @@ if TYPE_CHECKING:
 
 EXIT_OK, EXIT_FAILURE, EXIT_USAGE, EXIT_FORCED = 0, 1, 2, 3
 MAX_LIST_LIMIT = cli_deadletters.MAX_LIST_LIMIT
-_COMMANDS = ("run", "init-db", "check", "shards", "dead-letters", "deadletters")
+_COMMANDS = ("run", "init-db", "acls", "check", "shards", "dead-letters", "deadletters")
 log = logging.getLogger("harvest")
 
 
@@ -141,6 +143,24 @@ def build_parser() -> argparse.ArgumentParser:
         "--checkpoint-table",
         metavar="[SCHEMA.]TABLE",
         help="with --print-grants: the readers' checkpoint table (default harvest_consumer_checkpoints)",
+    )
+    acl = sub.add_parser(
+        "acls",
+        help="print the Kafka ACLs of the relay's principal (and a reader's) for this config, as kafka-acls.sh "
+        "lines with their reasons (docs/security.md, Kafka ACLs); connects to nothing",
+    )
+    _common(acl)
+    acl.add_argument("--principal", required=True, help="the relay's Kafka principal, e.g. User:harvest-relay")
+    acl.add_argument("--topic", action="append", default=[], metavar="NAME", help="a topic the rows name (repeat)")
+    acl.add_argument(
+        "--topic-prefix", action="append", default=[], metavar="PREFIX", help="every topic named PREFIX... (repeat)"
+    )
+    acl.add_argument("--reader-principal", help="also a reader's ACLs, for this principal (e.g. User:orders-reader)")
+    acl.add_argument("--reader-group", metavar="GROUP", help="with --reader-principal: the reader's group.id")
+    acl.add_argument(
+        "--kafka-before-3",
+        action="store_true",
+        help="the brokers run Kafka before 3.0: IDEMPOTENT_WRITE on the cluster too",
     )
     chk = sub.add_parser(
         "check",
@@ -343,6 +363,39 @@ def _migrate(cfg: FileConfig) -> int:
     return EXIT_OK
 
 
+def _acls(args: argparse.Namespace) -> int:
+    """``harvest acls``: the ACLs of producer/kafka/acls.py for the config (nothing connects)."""
+    from harvest_outbox.producer.kafka.acls import Topics, acl_script, reader_acls, relay_acls
+
+    cfg = _load(args, kafka=False)
+    h = cfg.harvest
+    topics = Topics(tuple(args.topic), tuple(args.topic_prefix))
+    acls = relay_acls(
+        args.principal,
+        topics,
+        leader_election=h.leader_election,
+        leader_topic=h.leader_topic,
+        leader_group=h.leader_group_id,
+        legacy=args.kafka_before_3,
+    )
+    if args.reader_principal:
+        acls += reader_acls(args.reader_principal, topics, args.reader_group)
+    elif args.reader_group is not None:
+        raise ConfigError("acls: --reader-group is the reader's; add --reader-principal")
+    neli = h.leader_election == "neli"
+    election = f"leaderElection: {h.leader_election}" + (f" (group {h.leader_group_id!r})" if neli else "")
+    print(
+        acl_script(
+            acls,
+            f"{election}, {'--uuid-sequencing' if h.uuid_sequencing else 'at least once'}, shards: {h.shards}",
+            leader_topic=h.leader_topic if neli else None,
+            partitions=h.shards,
+        ),
+        end="",
+    )
+    return EXIT_OK
+
+
 def _check(args: argparse.Namespace) -> int:
     from harvest_outbox.producer.db import connect
     from harvest_outbox.producer.ops._check import exit_code
@@ -390,6 +443,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _run(args, signals)
         if args.command == "init-db":
             return _init_db(args)
+        if args.command == "acls":
+            return _acls(args)
         if args.command == "check":
             return _check(args)
         if args.command == "shards":

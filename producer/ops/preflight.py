@@ -19,6 +19,12 @@ Invariants (tests/test_producer/ops/test_preflight.py, tests/test_producer/ops/t
   row is produced and the producer's own errors apply — the guard only ever removes certain losers;
 - a refused (missing) topic is asked about again after ``missing_ttl`` seconds, a good one after
   ``ttl``: creating a topic and requeueing its dead letters works within seconds;
+- a topic the relay's principal may not write (TOPIC_AUTHORIZATION_FAILED on its description, or WRITE not among
+  its authorized operations) is refused, naming the missing ACL, only when the principal may write another
+  topic (the broker's own answer: :meth:`TopicGuard.writes_elsewhere`): then it is about this topic's rows
+  alone. Otherwise the ACLs are missing wholesale (a fresh deployment, a wrong principal): the lookup raises
+  :class:`~producer.errors.KafkaSecurityError` and the relay stops, dead-lettering nothing
+  (tests/test_security/test_relay_sasl.py);
 - with compression configured the size check is skipped (the compressed size is unknown up front)
   until the broker refuses a batch of a topic as too large: from then on that topic's records are
   checked at their uncompressed size (:meth:`TopicGuard.check_sizes`), so the record that no
@@ -35,7 +41,9 @@ from typing import Any
 from confluent_kafka import KafkaError, KafkaException
 
 from harvest_outbox.producer._kafka_names import LEGAL_NAME, NAME_RULE
-from harvest_outbox.producer.errors import shown
+from harvest_outbox.producer.errors import HarvestError, KafkaSecurityError, shown
+from harvest_outbox.producer.kafka.acls import Acl
+from harvest_outbox.producer.kafka.security_errors import missing_acl, principal_of
 
 log = logging.getLogger(__name__)
 
@@ -95,8 +103,15 @@ class TopicGuard:
         missing_ttl: float = 2.0,
         timeout: float = 5.0,
         admin_factory: Callable[[dict[str, Any]], Any] = _admin,
+        own_topics: frozenset[str] = frozenset(),
     ) -> None:
+        """``own_topics``: topics the relay writes for itself (NELI's leader topic): being allowed to write
+        them says nothing of the rows' topics (:meth:`writes_elsewhere`)."""
         self._admin_config = {k: v for k, v in admin_config.items()}
+        self._own_topics = own_topics
+        self._principal = principal_of(admin_config)
+        self._elsewhere: tuple[float, bool] | None = None  # (asked at, answer) of writes_elsewhere
+        self._config_denied: set[str] = set()  # topics whose DESCRIBE_CONFIGS refusal was logged
         self._admin_factory = admin_factory
         self._admin: Any = None
         self._producer_max = int(producer_config.get("message.max.bytes", DEFAULT_PRODUCER_MAX_BYTES))
@@ -161,6 +176,65 @@ class TopicGuard:
             f"key), or add partitions to the topic, and requeue"
         )
 
+    def forget(self) -> None:
+        """Forget every verdict: the producer was refused a topic the verdict allowed (an ACL removed since)."""
+        self.verdicts.clear()
+        self._expires.clear()
+        self._next_expiry = float("inf")
+        self._elsewhere = None
+
+    def denied(self, topic: str) -> str:
+        """The verdict for ``topic``, which its principal may not write (module doc): a reason that refuses its
+        rows when the principal writes another topic; else raises :class:`KafkaSecurityError`."""
+        acl = Acl(
+            "relay",
+            self._principal,
+            "TOPIC",
+            topic,
+            "LITERAL",
+            "WRITE",
+            "the relay produces the records of the rows naming this topic",
+        )
+        reason = missing_acl(acl, "TOPIC_AUTHORIZATION_FAILED")
+        if self.writes_elsewhere(topic):
+            return f"{reason}, then requeue (the principal writes other topics: this topic's rows alone are refused)"
+        raise KafkaSecurityError(
+            f"{reason}. It may write no other topic either, so the relay's ACLs are missing wholesale: the relay "
+            f"stops, and no row is dead-lettered; grant the ACLs and start it again"
+        )
+
+    def writes_elsewhere(self, topic: str) -> bool:
+        """May the relay's principal write a topic other than ``topic`` and its own (the broker's answer:
+        the authorized operations of the topics it may describe)? Cached ``ttl``; False when not known."""
+        now = time.monotonic()
+        if self._elsewhere is not None and now - self._elsewhere[0] < self.ttl:
+            return self._elsewhere[1]
+        answer = False
+        try:
+            from confluent_kafka import TopicCollection
+            from confluent_kafka.admin import AclOperation
+
+            if self._admin is None:
+                self._admin = self._admin_factory(self._admin_config)
+            listed = self._admin.list_topics(timeout=self.timeout).topics
+            others = [t for t in listed if t != topic and t not in INTERNAL_TOPICS and t not in self._own_topics][:200]
+            if others:
+                found = self._admin.describe_topics(
+                    TopicCollection(others), request_timeout=self.timeout, include_authorized_operations=True
+                )
+                for future in found.values():
+                    try:
+                        ops = future.result(self.timeout).authorized_operations or []
+                    except KafkaException:
+                        continue
+                    if AclOperation.WRITE in ops:
+                        answer = True
+                        break
+        except Exception as exc:  # not known: the safe side (nothing dead-lettered)
+            log.warning("could not ask Kafka which topics the relay may write: %s", exc)
+        self._elsewhere = (now, answer)
+        return answer
+
     def connect(self) -> None:
         """Create the admin client now (it connects in the background), so the first lookup is quick."""
         if self._admin is None:
@@ -196,14 +270,14 @@ class TopicGuard:
             return by_name, self.ttl
         try:
             from confluent_kafka import TopicCollection
-            from confluent_kafka.admin import ConfigResource, ResourceType
+            from confluent_kafka.admin import AclOperation, ConfigResource, ResourceType
 
             if self._admin is None:
                 self._admin = self._admin_factory(self._admin_config)
             try:
-                desc = self._admin.describe_topics(TopicCollection([topic]), request_timeout=self.timeout)[
-                    topic
-                ].result(self.timeout)
+                desc = self._admin.describe_topics(
+                    TopicCollection([topic]), request_timeout=self.timeout, include_authorized_operations=True
+                )[topic].result(self.timeout)
             except KafkaException as exc:
                 err: KafkaError = exc.args[0]
                 if err.code() in (KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_TOPIC):
@@ -214,27 +288,59 @@ class TopicGuard:
                         self.missing_ttl,
                     )
                 if err.code() == KafkaError.TOPIC_AUTHORIZATION_FAILED:
-                    return (
-                        f"not authorised to describe or write topic {topic!r}; grant the relay's principal "
-                        f"WRITE and DESCRIBE on it, then requeue",
-                        self.missing_ttl,
-                    )
+                    raise _Denied from exc
                 raise
             if desc.is_internal:
                 return _internal(topic), self.ttl
+            if desc.authorized_operations is not None and AclOperation.WRITE not in desc.authorized_operations:
+                raise _Denied  # described (an explicit DESCRIBE), not writable
             self.partitions[topic] = len(desc.partitions)
             if not (self._check_size or topic in self._sized):
                 return self._budget(self._producer_max, topic), self.ttl
             resource = ConfigResource(ResourceType.TOPIC, topic)
-            entries = self._admin.describe_configs([resource], request_timeout=self.timeout)[resource].result(
-                self.timeout
-            )
+            try:
+                entries = self._admin.describe_configs([resource], request_timeout=self.timeout)[resource].result(
+                    self.timeout
+                )
+            except KafkaException as exc:
+                if exc.args[0].code() != KafkaError.TOPIC_AUTHORIZATION_FAILED:
+                    raise
+                self._configs_denied(topic)
+                return self._budget(self._producer_max, topic), self.ttl
             entry = entries.get("max.message.bytes")
             topic_max = int(entry.value) if entry is not None and entry.value is not None else self._producer_max
             return self._budget(min(topic_max, self._producer_max), topic), self.ttl
+        except _Denied:
+            pass
         except Exception as exc:  # no answer is not a "no": produce, and let the producer's errors decide
             log.warning("could not look up topic %r before producing (%s); producing without the check", topic, exc)
             return self._budget(self._producer_max, topic), self.missing_ttl
+        return self.denied(topic), self.missing_ttl  # raises when no topic at all is writable
+
+    def _configs_denied(self, topic: str) -> None:
+        """DESCRIBE_CONFIGS refused: the size check is skipped for ``topic`` (rows are produced unchecked);
+        said once per topic."""
+        if topic in self._config_denied:
+            return
+        self._config_denied.add(topic)
+        acl = Acl(
+            "relay",
+            self._principal,
+            "TOPIC",
+            topic,
+            "LITERAL",
+            "DESCRIBE_CONFIGS",
+            "the preflight reads max.message.bytes, to dead-letter a record too large before producing it",
+        )
+        log.error(
+            "%s; until then records of %r are produced without the size check",
+            missing_acl(acl, "TOPIC_AUTHORIZATION_FAILED"),
+            topic,
+        )
+
+
+class _Denied(HarvestError):
+    """The principal may not write the topic looked up (raised and caught inside the lookup)."""
 
 
 def too_large(

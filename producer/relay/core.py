@@ -30,7 +30,10 @@ Invariants (tested in ``tests/test_producer``):
 - only the mark connection commits asynchronously (a mark lost in a database crash only un-claims
   its rows; test_async_mark.py crashes Postgres to show it); every write that must last commits
   synchronously on the write connection;
-- nothing here imports a mode: modes depend on the core, the core on neither.
+- nothing here imports a mode: modes depend on the core, the core on neither;
+- a fatal authorization error of the producer (no producer id: its principal may write no topic) stops the
+  relay at the next tick (:meth:`RelayCore.raise_access_failure`), and no row is counted or dead-lettered
+  for it (test_harvest_logic.py).
 """
 
 from __future__ import annotations
@@ -49,15 +52,17 @@ from harvest_outbox.producer.config import MARK_FLOOR, HarvestConfig
 from harvest_outbox.producer.db import Listener, MarkedAttempts, MarkedRow
 from harvest_outbox.producer.election.sharded_neli import ShardSetSeat
 from harvest_outbox.producer.encode.serialization import RowEncoder
-from harvest_outbox.producer.errors import DatabaseError
+from harvest_outbox.producer.errors import DatabaseError, KafkaSecurityError
 from harvest_outbox.producer.kafka import (
     LIBRDKAFKA_LOG,
     DeliveryCallback,
     FatalErrorGuard,
     KafkaProducer,
     ProducerFactory,
+    is_access_denied,
     size_refused_topics,
 )
+from harvest_outbox.producer.kafka.security_errors import principal_of
 from harvest_outbox.producer.layouts.choice import layout_for
 from harvest_outbox.producer.layouts.layout import RelayDatabase
 from harvest_outbox.producer.layouts.mark.marksize import MarkSize
@@ -152,6 +157,9 @@ class RelayCore:
         self.producer: KafkaProducer | None = None
         #: librdkafka reported a fatal error: the mode leaves its view and drops the producer.
         self.producer_fatal = False
+        #: The producer's fatal error was an authorization one (no topic writable: no producer id): the relay
+        #: stops with it at the next tick (:meth:`raise_access_failure`), touching no row.
+        self.access_failure: KafkaSecurityError | None = None
         # the view
         self.leader_id: uuid.UUID | None = None
         #: Leave the current view and re-mark (set by a failure, a DB error, a fatal producer error).
@@ -250,10 +258,37 @@ class RelayCore:
         if not err.fatal():
             log.debug("Kafka producer: %s", err.str())  # librdkafka logs these itself
             return
+        if is_access_denied(err):
+            self.access_failure = KafkaSecurityError(
+                f"the Kafka producer was refused ({err.name()}: {err.str()}): {principal_of(self.config.producer_config())} "
+                f"may write no topic, and an idempotent producer gets its id only with WRITE on a topic (Kafka 3.0 "
+                f"and later) or IDEMPOTENT_WRITE on the cluster; grant the relay's ACLs (`harvest acls`). No row was "
+                f"dead-lettered"
+            )
         log.error("the Kafka producer hit a fatal error (%s: %s); replacing it and re-marking", err.name(), err.str())
         self.producer_fatal = True
         for topic in size_refused_topics(err):
             self.guard.check_sizes(topic)
+
+    def raise_access_failure(self) -> None:
+        """Stop the relay (raise) if the producer was refused for want of an ACL no row can do without. The
+        preflight names the ACL of the waiting rows' topics first (``WRITE on TOPIC 'orders'``: it raises for
+        a topic its principal may not write when no topic is writable); with no row waiting, the error says
+        what is missing in general."""
+        failure = self.access_failure
+        if failure is None:
+            return
+        topics = [row[ROW_TOPIC] for row in self.ready]
+        for mark in self.marks:  # the rows about to come (their mark is read again when taken)
+            try:
+                rows, _attempts = mark.future.result(5.0)
+            except Exception:  # a failed or slow mark: its rows are none of this error's business
+                continue
+            topics += [row[ROW_TOPIC] for row in rows]
+        self.guard.forget()
+        for topic in list(dict.fromkeys(t for t in topics if t))[:10]:
+            self.guard.verdict(topic)  # raises KafkaSecurityError naming WRITE on the topic
+        raise failure
 
     def drop_fatal_producer(self) -> None:
         """After a fatal producer error, once the view is left: flush briefly and drop the producer."""

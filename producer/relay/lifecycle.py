@@ -97,7 +97,12 @@ class RelayLifecycle(ABC):
         from harvest_outbox.producer.db.credentials import provide
 
         provide(self.config.data_source, self.config.password_provider)  # before any connection
+        from harvest_outbox.producer.kafka.probe import check_connection
+
         try:
+            # A TLS or SASL setting that cannot work fails the start now, naming the fix (not a relay that
+            # retries the handshake forever).
+            check_connection(self.config.base_kafka_config, stop=self._stop_requested, what=f"relay {self.config.name}")
             self._open()
         except BaseException:
             self._abandon_start()

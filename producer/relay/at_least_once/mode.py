@@ -54,7 +54,7 @@ from confluent_kafka import KafkaError, KafkaException
 
 from harvest_outbox.producer.db import MarkedAttempts, MarkedRow
 from harvest_outbox.producer.errors import DatabaseError
-from harvest_outbox.producer.kafka import KafkaProducer, is_permanent, is_size_refusal
+from harvest_outbox.producer.kafka import KafkaProducer, is_access_denied, is_permanent, is_size_refusal
 from harvest_outbox.producer.relay.at_least_once._records import AtLeastOnceRecords
 from harvest_outbox.producer.relay.events import LeaderRefreshed
 from harvest_outbox.producer.relay.marked_row import ROW_ID, ROW_TOPIC
@@ -88,6 +88,7 @@ class AtLeastOnceMode(AtLeastOnceRecords):
     def tick(self) -> None:
         core = self.core
         producer = self.ensure_producer()
+        core.raise_access_failure()
         if core.producer_fatal:
             core.request_remark()  # the refresh replaces the producer
         if self._acked:
@@ -227,6 +228,20 @@ class AtLeastOnceMode(AtLeastOnceRecords):
         True if the relay will reset + remark (key stays blocked until then)."""
         core, rid, topic = self.core, row[ROW_ID], row[ROW_TOPIC]
         self.metrics.delivery_failures += 1
+        core.raise_access_failure()
+        if is_access_denied(err):
+            # An ACL missing (or removed since the preflight's verdict): not the row's fault. The preflight asks
+            # again when the row comes back, and refuses the topic or stops the relay (TopicGuard.denied).
+            log.error(
+                "%s for record %d of topic %r: asking the broker again; not counted as an attempt",
+                err.name(),
+                rid,
+                topic,
+            )
+            self._guard.forget()
+            self._reset_buf.append(rid)
+            core.request_remark()
+            return True
         if not synchronous and latency is not None and core.waited_out(latency) and not self._served_meanwhile(latency):
             # Nothing was delivered while this record waited: an outage, not this row's fault.
             log.warning(

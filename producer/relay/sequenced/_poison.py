@@ -17,7 +17,7 @@ from typing import NamedTuple
 
 from confluent_kafka import KafkaError
 
-from harvest_outbox.producer.kafka import is_permanent
+from harvest_outbox.producer.kafka import is_access_denied, is_permanent
 from harvest_outbox.producer.relay.core import RelayCore
 
 
@@ -66,6 +66,11 @@ class PoisonBook:
         """A failed attempt of ``rid``: counted and stored; parked when permanent or the last allowed."""
         core = self.core
         core.metrics.delivery_failures += 1
+        if is_access_denied(err):
+            # An ACL missing (or removed since the preflight's verdict): not the row's fault, not an attempt.
+            # The preflight asks again when the row comes back (TopicGuard.denied: refuse the topic, or stop).
+            core.guard.forget()
+            return
         attempts = core.next_attempt(rid)
         permanent = asynchronous and is_permanent(err, False)
         if permanent or attempts >= core.limits.max_delivery_attempts:

@@ -151,6 +151,7 @@ class SequencedMode:
     def tick(self) -> None:
         core = self.core
         producer = self.ensure_producer()
+        core.raise_access_failure()
         if core.producer_fatal and self._view is not None:
             self._abandon("the Kafka producer hit a fatal error", self._failed_txn())
         if core.remark:  # a DB error surfaced by the main loop, or a failure: abandon the view

@@ -127,3 +127,27 @@ def test_fatal_errors_from_poll_are_handed_over_not_raised() -> None:
     other = FatalErrorGuard(Raising(KafkaError(KafkaError._TRANSPORT, "down")), seen.append)  # type: ignore[arg-type]
     with pytest.raises(KafkaException):
         other.poll(0)  # anything not fatal is not ours to swallow
+
+
+def test_a_topic_the_principal_may_not_write_is_refused_only_if_it_writes_other_topics() -> None:
+    """A missing ACL for one topic refuses that topic's rows (dead letters, naming the ACL); missing for every
+    topic it stops the relay (KafkaSecurityError): a wholesale authorization failure dead-letters nothing. The
+    relay's own topics (NELI's leader topic) do not count as "other topics"."""
+    from harvest_outbox.producer.errors import KafkaSecurityError
+
+    settings = {"security.protocol": "SASL_SSL", "sasl.mechanism": "SCRAM-SHA-512", "sasl.username": "relay"}
+    topics = {"t": 1_000_000, "ok-1": 1_000_000, "ok-2": 1_000_000}
+    admin = FakeAdmin(topics, denied=("t",))
+    guard = TopicGuard(settings, {}, admin_factory=lambda conf: admin)
+    verdict = guard.verdict("t")
+    assert isinstance(verdict, str)
+    assert "User:relay lacks WRITE on TOPIC 't'" in verdict and "--operation Write --topic t" in verdict
+    assert "requeue" in verdict
+    nothing = FakeAdmin(topics, denied=("t",), writable=False)
+    with pytest.raises(KafkaSecurityError, match=r"lacks WRITE on TOPIC 't'.*no row is dead-lettered"):
+        TopicGuard(settings, {}, admin_factory=lambda conf: nothing).verdict("t")
+    own = FakeAdmin({"t": 1, "leader.neli": 1}, denied=("t",))
+    with pytest.raises(KafkaSecurityError):
+        TopicGuard(settings, {}, admin_factory=lambda conf: own, own_topics=frozenset({"leader.neli"})).verdict("t")
+    guard.forget()
+    assert guard.verdicts == {}

@@ -78,8 +78,18 @@ def test_attempts_exhausted_or_permanent_error_dead_letters_and_key_moves_on() -
     p.on_delivery(KafkaError(KafkaError._MSG_TIMED_OUT, "timeout"), FakeMsg(b"a"))
     assert not h.core.remark and [d[0] for d in h._dlq_buf] == [1] and h._dlq_buf[0][2] == 2
     assert p.sent[-1][1] == b"v2"  # the key moved on
+    p.on_delivery(KafkaError(KafkaError.TOPIC_EXCEPTION, "invalid"), FakeMsg(b"a"))
+    assert [d[0] for d in h._dlq_buf] == [1, 2] and "TOPIC_EXCEPTION" in h._dlq_buf[1][1]
+
+
+def test_an_authorization_error_at_delivery_is_not_an_attempt_and_asks_the_preflight_again() -> None:
+    h, p = _relay(max_delivery_attempts=1)
+    h._ready.extend([row(1, "a")])
+    h._dispatch()
+    h._guard.verdicts["t"] = 1000  # type: ignore[attr-defined]
     p.on_delivery(KafkaError(KafkaError.TOPIC_AUTHORIZATION_FAILED, "denied"), FakeMsg(b"a"))
-    assert [d[0] for d in h._dlq_buf] == [1, 2] and "TOPIC_AUTHORIZATION_FAILED" in h._dlq_buf[1][1]
+    assert h._dlq_buf == [] and h.core.attempts == {} and h._reset_buf == [1] and h.core.remark
+    assert h._guard.verdicts == {}  # type: ignore[attr-defined]
 
 
 def test_unknown_topic_from_the_producer_is_an_attempt() -> None:
@@ -224,3 +234,22 @@ def test_records_the_relay_purges_while_draining_are_not_attempts() -> None:
     h._draining = True  # _drain gave up and purged the producer's queue
     p.on_delivery(KafkaError(KafkaError._PURGE_QUEUE, "purged"), FakeMsg(b"a"))
     assert h._dlq_buf == [] and h.core.attempts == {} and h.core.attempt_buf == [] and h._in_flight == {}
+
+
+def test_a_producer_refused_its_id_for_want_of_any_acl_stops_the_relay_and_counts_nothing() -> None:
+    """CLUSTER_AUTHORIZATION_FAILED, fatal (an idempotent producer gets no id: its principal may write no
+    topic): the next tick raises KafkaSecurityError (the relay stops), a failed record is neither counted
+    nor dead-lettered."""
+    import pytest
+
+    from harvest_outbox.producer.errors import KafkaSecurityError
+
+    h, p = _relay(max_delivery_attempts=1)
+    h._ready.extend([row(1, "a")])
+    h._dispatch()
+    h.core.on_producer_error(KafkaError(KafkaError.CLUSTER_AUTHORIZATION_FAILED, "no PID", fatal=True))
+    with pytest.raises(KafkaSecurityError, match=r"may write no topic.*No row was dead-lettered"):
+        p.on_delivery(KafkaError(KafkaError._FATAL, "fatal"), FakeMsg(b"a"))
+    with pytest.raises(KafkaSecurityError, match="harvest acls"):
+        h.tick()
+    assert h._dlq_buf == [] and h.core.attempts == {}
