@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from harvest_outbox.kafka_access import AccessWatch, KafkaAccessError, topic_metadata
 from harvest_outbox.kafka_token import oauth_config_problem, reader_token_callback
 from harvest_outbox.secret_providers import SpecError
 from harvest_outbox.sequencer import CheckpointMismatchError, ProducerState, check_checkpoint_scope, decode_checkpoint
@@ -79,11 +80,16 @@ def resolve(
 ) -> ReadRange:
     from confluent_kafka import Consumer, TopicPartition
 
+    conf = client_config(kafka_options)
+    watch = AccessWatch()  # a refused login or TLS handshake: its reason now, not a timeout in 30 s
     consumer = Consumer(
-        {**client_config(kafka_options), "group.id": "harvest-spark-reader-offsets", "enable.auto.commit": False}
+        {**conf, "group.id": "harvest-spark-reader-offsets", "enable.auto.commit": False, "error_cb": watch}
     )
     try:
-        meta = consumer.list_topics(topic, timeout=timeout).topics.get(topic)
+        try:
+            meta = topic_metadata(consumer, topic, timeout, watch, conf).topics.get(topic)
+        except KafkaAccessError as exc:
+            raise ReaderConfigError(f"topic {topic!r}: {exc}") from None
         if meta is None or meta.error is not None or not meta.partitions:
             raise ReaderConfigError(
                 f"topic {topic!r} does not exist or has no partitions ({meta.error if meta else 'unknown'}); "
