@@ -1,9 +1,9 @@
-"""The readers over SASL_SSL (SCRAM-SHA-512) with the broker's certificate verified (issue #49, docs/security.md
-"Readers over TLS and SASL"): as a principal with only READ and DESCRIBE on the topic (and READ on the
-``harvest-`` consumer groups the readers name, never joined), ``ReadCommittedIter``, Spark's batch
-``readCommitted`` and the pipeline (its events query is ``readCommittedStream`` with ``state_location``, its
-latest-state table derived from that) read a sequenced log and get every committed record, as the pure
-Sequencer does. A wrong password (ReadCommittedIter) and a CA that did not sign the broker's certificate
+"""The readers over SASL_SSL with the broker's certificate verified (issue #49, docs/security.md "Readers over
+TLS and SASL"): as principals with only READ and DESCRIBE on the topic (and READ on the ``harvest-`` consumer
+groups the readers name, never joined), ``ReadCommittedIter`` and Spark's batch ``readCommitted`` (SCRAM-SHA-512)
+and the pipeline (OAUTHBEARER, its tokens from ``kafka.oauth_cb``, a ``module:function`` resolved in the driver
+and the Python workers; its events query is ``readCommittedStream`` with ``state_location``, its latest-state
+table derived from that) read a sequenced log and get every committed record, as the pure Sequencer does. A wrong password (ReadCommittedIter) and a CA that did not sign the broker's certificate
 (readCommitted) are refused at once with librdkafka's reason and the setting to check, the password in no
 message."""
 
@@ -22,7 +22,7 @@ from sequenced_log import read_raw, reference_read, write_log
 from harvest_outbox.consumer import ReadCommittedIter
 from harvest_outbox.consumer.errors import KafkaReadError
 from harvest_outbox.harvest_local.kafka import EmbeddedKafka
-from harvest_outbox.harvest_local.kafka_security import add_scram_user
+from harvest_outbox.harvest_local.kafka_security import READER_SUBJECT, add_scram_user
 from harvest_outbox.harvest_local.tls import make_server_files
 from harvest_outbox.spark_reader import ReaderConfigError, readCommitted
 from harvest_outbox.spark_reader.latest_table import read_latest
@@ -60,14 +60,15 @@ def test_readers_read_every_committed_record_over_sasl_ssl(
     secure_kafka.create_topic(topic, partitions=2)
     user, password = f"reader-{uuid.uuid4().hex[:6]}", f"pw-{uuid.uuid4().hex}"
     add_scram_user(secure_kafka.bootstrap, user, password)
-    grant(
-        secure_kafka.bootstrap,
-        user,
-        [
-            (ResourceType.TOPIC, topic, ResourcePatternType.LITERAL, [AclOperation.READ, AclOperation.DESCRIBE]),
-            (ResourceType.GROUP, "harvest-", ResourcePatternType.PREFIXED, [AclOperation.READ]),
-        ],
-    )
+    for principal in (user, READER_SUBJECT):
+        grant(
+            secure_kafka.bootstrap,
+            principal,
+            [
+                (ResourceType.TOPIC, topic, ResourcePatternType.LITERAL, [AclOperation.READ, AclOperation.DESCRIBE]),
+                (ResourceType.GROUP, "harvest-", ResourcePatternType.PREFIXED, [AclOperation.READ]),
+            ],
+        )
     write_log(secure_kafka.bootstrap, topic, 2, seed=49, steps=40)
     raw = read_raw(secure_kafka.bootstrap, topic, 2)
     expected = reference_read(raw, topic)  # (partition, offset, ack_offset) of every committed record
@@ -88,8 +89,13 @@ def test_readers_read_every_committed_record_over_sasl_ssl(
     rows = readCommitted(spark, topic, _spark_options(config)).select("partition", "offset", "ack_offset").collect()
     assert sorted((r.partition, r.offset, r.ack_offset) for r in rows) == sorted(expected)
 
-    # The pipeline, once through what the topic holds: its event table is readCommittedStream's output.
-    cfg = PipelineConfig.under(str(tmp_path / "pipeline"), topic, _spark_options(config), available_now=True)
+    # The pipeline, once through what the topic holds, as the OAUTHBEARER principal: its event table is
+    # readCommittedStream's output.
+    oauth = {
+        **_spark_options(sasl.oauth_client_config()),
+        "kafka.oauth_cb": "harvest_outbox.harvest_local.kafka_security:reader_token",
+    }
+    cfg = PipelineConfig.under(str(tmp_path / "pipeline"), topic, oauth, available_now=True)
     pipeline = start_pipeline(spark, cfg)
     try:
         pipeline.latest.awaitTermination(120)
