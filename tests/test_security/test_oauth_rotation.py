@@ -108,7 +108,10 @@ def test_relay_and_reader_run_through_several_token_lifetimes(
         f"{sys.executable} -c 'import sys; from harvest_outbox.harvest_local.kafka_security import unsecured_jwt; "
         f"print(unsecured_jwt(sys.argv[1], {LIFETIME})[0])' {relay_sub}"
     )
-    config = relay_config(pg_dsn, sasl.bootstrap, table, group).replace(
+    # Tokens this short are refreshed up to a second late (confluent-kafka serves the refresh once a second)
+    # and some re-authentications are refused (docs/security.md): a connection then reconnects, which may
+    # hold NELI's heartbeats up longer than the tests' usual 2 s heartbeat timeout.
+    config = relay_config(pg_dsn, sasl.bootstrap, table, group, heartbeat_timeout=6.0).replace(
         base_kafka_config=sasl.oauth_client_config(),
         kafka_oauth_token_command=token_command,
         leader_topic=f"{group}.neli",
