@@ -5,9 +5,10 @@ librdkafka asks the provider again at 80 % of a token's life and re-authenticate
 A sequenced relay (NELI election: its consumer, producer and admin clients all on the SASL_SSL listener) gets
 its tokens from ``kafkaOAuthTokenCommand``, a command printing a JWT; a ``ReadCommittedIter`` reads its topic
 over the same listener as another principal, its tokens from an ``oauth_cb`` callable. Both principals have
-only the ACLs granted here. While writers stash rows for more than three token lifetimes, the relay keeps
-delivering in every lifetime, both providers are asked again and again, the relay never restarts, and the
-reader gets every row exactly once, in per-key order; no token reaches a log line."""
+only the ACLs granted here. Writers stash rows for three token lifetimes or more: while the relay starts (its
+clients each wait for a first token, NELI elects it: a lifetime at least), then two more in each of which the
+relay delivers and both providers are asked again; the relay never restarts nor loses its leadership, and
+the reader gets every row exactly once, in per-key order; no token reaches a log line."""
 
 from __future__ import annotations
 
@@ -34,7 +35,7 @@ from harvest_outbox.producer.schema.ddl import init_db
 pytestmark = pytest.mark.integration
 
 LIFETIME = 4  # seconds a token lives; librdkafka asks for the next one after 3.2 s
-LIFETIMES = 3  # how long the writers write, in token lifetimes
+LIFETIMES = 2  # lifetimes the relay delivers after its start (itself more than one: its clients' first tokens)
 
 
 class Reader(threading.Thread):
@@ -122,15 +123,17 @@ def test_relay_and_reader_run_through_several_token_lifetimes(
     reader = Reader({**sasl.oauth_client_config(), "oauth_cb": reader_token}, topic)
     writer = BackgroundWriter(pg_dsn, table, topic)
     relay = Harvest(config)
-    # per lifetime while the writers write: rows delivered, tokens the relay's and the reader's providers gave
+    # per lifetime after the relay's start: rows delivered, tokens the relay's and the reader's providers gave
     delivered: list[int] = []
     relay_tokens: list[int] = []
     reader_tokens_per_lifetime: list[int] = []
     try:
-        relay.start()
+        writer.start()  # rows wait in the outbox while the relay starts
         reader.start()
+        started = time.monotonic()
+        relay.start()  # its clients each wait for their first token; NELI elects it
         wait_for(lambda: relay.is_leader, 30, "the relay's leadership over SASL_SSL")
-        writer.start()
+        time.sleep(max(0.0, started + LIFETIME - time.monotonic()))  # the start: a lifetime at least
         before = (relay.metrics.delivered, provider.tokens_given, len(reader_tokens))
         for _ in range(LIFETIMES):
             time.sleep(LIFETIME)

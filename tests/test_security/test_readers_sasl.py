@@ -1,9 +1,10 @@
 """The readers over SASL_SSL with the broker's certificate verified (issue #49, docs/security.md "Readers over
 TLS and SASL"): as principals with only READ and DESCRIBE on the topic (and READ on the ``harvest-`` consumer
-groups the readers name, never joined), ``ReadCommittedIter`` and Spark's batch ``readCommitted`` (SCRAM-SHA-512)
-and the pipeline (OAUTHBEARER, its tokens from ``kafka.oauth_cb``, a ``module:function`` resolved in the driver
-and the Python workers; its events query is ``readCommittedStream`` with ``state_location``, its latest-state
-table derived from that) read a sequenced log and get every committed record, as the pure Sequencer does. A wrong password (ReadCommittedIter) and a CA that did not sign the broker's certificate
+groups the readers name, never joined), ``ReadCommittedIter`` and the pipeline (SCRAM-SHA-512; the pipeline's
+events query is ``readCommittedStream`` with ``state_location``, its latest-state table derived from that) and
+Spark's batch ``readCommitted`` (OAUTHBEARER, its tokens from ``kafka.oauth_cb``, a ``module:function``
+resolved in the driver and the Python workers) read a sequenced log and get every committed record, as the
+pure Sequencer does. A wrong password (ReadCommittedIter) and a CA that did not sign the broker's certificate
 (readCommitted) are refused at once with librdkafka's reason and the setting to check, the password in no
 message."""
 
@@ -85,17 +86,16 @@ def test_readers_read_every_committed_record_over_sasl_ssl(
     # ReadCommittedIter: per partition, the Sequencer's order.
     assert _by_partition(_iter_rows(config, topic, len(expected))) == _by_partition([(p, o) for p, o, _ in expected])
 
-    # Spark's batch read, in the executors' Python workers.
-    rows = readCommitted(spark, topic, _spark_options(config)).select("partition", "offset", "ack_offset").collect()
-    assert sorted((r.partition, r.offset, r.ack_offset) for r in rows) == sorted(expected)
-
-    # The pipeline, once through what the topic holds, as the OAUTHBEARER principal: its event table is
-    # readCommittedStream's output.
+    # Spark's batch read as the OAUTHBEARER principal: the driver and each Python worker import the provider.
     oauth = {
         **_spark_options(sasl.oauth_client_config()),
         "kafka.oauth_cb": "harvest_outbox.harvest_local.kafka_security:reader_token",
     }
-    cfg = PipelineConfig.under(str(tmp_path / "pipeline"), topic, oauth, available_now=True)
+    rows = readCommitted(spark, topic, oauth).select("partition", "offset", "ack_offset").collect()
+    assert sorted((r.partition, r.offset, r.ack_offset) for r in rows) == sorted(expected)
+
+    # The pipeline, once through what the topic holds: its event table is readCommittedStream's output.
+    cfg = PipelineConfig.under(str(tmp_path / "pipeline"), topic, _spark_options(config), available_now=True)
     pipeline = start_pipeline(spark, cfg)
     try:
         pipeline.latest.awaitTermination(120)
