@@ -66,7 +66,8 @@ def client_config(kafka_options: Mapping[str, str]) -> dict[str, Any]:
         problem = oauth_config_problem(conf)
         if problem is not None:
             raise ReaderConfigError(
-                f"kafka_options['kafka.oauth_cb'] gives OAUTHBEARER tokens, but {problem} (as kafka.<property>)"
+                f"kafka_options['kafka.oauth_cb'] gives OAUTHBEARER tokens, but {problem} (as an option: "
+                f"prefixed with 'kafka.')"
             )
     return conf
 
