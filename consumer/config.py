@@ -17,6 +17,10 @@ Invariants (backed by ``tests/test_consumer/test_config_and_records.py``):
 * The user's ``auto.offset.reset`` picks the start of partitions that no
   checkpoint covers; librdkafka itself runs with ``auto.offset.reset=error`` so
   a checkpointed offset lost to retention raises instead of silently skipping.
+* ``oauth_cb`` (OAUTHBEARER tokens) is a callable as confluent-kafka takes it, or
+  ``package.module:function`` (resolved here, :func:`harvest_outbox.kafka_token.reader_token_callback`);
+  with it, ``sasl.mechanism`` must be ``OAUTHBEARER`` over a SASL ``security.protocol`` (else a
+  :class:`ConfigError` now, not a client that waits 10 s and fails). Both consumers get it.
 * Credential values (``sasl.password``, ``ssl.key.password``, every librdkafka
   property named password/secret/key/pem/passphrase/extensions/token/credentials,
   misspellings such as ``sasl.pasword``) never appear in logs, reprs or error
@@ -29,9 +33,12 @@ import uuid
 from collections.abc import Mapping
 from typing import Any
 
+from harvest_outbox.kafka_token import oauth_config_problem, reader_token_callback
+
 # One owner of "which Kafka property holds a credential" (issue #32): the producer's redactor.
 from harvest_outbox.redact import REDACTED
 from harvest_outbox.redact import is_secret_kafka_key as is_secret_key
+from harvest_outbox.secret_providers import SpecError
 
 from .errors import ConfigError
 
@@ -160,6 +167,14 @@ class ReaderConfig:
                 raise ConfigError(f"kafka config keys must be non-empty str, got {key!r}")
             cfg[key] = value
         _check_bootstrap(cfg)
+        if cfg.get("oauth_cb") is not None:
+            try:
+                cfg["oauth_cb"] = reader_token_callback(cfg["oauth_cb"], "kafka config 'oauth_cb'")
+            except SpecError as exc:
+                raise ConfigError(str(exc)) from None
+            problem = oauth_config_problem(cfg)
+            if problem is not None:
+                raise ConfigError(f"kafka config 'oauth_cb' gives OAUTHBEARER tokens, but {problem}")
         for key in ("enable.auto.commit", "enable.auto.offset.store"):
             if key in cfg and _truthy(key, cfg[key]):
                 raise ConfigError(

@@ -38,6 +38,7 @@ from typing import Any
 
 from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, Consumer, KafkaError, KafkaException, TopicPartition
 
+from harvest_outbox.kafka_access import AccessWatch, KafkaAccessError, topic_metadata
 from harvest_outbox.sequencer import NIL_UUID, EntryBatch, Envelope
 from harvest_outbox.sequencer.uuid_layout import FLAGS_MASK as _FLAGS_MASK
 from harvest_outbox.sequencer.uuid_layout import FLAGS_SHIFT as _FLAGS
@@ -226,8 +227,13 @@ class ReadUncommittedIter:
             "cooperative" in strategy or str(kafka_config.get("group.protocol", "")).lower() == "consumer"
         )
 
+        main = self._config.main_config()
+        # librdkafka tells a refused login or a failed TLS handshake only to error_cb (the application's
+        # own still gets every error): the metadata read below then fails with the reason, at once
+        self._access = AccessWatch(main.get("error_cb"))
+        main["error_cb"] = self._access
         try:
-            self._consumer = Consumer(self._config.main_config())
+            self._consumer = Consumer(main)
         except (KafkaException, ValueError, TypeError) as exc:
             raise ConfigError(f"invalid kafka config: {exc} (config: {redact(self._config.base)})") from exc
         try:
@@ -249,7 +255,9 @@ class ReadUncommittedIter:
         out: list[tuple[str, int]] = []
         for topic in topics:
             try:
-                meta = self._consumer.list_topics(topic, timeout=30).topics.get(topic)
+                meta = topic_metadata(self._consumer, topic, 30, self._access, self._config.base).topics.get(topic)
+            except KafkaAccessError as exc:
+                raise KafkaReadError(f"cannot read metadata of topic {topic!r}: {exc}") from None
             except KafkaException as exc:
                 raise KafkaReadError(f"cannot read metadata of topic {topic!r}: {exc}") from exc
             if meta is None or meta.error is not None or not meta.partitions:

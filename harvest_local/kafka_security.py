@@ -120,3 +120,13 @@ def unsecured_jwt(subject: str, lifetime_s: float, now: float | None = None) -> 
 
     token = f"{part({'alg': 'none'})}.{part({'sub': subject, 'iat': int(issued), 'exp': int(expires)})}."
     return token, expires
+
+
+#: The principal of :func:`reader_token`'s tokens (``User:<this>`` in ACLs).
+READER_SUBJECT = "harvest-oauth-reader"
+
+
+def reader_token() -> tuple[str, float]:
+    """A one-minute :func:`unsecured_jwt` for :data:`READER_SUBJECT`: a token provider of no arguments that a
+    Spark reader names in a string option (``kafka.oauth_cb``), importable in every Python worker."""
+    return unsecured_jwt(READER_SUBJECT, 60)

@@ -295,6 +295,7 @@ def _check_source(source: str, options: Mapping[str, str]) -> None:
             "source, for its own options and Java-only client properties)"
         )
     if source == "spark":
+        refuse_token_callback(options, "source='spark'", "pass source='harvest' (the default)")
         return
     for key in options:
         if key in _JAVA_ONLY:
@@ -311,6 +312,17 @@ def _check_source(source: str, options: Mapping[str, str]) -> None:
                 f"kafka_options[{key!r}] is {hint}, which source='harvest' (the default) has no use for. Fix: "
                 "remove it, or pass source='spark' to read through Spark's Kafka source"
             )
+
+
+def refuse_token_callback(options: Mapping[str, str], reader: str, fix: str) -> None:
+    """``kafka.oauth_cb`` is harvest's (librdkafka's token callback): Spark's Kafka source, a Java client,
+    takes its own (``kafka.sasl.login.callback.handler.class``)."""
+    if "kafka.oauth_cb" in options:
+        raise ReaderConfigError(
+            f"kafka_options['kafka.oauth_cb'] is read by harvest's own data source only; {reader} reads with "
+            f"Spark's Kafka source (Kafka's Java client), which takes kafka.sasl.login.callback.handler.class "
+            f"and kafka.sasl.jaas.config instead. Fix: {fix}"
+        )
 
 
 def _check_options(topic: str, options: dict[str, str]) -> None:

@@ -34,8 +34,9 @@ from typing import Any
 
 import pyarrow as pa
 
+from harvest_outbox.kafka_access import AccessWatch, KafkaAccessError, topic_metadata
 from harvest_outbox.spark_reader import offsets as offsets_mod
-from harvest_outbox.spark_reader.errors import SparkReaderError
+from harvest_outbox.spark_reader.errors import ReaderConfigError, SparkReaderError
 
 _GROUP = "harvest-spark-reader"  # never joined: partitions are assigned and offsets never committed
 CHUNK = 65536  # records per Arrow batch while reading (bounds the Python lists)
@@ -56,10 +57,10 @@ RAW_SCHEMA = pa.schema(
 )
 
 
-def consumer(kafka: Mapping[str, str], wanted: int | None = None) -> Any:
+def consumer(kafka: Mapping[str, str], wanted: int | None = None, watch: AccessWatch | None = None) -> Any:
     """A confluent-kafka consumer from Spark-style ``kafka.*`` options, for assigned reads;
     ``wanted``: the records the read needs, if known (librdkafka then queues about that many ahead,
-    not its default 100,000)."""
+    not its default 100,000); ``watch``: its ``error_cb``, for :func:`watermarks`."""
     from confluent_kafka import Consumer
 
     conf: dict[str, Any] = {
@@ -83,6 +84,8 @@ def consumer(kafka: Mapping[str, str], wanted: int | None = None) -> Any:
     # records: 3.6-3.9 s with the default, 1.7-2.3 s with 10 ms).
     conf.setdefault("queued.min.messages", max(1, min(_QUEUED_AHEAD, wanted if wanted is not None else _QUEUED_AHEAD)))
     conf.setdefault("fetch.queue.backoff.ms", 10)
+    if watch is not None:
+        conf["error_cb"] = watch
     return Consumer(conf)
 
 
@@ -96,15 +99,29 @@ def read_consumer(kafka: Mapping[str, str]) -> Iterator[Any]:
         client.close()
 
 
-def watermarks(topic: str, kafka: Mapping[str, str], client: Any = None) -> dict[int, tuple[int, int]]:
+def watermarks(
+    topic: str, kafka: Mapping[str, str], client: Any = None, watch: AccessWatch | None = None
+) -> dict[int, tuple[int, int]]:
     """``{partition: (low, high)}`` of ``topic``, asked with ``client`` (a :func:`consumer` the caller
-    keeps, e.g. a stream's driver across micro-batches) or a consumer made for the call."""
+    keeps, e.g. a stream's driver across micro-batches, made with ``watch``) or a consumer made for the
+    call. A refused login or TLS handshake is a :class:`ReaderConfigError` saying why, at once."""
     from confluent_kafka import TopicPartition
 
     if client is None:
-        with read_consumer(kafka) as own:
-            return watermarks(topic, kafka, own)
-    meta = client.list_topics(topic, timeout=30).topics.get(topic)
+        own_watch = AccessWatch()
+        own = consumer(kafka, watch=own_watch)
+        try:
+            return watermarks(topic, kafka, own, own_watch)
+        finally:
+            own.close()
+    try:
+        if watch is None:
+            listed = client.list_topics(topic, timeout=30)
+        else:
+            listed = topic_metadata(client, topic, 30, watch, offsets_mod.client_config(kafka))
+    except KafkaAccessError as exc:
+        raise ReaderConfigError(f"topic {topic!r}: {exc}") from None
+    meta = listed.topics.get(topic)
     if meta is None or meta.error is not None or not meta.partitions:
         raise SparkReaderError(
             f"topic {topic!r} does not exist or has no partitions ({meta.error if meta else 'unknown'})"

@@ -16,7 +16,11 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
+from harvest_outbox.kafka_access import AccessWatch, KafkaAccessError, topic_metadata
+from harvest_outbox.kafka_token import oauth_config_problem, reader_token_callback
+from harvest_outbox.secret_providers import SpecError
 from harvest_outbox.sequencer import CheckpointMismatchError, ProducerState, check_checkpoint_scope, decode_checkpoint
 from harvest_outbox.spark_reader.errors import ReaderConfigError
 
@@ -34,9 +38,12 @@ class ReadRange:
     foreign_states: list[ProducerState]
 
 
-def client_config(kafka_options: Mapping[str, str]) -> dict[str, str]:
-    """Spark's ``kafka.``-prefixed options as a confluent-kafka (librdkafka) config."""
-    conf = {k[len("kafka.") :]: v for k, v in kafka_options.items() if k.startswith("kafka.")}
+def client_config(kafka_options: Mapping[str, str]) -> dict[str, Any]:
+    """Spark's ``kafka.``-prefixed options as a confluent-kafka (librdkafka) config. ``kafka.oauth_cb``
+    (``package.module:function`` returning ``(token, expires_at)``, as the relay's
+    ``kafkaOAuthTokenProvider``) is resolved here, in whichever process makes the client (the driver,
+    a Python worker): a callable does not travel in string options."""
+    conf: dict[str, Any] = {k[len("kafka.") :]: v for k, v in kafka_options.items() if k.startswith("kafka.")}
     servers = conf.get("bootstrap.servers")
     if servers is None or (isinstance(servers, str) and not servers.strip()):
         raise ReaderConfigError(
@@ -51,6 +58,17 @@ def client_config(kafka_options: Mapping[str, str]) -> dict[str, str]:
     # Options only the Java client understands are of no use to the offset lookup.
     for java_only in ("security.protocol.class", "sasl.jaas.config"):
         conf.pop(java_only, None)
+    if conf.get("oauth_cb") is not None:
+        try:
+            conf["oauth_cb"] = reader_token_callback(conf["oauth_cb"], "kafka_options['kafka.oauth_cb']")
+        except SpecError as exc:
+            raise ReaderConfigError(str(exc)) from None
+        problem = oauth_config_problem(conf)
+        if problem is not None:
+            raise ReaderConfigError(
+                f"kafka_options['kafka.oauth_cb'] gives OAUTHBEARER tokens, but {problem} (as an option: "
+                f"prefixed with 'kafka.')"
+            )
     return conf
 
 
@@ -63,11 +81,16 @@ def resolve(
 ) -> ReadRange:
     from confluent_kafka import Consumer, TopicPartition
 
+    conf = client_config(kafka_options)
+    watch = AccessWatch()  # a refused login or TLS handshake: its reason now, not a timeout in 30 s
     consumer = Consumer(
-        {**client_config(kafka_options), "group.id": "harvest-spark-reader-offsets", "enable.auto.commit": False}
+        {**conf, "group.id": "harvest-spark-reader-offsets", "enable.auto.commit": False, "error_cb": watch}
     )
     try:
-        meta = consumer.list_topics(topic, timeout=timeout).topics.get(topic)
+        try:
+            meta = topic_metadata(consumer, topic, timeout, watch, conf).topics.get(topic)
+        except KafkaAccessError as exc:
+            raise ReaderConfigError(f"topic {topic!r}: {exc}") from None
         if meta is None or meta.error is not None or not meta.partitions:
             raise ReaderConfigError(
                 f"topic {topic!r} does not exist or has no partitions ({meta.error if meta else 'unknown'}); "

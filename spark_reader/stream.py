@@ -64,7 +64,7 @@ import pyarrow.compute
 
 from harvest_outbox.sequencer import DEFAULT_PRUNE_HORIZON_NS, ProducerState
 from harvest_outbox.spark_reader import offsets as offsets_mod
-from harvest_outbox.spark_reader.batch import _check_options, executor_cores, finish_columns
+from harvest_outbox.spark_reader.batch import _check_options, executor_cores, finish_columns, refuse_token_callback
 from harvest_outbox.spark_reader.errors import ReaderConfigError
 from harvest_outbox.spark_reader.policy import check_policy
 from harvest_outbox.spark_reader.sequencing import GroupPlan, header_values, sequence_partition
@@ -126,6 +126,7 @@ def readCommittedStream(
     if state_location is not None:
         state_location = check_state_location(state_location)
     if state_location is None:
+        refuse_token_callback(options, "readCommittedStream without state_location", "pass state_location=")
         _check_state_store(spark)
         _tune_state_store(spark)
         log.info(

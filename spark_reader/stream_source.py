@@ -48,6 +48,7 @@ import pyarrow as pa
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows, SupportsTriggerAvailableNow
 
+from harvest_outbox.kafka_access import AccessWatch
 from harvest_outbox.sequencer import ProducerState
 from harvest_outbox.spark_reader import offsets as offsets_mod
 from harvest_outbox.spark_reader.errors import SparkReaderError
@@ -164,16 +165,18 @@ class CommittedStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
         # reader for the query's life and calls stop() at its end): a new one per micro-batch cost
         # ~35-55 ms of connection set-up in every micro-batch.
         self._client: Any = None
+        self._watch: AccessWatch | None = None  # the client's error_cb
 
     def __getstate__(self) -> dict[str, Any]:  # a consumer does not pickle, and tasks need none of it
-        return {**self.__dict__, "_client": None}
+        return {**self.__dict__, "_client": None, "_watch": None}
 
     def _watermarks(self) -> dict[int, tuple[int, int]]:
         from harvest_outbox.spark_reader.kafka_arrow import consumer
 
         if self._client is None:
-            self._client = consumer(self.settings.kafka)
-        return watermarks(self.settings.topic, self.settings.kafka, self._client)
+            self._watch = AccessWatch()
+            self._client = consumer(self.settings.kafka, watch=self._watch)
+        return watermarks(self.settings.topic, self.settings.kafka, self._client, self._watch)
 
     def stop(self) -> None:
         if self._client is not None:

@@ -14,7 +14,10 @@ Invariants:
 - ``repr()``/``str()`` never shows a secret (DSN password, SASL/SSL credentials, ``prometheusBasicAuth``, a
   password command's arguments: only its program);
 - at most one of ``dataSourcePasswordCommand`` and ``dataSourcePasswordProvider``, its provider built (a
-  command split, a function imported) at construction (:mod:`~producer.db.credentials`).
+  command split, a function imported) at construction (:mod:`~producer.db.credentials`);
+- likewise at most one of ``kafkaOAuthTokenCommand`` and ``kafkaOAuthTokenProvider``, whose provider is
+  ``baseKafkaConfig``'s ``oauth_cb`` (every Kafka client of the relay is made from it) and needs
+  ``sasl.mechanism: OAUTHBEARER`` there (:func:`~producer.config._kafka.with_token_provider`).
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from typing import Any
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
 
+from harvest_outbox.kafka_token import KafkaTokenProvider
 from harvest_outbox.producer.config._election import check_election, check_election_limits, leader_names
 from harvest_outbox.producer.config._env import MAPPING, SCALAR, TEXT
 from harvest_outbox.producer.config._kafka import (
@@ -34,6 +38,7 @@ from harvest_outbox.producer.config._kafka import (
     checked_sections,
     kafka_map,
     producer_properties,
+    with_token_provider,
 )
 from harvest_outbox.producer.config._limits import Limits
 from harvest_outbox.producer.config._values import (
@@ -85,6 +90,8 @@ TOP_KEYS = (
     "prometheusBasicAuth",
     "dataSourcePasswordCommand",
     "dataSourcePasswordProvider",
+    "kafkaOAuthTokenCommand",
+    "kafkaOAuthTokenProvider",
 )
 #: How a ``HARVEST_<KEY>`` variable's text is read for each key (producer/config/_env.py).
 ENV_KINDS = {
@@ -212,9 +219,24 @@ class HarvestConfig:
     data_source_password_provider: str = ""
     # The provider of the two above (None: none), built and checked at construction; not a key.
     password_provider: PasswordProvider | None = field(default=None, init=False, compare=False)
+    #: A command that prints a Kafka OAUTHBEARER token, run when each Kafka client of the relay starts and
+    #: again at 80 % of the token's life (librdkafka then re-authenticates): rotated tokens without a restart.
+    #: It prints a JWT (its expiry is the ``exp`` claim) or JSON ``{"token": "...", "expires_at": <epoch
+    #: seconds>}``; run without a shell, at most 8 s. Needs ``sasl.mechanism: OAUTHBEARER`` and
+    #: ``security.protocol: SASL_SSL`` in ``baseKafkaConfig`` (docs/security.md). Unset (default): none.
+    kafka_oauth_token_command: str = ""
+    #: ``package.module:function``, a function of no arguments returning ``(token, expires_at)`` (epoch
+    #: seconds), called as ``kafkaOAuthTokenCommand`` is (for embedders; instead of it). Unset (default): none.
+    kafka_oauth_token_provider: str = ""
+    # The provider of the two above (None: none), also ``base_kafka_config``'s ``oauth_cb``; not a key.
+    kafka_token_provider: KafkaTokenProvider | None = field(default=None, init=False, compare=False)
 
     def __post_init__(self) -> None:
         base, prod = checked_sections(self.base_kafka_config, self.producer_kafka_config, self.limits)
+        token_provider = with_token_provider(
+            base, prod, self.kafka_oauth_token_command, self.kafka_oauth_token_provider
+        )
+        object.__setattr__(self, "kafka_token_provider", token_provider)
         object.__setattr__(self, "base_kafka_config", base)
         object.__setattr__(self, "producer_kafka_config", prod)
         if not isinstance(self.data_source, str) or not self.data_source.strip():
@@ -373,6 +395,10 @@ class HarvestConfig:
         check_with_librdkafka(self.base_kafka_config, self.producer_kafka_config, self.limits, election_consumer)
 
     def replace(self, **changes: Any) -> HarvestConfig:
+        if "base_kafka_config" not in changes and self.kafka_token_provider is not None:
+            # the provider the token keys made goes with them: the copy makes its own (or none)
+            base = {k: v for k, v in self.base_kafka_config.items() if v is not self.kafka_token_provider}
+            changes = {**changes, "base_kafka_config": base}
         return dataclasses.replace(self, **changes)
 
     def __repr__(self) -> str:
@@ -390,7 +416,7 @@ class HarvestConfig:
             f"dead_letter_retention={self.dead_letter_retention!r}, dead_letter_policy={self.dead_letter_policy!r}, "
             f"tracing={self.tracing!r}, serialization={self.serialization!r}, outbox_layout={self.outbox_layout!r}, "
             f"wakeup={self.wakeup!r}, prometheus_basic_auth={'<redacted>' if self.prometheus_basic_auth else ''!r}, "
-            f"password_provider={self.password_provider!r})"
+            f"password_provider={self.password_provider!r}, kafka_token_provider={self.kafka_token_provider!r})"
         )
 
     __str__ = __repr__
@@ -416,6 +442,8 @@ class HarvestConfig:
             ("prometheusBasicAuth", "prometheus_basic_auth"),
             ("dataSourcePasswordCommand", "data_source_password_command"),
             ("dataSourcePasswordProvider", "data_source_password_provider"),
+            ("kafkaOAuthTokenCommand", "kafka_oauth_token_command"),
+            ("kafkaOAuthTokenProvider", "kafka_oauth_token_provider"),
         ):
             if key in data and data[key] is not None:
                 if not isinstance(data[key], str):

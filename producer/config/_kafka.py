@@ -6,8 +6,12 @@ Invariants:
   that contradicts them is refused (:func:`checked_sections`) rather than silently overridden;
 - the producer's delivery timeout is at most ``limits.rowTimeout`` (derived from it unless set lower);
 - ``bootstrap.servers`` is a non-empty string, goharvest's default :data:`DEFAULT_BOOTSTRAP` when left out;
-- :func:`check_with_librdkafka` lets librdkafka judge the properties without connecting, and its errors
-  never show a secret property's value.
+- :func:`check_with_librdkafka` lets librdkafka judge the properties without connecting (without the
+  token callback: a client calls it at start), and its errors never show a secret property's value;
+- a token provider (``kafkaOAuthTokenCommand`` / ``kafkaOAuthTokenProvider``, or an embedder's
+  ``oauth_cb`` callable in ``baseKafkaConfig``) is the ``oauth_cb`` of ``baseKafkaConfig``, so every
+  client the relay makes from it has it (:func:`with_token_provider`); it requires
+  ``sasl.mechanism=OAUTHBEARER`` and a SASL ``security.protocol`` there, which are not set for the user.
 """
 
 from __future__ import annotations
@@ -15,9 +19,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from harvest_outbox.kafka_token import KafkaTokenProvider, oauth_config_problem
 from harvest_outbox.producer.config._limits import Limits
 from harvest_outbox.producer.errors import ConfigError, shown
 from harvest_outbox.redact import is_secret_kafka_key, redact_error
+from harvest_outbox.secret_providers import SpecError
 
 DEFAULT_BOOTSTRAP = "localhost:9092"
 DEFAULT_PARTITIONER = "murmur2_random"  # Java client's default key placement
@@ -25,6 +31,8 @@ DEFAULT_LINGER_MS = 1
 FORCED_PRODUCER = {"enable.idempotence": True, "acks": "all"}
 DELIVERY_TIMEOUT_KEYS = ("message.timeout.ms", "delivery.timeout.ms")  # librdkafka aliases
 BOOTSTRAP_KEYS = ("bootstrap.servers", "metadata.broker.list")  # librdkafka aliases
+#: confluent-kafka's token callback property (not librdkafka's: it takes a Python callable).
+OAUTH_CB = "oauth_cb"
 
 
 def kafka_map(value: Any, path: str) -> dict[str, Any]:
@@ -99,6 +107,60 @@ def checked_sections(base_config: Any, producer_config: Any, limits: Any) -> tup
     return base, prod
 
 
+def with_token_provider(
+    base: dict[str, Any], producer: Mapping[str, Any], command: Any, function: Any
+) -> KafkaTokenProvider | None:
+    """The token provider of ``kafkaOAuthTokenCommand`` / ``kafkaOAuthTokenProvider`` (None: neither),
+    made ``base``'s ``oauth_cb`` (so that every client made from ``base`` asks it); checks that ``base``
+    and ``producer`` let a token be used. ``base`` may already hold it (a config copied by ``replace``)."""
+    for key, value in (("kafkaOAuthTokenCommand", command), ("kafkaOAuthTokenProvider", function)):
+        if not isinstance(value, str):
+            raise ConfigError(f"{key}: {shown(value)} must be a string")
+    if command and function:
+        raise ConfigError("kafkaOAuthTokenCommand and kafkaOAuthTokenProvider are both set; keep one of them")
+    if OAUTH_CB in producer:
+        raise ConfigError(
+            f"producerKafkaConfig.{OAUTH_CB}: every Kafka client of the relay needs the token, not only the "
+            f"producer; give kafkaOAuthTokenCommand or kafkaOAuthTokenProvider (or {OAUTH_CB} in baseKafkaConfig)"
+        )
+    provider = None
+    if command or function:
+        try:
+            provider = KafkaTokenProvider(command=command, function=function)
+        except SpecError as exc:
+            raise ConfigError(str(exc)) from None
+    given = base.get(OAUTH_CB)
+    if given is not None and not callable(given):
+        raise ConfigError(
+            f"baseKafkaConfig.{OAUTH_CB}: {shown(given)} is not a callable; in a file give "
+            f"kafkaOAuthTokenProvider: 'package.module:function' (or kafkaOAuthTokenCommand) instead"
+        )
+    if provider is not None and given is not None and given != provider:
+        key = "kafkaOAuthTokenCommand" if command else "kafkaOAuthTokenProvider"
+        raise ConfigError(f"{key} and baseKafkaConfig.{OAUTH_CB} are both set; keep one of them")
+    if provider is not None:
+        base[OAUTH_CB] = provider
+    if base.get(OAUTH_CB) is not None:
+        key = (
+            "kafkaOAuthTokenCommand"
+            if command
+            else "kafkaOAuthTokenProvider"
+            if function
+            else f"baseKafkaConfig.{OAUTH_CB}"
+        )
+        for where, conf in (("baseKafkaConfig", base), ("producerKafkaConfig", {**base, **producer})):
+            problem = oauth_config_problem(conf)
+            if problem is not None:
+                raise ConfigError(f"{key} needs a token-based login, but in {where} {problem}")
+    return provider
+
+
+def without_token_provider(conf: Mapping[str, Any]) -> dict[str, Any]:
+    """``conf`` without ``oauth_cb``: for clients made only to check properties (a client with it asks
+    the provider for a token at start, and waits for it)."""
+    return {k: v for k, v in conf.items() if k != OAUTH_CB}
+
+
 def producer_properties(base: Mapping[str, Any], producer: Mapping[str, Any], row_timeout: float) -> dict[str, Any]:
     """Effective confluent-kafka producer properties: base, then producer overrides, then forced values."""
     conf = dict(base)
@@ -131,13 +193,14 @@ def check_with_librdkafka(
     quiet = {"bootstrap.servers": "", "log_level": 0}
     # In this order, so that an error is blamed on the section that holds the property: the producer
     # of base properties alone passing means the producer section's broke it (names may be aliases).
+    base = without_token_provider(base)
     checks: tuple[tuple[str, Any, dict[str, Any]], ...] = (
         ("baseKafkaConfig", Consumer, {**base, "group.id": "harvest-config-check", **quiet}),
         ("baseKafkaConfig", Producer, {**producer_properties(base, {}, limits.row_timeout), **quiet}),
         ("producerKafkaConfig", Producer, {**producer_properties(base, producer, limits.row_timeout), **quiet}),
     )
     if election_consumer is not None:  # the election consumer adds settings derived from the limits
-        checks += (("baseKafkaConfig", Consumer, {**election_consumer, **quiet}),)
+        checks += (("baseKafkaConfig", Consumer, {**without_token_provider(election_consumer), **quiet}),)
     for where, client, conf in checks:
         try:
             made = client(conf)

@@ -3,7 +3,8 @@ a Vault lease, a file a sidecar rewrites) instead of written in the DSN.
 
 A provider is a command (``dataSourcePasswordCommand``, run without a shell: ``shlex.split``, at most
 :data:`COMMAND_TIMEOUT`, its stdout stripped) or a Python callable (``dataSourcePasswordProvider:
-module:function``, for embedders). Every connection the relay and the CLI open to the outbox's database
+module:function``, for embedders); both are resolved and run by :mod:`harvest_outbox.secret_providers`,
+shared with the Kafka token provider. Every connection the relay and the CLI open to the outbox's database
 goes through :func:`open_connection`, which asks the provider registered for that DSN (:func:`provide`)
 each time: a password changed on the server is picked up by the next connection, no restart.
 
@@ -19,9 +20,6 @@ Invariants:
 
 from __future__ import annotations
 
-import importlib
-import shlex
-import subprocess
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -30,7 +28,8 @@ import psycopg
 
 from harvest_outbox.errors import HarvestOutboxError
 from harvest_outbox.producer.db.connect_errors import connect_explained
-from harvest_outbox.producer.errors import ConfigError, shown
+from harvest_outbox.producer.errors import ConfigError
+from harvest_outbox.secret_providers import SpecError, command_argv, resolve_function, run_command
 
 #: Seconds a password command may run (``aws rds generate-db-auth-token`` takes about one). The
 #: connection that waits for it may be the relay thread's, which also renews the election's lease: a
@@ -51,22 +50,16 @@ class PasswordProvider:
             raise ValueError("give exactly one of command and function")
         self._argv: list[str] = []
         self._function: Callable[[], Any] | None = None
-        self._origin = ""
-        if command:
-            try:
-                self._argv = shlex.split(command)
-            except ValueError as exc:
-                raise ConfigError(
-                    f"dataSourcePasswordCommand: {shown(command)} cannot be split into arguments ({exc}); "
-                    f"quote it as a POSIX shell would (it runs without a shell)"
-                ) from None
-            if not self._argv:
-                raise ConfigError("dataSourcePasswordCommand: empty; give a command that prints the password")
-            # the program alone: the arguments may hold a secret of their own (a token, a role id)
-            self._origin = f"dataSourcePasswordCommand ({self._argv[0]})"
-        else:
-            self._function = _import(function)
-            self._origin = f"dataSourcePasswordProvider ({function})"
+        try:
+            if command:
+                self._argv = command_argv(command, "dataSourcePasswordCommand", "the password")
+                # the program alone: the arguments may hold a secret of their own (a token, a role id)
+                self._origin = f"dataSourcePasswordCommand ({self._argv[0]})"
+            else:
+                self._function = resolve_function(function, "dataSourcePasswordProvider", "the password")
+                self._origin = f"dataSourcePasswordProvider ({function})"
+        except SpecError as exc:
+            raise ConfigError(str(exc)) from None
 
     def password(self) -> str:
         """The password now; :class:`PasswordProviderError` when there is none."""
@@ -76,24 +69,7 @@ class PasswordProvider:
         return value
 
     def _run(self) -> str:
-        try:
-            done = subprocess.run(
-                self._argv, capture_output=True, timeout=COMMAND_TIMEOUT, check=False, stdin=subprocess.DEVNULL
-            )
-        except subprocess.TimeoutExpired:
-            raise PasswordProviderError(
-                f"{self._origin} did not finish within {COMMAND_TIMEOUT:g}s; check that it runs non-interactively"
-            ) from None
-        except OSError as exc:
-            raise PasswordProviderError(
-                f"{self._origin} cannot run: {exc.strerror or type(exc).__name__}; give a program on PATH or its "
-                f"full path"
-            ) from None
-        if done.returncode != 0:  # not its stderr: a failing token tool may print the request it signed
-            raise PasswordProviderError(
-                f"{self._origin} exited with code {done.returncode}; run it by hand as the relay's user to see why"
-            )
-        return done.stdout.decode("utf-8", "replace").strip()
+        return run_command(self._argv, self._origin, COMMAND_TIMEOUT, PasswordProviderError)
 
     def _call(self) -> str:
         assert self._function is not None
@@ -113,22 +89,6 @@ class PasswordProvider:
 
     def __hash__(self) -> int:
         return hash((tuple(self._argv), self._function))
-
-
-def _import(spec: str) -> Callable[[], Any]:
-    module, _, name = spec.partition(":")
-    fix = "give 'package.module:function', a function of no arguments that returns the password"
-    if not module or not name:
-        raise ConfigError(f"dataSourcePasswordProvider: {shown(spec)} is not 'module:function'; {fix}")
-    try:
-        found = getattr(importlib.import_module(module), name)
-    except (ImportError, AttributeError) as exc:
-        raise ConfigError(
-            f"dataSourcePasswordProvider: {shown(spec)} cannot be imported ({type(exc).__name__}); {fix}"
-        ) from None
-    if not callable(found):
-        raise ConfigError(f"dataSourcePasswordProvider: {shown(spec)} is not callable; {fix}")
-    return found  # type: ignore[no-any-return]
 
 
 _lock = threading.Lock()
