@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from harvest_outbox.harvest_local.workdir import free_port
 
-if TYPE_CHECKING:  # tls.py needs cryptography (a test extra); the broker runs without it
+if TYPE_CHECKING:  # tls.py needs cryptography (the local extra); the broker runs without it
     from harvest_outbox.harvest_local.tls import TlsFiles
 
 #: The listener's name in the broker's config (Kafka lower-cases it in ``listener.name.<name>.``).

@@ -100,7 +100,13 @@ class LocalServices(AbstractContextManager["LocalServices"]):
                 bootstrap = self.cluster.bootstrap
             elif not bootstrap:
                 if self.secure:
-                    from harvest_outbox.harvest_local.tls import make_server_files  # cryptography: a test extra
+                    try:
+                        from harvest_outbox.harvest_local.tls import make_server_files
+                    except ImportError as exc:
+                        raise PrerequisiteError(
+                            "the cryptography package (secure=True makes a CA and certificates)",
+                            "pip install 'harvest-outbox[local]'",
+                        ) from exc
 
                     tls = make_server_files(work_dir() / f"tls-{os.getpid()}-{time.monotonic_ns()}")
                     self.sasl = SaslListener(tls)

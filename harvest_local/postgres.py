@@ -32,7 +32,7 @@ from harvest_outbox.harvest_local import pgdirs, prereqs
 from harvest_outbox.harvest_local.errors import ServiceError
 from harvest_outbox.harvest_local.workdir import free_port, tail
 
-if TYPE_CHECKING:  # tls.py needs cryptography (a test extra); a plain server runs without it
+if TYPE_CHECKING:  # tls.py needs cryptography (the local extra); a plain server runs without it
     from harvest_outbox.harvest_local.tls import TlsFiles
 
 log = logging.getLogger(__name__)

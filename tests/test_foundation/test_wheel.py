@@ -104,7 +104,7 @@ def installed(dist: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
             "--disable-pip-version-check",
             "--find-links",
             str(dist),
-            f"{wheel}[sqlalchemy,otel]",
+            f"{wheel}[sqlalchemy,otel,local]",
         ],
         cwd=home,
         timeout=480,
