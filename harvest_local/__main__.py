@@ -10,7 +10,7 @@ import sys
 
 from harvest_outbox.harvest_local import maven, prereqs
 from harvest_outbox.harvest_local.errors import HarvestLocalError
-from harvest_outbox.harvest_local.kafka_security import SaslListener, add_scram_user
+from harvest_outbox.harvest_local.kafka_security import SaslListener, add_scram_user, grant_acls
 from harvest_outbox.harvest_local.launcher import LocalServices
 
 
@@ -41,14 +41,12 @@ def _print_sasl(admin_bootstrap: str, sasl: SaslListener) -> None:
         AclBinding,
         AclOperation,
         AclPermissionType,
-        AdminClient,
         ResourcePatternType,
         ResourceType,
     )
 
     user, password = "harvest", os.urandom(12).hex()
     add_scram_user(admin_bootstrap, user, password)
-    admin = AdminClient({"bootstrap.servers": admin_bootstrap})
     every = [
         AclBinding(
             kind, name, ResourcePatternType.LITERAL, f"User:{user}", "*", AclOperation.ALL, AclPermissionType.ALLOW
@@ -60,8 +58,7 @@ def _print_sasl(admin_bootstrap: str, sasl: SaslListener) -> None:
             (ResourceType.BROKER, "kafka-cluster"),
         )
     ]
-    for future in admin.create_acls(every).values():
-        future.result(30)
+    grant_acls(admin_bootstrap, every)
     config = sasl.client_config(user, password)
     print(f"# SASL_SSL listener ({user!r} may do anything on it; the plain listener above is a super user's):")
     print("# baseKafkaConfig:")

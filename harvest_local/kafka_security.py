@@ -22,6 +22,8 @@ from typing import TYPE_CHECKING, Any
 from harvest_outbox.harvest_local.workdir import free_port
 
 if TYPE_CHECKING:  # tls.py needs cryptography (the local extra); the broker runs without it
+    from confluent_kafka.admin import AclBinding
+
     from harvest_outbox.harvest_local.tls import TlsFiles
 
 #: The listener's name in the broker's config (Kafka lower-cases it in ``listener.name.<name>.``).
@@ -103,6 +105,44 @@ def add_scram_user(bootstrap: str, user: str, password: str, timeout: float = 30
     )
     for future in admin.alter_user_scram_credentials([upsert], request_timeout=timeout).values():
         future.result(timeout)
+
+
+def grant_acls(bootstrap: str, bindings: list[AclBinding], timeout: float = 30.0) -> None:
+    """Create ``bindings`` through the plain listener (``bootstrap``: a super user's) and wait until the
+    authorizer holds them: the controller commits an ACL before every broker's authorizer has applied it, and a
+    client that connects in between is refused."""
+    import time
+
+    from confluent_kafka.admin import (
+        AclBindingFilter,
+        AclOperation,
+        AclPermissionType,
+        AdminClient,
+        ResourcePatternType,
+        ResourceType,
+    )
+
+    admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": 0})  # kept: its futures die with it
+    for future in admin.create_acls(bindings).values():
+        future.result(timeout)
+    deadline = time.monotonic() + timeout
+    for principal in sorted({b.principal for b in bindings}):
+        # None matches any resource name and host (confluent-kafka's documented filter); its stubs say str.
+        anything: Any = None
+        mine = AclBindingFilter(
+            ResourceType.ANY,
+            anything,
+            ResourcePatternType.ANY,
+            principal,
+            anything,
+            AclOperation.ANY,
+            AclPermissionType.ANY,
+        )
+        want = {b for b in bindings if b.principal == principal}
+        while not want <= set(admin.describe_acls(mine).result(timeout)):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the broker's authorizer did not hold the ACLs of {principal} after {timeout:.0f}s")
+            time.sleep(0.05)
 
 
 def unsecured_jwt(subject: str, lifetime_s: float, now: float | None = None) -> tuple[str, float]:

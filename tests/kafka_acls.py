@@ -5,7 +5,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from confluent_kafka.admin import AclBinding, AclPermissionType, AdminClient
+from confluent_kafka.admin import AclBinding, AclPermissionType
+
+from harvest_outbox.harvest_local.kafka_security import grant_acls
 
 
 def grant(bootstrap: str, principal: str, grants: list[tuple[Any, str, Any, list[Any]]]) -> None:
@@ -15,6 +17,4 @@ def grant(bootstrap: str, principal: str, grants: list[tuple[Any, str, Any, list
         for kind, name, pattern, ops in grants
         for op in ops
     ]
-    admin = AdminClient({"bootstrap.servers": bootstrap})  # kept until its futures are done
-    for future in admin.create_acls(acls).values():
-        future.result(30)
+    grant_acls(bootstrap, acls)

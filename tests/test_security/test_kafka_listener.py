@@ -11,13 +11,12 @@ from confluent_kafka.admin import (
     AclBinding,
     AclOperation,
     AclPermissionType,
-    AdminClient,
     ResourcePatternType,
     ResourceType,
 )
 
 from harvest_outbox.harvest_local.kafka import EmbeddedKafka
-from harvest_outbox.harvest_local.kafka_security import add_scram_user, unsecured_jwt
+from harvest_outbox.harvest_local.kafka_security import add_scram_user, grant_acls, unsecured_jwt
 
 pytestmark = pytest.mark.integration
 
@@ -45,9 +44,7 @@ def test_scram_and_oauthbearer_principals_get_what_acls_grant(secure_kafka: Embe
         for p in (user, "oauth-" + user)
         for op in (AclOperation.WRITE, AclOperation.DESCRIBE)
     ]
-    admin = AdminClient({"bootstrap.servers": secure_kafka.bootstrap})  # kept: its futures die with it
-    for future in admin.create_acls(acls).values():
-        future.result(30)
+    grant_acls(secure_kafka.bootstrap, acls)
 
     assert _deliver(sasl.client_config(user, password), allowed) == [None]
     [err] = _deliver(sasl.client_config(user, password), denied, timeout=10.0)

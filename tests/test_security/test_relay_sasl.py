@@ -22,18 +22,10 @@ from pathlib import Path
 import psycopg
 import pytest
 from confluent_kafka import Consumer
-from confluent_kafka.admin import (
-    AclBindingFilter,
-    AclOperation,
-    AclPermissionType,
-    AdminClient,
-    ResourcePatternType,
-    ResourceType,
-)
 from psycopg import sql
 
 from harvest_outbox.harvest_local.kafka import EmbeddedKafka, read_to_end
-from harvest_outbox.harvest_local.kafka_security import add_scram_user
+from harvest_outbox.harvest_local.kafka_security import add_scram_user, grant_acls
 from harvest_outbox.harvest_local.tls import make_server_files
 from harvest_outbox.producer.config import HarvestConfig
 from harvest_outbox.producer.errors import HarvestError, KafkaSecurityError
@@ -63,17 +55,8 @@ class Principal:
         self.client = kafka.sasl.client_config(self.user, self.password)
 
     def grant(self, acls: list[Acl]) -> None:
-        """Create ``acls`` and wait until the broker's authorizer holds them (DescribeAcls reads it)."""
-        admin = AdminClient({"bootstrap.servers": self.kafka.bootstrap})  # kept: its futures die with it
-        for future in admin.create_acls([a.binding() for a in acls]).values():
-            future.result(30)
-        mine = AclBindingFilter(
-            ResourceType.ANY, None, ResourcePatternType.ANY, self.name, None, AclOperation.ANY, AclPermissionType.ANY
-        )
-        deadline = time.monotonic() + 30
-        while len(admin.describe_acls(mine).result(30)) < len(acls):
-            assert time.monotonic() < deadline, "the broker's authorizer did not get the ACLs"
-            time.sleep(0.05)
+        """Create ``acls`` and wait until the broker's authorizer holds them."""
+        grant_acls(self.kafka.bootstrap, [a.binding() for a in acls])
 
 
 def _config(pg_dsn: str, table: str, principal: Principal, **changes: object) -> HarvestConfig:
