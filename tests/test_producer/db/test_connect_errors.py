@@ -163,18 +163,20 @@ def test_other_errors_are_left_alone(error: Exception) -> None:
     assert explain(error, DSN) is None
 
 
-NOW = dt.datetime.now(dt.timezone.utc)
+# Fixed dates, not now's: the parameters name the test, and two xdist workers must collect the same names.
+PAST = dt.datetime(2020, 1, 1, tzinfo=dt.timezone.utc)
+FUTURE = dt.datetime(2099, 1, 1, tzinfo=dt.timezone.utc)
 
 
 @pytest.mark.parametrize(
     ("verdict", "says"),
     [
         (
-            cert_probe.Verdict(10, "certificate has expired", NOW - dt.timedelta(days=9), NOW - dt.timedelta(hours=1)),
-            f"the server's certificate expired on {NOW - dt.timedelta(hours=1):%Y-%m-%d %H:%M:%S} UTC: renew it",
+            cert_probe.Verdict(10, "certificate has expired", PAST - dt.timedelta(days=9), PAST),
+            "the server's certificate expired on 2020-01-01 00:00:00 UTC: renew it",
         ),
         (  # the server's own is valid: a CA of its chain expired
-            cert_probe.Verdict(10, "certificate has expired", NOW, NOW + dt.timedelta(days=9)),
+            cert_probe.Verdict(10, "certificate has expired", PAST, FUTURE),
             "a CA certificate of the server's chain has expired (sslrootcert=/etc/ca.pem)",
         ),
         (
