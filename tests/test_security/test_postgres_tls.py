@@ -23,15 +23,18 @@ from pathlib import Path
 import psycopg
 import pytest
 from grantlib import Roles, granted_outbox, login_roles
+from kafka_acls import Principal
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from relaylib import consume_all, covers, relay_config
 
 from harvest_outbox.consumer import PostgresCheckpointStore
+from harvest_outbox.harvest_local.kafka import EmbeddedKafka
 from harvest_outbox.harvest_local.postgres import CERT_FILE, KEY_FILE, EmbeddedPostgres
 from harvest_outbox.harvest_local.tls import TlsFiles, make_server_files
 from harvest_outbox.producer.db.connect_errors import PostgresConnectError, connect_explained
 from harvest_outbox.producer.errors import HarvestError
+from harvest_outbox.producer.kafka.acls import Topics, relay_acls
 from harvest_outbox.producer.ops.cli import main
 from harvest_outbox.producer.relay.sharded import relay_for
 from harvest_outbox.producer.schema import OutboxNames
@@ -85,8 +88,7 @@ def _on_tls(conn: psycopg.Connection) -> bool:
 def test_every_component_works_over_verify_full_as_its_role(
     secure_pg: EmbeddedPostgres,
     outbox: Outbox,
-    kafka_bootstrap: str,
-    topic_factory: Callable[..., str],
+    secure_kafka: EmbeddedKafka,
     tmp_path: Path,
     caplog: pytest.LogCaptureFixture,
     capsys: pytest.CaptureFixture[str],
@@ -103,7 +105,23 @@ def test_every_component_works_over_verify_full_as_its_role(
         assert conn.execute("SHOW ssl").fetchone() == ("on",)
         rules = conn.execute("SELECT DISTINCT type, auth_method FROM pg_hba_file_rules WHERE type <> 'local'")
         assert set(rules.fetchall()) == {("hostnossl", "reject"), ("hostssl", "scram-sha-256")}
-    topic = topic_factory(partitions=2)
+    # the whole deployment secured at once: the relay is also a SCRAM principal over verified TLS to Kafka,
+    # holding exactly `harvest acls`' lines (tests/test_security/test_relay_sasl.py tries each one missing)
+    topic = f"pgtls-{uuid.uuid4().hex[:8]}"
+    secure_kafka.create_topic(topic, 2)
+    principal = Principal(secure_kafka)
+    cfg = relay_config(roles.dsn("relay"), secure_kafka.bootstrap, table, f"g-{uuid.uuid4().hex[:6]}").replace(
+        leader_election="postgres", leader_lock_check_interval=0.2, base_kafka_config=principal.client
+    )
+    principal.grant(
+        relay_acls(
+            principal.name,
+            Topics((topic,)),
+            leader_election=cfg.leader_election,
+            leader_topic=cfg.leader_topic,
+            leader_group=cfg.leader_group_id,
+        )
+    )
 
     # the stasher, as the writer, on the application's connection
     with connect_explained(roles.dsn("writer")) as conn:
@@ -122,14 +140,11 @@ def test_every_component_works_over_verify_full_as_its_role(
     checked = main(["check", "-f", str(_config(tmp_path, roles.dsn("relay"), table))])
     check_out, check_err = capsys.readouterr()
     assert checked == 0, check_out + check_err
-    cfg = relay_config(roles.dsn("relay"), kafka_bootstrap, table, f"g-{uuid.uuid4().hex[:6]}").replace(
-        leader_election="postgres", leader_lock_check_interval=0.2
-    )
     relay = relay_for(cfg, lambda e: None)
     relay.start()
     try:
         want = {f"k{k}": [f"v{i}".encode() for i in range(k, 12, 3)] for k in range(3)}
-        assert covers(want)(consume_all(kafka_bootstrap, topic, covers(want), timeout=30))
+        assert covers(want)(consume_all(secure_kafka.bootstrap, topic, covers(want), timeout=30))
         with psycopg.connect(secure_pg.socket_dsn, autocommit=True) as conn:
             sessions = conn.execute(
                 "SELECT count(*), bool_and(s.ssl) FROM pg_stat_activity a JOIN pg_stat_ssl s USING (pid) "
@@ -157,7 +172,8 @@ def test_every_component_works_over_verify_full_as_its_role(
         store.delete(conn)
         conn.commit()
 
-    secrets = [_password(roles.dsn(c)) for c in ("writer", "relay", "admin", "reader")] + [secure_pg.password]
+    secrets = [_password(roles.dsn(c)) for c in ("writer", "relay", "admin", "reader")]
+    secrets += [secure_pg.password, principal.password]
     logged = "\n".join(r.getMessage() for r in caplog.records)
     assert not [s for s in secrets if s in logged + out + err + check_out + check_err]
 

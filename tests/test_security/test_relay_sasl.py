@@ -25,7 +25,6 @@ from confluent_kafka import Consumer
 from psycopg import sql
 
 from harvest_outbox.harvest_local.kafka import EmbeddedKafka, read_to_end
-from harvest_outbox.harvest_local.kafka_security import add_scram_user, grant_acls
 from harvest_outbox.harvest_local.tls import make_server_files
 from harvest_outbox.producer.config import HarvestConfig
 from harvest_outbox.producer.errors import HarvestError, KafkaSecurityError
@@ -37,26 +36,11 @@ from harvest_outbox.producer.schema.ddl import init_db
 from harvest_outbox.producer.stash.stasher import OutboxRecord, Stasher
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "test_producer"))
+from kafka_acls import Principal
 from relaylib import relay_config, wait_drained
 from seqcheck import Expected, check_exactly_once, write_traffic
 
 pytestmark = pytest.mark.integration
-
-
-class Principal:
-    """A SCRAM user on the SASL_SSL listener, and its relay config's ``baseKafkaConfig``."""
-
-    def __init__(self, kafka: EmbeddedKafka) -> None:
-        assert kafka.sasl is not None
-        self.user, self.password = f"relay-{uuid.uuid4().hex[:8]}", f"pw-{uuid.uuid4().hex}"
-        self.name = f"User:{self.user}"
-        self.kafka = kafka
-        add_scram_user(kafka.bootstrap, self.user, self.password)
-        self.client = kafka.sasl.client_config(self.user, self.password)
-
-    def grant(self, acls: list[Acl]) -> None:
-        """Create ``acls`` and wait until the broker's authorizer holds them."""
-        grant_acls(self.kafka.bootstrap, [a.binding() for a in acls])
 
 
 def _config(pg_dsn: str, table: str, principal: Principal, **changes: object) -> HarvestConfig:
