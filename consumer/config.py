@@ -33,7 +33,7 @@ import uuid
 from collections.abc import Mapping
 from typing import Any
 
-from harvest_outbox.kafka_token import oauth_config_problem, reader_token_callback
+from harvest_outbox.kafka_token import with_reader_token_callback
 
 # One owner of "which Kafka property holds a credential" (issue #32): the producer's redactor.
 from harvest_outbox.redact import REDACTED
@@ -167,14 +167,10 @@ class ReaderConfig:
                 raise ConfigError(f"kafka config keys must be non-empty str, got {key!r}")
             cfg[key] = value
         _check_bootstrap(cfg)
-        if cfg.get("oauth_cb") is not None:
-            try:
-                cfg["oauth_cb"] = reader_token_callback(cfg["oauth_cb"], "kafka config 'oauth_cb'")
-            except SpecError as exc:
-                raise ConfigError(str(exc)) from None
-            problem = oauth_config_problem(cfg)
-            if problem is not None:
-                raise ConfigError(f"kafka config 'oauth_cb' gives OAUTHBEARER tokens, but {problem}")
+        try:
+            with_reader_token_callback(cfg, "kafka config 'oauth_cb'")
+        except SpecError as exc:
+            raise ConfigError(str(exc)) from None
         for key in ("enable.auto.commit", "enable.auto.offset.store"):
             if key in cfg and _truthy(key, cfg[key]):
                 raise ConfigError(

@@ -47,6 +47,7 @@ __all__ = [
     "oauth_config_problem",
     "parse_token_output",
     "reader_token_callback",
+    "with_reader_token_callback",
 ]
 
 log = logging.getLogger(__name__)
@@ -209,6 +210,19 @@ def reader_token_callback(value: Any, key: str) -> Callable[..., Any]:
             f"expires_at) or 'package.module:function', a function of no arguments returning (token, expires_at)"
         )
     return value
+
+
+def with_reader_token_callback(config: dict[str, Any], key: str, hint: str = "") -> None:
+    """Put a reader's checked token callback in ``config`` (librdkafka properties, changed in place) when it has
+    an ``oauth_cb``: :func:`reader_token_callback` of it, with the settings a callback needs
+    (:func:`oauth_config_problem`). :class:`~harvest_outbox.secret_providers.SpecError` naming ``key`` (and
+    ``hint``, how the reader spells the settings) otherwise. The one check both readers' configs run."""
+    if config.get("oauth_cb") is None:
+        return
+    config["oauth_cb"] = reader_token_callback(config["oauth_cb"], key)
+    problem = oauth_config_problem(config)
+    if problem is not None:
+        raise SpecError(f"{key} gives OAUTHBEARER tokens, but {problem}{hint}")
 
 
 def oauth_config_problem(config: Mapping[str, Any]) -> str | None:

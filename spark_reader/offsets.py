@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from harvest_outbox.kafka_access import AccessWatch, KafkaAccessError, topic_metadata
-from harvest_outbox.kafka_token import oauth_config_problem, reader_token_callback
+from harvest_outbox.kafka_token import with_reader_token_callback
 from harvest_outbox.secret_providers import SpecError
 from harvest_outbox.sequencer import CheckpointMismatchError, ProducerState, check_checkpoint_scope, decode_checkpoint
 from harvest_outbox.spark_reader.errors import ReaderConfigError
@@ -58,17 +58,10 @@ def client_config(kafka_options: Mapping[str, str]) -> dict[str, Any]:
     # Options only the Java client understands are of no use to the offset lookup.
     for java_only in ("security.protocol.class", "sasl.jaas.config"):
         conf.pop(java_only, None)
-    if conf.get("oauth_cb") is not None:
-        try:
-            conf["oauth_cb"] = reader_token_callback(conf["oauth_cb"], "kafka_options['kafka.oauth_cb']")
-        except SpecError as exc:
-            raise ReaderConfigError(str(exc)) from None
-        problem = oauth_config_problem(conf)
-        if problem is not None:
-            raise ReaderConfigError(
-                f"kafka_options['kafka.oauth_cb'] gives OAUTHBEARER tokens, but {problem} (as an option: "
-                f"prefixed with 'kafka.')"
-            )
+    try:
+        with_reader_token_callback(conf, "kafka_options['kafka.oauth_cb']", " (as an option: prefixed with 'kafka.')")
+    except SpecError as exc:
+        raise ReaderConfigError(str(exc)) from None
     return conf
 
 
