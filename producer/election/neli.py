@@ -34,6 +34,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 from harvest_outbox.producer.errors import ElectionError
 from harvest_outbox.producer.kafka import is_access_denied, logged, logged_admin, serve_logs
+from harvest_outbox.producer.kafka.client_settings import for_admin, for_consumer
 from harvest_outbox.redact import redact_kafka_config
 
 log = logging.getLogger(__name__)
@@ -87,18 +88,6 @@ class StaticElection:
 
 
 # Properties that only make sense for one client type; dropped from the other to keep librdkafka quiet.
-_PRODUCER_ONLY = (
-    "partitioner",
-    "linger.ms",
-    "acks",
-    "enable.idempotence",
-    "compression.type",
-    "batch.size",
-    "delivery.timeout.ms",
-    "message.timeout.ms",
-    "queue.buffering.max.ms",
-    "batch.num.messages",
-)
 
 
 #: Seconds of each metadata request while a relay that may be stopped looks up its leader topic: a
@@ -117,7 +106,7 @@ def ensure_topic(
 ) -> bool:
     """Create ``topic`` unless it exists (auto-creation is often off on real clusters). False when
     ``stop`` was set before Kafka answered: nothing was looked up or created."""
-    admin = logged_admin({k: v for k, v in base.items() if k not in _PRODUCER_ONLY})
+    admin = logged_admin(for_admin(base))
     try:
         return _ensure_topic(admin, base, topic, partitions, replication_factor, timeout, stop)
     finally:
@@ -181,7 +170,7 @@ def neli_consumer_config(base: dict[str, Any], group: str, name: str, heartbeat_
     session_ms = int(heartbeat_timeout * 3000)
     max_poll_ms = max(int(base.get("max.poll.interval.ms", _DEFAULT_MAX_POLL_INTERVAL_MS)), session_ms)
     return {
-        **{k: v for k, v in base.items() if k not in _PRODUCER_ONLY},
+        **for_consumer(base),
         "group.id": group,
         "enable.auto.commit": False,
         "auto.offset.reset": "latest",
@@ -288,7 +277,7 @@ class NeliElection:
         stop: threading.Event | None = None,
     ) -> None:
         """``stop``: the relay's stop request; ``start()`` gives up waiting for Kafka once it is set."""
-        self._base = {k: v for k, v in base_kafka_config.items() if k not in _PRODUCER_ONLY}
+        self._base = for_consumer(base_kafka_config)
         self.topic, self.group, self.name = leader_topic, leader_group_id, name
         self._stop = stop
         self._heartbeat_timeout = heartbeat_timeout

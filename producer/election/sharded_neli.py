@@ -36,7 +36,6 @@ from typing import Any, Protocol
 from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 
 from harvest_outbox.producer.election.neli import (
-    _PRODUCER_ONLY,
     ElectionListener,
     access_denied,
     consume_heartbeats,
@@ -45,6 +44,7 @@ from harvest_outbox.producer.election.neli import (
 )
 from harvest_outbox.producer.errors import ElectionError
 from harvest_outbox.producer.kafka import is_access_denied, logged_admin, serve_logs
+from harvest_outbox.producer.kafka.client_settings import for_consumer
 
 log = logging.getLogger(__name__)
 
@@ -148,7 +148,7 @@ class NeliShardElection:
         replication_factor: int = -1,
         stop: threading.Event | None = None,
     ) -> None:
-        self._base = {k: v for k, v in base_kafka_config.items() if k not in _PRODUCER_ONLY}
+        self._base = for_consumer(base_kafka_config)
         self.topic, self.group, self.name, self.shards = leader_topic, leader_group_id, name, shards
         self._stop = stop  # the relay's stop request: start() gives up waiting for Kafka once it is set
         self._heartbeat_timeout = heartbeat_timeout

@@ -28,6 +28,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from harvest_outbox.producer.errors import KafkaSecurityError
+from harvest_outbox.producer.kafka.client_settings import for_admin
 from harvest_outbox.producer.kafka.security_errors import TlsFinding, broker_of, explain
 
 log = logging.getLogger(__name__)
@@ -37,27 +38,6 @@ _SLICE = 0.2
 #: librdkafka's log line of a connection the broker closed during the first request: what a plaintext
 #: client sees of a TLS listener.
 _HUNG_UP = "in state APIVERSION_QUERY"
-#: Client properties an admin client does not take (the producer's, the consumer's): dropped, quietly.
-_NOT_ADMIN = frozenset(
-    {
-        "acks",
-        "enable.idempotence",
-        "linger.ms",
-        "compression.type",
-        "batch.size",
-        "delivery.timeout.ms",
-        "message.timeout.ms",
-        "queue.buffering.max.ms",
-        "batch.num.messages",
-        "partitioner",
-        "enable.gapless.guarantee",
-        "group.id",
-        "auto.offset.reset",
-        "enable.auto.commit",
-        "max.poll.interval.ms",
-        "session.timeout.ms",
-    }
-)
 
 
 class _Lines(logging.Handler):
@@ -86,7 +66,7 @@ def check_connection(
     lines = _Lines()
     logger = logging.Logger("harvest_outbox.kafka_probe")  # not registered: one per check, dropped with it
     logger.addHandler(lines)
-    conf: dict[str, Any] = {k: v for k, v in settings.items() if k not in _NOT_ADMIN}
+    conf: dict[str, Any] = for_admin(settings)
     conf.update(logger=logger, error_cb=errors.append)
     admin = AdminClient(conf)
     # DescribeCluster: the lightest request every principal may make (no ACL; not the whole topic list)

@@ -52,9 +52,9 @@ def neli_leaders(config: HarvestConfig, timeout: float = 10.0) -> dict[int, str]
     from confluent_kafka import KafkaException
     from confluent_kafka.admin import AdminClient
 
-    from harvest_outbox.producer.election.neli import _PRODUCER_ONLY
+    from harvest_outbox.producer.kafka.client_settings import for_admin
 
-    admin = AdminClient({k: v for k, v in config.base_kafka_config.items() if k not in _PRODUCER_ONLY})
+    admin = AdminClient(for_admin(config.base_kafka_config))
     for attempt in range(3):  # a group in the middle of a rebalance may not describe at once
         try:
             group: Any = admin.describe_consumer_groups([config.leader_group_id])[config.leader_group_id].result(

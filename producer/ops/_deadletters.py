@@ -24,8 +24,8 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from harvest_outbox.producer.election.neli import _PRODUCER_ONLY
 from harvest_outbox.producer.errors import DatabaseError, HarvestError, shown
+from harvest_outbox.producer.kafka.client_settings import for_admin
 from harvest_outbox.producer.mapping.table import GOHARVEST, TableMapping
 from harvest_outbox.producer.ops._deadletter_admin import Selection, outbox_layout
 from harvest_outbox.producer.ops.preflight import topic_name_problem
@@ -83,7 +83,7 @@ def missing_topics(kafka_config: Mapping[str, Any], topics: Collection[str | Non
     wanted = sorted(t for t in topics if t is not None)
     if not wanted:
         return []
-    admin = AdminClient({**{k: v for k, v in kafka_config.items() if k not in _PRODUCER_ONLY}, "log_level": 0})
+    admin = AdminClient({**for_admin(kafka_config), "log_level": 0})
     try:
         known = admin.list_topics(timeout=timeout).topics
     except KafkaException as exc:
