@@ -90,7 +90,14 @@ ROOMS: dict[str, tuple[str, ...]] = {
         "test_registry_pinned",
         "test_registry_protobuf",
     ),
-    "kafka": ("test_acls", "test_client_settings", "test_kafka_errors", "test_probe", "test_raw_output", "test_security_errors"),
+    "kafka": (
+        "test_acls",
+        "test_client_settings",
+        "test_kafka_errors",
+        "test_probe",
+        "test_raw_output",
+        "test_security_errors",
+    ),
     "observe": (
         "test_dashboard",
         "test_health",
