@@ -156,6 +156,33 @@ def principal(value: str, flag: str = "--principal") -> str:
     return value
 
 
+def topic_write(relay: str, topic: str, pattern: Pattern = "LITERAL") -> Acl:
+    """The relay principal's WRITE on ``topic`` (the reason the preflight quotes when it is missing)."""
+    return Acl(
+        "relay",
+        relay,
+        "TOPIC",
+        topic,
+        pattern,
+        "WRITE",
+        "the relay produces the rows' records (WRITE implies DESCRIBE: the preflight's and the producer's "
+        "metadata; and, since Kafka 3.0, the idempotent producer's id)",
+    )
+
+
+def topic_describe_configs(relay: str, topic: str, pattern: Pattern = "LITERAL") -> Acl:
+    """The relay principal's DESCRIBE_CONFIGS on ``topic``."""
+    return Acl(
+        "relay",
+        relay,
+        "TOPIC",
+        topic,
+        pattern,
+        "DESCRIBE_CONFIGS",
+        "the preflight reads max.message.bytes, to dead-letter a record too large before producing it",
+    )
+
+
 def relay_acls(
     relay: str, topics: Topics, *, leader_election: str, leader_topic: str, leader_group: str, legacy: bool = False
 ) -> list[Acl]:
@@ -164,29 +191,7 @@ def relay_acls(
     relay = principal(relay)
     out: list[Acl] = []
     for name, pattern in topics.each():
-        out.append(
-            Acl(
-                "relay",
-                relay,
-                "TOPIC",
-                name,
-                pattern,
-                "WRITE",
-                "the relay produces the rows' records (WRITE implies DESCRIBE: the preflight's and the producer's "
-                "metadata; and, since Kafka 3.0, the idempotent producer's id)",
-            )
-        )
-        out.append(
-            Acl(
-                "relay",
-                relay,
-                "TOPIC",
-                name,
-                pattern,
-                "DESCRIBE_CONFIGS",
-                "the preflight reads max.message.bytes, to dead-letter a record too large before producing it",
-            )
-        )
+        out += [topic_write(relay, name, pattern), topic_describe_configs(relay, name, pattern)]
     if legacy:
         out.append(
             Acl(

@@ -42,7 +42,7 @@ from confluent_kafka import KafkaError, KafkaException
 
 from harvest_outbox.producer._kafka_names import LEGAL_NAME, NAME_RULE
 from harvest_outbox.producer.errors import HarvestError, KafkaSecurityError, shown
-from harvest_outbox.producer.kafka.acls import Acl
+from harvest_outbox.producer.kafka.acls import topic_describe_configs, topic_write
 from harvest_outbox.producer.kafka.security_errors import missing_acl, principal_of
 
 log = logging.getLogger(__name__)
@@ -186,16 +186,7 @@ class TopicGuard:
     def denied(self, topic: str) -> str:
         """The verdict for ``topic``, which its principal may not write (module doc): a reason that refuses its
         rows when the principal writes another topic; else raises :class:`KafkaSecurityError`."""
-        acl = Acl(
-            "relay",
-            self._principal,
-            "TOPIC",
-            topic,
-            "LITERAL",
-            "WRITE",
-            "the relay produces the records of the rows naming this topic",
-        )
-        reason = missing_acl(acl, "TOPIC_AUTHORIZATION_FAILED")
+        reason = missing_acl(topic_write(self._principal, topic), "TOPIC_AUTHORIZATION_FAILED")
         if self.writes_elsewhere(topic):
             return f"{reason}, then requeue (the principal writes other topics: this topic's rows alone are refused)"
         raise KafkaSecurityError(
@@ -323,18 +314,9 @@ class TopicGuard:
         if topic in self._config_denied:
             return
         self._config_denied.add(topic)
-        acl = Acl(
-            "relay",
-            self._principal,
-            "TOPIC",
-            topic,
-            "LITERAL",
-            "DESCRIBE_CONFIGS",
-            "the preflight reads max.message.bytes, to dead-letter a record too large before producing it",
-        )
         log.error(
             "%s; until then records of %r are produced without the size check",
-            missing_acl(acl, "TOPIC_AUTHORIZATION_FAILED"),
+            missing_acl(topic_describe_configs(self._principal, topic), "TOPIC_AUTHORIZATION_FAILED"),
             topic,
         )
 
