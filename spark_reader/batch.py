@@ -66,15 +66,9 @@ _SPARK_SOURCE_OPTIONS = (
     "groupIdPrefix",
     "maxOffsetsPerTrigger",
 )
-# ``kafka.*`` properties only the Java client understands (librdkafka has its own names for them).
-_JAVA_ONLY = (
-    "kafka.sasl.jaas.config",
-    "kafka.security.protocol.class",
-    "kafka.sasl.login.callback.handler.class",
-    "kafka.sasl.client.callback.handler.class",
-    "kafka.ssl.truststore.location",
-    "kafka.ssl.keystore.location",
-)
+# ``kafka.*`` properties only the Java client understands (librdkafka has its own names for them); and a key
+# store, a librdkafka name too but for PKCS#12 only: refused, so that a JKS file is not handed to librdkafka.
+_JAVA_ONLY = frozenset({f"kafka.{k}" for k in offsets_mod.JAVA_ONLY} | {"kafka.ssl.keystore.location"})
 
 
 @dataclass

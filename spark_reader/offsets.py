@@ -38,6 +38,21 @@ class ReadRange:
     foreign_states: list[ProducerState]
 
 
+#: Client properties only Kafka's Java client understands (Spark's own Kafka source takes them): librdkafka has
+#: no such names, and refuses a name it does not know, so the driver's offset lookup leaves them out.
+JAVA_ONLY = frozenset(
+    {
+        "sasl.jaas.config",
+        "security.protocol.class",
+        "sasl.login.callback.handler.class",
+        "sasl.client.callback.handler.class",
+        "ssl.truststore.location",
+        "ssl.truststore.type",
+        "ssl.truststore.password",
+    }
+)
+
+
 def client_config(kafka_options: Mapping[str, str]) -> dict[str, Any]:
     """Spark's ``kafka.``-prefixed options as a confluent-kafka (librdkafka) config. ``kafka.oauth_cb``
     (``package.module:function`` returning ``(token, expires_at)``, as the relay's
@@ -56,7 +71,7 @@ def client_config(kafka_options: Mapping[str, str]) -> dict[str, Any]:
             f"'broker1:9092,broker2:9092'; got {servers!r} ({type(servers).__name__}): quote it"
         )
     # Options only the Java client understands are of no use to the offset lookup.
-    for java_only in ("security.protocol.class", "sasl.jaas.config"):
+    for java_only in JAVA_ONLY:
         conf.pop(java_only, None)
     try:
         with_reader_token_callback(conf, "kafka_options['kafka.oauth_cb']", " (as an option: prefixed with 'kafka.')")

@@ -1,7 +1,8 @@
 """The readers over SASL_SSL with the broker's certificate verified (issue #49, docs/security.md "Readers over
 TLS and SASL"): as principals with only READ and DESCRIBE on the topic (and READ on the ``harvest-`` consumer
 groups the readers name, never joined), ``ReadCommittedIter`` and the pipeline (SCRAM-SHA-512; the pipeline's
-events query is ``readCommittedStream`` with ``state_location``, its latest-state table derived from that) and
+events query is ``readCommittedStream`` with ``state_location``, its latest-state table derived from that),
+``readCommittedStream`` through Spark's own (Java) Kafka source with the Java client's settings, and
 Spark's batch ``readCommitted`` (OAUTHBEARER, its tokens from ``kafka.oauth_cb``, a ``module:function``
 resolved in the driver and the Python workers) read a sequenced log and get every committed record, as the
 pure Sequencer does. A wrong password (ReadCommittedIter) and a CA that did not sign the broker's certificate
@@ -25,7 +26,7 @@ from harvest_outbox.consumer.errors import KafkaReadError
 from harvest_outbox.harvest_local.kafka import EmbeddedKafka
 from harvest_outbox.harvest_local.kafka_security import READER_SUBJECT, add_scram_user
 from harvest_outbox.harvest_local.tls import make_server_files
-from harvest_outbox.spark_reader import ReaderConfigError, readCommitted
+from harvest_outbox.spark_reader import ReaderConfigError, readCommitted, readCommittedStream
 from harvest_outbox.spark_reader.latest_table import read_latest
 from harvest_outbox.spark_reader.pipeline import PipelineConfig, start_pipeline
 
@@ -106,6 +107,37 @@ def test_readers_read_every_committed_record_over_sasl_ssl(
     assert sorted((r.partition, r.offset, r.ack_offset) for r in events) == sorted(expected)
     latest = read_latest(spark, cfg.latest_path).collect()
     assert {bytes(r.key): (r.ack_offset, r.offset) for r in latest} == newest
+
+    # readCommittedStream without state_location reads through Spark's own Kafka source, the Java client: its
+    # settings are the Java client's (a JAAS line for SCRAM, a PEM trust store), verification on as well.
+    java = {
+        "kafka.bootstrap.servers": sasl.bootstrap,
+        "kafka.security.protocol": "SASL_SSL",
+        "kafka.sasl.mechanism": "SCRAM-SHA-512",
+        "kafka.sasl.jaas.config": (
+            f'org.apache.kafka.common.security.scram.ScramLoginModule required username="{user}" password="{password}";'
+        ),
+        "kafka.ssl.truststore.type": "PEM",
+        "kafka.ssl.truststore.location": str(sasl.tls.ca),
+        "kafka.ssl.endpoint.identification.algorithm": "https",
+    }
+    name = f"sasl_stream_{uuid.uuid4().hex[:8]}"
+    spark.conf.set(  # transformWithStateInPandas' state store (docs/reading-spark.md)
+        "spark.sql.streaming.stateStore.providerClass",
+        "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider",
+    )
+    query = (
+        readCommittedStream(spark, topic, java)
+        .writeStream.format("memory")
+        .queryName(name)
+        .option("checkpointLocation", str(tmp_path / "stream-checkpoint"))
+        .trigger(availableNow=True)
+        .start()
+    )
+    query.awaitTermination(120)
+    assert query.exception() is None
+    streamed = spark.sql(f"SELECT partition, offset, ack_offset FROM {name}").collect()
+    assert sorted((r.partition, r.offset, r.ack_offset) for r in streamed) == sorted(expected)
 
     # A wrong password, a CA that did not sign the broker's certificate: the reason at once, no secret.
     wrong = sasl.client_config(user, "wrong-" + password)

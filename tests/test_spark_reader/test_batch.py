@@ -7,6 +7,7 @@ import pytest
 from sequenced_log import read_raw, reference_read, write_log
 
 from harvest_outbox.spark_reader import ReaderConfigError, read_committed, readCommitted
+from harvest_outbox.spark_reader import offsets as offsets_mod
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 
@@ -174,6 +175,18 @@ def test_bad_arguments(spark, kafka_bootstrap, topic_factory, kwargs, message) -
     args = {"kafka_options": {"kafka.bootstrap.servers": kafka_bootstrap}, **kwargs}
     with pytest.raises(ReaderConfigError, match=message):
         readCommitted(spark, topic, **args)
+
+
+def test_the_drivers_offset_lookup_leaves_the_java_clients_properties_out() -> None:
+    # A stream through Spark's source with a ``starting`` checkpoint: its options hold the Java client's
+    # settings for Spark and librdkafka's for the driver's lookup; librdkafka refuses a name it does not know.
+    from confluent_kafka.admin import AdminClient
+
+    java = {f"kafka.{k}": "x" for k in offsets_mod.JAVA_ONLY}
+    librdkafka = {"kafka.bootstrap.servers": "127.0.0.1:1", "kafka.security.protocol": "SASL_SSL"}
+    conf = offsets_mod.client_config({**java, **librdkafka})
+    assert conf == {"bootstrap.servers": "127.0.0.1:1", "security.protocol": "SASL_SSL"}
+    AdminClient({**conf, "sasl.mechanism": "PLAIN", "sasl.username": "u", "sasl.password": "p"})  # all taken
 
 
 def test_unknown_topic(spark, kafka_bootstrap) -> None:
