@@ -54,11 +54,12 @@ class _Lines(logging.Handler):
 
 def check_connection(
     settings: Mapping[str, Any], timeout: float = 5.0, stop: threading.Event | None = None, what: str = "the relay"
-) -> None:
+) -> bool:
     """Connect with ``settings`` (a ``baseKafkaConfig``) and raise :class:`KafkaSecurityError` if the TLS or
-    SASL handshake fails for a reason a retry cannot fix (module doc)."""
+    SASL handshake fails for a reason a retry cannot fix (module doc). True when the cluster answered, False
+    when it did not (yet: down, slow, a stop request, or no ``bootstrap.servers``)."""
     if not settings.get("bootstrap.servers"):
-        return
+        return False
     from confluent_kafka import KafkaException
     from confluent_kafka.admin import AdminClient
 
@@ -76,7 +77,7 @@ def check_connection(
         failed = False
         try:
             answer.result(_SLICE)
-            return
+            return True
         except TimeoutError:
             pass
         except KafkaException:
@@ -88,7 +89,8 @@ def check_connection(
         down = any(e.name() == "_ALL_BROKERS_DOWN" for e in errors) and not any(_HUNG_UP in x for x in lines.lines)
         if failed or down:
             log.warning("Kafka at %r does not answer yet; starting anyway", settings.get("bootstrap.servers"))
-            return
+            return False
+    return False
 
 
 def _failure(errors: list[Any], lines: list[str], settings: Mapping[str, Any]) -> str | None:

@@ -27,7 +27,7 @@ import argparse
 import logging
 import os
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, NoReturn
 
 # Only light modules here: main() installs the stop-signal handlers before the relay's dependencies
@@ -40,6 +40,7 @@ from harvest_outbox.redact import is_secret_kafka_key, redact_error
 
 if TYPE_CHECKING:
     from harvest_outbox.producer.config import FileConfig
+    from harvest_outbox.producer.ops._check import Finding
 
 EXIT_OK, EXIT_FAILURE, EXIT_USAGE, EXIT_FORCED = 0, 1, 2, 3
 MAX_LIST_LIMIT = cli_deadletters.MAX_LIST_LIMIT
@@ -170,6 +171,12 @@ def build_parser() -> argparse.ArgumentParser:
         "(exit 1 on a FAIL)",
     )
     _common(chk)
+    chk.add_argument(
+        "--kafka",
+        action="store_true",
+        help="also connect to Kafka with baseKafkaConfig: the TLS handshake, the SASL login (as the relay's start "
+        "does; docs/security.md)",
+    )
     sh = sub.add_parser("shards", help="show who leads which shard and each shard's backlog (shards: S > 1)")
     _common(sh)
     sh.add_argument("--bootstrap-servers", help="Kafka bootstrap servers (overrides baseKafkaConfig; NELI election)")
@@ -401,14 +408,38 @@ def _check(args: argparse.Namespace) -> int:
     from harvest_outbox.producer.ops._check import exit_code
     from harvest_outbox.producer.ops._privileges import check_outbox_and_role
 
-    cfg = _load(args, kafka=False)
+    cfg = _load(args, kafka=args.kafka)
     with connect(cfg.harvest.data_source) as conn:
         findings = check_outbox_and_role(conn, cfg.harvest)
+    if args.kafka:
+        findings.append(_kafka_finding(cfg.harvest.base_kafka_config))
     for finding in findings:
         print(printable(finding.line()))
     levels = [f.level for f in findings]
     print(f"{levels.count('OK')} OK, {levels.count('WARN')} WARN, {levels.count('FAIL')} FAIL")
     return exit_code(findings)
+
+
+def _kafka_finding(base: Mapping[str, Any]) -> Finding:
+    """``harvest check --kafka``: the relay's start-up check of its Kafka connection, as a finding."""
+    from harvest_outbox.producer.errors import KafkaSecurityError
+    from harvest_outbox.producer.kafka.probe import check_connection
+    from harvest_outbox.producer.ops._check import Finding
+
+    servers = base.get("bootstrap.servers", "")
+    protocol = base.get("security.protocol", "PLAINTEXT")
+    try:
+        answered = check_connection(base, what="the relay")
+    except KafkaSecurityError as exc:
+        return Finding("FAIL", "kafka", str(exc))
+    if not answered:
+        return Finding(
+            "FAIL",
+            "kafka",
+            f"no answer from {servers} within 5s ({protocol})",
+            "check bootstrap.servers and that the brokers run and are reachable from here",
+        )
+    return Finding("OK", "kafka", f"{servers} answered over {protocol} with baseKafkaConfig's settings")
 
 
 def _shards(args: argparse.Namespace) -> int:

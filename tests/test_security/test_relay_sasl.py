@@ -313,3 +313,20 @@ def test_tls_and_sasl_settings_that_cannot_work_fail_the_start_at_once_naming_th
     assert proc.returncode == 1 and last.startswith("harvest: error: "), proc.stderr[-2000:]
     assert f"SASL authentication failed for user {principal.user!r}" in last and "sasl.password" in last
     assert principal.password not in proc.stdout + proc.stderr
+    # `harvest check --kafka` makes the same check before a rollout: a FAIL naming the fix, then OK once right
+    for base, level, says in (
+        (wrong, "FAIL", f"SASL authentication failed for user {principal.user!r}"),
+        (good, "OK", f"{good['bootstrap.servers']} answered over SASL_SSL"),
+    ):
+        path.write_text(json.dumps({"harvest": {**harvest, "baseKafkaConfig": base}}))
+        checked = subprocess.run(
+            [sys.executable, "-m", "harvest_outbox.producer", "check", "--kafka", "-f", str(path)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env={**os.environ, "HARVEST_DATA_SOURCE": pg_dsn},
+            stdin=subprocess.DEVNULL,
+        )
+        line = next((x for x in checked.stdout.splitlines() if x.split()[1:2] == ["kafka:"]), "")
+        assert line.startswith(level) and says in line, checked.stdout + checked.stderr[-2000:]
+        assert principal.password not in checked.stdout + checked.stderr
