@@ -163,6 +163,10 @@ def uuid_in_headers(headers: Any) -> Any:
     return None
 
 
+#: Seconds a subscribing reader waits at construction for the metadata that proves it can log in.
+_ACCESS_CHECK_SECONDS = 3.0
+
+
 class ReadUncommittedIter:
     """Reads every record of the assigned partitions as an Envelope (see module doc).
 
@@ -238,6 +242,7 @@ class ReadUncommittedIter:
             raise ConfigError(f"invalid kafka config: {exc} (config: {redact(self._config.base)})") from exc
         try:
             if explicit is None and self._config.group_id is not None:
+                self._check_access(list(topics or ()))
                 self._consumer.subscribe(
                     list(topics or ()), on_assign=self._on_assign, on_revoke=self._on_revoke, on_lost=self._on_lost
                 )
@@ -250,6 +255,19 @@ class ReadUncommittedIter:
             raise
 
     # -- assignment ---------------------------------------------------------
+
+    def _check_access(self, topics: list[str]) -> None:
+        """Before a subscription: a refused login or a failed TLS handshake is an error now, not a group
+        that never gets a record (librdkafka tells it only to error_cb). A broker that does not answer within
+        :data:`_ACCESS_CHECK_SECONDS` is left to the subscription, which waits for it as before."""
+        if not topics:
+            return
+        try:
+            topic_metadata(self._consumer, topics[0], _ACCESS_CHECK_SECONDS, self._access, self._config.base)
+        except KafkaAccessError as exc:
+            raise KafkaReadError(f"cannot read topic {topics[0]!r}: {exc}") from None
+        except KafkaException:
+            pass  # no answer yet, or a pattern subscription's name: the subscription decides
 
     def _all_partitions(self, topics: list[str]) -> list[tuple[str, int]]:
         out: list[tuple[str, int]] = []

@@ -144,6 +144,9 @@ def test_readers_read_every_committed_record_over_sasl_ssl(
     with pytest.raises(KafkaReadError, match="invalid credentials") as refused:
         _iter_rows(wrong, topic, 1)
     assert "sasl.password" in str(refused.value) and password not in str(refused.value)
+    with pytest.raises(KafkaReadError, match="invalid credentials") as refused_group:  # a subscribing reader too
+        ReadCommittedIter({**wrong, "group.id": f"harvest-{uuid.uuid4().hex[:6]}"}, topics=[topic])
+    assert password not in str(refused_group.value)
     other_ca = str(make_server_files(tmp_path / "other", ca_name="other").ca)
     with pytest.raises(ReaderConfigError, match="certificate verify failed") as refused_tls:
         readCommitted(spark, topic, _spark_options({**config, "ssl.ca.location": other_ca}))
