@@ -64,7 +64,7 @@ ALL_CONFIGS = tuple(f"{lay}/{mode}/{s}" for lay in LAYOUTS for mode in MODES for
 PROBE_KEYS = 16
 PARTITIONS = 8
 DSN_VAR = "BENCH_LATENCY_DSN"
-QUICK = {"rates": "500", "seconds": 5.0, "warmup": 2.0}
+QUICK = {"rates": "500", "seconds": 5.0, "warmup": 2.0, "warm_records": 100_000}
 
 
 # ----------------------------------------------------------------------------- figures (pure)
@@ -379,6 +379,37 @@ class Run:
         return received
 
 
+def warm_broker(bootstrap: str, records: int) -> float:
+    """Untimed: ``records`` produced as fast as they go with the relay's producer settings, so that the broker's
+    JIT has compiled its hot paths before anything is measured (a fresh embedded broker runs its first ~million
+    records in the interpreter, which no long-running broker does: bench_relay's module doc). Seconds taken."""
+    from confluent_kafka import Producer
+
+    from harvest_outbox.harvest_local.kafka import create_topic
+    from harvest_outbox.producer.config import HarvestConfig
+
+    if records <= 0:
+        return 0.0
+    topic = f"lat-warm-{uuid.uuid4().hex[:8]}"
+    create_topic(bootstrap, topic, PARTITIONS)
+    conf = HarvestConfig(
+        data_source="postgresql://unused", outbox_table="unused", base_kafka_config={"bootstrap.servers": bootstrap}
+    ).producer_config()
+    producer = Producer(conf)
+    start = time.monotonic()
+    value = b"x" * 10
+    for i in range(records):
+        while True:
+            try:
+                producer.produce(topic, value, f"key-{i % 1000}".encode())
+                break
+            except BufferError:
+                producer.poll(0.01)
+        producer.poll(0)
+    producer.flush(120)
+    return round(time.monotonic() - start, 1)
+
+
 def run_kafka(bootstrap: str, workdir: Path, rate: float, args: argparse.Namespace) -> dict[str, Any]:
     from confluent_kafka import Producer
 
@@ -517,6 +548,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--warmup", type=float, default=10.0, help="seconds of rows left out first")
     ap.add_argument("--configs", default=",".join(ALL_CONFIGS), help="layout/mode/shards, comma-separated")
     ap.add_argument("--keys", type=int, default=1000)
+    ap.add_argument(
+        "--warm-records", type=int, default=1_000_000, help="records produced untimed first (the broker's JIT)"
+    )
     ap.add_argument("--worst", type=int, default=10, help="rows in each run's timeline of the slowest")
     ap.add_argument("--quick", action="store_true", help=f"a smoke run: {QUICK} unless given")
     ap.add_argument("--workdir", help="where the runs' files go (default: a temporary folder, removed)")
@@ -540,7 +574,10 @@ def main(argv: list[str] | None = None) -> int:
     tmp = None if args.workdir else tempfile.TemporaryDirectory(prefix="bench-latency-")
     workdir = Path(args.workdir or tmp.name)  # type: ignore[union-attr]
     results: dict[str, Any] = {}
+    warm_s = None
     try:
+        print(f"[bench latency] broker warm-up: {args.warm_records} records (untimed)", file=sys.stderr, flush=True)
+        warm_s = warm_broker(bootstrap, args.warm_records)
         for rate in rates:
             key = f"{rate:g}"
             print(f"[bench latency] {key} rows/s: Kafka alone", file=sys.stderr, flush=True)
@@ -559,7 +596,9 @@ def main(argv: list[str] | None = None) -> int:
         if tmp is not None:
             tmp.cleanup()
     setup = {k: v for k, v in vars(args).items() if k != "workdir"}
-    print(json.dumps({"setup": {**setup, "cpus": os.cpu_count()}, "rates": results}, indent=2))
+    print(
+        json.dumps({"setup": {**setup, "cpus": os.cpu_count(), "broker_warmup_s": warm_s}, "rates": results}, indent=2)
+    )
     return 0
 
 
