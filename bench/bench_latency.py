@@ -6,10 +6,13 @@ Every party is its own process, as in production: the relay is ``harvest -f harv
 :class:`harvest_local.relays.RelayProcess`, the ``harvest`` command's module) with a new user's config
 (``harvest init-db -f`` then a YAML with only the connection settings, the outbox table, the mode, and
 ``outboxLayout`` / ``shards`` where the configuration says so; a leader group of its own per run, so no run
-inherits another's); the writer (one row per transaction through the Stasher, on schedule at the rate), a
-plain consumer, and for ``--uuid-sequencing`` a ``ReadCommittedIter`` too, are children of this script
-(``python -m bench.bench_latency writer|kafka-writer|consumer``). Services: ``harvest_local.LocalServices``
-(or HARVEST_PG_DSN / HARVEST_KAFKA_BOOTSTRAP).
+inherits another's); the writers (one row per transaction through the Stasher, on one shared schedule at the
+rate; one process per 1,000 rows/s unless ``--writers`` says otherwise: one Python process with one connection
+does not reach 5,000 committed rows/s on 2 cores; rows still unwritten when the schedule ends are left
+unwritten, and the achieved rate is reported), a plain consumer, and for ``--uuid-sequencing`` a
+``ReadCommittedIter`` too, are children of this script (``python -m bench.bench_latency
+writer|kafka-writer|consumer``). Services: ``harvest_local.LocalServices`` (or HARVEST_PG_DSN /
+HARVEST_KAFKA_BOOTSTRAP).
 
 Configurations: ``<layout>/<mode>/<shards>``, layout ``mark`` or ``cursor``, mode ``at_least_once`` or
 ``sequenced``, shards 1 or 2 (``shards: 2``: one sharded relay process leading both shards). Each run gets a
@@ -46,6 +49,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import signal
 import subprocess
@@ -64,6 +68,7 @@ ALL_CONFIGS = tuple(f"{lay}/{mode}/{s}" for lay in LAYOUTS for mode in MODES for
 PROBE_KEYS = 16
 PARTITIONS = 8
 DSN_VAR = "BENCH_LATENCY_DSN"
+WRITER_RATE = 1000  # rows/s per writer process by default (one connection, one row per transaction)
 QUICK = {"rates": "500", "seconds": 5.0, "warmup": 2.0, "warm_records": 100_000}
 
 
@@ -105,11 +110,13 @@ def latency_figures(
 ) -> dict[str, Any]:
     """The figures of one run (module doc). ``commit_ns[i]`` / ``done_ns[i]``: row ``i``'s stamp before
     ``COMMIT`` and when it returned; ``received[i]``: (record timestamp in ms, receipt ns). Rows committed in
-    the first ``warmup_s`` seconds after the first row are left out."""
-    if not commit_ns:
+    the first ``warmup_s`` seconds after the first row are left out, and so are rows never written (a
+    ``commit_ns`` of 0)."""
+    written = [i for i, c in enumerate(commit_ns) if c]  # 0: not written (the writers ran out of time)
+    if not written:
         return {"rows": 0}
-    t0 = commit_ns[0]
-    window = [i for i, c in enumerate(commit_ns) if c - t0 >= warmup_s * 1e9]
+    t0 = min(commit_ns[i] for i in written)
+    window = [i for i in written if commit_ns[i] - t0 >= warmup_s * 1e9]
     got = [i for i in window if i in received]
     total = [received[i][1] - commit_ns[i] for i in got]
     to_produce = [received[i][0] * 1_000_000 - commit_ns[i] for i in got]
@@ -148,6 +155,24 @@ def latency_figures(
     return figures
 
 
+def merge_writers(parts: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """One writer's view of several: each row's stamps from the writer that wrote it (the others hold 0), the
+    rate all achieved together over the longest one's time, the worst lag of any."""
+    n = len(parts[0]["commit_ns"])
+    commit, done = [0] * n, [0] * n
+    for part in parts:
+        for i, (c, d) in enumerate(zip(part["commit_ns"], part["done_ns"], strict=True)):
+            if c:
+                commit[i], done[i] = c, d
+    elapsed = max(p["elapsed_s"] for p in parts)
+    return {
+        "commit_ns": commit,
+        "done_ns": done,
+        "achieved_rate": round(sum(p["written"] for p in parts) / elapsed, 1) if elapsed > 0 else None,
+        "max_lag_ms": max(p["max_lag_ms"] for p in parts),
+    }
+
+
 def ratios(run: dict[str, Any], kafka: dict[str, Any]) -> dict[str, float | None]:
     """Each percentile of ``run`` over Kafka alone's (same rate, same run)."""
     out: dict[str, float | None] = {}
@@ -158,21 +183,28 @@ def ratios(run: dict[str, Any], kafka: dict[str, Any]) -> dict[str, float | None
 
 
 # ----------------------------------------------------------------------------- child processes
-def _schedule(rate: float, n: int, one: Callable[[int], None]) -> dict[str, Any]:
-    """``one(i)`` for i < n at ``rate`` per second, on schedule (not after each other); the achieved rate and
-    the worst lag behind the schedule."""
-    start = time.perf_counter()
-    lag = 0.0
-    for i in range(n):
-        due = start + i / rate
-        delay = due - time.perf_counter()
+def _schedule(
+    rate: float, n: int, one: Callable[[int], None], index: int = 0, of: int = 1, start_at: float | None = None
+) -> dict[str, Any]:
+    """``one(i)`` for the rows i < n with i % ``of`` == ``index``, row i due ``i / rate`` seconds after
+    ``start_at`` (wall clock; default now): on schedule, not after each other. Rows still unwritten when the
+    schedule ends are not written (a writer that cannot keep the rate writes fewer rows in the same time). The
+    rows written, the seconds taken and the worst lag behind the schedule."""
+    start = time.perf_counter() + ((start_at - time.time()) if start_at is not None else 0.0)
+    end = start + n / rate
+    lag, written = 0.0, 0
+    for i in range(index, n, of):
+        now = time.perf_counter()
+        if now > end:
+            break
+        delay = start + i / rate - now
         if delay > 0:
             time.sleep(delay)
         else:
             lag = max(lag, -delay)
         one(i)
-    elapsed = time.perf_counter() - start
-    return {"achieved_rate": round(n / elapsed, 1) if elapsed > 0 else None, "max_lag_ms": round(lag * 1000, 2)}
+        written += 1
+    return {"written": written, "elapsed_s": time.perf_counter() - start, "max_lag_ms": round(lag * 1000, 2)}
 
 
 def writer(args: argparse.Namespace) -> int:
@@ -192,7 +224,7 @@ def writer(args: argparse.Namespace) -> int:
                 commit[i] = time.time_ns()  # just before COMMIT
             done[i] = time.time_ns()
 
-        stats = _schedule(args.rate, args.n, one)
+        stats = _schedule(args.rate, args.n, one, args.index, args.of, args.start_at)
     Path(args.out).write_text(json.dumps({"commit_ns": commit, "done_ns": done, **stats}))
     return 0
 
@@ -419,7 +451,7 @@ def run_kafka(bootstrap: str, workdir: Path, rate: float, args: argparse.Namespa
     create_topic(bootstrap, topic, PARTITIONS)
     n = int(rate * (args.warmup + args.seconds))
     run = Run(workdir, f"kafka-{rate:g}")
-    run.start_consumers(bootstrap, topic, n, args.warmup + args.seconds + 120, False)
+    run.start_consumers(bootstrap, topic, n, 3 * (args.warmup + args.seconds) + 300, False)
     prober = Producer({"bootstrap.servers": bootstrap})
 
     def probe(rnd: int) -> None:
@@ -447,7 +479,7 @@ def run_kafka(bootstrap: str, workdir: Path, rate: float, args: argparse.Namespa
     if w.wait() != 0:
         raise SystemExit("bench_latency: the Kafka writer failed")
     received = run.finish_consumers(30)["plain"]
-    written = json.loads(out.read_text())
+    written = merge_writers([json.loads(out.read_text())])
     figures = latency_figures(written["commit_ns"], written["done_ns"], received, args.warmup, args.worst)
     return {
         "ready_s": ready_s,
@@ -483,7 +515,7 @@ def run_relay(
     n = int(rate * (args.warmup + args.seconds))
     relay = RelayProcess(yaml, "relay", run.dir).start()
     try:
-        run.start_consumers(bootstrap, topic, n, args.warmup + args.seconds + 120, sequenced)
+        run.start_consumers(bootstrap, topic, n, 3 * (args.warmup + args.seconds) + 300, sequenced)
         st = Stasher(table)
         with psycopg.connect(dsn) as conn:
 
@@ -496,26 +528,21 @@ def run_relay(
 
             ready_s = run.wait_ready(probe)
         assert relay.proc is not None
-        out = run.dir / "writer.json"
+        writers = args.writers or max(1, math.ceil(rate / WRITER_RATE))
+        outs = [run.dir / f"writer-{w}.json" for w in range(writers)]
+        start_at = time.time() + 1.0  # every writer's schedule starts then (they import first)
         cpu0, t0 = _cpu_s(relay.proc.pid), time.monotonic()
-        w = _child(
-            "writer",
-            "--table",
-            table,
-            "--topic",
-            topic,
-            "--rate",
-            rate,
-            "--n",
-            n,
-            "--keys",
-            args.keys,
-            "--out",
-            out,
-            dsn=dsn,
-        )
-        if w.wait() != 0:
-            raise SystemExit("bench_latency: the writer failed")
+        procs = [
+            _child(
+                "writer",
+                *("--table", table, "--topic", topic, "--rate", rate, "--n", n, "--keys", args.keys),
+                *("--index", w, "--of", writers, "--start-at", repr(start_at), "--out", out),
+                dsn=dsn,
+            )
+            for w, out in enumerate(outs)
+        ]
+        if any(p.wait() != 0 for p in procs):
+            raise SystemExit("bench_latency: a writer failed")
         cpu1, t1 = _cpu_s(relay.proc.pid), time.monotonic()
         received = run.finish_consumers(30)
     finally:
@@ -526,9 +553,10 @@ def run_relay(
                 proc.wait()
         with psycopg.connect(dsn, autocommit=True) as conn:
             conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema)))
-    written = json.loads(out.read_text())
+    written = merge_writers([json.loads(out.read_text()) for out in outs])
     result: dict[str, Any] = {
         "ready_s": ready_s,
+        "writers": writers,
         "achieved_rate": written["achieved_rate"],
         "max_lag_ms": written["max_lag_ms"],
         "relay_cpu_share": round((cpu1 - cpu0) / (t1 - t0), 3) if cpu0 is not None and cpu1 is not None else None,
@@ -550,6 +578,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--keys", type=int, default=1000)
     ap.add_argument(
         "--warm-records", type=int, default=1_000_000, help="records produced untimed first (the broker's JIT)"
+    )
+    ap.add_argument(
+        "--writers",
+        type=int,
+        default=0,
+        help=f"writer processes sharing the rate (default: one per {WRITER_RATE:,} rows/s)",
     )
     ap.add_argument("--worst", type=int, default=10, help="rows in each run's timeline of the slowest")
     ap.add_argument("--quick", action="store_true", help=f"a smoke run: {QUICK} unless given")
@@ -613,6 +647,9 @@ def _child_main(argv: list[str]) -> int:
     ap.add_argument("--bootstrap")
     ap.add_argument("--deadline", type=float, default=300.0)
     ap.add_argument("--read-committed", action="store_true")
+    ap.add_argument("--index", type=int, default=0, help="this writer writes the rows i % --of == --index")
+    ap.add_argument("--of", type=int, default=1)
+    ap.add_argument("--start-at", type=float, help="wall-clock time the writers' schedule starts")
     args = ap.parse_args(argv[1:])
     return {"writer": writer, "kafka-writer": kafka_writer, "consumer": consumer}[argv[0]](args)
 

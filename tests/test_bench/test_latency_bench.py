@@ -13,7 +13,15 @@ import statistics
 import pytest
 
 from bench.__main__ import _latency_rows
-from bench.bench_latency import ALL_CONFIGS, latency_figures, minimal_yaml, percentile, ratios, summary_ms
+from bench.bench_latency import (
+    ALL_CONFIGS,
+    latency_figures,
+    merge_writers,
+    minimal_yaml,
+    percentile,
+    ratios,
+    summary_ms,
+)
 
 MS = 1_000_000  # ns
 
@@ -134,3 +142,19 @@ def test_the_table_rows_name_each_run_and_its_ratio() -> None:
     assert "cursor, sequenced, shards 2:" in rows[1][0] and rows[1][1] == "3.00 / 20 / 40 / 60"
     assert rows[1][2].startswith("2.00x / 4.00x / 5.00x / 5.00x Kafka alone")
     assert "ReadCommittedIter" in rows[2][0]
+
+
+def test_rows_no_writer_wrote_are_left_out_and_writers_merge() -> None:
+    a = {"commit_ns": [10, 0, 30, 0], "done_ns": [11, 0, 31, 0], "written": 2, "elapsed_s": 2.0, "max_lag_ms": 1.5}
+    b = {"commit_ns": [0, 20, 0, 0], "done_ns": [0, 21, 0, 0], "written": 1, "elapsed_s": 4.0, "max_lag_ms": 0.5}
+    merged = merge_writers([a, b])
+    assert merged == {
+        "commit_ns": [10, 20, 30, 0],
+        "done_ns": [11, 21, 31, 0],
+        "achieved_rate": 0.8,  # 3 rows over the slower writer's 4 s
+        "max_lag_ms": 1.5,
+    }
+    received = {0: (0, 10 + 2 * MS), 1: (0, 20 + 4 * MS), 2: (0, 30 + 6 * MS)}
+    f = latency_figures(merged["commit_ns"], merged["done_ns"], received, warmup_s=0.0)
+    assert f["rows"] == 3 and f["lost"] == 0  # row 3 was never written: neither in the window nor lost
+    assert f["max_ms"] == 6.0
