@@ -51,6 +51,7 @@ BENCHES: dict[str, tuple[str, list[str], list[str]]] = {
         [],
         ["--rows", "20000", "--runs", "1", "--warmup-rows", "0", "--partition-ids", "10000", "--idle-after", "1"],
     ),
+    "latency": ("bench_latency.py", [], ["--quick"]),
     "debezium": (
         "bench_debezium.py",
         [],
@@ -561,6 +562,49 @@ def _records(n: int) -> str:
     return f"{n / 1e6:g}M" if n >= 1_000_000 else f"{n // 1000}k"
 
 
+def _latency_rows(r: dict[str, Any]) -> list[tuple[str, str, str, str]]:
+    """bench_latency.py: commit -> receipt with the relay as its own process, per rate and configuration."""
+    out: list[tuple[str, str, str, str]] = []
+    seconds = _get(r, "setup", "seconds")
+
+    def four(d: dict[str, Any]) -> str:
+        return " / ".join(_fmt(d.get(k)) for k in ("p50_ms", "p99_ms", "p99_9_ms", "max_ms"))
+
+    for rate, runs in (r.get("rates") or {}).items():
+        kafka = runs.get("kafka") or {}
+        out.append(
+            (
+                f"Kafka alone, produce -> receipt at {rate} rows/s, own processes, p50 / p99 / p99.9 / max (ms)",
+                four(kafka),
+                f"the relay's producer settings, no database; {_fmt(seconds)} s window",
+                "",
+            )
+        )
+        for config, run in runs.items():
+            if config == "kafka":
+                continue
+            layout, mode, shards = config.split("/")
+            for kind in ("plain", "read_committed"):
+                d = run.get(kind)
+                if not d:
+                    continue
+                ratio = d.get("to_kafka_alone") or {}
+                via = ", ReadCommittedIter" if kind == "read_committed" else ""
+                out.append(
+                    (
+                        f"harvest process, {layout}, {mode.replace('_', '-')}, shards {shards}{via}: commit -> "
+                        f"receipt at {rate} rows/s, p50 / p99 / p99.9 / max (ms)",
+                        four(d),
+                        f"{_fmt(ratio.get('p50'))}x / {_fmt(ratio.get('p99'))}x / {_fmt(ratio.get('p99_9'))}x / "
+                        f"{_fmt(ratio.get('max'))}x Kafka alone; above p99, "
+                        f"{_fmt(_get(d, 'above_p99', 'commit_to_produce_share'))} of the time before produce; "
+                        f"lost {_fmt(d.get('lost'))}",
+                        "",
+                    )
+                )
+    return out
+
+
 # name -> rows of (what, median, baseline / ratio, target)
 ROWS: dict[str, Callable[[dict[str, Any]], list[tuple[str, str, str, str]]]] = {
     "sequencer": lambda r: [
@@ -593,6 +637,7 @@ ROWS: dict[str, Callable[[dict[str, Any]], list[tuple[str, str, str, str]]]] = {
     "cursor_relay": lambda r: _cursor_relay_rows(r),
     "debezium": lambda r: _debezium_rows(r),
     "reader_memory": lambda r: _reader_memory_rows(r),
+    "latency": lambda r: _latency_rows(r),
     "consumer": lambda r: [
         (
             f"ReadCommittedIter.poll_batch, {_fmt(r.get('records_committed'))} records, txns of {r.get('txn_size')} (msg/s)",

@@ -1,0 +1,658 @@
+"""Commit -> consumer latency as users run the relay (issue #51). Not a test.
+
+    python -m bench.bench_latency [--rates 50,500,5000] [--seconds 60] [--warmup 10] [--configs ...] [--quick]
+
+Every party is its own process, as in production: the relay is ``harvest -f harvest.yaml`` (started by
+:class:`harvest_local.relays.RelayProcess`, the ``harvest`` command's module) with a new user's config
+(``harvest init-db -f`` then a YAML with only the connection settings, the outbox table, the mode, and
+``outboxLayout`` / ``shards`` where the configuration says so; a leader group of its own per run, so no run
+inherits another's); the writers (one row per transaction through the Stasher, on one shared schedule at the
+rate; one process per 1,000 rows/s unless ``--writers`` says otherwise: one Python process with one connection
+does not reach 5,000 committed rows/s on 2 cores; rows still unwritten when the schedule ends are left
+unwritten, and the achieved rate is reported), a plain consumer, and for ``--uuid-sequencing`` a
+``ReadCommittedIter`` too, are children of this script (``python -m bench.bench_latency
+writer|kafka-writer|consumer``). Services: ``harvest_local.LocalServices`` (or HARVEST_PG_DSN /
+HARVEST_KAFKA_BOOTSTRAP).
+
+Configurations: ``<layout>/<mode>/<shards>``, layout ``mark`` or ``cursor``, mode ``at_least_once`` or
+``sequenced``, shards 1 or 2 (``shards: 2``: one sharded relay process leading both shards). Each run gets a
+new outbox schema and a new 8-partition topic. Before the writer starts, probe rows (16 keys) are stashed
+until every consumer has received a whole round of them: the relay is leader and the pipeline delivers. The
+first ``--warmup`` seconds of the writer's rows are left out (a new topic's first seconds stall deliveries
+whoever produces: see bench_relay's module doc); the figures are of the ``--seconds`` after them.
+
+Kafka alone, the baseline: a producer with the relay's producer settings (``HarvestConfig.producer_config``)
+in its own process, producing the same values and keys at the same rate to a new topic, no database; the same
+consumer process. The relay figures are reported as ratios to it (same rate, same run).
+
+Clocks and the timeline of a row: every process is on this machine, so wall-clock stamps compare
+(``time.time_ns``). ``commit``: the writer's stamp just before ``COMMIT`` (stamping after could race the
+consumer); the writer records it, and when ``COMMIT`` returned, per row, in its own file (joined here by the
+row's value, its index), rather than in the value: a stamp in the value could only be taken before the INSERT.
+``produce``: the record's timestamp, CreateTime, which librdkafka sets when the relay calls ``produce()`` (the
+relay passes none at at-least-once and 0 — "now" — when sequenced; ms resolution, so the commit -> produce and
+produce -> receipt splits are +- 1 ms). ``receipt``: the consumer's stamp when ``poll()`` returned the record
+(for ``ReadCommittedIter``: when it yielded it, after its transaction's ACK). The broker's append time is not
+separated: a ``LogAppendTime`` topic replaces CreateTime, so one record cannot carry both; produce -> receipt
+holds the producer's linger, the broker's append and replication, and the consumer's fetch, and Kafka alone's
+produce -> receipt is that path's own figure for comparison.
+
+Figures per run: p50 / p99 / p99.9 / max of commit -> receipt (ms) over the rows committed in the window;
+rows lost (committed in the window, not received before the deadline); the writer's achieved rate and worst
+lag behind its schedule; the relay process's CPU share of one core over the writer's run; the same
+percentiles of commit -> produce and produce -> receipt; and the timeline of the ``--worst`` slowest rows
+(commit, COMMIT's own duration, commit -> produce, produce -> receipt, when in the window), with how the
+rows above p99 split their time between the relay (commit -> produce) and Kafka (produce -> receipt).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+LAYOUTS = ("mark", "cursor")
+MODES = ("at_least_once", "sequenced")
+SHARDS = (1, 2)
+ALL_CONFIGS = tuple(f"{lay}/{mode}/{s}" for lay in LAYOUTS for mode in MODES for s in SHARDS)
+PROBE_KEYS = 16
+PARTITIONS = 8
+DSN_VAR = "BENCH_LATENCY_DSN"
+WRITER_RATE = 1000  # rows/s per writer process by default (one connection, one row per transaction)
+QUICK = {"rates": "500", "seconds": 5.0, "warmup": 2.0, "warm_records": 100_000}
+
+
+# ----------------------------------------------------------------------------- figures (pure)
+def percentile(sorted_xs: Sequence[float], q: float) -> float | None:
+    """The ``q``-th percentile (0-100) of ascending ``sorted_xs``, linear between closest ranks
+    (numpy's default): ``q`` 0 is the minimum, 100 the maximum. None for no values."""
+    if not sorted_xs:
+        return None
+    if not 0 <= q <= 100:
+        raise ValueError(f"percentile {q} is outside 0-100")
+    pos = (len(sorted_xs) - 1) * q / 100
+    lo = int(pos)
+    hi = min(lo + 1, len(sorted_xs) - 1)
+    return sorted_xs[lo] + (sorted_xs[hi] - sorted_xs[lo]) * (pos - lo)
+
+
+def summary_ms(values_ns: Sequence[int]) -> dict[str, float | None]:
+    """p50 / p99 / p99.9 / max in ms (2 decimals) of nanosecond durations."""
+    xs = sorted(values_ns)
+
+    def ms(v: float | None) -> float | None:
+        return None if v is None else round(v / 1e6, 2)
+
+    return {
+        "p50_ms": ms(percentile(xs, 50)),
+        "p99_ms": ms(percentile(xs, 99)),
+        "p99_9_ms": ms(percentile(xs, 99.9)),
+        "max_ms": ms(xs[-1] if xs else None),
+    }
+
+
+def latency_figures(
+    commit_ns: Sequence[int],
+    done_ns: Sequence[int],
+    received: dict[int, tuple[int, int]],
+    warmup_s: float,
+    worst: int = 10,
+) -> dict[str, Any]:
+    """The figures of one run (module doc). ``commit_ns[i]`` / ``done_ns[i]``: row ``i``'s stamp before
+    ``COMMIT`` and when it returned; ``received[i]``: (record timestamp in ms, receipt ns). Rows committed in
+    the first ``warmup_s`` seconds after the first row are left out, and so are rows never written (a
+    ``commit_ns`` of 0)."""
+    written = [i for i, c in enumerate(commit_ns) if c]  # 0: not written (the writers ran out of time)
+    if not written:
+        return {"rows": 0}
+    t0 = min(commit_ns[i] for i in written)
+    window = [i for i in written if commit_ns[i] - t0 >= warmup_s * 1e9]
+    got = [i for i in window if i in received]
+    total = [received[i][1] - commit_ns[i] for i in got]
+    to_produce = [received[i][0] * 1_000_000 - commit_ns[i] for i in got]
+    to_receipt = [received[i][1] - received[i][0] * 1_000_000 for i in got]
+    figures: dict[str, Any] = {
+        "rows": len(window),
+        "received": len(got),
+        "lost": len(window) - len(got),
+        **summary_ms(total),
+        "commit_to_produce": summary_ms(to_produce),
+        "produce_to_receipt": summary_ms(to_receipt),
+    }
+    p99 = percentile(sorted(total), 99)
+    tail = [k for k, v in enumerate(total) if p99 is not None and v > p99]
+    if tail:
+        relay = sum(max(0, to_produce[k]) for k in tail)
+        kafka = sum(max(0, to_receipt[k]) for k in tail)
+        figures["above_p99"] = {
+            "rows": len(tail),
+            "mean_ms": round(sum(total[k] for k in tail) / len(tail) / 1e6, 2),
+            "commit_to_produce_share": round(relay / (relay + kafka), 3) if relay + kafka else None,
+        }
+    order = sorted(range(len(got)), key=lambda k: total[k], reverse=True)[:worst]
+    w0 = t0 + int(warmup_s * 1e9)
+    figures["worst"] = [
+        {
+            "row": got[k],
+            "at_s": round((commit_ns[got[k]] - w0) / 1e9, 3),
+            "total_ms": round(total[k] / 1e6, 2),
+            "commit_call_ms": round((done_ns[got[k]] - commit_ns[got[k]]) / 1e6, 2),
+            "commit_to_produce_ms": round(to_produce[k] / 1e6, 2),
+            "produce_to_receipt_ms": round(to_receipt[k] / 1e6, 2),
+        }
+        for k in order
+    ]
+    return figures
+
+
+def merge_writers(parts: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """One writer's view of several: each row's stamps from the writer that wrote it (the others hold 0), the
+    rate all achieved together over the longest one's time, the worst lag of any."""
+    n = len(parts[0]["commit_ns"])
+    commit, done = [0] * n, [0] * n
+    for part in parts:
+        for i, (c, d) in enumerate(zip(part["commit_ns"], part["done_ns"], strict=True)):
+            if c:
+                commit[i], done[i] = c, d
+    elapsed = max(p["elapsed_s"] for p in parts)
+    return {
+        "commit_ns": commit,
+        "done_ns": done,
+        "achieved_rate": round(sum(p["written"] for p in parts) / elapsed, 1) if elapsed > 0 else None,
+        "max_lag_ms": max(p["max_lag_ms"] for p in parts),
+    }
+
+
+def ratios(run: dict[str, Any], kafka: dict[str, Any]) -> dict[str, float | None]:
+    """Each percentile of ``run`` over Kafka alone's (same rate, same run)."""
+    out: dict[str, float | None] = {}
+    for key in ("p50_ms", "p99_ms", "p99_9_ms", "max_ms"):
+        a, b = run.get(key), kafka.get(key)
+        out[key.removesuffix("_ms")] = round(a / b, 2) if a is not None and b else None
+    return out
+
+
+# ----------------------------------------------------------------------------- child processes
+def _schedule(
+    rate: float, n: int, one: Callable[[int], None], index: int = 0, of: int = 1, start_at: float | None = None
+) -> dict[str, Any]:
+    """``one(i)`` for the rows i < n with i % ``of`` == ``index``, row i due ``i / rate`` seconds after
+    ``start_at`` (wall clock; default now): on schedule, not after each other. Rows still unwritten when the
+    schedule ends are not written (a writer that cannot keep the rate writes fewer rows in the same time). The
+    rows written, the seconds taken and the worst lag behind the schedule."""
+    start = time.perf_counter() + ((start_at - time.time()) if start_at is not None else 0.0)
+    end = start + n / rate
+    lag, written = 0.0, 0
+    for i in range(index, n, of):
+        now = time.perf_counter()
+        if now > end:
+            break
+        delay = start + i / rate - now
+        if delay > 0:
+            time.sleep(delay)
+        else:
+            lag = max(lag, -delay)
+        one(i)
+        written += 1
+    return {"written": written, "elapsed_s": time.perf_counter() - start, "max_lag_ms": round(lag * 1000, 2)}
+
+
+def writer(args: argparse.Namespace) -> int:
+    """Rows stashed one per transaction at ``--rate``; per row the stamps before COMMIT and after."""
+    import psycopg
+
+    from harvest_outbox.producer.stash.stasher import OutboxRecord, Stasher
+
+    commit = [0] * args.n
+    done = [0] * args.n
+    st = Stasher(args.table)
+    with psycopg.connect(os.environ[DSN_VAR]) as conn:
+
+        def one(i: int) -> None:
+            with conn.transaction():
+                st.stash(conn, OutboxRecord(args.topic, f"key-{i % args.keys}", f"{i:010d}"))
+                commit[i] = time.time_ns()  # just before COMMIT
+            done[i] = time.time_ns()
+
+        stats = _schedule(args.rate, args.n, one, args.index, args.of, args.start_at)
+    Path(args.out).write_text(json.dumps({"commit_ns": commit, "done_ns": done, **stats}))
+    return 0
+
+
+def kafka_writer(args: argparse.Namespace) -> int:
+    """Kafka alone: the same values and keys produced at ``--rate`` with the relay's producer settings."""
+    from confluent_kafka import Producer
+
+    from harvest_outbox.producer.config import HarvestConfig
+
+    conf = HarvestConfig(
+        data_source="postgresql://unused",
+        outbox_table="unused",
+        base_kafka_config={"bootstrap.servers": args.bootstrap},
+    ).producer_config()
+    producer = Producer(conf)
+    producer.list_topics(timeout=10)  # connected before the clock starts, as a running relay's producer is
+    stamps = [0] * args.n
+
+    def one(i: int) -> None:
+        stamps[i] = time.time_ns()
+        producer.produce(args.topic, f"{i:010d}".encode(), f"key-{i % args.keys}".encode())
+        producer.poll(0)
+
+    stats = _schedule(args.rate, args.n, one)
+    producer.flush(30)
+    Path(args.out).write_text(json.dumps({"commit_ns": stamps, "done_ns": stamps, **stats}))
+    return 0
+
+
+def consumer(args: argparse.Namespace) -> int:
+    """Receives the topic from its start; touches ``<out>.ready`` once a whole probe round arrived; writes
+    (row, record timestamp ms, receipt ns) of every row value when it has ``--n`` of them, at the deadline,
+    or when ``<out>.stop`` exists."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    out = Path(args.out)
+    ready, stop = Path(f"{out}.ready"), Path(f"{out}.stop")
+    if args.read_committed:
+        from harvest_outbox.consumer import ReadCommittedIter
+
+        reader: Any = ReadCommittedIter({"bootstrap.servers": args.bootstrap}, topics=[args.topic])
+
+        def poll() -> tuple[bytes, int] | None:
+            r = reader.poll(0.05)
+            return None if r is None else (r.value or b"", r.timestamp or 0)
+    else:
+        reader = Consumer(
+            {"bootstrap.servers": args.bootstrap, "group.id": f"lat-{uuid.uuid4()}", "enable.auto.commit": False}
+        )
+        reader.assign([TopicPartition(args.topic, p, 0) for p in range(PARTITIONS)])
+
+        def poll() -> tuple[bytes, int] | None:
+            m = reader.poll(0.05)
+            if m is None or m.error():
+                return None
+            return m.value() or b"", m.timestamp()[1]
+
+    rows: list[tuple[int, int, int]] = []
+    probes: dict[bytes, int] = {}
+    deadline = time.time() + args.deadline
+    checked = 0.0
+    try:
+        while len(rows) < args.n and time.time() < deadline:
+            got = poll()
+            now = time.time_ns()
+            if got is not None:
+                value, ts = got
+                if value.isdigit():
+                    rows.append((int(value), ts, now))
+                elif value.startswith(b"probe:"):
+                    rnd = value.rsplit(b":", 1)[0]
+                    probes[rnd] = probes.get(rnd, 0) + 1
+                    if probes[rnd] == PROBE_KEYS:
+                        ready.touch()
+            if now / 1e9 - checked > 0.5:
+                checked = now / 1e9
+                if stop.exists():
+                    break
+    finally:
+        reader.close()
+    out.write_text(json.dumps(rows))
+    return 0
+
+
+# ----------------------------------------------------------------------------- the orchestrator
+def _child(role: str, *argv: object, dsn: str | None = None) -> subprocess.Popen[bytes]:
+    """``python -m bench.bench_latency <role>``; a DSN travels in the environment, never on a command line."""
+    env = {**os.environ, **({DSN_VAR: dsn} if dsn else {})}
+    return subprocess.Popen(
+        [sys.executable, "-m", "bench.bench_latency", role, *map(str, argv)], stdin=subprocess.DEVNULL, env=env
+    )
+
+
+def _cpu_s(pid: int) -> float | None:
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def minimal_yaml(
+    path: Path, dsn: str, bootstrap: str, table: str, group: str, sequenced: bool, layout: str, shards: int
+) -> Path:
+    """What a new user writes: connection settings, the outbox, the mode; the layout and shards when not the
+    defaults. Nothing tuned (no limits, no producer properties)."""
+    lines = [
+        "harvest:",
+        "  baseKafkaConfig:",
+        f'    bootstrap.servers: "{bootstrap}"',
+        f'  dataSource: "{dsn}"',
+        f"  outboxTable: {table}",
+        f"  leaderGroupID: {group}",
+        f"  leaderTopic: {group}-leader",
+        f"  uuidSequencing: {'true' if sequenced else 'false'}",
+    ]
+    if layout != "mark":
+        lines.append(f"  outboxLayout: {layout}")
+    if shards > 1:
+        lines.append(f"  shards: {shards}")
+    path.write_text("\n".join([*lines, "logging:", "  level: Info", ""]))
+    os.chmod(path, 0o600)
+    return path
+
+
+class Run:
+    """One measured run's files and children."""
+
+    def __init__(self, workdir: Path, label: str) -> None:
+        self.dir = workdir / label.replace("/", "_")
+        self.dir.mkdir(parents=True)
+        self.consumers: list[tuple[str, subprocess.Popen[bytes], Path]] = []
+
+    def start_consumers(self, bootstrap: str, topic: str, n: int, deadline: float, read_committed: bool) -> None:
+        kinds = ["plain", *(["read_committed"] if read_committed else [])]
+        for kind in kinds:
+            out = self.dir / f"consumer-{kind}.json"
+            extra = ["--read-committed"] if kind == "read_committed" else []
+            proc = _child(
+                "consumer",
+                "--bootstrap",
+                bootstrap,
+                "--topic",
+                topic,
+                "--n",
+                n,
+                "--deadline",
+                deadline,
+                "--out",
+                out,
+                *extra,
+            )
+            self.consumers.append((kind, proc, out))
+
+    def wait_ready(self, probe: Callable[[int], None], timeout: float = 90.0) -> float:
+        """Probe rounds until every consumer has received a whole one; the seconds it took."""
+        start = time.monotonic()
+        rnd = 0
+        while not all(Path(f"{out}.ready").exists() for _, _, out in self.consumers):
+            if time.monotonic() - start > timeout:
+                raise SystemExit(f"bench_latency: no probe round delivered within {timeout:g}s (see {self.dir})")
+            for kind, proc, _ in self.consumers:
+                if proc.poll() is not None:
+                    raise SystemExit(f"bench_latency: the {kind} consumer exited with {proc.returncode}")
+            probe(rnd)
+            rnd += 1
+            time.sleep(0.5)
+        return round(time.monotonic() - start, 2)
+
+    def finish_consumers(self, grace: float) -> dict[str, dict[int, tuple[int, int]]]:
+        end = time.monotonic() + grace
+        for _, proc, out in self.consumers:
+            try:
+                proc.wait(max(0.1, end - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                Path(f"{out}.stop").touch()
+                proc.wait(30)
+        received: dict[str, dict[int, tuple[int, int]]] = {}
+        for kind, _, out in self.consumers:
+            first = received.setdefault(kind, {})
+            for i, ts, at in json.loads(out.read_text()):
+                first.setdefault(int(i), (int(ts), int(at)))  # a redelivery (at-least-once) counts at its first
+        return received
+
+
+def warm_broker(bootstrap: str, records: int) -> float:
+    """Untimed: ``records`` produced as fast as they go with the relay's producer settings, so that the broker's
+    JIT has compiled its hot paths before anything is measured (a fresh embedded broker runs its first ~million
+    records in the interpreter, which no long-running broker does: bench_relay's module doc). Seconds taken."""
+    from confluent_kafka import Producer
+
+    from harvest_outbox.harvest_local.kafka import create_topic
+    from harvest_outbox.producer.config import HarvestConfig
+
+    if records <= 0:
+        return 0.0
+    topic = f"lat-warm-{uuid.uuid4().hex[:8]}"
+    create_topic(bootstrap, topic, PARTITIONS)
+    conf = HarvestConfig(
+        data_source="postgresql://unused", outbox_table="unused", base_kafka_config={"bootstrap.servers": bootstrap}
+    ).producer_config()
+    producer = Producer(conf)
+    start = time.monotonic()
+    value = b"x" * 10
+    for i in range(records):
+        while True:
+            try:
+                producer.produce(topic, value, f"key-{i % 1000}".encode())
+                break
+            except BufferError:
+                producer.poll(0.01)
+        producer.poll(0)
+    producer.flush(120)
+    return round(time.monotonic() - start, 1)
+
+
+def run_kafka(bootstrap: str, workdir: Path, rate: float, args: argparse.Namespace) -> dict[str, Any]:
+    from confluent_kafka import Producer
+
+    from harvest_outbox.harvest_local.kafka import create_topic
+
+    topic = f"lat-kafka-{uuid.uuid4().hex[:8]}"
+    create_topic(bootstrap, topic, PARTITIONS)
+    n = int(rate * (args.warmup + args.seconds))
+    run = Run(workdir, f"kafka-{rate:g}")
+    run.start_consumers(bootstrap, topic, n, 3 * (args.warmup + args.seconds) + 300, False)
+    prober = Producer({"bootstrap.servers": bootstrap})
+
+    def probe(rnd: int) -> None:
+        for k in range(PROBE_KEYS):
+            prober.produce(topic, f"probe:{rnd}:{k}".encode(), f"key-{k}".encode())
+        prober.flush(10)
+
+    ready_s = run.wait_ready(probe)
+    out = run.dir / "writer.json"
+    w = _child(
+        "kafka-writer",
+        "--bootstrap",
+        bootstrap,
+        "--topic",
+        topic,
+        "--rate",
+        rate,
+        "--n",
+        n,
+        "--keys",
+        args.keys,
+        "--out",
+        out,
+    )
+    if w.wait() != 0:
+        raise SystemExit("bench_latency: the Kafka writer failed")
+    received = run.finish_consumers(30)["plain"]
+    written = merge_writers([json.loads(out.read_text())])
+    figures = latency_figures(written["commit_ns"], written["done_ns"], received, args.warmup, args.worst)
+    return {
+        "ready_s": ready_s,
+        "achieved_rate": written["achieved_rate"],
+        "max_lag_ms": written["max_lag_ms"],
+        **figures,
+    }
+
+
+def run_relay(
+    dsn: str, bootstrap: str, workdir: Path, rate: float, config: str, args: argparse.Namespace
+) -> dict[str, Any]:
+    import psycopg
+    from psycopg import sql
+
+    from harvest_outbox.harvest_local.kafka import create_topic
+    from harvest_outbox.harvest_local.relays import RelayProcess
+    from harvest_outbox.producer.stash.stasher import OutboxRecord, Stasher
+
+    layout, mode, shards = config.split("/")
+    sequenced = mode == "sequenced"
+    hexid = uuid.uuid4().hex[:8]
+    schema, topic = f"lat_{hexid}", f"lat-{hexid}"
+    table = f"{schema}.outbox"
+    create_topic(bootstrap, topic, PARTITIONS)
+    run = Run(workdir, f"{config}-{rate:g}")
+    yaml = minimal_yaml(run.dir / "harvest.yaml", dsn, bootstrap, table, f"lat-{hexid}", sequenced, layout, int(shards))
+    init = subprocess.run(
+        [sys.executable, "-m", "harvest_outbox.producer", "init-db", "-f", str(yaml)], capture_output=True, text=True
+    )
+    if init.returncode != 0:
+        raise SystemExit(f"bench_latency: harvest init-db failed: {init.stderr}")
+    n = int(rate * (args.warmup + args.seconds))
+    relay = RelayProcess(yaml, "relay", run.dir).start()
+    try:
+        run.start_consumers(bootstrap, topic, n, 3 * (args.warmup + args.seconds) + 300, sequenced)
+        st = Stasher(table)
+        with psycopg.connect(dsn) as conn:
+
+            def probe(rnd: int) -> None:
+                if not relay.alive:
+                    raise SystemExit(f"bench_latency: the relay exited; its log: {relay.log}")
+                with conn.transaction():
+                    for k in range(PROBE_KEYS):
+                        st.stash(conn, OutboxRecord(topic, f"key-{k}", f"probe:{rnd}:{k}"))
+
+            ready_s = run.wait_ready(probe)
+        assert relay.proc is not None
+        writers = args.writers or max(1, math.ceil(rate / WRITER_RATE))
+        outs = [run.dir / f"writer-{w}.json" for w in range(writers)]
+        start_at = time.time() + 1.0  # every writer's schedule starts then (they import first)
+        cpu0, t0 = _cpu_s(relay.proc.pid), time.monotonic()
+        procs = [
+            _child(
+                "writer",
+                *("--table", table, "--topic", topic, "--rate", rate, "--n", n, "--keys", args.keys),
+                *("--index", w, "--of", writers, "--start-at", repr(start_at), "--out", out),
+                dsn=dsn,
+            )
+            for w, out in enumerate(outs)
+        ]
+        if any(p.wait() != 0 for p in procs):
+            raise SystemExit("bench_latency: a writer failed")
+        cpu1, t1 = _cpu_s(relay.proc.pid), time.monotonic()
+        received = run.finish_consumers(30)
+    finally:
+        relay.stop()
+        for _, proc, _ in run.consumers:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGKILL)
+                proc.wait()
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema)))
+    written = merge_writers([json.loads(out.read_text()) for out in outs])
+    result: dict[str, Any] = {
+        "ready_s": ready_s,
+        "writers": writers,
+        "achieved_rate": written["achieved_rate"],
+        "max_lag_ms": written["max_lag_ms"],
+        "relay_cpu_share": round((cpu1 - cpu0) / (t1 - t0), 3) if cpu0 is not None and cpu1 is not None else None,
+    }
+    for kind, rows in received.items():
+        result[kind] = latency_figures(written["commit_ns"], written["done_ns"], rows, args.warmup, args.worst)
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] in ("writer", "kafka-writer", "consumer"):
+        return _child_main(argv)
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rates", default="50,500,5000", help="rows/s, comma-separated")
+    ap.add_argument("--seconds", type=float, default=60.0, help="the measured window, after the warm-up")
+    ap.add_argument("--warmup", type=float, default=10.0, help="seconds of rows left out first")
+    ap.add_argument("--configs", default=",".join(ALL_CONFIGS), help="layout/mode/shards, comma-separated")
+    ap.add_argument("--keys", type=int, default=1000)
+    ap.add_argument(
+        "--warm-records", type=int, default=1_000_000, help="records produced untimed first (the broker's JIT)"
+    )
+    ap.add_argument(
+        "--writers",
+        type=int,
+        default=0,
+        help=f"writer processes sharing the rate (default: one per {WRITER_RATE:,} rows/s)",
+    )
+    ap.add_argument("--worst", type=int, default=10, help="rows in each run's timeline of the slowest")
+    ap.add_argument("--quick", action="store_true", help=f"a smoke run: {QUICK} unless given")
+    ap.add_argument("--workdir", help="where the runs' files go (default: a temporary folder, removed)")
+    args = ap.parse_args(argv)
+    if args.quick:
+        for key, value in QUICK.items():
+            if getattr(args, key) == ap.get_default(key):
+                setattr(args, key, value)
+    configs = [c for c in args.configs.split(",") if c]
+    for c in configs:
+        if c not in ALL_CONFIGS:
+            ap.error(f"unknown configuration {c!r}; choose from {', '.join(ALL_CONFIGS)}")
+    rates = [float(r) for r in args.rates.split(",") if r]
+    services = None
+    dsn, bootstrap = os.environ.get("HARVEST_PG_DSN"), os.environ.get("HARVEST_KAFKA_BOOTSTRAP")
+    if not (dsn and bootstrap):
+        from harvest_outbox.harvest_local import LocalServices
+
+        services = LocalServices().start()
+        dsn, bootstrap = services.endpoints.pg_dsn, services.endpoints.kafka_bootstrap
+    tmp = None if args.workdir else tempfile.TemporaryDirectory(prefix="bench-latency-")
+    workdir = Path(args.workdir or tmp.name)  # type: ignore[union-attr]
+    results: dict[str, Any] = {}
+    warm_s = None
+    try:
+        print(f"[bench latency] broker warm-up: {args.warm_records} records (untimed)", file=sys.stderr, flush=True)
+        warm_s = warm_broker(bootstrap, args.warm_records)
+        for rate in rates:
+            key = f"{rate:g}"
+            print(f"[bench latency] {key} rows/s: Kafka alone", file=sys.stderr, flush=True)
+            kafka = run_kafka(bootstrap, workdir, rate, args)
+            results[key] = {"kafka": kafka}
+            for config in configs:
+                print(f"[bench latency] {key} rows/s: {config}", file=sys.stderr, flush=True)
+                r = run_relay(dsn, bootstrap, workdir, rate, config, args)
+                for kind in ("plain", "read_committed"):
+                    if kind in r:
+                        r[kind]["to_kafka_alone"] = ratios(r[kind], kafka)
+                results[key][config] = r
+    finally:
+        if services is not None:
+            services.stop()
+        if tmp is not None:
+            tmp.cleanup()
+    setup = {k: v for k, v in vars(args).items() if k != "workdir"}
+    print(
+        json.dumps({"setup": {**setup, "cpus": os.cpu_count(), "broker_warmup_s": warm_s}, "rates": results}, indent=2)
+    )
+    return 0
+
+
+def _child_main(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(prog=f"python -m bench.bench_latency {argv[0]}")
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--topic", required=True)
+    ap.add_argument("--n", type=int, required=True)
+    ap.add_argument("--rate", type=float, default=0.0)
+    ap.add_argument("--keys", type=int, default=1000)
+    ap.add_argument("--table")
+    ap.add_argument("--bootstrap")
+    ap.add_argument("--deadline", type=float, default=300.0)
+    ap.add_argument("--read-committed", action="store_true")
+    ap.add_argument("--index", type=int, default=0, help="this writer writes the rows i % --of == --index")
+    ap.add_argument("--of", type=int, default=1)
+    ap.add_argument("--start-at", type=float, help="wall-clock time the writers' schedule starts")
+    args = ap.parse_args(argv[1:])
+    return {"writer": writer, "kafka-writer": kafka_writer, "consumer": consumer}[argv[0]](args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
