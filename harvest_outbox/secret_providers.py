@@ -6,8 +6,8 @@ must not import the relay: it lives here, beside :mod:`harvest_outbox.redact`.
 Invariants (``tests/test_producer/db/test_credentials.py``, ``tests/test_security/test_kafka_token.py``):
 
 - a spec that cannot be used (not ``module:function``, not importable, not callable; a command that
-  cannot be split or is empty) is a :class:`SpecError` naming the key, the value (abridged) and the fix,
-  raised when the config is read, never at the first use;
+  cannot be split or is empty) is a :class:`SpecError` naming the key, the value (abridged; of a command
+  only its program) and the fix, raised when the config is read, never at the first use;
 - a command runs without a shell, stdin closed, at most ``timeout`` seconds; a failing command's error
   names its program and exit code (or timeout), never its output nor its arguments (either may hold
   the secret, a token tool's stderr the request it signed);
@@ -62,9 +62,11 @@ def command_argv(command: str, key: str, prints: str) -> list[str]:
     try:
         argv = shlex.split(command)
     except ValueError as exc:
+        program = command.split()[0] if command.split() else ""
+        # its program alone, as for a failing command: an argument may hold a secret of its own
         raise SpecError(
-            f"{key}: {_shown(command)} cannot be split into arguments ({exc}); quote it as a POSIX shell "
-            f"would (it runs without a shell)"
+            f"{key}: the command (program {_shown(program)}) cannot be split into arguments ({exc}); quote it as "
+            f"a POSIX shell would (it runs without a shell)"
         ) from None
     if not argv:
         raise SpecError(f"{key}: empty; give a command that prints {prints}")

@@ -181,8 +181,8 @@ def _harvest(**keys: Any) -> dict[str, Any]:
             "in producerKafkaConfig sasl.mechanism is 'PLAIN'",
         ),
         (
-            _harvest(kafkaOAuthTokenCommand="echo 'unclosed"),
-            'kafkaOAuthTokenCommand: "echo \'unclosed" cannot be split',
+            _harvest(kafkaOAuthTokenCommand="echo 'unclosed-secret"),
+            "kafkaOAuthTokenCommand: the command (program 'echo') cannot be split into arguments (No closing",
         ),
         (_harvest(kafkaOAuthTokenCommand="   "), "kafkaOAuthTokenCommand: empty; give a command that prints a token"),
         (_harvest(kafkaOAuthTokenCommand=7), "kafkaOAuthTokenCommand: 7 must be a string"),
@@ -218,6 +218,7 @@ def test_a_malformed_token_setting_is_refused_when_the_config_is_read(harvest: d
     with pytest.raises(ConfigError, match=r"^harvest\.") as refused:
         from_mapping(harvest)
     assert said in str(refused.value), str(refused.value)
+    assert "secret" not in str(refused.value)  # a command's arguments are never shown
 
 
 def test_the_token_provider_is_the_oauth_cb_of_every_client_config_and_never_called_by_the_check(
