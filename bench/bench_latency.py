@@ -145,6 +145,7 @@ def latency_figures(
         {
             "row": got[k],
             "at_s": round((commit_ns[got[k]] - w0) / 1e9, 3),
+            "commit_unix_s": round(commit_ns[got[k]] / 1e9, 3),  # to match the broker's and relay's logs
             "total_ms": round(total[k] / 1e6, 2),
             "commit_call_ms": round((done_ns[got[k]] - commit_ns[got[k]]) / 1e6, 2),
             "commit_to_produce_ms": round(to_produce[k] / 1e6, 2),
