@@ -43,6 +43,13 @@ lag behind its schedule; the relay process's CPU share of one core over the writ
 percentiles of commit -> produce and produce -> receipt; and the timeline of the ``--worst`` slowest rows
 (commit, COMMIT's own duration, commit -> produce, produce -> receipt, when in the window), with how the
 rows above p99 split their time between the relay (commit -> produce) and Kafka (produce -> receipt).
+
+What the broker and the machine did meanwhile (bench/broker_view.py): with its own services the bench turns
+on the broker's request log, and samples the CPUs' busy share every 50 ms. Per run: the broker's produce and
+fetch requests' queue phases (time spent waiting for one of its threads, p99 / max / how many 20 ms or more)
+and the mean CPU busy share; per slow row, over its [produce, receipt] window, the longest such queue phase
+(``broker_queue_ms``) and the busiest 50 ms (``cpu_busiest``, 1.0: every core busy). A slow row with a long
+broker queue phase waited for the broker's JVM to run, not for the relay.
 """
 
 from __future__ import annotations
@@ -60,6 +67,9 @@ import uuid
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
+
+from bench import broker_view
+from harvest_outbox.harvest_local.jvm import VARIABLE as JVM_VARIABLE
 
 LAYOUTS = ("mark", "cursor")
 MODES = ("at_least_once", "sequenced")
@@ -104,7 +114,7 @@ def summary_ms(values_ns: Sequence[int]) -> dict[str, float | None]:
 def latency_figures(
     commit_ns: Sequence[int],
     done_ns: Sequence[int],
-    received: dict[int, tuple[int, int]],
+    received: dict[int, tuple[int, ...]],
     warmup_s: float,
     worst: int = 10,
 ) -> dict[str, Any]:
@@ -150,10 +160,48 @@ def latency_figures(
             "commit_call_ms": round((done_ns[got[k]] - commit_ns[got[k]]) / 1e6, 2),
             "commit_to_produce_ms": round(to_produce[k] / 1e6, 2),
             "produce_to_receipt_ms": round(to_receipt[k] / 1e6, 2),
+            **({"partition": received[got[k]][2], "offset": received[got[k]][3]} if len(received[got[k]]) > 3 else {}),
         }
         for k in order
     ]
     return figures
+
+
+def attribute(
+    result: dict[str, Any],
+    requests: broker_view.BrokerRequests | None,
+    cpu: broker_view.CpuSampler,
+    began: float,
+    ended: float,
+) -> None:
+    """Add to a run's figures what the broker and the machine did: over the run, the broker's request queue
+    times and the mean CPU busy share; per slow row, over its [produce, receipt] window, the longest queue
+    phase of a request the broker completed (``broker_queue_ms``) and the busiest 50 ms of the CPUs
+    (``cpu_busiest``: 1.0 is every core busy)."""
+    result["cpu_busy_mean"] = cpu.mean(began, ended)
+    if requests is not None:
+        result["broker_requests"] = requests.summary(began, ended)
+    topic = result.get("topic", "")
+    for kind in ("plain", "read_committed", None):
+        figures = result if kind is None else result.get(kind)
+        if not isinstance(figures, dict) or "worst" not in figures:
+            continue
+        client = f"lat-{'rc' if kind == 'read_committed' else 'plain'}-{topic}"
+        for row in figures["worst"]:
+            produced = row["commit_unix_s"] + row["commit_to_produce_ms"] / 1000
+            received = row["commit_unix_s"] + row["total_ms"] / 1000
+            if requests is not None:
+                row["broker_queue_ms"] = requests.queue_ms(produced, received)
+                if "offset" in row:
+                    appended = requests.appended_at(topic, row["partition"], row["offset"])
+                    fetched = requests.fetched_at(client, row["partition"], row["offset"])
+                    if appended is not None:
+                        row["produce_to_append_ms"] = round((appended - produced) * 1000, 1)
+                    if appended is not None and fetched is not None:
+                        row["append_to_fetch_ms"] = round((fetched - appended) * 1000, 1)
+                    if fetched is not None:
+                        row["fetch_to_receipt_ms"] = round((received - fetched) * 1000, 1)
+            row["cpu_busiest"] = cpu.busiest(produced, received)
 
 
 def merge_writers(parts: Sequence[dict[str, Any]]) -> dict[str, Any]:
@@ -267,24 +315,31 @@ def consumer(args: argparse.Namespace) -> int:
     if args.read_committed:
         from harvest_outbox.consumer import ReadCommittedIter
 
-        reader: Any = ReadCommittedIter({"bootstrap.servers": args.bootstrap}, topics=[args.topic])
+        reader: Any = ReadCommittedIter(
+            {"bootstrap.servers": args.bootstrap, "client.id": f"lat-rc-{args.topic}"}, topics=[args.topic]
+        )
 
-        def poll() -> tuple[bytes, int] | None:
+        def poll() -> tuple[bytes, int, int, int] | None:
             r = reader.poll(0.05)
-            return None if r is None else (r.value or b"", r.timestamp or 0)
+            return None if r is None else (r.value or b"", r.timestamp or 0, r.partition, r.offset)
     else:
         reader = Consumer(
-            {"bootstrap.servers": args.bootstrap, "group.id": f"lat-{uuid.uuid4()}", "enable.auto.commit": False}
+            {
+                "bootstrap.servers": args.bootstrap,
+                "group.id": f"lat-{uuid.uuid4()}",
+                "enable.auto.commit": False,
+                "client.id": f"lat-plain-{args.topic}",  # names this run's fetches in the broker's request log
+            }
         )
         reader.assign([TopicPartition(args.topic, p, 0) for p in range(PARTITIONS)])
 
-        def poll() -> tuple[bytes, int] | None:
+        def poll() -> tuple[bytes, int, int, int] | None:
             m = reader.poll(0.05)
             if m is None or m.error():
                 return None
-            return m.value() or b"", m.timestamp()[1]
+            return m.value() or b"", m.timestamp()[1], m.partition(), m.offset()
 
-    rows: list[tuple[int, int, int]] = []
+    rows: list[tuple[int, int, int, int, int]] = []
     probes: dict[bytes, int] = {}
     deadline = time.time() + args.deadline
     checked = 0.0
@@ -293,9 +348,9 @@ def consumer(args: argparse.Namespace) -> int:
             got = poll()
             now = time.time_ns()
             if got is not None:
-                value, ts = got
+                value, ts, partition, offset = got
                 if value.isdigit():
-                    rows.append((int(value), ts, now))
+                    rows.append((int(value), ts, now, partition, offset))
                 elif value.startswith(b"probe:"):
                     rnd = value.rsplit(b":", 1)[0]
                     probes[rnd] = probes.get(rnd, 0) + 1
@@ -396,7 +451,7 @@ class Run:
             time.sleep(0.5)
         return round(time.monotonic() - start, 2)
 
-    def finish_consumers(self, grace: float) -> dict[str, dict[int, tuple[int, int]]]:
+    def finish_consumers(self, grace: float) -> dict[str, dict[int, tuple[int, ...]]]:
         end = time.monotonic() + grace
         for _, proc, out in self.consumers:
             try:
@@ -404,11 +459,12 @@ class Run:
             except subprocess.TimeoutExpired:
                 Path(f"{out}.stop").touch()
                 proc.wait(30)
-        received: dict[str, dict[int, tuple[int, int]]] = {}
+        received: dict[str, dict[int, tuple[int, ...]]] = {}
         for kind, _, out in self.consumers:
             first = received.setdefault(kind, {})
-            for i, ts, at in json.loads(out.read_text()):
-                first.setdefault(int(i), (int(ts), int(at)))  # a redelivery (at-least-once) counts at its first
+            for i, ts, at, partition, offset in json.loads(out.read_text()):
+                # a redelivery (at-least-once) counts at its first
+                first.setdefault(int(i), (int(ts), int(at), int(partition), int(offset)))
         return received
 
 
@@ -483,6 +539,7 @@ def run_kafka(bootstrap: str, workdir: Path, rate: float, args: argparse.Namespa
     written = merge_writers([json.loads(out.read_text())])
     figures = latency_figures(written["commit_ns"], written["done_ns"], received, args.warmup, args.worst)
     return {
+        "topic": topic,
         "ready_s": ready_s,
         "achieved_rate": written["achieved_rate"],
         "max_lag_ms": written["max_lag_ms"],
@@ -556,6 +613,7 @@ def run_relay(
             conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema)))
     written = merge_writers([json.loads(out.read_text()) for out in outs])
     result: dict[str, Any] = {
+        "topic": topic,
         "ready_s": ready_s,
         "writers": writers,
         "achieved_rate": written["achieved_rate"],
@@ -600,34 +658,52 @@ def main(argv: list[str] | None = None) -> int:
             ap.error(f"unknown configuration {c!r}; choose from {', '.join(ALL_CONFIGS)}")
     rates = [float(r) for r in args.rates.split(",") if r]
     services = None
+    tmp = None if args.workdir else tempfile.TemporaryDirectory(prefix="bench-latency-")
+    workdir = Path(args.workdir or tmp.name)  # type: ignore[union-attr]
+    workdir.mkdir(parents=True, exist_ok=True)
+    request_log: Path | None = None
     dsn, bootstrap = os.environ.get("HARVEST_PG_DSN"), os.environ.get("HARVEST_KAFKA_BOOTSTRAP")
     if not (dsn and bootstrap):
         from harvest_outbox.harvest_local import LocalServices
 
+        option, request_log = broker_view.jvm_options(workdir)
+        os.environ[JVM_VARIABLE] = f"{os.environ.get(JVM_VARIABLE, '')} {option}".strip()
         services = LocalServices().start()
         dsn, bootstrap = services.endpoints.pg_dsn, services.endpoints.kafka_bootstrap
-    tmp = None if args.workdir else tempfile.TemporaryDirectory(prefix="bench-latency-")
-    workdir = Path(args.workdir or tmp.name)  # type: ignore[union-attr]
     results: dict[str, Any] = {}
     warm_s = None
+    cpu = broker_view.CpuSampler().start()
+    requests = broker_view.BrokerRequests(request_log) if request_log is not None else None
+    windows: list[tuple[dict[str, Any], float, float]] = []  # (a run's result, start, end) to attribute at the end
     try:
         print(f"[bench latency] broker warm-up: {args.warm_records} records (untimed)", file=sys.stderr, flush=True)
         warm_s = warm_broker(bootstrap, args.warm_records)
         for rate in rates:
             key = f"{rate:g}"
             print(f"[bench latency] {key} rows/s: Kafka alone", file=sys.stderr, flush=True)
+            began = time.time()
             kafka = run_kafka(bootstrap, workdir, rate, args)
+            windows.append((kafka, began, time.time()))
+            if requests is not None:
+                requests.take()
             results[key] = {"kafka": kafka}
             for config in configs:
                 print(f"[bench latency] {key} rows/s: {config}", file=sys.stderr, flush=True)
+                began = time.time()
                 r = run_relay(dsn, bootstrap, workdir, rate, config, args)
+                windows.append((r, began, time.time()))
+                if requests is not None:
+                    requests.take()
                 for kind in ("plain", "read_committed"):
                     if kind in r:
                         r[kind]["to_kafka_alone"] = ratios(r[kind], kafka)
                 results[key][config] = r
     finally:
+        cpu.stop()
         if services is not None:
             services.stop()
+        for result, began, ended in windows:
+            attribute(result, requests, cpu, began, ended)
         if tmp is not None:
             tmp.cleanup()
     setup = {k: v for k, v in vars(args).items() if k != "workdir"}

@@ -5,6 +5,8 @@ Debezium's worker, and Spark's driver and executors.
 test suite sets ``-XX:TieredStopAtLevel=1`` (tests/conftest.py): the JIT's first tier only, which starts a
 JVM with about half the CPU and does a test's short work as fast, where two cores run two workers' brokers,
 Spark sessions and relays at once. Benchmarks and the demo leave it unset, so their JVMs run fully optimised.
+A Kafka node applies them after its own options, so a ``-D`` given here wins (bench/broker_view.py adds the
+broker's request log that way).
 """
 
 from __future__ import annotations

@@ -174,9 +174,9 @@ class EmbeddedKafka:
             "-XX:+UseG1GC",
             "-XX:MaxGCPauseMillis=20",
             "-Djava.awt.headless=true",
-            *extra_options(),
             f"-Dkafka.logs.dir={self.root}",
             f"-Dlog4j2.configurationFile={CONF_DIR / 'log4j2.properties'}",
+            *extra_options(),  # last: a -D of HARVEST_JVM_OPTS overrides ours (bench_latency's request log)
             "-cp",
             self._classpath,
         ]
