@@ -75,7 +75,8 @@ def test_the_warmup_rows_are_left_out_and_lost_rows_counted() -> None:
 
 def test_the_worst_rows_timeline_splits_at_the_produce_stamp() -> None:
     commit, received = _run(1000, 100.0, {500: 80.0, 700: 50.0})
-    received[500] = ((commit[500] + 60 * MS) // MS, commit[500] + 80 * MS)  # 60 ms before produce, 20 after
+    # 60 ms before produce, 20 after; the consumer saw it in partition 3 at offset 41
+    received[500] = ((commit[500] + 60 * MS) // MS, commit[500] + 80 * MS, 3, 41)
     done = [c + MS // 2 for c in commit]  # COMMIT took 0.5 ms
     f = latency_figures(commit, done, received, warmup_s=0.0, worst=2)
     assert [w["row"] for w in f["worst"]] == [500, 700]
@@ -83,11 +84,15 @@ def test_the_worst_rows_timeline_splits_at_the_produce_stamp() -> None:
     assert w == {
         "row": 500,
         "at_s": 5.0,
+        "commit_unix_s": commit[500] / 1e9,  # to find the row in the broker's request log
         "total_ms": 80.0,
         "commit_call_ms": 0.5,
         "commit_to_produce_ms": 60.0,
         "produce_to_receipt_ms": 20.0,
+        "partition": 3,
+        "offset": 41,
     }
+    assert "offset" not in f["worst"][1]  # a consumer that did not record where the row was
     assert f["worst"][1]["commit_to_produce_ms"] == 1.0 and f["worst"][1]["produce_to_receipt_ms"] == 49.0
     assert f["commit_to_produce"]["max_ms"] == 60.0
     # above p99 (every other row took 2 ms): rows 500 and 700; before produce 60 + 1 of their 80 + 50 ms
