@@ -158,7 +158,9 @@ class AtLeastOnceMode(AtLeastOnceRecords):
             return
         if self._in_flight or self._ready or self._waiting_count or core.marks:
             # Busy: wait for acknowledgements (they arrive as callbacks inside poll), a mark, a NOTIFY.
-            core.await_progress(producer)
+            # A report is awaited when a ready row waits for one: its key's in-flight record, or room
+            # under maxInFlightRecords.
+            core.await_progress(producer, reports_awaited=bool(self._ready or self._waiting_count))
             core.notified_while_idle()
         elif self._has_writes():
             self._flush_db()
