@@ -186,8 +186,7 @@ def test_the_upkeep_command_compacts_a_table(tmp_path: Path) -> None:
         ("before-commit:3", "before-commit", 3, True),
         ("before-commit:3", "before-commit", 4, True),  # batch 3 was empty: the next one with rows
         ("before-commit:3", "after-commit", 3, False),
-        ("after-checkpoint:3", "after-checkpoint", 3, False),
-        ("after-checkpoint:3", "after-checkpoint", 4, True),
+        ("between-tables:0", "between-tables", 0, True),
     ],
 )
 def test_the_kill_hook_fires_only_at_its_point(
