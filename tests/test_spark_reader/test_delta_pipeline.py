@@ -106,7 +106,7 @@ def test_delta_pipeline_is_exactly_once_through_every_kill_point(services, pg_sc
         def caught_up() -> bool:
             try:
                 return len(_events(events)) >= expected and _latest_polars(latest) == truth
-            except Exception:  # noqa: BLE001 - a table not created yet
+            except Exception:  # a table not created yet
                 return False
 
         wait_for(
@@ -151,5 +151,8 @@ def test_delta_pipeline_is_exactly_once_through_every_kill_point(services, pg_sc
     then = pl.scan_delta(events, version=1).select("partition", "offset").collect().sort("partition", "offset")
     assert 0 < then.height == added < expected
     assert then.rows() == sorted(
-        zip(*DeltaTable(events, version=1).to_pyarrow_table(columns=["partition", "offset"]).to_pydict().values())
+        zip(
+            *DeltaTable(events, version=1).to_pyarrow_table(columns=["partition", "offset"]).to_pydict().values(),
+            strict=True,
+        )
     )
