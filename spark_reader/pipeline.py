@@ -1,6 +1,8 @@
 """The streaming pipeline: a sequenced topic -> an append-only event table and a latest-state table.
 
-Two Structured Streaming queries in one application (``spark-submit`` this module, or call
+Two formats (``PipelineConfig.format`` / ``--format``): ``parquet`` (the default) and ``delta``.
+
+With ``parquet``, two Structured Streaming queries in one application (``spark-submit`` this module, or call
 :func:`start_pipeline`):
 
 1. ``events``: ``readCommittedStream(..., state_location=...)`` -> Spark's Parquet file sink at
@@ -18,14 +20,24 @@ never disagree about which rows were committed. Each query has its own checkpoin
 ``checkpoint_location``; the sequencing state of ``events`` lives at ``state_location``. All four
 locations must be on storage every executor and the driver reach (HDFS, S3, ...) on a cluster.
 
-Delta Lake: no delta-spark release supports this project's Spark 4.3 (checked on 2026-11-25:
-delta-spark 4.4.1, the newest, requires pyspark <= 4.2.0; 4.3.1 requires <= 4.1.1), so the tables
-are Parquet only; docs/pipeline.md says what changes with Delta.
+With ``delta``, one query: ``readCommittedStream`` -> ``foreachBatch`` ->
+:class:`~spark_reader.delta_tables.DeltaTables`, which collects each micro-batch to the driver as
+Arrow and commits it with delta-rs (no JVM jar: no delta-spark release supports Spark 4.3; checked
+2026-11-25: delta-spark 4.4.1 requires pyspark <= 4.2.0) to a Delta event table (append) and a Delta
+latest-state table (MERGE), each commit carrying the application transaction (query id, batch id)
+that makes a replayed batch a no-op. Its micro-batches are bounded
+(:data:`DELTA_MAX_OFFSETS_PER_TRIGGER` records unless ``max_offsets_per_trigger`` says otherwise),
+since the driver holds one in memory. Upkeep (OPTIMIZE, VACUUM, log checkpoints) runs every
+``DeltaOptions.optimize_every`` batches, or as ``python -m harvest_outbox.spark_reader.delta_tables``.
+Parquet stays the default: it writes from the executors, in parallel, where Delta's sink writes from
+the driver (docs/pipeline.md, "Formats", has the measurements).
 
-Invariants (tests/test_spark_reader/test_pipeline.py, under SIGKILLs of this process and of the
-relay leader): the event table holds every committed record of the topic exactly once and no
-rolled-back one; the latest-state table holds, per key, the event table's row of greatest
-``(ack_offset, offset)``.
+Invariants, both formats: the event table holds every committed record of the topic exactly once and
+no rolled-back one; the latest-state table holds, per key, the event table's row of greatest
+``(ack_offset, offset)``. Parquet: tests/test_e2e/test_demo.py (SIGKILLs of this process on
+local-cluster and of the relay leader) and tests/test_spark_reader/test_pipeline.py; Delta:
+tests/test_spark_reader/test_delta_pipeline.py (SIGKILLs at each of the sink's kill points) and
+tests/test_spark_reader/test_delta_tables.py.
 """
 
 from __future__ import annotations
