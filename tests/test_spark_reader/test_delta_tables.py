@@ -96,6 +96,24 @@ def test_each_batch_is_committed_once_per_table_and_latest_keeps_the_max(tmp_pat
     assert _batches_in_history(events) == _batches_in_history(latest) == expected
 
 
+def test_a_replay_after_the_event_tables_commit_alone_merges_the_latest_state_once(tmp_path: Path) -> None:
+    """The driver died between the two tables' commits (the ``between-tables`` kill point): the replay of the
+    batch skips the event table and merges the latest-state table, each commit once."""
+    from deltalake import DeltaTable
+
+    events, latest = str(tmp_path / "events"), str(tmp_path / "latest")
+    tables = DeltaTables(events, latest, DeltaOptions(optimize_every=0))
+    tables.write_batch(_rows([(b"a", b"a1", 0, 0)]), "app", 0)
+    batch = _rows([(b"a", b"a2", 1, 1), (b"b", b"b1", 2, 2)])
+    assert tables._append(batch, "app", 1)  # the event table's commit of batch 1, then the kill
+    assert _latest(latest) == {b"a": (b"a1", 0)}
+    replay = tables.write_batch(batch, "app", 1)
+    assert (replay.events_committed, replay.latest_committed) == (False, True)
+    assert _latest(latest) == {b"a": (b"a2", 1), b"b": (b"b1", 2)}
+    assert DeltaTable(events).to_pyarrow_table().num_rows == 3
+    assert _batches_in_history(events) == _batches_in_history(latest) == [("app", 0), ("app", 1)]
+
+
 def test_read_back_by_polars_at_the_newest_and_an_earlier_version(tmp_path: Path) -> None:
     """polars reads the Parquet files itself (its own reader and engine) from the snapshot delta-rs's log
     replay lists; time travel to version 0 shows the first batch only, as delta-rs does."""
