@@ -143,16 +143,22 @@ def with_retries(what: str, attempt: Callable[[], T], attempts: int = COMMIT_ATT
     writer, or a file of the snapshot it read was vacuumed meanwhile (a VACUUM retention shorter than
     the write). Retrying is always safe: every attempt first checks the table's app transaction, so an
     attempt that did commit before failing is not committed again."""
-    from deltalake.exceptions import CommitFailedError, DeltaError
+    from deltalake.exceptions import CommitFailedError, DeltaError, SchemaMismatchError
 
     for n in range(1, attempts + 1):
         try:
             return attempt()
+        except SchemaMismatchError as exc:  # no retry makes the table's schema the readers' schema
+            raise SparkReaderError(
+                f"{what}: the table's schema is not the readers' schema: {exc}. Fix: write to a new table path "
+                "(the pipeline writes spark_reader.schema.output_schema())"
+            ) from exc
         except (CommitFailedError, DeltaError) as exc:
             if n == attempts:
                 raise SparkReaderError(
-                    f"{what}: the commit lost to another writer {attempts} times in a row: {exc}. Fix: run "
-                    "table upkeep less often, or from the pipeline (optimize_every) instead of alongside it"
+                    f"{what}: failed {attempts} times in a row, the last time with: {exc}. Fix: for a commit "
+                    "conflict, run table upkeep less often, or from the pipeline (optimize_every) instead of "
+                    "alongside it; otherwise the error names the cause"
                 ) from exc
             log.info("%s: %s; retrying on the newer table version", what, exc)
             time.sleep(0.05 * n)

@@ -236,3 +236,15 @@ def test_a_bad_kill_hook_or_option_names_the_field(monkeypatch: pytest.MonkeyPat
     # Delta collects micro-batches to the driver: bounded by default; Parquet's stay unbounded.
     assert PipelineConfig.under("/p", "t", kafka, format="delta").micro_batch_bound == 200_000
     assert PipelineConfig.under("/p", "t", kafka).micro_batch_bound is None
+
+
+def test_a_table_of_another_schema_is_refused_with_the_fix(tmp_path: Path) -> None:
+    from deltalake import write_deltalake
+
+    from harvest_outbox.spark_reader.errors import SparkReaderError
+
+    events = str(tmp_path / "events")
+    write_deltalake(events, pa.table({"id": [1]}))
+    tables = DeltaTables(events, str(tmp_path / "latest"), DeltaOptions(optimize_every=0))
+    with pytest.raises(SparkReaderError, match="not the readers' schema.*Fix: write to a new table path"):
+        tables.write_batch(_rows([(b"a", b"1", 0, 0)]), "app", 0)
