@@ -246,5 +246,5 @@ def test_a_table_of_another_schema_is_refused_with_the_fix(tmp_path: Path) -> No
     events = str(tmp_path / "events")
     write_deltalake(events, pa.table({"id": [1]}))
     tables = DeltaTables(events, str(tmp_path / "latest"), DeltaOptions(optimize_every=0))
-    with pytest.raises(SparkReaderError, match="not the readers' schema.*Fix: write to a new table path"):
+    with pytest.raises(SparkReaderError, match=r"not the readers' schema.*Fix: write to a new table path"):
         tables.write_batch(_rows([(b"a", b"1", 0, 0)]), "app", 0)
