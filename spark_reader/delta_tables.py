@@ -15,8 +15,9 @@ replay (Spark re-runs a batch whose checkpoint commit did not happen) and is ski
 id lives in the checkpoint, so a restart from the same checkpoint keeps the app id; a new checkpoint
 starts a new query id whose batch ids start again at 0 without being mistaken for replays.
 
-Invariants (tests/test_spark_reader/test_delta_tables.py without Spark; under SIGKILLs of the driver
-at each kill point, tests/test_spark_reader/test_delta_pipeline.py):
+Invariants (tests/test_spark_reader/test_delta_tables.py without Spark, the state a kill between the
+two tables' commits leaves included; under SIGKILLs of the driver before and after the commits,
+tests/test_spark_reader/test_delta_pipeline.py):
 
 - a micro-batch's rows are in ``events`` exactly once, whatever the kill point: a kill before its
   commit leaves nothing (Delta ignores files no commit names), a kill after it makes the replay a no-op;
@@ -33,8 +34,8 @@ Test-only kill hook: with ``HARVEST_PIPELINE_KILL_AT=<point>:<batch>`` in the dr
 ``latest`` not) or ``after-commit`` (both Delta commits done, Spark's checkpoint commit not) of the
 first batch >= ``<batch>`` with rows. A kill after Spark's checkpoint commit of batch ``b`` leaves the
 tables and the checkpoint as ``before-commit`` of batch ``b + 1`` does (nothing of ``b + 1`` written
-yet): that point covers it. Never set
-it in production: it exists so that the tests can crash the driver at an exact point.
+yet): that point covers it. Never set it in production: it exists so that the tests can crash the
+driver at an exact point.
 """
 
 from __future__ import annotations
