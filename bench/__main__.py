@@ -297,16 +297,29 @@ def _registry_rows(r: dict[str, Any]) -> list[tuple[str, str, str, str]]:
 
 def _pipeline_rows(r: dict[str, Any]) -> list[tuple[str, str, str, str]]:
     """bench_pipeline.py: outbox commit -> Parquet event table, end to end."""
-    m = r.get("median_rows_per_s") or {}
-    return [
-        (
-            f"Outbox commit -> Spark pipeline's Parquet table, {_fmt(r.get('rows'))}-row backlog (rows/s)",
-            _fmt(m.get("end_to_end_event_table")),
-            f"{_fmt(r.get('ratio_end_to_end_vs_relay'))} of the relay's drain ({_fmt(m.get('relay_drain'))}); "
-            f"slowest stage: {r.get('slowest_stage')}",
-            "",
+    out = []
+    formats = r.get("formats") or {"parquet": r}
+    ratio = r.get("ratio_delta_vs_parquet") or {}
+    for fmt, f in formats.items():
+        m = f.get("median_rows_per_s") or {}
+        mem = f.get("median_driver_memory_peak_mb") or {}
+        vs = (
+            f"; {_fmt(ratio.get('end_to_end_event_table'))} of Parquet end to end, "
+            f"{_fmt(ratio.get('pipeline_alone'))} alone ({_fmt(m.get('pipeline_alone'))} rows/s)"
+            if fmt == "delta" and ratio
+            else ""
         )
-    ]
+        out.append(
+            (
+                f"Outbox commit -> Spark pipeline's {fmt.capitalize()} table, {_fmt(r.get('rows'))}-row backlog (rows/s)",
+                _fmt(m.get("end_to_end_event_table")),
+                f"{_fmt(f.get('ratio_end_to_end_vs_relay'))} of the relay's drain ({_fmt(m.get('relay_drain'))}); "
+                f"slowest stage: {f.get('slowest_stage')}; driver peak {_fmt(mem.get('process_group'))} MB "
+                f"(Python {_fmt(mem.get('python_driver'))} MB){vs}",
+                "Delta ≥ 0.8 of Parquet" if fmt == "delta" else "",
+            )
+        )
+    return out
 
 
 def _wal_rows(r: dict[str, Any]) -> list[tuple[str, str, str, str]]:

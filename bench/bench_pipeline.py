@@ -1,4 +1,4 @@
-"""Benchmark: outbox commit -> Parquet table, end to end, through the relay and the Spark pipeline.
+"""Benchmark: outbox commit -> Parquet and Delta tables, end to end, through the relay and the Spark pipeline.
 
 Workload: one transaction commits ``--rows`` outbox rows (default 1,000,000; ``stash_backlog``: the
 demo's backlog, keys round-robin over ``--keys``), while a ``harvest --uuid-sequencing`` relay
@@ -18,7 +18,15 @@ micro-batches' durations from its progress lines, excluding the JVM's start). Th
 ratios is the relay's drain rate, measured in the same run. ``--repeat`` repeats the whole run on
 fresh tables and topic (medians are quoted).
 
-Usage: python -m bench.bench_pipeline [--rows 1000000] [--repeat 1]. Prints JSON. Not a test.
+Both table formats (``--formats parquet,delta``) run in each repeat, one after the other, each on a
+backlog and topic of its own: Delta (``--format delta``: micro-batches collected to the driver as Arrow
+and written by delta-rs) is compared with Parquet (Spark's file sink) in the same run, end to end and
+alone (``ratio_delta_vs_parquet``; target >= 0.8). Memory: the driver's peak, sampled every 0.25 s over
+its process group (the Python driver, its JVM with the local executors, the Python workers), and the
+Python driver's own high-water mark (``VmHWM``: where Delta's collected micro-batches live).
+
+Usage: python -m bench.bench_pipeline [--rows 1000000] [--repeat 1] [--formats parquet,delta]. Prints JSON.
+Not a test.
 """
 
 from __future__ import annotations
@@ -32,6 +40,7 @@ import re
 import statistics
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -57,10 +66,29 @@ def _outbox_rows(dsn: str, outbox: str) -> int:
         )  # type: ignore[index]
 
 
-def _latest_versions(latest: Path) -> dict[str, int] | None:
+def _delta_rows(events: Path) -> int:
+    from deltalake import DeltaTable
+    from deltalake.exceptions import TableNotFoundError
+
+    try:
+        return int(DeltaTable(str(events)).count())
+    except TableNotFoundError:
+        return 0
+
+
+def _latest_versions(latest: Path, fmt: str = "parquet") -> dict[str, int] | None:
     from harvest_outbox.spark_reader.latest_table import read_local_snapshot
 
-    snapshot = read_local_snapshot(str(latest), columns=["key", "value"])
+    if fmt == "delta":
+        from deltalake import DeltaTable
+        from deltalake.exceptions import TableNotFoundError
+
+        try:
+            snapshot = DeltaTable(str(latest)).to_pyarrow_table(columns=["key", "value"])
+        except TableNotFoundError:
+            return None
+    else:
+        snapshot = read_local_snapshot(str(latest), columns=["key", "value"])
     if snapshot is None:
         return None
     t = snapshot.to_pydict()
@@ -79,7 +107,48 @@ def _events_progress(log_text: str, start_marker: str) -> list[dict[str, Any]]:
     return out
 
 
-def one_run(dsn: str, bootstrap: str, rows: int, keys: int, work: Path, timeout: float) -> dict[str, Any]:
+class GroupMemory:
+    """The peak of the summed resident memory of process group ``pgid``, sampled every 0.25 s."""
+
+    def __init__(self, pgid: int) -> None:
+        self.pgid, self.peak = pgid, 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        page = os.sysconf("SC_PAGE_SIZE")
+        while not self._stop.wait(0.25):
+            total = 0
+            for pid in (p for p in os.listdir("/proc") if p.isdigit()):
+                try:
+                    stat = Path(f"/proc/{pid}/stat").read_text()
+                    if int(stat.rsplit(")", 1)[1].split()[2]) == self.pgid:  # field 5: the process group
+                        total += int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * page
+                except (OSError, ValueError, IndexError):
+                    continue  # gone meanwhile
+            self.peak = max(self.peak, total)
+
+    def stop(self) -> int:
+        self._stop.set()
+        self._thread.join()
+        return self.peak
+
+
+def _python_hwm(pid: int | None) -> int | None:
+    """The Python driver's resident high-water mark in bytes (``VmHWM``)."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
+
+
+def one_run(
+    dsn: str, bootstrap: str, rows: int, keys: int, work: Path, timeout: float, fmt: str = "parquet"
+) -> dict[str, Any]:
     from harvest_outbox.producer.schema.ddl import init_db
 
     schema = f"bench_pipe_{uuid.uuid4().hex[:6]}"
@@ -89,13 +158,25 @@ def one_run(dsn: str, bootstrap: str, rows: int, keys: int, work: Path, timeout:
     create_topic(bootstrap, topic, PARTITIONS)
     cfg = write_config(work / "harvest.yaml", dsn=dsn, bootstrap=bootstrap, outbox_table=outbox, group=topic)
     relay = RelayProcess(cfg, "relay", work).start()
-    pipeline = PipelineProcess(topic=topic, bootstrap=bootstrap, root=work / "pipe", logdir=work)
-    alone = PipelineProcess(topic=topic, bootstrap=bootstrap, root=work / "alone", logdir=work, name="alone")
+    pipeline = PipelineProcess(topic=topic, bootstrap=bootstrap, root=work / "pipe", logdir=work, format=fmt)
+    alone = PipelineProcess(
+        topic=topic, bootstrap=bootstrap, root=work / "alone", logdir=work, name="alone", format=fmt
+    )
+
+    def in_events() -> int:
+        if fmt == "delta":
+            return _delta_rows(pipeline.events_path)
+        return sum(f.rows for f in pipeline.committed_files())
+
+    memory: GroupMemory | None = None
     try:
         wait_for(lambda: current_leader([relay]) is not None, 120, "the relay to lead")
         pipeline.start()
-        # Long-lived job: wait until both queries run (the latest query logs its first, empty batch).
-        wait_for(lambda: '"query": "latest"' in pipeline.text(), timeout, "the pipeline to start", poll=0.5)
+        assert pipeline.pid is not None
+        memory = GroupMemory(pipeline.pid)
+        # Long-lived job: wait until its queries run (Parquet: the latest query logs its first, empty batch).
+        started = '"query": "latest"' if fmt == "parquet" else "pipeline running:"
+        wait_for(lambda: started in pipeline.text(), timeout, "the pipeline to start", poll=0.5)
         backlog = stash_backlog(dsn, schema, outbox, topic, keys, rows)
         t0 = backlog.committed_at
         truth = committed_versions(dsn, schema)
@@ -105,14 +186,16 @@ def one_run(dsn: str, bootstrap: str, rows: int, keys: int, work: Path, timeout:
             now = time.time()
             if "relay" not in times and _outbox_rows(dsn, outbox) == 0:
                 times["relay"] = time.time() - t0
-            if "events" not in times and sum(f.rows for f in pipeline.committed_files()) >= rows:
+            if "events" not in times and in_events() >= rows:
                 times["events"] = time.time() - t0
-            if "latest" not in times and _latest_versions(pipeline.latest_path) == truth:
+            if "latest" not in times and _latest_versions(pipeline.latest_path, fmt) == truth:
                 times["latest"] = time.time() - t0
             if now > deadline or not pipeline.alive:
                 raise RuntimeError(f"run incomplete after {now - t0:.0f}s: {times}; logs in {work}")
             time.sleep(0.2)
-        in_table = sum(f.rows for f in pipeline.committed_files())
+        in_table = in_events()
+        python_hwm = _python_hwm(pipeline.pid)
+        group_peak = memory.stop()
         pipeline.stop()
         relay.stop()
         # The pipeline alone over the drained topic: its own processing rate, without the JVM's start.
@@ -124,12 +207,19 @@ def one_run(dsn: str, bootstrap: str, rows: int, keys: int, work: Path, timeout:
         alone_rows = sum(p["rows"] for p in progress)
         alone_ms = sum(p["ms"] for p in progress)
     finally:
+        if memory is not None:
+            memory.stop()
         pipeline.kill()
         alone.kill()
         relay.stop()
     return {
+        "format": fmt,
         "rows": rows,
         "rows_in_event_table": in_table,
+        "driver_memory_peak_mb": {
+            "process_group": round(group_peak / 2**20),
+            "python_driver": None if python_hwm is None else round(python_hwm / 2**20),
+        },
         "seconds_from_commit": {k: round(v, 2) for k, v in times.items()},
         "rows_per_s": {k: round(rows / v) for k, v in times.items()},
         "pipeline_alone": {
@@ -141,30 +231,7 @@ def one_run(dsn: str, bootstrap: str, rows: int, keys: int, work: Path, timeout:
     }
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rows", type=int, default=1_000_000, help="backlog rows (default 1000000)")
-    parser.add_argument("--keys", type=int, default=1000, help="distinct keys (default 1000)")
-    parser.add_argument("--repeat", type=int, default=1, help="whole runs (default 1; medians)")
-    parser.add_argument("--timeout", type=float, default=1800.0, help="seconds per stage wait (default 1800)")
-    args = parser.parse_args()
-    logging.basicConfig(level=logging.WARNING)
-    runs = []
-    with LocalServices() as services, tempfile.TemporaryDirectory(prefix="bench-pipeline-") as tmp:
-        for i in range(args.repeat):
-            work = Path(tmp) / f"run-{i}"
-            work.mkdir()
-            runs.append(
-                one_run(
-                    services.endpoints.pg_dsn,
-                    services.endpoints.kafka_bootstrap,
-                    args.rows,
-                    args.keys,
-                    work,
-                    args.timeout,
-                )
-            )
-
+def _summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
     def med(get: Any) -> float:
         return statistics.median(get(r) for r in runs)
 
@@ -174,28 +241,74 @@ def main() -> int:
         "pipeline alone (Kafka -> event table)": med(lambda r: r["pipeline_alone"]["rows_per_s"] or 0),
     }
     e2e = med(lambda r: r["rows_per_s"]["events"])
-    print(
-        json.dumps(
-            {
-                "benchmark": "pipeline_end_to_end",
-                "rows": args.rows,
-                "keys": args.keys,
-                "repeat": args.repeat,
-                "partitions": PARTITIONS,
-                "runs": runs,
-                "median_rows_per_s": {
-                    "relay_drain": round(relay),
-                    "end_to_end_event_table": round(e2e),
-                    "end_to_end_latest_table": round(med(lambda r: r["rows_per_s"]["latest"])),
-                    "pipeline_alone": round(stages["pipeline alone (Kafka -> event table)"]),
-                },
-                "ratio_end_to_end_vs_relay": round(e2e / relay, 3),
-                "slowest_stage": min(stages, key=lambda k: stages[k]),
-                "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "spark_master": "local[2]"},
-            },
-            indent=2,
-        )
-    )
+    return {
+        "median_rows_per_s": {
+            "relay_drain": round(relay),
+            "end_to_end_event_table": round(e2e),
+            "end_to_end_latest_table": round(med(lambda r: r["rows_per_s"]["latest"])),
+            "pipeline_alone": round(stages["pipeline alone (Kafka -> event table)"]),
+        },
+        "range_end_to_end_event_table": [
+            min(r["rows_per_s"]["events"] for r in runs),
+            max(r["rows_per_s"]["events"] for r in runs),
+        ],
+        "median_driver_memory_peak_mb": {
+            k: med(lambda r, k=k: r["driver_memory_peak_mb"][k] or 0) for k in ("process_group", "python_driver")
+        },
+        "ratio_end_to_end_vs_relay": round(e2e / relay, 3),
+        "slowest_stage": min(stages, key=lambda k: stages[k]),
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", type=int, default=1_000_000, help="backlog rows (default 1000000)")
+    parser.add_argument("--keys", type=int, default=1000, help="distinct keys (default 1000)")
+    parser.add_argument("--repeat", type=int, default=1, help="whole runs (default 1; medians)")
+    parser.add_argument("--formats", default="parquet,delta", help="table formats, in this order (default both)")
+    parser.add_argument("--timeout", type=float, default=1800.0, help="seconds per stage wait (default 1800)")
+    args = parser.parse_args()
+    formats = [f for f in args.formats.split(",") if f]
+    if not formats or any(f not in ("parquet", "delta") for f in formats):
+        parser.error(f"--formats {args.formats!r}: pass parquet, delta or both, comma-separated")
+    logging.basicConfig(level=logging.WARNING)
+    runs: dict[str, list[dict[str, Any]]] = {f: [] for f in formats}
+    with LocalServices() as services, tempfile.TemporaryDirectory(prefix="bench-pipeline-") as tmp:
+        for i in range(args.repeat):
+            for fmt in formats:
+                work = Path(tmp) / f"run-{i}-{fmt}"
+                work.mkdir()
+                runs[fmt].append(
+                    one_run(
+                        services.endpoints.pg_dsn,
+                        services.endpoints.kafka_bootstrap,
+                        args.rows,
+                        args.keys,
+                        work,
+                        args.timeout,
+                        fmt,
+                    )
+                )
+    summary = {fmt: _summary(r) for fmt, r in runs.items()}
+    out: dict[str, Any] = {
+        "benchmark": "pipeline_end_to_end",
+        "rows": args.rows,
+        "keys": args.keys,
+        "repeat": args.repeat,
+        "partitions": PARTITIONS,
+        "runs": runs,
+        "formats": summary,
+        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "spark_master": "local[2]"},
+    }
+    first = summary[formats[0]]
+    out.update({k: first[k] for k in ("median_rows_per_s", "ratio_end_to_end_vs_relay", "slowest_stage")})
+    if "parquet" in summary and "delta" in summary:
+        p, d = summary["parquet"]["median_rows_per_s"], summary["delta"]["median_rows_per_s"]
+        out["ratio_delta_vs_parquet"] = {
+            k: round(d[k] / p[k], 3) if p[k] else None
+            for k in ("end_to_end_event_table", "end_to_end_latest_table", "pipeline_alone")
+        }
+    print(json.dumps(out, indent=2))
     return 0
 
 

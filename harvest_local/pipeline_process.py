@@ -85,9 +85,12 @@ class PipelineProcess:
         master: str = "local[2]",
         trigger_seconds: float = 1.0,
         max_offsets_per_trigger: int | None = None,
+        format: str = "parquet",
+        extra_args: tuple[str, ...] = (),
     ) -> None:
         self.topic, self.bootstrap, self.root, self.master = topic, bootstrap, root, master
         self.trigger_seconds, self.max_offsets_per_trigger = trigger_seconds, max_offsets_per_trigger
+        self.format, self.extra_args = format, extra_args
         self.log = logdir / f"{name}.log"
         self.proc: subprocess.Popen[bytes] | None = None
         self.starts = 0
@@ -115,12 +118,16 @@ class PipelineProcess:
             self.master,
             "--trigger-seconds",
             str(self.trigger_seconds),
+            "--format",
+            self.format,
+            *self.extra_args,
         ]
         if self.max_offsets_per_trigger:
             cmd += ["--max-offsets-per-trigger", str(self.max_offsets_per_trigger)]
         return [*cmd, "--available-now"] if available_now else cmd
 
-    def start(self, available_now: bool = False) -> PipelineProcess:
+    def start(self, available_now: bool = False, env: dict[str, str] | None = None) -> PipelineProcess:
+        """Start the driver; ``env`` adds to its environment (the Delta sink's test-only kill hook)."""
         if self.alive:
             raise RuntimeError(f"pipeline already running (pid {self.pid})")
         with self.log.open("a") as log:
@@ -131,6 +138,7 @@ class PipelineProcess:
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
+                env={**os.environ, **(env or {})},
                 start_new_session=True,  # its own process group: kill() reaches the JVMs too
             )
         self.starts += 1

@@ -1,6 +1,8 @@
 """The streaming pipeline: a sequenced topic -> an append-only event table and a latest-state table.
 
-Two Structured Streaming queries in one application (``spark-submit`` this module, or call
+Two formats (``PipelineConfig.format`` / ``--format``): ``parquet`` (the default) and ``delta``.
+
+With ``parquet``, two Structured Streaming queries in one application (``spark-submit`` this module, or call
 :func:`start_pipeline`):
 
 1. ``events``: ``readCommittedStream(..., state_location=...)`` -> Spark's Parquet file sink at
@@ -18,14 +20,24 @@ never disagree about which rows were committed. Each query has its own checkpoin
 ``checkpoint_location``; the sequencing state of ``events`` lives at ``state_location``. All four
 locations must be on storage every executor and the driver reach (HDFS, S3, ...) on a cluster.
 
-Delta Lake: no delta-spark release supports this project's Spark 4.3 (checked on 2026-11-25:
-delta-spark 4.4.1, the newest, requires pyspark <= 4.2.0; 4.3.1 requires <= 4.1.1), so the tables
-are Parquet only; docs/pipeline.md says what changes with Delta.
+With ``delta``, one query: ``readCommittedStream`` -> ``foreachBatch`` ->
+:class:`~spark_reader.delta_tables.DeltaTables`, which collects each micro-batch to the driver as
+Arrow and commits it with delta-rs (no JVM jar: no delta-spark release supports Spark 4.3; checked
+2026-11-25: delta-spark 4.4.1 requires pyspark <= 4.2.0) to a Delta event table (append) and a Delta
+latest-state table (MERGE), each commit carrying the application transaction (query id, batch id)
+that makes a replayed batch a no-op. Its micro-batches are bounded
+(:data:`DELTA_MAX_OFFSETS_PER_TRIGGER` records unless ``max_offsets_per_trigger`` says otherwise),
+since the driver holds one in memory. Upkeep (OPTIMIZE, VACUUM, log checkpoints) runs every
+``DeltaOptions.optimize_every`` batches, or as ``python -m harvest_outbox.spark_reader.delta_tables``.
+Parquet stays the default: it writes from the executors, in parallel, where Delta's sink writes from
+the driver (docs/pipeline.md, "Formats", has the measurements).
 
-Invariants (tests/test_spark_reader/test_pipeline.py, under SIGKILLs of this process and of the
-relay leader): the event table holds every committed record of the topic exactly once and no
-rolled-back one; the latest-state table holds, per key, the event table's row of greatest
-``(ack_offset, offset)``.
+Invariants, both formats: the event table holds every committed record of the topic exactly once and
+no rolled-back one; the latest-state table holds, per key, the event table's row of greatest
+``(ack_offset, offset)``. Parquet: tests/test_e2e/test_demo.py (SIGKILLs of this process on
+local-cluster and of the relay leader) and tests/test_spark_reader/test_pipeline.py; Delta:
+tests/test_spark_reader/test_delta_pipeline.py (SIGKILLs at each of the sink's kill points) and
+tests/test_spark_reader/test_delta_tables.py.
 """
 
 from __future__ import annotations
@@ -41,6 +53,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from harvest_outbox.spark_reader.delta_tables import DeltaOptions, DeltaTables
 from harvest_outbox.spark_reader.errors import ReaderConfigError
 from harvest_outbox.spark_reader.latest_table import LatestStateTable
 from harvest_outbox.spark_reader.stream import readCommittedStream
@@ -51,6 +64,12 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("harvest.pipeline")
 
+FORMATS = ("parquet", "delta")
+#: The Delta sink's default micro-batch bound: it collects a micro-batch to the driver as Arrow, about
+#: 200,000 x the mean row size in memory (~60 MB at the demo's 300-byte rows), twice while the Arrow
+#: table is conformed to the table's schema.
+DELTA_MAX_OFFSETS_PER_TRIGGER = 200_000
+
 
 @dataclass(frozen=True)
 class PipelineConfig:
@@ -59,7 +78,10 @@ class PipelineConfig:
     ``trigger_seconds``: the micro-batch interval (default 2 s); ``available_now``: process what the
     topic holds when the query starts, then stop (a catch-up or backfill run).
     ``max_offsets_per_trigger``: records per micro-batch over all partitions (None: no limit).
-    ``keep_versions``: committed versions of the latest-state table kept for readers (default 2).
+    ``keep_versions``: committed versions of the Parquet latest-state table kept for readers (default 2).
+    ``format``: ``"parquet"`` (Spark's file sink and :mod:`~spark_reader.latest_table`) or ``"delta"``
+    (:mod:`~spark_reader.delta_tables`, written as ``delta`` says; its micro-batches are collected to
+    the driver, so ``max_offsets_per_trigger`` defaults to :data:`DELTA_MAX_OFFSETS_PER_TRIGGER` there).
     """
 
     topic: str
@@ -73,6 +95,8 @@ class PipelineConfig:
     max_offsets_per_trigger: int | None = None
     keep_versions: int = 2
     uuid_policy: str = "deliver"
+    format: str = "parquet"
+    delta: DeltaOptions = field(default_factory=DeltaOptions)
 
     def __post_init__(self) -> None:
         if not isinstance(self.topic, str) or not self.topic:
@@ -93,6 +117,25 @@ class PipelineConfig:
             )
         if not self.trigger_seconds > 0:
             raise ReaderConfigError(f"trigger_seconds={self.trigger_seconds!r}: pass a number of seconds > 0")
+        if self.format not in FORMATS:
+            raise ReaderConfigError(f"format={self.format!r}: pass one of {FORMATS}")
+        if not isinstance(self.delta, DeltaOptions):
+            raise ReaderConfigError(f"delta={self.delta!r}: pass a DeltaOptions")
+        if self.format == "delta":
+            for name in ("events_path", "latest_path"):
+                value = getattr(self, name)
+                if value.startswith(("s3a://", "s3n://")):
+                    raise ReaderConfigError(
+                        f"{name}={value!r}: delta-rs writes the Delta tables and knows no {value.split(':')[0]}://. "
+                        "Fix: write s3:// (same bucket and key)"
+                    )
+
+    @property
+    def micro_batch_bound(self) -> int | None:
+        """Records per micro-batch (None: unbounded, the Parquet sink's default: its batches stay in executors)."""
+        if self.max_offsets_per_trigger is None and self.format == "delta":
+            return DELTA_MAX_OFFSETS_PER_TRIGGER
+        return self.max_offsets_per_trigger
 
     @staticmethod
     def under(root: str, topic: str, kafka: Mapping[str, str], **options: Any) -> PipelineConfig:
@@ -114,13 +157,13 @@ class Pipeline:
     """The two running queries; ``lag`` measures the events query's lag for the progress lines."""
 
     events: StreamingQuery
-    latest: StreamingQuery
+    latest: StreamingQuery | None  # None: the Delta format writes both tables from the events query
     lag: TopicLag | None = None
     logged: dict[str, int] = field(default_factory=dict)  # last batch id logged per query
 
     @property
     def queries(self) -> list[StreamingQuery]:
-        return [self.events, self.latest]
+        return [q for q in (self.events, self.latest) if q is not None]
 
     def stop(self) -> None:
         for q in self.queries:
@@ -133,6 +176,8 @@ class Pipeline:
         and for the events query the records in the topic beyond its end offsets (``lag_records``:
         Spark's ``latestOffset`` stays null for a Python data source)."""
         for name, q in (("events", self.events), ("latest", self.latest)):
+            if q is None:
+                continue
             fresh = [p for p in q.recentProgress if p["batchId"] > self.logged.get(name, -1)]
             for i, p in enumerate(fresh):
                 self.logged[name] = p["batchId"]
@@ -197,12 +242,14 @@ def start_pipeline(spark: SparkSession, cfg: PipelineConfig) -> Pipeline:
         cfg.topic,
         cfg.kafka,
         uuid_policy=cfg.uuid_policy,
-        max_offsets_per_trigger=cfg.max_offsets_per_trigger,
+        max_offsets_per_trigger=cfg.micro_batch_bound,
         state_location=cfg.state_location,
     )
     trigger: dict[str, Any] = (
         {"availableNow": True} if cfg.available_now else {"processingTime": f"{cfg.trigger_seconds} seconds"}
     )
+    if cfg.format == "delta":
+        return _start_delta(events_df, cfg, trigger)
     events = (
         events_df.writeStream.queryName(f"harvest-events-{cfg.topic}")
         .format("parquet")
@@ -233,6 +280,23 @@ def start_pipeline(spark: SparkSession, cfg: PipelineConfig) -> Pipeline:
         .start()
     )
     return Pipeline(events, latest, lag=TopicLag(cfg.topic, cfg.kafka))
+
+
+def _start_delta(events_df: DataFrame, cfg: PipelineConfig, trigger: dict[str, Any]) -> Pipeline:
+    """One query: each micro-batch appended to the Delta event table and merged into the Delta
+    latest-state table by :class:`~spark_reader.delta_tables.DeltaTables` (both idempotent by batch)."""
+    tables = DeltaTables(cfg.events_path, cfg.latest_path, cfg.delta)
+    events = (
+        events_df.writeStream.queryName(f"harvest-events-{cfg.topic}")
+        .foreachBatch(tables.foreach_batch)
+        .option("checkpointLocation", f"{cfg.checkpoint_location.rstrip('/')}/events")
+        .trigger(**trigger)
+        .start()
+    )
+    if cfg.available_now:
+        events.awaitTermination()
+        _raise_failed(events, "events")
+    return Pipeline(events, None, lag=TopicLag(cfg.topic, cfg.kafka))
 
 
 def run(spark: SparkSession, cfg: PipelineConfig, max_restarts: int = 3, poll_seconds: float = 1.0) -> int:
@@ -346,7 +410,7 @@ def build_parser(prog: str = "python -m harvest_outbox.spark_reader.pipeline") -
     the embedded services) to it."""
     parser = argparse.ArgumentParser(
         prog=prog,
-        description="Stream a --uuid-sequencing topic into a Parquet event table and a latest-state-per-key table, "
+        description="Stream a --uuid-sequencing topic into an event table and a latest-state-per-key table (Parquet or Delta), "
         "exactly once across restarts (docs/pipeline.md).",
     )
     parser.add_argument("--topic", required=True, help="the sequenced topic")
@@ -362,6 +426,24 @@ def build_parser(prog: str = "python -m harvest_outbox.spark_reader.pipeline") -
     parser.add_argument("--trigger-seconds", type=float, default=2.0, help="micro-batch interval (default 2)")
     parser.add_argument("--available-now", action="store_true", help="process what the topic holds, then exit")
     parser.add_argument("--max-offsets-per-trigger", type=int, default=None, help="records per micro-batch")
+    parser.add_argument(
+        "--format",
+        choices=FORMATS,
+        default="parquet",
+        help="the tables' format: parquet (Spark's file sink) or delta (delta-rs, written by the driver)",
+    )
+    parser.add_argument(
+        "--optimize-every",
+        type=int,
+        default=DeltaOptions.optimize_every,
+        help="delta: OPTIMIZE, VACUUM and checkpoint both tables every N micro-batches with rows (0: never)",
+    )
+    parser.add_argument(
+        "--vacuum-retention-hours",
+        type=int,
+        default=DeltaOptions.vacuum_retention_hours,
+        help="delta: VACUUM deletes files removed from the table longer ago than this (default 168)",
+    )
     parser.add_argument(
         "--max-restarts",
         type=int,
@@ -402,6 +484,8 @@ def config_from_args(args: argparse.Namespace, bootstrap: str, root: str | None)
         trigger_seconds=args.trigger_seconds,
         available_now=args.available_now,
         max_offsets_per_trigger=args.max_offsets_per_trigger,
+        format=args.format,
+        delta=DeltaOptions(optimize_every=args.optimize_every, vacuum_retention_hours=args.vacuum_retention_hours),
         events_path=locations["events_path"],
         latest_path=locations["latest_path"],
         checkpoint_location=locations["checkpoint_location"],

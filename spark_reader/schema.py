@@ -52,3 +52,14 @@ OUTPUT_COLUMNS = [
     "clock",
     "ack_offset",
 ]
+
+
+def output_schema() -> StructType:
+    """The reader's output columns (:data:`OUTPUT_COLUMNS`) with their Spark types."""
+    types = {f.name: f for f in SEQUENCED.fields}
+    extra = {
+        "topic": StructField("topic", StringType()),
+        "uuid": StructField("uuid", StringType()),  # as text: finish_columns
+        "producer": StructField("producer", BinaryType()),
+    }
+    return StructType([extra.get(name) or types[name] for name in OUTPUT_COLUMNS])
