@@ -1,5 +1,5 @@
 """The pipeline with ``--format delta`` (spark_reader.delta_tables) under SIGKILLs of its driver at each
-kill point of a micro-batch, on ``local[2]``, with writers committing and rolling back through a running
+kill point of a micro-batch, on ``local[2]`` and ``local-cluster``, with writers committing and rolling back through a running
 relay: every committed row in the Delta event table exactly once, no rolled-back row, the latest-state
 table equal to the outbox's last committed versions, each (app id, batch) in one commit per table, and
 both tables read back by delta-rs and by polars, also at an earlier version.
@@ -8,8 +8,9 @@ One scenario, three driver starts (each ~10 s to start and ~8 s for its first mi
 cores; twice that at the suite's load): the first commits batch 0 (Delta and Spark's checkpoint) and is
 killed before batch 1's Delta commit, a kill "after both commits" of batch 0 as much as "before the
 commit" of batch 1 (nothing of batch 1 is in either table yet); the second replays batch 1 and dies after
-both Delta commits, before Spark's checkpoint commit; the third replays it again (both tables skip it) and
-runs until the tables hold every committed row. Each kill lands in the first micro-batch of its start, so
+both Delta commits, before Spark's checkpoint commit, on ``local-cluster[1,1,1024]`` (the batch is read by an
+executor JVM, which the kill takes with the driver); the third, on ``local[2]`` again, replays it (both tables
+skip it) and runs until the tables hold every committed row. Each kill lands in the first micro-batch of its start, so
 no start waits for more batches than it needs. The kill between the two tables' commits is
 test_delta_tables.py's (the same state, made without a driver start). The pipeline's driver killed from
 outside at an arbitrary moment, on local-cluster, is the demo's test (tests/test_e2e/test_demo.py).
@@ -32,8 +33,8 @@ from harvest_outbox.spark_reader.delta_tables import KILL_ENV
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark, pytest.mark.slow]
 
-#: (point, batch): the driver dies there; the next start resumes from the checkpoints, replaying batch 1.
-KILLS = [("before-commit", 1), ("after-commit", 1)]
+#: (point, batch, master): the driver dies there; the next start resumes from the checkpoints, replaying batch 1.
+KILLS = [("before-commit", 1, "local[2]"), ("after-commit", 1, "local-cluster[1,1,1024]")]
 ROWS, KEYS = 400, 12
 
 
@@ -87,7 +88,8 @@ def test_delta_pipeline_is_exactly_once_through_every_kill_point(services, pg_sc
     try:
         # The relay's election, the writers and the first driver's start overlap (each start is ~10 s).
         writers = Writers(ends.pg_dsn, pg_schema, outbox, topic, KEYS, ROWS, threads=3, rate_per_s=30.0).start()
-        for n, (point, batch) in enumerate(KILLS, start=1):
+        for n, (point, batch, master) in enumerate(KILLS, start=1):
+            pipeline.master = master
             pipeline.start(env={KILL_ENV: f"{point}:{batch}"})
             if n == 1:
                 wait_for(lambda: current_leader([relay]) is not None, 60, "the relay to be elected leader")
@@ -99,6 +101,7 @@ def test_delta_pipeline_is_exactly_once_through_every_kill_point(services, pg_sc
                 f"start {n}: exit {code}, see {pipeline.log}"
             )
             assert f"SIGKILL of the driver at {point} of batch" in text.rsplit("---- start", 1)[-1]
+        pipeline.master = "local[2]"
         pipeline.start()
         stats = writers.join(120)
         truth = committed_versions(ends.pg_dsn, pg_schema)
