@@ -15,8 +15,8 @@ replay (Spark re-runs a batch whose checkpoint commit did not happen) and is ski
 id lives in the checkpoint, so a restart from the same checkpoint keeps the app id; a new checkpoint
 starts a new query id whose batch ids start again at 0 without being mistaken for replays.
 
-Invariants (tests/test_spark_reader/test_delta_tables.py without Spark, the state a kill between the
-two tables' commits leaves included; under SIGKILLs of the driver before and after the commits,
+Invariants (tests/test_spark_reader/test_delta_tables.py without Spark, a writing process SIGKILLed at
+each kill point and replayed included; under a SIGKILL of the driver after the commits, on local-cluster,
 tests/test_spark_reader/test_delta_pipeline.py):
 
 - a micro-batch's rows are in ``events`` exactly once, whatever the kill point: a kill before its

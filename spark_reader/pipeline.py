@@ -36,8 +36,8 @@ Invariants, both formats: the event table holds every committed record of the to
 no rolled-back one; the latest-state table holds, per key, the event table's row of greatest
 ``(ack_offset, offset)``. Parquet: tests/test_e2e/test_demo.py (SIGKILLs of this process on
 local-cluster and of the relay leader) and tests/test_spark_reader/test_pipeline.py; Delta:
-tests/test_spark_reader/test_delta_pipeline.py (SIGKILLs at each of the sink's kill points) and
-tests/test_spark_reader/test_delta_tables.py.
+tests/test_spark_reader/test_delta_pipeline.py (a SIGKILL of the driver after the sink's commits) and
+tests/test_spark_reader/test_delta_tables.py (a writing process SIGKILLed at each kill point).
 """
 
 from __future__ import annotations

@@ -1,8 +1,9 @@
 """The Delta sink (spark_reader.delta_tables) on local Arrow tables, no Spark: each micro-batch committed
-once per table by its app transaction, the latest-state MERGE's per-key maximum, upkeep racing the writer,
-and the tables read back by delta-rs and by polars, at the newest and an earlier version.
+once per table by its app transaction, the latest-state MERGE's per-key maximum, a writing process SIGKILLed
+at each kill point and replayed, upkeep racing the writer, and the tables read back by delta-rs and by
+polars, at the newest and an earlier version.
 
-The sink under driver kills, end to end, is test_delta_pipeline.py.
+The sink under a Spark driver's kill, end to end, is test_delta_pipeline.py.
 """
 
 from __future__ import annotations
@@ -248,3 +249,65 @@ def test_a_table_of_another_schema_is_refused_with_the_fix(tmp_path: Path) -> No
     tables = DeltaTables(events, str(tmp_path / "latest"), DeltaOptions(optimize_every=0))
     with pytest.raises(SparkReaderError, match=r"not the readers' schema.*Fix: write to a new table path"):
         tables.write_batch(_rows([(b"a", b"1", 0, 0)]), "app", 0)
+
+
+# A writer process: batches <first>..<last> of a fixed sequence (batch b: keys k0..k3, offsets 4b..4b+3),
+# each through DeltaTables.write_batch under one app id, as a driver replaying from its checkpoint would.
+_WRITER = """
+import sys
+from pathlib import Path
+sys.path.insert(0, {here!r})
+from test_delta_tables import _batch
+from harvest_outbox.spark_reader.delta_tables import DeltaOptions, DeltaTables
+events, latest, first, last = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+tables = DeltaTables(events, latest, DeltaOptions(optimize_every=0))
+for b in range(first, last + 1):
+    tables.write_batch(_batch(b), "harvest-pipeline:q", b)
+"""
+
+
+def _batch(b: int) -> pa.Table:
+    return _rows([(f"k{i}".encode(), f"v{b}".encode(), 4 * b + i, 4 * b + 3) for i in range(4)])
+
+
+@pytest.mark.parametrize("point", ["before-commit", "between-tables", "after-commit"])
+def test_a_writer_killed_at_each_point_and_replayed_writes_each_batch_once(point: str, tmp_path: Path) -> None:
+    """A real SIGKILL of the writing process at the kill point of batch 2, then a new process replaying from
+    batch 2 (Spark re-runs the batch whose checkpoint commit did not happen) through batch 4: every batch's
+    rows in the event table once, the latest-state table at batch 4's values, each (app id, batch) in one
+    commit per table. The same sink under a Spark driver killed at ``after-commit`` on local-cluster is
+    test_delta_pipeline.py's."""
+    import os
+    import subprocess
+    import sys
+
+    from deltalake import DeltaTable
+
+    events, latest = str(tmp_path / "events"), str(tmp_path / "latest")
+    script = tmp_path / "writer.py"
+    script.write_text(_WRITER.format(here=str(Path(__file__).parent)))
+    env = {k: v for k, v in os.environ.items() if k != KILL_ENV}
+
+    def writer(first: int, last: int, kill: str | None) -> int:
+        run_env = {**env, **({KILL_ENV: kill} if kill else {})}
+        proc = subprocess.run(
+            [sys.executable, str(script), events, latest, str(first), str(last)],
+            env=run_env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            start_new_session=True,  # the hook kills its process group: this process's alone
+        )
+        assert "Traceback" not in proc.stderr, proc.stderr
+        return proc.returncode
+
+    assert writer(0, 4, f"{point}:2") == -9
+    committed = {h["harvest.batch"] for h in DeltaTable(events).history() if "harvest.batch" in h}
+    assert committed == ({"0", "1"} if point == "before-commit" else {"0", "1", "2"})
+    assert writer(2, 4, None) == 0
+
+    rows = DeltaTable(events).to_pyarrow_table(columns=["offset"])["offset"].to_pylist()
+    assert sorted(rows) == list(range(20)), "a batch missing or written twice"
+    assert _latest(latest) == {f"k{i}".encode(): (b"v4", 16 + i) for i in range(4)}
+    expected = [("harvest-pipeline:q", b) for b in range(5)]
+    assert _batches_in_history(events) == _batches_in_history(latest) == expected
