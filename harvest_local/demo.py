@@ -14,7 +14,8 @@
    Backlog rows continue each key's versions and are verified like every other row.
 5. The Spark stage: the streaming pipeline (:mod:`spark_reader.pipeline`, a driver process of its
    own) runs through the live and backlog phases, keeping a Parquet event table and a latest-state
-   table; its driver is SIGKILLed once mid-run and restarted from its checkpoints.
+   table (``--pipeline-format delta``: Delta Lake tables, read back for the verdict by polars); its driver is
+   SIGKILLed once mid-run and restarted from its checkpoints.
 6. A verdict per reader (lost, duplicates, per-key order violations, phantoms from rolled-back
    transactions), throughput per phase, latency and a PNG timeline (``timeline.png``): every fault and
    phase change marked and named, rows in each table (outbox, consumer, Spark pipeline) and rows/s over time.
@@ -99,6 +100,8 @@ class DemoOptions:
     #: the pipeline driver's master: local[N], or local-cluster[E,C,M] for executors in JVMs of their own,
     #: which the driver's kill takes with it (spark_reader.pipeline's --master)
     spark_master: str = "local[2]"
+    #: the pipeline's table format (spark_reader.pipeline's --format): parquet, or delta (read back by polars)
+    pipeline_format: str = "parquet"
 
     def __post_init__(self) -> None:
         for name in ("rows", "keys", "partitions", "writers"):
@@ -110,6 +113,8 @@ class DemoOptions:
             raise ValueError(f"demo option rate: {self.rate!r} must be > 0 rows/s")
         if not re.fullmatch(r"local\[\d+\]|local-cluster\[\d+,\d+,\d+\]", self.spark_master):
             raise ValueError(f"demo option spark_master: {self.spark_master!r}: pass local[N] or local-cluster[E,C,M]")
+        if self.pipeline_format not in ("parquet", "delta"):
+            raise ValueError(f"demo option pipeline_format: {self.pipeline_format!r}: pass parquet or delta")
 
 
 @dataclass
@@ -139,6 +144,7 @@ class PipelineRun:
     killed_at: float | None  # run-relative seconds
     starts: int
     latest_matches: bool | None  # the latest-state table equals the committed versions (None: not read)
+    format: str = "parquet"  # the tables' format (the series' label)
 
 
 @dataclass
@@ -183,6 +189,13 @@ def main(argv: list[str] | None = None) -> int:
         help="the pipeline driver's master: local[N] (default local[2]) or local-cluster[E,C,M] (E executor "
         "JVMs of C cores and M MiB, killed with the driver)",
     )
+    parser.add_argument(
+        "--pipeline-format",
+        default="parquet",
+        choices=["parquet", "delta"],
+        help="the Spark pipeline's tables: parquet (default) or delta (Delta Lake through delta-rs; the verdict "
+        "reads them with polars; needs the delta extra)",
+    )
     parser.add_argument("--no-kill", action="store_true", help="do not kill the leader (nor a broker) mid-way")
     parser.add_argument(
         "--brokers",
@@ -205,6 +218,7 @@ def main(argv: list[str] | None = None) -> int:
             spark=not args.no_spark,
             kill=not args.no_kill,
             spark_master=args.spark_master,
+            pipeline_format=args.pipeline_format,
         )
     except ValueError as exc:
         parser.error(str(exc))
@@ -299,6 +313,7 @@ def run_demo(
         logdir=out,
         master=opts.spark_master,
         max_offsets_per_trigger=max(2000, (opts.rows + opts.backlog) // 10),
+        format=opts.pipeline_format,
     )
     committed_so_far = [0]  # rows committed by the writers and the backlog, for the pipeline's killer
     killer = _PipelineKiller(run, pipeline, lambda: committed_so_far[0])
@@ -392,9 +407,13 @@ def run_demo(
     pipeline_run = None
     if opts.spark:
         verdicts.append(table_verdict(pipeline, truth))
-        latest = _latest_versions(pipeline.latest_path)
+        latest = pipeline.latest_versions()
         pipeline_run = PipelineRun(
-            pipeline.committed_files(), killer.killed_at, pipeline.starts, None if latest is None else latest == truth
+            pipeline.committed_files(),
+            killer.killed_at,
+            pipeline.starts,
+            None if latest is None else latest == truth,
+            pipeline.format,
         )
         run.mark(
             f"Spark pipeline: event table read; latest-state table matches the outbox: {pipeline_run.latest_matches}"
@@ -580,7 +599,7 @@ def _await_table(
     while True:
         rows = sum(f.rows for f in pipeline.committed_files())
         killed = killer.killed_at is not None or not killer.running
-        if rows >= expected and killed and _latest_versions(pipeline.latest_path) == truth:
+        if rows >= expected and killed and pipeline.latest_versions() == truth:
             run.mark(f"Spark pipeline: event table holds {rows} rows, the latest-state table every key")
             return
         progress = rows + len(pipeline.text())  # the latest query's progress shows in its log
@@ -590,17 +609,6 @@ def _await_table(
             run.mark(f"Spark pipeline stalled at {rows}/{expected} rows (see {pipeline.log})")
             return
         time.sleep(1.0)
-
-
-def _latest_versions(latest_path: Path) -> dict[str, int] | None:
-    """The latest-state table's newest committed version as {key: version}; None before a commit."""
-    from harvest_outbox.spark_reader.latest_table import read_local_snapshot
-
-    snapshot = read_local_snapshot(str(latest_path), columns=["key", "value"])
-    if snapshot is None:
-        return None
-    table = snapshot.to_pydict()
-    return {k.decode(): int(json.loads(v)["version"]) for k, v in zip(table["key"], table["value"], strict=True)}
 
 
 #: A series of the plot: x (seconds since the run started) and y, drawn as steps.
@@ -643,7 +651,8 @@ def table_series(result: DemoResult) -> dict[str, Series]:
     }
     if result.pipeline is not None:
         files = result.pipeline.files
-        out["in the Spark pipeline's table (Parquet)"] = cumulative(
+        label = "Delta" if result.pipeline.format == "delta" else "Parquet"
+        out[f"in the Spark pipeline's table ({label})"] = cumulative(
             [f.modified - run.wall for f in files], [f.rows for f in files]
         )
     return out

@@ -6,7 +6,9 @@ own process group, so :meth:`PipelineProcess.kill` takes down the Python driver,
 kill does it, with no shutdown hook running. Its log goes to a file.
 
 Progress is observed in the tables themselves: :meth:`committed_batches` counts the event table's
-committed micro-batches (the file sink's metadata log), which is what a restart resumes after.
+committed micro-batches (the file sink's metadata log, or with ``format="delta"`` the Delta log's batch
+commits), which is what a restart resumes after. With ``format="delta"`` the event table is read through
+polars, an engine that reads Delta tables on its own (the verdict's independent reader).
 """
 
 from __future__ import annotations
@@ -59,18 +61,48 @@ def committed_files(events_path: Path) -> list[CommittedFile]:
 
 
 def table_verdict(pipeline: PipelineProcess, truth: dict[str, int], exactly_once: bool = True) -> Verdict:
-    """The event table as its readers see it (the files its metadata log lists), in delivery order, against
-    the committed versions ``truth`` (:func:`harvest_local.verify.verify`)."""
-    import pyarrow.parquet as pq
-
+    """The event table as its readers see it (the files its metadata log lists; a Delta table through polars),
+    in delivery order, against the committed versions ``truth`` (:func:`harvest_local.verify.verify`)."""
     cols = ["key", "value", "partition", "offset", "ack_offset"]
     rows: list[tuple[int, int, int, bytes, bytes]] = []
-    for f in pipeline.committed_files():
-        t = pq.read_table(f.path, columns=cols).to_pydict()
-        rows += zip(t["partition"], t["ack_offset"], t["offset"], t["key"], t["value"], strict=True)
+    if pipeline.format == "delta":
+        import polars as pl
+
+        if delta_commits(pipeline.events_path):
+            t = pl.read_delta(str(pipeline.events_path), columns=cols).to_dict(as_series=False)
+            rows = list(zip(t["partition"], t["ack_offset"], t["offset"], t["key"], t["value"], strict=True))
+        label = "Spark pipeline -> Delta table (polars)"
+    else:
+        import pyarrow.parquet as pq
+
+        for f in pipeline.committed_files():
+            t = pq.read_table(f.path, columns=cols).to_pydict()
+            rows += zip(t["partition"], t["ack_offset"], t["offset"], t["key"], t["value"], strict=True)
+        label = "Spark pipeline -> Parquet table"
     rows.sort(key=lambda r: r[:3])
     delivered = [(k.decode(), int(json.loads(v)["version"])) for _, _, _, k, v in rows]
-    return verify("Spark pipeline -> Parquet table", truth, delivered, exactly_once=exactly_once)
+    return verify(label, truth, delivered, exactly_once=exactly_once)
+
+
+def delta_commits(table: Path) -> list[CommittedFile]:
+    """A local Delta table's micro-batch commits (appends carrying the pipeline's batch id), oldest first, as
+    :class:`CommittedFile` entries: the table at that version, the commit's time and the rows it added. Upkeep
+    commits (OPTIMIZE, VACUUM) add no rows and are left out. [] before the table exists."""
+    if not (table / "_delta_log").is_dir():
+        return []
+    from deltalake import DeltaTable
+
+    try:
+        history = DeltaTable(str(table)).history()
+    except Exception:  # created by another process a moment ago, its first commit not yet readable
+        return []
+    out = []
+    for h in sorted(history, key=lambda h: h["version"]):
+        if "harvest.batch" not in h:
+            continue
+        rows = int((h.get("operationMetrics") or {}).get("num_added_rows", 0))
+        out.append(CommittedFile(f"{table}@v{h['version']}", h["timestamp"] / 1000, rows))
+    return out
 
 
 class PipelineProcess:
@@ -188,7 +220,10 @@ class PipelineProcess:
         return code
 
     def committed_batches(self) -> int:
-        """Micro-batches the event table's file sink has committed (its metadata log's newest id + 1)."""
+        """Micro-batches the event table's file sink has committed (its metadata log's newest id + 1; Delta:
+        the batch commits in its log)."""
+        if self.format == "delta":
+            return len(delta_commits(self.events_path))
         log = self.events_path / "_spark_metadata"
         try:
             ids = [int(p.name.split(".")[0]) for p in log.iterdir() if p.name.split(".")[0].isdigit()]
@@ -198,8 +233,29 @@ class PipelineProcess:
 
     def committed_files(self) -> list[CommittedFile]:
         """The event table's files as its metadata log lists them (what readers see), with their row
-        counts from the Parquet footers: the table's size and ingest over time without a Spark session."""
+        counts from the Parquet footers: the table's size and ingest over time without a Spark session.
+        Delta: one entry per micro-batch commit (:func:`delta_commits`)."""
+        if self.format == "delta":
+            return delta_commits(self.events_path)
         return committed_files(self.events_path)
+
+    def latest_versions(self) -> dict[str, int] | None:
+        """The latest-state table's newest committed version as {key: its ``version`` field}; None before a
+        commit. Delta: read through polars."""
+        if self.format == "delta":
+            if not delta_commits(self.latest_path):
+                return None
+            import polars as pl
+
+            t = pl.read_delta(str(self.latest_path), columns=["key", "value"]).to_dict(as_series=False)
+            return {k.decode(): int(json.loads(v)["version"]) for k, v in zip(t["key"], t["value"], strict=True)}
+        from harvest_outbox.spark_reader.latest_table import read_local_snapshot
+
+        snapshot = read_local_snapshot(str(self.latest_path), columns=["key", "value"])
+        if snapshot is None:
+            return None
+        table = snapshot.to_pydict()
+        return {k.decode(): int(json.loads(v)["version"]) for k, v in zip(table["key"], table["value"], strict=True)}
 
     def text(self) -> str:
         try:

@@ -200,6 +200,8 @@ def test_demo_options_name_the_bad_field() -> None:
         DemoOptions(keys=0)
     with pytest.raises(ValueError, match=r"spark_master: 'yarn': pass local\[N\] or local-cluster"):
         DemoOptions(spark_master="yarn")
+    with pytest.raises(ValueError, match="pipeline_format: 'iceberg': pass parquet or delta"):
+        DemoOptions(pipeline_format="iceberg")
 
 
 @pytest.mark.integration

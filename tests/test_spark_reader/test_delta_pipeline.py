@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from harvest_outbox.harvest_local.pipeline_process import PipelineProcess
+from harvest_outbox.harvest_local.pipeline_process import PipelineProcess, table_verdict
 from harvest_outbox.harvest_local.relays import RelayProcess, current_leader, wait_for, write_config
 from harvest_outbox.harvest_local.verify import verify
 from harvest_outbox.harvest_local.workload import Writers, committed_versions, create_accounts
@@ -131,6 +131,12 @@ def test_delta_pipeline_is_exactly_once_through_a_driver_kill_after_its_commits(
     rows = _events(events)
     verdict = verify("Spark pipeline -> Delta table", truth, [(k, v) for *_, k, v in rows])
     assert verdict.ok and verdict.delivered == expected, verdict  # no loss, duplicate, phantom, reordering
+    # The demo's reading of the same tables (./dev demo --pipeline-format delta): polars, the batch commits.
+    by_demo = table_verdict(pipeline, truth)
+    assert by_demo.ok and by_demo.delivered == expected and by_demo.reader.endswith("(polars)"), by_demo
+    assert pipeline.latest_versions() == truth
+    commits = pipeline.committed_files()
+    assert sum(c.rows for c in commits) == expected and pipeline.committed_batches() == len(commits) >= 2
 
     import polars as pl
     from deltalake import DeltaTable
