@@ -18,7 +18,7 @@ micro-batches' durations from its progress lines, excluding the JVM's start). Th
 ratios is the relay's drain rate, measured in the same run. ``--repeat`` repeats the whole run on
 fresh tables and topic (medians are quoted).
 
-Usage: python -m bench.bench_pipeline [--rows 1000000] [--repeat 1]. Prints JSON. Not a test.
+Usage: python -m bench.bench_pipeline [--rows 1000000] [--repeat 5]. Prints JSON. Not a test.
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from bench.spread import DEFAULT_REPEATS, Recorder
 from harvest_outbox.harvest_local import LocalServices
 from harvest_outbox.harvest_local.kafka import create_topic
 from harvest_outbox.harvest_local.pipeline_process import PipelineProcess
@@ -145,10 +146,13 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, default=1_000_000, help="backlog rows (default 1000000)")
     parser.add_argument("--keys", type=int, default=1000, help="distinct keys (default 1000)")
-    parser.add_argument("--repeat", type=int, default=1, help="whole runs (default 1; medians)")
+    parser.add_argument(
+        "--repeat", type=int, default=DEFAULT_REPEATS, help=f"whole runs (default {DEFAULT_REPEATS}; medians)"
+    )
     parser.add_argument("--timeout", type=float, default=1800.0, help="seconds per stage wait (default 1800)")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
+    recorder = Recorder(args.repeat, "none: the pipeline is started and idle before each run's commit")
     runs = []
     with LocalServices() as services, tempfile.TemporaryDirectory(prefix="bench-pipeline-") as tmp:
         for i in range(args.repeat):
@@ -174,6 +178,14 @@ def main() -> int:
         "pipeline alone (Kafka -> event table)": med(lambda r: r["pipeline_alone"]["rows_per_s"] or 0),
     }
     e2e = med(lambda r: r["rows_per_s"]["events"])
+    # relay and pipeline run concurrently within a run: each run is its own pair
+    relay_rates = [r["rows_per_s"]["relay"] for r in runs]
+    recorder.figure(
+        "end_to_end_to_relay",
+        [r["rows_per_s"]["events"] for r in runs],
+        relay_rates,
+        "commit -> event table / the relay's drain, same run, rows/s",
+    )
     print(
         json.dumps(
             {
@@ -192,6 +204,7 @@ def main() -> int:
                 "ratio_end_to_end_vs_relay": round(e2e / relay, 3),
                 "slowest_stage": min(stages, key=lambda k: stages[k]),
                 "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "spark_master": "local[2]"},
+                "spread": recorder.report(),
             },
             indent=2,
         )

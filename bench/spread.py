@@ -198,11 +198,18 @@ class Recorder:
         self.figures: dict[str, dict[str, Any]] = {}
 
     def figure(
-        self, name: str, contestant: Sequence[float], baseline: Sequence[float], what: str = ""
+        self,
+        name: str,
+        contestant: Sequence[float],
+        baseline: Sequence[float],
+        what: str = "",
+        target_key: str | None = None,
     ) -> dict[str, Any]:
-        """Record one figure from per-repeat values (same order they ran) and print its line to stderr."""
+        """Record one figure from per-repeat values (same order they ran) and print its line to stderr.
+        ``target_key``: the registered target's name when it is not ``name`` (one target for the figure
+        at several workload sizes)."""
         spread = ratio_spread(contestant, baseline)
-        target = self.targets.get(name)
+        target = self.targets.get(target_key or name)
         outcome, reason = verdict(spread, target)
         fig = {
             **spread.as_json(),
