@@ -487,6 +487,7 @@ def main() -> int:
     recorder.figure(
         "poll_batch_cpu", cpus["batch"], raw_cpu, "poll_batch / plain consumer, records per Python-thread CPU s"
     )
+    recorder.figure("poll_cpu", cpus["poll"], raw_cpu, "poll / plain consumer, records per Python-thread CPU s")
     out["spread"] = recorder.report()
     print(json.dumps(out, indent=2))
     return 0

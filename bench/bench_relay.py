@@ -668,28 +668,36 @@ def main() -> int:
             )
             report["backlogs"][str(rows)] = entry
             # per run: the drain against the database loop (and at-least-once) of the same round
-            for m in modes:
-                rates = [r["rows_per_s"] for r in drains[f"{m}/defaults"]]
+            for sname in settings:
+                for m in modes:
+                    rates = [r["rows_per_s"] for r in drains[f"{m}/{sname}"]]
+                    recorder.figure(
+                        f"{rows}/{m}/{sname}_to_db_limit",
+                        rates,
+                        limit_runs,
+                        f"relay drain, {m}, {sname} limits / the database loop, {rows}-row backlog",
+                        target_key=f"{m}_to_db_limit" if sname == "defaults" else "",
+                    )
+                    recorder.figure(
+                        f"{rows}/{m}/{sname}_to_kafka_limit",
+                        rates,
+                        kafka_runs,
+                        f"relay drain, {m}, {sname} limits / the Kafka produce loop, {rows}-row backlog",
+                    )
                 recorder.figure(
-                    f"{rows}/{m}_to_db_limit",
-                    rates,
-                    limit_runs,
-                    f"relay drain, {m}, default limits / the database loop, {rows}-row backlog",
-                    target_key=f"{m}_to_db_limit",
+                    f"{rows}/{sname}/sequenced_to_at_least_once",
+                    [r["rows_per_s"] for r in drains[f"sequenced/{sname}"]],
+                    [r["rows_per_s"] for r in drains[f"at_least_once/{sname}"]],
+                    f"relay drain, sequenced / at-least-once, {sname} limits, {rows}-row backlog",
+                    target_key="sequenced_to_at_least_once" if sname == "defaults" else "",
                 )
+            if new_topic_runs:
                 recorder.figure(
-                    f"{rows}/{m}_to_kafka_limit",
-                    rates,
-                    kafka_runs,
-                    f"relay drain, {m}, default limits / the Kafka produce loop, {rows}-row backlog",
+                    f"{rows}/new_topic_to_long_lived",
+                    [r["rows_per_s"] for r in new_topic_runs],
+                    [r["rows_per_s"] for r in drains["at_least_once/defaults"]],
+                    f"relay drain into a new topic / into the long-lived one, {rows}-row backlog",
                 )
-            recorder.figure(
-                f"{rows}/sequenced_to_at_least_once",
-                [r["rows_per_s"] for r in drains["sequenced/defaults"]],
-                [r["rows_per_s"] for r in drains["at_least_once/defaults"]],
-                f"relay drain, sequenced / at-least-once, default limits, {rows}-row backlog",
-                target_key="sequenced_to_at_least_once",
-            )
         if not args.no_goharvest:
             from bench.bench_goharvest import run_goharvest
 

@@ -59,7 +59,7 @@ def variant_medians(
     run as lists, and both ratios to the ``base`` variant (``ratio_to_<base>``, ``cpu_ratio_to_<base>``).
     With a ``recorder``, each variant's rate ratio to ``base`` per round (``runs[v][i]`` against
     ``runs[base][i]``: the variants ran interleaved, one of each per round) is recorded as figure
-    ``<prefix><variant>``."""
+    ``<prefix><variant>``, its CPU per row's as ``<prefix><variant>/cpu``."""
     if recorder is not None:
         for v, rs in runs.items():
             if v != base:
@@ -68,6 +68,12 @@ def variant_medians(
                     [r["rows_per_s"] for r in rs],
                     [r["rows_per_s"] for r in runs[base]],
                     f"drain with {v} / with {base}, rows/s",
+                )
+                recorder.figure(
+                    f"{prefix}{v}/cpu",
+                    [r["cpu_s_per_100k"] for r in rs],
+                    [r["cpu_s_per_100k"] for r in runs[base]],
+                    f"relay CPU per row with {v} / with {base}",
                 )
     med: dict[str, dict[str, Any]] = {
         v: {

@@ -207,9 +207,9 @@ class Recorder:
     ) -> dict[str, Any]:
         """Record one figure from per-repeat values (same order they ran) and print its line to stderr.
         ``target_key``: the registered target's name when it is not ``name`` (one target for the figure
-        at several workload sizes)."""
+        at several workload sizes; "" for none)."""
         spread = ratio_spread(contestant, baseline)
-        target = self.targets.get(target_key or name)
+        target = self.targets.get(name if target_key is None else target_key)
         outcome, reason = verdict(spread, target)
         fig = {
             **spread.as_json(),
