@@ -125,8 +125,10 @@ PENDING = "median only, range pending"
 
 
 def _num(v: float) -> str:
-    """A ratio: two decimals, two significant digits below 0.1 (0.0041), none from 10 up."""
-    return f"{v:.0f}" if abs(v) >= 10 else f"{v:.2f}" if abs(v) >= 0.1 else f"{v:.2g}"
+    """A ratio: two decimals, two significant digits below 0.1 (0.0041), one from 10 up, none from 100."""
+    if abs(v) >= 100:
+        return f"{v:.0f}"
+    return f"{v:.1f}" if abs(v) >= 10 else f"{v:.2f}" if abs(v) >= 0.1 else f"{v:.2g}"
 
 
 def _figure(r: dict[str, Any], name: str) -> dict[str, Any] | None:
@@ -873,6 +875,18 @@ def machine() -> dict[str, Any]:
     }
 
 
+def effective_args(args: list[str]) -> list[str]:
+    """A command line as the script sees it: an option given twice (the check size appends to the quick
+    workload) keeps its last value, in the place it first appeared."""
+    out: dict[str, str | None] = {}
+    i = 0
+    while i < len(args):
+        has_value = i + 1 < len(args) and not args[i + 1].startswith("--")
+        out[args[i]] = args[i + 1] if has_value else None
+        i += 2 if has_value else 1
+    return [x for k, v in out.items() for x in ((k, v) if v is not None else (k,))]
+
+
 def _runs_table(results: dict[str, dict[str, Any]]) -> list[str]:
     """One row per benchmark whose result records its spread: when, on what, how loaded, how repeated."""
     rows = []
@@ -884,7 +898,8 @@ def _runs_table(results: dict[str, dict[str, Any]]) -> list[str]:
         load = "–".join(f"{(x or [None])[0]}" for x in (m.get("load_average_start"), m.get("load_average_end")))
         run_ = r.get("run") or {}
         rows.append(
-            f"| {name} | {run_.get('date', 'n/a')} | {run_.get('size', 'n/a')}: `{' '.join(run_.get('args') or []) or '(defaults)'}` "
+            f"| {name} | {run_.get('date', 'n/a')} | {run_.get('size', 'n/a')}: "
+            f"`{' '.join(effective_args(run_.get('args') or [])) or '(defaults)'}` "
             f"| {m.get('cores')} × {m.get('cpu_model')} | {load} | {sp.get('repeats')} | {sp.get('warmup')} |"
         )
     if not rows:
@@ -928,7 +943,7 @@ def check_report(name: str, today: dict[str, Any], published: dict[str, Any]) ->
     """Per figure of ``name``: today's against the published one (both sides' figures, sorted)."""
     now, pub = published_figures({name: today}, name), published_figures(published, name)
     out = [check(f"{name}/{fig}", now.get(fig), pub.get(fig)) for fig in sorted(now.keys() | pub.keys())]
-    was, is_ = _get(published, name, "run", "args"), _get(today, "run", "args")
+    was, is_ = (effective_args(_get(r, "run", "args") or []) for r in (published.get(name), today))
     if pub and was != is_:
         # a ratio can move with the workload (fixed costs weigh more in a small one): say so, per line
         note = f" [published from {_get(published, name, 'run', 'size') or 'a'} run, arguments {was}]"
@@ -951,7 +966,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--publish", action="store_true", help="with --check: also publish today's figures (results, docs)"
     )
+    parser.add_argument(
+        "--table-only", action="store_true", help="run nothing: rewrite docs/benchmarks.md's table from results.json"
+    )
     args = parser.parse_args(argv)
+    if args.table_only:
+        stored = json.loads(RESULTS.read_text())
+        write_table(stored["results"], stored["machine"])
+        return 0
     if args.publish and not args.check:
         parser.error("--publish goes with --check (a full-size run publishes by itself)")
     if args.check and args.quick:
@@ -991,6 +1013,11 @@ def main(argv: list[str] | None = None) -> int:
             return 1 if failed else 0
     merged = {**previous.get("results", {}), **results}
     RESULTS.write_text(json.dumps({"machine": mach, "results": merged}, indent=2) + "\n")
+    write_table(merged, mach)
+    return 1 if failed else 0
+
+
+def write_table(merged: dict[str, Any], mach: dict[str, Any]) -> None:
     text = TABLE_PAGE.read_text()
     if BEGIN in text and END in text:
         head, rest = text.split(BEGIN, 1)
@@ -999,7 +1026,6 @@ def main(argv: list[str] | None = None) -> int:
             f"{head}{BEGIN}\n{table({k: merged[k] for k in BENCHES if k in merged}, mach)}\n{END}{tail}"
         )
         print(f"[bench] docs/benchmarks.md and {RESULTS.relative_to(ROOT)} updated", file=sys.stderr)
-    return 1 if failed else 0
 
 
 if __name__ == "__main__":

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from bench.__main__ import BENCHES, CHECK, ROWS, bench_args, check_report, table
+from bench.__main__ import BENCHES, CHECK, ROWS, bench_args, check_report, effective_args, table
 
 MACHINE = {"date": "2026-11-29", "cpus": 2, "cpu_model": "AMD EPYC", "memory": "23 GiB", "python": "3.11.7"}
 
@@ -67,6 +67,10 @@ def test_check_compares_todays_median_with_the_published_range() -> None:
     assert c.inside is False and "below" in c.reason
     [c] = check_report("spark_stream", _stream({**FIG, "median": 0.8}, ["--repeat", "5"]), published)
     assert "[published from check run, arguments ['--records', '100000', '--repeat', '5']]" in c.reason
+    # the same command line, one option given twice: the same arguments, nothing to note
+    twice = _stream({**FIG, "median": 0.8}, ["--records", "100000", "--repeat", "2", "--repeat", "5"])
+    [c] = check_report("spark_stream", twice, published)
+    assert "[published from" not in c.reason
     [c] = check_report("spark_stream", inside, {})
     assert c.inside is None and "range pending" in c.reason
 
@@ -76,3 +80,13 @@ def test_check_size_is_the_quick_workload_amended_with_the_default_repeats() -> 
     for name in CHECK:
         args = bench_args(name, "check")
         assert args[: len(BENCHES[name][2])] == BENCHES[name][2] and args[-1] == "5", (name, args)
+
+
+def test_an_option_given_twice_keeps_its_last_value() -> None:
+    assert effective_args(["--rows", "2000", "--repeat", "2", "--quick", "--rows", "10000"]) == [
+        "--rows",
+        "10000",
+        "--repeat",
+        "2",
+        "--quick",
+    ]
