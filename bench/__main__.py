@@ -934,6 +934,41 @@ def table(results: dict[str, dict[str, Any]], mach: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def references_table(refs: dict[str, dict[str, Any]]) -> list[str]:
+    """The check references (``./dev bench --check --publish`` / ``--reference``): every figure's range at
+    check size, what ``--check`` compares a re-run with."""
+    rows = []
+    for name, ref in refs.items():
+        sp, run_ = ref.get("spread") or {}, ref.get("run") or {}
+        m = sp.get("machine") or {}
+        load = "–".join(f"{(x or [None])[0]}" for x in (m.get("load_average_start"), m.get("load_average_end")))
+        for fig, f in (sp.get("figures") or {}).items():
+            verdict = f"{f['target']}: {f['verdict']}" if f.get("target") else ""
+            rows.append(
+                f"| {name}/{fig} | {f.get('what', '')} | {_num(f['median'])} ({_num(f['min'])}–{_num(f['max'])}, "
+                f"{f['pairs']} pairs) | {verdict} | {run_.get('date', 'n/a')}, "
+                f"`{' '.join(effective_args(run_.get('args') or []))}`, load {load} |"
+            )
+    if not rows:
+        return []
+    return [
+        "",
+        "",
+        "Check references: each figure's range at check size, what `./dev bench --check` compares a re-run with "
+        "([Re-running the benchmarks](#re-running-the-benchmarks)):",
+        "",
+        "| figure | ratio | median (min–max, pairs) | target: verdict | run: date, arguments, load |",
+        "|---|---|---|---|---|",
+        *rows,
+    ]
+
+
+def check_against(stored: dict[str, Any]) -> dict[str, Any]:
+    """What ``--check`` compares with, per benchmark: its check reference (same size as today's run) when
+    there is one, else the table's result (maybe of another size: the check says so)."""
+    return {**stored.get("results", {}), **stored.get("check_references", {})}
+
+
 def published_figures(results: dict[str, Any], name: str) -> dict[str, dict[str, Any]]:
     figs = _get(results, name, "spread", "figures")
     return figs if isinstance(figs, dict) else {}
@@ -964,7 +999,14 @@ def main(argv: list[str] | None = None) -> int:
         "exit 1 if one falls outside",
     )
     parser.add_argument(
-        "--publish", action="store_true", help="with --check: also publish today's figures (results, docs)"
+        "--publish",
+        action="store_true",
+        help="with --check: also publish today's figures (the table's results and the check reference)",
+    )
+    parser.add_argument(
+        "--reference",
+        action="store_true",
+        help="with --check: store today's figures as the check reference only (the table keeps its results)",
     )
     parser.add_argument(
         "--table-only", action="store_true", help="run nothing: rewrite docs/benchmarks.md's table from results.json"
@@ -972,10 +1014,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.table_only:
         stored = json.loads(RESULTS.read_text())
-        write_table(stored["results"], stored["machine"])
+        write_table(stored["results"], stored["machine"], stored.get("check_references", {}))
         return 0
-    if args.publish and not args.check:
-        parser.error("--publish goes with --check (a full-size run publishes by itself)")
+    if (args.publish or args.reference) and not args.check:
+        parser.error("--publish and --reference go with --check (a full-size run publishes by itself)")
+    if args.publish and args.reference:
+        parser.error("--publish already stores the check reference; give one of --publish, --reference")
     if args.check and args.quick:
         parser.error("--check runs its own size (quick workloads, 5 repeats); drop --quick")
     if args.check:
@@ -1000,7 +1044,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.check:
         print(f"\nRe-run check ({mach['cpus']} cores, {mach['cpu_model'] or 'unknown CPU'}, load {load_average()}):")
         for name in names:
-            for c in check_report(name, results[name], previous.get("results", {})):
+            for c in check_report(name, results[name], check_against(previous)):
                 mark = {True: "inside ", False: "OUTSIDE", None: "-      "}[c.inside]
                 print(f"  {mark} {c.figure}: {c.reason}")
                 failed += c.inside is False
@@ -1009,22 +1053,27 @@ def main(argv: list[str] | None = None) -> int:
             if failed
             else "every figure with a published range is inside it"
         )
-        if not args.publish:
+        if not (args.publish or args.reference):
             return 1 if failed else 0
-    merged = {**previous.get("results", {}), **results}
-    RESULTS.write_text(json.dumps({"machine": mach, "results": merged}, indent=2) + "\n")
-    write_table(merged, mach)
+    merged = {**previous.get("results", {}), **({} if args.reference else results)}
+    refs = dict(previous.get("check_references", {}))
+    if args.check:
+        refs.update({n: {"run": r.get("run"), "spread": r.get("spread")} for n, r in results.items()})
+    RESULTS.write_text(
+        json.dumps({"machine": mach, "results": merged, "check_references": refs}, indent=2, ensure_ascii=False) + "\n"
+    )
+    write_table(merged, mach, refs)
     return 1 if failed else 0
 
 
-def write_table(merged: dict[str, Any], mach: dict[str, Any]) -> None:
+def write_table(merged: dict[str, Any], mach: dict[str, Any], refs: dict[str, Any]) -> None:
     text = TABLE_PAGE.read_text()
     if BEGIN in text and END in text:
         head, rest = text.split(BEGIN, 1)
         _, tail = rest.split(END, 1)
-        TABLE_PAGE.write_text(
-            f"{head}{BEGIN}\n{table({k: merged[k] for k in BENCHES if k in merged}, mach)}\n{END}{tail}"
-        )
+        md = table({k: merged[k] for k in BENCHES if k in merged}, mach)
+        md += "\n".join(references_table({k: refs[k] for k in BENCHES if k in refs}))
+        TABLE_PAGE.write_text(f"{head}{BEGIN}\n{md}\n{END}{tail}")
         print(f"[bench] docs/benchmarks.md and {RESULTS.relative_to(ROOT)} updated", file=sys.stderr)
 
 

@@ -248,6 +248,11 @@ class Recorder:
         }
 
 
+def _r(v: float) -> str:
+    """Two decimals; two significant digits below 0.1, where two decimals would read 0.00."""
+    return f"{v:.2f}" if abs(v) >= 0.1 else f"{v:.2g}"
+
+
 @dataclass(frozen=True)
 class Check:
     """One figure of ``./dev bench --check``: ``inside`` is None when either side is missing."""
@@ -261,11 +266,11 @@ def check(figure: str, today: Mapping[str, Any] | None, published: Mapping[str, 
     """Is today's median ratio within the published range (min–max, inclusive)?"""
     if today is None:
         return Check(figure, None, "not measured today (the run did not produce this figure)")
-    now = f"today {today['median']:.2f} ({today['min']:.2f}–{today['max']:.2f}, {today['pairs']} pairs)"
+    now = f"today {_r(today['median'])} ({_r(today['min'])}–{_r(today['max'])}, {today['pairs']} pairs)"
     if published is None or "min" not in published:
         return Check(figure, None, f"{now}; no published range yet (range pending)")
     lo, hi = published["min"], published["max"]
-    pub = f"published {lo:.2f}–{hi:.2f} ({published.get('pairs', '?')} pairs)"
+    pub = f"published {_r(lo)}–{_r(hi)} ({published.get('pairs', '?')} pairs)"
     med = today["median"]
     if lo <= med <= hi:
         return Check(figure, True, f"inside: {now}, {pub}")

@@ -7,7 +7,17 @@ from __future__ import annotations
 
 from typing import Any
 
-from bench.__main__ import BENCHES, CHECK, ROWS, bench_args, check_report, effective_args, table
+from bench.__main__ import (
+    BENCHES,
+    CHECK,
+    ROWS,
+    bench_args,
+    check_against,
+    check_report,
+    effective_args,
+    references_table,
+    table,
+)
 
 MACHINE = {"date": "2026-11-29", "cpus": 2, "cpu_model": "AMD EPYC", "memory": "23 GiB", "python": "3.11.7"}
 
@@ -90,3 +100,14 @@ def test_an_option_given_twice_keeps_its_last_value() -> None:
         "2",
         "--quick",
     ]
+
+
+def test_check_compares_with_the_reference_of_its_size_and_the_table_lists_references() -> None:
+    full = _stream(None, [])  # the table's full-size result, from before ranges
+    ref = _stream(FIG, ["--records", "100000"])
+    stored = {"results": {"spark_stream": full, "consumer": {"x": 1}}, "check_references": {"spark_stream": ref}}
+    against = check_against(stored)
+    assert against["spark_stream"] is ref and against["consumer"] == {"x": 1}
+    rows = references_table({"spark_stream": ref})
+    line = next(r for r in rows if r.startswith("| spark_stream/state_location"))
+    assert "0.70 (0.64–0.95, 5 pairs) | ≥ 0.9: not met | 2026-11-29, `--records 100000`, load 1.5–2.5 |" in line
