@@ -921,8 +921,9 @@ def table(results: dict[str, dict[str, Any]], mach: dict[str, Any]) -> str:
         f"{mach['memory']}, Python {mach['python']}; embedded Postgres and Kafka on the same machine. Rates are "
         "medians; each ratio is the median of one ratio per repeat pair (contestant and baseline run in "
         "alternation), with the pairs' min–max; a ratio marked *range pending* comes from a run made before "
-        "ranges were recorded (a median of one to three runs) and has none yet. Each benchmark's own run "
-        "(date, size, machine, load) is listed below the table; full figures in `bench/results.json`.",
+        "ranges were recorded (a median of one to three runs) and has none yet. The runs behind the ranges "
+        "(date, size, machine, load) are listed below the table; a benchmark not listed there is from an "
+        "earlier run, without its load recorded. Full figures in `bench/results.json`.",
         "",
         "| benchmark | median | compared with (same run): ratio median (min–max, pairs) | target |",
         "|---|---|---|---|",
