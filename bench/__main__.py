@@ -946,7 +946,7 @@ def references_table(refs: dict[str, dict[str, Any]]) -> list[str]:
         for fig, f in (sp.get("figures") or {}).items():
             verdict = f"{f['target']}: {f['verdict']}" if f.get("target") else ""
             rows.append(
-                f"| {name}/{fig} | {f.get('what', '')} | {_num(f['median'])} ({_num(f['min'])}–{_num(f['max'])}, "
+                f"| {name}.{fig} | {f.get('what', '')} | {_num(f['median'])} ({_num(f['min'])}–{_num(f['max'])}, "
                 f"{f['pairs']} pairs) | {verdict} | {run_.get('date', 'n/a')}, "
                 f"`{' '.join(effective_args(run_.get('args') or []))}`, load {load} |"
             )
@@ -978,7 +978,7 @@ def published_figures(results: dict[str, Any], name: str) -> dict[str, dict[str,
 def check_report(name: str, today: dict[str, Any], published: dict[str, Any]) -> list[Check]:
     """Per figure of ``name``: today's against the published one (both sides' figures, sorted)."""
     now, pub = published_figures({name: today}, name), published_figures(published, name)
-    out = [check(f"{name}/{fig}", now.get(fig), pub.get(fig)) for fig in sorted(now.keys() | pub.keys())]
+    out = [check(f"{name}.{fig}", now.get(fig), pub.get(fig)) for fig in sorted(now.keys() | pub.keys())]
     was, is_ = (effective_args(_get(r, "run", "args") or []) for r in (published.get(name), today))
     if pub and was != is_:
         # a ratio can move with the workload (fixed costs weigh more in a small one): say so, per line

@@ -1,4 +1,4 @@
-"""The registered ratio targets, one per published figure that has one: ``"<benchmark>/<figure>"`` -> Target.
+"""The registered ratio targets, one per published figure that has one: ``"<benchmark>.<figure>"`` -> Target.
 
 A benchmark's Recorder takes its own entries (``for_bench()``); the table generator (bench/__main__.py)
 prints a figure's target and verdict from its results, so a target lives here and nowhere else. A figure
@@ -16,24 +16,24 @@ TARGETS: dict[str, Target] = {
     name: Target.parse(text)
     for name, text in {
         # issue #35: the reader costs at most 5% of a plain consumer's rate
-        "consumer/poll_batch": "≥ 0.95",
-        "spark/readCommitted": "≥ 0.9",
-        "spark/readCommitted_noop": "≥ 1",
-        "spark_stream/state_location": "≥ 0.9",
-        "relay/at_least_once_to_db_limit": "≥ 0.75",
-        "relay/sequenced_to_db_limit": "≥ 0.75",
-        "relay/sequenced_to_at_least_once": "≥ 0.9",
-        "registry/at_least_once/avro": "≥ 0.7",
-        "registry/sequenced/avro": "≥ 0.7",
-        "cursor_relay/at_least_once/relay_wal_per_row": "≤ 0.5",
-        "cursor_relay/sequenced/relay_wal_per_row": "≤ 0.5",
-        "cursor_relay/at_least_once/rows_per_s": "≥ 1",
-        "cursor_relay/sequenced/rows_per_s": "≥ 1",
+        "consumer.poll_batch": "≥ 0.95",
+        "spark.readCommitted": "≥ 0.9",
+        "spark.readCommitted_noop": "≥ 1",
+        "spark_stream.state_location": "≥ 0.9",
+        "relay.at_least_once_to_db_limit": "≥ 0.75",
+        "relay.sequenced_to_db_limit": "≥ 0.75",
+        "relay.sequenced_to_at_least_once": "≥ 0.9",
+        "registry.at_least_once/avro": "≥ 0.7",
+        "registry.sequenced/avro": "≥ 0.7",
+        "cursor_relay.at_least_once/relay_wal_per_row": "≤ 0.5",
+        "cursor_relay.sequenced/relay_wal_per_row": "≤ 0.5",
+        "cursor_relay.at_least_once/rows_per_s": "≥ 1",
+        "cursor_relay.sequenced/rows_per_s": "≥ 1",
     }.items()
 }
 
 
 def for_bench(bench: str) -> dict[str, Target]:
-    """``bench``'s targets, keyed by figure name (without the ``<benchmark>/`` prefix)."""
-    prefix = f"{bench}/"
+    """``bench``'s targets, keyed by figure name (without the ``<benchmark>.`` prefix)."""
+    prefix = f"{bench}."
     return {k[len(prefix) :]: t for k, t in TARGETS.items() if k.startswith(prefix)}

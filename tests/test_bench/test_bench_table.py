@@ -72,7 +72,7 @@ def test_check_compares_todays_median_with_the_published_range() -> None:
     inside = _stream({**FIG, "median": 0.8}, ["--records", "100000", "--repeat", "5"])
     outside = _stream({**FIG, "median": 0.5, "min": 0.45}, ["--records", "100000", "--repeat", "5"])
     [c] = check_report("spark_stream", inside, published)
-    assert c.inside is True and c.figure == "spark_stream/state_location" and "[published from" not in c.reason
+    assert c.inside is True and c.figure == "spark_stream.state_location" and "[published from" not in c.reason
     [c] = check_report("spark_stream", outside, published)
     assert c.inside is False and "below" in c.reason
     [c] = check_report("spark_stream", _stream({**FIG, "median": 0.8}, ["--repeat", "5"]), published)
@@ -109,5 +109,5 @@ def test_check_compares_with_the_reference_of_its_size_and_the_table_lists_refer
     against = check_against(stored)
     assert against["spark_stream"] is ref and against["consumer"] == {"x": 1}
     rows = references_table({"spark_stream": ref})
-    line = next(r for r in rows if r.startswith("| spark_stream/state_location"))
+    line = next(r for r in rows if r.startswith("| spark_stream.state_location"))
     assert "0.70 (0.64–0.95, 5 pairs) | ≥ 0.9: not met | 2026-11-29, `--records 100000`, load 1.5–2.5 |" in line

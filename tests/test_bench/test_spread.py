@@ -95,7 +95,7 @@ def test_check_finds_todays_median_inside_or_outside_the_published_range(
     median: float, inside: bool, words: str
 ) -> None:
     today = {"median": median, "min": median - 0.05, "max": median + 0.05, "pairs": 3}
-    got = check("spark_stream/state_location", today, {"min": 0.85, "max": 0.95, "pairs": 5})
+    got = check("spark_stream.state_location", today, {"min": 0.85, "max": 0.95, "pairs": 5})
     assert got.inside is inside and words in got.reason and "0.85–0.95" in got.reason, got.reason
 
 
@@ -123,6 +123,6 @@ def test_recorder_reports_machine_load_repeats_warmup_and_verdicts() -> None:
 
 def test_every_registered_target_names_a_benchmark() -> None:
     assert targets.TARGETS
-    unknown = sorted({k.split("/")[0] for k in targets.TARGETS} - set(BENCHES))
+    unknown = sorted({k.split(".")[0] for k in targets.TARGETS} - set(BENCHES))
     assert not unknown, f"targets for benchmarks not in BENCHES: {unknown}"
     assert targets.for_bench("spark_stream") == {"state_location": Target(">=", 0.9)}
