@@ -150,10 +150,14 @@ def _ratio(r: dict[str, Any], name: str, legacy: Any = None) -> str:
 
 def _target(r: dict[str, Any], text: str, *names: str) -> str:
     """The target column: its text, and the verdict of each named figure that has a registered target."""
+    figs = [fig for n in names if (fig := _figure(r, n)) is not None and fig.get("target")]
     verdicts = [
-        f"{fig['verdict']}" + (f" ({fig['min']:.2f}–{fig['max']:.2f})" if fig["verdict"] == "not met" else "")
-        for n in names
-        if (fig := _figure(r, n)) is not None and fig.get("target")
+        # each verdict names its target when there are several; the range is the stored ratios' (3 decimals):
+        # rounded to 2, a range could read as meeting the target it misses
+        (f"{fig['target']} " if len(figs) > 1 else "")
+        + fig["verdict"]
+        + (f" ({fig['min']}–{fig['max']})" if fig["verdict"] == "not met" else "")
+        for fig in figs
     ]
     return f"{text}: {'; '.join(verdicts)}" if verdicts and text else text
 

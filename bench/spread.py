@@ -129,11 +129,16 @@ def ratio_spread(contestant: Sequence[float], baseline: Sequence[float]) -> Spre
     return Spread(tuple(c / b for c, b in zip(contestant, baseline, strict=True)))
 
 
+def _r(v: float, digits: int = 2) -> str:
+    """``digits`` decimals; as many significant digits below 0.1, where the decimals would read 0.00."""
+    return f"{v:.{digits}f}" if abs(v) >= 0.1 else f"{v:.{digits}g}"
+
+
 def verdict(spread: Spread, target: Target | None) -> tuple[str, str]:
     """("met" | "not met" | "no target", one-line reason)."""
     if target is None:
         return "no target", "no target registered for this figure"
-    rng = f"{spread.min:.2f}–{spread.max:.2f}"
+    rng = f"{_r(spread.min, 3)}–{_r(spread.max, 3)}"
     worst = spread.min if target.op == ">=" else spread.max
     best = spread.max if target.op == ">=" else spread.min
     if target.met_by(worst):
@@ -246,11 +251,6 @@ class Recorder:
             "note": note,
             "figures": self.figures,
         }
-
-
-def _r(v: float) -> str:
-    """Two decimals; two significant digits below 0.1, where two decimals would read 0.00."""
-    return f"{v:.2f}" if abs(v) >= 0.1 else f"{v:.2g}"
 
 
 @dataclass(frozen=True)

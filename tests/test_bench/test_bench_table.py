@@ -111,3 +111,18 @@ def test_check_compares_with_the_reference_of_its_size_and_the_table_lists_refer
     rows = references_table({"spark_stream": ref})
     line = next(r for r in rows if r.startswith("| spark_stream.state_location"))
     assert "0.70 (0.64–0.95, 5 pairs) | ≥ 0.9: not met | 2026-11-29, `--records 100000`, load 1.5–2.5 |" in line
+
+
+def test_several_verdicts_name_their_targets_and_a_miss_shows_three_decimals() -> None:
+    from bench.__main__ import _target
+
+    figs = {
+        "a": {"median": 0.04, "min": 0.036, "max": 0.041, "pairs": 5, "target": "≤ 0.5", "verdict": "met"},
+        "b": {"median": 1.2, "min": 0.698, "max": 1.69, "pairs": 5, "target": "≥ 0.7", "verdict": "not met"},
+    }
+    r = {"spread": {"figures": figs}}
+    assert (
+        _target(r, "WAL ≤ 0.5x, drain ≥ 0.7x", "a", "b")
+        == "WAL ≤ 0.5x, drain ≥ 0.7x: ≤ 0.5 met; ≥ 0.7 not met (0.698–1.69)"
+    )
+    assert _target(r, "", "a") == ""  # no target text in the table: no verdict either
