@@ -224,7 +224,8 @@ def _relay_rows(r: dict[str, Any]) -> list[tuple[str, str, str, str]]:
                 (
                     f"Relay drain, at-least-once, default limits, {rows}, into a topic created just before (rows/s)",
                     _fmt(fresh.get("rows_per_s")),
-                    f"{_ratio(r, f'{size}/new_topic_to_long_lived', fresh.get('ratio_to_long_lived_topic'))} of the "
+                    f"{_ratio(r, f'{size}/new_topic_to_db_limit', fresh.get('ratio_to_db_limit'))} of the database "
+                    f"limit; {_ratio(r, f'{size}/new_topic_to_long_lived', fresh.get('ratio_to_long_lived_topic'))} of the "
                     "same drain into a long-lived topic "
                     "(the broker's start-up of new partitions)",
                     "",

@@ -698,6 +698,12 @@ def main() -> int:
                     [r["rows_per_s"] for r in drains["at_least_once/defaults"]],
                     f"relay drain into a new topic / into the long-lived one, {rows}-row backlog",
                 )
+                recorder.figure(
+                    f"{rows}/new_topic_to_db_limit",
+                    [r["rows_per_s"] for r in new_topic_runs],
+                    limit_runs,
+                    f"relay drain into a new topic / the database loop, {rows}-row backlog",
+                )
         if not args.no_goharvest:
             from bench.bench_goharvest import run_goharvest
 
