@@ -644,10 +644,11 @@ def main(argv: list[str] | None = None) -> int:
                 # Kafka alone first in even repeats, last in odd ones (bench/spread.py): drift hits both
                 for config in ["kafka", *configs] if n % 2 == 0 else [*configs, "kafka"]:
                     print(f"[bench latency] {key} rows/s, repeat {n + 1}: {config}", file=sys.stderr, flush=True)
+                    here = workdir / f"repeat-{n + 1}"  # each run's folder is named for its config and rate
                     if config == "kafka":
-                        repeats["kafka"].append(run_kafka(bootstrap, workdir, rate, args))
+                        repeats["kafka"].append(run_kafka(bootstrap, here, rate, args))
                     else:
-                        repeats[config].append(run_relay(dsn, bootstrap, workdir, rate, config, args))
+                        repeats[config].append(run_relay(dsn, bootstrap, here, rate, config, args))
             kafka_runs = repeats["kafka"]
             for config in configs:
                 for r, kafka in zip(repeats[config], kafka_runs, strict=True):
