@@ -11,7 +11,10 @@ ranges; a result from before ranges were recorded is marked "range pending", nev
     python -m bench sequencer spark          # some
     python -m bench --check [names]          # check size (CHECK: mostly quick workloads, 5 repeats): ratios against
                                              # the published ranges; exit 1 if one falls outside
-    python -m bench --check --publish names  # the same, then publish today's figures (results.json, docs)
+    python -m bench --check --publish names  # the same, then publish today's figures: the table's results
+                                             # and the check reference (results.json, docs)
+    python -m bench --check --reference names  # ... the check reference only (the table keeps its results)
+    python -m bench --table-only             # rewrite the docs table from results.json
 """
 
 from __future__ import annotations
