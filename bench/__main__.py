@@ -1,12 +1,20 @@
 """``./dev bench``: run every benchmark, each in its own process with its own services, then
 write ``bench/results.json`` and the benchmark table of docs/benchmarks.md (between the BENCH markers).
 
-Each benchmark prints one JSON object and compares against a baseline measured in the same run,
-so the ratios hold on noisy machines better than absolute rates do. Medians throughout.
+Each benchmark prints one JSON object and compares against a baseline measured in the same run, in
+alternation, ≥ 5 repeats by default; its ``spread`` (bench/spread.py) holds each ratio's median and
+min-max over the repeat pairs, the machine, its load at start and end, and the warm-up. The table shows
+ranges; a result from before ranges were recorded is marked "range pending", never given one.
 
-    python -m bench                 # all, full size
-    python -m bench --quick         # smaller workloads (a smoke run; the docs are not touched)
-    python -m bench sequencer spark # some
+    python -m bench                          # all, full size
+    python -m bench --quick                  # smaller workloads, fewer repeats (a smoke run; writes nothing)
+    python -m bench sequencer spark          # some
+    python -m bench --check [names]          # check size (CHECK: mostly quick workloads, 5 repeats): ratios against
+                                             # the published ranges; exit 1 if one falls outside
+    python -m bench --check --publish names  # the same, then publish today's figures: the table's results
+                                             # and the check reference (results.json, docs)
+    python -m bench --check --reference names  # ... the check reference only (the table keeps its results)
+    python -m bench --table-only             # rewrite the docs table from results.json
 """
 
 from __future__ import annotations
@@ -23,35 +31,39 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from bench.spread import DEFAULT_REPEATS, Check, check, load_average
+
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results.json"
 TABLE_PAGE = ROOT / "docs" / "benchmarks.md"
 BEGIN, END = "<!-- BENCH:BEGIN -->", "<!-- BENCH:END -->"
 
-# name -> (script, full args, quick args)
+# name -> (script, full args, quick args). Full: each script's defaults (≥ 5 repeat pairs, DEFAULT_REPEATS).
+# Quick: small workloads and 2 repeats (a smoke run: the range of 2 pairs is no range to publish).
 BENCHES: dict[str, tuple[str, list[str], list[str]]] = {
-    "sequencer": ("bench_sequencer.py", [], ["--repeat", "3", "--txns", "10"]),
+    "sequencer": ("bench_sequencer.py", [], ["--repeat", "2", "--txns", "10"]),
     "relay": (
         "bench_relay.py",
         [],
-        ["--rows", "20000", "--big-rows", "0", "--runs", "1", "--latency-seconds", "3", "--latency-warmup", "1"],
+        ["--rows", "20000", "--big-rows", "0", "--runs", "2", "--latency-seconds", "3", "--latency-warmup", "1"],
     ),
-    "consumer": ("bench_consumer.py", [], ["--records", "100000", "--runs", "1"]),
-    "spark": ("bench_spark.py", [], ["--records", "100000", "--repeat", "1"]),
-    "spark_stream": ("bench_spark_stream.py", [], ["--records", "100000", "--repeat", "1"]),
-    "stasher": ("bench_stasher.py", [], ["--rows", "2000", "--repeat", "1"]),
+    "consumer": ("bench_consumer.py", [], ["--records", "100000", "--runs", "2"]),
+    "spark": ("bench_spark.py", [], ["--records", "100000", "--repeat", "2"]),
+    "spark_stream": ("bench_spark_stream.py", [], ["--records", "100000", "--repeat", "2"]),
+    "stasher": ("bench_stasher.py", [], ["--rows", "2000", "--repeat", "2"]),
     "reader_memory": ("bench_reader_memory.py", [], ["--records", "100000,200000", "--micro-batch", "50000"]),
-    "shards": ("bench_shards.py", [], ["--rows", "50000", "--relays", "1,2"]),
-    "spans": ("bench_spans.py", [], ["--rows", "5000", "--runs", "1"]),
-    "registry": ("bench_registry.py", [], ["--rows", "5000", "--runs", "1", "--modes", "at_least_once"]),
-    "pipeline": ("bench_pipeline.py", [], ["--rows", "50000"]),
-    "wal": ("bench_wal.py", ["--rows", "100000"], ["--rows", "20000"]),
+    "shards": ("bench_shards.py", [], ["--rows", "50000", "--relays", "1,2", "--runs", "2"]),
+    "spans": ("bench_spans.py", [], ["--rows", "5000", "--runs", "2"]),
+    "registry": ("bench_registry.py", [], ["--rows", "5000", "--runs", "2", "--modes", "at_least_once"]),
+    "pipeline": ("bench_pipeline.py", [], ["--rows", "50000", "--repeat", "2"]),
+    "wal": ("bench_wal.py", ["--rows", "100000"], ["--rows", "20000", "--runs", "2"]),
     "cursor_relay": (
         "bench_cursor_relay.py",
         [],
-        ["--rows", "20000", "--runs", "1", "--warmup-rows", "0", "--partition-ids", "10000", "--idle-after", "1"],
+        ["--rows", "20000", "--runs", "2", "--warmup-rows", "0", "--partition-ids", "10000", "--idle-after", "1"],
     ),
-    "latency": ("bench_latency.py", [], ["--quick"]),
+    "latency": ("bench_latency.py", [], ["--quick", "--repeats", "2"]),
+    "relay_limit": ("bench_relay_limit.py", [], ["--rows", "100000", "--runs", "2", "--warmup-rows", "300000"]),
     "debezium": (
         "bench_debezium.py",
         [],
@@ -73,6 +85,29 @@ BENCHES: dict[str, tuple[str, list[str], list[str]]] = {
 }
 
 
+# ``--check``: appended to the quick workload (argparse takes the last value): the default repeat count, so
+# a re-run is minutes, not hours, and its range has 5 pairs; the cheap ones (sequencer, stasher, consumer)
+# at their full workload, where a pass of the small one lasts a tenth of a second and its ratio is mostly
+# noise. Benchmarks without an entry publish no paired ratios (reader_memory: one run per topic size;
+# debezium: not yet converted).
+CHECK: dict[str, list[str]] = {
+    "sequencer": ["--txns", "40", "--repeat", str(DEFAULT_REPEATS)],
+    "relay": ["--runs", str(DEFAULT_REPEATS)],
+    "consumer": ["--records", "1000000", "--runs", str(DEFAULT_REPEATS)],
+    "spark": ["--repeat", str(DEFAULT_REPEATS)],
+    "spark_stream": ["--repeat", str(DEFAULT_REPEATS)],
+    "stasher": ["--rows", "10000", "--repeat", str(DEFAULT_REPEATS)],
+    "shards": ["--runs", str(DEFAULT_REPEATS)],
+    "spans": ["--runs", str(DEFAULT_REPEATS)],
+    "registry": ["--runs", str(DEFAULT_REPEATS)],
+    "pipeline": ["--repeat", str(DEFAULT_REPEATS)],
+    "wal": ["--runs", str(DEFAULT_REPEATS)],
+    "cursor_relay": ["--runs", str(DEFAULT_REPEATS)],
+    "latency": ["--repeats", str(DEFAULT_REPEATS)],
+    "relay_limit": ["--runs", str(DEFAULT_REPEATS)],
+}
+
+
 def _get(d: Any, *path: str) -> Any:
     for p in path:
         if not isinstance(d, dict) or p not in d:
@@ -89,6 +124,47 @@ def _fmt(v: Any, unit: str = "") -> str:
     if isinstance(v, (int, float)):
         return f"{v:,.0f}{unit}"
     return str(v)
+
+
+PENDING = "median only, range pending"
+
+
+def _num(v: float) -> str:
+    """A ratio: two decimals, two significant digits below 0.1 (0.0041), one from 10 up, none from 100."""
+    if abs(v) >= 100:
+        return f"{v:.0f}"
+    return f"{v:.1f}" if abs(v) >= 10 else f"{v:.2f}" if abs(v) >= 0.1 else f"{v:.2g}"
+
+
+def _figure(r: dict[str, Any], name: str) -> dict[str, Any] | None:
+    fig = _get(r, "spread", "figures", name)
+    return fig if isinstance(fig, dict) else None
+
+
+def _ratio(r: dict[str, Any], name: str, legacy: Any = None) -> str:
+    """A ratio as the table shows it: the median of the paired ratios and their range, from the run's
+    ``spread`` (bench/spread.py); a result from before ranges were recorded shows its single figure,
+    marked as such rather than given a range it does not have."""
+    fig = _figure(r, name)
+    if fig is not None:
+        return f"{_num(fig['median'])} ({_num(fig['min'])}–{_num(fig['max'])}, {fig['pairs']} pairs)"
+    if isinstance(legacy, (int, float)):
+        return f"{_num(float(legacy))} ({PENDING})"
+    return "n/a"
+
+
+def _target(r: dict[str, Any], text: str, *names: str) -> str:
+    """The target column: its text, and the verdict of each named figure that has a registered target."""
+    figs = [fig for n in names if (fig := _figure(r, n)) is not None and fig.get("target")]
+    verdicts = [
+        # each verdict names its target when there are several; the range is the stored ratios' (3 decimals):
+        # rounded to 2, a range could read as meeting the target it misses
+        (f"{fig['target']} " if len(figs) > 1 else "")
+        + fig["verdict"]
+        + (f" ({fig['min']}–{fig['max']})" if fig["verdict"] == "not met" else "")
+        for fig in figs
+    ]
+    return f"{text}: {'; '.join(verdicts)}" if verdicts and text else text
 
 
 def _relay_rows(r: dict[str, Any]) -> list[tuple[str, str, str, str]]:
@@ -120,19 +196,29 @@ def _relay_rows(r: dict[str, Any]) -> list[tuple[str, str, str, str]]:
                 d = b.get(f"{mode}/{setting}") or {}
                 extra = ""
                 if mode == "sequenced":
-                    extra = f"; {_fmt(b.get(f'sequenced_to_at_least_once/{setting}'))} of at-least-once"
+                    extra = (
+                        f"; {_ratio(r, f'{size}/{setting}/sequenced_to_at_least_once', b.get(f'sequenced_to_at_least_once/{setting}'))}"
+                        " of at-least-once"
+                    )
+                limit_fig, kafka_fig = f"{size}/{mode}/{setting}_to_db_limit", f"{size}/{mode}/{setting}_to_kafka_limit"
                 out.append(
                     (
                         f"Relay drain, {label}, {'default limits' if setting == 'defaults' else 'tuned'}, {rows} (rows/s)",
                         _fmt(d.get("rows_per_s")),
-                        f"{_fmt(d.get('ratio_to_db_limit'))} of the database limit{extra}; "
+                        f"{_ratio(r, limit_fig, d.get('ratio_to_db_limit'))} of the database limit{extra}; "
                         + (
-                            f"{_fmt(d.get('ratio_to_kafka_limit'))} of the Kafka limit; "
+                            f"{_ratio(r, kafka_fig, d.get('ratio_to_kafka_limit'))} of the Kafka limit; "
                             if "ratio_to_kafka_limit" in d
                             else ""
                         )
                         + f"{_fmt(d.get('cpu_s_per_100k_rows'))} CPU s per 100k rows; {_fmt(d.get('peak_rss_mb'))} MB RSS",
-                        ("≥ 0.75 of the database limit" + (", ≥ 0.9 of at-least-once" if mode == "sequenced" else ""))
+                        _target(
+                            r,
+                            "≥ 0.75 of the database limit"
+                            + (", ≥ 0.9 of at-least-once" if mode == "sequenced" else ""),
+                            limit_fig,
+                            f"{size}/{setting}/sequenced_to_at_least_once" if mode == "sequenced" else "",
+                        )
                         if setting == "defaults"
                         else "",
                     )
@@ -143,8 +229,9 @@ def _relay_rows(r: dict[str, Any]) -> list[tuple[str, str, str, str]]:
                 (
                     f"Relay drain, at-least-once, default limits, {rows}, into a topic created just before (rows/s)",
                     _fmt(fresh.get("rows_per_s")),
-                    f"{_fmt(fresh.get('ratio_to_db_limit'))} of the database limit; "
-                    f"{_fmt(fresh.get('ratio_to_long_lived_topic'))} of the same drain into a long-lived topic "
+                    f"{_ratio(r, f'{size}/new_topic_to_db_limit', fresh.get('ratio_to_db_limit'))} of the database "
+                    f"limit; {_ratio(r, f'{size}/new_topic_to_long_lived', fresh.get('ratio_to_long_lived_topic'))} of the "
+                    "same drain into a long-lived topic "
                     "(the broker's start-up of new partitions)",
                     "",
                 )
@@ -156,7 +243,7 @@ def _relay_rows(r: dict[str, Any]) -> list[tuple[str, str, str, str]]:
                 "goharvest (Go), default / tuned limits, same backlog (rows/s)",
                 f"{_fmt(_get(go, 'defaults', 'rows_per_s'))} / {_fmt(_get(go, 'tuned', 'rows_per_s'))}",
                 f"harvest at-least-once is {_fmt(go.get('harvest_at_least_once_to_goharvest/defaults'))}x / "
-                f"{_fmt(go.get('harvest_at_least_once_to_goharvest/tuned'))}x goharvest",
+                f"{_fmt(go.get('harvest_at_least_once_to_goharvest/tuned'))}x goharvest (single run, range pending)",
                 "",
             )
         )
@@ -236,7 +323,8 @@ def _shard_rows(r: dict[str, Any]) -> list[tuple[str, str, str, str]]:
             (
                 f"Sharded (S = {r.get('shards')}), {n} relay process(es), {rows} backlog (rows/s)",
                 _fmt(d.get("rows_per_s")),
-                f"{_fmt(d.get('ratio_to_unsharded'))} of one unsharded relay; shares {shares}; CPU s per 100k "
+                f"{_ratio(r, f'{name}_to_unsharded', d.get('ratio_to_unsharded'))} of one unsharded relay; shares "
+                f"{shares}; CPU s per 100k "
                 f"rows per relay {cpu}",
                 "rows spread evenly, CPU per row flat",
             )
@@ -256,9 +344,10 @@ def _span_rows(r: dict[str, Any]) -> list[tuple[str, str, str, str]]:
                 (
                     f"Relay spans on, {label}, {what}, {rows}k backlog (rows/s)",
                     _fmt(d.get("rows_per_s")),
-                    f"{_fmt(d.get('ratio_to_off'))} of spans off ({_fmt(off.get('rows_per_s'))}), CPU "
-                    f"{_fmt(d.get('cpu_ratio_to_off'))}x; off against off {_fmt(noise.get('ratio_to_off'))}, CPU "
-                    f"{_fmt(noise.get('cpu_ratio_to_off'))}x (the noise)",
+                    f"{_ratio(r, f'{mode}/{variant}', d.get('ratio_to_off'))} of spans off "
+                    f"({_fmt(off.get('rows_per_s'))}), CPU per row {_ratio(r, f'{mode}/{variant}/cpu', d.get('cpu_ratio_to_off'))}; "
+                    f"off against off {_ratio(r, f'{mode}/off_again', noise.get('ratio_to_off'))}, CPU per row "
+                    f"{_ratio(r, f'{mode}/off_again/cpu', noise.get('cpu_ratio_to_off'))} (the noise)",
                     "spans off: unchanged within noise",
                 )
             )
@@ -278,7 +367,11 @@ def _registry_rows(r: dict[str, Any]) -> list[tuple[str, str, str, str]]:
         off, again = _get(r, "modes", mode, "off"), _get(r, "modes", mode, "off_again")
         if not off:
             continue
-        noise = f"; the same drain again: {_fmt(again.get('ratio_to_off'))} (noise)" if again else ""
+        noise = (
+            f"; the same drain again: {_ratio(r, f'{mode}/off_again', again.get('ratio_to_off'))} (noise)"
+            if again
+            else ""
+        )
         for variant, what, target in variants:
             got = _get(r, "modes", mode, variant)
             if not got:
@@ -287,16 +380,17 @@ def _registry_rows(r: dict[str, Any]) -> list[tuple[str, str, str, str]]:
                 (
                     f"Relay drain with {what}, {label} (rows/s)",
                     _fmt(got.get("rows_per_s")),
-                    f"{_fmt(got.get('ratio_to_off'))} of no encoding ({_fmt(off.get('rows_per_s'))}); schema-id "
-                    f"cache hit rate {got.get('schema_id_cache_hit_rate')}" + noise,
-                    target,
+                    f"{_ratio(r, f'{mode}/{variant}', got.get('ratio_to_off'))} of no encoding "
+                    f"({_fmt(off.get('rows_per_s'))}); schema-id cache hit rate {got.get('schema_id_cache_hit_rate')}"
+                    + noise,
+                    _target(r, target, f"{mode}/{variant}"),
                 )
             )
     return out
 
 
 def _pipeline_rows(r: dict[str, Any]) -> list[tuple[str, str, str, str]]:
-    """bench_pipeline.py: outbox commit -> Parquet event table, end to end."""
+    """bench_pipeline.py: outbox commit -> the pipeline's event table (Parquet, Delta), end to end."""
     out = []
     formats = r.get("formats") or {"parquet": r}
     ratio = r.get("ratio_delta_vs_parquet") or {}
@@ -304,19 +398,22 @@ def _pipeline_rows(r: dict[str, Any]) -> list[tuple[str, str, str, str]]:
         m = f.get("median_rows_per_s") or {}
         mem = f.get("median_driver_memory_peak_mb") or {}
         vs = (
-            f"; {_fmt(ratio.get('end_to_end_event_table'))} of Parquet end to end, "
+            f"; {_ratio(r, 'delta_vs_parquet', ratio.get('end_to_end_event_table'))} of Parquet end to end, "
             f"{_fmt(ratio.get('pipeline_alone'))} alone ({_fmt(m.get('pipeline_alone'))} rows/s)"
             if fmt == "delta" and ratio
             else ""
         )
+        relay = _ratio(r, f"{fmt}/end_to_end_to_relay", f.get("ratio_end_to_end_vs_relay"))
+        if relay == "n/a" and fmt == "parquet":  # a result from before the formats: one figure, unprefixed
+            relay = _ratio(r, "end_to_end_to_relay", f.get("ratio_end_to_end_vs_relay"))
         out.append(
             (
                 f"Outbox commit -> Spark pipeline's {fmt.capitalize()} table, {_fmt(r.get('rows'))}-row backlog (rows/s)",
                 _fmt(m.get("end_to_end_event_table")),
-                f"{_fmt(f.get('ratio_end_to_end_vs_relay'))} of the relay's drain ({_fmt(m.get('relay_drain'))}); "
+                f"{relay} of the relay's drain ({_fmt(m.get('relay_drain'))}); "
                 f"slowest stage: {f.get('slowest_stage')}; driver peak {_fmt(mem.get('process_group'))} MB "
                 f"(Python {_fmt(mem.get('python_driver'))} MB){vs}",
-                "Delta ≥ 0.8 of Parquet" if fmt == "delta" else "",
+                _target(r, "Delta ≥ 0.8 of Parquet", "delta_vs_parquet") if fmt == "delta" else "",
             )
         )
     return out
@@ -336,8 +433,40 @@ def _wal_rows(r: dict[str, Any]) -> list[tuple[str, str, str, str]]:
             (
                 f"WAL per 100k relayed rows, {label}, cold / warm (MB)",
                 f"{_fmt(_mb(cold))} / {_fmt(_mb(warm))}",
-                f"writers' INSERTs {_fmt(_mb(write))} MB (docs/primary-cost.md)",
+                f"writers' INSERTs {_fmt(_mb(write))} MB (docs/primary-cost.md)"
+                + (
+                    f"; cold / warm to the relay's: {_ratio(r, f'{loop}_to_at_least_once/cold')} / "
+                    f"{_ratio(r, f'{loop}_to_at_least_once/warm')}"
+                    if loop != "at_least_once" and _figure(r, f"{loop}_to_at_least_once/cold")
+                    else ""
+                ),
                 "",
+            )
+        )
+    return out
+
+
+def _relay_limit_rows(r: dict[str, Any]) -> list[tuple[str, str, str, str]]:
+    """bench_relay_limit.py: the relay against a raw read + produce loop, cursor layout (docs/relay-cost.md)."""
+    out: list[tuple[str, str, str, str]] = []
+    raw = _get(r, "raw", "rows_per_s", "median")
+    rows = _get(r, "setup", "rows")
+    for v, label in (
+        ("sequenced/defaults", "sequenced, defaults"),
+        ("sequenced/tuned", "sequenced, tuned"),
+        ("at_least_once/defaults", "at-least-once, defaults"),
+        ("at_least_once/tuned", "at-least-once, tuned"),
+    ):
+        got = r.get(v)
+        if not got:
+            continue
+        out.append(
+            (
+                f"Relay drain, outboxLayout cursor, {label}, {_fmt(rows)}-row burst (rows/s)",
+                _fmt(_get(got, "rows_per_s", "median")),
+                f"{_ratio(r, v)} of a raw read+produce loop ({_fmt(raw)}); CPU per row "
+                f"{_fmt(_get(got, 'cpu_ratio_to_raw', 'median'))}x the raw loop's (docs/relay-cost.md)",
+                _target(r, "≥ 0.7 sequenced, ≥ 0.5 at-least-once (issue #47)", v),
             )
         )
     return out
@@ -355,10 +484,13 @@ def _cursor_relay_rows(r: dict[str, Any]) -> list[tuple[str, str, str, str]]:
             (
                 f"Relay WAL per row, outboxLayout cursor / mark, {label}, cold (B)",
                 f"{_fmt(cursor.get('relay_wal_bytes_per_row'))} / {_fmt(mark.get('relay_wal_bytes_per_row'))}",
-                f"ratio {_small(ratio.get('relay_wal_per_row'))}; total with the writers' {_fmt(ratio.get('total_wal_per_row'))}; "
+                f"ratio {_ratio(r, f'{mode}/relay_wal_per_row', ratio.get('relay_wal_per_row'))}; total with the "
+                f"writers' {_fmt(ratio.get('total_wal_per_row'))}; "
                 f"drain {_fmt(cursor.get('rows_per_s'))} / {_fmt(mark.get('rows_per_s'))} rows/s "
-                f"(ratio {_fmt(ratio.get('drain_rate'))}) (docs/primary-cost.md)",
-                "relay WAL ≤ 0.5x, drain ≥ 1x (issue #37)",
+                f"(ratio {_ratio(r, f'{mode}/rows_per_s', ratio.get('drain_rate'))}) (docs/primary-cost.md)",
+                _target(
+                    r, "relay WAL ≤ 0.5x, drain ≥ 1x (issue #37)", f"{mode}/relay_wal_per_row", f"{mode}/rows_per_s"
+                ),
             )
         )
         if cursor.get("pg_relay_cpu_s_per_100k") is not None:
@@ -368,7 +500,8 @@ def _cursor_relay_rows(r: dict[str, Any]) -> list[tuple[str, str, str, str]]:
                     f"{_fmt(cursor.get('pg_relay_cpu_s_per_100k'))} / {_fmt(mark.get('pg_relay_cpu_s_per_100k'))}",
                     f"relay side (its backends {_fmt(cursor.get('pg_relay_backends_cpu_s_per_100k'))} / "
                     f"{_fmt(mark.get('pg_relay_backends_cpu_s_per_100k'))}); with the writers' "
-                    f"{_fmt(cursor.get('pg_total_cpu_s_per_100k'))} / {_fmt(mark.get('pg_total_cpu_s_per_100k'))} "
+                    f"{_fmt(cursor.get('pg_total_cpu_s_per_100k'))} / {_fmt(mark.get('pg_total_cpu_s_per_100k'))}; "
+                    f"relay side cursor / mark {_ratio(r, f'{mode}/pg_relay_cpu_s_per_100k', ratio.get('pg_relay_cpu_per_row'))} "
                     "(docs/primary-cost.md)",
                     "≤ Debezium's (issue #37)",
                 )
@@ -386,6 +519,11 @@ def _mb(v: Any) -> Any:
 
 
 def _debezium_rows(r: dict[str, Any]) -> list[tuple[str, str, str, str]]:
+    """bench_debezium.py: not yet converted to paired repeats (bench/spread.py): its ratios are of medians."""
+    return [(a, b, f"{c} ({PENDING})" if c else c, d) for a, b, c, d in _debezium_median_rows(r)]
+
+
+def _debezium_median_rows(r: dict[str, Any]) -> list[tuple[str, str, str, str]]:
     n = _get(r, "setup", "rows") or 0
     size = f"{n / 1e6:g}M" if n >= 1_000_000 else f"{n // 1000}k"
     modes = ("at_least_once", "sequenced", "debezium")
@@ -527,7 +665,12 @@ def _debezium_cursor_rows(r: dict[str, Any], size: str) -> list[tuple[str, str, 
 
 
 def _reader_memory_rows(r: dict[str, Any]) -> list[tuple[str, str, str, str]]:
-    """bench_reader_memory.py: each reader's peak RSS per process at the smallest and largest topic."""
+    """bench_reader_memory.py: each reader's peak RSS per process at the smallest and largest topic; one run
+    per size (its growth ratios have no range: bench/spread.py's pairing does not apply to a single run)."""
+    return [(a, b, f"{c} (single run, range pending)", d) for a, b, c, d in _reader_memory_single_rows(r)]
+
+
+def _reader_memory_single_rows(r: dict[str, Any]) -> list[tuple[str, str, str, str]]:
     sizes = r.get("sizes") or {}
     if len(sizes) < 2:
         return []
@@ -609,7 +752,8 @@ def _latency_rows(r: dict[str, Any]) -> list[tuple[str, str, str, str]]:
                         f"receipt at {rate} rows/s, p50 / p99 / p99.9 / max (ms)",
                         four(d),
                         f"{_fmt(ratio.get('p50'))}x / {_fmt(ratio.get('p99'))}x / {_fmt(ratio.get('p99_9'))}x / "
-                        f"{_fmt(ratio.get('max'))}x Kafka alone; above p99, "
+                        f"{_fmt(ratio.get('max'))}x Kafka alone (p99 over Kafka alone's: "
+                        f"{_ratio(r, f'{rate}/{config}/{kind}/p99') if _figure(r, f'{rate}/{config}/{kind}/p99') else 'single run, range pending'}); above p99, "
                         f"{_fmt(_get(d, 'above_p99', 'commit_to_produce_share'))} of the time before produce; "
                         f"lost {_fmt(d.get('lost'))}",
                         "",
@@ -625,8 +769,9 @@ ROWS: dict[str, Callable[[dict[str, Any]], list[tuple[str, str, str, str]]]] = {
             f"Sequencer queue+step ({r.get('sequencer_implementation', 'python')}), 16 producers, txns of 100, "
             "ring 8192 (msg/s)",
             _fmt(r.get("msgs_per_s_median")),
-            f"ratio to envelope-construction loop {_fmt(r.get('ratio_sequencer_to_baseline'))}; "
-            f"{_fmt(r.get('ratio_to_pure_python'))}x the pure-Python one ({_fmt(r.get('pure_python_msgs_per_s_median'))})",
+            f"ratio to envelope-construction loop {_ratio(r, 'baseline', r.get('ratio_sequencer_to_baseline'))}; "
+            f"ratio to the pure-Python one ({_fmt(r.get('pure_python_msgs_per_s_median'))}) "
+            f"{_ratio(r, 'pure_python', r.get('ratio_to_pure_python'))}",
             "≥ 300,000 msg/s",
         ),
         (
@@ -648,6 +793,7 @@ ROWS: dict[str, Callable[[dict[str, Any]], list[tuple[str, str, str, str]]]] = {
     "pipeline": lambda r: _pipeline_rows(r),
     "wal": lambda r: _wal_rows(r),
     "cursor_relay": lambda r: _cursor_relay_rows(r),
+    "relay_limit": lambda r: _relay_limit_rows(r),
     "debezium": lambda r: _debezium_rows(r),
     "reader_memory": lambda r: _reader_memory_rows(r),
     "latency": lambda r: _latency_rows(r),
@@ -655,17 +801,18 @@ ROWS: dict[str, Callable[[dict[str, Any]], list[tuple[str, str, str, str]]]] = {
         (
             f"ReadCommittedIter.poll_batch, {_fmt(r.get('records_committed'))} records, txns of {r.get('txn_size')} (msg/s)",
             _fmt(r.get("committed_median_per_s")),
-            f"ratio to plain confluent consumer {_fmt(r.get('ratio'))} "
-            f"(per Python CPU second: {_fmt(r.get('cpu_ratio'))}); reader peak RSS "
+            f"ratio to plain confluent consumer {_ratio(r, 'poll_batch', r.get('ratio'))} "
+            f"(per Python CPU second: {_ratio(r, 'poll_batch_cpu', r.get('cpu_ratio'))}); reader peak RSS "
             f"{_fmt((r.get('reader_peak_rss_mb_by_quarter') or [None])[-1])} MB "
             f"({_fmt(r.get('reader_peak_rss_vs_raw'))} of the plain consumer's), Python heap peak "
             f"{_fmt((r.get('reader_heap_peak_mb_by_quarter') or [None])[-1])} MB",
-            "ratio ≥ 0.95",
+            _target(r, "ratio ≥ 0.95", "poll_batch"),
         ),
         (
             "ReadCommittedIter, one poll() per record (msg/s)",
             _fmt(r.get("committed_poll_median_per_s")),
-            f"ratio {_fmt(r.get('ratio_poll'))} (per Python CPU second: {_fmt(r.get('cpu_ratio_poll'))})",
+            f"ratio {_ratio(r, 'poll', r.get('ratio_poll'))} (per Python CPU second: "
+            f"{_ratio(r, 'poll_cpu', r.get('cpu_ratio_poll'))})",
             "",
         ),
     ],
@@ -673,10 +820,10 @@ ROWS: dict[str, Callable[[dict[str, Any]], list[tuple[str, str, str, str]]]] = {
         (
             f"Spark readCommitted batch, {_fmt(r.get('records'))} records (rows/s)",
             _fmt(r.get("readCommitted_median_rows_per_s")),
-            f"ratio to raw Spark Kafka read + count {_fmt(r.get('ratio_median'))}; written to the noop sink, to "
-            f"a raw read written there {_fmt(r.get('ratio_noop_median'))}; through source='spark' "
-            f"{_fmt(r.get('ratio_spark_source_median'))}",
-            "ratio ≥ 0.9; noop ≥ 1",
+            f"ratio to raw Spark Kafka read + count {_ratio(r, 'readCommitted', r.get('ratio_median'))}; written to "
+            f"the noop sink, to a raw read written there {_ratio(r, 'readCommitted_noop', r.get('ratio_noop_median'))}; "
+            f"through source='spark' {_ratio(r, 'spark_source', r.get('ratio_spark_source_median'))}",
+            _target(r, "ratio ≥ 0.9; noop ≥ 1", "readCommitted", "readCommitted_noop"),
         )
     ],
     "spark_stream": lambda r: (
@@ -687,10 +834,11 @@ ROWS: dict[str, Callable[[dict[str, Any]], list[tuple[str, str, str, str]]]] = {
                     f"{_fmt(_get(r, 'last_run_batch_durations_ms', 'readCommittedStream_state_location', 'micro_batches'))} "
                     "micro-batches (rows/s)",
                     _fmt(r.get("state_location_median_rows_per_s")),
-                    f"ratio to Spark's raw Kafka stream, same sink {_fmt(r.get('state_location_ratio_median'))}; state files "
+                    "ratio to Spark's raw Kafka stream, same sink "
+                    f"{_ratio(r, 'state_location', r.get('state_location_ratio_median'))}; state files "
                     f"left: {_fmt(_get(r, 'state_location_files_after_last_run', 'files'))} "
                     f"({_fmt(_get(r, 'state_location_files_after_last_run', 'bytes'))} bytes)",
-                    "ratio ≥ 0.9",
+                    _target(r, "ratio ≥ 0.9", "state_location"),
                 )
             ]
             if r.get("state_location_median_rows_per_s")
@@ -701,9 +849,10 @@ ROWS: dict[str, Callable[[dict[str, Any]], list[tuple[str, str, str, str]]]] = {
                 f"Spark readCommittedStream (state store), availableNow, {_fmt(r.get('records'))} records in "
                 f"{_fmt(_get(r, 'last_run_batch_durations_ms', 'readCommittedStream', 'micro_batches'))} micro-batches (rows/s)",
                 _fmt(r.get("readCommittedStream_median_rows_per_s")),
-                f"ratio to Spark's raw Kafka stream, same sink {_fmt(r.get('ratio_median'))}"
+                f"ratio to Spark's raw Kafka stream, same sink {_ratio(r, 'state_store', r.get('ratio_median'))}"
                 + (
-                    f" (raw stream through a pass-through mapInArrow: {_fmt(r.get('passthrough_ratio_median'))})"
+                    " (raw stream through a pass-through mapInArrow: "
+                    f"{_ratio(r, 'passthrough', r.get('passthrough_ratio_median'))})"
                     if r.get("passthrough_ratio_median") is not None
                     else ""
                 ),
@@ -721,18 +870,27 @@ ROWS: dict[str, Callable[[dict[str, Any]], list[tuple[str, str, str, str]]]] = {
         (
             f"Stasher stash_many (COPY), {_fmt(r.get('rows_per_transaction'))} rows per transaction (rows/s)",
             _fmt(r.get("stash_many_median_rows_per_s")),
-            f"{_fmt(r.get('speedup_median'))}x one INSERT per record "
-            f"({_fmt(r.get('single_median_rows_per_s'))} rows/s)",
+            f"ratio to one INSERT per record ({_fmt(r.get('single_median_rows_per_s'))} rows/s) "
+            f"{_ratio(r, 'stash_many', r.get('speedup_median'))}",
             "much faster than one INSERT each",
         )
     ],
 }
 
 
-def run(name: str, quick: bool) -> dict[str, Any]:
-    script, full, small = BENCHES[name]
+def bench_args(name: str, size: str) -> list[str]:
+    """The script's arguments at ``size``: "full", "quick" or "check"."""
+    _script, full, small = BENCHES[name]
+    if size == "check":
+        return [*small, *CHECK[name]]
+    return small if size == "quick" else full
+
+
+def run(name: str, size: str) -> dict[str, Any]:
+    script = BENCHES[name][0]
+    args = bench_args(name, size)
     # As a module of the bench package, from the root: its imports are ``bench.<module>``, no path set-up.
-    cmd = [sys.executable, "-m", f"bench.{Path(script).stem}", *(small if quick else full)]
+    cmd = [sys.executable, "-m", f"bench.{Path(script).stem}", *args]
     print(f"[bench] {name}: {' '.join(cmd[1:])}", file=sys.stderr, flush=True)
     started = time.monotonic()
     proc = subprocess.run(cmd, cwd=ROOT, stdout=subprocess.PIPE, text=True)
@@ -742,6 +900,7 @@ def run(name: str, quick: bool) -> dict[str, Any]:
     if not match:
         raise SystemExit(f"[bench] {name} printed no JSON object at the end of its output")
     result = json.loads(match.group(0))
+    result["run"] = {"date": time.strftime("%Y-%m-%d"), "size": size, "args": args}
     print(f"[bench] {name}: done in {time.monotonic() - started:.0f}s", file=sys.stderr, flush=True)
     return result
 
@@ -768,19 +927,116 @@ def machine() -> dict[str, Any]:
     }
 
 
+def effective_args(args: list[str]) -> list[str]:
+    """A command line as the script sees it: an option given twice (the check size appends to the quick
+    workload) keeps its last value, in the place it first appeared."""
+    out: dict[str, str | None] = {}
+    i = 0
+    while i < len(args):
+        has_value = i + 1 < len(args) and not args[i + 1].startswith("--")
+        out[args[i]] = args[i + 1] if has_value else None
+        i += 2 if has_value else 1
+    return [x for k, v in out.items() for x in ((k, v) if v is not None else (k,))]
+
+
+def _runs_table(results: dict[str, dict[str, Any]]) -> list[str]:
+    """One row per benchmark whose result records its spread: when, on what, how loaded, how repeated."""
+    rows = []
+    for name, r in results.items():
+        sp = r.get("spread")
+        if not isinstance(sp, dict):
+            continue
+        m = sp.get("machine") or {}
+        load = "–".join(f"{(x or [None])[0]}" for x in (m.get("load_average_start"), m.get("load_average_end")))
+        run_ = r.get("run") or {}
+        rows.append(
+            f"| {name} | {run_.get('date', 'n/a')} | {run_.get('size', 'n/a')}: "
+            f"`{' '.join(effective_args(run_.get('args') or [])) or '(defaults)'}` "
+            f"| {m.get('cores')} × {m.get('cpu_model')} | {load} | {sp.get('repeats')} | {sp.get('warmup')} |"
+        )
+    if not rows:
+        return []
+    return [
+        "",
+        "Runs behind the ranges (load: the 1-minute load average at the benchmark's start and end; a load above "
+        "the core count means the runs shared the CPUs):",
+        "",
+        "| benchmark | date | size: arguments | cores × CPU | load start–end | repeats | warm-up |",
+        "|---|---|---|---|---|---|---|",
+        *rows,
+    ]
+
+
 def table(results: dict[str, dict[str, Any]], mach: dict[str, Any]) -> str:
     lines = [
-        f"Measured {mach['date']} on {mach['cpus']} cores ({mach['cpu_model'] or 'unknown CPU'}), "
-        f"{mach['memory']}, Python {mach['python']}; embedded Postgres and Kafka on the same machine. "
-        "Medians of repeated runs; full figures in `bench/results.json`.",
+        f"Table written {mach['date']} on {mach['cpus']} cores ({mach['cpu_model'] or 'unknown CPU'}), "
+        f"{mach['memory']}, Python {mach['python']}; embedded Postgres and Kafka on the same machine. Rates are "
+        "medians; each ratio is the median of one ratio per repeat pair (contestant and baseline run in "
+        "alternation), with the pairs' min–max; a ratio marked *range pending* comes from a run made before "
+        "ranges were recorded (a median of one to three runs) and has none yet. The runs behind the ranges "
+        "(date, size, machine, load) are listed below the table; a benchmark not listed there is from an "
+        "earlier run, without its load recorded. Full figures in `bench/results.json`.",
         "",
-        "| benchmark | median | compared with (same run) | target |",
+        "| benchmark | median | compared with (same run): ratio median (min–max, pairs) | target |",
         "|---|---|---|---|",
     ]
     for name, result in results.items():
         for row in ROWS[name](result):
             lines.append("| " + " | ".join(row) + " |")
+    lines += _runs_table(results)
     return "\n".join(lines)
+
+
+def references_table(refs: dict[str, dict[str, Any]]) -> list[str]:
+    """The check references (``./dev bench --check --publish`` / ``--reference``): every figure's range at
+    check size, what ``--check`` compares a re-run with."""
+    rows = []
+    for name, ref in refs.items():
+        sp, run_ = ref.get("spread") or {}, ref.get("run") or {}
+        m = sp.get("machine") or {}
+        load = "–".join(f"{(x or [None])[0]}" for x in (m.get("load_average_start"), m.get("load_average_end")))
+        for fig, f in (sp.get("figures") or {}).items():
+            verdict = f"{f['target']}: {f['verdict']}" if f.get("target") else ""
+            rows.append(
+                f"| {name}.{fig} | {f.get('what', '')} | {_num(f['median'])} ({_num(f['min'])}–{_num(f['max'])}, "
+                f"{f['pairs']} pairs) | {verdict} | {run_.get('date', 'n/a')}, "
+                f"`{' '.join(effective_args(run_.get('args') or []))}`, load {load} |"
+            )
+    if not rows:
+        return []
+    return [
+        "",
+        "",
+        "Check references: each figure's range at check size, what `./dev bench --check` compares a re-run with "
+        "([Re-running the benchmarks](#re-running-the-benchmarks)):",
+        "",
+        "| figure | ratio | median (min–max, pairs) | target: verdict | run: date, arguments, load |",
+        "|---|---|---|---|---|",
+        *rows,
+    ]
+
+
+def check_against(stored: dict[str, Any]) -> dict[str, Any]:
+    """What ``--check`` compares with, per benchmark: its check reference (same size as today's run) when
+    there is one, else the table's result (maybe of another size: the check says so)."""
+    return {**stored.get("results", {}), **stored.get("check_references", {})}
+
+
+def published_figures(results: dict[str, Any], name: str) -> dict[str, dict[str, Any]]:
+    figs = _get(results, name, "spread", "figures")
+    return figs if isinstance(figs, dict) else {}
+
+
+def check_report(name: str, today: dict[str, Any], published: dict[str, Any]) -> list[Check]:
+    """Per figure of ``name``: today's against the published one (both sides' figures, sorted)."""
+    now, pub = published_figures({name: today}, name), published_figures(published, name)
+    out = [check(f"{name}.{fig}", now.get(fig), pub.get(fig)) for fig in sorted(now.keys() | pub.keys())]
+    was, is_ = (effective_args(_get(r, "run", "args") or []) for r in (published.get(name), today))
+    if pub and was != is_:
+        # a ratio can move with the workload (fixed costs weigh more in a small one): say so, per line
+        note = f" [published from {_get(published, name, 'run', 'size') or 'a'} run, arguments {was}]"
+        out = [Check(c.figure, c.inside, c.reason + note) if c.inside is not None else c for c in out]
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -789,26 +1045,89 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--quick", action="store_true", help="small workloads; does not update docs/benchmarks.md or results"
     )
+    parser.add_argument(
+        "--check",
+        action="store_true",
+        help="re-run quickly (quick workloads, 5 repeats) and compare each ratio with its published range; "
+        "exit 1 if one falls outside",
+    )
+    parser.add_argument(
+        "--publish",
+        action="store_true",
+        help="with --check: also publish today's figures (the table's results and the check reference)",
+    )
+    parser.add_argument(
+        "--reference",
+        action="store_true",
+        help="with --check: store today's figures as the check reference only (the table keeps its results)",
+    )
+    parser.add_argument(
+        "--table-only", action="store_true", help="run nothing: rewrite docs/benchmarks.md's table from results.json"
+    )
     args = parser.parse_args(argv)
-    names = args.names or list(BENCHES)
-    results = {name: run(name, args.quick) for name in names}
+    if args.table_only:
+        stored = json.loads(RESULTS.read_text())
+        write_table(stored["results"], stored["machine"], stored.get("check_references", {}))
+        return 0
+    if (args.publish or args.reference) and not args.check:
+        parser.error("--publish and --reference go with --check (a full-size run publishes by itself)")
+    if args.publish and args.reference:
+        parser.error("--publish already stores the check reference; give one of --publish, --reference")
+    if args.check and args.quick:
+        parser.error("--check runs its own size (quick workloads, 5 repeats); drop --quick")
+    if args.check:
+        unchecked = [n for n in args.names if n not in CHECK]
+        if unchecked:
+            parser.error(f"{', '.join(unchecked)}: no paired ratios to check; checkable: {', '.join(CHECK)}")
+    names = args.names or list(CHECK if args.check else BENCHES)
+    size = "check" if args.check else "quick" if args.quick else "full"
+    previous = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
+    results = {name: run(name, size) for name in names}
     mach = machine()
     md = table(results, mach)
     print(md)
     if args.quick:
+        print(
+            f"[bench] --quick: 2 repeat pairs per figure (the default is {DEFAULT_REPEATS}); a smoke run, its "
+            "ranges are not comparable with the published ones, nothing written",
+            file=sys.stderr,
+        )
         return 0
-    previous = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
-    merged = {**previous.get("results", {}), **results}
-    RESULTS.write_text(json.dumps({"machine": mach, "results": merged}, indent=2) + "\n")
+    failed = 0
+    if args.check:
+        print(f"\nRe-run check ({mach['cpus']} cores, {mach['cpu_model'] or 'unknown CPU'}, load {load_average()}):")
+        for name in names:
+            for c in check_report(name, results[name], check_against(previous)):
+                mark = {True: "inside ", False: "OUTSIDE", None: "-      "}[c.inside]
+                print(f"  {mark} {c.figure}: {c.reason}")
+                failed += c.inside is False
+        print(
+            f"{failed} figure(s) outside their published range"
+            if failed
+            else "every figure with a published range is inside it"
+        )
+        if not (args.publish or args.reference):
+            return 1 if failed else 0
+    merged = {**previous.get("results", {}), **({} if args.reference else results)}
+    refs = dict(previous.get("check_references", {}))
+    if args.check:
+        refs.update({n: {"run": r.get("run"), "spread": r.get("spread")} for n, r in results.items()})
+    RESULTS.write_text(
+        json.dumps({"machine": mach, "results": merged, "check_references": refs}, indent=2, ensure_ascii=False) + "\n"
+    )
+    write_table(merged, mach, refs)
+    return 1 if failed else 0
+
+
+def write_table(merged: dict[str, Any], mach: dict[str, Any], refs: dict[str, Any]) -> None:
     text = TABLE_PAGE.read_text()
     if BEGIN in text and END in text:
         head, rest = text.split(BEGIN, 1)
         _, tail = rest.split(END, 1)
-        TABLE_PAGE.write_text(
-            f"{head}{BEGIN}\n{table({k: merged[k] for k in BENCHES if k in merged}, mach)}\n{END}{tail}"
-        )
+        md = table({k: merged[k] for k in BENCHES if k in merged}, mach)
+        md += "\n".join(references_table({k: refs[k] for k in BENCHES if k in refs}))
+        TABLE_PAGE.write_text(f"{head}{BEGIN}\n{md}\n{END}{tail}")
         print(f"[bench] docs/benchmarks.md and {RESULTS.relative_to(ROOT)} updated", file=sys.stderr)
-    return 0
 
 
 if __name__ == "__main__":

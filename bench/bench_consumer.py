@@ -15,7 +15,8 @@ in the same run and alternating, reads them all ``--runs`` times:
   committed records (ACKs filtered out), once with ``poll_batch(2000)``
   ("batch", the headline ratio) and once per ``poll()``.
 
-Prints JSON: median records/s of both, the ratio (target >= 0.95, issue #35), and memory:
+Prints JSON: median records/s of both, the ratio (target >= 0.95, issue #35) with its spread (a ratio
+per repeat pair, ``--runs`` pairs after ``--warmup`` untimed passes; bench/spread.py), and memory:
 the peak RSS of a reader *process* (a fresh child interpreter that only reads),
 at half and at all of the N records, next to a plain consumer's in the same
 kind of child: bounded by the consume batch, the ring and librdkafka's fetch
@@ -51,6 +52,8 @@ from typing import Any
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
 
+from bench import targets
+from bench.spread import DEFAULT_REPEATS, Recorder
 from harvest_outbox.consumer import ReadCommittedIter
 from harvest_outbox.consumer.config import PREFETCH_DEFAULTS
 from harvest_outbox.harvest_local import LocalServices
@@ -355,7 +358,8 @@ def main() -> int:
     ap.add_argument("--partitions", type=int, default=8)
     ap.add_argument("--txn", type=int, default=1000)
     ap.add_argument("--ring", type=int, default=8192)
-    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--runs", type=int, default=DEFAULT_REPEATS, help="repeat pairs (plain consumer, reader)")
+    ap.add_argument("--warmup", type=int, default=1, help="untimed passes of each before the repeats")
     ap.add_argument("--value-size", type=int, default=100)
     ap.add_argument(
         "--batch",
@@ -373,6 +377,9 @@ def main() -> int:
         _reader_child(args.bootstrap, args.topic, args.partitions, args.records, args.ring, args.batch, args.child)
         return 0
 
+    recorder = Recorder(
+        args.runs, f"{args.warmup} untimed pass(es) of each reader after the write", targets.for_bench("consumer")
+    )
     with LocalServices() as services:
         bootstrap = services.endpoints.kafka_bootstrap
         topic = f"bench_consumer_{uuid.uuid4().hex[:8]}"
@@ -385,16 +392,27 @@ def main() -> int:
         rates: dict[str, list[float]] = {"batch": [], "poll": []}
         cpus: dict[str, list[float]] = {"batch": [], "poll": []}
         stats: dict[str, dict[str, int]] = {}
-        for _ in range(args.runs):
+        for _ in range(args.warmup):  # untimed: the broker's page cache and the reader's first allocations
+            raw_pass(bootstrap, topic, args.partitions, total, args.batch)
+            committed_pass(bootstrap, topic, args.records, args.ring, "batch", args.batch)
+
+        def plain() -> None:
             rate, cpu_rate = raw_pass(bootstrap, topic, args.partitions, total, args.batch)
             raw.append(rate)
             raw_cpu.append(cpu_rate)
+
+        def reader() -> None:
             for mode in ("batch", "poll"):
                 rate, cpu_rate, stats[mode] = committed_pass(
                     bootstrap, topic, args.records, args.ring, mode, args.batch
                 )
                 rates[mode].append(rate)
                 cpus[mode].append(cpu_rate)
+
+        for n in range(args.runs):
+            # one pair per repeat, the order swapped each repeat (bench/spread.py's alternate())
+            for side in (plain, reader) if n % 2 == 0 else (reader, plain):
+                side()
         rss: dict[str, object] = {}
         if not args.no_rss:
             # Each in a fresh interpreter, so a peak is that reader's alone (this process also wrote).
@@ -464,6 +482,13 @@ def main() -> int:
     }
     if breakdown is not None:
         out["stages_python_cpu_ns_per_record"] = breakdown
+    recorder.figure("poll_batch", rates["batch"], raw, "ReadCommittedIter.poll_batch / plain consumer, records/s")
+    recorder.figure("poll", rates["poll"], raw, "ReadCommittedIter.poll / plain consumer, records/s")
+    recorder.figure(
+        "poll_batch_cpu", cpus["batch"], raw_cpu, "poll_batch / plain consumer, records per Python-thread CPU s"
+    )
+    recorder.figure("poll_cpu", cpus["poll"], raw_cpu, "poll / plain consumer, records per Python-thread CPU s")
+    out["spread"] = recorder.report()
     print(json.dumps(out, indent=2))
     return 0
 

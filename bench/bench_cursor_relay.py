@@ -1,7 +1,7 @@
 """The relay on ``outboxLayout: cursor`` (the cursor layout, issue #37) against today's (``mark``), side by
 side in one run: drain rate and WAL per row on the primary. Not a test.
 
-    python -m bench.bench_cursor_relay [--rows 200000] [--runs 2] [--partition-ids 100000]
+    python -m bench.bench_cursor_relay [--rows 200000] [--runs 5] [--partition-ids 100000]
 
 Uses its own Postgres + Kafka (harvest_local.LocalServices; or HARVEST_PG_DSN / HARVEST_KAFKA_BOOTSTRAP).
 For each run, mode (at-least-once, ``--uuid-sequencing``) and layout, interleaved: a fresh outbox
@@ -44,10 +44,12 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
+from bench import targets
 from bench.backlog import fill_backlog
 from bench.bench_debezium import postgres_cpu_s, process_cpu_s
 from bench.bench_relay import TUNED_LIMITS, new_topic
 from bench.bench_wal import wal_stats
+from bench.spread import DEFAULT_REPEATS, Recorder
 from harvest_outbox.producer.config import HarvestConfig, Limits
 from harvest_outbox.producer.harvest import Harvest
 from harvest_outbox.producer.layouts.cursor.database import cursor_backlog
@@ -202,7 +204,7 @@ def _ratio(a: float, b: float) -> float | None:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rows", type=int, default=200_000)
-    ap.add_argument("--runs", type=int, default=2)
+    ap.add_argument("--runs", type=int, default=DEFAULT_REPEATS, help="rounds, each draining every mode and layout")
     ap.add_argument("--keys", type=int, default=1000)
     ap.add_argument("--partitions", type=int, default=8)
     ap.add_argument("--partition-ids", type=int, default=100_000)
@@ -219,14 +221,22 @@ def main() -> int:
         services = LocalServices().start()
         dsn, bootstrap = services.endpoints.pg_dsn, services.endpoints.kafka_bootstrap
     runs: dict[str, list[dict[str, Any]]] = {f"{m}/{lay}": [] for m in MODES for lay in LAYOUTS}
+    recorder = Recorder(
+        args.runs,
+        f"one discarded mark-layout drain of {args.warmup_rows} rows per mode"
+        if args.warmup_rows
+        else "none (--warmup-rows 0)",
+        targets.for_bench("cursor_relay"),
+    )
     try:
         topic = new_topic(bootstrap, args.partitions)
         for sequenced in MODES.values():
             if args.warmup_rows:
                 drain_once(dsn, bootstrap, topic, args.warmup_rows, args.keys, "mark", sequenced, args.partition_ids)
-        for _ in range(args.runs):
+        for n in range(args.runs):
             for mode, sequenced in MODES.items():
-                for layout in LAYOUTS:
+                # mark first in even rounds, cursor first in odd ones (bench/spread.py)
+                for layout in LAYOUTS if n % 2 == 0 else LAYOUTS[::-1]:
                     print(f"[bench cursor relay] {args.rows} rows, {mode}, {layout}", file=sys.stderr, flush=True)
                     runs[f"{mode}/{layout}"].append(
                         drain_once(
@@ -277,9 +287,24 @@ def main() -> int:
             ),
             "pg_total_cpu_per_row": _ratio(cursor["pg_total_cpu_s_per_100k"], mark["pg_total_cpu_s_per_100k"]),
         }
+    for mode in MODES:
+        mark_runs, cursor_runs = runs[f"{mode}/mark"], runs[f"{mode}/cursor"]
+        for key, what in (
+            ("rows_per_s", "drain rows/s"),
+            ("relay_wal_bytes_per_row", "relay WAL bytes per row"),
+            ("pg_relay_cpu_s_per_100k", "Postgres relay-side CPU per row"),
+        ):
+            if all(r[key] > 0 for r in mark_runs):
+                recorder.figure(
+                    f"{mode}/{'relay_wal_per_row' if key == 'relay_wal_bytes_per_row' else key}",
+                    [r[key] for r in cursor_runs],
+                    [r[key] for r in mark_runs],
+                    f"outboxLayout cursor / mark, {mode}, {what}",
+                )
     print(
         json.dumps(
             {
+                "spread": recorder.report(),
                 "setup": {**vars(args), "limits": TUNED_LIMITS, "cpus": os.cpu_count(), "load": os.getloadavg()},
                 "medians": medians,
                 "ratios_cursor_over_mark": ratios,

@@ -1,6 +1,6 @@
 """deadLetterPolicy benchmark (not a test): what ``haltKey`` costs a backlog drain (producer/relay/key_halt.py).
 
-    .venv/bin/python -m bench.bench_halt [--rows 50000] [--runs 3] [--dead 1000]
+    .venv/bin/python -m bench.bench_halt [--rows 50000] [--runs 5] [--dead 1000]
 
 Under ``haltKey`` every mark probes the dead-letter table for each row it claims (``NOT EXISTS`` on
 the ``(kafka_topic, kafka_key)`` index). Per mode (at-least-once, ``--uuid-sequencing``) the variants
@@ -40,7 +40,9 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
+from bench import targets
 from bench.drain import timed_drain, variant_medians
+from bench.spread import DEFAULT_REPEATS, Recorder
 from harvest_outbox.harvest_local.kafka import create_topic
 from harvest_outbox.producer.config import HarvestConfig, Limits
 from harvest_outbox.producer.harvest import Harvest
@@ -135,7 +137,7 @@ def marks(dsn: str, topic: str, rows: int, dead: int, runs: int) -> dict[str, An
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rows", type=int, default=50_000)
-    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--runs", type=int, default=DEFAULT_REPEATS)
     ap.add_argument("--dead", type=int, default=1000, help="dead letters parked in the halt_dead variant")
     ap.add_argument("--mark-runs", type=int, default=30, help="timed marks per variant (0: skip the phase)")
     ap.add_argument("--no-drains", action="store_true", help="only the mark statement")
@@ -148,6 +150,11 @@ def main() -> int:
 
         services = LocalServices().start()
         dsn, bootstrap = services.endpoints.pg_dsn, services.endpoints.kafka_bootstrap
+    recorder = Recorder(
+        args.runs,
+        "one untimed drain per mode; the variants interleaved, their order rotated each round",
+        targets.for_bench("halt"),
+    )
     report: dict[str, Any] = {
         "setup": {"rows": args.rows, "runs": args.runs, "dead": args.dead, "keys": KEYS, "partitions": PARTITIONS},
         "modes": {},
@@ -168,10 +175,11 @@ def main() -> int:
                     r = drain(dsn, bootstrap, topic, args.rows, args.dead, sequenced, variant)
                     print(f"[bench halt] {name} {variant}: {r}", file=sys.stderr, flush=True)
                     runs[variant].append(r)
-            report["modes"][name] = variant_medians(runs, "skip")
+            report["modes"][name] = variant_medians(runs, "skip", recorder=recorder, prefix=f"{name}/")
     finally:
         if services is not None:
             services.stop()
+    report["spread"] = recorder.report()
     print(json.dumps(report, indent=2))
     return 0
 

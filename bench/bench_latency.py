@@ -37,6 +37,11 @@ separated: a ``LogAppendTime`` topic replaces CreateTime, so one record cannot c
 holds the producer's linger, the broker's append and replication, and the consumer's fetch, and Kafka alone's
 produce -> receipt is that path's own figure for comparison.
 
+Repeats: ``--repeats`` (default 5) runs of Kafka alone and of every configuration per rate, interleaved (Kafka
+alone first in even repeats, last in odd ones); each configuration's p99 over Kafka alone's is taken per repeat
+(bench/spread.py: the JSON's ``spread``), and the published percentiles are each configuration's repeat of median
+p99. ``--quick``: 3 repeats.
+
 Figures per run: p50 / p99 / p99.9 / max of commit -> receipt (ms) over the rows committed in the window;
 rows lost (committed in the window, not received before the deadline); the writer's achieved rate and worst
 lag behind its schedule; the relay process's CPU share of one core over the writer's run; the same
@@ -68,7 +73,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from bench import broker_view
+from bench import broker_view, targets
+from bench.spread import DEFAULT_REPEATS, Recorder
 from harvest_outbox.harvest_local.jvm import VARIABLE as JVM_VARIABLE
 
 LAYOUTS = ("mark", "cursor")
@@ -79,7 +85,7 @@ PROBE_KEYS = 16
 PARTITIONS = 8
 DSN_VAR = "BENCH_LATENCY_DSN"
 WRITER_RATE = 1000  # rows/s per writer process by default (one connection, one row per transaction)
-QUICK = {"rates": "500", "seconds": 5.0, "warmup": 2.0, "warm_records": 100_000}
+QUICK = {"rates": "500", "seconds": 5.0, "warmup": 2.0, "warm_records": 100_000, "repeats": 3}
 
 
 # ----------------------------------------------------------------------------- figures (pure)
@@ -625,6 +631,12 @@ def run_relay(
     return result
 
 
+def _median_run(runs: list[dict[str, Any]], key: Callable[[dict[str, Any]], float | None]) -> dict[str, Any]:
+    """The run whose ``key`` is the median of ``runs`` (the upper one of an even count); runs without it last."""
+    ranked = sorted(runs, key=lambda r: (key(r) is None, key(r) or 0.0))
+    return {**ranked[len(ranked) // 2], "repeats": len(runs)}
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] in ("writer", "kafka-writer", "consumer"):
@@ -643,6 +655,12 @@ def main(argv: list[str] | None = None) -> int:
         type=int,
         default=0,
         help=f"writer processes sharing the rate (default: one per {WRITER_RATE:,} rows/s)",
+    )
+    ap.add_argument(
+        "--repeats",
+        type=int,
+        default=DEFAULT_REPEATS,
+        help="runs of Kafka alone and of each configuration, interleaved (ratios per repeat pair)",
     )
     ap.add_argument("--worst", type=int, default=10, help="rows in each run's timeline of the slowest")
     ap.add_argument("--quick", action="store_true", help=f"a smoke run: {QUICK} unless given")
@@ -674,41 +692,71 @@ def main(argv: list[str] | None = None) -> int:
     warm_s = None
     cpu = broker_view.CpuSampler().start()
     requests = broker_view.BrokerRequests(request_log) if request_log is not None else None
-    windows: list[tuple[dict[str, Any], float, float]] = []  # (a run's result, start, end) to attribute at the end
+    recorder = Recorder(
+        args.repeats,
+        f"{args.warm_records:,} records produced untimed first; each run's first {args.warmup:g} s left out",
+        targets.for_bench("latency"),
+    )
     try:
         print(f"[bench latency] broker warm-up: {args.warm_records} records (untimed)", file=sys.stderr, flush=True)
         warm_s = warm_broker(bootstrap, args.warm_records)
         for rate in rates:
             key = f"{rate:g}"
-            print(f"[bench latency] {key} rows/s: Kafka alone", file=sys.stderr, flush=True)
-            began = time.time()
-            kafka = run_kafka(bootstrap, workdir, rate, args)
-            windows.append((kafka, began, time.time()))
-            if requests is not None:
-                requests.take()
-            results[key] = {"kafka": kafka}
+            repeats: dict[str, list[dict[str, Any]]] = {"kafka": [], **{c: [] for c in configs}}
+            for n in range(args.repeats):
+                # Kafka alone first in even repeats, last in odd ones (bench/spread.py): drift hits both
+                for config in ["kafka", *configs] if n % 2 == 0 else [*configs, "kafka"]:
+                    print(f"[bench latency] {key} rows/s, repeat {n + 1}: {config}", file=sys.stderr, flush=True)
+                    here = workdir / f"repeat-{n + 1}"  # each run's folder is named for its config and rate
+                    began = time.time()
+                    if config == "kafka":
+                        run = run_kafka(bootstrap, here, rate, args)
+                    else:
+                        run = run_relay(dsn, bootstrap, here, rate, config, args)
+                    repeats[config].append(run)
+                    if requests is not None:
+                        requests.take()  # this run's request log lines (and the log emptied)
+                    attribute(run, requests, cpu, began, time.time())
+            kafka_runs = repeats["kafka"]
             for config in configs:
-                print(f"[bench latency] {key} rows/s: {config}", file=sys.stderr, flush=True)
-                began = time.time()
-                r = run_relay(dsn, bootstrap, workdir, rate, config, args)
-                windows.append((r, began, time.time()))
-                if requests is not None:
-                    requests.take()
+                for r, kafka in zip(repeats[config], kafka_runs, strict=True):
+                    for kind in ("plain", "read_committed"):
+                        if kind in r:
+                            r[kind]["to_kafka_alone"] = ratios(r[kind], kafka)
                 for kind in ("plain", "read_committed"):
-                    if kind in r:
-                        r[kind]["to_kafka_alone"] = ratios(r[kind], kafka)
-                results[key][config] = r
+                    pairs = [
+                        (r[kind]["p99_ms"], k["p99_ms"])
+                        for r, k in zip(repeats[config], kafka_runs, strict=True)
+                        if kind in r and r[kind].get("p99_ms") is not None and k.get("p99_ms")
+                    ]
+                    if len(pairs) == args.repeats:
+                        recorder.figure(
+                            f"{key}/{config}/{kind}/p99",
+                            [a for a, _ in pairs],
+                            [b for _, b in pairs],
+                            f"commit -> receipt p99, harvest {config} ({kind}) / Kafka alone's, {key} rows/s",
+                        )
+            # the published percentiles: each configuration's repeat of median p99 (one run's coherent
+            # figures, not a mix), beside its Kafka-alone repeat of the same round
+            results[key] = {"kafka": _median_run(kafka_runs, lambda r: r.get("p99_ms"))}
+            for config in configs:
+                results[key][config] = _median_run(repeats[config], lambda r: (r.get("plain") or {}).get("p99_ms"))
     finally:
         cpu.stop()
         if services is not None:
             services.stop()
-        for result, began, ended in windows:
-            attribute(result, requests, cpu, began, ended)
         if tmp is not None:
             tmp.cleanup()
     setup = {k: v for k, v in vars(args).items() if k != "workdir"}
     print(
-        json.dumps({"setup": {**setup, "cpus": os.cpu_count(), "broker_warmup_s": warm_s}, "rates": results}, indent=2)
+        json.dumps(
+            {
+                "setup": {**setup, "cpus": os.cpu_count(), "broker_warmup_s": warm_s},
+                "rates": results,
+                "spread": recorder.report(),
+            },
+            indent=2,
+        )
     )
     return 0
 

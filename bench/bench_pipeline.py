@@ -18,14 +18,15 @@ micro-batches' durations from its progress lines, excluding the JVM's start). Th
 ratios is the relay's drain rate, measured in the same run. ``--repeat`` repeats the whole run on
 fresh tables and topic (medians are quoted).
 
-Both table formats (``--formats parquet,delta``) run in each repeat, one after the other, each on a
-backlog and topic of its own: Delta (``--format delta``: micro-batches collected to the driver as Arrow
-and written by delta-rs) is compared with Parquet (Spark's file sink) in the same run, end to end and
-alone (``ratio_delta_vs_parquet``; target >= 0.8). Memory: the driver's peak, sampled every 0.25 s over
-its process group (the Python driver, its JVM with the local executors, the Python workers), and the
-Python driver's own high-water mark (``VmHWM``: where Delta's collected micro-batches live).
+Both table formats (``--formats parquet,delta``) run in each repeat, one after the other (the order swapped
+each repeat), each on a backlog and topic of its own: Delta (``--format delta``: micro-batches collected to the
+driver as Arrow and written by delta-rs) is compared with Parquet (Spark's file sink) in the same run, end to
+end and alone (``ratio_delta_vs_parquet``; target >= 0.8; per repeat pair in ``spread``). Memory: the driver's
+peak, sampled every 0.25 s over its process group (the Python driver, its JVM with the local executors, the
+Python workers), and the Python driver's own high-water mark (``VmHWM``: where Delta's collected
+micro-batches live).
 
-Usage: python -m bench.bench_pipeline [--rows 1000000] [--repeat 1] [--formats parquet,delta]. Prints JSON.
+Usage: python -m bench.bench_pipeline [--rows 1000000] [--repeat 5] [--formats parquet,delta]. Prints JSON.
 Not a test.
 """
 
@@ -46,6 +47,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from bench.spread import DEFAULT_REPEATS, Recorder
 from harvest_outbox.harvest_local import LocalServices
 from harvest_outbox.harvest_local.kafka import create_topic
 from harvest_outbox.harvest_local.pipeline_process import PipelineProcess
@@ -264,7 +266,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, default=1_000_000, help="backlog rows (default 1000000)")
     parser.add_argument("--keys", type=int, default=1000, help="distinct keys (default 1000)")
-    parser.add_argument("--repeat", type=int, default=1, help="whole runs (default 1; medians)")
+    parser.add_argument(
+        "--repeat", type=int, default=DEFAULT_REPEATS, help=f"whole runs (default {DEFAULT_REPEATS}; medians)"
+    )
     parser.add_argument("--formats", default="parquet,delta", help="table formats, in this order (default both)")
     parser.add_argument("--timeout", type=float, default=1800.0, help="seconds per stage wait (default 1800)")
     args = parser.parse_args()
@@ -272,10 +276,12 @@ def main() -> int:
     if not formats or any(f not in ("parquet", "delta") for f in formats):
         parser.error(f"--formats {args.formats!r}: pass parquet, delta or both, comma-separated")
     logging.basicConfig(level=logging.WARNING)
+    recorder = Recorder(args.repeat, "none: the pipeline is started and idle before each run's commit")
     runs: dict[str, list[dict[str, Any]]] = {f: [] for f in formats}
     with LocalServices() as services, tempfile.TemporaryDirectory(prefix="bench-pipeline-") as tmp:
         for i in range(args.repeat):
-            for fmt in formats:
+            # the order swapped each repeat (bench/spread.py): drift hits both formats
+            for fmt in formats if i % 2 == 0 else formats[::-1]:
                 work = Path(tmp) / f"run-{i}-{fmt}"
                 work.mkdir()
                 runs[fmt].append(
@@ -289,6 +295,21 @@ def main() -> int:
                         fmt,
                     )
                 )
+    for fmt, rs in runs.items():
+        # relay and pipeline run concurrently within a run: each run is its own pair
+        recorder.figure(
+            f"{fmt}/end_to_end_to_relay",
+            [r["rows_per_s"]["events"] for r in rs],
+            [r["rows_per_s"]["relay"] for r in rs],
+            f"commit -> {fmt} event table / the relay's drain, same run, rows/s",
+        )
+    if "parquet" in runs and "delta" in runs:
+        recorder.figure(
+            "delta_vs_parquet",
+            [r["rows_per_s"]["events"] for r in runs["delta"]],
+            [r["rows_per_s"]["events"] for r in runs["parquet"]],
+            "commit -> Delta event table / commit -> Parquet event table, same repeat, rows/s",
+        )
     summary = {fmt: _summary(r) for fmt, r in runs.items()}
     out: dict[str, Any] = {
         "benchmark": "pipeline_end_to_end",
@@ -308,6 +329,7 @@ def main() -> int:
             k: round(d[k] / p[k], 3) if p[k] else None
             for k in ("end_to_end_event_table", "end_to_end_latest_table", "pipeline_alone")
         }
+    out["spread"] = recorder.report()
     print(json.dumps(out, indent=2))
     return 0
 

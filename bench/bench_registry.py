@@ -1,7 +1,7 @@
 """Registry encoding benchmark (not a test): what Avro encoding at the relay (producer/encode/serialization.py)
 costs a backlog drain, and how often the schema id comes from the cache.
 
-    .venv/bin/python -m bench.bench_registry [--rows 50000] [--runs 3] [--modes at_least_once,sequenced]
+    .venv/bin/python -m bench.bench_registry [--rows 50000] [--runs 5] [--modes at_least_once,sequenced]
         [--variants off,off_again,avro,json_schema,protobuf]
 
 A real Apicurio Registry (harvest_local.registry) holds an Avro schema of the rows' record (an id, a
@@ -38,7 +38,9 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
+from bench import targets
 from bench.drain import timed_drain, variant_medians
+from bench.spread import DEFAULT_REPEATS, Recorder
 from harvest_outbox.harvest_local.kafka import create_topic
 from harvest_outbox.harvest_local.registry import EmbeddedRegistry
 from harvest_outbox.producer.config import HarvestConfig, Limits
@@ -164,7 +166,7 @@ VARIANTS = ("off", "off_again", "avro", "avro_worker", "json_schema", "protobuf"
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rows", type=int, default=50_000)
-    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--runs", type=int, default=DEFAULT_REPEATS)
     ap.add_argument("--modes", default="at_least_once,sequenced")
     ap.add_argument("--variants", default=",".join(VARIANTS), help="off is always measured (the baseline)")
     args = ap.parse_args()
@@ -181,6 +183,11 @@ def main() -> int:
         services = LocalServices().start()
         dsn, bootstrap = services.endpoints.pg_dsn, services.endpoints.kafka_bootstrap
     registry = EmbeddedRegistry().start()
+    recorder = Recorder(
+        args.runs,
+        "one untimed drain per mode; the variants interleaved, their order rotated each round",
+        targets.for_bench("registry"),
+    )
     report: dict[str, Any] = {
         "setup": {
             "rows": args.rows,
@@ -211,7 +218,7 @@ def main() -> int:
                     r = drain(dsn, bootstrap, registry.url, topics[variant], args.rows, sequenced, variant)
                     print(f"[bench registry] {name} {variant}: {r}", file=sys.stderr, flush=True)
                     runs[variant].append(r)
-            med = variant_medians(runs, "off")
+            med = variant_medians(runs, "off", recorder=recorder, prefix=f"{name}/")
             if "avro_worker" in runs:
                 worker = statistics.median(r["worker_cpu_s_per_100k"] for r in runs["avro_worker"])
                 med["avro_worker"]["worker_cpu_s_per_100k"] = round(worker, 2)
@@ -226,6 +233,7 @@ def main() -> int:
         registry.destroy()
         if services is not None:
             services.stop()
+    report["spread"] = recorder.report()
     print(json.dumps(report, indent=2))
     return 0
 

@@ -1,7 +1,7 @@
 """Relay benchmark (not a test): backlog drain throughput against the database's own limit,
 idle-to-delivery latency, and goharvest side by side.
 
-    .venv/bin/python -m bench.bench_relay [--rows 100000] [--big-rows 1000000] [--runs 3] [--big-runs 3]
+    .venv/bin/python -m bench.bench_relay [--rows 100000] [--big-rows 1000000] [--runs 5] [--big-runs 5]
 
 Uses the project's own Postgres + Kafka (harvest_local.LocalServices; or HARVEST_PG_DSN /
 HARVEST_KAFKA_BOOTSTRAP). Prints one JSON document:
@@ -73,7 +73,9 @@ import psycopg
 from confluent_kafka import Consumer, TopicPartition
 from psycopg import sql
 
+from bench import targets
 from bench.backlog import backlog_records, fill_backlog
+from bench.spread import DEFAULT_REPEATS, Recorder
 from harvest_outbox.harvest_local.kafka import create_topic
 from harvest_outbox.producer.config import AUTO_MARK_RECORDS, HarvestConfig, Limits
 from harvest_outbox.producer.db import id_range
@@ -507,7 +509,7 @@ def main() -> int:
     ap.add_argument("--keys", type=int, default=1000)
     ap.add_argument("--partitions", type=int, default=8)
     ap.add_argument("--runs", type=int, default=5, help="runs of the small backlog (a drain lasts under a second)")
-    ap.add_argument("--big-runs", type=int, default=3)
+    ap.add_argument("--big-runs", type=int, default=DEFAULT_REPEATS)
     ap.add_argument("--rate", type=float, default=500.0)
     ap.add_argument("--latency-seconds", type=float, default=10.0, help="the measured window of the latency phase")
     ap.add_argument(
@@ -528,6 +530,11 @@ def main() -> int:
         dsn, bootstrap = services.endpoints.pg_dsn, services.endpoints.kafka_bootstrap
     modes = {"at_least_once": False, "sequenced": True}
     settings = {"defaults": DEFAULT_LIMITS, "tuned": TUNED_LIMITS}
+    recorder = Recorder(
+        args.runs,
+        "one untimed drain and produce loop (report's setup.warmup); every figure's runs interleaved",
+        targets.for_bench("relay"),
+    )
     sizes = [(args.rows, args.runs)] + ([(args.big_rows, args.big_runs)] if args.big_rows else [])
     report: dict[str, Any] = {
         "setup": {
@@ -660,6 +667,43 @@ def main() -> int:
                 and entry["sequenced_to_at_least_once/defaults"] >= TARGET_SEQ_RATIO
             )
             report["backlogs"][str(rows)] = entry
+            # per run: the drain against the database loop (and at-least-once) of the same round
+            for sname in settings:
+                for m in modes:
+                    rates = [r["rows_per_s"] for r in drains[f"{m}/{sname}"]]
+                    recorder.figure(
+                        f"{rows}/{m}/{sname}_to_db_limit",
+                        rates,
+                        limit_runs,
+                        f"relay drain, {m}, {sname} limits / the database loop, {rows}-row backlog",
+                        target_key=f"{m}_to_db_limit" if sname == "defaults" else "",
+                    )
+                    recorder.figure(
+                        f"{rows}/{m}/{sname}_to_kafka_limit",
+                        rates,
+                        kafka_runs,
+                        f"relay drain, {m}, {sname} limits / the Kafka produce loop, {rows}-row backlog",
+                    )
+                recorder.figure(
+                    f"{rows}/{sname}/sequenced_to_at_least_once",
+                    [r["rows_per_s"] for r in drains[f"sequenced/{sname}"]],
+                    [r["rows_per_s"] for r in drains[f"at_least_once/{sname}"]],
+                    f"relay drain, sequenced / at-least-once, {sname} limits, {rows}-row backlog",
+                    target_key="sequenced_to_at_least_once" if sname == "defaults" else "",
+                )
+            if new_topic_runs:
+                recorder.figure(
+                    f"{rows}/new_topic_to_long_lived",
+                    [r["rows_per_s"] for r in new_topic_runs],
+                    [r["rows_per_s"] for r in drains["at_least_once/defaults"]],
+                    f"relay drain into a new topic / into the long-lived one, {rows}-row backlog",
+                )
+                recorder.figure(
+                    f"{rows}/new_topic_to_db_limit",
+                    [r["rows_per_s"] for r in new_topic_runs],
+                    limit_runs,
+                    f"relay drain into a new topic / the database loop, {rows}-row backlog",
+                )
         if not args.no_goharvest:
             from bench.bench_goharvest import run_goharvest
 
@@ -722,6 +766,7 @@ def main() -> int:
         for k, v in lat.items()
         if k in ("at_least_once", "sequenced")
     )
+    report["spread"] = recorder.report()
     print(json.dumps(report, indent=2))
     return 0
 

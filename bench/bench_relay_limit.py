@@ -22,9 +22,10 @@ Uses its own Postgres + Kafka (harvest_local.LocalServices; or HARVEST_PG_DSN / 
   and are discarded (a fresh embedded broker runs its first ~million records in the JVM's interpreter: see
   bench_relay's module doc).
 - Figures: rows/s and process CPU seconds per 100k rows (``time.process_time``: every thread of this
-  process, librdkafka's included) per run; per contestant the median, min and max, and per run the ratio
-  to that run's raw loop (median and range). The issue's targets are printed with a verdict: met only when
-  the whole ratio range clears the target.
+  process, librdkafka's included) per run; per contestant the median, min and max, and per round the ratio
+  to that round's raw loop (bench/spread.py: median and range in ``spread``, with the verdict against the
+  issue's targets in bench/targets.py: met only when the whole range clears it). The raw loop runs first in
+  even rounds and last in odd ones.
 """
 
 from __future__ import annotations
@@ -44,8 +45,10 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
+from bench import targets
 from bench.backlog import fill_backlog
 from bench.bench_relay import TUNED_LIMITS, new_topic
+from bench.spread import DEFAULT_REPEATS, Recorder
 from harvest_outbox.producer.config import HarvestConfig, Limits
 from harvest_outbox.producer.harvest import Harvest
 from harvest_outbox.producer.layouts.cursor.database import cursor_backlog
@@ -53,8 +56,6 @@ from harvest_outbox.producer.layouts.cursor.schema import create_partition
 from harvest_outbox.producer.schema.ddl import init_db
 
 PARTITION_IDS = 1_000_000
-#: The issue's targets: ratio to the raw loop (median) that each variant must reach.
-TARGETS = {"sequenced/defaults": 0.7, "sequenced/tuned": 0.7, "at_least_once/defaults": 0.5, "at_least_once/tuned": 0.5}
 VARIANTS: dict[str, tuple[bool, bool]] = {  # name -> (uuid_sequencing, tuned)
     "sequenced/defaults": (True, False),
     "sequenced/tuned": (True, True),
@@ -176,7 +177,7 @@ def _machine() -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rows", type=int, default=1_000_000)
-    ap.add_argument("--runs", type=int, default=5)
+    ap.add_argument("--runs", type=int, default=DEFAULT_REPEATS, help="rounds (each: raw and every variant)")
     ap.add_argument("--page", type=int, default=5000)
     ap.add_argument("--keys", type=int, default=1000)
     ap.add_argument("--partitions", type=int, default=8)
@@ -196,6 +197,9 @@ def main(argv: list[str] | None = None) -> int:
         services = LocalServices().start()
         dsn, bootstrap = services.endpoints.pg_dsn, services.endpoints.kafka_bootstrap
     machine_start = _machine()
+    recorder = Recorder(
+        args.runs, f"raw loops over {args.warmup_rows:,} rows first, discarded", targets.for_bench("relay_limit")
+    )
     producer_config = HarvestConfig(
         data_source=dsn, outbox_table="public.outbox", base_kafka_config={"bootstrap.servers": bootstrap}
     ).producer_config()
@@ -216,7 +220,8 @@ def main(argv: list[str] | None = None) -> int:
             ]
             for v in variants:
                 contestants.append((v, partial(_relay_variant, dsn, bootstrap, args.rows, VARIANTS[v])))
-            for name, run_one in contestants:
+            recorder_order = contestants if run % 2 == 0 else [*contestants[1:], contestants[0]]
+            for name, run_one in recorder_order:
                 schema, names = _outbox(dsn, topic, args.rows, args.keys)
                 _log(f"run {run + 1}/{args.runs}: {name}, {args.rows} rows")
                 try:
@@ -234,17 +239,17 @@ def main(argv: list[str] | None = None) -> int:
         },
     }
     for v in variants:
-        ratios = [r["rows_per_s"] / raw["rows_per_s"] for r, raw in zip(runs[v], runs["raw"], strict=True)]
+        raw_rates = [r["rows_per_s"] for r in runs["raw"]]
+        fig = recorder.figure(v, [r["rows_per_s"] for r in runs[v]], raw_rates, f"relay {v} / raw loop, rows/s")
         cpu = [r["cpu_s_per_100k"] / raw["cpu_s_per_100k"] for r, raw in zip(runs[v], runs["raw"], strict=True)]
-        spread = _spread(ratios)
         result[v] = {
             "rows_per_s": _spread([r["rows_per_s"] for r in runs[v]], 0),
             "cpu_s_per_100k": _spread([r["cpu_s_per_100k"] for r in runs[v]]),
-            "ratio_to_raw": spread,
+            "ratio_to_raw": {k: fig[k] for k in ("median", "min", "max")},
             "cpu_ratio_to_raw": _spread(cpu),
-            "target": TARGETS[v],
-            "met": spread["min"] >= TARGETS[v],
+            "verdict": fig.get("verdict"),
         }
+    result["spread"] = recorder.report()
     print(json.dumps(result, indent=1))
     return 0
 

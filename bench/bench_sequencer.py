@@ -27,6 +27,8 @@ import statistics
 import time
 import tracemalloc
 
+from bench import targets
+from bench.spread import Recorder
 from harvest_outbox.sequencer import (
     IMPLEMENTATION,
     Envelope,
@@ -104,22 +106,35 @@ def memory_per_producer(n: int = 20_000, cls: type = Sequencer) -> dict[str, flo
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--repeat", type=int, default=7)
+    ap.add_argument("--repeat", type=int, default=7, help="repeats, each timing all three loops")
     ap.add_argument("--txns", type=int, default=40, help="transactions per producer per run")
     args = ap.parse_args()
 
     envs = build_workload(args.txns)
     expect = len(envs)  # every message of every transaction commits
-    seq_rates, base_rates = [], []
+    recorder = Recorder(args.repeat, "one untimed pass over a quarter of the workload", targets.for_bench("sequencer"))
+    seq_rates: list[float] = []
+    base_rates: list[float] = []
+    pure_rates: list[float] = []  # the pure-Python reference on the same workload (without the native build)
     run_sequencer(envs[: len(envs) // 4])  # warm-up
-    for _ in range(args.repeat):
+
+    def native() -> None:
         elapsed, delivered = run_sequencer(envs)
         assert delivered == expect, (delivered, expect)
         seq_rates.append(len(envs) / elapsed)
+
+    def baseline() -> None:
         base_rates.append(len(envs) / run_baseline(envs))
 
-    # The pure-Python reference on the same workload (what runs without the native build).
-    pure_rates = [len(envs) / run_sequencer(envs, PySequencer)[0] for _ in range(max(1, args.repeat // 2))]
+    def pure() -> None:
+        pure_rates.append(len(envs) / run_sequencer(envs, PySequencer)[0])
+
+    for n in range(args.repeat):
+        # one of each per repeat, the order reversed each repeat (bench/spread.py's alternate())
+        for side in (native, baseline, pure) if n % 2 == 0 else (pure, baseline, native):
+            side()
+    recorder.figure("baseline", seq_rates, base_rates, "sequencer / envelope-construction loop, msg/s")
+    recorder.figure("pure_python", seq_rates, pure_rates, "this build's sequencer / the pure-Python one, msg/s")
     seq_median = statistics.median(seq_rates)
     base_median = statistics.median(base_rates)
     print(
@@ -148,6 +163,7 @@ def main() -> None:
                 "pure_python_memory": memory_per_producer(cls=PySequencer),
                 # Other processes on the machine skew wall-clock rates; see the ratio.
                 "loadavg_1min": round(os.getloadavg()[0], 2),
+                "spread": recorder.report(),
             },
             indent=2,
         )

@@ -37,6 +37,8 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
+from bench import targets
+from bench.spread import DEFAULT_REPEATS, Recorder
 from harvest_outbox.harvest_local.kafka import create_topic
 from harvest_outbox.harvest_local.relays import RelayProcess, wait_for
 from harvest_outbox.producer.config import load_yaml
@@ -181,7 +183,7 @@ def main() -> int:
     ap.add_argument("--keys", type=int, default=1000)
     ap.add_argument("--partitions", type=int, default=8)
     ap.add_argument("--relays", default="1,2,3")
-    ap.add_argument("--runs", type=int, default=1)
+    ap.add_argument("--runs", type=int, default=DEFAULT_REPEATS, help="rounds, each running every figure")
     ap.add_argument("--election", default="neli", choices=("neli", "postgres"))
     args = ap.parse_args()
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
@@ -197,6 +199,9 @@ def main() -> int:
     from bench.bench_relay import db_limit_once
 
     counts = [int(x) for x in args.relays.split(",")]
+    recorder = Recorder(
+        args.runs, "none: every run starts its relays on an empty outbox first", targets.for_bench("shards")
+    )
     report: dict[str, Any] = {
         "benchmark": "sharded_relays",
         "rows": args.rows,
@@ -214,13 +219,14 @@ def main() -> int:
             work = Path(tmp)
             runs: dict[str, list[dict[str, Any]]] = {"unsharded/1": []} | {f"shards{SHARDS}/{n}": [] for n in counts}
             limit: list[float] = []
-            for _ in range(args.runs):  # interleaved: every figure sees the same machine state
+            for i in range(args.runs):  # interleaved: every figure sees the same machine state
                 limit.append(db_limit_once(dsn, bootstrap, args.rows, args.keys, args.partitions, 5000))
                 print("[bench shards] unsharded, 1 relay", file=sys.stderr, flush=True)
                 runs["unsharded/1"].append(
                     drain_once(dsn, bootstrap, work, args.rows, args.keys, args.partitions, 1, 1, args.election)
                 )
-                for n in counts:
+                # the sharded runs' order reversed every other round (bench/spread.py)
+                for n in counts if i % 2 == 0 else counts[::-1]:
                     print(f"[bench shards] shards: {SHARDS}, {n} relay(s)", file=sys.stderr, flush=True)
                     runs[f"shards{SHARDS}/{n}"].append(
                         drain_once(
@@ -244,6 +250,15 @@ def main() -> int:
     finally:
         if services is not None:
             services.stop()
+    for name, rs in runs.items():
+        if name != "unsharded/1":
+            recorder.figure(
+                f"{name}_to_unsharded",
+                [r["rows_per_s"] for r in rs],
+                [r["rows_per_s"] for r in runs["unsharded/1"]],
+                f"{name.split('/')[1]} relay process(es) on shards: {SHARDS} / one unsharded relay, rows/s",
+            )
+    report["spread"] = recorder.report()
     print(json.dumps(report, indent=1))
     return 0
 

@@ -1,6 +1,6 @@
 """Relay spans benchmark (not a test): what relay spans (producer/relay/spans.py) cost a backlog drain.
 
-    .venv/bin/python -m bench.bench_spans [--rows 50000] [--runs 3]
+    .venv/bin/python -m bench.bench_spans [--rows 50000] [--runs 5]
 
 Every row carries a sampled W3C ``traceparent`` (as rows stashed under a sampled span do), so the
 variants differ only in the relay's spans. Per mode (at-least-once, ``--uuid-sequencing``), the
@@ -35,7 +35,9 @@ from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 from psycopg import sql
 
+from bench import targets
 from bench.drain import timed_drain, variant_medians
+from bench.spread import DEFAULT_REPEATS, Recorder
 from harvest_outbox.harvest_local.kafka import create_topic
 from harvest_outbox.producer.config import HarvestConfig, Limits
 from harvest_outbox.producer.harvest import Harvest
@@ -113,7 +115,7 @@ VARIANTS = ("off", "off_again", "on_1", "on_0.01")
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rows", type=int, default=50_000)
-    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--runs", type=int, default=DEFAULT_REPEATS)
     args = ap.parse_args()
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
     services = None
@@ -123,6 +125,11 @@ def main() -> int:
 
         services = LocalServices().start()
         dsn, bootstrap = services.endpoints.pg_dsn, services.endpoints.kafka_bootstrap
+    recorder = Recorder(
+        args.runs,
+        "one untimed drain per mode; the variants interleaved, their order rotated each round",
+        targets.for_bench("spans"),
+    )
     report: dict[str, Any] = {
         "setup": {"rows": args.rows, "runs": args.runs, "keys": KEYS, "partitions": PARTITIONS, "cpus": os.cpu_count()},
         "modes": {},
@@ -141,10 +148,11 @@ def main() -> int:
                     r = drain(dsn, bootstrap, topic, args.rows, sequenced, variant)
                     print(f"[bench spans] {name} {variant}: {r}", file=sys.stderr, flush=True)
                     runs[variant].append(r)
-            report["modes"][name] = variant_medians(runs, "off", keep=("spans",))
+            report["modes"][name] = variant_medians(runs, "off", keep=("spans",), recorder=recorder, prefix=f"{name}/")
     finally:
         if services is not None:
             services.stop()
+    report["spread"] = recorder.report()
     print(json.dumps(report, indent=2))
     return 0
 

@@ -18,7 +18,10 @@ mode: driver and executor in one) and of each Python worker while a variant runs
 /proc every 50 ms; a harvest task holds one ``chunk_records`` chunk plus the open spans, whatever
 the topic's size (``--chunk-records`` to see it move).
 
-Usage: python -m bench.bench_spark [--records 1000000] [--repeat 3] [--warmup 1] [--chunk-records 250000].
+Spread: each ratio is taken per round (bench/spread.py), the variants' order reversed every other round;
+the JSON's ``spread`` holds median and min-max of each.
+
+Usage: python -m bench.bench_spark [--records 1000000] [--repeat 5] [--warmup 1] [--chunk-records 250000].
 Prints JSON. Not a test.
 """
 
@@ -42,6 +45,8 @@ from typing import Any
 
 from confluent_kafka import Producer
 
+from bench import targets
+from bench.spread import DEFAULT_REPEATS, Recorder
 from harvest_outbox.harvest_local import LocalServices
 from harvest_outbox.harvest_local.kafka import create_topic
 from harvest_outbox.harvest_local.spark import local_spark_session
@@ -205,7 +210,7 @@ def _noop(df: Any) -> int:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--records", type=int, default=1_000_000)
-    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--repeat", type=int, default=DEFAULT_REPEATS, help="rounds, each running every variant")
     parser.add_argument("--chunk-records", type=int, default=None, help="readCommitted's chunk_records")
     parser.add_argument("--warmup", type=int, default=1, help="untimed rounds of every variant first (JIT, workers)")
     args = parser.parse_args()
@@ -217,6 +222,9 @@ def main() -> int:
     os.environ[PHASE_LOG_ENV] = str(phase_dir)  # inherited by the JVM and its Python workers
 
     chunk = args.chunk_records or DEFAULT_CHUNK_RECORDS
+    recorder = Recorder(
+        args.repeat, f"{args.warmup} untimed round(s) of every variant in the same JVM", targets.for_bench("spark")
+    )
     sampler = RssSampler()
     with LocalServices() as services:
         bootstrap = services.endpoints.kafka_bootstrap
@@ -257,7 +265,9 @@ def main() -> int:
         in_topic = 0
         phases: dict[str, Any] = {}
         for round_ in range(args.warmup + args.repeat):
-            for name, fn in variants.items():
+            # the order reversed every other round (bench/spread.py): no variant always runs first
+            order = list(variants.items())
+            for name, fn in order if round_ % 2 == 0 else order[::-1]:
                 shutil.rmtree(phase_dir, ignore_errors=True)
                 rows, elapsed, mem = timed(fn, sampler)
                 phases[name] = task_phases(phase_dir)
@@ -275,6 +285,17 @@ def main() -> int:
         name: statistics.median((in_topic if name.startswith("raw") else written) / s for s in secs)
         for name, secs in seconds.items()
     }
+
+    def per_round(name: str) -> list[float]:
+        return [(in_topic if name.startswith("raw") else written) / s for s in seconds[name]]
+
+    for name, contestant, baseline, what in (
+        ("readCommitted", "readCommitted_count", "raw_count", "readCommitted + count / raw Kafka read + count"),
+        ("readCommitted_noop", "readCommitted_noop", "raw_noop", "readCommitted / raw read, written to the noop sink"),
+        ("spark_source", "readCommitted_spark_source_count", "raw_count", "readCommitted(source='spark') / raw"),
+        ("big_fetch", "readCommitted_big_fetch_count", "raw_count", "readCommitted, 16 MiB fetches / raw"),
+    ):
+        recorder.figure(name, per_round(contestant), per_round(baseline), f"{what}, rows/s")
     print(
         json.dumps(
             {
@@ -296,6 +317,7 @@ def main() -> int:
                 "peak_rss": memory,
                 "harvest_task_phases_last_round": {k: v for k, v in phases.items() if v},
                 "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "spark_master": "local[2]"},
+                "spread": recorder.report(),
             },
             indent=2,
         )

@@ -39,7 +39,10 @@ workers and the first Kafka connections), then the variants alternate in each re
 without it the raw stream's first repeat ran at a third of its later rate, which a median of 3
 did not fully hide.
 
-Usage: python -m bench.bench_spark_stream [--records 1000000] [--repeat 3] [--warmup 1] [--variants raw,state_location].
+Spread: each variant's ratio to the raw stream is taken per repeat (bench/spread.py), the order of the
+variants reversed every other repeat; the JSON's ``spread`` holds median and min-max of each.
+
+Usage: python -m bench.bench_spark_stream [--records 1000000] [--repeat 5] [--warmup 1] [--variants raw,state_location].
 Prints JSON. Not a test.
 """
 
@@ -59,7 +62,9 @@ from bisect import bisect_right
 from pathlib import Path
 from typing import Any
 
+from bench import targets
 from bench.bench_spark import PARTITIONS, RING, TXN, RssSampler, write
+from bench.spread import DEFAULT_REPEATS, Recorder
 from harvest_outbox.harvest_local import LocalServices
 from harvest_outbox.harvest_local.kafka import create_topic
 from harvest_outbox.harvest_local.spark import local_spark_session
@@ -228,7 +233,7 @@ def _task_phases(folder: Path) -> dict[str, Any]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--records", type=int, default=1_000_000)
-    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--repeat", type=int, default=DEFAULT_REPEATS, help="repeats, each running every variant")
     parser.add_argument(
         "--warmup", type=int, default=1, help="untimed rounds of every variant first (JIT, Python workers, consumers)"
     )
@@ -244,6 +249,11 @@ def main() -> int:
     from harvest_outbox.spark_reader import readCommittedStream
     from harvest_outbox.spark_reader.split_sequencing import PHASE_LOG_ENV
 
+    recorder = Recorder(
+        args.repeat,
+        f"{args.warmup} untimed round(s) of every variant in the same JVM (JIT, Python workers, consumers)",
+        targets.for_bench("spark_stream"),
+    )
     scratch = Path(tempfile.mkdtemp(prefix="bench-spark-stream-"))
     os.environ[PHASE_LOG_ENV] = str(scratch / "phases")  # inherited by the JVM and its Python workers
     sampler = RssSampler()
@@ -294,45 +304,51 @@ def main() -> int:
                 .option("maxOffsetsPerTrigger", str(max_offsets))
                 .load()
             )
-            raw, raw_s, raw_progress = measured("raw", spark, raw_sdf, str(scratch / f"raw-{i}"), max_offsets)
-            assert raw == in_topic, (raw, in_topic)
-            if i >= 0:
-                raw_rates.append(raw / raw_s)
-            if "passthrough" in chosen:
-                raw_cols = raw_sdf.select("key", "value", "headers", "partition", "offset", "timestamp")
-                passed, pass_s, pass_progress = measured(
-                    "passthrough",
-                    spark,
-                    raw_cols.mapInArrow(_passthrough, schema=raw_cols.schema),
-                    str(scratch / f"pass-{i}"),
-                    max_offsets,
-                )
-                assert passed == in_topic, (passed, in_topic)
-                if i >= 0:
-                    pass_rates.append(passed / pass_s)
-            if "state_store" in chosen:
-                sdf = readCommittedStream(spark, TOPIC, opts, max_offsets_per_trigger=max_offsets)
-                committed, rc_s, progress = measured("state_store", spark, sdf, str(scratch / f"rc-{i}"), max_offsets)
-                assert committed == written, (committed, written)
-                if i >= 0:
-                    rc_rates.append(committed / rc_s)
-            if "state_location" in chosen:
-                src_sdf = readCommittedStream(
-                    spark,
-                    TOPIC,
-                    opts,
-                    max_offsets_per_trigger=max_offsets,
-                    state_location=str(scratch / f"src-state-{i}"),
-                )
-                shutil.rmtree(scratch / "phases", ignore_errors=True)
-                from_source, src_s, src_progress = measured(
-                    "state_location", spark, src_sdf, str(scratch / f"src-{i}"), max_offsets
-                )
-                assert from_source == written, (from_source, written)
-                if i >= 0:
-                    src_rates.append(from_source / src_s)
-                src_state = _state_files(scratch / f"src-state-{i}")
-                phases = _task_phases(scratch / "phases")
+            variants = [v for v in ("raw", "passthrough", "state_store", "state_location") if v in chosen]
+            # the order reversed every other repeat (bench/spread.py): neither raw nor a contestant always first
+            for variant in variants if i % 2 == 0 else variants[::-1]:
+                if variant == "raw":
+                    raw, raw_s, raw_progress = measured("raw", spark, raw_sdf, str(scratch / f"raw-{i}"), max_offsets)
+                    assert raw == in_topic, (raw, in_topic)
+                    if i >= 0:
+                        raw_rates.append(raw / raw_s)
+                elif variant == "passthrough":
+                    raw_cols = raw_sdf.select("key", "value", "headers", "partition", "offset", "timestamp")
+                    passed, pass_s, pass_progress = measured(
+                        "passthrough",
+                        spark,
+                        raw_cols.mapInArrow(_passthrough, schema=raw_cols.schema),
+                        str(scratch / f"pass-{i}"),
+                        max_offsets,
+                    )
+                    assert passed == in_topic, (passed, in_topic)
+                    if i >= 0:
+                        pass_rates.append(passed / pass_s)
+                elif variant == "state_store":
+                    sdf = readCommittedStream(spark, TOPIC, opts, max_offsets_per_trigger=max_offsets)
+                    committed, rc_s, progress = measured(
+                        "state_store", spark, sdf, str(scratch / f"rc-{i}"), max_offsets
+                    )
+                    assert committed == written, (committed, written)
+                    if i >= 0:
+                        rc_rates.append(committed / rc_s)
+                elif variant == "state_location":
+                    src_sdf = readCommittedStream(
+                        spark,
+                        TOPIC,
+                        opts,
+                        max_offsets_per_trigger=max_offsets,
+                        state_location=str(scratch / f"src-state-{i}"),
+                    )
+                    shutil.rmtree(scratch / "phases", ignore_errors=True)
+                    from_source, src_s, src_progress = measured(
+                        "state_location", spark, src_sdf, str(scratch / f"src-{i}"), max_offsets
+                    )
+                    assert from_source == written, (from_source, written)
+                    if i >= 0:
+                        src_rates.append(from_source / src_s)
+                    src_state = _state_files(scratch / f"src-state-{i}")
+                    phases = _task_phases(scratch / "phases")
             if i == -args.warmup:
                 spark_conf = {
                     k: spark.conf.get(k, None)
@@ -352,6 +368,13 @@ def main() -> int:
             }
         spark.stop()
     raw_med = statistics.median(raw_rates)
+    for name, values, what in (
+        ("state_location", src_rates, "readCommittedStream(state_location) / raw stream, rows/s"),
+        ("state_store", rc_rates, "readCommittedStream (state store) / raw stream, rows/s"),
+        ("passthrough", pass_rates, "raw stream through a pass-through mapInArrow / raw stream, rows/s"),
+    ):
+        if values:
+            recorder.figure(name, values, raw_rates, what)
 
     def rates(name: str, values: list[float]) -> dict[str, Any]:
         if not values:
@@ -395,6 +418,7 @@ def main() -> int:
                 "state": state,
                 "last_run_batch_durations_ms": durations,
                 "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "spark_master": "local[2]"},
+                "spread": recorder.report(),
             },
             indent=2,
         )

@@ -1,6 +1,7 @@
 """Benchmark: the stasher's batch form (COPY) versus one INSERT per record, same transaction size.
 
-Usage: python -m bench.bench_stasher [--rows 10000] [--repeat 3]. Prints JSON. Not a test.
+Usage: python -m bench.bench_stasher [--rows 10000] [--repeat 5] [--warmup 1]. Prints JSON, with the speed-up's
+spread (one ratio per repeat pair, the pair's order swapped each repeat; bench/spread.py). Not a test.
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ import time
 
 import psycopg
 
+from bench import targets
+from bench.spread import DEFAULT_REPEATS, Recorder, alternate
 from harvest_outbox.harvest_local import LocalServices
 from harvest_outbox.producer import OutboxRecord, Stasher, init_db
 
@@ -20,25 +23,34 @@ from harvest_outbox.producer import OutboxRecord, Stasher, init_db
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, default=10_000)
-    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--repeat", type=int, default=DEFAULT_REPEATS, help="repeat pairs")
+    parser.add_argument("--warmup", type=int, default=1, help="untimed pairs first")
     args = parser.parse_args()
     records = [OutboxRecord("orders", f"key-{i % 1000}", "v" * 100, (("source", "bench"),)) for i in range(args.rows)]
-    single, batch = [], []
+    recorder = Recorder(
+        args.repeat, f"{args.warmup} untimed pair(s) of transactions first", targets.for_bench("stasher")
+    )
     with LocalServices() as services:
         dsn = services.endpoints.pg_dsn
         init_db(dsn, "bench.outbox")
         stasher = Stasher("bench.outbox")
         with psycopg.connect(dsn) as conn:
-            for _ in range(args.repeat):
+
+            def one_each() -> float:
                 t = time.perf_counter()
                 with conn.transaction():
                     for r in records:
                         stasher.stash(conn, r)
-                single.append(args.rows / (time.perf_counter() - t))
+                return args.rows / (time.perf_counter() - t)
+
+            def many() -> float:
                 t = time.perf_counter()
                 with conn.transaction():
                     stasher.stash_many(conn, records)
-                batch.append(args.rows / (time.perf_counter() - t))
+                return args.rows / (time.perf_counter() - t)
+
+            batch, single = alternate(many, one_each, args.repeat, args.warmup)
+    recorder.figure("stash_many", batch, single, "stash_many (COPY) / one INSERT per record, rows/s")
     print(
         json.dumps(
             {
@@ -49,6 +61,7 @@ def main() -> int:
                 "single_median_rows_per_s": round(statistics.median(single)),
                 "stash_many_median_rows_per_s": round(statistics.median(batch)),
                 "speedup_median": round(statistics.median(batch) / statistics.median(single), 1),
+                "spread": recorder.report(),
             },
             indent=2,
         )

@@ -35,17 +35,18 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
 import uuid
 from collections import defaultdict
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
 import psycopg
 from psycopg import sql
 
+from bench import targets
+from bench.spread import DEFAULT_REPEATS, Recorder
 from harvest_outbox.harvest_local.postgres import EmbeddedPostgres
 from harvest_outbox.producer.db import TxnCommit
 from harvest_outbox.producer.layouts.mark.database import MarkDatabase
@@ -212,17 +213,13 @@ def one_run(dsn: str, loop: str, cold: bool, rows: int, batch: int, keys: int, t
     return {"write": written, "drain": drained}
 
 
-def median_of(runs: list[dict[str, Any]], path: Callable[[dict[str, Any]], float]) -> float:
-    return statistics.median(path(r) for r in runs)
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     ap.add_argument("--rows", type=int, default=200_000)
     ap.add_argument("--batch", type=int, default=5000, help="rows per mark (the relay's adaptive mark reaches 5,000)")
     ap.add_argument("--keys", type=int, default=1000)
     ap.add_argument("--txn-rows", type=int, default=10, help="rows per writer transaction")
-    ap.add_argument("--runs", type=int, default=1)
+    ap.add_argument("--runs", type=int, default=DEFAULT_REPEATS, help="repeats, each running every loop")
     ap.add_argument("--loops", default=",".join(LOOPS))
     ap.add_argument("--logical", action="store_true", help="wal_level = logical (as in the Debezium comparison)")
     ap.add_argument(
@@ -237,6 +234,7 @@ def main() -> int:
         if loop not in LOOPS:
             ap.error(f"--loops: {loop!r} is not one of {', '.join(LOOPS)}")
     out: dict[str, Any] = {"rows": args.rows, "batch": args.batch, "txn_rows": args.txn_rows, "loops": {}}
+    recorder = Recorder(args.runs, "none: each loop runs on a fresh outbox", targets.for_bench("wal"))
     pg = EmbeddedPostgres(logical_replication=args.logical).start()
     try:
         dsn = pg.dsn
@@ -247,18 +245,31 @@ def main() -> int:
             out["wal_compression"] = conn.execute("SHOW wal_compression").fetchone()[0]  # type: ignore[index]
             out["wal_level"] = conn.execute("SHOW wal_level").fetchone()[0]  # type: ignore[index]
             out["server_version"] = conn.info.server_version
-        for loop in loops:
+        runs: dict[tuple[str, str], list[dict[str, Any]]] = {(loop, t): [] for loop in loops for t in ("cold", "warm")}
+        for n in range(args.runs):
+            # every loop once per repeat, the order rotated each repeat (bench/spread.py): the server's
+            # state (its WAL segments, the catalog) drifts over the run and must not favour one loop
+            order = loops[n % len(loops) :] + loops[: n % len(loops)]
             for temp in ("cold", "warm"):
-                runs = [
-                    one_run(dsn, loop, temp == "cold", args.rows, args.batch, args.keys, args.txn_rows)
-                    for _ in range(args.runs)
-                ]
-                out["loops"].setdefault(loop, {})[temp] = runs[len(runs) // 2] if len(runs) > 1 else runs[0]
-                print(
-                    f"[bench wal] {loop} {temp}: {json.dumps(out['loops'][loop][temp]['drain'])}",
-                    file=sys.stderr,
-                    flush=True,
-                )
+                for loop in order:
+                    r = one_run(dsn, loop, temp == "cold", args.rows, args.batch, args.keys, args.txn_rows)
+                    runs[(loop, temp)].append(r)
+                    print(f"[bench wal] {loop} {temp}: {json.dumps(r['drain'])}", file=sys.stderr, flush=True)
+        for (loop, temp), rs in runs.items():
+            # the run of median total WAL: one run's coherent figures rather than a mix of medians
+            ranked = sorted(rs, key=lambda r: r["drain"]["wal_bytes_total_per_100k"])
+            out["loops"].setdefault(loop, {})[temp] = ranked[len(ranked) // 2]
+        for temp in ("cold", "warm"):
+            base = runs.get(("at_least_once", temp))
+            for loop in ("sequenced", "delete_only", "truncate"):
+                if base and (loop, temp) in runs:
+                    recorder.figure(
+                        f"{loop}_to_at_least_once/{temp}",
+                        [r["drain"]["wal_bytes_total_per_100k"] for r in runs[(loop, temp)]],
+                        [r["drain"]["wal_bytes_total_per_100k"] for r in base],
+                        f"relay WAL per row, {loop} / at-least-once, {temp}",
+                    )
+        out["spread"] = recorder.report()
     finally:
         pg.stop()
     print(json.dumps(out, indent=2))

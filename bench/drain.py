@@ -13,6 +13,7 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
+from bench.spread import Recorder
 from harvest_outbox.producer.harvest import Harvest
 
 __all__ = ["timed_drain", "variant_medians"]
@@ -48,10 +49,32 @@ def timed_drain(
 
 
 def variant_medians(
-    runs: Mapping[str, Sequence[dict[str, Any]]], base: str, keep: Sequence[str] = ()
+    runs: Mapping[str, Sequence[dict[str, Any]]],
+    base: str,
+    keep: Sequence[str] = (),
+    recorder: Recorder | None = None,
+    prefix: str = "",
 ) -> dict[str, dict[str, Any]]:
     """Per variant: median rows/s and CPU per 100k rows, every run's rate, the ``keep`` fields of each
-    run as lists, and both ratios to the ``base`` variant (``ratio_to_<base>``, ``cpu_ratio_to_<base>``)."""
+    run as lists, and both ratios to the ``base`` variant (``ratio_to_<base>``, ``cpu_ratio_to_<base>``).
+    With a ``recorder``, each variant's rate ratio to ``base`` per round (``runs[v][i]`` against
+    ``runs[base][i]``: the variants ran interleaved, one of each per round) is recorded as figure
+    ``<prefix><variant>``, its CPU per row's as ``<prefix><variant>/cpu``."""
+    if recorder is not None:
+        for v, rs in runs.items():
+            if v != base:
+                recorder.figure(
+                    f"{prefix}{v}",
+                    [r["rows_per_s"] for r in rs],
+                    [r["rows_per_s"] for r in runs[base]],
+                    f"drain with {v} / with {base}, rows/s",
+                )
+                recorder.figure(
+                    f"{prefix}{v}/cpu",
+                    [r["cpu_s_per_100k"] for r in rs],
+                    [r["cpu_s_per_100k"] for r in runs[base]],
+                    f"relay CPU per row with {v} / with {base}",
+                )
     med: dict[str, dict[str, Any]] = {
         v: {
             "rows_per_s": round(statistics.median(r["rows_per_s"] for r in rs)),
