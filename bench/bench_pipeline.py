@@ -47,6 +47,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from bench import targets
 from bench.spread import DEFAULT_REPEATS, Recorder
 from harvest_outbox.harvest_local import LocalServices
 from harvest_outbox.harvest_local.kafka import create_topic
@@ -276,7 +277,9 @@ def main() -> int:
     if not formats or any(f not in ("parquet", "delta") for f in formats):
         parser.error(f"--formats {args.formats!r}: pass parquet, delta or both, comma-separated")
     logging.basicConfig(level=logging.WARNING)
-    recorder = Recorder(args.repeat, "none: the pipeline is started and idle before each run's commit")
+    recorder = Recorder(
+        args.repeat, "none: the pipeline is started and idle before each run's commit", targets.for_bench("pipeline")
+    )
     runs: dict[str, list[dict[str, Any]]] = {f: [] for f in formats}
     with LocalServices() as services, tempfile.TemporaryDirectory(prefix="bench-pipeline-") as tmp:
         for i in range(args.repeat):
