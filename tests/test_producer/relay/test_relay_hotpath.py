@@ -8,7 +8,8 @@
 - the sequenced ``produce()`` passes its arguments by position (``PRODUCE_ARGS``): confluent-kafka
   takes them in that order, and the test doubles read them the same way;
 - at-least-once ``_send`` sets up its retry only when librdkafka's queue is full: it waits that out
-  in order, or gives up the view after ~10 s."""
+  in order, or gives up the view after ~10 s;
+- a trickling at-least-once relay waits in short slices only while a ready row waits for a report."""
 
 from __future__ import annotations
 
@@ -294,3 +295,36 @@ def test_at_least_once_a_report_sends_the_keys_next_record_skipping_one_dead_let
     mode._on_delivery(None, FakeMsg(b"a"))  # type: ignore[arg-type]
     assert [s[1] for s in producer.sent] == [b"v1", b"v3", b"v4"] and mode.gauges() == (0, 0)
     assert mode._purge_buf == [1, 3, 4] and mode.metrics.delivered == 3
+
+
+def test_a_trickling_relay_waits_short_slices_only_while_a_ready_row_waits_for_a_report() -> None:
+    """Records in librdkafka's hands, nothing else to do: the relay waits on its waker in 1 ms slices (a
+    mark, a job or a NOTIFY still ends the wait at once); while a ready row waits for a report (its key's
+    record in flight), in 0.2 ms slices, so the report is served and the row sent at once."""
+    from harvest_outbox.producer.relay import core as core_module
+
+    class Holding(FakeProducer):
+        def __len__(self) -> int:
+            return len(self.sent) - self.reported
+
+        reported = 0
+
+    class RecordingWaker:  # the Waker has __slots__: its wait cannot be patched on the instance
+        def wait(self, timeout: float, *fds: int | None) -> bool:
+            waits.append(timeout)
+            return False
+
+    mode, producer = _at_least_once_on(lambda cb: Holding(cb))
+    waits: list[float] = []
+    mode.core.waker = RecordingWaker()  # type: ignore[assignment]
+    mode.core.next_mark = float("inf")  # no mark due: the tick only waits
+    mode.core.ready.extend([row(1, "a")])
+    mode.tick()  # sends row 1, then waits for its report with nothing else waiting
+    assert len(producer.sent) == 1 and waits[-1] == core_module._QUIET_SLICE
+    mode.core.ready.extend([row(2, "a")])  # the key's next row: it waits for row 1's report
+    mode.tick()
+    assert len(producer.sent) == 1 and waits[-1] == core_module._TRICKLE_SLICE
+    producer.reported = 1
+    mode._on_delivery(None, FakeMsg(b"a"))  # type: ignore[arg-type]
+    assert len(producer.sent) == 2
+    assert core_module._TRICKLE_SLICE < core_module._QUIET_SLICE <= 0.001  # never a busy loop, never long
