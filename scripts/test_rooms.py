@@ -106,7 +106,7 @@ ROOMS: dict[str, tuple[str, ...]] = {
         "test_http_endpoint",
         "test_http_security",
     ),
-    "db": ("test_credentials", "test_password_rotation", "test_connect_errors"),
+    "db": ("test_credentials", "test_password_rotation", "test_connect_errors", "test_listener"),
     "ops": ("test_cli", "test_deadletter_admin", "test_preflight", "test_signals", "test_poison", "test_privileges"),
     "election": ("test_election_postgres", "test_failover", "test_sharded_failover"),
     "cluster": ("test_kafka_cluster", "test_pg_failover", "test_unclean_election"),
