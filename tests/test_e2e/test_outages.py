@@ -60,7 +60,7 @@ RUNS = _runs(CASES)
 # (first fault of a run, mode) -> the cursor layout, and the fault appended to that run
 CURSOR_FOLDS = {("pg_restart", True): "pg_reset", ("kafka_blackhole", False): "pg_restart"}
 LAYOUT_RUNS = [
-    (f + (CURSOR_FOLDS[(f[0], s)],), s, "cursor")
+    ((*f, CURSOR_FOLDS[f[0], s]), s, "cursor")
     if (f[0], s) in CURSOR_FOLDS and not os.environ.get("HARVEST_OUTAGES_FULL")
     else (f, s, "mark")
     for f, s in RUNS
@@ -107,6 +107,11 @@ def test_the_runs_cover_every_case_once() -> None:
 
 
 def test_the_cursor_runs_cover_both_modes_with_a_postgres_fault() -> None:
-    """The cursor layout's runs: each mode once, each a Postgres fault (its store is what changed)."""
-    assert sorted(s for _, s in CURSOR_RUNS) == [False, True]
-    assert all(f in FAULTS and f.startswith("pg_") for faults, _ in CURSOR_RUNS for f in faults)
+    """The cursor layout's runs: each mode once, each ending with a Postgres fault (its store is what changed),
+    each a run of the grouping with that fault added; every other run on the mark layout."""
+    cursor = [(faults, s) for faults, s, layout in LAYOUT_RUNS if layout == "cursor"]
+    assert sorted(s for _, s in cursor) == [False, True]
+    for faults, s in cursor:
+        assert faults[-1] in FAULTS and faults[-1].startswith("pg_"), faults
+        assert (faults[:-1], s) in RUNS and CURSOR_FOLDS[faults[0], s] == faults[-1]
+    assert len(LAYOUT_RUNS) == len(RUNS)
