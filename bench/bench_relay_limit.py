@@ -33,7 +33,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import sys
 import time
@@ -48,7 +47,7 @@ from psycopg import sql
 from bench import targets
 from bench.backlog import fill_backlog
 from bench.bench_relay import TUNED_LIMITS, new_topic
-from bench.spread import DEFAULT_REPEATS, Recorder
+from bench.spread import DEFAULT_REPEATS, Recorder, ratio_spread
 from harvest_outbox.producer.config import HarvestConfig, Limits
 from harvest_outbox.producer.harvest import Harvest
 from harvest_outbox.producer.layouts.cursor.database import cursor_backlog
@@ -167,13 +166,6 @@ def _spread(values: list[float], digits: int = 3) -> dict[str, float]:
     }
 
 
-def _machine() -> dict[str, Any]:
-    model = next(
-        (line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")), "?"
-    )
-    return {"cpu": model, "cores": os.cpu_count(), "python": platform.python_version(), "load": os.getloadavg()}
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rows", type=int, default=1_000_000)
@@ -196,7 +188,6 @@ def main(argv: list[str] | None = None) -> int:
 
         services = LocalServices().start()
         dsn, bootstrap = services.endpoints.pg_dsn, services.endpoints.kafka_bootstrap
-    machine_start = _machine()
     recorder = Recorder(
         args.runs, f"raw loops over {args.warmup_rows:,} rows first, discarded", targets.for_bench("relay_limit")
     )
@@ -232,7 +223,7 @@ def main(argv: list[str] | None = None) -> int:
         if services is not None:
             services.stop()
     result: dict[str, Any] = {
-        "setup": {**vars(args), "machine_start": machine_start, "machine_end": _machine()},
+        "setup": vars(args),  # the machine, its load at start and end: the spread's report
         "raw": {
             "rows_per_s": _spread([r["rows_per_s"] for r in runs["raw"]], 0),
             "cpu_s_per_100k": _spread([r["cpu_s_per_100k"] for r in runs["raw"]]),
@@ -241,12 +232,12 @@ def main(argv: list[str] | None = None) -> int:
     for v in variants:
         raw_rates = [r["rows_per_s"] for r in runs["raw"]]
         fig = recorder.figure(v, [r["rows_per_s"] for r in runs[v]], raw_rates, f"relay {v} / raw loop, rows/s")
-        cpu = [r["cpu_s_per_100k"] / raw["cpu_s_per_100k"] for r, raw in zip(runs[v], runs["raw"], strict=True)]
+        cpu = ratio_spread([r["cpu_s_per_100k"] for r in runs[v]], [r["cpu_s_per_100k"] for r in runs["raw"]])
         result[v] = {
             "rows_per_s": _spread([r["rows_per_s"] for r in runs[v]], 0),
             "cpu_s_per_100k": _spread([r["cpu_s_per_100k"] for r in runs[v]]),
             "ratio_to_raw": {k: fig[k] for k in ("median", "min", "max")},
-            "cpu_ratio_to_raw": _spread(cpu),
+            "cpu_ratio_to_raw": {k: cpu.as_json()[k] for k in ("median", "min", "max")},
             "verdict": fig.get("verdict"),
         }
     result["spread"] = recorder.report()

@@ -56,6 +56,10 @@ def jvm_options(folder: Path) -> tuple[str, Path]:
     return f"-Dlog4j2.configurationFile={CONF_DIR / 'log4j2.properties'},{conf}", log
 
 
+def _end(request: tuple[float, float]) -> float:
+    return request[0]
+
+
 class BrokerRequests:
     """The produce and fetch requests of a request log (read, then emptied, after each run: the log of a
     whole benchmark would be gigabytes): each with its end time and queue phases, and where the records of
@@ -63,8 +67,7 @@ class BrokerRequests:
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        self._ends: list[float] = []
-        self._queues: list[float] = []
+        self._requests: list[tuple[float, float]] = []  # (end s, queue ms), sorted by end
         # (topic, partition) -> [(base offset, append done s)], in log order
         self._appends: dict[tuple[str, int], list[tuple[int, float]]] = {}
         # (client id, partition) -> [(first offset, end offset, response done s)]
@@ -111,15 +114,16 @@ class BrokerRequests:
                             first, last = positions.get(key, 0), part["highWatermark"]
                             self._fetches.setdefault(key, []).append((first, last, end))
                             positions[key] = last
-        rows.sort()
-        self._ends.extend(e for e, _ in rows)
-        self._queues.extend(q for _, q in rows)
-        order = sorted(range(len(self._ends)), key=self._ends.__getitem__)
-        self._ends = [self._ends[i] for i in order]
-        self._queues = [self._queues[i] for i in order]
+        self._requests.extend(rows)
+        self._requests.sort()  # a run's lines follow the last run's: nearly sorted already
 
     def __len__(self) -> int:
-        return len(self._ends)
+        return len(self._requests)
+
+    def _queues_between(self, start_s: float, end_s: float) -> list[float]:
+        i = bisect_left(self._requests, start_s, key=_end)
+        j = bisect_right(self._requests, end_s, key=_end)
+        return [q for _, q in self._requests[i:j]]
 
     def appended_at(self, topic: str, partition: int, offset: int) -> float | None:
         """When the broker had appended ``offset`` (the produce request whose batch holds it)."""
@@ -139,13 +143,12 @@ class BrokerRequests:
 
     def queue_ms(self, start_s: float, end_s: float) -> float | None:
         """The longest queue phase of a request that completed in [start_s, end_s] (None: none did)."""
-        i, j = bisect_left(self._ends, start_s), bisect_right(self._ends, end_s)
-        return round(max(self._queues[i:j]), 1) if j > i else None
+        queues = self._queues_between(start_s, end_s)
+        return round(max(queues), 1) if queues else None
 
     def summary(self, start_s: float, end_s: float) -> dict[str, float | int | None]:
         """Over a run's window: requests, p99 and max queue ms, and how many waited 20 ms or more."""
-        i, j = bisect_left(self._ends, start_s), bisect_right(self._ends, end_s)
-        q = sorted(self._queues[i:j])
+        q = sorted(self._queues_between(start_s, end_s))
         if not q:
             return {"requests": 0, "queue_p99_ms": None, "queue_max_ms": None, "queued_20ms_or_more": 0}
         return {
