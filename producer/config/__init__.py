@@ -31,12 +31,15 @@ from harvest_outbox.producer.config._election import (
     NELI_MAX_HEARTBEAT_TIMEOUT,
     NELI_MIN_HEARTBEAT_TIMEOUT,
 )
+from harvest_outbox.producer.config._env import attribute_name, variable_name
 from harvest_outbox.producer.config._file import (
     LOG_LEVELS,
     FileConfig,
     StartupNote,
+    config_from_document,
     from_mapping,
     load_yaml,
+    read_document,
     startup_notes,
 )
 from harvest_outbox.producer.config._harvest import (
@@ -99,11 +102,15 @@ __all__ = [
     "HarvestConfig",
     "Limits",
     "StartupNote",
+    "attribute_name",
     "check_bind_address",
+    "config_from_document",
     "default_name",
     "format_duration",
     "from_mapping",
     "load_yaml",
     "parse_duration",
+    "read_document",
     "startup_notes",
+    "variable_name",
 ]

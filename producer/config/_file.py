@@ -147,16 +147,15 @@ def _from_document(
     return FileConfig(cfg, level, notes + startup_notes(harvest, overrides, sources, data.get("harvest") or {}))
 
 
-def load_yaml(
+def read_document(
     path: str | Path,
     overrides: Mapping[str, Any] | None = None,
     log_level: str | None = None,
-    sources: Mapping[str, str] | None = None,
     env: Mapping[str, str] | None = None,
-) -> FileConfig:
-    """Read a reaper YAML file, its ``${…}`` references resolved from ``env`` (default ``os.environ``) and
-    files. ``overrides`` (HarvestConfig attribute names, ``None`` = keep) win over everything, as CLI flags
-    do; then ``HARVEST_<KEY>`` variables (``sources``: see :func:`from_mapping`)."""
+) -> tuple[Any, Origins]:
+    """A config file's YAML document, its ``${…}`` references resolved from ``env`` (default
+    ``os.environ``) and files, with the record of where values came from (for
+    :func:`config_from_document`). Flags (``overrides``, ``log_level``) keep their paths literal."""
     env = os.environ if env is None else env
     overrides = overrides or {}
     try:
@@ -181,6 +180,42 @@ def load_yaml(
         raise ConfigError(f"{path}: not valid YAML: {yaml_problem(exc)}") from None
     except ValueError as exc:  # Python refuses to build the value (an integer of over 4,300 digits)
         raise ConfigError(f"{path}: a value cannot be read: {shown(str(exc))}") from None
+    return data, origins
+
+
+def config_from_document(
+    data: Any,
+    overrides: Mapping[str, Any] | None = None,
+    log_level: str | None = None,
+    sources: Mapping[str, str] | None = None,
+    env: Mapping[str, str] | None = None,
+    origins: Origins | None = None,
+) -> FileConfig:
+    """One relay's config from a document ``{harvest: …, logging: …}`` as :func:`read_document` returns
+    it (``origins``: its record, for the messages), with variables and flags applied."""
+    return _from_document(
+        data,
+        overrides or {},
+        log_level,
+        sources or {},
+        os.environ if env is None else env,
+        Origins() if origins is None else origins,
+    )
+
+
+def load_yaml(
+    path: str | Path,
+    overrides: Mapping[str, Any] | None = None,
+    log_level: str | None = None,
+    sources: Mapping[str, str] | None = None,
+    env: Mapping[str, str] | None = None,
+) -> FileConfig:
+    """Read a reaper YAML file, its ``${…}`` references resolved from ``env`` (default ``os.environ``) and
+    files. ``overrides`` (HarvestConfig attribute names, ``None`` = keep) win over everything, as CLI flags
+    do; then ``HARVEST_<KEY>`` variables (``sources``: see :func:`from_mapping`)."""
+    env = os.environ if env is None else env
+    overrides = overrides or {}
+    data, origins = read_document(path, overrides, log_level, env)
     if data is None:
         raise ConfigError(
             f"{path}: the file is empty; it needs a 'harvest:' section with at least dataSource "

@@ -120,7 +120,7 @@ class Metrics:
         observe(self.transaction_rows, TRANSACTION_ROWS_BUCKETS, rows)
 
 
-class _Collector:
+class RelayCollector:
     def __init__(
         self,
         metrics: Metrics,
@@ -279,7 +279,7 @@ def start_prometheus(
     from prometheus_client import CollectorRegistry, make_wsgi_app
 
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(_Collector(metrics, name, shards))
+    registry.register(RelayCollector(metrics, name, shards))
     routes: dict[str, WsgiApp] = {"/metrics": make_wsgi_app(registry)}
     health = None
     if relay is not None:
@@ -288,6 +288,30 @@ def start_prometheus(
         health = Health(relay)
         routes["/healthz"] = _json_app(health.live)
         routes["/readyz"] = _json_app(health.ready)
+
+    return serve_routes(
+        routes,
+        name,
+        port,
+        addr,
+        basic_auth,
+        on_close=[health.close] if health is not None else [],
+        extra=" (+ /healthz, /readyz)" if health is not None else "",
+    )
+
+
+def serve_routes(
+    routes: Mapping[str, WsgiApp],
+    name: str,
+    port: int,
+    addr: str = "0.0.0.0",
+    basic_auth: str = "",
+    on_close: Sequence[Callable[[], None]] = (),
+    extra: str = "",
+) -> Any:
+    """Serve read-only ``routes`` (path -> WSGI app) on ``addr:port``; returns (server, thread).
+    ``on_close``: called when the server is shut down; ``extra``: what the start line adds after
+    ``/metrics``."""
 
     def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
         method = environ.get("REQUEST_METHOD", "GET")
@@ -313,14 +337,13 @@ def start_prometheus(
     try:
         server = BoundedWSGIServer(addr, port, served, name)
     except OSError as exc:
-        if health is not None:
-            health.close()
+        for close in on_close:
+            close()
         raise ConfigError(
             f"prometheusPort: cannot listen on {addr}:{port} ({exc.strerror or exc}); pick a free "
             f"port, 0 for any free one, or omit prometheusPort to disable the endpoint"
         ) from exc
-    if health is not None:
-        server.on_close.append(health.close)
+    server.on_close.extend(on_close)
     thread = threading.Thread(target=server.serve_forever, name=f"harvest-http-{name}", daemon=True)
     thread.start()
     # Said at every start, so an endpoint open to the network without authentication is a choice on record.
@@ -328,7 +351,7 @@ def start_prometheus(
         "metrics on http://%s:%d/metrics%s, %s, %s",
         addr,
         server.server_port,
-        " (+ /healthz, /readyz)" if health is not None else "",
+        extra,
         "this host only" if _loopback(addr) else "reachable from the network (prometheusBindAddress)",
         "basic auth required" if basic_auth else "no authentication (prometheusBasicAuth)",
     )

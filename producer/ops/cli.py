@@ -243,6 +243,20 @@ def _load(args: argparse.Namespace, extra: dict[str, Any] | None = None, kafka: 
 def _run(args: argparse.Namespace, signals: StopSignals) -> int:
     from harvest_outbox.producer.relay.sharded import relay_for
 
+    flags = {
+        "bootstrap_servers": args.bootstrap_servers,
+        "leader_topic": args.leader_topic,
+        "leader_group_id": args.leader_group_id,
+        "leader_election": args.leader_election,
+        "name": args.name,
+        "prometheus_port": args.prometheus_port,
+        "prometheus_bind_address": args.prometheus_bind_address,
+        "uuid_sequencing": args.uuid_sequencing,
+    }
+    if args.file:
+        fleet = _load_fleet(args, flags)
+        if fleet is not None:
+            return _run_fleet(args, signals, flags, fleet)
     cfg = _load(
         args,
         {
@@ -266,6 +280,36 @@ def _run(args: argparse.Namespace, signals: StopSignals) -> int:
     while not relay.wait(0.5):
         pass
     return EXIT_OK
+
+
+def _load_fleet(args: argparse.Namespace, flags: dict[str, Any]) -> Any:
+    """The fleet file ``args.file`` (outboxes / discover sections), checked, logging set up; None when
+    it is one relay's file."""
+    from harvest_outbox.producer.fleet.spec import load_fleet
+
+    overrides: dict[str, Any] = {"data_source": args.data_source, "outbox_table": args.outbox_table, **flags}
+    fleet = load_fleet(args.file, overrides, args.log_level, {"data_source": "--data-source"}, os.environ)
+    if fleet is None:
+        return None
+    for outbox in fleet.listed:
+        outbox.config.check_kafka_properties()
+    _setup_logging(fleet.log_level)
+    for note in fleet.notes:
+        log.log(note.level, "%s", note.message)
+    return fleet
+
+
+def _run_fleet(args: argparse.Namespace, signals: StopSignals, flags: dict[str, Any], fleet: Any) -> int:
+    from harvest_outbox.producer.fleet.run import run_fleet
+
+    log.info(
+        "harvest %s starting a fleet: %d listed outbox(es), %d discovery entr%s",
+        producer.__version__,
+        len(fleet.listed),
+        len(fleet.discoveries),
+        "y" if len(fleet.discoveries) == 1 else "ies",
+    )
+    return run_fleet(fleet, lambda: _load_fleet(args, flags), signals.attach, signals.requested)
 
 
 def _init_db(args: argparse.Namespace) -> int:

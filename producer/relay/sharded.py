@@ -141,7 +141,7 @@ class ShardedHarvest(RelayLifecycle):
                 self.config.prometheus_port,
                 self.config.prometheus_bind_address,
                 relay=self,
-                shards=self._shard_metrics,
+                shards=self.shard_metrics,
                 basic_auth=self.config.prometheus_basic_auth,
             )
         self._election.start(self)
@@ -209,7 +209,7 @@ class ShardedHarvest(RelayLifecycle):
                 self._error = exc.__cause__ or exc
         self._close_endpoint()
 
-    def _shard_metrics(self) -> dict[int, Any]:
+    def shard_metrics(self) -> dict[int, Any]:
         backlog = dict(self.metrics.shard_backlog)
         return {k: backlog.get(k, (None, None)) for k in sorted(self.led_shards)}
 
