@@ -243,7 +243,8 @@ class EmbeddedPostgres:
                 "\n# harvest_local: loopback only, socket in the data dir, sized for tests\n"
                 "listen_addresses = '127.0.0.1'\n"
                 f"unix_socket_directories = '{self.data}'\n"
-                "max_connections = 200\n"
+                # a relay fleet holds ~5 connections per outbox per process (docs/fleet.md)
+                "max_connections = 400\n"
                 "shared_buffers = 128MB\n"
                 "fsync = on\n"
                 "synchronous_commit = on\n"

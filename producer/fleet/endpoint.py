@@ -97,6 +97,8 @@ class FleetHealth:
         return Verdict(verdict.ok, {"outbox": status.id, "failures": status.failures, **verdict.body})
 
     def answer(self, ready: bool, outbox: str | None) -> tuple[int, dict[str, Any]]:
+        if ready and not self._fleet.started.is_set():
+            return 503, {"status": "not ready", "outboxes": {}, "not_ok": [], "reason": "the fleet has not started"}
         statuses = self._fleet.statuses()
         if outbox is not None:
             chosen = [s for s in statuses if s.id == outbox]

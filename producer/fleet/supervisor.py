@@ -88,10 +88,13 @@ class Fleet:
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
         self.last_change = Change()
+        #: Set once the first reconciliation ran: before it, the fleet has not looked for its outboxes.
+        self.started = threading.Event()
 
     # ------------------------------------------------------------------ public
     def start(self) -> Fleet:
         self.reload()
+        self.started.set()
         self._thread = threading.Thread(target=self._discovery_loop, name="harvest-fleet-discovery", daemon=True)
         self._thread.start()
         log.info(

@@ -253,7 +253,7 @@ def test_the_scan_gauge_shows_a_long_transaction_widening_the_reads(pg_dsn: str,
     """``harvest_cursor_scan_ids``: while a transaction with an xid stays open, each batch of a shard walks the
     ids from its held ``low`` to the head again (most delivered already), returning few rows; once it ends,
     the probe moves ``low`` up and the span shrinks back to the batch's new rows."""
-    from harvest_outbox.producer.observe.metrics import Metrics, _Collector
+    from harvest_outbox.producer.observe.metrics import Metrics, RelayCollector
 
     table = f"{pg_schema}.outbox"
     names = init_db(pg_dsn, table, layout="cursor", partition_ids=1_000_000, shards=S)
@@ -281,7 +281,7 @@ def test_the_scan_gauge_shows_a_long_transaction_widening_the_reads(pg_dsn: str,
         assert width >= 200 and rows < 20, (width, rows)  # the delivered 200 walked again for a few new rows
         m = Metrics()
         m.is_leader, m.cursor_scan = True, db.scan
-        exported = {f.name: f.samples[0].value for f in _Collector(m, "r").collect() if f.name.startswith("harvest_c")}
+        exported = {f.name: f.samples[0].value for f in RelayCollector(m, "r").collect() if f.name.startswith("harvest_c")}
         assert exported == {"harvest_cursor_scan_ids": float(width), "harvest_cursor_scan_rows": float(rows)}
         holder.rollback()
         width, rows = relay_rounds(6)
