@@ -188,7 +188,9 @@ def fleet_from_document(
     overrides = dict(overrides or {})
     for key in data:
         if key not in FLEET_KEYS:
-            raise ConfigError(f"{shown(key)}: unknown top-level key of a fleet file; valid keys are: {', '.join(FLEET_KEYS)}")
+            raise ConfigError(
+                f"{shown(key)}: unknown top-level key of a fleet file; valid keys are: {', '.join(FLEET_KEYS)}"
+            )
     defaults = _mapping(data.get("harvest"), "harvest")
     logging_section = data.get("logging")
     options = _options(_mapping(data.get("fleet"), "fleet"))
@@ -245,7 +247,9 @@ def fleet_from_document(
         for i, entry in enumerate(_sequence(data.get("discover"), "discover"))
     )
     if not listed and not discoveries:
-        raise ConfigError("outboxes / discover: a fleet file lists no outbox and discovers none; add an entry to either")
+        raise ConfigError(
+            "outboxes / discover: a fleet file lists no outbox and discovers none; add an entry to either"
+        )
     return FleetFile(
         listed,
         discoveries,
@@ -318,12 +322,21 @@ def check_unique(outboxes: list[Outbox]) -> None:
 
 
 def _discovery(
-    origin: str, entry: Mapping[str, Any], defaults: Mapping[str, Any], overrides: Mapping[str, Any], env: Mapping[str, str]
+    origin: str,
+    entry: Mapping[str, Any],
+    defaults: Mapping[str, Any],
+    overrides: Mapping[str, Any],
+    env: Mapping[str, str],
 ) -> Discovery:
     for key in entry:
         if key not in DISCOVER_KEYS:
             raise ConfigError(f"{origin}.{shown(key)}: unknown key; valid keys are: {', '.join(DISCOVER_KEYS)}")
-    dsn = entry.get("dataSource") or overrides.get("data_source") or env.get("HARVEST_DATA_SOURCE") or defaults.get("dataSource")
+    dsn = (
+        entry.get("dataSource")
+        or overrides.get("data_source")
+        or env.get("HARVEST_DATA_SOURCE")
+        or defaults.get("dataSource")
+    )
     if not isinstance(dsn, str) or not dsn:
         raise ConfigError(f"{origin}.dataSource: missing; name the server to look on, or set harvest.dataSource")
     texts = {}

@@ -29,10 +29,10 @@ import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
+from harvest_outbox.producer.errors import ConfigError
 from harvest_outbox.producer.fleet.discovery import DiscoveryError, discover
 from harvest_outbox.producer.fleet.member import Member, MemberStatus, RelayFactory
 from harvest_outbox.producer.fleet.spec import Discovery, FleetFile, Outbox, merged
-from harvest_outbox.producer.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -153,7 +153,9 @@ class Fleet:
             found: dict[str, Outbox] = {}
             for dsn, table in rows:
                 try:
-                    outbox = self.file.outbox(entry.origin, merged(entry.section, {"dataSource": dsn, "outboxTable": table}))
+                    outbox = self.file.outbox(
+                        entry.origin, merged(entry.section, {"dataSource": dsn, "outboxTable": table})
+                    )
                 except ConfigError as exc:
                     log.error("%s: the outbox %s found here cannot be relayed: %s", entry.origin, table, exc)
                     continue

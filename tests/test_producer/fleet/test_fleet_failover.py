@@ -17,7 +17,6 @@ import random
 import re
 import threading
 import time
-import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 

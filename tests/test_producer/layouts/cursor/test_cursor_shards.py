@@ -281,7 +281,9 @@ def test_the_scan_gauge_shows_a_long_transaction_widening_the_reads(pg_dsn: str,
         assert width >= 200 and rows < 20, (width, rows)  # the delivered 200 walked again for a few new rows
         m = Metrics()
         m.is_leader, m.cursor_scan = True, db.scan
-        exported = {f.name: f.samples[0].value for f in RelayCollector(m, "r").collect() if f.name.startswith("harvest_c")}
+        exported = {
+            f.name: f.samples[0].value for f in RelayCollector(m, "r").collect() if f.name.startswith("harvest_c")
+        }
         assert exported == {"harvest_cursor_scan_ids": float(width), "harvest_cursor_scan_rows": float(rows)}
         holder.rollback()
         width, rows = relay_rounds(6)
