@@ -110,6 +110,13 @@ ROOMS: dict[str, tuple[str, ...]] = {
     "ops": ("test_cli", "test_deadletter_admin", "test_preflight", "test_signals", "test_poison", "test_privileges"),
     "election": ("test_election_postgres", "test_failover", "test_sharded_failover"),
     "cluster": ("test_kafka_cluster", "test_pg_failover", "test_unclean_election"),
+    "fleet": (
+        "test_fleet_spec",
+        "test_fleet_supervisor",
+        "test_fleet_discovery",
+        "test_fleet_endpoint",
+        "test_fleet_failover",
+    ),
 }
 
 #: Folders of tests/test_producer/ that mirror no package of producer/ (module doc).
