@@ -61,6 +61,12 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--data-source", help="Postgres DSN (overrides harvest.dataSource; or env HARVEST_DATA_SOURCE)")
     p.add_argument("--outbox-table", help="outbox table, optionally schema-qualified")
     p.add_argument("--log-level", help="TRACE/DEBUG/INFO/WARNING/ERROR")
+    p.add_argument(
+        "--outbox",
+        metavar="ID",
+        help="with a fleet file (outboxes: / discover:): the one outbox this command works on, by its id "
+        "(docs/fleet.md); `run` without it relays every outbox of the file",
+    )
 
 
 class _Parser(argparse.ArgumentParser):
@@ -223,11 +229,19 @@ def _load(args: argparse.Namespace, extra: dict[str, Any] | None = None, kafka: 
     # HARVEST_<KEY> variables (HARVEST_DATA_SOURCE among them) are the config's: flags win over them.
     overrides: dict[str, Any] = {"data_source": args.data_source, "outbox_table": args.outbox_table, **(extra or {})}
     sources = {"data_source": "--data-source"}
-    cfg = (
-        load_yaml(args.file, overrides, args.log_level, sources, os.environ)
-        if args.file
-        else from_mapping({}, overrides, args.log_level, sources, os.environ)
-    )
+    cfg = _fleet_member(args, overrides, sources) if args.file else None
+    if cfg is None and args.file and args.outbox is not None:
+        raise ConfigError(
+            f"--outbox: {args.file} is one relay's file, not a fleet file (outboxes: / discover:); drop --outbox"
+        )
+    if cfg is None:
+        cfg = (
+            load_yaml(args.file, overrides, args.log_level, sources, os.environ)
+            if args.file
+            else from_mapping({}, overrides, args.log_level, sources, os.environ)
+        )
+    if args.outbox is not None and not args.file:
+        raise ConfigError("--outbox: names an outbox of a fleet file; give the file with -f")
     args.loaded_config = cfg  # main() redacts error messages with its secrets
     from harvest_outbox.producer.db.credentials import provide
 
@@ -253,7 +267,7 @@ def _run(args: argparse.Namespace, signals: StopSignals) -> int:
         "prometheus_bind_address": args.prometheus_bind_address,
         "uuid_sequencing": args.uuid_sequencing,
     }
-    if args.file:
+    if args.file and args.outbox is None:  # with --outbox: that outbox's relay alone
         fleet = _load_fleet(args, flags)
         if fleet is not None:
             return _run_fleet(args, signals, flags, fleet)
@@ -280,6 +294,18 @@ def _run(args: argparse.Namespace, signals: StopSignals) -> int:
     while not relay.wait(0.5):
         pass
     return EXIT_OK
+
+
+def _fleet_member(args: argparse.Namespace, overrides: dict[str, Any], sources: dict[str, str]) -> FileConfig | None:
+    """The config of the outbox ``--outbox`` names in a fleet file; None when the file is one relay's."""
+    from harvest_outbox.producer.config import FileConfig
+    from harvest_outbox.producer.fleet.spec import load_fleet, select_outbox
+
+    fleet = load_fleet(args.file, overrides, args.log_level, sources, os.environ)
+    if fleet is None:
+        return None
+    outbox = select_outbox(fleet, args.outbox)
+    return FileConfig(outbox.config, fleet.log_level, fleet.notes)
 
 
 def _load_fleet(args: argparse.Namespace, flags: dict[str, Any]) -> Any:

@@ -130,3 +130,32 @@ def test_a_bad_fleet_file_names_the_entry_the_key_and_the_fix(change: dict[str, 
         _fleet(_doc(**change))
     assert message in str(err.value)
     assert "s3cret" not in str(err.value)
+
+
+@pytest.mark.parametrize(
+    ("argv", "said"),
+    [
+        (["check"], "--outbox: missing: the file is a fleet file; name one of its 2 outboxes: app/orders.outbox, billing"),
+        (["dead-letters", "list", "--outbox", "nope"], "--outbox: 'nope' is not an outbox of it; name one of its 2"),
+        (["shards", "--outbox", "nope"], "'nope' is not an outbox of it"),
+    ],
+)
+def test_a_command_on_one_outbox_of_a_fleet_file_asks_for_its_id(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], argv: list[str], said: str
+) -> None:
+    from harvest_outbox.producer.ops.cli import main
+
+    path = tmp_path / "fleet.yaml"
+    path.write_text(yaml.safe_dump(_doc()))
+    assert main([*argv, "-f", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert said in err and "s3cret" not in err
+
+
+def test_outbox_needs_a_fleet_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from harvest_outbox.producer.ops.cli import main
+
+    path = tmp_path / "one.yaml"
+    path.write_text(yaml.safe_dump({"harvest": {"dataSource": DSN1}}))
+    assert main(["check", "-f", str(path), "--outbox", "billing"]) == 2
+    assert "is one relay's file, not a fleet file" in capsys.readouterr().err
