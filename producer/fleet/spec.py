@@ -416,6 +416,8 @@ def select_outbox(fleet: FleetFile, outbox_id: str | None) -> Outbox:
     if outbox_id is None or outbox_id not in known:
         ids = sorted(known)
         listed = ", ".join(ids[:20]) + (f" and {len(ids) - 20} more" if len(ids) > 20 else "")
-        said = "missing: the file is a fleet file" if outbox_id is None else f"{shown(outbox_id)} is not an outbox of it"
+        said = (
+            "missing: the file is a fleet file" if outbox_id is None else f"{shown(outbox_id)} is not an outbox of it"
+        )
         raise ConfigError(f"--outbox: {said}; name one of its {len(ids)} outboxes: {listed or 'none found now'}")
     return known[outbox_id]
