@@ -169,6 +169,8 @@ class Harvest(RelayLifecycle):
     # ------------------------------------------------------------------ lifecycle steps
     def _open(self) -> None:
         self.core.open()  # fail fast: connection + schema check
+        if self.config.standby == "cold":  # a standby holds no connection: they are made when elected
+            self.core.release()
         self.layout.start()  # before this relay can lead: refused while relays of another layout run
         if self.config.prometheus_port is not None:
             self._prometheus = start_prometheus(
@@ -182,9 +184,25 @@ class Harvest(RelayLifecycle):
         # The Kafka producer (an idempotent producer first fetches its producer id) and the
         # preflight's admin client connect now, while this relay is still a standby: the first
         # record after an election goes out at once, not after ~0.5-1 s of client start-up.
-        self.mode.ensure_producer()
-        self.core.guard.connect()
+        if self.config.standby == "hot":
+            self.mode.ensure_producer()
+            self.core.guard.connect()
         self._election.start(self)
+
+    def _connect(self) -> None:
+        """``standby: cold``, just elected: open what leading needs (connections, LISTEN, producer). A
+        failure lets go of what was opened and is retried by the loop after ``ioErrorBackoff``."""
+        core = self.core
+        try:
+            core.open()
+            if self._shards is not None:
+                core.use_shards(self._shards.applied)
+            self.mode.ensure_producer()
+            core.guard.connect()
+        except BaseException:
+            core.release()
+            raise
+        log.info("%s: connected for leading (standby: cold)", self.config.name)
 
     def _abandon_start(self) -> None:
         self._shutdown()  # release whatever was opened before the failure
@@ -244,6 +262,8 @@ class Harvest(RelayLifecycle):
         self.mode.relinquish(why)
         core.end_leadership()
         self.metrics.is_leader = False
+        if self.config.standby == "cold" and why != "stopping":  # stopping: _shutdown closes everything
+            core.release()
         return True
 
     # ------------------------------------------------------------------ main loop
@@ -262,6 +282,8 @@ class Harvest(RelayLifecycle):
                 raise self.layout.failure
             try:
                 if self._election.pulse() and core.leader_id is not None:
+                    if not core.connected:
+                        self._connect()
                     mode.tick()
                 else:
                     self._stop_requested.wait(min(0.05, self.limits.min_poll_interval))

@@ -87,6 +87,7 @@ TOP_KEYS = (
     "serialization",
     "outboxLayout",
     "wakeup",
+    "standby",
     "prometheusBasicAuth",
     "dataSourcePasswordCommand",
     "dataSourcePasswordProvider",
@@ -112,6 +113,10 @@ DEAD_LETTER_POLICIES = ("skip", "haltKey")
 #: ``limits.minPollInterval``). A NOTIFY makes ``PREPARE TRANSACTION`` fail, so two-phase-commit (XA)
 #: writers need ``poll`` (docs/writing.md, "Two-phase commit").
 WAKEUPS = ("notify", "poll")
+#: What a relay that does not lead keeps open: ``hot`` (its database connections, LISTEN and Kafka producer,
+#: so a fail-over sends its first record at once) or ``cold`` (only its election and layout sessions: it
+#: connects when it is elected and lets go when it is not; a fleet's default, docs/fleet.md).
+STANDBYS = ("hot", "cold")
 #: ``deadLetterRetention`` bounds, in seconds.
 MIN_RETENTION, MAX_RETENTION = 60.0, 87600 * 3600.0
 
@@ -209,6 +214,10 @@ class HarvestConfig:
     #: and ``init-db`` and ``harvest check`` warn when the server allows prepared transactions
     #: (``max_prepared_transactions`` > 0); setting it says which was chosen.
     wakeup: str = ""
+    #: ``hot`` or ``cold`` (see :data:`STANDBYS`). ``cold`` costs a fail-over the connections' and the
+    #: producer's start (tens to hundreds of milliseconds) and saves a standby three Postgres connections,
+    #: a producer and an admin client. Unset: ``hot`` for one relay, ``cold`` for a fleet's outboxes.
+    standby: str = "hot"
     #: A command that prints the Postgres password (e.g. ``aws rds generate-db-auth-token --hostname …``),
     #: run for each new connection the relay makes: rotated credentials are picked up without a restart.
     #: Run without a shell (split as a POSIX shell would), at most 10 s; its stdout, stripped, is the
@@ -332,6 +341,11 @@ class HarvestConfig:
                 f"wakeup: {shown(self.wakeup)} is not a wake-up; use notify (a NOTIFY trigger wakes the relay at "
                 f"each commit) or poll (no trigger, so writers may PREPARE TRANSACTION; rows wait up to one idle poll)"
             )
+        if self.standby not in STANDBYS:
+            raise ConfigError(
+                f"standby: {shown(self.standby)} is not a standby; use hot (a standby keeps its connections and "
+                f"producer open) or cold (it connects when elected)"
+            )
         check_election(self.leader_election, self.leader_lock_check_interval)
         object.__setattr__(self, "leader_group_id", group)
         object.__setattr__(self, "leader_topic", topic)
@@ -415,7 +429,7 @@ class HarvestConfig:
             f"table_mapping={self.table_mapping!r}, event_id_header={self.event_id_header!r}, "
             f"dead_letter_retention={self.dead_letter_retention!r}, dead_letter_policy={self.dead_letter_policy!r}, "
             f"tracing={self.tracing!r}, serialization={self.serialization!r}, outbox_layout={self.outbox_layout!r}, "
-            f"wakeup={self.wakeup!r}, prometheus_basic_auth={'<redacted>' if self.prometheus_basic_auth else ''!r}, "
+            f"wakeup={self.wakeup!r}, standby={self.standby!r}, prometheus_basic_auth={'<redacted>' if self.prometheus_basic_auth else ''!r}, "
             f"password_provider={self.password_provider!r}, kafka_token_provider={self.kafka_token_provider!r})"
         )
 
@@ -474,6 +488,8 @@ class HarvestConfig:
             kwargs["outbox_layout"] = data["outboxLayout"]
         if data.get("wakeup") is not None:
             kwargs["wakeup"] = data["wakeup"]
+        if data.get("standby") is not None:
+            kwargs["standby"] = data["standby"]
         if data.get("tracing") is not None:
             kwargs["tracing"] = TracingConfig.from_mapping(data["tracing"], f"{path}.tracing")
         if data.get("serialization") is not None:

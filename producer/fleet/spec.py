@@ -27,6 +27,7 @@ Invariants (``tests/test_producer/fleet/test_fleet_spec.py``):
 - ids are unique, and no two entries name the same outbox (server, database, table);
 - each outbox gets a relay name ``<name>/<id>`` and, unless its entry sets one, a NELI group
   ``<leaderGroupID>.<id>`` of its own, so fleets elect a leader per outbox;
+- an outbox's relay is a ``standby: cold`` one unless the defaults or its entry say ``hot``;
 - the fleet serves one HTTP endpoint: ``prometheusPort`` belongs to the defaults, never to an entry.
 """
 
@@ -219,7 +220,8 @@ def fleet_from_document(
                     f"{origin}.{key}: a fleet serves one endpoint for all its outboxes; set harvest.{key} "
                     f"(the fleet's defaults) instead"
                 )
-        harvest = merged(defaults, section)
+        # A fleet's standbys hold no connections unless told to (docs/fleet.md, "Cost").
+        harvest = merged({"standby": "cold", **defaults}, section)
         # Flags and variables stand in for the defaults: an entry's own key wins over them.
         own_overrides = {a: v for a, v in overrides.items() if not any(attribute_name(k) == a for k in section)}
         own_env = {v: t for v, t in env.items() if not any(variable_name(k) == v for k in section)}

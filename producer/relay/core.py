@@ -216,20 +216,35 @@ class RelayCore:
             return None
         return Listener(self.config.data_source, self.names)
 
-    def close(self) -> None:
-        """Flush and drop the producer, stop the workers, close every connection."""
+    @property
+    def connected(self) -> bool:
+        """The leader's resources are open (:meth:`open` ran and :meth:`release` did not since)."""
+        return self.db is not None
+
+    def release(self) -> None:
+        """Let go of what only a leader needs (``standby: cold``): flush and drop the producer, stop the
+        workers, close the connections and the LISTEN; :meth:`open` makes them again."""
         if self.producer is not None:
             self.producer.flush(5.0)
             self.producer = None
         for executor in (self.exec, self.mark_exec):
             if executor is not None:
                 executor.shutdown(wait=True)
-        if self.encoder is not None:
-            self.encoder.close()
+        self.exec = self.mark_exec = None
         self.guard.close()
-        for closeable in (self.listener, self.db, self.mark_db, self.waker):
+        for closeable in (self.listener, self.db, self.mark_db):
             if closeable is not None:
                 closeable.close()
+        self.listener = self.db = self.mark_db = None
+        self.marks.clear()
+        self.db_futures.clear()
+
+    def close(self) -> None:
+        """Flush and drop the producer, stop the workers, close every connection."""
+        self.release()
+        if self.encoder is not None:
+            self.encoder.close()
+        self.waker.close()
 
     def use_shards(self, applied: frozenset[int]) -> None:
         """A new view of the led shards: both connections mark / purge within ``applied`` from now on."""

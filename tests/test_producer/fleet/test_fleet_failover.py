@@ -17,6 +17,8 @@ import random
 import re
 import threading
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
@@ -186,6 +188,20 @@ def test_fleet_of_three_processes_serves_outboxes_of_two_databases_exactly_once(
         exported = _get(port, "/metrics")[1]
         assert f'outbox="{db2}/t03.outbox"' in exported
 
+        # standbys are cold in a fleet: b and c hold their election and layout sessions per outbox, nothing more
+        def sessions(prefix: str) -> int:
+            with psycopg.connect(pg_dsn) as conn:
+                row = conn.execute(
+                    "SELECT count(*) FROM pg_stat_activity WHERE application_name LIKE %s", (prefix + "%",)
+                ).fetchone()
+            return int(row[0]) if row else 0
+
+        all_backends = sessions("")
+        for n in ("b", "c"):
+            assert sessions(f"harvest-election:{n}/") == sessions(f"harvest-layout:{n}/") == len(tables)
+        # a leads: mark, write, LISTEN, election, layout per outbox; b and c: 2 each; the rest is this test's
+        assert all_backends <= len(tables) * (5 + 2 + 2) + 12, all_backends
+
         # a tenant added while running: discovery finds it, one process leads it
         tenant(dsn2, "t10", f"{db2}/t10.outbox")
         with lock:
@@ -245,7 +261,6 @@ def test_fleet_of_three_processes_serves_outboxes_of_two_databases_exactly_once(
 
 
 def _get(port: int, path: str) -> tuple[int, str]:
-    import urllib.error
 
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=10) as resp:
