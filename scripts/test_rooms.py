@@ -115,6 +115,7 @@ ROOMS: dict[str, tuple[str, ...]] = {
         "test_fleet_supervisor",
         "test_fleet_discovery",
         "test_fleet_endpoint",
+        "test_fleet_balance",
         "test_fleet_failover",
     ),
 }

@@ -96,6 +96,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 
 import psycopg
 
@@ -133,6 +134,14 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
+#: Checks in a row a held-back standby (``may_acquire``) sees nobody holding the lock before it takes it
+#: anyway: an outbox never stays unled because every process thinks it has its share.
+UNLED_CHECKS = 3
+_HELD_SQL = (
+    "SELECT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' "
+    "AND database = (SELECT oid FROM pg_database WHERE datname = current_database()) "
+    "AND classid = %s::bigint::oid AND objid = %s::bigint::oid AND objsubid = 1 AND granted)"
+)
 _CHECK_SQL = (
     "SELECT pg_backend_pid(), EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' "
     "AND database = (SELECT oid FROM pg_database WHERE datname = current_database()) "
@@ -166,6 +175,7 @@ class PostgresElection(LockSession):
         lease: float | None = None,
         statement_timeout: float | None = None,
         connect_timeout: float | None = None,
+        may_acquire: Callable[[], bool] | None = None,
     ) -> None:
         if check_interval <= 0:
             raise ElectionError(f"leader lock check interval must be > 0, got {check_interval!r}")
@@ -190,6 +200,10 @@ class PostgresElection(LockSession):
         self._generation = 0  # +1 per acquisition of the lock (new session or re-lock)
         self._seen_generation = 0
         self.backend_pid: int | None = None  # the election connection's backend (tests, diagnostics)
+        #: A fleet's balance (producer/fleet/balance.py): while it says no, this standby leaves the lock to
+        #: the others, unless nobody has taken it for UNLED_CHECKS checks in a row.
+        self._may_acquire = may_acquire
+        self._unled_checks = 0
 
     # ------------------------------------------------------------------ protocol
     @property
@@ -324,6 +338,13 @@ class PostgresElection(LockSession):
                         f"backend pid {row[0] if row else '?'} does not hold the lock (pooler in transaction mode?)"
                     )
             else:
+                if self._may_acquire is not None and not self._may_acquire():
+                    classid, objid = key_parts(self.key)
+                    held_by_someone = conn.execute(_HELD_SQL, (classid, objid)).fetchone()
+                    self._unled_checks = 0 if held_by_someone and held_by_someone[0] else self._unled_checks + 1
+                    if self._unled_checks < UNLED_CHECKS:
+                        return
+                self._unled_checks = 0
                 row = conn.execute("SELECT pg_try_advisory_lock(%s), pg_backend_pid()", (self.key,)).fetchone()
                 if row is not None and row[0]:
                     if int(row[1]) != self._pid:

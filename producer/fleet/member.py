@@ -13,7 +13,9 @@ Invariants (``tests/test_producer/fleet/test_fleet_supervisor.py``):
   one outbox;
 - ``stop()`` ends the member whatever its relay is doing (starting, running, waiting out a backoff);
   ``join()`` returns once its relay stopped;
-- a failure is reported (``failures``, ``last_error``, redacted) and never raised to the fleet.
+- a failure is reported (``failures``, ``last_error``, redacted) and never raised to the fleet;
+- a hand-over (:meth:`Member.handover`) is a graceful stop followed at once by a new relay, never
+  counted as a failure.
 """
 
 from __future__ import annotations
@@ -59,6 +61,7 @@ class Member:
         self._state = "starting"
         self.failures = 0
         self.last_error: str | None = None
+        self._handing_over = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"harvest-fleet-{outbox.id}", daemon=True)
 
     @property
@@ -75,6 +78,17 @@ class Member:
             relay = self._relay
         if relay is not None:
             relay.stop()
+
+    def handover(self) -> bool:
+        """Stop the running relay gracefully (drained, its lock released, the standbys told) and start a
+        new one as a standby at once: the fleet's balance moving this outbox to another process."""
+        with self._lock:
+            relay, state = self._relay, self._state
+        if relay is None or state != "running" or self._stop.is_set():
+            return False
+        self._handing_over.set()
+        relay.stop()
+        return True
 
     def join(self, timeout: float | None = None) -> bool:
         self._thread.join(timeout)
@@ -104,6 +118,10 @@ class Member:
                         relay.stop()
                 if self._stop.is_set():
                     break
+                if self._handing_over.is_set():
+                    self._handing_over.clear()
+                    log.info("outbox %s: handed over to another process of the fleet (balance)", self.id)
+                    continue
                 raise RuntimeError("the relay stopped without being asked to")
             except Exception as exc:
                 if self._stop.is_set():

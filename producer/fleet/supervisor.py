@@ -4,8 +4,9 @@
 discoveries find. A reconciliation first decides (:class:`Change`: outboxes added, removed, changed),
 then applies it: removed members are stopped (drained, their elections left, so another process of
 the fleet takes them over at once), changed ones stopped and started with the new config, added ones
-started. Discovery runs on its own thread every ``discoveryInterval`` and on :meth:`Fleet.reload`
-(the CLI calls it on SIGHUP, with the file read again).
+started. Discovery runs on the fleet's thread every ``discoveryInterval`` and on :meth:`Fleet.reload`
+(the CLI calls it on SIGHUP, with the file read again); the same thread keeps the leaderships spread
+over the fleet's processes every ``BALANCE_INTERVAL`` (:mod:`producer.fleet.balance`).
 
 Why a relay per outbox: each outbox keeps everything its relay guarantees alone (its election and
 fencing, per-key order, its dead-letter policy and mode), and its failures, waits and backlog stay on
@@ -26,10 +27,13 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from harvest_outbox.producer.errors import ConfigError
+from harvest_outbox.producer.fleet.balance import BALANCE_INTERVAL, Balance, balanced
 from harvest_outbox.producer.fleet.discovery import DiscoveryError, discover
 from harvest_outbox.producer.fleet.member import Member, MemberStatus, RelayFactory
 from harvest_outbox.producer.fleet.spec import Discovery, FleetFile, Outbox, merged
@@ -59,12 +63,6 @@ def decide(running: Mapping[str, Outbox], wanted: Mapping[str, Outbox]) -> Chang
     )
 
 
-def _default_factory(config: object) -> object:
-    from harvest_outbox.producer.relay.sharded import relay_for
-
-    return relay_for(config)  # type: ignore[arg-type]
-
-
 class Fleet:
     """``Fleet(file).start()``; ``reload(file)``; ``stop()``; ``wait()``."""
 
@@ -72,11 +70,11 @@ class Fleet:
         self,
         file: FleetFile,
         *,
-        relay_factory: RelayFactory = _default_factory,
+        relay_factory: RelayFactory | None = None,
         discover_outboxes: Discover = discover,
     ) -> None:
         self.file = file
-        self._factory = relay_factory
+        self._factory = relay_factory or self._relay
         self._discover = discover_outboxes
         self._lock = threading.RLock()
         #: One reconciliation at a time (discovery's thread, a reload from a signal, start()).
@@ -90,6 +88,7 @@ class Fleet:
         self.last_change = Change()
         #: Set once the first reconciliation ran: before it, the fleet has not looked for its outboxes.
         self.started = threading.Event()
+        self.balance = Balance(self._balanced_leads, self._balanced_outboxes)
 
     # ------------------------------------------------------------------ public
     def start(self) -> Fleet:
@@ -223,13 +222,77 @@ class Fleet:
             )
         return change
 
+    # ------------------------------------------------------------------ balance
+    def _relay(self, config: Any) -> Any:
+        """An outbox's relay; a balanced one's Postgres election holds back while this process leads its share."""
+        from harvest_outbox.producer.relay.sharded import relay_for
+
+        if not balanced(config):
+            return relay_for(config)
+        from harvest_outbox.producer.election.postgres import PostgresElection
+
+        election = PostgresElection(
+            config.data_source,
+            config.outbox_table,
+            config.name,
+            check_interval=config.leader_lock_check_interval,
+            may_acquire=self.balance.may_acquire,
+        )
+        return relay_for(config, election=election)
+
+    def _balanced_outboxes(self) -> list[tuple[str, str, str]]:
+        with self._lock:
+            members = list(self._members.values())
+        return [
+            (m.id, m.outbox.config.data_source, m.outbox.config.outbox_table)
+            for m in members
+            if balanced(m.outbox.config)
+        ]
+
+    def _balanced_leads(self) -> list[str]:
+        with self._lock:
+            members = list(self._members.values())
+        led = []
+        for member in members:
+            relay = member.status().relay
+            if balanced(member.outbox.config) and relay is not None and getattr(relay, "is_leader", False):
+                led.append(member.id)
+        return led
+
+    def rebalance(self) -> list[str]:
+        """Count the fleet's processes and hand over this process's surplus; returns the ids handed over."""
+        self.balance.count()
+        handed = []
+        for oid in self.balance.to_hand_over():
+            member = self.member(oid)
+            if member is not None and member.handover():
+                handed.append(oid)
+        if handed:
+            log.info(
+                "fleet balance: %d process(es), a share of %d; handing over %s",
+                self.balance.processes,
+                self.balance.share(),
+                handed,
+            )
+        return handed
+
     def _discovery_loop(self) -> None:
+        try:
+            self._look_and_balance()
+        finally:
+            self.balance.close()
+
+    def _look_and_balance(self) -> None:
+        next_discovery = time.monotonic() + self.file.options.discovery_interval
         while not self._stop.is_set():
-            self._wake.wait(self.file.options.discovery_interval if self.file.discoveries else 3600.0)
-            self._wake.clear()
+            self._wake.wait(BALANCE_INTERVAL)
             if self._stop.is_set():
                 return
             try:
-                self.reload()
+                if self._wake.is_set() or (self.file.discoveries and time.monotonic() >= next_discovery):
+                    self._wake.clear()
+                    next_discovery = time.monotonic() + self.file.options.discovery_interval
+                    self.reload()
+                self.rebalance()
             except Exception:  # a bug here must not end discovery for the rest of the process's life
-                log.exception("fleet: discovery failed")
+                log.exception("fleet: discovery or balance failed")

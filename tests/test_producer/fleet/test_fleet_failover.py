@@ -170,25 +170,34 @@ def test_fleet_of_three_processes_serves_outboxes_of_two_databases_exactly_once(
 
     writers = [threading.Thread(target=writer, args=(w,)) for w in range(2)]
     try:
-        # a starts first and takes every outbox; b and c join as standbys of each
+        # a starts first and takes every outbox; b and c join, and the balance hands each its share
         wait_for(led_by(("a",), set(tables)), 90, "every outbox led by a")
-        relays.update({n: SeqRelay(cfg, n, tmp_path) for n in ("b", "c")})
         for t in writers:
             t.start()
-        time.sleep(2)
+        relays.update({n: SeqRelay(cfg, n, tmp_path) for n in ("b", "c")})
+        share = -(-len(tables) // 3)
 
-        # /readyz and /metrics of a fleet: every outbox by id (b: standby of each)
+        def spread() -> bool:
+            led = [leads(relays[n]) for n in ("a", "b", "c")]
+            return set().union(*led) == set(tables) and all(1 <= len(x) <= share for x in led)
+
+        wait_for(spread, 90, f"{len(tables)} outboxes spread over three processes, at most {share} each")
+        spread_at = {n: sorted(leads(relays[n])) for n in ("a", "b", "c")}
+
+        # /readyz and /metrics of a fleet: every outbox by id
         port = int(_port(relays["b"]))
         wait_for(lambda: _get(port, "/readyz")[0] == 200, 60, "b ready for every outbox")
         ready = json.loads(_get(port, "/readyz")[1])
         assert set(ready["outboxes"]) == set(tables)
-        assert {o["role"] for o in ready["outboxes"].values()} == {"standby"}, ready
+        roles = {oid: o["role"] for oid, o in ready["outboxes"].items()}
+        assert {oid for oid, role in roles.items() if role == "leader"} == set(leads(relays["b"])), roles
         assert _get(port, f"/readyz?outbox={db2}/t03.outbox")[0] == 200
         assert _get(port, "/readyz?outbox=nope")[0] == 404
         exported = _get(port, "/metrics")[1]
         assert f'outbox="{db2}/t03.outbox"' in exported
 
-        # standbys are cold in a fleet: b and c hold their election and layout sessions per outbox, nothing more
+        # standbys are cold in a fleet: per outbox each process holds its election and layout sessions, and
+        # mark, write and LISTEN connections only where it leads
         def sessions(prefix: str) -> int:
             with psycopg.connect(pg_dsn) as conn:
                 row = conn.execute(
@@ -196,11 +205,16 @@ def test_fleet_of_three_processes_serves_outboxes_of_two_databases_exactly_once(
                 ).fetchone()
             return int(row[0]) if row else 0
 
+        def settled() -> bool:  # the relays handed over by the balance have started again as standbys
+            return all(
+                sessions(f"harvest-election:{n}/") == sessions(f"harvest-layout:{n}/") == len(tables)
+                for n in ("a", "b", "c")
+            )
+
+        wait_for(settled, 30, "an election and a layout session per outbox in each process")
         all_backends = sessions("")
-        for n in ("b", "c"):
-            assert sessions(f"harvest-election:{n}/") == sessions(f"harvest-layout:{n}/") == len(tables)
-        # a leads: mark, write, LISTEN, election, layout per outbox; b and c: 2 each; the rest is this test's
-        assert all_backends <= len(tables) * (5 + 2 + 2) + 12, all_backends
+        # 2 per outbox and process, 3 more per led outbox; the rest is this test's, the probes' and the balance's
+        assert all_backends <= len(tables) * (3 * 2 + 3) + 20, all_backends
 
         # a tenant added while running: discovery finds it, one process leads it
         tenant(dsn2, "t10", f"{db2}/t10.outbox")
@@ -244,7 +258,8 @@ def test_fleet_of_three_processes_serves_outboxes_of_two_databases_exactly_once(
         res = check_exactly_once(kafka_bootstrap, topic, PARTITIONS, exp)
         print(
             f"\nfleet: {len(tables)} outboxes, {exp.total} rows exactly once, {len(exp.rolled_back)} rolled back, "
-            f"{res.acks} ACKs"
+            f"{res.acks} ACKs; spread {', '.join(f'{n}: {len(v)}' for n, v in spread_at.items())}; "
+            f"{all_backends} Postgres backends with three processes"
         )
         assert res.acks > 0
     finally:
