@@ -404,17 +404,27 @@ def _sequence(value: Any, path: str) -> list[Any]:
     return value
 
 
-def select_outbox(fleet: FleetFile, outbox_id: str | None) -> Outbox:
-    """The outbox ``outbox_id`` names among the listed ones and those the discoveries find now (for the
-    commands that work on one outbox: ``--outbox``)."""
+def every_outbox(fleet: FleetFile) -> dict[str, Outbox]:
+    """The listed outboxes and those the discoveries find now, by id (a listed one wins)."""
     from harvest_outbox.producer.fleet.discovery import discover
 
     known = {o.id: o for o in fleet.listed}
-    if outbox_id not in known:
-        for entry in fleet.discoveries:
-            for dsn, table in discover(entry):
-                found = fleet.outbox(entry.origin, merged(entry.section, {"dataSource": dsn, "outboxTable": table}))
+    targets = {o.target for o in fleet.listed}
+    for entry in fleet.discoveries:
+        for dsn, table in discover(entry):
+            found = fleet.outbox(entry.origin, merged(entry.section, {"dataSource": dsn, "outboxTable": table}))
+            if found.target not in targets:
                 known.setdefault(found.id, found)
+                targets.add(found.target)
+    return known
+
+
+def select_outbox(fleet: FleetFile, outbox_id: str | None) -> Outbox:
+    """The outbox ``outbox_id`` names among the listed ones and those the discoveries find now (for the
+    commands that work on one outbox: ``--outbox``)."""
+    known = {o.id: o for o in fleet.listed}
+    if outbox_id not in known:
+        known = every_outbox(fleet)
     if outbox_id is None or outbox_id not in known:
         ids = sorted(known)
         listed = ", ".join(ids[:20]) + (f" and {len(ids) - 20} more" if len(ids) > 20 else "")

@@ -478,6 +478,10 @@ def _check(args: argparse.Namespace) -> int:
     from harvest_outbox.producer.ops._check import exit_code
     from harvest_outbox.producer.ops._privileges import check_outbox_and_role
 
+    if args.file and args.outbox is None:
+        fleet = _load_fleet(args, {})
+        if fleet is not None:
+            return _check_fleet(args, fleet)
     cfg = _load(args, kafka=args.kafka)
     with connect(cfg.harvest.data_source) as conn:
         findings = check_outbox_and_role(conn, cfg.harvest)
@@ -488,6 +492,37 @@ def _check(args: argparse.Namespace) -> int:
     levels = [f.level for f in findings]
     print(f"{levels.count('OK')} OK, {levels.count('WARN')} WARN, {levels.count('FAIL')} FAIL")
     return exit_code(findings)
+
+
+def _check_fleet(args: argparse.Namespace, fleet: Any) -> int:
+    """``harvest check -f fleet.yaml``: every outbox of the fleet, each line prefixed with its id; the
+    exit code of the worst finding."""
+    from harvest_outbox.producer.db import connect
+    from harvest_outbox.producer.errors import DatabaseError
+    from harvest_outbox.producer.fleet.spec import every_outbox
+    from harvest_outbox.producer.ops._check import Finding, exit_code
+    from harvest_outbox.producer.ops._privileges import check_outbox_and_role
+
+    everything: list[Finding] = []
+    outboxes = every_outbox(fleet)
+    for oid, outbox in sorted(outboxes.items()):
+        try:
+            with connect(outbox.config.data_source) as conn:
+                findings = check_outbox_and_role(conn, outbox.config)
+        except DatabaseError as exc:
+            findings = [Finding("FAIL", "database", str(exc), "check the outbox's dataSource and the server")]
+        for finding in findings:
+            print(printable(f"{oid}: {finding.line()}"))
+        everything += findings
+    if args.kafka and outboxes:
+        finding = _kafka_finding(next(iter(outboxes.values())).config.base_kafka_config)
+        print(printable(finding.line()))
+        everything.append(finding)
+    levels = [f.level for f in everything]
+    print(
+        f"{len(outboxes)} outbox(es): {levels.count('OK')} OK, {levels.count('WARN')} WARN, {levels.count('FAIL')} FAIL"
+    )
+    return exit_code(everything)
 
 
 def _kafka_finding(base: Mapping[str, Any]) -> Finding:

@@ -5,9 +5,11 @@ as a :class:`DiscoveryError` naming the entry without its password (producer/fle
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 
 import psycopg
 import pytest
+import yaml
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
@@ -75,3 +77,46 @@ def test_a_server_that_does_not_answer_is_a_discovery_error_without_the_password
     text = str(err.value)
     assert text.startswith("discover[0]: cannot look for outboxes on") and "keep running" in text
     assert "s3cret" not in text
+
+
+def test_harvest_check_on_a_fleet_file_checks_every_outbox_listed_and_found(
+    pg_dsn: str, pg_schema: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from harvest_outbox.producer.ops.cli import main
+    from harvest_outbox.producer.schema.ddl import init_db
+
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        for schema in (f"{pg_schema}_t1", f"{pg_schema}_t2"):
+            conn.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(schema)))
+    try:
+        init_db(pg_dsn, f"{pg_schema}_t1.outbox")
+        init_db(pg_dsn, f"{pg_schema}.outbox")
+        with psycopg.connect(pg_dsn, autocommit=True) as conn:  # found by discovery, but harvest's tables are missing
+            conn.execute(sql.SQL("CREATE TABLE {}.outbox (id bigint)").format(sql.Identifier(f"{pg_schema}_t2")))
+        path = tmp_path / "fleet.yaml"
+        path.write_text(
+            yaml.safe_dump(
+                {
+                    "harvest": {"dataSource": pg_dsn},
+                    "outboxes": [{"id": "listed", "outboxTable": f"{pg_schema}.outbox"}],
+                    "discover": [{"schemas": f"{pg_schema}_t*"}],
+                }
+            )
+        )
+        code = main(["check", "-f", str(path)])
+        out = capsys.readouterr().out
+        db = conninfo_to_dict(pg_dsn)["dbname"]
+        assert {line.split(": ", 1)[0] for line in out.splitlines()[:-1]} == {
+            "listed",
+            f"{db}/{pg_schema}_t1.outbox",
+            f"{db}/{pg_schema}_t2.outbox",
+        }
+        assert out.splitlines()[-1].startswith("3 outbox(es): ")
+        assert code == 1 and f"{db}/{pg_schema}_t2.outbox: FAIL" in out
+        assert not any(
+            line.startswith(("listed: FAIL", f"{db}/{pg_schema}_t1.outbox: FAIL")) for line in out.splitlines()
+        )
+    finally:
+        with psycopg.connect(pg_dsn, autocommit=True) as conn:
+            for schema in (f"{pg_schema}_t1", f"{pg_schema}_t2"):
+                conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema)))
