@@ -88,6 +88,8 @@ class Harvest(RelayLifecycle):
     ``producer_factory`` and ``election`` are seams for tests (fault injection) and for other
     election mechanisms; by default a real confluent Producer and the election ``config.leader_election``
     names (:class:`NeliElection`, or :class:`~producer.election.postgres.PostgresElection`) are used.
+    ``layout_session``: a fleet's :class:`~producer.relay.layout_session.SharedLayoutSession` of this
+    database, which holds this relay's layout lock (default: a session of its own).
     :attr:`mode` is the delivery strategy ``config.uuid_sequencing`` chose. ``tracer_provider``: the
     OpenTelemetry TracerProvider of relay spans (``config.tracing``), by default the global one
     (:mod:`producer.relay.spans`; read once, here). Its lifecycle (states, start, stop, wait) is
@@ -106,6 +108,7 @@ class Harvest(RelayLifecycle):
         topic_guard: TopicGuard | None = None,
         shards: ShardSetSeat | None = None,
         tracer_provider: Any = None,
+        layout_session: Any = None,
     ) -> None:
         self.config = config
         self.limits = config.limits
@@ -138,7 +141,7 @@ class Harvest(RelayLifecycle):
         )
         self.mode: RelayMode = mode_type(self.core)
         #: Keeps relays of another shards / leaderElection off this outbox while this one runs.
-        self.layout = LayoutGuard(config)
+        self.layout = LayoutGuard(config, layout_session)
         self.names = self.core.names
         self.metrics = self.core.metrics
         self._stats_future: Future[tuple[int, float | None, int]] | None = None

@@ -59,6 +59,7 @@ ROOMS: dict[str, tuple[str, ...]] = {
         "test_harvest_logic",
         "test_lifecycle",
         "test_layout",
+        "test_layout_session",
         "test_waker",
         "test_two_phase",
         "test_row_timeout",

@@ -130,6 +130,8 @@ class FleetFile:
     prometheus_port: int | None
     prometheus_bind_address: str
     prometheus_basic_auth: str
+    #: The fleet's part of its relays' names (``<base_name>/<id>``); names its shared sessions too.
+    base_name: str
     #: Builds a found outbox: (origin, section over the defaults, id) -> Outbox.
     _build: Callable[[str, Mapping[str, Any], str | None], Outbox] = dataclasses.field(repr=False)
 
@@ -261,6 +263,7 @@ def fleet_from_document(
         None if port is None else endpoint.harvest.prometheus_port,
         endpoint.harvest.prometheus_bind_address,
         endpoint.harvest.prometheus_basic_auth,
+        str(base_name),
         build,
     )
 

@@ -37,6 +37,7 @@ from harvest_outbox.producer.fleet.balance import BALANCE_INTERVAL, Balance, bal
 from harvest_outbox.producer.fleet.discovery import DiscoveryError, discover
 from harvest_outbox.producer.fleet.member import Member, MemberStatus, RelayFactory
 from harvest_outbox.producer.fleet.spec import Discovery, FleetFile, Outbox, merged
+from harvest_outbox.producer.relay.layout_session import LayoutSessions
 
 log = logging.getLogger(__name__)
 
@@ -89,6 +90,8 @@ class Fleet:
         #: Set once the first reconciliation ran: before it, the fleet has not looked for its outboxes.
         self.started = threading.Event()
         self.balance = Balance(self._balanced_leads, self._balanced_outboxes)
+        #: One layout session per database for every unsharded outbox's relay (not one per outbox).
+        self.layout_sessions = LayoutSessions(file.base_name)
 
     # ------------------------------------------------------------------ public
     def start(self) -> Fleet:
@@ -227,8 +230,11 @@ class Fleet:
         """An outbox's relay; a balanced one's Postgres election holds back while this process leads its share."""
         from harvest_outbox.producer.relay.sharded import relay_for
 
-        if not balanced(config):
+        if config.shards > 1:
             return relay_for(config)
+        shared = self.layout_sessions.for_dsn(config.data_source)
+        if not balanced(config):
+            return relay_for(config, layout_session=shared)
         from harvest_outbox.producer.election.postgres import PostgresElection
 
         election = PostgresElection(
@@ -238,7 +244,7 @@ class Fleet:
             check_interval=config.leader_lock_check_interval,
             may_acquire=self.balance.may_acquire,
         )
-        return relay_for(config, election=election)
+        return relay_for(config, election=election, layout_session=shared)
 
     def _balanced_outboxes(self) -> list[tuple[str, str, str]]:
         with self._lock:

@@ -41,6 +41,7 @@ import os
 import select
 import threading
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import psycopg
 from psycopg import sql
@@ -52,6 +53,9 @@ from harvest_outbox.producer.election.postgres import resolve_table
 from harvest_outbox.producer.errors import DatabaseError, HarvestError, SchemaError
 from harvest_outbox.producer.schema import OutboxNames
 from harvest_outbox.redact import redact_dsn, redact_error
+
+if TYPE_CHECKING:
+    from harvest_outbox.producer.relay.layout_session import SharedLayoutSession
 
 log = logging.getLogger(__name__)
 
@@ -193,11 +197,14 @@ class LayoutGuard:
     :class:`LayoutError` (refused), :class:`SchemaError` (no layout record) or ``DatabaseError``;
     :attr:`failure` is set when the session was lost and re-admission was refused."""
 
-    def __init__(self, config: HarvestConfig) -> None:
+    def __init__(self, config: HarvestConfig, shared: SharedLayoutSession | None = None) -> None:
         self._dsn = config.data_source
-        self._outbox_table = config.outbox_table
+        self.outbox_table = config.outbox_table
         self.layout = Layout.of(config)
         self.name = config.name
+        #: A fleet's layout session of this database (producer/relay/layout_session.py), or None for a
+        #: session of this relay's own.
+        self._shared = shared
         #: Why this relay must stop (another layout was admitted while its session was gone).
         self.failure: HarvestError | None = None
         self._conn: psycopg.Connection | None = None
@@ -206,6 +213,10 @@ class LayoutGuard:
         self._thread: threading.Thread | None = None
 
     def start(self) -> None:
+        if self._shared is not None:
+            table = self._shared.admit(self)
+            log.info("%s: admitted on %s with %s (shared layout session)", self.name, table, self.layout)
+            return
         self._conn = self._admitted()
         self._wake_r, self._wake_w = os.pipe()
         self._thread = threading.Thread(target=self._watch, name=f"harvest-layout-{self.name}", daemon=True)
@@ -213,6 +224,9 @@ class LayoutGuard:
 
     def close(self) -> None:
         """Release the layout lock (after the relay stopped publishing: the caller's last step)."""
+        if self._shared is not None:
+            self._shared.release(self)
+            return
         self._stop.set()
         if self._wake_w >= 0:
             os.write(self._wake_w, b"x")
@@ -235,7 +249,7 @@ class LayoutGuard:
                 conn.execute("SET idle_session_timeout = 0")  # PostgreSQL 14+: the session is idle by design
             except psycopg.errors.UndefinedObject:
                 pass
-            table = admit(conn, self._outbox_table, self.layout, self.name)
+            table = admit(conn, self.outbox_table, self.layout, self.name)
         except psycopg.Error as exc:
             close_quietly(conn)
             raise DatabaseError(
