@@ -32,6 +32,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from harvest_outbox.producer.election.shared_postgres import ElectionSessions
 from harvest_outbox.producer.errors import ConfigError
 from harvest_outbox.producer.fleet.balance import BALANCE_INTERVAL, Balance, balanced
 from harvest_outbox.producer.fleet.discovery import DiscoveryError, discover
@@ -92,6 +93,8 @@ class Fleet:
         self.balance = Balance(self._balanced_leads, self._balanced_outboxes)
         #: One layout session per database for every unsharded outbox's relay (not one per outbox).
         self.layout_sessions = LayoutSessions(file.base_name)
+        #: ... and one election session per database for every balanced outbox's Postgres election.
+        self.election_sessions = ElectionSessions(file.base_name)
 
     # ------------------------------------------------------------------ public
     def start(self) -> Fleet:
@@ -227,7 +230,8 @@ class Fleet:
 
     # ------------------------------------------------------------------ balance
     def _relay(self, config: Any) -> Any:
-        """An outbox's relay; a balanced one's Postgres election holds back while this process leads its share."""
+        """An outbox's relay: its layout lock on the database's shared layout session; a balanced one's
+        election on the database's shared election session, holding back while this process leads its share."""
         from harvest_outbox.producer.relay.sharded import relay_for
 
         if config.shards > 1:
@@ -235,14 +239,12 @@ class Fleet:
         shared = self.layout_sessions.for_dsn(config.data_source)
         if not balanced(config):
             return relay_for(config, layout_session=shared)
-        from harvest_outbox.producer.election.postgres import PostgresElection
-
-        election = PostgresElection(
+        election = self.election_sessions.election(
             config.data_source,
             config.outbox_table,
             config.name,
-            check_interval=config.leader_lock_check_interval,
-            may_acquire=self.balance.may_acquire,
+            config.leader_lock_check_interval,
+            self.balance.may_acquire,
         )
         return relay_for(config, election=election, layout_session=shared)
 
