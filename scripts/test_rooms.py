@@ -109,7 +109,7 @@ ROOMS: dict[str, tuple[str, ...]] = {
     ),
     "db": ("test_credentials", "test_password_rotation", "test_connect_errors", "test_listener"),
     "ops": ("test_cli", "test_deadletter_admin", "test_preflight", "test_signals", "test_poison", "test_privileges"),
-    "election": ("test_election_postgres", "test_failover", "test_sharded_failover"),
+    "election": ("test_election_postgres", "test_failover", "test_sharded_failover", "test_shared_election"),
     "cluster": ("test_kafka_cluster", "test_pg_failover", "test_unclean_election"),
     "fleet": (
         "test_fleet_spec",

@@ -73,7 +73,7 @@ _LIMIT_FIELDS: tuple[tuple[str, str, str], ...] = (
     ("txnMaxRecords", "txn_max_records", "i"),
     ("txnMaxDuration", "txn_max_duration", "d"),
     ("producerRing", "producer_ring", "i"),
-    # operations (producer/observe/_health.py)
+    # operations (producer/observe/health.py)
     ("livenessTimeout", "liveness_timeout", "d"),
 )
 

@@ -18,8 +18,8 @@ import re
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from harvest_outbox.producer.errors import HarvestError
-from harvest_outbox.producer.fleet.spec import Discovery
+from harvest_outbox.producer.errors import ConfigError, HarvestError, shown
+from harvest_outbox.producer.fleet.spec import Discovery, FleetFile, Outbox, merged
 from harvest_outbox.redact import redact_dsn, redact_error
 
 #: Seconds a discovery waits for a server before it counts as failed.
@@ -84,3 +84,32 @@ def discover(entry: Discovery, connect: Connect = _connect) -> list[tuple[str, s
             f"(database {database!r}): {redact_error(str(exc), entry.data_source)}; the outboxes found before keep running"
         ) from None
     return found
+
+
+def every_outbox(fleet: FleetFile) -> dict[str, Outbox]:
+    """The listed outboxes and those the discoveries find now, by id (a listed one wins)."""
+    known = {o.id: o for o in fleet.listed}
+    targets = {o.target for o in fleet.listed}
+    for entry in fleet.discoveries:
+        for dsn, table in discover(entry):
+            found = fleet.outbox(entry.origin, merged(entry.section, {"dataSource": dsn, "outboxTable": table}))
+            if found.target not in targets:
+                known.setdefault(found.id, found)
+                targets.add(found.target)
+    return known
+
+
+def select_outbox(fleet: FleetFile, outbox_id: str | None) -> Outbox:
+    """The outbox ``outbox_id`` names among the listed ones and those the discoveries find now (for the
+    commands that work on one outbox: ``--outbox``)."""
+    known = {o.id: o for o in fleet.listed}
+    if outbox_id not in known:
+        known = every_outbox(fleet)
+    if outbox_id is None or outbox_id not in known:
+        ids = sorted(known)
+        listed = ", ".join(ids[:20]) + (f" and {len(ids) - 20} more" if len(ids) > 20 else "")
+        said = (
+            "missing: the file is a fleet file" if outbox_id is None else f"{shown(outbox_id)} is not an outbox of it"
+        )
+        raise ConfigError(f"--outbox: {said}; name one of its {len(ids)} outboxes: {listed or 'none found now'}")
+    return known[outbox_id]

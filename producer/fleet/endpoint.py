@@ -27,7 +27,7 @@ from urllib.parse import parse_qs
 
 from harvest_outbox.producer.fleet.member import MemberStatus
 from harvest_outbox.producer.fleet.supervisor import Fleet
-from harvest_outbox.producer.observe._health import DatabaseProbe, Health, Verdict
+from harvest_outbox.producer.observe.health import DatabaseProbe, Health, Verdict
 from harvest_outbox.producer.observe.metrics import RelayCollector, serve_routes
 
 

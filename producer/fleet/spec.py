@@ -405,34 +405,3 @@ def _sequence(value: Any, path: str) -> list[Any]:
     if not isinstance(value, list):
         raise ConfigError(f"{path}: expected a list of entries (YAML '- ...'), got {type(value).__name__}")
     return value
-
-
-def every_outbox(fleet: FleetFile) -> dict[str, Outbox]:
-    """The listed outboxes and those the discoveries find now, by id (a listed one wins)."""
-    from harvest_outbox.producer.fleet.discovery import discover
-
-    known = {o.id: o for o in fleet.listed}
-    targets = {o.target for o in fleet.listed}
-    for entry in fleet.discoveries:
-        for dsn, table in discover(entry):
-            found = fleet.outbox(entry.origin, merged(entry.section, {"dataSource": dsn, "outboxTable": table}))
-            if found.target not in targets:
-                known.setdefault(found.id, found)
-                targets.add(found.target)
-    return known
-
-
-def select_outbox(fleet: FleetFile, outbox_id: str | None) -> Outbox:
-    """The outbox ``outbox_id`` names among the listed ones and those the discoveries find now (for the
-    commands that work on one outbox: ``--outbox``)."""
-    known = {o.id: o for o in fleet.listed}
-    if outbox_id not in known:
-        known = every_outbox(fleet)
-    if outbox_id is None or outbox_id not in known:
-        ids = sorted(known)
-        listed = ", ".join(ids[:20]) + (f" and {len(ids) - 20} more" if len(ids) > 20 else "")
-        said = (
-            "missing: the file is a fleet file" if outbox_id is None else f"{shown(outbox_id)} is not an outbox of it"
-        )
-        raise ConfigError(f"--outbox: {said}; name one of its {len(ids)} outboxes: {listed or 'none found now'}")
-    return known[outbox_id]

@@ -1,5 +1,5 @@
 """Relay metrics: counters kept on the relay thread, snapshots for MeterRead, and the HTTP
-endpoint serving ``/metrics`` (Prometheus), ``/healthz`` and ``/readyz`` (:mod:`producer.observe._health`).
+endpoint serving ``/metrics`` (Prometheus), ``/healthz`` and ``/readyz`` (:mod:`producer.observe.health`).
 
 Invariants:
 - the hot path only increments plain ints on :class:`Metrics` (no locks, no Prometheus calls per
@@ -273,7 +273,7 @@ def start_prometheus(
     basic_auth: str = "",
 ) -> Any:
     """Serve ``/metrics`` (from a private registry) on ``addr:port``, plus ``/healthz`` and
-    ``/readyz`` when ``relay`` (a :class:`producer.observe._health.RelayView`) is given; returns (server, thread).
+    ``/readyz`` when ``relay`` (a :class:`producer.observe.health.RelayView`) is given; returns (server, thread).
     ``shards``: the led shards' metrics of a sharded relay, exported per shard as well. ``basic_auth``
     (``user:password``): every path answers only requests with these credentials (``401`` otherwise)."""
     from prometheus_client import CollectorRegistry, make_wsgi_app
@@ -283,7 +283,7 @@ def start_prometheus(
     routes: dict[str, WsgiApp] = {"/metrics": make_wsgi_app(registry)}
     health = None
     if relay is not None:
-        from harvest_outbox.producer.observe._health import Health
+        from harvest_outbox.producer.observe.health import Health
 
         health = Health(relay)
         routes["/healthz"] = _json_app(health.live)

@@ -299,7 +299,8 @@ def _run(args: argparse.Namespace, signals: StopSignals) -> int:
 def _fleet_member(args: argparse.Namespace, overrides: dict[str, Any], sources: dict[str, str]) -> FileConfig | None:
     """The config of the outbox ``--outbox`` names in a fleet file; None when the file is one relay's."""
     from harvest_outbox.producer.config import FileConfig
-    from harvest_outbox.producer.fleet.spec import load_fleet, select_outbox
+    from harvest_outbox.producer.fleet.discovery import select_outbox
+    from harvest_outbox.producer.fleet.spec import load_fleet
 
     fleet = load_fleet(args.file, overrides, args.log_level, sources, os.environ)
     if fleet is None:
@@ -499,7 +500,7 @@ def _check_fleet(args: argparse.Namespace, fleet: Any) -> int:
     exit code of the worst finding."""
     from harvest_outbox.producer.db import connect
     from harvest_outbox.producer.errors import DatabaseError
-    from harvest_outbox.producer.fleet.spec import every_outbox
+    from harvest_outbox.producer.fleet.discovery import every_outbox
     from harvest_outbox.producer.ops._check import Finding, exit_code
     from harvest_outbox.producer.ops._privileges import check_outbox_and_role
 

@@ -41,7 +41,7 @@ import os
 import select
 import threading
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import psycopg
 from psycopg import sql
@@ -53,9 +53,6 @@ from harvest_outbox.producer.election.postgres import resolve_table
 from harvest_outbox.producer.errors import DatabaseError, HarvestError, SchemaError
 from harvest_outbox.producer.schema import OutboxNames
 from harvest_outbox.redact import redact_dsn, redact_error
-
-if TYPE_CHECKING:
-    from harvest_outbox.producer.relay.layout_session import SharedLayoutSession
 
 log = logging.getLogger(__name__)
 
@@ -192,12 +189,20 @@ def _refusal(table: str, recorded: Layout | None, others: dict[int, list[str]], 
     )
 
 
+class SharedSession(Protocol):
+    """Where a fleet's guards hold their locks (:class:`~producer.relay.layout_session.SharedLayoutSession`)."""
+
+    def admit(self, guard: LayoutGuard) -> str: ...
+
+    def release(self, guard: LayoutGuard) -> None: ...
+
+
 class LayoutGuard:
     """A relay's admission and its layout session (module docstring). ``start()`` raises
     :class:`LayoutError` (refused), :class:`SchemaError` (no layout record) or ``DatabaseError``;
     :attr:`failure` is set when the session was lost and re-admission was refused."""
 
-    def __init__(self, config: HarvestConfig, shared: SharedLayoutSession | None = None) -> None:
+    def __init__(self, config: HarvestConfig, shared: SharedSession | None = None) -> None:
         self._dsn = config.data_source
         self.outbox_table = config.outbox_table
         self.layout = Layout.of(config)

@@ -136,10 +136,10 @@ def test_a_bad_fleet_file_names_the_entry_the_key_and_the_fix(change: dict[str, 
     ("argv", "said"),
     [
         (
-            ["check"],
+            ["dead-letters", "list"],
             "--outbox: missing: the file is a fleet file; name one of its 2 outboxes: app/orders.outbox, billing",
         ),
-        (["dead-letters", "list", "--outbox", "nope"], "--outbox: 'nope' is not an outbox of it; name one of its 2"),
+        (["check", "--outbox", "nope"], "--outbox: 'nope' is not an outbox of it; name one of its 2"),
         (["shards", "--outbox", "nope"], "'nope' is not an outbox of it"),
     ],
 )

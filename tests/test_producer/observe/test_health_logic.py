@@ -11,7 +11,7 @@ import pytest
 
 from harvest_outbox.producer.config import HarvestConfig, Limits
 from harvest_outbox.producer.harvest import State
-from harvest_outbox.producer.observe._health import DatabaseProbe, Health
+from harvest_outbox.producer.observe.health import DatabaseProbe, Health
 from harvest_outbox.producer.observe.metrics import Metrics
 
 

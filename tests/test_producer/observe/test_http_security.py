@@ -46,7 +46,7 @@ PATHS = ("/metrics", "/healthz", "/readyz", "/", "/nope", "/metrics/../config", 
 
 @dataclass
 class _RunningRelay:
-    """A relay as health sees it (producer.observe._health.RelayView): running, its loop live, so that
+    """A relay as health sees it (producer.observe.health.RelayView): running, its loop live, so that
     ``/readyz`` goes on to probe the database."""
 
     config: HarvestConfig

@@ -32,7 +32,7 @@ def test_producer_imports_without_sqlalchemy_and_names_the_extra() -> None:
         from harvest_outbox import producer
         import harvest_outbox.producer.stash.stasher
         import harvest_outbox.producer.stash.async_stasher
-        import harvest_outbox.producer.observe._health
+        import harvest_outbox.producer.observe.health
         assert "sqlalchemy" not in sys.modules
         try:
             import harvest_outbox.producer.stash.sqlalchemy

@@ -1,0 +1,111 @@
+"""Postgres elections of many outboxes on one session per database (producer/election/shared_postgres.py),
+on a real Postgres: one backend holds every lock of its process; a hand-over between processes is
+notified; a successor in the same process waits for its predecessor; the server ending the session
+fences every election on it, and they lead again on a new one."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+
+import psycopg
+import pytest
+
+from harvest_outbox.producer.election.advisory_lock import key_parts, lock_key
+from harvest_outbox.producer.election.shared_postgres import ElectionSessions, SharedElection
+from harvest_outbox.producer.schema.ddl import init_db
+
+pytestmark = pytest.mark.integration
+
+
+class _Listener:
+    def __init__(self) -> None:
+        self.events: list[str] = []
+
+    def on_acquired(self) -> None:
+        self.events.append("acquired")
+
+    def on_revoked(self) -> None:
+        self.events.append("revoked")
+
+    def on_fenced(self) -> None:
+        self.events.append("fenced")
+
+
+def _holder(dsn: str, table: str) -> int | None:
+    classid, objid = key_parts(lock_key(table))
+    with psycopg.connect(dsn) as conn:
+        row = conn.execute(
+            "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND objsubid = 1 AND granted "
+            "AND classid = %s::bigint::oid AND objid = %s::bigint::oid",
+            (classid, objid),
+        ).fetchone()
+    return None if row is None else int(row[0])
+
+
+def _until(cond: Callable[[], bool], what: str, elections: list[SharedElection], timeout: float = 20) -> None:
+    end = time.monotonic() + timeout
+    while True:
+        for e in elections:
+            e.pulse()
+        if cond():
+            return
+        assert time.monotonic() < end, f"timed out: {what}"
+        time.sleep(0.02)
+
+
+def test_one_session_per_process_and_database_carries_every_outboxs_election(
+    pg_dsn: str, pg_schema: str, unique_name: Callable[[str], str]
+) -> None:
+    tables = [f"{pg_schema}.outbox", f"{pg_schema}.outbox2"]
+    for table in tables:
+        init_db(pg_dsn, table)
+    p1, p2 = ElectionSessions(unique_name("p1")), ElectionSessions(unique_name("p2"))
+    a = [p1.election(pg_dsn, t, f"p1/{t}", 0.2, None) for t in tables]
+    b = [p2.election(pg_dsn, t, f"p2/{t}", 0.2, None) for t in tables]
+    la, lb = [_Listener() for _ in a], [_Listener() for _ in b]
+    everything = [*a, *b]
+    try:
+        for e, listener in zip(a, la, strict=True):
+            e.start(listener)
+        _until(lambda: all(e.is_leader for e in a), "p1 leads both", everything)
+        for e, listener in zip(b, lb, strict=True):
+            e.start(listener)
+        time.sleep(0.6)
+        _until(lambda: True, "", everything)
+        assert not any(e.is_leader for e in b)
+        holders = {_holder(pg_dsn, t) for t in tables}
+        assert len(holders) == 1 and None not in holders  # one backend: p1's session
+
+        # a graceful hand-over of one outbox: p2 is notified and takes it well before its next checks would
+        t0 = time.monotonic()
+        a[0].close()
+        assert la[0].events == ["acquired", "revoked"]
+        _until(lambda: b[0].is_leader, "p2 takes the released outbox", everything)
+        assert time.monotonic() - t0 < 2.0
+        assert a[1].is_leader and not b[1].is_leader
+
+        # a successor of the same outbox in p1 (a relay handed over while it starts) does not take p1's own lock
+        successor = p1.election(pg_dsn, tables[1], f"p1/{tables[1]}#2", 0.2, None)
+        everything.append(successor)
+        successor.start(_Listener())
+        time.sleep(0.6)
+        _until(lambda: True, "", everything)
+        assert a[1].is_leader and not successor.is_leader
+
+        # the server ends p1's session: its election fences; the lock goes to p2 or back to p1 on a new session
+        pid = _holder(pg_dsn, tables[1])
+        with psycopg.connect(pg_dsn, autocommit=True) as conn:
+            conn.execute("SELECT pg_terminate_backend(%s)", (pid,))
+        _until(lambda: "fenced" in la[1].events, "p1's election fenced", everything)
+        _until(lambda: b[1].is_leader or a[1].is_leader or successor.is_leader, "someone leads again", everything)
+        assert sum(e.is_leader for e in (b[1], a[1], successor)) == 1
+        assert _holder(pg_dsn, tables[1]) not in (None, pid)
+    finally:
+        threads = [threading.Thread(target=e.close) for e in everything]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+    assert _holder(pg_dsn, tables[0]) is None and _holder(pg_dsn, tables[1]) is None
