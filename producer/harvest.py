@@ -89,7 +89,8 @@ class Harvest(RelayLifecycle):
     election mechanisms; by default a real confluent Producer and the election ``config.leader_election``
     names (:class:`NeliElection`, or :class:`~producer.election.postgres.PostgresElection`) are used.
     ``layout_session``: a fleet's :class:`~producer.relay.layout_session.SharedLayoutSession` of this
-    database, which holds this relay's layout lock (default: a session of its own).
+    database, which holds this relay's layout lock (default: a session of its own); ``listener_factory``:
+    its LISTEN connection's (producer/db/shared_listener.py; default: a connection of its own).
     :attr:`mode` is the delivery strategy ``config.uuid_sequencing`` chose. ``tracer_provider``: the
     OpenTelemetry TracerProvider of relay spans (``config.tracing``), by default the global one
     (:mod:`producer.relay.spans`; read once, here). Its lifecycle (states, start, stop, wait) is
@@ -109,6 +110,7 @@ class Harvest(RelayLifecycle):
         shards: ShardSetSeat | None = None,
         tracer_provider: Any = None,
         layout_session: Any = None,
+        listener_factory: Any = None,
     ) -> None:
         self.config = config
         self.limits = config.limits
@@ -138,6 +140,7 @@ class Harvest(RelayLifecycle):
             shards=shards,
             stop_requested=self._stop_requested,
             tracer_provider=tracer_provider,
+            listener_factory=listener_factory,
         )
         self.mode: RelayMode = mode_type(self.core)
         #: Keeps relays of another shards / leaderElection off this outbox while this one runs.

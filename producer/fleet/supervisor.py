@@ -32,6 +32,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from harvest_outbox.producer.db.shared_listener import ListenHubs
 from harvest_outbox.producer.election.shared_postgres import ElectionSessions
 from harvest_outbox.producer.errors import ConfigError
 from harvest_outbox.producer.fleet.balance import BALANCE_INTERVAL, Balance, balanced
@@ -93,8 +94,10 @@ class Fleet:
         self.balance = Balance(self._balanced_leads, self._balanced_outboxes)
         #: One layout session per database for every unsharded outbox's relay (not one per outbox).
         self.layout_sessions = LayoutSessions(file.base_name)
-        #: ... and one election session per database for every balanced outbox's Postgres election.
+        #: ... and one election session per database for every balanced outbox's Postgres election, and one
+        #: LISTEN connection per database for the outboxes this process leads.
         self.election_sessions = ElectionSessions(file.base_name)
+        self.listen_hubs = ListenHubs(file.base_name)
 
     # ------------------------------------------------------------------ public
     def start(self) -> Fleet:
@@ -237,8 +240,9 @@ class Fleet:
         if config.shards > 1:
             return relay_for(config)
         shared = self.layout_sessions.for_dsn(config.data_source)
+        listen = self.listen_hubs.listener
         if not balanced(config):
-            return relay_for(config, layout_session=shared)
+            return relay_for(config, layout_session=shared, listener_factory=listen)
         election = self.election_sessions.election(
             config.data_source,
             config.outbox_table,
@@ -246,7 +250,7 @@ class Fleet:
             config.leader_lock_check_interval,
             self.balance.may_acquire,
         )
-        return relay_for(config, election=election, layout_session=shared)
+        return relay_for(config, election=election, layout_session=shared, listener_factory=listen)
 
     def _balanced_outboxes(self) -> list[tuple[str, str, str]]:
         with self._lock:

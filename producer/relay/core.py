@@ -42,9 +42,9 @@ import logging
 import threading
 import uuid
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 from confluent_kafka import KafkaError
 
@@ -96,6 +96,23 @@ _QUIET_SLICE = 0.001
 MARKS_AHEAD = 2
 
 
+class NotifyListener(Protocol):
+    """What the relay waits on for a stasher's NOTIFY: :class:`~producer.db.Listener` (a connection of its
+    own) or a fleet's :class:`~producer.db.shared_listener.SharedListener`."""
+
+    def wait(self, timeout: float) -> bool: ...
+
+    def pending(self) -> bool: ...
+
+    def fileno(self) -> int | None: ...
+
+    def close(self) -> None: ...
+
+
+#: (dataSource, channel) -> a listener on a shared connection.
+ListenerFactory = Callable[[str, str], NotifyListener]
+
+
 class PendingMark(NamedTuple):
     """A mark asked of the mark worker: its result, the view it marks for, and the rows it asked for."""
 
@@ -125,8 +142,12 @@ class RelayCore:
         shards: ShardSetSeat | None,
         stop_requested: threading.Event,
         tracer_provider: Any = None,
+        listener_factory: ListenerFactory | None = None,
     ) -> None:
         self.config = config
+        #: A fleet's LISTEN connection of this database (producer/db/shared_listener.py); None: a LISTEN
+        #: connection of this relay's own.
+        self.listener_factory = listener_factory
         self.limits = config.limits
         self.names = OutboxNames.parse(config.outbox_table, config.table_mapping)
         #: ``outboxLayout``: the layout the databases are opened on (producer/layouts/, chosen once).
@@ -154,7 +175,7 @@ class RelayCore:
         self.exec: ThreadPoolExecutor | None = None
         self.mark_db: RelayDatabase | None = None  # marks and metrics queries
         self.mark_exec: ThreadPoolExecutor | None = None
-        self.listener: Listener | None = None
+        self.listener: NotifyListener | None = None
         # finished marks and write jobs wake a relay thread that waits outside librdkafka's poll
         self.waker = Waker()
         self.db_futures: list[Future[Any]] = []  # write-behind jobs not yet checked
@@ -209,11 +230,13 @@ class RelayCore:
         self.mark_exec = ThreadPoolExecutor(1, thread_name_prefix=f"harvest-mark-{self.config.name}")
         self.listener = self._listener()
 
-    def _listener(self) -> Listener | None:
+    def _listener(self) -> NotifyListener | None:
         """The LISTEN connection for a stasher's NOTIFY; none with ``wakeup: poll`` (the outbox has no
         trigger, so two-phase-commit writers can prepare: the idle relay marks every idle poll instead)."""
         if self.config.wakeup_mode == "poll":
             return None
+        if self.listener_factory is not None:
+            return self.listener_factory(self.config.data_source, self.names.channel)
         return Listener(self.config.data_source, self.names)
 
     @property

@@ -196,8 +196,8 @@ def test_fleet_of_three_processes_serves_outboxes_of_two_databases_exactly_once(
         exported = _get(port, "/metrics")[1]
         assert f'outbox="{db2}/t03.outbox"' in exported
 
-        # standbys are cold in a fleet: each process holds mark, write and LISTEN connections only where it
-        # leads; its election and layout locks share one session each per database
+        # standbys are cold in a fleet: each process holds mark and write connections only where it leads;
+        # its election locks, layout locks and LISTENs share one session each per database
         def sessions(prefix: str) -> int:
             with psycopg.connect(pg_dsn) as conn:
                 row = conn.execute(
@@ -206,14 +206,17 @@ def test_fleet_of_three_processes_serves_outboxes_of_two_databases_exactly_once(
             return int(row[0]) if row else 0
 
         def settled() -> bool:  # the relays handed over by the balance have started again as standbys
+            # (a LISTEN session only on a database where the process leads an outbox)
             return all(
-                sessions(f"harvest-election:{n}") == sessions(f"harvest-layout:{n}") == 2 for n in ("a", "b", "c")
+                sessions(f"harvest-election:{n}") == sessions(f"harvest-layout:{n}") == 2
+                and sessions(f"harvest-listen:{n}") <= 2
+                for n in ("a", "b", "c")
             )
 
-        wait_for(settled, 30, "an election and a layout session per database in each process")
+        wait_for(settled, 30, "an election, a layout and a LISTEN session per database in each process")
         all_backends = sessions("")
-        # 3 per led outbox, 2 per database and process; the rest is this test's, the probes' and the balance's
-        assert all_backends <= len(tables) * 3 + 3 * 2 * 2 + 20, all_backends
+        # 2 per led outbox, 3 per database and process; the rest is this test's, the probes' and the balance's
+        assert all_backends <= len(tables) * 2 + 3 * 2 * 3 + 20, all_backends
 
         # a tenant added while running: discovery finds it, one process leads it
         tenant(dsn2, "t10", f"{db2}/t10.outbox")

@@ -1,0 +1,235 @@
+"""One LISTEN connection per database for many relays of one process (a fleet): each relay's
+:class:`SharedListener` is a pipe its thread waits on, rung by a dispatcher thread that reads every
+channel's NOTIFYs off the single connection.
+
+A :class:`SharedListener` offers what :class:`~producer.db._listener.Listener` offers the relay
+(``wait``, ``pending``, ``fileno``, ``close``), so the relay's wake-up logic is the same whichever
+it has.
+
+Invariants (``tests/test_producer/db/test_shared_listener.py``):
+- a NOTIFY on a channel rings every listener of that channel (and no other) once or more; a burst of
+  them is one wake-up for a listener that drains;
+- a lost connection rings every listener (each relay marks, as a poll would) and is made again, with
+  every channel LISTENed again, by the dispatcher; a relay never blocks on it;
+- the connection is used by one thread at a time (a mutex), closes with its last listener, and a
+  listener's pipe is closed exactly once.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import select
+import threading
+from typing import Any
+
+import psycopg
+from psycopg import sql
+
+from harvest_outbox.producer.db._session import connect
+from harvest_outbox.producer.errors import DatabaseError
+from harvest_outbox.redact import redact_error
+
+log = logging.getLogger(__name__)
+
+#: Seconds between the dispatcher's attempts to connect again after a failure.
+RETRY_INTERVAL = 1.0
+
+
+class SharedListener:
+    """One relay's wake-up on a :class:`ListenHub` (module docstring)."""
+
+    def __init__(self, hub: ListenHub, channel: str) -> None:
+        self.channel = channel
+        self._hub = hub
+        self._r, self._w = os.pipe()
+        os.set_blocking(self._r, False)
+        os.set_blocking(self._w, False)
+        self._closed = False
+
+    def ring(self) -> None:
+        try:
+            os.write(self._w, b"n")
+        except (BlockingIOError, OSError):  # full: a wake-up is already waiting
+            pass
+
+    def _drain(self) -> bool:
+        got = False
+        try:
+            while os.read(self._r, 4096):
+                got = True
+        except (BlockingIOError, OSError):
+            pass
+        return got
+
+    def fileno(self) -> int | None:
+        return None if self._closed else self._r
+
+    def pending(self) -> bool:
+        """Non-blocking: has a notification arrived (consumed if so)?"""
+        return not self._closed and self._drain()
+
+    def wait(self, timeout: float) -> bool:
+        """Block up to ``timeout`` seconds for a notification; True if one (or more) arrived."""
+        if self._closed:
+            return False
+        try:
+            readable, _, _ = select.select([self._r], [], [], timeout)
+        except (OSError, ValueError):
+            return True
+        return bool(readable) and self._drain()
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._hub.unsubscribe(self)
+        for fd in (self._r, self._w):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
+
+class ListenHub:
+    """The LISTEN connection of one database for the relays of this process. The connection belongs to
+    the dispatcher thread alone; subscribing only changes the channel list and wakes it."""
+
+    def __init__(self, dsn: str, name: str) -> None:
+        self._dsn = dsn
+        self.name = name
+        self._mu = threading.Lock()
+        self._subs: dict[str, list[SharedListener]] = {}
+        #: The running dispatcher's stop event and wake pipe (a new pair per dispatcher).
+        self._stop: threading.Event | None = None
+        self._wake_w = -1
+
+    def subscribe(self, channel: str) -> SharedListener:
+        listener = SharedListener(self, channel)
+        with self._mu:
+            self._subs.setdefault(channel, []).append(listener)
+            if self._stop is None:
+                self._stop = threading.Event()
+                wake_r, self._wake_w = os.pipe()
+                threading.Thread(
+                    target=self._run,
+                    args=(self._stop, wake_r, self._wake_w),
+                    name=f"harvest-listen-{self.name}",
+                    daemon=True,
+                ).start()
+            else:
+                self._poke()
+        return listener
+
+    def unsubscribe(self, listener: SharedListener) -> None:
+        with self._mu:
+            subs = self._subs.get(listener.channel, [])
+            if listener in subs:
+                subs.remove(listener)
+            if not subs:
+                self._subs.pop(listener.channel, None)
+            if not self._subs and self._stop is not None:
+                self._stop.set()  # the dispatcher closes its connection and its pipe
+                self._poke()
+                self._stop, self._wake_w = None, -1
+            else:
+                self._poke()
+
+    def _poke(self) -> None:
+        if self._wake_w >= 0:
+            try:
+                os.write(self._wake_w, b"x")
+            except OSError:
+                pass
+
+    def _ring_all(self) -> None:
+        with self._mu:
+            listeners = [listener for subs in self._subs.values() for listener in subs]
+        for listener in listeners:
+            listener.ring()
+
+    def _run(self, stop: threading.Event, wake_r: int, wake_w: int) -> None:
+        conn: psycopg.Connection[Any] | None = None
+        listening: set[str] = set()
+        try:
+            while not stop.is_set():
+                try:
+                    if conn is None or conn.closed:
+                        conn = connect(self._dsn, application_name=f"harvest-listen:{self.name}"[:63])
+                        listening = set()
+                    with self._mu:
+                        wanted = set(self._subs)
+                    for channel in wanted - listening:
+                        conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel)))
+                        listening.add(channel)
+                    for channel in listening - wanted:
+                        conn.execute(sql.SQL("UNLISTEN {}").format(sql.Identifier(channel)))
+                        listening.discard(channel)
+                    fd = conn.fileno()
+                except (psycopg.Error, DatabaseError) as exc:
+                    self._lost(conn, exc)
+                    conn = None
+                    stop.wait(RETRY_INTERVAL)
+                    continue
+                try:
+                    readable, _, _ = select.select([fd, wake_r], [], [], 1.0)
+                except (OSError, ValueError):
+                    readable = [fd]
+                if wake_r in readable:
+                    try:
+                        os.read(wake_r, 4096)
+                    except OSError:
+                        pass
+                if stop.is_set() or fd not in readable:
+                    continue
+                try:
+                    channels = {notify.channel for notify in conn.notifies(timeout=0)}
+                except (psycopg.Error, DatabaseError) as exc:
+                    self._lost(conn, exc)
+                    conn = None
+                    continue
+                with self._mu:
+                    rung = [listener for channel in channels for listener in self._subs.get(channel, ())]
+                for listener in rung:
+                    listener.ring()
+        finally:
+            if conn is not None:
+                try:
+                    conn.close()
+                except Exception:  # already broken
+                    pass
+            for fd in (wake_r, wake_w):
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+
+    def _lost(self, conn: psycopg.Connection[Any] | None, exc: Exception) -> None:
+        """The connection failed: every relay marks (as a poll would), the dispatcher connects again."""
+        log.warning(
+            "%s: shared LISTEN connection problem (the relays poll meanwhile): %s",
+            self.name,
+            redact_error(str(exc), self._dsn).strip(),
+        )
+        self._ring_all()
+        if conn is not None:
+            try:
+                conn.close()
+            except Exception:  # already broken
+                pass
+
+
+class ListenHubs:
+    """A process's LISTEN connections, one per ``dataSource``."""
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+        self._mu = threading.Lock()
+        self._hubs: dict[str, ListenHub] = {}
+
+    def listener(self, dsn: str, channel: str) -> SharedListener:
+        with self._mu:
+            hub = self._hubs.get(dsn)
+            if hub is None:
+                hub = self._hubs[dsn] = ListenHub(dsn, self._name)
+        return hub.subscribe(channel)
