@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import random
 import re
+import signal
 import threading
 import time
 import urllib.error
@@ -251,6 +252,14 @@ def test_fleet_of_three_processes_serves_outboxes_of_two_databases_exactly_once(
         # graceful stop of c: its outboxes hand over to b
         assert relays["c"].stop() == 0
         wait_for(led_by(("b",), set(tables)), 60, "c's outboxes handed over")
+
+        # SIGHUP: b reads the file again; an outbox listed under a new id is stopped (drained) and started
+        cfg.write_text(cfg.read_text().replace("id: listed1,", "id: billing1,"))
+        assert relays["b"].proc is not None
+        relays["b"].proc.send_signal(signal.SIGHUP)
+        tables["billing1"] = tables.pop("listed1")
+        wait_for(lambda: "started ['billing1'], stopped ['listed1']" in relays["b"].text(), 30, "b's reload")
+        wait_for(led_by(("b",), set(tables)), 60, "the renamed outbox led again")
 
         stop_writing.set()
         for t in writers:
