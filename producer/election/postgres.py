@@ -97,6 +97,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from typing import Protocol
 
 import psycopg
 
@@ -148,6 +149,61 @@ _CHECK_SQL = (
     "AND classid = %s::bigint::oid AND objid = %s::bigint::oid AND objsubid = 1 "
     "AND pid = pg_backend_pid() AND granted)"
 )
+
+
+class LeasedElection(Protocol):
+    """What :func:`leased_pulse` and :func:`revoke_first` keep of an election whose lock a thread verifies."""
+
+    name: str
+    _leader: bool
+    _seen_generation: int
+    _closed: bool
+    _listener: ElectionListener | None
+
+    @property
+    def lease(self) -> float: ...
+
+    def _holding_line(self) -> str: ...
+
+
+def leased_pulse(election: LeasedElection, state: Callable[[], tuple[bool, int, float]]) -> bool:
+    """An election's pulse (no I/O): leader while the lock's last verification (``state()``: held,
+    generation, verified at) started less than the lease ago in the same acquisition; fences otherwise,
+    and reports a new acquisition as a new leadership."""
+    listener = election._listener
+    if election._closed or listener is None:
+        return election._leader
+    now = time.monotonic()
+    held, generation, verified_at = state()
+    should = held and now - verified_at <= election.lease
+    if election._leader and (not should or generation != election._seen_generation):
+        election._leader = False
+        why = (
+            "lock lost"
+            if generation != election._seen_generation or not held
+            else f"lock not verified for {now - verified_at:.2f}s (lease {election.lease:g}s)"
+        )
+        log.warning("%s: %s: fenced", election.name, why)
+        listener.on_fenced()
+    if not election._leader and should:
+        election._leader = True
+        election._seen_generation = generation
+        log.info("%s: %s: leader", election.name, election._holding_line())
+        listener.on_acquired()
+    return election._leader
+
+
+def revoke_first(election: LeasedElection) -> bool:
+    """``close()``'s first half: report revocation (the relay drains) before the lock is let go; False
+    when the election was closed already."""
+    if election._closed:
+        return False
+    election._closed = True
+    if election._leader:
+        election._leader = False
+        if election._listener is not None:
+            election._listener.on_revoked()
+    return True
 
 
 class PostgresElection(LockSession):
@@ -216,43 +272,19 @@ class PostgresElection(LockSession):
 
     def pulse(self) -> bool:
         """No I/O: compares the election thread's last verification with the lease."""
-        if self._closed or self._listener is None:
-            return self._leader
-        now = time.monotonic()
+        return leased_pulse(self, self._lock_state)
+
+    def _lock_state(self) -> tuple[bool, int, float]:
         with self._mu:
-            held, generation, verified_at = self._held, self._generation, self._verified_at
-        should = held and now - verified_at <= self.lease
-        if self._leader and (not should or generation != self._seen_generation):
-            self._leader = False
-            why = (
-                "lock lost"
-                if generation != self._seen_generation or not held
-                else f"lock not verified for {now - verified_at:.2f}s (lease {self.lease:g}s)"
-            )
-            log.warning("%s: %s: fenced", self.name, why)
-            self._listener.on_fenced()
-        if not self._leader and should:
-            self._leader = True
-            self._seen_generation = generation
-            log.info(
-                "%s: holding the Postgres leader lock of %s (backend pid %s): leader",
-                self.name,
-                self._outbox_table,
-                self.backend_pid,
-            )
-            self._listener.on_acquired()
-        return self._leader
+            return self._held, self._generation, self._verified_at
+
+    def _holding_line(self) -> str:
+        return f"holding the Postgres leader lock of {self._outbox_table} (backend pid {self.backend_pid})"
 
     def close(self) -> None:
         """Report revocation (the relay drains) *before* releasing the lock; then unlock and notify."""
-        if self._closed:
-            return
-        self._closed = True
-        if self._leader:
-            self._leader = False
-            if self._listener is not None:
-                self._listener.on_revoked()
-        self._stop_thread()
+        if revoke_first(self):
+            self._stop_thread()
 
     # ------------------------------------------------------------------ election thread
     def _connect(self) -> None:

@@ -38,7 +38,7 @@ from harvest_outbox.producer.election.advisory_lock import (
 )
 from harvest_outbox.producer.election.lock_session import LockSession, close_quietly
 from harvest_outbox.producer.election.neli import ElectionListener
-from harvest_outbox.producer.election.postgres import UNLED_CHECKS
+from harvest_outbox.producer.election.postgres import UNLED_CHECKS, leased_pulse, revoke_first
 from harvest_outbox.producer.errors import ElectionError
 from harvest_outbox.producer.schema import OutboxNames
 from harvest_outbox.redact import redact_error
@@ -314,34 +314,21 @@ class SharedElection:
         self._listener = listener
         self._session.join(self._seat)
 
+    @property
+    def lease(self) -> float:
+        return self._session.lease
+
     def pulse(self) -> bool:
         """No I/O: compares the session's last verification of this lock with the lease."""
-        if self._closed or self._listener is None:
-            return self._leader
-        held, generation, verified_at = self._session.seat_state(self._seat)
-        now = time.monotonic()
-        should = held and now - verified_at <= self._session.lease
-        if self._leader and (not should or generation != self._seen_generation):
-            self._leader = False
-            log.warning("%s: leader lock lost or not verified for %.2fs: fenced", self.name, now - verified_at)
-            self._listener.on_fenced()
-        if not self._leader and should:
-            self._leader = True
-            self._seen_generation = generation
-            log.info("%s: holding the Postgres leader lock (shared session): leader", self.name)
-            self._listener.on_acquired()
-        return self._leader
+        return leased_pulse(self, lambda: self._session.seat_state(self._seat))
+
+    def _holding_line(self) -> str:
+        return f"holding the Postgres leader lock of {self._seat.outbox_table} (shared session {self._session.name})"
 
     def close(self) -> None:
         """Report revocation (the relay drains) before the lock is let go; then unlock and notify."""
-        if self._closed:
-            return
-        self._closed = True
-        if self._leader:
-            self._leader = False
-            if self._listener is not None:
-                self._listener.on_revoked()
-        self._session.leave(self._seat)
+        if revoke_first(self):
+            self._session.leave(self._seat)
 
     def __repr__(self) -> str:
         return f"SharedElection(name={self.name!r}, session={self._session.name!r})"

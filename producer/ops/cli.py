@@ -271,19 +271,7 @@ def _run(args: argparse.Namespace, signals: StopSignals) -> int:
         fleet = _load_fleet(args, flags)
         if fleet is not None:
             return _run_fleet(args, signals, flags, fleet)
-    cfg = _load(
-        args,
-        {
-            "bootstrap_servers": args.bootstrap_servers,
-            "leader_topic": args.leader_topic,
-            "leader_group_id": args.leader_group_id,
-            "leader_election": args.leader_election,
-            "name": args.name,
-            "prometheus_port": args.prometheus_port,
-            "prometheus_bind_address": args.prometheus_bind_address,
-            "uuid_sequencing": args.uuid_sequencing,
-        },
-    )
+    cfg = _load(args, flags)
     log.info("harvest %s starting: %r", producer.__version__, cfg.harvest)
     if signals.requested.is_set():
         log.info("stopped before the relay started")
