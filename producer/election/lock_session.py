@@ -105,6 +105,23 @@ class LockSession(ABC):
         finally:
             close_quietly(conn)
 
+    def _connected(self) -> psycopg.Connection[Any] | None:
+        """The connection, made again first if it is gone; None (logged, DSN redacted) when it cannot be
+        made now: the next check tries again."""
+        if self._conn is None:
+            try:
+                self._connect()
+            except (psycopg.Error, ElectionError) as exc:
+                self._log.warning(
+                    "%s: cannot connect for %s (%s): %s",
+                    self.name,
+                    self._KIND,
+                    redact_dsn(self._dsn),
+                    redact_error(str(exc), self._dsn).strip(),
+                )
+                return None
+        return self._conn
+
     def _check_now(self) -> bool:
         """True when the next check should not wait for ``check_interval``."""
         return False

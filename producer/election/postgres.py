@@ -341,19 +341,10 @@ class PostgresElection(LockSession):
 
     def _step(self) -> None:
         """One check: verify (holder) or try to acquire (standby). Errors drop the connection."""
-        if self._conn is None:
-            try:
-                self._connect()
-            except psycopg.Error as exc:
-                log.warning(
-                    "%s: cannot connect for leader election (%s): %s",
-                    self.name,
-                    redact_dsn(self._dsn),
-                    redact_error(str(exc), self._dsn).strip(),
-                )
-                return
-        conn = self._conn
-        assert conn is not None and self.key is not None
+        conn = self._connected()
+        if conn is None:
+            return
+        assert self.key is not None
         started = time.monotonic()
         try:
             with self._mu:

@@ -229,19 +229,9 @@ class PostgresShardElection(LockSession):
         self._conn = None
 
     def _step(self) -> None:
-        if self._conn is None:
-            try:
-                self._connect()
-            except (psycopg.Error, ElectionError) as exc:
-                log.warning(
-                    "%s: cannot connect for shard election (%s): %s",
-                    self.name,
-                    redact_dsn(self._dsn),
-                    redact_error(str(exc), self._dsn).strip(),
-                )
-                return
-        conn = self._conn
-        assert conn is not None
+        conn = self._connected()
+        if conn is None:
+            return
         started = time.monotonic()
         try:
             with self._mu:

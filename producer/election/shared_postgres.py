@@ -207,16 +207,9 @@ class SharedLockSession(LockSession):
             raise
 
     def _step(self) -> None:
-        if self._conn is None:
-            try:
-                self._connect()
-            except psycopg.Error as exc:
-                log.warning(
-                    "%s: cannot connect for leader elections: %s", self.name, redact_error(str(exc), self._dsn).strip()
-                )
-                return
-        conn = self._conn
-        assert conn is not None
+        conn = self._connected()
+        if conn is None:
+            return
         started = time.monotonic()
         try:
             with self._mu:
