@@ -172,7 +172,7 @@ def test_fleet_of_three_processes_serves_outboxes_of_two_databases_exactly_once(
     writers = [threading.Thread(target=writer, args=(w,)) for w in range(2)]
     try:
         # a starts first and takes every outbox; b and c join, and the balance hands each its share
-        wait_for(led_by(("a",), set(tables)), 90, "every outbox led by a")
+        took = {"a leads all": wait_for(led_by(("a",), set(tables)), 90, "every outbox led by a")}
         for t in writers:
             t.start()
         relays.update({n: SeqRelay(cfg, n, tmp_path) for n in ("b", "c")})
@@ -182,7 +182,9 @@ def test_fleet_of_three_processes_serves_outboxes_of_two_databases_exactly_once(
             led = [leads(relays[n]) for n in ("a", "b", "c")]
             return set().union(*led) == set(tables) and all(1 <= len(x) <= share for x in led)
 
-        wait_for(spread, 90, f"{len(tables)} outboxes spread over three processes, at most {share} each")
+        took["spread"] = wait_for(
+            spread, 90, f"{len(tables)} outboxes spread over three processes, at most {share} each"
+        )
         spread_at = {n: sorted(leads(relays[n])) for n in ("a", "b", "c")}
 
         # /readyz and /metrics of a fleet: every outbox by id
@@ -223,12 +225,12 @@ def test_fleet_of_three_processes_serves_outboxes_of_two_databases_exactly_once(
         tenant(dsn2, "t10", f"{db2}/t10.outbox")
         with lock:
             writing[f"{db2}/t10.outbox"] = tables[f"{db2}/t10.outbox"]
-        wait_for(led_by(("a", "b", "c"), {f"{db2}/t10.outbox"}), 30, "the new tenant led")
+        took["new tenant"] = wait_for(led_by(("a", "b", "c"), {f"{db2}/t10.outbox"}), 30, "the new tenant led")
 
         # kill -9 of a: each outbox it led moves to b or c
         assert leads(relays["a"]), "a leads no outbox: the kill would prove nothing"
         relays["a"].kill()
-        wait_for(led_by(("b", "c"), set(tables)), 60, "a's outboxes taken over")
+        took["kill -9"] = wait_for(led_by(("b", "c"), set(tables)), 60, "a's outboxes taken over")
 
         # b paused past the lock check interval: Postgres locks stay with its live session; resumed, it goes on
         relays["b"].pause()
@@ -251,7 +253,7 @@ def test_fleet_of_three_processes_serves_outboxes_of_two_databases_exactly_once(
 
         # graceful stop of c: its outboxes hand over to b
         assert relays["c"].stop() == 0
-        wait_for(led_by(("b",), set(tables)), 60, "c's outboxes handed over")
+        took["graceful stop"] = wait_for(led_by(("b",), set(tables)), 60, "c's outboxes handed over")
 
         # SIGHUP: b reads the file again; an outbox listed under a new id is stopped (drained) and started
         cfg.write_text(cfg.read_text().replace("id: listed1,", "id: billing1,"))
@@ -259,18 +261,19 @@ def test_fleet_of_three_processes_serves_outboxes_of_two_databases_exactly_once(
         relays["b"].proc.send_signal(signal.SIGHUP)
         tables["billing1"] = tables.pop("listed1")
         wait_for(lambda: "started ['billing1'], stopped ['listed1']" in relays["b"].text(), 30, "b's reload")
-        wait_for(led_by(("b",), set(tables)), 60, "the renamed outbox led again")
+        took["reload"] = wait_for(led_by(("b",), set(tables)), 60, "the renamed outbox led again")
 
         stop_writing.set()
         for t in writers:
             t.join()
-        wait_for(drained, 120, "every outbox drained")
+        took["drain"] = wait_for(drained, 120, "every outbox drained")
         assert relays["b"].stop() == 0
         res = check_exactly_once(kafka_bootstrap, topic, PARTITIONS, exp)
         print(
             f"\nfleet: {len(tables)} outboxes, {exp.total} rows exactly once, {len(exp.rolled_back)} rolled back, "
             f"{res.acks} ACKs; spread {', '.join(f'{n}: {len(v)}' for n, v in spread_at.items())}; "
-            f"{all_backends} Postgres backends with three processes"
+            f"{all_backends} Postgres backends with three processes; "
+            + ", ".join(f"{k}: {v:.1f}s" for k, v in took.items())
         )
         assert res.acks > 0
     finally:
