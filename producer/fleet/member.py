@@ -105,12 +105,12 @@ class Member:
     def _run(self) -> None:
         backoff = self._options.restart_backoff
         while not self._stop.is_set():
-            relay = self._factory(self.outbox.config)
-            self._set("starting", relay)
-            if self._stop.is_set():  # stop() came before the relay existed to be told
-                relay.stop()
             began = time.monotonic()
             try:
+                relay = self._factory(self.outbox.config)
+                self._set("starting", relay)
+                if self._stop.is_set():  # stop() came before the relay existed to be told
+                    relay.stop()
                 relay.start()  # returns stopped when stop() came while it waited for a server
                 self._set("running", relay)
                 while not relay.wait(WATCH_INTERVAL):
