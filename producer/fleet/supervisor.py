@@ -44,6 +44,8 @@ from harvest_outbox.producer.relay.layout_session import LayoutSessions
 log = logging.getLogger(__name__)
 
 Discover = Callable[[Discovery], list[tuple[str, str]]]
+#: Seconds a reconciliation waits for a leaving outbox's relay before it says so (and waits on).
+SLOW_STOP = 30.0
 
 
 @dataclass(frozen=True)
@@ -85,6 +87,8 @@ class Fleet:
         self._members: dict[str, Member] = {}
         #: Per discovery origin, what it found last (kept when a later look fails).
         self._found: dict[str, dict[str, Outbox]] = {}
+        #: Conflicts between discoveries already logged (once each).
+        self._said: set[tuple[str, str, str]] = set()
         self._stop = threading.Event()
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
@@ -188,7 +192,13 @@ class Fleet:
                 for oid, outbox in sorted(self._found[origin].items()):
                     other = targets.get(outbox.target) or wanted.get(oid)
                     if other is not None:
-                        if other.origin.startswith("discover") and other.origin != outbox.origin:
+                        said = (origin, oid, other.origin)
+                        if (
+                            other.origin.startswith("discover")
+                            and other.origin != outbox.origin
+                            and said not in self._said
+                        ):
+                            self._said.add(said)
                             log.warning(
                                 "%s found outbox %s, which %s found first; relayed once, as %s's",
                                 origin,
@@ -216,7 +226,9 @@ class Fleet:
         for member in leaving:
             member.stop()
         for member in leaving:  # in parallel: each stop drains on its own thread
-            member.join()
+            if not member.join(SLOW_STOP):
+                log.warning("outbox %s: its relay is still stopping after %gs; waiting for it", member.id, SLOW_STOP)
+                member.join()  # never two relays of one outbox in this process
         with self._lock:
             for oid in (*change.added, *change.changed):
                 self._members[oid] = Member(wanted[oid], self.file.options, self._factory).start()
