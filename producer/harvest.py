@@ -55,6 +55,8 @@ from harvest_outbox.producer.relay.sequenced.mode import SequencedMode
 
 log = logging.getLogger(__name__)
 
+#: Seconds between a cold Postgres-election standby's looks at its election (see ``Harvest._standby_pulse``).
+COLD_STANDBY_PULSE = 0.2
 #: deadLetterRetention: the leader deletes expired dead letters at most this many at a time (one short
 #: statement between the purges on the write connection) ...
 RETENTION_BATCH = 1000
@@ -151,6 +153,12 @@ class Harvest(RelayLifecycle):
         self._next_metrics = 0.0
         self._retention_future: Future[int] | None = None
         self._next_retention = 0.0
+        #: How often a standby turns its loop. NELI's pulse polls its consumer (heartbeats), so it keeps
+        #: ``minPollInterval``; a cold standby of a Postgres election only looks for an acquisition, which
+        #: its election thread finds at most every ``leaderLockCheckInterval`` and connecting then costs
+        #: more than this wait: a fleet's idle outboxes turn their loops 5 times a second, not 20.
+        cold_postgres = config.standby == "cold" and config.leader_election == "postgres"
+        self._standby_pulse = COLD_STANDBY_PULSE if cold_postgres else min(0.05, self.limits.min_poll_interval)
 
     # ------------------------------------------------------------------ public API
     @property
@@ -292,7 +300,7 @@ class Harvest(RelayLifecycle):
                         self._connect()
                     mode.tick()
                 else:
-                    self._stop_requested.wait(min(0.05, self.limits.min_poll_interval))
+                    self._stop_requested.wait(self._standby_pulse)
             except DatabaseError as exc:
                 log.warning("%s (retrying in %.3gs, remarking)", exc, self.limits.io_error_backoff)
                 if core.leader_id is not None:
