@@ -32,7 +32,7 @@ from seqcheck import Expected, SeqRelay, check_exactly_once, count_rows, read_in
 from harvest_outbox.producer.schema.ddl import init_db
 from harvest_outbox.producer.stash.stasher import OutboxRecord, Stasher
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 PARTITIONS = 4
 PER_DB = 10
