@@ -316,9 +316,13 @@ def test_missing_heartbeats_fence_the_leader_and_returning_ones_restore_it(
     assert kinds[:3] == ["LeaderAcquired", "LeaderFenced", "LeaderAcquired"], kinds
 
 
-#: the backlog the late row sits below: the late row commits once 20,000 are delivered, and must go out
-#: while 80,000 still wait (was 200,000: the 100,000 more only made the drain and the final read longer)
-BACKLOG = 100_000
+#: the backlog the late row sits below: the late row commits once 10,000 are delivered (two full marks of
+#: 5,000), and must go out while the rest still waits (~20,000 rows did, sequenced, with the marks queued
+#: ahead; was 200,000, then 100,000 with 20,000 delivered first: the rows above only made the stash, the
+#: drain and the final read longer)
+BACKLOG = 50_000
+#: delivered before the late row commits
+LATE_AFTER = 10_000
 
 
 @pytest.mark.integration
@@ -351,7 +355,7 @@ def test_a_row_committed_late_below_a_draining_backlog_goes_out_before_its_keys_
     relay = Harvest(config).start()
     try:
         deadline = time.monotonic() + 60
-        while relay.metrics.delivered < 20_000:  # well past the late row's id
+        while relay.metrics.delivered < LATE_AFTER:  # well past the late row's id
             assert time.monotonic() < deadline, f"only {relay.metrics.delivered} delivered in 60 s"
             time.sleep(0.01)
         late.commit()
