@@ -5,17 +5,22 @@ several producers interleaved across partitions, duplicates (re-sent records wit
 partial ACKs (an ACK clock inside the span), rollbacks (an ACK re-sent at the last ACK's clock),
 spans that are never acknowledged, OUTSIDE messages and records without a ``uuid`` header.
 ``reference_read`` reads the topic back and runs the pure :class:`sequencer.Sequencer` over each
-partition: the output every read-committed reader must reproduce.
+partition: the output every read-committed reader must reproduce. ``read_committed_to_end`` reads a topic
+with :class:`consumer.ReadCommittedIter` up to the end it has when the read starts (no idle timeout to wait
+out, no early stop on a slow fetch).
 """
 
 from __future__ import annotations
 
 import random
+import time
 import uuid as uuid_mod
 from dataclasses import dataclass
+from typing import Any
 
 from confluent_kafka import Consumer, Producer, TopicPartition
 
+from harvest_outbox.consumer import ReadCommittedIter, Record
 from harvest_outbox.sequencer import (
     Envelope,
     Flags,
@@ -25,7 +30,9 @@ from harvest_outbox.sequencer import (
     UUIDError,
     build_uuid,
     clock_of,
+    decode_checkpoint,
     flags_of,
+    journal_name,
     parse_uuid,
 )
 
@@ -155,3 +162,38 @@ def reference_read(
                     if include_acks or flags_of(env.uuid) != Flags.ACK_TXN:
                         out.append((p, env.begin, ack_offset))
     return out
+
+
+def read_committed_to_end(
+    config: dict[str, Any], topics: list[str], timeout: float = 60.0, checkpoint: bytes | None = None
+) -> list[Record]:
+    """What a :class:`ReadCommittedIter` delivers of ``topics`` from their start (or ``checkpoint``) up to the
+    high watermarks taken first: it stops once its checkpoint has read through every partition's end and nothing more is
+    ready, so every record in the log then is read (a surplus or a duplicate included) without waiting
+    out an idle timeout. Raises TimeoutError if that end is not reached in ``timeout`` seconds (a short
+    read must not pass for a whole one)."""
+    probe = Consumer({"bootstrap.servers": config["bootstrap.servers"], "group.id": "unused", "log_level": 0})
+    ends: dict[str, int] = {}
+    try:
+        for topic in topics:
+            for p in probe.list_topics(topic, timeout=10).topics[topic].partitions:
+                lo, hi = probe.get_watermark_offsets(TopicPartition(topic, p), timeout=10)
+                if hi > lo:
+                    ends[journal_name(topic, p)] = hi
+    finally:
+        probe.close()
+    out: list[Record] = []
+    deadline = time.monotonic() + timeout
+    with ReadCommittedIter(config, topics=topics, checkpoint=checkpoint) as it:
+        while True:
+            rec = it.poll(0.2)
+            if rec is not None:
+                out.append(rec)
+                continue
+            read = decode_checkpoint(it.checkpoint())[0]
+            if all(read.get(journal, 0) >= end for journal, end in ends.items()):
+                while (rec := it.poll(0)) is not None:  # anything made ready by the last records read
+                    out.append(rec)
+                return out
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"read {len(out)} records of {topics} in {timeout}s: through {read}, ends {ends}")
