@@ -15,6 +15,7 @@ from __future__ import annotations
 import random
 import time
 import uuid as uuid_mod
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -164,15 +165,9 @@ def reference_read(
     return out
 
 
-def read_committed_to_end(
-    config: dict[str, Any], topics: list[str], timeout: float = 60.0, checkpoint: bytes | None = None
-) -> list[Record]:
-    """What a :class:`ReadCommittedIter` delivers of ``topics`` from their start (or ``checkpoint``) up to the
-    high watermarks taken first: it stops once its checkpoint has read through every partition's end and nothing more is
-    ready, so every record in the log then is read (a surplus or a duplicate included) without waiting
-    out an idle timeout. Raises TimeoutError if that end is not reached in ``timeout`` seconds (a short
-    read must not pass for a whole one)."""
-    probe = Consumer({"bootstrap.servers": config["bootstrap.servers"], "group.id": "unused", "log_level": 0})
+def topic_ends(bootstrap: str, topics: list[str]) -> dict[str, int]:
+    """Each non-empty partition's high watermark now, by journal name (``topic/partition``)."""
+    probe = Consumer({"bootstrap.servers": bootstrap, "group.id": "unused", "log_level": 0})
     ends: dict[str, int] = {}
     try:
         for topic in topics:
@@ -182,18 +177,48 @@ def read_committed_to_end(
                     ends[journal_name(topic, p)] = hi
     finally:
         probe.close()
-    out: list[Record] = []
-    deadline = time.monotonic() + timeout
-    with ReadCommittedIter(config, topics=topics, checkpoint=checkpoint) as it:
-        while True:
+    return ends
+
+
+def read_through(it: ReadCommittedIter, ends: dict[str, int]) -> bool:
+    """Whether ``it``'s checkpoint has read through every end of :func:`topic_ends` (every record
+    before them queued, every commit among them delivered)."""
+    read = decode_checkpoint(it.checkpoint())[0]
+    return all(read.get(journal, 0) >= end for journal, end in ends.items())
+
+
+def drain_to_end(
+    it: ReadCommittedIter, ends: dict[str, int], step: Callable[[], list[Any]] | None = None, timeout: float = 60.0
+) -> list[Any]:
+    """What ``step()`` (a short poll_batch of ``it``; by default a 0.2 s poll) returns until ``it`` has read through
+    ``ends`` and nothing more is ready: every record in the log up to them, a surplus or a duplicate included,
+    without waiting out an idle timeout. Raises TimeoutError if the ends are not reached in ``timeout``
+    seconds (a short read must not pass for a whole one)."""
+    if step is None:
+
+        def step() -> list[Any]:
             rec = it.poll(0.2)
-            if rec is not None:
-                out.append(rec)
-                continue
-            read = decode_checkpoint(it.checkpoint())[0]
-            if all(read.get(journal, 0) >= end for journal, end in ends.items()):
-                while (rec := it.poll(0)) is not None:  # anything made ready by the last records read
-                    out.append(rec)
-                return out
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"read {len(out)} records of {topics} in {timeout}s: through {read}, ends {ends}")
+            return [] if rec is None else [rec]
+
+    out: list[Any] = []
+    deadline = time.monotonic() + timeout
+    while True:
+        got = step()
+        if got:
+            out += got
+        elif read_through(it, ends):
+            while got := step():  # anything made ready by the last records read
+                out += got
+            return out
+        elif time.monotonic() > deadline:
+            raise TimeoutError(f"read {len(out)} records in {timeout}s, not through {ends}")
+
+
+def read_committed_to_end(
+    config: dict[str, Any], topics: list[str], timeout: float = 60.0, checkpoint: bytes | None = None, **kw: Any
+) -> list[Record]:
+    """What a :class:`ReadCommittedIter` (``kw``: its other arguments) delivers of ``topics`` from their start
+    (or ``checkpoint``) up to the high watermarks taken first (:func:`drain_to_end`)."""
+    ends = topic_ends(config["bootstrap.servers"], topics)
+    with ReadCommittedIter(config, topics=topics, checkpoint=checkpoint, **kw) as it:
+        return drain_to_end(it, ends, timeout=timeout)
