@@ -5,17 +5,23 @@ several producers interleaved across partitions, duplicates (re-sent records wit
 partial ACKs (an ACK clock inside the span), rollbacks (an ACK re-sent at the last ACK's clock),
 spans that are never acknowledged, OUTSIDE messages and records without a ``uuid`` header.
 ``reference_read`` reads the topic back and runs the pure :class:`sequencer.Sequencer` over each
-partition: the output every read-committed reader must reproduce.
+partition: the output every read-committed reader must reproduce. ``read_committed_to_end`` reads a topic
+with :class:`consumer.ReadCommittedIter` up to the end it has when the read starts (no idle timeout to wait
+out, no early stop on a slow fetch).
 """
 
 from __future__ import annotations
 
 import random
+import time
 import uuid as uuid_mod
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from confluent_kafka import Consumer, Producer, TopicPartition
 
+from harvest_outbox.consumer import ReadCommittedIter, Record
 from harvest_outbox.sequencer import (
     Envelope,
     Flags,
@@ -25,7 +31,9 @@ from harvest_outbox.sequencer import (
     UUIDError,
     build_uuid,
     clock_of,
+    decode_checkpoint,
     flags_of,
+    journal_name,
     parse_uuid,
 )
 
@@ -155,3 +163,62 @@ def reference_read(
                     if include_acks or flags_of(env.uuid) != Flags.ACK_TXN:
                         out.append((p, env.begin, ack_offset))
     return out
+
+
+def topic_ends(bootstrap: str, topics: list[str]) -> dict[str, int]:
+    """Each non-empty partition's high watermark now, by journal name (``topic/partition``)."""
+    probe = Consumer({"bootstrap.servers": bootstrap, "group.id": "unused", "log_level": 0})
+    ends: dict[str, int] = {}
+    try:
+        for topic in topics:
+            for p in probe.list_topics(topic, timeout=10).topics[topic].partitions:
+                lo, hi = probe.get_watermark_offsets(TopicPartition(topic, p), timeout=10)
+                if hi > lo:
+                    ends[journal_name(topic, p)] = hi
+    finally:
+        probe.close()
+    return ends
+
+
+def read_through(it: ReadCommittedIter, ends: dict[str, int]) -> bool:
+    """Whether ``it``'s checkpoint has read through every end of :func:`topic_ends` (every record
+    before them queued, every commit among them delivered)."""
+    read = decode_checkpoint(it.checkpoint())[0]
+    return all(read.get(journal, 0) >= end for journal, end in ends.items())
+
+
+def drain_to_end(
+    it: ReadCommittedIter, ends: dict[str, int], step: Callable[[], list[Any]] | None = None, timeout: float = 60.0
+) -> list[Any]:
+    """What ``step()`` (a short poll_batch of ``it``; by default a 0.2 s poll) returns until ``it`` has read through
+    ``ends`` and nothing more is ready: every record in the log up to them, a surplus or a duplicate included,
+    without waiting out an idle timeout. Raises TimeoutError if the ends are not reached in ``timeout``
+    seconds (a short read must not pass for a whole one)."""
+    if step is None:
+
+        def step() -> list[Any]:
+            rec = it.poll(0.2)
+            return [] if rec is None else [rec]
+
+    out: list[Any] = []
+    deadline = time.monotonic() + timeout
+    while True:
+        got = step()
+        if got:
+            out += got
+        elif read_through(it, ends):
+            while got := step():  # anything made ready by the last records read
+                out += got
+            return out
+        elif time.monotonic() > deadline:
+            raise TimeoutError(f"read {len(out)} records in {timeout}s, not through {ends}")
+
+
+def read_committed_to_end(
+    config: dict[str, Any], topics: list[str], timeout: float = 60.0, checkpoint: bytes | None = None, **kw: Any
+) -> list[Record]:
+    """What a :class:`ReadCommittedIter` (``kw``: its other arguments) delivers of ``topics`` from their start
+    (or ``checkpoint``) up to the high watermarks taken first (:func:`drain_to_end`)."""
+    ends = topic_ends(config["bootstrap.servers"], topics)
+    with ReadCommittedIter(config, topics=topics, checkpoint=checkpoint, **kw) as it:
+        return drain_to_end(it, ends, timeout=timeout)

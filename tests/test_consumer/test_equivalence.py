@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 from cons_testlib import Gen, Rec, drain, kafka_config, key, per_partition, produce, reference
 from native_impl import native_module
+from sequenced_log import drain_to_end, topic_ends
 
 from harvest_outbox import sequencer
 from harvest_outbox.consumer import ConfigError, ReadCommittedIter, ReadUncommittedIter
@@ -126,21 +127,19 @@ def test_poll_batch_equals_poll(kafka_bootstrap: str, topic_factory, seed, parti
     recs = Gen(seed, partitions=partitions).records(500)
     produce(kafka_bootstrap, topic, recs)
     rnd = random.Random(seed)
+    ends = topic_ends(kafka_bootstrap, [topic])  # each read goes to these ends, no idle timeout waited out
     for include_acks in (True, False):
         with ReadCommittedIter(
             kafka_config(kafka_bootstrap), topics=[topic], ring_size=ring_size, include_acks=include_acks
         ) as it:
-            want = [key(r) for r in drain(it, idle=1.0)]
+            want = [key(r) for r in drain_to_end(it, ends)]
             want_replays = it.stats["replays"]
         with ReadCommittedIter(
             kafka_config(kafka_bootstrap), topics=[topic], ring_size=ring_size, include_acks=include_acks
         ) as it:
-            got: list = []
-            while True:
-                batch = it.poll_batch(rnd.choice([1, 2, 3, 7, 50, 2000]), 1.0)
-                if not batch:
-                    break
-                got.extend(key(r) for r in batch)
+            got = [
+                key(r) for r in drain_to_end(it, ends, lambda: it.poll_batch(rnd.choice([1, 2, 3, 7, 50, 2000]), 0.2))
+            ]
             assert it.stats["delivered"] == len(got)
         if partitions == 1:
             assert got == want

@@ -30,6 +30,7 @@ compares the fused path with the pure-Python reader per partition, restart and r
 from __future__ import annotations
 
 import random
+import time
 import uuid
 from collections.abc import Callable
 from typing import Any
@@ -37,6 +38,7 @@ from typing import Any
 import pytest
 from confluent_kafka import OFFSET_BEGINNING, KafkaError, Message, TopicPartition
 from cons_testlib import Gen, Rec
+from sequenced_log import read_through, topic_ends
 
 from harvest_outbox import sequencer
 from harvest_outbox.consumer import committed, replay, uncommitted
@@ -392,7 +394,10 @@ def write(bootstrap: str, topic: str, rows: list[tuple[int, list[tuple[str, Any]
 
 def read_all(bootstrap: str, topic: str, ring_size: int, policy: str, seed: int, total: int) -> dict[str, Any]:
     """Everything a reader delivers, per partition, reading with poll_batch of seeded sizes and
-    restarting once from its checkpoint part-way; the errors it raised; its last checkpoint."""
+    restarting once from its checkpoint part-way, up to the topic's end (no idle timeout waited out:
+    tests/sequenced_log.py); the errors it raised; its last checkpoint."""
+    ends = topic_ends(bootstrap, [topic])
+    deadline = time.monotonic() + 120
     rnd = random.Random(seed)
 
     def reader(checkpoint: bytes | None) -> ReadCommittedIter:
@@ -408,15 +413,17 @@ def read_all(bootstrap: str, topic: str, ring_size: int, policy: str, seed: int,
     got: dict[int, list[tuple[Any, ...]]] = {}
     errors: set[str] = set()
     it = reader(None)
-    delivered = replays = idle = 0
+    delivered = replays = 0
     restarted = False
-    while idle < 2:
+    while True:
         try:
-            batch = it.poll_batch(rnd.choice([1, 7, 50, 2000]), 1.0)
+            batch = it.poll_batch(rnd.choice([1, 7, 50, 2000]), 0.2)
         except MissingUUIDError as exc:
             errors.add(str(exc))
             continue
-        idle = 0 if batch else idle + 1
+        if not batch and read_through(it, ends):
+            break
+        assert time.monotonic() < deadline, f"{delivered} records read in 120 s, not through {ends}"
         for r in batch:
             got.setdefault(r.partition, []).append(rec_key(r))
         delivered += len(batch)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from sequenced_log import write_log
+from sequenced_log import read_committed_to_end, write_log
 
 from harvest_outbox.consumer import ReadCommittedIter
 from harvest_outbox.spark_reader import read_committed, readCommitted
@@ -11,15 +11,19 @@ from harvest_outbox.spark_reader import read_committed, readCommitted
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 
 
-def _iter_rows(bootstrap: str, topic: str, checkpoint: bytes | None = None, limit: int | None = None):
-    """(partition, offset, ack_offset-free order) delivered by ReadCommittedIter, and its checkpoint."""
+def _iter_rows(bootstrap: str, topic: str, checkpoint: bytes | None = None) -> list[tuple[int, int, bytes]]:
+    """(partition, offset, value) delivered by ReadCommittedIter (from ``checkpoint``) up to the topic's end."""
+    records = read_committed_to_end({"bootstrap.servers": bootstrap}, [topic], checkpoint=checkpoint)
+    return [(rec.partition, rec.offset, bytes(rec.value or b"")) for rec in records]
+
+
+def _iter_first(bootstrap: str, topic: str, limit: int) -> tuple[list[tuple[int, int, bytes]], bytes]:
+    """The first ``limit`` records ReadCommittedIter delivers, and its checkpoint after them."""
     out = []
-    with ReadCommittedIter(
-        {"bootstrap.servers": bootstrap}, topics=[topic], checkpoint=checkpoint, idle_timeout=3.0
-    ) as it:
+    with ReadCommittedIter({"bootstrap.servers": bootstrap}, topics=[topic], idle_timeout=3.0) as it:
         for rec in it:
             out.append((rec.partition, rec.offset, bytes(rec.value or b"")))
-            if limit is not None and len(out) >= limit:
+            if len(out) >= limit:
                 break
         return out, it.checkpoint()
 
@@ -33,7 +37,7 @@ def _spark_in_iter_order(df):
 def test_spark_batch_equals_read_committed_iter(spark, kafka_bootstrap, topic_factory) -> None:
     topic = topic_factory(partitions=3)
     write_log(kafka_bootstrap, topic, 3, seed=21, steps=80)
-    iter_rows, _ = _iter_rows(kafka_bootstrap, topic)
+    iter_rows = _iter_rows(kafka_bootstrap, topic)
     spark_rows = _spark_in_iter_order(readCommitted(spark, topic, {"kafka.bootstrap.servers": kafka_bootstrap}))
     # ReadCommittedIter interleaves partitions arbitrarily; within a partition the order must match.
     for p in range(3):
@@ -44,8 +48,8 @@ def test_spark_batch_equals_read_committed_iter(spark, kafka_bootstrap, topic_fa
 def test_spark_resumes_from_read_committed_iter_checkpoint(spark, kafka_bootstrap, topic_factory) -> None:
     topic = topic_factory(partitions=2)
     write_log(kafka_bootstrap, topic, 2, seed=22, steps=80)
-    everything, _ = _iter_rows(kafka_bootstrap, topic)
-    first, checkpoint = _iter_rows(kafka_bootstrap, topic, limit=len(everything) // 2)
+    everything = _iter_rows(kafka_bootstrap, topic)
+    first, checkpoint = _iter_first(kafka_bootstrap, topic, len(everything) // 2)
     rest = _spark_in_iter_order(
         readCommitted(spark, topic, {"kafka.bootstrap.servers": kafka_bootstrap}, starting=checkpoint)
     )
@@ -60,12 +64,12 @@ def test_read_committed_iter_resumes_from_spark_checkpoint(spark_cluster, kafka_
     spark = spark_cluster
     topic = topic_factory(partitions=2)
     write_log(kafka_bootstrap, topic, 2, seed=23, steps=60)
-    everything, _ = _iter_rows(kafka_bootstrap, topic)
+    everything = _iter_rows(kafka_bootstrap, topic)
     batch = read_committed(spark, topic, {"kafka.bootstrap.servers": kafka_bootstrap})
     first = _spark_in_iter_order(batch.df)
     write_log(kafka_bootstrap, topic, 2, seed=24, steps=40)  # more arrives after the batch
-    everything, _ = _iter_rows(kafka_bootstrap, topic)
-    rest, _ = _iter_rows(kafka_bootstrap, topic, checkpoint=batch.checkpoint())
+    everything = _iter_rows(kafka_bootstrap, topic)
+    rest = _iter_rows(kafka_bootstrap, topic, checkpoint=batch.checkpoint())
     assert sorted(first + rest) == sorted(everything)
     assert len(set(first) & set(rest)) == 0
 
@@ -95,7 +99,7 @@ def test_uuid_header_among_other_headers(spark, kafka_bootstrap, topic_factory) 
         producer.produce(topic, value=value.encode(), partition=0, headers=headers or None)
     assert producer.flush(30) == 0
 
-    iter_rows, _ = _iter_rows(kafka_bootstrap, topic)
+    iter_rows = _iter_rows(kafka_bootstrap, topic)
     df = readCommitted(spark, topic, {"kafka.bootstrap.servers": kafka_bootstrap})
     assert _spark_in_iter_order(df) == iter_rows
     assert [v.decode() for _, _, v in iter_rows] == [

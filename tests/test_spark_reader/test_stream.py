@@ -14,7 +14,7 @@ import time
 import uuid as uuid_mod
 
 import pytest
-from sequenced_log import read_raw, reference_read, write_log
+from sequenced_log import read_committed_to_end, read_raw, reference_read, write_log
 
 from harvest_outbox.spark_reader import readCommittedStream
 
@@ -207,7 +207,6 @@ def test_stream_delivers_records_without_uuid_header_under_ansi(
     delivers what ReadCommittedIter delivers (Spark 4's ANSI mode once failed the query on the former)."""
     from confluent_kafka import Producer
 
-    from harvest_outbox.consumer import ReadCommittedIter
     from harvest_outbox.sequencer import Publisher
 
     assert spark.conf.get("spark.sql.ansi.enabled") == "true"
@@ -234,8 +233,10 @@ def test_stream_delivers_records_without_uuid_header_under_ansi(
         producer.produce(topic, value=value, partition=0, headers=headers)
     assert producer.flush(30) == 0
 
-    with ReadCommittedIter({"bootstrap.servers": kafka_bootstrap}, topics=[topic], idle_timeout=3.0) as it:
-        want = sorted((r.partition, r.offset, bytes(r.value or b"")) for r in it)
+    want = sorted(
+        (r.partition, r.offset, bytes(r.value or b""))
+        for r in read_committed_to_end({"bootstrap.servers": kafka_bootstrap}, [topic])
+    )
     assert [v for _, _, v in want] == [
         b"app-headers-only",
         b"no-headers",

@@ -27,8 +27,8 @@ from collections.abc import Callable
 import pytest
 from relaylib import fault_config, outbox_backlog
 from seqcheck import Expected, read_intents, wait_for, write_traffic
+from sequenced_log import read_committed_to_end
 
-from harvest_outbox.consumer import ReadCommittedIter
 from harvest_outbox.harvest_local.errors import ServiceError
 from harvest_outbox.harvest_local.kafka_cluster import EmbeddedKafkaCluster
 from harvest_outbox.harvest_local.verify import Verdict, render, verify
@@ -77,11 +77,10 @@ def _final_read(bootstrap: str, topic: str, exp: Expected) -> Verdict:
     its place in its key's commit order."""
     version = {value: (key, i + 1) for key, values in exp.by_key.items() for i, value in enumerate(values)}
     delivered: list[tuple[str, int]] = []
-    with ReadCommittedIter({"bootstrap.servers": bootstrap}, topics=[topic], idle_timeout=5.0) as it:
-        for msg in it:
-            value = msg.value
-            assert value is not None and value not in exp.rolled_back, f"rolled-back row delivered: {value!r}"
-            delivered.append(version.get(value, ("?", 0)))
+    for msg in read_committed_to_end({"bootstrap.servers": bootstrap}, [topic]):
+        value = msg.value
+        assert value is not None and value not in exp.rolled_back, f"rolled-back row delivered: {value!r}"
+        delivered.append(version.get(value, ("?", 0)))
     truth = {key: len(values) for key, values in exp.by_key.items()}
     return verify("final ReadCommittedIter", truth, delivered)
 

@@ -4,7 +4,6 @@ Takeover times are measured and printed."""
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys
@@ -14,6 +13,7 @@ from pathlib import Path
 
 import psycopg
 import pytest
+from clilib import harvest_in_process
 from relaylib import BackgroundWriter, assert_per_key_order, consume_all, covers, wait_drained
 
 from harvest_outbox.harvest_local.relays import RelayProcess, wait_for, write_config
@@ -89,13 +89,16 @@ def test_one_leader_kill9_and_graceful_handover(
                 r.proc.kill()
 
 
-def test_cli_init_db_and_dead_letters(pg_dsn: str, pg_schema: str, tmp_path: Path) -> None:
+def test_cli_init_db_and_dead_letters(
+    pg_dsn: str, pg_schema: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     table = f"{pg_schema}.cli_outbox"
-    env = {**os.environ, "HARVEST_DATA_SOURCE": pg_dsn}
+    monkeypatch.setenv("HARVEST_DATA_SOURCE", pg_dsn)
+    run = harvest_in_process  # the command's main here (tests/test_producer/clilib.py); the last call a process
 
-    def run(*a: str) -> subprocess.CompletedProcess[str]:
+    def process(*a: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
-            [sys.executable, "-m", "harvest_outbox.producer", *a], env=env, capture_output=True, text=True, timeout=60
+            [sys.executable, "-m", "harvest_outbox.producer", *a], capture_output=True, text=True, timeout=60
         )
 
     r = run("init-db", "--outbox-table", table, "--value-type", "bytea")
@@ -126,7 +129,7 @@ def test_cli_init_db_and_dead_letters(pg_dsn: str, pg_schema: str, tmp_path: Pat
     assert r.returncode == 2 and "give dead-letter ids or --all" in r.stderr
     bad = run("-f", str(tmp_path / "missing.yaml"))
     assert bad.returncode == 2
-    r = run("run", "--outbox-table", table, "--data-source", "host=127.0.0.1 port=1 password=zz9secret")
+    r = process("run", "--outbox-table", table, "--data-source", "host=127.0.0.1 port=1 password=zz9secret")
     assert r.returncode == 1 and "zz9secret" not in r.stderr and "cannot connect" in r.stderr
 
 

@@ -7,10 +7,7 @@ a subprocess, which shows the process behaves the same."""
 
 from __future__ import annotations
 
-import contextlib
-import io
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -18,10 +15,9 @@ from pathlib import Path
 
 import psycopg
 import pytest
+from clilib import harvest_in_process
 from psycopg import sql
 
-from harvest_outbox.producer.ops import cli
-from harvest_outbox.producer.relay.signals import STOP_SIGNALS
 from harvest_outbox.producer.schema import OutboxNames
 from harvest_outbox.producer.schema.ddl import init_db
 
@@ -37,24 +33,6 @@ def harvest(*args: str, env: dict[str, str] | None = None, timeout: float = 60.0
         env={**os.environ, **(env or {})},
         stdin=subprocess.DEVNULL,
     )
-
-
-def harvest_in_process(*args: str) -> subprocess.CompletedProcess[str]:
-    """What :func:`harvest` returns, from the command's ``main`` called here. ``main`` installs the relay's
-    stop-signal handlers before it parses anything, and a ``run`` refused by its config leaves them to the
-    process's exit: they are put back."""
-    saved = {sig: signal.getsignal(sig) for sig in STOP_SIGNALS}
-    out, err = io.StringIO(), io.StringIO()
-    try:
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            try:
-                code = cli.main(list(args))
-            except SystemExit as exc:
-                code = exc.code if isinstance(exc.code, int) else 1
-    finally:
-        for sig, handler in saved.items():
-            signal.signal(sig, handler)
-    return subprocess.CompletedProcess(["harvest", *args], code, out.getvalue(), err.getvalue())
 
 
 def assert_one_line_exit_2(proc: subprocess.CompletedProcess[str], *needles: str) -> str:

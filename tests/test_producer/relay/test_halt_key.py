@@ -21,8 +21,8 @@ import psycopg
 import pytest
 from psycopg import sql
 from relaylib import assert_per_key_order, consume_all, covers, outbox_count, relay_config, wait_drained
+from sequenced_log import read_committed_to_end
 
-from harvest_outbox.consumer import ReadCommittedIter
 from harvest_outbox.producer.layouts.cursor.database import cursor_backlog
 from harvest_outbox.producer.mapping.table import table_mapping
 from harvest_outbox.producer.ops._deadletter_admin import Selection, discard, selected_ids, stuck_keys
@@ -82,9 +82,8 @@ def _read(
         assert_per_key_order(got, want, allow_dups=True)  # at-least-once: a re-send may repeat a prefix
         return want
     seen: dict[str, list[bytes | None]] = {}
-    with ReadCommittedIter({"bootstrap.servers": kafka}, topics=[topic], idle_timeout=5.0) as it:
-        for r in it:
-            seen.setdefault(r.key.decode(), []).append(r.value)
+    for r in read_committed_to_end({"bootstrap.servers": kafka}, [topic]):
+        seen.setdefault(r.key.decode(), []).append(r.value)
     return seen
 
 

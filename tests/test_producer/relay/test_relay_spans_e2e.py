@@ -21,8 +21,8 @@ from opentelemetry.trace import SpanKind, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 from relaylib import relay_config, wait_drained
 from seqcheck import read_intents, wait_for
+from sequenced_log import read_committed_to_end
 
-from harvest_outbox.consumer import ReadCommittedIter
 from harvest_outbox.harvest_local.kafka import read_to_end
 from harvest_outbox.producer.harvest import Harvest
 from harvest_outbox.producer.kafka import FaultInjector
@@ -65,12 +65,11 @@ def _read(bootstrap: str, topic: str, sequenced: bool) -> dict[str, tuple[int, i
     """key -> (partition, offset, headers) of what a reader sees (the ``uuid`` header left out)."""
     got: dict[str, tuple[int, int, list[tuple[str, Any]]]] = {}
     if sequenced:
-        with ReadCommittedIter({"bootstrap.servers": bootstrap}, topics=[topic], idle_timeout=5.0) as it:
-            for r in it:
-                msg = r.kafka_message
-                headers = list(r.headers or [])
-                assert headers[0][0] == "uuid"
-                got[r.key.decode()] = (msg.partition(), msg.offset(), headers[1:])
+        for r in read_committed_to_end({"bootstrap.servers": bootstrap}, [topic]):
+            msg = r.kafka_message
+            headers = list(r.headers or [])
+            assert headers[0][0] == "uuid"
+            got[r.key.decode()] = (msg.partition(), msg.offset(), headers[1:])
     else:
         for rec in read_to_end(bootstrap, [topic]):
             assert rec.key is not None

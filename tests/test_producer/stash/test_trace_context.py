@@ -13,8 +13,8 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags, TraceState
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 from relaylib import relay_config, wait_drained
+from sequenced_log import read_committed_to_end
 
-from harvest_outbox.consumer import ReadCommittedIter
 from harvest_outbox.consumer.record import PyRecord
 from harvest_outbox.producer.harvest import Harvest
 from harvest_outbox.producer.schema.ddl import init_db
@@ -82,9 +82,8 @@ def test_trace_id_spans_app_outbox_kafka_reader(
     with Harvest(cfg):
         wait_drained(pg_dsn, table)
     got = {}
-    with ReadCommittedIter({"bootstrap.servers": kafka_bootstrap}, topics=[topic], idle_timeout=5.0) as it:
-        for r in it:
-            got[r.key.decode()] = r
+    for r in read_committed_to_end({"bootstrap.servers": kafka_bootstrap}, [topic]):
+        got[r.key.decode()] = r
     assert set(got) == set(expected)
     for key, trace_id in expected.items():
         r = got[key]

@@ -34,7 +34,9 @@ from model_watermark import run
 # tens of seconds of CPU: handed out early (tests/xdist_groups.py)
 pytestmark = pytest.mark.long
 
-SCHEDULES = int(os.environ.get("MODEL_SCHEDULES", "2000"))
+#: 1,000 per mode (was 2,000: docs/tests.md): mutants of producer/layouts/cursor/_watermark.py (a probe
+#: resolved one id too far, partitions retired one id early) fail by seed 4 or in the re-check's count
+SCHEDULES = int(os.environ.get("MODEL_SCHEDULES", "1000"))
 FIRST_SEED = int(os.environ.get("MODEL_SEED", "0"))
 
 

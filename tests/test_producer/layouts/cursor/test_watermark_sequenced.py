@@ -68,7 +68,10 @@ from harvest_outbox.producer.errors import DatabaseError, FenceError
 from harvest_outbox.producer.layouts.cursor._watermark import Cursor, read_page, retirable, start_batch
 from harvest_outbox.producer.layouts.cursor.views import NotNextRows, Segment, ViewRead
 
-SCHEDULES = int(os.environ.get("MODEL_SCHEDULES", "1000"))
+#: 500 (was 1,000: docs/tests.md): mutants of the view's bookkeeping (producer/layouts/cursor/views.py: a
+#: partly committed page passed whole, the idle cursor past pending rows, held rows skipping unheld ones)
+#: fail by seed 13; test_protocol_model runs the same SequencedMode over 1,000 schedules
+SCHEDULES = int(os.environ.get("MODEL_SCHEDULES", "500"))
 FIRST_SEED = int(os.environ.get("MODEL_SEED", "0"))
 
 

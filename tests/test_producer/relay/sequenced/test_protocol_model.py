@@ -49,8 +49,11 @@ from harvest_outbox.sequencer import Envelope, Flags, Sequencer, flags_of, parse
 # tens of seconds of CPU: handed out early (tests/xdist_groups.py)
 pytestmark = pytest.mark.long
 
-#: Schedules per run (MODEL_SCHEDULES overrides), and the first seed.
-SCHEDULES = int(os.environ.get("MODEL_SCHEDULES", "2000"))
+#: Schedules per run (MODEL_SCHEDULES overrides), and the first seed. 1,000 (was 2,000: docs/tests.md):
+#: mutants of the protocol (delivery failures ignored, a commit before its deliveries, recovered ACK intents
+#: dropped, a rollback ACK at the span's first clock, a commit of unknown outcome rolled back) each fail by
+#: seed 10; the counters below stay in the hundreds (halted keys: 58).
+SCHEDULES = int(os.environ.get("MODEL_SCHEDULES", "1000"))
 FIRST_SEED = int(os.environ.get("MODEL_SEED", "0"))
 TOPIC = "t"
 WRITERS = 3
@@ -401,7 +404,7 @@ def test_protocol_invariants_hold_in_thousands_of_random_schedules(quiet_relay: 
             totals[name] = totals.get(name, 0) + n
     took = time.perf_counter() - started
     print(f"\n{SCHEDULES} schedules in {took:.1f}s ({SCHEDULES / took:.0f}/s): {totals}")
-    if SCHEDULES >= 100:  # the schedules reached every kind of fault (2,000 schedules: hundreds of each)
+    if SCHEDULES >= 100:  # the schedules reached every kind of fault (1,000 schedules: hundreds of each)
         quiet = [
             k
             for k in (
