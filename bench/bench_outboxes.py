@@ -27,7 +27,10 @@ layout guard); both are counted, and the change in the server's client backends 
    the JSON says which size stopped there and why.
 2. **CPU per relayed row**: ``--rows`` rows, spread evenly over 10 outboxes of one fleet process, against the
    same rows in the one outbox of a one-outbox process; both processes run side by side, led and idle, and
-   drain in alternation (bench/spread.py: baseline first in even repeats). Rows are written server-side
+   drain in alternation (bench/spread.py: baseline first in even repeats, the order reversed in odd ones).
+   Two more sides split the difference: the same rows in *one* outbox of the fleet (its 9 others idle), and
+   spread over 10 outboxes of 10 one-outbox processes (their CPU summed): the cost of spreading rows over
+   10 relays, apart from the cost of running those relays in one process. Rows are written server-side
    (``INSERT ... SELECT generate_series``, one transaction for the lot: the relays see every row at once, at
    the commit) so that no writer competes for the CPU. The relay process's CPU from just before the commit
    until every outbox is empty (rows are deleted once delivered), per row; the paired ratio fleet / single
@@ -74,6 +77,8 @@ PARTITIONS = 8
 FLEET = 10  # outboxes of parts 2-4's fleet
 SCHEMA = "b_t{:03d}"
 SINGLE_SCHEMA = "b_single"
+#: Part 2's 10 one-outbox processes' outboxes.
+PROCESS_SCHEMAS = [f"b_p{i:03d}" for i in range(FLEET)]
 #: Connections the bench itself may still open while a fleet runs (its watcher, writer, filler, spares).
 OWN_MARGIN = 8
 PARTS = ("idle", "processes", "cpu", "fairness")
@@ -477,22 +482,25 @@ def processes_vs_fleet(
 
 
 # ----------------------------------------------------------------------------- part 2
-def drain(db: Db, relay: Relay, schemas: Sequence[str], rows: int, topic: str) -> dict[str, float]:
+def drain(db: Db, relays: Sequence[Relay], schemas: Sequence[str], rows: int, topic: str) -> dict[str, float]:
+    """``rows`` spread evenly over ``schemas``, committed at once; the CPU of ``relays``' processes (summed)
+    from just before the commit until every outbox is empty."""
     per = rows // len(schemas)
     parts = [(s, per + (1 if i < rows % len(schemas) else 0)) for i, s in enumerate(schemas)]
-    before = Sample.of(relay.pid)
+    before = [Sample.of(r.pid) for r in relays]
     t0 = time.monotonic()
     db.fill(parts, topic)
     db.wait_empty(schemas, 600)
     elapsed = time.monotonic() - t0
-    after = Sample.of(relay.pid)
-    cpu = after.cpu_s - before.cpu_s
+    after = [Sample.of(r.pid) for r in relays]
+    cpu = sum(a.cpu_s - b.cpu_s for a, b in zip(after, before, strict=True))
+    system = sum(a.system_s - b.system_s for a, b in zip(after, before, strict=True))
     return {
         "cpu_us_per_row": cpu / rows * 1e6,
         "rows_per_s": rows / elapsed,
         "seconds": elapsed,
         "cpu_s": cpu,
-        "system_share": (after.system_s - before.system_s) / cpu if cpu else 0.0,
+        "system_share": system / cpu if cpu else 0.0,
     }
 
 
@@ -682,16 +690,28 @@ def main(argv: list[str] | None = None) -> int:
         _log(f"broker warm-up: {args.warm_records} records (untimed)")
         result["setup"]["broker_warmup_s"] = warm_broker(bootstrap, args.warm_records)
         _log(f"{max_size + 1} outboxes: init_db")
-        db.make_outboxes([*schemas, SINGLE_SCHEMA])
+        db.make_outboxes([*schemas, SINGLE_SCHEMA, *PROCESS_SCHEMAS])
         if "idle" in parts:
             result["idle"] = idle_sizes(db, workdir, dsn, bootstrap, args)
         if "processes" in parts:
             fleet10 = (result.get("idle") or {}).get("sizes", {}).get(str(FLEET))
             result["processes_vs_fleet"] = processes_vs_fleet(db, workdir, dsn, bootstrap, args, fleet10)
         if parts & {"cpu", "fairness"}:
-            result.update(drain_and_fairness(db, workdir, dsn, bootstrap, args, recorder, parts, result.get("idle")))
+            result.update(
+                drain_and_fairness(
+                    db,
+                    workdir,
+                    dsn,
+                    bootstrap,
+                    args,
+                    recorder,
+                    parts,
+                    result.get("idle"),
+                    result.get("processes_vs_fleet"),
+                )
+            )
     finally:
-        db.drop([*schemas, SINGLE_SCHEMA])
+        db.drop([*schemas, SINGLE_SCHEMA, *PROCESS_SCHEMAS])
         db.conn.close()
         if services is not None:
             services.stop()
@@ -710,6 +730,7 @@ def drain_and_fairness(
     recorder: Recorder,
     parts: set[str],
     idle: dict[str, Any] | None,
+    result_processes: dict[str, Any] | None,
 ) -> dict[str, Any]:
     from harvest_outbox.harvest_local.kafka import create_topic
 
@@ -717,29 +738,48 @@ def drain_and_fairness(
     fleet_schemas = [SCHEMA.format(i) for i in range(FLEET)]
     fleet = Relay(workdir, "drain", dsn, bootstrap, [f"{s}.outbox" for s in fleet_schemas], True, args.sequenced)
     single = Relay(workdir, "single", dsn, bootstrap, [f"{SINGLE_SCHEMA}.outbox"], False, args.sequenced)
-    fleet.start()
-    single.start()
+    processes = (
+        [
+            Relay(workdir, f"p{i:03d}", dsn, bootstrap, [f"{s}.outbox"], False, args.sequenced)
+            for i, s in enumerate(PROCESS_SCHEMAS)
+        ]
+        if "cpu" in parts
+        else []
+    )
+    for r in (fleet, single, *processes):
+        r.start()
     try:
         out["led_s"] = {"fleet": wait_led([fleet], 120), "single": wait_led([single], 120)}
+        if processes:
+            out["led_s"]["processes"] = wait_led(processes, 180)
         if "cpu" in parts:
             topic = f"bo-drain-{uuid.uuid4().hex[:8]}"
             create_topic(bootstrap, topic, PARTITIONS)
-            runs: dict[str, list[dict[str, float]]] = {"fleet": [], "single": [], "fleet_one_busy": []}
+            runs: dict[str, list[dict[str, float]]] = {"fleet": [], "single": [], "fleet_one_busy": [], "processes": []}
 
             def fleet_drain() -> dict[str, float]:
-                return drain(db, fleet, fleet_schemas, args.rows, topic)
+                return drain(db, [fleet], fleet_schemas, args.rows, topic)
 
             def single_drain() -> dict[str, float]:
-                return drain(db, single, [SINGLE_SCHEMA], args.rows, topic)
+                return drain(db, [single], [SINGLE_SCHEMA], args.rows, topic)
 
             def one_busy_drain() -> dict[str, float]:
-                return drain(db, fleet, fleet_schemas[:1], args.rows, topic)
+                return drain(db, [fleet], fleet_schemas[:1], args.rows, topic)
+
+            def processes_drain() -> dict[str, float]:
+                return drain(db, processes, PROCESS_SCHEMAS, args.rows, topic)
 
             _log("cpu per row: one untimed pair")
             single_drain()
             fleet_drain()
+            processes_drain()
             for n in range(args.repeats):
-                sides = [("single", single_drain), ("fleet", fleet_drain), ("fleet_one_busy", one_busy_drain)]
+                sides = [
+                    ("single", single_drain),
+                    ("fleet", fleet_drain),
+                    ("fleet_one_busy", one_busy_drain),
+                    ("processes", processes_drain),
+                ]
                 for side, run in sides if n % 2 == 0 else sides[::-1]:
                     runs[side].append(run())
                     _log(f"cpu per row, repeat {n + 1}: {side} {runs[side][-1]}")
@@ -758,6 +798,19 @@ def drain_and_fairness(
                 "others idle) / in one outbox of a one-outbox process",
             )
             recorder.figure(
+                "cpu_per_row_processes",
+                [r["cpu_us_per_row"] for r in runs["processes"]],
+                [r["cpu_us_per_row"] for r in runs["single"]],
+                f"CPU per row, {args.rows:,} rows over {FLEET} outboxes of {FLEET} one-outbox processes (summed) / "
+                "in one outbox of a one-outbox process",
+            )
+            recorder.figure(
+                "cpu_per_row_fleet_vs_processes",
+                [r["cpu_us_per_row"] for r in runs["fleet"]],
+                [r["cpu_us_per_row"] for r in runs["processes"]],
+                f"CPU per row over {FLEET} outboxes: one fleet process / {FLEET} one-outbox processes (summed)",
+            )
+            recorder.figure(
                 "rows_per_s",
                 [r["rows_per_s"] for r in runs["fleet"]],
                 [r["rows_per_s"] for r in runs["single"]],
@@ -769,6 +822,7 @@ def drain_and_fairness(
                 "fleet": fleet_idle,
                 "fleet_one_busy": fleet_idle,
                 "single": (sizes.get("1") or {}).get("idle_cpu_share"),
+                "processes": ((result_processes or {}).get("processes") or {}).get("idle_cpu_share"),
             }
             out["cpu"] = {}
             for side, rs in runs.items():
@@ -784,11 +838,12 @@ def drain_and_fairness(
             if all(out["cpu"][s].get("cpu_us_per_row_less_idle") for s in runs):
                 f, s = (out["cpu"][x]["cpu_us_per_row_less_idle"]["median"] for x in ("fleet", "single"))
                 out["cpu"]["ratio_less_idle_of_medians"] = round(f / s, 3)
+            stop_all(processes)  # not in part 3's way
         if "fairness" in parts:
             out["fairness"] = fairness(db, fleet, dsn, bootstrap, args, recorder)
         out["failures"] = {"fleet": fleet.failures(), "single": single.failures()}
     finally:
-        stop_all([fleet, single])
+        stop_all([fleet, single, *processes])
     return out
 
 
