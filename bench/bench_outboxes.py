@@ -268,6 +268,15 @@ class Relay:
     def failures(self) -> int:
         return int(self.process.text().count("relay failed"))
 
+    def failure_reasons(self, most: int = 3) -> list[str]:
+        """The first ``most`` distinct reasons of the relay's failures (its log says them redacted), each
+        without the outbox id, so that the same reason on many outboxes shows once."""
+        reasons: list[str] = []
+        for m in re.finditer(r"relay failed \((.*)\); starting it again", self.process.text()):
+            if m.group(1) not in reasons:
+                reasons.append(m.group(1))
+        return reasons[:most]
+
     def stop(self) -> None:
         self.process.stop(120)
 
@@ -438,6 +447,8 @@ def idle_sizes(db: Db, workdir: Path, dsn: str, bootstrap: str, args: argparse.N
         added = figures.pop("client_backends") - before
         figures = {"led_s": led_s, **figures, "backends_added": added}
         figures["failures"] = relay.failures()
+        if figures["failures"]:
+            figures["failure_reasons"] = relay.failure_reasons()
         measured[str(size)] = figures
         per_outbox = figures["connections"] / size
         _log(f"idle fleet of {size}: {figures}")
@@ -661,6 +672,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sequenced", action="store_true", help="uuidSequencing: true (default: at-least-once)")
     ap.add_argument("--parts", default=",".join(PARTS), help=f"which parts to run: {', '.join(PARTS)}")
     ap.add_argument("--quick", action="store_true", help=f"a smoke run: {QUICK} unless given")
+    ap.add_argument("--workdir", help="where the relays' configs and logs go (default: a temporary folder, removed)")
     args = ap.parse_args(argv)
     for key, value in (QUICK if args.quick else FULL).items():
         if getattr(args, key) is None:  # given on the command line: kept, --quick or not
@@ -680,9 +692,10 @@ def main(argv: list[str] | None = None) -> int:
         f"{args.warm_records:,} records produced untimed; one drain pair of each side untimed",
         targets.for_bench("outboxes"),
     )
-    result: dict[str, Any] = {"setup": {k: v for k, v in vars(args).items()}}
-    tmp = tempfile.TemporaryDirectory(prefix="bench-outboxes-")
-    workdir = Path(tmp.name)
+    result: dict[str, Any] = {"setup": {k: v for k, v in vars(args).items() if k != "workdir"}}
+    tmp = None if args.workdir else tempfile.TemporaryDirectory(prefix="bench-outboxes-")
+    workdir = Path(args.workdir or tmp.name)  # type: ignore[union-attr]
+    workdir.mkdir(parents=True, exist_ok=True)
     db = Db(dsn)
     max_size = max([int(s) for s in args.sizes.split(",") if s] + [FLEET])
     schemas = [SCHEMA.format(i) for i in range(max_size)]
@@ -715,7 +728,8 @@ def main(argv: list[str] | None = None) -> int:
         db.conn.close()
         if services is not None:
             services.stop()
-        tmp.cleanup()
+        if tmp is not None:
+            tmp.cleanup()
     result["spread"] = recorder.report()
     print(json.dumps(result, indent=1))
     return 0
@@ -841,7 +855,8 @@ def drain_and_fairness(
             stop_all(processes)  # not in part 3's way
         if "fairness" in parts:
             out["fairness"] = fairness(db, fleet, dsn, bootstrap, args, recorder)
-        out["failures"] = {"fleet": fleet.failures(), "single": single.failures()}
+        out["failures"] = {r.name: r.failures() for r in (fleet, single, *processes)}
+        out["failure_reasons"] = {r.name: r.failure_reasons() for r in (fleet, single, *processes) if r.failures()}
     finally:
         stop_all([fleet, single, *processes])
     return out
