@@ -42,7 +42,11 @@ layout guard); both are counted, and the change in the server's client backends 
    outbox 0, the window lasting from that commit until outbox 0 is empty). Latency of a trickle row: commit
    -> receipt, as bench_latency measures it (the writer's stamp just before ``COMMIT``, kept by row index;
    the row's value is its index; the consumer's stamp when ``poll()`` returns it). Per window p50 / p99 /
-   max of the rows committed in it; the paired ratio burst p99 / quiet p99 is the figure (target ≤ 2).
+   max of the rows committed in it; the paired ratio burst p99 / quiet p99 is the figure (target ≤ 2). The
+   trickle runs ``--settle`` seconds untimed before the first window. Per window the machine's CPUs' busy
+   share (``/proc/stat``: the other processes on a shared machine show there), and the writer's late starts
+   and slow transactions (over 100 ms), so that a window's tail can be told from a stalled writer or a
+   saturated machine.
 4. **10 processes or one**: 10 one-outbox processes (``b_t000..b_t009``), started together, against part
    1's 10-outbox fleet: sums of RSS, PSS, threads, connections and idle CPU, and the time until every outbox
    is led. One measurement of each side.
@@ -175,6 +179,19 @@ def latency_summary(latencies_ms: Sequence[float]) -> dict[str, float | None]:
         return None if v is None else round(v, 2)
 
     return {"p50_ms": r(percentile(xs, 50)), "p99_ms": r(percentile(xs, 99)), "max_ms": r(xs[-1] if xs else None)}
+
+
+def cpu_times(proc_stat: str) -> tuple[int, int]:
+    """(busy, total) jiffies of every CPU from the text of ``/proc/stat`` (its ``cpu`` line; idle and
+    iowait are not busy)."""
+    fields = [int(x) for x in proc_stat.splitlines()[0].split()[1:]]
+    return sum(fields) - fields[3] - fields[4], sum(fields)
+
+
+def busy_share(before: tuple[int, int], after: tuple[int, int]) -> float | None:
+    """The machine's CPUs' busy share between two :func:`cpu_times` (1.0: every core busy)."""
+    total = after[1] - before[1]
+    return round((after[0] - before[0]) / total, 3) if total > 0 else None
 
 
 def spread(values: Sequence[float], digits: int = 3) -> dict[str, float]:
@@ -524,6 +541,10 @@ class Trickle:
         self.commit_ns: dict[int, int] = {}
         self.receipt_ns: dict[int, int] = {}
         self.max_lag_ms = 0.0
+        #: (wall-clock s, ms behind the schedule) of rows started over 100 ms late: when the writer waited
+        self.late: list[tuple[float, float]] = []
+        #: (wall-clock s, ms) of the writer's transactions that took over 100 ms (INSERT and COMMIT)
+        self.slow: list[tuple[float, float]] = []
         self._stop_writing = threading.Event()
         self._stop_reading = threading.Event()
         self._ready = threading.Event()
@@ -554,9 +575,15 @@ class Trickle:
                         time.sleep(delay)
                     else:
                         self.max_lag_ms = max(self.max_lag_ms, -delay * 1000)
+                        if -delay > 0.1 and len(self.late) < 100:
+                            self.late.append((round(time.time(), 3), round(-delay * 1000, 1)))
+                    began = time.time()
                     with conn.transaction():
                         st.stash(conn, OutboxRecord(self.topic, f"key-{i % 16}", f"{i:010d}"))
                         self.commit_ns[i] = time.time_ns()  # just before COMMIT (bench_latency's stamp)
+                    took = time.time() - began
+                    if took > 0.1 and len(self.slow) < 100:
+                        self.slow.append((round(began, 3), round(took * 1000, 1)))
                     i += 1
         except BaseException as exc:
             self.errors.append(exc)
@@ -611,20 +638,25 @@ def fairness(
     trickle = Trickle(dsn, bootstrap, f"{trickle_schema}.outbox", trickle_topic, args.trickle_rate).start()
     windows: dict[str, list[tuple[int, int, dict[str, Any]]]] = {"quiet": [], "burst": []}
     try:
-        time.sleep(2.0)  # the trickle's first rows: its outbox's relay warm
+        time.sleep(args.settle)  # the trickle's first rows, untimed: a new topic's first produce requests
 
         def quiet() -> None:
-            t0 = time.time_ns()
+            t0, cpu0 = time.time_ns(), cpu_times(_read("/proc/stat"))
             time.sleep(args.quiet)
-            windows["quiet"].append((t0, time.time_ns(), {}))
+            busy = busy_share(cpu0, cpu_times(_read("/proc/stat")))
+            windows["quiet"].append((t0, time.time_ns(), {"machine_busy": busy}))
 
         def burst() -> None:
+            began = time.time()
             t0 = db.fill([(burst_schema, args.burst)], burst_topic)
+            cpu0 = cpu_times(_read("/proc/stat"))
+            extra = {"fill_s": round(t0 / 1e9 - began, 2)}
             m0 = time.monotonic()
             db.wait_empty([burst_schema], 900, poll=0.02)
             took = time.monotonic() - m0
+            extra.update(drain_s=round(took, 2), rows_per_s=round(args.burst / took))
             windows["burst"].append(
-                (t0, time.time_ns(), {"drain_s": round(took, 2), "rows_per_s": round(args.burst / took)})
+                (t0, time.time_ns(), {**extra, "machine_busy": busy_share(cpu0, cpu_times(_read("/proc/stat")))})
             )
 
         for n in range(args.repeats):
@@ -634,7 +666,12 @@ def fairness(
                 time.sleep(1.0)  # between windows: the last rows of one are not the next one's
     finally:
         trickle.finish(60)
-    out: dict[str, Any] = {"trickle_rate": args.trickle_rate, "writer_max_lag_ms": round(trickle.max_lag_ms, 1)}
+    out: dict[str, Any] = {
+        "trickle_rate": args.trickle_rate,
+        "writer_max_lag_ms": round(trickle.max_lag_ms, 1),
+        "writer_late": trickle.late,
+        "writer_slow_transactions": trickle.slow,
+    }
     for kind, ws in windows.items():
         runs = []
         for t0, t1, extra in ws:

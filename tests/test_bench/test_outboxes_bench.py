@@ -12,6 +12,8 @@ import pytest
 
 from bench.__main__ import _outboxes_rows
 from bench.bench_outboxes import (
+    busy_share,
+    cpu_times,
     fits,
     latency_summary,
     led_ids,
@@ -42,6 +44,15 @@ def test_pss_is_read_from_smaps_rollup() -> None:
     assert pss_kb(text) == 50712
     with pytest.raises(ValueError, match="Pss"):
         pss_kb("Rss: 1 kB\n")
+
+
+def test_machine_busy_share_leaves_idle_and_iowait_out() -> None:
+    # user nice system idle iowait irq softirq steal
+    before = cpu_times("cpu  100 0 50 800 50 0 0 0 0 0\ncpu0 50 0 25 400 25 0 0 0 0 0\n")
+    after = cpu_times("cpu  250 0 100 850 100 0 0 0 0 0\ncpu0 1 1 1 1 1 0 0 0 0 0\n")
+    assert before == (150, 1000) and after == (350, 1300)
+    assert busy_share(before, after) == pytest.approx(200 / 300, abs=1e-3)
+    assert busy_share(after, after) is None
 
 
 def test_slope_is_the_least_squares_line() -> None:
