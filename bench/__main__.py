@@ -474,6 +474,11 @@ def _relay_limit_rows(r: dict[str, Any]) -> list[tuple[str, str, str, str]]:
     return out
 
 
+def _percent(share: Any) -> str:
+    """A share of a core as a percentage (0.0085 -> 0.85%)."""
+    return "n/a" if not isinstance(share, (int, float)) else f"{share * 100:.2g}%"
+
+
 def _outboxes_rows(r: dict[str, Any]) -> list[tuple[str, str, str, str]]:
     """bench_outboxes.py: a fleet's cost per outbox, its CPU per row and fairness (docs/benchmarks.md, "Many
     outboxes, one process")."""
@@ -485,9 +490,9 @@ def _outboxes_rows(r: dict[str, Any]) -> list[tuple[str, str, str, str]]:
         skipped = "; ".join(f"{k} not started: {v}" for k, v in (idle.get("skipped") or {}).items())
         out.append(
             (
-                f"Fleet idle cost per outbox, fleets of {sizes} (RSS MB, threads, connections, CPU share of a core)",
+                f"Fleet idle cost per outbox, fleets of {sizes} (RSS MB, threads, connections, idle CPU of a core)",
                 f"{_fmt(_get(per, 'rss_mb', 'slope'))}, {_fmt(_get(per, 'threads', 'slope'))}, "
-                f"{_fmt(_get(per, 'connections', 'slope'))}, {_fmt(_get(per, 'idle_cpu_share', 'slope'))}",
+                f"{_fmt(_get(per, 'connections', 'slope'))}, {_percent(_get(per, 'idle_cpu_share', 'slope'))}",
                 f"least-squares slopes over the sizes; {skipped or 'every size started'}",
                 "",
             )
@@ -501,7 +506,8 @@ def _outboxes_rows(r: dict[str, Any]) -> list[tuple[str, str, str, str]]:
                 _fmt(_get(cpu, "fleet", "cpu_us_per_row", "median")),
                 f"{_ratio(r, 'cpu_per_row')} of a one-outbox process draining the same rows "
                 f"({_fmt(_get(cpu, 'single', 'cpu_us_per_row', 'median'))}); one busy outbox of the 10 "
-                f"{_ratio(r, 'cpu_per_row_one_busy')}",
+                f"{_ratio(r, 'cpu_per_row_one_busy')}; the same rows over 10 one-outbox processes "
+                f"{_ratio(r, 'cpu_per_row_processes')}",
                 _target(r, "≤ 1.2", "cpu_per_row"),
             )
         )

@@ -194,6 +194,11 @@ def busy_share(before: tuple[int, int], after: tuple[int, int]) -> float | None:
     return round((after[0] - before[0]) / total, 3) if total > 0 else None
 
 
+def worst(events: Sequence[tuple[float, float]], keep: int = 5) -> dict[str, Any]:
+    """How many (wall-clock s, ms) events there were (the first 100 are kept), and the ``keep`` longest."""
+    return {"count": len(events), "worst": sorted(events, key=lambda e: -e[1])[:keep]}
+
+
 def spread(values: Sequence[float], digits: int = 3) -> dict[str, float]:
     return {
         "median": round(statistics.median(values), digits),
@@ -669,8 +674,8 @@ def fairness(
     out: dict[str, Any] = {
         "trickle_rate": args.trickle_rate,
         "writer_max_lag_ms": round(trickle.max_lag_ms, 1),
-        "writer_late": trickle.late,
-        "writer_slow_transactions": trickle.slow,
+        "writer_late": worst(trickle.late),
+        "writer_slow_transactions": worst(trickle.slow),
     }
     for kind, ws in windows.items():
         runs = []
