@@ -524,6 +524,18 @@ def _outboxes_rows(r: dict[str, Any]) -> list[tuple[str, str, str, str]]:
                 _target(r, "≤ 2", "trickle_p99_burst"),
             )
         )
+    sb = r.get("standby") or {}
+    if sb:
+        n = sb.get("outboxes") or 10
+        out.append(
+            (
+                f"A standby fleet of {n} outboxes, while another process leads them (connections, threads, idle CPU "
+                "of a core)",
+                f"{_fmt(sb.get('connections'))}, {_fmt(sb.get('threads'))}, {_percent(sb.get('idle_cpu_share'))}",
+                f"RSS {_fmt(sb.get('rss_mb'))} MB, PSS {_fmt(sb.get('pss_mb'))} MB (one measurement)",
+                "",
+            )
+        )
     pvf = r.get("processes_vs_fleet") or {}
     if pvf.get("fleet_over_processes"):
         ratio = pvf["fleet_over_processes"]

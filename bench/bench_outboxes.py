@@ -50,6 +50,9 @@ layout guard); both are counted, and the change in the server's client backends 
 4. **10 processes or one**: 10 one-outbox processes (``b_t000..b_t009``), started together, against part
    1's 10-outbox fleet: sums of RSS, PSS, threads, connections and idle CPU, and the time until every outbox
    is led. One measurement of each side.
+5. **A standby fleet**: a second 10-outbox fleet process on the same outboxes while the first leads them
+   all (how a fleet is made highly available): its idle figures once its log shows every outbox's election
+   started.
 
 Before anything is timed, ``--warm-records`` records are produced untimed (a fresh broker's JIT: bench_relay's
 module doc), and one drain pair of part 2 runs untimed.
@@ -85,7 +88,7 @@ SINGLE_SCHEMA = "b_single"
 PROCESS_SCHEMAS = [f"b_p{i:03d}" for i in range(FLEET)]
 #: Connections the bench itself may still open while a fleet runs (its watcher, writer, filler, spares).
 OWN_MARGIN = 8
-PARTS = ("idle", "processes", "cpu", "fairness")
+PARTS = ("idle", "processes", "standby", "cpu", "fairness")
 FULL: dict[str, Any] = {
     "sizes": "1,10,50,100",
     "rows": 200_000,
@@ -514,6 +517,35 @@ def processes_vs_fleet(
     return out
 
 
+def standby_cost(db: Db, workdir: Path, dsn: str, bootstrap: str, args: argparse.Namespace) -> dict[str, Any]:
+    """A second fleet process on the same 10 outboxes, a standby of each (the first leads them): its idle
+    figures, once its log shows every outbox's election started."""
+    tables = [f"{SCHEMA.format(i)}.outbox" for i in range(FLEET)]
+    leader = Relay(workdir, "lead", dsn, bootstrap, tables, True, args.sequenced)
+    standby = Relay(workdir, "standby", dsn, bootstrap, tables, True, args.sequenced)
+    _log(f"standby fleet of {FLEET}: starting")
+    leader.start()
+    try:
+        wait_led([leader], 120)
+        before = db.client_backends()
+        standby.start()
+        deadline = time.monotonic() + 120
+        while len(re.findall(r": Postgres leader election on ", standby.process.text())) < FLEET:
+            if time.monotonic() > deadline or not standby.process.alive:
+                raise SystemExit(
+                    f"bench_outboxes: the standby fleet did not start its elections: {standby.process.log}"
+                )
+            time.sleep(0.1)
+        figures = idle_figures(db, [standby], args.settle, args.idle)
+        led = sorted(standby.led())
+    finally:
+        stop_all([leader, standby])
+    added = figures.pop("client_backends") - before
+    out = {**figures, "backends_added": added, "outboxes": FLEET, "led_by_the_standby": led}
+    _log(f"standby fleet of {FLEET}: {out}")
+    return out
+
+
 # ----------------------------------------------------------------------------- part 2
 def drain(db: Db, relays: Sequence[Relay], schemas: Sequence[str], rows: int, topic: str) -> dict[str, float]:
     """``rows`` spread evenly over ``schemas``, committed at once; the CPU of ``relays``' processes (summed)
@@ -751,6 +783,8 @@ def main(argv: list[str] | None = None) -> int:
         if "processes" in parts:
             fleet10 = (result.get("idle") or {}).get("sizes", {}).get(str(FLEET))
             result["processes_vs_fleet"] = processes_vs_fleet(db, workdir, dsn, bootstrap, args, fleet10)
+        if "standby" in parts:
+            result["standby"] = standby_cost(db, workdir, dsn, bootstrap, args)
         if parts & {"cpu", "fairness"}:
             result.update(
                 drain_and_fairness(

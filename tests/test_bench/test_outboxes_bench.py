@@ -117,6 +117,7 @@ def test_table_rows_name_each_part_and_its_verdict() -> None:
         },
         "cpu": {"fleet": {"cpu_us_per_row": {"median": 28.5}}, "single": {"cpu_us_per_row": {"median": 9.5}}},
         "fairness": {"trickle_rate": 50.0, "burst": [{"p99_ms": 138.3}, {"p99_ms": 98.5}]},
+        "standby": {"outboxes": 10, "connections": 40, "threads": 113, "idle_cpu_share": 0.0239, "rss_mb": 70.4},
         "processes_vs_fleet": {
             "fleet": {"pss_mb": 50.7},
             "processes": {"pss_mb": 340.5},
@@ -136,10 +137,12 @@ def test_table_rows_name_each_part_and_its_verdict() -> None:
         "Fleet idle cost per outbox",
         "Fleet CPU per relayed row",
         "Fleet fairness: a 50 rows/s trickle's commit->receipt p99 while another outbox drains a 100",
+        "A standby fleet of 10 outboxes",
         "10 outboxes in one fleet process / in 10 one-outbox processes (PSS MB)",
     ]
+    assert rows[3][1] == "40, 113, 2.4%"
     assert "100 not started" in rows[0][2]
     assert rows[1][3] == "≤ 1.2: not met (1.95–4.29)"
     assert rows[2][1] == "138" and rows[2][3] == "≤ 2: met"
-    assert "0.15" in rows[3][2]
+    assert "0.15" in rows[4][2]
     assert _outboxes_rows({}) == []
