@@ -46,7 +46,9 @@ layout guard); both are counted, and the change in the server's client backends 
    trickle runs ``--settle`` seconds untimed before the first window. Per window the machine's CPUs' busy
    share (``/proc/stat``: the other processes on a shared machine show there), and the writer's late starts
    and slow transactions (over 100 ms), so that a window's tail can be told from a stalled writer or a
-   saturated machine.
+   saturated machine. A *bystander*: the same trickle into the one-outbox process's outbox (a process of
+   its own, sharing nothing with the burst but the machine), its p99 ratio over the same windows: what the
+   burst's load alone does to a relay's latency, so that the fleet's own share can be told apart.
 4. **10 processes or one**: 10 one-outbox processes (``b_t000..b_t009``), started together, against part
    1's 10-outbox fleet: sums of RSS, PSS, threads, connections and idle CPU, and the time until every outbox
    is led. One measurement of each side.
@@ -668,11 +670,14 @@ def fairness(
     from harvest_outbox.harvest_local.kafka import create_topic
 
     hexid = uuid.uuid4().hex[:8]
-    trickle_topic, burst_topic = f"bo-trickle-{hexid}", f"bo-burst-{hexid}"
-    for t in (trickle_topic, burst_topic):
+    trickle_topic, burst_topic, bystander_topic = f"bo-trickle-{hexid}", f"bo-burst-{hexid}", f"bo-by-{hexid}"
+    for t in (trickle_topic, burst_topic, bystander_topic):
         create_topic(bootstrap, t, PARTITIONS)
     burst_schema, trickle_schema = SCHEMA.format(0), SCHEMA.format(1)
     trickle = Trickle(dsn, bootstrap, f"{trickle_schema}.outbox", trickle_topic, args.trickle_rate).start()
+    # The same trickle into the outbox of the one-outbox process, which shares nothing with the burst but
+    # the machine: what the burst's load alone does to a relay's latency.
+    bystander = Trickle(dsn, bootstrap, f"{SINGLE_SCHEMA}.outbox", bystander_topic, args.trickle_rate).start()
     windows: dict[str, list[tuple[int, int, dict[str, Any]]]] = {"quiet": [], "burst": []}
     try:
         time.sleep(args.settle)  # the trickle's first rows, untimed: a new topic's first produce requests
@@ -703,6 +708,7 @@ def fairness(
                 time.sleep(1.0)  # between windows: the last rows of one are not the next one's
     finally:
         trickle.finish(60)
+        bystander.finish(60)
     out: dict[str, Any] = {
         "trickle_rate": args.trickle_rate,
         "writer_max_lag_ms": round(trickle.max_lag_ms, 1),
@@ -713,8 +719,18 @@ def fairness(
         runs = []
         for t0, t1, extra in ws:
             lat, lost = window_latencies_ms(trickle.commit_ns, trickle.receipt_ns, t0, t1)
-            runs.append({"rows": len(lat) + lost, "lost": lost, **latency_summary(lat), **extra})
+            by_lat, by_lost = window_latencies_ms(bystander.commit_ns, bystander.receipt_ns, t0, t1)
+            runs.append(
+                {
+                    "rows": len(lat) + lost,
+                    "lost": lost,
+                    **latency_summary(lat),
+                    **extra,
+                    "bystander": {"rows": len(by_lat) + by_lost, "lost": by_lost, **latency_summary(by_lat)},
+                }
+            )
         out[kind] = runs
+    out["bystander_writer_max_lag_ms"] = round(bystander.max_lag_ms, 1)
     for q in ("p99", "p50"):
         pairs = [(b[f"{q}_ms"], a[f"{q}_ms"]) for b, a in zip(out["burst"], out["quiet"], strict=True)]
         if all(x is not None and y for x, y in pairs):
@@ -723,6 +739,18 @@ def fairness(
                 [x for x, _ in pairs],
                 [y for _, y in pairs],
                 f"trickle commit -> receipt {q} during another outbox's {args.burst:,}-row burst / with no burst",
+            )
+        pairs = [
+            (b["bystander"][f"{q}_ms"], a["bystander"][f"{q}_ms"])
+            for b, a in zip(out["burst"], out["quiet"], strict=True)
+        ]
+        if all(x is not None and y for x, y in pairs):
+            recorder.figure(
+                f"bystander_{q}_burst",
+                [x for x, _ in pairs],
+                [y for _, y in pairs],
+                f"the same trickle through a one-outbox process of its own, {q} during the fleet's burst / with "
+                "no burst: what the burst's load on the machine alone does",
             )
     return out
 
