@@ -64,6 +64,7 @@ BENCHES: dict[str, tuple[str, list[str], list[str]]] = {
     ),
     "latency": ("bench_latency.py", [], ["--quick", "--repeats", "2"]),
     "relay_limit": ("bench_relay_limit.py", [], ["--rows", "100000", "--runs", "2", "--warmup-rows", "300000"]),
+    "outboxes": ("bench_outboxes.py", [], ["--quick"]),
     "debezium": (
         "bench_debezium.py",
         [],
@@ -105,6 +106,7 @@ CHECK: dict[str, list[str]] = {
     "cursor_relay": ["--runs", str(DEFAULT_REPEATS)],
     "latency": ["--repeats", str(DEFAULT_REPEATS)],
     "relay_limit": ["--runs", str(DEFAULT_REPEATS)],
+    "outboxes": ["--parts", "cpu,fairness", "--repeats", str(DEFAULT_REPEATS)],
 }
 
 
@@ -472,6 +474,84 @@ def _relay_limit_rows(r: dict[str, Any]) -> list[tuple[str, str, str, str]]:
     return out
 
 
+def _percent(share: Any) -> str:
+    """A share of a core as a percentage (0.0085 -> 0.85%)."""
+    return "n/a" if not isinstance(share, (int, float)) else f"{share * 100:.2g}%"
+
+
+def _outboxes_rows(r: dict[str, Any]) -> list[tuple[str, str, str, str]]:
+    """bench_outboxes.py: a fleet's cost per outbox, its CPU per row and fairness (docs/benchmarks.md, "Many
+    outboxes, one process")."""
+    out: list[tuple[str, str, str, str]] = []
+    idle = r.get("idle") or {}
+    per = idle.get("per_outbox") or {}
+    if per:
+        sizes = "/".join(idle.get("sizes") or {})
+        skipped = "; ".join(f"{k} not started: {v}" for k, v in (idle.get("skipped") or {}).items())
+        out.append(
+            (
+                f"Fleet idle cost per outbox, fleets of {sizes} (RSS MB, threads, connections, idle CPU of a core)",
+                f"{_fmt(_get(per, 'rss_mb', 'slope'))}, {_fmt(_get(per, 'threads', 'slope'))}, "
+                f"{_fmt(_get(per, 'connections', 'slope'))}, {_percent(_get(per, 'idle_cpu_share', 'slope'))}",
+                f"least-squares slopes over the sizes; {skipped or 'every size started'}",
+                "",
+            )
+        )
+    cpu = r.get("cpu") or {}
+    if cpu:
+        rows = _get(r, "setup", "rows")
+        out.append(
+            (
+                f"Fleet CPU per relayed row, {_fmt(rows)} rows over 10 outboxes of one process (µs/row)",
+                _fmt(_get(cpu, "fleet", "cpu_us_per_row", "median")),
+                f"{_ratio(r, 'cpu_per_row')} of a one-outbox process draining the same rows "
+                f"({_fmt(_get(cpu, 'single', 'cpu_us_per_row', 'median'))}); one busy outbox of the 10 "
+                f"{_ratio(r, 'cpu_per_row_one_busy')}; the same rows over 10 one-outbox processes "
+                f"{_ratio(r, 'cpu_per_row_processes')}",
+                _target(r, "≤ 1.2", "cpu_per_row"),
+            )
+        )
+    fair = r.get("fairness") or {}
+    if fair.get("burst"):
+        burst = _get(r, "setup", "burst")
+        p99s = [w.get("p99_ms") for w in fair["burst"] if w.get("p99_ms") is not None]
+        out.append(
+            (
+                f"Fleet fairness: a {_fmt(fair.get('trickle_rate'))} rows/s trickle's commit->receipt p99 while "
+                f"another outbox drains a {_fmt(burst)}-row burst (ms)",
+                _fmt(sorted(p99s)[len(p99s) // 2] if p99s else None),
+                f"{_ratio(r, 'trickle_p99_burst')} of its p99 with no burst; p50 {_ratio(r, 'trickle_p50_burst')}",
+                _target(r, "≤ 2", "trickle_p99_burst"),
+            )
+        )
+    sb = r.get("standby") or {}
+    if sb:
+        n = sb.get("outboxes") or 10
+        out.append(
+            (
+                f"A standby fleet of {n} outboxes, while another process leads them (connections, threads, idle CPU "
+                "of a core)",
+                f"{_fmt(sb.get('connections'))}, {_fmt(sb.get('threads'))}, {_percent(sb.get('idle_cpu_share'))}",
+                f"RSS {_fmt(sb.get('rss_mb'))} MB, PSS {_fmt(sb.get('pss_mb'))} MB (one measurement)",
+                "",
+            )
+        )
+    pvf = r.get("processes_vs_fleet") or {}
+    if pvf.get("fleet_over_processes"):
+        ratio = pvf["fleet_over_processes"]
+        out.append(
+            (
+                "10 outboxes in one fleet process / in 10 one-outbox processes (PSS MB)",
+                f"{_fmt(_get(pvf, 'fleet', 'pss_mb'))} / {_fmt(_get(pvf, 'processes', 'pss_mb'))}",
+                f"ratio PSS {_fmt(ratio.get('pss_mb'))}, RSS {_fmt(ratio.get('rss_mb'))}, threads "
+                f"{_fmt(ratio.get('threads'))}, connections {_fmt(ratio.get('connections'))}, idle CPU "
+                f"{_fmt(ratio.get('idle_cpu_share'))} (one measurement each)",
+                "",
+            )
+        )
+    return out
+
+
 def _cursor_relay_rows(r: dict[str, Any]) -> list[tuple[str, str, str, str]]:
     """bench_cursor_relay.py: the relay on outboxLayout: cursor against mark, per mode, in one run."""
     out: list[tuple[str, str, str, str]] = []
@@ -794,6 +874,7 @@ ROWS: dict[str, Callable[[dict[str, Any]], list[tuple[str, str, str, str]]]] = {
     "wal": lambda r: _wal_rows(r),
     "cursor_relay": lambda r: _cursor_relay_rows(r),
     "relay_limit": lambda r: _relay_limit_rows(r),
+    "outboxes": lambda r: _outboxes_rows(r),
     "debezium": lambda r: _debezium_rows(r),
     "reader_memory": lambda r: _reader_memory_rows(r),
     "latency": lambda r: _latency_rows(r),

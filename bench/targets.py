@@ -36,6 +36,10 @@ TARGETS: dict[str, Target] = {
         "relay_limit.sequenced/tuned": "≥ 0.7",
         "relay_limit.at_least_once/defaults": "≥ 0.5",
         "relay_limit.at_least_once/tuned": "≥ 0.5",
+        # issue #48: a fleet relays a row at <= 1.2x a one-outbox relay's CPU, and one outbox's burst at
+        # most doubles another's p99 latency
+        "outboxes.cpu_per_row": "≤ 1.2",
+        "outboxes.trickle_p99_burst": "≤ 2",
     }.items()
 }
 
