@@ -520,7 +520,9 @@ def _outboxes_rows(r: dict[str, Any]) -> list[tuple[str, str, str, str]]:
                 f"Fleet fairness: a {_fmt(fair.get('trickle_rate'))} rows/s trickle's commit->receipt p99 while "
                 f"another outbox drains a {_fmt(burst)}-row burst (ms)",
                 _fmt(sorted(p99s)[len(p99s) // 2] if p99s else None),
-                f"{_ratio(r, 'trickle_p99_burst')} of its p99 with no burst; p50 {_ratio(r, 'trickle_p50_burst')}",
+                f"{_ratio(r, 'trickle_p99_burst')} of its p99 with no burst; p50 {_ratio(r, 'trickle_p50_burst')}; "
+                f"the same trickle through a process of its own (the machine's share): "
+                f"{_ratio(r, 'bystander_p99_burst')}",
                 _target(r, "≤ 2", "trickle_p99_burst"),
             )
         )

@@ -26,7 +26,7 @@ layout guard); both are counted, and the change in the server's client backends 
    it, times the size, against ``max_connections`` less the reserved slots and the backends already open;
    the JSON says which size stopped there and why.
 2. **CPU per relayed row**: ``--rows`` rows, spread evenly over 10 outboxes of one fleet process, against the
-   same rows in the one outbox of a one-outbox process; both processes run side by side, led and idle, and
+   same rows in the one outbox of a one-outbox process; all the processes run side by side, led and idle, and
    drain in alternation (bench/spread.py: baseline first in even repeats, the order reversed in odd ones).
    Two more sides split the difference: the same rows in *one* outbox of the fleet (its 9 others idle), and
    spread over 10 outboxes of 10 one-outbox processes (their CPU summed): the cost of spreading rows over
