@@ -529,10 +529,11 @@ def _outboxes_rows(r: dict[str, Any]) -> list[tuple[str, str, str, str]]:
     sb = r.get("standby") or {}
     if sb:
         n = sb.get("outboxes") or 10
+        led = len(sb.get("led_by_the_standby") or [])
         out.append(
             (
-                f"A standby fleet of {n} outboxes, while another process leads them (connections, threads, idle CPU "
-                "of a core)",
+                f"A second fleet process on the same {n} outboxes, started after the first led them all; the balance "
+                f"gave it {led} (connections, threads, idle CPU of a core)",
                 f"{_fmt(sb.get('connections'))}, {_fmt(sb.get('threads'))}, {_percent(sb.get('idle_cpu_share'))}",
                 f"RSS {_fmt(sb.get('rss_mb'))} MB, PSS {_fmt(sb.get('pss_mb'))} MB (one measurement)",
                 "",

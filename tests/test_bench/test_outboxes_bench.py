@@ -137,7 +137,7 @@ def test_table_rows_name_each_part_and_its_verdict() -> None:
         "Fleet idle cost per outbox",
         "Fleet CPU per relayed row",
         "Fleet fairness: a 50 rows/s trickle's commit->receipt p99 while another outbox drains a 100",
-        "A standby fleet of 10 outboxes",
+        "A second fleet process on the same 10 outboxes",
         "10 outboxes in one fleet process / in 10 one-outbox processes (PSS MB)",
     ]
     assert rows[3][1] == "40, 113, 2.4%"
