@@ -35,8 +35,9 @@ log = logging.getLogger(__name__)
 
 #: Seconds a relay must run for its next failure to start the backoff over.
 HEALTHY_RUN = 60.0
-#: How often the member looks at its running relay (and at a stop request).
-WATCH_INTERVAL = 0.2
+#: How often the member looks at its running relay (a stop or a hand-over tells the relay itself, and a
+#: relay that ends is seen at once: this only bounds how long a missed stop request could go unseen).
+WATCH_INTERVAL = 1.0
 
 RelayFactory = Callable[[Any], Any]  # HarvestConfig -> Harvest | ShardedHarvest
 
