@@ -7,7 +7,8 @@
 * :mod:`.sharded_neli` — ``shards: S``: the shard-set interface (:class:`ShardElection`), the seat
   that lets the one relay loop lead while any shard is led (:class:`ShardSetSeat`), and NELI over an
   S-partition leader topic;
-* :mod:`.sharded_postgres` — ``shards: S`` with one advisory lock per shard.
+* :mod:`.sharded_postgres` — ``shards: S`` with one advisory lock per shard;
+* :mod:`.shared_postgres` — a fleet's Postgres elections of many outboxes on one session per database.
 
 The names below load on first use (PEP 562), so ``import harvest_outbox.producer.election`` pulls in
 neither confluent-kafka nor psycopg; the relay's modules import the submodule they need.
