@@ -19,6 +19,8 @@ Invariants (tested in ``tests/test_producer``):
 - the mode works only while this relay leads: ``on_acquired`` before its first ``tick``, and
   ``relinquish`` (drain, flush or commit) before the relay reports ``LeaderRevoked`` /
   ``LeaderFenced``, stops, or lets its election hand the leadership over;
+- ``standby: cold``: while it does not lead, the relay holds no statement, LISTEN or Kafka connection of its
+  own (it connects when elected and lets go when its leadership ends; the fleet test counts the sessions);
 - a database error in leader work never kills the relay: it backs off ``ioErrorBackoff`` and the
   mode leaves its view (re-marks); any other error stops the relay and ``wait()`` re-raises it.
 """
