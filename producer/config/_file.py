@@ -216,6 +216,19 @@ def load_yaml(
     env = os.environ if env is None else env
     overrides = overrides or {}
     data, origins = read_document(path, overrides, log_level, env)
+    return file_config(path, data, origins, overrides, log_level, sources, env)
+
+
+def file_config(
+    path: str | Path,
+    data: Any,
+    origins: Origins,
+    overrides: Mapping[str, Any],
+    log_level: str | None,
+    sources: Mapping[str, str] | None,
+    env: Mapping[str, str],
+) -> FileConfig:
+    """One relay's config from the document :func:`read_document` read of the file at ``path``."""
     if data is None:
         raise ConfigError(
             f"{path}: the file is empty; it needs a 'harvest:' section with at least dataSource "

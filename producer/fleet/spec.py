@@ -48,6 +48,7 @@ from harvest_outbox.producer.config import (
     attribute_name,
     config_from_document,
     default_name,
+    file_config,
     parse_duration,
     read_document,
     variable_name,
@@ -158,6 +159,24 @@ def default_id(config: HarvestConfig) -> str:
 def group_suffix(outbox_id: str) -> str:
     """An outbox id as a Kafka name's part (``tenants/tenant_a.outbox`` -> ``tenants_tenant_a.outbox``)."""
     return NOT_A_NAME_CHAR.sub("_", outbox_id)
+
+
+def load_config(
+    path: str | Path,
+    overrides: Mapping[str, Any] | None = None,
+    log_level: str | None = None,
+    sources: Mapping[str, str] | None = None,
+    env: Mapping[str, str] | None = None,
+) -> FleetFile | FileConfig:
+    """The file at ``path``, read once: a fleet file, or one relay's (:func:`producer.config.load_yaml`'s)."""
+    import os
+
+    env = os.environ if env is None else env
+    overrides = overrides or {}
+    data, origins = read_document(path, overrides, log_level, env)
+    if is_fleet_document(data):
+        return fleet_from_document(data, overrides, log_level, sources, env, origins)
+    return file_config(path, data, origins, overrides, log_level, sources, env)
 
 
 def load_fleet(

@@ -224,22 +224,25 @@ def _setup_logging(level: str) -> None:
 def _load(args: argparse.Namespace, extra: dict[str, Any] | None = None, kafka: bool = True) -> FileConfig:
     """The config (flags over file), checked, with logging set up and the config's notes logged (those
     about the Kafka connection only when ``kafka``: the command talks to Kafka)."""
-    from harvest_outbox.producer.config import from_mapping, load_yaml
+    from harvest_outbox.producer.config import FileConfig, from_mapping
 
     # HARVEST_<KEY> variables (HARVEST_DATA_SOURCE among them) are the config's: flags win over them.
     overrides: dict[str, Any] = {"data_source": args.data_source, "outbox_table": args.outbox_table, **(extra or {})}
     sources = {"data_source": "--data-source"}
-    cfg = _fleet_member(args, overrides, sources) if args.file else None
-    if cfg is None and args.file and args.outbox is not None:
-        raise ConfigError(
-            f"--outbox: {args.file} is one relay's file, not a fleet file (outboxes: / discover:); drop --outbox"
-        )
-    if cfg is None:
-        cfg = (
-            load_yaml(args.file, overrides, args.log_level, sources, os.environ)
-            if args.file
-            else from_mapping({}, overrides, args.log_level, sources, os.environ)
-        )
+    read = _read_file(args, overrides) if args.file else None
+    if isinstance(read, FileConfig):
+        if args.outbox is not None:
+            raise ConfigError(
+                f"--outbox: {args.file} is one relay's file, not a fleet file (outboxes: / discover:); drop --outbox"
+            )
+        cfg = read
+    elif read is not None:  # a fleet file: the outbox --outbox names
+        from harvest_outbox.producer.fleet.discovery import select_outbox
+
+        outbox = select_outbox(read, args.outbox)
+        cfg = FileConfig(outbox.config, read.log_level, read.notes)
+    else:
+        cfg = from_mapping({}, overrides, args.log_level, sources, os.environ)
     if args.outbox is not None and not args.file:
         raise ConfigError("--outbox: names an outbox of a fleet file; give the file with -f")
     args.loaded_config = cfg  # main() redacts error messages with its secrets
@@ -284,27 +287,27 @@ def _run(args: argparse.Namespace, signals: StopSignals) -> int:
     return EXIT_OK
 
 
-def _fleet_member(args: argparse.Namespace, overrides: dict[str, Any], sources: dict[str, str]) -> FileConfig | None:
-    """The config of the outbox ``--outbox`` names in a fleet file; None when the file is one relay's."""
-    from harvest_outbox.producer.config import FileConfig
-    from harvest_outbox.producer.fleet.discovery import select_outbox
-    from harvest_outbox.producer.fleet.spec import load_fleet
+def _read_file(args: argparse.Namespace, overrides: dict[str, Any], again: bool = False) -> Any:
+    """The file ``-f`` names, read once per command (``again``: a reload): a fleet file
+    (:class:`~producer.fleet.spec.FleetFile`) or one relay's (:class:`~producer.config.FileConfig`)."""
+    from harvest_outbox.producer.fleet.spec import load_config
 
-    fleet = load_fleet(args.file, overrides, args.log_level, sources, os.environ)
-    if fleet is None:
-        return None
-    outbox = select_outbox(fleet, args.outbox)
-    return FileConfig(outbox.config, fleet.log_level, fleet.notes)
+    key = tuple(sorted(overrides.items(), key=lambda kv: kv[0]))
+    cached = getattr(args, "read_file", None)
+    if cached is None or cached[0] != key or again:
+        read = load_config(args.file, overrides, args.log_level, {"data_source": "--data-source"}, os.environ)
+        args.read_file = cached = (key, read)
+    return cached[1]
 
 
-def _load_fleet(args: argparse.Namespace, flags: dict[str, Any]) -> Any:
+def _load_fleet(args: argparse.Namespace, flags: dict[str, Any], again: bool = False) -> Any:
     """The fleet file ``args.file`` (outboxes / discover sections), checked, logging set up; None when
     it is one relay's file."""
-    from harvest_outbox.producer.fleet.spec import load_fleet
+    from harvest_outbox.producer.fleet.spec import FleetFile
 
     overrides: dict[str, Any] = {"data_source": args.data_source, "outbox_table": args.outbox_table, **flags}
-    fleet = load_fleet(args.file, overrides, args.log_level, {"data_source": "--data-source"}, os.environ)
-    if fleet is None:
+    fleet = _read_file(args, overrides, again)
+    if not isinstance(fleet, FleetFile):
         return None
     for outbox in fleet.listed:
         outbox.config.check_kafka_properties()
@@ -324,7 +327,7 @@ def _run_fleet(args: argparse.Namespace, signals: StopSignals, flags: dict[str, 
         len(fleet.discoveries),
         "y" if len(fleet.discoveries) == 1 else "ies",
     )
-    return run_fleet(fleet, lambda: _load_fleet(args, flags), signals.attach, signals.requested)
+    return run_fleet(fleet, lambda: _load_fleet(args, flags, again=True), signals.attach, signals.requested)
 
 
 def _init_db(args: argparse.Namespace) -> int:
