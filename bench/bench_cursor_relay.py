@@ -49,6 +49,7 @@ from bench.backlog import fill_backlog
 from bench.bench_debezium import postgres_cpu_s, process_cpu_s
 from bench.bench_relay import TUNED_LIMITS, new_topic
 from bench.bench_wal import wal_stats
+from bench.services import endpoints
 from bench.spread import DEFAULT_REPEATS, Recorder
 from harvest_outbox.producer.config import HarvestConfig, Limits
 from harvest_outbox.producer.harvest import Harvest
@@ -213,13 +214,7 @@ def main() -> int:
         "--warmup-rows", type=int, default=50_000, help="a discarded drain per mode first (the broker's JIT)"
     )
     args = ap.parse_args()
-    services = None
-    dsn, bootstrap = os.environ.get("HARVEST_PG_DSN"), os.environ.get("HARVEST_KAFKA_BOOTSTRAP")
-    if not (dsn and bootstrap):
-        from harvest_outbox.harvest_local import LocalServices
-
-        services = LocalServices().start()
-        dsn, bootstrap = services.endpoints.pg_dsn, services.endpoints.kafka_bootstrap
+    services, dsn, bootstrap = endpoints()
     runs: dict[str, list[dict[str, Any]]] = {f"{m}/{lay}": [] for m in MODES for lay in LAYOUTS}
     recorder = Recorder(
         args.runs,

@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import backlog
+from bench.services import endpoints
 
 GO_DIR = Path(__file__).resolve().parent / "goharvest"
 CKG_MODULE = "gopkg.in/confluentinc/confluent-kafka-go.v1"
@@ -315,13 +316,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     build(go)  # before the services start: a build failure costs nothing else
     variants = args.variant or ["default", "tuned"]
-    services = None
-    dsn, bootstrap = os.environ.get("HARVEST_PG_DSN"), os.environ.get("HARVEST_KAFKA_BOOTSTRAP")
-    if not (dsn and bootstrap):
-        from harvest_outbox.harvest_local import LocalServices
-
-        services = LocalServices().start()
-        dsn, bootstrap = services.endpoints.pg_dsn, services.endpoints.kafka_bootstrap
+    services, dsn, bootstrap = endpoints()
     import psycopg
     from psycopg import sql
 

@@ -80,6 +80,7 @@ from typing import Any
 
 from bench import targets
 from bench.bench_latency import percentile, warm_broker
+from bench.services import endpoints
 from bench.spread import DEFAULT_REPEATS, Recorder
 
 PARTITIONS = 8
@@ -782,13 +783,7 @@ def main(argv: list[str] | None = None) -> int:
     parts = set(args.parts.split(","))
     if parts - set(PARTS):
         ap.error(f"--parts: unknown {sorted(parts - set(PARTS))}; known: {', '.join(PARTS)}")
-    services = None
-    dsn, bootstrap = os.environ.get("HARVEST_PG_DSN"), os.environ.get("HARVEST_KAFKA_BOOTSTRAP")
-    if not (dsn and bootstrap):
-        from harvest_outbox.harvest_local import LocalServices
-
-        services = LocalServices().start()
-        dsn, bootstrap = services.endpoints.pg_dsn, services.endpoints.kafka_bootstrap
+    services, dsn, bootstrap = endpoints()
     recorder = Recorder(
         args.repeats,
         f"{args.warm_records:,} records produced untimed; one drain pair of each side untimed",

@@ -40,6 +40,7 @@ from psycopg import sql
 
 from bench import targets
 from bench.drain import timed_drain, variant_medians
+from bench.services import endpoints
 from bench.spread import DEFAULT_REPEATS, Recorder
 from harvest_outbox.harvest_local.kafka import create_topic
 from harvest_outbox.harvest_local.registry import EmbeddedRegistry
@@ -175,13 +176,7 @@ def main() -> int:
     if unknown:
         ap.error(f"--variants: unknown {sorted(unknown)}; choose from {', '.join(VARIANTS)}")
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
-    services = None
-    dsn, bootstrap = os.environ.get("HARVEST_PG_DSN"), os.environ.get("HARVEST_KAFKA_BOOTSTRAP")
-    if not (dsn and bootstrap):
-        from harvest_outbox.harvest_local import LocalServices
-
-        services = LocalServices().start()
-        dsn, bootstrap = services.endpoints.pg_dsn, services.endpoints.kafka_bootstrap
+    services, dsn, bootstrap = endpoints()
     registry = EmbeddedRegistry().start()
     recorder = Recorder(
         args.runs,

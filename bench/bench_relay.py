@@ -75,6 +75,7 @@ from psycopg import sql
 
 from bench import targets
 from bench.backlog import backlog_records, fill_backlog
+from bench.services import endpoints
 from bench.spread import DEFAULT_REPEATS, Recorder
 from harvest_outbox.harvest_local.kafka import create_topic
 from harvest_outbox.producer.config import AUTO_MARK_RECORDS, HarvestConfig, Limits
@@ -521,13 +522,7 @@ def main() -> int:
     ap.add_argument("--no-goharvest", action="store_true", help="skip goharvest even when Go is present")
     args = ap.parse_args()
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
-    services = None
-    dsn, bootstrap = os.environ.get("HARVEST_PG_DSN"), os.environ.get("HARVEST_KAFKA_BOOTSTRAP")
-    if not (dsn and bootstrap):
-        from harvest_outbox.harvest_local import LocalServices
-
-        services = LocalServices().start()
-        dsn, bootstrap = services.endpoints.pg_dsn, services.endpoints.kafka_bootstrap
+    services, dsn, bootstrap = endpoints()
     modes = {"at_least_once": False, "sequenced": True}
     settings = {"defaults": DEFAULT_LIMITS, "tuned": TUNED_LIMITS}
     recorder = Recorder(

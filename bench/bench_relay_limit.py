@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import sys
 import time
@@ -47,6 +46,7 @@ from psycopg import sql
 from bench import targets
 from bench.backlog import fill_backlog
 from bench.bench_relay import TUNED_LIMITS, new_topic
+from bench.services import endpoints
 from bench.spread import DEFAULT_REPEATS, Recorder, ratio_spread
 from harvest_outbox.producer.config import HarvestConfig, Limits
 from harvest_outbox.producer.harvest import Harvest
@@ -181,13 +181,7 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         ap.error(f"--variants: unknown {unknown}; known: {', '.join(VARIANTS)}")
 
-    services = None
-    dsn, bootstrap = os.environ.get("HARVEST_PG_DSN"), os.environ.get("HARVEST_KAFKA_BOOTSTRAP")
-    if not (dsn and bootstrap):
-        from harvest_outbox.harvest_local import LocalServices
-
-        services = LocalServices().start()
-        dsn, bootstrap = services.endpoints.pg_dsn, services.endpoints.kafka_bootstrap
+    services, dsn, bootstrap = endpoints()
     recorder = Recorder(
         args.runs, f"raw loops over {args.warmup_rows:,} rows first, discarded", targets.for_bench("relay_limit")
     )

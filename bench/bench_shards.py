@@ -38,6 +38,7 @@ import psycopg
 from psycopg import sql
 
 from bench import targets
+from bench.services import endpoints
 from bench.spread import DEFAULT_REPEATS, Recorder
 from harvest_outbox.harvest_local.kafka import create_topic
 from harvest_outbox.harvest_local.relays import RelayProcess, wait_for
@@ -187,13 +188,7 @@ def main() -> int:
     ap.add_argument("--election", default="neli", choices=("neli", "postgres"))
     args = ap.parse_args()
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
-    services = None
-    dsn, bootstrap = os.environ.get("HARVEST_PG_DSN"), os.environ.get("HARVEST_KAFKA_BOOTSTRAP")
-    if not (dsn and bootstrap):
-        from harvest_outbox.harvest_local import LocalServices
-
-        services = LocalServices().start()
-        dsn, bootstrap = services.endpoints.pg_dsn, services.endpoints.kafka_bootstrap
+    services, dsn, bootstrap = endpoints()
     import tempfile
 
     from bench.bench_relay import db_limit_once

@@ -37,6 +37,7 @@ from psycopg import sql
 
 from bench import targets
 from bench.drain import timed_drain, variant_medians
+from bench.services import endpoints
 from bench.spread import DEFAULT_REPEATS, Recorder
 from harvest_outbox.harvest_local.kafka import create_topic
 from harvest_outbox.producer.config import HarvestConfig, Limits
@@ -118,13 +119,7 @@ def main() -> int:
     ap.add_argument("--runs", type=int, default=DEFAULT_REPEATS)
     args = ap.parse_args()
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
-    services = None
-    dsn, bootstrap = os.environ.get("HARVEST_PG_DSN"), os.environ.get("HARVEST_KAFKA_BOOTSTRAP")
-    if not (dsn and bootstrap):
-        from harvest_outbox.harvest_local import LocalServices
-
-        services = LocalServices().start()
-        dsn, bootstrap = services.endpoints.pg_dsn, services.endpoints.kafka_bootstrap
+    services, dsn, bootstrap = endpoints()
     recorder = Recorder(
         args.runs,
         "one untimed drain per mode; the variants interleaved, their order rotated each round",
