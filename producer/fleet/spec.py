@@ -57,8 +57,6 @@ from harvest_outbox.producer.errors import ConfigError, shown
 
 #: The sections of a fleet file.
 FLEET_KEYS = ("harvest", "logging", "outboxes", "discover", "fleet")
-#: An entry's keys besides the harvest keys.
-ENTRY_KEYS = ("id",)
 DISCOVER_KEYS = ("dataSource", "schemas", "table", "databases", "harvest")
 OPTION_KEYS = ("discoveryInterval", "restartBackoff", "restartBackoffMax")
 #: Keys the fleet owns: its endpoint.
@@ -309,10 +307,8 @@ def _endpoint(
     section = {"prometheusPort": port, "prometheusBindAddress": bind, "prometheusBasicAuth": auth}
     # Only the endpoint's keys: the outboxes' own keys (a DSN from a variable) are theirs to judge.
     quiet_env = {k: v for k, v in env.items() if k == "HARVEST_LOG_LEVEL"}
-    document: dict[str, Any] = {"harvest": {k: v for k, v in section.items() if v is not None}}
-    if logging_section is not None:
-        document["logging"] = logging_section
-    return config_from_document(document, {}, log_level, {}, quiet_env)
+    given = {k: v for k, v in section.items() if v is not None}
+    return _config(given, logging_section, {}, log_level, {}, quiet_env, None)
 
 
 def _listed(entries: Any, build: Callable[[str, Mapping[str, Any], str | None], Outbox]) -> tuple[Outbox, ...]:

@@ -92,7 +92,6 @@ class Fleet:
         self._stop = threading.Event()
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
-        self.last_change = Change()
         #: Set once the first reconciliation ran: before it, the fleet has not looked for its outboxes.
         self.started = threading.Event()
         self.balance = Balance(self._balanced_leads, self._balanced_outboxes)
@@ -232,7 +231,6 @@ class Fleet:
         with self._lock:
             for oid in (*change.added, *change.changed):
                 self._members[oid] = Member(wanted[oid], self.file.options, self._factory).start()
-            self.last_change = change
         if change:
             log.info(
                 "fleet: %d outbox(es); started %s, stopped %s, restarted %s",
