@@ -80,6 +80,7 @@ ROOMS: dict[str, tuple[str, ...]] = {
         "test_clock_step",
         "test_crash_hooks",
         "test_view_failure",
+        "test_native_fill",
     ),
     "encode": (
         "test_avro_batch",

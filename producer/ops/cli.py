@@ -51,9 +51,14 @@ log = logging.getLogger("harvest")
 def _version() -> str:
     from harvest_outbox import sequencer
     from harvest_outbox.consumer import record
+    from harvest_outbox.producer.relay.sequenced import _produce
 
     readers = "native" if record._native is not None else "python"
-    return f"harvest {producer.__version__} (sequencer: {sequencer.IMPLEMENTATION}, reader fast path: {readers})"
+    relay = "native" if _produce._native is not None else "python"
+    return (
+        f"harvest {producer.__version__} (sequencer: {sequencer.IMPLEMENTATION}, reader fast path: {readers}, "
+        f"relay fast path: {relay})"
+    )
 
 
 def _common(p: argparse.ArgumentParser) -> None:

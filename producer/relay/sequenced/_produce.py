@@ -41,9 +41,12 @@ from harvest_outbox.producer.relay.sequenced._poison import PoisonBook
 from harvest_outbox.producer.relay.sequenced._txn import Slot, TracedSlot, Txn
 from harvest_outbox.producer.relay.sequenced._view import continue_uuid
 from harvest_outbox.sequencer import TICK
+from harvest_outbox.sequencer.native import load
 
 log = logging.getLogger(__name__)
 _yield = time.sleep
+# The compiled fill loop (producer/relay/sequenced/_native.pyx), or None: then fill_python runs.
+_native = load("harvest_outbox.producer.relay.sequenced._native")
 
 
 @dataclass(frozen=True)
@@ -78,7 +81,15 @@ class RowProducer:
 
     def fill(self, t: Txn, max_records: int, in_flight: int) -> Filled:
         """Produce ready rows in id order into ``t`` (open), while fewer than ``inFlightLimit`` records
-        are in flight (``in_flight`` now)."""
+        are in flight (``in_flight`` now): compiled when the native module is built, else
+        :meth:`fill_python`."""
+        if _native is None:
+            return self.fill_python(t, max_records, in_flight)
+        in_flight, full, abandon = _native.fill(self, t, max_records, in_flight)
+        return Filled(in_flight, full, abandon)
+
+    def fill_python(self, t: Txn, max_records: int, in_flight: int) -> Filled:
+        """:meth:`fill` in Python: the reference the compiled loop (``_native.fill``) is tested against."""
         core = self.core
         ready, held, txns, guard = core.ready, core.held, self.txns, core.guard
         producer = core.producer
