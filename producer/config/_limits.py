@@ -142,8 +142,10 @@ class Limits:
     purge_batch_records: int = 500
     #: At-least-once: the longest a delivered row waits for its purge batch.
     purge_interval: float = 0.02
-    #: Polling fallback: how often an idle relay marks when no NOTIFY arrives (``wakeup: poll``, or an outbox
-    #: without the trigger); at most ``minPollInterval`` apart, since the idle wait ends for the election's pulse.
+    #: Polling fallback: how often an idle relay marks when no NOTIFY arrives. With ``wakeup: poll``, at most
+    #: ``minPollInterval`` apart, since the idle wait ends for the election's pulse. With a LISTEN open
+    #: (``wakeup: notify``) every commit wakes the relay, so its empty marks back off from ``minPollInterval``,
+    #: doubling, to this (a NOTIFY marks at once): an outbox without the trigger waits up to this long.
     idle_poll_interval: float = 1.0
     #: The longest one record may wait for its delivery report: the producer's ``message.timeout.ms``
     #: (``delivery.timeout.ms``) derives from it, so it bounds how long one row holds up others. A

@@ -51,14 +51,26 @@ log = logging.getLogger("harvest")
 def _version() -> str:
     from harvest_outbox import sequencer
     from harvest_outbox.consumer import record
-    from harvest_outbox.producer.relay.sequenced import _produce
+    from harvest_outbox.producer.relay.sequenced import fast_path
 
     readers = "native" if record._native is not None else "python"
-    relay = "native" if _produce._native is not None else "python"
+    relay = fast_path()
     return (
         f"harvest {producer.__version__} (sequencer: {sequencer.IMPLEMENTATION}, reader fast path: {readers}, "
         f"relay fast path: {relay})"
     )
+
+
+class _Version(argparse.Action):
+    """``--version``: one unwrapped line (argparse's own action wraps it at the terminal's width), made
+    only when asked (it imports the compiled modules to name them)."""
+
+    def __init__(self, option_strings: list[str], dest: str, **kwargs: Any) -> None:
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kwargs)
+
+    def __call__(self, parser: argparse.ArgumentParser, *_args: Any, **_kwargs: Any) -> None:
+        print(_version())
+        parser.exit()
 
 
 def _common(p: argparse.ArgumentParser) -> None:
@@ -90,7 +102,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="Exit codes: 0 ok or stopped by SIGTERM/SIGINT/SIGHUP, 1 runtime failure, 2 usage/config error, "
         "3 a second stop signal ended the drain.",
     )
-    parser.add_argument("--version", action="version", version=_version())
+    parser.add_argument("--version", action=_Version, help="show the version and the fast paths in use, then exit")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     run = sub.add_parser("run", help="run the relay (default when no command is given)")
     _common(run)

@@ -208,6 +208,8 @@ class RelayCore:
         self.next_mark = 0.0
         #: The last mark took the whole backlog: the next one waits for a NOTIFY or markBackoff.
         self.idle = False
+        #: Empty marks in a row with a LISTEN open: each waits twice as long for the next (the idle backoff).
+        self.empty_marks = 0
         # failed attempts
         self.attempts: dict[int, int] = {}  # id -> failed attempts (persisted ones included, from the mark)
         self.attempt_buf: list[tuple[int, int, str]] = []  # (id, attempts, error) to persist
@@ -399,17 +401,23 @@ class RelayCore:
     def notified_while_idle(self) -> None:
         """A stasher committed while the relay waited out ``markBackoff``: mark now."""
         if self.idle and not self.marks and self.listener is not None and self.listener.pending():
-            self.next_mark = 0.0
+            self.mark_now()
 
     def wait_idle(self) -> None:
         """Nothing to do: sleep until a stasher commits (NOTIFY) or the fallback poll / next pulse is due.
-        Either way the next turn marks (``next_mark`` is ``markBackoff`` after the empty mark, long past):
-        without a NOTIFY (``wakeup: poll``, or a table without the trigger) that is the poll."""
+        A NOTIFY marks at the next turn; otherwise the next mark waits for ``next_mark`` (see
+        :meth:`took_mark`): without a NOTIFY (``wakeup: poll``, or a table without the trigger) that is the
+        poll."""
         timeout = min(self.limits.idle_poll_interval, self.limits.min_poll_interval)
         if self.listener is None:
             self.waker.wait(timeout)  # a finished job still ends the wait early
         elif self.listener.wait(timeout):
-            self.next_mark = 0.0
+            self.mark_now()
+
+    def mark_now(self) -> None:
+        """A stasher committed (NOTIFY): the next turn marks, and the idle backoff starts over."""
+        self.next_mark = 0.0
+        self.empty_marks = 0
 
     # ------------------------------------------------------------------ held rows (missingTopicPolicy: hold)
     def hold(self, row: MarkedRow) -> None:
@@ -461,7 +469,7 @@ class RelayCore:
         """A new view serves from now on: its id, no re-mark pending, the first mark at once."""
         self.leader_id = leader_id
         self.remark = False
-        self.next_mark = 0.0
+        self.mark_now()
 
     def end_leadership(self) -> None:
         """Leadership is gone (the mode has drained): no view; the next leader reads the stored
@@ -486,12 +494,27 @@ class RelayCore:
         """Forget the producer unflushed: its late delivery reports must not reach a later view."""
         self.producer = None
 
-    def took_mark(self, short: bool, now: float) -> None:
+    def took_mark(self, short: bool, now: float, empty: bool = False) -> None:
         """A mark's rows arrived; a short (or empty) one took the whole backlog, so the next mark waits
-        for a stasher's NOTIFY or ``markBackoff`` instead of running at once to come back empty."""
+        for a stasher's NOTIFY or ``markBackoff`` instead of running at once to come back empty.
+
+        With a LISTEN open, every new row's commit sends a NOTIFY, so an *empty* mark's successor only
+        guards against a lost one (and moves the cursor layout's snapshots on): it waits
+        ``minPollInterval``, doubled after each further empty mark, up to ``idlePollInterval``. An idle
+        relay then marks about once a second, not at every election pulse (10 marks a second, each a
+        few statements on the primary: per outbox, so a fleet of idle outboxes kept Postgres busy)."""
         self.idle = short
-        if short:
-            self.next_mark = now + self.limits.mark_backoff
+        if not short:
+            self.empty_marks = 0
+            return
+        wait = self.limits.mark_backoff
+        if empty and self.listener is not None:
+            limits = self.limits
+            wait = max(wait, min(limits.idle_poll_interval, limits.min_poll_interval * 2 ** min(self.empty_marks, 16)))
+            self.empty_marks += 1
+        else:
+            self.empty_marks = 0
+        self.next_mark = now + wait
 
     # ------------------------------------------------------------------ attempt counting
     def next_attempt(self, rid: int) -> int:

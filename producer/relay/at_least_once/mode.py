@@ -145,7 +145,7 @@ class AtLeastOnceMode(AtLeastOnceRecords):
                     self._dispatch()
                     producer.poll(0)
                     return
-                core.took_mark(True, now)
+                core.took_mark(True, now, empty=not rows)
         elif (
             len(self._ready) + self._waiting_count < 2 * core.mark_size.value
             and now >= core.next_mark

@@ -184,7 +184,7 @@ class SequencedMode:
             if mark.view == view.leader_id:
                 self._ready.extend(rows)
                 self._last_mark_short = short = len(rows) < mark.asked
-                core.took_mark(short, now)  # short: the backlog is taken, the next mark waits
+                core.took_mark(short, now, empty=not rows)  # short: the backlog is taken, the next mark waits
                 if not short and not core.halt:
                     # A full mark: more rows wait. The database marks the next batches while this
                     # thread produces the one that just arrived (not after it).

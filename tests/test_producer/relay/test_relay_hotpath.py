@@ -9,7 +9,8 @@
   takes them in that order, and the test doubles read them the same way;
 - at-least-once ``_send`` sets up its retry only when librdkafka's queue is full: it waits that out
   in order, or gives up the view after ~10 s;
-- a trickling at-least-once relay waits in short slices only while a ready row waits for a report."""
+- a trickling at-least-once relay waits in short slices only while a ready row waits for a report;
+- an idle relay that LISTENs backs its empty marks off to ``idlePollInterval`` (a NOTIFY starts over)."""
 
 from __future__ import annotations
 
@@ -35,17 +36,17 @@ def row(i: int, key: str) -> tuple:
     return (i, "t", key.encode(), f"v{i}".encode(), None, None, None, None, None, None, 0.0)
 
 
-def _at_least_once_on(producer_of: Any) -> tuple[AtLeastOnceMode, Any]:
+def _at_least_once_on(producer_of: Any, **limits: Any) -> tuple[AtLeastOnceMode, Any]:
     """The at-least-once mode of a leader relay (:func:`fake_relay.leader_relay`) and its producer."""
-    relay, producer = leader_relay(producer_of)
+    relay, producer = leader_relay(producer_of, **limits)
     assert isinstance(relay.mode, AtLeastOnceMode)
     return relay.mode, producer
 
 
-def _relay() -> tuple[AtLeastOnceMode, FakeProducer, list[int]]:
+def _relay(**limits: Any) -> tuple[AtLeastOnceMode, FakeProducer, list[int]]:
     """A leader relay with a fake producer; returns it, the producer, and the number of records
     produced at each moment a mark was asked for."""
-    mode, producer = _at_least_once_on(lambda cb: FakeProducer(cb))
+    mode, producer = _at_least_once_on(lambda cb: FakeProducer(cb), **limits)
     core = mode.core
     asked_at: list[int] = []
 
@@ -143,8 +144,9 @@ class _Listener:
 
 def test_after_a_short_mark_the_next_waits_for_a_notify_or_the_backoff() -> None:
     """A trickle's mark comes back short: marking again at once would come back empty (two marks per
-    row); the next mark follows the stasher's NOTIFY, or markBackoff when none comes."""
-    h, p, asked_at = _relay()
+    row); the next mark follows the stasher's NOTIFY, or markBackoff when none comes (a minute here, so a
+    loaded machine's slow ticks never see it pass: the test moves it)."""
+    h, p, asked_at = _relay(mark_backoff=60.0)
     listener = _Listener()
     h.core.listener = listener  # type: ignore[assignment]
     h.core.mark_size.value = 4
@@ -160,6 +162,35 @@ def test_after_a_short_mark_the_next_waits_for_a_notify_or_the_backoff() -> None
     h.core.next_mark = 0.0  # markBackoff passed without a NOTIFY: the relay marks anyway
     h.tick()
     assert asked_at == [1, 1]
+
+
+def test_an_idle_relay_with_a_listen_backs_its_empty_marks_off_to_the_idle_poll() -> None:
+    """Every commit NOTIFYs a relay that LISTENs, so its empty marks only guard against a lost one: each
+    waits twice as long as the last, from minPollInterval up to idlePollInterval; a NOTIFY or a mark
+    with rows starts over. Without a LISTEN (``wakeup: poll``) every empty mark waits markBackoff, so the
+    idle poll stays at the election's pulse."""
+    h, _p, _asked = _relay()
+    core, limits = h.core, h.core.limits
+    core.listener = _Listener()  # type: ignore[assignment]
+    waits = []
+    for _ in range(8):
+        core.took_mark(True, 100.0, empty=True)
+        waits.append(round(core.next_mark - 100.0, 6))
+    assert waits[:4] == [limits.min_poll_interval * 2**i for i in range(4)]
+    assert waits[-1] == limits.idle_poll_interval and waits == sorted(waits)
+    core.mark_now()  # a NOTIFY
+    assert core.next_mark == 0.0
+    core.took_mark(True, 100.0, empty=True)
+    assert core.next_mark == 100.0 + limits.min_poll_interval
+    core.took_mark(True, 100.0, empty=True)
+    core.took_mark(True, 100.0)  # a short mark with rows: the trickle's markBackoff, and the backoff starts over
+    assert core.next_mark == 100.0 + limits.mark_backoff
+    core.took_mark(True, 100.0, empty=True)
+    assert core.next_mark == 100.0 + limits.min_poll_interval
+    core.listener = None
+    core.took_mark(True, 100.0, empty=True)
+    core.took_mark(True, 100.0, empty=True)
+    assert core.next_mark == 100.0 + limits.mark_backoff
 
 
 def test_continue_uuid_is_the_reference_encoding() -> None:
