@@ -70,6 +70,7 @@ ROOMS: dict[str, tuple[str, ...]] = {
         "test_relay_spans",
         "test_relay_spans_e2e",
         "test_marked_row",
+        "test_readable",
     ),
     "relay/sequenced": (
         "test_protocol_model",

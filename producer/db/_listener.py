@@ -9,11 +9,11 @@ made again on next use.
 from __future__ import annotations
 
 import logging
-import select
 
 import psycopg
 from psycopg import sql
 
+from harvest_outbox.producer._readable import readable
 from harvest_outbox.producer.db._session import connect
 from harvest_outbox.producer.errors import DatabaseError
 from harvest_outbox.producer.schema import OutboxNames
@@ -77,10 +77,10 @@ class Listener:
             # psycopg's notifies() costs a generator round (~10x). Every notification psycopg had read was
             # returned by the last call, so nothing can wait in its buffers while the socket is quiet.
             try:
-                readable, _, _ = select.select([fd], [], [], 0)
-            except (OSError, ValueError):
-                readable = [fd]  # let psycopg find out what is wrong with the connection
-            if not readable:
+                ready = readable([fd], 0)
+            except OSError:
+                ready = [fd]  # let psycopg find out what is wrong with the connection
+            if not ready:
                 return False
         try:
             conn = self._ensure()

@@ -19,13 +19,13 @@ from __future__ import annotations
 
 import logging
 import os
-import select
 import threading
 from typing import Any
 
 import psycopg
 from psycopg import sql
 
+from harvest_outbox.producer._readable import readable
 from harvest_outbox.producer.db._session import connect
 from harvest_outbox.producer.errors import DatabaseError
 from harvest_outbox.redact import redact_error
@@ -74,10 +74,10 @@ class SharedListener:
         if self._closed:
             return False
         try:
-            readable, _, _ = select.select([self._r], [], [], timeout)
-        except (OSError, ValueError):
+            ready = readable([self._r], timeout)
+        except OSError:
             return True
-        return bool(readable) and self._drain()
+        return bool(ready) and self._drain()
 
     def close(self) -> None:
         if self._closed:
@@ -172,15 +172,15 @@ class ListenHub:
                     stop.wait(RETRY_INTERVAL)
                     continue
                 try:
-                    readable, _, _ = select.select([fd, wake_r], [], [], 1.0)
-                except (OSError, ValueError):
-                    readable = [fd]
-                if wake_r in readable:
+                    ready = readable([fd, wake_r], 1.0)
+                except OSError:
+                    ready = [fd]
+                if wake_r in ready:
                     try:
                         os.read(wake_r, 4096)
                     except OSError:
                         pass
-                if stop.is_set() or fd not in readable:
+                if stop.is_set() or fd not in ready:
                     continue
                 try:
                     channels = {notify.channel for notify in conn.notifies(timeout=0)}

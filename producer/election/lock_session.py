@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import logging
 import os
-import select
 import threading
 import time
 from abc import ABC, abstractmethod
@@ -28,6 +27,7 @@ from typing import Any
 
 import psycopg
 
+from harvest_outbox.producer._readable import readable
 from harvest_outbox.producer.errors import ElectionError
 from harvest_outbox.redact import redact_dsn, redact_error
 
@@ -186,7 +186,7 @@ class LockSession(ABC):
             if conn is not None and not conn.closed:
                 fds.append(conn.fileno())
             try:
-                ready, _, _ = select.select(fds, [], [], timeout)
+                ready = readable(fds, timeout)
             except (OSError, ValueError):
                 ready = []
             if self._stop.is_set():

@@ -30,6 +30,7 @@ def run_fleet(
     from harvest_outbox.producer.fleet.endpoint import start_fleet_endpoint
     from harvest_outbox.producer.fleet.supervisor import Fleet
 
+    _raise_open_files_limit()
     fleet = Fleet(first)
     reload_asked = threading.Event()
     previous = signal.signal(signal.SIGHUP, lambda _s, _f: reload_asked.set())
@@ -53,6 +54,27 @@ def run_fleet(
         if endpoint is not None:
             endpoint[0].shutdown()
     return 0
+
+
+def _raise_open_files_limit() -> None:
+    """Raise the soft limit on open files to the hard one, as the JVM does for Kafka and Debezium: a led
+    outbox holds ~20 descriptors (its connections, librdkafka's sockets and pipes, a waker pair), and the
+    common soft limit of 1,024 would stop a fleet near 50 outboxes with "Too many open files"."""
+    try:
+        import resource
+    except ImportError:  # not on this platform
+        return
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = 1 << 20 if hard == resource.RLIM_INFINITY else min(hard, 1 << 20)  # (Linux's nr_open default)
+    if soft == resource.RLIM_INFINITY or soft >= want:
+        return
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+        log.info("open files limit raised from %d to %d (the hard limit)", soft, want)
+    except (OSError, ValueError) as exc:
+        log.warning(
+            "open files limit stays %d (could not raise it to %d: %s): a large fleet may run out", soft, want, exc
+        )
 
 
 def _reload(fleet: Any, read_again: Callable[[], FleetFile | None]) -> None:

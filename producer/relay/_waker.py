@@ -18,10 +18,11 @@ Invariants (tests/test_producer/relay/test_waker.py):
 
 from __future__ import annotations
 
-import select
 import socket
 from concurrent.futures import Future
 from typing import Any, TypeVar
+
+from harvest_outbox.producer._readable import readable
 
 T = TypeVar("T")
 
@@ -50,16 +51,16 @@ class Waker:
         ``extra`` (None entries skipped) is readable, or ``timeout`` passed; True unless timed out."""
         fds: list[Any] = [self._receive, *(fd for fd in extra if fd is not None)]
         try:
-            readable, _, _ = select.select(fds, [], [], timeout)
-        except (OSError, ValueError):  # an extra descriptor closed under us: the caller re-checks
+            ready = readable(fds, timeout)
+        except OSError:  # an extra descriptor closed under us: the caller re-checks
             return True
-        if self._receive in readable:
+        if self._receive in ready:
             try:
                 while self._receive.recv(4096):
                     pass
             except OSError:  # drained (BlockingIOError) or closed
                 pass
-        return bool(readable)
+        return bool(ready)
 
     def close(self) -> None:
         self._receive.close()

@@ -38,7 +38,6 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
-import select
 import threading
 from dataclasses import dataclass
 from typing import Protocol
@@ -46,6 +45,7 @@ from typing import Protocol
 import psycopg
 from psycopg import sql
 
+from harvest_outbox.producer._readable import readable
 from harvest_outbox.producer.config import HarvestConfig
 from harvest_outbox.producer.db import connect
 from harvest_outbox.producer.election.lock_session import close_quietly
@@ -282,7 +282,7 @@ class LayoutGuard:
                     return
                 continue
             try:
-                select.select([conn.fileno(), self._wake_r], [], [], CHECK_INTERVAL)
+                readable([conn.fileno(), self._wake_r], CHECK_INTERVAL)
             except (OSError, ValueError):
                 pass
             if self._stop.is_set():

@@ -21,12 +21,12 @@ from __future__ import annotations
 
 import logging
 import os
-import select
 import threading
 from typing import TYPE_CHECKING, Any
 
 import psycopg
 
+from harvest_outbox.producer._readable import readable
 from harvest_outbox.producer.election.lock_session import close_quietly
 from harvest_outbox.producer.errors import DatabaseError, HarvestError
 from harvest_outbox.redact import redact_dsn, redact_error
@@ -171,7 +171,7 @@ class SharedLayoutSession:
                             self._guards.pop(guard, None)
                 continue
             try:
-                select.select([conn.fileno(), wake_r], [], [], CHECK_INTERVAL)
+                readable([conn.fileno(), wake_r], CHECK_INTERVAL)
             except (OSError, ValueError):
                 pass
             if self._stop.is_set():
