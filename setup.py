@@ -1,8 +1,8 @@
 """Builds the optional native (Cython) fast paths; everything else is in pyproject.toml.
 
 ``harvest_outbox.sequencer._native`` (the Sequencer), ``harvest_outbox.consumer._native``
-(Kafka record conversion and ``Record``) and ``harvest_outbox.producer.relay.sequenced._native`` (the
-sequenced relay's fill loop) are compiled when Cython and a C compiler are
+(Kafka record conversion and ``Record``) and ``harvest_outbox.producer.relay.{sequenced,at_least_once}._native``
+(the relay's per-record paths) are compiled when Cython and a C compiler are
 available. When they are not, or ``HARVEST_PURE_PYTHON=1`` is set at build
 time, the install still succeeds and harvest runs the pure-Python modules,
 which are the reference implementation: same semantics, about 2-3x slower
@@ -32,6 +32,7 @@ MODULES = {
     f"{TOP}.sequencer._native": "sequencer/_native.pyx",
     f"{TOP}.consumer._native": "consumer/_native.pyx",
     f"{TOP}.producer.relay.sequenced._native": "producer/relay/sequenced/_native.pyx",
+    f"{TOP}.producer.relay.at_least_once._native": "producer/relay/at_least_once/_native.pyx",
 }
 #: Declaration files other modules cimport, by installed module name.
 PXDS = {

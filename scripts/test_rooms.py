@@ -71,6 +71,7 @@ ROOMS: dict[str, tuple[str, ...]] = {
         "test_relay_spans_e2e",
         "test_marked_row",
         "test_readable",
+        "test_native_records",
     ),
     "relay/sequenced": (
         "test_protocol_model",

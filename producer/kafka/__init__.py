@@ -49,6 +49,7 @@ __all__ = [
     "LIBRDKAFKA_LOG",
     "PERMANENT_CODES",
     "PRODUCE_ARGS",
+    "PURGED_CODES",
     "SIZE_REFUSED_TEXT",
     "DeliveryCallback",
     "FatalErrorGuard",
@@ -94,6 +95,13 @@ BATCH_SCOPED_CODES = frozenset(
         getattr(KafkaError, "INVALID_RECORD", None),
     )
     if code is not None
+)
+
+#: Delivery reports of records the relay itself purged from the producer's queue (``purge()``).
+PURGED_CODES = frozenset(
+    c
+    for c in (getattr(KafkaError, "_PURGE_QUEUE", None), getattr(KafkaError, "_PURGE_INFLIGHT", None))
+    if c is not None
 )
 
 

@@ -125,6 +125,7 @@ def test_sdist_holds_the_sources_and_the_build_files(dist: Path) -> None:
         "sequencer/_native.pxd",
         "consumer/_native.pyx",
         "producer/relay/sequenced/_native.pyx",
+        "producer/relay/at_least_once/_native.pyx",
         "producer/ops/cli.py",
         "harvest_local/maven/settings.xml",
         "harvest_local/maven/kafka/pom.xml",
@@ -144,7 +145,7 @@ def test_wheel_nests_everything_under_harvest_outbox_with_the_extensions(dist: P
     tops = {n.split("/", 1)[0] for n in names}
     assert tops == {"harvest_outbox", next(t for t in tops if t.endswith(".dist-info"))}, tops
     assert top_level == ["harvest_outbox"]
-    for sub in ("sequencer", "consumer", "producer/relay/sequenced"):
+    for sub in ("sequencer", "consumer", "producer/relay/sequenced", "producer/relay/at_least_once"):
         assert any(n.startswith(f"harvest_outbox/{sub}/_native.") and n.endswith(".so") for n in names), (
             f"no compiled harvest_outbox.{sub.replace('/', '.')}._native in {wheel.name}"
         )
@@ -200,6 +201,7 @@ def test_installed_wheel_imports_every_module_from_site_packages(installed: Path
         "harvest_outbox.sequencer._native",
         "harvest_outbox.consumer._native",
         "harvest_outbox.producer.relay.sequenced._native",
+        "harvest_outbox.producer.relay.at_least_once._native",
     ):
         assert name in modules, f"{name} not importable from the wheel"
     outside = {n: f for n, f in modules.items() if not Path(f).is_relative_to(site)}

@@ -20,27 +20,25 @@ import logging
 import time
 from abc import ABC, abstractmethod
 from collections import deque
+from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Message
 
 from harvest_outbox.producer.db import MarkedRow
 from harvest_outbox.producer.errors import DatabaseError
-from harvest_outbox.producer.kafka import ANY_PARTITION, KafkaProducer
+from harvest_outbox.producer.kafka import ANY_PARTITION, PURGED_CODES, KafkaProducer
 from harvest_outbox.producer.ops.preflight import header_bytes, too_large
 from harvest_outbox.producer.relay.core import RelayCore
 from harvest_outbox.producer.relay.marked_row import ROW_ID, ROW_KEY, ROW_TOPIC
 from harvest_outbox.producer.relay.spans import RecordSpan
+from harvest_outbox.sequencer.native import load
 
 # The mode's logger: the lines logged here had its name before the split, and a user's log filter keeps working.
 log = logging.getLogger("harvest_outbox.producer.relay.at_least_once.mode")
-
-# Delivery reports of records the relay itself purged from the producer's queue.
-_PURGED = frozenset(
-    c
-    for c in (getattr(KafkaError, "_PURGE_QUEUE", None), getattr(KafkaError, "_PURGE_INFLIGHT", None))
-    if c is not None
-)
+# The compiled per-record path (producer/relay/at_least_once/_native.pyx), or None: the *_python methods run.
+_native = load("harvest_outbox.producer.relay.at_least_once._native")
 
 
 class AtLeastOnceRecords(ABC):
@@ -77,6 +75,17 @@ class AtLeastOnceRecords(ABC):
         self._hold_dropped = core.layout.holds_dropped_rows
         self._draining = False
         self._next_flush = 0.0
+        # The per-record path: compiled when built (the same decisions: the cold branches call this
+        # class's methods), else the reference methods below.
+        self._dispatch: Callable[[], None]
+        self._send: Callable[[MarkedRow], bool]
+        self._on_delivery: Callable[[KafkaError | None, Message], None]
+        if _native is None:
+            self._dispatch, self._send = self._dispatch_python, self._send_python
+            self._on_delivery = self._on_delivery_python
+        else:
+            self._dispatch, self._send = partial(_native.dispatch, self), partial(_native.send, self)
+            self._on_delivery = partial(_native.on_delivery, self)
 
     @abstractmethod
     def _failed(self, row: MarkedRow, err: KafkaError, synchronous: bool, latency: float | None = None) -> bool:
@@ -84,7 +93,7 @@ class AtLeastOnceRecords(ABC):
         the record was dead-lettered (its key is free), True if the relay will reset and remark."""
 
     # ------------------------------------------------------------------ sending
-    def _dispatch(self) -> None:
+    def _dispatch_python(self) -> None:
         """Send ready records in id order while in-flight room remains; park busy keys' records."""
         ready, in_flight, waiting = self._ready, self._in_flight, self._waiting
         limit = self.limits.in_flight_limit
@@ -105,7 +114,7 @@ class AtLeastOnceRecords(ABC):
                 if not len(in_flight) & 127:
                     time.sleep(0)
 
-    def _send(self, row: MarkedRow) -> bool:
+    def _send_python(self, row: MarkedRow) -> bool:
         """Produce one record whose key is free. True if it is now in flight (or the relay must
         remark); False if it was dead-lettered on the spot (the key is still free)."""
         rid, topic, key, value, hkeys, hvals, bad, _attempts, _error, partition, _created = row
@@ -215,7 +224,8 @@ class AtLeastOnceRecords(ABC):
         self._dead_letter(row, f"cannot produce: {exc}", 1)
         return False
 
-    def _on_delivery(self, err: KafkaError | None, msg: Message) -> None:
+    def _on_delivery_python(self, err: KafkaError | None, msg: Message) -> None:
+        """A record's delivery report: purge it, or count the failure; send its key's next record."""
         key = msg.key()
         if key is None:
             return  # not ours: every record this mode produces has a key
@@ -238,7 +248,7 @@ class AtLeastOnceRecords(ABC):
                     del self._waiting[key]
                 if not self._send(nxt):  # dead-lettered on the spot: the key is still free
                     self._release(key)
-        elif self._draining and err.code() in _PURGED:
+        elif self._draining and err.code() in PURGED_CODES:
             return  # we gave up on it (drain timed out): the next view re-marks it; not an attempt
         elif not self._failed(row, err, synchronous=False, latency=msg.latency()):
             self._release(key)
