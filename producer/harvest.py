@@ -31,6 +31,7 @@ import logging
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from concurrent.futures import Future, wait
 from typing import Any
 
@@ -94,7 +95,9 @@ class Harvest(RelayLifecycle):
     names (:class:`NeliElection`, or :class:`~producer.election.postgres.PostgresElection`) are used.
     ``layout_session``: a fleet's :class:`~producer.relay.layout_session.SharedLayoutSession` of this
     database, which holds this relay's layout lock (default: a session of its own); ``listener_factory``:
-    its LISTEN connection's (producer/db/shared_listener.py; default: a connection of its own).
+    its LISTEN connection's (producer/db/shared_listener.py; default: a connection of its own);
+    ``admin_factory``: makes its preflight's Kafka admin client (a fleet's
+    :class:`~producer.kafka.shared_admin.SharedAdmins`; default: a client of its own).
     :attr:`mode` is the delivery strategy ``config.uuid_sequencing`` chose. ``tracer_provider``: the
     OpenTelemetry TracerProvider of relay spans (``config.tracing``), by default the global one
     (:mod:`producer.relay.spans`; read once, here). Its lifecycle (states, start, stop, wait) is
@@ -115,6 +118,7 @@ class Harvest(RelayLifecycle):
         tracer_provider: Any = None,
         layout_session: Any = None,
         listener_factory: Any = None,
+        admin_factory: Callable[[dict[str, Any]], Any] | None = None,
     ) -> None:
         self.config = config
         self.limits = config.limits
@@ -135,6 +139,7 @@ class Harvest(RelayLifecycle):
             config.producer_config(),
             extra_overhead=mode_type.HEADER_BYTES + event_id_bytes(config),
             own_topics=frozenset({config.leader_topic}) if config.leader_election == "neli" else frozenset(),
+            admin_factory=admin_factory,
         )
         self.core = RelayCore(
             config,

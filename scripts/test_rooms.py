@@ -101,6 +101,7 @@ ROOMS: dict[str, tuple[str, ...]] = {
         "test_probe",
         "test_raw_output",
         "test_security_errors",
+        "test_shared_admin",
     ),
     "observe": (
         "test_dashboard",

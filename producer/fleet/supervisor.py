@@ -39,6 +39,7 @@ from harvest_outbox.producer.fleet.balance import BALANCE_INTERVAL, Balance, bal
 from harvest_outbox.producer.fleet.discovery import DiscoveryError, discover
 from harvest_outbox.producer.fleet.member import Member, MemberStatus, RelayFactory
 from harvest_outbox.producer.fleet.spec import Discovery, FleetFile, Outbox, merged
+from harvest_outbox.producer.kafka.shared_admin import SharedAdmins
 from harvest_outbox.producer.relay.layout_session import LayoutSessions
 
 log = logging.getLogger(__name__)
@@ -101,6 +102,8 @@ class Fleet:
         #: LISTEN connection per database for the outboxes this process leads.
         self.election_sessions = ElectionSessions(file.base_name)
         self.listen_hubs = ListenHubs(file.base_name)
+        #: One Kafka admin client per cluster (and principal) for every unsharded outbox's preflight.
+        self.admins = SharedAdmins()
 
     # ------------------------------------------------------------------ public
     def start(self) -> Fleet:
@@ -141,7 +144,10 @@ class Fleet:
             self._thread.join(timeout)
         with self._lock:
             members = list(self._members.values())
-        return all(member.join(timeout) for member in members)
+        done = all(member.join(timeout) for member in members)
+        if done and self._stop.is_set():
+            self.admins.close()
+        return done
 
     def statuses(self) -> list[MemberStatus]:
         with self._lock:
@@ -250,9 +256,9 @@ class Fleet:
         if config.shards > 1:
             return relay_for(config)
         shared = self.layout_sessions.for_dsn(config.data_source)
-        listen = self.listen_hubs.listener
+        listen, admins = self.listen_hubs.listener, self.admins.get
         if not balanced(config):
-            return relay_for(config, layout_session=shared, listener_factory=listen)
+            return relay_for(config, layout_session=shared, listener_factory=listen, admin_factory=admins)
         election = self.election_sessions.election(
             config.data_source,
             config.outbox_table,
@@ -260,7 +266,9 @@ class Fleet:
             config.leader_lock_check_interval,
             self.balance.may_acquire,
         )
-        return relay_for(config, election=election, layout_session=shared, listener_factory=listen)
+        return relay_for(
+            config, election=election, layout_session=shared, listener_factory=listen, admin_factory=admins
+        )
 
     def _balanced_outboxes(self) -> list[tuple[str, str, str]]:
         with self._lock:

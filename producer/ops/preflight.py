@@ -102,7 +102,7 @@ class TopicGuard:
         ttl: float = 60.0,
         missing_ttl: float = 2.0,
         timeout: float = 5.0,
-        admin_factory: Callable[[dict[str, Any]], Any] = _admin,
+        admin_factory: Callable[[dict[str, Any]], Any] | None = None,
         own_topics: frozenset[str] = frozenset(),
     ) -> None:
         """``own_topics``: topics the relay writes for itself (NELI's leader topic): being allowed to write
@@ -112,7 +112,7 @@ class TopicGuard:
         self._principal = principal_of(admin_config)
         self._elsewhere: tuple[float, bool] | None = None  # (asked at, answer) of writes_elsewhere
         self._config_denied: set[str] = set()  # topics whose DESCRIBE_CONFIGS refusal was logged
-        self._admin_factory = admin_factory
+        self._admin_factory = admin_factory or _admin  # (a fleet shares one: producer.kafka.shared_admin)
         self._admin: Any = None
         self._producer_max = int(producer_config.get("message.max.bytes", DEFAULT_PRODUCER_MAX_BYTES))
         compression = str(producer_config.get("compression.type", producer_config.get("compression.codec", "none")))
