@@ -92,10 +92,6 @@ class Migrated:
 class _TooManyRows(Exception):
     """An online attempt found more rows to copy than it may under the lock (rolled back)."""
 
-    def __init__(self, rows: int) -> None:
-        super().__init__(rows)
-        self.rows = rows
-
 
 def migrate_to_cursor(
     conn: psycopg.Connection,
@@ -142,12 +138,16 @@ def migrate_online(
         attempts += 1
         began = time.monotonic()
         try:
+            waiting = plan.rows(conn, max_rows)  # without the lock: no lock taken while the relays are behind
+            if waiting > max_rows:
+                raise _TooManyRows
+            began = time.monotonic()
             with conn.transaction():
                 conn.execute(sql.SQL("SET LOCAL lock_timeout = {}").format(sql.Literal(f"{lock_wait_ms}ms")))
                 conn.execute(sql.SQL("LOCK TABLE {} IN ACCESS EXCLUSIVE MODE").format(plan.names.outbox))
-                rows = plan.rows(conn)
+                rows = plan.rows(conn, max_rows)
                 if rows > max_rows:
-                    raise _TooManyRows(rows)
+                    raise _TooManyRows
                 done = plan.swap(conn)
             locked = time.monotonic() - began
             log.info(
@@ -159,8 +159,8 @@ def migrate_online(
             return Migrated(done.copied, done.old_table, done.first_id, locked, attempts)
         except psycopg.errors.LockNotAvailable:
             why = f"the outbox's lock was not free within {lock_wait_ms} ms (a long transaction holds it?)"
-        except _TooManyRows as exc:
-            why = f"{exc.rows} unrelayed rows, more than the {max_rows} copied under the lock (are the relays running?)"
+        except _TooManyRows:
+            why = f"more than the {max_rows} unrelayed rows copied under the lock are waiting (are the relays running?)"
         if time.monotonic() + pause > deadline:
             raise SchemaError(
                 f"init-db --migrate --online: gave up on {plan.names.display!r} after {attempts} attempt(s): {why}; "
@@ -209,10 +209,13 @@ class _Plan:
     def old(self) -> sql.Identifier:
         return self.names.qualified(derived_name(self.names.table, f"_{self.mapping.kind}"))
 
-    def rows(self, conn: psycopg.Connection) -> int:
-        """The rows the swap would copy (under the lock: no writer adds one meanwhile)."""
+    def rows(self, conn: psycopg.Connection, limit: int) -> int:
+        """The rows the swap would copy, counted up to ``limit`` + 1 (under the lock the count's time is the
+        writers' wait: bounded by the limit, not by the backlog)."""
         row = conn.execute(
-            sql.SQL("SELECT count(*) FROM {}{}").format(self.names.outbox, self.mapping.claimable())
+            sql.SQL("SELECT count(*) FROM (SELECT 1 FROM {}{} LIMIT {}) AS s").format(
+                self.names.outbox, self.mapping.claimable(), sql.Literal(limit + 1)
+            )
         ).fetchone()
         assert row is not None  # an aggregate
         return int(row[0])
