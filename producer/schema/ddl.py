@@ -241,7 +241,9 @@ def init_db(
     ``shards`` > 1 also creates what sharded relays need (:func:`shard_ddl`). Refuses a SQL_ASCII
     database (:func:`require_utf8_readable`). With a Debezium ``mapping`` an existing table is kept
     and only gains the relay's columns (its payload column's type then decides ``value_type``).
-    ``layout`` (``outboxLayout``, :func:`~producer.layouts.choice.layout_for`): ``cursor``, the partitioned
+    ``layout`` (``outboxLayout``, :func:`~producer.layouts.choice.layout_for`; ``mark`` by default here, as code
+    calling it always had it: ``harvest init-db`` with ``outboxLayout`` unset chooses with
+    :func:`~producer.layouts.choice.init_layout`, the cursor layout for a new outbox): ``cursor``, the partitioned
     outbox of :mod:`producer.layouts.cursor.schema`, with :data:`~producer.layouts.cursor.schema.PARTITIONS_AHEAD`
     partitions of ``partition_ids`` ids when it has none; an existing table of the other layout is refused,
     never changed. ``wakeup`` ``poll`` leaves the

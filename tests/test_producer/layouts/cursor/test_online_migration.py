@@ -381,7 +381,9 @@ def test_an_online_migration_under_writers_and_a_running_relay_delivers_every_ro
         len(during),
         exp.total,
     )
-    assert longest < 2.0, f"a writer waited {longest:.2f}s"  # the bound: 100 ms of lock wait plus the swap
+    # the bound: 100 ms of lock wait plus the swap, tens of ms here; 5 s leaves room for a saturated machine (at a
+    # load average of 40 on the 2 cores, the swap alone took 0.3-1.8 s)
+    assert longest < 5.0, f"a writer waited {longest:.2f}s"
     with psycopg.connect(pg_dsn) as conn:  # the old table is kept, with its rows
         kept = conn.execute(sql.SQL("SELECT count(*) FROM {}").format(names.qualified("outbox_goharvest"))).fetchone()
     assert kept is not None and kept[0] >= done.copied
