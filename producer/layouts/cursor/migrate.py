@@ -7,8 +7,9 @@ writer's INSERT that waited resolves the table's name again and lands in the new
 
 1. the old table, its indexes and its id sequence are renamed ``<name>_goharvest[_…]`` (``<name>_debezium[_…]``)
    (kept: drop it once satisfied);
-2. the cursor layout is created under the outbox's name (:func:`~producer.schema.ddl.outbox_ddl`; the
-   companions -- dead letters, fence row, ACK intents, attempt counts -- are the same tables, kept); a
+2. the cursor layout is created under the outbox's name (its own objects only; the companions -- dead
+   letters, fence row, ACK intents, attempt counts -- are the same tables, kept, brought up to date by init-db's
+   statements in a transaction of their own before the lock, where they cannot deadlock with a relay); a
    Debezium table's columns are the old table's own (type, NOT NULL, default: its writers' INSERTs work
    unchanged), keyed by ``harvest_seq`` instead of its ``id``;
 3. the new table refuses every row ``UPDATE`` and ``DELETE`` (a statement trigger raising SQLSTATE
@@ -51,18 +52,20 @@ from psycopg import sql
 
 from harvest_outbox.producer.db._session import LAYOUT_CHANGED_SQLSTATE
 from harvest_outbox.producer.errors import SchemaError
+from harvest_outbox.producer.layouts.cursor.held import held_table
 from harvest_outbox.producer.layouts.cursor.schema import (
     PARTITION_IDS,
     PARTITIONS_AHEAD,
     add_shard_cursors,
     create_partition,
+    cursor_outbox_ddl,
     is_cursor_table,
     require_server,
 )
 from harvest_outbox.producer.mapping.names import OutboxNames, Statement, ValueType, derived_name
 from harvest_outbox.producer.mapping.table import GOHARVEST, TableMapping
 from harvest_outbox.producer.schema.checks import inspect_outbox, require_utf8_readable
-from harvest_outbox.producer.schema.ddl import outbox_ddl, shard_ddl
+from harvest_outbox.producer.schema.ddl import companion_tables_ddl, notify_ddl, shard_index_ddl, shard_rows_ddl
 
 log = logging.getLogger(__name__)
 
@@ -206,7 +209,18 @@ class _Plan:
                 f"outbox {names.display!r} is {'already in the cursor layout' if have else 'missing'}: nothing to "
                 f"migrate; run `harvest init-db` (without --migrate)"
             )
-        return cls(names, mapping, inspect_outbox(conn, names), partition_ids, shards, wakeup)
+        plan = cls(names, mapping, inspect_outbox(conn, names), partition_ids, shards, wakeup)
+        plan.prepare(conn)
+        return plan
+
+    def prepare(self, conn: psycopg.Connection) -> None:
+        """The companions (dead letters, fence and ACK intents, attempt counts, shard fence rows) up to date, in a
+        transaction of their own before the swap: their ``ALTER TABLE … IF NOT EXISTS`` locks tables a running
+        relay writes in the same transactions as the outbox, so under the outbox's lock it could deadlock with a
+        relay transaction waiting for the outbox (idempotent: init-db's own statements)."""
+        with conn.transaction():
+            for stmt in companion_tables_ddl(self.names, self.value_type) + shard_rows_ddl(self.names, self.shards):
+                conn.execute(stmt)
 
     @property
     def old(self) -> sql.Identifier:
@@ -256,7 +270,9 @@ class _Plan:
                     sql.Identifier(derived_name(names.table, suffix + mapping.sequence_suffix)),
                 )
             )
-        for stmt in outbox_ddl(names, self.value_type, "cursor", mapped, self.wakeup) + shard_ddl(names, self.shards):
+        # the new outbox's own objects only: the companions were brought up to date by prepare(), before the lock
+        own = cursor_outbox_ddl(names, self.value_type, mapped) + notify_ddl(names, self.wakeup)
+        for stmt in own + held_table(names, self.value_type) + shard_index_ddl(names, self.shards):
             conn.execute(stmt)
         add_shard_cursors(conn, names, self.shards)
         for stmt in refuse_row_writes_ddl(names):
