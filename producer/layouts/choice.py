@@ -8,7 +8,7 @@ its layout (goharvest's and Debezium's tables are mark-layout tables), a new out
 unless the config uses a setting the cursor layout refuses or the server is older than Postgres 13: then the
 mark layout, with the reason.
 
-Invariants (tests/test_foundation/test_layouts.py, tests/test_producer/layouts/test_default_layout.py): no
+Invariants (tests/test_foundation/test_layouts.py, tests/test_producer/layouts/cursor/test_online_migration.py): no
 other module tells the layouts apart by name or class; they ask the strategy chosen here. An explicit
 ``outboxLayout`` is never overridden (a table of the other layout is refused by the layout's ``require``).
 """

@@ -300,8 +300,10 @@ def _run(args: argparse.Namespace, signals: StopSignals) -> int:
             if layout_changed(exc) is None:
                 raise
             log.warning("%s", stop_message(cfg.harvest))
-            if not restarts_on(exc, cfg.harvest) or signals.requested.is_set():
+            if not restarts_on(exc, cfg.harvest):
                 raise
+            if signals.requested.wait(1.0):  # a stop signal meanwhile: stopped, as asked
+                return EXIT_OK
             continue
         return EXIT_OK
 
@@ -461,7 +463,11 @@ def _migrate(cfg: FileConfig, online: bool) -> int:
     print(
         f"outbox {h.outbox_table} migrated to the cursor layout: {done.copied} row(s) copied with ids from "
         f"{done.first_id}; the old table is {done.old_table} (kept: drop it once satisfied)"
-        + (f"; writers waited at most {done.locked_s * 1000:.0f} ms ({done.attempts} attempt(s))" if online else "")
+        + (
+            f"; the swap held the outbox's lock {done.locked_s * 1000:.0f} ms (attempt {done.attempts})"
+            if online
+            else ""
+        )
     )
     return EXIT_OK
 
