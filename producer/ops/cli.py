@@ -267,7 +267,7 @@ def _load(args: argparse.Namespace, extra: dict[str, Any] | None = None, kafka: 
 
 
 def _run(args: argparse.Namespace, signals: StopSignals) -> int:
-    from harvest_outbox.producer.relay.layout_change import layout_changed, restarts_on, stop_message
+    from harvest_outbox.producer.relay.layout_change import run_following_layout
     from harvest_outbox.producer.relay.sharded import relay_for
 
     flags = {
@@ -289,23 +289,8 @@ def _run(args: argparse.Namespace, signals: StopSignals) -> int:
     if signals.requested.is_set():
         log.info("stopped before the relay started")
         return EXIT_OK
-    while True:
-        relay = relay_for(cfg.harvest)
-        signals.attach(relay)
-        relay.start()  # returns early, with the relay stopped, when a stop signal arrives meanwhile
-        try:
-            while not relay.wait(0.5):
-                pass
-        except HarvestError as exc:
-            if layout_changed(exc) is None:
-                raise
-            log.warning("%s", stop_message(cfg.harvest))
-            if not restarts_on(exc, cfg.harvest):
-                raise
-            if signals.requested.wait(1.0):  # a stop signal meanwhile: stopped, as asked
-                return EXIT_OK
-            continue
-        return EXIT_OK
+    run_following_layout(cfg.harvest, relay_for, signals.attach, signals.requested)
+    return EXIT_OK
 
 
 def _read_file(args: argparse.Namespace, overrides: dict[str, Any], again: bool = False) -> Any:

@@ -11,15 +11,35 @@ marked but not deleted were copied into the new table by the migration: at-least
 (duplicates, no loss); ``--uuid-sequencing``, its fenced commit failed with the trigger, so its un-ACKed
 harvest transaction is discarded by readers and the rows go out once from the new table.
 
-Invariants (tests/test_producer/layouts/cursor/test_online_migration.py): :func:`restarts_on` is true exactly
-for an error caused by :class:`~producer.errors.LayoutChanged` with ``outboxLayout`` unset; an explicit
-``outboxLayout: mark`` relay stops with that error (exit 1), naming the fix.
+Invariants (tests/test_producer/layouts/cursor/test_online_migration.py, whose scenario runs
+:func:`run_following_layout` as ``harvest run`` does): :func:`restarts_on` is true exactly for an error caused by
+:class:`~producer.errors.LayoutChanged` with ``outboxLayout`` unset; an explicit ``outboxLayout: mark`` relay
+stops with that error (exit 1), naming the fix; a relay that stops for any other reason is not started again here.
 """
 
 from __future__ import annotations
 
+import logging
+import threading
+from collections.abc import Callable
+from typing import Protocol
+
 from harvest_outbox.producer.config import HarvestConfig
-from harvest_outbox.producer.errors import LayoutChanged
+from harvest_outbox.producer.errors import HarvestError, LayoutChanged
+
+log = logging.getLogger(__name__)
+#: Seconds between a relay's stop on a layout change and its successor's start.
+RESTART_PAUSE = 1.0
+
+
+class Relay(Protocol):
+    """A relay process (:class:`~producer.harvest.Harvest`, :class:`~producer.relay.sharded.ShardedHarvest`)."""
+
+    def start(self) -> object: ...
+
+    def stop(self) -> None: ...
+
+    def wait(self, timeout: float | None = None) -> bool: ...
 
 
 def layout_changed(exc: BaseException | None) -> LayoutChanged | None:
@@ -49,3 +69,32 @@ def stop_message(config: HarvestConfig) -> str:
         f"outbox {config.outbox_table} moved to the cursor layout: relay {config.name} (outboxLayout: "
         f"{config.outbox_layout}) stops; set outboxLayout: cursor, or remove it, and start it again (docs/migrating.md)"
     )
+
+
+def run_following_layout(
+    config: HarvestConfig,
+    make_relay: Callable[[HarvestConfig], Relay],
+    attach: Callable[[Relay], None],
+    stopped: threading.Event,
+) -> None:
+    """Run a relay of ``config`` (``make_relay``; ``attach`` hands it to whatever stops it, the CLI's signal
+    handlers) until it stops, and start another, on the table's new layout, while it stops for a move to the
+    cursor layout with ``outboxLayout`` unset (:func:`restarts_on`); its other errors are raised as they come,
+    and a stop (``stopped``) during the pause ends it."""
+    while True:
+        relay = make_relay(config)
+        attach(relay)
+        relay.start()  # returns early, with the relay stopped, when a stop signal arrives meanwhile
+        try:
+            while not relay.wait(0.5):
+                pass
+        except HarvestError as exc:
+            if layout_changed(exc) is None:
+                raise
+            log.warning("%s", stop_message(config))
+            if not restarts_on(exc, config):
+                raise
+            if stopped.wait(RESTART_PAUSE):
+                return
+            continue
+        return

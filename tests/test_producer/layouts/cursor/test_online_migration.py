@@ -39,7 +39,7 @@ from harvest_outbox.producer.layouts.cursor.migrate import migrate_online
 from harvest_outbox.producer.layouts.mark.database import MarkDatabase
 from harvest_outbox.producer.mapping.table import table_mapping
 from harvest_outbox.producer.ops.cli import main
-from harvest_outbox.producer.relay.layout_change import layout_changed, restarts_on
+from harvest_outbox.producer.relay.layout_change import layout_changed, restarts_on, run_following_layout
 from harvest_outbox.producer.schema.ddl import init_db
 from harvest_outbox.producer.stash.stasher import OutboxRecord, Stasher
 
@@ -281,30 +281,32 @@ class _Writer(threading.Thread):
 
 
 class _Relays(threading.Thread):
-    """What ``harvest run`` does with one relay (producer/ops/cli.py): start it, and when it ends on a
-    layout change with ``outboxLayout`` unset, start it again."""
+    """``harvest run`` (producer/ops/cli.py): :func:`run_following_layout` on one relay; ``stop()`` is the
+    signal handler's."""
 
     def __init__(self, config: HarvestConfig) -> None:
         super().__init__(name="relays")
         self.config = config
-        self.stop = threading.Event()
+        self.stopped = threading.Event()
         self.started: list[Harvest] = []
-        self.ended: list[BaseException] = []
+        self.failure: BaseException | None = None
+
+    def _attach(self, relay: object) -> None:
+        assert isinstance(relay, Harvest)
+        self.started.append(relay)
+        if self.stopped.is_set():
+            relay.stop()
 
     def run(self) -> None:
-        while not self.stop.is_set():
-            relay = Harvest(self.config, lambda e: None)
-            self.started.append(relay)
-            relay.start()
-            try:
-                while not relay.wait(0.1):
-                    if self.stop.is_set():
-                        relay.stop()
-            except HarvestError as exc:
-                self.ended.append(exc)
-                if restarts_on(exc, self.config):
-                    continue
-            return
+        try:
+            run_following_layout(self.config, lambda c: Harvest(c, lambda e: None), self._attach, self.stopped)
+        except BaseException as exc:  # fails the test
+            self.failure = exc
+
+    def stop(self) -> None:
+        self.stopped.set()
+        if self.started:
+            self.started[-1].stop()
 
 
 @pytest.mark.integration
@@ -364,11 +366,14 @@ def test_an_online_migration_under_writers_and_a_running_relay_delivers_every_ro
     finally:
         for w in writers:
             w.stop.set()
-        relays.stop.set()
+        relays.stop()
         relays.join(60)
-    # the mark relay stopped on the swap, and only it
-    assert len(relays.ended) == 1 and restarts_on(relays.ended[0], config), relays.ended
-    assert relays.started[1].core.layout is CURSOR
+    # the mark relay stopped on the swap (and only it), its successor ran the cursor layout until stopped
+    assert relays.failure is None and len(relays.started) == 2, relays.failure
+    with pytest.raises(HarvestError) as first:
+        relays.started[0].wait(0)
+    assert restarts_on(first.value, config) and relays.started[1].wait(0)
+    assert relays.started[0].core.layout is MARK and relays.started[1].core.layout is CURSOR
     assert 0 < done.copied <= 3000 + exp.total
     during = [s for w in writers for b, s in w.timings if b <= ended and b + s >= began]
     longest = max(s for w in writers for _b, s in w.timings)
