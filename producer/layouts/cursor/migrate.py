@@ -78,6 +78,8 @@ LOCK_WAIT_MS = 100
 MAX_ROWS_UNDER_LOCK = 10_000
 #: Online: the pause between two attempts.
 RETRY_PAUSE_S = 0.5
+#: Attempts at bringing the companions up to date before the swap (:meth:`_Plan.prepare`).
+PREPARE_ATTEMPTS = 10
 
 
 @dataclass(frozen=True)
@@ -217,10 +219,25 @@ class _Plan:
         """The companions (dead letters, fence and ACK intents, attempt counts, shard fence rows) up to date, in a
         transaction of their own before the swap: their ``ALTER TABLE … IF NOT EXISTS`` locks tables a running
         relay writes in the same transactions as the outbox, so under the outbox's lock it could deadlock with a
-        relay transaction waiting for the outbox (idempotent: init-db's own statements)."""
-        with conn.transaction():
-            for stmt in companion_tables_ddl(self.names, self.value_type) + shard_rows_ddl(self.names, self.shards):
-                conn.execute(stmt)
+        relay transaction waiting for the outbox (idempotent: init-db's own statements). A running relay's commit
+        can still take them in another order: a deadlock or a lock not granted within 1 s rolls back and tries
+        again, up to :data:`PREPARE_ATTEMPTS` times."""
+        for attempt in range(1, PREPARE_ATTEMPTS + 1):
+            try:
+                with conn.transaction():
+                    conn.execute("SET LOCAL lock_timeout = '1s'")
+                    for stmt in companion_tables_ddl(self.names, self.value_type) + shard_rows_ddl(
+                        self.names, self.shards
+                    ):
+                        conn.execute(stmt)
+                return
+            except (psycopg.errors.DeadlockDetected, psycopg.errors.LockNotAvailable) as exc:
+                if attempt == PREPARE_ATTEMPTS:
+                    raise SchemaError(
+                        f"init-db --migrate: the companion tables of {self.names.display!r} stayed locked ({exc}); "
+                        f"nothing changed, run it again"
+                    ) from exc
+                time.sleep(0.2)
 
     @property
     def old(self) -> sql.Identifier:
