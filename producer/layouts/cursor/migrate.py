@@ -13,7 +13,7 @@ writer's INSERT that waited resolves the table's name again and lands in the new
    Debezium table's columns are the old table's own (type, NOT NULL, default: its writers' INSERTs work
    unchanged), keyed by ``harvest_seq`` instead of its ``id``;
 3. the new table refuses every row ``UPDATE`` and ``DELETE`` (a statement trigger raising SQLSTATE
-   :data:`~producer.db._session.LAYOUT_CHANGED_SQLSTATE`): the cursor relay never writes a row, and a relay of the
+   :data:`~producer.db.LAYOUT_CHANGED_SQLSTATE`): the cursor relay never writes a row, and a relay of the
    mark layout still running fails its next mark, release or purge there and stops
    (:class:`~producer.errors.LayoutChanged`, producer/relay/layout_change.py) instead of claiming rows;
 4. the new sequence starts above every id the old table, the dead letters and the attempt counts hold,
@@ -50,7 +50,7 @@ from dataclasses import dataclass
 import psycopg
 from psycopg import sql
 
-from harvest_outbox.producer.db._session import LAYOUT_CHANGED_SQLSTATE
+from harvest_outbox.producer.db import LAYOUT_CHANGED_SQLSTATE
 from harvest_outbox.producer.errors import SchemaError
 from harvest_outbox.producer.layouts.cursor.held import held_table
 from harvest_outbox.producer.layouts.cursor.schema import (
@@ -347,7 +347,7 @@ class _Plan:
 
 def refuse_row_writes_ddl(names: OutboxNames) -> list[Statement]:
     """The migrated outbox's statement trigger refusing every row ``UPDATE`` and ``DELETE`` with
-    :data:`~producer.db._session.LAYOUT_CHANGED_SQLSTATE` (module doc, step 3); nothing the cursor layout does
+    :data:`~producer.db.LAYOUT_CHANGED_SQLSTATE` (module doc, step 3); nothing the cursor layout does
     updates or deletes a row of it (partitions are truncated)."""
     fn = names.qualified("harvest_refuse_row_writes")
     return [
