@@ -73,8 +73,8 @@ log = logging.getLogger(__name__)
 #: Online: the longest the swap waits for the outbox's lock per attempt (writers queued behind the request
 #: wait no longer than this for it).
 LOCK_WAIT_MS = 100
-#: Online: the most unrelayed rows copied under the lock (the scenario test's swaps, DDL included: 44-525 ms, median
-#: 125, with about 3,200 rows on 2 loaded cores); more, and the attempt rolls back while the relays drain them.
+#: Online: the most unrelayed rows copied under the lock (the scenario test's swaps, DDL included: 40-602 ms, median
+#: 128, with about 3,200 rows on 2 loaded cores); more, and the attempt rolls back while the relays drain them.
 MAX_ROWS_UNDER_LOCK = 10_000
 #: Online: the pause between two attempts.
 RETRY_PAUSE_S = 0.5
