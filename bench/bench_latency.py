@@ -5,7 +5,7 @@
 Every party is its own process, as in production: the relay is ``harvest -f harvest.yaml`` (started by
 :class:`harvest_local.relays.RelayProcess`, the ``harvest`` command's module) with a new user's config
 (``harvest init-db -f`` then a YAML with only the connection settings, the outbox table, the mode, and
-``outboxLayout`` / ``shards`` where the configuration says so; a leader group of its own per run, so no run
+``outboxLayout`` (when not the new outbox's default, the cursor layout) / ``shards`` where the configuration says so; a leader group of its own per run, so no run
 inherits another's); the writers (one row per transaction through the Stasher, on one shared schedule at the
 rate; one process per 1,000 rows/s unless ``--writers`` says otherwise: one Python process with one connection
 does not reach 5,000 committed rows/s on 2 cores; rows still unwritten when the schedule ends are left
@@ -76,6 +76,7 @@ from typing import Any
 from bench import broker_view, targets
 from bench.spread import DEFAULT_REPEATS, Recorder
 from harvest_outbox.harvest_local.jvm import VARIABLE as JVM_VARIABLE
+from harvest_outbox.producer.layouts.choice import NEW_OUTBOX
 
 LAYOUTS = ("mark", "cursor")
 MODES = ("at_least_once", "sequenced")
@@ -404,7 +405,7 @@ def minimal_yaml(
         f"  leaderTopic: {group}-leader",
         f"  uuidSequencing: {'true' if sequenced else 'false'}",
     ]
-    if layout != "mark":
+    if layout != NEW_OUTBOX.name:  # unset, init-db gives a new outbox the default's layout (cursor)
         lines.append(f"  outboxLayout: {layout}")
     if shards > 1:
         lines.append(f"  shards: {shards}")

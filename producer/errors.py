@@ -75,3 +75,10 @@ class FenceError(HarvestError):
     """``--uuid-sequencing``: a harvest transaction's commit was refused because this leader view is
     no longer current (another view bumped the fence epoch, or its rows were re-marked). The view is
     abandoned; nothing of the refused transaction becomes visible to read-committed readers."""
+
+
+class LayoutChanged(DatabaseError):
+    """The outbox was moved to the cursor layout while this relay of the mark layout ran (``harvest init-db
+    --migrate [--online]``; the new table refuses every row update and delete, producer/layouts/cursor/migrate.py):
+    the relay stops rather than mark or purge rows it would not own. A relay whose ``outboxLayout`` is unset is
+    started again on the new layout (producer/relay/layout_change.py)."""

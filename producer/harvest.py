@@ -38,7 +38,7 @@ from typing import Any
 from harvest_outbox.producer.config import HarvestConfig, format_duration
 from harvest_outbox.producer.election.neli import LeaderElection, NeliElection
 from harvest_outbox.producer.election.sharded_neli import ShardSetSeat
-from harvest_outbox.producer.errors import DatabaseError
+from harvest_outbox.producer.errors import DatabaseError, LayoutChanged
 from harvest_outbox.producer.kafka import ProducerFactory, confluent_producer
 from harvest_outbox.producer.observe.metrics import MeterStats, start_prometheus
 from harvest_outbox.producer.ops.preflight import TopicGuard
@@ -308,6 +308,8 @@ class Harvest(RelayLifecycle):
                     mode.tick()
                 else:
                     self._stop_requested.wait(self._standby_pulse)
+            except LayoutChanged:
+                raise  # the outbox moved to the cursor layout under this relay: it stops (producer/relay/layout_change.py)
             except DatabaseError as exc:
                 log.warning("%s (retrying in %.3gs, remarking)", exc, self.limits.io_error_backoff)
                 if core.leader_id is not None:

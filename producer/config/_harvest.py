@@ -202,12 +202,18 @@ class HarvestConfig:
     #: registry (:class:`~producer.config.serialization.SerializationConfig`, docs/schemas.md); empty
     #: (default): every value published as stored.
     serialization: SerializationConfig = field(default_factory=SerializationConfig)
-    #: ``mark`` (default: goharvest's table, each row marked then deleted) or ``cursor`` (the cursor layout:
-    #: a partitioned outbox ``harvest init-db`` creates, read by snapshot with one cursor row, delivered
-    #: partitions truncated; about 0.01x the relay's WAL per row; docs/design.md, "Outbox layouts"). ``cursor`` needs Postgres 13+ and does not
-    #: support yet: ``missingTopicPolicy: hold``, nor ``deadLetterPolicy: haltKey`` with ``tableMapping: debezium``
-    #: (docs/limitations.md); ``deadLetterPolicy: haltKey`` holds a key's rows in ``<outbox>_held`` there.
-    outbox_layout: str = "mark"
+    #: Unset (default): the outbox table's layout, and ``cursor`` for a new outbox ``harvest init-db`` creates
+    #: (``mark`` instead when the config uses a setting ``cursor`` does not support, or on Postgres 12 or
+    #: older; docs/design.md, "Which layout a new outbox gets"). ``mark``: goharvest's table, each row marked
+    #: then deleted (Debezium's too with ``tableMapping: debezium``). ``cursor``: the cursor layout, a
+    #: partitioned outbox ``harvest init-db`` creates, read by snapshot with one cursor row, delivered
+    #: partitions truncated; about 0.005x the mark layout's relay WAL per row and 0.3x its Postgres CPU
+    #: (docs/primary-cost.md). Set, it must match the table (a relay refuses the other layout's).
+    #: ``cursor`` needs Postgres 13+ and does not support yet: ``missingTopicPolicy: hold``, nor
+    #: ``deadLetterPolicy: haltKey`` with ``tableMapping: debezium`` (docs/limitations.md);
+    #: ``deadLetterPolicy: haltKey`` holds a key's rows in ``<outbox>_held`` there. ``harvest init-db --migrate
+    #: --online`` moves a mark-layout outbox to it while writers and relays run (docs/migrating.md).
+    outbox_layout: str | None = None
     #: ``notify`` or ``poll`` (see :data:`WAKEUPS`): ``harvest init-db`` creates the NOTIFY trigger, or with
     #: ``poll`` drops it, so writers that ``PREPARE TRANSACTION`` (XA / JTA two-phase commit) keep working;
     #: a row then waits up to one idle poll (100ms by default) before the relay sees it. Unset: ``notify``,
@@ -383,8 +389,10 @@ class HarvestConfig:
         return PasswordProvider(command=command, function=function)
 
     def _check_layout(self) -> None:
-        """``outboxLayout``: a known layout, and only with what it supports (never a row lost)."""
-        layout_for(self).refuse(self)
+        """``outboxLayout``: a known layout, and only with what it supports (never a row lost); unset, the
+        layout the table turns out to have refuses them then (producer/layouts/choice.py, ``layout_of``)."""
+        if self.outbox_layout is not None:
+            layout_for(self).refuse(self)
 
     @property
     def wakeup_mode(self) -> str:

@@ -25,6 +25,7 @@ from harvest_outbox.producer.db._books import Attempts, DeadLetters
 from harvest_outbox.producer.db._listener import Listener
 from harvest_outbox.producer.db._session import (
     IDLE_IN_TRANSACTION_TIMEOUT,
+    LAYOUT_CHANGED_SQLSTATE,
     LOCK_TIMEOUT,
     TCP_DEFAULTS,
     OutboxSession,
@@ -37,6 +38,7 @@ from harvest_outbox.producer.layouts.mark.marks import ROW_CREATED, MarkedAttemp
 __all__ = [
     "ANY_IDS",
     "IDLE_IN_TRANSACTION_TIMEOUT",
+    "LAYOUT_CHANGED_SQLSTATE",
     "LOCK_TIMEOUT",
     "MAX_RANGE_HOLES",
     "ROW_CREATED",

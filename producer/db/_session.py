@@ -23,7 +23,7 @@ from psycopg.pq import Format
 
 from harvest_outbox.producer.db._statements import id_array
 from harvest_outbox.producer.db.credentials import open_connection
-from harvest_outbox.producer.errors import DatabaseError
+from harvest_outbox.producer.errors import DatabaseError, LayoutChanged
 from harvest_outbox.producer.layouts.mark.marks import TEXT_ARRAY_OID, HeaderArrayLoader
 from harvest_outbox.producer.schema import (
     OutboxNames,
@@ -36,6 +36,9 @@ from harvest_outbox.producer.schema import (
 )
 from harvest_outbox.redact import redact_dsn, redact_error
 
+#: The SQLSTATE a migrated outbox's trigger raises on a row update or delete (producer/layouts/cursor/migrate.py):
+#: a relay of the mark layout still running on it (:class:`~producer.errors.LayoutChanged`).
+LAYOUT_CHANGED_SQLSTATE = "HRV01"
 # The relay's transactions are a few statements sent back to back; a session of ours that sits idle
 # inside one for this long belongs to a frozen process (SIGSTOP, VM pause) that may hold the fence
 # row lock. Postgres then ends that session, so the next leader's view start is not blocked for as
@@ -207,6 +210,8 @@ class OutboxSession:
         """The error for ``what`` failing on this outbox (the DSN's secrets redacted); closes the connection,
         which is replaced on next use."""
         self.close()
+        if exc.sqlstate == LAYOUT_CHANGED_SQLSTATE:  # the migrated table's trigger (cursor/migrate.py)
+            return LayoutChanged(f"{what} on {self.names.display!r} refused: {self.redacted(exc)}")
         return DatabaseError(f"{what} on {self.names.display!r} failed: {self.redacted(exc)}")
 
     def redacted(self, exc: psycopg.Error) -> str:

@@ -15,7 +15,7 @@ import psycopg
 
 from harvest_outbox.producer.config import HarvestConfig
 from harvest_outbox.producer.errors import ConfigError, ElectionError
-from harvest_outbox.producer.layouts.choice import layout_for
+from harvest_outbox.producer.layouts.choice import layout_of
 from harvest_outbox.producer.schema import OutboxNames
 
 
@@ -87,7 +87,7 @@ def shard_status(config: HarvestConfig) -> list[ShardStatus]:
 
     names = OutboxNames.parse(config.outbox_table, config.table_mapping)
     with connect(config.data_source) as conn:
-        backlog = layout_for(config).backlog_by_shard(conn, names, config.shards)
+        backlog = layout_of(conn, names, config).backlog_by_shard(conn, names, config.shards)
         leaders = (
             postgres_leaders(conn, config.outbox_table, config.shards)
             if config.leader_election == "postgres"

@@ -18,8 +18,8 @@ import psycopg
 from psycopg import sql
 
 from harvest_outbox.producer.config import HarvestConfig, format_duration
-from harvest_outbox.producer.errors import SchemaError
-from harvest_outbox.producer.layouts.choice import layout_for
+from harvest_outbox.producer.errors import ConfigError, SchemaError
+from harvest_outbox.producer.layouts.choice import layout_of
 from harvest_outbox.producer.layouts.cursor.schema import range_partitions
 from harvest_outbox.producer.schema import (
     OUTBOX_AUTOVACUUM,
@@ -65,10 +65,10 @@ def check_outbox(conn: psycopg.Connection, config: HarvestConfig) -> list[Findin
         value_type = inspect_outbox(conn, names)
     except SchemaError as exc:
         return [Finding("FAIL", "table", str(exc))]
-    layout = layout_for(config)
     try:
+        layout = layout_of(conn, names, config)  # outboxLayout unset: the table's
         layout.require(conn, names)
-    except SchemaError as exc:
+    except (SchemaError, ConfigError) as exc:
         return [Finding("FAIL", "layout", str(exc))]
     return layout.check(_Findings(conn, names, config, value_type))
 

@@ -19,6 +19,7 @@ import psycopg
 from psycopg import sql
 
 from harvest_outbox.producer.config import HarvestConfig
+from harvest_outbox.producer.layouts.choice import layout_of
 from harvest_outbox.producer.ops._check import Finding, check_outbox
 from harvest_outbox.producer.schema import OutboxNames
 from harvest_outbox.producer.schema.grants import grant_to, needs
@@ -56,9 +57,10 @@ def check_outbox_and_role(conn: psycopg.Connection, config: HarvestConfig) -> li
 def check_privileges(conn: psycopg.Connection, config: HarvestConfig) -> list[Finding]:
     """The privileges findings of the connected role, as the relay of ``config`` (module doc)."""
     names = OutboxNames.parse(config.outbox_table, config.table_mapping)
+    layout = layout_of(conn, names, config).name  # outboxLayout unset: the table's
     relay = [
         n
-        for n in needs(names, layout=config.outbox_layout, sequenced=config.uuid_sequencing, shards=config.shards)
+        for n in needs(names, layout=layout, sequenced=config.uuid_sequencing, shards=config.shards)
         if n.component == "relay"
     ]
     row = conn.execute("SELECT current_user, rolsuper FROM pg_roles WHERE rolname = current_user").fetchone()
@@ -104,7 +106,7 @@ def check_privileges(conn: psycopg.Connection, config: HarvestConfig) -> list[Fi
             Finding(
                 "OK",
                 SUBJECT,
-                f"role {role} has what the relay needs ({config.outbox_layout} layout, "
+                f"role {role} has what the relay needs ({layout} layout, "
                 f"{'--uuid-sequencing' if config.uuid_sequencing else 'at least once'}, shards: {config.shards}), "
                 f"and is no superuser, owner or holder of {', '.join(_TOO_MUCH)} beyond it",
             )

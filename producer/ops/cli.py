@@ -143,8 +143,17 @@ def build_parser() -> argparse.ArgumentParser:
     init.add_argument(
         "--migrate",
         action="store_true",
-        help="with outboxLayout: cursor, migrate goharvest's table (every relay stopped): renamed to "
-        "<table>_goharvest and its rows copied, in order, into the new partitioned outbox, in one transaction",
+        help="move goharvest's (or Debezium's) mark-layout table to the cursor layout (outboxLayout: cursor or "
+        "unset): renamed to <table>_goharvest and its rows copied, in order, into the new partitioned outbox, in "
+        "one transaction; every relay stopped, or add --online",
+    )
+    init.add_argument(
+        "--online",
+        action="store_true",
+        help="with --migrate: while writers write and relays run (docs/migrating.md): the swap waits for the "
+        "outbox's lock at most 100 ms at a time and copies at most 10,000 unrelayed rows under it, retried "
+        "until the relays have drained the backlog below that; mark-layout relays stop at the swap "
+        "(started again on the cursor layout when their outboxLayout is unset)",
     )
     init.add_argument(
         "--print-grants",
@@ -276,6 +285,7 @@ def _load(args: argparse.Namespace, extra: dict[str, Any] | None = None, kafka: 
 
 
 def _run(args: argparse.Namespace, signals: StopSignals) -> int:
+    from harvest_outbox.producer.relay.layout_change import run_following_layout
     from harvest_outbox.producer.relay.sharded import relay_for
 
     flags = {
@@ -297,11 +307,7 @@ def _run(args: argparse.Namespace, signals: StopSignals) -> int:
     if signals.requested.is_set():
         log.info("stopped before the relay started")
         return EXIT_OK
-    relay = relay_for(cfg.harvest)
-    signals.attach(relay)
-    relay.start()  # returns early, with the relay stopped, when a stop signal arrives meanwhile
-    while not relay.wait(0.5):
-        pass
+    run_following_layout(cfg.harvest, relay_for, signals.attach, signals.requested)
     return EXIT_OK
 
 
@@ -350,9 +356,9 @@ def _run_fleet(args: argparse.Namespace, signals: StopSignals, flags: dict[str, 
 
 def _init_db(args: argparse.Namespace) -> int:
     from harvest_outbox.producer.db import connect
-    from harvest_outbox.producer.layouts.choice import layout_for
+    from harvest_outbox.producer.layouts.choice import init_layout
     from harvest_outbox.producer.relay.two_phase import TWO_PHASE_FIX, notify_breaks_two_phase, prepared_transactions
-    from harvest_outbox.producer.schema import unrelayed_rows
+    from harvest_outbox.producer.schema import OutboxNames, unrelayed_rows
     from harvest_outbox.producer.schema.ddl import init_db
 
     cfg = _load(args, kafka=False)
@@ -364,16 +370,20 @@ def _init_db(args: argparse.Namespace) -> int:
                 f"init-db: {flag} names a role of --print-grants' SQL; add --print-grants (it creates nothing)"
             )
     if args.migrate:
-        return _migrate(cfg)
-    layout = layout_for(cfg.harvest)
+        return _migrate(cfg, args.online)
+    if args.online:
+        raise ConfigError("init-db: --online is a way to --migrate; add --migrate (docs/migrating.md)")
     with connect(cfg.harvest.data_source) as conn:
+        layout, why_mark = init_layout(
+            conn, OutboxNames.parse(cfg.harvest.outbox_table, cfg.harvest.table_mapping), cfg.harvest
+        )
         names = init_db(
             conn,
             cfg.harvest.outbox_table,
             args.value_type,
             cfg.harvest.shards,
             cfg.harvest.table_mapping,
-            layout=cfg.harvest.outbox_layout,
+            layout=layout.name,
             wakeup=cfg.harvest.wakeup_mode,
         )
         risk = None if cfg.harvest.wakeup else notify_breaks_two_phase(prepared_transactions(conn), names.display)
@@ -384,6 +394,10 @@ def _init_db(args: argparse.Namespace) -> int:
         "no NOTIFY trigger (wakeup: poll)" if cfg.harvest.wakeup_mode == "poll" else f"NOTIFY channel {names.channel}"
     )
     print(layout.init_summary(names, args.value_type, wake, sharded))
+    if why_mark is not None:  # outboxLayout unset, a new outbox: the mark layout, not the default's cursor
+        print(
+            f"note: the new outbox is in the mark layout because {why_mark} (docs/design.md, Which layout a new outbox gets)"
+        )
     if risk is not None:
         # stderr: the line is a warning, and scripts that read init-db's output keep their stdout
         print(f"warning: {risk}; {TWO_PHASE_FIX}", file=sys.stderr)
@@ -402,6 +416,7 @@ _GRANT_FLAGS = ("--owner-role", "--relay-role", "--writer-role", "--admin-role",
 
 def _print_grants(args: argparse.Namespace, cfg: FileConfig) -> int:
     """``init-db --print-grants``: the SQL of producer/schema/grants.py for the config (its DSN is not read)."""
+    from harvest_outbox.producer.layouts.choice import new_outbox_layout
     from harvest_outbox.producer.schema import OutboxNames
     from harvest_outbox.producer.schema.grants import CHECKPOINT_TABLE, RoleNames, grants_script, needs
 
@@ -411,9 +426,11 @@ def _print_grants(args: argparse.Namespace, cfg: FileConfig) -> int:
     roles = RoleNames(**{c: name for c, name in given.items() if name is not None})
     h = cfg.harvest
     names = OutboxNames.parse(h.outbox_table, h.table_mapping)
+    # outboxLayout unset: the layout init-db gives a new outbox (this command reads no table)
+    layout = h.outbox_layout or new_outbox_layout(h)[0].name
     wanted = needs(
         names,
-        layout=h.outbox_layout,
+        layout=layout,
         sequenced=h.uuid_sequencing,
         shards=h.shards,
         checkpoint_table=args.checkpoint_table or CHECKPOINT_TABLE,
@@ -421,31 +438,39 @@ def _print_grants(args: argparse.Namespace, cfg: FileConfig) -> int:
     mode = "--uuid-sequencing" if h.uuid_sequencing else "at least once"
     print(
         grants_script(
-            wanted, roles, f"outbox {names.display}, outboxLayout: {h.outbox_layout}, {mode}, shards: {h.shards}"
+            wanted,
+            roles,
+            f"outbox {names.display}, outboxLayout: "
+            f"{h.outbox_layout or f'{layout} (unset: a new outbox; set it for an existing table)'}, {mode}, "
+            f"shards: {h.shards}",
         ),
         end="",
     )
     return EXIT_OK
 
 
-def _migrate(cfg: FileConfig) -> int:
+def _migrate(cfg: FileConfig, online: bool) -> int:
     from harvest_outbox.producer.db import connect
-    from harvest_outbox.producer.layouts.choice import layout_for
-    from harvest_outbox.producer.layouts.cursor.migrate import migrate_to_cursor
+    from harvest_outbox.producer.layouts.choice import migration_target
+    from harvest_outbox.producer.layouts.cursor.migrate import migrate_online, migrate_to_cursor
 
-    if not layout_for(cfg.harvest).migrates_into:
-        raise ConfigError("init-db --migrate: set outboxLayout: cursor in the config (the layout to migrate to)")
-    with connect(cfg.harvest.data_source) as conn:
-        done = migrate_to_cursor(
-            conn,
-            cfg.harvest.outbox_table,
-            shards=cfg.harvest.shards,
-            mapping=cfg.harvest.table_mapping,
-            wakeup=cfg.harvest.wakeup_mode,
-        )
+    migration_target(cfg.harvest)
+    h = cfg.harvest
+    with connect(h.data_source) as conn:
+        if online:
+            done = migrate_online(conn, h.outbox_table, shards=h.shards, mapping=h.table_mapping, wakeup=h.wakeup_mode)
+        else:
+            done = migrate_to_cursor(
+                conn, h.outbox_table, shards=h.shards, mapping=h.table_mapping, wakeup=h.wakeup_mode
+            )
     print(
-        f"outbox {cfg.harvest.outbox_table} migrated to the cursor layout: {done.copied} row(s) copied with ids from "
+        f"outbox {h.outbox_table} migrated to the cursor layout: {done.copied} row(s) copied with ids from "
         f"{done.first_id}; the old table is {done.old_table} (kept: drop it once satisfied)"
+        + (
+            f"; the swap held the outbox's lock {done.locked_s * 1000:.0f} ms (attempt {done.attempts})"
+            if online
+            else ""
+        )
     )
     return EXIT_OK
 

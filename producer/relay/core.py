@@ -46,6 +46,7 @@ from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, NamedTuple, Protocol
 
+import psycopg
 from confluent_kafka import KafkaError
 
 from harvest_outbox.producer.config import MARK_FLOOR, HarvestConfig
@@ -63,8 +64,8 @@ from harvest_outbox.producer.kafka import (
     size_refused_topics,
 )
 from harvest_outbox.producer.kafka.security_errors import principal_of
-from harvest_outbox.producer.layouts.choice import layout_for
-from harvest_outbox.producer.layouts.layout import RelayDatabase
+from harvest_outbox.producer.layouts.choice import layout_for, layout_of
+from harvest_outbox.producer.layouts.layout import OutboxLayout, RelayDatabase
 from harvest_outbox.producer.layouts.mark.marksize import MarkSize
 from harvest_outbox.producer.observe.metrics import Metrics
 from harvest_outbox.producer.ops.preflight import TopicGuard
@@ -76,7 +77,7 @@ from harvest_outbox.producer.relay.key_halt import KeyHalt
 from harvest_outbox.producer.relay.marked_row import ROW_ID, ROW_TOPIC
 from harvest_outbox.producer.relay.spans import relay_spans
 from harvest_outbox.producer.schema import OutboxNames
-from harvest_outbox.redact import redact_kafka_config
+from harvest_outbox.redact import redact_dsn, redact_error, redact_kafka_config
 
 log = logging.getLogger(__name__)
 
@@ -150,8 +151,9 @@ class RelayCore:
         self.listener_factory = listener_factory
         self.limits = config.limits
         self.names = OutboxNames.parse(config.outbox_table, config.table_mapping)
-        #: ``outboxLayout``: the layout the databases are opened on (producer/layouts/, chosen once).
-        self.layout = layout_for(config)
+        #: ``outboxLayout``: the layout the databases are opened on (producer/layouts/, chosen once); unset, the
+        #: table's, looked up by every :meth:`open` (a cold standby elected after a migration opens the new one).
+        self.layout: OutboxLayout | None = layout_for(config) if config.outbox_layout is not None else None
         #: ``eventIdHeader``: (header name, value prefix); a record's value is the prefix + its row id.
         self.event_id: tuple[str, bytes] | None = (
             (config.event_id_header, f"{self.names.display}/".encode()) if config.event_id_header else None
@@ -221,7 +223,10 @@ class RelayCore:
     def open(self) -> None:
         """Connect (fail fast: connection, layout and schema checks) and start the two DB workers."""
         shard_count = self.shards.count if self.shards is not None else None
-        self.db, self.mark_db = self.layout.open_databases(
+        layout = self.layout
+        if layout is None or self.config.outbox_layout is None:
+            layout = self.layout = self._table_layout()
+        self.db, self.mark_db = layout.open_databases(
             self.config.data_source,
             self.names,
             shard_count,
@@ -231,6 +236,20 @@ class RelayCore:
         self.exec = ThreadPoolExecutor(1, thread_name_prefix=f"harvest-db-{self.config.name}")
         self.mark_exec = ThreadPoolExecutor(1, thread_name_prefix=f"harvest-mark-{self.config.name}")
         self.listener = self._listener()
+
+    def _table_layout(self) -> OutboxLayout:
+        """``outboxLayout`` unset: the layout of the outbox table (the cursor layout's for none yet: the
+        relay's own check then names ``harvest init-db``)."""
+        from harvest_outbox.producer.db import connect
+
+        try:
+            with connect(self.config.data_source) as conn:
+                return layout_of(conn, self.names, self.config)
+        except psycopg.Error as exc:
+            raise DatabaseError(
+                f"cannot read the layout of outbox {self.names.display!r} ({redact_dsn(self.config.data_source)}): "
+                f"{redact_error(str(exc), self.config.data_source).strip()}"
+            ) from exc
 
     def _listener(self) -> NotifyListener | None:
         """The LISTEN connection for a stasher's NOTIFY; none with ``wakeup: poll`` (the outbox has no

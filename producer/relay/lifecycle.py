@@ -24,7 +24,7 @@ from abc import ABC, abstractmethod
 from typing import Any, TypeVar
 
 from harvest_outbox.producer.config import HarvestConfig
-from harvest_outbox.producer.errors import HarvestError
+from harvest_outbox.producer.errors import HarvestError, LayoutChanged
 
 __all__ = ["RelayLifecycle", "State"]
 
@@ -141,6 +141,9 @@ class RelayLifecycle(ABC):
     def _run(self) -> None:
         try:
             self._loop()
+        except LayoutChanged as exc:  # an online migration (producer/relay/layout_change.py): expected, no trace
+            self._log.warning("relay %s stops: %s", self.config.name, exc)
+            self._error = self._fatal(exc)
         except BaseException as exc:  # fatal: remember it for wait(), then shut down
             self._log.exception("relay %s failed", self.config.name)
             self._error = self._fatal(exc)

@@ -56,6 +56,17 @@ def outbox_ddl(
 def _companion_ddl(names: OutboxNames, vtype: sql.Composable, wakeup: str = "notify") -> list[Statement]:
     """The dead-letter table, the fence and ACK-intent tables, the attempt counts and the NOTIFY
     trigger (``wakeup`` ``notify``; ``poll`` drops it), for any table mapping."""
+    return _companion_tables_ddl(names, vtype) + notify_ddl(names, wakeup)
+
+
+def companion_tables_ddl(names: OutboxNames, value_type: ValueType = "varchar") -> list[Statement]:
+    """The companions alone (:func:`_companion_ddl` without the trigger), idempotent: ``init-db --migrate`` runs
+    them before it locks the outbox (their ``ALTER TABLE … IF NOT EXISTS`` locks a table the running relay
+    writes, which under the outbox's lock could deadlock with a relay transaction waiting for the outbox)."""
+    return _companion_tables_ddl(names, sql.SQL("BYTEA" if value_type == "bytea" else "VARCHAR"))
+
+
+def _companion_tables_ddl(names: OutboxNames, vtype: sql.Composable) -> list[Statement]:
     stmts: list[Statement] = []
     # Dead letters keep the original id (unique) and nullable columns: a row that was bad because a
     # column was NULL must still fit here.
@@ -164,6 +175,12 @@ def _companion_ddl(names: OutboxNames, vtype: sql.Composable, wakeup: str = "not
     stmts.append(
         sql.SQL("INSERT INTO {layout} (singleton) VALUES (true) ON CONFLICT DO NOTHING").format(layout=names.layout)
     )
+    return stmts
+
+
+def notify_ddl(names: OutboxNames, wakeup: str = "notify") -> list[Statement]:
+    """The outbox's NOTIFY trigger (``wakeup`` ``notify``; ``poll`` drops it)."""
+    stmts: list[Statement] = []
     if wakeup not in ("notify", "poll"):
         raise ConfigError(f"wakeup: {wakeup!r} is not a wake-up; use notify or poll")
     if wakeup == "poll":
@@ -197,6 +214,11 @@ def _companion_ddl(names: OutboxNames, vtype: sql.Composable, wakeup: str = "not
 
 def shard_ddl(names: OutboxNames, count: int) -> list[Statement]:
     """What ``shards: count`` needs: the per-shard mark index and the shards' fence rows."""
+    return shard_index_ddl(names, count) + shard_rows_ddl(names, count)
+
+
+def shard_index_ddl(names: OutboxNames, count: int) -> list[Statement]:
+    """``shards: count``'s per-shard index on the outbox."""
     from harvest_outbox.producer.relay.shards import check_shard_count, shard_expression
 
     check_shard_count(count)
@@ -209,6 +231,17 @@ def shard_ddl(names: OutboxNames, count: int) -> list[Statement]:
         ),
         # An older harvest's index (on the old expression) is no relay's any more: one MD5 per insert for nothing.
         sql.SQL("DROP INDEX IF EXISTS {}").format(names._ident(names.old_shard_index_name(count))),
+    ]
+
+
+def shard_rows_ddl(names: OutboxNames, count: int) -> list[Statement]:
+    """``shards: count``'s fence rows (their table, idempotent)."""
+    from harvest_outbox.producer.relay.shards import check_shard_count
+
+    check_shard_count(count)
+    if count == 1:
+        return []
+    return [
         sql.SQL("""
             CREATE TABLE IF NOT EXISTS {st} (
               shard_count INTEGER NOT NULL,
@@ -241,7 +274,9 @@ def init_db(
     ``shards`` > 1 also creates what sharded relays need (:func:`shard_ddl`). Refuses a SQL_ASCII
     database (:func:`require_utf8_readable`). With a Debezium ``mapping`` an existing table is kept
     and only gains the relay's columns (its payload column's type then decides ``value_type``).
-    ``layout`` (``outboxLayout``, :func:`~producer.layouts.choice.layout_for`): ``cursor``, the partitioned
+    ``layout`` (``outboxLayout``, :func:`~producer.layouts.choice.layout_for`; ``mark`` by default here, as code
+    calling it always had it: ``harvest init-db`` with ``outboxLayout`` unset chooses with
+    :func:`~producer.layouts.choice.init_layout`, the cursor layout for a new outbox): ``cursor``, the partitioned
     outbox of :mod:`producer.layouts.cursor.schema`, with :data:`~producer.layouts.cursor.schema.PARTITIONS_AHEAD`
     partitions of ``partition_ids`` ids when it has none; an existing table of the other layout is refused,
     never changed. ``wakeup`` ``poll`` leaves the

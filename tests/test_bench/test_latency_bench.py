@@ -122,9 +122,10 @@ def test_the_yaml_is_a_new_users(tmp_path: object) -> None:
     assert isinstance(tmp_path, Path)
     text = minimal_yaml(tmp_path / "h.yaml", "dbname=x", "k:9092", "s.outbox", "g", True, "cursor", 2).read_text()
     assert "limits" not in text and "producerKafkaConfig" not in text  # nothing tuned
-    assert "outboxLayout: cursor" in text and "shards: 2" in text and "uuidSequencing: true" in text
+    # the cursor layout is what init-db gives a new outbox with outboxLayout unset: a new user writes nothing
+    assert "outboxLayout" not in text and "shards: 2" in text and "uuidSequencing: true" in text
     plain = minimal_yaml(tmp_path / "p.yaml", "dbname=x", "k:9092", "s.outbox", "g", False, "mark", 1).read_text()
-    assert "outboxLayout" not in plain and "shards" not in plain
+    assert "outboxLayout: mark" in plain and "shards" not in plain
 
 
 def test_the_table_rows_name_each_run_and_its_ratio() -> None:

@@ -125,7 +125,9 @@ def assert_per_key_order(got: list[Got], expected: dict[str, list[bytes | None]]
     by_key: dict[str, list[bytes | None]] = {}
     for g in sorted(got, key=lambda g: (g.partition, g.offset)):
         by_key.setdefault(g.key, []).append(g.value)
-    assert set(by_key) == set(expected), f"keys differ: missing {set(expected) - set(by_key)}"
+    assert set(by_key) == set(expected), (
+        f"keys differ: missing {set(expected) - set(by_key)}, unexpected {sorted(set(by_key) - set(expected))[:5]}"
+    )
     for key, want in expected.items():
         seen = by_key[key]
         if not allow_dups:

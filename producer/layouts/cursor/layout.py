@@ -96,7 +96,7 @@ class CursorLayout:
         return (
             f"outbox {names.display} ready in the cursor layout ({names.mapping.kind} table partitioned by "
             f"{names.mapping.id_column}, value type {value_type}; "
-            f"cursor, dead letters, {wake})"
+            f"cursor, dead letters, {wake}{sharded})"
         )
 
     def storage_note(self, conn: psycopg.Connection, names: OutboxNames) -> str | None:

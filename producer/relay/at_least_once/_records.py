@@ -72,7 +72,6 @@ class AtLeastOnceRecords(ABC):
         # (the cursor layout: producer/layouts/cursor/held.py, so the cursor passes them); the mark layout
         # leaves them marked
         self._hold_buf: list[int] = []
-        self._hold_dropped = core.layout.holds_dropped_rows
         self._draining = False
         self._next_flush = 0.0
         # The per-record path: compiled when built (the same decisions: the cold branches call this
@@ -119,7 +118,8 @@ class AtLeastOnceRecords(ABC):
         remark); False if it was dead-lettered on the spot (the key is still free)."""
         rid, topic, key, value, hkeys, hvals, bad, _attempts, _error, partition, _created = row
         if self._halted and (topic, key) in self._halted:
-            if self._hold_dropped:
+            layout = self.core.layout  # the one open() chose (outboxLayout unset: the table's)
+            if layout is not None and layout.holds_dropped_rows:
                 self._hold_buf.append(rid)
             return False  # haltKey: waits (marked by this view until it ends, then in the outbox)
         if bad is not None or topic is None or key is None:  # (a NULL topic or key: the statement's bad)

@@ -103,12 +103,12 @@ def test_cli_init_db_and_dead_letters(
 
     r = run("init-db", "--outbox-table", table, "--value-type", "bytea")
     assert r.returncode == 0, r.stderr
-    assert "ready (value type bytea" in r.stdout
+    assert "ready in the cursor layout" in r.stdout and "value type bytea" in r.stdout  # a new outbox's default
     password = next(p.split("=", 1)[1] for p in pg_dsn.split() if p.startswith("password="))
     r = run("dead-letters", "list", "--outbox-table", table)
     assert r.returncode == 0 and "0 dead letter(s)" in r.stdout
     with psycopg.connect(pg_dsn) as conn:
-        names = init_db(conn, table, "bytea")
+        names = init_db(conn, table, "bytea", layout="cursor")  # idempotent
         conn.execute(
             f"INSERT INTO {names.dead_letters.as_string(conn)} (id, kafka_topic, kafka_key, kafka_value, "
             "kafka_header_keys, kafka_header_values, error, attempts) VALUES "

@@ -341,7 +341,7 @@ def test_the_log_says_which_data_source_won_and_when_kafka_is_goharvests_default
 @pytest.mark.integration
 def test_init_db_names_a_packed_outbox_it_did_not_create(tmp_path: Path, pg_dsn: str, pg_schema: str) -> None:
     path = tmp_path / "h.yaml"
-    path.write_text(f"harvest:\n  outboxTable: {pg_schema}.outbox\n")
+    path.write_text(f"harvest:\n  outboxTable: {pg_schema}.outbox\n  outboxLayout: mark\n")  # its fillfactor
     env = {"HARVEST_DATA_SOURCE": pg_dsn}
     first = harvest("init-db", "-f", str(path), env=env)
     assert first.returncode == 0 and "ready" in first.stdout and "fillfactor" not in first.stdout, first

@@ -198,7 +198,7 @@ def test_check_finds_nothing_to_fix_after_init_db(
     path = tmp_path / "h.yaml"
     path.write_text(
         f"harvest:\n  outboxTable: {pg_schema}.outbox\n  tableMapping: {kind}\n  shards: {shards}\n"
-        f"  deadLetterRetention: 168h\n"
+        f"  deadLetterRetention: 168h\n  outboxLayout: mark\n"  # the mark layout's queue-table hygiene
     )
     env = {"HARVEST_DATA_SOURCE": pg_dsn}
     assert harvest("init-db", "-f", str(path), env=env).returncode == 0

@@ -67,7 +67,7 @@ def test_halt_key_is_accepted_on_the_cursor_layout() -> None:
 
 def test_the_layout_is_read_from_yaml() -> None:
     assert HarvestConfig.from_mapping({"outboxLayout": "cursor"}).outbox_layout == "cursor"
-    assert HarvestConfig.from_mapping({}).outbox_layout == "mark"
+    assert HarvestConfig.from_mapping({}).outbox_layout is None  # unset: the table's (test_online_migration.py)
     with pytest.raises(ConfigError, match=r"harvest\.outboxLayout: 'Cursor' is not a layout"):
         HarvestConfig.from_mapping({"outboxLayout": "Cursor"})
 
@@ -352,7 +352,9 @@ def test_harvest_check_reads_the_cursor_layout(pg_dsn: str, pg_schema: str) -> N
         assert "cursor layout, 2 id-range partition(s), ids [0, 200)" in found["table"].message
         assert found["backlog"].message.startswith("3 row(s) the committed cursor has not passed")
         assert all(f.level == "OK" for f in found.values()), found
-        wrong = check_outbox(conn, HarvestConfig(data_source=pg_dsn, outbox_table=table))
+        unset = check_outbox(conn, HarvestConfig(data_source=pg_dsn, outbox_table=table))  # follows the table
+        assert [(f.level, f.subject) for f in unset] == [(f.level, f.subject) for f in found.values()]
+        wrong = check_outbox(conn, HarvestConfig(data_source=pg_dsn, outbox_table=table, outbox_layout="mark"))
         assert [(f.level, f.subject) for f in wrong] == [("FAIL", "layout")] and "set outboxLayout: cursor" in wrong[
             0
         ].message
@@ -508,7 +510,7 @@ def test_the_cli_migrates_only_to_a_configured_cursor_layout(
     init_db(pg_dsn, table)
     base = f'harvest:\n  dataSource: "{pg_dsn}"\n  outboxTable: {table}\n'
     mark, cursor = Path(str(tmp_path)) / "mark.yaml", Path(str(tmp_path)) / "cursor.yaml"
-    mark.write_text(base)
+    mark.write_text(base + "  outboxLayout: mark\n")
     cursor.write_text(base + "  outboxLayout: cursor\n")
     assert main(["init-db", "--migrate", "-f", str(mark)]) == 2
     assert "set outboxLayout: cursor" in capsys.readouterr().err
