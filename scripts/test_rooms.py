@@ -50,6 +50,7 @@ ROOMS: dict[str, tuple[str, ...]] = {
         "test_watermark_model",
         "test_watermark_pg",
         "test_watermark_sequenced",
+        "test_online_migration",
     ),
     "mapping": ("test_table_mapping", "test_java_regex", "test_debezium_cursor", "test_mapping_protocol"),
     "relay": (

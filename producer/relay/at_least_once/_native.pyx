@@ -55,7 +55,8 @@ def send(rec, tuple row):
     rid, topic, key, value, hkeys, hvals, bad, _attempts, _error, partition, _created = row
     halted = rec._halted
     if halted and (topic, key) in halted:
-        if rec._hold_dropped:
+        layout = rec.core.layout  # the one open() chose (outboxLayout unset: the table's)
+        if layout is not None and layout.holds_dropped_rows:
             rec._hold_buf.append(rid)
         return False
     if bad is not None or topic is None or key is None:
