@@ -45,3 +45,25 @@ def leader_relay(producer_of: Callable[[Any], Any] = FakeProducer, **limits: Any
     h.core.leader_id = uuid.uuid4()
     h.mode.ensure_producer()
     return h, box["p"]
+
+
+def row_of_kind(rid: int, kind: str, keys: int = 3) -> tuple[Any, ...]:
+    """A marked row (producer.relay.marked_row's fields) of one kind the relay's send paths tell apart, for the
+    tests that hold a compiled path to its reference: ``plain`` (on ``keys`` keys), ``headers``, ``halted`` (topic
+    ``u``, key ``halted``), ``bad``, ``null-key``, ``far`` (partition 99), or a topic of that name (``held``,
+    ``missing``, ``small``, ``refused``: the test gives them their verdicts)."""
+    key: bytes | None = b"k%d" % (rid % keys)
+    topic, hkeys, hvals, bad, partition = "t", None, None, None, None
+    if kind == "headers":
+        hkeys, hvals = ("a", "b"), (b"1", None)
+    elif kind == "halted":
+        topic, key = "u", b"halted"
+    elif kind == "bad":
+        bad = "kafka_header_keys and kafka_header_values differ in length"
+    elif kind == "null-key":
+        key = None
+    elif kind in ("held", "missing", "small", "refused"):
+        topic = kind
+    elif kind == "far":
+        partition = 99
+    return (rid, topic, key, b"value %d" % rid, hkeys, hvals, bad, None, None, partition, 0.0)

@@ -23,7 +23,7 @@ from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException
 from fake_admin import FakeAdmin
-from fake_relay import FakeMsg
+from fake_relay import FakeMsg, row_of_kind
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from native_impl import native_module
@@ -78,21 +78,7 @@ class ScriptedProducer:
 
 
 def _row(rid: int, kind: str) -> tuple[Any, ...]:
-    key: bytes | None = b"k%d" % (rid % 4)
-    topic, hkeys, hvals, bad, partition = "t", None, None, None, None
-    if kind == "headers":
-        hkeys, hvals = ("a", "b"), (b"1", None)
-    elif kind == "halted":
-        topic, key = "u", b"halted"
-    elif kind == "bad":
-        bad = "kafka_header_keys and kafka_header_values differ in length"
-    elif kind == "null-key":
-        key = None
-    elif kind in ("held", "missing", "small", "refused"):
-        topic = kind
-    elif kind == "far":
-        partition = 99
-    return (rid, topic, key, b"value %d" % rid, hkeys, hvals, bad, None, None, partition, 0.0)
+    return row_of_kind(rid, kind, keys=4)
 
 
 def _side(script: list[str], policy: str, missing: str, compiled: bool) -> tuple[AtLeastOnceMode, ScriptedProducer]:

@@ -27,6 +27,7 @@ from typing import Any
 import pytest
 from confluent_kafka import KafkaError, KafkaException
 from fake_admin import FakeAdmin
+from fake_relay import row_of_kind
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from native_impl import native_module
@@ -88,27 +89,7 @@ class ScriptedProducer:
 
 
 def _row(rid: int, kind: str) -> tuple[Any, ...]:
-    key = b"k%d" % (rid % 3)
-    topic, hkeys, hvals, bad, partition = "t", None, None, None, None
-    if kind == "headers":
-        hkeys, hvals = ("a", "b"), (b"1", None)
-    elif kind == "halted":
-        topic, key = "u", b"halted"
-    elif kind == "bad":
-        bad = "kafka_header_keys and kafka_header_values differ in length"
-    elif kind == "null-key":
-        key = None  # type: ignore[assignment]
-    elif kind == "held":
-        topic = "held"
-    elif kind == "missing":
-        topic = "missing"
-    elif kind == "small":
-        topic = "small"
-    elif kind == "far":
-        partition = 99
-    elif kind == "refused":
-        topic = "refused"
-    return (rid, topic, key, b"value %d" % rid, hkeys, hvals, bad, None, None, partition, 0.0)
+    return row_of_kind(rid, kind, keys=3)
 
 
 def _side(script: list[str], policy: str, missing: str, parked: set[int]) -> tuple[RowProducer, Txn, ScriptedProducer]:
