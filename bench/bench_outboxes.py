@@ -247,7 +247,15 @@ class Relay:
     """One ``harvest -f <yaml>`` process: a fleet of ``tables`` or, with ``fleet=False``, one relay."""
 
     def __init__(
-        self, workdir: Path, name: str, dsn: str, bootstrap: str, tables: Sequence[str], fleet: bool, sequenced: bool
+        self,
+        workdir: Path,
+        name: str,
+        dsn: str,
+        bootstrap: str,
+        tables: Sequence[str],
+        fleet: bool,
+        sequenced: bool,
+        statement_connections: int | None = None,
     ) -> None:
         from psycopg.conninfo import make_conninfo
 
@@ -268,6 +276,11 @@ class Relay:
             lines += [
                 "outboxes:",
                 *(f"  - {{id: {i}, outboxTable: {t}}}" for i, t in zip(self.ids, tables, strict=True)),
+                *(
+                    [f"fleet: {{statementConnections: {statement_connections}}}"]
+                    if statement_connections is not None
+                    else []
+                ),
             ]
         else:
             lines.append(f"  outboxTable: {tables[0]}")
@@ -359,11 +372,14 @@ class Db:
         return int(row[0])
 
     def connections(self, relay: Relay) -> int:
-        """The relay process's connections: its ``application_name``, or ``harvest-<role>:<its relay names>``."""
+        """The relay process's statement connections: its ``application_name``, ``harvest-<role>:<its relay
+        names>``, or a fleet's pool (``harvest-statements:<name>``); not its shared election, layout and LISTEN
+        sessions (``backends_added`` has them)."""
         named = f"harvest-%:{relay.name}/%" if relay.fleet else f"harvest-%:{relay.name}"
         row = self.conn.execute(
-            "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s OR application_name LIKE %s",
-            (relay.app, named),
+            "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s OR application_name LIKE %s "
+            "OR application_name = %s",
+            (relay.app, named, f"harvest-statements:{relay.name}"),
         ).fetchone()
         assert row is not None
         return int(row[0])
@@ -464,6 +480,7 @@ def idle_sizes(db: Db, workdir: Path, dsn: str, bootstrap: str, args: argparse.N
             [f"{SCHEMA.format(i)}.outbox" for i in range(size)],
             True,
             args.sequenced,
+            args.statement_connections,
         )
         _log(f"idle fleet of {size}: starting")
         relay.start()
@@ -524,8 +541,8 @@ def standby_cost(db: Db, workdir: Path, dsn: str, bootstrap: str, args: argparse
     """A second fleet process on the same 10 outboxes, a standby of each (the first leads them): its idle
     figures, once its log shows every outbox's election started."""
     tables = [f"{SCHEMA.format(i)}.outbox" for i in range(FLEET)]
-    leader = Relay(workdir, "lead", dsn, bootstrap, tables, True, args.sequenced)
-    standby = Relay(workdir, "standby", dsn, bootstrap, tables, True, args.sequenced)
+    leader = Relay(workdir, "lead", dsn, bootstrap, tables, True, args.sequenced, args.statement_connections)
+    standby = Relay(workdir, "standby", dsn, bootstrap, tables, True, args.sequenced, args.statement_connections)
     _log(f"standby fleet of {FLEET}: starting")
     leader.start()
     try:
@@ -773,6 +790,11 @@ def main(argv: list[str] | None = None) -> int:
         "--warm-records", type=int, help=f"records produced untimed first (default {FULL['warm_records']:,})"
     )
     ap.add_argument("--sequenced", action="store_true", help="uuidSequencing: true (default: at-least-once)")
+    ap.add_argument(
+        "--statement-connections",
+        type=int,
+        help="the fleets' fleet.statementConnections (default: the fleet's own default; 0: no pool)",
+    )
     ap.add_argument("--parts", default=",".join(PARTS), help=f"which parts to run: {', '.join(PARTS)}")
     ap.add_argument("--quick", action="store_true", help=f"a smoke run: {QUICK} unless given")
     ap.add_argument("--workdir", help="where the relays' configs and logs go (default: a temporary folder, removed)")
@@ -849,7 +871,16 @@ def drain_and_fairness(
 
     out: dict[str, Any] = {}
     fleet_schemas = [SCHEMA.format(i) for i in range(FLEET)]
-    fleet = Relay(workdir, "drain", dsn, bootstrap, [f"{s}.outbox" for s in fleet_schemas], True, args.sequenced)
+    fleet = Relay(
+        workdir,
+        "drain",
+        dsn,
+        bootstrap,
+        [f"{s}.outbox" for s in fleet_schemas],
+        True,
+        args.sequenced,
+        args.statement_connections,
+    )
     single = Relay(workdir, "single", dsn, bootstrap, [f"{SINGLE_SCHEMA}.outbox"], False, args.sequenced)
     processes = (
         [

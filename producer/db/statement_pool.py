@@ -263,7 +263,8 @@ def _close(held: SessionConnection) -> None:
 
 
 class StatementPools:
-    """A process's statement pools, one per ``dataSource`` (what a fleet gives its unsharded relays)."""
+    """A process's statement pools, one per ``dataSource`` (what a fleet gives its unsharded relays); ``size``
+    0: none (each relay keeps connections of its own)."""
 
     def __init__(self, name: str, size: int) -> None:
         self._name = name
@@ -271,17 +272,20 @@ class StatementPools:
         self._mu = threading.Lock()
         self._pools: dict[str, StatementPool] = {}
 
-    def for_dsn(self, dsn: str) -> StatementPool:
+    def for_dsn(self, dsn: str) -> StatementPool | None:
         with self._mu:
+            if self._size == 0:
+                return None
             pool = self._pools.get(dsn)
             if pool is None:
                 pool = self._pools[dsn] = StatementPool(dsn, self._name, self._size)
             return pool
 
     def resize(self, size: int) -> None:
+        """A new size for every pool; 0 for the relays started from now on (those leasing from a pool keep it)."""
         with self._mu:
             self._size = size
-            pools = list(self._pools.values())
+            pools = list(self._pools.values()) if size > 0 else []
         for pool in pools:
             pool.resize(size)
 

@@ -61,7 +61,7 @@ DISCOVER_KEYS = ("dataSource", "schemas", "table", "databases", "harvest")
 OPTION_KEYS = ("discoveryInterval", "restartBackoff", "restartBackoffMax", "statementConnections")
 #: ``fleet.statementConnections``' default and bounds (connections per database and process: docs/fleet.md).
 DEFAULT_STATEMENT_CONNECTIONS = 10
-STATEMENT_CONNECTIONS_RANGE = (1, 1000)
+STATEMENT_CONNECTIONS_RANGE = (0, 1000)
 #: Keys the fleet owns: its endpoint.
 ENDPOINT_KEYS = ("prometheusPort", "prometheusBindAddress", "prometheusBasicAuth")
 _ID = re.compile(r"[^\s%]{1,200}")
@@ -80,7 +80,7 @@ class FleetOptions:
     #: ... up to this. An outbox's failure never stops the others.
     restart_backoff_max: float = 60.0
     #: The statement connections the led outboxes of one database share in this process (a pool per
-    #: database: producer/db/statement_pool.py). Default 10.
+    #: database: producer/db/statement_pool.py). Default 10; 0: no pool (two per led outbox, each its own).
     statement_connections: int = DEFAULT_STATEMENT_CONNECTIONS
 
 
@@ -421,7 +421,7 @@ def _statement_connections(value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
         raise ConfigError(
             f"fleet.statementConnections: {shown(value)} must be a whole number of connections from {low} to {high} "
-            f"(per database and process; each led outbox's statements borrow one at a time), e.g. "
+            f"(per database and process, shared by the outboxes it leads; 0: two of its own per led outbox), e.g. "
             f"{DEFAULT_STATEMENT_CONNECTIONS}"
         )
     return value

@@ -12,7 +12,7 @@ from collections.abc import Callable
 import psycopg
 import pytest
 
-from harvest_outbox.producer.db import OutboxSession, StatementPool
+from harvest_outbox.producer.db import OutboxSession, StatementPool, StatementPools
 from harvest_outbox.producer.errors import ConfigError, DatabaseError
 from harvest_outbox.producer.fleet.spec import fleet_from_document
 from harvest_outbox.producer.layouts.cursor.database import CursorDatabase
@@ -42,18 +42,20 @@ def _fleet_options(fleet: object) -> object:
     return fleet_from_document(doc, {}, None, {}, {}).options
 
 
-@pytest.mark.parametrize("value", [0, -1, 1001, "ten", 2.5, True, None], ids=repr)
+@pytest.mark.parametrize("value", [-1, 1001, "ten", 2.5, True, None], ids=repr)
 def test_a_bad_statement_connections_value_names_the_key_the_value_and_the_fix(value: object) -> None:
     with pytest.raises(ConfigError) as err:
         _fleet_options({"statementConnections": value})
     msg = str(err.value)
     assert msg.startswith("fleet.statementConnections: ") and repr(value) in msg, msg
-    assert "from 1 to 1000" in msg and "e.g. 10" in msg, msg
+    assert "from 0 to 1000" in msg and "e.g. 10" in msg, msg
 
 
-def test_statement_connections_defaults_to_ten_and_a_misspelt_key_fails() -> None:
+def test_statement_connections_defaults_to_ten_0_is_no_pool_and_a_misspelt_key_fails() -> None:
     assert _fleet_options(None).statement_connections == 10  # type: ignore[attr-defined]
     assert _fleet_options({"statementConnections": 3}).statement_connections == 3  # type: ignore[attr-defined]
+    assert _fleet_options({"statementConnections": 0}).statement_connections == 0  # type: ignore[attr-defined]
+    assert StatementPools("r", 0).for_dsn("postgres://relay@db1/app") is None
     with pytest.raises(
         ConfigError, match=r"fleet\.'statementConnection': unknown key; valid keys are: .*statementConnections"
     ):

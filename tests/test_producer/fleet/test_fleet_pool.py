@@ -153,7 +153,9 @@ def test_a_fleet_relays_every_row_on_a_bounded_pool_whose_killed_connections_are
         took["drain"] = wait_for(drained, 60, "every outbox drained")
         after = backends().get(pooled, [])
         assert after and not set(after) & set(killed), (killed, after)  # replaced
-        stats = fleet.statement_pools.for_dsn(doc["harvest"]["dataSource"]).stats()
+        pool = fleet.statement_pools.for_dsn(doc["harvest"]["dataSource"])
+        assert pool is not None
+        stats = pool.stats()
         assert stats.opened > len(killed) and stats.open <= POOL, stats
     finally:
         stop_writing.set()
