@@ -791,6 +791,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--sequenced", action="store_true", help="uuidSequencing: true (default: at-least-once)")
     ap.add_argument(
+        "--cpu-outboxes", type=int, default=FLEET, help=f"outboxes of part 2's and 3's fleet (default {FLEET})"
+    )
+    ap.add_argument(
         "--statement-connections",
         type=int,
         help="the fleets' fleet.statementConnections (default: the fleet's own default; 0: no pool)",
@@ -816,7 +819,7 @@ def main(argv: list[str] | None = None) -> int:
     workdir = Path(args.workdir or tmp.name)  # type: ignore[union-attr]
     workdir.mkdir(parents=True, exist_ok=True)
     db = Db(dsn)
-    max_size = max([int(s) for s in args.sizes.split(",") if s] + [FLEET])
+    max_size = max([int(s) for s in args.sizes.split(",") if s] + [FLEET, args.cpu_outboxes])
     schemas = [SCHEMA.format(i) for i in range(max_size)]
     try:
         _log(f"broker warm-up: {args.warm_records} records (untimed)")
@@ -870,7 +873,8 @@ def drain_and_fairness(
     from harvest_outbox.harvest_local.kafka import create_topic
 
     out: dict[str, Any] = {}
-    fleet_schemas = [SCHEMA.format(i) for i in range(FLEET)]
+    n = args.cpu_outboxes  # part 2's (and 3's) fleet
+    fleet_schemas = [SCHEMA.format(i) for i in range(n)]
     fleet = Relay(
         workdir,
         "drain",
@@ -931,14 +935,14 @@ def drain_and_fairness(
                 "cpu_per_row",
                 [r["cpu_us_per_row"] for r in runs["fleet"]],
                 [r["cpu_us_per_row"] for r in runs["single"]],
-                f"relay process CPU per row, {args.rows:,} rows over {FLEET} outboxes of a fleet / in one outbox "
+                f"relay process CPU per row, {args.rows:,} rows over {n} outboxes of a fleet / in one outbox "
                 "of a one-outbox process",
             )
             recorder.figure(
                 "cpu_per_row_one_busy",
                 [r["cpu_us_per_row"] for r in runs["fleet_one_busy"]],
                 [r["cpu_us_per_row"] for r in runs["single"]],
-                f"relay process CPU per row, {args.rows:,} rows in one outbox of the {FLEET}-outbox fleet (the "
+                f"relay process CPU per row, {args.rows:,} rows in one outbox of the {n}-outbox fleet (the "
                 "others idle) / in one outbox of a one-outbox process",
             )
             recorder.figure(
@@ -952,7 +956,7 @@ def drain_and_fairness(
                 "cpu_per_row_fleet_vs_processes",
                 [r["cpu_us_per_row"] for r in runs["fleet"]],
                 [r["cpu_us_per_row"] for r in runs["processes"]],
-                f"CPU per row over {FLEET} outboxes: one fleet process / {FLEET} one-outbox processes (summed)",
+                f"CPU per row: one fleet process over {n} outboxes / {FLEET} one-outbox processes (summed)",
             )
             recorder.figure(
                 "rows_per_s",
@@ -961,7 +965,7 @@ def drain_and_fairness(
                 "drain rate, fleet of 10 / one-outbox process",
             )
             sizes = (idle or {}).get("sizes", {})
-            fleet_idle = (sizes.get(str(FLEET)) or {}).get("idle_cpu_share")
+            fleet_idle = (sizes.get(str(n)) or {}).get("idle_cpu_share")
             idle_share = {
                 "fleet": fleet_idle,
                 "fleet_one_busy": fleet_idle,
