@@ -87,6 +87,10 @@ class StatementPool:
     def size(self) -> int:
         return self._size
 
+    @property
+    def dsn(self) -> str:
+        return self._dsn
+
     def stats(self) -> PoolStats:
         with self._cond:
             return PoolStats(
@@ -294,3 +298,15 @@ class StatementPools:
             pools = list(self._pools.values())
         for pool in pools:
             pool.close()
+            st = pool.stats()
+            log.info(
+                "statement pool of %s closed: %d lease(s), %d waited (%d in vain), %d connection(s) opened, "
+                "%d dropped, synchronous_commit switched %d time(s)",
+                redact_dsn(pool.dsn),
+                st.leases,
+                st.waited,
+                st.timeouts,
+                st.opened,
+                st.discarded,
+                st.switched,
+            )
