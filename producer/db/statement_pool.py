@@ -18,8 +18,10 @@ Invariants (``tests/test_producer/db/test_statement_pool.py``; on Postgres,
   is closed and never lent again, and the next borrower gets a new one;
 - a lease runs with the ``synchronous_commit`` its borrower asked for (off for the mark worker's,
   the server's default for the write worker's), set on the connection only when it differs;
-- a borrower waits at most ``wait`` seconds, then gets a :class:`~producer.errors.DatabaseError` naming
-  ``fleet.statementConnections`` (the relay's ordinary error path: a warning, a back-off, a remark);
+- borrowers that find every connection lent wait in line, first come first served (a connection given
+  back goes to the first of them, as does room under the bound), at most ``wait`` seconds, then get a
+  :class:`~producer.errors.DatabaseError` naming ``fleet.statementConnections`` (the relay's ordinary error
+  path: a warning, a back-off, a remark);
 - connections idle for :data:`IDLE_CLOSE` seconds are closed (a fleet that leads less gives them back).
 """
 
@@ -29,6 +31,7 @@ import logging
 import select
 import threading
 import time
+from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
@@ -66,6 +69,17 @@ class PoolStats:
     switched: int = 0
 
 
+class _Waiter:
+    """A borrower waiting in line: handed a connection, or a free place to open one (``slot``)."""
+
+    __slots__ = ("held", "ready", "slot")
+
+    def __init__(self) -> None:
+        self.ready = threading.Event()
+        self.held: SessionConnection | None = None
+        self.slot = False
+
+
 class StatementPool:
     """The statement connections of one database (``dsn``) for the relays of one process; ``name`` is what
     ``pg_stat_activity`` shows (``harvest-statements:<name>``)."""
@@ -77,8 +91,11 @@ class StatementPool:
         self.name = name
         self._size = size
         self._wait = wait
-        self._cond = threading.Condition()
+        self._mu = threading.Lock()
         self._idle: list[SessionConnection] = []  # most recently given back last
+        #: Borrowers waiting, in arrival order: each connection that comes back goes to the first (no
+        #: borrower overtakes one that waits, so none waits its whole bound while others come and go).
+        self._waiters: deque[_Waiter] = deque()
         self._open = 0  # lent, idle and being opened
         self._closed = False
         self._stats = PoolStats(size, 0, 0)
@@ -92,7 +109,7 @@ class StatementPool:
         return self._dsn
 
     def stats(self) -> PoolStats:
-        with self._cond:
+        with self._mu:
             return PoolStats(
                 **{**self._stats.__dict__, "size": self._size, "open": self._open, "idle": len(self._idle)}
             )
@@ -101,13 +118,13 @@ class StatementPool:
         """A new bound (a reloaded fleet file): idle connections over it close now, lent ones as they return."""
         if size < 1:
             raise ValueError(f"a statement pool of {size} connections")
-        with self._cond:
+        with self._mu:
             self._size = size
             surplus = []
             while self._open > self._size and self._idle:
                 surplus.append(self._idle.pop(0))
                 self._open -= 1
-            self._cond.notify_all()
+            self._free_slots()
         for held in surplus:
             _close(held)
 
@@ -116,19 +133,26 @@ class StatementPool:
         ``synchronous_commit``; raises DatabaseError after :attr:`wait` seconds without one."""
         deadline = 0.0
         while True:
-            with self._cond:
-                held = None
-                while True:
-                    if self._closed:
-                        raise DatabaseError(f"{self.name}: the statement pool of {redact_dsn(self._dsn)} is closed")
-                    held = self._take(owner, async_commit)
-                    if held is not None or self._open < self._size:
-                        break
-                    now = time.monotonic()
+            waiter = None
+            with self._mu:
+                if self._closed:
+                    raise DatabaseError(f"{self.name}: the statement pool of {redact_dsn(self._dsn)} is closed")
+                self._stats.leases += 1
+                held = self._take(owner, async_commit)
+                opening = held is None and self._open < self._size
+                if opening:
+                    self._open += 1  # counted while it opens: the bound holds meanwhile
+                elif held is None:
+                    waiter = _Waiter()
+                    self._waiters.append(waiter)
                     if not deadline:
-                        deadline = now + self._wait
+                        deadline = time.monotonic() + self._wait
                         self._stats.waited += 1
-                    elif now >= deadline:
+            if waiter is not None:
+                waiter.ready.wait(max(0.0, deadline - time.monotonic()))
+                with self._mu:
+                    if not waiter.ready.is_set():  # not served in time: out of the line
+                        self._waiters.remove(waiter)
                         self._stats.timeouts += 1
                         raise DatabaseError(
                             f"no statement connection to {redact_dsn(self._dsn)} came free within {self._wait:g}s: "
@@ -136,12 +160,12 @@ class StatementPool:
                             f"fleet.statementConnections (connections per database and process), or look for slow "
                             f"statements or lock waits on that database"
                         )
-                    self._cond.wait(deadline - now)
-                if held is None:
-                    self._open += 1  # counted while it opens: the bound holds meanwhile
-                self._stats.leases += 1
-            if held is None:
+                if self._closed and waiter.held is None and not waiter.slot:
+                    raise DatabaseError(f"{self.name}: the statement pool of {redact_dsn(self._dsn)} is closed")
+                held, opening = waiter.held, waiter.slot
+            if opening:
                 return self._new(async_commit)
+            assert held is not None
             if _ended(held):
                 self._discard(held)
                 continue
@@ -150,38 +174,47 @@ class StatementPool:
             return held
 
     def give_back(self, held: SessionConnection) -> None:
-        """The borrower is done: idle again, or closed (failed, broken, in a transaction, over the bound)."""
+        """The borrower is done: to the first waiting borrower, idle, or closed (failed, broken, in a
+        transaction, over the bound)."""
         conn = held.conn
         bad = conn.closed or conn.broken or conn.info.transaction_status != TransactionStatus.IDLE
-        with self._cond:
+        with self._mu:
             keep = not bad and not self._closed and self._open <= self._size
             if keep:
                 held.idle_since = time.monotonic()
-                self._idle.append(held)
+                if self._waiters:
+                    waiter = self._waiters.popleft()
+                    waiter.held = held
+                    waiter.ready.set()
+                else:
+                    self._idle.append(held)
             else:
                 self._open -= 1
                 if bad:
                     self._stats.discarded += 1
+                self._free_slots()
             stale = self._stale()
-            self._cond.notify()
         for c in ([] if keep else [held]) + stale:
             _close(c)
 
     def close(self) -> None:
-        """Close every idle connection; lent ones close as they come back."""
-        with self._cond:
+        """Close every idle connection; lent ones close as they come back; waiting borrowers get an error."""
+        with self._mu:
             self._closed = True
             idle, self._idle = self._idle, []
             self._open -= len(idle)
-            self._cond.notify_all()
+            waiters, self._waiters = self._waiters, deque()
+        for waiter in waiters:
+            waiter.ready.set()
         for held in idle:
             _close(held)
 
-    # ------------------------------------------------------------------ inside
+    # ------------------------------------------------------------------ inside (under _mu unless said)
     def _take(self, owner: Any, async_commit: bool) -> SessionConnection | None:
-        """An idle connection (under the lock): the owner's last, one in its commit mode, any; newest first."""
+        """An idle connection: the owner's last, one in its commit mode, any; newest first. None while
+        others wait in line (they are served first)."""
         idle = self._idle
-        if not idle:
+        if not idle or self._waiters:
             return None
         last = getattr(owner, "last_leased", None)
         pick = None
@@ -194,8 +227,16 @@ class StatementPool:
         idle.remove(pick)
         return pick
 
+    def _free_slots(self) -> None:
+        """Room under the bound goes to the first waiters: each opens a connection of its own."""
+        while self._waiters and self._open < self._size:
+            waiter = self._waiters.popleft()
+            waiter.slot = True
+            self._open += 1
+            waiter.ready.set()
+
     def _stale(self) -> list[SessionConnection]:
-        """Idle connections unused for :data:`IDLE_CLOSE` seconds, taken out of the pool (under the lock)."""
+        """Idle connections unused for :data:`IDLE_CLOSE` seconds, taken out of the pool."""
         if not self._idle or time.monotonic() - self._idle[0].idle_since < IDLE_CLOSE:
             return []
         cut = time.monotonic() - IDLE_CLOSE
@@ -205,25 +246,27 @@ class StatementPool:
         return stale
 
     def _new(self, async_commit: bool) -> SessionConnection:
+        """Open a connection in a place already counted (not under the lock)."""
         try:
             held = open_session_connection(
                 self._dsn, async_commit=async_commit, application_name=f"harvest-statements:{self.name}"[:63]
             )
         except BaseException as exc:
-            with self._cond:
+            with self._mu:
                 self._open -= 1
-                self._cond.notify()
+                self._free_slots()
             if isinstance(exc, psycopg.Error):
                 raise DatabaseError(
                     f"cannot connect to Postgres ({redact_dsn(self._dsn)}): {redact_error(str(exc), self._dsn).strip()}"
                 ) from exc
             raise
-        with self._cond:
+        with self._mu:
             self._stats.opened += 1
         return held
 
     def _switch(self, held: SessionConnection, async_commit: bool) -> None:
-        """Set the lease's ``synchronous_commit`` (off, or the server's default for this role and database)."""
+        """Set the lease's ``synchronous_commit`` (off, or the server's default for this role and database);
+        not under the lock."""
         try:
             held.conn.execute("SET synchronous_commit = off" if async_commit else "RESET synchronous_commit")
         except psycopg.Error as exc:
@@ -234,15 +277,15 @@ class StatementPool:
                 f"{redact_error(str(exc), self._dsn).strip()}"
             ) from exc
         held.async_commit = async_commit
-        with self._cond:
+        with self._mu:
             self._stats.switched += 1
 
     def _discard(self, held: SessionConnection) -> None:
-        """A lent connection found unusable before its borrower had it."""
-        with self._cond:
+        """A lent connection found unusable before its borrower had it (not under the lock)."""
+        with self._mu:
             self._open -= 1
             self._stats.discarded += 1
-            self._cond.notify()
+            self._free_slots()
         _close(held)
 
 

@@ -6,12 +6,14 @@ of both layouts' relay databases runs inside a lease, and ``fleet.statementConne
 from __future__ import annotations
 
 import inspect
+import threading
 import time
 from collections.abc import Callable
 
 import psycopg
 import pytest
 
+from harvest_outbox.harvest_local.relays import wait_for
 from harvest_outbox.producer.db import OutboxSession, StatementPool, StatementPools
 from harvest_outbox.producer.errors import ConfigError, DatabaseError
 from harvest_outbox.producer.fleet.spec import fleet_from_document
@@ -113,6 +115,30 @@ def test_a_pool_lends_checked_connections_within_its_bound_and_replaces_failed_o
                     pass
             assert 0.25 <= time.monotonic() - began < 2.0
         assert pool.stats().timeouts == 1
+        # borrowers wait in line: each connection given back goes to the first in it
+        line = StatementPool(pg_dsn, name, 1, wait=10)
+        order: list[str] = []
+
+        def borrow(session: OutboxSession, who: str) -> None:
+            with session.lease():
+                order.append(who)
+
+        holder, *waiting = (
+            OutboxSession(pg_dsn, OutboxNames.parse(f"{schemas[i % 2]}.outbox"), pool=line) for i in range(4)
+        )
+        try:
+            with holder.lease():
+                threads = []
+                for who, session in zip(("first", "second", "third"), waiting, strict=True):
+                    waited = line.stats().waited
+                    threads.append(threading.Thread(target=borrow, args=(session, who)))
+                    threads[-1].start()
+                    wait_for(lambda waited=waited: line.stats().waited > waited, 5, f"{who} waiting")
+            for t in threads:
+                t.join(10)
+        finally:
+            line.close()
+        assert order == ["first", "second", "third"]
         # checked once per (connection, outbox): both connections for outbox a's two sessions, none again
         with write_b.lease():
             pass
