@@ -44,9 +44,11 @@ from harvest_outbox.redact import redact_dsn, redact_error
 
 log = logging.getLogger(__name__)
 
-#: Seconds a borrower waits for a connection: as long as a statement may wait for a lock (LOCK_TIMEOUT),
-#: for the same reason: the relay thread waits on its view start, and it also runs the election's pulse.
-WAIT = 2.0
+#: Seconds a borrower waits in line for a connection. A process whose relays all drain at once saturates
+#: its CPU and the line moves slowly: 100 outboxes draining on 10 connections waited over 2 s (157 leases
+#: failed and re-marked at a 2 s bound: bench_outboxes --cpu-outboxes 100), none at this one. A database
+#: whose statements hang still holds a relay's view start (its relay thread waits on it) this long, not longer.
+WAIT = 10.0
 #: Seconds an idle connection stays open.
 IDLE_CLOSE = 60.0
 
@@ -65,6 +67,8 @@ class PoolStats:
     #: Leases that waited for a connection to come back, and those that waited in vain.
     waited: int = 0
     timeouts: int = 0
+    #: The longest wait that was served (seconds).
+    longest_wait: float = 0.0
     #: ``synchronous_commit`` set on a lease.
     switched: int = 0
 
@@ -160,6 +164,9 @@ class StatementPool:
                             f"fleet.statementConnections (connections per database and process), or look for slow "
                             f"statements or lock waits on that database"
                         )
+                    self._stats.longest_wait = max(
+                        self._stats.longest_wait, self._wait - max(0.0, deadline - time.monotonic())
+                    )
                 if self._closed and waiter.held is None and not waiter.slot:
                     raise DatabaseError(f"{self.name}: the statement pool of {redact_dsn(self._dsn)} is closed")
                 held, opening = waiter.held, waiter.slot
@@ -343,12 +350,13 @@ class StatementPools:
             pool.close()
             st = pool.stats()
             log.info(
-                "statement pool of %s closed: %d lease(s), %d waited (%d in vain), %d connection(s) opened, "
-                "%d dropped, synchronous_commit switched %d time(s)",
+                "statement pool of %s closed: %d lease(s), %d waited (%d in vain; the longest served %.3fs), "
+                "%d connection(s) opened, %d dropped, synchronous_commit switched %d time(s)",
                 redact_dsn(pool.dsn),
                 st.leases,
                 st.waited,
                 st.timeouts,
+                st.longest_wait,
                 st.opened,
                 st.discarded,
                 st.switched,
