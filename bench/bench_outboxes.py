@@ -16,7 +16,10 @@ RSS and threads from ``/proc/<pid>/status``, PSS (shared pages split between the
 fair sum over several processes) from ``/proc/<pid>/smaps_rollup``. Connections from ``pg_stat_activity``:
 each relay process's ``dataSource`` carries an ``application_name`` of its own (``bo-<process>``), which every
 connection of the relay keeps except those that name themselves ``harvest-<role>:<relay name>`` (election,
-layout guard); both are counted, and the change in the server's client backends is reported beside them.
+layout guard) and a fleet's pooled statement connections (``harvest-statements:<name>``); these are counted,
+and the change in the server's client backends (the fleet's shared sessions with them) is reported beside
+them. ``--statement-connections`` sets the fleets' ``fleet.statementConnections`` (0: no pool, the fleet as it
+was before it); ``--cpu-outboxes`` the outboxes of part 2's and 3's fleet.
 
 1. **Idle cost per outbox**: fleets of ``--sizes`` outboxes, one at a time. Per size: the seconds from the
    process's start until its log says ``elected leader`` for every outbox, then after ``--settle`` seconds
