@@ -5,8 +5,9 @@ give it back, instead of keeping two connections per led outbox.
 
 Each relay keeps its two workers (single-thread executors), so its statements still run in the order it
 submitted them on each; a worker holds at most one connection and never waits for another while holding
-it, so no pool size can deadlock. A borrower prefers the connection it had last (its statements are
-prepared and its outbox checked there), then one already in its ``synchronous_commit`` state.
+it, so no pool size can deadlock. A borrower that need not wait prefers the connection it had last (its
+statements are prepared and its outbox checked there), then one already in its ``synchronous_commit``
+state; one that waited takes the first connection given back.
 
 Invariants (``tests/test_producer/db/test_statement_pool.py``; on Postgres,
 ``tests/test_producer/fleet/test_fleet_pool.py``):

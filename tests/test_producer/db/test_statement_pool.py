@@ -14,7 +14,7 @@ import psycopg
 import pytest
 
 from harvest_outbox.harvest_local.relays import wait_for
-from harvest_outbox.producer.db import OutboxSession, StatementPool, StatementPools
+from harvest_outbox.producer.db import OutboxSession, StatementPool, StatementPools, statement_pool
 from harvest_outbox.producer.errors import ConfigError, DatabaseError
 from harvest_outbox.producer.fleet.spec import fleet_from_document
 from harvest_outbox.producer.layouts.cursor.database import CursorDatabase
@@ -70,7 +70,7 @@ def _backends(dsn: str, app: str) -> list[int]:
 
 
 def test_a_pool_lends_checked_connections_within_its_bound_and_replaces_failed_ones(
-    pg_dsn: str, unique_name: Callable[[str], str]
+    pg_dsn: str, unique_name: Callable[[str], str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     schemas = [unique_name("pa"), unique_name("pb")]
     with psycopg.connect(pg_dsn, autocommit=True) as conn:
@@ -177,6 +177,16 @@ def test_a_pool_lends_checked_connections_within_its_bound_and_replaces_failed_o
         assert len(_backends(pg_dsn, app)) <= 1
         stats = pool.stats()
         assert stats.open <= 1 and stats.opened >= 4, stats
+        # a connection unused for IDLE_CLOSE is closed (seen when another comes back)
+        pool.resize(2)
+        with mark_a.lease(), write_a.lease():
+            pass
+        assert len(_backends(pg_dsn, app)) == 2
+        monkeypatch.setattr(statement_pool, "IDLE_CLOSE", 0.2)
+        time.sleep(0.3)
+        with write_b.lease():
+            pass
+        assert len(_backends(pg_dsn, app)) == 1
     finally:
         pool.close()
         with psycopg.connect(pg_dsn, autocommit=True) as conn:
