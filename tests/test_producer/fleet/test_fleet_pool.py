@@ -20,6 +20,7 @@ from psycopg.conninfo import make_conninfo
 from seqcheck import Expected, check_exactly_once, read_intents, wait_for
 from sequenced_log import read_raw
 
+from harvest_outbox.producer.db import shared_listener
 from harvest_outbox.producer.fleet.spec import fleet_from_document
 from harvest_outbox.producer.fleet.supervisor import Fleet
 from harvest_outbox.producer.layouts.choice import layout_for
@@ -45,7 +46,9 @@ def test_a_fleet_relays_every_row_on_a_bounded_pool_whose_killed_connections_are
     kafka_bootstrap: str,
     topic_factory: Callable[..., str],
     unique_name: Callable[[str], str],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    monkeypatch.setattr(shared_listener, "LINGER", 0.5)  # still over the fleet's start; the stop's wait shorter
     topic = topic_factory(partitions=PARTITIONS)
     prefix, name = unique_name("fp"), unique_name("pool")
     app = f"own-{name}"[:63]  # the dataSource's application_name: any connection of the relays' own shows it
