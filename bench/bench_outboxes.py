@@ -16,7 +16,10 @@ RSS and threads from ``/proc/<pid>/status``, PSS (shared pages split between the
 fair sum over several processes) from ``/proc/<pid>/smaps_rollup``. Connections from ``pg_stat_activity``:
 each relay process's ``dataSource`` carries an ``application_name`` of its own (``bo-<process>``), which every
 connection of the relay keeps except those that name themselves ``harvest-<role>:<relay name>`` (election,
-layout guard); both are counted, and the change in the server's client backends is reported beside them.
+layout guard) and a fleet's pooled statement connections (``harvest-statements:<name>``); these are counted,
+and the change in the server's client backends (the fleet's shared sessions with them) is reported beside
+them. ``--statement-connections`` sets the fleets' ``fleet.statementConnections`` (0: no pool, the fleet as it
+was before it); ``--cpu-outboxes`` the outboxes of part 2's and 3's fleet.
 
 1. **Idle cost per outbox**: fleets of ``--sizes`` outboxes, one at a time. Per size: the seconds from the
    process's start until its log says ``elected leader`` for every outbox, then after ``--settle`` seconds
@@ -247,7 +250,15 @@ class Relay:
     """One ``harvest -f <yaml>`` process: a fleet of ``tables`` or, with ``fleet=False``, one relay."""
 
     def __init__(
-        self, workdir: Path, name: str, dsn: str, bootstrap: str, tables: Sequence[str], fleet: bool, sequenced: bool
+        self,
+        workdir: Path,
+        name: str,
+        dsn: str,
+        bootstrap: str,
+        tables: Sequence[str],
+        fleet: bool,
+        sequenced: bool,
+        statement_connections: int | None = None,
     ) -> None:
         from psycopg.conninfo import make_conninfo
 
@@ -268,6 +279,11 @@ class Relay:
             lines += [
                 "outboxes:",
                 *(f"  - {{id: {i}, outboxTable: {t}}}" for i, t in zip(self.ids, tables, strict=True)),
+                *(
+                    [f"fleet: {{statementConnections: {statement_connections}}}"]
+                    if statement_connections is not None
+                    else []
+                ),
             ]
         else:
             lines.append(f"  outboxTable: {tables[0]}")
@@ -359,11 +375,14 @@ class Db:
         return int(row[0])
 
     def connections(self, relay: Relay) -> int:
-        """The relay process's connections: its ``application_name``, or ``harvest-<role>:<its relay names>``."""
+        """The relay process's statement connections: its ``application_name``, ``harvest-<role>:<its relay
+        names>``, or a fleet's pool (``harvest-statements:<name>``); not its shared election, layout and LISTEN
+        sessions (``backends_added`` has them)."""
         named = f"harvest-%:{relay.name}/%" if relay.fleet else f"harvest-%:{relay.name}"
         row = self.conn.execute(
-            "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s OR application_name LIKE %s",
-            (relay.app, named),
+            "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s OR application_name LIKE %s "
+            "OR application_name = %s",
+            (relay.app, named, f"harvest-statements:{relay.name}"),
         ).fetchone()
         assert row is not None
         return int(row[0])
@@ -464,6 +483,7 @@ def idle_sizes(db: Db, workdir: Path, dsn: str, bootstrap: str, args: argparse.N
             [f"{SCHEMA.format(i)}.outbox" for i in range(size)],
             True,
             args.sequenced,
+            args.statement_connections,
         )
         _log(f"idle fleet of {size}: starting")
         relay.start()
@@ -524,8 +544,8 @@ def standby_cost(db: Db, workdir: Path, dsn: str, bootstrap: str, args: argparse
     """A second fleet process on the same 10 outboxes, a standby of each (the first leads them): its idle
     figures, once its log shows every outbox's election started."""
     tables = [f"{SCHEMA.format(i)}.outbox" for i in range(FLEET)]
-    leader = Relay(workdir, "lead", dsn, bootstrap, tables, True, args.sequenced)
-    standby = Relay(workdir, "standby", dsn, bootstrap, tables, True, args.sequenced)
+    leader = Relay(workdir, "lead", dsn, bootstrap, tables, True, args.sequenced, args.statement_connections)
+    standby = Relay(workdir, "standby", dsn, bootstrap, tables, True, args.sequenced, args.statement_connections)
     _log(f"standby fleet of {FLEET}: starting")
     leader.start()
     try:
@@ -773,6 +793,14 @@ def main(argv: list[str] | None = None) -> int:
         "--warm-records", type=int, help=f"records produced untimed first (default {FULL['warm_records']:,})"
     )
     ap.add_argument("--sequenced", action="store_true", help="uuidSequencing: true (default: at-least-once)")
+    ap.add_argument(
+        "--cpu-outboxes", type=int, default=FLEET, help=f"outboxes of part 2's and 3's fleet (default {FLEET})"
+    )
+    ap.add_argument(
+        "--statement-connections",
+        type=int,
+        help="the fleets' fleet.statementConnections (default: the fleet's own default; 0: no pool)",
+    )
     ap.add_argument("--parts", default=",".join(PARTS), help=f"which parts to run: {', '.join(PARTS)}")
     ap.add_argument("--quick", action="store_true", help=f"a smoke run: {QUICK} unless given")
     ap.add_argument("--workdir", help="where the relays' configs and logs go (default: a temporary folder, removed)")
@@ -794,7 +822,7 @@ def main(argv: list[str] | None = None) -> int:
     workdir = Path(args.workdir or tmp.name)  # type: ignore[union-attr]
     workdir.mkdir(parents=True, exist_ok=True)
     db = Db(dsn)
-    max_size = max([int(s) for s in args.sizes.split(",") if s] + [FLEET])
+    max_size = max([int(s) for s in args.sizes.split(",") if s] + [FLEET, args.cpu_outboxes])
     schemas = [SCHEMA.format(i) for i in range(max_size)]
     try:
         _log(f"broker warm-up: {args.warm_records} records (untimed)")
@@ -848,8 +876,18 @@ def drain_and_fairness(
     from harvest_outbox.harvest_local.kafka import create_topic
 
     out: dict[str, Any] = {}
-    fleet_schemas = [SCHEMA.format(i) for i in range(FLEET)]
-    fleet = Relay(workdir, "drain", dsn, bootstrap, [f"{s}.outbox" for s in fleet_schemas], True, args.sequenced)
+    n = args.cpu_outboxes  # part 2's (and 3's) fleet
+    fleet_schemas = [SCHEMA.format(i) for i in range(n)]
+    fleet = Relay(
+        workdir,
+        "drain",
+        dsn,
+        bootstrap,
+        [f"{s}.outbox" for s in fleet_schemas],
+        True,
+        args.sequenced,
+        args.statement_connections,
+    )
     single = Relay(workdir, "single", dsn, bootstrap, [f"{SINGLE_SCHEMA}.outbox"], False, args.sequenced)
     processes = (
         [
@@ -900,14 +938,14 @@ def drain_and_fairness(
                 "cpu_per_row",
                 [r["cpu_us_per_row"] for r in runs["fleet"]],
                 [r["cpu_us_per_row"] for r in runs["single"]],
-                f"relay process CPU per row, {args.rows:,} rows over {FLEET} outboxes of a fleet / in one outbox "
+                f"relay process CPU per row, {args.rows:,} rows over {n} outboxes of a fleet / in one outbox "
                 "of a one-outbox process",
             )
             recorder.figure(
                 "cpu_per_row_one_busy",
                 [r["cpu_us_per_row"] for r in runs["fleet_one_busy"]],
                 [r["cpu_us_per_row"] for r in runs["single"]],
-                f"relay process CPU per row, {args.rows:,} rows in one outbox of the {FLEET}-outbox fleet (the "
+                f"relay process CPU per row, {args.rows:,} rows in one outbox of the {n}-outbox fleet (the "
                 "others idle) / in one outbox of a one-outbox process",
             )
             recorder.figure(
@@ -921,7 +959,7 @@ def drain_and_fairness(
                 "cpu_per_row_fleet_vs_processes",
                 [r["cpu_us_per_row"] for r in runs["fleet"]],
                 [r["cpu_us_per_row"] for r in runs["processes"]],
-                f"CPU per row over {FLEET} outboxes: one fleet process / {FLEET} one-outbox processes (summed)",
+                f"CPU per row: one fleet process over {n} outboxes / {FLEET} one-outbox processes (summed)",
             )
             recorder.figure(
                 "rows_per_s",
@@ -930,7 +968,7 @@ def drain_and_fairness(
                 "drain rate, fleet of 10 / one-outbox process",
             )
             sizes = (idle or {}).get("sizes", {})
-            fleet_idle = (sizes.get(str(FLEET)) or {}).get("idle_cpu_share")
+            fleet_idle = (sizes.get(str(n)) or {}).get("idle_cpu_share")
             idle_share = {
                 "fleet": fleet_idle,
                 "fleet_one_busy": fleet_idle,

@@ -97,7 +97,9 @@ class Harvest(RelayLifecycle):
     database, which holds this relay's layout lock (default: a session of its own); ``listener_factory``:
     its LISTEN connection's (producer/db/shared_listener.py; default: a connection of its own);
     ``admin_factory``: makes its preflight's Kafka admin client (a fleet's
-    :class:`~producer.kafka.shared_admin.SharedAdmins`; default: a client of its own).
+    :class:`~producer.kafka.shared_admin.SharedAdmins`; default: a client of its own);
+    ``statement_pool``: the pool of this database its statements lease connections from
+    (producer/db/statement_pool.py; default: a mark and a write connection of its own).
     :attr:`mode` is the delivery strategy ``config.uuid_sequencing`` chose. ``tracer_provider``: the
     OpenTelemetry TracerProvider of relay spans (``config.tracing``), by default the global one
     (:mod:`producer.relay.spans`; read once, here). Its lifecycle (states, start, stop, wait) is
@@ -119,6 +121,7 @@ class Harvest(RelayLifecycle):
         layout_session: Any = None,
         listener_factory: Any = None,
         admin_factory: Callable[[dict[str, Any]], Any] | None = None,
+        statement_pool: Any = None,
     ) -> None:
         self.config = config
         self.limits = config.limits
@@ -150,6 +153,7 @@ class Harvest(RelayLifecycle):
             stop_requested=self._stop_requested,
             tracer_provider=tracer_provider,
             listener_factory=listener_factory,
+            statement_pool=statement_pool,
         )
         self.mode: RelayMode = mode_type(self.core)
         #: Keeps relays of another shards / leaderElection off this outbox while this one runs.

@@ -118,6 +118,7 @@ ROOMS: dict[str, tuple[str, ...]] = {
         "test_connect_errors",
         "test_listener",
         "test_shared_listener",
+        "test_statement_pool",
     ),
     "ops": ("test_cli", "test_deadletter_admin", "test_preflight", "test_signals", "test_poison", "test_privileges"),
     "election": ("test_election_postgres", "test_failover", "test_sharded_failover", "test_shared_election"),
@@ -129,6 +130,7 @@ ROOMS: dict[str, tuple[str, ...]] = {
         "test_fleet_endpoint",
         "test_fleet_balance",
         "test_fleet_failover",
+        "test_fleet_pool",
     ),
 }
 

@@ -10,7 +10,9 @@ Its concepts have modules of their own, re-exported here (``from harvest_outbox.
 - :mod:`~producer.db._books`: the delivery-attempt counts (:class:`Attempts`) and the dead letters' counts
   and expiry (:class:`DeadLetters`), on :mod:`~producer.db._statements`;
 - :mod:`~producer.layouts.mark.marks`: the :data:`MarkedRow` both layouts' reads return;
-- :mod:`~producer.db._listener`: :class:`Listener`, LISTEN for a stasher's NOTIFY.
+- :mod:`~producer.db._listener`: :class:`Listener`, LISTEN for a stasher's NOTIFY;
+- :mod:`~producer.db.statement_pool`: a fleet's statement connections of one database
+  (:class:`StatementPool`), which its relays' sessions lease (:func:`leased`).
 
 Invariants: every statement runs in autocommit mode (each is its own transaction, as in goharvest),
 committed synchronously except on a session built with ``async_commit`` (the relay's mark connection:
@@ -30,9 +32,11 @@ from harvest_outbox.producer.db._session import (
     TCP_DEFAULTS,
     OutboxSession,
     connect,
+    leased,
 )
 from harvest_outbox.producer.db._statements import ANY_IDS
 from harvest_outbox.producer.db.fence import MAX_RANGE_HOLES, DeadRow, Fence, TxnCommit, id_range
+from harvest_outbox.producer.db.statement_pool import StatementPool, StatementPools
 from harvest_outbox.producer.layouts.mark.marks import ROW_CREATED, MarkedAttempts, MarkedRow
 
 __all__ = [
@@ -51,7 +55,10 @@ __all__ = [
     "MarkedAttempts",
     "MarkedRow",
     "OutboxSession",
+    "StatementPool",
+    "StatementPools",
     "TxnCommit",
     "connect",
     "id_range",
+    "leased",
 ]

@@ -11,8 +11,12 @@ Invariants (``tests/test_producer/db/test_shared_listener.py``):
   them is one wake-up for a listener that drains;
 - a lost connection rings every listener (each relay marks, as a poll would) and is made again, with
   every channel LISTENed again, by the dispatcher; a relay never blocks on it;
-- the connection is used by one thread at a time (a mutex), closes with its last listener, and a
-  listener's pipe is closed exactly once.
+- the connection is used by one thread at a time (a mutex), closes :data:`LINGER` seconds after its last
+  listener left unless another came (cold standbys subscribe and leave at once while they start: without
+  it, a fleet's start opened and closed a connection per outbox, several at a time), and a listener's
+  pipe is closed exactly once;
+- a hub holds at most one connection at a time: a listener that comes while the last dispatcher is
+  closing its connection waits for it to end.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 from typing import Any
 
 import psycopg
@@ -34,6 +39,11 @@ log = logging.getLogger(__name__)
 
 #: Seconds between the dispatcher's attempts to connect again after a failure.
 RETRY_INTERVAL = 1.0
+#: Seconds the connection stays after its last listener left: a cold standby subscribes and leaves at once
+#: while it starts, and a fleet's outboxes start one after another (without it, a connection each).
+LINGER = 2.0
+#: Seconds a new listener waits at most for the last dispatcher to close its connection.
+ENDING_WAIT = 10.0
 
 
 class SharedListener:
@@ -100,23 +110,33 @@ class ListenHub:
         self.name = name
         self._mu = threading.Lock()
         self._subs: dict[str, list[SharedListener]] = {}
-        #: The running dispatcher's stop event and wake pipe (a new pair per dispatcher).
+        #: The running dispatcher's stop event, wake pipe and thread (a new set per dispatcher).
         self._stop: threading.Event | None = None
         self._wake_w = -1
+        self._thread: threading.Thread | None = None
+        #: The last dispatcher told to stop, until it has closed its connection.
+        self._ending: threading.Thread | None = None
+        #: When the last listener left (the dispatcher ends LINGER seconds later if none came).
+        self._empty_since = 0.0
 
     def subscribe(self, channel: str) -> SharedListener:
         listener = SharedListener(self, channel)
+        with self._mu:
+            ending = self._ending if self._stop is None else None
+        if ending is not None:
+            ending.join(ENDING_WAIT)  # outside the mutex: the dispatcher takes it while it ends
         with self._mu:
             self._subs.setdefault(channel, []).append(listener)
             if self._stop is None:
                 self._stop = threading.Event()
                 wake_r, self._wake_w = os.pipe()
-                threading.Thread(
+                self._thread = threading.Thread(
                     target=self._run,
                     args=(self._stop, wake_r, self._wake_w),
                     name=f"harvest-listen-{self.name}",
                     daemon=True,
-                ).start()
+                )
+                self._thread.start()
             else:
                 self._poke()
         return listener
@@ -128,12 +148,9 @@ class ListenHub:
                 subs.remove(listener)
             if not subs:
                 self._subs.pop(listener.channel, None)
-            if not self._subs and self._stop is not None:
-                self._stop.set()  # the dispatcher closes its connection and its pipe
-                self._poke()
-                self._stop, self._wake_w = None, -1
-            else:
-                self._poke()
+            if not self._subs:
+                self._empty_since = time.monotonic()  # the dispatcher ends after LINGER, if none came
+            self._poke()
 
     def _poke(self) -> None:
         if self._wake_w >= 0:
@@ -170,9 +187,12 @@ class ListenHub:
                     self._lost(conn, exc)
                     conn = None
                     stop.wait(RETRY_INTERVAL)
+                    self._end_if_unused(stop)
                     continue
+                with self._mu:  # without listeners, wake up when the linger ends
+                    timeout = 1.0 if self._subs else max(0.01, LINGER - (time.monotonic() - self._empty_since))
                 try:
-                    ready = readable([fd, wake_r], 1.0)
+                    ready = readable([fd, wake_r], min(1.0, timeout))
                 except OSError:
                     ready = [fd]
                 if wake_r in ready:
@@ -180,6 +200,7 @@ class ListenHub:
                         os.read(wake_r, 4096)
                     except OSError:
                         pass
+                self._end_if_unused(stop)
                 if stop.is_set() or fd not in ready:
                     continue
                 try:
@@ -203,6 +224,15 @@ class ListenHub:
                     os.close(fd)
                 except OSError:
                     pass
+
+    def _end_if_unused(self, stop: threading.Event) -> None:
+        """No listener for LINGER seconds: this dispatcher ends (a new listener starts another)."""
+        with self._mu:
+            if self._subs or self._stop is not stop or time.monotonic() - self._empty_since < LINGER:
+                return
+            stop.set()  # the dispatcher closes its connection and its pipe
+            self._stop, self._wake_w = None, -1
+            self._ending, self._thread = self._thread, None
 
     def _lost(self, conn: psycopg.Connection[Any] | None, exc: Exception) -> None:
         """The connection failed: every relay marks (as a poll would), the dispatcher connects again."""

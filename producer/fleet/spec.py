@@ -17,7 +17,7 @@ relay's (goharvest's reaper YAML, read by :func:`producer.config.load_yaml`) and
         table: outbox
         databases: ["tenants", "tenants_eu_*"]   # optional: other databases on that server
         harvest: {uuidSequencing: true}         # keys for the outboxes found here
-    fleet: {discoveryInterval: 30s, restartBackoff: 1s, restartBackoffMax: 1m}
+    fleet: {discoveryInterval: 30s, restartBackoff: 1s, restartBackoffMax: 1m, statementConnections: 10}
 
 Invariants (``tests/test_producer/fleet/test_fleet_spec.py``):
 - every outbox's config is a whole :class:`~producer.config.HarvestConfig`, validated as a one-outbox
@@ -58,7 +58,10 @@ from harvest_outbox.producer.errors import ConfigError, shown
 #: The sections of a fleet file.
 FLEET_KEYS = ("harvest", "logging", "outboxes", "discover", "fleet")
 DISCOVER_KEYS = ("dataSource", "schemas", "table", "databases", "harvest")
-OPTION_KEYS = ("discoveryInterval", "restartBackoff", "restartBackoffMax")
+OPTION_KEYS = ("discoveryInterval", "restartBackoff", "restartBackoffMax", "statementConnections")
+#: ``fleet.statementConnections``' default and bounds (connections per database and process: docs/fleet.md).
+DEFAULT_STATEMENT_CONNECTIONS = 10
+STATEMENT_CONNECTIONS_RANGE = (0, 1000)
 #: Keys the fleet owns: its endpoint.
 ENDPOINT_KEYS = ("prometheusPort", "prometheusBindAddress", "prometheusBasicAuth")
 _ID = re.compile(r"[^\s%]{1,200}")
@@ -76,6 +79,9 @@ class FleetOptions:
     restart_backoff: float = 1.0
     #: ... up to this. An outbox's failure never stops the others.
     restart_backoff_max: float = 60.0
+    #: The statement connections the led outboxes of one database share in this process (a pool per
+    #: database: producer/db/statement_pool.py). Default 10; 0: no pool (two per led outbox, each its own).
+    statement_connections: int = DEFAULT_STATEMENT_CONNECTIONS
 
 
 @dataclass(frozen=True)
@@ -386,7 +392,7 @@ def _discovery(
 
 
 def _options(section: Mapping[str, Any]) -> FleetOptions:
-    values: dict[str, float] = {}
+    values: dict[str, Any] = {}
     for key, attr, low in (
         ("discoveryInterval", "discovery_interval", 1.0),
         ("restartBackoff", "restart_backoff", 0.01),
@@ -401,9 +407,24 @@ def _options(section: Mapping[str, Any]) -> FleetOptions:
         if key not in OPTION_KEYS:
             raise ConfigError(f"fleet.{shown(key)}: unknown key; valid keys are: {', '.join(OPTION_KEYS)}")
     options = FleetOptions(**values)
+    if "statementConnections" in section:
+        options = dataclasses.replace(
+            options, statement_connections=_statement_connections(section["statementConnections"])
+        )
     if options.restart_backoff_max < options.restart_backoff:
         raise ConfigError("fleet.restartBackoffMax: must be at least fleet.restartBackoff")
     return options
+
+
+def _statement_connections(value: Any) -> int:
+    low, high = STATEMENT_CONNECTIONS_RANGE
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise ConfigError(
+            f"fleet.statementConnections: {shown(value)} must be a whole number of connections from {low} to {high} "
+            f"(per database and process, shared by the outboxes it leads; 0: two of its own per led outbox), e.g. "
+            f"{DEFAULT_STATEMENT_CONNECTIONS}"
+        )
+    return value
 
 
 def _mapping(value: Any, path: str) -> Mapping[str, Any]:

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from harvest_outbox.producer.db.shared_listener import ListenHubs
+from harvest_outbox.producer.db.statement_pool import StatementPools
 from harvest_outbox.producer.election.shared_postgres import ElectionSessions
 from harvest_outbox.producer.errors import ConfigError
 from harvest_outbox.producer.fleet.balance import BALANCE_INTERVAL, Balance, balanced
@@ -104,6 +105,8 @@ class Fleet:
         self.listen_hubs = ListenHubs(file.base_name)
         #: One Kafka admin client per cluster (and principal) for every unsharded outbox's preflight.
         self.admins = SharedAdmins()
+        #: ... and one pool of statement connections per database for the outboxes this process leads.
+        self.statement_pools = StatementPools(file.base_name, file.options.statement_connections)
 
     # ------------------------------------------------------------------ public
     def start(self) -> Fleet:
@@ -124,6 +127,7 @@ class Fleet:
         """Take a new file (or look again with the same one): discover, then reconcile."""
         with self._reconciling:
             if file is not None:
+                self.statement_pools.resize(file.options.statement_connections)
                 with self._lock:
                     self.file = file
                     origins = {d.origin for d in file.discoveries}
@@ -144,10 +148,11 @@ class Fleet:
             self._thread.join(timeout)
         with self._lock:
             members = list(self._members.values())
-        done = all(member.join(timeout) for member in members)
-        if done and self._stop.is_set():
+        stopped = all(member.join(timeout) for member in members)
+        if stopped and self._stop.is_set():
+            self.statement_pools.close()  # every relay has given its connections back
             self.admins.close()
-        return done
+        return stopped
 
     def statuses(self) -> list[MemberStatus]:
         with self._lock:
@@ -249,16 +254,20 @@ class Fleet:
 
     # ------------------------------------------------------------------ balance
     def _relay(self, config: Any) -> Any:
-        """An outbox's relay: its layout lock on the database's shared layout session; a balanced one's
-        election on the database's shared election session, holding back while this process leads its share."""
+        """An outbox's relay: its layout lock on the database's shared layout session, its statements on the
+        database's statement pool; a balanced one's election on the database's shared election session,
+        holding back while this process leads its share."""
         from harvest_outbox.producer.relay.sharded import relay_for
 
         if config.shards > 1:
             return relay_for(config)
         shared = self.layout_sessions.for_dsn(config.data_source)
         listen, admins = self.listen_hubs.listener, self.admins.get
+        pool = self.statement_pools.for_dsn(config.data_source)
         if not balanced(config):
-            return relay_for(config, layout_session=shared, listener_factory=listen, admin_factory=admins)
+            return relay_for(
+                config, layout_session=shared, listener_factory=listen, statement_pool=pool, admin_factory=admins
+            )
         election = self.election_sessions.election(
             config.data_source,
             config.outbox_table,
@@ -267,7 +276,12 @@ class Fleet:
             self.balance.may_acquire,
         )
         return relay_for(
-            config, election=election, layout_session=shared, listener_factory=listen, admin_factory=admins
+            config,
+            election=election,
+            layout_session=shared,
+            listener_factory=listen,
+            statement_pool=pool,
+            admin_factory=admins,
         )
 
     def _balanced_outboxes(self) -> list[tuple[str, str, str]]:

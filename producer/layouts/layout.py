@@ -25,7 +25,7 @@ from typing import Any, Protocol, TypeVar
 import psycopg
 from psycopg import sql
 
-from harvest_outbox.producer.db import MarkedAttempts, MarkedRow, TxnCommit
+from harvest_outbox.producer.db import MarkedAttempts, MarkedRow, StatementPool, TxnCommit
 from harvest_outbox.producer.mapping.names import OutboxNames, Statement, ValueType
 from harvest_outbox.producer.mapping.table import TableMapping
 from harvest_outbox.producer.schema.need import Need
@@ -183,11 +183,18 @@ class OutboxLayout(Protocol):
 
     # ------------------------------------------------------------------ the relay
     def open_databases(
-        self, dsn: str, names: OutboxNames, shard_count: int | None, *, halt_keys: bool, sequenced: bool
+        self,
+        dsn: str,
+        names: OutboxNames,
+        shard_count: int | None,
+        *,
+        halt_keys: bool,
+        sequenced: bool,
+        pool: StatementPool | None = None,
     ) -> tuple[RelayDatabase, RelayDatabase]:
         """The relay's two databases, connected and checked (fail fast): the write one (purges, resets,
         dead letters, commits, views) and the read one (reads and the meter's queries; commits without
-        waiting for the WAL flush)."""
+        waiting for the WAL flush). With a fleet's ``pool``, both lease its connections (producer/db/statement_pool.py)."""
         ...
 
     @property

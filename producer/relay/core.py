@@ -8,7 +8,8 @@ decides alone:
 
 - two database connections, each with a single-thread executor (statements run in submission
   order on each): marks and the meter's backlog query on one, purges / resets / dead letters /
-  commits on the other, so the database works on a mark and a write at once;
+  commits on the other, so the database works on a mark and a write at once (in a fleet, each
+  worker leases a connection of its database's pool per unit of work instead: producer/db/statement_pool.py);
 - the LISTEN connection a stasher's NOTIFY arrives on, and the :class:`~producer.relay._waker.Waker` that
   finished jobs ring;
 - the Kafka producer (replaced after a fatal error or an abandoned drain) and the preflight
@@ -50,7 +51,7 @@ import psycopg
 from confluent_kafka import KafkaError
 
 from harvest_outbox.producer.config import MARK_FLOOR, HarvestConfig
-from harvest_outbox.producer.db import Listener, MarkedAttempts, MarkedRow
+from harvest_outbox.producer.db import Listener, MarkedAttempts, MarkedRow, StatementPool
 from harvest_outbox.producer.election.sharded_neli import ShardSetSeat
 from harvest_outbox.producer.encode.serialization import RowEncoder
 from harvest_outbox.producer.errors import DatabaseError, KafkaSecurityError
@@ -144,8 +145,12 @@ class RelayCore:
         stop_requested: threading.Event,
         tracer_provider: Any = None,
         listener_factory: ListenerFactory | None = None,
+        statement_pool: StatementPool | None = None,
     ) -> None:
         self.config = config
+        #: A fleet's statement connections of this database (producer/db/statement_pool.py), which both
+        #: workers lease per unit of work; None: two connections of this relay's own.
+        self.statement_pool = statement_pool
         #: A fleet's LISTEN connection of this database (producer/db/shared_listener.py); None: a LISTEN
         #: connection of this relay's own.
         self.listener_factory = listener_factory
@@ -232,6 +237,7 @@ class RelayCore:
             shard_count,
             halt_keys=self.halt.enabled,
             sequenced=self.config.uuid_sequencing,
+            pool=self.statement_pool,
         )
         self.exec = ThreadPoolExecutor(1, thread_name_prefix=f"harvest-db-{self.config.name}")
         self.mark_exec = ThreadPoolExecutor(1, thread_name_prefix=f"harvest-mark-{self.config.name}")

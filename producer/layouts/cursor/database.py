@@ -65,7 +65,7 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from harvest_outbox.producer.db import Attempts, DeadLetters, OutboxSession
+from harvest_outbox.producer.db import Attempts, DeadLetters, OutboxSession, StatementPool, leased
 from harvest_outbox.producer.db.fence import DeadRow, Fence, TxnCommit, dead_columns, send_in_one_message
 from harvest_outbox.producer.errors import DatabaseError, FenceError, SchemaError
 from harvest_outbox.producer.layouts.cursor._ids import (
@@ -281,8 +281,9 @@ class CursorDatabase:
         keeper: PartitionKeeper | None = None,
         halt_keys: bool = False,
         shard_count: int | None = None,
+        pool: StatementPool | None = None,
     ) -> None:
-        self.session = OutboxSession(dsn, names, shard_count, async_commit=async_commit)
+        self.session = OutboxSession(dsn, names, shard_count, async_commit=async_commit, pool=pool)
         self.fence = Fence(self.session)
         self.attempts = Attempts(self.session)
         self.dead_letters = DeadLetters(self.session)
@@ -372,18 +373,22 @@ class CursorDatabase:
         return self.session.run(what, query, params, prepare=prepare, cursor=cursor)
 
     # ------------------------------------------------------------------ the books
+    @leased
     def record_attempts(self, items: Sequence[tuple[int, int, str]]) -> int:
         """Persist failed delivery attempts ``(id, attempts so far, error)`` (a count never decreases)."""
         return self.attempts.record(items)
 
+    @leased
     def forget_attempts(self, ids: Sequence[int]) -> int:
         """Delete the attempt counts of rows that were delivered (or are gone)."""
         return self.attempts.forget(ids)
 
+    @leased
     def expire_dead_letters(self, retention: float, limit: int) -> int:
         """Delete up to ``limit`` dead letters parked more than ``retention`` seconds ago; how many were."""
         return self.dead_letters.expire(retention, limit)
 
+    @leased
     def confirm_acks(self, items: Sequence[tuple[bytes, int]]) -> int:
         """Delete the intents of ACKs known to be in the log (``(producer, clock)`` pairs)."""
         return self.fence.confirm_acks(items)
@@ -407,10 +412,12 @@ class CursorDatabase:
         self._copy_dlq_sql = copy_dead_letters_sql(self.names, self.value_type)
 
     # ------------------------------------------------------------------ views
+    @leased
     def prepare_mark(self) -> None:
         """Connect and check the layout (the first read parses its statement)."""
         self.conn  # noqa: B018
 
+    @leased
     def start_view_with_floor(
         self, leader_id: uuid.UUID, name: str
     ) -> tuple[int, list[tuple[int, bytes, int, str, int]], int]:
@@ -455,6 +462,7 @@ class CursorDatabase:
         return self.views.begin(leader_id, epoch, self._cursors(rows))
 
     # ------------------------------------------------------------------ reads
+    @leased
     def mark_with_attempts(self, leader_id: uuid.UUID, limit: int) -> tuple[list[MarkedRow], MarkedAttempts]:
         """The next page of the view's batch (a new batch when the last one is complete); sharded, the
         pages of the led shards in turn (starting with a different shard each time) until ``limit`` rows."""
@@ -692,6 +700,7 @@ class CursorDatabase:
         if moved:
             self._maintain()  # an idle outbox's delivered partitions retire now, not at the next rows
 
+    @leased
     def stats(self) -> tuple[int, float | None, int]:
         """(backlog rows the led shards' committed cursors have not passed, age of the oldest, dead letters);
         sharded, :attr:`shard_stats` has each led shard's."""
@@ -709,6 +718,7 @@ class CursorDatabase:
         )
 
     # ------------------------------------------------------------------ at-least-once
+    @leased
     def purge(self, ids: Sequence[int]) -> int:
         """Delivered rows: commit the cursor past the delivered prefix of the view's reads (served held
         rows: deleted from ``_held``)."""
@@ -719,10 +729,12 @@ class CursorDatabase:
         self._passed(ids)
         return len(ids) + len(held)
 
+    @leased
     def reset(self, ids: Sequence[int]) -> int:
         """Nothing to un-mark: the next view reads from the committed cursor."""
         return len(ids)
 
+    @leased
     def hold(self, ids: Sequence[int]) -> int:
         """haltKey, at-least-once: rows the view dropped unsent for a key it halted are copied to ``_held``
         (fenced by the view's epoch, as the read's copy) and pass with the cursor, so the next view does not
@@ -756,6 +768,7 @@ class CursorDatabase:
         self._passed([])
         return n
 
+    @leased
     def dead_letter(self, items: Sequence[tuple[int, str, int]]) -> int:
         """Copy ``(id, error, attempts)`` rows to the dead letters; then they count as passed."""
         self.conn  # noqa: B018 -- connects, which builds the statement for the value column's type
@@ -808,6 +821,7 @@ class CursorDatabase:
             self._maintain()
 
     # ------------------------------------------------------------------ --uuid-sequencing
+    @leased
     def commit_txns(self, epoch: int, leader_id: uuid.UUID, txns: Sequence[TxnCommit]) -> None:
         """The fenced commit (module doc), decided, then applied: what it writes is decided under the views'
         lock (:meth:`_plan_commit`), sent in one message and committed or rolled back (:meth:`_send_commit`),

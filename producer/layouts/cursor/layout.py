@@ -14,6 +14,7 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
+from harvest_outbox.producer.db import StatementPool
 from harvest_outbox.producer.errors import ConfigError
 from harvest_outbox.producer.layouts.cursor.database import CursorDatabase, backlog_sql, cursor_backlog
 from harvest_outbox.producer.layouts.cursor.held import held_table, requeue_into_held_sql, require_passed
@@ -145,17 +146,32 @@ class CursorLayout:
 
     # ------------------------------------------------------------------ the relay
     def open_databases(
-        self, dsn: str, names: OutboxNames, shard_count: int | None, *, halt_keys: bool, sequenced: bool
+        self,
+        dsn: str,
+        names: OutboxNames,
+        shard_count: int | None,
+        *,
+        halt_keys: bool,
+        sequenced: bool,
+        pool: StatementPool | None = None,
     ) -> tuple[RelayDatabase, RelayDatabase]:
         """Both connections read and commit through one cursor view; the write connection maintains the
         partitions."""
         views = CursorViews(sequenced=sequenced)
         keeper = PartitionKeeper(names, shard_count=shard_count)
-        db = CursorDatabase(dsn, names, views, keeper=keeper, halt_keys=halt_keys, shard_count=shard_count)
+        db = CursorDatabase(dsn, names, views, keeper=keeper, halt_keys=halt_keys, shard_count=shard_count, pool=pool)
         try:
-            db.conn  # noqa: B018 -- fail fast: connection, layout and schema checks
+            with db.session.lease():
+                db.conn  # noqa: B018 -- fail fast: connection, layout and schema checks
             read_db = CursorDatabase(
-                dsn, names, views, async_commit=True, keeper=keeper, halt_keys=halt_keys, shard_count=shard_count
+                dsn,
+                names,
+                views,
+                async_commit=True,
+                keeper=keeper,
+                halt_keys=halt_keys,
+                shard_count=shard_count,
+                pool=pool,
             )
             try:
                 read_db.prepare_mark()

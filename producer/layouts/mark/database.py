@@ -32,7 +32,7 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from harvest_outbox.producer.db import ANY_IDS, Attempts, DeadLetters, OutboxSession
+from harvest_outbox.producer.db import ANY_IDS, Attempts, DeadLetters, OutboxSession, StatementPool, leased
 from harvest_outbox.producer.db.fence import DeadRow, Fence, TxnCommit, dead_columns, id_range, send_in_one_message
 from harvest_outbox.producer.errors import FenceError
 from harvest_outbox.producer.layouts.mark.marks import MarkedAttempts, MarkedRow, mark_sql
@@ -114,8 +114,9 @@ class MarkDatabase:
         *,
         async_commit: bool = False,
         halt_keys: bool = False,
+        pool: StatementPool | None = None,
     ) -> None:
-        self.session = OutboxSession(dsn, names, shard_count, async_commit=async_commit)
+        self.session = OutboxSession(dsn, names, shard_count, async_commit=async_commit, pool=pool)
         self.fence = Fence(self.session)
         self.attempts = Attempts(self.session)
         self.dead_letters = DeadLetters(self.session)
@@ -217,6 +218,7 @@ class MarkDatabase:
     def _build_mark_sql(self) -> None:
         self._mark_sql = mark_sql(self.names, self.value_type, self.shard_count, self.shards, self.halt_keys)
 
+    @leased
     def prepare_mark(self) -> None:
         """Connect and run the mark once for no rows, so the first real mark is quick: a fresh
         backend loads the outbox's catalog entries and parses the statement on its first run
@@ -228,6 +230,7 @@ class MarkDatabase:
         """Mark up to ``limit`` unowned (or other-leader-owned) rows for ``leader_id``; sorted by id."""
         return self.mark_with_attempts(leader_id, limit)[0]
 
+    @leased
     def mark_with_attempts(self, leader_id: uuid.UUID, limit: int) -> tuple[list[MarkedRow], MarkedAttempts]:
         """:meth:`mark`, plus the persisted failed-attempt counts of the marked rows that have one."""
         conn = self.conn  # establishes the mark statement
@@ -242,25 +245,31 @@ class MarkDatabase:
         attempts: MarkedAttempts = {r[0]: (r[7], r[8]) for r in rows if r[7] is not None}
         return rows, attempts
 
+    @leased
     def record_attempts(self, items: Sequence[tuple[int, int, str]]) -> int:
         """Persist failed delivery attempts ``(id, attempts so far, error)`` (a count never decreases)."""
         return self.attempts.record(items)
 
+    @leased
     def forget_attempts(self, ids: Sequence[int]) -> int:
         """Delete the attempt counts of rows that were delivered (or are gone)."""
         return self.attempts.forget(ids)
 
+    @leased
     def purge(self, ids: Sequence[int]) -> int:
         return self._run("purge", self._purge_sql, (self.session.id_array(ids),)).rowcount
 
+    @leased
     def reset(self, ids: Sequence[int]) -> int:
         return self._run("reset", self._reset_sql, (self.session.id_array(ids),)).rowcount
 
+    @leased
     def hold(self, ids: Sequence[int]) -> int:
         """haltKey: rows the view dropped unsent for a key it halted. This layout leaves them marked (the next
         view's mark skips them); the cursor layout's store copies them to ``_held`` (producer/layouts/cursor/database.py)."""
         return 0
 
+    @leased
     def dead_letter(self, items: Sequence[tuple[int, str, int]]) -> int:
         """Move ``(id, error, attempts)`` rows to the dead-letter table, atomically."""
         ids = [i for i, _, _ in items]
@@ -270,10 +279,12 @@ class MarkDatabase:
         assert self._dlq_sql is not None
         return self._run("dead-letter", self._dlq_sql, (ids, errors, attempts)).rowcount
 
+    @leased
     def expire_dead_letters(self, retention: float, limit: int) -> int:
         """Delete up to ``limit`` dead letters parked more than ``retention`` seconds ago; how many were."""
         return self.dead_letters.expire(retention, limit)
 
+    @leased
     def stats(self) -> tuple[int, float | None, int]:
         """(backlog rows, age in seconds of the oldest row, dead letters)."""
         per_shard = {
@@ -294,12 +305,14 @@ class MarkDatabase:
         """:meth:`start_view_with_floor` without the clock floor."""
         return self.fence.start_view(leader_id, name)
 
+    @leased
     def start_view_with_floor(
         self, leader_id: uuid.UUID, name: str
     ) -> tuple[int, list[tuple[int, bytes, int, str, int]], int]:
         """The fence's view start (:meth:`~producer.db.fence.Fence.start_view_with_floor`)."""
         return self.fence.start_view_with_floor(leader_id, name)
 
+    @leased
     def confirm_acks(self, items: Sequence[tuple[bytes, int]]) -> int:
         """Delete the intents of ACKs known to be in the log (``(producer, clock)`` pairs)."""
         return self.fence.confirm_acks(items)
@@ -318,6 +331,7 @@ class MarkDatabase:
         """Commit one harvest transaction: :meth:`commit_txns` of one."""
         self.commit_txns(epoch, leader_id, [TxnCommit(ids, dead, producer, ack_clock, journals, forget)])
 
+    @leased
     def commit_txns(self, epoch: int, leader_id: uuid.UUID, txns: Sequence[TxnCommit]) -> None:
         """Commit consecutive harvest transactions of one view in ONE DB transaction: lock the fence
         row and check it still holds ``epoch``; delete exactly their ids (owned by ``leader_id``);

@@ -16,6 +16,7 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
+from harvest_outbox.producer.db import StatementPool
 from harvest_outbox.producer.errors import SchemaError
 from harvest_outbox.producer.layouts.cursor.schema import is_cursor_table
 from harvest_outbox.producer.layouts.layout import LayoutChecks, LayoutSettings, RelayDatabase, T_co
@@ -97,12 +98,20 @@ class MarkLayout:
 
     # ------------------------------------------------------------------ the relay
     def open_databases(
-        self, dsn: str, names: OutboxNames, shard_count: int | None, *, halt_keys: bool, sequenced: bool
+        self,
+        dsn: str,
+        names: OutboxNames,
+        shard_count: int | None,
+        *,
+        halt_keys: bool,
+        sequenced: bool,
+        pool: StatementPool | None = None,
     ) -> tuple[RelayDatabase, RelayDatabase]:
-        db = MarkDatabase(dsn, names, shard_count, halt_keys=halt_keys)
+        db = MarkDatabase(dsn, names, shard_count, halt_keys=halt_keys, pool=pool)
         try:
-            self.require(db.conn, names)
-            fix = packed_outbox_fix(db.conn, names)
+            with db.session.lease():
+                self.require(db.conn, names)
+                fix = packed_outbox_fix(db.conn, names)
             if fix is not None:
                 log.info("%s; `harvest init-db` creates new outboxes so", fix)
             # The mark commits without waiting for its WAL flush (~0.3 ms of every trickled row's latency,
@@ -110,7 +119,7 @@ class MarkLayout:
             # if the leader had crashed before purging them, and the purge or fenced commit that
             # consumes a mark is synchronous, so flushing it flushes the mark too (WAL is flushed in
             # order). The mark connection writes nothing else (its other queries are metrics reads).
-            mark_db = MarkDatabase(dsn, names, shard_count, async_commit=True, halt_keys=halt_keys)
+            mark_db = MarkDatabase(dsn, names, shard_count, async_commit=True, halt_keys=halt_keys, pool=pool)
             try:
                 mark_db.prepare_mark()  # connected and parsed while a standby: an election's first mark is quick
             except BaseException:

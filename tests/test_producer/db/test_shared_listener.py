@@ -1,16 +1,18 @@
 """A fleet's LISTEN connection per database (producer/db/shared_listener.py) on a real Postgres: each
 relay's listener is rung by its own channel's NOTIFYs only, a burst is one wake-up, a terminated
-connection rings everyone and is made again with every channel, and the connection closes with the
-last listener."""
+connection rings everyone and is made again with every channel, the connection closes a linger after the
+last listener left, and listeners coming and going at once share one connection."""
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 
 import psycopg
 import pytest
 
+from harvest_outbox.producer.db import shared_listener
 from harvest_outbox.producer.db.shared_listener import ListenHubs
 
 pytestmark = pytest.mark.integration
@@ -32,8 +34,9 @@ def _until(cond: Callable[[], bool], what: str, timeout: float = 20) -> None:
 
 
 def test_relays_of_one_process_share_a_listen_connection_per_database(
-    pg_dsn: str, unique_name: Callable[[str], str]
+    pg_dsn: str, unique_name: Callable[[str], str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.setattr(shared_listener, "LINGER", 0.2)
     name = unique_name("fleet")
     hubs = ListenHubs(name)
     one, two, also_one = (
@@ -71,3 +74,33 @@ def test_relays_of_one_process_share_a_listen_connection_per_database(
             listener.close()
     _until(lambda: _backends(pg_dsn, name) == [], "the connection closed with its last listener")
     assert one.fileno() is None and not one.pending()
+
+
+def test_listeners_that_come_and_go_at_once_never_hold_two_connections(
+    pg_dsn: str, unique_name: Callable[[str], str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Cold standbys subscribe and leave at once while they start: they share one connection, which stays
+    a linger after the last one left, and the hub never holds two."""
+    monkeypatch.setattr(shared_listener, "LINGER", 0.5)
+    name = unique_name("churn")
+    hubs = ListenHubs(name)
+    most, sampling = [0], threading.Event()
+
+    def sample() -> None:
+        while not sampling.is_set():
+            most[0] = max(most[0], len(_backends(pg_dsn, name)))
+            sampling.wait(0.005)
+
+    sampler = threading.Thread(target=sample)
+    sampler.start()
+    try:
+        for i in range(8):  # each one gone before its dispatcher has connected
+            hubs.listener(pg_dsn, f"{name}_{i}").close()
+        staying = hubs.listener(pg_dsn, f"{name}_staying")
+        _until(lambda: len(_backends(pg_dsn, name)) == 1, "its LISTEN connection")
+        staying.close()
+    finally:
+        sampling.set()
+        sampler.join()
+    _until(lambda: _backends(pg_dsn, name) == [], "the connection closed with its last listener")
+    assert most[0] == 1, most

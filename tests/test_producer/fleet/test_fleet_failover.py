@@ -36,6 +36,8 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 PARTITIONS = 4
 PER_DB = 10
+#: fleet.statementConnections: each process's pool per database
+POOL = 3
 
 
 def _fleet_yaml(path: Path, dsn1: str, dsn2: str, db2: str, bootstrap: str, prefix: str) -> Path:
@@ -66,7 +68,7 @@ discover:
   - dataSource: '{dsn2}'
     databases: ["{db2}"]
     schemas: "t*"
-fleet: {{discoveryInterval: 1s, restartBackoff: 200ms}}
+fleet: {{discoveryInterval: 1s, restartBackoff: 200ms, statementConnections: {POOL}}}
 logging: {{level: Info}}
 """
     )
@@ -199,8 +201,9 @@ def test_fleet_of_three_processes_serves_outboxes_of_two_databases_exactly_once(
         exported = _get(port, "/metrics")[1]
         assert f'outbox="{db2}/t03.outbox"' in exported
 
-        # standbys are cold in a fleet: each process holds mark and write connections only where it leads;
-        # its election locks, layout locks and LISTENs share one session each per database
+        # standbys are cold in a fleet: a process's statements lease connections of its pool per database
+        # (fleet.statementConnections) only where it leads; its election locks, layout locks and LISTENs
+        # share one session each per database
         def sessions(prefix: str) -> int:
             with psycopg.connect(pg_dsn) as conn:
                 row = conn.execute(
@@ -218,8 +221,11 @@ def test_fleet_of_three_processes_serves_outboxes_of_two_databases_exactly_once(
 
         wait_for(settled, 30, "an election, a layout and a LISTEN session per database in each process")
         all_backends = sessions("")
-        # 2 per led outbox, 3 per database and process; the rest is this test's, the probes' and the balance's
-        assert all_backends <= len(tables) * 2 + 3 * 2 * 3 + 20, all_backends
+        pooled = {n: sessions(f"harvest-statements:{n}") for n in ("a", "b", "c")}
+        assert all(0 < p <= 2 * POOL for p in pooled.values()), pooled
+        # at most the pool and 3 shared sessions per database and process (not 2 per led outbox); the rest
+        # is this test's, the probes' and the balance's
+        assert all_backends <= 3 * 2 * (POOL + 3) + 20, all_backends
 
         # a tenant added while running: discovery finds it, one process leads it
         tenant(dsn2, "t10", f"{db2}/t10.outbox")
@@ -272,7 +278,7 @@ def test_fleet_of_three_processes_serves_outboxes_of_two_databases_exactly_once(
         print(
             f"\nfleet: {len(tables)} outboxes, {exp.total} rows exactly once, {len(exp.rolled_back)} rolled back, "
             f"{res.acks} ACKs; spread {', '.join(f'{n}: {len(v)}' for n, v in spread_at.items())}; "
-            f"{all_backends} Postgres backends with three processes; "
+            f"{all_backends} Postgres backends with three processes (pooled: {pooled}); "
             + ", ".join(f"{k}: {v:.1f}s" for k, v in took.items())
         )
         assert res.acks > 0
