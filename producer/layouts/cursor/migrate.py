@@ -51,7 +51,7 @@ import psycopg
 from psycopg import sql
 
 from harvest_outbox.producer.db import LAYOUT_CHANGED_SQLSTATE
-from harvest_outbox.producer.errors import SchemaError
+from harvest_outbox.producer.errors import HarvestError, SchemaError
 from harvest_outbox.producer.layouts.cursor.held import held_table
 from harvest_outbox.producer.layouts.cursor.schema import (
     PARTITION_IDS,
@@ -94,8 +94,9 @@ class Migrated:
     attempts: int = 1
 
 
-class _TooManyRows(Exception):
-    """An online attempt found more rows to copy than it may under the lock (rolled back)."""
+class _TooManyRows(HarvestError):
+    """An online attempt found more rows to copy than it may under the lock (rolled back, tried again: never
+    raised out of this module)."""
 
 
 def migrate_to_cursor(
