@@ -6,6 +6,7 @@ others, a stop ends members whatever they are doing (producer/fleet/supervisor.p
 from __future__ import annotations
 
 import dataclasses
+import resource
 import threading
 import time
 from collections.abc import Callable
@@ -15,6 +16,7 @@ import pytest
 
 from harvest_outbox.producer.fleet.discovery import DiscoveryError
 from harvest_outbox.producer.fleet.member import Member
+from harvest_outbox.producer.fleet.run import _raise_open_files_limit
 from harvest_outbox.producer.fleet.spec import Discovery, FleetFile, FleetOptions, fleet_from_document
 from harvest_outbox.producer.fleet.supervisor import Change, Fleet, decide
 
@@ -192,3 +194,18 @@ class _Slow:
         time.sleep(0.02)
         self._log.append(("stopped", "a.outbox"))
         raise RuntimeError("lost the database")
+
+
+def test_a_fleet_raises_its_open_files_soft_limit_to_the_hard_one() -> None:
+    """A led outbox holds ~20 descriptors: the common soft limit of 1,024 would stop a fleet near 50."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = 1 << 20 if hard == resource.RLIM_INFINITY else min(hard, 1 << 20)
+    assert want > 256, f"the hard limit ({hard}) leaves nothing to raise"
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (256, hard))
+        _raise_open_files_limit()
+        assert resource.getrlimit(resource.RLIMIT_NOFILE) == (want, hard)
+        _raise_open_files_limit()  # already there: unchanged
+        assert resource.getrlimit(resource.RLIMIT_NOFILE) == (want, hard)
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
