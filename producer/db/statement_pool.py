@@ -44,6 +44,9 @@ from harvest_outbox.producer.errors import DatabaseError
 from harvest_outbox.redact import redact_dsn, redact_error
 
 log = logging.getLogger(__name__)
+#: Prepared statements a pooled connection keeps (psycopg's default is 100): enough for every outbox of a
+#: pool's database to keep its ~15 statements prepared on every connection.
+PREPARED_MAX = 5000
 
 #: Seconds a borrower waits in line for a connection. A process whose relays all drain at once saturates
 #: its CPU and the line moves slowly: 100 outboxes draining on 10 connections waited over 2 s (157 leases
@@ -268,6 +271,9 @@ class StatementPool:
                     f"cannot connect to Postgres ({redact_dsn(self._dsn)}): {redact_error(str(exc), self._dsn).strip()}"
                 ) from exc
             raise
+        # Shared by many outboxes, a connection sees each one's statements: psycopg's default cache of 100
+        # prepared statements churned (re-prepared, deallocated) once a pool served more than a few outboxes.
+        held.conn.prepared_max = PREPARED_MAX
         with self._mu:
             self._stats.opened += 1
         return held
