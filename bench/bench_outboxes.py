@@ -924,16 +924,16 @@ def drain_and_fairness(
             single_drain()
             fleet_drain()
             processes_drain()
-            for n in range(args.repeats):
+            for repeat in range(args.repeats):
                 sides = [
                     ("single", single_drain),
                     ("fleet", fleet_drain),
                     ("fleet_one_busy", one_busy_drain),
                     ("processes", processes_drain),
                 ]
-                for side, run in sides if n % 2 == 0 else sides[::-1]:
+                for side, run in sides if repeat % 2 == 0 else sides[::-1]:
                     runs[side].append(run())
-                    _log(f"cpu per row, repeat {n + 1}: {side} {runs[side][-1]}")
+                    _log(f"cpu per row, repeat {repeat + 1}: {side} {runs[side][-1]}")
             recorder.figure(
                 "cpu_per_row",
                 [r["cpu_us_per_row"] for r in runs["fleet"]],
