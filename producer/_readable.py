@@ -39,20 +39,19 @@ _READY = select.POLLIN | select.POLLPRI | select.POLLERR | select.POLLHUP | sele
 def readable(fds: Iterable[F], timeout: float | None) -> list[F]:
     """The members of ``fds`` (descriptors or objects with ``fileno()``) that are readable, waiting up
     to ``timeout`` seconds (None: until one is) for the first."""
-    by_fd: dict[int, list[F]] = {}
-    for f in fds:
-        fd = f if isinstance(f, int) else f.fileno()
-        if fd < 0:  # a closed socket object: ready, as a closed descriptor is
-            return [f]
-        by_fd.setdefault(fd, []).append(f)
-    if max(by_fd, default=0) < FD_SETSIZE:
+    given = list(fds)
+    numbers = [f if isinstance(f, int) else f.fileno() for f in given]
+    if any(n < 0 for n in numbers):  # a closed socket object: ready, as a closed descriptor is
+        return [f for f, n in zip(given, numbers, strict=True) if n < 0]
+    if max(numbers, default=0) < FD_SETSIZE:
         try:
-            ready, _, _ = select.select(list(by_fd), [], [], timeout)
+            ready, _, _ = select.select(given, [], [], timeout)  # (returns the objects it was given)
         except (OSError, ValueError):  # closed under us (EBADF): a closed descriptor is ready
-            return [f for group in by_fd.values() for f in group]
-        return [f for fd in ready for f in by_fd[fd]]
+            return given
+        return ready
     poller = select.poll()
-    for fd in by_fd:
-        poller.register(fd, select.POLLIN | select.POLLPRI)
+    for n in set(numbers):
+        poller.register(n, select.POLLIN | select.POLLPRI)
     events = poller.poll(None if timeout is None else max(0, math.ceil(timeout * 1000)))
-    return [f for fd, mask in events if mask & _READY for f in by_fd[fd]]
+    hit = {fd for fd, mask in events if mask & _READY}
+    return [f for f, n in zip(given, numbers, strict=True) if n in hit]
