@@ -33,13 +33,12 @@ from functools import partial
 
 from confluent_kafka import KafkaException
 
+from harvest_outbox.producer.kafka import ANY_PARTITION
 from harvest_outbox.producer.ops.preflight import header_bytes, too_large
 from harvest_outbox.producer.relay.sequenced._txn import Slot, TracedSlot
 from harvest_outbox.sequencer import TICK as _TICK
 
 cdef uint64_t TICK = _TICK
-# confluent-kafka's "any partition" (producer.kafka.ANY_PARTITION; a test checks they are equal)
-ANY_PARTITION = -1
 _yield = time.sleep
 
 
