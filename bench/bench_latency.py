@@ -70,6 +70,7 @@ import tempfile
 import time
 import uuid
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -82,9 +83,17 @@ LAYOUTS = ("mark", "cursor")
 MODES = ("at_least_once", "sequenced")
 SHARDS = (1, 2)
 ALL_CONFIGS = tuple(f"{lay}/{mode}/{s}" for lay in LAYOUTS for mode in MODES for s in SHARDS)
+DEBEZIUM = "debezium"  # the peer, as its users run it (run_debezium)
+#: Debezium's outbox table, as its docs give it.
+DEBEZIUM_DDL = (
+    "CREATE TABLE {} (id uuid PRIMARY KEY, aggregatetype varchar(255) NOT NULL, "
+    "aggregateid varchar(255) NOT NULL, type varchar(255) NOT NULL, payload jsonb)"
+)
 PROBE_KEYS = 16
 PARTITIONS = 8
 DSN_VAR = "BENCH_LATENCY_DSN"
+#: issue #51's bound on p99 at 500 rows/s: 2x Kafka alone's p99 plus this many ms, per mode
+SLACK_MS = {"at_least_once": 5.0, "sequenced": 10.0}
 WRITER_RATE = 1000  # rows/s per writer process by default (one connection, one row per transaction)
 QUICK = {"rates": "500", "seconds": 5.0, "warmup": 2.0, "warm_records": 100_000, "repeats": 3}
 
@@ -263,8 +272,19 @@ def _schedule(
     return {"written": written, "elapsed_s": time.perf_counter() - start, "max_lag_ms": round(lag * 1000, 2)}
 
 
+def debezium_insert(table: str) -> Any:
+    """One row into Debezium's outbox table (:data:`DEBEZIUM_DDL`): parameters (id, aggregate id, payload as
+    JSON text). The payload is the row's index, a JSON number, which the event router sends as the value."""
+    from psycopg import sql
+
+    return sql.SQL(
+        "INSERT INTO {} (id, aggregatetype, aggregateid, type, payload) VALUES (%s, 'Latency', %s, 'RowWritten', %s)"
+    ).format(sql.Identifier(*table.split(".")))
+
+
 def writer(args: argparse.Namespace) -> int:
-    """Rows stashed one per transaction at ``--rate``; per row the stamps before COMMIT and after."""
+    """Rows written one per transaction at ``--rate`` (stashed, or with ``--debezium`` inserted into Debezium's
+    table); per row the stamps before COMMIT and after."""
     import psycopg
 
     from harvest_outbox.producer.stash.stasher import OutboxRecord, Stasher
@@ -272,11 +292,20 @@ def writer(args: argparse.Namespace) -> int:
     commit = [0] * args.n
     done = [0] * args.n
     st = Stasher(args.table)
+    insert = debezium_insert(args.table)
     with psycopg.connect(os.environ[DSN_VAR]) as conn:
+
+        def stash(i: int) -> None:
+            st.stash(conn, OutboxRecord(args.topic, f"key-{i % args.keys}", f"{i:010d}"))
+
+        def insert_row(i: int) -> None:  # Debezium's table, the statement its users write
+            conn.execute(insert, (uuid.uuid4(), f"key-{i % args.keys}", str(i)))
+
+        write = insert_row if args.debezium else stash
 
         def one(i: int) -> None:
             with conn.transaction():
-                st.stash(conn, OutboxRecord(args.topic, f"key-{i % args.keys}", f"{i:010d}"))
+                write(i)
                 commit[i] = time.time_ns()  # just before COMMIT
             done[i] = time.time_ns()
 
@@ -356,6 +385,7 @@ def consumer(args: argparse.Namespace) -> int:
             now = time.time_ns()
             if got is not None:
                 value, ts, partition, offset = got
+                value = value.strip(b'"')  # Debezium's payload column is jsonb: a probe is a JSON string
                 if value.isdigit():
                     rows.append((int(value), ts, now, partition, offset))
                 elif value.startswith(b"probe:"):
@@ -557,9 +587,6 @@ def run_kafka(bootstrap: str, workdir: Path, rate: float, args: argparse.Namespa
 def run_relay(
     dsn: str, bootstrap: str, workdir: Path, rate: float, config: str, args: argparse.Namespace
 ) -> dict[str, Any]:
-    import psycopg
-    from psycopg import sql
-
     from harvest_outbox.harvest_local.kafka import create_topic
     from harvest_outbox.harvest_local.relays import RelayProcess
     from harvest_outbox.producer.stash.stasher import OutboxRecord, Stasher
@@ -577,47 +604,133 @@ def run_relay(
     )
     if init.returncode != 0:
         raise SystemExit(f"bench_latency: harvest init-db failed: {init.stderr}")
-    n = int(rate * (args.warmup + args.seconds))
     relay = RelayProcess(yaml, "relay", run.dir).start()
+    st = Stasher(table)
+
+    def alive() -> None:
+        if not relay.alive:
+            raise SystemExit(f"bench_latency: the relay exited; its log: {relay.log}")
+
+    def probe_rows(conn: Any, rnd: int) -> None:
+        for k in range(PROBE_KEYS):
+            st.stash(conn, OutboxRecord(topic, f"key-{k}", f"probe:{rnd}:{k}"))
+
+    try:
+        assert relay.proc is not None
+        contestant = Contestant(relay.proc.pid, alive, probe_rows, ())
+        return measure(dsn, bootstrap, run, rate, topic, table, sequenced, contestant, args)
+    finally:
+        relay.stop()
+        _drop_schema(dsn, schema)
+
+
+def run_debezium(dsn: str, bootstrap: str, workdir: Path, rate: float, args: argparse.Namespace) -> dict[str, Any]:
+    """Debezium as its users run it: a Kafka Connect worker (its own JVM) with the Postgres connector and the
+    outbox event router on Debezium's table, defaults but ``poll.interval.ms`` (``--debezium-poll-ms``). The
+    worker is started for the run and stopped after it, so no idle JVM shares the machine with harvest's runs.
+    The record's timestamp (the timeline's *produce*) is the router's default, Debezium's event timestamp:
+    when the connector handled the change."""
+    import psycopg
+    from psycopg import sql
+
+    from harvest_outbox.harvest_local.debezium import DebeziumOutbox, OutboxConnector
+    from harvest_outbox.harvest_local.kafka import create_topic
+
+    hexid = uuid.uuid4().hex[:8]
+    schema, topic = f"lat_{hexid}", f"lat-{hexid}"
+    table = f"{schema}.outbox"
+    create_topic(bootstrap, topic, PARTITIONS)
+    run = Run(workdir, f"{DEBEZIUM}-{rate:g}")
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(schema)))
+        conn.execute(sql.SQL(DEBEZIUM_DDL).format(sql.Identifier(schema, "outbox")))
+    connector = OutboxConnector(
+        f"lat_{hexid}",
+        table,
+        {"route.topic.replacement": topic},
+        options={"poll.interval.ms": str(args.debezium_poll_ms)},
+        topic_partitions=PARTITIONS,
+    )
+    worker = DebeziumOutbox(dsn, bootstrap, [connector], root=run.dir / "connect")
+    insert = debezium_insert(table)
+
+    def alive() -> None:
+        worker.wait_for_records([], 0, timeout=5)  # raises at once if the worker died or its task failed
+
+    def probe_rows(conn: Any, rnd: int) -> None:
+        for k in range(PROBE_KEYS):
+            conn.execute(insert, (uuid.uuid4(), f"key-{k}", json.dumps(f"probe:{rnd}:{k}")))
+
+    try:
+        worker.start()
+        assert worker.pid is not None
+        contestant = Contestant(worker.pid, alive, probe_rows, ("--debezium",))
+        return measure(dsn, bootstrap, run, rate, topic, table, False, contestant, args)
+    finally:
+        worker.destroy()  # its slot and publication too: a slot left behind would pin WAL for the later runs
+        _drop_schema(dsn, schema)
+
+
+@dataclass(frozen=True)
+class Contestant:
+    """What :func:`measure` needs of a running relay: its process (for its CPU share), a check that raises
+    if it died, how to write one probe round into its table, and the writers' extra flags."""
+
+    pid: int
+    check: Callable[[], None]
+    probe_rows: Callable[[Any, int], None]
+    writer_flags: tuple[str, ...]
+
+
+def measure(
+    dsn: str,
+    bootstrap: str,
+    run: Run,
+    rate: float,
+    topic: str,
+    table: str,
+    sequenced: bool,
+    contestant: Contestant,
+    args: argparse.Namespace,
+) -> dict[str, Any]:
+    """One run against a relay that is running: consumers started, probes until they receive, the writers on
+    their schedule, the figures."""
+    import psycopg
+
+    n = int(rate * (args.warmup + args.seconds))
     try:
         run.start_consumers(bootstrap, topic, n, 3 * (args.warmup + args.seconds) + 300, sequenced)
-        st = Stasher(table)
         with psycopg.connect(dsn) as conn:
 
             def probe(rnd: int) -> None:
-                if not relay.alive:
-                    raise SystemExit(f"bench_latency: the relay exited; its log: {relay.log}")
+                contestant.check()
                 with conn.transaction():
-                    for k in range(PROBE_KEYS):
-                        st.stash(conn, OutboxRecord(topic, f"key-{k}", f"probe:{rnd}:{k}"))
+                    contestant.probe_rows(conn, rnd)
 
             ready_s = run.wait_ready(probe)
-        assert relay.proc is not None
         writers = args.writers or max(1, math.ceil(rate / WRITER_RATE))
         outs = [run.dir / f"writer-{w}.json" for w in range(writers)]
         start_at = time.time() + 1.0  # every writer's schedule starts then (they import first)
-        cpu0, t0 = _cpu_s(relay.proc.pid), time.monotonic()
+        cpu0, t0 = _cpu_s(contestant.pid), time.monotonic()
         procs = [
             _child(
                 "writer",
                 *("--table", table, "--topic", topic, "--rate", rate, "--n", n, "--keys", args.keys),
                 *("--index", w, "--of", writers, "--start-at", repr(start_at), "--out", out),
+                *contestant.writer_flags,
                 dsn=dsn,
             )
             for w, out in enumerate(outs)
         ]
         if any(p.wait() != 0 for p in procs):
             raise SystemExit("bench_latency: a writer failed")
-        cpu1, t1 = _cpu_s(relay.proc.pid), time.monotonic()
+        cpu1, t1 = _cpu_s(contestant.pid), time.monotonic()
         received = run.finish_consumers(30)
     finally:
-        relay.stop()
         for _, proc, _ in run.consumers:
             if proc.poll() is None:
                 proc.send_signal(signal.SIGKILL)
                 proc.wait()
-        with psycopg.connect(dsn, autocommit=True) as conn:
-            conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema)))
     written = merge_writers([json.loads(out.read_text()) for out in outs])
     result: dict[str, Any] = {
         "topic": topic,
@@ -630,6 +743,35 @@ def run_relay(
     for kind, rows in received.items():
         result[kind] = latency_figures(written["commit_ns"], written["done_ns"], rows, args.warmup, args.worst)
     return result
+
+
+def _require_logical(dsn: str) -> None:
+    import psycopg
+
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        level = conn.execute("SHOW wal_level").fetchone()[0]  # type: ignore[index]
+    if level != "logical":
+        raise SystemExit(
+            f"bench_latency: configuration {DEBEZIUM!r} needs Postgres with wal_level = logical; HARVEST_PG_DSN's "
+            f"server has wal_level = {level}. Set it (and restart the server), or leave {DEBEZIUM!r} out of --configs."
+        )
+
+
+def _drop_schema(dsn: str, schema: str) -> None:
+    import psycopg
+    from psycopg import sql
+
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema)))
+
+
+def _paired(runs: list[dict[str, Any]], kafka_runs: list[dict[str, Any]]) -> list[tuple[dict[str, Any], Any]]:
+    """(a configuration's run, Kafka alone's of the same repeat), where both have a plain p99."""
+    return [
+        (r, k)
+        for r, k in zip(runs, kafka_runs, strict=True)
+        if (r.get("plain") or {}).get("p99_ms") is not None and k.get("p99_ms")
+    ]
 
 
 def _median_run(runs: list[dict[str, Any]], key: Callable[[dict[str, Any]], float | None]) -> dict[str, Any]:
@@ -646,7 +788,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rates", default="50,500,5000", help="rows/s, comma-separated")
     ap.add_argument("--seconds", type=float, default=60.0, help="the measured window, after the warm-up")
     ap.add_argument("--warmup", type=float, default=10.0, help="seconds of rows left out first")
-    ap.add_argument("--configs", default=",".join(ALL_CONFIGS), help="layout/mode/shards, comma-separated")
+    ap.add_argument(
+        "--configs",
+        default=",".join([*ALL_CONFIGS, DEBEZIUM]),
+        help=f"layout/mode/shards or {DEBEZIUM}, comma-separated",
+    )
+    ap.add_argument(
+        "--debezium-poll-ms",
+        type=int,
+        default=10,
+        help="Debezium's poll.interval.ms (its default is 500; issue #51 compares against a tuned 10)",
+    )
     ap.add_argument("--keys", type=int, default=1000)
     ap.add_argument(
         "--warm-records", type=int, default=1_000_000, help="records produced untimed first (the broker's JIT)"
@@ -673,8 +825,8 @@ def main(argv: list[str] | None = None) -> int:
                 setattr(args, key, value)
     configs = [c for c in args.configs.split(",") if c]
     for c in configs:
-        if c not in ALL_CONFIGS:
-            ap.error(f"unknown configuration {c!r}; choose from {', '.join(ALL_CONFIGS)}")
+        if c not in (*ALL_CONFIGS, DEBEZIUM):
+            ap.error(f"unknown configuration {c!r}; choose from {', '.join([*ALL_CONFIGS, DEBEZIUM])}")
     rates = [float(r) for r in args.rates.split(",") if r]
     services = None
     tmp = None if args.workdir else tempfile.TemporaryDirectory(prefix="bench-latency-")
@@ -687,8 +839,10 @@ def main(argv: list[str] | None = None) -> int:
 
         option, request_log = broker_view.jvm_options(workdir)
         os.environ[JVM_VARIABLE] = f"{os.environ.get(JVM_VARIABLE, '')} {option}".strip()
-        services = LocalServices().start()
+        services = LocalServices(logical_replication=DEBEZIUM in configs).start()
         dsn, bootstrap = services.endpoints.pg_dsn, services.endpoints.kafka_bootstrap
+    if DEBEZIUM in configs:
+        _require_logical(dsn)
     results: dict[str, Any] = {}
     warm_s = None
     cpu = broker_view.CpuSampler().start()
@@ -712,6 +866,8 @@ def main(argv: list[str] | None = None) -> int:
                     began = time.time()
                     if config == "kafka":
                         run = run_kafka(bootstrap, here, rate, args)
+                    elif config == DEBEZIUM:
+                        run = run_debezium(dsn, bootstrap, here, rate, args)
                     else:
                         run = run_relay(dsn, bootstrap, here, rate, config, args)
                     repeats[config].append(run)
@@ -737,6 +893,38 @@ def main(argv: list[str] | None = None) -> int:
                             [b for _, b in pairs],
                             f"commit -> receipt p99, harvest {config} ({kind}) / Kafka alone's, {key} rows/s",
                         )
+                if config == DEBEZIUM:
+                    continue
+                # issue #51's bound: p99 <= 2x Kafka alone's + 5 ms (at-least-once) or + 10 ms (sequenced)
+                slack = SLACK_MS["sequenced" if "/sequenced/" in config else "at_least_once"]
+                bounds = [
+                    (r["plain"]["p99_ms"], 2 * k["p99_ms"] + slack) for r, k in _paired(repeats[config], kafka_runs)
+                ]
+                if len(bounds) == args.repeats:
+                    recorder.figure(
+                        f"{key}/{config}/plain/p99_to_bound",
+                        [a for a, _ in bounds],
+                        [b for _, b in bounds],
+                        f"commit -> receipt p99, harvest {config} / (2x Kafka alone's p99 + {slack:g} ms), {key} rows/s",
+                        target_key=f"{key}/p99_to_bound" if key == "500" else "",
+                    )
+                if DEBEZIUM in configs:
+                    for pct in ("p50", "p99", "p99_9", "max"):
+                        pairs = [
+                            (r["plain"][f"{pct}_ms"], d["plain"][f"{pct}_ms"])
+                            for r, d in zip(repeats[config], repeats[DEBEZIUM], strict=True)
+                            if (r.get("plain") or {}).get(f"{pct}_ms") is not None
+                            and (d.get("plain") or {}).get(f"{pct}_ms")
+                        ]
+                        if len(pairs) == args.repeats:
+                            recorder.figure(
+                                f"{key}/{config}/plain/{pct}_to_debezium",
+                                [a for a, _ in pairs],
+                                [b for _, b in pairs],
+                                f"commit -> receipt {pct}, harvest {config} / Debezium's "
+                                f"(poll.interval.ms {args.debezium_poll_ms}), {key} rows/s",
+                                target_key=f"{key}/to_debezium" if key == "500" else "",
+                            )
             # the published percentiles: each configuration's repeat of median p99 (one run's coherent
             # figures, not a mix), beside its Kafka-alone repeat of the same round
             results[key] = {"kafka": _median_run(kafka_runs, lambda r: r.get("p99_ms"))}
@@ -776,6 +964,7 @@ def _child_main(argv: list[str]) -> int:
     ap.add_argument("--index", type=int, default=0, help="this writer writes the rows i % --of == --index")
     ap.add_argument("--of", type=int, default=1)
     ap.add_argument("--start-at", type=float, help="wall-clock time the writers' schedule starts")
+    ap.add_argument("--debezium", action="store_true", help="write into Debezium's outbox table")
     args = ap.parse_args(argv[1:])
     return {"writer": writer, "kafka-writer": kafka_writer, "consumer": consumer}[argv[0]](args)
 

@@ -101,6 +101,8 @@ class BrokerRequests:
             response = d.get("response") or {}
             if kind == "PRODUCE":
                 for topic in response.get("responses", []):
+                    if "name" not in topic:  # produce v13+ (the Java producer, Connect's) names a topic by id
+                        continue
                     for part in topic.get("partitionResponses", []):
                         if part.get("errorCode") == 0 and part.get("baseOffset", -1) >= 0:
                             key = (topic["name"], part["index"])

@@ -150,6 +150,11 @@ class DebeziumOutbox:
         )
 
     @property
+    def pid(self) -> int | None:
+        """The worker JVM's process id while it runs (its CPU is the relay's, in benchmarks)."""
+        return self._proc.pid if self._proc is not None and self._proc.poll() is None else None
+
+    @property
     def log_file(self) -> Path:
         return self.root / "connect.log"
 

@@ -45,19 +45,25 @@ class ServiceEndpoints:
 
 class LocalServices(AbstractContextManager["LocalServices"]):
     """Postgres + Kafka for one run. ``postgres``/``kafka`` are set when this run owns them; ``brokers``: 1 (one
-    combined node) or 3 and more (a replicated cluster: ``cluster``, ``kafka`` stays None). ``standby``: Postgres
-    is a primary and a synchronous standby (``replicated``; ``postgres`` is its primary now, and follows it
-    through :meth:`fail_over_postgres`). ``secure``: the broker also has a SASL_SSL listener (SCRAM-SHA-512,
-    OAUTHBEARER, ACLs; :mod:`harvest_local.kafka_security`) with a CA and certificate made at start-up
-    (``endpoints.kafka_sasl``); its plain listener stays open to every client, as a super user."""
+        combined node) or 3 and more (a replicated cluster: ``cluster``, ``kafka`` stays None). ``standby``: Postgres
+        is a primary and a synchronous standby (``replicated``; ``postgres`` is its primary now, and follows it
+        through :meth:`fail_over_postgres`). ``logical_replication``: the Postgres it starts runs ``wal_level = logical``
+    (Debezium's slots; not with ``standby``). ``secure``: the broker also has a SASL_SSL listener (SCRAM-SHA-512,
+        OAUTHBEARER, ACLs; :mod:`harvest_local.kafka_security`) with a CA and certificate made at start-up
+        (``endpoints.kafka_sasl``); its plain listener stays open to every client, as a super user."""
 
-    def __init__(self, brokers: int = 1, standby: bool = False, secure: bool = False) -> None:
+    def __init__(
+        self, brokers: int = 1, standby: bool = False, secure: bool = False, logical_replication: bool = False
+    ) -> None:
         if brokers != 1 and brokers < 3:
             raise ValueError(f"brokers must be 1 or at least 3 (a replicated cluster), got {brokers}")
         if secure and brokers != 1:
             raise ValueError("secure=True: the SASL_SSL listener is on the single-node broker only; use brokers=1")
+        if logical_replication and standby:
+            raise ValueError("logical_replication=True: not with standby=True (the replicated pair is physical)")
         self.brokers = brokers
         self.standby = standby
+        self.logical_replication = logical_replication
         self.secure = secure
         self.sasl: SaslListener | None = None
         self.postgres: EmbeddedPostgres | None = None
@@ -93,7 +99,7 @@ class LocalServices(AbstractContextManager["LocalServices"]):
                 self.replicated = ReplicatedPostgres().start()
                 self.postgres, pg_dsn = self.replicated.primary, self.replicated.dsn
             elif not pg_dsn:
-                self.postgres = EmbeddedPostgres().start()
+                self.postgres = EmbeddedPostgres(logical_replication=self.logical_replication).start()
                 pg_dsn = self.postgres.dsn
             if not bootstrap and self.brokers > 1:
                 self.cluster = EmbeddedKafkaCluster(self.brokers).start()

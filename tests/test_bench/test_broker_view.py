@@ -42,6 +42,17 @@ def test_a_row_is_placed_in_its_append_and_its_fetch(tmp_path: Path) -> None:
                 _line(t + 25, "FETCH", "lat-plain-tp", _fetch(0, 4, 100)),
                 _line(t + 26, "FETCH", "lat-rc-tp", _fetch(0, 4, 400)),  # another consumer's own positions
                 _line(t + 30, "METADATA", "relay", {}, requestQueueTimeMs=500.0),  # neither: not counted
+                # produce v13+ (Connect's Java producer) names its topic by id: its queue phase counts, no append
+                _line(
+                    t + 31,
+                    "PRODUCE",
+                    "connect",
+                    {
+                        "responses": [
+                            {"topicId": "x", "partitionResponses": [{"index": 1, "errorCode": 0, "baseOffset": 0}]}
+                        ]
+                    },
+                ),
                 "a line of something else",
             ]
         )
@@ -50,7 +61,7 @@ def test_a_row_is_placed_in_its_append_and_its_fetch(tmp_path: Path) -> None:
     requests = BrokerRequests(log)
     requests.take()
     assert log.read_text() == ""  # emptied: the next run's lines start afresh
-    assert len(requests) == 6
+    assert len(requests) == 7
     s = t / 1000
     # offsets 0..2 came in the first batch, appended before its response queued (2 ms) and was sent (1 ms)
     assert requests.appended_at("tp", 0, 2) == pytest.approx(s + 0.010 - 0.003)
@@ -65,7 +76,7 @@ def test_a_row_is_placed_in_its_append_and_its_fetch(tmp_path: Path) -> None:
     assert requests.queue_ms(s + 0.015, s + 0.1) == 90.0
     assert requests.queue_ms(s + 1, s + 2) is None
     summary = requests.summary(s, s + 1)
-    assert summary["requests"] == 6 and summary["queue_max_ms"] == 90.0 and summary["queued_20ms_or_more"] == 1
+    assert summary["requests"] == 7 and summary["queue_max_ms"] == 90.0 and summary["queued_20ms_or_more"] == 1
 
 
 def test_the_request_log_configuration_names_the_log_and_keeps_the_default(tmp_path: Path) -> None:

@@ -483,27 +483,15 @@ class CursorDatabase:
         with self.views.lock:
             order = view.order()
             view.turn += 1
-        # A page read must walk the id (or (shard, id)) index from its start and stop at the LIMIT. The
-        # planner knows nothing of the rows a burst adds to a partition (its statistics predate them;
-        # autovacuum analyzes it later), and with a row estimate under the page's LIMIT it scans the rest
-        # of the partition and sorts it instead: ~160 ms per 5,000-row page of a 300,000-row partition of
-        # Debezium's table against ~4 ms down the index, 5x Debezium's Postgres CPU per relayed row in
-        # bench_debezium (docs/primary-cost.md). Only for the reads: the session's other statements (the
-        # fenced commit's) plan worse without them (sequenced drain 0.7x the mark layout's, measured).
-        self._run("planning the reads", _PLANNER, ("off", "off"))
         rows: list[MarkedRow] = []
         idle: list[int] = []
-        try:
-            for shard in order:
-                page = self._read_page(view, shard, limit - len(rows))
-                if not page:
-                    idle.append(shard)
-                rows += page
-                if len(rows) >= limit:
-                    break
-        finally:
-            if self.session.live is not None:  # (a failed read closed it)
-                self._run("planning the reads", _PLANNER, self._planner)
+        for shard in order:
+            page = self._read_page(view, shard, limit - len(rows))
+            if not page:
+                idle.append(shard)
+            rows += page
+            if len(rows) >= limit:
+                break
         if idle and time.monotonic() >= self._next_idle_commit:
             self._idle_commit(view, idle)
         rows = served + rows
@@ -544,14 +532,33 @@ class CursorDatabase:
             "t0": time.monotonic(),
             "shard": shard,
         }
-        waiting = self._hold(view, params) if self._held_read_sql is not None else set()
-        rows: list[MarkedRow] = self._run(
-            "reading the outbox",
-            self._read_sql,
-            params,
-            prepare=self.session.prepare_reads,
-            cursor=self.session.row_cursor,
-        ).fetchall()
+        # A page read must walk the id (or (shard, id)) index from its start and stop at the LIMIT. The
+        # planner knows nothing of the rows a burst adds to a partition (its statistics predate them;
+        # autovacuum analyzes it later), and with a row estimate under the page's LIMIT it scans the rest
+        # of the partition and sorts it instead: ~160 ms per 5,000-row page of a 300,000-row partition of
+        # Debezium's table against ~4 ms down the index, 5x Debezium's Postgres CPU per relayed row in
+        # bench_debezium (docs/primary-cost.md). Only for the reads: the session's other statements (the
+        # fenced commit's) plan worse without them (sequenced drain 0.7x the mark layout's, measured).
+        # One pipeline sends the settings, the read and their restoring together: one round trip, not
+        # three, which at a trickle (a page per row) was half of the cursor layout's statements.
+        try:
+            with self.conn.pipeline():
+                self._run("planning the reads", _PLANNER, ("off", "off"))
+                try:
+                    waiting = self._hold(view, params) if self._held_read_sql is not None else set()
+                    page = self._run(
+                        "reading the outbox",
+                        self._read_sql,
+                        params,
+                        prepare=self.session.prepare_reads,
+                        cursor=self.session.row_cursor,
+                    )
+                finally:
+                    if self.session.live is not None:  # (a failed statement closed it)
+                        self._run("planning the reads", _PLANNER, self._planner)
+                rows: list[MarkedRow] = page.fetchall()
+        except psycopg.Error as exc:  # raised by the pipeline's sync, after each statement was queued
+            raise self.session.failed("reading the outbox", exc) from exc
         after, complete = page_end(cursor, len(rows), rows[-1][ROW_ID] if rows else None, limit)
         read.batch_rows += len(rows)
         if complete:
