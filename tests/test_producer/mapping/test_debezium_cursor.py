@@ -133,8 +133,12 @@ def test_the_page_read_walks_the_index_of_a_partition_filled_after_its_statistic
         got = relay.execute(q, params).fetchall()
         assert len(got) == 5000 and [r[0] for r in got] == sorted(r[0] for r in got)
         relay.execute(_PLANNER, db._planner)  # and restores after it: the session's other statements plan freely
-        settings = relay.execute("SELECT current_setting('enable_seqscan'), current_setting('enable_bitmapscan')")
-        assert settings.fetchone() == ("on", "on")
+        settings = "SELECT current_setting('enable_seqscan'), current_setting('enable_bitmapscan')"
+        assert relay.execute(settings).fetchone() == ("on", "on")
+        # the relay's own read (one pipeline: the settings, the page, their restoring) leaves them restored too
+        rows, _ = db.mark_with_attempts(uuid.uuid4(), 5000)
+        assert len(rows) == 5000 and [r[0] for r in rows] == sorted(r[0] for r in rows)
+        assert db.conn.execute(settings).fetchone() == ("on", "on")
     finally:
         db.close()
 
