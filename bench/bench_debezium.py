@@ -40,9 +40,13 @@ every record read back is checked against what was written. Measured, per contes
   which autovacuum would otherwise pay at a moment of its choosing, maybe inside another contestant's
   timed phase). Debezium also runs the insert-then-delete pattern its users often have (the rows
   deleted in the inserting transaction), once. Every burst is read back: a lost row fails the run;
-- trickle: one row per transaction at ``--rate`` rows/s; commit -> receipt by a plain consumer, p50 /
-  p99 after ``--latency-warmup`` seconds, over ``--latency-seconds``. Debezium runs with its defaults
-  (``poll.interval.ms`` 500: the connector waits that long for events before handing a batch on);
+- latency, after the other phases, as users run both (bench/bench_latency.py on these services): each harvest
+  contestant's layout and mode as a ``harvest`` process (a new user's config, on a table of its own: the
+  Stasher's), Debezium as a Connect worker of its own with ``poll.interval.ms`` ``--debezium-poll-ms`` (10: the
+  issue #51 comparison; its default, 500, waits that long for events), writers (one row per transaction at
+  ``--rate``) and consumers in processes of their own, ``--latency-repeats`` rounds of ``--latency-seconds``
+  after ``--latency-warmup``, each round with Kafka alone; its report under ``latency`` (p50 / p99 / p99.9 /
+  max, the ratios with their ranges, the timelines of the slowest rows);
 - faults: a ``--fault-rows`` burst; once ~40 % of it is in Kafka, ``kill -9`` of harvest's leader (two
   relay processes, the ``harvest`` CLI, default limits; the standby takes over) or of Debezium's
   Connect worker (restarted: it resumes from its slot and offsets file; the harness flushes offsets
@@ -67,9 +71,9 @@ import json
 import logging
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
-import threading
 import time
 import uuid
 from abc import ABC, abstractmethod
@@ -82,7 +86,7 @@ import psycopg
 from confluent_kafka import Consumer, TopicPartition
 from psycopg import sql
 
-from bench.bench_relay import _latency_figures, _trickle, checkpoint
+from bench.bench_relay import checkpoint
 from harvest_outbox.harvest_local.debezium import DebeziumOutbox, OutboxConnector
 from harvest_outbox.harvest_local.kafka import create_topic, read_to_end
 from harvest_outbox.harvest_local.relays import RelayProcess, current_leader, wait_for
@@ -93,7 +97,7 @@ from harvest_outbox.producer.schema import OutboxNames
 from harvest_outbox.producer.schema.ddl import init_db
 
 PARTITIONS = 8
-KINDS = ("Warm", "Burst", "BurstDel", "Trickle", "Fault")  # one aggregate type, so one topic, per phase
+KINDS = ("Warm", "Burst", "BurstDel", "Fault")  # one aggregate type, so one topic, per phase
 COPY_CHUNK = 50_000
 FAULT_AT = 0.4  # of the fault burst in Kafka when the kill comes
 HEARTBEAT_TIMEOUT = 5.0  # what a new user writes (bench_relay.DEFAULT_LIMITS)
@@ -166,21 +170,13 @@ def insert_lsn(conn: psycopg.Connection) -> int:
 
 class Shape:
     """How a contestant's table takes a row: Debezium's columns (``aggregatetype`` routes the row to
-    ``<prefix>.<kind>``, the event router adds the ``id`` header), written by COPY and by the trickle's
-    INSERT."""
+    ``<prefix>.<kind>``, the event router adds the ``id`` header), written by COPY."""
 
     columns = "id, aggregatetype, aggregateid, type, payload"
 
     def line(self, kind: str, tag: str, i: int, keys: int) -> str:
         """Row ``i`` of a burst as a COPY text line."""
         return f"{event_id(tag, i)}\t{kind}\tagg-{i % keys}\tOrderPlaced\t{payload(i)}\n"
-
-    def insert(self, table: str) -> sql.Composed:
-        """The trickle's INSERT of one row: parameters (event id, aggregate id, payload)."""
-        return sql.SQL(
-            "INSERT INTO {} (id, aggregatetype, aggregateid, type, payload) "
-            "VALUES (%s, 'Trickle', %s, 'OrderPlaced', %s)"
-        ).format(sql.Identifier(*table.split(".")))
 
 
 def write_burst(
@@ -702,62 +698,46 @@ def burst(
     return out
 
 
-def trickle(svc: Services, c: Contestant, rate: float, seconds: float, warmup: float) -> dict[str, Any]:
-    """Commit -> receipt by a plain consumer of one row per transaction at ``rate`` (module doc)."""
-    topic, tag = c.topic("Trickle"), new_tag()
-    checkpoint(svc.dsn)
-    n = int(rate * (warmup + seconds))
-    sent: dict[bytes, float] = {}
-    reader = Consumer(
-        {"bootstrap.servers": svc.bootstrap, "group.id": f"bdz-lat-{uuid.uuid4()}", "enable.auto.commit": False}
+#: bench_latency's configuration per harvest contestant: the relay as users run it, on its own table
+LATENCY_CONFIGS = {
+    "at_least_once": "mark/at_least_once/1",
+    "sequenced": "mark/sequenced/1",
+    "cursor_at_least_once": "cursor/at_least_once/1",
+    "cursor_sequenced": "cursor/sequenced/1",
+}
+
+
+def latency_side_by_side(svc: Services, contestants: list[str], args: argparse.Namespace) -> dict[str, Any]:
+    """Commit -> consumer latency of harvest and Debezium as users run them (bench/bench_latency.py, on this
+    bench's services, after the other phases): each harvest contestant's mode and layout as a ``harvest``
+    process on its own outbox, Debezium's Connect worker with ``poll.interval.ms`` ``--debezium-poll-ms``,
+    writers and consumers in processes of their own, ``--latency-repeats`` rounds alternating with Kafka
+    alone. Its whole JSON report."""
+    configs = [LATENCY_CONFIGS[c] for c in contestants if c in LATENCY_CONFIGS] + ["debezium"]
+    argv = [
+        *("--rates", f"{args.rate:g}", "--configs", ",".join(configs)),
+        *("--repeats", str(args.latency_repeats), "--seconds", f"{args.latency_seconds:g}"),
+        *("--warmup", f"{args.latency_warmup:g}", "--debezium-poll-ms", str(args.debezium_poll_ms)),
+        *("--warm-records", "0"),  # the bursts before warmed the broker
+    ]
+    print(f"[bench debezium] latency as users run it: bench_latency {' '.join(argv)}", file=sys.stderr, flush=True)
+    env = {**os.environ, "HARVEST_PG_DSN": svc.dsn, "HARVEST_KAFKA_BOOTSTRAP": svc.bootstrap}  # never argv: a password
+    done = subprocess.run(
+        [sys.executable, "-m", "bench.bench_latency", *argv], env=env, stdout=subprocess.PIPE, text=True, check=False
     )
-    reader.assign([TopicPartition(topic, p, 0) for p in range(PARTITIONS)])
-    reader.poll(1.0)  # connected and fetching before the first row
-    insert = c.shape.insert(c.table)
-    errors: list[BaseException] = []
+    if done.returncode != 0:
+        raise DebeziumBenchError(f"the latency comparison (bench_latency) failed with exit code {done.returncode}")
+    return dict(json.loads(done.stdout))
 
-    def write() -> None:
-        try:
-            with psycopg.connect(svc.dsn) as conn:
 
-                def one(i: int) -> None:
-                    eid = event_id(tag, i)
-                    conn.execute(insert, (eid, f"agg-{i % 1000}", payload(i)))
-                    sent[eid.encode()] = time.perf_counter()  # just before COMMIT (after could race the reader)
-                    conn.commit()
-
-                _trickle(one, rate, n)
-        except BaseException as exc:  # reported below
-            errors.append(exc)
-
-    writer = threading.Thread(target=write, daemon=True)
-    writer.start()
-    pairs: list[tuple[float, float]] = []
-    deadline = time.perf_counter() + warmup + seconds + 60
-    try:
-        while len(pairs) < n and time.perf_counter() < deadline and not errors:
-            msg = reader.poll(0.05)
-            if msg is None or msg.error() is not None:
-                continue
-            now = time.perf_counter()
-            t = sent.get(_id_header(msg.headers()) or b"")
-            if t is not None:
-                pairs.append((t, now))
-    finally:
-        reader.close()
-        writer.join(30)
-    if errors:
-        raise DebeziumBenchError(f"{c.name}: the trickle writer failed: {errors[0]}") from errors[0]
-    if len(pairs) < n:
-        raise DebeziumBenchError(f"{c.name}: {len(pairs)} of {n} trickled rows received within 60 s of the last")
-    figures = _latency_figures(pairs, warmup, rate, seconds)
-    figures["received"] = len(pairs)
-    print(
-        f"[bench debezium] {c.name} trickle: p50 {figures['p50_ms']} ms, p99 {figures['p99_ms']} ms",
-        file=sys.stderr,
-        flush=True,
-    )
-    return figures
+def latency_of(report: dict[str, Any], contestant: str) -> dict[str, Any]:
+    """A contestant's plain-consumer figures (the repeat of median p99) in the latency comparison; {} without."""
+    rates = (report.get("latency") or {}).get("rates") or {}
+    if not rates:
+        return {}
+    config = "debezium" if contestant == "debezium" else LATENCY_CONFIGS.get(contestant, "")
+    run = next(iter(rates.values())).get(config) or {}
+    return dict(run.get("plain") or {})
 
 
 def _until(
@@ -881,7 +861,6 @@ def contest(svc: Services, c: Contestant, args: argparse.Namespace, workdir: Pat
     out["burst"] = _median_burst([burst(svc, c, args.rows, args.keys) for _ in range(args.runs)])
     if isinstance(c, DebeziumContestant):
         out["burst_insert_delete"] = burst(svc, c, args.rows, args.keys, kind="BurstDel", delete=True)
-    out["trickle"] = trickle(svc, c, args.rate, args.latency_seconds, args.latency_warmup)
     if isinstance(c, HarvestContestant):
         c.stop()  # the fault run's relays are processes of their own
         out["fault"] = harvest_fault(svc, c, args.fault_rows, args.keys, workdir)
@@ -930,8 +909,8 @@ def summary(report: dict[str, Any]) -> dict[str, Any]:
         wal = wal_total(hb)
         out[mode] = {
             "rows_per_s": _ratio(hb["rows_per_s"], db["rows_per_s"]),
-            "trickle_p50": _ratio(hv["trickle"]["p50_ms"], dbz["trickle"]["p50_ms"]),
-            "trickle_p99": _ratio(hv["trickle"]["p99_ms"], dbz["trickle"]["p99_ms"]),
+            "trickle_p50": _ratio(latency_of(report, mode).get("p50_ms"), latency_of(report, "debezium").get("p50_ms")),
+            "trickle_p99": _ratio(latency_of(report, mode).get("p99_ms"), latency_of(report, "debezium").get("p99_ms")),
             "wal_total_to_keep_rows": _ratio(wal, wal_total(db)),
             "wal_total_to_insert_delete": _ratio(wal, wal_total(dd)),
             "postgres_cpu": _ratio(hb["postgres_cpu_s_per_100k"], db["postgres_cpu_s_per_100k"]),
@@ -1000,9 +979,11 @@ def main() -> int:
     ap.add_argument("--warmup-rows", type=int, default=300_000, help="the untimed burst before them (0: none)")
     ap.add_argument("--fault-rows", type=int, default=200_000)
     ap.add_argument("--keys", type=int, default=1000, help="distinct aggregate ids (record keys)")
-    ap.add_argument("--rate", type=float, default=500.0, help="trickle rows/s")
-    ap.add_argument("--latency-seconds", type=float, default=10.0)
-    ap.add_argument("--latency-warmup", type=float, default=2.0)
+    ap.add_argument("--rate", type=float, default=500.0, help="the latency comparison's rows/s")
+    ap.add_argument("--latency-seconds", type=float, default=60.0, help="its measured window, after the warm-up")
+    ap.add_argument("--latency-warmup", type=float, default=10.0)
+    ap.add_argument("--latency-repeats", type=int, default=5, help="its rounds (0: no latency comparison)")
+    ap.add_argument("--debezium-poll-ms", type=int, default=10, help="Debezium's poll.interval.ms in it (default 500)")
     ap.add_argument(
         "--contestants",
         type=lambda v: [x.strip() for x in v.split(",") if x.strip()],
@@ -1070,6 +1051,8 @@ def main() -> int:
                             c.no_autovacuum()
                     elif isinstance(c, DebeziumContestant):
                         c.destroy()
+        if args.latency_repeats:
+            report["latency"] = latency_side_by_side(svc, args.contestants, args)
     finally:
         try:
             with psycopg.connect(svc.dsn, autocommit=True) as conn:
