@@ -695,6 +695,9 @@ class CursorDatabase:
         for shard in shards:
             with self.views.lock:
                 cur = view.reads[shard].idle_cursor() if self.views.view is view else None
+                if cur is not None and view.reads[shard].only_snapshots_moved(cur):
+                    view.idle_committed(shard, cur, written=False)
+                    continue
             if cur is None:
                 continue
             n = self._run(

@@ -21,7 +21,8 @@ Invariants (tests/test_producer/test_cursor_views.py; the model is test_watermar
 - sharded (``shards: S``), a :class:`View` holds one :class:`ViewRead` per led shard: each shard's rows pass
   on its own cursor, in that shard's read order (a key is in one shard: per-key order is a shard's);
 - an idle view (every read row committed, only empty pages since) commits the cursor after them
-  (:meth:`ViewRead.idle_cursor`): they pass no row, so the claim "rows ``lo`` sees are delivered" holds;
+  (:meth:`ViewRead.idle_cursor`): they pass no row, so the claim "rows ``lo`` sees are delivered" holds; when
+  only ``lo`` / ``hi`` would move (:meth:`ViewRead.only_snapshots_moved`) it passes them without writing;
 - ``haltKey`` (producer/layouts/cursor/held.py): rows the read *held* (copied to ``_held`` in the read, or dead
   letters read again) are :attr:`ViewRead.skipped`: they pass with the rows around them without the mode, and
   an idle view whose pending rows are all skipped commits past them (they are durable elsewhere); held rows the
@@ -171,11 +172,25 @@ class ViewRead:
         cur = self.segments[-1].after
         return None if cur == self.committed else cur
 
+    def only_snapshots_moved(self, cur: Cursor) -> bool:
+        """``cur`` (an :meth:`idle_cursor`) differs from the committed cursor in ``lo`` / ``hi`` alone: it passed
+        empty batches only. Each idle commit takes an xid, so the next snapshot always differs; such a
+        cursor need not be written (nothing retires, and an older committed cursor only means a restart reads
+        those empty batches again), and an idle outbox writes no WAL once its ``low`` has settled."""
+        done = self.committed
+        return (
+            done is not None
+            and done.hi is None
+            and cur.hi is None
+            and (cur.pos, cur.low, cur.probe) == (done.pos, done.low, done.probe)
+        )
+
     def _only_skipped_pending(self) -> bool:
         return bool(self.skipped) and all(rid in self.skipped for rid in self._pending_ids())
 
-    def idle_committed(self, cur: Cursor) -> None:
-        """The :meth:`idle_cursor` commit succeeded."""
+    def idle_committed(self, cur: Cursor, written: bool = True) -> None:
+        """The :meth:`idle_cursor` commit succeeded (``written``), or was not needed (:meth:`only_snapshots_moved`):
+        either way the empty pages behind it are passed."""
         if (
             self.segments
             and self.segments[-1].after == cur
@@ -184,7 +199,8 @@ class ViewRead:
             self.segments.clear()
             self.skipped.clear()
             self.done = 0
-        self.committed = cur
+        if written:
+            self.committed = cur
 
     def pending_rows(self) -> int:
         return sum(len(s.ids) for s in self.segments) - self.done
@@ -237,10 +253,10 @@ class View:
                 self._shard_of.pop(rid, None)
         r.apply(finished, done, cursor)
 
-    def idle_committed(self, shard: int, cur: Cursor) -> None:
+    def idle_committed(self, shard: int, cur: Cursor, written: bool = True) -> None:
         r = self.reads[shard]
         before = [rid for seg in r.segments for rid in seg.ids]
-        r.idle_committed(cur)
+        r.idle_committed(cur, written)
         if not r.segments:
             for rid in before:
                 self._shard_of.pop(rid, None)

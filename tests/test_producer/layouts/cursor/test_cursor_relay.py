@@ -370,6 +370,18 @@ def test_an_idle_view_commits_the_cursor_after_its_empty_pages_only() -> None:
     assert cur is not None and cur.lo == Snapshot(14, 14)
     v.idle_committed(cur)
     assert v.idle_cursor() is None and not v.segments  # committed: nothing more until the cursor moves
+    # the next empty batch moves lo / hi alone (the idle commit took an xid): passed, not written
+    b5 = start_batch(cur, Snapshot(15, 15), None, 9)
+    v.add(Segment(b5, [], Cursor(b5.hi, None, cur.pos, b5.low, b5.probe)))  # type: ignore[arg-type]
+    nxt = v.idle_cursor()
+    assert nxt is not None and nxt.lo == Snapshot(15, 15) and v.only_snapshots_moved(nxt)
+    v.idle_committed(nxt, written=False)
+    assert not v.segments and v.committed == cur and v.idle_cursor() is None  # no growth, nothing to write
+    # low moving (a probe resolved) is written: the delivered partitions below it may retire
+    b6 = start_batch(cur, Snapshot(16, 16), None, 9)
+    v.add(Segment(b6, [], Cursor(b6.hi, None, cur.pos, cur.low + 5, b6.probe)))  # type: ignore[arg-type]
+    moved = v.idle_cursor()
+    assert moved is not None and not v.only_snapshots_moved(moved)
 
 
 @pytest.mark.integration
