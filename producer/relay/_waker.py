@@ -40,6 +40,10 @@ class Waker:
         future.add_done_callback(self._ring)
         return future
 
+    def ring(self) -> None:
+        """End the current (or the next) wait now: a stop, say."""
+        self._ring()
+
     def _ring(self, _future: Any = None) -> None:
         try:
             self._send.send(b"\0")

@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 import uuid
 from collections import deque
 from collections.abc import Callable, Mapping
@@ -187,6 +188,10 @@ class RelayCore:
         self.waker = Waker()
         self.db_futures: list[Future[Any]] = []  # write-behind jobs not yet checked
         self.producer: KafkaProducer | None = None
+        #: The idle wait may last until the next mark is due instead of ``minPollInterval``: set by the relay
+        #: when nothing else needs its loop to turn meanwhile (Harvest: a Postgres election, whose pulse is no
+        #: I/O, and a fleet's shared LISTEN, whose hub reconnects on its own).
+        self.long_idle = False
         #: librdkafka reported a fatal error: the mode leaves its view and drops the producer.
         self.producer_fatal = False
         #: The producer's fatal error was an authorization one (no topic writable: no producer id): the relay
@@ -432,7 +437,18 @@ class RelayCore:
         """Nothing to do: sleep until a stasher commits (NOTIFY) or the fallback poll / next pulse is due.
         A NOTIFY marks at the next turn; otherwise the next mark waits for ``next_mark`` (see
         :meth:`took_mark`): without a NOTIFY (``wakeup: poll``, or a table without the trigger) that is the
-        poll."""
+        poll. With :attr:`long_idle` the wait lasts until ``next_mark`` (at most ``idlePollInterval``)."""
+        listener = self.listener
+        fd = listener.fileno() if listener is not None and self.long_idle else None
+        if listener is not None and fd is not None:
+            # Nothing needs the loop to turn before the next mark is due: only a NOTIFY, a finished job or a
+            # stop (Harvest.stop rings the waker) ends the wait early. A fleet's idle outboxes then turn their
+            # loops about once a second (idlePollInterval), not every minPollInterval.
+            due = max(self.limits.min_poll_interval, self.next_mark - time.monotonic())
+            self.waker.wait(min(self.limits.idle_poll_interval, due), fd)
+            if listener.pending():
+                self.mark_now()
+            return
         timeout = min(self.limits.idle_poll_interval, self.limits.min_poll_interval)
         if self.listener is None:
             self.waker.wait(timeout)  # a finished job still ends the wait early
