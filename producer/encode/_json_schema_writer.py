@@ -205,10 +205,14 @@ class JsonSchemaWriter:
             pass
         return None
 
+    def encode_values(self, values: Sequence[bytes]) -> list[bytes | None]:
+        """Each stored JSON value encoded (by a checked writer), or None: not JSON, refused, or anything
+        unusual, which the relay hands to the serializer (its words, its exceptions)."""
+        return encode_values(self, values)
+
 
 def encode_values(writer: JsonSchemaWriter, values: Sequence[bytes]) -> list[bytes | None]:
-    """Each stored JSON value encoded by ``writer`` (a checked one), or None: not JSON, refused, or
-    anything unusual, which the relay hands to the serializer (its words, its exceptions)."""
+    """:meth:`JsonSchemaWriter.encode_values`."""
     out: list[bytes | None] = []
     append, fast, prefix, dumps, slow = out.append, writer._fast, writer.prefix, writer._dumps, writer.encode
     for raw in values:

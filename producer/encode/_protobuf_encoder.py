@@ -24,9 +24,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from harvest_outbox.producer.encode._avro_batch import wire_prefix
+from harvest_outbox.producer.encode._avro_batch import loads, wire_prefix
 
-__all__ = ["ProtobufEncoder", "fast_builder"]
+__all__ = ["ProtobufEncoder", "ProtobufWriter", "fast_builder"]
 
 # How fast_builder's converter takes a field's JSON value (anything else: ParseDict).
 _INT, _DOUBLE, _FLOAT, _BOOL, _STR, _ENUM = range(6)
@@ -57,7 +57,9 @@ def fast_builder(cls: Any) -> Callable[[Any], Any]:
     by_json: dict[str, tuple[str, int, dict[str, int] | None]] = {}
     for field in cls.DESCRIPTOR.fields:
         oneof = field.containing_oneof
-        if field.label == FieldDescriptor.LABEL_REPEATED or (oneof is not None and len(oneof.fields) > 1):
+        # (protobuf 6.32 has is_repeated and deprecates label)
+        repeated = field.is_repeated if hasattr(field, "is_repeated") else field.label == FieldDescriptor.LABEL_REPEATED
+        if repeated or (oneof is not None and len(oneof.fields) > 1):
             continue
         if field.type == FieldDescriptor.TYPE_STRING:
             kind = _STR
@@ -105,6 +107,61 @@ def fast_builder(cls: Any) -> Callable[[Any], Any]:
     return build
 
 
+class ProtobufWriter:
+    """The rows of one registered Protobuf schema (by id): its message class, confluent-kafka's
+    serializer for it, and the serializer's header (magic byte, id, message indexes) once seen.
+
+    ``checked``: the serializer's header is known (its first row's bytes were the header plus
+    ``SerializeToString()``), so rows are written directly; never for a schema with data-contract rules."""
+
+    __slots__ = ("checked", "cls", "fast", "header", "schema_id", "serializer")
+
+    def __init__(self, schema_id: int, cls: Any, serializer: Any, rules: bool) -> None:
+        self.schema_id, self.cls, self.serializer = schema_id, cls, serializer
+        #: None until the serializer's first bytes are seen; b"" when never direct
+        self.header: bytes | None = b"" if rules else None
+        self.checked = False
+        self.fast = fast_builder(cls)
+
+    def __repr__(self) -> str:
+        return f"ProtobufWriter(schema_id={self.schema_id}, checked={self.checked})"
+
+    def message(self, value: Any) -> Any:
+        """``value`` as the message: the fast converter's, else ParseDict's (ValueError naming the field)."""
+        from harvest_outbox.protobuf_schema import parse_json
+
+        try:
+            return self.fast(value)
+        except Exception:  # not a value the fast converter takes: ParseDict converts it, or refuses
+            return parse_json(self.cls, value)
+
+    def encode(self, value: Any, ctx: Any) -> bytes:
+        message = self.message(value)
+        header = self.header
+        if header:
+            framed: bytes = header + message.SerializeToString()  # (a class built at run time: untyped)
+            return framed
+        encoded: bytes = self.serializer(message, ctx)
+        if header is None:
+            body = message.SerializeToString()
+            direct = encoded.endswith(body) and encoded[:5] == wire_prefix(self.schema_id)
+            self.header = encoded[: len(encoded) - len(body)] if direct else b""
+            self.checked = bool(self.header)
+        return encoded
+
+    def encode_values(self, values: list[bytes]) -> list[bytes | None]:
+        """Each stored JSON value written directly (a checked writer), or None: not JSON, or not a value
+        the fast converter takes; the relay hands those to the serializer path (ParseDict, its words)."""
+        out: list[bytes | None] = []
+        append, fast, header = out.append, self.fast, self.header or b""
+        for raw in values:
+            try:
+                append(header + fast(loads(raw)).SerializeToString())
+            except Exception:
+                append(None)
+        return out
+
+
 class ProtobufEncoder:
     """A JSON value as the registered Protobuf message: the message class is built from the schema the
     serializer encodes with (the subject's latest, or the pinned id), so a new latest version brings its
@@ -121,15 +178,14 @@ class ProtobufEncoder:
 
         self.client = SerializedProtobufClient(client)
         self.subject, self.record_name, self.conf = subject, record_name, conf
-        # schema id -> [message class, serializer, header: None until seen, b"" when never direct,
-        # fast_builder's converter]
-        self._by_id: dict[int, list[Any]] = {}
+        self._by_id: dict[int, ProtobufWriter] = {}
         self._batch: int | None = None  # this batch's schema id
 
-    def start_batch(self) -> None:
-        """Resolve the schema of the rows of the batch about to be encoded, once."""
+    def start_batch(self) -> ProtobufWriter:
+        """Resolve the schema of the rows of the batch about to be encoded, once; its writer."""
         self._batch = None
         self._batch = self._resolve()
+        return self._by_id[self._batch]
 
     def _resolve(self) -> int:
         from confluent_kafka.schema_registry.protobuf import ProtobufSerializer
@@ -146,26 +202,10 @@ class ProtobufEncoder:
             cls = message_class(schema.schema_str, self.record_name)
             conf = {**self.conf, "use.schema.id": schema_id}
             conf.pop("use.latest.version", None)
-            header = b"" if schema.rule_set else None
-            self._by_id[schema_id] = [cls, ProtobufSerializer(cls, self.client, conf), header, fast_builder(cls)]
+            serializer = ProtobufSerializer(cls, self.client, conf)
+            self._by_id[schema_id] = ProtobufWriter(int(schema_id), cls, serializer, bool(schema.rule_set))
         return int(schema_id)  # (the registry client's answers are untyped: its ids are ints)
 
     def __call__(self, value: Any, ctx: Any) -> bytes:
-        from harvest_outbox.protobuf_schema import parse_json
-
         schema_id = self._batch if self._batch is not None else self._resolve()
-        got = self._by_id[schema_id]
-        cls, serializer, header, fast = got
-        try:
-            message = fast(value)
-        except Exception:  # not a value the fast converter takes: ParseDict converts it, or refuses
-            message = parse_json(cls, value)
-        if header:
-            framed: bytes = header + message.SerializeToString()  # (a class built at run time: untyped)
-            return framed
-        encoded: bytes = serializer(message, ctx)
-        if header is None:
-            body = message.SerializeToString()
-            direct = encoded.endswith(body) and encoded[:5] == wire_prefix(schema_id)
-            got[2] = encoded[: len(encoded) - len(body)] if direct else b""
-        return encoded
+        return self._by_id[schema_id].encode(value, ctx)

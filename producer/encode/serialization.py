@@ -41,10 +41,9 @@ from typing import Any
 
 from harvest_outbox.producer.config.serialization import SerializationConfig, TopicSerialization
 from harvest_outbox.producer.db import MarkedRow
-from harvest_outbox.producer.encode import _json_schema_writer
 from harvest_outbox.producer.encode._avro_batch import AvroWriter, encode_values, loads
 from harvest_outbox.producer.encode._json_schema_writer import JsonSchemaWriter
-from harvest_outbox.producer.encode._protobuf_encoder import ProtobufEncoder
+from harvest_outbox.producer.encode._protobuf_encoder import ProtobufEncoder, ProtobufWriter
 from harvest_outbox.producer.encode.worker import EncodeWorker
 from harvest_outbox.producer.errors import ConfigError, DatabaseError
 from harvest_outbox.producer.relay.marked_row import ROW_BAD, ROW_KEY, ROW_TOPIC, ROW_VALUE, with_bad, with_encoded
@@ -63,6 +62,11 @@ _SERIALIZERS = {
     "avro": ("confluent_kafka.schema_registry.avro", "AvroSerializer"),
     "jsonSchema": ("confluent_kafka.schema_registry.json_schema", "JSONSerializer"),
 }
+
+
+#: writers whose checked rows are written in one pass after a batch's loop; refusals go the serializer's way
+_Lane = JsonSchemaWriter | ProtobufWriter
+_Writer = AvroWriter | JsonSchemaWriter | ProtobufWriter
 
 
 class RegistryUnavailable(DatabaseError):
@@ -297,10 +301,10 @@ class RowEncoder:
         out: list[MarkedRow] = []
         # topic -> (its encoder, this batch's Avro writer), or None (published as stored): the writer
         # schema is resolved once per batch and topic, not once per row
-        batch: dict[str, tuple[_TopicEncoder, AvroWriter | JsonSchemaWriter | None] | None] = {}
+        batch: dict[str, tuple[_TopicEncoder, _Writer | None] | None] = {}
         # the rows a checked writer encodes directly, in one pass after this loop:
         # writer -> (their topic's encoder, their places in ``out``, their stored values)
-        direct: dict[AvroWriter | JsonSchemaWriter, tuple[_TopicEncoder, list[int], list[bytes]]] = {}
+        direct: dict[AvroWriter | _Lane, tuple[_TopicEncoder, list[int], list[bytes]]] = {}
         for row in rows:
             if not len(out) & YIELD_EVERY:
                 # This runs in the mark worker while the relay thread produces: hand it the GIL now and
@@ -340,27 +344,28 @@ class RowEncoder:
                     ) from exc
                 raise
         for writer, (encoder, places, values) in direct.items():
-            if isinstance(writer, JsonSchemaWriter):
-                self._write_json(writer, encoder, places, values, out)
-            else:
+            if isinstance(writer, AvroWriter):
                 self._write_direct(writer, places, values, out)
+            else:
+                self._write_lane(writer, encoder, places, values, out)
         return out
 
-    def _write_json(
+    def _write_lane(
         self,
-        writer: JsonSchemaWriter,
+        writer: _Lane,
         encoder: _TopicEncoder,
         places: list[int],
         values: list[bytes],
         out: list[MarkedRow],
     ) -> None:
-        """The values of ``places`` in ``out`` encoded by ``writer`` (producer/encode/_json_schema_writer.py);
-        a value it does not accept goes through the serializer (:meth:`_encode_row`), which refuses it."""
+        """The values of ``places`` in ``out`` encoded by ``writer`` (producer/encode/_json_schema_writer.py,
+        _protobuf_encoder.py); a value it does not take goes the serializer's way (:meth:`_encode_row`),
+        which encodes or refuses it."""
         step = YIELD_EVERY + 1
         for start in range(0, len(values), step):
             if start:
                 _yield(0)  # as in encode's loop: the relay thread gets the GIL every 256 rows
-            results = _json_schema_writer.encode_values(writer, values[start : start + step])
+            results = writer.encode_values(values[start : start + step])
             for i, result in zip(places[start : start + step], results, strict=True):
                 row = out[i]
                 if result is not None:
@@ -369,7 +374,7 @@ class RowEncoder:
                 else:
                     out[i] = self._encode_guarded(row, encoder, writer)
 
-    def _encode_guarded(self, row: MarkedRow, encoder: _TopicEncoder, writer: JsonSchemaWriter) -> MarkedRow:
+    def _encode_guarded(self, row: MarkedRow, encoder: _TopicEncoder, writer: _Lane) -> MarkedRow:
         """:meth:`_encode_row` for a row of the direct pass: a registry outage fails the batch."""
         try:
             return self._encode_row(row, encoder, writer)
@@ -404,19 +409,18 @@ class RowEncoder:
         self.encoded += len(values) - refused
         self.refused += refused
 
-    def _for_batch(self, topic: str) -> tuple[_TopicEncoder, AvroWriter | JsonSchemaWriter | None] | None:
+    def _for_batch(self, topic: str) -> tuple[_TopicEncoder, _Writer | None] | None:
         encoder = self._encoder(topic)
         if encoder is None:
             return None
-        for serializer in (encoder.value, encoder.key):
-            if isinstance(serializer, ProtobufEncoder):
-                serializer.start_batch()
+        if isinstance(encoder.key, ProtobufEncoder):
+            encoder.key.start_batch()
+        if isinstance(encoder.value, ProtobufEncoder):
+            return encoder, encoder.value.start_batch()
         direct = (encoder.avro or encoder.json) and encoder.value is not None
         return encoder, encoder.resolve() if direct else None
 
-    def _encode_row(
-        self, row: MarkedRow, encoder: _TopicEncoder, writer: AvroWriter | JsonSchemaWriter | None
-    ) -> MarkedRow:
+    def _encode_row(self, row: MarkedRow, encoder: _TopicEncoder, writer: _Writer | None) -> MarkedRow:
         key, value = row[ROW_KEY], row[ROW_VALUE]
         bad: str | None = None
         if encoder.key is not None and key is not None:

@@ -107,7 +107,12 @@ def test_the_compiled_validator_accepts_only_what_jsonschema_accepts(
         ({"const": [1]}, [True], False, False),  # container constants: jsonschema's deep equality
         ({"type": "array", "uniqueItems": True}, [1, True], True, False),  # outside the compiled keywords
         ({"$defs": {"n": {"type": "number"}}, "$ref": "#/$defs/n"}, "x", False, False),
-        ({"$schema": "http://json-schema.org/draft-04/schema#", "minimum": 1, "exclusiveMinimum": True}, 1, False, False),
+        (
+            {"$schema": "http://json-schema.org/draft-04/schema#", "minimum": 1, "exclusiveMinimum": True},
+            1,
+            False,
+            False,
+        ),
         ({"type": "string", "pattern": "[$]"}, "$", True, False),  # its "$" rewrite breaks the pattern
     ],
     ids=[
@@ -186,7 +191,10 @@ def test_relay_encoder_writes_json_schema_rows_as_the_serializer_and_refuses_wit
         SerializationConfig.from_mapping(
             {
                 "registry": {"url": schema_registry.url},
-                "topics": [{"topic": payments, "serializer": "jsonSchema"}, {"topic": tagged, "serializer": "jsonSchema"}],
+                "topics": [
+                    {"topic": payments, "serializer": "jsonSchema"},
+                    {"topic": tagged, "serializer": "jsonSchema"},
+                ],
             }
         )
     )
@@ -232,7 +240,9 @@ def test_relay_encoder_writes_json_schema_rows_as_the_serializer_and_refuses_wit
             assert got[3] == row[3] and got[6] == serialized(row[1], row[3]), got  # the serializer's words
         else:
             assert got[6] is None and got[3] == serialized(row[1], row[3]), row  # its bytes
-    assert out[5][6] == "value does not match its schema: field $.amount: -1 is less than the minimum of 0 (rule: minimum)"
+    assert (
+        out[5][6] == "value does not match its schema: field $.amount: -1 is less than the minimum of 0 (rule: minimum)"
+    )
     assert "$.tags[0]" in (out[250][6] or "") and "(rule: minLength)" in (out[250][6] or ""), out[250][6]
     assert encoder.encoded == 300 - 6 and encoder.refused == 5
     assert encoder.encode(rows) == out  # the next batch: the same answer
