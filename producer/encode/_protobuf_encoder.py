@@ -22,6 +22,7 @@ accepts; a value that does not fit the message raises ValueError naming the fiel
 from __future__ import annotations
 
 from collections.abc import Callable
+from math import isfinite
 from typing import Any
 
 from harvest_outbox.producer.encode._avro_batch import loads, wire_prefix
@@ -73,10 +74,23 @@ def fast_builder(cls: Any) -> Callable[[Any], Any]:
         taken[field.name] = (field.name, kind, names)
         by_json[field.json_name] = (field.name, kind, names)
     taken.update(by_json)  # ParseDict looks a key up by JSON name first
+    # the common row in one pass: every key a field's own name (no other field's JSON name), every
+    # value of the one type the field takes as it is: the row is the constructor's keywords
+    plain = {_INT: int, _STR: str, _BOOL: bool, _DOUBLE: float}
+    quick: dict[str, type] = {
+        key: plain[kind] for key, (name, kind, _) in taken.items() if key == name and kind in plain
+    }
 
     def build(value: Any) -> Any:
         if type(value) is not dict:
             raise _Slow
+        for key, v in value.items():
+            t = quick.get(key)
+            # NaN, infinities: ParseDict refuses them unquoted (mypy reads v as object after the type test)
+            if t is not type(v) or (t is float and not isfinite(v)):  # type: ignore[arg-type]
+                break
+        else:
+            return cls(**value)
         fields: dict[str, Any] = {}
         for key, v in value.items():
             spec = taken.get(key)
