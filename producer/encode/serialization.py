@@ -8,8 +8,11 @@ the JSON value is parsed and encoded in the Confluent wire format (magic byte 0,
 id, the encoded record) as confluent-kafka's serializer of that format encodes it. The writer schema
 is resolved once per batch and topic through confluent-kafka's registry client (which caches it for
 ``latestTtl``); a schema id's first row goes through the serializer, and once its bytes are seen to
-be what the direct writer gives (Avro: producer/encode/_avro_batch.py; Protobuf: the serializer's header and
-``SerializeToString``), the id's later rows skip the serializer's per-call lookups. With
+be what the direct writer gives (Avro: producer/encode/_avro_batch.py; JSON Schema:
+producer/encode/_json_schema_writer.py; Protobuf: the serializer's header and ``SerializeToString``,
+producer/encode/_protobuf_encoder.py), the id's later rows skip the serializer's per-call lookups and
+are written in one pass after the batch's loop; a value a direct writer does not take goes through the
+serializer, which encodes it or refuses it in its own words. With
 ``encodeWorker`` a batch's Avro values are encoded in a child process (producer/encode/worker.py).
 
 Decide, then return the decision (the rows), never a half-encoded batch:
@@ -27,7 +30,8 @@ at run time from the registered ``.proto`` (harvest_outbox/protobuf_schema.py) a
 
 confluent-kafka's registry client and serializers are imported on first use (the ``registry``
 extra), so a relay without ``serialization:`` never imports them.
-Invariants: tests/test_producer/encode/test_registry_encode.py, test_registry_outage.py, test_registry_protobuf.py.
+Invariants: tests/test_producer/encode/test_registry_encode.py, test_registry_outage.py, test_registry_protobuf.py,
+test_json_schema_writer.py, test_protobuf_fast.py.
 """
 
 from __future__ import annotations
@@ -299,7 +303,7 @@ class RowEncoder:
         """``rows`` with their values (and keys) encoded or their validation error as ``bad``;
         raises :class:`RegistryUnavailable` (for the whole batch) when the registry does not answer."""
         out: list[MarkedRow] = []
-        # topic -> (its encoder, this batch's Avro writer), or None (published as stored): the writer
+        # topic -> (its encoder, this batch's direct writer), or None (published as stored): the writer
         # schema is resolved once per batch and topic, not once per row
         batch: dict[str, tuple[_TopicEncoder, _Writer | None] | None] = {}
         # the rows a checked writer encodes directly, in one pass after this loop:
@@ -330,7 +334,7 @@ class RowEncoder:
                         lane = direct[writer] = (encoder, [], [])
                     lane[1].append(len(out))
                     lane[2].append(value)
-                    out.append(row)  # replaced by _write_direct
+                    out.append(row)  # replaced by _write_direct or _write_lane
                     continue
                 out.append(self._encode_row(row, encoder, writer))
             except RegistryUnavailable:
