@@ -85,7 +85,7 @@ def _near(schema: Any) -> list[Any]:
     return out
 
 
-@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     schemas.filter(lambda s: isinstance(s, dict)),
     st.sampled_from([None, "http://json-schema.org/draft-07/schema#", "https://json-schema.org/draft/2020-12/schema"]),
