@@ -158,6 +158,11 @@ def _in(value: Any, allowed: tuple[Any, ...]) -> bool:
 
 
 class _Compiler:
+    """Python source for a schema of :data:`FAST_KEYWORDS`: one function whose checks return False at the
+    first one that fails (subschemas inlined; ``allOf``/``anyOf``/``oneOf``/``not`` branches are functions of
+    their own), each check written as jsonschema's keyword function tests it (the same comparison, so NaN
+    and bounds behave alike); the schema's values are constants of the function's namespace, never source."""
+
     def __init__(self) -> None:
         self.lines: list[str] = []
         self.consts: dict[str, Any] = {"_in": _in}
@@ -309,11 +314,9 @@ def fast_validator(schema: Any) -> Callable[[Any], bool] | None:
         return None
     if isinstance(top.get("$id"), str):  # names the schema for $ref, which the fast path never has
         top.pop("$id")
-    if not _fast_schema(top):
-        return None
     try:
-        return _compile(top)
-    except Exception:  # e.g. a pattern Python's re does not take: jsonschema validates (and words it)
+        return _compile(top) if _fast_schema(top) else None
+    except Exception:  # a pattern re does not take, a schema nested too deep: jsonschema validates
         log.debug("JSON Schema not compiled; jsonschema validates its rows", exc_info=True)
         return None
 
