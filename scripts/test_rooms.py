@@ -90,6 +90,8 @@ ROOMS: dict[str, tuple[str, ...]] = {
         "test_avro_compiled",
         "test_encode_after",
         "test_encode_worker",
+        "test_json_schema_writer",
+        "test_protobuf_fast",
         "test_registry_encode",
         "test_registry_outage",
         "test_registry_pinned",

@@ -8,8 +8,11 @@ the JSON value is parsed and encoded in the Confluent wire format (magic byte 0,
 id, the encoded record) as confluent-kafka's serializer of that format encodes it. The writer schema
 is resolved once per batch and topic through confluent-kafka's registry client (which caches it for
 ``latestTtl``); a schema id's first row goes through the serializer, and once its bytes are seen to
-be what the direct writer gives (Avro: producer/encode/_avro_batch.py; Protobuf: the serializer's header and
-``SerializeToString``), the id's later rows skip the serializer's per-call lookups. With
+be what the direct writer gives (Avro: producer/encode/_avro_batch.py; JSON Schema:
+producer/encode/_json_schema_writer.py; Protobuf: the serializer's header and ``SerializeToString``,
+producer/encode/_protobuf_encoder.py), the id's later rows skip the serializer's per-call lookups and
+are written in one pass after the batch's loop; a value a direct writer does not take goes through the
+serializer, which encodes it or refuses it in its own words. With
 ``encodeWorker`` a batch's Avro values are encoded in a child process (producer/encode/worker.py).
 
 Decide, then return the decision (the rows), never a half-encoded batch:
@@ -27,7 +30,8 @@ at run time from the registered ``.proto`` (harvest_outbox/protobuf_schema.py) a
 
 confluent-kafka's registry client and serializers are imported on first use (the ``registry``
 extra), so a relay without ``serialization:`` never imports them.
-Invariants: tests/test_producer/encode/test_registry_encode.py, test_registry_outage.py, test_registry_protobuf.py.
+Invariants: tests/test_producer/encode/test_registry_encode.py, test_registry_outage.py, test_registry_protobuf.py,
+test_json_schema_writer.py, test_protobuf_fast.py.
 """
 
 from __future__ import annotations
@@ -42,7 +46,8 @@ from typing import Any
 from harvest_outbox.producer.config.serialization import SerializationConfig, TopicSerialization
 from harvest_outbox.producer.db import MarkedRow
 from harvest_outbox.producer.encode._avro_batch import AvroWriter, encode_values, loads
-from harvest_outbox.producer.encode._protobuf_encoder import ProtobufEncoder
+from harvest_outbox.producer.encode._json_schema_writer import JsonSchemaWriter
+from harvest_outbox.producer.encode._protobuf_encoder import ProtobufEncoder, ProtobufWriter
 from harvest_outbox.producer.encode.worker import EncodeWorker
 from harvest_outbox.producer.errors import ConfigError, DatabaseError
 from harvest_outbox.producer.relay.marked_row import ROW_BAD, ROW_KEY, ROW_TOPIC, ROW_VALUE, with_bad, with_encoded
@@ -61,6 +66,11 @@ _SERIALIZERS = {
     "avro": ("confluent_kafka.schema_registry.avro", "AvroSerializer"),
     "jsonSchema": ("confluent_kafka.schema_registry.json_schema", "JSONSerializer"),
 }
+
+
+#: writers whose checked rows are written in one pass after a batch's loop; refusals go the serializer's way
+_Lane = JsonSchemaWriter | ProtobufWriter
+_Writer = AvroWriter | JsonSchemaWriter | ProtobufWriter
 
 
 class RegistryUnavailable(DatabaseError):
@@ -92,13 +102,16 @@ class _TopicEncoder:
         self.client = client
         self.subject = entry.subject(topic)
         self.avro = entry.serializer == "avro"
-        self._writers: dict[int, AvroWriter] = {}  # schema id -> its direct writer (producer/encode/_avro_batch.py)
+        self.json = entry.serializer == "jsonSchema"
+        # schema id -> its direct writer (producer/encode/_avro_batch.py, _json_schema_writer.py), or None:
+        # a JSON Schema jsonschema refuses to build a validator for (the serializer refuses every row)
+        self._writers: dict[int, AvroWriter | JsonSchemaWriter | None] = {}
         self.value = self._serializer(entry.serializer, entry, topic, client, False)
         self.key = self._serializer(entry.key_serializer, entry, topic, client, True)
         self.value_ctx = SerializationContext(topic, MessageField.VALUE)
         self.key_ctx = SerializationContext(topic, MessageField.KEY)
 
-    def resolve_avro(self) -> AvroWriter | None:
+    def resolve(self) -> AvroWriter | JsonSchemaWriter | None:
         """The writer schema of this batch's rows, looked up once per batch (the client caches the
         subject's latest for registry.latestTtl, a pinned version or id for good), so one batch is
         written with one schema version. None: every row goes through the serializer (a schema with
@@ -115,12 +128,47 @@ class _TopicEncoder:
             schema_id, schema = registered.schema_id, registered.schema
         if schema.references:
             return None
-        writer = self._writers.get(schema_id)
-        if writer is None:
-            writer = self._writers[schema_id] = AvroWriter(schema_id, schema.schema_str)
-            if schema.rule_set:  # data-contract rules run in the serializer only
-                writer.checked = False
+        if schema_id in self._writers:
+            return self._writers[schema_id]
+        writer: AvroWriter | JsonSchemaWriter | None
+        if self.avro:
+            writer = AvroWriter(schema_id, schema.schema_str)
+        else:
+            from confluent_kafka.schema_registry.json_schema import _resolve_named_schema
+
+            try:  # the validator the serializer builds: the same class, the same reference registry
+                writer = JsonSchemaWriter(schema_id, schema.schema_str, _resolve_named_schema(schema, self.client))
+            except Exception as exc:
+                if _is_outage(exc):
+                    raise
+                log.warning("schema id %d: no direct JSON Schema writer (%s); using the serializer", schema_id, exc)
+                writer = None
+        if writer is not None and schema.rule_set:  # data-contract rules run in the serializer only
+            writer.checked = False
+        self._writers[schema_id] = writer
         return writer
+
+    def encode_json(self, writer: JsonSchemaWriter | None, value: Any) -> bytes:
+        """``value`` in the wire format as confluent-kafka's JSONSerializer writes it: by ``writer``
+        (producer/encode/_json_schema_writer.py) once the serializer's bytes for that schema id have been
+        seen to equal its own; by the serializer until then, for good if they differed, and for every
+        value the writer does not accept (the serializer refuses it with jsonschema's words)."""
+        if writer is not None and writer.checked:
+            got = writer.encode(value)
+            if got is not None:
+                return got
+        encoded: bytes = self.value(value, self.value_ctx)
+        if writer is not None and writer.checked is None and encoded[:5] == writer.prefix:
+            try:
+                writer.checked = writer.write(value) == encoded
+            except Exception:
+                writer.checked = False
+            if not writer.checked:
+                log.warning(
+                    "schema id %d: direct JSON Schema bytes differ from the serializer's; using the serializer",
+                    writer.schema_id,
+                )
+        return encoded
 
     def encode_avro(self, writer: AvroWriter | None, value: Any) -> bytes:
         """``value`` validated strictly against the writer's schema (fastavro's writer alone coerces
@@ -255,12 +303,12 @@ class RowEncoder:
         """``rows`` with their values (and keys) encoded or their validation error as ``bad``;
         raises :class:`RegistryUnavailable` (for the whole batch) when the registry does not answer."""
         out: list[MarkedRow] = []
-        # topic -> (its encoder, this batch's Avro writer), or None (published as stored): the writer
+        # topic -> (its encoder, this batch's direct writer), or None (published as stored): the writer
         # schema is resolved once per batch and topic, not once per row
-        batch: dict[str, tuple[_TopicEncoder, AvroWriter | None] | None] = {}
-        # the rows a checked Avro writer encodes directly, in one pass after this loop:
-        # writer -> (their places in ``out``, their stored values)
-        direct: dict[AvroWriter, tuple[list[int], list[bytes]]] = {}
+        batch: dict[str, tuple[_TopicEncoder, _Writer | None] | None] = {}
+        # the rows a checked writer encodes directly, in one pass after this loop:
+        # writer -> (their topic's encoder, their places in ``out``, their stored values)
+        direct: dict[AvroWriter | _Lane, tuple[_TopicEncoder, list[int], list[bytes]]] = {}
         for row in rows:
             if not len(out) & YIELD_EVERY:
                 # This runs in the mark worker while the relay thread produces: hand it the GIL now and
@@ -283,10 +331,10 @@ class RowEncoder:
                 if writer is not None and writer.checked and encoder.key is None and value is not None:
                     lane = direct.get(writer)
                     if lane is None:
-                        lane = direct[writer] = ([], [])
-                    lane[0].append(len(out))
-                    lane[1].append(value)
-                    out.append(row)  # replaced by _write_direct
+                        lane = direct[writer] = (encoder, [], [])
+                    lane[1].append(len(out))
+                    lane[2].append(value)
+                    out.append(row)  # replaced by _write_direct or _write_lane
                     continue
                 out.append(self._encode_row(row, encoder, writer))
             except RegistryUnavailable:
@@ -299,9 +347,49 @@ class RowEncoder:
                         f"{type(exc).__name__}: {exc}; rows wait in the outbox"
                     ) from exc
                 raise
-        for writer, (places, values) in direct.items():
-            self._write_direct(writer, places, values, out)
+        for writer, (encoder, places, values) in direct.items():
+            if isinstance(writer, AvroWriter):
+                self._write_direct(writer, places, values, out)
+            else:
+                self._write_lane(writer, encoder, places, values, out)
         return out
+
+    def _write_lane(
+        self,
+        writer: _Lane,
+        encoder: _TopicEncoder,
+        places: list[int],
+        values: list[bytes],
+        out: list[MarkedRow],
+    ) -> None:
+        """The values of ``places`` in ``out`` encoded by ``writer`` (producer/encode/_json_schema_writer.py,
+        _protobuf_encoder.py); a value it does not take goes the serializer's way (:meth:`_encode_row`),
+        which encodes or refuses it."""
+        step = YIELD_EVERY + 1
+        for start in range(0, len(values), step):
+            if start:
+                _yield(0)  # as in encode's loop: the relay thread gets the GIL every 256 rows
+            results = writer.encode_values(values[start : start + step])
+            for i, result in zip(places[start : start + step], results, strict=True):
+                row = out[i]
+                if result is not None:
+                    out[i] = with_encoded(row, row[ROW_KEY], result)
+                    self.encoded += 1
+                else:
+                    out[i] = self._encode_guarded(row, encoder, writer)
+
+    def _encode_guarded(self, row: MarkedRow, encoder: _TopicEncoder, writer: _Lane) -> MarkedRow:
+        """:meth:`_encode_row` for a row of the direct pass: a registry outage fails the batch."""
+        try:
+            return self._encode_row(row, encoder, writer)
+        except Exception as exc:
+            if _is_outage(exc):
+                url = self.config.registry.url if self.config.registry else "?"
+                raise RegistryUnavailable(
+                    f"schema registry {url} unavailable while encoding topic {row[ROW_TOPIC]!r}: "
+                    f"{type(exc).__name__}: {exc}; rows wait in the outbox"
+                ) from exc
+            raise
 
     def _write_direct(self, writer: AvroWriter, places: list[int], values: list[bytes], out: list[MarkedRow]) -> None:
         """The values of ``places`` in ``out`` encoded by ``writer`` (producer/encode/_avro_batch.py), or refused."""
@@ -325,16 +413,18 @@ class RowEncoder:
         self.encoded += len(values) - refused
         self.refused += refused
 
-    def _for_batch(self, topic: str) -> tuple[_TopicEncoder, AvroWriter | None] | None:
+    def _for_batch(self, topic: str) -> tuple[_TopicEncoder, _Writer | None] | None:
         encoder = self._encoder(topic)
         if encoder is None:
             return None
-        for serializer in (encoder.value, encoder.key):
-            if isinstance(serializer, ProtobufEncoder):
-                serializer.start_batch()
-        return encoder, encoder.resolve_avro() if encoder.avro and encoder.value is not None else None
+        if isinstance(encoder.key, ProtobufEncoder):
+            encoder.key.start_batch()
+        if isinstance(encoder.value, ProtobufEncoder):
+            return encoder, encoder.value.start_batch()
+        direct = (encoder.avro or encoder.json) and encoder.value is not None
+        return encoder, encoder.resolve() if direct else None
 
-    def _encode_row(self, row: MarkedRow, encoder: _TopicEncoder, writer: AvroWriter | None) -> MarkedRow:
+    def _encode_row(self, row: MarkedRow, encoder: _TopicEncoder, writer: _Writer | None) -> MarkedRow:
         key, value = row[ROW_KEY], row[ROW_VALUE]
         bad: str | None = None
         if encoder.key is not None and key is not None:
@@ -356,8 +446,10 @@ class RowEncoder:
                 bad = not_json_reason(exc, value)
             else:
                 try:
-                    if encoder.avro:
-                        value = encoder.encode_avro(writer, parsed)
+                    if encoder.json:
+                        value = encoder.encode_json(writer if isinstance(writer, JsonSchemaWriter) else None, parsed)
+                    elif encoder.avro:
+                        value = encoder.encode_avro(writer if isinstance(writer, AvroWriter) else None, parsed)
                     else:
                         value = encoder.value(parsed, encoder.value_ctx)
                     self.encoded += 1

@@ -319,5 +319,5 @@ def test_direct_protobuf_bytes_equal_the_serializers_from_the_second_row_on(sche
     expected = [serializer(parse_json(cls, v), ctx) for v in values] * 2
     assert [r[6] for r in out] == [None] * len(out)
     assert [r[3] for r in out] == expected
-    header = encoder._topics[topic].value._by_id[schema_id][2]  # type: ignore[union-attr]
+    header = encoder._topics[topic].value._by_id[schema_id].header  # type: ignore[union-attr]
     assert header == b"\x00" + schema_id.to_bytes(4, "big") + b"\x02\x02", header  # indexes [1], zigzag varints
