@@ -852,6 +852,12 @@ def main(argv: list[str] | None = None) -> int:
         f"{args.warm_records:,} records produced untimed first; each run's first {args.warmup:g} s left out",
         targets.for_bench("latency"),
     )
+
+    def record(name: str, pairs: list[tuple[float, float]], what: str, target_key: str | None = None) -> None:
+        """A figure from every repeat's (contestant, baseline) pair; none when a repeat lacks its pair."""
+        if len(pairs) == args.repeats:
+            recorder.figure(name, [a for a, _ in pairs], [b for _, b in pairs], what, target_key)
+
     try:
         print(f"[bench latency] broker warm-up: {args.warm_records} records (untimed)", file=sys.stderr, flush=True)
         warm_s = warm_broker(bootstrap, args.warm_records)
@@ -886,13 +892,11 @@ def main(argv: list[str] | None = None) -> int:
                         for r, k in zip(repeats[config], kafka_runs, strict=True)
                         if kind in r and r[kind].get("p99_ms") is not None and k.get("p99_ms")
                     ]
-                    if len(pairs) == args.repeats:
-                        recorder.figure(
-                            f"{key}/{config}/{kind}/p99",
-                            [a for a, _ in pairs],
-                            [b for _, b in pairs],
-                            f"commit -> receipt p99, harvest {config} ({kind}) / Kafka alone's, {key} rows/s",
-                        )
+                    record(
+                        f"{key}/{config}/{kind}/p99",
+                        pairs,
+                        f"commit -> receipt p99, harvest {config} ({kind}) / Kafka alone's, {key} rows/s",
+                    )
                 if config == DEBEZIUM:
                     continue
                 # issue #51's bound: p99 <= 2x Kafka alone's + 5 ms (at-least-once) or + 10 ms (sequenced)
@@ -900,14 +904,12 @@ def main(argv: list[str] | None = None) -> int:
                 bounds = [
                     (r["plain"]["p99_ms"], 2 * k["p99_ms"] + slack) for r, k in _paired(repeats[config], kafka_runs)
                 ]
-                if len(bounds) == args.repeats:
-                    recorder.figure(
-                        f"{key}/{config}/plain/p99_to_bound",
-                        [a for a, _ in bounds],
-                        [b for _, b in bounds],
-                        f"commit -> receipt p99, harvest {config} / (2x Kafka alone's p99 + {slack:g} ms), {key} rows/s",
-                        target_key=f"{key}/p99_to_bound" if key == "500" else "",
-                    )
+                record(
+                    f"{key}/{config}/plain/p99_to_bound",
+                    bounds,
+                    f"commit -> receipt p99, harvest {config} / (2x Kafka alone's p99 + {slack:g} ms), {key} rows/s",
+                    f"{key}/p99_to_bound" if key == "500" else "",
+                )
                 if DEBEZIUM in configs:
                     for pct in ("p50", "p99", "p99_9", "max"):
                         pairs = [
@@ -916,15 +918,13 @@ def main(argv: list[str] | None = None) -> int:
                             if (r.get("plain") or {}).get(f"{pct}_ms") is not None
                             and (d.get("plain") or {}).get(f"{pct}_ms")
                         ]
-                        if len(pairs) == args.repeats:
-                            recorder.figure(
-                                f"{key}/{config}/plain/{pct}_to_debezium",
-                                [a for a, _ in pairs],
-                                [b for _, b in pairs],
-                                f"commit -> receipt {pct}, harvest {config} / Debezium's "
-                                f"(poll.interval.ms {args.debezium_poll_ms}), {key} rows/s",
-                                target_key=f"{key}/to_debezium" if key == "500" else "",
-                            )
+                        record(
+                            f"{key}/{config}/plain/{pct}_to_debezium",
+                            pairs,
+                            f"commit -> receipt {pct}, harvest {config} / Debezium's "
+                            f"(poll.interval.ms {args.debezium_poll_ms}), {key} rows/s",
+                            f"{key}/to_debezium" if key == "500" else "",
+                        )
             # the published percentiles: each configuration's repeat of median p99 (one run's coherent
             # figures, not a mix), beside its Kafka-alone repeat of the same round
             results[key] = {"kafka": _median_run(kafka_runs, lambda r: r.get("p99_ms"))}

@@ -340,12 +340,9 @@ class RowEncoder:
             except RegistryUnavailable:
                 raise
             except Exception as exc:
-                if _is_outage(exc):
-                    url = self.config.registry.url if self.config.registry else "?"
-                    raise RegistryUnavailable(
-                        f"schema registry {url} unavailable while encoding topic {topic!r}: "
-                        f"{type(exc).__name__}: {exc}; rows wait in the outbox"
-                    ) from exc
+                outage = self._outage(exc, topic)
+                if outage is not None:
+                    raise outage from exc
                 raise
         for writer, (encoder, places, values) in direct.items():
             if isinstance(writer, AvroWriter):
@@ -383,13 +380,20 @@ class RowEncoder:
         try:
             return self._encode_row(row, encoder, writer)
         except Exception as exc:
-            if _is_outage(exc):
-                url = self.config.registry.url if self.config.registry else "?"
-                raise RegistryUnavailable(
-                    f"schema registry {url} unavailable while encoding topic {row[ROW_TOPIC]!r}: "
-                    f"{type(exc).__name__}: {exc}; rows wait in the outbox"
-                ) from exc
+            outage = self._outage(exc, row[ROW_TOPIC])
+            if outage is not None:
+                raise outage from exc
             raise
+
+    def _outage(self, exc: Exception, topic: Any) -> RegistryUnavailable | None:
+        """The batch's error when ``exc`` says the registry is out (not a verdict on the row), else None."""
+        if not _is_outage(exc):
+            return None
+        url = self.config.registry.url if self.config.registry else "?"
+        return RegistryUnavailable(
+            f"schema registry {url} unavailable while encoding topic {topic!r}: "
+            f"{type(exc).__name__}: {exc}; rows wait in the outbox"
+        )
 
     def _write_direct(self, writer: AvroWriter, places: list[int], values: list[bytes], out: list[MarkedRow]) -> None:
         """The values of ``places`` in ``out`` encoded by ``writer`` (producer/encode/_avro_batch.py), or refused."""
