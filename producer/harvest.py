@@ -170,11 +170,6 @@ class Harvest(RelayLifecycle):
         #: more than this wait: a fleet's idle outboxes turn their loops 5 times a second, not 20.
         cold_postgres = config.standby == "cold" and config.leader_election == "postgres"
         self._standby_pulse = COLD_STANDBY_PULSE if cold_postgres else min(0.05, self.limits.min_poll_interval)
-        # An idle leader's loop turns for its pulse and for a NOTIFY. A Postgres election's pulse reads what
-        # its election thread verified (no I/O), and a fleet's shared LISTEN hub reconnects on its own: with
-        # both, an idle leader waits for its next mark (RelayCore.wait_idle), about a second, instead of
-        # turning every minPollInterval (a fleet of 100 idle outboxes turned 1,000 loops a second).
-        self.core.long_idle = config.leader_election == "postgres" and shards is None and listener_factory is not None
 
     # ------------------------------------------------------------------ public API
     def stop(self) -> None:

@@ -25,6 +25,7 @@ from collections.abc import Callable
 from math import isfinite
 from typing import Any
 
+from harvest_outbox.errors import HarvestOutboxError
 from harvest_outbox.producer.encode._avro_batch import loads, wire_prefix
 
 __all__ = ["ProtobufEncoder", "ProtobufWriter", "fast_builder"]
@@ -35,8 +36,8 @@ _INT, _DOUBLE, _FLOAT, _BOOL, _STR, _ENUM = range(6)
 _FLOAT_MAX = 3.4028234663852886e38
 
 
-class _Slow(Exception):
-    """The value is ParseDict's to convert (and, if it does not fit, to refuse)."""
+class _Slow(HarvestOutboxError):
+    """The value is ParseDict's to convert (and, if it does not fit, to refuse); never leaves this module."""
 
 
 def fast_builder(cls: Any) -> Callable[[Any], Any]:
