@@ -193,6 +193,14 @@ class _Compiler:
     def emit(self, depth: int, line: str) -> None:
         self.lines.append("    " * depth + line)
 
+    def counts(self, schema: Any, v: str, d: int, low: str, high: str) -> None:
+        """Lines that return False unless ``len(v)`` is within the schema's ``low`` / ``high`` keywords (counts,
+        checked by FAST_KEYWORDS to be non-negative ints, so the source holds numbers only)."""
+        for k, op in ((low, "<"), (high, ">")):
+            if k in schema:
+                self.emit(d, f"if len({v}) {op} {schema[k]}:")
+                self.emit(d + 1, "return False")
+
     def check(self, schema: Any, v: str, d: int) -> None:
         """Lines that return False unless ``v`` is valid against ``schema``."""
         if schema is True:
@@ -237,10 +245,7 @@ class _Compiler:
         if arr:
             self.emit(d, f"if {t} is list:")
             self.emit(d + 1, "pass")
-            for k in ("minItems", "maxItems"):
-                if k in schema:
-                    self.emit(d + 1, f"if len({v}) {'<' if k == 'minItems' else '>'} {schema[k]}:")
-                    self.emit(d + 2, "return False")
+            self.counts(schema, v, d + 1, "minItems", "maxItems")
             if "items" in schema and schema["items"] is not True:
                 x = self.var()
                 self.emit(d + 1, f"for {x} in {v}:")
@@ -253,10 +258,7 @@ class _Compiler:
         if obj:
             self.emit(d, f"if {t} is dict:")
             self.emit(d + 1, "pass")
-            for k in ("minProperties", "maxProperties"):
-                if k in schema:
-                    self.emit(d + 1, f"if len({v}) {'<' if k == 'minProperties' else '>'} {schema[k]}:")
-                    self.emit(d + 2, "return False")
+            self.counts(schema, v, d + 1, "minProperties", "maxProperties")
             if schema.get("required"):
                 self.emit(d + 1, f"if not {self.const(frozenset(schema['required']))} <= {v}.keys():")
                 self.emit(d + 2, "return False")
