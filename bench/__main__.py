@@ -77,6 +77,8 @@ BENCHES: dict[str, tuple[str, list[str], list[str]]] = {
             "10000",
             "--fault-rows",
             "20000",
+            "--latency-repeats",
+            "1",
             "--latency-seconds",
             "3",
             "--latency-warmup",
