@@ -39,7 +39,7 @@ from __future__ import annotations
 import importlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
@@ -71,6 +71,16 @@ _SERIALIZERS = {
 #: writers whose checked rows are written in one pass after a batch's loop; refusals go the serializer's way
 _Lane = JsonSchemaWriter | ProtobufWriter
 _Writer = AvroWriter | JsonSchemaWriter | ProtobufWriter
+
+
+def _chunks(values: list[bytes]) -> Iterator[tuple[int, list[bytes]]]:
+    """``values`` in slices of ``YIELD_EVERY + 1`` with their start, handing the relay thread the GIL between two
+    (as encode's loop does every 256 rows)."""
+    step = YIELD_EVERY + 1
+    for start in range(0, len(values), step):
+        if start:
+            _yield(0)
+        yield start, values[start : start + step]
 
 
 class RegistryUnavailable(DatabaseError):
@@ -308,7 +318,7 @@ class RowEncoder:
         batch: dict[str, tuple[_TopicEncoder, _Writer | None] | None] = {}
         # the rows a checked writer encodes directly, in one pass after this loop:
         # writer -> (their topic's encoder, their places in ``out``, their stored values)
-        direct: dict[AvroWriter | _Lane, tuple[_TopicEncoder, list[int], list[bytes]]] = {}
+        direct: dict[_Writer, tuple[_TopicEncoder, list[int], list[bytes]]] = {}
         for row in rows:
             if not len(out) & YIELD_EVERY:
                 # This runs in the mark worker while the relay thread produces: hand it the GIL now and
@@ -362,12 +372,9 @@ class RowEncoder:
         """The values of ``places`` in ``out`` encoded by ``writer`` (producer/encode/_json_schema_writer.py,
         _protobuf_encoder.py); a value it does not take goes the serializer's way (:meth:`_encode_row`),
         which encodes or refuses it."""
-        step = YIELD_EVERY + 1
-        for start in range(0, len(values), step):
-            if start:
-                _yield(0)  # as in encode's loop: the relay thread gets the GIL every 256 rows
-            results = writer.encode_values(values[start : start + step])
-            for i, result in zip(places[start : start + step], results, strict=True):
+        for start, chunk in _chunks(values):
+            results = writer.encode_values(chunk)
+            for i, result in zip(places[start : start + len(chunk)], results, strict=True):
                 row = out[i]
                 if result is not None:
                     out[i] = with_encoded(row, row[ROW_KEY], result)
@@ -401,11 +408,8 @@ class RowEncoder:
         if self._worker is not None:  # serialization.encodeWorker: in a child process, off this interpreter
             results = self._worker.encode(writer, values)
         else:
-            step = YIELD_EVERY + 1
-            for start in range(0, len(values), step):
-                if start:
-                    _yield(0)  # as in encode's loop: the relay thread gets the GIL every 256 rows
-                results += encode_values(writer, values[start : start + step])
+            for _start, chunk in _chunks(values):
+                results += encode_values(writer, chunk)
         refused = 0
         for i, result in zip(places, results, strict=True):
             row = out[i]
