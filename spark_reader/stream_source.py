@@ -51,6 +51,7 @@ from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows, Supp
 from harvest_outbox.kafka_access import AccessWatch
 from harvest_outbox.sequencer import ProducerState
 from harvest_outbox.spark_reader import offsets as offsets_mod
+from harvest_outbox.spark_reader.consumer_pool import WORKER_POOL
 from harvest_outbox.spark_reader.errors import SparkReaderError
 from harvest_outbox.spark_reader.kafka_arrow import iter_ranges, watermarks
 from harvest_outbox.spark_reader.policy import UUIDPolicyName
@@ -263,7 +264,8 @@ class CommittedStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
             sequencers[p] = SplitSequencer(s.split_plan(), p, start, states, phases)
         phases.state = time.perf_counter() - phases.started
         out: list[pa.Table] = []
-        batches = iter_ranges(s.topic, s.kafka, reads, s.split_plan().read_batch)
+        reused, missed = WORKER_POOL.reused, WORKER_POOL.missed
+        batches = iter_ranges(s.topic, s.kafka, reads, s.split_plan().read_batch, WORKER_POOL)
         while True:
             t = time.perf_counter()
             got = next(batches, None)
@@ -275,6 +277,7 @@ class CommittedStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
             out.extend(sequencers[got[0]].feed(got[1]))
         for seq in sequencers.values():
             out.extend(seq.finish())
+        phases.consumers_reused, phases.consumers_missed = WORKER_POOL.reused - reused, WORKER_POOL.missed - missed
         t = time.perf_counter()
         for p, seq in sequencers.items():
             files.put(p, reads[p][1], seq.end_states)

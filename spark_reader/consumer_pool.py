@@ -1,0 +1,185 @@
+"""Kafka consumers a Spark Python worker keeps between a stream's micro-batches, one per topic-partition.
+
+Spark's own Kafka source keeps a consumer per topic-partition in each executor and goes on reading where
+the previous micro-batch stopped: the next micro-batch's records are often fetched already. A consumer
+made per read costs a connection, a first fetch and a close (~20-50 ms), and throws away what it
+prefetched past its range's end, which is the next micro-batch's start. ``readCommittedStream(state_location=...)``
+reads through this pool (:func:`spark_reader.kafka_arrow.iter_ranges`' ``pool``): a read of
+``[read_from, end)`` takes the partition's consumer if one is kept at ``position`` with
+``read_from <= position``, is served ``[read_from, position)`` from the kept *tail* (the last records the
+previous read returned: a stream re-reads its open spans from their begin, a little before the previous
+end) and consumes on from ``position``. Anything else (no consumer kept, a read starting before the tail
+or past the position) gets a new consumer, as before the pool.
+
+Spark reuses a Python worker for the next task (``spark.python.worker.reuse``, default on) and ends it
+after a minute idle, which closes whatever it kept; the pool also closes a consumer idle for
+:data:`IDLE_SECONDS` and keeps at most :data:`MAX_KEPT` (the least recently used closed first).
+
+Invariants (``tests/test_spark_reader/test_consumer_pool.py``):
+- a kept consumer is lent to one read at a time, and taken back only from a read that ended cleanly:
+  the next record it returns is the first after ``end`` (none past ``end`` was consumed and dropped); a
+  read that fails or is abandoned closes its consumer;
+- the tail is a copy of the last records (at most :data:`TAIL_RECORDS` and about :data:`TAIL_BYTES`)
+  of the range ``[read_from, end)`` exactly as read, in offset order, ending at ``end``;
+- a lease serves exactly the records of ``[read_from, position)`` from the tail, then the consumer, so
+  a read through the pool returns the same records as a read by a new consumer;
+- keys hold the reader's Kafka options, which may hold secrets: the pool's repr never shows them.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+#: A consumer left unused this long is closed at the next take or give.
+IDLE_SECONDS = 60.0
+#: Consumers kept per worker at most (a topic of many partitions read by few workers keeps the most
+#: used): a kept consumer holds ~20-30 MB of the worker's memory (its threads' buffers and the records
+#: it fetched ahead), measured with 8 kept.
+MAX_KEPT = 16
+#: Records of a read's end kept with its consumer, to serve a next read that starts a little earlier.
+TAIL_RECORDS = 4096
+#: ... and about this many bytes of them at most (the tail is cut to fit, so large records keep fewer).
+TAIL_BYTES = 4 << 20
+
+
+@dataclass
+class Lease:
+    """A consumer for a read: positioned at ``position`` (its next record is the first at or after it),
+    and the records ``[read_from, position)`` the read gets first (``head``, from the last read's tail)."""
+
+    client: Any
+    position: int
+    head: list[pa.RecordBatch]
+
+
+@dataclass
+class _Kept:
+    client: Any
+    position: int
+    tail: pa.RecordBatch | None
+    since: float
+
+
+_Key = tuple[str, int, tuple[tuple[str, str], ...]]
+
+
+class ConsumerPool:
+    """The worker's kept consumers (thread-safe; a worker runs one task at a time, but a task may read
+    on another thread)."""
+
+    def __init__(self, clock: Any = time.monotonic) -> None:
+        self._kept: OrderedDict[_Key, _Kept] = OrderedDict()
+        self._lock = threading.Lock()
+        self._clock = clock
+        #: Reads served by a kept consumer / reads that found none they could use (for the phase log).
+        self.reused = self.missed = 0
+
+    def __repr__(self) -> str:  # never the keys: they hold the Kafka options
+        return f"ConsumerPool(kept={len(self._kept)}, reused={self.reused}, missed={self.missed})"
+
+    def __len__(self) -> int:
+        return len(self._kept)
+
+    def take(self, kafka: Mapping[str, str], topic: str, partition: int, read_from: int) -> Lease | None:
+        """The partition's kept consumer for a read from ``read_from``, or None (the caller makes one).
+        A kept consumer that cannot serve the read is closed."""
+        key = _key(kafka, topic, partition)
+        with self._lock:
+            kept = self._kept.pop(key, None)
+            stale = self._expire()
+        _close_all(stale)
+        head = None if kept is None else _head(kept, read_from)
+        if head is None:
+            self.missed += 1
+            if kept is not None:
+                kept.client.close()
+            return None
+        self.reused += 1
+        assert kept is not None
+        return Lease(kept.client, kept.position, head)
+
+    def give(
+        self,
+        kafka: Mapping[str, str],
+        topic: str,
+        partition: int,
+        client: Any,
+        end: int,
+        last: list[pa.RecordBatch],
+    ) -> None:
+        """Keep ``client`` after a clean read ending at ``end``, with the tail of the read's last
+        batches ``last`` (offset order; the read's records, ending at ``end``)."""
+        kept = _Kept(client, end, _tail(last), self._clock())
+        with self._lock:
+            old = self._kept.pop(_key(kafka, topic, partition), None)
+            self._kept[_key(kafka, topic, partition)] = kept
+            stale = self._expire()
+            while len(self._kept) > MAX_KEPT:
+                stale.append(self._kept.popitem(last=False)[1])
+        _close_all([old, *stale] if old is not None else stale)
+
+    def close(self) -> None:
+        with self._lock:
+            kept, self._kept = list(self._kept.values()), OrderedDict()
+        _close_all(kept)
+
+    def _expire(self) -> list[_Kept]:
+        now = self._clock()
+        stale = [k for k, v in self._kept.items() if now - v.since > IDLE_SECONDS]
+        return [self._kept.pop(k) for k in stale]
+
+
+def _key(kafka: Mapping[str, str], topic: str, partition: int) -> _Key:
+    return topic, partition, tuple(sorted(kafka.items()))
+
+
+def _close_all(kept: list[_Kept]) -> None:
+    for k in kept:
+        k.client.close()
+
+
+def _head(kept: _Kept, read_from: int) -> list[pa.RecordBatch] | None:
+    """``[read_from, kept.position)`` from the tail, or None when the tail does not hold all of it."""
+    if read_from == kept.position:
+        return []
+    tail = kept.tail
+    if tail is None or read_from > kept.position:
+        return None
+    offsets = tail.column("offset").to_numpy()
+    if read_from < offsets[0]:
+        return None
+    return [tail.slice(int(np.searchsorted(offsets, read_from)))]
+
+
+def _tail(last: list[pa.RecordBatch]) -> pa.RecordBatch | None:
+    """A compact copy of the last records of ``last``: at most TAIL_RECORDS, about TAIL_BYTES."""
+    picked: list[pa.RecordBatch] = []
+    records = nbytes = 0
+    for batch in reversed(last):
+        if not batch.num_rows:
+            continue
+        room = TAIL_RECORDS - records
+        per_record = batch.nbytes / batch.num_rows
+        room = min(room, int((TAIL_BYTES - nbytes) / per_record) if per_record else room)
+        if room <= 0:
+            break
+        part = batch.slice(max(0, batch.num_rows - room))
+        picked.append(part)
+        records += part.num_rows
+        nbytes += int(part.num_rows * per_record)
+    if not picked:
+        return None
+    # concat_batches copies (even one batch): a slice would keep the read's whole batches alive
+    return pa.concat_batches(picked[::-1])
+
+
+#: The worker's pool (Spark's Python worker is one process per task at a time, reused across tasks).
+WORKER_POOL = ConsumerPool()

@@ -1,0 +1,144 @@
+"""consumer_pool: the stream's kept consumers (the module's invariants). The lending rules and the tail
+on plain objects; a stream's successive reads through the pool on the embedded Kafka broker, record
+for record against reads by new consumers."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pytest
+from sequenced_log import read_raw, write_log
+
+from harvest_outbox.spark_reader import consumer_pool
+from harvest_outbox.spark_reader.consumer_pool import ConsumerPool
+from harvest_outbox.spark_reader.kafka_arrow import iter_ranges
+
+
+class _Client:
+    """Stands in for a confluent-kafka consumer in the pool's own rules (the pool only closes it)."""
+
+    def __init__(self) -> None:
+        self.closed = False
+
+    def close(self) -> None:
+        assert not self.closed, "closed twice"
+        self.closed = True
+
+
+def _batch(first: int, n: int, size: int = 10) -> pa.RecordBatch:
+    return pa.record_batch(
+        {"offset": pa.array(np.arange(first, first + n), pa.int64()), "value": pa.array([b"x" * size] * n)}
+    )
+
+
+def _offsets(batches: list[pa.RecordBatch]) -> list[int]:
+    return [o for b in batches for o in b.column("offset").to_pylist()]
+
+
+KAFKA = {"kafka.bootstrap.servers": "b:1", "kafka.sasl.password": "s3cret"}
+
+
+@pytest.mark.parametrize(
+    ("read_from", "head"),
+    [
+        (100, []),  # where the last read ended: the consumer goes on, nothing from the tail
+        (95, list(range(95, 100))),  # an open span's begin inside the tail
+        (80, list(range(80, 100))),  # the tail's first record
+        (79, None),  # before the tail: a new consumer
+        (101, None),  # past the kept position: a new consumer
+    ],
+    ids=["at-position", "inside-tail", "tail-start", "before-tail", "past-position"],
+)
+def test_a_lease_serves_exactly_the_records_before_the_position(read_from: int, head: list[int] | None) -> None:
+    pool, client = ConsumerPool(), _Client()
+    pool.give(KAFKA, "t", 0, client, 100, [_batch(80, 10), _batch(90, 10)])
+    lease = pool.take(KAFKA, "t", 0, read_from)
+    if head is None:
+        assert lease is None and client.closed and (pool.reused, pool.missed) == (0, 1)
+    else:
+        assert lease is not None and lease.client is client and lease.position == 100 and not client.closed
+        assert _offsets(lease.head) == head and (pool.reused, pool.missed) == (1, 0)
+    assert len(pool) == 0  # lent (or closed): never to two reads at once
+    assert pool.take(KAFKA, "t", 0, 100) is None
+
+
+def test_the_tail_is_a_bounded_copy_of_the_reads_last_records(monkeypatch) -> None:
+    monkeypatch.setattr(consumer_pool, "TAIL_RECORDS", 12)
+    last = [_batch(0, 10), _batch(10, 10)]
+    tail = consumer_pool._tail(last)
+    assert tail is not None and _offsets([tail]) == list(range(8, 20))
+    assert tail.column("offset").buffers()[1].address != last[1].column("offset").buffers()[1].address
+    monkeypatch.setattr(consumer_pool, "TAIL_BYTES", 5 * last[1].nbytes // 10)  # five records' worth
+    tail = consumer_pool._tail(last)
+    assert tail is not None and _offsets([tail]) == list(range(15, 20))
+    assert consumer_pool._tail([]) is None and consumer_pool._tail([_batch(0, 0)]) is None
+
+
+def test_kept_consumers_are_keyed_expired_bounded_and_hidden(monkeypatch) -> None:
+    now = [0.0]
+    pool = ConsumerPool(clock=lambda: now[0])
+    a, b, other = _Client(), _Client(), _Client()
+    pool.give(KAFKA, "t", 0, a, 10, [])
+    pool.give({**KAFKA, "kafka.bootstrap.servers": "c:1"}, "t", 0, other, 10, [])  # another cluster: its own
+    assert pool.take(KAFKA, "t", 1, 10) is None and pool.take(KAFKA, "u", 0, 10) is None
+    pool.give(KAFKA, "t", 0, b, 20, [])  # a second consumer for the same key replaces (closes) the first
+    assert a.closed and len(pool) == 2
+    assert "s3cret" not in repr(pool) and "b:1" not in repr(pool)
+    now[0] = consumer_pool.IDLE_SECONDS + 1
+    assert pool.take(KAFKA, "t", 5, 0) is None  # any take closes what idled too long
+    assert b.closed and other.closed and len(pool) == 0
+    monkeypatch.setattr(consumer_pool, "MAX_KEPT", 3)
+    clients = [_Client() for _ in range(5)]
+    for p, c in enumerate(clients):
+        pool.give(KAFKA, "t", p, c, 10, [])
+    assert [c.closed for c in clients] == [True, True, False, False, False]  # least recently given first
+    pool.close()
+    assert all(c.closed for c in clients) and len(pool) == 0
+
+
+@pytest.mark.integration
+def test_a_streams_successive_reads_through_the_pool_equal_new_consumers_reads(kafka_bootstrap, topic_factory) -> None:
+    """Ranges as a stream's micro-batches read them: each from the previous end, or a little before it
+    (an open span's begin), one starting before the kept tail, one stopped early; whatever the pool
+    did, every read returns exactly its range, and a consumer goes on from where it stopped."""
+    topic = topic_factory(partitions=2)
+    write_log(kafka_bootstrap, topic, 2, seed=64, steps=120)
+    by: dict[int, list[int]] = {}
+    for r in read_raw(kafka_bootstrap, topic, 2):
+        by.setdefault(r.partition, []).append(r.offset)
+    opts = {"kafka.bootstrap.servers": kafka_bootstrap}
+    ends = {p: offsets[-1] + 1 for p, offsets in by.items()}
+    cut = {p: [e * k // 5 for k in range(6)] for p, e in ends.items()}
+    pool = ConsumerPool()
+
+    def read(ranges: dict[int, tuple[int, int]], chunk: int = 7) -> dict[int, list[int]]:
+        got: dict[int, list[int]] = {}
+        for p, batch in iter_ranges(topic, opts, ranges, chunk, pool):
+            assert 0 < batch.num_rows <= chunk and set(batch.column("partition").to_pylist()) == {p}
+            got.setdefault(p, []).extend(batch.column("offset").to_pylist())
+        return got
+
+    def expected(ranges: dict[int, tuple[int, int]]) -> dict[int, list[int]]:
+        return {p: [o for o in by[p] if lo <= o < hi] for p, (lo, hi) in ranges.items() if lo < hi}
+
+    steps = [
+        ({0: (0, cut[0][1]), 1: (0, cut[1][1])}, (0, 2)),  # first reads: new consumers
+        ({0: (cut[0][1], cut[0][2]), 1: (cut[1][1] - 3, cut[1][2])}, (2, 0)),  # on from the end / the tail
+        ({0: (cut[0][2] - 1, cut[0][3]), 1: (cut[1][2], cut[1][3])}, (2, 0)),
+        ({0: (0, cut[0][4]), 1: (cut[1][3], cut[1][4])}, (1, 1)),  # partition 0 before its tail: a new one
+    ]
+    for ranges, (reused, missed) in steps:
+        before = (pool.reused, pool.missed)
+        assert read(ranges) == expected(ranges), ranges
+        assert (pool.reused - before[0], pool.missed - before[1]) == (reused, missed), ranges
+        assert len(pool) == 2
+    kept = pool._kept[(topic, 1, tuple(sorted(opts.items())))].client
+    reader = iter_ranges(topic, opts, {1: (cut[1][4], ends[1])}, 3, pool)
+    next(reader)
+    reader.close()  # stopped early: its consumer is closed, not kept
+    assert len(pool) == 1
+    with pytest.raises(RuntimeError):
+        kept.assignment()  # closed
+    last = {0: (cut[0][4], ends[0]), 1: (cut[1][4], ends[1])}
+    assert read(last, 100_000) == expected(last)
+    pool.close()
