@@ -227,8 +227,10 @@ def _task_phases(folder: Path) -> dict[str, Any]:
         "tasks_busy_share_of_2_cores": round(sums["total"] / (2 * span), 3) if span else None,
         "python_workers": len({x["pid"] for x in lines}),
         "task_peak_rss_mb": round(max(x["peak_rss_bytes"] for x in lines) / 2**20),
-        # partition reads that went on with a consumer kept from an earlier micro-batch / made a new one
+        # partition reads that went on with a consumer kept from an earlier micro-batch / moved one by a
+        # seek / made a new one
         "consumers_reused": sum(x.get("consumers_reused", 0) for x in lines),
+        "consumers_sought": sum(x.get("consumers_sought", 0) for x in lines),
         "consumers_missed": sum(x.get("consumers_missed", 0) for x in lines),
     }
 

@@ -8,8 +8,10 @@ reads through this pool (:func:`spark_reader.kafka_arrow.iter_ranges`' ``pool``)
 ``[read_from, end)`` takes the partition's consumer if one is kept at ``position`` with
 ``read_from <= position``, is served ``[read_from, position)`` from the kept *tail* (the last records the
 previous read returned: a stream re-reads its open spans from their begin, a little before the previous
-end) and consumes on from ``position``. Anything else (no consumer kept, a read starting before the tail
-or past the position) gets a new consumer, as before the pool.
+end) and consumes on from ``position``. A kept consumer anywhere else (another worker read the
+partition since, or the read starts before the tail) is moved to ``read_from`` by a seek, which costs a
+fetch but no connection (librdkafka purges what it fetched ahead, and drops what arrives for the old
+position). With no consumer kept the read makes a new one, as before the pool.
 
 Spark reuses a Python worker for the next task (``spark.python.worker.reuse``, default on) and ends it
 after a minute idle, which closes whatever it kept; the pool also closes a consumer idle for
@@ -21,8 +23,9 @@ Invariants (``tests/test_spark_reader/test_consumer_pool.py``):
   read that fails or is abandoned closes its consumer;
 - the tail is a copy of the last records (at most :data:`TAIL_RECORDS` and about :data:`TAIL_BYTES`)
   of the range ``[read_from, end)`` exactly as read, in offset order, ending at ``end``;
-- a lease serves exactly the records of ``[read_from, position)`` from the tail, then the consumer, so
-  a read through the pool returns the same records as a read by a new consumer;
+- a lease serves exactly the records of ``[read_from, position)`` from the tail, then the consumer
+  (sought to ``read_from`` when the tail cannot serve it; a consumer whose seek fails is closed), so a
+  read through the pool returns the same records as a read by a new consumer;
 - keys hold the reader's Kafka options, which may hold secrets: the pool's repr never shows them.
 """
 
@@ -79,14 +82,18 @@ class ConsumerPool:
         self._kept: OrderedDict[_Key, _Kept] = OrderedDict()
         self._lock = threading.Lock()
         self._clock = clock
-        #: Reads served by a kept consumer / reads that found none they could use (for the phase log).
-        self.reused = self.missed = 0
+        #: Reads that went on with a kept consumer / moved one by a seek / found none (for the phase log).
+        self.reused = self.sought = self.missed = 0
 
     def __repr__(self) -> str:  # never the keys: they hold the Kafka options
-        return f"ConsumerPool(kept={len(self._kept)}, reused={self.reused}, missed={self.missed})"
+        return f"ConsumerPool(kept={len(self._kept)}, reused={self.reused}, sought={self.sought}, missed={self.missed})"
 
     def __len__(self) -> int:
         return len(self._kept)
+
+    def counts(self) -> tuple[int, int, int]:
+        """``(reused, sought, missed)`` reads so far."""
+        return self.reused, self.sought, self.missed
 
     def take(self, kafka: Mapping[str, str], topic: str, partition: int, read_from: int) -> Lease | None:
         """The partition's kept consumer for a read from ``read_from``, or None (the caller makes one).
@@ -96,15 +103,19 @@ class ConsumerPool:
             kept = self._kept.pop(key, None)
             stale = self._expire()
         _close_all(stale)
-        head = None if kept is None else _head(kept, read_from)
-        if head is None:
+        if kept is None:
             self.missed += 1
-            if kept is not None:
-                kept.client.close()
             return None
-        self.reused += 1
-        assert kept is not None
-        return Lease(kept.client, kept.position, head)
+        head = _head(kept, read_from)
+        if head is not None:
+            self.reused += 1
+            return Lease(kept.client, kept.position, head)
+        if _seek(kept.client, topic, partition, read_from):
+            self.sought += 1
+            return Lease(kept.client, read_from, [])
+        kept.client.close()
+        self.missed += 1
+        return None
 
     def give(
         self,
@@ -139,6 +150,17 @@ class ConsumerPool:
 
 def _key(kafka: Mapping[str, str], topic: str, partition: int) -> _Key:
     return topic, partition, tuple(sorted(kafka.items()))
+
+
+def _seek(client: Any, topic: str, partition: int, offset: int) -> bool:
+    """Move ``client`` (assigned ``topic``/``partition``, fetching) to ``offset``; False if it refused."""
+    from confluent_kafka import KafkaException, TopicPartition
+
+    try:
+        client.seek(TopicPartition(topic, partition, offset))
+    except KafkaException:
+        return False
+    return True
 
 
 def _close_all(kept: list[_Kept]) -> None:

@@ -79,9 +79,10 @@ class Phases:
     records: int = 0
     rows: int = 0
     peak_rss_bytes: int = 0
-    #: A stream task's partition reads that went on with a kept consumer / that made a new one
-    #: (:mod:`spark_reader.consumer_pool`).
+    #: A stream task's partition reads that went on with a kept consumer / moved one by a seek / made a
+    #: new one (:mod:`spark_reader.consumer_pool`).
     consumers_reused: int = 0
+    consumers_sought: int = 0
     consumers_missed: int = 0
     started: float = field(default_factory=time.perf_counter)
     wall_start: float = field(default_factory=time.time)

@@ -264,7 +264,7 @@ class CommittedStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
             sequencers[p] = SplitSequencer(s.split_plan(), p, start, states, phases)
         phases.state = time.perf_counter() - phases.started
         out: list[pa.Table] = []
-        reused, missed = WORKER_POOL.reused, WORKER_POOL.missed
+        pool_before = WORKER_POOL.counts()
         batches = iter_ranges(s.topic, s.kafka, reads, s.split_plan().read_batch, WORKER_POOL)
         while True:
             t = time.perf_counter()
@@ -277,7 +277,9 @@ class CommittedStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
             out.extend(sequencers[got[0]].feed(got[1]))
         for seq in sequencers.values():
             out.extend(seq.finish())
-        phases.consumers_reused, phases.consumers_missed = WORKER_POOL.reused - reused, WORKER_POOL.missed - missed
+        phases.consumers_reused, phases.consumers_sought, phases.consumers_missed = (
+            now - before for now, before in zip(WORKER_POOL.counts(), pool_before, strict=True)
+        )
         t = time.perf_counter()
         for p, seq in sequencers.items():
             files.put(p, reads[p][1], seq.end_states)

@@ -15,10 +15,19 @@ from harvest_outbox.spark_reader.kafka_arrow import iter_ranges
 
 
 class _Client:
-    """Stands in for a confluent-kafka consumer in the pool's own rules (the pool only closes it)."""
+    """Stands in for a confluent-kafka consumer in the pool's own rules (the pool only seeks and closes
+    it); ``refuse``: its seek fails as librdkafka's does for a partition it is not fetching."""
 
-    def __init__(self) -> None:
-        self.closed = False
+    def __init__(self, refuse: bool = False) -> None:
+        self.closed, self.refuse = False, refuse
+        self.sought: list[int] = []
+
+    def seek(self, tp: object) -> None:
+        from confluent_kafka import KafkaError, KafkaException
+
+        if self.refuse:
+            raise KafkaException(KafkaError(KafkaError._STATE))
+        self.sought.append(tp.offset)  # type: ignore[attr-defined]
 
     def close(self) -> None:
         assert not self.closed, "closed twice"
@@ -39,25 +48,30 @@ KAFKA = {"kafka.bootstrap.servers": "b:1", "kafka.sasl.password": "s3cret"}
 
 
 @pytest.mark.parametrize(
-    ("read_from", "head"),
+    ("read_from", "refuse", "position", "head", "counts"),
     [
-        (100, []),  # where the last read ended: the consumer goes on, nothing from the tail
-        (95, list(range(95, 100))),  # an open span's begin inside the tail
-        (80, list(range(80, 100))),  # the tail's first record
-        (79, None),  # before the tail: a new consumer
-        (101, None),  # past the kept position: a new consumer
+        (100, False, 100, list[int](), (1, 0, 0)),  # where the last read ended: it goes on, no tail records
+        (95, False, 100, list(range(95, 100)), (1, 0, 0)),  # an open span's begin inside the tail
+        (80, False, 100, list(range(80, 100)), (1, 0, 0)),  # the tail's first record
+        (79, False, 79, [], (0, 1, 0)),  # before the tail: sought there
+        (150, False, 150, [], (0, 1, 0)),  # past the kept position (another worker read on): sought there
+        (79, True, None, None, (0, 0, 1)),  # a seek refused: closed, the read makes a new consumer
     ],
-    ids=["at-position", "inside-tail", "tail-start", "before-tail", "past-position"],
+    ids=["at-position", "inside-tail", "tail-start", "before-tail", "past-position", "seek-refused"],
 )
-def test_a_lease_serves_exactly_the_records_before_the_position(read_from: int, head: list[int] | None) -> None:
-    pool, client = ConsumerPool(), _Client()
+def test_a_lease_serves_exactly_the_records_before_its_position(
+    read_from: int, refuse: bool, position: int | None, head: list[int] | None, counts: tuple[int, int, int]
+) -> None:
+    pool, client = ConsumerPool(), _Client(refuse)
     pool.give(KAFKA, "t", 0, client, 100, [_batch(80, 10), _batch(90, 10)])
     lease = pool.take(KAFKA, "t", 0, read_from)
+    assert pool.counts() == counts
     if head is None:
-        assert lease is None and client.closed and (pool.reused, pool.missed) == (0, 1)
+        assert lease is None and client.closed
     else:
-        assert lease is not None and lease.client is client and lease.position == 100 and not client.closed
-        assert _offsets(lease.head) == head and (pool.reused, pool.missed) == (1, 0)
+        assert lease is not None and lease.client is client and not client.closed
+        assert lease.position == position and _offsets(lease.head) == head
+        assert client.sought == ([] if position == 100 else [read_from])
     assert len(pool) == 0  # lent (or closed): never to two reads at once
     assert pool.take(KAFKA, "t", 0, 100) is None
 
@@ -121,16 +135,17 @@ def test_a_streams_successive_reads_through_the_pool_equal_new_consumers_reads(k
     def expected(ranges: dict[int, tuple[int, int]]) -> dict[int, list[int]]:
         return {p: [o for o in by[p] if lo <= o < hi] for p, (lo, hi) in ranges.items() if lo < hi}
 
-    steps = [
-        ({0: (0, cut[0][1]), 1: (0, cut[1][1])}, (0, 2)),  # first reads: new consumers
-        ({0: (cut[0][1], cut[0][2]), 1: (cut[1][1] - 3, cut[1][2])}, (2, 0)),  # on from the end / the tail
-        ({0: (cut[0][2] - 1, cut[0][3]), 1: (cut[1][2], cut[1][3])}, (2, 0)),
-        ({0: (0, cut[0][4]), 1: (cut[1][3], cut[1][4])}, (1, 1)),  # partition 0 before its tail: a new one
+    steps = [  # (ranges, reads (reused, sought, missed))
+        ({0: (0, cut[0][1]), 1: (0, cut[1][1])}, (0, 0, 2)),  # first reads: new consumers
+        ({0: (cut[0][1], cut[0][2]), 1: (cut[1][1] - 3, cut[1][2])}, (2, 0, 0)),  # on from the end / the tail
+        ({0: (cut[0][2] - 1, cut[0][3]), 1: (cut[1][3], cut[1][4])}, (1, 1, 0)),  # 1 skips a micro-batch
+        ({0: (0, cut[0][4]), 1: (cut[1][2], cut[1][3])}, (0, 2, 0)),  # back before the tails: sought
+        ({0: (cut[0][4], cut[0][4] + 2), 1: (cut[1][3] - 1, cut[1][4])}, (2, 0, 0)),
     ]
-    for ranges, (reused, missed) in steps:
-        before = (pool.reused, pool.missed)
+    for ranges, counts in steps:
+        before = pool.counts()
         assert read(ranges) == expected(ranges), ranges
-        assert (pool.reused - before[0], pool.missed - before[1]) == (reused, missed), ranges
+        assert tuple(n - b for n, b in zip(pool.counts(), before, strict=True)) == counts, ranges
         assert len(pool) == 2
     kept = pool._kept[(topic, 1, tuple(sorted(opts.items())))].client
     reader = iter_ranges(topic, opts, {1: (cut[1][4], ends[1])}, 3, pool)
@@ -139,6 +154,6 @@ def test_a_streams_successive_reads_through_the_pool_equal_new_consumers_reads(k
     assert len(pool) == 1
     with pytest.raises(RuntimeError):
         kept.assignment()  # closed
-    last = {0: (cut[0][4], ends[0]), 1: (cut[1][4], ends[1])}
+    last = {0: (cut[0][4] + 2, ends[0]), 1: (cut[1][4], ends[1])}
     assert read(last, 100_000) == expected(last)
     pool.close()
