@@ -48,7 +48,6 @@ from harvest_outbox.spark_reader.errors import ReaderConfigError, SparkReaderErr
 _GROUP = "harvest-spark-reader"  # never joined: partitions are assigned and offsets never committed
 CHUNK = 65536  # records per Arrow batch while reading (bounds the Python lists)
 _QUEUED_AHEAD = 16384  # records librdkafka keeps queued ahead of a read (about one 1 MiB fetch of small records)
-_POOLED_QUEUED_AHEAD = 4096  # ... by a consumer kept between a stream's micro-batches (spark_reader/consumer_pool.py)
 _STALL_SECONDS = 60.0  # no record and no position change for this long: fail the task, say where
 _HEADERS = pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())]))
 _TIMESTAMP = pa.timestamp("us", tz="UTC")
@@ -174,11 +173,8 @@ def iter_ranges(
         p, (read_from, end) = todo[i]
         lease = pool.take(kafka, topic, p, read_from) if pool is not None and read_from is not None else None
         if lease is None:
-            wanted = end - read_from if read_from is not None else None
-            if pool is not None:
-                # kept between micro-batches: queued records cost memory for as long as it is kept
-                wanted = min(wanted or _POOLED_QUEUED_AHEAD, _POOLED_QUEUED_AHEAD)
-            client = consumer(kafka, wanted)
+            # a consumer for the pool queues its full share ahead: the stream's next micro-batch reads on
+            client = consumer(kafka, end - read_from if read_from is not None and pool is None else None)
             client.assign([TopicPartition(topic, p, read_from if read_from is not None else OFFSET_BEGINNING)])
             lease = Lease(client, read_from if read_from is not None else -1, [])
         opened.append(lease.client)
