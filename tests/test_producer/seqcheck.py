@@ -43,6 +43,43 @@ class Expected:
         return sum(len(v) for v in self.by_key.values())
 
 
+@dataclass
+class Gate:
+    """Holds ``writers`` :func:`write_traffic` writers between transactions while closed, so a test can
+    change the outbox with no transaction in flight (e.g. a sequence restarted lower: ids stop following
+    commit order for rows that straddle it, which no relay can undo)."""
+
+    writers: int
+    closed: bool = False
+    parked: int = 0  # writers waiting at the gate, or finished
+    cond: threading.Condition = field(default_factory=threading.Condition)
+
+    def through(self) -> None:
+        with self.cond:
+            while self.closed:
+                self.parked += 1
+                self.cond.notify_all()
+                self.cond.wait()
+                self.parked -= 1
+
+    def done(self) -> None:
+        with self.cond:
+            self.parked += 1
+            self.cond.notify_all()
+
+    def close(self, timeout: float = 30.0) -> None:
+        """Close, and return once every writer waits at the gate or has finished."""
+        with self.cond:
+            self.closed = True
+            if not self.cond.wait_for(lambda: self.parked >= self.writers, timeout):
+                raise TimeoutError(f"{self.writers - self.parked} writers still in a transaction after {timeout}s")
+
+    def open(self) -> None:
+        with self.cond:
+            self.closed = False
+            self.cond.notify_all()
+
+
 def write_traffic(
     dsn: str,
     table: str,
@@ -55,14 +92,39 @@ def write_traffic(
     max_batch: int = 40,
     seed: int = 0,
     pause: float = 0.0,
+    gate: Gate | None = None,
 ) -> None:
     """One writer: ``txs`` app transactions of 1..max_batch rows; some rolled back. Each writer owns its
-    keys, so per key, commit order = id order = the order the checker expects."""
+    keys, so per key, commit order = id order = the order the checker expects. ``gate``: waited at before
+    each transaction (and told when the writer is done)."""
+    try:
+        _write_traffic(dsn, table, topic, exp, writer, txs, keys, rollback_rate, max_batch, seed, pause, gate)
+    finally:
+        if gate is not None:
+            gate.done()
+
+
+def _write_traffic(
+    dsn: str,
+    table: str,
+    topic: str,
+    exp: Expected,
+    writer: int,
+    txs: int,
+    keys: int,
+    rollback_rate: float,
+    max_batch: int,
+    seed: int,
+    pause: float,
+    gate: Gate | None,
+) -> None:
     rnd = random.Random(seed * 1000 + writer)
     st = Stasher(table)
     seq = 0
     with psycopg.connect(dsn) as conn:
         for _ in range(txs):
+            if gate is not None:
+                gate.through()
             batch = []
             for _ in range(rnd.randint(1, max_batch)):
                 key = f"w{writer}-k{rnd.randrange(keys)}"
