@@ -85,9 +85,7 @@ def _stage_pxds() -> str:
         folder.mkdir(parents=True, exist_ok=True)
         for depth in range(1, len(parts)):
             INCLUDE.joinpath(*parts[:depth], "__init__.pxd").touch()
-        # copy2 keeps the mtime: cythonize then regenerates a .c only when its .pyx or a .pxd is newer (a
-        # fresh copy made every build regenerate every module, the sdist's own .c too)
-        shutil.copy2(source, folder / f"{parts[-1]}.pxd")
+        shutil.copyfile(source, folder / f"{parts[-1]}.pxd")
     return str(INCLUDE)
 
 
