@@ -33,8 +33,8 @@ fault's recovery. Verified (:mod:`harvest_local.verify`, ground truth = the vers
 committed): in ``--uuid-sequencing`` mode a ``ReadCommittedIter`` read of the topic holds every
 committed version exactly once, in per-key order, nothing rolled back; in at-least-once mode the raw
 topic holds every committed version, first arrivals in per-key order (duplicates are counted, they
-are allowed there). Both relays must still be running afterwards (the faults all heal: no manual
-action). ``Outage.layout`` runs it on ``outboxLayout: cursor`` (issue #37): the relay deletes no row there,
+are allowed there). Both relays must still be running once the outbox has drained (the faults all heal:
+no manual action); they are stopped then, so the topic is final and the check reads it to its end. ``Outage.layout`` runs it on ``outboxLayout: cursor`` (issue #37): the relay deletes no row there,
 so "left the outbox" reads "passed by the committed cursor".
 
 Used by ``tests/test_e2e/test_outages.py`` (short durations in CI) and ``scripts/outages.py``
@@ -227,9 +227,14 @@ def run_outage(services: LocalServices, outage: Outage, workdir: Path) -> Outage
         writers.join()
         result.committed, result.rolled_back = writers.stats.committed, writers.stats.rolled_back
         wait_for(lambda: _backlog(ends.pg_dsn, names, outage.layout, None) == 0, 180, "the outbox drains", poll=0.2)
+        result.relays_alive = all(r.alive for r in relays)
+        if not result.relays_alive:
+            result.notes.append("relay(s) exited: " + ", ".join(r.name for r in relays if not r.alive))
+        for relay in relays:  # the log is final from here on: the read below goes to its end, not to an idle tail
+            relay.stop(15)
         truth = committed_versions(ends.pg_dsn, schema)
         delivered = (
-            _read_committed(ends.kafka_bootstrap, topic, sum(truth.values()))
+            _read_committed(ends.kafka_bootstrap, topic)
             if outage.sequenced
             else _read_raw(ends.kafka_bootstrap, topic, outage.partitions)
         )
@@ -240,9 +245,6 @@ def run_outage(services: LocalServices, outage: Outage, workdir: Path) -> Outage
             )
         if result.dead_letters:
             result.notes.append(f"{result.dead_letters} row(s) dead-lettered")
-        result.relays_alive = all(r.alive for r in relays)
-        if not result.relays_alive:
-            result.notes.append("relay(s) exited: " + ", ".join(r.name for r in relays if not r.alive))
     finally:
         for relay in relays:
             relay.stop(15)
@@ -340,19 +342,40 @@ def _recovery(dsn: str, names: OutboxNames, layout: str, max_id: int, healed: fl
     return None
 
 
-def _read_committed(bootstrap: str, topic: str, expected: int) -> list[tuple[str, int]]:
-    """The topic, read committed, until 8 s pass without a record — or, once ``expected`` records
-    (the committed versions) are in, 2 s: the outbox has drained, so every record is in the topic
-    already and an extra one (a duplicate, a rolled-back row) shows within that tail."""
+def _read_committed(bootstrap: str, topic: str) -> list[tuple[str, int]]:
+    """The topic, read committed from its start through the high watermarks taken first (the relays have
+    stopped: the log is final), then until nothing more is ready: every record in it, a duplicate or a
+    rolled-back row included, without waiting out an idle tail."""
     from harvest_outbox.consumer import ReadCommittedIter
+    from harvest_outbox.sequencer import decode_checkpoint, journal_name
 
+    probe = Consumer({"bootstrap.servers": bootstrap, "group.id": f"outage-ends-{uuid.uuid4()}", "log_level": 0})
+    try:
+        ends = {}
+        for p in probe.list_topics(topic, timeout=10).topics[topic].partitions:
+            lo, hi = probe.get_watermark_offsets(TopicPartition(topic, p), timeout=10)
+            if hi > lo:
+                ends[journal_name(topic, p)] = hi
+    finally:
+        probe.close()
     out: list[tuple[str, int]] = []
+    deadline = time.monotonic() + 120
     with ReadCommittedIter({"bootstrap.servers": bootstrap}, topics=[topic]) as it:
-        while (rec := it.poll(8.0 if len(out) < expected else 2.0)) is not None:
-            key, value = rec.key, rec.value
-            assert key is not None and value is not None  # the writers' records have both
-            out.append((key.decode(), int(json.loads(value)["version"])))
-    return out
+        while True:
+            rec = it.poll(0.2)
+            if rec is not None:
+                key, value = rec.key, rec.value
+                assert key is not None and value is not None  # the writers' records have both
+                out.append((key.decode(), int(json.loads(value)["version"])))
+                continue
+            read = decode_checkpoint(it.checkpoint())[0]
+            if all(read.get(journal, 0) >= end for journal, end in ends.items()):
+                while (rec := it.poll(0.2)) is not None:  # anything made ready by the last records read
+                    assert rec.key is not None and rec.value is not None
+                    out.append((rec.key.decode(), int(json.loads(rec.value)["version"])))
+                return out
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"read {len(out)} records of {topic} in 120s, not through {ends}")
 
 
 def _read_raw(bootstrap: str, topic: str, partitions: int) -> list[tuple[str, int]]:
