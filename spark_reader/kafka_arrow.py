@@ -42,7 +42,7 @@ import pyarrow as pa
 
 from harvest_outbox.kafka_access import AccessWatch, KafkaAccessError, topic_metadata
 from harvest_outbox.spark_reader import offsets as offsets_mod
-from harvest_outbox.spark_reader.consumer_pool import ConsumerPool, Lease
+from harvest_outbox.spark_reader.consumer_pool import TAIL_RECORDS, ConsumerPool, Lease
 from harvest_outbox.spark_reader.errors import ReaderConfigError, SparkReaderError
 
 _GROUP = "harvest-spark-reader"  # never joined: partitions are assigned and offsets never committed
@@ -185,18 +185,18 @@ def iter_ranges(
         for i, (partition, (_, end)) in enumerate(todo):
             assert upcoming is not None
             lease, upcoming = upcoming, open_for(i + 1) if i + 1 < len(todo) else None
-            last: deque[pa.RecordBatch] = deque(maxlen=_LAST_KEPT)
-            for batch in _head_within(lease.head, end):
+            last = _Last()
+            for batch in _head_within(lease.head, end, chunk):
                 last.append(batch)
                 yield partition, batch
             read = _Read()
-            if lease.position < 0 or lease.position < end:
+            if lease.position < end:
                 for batch in _read_one(lease.client, topic, partition, lease.position, end, chunk, read):
                     last.append(batch)
                     yield partition, batch
             opened.remove(lease.client)
             if pool is not None and not read.overshot and lease.position <= end:
-                pool.give(kafka, topic, partition, lease.client, end, list(last))
+                pool.give(kafka, topic, partition, lease.client, end, list(last.batches))
             else:
                 lease.client.close()
     finally:
@@ -204,8 +204,18 @@ def iter_ranges(
             client.close()
 
 
-#: Batches of a read kept for the pool's tail (the last ones; each is at most ``chunk`` records).
-_LAST_KEPT = 2
+class _Last:
+    """A read's last batches, enough of them for the pool's tail (TAIL_RECORDS)."""
+
+    def __init__(self) -> None:
+        self.batches: deque[pa.RecordBatch] = deque()
+        self.records = 0
+
+    def append(self, batch: pa.RecordBatch) -> None:
+        self.batches.append(batch)
+        self.records += batch.num_rows
+        while self.records - self.batches[0].num_rows >= TAIL_RECORDS:
+            self.records -= self.batches.popleft().num_rows
 
 
 @dataclass
@@ -216,14 +226,12 @@ class _Read:
     overshot: bool = False
 
 
-def _head_within(head: list[pa.RecordBatch], end: int) -> list[pa.RecordBatch]:
-    """The pool's head records below ``end``."""
+def _head_within(head: list[pa.RecordBatch], end: int, chunk: int) -> list[pa.RecordBatch]:
+    """The pool's head records below ``end``, in batches of at most ``chunk``."""
     out = []
     for batch in head:
-        offsets = batch.column("offset").to_numpy()
-        n = int(np.searchsorted(offsets, end))
-        if n:
-            out.append(batch.slice(0, n))
+        n = int(np.searchsorted(batch.column("offset").to_numpy(), end))
+        out += [batch.slice(i, min(chunk, n - i)) for i in range(0, n, chunk)]
     return out
 
 
