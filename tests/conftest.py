@@ -45,7 +45,7 @@ if TYPE_CHECKING:
 logging.getLogger("py4j").setLevel(logging.WARNING)
 
 # Every JVM the suite starts (Kafka nodes, Spark, Debezium, the registry) on the JIT's first tier: about half
-# the CPU to start and to run a test's short work, where two workers' services share two cores; the
+# the CPU to start and to run a test's short work, where three workers' services share two cores; the
 # benchmarks leave it unset (harvest_local/jvm.py). Set before any service starts.
 os.environ.setdefault(jvm.VARIABLE, "-XX:TieredStopAtLevel=1")
 

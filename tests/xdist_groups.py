@@ -1,4 +1,4 @@
-"""The suite on pytest-xdist workers (``./dev test`` runs two): which tests share a worker, and the
+"""The suite on pytest-xdist workers (``./dev test`` runs three): which tests share a worker, and the
 order work is handed out in.
 
 Invariants:
@@ -10,7 +10,7 @@ Invariants:
   test_wheel.py's wheel);
 - groups are handed out whole, longest-running kinds first (the Spark group, then modules with
   ``slow`` fault runs or ``long`` model runs, then modules on Postgres/Kafka, pure-logic modules last), so
-  two workers finish close together (a 35 s model run handed out last left one worker 75 s behind the
+  the workers finish close together (a 35 s model run handed out last left one worker 75 s behind the
   other); within a group the collection order stays.
 
 Why a scheduler of our own: xdist's ``--dist loadgroup`` appends the group to each test's node id,
