@@ -96,28 +96,7 @@ def write_traffic(
 ) -> None:
     """One writer: ``txs`` app transactions of 1..max_batch rows; some rolled back. Each writer owns its
     keys, so per key, commit order = id order = the order the checker expects. ``gate``: waited at before
-    each transaction (and told when the writer is done)."""
-    try:
-        _write_traffic(dsn, table, topic, exp, writer, txs, keys, rollback_rate, max_batch, seed, pause, gate)
-    finally:
-        if gate is not None:
-            gate.done()
-
-
-def _write_traffic(
-    dsn: str,
-    table: str,
-    topic: str,
-    exp: Expected,
-    writer: int,
-    txs: int,
-    keys: int,
-    rollback_rate: float,
-    max_batch: int,
-    seed: int,
-    pause: float,
-    gate: Gate | None,
-) -> None:
+    each transaction (the caller tells it when the writer is done: :meth:`Gate.done`)."""
     rnd = random.Random(seed * 1000 + writer)
     st = Stasher(table)
     seq = 0

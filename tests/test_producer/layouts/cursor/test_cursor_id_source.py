@@ -151,6 +151,8 @@ def _run_under_changes(
                 write_traffic(pg_dsn, table, topic, exp, w, 200, max_batch=1, rollback_rate=0.1, pause=0.006, gate=gate)
             except BaseException as exc:
                 failed.append(exc)
+            finally:
+                gate.done()
 
         writers = [threading.Thread(target=write, args=(w,)) for w in range(4)]
         for t in writers:
