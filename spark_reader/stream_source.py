@@ -5,8 +5,10 @@ A micro-batch runs at most one task per executor core (``tasks``, the cores when
 defined; a task per partition where Spark cannot tell), each over whole topic-partitions, balanced
 by records (:func:`group_ranges`): a Python task costs Spark tens of milliseconds however little it
 reads, and a Kafka consumer ~20 ms, so a task per partition spent more on that than on reading
-small micro-batches. A task reads its partitions' new offsets with one confluent-kafka consumer
-inside the executor (:func:`spark_reader.kafka_arrow.iter_ranges`: one partition after the other) and
+small micro-batches. A task reads its partitions' new offsets with confluent-kafka inside the
+executor (:func:`spark_reader.kafka_arrow.iter_ranges`: one partition after the other, each with the
+consumer its Python worker kept from an earlier micro-batch when it has one,
+:mod:`spark_reader.consumer_pool`) and
 sequences each partition in bounded chunks (:mod:`spark_reader.split_sequencing`, the batch
 reader's step: one Sequencer over every producer of the partition), starting from the producer
 states the previous micro-batch's task stored (:mod:`spark_reader.stream_state`). Records cross
