@@ -329,6 +329,26 @@ class ReadRecord:
     headers: list[tuple[str, bytes | None]]
 
 
+def topic_ends(bootstrap: str, topics: list[str]) -> dict[str, int]:
+    """Each non-empty partition's high watermark now, by journal name (``topic/partition``): what a
+    ``ReadCommittedIter``'s checkpoint must read through to have read the topics to their end."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    from harvest_outbox.sequencer import journal_name
+
+    probe = Consumer({"bootstrap.servers": bootstrap, "group.id": f"harvest-ends-{uuid.uuid4()}", "log_level": 0})
+    ends: dict[str, int] = {}
+    try:
+        for topic in topics:
+            for p in probe.list_topics(topic, timeout=10).topics[topic].partitions:
+                lo, hi = probe.get_watermark_offsets(TopicPartition(topic, p), timeout=10)
+                if hi > lo:
+                    ends[journal_name(topic, p)] = hi
+    finally:
+        probe.close()
+    return ends
+
+
 def read_to_end(bootstrap: str, topics: list[str], timeout: float = 60.0) -> list[ReadRecord]:
     """Every record of ``topics`` (all partitions, read-uncommitted) up to the high watermarks taken
     when it starts, in partition then offset order. Raises TimeoutError if the end is not reached in

@@ -56,7 +56,7 @@ from confluent_kafka import Consumer, TopicPartition
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from harvest_outbox.harvest_local.kafka import create_topic
+from harvest_outbox.harvest_local.kafka import create_topic, topic_ends
 from harvest_outbox.harvest_local.launcher import LocalServices
 from harvest_outbox.harvest_local.netfault import NetFault
 from harvest_outbox.harvest_local.relays import RelayProcess, current_leader, wait_for, write_config
@@ -347,17 +347,9 @@ def _read_committed(bootstrap: str, topic: str) -> list[tuple[str, int]]:
     stopped: the log is final), then until nothing more is ready: every record in it, a duplicate or a
     rolled-back row included, without waiting out an idle tail."""
     from harvest_outbox.consumer import ReadCommittedIter
-    from harvest_outbox.sequencer import decode_checkpoint, journal_name
+    from harvest_outbox.sequencer import decode_checkpoint
 
-    probe = Consumer({"bootstrap.servers": bootstrap, "group.id": f"outage-ends-{uuid.uuid4()}", "log_level": 0})
-    try:
-        ends = {}
-        for p in probe.list_topics(topic, timeout=10).topics[topic].partitions:
-            lo, hi = probe.get_watermark_offsets(TopicPartition(topic, p), timeout=10)
-            if hi > lo:
-                ends[journal_name(topic, p)] = hi
-    finally:
-        probe.close()
+    ends = topic_ends(bootstrap, [topic])
     out: list[tuple[str, int]] = []
     deadline = time.monotonic() + 120
     with ReadCommittedIter({"bootstrap.servers": bootstrap}, topics=[topic]) as it:

@@ -22,6 +22,7 @@ from typing import Any
 from confluent_kafka import Consumer, Producer, TopicPartition
 
 from harvest_outbox.consumer import ReadCommittedIter, Record
+from harvest_outbox.harvest_local.kafka import topic_ends
 from harvest_outbox.sequencer import (
     Envelope,
     Flags,
@@ -33,7 +34,6 @@ from harvest_outbox.sequencer import (
     clock_of,
     decode_checkpoint,
     flags_of,
-    journal_name,
     parse_uuid,
 )
 
@@ -163,21 +163,6 @@ def reference_read(
                     if include_acks or flags_of(env.uuid) != Flags.ACK_TXN:
                         out.append((p, env.begin, ack_offset))
     return out
-
-
-def topic_ends(bootstrap: str, topics: list[str]) -> dict[str, int]:
-    """Each non-empty partition's high watermark now, by journal name (``topic/partition``)."""
-    probe = Consumer({"bootstrap.servers": bootstrap, "group.id": "unused", "log_level": 0})
-    ends: dict[str, int] = {}
-    try:
-        for topic in topics:
-            for p in probe.list_topics(topic, timeout=10).topics[topic].partitions:
-                lo, hi = probe.get_watermark_offsets(TopicPartition(topic, p), timeout=10)
-                if hi > lo:
-                    ends[journal_name(topic, p)] = hi
-    finally:
-        probe.close()
-    return ends
 
 
 def read_through(it: ReadCommittedIter, ends: dict[str, int]) -> bool:
