@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -61,6 +61,20 @@ class Lease:
     client: Any
     position: int
     head: list[pa.RecordBatch]
+
+
+class LastBatches:
+    """A read's last batches as it goes, enough of them for the tail :meth:`ConsumerPool.give` keeps."""
+
+    def __init__(self) -> None:
+        self.batches: deque[pa.RecordBatch] = deque()
+        self.records = 0
+
+    def append(self, batch: pa.RecordBatch) -> None:
+        self.batches.append(batch)
+        self.records += batch.num_rows
+        while self.records - self.batches[0].num_rows >= TAIL_RECORDS:
+            self.records -= self.batches.popleft().num_rows
 
 
 @dataclass

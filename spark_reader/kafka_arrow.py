@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import gc
 import time
-from collections import deque
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -42,7 +41,7 @@ import pyarrow as pa
 
 from harvest_outbox.kafka_access import AccessWatch, KafkaAccessError, topic_metadata
 from harvest_outbox.spark_reader import offsets as offsets_mod
-from harvest_outbox.spark_reader.consumer_pool import TAIL_RECORDS, ConsumerPool, Lease
+from harvest_outbox.spark_reader.consumer_pool import ConsumerPool, LastBatches, Lease
 from harvest_outbox.spark_reader.errors import ReaderConfigError, SparkReaderError
 
 _GROUP = "harvest-spark-reader"  # never joined: partitions are assigned and offsets never committed
@@ -185,7 +184,7 @@ def iter_ranges(
         for i, (partition, (_, end)) in enumerate(todo):
             assert upcoming is not None
             lease, upcoming = upcoming, open_for(i + 1) if i + 1 < len(todo) else None
-            last = _Last()
+            last = LastBatches()
             for batch in _head_within(lease.head, end, chunk):
                 last.append(batch)
                 yield partition, batch
@@ -202,20 +201,6 @@ def iter_ranges(
     finally:
         for client in opened:
             client.close()
-
-
-class _Last:
-    """A read's last batches, enough of them for the pool's tail (TAIL_RECORDS)."""
-
-    def __init__(self) -> None:
-        self.batches: deque[pa.RecordBatch] = deque()
-        self.records = 0
-
-    def append(self, batch: pa.RecordBatch) -> None:
-        self.batches.append(batch)
-        self.records += batch.num_rows
-        while self.records - self.batches[0].num_rows >= TAIL_RECORDS:
-            self.records -= self.batches.popleft().num_rows
 
 
 @dataclass
