@@ -7,7 +7,8 @@ A session has a connection of its own (a one-outbox relay), or borrows one per u
 fleet's :class:`~producer.db.statement_pool.StatementPool` of its database (:meth:`OutboxSession.lease`; a
 layout's relay database leases around each of its methods, :func:`leased`).
 
-Invariants: every statement runs in autocommit mode (each is its own transaction, as in goharvest),
+Invariants: every statement runs in autocommit mode (each is its own transaction, as in goharvest, but the
+explicit transactions a layout sends whole: the fenced commit, the cursor layout's batch start with its first page),
 committed synchronously except on a session built with ``async_commit`` (the relay's mark connection:
 see ``RelayCore.open``, tests/test_producer/layouts/mark/test_async_mark.py); a session's connection is checked
 (UTF-8 readable, the outbox's shape, its attempt and shard tables) before its first statement on it (a

@@ -6,8 +6,9 @@ not its statements, nor its class: both compose the same session, fence and book
 the modes run on either unchanged.
 
 - ``mark_with_attempts`` *reads* the next page of the view's batch: a batch starts with one statement
-  (``pg_current_snapshot()``, the largest id, and -- only when a probe is due -- ``pg_current_xact_id()``);
-  a page is ``id >= from AND visible(txid, hi) AND NOT visible(txid, lo) ORDER BY id LIMIT n`` with the
+  (``pg_current_snapshot()``, the largest id, and -- only when a probe is due -- ``pg_current_xact_id()``),
+  sent with its first page in one REPEATABLE READ transaction (one round trip; the page is read again
+  in the rare batch the id source's guard moves); a page is ``id >= from AND visible(txid, hi) AND NOT visible(txid, lo) ORDER BY id LIMIT n`` with the
   persisted attempt counts joined, returned as the mark's :data:`~producer.layouts.mark.marks.MarkedRow`;
 - ``--uuid-sequencing`` (the :class:`~producer.relay.sequenced._store.SequencedStore`): ``start_view_with_floor`` raises
   the fence as in the mark layout, then gives the cursor row the view's epoch and reads it: the view reads
@@ -87,7 +88,7 @@ from harvest_outbox.producer.layouts.cursor.held import (
 )
 from harvest_outbox.producer.layouts.cursor.partitions import PartitionKeeper
 from harvest_outbox.producer.layouts.cursor.schema import require_cursor_rows, require_cursor_table
-from harvest_outbox.producer.layouts.cursor.views import CursorViews, NotNextRows, Segment, View
+from harvest_outbox.producer.layouts.cursor.views import CursorViews, NotNextRows, Segment, View, ViewRead
 from harvest_outbox.producer.layouts.mark.marks import MarkedAttempts, MarkedRow, read_row_fields
 from harvest_outbox.producer.mapping.table import GOHARVEST, TableMapping
 from harvest_outbox.producer.relay.marked_row import ROW_ATTEMPTS, ROW_ID, ROW_LAST_ERROR
@@ -107,6 +108,14 @@ HELD_LOW_LOG_INTERVAL = 60.0
 
 #: The page reads' planner settings (see CursorDatabase.mark_with_attempts), set and restored around them.
 _PLANNER = sql.SQL("SELECT set_config('enable_seqscan', %s, false), set_config('enable_bitmapscan', %s, false)")
+#: A new batch's start and its first page, sent together (one round trip, not two): one REPEATABLE READ
+#: transaction, so the page is read in the snapshot the batch start takes (its ``hi``; a probe's xid is still
+#: assigned after it) and the planner settings are local to it (gone at its COMMIT, nothing to restore).
+_FIRST_PAGE = (
+    sql.SQL("BEGIN ISOLATION LEVEL REPEATABLE READ"),
+    sql.SQL("SELECT set_config('enable_seqscan', 'off', true), set_config('enable_bitmapscan', 'off', true)"),
+    sql.SQL("COMMIT"),
+)
 
 
 def shard_filter(shard_count: int | None, row: str = "o", mapping: TableMapping = GOHARVEST) -> sql.Composable:
@@ -124,22 +133,28 @@ def row_shard(shard_count: int | None, row: str = "o", mapping: TableMapping = G
     return shard_expression(shard_count, mapping.shard_key(row))
 
 
-def read_sql(names: OutboxNames, value_type: ValueType, shard_count: int | None = None) -> sql.Composed:
+def read_sql(
+    names: OutboxNames, value_type: ValueType, shard_count: int | None = None, *, in_batch_start: bool = False
+) -> sql.Composed:
     """A page of the batch ``(lo, hi]`` from id ``from``, as the mark's rows (:data:`MarkedRow`);
     parameters ``from``, ``hi``, ``lo``, ``n``, ``t0`` (see :func:`~producer.layouts.mark.marks.mark_sql`), and
-    ``shard`` sharded (only that shard's rows)."""
+    ``shard`` sharded (only that shard's rows). ``in_batch_start``: no ``hi``; the page is read in the
+    transaction that starts the batch, whose snapshot *is* ``hi`` (``pg_current_snapshot()``, the same under
+    REPEATABLE READ: :data:`_FIRST_PAGE`)."""
+    hi = sql.SQL("pg_current_snapshot()" if in_batch_start else "%(hi)s::text::pg_snapshot")
     return sql.SQL("""
         WITH m AS (
           SELECT {oid} AS id, {t} AS t, {k} AS k, {v} AS v, {hk} AS hk, {hv} AS hv, {row_bad} AS bad,
                  {p} AS p, {c} AS c
           FROM {o} AS o
           WHERE {oid} >= %(from)s
-            AND pg_visible_in_snapshot(o.txid, %(hi)s::text::pg_snapshot)
+            AND pg_visible_in_snapshot(o.txid, {hi})
             AND NOT pg_visible_in_snapshot(o.txid, %(lo)s::text::pg_snapshot){shard}
           ORDER BY {oid} LIMIT %(n)s)
         SELECT m.id, m.t, m.k, m.v, m.hk, m.hv, {header_bad}, a.attempts, a.last_error::text, m.p,
                %(t0)s::float8 - coalesce(date_part('epoch', statement_timestamp() - m.c), 0)
         FROM m LEFT JOIN {a} AS a ON a.id = m.id ORDER BY m.id""").format(
+        hi=hi,
         o=names.outbox,
         shard=shard_filter(shard_count, mapping=names.mapping),
         **read_row_fields(names, value_type),
@@ -320,6 +335,7 @@ class CursorDatabase:
         self._watches: dict[int, Watch] = {}
         self._next_fault_log = 0.0
         self._read_sql: sql.Composed | None = None
+        self._first_read_sql: sql.Composed | None = None
         self._planner: tuple[str, str] = ("on", "on")
         self._released_sql: sql.Composed | None = None
         self._held_read_sql = held_read_sql(names, shard_filter(self.shard_count)) if halt_keys else None
@@ -400,6 +416,7 @@ class CursorDatabase:
         assert row is not None
         self._planner = (str(row[0]), str(row[1]))  # the session's own, restored after each read
         self._read_sql = read_sql(self.names, self.value_type, self.shard_count)
+        self._first_read_sql = read_sql(self.names, self.value_type, self.shard_count, in_batch_start=True)
         if self.halt_keys:
             held = conn.execute("SELECT to_regclass(%s)", (self.names.held.as_string(conn),)).fetchone()
             if held is None or held[0] is None:
@@ -504,11 +521,19 @@ class CursorDatabase:
         """A page of ``shard``'s batch (a new batch when its last one is complete)."""
         read = view.reads[shard]
         cursor = read.cursor
+        first: list[MarkedRow] | None = None  # a new batch's first page, read with its start
         if cursor.hi is None:
             # an xid (a commit record) only when a probe is due and rows arrived past low since the last
             # batch start: an idle relay's batches write nothing
             probe = needs_xid(cursor) and (read.head is None or read.head + 1 > cursor.low)
-            row = self._run("starting a batch", self._batch_sql[probe], ()).fetchone()
+            row: tuple[Any, ...] | None
+            if self._held_read_sql is None:  # (haltKey's hold takes the batch's snapshot as a parameter)
+                # from where the batch starts unless the id source changed (the guard's rescan) or broke (a
+                # probe it drops does not resolve): a page read from elsewhere is read again below
+                guess = start_batch(cursor, cursor.lo, None, None).scan_from()
+                row, first = self._start_batch_reading(probe, cursor, shard, guess, limit)
+            else:
+                row = self._run("starting a batch", self._batch_sql[probe], ()).fetchone()
             assert row is not None
             read.head = row[1]
             cursor, may_probe = self._guard(shard, cursor, id_source_of(tuple(row[3:])), row[1])
@@ -523,6 +548,45 @@ class CursorDatabase:
                 read.probe_at = now
             elif cursor.probe is not None and now - read.probe_at >= HELD_LOW_SECONDS and row[1] is not None:
                 self._held_low(int(row[1]) - cursor.low, now - read.probe_at)
+            if first is not None and cursor.scan_from() != guess:
+                first = None
+        waiting: set[int] = set()
+        if first is not None:
+            rows = first
+        else:
+            rows, waiting = self._read_rows(view, cursor, shard, limit)
+        return self._add_page(view, read, shard, cursor, rows, waiting, limit)
+
+    def _start_batch_reading(
+        self, probe: bool, cursor: Cursor, shard: int, start: int, limit: int
+    ) -> tuple[tuple[Any, ...], list[MarkedRow]]:
+        """A new batch's start (:attr:`_batch_sql`'s row) and its first page from id ``start``, in one round
+        trip (:data:`_FIRST_PAGE`; the settings' reason: :meth:`_read_rows`)."""
+        assert self._first_read_sql is not None
+        params = {"from": start, "lo": text_of(cursor.lo), "n": limit, "t0": time.monotonic(), "shard": shard}
+        begin, planner, commit = _FIRST_PAGE
+        try:
+            with self.conn.pipeline():
+                self._run("starting a batch", begin, ())
+                started = self._run("starting a batch", self._batch_sql[probe], ())
+                self._run("planning the reads", planner, ())
+                page = self._run(
+                    "reading the outbox",
+                    self._first_read_sql,
+                    params,
+                    prepare=self.session.prepare_reads,
+                    cursor=self.session.row_cursor,
+                )
+                self._run("starting a batch", commit, ())
+                row = started.fetchone()
+                rows: list[MarkedRow] = page.fetchall()
+        except psycopg.Error as exc:  # raised by the pipeline's sync, after each statement was queued
+            raise self.session.failed("starting a batch", exc) from exc
+        assert row is not None
+        return row, rows
+
+    def _read_rows(self, view: View, cursor: Cursor, shard: int, limit: int) -> tuple[list[MarkedRow], set[int]]:
+        """A page of the batch in progress (and haltKey: the ids of its rows now held, :meth:`_hold`)."""
         assert self._read_sql is not None and cursor.hi is not None
         params = {
             "from": cursor.scan_from(),
@@ -559,6 +623,20 @@ class CursorDatabase:
                 rows: list[MarkedRow] = page.fetchall()
         except psycopg.Error as exc:  # raised by the pipeline's sync, after each statement was queued
             raise self.session.failed("reading the outbox", exc) from exc
+        return rows, waiting
+
+    def _add_page(
+        self,
+        view: View,
+        read: ViewRead,
+        shard: int,
+        cursor: Cursor,
+        rows: list[MarkedRow],
+        waiting: set[int],
+        limit: int,
+    ) -> list[MarkedRow]:
+        """Add the page read from ``cursor`` to the view and return its rows (less those held), unless the
+        view ended meanwhile."""
         after, complete = page_end(cursor, len(rows), rows[-1][ROW_ID] if rows else None, limit)
         read.batch_rows += len(rows)
         if complete:

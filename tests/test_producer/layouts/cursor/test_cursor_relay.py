@@ -531,3 +531,62 @@ def test_the_cli_migrates_only_to_a_configured_cursor_layout(
     assert main(["init-db", "--migrate", "-f", str(cursor)]) == 0
     assert "migrated to the cursor layout: 0 row(s) copied" in capsys.readouterr().out
     assert main(["init-db", "-f", str(cursor)]) == 0  # idempotent on the new layout
+
+
+@pytest.mark.integration
+def test_a_batchs_first_page_comes_with_its_start_and_is_read_again_where_the_guard_moves_it(
+    pg_dsn: str, pg_schema: str
+) -> None:
+    """A new batch's start and its first page go in one round trip (one REPEATABLE READ transaction: the page
+    is read in the batch's own snapshot). Step by step: the first page skips an open writer's row and
+    later pages go on after it, the late commit arrives in the next batch; then the sequence restarts below
+    the cursor's ``low`` (the guard rescans from id 0): the page read with the batch start, taken from
+    ``low``, is thrown away and read again from id 0, or the new row below ``low`` would be passed."""
+    table = f"{pg_schema}.outbox"
+    names = init_db(pg_dsn, table, layout="cursor", partition_ids=PARTITION_IDS)
+    db = CursorDatabase(pg_dsn, names, CursorViews(False))
+    rereads: list[int] = []
+    read_rows = db._read_rows
+
+    def counted(*args: object, **kwargs: object) -> object:
+        rereads.append(1)
+        return read_rows(*args, **kwargs)  # type: ignore[arg-type]
+
+    db._read_rows = counted  # type: ignore[method-assign]
+    lid = uuid.uuid4()
+
+    def page(limit: int) -> tuple[list[int], int]:
+        before = len(rereads)
+        got = [int(r[0]) for r in db.mark_with_attempts(lid, limit)[0]]
+        return got, len(rereads) - before
+
+    writer = psycopg.connect(pg_dsn)
+    try:
+        _rows(pg_dsn, table, 3)  # ids 1-3
+        Stasher(table).stash(writer, OutboxRecord("t", "late", "late"))  # id 4, not committed yet
+        _rows(pg_dsn, table, 2)  # ids 5-6
+        assert page(2) == ([1, 2], 0)  # the batch's start and its first page: one round trip
+        assert page(2) == ([3, 5], 1)  # the batch's next pages are read on their own
+        assert page(2) == ([6], 1)
+        writer.commit()
+        assert page(10) == ([4], 0)  # the late commit, in the batch after it committed
+        Stasher(table).stash_many(writer, [OutboxRecord("t", "k", "gone")] * 3)
+        writer.rollback()  # ids 7-9 drawn, never committed
+        _rows(pg_dsn, table, 2)  # ids 10-11
+        assert page(10) == ([10, 11], 0)
+        db.purge([1, 2, 3, 4, 5, 6, 10, 11])
+        for _ in range(50):  # batches until the probe resolves: low passes every delivered id
+            page(10)
+            view = db.views.view
+            if view is not None and view.reads[0].cursor.low > 11:
+                break
+            time.sleep(0.02)
+        assert view is not None and view.reads[0].cursor.low == 12
+        with psycopg.connect(pg_dsn, autocommit=True) as conn:
+            conn.execute(sql.SQL("ALTER SEQUENCE {} RESTART WITH 7").format(names.id_sequence))
+        _rows(pg_dsn, table, 1)  # id 7, below low
+        assert page(10) == ([7], 1)  # the page from low (empty) thrown away, read again from id 0
+        assert page(10) == ([], 0)
+    finally:
+        writer.close()
+        db.close()
