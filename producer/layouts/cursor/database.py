@@ -570,13 +570,7 @@ class CursorDatabase:
                 self._run("starting a batch", begin, ())
                 started = self._run("starting a batch", self._batch_sql[probe], ())
                 self._run("planning the reads", planner, ())
-                page = self._run(
-                    "reading the outbox",
-                    self._first_read_sql,
-                    params,
-                    prepare=self.session.prepare_reads,
-                    cursor=self.session.row_cursor,
-                )
+                page = self._read_statement(self._first_read_sql, params)
                 self._run("starting a batch", commit, ())
                 row = started.fetchone()
                 rows: list[MarkedRow] = page.fetchall()
@@ -610,13 +604,7 @@ class CursorDatabase:
                 self._run("planning the reads", _PLANNER, ("off", "off"))
                 try:
                     waiting = self._hold(view, params) if self._held_read_sql is not None else set()
-                    page = self._run(
-                        "reading the outbox",
-                        self._read_sql,
-                        params,
-                        prepare=self.session.prepare_reads,
-                        cursor=self.session.row_cursor,
-                    )
+                    page = self._read_statement(self._read_sql, params)
                 finally:
                     if self.session.live is not None:  # (a failed statement closed it)
                         self._run("planning the reads", _PLANNER, self._planner)
@@ -624,6 +612,12 @@ class CursorDatabase:
         except psycopg.Error as exc:  # raised by the pipeline's sync, after each statement was queued
             raise self.session.failed("reading the outbox", exc) from exc
         return rows, waiting
+
+    def _read_statement(self, query: sql.Composed, params: dict[str, Any]) -> psycopg.Cursor:
+        """A page read, on the read's own cursor (keys and values loaded as bytes), prepared where it may be."""
+        return self._run(
+            "reading the outbox", query, params, prepare=self.session.prepare_reads, cursor=self.session.row_cursor
+        )
 
     def _add_page(
         self,
