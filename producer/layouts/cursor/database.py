@@ -8,8 +8,9 @@ the modes run on either unchanged.
 - ``mark_with_attempts`` *reads* the next page of the view's batch: a batch starts with one statement
   (``pg_current_snapshot()``, the largest id, and -- only when a probe is due -- ``pg_current_xact_id()``),
   sent with its first page in one REPEATABLE READ transaction (one round trip; the page is read again
-  in the rare batch the id source's guard moves); a page is ``id >= from AND visible(txid, hi) AND NOT visible(txid, lo) ORDER BY id LIMIT n`` with the
-  persisted attempt counts joined, returned as the mark's :data:`~producer.layouts.mark.marks.MarkedRow`;
+  in the rare batch the id source's guard moves); a page is ``id >= from AND visible(txid, hi) AND NOT
+  visible(txid, lo) ORDER BY id LIMIT n`` with the persisted attempt counts joined, returned as the mark's
+  :data:`~producer.layouts.mark.marks.MarkedRow`;
 - ``--uuid-sequencing`` (the :class:`~producer.relay.sequenced._store.SequencedStore`): ``start_view_with_floor`` raises
   the fence as in the mark layout, then gives the cursor row the view's epoch and reads it: the view reads
   from the committed cursor. ``commit_txns`` is the fenced commit of the mark layout minus the delete: the
