@@ -114,6 +114,14 @@ def write_log(
     return count
 
 
+def offsets_by_partition(bootstrap: str, topic: str, partitions: int) -> dict[int, list[int]]:
+    """Each partition's record offsets, in order (:func:`read_raw`'s; a partition without records is left out)."""
+    by: dict[int, list[int]] = {}
+    for r in read_raw(bootstrap, topic, partitions):
+        by.setdefault(r.partition, []).append(r.offset)
+    return by
+
+
 def read_raw(bootstrap: str, topic: str, partitions: int) -> list[RawRecord]:
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "unused", "enable.auto.commit": False})
     out: list[RawRecord] = []

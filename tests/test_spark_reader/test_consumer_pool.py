@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 import pytest
-from sequenced_log import read_raw, write_log
+from sequenced_log import offsets_by_partition, write_log
 
 from harvest_outbox.spark_reader import consumer_pool
 from harvest_outbox.spark_reader.consumer_pool import ConsumerPool
@@ -117,9 +117,7 @@ def test_a_streams_successive_reads_through_the_pool_equal_new_consumers_reads(k
     did, every read returns exactly its range, and a consumer goes on from where it stopped."""
     topic = topic_factory(partitions=2)
     write_log(kafka_bootstrap, topic, 2, seed=64, steps=120)
-    by: dict[int, list[int]] = {}
-    for r in read_raw(kafka_bootstrap, topic, 2):
-        by.setdefault(r.partition, []).append(r.offset)
+    by = offsets_by_partition(kafka_bootstrap, topic, 2)
     opts = {"kafka.bootstrap.servers": kafka_bootstrap}
     ends = {p: offsets[-1] + 1 for p, offsets in by.items()}
     cut = {p: [e * k // 5 for k in range(6)] for p, e in ends.items()}

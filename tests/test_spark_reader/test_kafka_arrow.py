@@ -5,7 +5,7 @@ stops early can be closed."""
 from __future__ import annotations
 
 import pytest
-from sequenced_log import read_raw, write_log
+from sequenced_log import offsets_by_partition, read_raw, write_log
 
 from harvest_outbox.spark_reader.kafka_arrow import iter_range
 
@@ -56,9 +56,7 @@ def test_one_read_of_several_partitions_returns_each_range_exactly(kafka_bootstr
 
     topic = topic_factory(partitions=4)
     write_log(kafka_bootstrap, topic, 4, seed=63, steps=80)
-    by: dict[int, list[int]] = {}
-    for r in read_raw(kafka_bootstrap, topic, 4):
-        by.setdefault(r.partition, []).append(r.offset)
+    by = offsets_by_partition(kafka_bootstrap, topic, 4)
     opts = {"kafka.bootstrap.servers": kafka_bootstrap}
     ranges = {
         0: (None, by[0][-1] + 1),
