@@ -9,6 +9,7 @@ took ~130 s of the suite on two cores)."""
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 import uuid as uuid_mod
@@ -64,6 +65,30 @@ def _query(
     return writer.trigger(**trigger).start()
 
 
+# Spark waits a fixed 10 s (PythonWorkerFactory, not configurable) for a Python worker it spawns to connect
+# back; on two cores shared by the suite's services and a local-cluster's three JVMs, the driver's
+# transformWithState pre-init worker has once missed it. That is the machine, not the reader: the query is
+# started again from its checkpoint (a restart the stream must survive anyway) once, and only for that.
+_WORKER_TIMEOUT = "Python worker failed to connect back"
+
+
+def _finish(start, timeout: float = 300):
+    """Start a query that ends (``availableNow``) and wait for it; fails on any query error but the one above."""
+    from pyspark.errors import StreamingQueryException
+
+    query = start()
+    try:
+        query.awaitTermination(timeout)
+    except StreamingQueryException as err:
+        if _WORKER_TIMEOUT not in str(err):
+            raise
+        logging.getLogger(__name__).warning("restarting the query from its checkpoint: %s", _WORKER_TIMEOUT)
+        query = start()
+        query.awaitTermination(timeout)
+    assert query.exception() is None, query.exception()
+    return query
+
+
 @pytest.mark.parametrize("state", ["state_store"], indirect=True)  # the default; state_location: the restart tests'
 def test_stream_stopped_and_restarted_while_written_to(spark, kafka_bootstrap, topic_factory, tmp_path, state) -> None:
     spark.conf.set(
@@ -99,9 +124,9 @@ def test_stream_stopped_and_restarted_while_written_to(spark, kafka_bootstrap, t
     # the interruption as the query's exception; that batch is not committed and is redone on restart.
     query.stop()
     writer.join()
-    query = _query(spark, topic, kafka_bootstrap, out_dir, chk_dir, {"availableNow": True}, state_location=state)
-    query.awaitTermination(300)
-    assert query.exception() is None, query.exception()
+    _finish(
+        lambda: _query(spark, topic, kafka_bootstrap, out_dir, chk_dir, {"availableNow": True}, state_location=state)
+    )
 
     expected = reference_read(read_raw(kafka_bootstrap, topic, 2), topic)
     rows = spark.read.parquet(str(out_dir)).select("partition", "offset", "ack_offset").collect()
@@ -126,35 +151,35 @@ def test_stream_restarted_from_its_checkpoint_is_exactly_once(
     topic = topic_factory(partitions=3)
     out_dir, chk_dir = tmp_path / "out", tmp_path / "chk"
     write_log(kafka_bootstrap, topic, 3, seed=40, steps=40)
-    first = _query(
-        spark,
-        topic,
-        kafka_bootstrap,
-        out_dir,
-        chk_dir,
-        {"availableNow": True},
-        max_offsets=60,
-        ring_size=4,
-        state_location=state,
+    first = _finish(
+        lambda: _query(
+            spark,
+            topic,
+            kafka_bootstrap,
+            out_dir,
+            chk_dir,
+            {"availableNow": True},
+            max_offsets=60,
+            ring_size=4,
+            state_location=state,
+        )
     )
-    first.awaitTermination(300)
-    assert first.exception() is None, first.exception()
     batches = sum(1 for p in first.recentProgress if p["numInputRows"])
     partial = _parquet_rows(spark, out_dir)
     write_log(kafka_bootstrap, topic, 3, seed=41, steps=25)
-    second = _query(
-        spark,
-        topic,
-        kafka_bootstrap,
-        out_dir,
-        chk_dir,
-        {"availableNow": True},
-        max_offsets=60,
-        ring_size=4,
-        state_location=state,
+    _finish(
+        lambda: _query(
+            spark,
+            topic,
+            kafka_bootstrap,
+            out_dir,
+            chk_dir,
+            {"availableNow": True},
+            max_offsets=60,
+            ring_size=4,
+            state_location=state,
+        )
     )
-    second.awaitTermination(300)
-    assert second.exception() is None, second.exception()
 
     expected = reference_read(read_raw(kafka_bootstrap, topic, 3), topic)
     got = _parquet_rows(spark, out_dir)
@@ -182,19 +207,19 @@ def test_stream_starts_from_read_committed_iter_checkpoint(
             if len(first) >= len(expected) // 2:
                 break
         checkpoint = it.checkpoint()
-    query = _query(
-        spark,
-        topic,
-        kafka_bootstrap,
-        tmp_path / "out",
-        tmp_path / "chk",
-        {"availableNow": True},
-        max_offsets=50,
-        starting=checkpoint,
-        state_location=state,
+    _finish(
+        lambda: _query(
+            spark,
+            topic,
+            kafka_bootstrap,
+            tmp_path / "out",
+            tmp_path / "chk",
+            {"availableNow": True},
+            max_offsets=50,
+            starting=checkpoint,
+            state_location=state,
+        )
     )
-    query.awaitTermination(300)
-    assert query.exception() is None, query.exception()
     rest = [(p, o) for p, o, _ in _parquet_rows(spark, tmp_path / "out")]
     assert not set(first) & set(rest)
     assert sorted(first + rest) == sorted((p, o) for p, o, _ in expected)
@@ -246,11 +271,18 @@ def test_stream_delivers_records_without_uuid_header_under_ansi(
         b"app-uuid1-continue-flags",
     ]
 
-    query = _query(
-        spark, topic, kafka_bootstrap, tmp_path / "out", tmp_path / "chk", {"availableNow": True}, state_location=state
+    _finish(
+        lambda: _query(
+            spark,
+            topic,
+            kafka_bootstrap,
+            tmp_path / "out",
+            tmp_path / "chk",
+            {"availableNow": True},
+            state_location=state,
+        ),
+        timeout=120,
     )
-    query.awaitTermination(120)
-    assert query.exception() is None
     got = sorted(
         (r.partition, r.offset, bytes(r.value or b"")) for r in spark.read.parquet(str(tmp_path / "out")).collect()
     )
