@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 import psycopg
 from psycopg import sql
@@ -33,6 +33,12 @@ MEMBERS_SQL = (
     f"AND classid = %s::bigint::oid AND objsubid = 2 AND granted GROUP BY objid"
 )
 
+#: ``MEMBERS_SQL`` for many outboxes: the namespace (``classid``) of each row says whose it is.
+_MEMBERS_OF_SQL = (
+    f"SELECT classid::bigint, objid::bigint, count(*) FROM pg_locks WHERE locktype = 'advisory' AND {_DB} "
+    f"AND classid::bigint = ANY(%s::bigint[]) AND objsubid = 2 AND granted GROUP BY classid, objid"
+)
+
 
 def members_namespace(qualified_table: str) -> int:
     """The first key of the membership lock (31 bits, so it reads the same as int4 and as oid)."""
@@ -44,6 +50,18 @@ def members_namespace(qualified_table: str) -> int:
 def sharded_members(conn: psycopg.Connection, qualified_table: str) -> list[tuple[int, int]]:
     """``(shard count, live relays)`` of the sharded relays on this outbox."""
     return [(int(s), int(n)) for s, n in conn.execute(MEMBERS_SQL, (members_namespace(qualified_table),)).fetchall()]
+
+
+def sharded_members_of(conn: psycopg.Connection, qualified_tables: Iterable[str]) -> dict[str, list[tuple[int, int]]]:
+    """:func:`sharded_members` of many outboxes in one query: only those with sharded relays are keys."""
+    by_namespace: dict[int, list[str]] = {}
+    for table in qualified_tables:
+        by_namespace.setdefault(members_namespace(table), []).append(table)
+    found: dict[str, list[tuple[int, int]]] = {}
+    for namespace, shards, live in conn.execute(_MEMBERS_OF_SQL, (list(by_namespace),)).fetchall():
+        for table in by_namespace.get(int(namespace), ()):
+            found.setdefault(table, []).append((int(shards), int(live)))
+    return found
 
 
 def lock_key(qualified_table: str) -> int:

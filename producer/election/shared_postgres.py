@@ -16,7 +16,10 @@ Invariants (``tests/test_producer/election/test_shared_election.py``):
 - a key is never held twice by one session: a second election of one outbox in the process (a relay
   handed over while its successor starts) waits until the first let go;
 - the session connects on the first election's start (a bad DSN fails that start) and closes with the
-  last election.
+  last election;
+- a check makes at most five statements, however many elections join, lead or leave (each is a round trip
+  while the process's relay threads compete for the GIL: one per outbox made a 1,000-outbox fleet's checks
+  outlast the lease, and every outbox fenced, again and again).
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ from harvest_outbox.producer.election.advisory_lock import (
     election_connection,
     lock_key,
     resolve_table,
-    sharded_members,
+    sharded_members_of,
 )
 from harvest_outbox.producer.election.lock_session import LockSession, close_quietly
 from harvest_outbox.producer.election.neli import ElectionListener
@@ -57,6 +60,15 @@ _FREE_SQL = (
     "WHERE l.locktype = 'advisory' AND l.objsubid = 1 AND l.granted AND l." + _DB + " "
     "AND l.classid = ((k >> 32) & 4294967295)::oid AND l.objid = (k & 4294967295)::oid)"
 )
+
+#: Try each of the given keys' locks: ``(key, got it)``.
+_TRY_SQL = "SELECT k, pg_try_advisory_lock(k) FROM unnest(%s::bigint[]) AS k"
+#: Unlock each of the given keys and notify its channel (the standbys) with the relay's name.
+_UNLOCK_SQL = (
+    "SELECT pg_advisory_unlock(k), pg_notify(c, n) FROM unnest(%s::bigint[], %s::text[], %s::text[]) AS t(k, c, n)"
+)
+#: The share of ``check_interval`` a check spends at most on elections joining (a round trip each).
+JOIN_BUDGET = 0.25
 
 
 def _unsigned(key: int) -> int:
@@ -185,89 +197,129 @@ class SharedLockSession(LockSession):
         with self._mu:
             seats = list(self._seats)
         if conn is not None:
-            for seat in seats:
-                if seat.held and seat.key is not None:
-                    self._unlock(conn, seat)
+            try:
+                self._unlock(conn, seats)
+            except psycopg.Error:
+                pass  # logged; the locks go with the session
             close_quietly(conn)
         for seat in seats:
             with self._mu:
                 seat.held = False
             seat.left.set()
 
-    def _unlock(self, conn: psycopg.Connection, seat: _Seat) -> None:
+    def _unlock(self, conn: psycopg.Connection, seats: list[_Seat]) -> None:
+        """Unlock the held locks of ``seats`` and notify their standbys, in one statement."""
+        held = [s for s in seats if s.held and s.key is not None]
+        if not held:
+            return
         try:
-            conn.execute("SELECT pg_advisory_unlock(%s), pg_notify(%s, %s)", (seat.key, seat.channel, seat.name))
-            log.info("%s: released the Postgres leader lock", seat.name)
+            conn.execute(_UNLOCK_SQL, ([s.key for s in held], [s.channel for s in held], [s.name for s in held]))
         except psycopg.Error as exc:
             log.warning(
-                "%s: unlocking failed (the lock goes with the session): %s",
-                seat.name,
+                "%s: unlocking %d lock(s) failed (they go with the session): %s",
+                self.name,
+                len(held),
                 redact_error(str(exc), self._dsn).strip(),
             )
             raise
+        for seat in held:
+            log.info("%s: released the Postgres leader lock", seat.name)
 
     def _step(self) -> None:
         conn = self._connected()
         if conn is None:
             return
-        started = time.monotonic()
         try:
             with self._mu:
                 seats = list(self._seats)
-            for seat in seats:  # 1. elections leaving: unlock, tell the standbys
-                if seat.leaving and not seat.left.is_set():
-                    if seat.held:
-                        self._unlock(conn, seat)
-                    with self._mu:
-                        seat.held = False
-                    seat.left.set()
-            for seat in seats:  # 2. elections joining: the outbox's key, its channel
-                if not seat.resolved.is_set():
-                    self._resolve(conn, seat)
-                if seat.channel and seat.channel not in self._listening:
-                    conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(seat.channel)))
-                    self._listening.add(seat.channel)
+            self._let_go(conn, [s for s in seats if s.leaving and not s.left.is_set()])
+            self._join(conn, seats, time.monotonic() + JOIN_BUDGET * self.check_interval)
             active = [s for s in seats if s.key is not None and not s.leaving and s.error is None]
-            mine = {int(r[0]) for r in conn.execute(_MINE_SQL).fetchall()}
-            for seat in active:  # 3. every held lock verified by one query
-                if seat.held:
-                    assert seat.key is not None
-                    with self._mu:
-                        if _unsigned(seat.key) in {_unsigned(k) for k in mine}:
-                            seat.verified_at = started
-                        else:
-                            seat.held = False
-                            log.warning("%s: the shared session no longer holds the leader lock", seat.name)
-            waiting = [s for s in active if not s.held]
-            held_keys = {_unsigned(s.key) for s in active if s.held and s.key is not None}
-            if waiting:  # 4. standbys try only the locks nobody holds
-                keys = [s.key for s in waiting]
-                free = {_unsigned(int(r[0])) for r in conn.execute(_FREE_SQL, (keys,)).fetchall()}
-                for seat in waiting:
-                    assert seat.key is not None
-                    if _unsigned(seat.key) in held_keys:
-                        continue  # a predecessor of this outbox in this process still holds it
-                    if _unsigned(seat.key) not in free:
-                        seat.unled_checks = 0
-                        continue
-                    if seat.may_acquire is not None and not seat.may_acquire():
-                        seat.unled_checks += 1
-                        if seat.unled_checks < UNLED_CHECKS:
-                            continue
-                    seat.unled_checks = 0
-                    row = conn.execute("SELECT pg_try_advisory_lock(%s)", (seat.key,)).fetchone()
-                    if row is not None and row[0]:
-                        with self._mu:
-                            seat.held = True
-                            seat.verified_at = started
-                            seat.generation += 1
-                        held_keys.add(_unsigned(seat.key))
+            held_keys = self._verify(conn, active)
+            self._acquire(conn, [s for s in active if not s.held], held_keys)
         except psycopg.Error as exc:
             self._drop(redact_error(str(exc), self._dsn).strip() or type(exc).__name__)
 
-    def _resolve(self, conn: psycopg.Connection, seat: _Seat) -> None:
-        table = resolve_table(conn, seat.outbox_table)
-        members = sharded_members(conn, table)
+    def _let_go(self, conn: psycopg.Connection, leaving: list[_Seat]) -> None:
+        """1. Elections leaving: unlock the held locks and tell their standbys, in one statement."""
+        self._unlock(conn, leaving)
+        for seat in leaving:
+            with self._mu:
+                seat.held = False
+            seat.left.set()
+
+    def _join(self, conn: psycopg.Connection, seats: list[_Seat], deadline: float) -> None:
+        """2. Elections joining: each outbox's key (whether sharded relays run on it: one query for all of
+        them) and its channel (LISTENed in one statement). An unqualified ``outboxTable`` costs a round trip
+        to resolve; past ``deadline`` the rest wait for the next check (the locks held meanwhile must be
+        verified within their lease)."""
+        tables: list[tuple[_Seat, str]] = []
+        for seat in seats:
+            if not seat.resolved.is_set():
+                if time.monotonic() >= deadline:
+                    break
+                tables.append((seat, resolve_table(conn, seat.outbox_table)))
+        if tables:
+            members = sharded_members_of(conn, {table for _, table in tables})
+            for seat, table in tables:
+                self._resolve(seat, table, members.get(table, []))
+        channels = sorted({s.channel for s in seats if s.channel} - self._listening)
+        if channels:
+            conn.execute(sql.SQL("; ").join(sql.SQL("LISTEN {}").format(sql.Identifier(c)) for c in channels))
+            self._listening.update(channels)
+
+    def _verify(self, conn: psycopg.Connection, active: list[_Seat]) -> set[int]:
+        """3. Every held lock verified by one query; the verification dates from just before it. Returns
+        the keys still held."""
+        checked = time.monotonic()
+        mine = {_unsigned(int(r[0])) for r in conn.execute(_MINE_SQL).fetchall()}
+        held_keys: set[int] = set()
+        with self._mu:
+            for seat in active:
+                if not seat.held:
+                    continue
+                assert seat.key is not None
+                if _unsigned(seat.key) in mine:
+                    seat.verified_at = checked
+                    held_keys.add(_unsigned(seat.key))
+                else:
+                    seat.held = False
+                    log.warning("%s: the shared session no longer holds the leader lock", seat.name)
+        return held_keys
+
+    def _acquire(self, conn: psycopg.Connection, waiting: list[_Seat], held_keys: set[int]) -> None:
+        """4. Standbys try only the locks nobody holds, all in one statement."""
+        if not waiting:
+            return
+        free = {_unsigned(int(r[0])) for r in conn.execute(_FREE_SQL, ([s.key for s in waiting],)).fetchall()}
+        trying: dict[int, _Seat] = {}
+        for seat in waiting:
+            assert seat.key is not None
+            key = _unsigned(seat.key)
+            if key in held_keys or key in trying:
+                continue  # a predecessor of this outbox in this process still holds it (or tries it now)
+            if key not in free:
+                seat.unled_checks = 0
+                continue
+            if seat.may_acquire is not None and not seat.may_acquire():
+                seat.unled_checks += 1
+                if seat.unled_checks < UNLED_CHECKS:
+                    continue
+            seat.unled_checks = 0
+            trying[key] = seat
+        if not trying:
+            return
+        tried = time.monotonic()
+        rows = conn.execute(_TRY_SQL, ([s.key for s in trying.values()],)).fetchall()
+        with self._mu:
+            for key, got in rows:
+                if got:
+                    seat = trying[_unsigned(int(key))]
+                    seat.held = True
+                    seat.verified_at = tried
+                    seat.generation += 1
+
+    def _resolve(self, seat: _Seat, table: str, members: list[tuple[int, int]]) -> None:
         if members:
             seat.error = (
                 f"sharded relays run on {table} ({', '.join(f'{n} with shards: {s}' for s, n in members)}); this "

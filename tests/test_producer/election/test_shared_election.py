@@ -8,12 +8,13 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
 import psycopg
 import pytest
 
 from harvest_outbox.producer.election.advisory_lock import key_parts, lock_key
-from harvest_outbox.producer.election.shared_postgres import ElectionSessions, SharedElection
+from harvest_outbox.producer.election.shared_postgres import ElectionSessions, SharedElection, SharedLockSession
 from harvest_outbox.producer.schema.ddl import init_db
 
 pytestmark = pytest.mark.integration
@@ -109,3 +110,56 @@ def test_one_session_per_process_and_database_carries_every_outboxs_election(
         for t in threads:
             t.join(30)
     assert _holder(pg_dsn, tables[0]) is None and _holder(pg_dsn, tables[1]) is None
+
+
+def test_a_check_costs_a_few_statements_however_many_outboxes_join_lead_and_leave(
+    pg_dsn: str, pg_schema: str, unique_name: Callable[[str], str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A fleet's start joins hundreds of elections at once and its stop lets them all go. Each statement of a
+    check is a round trip, taken while the process's relays compete for the GIL; when a check took one per
+    outbox, a 1,000-outbox fleet's checks outlasted the lease and every outbox fenced, again and again. A
+    check makes at most five statements, whatever the number of outboxes: the LISTENs, the sharded members,
+    the verification, the free locks, the tries."""
+    per_check: list[list[str]] = []
+    statements: list[str] | None = None
+    real_step, real_execute = SharedLockSession._step, psycopg.Connection.execute
+
+    def step(self: SharedLockSession) -> None:
+        nonlocal statements
+        statements = []
+        try:
+            real_step(self)
+        finally:
+            per_check.append(statements)
+            statements = None
+
+    def execute(self: psycopg.Connection, query: Any, *args: Any, **kwargs: Any) -> Any:
+        if statements is not None and threading.current_thread().name.startswith("harvest-election"):
+            statements.append(str(query)[:40])
+        return real_execute(self, query, *args, **kwargs)
+
+    monkeypatch.setattr(SharedLockSession, "_step", step)
+    monkeypatch.setattr(psycopg.Connection, "execute", execute)
+    tables = [f"{pg_schema}.o{i}" for i in range(60)]  # the lock keys are names: no table needed
+    sessions = ElectionSessions(unique_name("many"))
+    elections = [sessions.election(pg_dsn, t, f"many/{t}", 0.1, None) for t in tables]
+    listeners = [_Listener() for _ in elections]
+
+    def all_at_once(calls: list[Callable[[], None]]) -> None:
+        threads = [threading.Thread(target=c) for c in calls]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+
+    all_at_once([lambda e=e, li=li: e.start(li) for e, li in zip(elections, listeners, strict=True)])
+    _until(lambda: all(e.is_leader for e in elections), "every outbox led", elections)
+    time.sleep(0.5)  # steady checks
+    _until(lambda: all(e.is_leader for e in elections), "still led", elections)
+    all_at_once([e.close for e in elections])
+
+    assert all(li.events == ["acquired", "revoked"] for li in listeners), {li.events[-1] for li in listeners}
+    assert all(_holder(pg_dsn, t) is None for t in tables[:3])
+    assert len(per_check) >= 6
+    worst = max(per_check, key=len)
+    assert len(worst) <= 5, worst
