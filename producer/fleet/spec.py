@@ -27,7 +27,8 @@ Invariants (``tests/test_producer/fleet/test_fleet_spec.py``):
 - ids are unique, and no two entries name the same outbox (server, database, table);
 - each outbox gets a relay name ``<name>/<id>`` and, unless its entry sets one, a NELI group
   ``<leaderGroupID>.<id>`` of its own, so fleets elect a leader per outbox;
-- an outbox's relay is a ``standby: cold`` one unless the defaults or its entry say ``hot``;
+- an outbox's relay is a ``standby: cold`` one with ``idlePollInterval: 5s`` unless the defaults or its
+  entry say otherwise (:data:`FLEET_DEFAULTS`);
 - the fleet serves one HTTP endpoint: ``prometheusPort`` belongs to the defaults, never to an entry.
 """
 
@@ -144,6 +145,14 @@ class FleetFile:
         return self._build(origin, section, outbox_id)
 
 
+#: What an outbox of a fleet has where neither the fleet's defaults nor its entry say otherwise (one relay's
+#: file keeps the relay's own defaults: ``standby: hot``, ``idlePollInterval`` 1s). ``idlePollInterval``: an
+#: idle leader with the LISTEN open marks when a NOTIFY comes, and otherwise every 5 s, not every second:
+#: an idle outbox's turn (a mark, its thread hand-offs) is ~1.3 ms of the process's CPU, and a process
+#: leading 1,000 idle outboxes spent more than a core on them.
+FLEET_DEFAULTS: Mapping[str, Any] = {"standby": "cold", "limits": {"idlePollInterval": "5s"}}
+
+
 def merged(base: Mapping[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
     """``over``'s keys over ``base``'s; mappings (``limits``, ``baseKafkaConfig``) merged key by key."""
     out = dict(base)
@@ -245,8 +254,9 @@ def fleet_from_document(
                     f"{origin}.{key}: a fleet serves one endpoint for all its outboxes; set harvest.{key} "
                     f"(the fleet's defaults) instead"
                 )
-        # A fleet's standbys hold no connections unless told to (docs/fleet.md, "Cost").
-        harvest = merged({"standby": "cold", **defaults}, section)
+        # A fleet's standbys hold no connections unless told to, and its idle leaders look for rows a NOTIFY did
+        # not announce less often (docs/fleet.md, "Cost").
+        harvest = merged(merged(FLEET_DEFAULTS, defaults), section)
         # Flags and variables stand in for the defaults: an entry's own key wins over them.
         own_overrides = {a: v for a, v in overrides.items() if not any(attribute_name(k) == a for k in section)}
         own_env = {v: t for v, t in env.items() if not any(variable_name(k) == v for k in section)}

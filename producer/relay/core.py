@@ -444,7 +444,7 @@ class RelayCore:
         if listener is not None and fd is not None:
             # Nothing needs the loop to turn before the next mark is due: only a NOTIFY, a finished job or a
             # stop (Harvest.stop rings the waker) ends the wait early. A fleet's idle outboxes then turn their
-            # loops about once a second (idlePollInterval), not every minPollInterval.
+            # loops every idlePollInterval (1 s; a fleet's default 5 s), not every minPollInterval.
             due = max(self.limits.min_poll_interval, self.next_mark - time.monotonic())
             self.waker.wait(min(self.limits.idle_poll_interval, due), fd)
             if listener.pending():

@@ -45,6 +45,26 @@ def test_each_outbox_gets_the_defaults_its_own_keys_a_name_and_an_election_of_it
     assert orders.config.leader_group_id == "harvest.app_orders.outbox"
     assert billing.config.leader_topic == "harvest.billing.neli"
     assert fleet.prometheus_port is None and fleet.options.discovery_interval == 30.0
+    # a fleet's own defaults (FLEET_DEFAULTS), merged key by key under the file's
+    assert billing.config.standby == "cold" and billing.config.limits.idle_poll_interval == 5.0
+
+
+@pytest.mark.parametrize(
+    ("defaults", "entry", "standby", "idle_poll"),
+    [
+        ({}, {}, "cold", 5.0),
+        ({"standby": "hot", "limits": {"idlePollInterval": "1s"}}, {}, "hot", 1.0),
+        ({"limits": {"rowTimeout": "20s"}}, {"limits": {"idlePollInterval": "250ms"}}, "cold", 0.25),
+    ],
+)
+def test_a_fleets_own_defaults_yield_to_the_files(
+    defaults: dict[str, Any], entry: dict[str, Any], standby: str, idle_poll: float
+) -> None:
+    doc = _doc()
+    doc["harvest"].update(defaults)
+    doc["outboxes"][0].update(entry)
+    billing = _fleet(doc).listed[0]
+    assert (billing.config.standby, billing.config.limits.idle_poll_interval) == (standby, idle_poll)
 
 
 def test_flags_and_variables_stand_in_for_the_defaults_never_over_an_entrys_own_key() -> None:
