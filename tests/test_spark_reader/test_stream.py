@@ -89,6 +89,15 @@ def _finish(start, timeout: float = 300):
     return query
 
 
+def _available_now(spark, topic, bootstrap, tmp_path, state, timeout: float = 300, **options):
+    """:func:`_finish` of an ``availableNow`` query writing to ``tmp_path / "out"``."""
+    out, chk = tmp_path / "out", tmp_path / "chk"
+    return _finish(
+        lambda: _query(spark, topic, bootstrap, out, chk, {"availableNow": True}, state_location=state, **options),
+        timeout,
+    )
+
+
 @pytest.mark.parametrize("state", ["state_store"], indirect=True)  # the default; state_location: the restart tests'
 def test_stream_stopped_and_restarted_while_written_to(spark, kafka_bootstrap, topic_factory, tmp_path, state) -> None:
     spark.conf.set(
@@ -151,8 +160,9 @@ def test_stream_restarted_from_its_checkpoint_is_exactly_once(
     topic = topic_factory(partitions=3)
     out_dir, chk_dir = tmp_path / "out", tmp_path / "chk"
     write_log(kafka_bootstrap, topic, 3, seed=40, steps=40)
-    first = _finish(
-        lambda: _query(
+
+    def start():
+        return _query(
             spark,
             topic,
             kafka_bootstrap,
@@ -163,23 +173,12 @@ def test_stream_restarted_from_its_checkpoint_is_exactly_once(
             ring_size=4,
             state_location=state,
         )
-    )
+
+    first = _finish(start)
     batches = sum(1 for p in first.recentProgress if p["numInputRows"])
     partial = _parquet_rows(spark, out_dir)
     write_log(kafka_bootstrap, topic, 3, seed=41, steps=25)
-    _finish(
-        lambda: _query(
-            spark,
-            topic,
-            kafka_bootstrap,
-            out_dir,
-            chk_dir,
-            {"availableNow": True},
-            max_offsets=60,
-            ring_size=4,
-            state_location=state,
-        )
-    )
+    _finish(start)  # the same query again, from its checkpoint
 
     expected = reference_read(read_raw(kafka_bootstrap, topic, 3), topic)
     got = _parquet_rows(spark, out_dir)
@@ -207,19 +206,7 @@ def test_stream_starts_from_read_committed_iter_checkpoint(
             if len(first) >= len(expected) // 2:
                 break
         checkpoint = it.checkpoint()
-    _finish(
-        lambda: _query(
-            spark,
-            topic,
-            kafka_bootstrap,
-            tmp_path / "out",
-            tmp_path / "chk",
-            {"availableNow": True},
-            max_offsets=50,
-            starting=checkpoint,
-            state_location=state,
-        )
-    )
+    _available_now(spark, topic, kafka_bootstrap, tmp_path, state, max_offsets=50, starting=checkpoint)
     rest = [(p, o) for p, o, _ in _parquet_rows(spark, tmp_path / "out")]
     assert not set(first) & set(rest)
     assert sorted(first + rest) == sorted((p, o) for p, o, _ in expected)
@@ -271,18 +258,7 @@ def test_stream_delivers_records_without_uuid_header_under_ansi(
         b"app-uuid1-continue-flags",
     ]
 
-    _finish(
-        lambda: _query(
-            spark,
-            topic,
-            kafka_bootstrap,
-            tmp_path / "out",
-            tmp_path / "chk",
-            {"availableNow": True},
-            state_location=state,
-        ),
-        timeout=120,
-    )
+    _available_now(spark, topic, kafka_bootstrap, tmp_path, state, timeout=120)
     got = sorted(
         (r.partition, r.offset, bytes(r.value or b"")) for r in spark.read.parquet(str(tmp_path / "out")).collect()
     )
