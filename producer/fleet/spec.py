@@ -34,6 +34,7 @@ Invariants (``tests/test_producer/fleet/test_fleet_spec.py``):
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import re
 from collections.abc import Callable, Mapping
@@ -256,7 +257,7 @@ def fleet_from_document(
                 )
         # A fleet's standbys hold no connections unless told to, and its idle leaders look for rows a NOTIFY did
         # not announce less often (docs/fleet.md, "Cost").
-        harvest = merged(merged(FLEET_DEFAULTS, defaults), section)
+        harvest = merged(merged(copy.deepcopy(FLEET_DEFAULTS), defaults), section)  # never shared: _config reads it
         # Flags and variables stand in for the defaults: an entry's own key wins over them.
         own_overrides = {a: v for a, v in overrides.items() if not any(attribute_name(k) == a for k in section)}
         own_env = {v: t for v, t in env.items() if not any(variable_name(k) == v for k in section)}
