@@ -16,6 +16,7 @@ import pyarrow as pa
 import pytest
 
 from harvest_outbox.spark_reader.delta_tables import (
+    COMMIT_ATTEMPTS,
     KILL_ENV,
     DeltaOptions,
     DeltaTables,
@@ -24,7 +25,7 @@ from harvest_outbox.spark_reader.delta_tables import (
     latest_per_key,
     upkeep,
 )
-from harvest_outbox.spark_reader.errors import ReaderConfigError
+from harvest_outbox.spark_reader.errors import ReaderConfigError, SparkReaderError
 from harvest_outbox.spark_reader.pipeline import PipelineConfig
 
 _T0 = dt.datetime(2026, 11, 29, tzinfo=dt.timezone.utc)
@@ -153,12 +154,23 @@ def test_upkeep_racing_the_writer_loses_no_row(tmp_path: Path) -> None:
     runs: list[dict[str, object]] = []
     errors: list[BaseException] = []
 
+    gave_up: list[str] = []
+
     def keep_up() -> None:
-        try:
-            while not done.is_set():
-                runs.extend(upkeep(uri, opts) for uri in (events, latest))
-        except BaseException as exc:
-            errors.append(exc)
+        while not done.is_set():
+            for uri in (events, latest):
+                try:
+                    runs.append(upkeep(uri, opts))
+                except SparkReaderError as exc:
+                    # A step that lost COMMIT_ATTEMPTS races in a row gives up, naming the fix: what upkeep in a
+                    # loop against a MERGE per batch can come to on a loaded machine (the VACUUM's conflict is
+                    # real: with retention 0 it would delete the files a MERGE just added). Rows must not care.
+                    if f"failed {COMMIT_ATTEMPTS} times in a row" not in str(exc):
+                        errors.append(exc)
+                    gave_up.append(str(exc)[:60])
+                except BaseException as exc:
+                    errors.append(exc)
+                    return
 
     worker = threading.Thread(target=keep_up)
     worker.start()
@@ -169,6 +181,7 @@ def test_upkeep_racing_the_writer_loses_no_row(tmp_path: Path) -> None:
         done.set()
         worker.join()
     assert not errors, errors
+    assert len(runs) + len(gave_up) >= 2, "the upkeep never raced the writer"
     runs.extend(upkeep(uri, opts) for uri in (events, latest))
     from deltalake import DeltaTable
 
