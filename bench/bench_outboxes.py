@@ -171,15 +171,6 @@ def led_ids(log_text: str, name: str) -> set[str]:
     return set(re.findall(rf" {re.escape(name)}/(\S+): elected leader", log_text))
 
 
-def elections_started(log_text: str) -> int:
-    """Outboxes whose shared-session election started: a line each, or one line for many (``of N outboxes``)."""
-    alone = len(re.findall(r": Postgres leader election on ", log_text))
-    together = sum(
-        int(n) for n in re.findall(r"Postgres leader elections \(shared session [^)]*\) of (\d+) outboxes", log_text)
-    )
-    return alone + together
-
-
 def window_latencies_ms(
     commit_ns: dict[int, int], receipt_ns: dict[int, int], start_ns: int, end_ns: int
 ) -> tuple[list[float], int]:
@@ -566,7 +557,7 @@ def standby_cost(db: Db, workdir: Path, dsn: str, bootstrap: str, args: argparse
         before = db.client_backends()
         standby.start()
         deadline = time.monotonic() + 120
-        while elections_started(standby.process.text()) < FLEET:
+        while len(re.findall(r": Postgres leader election on ", standby.process.text())) < FLEET:
             if time.monotonic() > deadline or not standby.process.alive:
                 raise SystemExit(
                     f"bench_outboxes: the standby fleet did not start its elections: {standby.process.log}"

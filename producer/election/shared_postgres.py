@@ -75,22 +75,6 @@ def _unsigned(key: int) -> int:
     return key & 0xFFFFFFFFFFFFFFFF
 
 
-#: Outboxes a check logs a line each for; more share one line. Each line is a write, and the session's thread
-#: takes the interpreter's lock back after it: a fleet's start joined hundreds of outboxes in one check, with
-#: a line each, while its relays competed for that lock.
-LINES_EACH = 3
-
-
-def _log_each(seats: list[_Seat], each: str, together: str, details: list[str] | None = None) -> None:
-    """Log ``each % (name[, detail])`` per seat, or one line ``together: name (detail), ...`` for many."""
-    if len(seats) <= LINES_EACH:
-        for i, seat in enumerate(seats):
-            log.info(each, seat.name, *([details[i]] if details else []))
-    else:
-        named = [f"{s.name} ({details[i]})" if details else s.name for i, s in enumerate(seats)]
-        log.info("%s %d outboxes: %s", together, len(seats), ", ".join(named))
-
-
 @dataclass(eq=False)
 class _Seat:
     """One election's lock on the session (guarded by the session's ``_mu``)."""
@@ -238,7 +222,8 @@ class SharedLockSession(LockSession):
                 redact_error(str(exc), self._dsn).strip(),
             )
             raise
-        _log_each(held, "%s: released the Postgres leader lock", "released the Postgres leader locks of")
+        for seat in held:
+            log.info("%s: released the Postgres leader lock", seat.name)
 
     def _step(self) -> None:
         conn = self._connected()
@@ -278,13 +263,6 @@ class SharedLockSession(LockSession):
             members = sharded_members_of(conn, {table for _, table in tables})
             for seat, table in tables:
                 self._resolve(seat, table, members.get(table, []))
-            elected = [seat for seat, _ in tables if seat.error is None]
-            _log_each(
-                elected,
-                f"%s: Postgres leader election on %s (shared session {self.name})",
-                f"Postgres leader elections (shared session {self.name}) of",
-                [table for seat, table in tables if seat.error is None],
-            )
         channels = sorted({s.channel for s in seats if s.channel} - self._listening)
         if channels:
             conn.execute(sql.SQL("; ").join(sql.SQL("LISTEN {}").format(sql.Identifier(c)) for c in channels))
@@ -350,6 +328,7 @@ class SharedLockSession(LockSession):
         else:
             seat.key = lock_key(table)
             seat.channel = f"harvest_leader_{_unsigned(seat.key):016x}"
+            log.info("%s: Postgres leader election on %s (shared session %s)", seat.name, table, self.name)
         seat.resolved.set()
 
 

@@ -8,15 +8,12 @@ the suite.
 
 from __future__ import annotations
 
-import logging
-
 import pytest
 
 from bench.__main__ import _outboxes_rows
 from bench.bench_outboxes import (
     busy_share,
     cpu_times,
-    elections_started,
     fits,
     latency_summary,
     led_ids,
@@ -76,25 +73,6 @@ def test_a_fleet_fits_when_its_connections_leave_the_reserved_slots_and_the_marg
 ) -> None:
     # 400 slots, 3 reserved, 6 open, 8 kept for the bench: 383 left, 5 per outbox -> 76.6 outboxes
     assert fits(size, 5.0, 400, 3, open_now, 8) is expected
-
-
-def test_elections_started_counts_the_sessions_lines_one_each_or_one_for_many(caplog: pytest.LogCaptureFixture) -> None:
-    """The count reads what the shared election session writes (``_log_each``), in both of its forms."""
-    from harvest_outbox.producer.election.shared_postgres import LINES_EACH, _log_each, _Seat
-
-    def seats(n: int) -> list[_Seat]:
-        return [_Seat(f"f/t{i:03d}", f"b_t{i:03d}.outbox", None) for i in range(n)]
-
-    with caplog.at_level(logging.INFO, logger="harvest_outbox.producer.election.shared_postgres"):
-        for batch in (seats(LINES_EACH), seats(LINES_EACH + 7)):
-            _log_each(
-                batch,
-                "%s: Postgres leader election on %s (shared session f)",
-                "Postgres leader elections (shared session f) of",
-                [s.outbox_table for s in batch],
-            )
-    assert len(caplog.records) == LINES_EACH + 1
-    assert elections_started(caplog.text) == 2 * LINES_EACH + 7
 
 
 def test_led_ids_are_the_fleets_own_elections() -> None:
