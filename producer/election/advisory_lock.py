@@ -49,7 +49,7 @@ def members_namespace(qualified_table: str) -> int:
 
 def sharded_members(conn: psycopg.Connection, qualified_table: str) -> list[tuple[int, int]]:
     """``(shard count, live relays)`` of the sharded relays on this outbox."""
-    return [(int(s), int(n)) for s, n in conn.execute(MEMBERS_SQL, (members_namespace(qualified_table),)).fetchall()]
+    return sharded_members_of(conn, [qualified_table]).get(qualified_table, [])
 
 
 def sharded_members_of(conn: psycopg.Connection, qualified_tables: Iterable[str]) -> dict[str, list[tuple[int, int]]]:
