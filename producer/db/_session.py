@@ -33,6 +33,7 @@ from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict
 from psycopg.pq import Format
 
+from harvest_outbox.producer.db._rendered import rendered
 from harvest_outbox.producer.db._statements import id_array
 from harvest_outbox.producer.db.credentials import open_connection
 from harvest_outbox.producer.errors import DatabaseError, LayoutChanged
@@ -309,7 +310,8 @@ class OutboxSession:
         cursor: psycopg.Cursor | None = None,
     ) -> psycopg.Cursor:
         try:
-            return (cursor or self.conn).execute(query, params, binary=True, prepare=prepare)
+            conn = self.conn
+            return (cursor or conn).execute(rendered(conn, query), params, binary=True, prepare=prepare)
         except psycopg.Error as exc:
             raise self.failed(what, exc) from exc
 

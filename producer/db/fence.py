@@ -28,6 +28,7 @@ from typing import Any, NamedTuple
 import psycopg
 from psycopg import sql
 
+from harvest_outbox.producer.db._rendered import rendered
 from harvest_outbox.producer.db._session import OutboxSession
 from harvest_outbox.producer.errors import SchemaError
 from harvest_outbox.producer.schema import Statement
@@ -76,7 +77,7 @@ def send_in_one_message(
     the text client-side (psycopg's quoting): ids are a bigint[] literal either way, and the statements
     are cheap to plan."""
     literal = psycopg.ClientCursor(conn)
-    request = ";\n".join(["BEGIN"] + [literal.mogrify(q, params) for q, params in statements])
+    request = ";\n".join(["BEGIN"] + [literal.mogrify(rendered(conn, q), params) for q, params in statements])
     cur = conn.execute(request, prepare=False)
     cur.nextset()  # BEGIN's
     epochs = [int(r[0]) for r in cur.fetchall()]
