@@ -112,6 +112,8 @@ class SharedLockSession(LockSession):
         self._life = threading.Lock()  # start / stop of the thread
         self._seats: list[_Seat] = []
         self._listening: set[str] = set()
+        #: Checks that reached the joining outboxes (a join waits while they go on).
+        self._join_passes = 0
         self._init_session()
 
     # ------------------------------------------------------------------ seats
@@ -130,12 +132,26 @@ class SharedLockSession(LockSession):
                     raise
             else:
                 self._wake()
-        if not seat.resolved.wait(self.connect_timeout + 2 * self.statement_timeout + self.check_interval + 5):
-            self.leave(seat)
-            raise ElectionError(f"{seat.name}: the shared election session did not take the outbox in time")
+        limit = self.join_limit()
+        passes = self._join_passes
+        while not seat.resolved.wait(limit):
+            # A session whose checks still take joiners in is waited for: when hundreds of outboxes start at
+            # once, its thread competes with all their relays for the GIL and a check can take longer than
+            # the limit (a 1,000-outbox fleet's start failed 22-34 relays here). A stuck one is not.
+            if self._join_passes == passes or self._thread is None or not self._thread.is_alive():
+                self.leave(seat)
+                raise ElectionError(
+                    f"{seat.name}: the shared election session did not take the outbox in time (no check took "
+                    f"joining outboxes in for {limit:g}s)"
+                )
+            passes = self._join_passes
         if seat.error is not None:
             self.leave(seat)
             raise ElectionError(seat.error)
+
+    def join_limit(self) -> float:
+        """How long a joining election waits for a check to take joiners in before the session counts as stuck."""
+        return self.connect_timeout + 2 * self.statement_timeout + self.check_interval + 5
 
     def leave(self, seat: _Seat) -> None:
         """Unlock ``seat``'s lock (and notify) on the session's thread; the session ends with its last seat."""
@@ -234,6 +250,7 @@ class SharedLockSession(LockSession):
                 seats = list(self._seats)
             self._let_go(conn, [s for s in seats if s.leaving and not s.left.is_set()])
             self._join(conn, seats, time.monotonic() + JOIN_BUDGET * self.check_interval)
+            self._join_passes += 1
             active = [s for s in seats if s.key is not None and not s.leaving and s.error is None]
             held_keys = self._verify(conn, active)
             self._acquire(conn, [s for s in active if not s.held], held_keys)
@@ -256,7 +273,7 @@ class SharedLockSession(LockSession):
         tables: list[tuple[_Seat, str]] = []
         for seat in seats:
             if not seat.resolved.is_set():
-                if time.monotonic() >= deadline:
+                if tables and time.monotonic() >= deadline:  # (at least one a check: joins always progress)
                     break
                 tables.append((seat, resolve_table(conn, seat.outbox_table)))
         if tables:

@@ -15,6 +15,7 @@ import pytest
 
 from harvest_outbox.producer.election.advisory_lock import key_parts, lock_key
 from harvest_outbox.producer.election.shared_postgres import ElectionSessions, SharedElection, SharedLockSession
+from harvest_outbox.producer.errors import ElectionError
 from harvest_outbox.producer.schema.ddl import init_db
 
 pytestmark = pytest.mark.integration
@@ -163,3 +164,46 @@ def test_a_check_costs_a_few_statements_however_many_outboxes_join_lead_and_leav
     assert len(per_check) >= 6
     worst = max(per_check, key=len)
     assert len(worst) <= 5, worst
+
+
+def test_a_join_waits_while_checks_go_on_and_fails_when_they_stop(
+    pg_dsn: str, pg_schema: str, unique_name: Callable[[str], str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A fleet's start joins hundreds of outboxes while their relays compete with the session's thread for the
+    GIL, so the check that takes one in can come later than a join's limit (22-34 relays of a 1,000-outbox
+    fleet failed their first start that way). A join waits as long as checks still take joiners in; when
+    none does for a whole limit, the session is stuck and the join fails, naming why."""
+    monkeypatch.setattr(SharedLockSession, "join_limit", lambda self: 0.3)
+    late, real_resolve = f"{pg_schema}.late", SharedLockSession._resolve
+    held_back_until = time.monotonic() + 1.5  # five limits of checks that do not take this one in yet
+
+    def resolve(self: SharedLockSession, seat: Any, table: str, members: list[tuple[int, int]]) -> None:
+        if table == late and time.monotonic() < held_back_until:
+            return  # not resolved in this check: the next one tries again
+        real_resolve(self, seat, table, members)
+
+    monkeypatch.setattr(SharedLockSession, "_resolve", resolve)
+    sessions = ElectionSessions(unique_name("slow"))
+    slow = sessions.election(pg_dsn, late, "slow/late", 0.1, None)
+    listener = _Listener()
+    slow.start(listener)  # returns once taken in, ~1.5 s in: six limits
+    assert time.monotonic() >= held_back_until
+    _until(lambda: slow.is_leader, "the late outbox led", [slow])
+
+    stuck = ElectionSessions(unique_name("stuck"))
+    first = stuck.election(pg_dsn, f"{pg_schema}.first", "stuck/first", 0.1, None)
+    first.start(_Listener())
+    session = first._session
+
+    def failing(self: SharedLockSession, conn: Any, seats: Any, deadline: float) -> None:
+        raise psycopg.OperationalError("simulated: every check's join fails")
+
+    monkeypatch.setattr(SharedLockSession, "_join", failing)
+    second = stuck.election(pg_dsn, f"{pg_schema}.second", "stuck/second", 0.1, None)
+    t0 = time.monotonic()
+    with pytest.raises(ElectionError, match=r"stuck/second: .* did not take the outbox in time \(no check"):
+        second.start(_Listener())
+    assert time.monotonic() - t0 < 5
+    assert second._seat not in session._seats
+    for e in (slow, first):
+        e.close()
