@@ -25,7 +25,7 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-from harvest_outbox.harvest_local import maven, prereqs
+from harvest_outbox.harvest_local import kafka_dirs, maven, prereqs
 from harvest_outbox.harvest_local.child_process import kill_child, stop_child
 from harvest_outbox.harvest_local.errors import ServiceError
 from harvest_outbox.harvest_local.jvm import extra_options
@@ -81,6 +81,7 @@ class EmbeddedKafka:
         self.data = self.root / "data"
         self.heap = heap
         self._proc: subprocess.Popen[bytes] | None = None
+        self._claim: kafka_dirs.Claim | None = None  # the folder's lock, while this process owns it
         self._java = prereqs.java()
         self._classpath = os.pathsep.join(str(j) for j in maven.resolve("kafka"))
 
@@ -124,6 +125,9 @@ class EmbeddedKafka:
         # The broker's data (every message of every test topic) and logs are this user's only: the
         # directory is 0700 and the JVM and its tools run with umask 077, so the files they create
         # are 0600 / 0700 (Kafka's own defaults follow the umask, usually 022: world-readable).
+        if self._claim is None:
+            kafka_dirs.sweep()  # brokers that killed runs left running, and their folders
+            self._claim = kafka_dirs.claim(self.root)
         self.root.mkdir(mode=0o700, parents=True, exist_ok=True)
         self.root.chmod(0o700)  # also when an earlier run created it with another mode
         props = self.root / "server.properties"
@@ -158,6 +162,9 @@ class EmbeddedKafka:
     def destroy(self) -> None:
         self.kill()
         shutil.rmtree(self.root, ignore_errors=True)
+        if self._claim is not None:
+            self._claim.release()
+            self._claim = None
 
     def create_topic(
         self, name: str, partitions: int = 1, config: dict[str, str] | None = None, timeout: float = 30.0

@@ -38,6 +38,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from harvest_outbox.harvest_local import kafka_dirs
 from harvest_outbox.harvest_local.errors import ServiceError
 from harvest_outbox.harvest_local.kafka import EmbeddedKafka, Replication, create_topic, new_cluster_id
 from harvest_outbox.harvest_local.netfault import NetFault
@@ -61,6 +62,7 @@ class EmbeddedKafkaCluster:
         if nodes < 3:
             raise ValueError(f"a replicated cluster needs at least 3 nodes (min.insync.replicas=2 of 3), got {nodes}")
         self.root = root or work_dir() / f"kafka-cluster-{free_port()}-{os.getpid()}"
+        self._claim: kafka_dirs.Claim | None = None  # the folder's lock, while this process owns it
         controller_ports = [free_port() for _ in range(nodes)]
         voters = ",".join(f"{i + 1}@127.0.0.1:{p}" for i, p in enumerate(controller_ports))
         cluster_id = new_cluster_id()
@@ -105,6 +107,9 @@ class EmbeddedKafkaCluster:
     def start(self, timeout: float = 120.0) -> EmbeddedKafkaCluster:
         """Launch every node, then wait until each names all of them (no node is ready alone: a controller
         needs a majority of the quorum)."""
+        if self._claim is None:
+            kafka_dirs.sweep()  # brokers that killed runs left running, and their folders
+            self._claim = kafka_dirs.claim(self.root)
         self.root.mkdir(mode=0o700, parents=True, exist_ok=True)
         try:
             for proxy in self.proxies.values():
@@ -241,6 +246,9 @@ class EmbeddedKafkaCluster:
         for n in self.nodes:
             n.kill()
         shutil.rmtree(self.root, ignore_errors=True)
+        if self._claim is not None:
+            self._claim.release()
+            self._claim = None
 
     def _proxy(self, node_id: int) -> NetFault:
         if node_id not in self.proxies:

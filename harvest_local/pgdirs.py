@@ -151,7 +151,7 @@ def claim(name: str, user: ServerUser | None) -> Instance:
         try:
             parent = work if user is None else _checkout_dir(work)
             lock_path = parent / (name + _LOCK_SUFFIX)
-            fd = _try_lock(lock_path, create=True)
+            fd = try_lock(lock_path, create=True)
         except FileNotFoundError:  # a sweeper removed the (then empty) per-checkout folder: again
             time.sleep(min(0.05, 0.001 * attempt))
             continue
@@ -293,7 +293,7 @@ def _is_root_only(path: Path) -> bool:
     return stat.S_ISDIR(st.st_mode) and st.st_uid == 0 and not st.st_mode & 0o022
 
 
-def _try_lock(path: Path, create: bool) -> int | None:
+def try_lock(path: Path, create: bool) -> int | None:
     """An fd holding an exclusive flock on ``path``, or None when another process holds it or the
     file was unlinked between our open and our lock (a sweeper or a release got there first)."""
     flags = os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC | (os.O_CREAT if create else 0)
@@ -314,7 +314,7 @@ def _sweep_folder(parent: Path, stop_server: Callable[[Path], None]) -> list[Pat
     removed: list[Path] = []
     for lock_path in sorted(parent.glob(PREFIX + "*" + _LOCK_SUFFIX)):
         try:
-            fd = _try_lock(lock_path, create=False)
+            fd = try_lock(lock_path, create=False)
         except OSError as exc:  # not ours to open (another user's run), or a symlink (ELOOP)
             if exc.errno not in (errno.EACCES, errno.EPERM, errno.ELOOP, errno.ENOENT):
                 log.warning("cannot inspect %s: %s", lock_path, exc)
