@@ -17,6 +17,8 @@ Invariants (``tests/test_producer/election/test_shared_election.py``):
   handed over while its successor starts) waits until the first let go;
 - the session connects on the first election's start (a bad DSN fails that start) and closes with the
   last election;
+- a joining election waits as long as the session's checks go on taking joiners in (each takes at least one),
+  and fails only when none has for :meth:`SharedLockSession.join_limit` (a big fleet's start is slow, not stuck);
 - a check makes at most five statements, however many elections join, lead or leave (each is a round trip
   while the process's relay threads compete for the GIL: one per outbox made a 1,000-outbox fleet's checks
   outlast the lease, and every outbox fenced, again and again).
