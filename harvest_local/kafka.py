@@ -125,9 +125,8 @@ class EmbeddedKafka:
         # The broker's data (every message of every test topic) and logs are this user's only: the
         # directory is 0700 and the JVM and its tools run with umask 077, so the files they create
         # are 0600 / 0700 (Kafka's own defaults follow the umask, usually 022: world-readable).
-        if self._claim is None:
-            kafka_dirs.sweep()  # brokers that killed runs left running, and their folders
-            self._claim = kafka_dirs.claim(self.root)
+        if self._claim is None:  # (and sweep what killed runs left running)
+            self._claim = kafka_dirs.take(self.root)
         self.root.mkdir(mode=0o700, parents=True, exist_ok=True)
         self.root.chmod(0o700)  # also when an earlier run created it with another mode
         props = self.root / "server.properties"

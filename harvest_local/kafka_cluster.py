@@ -107,9 +107,8 @@ class EmbeddedKafkaCluster:
     def start(self, timeout: float = 120.0) -> EmbeddedKafkaCluster:
         """Launch every node, then wait until each names all of them (no node is ready alone: a controller
         needs a majority of the quorum)."""
-        if self._claim is None:
-            kafka_dirs.sweep()  # brokers that killed runs left running, and their folders
-            self._claim = kafka_dirs.claim(self.root)
+        if self._claim is None:  # (and sweep what killed runs left running)
+            self._claim = kafka_dirs.take(self.root)
         self.root.mkdir(mode=0o700, parents=True, exist_ok=True)
         try:
             for proxy in self.proxies.values():

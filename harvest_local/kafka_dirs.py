@@ -4,7 +4,7 @@ A broker's folder is ``<work dir>/kafka-<port>-<pid>``, a cluster's ``<work dir>
 (its nodes' folders inside). The JVMs run in sessions of their own (a Ctrl-C in the terminal is their
 owner's to handle), so an owner killed with SIGKILL leaves its brokers running, each holding a JVM heap, a
 core's share of CPU now and then and every message of the run on disk; a benchmark run beside them measures
-them too. :func:`sweep`, at every broker start, ends them.
+them too. :func:`sweep`, at every start of a broker or cluster (:func:`take`), ends them.
 
 Invariants (tests/test_foundation/test_kafka_dirs.py):
 - K1: the process that owns a top-level broker folder holds an ``flock`` on its sibling ``<folder>.lock`` for
@@ -53,10 +53,23 @@ class Claim:
         self._fd = -1
 
 
+def take(folder: Path) -> Claim | None:
+    """A broker start's part: for a top-level broker folder, :func:`sweep` the leftovers of runs that are
+    gone, then :func:`claim` ``folder``; None (and no sweep) for a cluster's node, whose cluster did both."""
+    if not _top_level(folder):
+        return None
+    sweep()
+    return claim(folder)
+
+
+def _top_level(folder: Path) -> bool:
+    return folder.parent == work_dir() and _FOLDER.match(folder.name) is not None
+
+
 def claim(folder: Path) -> Claim | None:
     """Hold ``folder``'s lock (K1); None for a folder that is not a top-level broker folder of the work dir
     (a cluster's node: its cluster's claim covers it), or when another process holds it."""
-    if folder.parent != work_dir() or not _FOLDER.match(folder.name):
+    if not _top_level(folder):
         return None
     lock_path = folder.with_name(folder.name + _LOCK_SUFFIX)
     fd = try_lock(lock_path, create=True)
