@@ -232,6 +232,8 @@ def _task_phases(folder: Path) -> dict[str, Any]:
         "consumers_reused": sum(x.get("consumers_reused", 0) for x in lines),
         "consumers_sought": sum(x.get("consumers_sought", 0) for x in lines),
         "consumers_missed": sum(x.get("consumers_missed", 0) for x in lines),
+        # kept consumers of partitions another task read, advanced to their end (consumer_pool.advance)
+        "consumers_advanced": sum(x.get("consumers_advanced", 0) for x in lines),
     }
 
 

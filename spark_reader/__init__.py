@@ -3,11 +3,37 @@
 ``readCommitted(spark, topic, kafka_options)`` returns the committed records of a snapshot
 (batch); ``read_committed`` also returns the read's checkpoint, for incremental reads;
 ``readCommittedStream`` is the streaming source. See docs/design.md §6.
+
+The names load their modules when first used: Spark starts a fresh Python process for a streaming
+data source's driver side at every query start (and forks workers that unpickle the source), and
+those import only the modules the source itself needs, not the batch reader's.
 """
 
-from harvest_outbox.spark_reader.batch import CommittedRead, read_committed, readCommitted
-from harvest_outbox.spark_reader.errors import MissingUUIDError, ReaderConfigError, SparkReaderError, StreamStateError
-from harvest_outbox.spark_reader.stream import readCommittedStream
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from harvest_outbox.spark_reader.batch import CommittedRead, read_committed, readCommitted
+    from harvest_outbox.spark_reader.errors import (
+        MissingUUIDError,
+        ReaderConfigError,
+        SparkReaderError,
+        StreamStateError,
+    )
+    from harvest_outbox.spark_reader.stream import readCommittedStream
+
+_WHERE = {
+    "CommittedRead": "batch",
+    "read_committed": "batch",
+    "readCommitted": "batch",
+    "MissingUUIDError": "errors",
+    "ReaderConfigError": "errors",
+    "SparkReaderError": "errors",
+    "StreamStateError": "errors",
+    "readCommittedStream": "stream",
+}
 
 __all__ = [
     "CommittedRead",
@@ -19,3 +45,16 @@ __all__ = [
     "readCommittedStream",
     "read_committed",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    module = _WHERE.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

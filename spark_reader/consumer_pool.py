@@ -13,6 +13,14 @@ partition since, or the read starts before the tail) is moved to ``read_from`` b
 fetch but no connection (librdkafka purges what it fetched ahead, and drops what arrives for the old
 position). With no consumer kept the read makes a new one, as before the pool.
 
+Which Python worker runs which task of a micro-batch is Spark's choice (the worker idle longest), so a
+worker's kept consumers are as often those of the partitions the *other* task read. A task therefore
+also :meth:`ConsumerPool.advance` s its worker's consumers of the micro-batch's other partitions to a
+little before where that micro-batch ends them (:data:`ADVANCE_BEHIND`), as soon as its own reading is
+done: they fetch the next micro-batch's records while Spark finishes this one, and a next read that
+starts at most :data:`SKIP_RECORDS` past such a consumer's position reads on from it, dropping the
+records before its start, instead of seeking.
+
 Spark reuses a Python worker for the next task (``spark.python.worker.reuse``, default on) and ends it
 after a minute idle, which closes whatever it kept; the pool also closes a consumer idle for
 :data:`IDLE_SECONDS` and keeps at most :data:`MAX_KEPT` (the least recently used closed first).
@@ -24,8 +32,13 @@ Invariants (``tests/test_spark_reader/test_consumer_pool.py``):
 - the tail is a copy of the last records (at most :data:`TAIL_RECORDS` and about :data:`TAIL_BYTES`)
   of the range ``[read_from, end)`` exactly as read, in offset order, ending at ``end``;
 - a lease serves exactly the records of ``[read_from, position)`` from the tail, then the consumer
-  (sought to ``read_from`` when the tail cannot serve it; a consumer whose seek fails is closed), so a
-  read through the pool returns the same records as a read by a new consumer;
+  (sought to ``read_from`` when the tail cannot serve it, or, when it is at most :data:`SKIP_RECORDS`
+  before ``read_from``, read from where it is with the records before ``read_from`` dropped by the read;
+  a consumer whose seek fails is closed), so a read through the pool returns the same records as a read
+  by a new consumer;
+- an advanced consumer's position is where it was sought to, and it keeps no tail (its last read's
+  records are no longer just before its position); a consumer is advanced at most :data:`MAX_ADVANCES`
+  times between two reads;
 - keys hold the reader's Kafka options, which may hold secrets: the pool's repr never shows them.
 """
 
@@ -51,6 +64,16 @@ MAX_KEPT = 16
 TAIL_RECORDS = 4096
 #: ... and about this many bytes of them at most (the tail is cut to fit, so large records keep fewer).
 TAIL_BYTES = 4 << 20
+#: A consumer advanced to a partition's end in another task's micro-batch is sought this many records
+#: before it: the next read starts at that end, or at an open span's begin shortly before it.
+ADVANCE_BEHIND = 1024
+#: A read starting at most this many records past a kept consumer's position reads on from it (dropping
+#: them) instead of seeking: dropping ~2,000 fetched records costs ~1 ms, a seek waits for new fetches.
+SKIP_RECORDS = 2 * ADVANCE_BEHIND
+#: A kept consumer is advanced at most this many times in a row without a read: each advance fetches
+#: its partition's next records again, so a worker does it only for partitions it reads in turn with
+#: another (two workers alternating), not for every partition it ever read (a large cluster).
+MAX_ADVANCES = 3
 
 
 @dataclass
@@ -83,6 +106,8 @@ class _Kept:
     position: int
     tail: pa.RecordBatch | None
     since: float
+    advanced: int = 0  # advances since its last read
+
 
 
 _Key = tuple[str, int, tuple[tuple[str, str], ...]]
@@ -98,6 +123,8 @@ class ConsumerPool:
         self._clock = clock
         #: Reads that went on with a kept consumer / moved one by a seek / found none (for the phase log).
         self.reused = self.sought = self.missed = 0
+        #: Kept consumers advanced to another task's end (for the phase log).
+        self.advanced = 0
 
     def __repr__(self) -> str:  # never the keys: they hold the Kafka options
         return f"ConsumerPool(kept={len(self._kept)}, reused={self.reused}, sought={self.sought}, missed={self.missed})"
@@ -124,6 +151,9 @@ class ConsumerPool:
         if head is not None:
             self.reused += 1
             return Lease(kept.client, kept.position, head)
+        if kept.position < read_from <= kept.position + SKIP_RECORDS:
+            self.reused += 1  # the read drops the records before read_from
+            return Lease(kept.client, read_from, [])
         if _seek(kept.client, topic, partition, read_from):
             self.sought += 1
             return Lease(kept.client, read_from, [])
@@ -151,6 +181,32 @@ class ConsumerPool:
                 stale.append(self._kept.popitem(last=False)[1])
         _close_all([old, *stale] if old is not None else stale)
 
+    def advance(self, kafka: Mapping[str, str], topic: str, partition: int, to: int) -> bool:
+        """Seek the partition's kept consumer, if one is kept before ``to``, to ``to`` (where the next
+        micro-batch's read of it probably starts) so that it fetches from there; False if none was
+        moved. A consumer whose seek fails, or that returns anything but a record at or past ``to``
+        when it is polled once after the seek, is closed."""
+        key = _key(kafka, topic, partition)
+        with self._lock:
+            kept = self._kept.get(key)
+            if kept is None or kept.position >= to or kept.advanced >= MAX_ADVANCES:
+                return False
+            del self._kept[key]  # lent to this call: no read takes it meanwhile
+        position = _moved(kept.client, topic, partition, to)
+        if position is None:
+            kept.client.close()
+            return False
+        kept.position, kept.tail, kept.since = position, None, self._clock()
+        kept.advanced += 1
+        with self._lock:
+            newer = self._kept.pop(key, None)  # given back by a read on another thread meanwhile: it stays
+            self._kept[key] = newer if newer is not None else kept
+        if newer is not None:
+            kept.client.close()
+            return False
+        self.advanced += 1
+        return True
+
     def close(self) -> None:
         with self._lock:
             kept, self._kept = list(self._kept.values()), OrderedDict()
@@ -175,6 +231,23 @@ def _seek(client: Any, topic: str, partition: int, offset: int) -> bool:
     except KafkaException:
         return False
     return True
+
+
+def _moved(client: Any, topic: str, partition: int, offset: int) -> int | None:
+    """Seek ``client`` to ``offset`` and poll it once, without waiting: its position after that (None if
+    the seek or the poll went wrong). The poll drops what the consumer had queued for its old position:
+    librdkafka counts those records against its prefetch bound until the application polls, so without it
+    the consumer would fetch nothing from ``offset`` until the next read (measured: a read of 12,600
+    records after such a seek took as long as one after a seek at its start, ~55 ms against ~20 ms)."""
+    if not _seek(client, topic, partition, offset):
+        return None
+    got = client.consume(1, 0.0)
+    if not got:
+        return offset
+    msg = got[0]
+    if msg.error() is not None or msg.partition() != partition or msg.offset() < offset:
+        return None
+    return int(msg.offset()) + 1  # the record is dropped: a read from before it seeks back
 
 
 def _close_all(kept: list[_Kept]) -> None:

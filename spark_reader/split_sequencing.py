@@ -84,6 +84,8 @@ class Phases:
     consumers_reused: int = 0
     consumers_sought: int = 0
     consumers_missed: int = 0
+    #: ... and kept consumers of the micro-batch's other partitions advanced to their ends.
+    consumers_advanced: int = 0
     started: float = field(default_factory=time.perf_counter)
     wall_start: float = field(default_factory=time.time)
 

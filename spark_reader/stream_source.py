@@ -53,7 +53,7 @@ from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows, Supp
 from harvest_outbox.kafka_access import AccessWatch
 from harvest_outbox.sequencer import ProducerState
 from harvest_outbox.spark_reader import offsets as offsets_mod
-from harvest_outbox.spark_reader.consumer_pool import WORKER_POOL
+from harvest_outbox.spark_reader.consumer_pool import ADVANCE_BEHIND, WORKER_POOL
 from harvest_outbox.spark_reader.errors import SparkReaderError
 from harvest_outbox.spark_reader.kafka_arrow import iter_ranges, watermarks
 from harvest_outbox.spark_reader.policy import UUIDPolicyName
@@ -138,26 +138,54 @@ class KafkaSplit(InputPartition):
     ``start`` (packed) when the micro-batch starts at the query's initial offset; otherwise they
     are in the state files."""
 
-    def __init__(self, run: str, ranges: list[tuple[int, int | None, int, str | None]]) -> None:
+    def __init__(
+        self, run: str, ranges: list[tuple[int, int | None, int, str | None]], others: dict[int, int] | None = None
+    ) -> None:
         self.run, self.ranges = run, ranges
+        #: The micro-batch's other partitions (read by other tasks) and their end offsets: the task
+        #: advances its worker's kept consumers of them (:meth:`ConsumerPool.advance`).
+        self.others = others or {}
 
 
 def group_ranges(
     ranges: list[tuple[int, int | None, int, str | None]], tasks: int | None
 ) -> list[list[tuple[int, int | None, int, str | None]]]:
     """The micro-batch's partition ranges in at most ``tasks`` groups (None: one per partition) of
-    about equal records, largest first into the least loaded group; each group in partition order.
-    A Python task costs Spark tens of milliseconds whatever it reads, and a consumer ~20 ms: a
-    micro-batch of 8 partitions on 2 cores reads faster as 2 tasks of 4 partitions than as 8."""
+    about equal records; each group in partition order, the groups in the order of their first
+    partition. A Python task costs Spark tens of milliseconds whatever it reads, and a consumer
+    ~20 ms: a micro-batch of 8 partitions on 2 cores reads faster as 2 tasks of 4 partitions than as 8.
+
+    The partitions are dealt round-robin (the i-th partition in order to group ``i % tasks``) when
+    that is about as balanced as filling the least loaded group largest first, so a stream whose
+    partitions get equal shares reads each partition in the same task index every micro-batch: a
+    Python worker that ran that index before goes on with the consumers it kept
+    (:mod:`spark_reader.consumer_pool`), where the largest-first fill reshuffled the groups whenever
+    one partition's range came out a record longer."""
     if tasks is None or tasks >= len(ranges):
         return [[r] for r in ranges]
-    groups: list[list[tuple[int, int | None, int, str | None]]] = [[] for _ in range(max(1, tasks))]
-    load = [0] * len(groups)
-    for r in sorted(ranges, key=lambda r: (-(r[2] - (r[1] or 0)), r[0])):
+    n = max(1, tasks)
+
+    def size(r: tuple[int, int | None, int, str | None]) -> int:
+        return r[2] - (r[1] or 0)
+
+    dealt: list[list[tuple[int, int | None, int, str | None]]] = [[] for _ in range(n)]
+    for i, r in enumerate(sorted(ranges)):
+        dealt[i % n].append(r)
+    filled: list[list[tuple[int, int | None, int, str | None]]] = [[] for _ in range(n)]
+    load = [0] * n
+    for r in sorted(ranges, key=lambda r: (-size(r), r[0])):
         i = load.index(min(load))
-        groups[i].append(r)
-        load[i] += r[2] - (r[1] or 0)
-    return [sorted(g) for g in groups if g]
+        filled[i].append(r)
+        load[i] += size(r)
+    dealt_load = [sum(size(r) for r in g) for g in dealt]
+    biggest = max(size(r) for r in ranges)
+    balanced = max(dealt_load) <= max(load) * _DEALT_SLACK and max(dealt_load) - min(dealt_load) <= biggest
+    return sorted(sorted(g) for g in (dealt if balanced else filled) if g)
+
+
+#: How much more than the largest-first fill's heaviest group the round-robin deal's may hold and
+#: still be taken (it keeps a partition in the same task index from one micro-batch to the next).
+_DEALT_SLACK = 1.05
 
 
 class CommittedStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
@@ -239,7 +267,12 @@ class CommittedStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
                 StreamStateFiles(self.settings.state_location, end["run"]).put(
                     int(p), first, unpack_states(f"{self.settings.topic}/{p}", initial[p])
                 )
-        return [KafkaSplit(end["run"], group) for group in group_ranges(ranges, self.settings.tasks)]
+        groups = group_ranges(ranges, self.settings.tasks)
+        ends = {p: stop for p, _, stop, _ in ranges}
+        return [
+            KafkaSplit(end["run"], group, {p: e for p, e in ends.items() if p not in {r[0] for r in group}})
+            for group in groups
+        ]
 
     def commit(self, end: dict[str, Any]) -> None:
         files = StreamStateFiles(self.settings.state_location, end["run"])
@@ -279,9 +312,13 @@ class CommittedStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
             out.extend(sequencers[got[0]].feed(got[1]))
         for seq in sequencers.values():
             out.extend(seq.finish())
+        advanced = WORKER_POOL.advanced
+        for p, e in sorted(split.others.items()):
+            WORKER_POOL.advance(s.kafka, s.topic, p, max(0, e - ADVANCE_BEHIND))
         phases.consumers_reused, phases.consumers_sought, phases.consumers_missed = (
             now - before for now, before in zip(WORKER_POOL.counts(), pool_before, strict=True)
         )
+        phases.consumers_advanced = WORKER_POOL.advanced - advanced
         t = time.perf_counter()
         for p, seq in sequencers.items():
             files.put(p, reads[p][1], seq.end_states)

@@ -15,8 +15,8 @@ from harvest_outbox.spark_reader.kafka_arrow import iter_ranges
 
 
 class _Client:
-    """Stands in for a confluent-kafka consumer in the pool's own rules (the pool only seeks and closes
-    it); ``refuse``: its seek fails as librdkafka's does for a partition it is not fetching."""
+    """Stands in for a confluent-kafka consumer in the pool's own rules (the pool only seeks, polls once
+    after an advance, and closes it); ``refuse``: its seek fails as librdkafka's does for a partition it is not fetching."""
 
     def __init__(self, refuse: bool = False) -> None:
         self.closed, self.refuse = False, refuse
@@ -28,6 +28,9 @@ class _Client:
         if self.refuse:
             raise KafkaException(KafkaError(KafkaError._STATE))
         self.sought.append(tp.offset)  # type: ignore[attr-defined]
+
+    def consume(self, num_messages: int, timeout: float) -> list[object]:  # nothing fetched yet
+        return []
 
     def close(self) -> None:
         assert not self.closed, "closed twice"
@@ -45,6 +48,7 @@ def _offsets(batches: list[pa.RecordBatch]) -> list[int]:
 
 
 KAFKA = {"kafka.bootstrap.servers": "b:1", "kafka.sasl.password": "s3cret"}
+SKIP = consumer_pool.SKIP_RECORDS
 
 
 @pytest.mark.parametrize(
@@ -54,10 +58,11 @@ KAFKA = {"kafka.bootstrap.servers": "b:1", "kafka.sasl.password": "s3cret"}
         (95, False, 100, list(range(95, 100)), (1, 0, 0)),  # an open span's begin inside the tail
         (80, False, 100, list(range(80, 100)), (1, 0, 0)),  # the tail's first record
         (79, False, 79, [], (0, 1, 0)),  # before the tail: sought there
-        (150, False, 150, [], (0, 1, 0)),  # past the kept position (another worker read on): sought there
+        (150, False, 150, [], (1, 0, 0)),  # a little past the kept position: read on, the read drops 100-149
+        (100 + SKIP + 1, False, 100 + SKIP + 1, [], (0, 1, 0)),  # far past (another worker read on): sought
         (79, True, None, None, (0, 0, 1)),  # a seek refused: closed, the read makes a new consumer
     ],
-    ids=["at-position", "inside-tail", "tail-start", "before-tail", "past-position", "seek-refused"],
+    ids=["at-position", "inside-tail", "tail-start", "before-tail", "skip-ahead", "past-position", "seek-refused"],
 )
 def test_a_lease_serves_exactly_the_records_before_its_position(
     read_from: int, refuse: bool, position: int | None, head: list[int] | None, counts: tuple[int, int, int]
@@ -71,9 +76,37 @@ def test_a_lease_serves_exactly_the_records_before_its_position(
     else:
         assert lease is not None and lease.client is client and not client.closed
         assert lease.position == position and _offsets(lease.head) == head
-        assert client.sought == ([] if position == 100 else [read_from])
+        assert client.sought == ([read_from] if counts[1] else [])
     assert len(pool) == 0  # lent (or closed): never to two reads at once
     assert pool.take(KAFKA, "t", 0, 100) is None
+
+
+def test_advancing_moves_only_a_consumer_kept_before_the_target_and_drops_its_tail() -> None:
+    """advance: a kept consumer behind the target is sought there, keeps no tail (a read from before it
+    seeks back) and is lent from there; one at or past the target, or none, or one advanced
+    MAX_ADVANCES times since its last read, is left alone; a refused seek closes it."""
+    pool, client = ConsumerPool(), _Client()
+    pool.give(KAFKA, "t", 0, client, 100, [_batch(80, 20)])
+    assert not pool.advance(KAFKA, "t", 0, 100) and not pool.advance(KAFKA, "t", 1, 500)
+    assert pool.advance(KAFKA, "t", 0, 400) and client.sought == [400] and pool.advanced == 1
+    assert not pool.advance(KAFKA, "t", 0, 300)  # already past: stays at 400
+    lease = pool.take(KAFKA, "t", 0, 410)  # the next read from an open span's begin just past it: read on
+    assert lease is not None and lease.position == 410 and lease.head == [] and client.sought == [400]
+    pool.give(KAFKA, "t", 0, client, 600, [_batch(580, 20)])
+    assert pool.advance(KAFKA, "t", 0, 900)
+    lease = pool.take(KAFKA, "t", 0, 590)  # before the advanced position: the old tail is gone, sought back
+    assert lease is not None and lease.position == 590 and client.sought == [400, 900, 590]
+    pool.give(KAFKA, "t", 0, client, 700, [])
+    for n in range(consumer_pool.MAX_ADVANCES):  # advanced again and again while other workers read
+        assert pool.advance(KAFKA, "t", 0, 1000 * (n + 1))
+    assert not pool.advance(KAFKA, "t", 0, 9000)  # MAX_ADVANCES in a row without a read: left where it is
+    lease = pool.take(KAFKA, "t", 0, 1000 * consumer_pool.MAX_ADVANCES)
+    assert lease is not None
+    pool.give(KAFKA, "t", 0, lease.client, 9000, [])
+    assert pool.advance(KAFKA, "t", 0, 10_000)  # read again: advanced again
+    refusing = _Client(refuse=True)
+    pool.give(KAFKA, "t", 1, refusing, 10, [])
+    assert not pool.advance(KAFKA, "t", 1, 20) and refusing.closed and len(pool) == 1  # partition 0 stays
 
 
 def test_the_tail_is_a_bounded_copy_of_the_reads_last_records(monkeypatch) -> None:
@@ -155,4 +188,18 @@ def test_a_streams_successive_reads_through_the_pool_equal_new_consumers_reads(k
         kept.assignment()  # closed
     last = {0: (cut[0][4] + 2, ends[0]), 1: (cut[1][4], ends[1])}
     assert read(last, 100_000) == expected(last)
+    # Another task read partition 0 on: this worker's consumer is advanced to a little before where that
+    # read ended, and the next read, from an open span's begin just past that, reads on from it.
+    assert pool.advance(opts, topic, 0, cut[0][1]) is False  # already past: left alone
+    lent = pool.take(opts, topic, 0, cut[0][1])  # lent back at cut[0][1] (sought), then kept there
+    assert lent is not None
+    pool.give(opts, topic, 0, lent.client, cut[0][1], [])
+    assert pool.advance(opts, topic, 0, cut[0][3])
+    for ranges, counts in (
+        ({0: (cut[0][3] + 3, cut[0][4])}, (1, 0, 0)),  # read on from the advanced position, 3 records dropped
+        ({0: (cut[0][2], cut[0][3])}, (0, 1, 0)),  # before it: sought back
+    ):
+        before = pool.counts()
+        assert read(ranges) == expected(ranges), ranges
+        assert tuple(n - b for n, b in zip(pool.counts(), before, strict=True)) == counts, ranges
     pool.close()

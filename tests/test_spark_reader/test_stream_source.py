@@ -242,6 +242,29 @@ def test_a_micro_batch_is_read_in_at_most_tasks_groups_of_whole_partitions() -> 
         assert len(groups) == tasks
         assert sorted(r for g in groups for r in g) == sorted(ranges)
         assert all(g == sorted(g) for g in groups)
+        assert [g[0][0] for g in groups] == sorted(g[0][0] for g in groups)
         loads = [sum(r[2] - (r[1] or 0) for r in g) for g in groups]
         biggest = max(r[2] - (r[1] or 0) for r in ranges)
         assert max(loads) - min(loads) <= biggest, (tasks, loads)
+
+
+@pytest.mark.parametrize("longer", range(8))
+def test_a_partition_keeps_its_task_index_while_the_shares_stay_about_equal(longer: int) -> None:
+    """Equal shares, or one partition's a record longer (Spark's limit spread over 8 partitions):
+    the same groups in the same order, so each task index reads the same partitions every
+    micro-batch (its Python worker's kept consumers go on). Skewed shares are balanced instead."""
+    from harvest_outbox.spark_reader.stream_source import group_ranges
+
+    def batch(sizes: list[int]) -> list[tuple[int, int | None, int, str | None]]:
+        return [(p, 1000, 1000 + n, None) for p, n in enumerate(sizes)]
+
+    def partitions(groups: list[list[tuple[int, int | None, int, str | None]]]) -> list[list[int]]:
+        return [[r[0] for r in g] for g in groups]
+
+    even = partitions(group_ranges(batch([12_600] * 8), 2))
+    assert even == [[0, 2, 4, 6], [1, 3, 5, 7]]
+    sizes = [12_600] * 8
+    sizes[longer] += 1
+    assert partitions(group_ranges(batch(sizes), 2)) == even
+    skewed = group_ranges(batch([90_000, 100, 90_000, 100, 100, 100, 100, 100]), 2)
+    assert partitions(skewed) == [[0, 1, 4, 6], [2, 3, 5, 7]]
