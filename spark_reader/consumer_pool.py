@@ -70,10 +70,12 @@ ADVANCE_BEHIND = 1024
 #: A read starting at most this many records past a kept consumer's position reads on from it (dropping
 #: them) instead of seeking: dropping ~2,000 fetched records costs ~1 ms, a seek waits for new fetches.
 SKIP_RECORDS = 2 * ADVANCE_BEHIND
-#: A kept consumer is advanced at most this many times in a row without a read: each advance fetches
-#: its partition's next records again, so a worker does it only for partitions it reads in turn with
-#: another (two workers alternating), not for every partition it ever read (a large cluster).
-MAX_ADVANCES = 3
+#: A kept consumer is advanced at most this many times in a row without a read. Each advance makes it
+#: fetch its partition's next records again (up to ``queued.min.messages``, 16,384 here), so a worker
+#: does it for the partitions it read lately, not for every partition it ever read: at most this many
+#: refetches of a partition's share per read of it, whatever the cluster's size. Two workers handed the
+#: same tasks 3 micro-batches in a row were common (3 was too few: such a run ended in seeks).
+MAX_ADVANCES = 8
 
 
 @dataclass
