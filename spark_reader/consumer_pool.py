@@ -111,7 +111,6 @@ class _Kept:
     advanced: int = 0  # advances since its last read
 
 
-
 _Key = tuple[str, int, tuple[tuple[str, str], ...]]
 
 

@@ -129,8 +129,9 @@ def watermarks(
         raise ReaderConfigError(f"topic {topic!r}: {exc}") from None
     meta = listed.topics.get(topic)
     if meta is None or meta.error is not None or not meta.partitions:
-        raise SparkReaderError(
-            f"topic {topic!r} does not exist or has no partitions ({meta.error if meta else 'unknown'})"
+        raise ReaderConfigError(
+            f"topic {topic!r} does not exist or has no partitions ({meta.error if meta else 'unknown'}); "
+            "check the name and kafka.bootstrap.servers"
         )
     return {p: client.get_watermark_offsets(TopicPartition(topic, p), timeout=30) for p in sorted(meta.partitions)}
 

@@ -86,7 +86,19 @@ def resolve(
     starting: bytes | None,
     ending: str | Mapping[int, int],
     timeout: float = 30.0,
+    marks: Mapping[int, tuple[int, int]] | None = None,
 ) -> ReadRange:
+    """The read's range. ``marks``: the topic's ``{partition: (low, high)}`` watermarks when the caller
+    has them (a stream's driver asks its kept consumer); otherwise a consumer made here asks."""
+    if marks is None:
+        low, high = _watermarks(topic, kafka_options, timeout)
+    else:
+        low = {p: lo for p, (lo, _) in sorted(marks.items())}
+        high = {p: hi for p, (_, hi) in sorted(marks.items())}
+    return _resolve(topic, starting, ending, low, high)
+
+
+def _watermarks(topic: str, kafka_options: Mapping[str, str], timeout: float) -> tuple[dict[int, int], dict[int, int]]:
     from confluent_kafka import Consumer, TopicPartition
 
     conf = client_config(kafka_options)
@@ -111,7 +123,12 @@ def resolve(
             low[p], high[p] = lo, hi
     finally:
         consumer.close()
+    return low, high
 
+
+def _resolve(
+    topic: str, starting: bytes | None, ending: str | Mapping[int, int], low: dict[int, int], high: dict[int, int]
+) -> ReadRange:
     offsets: dict[str, int] = {}
     states: list[ProducerState] = []
     if starting is not None:

@@ -218,7 +218,8 @@ class CommittedStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
     def initialOffset(self) -> dict[str, Any]:
         s = self.settings
         starting = base64.b64decode(s.starting) if s.starting else None
-        rng = offsets_mod.resolve(s.topic, s.kafka, starting, "latest")
+        # the driver's kept consumer (Spark may ask twice at a query's start: a consumer each cost ~60 ms)
+        rng = offsets_mod.resolve(s.topic, s.kafka, starting, "latest", marks=self._watermarks())
         by_partition: dict[int, list[ProducerState]] = {p: [] for p in rng.start}
         for (p, _), st in sorted(rng.states.items()):
             by_partition.setdefault(p, []).append(st)
