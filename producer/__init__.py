@@ -16,8 +16,9 @@ Embedded use::
 
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING, Any
+
+from harvest_outbox._lazy import exports
 
 # The names below (and __version__) load on first use (PEP 562), not with the package: the `harvest`
 # command installs its stop-signal handlers before the relay's dependencies (psycopg, confluent-kafka)
@@ -36,7 +37,10 @@ _EXPORTS = {
     "relay.events": ("LeaderAcquired", "LeaderFenced", "LeaderRefreshed", "LeaderRevoked", "MeterRead"),
     "harvest": ("Harvest",),
     "schema.ddl": ("init_db",),
-    "stash.stasher": ("OutboxRecord", "Stasher", "stash", "stash_many"),
+    # Not the one-call ``stash()``: ``harvest_outbox.producer.stash`` is the stashing package, and Python
+    # binds that name to the package whenever it is imported (it shadowed the function, so the name gave
+    # one or the other by import order). The function is ``harvest_outbox.producer.stash.stasher.stash``.
+    "stash.stasher": ("OutboxRecord", "Stasher", "stash_many"),
     "stash.async_stasher": ("AsyncStasher",),
 }
 _MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in names}
@@ -62,7 +66,10 @@ if TYPE_CHECKING:
     )
     from harvest_outbox.producer.schema.ddl import init_db
     from harvest_outbox.producer.stash.async_stasher import AsyncStasher
-    from harvest_outbox.producer.stash.stasher import OutboxRecord, Stasher, stash, stash_many
+    from harvest_outbox.producer.stash.stasher import OutboxRecord, Stasher, stash_many
+
+
+_lazy_getattr, __dir__ = exports(__name__, _MODULE_OF, listed=("__version__",))
 
 
 def __getattr__(name: str) -> Any:
@@ -71,16 +78,7 @@ def __getattr__(name: str) -> Any:
 
         globals()[name] = value = harvest_outbox.__version__
         return value
-    module = _MODULE_OF.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *_MODULE_OF, "__version__"})
+    return _lazy_getattr(name)
 
 
 __all__ = [
@@ -105,6 +103,5 @@ __all__ = [
     "__version__",
     "init_db",
     "load_yaml",
-    "stash",
     "stash_many",
 ]

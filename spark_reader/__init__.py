@@ -11,8 +11,9 @@ those import only the modules the source itself needs, not the batch reader's.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from harvest_outbox._lazy import exports
 
 if TYPE_CHECKING:
     from harvest_outbox.spark_reader.batch import CommittedRead, read_committed, readCommitted
@@ -47,14 +48,4 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    module = _WHERE.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *__all__})
+__getattr__, __dir__ = exports(__name__, _WHERE)

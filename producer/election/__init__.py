@@ -16,8 +16,9 @@ neither confluent-kafka nor psycopg; the relay's modules import the submodule th
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from harvest_outbox._lazy import exports
 
 _MODULE_OF = {
     "ElectionListener": "neli",
@@ -48,17 +49,7 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    module = _MODULE_OF.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *_MODULE_OF})
+__getattr__, __dir__ = exports(__name__, _MODULE_OF)
 
 
 if TYPE_CHECKING:
