@@ -23,8 +23,9 @@ Invariants (tests/test_producer/encode/test_avro_batch.py, against confluent-kaf
   ``ValidationError``, naming the field; the compiled pass writes only what fastavro's validate
   accepts, with the bytes fastavro writes (tests/test_producer/encode/test_avro_compiled.py);
 - :func:`loads` accepts exactly what ``json.loads`` accepts, with the same result: orjson first, the
-  stdlib on whatever orjson refuses (NaN, lone surrogates, UTF-16) and on rows with a run of 19 or
-  more digits (orjson reads an integer beyond 64 bits as a float), so the rows that are "not JSON"
+  stdlib on whatever orjson refuses (NaN, lone surrogates, UTF-16) and on rows that may hold an
+  integer beyond 64 bits (orjson reads one as a float: a top-level float of magnitude 2**63 or more, or,
+  where values are nested, a run of 19 or more digits in the text), so the rows that are "not JSON"
   are the stdlib's, with its error message.
 """
 
@@ -54,16 +55,38 @@ _DIGITS = bytes(48 if 48 <= c <= 57 else 32 for c in range(256))
 #: orjson turns an integer literal outside [-2**63, 2**64) into a float (json.loads keeps an int);
 #: such a literal has at least 19 digits, so rows with a 19-digit run are left to the stdlib.
 _LONG_RUN = b"0" * 19
+#: ... and that float's magnitude is at least 2**63: a parse whose floats are all smaller held no such
+#: literal.
+_INT_FLOAT = float(2**63)
 
 
 def loads(raw: bytes | str) -> Any:
     """``raw`` parsed as ``json.loads`` parses it (see the module's invariants); raises ValueError."""
-    if _fast_loads is not None and type(raw) is bytes and _LONG_RUN not in raw.translate(_DIGITS):
+    if _fast_loads is not None and type(raw) is bytes:
         try:
-            return _fast_loads(raw)
+            value = _fast_loads(raw)
         except ValueError:
-            pass  # the stdlib decides (and words the error): it accepts NaN, lone surrogates, UTF-16
+            return json.loads(raw)  # the stdlib decides (and words the error): it accepts NaN, lone surrogates, UTF-16
+        exact = _no_int_floats(value)
+        if exact or (exact is None and _LONG_RUN not in raw.translate(_DIGITS)):
+            return value
     return json.loads(raw)
+
+
+def _no_int_floats(value: Any) -> bool | None:
+    """Whether orjson's parse ``value`` holds no float that could be an integer literal it turned into one:
+    True when no top-level value is a float of magnitude 2**63 or more, False when one is, None when a
+    nested object or array would need a walk (the caller then scans the text for a 19-digit run: ~0.5 µs
+    for a row of ~100 bytes, against ~0.15 µs for this look at a flat row's values)."""
+    values = value.values() if type(value) is dict else value if type(value) is list else (value,)
+    for v in values:
+        t = type(v)
+        if t is float:
+            if not -_INT_FLOAT < v < _INT_FLOAT:
+                return False
+        elif t is dict or t is list:
+            return None
+    return True
 
 
 def _leave_to_fastavro(value: Any) -> bytes:

@@ -229,6 +229,10 @@ def test_relay_encoder_resolves_once_per_batch_writes_directly_and_parks_poison(
         b'  {"ws": 1}  \n',
         b"[1, 2]",
         b'"just a string"',
+        b'{"nested": {"big": 99999999999999999999}, "f": 1.5}',
+        b"[1, 18446744073709551616, 2.5]",
+        b'{"float": 1e19, "neg": -9.3e18, "small": 9.2e18}',
+        b"-9223372036854775809",
     ],
     ids=[
         "plain",
@@ -243,6 +247,10 @@ def test_relay_encoder_resolves_once_per_batch_writes_directly_and_parks_poison(
         "whitespace",
         "array",
         "string",
+        "nested-big-int",
+        "array-big-int",
+        "big-float-literals",
+        "scalar-big-int",
     ],
 )
 def test_loads_parses_what_json_loads_parses(raw: bytes) -> None:
