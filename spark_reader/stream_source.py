@@ -147,6 +147,11 @@ class KafkaSplit(InputPartition):
         self.others = others or {}
 
 
+#: How much more than the largest-first fill's heaviest group the round-robin deal's may hold and
+#: still be taken (it keeps a partition in the same task index from one micro-batch to the next).
+_DEALT_SLACK = 1.05
+
+
 def group_ranges(
     ranges: list[tuple[int, int | None, int, str | None]], tasks: int | None
 ) -> list[list[tuple[int, int | None, int, str | None]]]:
@@ -181,11 +186,6 @@ def group_ranges(
     biggest = max(size(r) for r in ranges)
     balanced = max(dealt_load) <= max(load) * _DEALT_SLACK and max(dealt_load) - min(dealt_load) <= biggest
     return sorted(sorted(g) for g in (dealt if balanced else filled) if g)
-
-
-#: How much more than the largest-first fill's heaviest group the round-robin deal's may hold and
-#: still be taken (it keeps a partition in the same task index from one micro-batch to the next).
-_DEALT_SLACK = 1.05
 
 
 class CommittedStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
