@@ -104,6 +104,10 @@ def test_advancing_moves_only_a_consumer_kept_before_the_target_and_drops_its_ta
     assert lease is not None
     pool.give(KAFKA, "t", 0, lease.client, 9000, [])
     assert pool.advance(KAFKA, "t", 0, 10_000)  # read again: advanced again
+    failing = _Client()
+    failing.consume = lambda n, t: (_ for _ in ()).throw(RuntimeError("closed"))  # type: ignore[method-assign]
+    pool.give(KAFKA, "t", 2, failing, 10, [])
+    assert not pool.advance(KAFKA, "t", 2, 20) and failing.closed  # a failed poll: closed, the task goes on
     refusing = _Client(refuse=True)
     pool.give(KAFKA, "t", 1, refusing, 10, [])
     assert not pool.advance(KAFKA, "t", 1, 20) and refusing.closed and len(pool) == 1  # partition 0 stays
