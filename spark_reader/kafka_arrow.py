@@ -333,9 +333,9 @@ def _from_position(msgs: list[Any], partition: int, position: int) -> list[Any]:
     if skip <= 0 or skip > len(msgs) or first.partition() != partition or first.error() is not None:
         return msgs
     dropped = msgs[:skip]
-    if dropped[-1].offset() != position - 1 or [
-        m for m in dropped if m.error() is not None or m.partition() != partition
-    ]:
+    if dropped[-1].offset() != position - 1 or any(
+        m.error() is not None or m.partition() != partition for m in dropped
+    ):
         return msgs
     return msgs[skip:]
 

@@ -268,12 +268,12 @@ class CommittedStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
                 StreamStateFiles(self.settings.state_location, end["run"]).put(
                     int(p), first, unpack_states(f"{self.settings.topic}/{p}", initial[p])
                 )
-        groups = group_ranges(ranges, self.settings.tasks)
         ends = {p: stop for p, _, stop, _ in ranges}
-        return [
-            KafkaSplit(end["run"], group, {p: e for p, e in ends.items() if p not in {r[0] for r in group}})
-            for group in groups
-        ]
+        splits = []
+        for group in group_ranges(ranges, self.settings.tasks):
+            mine = {r[0] for r in group}
+            splits.append(KafkaSplit(end["run"], group, {p: e for p, e in ends.items() if p not in mine}))
+        return splits
 
     def commit(self, end: dict[str, Any]) -> None:
         files = StreamStateFiles(self.settings.state_location, end["run"])
