@@ -92,6 +92,8 @@ SCHEMA = "b_t{:03d}"
 SINGLE_SCHEMA = "b_single"
 #: Part 2's 10 one-outbox processes' outboxes.
 PROCESS_SCHEMAS = [f"b_p{i:03d}" for i in range(FLEET)]
+#: The outboxes of part 2's fleet run by worker processes (``fleet.workers``).
+WORKER_SCHEMAS = [f"b_w{i:03d}" for i in range(FLEET)]
 #: Connections the bench itself may still open while a fleet runs (its watcher, writer, filler, spares).
 OWN_MARGIN = 8
 PARTS = ("idle", "processes", "standby", "cpu", "fairness")
@@ -167,8 +169,9 @@ def fits(size: int, per_outbox: float, max_connections: int, reserved: int, open
 
 
 def led_ids(log_text: str, name: str) -> set[str]:
-    """The outbox ids a fleet named ``name`` logged ``<name>/<id>: elected leader`` for."""
-    return set(re.findall(rf" {re.escape(name)}/(\S+): elected leader", log_text))
+    """The outbox ids a fleet named ``name`` (or its worker processes, ``<name>-w<k>``) logged
+    ``<name>/<id>: elected leader`` for."""
+    return set(re.findall(rf" {re.escape(name)}(?:-w\d+)?/(\S+): elected leader", log_text))
 
 
 def window_latencies_ms(
@@ -233,6 +236,12 @@ class Sample:
     threads: int
 
     @classmethod
+    def of_all(cls, pids: Sequence[int]) -> Sample:
+        """The sum over ``pids`` (a fleet's supervisor and its workers)."""
+        parts = [cls.of(p) for p in pids]
+        return cls(*(sum(getattr(x, f) for x in parts) for f in ("cpu_s", "system_s", "rss_kb", "pss_kb", "threads")))
+
+    @classmethod
     def of(cls, pid: int) -> Sample:
         status = status_fields(_read(f"/proc/{pid}/status"))
         user, system = stat_cpu_ticks(_read(f"/proc/{pid}/stat"))
@@ -259,6 +268,7 @@ class Relay:
         fleet: bool,
         sequenced: bool,
         statement_connections: int | None = None,
+        workers: int = 1,
     ) -> None:
         from psycopg.conninfo import make_conninfo
 
@@ -276,14 +286,14 @@ class Relay:
             *(["  uuidSequencing: true"] if sequenced else []),
         ]
         if fleet:
+            options = {
+                **({"statementConnections": statement_connections} if statement_connections is not None else {}),
+                **({"workers": workers} if workers > 1 else {}),
+            }
             lines += [
                 "outboxes:",
                 *(f"  - {{id: {i}, outboxTable: {t}}}" for i, t in zip(self.ids, tables, strict=True)),
-                *(
-                    [f"fleet: {{statementConnections: {statement_connections}}}"]
-                    if statement_connections is not None
-                    else []
-                ),
+                *([f"fleet: {{{', '.join(f'{k}: {v}' for k, v in options.items())}}}"] if options else []),
             ]
         else:
             lines.append(f"  outboxTable: {tables[0]}")
@@ -302,6 +312,10 @@ class Relay:
     def pid(self) -> int:
         assert self.process.proc is not None
         return int(self.process.proc.pid)
+
+    def pids(self) -> list[int]:
+        """The process and its children (a fleet's worker processes)."""
+        return [self.pid, *children(self.pid)]
 
     def led(self) -> set[str]:
         text = self.process.text()
@@ -323,6 +337,14 @@ class Relay:
 
     def stop(self) -> None:
         self.process.stop(120)
+
+
+def children(pid: int) -> list[int]:
+    """``pid``'s child processes (Linux's ``/proc/<pid>/task/<tid>/children``)."""
+    out: list[int] = []
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        out += [int(c) for c in _read(str(task / "children")).split()]
+    return out
 
 
 def stop_all(relays: Sequence[Relay]) -> None:
@@ -579,12 +601,13 @@ def drain(db: Db, relays: Sequence[Relay], schemas: Sequence[str], rows: int, to
     from just before the commit until every outbox is empty."""
     per = rows // len(schemas)
     parts = [(s, per + (1 if i < rows % len(schemas) else 0)) for i, s in enumerate(schemas)]
-    before = [Sample.of(r.pid) for r in relays]
+    pids = [r.pids() for r in relays]
+    before = [Sample.of_all(p) for p in pids]
     t0 = time.monotonic()
     db.fill(parts, topic)
     db.wait_empty(schemas, 600)
     elapsed = time.monotonic() - t0
-    after = [Sample.of(r.pid) for r in relays]
+    after = [Sample.of_all(p) for p in pids]
     cpu = sum(a.cpu_s - b.cpu_s for a, b in zip(after, before, strict=True))
     system = sum(a.system_s - b.system_s for a, b in zip(after, before, strict=True))
     return {
@@ -594,6 +617,23 @@ def drain(db: Db, relays: Sequence[Relay], schemas: Sequence[str], rows: int, to
         "cpu_s": cpu,
         "system_share": system / cpu if cpu else 0.0,
     }
+
+
+def _wait_spread(relay: Relay, workers: int, timeout: float = 60) -> dict[str, list[str]]:
+    """Until the balance has given every worker of ``relay`` (a fleet run by worker processes) some of its
+    outboxes (a worker's leadership as the log says it now: elected, not stopped since); returns who leads what."""
+    name = re.escape(relay.name)
+    deadline = time.monotonic() + timeout
+    while True:
+        led: dict[str, set[str]] = {}
+        for line in relay.process.text().splitlines():
+            if m := re.search(rf" {name}-w(\d+)/(\S+): elected leader", line):
+                led.setdefault(m.group(1), set()).add(m.group(2))
+            elif m := re.search(rf"relay {name}-w(\d+)/(\S+) stopped$", line):
+                led.get(m.group(1), set()).discard(m.group(2))
+        if len([w for w in led.values() if w]) == workers or time.monotonic() > deadline:
+            return {w: sorted(ids) for w, ids in sorted(led.items())}
+        time.sleep(0.5)
 
 
 # ----------------------------------------------------------------------------- part 3
@@ -796,6 +836,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--warm-records", type=int, help=f"records produced untimed first (default {FULL['warm_records']:,})"
     )
+    ap.add_argument(
+        "--workers",
+        type=int,
+        default=2,
+        help="part 2's fifth side: a fleet run by this many worker processes (fleet.workers); 1: not run (default 2)",
+    )
     ap.add_argument("--sequenced", action="store_true", help="uuidSequencing: true (default: at-least-once)")
     ap.add_argument(
         "--cpu-outboxes", type=int, default=FLEET, help=f"outboxes of part 2's and 3's fleet (default {FLEET})"
@@ -832,7 +878,7 @@ def main(argv: list[str] | None = None) -> int:
         _log(f"broker warm-up: {args.warm_records} records (untimed)")
         result["setup"]["broker_warmup_s"] = warm_broker(bootstrap, args.warm_records)
         _log(f"{max_size + 1} outboxes: init_db")
-        db.make_outboxes([*schemas, SINGLE_SCHEMA, *PROCESS_SCHEMAS])
+        db.make_outboxes([*schemas, SINGLE_SCHEMA, *PROCESS_SCHEMAS, *WORKER_SCHEMAS])
         if "idle" in parts:
             result["idle"] = idle_sizes(db, workdir, dsn, bootstrap, args)
         if "processes" in parts:
@@ -855,7 +901,7 @@ def main(argv: list[str] | None = None) -> int:
                 )
             )
     finally:
-        db.drop([*schemas, SINGLE_SCHEMA, *PROCESS_SCHEMAS])
+        db.drop([*schemas, SINGLE_SCHEMA, *PROCESS_SCHEMAS, *WORKER_SCHEMAS])
         db.conn.close()
         if services is not None:
             services.stop()
@@ -901,16 +947,38 @@ def drain_and_fairness(
         if "cpu" in parts
         else []
     )
-    for r in (fleet, single, *processes):
+    workers = (
+        [
+            Relay(
+                workdir,
+                "workers",
+                dsn,
+                bootstrap,
+                [f"{s}.outbox" for s in WORKER_SCHEMAS],
+                True,
+                args.sequenced,
+                args.statement_connections,
+                args.workers,
+            )
+        ]
+        if "cpu" in parts and args.workers > 1
+        else []
+    )
+    for r in (fleet, single, *processes, *workers):
         r.start()
     try:
         out["led_s"] = {"fleet": wait_led([fleet], 120), "single": wait_led([single], 120)}
         if processes:
             out["led_s"]["processes"] = wait_led(processes, 180)
+        if workers:
+            out["led_s"]["workers"] = wait_led(workers, 120)
+            out["workers_led"] = _wait_spread(workers[0], args.workers)
         if "cpu" in parts:
             topic = f"bo-drain-{uuid.uuid4().hex[:8]}"
             create_topic(bootstrap, topic, PARTITIONS)
             runs: dict[str, list[dict[str, float]]] = {"fleet": [], "single": [], "fleet_one_busy": [], "processes": []}
+            if workers:
+                runs["fleet_workers"] = []
 
             def fleet_drain() -> dict[str, float]:
                 return drain(db, [fleet], fleet_schemas, args.rows, topic)
@@ -924,16 +992,22 @@ def drain_and_fairness(
             def processes_drain() -> dict[str, float]:
                 return drain(db, processes, PROCESS_SCHEMAS, args.rows, topic)
 
+            def workers_drain() -> dict[str, float]:
+                return drain(db, workers, WORKER_SCHEMAS, args.rows, topic)
+
             _log("cpu per row: one untimed pair")
             single_drain()
             fleet_drain()
             processes_drain()
+            if workers:
+                workers_drain()
             for repeat in range(args.repeats):
                 sides = [
                     ("single", single_drain),
                     ("fleet", fleet_drain),
                     ("fleet_one_busy", one_busy_drain),
                     ("processes", processes_drain),
+                    *([("fleet_workers", workers_drain)] if workers else []),
                 ]
                 for side, run in sides if repeat % 2 == 0 else sides[::-1]:
                     runs[side].append(run())
@@ -965,6 +1039,20 @@ def drain_and_fairness(
                 [r["cpu_us_per_row"] for r in runs["processes"]],
                 f"CPU per row: one fleet process over {n} outboxes / {FLEET} one-outbox processes (summed)",
             )
+            if workers:
+                recorder.figure(
+                    "cpu_per_row_workers",
+                    [r["cpu_us_per_row"] for r in runs["fleet_workers"]],
+                    [r["cpu_us_per_row"] for r in runs["single"]],
+                    f"relay CPU per row, {args.rows:,} rows over {n} outboxes of a fleet run by {args.workers} worker "
+                    "processes (fleet.workers; supervisor and workers summed) / in one outbox of a one-outbox process",
+                )
+                recorder.figure(
+                    "cpu_per_row_workers_vs_fleet",
+                    [r["cpu_us_per_row"] for r in runs["fleet_workers"]],
+                    [r["cpu_us_per_row"] for r in runs["fleet"]],
+                    f"CPU per row: a fleet run by {args.workers} worker processes / one fleet process, {n} outboxes",
+                )
             recorder.figure(
                 "rows_per_s",
                 [r["rows_per_s"] for r in runs["fleet"]],
@@ -978,6 +1066,7 @@ def drain_and_fairness(
                 "fleet_one_busy": fleet_idle,
                 "single": (sizes.get("1") or {}).get("idle_cpu_share"),
                 "processes": ((result_processes or {}).get("processes") or {}).get("idle_cpu_share"),
+                "fleet_workers": None,
             }
             out["cpu"] = {}
             for side, rs in runs.items():
@@ -990,16 +1079,18 @@ def drain_and_fairness(
                     "system_share": spread([r["system_share"] for r in rs], 3),
                     **({"cpu_us_per_row_less_idle": spread(net, 2)} if net else {}),
                 }
-            if all(out["cpu"][s].get("cpu_us_per_row_less_idle") for s in runs):
+            if all(out["cpu"][s].get("cpu_us_per_row_less_idle") for s in ("fleet", "single")):
                 f, s = (out["cpu"][x]["cpu_us_per_row_less_idle"]["median"] for x in ("fleet", "single"))
                 out["cpu"]["ratio_less_idle_of_medians"] = round(f / s, 3)
-            stop_all(processes)  # not in part 3's way
+            stop_all([*processes, *workers])  # not in part 3's way
         if "fairness" in parts:
             out["fairness"] = fairness(db, fleet, dsn, bootstrap, args, recorder)
-        out["failures"] = {r.name: r.failures() for r in (fleet, single, *processes)}
-        out["failure_reasons"] = {r.name: r.failure_reasons() for r in (fleet, single, *processes) if r.failures()}
+        out["failures"] = {r.name: r.failures() for r in (fleet, single, *processes, *workers)}
+        out["failure_reasons"] = {
+            r.name: r.failure_reasons() for r in (fleet, single, *processes, *workers) if r.failures()
+        }
     finally:
-        stop_all([fleet, single, *processes])
+        stop_all([fleet, single, *processes, *workers])
     return out
 
 

@@ -15,6 +15,7 @@ from typing import Any
 
 from harvest_outbox.producer.errors import ConfigError
 from harvest_outbox.producer.fleet.spec import FleetFile
+from harvest_outbox.producer.fleet.workers import WorkerRole
 
 log = logging.getLogger(__name__)
 
@@ -24,12 +25,15 @@ def run_fleet(
     read_again: Callable[[], FleetFile | None],
     attach: Callable[[Any], None],
     stopped: threading.Event,
+    role: WorkerRole | None = None,
 ) -> int:
     """Run the fleet until a stop signal; ``attach(fleet)`` hands it to the stop signals, ``stopped``
-    is set once one arrived."""
+    is set once one arrived. ``role``: this process is a worker of a supervisor (``fleet.workers``)."""
     from harvest_outbox.producer.fleet.endpoint import start_fleet_endpoint
     from harvest_outbox.producer.fleet.supervisor import Fleet
 
+    if role is not None:
+        role.bind_to_parent()
     _raise_open_files_limit()
     fleet = Fleet(first)
     reload_asked = threading.Event()
@@ -41,6 +45,8 @@ def run_fleet(
             endpoint = start_fleet_endpoint(
                 fleet, first.prometheus_port, first.prometheus_bind_address, first.prometheus_basic_auth
             )
+            if role is not None:
+                role.said_port(endpoint[0].server_port)
         if not stopped.is_set():
             fleet.start()
         while not stopped.is_set():

@@ -60,10 +60,12 @@ from harvest_outbox.producer.errors import ConfigError, shown
 #: The sections of a fleet file.
 FLEET_KEYS = ("harvest", "logging", "outboxes", "discover", "fleet")
 DISCOVER_KEYS = ("dataSource", "schemas", "table", "databases", "harvest")
-OPTION_KEYS = ("discoveryInterval", "restartBackoff", "restartBackoffMax", "statementConnections")
+OPTION_KEYS = ("discoveryInterval", "restartBackoff", "restartBackoffMax", "statementConnections", "workers")
 #: ``fleet.statementConnections``' default and bounds (connections per database and process: docs/fleet.md).
 DEFAULT_STATEMENT_CONNECTIONS = 10
 STATEMENT_CONNECTIONS_RANGE = (0, 1000)
+#: ``fleet.workers``' bounds: worker processes of one fleet (``auto``: one per CPU the process may run on).
+WORKERS_RANGE = (1, 256)
 #: Keys the fleet owns: its endpoint.
 ENDPOINT_KEYS = ("prometheusPort", "prometheusBindAddress", "prometheusBasicAuth")
 _ID = re.compile(r"[^\s%]{1,200}")
@@ -84,6 +86,10 @@ class FleetOptions:
     #: The statement connections the led outboxes of one database share in this process (a pool per
     #: database: producer/db/statement_pool.py). Default 10; 0: no pool (two per led outbox, each its own).
     statement_connections: int = DEFAULT_STATEMENT_CONNECTIONS
+    #: Worker processes the fleet's outboxes are spread over (producer/fleet/workers.py): each runs the
+    #: file as a fleet process of its own, and the balance shares the outboxes between them. Default 1:
+    #: the process relays every outbox itself; ``auto``: one per CPU.
+    workers: int = 1
 
 
 @dataclass(frozen=True)
@@ -422,6 +428,8 @@ def _options(section: Mapping[str, Any]) -> FleetOptions:
         options = dataclasses.replace(
             options, statement_connections=_statement_connections(section["statementConnections"])
         )
+    if "workers" in section:
+        options = dataclasses.replace(options, workers=_workers(section["workers"]))
     if options.restart_backoff_max < options.restart_backoff:
         raise ConfigError("fleet.restartBackoffMax: must be at least fleet.restartBackoff")
     return options
@@ -436,6 +444,28 @@ def _statement_connections(value: Any) -> int:
             f"{DEFAULT_STATEMENT_CONNECTIONS}"
         )
     return value
+
+
+def _workers(value: Any) -> int:
+    low, high = WORKERS_RANGE
+    if value == "auto":
+        return max(low, min(high, cpus()))
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise ConfigError(
+            f"fleet.workers: {shown(value)} must be a whole number of processes from {low} to {high}, or auto "
+            f"(one per CPU), e.g. 2; 1 (the default) relays every outbox in this process"
+        )
+    return value
+
+
+def cpus() -> int:
+    """The CPUs this process may run on (its affinity, which a container's cpuset narrows)."""
+    import os
+
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
 
 
 def _mapping(value: Any, path: str) -> Mapping[str, Any]:

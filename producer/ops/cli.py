@@ -121,6 +121,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--prometheus-bind-address",
         help="address those endpoints listen on (harvest.prometheusBindAddress, default 0.0.0.0)",
     )
+    # A fleet's worker process (fleet.workers), started by its supervisor: not for users.
+    run.add_argument("--fleet-worker", help=argparse.SUPPRESS)
+    run.add_argument("--fleet-worker-port-file", help=argparse.SUPPRESS)
     run.add_argument(
         "--uuid-sequencing",
         action="store_true",
@@ -242,10 +245,13 @@ def printable(text: object) -> str:
     return "".join(c if c.isprintable() else repr(c)[1:-1] for c in s)
 
 
-def _setup_logging(level: str) -> None:
+def _setup_logging(level: str, tag: str = "") -> None:
+    """``tag``: what starts each line's text (a fleet worker's ``[w1]``: its lines share the supervisor's stream)."""
     level = level.upper()
     py_level = {"TRACE": logging.DEBUG, "WARN": logging.WARNING}.get(level, getattr(logging, level, logging.INFO))
-    logging.basicConfig(level=py_level, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=py_level, stream=sys.stderr, format=f"%(asctime)s %(levelname)s {tag}%(name)s: %(message)s"
+    )
 
 
 def _load(args: argparse.Namespace, extra: dict[str, Any] | None = None, kafka: bool = True) -> FileConfig:
@@ -301,6 +307,8 @@ def _run(args: argparse.Namespace, signals: StopSignals) -> int:
     if args.file and args.outbox is None:  # with --outbox: that outbox's relay alone
         fleet = _load_fleet(args, flags)
         if fleet is not None:
+            if fleet.options.workers > 1 and args.fleet_worker is None:
+                return _run_workers(args, signals, fleet)
             return _run_fleet(args, signals, flags, fleet)
     cfg = _load(args, flags)
     log.info("harvest %s starting: %r", producer.__version__, cfg.harvest)
@@ -335,7 +343,8 @@ def _load_fleet(args: argparse.Namespace, flags: dict[str, Any], again: bool = F
         return None
     for outbox in fleet.listed:
         outbox.config.check_kafka_properties()
-    _setup_logging(fleet.log_level)
+    worker = getattr(args, "fleet_worker", None)
+    _setup_logging(fleet.log_level, f"[w{worker.split('/')[0]}] " if worker else "")
     for note in fleet.notes:
         log.log(note.level, "%s", note.message)
     return fleet
@@ -351,7 +360,29 @@ def _run_fleet(args: argparse.Namespace, signals: StopSignals, flags: dict[str, 
         len(fleet.discoveries),
         "y" if len(fleet.discoveries) == 1 else "ies",
     )
-    return run_fleet(fleet, lambda: _load_fleet(args, flags, again=True), signals.attach, signals.requested)
+    role = None
+    if args.fleet_worker is not None:
+        from harvest_outbox.producer.fleet.workers import WorkerRole
+
+        try:
+            role = WorkerRole.parse(args.fleet_worker, args.fleet_worker_port_file)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+    return run_fleet(fleet, lambda: _load_fleet(args, flags, again=True), signals.attach, signals.requested, role)
+
+
+def _run_workers(args: argparse.Namespace, signals: StopSignals, fleet: Any) -> int:
+    from harvest_outbox.producer.fleet.workers import run_workers
+
+    log.info(
+        "harvest %s starting a fleet of %d worker processes: %d listed outbox(es), %d discovery entr%s",
+        producer.__version__,
+        fleet.options.workers,
+        len(fleet.listed),
+        len(fleet.discoveries),
+        "y" if len(fleet.discoveries) == 1 else "ies",
+    )
+    return run_workers(fleet, args.argv, signals.attach, signals.requested)
 
 
 def _init_db(args: argparse.Namespace) -> int:
@@ -601,6 +632,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         argv = ["run", *argv]  # goharvest's reaper: `harvest -f harvest.yaml`
     try:
         args = build_parser().parse_args(argv)
+        args.argv = argv  # a fleet's supervisor starts its workers with these
         if args.command != "run":
             signals.release()  # the other commands are short: a signal ends them as it would any process
     except SystemExit:

@@ -1,0 +1,301 @@
+"""``fleet.workers: N``: one fleet file relayed by N worker processes under one supervisor.
+
+A fleet process runs every relay it leads on one interpreter: its relays' threads take turns at one
+lock, so a fleet uses about one core however many the machine has, and a busy outbox's relay holds
+that lock while a trickling one waits (docs/fleet.md, "Worker processes"). With ``workers: N`` the
+``harvest`` process becomes a supervisor: it starts N ``harvest`` processes on the same file, each a
+fleet process as when run by hand (its own sessions, pool and Kafka producers), named
+``<name>-w<k>``, and the balance (producer/fleet/balance.py) shares the outboxes between them as it
+does between fleet processes on several hosts. The supervisor relays nothing itself.
+
+Invariants (``tests/test_producer/fleet/test_fleet_workers.py``):
+- a worker that exits while the supervisor runs is started again after ``restartBackoff`` (doubled per
+  exit within ``STEADY`` seconds of its start, up to ``restartBackoffMax``); its outboxes fail over to
+  the other workers in the meantime, as for any fleet process;
+- SIGTERM / SIGINT to the supervisor stop every worker gracefully (their in-flight records drained)
+  and the supervisor exits when the last one has; SIGHUP is passed on (each worker reads the file);
+- workers never outlive the supervisor: each asks the kernel for SIGTERM when its parent dies (Linux),
+  so a kill -9 of the supervisor stops them gracefully too;
+- workers are in a session of their own: a terminal's Ctrl-C reaches the supervisor only, which
+  passes one SIGTERM on (a second signal to a worker would end its drain);
+- the supervisor's endpoint (``prometheusPort``) answers for the workers' (producer/fleet/worker_endpoint.py).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from harvest_outbox.producer.fleet.spec import FleetFile
+
+log = logging.getLogger(__name__)
+
+#: A worker that ran this long before it exited starts again after the first backoff, not a doubled one.
+STEADY = 60.0
+#: How often the supervisor looks at its workers.
+WATCH_INTERVAL = 0.2
+#: The hidden flag that makes a ``harvest run`` a worker: ``--fleet-worker <k>/<n>``.
+WORKER_FLAG = "--fleet-worker"
+#: ... and where it writes its endpoint's port: ``--fleet-worker-port-file <path>``.
+PORT_FILE_FLAG = "--fleet-worker-port-file"
+_PR_SET_PDEATHSIG = 1
+
+
+@dataclass(frozen=True)
+class WorkerRole:
+    """What a worker process knows of its place: its index, how many there are, its supervisor."""
+
+    index: int
+    count: int
+    port_file: str | None
+    parent: int
+
+    @staticmethod
+    def parse(value: str, port_file: str | None) -> WorkerRole:
+        try:
+            k, n = (int(x) for x in value.split("/"))
+        except ValueError:
+            raise ValueError(f"{WORKER_FLAG}: {value!r} is not <index>/<count>") from None
+        if not 0 <= k < n:
+            raise ValueError(f"{WORKER_FLAG}: {value!r}: the index must be below the count")
+        return WorkerRole(k, n, port_file, os.getppid())
+
+    def bind_to_parent(self) -> None:
+        """SIGTERM to this process when its supervisor dies (Linux's ``PR_SET_PDEATHSIG``); a supervisor
+        already gone by now means the same."""
+        try:
+            import ctypes
+
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
+        except (OSError, AttributeError):  # not Linux: the supervisor's SIGTERM is the only stop
+            log.warning("worker %d: cannot ask to stop with the supervisor on this platform", self.index)
+        if os.getppid() != self.parent:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    def said_port(self, port: int) -> None:
+        """Tell the supervisor where this worker's endpoint listens (written whole, then renamed)."""
+        if self.port_file is None:
+            return
+        tmp = f"{self.port_file}.tmp"
+        Path(tmp).write_text(str(port))
+        os.replace(tmp, self.port_file)
+
+
+def worker_name(base_name: str, index: int) -> str:
+    return f"{base_name}-w{index}"
+
+
+class Worker:
+    """One worker process: started, watched, started again."""
+
+    def __init__(self, index: int, command: Sequence[str], port_file: Path) -> None:
+        self.index = index
+        self.command = list(command)
+        self.port_file = port_file
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.started_at = 0.0
+        self.restarts = 0
+        self.backoff = 0.0
+        self.next_start = 0.0
+        self.last_exit: int | None = None
+
+    def start(self) -> None:
+        self.port_file.unlink(missing_ok=True)
+        # A session (and process group) of its own: the terminal's Ctrl-C goes to the supervisor, which
+        # passes on one SIGTERM.
+        self.proc = subprocess.Popen(self.command, stdin=subprocess.DEVNULL, start_new_session=True)
+        self.started_at = time.monotonic()
+        log.info("worker %d started (pid %d)", self.index, self.proc.pid)
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc is not None and self.proc.poll() is None else None
+
+    def port(self) -> int | None:
+        """The worker's endpoint port, once it said it (None before, or while it is down)."""
+        if self.pid is None:
+            return None
+        try:
+            return int(self.port_file.read_text())
+        except (OSError, ValueError):
+            return None
+
+    def signal(self, sig: int) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            try:
+                self.proc.send_signal(sig)
+            except ProcessLookupError:  # it exited between the poll and the signal
+                pass
+
+
+class Workers:
+    """The supervisor: ``start()``, then ``watch()`` until ``stop()``; ``wait()`` for the workers' exits."""
+
+    def __init__(self, fleet: FleetFile, argv: Sequence[str], python: str = sys.executable) -> None:
+        self.fleet = fleet
+        self.options = fleet.options
+        self._dir = Path(tempfile.mkdtemp(prefix="harvest-workers-"))
+        n = fleet.options.workers
+        self.workers = [Worker(k, self._command(argv, k, n, python), self._dir / f"w{k}.port") for k in range(n)]
+        self.stopping = threading.Event()
+        self.started = threading.Event()
+        self._lock = threading.Lock()  # a worker is never started again once stop() has signalled them
+
+    def _command(self, argv: Sequence[str], k: int, n: int, python: str) -> list[str]:
+        # The supervisor's own arguments, then what makes the process worker k: its name and its endpoint
+        # (argparse takes the last of a repeated option). Each worker's endpoint listens on this host
+        # only, on a port of the kernel's choosing, with the file's prometheusBasicAuth.
+        own = [python, "-m", "harvest_outbox.producer", *argv, "--name", worker_name(self.fleet.base_name, k)]
+        own += [WORKER_FLAG, f"{k}/{n}", PORT_FILE_FLAG, str(self._dir / f"w{k}.port")]
+        if self.fleet.prometheus_port is not None:
+            own += ["--prometheus-port", "0", "--prometheus-bind-address", "127.0.0.1"]
+        return own
+
+    def start(self) -> None:
+        for w in self.workers:
+            w.start()
+        self.started.set()
+
+    def watch(self) -> None:
+        """Start again, after its backoff, a worker that exited; returns when ``stop()`` was called."""
+        while not self.stopping.wait(WATCH_INTERVAL):
+            now = time.monotonic()
+            for w in self.workers:
+                self._look_at(w, now)
+
+    def _look_at(self, w: Worker, now: float) -> None:
+        if w.proc is None:
+            with self._lock:
+                if now >= w.next_start and not self.stopping.is_set():
+                    w.restarts += 1
+                    try:
+                        w.start()
+                    except OSError as exc:  # (no process to start: out of memory or pids)
+                        w.backoff = min(self.options.restart_backoff_max, 2 * w.backoff or self.options.restart_backoff)
+                        w.next_start = now + w.backoff
+                        log.error("worker %d did not start (%s); trying again in %gs", w.index, exc, w.backoff)
+            return
+        code = w.proc.poll()
+        if code is None:
+            return
+        ran = now - w.started_at
+        first, most = self.options.restart_backoff, self.options.restart_backoff_max
+        w.backoff = first if ran >= STEADY or not w.backoff else min(most, w.backoff * 2)
+        w.last_exit, w.proc, w.next_start = code, None, now + w.backoff
+        log.error(
+            "worker %d exited (%s) after %.1fs; its outboxes fail over to the other workers; starting it again in %gs",
+            w.index,
+            _exit_said(code),
+            ran,
+            w.backoff,
+        )
+
+    def reload(self) -> None:
+        """SIGHUP: every worker reads the file again."""
+        for w in self.workers:
+            w.signal(signal.SIGHUP)
+
+    def stop(self) -> None:
+        """Stop every worker gracefully (one SIGTERM each: a second one would end its drain)."""
+        with self._lock:
+            if self.stopping.is_set():
+                return
+            self.stopping.set()
+            for w in self.workers:
+                w.signal(signal.SIGTERM)
+
+    def wait(self) -> int:
+        """Wait for every worker to exit; 0 when each stopped cleanly, else the first other exit code."""
+        worst = 0
+        for w in self.workers:
+            if w.proc is None:
+                continue
+            code = w.proc.wait()
+            log.info("worker %d stopped (%s)", w.index, _exit_said(code))
+            if code not in (0, -signal.SIGTERM) and not worst:
+                worst = code if code > 0 else 1
+        for f in self._dir.glob("*"):
+            f.unlink(missing_ok=True)
+        self._dir.rmdir()
+        return worst
+
+    def statuses(self) -> list[dict[str, Any]]:
+        now = time.monotonic()
+        out = []
+        for w in self.workers:
+            pid = w.pid
+            out.append(
+                {
+                    "worker": w.index,
+                    "state": "running" if pid is not None else ("stopped" if self.stopping.is_set() else "backoff"),
+                    "pid": pid,
+                    "restarts": w.restarts,
+                    "last_exit": w.last_exit,
+                    **({"starts_in_s": round(max(0.0, w.next_start - now), 1)} if pid is None else {}),
+                }
+            )
+        return out
+
+
+def _exit_said(code: int) -> str:
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exit code {code}"
+
+
+def run_workers(
+    first: FleetFile,
+    argv: Sequence[str],
+    attach: Callable[[Any], None],
+    stopped: threading.Event,
+) -> int:
+    """The supervisor's life: start the workers, serve the endpoint, pass SIGHUP on, stop on a stop
+    signal (``attach`` hands the supervisor to the stop signals)."""
+    from harvest_outbox.producer.fleet.worker_endpoint import start_workers_endpoint
+
+    workers = Workers(first, argv)
+    reload_asked = threading.Event()
+    previous = signal.signal(signal.SIGHUP, lambda _s, _f: reload_asked.set())
+    log.info(
+        "fleet.workers: %d worker processes share the outboxes (named %s .. %s)",
+        len(workers.workers),
+        worker_name(first.base_name, 0),
+        worker_name(first.base_name, len(workers.workers) - 1),
+    )
+    endpoint = None
+    watcher = threading.Thread(target=workers.watch, name="harvest-workers", daemon=True)
+    try:
+        if first.prometheus_port is not None:
+            endpoint = start_workers_endpoint(
+                workers, first.prometheus_port, first.prometheus_bind_address, first.prometheus_basic_auth
+            )
+        attach(workers)
+        if not stopped.is_set():
+            workers.start()
+            watcher.start()
+        while not stopped.is_set():
+            if reload_asked.wait(0.5) and not stopped.is_set():
+                reload_asked.clear()
+                log.info("SIGHUP: passed on to every worker")
+                workers.reload()
+    finally:
+        signal.signal(signal.SIGHUP, previous)
+        workers.stop()
+        code = workers.wait()
+        if endpoint is not None:
+            endpoint[0].shutdown()
+    return code
