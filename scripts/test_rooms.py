@@ -134,6 +134,7 @@ ROOMS: dict[str, tuple[str, ...]] = {
         "test_fleet_balance",
         "test_fleet_failover",
         "test_fleet_pool",
+        "test_fleet_workers",
     ),
 }
 

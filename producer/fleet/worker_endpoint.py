@@ -138,12 +138,13 @@ class WorkersHealth:
 
     def live(self) -> tuple[int, dict[str, Any]]:
         answers = self._client.each("/healthz")
-        stuck = sorted(i for i, a in answers.items() if a is None or a[0] != 200)
-        # a worker without its port yet is starting: live
-        stuck = [i for i in stuck if answers[i] is not None or self._port_known(i)]
+        # a running worker that has not said its port yet is starting: live
+        stuck = sorted(i for i, a in answers.items() if (a is None and self._port_known(i)) or (a and a[0] != 200))
+        said = {str(i): _body(a) if a is not None else "no answer" for i, a in sorted(answers.items())}
         return (200 if not stuck else 503), {
             "status": "alive" if not stuck else "dead",
             "workers": self._workers.statuses(),
+            "said": said,
             "not_ok": [f"worker {i}" for i in stuck],
         }
 

@@ -14,8 +14,8 @@ Invariants (``tests/test_producer/fleet/test_fleet_workers.py``):
   the other workers in the meantime, as for any fleet process;
 - SIGTERM / SIGINT to the supervisor stop every worker gracefully (their in-flight records drained)
   and the supervisor exits when the last one has; SIGHUP is passed on (each worker reads the file);
-- workers never outlive the supervisor: each asks the kernel for SIGTERM when its parent dies (Linux),
-  so a kill -9 of the supervisor stops them gracefully too;
+- workers never outlive the supervisor: each stops gracefully (one SIGTERM to itself) within
+  ``PARENT_CHECK`` seconds of its supervisor's death, a kill -9 too;
 - workers are in a session of their own: a terminal's Ctrl-C reaches the supervisor only, which
   passes one SIGTERM on (a second signal to a worker would end its drain);
 - the supervisor's endpoint (``prometheusPort``) answers for the workers' (producer/fleet/worker_endpoint.py).
@@ -36,19 +36,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from harvest_outbox.producer.fleet.spec import FleetFile
+from harvest_outbox.producer.fleet.spec import FleetFile, FleetOptions
 
 log = logging.getLogger(__name__)
 
 #: A worker that ran this long before it exited starts again after the first backoff, not a doubled one.
 STEADY = 60.0
-#: How often the supervisor looks at its workers.
+#: How often the supervisor looks at its workers (and for a SIGHUP).
 WATCH_INTERVAL = 0.2
-#: The hidden flag that makes a ``harvest run`` a worker: ``--fleet-worker <k>/<n>``.
+#: The hidden flag that makes a ``harvest run`` a worker: ``--fleet-worker <k>/<n>/<supervisor pid>``.
 WORKER_FLAG = "--fleet-worker"
 #: ... and where it writes its endpoint's port: ``--fleet-worker-port-file <path>``.
 PORT_FILE_FLAG = "--fleet-worker-port-file"
-_PR_SET_PDEATHSIG = 1
+#: How often a worker looks whether its supervisor is still there.
+PARENT_CHECK = 0.5
 
 
 @dataclass(frozen=True)
@@ -62,26 +63,28 @@ class WorkerRole:
 
     @staticmethod
     def parse(value: str, port_file: str | None) -> WorkerRole:
+        """``value``: ``<index>/<count>/<supervisor's pid>`` (the pid given, not read: a supervisor killed
+        while its worker starts must not leave it running)."""
         try:
-            k, n = (int(x) for x in value.split("/"))
+            k, n, parent = (int(x) for x in value.split("/"))
         except ValueError:
-            raise ValueError(f"{WORKER_FLAG}: {value!r} is not <index>/<count>") from None
+            raise ValueError(f"{WORKER_FLAG}: {value!r} is not <index>/<count>/<supervisor pid>") from None
         if not 0 <= k < n:
             raise ValueError(f"{WORKER_FLAG}: {value!r}: the index must be below the count")
-        return WorkerRole(k, n, port_file, os.getppid())
+        return WorkerRole(k, n, port_file, parent)
 
     def bind_to_parent(self) -> None:
-        """SIGTERM to this process when its supervisor dies (Linux's ``PR_SET_PDEATHSIG``); a supervisor
-        already gone by now means the same."""
-        try:
-            import ctypes
+        """One SIGTERM to this process (a graceful stop) once its supervisor is gone: a thread looks at the
+        parent process every ``PARENT_CHECK`` seconds. (Not Linux's parent-death signal: it comes once per
+        thread of the dying parent, and a second SIGTERM would end the drain.)"""
 
-            libc = ctypes.CDLL(None, use_errno=True)
-            libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
-        except (OSError, AttributeError):  # not Linux: the supervisor's SIGTERM is the only stop
-            log.warning("worker %d: cannot ask to stop with the supervisor on this platform", self.index)
-        if os.getppid() != self.parent:
+        def watch() -> None:
+            while os.getppid() == self.parent:
+                time.sleep(PARENT_CHECK)
+            log.warning("worker %d: the supervisor (pid %d) is gone: stopping", self.index, self.parent)
             os.kill(os.getpid(), signal.SIGTERM)
+
+        threading.Thread(target=watch, name="harvest-worker-parent", daemon=True).start()
 
     def said_port(self, port: int) -> None:
         """Tell the supervisor where this worker's endpoint listens (written whole, then renamed)."""
@@ -139,40 +142,54 @@ class Worker:
                 pass
 
 
-class Workers:
-    """The supervisor: ``start()``, then ``watch()`` until ``stop()``; ``wait()`` for the workers' exits."""
+def worker_commands(
+    fleet: FleetFile, argv: Sequence[str], folder: Path, python: str = sys.executable
+) -> list[list[str]]:
+    """Each worker's command line: the supervisor's own arguments, then what makes the process worker k
+    (argparse takes the last of a repeated option): its name, its index, where it says its endpoint's port.
+    Each worker's endpoint listens on this host only, on a port of the kernel's choosing, with the file's
+    ``prometheusBasicAuth``."""
+    n = fleet.options.workers
+    commands = []
+    for k in range(n):
+        own = [python, "-m", "harvest_outbox.producer", *argv, "--name", worker_name(fleet.base_name, k)]
+        own += [WORKER_FLAG, f"{k}/{n}/{os.getpid()}", PORT_FILE_FLAG, str(port_file(folder, k))]
+        if fleet.prometheus_port is not None:
+            own += ["--prometheus-port", "0", "--prometheus-bind-address", "127.0.0.1"]
+        commands.append(own)
+    return commands
 
-    def __init__(self, fleet: FleetFile, argv: Sequence[str], python: str = sys.executable) -> None:
-        self.fleet = fleet
-        self.options = fleet.options
-        self._dir = Path(tempfile.mkdtemp(prefix="harvest-workers-"))
-        n = fleet.options.workers
-        self.workers = [Worker(k, self._command(argv, k, n, python), self._dir / f"w{k}.port") for k in range(n)]
+
+def port_file(folder: Path, index: int) -> Path:
+    return folder / f"w{index}.port"
+
+
+class Workers:
+    """The supervisor: ``start()``, then ``look()`` every ``WATCH_INTERVAL`` until ``stop()``; ``wait()``
+    for the workers' exits.
+    ``commands``: each worker's command line (:func:`worker_commands`); ``folder``: where they say their
+    ports (removed by ``wait()``)."""
+
+    def __init__(self, options: FleetOptions, commands: Sequence[Sequence[str]], folder: Path) -> None:
+        self.options = options
+        self._dir = folder
+        self.workers = [Worker(k, command, port_file(folder, k)) for k, command in enumerate(commands)]
         self.stopping = threading.Event()
         self.started = threading.Event()
         self._lock = threading.Lock()  # a worker is never started again once stop() has signalled them
-
-    def _command(self, argv: Sequence[str], k: int, n: int, python: str) -> list[str]:
-        # The supervisor's own arguments, then what makes the process worker k: its name and its endpoint
-        # (argparse takes the last of a repeated option). Each worker's endpoint listens on this host
-        # only, on a port of the kernel's choosing, with the file's prometheusBasicAuth.
-        own = [python, "-m", "harvest_outbox.producer", *argv, "--name", worker_name(self.fleet.base_name, k)]
-        own += [WORKER_FLAG, f"{k}/{n}", PORT_FILE_FLAG, str(self._dir / f"w{k}.port")]
-        if self.fleet.prometheus_port is not None:
-            own += ["--prometheus-port", "0", "--prometheus-bind-address", "127.0.0.1"]
-        return own
 
     def start(self) -> None:
         for w in self.workers:
             w.start()
         self.started.set()
 
-    def watch(self) -> None:
-        """Start again, after its backoff, a worker that exited; returns when ``stop()`` was called."""
-        while not self.stopping.wait(WATCH_INTERVAL):
-            now = time.monotonic()
-            for w in self.workers:
-                self._look_at(w, now)
+    def look(self) -> None:
+        """Start again, after its backoff, a worker that exited. Called on the thread that started the
+        workers, which outlives them: Linux sends a child its parent-death signal when the *thread* that
+        forked it ends, so a worker started from a thread that ends first would be stopped with it."""
+        now = time.monotonic()
+        for w in self.workers:
+            self._look_at(w, now)
 
     def _look_at(self, w: Worker, now: float) -> None:
         if w.proc is None:
@@ -267,7 +284,8 @@ def run_workers(
     signal (``attach`` hands the supervisor to the stop signals)."""
     from harvest_outbox.producer.fleet.worker_endpoint import start_workers_endpoint
 
-    workers = Workers(first, argv)
+    folder = Path(tempfile.mkdtemp(prefix="harvest-workers-"))
+    workers = Workers(first.options, worker_commands(first, argv, folder), folder)
     reload_asked = threading.Event()
     previous = signal.signal(signal.SIGHUP, lambda _s, _f: reload_asked.set())
     log.info(
@@ -277,7 +295,6 @@ def run_workers(
         worker_name(first.base_name, len(workers.workers) - 1),
     )
     endpoint = None
-    watcher = threading.Thread(target=workers.watch, name="harvest-workers", daemon=True)
     try:
         if first.prometheus_port is not None:
             endpoint = start_workers_endpoint(
@@ -286,12 +303,13 @@ def run_workers(
         attach(workers)
         if not stopped.is_set():
             workers.start()
-            watcher.start()
+        # This thread starts every worker (and starts them again) and waits for them: see Workers.look.
         while not stopped.is_set():
-            if reload_asked.wait(0.5) and not stopped.is_set():
+            if reload_asked.wait(WATCH_INTERVAL) and not stopped.is_set():
                 reload_asked.clear()
                 log.info("SIGHUP: passed on to every worker")
                 workers.reload()
+            workers.look()
     finally:
         signal.signal(signal.SIGHUP, previous)
         workers.stop()
