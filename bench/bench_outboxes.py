@@ -730,16 +730,30 @@ class Trickle:
 
 
 def fairness(
-    db: Db, relay: Relay, dsn: str, bootstrap: str, args: argparse.Namespace, recorder: Recorder
+    db: Db,
+    relay: Relay,
+    dsn: str,
+    bootstrap: str,
+    args: argparse.Namespace,
+    recorder: Recorder,
+    burst_schema: str = SCHEMA.format(0),
+    trickle_schema: str = SCHEMA.format(1),
+    other_schema: str | None = None,
 ) -> dict[str, Any]:
+    """``other_schema``: a third trickle, into an outbox another worker process of ``relay`` leads (a fleet run
+    by ``fleet.workers``; ``trickle_schema``'s outbox is then led by the burst's worker)."""
     from harvest_outbox.harvest_local.kafka import create_topic
 
     hexid = uuid.uuid4().hex[:8]
     trickle_topic, burst_topic, bystander_topic = f"bo-trickle-{hexid}", f"bo-burst-{hexid}", f"bo-by-{hexid}"
     for t in (trickle_topic, burst_topic, bystander_topic):
         create_topic(bootstrap, t, PARTITIONS)
-    burst_schema, trickle_schema = SCHEMA.format(0), SCHEMA.format(1)
     trickle = Trickle(dsn, bootstrap, f"{trickle_schema}.outbox", trickle_topic, args.trickle_rate).start()
+    other = None
+    if other_schema is not None:
+        other_topic = f"bo-other-{hexid}"
+        create_topic(bootstrap, other_topic, PARTITIONS)
+        other = Trickle(dsn, bootstrap, f"{other_schema}.outbox", other_topic, args.trickle_rate).start()
     # The same trickle into the outbox of the one-outbox process, which shares nothing with the burst but
     # the machine: what the burst's load alone does to a relay's latency.
     bystander = Trickle(dsn, bootstrap, f"{SINGLE_SCHEMA}.outbox", bystander_topic, args.trickle_rate).start()
@@ -774,6 +788,8 @@ def fairness(
     finally:
         trickle.finish(60)
         bystander.finish(60)
+        if other is not None:
+            other.finish(60)
     out: dict[str, Any] = {
         "trickle_rate": args.trickle_rate,
         "writer_max_lag_ms": round(trickle.max_lag_ms, 1),
@@ -794,6 +810,9 @@ def fairness(
                     "bystander": {"rows": len(by_lat) + by_lost, "lost": by_lost, **latency_summary(by_lat)},
                 }
             )
+            if other is not None:
+                o_lat, o_lost = window_latencies_ms(other.commit_ns, other.receipt_ns, t0, t1)
+                runs[-1]["other_worker"] = {"rows": len(o_lat) + o_lost, "lost": o_lost, **latency_summary(o_lat)}
         out[kind] = runs
     out["bystander_writer_max_lag_ms"] = round(bystander.max_lag_ms, 1)
     for q in ("p99", "p50"):
@@ -816,6 +835,20 @@ def fairness(
                 [y for _, y in pairs],
                 f"the same trickle through a one-outbox process of its own, {q} during the fleet's burst / with "
                 "no burst: what the burst's load on the machine alone does",
+            )
+        if other is None:
+            continue
+        pairs = [
+            (b["other_worker"][f"{q}_ms"], a["other_worker"][f"{q}_ms"])
+            for b, a in zip(out["burst"], out["quiet"], strict=True)
+        ]
+        if all(x is not None and y for x, y in pairs):
+            recorder.figure(
+                f"other_worker_{q}_burst",
+                [x for x, _ in pairs],
+                [y for _, y in pairs],
+                f"the same trickle into an outbox another worker process of the fleet leads, {q} during the burst "
+                "/ with no burst",
             )
     return out
 
@@ -841,6 +874,11 @@ def main(argv: list[str] | None = None) -> int:
         type=int,
         default=2,
         help="part 2's fifth side: a fleet run by this many worker processes (fleet.workers); 1: not run (default 2)",
+    )
+    ap.add_argument(
+        "--fairness-workers",
+        action="store_true",
+        help="part 3 on the fleet run by --workers worker processes: a trickle in the burst's worker, one in another",
     )
     ap.add_argument("--sequenced", action="store_true", help="uuidSequencing: true (default: at-least-once)")
     ap.add_argument(
@@ -961,7 +999,7 @@ def drain_and_fairness(
                 args.workers,
             )
         ]
-        if "cpu" in parts and args.workers > 1
+        if ("cpu" in parts or args.fairness_workers) and args.workers > 1
         else []
     )
     for r in (fleet, single, *processes, *workers):
@@ -1082,8 +1120,23 @@ def drain_and_fairness(
             if all(out["cpu"][s].get("cpu_us_per_row_less_idle") for s in ("fleet", "single")):
                 f, s = (out["cpu"][x]["cpu_us_per_row_less_idle"]["median"] for x in ("fleet", "single"))
                 out["cpu"]["ratio_less_idle_of_medians"] = round(f / s, 3)
-            stop_all([*processes, *workers])  # not in part 3's way
-        if "fairness" in parts:
+            stop_all([*processes, *([] if args.fairness_workers else workers)])  # not in part 3's way
+        if "fairness" in parts and args.fairness_workers and workers:
+            # the burst into an outbox of one worker, a trickle into another of that worker's, and one into an
+            # outbox the other worker leads
+            led = _wait_spread(workers[0], args.workers)
+            out["workers_led_fairness"] = led
+            by_id = {oid: w for w, ids in led.items() for oid in ids}
+            burst_id = sorted(by_id)[0]
+            same = sorted(i for i in by_id if by_id[i] == by_id[burst_id] and i != burst_id)
+            other = sorted(i for i in by_id if by_id[i] != by_id[burst_id])
+            if not same or not other:
+                raise RuntimeError(f"--fairness-workers: the workers' leaderships do not allow it: {led}")
+            schema = {oid: WORKER_SCHEMAS[int(oid[1:])] for oid in by_id}
+            out["fairness"] = fairness(
+                db, workers[0], dsn, bootstrap, args, recorder, schema[burst_id], schema[same[0]], schema[other[0]]
+            )
+        elif "fairness" in parts:
             out["fairness"] = fairness(db, fleet, dsn, bootstrap, args, recorder)
         out["failures"] = {r.name: r.failures() for r in (fleet, single, *processes, *workers)}
         out["failure_reasons"] = {

@@ -86,6 +86,15 @@ def test_led_ids_are_the_fleets_own_elections() -> None:
     )
     assert led_ids(log, "f10") == {"t007", "t001"}
     assert led_ids(log, "f1") == {"t002"}
+    # a fleet run by worker processes: their relays are <name>-w<k>/<id>, their lines start with [w<k>]
+    workers = "\n".join(
+        [
+            "2026-11-30 16:25:14,014 INFO [w1] harvest_outbox.producer.harvest: f1-w1/t004: elected leader, leader id x",
+            "2026-11-30 16:25:14,015 INFO [w0] harvest_outbox.producer.harvest: f1-w0/t000: elected leader, leader id x",
+            "2026-11-30 16:25:14,016 INFO [w0] harvest_outbox.producer.harvest: f10-w0/t009: elected leader, leader id x",
+        ]
+    )
+    assert led_ids(workers, "f1") == {"t004", "t000"}
 
 
 def test_window_latencies_take_the_rows_committed_in_the_window_and_count_the_lost() -> None:
