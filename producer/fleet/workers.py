@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from harvest_outbox.producer.errors import ConfigError
 from harvest_outbox.producer.fleet.spec import FleetFile, FleetOptions
 
 log = logging.getLogger(__name__)
@@ -265,6 +266,22 @@ class Workers:
         return out
 
 
+def _said_on_reload(first: FleetFile, read_again: Callable[[], FleetFile | None]) -> None:
+    """What a SIGHUP changes here: the workers read the file themselves; their number stays until a restart."""
+    try:
+        file = read_again()
+    except ConfigError as exc:
+        log.error("SIGHUP: the file does not read (%s); each worker keeps its last good config", exc)
+        return
+    if file is not None and file.options.workers != first.options.workers:
+        log.warning(
+            "SIGHUP: fleet.workers is now %d; the %d running workers stay until the process restarts",
+            file.options.workers,
+            first.options.workers,
+        )
+    log.info("SIGHUP: passed on to every worker")
+
+
 def _exit_said(code: int) -> str:
     if code < 0:
         try:
@@ -277,11 +294,12 @@ def _exit_said(code: int) -> str:
 def run_workers(
     first: FleetFile,
     argv: Sequence[str],
+    read_again: Callable[[], FleetFile | None],
     attach: Callable[[Any], None],
     stopped: threading.Event,
 ) -> int:
     """The supervisor's life: start the workers, serve the endpoint, pass SIGHUP on, stop on a stop
-    signal (``attach`` hands the supervisor to the stop signals)."""
+    signal (``attach`` hands the supervisor to the stop signals; ``read_again`` reads the file on SIGHUP)."""
     from harvest_outbox.producer.fleet.worker_endpoint import start_workers_endpoint
 
     folder = Path(tempfile.mkdtemp(prefix="harvest-workers-"))
@@ -307,7 +325,7 @@ def run_workers(
         while not stopped.is_set():
             if reload_asked.wait(WATCH_INTERVAL) and not stopped.is_set():
                 reload_asked.clear()
-                log.info("SIGHUP: passed on to every worker")
+                _said_on_reload(first, read_again)
                 workers.reload()
             workers.look()
     finally:

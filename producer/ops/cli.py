@@ -308,7 +308,7 @@ def _run(args: argparse.Namespace, signals: StopSignals) -> int:
         fleet = _load_fleet(args, flags)
         if fleet is not None:
             if fleet.options.workers > 1 and args.fleet_worker is None:
-                return _run_workers(args, signals, fleet)
+                return _run_workers(args, signals, flags, fleet)
             return _run_fleet(args, signals, flags, fleet)
     cfg = _load(args, flags)
     log.info("harvest %s starting: %r", producer.__version__, cfg.harvest)
@@ -371,7 +371,7 @@ def _run_fleet(args: argparse.Namespace, signals: StopSignals, flags: dict[str, 
     return run_fleet(fleet, lambda: _load_fleet(args, flags, again=True), signals.attach, signals.requested, role)
 
 
-def _run_workers(args: argparse.Namespace, signals: StopSignals, fleet: Any) -> int:
+def _run_workers(args: argparse.Namespace, signals: StopSignals, flags: dict[str, Any], fleet: Any) -> int:
     from harvest_outbox.producer.fleet.workers import run_workers
 
     log.info(
@@ -382,7 +382,9 @@ def _run_workers(args: argparse.Namespace, signals: StopSignals, fleet: Any) -> 
         len(fleet.discoveries),
         "y" if len(fleet.discoveries) == 1 else "ies",
     )
-    return run_workers(fleet, args.argv, signals.attach, signals.requested)
+    return run_workers(
+        fleet, args.argv, lambda: _load_fleet(args, flags, again=True), signals.attach, signals.requested
+    )
 
 
 def _init_db(args: argparse.Namespace) -> int:

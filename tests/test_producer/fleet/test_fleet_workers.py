@@ -289,6 +289,22 @@ def test_a_fleet_of_two_worker_processes_relays_exactly_once_through_a_killed_wo
             assert f'harvest_is_leader{{outbox="o1",relay="fw-w{w}/o1",worker="{w}"}}' in metrics
         assert 'harvest_fleet_workers{state="running"} 2.0' in metrics
 
+        # SIGHUP: passed on (each worker reads the file); a new worker count waits for a restart
+        cfg.write_text(cfg.read_text().replace("workers: 2,", "workers: 3,"))
+        assert sup.proc is not None
+        sup.proc.send_signal(signal.SIGHUP)
+        wait_for(
+            lambda: (
+                "fleet.workers is now 3; the 2 running workers stay" in sup.text()
+                and all(
+                    f"[w{w}] harvest_outbox.producer.fleet.run: SIGHUP: config read again" in sup.text() for w in (0, 1)
+                )
+            ),
+            30,
+            "the SIGHUP passed on",
+        )
+        cfg.write_text(cfg.read_text().replace("workers: 3,", "workers: 2,"))
+
         # kill -9 of a worker: the other takes its outboxes, the supervisor starts it again
         first = worker_pids()
         victim = 0 if leads()[0] else 1
