@@ -20,15 +20,15 @@ Invariants (``tests/test_producer/fleet/test_fleet_endpoint.py``):
 
 from __future__ import annotations
 
-import json
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterator
 from typing import Any
 from urllib.parse import parse_qs
 
 from harvest_outbox.producer.fleet.member import MemberStatus
 from harvest_outbox.producer.fleet.supervisor import Fleet
+from harvest_outbox.producer.observe._http_server import WsgiApp
 from harvest_outbox.producer.observe.health import DatabaseProbe, Health, Verdict
-from harvest_outbox.producer.observe.metrics import RelayCollector, serve_routes
+from harvest_outbox.producer.observe.metrics import RelayCollector, json_route, serve_routes
 
 
 class FleetCollector:
@@ -120,22 +120,12 @@ class FleetHealth:
             probe.close()
 
 
-_REASONS = {200: "200 OK", 404: "404 Not Found", 503: "503 Service Unavailable"}
+def _json(health: FleetHealth, ready: bool) -> WsgiApp:
+    def answer(environ: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+        outbox = parse_qs(environ.get("QUERY_STRING") or "").get("outbox", [None])[0]
+        return health.answer(ready, outbox)
 
-
-def _json(health: FleetHealth, ready: bool) -> Callable[..., Iterable[bytes]]:
-    def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
-        query = parse_qs(environ.get("QUERY_STRING") or "")
-        outbox = query.get("outbox", [None])[0]
-        code, payload = health.answer(ready, outbox)
-        body = json.dumps(payload, sort_keys=True).encode()
-        start_response(
-            _REASONS[code],
-            [("Content-Type", "application/json"), ("Content-Length", str(len(body))), ("Cache-Control", "no-store")],
-        )
-        return [body]
-
-    return app
+    return json_route(answer)
 
 
 def start_fleet_endpoint(fleet: Fleet, port: int, addr: str = "0.0.0.0", basic_auth: str = "") -> Any:

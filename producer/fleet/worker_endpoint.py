@@ -23,13 +23,13 @@ import base64
 import json
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 from urllib.parse import parse_qs
 
 from harvest_outbox.producer.fleet.workers import Workers
-from harvest_outbox.producer.observe.metrics import serve_routes
+from harvest_outbox.producer.observe.metrics import json_route, serve_routes
 
 #: How long the supervisor waits for a worker's endpoint.
 SCRAPE_TIMEOUT = 5.0
@@ -189,22 +189,6 @@ def _outbox_verdict(oid: str, bodies: dict[int, dict[str, Any] | None]) -> tuple
     return all(ok for ok, _b in said.values()), {**said[first][1], "worker": first}
 
 
-_REASONS = {200: "200 OK", 404: "404 Not Found", 503: "503 Service Unavailable"}
-
-
-def _json(answer: Callable[[dict[str, Any]], tuple[int, dict[str, Any]]]) -> Callable[..., Iterable[bytes]]:
-    def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
-        code, payload = answer(environ)
-        body = json.dumps(payload, sort_keys=True).encode()
-        start_response(
-            _REASONS[code],
-            [("Content-Type", "application/json"), ("Content-Length", str(len(body))), ("Cache-Control", "no-store")],
-        )
-        return [body]
-
-    return app
-
-
 def start_workers_endpoint(workers: Workers, port: int, addr: str = "0.0.0.0", basic_auth: str = "") -> Any:
     """Serve the supervisor's ``/metrics``, ``/healthz`` and ``/readyz``; returns (server, thread)."""
     from prometheus_client import CollectorRegistry, make_wsgi_app
@@ -220,8 +204,8 @@ def start_workers_endpoint(workers: Workers, port: int, addr: str = "0.0.0.0", b
 
     routes = {
         "/metrics": make_wsgi_app(registry),
-        "/healthz": _json(lambda _e: health.live()),
-        "/readyz": _json(ready),
+        "/healthz": json_route(lambda _e: health.live()),
+        "/readyz": json_route(ready),
     }
     return serve_routes(
         routes, "fleet-workers", port, addr, basic_auth, extra=" (+ /healthz, /readyz, of every worker)"

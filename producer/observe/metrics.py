@@ -241,18 +241,29 @@ class RelayCollector:
             yield g
 
 
-def _json_app(evaluate: Callable[[], Any]) -> WsgiApp:
+def json_route(answer: Callable[[dict[str, Any]], tuple[int, Any]]) -> WsgiApp:
+    """A route answering ``answer(environ)``'s ``(status code, body)`` as JSON, never cached (the one
+    owner of the health endpoints' bodies: a relay's, a fleet's, a fleet supervisor's)."""
+    from http import HTTPStatus
+
     def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
-        verdict = evaluate()
-        body = json.dumps(verdict.body, sort_keys=True).encode()
-        status = "200 OK" if verdict.ok else "503 Service Unavailable"
+        code, payload = answer(environ)
+        body = json.dumps(payload, sort_keys=True).encode()
         start_response(
-            status,
+            f"{code} {HTTPStatus(code).phrase}",
             [("Content-Type", "application/json"), ("Content-Length", str(len(body))), ("Cache-Control", "no-store")],
         )
         return [body]
 
     return app
+
+
+def _json_app(evaluate: Callable[[], Any]) -> WsgiApp:
+    def answer(_environ: dict[str, Any]) -> tuple[int, Any]:
+        verdict = evaluate()
+        return (200 if verdict.ok else 503), verdict.body
+
+    return json_route(answer)
 
 
 def _plain(
