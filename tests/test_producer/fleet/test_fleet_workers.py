@@ -279,7 +279,8 @@ def test_a_fleet_of_two_worker_processes_relays_exactly_once_through_a_killed_wo
         led = leads()
         assert {o: b["worker"] for o, b in ready["outboxes"].items()} == {o: w for w, os_ in led.items() for o in os_}
         assert [w["state"] for w in ready["workers"]] == ["running", "running"]
-        assert _get(port(), "/readyz?outbox=o3")[0] == 200 and _get(port(), "/readyz?outbox=nope")[0] == 404
+        wait_for(lambda: _get(port(), "/readyz?outbox=o3")[0] == 200, 30, "o3 ready")
+        assert _get(port(), "/readyz?outbox=nope")[0] == 404
         # (a relay the balance has just handed over starts again as a standby: its worker's /healthz says
         # "loop not started" until it turns, as a fleet process's does)
         wait_for(lambda: _get(port(), "/healthz")[0] == 200, 30, "the supervisor live")
@@ -327,9 +328,12 @@ def test_a_fleet_of_two_worker_processes_relays_exactly_once_through_a_killed_wo
         for t in writers:
             t.join()
         pids = worker_pids()
-        assert sup.stop(60) == 0
+        code = sup.stop(60)
+        lifecycle = "\n".join(re.findall(r".*(?:worker \d (?:started|exited|stopped)|SIGTERM).*", sup.text()))
+        assert code == 0, lifecycle
         assert not any(_alive(p) for p in pids.values())
-        assert [int(c) for c in re.findall(r"worker \d stopped \(exit code (\d+)\)", sup.text())] == [0, 0]
+        stops = re.findall(r"worker \d stopped \(.*\)", sup.text())
+        assert sorted(stops) == ["worker 0 stopped (exit code 0)", "worker 1 stopped (exit code 0)"], lifecycle
 
         # started again to drain what the stop left; then kill -9 of the supervisor: its workers stop too
         again = len(sup.text())
