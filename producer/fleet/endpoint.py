@@ -20,13 +20,12 @@ Invariants (``tests/test_producer/fleet/test_fleet_endpoint.py``):
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 from urllib.parse import parse_qs
 
 from harvest_outbox.producer.fleet.member import MemberStatus
 from harvest_outbox.producer.fleet.supervisor import Fleet
-from harvest_outbox.producer.observe._http_server import WsgiApp
 from harvest_outbox.producer.observe.health import DatabaseProbe, Health, Verdict
 from harvest_outbox.producer.observe.metrics import RelayCollector, json_route, serve_routes
 
@@ -120,7 +119,7 @@ class FleetHealth:
             probe.close()
 
 
-def _json(health: FleetHealth, ready: bool) -> WsgiApp:
+def _json(health: FleetHealth, ready: bool) -> Callable[..., Iterable[bytes]]:
     def answer(environ: dict[str, Any]) -> tuple[int, dict[str, Any]]:
         outbox = parse_qs(environ.get("QUERY_STRING") or "").get("outbox", [None])[0]
         return health.answer(ready, outbox)

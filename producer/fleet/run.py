@@ -1,4 +1,5 @@
-"""``harvest run -f fleet.yaml``: the fleet as a process, SIGHUP reloading the file.
+"""``harvest run -f fleet.yaml``: the fleet as a process, SIGHUP reloading the file; or, with
+``fleet.workers``, the supervisor of its worker processes (:func:`run_workers`, producer/fleet/workers.py).
 
 In a fleet, SIGHUP means "read the file again" (new outboxes start, removed ones stop and hand over,
 changed ones restart; discovery looks again); SIGTERM / SIGINT stop every outbox's relay gracefully,
@@ -9,13 +10,21 @@ from __future__ import annotations
 
 import logging
 import signal
+import tempfile
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 from harvest_outbox.producer.errors import ConfigError
 from harvest_outbox.producer.fleet.spec import FleetFile
-from harvest_outbox.producer.fleet.workers import WorkerRole
+from harvest_outbox.producer.fleet.workers import (
+    WATCH_INTERVAL,
+    WorkerRole,
+    Workers,
+    worker_commands,
+    worker_name,
+)
 
 log = logging.getLogger(__name__)
 
@@ -100,3 +109,65 @@ def _said(change: Any) -> str:
     if not change:
         return "nothing changed"
     return f"started {list(change.added)}, stopped {list(change.removed)}, restarted {list(change.changed)}"
+
+
+def run_workers(
+    first: FleetFile,
+    argv: Sequence[str],
+    read_again: Callable[[], FleetFile | None],
+    attach: Callable[[Any], None],
+    stopped: threading.Event,
+) -> int:
+    """The supervisor's life: start the workers, serve the endpoint, pass SIGHUP on, stop on a stop
+    signal (``attach`` hands the supervisor to the stop signals; ``read_again`` reads the file on SIGHUP)."""
+    from harvest_outbox.producer.fleet.worker_endpoint import start_workers_endpoint
+
+    folder = Path(tempfile.mkdtemp(prefix="harvest-workers-"))
+    workers = Workers(first.options, worker_commands(first, argv, folder), folder)
+    reload_asked = threading.Event()
+    previous = signal.signal(signal.SIGHUP, lambda _s, _f: reload_asked.set())
+    log.info(
+        "fleet.workers: %d worker processes share the outboxes (named %s .. %s)",
+        len(workers.workers),
+        worker_name(first.base_name, 0),
+        worker_name(first.base_name, len(workers.workers) - 1),
+    )
+    endpoint = None
+    try:
+        if first.prometheus_port is not None:
+            endpoint = start_workers_endpoint(
+                workers, first.prometheus_port, first.prometheus_bind_address, first.prometheus_basic_auth
+            )
+        attach(workers)
+        if not stopped.is_set():
+            workers.start()
+        # This thread starts every worker (and starts them again) and waits for them: see Workers.look.
+        while not stopped.is_set():
+            if reload_asked.wait(WATCH_INTERVAL) and not stopped.is_set():
+                reload_asked.clear()
+                _said_on_reload(first, read_again)
+                workers.reload()
+            workers.look()
+    finally:
+        signal.signal(signal.SIGHUP, previous)
+        workers.stop()
+        code = workers.wait()
+        if endpoint is not None:
+            endpoint[0].shutdown()
+    return code
+
+
+def _said_on_reload(first: FleetFile, read_again: Callable[[], FleetFile | None]) -> None:
+    """What a SIGHUP changes here: the workers read the file themselves; their number stays until a restart."""
+    try:
+        file = read_again()
+    except ConfigError as exc:
+        log.error("SIGHUP: the file does not read (%s); each worker keeps its last good config", exc)
+        return
+    if file is not None and file.options.workers != first.options.workers:
+        log.warning(
+            "SIGHUP: fleet.workers is now %d; the %d running workers stay until the process restarts",
+            file.options.workers,
+            first.options.workers,
+        )
+    log.info("SIGHUP: passed on to every worker")

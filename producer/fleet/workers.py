@@ -18,7 +18,8 @@ Invariants (``tests/test_producer/fleet/test_fleet_workers.py``):
   ``PARENT_CHECK`` seconds of its supervisor's death, a kill -9 too;
 - workers are in a session of their own: a terminal's Ctrl-C reaches the supervisor only, which
   passes one SIGTERM on (a second signal to a worker would end its drain);
-- the supervisor's endpoint (``prometheusPort``) answers for the workers' (producer/fleet/worker_endpoint.py).
+- the supervisor's endpoint (``prometheusPort``) answers for the workers'
+  (producer/fleet/worker_endpoint.py). The supervisor's life: ``producer.fleet.run.run_workers``.
 """
 
 from __future__ import annotations
@@ -28,15 +29,13 @@ import os
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from harvest_outbox.producer.errors import ConfigError
 from harvest_outbox.producer.fleet.spec import FleetFile, FleetOptions
 
 log = logging.getLogger(__name__)
@@ -266,22 +265,6 @@ class Workers:
         return out
 
 
-def _said_on_reload(first: FleetFile, read_again: Callable[[], FleetFile | None]) -> None:
-    """What a SIGHUP changes here: the workers read the file themselves; their number stays until a restart."""
-    try:
-        file = read_again()
-    except ConfigError as exc:
-        log.error("SIGHUP: the file does not read (%s); each worker keeps its last good config", exc)
-        return
-    if file is not None and file.options.workers != first.options.workers:
-        log.warning(
-            "SIGHUP: fleet.workers is now %d; the %d running workers stay until the process restarts",
-            file.options.workers,
-            first.options.workers,
-        )
-    log.info("SIGHUP: passed on to every worker")
-
-
 def _exit_said(code: int) -> str:
     if code < 0:
         try:
@@ -289,49 +272,3 @@ def _exit_said(code: int) -> str:
         except ValueError:
             return f"killed by signal {-code}"
     return f"exit code {code}"
-
-
-def run_workers(
-    first: FleetFile,
-    argv: Sequence[str],
-    read_again: Callable[[], FleetFile | None],
-    attach: Callable[[Any], None],
-    stopped: threading.Event,
-) -> int:
-    """The supervisor's life: start the workers, serve the endpoint, pass SIGHUP on, stop on a stop
-    signal (``attach`` hands the supervisor to the stop signals; ``read_again`` reads the file on SIGHUP)."""
-    from harvest_outbox.producer.fleet.worker_endpoint import start_workers_endpoint
-
-    folder = Path(tempfile.mkdtemp(prefix="harvest-workers-"))
-    workers = Workers(first.options, worker_commands(first, argv, folder), folder)
-    reload_asked = threading.Event()
-    previous = signal.signal(signal.SIGHUP, lambda _s, _f: reload_asked.set())
-    log.info(
-        "fleet.workers: %d worker processes share the outboxes (named %s .. %s)",
-        len(workers.workers),
-        worker_name(first.base_name, 0),
-        worker_name(first.base_name, len(workers.workers) - 1),
-    )
-    endpoint = None
-    try:
-        if first.prometheus_port is not None:
-            endpoint = start_workers_endpoint(
-                workers, first.prometheus_port, first.prometheus_bind_address, first.prometheus_basic_auth
-            )
-        attach(workers)
-        if not stopped.is_set():
-            workers.start()
-        # This thread starts every worker (and starts them again) and waits for them: see Workers.look.
-        while not stopped.is_set():
-            if reload_asked.wait(WATCH_INTERVAL) and not stopped.is_set():
-                reload_asked.clear()
-                _said_on_reload(first, read_again)
-                workers.reload()
-            workers.look()
-    finally:
-        signal.signal(signal.SIGHUP, previous)
-        workers.stop()
-        code = workers.wait()
-        if endpoint is not None:
-            endpoint[0].shutdown()
-    return code

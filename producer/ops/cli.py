@@ -372,7 +372,7 @@ def _run_fleet(args: argparse.Namespace, signals: StopSignals, flags: dict[str, 
 
 
 def _run_workers(args: argparse.Namespace, signals: StopSignals, flags: dict[str, Any], fleet: Any) -> int:
-    from harvest_outbox.producer.fleet.workers import run_workers
+    from harvest_outbox.producer.fleet.run import run_workers
 
     log.info(
         "harvest %s starting a fleet of %d worker processes: %d listed outbox(es), %d discovery entr%s",
