@@ -141,7 +141,7 @@ def run_workers(
         attach(workers)
         if not stopped.is_set():
             workers.start()
-        # This thread starts every worker (and starts them again) and waits for them: see Workers.look.
+        # This thread starts the workers, starts them again when they exit, and waits for them at the end.
         while not stopped.is_set():
             if reload_asked.wait(WATCH_INTERVAL) and not stopped.is_set():
                 reload_asked.clear()

@@ -184,9 +184,8 @@ class Workers:
         self.started.set()
 
     def look(self) -> None:
-        """Start again, after its backoff, a worker that exited. Called on the thread that started the
-        workers, which outlives them: Linux sends a child its parent-death signal when the *thread* that
-        forked it ends, so a worker started from a thread that ends first would be stopped with it."""
+        """Start again, after its backoff, a worker that exited (the supervisor's main loop calls it every
+        ``WATCH_INTERVAL``)."""
         now = time.monotonic()
         for w in self.workers:
             self._look_at(w, now)
