@@ -110,23 +110,37 @@ def write_traffic(
                 value = f"w{writer}-{seq}"
                 batch.append(OutboxRecord(topic, key, value, [("seq", str(seq))]))
                 seq += 1
-            rollback = rnd.random() < rollback_rate
-            try:
-                with conn.transaction():
-                    st.stash_many(conn, batch)
-                    if rollback:
-                        raise KeyError("rollback")
-            except KeyError:
-                with exp.lock:
-                    exp.rolled_back.update(r.value.encode() for r in batch)  # type: ignore[union-attr]
-                continue
-            with exp.lock:
-                for r in batch:
-                    v = r.value.encode()  # type: ignore[union-attr]
-                    exp.by_key.setdefault(r.key, []).append(v)
-                    exp.headers[v] = [(k, x.encode()) for k, x in r.headers]  # type: ignore[union-attr]
-            if pause:
+            if stash_or_roll_back(conn, st, batch, rnd.random() < rollback_rate, exp, headers=True) and pause:
                 time.sleep(pause)
+
+
+def stash_or_roll_back(
+    conn: psycopg.Connection,
+    st: Stasher,
+    batch: list[OutboxRecord],
+    rollback: bool,
+    exp: Expected,
+    headers: bool = False,
+) -> bool:
+    """``batch`` stashed in one transaction, committed or (``rollback``) rolled back, and what the checker
+    expects of it recorded in ``exp`` (values as bytes; ``headers``: each record's headers too). Whether
+    it committed."""
+    try:
+        with conn.transaction():
+            st.stash_many(conn, batch)
+            if rollback:
+                raise KeyError("rollback")
+    except KeyError:
+        with exp.lock:
+            exp.rolled_back.update(str(r.value).encode() for r in batch)
+        return False
+    with exp.lock:
+        for r in batch:
+            v = str(r.value).encode()
+            exp.by_key.setdefault(str(r.key), []).append(v)
+            if headers:
+                exp.headers[v] = [(k, str(x).encode()) for k, x in r.headers]
+    return True
 
 
 @dataclass

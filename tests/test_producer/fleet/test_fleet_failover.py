@@ -27,7 +27,15 @@ import psycopg
 import pytest
 from psycopg import sql
 from psycopg.conninfo import make_conninfo
-from seqcheck import Expected, SeqRelay, check_exactly_once, count_rows, read_intents, wait_for
+from seqcheck import (
+    Expected,
+    SeqRelay,
+    check_exactly_once,
+    count_rows,
+    read_intents,
+    stash_or_roll_back,
+    wait_for,
+)
 
 from harvest_outbox.producer.schema.ddl import init_db
 from harvest_outbox.producer.stash.stasher import OutboxRecord, Stasher
@@ -126,19 +134,7 @@ def test_fleet_of_three_processes_serves_outboxes_of_two_databases_exactly_once(
                     for _ in range(rnd.randint(1, 8)):
                         batch.append(OutboxRecord(topic, f"{oid}-w{w}-k{rnd.randrange(3)}", f"{oid}-w{w}-{seq}", []))
                         seq += 1
-                    rollback = rnd.random() < 0.2
-                    try:
-                        with conns[dsn].transaction():
-                            st.stash_many(conns[dsn], batch)
-                            if rollback:
-                                raise KeyError("rollback")
-                    except KeyError:
-                        with exp.lock:
-                            exp.rolled_back.update(str(r.value).encode() for r in batch)
-                        continue
-                    with exp.lock:
-                        for r in batch:
-                            exp.by_key.setdefault(r.key, []).append(str(r.value).encode())  # type: ignore[arg-type]
+                    stash_or_roll_back(conns[dsn], st, batch, rnd.random() < 0.2, exp)
                 time.sleep(0.02)
         finally:
             for conn in conns.values():

@@ -29,7 +29,15 @@ from pathlib import Path
 import psycopg
 import pytest
 from psycopg import sql
-from seqcheck import Expected, SeqRelay, check_exactly_once, count_rows, read_intents, wait_for
+from seqcheck import (
+    Expected,
+    SeqRelay,
+    check_exactly_once,
+    count_rows,
+    read_intents,
+    stash_or_roll_back,
+    wait_for,
+)
 
 from harvest_outbox.producer.errors import ConfigError
 from harvest_outbox.producer.fleet.spec import FleetOptions, cpus, fleet_from_document
@@ -215,19 +223,7 @@ def test_a_fleet_of_two_worker_processes_relays_exactly_once_through_a_killed_wo
                         for j in range(rnd.randint(1, 5))
                     ]
                     seq += len(batch)
-                    rollback = rnd.random() < 0.2
-                    try:
-                        with conn.transaction():
-                            st.stash_many(conn, batch)
-                            if rollback:
-                                raise KeyError("rollback")
-                    except KeyError:
-                        with exp.lock:
-                            exp.rolled_back.update(str(r.value).encode() for r in batch)
-                        continue
-                    with exp.lock:
-                        for r in batch:
-                            exp.by_key.setdefault(r.key, []).append(str(r.value).encode())  # type: ignore[arg-type]
+                    stash_or_roll_back(conn, st, batch, rnd.random() < 0.2, exp)
                 time.sleep(0.02)
 
     sup = SeqRelay(cfg, "fw", tmp_path)
