@@ -191,6 +191,8 @@ class Workers:
             self._look_at(w, now)
 
     def _look_at(self, w: Worker, now: float) -> None:
+        if self.stopping.is_set():  # the workers are stopping: wait() reaps them and says how each ended
+            return
         if w.proc is None:
             with self._lock:
                 if now >= w.next_start and not self.stopping.is_set():
@@ -203,7 +205,7 @@ class Workers:
                         log.error("worker %d did not start (%s); trying again in %gs", w.index, exc, w.backoff)
             return
         code = w.proc.poll()
-        if code is None:
+        if code is None or self.stopping.is_set():
             return
         ran = now - w.started_at
         first, most = self.options.restart_backoff, self.options.restart_backoff_max

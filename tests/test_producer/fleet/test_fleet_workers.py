@@ -145,6 +145,27 @@ def test_a_worker_stopping_uncleanly_makes_the_exit_code(tmp_path: Path) -> None
     assert workers.wait() == 5
 
 
+def test_workers_exiting_after_a_stop_are_reaped_by_wait_not_started_again(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The supervisor's loop may look at its workers after a stop signal and before ``wait()``: a worker that
+    has already stopped then is left for ``wait()``, which says how it ended (it once logged "exited ...
+    starting it again" and the stop's report lost it)."""
+    clean = "import signal, sys, time; signal.signal(signal.SIGTERM, lambda *a: sys.exit(0)); time.sleep(60)"
+    workers = Workers(FleetOptions(restart_backoff=0.01), [_python(clean), _python(clean)], tmp_path / "w")
+    (tmp_path / "w").mkdir()
+    workers.start()
+    time.sleep(0.5)  # both installed their handlers
+    workers.stop()
+    wait_for(lambda: all(w.proc is not None and w.proc.poll() is not None for w in workers.workers), 10, "both ended")
+    with caplog.at_level("INFO", logger="harvest_outbox.producer.fleet.workers"):
+        workers.look()
+        assert all(w.proc is not None and w.restarts == 0 for w in workers.workers)
+        assert workers.wait() == 0
+    said = [r.getMessage() for r in caplog.records if "stopped" in r.getMessage() or "exited" in r.getMessage()]
+    assert said == ["worker 0 stopped (exit code 0)", "worker 1 stopped (exit code 0)"], said
+
+
 # ---------------------------------------------------------------------------------------------- processes
 
 PARTITIONS = 4
