@@ -150,7 +150,7 @@ def run_workers(
             workers.look()
     finally:
         signal.signal(signal.SIGHUP, previous)
-        workers.stop()
+        workers.terminate()
         code = workers.wait()
         if endpoint is not None:
             endpoint[0].shutdown()

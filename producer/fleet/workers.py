@@ -12,8 +12,9 @@ Invariants (``tests/test_producer/fleet/test_fleet_workers.py``):
 - a worker that exits while the supervisor runs is started again after ``restartBackoff`` (doubled per
   exit within ``STEADY`` seconds of its start, up to ``restartBackoffMax``); its outboxes fail over to
   the other workers in the meantime, as for any fleet process;
-- SIGTERM / SIGINT to the supervisor stop every worker gracefully (their in-flight records drained)
-  and the supervisor exits when the last one has; SIGHUP is passed on (each worker reads the file);
+- SIGTERM / SIGINT to the supervisor stop every worker gracefully (their in-flight records drained) and
+  the supervisor exits when the last one has (the signal's handler only sets a flag, :meth:`Workers.stop`:
+  it never waits for the lock that starting a worker holds); SIGHUP is passed on (each worker reads the file);
 - workers never outlive the supervisor: each stops gracefully (one SIGTERM to itself) within
   ``PARENT_CHECK`` seconds of its supervisor's death, a kill -9 too;
 - workers are in a session of their own: a terminal's Ctrl-C reaches the supervisor only, which
@@ -176,7 +177,8 @@ class Workers:
         self.workers = [Worker(k, command, port_file(folder, k)) for k, command in enumerate(commands)]
         self.stopping = threading.Event()
         self.started = threading.Event()
-        self._lock = threading.Lock()  # a worker is never started again once stop() has signalled them
+        self._lock = threading.Lock()  # a worker is never started again once terminate() has signalled them
+        self._terminated = False
 
     def start(self) -> None:
         for w in self.workers:
@@ -225,11 +227,18 @@ class Workers:
             w.signal(signal.SIGHUP)
 
     def stop(self) -> None:
-        """Stop every worker gracefully (one SIGTERM each: a second one would end its drain)."""
+        """Ask for the stop (a stop signal's handler calls it: it only sets a flag, so it never waits for the
+        lock that starting a worker holds); :meth:`terminate` carries it out."""
+        self.stopping.set()
+
+    def terminate(self) -> None:
+        """Stop every worker gracefully: one SIGTERM each (a second one would end its drain), and none
+        started again after it."""
         with self._lock:
-            if self.stopping.is_set():
-                return
             self.stopping.set()
+            if self._terminated:
+                return
+            self._terminated = True
             for w in self.workers:
                 w.signal(signal.SIGTERM)
 

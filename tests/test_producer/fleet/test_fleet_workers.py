@@ -122,7 +122,8 @@ def test_a_worker_that_exits_is_started_again_with_a_growing_backoff(tmp_path: P
         states = {s["worker"]: s["state"] for s in workers.statuses()}
         assert states[1] == "running" and states[0] in ("running", "backoff")
     finally:
-        workers.stop()
+        workers.stop()  # (a stop signal's handler: the flag only)
+        workers.terminate()
     restarts = workers.workers[0].restarts
     time.sleep(0.6)  # longer than the backoff: a stopped supervisor starts nothing again
     workers.look()
@@ -142,8 +143,8 @@ def test_a_worker_stopping_uncleanly_makes_the_exit_code(tmp_path: Path) -> None
     workers = Workers(FleetOptions(), [_python(clean), _python(stubborn)], tmp_path / "w")
     workers.start()
     time.sleep(0.5)  # both installed their handlers
-    workers.stop()
-    workers.stop()  # once: a second SIGTERM would end a worker's drain
+    workers.terminate()
+    workers.terminate()  # once: a second SIGTERM would end a worker's drain
     assert workers.wait() == 5
 
 
@@ -158,7 +159,7 @@ def test_workers_exiting_after_a_stop_are_reaped_by_wait_not_started_again(
     (tmp_path / "w").mkdir()
     workers.start()
     time.sleep(0.5)  # both installed their handlers
-    workers.stop()
+    workers.terminate()
     wait_for(lambda: all(w.proc is not None and w.proc.poll() is not None for w in workers.workers), 10, "both ended")
     with caplog.at_level("INFO", logger="harvest_outbox.producer.fleet.workers"):
         workers.look()
