@@ -42,13 +42,15 @@ class WorkerClient:
         self._workers = workers
         self._auth = "Basic " + base64.b64encode(basic_auth.encode()).decode() if basic_auth else ""
         self.scrape_failures = {w.index: 0 for w in workers.workers}
+        # never through an HTTP proxy from the environment: the workers listen on this host
+        self._opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
     def get(self, port: int, path: str) -> tuple[int, bytes]:
         req = urllib.request.Request(f"http://127.0.0.1:{port}{path}")
         if self._auth:
             req.add_header("Authorization", self._auth)
         try:
-            with urllib.request.urlopen(req, timeout=SCRAPE_TIMEOUT) as resp:
+            with self._opener.open(req, timeout=SCRAPE_TIMEOUT) as resp:
                 return int(resp.status), resp.read()
         except urllib.error.HTTPError as exc:
             return int(exc.code), exc.read()

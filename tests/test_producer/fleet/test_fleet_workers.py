@@ -197,9 +197,12 @@ logging: {{level: Info}}
     return path
 
 
+_DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
 def _get(port: int, path: str) -> tuple[int, str]:
     try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=15) as resp:
+        with _DIRECT.open(f"http://127.0.0.1:{port}{path}", timeout=15) as resp:
             return resp.status, resp.read().decode()
     except urllib.error.HTTPError as exc:
         return exc.code, exc.read().decode()
@@ -224,7 +227,11 @@ def test_a_fleet_of_two_worker_processes_relays_exactly_once_through_a_killed_wo
     tmp_path: Path,
     topic_factory: Callable[..., str],
     unique_name: Callable[[str], str],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    # An HTTP proxy in the environment that goes nowhere: the supervisor reaches its workers directly.
+    monkeypatch.setenv("http_proxy", "http://127.0.0.1:9")
+    monkeypatch.setenv("HTTP_PROXY", "http://127.0.0.1:9")
     topic = topic_factory(partitions=PARTITIONS)
     prefix = unique_name("fw")
     tables = {f"o{i}": f"{prefix}_{i}.outbox" for i in range(OUTBOXES)}
