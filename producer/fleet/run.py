@@ -92,11 +92,19 @@ def _raise_open_files_limit() -> None:
         )
 
 
-def _reload(fleet: Any, read_again: Callable[[], FleetFile | None]) -> None:
+def _file_again(read_again: Callable[[], FleetFile | None], keeper: str) -> tuple[bool, FleetFile | None]:
+    """The file read again on SIGHUP: (whether it read, the fleet file or None for one relay's file); an
+    error is logged, saying that ``keeper`` keeps its last good config."""
     try:
-        file = read_again()
+        return True, read_again()
     except ConfigError as exc:
-        log.error("SIGHUP: the file does not read (%s); the fleet keeps its last good config", exc)
+        log.error("SIGHUP: the file does not read (%s); %s keeps its last good config", exc, keeper)
+        return False, None
+
+
+def _reload(fleet: Any, read_again: Callable[[], FleetFile | None]) -> None:
+    read, file = _file_again(read_again, "the fleet")
+    if not read:
         return
     if file is None:
         log.error("SIGHUP: the file is not a fleet file any more; the fleet keeps its last good config")
@@ -159,10 +167,8 @@ def run_workers(
 
 def _said_on_reload(first: FleetFile, read_again: Callable[[], FleetFile | None]) -> None:
     """What a SIGHUP changes here: the workers read the file themselves; their number stays until a restart."""
-    try:
-        file = read_again()
-    except ConfigError as exc:
-        log.error("SIGHUP: the file does not read (%s); each worker keeps its last good config", exc)
+    read, file = _file_again(read_again, "each worker")
+    if not read:
         return
     if file is not None and file.options.workers != first.options.workers:
         log.warning(

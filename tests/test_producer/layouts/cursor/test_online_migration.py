@@ -28,7 +28,7 @@ import psycopg
 import pytest
 from psycopg import sql
 from relaylib import assert_per_key_order, consume_all, covers, relay_config
-from seqcheck import Expected, check_exactly_once, read_intents, wait_for
+from seqcheck import Expected, check_exactly_once, read_intents, stash_or_roll_back, wait_for
 
 from harvest_outbox.producer.config import HarvestConfig
 from harvest_outbox.producer.errors import ConfigError, DatabaseError, HarvestError, LayoutChanged, SchemaError
@@ -260,22 +260,10 @@ class _Writer(threading.Thread):
                         for i in range(1 + seq % 4)
                     ]
                     seq += len(batch)
-                    rollback = seq % 8 == 0
                     began = time.monotonic()
-                    try:
-                        with conn.transaction():
-                            st.stash_many(conn, batch)
-                            if rollback:
-                                raise KeyError("rollback")
-                    except KeyError:
-                        with self.exp.lock:
-                            self.exp.rolled_back.update(r.value.encode() for r in batch)  # type: ignore[union-attr]
-                        continue
-                    self.timings.append((began, time.monotonic() - began))
-                    with self.exp.lock:
-                        for r in batch:
-                            self.exp.by_key.setdefault(r.key, []).append(r.value.encode())  # type: ignore[union-attr]
-                    time.sleep(0.005)
+                    if stash_or_roll_back(conn, st, batch, seq % 8 == 0, self.exp):
+                        self.timings.append((began, time.monotonic() - began))
+                        time.sleep(0.005)
         except BaseException as exc:  # fails the test
             self.failure = exc
 
