@@ -115,7 +115,16 @@ def test_a_failing_relay_is_started_again_with_backoff_and_the_others_never_noti
     script = {"a.outbox": ["fail-start", "fail-make", "fail-run"]}
     fleet = _fleet(_file(["a.outbox", "b.outbox"]), log, script).start()
     try:
-        _wait(lambda: fleet.statuses()[0].failures == 3 and fleet.statuses()[0].state == "running", "a's 4th relay")
+        # (the 4th relay's making too: a status read between the 3rd relay's failure being counted and its
+        # state leaving "running" shows failures == 3 with the 3rd relay's state)
+        _wait(
+            lambda: (
+                fleet.statuses()[0].failures == 3
+                and fleet.statuses()[0].state == "running"
+                and log.count(("made", "a.outbox")) == 3
+            ),
+            "a's 4th relay",
+        )
         a, b = fleet.statuses()
         assert "s3cret" not in (a.last_error or "") and "schema dropped" in (a.last_error or "")
         assert (b.state, b.failures) == ("running", 0)
