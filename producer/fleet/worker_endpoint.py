@@ -56,14 +56,13 @@ class WorkerClient:
             return int(exc.code), exc.read()
 
     def each(self, path: str) -> dict[int, tuple[int, bytes] | None]:
-        """``path`` from every running worker whose port is known, side by side; None for one that did
-        not answer (or has no port yet); workers not running are left out."""
-        ports = {w.index: w.port() for w in self._workers.workers if w.pid is not None}
+        """``path`` from every running worker that has said its port, side by side; None for one that did
+        not answer. Workers not running, or starting (no port yet), are left out."""
+        known = {w.index: w.port() for w in self._workers.workers if w.pid is not None}
+        ports = {index: port for index, port in known.items() if port is not None}
 
-        def one(item: tuple[int, int | None]) -> tuple[int, tuple[int, bytes] | None]:
+        def one(item: tuple[int, int]) -> tuple[int, tuple[int, bytes] | None]:
             index, port = item
-            if port is None:
-                return index, None
             try:
                 return index, self.get(port, path)
             except (OSError, ValueError):
@@ -139,9 +138,8 @@ class WorkersHealth:
         self._workers, self._client = workers, client
 
     def live(self) -> tuple[int, dict[str, Any]]:
-        answers = self._client.each("/healthz")
-        # a running worker that has not said its port yet is starting: live
-        stuck = sorted(i for i, a in answers.items() if (a is None and self._port_known(i)) or (a and a[0] != 200))
+        answers = self._client.each("/healthz")  # (a worker starting, without its port yet, is live)
+        stuck = sorted(i for i, a in answers.items() if a is None or a[0] != 200)
         said = {str(i): _body(a) if a is not None else "no answer" for i, a in sorted(answers.items())}
         return (200 if not stuck else 503), {
             "status": "alive" if not stuck else "dead",
@@ -149,9 +147,6 @@ class WorkersHealth:
             "said": said,
             "not_ok": [f"worker {i}" for i in stuck],
         }
-
-    def _port_known(self, index: int) -> bool:
-        return self._workers.workers[index].port() is not None
 
     def ready(self, outbox: str | None) -> tuple[int, dict[str, Any]]:
         statuses = self._workers.statuses()

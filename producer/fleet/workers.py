@@ -55,10 +55,9 @@ PARENT_CHECK = 0.5
 
 @dataclass(frozen=True)
 class WorkerRole:
-    """What a worker process knows of its place: its index, how many there are, its supervisor."""
+    """What a worker process knows of its place: its index, where it says its port, its supervisor."""
 
     index: int
-    count: int
     port_file: str | None
     parent: int
 
@@ -72,7 +71,7 @@ class WorkerRole:
             raise ValueError(f"{WORKER_FLAG}: {value!r} is not <index>/<count>/<supervisor pid>") from None
         if not 0 <= k < n:
             raise ValueError(f"{WORKER_FLAG}: {value!r}: the index must be below the count")
-        return WorkerRole(k, n, port_file, parent)
+        return WorkerRole(k, port_file, parent)
 
     def bind_to_parent(self) -> None:
         """One SIGTERM to this process (a graceful stop) once its supervisor is gone: a thread looks at the

@@ -305,9 +305,10 @@ def _run(args: argparse.Namespace, signals: StopSignals) -> int:
         "uuid_sequencing": args.uuid_sequencing,
     }
     if args.file and args.outbox is None:  # with --outbox: that outbox's relay alone
+        args.worker_role = _worker_role(args)
         fleet = _load_fleet(args, flags)
         if fleet is not None:
-            if fleet.options.workers > 1 and args.fleet_worker is None:
+            if fleet.options.workers > 1 and args.worker_role is None:
                 return _run_workers(args, signals, flags, fleet)
             return _run_fleet(args, signals, flags, fleet)
     cfg = _load(args, flags)
@@ -343,8 +344,8 @@ def _load_fleet(args: argparse.Namespace, flags: dict[str, Any], again: bool = F
         return None
     for outbox in fleet.listed:
         outbox.config.check_kafka_properties()
-    worker = getattr(args, "fleet_worker", None)
-    _setup_logging(fleet.log_level, f"[w{worker.split('/')[0]}] " if worker else "")
+    role = getattr(args, "worker_role", None)
+    _setup_logging(fleet.log_level, f"[w{role.index}] " if role is not None else "")
     for note in fleet.notes:
         log.log(note.level, "%s", note.message)
     return fleet
@@ -353,37 +354,42 @@ def _load_fleet(args: argparse.Namespace, flags: dict[str, Any], again: bool = F
 def _run_fleet(args: argparse.Namespace, signals: StopSignals, flags: dict[str, Any], fleet: Any) -> int:
     from harvest_outbox.producer.fleet.run import run_fleet
 
-    log.info(
-        "harvest %s starting a fleet: %d listed outbox(es), %d discovery entr%s",
-        producer.__version__,
-        len(fleet.listed),
-        len(fleet.discoveries),
-        "y" if len(fleet.discoveries) == 1 else "ies",
+    _said_starting(fleet, "a fleet")
+    return run_fleet(
+        fleet, lambda: _load_fleet(args, flags, again=True), signals.attach, signals.requested, args.worker_role
     )
-    role = None
-    if args.fleet_worker is not None:
-        from harvest_outbox.producer.fleet.workers import WorkerRole
-
-        try:
-            role = WorkerRole.parse(args.fleet_worker, args.fleet_worker_port_file)
-        except ValueError as exc:
-            raise ConfigError(str(exc)) from None
-    return run_fleet(fleet, lambda: _load_fleet(args, flags, again=True), signals.attach, signals.requested, role)
 
 
 def _run_workers(args: argparse.Namespace, signals: StopSignals, flags: dict[str, Any], fleet: Any) -> int:
     from harvest_outbox.producer.fleet.run import run_workers
 
-    log.info(
-        "harvest %s starting a fleet of %d worker processes: %d listed outbox(es), %d discovery entr%s",
-        producer.__version__,
-        fleet.options.workers,
-        len(fleet.listed),
-        len(fleet.discoveries),
-        "y" if len(fleet.discoveries) == 1 else "ies",
-    )
+    _said_starting(fleet, f"a fleet of {fleet.options.workers} worker processes")
     return run_workers(
         fleet, args.argv, lambda: _load_fleet(args, flags, again=True), signals.attach, signals.requested
+    )
+
+
+def _worker_role(args: argparse.Namespace) -> Any:
+    """This process's place among a supervisor's workers (``--fleet-worker``), or None."""
+    if args.fleet_worker is None:
+        return None
+    from harvest_outbox.producer.fleet.workers import WorkerRole
+
+    try:
+        return WorkerRole.parse(args.fleet_worker, args.fleet_worker_port_file)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+
+
+def _said_starting(fleet: Any, what: str) -> None:
+    n = len(fleet.discoveries)
+    log.info(
+        "harvest %s starting %s: %d listed outbox(es), %d discovery entr%s",
+        producer.__version__,
+        what,
+        len(fleet.listed),
+        n,
+        "y" if n == 1 else "ies",
     )
 
 
