@@ -1050,46 +1050,53 @@ def drain_and_fairness(
                 for side, run in sides if repeat % 2 == 0 else sides[::-1]:
                     runs[side].append(run())
                     _log(f"cpu per row, repeat {repeat + 1}: {side} {runs[side][-1]}")
-            recorder.figure(
-                "cpu_per_row",
-                [r["cpu_us_per_row"] for r in runs["fleet"]],
-                [r["cpu_us_per_row"] for r in runs["single"]],
-                f"relay process CPU per row, {args.rows:,} rows over {n} outboxes of a fleet / in one outbox "
-                "of a one-outbox process",
-            )
-            recorder.figure(
-                "cpu_per_row_one_busy",
-                [r["cpu_us_per_row"] for r in runs["fleet_one_busy"]],
-                [r["cpu_us_per_row"] for r in runs["single"]],
-                f"relay process CPU per row, {args.rows:,} rows in one outbox of the {n}-outbox fleet (the "
-                "others idle) / in one outbox of a one-outbox process",
-            )
-            recorder.figure(
-                "cpu_per_row_processes",
-                [r["cpu_us_per_row"] for r in runs["processes"]],
-                [r["cpu_us_per_row"] for r in runs["single"]],
-                f"CPU per row, {args.rows:,} rows over {FLEET} outboxes of {FLEET} one-outbox processes (summed) / "
-                "in one outbox of a one-outbox process",
-            )
-            recorder.figure(
-                "cpu_per_row_fleet_vs_processes",
-                [r["cpu_us_per_row"] for r in runs["fleet"]],
-                [r["cpu_us_per_row"] for r in runs["processes"]],
-                f"CPU per row: one fleet process over {n} outboxes / {FLEET} one-outbox processes (summed)",
-            )
+            per_row = f"CPU per row, {args.rows:,} rows"
+            one_outbox = "in one outbox of a one-outbox process"
+            figures = [  # (figure, contestant side, baseline side, what it compares)
+                (
+                    "cpu_per_row",
+                    "fleet",
+                    "single",
+                    f"relay process {per_row} over {n} outboxes of a fleet / {one_outbox}",
+                ),
+                (
+                    "cpu_per_row_one_busy",
+                    "fleet_one_busy",
+                    "single",
+                    f"relay process {per_row} in one outbox of the {n}-outbox fleet (the others idle) / {one_outbox}",
+                ),
+                (
+                    "cpu_per_row_processes",
+                    "processes",
+                    "single",
+                    f"{per_row} over {FLEET} outboxes of {FLEET} one-outbox processes (summed) / {one_outbox}",
+                ),
+                (
+                    "cpu_per_row_fleet_vs_processes",
+                    "fleet",
+                    "processes",
+                    f"CPU per row: one fleet process over {n} outboxes / {FLEET} one-outbox processes (summed)",
+                ),
+            ]
             if workers:
+                figures += [
+                    (
+                        "cpu_per_row_workers",
+                        "fleet_workers",
+                        "single",
+                        f"relay {per_row} over {n} outboxes of a fleet run by {args.workers} worker processes "
+                        f"(fleet.workers; supervisor and workers summed) / {one_outbox}",
+                    ),
+                    (
+                        "cpu_per_row_workers_vs_fleet",
+                        "fleet_workers",
+                        "fleet",
+                        f"CPU per row: a fleet run by {args.workers} worker processes / one fleet process, {n} outboxes",
+                    ),
+                ]
+            for figure, side, base, what in figures:
                 recorder.figure(
-                    "cpu_per_row_workers",
-                    [r["cpu_us_per_row"] for r in runs["fleet_workers"]],
-                    [r["cpu_us_per_row"] for r in runs["single"]],
-                    f"relay CPU per row, {args.rows:,} rows over {n} outboxes of a fleet run by {args.workers} worker "
-                    "processes (fleet.workers; supervisor and workers summed) / in one outbox of a one-outbox process",
-                )
-                recorder.figure(
-                    "cpu_per_row_workers_vs_fleet",
-                    [r["cpu_us_per_row"] for r in runs["fleet_workers"]],
-                    [r["cpu_us_per_row"] for r in runs["fleet"]],
-                    f"CPU per row: a fleet run by {args.workers} worker processes / one fleet process, {n} outboxes",
+                    figure, [r["cpu_us_per_row"] for r in runs[side]], [r["cpu_us_per_row"] for r in runs[base]], what
                 )
             recorder.figure(
                 "rows_per_s",
