@@ -105,6 +105,7 @@ ROOMS: dict[str, tuple[str, ...]] = {
         "test_raw_output",
         "test_security_errors",
         "test_shared_admin",
+        "test_shared_producer",
     ),
     "observe": (
         "test_dashboard",

@@ -60,7 +60,14 @@ from harvest_outbox.producer.errors import ConfigError, shown
 #: The sections of a fleet file.
 FLEET_KEYS = ("harvest", "logging", "outboxes", "discover", "fleet")
 DISCOVER_KEYS = ("dataSource", "schemas", "table", "databases", "harvest")
-OPTION_KEYS = ("discoveryInterval", "restartBackoff", "restartBackoffMax", "statementConnections", "workers")
+OPTION_KEYS = (
+    "discoveryInterval",
+    "restartBackoff",
+    "restartBackoffMax",
+    "sharedProducer",
+    "statementConnections",
+    "workers",
+)
 #: ``fleet.statementConnections``' default and bounds (connections per database and process: docs/fleet.md).
 DEFAULT_STATEMENT_CONNECTIONS = 10
 STATEMENT_CONNECTIONS_RANGE = (0, 1000)
@@ -90,6 +97,10 @@ class FleetOptions:
     #: file as a fleet process of its own, and the balance shares the outboxes between them. Default 1:
     #: the process relays every outbox itself; ``auto``: one per CPU.
     workers: int = 1
+    #: One Kafka producer for every at-least-once outbox this process leads that reaches Kafka with the same
+    #: settings (producer/kafka/shared_producer.py); ``--uuid-sequencing`` and sharded outboxes keep their
+    #: own. Default true; false: a producer per led outbox.
+    shared_producer: bool = True
 
 
 @dataclass(frozen=True)
@@ -430,6 +441,14 @@ def _options(section: Mapping[str, Any]) -> FleetOptions:
         )
     if "workers" in section:
         options = dataclasses.replace(options, workers=_workers(section["workers"]))
+    if "sharedProducer" in section:
+        shared = section["sharedProducer"]
+        if not isinstance(shared, bool):
+            raise ConfigError(
+                f"fleet.sharedProducer: {shown(shared)} must be true (one Kafka producer for the at-least-once "
+                f"outboxes this process leads, the default) or false (one per led outbox)"
+            )
+        options = dataclasses.replace(options, shared_producer=shared)
     if options.restart_backoff_max < options.restart_backoff:
         raise ConfigError("fleet.restartBackoffMax: must be at least fleet.restartBackoff")
     return options

@@ -41,6 +41,7 @@ from harvest_outbox.producer.fleet.discovery import DiscoveryError, discover
 from harvest_outbox.producer.fleet.member import Member, MemberStatus, RelayFactory
 from harvest_outbox.producer.fleet.spec import Discovery, FleetFile, Outbox, merged
 from harvest_outbox.producer.kafka.shared_admin import SharedAdmins
+from harvest_outbox.producer.kafka.shared_producer import SharedProducers
 from harvest_outbox.producer.relay.layout_session import LayoutSessions
 
 log = logging.getLogger(__name__)
@@ -107,6 +108,8 @@ class Fleet:
         self.admins = SharedAdmins()
         #: ... and one pool of statement connections per database for the outboxes this process leads.
         self.statement_pools = StatementPools(file.base_name, file.options.statement_connections)
+        #: One Kafka producer per cluster (and settings) for the at-least-once outboxes this process leads.
+        self.producers = SharedProducers(f"harvest-{file.base_name}")
 
     # ------------------------------------------------------------------ public
     def start(self) -> Fleet:
@@ -152,6 +155,7 @@ class Fleet:
         if stopped and self._stop.is_set():
             self.statement_pools.close()  # every relay has given its connections back
             self.admins.close()
+            self.producers.close()
         return stopped
 
     def statuses(self) -> list[MemberStatus]:
@@ -264,9 +268,17 @@ class Fleet:
         shared = self.layout_sessions.for_dsn(config.data_source)
         listen, admins = self.listen_hubs.listener, self.admins.get
         pool = self.statement_pools.for_dsn(config.data_source)
+        extra: dict[str, Any] = {}
+        if self.file.options.shared_producer and not config.uuid_sequencing:
+            extra["producer_factory"] = self.producers.factory
         if not balanced(config):
             return relay_for(
-                config, layout_session=shared, listener_factory=listen, statement_pool=pool, admin_factory=admins
+                config,
+                layout_session=shared,
+                listener_factory=listen,
+                statement_pool=pool,
+                admin_factory=admins,
+                **extra,
             )
         election = self.election_sessions.election(
             config.data_source,
@@ -282,6 +294,7 @@ class Fleet:
             listener_factory=listen,
             statement_pool=pool,
             admin_factory=admins,
+            **extra,
         )
 
     def _balanced_outboxes(self) -> list[tuple[str, str, str]]:

@@ -1,0 +1,183 @@
+"""One Kafka producer per process for a fleet's at-least-once outboxes, not one per relay (issue #48).
+
+A relay owns its producer: it produces, polls it for delivery reports (a global ``on_delivery``), flushes it
+when it gives up leadership and, when a drain is abandoned or the producer hit a fatal error, drops it and
+makes another. Ten relays of a fleet each sent a tenth of the rows with a producer of their own: ten
+librdkafka instances (threads, broker connections, idle wake-ups) and batches a tenth the size, which cost
+CPU per row. :class:`SharedProducers` gives every at-least-once relay of a process that reaches Kafka with
+the same settings a :class:`ProducerLane` over one confluent-kafka producer. A lane behaves, for its relay,
+as the producer it had: ``produce``, ``poll`` (its own delivery reports, on its own thread), ``flush`` (its
+own records), ``len`` (its own records not yet reported) and ``purge``.
+
+Why only at-least-once: a ``--uuid-sequencing`` relay's producer belongs to one view (its idempotent
+producer id and the sequence of its transactions' records fence a zombie's; see docs/design.md), so sequenced
+outboxes keep a producer each.
+
+Invariants (tests/test_producer/kafka/test_shared_producer.py):
+- a lane's relay sees its own delivery reports and no other's, on the thread that polls the lane, in the
+  order the shared producer served them: each record carries its lane's router (a per-message
+  ``on_delivery``), and whichever thread polls the shared producer only appends a report to its lane's queue;
+- ``len(lane)`` counts the lane's records produced and not yet served to its relay; ``flush`` waits for those
+  only, and returns how many are left;
+- ``purge`` cannot take one relay's records out of a producer others use: it purges nothing. A relay purges
+  when it abandons a drain, and abandons the producer with it (``RelayCore.abandon_producer``): its next lane
+  is new, the old lane's late reports reach no relay, and its queued records are still sent (duplicates,
+  which at-least-once allows; per key the first arrivals stay in id order, since the new view sends a key's
+  records after the old copies in librdkafka's partition queue) or time out;
+- equal settings share one producer, others get their own; a producer that reported a fatal error tells
+  every lane's relay (its ``error_cb``) and is used by no new lane;
+- :meth:`SharedProducers.close` flushes each producer, bounded.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import weakref
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+from confluent_kafka import KafkaError, Message, Producer
+
+from harvest_outbox.producer.kafka._producer import DeliveryCallback
+
+log = logging.getLogger(__name__)
+
+#: Settings a relay gives its producer that are its own, not the producer's: left out when deciding which
+#: relays share one. ``error_cb`` is the relay's and reaches it through its lane.
+_PER_RELAY = frozenset({"client.id", "error_cb", "on_delivery"})
+#: The longest a lane's ``poll(timeout)`` waits inside the shared producer at once: another thread may serve
+#: the lane's report meanwhile, and the lane looks at its queue between slices.
+_SLICE = 0.001
+
+
+class ProducerLane:
+    """A relay's view of a shared producer (see module doc): its records, its reports, its relay's errors."""
+
+    def __init__(self, shared: _Shared, on_delivery: DeliveryCallback, error_cb: Callable[[KafkaError], None] | None):
+        self._shared = shared
+        self._real = shared.producer
+        self._on_delivery = on_delivery
+        self.error_cb = error_cb
+        self._reports: deque[tuple[KafkaError | None, Message]] = deque()
+        self._held = 0
+        # The per-message router: any polling thread appends here (deque.append is atomic).
+        report = self._reports.append
+
+        def route(err: KafkaError | None, msg: Message) -> None:
+            report((err, msg))
+
+        self._route = route
+
+    def produce(
+        self, topic: str, value: bytes | None = None, key: bytes | None = None, *args: Any, **kwargs: Any
+    ) -> None:
+        if args:
+            if len(args) > 1:  # callback / on_delivery by position: the lane routes reports itself
+                raise TypeError("a shared producer's lane takes produce() arguments after partition by name")
+            self._real.produce(topic, value, key, args[0], on_delivery=self._route, **kwargs)
+        else:
+            self._real.produce(topic, value, key, on_delivery=self._route, **kwargs)
+        self._held += 1
+
+    def poll(self, timeout: float = 0) -> int:
+        """Serve this lane's delivery reports to its relay; wait up to ``timeout`` seconds for one."""
+        reports, real = self._reports, self._real
+        real.poll(0)
+        if not reports and timeout > 0:
+            deadline = time.monotonic() + timeout
+            while not reports:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                real.poll(min(left, _SLICE))
+        served = 0
+        on_delivery = self._on_delivery
+        while reports:
+            err, msg = reports.popleft()
+            self._held -= 1
+            served += 1
+            on_delivery(err, msg)
+        return served
+
+    def flush(self, timeout: float = -1) -> int:
+        """Wait until this lane's records are reported (``timeout`` < 0: however long); how many are left."""
+        deadline = None if timeout < 0 else time.monotonic() + timeout
+        while self._held:
+            left = 0.01 if deadline is None else min(0.01, deadline - time.monotonic())
+            if left <= 0:
+                break
+            self.poll(left)
+        return self._held
+
+    def purge(self, in_queue: bool = True, in_flight: bool = True, blocking: bool = True) -> None:
+        """Nothing: the producer's queues hold other relays' records too (module doc)."""
+
+    def __len__(self) -> int:
+        return self._held
+
+
+class _Shared:
+    """One producer and the lanes over it."""
+
+    def __init__(self, producer: Any) -> None:
+        self.producer = producer
+        self.fatal = False
+        self.lanes: weakref.WeakSet[ProducerLane] = weakref.WeakSet()
+
+
+Make = Callable[[dict[str, Any]], Any]
+
+
+class SharedProducers:
+    """A process's shared producers by their settings; :meth:`factory` is a relay's ``producer_factory``."""
+
+    def __init__(self, client_id: str, make: Make = Producer) -> None:
+        self._client_id = client_id
+        self._make = make
+        self._lock = threading.Lock()
+        self._shared: dict[tuple[tuple[str, str], ...], _Shared] = {}
+
+    def factory(self, config: dict[str, Any], on_delivery: DeliveryCallback) -> ProducerLane:
+        """A lane for a relay whose producer would have had ``config`` and ``on_delivery``."""
+        settings = {k: v for k, v in config.items() if k not in _PER_RELAY}
+        key = tuple(sorted((str(k), repr(v)) for k, v in settings.items()))
+        with self._lock:
+            shared = self._shared.get(key)
+            if shared is None or shared.fatal:
+                holder: list[_Shared] = []
+                settings["client.id"] = self._client_id
+                settings["error_cb"] = lambda err: _broadcast(holder[0], err)
+                shared = _Shared(self._make(settings))
+                holder.append(shared)
+                self._shared[key] = shared
+            lane = ProducerLane(shared, on_delivery, config.get("error_cb"))
+            shared.lanes.add(lane)
+        return lane
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._shared)
+
+    def close(self, timeout: float = 5.0) -> None:
+        """Flush every producer (each within ``timeout``) and drop them."""
+        with self._lock:
+            shared, self._shared = list(self._shared.values()), {}
+        for one in shared:
+            left = one.producer.flush(timeout)
+            if left:
+                log.warning("%d record(s) of a shared Kafka producer were not delivered within %.1fs", left, timeout)
+
+
+def _broadcast(shared: _Shared, err: KafkaError) -> None:
+    """librdkafka's error for the shared producer: a fatal one reaches every lane's relay (each leaves its
+    view and asks for a new producer, which no longer is this one)."""
+    if not err.fatal():
+        log.debug("shared Kafka producer: %s", err.str())  # librdkafka logs these itself
+        return
+    shared.fatal = True
+    for lane in list(shared.lanes):
+        if lane.error_cb is not None:
+            lane.error_cb(err)
