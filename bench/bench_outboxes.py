@@ -255,6 +255,10 @@ class Sample:
         )
 
 
+#: Options every fleet of the run gets in its ``fleet`` section (``--shared-producer``).
+FLEET_OPTIONS: dict[str, Any] = {}
+
+
 class Relay:
     """One ``harvest -f <yaml>`` process: a fleet of ``tables`` or, with ``fleet=False``, one relay."""
 
@@ -287,6 +291,7 @@ class Relay:
         ]
         if fleet:
             options = {
+                **FLEET_OPTIONS,
                 **({"statementConnections": statement_connections} if statement_connections is not None else {}),
                 **({"workers": workers} if workers > 1 else {}),
             }
@@ -889,10 +894,18 @@ def main(argv: list[str] | None = None) -> int:
         type=int,
         help="the fleets' fleet.statementConnections (default: the fleet's own default; 0: no pool)",
     )
+    ap.add_argument(
+        "--shared-producer",
+        choices=("true", "false"),
+        help="the fleets' fleet.sharedProducer (default: the fleet's own default, true: one Kafka producer per "
+        "process for its at-least-once outboxes)",
+    )
     ap.add_argument("--parts", default=",".join(PARTS), help=f"which parts to run: {', '.join(PARTS)}")
     ap.add_argument("--quick", action="store_true", help=f"a smoke run: {QUICK} unless given")
     ap.add_argument("--workdir", help="where the relays' configs and logs go (default: a temporary folder, removed)")
     args = ap.parse_args(argv)
+    if args.shared_producer is not None:
+        FLEET_OPTIONS["sharedProducer"] = args.shared_producer
     for key, value in (QUICK if args.quick else FULL).items():
         if getattr(args, key) is None:  # given on the command line: kept, --quick or not
             setattr(args, key, value)

@@ -17,6 +17,7 @@ import pytest
 from confluent_kafka import Consumer, KafkaError, Producer
 from relaylib import assert_per_key_order, consume_all, covers, relay_config, wait_drained
 
+from harvest_outbox.producer.errors import ConfigError
 from harvest_outbox.producer.fleet.spec import fleet_from_document
 from harvest_outbox.producer.fleet.supervisor import Fleet
 from harvest_outbox.producer.harvest import Harvest
@@ -24,6 +25,26 @@ from harvest_outbox.producer.kafka import FaultInjector
 from harvest_outbox.producer.kafka.shared_producer import ProducerLane, SharedProducers
 from harvest_outbox.producer.schema.ddl import init_db
 from harvest_outbox.producer.stash.stasher import OutboxRecord, Stasher
+
+
+_DOC = {
+    "harvest": {"dataSource": "postgres://relay@db1/app", "leaderElection": "postgres", "name": "relay"},
+    "outboxes": [{"id": "a", "outboxTable": "a.outbox"}],
+}
+
+
+@pytest.mark.parametrize(("given", "shared"), [(None, True), (True, True), (False, False)])
+def test_the_fleet_option(given: object, shared: bool) -> None:
+    options = {} if given is None else {"sharedProducer": given}
+    assert fleet_from_document({**_DOC, "fleet": options}).options.shared_producer is shared
+
+
+@pytest.mark.parametrize("given", ["yes", "true", 1, 0, None, [True]])
+def test_the_fleet_option_refused_with_the_fix(given: object) -> None:
+    with pytest.raises(ConfigError) as info:
+        fleet_from_document({**_DOC, "fleet": {"sharedProducer": given}})
+    said = str(info.value)
+    assert said.startswith("fleet.sharedProducer: ") and "must be true" in said and "or false" in said, said
 
 
 class _Msg:
