@@ -26,7 +26,6 @@ from harvest_outbox.producer.kafka.shared_producer import ProducerLane, SharedPr
 from harvest_outbox.producer.schema.ddl import init_db
 from harvest_outbox.producer.stash.stasher import OutboxRecord, Stasher
 
-
 _DOC = {
     "harvest": {"dataSource": "postgres://relay@db1/app", "leaderElection": "postgres", "name": "relay"},
     "outboxes": [{"id": "a", "outboxTable": "a.outbox"}],
@@ -67,8 +66,19 @@ class _Scripted:
         self.flushed: list[float] = []
         self.threads: set[str] = set()
 
-    def produce(self, topic: str, value: bytes | None = None, key: bytes | None = None, *args: Any, **kw: Any) -> None:
-        self.queued.append((_Msg(topic, key, value), kw["on_delivery"]))
+    def produce(  # confluent-kafka's signature: the report's callback as `callback` or `on_delivery`
+        self,
+        topic: str,
+        value: bytes | None = None,
+        key: bytes | None = None,
+        partition: int = -1,
+        callback: Callable[[KafkaError | None, Any], None] | None = None,
+        on_delivery: Callable[[KafkaError | None, Any], None] | None = None,
+        **kw: Any,
+    ) -> None:
+        report = callback or on_delivery
+        assert report is not None and not (callback and on_delivery)
+        self.queued.append((_Msg(topic, key, value), report))
 
     def poll(self, timeout: float = 0) -> int:
         self.threads.add(threading.current_thread().name)
