@@ -14,9 +14,11 @@ producer id and the sequence of its transactions' records fence a zombie's; see 
 outboxes keep a producer each.
 
 Invariants (tests/test_producer/kafka/test_shared_producer.py):
-- a lane's relay sees its own delivery reports and no other's, on the thread that polls the lane, in the
-  order the shared producer served them: each record carries its lane's router (a per-message
-  ``on_delivery``), and whichever thread polls the shared producer only appends a report to its lane's queue;
+- a lane's relay sees each of its own delivery reports once and no other's, on the thread that polls the
+  lane: each record carries its lane's router (a per-message ``on_delivery``); a report served by another
+  thread polling the shared producer is only appended to its lane's queue, one served by the lane's own
+  thread goes to its relay at once when none waits in the queue (the common case of a busy relay, which
+  polls for its own reports), else behind them;
 - ``len(lane)`` counts the lane's records produced and not yet served to its relay; ``flush`` waits for those
   only, and returns how many are left;
 - ``purge`` cannot take one relay's records out of a producer others use: it purges nothing. A relay purges
@@ -62,13 +64,20 @@ class ProducerLane:
         self._produce = shared.producer.produce
         self._on_delivery = on_delivery
         self.error_cb = error_cb
-        self._reports: deque[tuple[KafkaError | None, Message]] = deque()
+        reports: deque[tuple[KafkaError | None, Message]] = deque()
+        self._reports = reports
         self._held = 0
-        # The per-message router: any polling thread appends here (deque.append is atomic).
-        report = self._reports.append
+        #: The thread that polls this lane (its relay's): a report served there, none queued before it, goes to
+        #: the relay at once; one served by another thread waits in the queue (deque.append is atomic).
+        self._owner = threading.get_ident()
+        queue, here = reports.append, threading.get_ident
 
         def route(err: KafkaError | None, msg: Message) -> None:
-            report((err, msg))
+            if not reports and here() == self._owner:
+                self._held -= 1
+                on_delivery(err, msg)
+            else:
+                queue((err, msg))
 
         self._route = route
 
@@ -86,7 +95,8 @@ class ProducerLane:
 
     def poll(self, timeout: float = 0) -> int:
         """Serve this lane's delivery reports to its relay; wait up to ``timeout`` seconds for one."""
-        reports, real = self._reports, self._real
+        reports, real, held = self._reports, self._real, self._held
+        self._owner = threading.get_ident()
         real.poll(0)
         if not reports and timeout > 0:
             deadline = time.monotonic() + timeout
@@ -104,7 +114,7 @@ class ProducerLane:
                 on_delivery(err, msg)
         finally:
             self._held -= served
-        return served
+        return held - self._held
 
     def flush(self, timeout: float = -1) -> int:
         """Wait until this lane's records are reported (``timeout`` < 0: however long); how many are left."""

@@ -134,13 +134,38 @@ def test_len_and_flush_count_the_lanes_own_records_only() -> None:
     pool, _made = _pool()
     got: list[tuple[str, bytes | None]] = []
     a, b = _lane(pool, got), _lane(pool, got)
+    _on_thread("relay-b", lambda: b.poll(0))  # b's relay polls it on a thread of its own
     for i in range(3):
         a.produce("t", f"a{i}".encode(), b"k")
     b.produce("t", b"b", b"k")
     assert (len(a), len(b)) == (3, 1)
     assert a.flush(1.0) == 0 and len(a) == 0
     assert len(b) == 1  # served into b's queue, not yet to its relay
-    assert b.flush(0.5) == 0 and [v for _t, v in got] == [b"a0", b"a1", b"a2", b"b"]
+    _on_thread("relay-b", lambda: b.flush(0.5))
+    assert len(b) == 0 and got == [
+        ("MainThread", b"a0"),
+        ("MainThread", b"a1"),
+        ("MainThread", b"a2"),
+        ("relay-b", b"b"),
+    ]
+
+
+def test_a_report_served_on_its_lanes_own_thread_goes_behind_those_queued_before_it() -> None:
+    pool, _made = _pool()
+    got: list[tuple[str, bytes | None]] = []
+    a, b = _lane(pool, got), _lane(pool, [])
+    a.produce("t", b"a1", b"k")
+    _on_thread("relay-b", lambda: b.poll(0))  # serves a1 into a's queue
+    a.produce("t", b"a2", b"j")
+    assert a.poll(0) == 2 and [v for _t, v in got] == [b"a1", b"a2"] and len(a) == 0
+    a.produce("t", b"a3", b"k")
+    assert a.poll(0) == 1 and got[-1] == ("MainThread", b"a3") and not a._reports  # served at once
+
+
+def _on_thread(name: str, work: Callable[[], object]) -> None:
+    thread = threading.Thread(target=work, name=name)
+    thread.start()
+    thread.join()
 
 
 def test_flush_returns_what_is_left_when_reports_do_not_come() -> None:
