@@ -21,9 +21,11 @@ Invariants (tests/test_producer/kafka/test_shared_producer.py):
   polls for its own reports), else behind them;
 - ``len(lane)`` counts the lane's records produced and not yet served to its relay; ``flush`` waits for those
   only, and returns how many are left;
-- ``purge`` cannot take one relay's records out of a producer others use: it purges nothing. A relay purges
-  when it abandons a drain, and abandons the producer with it (``RelayCore.abandon_producer``): its next lane
-  is new, the old lane's late reports reach no relay, and its queued records are still sent (duplicates,
+- ``purge`` cannot take one relay's records out of a producer others use: it takes none out, and cuts the lane
+  off its relay. A relay purges when it abandons a drain, and abandons the producer with it
+  (``RelayCore.abandon_producer``): its next lane is new, and the old lane's late reports reach no relay, even
+  when the relay's own thread serves them through its new lane (a late report handed to the relay could free a
+  key, or purge a row, of its new view); the old lane's queued records are still sent (duplicates,
   which at-least-once allows; per key the first arrivals stay in id order, since the new view sends a key's
   records after the old copies in librdkafka's partition queue) or time out;
 - equal settings share one producer, others get their own; a producer that reported a fatal error tells
@@ -68,12 +70,16 @@ class ProducerLane:
         self._reports = reports
         self._held = 0
         #: The thread that polls this lane (its relay's): a report served there, none queued before it, goes to
-        #: the relay at once; one served by another thread waits in the queue (deque.append is atomic).
-        self._owner = threading.get_ident()
+        #: the relay at once; one served by another thread waits in the queue (deque.append is atomic). None
+        #: once the relay purged the lane (:meth:`purge`): its reports then reach nobody.
+        self._owner: int | None = threading.get_ident()
         queue, here = reports.append, threading.get_ident
 
         def route(err: KafkaError | None, msg: Message) -> None:
-            if not reports and here() == self._owner:
+            owner = self._owner
+            if owner is None:
+                return  # a purged lane's late report: its relay has left the view it belonged to
+            if not reports and here() == owner:
                 self._held -= 1
                 on_delivery(err, msg)
             else:
@@ -96,6 +102,10 @@ class ProducerLane:
     def poll(self, timeout: float = 0) -> int:
         """Serve this lane's delivery reports to its relay; wait up to ``timeout`` seconds for one."""
         reports, real, held = self._reports, self._real, self._held
+        if self._owner is None:
+            reports.clear()  # purged: nothing reaches the relay any more
+            real.poll(0)
+            return 0
         self._owner = threading.get_ident()
         real.poll(0)
         if not reports and timeout > 0:
@@ -127,7 +137,11 @@ class ProducerLane:
         return self._held
 
     def purge(self, in_queue: bool = True, in_flight: bool = True, blocking: bool = True) -> None:
-        """Nothing: the producer's queues hold other relays' records too (module doc)."""
+        """Take nothing out of the producer's queues (they hold other relays' records too), but cut the lane off
+        its relay: no report of its records reaches the relay from now on, whichever thread serves it. A relay
+        purges when it abandons a drain, and drops the producer with it (module doc)."""
+        self._owner = None
+        self._reports.clear()
 
     def __len__(self) -> int:
         return self._held

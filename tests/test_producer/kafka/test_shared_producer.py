@@ -189,6 +189,24 @@ def test_purge_takes_no_record_out_of_the_shared_producer() -> None:
     assert got == [("MainThread", b"b")]
 
 
+def test_a_purged_lanes_late_reports_never_reach_its_relay_not_even_through_its_next_lane() -> None:
+    """The relay abandons a drain: purge, then a new lane for its next view, polled on the same thread. The
+    old records' reports (queued before the purge, or served after it on that thread) must not reach the
+    relay: for its new view a late report of key k would free k, or purge a row, that was never delivered."""
+    pool, _made = _pool()
+    got: list[tuple[str, bytes | None]] = []
+    old = _lane(pool, got)
+    old.produce("t", b"old-1", b"k")
+    _on_thread("another relay", lambda: _lane(pool, []).poll(0))  # queues old-1 in the old lane
+    old.produce("t", b"old-2", b"k")
+    old.purge(in_queue=True, in_flight=False)
+    assert old.poll(0) == 0 and got == []  # what was queued is dropped, and old-2 served here reaches nobody
+    old.produce("t", b"old-3", b"k")  # (a relay does not produce after a purge; were it to, still nobody)
+    new = _lane(pool, got)
+    new.produce("t", b"new-1", b"k")
+    assert new.poll(0) == 1 and got == [("MainThread", b"new-1")] and len(new) == 0
+
+
 def test_equal_settings_share_a_producer_and_others_get_their_own() -> None:
     pool, made = _pool()
     a = _lane(pool, [], **{"linger.ms": 1})
