@@ -270,7 +270,7 @@ class Fleet:
         pool = self.statement_pools.for_dsn(config.data_source)
         extra: dict[str, Any] = {}
         if self.file.options.shared_producer and not config.uuid_sequencing:
-            extra["producer_factory"] = self.producers.factory
+            extra["producer_factory"] = self.producers.for_relay(config.name)
         if not balanced(config):
             return relay_for(
                 config,

@@ -28,7 +28,8 @@ Invariants (tests/test_producer/kafka/test_shared_producer.py):
   key, or purge a row, of its new view); the old lane's queued records are still sent (duplicates,
   which at-least-once allows; per key the first arrivals stay in id order, since the new view sends a key's
   records after the old copies in librdkafka's partition queue) or time out;
-- equal settings share one producer, others get their own; a producer that reported a fatal error tells
+- equal settings share one producer, others get their own (a ``client.id`` the user set is a setting, a
+  relay's default one is not); a producer that reported a fatal error tells
   every lane's relay (its ``error_cb``) and is used by no new lane;
 - :meth:`SharedProducers.close` flushes each producer, bounded.
 """
@@ -51,7 +52,7 @@ log = logging.getLogger(__name__)
 
 #: Settings a relay gives its producer that are its own, not the producer's: left out when deciding which
 #: relays share one. ``error_cb`` is the relay's and reaches it through its lane.
-_PER_RELAY = frozenset({"client.id", "error_cb", "on_delivery"})
+_PER_RELAY = frozenset({"error_cb", "on_delivery"})
 #: The longest a lane's ``poll(timeout)`` waits inside the shared producer at once: another thread may serve
 #: the lane's report meanwhile, and the lane looks at its queue between slices.
 _SLICE = 0.001
@@ -168,15 +169,29 @@ class SharedProducers:
         self._lock = threading.Lock()
         self._shared: dict[tuple[tuple[str, str], ...], _Shared] = {}
 
+    def for_relay(self, name: str) -> Callable[[dict[str, Any], DeliveryCallback], ProducerLane]:
+        """The ``producer_factory`` of the relay named ``name``: a ``client.id`` the user set is the producer's
+        (Kafka's quotas go by it: only relays with the same one share), the relay's default (``harvest-<name>``)
+        is not."""
+        default = f"harvest-{name}"
+
+        def factory(config: dict[str, Any], on_delivery: DeliveryCallback) -> ProducerLane:
+            if config.get("client.id") == default:
+                config = {k: v for k, v in config.items() if k != "client.id"}
+            return self.factory(config, on_delivery)
+
+        return factory
+
     def factory(self, config: dict[str, Any], on_delivery: DeliveryCallback) -> ProducerLane:
-        """A lane for a relay whose producer would have had ``config`` and ``on_delivery``."""
+        """A lane for a relay whose producer would have had ``config`` and ``on_delivery`` (its ``client.id``
+        included: :meth:`for_relay` leaves a relay's default out)."""
         settings = {k: v for k, v in config.items() if k not in _PER_RELAY}
         key = tuple(sorted((str(k), repr(v)) for k, v in settings.items()))
         with self._lock:
             shared = self._shared.get(key)
             if shared is None or shared.fatal:
                 holder: list[_Shared] = []
-                settings["client.id"] = self._client_id
+                settings.setdefault("client.id", self._client_id)
                 settings["error_cb"] = lambda err: _broadcast(holder[0], err)
                 shared = _Shared(self._make(settings))
                 holder.append(shared)

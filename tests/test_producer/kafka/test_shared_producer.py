@@ -109,7 +109,7 @@ def _lane(pool: SharedProducers, got: list[tuple[str, bytes | None]], **config: 
     def report(err: KafkaError | None, msg: Any) -> None:
         got.append((threading.current_thread().name, msg.value()))
 
-    return pool.factory({"bootstrap.servers": "k:9092", "client.id": "harvest-x", **config}, report)
+    return pool.for_relay("x")({"bootstrap.servers": "k:9092", "client.id": "harvest-x", **config}, report)
 
 
 def test_each_lane_sees_its_own_reports_on_its_own_thread_whoever_polled() -> None:
@@ -210,12 +210,19 @@ def test_a_purged_lanes_late_reports_never_reach_its_relay_not_even_through_its_
 def test_equal_settings_share_a_producer_and_others_get_their_own() -> None:
     pool, made = _pool()
     a = _lane(pool, [], **{"linger.ms": 1})
-    b = pool.factory({"linger.ms": 1, "bootstrap.servers": "k:9092", "client.id": "harvest-y"}, lambda e, m: None)
+    relay_y = pool.for_relay("fleet/y")
+    b = relay_y({"linger.ms": 1, "bootstrap.servers": "k:9092", "client.id": "harvest-fleet/y"}, lambda e, m: None)
     other_cluster = _lane(pool, [], **{"bootstrap.servers": "k2:9092"})
     other_setting = _lane(pool, [], **{"linger.ms": 5})
     assert a._real is b._real and len({id(a._real), id(other_cluster._real), id(other_setting._real)}) == 3
     assert len(pool) == 3 == len(made)
     assert {m.config["client.id"] for m in made} == {"harvest-fleet"}  # the process's, not a relay's
+    # a client.id the user set (Kafka's quotas go by it) is the producer's: shared only with the same one
+    quota = [
+        pool.for_relay(n)({"bootstrap.servers": "k:9092", "client.id": "quota-a"}, lambda e, m: None) for n in "pq"
+    ]
+    assert quota[0]._real is quota[1]._real is made[-1] and made[-1].config["client.id"] == "quota-a"
+    assert len(pool) == 4
 
 
 @pytest.mark.parametrize("fatal", [True, False])
@@ -281,8 +288,8 @@ def test_three_relays_share_one_producer_through_injected_failures_and_lose_noth
             expected.setdefault(key, []).append(f"{n}-v{i}".encode())
         with psycopg.connect(pg_dsn) as conn:
             Stasher(table).stash_many(conn, records)
-        fault = FaultInjector(0.01, 0.01, seed=n, real_factory=pool.factory)
         cfg = relay_config(pg_dsn, kafka_bootstrap, table, unique_name("g"), max_delivery_attempts=1000)
+        fault = FaultInjector(0.01, 0.01, seed=n, real_factory=pool.for_relay(cfg.name))
         faults.append(fault)
         plan.append((topic, table, expected))
         relays.append(Harvest(cfg, producer_factory=fault))
