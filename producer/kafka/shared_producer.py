@@ -56,6 +56,11 @@ _PER_RELAY = frozenset({"error_cb", "on_delivery"})
 #: The longest a lane's ``poll(timeout)`` waits inside the shared producer at once: another thread may serve
 #: the lane's report meanwhile, and the lane looks at its queue between slices.
 _SLICE = 0.001
+#: ``queue.buffering.max.messages`` of a shared producer unless set: librdkafka's default (100,000) bounded one
+#: relay's records, and a record that finds the queue full waits (``BufferError``: the relay retries for ~10 s,
+#: then re-marks). Each relay still bounds its own records in flight (``maxInFlightRecords``); this bounds
+#: their sum, so that ten outboxes draining at once do not wait for each other's room.
+SHARED_QUEUE_MESSAGES = 1_000_000
 
 
 class ProducerLane:
@@ -192,6 +197,7 @@ class SharedProducers:
             if shared is None or shared.fatal:
                 holder: list[_Shared] = []
                 settings.setdefault("client.id", self._client_id)
+                settings.setdefault("queue.buffering.max.messages", SHARED_QUEUE_MESSAGES)
                 settings["error_cb"] = lambda err: _broadcast(holder[0], err)
                 shared = _Shared(self._make(settings))
                 holder.append(shared)

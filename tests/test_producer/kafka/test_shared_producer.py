@@ -22,7 +22,7 @@ from harvest_outbox.producer.fleet.spec import fleet_from_document
 from harvest_outbox.producer.fleet.supervisor import Fleet
 from harvest_outbox.producer.harvest import Harvest
 from harvest_outbox.producer.kafka import FaultInjector
-from harvest_outbox.producer.kafka.shared_producer import ProducerLane, SharedProducers
+from harvest_outbox.producer.kafka.shared_producer import SHARED_QUEUE_MESSAGES, ProducerLane, SharedProducers
 from harvest_outbox.producer.schema.ddl import init_db
 from harvest_outbox.producer.stash.stasher import OutboxRecord, Stasher
 
@@ -217,12 +217,15 @@ def test_equal_settings_share_a_producer_and_others_get_their_own() -> None:
     assert a._real is b._real and len({id(a._real), id(other_cluster._real), id(other_setting._real)}) == 3
     assert len(pool) == 3 == len(made)
     assert {m.config["client.id"] for m in made} == {"harvest-fleet"}  # the process's, not a relay's
+    assert {m.config["queue.buffering.max.messages"] for m in made} == {SHARED_QUEUE_MESSAGES}  # room for all
+    own_queue = _lane(pool, [], **{"queue.buffering.max.messages": 5000})
+    assert own_queue._real is made[-1] and made[-1].config["queue.buffering.max.messages"] == 5000  # yours wins
     # a client.id the user set (Kafka's quotas go by it) is the producer's: shared only with the same one
     quota = [
         pool.for_relay(n)({"bootstrap.servers": "k:9092", "client.id": "quota-a"}, lambda e, m: None) for n in "pq"
     ]
     assert quota[0]._real is quota[1]._real is made[-1] and made[-1].config["client.id"] == "quota-a"
-    assert len(pool) == 4
+    assert len(pool) == 5
 
 
 @pytest.mark.parametrize("fatal", [True, False])
