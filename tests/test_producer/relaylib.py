@@ -7,12 +7,14 @@ import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import psycopg
 from confluent_kafka import Consumer, TopicPartition
 from psycopg import sql
 
 from harvest_outbox.producer.config import HarvestConfig, Limits
+from harvest_outbox.producer.fleet.spec import FleetFile, fleet_from_document
 from harvest_outbox.producer.schema import OutboxNames
 from harvest_outbox.producer.stash.stasher import OutboxRecord, Stasher
 
@@ -177,3 +179,18 @@ class BackgroundWriter:
     @property
     def total(self) -> int:
         return sum(len(v) for v in self.expected.values())
+
+
+def postgres_fleet(pg_dsn: str, bootstrap: str, name: str, outboxes: list[dict[str, Any]]) -> FleetFile:
+    """A fleet file of ``outboxes`` (entries of its ``outboxes:`` list) on one database and Kafka, elected by
+    Postgres locks, nothing else set."""
+    document = {
+        "harvest": {
+            "dataSource": pg_dsn,
+            "name": name,
+            "leaderElection": "postgres",
+            "baseKafkaConfig": {"bootstrap.servers": bootstrap},
+        },
+        "outboxes": outboxes,
+    }
+    return fleet_from_document(document, {}, None, {}, {})

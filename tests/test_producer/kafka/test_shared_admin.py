@@ -7,14 +7,12 @@ from __future__ import annotations
 
 import threading
 import time
-import uuid
 from collections.abc import Callable
 from typing import Any
 
 import psycopg
-from confluent_kafka import Consumer
+from relaylib import consume_all, postgres_fleet
 
-from harvest_outbox.producer.fleet.spec import fleet_from_document
 from harvest_outbox.producer.fleet.supervisor import Fleet
 from harvest_outbox.producer.kafka.shared_admin import SharedAdmins
 from harvest_outbox.producer.schema.ddl import init_db
@@ -76,20 +74,8 @@ def test_a_fleets_outboxes_relay_through_one_admin_client(
     schemas = [unique_name("adm") for _ in range(3)]
     for schema in schemas:
         init_db(pg_dsn, f"{schema}.outbox")
-    file = fleet_from_document(
-        {
-            "harvest": {
-                "dataSource": pg_dsn,
-                "name": unique_name("fleet"),
-                "leaderElection": "postgres",
-                "baseKafkaConfig": {"bootstrap.servers": kafka_bootstrap},
-            },
-            "outboxes": [{"id": s, "outboxTable": f"{s}.outbox"} for s in schemas],
-        },
-        {},
-        None,
-        {},
-        {},
+    file = postgres_fleet(
+        pg_dsn, kafka_bootstrap, unique_name("fleet"), [{"id": s, "outboxTable": f"{s}.outbox"} for s in schemas]
     )
     fleet = Fleet(file).start()
     try:
@@ -100,18 +86,8 @@ def test_a_fleets_outboxes_relay_through_one_admin_client(
                     f"kafka_header_values) VALUES (%s, %s, %s, '{{}}', '{{}}')",
                     (topic, schema, "v"),
                 )
-        consumer = Consumer(
-            {"bootstrap.servers": kafka_bootstrap, "group.id": uuid.uuid4().hex, "auto.offset.reset": "earliest"}
-        )
-        consumer.subscribe([topic])
-        keys: set[bytes] = set()
-        deadline = time.monotonic() + 60
-        while len(keys) < 3 and time.monotonic() < deadline:
-            msg = consumer.poll(0.5)
-            if msg is not None and msg.error() is None and msg.key() is not None:
-                keys.add(msg.key())
-        consumer.close()
-        assert keys == {s.encode() for s in schemas}
+        got = consume_all(kafka_bootstrap, topic, lambda got: set(schemas) <= {g.key for g in got})
+        assert {g.key for g in got} == set(schemas)
         guards = [status.relay.core.guard for status in fleet.statuses()]
         assert len(fleet.admins) == 1
         assert all(g._admin is not None and g._admin is guards[0]._admin for g in guards)

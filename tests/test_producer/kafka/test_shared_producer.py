@@ -8,14 +8,13 @@ from __future__ import annotations
 
 import threading
 import time
-import uuid
 from collections.abc import Callable
 from typing import Any
 
 import psycopg
 import pytest
-from confluent_kafka import Consumer, KafkaError, Producer
-from relaylib import assert_per_key_order, consume_all, covers, relay_config, wait_drained
+from confluent_kafka import KafkaError, Producer
+from relaylib import assert_per_key_order, consume_all, covers, postgres_fleet, relay_config, wait_drained
 
 from harvest_outbox.producer.errors import ConfigError
 from harvest_outbox.producer.fleet.spec import fleet_from_document
@@ -324,38 +323,14 @@ def test_a_fleets_at_least_once_outboxes_share_a_producer_and_a_sequenced_one_ke
         init_db(pg_dsn, f"{schema}.outbox")
     outboxes: list[dict[str, Any]] = [{"id": s, "outboxTable": f"{s}.outbox"} for s in schemas]
     outboxes[2]["uuidSequencing"] = True
-    file = fleet_from_document(
-        {
-            "harvest": {
-                "dataSource": pg_dsn,
-                "name": unique_name("fleet"),
-                "leaderElection": "postgres",
-                "baseKafkaConfig": {"bootstrap.servers": kafka_bootstrap},
-            },
-            "outboxes": outboxes,
-        },
-        {},
-        None,
-        {},
-        {},
-    )
+    file = postgres_fleet(pg_dsn, kafka_bootstrap, unique_name("fleet"), outboxes)
     fleet = Fleet(file).start()
     try:
         with psycopg.connect(pg_dsn, autocommit=True) as conn:
             for schema in schemas:
                 Stasher(f"{schema}.outbox").stash_many(conn, [OutboxRecord(topic, schema, "v", [])])
-        consumer = Consumer(
-            {"bootstrap.servers": kafka_bootstrap, "group.id": uuid.uuid4().hex, "auto.offset.reset": "earliest"}
-        )
-        consumer.subscribe([topic])
-        keys: set[bytes] = set()
-        deadline = time.monotonic() + 60
-        while len(keys) < 3 and time.monotonic() < deadline:
-            msg = consumer.poll(0.5)
-            if msg is not None and msg.error() is None and msg.key():  # not the sequenced outbox's ACKs
-                keys.add(msg.key())
-        consumer.close()
-        assert keys == {s.encode() for s in schemas}
+        got = consume_all(kafka_bootstrap, topic, lambda got: set(schemas) <= {g.key for g in got})
+        assert set(schemas) <= {g.key for g in got}  # (and the sequenced outbox's ACKs, keyed b"")
         producers = {s.id: s.relay.core.producer._real for s in fleet.statuses()}
         assert isinstance(producers[schemas[0]], ProducerLane) and isinstance(producers[schemas[1]], ProducerLane)
         assert producers[schemas[0]]._real is producers[schemas[1]]._real
