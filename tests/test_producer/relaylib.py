@@ -181,10 +181,12 @@ class BackgroundWriter:
         return sum(len(v) for v in self.expected.values())
 
 
-def postgres_fleet(pg_dsn: str, bootstrap: str, name: str, outboxes: list[dict[str, Any]]) -> FleetFile:
+def postgres_fleet(
+    pg_dsn: str, bootstrap: str, name: str, outboxes: list[dict[str, Any]], options: dict[str, Any] | None = None
+) -> FleetFile:
     """A fleet file of ``outboxes`` (entries of its ``outboxes:`` list) on one database and Kafka, elected by
-    Postgres locks, nothing else set."""
-    document = {
+    Postgres locks, with the ``fleet:`` section ``options`` and nothing else set."""
+    document: dict[str, Any] = {
         "harvest": {
             "dataSource": pg_dsn,
             "name": name,
@@ -192,5 +194,6 @@ def postgres_fleet(pg_dsn: str, bootstrap: str, name: str, outboxes: list[dict[s
             "baseKafkaConfig": {"bootstrap.servers": bootstrap},
         },
         "outboxes": outboxes,
+        **({"fleet": options} if options else {}),
     }
     return fleet_from_document(document, {}, None, {}, {})

@@ -31,7 +31,7 @@ _DOC = {
 }
 
 
-@pytest.mark.parametrize(("given", "shared"), [(None, True), (True, True), (False, False)])
+@pytest.mark.parametrize(("given", "shared"), [(None, False), (True, True), (False, False)])
 def test_the_fleet_option(given: object, shared: bool) -> None:
     options = {} if given is None else {"sharedProducer": given}
     assert fleet_from_document({**_DOC, "fleet": options}).options.shared_producer is shared
@@ -323,7 +323,7 @@ def test_a_fleets_at_least_once_outboxes_share_a_producer_and_a_sequenced_one_ke
         init_db(pg_dsn, f"{schema}.outbox")
     outboxes: list[dict[str, Any]] = [{"id": s, "outboxTable": f"{s}.outbox"} for s in schemas]
     outboxes[2]["uuidSequencing"] = True
-    file = postgres_fleet(pg_dsn, kafka_bootstrap, unique_name("fleet"), outboxes)
+    file = postgres_fleet(pg_dsn, kafka_bootstrap, unique_name("fleet"), outboxes, {"sharedProducer": True})
     fleet = Fleet(file).start()
     try:
         with psycopg.connect(pg_dsn, autocommit=True) as conn:
