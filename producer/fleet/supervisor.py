@@ -108,7 +108,8 @@ class Fleet:
         self.admins = SharedAdmins()
         #: ... and one pool of statement connections per database for the outboxes this process leads.
         self.statement_pools = StatementPools(file.base_name, file.options.statement_connections)
-        #: One Kafka producer per cluster (and settings) for the at-least-once outboxes this process leads.
+        #: With fleet.sharedProducer: one Kafka producer per cluster (and settings) for the at-least-once
+        #: outboxes this process leads.
         self.producers = SharedProducers(f"harvest-{file.base_name}")
 
     # ------------------------------------------------------------------ public

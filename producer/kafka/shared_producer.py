@@ -9,6 +9,9 @@ the same settings a :class:`ProducerLane` over one confluent-kafka producer. A l
 as the producer it had: ``produce``, ``poll`` (its own delivery reports, on its own thread), ``flush`` (its
 own records), ``len`` (its own records not yet reported) and ``purge``.
 
+Off by default (``fleet.sharedProducer``): relays that share a producer share its connection to each broker
+and its few requests in flight, so one outbox's burst holds up another's trickle (measured: docs/fleet.md).
+
 Why only at-least-once: a ``--uuid-sequencing`` relay's producer belongs to one view (its idempotent
 producer id and the sequence of its transactions' records fence a zombie's; see docs/design.md), so sequenced
 outboxes keep a producer each.
