@@ -897,7 +897,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--shared-producer",
         choices=("true", "false"),
-        help="the fleets' fleet.sharedProducer (default: the fleet's own default, true: one Kafka producer per "
+        help="the fleets' fleet.sharedProducer (default: the fleet's own, false; true: one Kafka producer per "
         "process for its at-least-once outboxes)",
     )
     ap.add_argument("--parts", default=",".join(PARTS), help=f"which parts to run: {', '.join(PARTS)}")
