@@ -59,6 +59,7 @@ _PER_RELAY = frozenset({"error_cb", "on_delivery"})
 #: The longest a lane's ``poll(timeout)`` waits inside the shared producer at once: another thread may serve
 #: the lane's report meanwhile, and the lane looks at its queue between slices.
 _SLICE = 0.001
+Make = Callable[[dict[str, Any]], Any]
 #: ``queue.buffering.max.messages`` of a shared producer unless set: librdkafka's default (100,000) bounded one
 #: relay's records, and a record that finds the queue full waits (``BufferError``: the relay retries for ~10 s,
 #: then re-marks). Each relay still bounds its own records in flight (``maxInFlightRecords``); this bounds
@@ -70,7 +71,6 @@ class ProducerLane:
     """A relay's view of a shared producer (see module doc): its records, its reports, its relay's errors."""
 
     def __init__(self, shared: _Shared, on_delivery: DeliveryCallback, error_cb: Callable[[KafkaError], None] | None):
-        self._shared = shared
         self._real = shared.producer
         self._produce = shared.producer.produce
         self._on_delivery = on_delivery
@@ -157,15 +157,23 @@ class ProducerLane:
 
 
 class _Shared:
-    """One producer and the lanes over it."""
+    """One producer and the lanes over it; made by ``make`` with ``settings``, and its ``error_cb``."""
 
-    def __init__(self, producer: Any) -> None:
-        self.producer = producer
+    def __init__(self, make: Make, settings: dict[str, Any]) -> None:
         self.fatal = False
         self.lanes: weakref.WeakSet[ProducerLane] = weakref.WeakSet()
+        self.producer = make({**settings, "error_cb": self.error})
 
-
-Make = Callable[[dict[str, Any]], Any]
+    def error(self, err: KafkaError) -> None:
+        """librdkafka's error for this producer: a fatal one reaches every lane's relay (each leaves its view and
+        asks for a new producer, which no longer is this one)."""
+        if not err.fatal():
+            log.debug("shared Kafka producer: %s", err.str())  # librdkafka logs these itself
+            return
+        self.fatal = True
+        for lane in list(self.lanes):
+            if lane.error_cb is not None:
+                lane.error_cb(err)
 
 
 class SharedProducers:
@@ -198,13 +206,9 @@ class SharedProducers:
         with self._lock:
             shared = self._shared.get(key)
             if shared is None or shared.fatal:
-                holder: list[_Shared] = []
                 settings.setdefault("client.id", self._client_id)
                 settings.setdefault("queue.buffering.max.messages", SHARED_QUEUE_MESSAGES)
-                settings["error_cb"] = lambda err: _broadcast(holder[0], err)
-                shared = _Shared(self._make(settings))
-                holder.append(shared)
-                self._shared[key] = shared
+                shared = self._shared[key] = _Shared(self._make, settings)
             lane = ProducerLane(shared, on_delivery, config.get("error_cb"))
             shared.lanes.add(lane)
         return lane
@@ -221,15 +225,3 @@ class SharedProducers:
             left = one.producer.flush(timeout)
             if left:
                 log.warning("%d record(s) of a shared Kafka producer were not delivered within %.1fs", left, timeout)
-
-
-def _broadcast(shared: _Shared, err: KafkaError) -> None:
-    """librdkafka's error for the shared producer: a fatal one reaches every lane's relay (each leaves its
-    view and asks for a new producer, which no longer is this one)."""
-    if not err.fatal():
-        log.debug("shared Kafka producer: %s", err.str())  # librdkafka logs these itself
-        return
-    shared.fatal = True
-    for lane in list(shared.lanes):
-        if lane.error_cb is not None:
-            lane.error_cb(err)
