@@ -37,6 +37,7 @@ ROOMS: dict[str, tuple[str, ...]] = {
         "test_registry_stash",
         "test_optional_deps",
         "test_trace_context",
+        "test_text_array",
     ),
     "schema": ("test_hygiene", "test_sql_ascii", "test_grants", "test_grants_pg"),
     "layouts": ("test_outbox_layouts",),

@@ -31,10 +31,13 @@ from harvest_outbox.producer._kafka_names import LEGAL_NAME, NAME_RULE
 from harvest_outbox.producer.errors import ConfigError, RecordError
 from harvest_outbox.producer.observe.tracing import TRACEPARENT, current_trace_headers
 from harvest_outbox.producer.schema import OutboxNames, ValueType
+from harvest_outbox.producer.stash._text_array import LiteralCache
 
 Headers = Sequence[tuple[str, "str | None"]] | Mapping[str, "str | None"]
 #: One outbox row as both statements take it: topic, key, value, header keys, header values.
 Row = tuple[str, str, "str | bytes | None", list[str], "list[str | None]"]
+#: One outbox row as COPY takes it: the header arrays as array literals (producer.stash._text_array).
+CopyRow = tuple[str, str, "str | bytes | None", str, str]
 _COLUMNS = sql.SQL("kafka_topic, kafka_key, kafka_value, kafka_header_keys, kafka_header_values")
 
 
@@ -94,6 +97,9 @@ class StashPlan:
             self.names.outbox, _COLUMNS
         )
         self.copy = sql.SQL("COPY {} ({}) FROM STDIN").format(self.names.outbox, _COLUMNS)
+        #: How COPY dumps :meth:`rows`' columns (``Copy.set_types``): fixed per column, not looked up per
+        #: value, and the header arrays as the text of their literals (the server parses them as TEXT[]).
+        self.copy_types = ("text", "text", "bytea" if value_type == "bytea" else "text", "text", "text")
 
     def _value(self, value: object) -> str | bytes | None:
         if value is None:
@@ -144,7 +150,12 @@ class StashPlan:
         """``record`` validated into the INSERT's parameters (plus the current trace context)."""
         return self._row(record, self._trace())
 
-    def rows(self, records: Iterable[OutboxRecord]) -> list[Row]:
-        """All ``records`` validated (the first bad one raises) into COPY rows."""
+    def rows(self, records: Iterable[OutboxRecord]) -> list[CopyRow]:
+        """All ``records`` validated (the first bad one raises) into COPY rows (:attr:`copy_types`)."""
         trace = self._trace()
-        return [self._row(r, trace) for r in records]
+        literal = LiteralCache().literal
+        rows: list[CopyRow] = []
+        for r in records:
+            topic, key, value, keys, values = self._row(r, trace)
+            rows.append((topic, key, value, literal(keys), literal(values)))
+        return rows

@@ -66,6 +66,7 @@ class AsyncStasher:
             return 0
         cur = conn.cursor() if isinstance(conn, psycopg.AsyncConnection) else conn
         async with cur.copy(self.plan.copy) as copy:
+            copy.set_types(self.plan.copy_types)
             for row in rows:
                 await copy.write_row(row)
         return len(rows)

@@ -102,6 +102,7 @@ class Stasher:
             return 0
         cur = conn.cursor() if isinstance(conn, psycopg.Connection) else conn
         with cur.copy(self.plan.copy) as copy:
+            copy.set_types(self.plan.copy_types)
             for row in rows:
                 copy.write_row(row)
         return len(rows)

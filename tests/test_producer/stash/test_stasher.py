@@ -99,24 +99,47 @@ def test_bad_records_rejected_before_the_database(record: OutboxRecord, needle: 
     assert needle in str(info.value)
 
 
-def test_stash_many_writes_the_same_rows_as_stash(pg_dsn: str, pg_schema: str) -> None:
-    """The batch form (COPY) stores exactly what one stash() per record stores; its speed-up is
-    measured in bench/bench_stasher.py, not here."""
-    one, many = f"{pg_schema}.one", f"{pg_schema}.many"
-    init_db(pg_dsn, one)
-    init_db(pg_dsn, many)
+# Headers and values whose text COPY and the array literals must carry unchanged (the literals' own
+# rules: tests/test_producer/stash/test_text_array.py).
+_TRICKY_HEADERS: list[list[tuple[str, str | None]]] = [
+    [],
+    [("h", "1")],
+    [("source", "bench"), ("trace", None)],
+    [('q"uote', "back\\slash"), ("NULL", "NULL"), ("", "")],
+    [("{a,b}", " sp ,\t\n"), ("ü€😀", "\\N"), ("c\r", '"')],
+]
+_TRICKY_VALUES: list[str | None] = [None, "", "x", "tab\tnew\nline\\N", 'ü€😀 \\ "', "x" * 300]
+
+
+@pytest.mark.parametrize("value_type", ["varchar", "bytea"])
+def test_stash_many_writes_the_same_rows_as_stash(pg_dsn: str, pg_schema: str, value_type: str) -> None:
+    """The batch form (COPY) stores exactly what one stash() per record stores, tricky headers and values
+    included; its speed-up is measured in bench/bench_stasher.py, not here."""
+    one, many = f"{pg_schema}.one_{value_type}", f"{pg_schema}.many_{value_type}"
+    init_db(pg_dsn, one, value_type=value_type)  # type: ignore[arg-type]
+    init_db(pg_dsn, many, value_type=value_type)  # type: ignore[arg-type]
     records = [
-        OutboxRecord("t", f"k{i % 50}", None if i % 97 == 0 else "x" * (i % 7), [("h", str(i))]) for i in range(500)
+        OutboxRecord(
+            "t",
+            f"k{i % 50}",
+            None if i % 97 == 0 else _TRICKY_VALUES[i % len(_TRICKY_VALUES)],
+            [*_TRICKY_HEADERS[i % len(_TRICKY_HEADERS)], ("i", str(i))] if i % 3 else _TRICKY_HEADERS[i % 5],
+        )
+        for i in range(500)
     ]
     with psycopg.connect(pg_dsn) as conn:
         with conn.transaction():
             for r in records:
-                Stasher(one).stash(conn, r)
+                Stasher(one, value_type).stash(conn, r)  # type: ignore[arg-type]
         with conn.transaction():
-            assert Stasher(many).stash_many(conn, records) == 500
+            assert Stasher(many, value_type).stash_many(conn, records) == 500  # type: ignore[arg-type]
         cols = "SELECT kafka_topic, kafka_key, kafka_value, kafka_header_keys, kafka_header_values FROM {} ORDER BY id"
-        rows = [conn.execute(sql.SQL(cols).format(sql.Identifier(pg_schema, t))).fetchall() for t in ("one", "many")]
+        rows = [
+            conn.execute(sql.SQL(cols).format(sql.Identifier(pg_schema, t))).fetchall()
+            for t in (f"one_{value_type}", f"many_{value_type}")
+        ]
     assert rows[0] == rows[1] and len(rows[0]) == 500
+    assert {tuple(r[3]) for r in rows[1]} >= {tuple(k for k, _ in h) for h in _TRICKY_HEADERS}
 
 
 _REC = OutboxRecord("t", "k", "v")
