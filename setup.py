@@ -2,7 +2,8 @@
 
 ``harvest_outbox.sequencer._native`` (the Sequencer), ``harvest_outbox.consumer._native``
 (Kafka record conversion and ``Record``) and ``harvest_outbox.producer.relay.{sequenced,at_least_once}._native``
-(the relay's per-record paths) are compiled when Cython and a C compiler are
+(the relay's per-record paths) and ``harvest_outbox.producer.db._text_arrays`` (the header arrays it
+reads) are compiled when Cython and a C compiler are
 available. When they are not, or ``HARVEST_PURE_PYTHON=1`` is set at build
 time, the install still succeeds and harvest runs the pure-Python modules,
 which are the reference implementation: same semantics, about 2-3x slower
@@ -33,6 +34,7 @@ MODULES = {
     f"{TOP}.consumer._native": "consumer/_native.pyx",
     f"{TOP}.producer.relay.sequenced._native": "producer/relay/sequenced/_native.pyx",
     f"{TOP}.producer.relay.at_least_once._native": "producer/relay/at_least_once/_native.pyx",
+    f"{TOP}.producer.db._text_arrays": "producer/db/_text_arrays.pyx",
 }
 #: Declaration files other modules cimport, by installed module name.
 PXDS = {

@@ -124,6 +124,7 @@ ROOMS: dict[str, tuple[str, ...]] = {
         "test_shared_listener",
         "test_statement_pool",
         "test_rendered",
+        "test_text_arrays",
     ),
     "ops": ("test_cli", "test_deadletter_admin", "test_preflight", "test_signals", "test_poison", "test_privileges"),
     "election": ("test_election_postgres", "test_failover", "test_sharded_failover", "test_shared_election"),

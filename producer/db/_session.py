@@ -33,11 +33,11 @@ from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict
 from psycopg.pq import Format
 
+from harvest_outbox.producer.db._header_arrays import TEXT_ARRAY_OID, HeaderArrayLoader
 from harvest_outbox.producer.db._rendered import rendered
 from harvest_outbox.producer.db._statements import id_array
 from harvest_outbox.producer.db.credentials import open_connection
 from harvest_outbox.producer.errors import DatabaseError, LayoutChanged
-from harvest_outbox.producer.layouts.mark.marks import TEXT_ARRAY_OID, HeaderArrayLoader
 from harvest_outbox.producer.schema import (
     OutboxNames,
     Statement,

@@ -58,10 +58,16 @@ HEADER_OVERHEAD = 10  # two length varints per header
 DEFAULT_PRODUCER_MAX_BYTES = 1_000_000  # librdkafka's message.max.bytes
 
 
+#: UTF-8 takes at most this many bytes per character: ``HEADER_BYTES_PER_CHAR * len(s)`` bounds a header's
+#: bytes without encoding it (the compiled relay paths call :func:`header_bytes` only past that bound).
+HEADER_BYTES_PER_CHAR = 4
+
+
 def header_bytes(hkeys: Sequence[str], hvals: Sequence[Any]) -> int:
-    """Bytes the headers add to a record (key and value lengths plus their framing)."""
+    """Bytes the headers add to a record (key and value lengths as sent, UTF-8 for text, plus their framing)."""
     return sum(
-        len(k.encode()) + (len(v) if v is not None else 0) + HEADER_OVERHEAD for k, v in zip(hkeys, hvals, strict=True)
+        len(k.encode()) + (0 if v is None else len(v.encode()) if isinstance(v, str) else len(v)) + HEADER_OVERHEAD
+        for k, v in zip(hkeys, hvals, strict=True)
     )
 
 

@@ -126,6 +126,7 @@ def test_sdist_holds_the_sources_and_the_build_files(dist: Path) -> None:
         "consumer/_native.pyx",
         "producer/relay/sequenced/_native.pyx",
         "producer/relay/at_least_once/_native.pyx",
+        "producer/db/_text_arrays.pyx",
         "producer/ops/cli.py",
         "harvest_local/maven/settings.xml",
         "harvest_local/maven/kafka/pom.xml",
@@ -202,6 +203,7 @@ def test_installed_wheel_imports_every_module_from_site_packages(installed: Path
         "harvest_outbox.consumer._native",
         "harvest_outbox.producer.relay.sequenced._native",
         "harvest_outbox.producer.relay.at_least_once._native",
+        "harvest_outbox.producer.db._text_arrays",
     ):
         assert name in modules, f"{name} not importable from the wheel"
     outside = {n: f for n, f in modules.items() if not Path(f).is_relative_to(site)}

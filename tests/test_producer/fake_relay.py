@@ -50,7 +50,8 @@ def leader_relay(producer_of: Callable[[Any], Any] = FakeProducer, **limits: Any
 def row_of_kind(rid: int, kind: str, keys: int = 3) -> tuple[Any, ...]:
     """A marked row (producer.relay.marked_row's fields) of one kind the relay's send paths tell apart, for the
     tests that hold a compiled path to its reference: ``plain`` (on ``keys`` keys), ``headers``, ``halted`` (topic
-    ``u``, key ``halted``), ``bad``, ``null-key``, ``far`` (partition 99), or a topic of that name (``held``,
+    ``u``, key ``halted``), ``bad``, ``null-key``, ``far`` (partition 99), ``near-limit`` (topic ``small``, headers
+    about its size), or a topic of that name (``held``,
     ``missing``, ``small``, ``refused``: the test gives them their verdicts)."""
     key: bytes | None = b"k%d" % (rid % keys)
     topic, hkeys, hvals, bad, partition = "t", None, None, None, None
@@ -66,4 +67,10 @@ def row_of_kind(rid: int, kind: str, keys: int = 3) -> tuple[Any, ...]:
         topic = kind
     elif kind == "far":
         partition = 99
-    return (rid, topic, key, b"value %d" % rid, hkeys, hvals, bad, None, None, partition, 0.0)
+    value = b"value %d" % rid
+    if kind == "near-limit":
+        # topic "small" (40 bytes): 2 + 1 bytes of key and value, a header of 1 + 26, 28 or 30 bytes of UTF-8 (13-15
+        # characters) + 10 of framing: 40 fits, 42 and 44 do not; counted in characters they would all fit
+        topic, value = "small", b"v"
+        hkeys, hvals = ("h",), ("é" * (13 + rid % 3),)
+    return (rid, topic, key, value, hkeys, hvals, bad, None, None, partition, 0.0)

@@ -18,10 +18,7 @@ Invariants:
 
 from __future__ import annotations
 
-from typing import Any
-
 from psycopg import sql
-from psycopg.types.array import ArrayBinaryLoader
 
 from harvest_outbox.producer.relay.key_halt import halted_filter
 
@@ -53,20 +50,6 @@ HEADER_BAD = """CASE
   WHEN array_position(m.hk, NULL) IS NOT NULL THEN
     'kafka_header_keys contains NULL: header names must not be NULL'
 END"""
-
-TEXT_ARRAY_OID = 1009
-
-
-class HeaderArrayLoader(ArrayBinaryLoader):
-    """``text[]`` as a tuple, not a list (the mark returns empty header arrays as NULL, so this runs
-    only for rows that have headers).
-
-    A marked row is then a tuple of atomic values, which Python's cyclic garbage collector stops
-    tracking: the relay holds tens of thousands of marked rows in its queues during a drain, and as
-    tracked objects they made every full collection walk all of them."""
-
-    def load(self, data: Any) -> tuple[Any, ...]:  # type: ignore[override]  # a tuple on purpose (above)
-        return tuple(super().load(data))
 
 
 def mark_sql(

@@ -19,10 +19,25 @@ from collections import deque
 from confluent_kafka import KafkaException
 
 from harvest_outbox.producer.kafka import ANY_PARTITION, PURGED_CODES
-from harvest_outbox.producer.ops.preflight import header_bytes, too_large
+from harvest_outbox.producer.ops.preflight import HEADER_BYTES_PER_CHAR, HEADER_OVERHEAD, header_bytes, too_large
 
 _sleep = time.sleep
 
+
+
+cdef Py_ssize_t _PER_CHAR = HEADER_BYTES_PER_CHAR, _PER_HEADER = HEADER_OVERHEAD
+
+
+cdef inline bint _headers_may_exceed(Py_ssize_t size, hkeys, hvals, verdict):
+    """Whether ``size`` plus the headers may exceed ``verdict``: a bound from the characters (UTF-8 takes
+    at most 4 bytes each), so the exact count (``header_bytes``, an encode per header) runs only near it."""
+    cdef Py_ssize_t bound = size
+    for h in hkeys:
+        bound += _PER_CHAR * len(h) + _PER_HEADER
+    for h in hvals:
+        if h is not None:
+            bound += _PER_CHAR * len(h)
+    return bound > verdict
 
 def dispatch(rec):
     """``AtLeastOnceRecords._dispatch_python``, compiled."""
@@ -77,7 +92,9 @@ def send(rec, tuple row):
         rec._dead_letter(row, f"cannot be sent: {verdict}", 0)
         return False
     cdef Py_ssize_t size = len(key) + (len(value) if value is not None else 0)
-    if size > verdict or (hkeys and hvals and size + header_bytes(hkeys, hvals) > verdict):
+    if size > verdict or (
+        hkeys and hvals and _headers_may_exceed(size, hkeys, hvals, verdict) and size + header_bytes(hkeys, hvals) > verdict
+    ):
         rec._dead_letter(row, f"cannot be sent: {too_large(verdict, key, value, hkeys, hvals)}", 0)
         return False
     if partition is not None:

@@ -34,9 +34,25 @@ from functools import partial
 from confluent_kafka import KafkaException
 
 from harvest_outbox.producer.kafka import ANY_PARTITION
-from harvest_outbox.producer.ops.preflight import header_bytes, too_large
+from harvest_outbox.producer.ops.preflight import HEADER_BYTES_PER_CHAR, HEADER_OVERHEAD, header_bytes, too_large
 from harvest_outbox.producer.relay.sequenced._txn import Slot, TracedSlot
 from harvest_outbox.sequencer import TICK as _TICK
+
+
+cdef Py_ssize_t _PER_CHAR = HEADER_BYTES_PER_CHAR, _PER_HEADER = HEADER_OVERHEAD
+
+
+cdef inline bint _headers_may_exceed(Py_ssize_t size, hkeys, hvals, verdict):
+    """Whether ``size`` plus the headers may exceed ``verdict``: a bound from the characters (UTF-8 takes
+    at most 4 bytes each), so the exact count (``header_bytes``, an encode per header) runs only near it."""
+    cdef Py_ssize_t bound = size
+    for h in hkeys:
+        bound += _PER_CHAR * len(h) + _PER_HEADER
+    for h in hvals:
+        if h is not None:
+            bound += _PER_CHAR * len(h)
+    return bound > verdict
+
 
 cdef uint64_t TICK = _TICK
 _yield = time.sleep
@@ -131,7 +147,10 @@ def fill(rp, t, Py_ssize_t max_records, Py_ssize_t in_flight):
             dead_letter_in(t, row, f"cannot be sent: {verdict}", 0)
             continue
         size = len(key) + (len(value) if value is not None else 0)
-        if size > verdict or (hkeys and hvals and size + header_bytes(hkeys, hvals) > verdict):
+        if size > verdict or (
+            hkeys and hvals and _headers_may_exceed(size, hkeys, hvals, verdict)
+            and size + header_bytes(hkeys, hvals) > verdict
+        ):
             popleft()
             why = too_large(verdict, key, value, hkeys, hvals)
             dead_letter_in(t, row, f"cannot be sent: {why}", 0)

@@ -76,6 +76,9 @@ def test_too_large_counts_key_value_and_headers() -> None:
     assert too_large(10, b"k" * 5, b"v" * 5, [], []) is None
     assert "record of 11 bytes" in (too_large(10, b"k" * 5, b"v" * 6, [], []) or "")
     assert header_bytes(["ab"], [b"xyz"]) == 2 + 3 + 10
+    # text counts as the UTF-8 it is sent as (a value of 3 characters, 9 bytes), keys and values alike
+    assert header_bytes(["é"], ["€€€"]) == 2 + 9 + 10
+    assert header_bytes(["k", "n"], ["v", None]) == (1 + 1 + 10) + (1 + 0 + 10)
     assert too_large(30, b"k", b"v", ["ab"], [b"xyz"]) is None
     assert too_large(16, b"k", b"v", ["ab"], [b"xyz"]) is not None
 

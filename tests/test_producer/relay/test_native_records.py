@@ -37,7 +37,18 @@ from harvest_outbox.producer.relay.at_least_once import _records
 from harvest_outbox.producer.relay.at_least_once.mode import AtLeastOnceMode
 
 NATIVE = "harvest_outbox.producer.relay.at_least_once._native"
-KINDS = ("plain",) * 6 + ("headers", "halted", "bad", "null-key", "held", "missing", "small", "far", "refused")
+KINDS = ("plain",) * 6 + (
+    "headers",
+    "halted",
+    "bad",
+    "null-key",
+    "held",
+    "missing",
+    "small",
+    "near-limit",
+    "far",
+    "refused",
+)
 OUTCOMES = ("ok",) * 5 + ("full", "transient", "permanent", "type")
 REPORTS = ("ok",) * 4 + ("transient", "permanent", "purged")
 ERRORS = {

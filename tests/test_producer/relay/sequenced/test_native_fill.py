@@ -57,6 +57,7 @@ KINDS = (
     "held",
     "missing",
     "small",
+    "near-limit",
     "far",
     "refused",
 )
