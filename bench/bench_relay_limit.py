@@ -2,7 +2,7 @@
 the outbox and producing its rows can do, and what the relay does with the same rows, side by side in one
 run. Not a test.
 
-    python -m bench.bench_relay_limit [--rows 1000000] [--runs 5] [--page 5000]
+    python -m bench.bench_relay_limit [--rows 1000000] [--runs 5] [--page 5000] [--headers 0]
 
 Uses its own Postgres + Kafka (harvest_local.LocalServices; or HARVEST_PG_DSN / HARVEST_KAFKA_BOOTSTRAP).
 
@@ -67,14 +67,14 @@ def _log(msg: str) -> None:
     print(f"[bench relay limit] {msg}", file=sys.stderr, flush=True)
 
 
-def _outbox(dsn: str, topic: str, rows: int, keys: int) -> tuple[str, Any]:
+def _outbox(dsn: str, topic: str, rows: int, keys: int, headers: int = 0) -> tuple[str, Any]:
     """A fresh cursor-layout outbox holding ``rows`` rows, analysed and checkpointed: (schema, names)."""
     schema = f"limit_{uuid.uuid4().hex[:8]}"
     names = init_db(dsn, f"{schema}.outbox", layout="cursor", partition_ids=PARTITION_IDS)
     with psycopg.connect(dsn, autocommit=True) as conn:
         for start in range(2 * PARTITION_IDS, rows + 1, PARTITION_IDS):
             conn.execute(create_partition(names, start, start + PARTITION_IDS))
-    fill_backlog(dsn, f"{schema}.outbox", topic, rows, keys)
+    fill_backlog(dsn, f"{schema}.outbox", topic, rows, keys, headers)
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute(sql.SQL("ANALYZE {}").format(names.outbox))
         conn.execute("CHECKPOINT")
@@ -173,6 +173,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--page", type=int, default=5000)
     ap.add_argument("--keys", type=int, default=1000)
     ap.add_argument("--partitions", type=int, default=8)
+    ap.add_argument(
+        "--headers",
+        type=int,
+        default=0,
+        help="headers per row (source, traceparent, then h2, h3...; default 0, the published figures' backlog)",
+    )
     ap.add_argument("--warmup-rows", type=int, default=1_200_000)
     ap.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated: " + ", ".join(VARIANTS))
     args = ap.parse_args(argv)
@@ -194,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
         warmed = 0
         while warmed < args.warmup_rows:
             n = min(args.rows, args.warmup_rows - warmed)
-            schema, names = _outbox(dsn, topic, n, args.keys)
+            schema, names = _outbox(dsn, topic, n, args.keys, args.headers)
             _log(f"warm-up: raw loop of {n} rows")
             raw_loop(dsn, names, producer_config, args.page)
             _drop(dsn, schema)
@@ -207,7 +213,7 @@ def main(argv: list[str] | None = None) -> int:
                 contestants.append((v, partial(_relay_variant, dsn, bootstrap, args.rows, VARIANTS[v])))
             recorder_order = contestants if run % 2 == 0 else [*contestants[1:], contestants[0]]
             for name, run_one in recorder_order:
-                schema, names = _outbox(dsn, topic, args.rows, args.keys)
+                schema, names = _outbox(dsn, topic, args.rows, args.keys, args.headers)
                 _log(f"run {run + 1}/{args.runs}: {name}, {args.rows} rows")
                 try:
                     runs[name].append(run_one(names))

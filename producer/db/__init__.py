@@ -11,6 +11,8 @@ Its concepts have modules of their own, re-exported here (``from harvest_outbox.
   and expiry (:class:`DeadLetters`), on :mod:`~producer.db._statements`;
 - :mod:`~producer.layouts.mark.marks`: the :data:`MarkedRow` both layouts' reads return;
 - :mod:`~producer.db._listener`: :class:`Listener`, LISTEN for a stasher's NOTIFY;
+- :mod:`~producer.db._header_arrays`: the header arrays' loader on the relay's connections (compiled in
+  ``_text_arrays.pyx``; :func:`header_arrays_path` says whether it runs);
 - :mod:`~producer.db.statement_pool`: a fleet's statement connections of one database
   (:class:`StatementPool`), which its relays' sessions lease (:func:`leased`).
 
@@ -59,6 +61,15 @@ __all__ = [
     "StatementPools",
     "TxnCommit",
     "connect",
+    "header_arrays_path",
     "id_range",
     "leased",
 ]
+
+
+def header_arrays_path() -> str:
+    """``native`` when the compiled header-array reader (``_text_arrays.pyx``) runs, ``python`` when psycopg's
+    loader reads every array (not built, or ``HARVEST_PURE_PYTHON=1``): part of ``harvest --version``."""
+    from harvest_outbox.producer.db import _header_arrays
+
+    return "native" if _header_arrays._native is not None else "python"

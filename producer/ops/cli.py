@@ -51,10 +51,11 @@ log = logging.getLogger("harvest")
 def _version() -> str:
     from harvest_outbox import sequencer
     from harvest_outbox.consumer import record
+    from harvest_outbox.producer.db import header_arrays_path
     from harvest_outbox.producer.relay import at_least_once, sequenced
 
     readers = "native" if record._native is not None else "python"
-    paths = {at_least_once.fast_path(), sequenced.fast_path()}
+    paths = {at_least_once.fast_path(), sequenced.fast_path(), header_arrays_path()}
     relay = paths.pop() if len(paths) == 1 else "partly native"
     return (
         f"harvest {producer.__version__} (sequencer: {sequencer.IMPLEMENTATION}, reader fast path: {readers}, "
