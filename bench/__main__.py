@@ -246,8 +246,9 @@ def _relay_rows(r: dict[str, Any]) -> list[tuple[str, str, str, str]]:
             (
                 "goharvest (Go), default / tuned limits, same backlog (rows/s)",
                 f"{_fmt(_get(go, 'defaults', 'rows_per_s'))} / {_fmt(_get(go, 'tuned', 'rows_per_s'))}",
-                f"harvest at-least-once is {_fmt(go.get('harvest_at_least_once_to_goharvest/defaults'))}x / "
-                f"{_fmt(go.get('harvest_at_least_once_to_goharvest/tuned'))}x goharvest (single run, range pending)",
+                "harvest at-least-once over goharvest, same limits: "
+                f"{_ratio(r, 'goharvest/defaults', go.get('harvest_at_least_once_to_goharvest/defaults'))} / "
+                f"{_ratio(r, 'goharvest/tuned', go.get('harvest_at_least_once_to_goharvest/tuned'))}",
                 "",
             )
         )

@@ -503,6 +503,69 @@ def _median(runs: list[dict[str, Any]], key: str) -> float:
     return statistics.median(r[key] for r in runs)
 
 
+def goharvest_pairs(
+    dsn: str, bootstrap: str, args: argparse.Namespace, topic: str, recorder: Recorder
+) -> dict[str, Any]:
+    """goharvest (Go) and harvest at-least-once drain the same backlog, default and tuned limits, in ``args.runs``
+    alternating pairs (the order within a pair swapped each repeat): each figure's ratio is harvest / goharvest."""
+    from bench.bench_goharvest import run_goharvest
+
+    go_limits = {"defaults": None, "tuned": {"markQueryRecords": 5000, "maxInFlightRecords": 5000}}
+    ours_limits = {"defaults": DEFAULT_LIMITS, "tuned": TUNED_LIMITS}
+    go_runs: dict[str, list[dict[str, Any]]] = {s: [] for s in go_limits}
+    ours_runs: dict[str, list[float]] = {s: [] for s in go_limits}
+
+    def goharvest_once(sname: str) -> dict[str, Any] | None:
+        schema = f"gh_{uuid.uuid4().hex[:8]}"
+        try:
+            return run_goharvest(
+                dsn,
+                bootstrap,
+                f"{schema}.outbox",
+                args.rows,
+                go_limits[sname],
+                keys=args.keys,
+                partitions=args.partitions,
+            )
+        finally:
+            with psycopg.connect(dsn, autocommit=True) as conn:
+                conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema)))
+
+    for n in range(args.runs):
+        for sname in go_limits:
+            print(f"[bench relay] goharvest pair {n + 1}/{args.runs}, {sname} limits", file=sys.stderr, flush=True)
+            for side in ("go", "ours") if n % 2 == 0 else ("ours", "go"):
+                if side == "go":
+                    res = goharvest_once(sname)
+                    if res is None:
+                        return {"skipped": "no Go toolchain"}
+                    go_runs[sname].append(res)
+                else:
+                    ours = drain_once(
+                        dsn, bootstrap, args.rows, args.keys, args.partitions, False, ours_limits[sname], topic
+                    )
+                    ours_runs[sname].append(ours["rows_per_s"])
+    go: dict[str, Any] = {}
+    for sname, runs in go_runs.items():
+        rates = [r["rows_per_s"] for r in runs]
+        go[sname] = {**_median_run(runs, rates), "runs_rows_per_s": [round(x) for x in rates]}
+        fig = recorder.figure(
+            f"goharvest/{sname}",
+            ours_runs[sname],
+            rates,
+            f"harvest at-least-once / goharvest (Go), {sname} limits, {args.rows}-row backlog, rows/s",
+        )
+        go[f"harvest_at_least_once_to_goharvest/{sname}"] = fig["median"]
+        go[f"harvest_at_least_once_rows_per_s/{sname}"] = round(statistics.median(ours_runs[sname]))
+    return go
+
+
+def _median_run(runs: list[dict[str, Any]], rates: list[float]) -> dict[str, Any]:
+    """The run whose rate is the median (the lower middle one of an even count), with ``rows_per_s`` the median."""
+    order = sorted(range(len(runs)), key=lambda i: rates[i])
+    return {**runs[order[(len(order) - 1) // 2]], "rows_per_s": statistics.median(rates)}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rows", type=int, default=100_000)
@@ -700,38 +763,7 @@ def main() -> int:
                     f"relay drain into a new topic / the database loop, {rows}-row backlog",
                 )
         if not args.no_goharvest:
-            from bench.bench_goharvest import run_goharvest
-
-            go: dict[str, Any] = {}
-            for sname, limits in (
-                ("defaults", None),
-                ("tuned", {"markQueryRecords": 5000, "maxInFlightRecords": 5000}),
-            ):
-                schema = f"gh_{uuid.uuid4().hex[:8]}"
-                try:
-                    res = run_goharvest(
-                        dsn,
-                        bootstrap,
-                        f"{schema}.outbox",
-                        args.rows,
-                        limits,
-                        keys=args.keys,
-                        partitions=args.partitions,
-                    )
-                finally:
-                    with psycopg.connect(dsn, autocommit=True) as conn:
-                        conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema)))
-                if res is None:
-                    go = {"skipped": "no Go toolchain"}
-                    break
-                go[sname] = res
-            if "defaults" in go:
-                ours = report["backlogs"][str(args.rows)]
-                for sname in ("defaults", "tuned"):
-                    go[f"harvest_at_least_once_to_goharvest/{sname}"] = round(
-                        ours[f"at_least_once/{sname}"]["rows_per_s"] / go[sname]["rows_per_s"], 3
-                    )
-            report["goharvest"] = go
+            report["goharvest"] = goharvest_pairs(dsn, bootstrap, args, topic, recorder)
         checkpoint(dsn)
         warm = args.latency_warmup
         report["idle_to_delivery_latency"] = {
