@@ -40,6 +40,7 @@ MODULES = {
 PXDS = {
     f"{TOP}.sequencer._native": "sequencer/_native.pxd",
     f"{TOP}.sequencer._uuid_layout": "sequencer/_uuid_layout.pxd",
+    f"{TOP}.producer.ops._header_room": "producer/ops/_header_room.pxd",
 }
 INCLUDE = Path("build") / "cython-include"
 DIRECTIVES = {

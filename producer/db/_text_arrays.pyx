@@ -4,7 +4,7 @@ arrays the outbox's header columns hold straight into a tuple of ``str`` (and ``
 
 psycopg's binary array loader parses in Python (a ``struct`` call and a loader call per element): with two
 headers a row, ~27 % of an at-least-once drain's interpreter time. The reference is psycopg's loader
-(``producer.layouts.mark.marks.HeaderArrayLoader`` falls back to it), and this module is used only where it
+(``producer.db._header_arrays.HeaderArrayLoader`` falls back to it), and this module is used only where it
 gives the same result.
 
 Invariants (tests/test_producer/db/test_text_arrays.py):

@@ -127,6 +127,7 @@ def test_sdist_holds_the_sources_and_the_build_files(dist: Path) -> None:
         "producer/relay/sequenced/_native.pyx",
         "producer/relay/at_least_once/_native.pyx",
         "producer/db/_text_arrays.pyx",
+        "producer/ops/_header_room.pxd",
         "producer/ops/cli.py",
         "harvest_local/maven/settings.xml",
         "harvest_local/maven/kafka/pom.xml",

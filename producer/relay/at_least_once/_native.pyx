@@ -13,6 +13,8 @@ Invariants (tests/test_producer/relay/test_native_records.py):
   methods as the reference, so the rules live in one place: only the per-record bookkeeping is compiled.
 """
 
+from harvest_outbox.producer.ops._header_room cimport headers_may_exceed
+
 import time
 from collections import deque
 
@@ -24,20 +26,8 @@ from harvest_outbox.producer.ops.preflight import HEADER_BYTES_PER_CHAR, HEADER_
 _sleep = time.sleep
 
 
-
 cdef Py_ssize_t _PER_CHAR = HEADER_BYTES_PER_CHAR, _PER_HEADER = HEADER_OVERHEAD
 
-
-cdef inline bint _headers_may_exceed(Py_ssize_t size, hkeys, hvals, verdict):
-    """Whether ``size`` plus the headers may exceed ``verdict``: a bound from the characters (UTF-8 takes
-    at most 4 bytes each), so the exact count (``header_bytes``, an encode per header) runs only near it."""
-    cdef Py_ssize_t bound = size
-    for h in hkeys:
-        bound += _PER_CHAR * len(h) + _PER_HEADER
-    for h in hvals:
-        if h is not None:
-            bound += _PER_CHAR * len(h)
-    return bound > verdict
 
 def dispatch(rec):
     """``AtLeastOnceRecords._dispatch_python``, compiled."""
@@ -93,7 +83,8 @@ def send(rec, tuple row):
         return False
     cdef Py_ssize_t size = len(key) + (len(value) if value is not None else 0)
     if size > verdict or (
-        hkeys and hvals and _headers_may_exceed(size, hkeys, hvals, verdict) and size + header_bytes(hkeys, hvals) > verdict
+        hkeys and hvals and headers_may_exceed(size, hkeys, hvals, verdict, _PER_CHAR, _PER_HEADER)
+        and size + header_bytes(hkeys, hvals) > verdict
     ):
         rec._dead_letter(row, f"cannot be sent: {too_large(verdict, key, value, hkeys, hvals)}", 0)
         return False

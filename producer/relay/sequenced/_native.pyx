@@ -27,6 +27,7 @@ from harvest_outbox.sequencer._uuid_layout cimport (
     VARIANT_RFC4122,
     VERSION_1,
 )
+from harvest_outbox.producer.ops._header_room cimport headers_may_exceed
 
 import time
 from functools import partial
@@ -40,20 +41,6 @@ from harvest_outbox.sequencer import TICK as _TICK
 
 
 cdef Py_ssize_t _PER_CHAR = HEADER_BYTES_PER_CHAR, _PER_HEADER = HEADER_OVERHEAD
-
-
-cdef inline bint _headers_may_exceed(Py_ssize_t size, hkeys, hvals, verdict):
-    """Whether ``size`` plus the headers may exceed ``verdict``: a bound from the characters (UTF-8 takes
-    at most 4 bytes each), so the exact count (``header_bytes``, an encode per header) runs only near it."""
-    cdef Py_ssize_t bound = size
-    for h in hkeys:
-        bound += _PER_CHAR * len(h) + _PER_HEADER
-    for h in hvals:
-        if h is not None:
-            bound += _PER_CHAR * len(h)
-    return bound > verdict
-
-
 cdef uint64_t TICK = _TICK
 _yield = time.sleep
 
@@ -148,7 +135,7 @@ def fill(rp, t, Py_ssize_t max_records, Py_ssize_t in_flight):
             continue
         size = len(key) + (len(value) if value is not None else 0)
         if size > verdict or (
-            hkeys and hvals and _headers_may_exceed(size, hkeys, hvals, verdict)
+            hkeys and hvals and headers_may_exceed(size, hkeys, hvals, verdict, _PER_CHAR, _PER_HEADER)
             and size + header_bytes(hkeys, hvals) > verdict
         ):
             popleft()
