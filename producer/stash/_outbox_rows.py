@@ -52,6 +52,20 @@ class OutboxRecord:
     headers: Headers | None = field(default_factory=tuple)
 
 
+def require_unicode(field: str, text: str) -> None:
+    """Refuse text Postgres cannot store (a lone surrogate, e.g. left by a ``surrogateescape`` decode): psycopg
+    would fail the write midway with the codec's error, naming neither the record nor the field."""
+    if text.isascii():
+        return
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise RecordError(
+            f"{field}: U+{ord(text[exc.start]):04X} at position {exc.start} is a lone surrogate, not a character "
+            "UTF-8 can store; fix the decoding that produced the text (e.g. errors='surrogateescape')"
+        ) from None
+
+
 def header_arrays(headers: Headers | None) -> tuple[list[str], list[str | None]]:
     if headers is None:
         return [], []
@@ -67,6 +81,9 @@ def header_arrays(headers: Headers | None) -> tuple[list[str], list[str | None]]
             raise RecordError(f"headers: key {k!r} must be a string")
         if v is not None and not isinstance(v, str):
             raise RecordError(f"headers[{k!r}]: value must be a string or None (TEXT[] column), got {type(v).__name__}")
+        require_unicode("headers: a key", k)
+        if v is not None:
+            require_unicode(f"headers[{k!r}]", v)
         keys.append(k)
         values.append(v)
     return keys, values
@@ -106,6 +123,7 @@ class StashPlan:
             return None
         if self.value_type == "bytea":
             if isinstance(value, str):
+                require_unicode("value", value)
                 return value.encode()
             if not isinstance(value, (bytes, bytearray, memoryview)):
                 raise RecordError(f"value: must be bytes, str or None, got {type(value).__name__}")
@@ -122,6 +140,7 @@ class StashPlan:
             raise RecordError(f"value: must be str, bytes or None, got {type(value).__name__}")
         if "\x00" in value:
             raise RecordError("value: contains NUL, which VARCHAR cannot hold; use a 'bytea' outbox")
+        require_unicode("value", value)
         return value
 
     def _row(self, record: OutboxRecord, trace: list[tuple[str, str]]) -> Row:
@@ -133,6 +152,7 @@ class StashPlan:
             raise RecordError(
                 f"key: must be a string (outbox kafka_key is VARCHAR NOT NULL), got {type(record.key).__name__}"
             )
+        require_unicode("key", record.key)
         value = self._value(record.value)
         if self.validate is not None:
             self.validate.check(record.topic, value)  # a local cache only: no network in the transaction

@@ -91,12 +91,24 @@ def test_bytea_outbox(pg_dsn: str, pg_schema: str) -> None:
         (OutboxRecord("t", "k", b"\xff\xfe"), "is not UTF-8 but the outbox's kafka_value is VARCHAR"),
         (OutboxRecord("t", "k", "v", [("a",)]), "is not a (key, value) pair"),  # type: ignore[list-item]
         (OutboxRecord("t", "k", "v", [("a", 1)]), "headers['a']: value must be a string"),  # type: ignore[list-item]
+        # lone surrogates (a surrogateescape decode): named by field, before psycopg's codec error mid-COPY
+        (OutboxRecord("t", "k\udcff", "v"), "key: U+DCFF at position 1 is a lone surrogate"),
+        (OutboxRecord("t", "k", "a\ud800"), "value: U+D800 at position 1 is a lone surrogate"),
+        (OutboxRecord("t", "k", "v", [("a\udc80", "b")]), "headers: a key: U+DC80 at position 1"),
+        (OutboxRecord("t", "k", "v", [("a", "é\udc80")]), "headers['a']: U+DC80 at position 1"),
     ],
 )
 def test_bad_records_rejected_before_the_database(record: OutboxRecord, needle: str) -> None:
     with pytest.raises(RecordError) as info:
         Stasher().plan.row(record)
     assert needle in str(info.value)
+
+
+def test_a_lone_surrogate_is_refused_by_a_bytea_outbox_too() -> None:
+    """A bytea outbox encodes a str value itself: the same RecordError, not the codec's UnicodeEncodeError."""
+    with pytest.raises(RecordError, match="value: U\\+D800 at position 0 is a lone surrogate"):
+        Stasher(value_type="bytea").plan.row(OutboxRecord("t", "k", "\ud800"))
+    assert Stasher(value_type="bytea").plan.row(OutboxRecord("t", "k", "é"))[2] == "é".encode()
 
 
 # Headers and values whose text COPY and the array literals must carry unchanged (the literals' own
