@@ -39,7 +39,8 @@ HARVEST_KAFKA_BOOTSTRAP). Prints one JSON document:
   run but not another made single database-loop runs vary from 176k to 238k rows/s in one series;
   with the checkpoint first, six rounds gave 235-240k (one 197k) and the relays' spread halved.
   Each run then writes to pages already written since the checkpoint (no full-page images);
-- goharvest: goharvest itself (Go) on the same backlog, when a Go toolchain is present;
+- goharvest: goharvest itself (Go) on the same backlog, when a Go toolchain is present, in ``--runs``
+  alternating pairs with harvest's at-least-once drain under the same limits (:func:`goharvest_pairs`);
 - latency: rows stashed one per transaction at ``--rate`` rows/s, default limits; commit ->
   consumer receipt, p50/p99 in ms (the relay idles on LISTEN/NOTIFY between rows; sequenced also
   through a ``ReadCommittedIter``, which yields a record once its transaction's ACK is read: no
