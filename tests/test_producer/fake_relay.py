@@ -47,6 +47,10 @@ def leader_relay(producer_of: Callable[[Any], Any] = FakeProducer, **limits: Any
     return h, box["p"]
 
 
+#: The row kinds :func:`row_of_kind` makes besides ``plain``: what the compiled send paths' equivalence tests draw.
+ROW_KINDS = ("headers", "halted", "bad", "null-key", "held", "missing", "small", "near-limit", "far", "refused")
+
+
 def row_of_kind(rid: int, kind: str, keys: int = 3) -> tuple[Any, ...]:
     """A marked row (producer.relay.marked_row's fields) of one kind the relay's send paths tell apart, for the
     tests that hold a compiled path to its reference: ``plain`` (on ``keys`` keys), ``headers``, ``halted`` (topic

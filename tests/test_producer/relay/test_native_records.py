@@ -23,7 +23,7 @@ from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException
 from fake_admin import FakeAdmin
-from fake_relay import FakeMsg, row_of_kind
+from fake_relay import ROW_KINDS, FakeMsg, row_of_kind
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from native_impl import native_module
@@ -37,18 +37,7 @@ from harvest_outbox.producer.relay.at_least_once import _records
 from harvest_outbox.producer.relay.at_least_once.mode import AtLeastOnceMode
 
 NATIVE = "harvest_outbox.producer.relay.at_least_once._native"
-KINDS = ("plain",) * 6 + (
-    "headers",
-    "halted",
-    "bad",
-    "null-key",
-    "held",
-    "missing",
-    "small",
-    "near-limit",
-    "far",
-    "refused",
-)
+KINDS = ("plain",) * 6 + ROW_KINDS
 OUTCOMES = ("ok",) * 5 + ("full", "transient", "permanent", "type")
 REPORTS = ("ok",) * 4 + ("transient", "permanent", "purged")
 ERRORS = {

@@ -27,7 +27,7 @@ from typing import Any
 import pytest
 from confluent_kafka import KafkaError, KafkaException
 from fake_admin import FakeAdmin
-from fake_relay import row_of_kind
+from fake_relay import ROW_KINDS, row_of_kind
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from native_impl import native_module
@@ -45,22 +45,7 @@ from harvest_outbox.producer.relay.sequenced.mode import SequencedMode
 
 NATIVE = "harvest_outbox.producer.relay.sequenced._native"
 TOPICS = {"t": 10_000, "u": 10_000, "small": 40, "refused": "cannot be sent: the broker said no"}
-KINDS = (
-    "plain",
-    "plain",
-    "plain",
-    "headers",
-    "halted",
-    "parked",
-    "bad",
-    "null-key",
-    "held",
-    "missing",
-    "small",
-    "near-limit",
-    "far",
-    "refused",
-)
+KINDS = ("plain",) * 3 + ROW_KINDS + ("parked",)
 OUTCOMES = ("ok", "ok", "ok", "ok", "full", "transient", "permanent", "type")
 
 
