@@ -82,8 +82,12 @@ def header_arrays(headers: Headers | None) -> tuple[list[str], list[str | None]]
         if v is not None and not isinstance(v, str):
             raise RecordError(f"headers[{k!r}]: value must be a string or None (TEXT[] column), got {type(v).__name__}")
         require_unicode("headers: a key", k)
+        if "\x00" in k:
+            raise RecordError(f"headers: key {k!r} contains NUL, which TEXT cannot hold")
         if v is not None:
             require_unicode(f"headers[{k!r}]", v)
+            if "\x00" in v:
+                raise RecordError(f"headers[{k!r}]: value contains NUL, which TEXT cannot hold")
         keys.append(k)
         values.append(v)
     return keys, values
@@ -153,6 +157,8 @@ class StashPlan:
                 f"key: must be a string (outbox kafka_key is VARCHAR NOT NULL), got {type(record.key).__name__}"
             )
         require_unicode("key", record.key)
+        if "\x00" in record.key:
+            raise RecordError("key: contains NUL, which VARCHAR cannot hold")
         value = self._value(record.value)
         if self.validate is not None:
             self.validate.check(record.topic, value)  # a local cache only: no network in the transaction

@@ -96,6 +96,10 @@ def test_bytea_outbox(pg_dsn: str, pg_schema: str) -> None:
         (OutboxRecord("t", "k", "a\ud800"), "value: U+D800 at position 1 is a lone surrogate"),
         (OutboxRecord("t", "k", "v", [("a\udc80", "b")]), "headers: a key: U+DC80 at position 1"),
         (OutboxRecord("t", "k", "v", [("a", "é\udc80")]), "headers['a']: U+DC80 at position 1"),
+        # NUL in a key or header: named up front, not Postgres' DataError from the middle of the batch
+        (OutboxRecord("t", "k\x00", "v"), "key: contains NUL, which VARCHAR cannot hold"),
+        (OutboxRecord("t", "k", "v", [("a\x00", "b")]), "headers: key 'a\\x00' contains NUL"),
+        (OutboxRecord("t", "k", "v", [("a", "b\x00c")]), "headers['a']: value contains NUL"),
     ],
 )
 def test_bad_records_rejected_before_the_database(record: OutboxRecord, needle: str) -> None:
