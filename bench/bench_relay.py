@@ -549,22 +549,20 @@ def goharvest_pairs(
     go: dict[str, Any] = {}
     for sname, runs in go_runs.items():
         rates = [r["rows_per_s"] for r in runs]
-        go[sname] = {**_median_run(runs, rates), "runs_rows_per_s": [round(x) for x in rates]}
-        fig = recorder.figure(
+        go[sname] = {
+            "rows_per_s": statistics.median(rates),
+            "runs_rows_per_s": [round(x) for x in rates],
+            "limits": runs[0]["limits"],
+            "duplicates": [r["kafka"]["duplicates"] for r in runs],
+        }
+        recorder.figure(
             f"goharvest/{sname}",
             ours_runs[sname],
             rates,
             f"harvest at-least-once / goharvest (Go), {sname} limits, {args.rows}-row backlog, rows/s",
         )
-        go[f"harvest_at_least_once_to_goharvest/{sname}"] = fig["median"]
         go[f"harvest_at_least_once_rows_per_s/{sname}"] = round(statistics.median(ours_runs[sname]))
     return go
-
-
-def _median_run(runs: list[dict[str, Any]], rates: list[float]) -> dict[str, Any]:
-    """The run whose rate is the median (the lower middle one of an even count), with ``rows_per_s`` the median."""
-    order = sorted(range(len(runs)), key=lambda i: rates[i])
-    return {**runs[order[(len(order) - 1) // 2]], "rows_per_s": statistics.median(rates)}
 
 
 def main() -> int:

@@ -19,8 +19,9 @@ from cpython.ref cimport Py_INCREF
 from cpython.unicode cimport PyUnicode_DecodeUTF8
 from libc.stdint cimport int32_t, uint32_t
 
-DEF TEXT_OID = 25
-DEF VARCHAR_OID = 1043
+cdef enum:
+    TEXT_OID = 25
+    VARCHAR_OID = 1043
 
 
 cdef inline uint32_t _u32(const unsigned char[:] buf, Py_ssize_t at) noexcept nogil:

@@ -10,16 +10,16 @@ import psycopg
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from native_impl import native_module
 from psycopg.pq import Format
 from psycopg.types.array import ArrayBinaryLoader
 
 from harvest_outbox.producer.db import _header_arrays
 from harvest_outbox.producer.db._header_arrays import TEXT_ARRAY_OID, HeaderArrayLoader
 from harvest_outbox.producer.db._session import open_session_connection
-from harvest_outbox.sequencer.native import load
+from harvest_outbox.producer.stash._text_array import array_literal as _literal
 
-NATIVE = load("harvest_outbox.producer.db._text_arrays")
-needs_native = pytest.mark.skipif(NATIVE is None, reason="the compiled reader is not built (HARVEST_PURE_PYTHON)")
+NATIVE = "harvest_outbox.producer.db._text_arrays"
 
 _TEXT = st.text(alphabet=st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"), max_size=10)
 _ITEMS = st.lists(st.none() | _TEXT | st.sampled_from(["", "NULL", '"', "\\", "ü€😀"]), max_size=6)
@@ -47,12 +47,6 @@ def _reference(conn: psycopg.Connection, data: bytes) -> tuple[object, ...]:
     return tuple(ArrayBinaryLoader(TEXT_ARRAY_OID, conn).load(data))
 
 
-def _literal(items: list[str | None]) -> str:
-    from harvest_outbox.producer.stash._text_array import array_literal
-
-    return array_literal(items)
-
-
 @pytest.fixture(scope="module")
 def conn(pg_dsn: str) -> Iterator[psycopg.Connection]:
     with psycopg.connect(pg_dsn, autocommit=True) as c:
@@ -60,33 +54,31 @@ def conn(pg_dsn: str) -> Iterator[psycopg.Connection]:
 
 
 @pytest.mark.integration
-@needs_native
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(items=_ITEMS, cast=st.sampled_from(["text[]", "varchar[]"]))
 def test_the_compiled_reader_loads_what_psycopg_loads(
     conn: psycopg.Connection, items: list[str | None], cast: str
 ) -> None:
-    assert NATIVE is not None
+    native = native_module(NATIVE)
     data = _binary_array(conn, _literal(items), cast)
-    got = NATIVE.load_text_array(data)
+    got = native.load_text_array(data)
     assert got == _reference(conn, data) == tuple(items)
-    assert NATIVE.load_text_array(memoryview(data)) == got  # psycopg may hand a memoryview
+    assert native.load_text_array(memoryview(data)) == got  # psycopg may hand a memoryview
 
 
 @pytest.mark.integration
-@needs_native
 def test_what_the_compiled_reader_does_not_read_goes_to_psycopg(conn: psycopg.Connection) -> None:
     """Another element type, two dimensions, a truncated or padded buffer, bytes that are not UTF-8: None,
     so the loader asks psycopg (which loads or raises as it always did)."""
-    assert NATIVE is not None
+    native = native_module(NATIVE)
     ints = _binary_array(conn, "{1,2}", "int4[]")
     two_dims = _binary_array(conn, '{{"a","b"},{"c","d"}}')
     ok = _binary_array(conn, '{"abc","d"}')
     not_utf8 = ok.replace(b"abc", b"a\xffc")
     lying_count = ok[:12] + struct.pack(">i", 1_000_000) + ok[16:]
     for data in (ints, two_dims, ok[:-1], ok + b"\x00", ok[:10], not_utf8, lying_count):
-        assert NATIVE.load_text_array(data) is None, data
-    assert NATIVE.load_text_array(_binary_array(conn, "{}")) == ()
+        assert native.load_text_array(data) is None, data
+    assert native.load_text_array(_binary_array(conn, "{}")) == ()
 
 
 @pytest.mark.integration
@@ -96,8 +88,7 @@ def test_the_relay_connection_loads_header_arrays_as_tuples(
 ) -> None:
     """Either way a header array is a tuple (the garbage collector leaves marked rows alone) holding what was
     stored; HARVEST_PURE_PYTHON (no compiled reader) gives the same rows."""
-    if native and NATIVE is None:
-        pytest.skip("the compiled reader is not built")
+    compiled = native_module(NATIVE) if native else None
     if not native:
         monkeypatch.setattr(_header_arrays, "_native", None)
     session = open_session_connection(pg_dsn)
@@ -108,7 +99,7 @@ def test_the_relay_connection_loads_header_arrays_as_tuples(
         items = ["source", None, "", "ü€😀", 'q"\\']
         row = cur.execute("SELECT %s::text::text[], '{}'::text[]", (_literal(items),)).fetchone()
         assert row == (tuple(items), ())
-        assert HeaderArrayLoader(TEXT_ARRAY_OID, session.conn)._fast is (NATIVE.load_text_array if native else None)
+        assert HeaderArrayLoader(TEXT_ARRAY_OID, session.conn)._fast is (compiled.load_text_array if compiled else None)
     finally:
         session.conn.close()
 
